@@ -1,0 +1,74 @@
+// Strict reading of JSON config sections.
+// A JsonSection wraps one JSON object and remembers which keys were read.
+// finish() then reports every key nobody read: as an error for our own
+// sections (typo protection), as a named warning for DeepSpeed sections we only
+// partly implement. Type mismatches are errors naming the full key path.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "lib/core/error.h"
+
+namespace ds {
+
+enum class UnknownKeys { Error, Warn };
+
+class JsonSection {
+ public:
+  JsonSection(const nlohmann::json& obj, std::string path);  // path like "model" or "" for root
+
+  bool has(const std::string& key) const;
+  // Marks the key as known without reading it.
+  void mark(const std::string& key) { seen_.insert(key); }
+
+  template <class T>
+  T get(const std::string& key, const T& fallback) {
+    seen_.insert(key);
+    if (!obj_.contains(key) || obj_.at(key).is_null()) return fallback;
+    return convert<T>(key);
+  }
+  template <class T>
+  T require(const std::string& key) {
+    seen_.insert(key);
+    DS_USER_CHECK(obj_.contains(key), "config: missing required key '{}'", full(key));
+    return convert<T>(key);
+  }
+  // A nested object (empty object if absent).
+  JsonSection section(const std::string& key);
+
+  // Reports keys not read. With Error: throws UserError naming them.
+  void finish(UnknownKeys mode) const;
+  std::string full(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  const nlohmann::json& raw() const { return obj_; }
+
+ private:
+  template <class T>
+  T convert(const std::string& key) {
+    const auto& v = obj_.at(key);
+    try {
+      if constexpr (std::is_same_v<T, bool>) {
+        DS_USER_CHECK(v.is_boolean(), "config: '{}' must be true or false, got {}", full(key), v.dump());
+      } else if constexpr (std::is_integral_v<T>) {
+        DS_USER_CHECK(v.is_number_integer() || (v.is_number() && v.get<double>() == (double)(long long)v.get<double>()),
+                      "config: '{}' must be an integer, got {}", full(key), v.dump());
+      } else if constexpr (std::is_floating_point_v<T>) {
+        DS_USER_CHECK(v.is_number(), "config: '{}' must be a number, got {}", full(key), v.dump());
+      } else if constexpr (std::is_same_v<T, std::string>) {
+        DS_USER_CHECK(v.is_string(), "config: '{}' must be a string, got {}", full(key), v.dump());
+      }
+      return v.get<T>();
+    } catch (const nlohmann::json::exception& e) {
+      DS_USER_ERROR("config: '{}' has the wrong type ({}): {}", full(key), v.dump(), e.what());
+    }
+  }
+
+  nlohmann::json obj_;
+  std::string path_;
+  std::set<std::string> seen_;
+};
+
+// Parses a JSON file; a missing or malformed file is a UserError naming it.
+nlohmann::json load_json_file(const std::string& path);
+
+}  // namespace ds

@@ -1,0 +1,130 @@
+// Tensor storage, views and copies; the built-in CPU allocator.
+#include "lib/core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "lib/core/error.h"
+
+namespace ds {
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& s) {
+  std::string r = "(";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + ")";
+}
+
+namespace {
+
+class CpuAllocator final : public Allocator {
+ public:
+  void* alloc(size_t bytes, int) override {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    DS_CHECK(p != nullptr, "host allocation of {} bytes failed", bytes);
+    return p;
+  }
+  void free(void* p, int) override { std::free(p); }
+  void zero(void* p, size_t bytes, int) override { std::memset(p, 0, bytes); }
+  void to_host(void* d, const void* s, size_t n, int) override { std::memcpy(d, s, n); }
+  void from_host(void* d, const void* s, size_t n, int) override { std::memcpy(d, s, n); }
+  void copy(void* d, const void* s, size_t n, int) override { std::memmove(d, s, n); }
+};
+
+Allocator* g_allocators[2] = {nullptr, nullptr};
+CpuAllocator g_cpu_allocator;
+
+}  // namespace
+
+void register_allocator(DeviceType t, Allocator* a) { g_allocators[static_cast<int>(t)] = a; }
+
+Allocator& allocator_for(Device d) {
+  if (d.is_cpu()) return g_allocators[0] ? *g_allocators[0] : g_cpu_allocator;
+  Allocator* a = g_allocators[static_cast<int>(d.type)];
+  DS_CHECK(a != nullptr, "no allocator for device {} (built without CUDA or not initialised)",
+           device_name(d));
+  return *a;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device dev) {
+  for (int64_t d : shape) DS_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = dev;
+  Allocator& a = allocator_for(dev);
+  size_t bytes = t.nbytes();
+  void* p = a.alloc(bytes == 0 ? 1 : bytes, dev.index);
+  int idx = dev.index;
+  t.storage_ = std::shared_ptr<void>(p, [&a, idx](void* q) { a.free(q, idx); });
+  t.data_ = p;
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device dev) {
+  Tensor t = empty(shape, dtype, dev);
+  t.zero_();
+  return t;
+}
+
+Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device dev) {
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = dev;
+  t.data_ = data;
+  return t;
+}
+
+Tensor Tensor::view(int64_t offset, const Shape& shape) const {
+  DS_CHECK(offset >= 0 && offset + shape_numel(shape) <= numel(),
+           "view [{}, +{}) out of range of tensor {}", offset, shape_numel(shape), shape_str(shape_));
+  Tensor t = *this;
+  t.data_ = static_cast<char*>(data_) + offset * static_cast<int64_t>(dtype_size(dtype_));
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  DS_CHECK(shape_numel(shape) == numel(), "reshape {} -> {} changes the element count",
+           shape_str(shape_), shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::clone() const { return to(device_); }
+
+Tensor Tensor::to(Device dev) const {
+  Tensor t = empty(shape_, dtype_, dev);
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::zero_() {
+  if (numel() > 0) allocator_for(device_).zero(data_, nbytes(), device_.index);
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  DS_CHECK(src.numel() == numel() && src.dtype() == dtype_, "copy_from: {} {} <- {} {}",
+           dtype_name(dtype_), shape_str(shape_), dtype_name(src.dtype()), shape_str(src.shape()));
+  size_t n = nbytes();
+  if (n == 0) return;
+  if (device_ == src.device_) {
+    allocator_for(device_).copy(data_, src.data_, n, device_.index);
+  } else if (device_.is_cpu()) {
+    allocator_for(src.device_).to_host(data_, src.data_, n, src.device_.index);
+  } else if (src.device_.is_cpu()) {
+    allocator_for(device_).from_host(data_, src.data_, n, device_.index);
+  } else {
+    Tensor host = src.to(Device::cpu());
+    copy_from(host);
+  }
+}
+
+}  // namespace ds

@@ -1,0 +1,187 @@
+// Argument structs of the device-neutral op API.
+// Every op has forward and backward; each takes one struct of tensors plus
+// scalars. Shapes are given per field; N = B*T rows, C channels, Vp padded vocab.
+// Conventions:
+//  - CPU backend: all float tensors are f32. CUDA backend: activations and
+//    weights may be bf16/f16 (dtype of the tensor says which), statistics
+//    (mean, rstd, lse, losses) and master/optimizer state are always f32.
+//  - Weight/bias gradients ACCUMULATE (+=) so micro-batches add up.
+//  - Input gradients follow the `accum` field where present (Overwrite or Add);
+//    elsewhere they are overwritten.
+#pragma once
+#include <cstdint>
+
+#include "lib/core/tensor.h"
+
+namespace ds {
+
+enum class Accum : uint8_t { Overwrite, Add };
+
+// Token (+ learned position) embedding. Vocab-parallel: this rank holds rows
+// [vocab_start, vocab_start + wte.size(0)); other tokens contribute zeros.
+struct EmbeddingArgs {
+  Tensor out;      // (B, T, C)
+  Tensor tokens;   // (B, T) i32
+  Tensor wte;      // (Vlocal, C)
+  Tensor wpe;      // (maxT, C) or undefined (RoPE models)
+  int64_t vocab_start = 0;
+  int64_t pos_offset = 0;  // position of token 0 (sequence-parallel shards)
+};
+struct EmbeddingBwdArgs {
+  Tensor dwte;     // (Vlocal, C) +=
+  Tensor dwpe;     // (maxT, C) += or undefined
+  Tensor dout;     // (B, T, C)
+  Tensor tokens;   // (B, T) i32
+  int64_t vocab_start = 0;
+  int64_t pos_offset = 0;
+};
+
+struct LayerNormArgs {
+  Tensor out;      // (N, C)
+  Tensor mean;     // (N) f32, saved for backward
+  Tensor rstd;     // (N) f32, saved for backward
+  Tensor inp;      // (N, C)
+  Tensor weight;   // (C)
+  Tensor bias;     // (C)
+  float eps = 1e-5f;
+};
+struct LayerNormBwdArgs {
+  Tensor dinp;     // (N, C)
+  Tensor dweight;  // (C) +=
+  Tensor dbias;    // (C) +=
+  Tensor dout;     // (N, C)
+  Tensor inp;      // (N, C)
+  Tensor weight;   // (C)
+  Tensor mean;     // (N)
+  Tensor rstd;     // (N)
+  Accum accum = Accum::Overwrite;
+};
+
+struct RMSNormArgs {
+  Tensor out;      // (N, C)
+  Tensor rstd;     // (N) f32
+  Tensor inp;      // (N, C)
+  Tensor weight;   // (C)
+  float eps = 1e-5f;
+};
+struct RMSNormBwdArgs {
+  Tensor dinp;     // (N, C)
+  Tensor dweight;  // (C) +=
+  Tensor dout;     // (N, C)
+  Tensor inp;      // (N, C)
+  Tensor weight;   // (C)
+  Tensor rstd;     // (N)
+  Accum accum = Accum::Overwrite;
+};
+
+// out = inp @ weight^T (+ bias). weight is (OC, C) as in nn.Linear.
+struct MatmulArgs {
+  Tensor out;      // (N, OC)
+  Tensor inp;      // (N, C)
+  Tensor weight;   // (OC, C)
+  Tensor bias;     // (OC) or undefined
+};
+struct MatmulBwdArgs {
+  Tensor dinp;     // (N, C) or undefined (skip)
+  Tensor dweight;  // (OC, C) +=
+  Tensor dbias;    // (OC) += or undefined
+  Tensor dout;     // (N, OC)
+  Tensor inp;      // (N, C)
+  Tensor weight;   // (OC, C)
+  Accum accum = Accum::Overwrite;  // for dinp
+};
+
+// Causal multi-head self-attention on a packed qkv buffer. Per token the row is
+// [q (NH*HS) | k (NH*HS) | v (NH*HS)], head h at columns h*HS..h*HS+HS-1 of each.
+// Forward saves the log-sum-exp per (b, h, t) row; backward recomputes scores.
+struct AttentionArgs {
+  Tensor out;      // (B, T, NH*HS)
+  Tensor lse;      // (B, NH, T) f32
+  Tensor qkv;      // (B, T, 3*NH*HS)
+  int NH = 0;
+};
+struct AttentionBwdArgs {
+  Tensor dqkv;     // (B, T, 3*NH*HS) overwritten
+  Tensor dout;     // (B, T, NH*HS)
+  Tensor out;      // (B, T, NH*HS)
+  Tensor lse;      // (B, NH, T)
+  Tensor qkv;      // (B, T, 3*NH*HS)
+  int NH = 0;
+};
+
+// Rotary position embedding on the q and k parts of a packed qkv buffer,
+// rotate-half convention (pairs i and i + HS/2, as Hugging Face LLaMA), v copied.
+// Backward is the inverse rotation. out may alias inp.
+struct RopeArgs {
+  Tensor out;      // (B, T, 3*NH*HS)
+  Tensor inp;      // (B, T, 3*NH*HS)
+  int NH = 0;
+  int64_t pos_offset = 0;
+  float theta = 10000.0f;
+};
+
+struct GeluArgs {      // tanh approximation; backward: dinp = dout * gelu'(inp)
+  Tensor out;      // (N) any shape; in backward: dinp
+  Tensor inp;      // same shape
+  Tensor dout;     // backward only
+};
+
+// SwiGLU: inp row = [gate (F) | up (F)], out = silu(gate) * up.
+struct SwigluArgs {
+  Tensor out;      // (N, F)
+  Tensor inp;      // (N, 2F)
+};
+struct SwigluBwdArgs {
+  Tensor dinp;     // (N, 2F) overwritten
+  Tensor dout;     // (N, F)
+  Tensor inp;      // (N, 2F)
+};
+
+// out = a + b (out may alias a or b).
+struct AddArgs {
+  Tensor out, a, b;  // same shape
+};
+
+// Fused softmax cross-entropy over the padded vocab. Columns >= V are padding
+// and excluded. Targets < 0 are ignored (loss 0, no gradient).
+// Writes losses and, if dlogits is defined, dlogits = dloss * (softmax - onehot)
+// (dlogits may alias logits).
+struct CrossEntropyArgs {
+  Tensor losses;   // (N) f32
+  Tensor dlogits;  // (N, Vp) or undefined
+  Tensor logits;   // (N, Vp)
+  Tensor targets;  // (N) i32
+  int64_t V = 0;   // real vocab size
+  float dloss = 1.0f;  // gradient of the total loss w.r.t. each row's loss
+};
+
+// Decoupled-weight-decay Adam on one parameter tensor (fp32 master).
+// If `param_lowp` is defined, the updated value is also written to it (cast).
+struct AdamWArgs {
+  Tensor param;    // (n) f32 master weights
+  Tensor grad;     // (n) gradient (f32, or bf16/f16 on CUDA)
+  Tensor m, v;     // (n) f32
+  Tensor param_lowp;  // (n) bf16/f16 model weights or undefined
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
+  float grad_scale = 1.0f;  // grads are multiplied by this first (unscale, clip)
+  int64_t step = 1;         // 1-based, for bias correction
+};
+
+struct SumSquaresArgs {
+  Tensor out;      // (1) f32, +=
+  Tensor x;        // any
+};
+struct NonFiniteArgs {
+  Tensor flag;     // (1) f32, set to 1 if x has inf/nan (never cleared here)
+  Tensor x;
+};
+struct ScaleArgs {
+  Tensor x;        // in place: x *= s
+  float s = 1.0f;
+};
+struct CastArgs {
+  Tensor out;      // any dtype, same numel
+  Tensor inp;
+};
+
+}  // namespace ds

@@ -1,0 +1,34 @@
+// The op list, once: X(name, ArgsType). Backends declare and the dispatcher
+// defines exactly these functions, so adding an op is one line here plus the
+// implementations.
+#pragma once
+#include "lib/core/stream.h"
+#include "lib/ops/op_args.h"
+
+#define DS_OP_LIST(X)                        \
+  X(embedding_forward, EmbeddingArgs)        \
+  X(embedding_backward, EmbeddingBwdArgs)    \
+  X(layernorm_forward, LayerNormArgs)        \
+  X(layernorm_backward, LayerNormBwdArgs)    \
+  X(rmsnorm_forward, RMSNormArgs)            \
+  X(rmsnorm_backward, RMSNormBwdArgs)        \
+  X(matmul_forward, MatmulArgs)              \
+  X(matmul_backward, MatmulBwdArgs)          \
+  X(attention_forward, AttentionArgs)        \
+  X(attention_backward, AttentionBwdArgs)    \
+  X(rope_forward, RopeArgs)                  \
+  X(rope_backward, RopeArgs)                 \
+  X(gelu_forward, GeluArgs)                  \
+  X(gelu_backward, GeluArgs)                 \
+  X(swiglu_forward, SwigluArgs)              \
+  X(swiglu_backward, SwigluBwdArgs)          \
+  X(add, AddArgs)                            \
+  X(cross_entropy, CrossEntropyArgs)         \
+  X(adamw_step, AdamWArgs)                   \
+  X(sum_squares, SumSquaresArgs)             \
+  X(nonfinite_check, NonFiniteArgs)          \
+  X(scale, ScaleArgs)                        \
+  X(cast, CastArgs)
+
+// Declares `void name(const Args&, const Stream&)` for every op in namespace NS.
+#define DS_DECLARE_OP(name, Args) void name(const Args& a, const Stream& s);
