@@ -1,0 +1,152 @@
+// cuBLASLt wrapper (see lt_gemm.h). FP32 problems use CUBLAS_COMPUTE_32F (no
+// TF32), bf16/f16 use fp32 accumulation. Plans (descriptors + algorithm) are
+// cached per (device, shape, dtypes, epilogue, pointer alignment) because the
+// heuristic query costs far more than the GEMM for small shapes.
+#include "cuda/blas/lt_gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "cuda/core/allocator.h"
+#include "cuda/core/check.h"
+
+namespace ds::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    case DType::F32: return CUDA_R_32F;
+    default: require_fail("dtype", std::string("lt_gemm: unsupported dtype ") + dtype_name(t),
+                          __FILE__, __LINE__);
+  }
+}
+
+int alignment_of(const void* p) {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  int al = 256;
+  while (al > 1 && (a % al) != 0) al >>= 1;
+  return al;
+}
+
+using PlanKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           int, int, bool, int, int, int, int>;
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool ok = false;
+};
+
+struct LtState {
+  std::mutex mu;
+  std::map<int, cublasLtHandle_t> handles;
+  std::map<PlanKey, Plan> plans;
+};
+
+LtState& state() {
+  static LtState* s = new LtState();  // never destroyed (used until exit)
+  return *s;
+}
+
+cublasLtHandle_t handle_for(LtState& st, int dev) {
+  auto it = st.handles.find(dev);
+  if (it != st.handles.end()) return it->second;
+  cublasLtHandle_t h = nullptr;
+  DS_CUBLAS_CHECK(cublasLtCreate(&h));
+  st.handles[dev] = h;
+  return h;
+}
+
+template <class V>
+void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& v) {
+  DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
+}
+
+Plan make_plan(cublasLtHandle_t h, const LtGemm& g, int al_a, int al_b, int al_d) {
+  Plan p;
+  DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t ta = g.transa ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t tb = g.transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, ta);
+  set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, tb);
+  if (g.bias) {
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(g.bias_type));
+  }
+  cudaDataType_t tab = cuda_type(g.ab_type), td = cuda_type(g.d_type);
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, tab, g.transa ? g.k : g.m,
+                                             g.transa ? g.m : g.k, g.lda));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, tab, g.transb ? g.n : g.k,
+                                             g.transb ? g.k : g.n, g.ldb));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, td, g.m, g.n, g.ldd));
+  cublasLtMatmulPreference_t pref = nullptr;
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws = kWorkspaceBytes;
+  uint32_t a32 = al_a, b32 = al_b, d32 = al_d;
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a32, sizeof(a32)));
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b32, sizeof(b32)));
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &d32, sizeof(d32)));
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &d32, sizeof(d32)));
+  cublasLtMatmulHeuristicResult_t res{};
+  int count = 0;
+  cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.a, p.b, p.d, p.d, pref, 1, &res, &count);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && count > 0) {
+    p.algo = res.algo;
+    p.ok = true;
+  } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
+    DS_CUBLAS_CHECK(st);
+  }
+  return p;
+}
+
+}  // namespace
+
+bool lt_gemm(const LtGemm& g, const Stream& s) {
+  if (g.m == 0 || g.n == 0) return true;
+  // cuBLASLt rejects k = 0; callers handle empty reductions themselves.
+  DS_CUDA_REQUIRE(g.k > 0, "lt_gemm: k must be > 0");
+  int dev = 0;
+  DS_CUDA_CHECK(cudaGetDevice(&dev));
+  int al_a = alignment_of(g.A), al_b = alignment_of(g.B), al_d = alignment_of(g.D);
+  PlanKey key{dev, g.transa, g.transb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd,
+              int(g.ab_type), int(g.d_type), g.bias != nullptr, int(g.bias_type),
+              al_a, al_b, al_d};
+  void* ws = stream_workspace(s, kWorkspaceBytes, WorkspaceSlot::Blas);
+  LtState& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  cublasLtHandle_t h = handle_for(st, dev);
+  auto it = st.plans.find(key);
+  if (it == st.plans.end()) it = st.plans.emplace(key, make_plan(h, g, al_a, al_b, al_d)).first;
+  Plan& p = it->second;
+  if (!p.ok) {
+    DS_CUDA_REQUIRE(g.bias != nullptr,
+                    "cuBLASLt found no algorithm for GEMM m=" + std::to_string(g.m) +
+                        " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) + " " +
+                        dtype_name(g.ab_type) + "->" + dtype_name(g.d_type));
+    return false;
+  }
+  if (g.bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+  DS_CUBLAS_CHECK(cublasLtMatmul(h, p.desc, &g.alpha, g.A, p.a, g.B, p.b, &g.beta, g.D, p.d,
+                                 g.D, p.d, &p.algo, ws, kWorkspaceBytes,
+                                 static_cast<cudaStream_t>(s.handle)));
+  return true;
+}
+
+}  // namespace ds::cuda

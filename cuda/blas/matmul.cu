@@ -1,0 +1,121 @@
+// matmul_forward / matmul_backward (nn.Linear semantics, weight (OC, C)) on
+// cuBLASLt. Row-major tensors are read as column-major transposes:
+//   out^T (OC, N)  = op_T(W_cm (C, OC)) * inp^T (C, N)
+//   dinp^T (C, N)   = W_cm (C, OC) * dout^T (OC, N)
+//   dW^T (C, OC)   += inp^T (C, N) * dout (N, OC)
+// The bias epilogue adds the bias in the GEMM; when cuBLASLt has no such
+// algorithm for the dtypes, a separate kernel adds it. dbias uses the
+// deterministic column reduction.
+#include "cuda/blas/lt_gemm.h"
+#include "cuda/core/reduce.cuh"
+#include "lib/ops/ops.h"
+
+namespace ds::cuda {
+namespace {
+
+template <class T>
+__global__ void add_bias_kernel(T* out /* (N, OC) */, AnyPtr bias /* (OC) */, int64_t N,
+                                int64_t OC) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N * OC;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = from_f<T>(to_f(out[i]) + load(bias, i % OC));
+}
+
+template <class T> struct BiasGrad {
+  const T* dout;  // (N, OC)
+  int64_t OC;
+  __device__ void operator()(int64_t n, int64_t c, float (&v)[1]) const {
+    v[0] = to_f(dout[n * OC + c]);
+  }
+};
+
+void check_2d(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* name) {
+  expect_float(t, rows * cols, op, name);
+  DS_CUDA_REQUIRE(t.size(-1) == cols, std::string(op) + ": " + name + " " + desc(t) +
+                                          " must have last dim " + std::to_string(cols));
+}
+
+}  // namespace
+
+void matmul_forward(const MatmulArgs& a, const Stream& s) {
+  const char* op = "matmul_forward";
+  DS_CUDA_REQUIRE(a.weight.dim() == 2, std::string(op) + ": weight must be (OC, C), got " +
+                                           desc(a.weight));
+  int64_t OC = a.weight.size(0), C = a.weight.size(1);
+  int64_t N = C ? a.inp.numel() / C : 0;
+  check_2d(a.inp, N, C, op, "inp");
+  check_2d(a.out, N, OC, op, "out");
+  DS_CUDA_REQUIRE(a.inp.dtype() == a.weight.dtype(),
+                  std::string(op) + ": inp and weight dtypes differ: " + desc(a.inp) + ", " +
+                      desc(a.weight));
+  if (a.bias.defined()) expect_float(a.bias, OC, op, "bias");
+  if (N == 0 || OC == 0) return;
+  DS_CUDA_REQUIRE(C > 0, std::string(op) + ": C must be > 0");
+  LtGemm g;
+  g.transa = true;
+  g.m = OC; g.n = N; g.k = C;
+  g.A = a.weight.raw(); g.lda = C;
+  g.B = a.inp.raw(); g.ldb = C;
+  g.D = a.out.raw(); g.ldd = OC;
+  g.ab_type = a.inp.dtype();
+  g.d_type = a.out.dtype();
+  g.bias = a.bias.defined() ? a.bias.raw() : nullptr;
+  g.bias_type = a.bias.defined() ? a.bias.dtype() : DType::F32;
+  if (lt_gemm(g, s)) return;
+  g.bias = nullptr;  // no fused-bias algorithm: plain GEMM + bias kernel
+  lt_gemm(g, s);
+  dispatch_float(a.out.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    add_bias_kernel<T><<<grid_for(N * OC, 256), 256, 0, stream_of(s)>>>(
+        a.out.data<T>(), any_ptr(a.bias), N, OC);
+    DS_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void matmul_backward(const MatmulBwdArgs& a, const Stream& s) {
+  const char* op = "matmul_backward";
+  DS_CUDA_REQUIRE(a.weight.dim() == 2, std::string(op) + ": weight must be (OC, C), got " +
+                                           desc(a.weight));
+  int64_t OC = a.weight.size(0), C = a.weight.size(1);
+  int64_t N = C ? a.inp.numel() / C : 0;
+  check_2d(a.inp, N, C, op, "inp");
+  check_2d(a.dout, N, OC, op, "dout");
+  DS_CUDA_REQUIRE(a.inp.dtype() == a.weight.dtype() && a.dout.dtype() == a.inp.dtype(),
+                  std::string(op) + ": inp, weight and dout dtypes differ");
+  if (a.dinp.defined()) check_2d(a.dinp, N, C, op, "dinp");
+  if (a.dweight.defined()) check_2d(a.dweight, OC, C, op, "dweight");
+  if (a.dbias.defined()) expect_float(a.dbias, OC, op, "dbias");
+  if (N == 0 || C == 0 || OC == 0) return;
+  if (a.dbias.defined()) {
+    dispatch_float(a.dout.dtype(), op, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      column_reduce<1>(BiasGrad<T>{a.dout.data<T>(), OC}, N, OC,
+                       ColumnOut<1>{{any_ptr(a.dbias)}}, s);
+    });
+  }
+  if (a.dinp.defined()) {
+    LtGemm g;
+    g.m = C; g.n = N; g.k = OC;
+    g.A = a.weight.raw(); g.lda = C;
+    g.B = a.dout.raw(); g.ldb = OC;
+    g.D = a.dinp.raw(); g.ldd = C;
+    g.ab_type = a.dout.dtype();
+    g.d_type = a.dinp.dtype();
+    g.beta = a.accum == Accum::Add ? 1.0f : 0.0f;
+    lt_gemm(g, s);
+  }
+  if (a.dweight.defined()) {
+    LtGemm g;
+    g.transb = true;
+    g.m = C; g.n = OC; g.k = N;
+    g.A = a.inp.raw(); g.lda = C;
+    g.B = a.dout.raw(); g.ldb = OC;
+    g.D = a.dweight.raw(); g.ldd = C;
+    g.ab_type = a.inp.dtype();
+    g.d_type = a.dweight.dtype();
+    g.beta = 1.0f;
+    lt_gemm(g, s);
+  }
+}
+
+}  // namespace ds::cuda

@@ -1,0 +1,207 @@
+// Caching device allocator: freed blocks go to a per-device free list keyed by
+// size and are handed out again without cudaMalloc, so the step loop does not
+// allocate from the driver after the first iterations.
+// Semantics: like a single-stream caching allocator. A block freed while work
+// that uses it is still queued may be handed to the next allocation at once;
+// this is safe when that work and the new owner's work run on the same stream
+// (stream order), which is how the trainer uses it. Work on other streams must
+// hold a reference to its tensors until it has been waited for.
+#include "cuda/core/allocator.h"
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "cuda/core/check.h"
+#include "lib/core/error.h"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr size_t kSmallLimit = size_t(1) << 20;     // <= 1 MiB: 512-byte granules
+constexpr size_t kLargeGranule = size_t(2) << 20;   // > 1 MiB: 2 MiB granules
+
+size_t round_size(size_t bytes) {
+  if (bytes <= kSmallLimit) return (bytes + 511) / 512 * 512;
+  return (bytes + kLargeGranule - 1) / kLargeGranule * kLargeGranule;
+}
+
+// Sets the current device for the lifetime of the guard.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int dev) {
+    DS_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != dev) DS_CUDA_CHECK(cudaSetDevice(dev));
+    dev_ = dev;
+  }
+  ~DeviceGuard() {
+    if (prev_ != dev_) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = 0, dev_ = 0;
+};
+
+class CachingAllocator final : public Allocator {
+ public:
+  void* alloc(size_t bytes, int dev) override {
+    DS_CHECK(dev >= 0 && dev < kMaxDevices, "CUDA device index {} out of range", dev);
+    size_t size = round_size(bytes == 0 ? 1 : bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& fl = free_[dev];
+    auto it = fl.lower_bound(size);
+    // Reuse a cached block unless it would waste more than half of itself.
+    if (it != fl.end() && it->first <= 2 * size) {
+      void* p = it->second;
+      size_t got = it->first;
+      fl.erase(it);
+      return take(p, got, dev);
+    }
+    DeviceGuard g(dev);
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, size);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky-free error state
+      release_cached(dev);
+      err = cudaMalloc(&p, size);
+    }
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      DS_THROW("CUDA out of memory on device {}: requested {} bytes, {} in use, {} reserved",
+               dev, bytes, in_use_, reserved_[dev]);
+    }
+    reserved_[dev] += size;
+    return take(p, size, dev);
+  }
+
+  void free(void* p, int dev) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(p);
+    if (it == live_.end()) return;  // not ours (should not happen)
+    size_t size = it->second;
+    live_.erase(it);
+    in_use_ -= size;
+    free_[dev].emplace(size, p);
+  }
+
+  void zero(void* p, size_t bytes, int dev) override {
+    DeviceGuard g(dev);
+    DS_CUDA_CHECK(cudaMemset(p, 0, bytes));
+    DS_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  void to_host(void* dst, const void* src, size_t bytes, int dev) override {
+    DeviceGuard g(dev);
+    DS_CUDA_CHECK(cudaDeviceSynchronize());  // results of work on any stream
+    DS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  }
+  void from_host(void* dst, const void* src, size_t bytes, int dev) override {
+    DeviceGuard g(dev);
+    DS_CUDA_CHECK(cudaDeviceSynchronize());  // earlier readers of dst are done
+    DS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  }
+  void copy(void* dst, const void* src, size_t bytes, int dev) override {
+    DeviceGuard g(dev);
+    DS_CUDA_CHECK(cudaDeviceSynchronize());
+    DS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    DS_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  size_t in_use() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return in_use_;
+  }
+  size_t max_in_use() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_in_use_;
+  }
+  void reset_max() {
+    std::lock_guard<std::mutex> lock(mu_);
+    max_in_use_ = in_use_;
+  }
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int d = 0; d < kMaxDevices; ++d)
+      if (!free_[d].empty()) release_cached(d);
+  }
+
+ private:
+  void* take(void* p, size_t size, int dev) {
+    live_[p] = size;
+    in_use_ += size;
+    if (in_use_ > max_in_use_) max_in_use_ = in_use_;
+    return p;
+  }
+  // Caller holds mu_.
+  void release_cached(int dev) {
+    DeviceGuard g(dev);
+    cudaDeviceSynchronize();
+    for (auto& [size, p] : free_[dev]) {
+      cudaFree(p);
+      reserved_[dev] -= size;
+    }
+    free_[dev].clear();
+  }
+
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_[kMaxDevices];
+  std::unordered_map<void*, size_t> live_;
+  size_t reserved_[kMaxDevices] = {};
+  size_t in_use_ = 0, max_in_use_ = 0;
+};
+
+CachingAllocator& instance() {
+  static CachingAllocator* a = new CachingAllocator();  // never destroyed: tensors may outlive main
+  return *a;
+}
+
+struct WorkspaceKey {
+  void* stream;
+  int device;
+  int slot;
+  bool operator==(const WorkspaceKey& o) const {
+    return stream == o.stream && device == o.device && slot == o.slot;
+  }
+};
+struct WorkspaceKeyHash {
+  size_t operator()(const WorkspaceKey& k) const {
+    return std::hash<void*>()(k.stream) ^ (size_t(k.device) << 8) ^ size_t(k.slot);
+  }
+};
+struct WorkspaceBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+};
+
+}  // namespace
+
+Allocator& caching_allocator() { return instance(); }
+
+size_t allocated_bytes() { return instance().in_use(); }
+size_t max_allocated_bytes() { return instance().max_in_use(); }
+void reset_max_allocated_bytes() { instance().reset_max(); }
+void empty_cache() { instance().empty_cache(); }
+
+void* stream_workspace(const Stream& s, size_t bytes, WorkspaceSlot slot) {
+  static std::mutex mu;
+  static auto* bufs = new std::unordered_map<WorkspaceKey, WorkspaceBuf, WorkspaceKeyHash>();
+  int dev = 0;
+  DS_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  WorkspaceBuf& b = (*bufs)[WorkspaceKey{s.handle, dev, static_cast<int>(slot)}];
+  if (b.bytes >= bytes && b.p) return b.p;
+  size_t want = round_size(bytes < 4096 ? 4096 : bytes + bytes / 4);
+  if (b.p) {
+    DS_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(s.handle)));
+    DS_CUDA_CHECK(cudaFree(b.p));
+    b.p = nullptr;
+    b.bytes = 0;
+  }
+  DS_CUDA_CHECK(cudaMalloc(&b.p, want));
+  b.bytes = want;
+  return b.p;
+}
+
+}  // namespace ds::cuda

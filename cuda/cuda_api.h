@@ -1,0 +1,51 @@
+// Public entry points of the CUDA backend that code outside cuda/ may call.
+// A plain C++ header (no CUDA includes) so the trainer, tests and benchmarks can
+// use it from .cpp files. The ops themselves are declared in lib/ops/ops.h.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace ds::cuda {
+
+// True when the CUDA runtime sees at least one device. Never throws.
+bool device_available();
+// Number of visible devices (0 when the driver or device is missing). Never throws.
+int device_count();
+// The reason no device is usable ("no CUDA device", driver message), or "" if one is.
+std::string unavailable_reason();
+
+// Selects the device for this thread and registers the caching allocator for
+// DeviceType::CUDA (idempotent). Call once per rank before creating CUDA tensors.
+void init_device(int device_index);
+
+// Name of the current device ("NVIDIA H200").
+std::string device_name();
+
+// Dense bf16 tensor-core peak of the current device in TFLOP/s, computed as
+// SM count x clock x per-SM rate of its architecture. DS_PEAK_BF16_TFLOPS in the
+// environment or set_peak_bf16_tflops() overrides; 0 means unknown (MFU off).
+double peak_bf16_tflops();
+void set_peak_bf16_tflops(double tflops);  // <= 0 clears the override
+
+// Allocator statistics (bytes handed out to tensors, not counting the cache).
+size_t allocated_bytes();
+size_t max_allocated_bytes();
+void reset_max_allocated_bytes();
+// Returns cached, unused blocks to the driver.
+void empty_cache();
+
+// Waits for all work on the current device.
+void synchronize();
+
+// Attention implementation used by attention_forward/backward.
+//  Flash: our fused FA2-style kernels (bf16/f16, head dim 64 or 128; other
+//         cases fall back to Plain).
+//  Plain: non-fused reference kernels (any dtype / head dim; for debugging).
+//  Cudnn: reserved for a cuDNN SDPA path; not built yet (throws).
+enum class AttentionBackend { Flash, Plain, Cudnn };
+void set_attention_backend(AttentionBackend b);
+AttentionBackend attention_backend();
+// "flash" | "plain" | "cudnn" -> backend; throws UserError on anything else.
+AttentionBackend attention_backend_from_name(const std::string& name);
+
+}  // namespace ds::cuda

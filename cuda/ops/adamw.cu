@@ -1,0 +1,61 @@
+// AdamW step on one parameter tensor: fp32 master weights and moments, the
+// gradient in f32/bf16/f16, optional write-back of the updated weights to a
+// bf16/f16 model copy. Decoupled weight decay; bias corrections from the host.
+#include "cuda/core/common.cuh"
+#include "lib/ops/ops.h"
+
+namespace ds::cuda {
+namespace {
+
+struct AdamWParams {
+  float* param;        // (n) f32 master
+  AnyPtr grad;         // (n)
+  float* m;            // (n) f32
+  float* v;            // (n) f32
+  AnyPtr param_lowp;   // (n) or null
+  int64_t n;
+  float lr, beta1, beta2, eps, weight_decay, grad_scale;
+  float step_size;     // lr / (1 - beta1^step)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^step)
+};
+
+__global__ void adamw_kernel(AdamWParams p) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float g = load(p.grad, i) * p.grad_scale;
+    float m = p.beta1 * p.m[i] + (1.0f - p.beta1) * g;
+    float v = p.beta2 * p.v[i] + (1.0f - p.beta2) * g * g;
+    p.m[i] = m;
+    p.v[i] = v;
+    // PyTorch's form: decay first, then the bias-corrected Adam step.
+    float w = p.param[i];
+    w -= p.lr * p.weight_decay * w;
+    w -= p.step_size * m / (sqrtf(v) * p.inv_sqrt_bc2 + p.eps);
+    p.param[i] = w;
+    if (p.param_lowp.p) store(p.param_lowp, i, w);
+  }
+}
+
+}  // namespace
+
+void adamw_step(const AdamWArgs& a, const Stream& s) {
+  const char* op = "adamw_step";
+  int64_t n = a.param.numel();
+  expect_dtype(a.param, DType::F32, n, op, "param");
+  expect_float(a.grad, n, op, "grad");
+  expect_dtype(a.m, DType::F32, n, op, "m");
+  expect_dtype(a.v, DType::F32, n, op, "v");
+  if (a.param_lowp.defined()) expect_float(a.param_lowp, n, op, "param_lowp");
+  DS_CUDA_REQUIRE(a.step >= 1, std::string(op) + ": step is 1-based, got " +
+                                   std::to_string(a.step));
+  if (n == 0) return;
+  AdamWParams p{a.param.data<float>(), any_ptr(a.grad), a.m.data<float>(), a.v.data<float>(),
+                any_ptr(a.param_lowp), n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                a.grad_scale,
+                float(a.lr / (1.0 - std::pow(double(a.beta1), double(a.step)))),
+                float(1.0 / std::sqrt(1.0 - std::pow(double(a.beta2), double(a.step))))};
+  adamw_kernel<<<grid_for(n, 256), 256, 0, stream_of(s)>>>(p);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ds::cuda

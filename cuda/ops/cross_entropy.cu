@@ -1,0 +1,80 @@
+// Fused softmax cross-entropy over the padded vocab, one block per row:
+// pass 1 keeps a running (max, sum of exp) per thread and merges them into the
+// row's log-sum-exp; pass 2 writes dlogits = dloss * (softmax - onehot) in the
+// logits' dtype. No fp32 probability matrix is ever stored. Columns >= V are
+// padding (gradient 0); rows with target < 0 are ignored (loss 0, no gradient).
+#include "cuda/core/common.cuh"
+#include "lib/ops/ops.h"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+
+template <class T> struct XentParams {
+  float* losses;        // (N)
+  T* dlogits;           // (N, Vp) or null; may alias logits
+  const T* logits;      // (N, Vp)
+  const int32_t* targets;  // (N)
+  int64_t N, Vp, V;
+  float dloss;
+};
+
+template <class T>
+__global__ void cross_entropy_kernel(XentParams<T> p) {
+  int64_t row = blockIdx.x;
+  const T* x = p.logits + row * p.Vp;
+  int64_t tgt = p.targets[row];
+  bool valid = tgt >= 0 && tgt < p.V;
+  float xt = valid ? to_f(x[tgt]) : 0.f;  // read before any thread writes dlogits
+  float m = -INFINITY, s = 0.f;
+  for (int64_t c = threadIdx.x; c < p.V; c += kThreads) {
+    float v = to_f(x[c]);
+    if (v > m) {
+      s = s * expf(m - v) + 1.0f;
+      m = v;
+    } else {
+      s += expf(v - m);
+    }
+  }
+  float M = block_max(m);
+  float S = block_sum(m == -INFINITY ? 0.f : s * expf(m - M));
+  float lse = M + logf(S);
+  if (threadIdx.x == 0) p.losses[row] = valid ? lse - xt : 0.f;
+  if (!p.dlogits) return;
+  T* d = p.dlogits + row * p.Vp;
+  for (int64_t c = threadIdx.x; c < p.Vp; c += kThreads) {
+    float g = 0.f;
+    if (valid && c < p.V) g = p.dloss * (expf(to_f(x[c]) - lse) - (c == tgt ? 1.0f : 0.0f));
+    d[c] = from_f<T>(g);
+  }
+}
+
+}  // namespace
+
+void cross_entropy(const CrossEntropyArgs& a, const Stream& s) {
+  const char* op = "cross_entropy";
+  DS_CUDA_REQUIRE(a.logits.dim() >= 1, std::string(op) + ": logits must be (N, Vp)");
+  int64_t Vp = a.logits.size(-1), N = Vp ? a.logits.numel() / Vp : 0;
+  expect_float(a.logits, N * Vp, op, "logits");
+  expect_dtype(a.losses, DType::F32, N, op, "losses");
+  expect_dtype(a.targets, DType::I32, N, op, "targets");
+  DS_CUDA_REQUIRE(a.V > 0 && a.V <= Vp, std::string(op) + ": V=" + std::to_string(a.V) +
+                                            " must be in [1, Vp=" + std::to_string(Vp) + "]");
+  if (a.dlogits.defined()) {
+    expect_float(a.dlogits, N * Vp, op, "dlogits");
+    DS_CUDA_REQUIRE(a.dlogits.dtype() == a.logits.dtype(),
+                    std::string(op) + ": dlogits/logits dtype differ");
+  }
+  if (N == 0) return;
+  DS_CUDA_REQUIRE(N < (int64_t(1) << 31), std::string(op) + ": too many rows");
+  dispatch_float(a.logits.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    XentParams<T> p{a.losses.data<float>(), a.dlogits.defined() ? a.dlogits.data<T>() : nullptr,
+                    a.logits.data<T>(), a.targets.data<int32_t>(), N, Vp, a.V, a.dloss};
+    cross_entropy_kernel<T><<<unsigned(N), kThreads, 0, stream_of(s)>>>(p);
+    DS_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace ds::cuda

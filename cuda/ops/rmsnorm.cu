@@ -1,0 +1,128 @@
+// RMSNorm forward and backward (LLaMA style: y = x * rstd * w, no mean, no
+// bias). One warp per row; the weight gradient uses the deterministic column
+// reduction.
+#include "cuda/core/reduce.cuh"
+#include "lib/ops/ops.h"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kRowsPerBlock = 8;
+
+template <class T> struct RmsFwdParams {
+  T* out;         // (N, C)
+  float* rstd;    // (N) or null
+  const T* inp;   // (N, C)
+  AnyPtr weight;  // (C)
+  int64_t N, C;
+  float eps;
+};
+
+template <class T>
+__global__ void rmsnorm_forward_kernel(RmsFwdParams<T> p) {
+  int lane = threadIdx.x & 31;
+  int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= p.N) return;
+  const T* x = p.inp + row * p.C;
+  float ss = 0.f;
+  for (int64_t c = lane; c < p.C; c += 32) {
+    float v = to_f(x[c]);
+    ss += v * v;
+  }
+  float rs = 1.0f / sqrtf(warp_sum(ss) / float(p.C) + p.eps);
+  T* o = p.out + row * p.C;
+  for (int64_t c = lane; c < p.C; c += 32) o[c] = from_f<T>(to_f(x[c]) * rs * load(p.weight, c));
+  if (lane == 0 && p.rstd) p.rstd[row] = rs;
+}
+
+template <class T> struct RmsBwdParams {
+  T* dinp;            // (N, C)
+  const T* dout;      // (N, C)
+  const T* inp;       // (N, C)
+  AnyPtr weight;      // (C)
+  const float* rstd;  // (N)
+  int64_t N, C;
+  bool add;
+};
+
+template <class T>
+__global__ void rmsnorm_backward_kernel(RmsBwdParams<T> p) {
+  int lane = threadIdx.x & 31;
+  int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= p.N) return;
+  const T* x = p.inp + row * p.C;
+  const T* g = p.dout + row * p.C;
+  float rs = p.rstd[row];
+  float s = 0.f;
+  for (int64_t c = lane; c < p.C; c += 32) s += to_f(g[c]) * load(p.weight, c) * to_f(x[c]) * rs;
+  s = warp_sum(s) / float(p.C);
+  T* d = p.dinp + row * p.C;
+  for (int64_t c = lane; c < p.C; c += 32) {
+    float xhat = to_f(x[c]) * rs;
+    float v = (to_f(g[c]) * load(p.weight, c) - xhat * s) * rs;
+    if (p.add) v += to_f(d[c]);
+    d[c] = from_f<T>(v);
+  }
+}
+
+template <class T> struct RmsWeightGrad {
+  const T* dout;      // (N, C)
+  const T* inp;       // (N, C)
+  const float* rstd;  // (N)
+  int64_t C;
+  __device__ void operator()(int64_t n, int64_t c, float (&v)[1]) const {
+    v[0] = to_f(dout[n * C + c]) * to_f(inp[n * C + c]) * rstd[n];
+  }
+};
+
+}  // namespace
+
+void rmsnorm_forward(const RMSNormArgs& a, const Stream& s) {
+  const char* op = "rmsnorm_forward";
+  int64_t C = a.inp.size(-1), N = C ? a.inp.numel() / C : 0;
+  expect_float(a.out, N * C, op, "out");
+  DS_CUDA_REQUIRE(a.out.dtype() == a.inp.dtype(), std::string(op) + ": out/inp dtype differ");
+  expect_float(a.weight, C, op, "weight");
+  if (a.rstd.defined()) expect_dtype(a.rstd, DType::F32, N, op, "rstd");
+  if (N == 0) return;
+  dispatch_float(a.inp.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    RmsFwdParams<T> p{a.out.data<T>(), a.rstd.data<float>(), a.inp.data<T>(), any_ptr(a.weight),
+                      N, C, a.eps};
+    rmsnorm_forward_kernel<T><<<grid_for(N, kRowsPerBlock, 1ll << 31), 32 * kRowsPerBlock, 0,
+                                stream_of(s)>>>(p);
+    DS_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void rmsnorm_backward(const RMSNormBwdArgs& a, const Stream& s) {
+  const char* op = "rmsnorm_backward";
+  int64_t C = a.inp.size(-1), N = C ? a.inp.numel() / C : 0;
+  expect_float(a.dout, N * C, op, "dout");
+  DS_CUDA_REQUIRE(a.dout.dtype() == a.inp.dtype(), std::string(op) + ": dout/inp dtype differ");
+  expect_float(a.weight, C, op, "weight");
+  expect_dtype(a.rstd, DType::F32, N, op, "rstd");
+  if (a.dinp.defined()) {
+    expect_float(a.dinp, N * C, op, "dinp");
+    DS_CUDA_REQUIRE(a.dinp.dtype() == a.inp.dtype(), std::string(op) + ": dinp/inp dtype differ");
+  }
+  if (a.dweight.defined()) expect_float(a.dweight, C, op, "dweight");
+  if (N == 0) return;
+  dispatch_float(a.inp.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Weight gradient first: dinp may alias dout.
+    if (a.dweight.defined()) {
+      RmsWeightGrad<T> f{a.dout.data<T>(), a.inp.data<T>(), a.rstd.data<float>(), C};
+      column_reduce<1>(f, N, C, ColumnOut<1>{{any_ptr(a.dweight)}}, s);
+    }
+    if (a.dinp.defined()) {
+      RmsBwdParams<T> p{a.dinp.data<T>(), a.dout.data<T>(), a.inp.data<T>(), any_ptr(a.weight),
+                        a.rstd.data<float>(), N, C, a.accum == Accum::Add};
+      rmsnorm_backward_kernel<T><<<grid_for(N, kRowsPerBlock, 1ll << 31), 32 * kRowsPerBlock, 0,
+                                   stream_of(s)>>>(p);
+      DS_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+}  // namespace ds::cuda

@@ -1,0 +1,350 @@
+// Per-node agent: spawn, supervise, forward output, and tear down local ranks.
+#include "launcher/agent.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "lib/core/error.h"
+#include "launcher/process.h"
+#include "launcher/rank_env.h"
+#include "launcher/world_info.h"
+
+namespace ds::launch {
+namespace {
+
+struct OutStream {
+  int fd = -1;
+  std::string buf;
+};
+
+struct RankProc {
+  RankInfo info;
+  pid_t pid = 0;
+  bool done = false;
+  OutStream out, err;
+};
+
+void write_all(int fd, const std::string& s, bool* broken) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = write(fd, s.data() + off, s.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (broken) *broken = true;
+      return;
+    }
+    off += n;
+  }
+}
+
+class Agent {
+ public:
+  Agent(const AgentOptions& a, int node_rank, bool watch)
+      : a_(a), node_rank_(node_rank), watch_(watch),
+        sig_({SIGCHLD, SIGINT, SIGTERM, SIGHUP}) {}
+  int run();
+
+ private:
+  void start_ranks();
+  void spawn_rank(RankProc& r, const std::vector<std::string>& base_env, int omp,
+                  const std::vector<int>& cores);
+  void loop_once();
+  void reap();
+  void on_signal(int sig);
+  void pump(OutStream& s, int out_fd, const std::string& prefix);
+  void begin_teardown(int code, const std::string& why);
+  void emit(int fd, const std::string& s);
+  int live() const;
+  int open_streams() const;
+
+  AgentOptions a_;
+  int node_rank_;
+  bool watch_;
+  SignalPipe sig_;
+  std::vector<RankProc> ranks_;
+  int result_ = -1;
+  bool teardown_ = false, hard_killed_ = false, head_lost_ = false;
+  double kill_deadline_ = 0, drain_deadline_ = 0;
+};
+
+int Agent::live() const {
+  int n = 0;
+  for (const auto& r : ranks_) n += (r.pid > 0 && !r.done);
+  return n;
+}
+
+int Agent::open_streams() const {
+  int n = 0;
+  for (const auto& r : ranks_) n += (r.out.fd >= 0) + (r.err.fd >= 0);
+  return n;
+}
+
+void Agent::emit(int fd, const std::string& s) {
+  bool broken = false;
+  write_all(fd, s, &broken);
+  if (broken && watch_ && !head_lost_) {
+    head_lost_ = true;
+    begin_teardown(128 + SIGHUP, "lost the connection to the dsrun head");
+  }
+}
+
+void Agent::begin_teardown(int code, const std::string& why) {
+  if (result_ < 0) result_ = code;
+  if (teardown_) return;
+  teardown_ = true;
+  int n = live();
+  std::string msg = fmt::format("dsrun: {}", why);
+  if (n > 0) msg += fmt::format("; stopping {} rank(s) on {}", n, ranks_.empty() ? "" : ranks_[0].info.host);
+  emit(2, msg + "\n");
+  for (auto& r : ranks_)
+    if (r.pid > 0 && !r.done) kill_group(r.pid, SIGTERM);
+  kill_deadline_ = now_seconds() + a_.teardown_grace;
+}
+
+void Agent::spawn_rank(RankProc& r, const std::vector<std::string>& base_env, int omp,
+                       const std::vector<int>& cores) {
+  SpawnSpec spec;
+  spec.argv = rank_argv(a_.program, a_.args, r.info.local_rank, a_.no_local_rank);
+  spec.env = merge_env(base_env, rank_env(r.info, {a_.master_addr, a_.master_port, a_.job_token}, omp));
+  if (!cores.empty()) spec.cpus = cores_for_rank(cores, r.info.local_size, r.info.local_rank);
+  int log_fd = -1, out_p[2] = {-1, -1}, err_p[2] = {-1, -1};
+  if (!a_.each_rank_log.empty()) {
+    std::string path = fmt::format("{}/rank_{}.log", a_.each_rank_log, r.info.rank);
+    log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    DS_USER_CHECK(log_fd >= 0, "--enable_each_rank_log: cannot write '{}': {}", path, std::strerror(errno));
+    spec.stdout_fd = spec.stderr_fd = log_fd;
+  } else {
+    DS_CHECK(pipe2(out_p, O_CLOEXEC) == 0 && pipe2(err_p, O_CLOEXEC) == 0, "pipe2: {}", std::strerror(errno));
+    spec.stdout_fd = out_p[1];
+    spec.stderr_fd = err_p[1];
+  }
+  try {
+    r.pid = spawn_process(spec);
+  } catch (...) {
+    for (int fd : {log_fd, out_p[0], out_p[1], err_p[0], err_p[1]})
+      if (fd >= 0) close(fd);
+    throw;
+  }
+  if (log_fd >= 0) close(log_fd);
+  if (out_p[0] >= 0) {
+    close(out_p[1]);
+    close(err_p[1]);
+    fcntl(out_p[0], F_SETFL, O_NONBLOCK);
+    fcntl(err_p[0], F_SETFL, O_NONBLOCK);
+    r.out.fd = out_p[0];
+    r.err.fd = err_p[0];
+  }
+}
+
+void Agent::start_ranks() {
+  ActiveResources active = decode_world_info(a_.world_info);
+  for (auto& info : ranks_of_node(active, node_rank_)) ranks_.push_back({info, 0, false, {}, {}});
+  std::vector<int> cores;
+  int omp = 0;
+  if (a_.bind_cores_to_rank || !a_.bind_core_list.empty()) {
+    if (!a_.bind_core_list.empty()) {
+      cores = parse_core_list(a_.bind_core_list);
+    } else {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      sched_getaffinity(0, sizeof(set), &set);
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) cores.push_back(c);
+    }
+    omp = static_cast<int>(cores_for_rank(cores, static_cast<int>(ranks_.size()), 0).size());
+  }
+  if (!a_.each_rank_log.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(a_.each_rank_log, ec);
+    DS_USER_CHECK(!ec, "--enable_each_rank_log: cannot create '{}': {}", a_.each_rank_log, ec.message());
+  }
+  std::vector<std::string> base_env = environ_entries();
+  for (auto& r : ranks_) {
+    if (teardown_) break;  // a signal arrived while starting
+    spawn_rank(r, base_env, omp, cores);
+    for (int s : sig_.drain()) on_signal(s);
+  }
+}
+
+void Agent::on_signal(int sig) {
+  if (sig == SIGCHLD) {
+    reap();
+    return;
+  }
+  if (teardown_ && (sig == SIGINT || sig == SIGTERM)) {
+    kill_deadline_ = now_seconds();  // asked twice: kill now
+    return;
+  }
+  begin_teardown(128 + sig, fmt::format("received {}", signal_name(sig)));
+}
+
+void Agent::reap() {
+  int st;
+  pid_t pid;
+  while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+    for (auto& r : ranks_) {
+      if (r.pid != pid) continue;
+      r.done = true;
+      int code = exit_code_of(st);
+      if (code != 0 && !teardown_)
+        begin_teardown(code, fmt::format("rank {} (host {}, local rank {}) {}", r.info.rank, r.info.host,
+                                         r.info.local_rank, describe_status(st)));
+      kill_group(r.pid, SIGKILL);  // leftovers of a finished rank never outlive it
+    }
+  }
+}
+
+void Agent::pump(OutStream& s, int out_fd, const std::string& prefix) {
+  char buf[65536];
+  ssize_t n = read(s.fd, buf, sizeof(buf));
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  bool eof = n <= 0;
+  if (!eof) s.buf.append(buf, n);
+  std::string out;
+  size_t start = 0, nl;
+  while ((nl = s.buf.find('\n', start)) != std::string::npos) {
+    out += prefix;
+    out.append(s.buf, start, nl - start + 1);
+    start = nl + 1;
+  }
+  s.buf.erase(0, start);
+  if (eof && !s.buf.empty()) out += prefix + s.buf + "\n", s.buf.clear();
+  if (!out.empty()) emit(out_fd, out);
+  if (eof) close(s.fd), s.fd = -1;
+}
+
+void Agent::loop_once() {
+  std::vector<pollfd> fds = {{sig_.fd(), POLLIN, 0}};
+  std::vector<std::pair<OutStream*, int>> streams;  // stream, output fd
+  std::vector<std::string> prefixes;
+  for (auto& r : ranks_) {
+    for (auto [s, fd] : {std::pair{&r.out, 1}, std::pair{&r.err, 2}}) {
+      if (s->fd < 0) continue;
+      fds.push_back({s->fd, POLLIN, 0});
+      streams.push_back({s, fd});
+      prefixes.push_back(fmt::format("[rank {}] ", r.info.rank));
+    }
+  }
+  bool watching = watch_ && !head_lost_;
+  if (watching) fds.push_back({1, 0, 0});
+  int timeout = -1;
+  double now = now_seconds();
+  if (teardown_ && !hard_killed_) timeout = std::max(0, static_cast<int>(std::ceil((kill_deadline_ - now) * 1000)));
+  if (live() == 0) timeout = std::max(0, static_cast<int>((drain_deadline_ - now) * 1000));
+  int rc = poll(fds.data(), fds.size(), timeout);
+  if (rc < 0 && errno != EINTR) DS_THROW("poll: {}", std::strerror(errno));
+  if (rc > 0) {
+    if (fds[0].revents) for (int s : sig_.drain()) on_signal(s);
+    for (size_t i = 0; i < streams.size(); ++i)
+      if (fds[i + 1].revents && streams[i].first->fd >= 0) pump(*streams[i].first, streams[i].second, prefixes[i]);
+    if (watching && (fds.back().revents & (POLLERR | POLLHUP)) && !head_lost_) {
+      head_lost_ = true;
+      begin_teardown(128 + SIGHUP, "lost the connection to the dsrun head");
+    }
+  }
+  if (teardown_ && !hard_killed_ && now_seconds() >= kill_deadline_) {
+    hard_killed_ = true;
+    for (auto& r : ranks_)
+      if (r.pid > 0 && !r.done) kill_group(r.pid, SIGKILL);
+  }
+}
+
+int Agent::run() {
+  std::string pid_file;
+  if (a_.save_pid > 0) {
+    pid_file = fmt::format("/tmp/{}.deepspeed", a_.save_pid);
+    FILE* f = fopen(pid_file.c_str(), "w");
+    DS_USER_CHECK(f, "--save_pid: cannot write '{}'", pid_file);
+    fmt::print(f, "{}", getpid());
+    fclose(f);
+  }
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  try {
+    start_ranks();
+  } catch (const UserError& e) {
+    begin_teardown(127, e.what());
+  }
+  drain_deadline_ = 0;
+  while (live() > 0 || open_streams() > 0) {
+    if (live() == 0 && drain_deadline_ == 0) drain_deadline_ = now_seconds() + 1.0;
+    if (live() == 0 && now_seconds() >= drain_deadline_) break;  // a grandchild holds a pipe open
+    loop_once();
+  }
+  for (auto& r : ranks_) {
+    if (r.pid > 0) kill_group(r.pid, SIGKILL);
+    for (OutStream* s : {&r.out, &r.err})
+      if (s->fd >= 0) close(s->fd), s->fd = -1;
+  }
+  kill_adopted_children();
+  prctl(PR_SET_CHILD_SUBREAPER, 0);
+  if (!pid_file.empty()) unlink(pid_file.c_str());
+  return result_ < 0 ? 0 : result_;
+}
+
+bool names_match(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  auto shortname = [](const std::string& s) { return s.substr(0, s.find('.')); };
+  return shortname(a) == shortname(b);
+}
+
+}  // namespace
+
+int resolve_node_rank(const AgentOptions& a, const ActiveResources& active) {
+  int given = (a.node_rank >= 0) + !a.node_name.empty() + !a.node_name_env.empty() + !a.node_rank_env.empty();
+  DS_USER_CHECK(given == 1, "dsrun --agent: give exactly one of --node_rank, --node_name, "
+                            "--node_name_env, --node_rank_env");
+  int n = a.node_rank;
+  std::string name = a.node_name;
+  auto env = [](const std::string& var) {
+    const char* v = std::getenv(var.c_str());
+    DS_USER_CHECK(v && *v, "dsrun --agent: environment variable {} is not set on this node", var);
+    return std::string(v);
+  };
+  if (!a.node_name_env.empty()) name = env(a.node_name_env);
+  if (!a.node_rank_env.empty()) {
+    std::string v = env(a.node_rank_env);
+    char* end;
+    n = static_cast<int>(std::strtol(v.c_str(), &end, 10));
+    DS_USER_CHECK(*end == 0, "dsrun --agent: {}='{}' is not a node rank", a.node_rank_env, v);
+  }
+  if (!name.empty()) {
+    n = -1;
+    for (size_t i = 0; i < active.size() && n < 0; ++i)
+      if (active[i].host == name) n = static_cast<int>(i);
+    for (size_t i = 0; i < active.size() && n < 0; ++i)
+      if (names_match(active[i].host, name)) n = static_cast<int>(i);
+    DS_USER_CHECK(n >= 0, "dsrun --agent: node '{}' is not one of the job's hosts", name);
+  }
+  DS_USER_CHECK(n >= 0 && n < static_cast<int>(active.size()),
+                "dsrun --agent: node rank {} is out of range (the job has {} nodes)", n, active.size());
+  return n;
+}
+
+int run_agent(const AgentOptions& a, int node_rank, bool watch_hangup) {
+  signal(SIGPIPE, SIG_IGN);
+  Agent agent(a, node_rank, watch_hangup);
+  return agent.run();
+}
+
+int agent_main(int argc, char** argv) {
+  AgentOptions a;
+  if (!parse_agent_options(argc, argv, &a)) return 0;
+  int node = resolve_node_rank(a, decode_world_info(a.world_info));
+  struct stat st {};
+  bool watch = fstat(1, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode));
+  return run_agent(a, node, watch);
+}
+
+}  // namespace ds::launch

@@ -1,0 +1,283 @@
+// The dsrun head: plan, then local / ssh / pdsh / srun / mpirun execution with supervision.
+#include "launcher/head.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "lib/core/error.h"
+#include "launcher/agent.h"
+#include "launcher/process.h"
+#include "launcher/shell.h"
+#include "launcher/ssh_transport.h"
+
+namespace ds::launch {
+namespace {
+
+std::vector<std::string> local_names() {
+  std::vector<std::string> names;
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) == 0) {
+    names.push_back(host);
+    std::string s = host;
+    if (s.find('.') != std::string::npos) names.push_back(s.substr(0, s.find('.')));
+  }
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) == 0) {
+    for (ifaddrs* i = ifs; i; i = i->ifa_next) {
+      if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
+      char buf[NI_MAXHOST];
+      socklen_t len = i->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+      if (getnameinfo(i->ifa_addr, len, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) == 0) names.push_back(buf);
+    }
+    freeifaddrs(ifs);
+  }
+  return names;
+}
+
+std::string random_token() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
+std::string self_path() {
+  if (const char* p = std::getenv("DSRUN_AGENT_PATH"); p && *p) return p;
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "dsrun" : p.string();
+}
+
+bool in_path(const std::string& prog) {
+  const char* path = std::getenv("PATH");
+  std::string p = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= p.size()) {
+    size_t end = p.find(':', start);
+    std::string dir = p.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (!dir.empty() && access((dir + "/" + prog).c_str(), X_OK) == 0) return true;
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return false;
+}
+
+// Runs argv to completion, returning its stdout and exit code.
+int capture_command(const std::vector<std::string>& argv, std::string* out) {
+  int p[2];
+  DS_CHECK(pipe2(p, O_CLOEXEC) == 0, "pipe2");
+  SpawnSpec spec{argv, environ_entries(), p[1], -1, {}, true, true};
+  pid_t pid;
+  try {
+    pid = spawn_process(spec);
+  } catch (...) {
+    close(p[0]), close(p[1]);
+    throw;
+  }
+  close(p[1]);
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(p[0], buf, sizeof(buf))) > 0 || (n < 0 && errno == EINTR))
+    if (n > 0) out->append(buf, n);
+  close(p[0]);
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  return exit_code_of(st);
+}
+
+std::string first_word(const std::string& s) {
+  auto words = shell_split(s, "hostname -I output");
+  return words.empty() ? "" : words[0];
+}
+
+// The ssh client command pdsh will use: ssh $PDSH_SSH_ARGS_APPEND [-p PORT] HOST CMD...
+std::vector<std::string> ssh_client_argv(const Options& o, const std::string& host, const std::string& cmd) {
+  std::vector<std::string> argv = {"ssh", "-o", "PasswordAuthentication=no", "-o", "BatchMode=yes"};
+  if (const char* extra = std::getenv("PDSH_SSH_ARGS_APPEND"))
+    for (auto& w : shell_split(extra, "PDSH_SSH_ARGS_APPEND")) argv.push_back(w);
+  if (o.ssh_port > 0) argv.insert(argv.end(), {"-p", std::to_string(o.ssh_port)});
+  argv.insert(argv.end(), {host, cmd});
+  return argv;
+}
+
+SshSettings ssh_settings(const Options& o) {
+  return {o.ssh_port, o.ssh_user, o.ssh_identity, o.ssh_known_hosts, o.ssh_no_host_key_check, o.ssh_timeout};
+}
+
+// Built-in ssh: connect everywhere first, then start all agents and watch them.
+int run_ssh(LaunchPlan& p, const PlanInputs& in) {
+  std::vector<std::string> hosts;
+  for (const auto& n : p.active) hosts.push_back(n.host);
+  auto conns = ssh_connect_all(hosts, ssh_settings(in.opts));
+  if (p.discover_master) {
+    std::string addr = first_word(conns[0]->capture("hostname -I"));
+    DS_USER_CHECK(!addr.empty(), "ssh {}: 'hostname -I' printed no address; pass --master_addr", hosts[0]);
+    p.master_addr = addr;
+    build_commands(p, in);
+  }
+  SignalPipe sig({SIGINT, SIGTERM, SIGHUP});
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  int result = -1;
+  std::vector<int> codes(hosts.size(), -1);
+  int done_pipe[2];
+  DS_CHECK(pipe2(done_pipe, O_CLOEXEC) == 0, "pipe2");
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < hosts.size(); ++i)
+    threads.emplace_back([&, i] {
+      int code = conns[i]->run(p.nodes[i].remote_command, stop, in.opts.teardown_grace);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        codes[i] = code;
+        if (code != 0 && result < 0 && !stop) {
+          result = code;
+          fmt::print(stderr, "dsrun: node {} (node rank {}) failed with exit code {}; stopping all nodes\n",
+                     hosts[i], i, code);
+          stop = true;
+        }
+      }
+      (void)!write(done_pipe[1], "x", 1);
+    });
+  size_t finished = 0;
+  while (finished < hosts.size()) {
+    pollfd fds[2] = {{sig.fd(), POLLIN, 0}, {done_pipe[0], POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) continue;
+    char c;
+    if (fds[1].revents)
+      while (finished < hosts.size() && read(done_pipe[0], &c, 1) == 1) ++finished;
+    if (fds[0].revents)
+      for (int s : sig.drain()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (result < 0) result = 128 + s;
+        if (!stop) fmt::print(stderr, "dsrun: received {}; stopping all nodes\n", signal_name(s));
+        stop = true;
+      }
+  }
+  for (auto& t : threads) t.join();
+  close(done_pipe[0]);
+  close(done_pipe[1]);
+  return result < 0 ? 0 : result;
+}
+
+// pdsh / srun / mpirun: one launcher process whose exit code carries the agents' codes.
+int run_external(LaunchPlan& p, const PlanInputs& in) {
+  const Options& o = in.opts;
+  const std::string& prog = p.head_command.at(0);
+  DS_USER_CHECK(in_path(prog), "--launcher {}: '{}' is not installed or not in PATH", o.launcher, prog);
+  if (p.transport == Transport::Pdsh) {
+    std::string out;
+    if (!o.no_ssh_check) {
+      int rc = capture_command(ssh_client_argv(o, p.active[0].host, "hostname"), &out);
+      DS_USER_CHECK(rc == 0, "ssh check: cannot reach '{}' with key authentication (ssh exit {}); fix ssh "
+                    "or pass --no_ssh_check", p.active[0].host, rc);
+    }
+    if (p.discover_master) {
+      out.clear();
+      int rc = capture_command(ssh_client_argv(o, p.active[0].host, "hostname -I"), &out);
+      DS_USER_CHECK(rc == 0 && !first_word(out).empty(), "cannot discover the master address with 'ssh {} "
+                    "hostname -I'; pass --master_addr", p.active[0].host);
+      p.master_addr = first_word(out);
+      build_commands(p, in);
+    }
+  }
+  SignalPipe sig({SIGCHLD, SIGINT, SIGTERM, SIGHUP});
+  SpawnSpec spec{p.head_command, merge_env(environ_entries(), p.head_env), -1, -1, {}, true, true};
+  pid_t pid = spawn_process(spec);
+  int status = 0, result = -1;
+  double deadline = -1;
+  bool exited = false;
+  while (!exited) {
+    pollfd fd = {sig.fd(), POLLIN, 0};
+    int timeout = deadline < 0 ? -1 : std::max(0, static_cast<int>(std::ceil((deadline - now_seconds()) * 1000)));
+    poll(&fd, 1, timeout);
+    for (int s : sig.drain()) {
+      if (s == SIGCHLD) continue;
+      if (result < 0) {
+        result = 128 + s;
+        fmt::print(stderr, "dsrun: received {}; stopping {}\n", signal_name(s), prog);
+        kill_group(pid, SIGTERM);
+        deadline = now_seconds() + o.teardown_grace + 2.0;
+      } else {
+        deadline = now_seconds();
+      }
+    }
+    if (waitpid(pid, &status, WNOHANG) == pid) exited = true;
+    else if (deadline >= 0 && now_seconds() >= deadline) kill_group(pid, SIGKILL), deadline = now_seconds() + 60;
+  }
+  kill_group(pid, SIGKILL);
+  int code = exit_code_of(status);
+  if (result >= 0) return result;
+  if (code != 0) fmt::print(stderr, "dsrun: {} exited with {} (see the node lines above)\n", prog, describe_status(status));
+  return code;
+}
+
+}  // namespace
+
+int count_local_gpus() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/driver/nvidia/gpus")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+  }
+  for (int i = 0; i < 64; ++i)
+    if (access(fmt::format("/dev/nvidia{}", i).c_str(), F_OK) == 0) ++n;
+  return n;
+}
+
+PlanInputs gather_inputs(const Options& o) {
+  PlanInputs in;
+  in.opts = o;
+  in.hostfile_pool = read_hostfile(o.hostfile, o.hostfile_given);
+  in.gpu_count = count_local_gpus();
+  if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) in.cuda_visible_devices = cvd;
+  in.environ_entries = environ_entries();
+  in.env_file_vars = read_env_files();
+  std::error_code ec;
+  in.cwd = std::filesystem::current_path(ec).string();
+  in.dsrun_path = self_path();
+  const char* token = std::getenv("DS_JOB_TOKEN");
+  in.job_token = token && *token ? token : random_token();
+  in.local_names = local_names();
+  in.head_pid = getpid();
+  return in;
+}
+
+int dsrun_main(int argc, char** argv) {
+  try {
+    if (argc > 1 && std::string(argv[1]) == "--agent") return agent_main(argc, argv);
+    Options o;
+    if (!parse_options(argc, argv, &o)) return 0;
+    PlanInputs in = gather_inputs(o);
+    LaunchPlan p = make_plan(in);
+    for (const auto& n : p.notes) fmt::print(stderr, "dsrun: {}\n", n);
+    if (o.dry_run) {
+      fmt::print("{}\n", plan_to_json(p));
+      return 0;
+    }
+    if (p.transport == Transport::Local) return run_agent(p.agent, p.local_node_rank, false);
+    if (p.transport == Transport::Ssh) return run_ssh(p, in);
+    return run_external(p, in);
+  } catch (const UserError& e) {
+    fmt::print(stderr, "dsrun: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dsrun: internal error: {}\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace ds::launch

@@ -1,0 +1,72 @@
+// Command lines of dsrun (DeepSpeed runner flags plus ours) and of its hidden
+// per-node agent mode. Parsing only; meaning is given by plan.cpp and agent.cpp.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace ds::launch {
+
+// Everything `dsrun [options] PROGRAM [ARGS...]` accepts.
+struct Options {
+  std::string hostfile = "/job/hostfile";
+  bool hostfile_given = false;
+  std::string include, exclude;
+  int num_nodes = -1;
+  int num_gpus = -1;
+  std::string master_addr;
+  int master_port = 29500;
+  std::string launcher = "ssh";
+  std::string launcher_args;
+  bool no_ssh_check = false;
+  bool force_multi = false;
+  bool no_local_rank = false;
+  bool save_pid = false;
+  std::string each_rank_log;  // --enable_each_rank_log DIR
+  bool bind_cores_to_rank = false;
+  std::string bind_core_list;
+  int ssh_port = 0;  // 0: the default (22 or ~/.ssh/config)
+  bool no_ssh = false;
+  int node_rank = -1;
+  std::string venv_script;
+  std::string slurm_comment, slurm_account;
+  // Our own flags.
+  bool dry_run = false;
+  std::string ssh_user;
+  std::string ssh_identity;
+  std::string ssh_known_hosts;
+  bool ssh_no_host_key_check = false;
+  int ssh_timeout = 10;  // seconds for connect + authentication
+  double teardown_grace = 5.0;  // seconds between SIGTERM and SIGKILL
+  std::string program;
+  std::vector<std::string> args;
+};
+
+// What the per-node agent (`dsrun --agent ...`) is told by the head.
+struct AgentOptions {
+  std::string world_info;
+  int node_rank = -1;           // explicit node rank, or:
+  std::string node_name;        // the node's name in the world info (pdsh: %h), or:
+  std::string node_rank_env;    // a variable holding the node rank (mpirun)
+  std::string node_name_env;    // a variable holding the node name (srun: SLURMD_NODENAME)
+  std::string master_addr;
+  int master_port = 29500;
+  std::string job_token;
+  bool no_local_rank = false;
+  std::string each_rank_log;
+  bool bind_cores_to_rank = false;
+  std::string bind_core_list;
+  long save_pid = 0;            // write /tmp/<save_pid>.deepspeed
+  double teardown_grace = 5.0;
+  std::string program;
+  std::vector<std::string> args;
+};
+
+// Parse argv. Returns false when help was printed (exit 0). Bad flags are ds::UserError.
+bool parse_options(int argc, char** argv, Options* out);
+bool parse_agent_options(int argc, char** argv, AgentOptions* out);
+
+// The agent flags shared by all nodes (without the dsrun path, "--agent", the
+// node selector and the program); see plan.cpp for the full command.
+std::vector<std::string> agent_flags(const AgentOptions& a);
+
+}  // namespace ds::launch

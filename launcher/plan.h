@@ -1,0 +1,82 @@
+// The launch plan: from parsed options and a snapshot of the machine (hostfile,
+// environment, GPU count, names of this host) to the active resources, the
+// transport, every per-node command and every rank's environment. Pure, so
+// --dry_run and the tests see exactly what a real launch would do.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launcher/env_export.h"
+#include "launcher/hostfile.h"
+#include "launcher/options.h"
+#include "launcher/rank_env.h"
+#include "launcher/resources.h"
+
+namespace ds::launch {
+
+enum class Transport { Local, Ssh, Pdsh, Slurm, OpenMpi, Mpich };
+const char* transport_name(Transport t);
+// "ssh" | "pdsh" | "slurm" | "openmpi" | "mpich" (case-insensitive); else ds::UserError.
+Transport parse_transport(const std::string& name);
+
+// Everything make_plan reads, gathered by the caller (see gather_inputs in head.cpp).
+struct PlanInputs {
+  Options opts;
+  std::optional<ResourcePool> hostfile_pool;  // nullopt: no hostfile
+  int gpu_count = 0;
+  std::optional<std::string> cuda_visible_devices;
+  std::vector<std::string> environ_entries;  // NAME=value
+  EnvList env_file_vars;                     // from .deepspeed_env files
+  std::string cwd;
+  std::string dsrun_path;                    // path of dsrun on every node
+  std::string job_token;
+  std::vector<std::string> local_names;      // names and addresses of this machine
+  long head_pid = 0;
+};
+
+// One node's agent invocation.
+struct NodePlan {
+  std::string host;
+  int node_rank = 0;
+  std::vector<std::string> agent_argv;  // dsrun --agent ... -- PROGRAM ARGS
+  std::string remote_command;           // shell command for ssh (cd, exports, exec agent)
+};
+
+// One rank: where it runs, its argv, and the variables dsrun sets for it.
+struct RankPlan {
+  RankInfo info;
+  std::vector<std::string> argv;
+  EnvList env;
+};
+
+struct LaunchPlan {
+  Transport transport = Transport::Local;
+  bool multi_node = false;
+  int local_node_rank = 0;  // the node run in-process when transport == Local
+  ActiveResources active;
+  std::string world_info;
+  std::string master_addr;
+  bool discover_master = false;  // master_addr is a placeholder until `hostname -I`
+  int master_port = 29500;
+  std::string job_token;
+  EnvList exports;  // sent to remote nodes
+  AgentOptions agent;
+  std::vector<NodePlan> nodes;
+  std::vector<std::string> head_command;  // pdsh / srun / mpirun argv
+  EnvList head_env;                       // extra variables for head_command
+  std::vector<RankPlan> ranks;
+  std::vector<std::string> notes;         // decisions worth telling the user
+};
+
+// True for localhost, 127.x.y.z, ::1 and the names in `local_names`.
+bool is_local_host(const std::string& host, const std::vector<std::string>& local_names);
+
+// Selects resources and transport, then builds commands (build_commands).
+LaunchPlan make_plan(const PlanInputs& in);
+// (Re)builds nodes, head_command and ranks; call again after master discovery.
+void build_commands(LaunchPlan& plan, const PlanInputs& in);
+// The --dry_run document.
+std::string plan_to_json(const LaunchPlan& plan);
+
+}  // namespace ds::launch

@@ -1,0 +1,64 @@
+// Process plumbing for the agent and the head: spawning a program in its own
+// process group (with exec errors reported to the parent), signals delivered
+// through a pipe so one poll() loop sees everything, exit-status decoding,
+// and group kills by id. Linux only.
+#pragma once
+#include <signal.h>
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace ds::launch {
+
+// Installs handlers for `signals` that write the signal number to a pipe.
+// Only one SignalPipe may exist at a time; the destructor restores the old handlers.
+class SignalPipe {
+ public:
+  explicit SignalPipe(const std::vector<int>& signals);
+  ~SignalPipe();
+  SignalPipe(const SignalPipe&) = delete;
+  SignalPipe& operator=(const SignalPipe&) = delete;
+  int fd() const { return read_fd_; }
+  std::vector<int> drain();  // signals received since the last drain
+
+ private:
+  int read_fd_ = -1;
+  std::vector<int> signals_;
+  std::vector<struct ::sigaction*> old_;
+};
+
+struct SpawnSpec {
+  std::vector<std::string> argv;
+  std::vector<std::string> env;  // complete environment, NAME=value
+  int stdout_fd = -1;            // -1: inherit
+  int stderr_fd = -1;
+  std::vector<int> cpus;         // non-empty: sched_setaffinity to these cores
+  bool new_group = true;         // setpgid(0, 0): the child leads its own group
+  bool die_with_parent = true;   // PR_SET_PDEATHSIG(SIGKILL)
+};
+
+// Forks and execs (PATH search). If exec fails the child is reaped and a
+// ds::UserError "cannot run 'PROG': reason" is thrown.
+pid_t spawn_process(const SpawnSpec& spec);
+
+// 128+signal for a signal death (shell convention), else the exit status.
+int exit_code_of(int wstatus);
+// "exit code 3" or "killed by SIGSEGV (exit code 139)".
+std::string describe_status(int wstatus);
+std::string signal_name(int sig);
+
+// kill(-pgid, sig), ignoring groups that are already gone.
+void kill_group(pid_t pgid, int sig);
+// Monotonic seconds.
+double now_seconds();
+// The current environment as NAME=value strings.
+std::vector<std::string> environ_entries();
+// `base` with each NAME=value of `overrides` replacing or adding that variable.
+std::vector<std::string> merge_env(const std::vector<std::string>& base,
+                                   const std::vector<std::pair<std::string, std::string>>& overrides);
+// Sends SIGKILL to every process whose parent is this process (orphans that we
+// adopted as subreaper) and reaps them. Returns how many were killed.
+int kill_adopted_children();
+
+}  // namespace ds::launch

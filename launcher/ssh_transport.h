@@ -1,0 +1,49 @@
+// The built-in SSH transport (libssh): connect and authenticate to every host
+// in parallel before anything starts, verify host keys against known_hosts,
+// then start one agent per host and stream its output. Stopping closes every
+// remote agent (an SSH "signal" request, then EOF and channel close, which the
+// agent notices as a hang-up).
+#pragma once
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ds::launch {
+
+struct SshSettings {
+  int port = 0;  // 0: ~/.ssh/config or 22
+  std::string user;
+  std::string identity;
+  std::string known_hosts;
+  bool no_host_key_check = false;
+  int timeout_s = 10;
+};
+
+// One authenticated connection.
+class SshConnection {
+ public:
+  ~SshConnection();
+  // Connects and authenticates; throws ds::UserError naming the host on failure.
+  static std::unique_ptr<SshConnection> open(const std::string& host, const SshSettings& s);
+  // Runs `command` and returns its stdout (for `hostname -I`); throws on failure.
+  std::string capture(const std::string& command);
+  // Runs `command`, streaming output to fds 1/2 line by line, until it ends or
+  // `stop` becomes true (then the remote side is stopped, waiting at most
+  // grace_s for it). Returns the remote exit status (255 when unknown).
+  int run(const std::string& command, const std::atomic<bool>& stop, double grace_s);
+  const std::string& host() const { return host_; }
+
+ private:
+  SshConnection() = default;
+  void* session_ = nullptr;  // ssh_session
+  std::string host_;
+};
+
+// Opens connections to all hosts at once. Throws one ds::UserError listing
+// every host that failed.
+std::vector<std::unique_ptr<SshConnection>> ssh_connect_all(const std::vector<std::string>& hosts,
+                                                            const SshSettings& s);
+
+}  // namespace ds::launch

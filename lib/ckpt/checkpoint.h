@@ -1,0 +1,54 @@
+// Training checkpoints: DIR/global_stepN/ holds the model weights, this rank's
+// optimizer shard, and state.json (iteration, consumed samples, config). The
+// step directory is written under a temporary name, fsynced, and renamed; the
+// `latest` file is replaced (temp + rename) only after that, so a crash never
+// leaves `latest` pointing at a partial checkpoint.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "lib/core/tensor.h"
+#include "lib/model/layout.h"
+
+namespace ds {
+
+struct TrainState {
+  int64_t iteration = 0;          // optimizer steps completed
+  int64_t consumed_samples = 0;   // training samples consumed (data position)
+  int64_t skipped_steps = 0;      // fp16 overflow skips
+  double loss_scale = 1.0;
+  int64_t good_steps = 0;         // steps since the last scale change (fp16)
+  int64_t hysteresis_left = 0;
+};
+
+// What one rank saves / restores. Tensors may live on any device.
+struct CheckpointData {
+  const ModelLayout* layout = nullptr;
+  Tensor params;              // (layout.total) f32: the full model (rank 0 writes it)
+  Tensor m, v;                // this rank's optimizer moments over [opt_begin, opt_end)
+  int64_t opt_begin = 0, opt_end = 0;
+  int64_t opt_step = 0;       // Adam step count
+  int rank = 0, world = 1;    // optimizer shard index and count
+};
+
+// Saving is two phases so that several ranks can share one step directory:
+// every rank calls write_checkpoint_files (rank 0 also writes the model and
+// state.json) into the temporary step directory, then after a barrier rank 0
+// calls commit_checkpoint, which renames it into place and updates `latest`.
+void write_checkpoint_files(const std::string& dir, const TrainState& st, const CheckpointData& d,
+                            const nlohmann::json& config);
+void commit_checkpoint(const std::string& dir, int64_t iteration);
+// Single process: both phases.
+void save_checkpoint(const std::string& dir, const TrainState& st, const CheckpointData& d,
+                     const nlohmann::json& config);
+
+// Reads `latest` under dir; returns false if dir has no checkpoint. On any
+// mismatch (layout, shapes, missing shard, truncated file) throws UserError
+// before touching the destination tensors.
+bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d);
+
+// The step directory name for an iteration: "global_step<N>".
+std::string step_dir_name(int64_t iteration);
+
+}  // namespace ds

@@ -1,0 +1,171 @@
+// Name and orientation mapping between our layout and Hugging Face models.
+// GPT-2 uses Conv1D (weights stored (in, out)), so every matrix is transposed;
+// its fused c_attn keeps our [q|k|v] row order. LLaMA uses nn.Linear (out, in),
+// so q/k/v and gate/up are row slices of our fused qkv and fc weights. Our RoPE
+// uses the rotate-half convention, as transformers' LLaMA does, so no
+// permutation of q/k rows is needed.
+#include "lib/ckpt/hf.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "lib/ckpt/safetensors.h"
+#include "lib/core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace ds {
+namespace {
+
+// One HF tensor = rows [row0, row0 + rows) of our weight, optionally transposed.
+struct HfPiece {
+  std::string hf_name, our_name;
+  int64_t row0 = 0, rows = -1;  // rows of our weight (-1 = all; vocab rows for embeddings)
+  bool transpose = false;
+};
+
+std::vector<HfPiece> gpt2_map(const ModelDims& d) {
+  std::vector<HfPiece> m = {{"transformer.wte.weight", "embed.wte", 0, d.V, false},
+                            {"transformer.wpe.weight", "embed.wpe", 0, -1, false}};
+  for (int l = 0; l < d.L; ++l) {
+    std::string h = "transformer.h." + std::to_string(l) + ".", o = "layers." + std::to_string(l) + ".";
+    m.push_back({h + "ln_1.weight", o + "norm1.weight"});
+    m.push_back({h + "ln_1.bias", o + "norm1.bias"});
+    m.push_back({h + "attn.c_attn.weight", o + "attn.qkv.weight", 0, -1, true});
+    m.push_back({h + "attn.c_attn.bias", o + "attn.qkv.bias"});
+    m.push_back({h + "attn.c_proj.weight", o + "attn.proj.weight", 0, -1, true});
+    m.push_back({h + "attn.c_proj.bias", o + "attn.proj.bias"});
+    m.push_back({h + "ln_2.weight", o + "norm2.weight"});
+    m.push_back({h + "ln_2.bias", o + "norm2.bias"});
+    m.push_back({h + "mlp.c_fc.weight", o + "mlp.fc.weight", 0, -1, true});
+    m.push_back({h + "mlp.c_fc.bias", o + "mlp.fc.bias"});
+    m.push_back({h + "mlp.c_proj.weight", o + "mlp.proj.weight", 0, -1, true});
+    m.push_back({h + "mlp.c_proj.bias", o + "mlp.proj.bias"});
+  }
+  m.push_back({"transformer.ln_f.weight", "final_norm.weight"});
+  m.push_back({"transformer.ln_f.bias", "final_norm.bias"});
+  if (d.untied) m.push_back({"lm_head.weight", "head.weight", 0, d.V, false});
+  return m;
+}
+
+std::vector<HfPiece> llama_map(const ModelDims& d) {
+  std::vector<HfPiece> m = {{"model.embed_tokens.weight", "embed.wte", 0, d.V, false}};
+  const int64_t C = d.C, F = d.F;
+  for (int l = 0; l < d.L; ++l) {
+    std::string h = "model.layers." + std::to_string(l) + ".", o = "layers." + std::to_string(l) + ".";
+    m.push_back({h + "input_layernorm.weight", o + "norm1.weight"});
+    m.push_back({h + "self_attn.q_proj.weight", o + "attn.qkv.weight", 0, C});
+    m.push_back({h + "self_attn.k_proj.weight", o + "attn.qkv.weight", C, C});
+    m.push_back({h + "self_attn.v_proj.weight", o + "attn.qkv.weight", 2 * C, C});
+    m.push_back({h + "self_attn.o_proj.weight", o + "attn.proj.weight"});
+    m.push_back({h + "post_attention_layernorm.weight", o + "norm2.weight"});
+    m.push_back({h + "mlp.gate_proj.weight", o + "mlp.fc.weight", 0, F});
+    m.push_back({h + "mlp.up_proj.weight", o + "mlp.fc.weight", F, F});
+    m.push_back({h + "mlp.down_proj.weight", o + "mlp.proj.weight"});
+  }
+  m.push_back({"model.norm.weight", "final_norm.weight"});
+  if (d.untied) m.push_back({"lm_head.weight", "head.weight", 0, d.V, false});
+  return m;
+}
+
+std::vector<HfPiece> hf_map(const ModelConfig& cfg, const ModelDims& d) {
+  DS_USER_CHECK(d.gpt2 ? (!d.rope && !d.rmsnorm && !d.swiglu && d.bias)
+                       : (d.rope && d.rmsnorm && d.swiglu && !d.bias),
+                "HF export: a {} family model must use the family's standard blocks "
+                "(gpt2: learned positions, LayerNorm, GELU, biases; llama: RoPE, RMSNorm, SwiGLU, no biases)",
+                d.gpt2 ? "gpt2" : "llama");
+  std::vector<HfPiece> m = d.gpt2 ? gpt2_map(d) : llama_map(d);
+  return m;
+}
+
+// Rows [row0, row0+rows) of a (R, K) matrix (or a vector), optionally transposed.
+Tensor extract(const Tensor& w, const HfPiece& p) {
+  int64_t R = w.size(0), rows = p.rows < 0 ? R : p.rows;
+  int64_t K = w.dim() == 2 ? w.size(1) : 1;
+  Tensor part = w.dim() == 2 ? w.view(p.row0 * K, {rows, K}) : w.view(p.row0, {rows});
+  if (!p.transpose) return part.clone();
+  Tensor t = Tensor::empty({K, rows}, DType::F32);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < K; ++k) t.data<float>()[k * rows + r] = part.data<float>()[r * K + k];
+  return t;
+}
+
+nlohmann::json hf_config(const ModelConfig& c, const ModelDims& d) {
+  if (d.gpt2) {
+    return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"n_embd", d.C}, {"n_head", d.NH},
+            {"n_layer", d.L}, {"n_positions", d.maxT}, {"n_ctx", d.maxT}, {"n_inner", d.F}, {"vocab_size", d.V},
+            {"layer_norm_epsilon", c.norm_eps}, {"activation_function", "gelu_new"},
+            {"tie_word_embeddings", !d.untied}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0},
+            {"torch_dtype", "float32"}};
+  }
+  return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", d.C},
+          {"intermediate_size", d.F}, {"num_attention_heads", d.NH}, {"num_key_value_heads", d.NH},
+          {"num_hidden_layers", d.L}, {"max_position_embeddings", d.maxT}, {"rms_norm_eps", c.norm_eps},
+          {"rope_theta", c.rope_theta}, {"vocab_size", d.V}, {"hidden_act", "silu"},
+          {"tie_word_embeddings", !d.untied}, {"attention_bias", false}, {"mlp_bias", false},
+          {"torch_dtype", "float32"}};
+}
+
+}  // namespace
+
+void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir) {
+  ModelDims d = model_dims(cfg);
+  Tensor host = params.device().is_cpu() ? params : params.to(Device::cpu());
+  fs::path out(outdir), tmp = out;
+  tmp += ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  SafetensorsWriter w;
+  for (const HfPiece& p : hf_map(cfg, d)) {
+    const ParamSpec& s = layout.find(p.our_name);
+    w.add(p.hf_name, extract(host.view(s.offset, s.shape), p));
+  }
+  w.set_metadata("format", "pt");
+  w.write((tmp / "model.safetensors").string());
+  {
+    std::ofstream f(tmp / "config.json");
+    f << hf_config(cfg, d).dump(2) << "\n";
+    DS_CHECK(f.good(), "cannot write {}", (tmp / "config.json").string());
+  }
+  if (fs::exists(out)) fs::remove_all(out);
+  fs::rename(tmp, out);
+}
+
+void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params, const std::string& path) {
+  ModelDims d = model_dims(cfg);
+  fs::path file = fs::is_directory(path) ? fs::path(path) / "model.safetensors" : fs::path(path);
+  SafetensorsFile sf = SafetensorsFile::open(file.string());
+  Tensor host = Tensor::zeros({layout.total}, DType::F32);
+  for (const HfPiece& p : hf_map(cfg, d)) {
+    const ParamSpec& s = layout.find(p.our_name);
+    Tensor ours = host.view(s.offset, s.shape);
+    Tensor want = extract(ours, p);  // only for the expected shape
+    DS_USER_CHECK(sf.has(p.hf_name), "--init-from '{}': tensor '{}' is missing (model config differs?)",
+                  file.string(), p.hf_name);
+    DS_USER_CHECK(sf.shape(p.hf_name) == want.shape(), "--init-from '{}': '{}' is {}, the model expects {}",
+                  file.string(), p.hf_name, shape_str(sf.shape(p.hf_name)), shape_str(want.shape()));
+    Tensor src = sf.get(p.hf_name);
+    DS_USER_CHECK(src.dtype() == DType::F32 || src.dtype() == DType::BF16 || src.dtype() == DType::F16,
+                  "--init-from {}: {} has dtype {}, expected F32, BF16 or F16", file.string(), p.hf_name,
+                  dtype_name(src.dtype()));
+    if (src.dtype() != DType::F32) {
+      Tensor f = Tensor::empty(src.shape(), DType::F32);
+      for (int64_t i = 0; i < src.numel(); ++i) {
+        uint16_t h = src.data<uint16_t>()[i];
+        f.data<float>()[i] = src.dtype() == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+      src = f;
+    }
+    int64_t K = ours.dim() == 2 ? ours.size(1) : 1, rows = want.numel() / K;
+    float* dst = ours.data<float>() + p.row0 * K;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < K; ++k)
+        dst[r * K + k] = p.transpose ? src.data<float>()[k * rows + r] : src.data<float>()[r * K + k];
+  }
+  params.copy_from(host);
+}
+
+}  // namespace ds

@@ -1,0 +1,308 @@
+// Safetensors reader (mmap + full header validation) and writer (atomic:
+// temp file, fsync, rename). Validation follows the format's rules: header
+// length within the file and at most 100 MB, a JSON object starting with '{',
+// known dtypes, byte ranges matching shape * element size, and ranges that
+// tile the data section with no gap, overlap or trailing bytes.
+#include "lib/ckpt/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "lib/core/error.h"
+
+namespace ds {
+
+namespace {
+
+constexpr uint64_t kMaxHeader = 100000000;  // same limit as the reference reader
+
+struct StDtype {
+  const char* name;
+  int size;  // bytes per element
+  int rank;  // position in the reference implementation's dtype order
+};
+// Every dtype of the format with a whole-byte element size.
+constexpr StDtype kStDtypes[] = {
+    {"BOOL", 1, 0},     {"U8", 1, 4},       {"I8", 1, 5},  {"F8_E5M2", 1, 6}, {"F8_E4M3", 1, 7},
+    {"F8_E8M0", 1, 8},  {"I16", 2, 9},      {"U16", 2, 10}, {"F16", 2, 11},    {"BF16", 2, 12},
+    {"I32", 4, 13},     {"U32", 4, 14},     {"F32", 4, 15}, {"C64", 8, 16},    {"F64", 8, 17},
+    {"I64", 8, 18},     {"U64", 8, 19},
+};
+
+const StDtype* find_st_dtype(const std::string& s) {
+  for (const auto& d : kStDtypes)
+    if (s == d.name) return &d;
+  return nullptr;
+}
+
+bool dtype_from_st(const std::string& s, DType& out) {
+  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64, DType::U16, DType::U8}) {
+    if (s == safetensors_dtype_name(t)) {
+      out = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+void put_u64_le(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t get_u64_le(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+void write_all(int fd, const char* p, size_t n, const std::string& tmp) {
+  while (n > 0) {
+    const ssize_t k = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) DS_USER_ERROR("cannot write '{}': {}", tmp, std::strerror(errno));
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+}  // namespace
+
+const char* safetensors_dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::U16: return "U16";
+    case DType::U8: return "U8";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------- writer
+
+void SafetensorsWriter::add(const std::string& name, const Tensor& t) {
+  DS_CHECK(!name.empty() && name != "__metadata__", "invalid safetensors tensor name '{}'", name);
+  DS_CHECK(t.defined() || t.numel() == 0, "safetensors: tensor '{}' is undefined", name);
+  for (const auto& e : tensors_) DS_CHECK(e.first != name, "safetensors: tensor '{}' added twice", name);
+  tensors_.emplace_back(name, t.device().is_cpu() ? t : t.to(Device::cpu()));
+}
+
+void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
+
+std::string SafetensorsWriter::serialize() const {
+  std::vector<const std::pair<std::string, Tensor>*> order;
+  for (const auto& e : tensors_) order.push_back(&e);
+  auto rank = [](DType t) { return find_st_dtype(safetensors_dtype_name(t))->rank; };
+  std::sort(order.begin(), order.end(), [&](const auto* a, const auto* b) {
+    const int ra = rank(a->second.dtype()), rb = rank(b->second.dtype());
+    return ra != rb ? ra > rb : a->first < b->first;
+  });
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  uint64_t offset = 0;
+  for (const auto* e : order) {
+    const Tensor& t = e->second;
+    const uint64_t n = t.nbytes();
+    header[e->first] = {{"dtype", safetensors_dtype_name(t.dtype())},
+                        {"shape", t.shape()},
+                        {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string json_text = header.dump();
+  json_text.append((8 - json_text.size() % 8) % 8, ' ');
+  std::string out;
+  out.reserve(8 + json_text.size() + offset);
+  put_u64_le(out, json_text.size());
+  out += json_text;
+  for (const auto* e : order) out.append(static_cast<const char*>(e->second.raw()), e->second.nbytes());
+  return out;
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+  const std::string bytes = serialize();
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  DS_USER_CHECK(fd >= 0, "cannot create '{}': {}", tmp, std::strerror(errno));
+  try {
+    write_all(fd, bytes.data(), bytes.size(), tmp);
+    DS_USER_CHECK(::fsync(fd) == 0, "cannot fsync '{}': {}", tmp, std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    DS_USER_ERROR("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(err));
+  }
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {  // make the rename durable; best effort
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+// ---------------------------------------------------------------- reader
+
+namespace {
+
+std::shared_ptr<const uint8_t> map_file(const std::string& path, uint64_t& size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  DS_USER_CHECK(fd >= 0, "safetensors file '{}' cannot be opened: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    DS_USER_ERROR("safetensors file '{}' cannot be read: {}", path, std::strerror(errno));
+  }
+  size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    DS_USER_ERROR("safetensors file '{}' is {} bytes, too short for a header (truncated?)", path, size);
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  DS_USER_CHECK(p != MAP_FAILED, "safetensors file '{}' cannot be mapped: {}", path, std::strerror(err));
+  return std::shared_ptr<const uint8_t>(static_cast<const uint8_t*>(p),
+                                        [size](const uint8_t* q) { ::munmap(const_cast<uint8_t*>(q), size); });
+}
+
+uint64_t checked_u64(const nlohmann::json& v, const std::string& what, const std::string& path) {
+  DS_USER_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0),
+                "safetensors file '{}': {} must be a non-negative integer, got {}", path, what, v.dump());
+  return v.get<uint64_t>();
+}
+
+}  // namespace
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  SafetensorsFile f;
+  f.path_ = path;
+  uint64_t size = 0;
+  f.mapping_ = map_file(path, size);
+  const uint64_t n = get_u64_le(f.mapping_.get());
+  DS_USER_CHECK(n <= size - 8, "safetensors file '{}': header length {} runs past the end of the file ({} bytes); "
+                "truncated or not a safetensors file", path, n, size);
+  DS_USER_CHECK(n <= kMaxHeader, "safetensors file '{}': header length {} exceeds the 100 MB limit", path, n);
+  const char* h = reinterpret_cast<const char*>(f.mapping_.get() + 8);
+  DS_USER_CHECK(n > 0 && h[0] == '{', "safetensors file '{}': header does not start with '{{'", path);
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(h, h + n);
+  } catch (const nlohmann::json::exception& e) {
+    DS_USER_ERROR("safetensors file '{}': header is not valid JSON: {}", path, e.what());
+  }
+  DS_USER_CHECK(header.is_object(), "safetensors file '{}': header is not a JSON object", path);
+  f.data_ = f.mapping_.get() + 8 + n;
+  f.parse_header(header, size - 8 - n);
+  return f;
+}
+
+void SafetensorsFile::parse_header(const nlohmann::json& header, uint64_t data_size) {
+  const std::string& path = path_;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const nlohmann::json& v = it.value();
+    if (name == "__metadata__") {
+      DS_USER_CHECK(v.is_object(), "safetensors file '{}': __metadata__ must be an object", path);
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        DS_USER_CHECK(m.value().is_string(), "safetensors file '{}': __metadata__.{} must be a string", path, m.key());
+        metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    DS_USER_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+                  "safetensors file '{}': tensor '{}' needs dtype, shape and data_offsets", path, name);
+    Entry e;
+    DS_USER_CHECK(v["dtype"].is_string(), "safetensors file '{}': tensor '{}' dtype is not a string", path, name);
+    e.dtype = v["dtype"].get<std::string>();
+    const StDtype* d = find_st_dtype(e.dtype);
+    DS_USER_CHECK(d != nullptr, "safetensors file '{}': tensor '{}' has unknown dtype '{}'", path, name, e.dtype);
+    DS_USER_CHECK(v["shape"].is_array(), "safetensors file '{}': tensor '{}' shape is not a list", path, name);
+    uint64_t bytes = static_cast<uint64_t>(d->size);
+    for (const auto& dim : v["shape"]) {
+      const uint64_t x = checked_u64(dim, "tensor '" + name + "' shape entry", path);
+      DS_USER_CHECK(x == 0 || bytes <= UINT64_MAX / x, "safetensors file '{}': tensor '{}' is too large", path, name);
+      bytes *= x;
+      e.shape.push_back(static_cast<int64_t>(x));
+    }
+    const auto& off = v["data_offsets"];
+    DS_USER_CHECK(off.is_array() && off.size() == 2, "safetensors file '{}': tensor '{}' data_offsets must be "
+                  "[begin, end]", path, name);
+    e.begin = checked_u64(off[0], "tensor '" + name + "' data_offsets", path);
+    e.end = checked_u64(off[1], "tensor '" + name + "' data_offsets", path);
+    DS_USER_CHECK(e.begin <= e.end && e.end - e.begin == bytes,
+                  "safetensors file '{}': tensor '{}' has data_offsets [{}, {}] but {} {} needs {} bytes", path,
+                  name, e.begin, e.end, e.dtype, shape_str(e.shape), bytes);
+    entries_[name] = std::move(e);
+  }
+  check_layout(data_size);
+}
+
+// The byte ranges must tile [0, data_size) exactly.
+void SafetensorsFile::check_layout(uint64_t data_size) const {
+  std::vector<std::pair<uint64_t, const std::string*>> starts;
+  for (const auto& [name, e] : entries_) starts.emplace_back(e.begin, &name);
+  std::sort(starts.begin(), starts.end(), [&](const auto& a, const auto& b) {
+    const Entry& ea = entries_.at(*a.second);
+    const Entry& eb = entries_.at(*b.second);
+    return ea.begin != eb.begin ? ea.begin < eb.begin : ea.end < eb.end;
+  });
+  uint64_t pos = 0;
+  for (const auto& [begin, name] : starts) {
+    const Entry& e = entries_.at(*name);
+    DS_USER_CHECK(e.begin == pos, "safetensors file '{}': tensor '{}' starts at byte {} of the data, expected {} "
+                  "(gap or overlap)", path_, *name, e.begin, pos);
+    DS_USER_CHECK(e.end <= data_size, "safetensors file '{}': tensor '{}' ends at data byte {} but the file has only "
+                  "{} data bytes (truncated)", path_, *name, e.end, data_size);
+    pos = e.end;
+  }
+  DS_USER_CHECK(pos == data_size, "safetensors file '{}': {} bytes after the last tensor (data section is {} bytes, "
+                "tensors cover {})", path_, data_size - pos, data_size, pos);
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, e] : entries_) out.push_back(name);
+  return out;
+}
+
+const SafetensorsFile::Entry& SafetensorsFile::entry(const std::string& name) const {
+  auto it = entries_.find(name);
+  DS_USER_CHECK(it != entries_.end(), "safetensors file '{}' has no tensor '{}'", path_, name);
+  return it->second;
+}
+
+DType SafetensorsFile::dtype(const std::string& name) const {
+  const Entry& e = entry(name);
+  DType t;
+  DS_USER_CHECK(dtype_from_st(e.dtype, t), "safetensors file '{}': tensor '{}' has dtype {}, which dstrain does not "
+                "read (F32, BF16, F16, I32, I64, U16, U8)", path_, name, e.dtype);
+  return t;
+}
+
+Shape SafetensorsFile::shape(const std::string& name) const { return entry(name).shape; }
+
+std::string SafetensorsFile::dtype_string(const std::string& name) const { return entry(name).dtype; }
+
+Tensor SafetensorsFile::get(const std::string& name) const {
+  const Entry& e = entry(name);
+  Tensor t = Tensor::empty(e.shape, dtype(name));
+  if (e.end > e.begin) std::memcpy(t.raw(), data_ + e.begin, e.end - e.begin);
+  return t;
+}
+
+}  // namespace ds

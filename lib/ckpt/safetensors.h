@@ -1,0 +1,79 @@
+// Reading and writing Hugging Face safetensors files, the format our exported
+// models and --init-from weights use. Layout: 8-byte little-endian header
+// length N, N bytes of JSON ({"name": {"dtype", "shape", "data_offsets"}, and
+// optionally "__metadata__": {string: string}}) padded with spaces to a
+// multiple of 8, then the tensor bytes. Offsets are relative to the data start.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lib/core/dtype.h"
+#include "lib/core/tensor.h"
+
+namespace ds {
+
+// Collects tensors and writes them in one go. The data is read at write(), so
+// the tensors must stay alive and unchanged until then. Tensors not on the CPU
+// are copied to the CPU by add(). The output depends only on the set of
+// (name, tensor) pairs and metadata, not on the order of add() calls: data is
+// laid out like the reference implementation (wider dtypes first, then by
+// name), which also keeps every tensor aligned to its element size.
+struct SafetensorsWriter {
+  void add(const std::string& name, const Tensor& cpu_tensor);
+  void set_metadata(const std::string& key, const std::string& value);
+  // Writes a temp file next to `path`, fsyncs it and renames it into place;
+  // on failure nothing is left at `path` (a UserError names the file).
+  void write(const std::string& path) const;
+  // The complete file contents (what write() puts on disk).
+  std::string serialize() const;
+
+ private:
+  std::vector<std::pair<std::string, Tensor>> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A safetensors file opened for reading (memory-mapped; copies are cheap and
+// share the mapping). open() validates the whole header: sizes, dtypes,
+// shapes, and that the data offsets tile the data section exactly.
+class SafetensorsFile {
+ public:
+  // Any problem (missing, truncated, malformed) is a UserError naming the file.
+  static SafetensorsFile open(const std::string& path);
+
+  std::vector<std::string> names() const;  // sorted
+  bool has(const std::string& name) const { return entries_.count(name) > 0; }
+  // A CPU copy of the tensor. Throws UserError for an unknown name or a dtype
+  // dstrain has no DType for (e.g. F64).
+  Tensor get(const std::string& name) const;
+  DType dtype(const std::string& name) const;
+  Shape shape(const std::string& name) const;
+  std::string dtype_string(const std::string& name) const;  // as in the file: "F32", "BF16", ...
+  std::map<std::string, std::string> metadata() const { return metadata_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Entry {
+    std::string dtype;  // safetensors spelling
+    Shape shape;
+    uint64_t begin = 0, end = 0;  // relative to data_
+  };
+  const Entry& entry(const std::string& name) const;
+  void parse_header(const nlohmann::json& header, uint64_t data_size);
+  void check_layout(uint64_t data_size) const;
+
+  std::string path_;
+  std::shared_ptr<const uint8_t> mapping_;  // the whole file
+  const uint8_t* data_ = nullptr;           // start of the data section
+  std::map<std::string, Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// "F32" <-> DType::F32 and so on (F32, BF16, F16, I32, I64, U16, U8).
+const char* safetensors_dtype_name(DType t);
+
+}  // namespace ds

@@ -1,0 +1,139 @@
+// Backend-neutral parts of the communication layer: Tensor forms of the
+// collectives (checks, then the raw forms), the rank environment parser and
+// the world-communicator factory.
+#include "lib/comm/communicator.h"
+
+#include <cstdlib>
+
+#include "lib/comm/gloo_communicator.h"
+#include "lib/comm/tcp_store.h"
+#include "lib/core/error.h"
+#ifdef DS_WITH_NCCL
+#include "lib/comm/nccl/nccl_communicator.h"
+#endif
+
+namespace ds {
+
+const char* backend_name(Backend b) { return b == Backend::Gloo ? "gloo" : "nccl"; }
+
+Backend backend_from_name(const std::string& name) {
+  if (name == "gloo") return Backend::Gloo;
+  if (name == "nccl") return Backend::Nccl;
+  DS_USER_ERROR("unknown communication backend '{}' (expected gloo or nccl)", name);
+}
+
+void Communicator::check_tensor(const Tensor& t, const char* op) const {
+  DS_CHECK(t.defined() || t.numel() == 0, "{} on group '{}': undefined tensor", op, name());
+  DS_CHECK(t.device().type == device_type(),
+           "{} on group '{}': {} backend needs {} tensors, got one on {}", op, name(),
+           backend_name(backend()), device_type() == DeviceType::CPU ? "CPU" : "CUDA",
+           device_name(t.device()));
+}
+
+void Communicator::all_reduce(const Tensor& t, ReduceOp op) {
+  check_tensor(t, "all_reduce");
+  all_reduce(t.raw(), t.numel(), t.dtype(), op);
+}
+
+void Communicator::reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op) {
+  check_tensor(input, "reduce_scatter");
+  check_tensor(output, "reduce_scatter");
+  DS_CHECK(input.dtype() == output.dtype(), "reduce_scatter: dtypes {} and {} differ",
+           dtype_name(input.dtype()), dtype_name(output.dtype()));
+  DS_CHECK(input.numel() == output.numel() * size(),
+           "reduce_scatter on group '{}': input has {} elements, expected output ({}) x {} members",
+           name(), input.numel(), output.numel(), size());
+  reduce_scatter(input.raw(), output.raw(), output.numel(), output.dtype(), op);
+}
+
+void Communicator::all_gather(const Tensor& input, const Tensor& output) {
+  check_tensor(input, "all_gather");
+  check_tensor(output, "all_gather");
+  DS_CHECK(input.dtype() == output.dtype(), "all_gather: dtypes {} and {} differ",
+           dtype_name(input.dtype()), dtype_name(output.dtype()));
+  DS_CHECK(output.numel() == input.numel() * size(),
+           "all_gather on group '{}': output has {} elements, expected input ({}) x {} members",
+           name(), output.numel(), input.numel(), size());
+  all_gather(input.raw(), output.raw(), input.numel(), input.dtype());
+}
+
+void Communicator::broadcast(const Tensor& t, int root) {
+  check_tensor(t, "broadcast");
+  broadcast(t.raw(), t.numel(), t.dtype(), root);
+}
+
+void Communicator::send(const Tensor& t, int dst) {
+  check_tensor(t, "send");
+  send(t.raw(), t.numel(), t.dtype(), dst);
+}
+
+void Communicator::recv(const Tensor& t, int src) {
+  check_tensor(t, "recv");
+  recv(t.raw(), t.numel(), t.dtype(), src);
+}
+
+namespace {
+
+// Integer env variable in [lo, hi]; `fallback` when unset or empty.
+int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long long x = std::strtoll(v, &end, 10);
+  DS_USER_CHECK(end && *end == '\0', "environment variable {}='{}' is not an integer", name, v);
+  DS_USER_CHECK(x >= lo && x <= hi, "environment variable {}={} is outside [{}, {}]", name, x, lo,
+                hi);
+  return x;
+}
+
+}  // namespace
+
+RendezvousInfo RendezvousInfo::from_env() {
+  RendezvousInfo r;
+  r.world_size = static_cast<int>(env_int("WORLD_SIZE", 1, 1, 1 << 20));
+  r.rank = static_cast<int>(env_int("RANK", 0, 0, r.world_size - 1));
+  r.local_size = static_cast<int>(env_int("LOCAL_SIZE", 1, 1, 1 << 16));
+  r.local_rank = static_cast<int>(env_int("LOCAL_RANK", 0, 0, 1 << 16));
+  if (const char* a = std::getenv("MASTER_ADDR"); a && *a) r.master_addr = a;
+  else
+    DS_USER_CHECK(r.world_size == 1, "MASTER_ADDR is not set but WORLD_SIZE={}; start the ranks "
+                  "with dsrun or set MASTER_ADDR and MASTER_PORT", r.world_size);
+  r.master_port = static_cast<int>(env_int("MASTER_PORT", 29500, 1, 65535));
+  if (const char* t = std::getenv("DS_JOB_TOKEN")) r.token = t;
+  r.timeout = std::chrono::seconds(env_int("DS_RENDEZVOUS_TIMEOUT", 300, 1, 1 << 30));
+  r.op_timeout = std::chrono::seconds(env_int("DS_COMM_TIMEOUT", 1800, 1, 1 << 30));
+  return r;
+}
+
+std::unique_ptr<Communicator> make_world_communicator(Backend backend, const RendezvousInfo& info) {
+  DS_USER_CHECK(info.world_size >= 1 && info.rank >= 0 && info.rank < info.world_size,
+                "RANK={} is outside WORLD_SIZE={}", info.rank, info.world_size);
+#ifndef DS_WITH_NCCL
+  DS_USER_CHECK(backend != Backend::Nccl, "this build has no CUDA/NCCL support; use the gloo "
+                "backend (CPU) or rebuild with the CUDA toolkit");
+#endif
+  std::shared_ptr<TcpStore> store;
+  if (info.world_size > 1) {
+    TcpStoreOptions o;
+    o.host = info.master_addr;
+    o.port = info.master_port;
+    o.is_server = info.rank == 0;
+    o.token = info.token;
+    o.rank = info.rank;
+    o.timeout = info.timeout;
+    store = std::make_shared<TcpStore>(o);
+    store->barrier("world/join", info.rank, info.world_size);
+  }
+  if (backend == Backend::Gloo) {
+    GlooOptions go;
+    go.op_timeout = info.op_timeout;
+    return GlooCommunicator::create_world(store, info.rank, info.world_size, info.master_addr, go);
+  }
+#ifdef DS_WITH_NCCL
+  return NcclCommunicator::create_world(store, info.rank, info.world_size, info.local_rank);
+#else
+  return nullptr;  // unreachable: rejected above
+#endif
+}
+
+}  // namespace ds

@@ -1,0 +1,126 @@
+// Communicator: the one interface through which dstrain talks between ranks.
+// Two implementations: Gloo (CPU tensors, TCP) and NCCL (CUDA tensors). Also
+// the rendezvous settings read from the rank environment and the factory that
+// builds the world communicator. No global communicators: build one world with
+// make_world_communicator(), derive groups with split() (see lib/parallel/comms.h
+// for the Megatron tp/dp/pp groups) and pass them down.
+//
+// Semantics shared by both backends
+// - Every member of a group calls each collective in the same order with the
+//   same count/dtype; a communicator is used by one thread at a time.
+// - Tensors are handles: the ops write into the memory a (const) Tensor points
+//   to, so views such as buf.view(off, {n}) can be passed directly.
+// - reduce_scatter takes size() equal chunks: input holds size()*n elements,
+//   output n elements; output = reduction of chunk rank() over all members.
+//   Pad buffers to a multiple of size() (ZeRO partitions do) for uneven data.
+// - all_gather: input n elements, output size()*n, chunk i from member i.
+// - In-place is allowed: all_reduce always; reduce_scatter when output is
+//   input's chunk rank(); all_gather when input is output's chunk rank().
+// - send/recv are matched in order between each pair of members (no tags).
+// - Determinism: Gloo reduces every element in member order
+//   ((x0 op x1) op x2)..., accumulating 16-bit types in f32 and rounding once,
+//   so results are bit-identical across runs, across members, and between
+//   all_reduce and reduce_scatter. NCCL is deterministic for a fixed NCCL
+//   version, topology and NCCL_ALGO/NCCL_PROTO, in its own order.
+// - Gloo ops are blocking. NCCL ops are enqueued on the communicator's stream
+//   (set_stream) and return at once; synchronize() waits for them.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lib/core/dtype.h"
+#include "lib/core/stream.h"
+#include "lib/core/tensor.h"
+
+namespace ds {
+
+class TcpStore;
+
+enum class ReduceOp : uint8_t { Sum, Max };
+enum class Backend : uint8_t { Gloo, Nccl };
+
+const char* backend_name(Backend b);                 // "gloo" | "nccl"
+Backend backend_from_name(const std::string& name);  // UserError on unknown
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual Backend backend() const = 0;
+  virtual int rank() const = 0;  // rank within this group
+  virtual int size() const = 0;
+  // World ranks of the members, indexed by group rank.
+  virtual const std::vector<int>& world_ranks() const = 0;
+  // Store key prefix naming this group ("world", "world/tp/3"), used in errors.
+  virtual const std::string& name() const = 0;
+  // The job's rendezvous store; nullptr for a single process built without one.
+  virtual TcpStore* store() const = 0;
+
+  // Raw-pointer collectives: host memory for Gloo, device memory for NCCL.
+  virtual void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) = 0;
+  virtual void reduce_scatter(const void* input, void* output, int64_t count_per_rank,
+                              DType dtype, ReduceOp op) = 0;
+  virtual void all_gather(const void* input, void* output, int64_t count_per_rank,
+                          DType dtype) = 0;
+  virtual void broadcast(void* data, int64_t count, DType dtype, int root) = 0;
+  virtual void send(const void* data, int64_t count, DType dtype, int dst) = 0;
+  virtual void recv(void* data, int64_t count, DType dtype, int src) = 0;
+  virtual void barrier() = 0;
+
+  // Sub-group: `ranks` are ranks of THIS communicator, in the order that
+  // becomes the new group's ranks. Called only by the members (every member
+  // with the same list and tag); each member must create its groups in the
+  // same relative order (build_comms does tp, dp, pp, mp, embedding). `tag`
+  // must be unique among the groups split from this communicator. Members'
+  // lists are cross-checked through the store.
+  virtual std::unique_ptr<Communicator> split(const std::vector<int>& ranks,
+                                              const std::string& tag) = 0;
+
+  // NCCL: the stream ops are enqueued on (Stream::handle = cudaStream_t).
+  virtual void set_stream(Stream s) {}
+  virtual Stream stream() const { return {}; }
+  virtual void synchronize() {}  // wait until enqueued ops finished
+
+  // Tensor forms: check device, dtype and sizes, then call the raw forms.
+  void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum);
+  void reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op = ReduceOp::Sum);
+  void all_gather(const Tensor& input, const Tensor& output);
+  void broadcast(const Tensor& t, int root);
+  void send(const Tensor& t, int dst);
+  void recv(const Tensor& t, int src);
+
+ protected:
+  virtual DeviceType device_type() const = 0;  // where this backend's tensors live
+  void check_tensor(const Tensor& t, const char* op) const;
+};
+
+// Where and how to meet the other ranks; from_env() reads the dsrun variables.
+struct RendezvousInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string token;  // DS_JOB_TOKEN
+  // Connecting + rendezvous bound (DS_RENDEZVOUS_TIMEOUT, seconds).
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // Bound on one collective waiting for peers (DS_COMM_TIMEOUT, seconds).
+  std::chrono::milliseconds op_timeout{std::chrono::seconds(1800)};
+
+  // RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_SIZE, MASTER_ADDR, MASTER_PORT,
+  // DS_JOB_TOKEN, DS_RENDEZVOUS_TIMEOUT, DS_COMM_TIMEOUT; unset -> the
+  // single-process defaults above. UserError naming the variable if malformed.
+  static RendezvousInfo from_env();
+};
+
+// Connects this rank to the job: rank 0 hosts the store, everybody meets at a
+// barrier (whose timeout error lists the ranks that never arrived), then the
+// backend connects. A world of 1 opens no socket. Nccl needs a CUDA build
+// (UserError otherwise) and uses device local_rank % device_count.
+std::unique_ptr<Communicator> make_world_communicator(Backend backend, const RendezvousInfo& info);
+
+}  // namespace ds

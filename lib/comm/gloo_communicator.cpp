@@ -1,0 +1,297 @@
+// Gloo backend: TCP full mesh per group (rendezvous through our store) and
+// member-order collectives built from point-to-point exchanges.
+//
+// all_reduce / reduce_scatter: each member owns one chunk; in rounds of at
+// most segment_bytes per chunk, every member sends each peer the peer's chunk
+// piece, receives its own chunk piece from every peer and reduces the pieces
+// in member order (reduce_in_order). all_reduce then sends its reduced piece
+// to every peer. Traffic per member equals a ring's; latency is one step.
+#include "lib/comm/gloo_communicator.h"
+
+#include <gloo/context.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "lib/comm/group_util.h"
+#include "lib/comm/reduce_kernels.h"
+#include "lib/comm/socket_util.h"
+#include "lib/comm/tcp_store.h"
+#include "lib/core/error.h"
+
+namespace ds {
+namespace {
+
+// Slots for send/recv live far above the collectives' (Context::nextSlot).
+constexpr uint64_t kP2PSlotBase = 1ull << 60;
+
+// Gloo's view of our store, with every key under a per-group prefix.
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(TcpStore& s, std::string prefix) : s_(s), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    s_.set(prefix_ + key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    std::string v = s_.get(prefix_ + key);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, s_.timeout()); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    std::vector<std::string> full;
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    s_.wait(full, t);
+  }
+
+ private:
+  TcpStore& s_;
+  std::string prefix_;
+};
+
+std::shared_ptr<gloo::transport::Device> make_device(const std::string& master_addr, int port,
+                                                     const std::string& local_address) {
+  gloo::transport::tcp::attr attr;
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname && *ifname) {
+    attr.iface = ifname;
+  } else {
+    attr.hostname = local_address.empty() ? net::local_address_towards(master_addr, port)
+                                          : local_address;
+    if (attr.hostname.empty()) attr.hostname = "127.0.0.1";
+  }
+  try {
+    return gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    DS_USER_ERROR("cannot open the Gloo TCP transport on '{}': {}; set GLOO_SOCKET_IFNAME to the "
+                  "interface that reaches MASTER_ADDR", ifname ? ifname : attr.hostname, e.what());
+  }
+}
+
+}  // namespace
+
+GlooCommunicator::~GlooCommunicator() = default;
+
+std::unique_ptr<GlooCommunicator> GlooCommunicator::create_world(std::shared_ptr<TcpStore> store,
+                                                                 int rank, int size,
+                                                                 const std::string& master_addr,
+                                                                 const GlooOptions& opt) {
+  DS_CHECK(rank >= 0 && rank < size, "rank {} outside world of {}", rank, size);
+  std::unique_ptr<GlooCommunicator> c(new GlooCommunicator());
+  c->store_ = std::move(store);
+  c->rank_ = rank;
+  c->size_ = size;
+  c->name_ = "world";
+  c->opt_ = opt;
+  if (const char* seg = std::getenv("DS_COMM_SEGMENT_BYTES")) c->opt_.segment_bytes = std::atoll(seg);
+  c->opt_.segment_bytes = std::max<int64_t>(c->opt_.segment_bytes, 1);
+  for (int r = 0; r < size; ++r) c->world_ranks_.push_back(r);
+  if (size > 1) {
+    DS_CHECK(c->store_, "a Gloo world of {} ranks needs a store", size);
+    c->device_ = make_device(master_addr, c->store_->port(), opt.local_address);
+    c->connect(c->name_);
+  }
+  return c;
+}
+
+void GlooCommunicator::connect(const std::string& store_prefix) {
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+  ctx->setTimeout(store_->timeout());  // bounds connecting the pairs
+  GlooStoreAdapter adapter(*store_, "gloo/" + store_prefix + "/");
+  try {
+    ctx->connectFullMesh(adapter, device_);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    DS_THROW("Gloo rendezvous of group '{}' (rank {} of {}) failed: {}", name_, rank_, size_,
+             e.what());
+  }
+  ctx->setTimeout(opt_.op_timeout);
+  ctx_ = ctx;
+  send_seq_.assign(size_, 0);
+  recv_seq_.assign(size_, 0);
+}
+
+std::unique_ptr<Communicator> GlooCommunicator::split(const std::vector<int>& ranks,
+                                                      const std::string& tag) {
+  int me = validate_group(ranks, tag, rank_, size_, name_);
+  DS_CHECK(used_tags_.insert(tag).second, "split tag '{}' already used on group '{}'", tag, name_);
+  std::unique_ptr<GlooCommunicator> c(new GlooCommunicator());
+  c->store_ = store_;
+  c->device_ = device_;
+  c->name_ = name_ + "/" + tag;
+  c->rank_ = me;
+  c->size_ = static_cast<int>(ranks.size());
+  c->opt_ = opt_;
+  for (int r : ranks) c->world_ranks_.push_back(world_ranks_[r]);
+  if (c->size_ > 1) {
+    DS_CHECK(store_ && device_, "group '{}' needs the store and transport", c->name_);
+    agree_on_members(*store_, c->name_, me, c->world_ranks_);
+    c->connect(c->name_);
+  }
+  return c;
+}
+
+template <class F>
+void GlooCommunicator::guarded(const char* op, int64_t count, DType dtype, F&& body) {
+  try {
+    body();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    DS_THROW("gloo {} of {} x {} on group '{}' (rank {} of {}) failed: {}; a peer probably exited, "
+             "check the other ranks' logs", op, count, dtype_name(dtype), name_, rank_, size_,
+             e.what());
+  }
+}
+
+void GlooCommunicator::exchange(const std::vector<Xfer>& xs, uint64_t slot) {
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
+  std::vector<bool> is_send;
+  for (const Xfer& x : xs) {
+    if (x.bytes == 0) continue;
+    auto b = ctx_->createUnboundBuffer(x.ptr, x.bytes);
+    if (x.is_send)
+      b->send(x.peer, slot);
+    else
+      b->recv(x.peer, slot);
+    bufs.push_back(std::move(b));
+    is_send.push_back(x.is_send);
+  }
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    bool ok = is_send[i] ? bufs[i]->waitSend(opt_.op_timeout) : bufs[i]->waitRecv(opt_.op_timeout);
+    DS_CHECK(ok, "gloo transfer aborted on group '{}'", name_);
+  }
+}
+
+void GlooCommunicator::reduce_scatter_rounds(const void* in, void* out,
+                                             const std::vector<int64_t>& offsets,
+                                             const std::vector<int64_t>& lens, DType dtype, ReduceOp op, bool then_gather) {
+  const size_t es = dtype_size(dtype);
+  const int64_t seg = std::max<int64_t>(1, opt_.segment_bytes / static_cast<int64_t>(es));
+  const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+  std::vector<char> tmp(static_cast<size_t>(size_) * seg * es);
+  char* src = static_cast<char*>(const_cast<void*>(in));
+  char* dst = static_cast<char*>(out);
+  auto piece = [&](int c, int64_t lo) { return lo < lens[c] ? std::min(seg, lens[c] - lo) : 0; };
+  for (int64_t lo = 0; lo < max_len; lo += seg) {
+    const int64_t mine = piece(rank_, lo);
+    std::vector<Xfer> xs;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      xs.push_back({p, tmp.data() + p * seg * es, mine * es, false});
+      xs.push_back({p, src + (offsets[p] + lo) * es, piece(p, lo) * es, true});
+    }
+    exchange(xs, ctx_->nextSlot());
+    if (mine > 0) {
+      std::vector<const void*> srcs(size_);
+      for (int i = 0; i < size_; ++i)
+        srcs[i] = i == rank_ ? src + (offsets[rank_] + lo) * es : tmp.data() + i * seg * es;
+      reduce_in_order(dtype, op, srcs, dst + lo * es, mine);
+    }
+    if (!then_gather) continue;
+    xs.clear();
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      xs.push_back({p, dst + lo * es, mine * es, true});
+      xs.push_back({p, src + (offsets[p] + lo) * es, piece(p, lo) * es, false});
+    }
+    exchange(xs, ctx_->nextSlot());
+  }
+}
+
+void GlooCommunicator::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) {
+  if (size_ == 1 || count == 0) return;
+  std::vector<int64_t> offsets, lens;
+  even_chunks(count, size_, offsets, lens);
+  char* mine = static_cast<char*>(data) + offsets[rank_] * dtype_size(dtype);
+  guarded("all_reduce", count, dtype, [&] {
+    reduce_scatter_rounds(data, mine, offsets, lens, dtype, op, true);
+  });
+}
+
+void GlooCommunicator::reduce_scatter(const void* input, void* output, int64_t count_per_rank,
+                                      DType dtype, ReduceOp op) {
+  const size_t bytes = count_per_rank * dtype_size(dtype);
+  const char* my_in = static_cast<const char*>(input) + rank_ * bytes;
+  if (size_ == 1) {
+    if (output != my_in) std::memmove(output, my_in, bytes);
+    return;
+  }
+  if (count_per_rank == 0) return;
+  std::vector<int64_t> offsets(size_), lens(size_, count_per_rank);
+  for (int i = 0; i < size_; ++i) offsets[i] = i * count_per_rank;
+  guarded("reduce_scatter", count_per_rank * size_, dtype, [&] {
+    reduce_scatter_rounds(input, output, offsets, lens, dtype, op, false);
+  });
+}
+
+void GlooCommunicator::all_gather(const void* input, void* output, int64_t count_per_rank,
+                                  DType dtype) {
+  const size_t bytes = count_per_rank * dtype_size(dtype);
+  char* out = static_cast<char*>(output);
+  if (out + rank_ * bytes != input) std::memmove(out + rank_ * bytes, input, bytes);
+  if (size_ == 1 || bytes == 0) return;
+  std::vector<Xfer> xs;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    xs.push_back({p, out + rank_ * bytes, bytes, true});
+    xs.push_back({p, out + p * bytes, bytes, false});
+  }
+  guarded("all_gather", count_per_rank * size_, dtype, [&] { exchange(xs, ctx_->nextSlot()); });
+}
+
+void GlooCommunicator::broadcast(void* data, int64_t count, DType dtype, int root) {
+  DS_CHECK(root >= 0 && root < size_, "broadcast root {} outside group '{}' of {}", root, name_,
+           size_);
+  const size_t bytes = count * dtype_size(dtype);
+  if (size_ == 1 || bytes == 0) return;
+  std::vector<Xfer> xs;
+  if (rank_ == root) {
+    for (int p = 0; p < size_; ++p)
+      if (p != root) xs.push_back({p, data, bytes, true});
+  } else {
+    xs.push_back({root, data, bytes, false});
+  }
+  guarded("broadcast", count, dtype, [&] { exchange(xs, ctx_->nextSlot()); });
+}
+
+void GlooCommunicator::send(const void* data, int64_t count, DType dtype, int dst) {
+  DS_CHECK(dst >= 0 && dst < size_ && dst != rank_, "send to {} from rank {} of group '{}' ({})",
+           dst, rank_, name_, size_);
+  const size_t bytes = count * dtype_size(dtype);
+  if (bytes == 0) return;
+  uint64_t slot = kP2PSlotBase + send_seq_[dst]++;
+  guarded("send", count, dtype, [&] {
+    exchange({{dst, const_cast<void*>(data), bytes, true}}, slot);
+  });
+}
+
+void GlooCommunicator::recv(void* data, int64_t count, DType dtype, int src) {
+  DS_CHECK(src >= 0 && src < size_ && src != rank_, "recv from {} on rank {} of group '{}' ({})",
+           src, rank_, name_, size_);
+  const size_t bytes = count * dtype_size(dtype);
+  if (bytes == 0) return;
+  uint64_t slot = kP2PSlotBase + recv_seq_[src]++;
+  guarded("recv", count, dtype, [&] { exchange({{src, data, bytes, false}}, slot); });
+}
+
+void GlooCommunicator::barrier() {
+  if (size_ == 1) return;
+  char token = 1;
+  std::vector<char> got(size_);
+  std::vector<Xfer> xs;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    xs.push_back({p, &token, 1, true});
+    xs.push_back({p, &got[p], 1, false});
+  }
+  guarded("barrier", 0, DType::U8, [&] { exchange(xs, ctx_->nextSlot()); });
+}
+
+}  // namespace ds

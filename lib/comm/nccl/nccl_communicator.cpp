@@ -1,0 +1,206 @@
+// NCCL backend: the only file of lib/comm that calls NCCL or the CUDA runtime.
+#include "lib/comm/nccl/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <thread>
+
+#include "lib/comm/group_util.h"
+#include "lib/comm/tcp_store.h"
+#include "lib/core/error.h"
+
+namespace ds {
+namespace {
+
+ncclComm_t as_comm(void* p) { return static_cast<ncclComm_t>(p); }
+cudaStream_t as_stream(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+
+#define DS_CUDA_OK(call)                                                          \
+  do {                                                                            \
+    cudaError_t e_ = (call);                                                      \
+    if (e_ != cudaSuccess) DS_THROW("{} failed: {}", #call, cudaGetErrorString(e_)); \
+  } while (0)
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32: return ncclFloat32;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+    case DType::I32: return ncclInt32;
+    case DType::I64: return ncclInt64;
+    case DType::U8: return ncclUint8;
+    default: break;
+  }
+  DS_THROW("NCCL cannot reduce dtype {}", dtype_name(t));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
+
+}  // namespace
+
+int cuda_device_count(std::string* why) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why) *why = fmt::format("cudaGetDeviceCount failed: {}", cudaGetErrorString(e));
+    return 0;
+  }
+  if (n == 0 && why) *why = "no CUDA device visible";
+  return n;
+}
+
+void NcclCommunicator::check(int result, const char* what) {
+  auto r = static_cast<ncclResult_t>(result);
+  if (r == ncclSuccess) return;
+  const char* last = comm_ ? ncclGetLastError(as_comm(comm_)) : ncclGetLastError(nullptr);
+  DS_THROW("NCCL {} on group '{}' (rank {} of {}, device {}) failed: {}{}{}", what, name_, rank_,
+           size_, device_, ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create_world(std::shared_ptr<TcpStore> store,
+                                                                 int rank, int size,
+                                                                 int local_rank,
+                                                                 std::chrono::milliseconds op_timeout) {
+  std::string why;
+  int n = cuda_device_count(&why);
+  DS_USER_CHECK(n > 0, "rank {}: the NCCL backend needs a CUDA device ({})", rank, why);
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
+  c->store_ = std::move(store);
+  c->rank_ = rank;
+  c->size_ = size;
+  c->name_ = "world";
+  c->device_ = local_rank % n;
+  c->op_timeout_ = op_timeout;
+  for (int r = 0; r < size; ++r) c->world_ranks_.push_back(r);
+  DS_CUDA_OK(cudaSetDevice(c->device_));
+  DS_CHECK(size == 1 || c->store_, "an NCCL world of {} ranks needs a store", size);
+  c->init_comm();
+  return c;
+}
+
+void NcclCommunicator::init_comm() {
+  ncclUniqueId id;
+  std::string key = "nccl/" + name_ + "/unique_id";
+  if (rank_ == 0) {
+    check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    if (size_ > 1) store_->set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+  } else {
+    std::string v = store_->get(key);
+    DS_CHECK(v.size() == sizeof(id), "store value '{}' has {} bytes, expected {}", key, v.size(),
+             sizeof(id));
+    std::memcpy(&id, v.data(), sizeof(id));
+  }
+  DS_CUDA_OK(cudaSetDevice(device_));
+  ncclComm_t comm = nullptr;
+  check(ncclCommInitRank(&comm, size_, id, rank_), "ncclCommInitRank");
+  comm_ = comm;
+  DS_CUDA_OK(cudaMalloc(&scratch_, sizeof(float)));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (scratch_) cudaFree(scratch_);
+  if (comm_) ncclCommDestroy(as_comm(comm_));
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split(const std::vector<int>& ranks,
+                                                      const std::string& tag) {
+  int me = validate_group(ranks, tag, rank_, size_, name_);
+  DS_CHECK(used_tags_.insert(tag).second, "split tag '{}' already used on group '{}'", tag, name_);
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
+  c->store_ = store_;
+  c->name_ = name_ + "/" + tag;
+  c->rank_ = me;
+  c->size_ = static_cast<int>(ranks.size());
+  c->device_ = device_;
+  c->op_timeout_ = op_timeout_;
+  c->stream_ = stream_;
+  for (int r : ranks) c->world_ranks_.push_back(world_ranks_[r]);
+  if (c->size_ > 1) {
+    DS_CHECK(store_, "group '{}' needs the store", c->name_);
+    agree_on_members(*store_, c->name_, me, c->world_ranks_);
+  }
+  c->init_comm();
+  return c;
+}
+
+void NcclCommunicator::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) {
+  if (count == 0) return;
+  check(ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), as_comm(comm_),
+                      as_stream(stream_)), "all_reduce");
+}
+
+void NcclCommunicator::reduce_scatter(const void* input, void* output, int64_t count_per_rank,
+                                      DType dtype, ReduceOp op) {
+  if (count_per_rank == 0) return;
+  check(ncclReduceScatter(input, output, count_per_rank, nccl_type(dtype), nccl_op(op),
+                          as_comm(comm_), as_stream(stream_)), "reduce_scatter");
+}
+
+void NcclCommunicator::all_gather(const void* input, void* output, int64_t count_per_rank,
+                                  DType dtype) {
+  size_t bytes = count_per_rank * dtype_size(dtype);
+  if (bytes == 0) return;
+  check(ncclAllGather(input, output, bytes, ncclUint8, as_comm(comm_), as_stream(stream_)),
+        "all_gather");
+}
+
+void NcclCommunicator::broadcast(void* data, int64_t count, DType dtype, int root) {
+  DS_CHECK(root >= 0 && root < size_, "broadcast root {} outside group '{}' of {}", root, name_,
+           size_);
+  size_t bytes = count * dtype_size(dtype);
+  if (bytes == 0) return;
+  check(ncclBroadcast(data, data, bytes, ncclUint8, root, as_comm(comm_), as_stream(stream_)),
+        "broadcast");
+}
+
+void NcclCommunicator::send(const void* data, int64_t count, DType dtype, int dst) {
+  DS_CHECK(dst >= 0 && dst < size_ && dst != rank_, "send to {} from rank {} of group '{}'", dst,
+           rank_, name_);
+  size_t bytes = count * dtype_size(dtype);
+  if (bytes == 0) return;
+  check(ncclSend(data, bytes, ncclUint8, dst, as_comm(comm_), as_stream(stream_)), "send");
+}
+
+void NcclCommunicator::recv(void* data, int64_t count, DType dtype, int src) {
+  DS_CHECK(src >= 0 && src < size_ && src != rank_, "recv from {} on rank {} of group '{}'", src,
+           rank_, name_);
+  size_t bytes = count * dtype_size(dtype);
+  if (bytes == 0) return;
+  check(ncclRecv(data, bytes, ncclUint8, src, as_comm(comm_), as_stream(stream_)), "recv");
+}
+
+void NcclCommunicator::barrier() {
+  if (size_ == 1) return;
+  check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, as_comm(comm_),
+                      as_stream(stream_)), "barrier");
+  synchronize();
+}
+
+void NcclCommunicator::synchronize() {
+  auto deadline = std::chrono::steady_clock::now() + op_timeout_;
+  while (true) {
+    cudaError_t e = cudaStreamQuery(as_stream(stream_));
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) DS_CUDA_OK(e);
+    ncclResult_t async = ncclSuccess;
+    check(ncclCommGetAsyncError(as_comm(comm_), &async), "ncclCommGetAsyncError");
+    if (async != ncclSuccess) {
+      ncclCommAbort(as_comm(comm_));
+      comm_ = nullptr;
+      DS_THROW("NCCL error on group '{}' (rank {} of {}): {}; a peer probably failed", name_,
+               rank_, size_, ncclGetErrorString(async));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      ncclCommAbort(as_comm(comm_));
+      comm_ = nullptr;
+      DS_THROW("NCCL ops on group '{}' (rank {} of {}) did not finish within {} s; aborted the "
+               "communicator (a peer is stuck or dead)", name_, rank_, size_,
+               op_timeout_.count() / 1000);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace ds

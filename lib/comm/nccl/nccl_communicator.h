@@ -1,0 +1,81 @@
+// NcclCommunicator: the CUDA backend (built only when the CUDA toolkit is
+// found; the factory in communicator.cpp refers to it under DS_WITH_NCCL).
+// One ncclComm_t per group; the group's member 0 makes the ncclUniqueId and
+// publishes it through the TcpStore. Ops are enqueued on the communicator's
+// stream and return at once; synchronize() waits, watching for NCCL async
+// errors and the op timeout (then aborts the communicator and throws).
+// This header stays free of CUDA/NCCL headers.
+#pragma once
+#include <chrono>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "lib/comm/communicator.h"
+
+namespace ds {
+
+// Number of visible CUDA devices; 0 with `why` set when there is none or the
+// CUDA runtime cannot start (no driver). For tests and the factory.
+int cuda_device_count(std::string* why);
+
+class NcclCommunicator : public Communicator {
+ public:
+  // The world group; `store` may be null only when size == 1. Selects device
+  // local_rank % device_count (cudaSetDevice) before creating the comm.
+  static std::unique_ptr<NcclCommunicator> create_world(
+      std::shared_ptr<TcpStore> store, int rank, int size, int local_rank,
+      std::chrono::milliseconds op_timeout = std::chrono::seconds(1800));
+  ~NcclCommunicator() override;
+
+  Backend backend() const override { return Backend::Nccl; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::vector<int>& world_ranks() const override { return world_ranks_; }
+  const std::string& name() const override { return name_; }
+  TcpStore* store() const override { return store_.get(); }
+  int device() const { return device_; }
+
+  using Communicator::all_gather;
+  using Communicator::all_reduce;
+  using Communicator::broadcast;
+  using Communicator::recv;
+  using Communicator::reduce_scatter;
+  using Communicator::send;
+  void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) override;
+  void reduce_scatter(const void* input, void* output, int64_t count_per_rank, DType dtype,
+                      ReduceOp op) override;
+  void all_gather(const void* input, void* output, int64_t count_per_rank, DType dtype) override;
+  void broadcast(void* data, int64_t count, DType dtype, int root) override;
+  void send(const void* data, int64_t count, DType dtype, int dst) override;
+  void recv(void* data, int64_t count, DType dtype, int src) override;
+  void barrier() override;  // an all_reduce of one float, then synchronize()
+  std::unique_ptr<Communicator> split(const std::vector<int>& ranks,
+                                      const std::string& tag) override;
+
+  void set_stream(Stream s) override { stream_ = s; }
+  Stream stream() const override { return stream_; }
+  void synchronize() override;
+
+ protected:
+  DeviceType device_type() const override { return DeviceType::CUDA; }
+
+ private:
+  NcclCommunicator() = default;
+  void init_comm();  // unique id through the store, then ncclCommInitRank
+  void check(int result, const char* what);
+
+  std::shared_ptr<TcpStore> store_;
+  void* comm_ = nullptr;  // ncclComm_t
+  float* scratch_ = nullptr;  // device float for barrier()
+  Stream stream_;
+  int device_ = 0;
+  std::string name_;
+  std::vector<int> world_ranks_;
+  int rank_ = 0, size_ = 1;
+  std::chrono::milliseconds op_timeout_{std::chrono::seconds(1800)};
+  std::set<std::string> used_tags_;
+};
+
+}  // namespace ds

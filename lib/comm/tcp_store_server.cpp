@@ -1,0 +1,326 @@
+// TCP store server: a poll loop over the listening socket, a wake pipe and the
+// client connections. Requests are answered in arrival order per connection;
+// blocking waits are parked as Waiters until their keys exist, they expire, or
+// a rank is lost (its connection closed without a Bye).
+#include "lib/comm/tcp_store_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "lib/comm/store_protocol.h"
+#include "lib/core/error.h"
+
+namespace ds {
+
+using namespace store_proto;
+using net::Clock;
+
+namespace {
+// Constant-time comparison, so the token cannot be guessed byte by byte.
+bool same_token(const std::string& a, const std::string& b) {
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned>(a[i] ^ b[i % (b.size() + 1)]);
+  return diff == 0;
+}
+}  // namespace
+
+TcpStoreServer::TcpStoreServer(int port, std::string token) : token_(std::move(token)) {
+  int err = 0;
+  listen_fd_ = net::listen_any(port, err);
+  if (listen_fd_ < 0) {
+    if (err == EADDRINUSE)
+      DS_USER_ERROR("rendezvous store: MASTER_PORT {} is already in use on this host (another job "
+                    "or a leftover process?); pick another port with --master_port", port);
+    DS_USER_ERROR("rendezvous store: cannot listen on port {}: {}", port, std::strerror(err));
+  }
+  port_ = net::bound_port(listen_fd_);
+  net::set_nonblocking(listen_fd_, true);
+  if (pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
+    close(listen_fd_);
+    DS_THROW("rendezvous store: pipe2 failed: {}", std::strerror(errno));
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+TcpStoreServer::~TcpStoreServer() { stop(std::chrono::milliseconds(0)); }
+
+void TcpStoreServer::stop(std::chrono::milliseconds grace, std::chrono::milliseconds linger) {
+  if (!thread_.joinable()) return;
+  drain_deadline_ = Clock::now() + grace;
+  linger_until_ = Clock::now() + std::min(linger, grace);
+  draining_.store(true, std::memory_order_release);
+  char b = 1;
+  (void)!write(wake_[1], &b, 1);
+  thread_.join();
+  for (auto& [id, c] : conns_) close(c.fd);
+  conns_.clear();
+  close(listen_fd_);
+  close(wake_[0]);
+  close(wake_[1]);
+}
+
+int TcpStoreServer::poll_timeout_ms() const {
+  int64_t t = -1;
+  for (const Waiter& w : waiters_) {
+    int64_t left = net::ms_left(w.deadline);
+    if (t < 0 || left < t) t = left;
+  }
+  if (draining_.load(std::memory_order_acquire)) {
+    int64_t left = net::ms_left(conns_.empty() ? linger_until_ : drain_deadline_);
+    if (t < 0 || left < t) t = left;
+  }
+  return t < 0 ? 1000 : static_cast<int>(std::min<int64_t>(t + 1, 1000));
+}
+
+void TcpStoreServer::run() {
+  while (true) {
+    if (draining_.load(std::memory_order_acquire)) {
+      auto now = Clock::now();
+      if (now >= drain_deadline_ || (conns_.empty() && now >= linger_until_)) return;
+    }
+    std::vector<pollfd> fds{{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    std::vector<int> ids;
+    for (auto& [id, c] : conns_) {
+      fds.push_back({c.fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
+      ids.push_back(id);
+    }
+    int rc = poll(fds.data(), fds.size(), poll_timeout_ms());
+    if (rc < 0 && errno != EINTR) return;
+    if (fds[0].revents) {
+      char buf[16];
+      while (read(wake_[0], buf, sizeof(buf)) > 0) {}
+    }
+    if (fds[1].revents & POLLIN) accept_new();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto it = conns_.find(ids[i]);
+      if (it == conns_.end()) continue;
+      short ev = fds[i + 2].revents;
+      bool keep = true;
+      if (ev & (POLLIN | POLLHUP | POLLERR)) keep = read_conn(ids[i], it->second);
+      if (keep && (ev & POLLOUT)) keep = flush_conn(it->second);
+      if (keep && it->second.close_after_flush && it->second.out.empty()) keep = false;
+      if (!keep) drop(ids[i]);
+    }
+    answer_expired_waiters();
+  }
+}
+
+void TcpStoreServer::accept_new() {
+  while (true) {
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    net::set_nodelay(fd);
+    Conn c;
+    c.fd = fd;
+    conns_[next_id_++] = std::move(c);
+  }
+}
+
+bool TcpStoreServer::read_conn(int id, Conn& c) {
+  char buf[65536];
+  while (true) {
+    ssize_t n = recv(c.fd, buf, sizeof(buf), 0);
+    if (n > 0) {
+      c.in.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (n < 0 && errno == EINTR) continue;
+    return false;  // closed or broken
+  }
+  while (c.in.size() >= 4 && !c.close_after_flush) {
+    std::string hdr = c.in.substr(0, 4);
+    uint32_t len = net::Reader(hdr).u32();
+    if (len > (c.authed ? net::kMaxFrame : net::kMaxHelloFrame)) return false;
+    if (c.in.size() < 4 + static_cast<size_t>(len)) break;
+    std::string msg = c.in.substr(4, len);
+    c.in.erase(0, 4 + static_cast<size_t>(len));
+    try {
+      handle(id, c, msg);
+    } catch (const std::exception& e) {
+      reply(c, net::Writer().u8(uint8_t(Status::Bad)).str(e.what()).bytes());
+      c.close_after_flush = true;
+    }
+    if (c.bye) return false;
+  }
+  return flush_conn(c);
+}
+
+bool TcpStoreServer::flush_conn(Conn& c) {
+  while (!c.out.empty()) {
+    ssize_t n = send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      c.out.erase(0, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (n < 0 && errno == EINTR) continue;
+    return false;
+  }
+  return true;
+}
+
+void TcpStoreServer::reply(Conn& c, const std::string& payload) {
+  net::Writer w;
+  w.u32(static_cast<uint32_t>(payload.size()));
+  c.out += w.bytes();
+  c.out += payload;
+}
+
+void TcpStoreServer::drop(int id) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  Conn& c = it->second;
+  bool lost = c.authed && !c.bye && c.rank >= 0;
+  close(c.fd);
+  conns_.erase(it);
+  waiters_.erase(std::remove_if(waiters_.begin(), waiters_.end(),
+                                [id](const Waiter& w) { return w.conn == id; }),
+                 waiters_.end());
+  if (lost) {
+    lost_ranks_.insert(c.rank);
+    fail_all_waiters();
+  }
+}
+
+void TcpStoreServer::handle(int id, Conn& c, const std::string& msg) {
+  net::Reader r(msg);
+  Op op = static_cast<Op>(r.u8());
+  if (!c.authed) {
+    std::string tok = op == Op::Hello ? r.str() : std::string();
+    if (op != Op::Hello || !same_token(tok, token_)) {
+      reply(c, net::Writer().u8(uint8_t(Status::Refused))
+                   .str(op != Op::Hello ? "expected a hello message first"
+                                        : "wrong job token (DS_JOB_TOKEN differs from rank 0's)")
+                   .bytes());
+      c.close_after_flush = true;
+      return;
+    }
+    c.rank = r.i64();
+    c.authed = true;
+    reply(c, net::Writer().u8(uint8_t(Status::Ok)).bytes());
+    return;
+  }
+  switch (op) {
+    case Op::Set: {
+      std::string key = r.str();
+      data_[key] = r.str();
+      reply(c, net::Writer().u8(uint8_t(Status::Ok)).bytes());
+      answer_ready_waiters();
+      return;
+    }
+    case Op::Add: {
+      std::string key = r.str();
+      int64_t delta = r.i64();
+      auto it = data_.find(key);
+      int64_t v = (it == data_.end() ? 0 : std::stoll(it->second)) + delta;
+      data_[key] = std::to_string(v);
+      reply(c, net::Writer().u8(uint8_t(Status::Ok)).i64(v).bytes());
+      answer_ready_waiters();
+      return;
+    }
+    case Op::Check: {
+      uint32_t n = r.u32();
+      bool all = true;
+      for (uint32_t i = 0; i < n; ++i) all = data_.count(r.str()) && all;
+      reply(c, net::Writer().u8(uint8_t(Status::Ok)).u8(all ? 1 : 0).bytes());
+      return;
+    }
+    case Op::Wait:
+      handle_wait(id, c, r);
+      return;
+    case Op::Bye:
+      c.bye = true;
+      return;
+    default:
+      DS_THROW("store: unknown request code {}", int(op));
+  }
+}
+
+void TcpStoreServer::handle_wait(int id, Conn& c, net::Reader& r) {
+  Waiter w;
+  w.conn = id;
+  w.want_value = r.u8() != 0;
+  uint32_t n = r.u32();
+  for (uint32_t i = 0; i < n; ++i) w.keys.push_back(r.str());
+  w.deadline = Clock::now() + std::chrono::milliseconds(r.i64());
+  std::vector<std::string> missing = missing_keys(w.keys);
+  if (missing.empty()) {
+    net::Writer out;
+    out.u8(uint8_t(Status::Ok));
+    if (w.want_value && !w.keys.empty()) out.str(data_[w.keys[0]]);
+    reply(c, out.bytes());
+  } else if (!lost_ranks_.empty()) {
+    reply(c, failure(uint8_t(Status::PeerLost), missing));
+  } else {
+    waiters_.push_back(std::move(w));
+  }
+}
+
+std::vector<std::string> TcpStoreServer::missing_keys(const std::vector<std::string>& keys) const {
+  std::vector<std::string> out;
+  for (const auto& k : keys)
+    if (!data_.count(k)) out.push_back(k);
+  return out;
+}
+
+std::string TcpStoreServer::failure(uint8_t status, const std::vector<std::string>& missing) const {
+  net::Writer w;
+  w.u8(status).u32(static_cast<uint32_t>(lost_ranks_.size()));
+  for (int64_t r : lost_ranks_) w.i64(r);
+  w.u32(static_cast<uint32_t>(missing.size()));
+  for (const auto& k : missing) w.str(k);
+  return w.bytes();
+}
+
+void TcpStoreServer::answer_ready_waiters() {
+  std::vector<Waiter> keep;
+  for (Waiter& w : waiters_) {
+    auto it = conns_.find(w.conn);
+    if (it == conns_.end()) continue;
+    if (!missing_keys(w.keys).empty()) {
+      keep.push_back(std::move(w));
+      continue;
+    }
+    net::Writer out;
+    out.u8(uint8_t(Status::Ok));
+    if (w.want_value && !w.keys.empty()) out.str(data_[w.keys[0]]);
+    reply(it->second, out.bytes());
+    flush_conn(it->second);
+  }
+  waiters_ = std::move(keep);
+}
+
+void TcpStoreServer::answer_expired_waiters() {
+  std::vector<Waiter> keep;
+  auto now = Clock::now();
+  for (Waiter& w : waiters_) {
+    auto it = conns_.find(w.conn);
+    if (it == conns_.end()) continue;
+    if (now < w.deadline) {
+      keep.push_back(std::move(w));
+      continue;
+    }
+    reply(it->second, failure(uint8_t(Status::Timeout), missing_keys(w.keys)));
+    flush_conn(it->second);
+  }
+  waiters_ = std::move(keep);
+}
+
+void TcpStoreServer::fail_all_waiters() {
+  for (Waiter& w : waiters_) {
+    auto it = conns_.find(w.conn);
+    if (it == conns_.end()) continue;
+    reply(it->second, failure(uint8_t(Status::PeerLost), missing_keys(w.keys)));
+    flush_conn(it->second);
+  }
+  waiters_.clear();
+}
+
+}  // namespace ds

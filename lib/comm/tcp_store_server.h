@@ -1,0 +1,73 @@
+// The server half of the TCP store: one thread polling a listening socket and
+// its client connections, holding the key-value map and the pending blocking
+// requests (answered when their keys appear, when they time out, or at once
+// when a rank's connection dies without a goodbye). Internal to lib/comm.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lib/comm/socket_util.h"
+
+namespace ds {
+
+class TcpStoreServer {
+ public:
+  // Binds `port` on all interfaces (0 = any free port) and starts serving.
+  // Throws ds::UserError when the port is in use.
+  TcpStoreServer(int port, std::string token);
+  ~TcpStoreServer();  // stop(0)
+  int port() const { return port_; }
+  // Keeps serving until no client is connected and `linger` has passed, or
+  // until `grace` has passed, then stops the thread.
+  void stop(std::chrono::milliseconds grace,
+            std::chrono::milliseconds linger = std::chrono::milliseconds(0));
+
+ private:
+  struct Conn {
+    int fd = -1;
+    std::string in, out;
+    bool authed = false, bye = false, close_after_flush = false;
+    int64_t rank = -1;
+  };
+  struct Waiter {
+    int conn = 0;
+    bool want_value = false;
+    std::vector<std::string> keys;
+    net::Clock::time_point deadline;
+  };
+
+  void run();
+  void accept_new();
+  bool read_conn(int id, Conn& c);   // false: drop the connection
+  bool flush_conn(Conn& c);          // false: drop the connection
+  void handle(int id, Conn& c, const std::string& msg);
+  void handle_wait(int id, Conn& c, net::Reader& r);
+  void drop(int id);
+  void reply(Conn& c, const std::string& payload);
+  void answer_ready_waiters();
+  void answer_expired_waiters();
+  void fail_all_waiters();
+  std::string failure(uint8_t status, const std::vector<std::string>& missing) const;
+  std::vector<std::string> missing_keys(const std::vector<std::string>& keys) const;
+  int poll_timeout_ms() const;
+
+  std::string token_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  int wake_[2] = {-1, -1};
+  std::thread thread_;
+  std::atomic<bool> draining_{false};
+  net::Clock::time_point drain_deadline_, linger_until_;
+  int next_id_ = 1;
+  std::map<int, Conn> conns_;
+  std::vector<Waiter> waiters_;
+  std::map<std::string, std::string> data_;
+  std::set<int64_t> lost_ranks_;
+};
+
+}  // namespace ds

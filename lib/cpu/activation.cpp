@@ -1,0 +1,191 @@
+// Pointwise ops on the CPU: GELU (tanh approximation, as GPT-2), SwiGLU,
+// rotary position embedding (rotate-half pairs, q and k only) and add.
+// Elementwise loops run in fixed-size chunks so the vector/scalar split of
+// every element is the same for any thread count.
+#include <cmath>
+#include <cstring>
+
+#include "lib/cpu/cpu_util.h"
+#include "lib/ops/ops.h"
+
+namespace ds::cpu {
+namespace {
+
+// tanh via one exponential (vectorisable); exact limits +-1 for large |u|.
+inline float tanh_approx(float u) { return 1.f - 2.f / (1.f + fast_exp(2.f * u)); }
+inline float sigmoid(float x) { return 1.f / (1.f + fast_exp(-x)); }
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCube = 0.044715f;
+
+void check_gelu(const char* op, const GeluArgs& a, bool backward) {
+  check_f32(a.out, op, backward ? "dinp (out)" : "out");
+  check_f32(a.inp, op, "inp");
+  check_numel(a.out, a.inp.numel(), op, backward ? "dinp (out)" : "out", "numel(inp)");
+  if (!backward) return;
+  check_f32(a.dout, op, "dout");
+  check_numel(a.dout, a.inp.numel(), op, "dout", "numel(inp)");
+}
+
+}  // namespace
+
+void gelu_forward(const GeluArgs& a, const Stream&) {
+  check_gelu("gelu_forward", a, false);
+  const float* inp = a.inp.data<float>();  // (N)
+  float* out = a.out.data<float>();        // (N)
+  parallel_chunks(a.inp.numel(), [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) {
+      const float x = inp[i];
+      const float u = kGeluScale * (x + kGeluCube * x * x * x);
+      out[i] = 0.5f * x * (1.f + tanh_approx(u));
+    }
+  });
+}
+
+void gelu_backward(const GeluArgs& a, const Stream&) {
+  check_gelu("gelu_backward", a, true);
+  const float* inp = a.inp.data<float>();    // (N)
+  const float* dout = a.dout.data<float>();  // (N)
+  float* dinp = a.out.data<float>();         // (N)
+  parallel_chunks(a.inp.numel(), [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) {
+      const float x = inp[i];
+      const float u = kGeluScale * (x + kGeluCube * x * x * x);
+      const float th = tanh_approx(u);
+      const float du = kGeluScale * (1.f + 3.f * kGeluCube * x * x);
+      const float g = 0.5f * (1.f + th) + 0.5f * x * (1.f - th * th) * du;
+      dinp[i] = dout[i] * g;
+    }
+  });
+}
+
+void swiglu_forward(const SwigluArgs& a, const Stream&) {
+  const char* op = "swiglu_forward";
+  check_f32(a.out, op, "out");
+  check_f32(a.inp, op, "inp");
+  const int64_t F = a.out.dim() ? a.out.size(-1) : 1, N = rows_of(a.out);
+  DS_CHECK(a.inp.dim() >= 1 && a.inp.size(-1) == 2 * F && rows_of(a.inp) == N,
+           "{}: inp has shape {}, expected (N={}, 2F={}) for out {}", op, shape_str(a.inp.shape()),
+           N, 2 * F, shape_str(a.out.shape()));
+  const float* inp = a.inp.data<float>();  // (N, 2F)
+  float* out = a.out.data<float>();        // (N, F)
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* g = inp + n * 2 * F;
+    const float* u = g + F;
+    float* o = out + n * F;
+#pragma omp simd
+    for (int64_t f = 0; f < F; ++f) o[f] = g[f] * sigmoid(g[f]) * u[f];
+  }
+}
+
+void swiglu_backward(const SwigluBwdArgs& a, const Stream&) {
+  const char* op = "swiglu_backward";
+  check_f32(a.dinp, op, "dinp");
+  check_f32(a.dout, op, "dout");
+  check_f32(a.inp, op, "inp");
+  check_same_shape(a.dinp, a.inp, op, "dinp", "inp");
+  const int64_t F = a.dout.dim() ? a.dout.size(-1) : 1, N = rows_of(a.dout);
+  DS_CHECK(a.inp.dim() >= 1 && a.inp.size(-1) == 2 * F && rows_of(a.inp) == N,
+           "{}: inp has shape {}, expected (N={}, 2F={}) for dout {}", op,
+           shape_str(a.inp.shape()), N, 2 * F, shape_str(a.dout.shape()));
+  const float* inp = a.inp.data<float>();    // (N, 2F)
+  const float* dout = a.dout.data<float>();  // (N, F)
+  float* dinp = a.dinp.data<float>();        // (N, 2F)
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* g = inp + n * 2 * F;
+    const float* u = g + F;
+    const float* d = dout + n * F;
+    float* dg = dinp + n * 2 * F;
+    float* du = dg + F;
+#pragma omp simd
+    for (int64_t f = 0; f < F; ++f) {
+      const float x = g[f], up = u[f], dy = d[f];
+      const float sig = sigmoid(x);
+      du[f] = dy * x * sig;
+      dg[f] = dy * up * sig * (1.f + x * (1.f - sig));
+    }
+  }
+}
+
+void add(const AddArgs& a, const Stream&) {
+  check_f32(a.out, "add", "out");
+  check_f32(a.a, "add", "a");
+  check_f32(a.b, "add", "b");
+  check_numel(a.a, a.out.numel(), "add", "a", "numel(out)");
+  check_numel(a.b, a.out.numel(), "add", "b", "numel(out)");
+  const float* x = a.a.data<float>();  // (n)
+  const float* y = a.b.data<float>();  // (n)
+  float* out = a.out.data<float>();    // (n)
+  parallel_chunks(a.out.numel(), [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) out[i] = x[i] + y[i];
+  });
+}
+
+// ---- RoPE ------------------------------------------------------------------
+
+namespace {
+
+enum class RopeDir { Forward, Inverse };
+
+void rope_apply(const RopeArgs& a, RopeDir dir, const char* op) {
+  check_f32(a.out, op, "out");
+  check_f32(a.inp, op, "inp");
+  check_same_shape(a.out, a.inp, op, "out", "inp");
+  DS_CHECK(a.inp.dim() == 3, "{}: inp must be (B, T, 3*NH*HS), got {}", op,
+           shape_str(a.inp.shape()));
+  DS_CHECK(a.NH > 0 && a.inp.size(2) % (3 * a.NH) == 0,
+           "{}: last dim {} of {} is not 3*NH*HS with NH={}", op, a.inp.size(2),
+           shape_str(a.inp.shape()), a.NH);
+  const int64_t B = a.inp.size(0), T = a.inp.size(1), C3 = a.inp.size(2);
+  const int64_t HS = C3 / (3 * a.NH), half = HS / 2, C = a.NH * HS;
+  DS_CHECK(HS % 2 == 0, "{}: head size {} must be even", op, HS);
+  const float* inp = a.inp.data<float>();  // (B, T, 3C)
+  float* out = a.out.data<float>();        // (B, T, 3C)
+  const float sgn = dir == RopeDir::Forward ? 1.f : -1.f;
+  // cos/sin table for this call's positions, shared read-only by all threads.
+  float* table = thread_scratch(static_cast<size_t>(T * 2 * half), 7);  // (T, 2, HS/2)
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    float* cs = table + t * 2 * half;
+    for (int64_t i = 0; i < half; ++i) {
+      const double inv_freq = std::pow(static_cast<double>(a.theta), -2.0 * i / HS);
+      const double ang = static_cast<double>(a.pos_offset + t) * inv_freq;
+      cs[i] = static_cast<float>(std::cos(ang));
+      cs[half + i] = sgn * static_cast<float>(std::sin(ang));
+    }
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < B * T; ++n) {
+    const float* cs = table + (n % T) * 2 * half;
+    const float* x = inp + n * C3;
+    float* y = out + n * C3;
+    for (int64_t h = 0; h < 2 * a.NH; ++h) {  // q heads then k heads
+      const float* xh = x + h * HS;
+      float* yh = y + h * HS;
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = xh[i], x2 = xh[i + half];
+        yh[i] = x1 * cs[i] - x2 * cs[half + i];
+        yh[i + half] = x2 * cs[i] + x1 * cs[half + i];
+      }
+    }
+    if (y != x) std::memcpy(y + 2 * C, x + 2 * C, C * sizeof(float));
+  }
+}
+
+}  // namespace
+
+void rope_forward(const RopeArgs& a, const Stream&) {
+  rope_apply(a, RopeDir::Forward, "rope_forward");
+}
+
+void rope_backward(const RopeArgs& a, const Stream&) {
+  rope_apply(a, RopeDir::Inverse, "rope_backward");
+}
+
+}  // namespace ds::cpu

@@ -1,0 +1,281 @@
+// Causal multi-head self-attention on a packed qkv buffer, CPU forward and
+// backward, flash-attention style: the forward keeps only the log-sum-exp per
+// (b, h, t); the backward recomputes the probabilities block by block.
+// Work unit: a block of kBq query rows of one (b, h) against keys [0, q_end),
+// with per-thread scratch of kBq x T scores. The forward parallelises over
+// (b, h, query block); the backward over (b, h), since the key/value gradients
+// of one head gather contributions from all its query blocks (in block order,
+// so results do not depend on the thread count).
+#include <cmath>
+#include <cstring>
+
+#include "lib/cpu/cpu_util.h"
+#include "lib/cpu/tile_gemm.h"
+#include "lib/ops/ops.h"
+
+namespace ds::cpu {
+namespace {
+
+constexpr int64_t kBq = 64;  // query rows per block
+
+struct AttnDims {
+  int64_t B, T, NH, HS, C;  // C = NH * HS
+  int64_t HSp;              // HS padded to the vector width
+  float scale;              // 1 / sqrt(HS)
+};
+
+AttnDims check_attention(const char* op, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                         int NH) {
+  check_f32(qkv, op, "qkv");
+  check_f32(out, op, "out");
+  check_f32(lse, op, "lse");
+  DS_CHECK(qkv.dim() == 3, "{}: qkv must be (B, T, 3*NH*HS), got {}", op, shape_str(qkv.shape()));
+  DS_CHECK(NH > 0 && qkv.size(2) % (3 * NH) == 0, "{}: qkv last dim {} of {} is not 3*NH*HS, NH={}",
+           op, qkv.size(2), shape_str(qkv.shape()), NH);
+  AttnDims d;
+  d.B = qkv.size(0);
+  d.T = qkv.size(1);
+  d.NH = NH;
+  d.HS = qkv.size(2) / (3 * NH);
+  d.C = NH * d.HS;
+  d.HSp = round_up(d.HS, kVecW);
+  d.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.HS)));
+  DS_CHECK(out.shape() == Shape({d.B, d.T, d.C}), "{}: out has shape {}, expected (B, T, C) = {}",
+           op, shape_str(out.shape()), shape_str({d.B, d.T, d.C}));
+  DS_CHECK(lse.shape() == Shape({d.B, d.NH, d.T}), "{}: lse has shape {}, expected (B, NH, T) = {}",
+           op, shape_str(lse.shape()), shape_str({d.B, d.NH, d.T}));
+  return d;
+}
+
+// Leading dimension for a buffer of n-float rows: padded to the vector width
+// plus one vector, so that rows are never a power-of-two apart (walking down
+// a column would otherwise hit one cache set over and over).
+int64_t padded_ld(int64_t n) { return round_up(n, kVecW) + kVecW; }
+
+// dst (HS, ldd) = transpose of rows [0, n) of src (row stride ld_src), zero
+// columns [n, round_up(n, kVecW)). Done in 16-row panels so that each written
+// destination line is filled at once.
+void pack_transposed(float* dst, int64_t ldd, const float* src, int64_t ld_src, int64_t n,
+                     int64_t HS) {
+  constexpr int64_t kPanel = 16;
+  const int64_t np = round_up(n, kVecW);
+  for (int64_t j0 = 0; j0 < np; j0 += kPanel) {
+    const int64_t jn = std::min(kPanel, np - j0), jv = std::max<int64_t>(0, std::min(jn, n - j0));
+    for (int64_t e = 0; e < HS; ++e) {
+      float* d = dst + e * ldd + j0;
+      for (int64_t jj = 0; jj < jv; ++jj) d[jj] = src[(j0 + jj) * ld_src + e];
+      for (int64_t jj = jv; jj < jn; ++jj) d[jj] = 0.f;
+    }
+  }
+}
+
+// dst (n, HSp) = rows [0, n) of src (row stride ld_src), columns >= HS zeroed.
+void pack_rows(float* dst, int64_t HSp, const float* src, int64_t ld_src, int64_t n, int64_t HS) {
+  for (int64_t j = 0; j < n; ++j) {
+    std::memcpy(dst + j * HSp, src + j * ld_src, HS * sizeof(float));
+    for (int64_t e = HS; e < HSp; ++e) dst[j * HSp + e] = 0.f;
+  }
+}
+
+// Row-wise causal softmax of the score block in place. Row i (query q0 + i)
+// sees keys [0, q0 + i]; on return S holds probabilities with zeros for
+// masked keys up to kend, and lse[i] the log-sum-exp of the scaled scores.
+void softmax_block(float* S, int64_t lds, int64_t M, int64_t q0, int64_t kend, float scale,
+                   float* lse) {
+  for (int64_t i = 0; i < M; ++i) {
+    float* row = S + i * lds;
+    const int64_t nv = q0 + i + 1;
+    const float mx = row_max(row, nv) * scale;  // scale > 0
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < nv; ++j) {
+      const float p = fast_exp(row[j] * scale - mx);
+      row[j] = p;
+      sum += p;
+    }
+    const float inv = 1.f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < nv; ++j) row[j] *= inv;
+    for (int64_t j = nv; j < kend; ++j) row[j] = 0.f;
+    lse[i] = mx + std::log(sum);
+  }
+}
+
+// K transposed and V rows of every head, packed once per forward call and
+// shared read-only by the query-block tasks.
+struct PackedKV {
+  const float* kt;  // (B, NH, HS, ldT) K^T per head, ldT = padded_ld(T)
+  const float* vp;  // (B, NH, T, HSp) V rows per head, columns >= HS zero
+  int64_t ldT;
+};
+
+PackedKV pack_kv(const Tensor& qkv, const AttnDims& d) {
+  const int64_t ldT = padded_ld(d.T), C3 = 3 * d.C;
+  const int64_t kt_head = d.HS * ldT, vp_head = d.T * d.HSp;
+  float* buf = thread_scratch(static_cast<size_t>(d.B * d.NH * (kt_head + vp_head)), 7);
+  float* kt = buf;
+  float* vp = buf + d.B * d.NH * kt_head;
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < d.B * d.NH; ++bh) {
+    const int64_t b = bh / d.NH, h = bh % d.NH;
+    const float* base = qkv.data<float>() + b * d.T * C3 + h * d.HS;  // (T, 3C) at head h
+    pack_transposed(kt + bh * kt_head, ldT, base + d.C, C3, d.T, d.HS);
+    pack_rows(vp + bh * vp_head, d.HSp, base + 2 * d.C, C3, d.T, d.HS);
+  }
+  return {kt, vp, ldT};
+}
+
+// Forward of one query block [q0, q0 + M) of head h in batch b.
+void forward_block(const AttentionArgs& a, const AttnDims& d, const PackedKV& kv, int64_t b,
+                   int64_t h, int64_t q0) {
+  const int64_t M = std::min(kBq, d.T - q0), kend = q0 + M, kp = round_up(kend, kVecW);
+  const int64_t C3 = 3 * d.C, ld = padded_ld(kend), bh = b * d.NH + h;
+  float* S = thread_scratch(static_cast<size_t>(kBq * ld), 0);      // (M, ld)
+  float* ob = thread_scratch(static_cast<size_t>(kBq * d.HSp), 1);  // (M, HSp)
+  TileGemm qk;  // S = Q K^T
+  qk.M = M, qk.N = kp, qk.K = d.HS;
+  qk.a = a.qkv.data<float>() + (b * d.T + q0) * C3 + h * d.HS, qk.a_rs = C3, qk.a_cs = 1;
+  qk.b = kv.kt + bh * d.HS * kv.ldT, qk.ldb = kv.ldT, qk.c = S, qk.ldc = ld;
+  tile_gemm(qk);
+  float* lse = a.lse.data<float>() + bh * d.T + q0;  // (M) of (B, NH, T)
+  softmax_block(S, ld, M, q0, kend, d.scale, lse);
+  TileGemm pv;  // O = P V
+  pv.M = M, pv.N = d.HSp, pv.K = kend;
+  pv.a = S, pv.a_rs = ld, pv.a_cs = 1;
+  pv.b = kv.vp + bh * d.T * d.HSp, pv.ldb = d.HSp, pv.c = ob, pv.ldc = d.HSp;
+  tile_gemm(pv);
+  float* out = a.out.data<float>() + (b * d.T + q0) * d.C + h * d.HS;  // (M, C) at head h
+  for (int64_t i = 0; i < M; ++i) std::memcpy(out + i * d.C, ob + i * d.HSp, d.HS * sizeof(float));
+}
+
+}  // namespace
+
+void attention_forward(const AttentionArgs& a, const Stream&) {
+  const AttnDims d = check_attention("attention_forward", a.qkv, a.out, a.lse, a.NH);
+  const PackedKV kv = pack_kv(a.qkv, d);
+  const int64_t nq = (d.T + kBq - 1) / kBq, ntasks = d.B * d.NH * nq;
+  // Later query blocks cost more (causal): hand them out first.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t task = 0; task < ntasks; ++task) {
+    const int64_t qb = nq - 1 - task / (d.B * d.NH), bh = task % (d.B * d.NH);
+    forward_block(a, d, kv, bh / d.NH, bh % d.NH, qb * kBq);
+  }
+}
+
+// ---- backward ---------------------------------------------------------------
+
+namespace {
+
+// Per-thread buffers for the backward of one (b, h).
+struct HeadScratch {
+  float* kt;  // (HS, ld) K transposed, ld = padded_ld(T)
+  float* vt;  // (HS, ld) V transposed
+  float* krows;  // (T, HSp) K rows
+  float* dk;  // (T, HSp) dK accumulator
+  float* dv;  // (T, HSp) dV accumulator
+  float* P;   // (kBq, ld) probabilities
+  float* dS;  // (kBq, ld) dP, then dS
+  float* qp;  // (kBq, HSp) Q block rows
+  float* dop; // (kBq, HSp) dO block rows
+  float* dq;  // (kBq, HSp) dQ block
+};
+
+HeadScratch head_scratch(const AttnDims& d) {
+  const int64_t ldT = padded_ld(d.T);
+  HeadScratch s;
+  s.kt = thread_scratch(static_cast<size_t>(2 * d.HS * ldT), 0);
+  s.vt = s.kt + d.HS * ldT;
+  s.krows = thread_scratch(static_cast<size_t>(3 * d.T * d.HSp), 1);
+  s.dk = s.krows + d.T * d.HSp;
+  s.dv = s.dk + d.T * d.HSp;
+  s.P = thread_scratch(static_cast<size_t>(kBq * ldT), 2);
+  s.dS = thread_scratch(static_cast<size_t>(kBq * ldT), 3);
+  s.qp = thread_scratch(static_cast<size_t>(3 * kBq * d.HSp), 4);
+  s.dop = s.qp + kBq * d.HSp;
+  s.dq = s.dop + kBq * d.HSp;
+  return s;
+}
+
+// Recomputes P for the block and turns dP into dS = P * (dP - D) * scale.
+void block_probs_and_ds(const HeadScratch& s, int64_t ld, int64_t M, int64_t q0, int64_t kend,
+                        const float* lse, const float* dO, const float* O, int64_t ldo,
+                        int64_t HS, float scale) {
+  for (int64_t i = 0; i < M; ++i) {
+    float* p = s.P + i * ld;
+    float* ds = s.dS + i * ld;
+    const int64_t nv = q0 + i + 1;
+    const float l = lse[i];
+    float D = 0.f;  // sum_e dO[i][e] * O[i][e]
+    for (int64_t e = 0; e < HS; ++e) D += dO[i * ldo + e] * O[i * ldo + e];
+#pragma omp simd
+    for (int64_t j = 0; j < nv; ++j) {
+      const float pj = fast_exp(p[j] * scale - l);
+      p[j] = pj;
+      ds[j] = pj * (ds[j] - D) * scale;
+    }
+    for (int64_t j = nv; j < kend; ++j) p[j] = ds[j] = 0.f;
+  }
+}
+
+void backward_block(const AttentionBwdArgs& a, const AttnDims& d, const HeadScratch& s,
+                    int64_t b, int64_t h, int64_t q0) {
+  const int64_t M = std::min(kBq, d.T - q0), kend = q0 + M, kp = round_up(kend, kVecW);
+  const int64_t ldT = padded_ld(d.T), C3 = 3 * d.C;
+  const float* q = a.qkv.data<float>() + (b * d.T + q0) * C3 + h * d.HS;    // (M, 3C)
+  const float* dO = a.dout.data<float>() + (b * d.T + q0) * d.C + h * d.HS;  // (M, C)
+  const float* O = a.out.data<float>() + (b * d.T + q0) * d.C + h * d.HS;    // (M, C)
+  const float* lse = a.lse.data<float>() + (b * d.NH + h) * d.T + q0;        // (M)
+  TileGemm g;  // S = Q K^T  -> P
+  g.M = M, g.N = kp, g.K = d.HS, g.a = q, g.a_rs = C3, g.a_cs = 1;
+  g.b = s.kt, g.ldb = ldT, g.c = s.P, g.ldc = ldT;
+  tile_gemm(g);
+  g.a = dO, g.a_rs = d.C, g.b = s.vt, g.c = s.dS;  // dP = dO V^T
+  tile_gemm(g);
+  block_probs_and_ds(s, ldT, M, q0, kend, lse, dO, O, d.C, d.HS, d.scale);
+  TileGemm dq;  // dQ = dS K
+  dq.M = M, dq.N = d.HSp, dq.K = kend, dq.a = s.dS, dq.a_rs = ldT, dq.a_cs = 1;
+  dq.b = s.krows, dq.ldb = d.HSp, dq.c = s.dq, dq.ldc = d.HSp;
+  tile_gemm(dq);
+  float* dqkv = a.dqkv.data<float>() + (b * d.T + q0) * C3 + h * d.HS;  // (M, 3C)
+  for (int64_t i = 0; i < M; ++i)
+    std::memcpy(dqkv + i * C3, s.dq + i * d.HSp, d.HS * sizeof(float));
+  pack_rows(s.qp, d.HSp, q, C3, M, d.HS);
+  pack_rows(s.dop, d.HSp, dO, d.C, M, d.HS);
+  TileGemm dkv;  // dK += dS^T Q, dV += P^T dO (keys [0, kend))
+  dkv.M = kend, dkv.N = d.HSp, dkv.K = M, dkv.a = s.dS, dkv.a_rs = 1, dkv.a_cs = ldT;
+  dkv.b = s.qp, dkv.ldb = d.HSp, dkv.c = s.dk, dkv.ldc = d.HSp, dkv.accumulate = true;
+  tile_gemm(dkv);
+  dkv.a = s.P, dkv.b = s.dop, dkv.c = s.dv;
+  tile_gemm(dkv);
+}
+
+void backward_head(const AttentionBwdArgs& a, const AttnDims& d, int64_t b, int64_t h) {
+  const HeadScratch s = head_scratch(d);
+  const int64_t ldT = padded_ld(d.T), C3 = 3 * d.C;
+  const float* base = a.qkv.data<float>() + b * d.T * C3 + h * d.HS;  // (T, 3C) at head h
+  pack_transposed(s.kt, ldT, base + d.C, C3, d.T, d.HS);
+  pack_transposed(s.vt, ldT, base + 2 * d.C, C3, d.T, d.HS);
+  pack_rows(s.krows, d.HSp, base + d.C, C3, d.T, d.HS);
+  std::memset(s.dk, 0, 2 * d.T * d.HSp * sizeof(float));  // dk and dv
+  for (int64_t q0 = 0; q0 < d.T; q0 += kBq) backward_block(a, d, s, b, h, q0);
+  float* dbase = a.dqkv.data<float>() + b * d.T * C3 + h * d.HS;  // (T, 3C) at head h
+  for (int64_t t = 0; t < d.T; ++t) {
+    std::memcpy(dbase + t * C3 + d.C, s.dk + t * d.HSp, d.HS * sizeof(float));
+    std::memcpy(dbase + t * C3 + 2 * d.C, s.dv + t * d.HSp, d.HS * sizeof(float));
+  }
+}
+
+}  // namespace
+
+void attention_backward(const AttentionBwdArgs& a, const Stream&) {
+  const char* op = "attention_backward";
+  const AttnDims d = check_attention(op, a.qkv, a.out, a.lse, a.NH);
+  check_f32(a.dout, op, "dout");
+  check_f32(a.dqkv, op, "dqkv");
+  check_same_shape(a.dout, a.out, op, "dout", "out");
+  check_same_shape(a.dqkv, a.qkv, op, "dqkv", "qkv");
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < d.B * d.NH; ++bh) backward_head(a, d, bh / d.NH, bh % d.NH);
+}
+
+}  // namespace ds::cpu

@@ -1,0 +1,102 @@
+// Token + learned-position embedding on the CPU, forward and backward.
+// Vocab-parallel: a rank holds rows [vocab_start, vocab_start + Vlocal) of wte;
+// tokens outside contribute zeros and receive no gradient. The backward splits
+// work over channel slices so each gradient element is summed by one thread in
+// token order (deterministic for any thread count).
+#include <cstring>
+
+#include "lib/cpu/cpu_util.h"
+#include "lib/ops/ops.h"
+
+namespace ds::cpu {
+namespace {
+
+struct EmbedDims {
+  int64_t B, T, C, V, maxT;
+};
+
+EmbedDims check_embedding(const char* op, const Tensor& x, const Tensor& tokens,
+                          const Tensor& wte, const Tensor& wpe, int64_t pos_offset) {
+  check_f32(x, op, "out/dout");
+  check_tensor(tokens, DType::I32, op, "tokens");
+  check_f32(wte, op, "wte");
+  DS_CHECK(tokens.dim() == 2, "{}: tokens must be (B, T), got {}", op, shape_str(tokens.shape()));
+  DS_CHECK(wte.dim() == 2, "{}: wte must be (Vlocal, C), got {}", op, shape_str(wte.shape()));
+  EmbedDims d{tokens.size(0), tokens.size(1), wte.size(1), wte.size(0), 0};
+  DS_CHECK(x.shape() == Shape({d.B, d.T, d.C}), "{}: out/dout has shape {}, expected (B, T, C) = {}",
+           op, shape_str(x.shape()), shape_str({d.B, d.T, d.C}));
+  if (wpe.defined()) {
+    check_f32(wpe, op, "wpe");
+    DS_CHECK(wpe.dim() == 2 && wpe.size(1) == d.C, "{}: wpe has shape {}, expected (maxT, {})", op,
+             shape_str(wpe.shape()), d.C);
+    d.maxT = wpe.size(0);
+    DS_CHECK(pos_offset >= 0 && pos_offset + d.T <= d.maxT,
+             "{}: positions [{}, {}) exceed wpe rows {}", op, pos_offset, pos_offset + d.T, d.maxT);
+  }
+  return d;
+}
+
+}  // namespace
+
+void embedding_forward(const EmbeddingArgs& a, const Stream&) {
+  const EmbedDims d = check_embedding("embedding_forward", a.out, a.tokens, a.wte, a.wpe,
+                                      a.pos_offset);
+  const int32_t* tokens = a.tokens.data<int32_t>();  // (B, T)
+  const float* wte = a.wte.data<float>();            // (V, C)
+  const float* wpe = a.wpe.defined() ? a.wpe.data<float>() : nullptr;  // (maxT, C)
+  float* out = a.out.data<float>();                  // (B, T, C)
+  const int64_t C = d.C;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < d.B * d.T; ++n) {
+    const int64_t t = n % d.T;
+    const int64_t row = static_cast<int64_t>(tokens[n]) - a.vocab_start;
+    const bool local = row >= 0 && row < d.V;
+    const float* w = local ? wte + row * C : nullptr;
+    const float* p = wpe ? wpe + (a.pos_offset + t) * C : nullptr;
+    float* o = out + n * C;
+    if (w && p) {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] = w[c] + p[c];
+    } else if (w) {
+      std::memcpy(o, w, C * sizeof(float));
+    } else if (p) {
+      std::memcpy(o, p, C * sizeof(float));
+    } else {
+      std::memset(o, 0, C * sizeof(float));
+    }
+  }
+}
+
+void embedding_backward(const EmbeddingBwdArgs& a, const Stream&) {
+  const EmbedDims d = check_embedding("embedding_backward", a.dout, a.tokens, a.dwte, a.dwpe,
+                                      a.pos_offset);
+  const int32_t* tokens = a.tokens.data<int32_t>();  // (B, T)
+  const float* dout = a.dout.data<float>();          // (B, T, C)
+  float* dwte = a.dwte.data<float>();                // (V, C)
+  float* dwpe = a.dwpe.defined() ? a.dwpe.data<float>() : nullptr;  // (maxT, C)
+  const int64_t C = d.C, N = d.B * d.T;
+  // Channel slices of 16: every element of dwte/dwpe is owned by one slice.
+  constexpr int64_t kSlice = 16;
+  const int64_t nslices = (C + kSlice - 1) / kSlice;
+#pragma omp parallel for schedule(static)
+  for (int64_t s = 0; s < nslices; ++s) {
+    const int64_t c0 = s * kSlice, c1 = std::min(C, c0 + kSlice);
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t row = static_cast<int64_t>(tokens[n]) - a.vocab_start;
+      if (row < 0 || row >= d.V) continue;
+      const float* g = dout + n * C;
+      float* w = dwte + row * C;
+      for (int64_t c = c0; c < c1; ++c) w[c] += g[c];
+    }
+    if (!dwpe) continue;
+    for (int64_t b = 0; b < d.B; ++b) {
+      for (int64_t t = 0; t < d.T; ++t) {
+        const float* g = dout + (b * d.T + t) * C;
+        float* p = dwpe + (a.pos_offset + t) * C;
+        for (int64_t c = c0; c < c1; ++c) p[c] += g[c];
+      }
+    }
+  }
+}
+
+}  // namespace ds::cpu

@@ -1,0 +1,64 @@
+// Fused softmax + cross-entropy over the padded vocabulary on the CPU.
+// Columns >= V are padding: excluded from the softmax, zero gradient. Rows whose
+// target is < 0 are ignored (loss 0, zero gradient). dlogits may alias logits:
+// each row is fully read for its statistics before it is overwritten.
+#include <cmath>
+#include <cstring>
+
+#include "lib/cpu/cpu_util.h"
+#include "lib/ops/ops.h"
+
+namespace ds::cpu {
+
+void cross_entropy(const CrossEntropyArgs& a, const Stream&) {
+  const char* op = "cross_entropy";
+  check_f32(a.logits, op, "logits");
+  check_f32(a.losses, op, "losses");
+  check_tensor(a.targets, DType::I32, op, "targets");
+  DS_CHECK(a.logits.dim() >= 1, "{}: logits must be (N, Vp), got {}", op,
+           shape_str(a.logits.shape()));
+  const int64_t Vp = a.logits.size(-1), N = rows_of(a.logits), V = a.V;
+  DS_CHECK(V > 0 && V <= Vp, "{}: V={} must be in [1, Vp={}] for logits {}", op, V, Vp,
+           shape_str(a.logits.shape()));
+  check_numel(a.losses, N, op, "losses", "N");
+  check_numel(a.targets, N, op, "targets", "N");
+  const bool with_grad = a.dlogits.defined();
+  if (with_grad) {
+    check_f32(a.dlogits, op, "dlogits");
+    check_same_shape(a.dlogits, a.logits, op, "dlogits", "logits");
+  }
+  const int32_t* targets = a.targets.data<int32_t>();  // (N)
+  for (int64_t n = 0; n < N; ++n)
+    DS_CHECK(targets[n] < V, "{}: target {} at row {} is >= V={}", op, targets[n], n, V);
+  const float* logits = a.logits.data<float>();  // (N, Vp)
+  float* losses = a.losses.data<float>();        // (N)
+  float* dlogits = with_grad ? a.dlogits.data<float>() : nullptr;  // (N, Vp)
+  const float dloss = a.dloss;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = logits + n * Vp;
+    const int32_t tgt = targets[n];
+    float* dx = with_grad ? dlogits + n * Vp : nullptr;
+    if (tgt < 0) {
+      losses[n] = 0.f;
+      if (dx) std::memset(dx, 0, Vp * sizeof(float));
+      continue;
+    }
+    const float mx = row_max(x, V);
+    double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; ++j) sum += fast_exp(x[j] - mx);
+    const double lse = mx + std::log(sum);
+    losses[n] = static_cast<float>(lse - x[tgt]);
+    if (!dx) continue;
+    const float lse_f = static_cast<float>(lse);
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) {
+      const float p = fast_exp(x[j] - lse_f);
+      dx[j] = dloss * (p - (j == tgt ? 1.f : 0.f));
+    }
+    for (int64_t j = V; j < Vp; ++j) dx[j] = 0.f;
+  }
+}
+
+}  // namespace ds::cpu

@@ -1,0 +1,142 @@
+// Linear layer (out = inp @ weight^T + bias) on the CPU via OpenBLAS sgemm.
+// All CPU parallelism comes from one OpenMP pool: OpenBLAS is switched to one
+// thread and each gemm is cut into fixed 256 x 256 tiles of its output, one
+// sgemm call per tile, spread over the OpenMP threads. This avoids two thread
+// pools spinning against each other between ops, and as the tiles do not
+// depend on the thread count, neither do the results. The bias gradient is a
+// column sum done per column block in row order.
+#include <cblas.h>
+
+#include <mutex>
+
+#include <climits>
+#include <cstring>
+
+#include "lib/cpu/cpu_util.h"
+#include "lib/ops/ops.h"
+
+namespace ds::cpu {
+namespace {
+
+struct MatmulDims {
+  int64_t N, C, OC;
+};
+
+MatmulDims check_matmul(const char* op, const Tensor& inp, const Tensor& weight,
+                        const Tensor& out) {
+  check_f32(inp, op, "inp");
+  check_f32(weight, op, "weight");
+  check_f32(out, op, "out/dout");
+  DS_CHECK(weight.dim() == 2, "{}: weight must be (OC, C), got {}", op, shape_str(weight.shape()));
+  MatmulDims d{rows_of(inp), weight.size(1), weight.size(0)};
+  DS_CHECK(inp.dim() >= 1 && inp.size(-1) == d.C, "{}: inp has shape {}, expected (N, {}) for weight {}",
+           op, shape_str(inp.shape()), d.C, shape_str(weight.shape()));
+  DS_CHECK(out.dim() >= 1 && out.size(-1) == d.OC && rows_of(out) == d.N,
+           "{}: out/dout has shape {}, expected (N={}, OC={})", op, shape_str(out.shape()), d.N,
+           d.OC);
+  DS_CHECK(d.N < INT_MAX && d.C < INT_MAX && d.OC < INT_MAX, "{}: dimensions exceed BLAS int", op);
+  return d;
+}
+
+// C (M, N) = op(A) (M, K) @ op(B) (K, N) + beta * C, row-major, in parallel
+// over fixed output tiles.
+struct Gemm {
+  CBLAS_TRANSPOSE ta = CblasNoTrans, tb = CblasNoTrans;
+  int64_t M = 0, N = 0, K = 0;
+  const float* A = nullptr;
+  int64_t lda = 0;
+  const float* B = nullptr;
+  int64_t ldb = 0;
+  float beta = 0.f;
+  float* C = nullptr;
+  int64_t ldc = 0;
+};
+
+constexpr int64_t kGemmTile = 256;
+
+void blas_single_threaded() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+void parallel_sgemm(const Gemm& g) {
+  if (g.M == 0 || g.N == 0) return;
+  blas_single_threaded();
+  const int64_t tm = (g.M + kGemmTile - 1) / kGemmTile, tn = (g.N + kGemmTile - 1) / kGemmTile;
+#pragma omp parallel for schedule(dynamic, 1) if (tm * tn > 1)
+  for (int64_t t = 0; t < tm * tn; ++t) {
+    const int64_t i0 = (t / tn) * kGemmTile, j0 = (t % tn) * kGemmTile;
+    const int64_t mi = std::min(kGemmTile, g.M - i0), nj = std::min(kGemmTile, g.N - j0);
+    const float* a = g.A + (g.ta == CblasNoTrans ? i0 * g.lda : i0);  // rows i0.. of op(A)
+    const float* b = g.B + (g.tb == CblasNoTrans ? j0 : j0 * g.ldb);  // cols j0.. of op(B)
+    cblas_sgemm(CblasRowMajor, g.ta, g.tb, static_cast<int>(mi), static_cast<int>(nj),
+                static_cast<int>(g.K), 1.f, a, static_cast<int>(g.lda), b,
+                static_cast<int>(g.ldb), g.beta, g.C + i0 * g.ldc + j0, static_cast<int>(g.ldc));
+  }
+}
+
+}  // namespace
+
+void matmul_forward(const MatmulArgs& a, const Stream&) {
+  const char* op = "matmul_forward";
+  const MatmulDims d = check_matmul(op, a.inp, a.weight, a.out);
+  const float* inp = a.inp.data<float>();  // (N, C)
+  const float* w = a.weight.data<float>();  // (OC, C)
+  float* out = a.out.data<float>();  // (N, OC)
+  float beta = 0.f;
+  if (a.bias.defined()) {
+    check_f32(a.bias, op, "bias");
+    check_numel(a.bias, d.OC, op, "bias", "OC");
+    const float* bias = a.bias.data<float>();  // (OC)
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < d.N; ++n) std::memcpy(out + n * d.OC, bias, d.OC * sizeof(float));
+    beta = 1.f;
+  }
+  Gemm g;  // out (N, OC) = inp (N, C) @ w^T
+  g.tb = CblasTrans, g.M = d.N, g.N = d.OC, g.K = d.C;
+  g.A = inp, g.lda = d.C, g.B = w, g.ldb = d.C, g.beta = beta, g.C = out, g.ldc = d.OC;
+  parallel_sgemm(g);
+}
+
+void matmul_backward(const MatmulBwdArgs& a, const Stream&) {
+  const char* op = "matmul_backward";
+  const MatmulDims d = check_matmul(op, a.inp, a.weight, a.dout);
+  const float* dout = a.dout.data<float>();  // (N, OC)
+  const float* inp = a.inp.data<float>();    // (N, C)
+  const float* w = a.weight.data<float>();   // (OC, C)
+  check_f32(a.dweight, op, "dweight");
+  check_same_shape(a.dweight, a.weight, op, "dweight", "weight");
+  if (d.N == 0) return;
+  if (a.dinp.defined()) {
+    check_f32(a.dinp, op, "dinp");
+    check_same_shape(a.dinp, a.inp, op, "dinp", "inp");
+    Gemm g;  // dinp (N, C) (+)= dout (N, OC) @ w (OC, C)
+    g.M = d.N, g.N = d.C, g.K = d.OC, g.A = dout, g.lda = d.OC, g.B = w, g.ldb = d.C;
+    g.beta = a.accum == Accum::Add ? 1.f : 0.f, g.C = a.dinp.data<float>(), g.ldc = d.C;
+    parallel_sgemm(g);
+  }
+  Gemm g;  // dweight (OC, C) += dout^T (OC, N) @ inp (N, C)
+  g.ta = CblasTrans, g.M = d.OC, g.N = d.C, g.K = d.N;
+  g.A = dout, g.lda = d.OC, g.B = inp, g.ldb = d.C, g.beta = 1.f;
+  g.C = a.dweight.data<float>(), g.ldc = d.C;
+  parallel_sgemm(g);
+  if (!a.dbias.defined()) return;
+  check_f32(a.dbias, op, "dbias");
+  check_numel(a.dbias, d.OC, op, "dbias", "OC");
+  float* dbias = a.dbias.data<float>();  // (OC)
+  constexpr int64_t kCols = 64;
+  const int64_t nblocks = (d.OC + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    const int64_t c0 = blk * kCols, nc = std::min(kCols, d.OC - c0);
+    double acc[kCols] = {};
+    for (int64_t n = 0; n < d.N; ++n) {
+      const float* g = dout + n * d.OC + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < nc; ++c) acc[c] += g[c];
+    }
+    for (int64_t c = 0; c < nc; ++c) dbias[c0 + c] = static_cast<float>(dbias[c0 + c] + acc[c]);
+  }
+}
+
+}  // namespace ds::cpu

@@ -1,0 +1,159 @@
+// Optimizer-side ops on the CPU: AdamW step, sum of squares (gradient norm),
+// non-finite detection, in-place scaling and dtype casts.
+// sum_squares reduces fixed-size chunks in double and combines them in chunk
+// order, so the result is bit-identical for any thread count.
+#include <cmath>
+#include <cstring>
+
+#include "lib/cpu/cpu_util.h"
+#include "lib/ops/ops.h"
+
+namespace ds::cpu {
+namespace {
+
+// Writes n floats from `src` into `dst` of dtype `dt` (f32, bf16 or f16).
+void store_cast(void* dst, DType dt, const float* src, int64_t b, int64_t e) {
+  if (dt == DType::F32) {
+    std::memcpy(static_cast<float*>(dst) + b, src + b, (e - b) * sizeof(float));
+  } else if (dt == DType::BF16) {
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = b; i < e; ++i) d[i] = f32_to_bf16(src[i]);
+  } else {
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = b; i < e; ++i) d[i] = f32_to_f16(src[i]);
+  }
+}
+
+void load_cast(float* dst, const void* src, DType dt, int64_t b, int64_t e) {
+  if (dt == DType::F32) {
+    std::memcpy(dst + b, static_cast<const float*>(src) + b, (e - b) * sizeof(float));
+  } else if (dt == DType::BF16) {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = b; i < e; ++i) dst[i] = bf16_to_f32(s[i]);
+  } else {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = b; i < e; ++i) dst[i] = f16_to_f32(s[i]);
+  }
+}
+
+bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+}  // namespace
+
+void adamw_step(const AdamWArgs& a, const Stream&) {
+  const char* op = "adamw_step";
+  check_f32(a.param, op, "param");
+  check_f32(a.grad, op, "grad");
+  check_f32(a.m, op, "m");
+  check_f32(a.v, op, "v");
+  const int64_t n = a.param.numel();
+  check_numel(a.grad, n, op, "grad", "numel(param)");
+  check_numel(a.m, n, op, "m", "numel(param)");
+  check_numel(a.v, n, op, "v", "numel(param)");
+  DS_CHECK(a.step >= 1, "{}: step must be >= 1 (1-based), got {}", op, a.step);
+  if (a.param_lowp.defined()) {
+    DS_CHECK(a.param_lowp.device().is_cpu() && is_float_dtype(a.param_lowp.dtype()),
+             "{}: param_lowp must be a cpu f32/bf16/f16 tensor, got {} on {}", op,
+             dtype_name(a.param_lowp.dtype()), device_name(a.param_lowp.device()));
+    check_numel(a.param_lowp, n, op, "param_lowp", "numel(param)");
+  }
+  float* p = a.param.data<float>();         // (n)
+  const float* g = a.grad.data<float>();    // (n)
+  float* m = a.m.data<float>();             // (n)
+  float* v = a.v.data<float>();             // (n)
+  const float b1 = a.beta1, b2 = a.beta2, eps = a.eps, gs = a.grad_scale;
+  const float decay = a.lr * a.weight_decay;
+  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), a.step));
+  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), a.step));
+  const float step_size = a.lr / bc1;
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(bc2)));
+  parallel_chunks(n, [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) {
+      const float gi = g[i] * gs;
+      const float mi = b1 * m[i] + (1.f - b1) * gi;
+      const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      const float pi = p[i] - decay * p[i];
+      p[i] = pi - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    }
+    if (a.param_lowp.defined()) store_cast(a.param_lowp.raw(), a.param_lowp.dtype(), p, b, e);
+  });
+}
+
+void sum_squares(const SumSquaresArgs& a, const Stream&) {
+  const char* op = "sum_squares";
+  check_f32(a.out, op, "out");
+  check_f32(a.x, op, "x");
+  check_numel(a.out, 1, op, "out", "1");
+  const float* x = a.x.data<float>();  // (n)
+  const int64_t n = a.x.numel(), nchunks = (n + kChunk - 1) / kChunk;
+  double* part = thread_scratch_f64(static_cast<size_t>(nchunks));  // (nchunks)
+  parallel_chunks(n, [&](int64_t b, int64_t e) {
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = b; i < e; ++i) s += static_cast<double>(x[i]) * x[i];
+    part[b / kChunk] = s;
+  });
+  double total = 0.0;
+  for (int64_t c = 0; c < nchunks; ++c) total += part[c];
+  float* out = a.out.data<float>();
+  out[0] = static_cast<float>(out[0] + total);
+}
+
+void nonfinite_check(const NonFiniteArgs& a, const Stream&) {
+  const char* op = "nonfinite_check";
+  check_f32(a.flag, op, "flag");
+  check_f32(a.x, op, "x");
+  check_numel(a.flag, 1, op, "flag", "1");
+  const uint32_t* bits = a.x.data<uint32_t>();  // (n) f32 bit patterns
+  const int64_t n = a.x.numel();
+  int found = 0;
+#pragma omp parallel for simd schedule(static) reduction(| : found)
+  for (int64_t i = 0; i < n; ++i) found |= (bits[i] & 0x7f800000u) == 0x7f800000u;
+  if (found) a.flag.data<float>()[0] = 1.f;
+}
+
+void scale(const ScaleArgs& a, const Stream&) {
+  check_f32(a.x, "scale", "x");
+  float* x = a.x.data<float>();  // (n)
+  const float s = a.s;
+  parallel_chunks(a.x.numel(), [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) x[i] *= s;
+  });
+}
+
+void cast(const CastArgs& a, const Stream&) {
+  const char* op = "cast";
+  DS_CHECK(a.out.defined() && a.inp.defined(), "{}: out and inp must be defined", op);
+  DS_CHECK(a.out.device().is_cpu() && a.inp.device().is_cpu(), "{}: tensors must be on cpu", op);
+  check_numel(a.out, a.inp.numel(), op, "out", "numel(inp)");
+  const DType din = a.inp.dtype(), dout = a.out.dtype();
+  const int64_t n = a.inp.numel();
+  if (din == dout) {
+    if (a.out.raw() != a.inp.raw()) std::memmove(a.out.raw(), a.inp.raw(), a.inp.nbytes());
+    return;
+  }
+  DS_CHECK(is_float_dtype(din) && is_float_dtype(dout),
+           "{}: unsupported conversion {} -> {} (supported: f32/bf16/f16 between each other, "
+           "same-dtype copies)", op, dtype_name(din), dtype_name(dout));
+  DS_CHECK(a.out.raw() != a.inp.raw(), "{}: in-place conversion {} -> {} is not supported", op,
+           dtype_name(din), dtype_name(dout));
+  parallel_chunks(n, [&](int64_t b, int64_t e) {
+    if (din == DType::F32) {
+      store_cast(a.out.raw(), dout, a.inp.data<float>(), b, e);
+    } else if (dout == DType::F32) {
+      load_cast(a.out.data<float>(), a.inp.raw(), din, b, e);
+    } else {  // bf16 <-> f16 through f32
+      const uint16_t* in = a.inp.data<uint16_t>();
+      uint16_t* out = a.out.data<uint16_t>();
+      for (int64_t i = b; i < e; ++i)
+        out[i] = dout == DType::BF16 ? f32_to_bf16(f16_to_f32(in[i]))
+                                     : f32_to_f16(bf16_to_f32(in[i]));
+    }
+  });
+}
+
+}  // namespace ds::cpu

@@ -1,0 +1,97 @@
+// GPT pretraining samples over an indexed dataset, with Megatron-LM's semantics:
+// a --split string divides the documents into train/valid/test ranges; within a
+// range every epoch visits the documents in a freshly shuffled order, cuts the
+// concatenated token stream into samples of seq_length+1 tokens (consecutive
+// samples overlap by one token, since inputs are tokens [0, T) and targets [1, T+1)),
+// and visits those samples in a shuffled order. Samples freely cross document
+// boundaries. Any sample index is valid: sample s lives in epoch
+// s / samples_per_epoch(), and epochs are built on demand, so training never runs
+// out of data. Everything is a pure function of (dataset, range, seq_length, seed).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "lib/data/indexed_dataset.h"
+
+namespace ds::data {
+
+// Half-open range [begin, end) of sequence (document) indices.
+struct DocRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const DocRange&) const = default;
+};
+
+struct SplitRanges {
+  DocRange train, valid, test;
+};
+
+// Megatron's get_train_valid_test_split_: weights separated by ',' or '/' (missing
+// ones are 0), normalized, boundaries b[i+1] = b[i] + round_half_even(w_i * size),
+// then all boundaries shifted so the last equals size. Returns {b0, b1, b2, b3}.
+// A malformed string throws UserError naming --split.
+std::array<int64_t, 4> split_boundaries(const std::string& split, int64_t size);
+SplitRanges split_documents(const std::string& split, int64_t num_documents);
+
+class GptDataset {
+ public:
+  // `ds` must outlive this object and stay where it is (it is held by pointer).
+  // `name` ("train", "valid", ...) appears in errors. Movable, not copyable.
+  GptDataset(const IndexedDataset& ds, DocRange range, int64_t seq_length, uint64_t seed,
+             std::string name);
+
+  // Samples in one epoch: (tokens_in_range - 1) / seq_length; 0 when the range holds
+  // fewer than seq_length + 1 tokens (get() then throws a UserError).
+  int64_t samples_per_epoch() const { return samples_per_epoch_; }
+  int64_t seq_length() const { return seq_length_; }
+  int64_t num_tokens() const { return num_tokens_; }  // tokens in the range
+  const DocRange& range() const { return range_; }
+  const std::string& name() const { return name_; }
+
+  // Writes the seq_length + 1 tokens of global sample `sample` (>= 0) to out.
+  // Thread-safe.
+  void get(int64_t sample, int32_t* out) const;
+  std::vector<int32_t> get(int64_t sample) const;
+
+  // Where a global sample comes from; exposed for tests and logging.
+  struct Location {
+    int64_t epoch = 0;
+    int64_t index_in_epoch = 0;  // position in the epoch's shuffled order
+    int64_t unshuffled = 0;      // k: the sample covers epoch-stream tokens [k*T, k*T+T]
+  };
+  Location locate(int64_t sample) const;
+  // The document (sequence) order used by an epoch.
+  std::vector<int64_t> epoch_documents(int64_t epoch) const;
+
+ private:
+  struct Epoch {
+    std::vector<int64_t> docs;         // sequence ids in visiting order
+    std::vector<int64_t> start_doc;    // sample k starts in docs[start_doc[k]] ...
+    std::vector<int32_t> start_off;    // ... at this token offset
+    std::vector<int64_t> shuffle;      // shuffled position -> unshuffled sample k
+  };
+  std::shared_ptr<const Epoch> epoch(int64_t e) const;
+  std::shared_ptr<const Epoch> build_epoch(int64_t e) const;
+
+  const IndexedDataset* ds_;
+  DocRange range_;
+  int64_t seq_length_;
+  uint64_t seed_;
+  std::string name_;
+  int64_t num_tokens_ = 0;
+  int64_t samples_per_epoch_ = 0;
+  struct Cache {
+    std::mutex mu;
+    std::map<int64_t, std::shared_ptr<const Epoch>> epochs;  // at most 2
+    std::vector<int64_t> order;                              // most recent last
+  };
+  std::unique_ptr<Cache> cache_ = std::make_unique<Cache>();  // keeps the class movable
+};
+
+}  // namespace ds::data

@@ -1,0 +1,351 @@
+// Megatron indexed dataset: mmap reader with validation, and the temp-then-rename
+// writer. Layout of PREFIX.idx (little endian):
+//   "MMIDIDX\0\0" | u64 version=1 | u8 dtype code | u64 n_seq | u64 n_doc_idx |
+//   i32 sizes[n_seq] | i64 pointers[n_seq] (byte offsets into .bin) | i64 doc_idx[n_doc_idx]
+#include "lib/data/indexed_dataset.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+
+#include "lib/core/error.h"
+
+namespace ds::data {
+
+namespace {
+
+constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+constexpr size_t kHeaderBytes = 9 + 8 + 1 + 8 + 8;  // 34
+
+bool valid_code(uint8_t c) { return c >= 1 && c <= 8; }
+
+template <typename T>
+T load_le(const unsigned char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));  // the hosts we run on are little endian
+  return v;
+}
+
+template <typename T>
+void convert(const void* src, int64_t count, int32_t* out, const std::string& file) {
+  const T* s = static_cast<const T*>(src);
+  for (int64_t k = 0; k < count; ++k) {
+    T v = s[k];
+    if constexpr (sizeof(T) >= 4) {
+      if (v < 0 || static_cast<int64_t>(v) > std::numeric_limits<int32_t>::max())
+        DS_USER_ERROR("{}: token value {} is not a valid token id", file, static_cast<int64_t>(v));
+    }
+    out[k] = static_cast<int32_t>(v);
+  }
+}
+
+}  // namespace
+
+size_t token_dtype_size(TokenDType t) {
+  switch (t) {
+    case TokenDType::U8: case TokenDType::I8: return 1;
+    case TokenDType::I16: case TokenDType::U16: return 2;
+    case TokenDType::I32: case TokenDType::F32: return 4;
+    case TokenDType::I64: case TokenDType::F64: return 8;
+  }
+  return 0;
+}
+
+const char* token_dtype_name(TokenDType t) {
+  switch (t) {
+    case TokenDType::U8: return "u8";
+    case TokenDType::I8: return "i8";
+    case TokenDType::I16: return "i16";
+    case TokenDType::I32: return "i32";
+    case TokenDType::I64: return "i64";
+    case TokenDType::F64: return "f64";
+    case TokenDType::F32: return "f32";
+    case TokenDType::U16: return "u16";
+  }
+  return "?";
+}
+
+TokenDType parse_token_dtype(const std::string& s) {
+  if (s == "u8" || s == "uint8") return TokenDType::U8;
+  if (s == "i8" || s == "int8") return TokenDType::I8;
+  if (s == "i16" || s == "int16") return TokenDType::I16;
+  if (s == "u16" || s == "uint16") return TokenDType::U16;
+  if (s == "i32" || s == "int32") return TokenDType::I32;
+  if (s == "i64" || s == "int64") return TokenDType::I64;
+  DS_USER_ERROR("unknown token dtype '{}' (expected one of u8, i8, i16, u16, i32, i64)", s);
+}
+
+TokenDType token_dtype_for_vocab(int64_t vocab_size) {
+  return vocab_size < 65500 ? TokenDType::U16 : TokenDType::I32;
+}
+
+// ---------------------------------------------------------------------------
+// Reader
+
+struct IndexedDataset::Mapping {
+  void* addr = nullptr;
+  size_t bytes = 0;
+  ~Mapping() {
+    if (addr) munmap(addr, bytes);
+  }
+  const unsigned char* data() const { return static_cast<const unsigned char*>(addr); }
+};
+
+namespace {
+// Maps a whole file read-only. A zero-length file yields an empty mapping.
+std::unique_ptr<IndexedDataset::Mapping> map_file(const std::string& path, const char* what) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT)
+      DS_USER_ERROR("{} file {} not found (a dataset prefix P needs P.bin and P.idx)", what, path);
+    DS_USER_ERROR("cannot open {} file {}: {}", what, path, std::strerror(errno));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    DS_USER_ERROR("{} file {} is not a regular file", what, path);
+  }
+  auto m = std::make_unique<IndexedDataset::Mapping>();
+  m->bytes = static_cast<size_t>(st.st_size);
+  if (m->bytes > 0) {
+    void* p = mmap(nullptr, m->bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      int e = errno;
+      ::close(fd);
+      DS_USER_ERROR("cannot mmap {} file {}: {}", what, path, std::strerror(e));
+    }
+    m->addr = p;
+  }
+  ::close(fd);
+  return m;
+}
+}  // namespace
+
+IndexedDataset::IndexedDataset(IndexedDataset&&) noexcept = default;
+IndexedDataset& IndexedDataset::operator=(IndexedDataset&&) noexcept = default;
+IndexedDataset::~IndexedDataset() = default;
+
+IndexedDataset IndexedDataset::open(const std::string& prefix) {
+  IndexedDataset d;
+  d.prefix_ = prefix;
+  const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin";
+  d.idx_map_ = map_file(idx_path, "dataset index");
+  const unsigned char* p = d.idx_map_->data();
+  const size_t n = d.idx_map_->bytes;
+  if (n < kHeaderBytes)
+    DS_USER_ERROR("dataset index {} is truncated ({} bytes, the header alone is {})", idx_path, n,
+                  kHeaderBytes);
+  if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0)
+    DS_USER_ERROR("dataset index {} is not a Megatron indexed dataset (bad magic; expected "
+                  "MMIDIDX)", idx_path);
+  uint64_t version = load_le<uint64_t>(p + 9);
+  if (version != 1)
+    DS_USER_ERROR("dataset index {} has version {}, only version 1 is supported", idx_path, version);
+  uint8_t code = p[17];
+  if (!valid_code(code))
+    DS_USER_ERROR("dataset index {} has unknown dtype code {} (expected 1..8)", idx_path, code);
+  d.dtype_ = static_cast<TokenDType>(code);
+  uint64_t n_seq = load_le<uint64_t>(p + 18), n_doc = load_le<uint64_t>(p + 26);
+  const uint64_t limit = n / 4;  // any count above this cannot fit the file
+  if (n_seq > limit || n_doc > limit || kHeaderBytes + 12 * n_seq + 8 * n_doc > n)
+    DS_USER_ERROR("dataset index {} is truncated: header says {} sequences and {} document "
+                  "entries but the file has only {} bytes", idx_path, n_seq, n_doc, n);
+  d.sizes_ = {p + kHeaderBytes, n_seq};
+  d.pointers_ = {p + kHeaderBytes + 4 * n_seq, n_seq};
+  d.doc_idx_ = {p + kHeaderBytes + 12 * n_seq, n_doc};
+
+  d.bin_map_ = map_file(bin_path, "dataset data");
+  const int64_t bin_bytes = static_cast<int64_t>(d.bin_map_->bytes);
+  const int64_t elem = static_cast<int64_t>(token_dtype_size(d.dtype_));
+  for (uint64_t i = 0; i < n_seq; ++i) {
+    int64_t len = d.sizes_[i], ptr = d.pointers_[i];
+    if (len < 0 || ptr < 0 || ptr % elem != 0 || ptr > bin_bytes || len > (bin_bytes - ptr) / elem)
+      DS_USER_ERROR("dataset data {} is truncated or does not match {}: sequence {} (offset {}, "
+                    "{} tokens) lies outside the file's {} bytes", bin_path, idx_path, i, ptr,
+                    len, bin_bytes);
+  }
+  for (uint64_t k = 0; k < n_doc; ++k) {
+    int64_t v = d.doc_idx_[k];
+    if (v < 0 || v > static_cast<int64_t>(n_seq) || (k > 0 && v < d.doc_idx_[k - 1]))
+      DS_USER_ERROR("dataset index {} is corrupt: document index entry {} = {} (must be "
+                    "non-decreasing and at most {})", idx_path, k, v, n_seq);
+  }
+  return d;
+}
+
+SequenceView IndexedDataset::sequence(int64_t i) const {
+  DS_CHECK(i >= 0 && i < num_sequences(), "sequence {} out of range [0, {})", i, num_sequences());
+  return {bin_map_->data() + pointers_[i], sizes_[i]};
+}
+
+int64_t IndexedDataset::num_tokens() const {
+  int64_t t = 0;
+  for (size_t i = 0; i < sizes_.size(); ++i) t += sizes_[i];
+  return t;
+}
+
+void IndexedDataset::read_tokens(int64_t i, int64_t offset, int64_t count, int32_t* out) const {
+  DS_CHECK(offset >= 0 && count >= 0 && offset + count <= sequence_length(i),
+           "read of [{}, {}) outside sequence {} of length {}", offset, offset + count, i,
+           sequence_length(i));
+  const std::string& file = prefix_;
+  const unsigned char* src =
+      bin_map_->data() + pointers_[i] + offset * static_cast<int64_t>(token_dtype_size(dtype_));
+  switch (dtype_) {
+    case TokenDType::U8: convert<uint8_t>(src, count, out, file); break;
+    case TokenDType::I8: convert<int8_t>(src, count, out, file); break;
+    case TokenDType::I16: convert<int16_t>(src, count, out, file); break;
+    case TokenDType::U16: convert<uint16_t>(src, count, out, file); break;
+    case TokenDType::I32: convert<int32_t>(src, count, out, file); break;
+    case TokenDType::I64: convert<int64_t>(src, count, out, file); break;
+    case TokenDType::F32: case TokenDType::F64:
+      DS_USER_ERROR("dataset {} holds floating-point values ({}), not token ids", prefix_,
+                    token_dtype_name(dtype_));
+  }
+  if (dtype_ == TokenDType::I8 || dtype_ == TokenDType::I16) {
+    for (int64_t k = 0; k < count; ++k)
+      if (out[k] < 0) DS_USER_ERROR("{}: token value {} is not a valid token id", file, out[k]);
+  }
+}
+
+int64_t max_token_id(const IndexedDataset& ds) {
+  int64_t best = -1;
+  std::vector<int32_t> buf;
+  for (int64_t i = 0; i < ds.num_sequences(); ++i) {
+    int64_t len = ds.sequence_length(i);
+    for (int64_t off = 0; off < len; off += 1 << 16) {
+      int64_t n = std::min<int64_t>(1 << 16, len - off);
+      buf.resize(n);
+      ds.read_tokens(i, off, n, buf.data());
+      for (int32_t t : buf) best = std::max<int64_t>(best, t);
+    }
+  }
+  return best;
+}
+
+// ---------------------------------------------------------------------------
+// Writer
+
+IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenDType dtype)
+    : prefix_(std::move(prefix)), dtype_(dtype) {
+  if (dtype_ == TokenDType::F32 || dtype_ == TokenDType::F64)
+    DS_USER_ERROR("token dtype must be an integer type, got {}", token_dtype_name(dtype_));
+  std::filesystem::path parent = std::filesystem::path(prefix_).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (ec)
+    DS_USER_ERROR("cannot create output directory {}: {}", parent.string(), ec.message());
+  std::string tmp = prefix_ + ".bin.tmp";
+  bin_ = std::fopen(tmp.c_str(), "wb");
+  if (!bin_) DS_USER_ERROR("cannot write {}: {}", tmp, std::strerror(errno));
+}
+
+IndexedDatasetWriter::~IndexedDatasetWriter() {
+  if (!finalized_) abort_files();
+}
+
+void IndexedDatasetWriter::abort_files() noexcept {
+  if (bin_) std::fclose(bin_);
+  bin_ = nullptr;
+  std::remove((prefix_ + ".bin.tmp").c_str());
+  std::remove((prefix_ + ".idx.tmp").c_str());
+}
+
+void IndexedDatasetWriter::add_sequence(std::span<const int32_t> tokens) {
+  DS_CHECK(!finalized_ && bin_, "writer for {} is already finalized", prefix_);
+  const size_t elem = token_dtype_size(dtype_);
+  int64_t lo = 0, hi = 0;
+  switch (dtype_) {
+    case TokenDType::U8: hi = 255; break;
+    case TokenDType::I8: hi = 127; break;
+    case TokenDType::I16: hi = 32767; break;
+    case TokenDType::U16: hi = 65535; break;
+    default: hi = std::numeric_limits<int32_t>::max(); break;
+  }
+  buf_.resize(tokens.size() * elem);
+  for (size_t k = 0; k < tokens.size(); ++k) {
+    int64_t v = tokens[k];
+    if (v < lo || v > hi)
+      DS_USER_ERROR("token id {} does not fit dtype {} of {} (use a wider --dtype)", v,
+                    token_dtype_name(dtype_), prefix_);
+    unsigned char* dst = buf_.data() + k * elem;
+    switch (dtype_) {
+      case TokenDType::U8: case TokenDType::I8: dst[0] = static_cast<unsigned char>(v); break;
+      case TokenDType::I16: case TokenDType::U16: {
+        uint16_t x = static_cast<uint16_t>(v);
+        std::memcpy(dst, &x, 2);
+        break;
+      }
+      case TokenDType::I32: {
+        int32_t x = static_cast<int32_t>(v);
+        std::memcpy(dst, &x, 4);
+        break;
+      }
+      default: std::memcpy(dst, &v, 8); break;
+    }
+  }
+  if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), bin_) != buf_.size())
+    DS_USER_ERROR("write to {}.bin.tmp failed: {}", prefix_, std::strerror(errno));
+  DS_USER_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+                "sequence of {} tokens is too long for the .idx format", tokens.size());
+  sizes_.push_back(static_cast<int32_t>(tokens.size()));
+  num_tokens_ += static_cast<int64_t>(tokens.size());
+}
+
+void IndexedDatasetWriter::end_document() {
+  doc_idx_.push_back(static_cast<int64_t>(sizes_.size()));
+}
+
+void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
+  add_sequence(tokens);
+  end_document();
+}
+
+void IndexedDatasetWriter::finalize() {
+  DS_CHECK(!finalized_ && bin_, "writer for {} is already finalized", prefix_);
+  const std::string bin_tmp = prefix_ + ".bin.tmp", idx_tmp = prefix_ + ".idx.tmp";
+  bool ok = std::fflush(bin_) == 0 && fsync(fileno(bin_)) == 0;
+  ok = (std::fclose(bin_) == 0) && ok;
+  bin_ = nullptr;
+  if (!ok) DS_USER_ERROR("write to {} failed: {}", bin_tmp, std::strerror(errno));
+
+  std::FILE* f = std::fopen(idx_tmp.c_str(), "wb");
+  if (!f) DS_USER_ERROR("cannot write {}: {}", idx_tmp, std::strerror(errno));
+  uint64_t version = 1, n_seq = sizes_.size(), n_doc = doc_idx_.size();
+  uint8_t code = static_cast<uint8_t>(dtype_);
+  std::vector<int64_t> pointers(sizes_.size());
+  int64_t ptr = 0;
+  for (size_t i = 0; i < sizes_.size(); ++i) {
+    pointers[i] = ptr;
+    ptr += static_cast<int64_t>(sizes_[i]) * static_cast<int64_t>(token_dtype_size(dtype_));
+  }
+  ok = std::fwrite(kMagic, 1, 9, f) == 9 && std::fwrite(&version, 8, 1, f) == 1 &&
+       std::fwrite(&code, 1, 1, f) == 1 && std::fwrite(&n_seq, 8, 1, f) == 1 &&
+       std::fwrite(&n_doc, 8, 1, f) == 1 &&
+       std::fwrite(sizes_.data(), 4, n_seq, f) == n_seq &&
+       std::fwrite(pointers.data(), 8, n_seq, f) == n_seq &&
+       std::fwrite(doc_idx_.data(), 8, n_doc, f) == n_doc && std::fflush(f) == 0 &&
+       fsync(fileno(f)) == 0;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) DS_USER_ERROR("write to {} failed: {}", idx_tmp, std::strerror(errno));
+
+  // Drop any old .idx first, then move .bin, then .idx: a reader that looks in
+  // between finds no index (a clear error), never a new .bin under an old .idx.
+  std::remove((prefix_ + ".idx").c_str());
+  if (std::rename(bin_tmp.c_str(), (prefix_ + ".bin").c_str()) != 0)
+    DS_USER_ERROR("cannot rename {} into place: {}", bin_tmp, std::strerror(errno));
+  if (std::rename(idx_tmp.c_str(), (prefix_ + ".idx").c_str()) != 0) {
+    int e = errno;
+    std::remove((prefix_ + ".bin").c_str());
+    DS_USER_ERROR("cannot rename {} into place: {}", idx_tmp, std::strerror(e));
+  }
+  finalized_ = true;
+}
+
+}  // namespace ds::data

@@ -1,0 +1,47 @@
+// AdamW over a flat parameter buffer: fp32 master weights and Adam moments
+// laid out like the parameters (ModelLayout), no weight decay on biases and
+// norm weights. With ZeRO, a rank owns the sub-range [begin, end) of the flat
+// buffer and its moments cover only that range.
+#pragma once
+#include <cstdint>
+
+#include "lib/core/stream.h"
+#include "lib/core/tensor.h"
+#include "lib/model/layout.h"
+
+namespace ds {
+
+struct AdamWHyper {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
+};
+
+class AdamW {
+ public:
+  // Owns moments for elements [begin, end) of the layout's flat buffer.
+  AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end);
+
+  // params/grads: tensors covering [begin, end) of the flat buffer.
+  // grad_scale multiplies every gradient first (clipping / unscaling).
+  void step(const Tensor& params, const Tensor& grads, const AdamWHyper& h, float grad_scale,
+            const Stream& s = Stream{});
+
+  Tensor& m() { return m_; }
+  Tensor& v() { return v_; }
+  int64_t step_count() const { return step_; }
+  void set_step_count(int64_t s) { step_ = s; }
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
+
+ private:
+  const ModelLayout* layout_;
+  int64_t begin_, end_;
+  int64_t step_ = 0;
+  Tensor m_, v_;
+};
+
+// Global L2 norm of a gradient buffer (sum of squares on the device, one sync).
+double grad_sum_squares(const Tensor& grads, const Stream& s = Stream{});
+// Clip coefficient Megatron/DeepSpeed style: min(1, max_norm / (norm + 1e-6)); 1 if max_norm <= 0.
+float clip_coefficient(double norm, float max_norm);
+
+}  // namespace ds

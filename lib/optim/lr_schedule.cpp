@@ -1,0 +1,80 @@
+// Learning-rate schedules (see lr_schedule.h). Computed in double, returned as float.
+//
+// Step alignment, matching each reference implementation:
+// - Megatron builds its scheduler with step(0), so step k runs at f(k): with
+//   warmup, step 0 runs at the warmup start value (0 unless --lr-warmup-init).
+// - DeepSpeed advances its scheduler after each optimizer step, starting from
+//   last_batch_iteration = -1, so step k runs at f(k - 1); f(-1) is
+//   warmup_min_lr for WarmupLR / WarmupDecayLR and 0 for WarmupCosineLR.
+#include "lib/optim/lr_schedule.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "lib/core/error.h"
+
+namespace ds {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+double megatron_lr(const OptimizerConfig& o, int64_t step, int64_t train_iters) {
+  const double max_lr = o.lr, min_lr = o.min_lr, init_lr = o.warmup_min_lr;
+  const int64_t warmup = o.warmup_iters;
+  const int64_t decay = o.decay_iters > 0 ? o.decay_iters : train_iters;
+  if (warmup > 0 && step <= warmup)
+    return init_lr + (max_lr - init_lr) * static_cast<double>(step) / static_cast<double>(warmup);
+  if (o.decay == LrDecay::Constant) return max_lr;
+  if (step > decay || decay <= warmup) return min_lr;
+  const double ratio = static_cast<double>(step - warmup) / static_cast<double>(decay - warmup);
+  const double coeff = o.decay == LrDecay::Linear ? 1.0 - ratio : 0.5 * (std::cos(kPi * ratio) + 1.0);
+  return min_lr + coeff * (max_lr - min_lr);
+}
+
+// DeepSpeed's warmup fraction in [0, 1) for scheduler iteration it < warmup.
+double ds_warmup_gamma(const OptimizerConfig& o, int64_t it, int64_t warmup) {
+  if (o.warmup_type == WarmupKind::Log)
+    return std::log(static_cast<double>(it + 1)) / std::log(static_cast<double>(warmup));
+  return static_cast<double>(it) / static_cast<double>(warmup);
+}
+
+double deepspeed_lr(const OptimizerConfig& o, int64_t it, int64_t train_iters) {
+  const bool cosine = o.scheduler_type == "WarmupCosineLR";
+  if (it < 0) return cosine ? 0.0 : o.warmup_min_lr;
+  const int64_t warmup = std::max<int64_t>(2, o.warmup_iters);  // DeepSpeed clamps to >= 2
+  const int64_t total = o.decay_iters > 0 ? o.decay_iters : train_iters;
+  const double max_lr = o.lr;
+  if (cosine) {
+    double ratio;
+    if (it < warmup) {
+      ratio = o.warmup_min_ratio + ds_warmup_gamma(o, it, warmup) * (1.0 - o.warmup_min_ratio);
+    } else {
+      const double step = static_cast<double>(it - warmup + 1);
+      const double span = static_cast<double>(total - warmup);
+      const double c = span > 0 ? (1.0 + std::cos(kPi * step / span)) / 2.0 : 0.0;
+      ratio = std::max(0.0, o.cos_min_ratio + (1.0 - o.cos_min_ratio) * c);
+    }
+    return max_lr * ratio;
+  }
+  const double min_lr = o.warmup_min_lr;
+  double gamma = 1.0;
+  if (it < warmup) {
+    gamma = ds_warmup_gamma(o, it, warmup);
+  } else if (o.scheduler_type == "WarmupDecayLR") {
+    gamma = std::max(0.0, static_cast<double>(total - it) /
+                              std::max(1.0, static_cast<double>(total - warmup)));
+  }
+  return min_lr + (max_lr - min_lr) * gamma;
+}
+
+}  // namespace
+
+float lr_at(const OptimizerConfig& o, int64_t iteration, int64_t train_iters) {
+  if (o.scheduler_type.empty()) return static_cast<float>(megatron_lr(o, iteration, train_iters));
+  DS_CHECK(o.scheduler_type == "WarmupLR" || o.scheduler_type == "WarmupDecayLR" ||
+               o.scheduler_type == "WarmupCosineLR",
+           "unknown scheduler_type '{}'", o.scheduler_type);
+  return static_cast<float>(deepspeed_lr(o, iteration - 1, train_iters));
+}
+
+}  // namespace ds

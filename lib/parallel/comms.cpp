@@ -1,0 +1,28 @@
+// Builds a rank's group communicators from the rank grid by splitting the world.
+#include "lib/parallel/comms.h"
+
+#include "lib/core/error.h"
+
+namespace ds {
+
+Comms build_comms(Communicator& world, const RankGrid& grid) {
+  DS_CHECK(world.size() == grid.world && world.rank() == grid.rank,
+           "rank grid is for rank {} of {}, but the world communicator is rank {} of {}",
+           grid.rank, grid.world, world.rank(), world.size());
+  Comms c;
+  c.grid = grid;
+  c.world = &world;
+  auto make = [&](const std::vector<int>& ranks, const std::string& kind, int index) {
+    c.owned.push_back(world.split(ranks, kind + "/" + std::to_string(index)));
+    return c.owned.back().get();
+  };
+  c.tp = make(grid.my_tp_group(), "tp", grid.tp_index);
+  c.dp = make(grid.my_dp_group(), "dp", grid.dp_index);
+  c.pp = make(grid.my_pp_group(), "pp", grid.pp_index);
+  c.mp = make(grid.my_mp_group(), "mp", grid.mp_index);
+  if (grid.pp > 1 && grid.in_embedding_group())
+    c.embedding = make(grid.embedding_groups[grid.pp_index], "embedding", grid.pp_index);
+  return c;
+}
+
+}  // namespace ds

@@ -1,0 +1,30 @@
+// Comms: the communicators of one rank (world, tp, dp, pp, mp, embedding),
+// built once from the RankGrid and passed down; there are no global ones.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "lib/comm/communicator.h"
+#include "lib/parallel/rank_grid.h"
+
+namespace ds {
+
+struct Comms {
+  RankGrid grid;
+  Communicator* world = nullptr;  // not owned: outlives this Comms
+  Communicator* tp = nullptr;     // grid.my_tp_group()
+  Communicator* dp = nullptr;     // grid.my_dp_group()
+  Communicator* pp = nullptr;     // grid.my_pp_group(), group rank = stage
+  Communicator* mp = nullptr;     // grid.my_mp_group() (grad norm, overflow checks)
+  // This pipeline's first+last stage; null unless PP > 1 and this rank is on
+  // the first or last stage.
+  Communicator* embedding = nullptr;
+  std::vector<std::unique_ptr<Communicator>> owned;  // keeps the groups alive
+};
+
+// Every rank calls it once (collective over the world). Each rank creates only
+// its own groups, in the fixed order tp, dp, pp, mp, embedding; group tags are
+// "tp/<index>" etc. Checks that world's rank and size match the grid.
+Comms build_comms(Communicator& world, const RankGrid& grid);
+
+}  // namespace ds

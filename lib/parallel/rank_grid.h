@@ -1,0 +1,45 @@
+// RankGrid: Megatron-LM's placement of ranks into tensor-, data- and
+// pipeline-parallel groups, as a pure function (no communication), so that the
+// group lists can be unit tested and every rank derives the same answer.
+// Order tp-dp-pp: TP is innermost (consecutive ranks, i.e. one node's GPUs
+// share the heaviest traffic), PP outermost:
+//   rank = tp_rank + TP * (dp_rank + DP * pp_rank),  DP = world / (TP * PP).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace ds {
+
+struct RankGrid {
+  int world = 1, tp = 1, pp = 1, dp = 1;
+  int rank = 0, tp_rank = 0, dp_rank = 0, pp_rank = 0;
+
+  // All groups of the job (every rank computes the same lists), each sorted.
+  std::vector<std::vector<int>> tp_groups;   // world/TP groups of TP consecutive ranks
+  std::vector<std::vector<int>> dp_groups;   // same tp_rank and pp_rank
+  std::vector<std::vector<int>> pp_groups;   // same tp_rank and dp_rank, stage order
+  std::vector<std::vector<int>> mp_groups;   // model parallel (TP x PP): same dp_rank
+  // First and last stage of each pipeline (tied input/output embeddings);
+  // with PP = 1 each is the single stage, as in Megatron.
+  std::vector<std::vector<int>> embedding_groups;
+
+  // Index of this rank's group in each list above.
+  int tp_index = 0, dp_index = 0, pp_index = 0, mp_index = 0;
+
+  const std::vector<int>& my_tp_group() const { return tp_groups[tp_index]; }
+  const std::vector<int>& my_dp_group() const { return dp_groups[dp_index]; }
+  const std::vector<int>& my_pp_group() const { return pp_groups[pp_index]; }
+  const std::vector<int>& my_mp_group() const { return mp_groups[mp_index]; }
+  bool is_first_stage() const { return pp_rank == 0; }
+  bool is_last_stage() const { return pp_rank == pp - 1; }
+  // Whether this rank is in its pipeline's embedding group.
+  bool in_embedding_group() const { return is_first_stage() || is_last_stage(); }
+  int rank_of(int tp_r, int dp_r, int pp_r) const { return tp_r + tp * (dp_r + dp * pp_r); }
+  std::string describe() const;  // "rank 5: tp 1/2 dp 0/2 pp 2/4"
+};
+
+// Throws ds::UserError naming the numbers when world is not divisible by
+// TP * PP or a size is < 1, and ds::Error when rank is outside the world.
+RankGrid make_rank_grid(int world_size, int tp, int pp, int rank);
+
+}  // namespace ds

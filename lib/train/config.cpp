@@ -1,0 +1,211 @@
+// Entry points of the config layer, the batch-size rules, vocabulary padding,
+// and the `resolved` JSON (the effective config, saved with checkpoints).
+#include "lib/train/config.h"
+
+#include <string>
+
+#include "lib/core/log.h"
+#include "lib/train/config_internal.h"
+
+namespace ds {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kTbs = "train_batch_size";
+constexpr const char* kMbs = "train_micro_batch_size_per_gpu";
+constexpr const char* kGas = "gradient_accumulation_steps";
+
+TrainConfig finish_config(const json& j, int world_size, Warnings w) {
+  TrainConfig cfg;
+  read_config_json(j, cfg, w);
+  derive_config(cfg, world_size, w);
+  validate_config(cfg, world_size, w);
+  cfg.resolved = config_to_json(cfg);
+  if (log_rank() == 0)
+    for (const auto& msg : w) DS_WARN("{}", msg);
+  cfg.warnings = std::move(w);
+  return cfg;
+}
+
+}  // namespace
+
+TrainConfig parse_train_config(int argc, char** argv, int world_size) {
+  Warnings w;
+  std::string path, help;
+  json j = merge_command_line(argc, argv, path, help, w);
+  if (!help.empty()) {
+    TrainConfig cfg;
+    cfg.help_text = help;
+    return cfg;
+  }
+  TrainConfig cfg = finish_config(j, world_size, std::move(w));
+  cfg.config_path = path;
+  return cfg;
+}
+
+TrainConfig train_config_from_json(const json& j, int world_size) { return finish_config(j, world_size, {}); }
+
+// DeepSpeed's rules: any two of the triple give the third; one of
+// train_batch_size / micro batch alone implies gradient_accumulation_steps = 1.
+void resolve_batch(BatchConfig& b) {
+  const int64_t dp = b.dp_size;
+  DS_USER_CHECK(dp > 0, "data parallel size must be positive, got {}", dp);
+  DS_USER_CHECK(b.train_batch_size >= 0 && b.micro_batch_size >= 0 && b.grad_accum_steps >= 0,
+                "batch sizes must be positive: {} {}, {} {}, {} {}", kTbs, b.train_batch_size, kMbs,
+                b.micro_batch_size, kGas, b.grad_accum_steps);
+  int64_t& tbs = b.train_batch_size;
+  int64_t& mbs = b.micro_batch_size;
+  int64_t& gas = b.grad_accum_steps;
+  DS_USER_CHECK(tbs > 0 || mbs > 0, "batch size: give {} (--global-batch-size) or {} (--micro-batch-size){}", kTbs,
+                kMbs, gas > 0 ? fmt::format("; {} {} alone is not enough", kGas, gas) : "");
+  if (tbs > 0 && mbs > 0 && gas > 0) {
+    DS_USER_CHECK(tbs == mbs * gas * dp, "{} {} != {} {} * {} {} * data parallel size {} (= {})", kTbs, tbs, kMbs,
+                  mbs, kGas, gas, dp, mbs * gas * dp);
+  } else if (tbs > 0 && mbs > 0) {
+    DS_USER_CHECK(tbs % (mbs * dp) == 0, "{} {} is not divisible by {} {} * data parallel size {} (= {})", kTbs, tbs,
+                  kMbs, mbs, dp, mbs * dp);
+    gas = tbs / (mbs * dp);
+  } else if (tbs > 0 && gas > 0) {
+    DS_USER_CHECK(tbs % (gas * dp) == 0, "{} {} is not divisible by {} {} * data parallel size {} (= {})", kTbs, tbs,
+                  kGas, gas, dp, gas * dp);
+    mbs = tbs / (gas * dp);
+  } else if (mbs > 0 && gas > 0) {
+    tbs = mbs * gas * dp;
+  } else if (tbs > 0) {
+    DS_USER_CHECK(tbs % dp == 0, "{} {} is not divisible by data parallel size {}", kTbs, tbs, dp);
+    gas = 1;
+    mbs = tbs / dp;
+  } else {
+    gas = 1;
+    tbs = mbs * dp;
+  }
+}
+
+int padded_vocab(int vocab, int divisible_by, int tp) {
+  DS_USER_CHECK(vocab > 0 && divisible_by > 0 && tp > 0,
+                "padded vocab: vocab {}, make_vocab_size_divisible_by {} and tp {} must be positive", vocab,
+                divisible_by, tp);
+  const int64_t multiple = static_cast<int64_t>(divisible_by) * tp;
+  return static_cast<int>((vocab + multiple - 1) / multiple * multiple);
+}
+
+const char* family_name(ModelFamily f) { return f == ModelFamily::LLaMA ? "llama" : "gpt2"; }
+const char* precision_name(Precision p) {
+  return p == Precision::BF16 ? "bf16" : p == Precision::FP16 ? "fp16" : "fp32";
+}
+const char* lr_decay_name(LrDecay d) {
+  return d == LrDecay::Constant ? "constant" : d == LrDecay::Linear ? "linear" : "cosine";
+}
+
+namespace {
+
+// Floats as the shortest decimal that reads back to the same float ("0.0006",
+// not "0.0006000000284984708"), so the saved config stays readable.
+double num(float f) { return std::stod(fmt::format("{}", f)); }
+
+json model_json(const ModelConfig& m) {
+  return {{"family", family_name(m.family)},
+          {"num_layers", m.num_layers},
+          {"hidden_size", m.hidden_size},
+          {"num_heads", m.num_heads},
+          {"ffn_hidden_size", m.ffn_hidden_size},
+          {"seq_length", m.seq_length},
+          {"max_position_embeddings", m.max_position_embeddings},
+          {"vocab_size", m.vocab_size},
+          {"make_vocab_size_divisible_by", m.make_vocab_size_divisible_by},
+          {"untie_embeddings", m.untie_embeddings},
+          {"norm", m.norm == NormKind::RMSNorm ? "rmsnorm" : "layernorm"},
+          {"activation", m.activation == Activation::SwiGLU ? "swiglu" : "gelu"},
+          {"position", m.position == PositionKind::Rope ? "rope" : "learned"},
+          {"bias", m.bias},
+          {"rope_theta", num(m.rope_theta)},
+          {"norm_eps", num(m.norm_eps)},
+          {"init_method_std", num(m.init_method_std)}};
+}
+
+json training_json(const TrainConfig& c) {
+  json t = {{"train_iters", c.train_iters},     {"seed", c.seed},
+            {"device", c.device},               {"estimate_memory", c.estimate_memory},
+            {"save", c.ckpt.save_dir},          {"load", c.ckpt.load_dir},
+            {"save_interval", c.ckpt.save_interval}, {"init_from", c.ckpt.init_from},
+            {"export_hf", c.ckpt.export_hf},    {"log_interval", c.log.log_interval},
+            {"eval_interval", c.log.eval_interval}, {"eval_iters", c.log.eval_iters},
+            {"cpu_peak_tflops", c.log.cpu_peak_tflops}};
+  if (c.optim.scheduler_type.empty()) {
+    t["lr_decay_style"] = lr_decay_name(c.optim.decay);
+    t["lr_warmup_iters"] = c.optim.warmup_iters;
+    t["lr_decay_iters"] = c.optim.decay_iters;
+    t["min_lr"] = num(c.optim.min_lr);
+    t["lr_warmup_init"] = num(c.optim.warmup_min_lr);
+  }
+  return t;
+}
+
+json scheduler_json(const OptimizerConfig& o) {
+  json p = {{"warmup_num_steps", o.warmup_iters},
+            {"warmup_type", o.warmup_type == WarmupKind::Log ? "log" : "linear"}};
+  if (o.scheduler_type == "WarmupCosineLR") {
+    p["warmup_min_ratio"] = num(o.warmup_min_ratio);
+    p["cos_min_ratio"] = num(o.cos_min_ratio);
+  } else {
+    p["warmup_min_lr"] = num(o.warmup_min_lr);
+    p["warmup_max_lr"] = num(o.lr);
+  }
+  if (o.scheduler_type != "WarmupLR") p["total_num_steps"] = o.decay_iters;
+  return {{"type", o.scheduler_type}, {"params", p}};
+}
+
+json zero_json(const ZeroConfig& z) {
+  return {{"stage", z.stage},
+          {"reduce_bucket_size", z.reduce_bucket_size},
+          {"allgather_bucket_size", z.allgather_bucket_size},
+          {"overlap_comm", z.overlap_comm},
+          {"contiguous_gradients", z.contiguous_gradients},
+          {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size},
+          {"stage3_max_live_parameters", z.stage3_max_live_parameters},
+          {"stage3_param_persistence_threshold", z.stage3_param_persistence_threshold},
+          {"offload_optimizer", {{"device", z.offload_optimizer_device}}}};
+}
+
+}  // namespace
+
+json config_to_json(const TrainConfig& c) {
+  const OptimizerConfig& o = c.optim;
+  const PrecisionConfig& pc = c.precision;
+  json j = {{kTbs, c.batch.train_batch_size},
+            {kMbs, c.batch.micro_batch_size},
+            {kGas, c.batch.grad_accum_steps},
+            {"gradient_clipping", num(o.grad_clip)},
+            {"steps_per_print", c.log.steps_per_print},
+            {"optimizer",
+             {{"type", o.type},
+              {"params", {{"lr", num(o.lr)}, {"betas", {num(o.beta1), num(o.beta2)}}, {"eps", num(o.eps)}, {"weight_decay", num(o.weight_decay)}}}}},
+            {"fp16",
+             {{"enabled", pc.precision == Precision::FP16},
+              {"loss_scale", num(pc.loss_scale)},
+              {"initial_scale_power", pc.initial_scale_power},
+              {"loss_scale_window", pc.loss_scale_window},
+              {"hysteresis", pc.hysteresis},
+              {"min_loss_scale", num(pc.min_loss_scale)}}},
+            {"bf16", {{"enabled", pc.precision == Precision::BF16}}},
+            {"zero_optimization", zero_json(c.zero)},
+            {"csv_monitor",
+             {{"enabled", c.log.csv_enabled}, {"output_path", c.log.csv_path}, {"job_name", c.log.csv_job_name}}},
+            {"model", model_json(c.model)},
+            {"data", {{"data_path", c.data.data_path}, {"split", c.data.split}, {"vocab_file", c.data.vocab_file},
+                      {"merge_file", c.data.merge_file}}},
+            {"training", training_json(c)},
+            {"parallel",
+             {{"tensor_model_parallel_size", c.parallel.tp},
+              {"pipeline_model_parallel_size", c.parallel.pp},
+              {"sequence_parallel", c.parallel.sequence_parallel},
+              {"num_layers_per_virtual_pipeline_stage", c.parallel.num_layers_per_virtual_stage},
+              {"recompute_granularity", c.parallel.recompute_granularity},
+              {"recompute_num_layers", c.parallel.recompute_num_layers}}}};
+  if (!o.scheduler_type.empty()) j["scheduler"] = scheduler_json(o);
+  return j;
+}
+
+}  // namespace ds

@@ -1,0 +1,257 @@
+// dstrain's command line (CLI11): --config FILE plus Megatron-style flags.
+// Each flag becomes a patch over the config JSON, so flags and file share one
+// reader and "flags override the file" is simply the order of the merge.
+// Most flags map 1:1 onto a JSON key (the table below, also the --help text);
+// the LR-schedule, precision and batch flags need a little logic (apply_*).
+#include <CLI/CLI.hpp>
+#include <map>
+#include <optional>
+
+#include "lib/train/config_internal.h"
+
+namespace ds {
+
+using nlohmann::json;
+
+namespace {
+
+enum class FlagKind { Int, Float, String, List, Const };
+
+struct FlagSpec {
+  const char* name;
+  const char* pointer;  // JSON pointer into the config
+  FlagKind kind;
+  const char* help;
+  const char* extra = nullptr;  // Const: the JSON value; String: "a|b|c" allowed values
+};
+
+constexpr FlagSpec kTable[] = {
+    {"--model-family", "/model/family", FlagKind::String, "gpt2 or llama (sets family defaults)", "gpt2|llama"},
+    {"--num-layers", "/model/num_layers", FlagKind::Int, "number of transformer layers (L)"},
+    {"--hidden-size", "/model/hidden_size", FlagKind::Int, "hidden size (C)"},
+    {"--ffn-hidden-size", "/model/ffn_hidden_size", FlagKind::Int, "MLP hidden size (default 4*C; SwiGLU 8C/3 rounded down to 64)"},
+    {"--num-attention-heads", "/model/num_heads", FlagKind::Int, "attention heads (NH)"},
+    {"--seq-length", "/model/seq_length", FlagKind::Int, "sequence length (T)"},
+    {"--max-position-embeddings", "/model/max_position_embeddings", FlagKind::Int, "learned position table size (default: seq length)"},
+    {"--make-vocab-size-divisible-by", "/model/make_vocab_size_divisible_by", FlagKind::Int, "pad the vocabulary to a multiple of this times TP"},
+    {"--init-method-std", "/model/init_method_std", FlagKind::Float, "std of the normal weight init"},
+    {"--rotary-base", "/model/rope_theta", FlagKind::Float, "RoPE theta"},
+    {"--norm-epsilon", "/model/norm_eps", FlagKind::Float, "LayerNorm/RMSNorm epsilon"},
+    {"--normalization", "/model/norm", FlagKind::String, "LayerNorm or RMSNorm", "LayerNorm|RMSNorm"},
+    {"--swiglu", "/model/activation", FlagKind::Const, "SwiGLU MLP instead of GELU", "\"swiglu\""},
+    {"--untie-embeddings-and-output-weights", "/model/untie_embeddings", FlagKind::Const, "separate output layer", "true"},
+    {"--disable-bias-linear", "/model/bias", FlagKind::Const, "no biases in linear layers", "false"},
+    {"--micro-batch-size", "/train_micro_batch_size_per_gpu", FlagKind::Int, "micro batch per GPU (= train_micro_batch_size_per_gpu)"},
+    {"--global-batch-size", "/train_batch_size", FlagKind::Int, "global batch (= train_batch_size)"},
+    {"--train-iters", "/training/train_iters", FlagKind::Int, "optimizer steps to train"},
+    {"--seed", "/training/seed", FlagKind::Int, "random seed"},
+    {"--device", "/training/device", FlagKind::String, "cpu or cuda", "cpu|cuda"},
+    {"--save", "/training/save", FlagKind::String, "checkpoint directory to save into"},
+    {"--load", "/training/load", FlagKind::String, "checkpoint directory to resume from"},
+    {"--save-interval", "/training/save_interval", FlagKind::Int, "save every N iterations (0 = only at the end)"},
+    {"--eval-interval", "/training/eval_interval", FlagKind::Int, "validate every N iterations (0 = never)"},
+    {"--eval-iters", "/training/eval_iters", FlagKind::Int, "validation batches per evaluation"},
+    {"--log-interval", "/training/log_interval", FlagKind::Int, "log every N iterations"},
+    {"--init-from", "/training/init_from", FlagKind::String, "start from the weights in this .safetensors file"},
+    {"--export-hf", "/training/export_hf", FlagKind::String, "write a Hugging Face model directory here"},
+    {"--cpu-peak-tflops", "/training/cpu_peak_tflops", FlagKind::Float, "CPU peak TFLOP/s for MFU (0 = no MFU)"},
+    {"--estimate-memory", "/training/estimate_memory", FlagKind::Const, "print the memory estimate and exit", "true"},
+    {"--weight-decay", "/optimizer/params/weight_decay", FlagKind::Float, "AdamW weight decay"},
+    {"--adam-eps", "/optimizer/params/eps", FlagKind::Float, "Adam epsilon"},
+    {"--clip-grad", "/gradient_clipping", FlagKind::Float, "global grad-norm clip (0 = off)"},
+    {"--loss-scale", "/fp16/loss_scale", FlagKind::Float, "fp16 static loss scale (0 = dynamic)"},
+    {"--min-loss-scale", "/fp16/min_loss_scale", FlagKind::Float, "fp16 dynamic loss scale floor"},
+    {"--loss-scale-window", "/fp16/loss_scale_window", FlagKind::Int, "fp16 steps without overflow before raising the scale"},
+    {"--hysteresis", "/fp16/hysteresis", FlagKind::Int, "fp16 overflows tolerated before lowering the scale"},
+    {"--tensor-model-parallel-size", "/parallel/tensor_model_parallel_size", FlagKind::Int, "TP"},
+    {"--pipeline-model-parallel-size", "/parallel/pipeline_model_parallel_size", FlagKind::Int, "PP"},
+    {"--sequence-parallel", "/parallel/sequence_parallel", FlagKind::Const, "Megatron sequence parallelism (needs TP > 1)", "true"},
+    {"--num-layers-per-virtual-pipeline-stage", "/parallel/num_layers_per_virtual_pipeline_stage", FlagKind::Int, "interleaved 1F1B chunk size"},
+    {"--recompute-granularity", "/parallel/recompute_granularity", FlagKind::String, "activation recomputation", "full|selective"},
+    {"--recompute-activations", "/parallel/recompute_granularity", FlagKind::Const, "same as --recompute-granularity selective", "\"selective\""},
+    {"--recompute-num-layers", "/parallel/recompute_num_layers", FlagKind::Int, "layers recomputed per stage with full recomputation"},
+    {"--zero-stage", "/zero_optimization/stage", FlagKind::Int, "ZeRO stage 0-3"},
+    {"--data-path", "/data/data_path", FlagKind::List, "dataset prefix(es): PREFIX or W1 PREFIX1 W2 PREFIX2 ..."},
+    {"--split", "/data/split", FlagKind::String, "train,valid,test weights, e.g. 949,50,1"},
+    {"--vocab-file", "/data/vocab_file", FlagKind::String, "GPT-2 vocab.json"},
+    {"--merge-file", "/data/merge_file", FlagKind::String, "GPT-2 merges.txt"},
+};
+
+std::vector<std::string> split_choices(const char* s) {
+  std::vector<std::string> out(1);
+  for (const char* p = s; *p; ++p) {
+    if (*p == '|') out.emplace_back();
+    else out.back() += *p;
+  }
+  return out;
+}
+
+// What the command line said, before it is applied to the file.
+struct ParsedFlags {
+  std::string config_path;
+  std::vector<std::pair<const FlagSpec*, json>> table;  // in table order
+  std::map<std::string, json> special;                  // flag name -> value
+};
+
+void add_table_flag(CLI::App& app, const FlagSpec& f, ParsedFlags& out) {
+  auto put = [&out, &f](json v) { out.table.emplace_back(&f, std::move(v)); };
+  CLI::Option* o = nullptr;
+  switch (f.kind) {
+    case FlagKind::Int: o = app.add_option_function<int64_t>(f.name, [put](const int64_t& v) { put(v); }, f.help); break;
+    case FlagKind::Float: o = app.add_option_function<double>(f.name, [put](const double& v) { put(v); }, f.help); break;
+    case FlagKind::String:
+      o = app.add_option_function<std::string>(f.name, [put](const std::string& v) { put(v); }, f.help);
+      if (f.extra) o->check(CLI::IsMember(split_choices(f.extra)));
+      break;
+    case FlagKind::List:
+      o = app.add_option_function<std::vector<std::string>>(
+          f.name, [put](const std::vector<std::string>& v) { put(v); }, f.help);
+      break;
+    case FlagKind::Const:
+      app.add_flag_function(f.name, [put, &f](int64_t) { put(json::parse(f.extra)); }, f.help);
+      break;
+  }
+}
+
+void add_special_flags(CLI::App& app, ParsedFlags& out) {
+  auto num = [&](const char* name, const char* help) {
+    app.add_option_function<double>(name, [&out, name](const double& v) { out.special[name] = v; }, help);
+  };
+  auto integer = [&](const char* name, const char* help) {
+    app.add_option_function<int64_t>(name, [&out, name](const int64_t& v) { out.special[name] = v; }, help);
+  };
+  auto flag = [&](const char* name, const char* help) {
+    app.add_flag_function(name, [&out, name](int64_t) { out.special[name] = true; }, help);
+  };
+  num("--lr", "peak learning rate");
+  num("--min-lr", "learning rate at the end of the decay");
+  app.add_option_function<std::string>(
+         "--lr-decay-style", [&out](const std::string& v) { out.special["--lr-decay-style"] = v; },
+         "constant, linear or cosine (replaces a config 'scheduler')")
+      ->check(CLI::IsMember({"constant", "linear", "cosine"}));
+  app.add_option_function<std::string>(
+         "--position-embedding-type",
+         [&out](const std::string& v) { out.special["--position-embedding-type"] = v == "rope" ? "rope" : "learned"; },
+         "learned_absolute or rope")
+      ->check(CLI::IsMember({"learned_absolute", "rope"}));
+  integer("--lr-warmup-iters", "linear warmup steps");
+  integer("--lr-decay-iters", "decay length (default: train iters)");
+  num("--lr-warmup-fraction", "warmup as a fraction of the decay length");
+  num("--lr-warmup-init", "learning rate at the start of warmup");
+  num("--adam-beta1", "Adam beta1");
+  num("--adam-beta2", "Adam beta2");
+  flag("--bf16", "bf16 mixed precision");
+  flag("--fp16", "fp16 mixed precision with loss scaling");
+}
+
+// Flags that are accepted for compatibility and change nothing.
+void add_ignored_flags(CLI::App& app) {
+  app.add_option("--local_rank", "set by launchers; dstrain reads LOCAL_RANK from the environment");
+  app.add_flag("--deepspeed")->description("accepted for DeepSpeed compatibility (always on)");
+  app.add_flag("--use-flash-attn")->description("accepted; flash attention is used on CUDA whenever it applies");
+  app.add_option("--tokenizer-type", "accepted; only GPT2BPETokenizer exists")
+      ->check(CLI::IsMember({"GPT2BPETokenizer"}));
+  app.add_option("--distributed-backend", "accepted; the backend follows --device (NCCL on cuda, Gloo on cpu)")
+      ->check(CLI::IsMember({"nccl", "gloo"}));
+}
+
+void set_at(json& j, const std::string& pointer, const json& v, const std::string& flag) {
+  try {
+    j[json::json_pointer(pointer)] = v;
+  } catch (const json::exception& e) {
+    DS_USER_ERROR("cannot apply {} to the config at '{}': {}", flag, pointer, e.what());
+  }
+}
+
+// The config's DeepSpeed scheduler type, or "" when it has none.
+std::string scheduler_type(const json& j) {
+  if (!j.contains("scheduler") || !j["scheduler"].is_object()) return "";
+  const json& t = j["scheduler"].value("type", json(""));
+  return t.is_string() ? t.get<std::string>() : t.dump();
+}
+
+void apply_schedule_flags(json& j, const std::map<std::string, json>& sp, Warnings& w) {
+  auto has = [&](const char* k) { return sp.count(k) > 0; };
+  if (has("--lr-decay-style")) {
+    if (!scheduler_type(j).empty())
+      add_warning(w, fmt::format("--lr-decay-style replaces the config's scheduler ({}) with the Megatron schedule",
+                                 scheduler_type(j)));
+    j.erase("scheduler");
+    set_at(j, "/training/lr_decay_style", sp.at("--lr-decay-style"), "--lr-decay-style");
+  }
+  const std::string st = scheduler_type(j);
+  const bool ds = !st.empty();
+  if (has("--lr")) {
+    set_at(j, "/optimizer/params/lr", sp.at("--lr"), "--lr");
+    if (st == "WarmupLR" || st == "WarmupDecayLR") set_at(j, "/scheduler/params/warmup_max_lr", sp.at("--lr"), "--lr");
+  }
+  for (const char* k : {"--min-lr", "--lr-warmup-fraction"})
+    DS_USER_CHECK(!(ds && has(k)), "{} does not apply to the config's scheduler {}; add --lr-decay-style to "
+                  "use the Megatron schedule instead", k, st);
+  DS_USER_CHECK(!(st == "WarmupLR" && has("--lr-decay-iters")), "--lr-decay-iters: the config's scheduler WarmupLR "
+                "does not decay; add --lr-decay-style to use the Megatron schedule");
+  DS_USER_CHECK(!(st == "WarmupCosineLR" && has("--lr-warmup-init")), "--lr-warmup-init: the config's scheduler "
+                "WarmupCosineLR starts from scheduler.params.warmup_min_ratio; set that instead");
+  const char* warm = ds ? "/scheduler/params/warmup_num_steps" : "/training/lr_warmup_iters";
+  const char* decay = ds ? "/scheduler/params/total_num_steps" : "/training/lr_decay_iters";
+  const char* init = ds ? "/scheduler/params/warmup_min_lr" : "/training/lr_warmup_init";
+  if (has("--lr-warmup-iters")) set_at(j, warm, sp.at("--lr-warmup-iters"), "--lr-warmup-iters");
+  if (has("--lr-decay-iters")) set_at(j, decay, sp.at("--lr-decay-iters"), "--lr-decay-iters");
+  if (has("--lr-warmup-init")) set_at(j, init, sp.at("--lr-warmup-init"), "--lr-warmup-init");
+  if (has("--min-lr")) set_at(j, "/training/min_lr", sp.at("--min-lr"), "--min-lr");
+  if (has("--lr-warmup-fraction"))
+    set_at(j, "/training/lr_warmup_fraction", sp.at("--lr-warmup-fraction"), "--lr-warmup-fraction");
+}
+
+void apply_other_flags(json& j, const std::map<std::string, json>& sp) {
+  auto has = [&](const char* k) { return sp.count(k) > 0; };
+  if (has("--adam-beta1") || has("--adam-beta2")) {
+    json betas = j.value(json::json_pointer("/optimizer/params/betas"), json());
+    if (!betas.is_array() || betas.size() != 2) betas = {OptimizerConfig{}.beta1, OptimizerConfig{}.beta2};
+    if (has("--adam-beta1")) betas[0] = sp.at("--adam-beta1");
+    if (has("--adam-beta2")) betas[1] = sp.at("--adam-beta2");
+    set_at(j, "/optimizer/params/betas", betas, "--adam-beta1/--adam-beta2");
+  }
+  if (has("--position-embedding-type"))
+    set_at(j, "/model/position", sp.at("--position-embedding-type"), "--position-embedding-type");
+  // A precision flag wins over the file; both flags together are an error later.
+  if (has("--bf16")) set_at(j, "/bf16/enabled", true, "--bf16");
+  if (has("--fp16")) set_at(j, "/fp16/enabled", true, "--fp16");
+  if (has("--bf16") && !has("--fp16") && j.contains("fp16")) set_at(j, "/fp16/enabled", false, "--bf16");
+  if (has("--fp16") && !has("--bf16") && j.contains("bf16")) set_at(j, "/bf16/enabled", false, "--fp16");
+}
+
+}  // namespace
+
+json merge_command_line(int argc, char** argv, std::string& config_path, std::string& help_text, Warnings& w) {
+  ParsedFlags f;
+  CLI::App app{"dstrain: GPT pretraining. Flags override the config file; see docs/config.md.", "dstrain"};
+  app.add_option("--config,--deepspeed_config", f.config_path, "DeepSpeed-style JSON config");
+  for (const FlagSpec& spec : kTable) add_table_flag(app, spec, f);
+  add_special_flags(app, f);
+  add_ignored_flags(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    help_text = app.help();
+    return json::object();
+  } catch (const CLI::ParseError& e) {
+    DS_USER_ERROR("dstrain: {} (see dstrain --help)", e.what());
+  }
+  config_path = f.config_path;
+  json j = f.config_path.empty() ? json::object() : load_json_file(f.config_path);
+  DS_USER_CHECK(j.is_object(), "config file '{}' must hold a JSON object", f.config_path);
+  for (const auto& [spec, v] : f.table) set_at(j, spec->pointer, v, spec->name);
+  // Megatron: with both batch sizes known the accumulation steps are derived.
+  const bool batch_flag = std::any_of(f.table.begin(), f.table.end(), [](const auto& e) {
+    return std::string(e.first->pointer) == "/train_batch_size" ||
+           std::string(e.first->pointer) == "/train_micro_batch_size_per_gpu";
+  });
+  if (batch_flag && j.contains("train_batch_size") && j.contains("train_micro_batch_size_per_gpu"))
+    j.erase("gradient_accumulation_steps");
+  apply_schedule_flags(j, f.special, w);
+  apply_other_flags(j, f.special);
+  return j;
+}
+
+}  // namespace ds

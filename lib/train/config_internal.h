@@ -1,0 +1,85 @@
+// Pieces of the config layer shared between config*.cpp (not for other modules).
+// Flow: flags -> JSON patch merged over the file -> read_config_json ->
+// derive_config (batch triple, sizes, schedule lengths) -> validate_config ->
+// config_to_json (the `resolved` document).
+#pragma once
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "lib/core/json_config.h"
+#include "lib/train/config.h"
+
+namespace ds {
+
+using Warnings = std::vector<std::string>;
+
+// A DeepSpeed-owned JSON object: typed reads like JsonSection, but keys nobody
+// read become named warnings (collected in `w`) instead of errors.
+class DsSection {
+ public:
+  DsSection(const nlohmann::json& obj, std::string path, Warnings& w);
+  template <class T>
+  T get(const std::string& key, const T& fallback) {
+    read_.insert(key);
+    return s_.get<T>(key, fallback);
+  }
+  bool has(const std::string& key) const { return s_.has(key); }
+  DsSection section(const std::string& key);
+  // The key is honoured silently when its value is `ours` (what dstrain always
+  // does); any other value is warned about by name.
+  void accept_if(const std::string& key, const nlohmann::json& ours);
+  void mark(const std::string& key) { read_.insert(key); }
+  void finish();  // warns about every key not read
+  std::string full(const std::string& key) const { return s_.full(key); }
+  const nlohmann::json& raw() const { return s_.raw(); }
+  Warnings& warnings() { return w_; }
+
+ private:
+  JsonSection s_;
+  Warnings& w_;
+  std::set<std::string> read_;
+};
+
+void add_warning(Warnings& w, std::string msg);
+
+// Parses argv; on --help fills help_text. Returns the merged JSON: the config
+// file (if any) with every flag applied over it.
+nlohmann::json merge_command_line(int argc, char** argv, std::string& config_path,
+                                  std::string& help_text, Warnings& w);
+
+// Reads every section of the merged JSON into cfg (no derivation yet).
+void read_config_json(const nlohmann::json& j, TrainConfig& cfg, Warnings& w);
+// Fills derived values (dp, batch triple, ffn size, padded vocab, decay length).
+void derive_config(TrainConfig& cfg, int world_size, Warnings& w);
+// Cross-field checks; each failure is one UserError naming fields and values.
+void validate_config(const TrainConfig& cfg, int world_size, Warnings& w);
+// The effective config in the input layout (re-parsable).
+nlohmann::json config_to_json(const TrainConfig& cfg);
+
+// Case-insensitive lookup of a string value among named choices.
+template <class E>
+struct Choice {
+  const char* name;
+  E value;
+};
+std::string lower(std::string s);
+
+// Reads an enumerated string key (case-insensitive); absent = current.
+template <class E, size_t N>
+inline E read_choice(JsonSection& s, const std::string& key, const Choice<E> (&choices)[N], E current) {
+  if (!s.has(key)) {
+    s.mark(key);
+    return current;
+  }
+  const std::string v = lower(s.get<std::string>(key, ""));
+  std::string names;
+  for (const auto& c : choices) {
+    if (v == c.name) return c.value;
+    names += (names.empty() ? "" : ", ") + std::string(c.name);
+  }
+  DS_USER_ERROR("config: '{}' is {}; expected one of: {}", s.full(key), s.raw().at(key).dump(), names);
+}
+
+}  // namespace ds

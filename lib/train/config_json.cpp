@@ -1,0 +1,218 @@
+// Reading the merged config JSON into TrainConfig.
+// DeepSpeed's keys live at the root and are read leniently: whatever dstrain
+// does not implement becomes a warning naming the key. Our own sections
+// (model, data, training, parallel) are strict: an unknown key is an error.
+// No derivation happens here (see config_validate.cpp).
+#include <algorithm>
+#include <cctype>
+
+#include "lib/core/log.h"
+#include "lib/train/config_internal.h"
+
+namespace ds {
+
+using nlohmann::json;
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+void add_warning(Warnings& w, std::string msg) { w.push_back(std::move(msg)); }
+
+DsSection::DsSection(const json& obj, std::string path, Warnings& w) : s_(obj, std::move(path)), w_(w) {}
+
+DsSection DsSection::section(const std::string& key) {
+  read_.insert(key);
+  const json& r = s_.raw();
+  return DsSection(r.contains(key) ? r.at(key) : json::object(), s_.full(key), w_);
+}
+
+void DsSection::accept_if(const std::string& key, const json& ours) {
+  read_.insert(key);
+  if (!s_.has(key) || s_.raw().at(key) == ours) return;
+  add_warning(w_, fmt::format("config: '{}' = {} is not implemented by dstrain (it always uses {}); ignored",
+                              full(key), s_.raw().at(key).dump(), ours.dump()));
+}
+
+void DsSection::finish() {
+  for (auto it = s_.raw().begin(); it != s_.raw().end(); ++it)
+    if (!read_.count(it.key()))
+      add_warning(w_, fmt::format("config: DeepSpeed key '{}' is not implemented by dstrain and is ignored",
+                                  full(it.key())));
+}
+
+namespace {
+
+
+// A present batch key must be a positive integer (absent = derive it).
+int64_t batch_key(DsSection& root, const std::string& key) {
+  const int64_t v = root.get<int64_t>(key, 0);
+  DS_USER_CHECK(!root.has(key) || v > 0, "config: '{}' must be a positive integer, got {}", key, v);
+  return v;
+}
+
+void read_optimizer(DsSection& root, OptimizerConfig& o) {
+  if (!root.has("optimizer")) {
+    root.mark("optimizer");
+    return;
+  }
+  DsSection s = root.section("optimizer");
+  const std::string type = s.get<std::string>("type", "AdamW");
+  if (lower(type) == "adam") o.type = "Adam";
+  else if (lower(type) == "adamw") o.type = "AdamW";
+  else DS_USER_ERROR("config: optimizer.type '{}' is not supported (dstrain implements Adam and AdamW)", type);
+  DsSection p = s.section("params");
+  o.lr = p.get<float>("lr", o.lr);
+  if (p.has("betas")) {
+    const auto b = p.get<std::vector<float>>("betas", {});
+    DS_USER_CHECK(b.size() == 2, "config: optimizer.params.betas must be [beta1, beta2], got {}",
+                  p.raw().at("betas").dump());
+    o.beta1 = b[0];
+    o.beta2 = b[1];
+  }
+  p.mark("betas");
+  o.eps = p.get<float>("eps", o.eps);
+  o.weight_decay = p.get<float>("weight_decay", o.weight_decay);
+  DS_USER_CHECK(p.get<bool>("adam_w_mode", true),
+                "config: optimizer.params.adam_w_mode = false (L2-coupled Adam) is not supported; "
+                "dstrain's Adam always decouples weight decay");
+  p.accept_if("bias_correction", true);
+  p.accept_if("amsgrad", false);
+  p.mark("torch_adam");  // an implementation choice in DeepSpeed; same math here
+  p.finish();
+  s.finish();
+}
+
+WarmupKind read_warmup_type(DsSection& p) {
+  const std::string t = p.get<std::string>("warmup_type", "log");  // DeepSpeed's default
+  if (t == "log") return WarmupKind::Log;
+  if (t == "linear") return WarmupKind::Linear;
+  DS_USER_ERROR("config: scheduler.params.warmup_type '{}' is not supported (use \"linear\" or \"log\")", t);
+}
+
+// Maps a DeepSpeed scheduler onto OptimizerConfig; defaults are DeepSpeed's.
+void read_scheduler(DsSection& root, TrainConfig& cfg) {
+  OptimizerConfig& o = cfg.optim;
+  if (!root.has("scheduler")) {
+    root.mark("scheduler");
+    return;
+  }
+  DsSection s = root.section("scheduler");
+  const std::string type = s.get<std::string>("type", "");
+  DS_USER_CHECK(type == "WarmupLR" || type == "WarmupDecayLR" || type == "WarmupCosineLR",
+                "config: scheduler.type '{}' is not supported (use WarmupLR, WarmupDecayLR or "
+                "WarmupCosineLR, or drop 'scheduler' for the Megatron schedule)", type);
+  o.scheduler_type = type;
+  DsSection p = s.section("params");
+  o.warmup_iters = p.get<int64_t>("warmup_num_steps", 1000);
+  o.warmup_type = read_warmup_type(p);
+  o.decay_iters = type == "WarmupLR" ? 0 : p.get<int64_t>("total_num_steps", 0);  // 0: train_iters
+  if (type == "WarmupCosineLR") {
+    o.warmup_min_ratio = p.get<float>("warmup_min_ratio", 0.f);
+    o.cos_min_ratio = p.get<float>("cos_min_ratio", 0.0001f);
+    o.decay = LrDecay::Cosine;
+    o.min_lr = o.cos_min_ratio * o.lr;
+    o.warmup_min_lr = o.warmup_min_ratio * o.lr;
+  } else {
+    o.warmup_min_lr = p.get<float>("warmup_min_lr", 0.f);
+    // WarmupLR defaults to the optimizer's lr; WarmupDecayLR to 0.001 (as in DeepSpeed).
+    o.lr = p.get<float>("warmup_max_lr", type == "WarmupLR" ? o.lr : 0.001f);
+    o.decay = type == "WarmupLR" ? LrDecay::Constant : LrDecay::Linear;
+    o.min_lr = type == "WarmupLR" ? o.lr : o.warmup_min_lr;
+  }
+  p.mark("last_batch_iteration");  // resuming is driven by the checkpoint's iteration
+  p.finish();
+  s.finish();
+}
+
+void read_precision(DsSection& root, PrecisionConfig& pc) {
+  DsSection f = root.section("fp16");
+  // "bfloat16" is DeepSpeed's older spelling of "bf16".
+  DsSection b = root.section(root.has("bfloat16") && !root.has("bf16") ? "bfloat16" : "bf16");
+  const bool fp16 = f.get<bool>("enabled", false), bf16 = b.get<bool>("enabled", false);
+  DS_USER_CHECK(!(fp16 && bf16), "config: fp16.enabled and bf16.enabled are both true; choose one (or --fp16 / --bf16)");
+  pc.precision = fp16 ? Precision::FP16 : bf16 ? Precision::BF16 : Precision::FP32;
+  pc.loss_scale = f.get<float>("loss_scale", pc.loss_scale);
+  pc.initial_scale_power = f.get<int>("initial_scale_power", pc.initial_scale_power);
+  pc.loss_scale_window = f.get<int>("loss_scale_window", pc.loss_scale_window);
+  pc.hysteresis = f.get<int>("hysteresis", pc.hysteresis);
+  pc.min_loss_scale = f.get<float>("min_loss_scale", pc.min_loss_scale);
+  if (fp16) f.finish();  // a disabled section changes nothing: no warnings for it
+  if (bf16) b.finish();
+}
+
+void read_zero(DsSection& root, ZeroConfig& z) {
+  DsSection s = root.section("zero_optimization");
+  z.stage = s.get<int>("stage", z.stage);
+  z.reduce_bucket_size = s.get<int64_t>("reduce_bucket_size", z.reduce_bucket_size);
+  z.allgather_bucket_size = s.get<int64_t>("allgather_bucket_size", z.allgather_bucket_size);
+  z.overlap_comm = s.get<bool>("overlap_comm", z.overlap_comm);
+  z.contiguous_gradients = s.get<bool>("contiguous_gradients", z.contiguous_gradients);
+  z.stage3_prefetch_bucket_size = s.get<int64_t>("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size);
+  z.stage3_max_live_parameters = s.get<int64_t>("stage3_max_live_parameters", z.stage3_max_live_parameters);
+  z.stage3_param_persistence_threshold =
+      s.get<int64_t>("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold);
+  s.accept_if("allgather_partitions", true);
+  s.accept_if("reduce_scatter", true);
+  s.accept_if("round_robin_gradients", false);
+  DsSection off = s.section("offload_optimizer");
+  z.offload_optimizer_device = off.get<std::string>("device", z.offload_optimizer_device);
+  off.mark("pin_memory");  // host buffers are always pinned when offloading
+  if (z.offload_optimizer_device != "none") off.finish();
+  DsSection offp = s.section("offload_param");
+  offp.accept_if("device", "none");  // parameter offload: not implemented
+  if (offp.has("device") && offp.raw().at("device") != "none") offp.finish();
+  s.finish();
+}
+
+// Monitoring / profiling sections: silent when disabled, a warning when enabled.
+void read_optional_features(DsSection& root, LoggingConfig& log) {
+  DsSection csv = root.section("csv_monitor");
+  log.csv_enabled = csv.get<bool>("enabled", log.csv_enabled);
+  log.csv_path = csv.get<std::string>("output_path", log.csv_path);
+  log.csv_job_name = csv.get<std::string>("job_name", log.csv_job_name);
+  csv.finish();
+  for (const char* key : {"tensorboard", "wandb", "comet", "flops_profiler", "comms_logger"}) {
+    root.mark(key);
+    if (!root.has(key)) continue;
+    const json& sec = root.raw().at(key);
+    if (sec.is_object() && !sec.value("enabled", false)) continue;
+    add_warning(root.warnings(), fmt::format("config: DeepSpeed section '{}' (enabled) is not implemented by "
+                                             "dstrain and is ignored", key));
+  }
+  root.accept_if("wall_clock_breakdown", false);
+  root.accept_if("memory_breakdown", false);
+}
+
+}  // namespace
+
+// Our own sections (config_sections.cpp).
+void read_model_section(JsonSection s, ModelConfig& m);
+void read_data_section(JsonSection s, DataConfig& d);
+void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_scheduler, bool has_steps_per_print);
+void read_parallel_section(JsonSection s, ParallelConfig& p);
+
+void read_config_json(const json& j, TrainConfig& cfg, Warnings& w) {
+  DsSection root(j, "", w);
+  BatchConfig& b = cfg.batch;
+  b.train_batch_size = batch_key(root, "train_batch_size");
+  b.micro_batch_size = batch_key(root, "train_micro_batch_size_per_gpu");
+  b.grad_accum_steps = batch_key(root, "gradient_accumulation_steps");
+  cfg.optim.grad_clip = root.get<float>("gradient_clipping", cfg.optim.grad_clip);
+  cfg.log.steps_per_print = root.get<int64_t>("steps_per_print", cfg.log.steps_per_print);
+  read_optimizer(root, cfg.optim);
+  read_scheduler(root, cfg);
+  read_precision(root, cfg.precision);
+  read_zero(root, cfg.zero);
+  read_optional_features(root, cfg.log);
+  for (const char* k : {"model", "data", "training", "parallel"}) root.mark(k);
+  read_model_section(JsonSection(j.value("model", json::object()), "model"), cfg.model);
+  read_data_section(JsonSection(j.value("data", json::object()), "data"), cfg.data);
+  read_training_section(JsonSection(j.value("training", json::object()), "training"), cfg,
+                        !cfg.optim.scheduler_type.empty(), root.has("steps_per_print"));
+  read_parallel_section(JsonSection(j.value("parallel", json::object()), "parallel"), cfg.parallel);
+  root.finish();
+}
+
+}  // namespace ds

@@ -1,0 +1,134 @@
+// Our own config sections: "model", "data", "training", "parallel".
+// These are strict (an unknown key is an error naming it) and are documented
+// key by key in docs/config.md; keep the two in step.
+#include "lib/train/config_internal.h"
+
+namespace ds {
+
+using nlohmann::json;
+
+namespace {
+
+
+constexpr Choice<ModelFamily> kFamilies[] = {{"gpt2", ModelFamily::GPT2}, {"llama", ModelFamily::LLaMA}};
+constexpr Choice<NormKind> kNorms[] = {{"layernorm", NormKind::LayerNorm}, {"rmsnorm", NormKind::RMSNorm}};
+constexpr Choice<Activation> kActs[] = {{"gelu", Activation::GELU}, {"swiglu", Activation::SwiGLU}};
+constexpr Choice<PositionKind> kPositions[] = {{"learned", PositionKind::Learned}, {"rope", PositionKind::Rope}};
+constexpr Choice<LrDecay> kDecays[] = {
+    {"constant", LrDecay::Constant}, {"linear", LrDecay::Linear}, {"cosine", LrDecay::Cosine}};
+
+// GPT-2: LayerNorm, GELU, learned positions, biases, tied embeddings.
+// LLaMA: RMSNorm, SwiGLU, RoPE, no biases, untied embeddings.
+void apply_family_defaults(ModelConfig& m) {
+  const bool llama = m.family == ModelFamily::LLaMA;
+  m.norm = llama ? NormKind::RMSNorm : NormKind::LayerNorm;
+  m.activation = llama ? Activation::SwiGLU : Activation::GELU;
+  m.position = llama ? PositionKind::Rope : PositionKind::Learned;
+  m.bias = !llama;
+  m.untie_embeddings = llama;
+}
+
+}  // namespace
+
+void read_model_section(JsonSection s, ModelConfig& m) {
+  m.family = read_choice(s, "family", kFamilies, m.family);
+  apply_family_defaults(m);
+  m.num_layers = s.get<int>("num_layers", m.num_layers);
+  m.hidden_size = s.get<int>("hidden_size", m.hidden_size);
+  m.num_heads = s.get<int>("num_heads", m.num_heads);
+  m.ffn_hidden_size = s.get<int>("ffn_hidden_size", m.ffn_hidden_size);
+  m.seq_length = s.get<int>("seq_length", m.seq_length);
+  // Not given: as long as the sequence (Megatron does the same).
+  m.max_position_embeddings = s.get<int>("max_position_embeddings", m.seq_length);
+  m.vocab_size = s.get<int>("vocab_size", m.vocab_size);
+  m.make_vocab_size_divisible_by = s.get<int>("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
+  m.untie_embeddings = s.get<bool>("untie_embeddings", m.untie_embeddings);
+  m.norm = read_choice(s, "norm", kNorms, m.norm);
+  m.activation = read_choice(s, "activation", kActs, m.activation);
+  m.position = read_choice(s, "position", kPositions, m.position);
+  m.bias = s.get<bool>("bias", m.bias);
+  m.rope_theta = s.get<float>("rope_theta", m.rope_theta);
+  m.norm_eps = s.get<float>("norm_eps", m.norm_eps);
+  m.init_method_std = s.get<float>("init_method_std", m.init_method_std);
+  s.finish(UnknownKeys::Error);
+}
+
+void read_data_section(JsonSection s, DataConfig& d) {
+  if (s.has("data_path") && s.raw().at("data_path").is_string())
+    d.data_path = {s.get<std::string>("data_path", "")};
+  else
+    d.data_path = s.get<std::vector<std::string>>("data_path", d.data_path);
+  d.split = s.get<std::string>("split", d.split);
+  d.vocab_file = s.get<std::string>("vocab_file", d.vocab_file);
+  d.merge_file = s.get<std::string>("merge_file", d.merge_file);
+  s.finish(UnknownKeys::Error);
+}
+
+namespace {
+
+// Megatron-style schedule keys; they conflict with a DeepSpeed "scheduler".
+void read_training_schedule(JsonSection& s, TrainConfig& cfg, bool has_ds_scheduler) {
+  OptimizerConfig& o = cfg.optim;
+  for (const char* k : {"lr_decay_style", "lr_warmup_iters", "lr_warmup_fraction", "lr_decay_iters", "min_lr",
+                        "lr_warmup_init"}) {
+    DS_USER_CHECK(!(has_ds_scheduler && s.has(k)),
+                  "config: 'training.{}' conflicts with the DeepSpeed 'scheduler' section ({}); use one of them",
+                  k, o.scheduler_type);
+  }
+  if (has_ds_scheduler) {
+    for (const char* k : {"lr_decay_style", "lr_warmup_iters", "lr_warmup_fraction", "lr_decay_iters", "min_lr",
+                          "lr_warmup_init"})
+      s.mark(k);
+    return;
+  }
+  o.decay = read_choice(s, "lr_decay_style", kDecays, o.decay);
+  o.decay_iters = s.get<int64_t>("lr_decay_iters", o.decay_iters);
+  o.min_lr = s.get<float>("min_lr", o.min_lr);
+  o.warmup_min_lr = s.get<float>("lr_warmup_init", o.warmup_min_lr);
+  o.warmup_type = WarmupKind::Linear;
+  DS_USER_CHECK(!(s.has("lr_warmup_iters") && s.has("lr_warmup_fraction")),
+                "config: give only one of training.lr_warmup_iters ({}) and training.lr_warmup_fraction ({})",
+                s.raw().value("lr_warmup_iters", json()).dump(), s.raw().value("lr_warmup_fraction", json()).dump());
+  o.warmup_iters = s.get<int64_t>("lr_warmup_iters", o.warmup_iters);
+  const double frac = s.get<double>("lr_warmup_fraction", 0.0);
+  DS_USER_CHECK(frac >= 0.0 && frac <= 1.0, "config: training.lr_warmup_fraction must be in [0, 1], got {}", frac);
+  if (frac > 0) {  // Megatron: warmup = fraction of the decay length (rounded down here)
+    const int64_t decay = o.decay_iters > 0 ? o.decay_iters : cfg.train_iters;
+    o.warmup_iters = static_cast<int64_t>(frac * static_cast<double>(decay));
+  }
+}
+
+}  // namespace
+
+void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_scheduler, bool has_steps_per_print) {
+  cfg.train_iters = s.get<int64_t>("train_iters", cfg.train_iters);
+  cfg.seed = s.get<uint64_t>("seed", cfg.seed);
+  cfg.device = s.get<std::string>("device", cfg.device);
+  cfg.estimate_memory = s.get<bool>("estimate_memory", cfg.estimate_memory);
+  CheckpointConfig& c = cfg.ckpt;
+  c.save_dir = s.get<std::string>("save", c.save_dir);
+  c.load_dir = s.get<std::string>("load", c.load_dir);
+  c.save_interval = s.get<int64_t>("save_interval", c.save_interval);
+  c.init_from = s.get<std::string>("init_from", c.init_from);
+  c.export_hf = s.get<std::string>("export_hf", c.export_hf);
+  LoggingConfig& l = cfg.log;
+  // DeepSpeed's steps_per_print is the default for the iteration log line.
+  l.log_interval = s.get<int64_t>("log_interval", has_steps_per_print ? l.steps_per_print : l.log_interval);
+  l.eval_interval = s.get<int64_t>("eval_interval", l.eval_interval);
+  l.eval_iters = s.get<int64_t>("eval_iters", l.eval_iters);
+  l.cpu_peak_tflops = s.get<double>("cpu_peak_tflops", l.cpu_peak_tflops);
+  read_training_schedule(s, cfg, has_ds_scheduler);
+  s.finish(UnknownKeys::Error);
+}
+
+void read_parallel_section(JsonSection s, ParallelConfig& p) {
+  p.tp = s.get<int>("tensor_model_parallel_size", p.tp);
+  p.pp = s.get<int>("pipeline_model_parallel_size", p.pp);
+  p.sequence_parallel = s.get<bool>("sequence_parallel", p.sequence_parallel);
+  p.num_layers_per_virtual_stage = s.get<int>("num_layers_per_virtual_pipeline_stage", p.num_layers_per_virtual_stage);
+  p.recompute_granularity = s.get<std::string>("recompute_granularity", p.recompute_granularity);
+  p.recompute_num_layers = s.get<int>("recompute_num_layers", p.recompute_num_layers);
+  s.finish(UnknownKeys::Error);
+}
+
+}  // namespace ds

@@ -1,0 +1,218 @@
+// Derived values and cross-field validation of TrainConfig.
+// Every error is one line naming the fields (config key and flag) and values.
+#include <cmath>
+#include <cstdlib>
+
+#include "lib/train/config_internal.h"
+
+namespace ds {
+
+void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
+  ParallelConfig& p = cfg.parallel;
+  DS_USER_CHECK(world_size > 0, "world size must be positive, got {}", world_size);
+  DS_USER_CHECK(p.tp > 0 && p.pp > 0,
+                "parallel: tensor_model_parallel_size {} and pipeline_model_parallel_size {} must be positive", p.tp,
+                p.pp);
+  DS_USER_CHECK(world_size % (p.tp * p.pp) == 0,
+                "world size {} is not divisible by tensor_model_parallel_size {} * pipeline_model_parallel_size {} "
+                "(--tensor-model-parallel-size / --pipeline-model-parallel-size)",
+                world_size, p.tp, p.pp);
+  cfg.batch.dp_size = world_size / (p.tp * p.pp);
+  resolve_batch(cfg.batch);
+  if (p.tp == 1) p.sequence_parallel = false;  // as Megatron: nothing to split
+
+  ModelConfig& m = cfg.model;
+  if (m.ffn_hidden_size == 0) {
+    m.ffn_hidden_size = m.activation == Activation::SwiGLU
+                            ? static_cast<int>(4.0 * m.hidden_size * 2.0 / 3.0 / 64.0) * 64
+                            : 4 * m.hidden_size;
+  }
+  if (m.vocab_size > 0 && m.make_vocab_size_divisible_by > 0)
+    m.padded_vocab_size = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, p.tp);
+
+  OptimizerConfig& o = cfg.optim;
+  if (o.decay_iters == 0 && o.scheduler_type != "WarmupLR") o.decay_iters = cfg.train_iters;
+  if (o.scheduler_type == "WarmupCosineLR") {
+    o.min_lr = o.cos_min_ratio * o.lr;
+    o.warmup_min_lr = o.warmup_min_ratio * o.lr;
+  }
+  if (!o.scheduler_type.empty() && o.scheduler_type != "WarmupLR" && o.decay_iters < o.warmup_iters)
+    add_warning(w, fmt::format("scheduler.params.total_num_steps {} is less than warmup_num_steps {}", o.decay_iters,
+                               o.warmup_iters));
+  if (cfg.ckpt.save_interval > 0 && cfg.ckpt.save_dir.empty())
+    add_warning(w, fmt::format("training.save_interval {} is set but there is no save directory (--save); "
+                               "no checkpoints will be written", cfg.ckpt.save_interval));
+}
+
+namespace {
+
+void validate_model(const ModelConfig& m, const ParallelConfig& p) {
+  DS_USER_CHECK(m.num_layers > 0, "model.num_layers (--num-layers) must be positive, got {}", m.num_layers);
+  DS_USER_CHECK(m.hidden_size > 0, "model.hidden_size (--hidden-size) must be positive, got {}", m.hidden_size);
+  DS_USER_CHECK(m.num_heads > 0, "model.num_heads (--num-attention-heads) must be positive, got {}", m.num_heads);
+  DS_USER_CHECK(m.hidden_size % m.num_heads == 0,
+                "model.hidden_size {} is not divisible by model.num_heads {} (--hidden-size / --num-attention-heads)",
+                m.hidden_size, m.num_heads);
+  DS_USER_CHECK(m.position != PositionKind::Rope || (m.hidden_size / m.num_heads) % 2 == 0,
+                "RoPE needs an even head size, but hidden_size {} / num_heads {} = {}", m.hidden_size, m.num_heads,
+                m.hidden_size / m.num_heads);
+  DS_USER_CHECK(m.ffn_hidden_size > 0, "model.ffn_hidden_size (--ffn-hidden-size) must be positive, got {}",
+                m.ffn_hidden_size);
+  DS_USER_CHECK(m.seq_length > 0, "model.seq_length (--seq-length) must be positive, got {}", m.seq_length);
+  DS_USER_CHECK(m.position != PositionKind::Learned || m.seq_length <= m.max_position_embeddings,
+                "model.seq_length {} exceeds model.max_position_embeddings {} (--seq-length / "
+                "--max-position-embeddings); learned positions cannot extend past the table",
+                m.seq_length, m.max_position_embeddings);
+  DS_USER_CHECK(m.vocab_size >= 0, "model.vocab_size must be >= 0 (0 = from the vocab file), got {}", m.vocab_size);
+  DS_USER_CHECK(m.make_vocab_size_divisible_by > 0,
+                "model.make_vocab_size_divisible_by (--make-vocab-size-divisible-by) must be positive, got {}",
+                m.make_vocab_size_divisible_by);
+  DS_USER_CHECK(m.init_method_std > 0, "model.init_method_std (--init-method-std) must be positive, got {}",
+                m.init_method_std);
+  DS_USER_CHECK(m.norm_eps > 0, "model.norm_eps (--norm-epsilon) must be positive, got {}", m.norm_eps);
+  DS_USER_CHECK(m.rope_theta > 0, "model.rope_theta (--rotary-base) must be positive, got {}", m.rope_theta);
+  DS_USER_CHECK(m.num_heads % p.tp == 0,
+                "model.num_heads {} is not divisible by tensor_model_parallel_size {} (--tensor-model-parallel-size)",
+                m.num_heads, p.tp);
+  DS_USER_CHECK(m.hidden_size % p.tp == 0, "model.hidden_size {} is not divisible by tensor_model_parallel_size {}",
+                m.hidden_size, p.tp);
+  DS_USER_CHECK(m.ffn_hidden_size % p.tp == 0,
+                "model.ffn_hidden_size {} is not divisible by tensor_model_parallel_size {}", m.ffn_hidden_size, p.tp);
+}
+
+void validate_parallel(const TrainConfig& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  DS_USER_CHECK(m.num_layers % p.pp == 0,
+                "model.num_layers {} is not divisible by pipeline_model_parallel_size {} (--num-layers / "
+                "--pipeline-model-parallel-size)", m.num_layers, p.pp);
+  if (p.num_layers_per_virtual_stage != 0) {
+    DS_USER_CHECK(p.num_layers_per_virtual_stage > 0 && p.pp > 1,
+                  "parallel.num_layers_per_virtual_pipeline_stage {} needs pipeline_model_parallel_size > 1 (got {})",
+                  p.num_layers_per_virtual_stage, p.pp);
+    DS_USER_CHECK((m.num_layers / p.pp) % p.num_layers_per_virtual_stage == 0,
+                  "layers per pipeline stage {} (num_layers {} / pp {}) is not divisible by "
+                  "num_layers_per_virtual_pipeline_stage {}",
+                  m.num_layers / p.pp, m.num_layers, p.pp, p.num_layers_per_virtual_stage);
+  }
+  DS_USER_CHECK(!p.sequence_parallel || m.seq_length % p.tp == 0,
+                "sequence parallelism: model.seq_length {} is not divisible by tensor_model_parallel_size {}",
+                m.seq_length, p.tp);
+  const std::string& g = p.recompute_granularity;
+  DS_USER_CHECK(g.empty() || g == "full" || g == "selective",
+                "parallel.recompute_granularity '{}' must be \"full\" or \"selective\" (or absent)", g);
+  DS_USER_CHECK(p.recompute_num_layers >= 0 && p.recompute_num_layers <= m.num_layers / p.pp,
+                "parallel.recompute_num_layers {} must be in [0, layers per stage {}]", p.recompute_num_layers,
+                m.num_layers / p.pp);
+  const ZeroConfig& z = cfg.zero;
+  DS_USER_CHECK(z.stage >= 0 && z.stage <= 3, "zero_optimization.stage (--zero-stage) must be 0-3, got {}", z.stage);
+  DS_USER_CHECK(!(z.stage >= 2 && p.pp > 1),
+                "zero_optimization.stage {} cannot be combined with pipeline_model_parallel_size {} (ZeRO-2/3 "
+                "partition gradients that pipeline stages accumulate); use stage 0 or 1", z.stage, p.pp);
+  DS_USER_CHECK(z.offload_optimizer_device == "none" || z.offload_optimizer_device == "cpu",
+                "zero_optimization.offload_optimizer.device '{}' is not supported (use \"none\" or \"cpu\")",
+                z.offload_optimizer_device);
+  DS_USER_CHECK(z.reduce_bucket_size > 0 && z.allgather_bucket_size > 0,
+                "zero_optimization: reduce_bucket_size {} and allgather_bucket_size {} must be positive",
+                z.reduce_bucket_size, z.allgather_bucket_size);
+}
+
+void validate_optimizer(const OptimizerConfig& o) {
+  DS_USER_CHECK(o.lr >= 0, "optimizer lr (optimizer.params.lr / --lr) must be >= 0, got {}", o.lr);
+  DS_USER_CHECK(o.min_lr >= 0 && o.min_lr <= o.lr, "min_lr {} must be in [0, lr {}] (training.min_lr / --min-lr)",
+                o.min_lr, o.lr);
+  DS_USER_CHECK(o.warmup_min_lr >= 0 && o.warmup_min_lr <= o.lr,
+                "warmup start lr {} must be in [0, lr {}] (warmup_min_lr / lr_warmup_init / --lr-warmup-init)",
+                o.warmup_min_lr, o.lr);
+  DS_USER_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1,
+                "optimizer.params.betas [{}, {}] must be in [0, 1) (--adam-beta1 / --adam-beta2)", o.beta1, o.beta2);
+  DS_USER_CHECK(o.eps > 0, "optimizer.params.eps (--adam-eps) must be positive, got {}", o.eps);
+  DS_USER_CHECK(o.weight_decay >= 0, "optimizer.params.weight_decay (--weight-decay) must be >= 0, got {}",
+                o.weight_decay);
+  DS_USER_CHECK(o.grad_clip >= 0, "gradient_clipping (--clip-grad) must be >= 0 (0 = off), got {}", o.grad_clip);
+  DS_USER_CHECK(o.warmup_iters >= 0 && o.decay_iters >= 0,
+                "lr warmup iterations {} and decay iterations {} must be >= 0", o.warmup_iters, o.decay_iters);
+  DS_USER_CHECK(o.cos_min_ratio >= 0 && o.cos_min_ratio <= 1 && o.warmup_min_ratio >= 0 && o.warmup_min_ratio <= 1,
+                "scheduler.params: cos_min_ratio {} and warmup_min_ratio {} must be in [0, 1]", o.cos_min_ratio,
+                o.warmup_min_ratio);
+  if (o.scheduler_type.empty() && o.decay != LrDecay::Constant && o.warmup_iters > 0 && o.decay_iters > 0)
+    DS_USER_CHECK(o.warmup_iters < o.decay_iters,
+                  "lr warmup iterations {} must be fewer than lr decay iterations {} (--lr-warmup-iters / "
+                  "--lr-decay-iters, default: train iters)", o.warmup_iters, o.decay_iters);
+}
+
+// "949,50,1" or "90/5/5": one to three non-negative weights, not all zero.
+void validate_split(const std::string& split) {
+  double sum = 0;
+  int n = 0;
+  const char* p = split.c_str();
+  while (*p) {
+    char* end = nullptr;
+    const double v = std::strtod(p, &end);
+    DS_USER_CHECK(end != p && v >= 0 && std::isfinite(v),
+                  "data.split '{}' (--split) must be up to three non-negative numbers like 949,50,1", split);
+    sum += v;
+    ++n;
+    p = end;
+    if (*p == ',' || *p == '/') ++p;
+    else DS_USER_CHECK(*p == '\0', "data.split '{}' (--split): unexpected '{}'", split, *p);
+  }
+  DS_USER_CHECK(n >= 1 && n <= 3 && sum > 0, "data.split '{}' (--split) must be 1-3 weights with a positive sum",
+                split);
+}
+
+void validate_data(const DataConfig& d) {
+  validate_split(d.split);
+  DS_USER_CHECK(d.vocab_file.empty() == d.merge_file.empty(),
+                "data.vocab_file '{}' and data.merge_file '{}' (--vocab-file / --merge-file) go together",
+                d.vocab_file, d.merge_file);
+  if (d.data_path.size() > 1) {  // "W1 P1 W2 P2 ...": weights must be numbers
+    char* end = nullptr;
+    std::strtod(d.data_path[0].c_str(), &end);
+    const bool weighted = end && *end == '\0' && end != d.data_path[0].c_str();
+    if (weighted) {
+      DS_USER_CHECK(d.data_path.size() % 2 == 0,
+                    "data.data_path (--data-path) with weights needs pairs 'WEIGHT PREFIX ...', got {} items",
+                    d.data_path.size());
+      for (size_t i = 0; i < d.data_path.size(); i += 2) {
+        const double wgt = std::strtod(d.data_path[i].c_str(), &end);
+        DS_USER_CHECK(*end == '\0' && wgt >= 0, "data.data_path (--data-path): '{}' is not a weight (item {})",
+                      d.data_path[i], i);
+      }
+    }
+  }
+}
+
+void validate_training(const TrainConfig& cfg) {
+  DS_USER_CHECK(cfg.train_iters >= 0, "training.train_iters (--train-iters) must be >= 0, got {}", cfg.train_iters);
+  DS_USER_CHECK(cfg.device == "cpu" || cfg.device == "cuda", "training.device (--device) '{}' must be cpu or cuda",
+                cfg.device);
+  const LoggingConfig& l = cfg.log;
+  DS_USER_CHECK(l.log_interval > 0, "training.log_interval (--log-interval) must be positive, got {}", l.log_interval);
+  DS_USER_CHECK(l.steps_per_print > 0, "steps_per_print must be positive, got {}", l.steps_per_print);
+  DS_USER_CHECK(l.eval_interval >= 0 && l.eval_iters >= 0,
+                "training.eval_interval {} and eval_iters {} must be >= 0 (--eval-interval / --eval-iters)",
+                l.eval_interval, l.eval_iters);
+  DS_USER_CHECK(l.cpu_peak_tflops >= 0, "training.cpu_peak_tflops (--cpu-peak-tflops) must be >= 0, got {}",
+                l.cpu_peak_tflops);
+  DS_USER_CHECK(cfg.ckpt.save_interval >= 0, "training.save_interval (--save-interval) must be >= 0, got {}",
+                cfg.ckpt.save_interval);
+  const PrecisionConfig& pc = cfg.precision;
+  DS_USER_CHECK(pc.loss_scale >= 0 && pc.min_loss_scale > 0 && pc.loss_scale_window > 0 && pc.hysteresis >= 1 &&
+                    pc.initial_scale_power >= 0 && pc.initial_scale_power < 64,
+                "fp16: loss_scale {} (>= 0), min_loss_scale {} (> 0), loss_scale_window {} (> 0), hysteresis {} "
+                "(>= 1), initial_scale_power {} (0-63) out of range",
+                pc.loss_scale, pc.min_loss_scale, pc.loss_scale_window, pc.hysteresis, pc.initial_scale_power);
+}
+
+}  // namespace
+
+void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
+  validate_model(cfg.model, cfg.parallel);
+  validate_parallel(cfg);
+  validate_optimizer(cfg.optim);
+  validate_data(cfg.data);
+  validate_training(cfg);
+}
+
+}  // namespace ds

@@ -1,0 +1,50 @@
+// The trainer's view of the data: opens the indexed dataset, splits it into
+// train/valid ranges (--split), and hands out micro-batches by global sample
+// index with Megatron's data-parallel sampler semantics: a micro-step consumes
+// micro_batch * dp consecutive samples and DP rank r takes the r-th block.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "lib/core/tensor.h"
+#include "lib/data/gpt_dataset.h"
+#include "lib/data/indexed_dataset.h"
+#include "lib/train/config.h"
+
+namespace ds {
+
+struct MicroBatch {
+  Tensor tokens;   // (B, T) i32 on the model device
+  Tensor targets;  // (B, T) i32 on the model device
+};
+
+class DataPipeline {
+ public:
+  // Throws UserError for a missing/corrupt dataset, a split too small to hold
+  // one sample, or tokens outside the vocabulary.
+  DataPipeline(const TrainConfig& cfg, Device dev);
+
+  // Micro-batch `micro` (0..grad_accum-1) of the global batch that starts at
+  // training sample `consumed`, for data-parallel rank `dp_rank` of `dp`.
+  MicroBatch train_batch(int64_t consumed, int micro, int dp_rank, int dp);
+  // Validation batches are taken from the start of the valid split each time.
+  MicroBatch valid_batch(int64_t first_sample, int dp_rank, int dp);
+  bool has_valid() const { return valid_ && valid_->samples_per_epoch() > 0; }
+  int64_t train_samples_per_epoch() const { return train_->samples_per_epoch(); }
+  int64_t max_token() const { return max_token_; }
+
+ private:
+  MicroBatch fetch(const data::GptDataset& ds, int64_t first);
+
+  int64_t B_, T_;
+  Device dev_;
+  std::unique_ptr<data::IndexedDataset> ds_;
+  std::unique_ptr<data::GptDataset> train_, valid_;
+  int64_t max_token_ = -1;
+  Tensor host_;  // (B, T+1) staging
+};
+
+// Real vocabulary size from a GPT-2 style vocab.json (number of entries).
+int64_t vocab_size_from_file(const std::string& vocab_json);
+
+}  // namespace ds

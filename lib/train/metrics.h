@@ -1,0 +1,39 @@
+// Iteration and validation log lines (Megatron's format) and the CSV monitor.
+// FLOPs per token = 6 * N + 6 * L * C * T, with N the parameters that take part
+// in matrix multiplies (all but learned position embeddings); the second term is
+// causal attention (QK^T and PV, forward + backward, half the TxT square).
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "lib/train/config.h"
+
+namespace ds {
+
+struct IterStats {
+  int64_t iteration = 0, train_iters = 0, consumed_samples = 0, global_batch = 0;
+  double ms_per_iter = 0, lr = 0, loss = 0, loss_scale = 1, grad_norm = 0;
+  int64_t skipped = 0, nan_iters = 0;
+  double tokens_per_s = 0, tflops = 0, mfu = -1;  // mfu < 0: not reported
+  double max_mem_gb = -1;                          // < 0: not reported
+};
+
+double flops_per_token(const ModelConfig& m, int64_t n_params_matmul);
+std::string format_iteration(const IterStats& s);
+std::string format_validation(int64_t iteration, double loss);
+
+class CsvMonitor {
+ public:
+  CsvMonitor() = default;
+  // Opens OUTPUT_PATH/JOB_NAME/{train,valid}.csv (appending on resume).
+  void open(const std::string& output_path, const std::string& job_name);
+  void train(const IterStats& s);
+  void valid(int64_t iteration, double loss);
+  bool enabled() const { return train_.is_open(); }
+
+ private:
+  std::ofstream train_, valid_;
+};
+
+}  // namespace ds

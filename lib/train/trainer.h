@@ -1,0 +1,48 @@
+// The training loop: batches -> forward/backward over grad-accumulation
+// micro-steps -> grad-norm clipping -> AdamW -> logging, evaluation and
+// checkpoints. One Trainer per process.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "lib/ckpt/checkpoint.h"
+#include "lib/model/gpt.h"
+#include "lib/optim/adamw.h"
+#include "lib/train/config.h"
+#include "lib/train/data_pipeline.h"
+#include "lib/train/metrics.h"
+
+namespace ds {
+
+// Fills model.vocab_size from the vocab file (if given) and the padded size.
+void resolve_vocab(TrainConfig& cfg);
+
+class Trainer {
+ public:
+  explicit Trainer(const TrainConfig& cfg);
+  // Runs until train_iters; returns the per-iteration training losses of this run.
+  std::vector<float> run();
+  // Validation loss over eval_iters global batches of the valid split.
+  double evaluate();
+  GptModel& model() { return *model_; }
+  const TrainState& state() const { return state_; }
+
+ private:
+  float train_step();
+  void save();
+  void load_or_init();
+  void log_iteration(float loss, double grad_norm, double ms);
+
+  TrainConfig cfg_;
+  Device dev_;
+  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<DataPipeline> data_;
+  TrainState state_;
+  CsvMonitor csv_;
+  double flops_per_token_ = 0;
+  double peak_tflops_ = 0;
+  double last_grad_norm_ = 0, last_lr_ = 0;
+};
+
+}  // namespace ds

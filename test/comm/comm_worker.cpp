@@ -1,0 +1,294 @@
+// ds_comm_worker: one rank of a multi-process communication test, started by
+// proc_harness with the dsrun rank environment. argv[1] names the scenario.
+// Exit 0 = all checks passed; 1 = a check failed; 2 = an exception (its
+// message is printed, the tests match on it); 3 = a deliberate death.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+#include "lib/comm/communicator.h"
+#include "lib/comm/tcp_store.h"
+#include "lib/core/error.h"
+#include "lib/core/rng.h"
+#include "lib/parallel/comms.h"
+#include "test/comm/nccl_scenario.h"
+
+namespace ds {
+namespace {
+
+#define WCHECK(cond, ...)                                                          \
+  do {                                                                            \
+    if (!(cond))                                                                  \
+      throw std::logic_error(fmt::format("{}:{} check failed: {}: ", __FILE__, __LINE__, #cond) + \
+                             fmt::format(__VA_ARGS__));                           \
+  } while (0)
+
+// Input element i of `rank` for test `seed`: varied magnitudes so that the
+// summation order shows in the rounding.
+float value(uint64_t seed, int rank, int64_t i) {
+  return static_cast<float>(normal_at(seed, rank, i) * std::ldexp(1.0, static_cast<int>(i % 9) - 4));
+}
+
+Tensor filled(uint64_t seed, int rank, int64_t n) {
+  Tensor t = Tensor::empty({n}, DType::F32);
+  for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = value(seed, rank, i);
+  return t;
+}
+
+// Sum (or max) over ranks 0..n-1 in rank order, as the Gloo backend promises.
+float expected(uint64_t seed, int n, int64_t i, ReduceOp op) {
+  float acc = value(seed, 0, i);
+  for (int r = 1; r < n; ++r) acc = op == ReduceOp::Sum ? acc + value(seed, r, i)
+                                                        : std::max(acc, value(seed, r, i));
+  return acc;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+
+void check_all_reduce(Communicator& c, uint64_t seed, int64_t n, ReduceOp op) {
+  Tensor t = filled(seed, c.rank(), n);
+  c.all_reduce(t, op);
+  for (int64_t i = 0; i < n; ++i)
+    WCHECK(same_bits(t.data<float>()[i], expected(seed, c.size(), i, op)),
+           "all_reduce n={} i={}: {} vs {}", n, i, t.data<float>()[i], expected(seed, c.size(), i, op));
+}
+
+void check_typed_all_reduce(Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  Tensor a = Tensor::empty({37}, DType::I32), b = Tensor::empty({37}, DType::I64);
+  Tensor h = Tensor::empty({300}, DType::BF16);
+  for (int i = 0; i < 37; ++i) {
+    a.data<int32_t>()[i] = (me + 1) * 1000 + i;
+    b.data<int64_t>()[i] = (int64_t(1) << 40) * (me + 1) - i;
+  }
+  for (int i = 0; i < 300; ++i) h.data<uint16_t>()[i] = f32_to_bf16(value(7, me, i));
+  c.all_reduce(a);
+  c.all_reduce(b, ReduceOp::Max);
+  c.all_reduce(h);
+  for (int i = 0; i < 37; ++i) {
+    WCHECK(a.data<int32_t>()[i] == 1000 * n * (n + 1) / 2 + n * i, "i32 sum i={}", i);
+    WCHECK(b.data<int64_t>()[i] == (int64_t(1) << 40) * n - i, "i64 max i={}", i);
+  }
+  for (int i = 0; i < 300; ++i) {
+    float acc = bf16_to_f32(f32_to_bf16(value(7, 0, i)));
+    for (int r = 1; r < n; ++r) acc += bf16_to_f32(f32_to_bf16(value(7, r, i)));
+    WCHECK(h.data<uint16_t>()[i] == f32_to_bf16(acc), "bf16 sum i={}", i);
+  }
+}
+
+void check_reduce_scatter(Communicator& c, uint64_t seed, int64_t per) {
+  const int n = c.size(), me = c.rank();
+  Tensor in = filled(seed, me, per * n);
+  Tensor out = Tensor::empty({per}, DType::F32);
+  c.reduce_scatter(in, out);
+  for (int64_t j = 0; j < per; ++j)
+    WCHECK(same_bits(out.data<float>()[j], expected(seed, n, me * per + j, ReduceOp::Sum)),
+           "reduce_scatter per={} j={}", per, j);
+  // In place (output = own chunk of input), and bit-equal to all_reduce.
+  Tensor inplace = filled(seed, me, per * n);
+  c.reduce_scatter(inplace, inplace.view(me * per, {per}));
+  Tensor ar = filled(seed, me, per * n);
+  c.all_reduce(ar);
+  WCHECK(std::memcmp(inplace.data<float>() + me * per, out.raw(), per * 4) == 0, "in-place rs");
+  WCHECK(std::memcmp(ar.data<float>() + me * per, out.raw(), per * 4) == 0, "rs vs all_reduce");
+}
+
+void check_all_gather(Communicator& c, int64_t per) {
+  const int n = c.size(), me = c.rank();
+  Tensor in = filled(11, me, per);
+  Tensor out = Tensor::empty({per * n}, DType::F32);
+  c.all_gather(in, out);
+  for (int r = 0; r < n; ++r)
+    for (int64_t j = 0; j < per; ++j)
+      WCHECK(same_bits(out.data<float>()[r * per + j], value(11, r, j)), "all_gather r={} j={}", r, j);
+  Tensor bytes = Tensor::empty({per * n}, DType::U8);  // in place, another dtype
+  for (int64_t j = 0; j < per; ++j) bytes.data<uint8_t>()[me * per + j] = uint8_t(me * 31 + j);
+  c.all_gather(bytes.view(me * per, {per}), bytes);
+  for (int r = 0; r < n; ++r)
+    for (int64_t j = 0; j < per; ++j)
+      WCHECK(bytes.data<uint8_t>()[r * per + j] == uint8_t(r * 31 + j), "u8 all_gather");
+}
+
+void check_broadcast_p2p(Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  for (int root = 0; root < n; ++root) {
+    Tensor t = filled(100 + root, me, 1003);
+    c.broadcast(t, root);
+    for (int64_t i = 0; i < 1003; ++i)
+      WCHECK(same_bits(t.data<float>()[i], value(100 + root, root, i)), "broadcast root={}", root);
+  }
+  // Ring: even ranks send first, odd ranks receive first; three messages of
+  // different sizes per hop must arrive in order.
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  auto do_send = [&] {
+    for (int k = 0; k < 3; ++k) c.send(filled(200 + k, me, 10 + 500 * k), next);
+  };
+  auto do_recv = [&] {
+    for (int k = 0; k < 3; ++k) {
+      Tensor t = Tensor::empty({10 + 500 * k}, DType::F32);
+      c.recv(t, prev);
+      for (int64_t i = 0; i < t.numel(); ++i)
+        WCHECK(same_bits(t.data<float>()[i], value(200 + k, prev, i)), "recv k={} i={}", k, i);
+    }
+  };
+  if (me % 2 == 0) {
+    do_send();
+    do_recv();
+  } else {
+    do_recv();
+    do_send();
+  }
+  c.barrier();
+}
+
+void run_suite(Communicator& c, uint64_t seed) {
+  for (int64_t n : {0, 1, 5, 1001, 40000}) check_all_reduce(c, seed + n, n, ReduceOp::Sum);
+  check_all_reduce(c, seed + 1, 777, ReduceOp::Max);
+  check_typed_all_reduce(c);
+  for (int64_t per : {1, 333, 5000}) check_reduce_scatter(c, seed + per, per);
+  for (int64_t per : {1, 7, 2049}) check_all_gather(c, per);
+  check_broadcast_p2p(c);
+}
+
+int scenario_collectives() {
+  auto world = make_world_communicator(Backend::Gloo, RendezvousInfo::from_env());
+  run_suite(*world, 1);
+  Tensor a = filled(5, world->rank(), 4097), b = filled(5, world->rank(), 4097);
+  world->all_reduce(a);
+  world->all_reduce(b);
+  WCHECK(std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0, "repeat all_reduce differs");
+  return 0;
+}
+
+// World of 4: pairs, strided pairs, a reversed group, and build_comms(TP 2, PP 2).
+int scenario_groups() {
+  auto world = make_world_communicator(Backend::Gloo, RendezvousInfo::from_env());
+  const int me = world->rank();
+  WCHECK(world->size() == 4, "needs 4 ranks");
+  auto pair = world->split(me < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3},
+                           "pair/" + std::to_string(me / 2));
+  auto stride = world->split(me % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3},
+                             "stride/" + std::to_string(me % 2));
+  auto rev = world->split({3, 2, 1, 0}, "rev");
+  WCHECK(rev->rank() == 3 - me && rev->world_ranks()[0] == 3, "reversed group ranks");
+  for (Communicator* g : {pair.get(), stride.get(), rev.get()}) {
+    run_suite(*g, 40 + g->world_ranks()[0]);
+    Tensor ids = Tensor::empty({g->size()}, DType::I32);
+    Tensor mine = Tensor::empty({1}, DType::I32);
+    mine.data<int32_t>()[0] = me;
+    g->all_gather(mine, ids);
+    for (int i = 0; i < g->size(); ++i)
+      WCHECK(ids.data<int32_t>()[i] == g->world_ranks()[i], "group {} member {}", g->name(), i);
+  }
+  RankGrid grid = make_rank_grid(4, 2, 2, me);
+  Comms comms = build_comms(*world, grid);
+  const std::vector<std::pair<Communicator*, std::vector<int>>> expect = {
+      {comms.tp, grid.my_tp_group()}, {comms.dp, grid.my_dp_group()},
+      {comms.pp, grid.my_pp_group()}, {comms.mp, grid.my_mp_group()},
+      {comms.embedding, grid.embedding_groups[grid.pp_index]}};
+  for (const auto& [g, ranks] : expect) {
+    WCHECK(g && g->world_ranks() == ranks, "comms group {}", g ? g->name() : "null");
+    Tensor ids = Tensor::empty({g->size()}, DType::I32), mine = Tensor::empty({1}, DType::I32);
+    mine.data<int32_t>()[0] = me;
+    g->all_gather(mine, ids);
+    for (int i = 0; i < g->size(); ++i) WCHECK(ids.data<int32_t>()[i] == ranks[i], "{}", g->name());
+  }
+  WCHECK(comms.pp->rank() == grid.pp_rank && comms.tp->rank() == grid.tp_rank, "group ranks");
+  world->barrier();
+  return 0;
+}
+
+int die_rank() {
+  const char* v = std::getenv("DS_TEST_DIE_RANK");
+  return v ? std::atoi(v) : -1;
+}
+
+int scenario_die_before_join() {
+  RendezvousInfo info = RendezvousInfo::from_env();
+  if (info.rank == die_rank()) return 3;
+  make_world_communicator(Backend::Gloo, info);
+  return 0;
+}
+
+// The dying rank reaches the store, then vanishes without a goodbye.
+int scenario_die_in_join() {
+  RendezvousInfo info = RendezvousInfo::from_env();
+  if (info.rank == die_rank()) {
+    TcpStoreOptions o;
+    o.host = info.master_addr;
+    o.port = info.master_port;
+    o.token = info.token;
+    o.rank = info.rank;
+    o.timeout = info.timeout;
+    TcpStore s(o);
+    s.set("hello", "1");
+    _exit(3);
+  }
+  make_world_communicator(Backend::Gloo, info);
+  return 0;
+}
+
+int scenario_die_in_collective() {
+  auto world = make_world_communicator(Backend::Gloo, RendezvousInfo::from_env());
+  world->barrier();
+  if (world->rank() == die_rank()) _exit(3);
+  Tensor t = filled(1, world->rank(), 100000);
+  for (int i = 0; i < 50; ++i) world->all_reduce(t);
+  return 0;
+}
+
+// Not a test: all_reduce timing for a quick look (DS_BENCH_ELEMS, default 16M).
+int scenario_bench() {
+  auto world = make_world_communicator(Backend::Gloo, RendezvousInfo::from_env());
+  const char* e = std::getenv("DS_BENCH_ELEMS");
+  int64_t n = e ? std::atoll(e) : (int64_t(1) << 24);
+  Tensor t = filled(1, world->rank(), n);
+  world->all_reduce(t);
+  auto t0 = std::chrono::steady_clock::now();
+  const int iters = 5;
+  for (int i = 0; i < iters; ++i) world->all_reduce(t);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+  double bus = 2.0 * (world->size() - 1) / world->size() * n * 4 / s / 1e9;  // nccl-tests busbw
+  std::printf("rank %d: all_reduce %lld f32: %.3f ms, bus bandwidth %.2f GB/s\n", world->rank(),
+              static_cast<long long>(n), s * 1e3, bus);
+  return 0;
+}
+
+}  // namespace
+}  // namespace ds
+
+int main(int argc, char** argv) {
+  using namespace ds;
+  std::map<std::string, std::function<int()>> scenarios = {
+      {"collectives", scenario_collectives},
+      {"groups", scenario_groups},
+      {"die_before_join", scenario_die_before_join},
+      {"die_in_join", scenario_die_in_join},
+      {"die_in_collective", scenario_die_in_collective},
+      {"nccl", test::nccl_scenario},
+      {"bench", scenario_bench},
+  };
+  if (argc < 2 || !scenarios.count(argv[1])) {
+    std::fprintf(stderr, "usage: ds_comm_worker <scenario>\n");
+    return 64;
+  }
+  try {
+    int rc = scenarios[argv[1]]();
+    std::printf("rank %s: %s done (rc %d)\n", std::getenv("RANK"), argv[1], rc);
+    return rc;
+  } catch (const std::logic_error& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::printf("ERROR: %s\n", e.what());
+    return 2;
+  }
+}

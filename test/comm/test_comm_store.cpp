@@ -1,0 +1,212 @@
+// TcpStore tests inside one process (server + clients as threads): the key
+// operations, blocking get, token refusal, timeouts that name missing keys and
+// ranks, lost ranks, port in use, unreachable server. Also the single-process
+// world communicator and the rank environment parser.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <thread>
+
+#include "lib/comm/communicator.h"
+#include "lib/comm/tcp_store.h"
+#include "lib/core/error.h"
+
+using namespace ds;
+using namespace std::chrono_literals;
+
+namespace {
+
+TcpStoreOptions server_opts(const std::string& token = "tok", std::chrono::milliseconds t = 5000ms) {
+  TcpStoreOptions o;
+  o.port = 0;
+  o.is_server = true;
+  o.token = token;
+  o.rank = 0;
+  o.timeout = t;
+  return o;
+}
+
+TcpStoreOptions client_opts(int port, int rank, const std::string& token = "tok",
+                            std::chrono::milliseconds t = 5000ms) {
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.token = token;
+  o.rank = rank;
+  o.timeout = t;
+  return o;
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("store: set, get, add, check, wait", "[store]") {
+  TcpStore server(server_opts());
+  TcpStore a(client_opts(server.port(), 1)), b(client_opts(server.port(), 2));
+  a.set("k", "v");
+  CHECK(b.get("k") == "v");
+  std::string bin("a\0b\xff", 4);
+  b.set("bin", bin);
+  CHECK(a.get("bin") == bin);
+  std::string big(1 << 20, 'x');
+  a.set("big", big);
+  CHECK(server.get("big") == big);
+  CHECK(a.add("n", 5) == 5);
+  CHECK(b.add("n", -2) == 3);
+  CHECK(server.get("n") == "3");
+  CHECK(a.check({"k", "n"}));
+  CHECK_FALSE(a.check({"k", "absent"}));
+  // A blocking get is answered when another client sets the key.
+  auto fut = std::async(std::launch::async, [&] { return a.get("later"); });
+  std::this_thread::sleep_for(50ms);
+  b.set("later", "here");
+  CHECK(fut.get() == "here");
+  auto w = std::async(std::launch::async, [&] { b.wait({"x", "y"}); return true; });
+  a.set("x", "1");
+  server.set("y", "2");
+  CHECK(w.get());
+}
+
+TEST_CASE("store: wait timeout names the missing keys", "[store]") {
+  TcpStore server(server_opts());
+  TcpStore a(client_opts(server.port(), 1));
+  a.set("present", "1");
+  auto t0 = std::chrono::steady_clock::now();
+  std::string err = error_of([&] { a.wait({"present", "absent/one"}, 300ms); });
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  CHECK_THAT(err, Catch::Contains("timed out") && Catch::Contains("'absent/one'"));
+  CHECK_THAT(err, !Catch::Contains("'present'"));
+  CHECK_THAT(error_of([&] { a.get("nope", 200ms); }), Catch::Contains("'nope'"));
+}
+
+TEST_CASE("store: barrier timeout lists the ranks that never arrived", "[store]") {
+  TcpStore server(server_opts("tok", 800ms));
+  TcpStore r1(client_opts(server.port(), 1, "tok", 800ms));
+  auto f1 = std::async(std::launch::async, [&] { return error_of([&] { r1.barrier("join", 1, 4); }); });
+  std::string e0 = error_of([&] { server.barrier("join", 0, 4); });
+  CHECK_THAT(e0, Catch::Contains("ranks never arrived: 2, 3") && Catch::Contains("world size 4"));
+  CHECK_THAT(f1.get(), Catch::Contains("ranks never arrived: 2, 3"));
+}
+
+TEST_CASE("store: a barrier completes when all ranks arrive", "[store]") {
+  TcpStore server(server_opts());
+  std::vector<std::future<void>> fs;
+  std::vector<std::unique_ptr<TcpStore>> clients;
+  for (int r = 1; r < 4; ++r) clients.push_back(std::make_unique<TcpStore>(client_opts(server.port(), r)));
+  for (int r = 1; r < 4; ++r)
+    fs.push_back(std::async(std::launch::async, [&, r] { clients[r - 1]->barrier("b", r, 4); }));
+  server.barrier("b", 0, 4);
+  for (auto& f : fs) f.get();
+}
+
+TEST_CASE("store: a rank that dies fails the waiters at once", "[store]") {
+  TcpStore server(server_opts("tok", 10000ms));
+  auto t0 = std::chrono::steady_clock::now();
+  auto waiter = std::async(std::launch::async, [&] {
+    return error_of([&] { server.barrier("join", 0, 2); });
+  });
+  std::this_thread::sleep_for(100ms);
+  try {
+    TcpStore doomed(client_opts(server.port(), 1, "tok", 10000ms));
+    throw std::runtime_error("simulated crash");  // unwinding: no goodbye is sent
+  } catch (const std::runtime_error&) {
+  }
+  std::string err = waiter.get();
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  CHECK_THAT(err, Catch::Contains("rank(s) 1 dropped their connection") &&
+                      Catch::Contains("never arrived: 1"));
+}
+
+TEST_CASE("store: the job token is checked", "[store]") {
+  TcpStore server(server_opts("secret"));
+  std::string err = error_of([&] { TcpStore c(client_opts(server.port(), 1, "wrong")); });
+  CHECK_THAT(err, Catch::Contains("refused") && Catch::Contains("DS_JOB_TOKEN"));
+  CHECK_THAT(error_of([&] { TcpStore c(client_opts(server.port(), 1, "")); }), Catch::Contains("refused"));
+  TcpStore ok(client_opts(server.port(), 1, "secret"));
+  ok.set("a", "b");
+  TcpStore open_server(server_opts(""));
+  TcpStore anon(client_opts(open_server.port(), 1, ""));
+  anon.set("a", "b");
+  CHECK_THAT(error_of([&] { TcpStore c(client_opts(open_server.port(), 2, "x")); }),
+             Catch::Contains("refused"));
+}
+
+TEST_CASE("store: port in use and unreachable server are user errors", "[store]") {
+  TcpStore server(server_opts());
+  TcpStoreOptions again = server_opts();
+  again.port = server.port();
+  CHECK_THROWS_AS(TcpStore(again), UserError);
+  CHECK_THAT(error_of([&] { TcpStore s(again); }), Catch::Contains("already in use"));
+  int dead_port = server.port();
+  {
+    TcpStoreOptions o = server_opts();
+    TcpStore tmp(o);
+    dead_port = tmp.port();
+  }  // closed: nobody listens there now
+  auto t0 = std::chrono::steady_clock::now();
+  std::string err = error_of([&] { TcpStore c(client_opts(dead_port, 3, "tok", 500ms)); });
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  CHECK_THAT(err, Catch::Contains("rank 3: cannot reach the rendezvous store") &&
+                      Catch::Contains("MASTER_ADDR"));
+}
+
+TEST_CASE("world of one: no sockets, collectives are identities", "[comm]") {
+  RendezvousInfo info;  // defaults: rank 0 of 1
+  auto c = make_world_communicator(Backend::Gloo, info);
+  CHECK(c->size() == 1);
+  CHECK(c->store() == nullptr);
+  Tensor t = Tensor::empty({5}, DType::F32);
+  for (int i = 0; i < 5; ++i) t.data<float>()[i] = float(i);
+  c->all_reduce(t);
+  Tensor out = Tensor::empty({5}, DType::F32);
+  c->reduce_scatter(t, out);
+  c->all_gather(t, out);
+  c->broadcast(t, 0);
+  c->barrier();
+  for (int i = 0; i < 5; ++i) CHECK(out.data<float>()[i] == float(i));
+  auto g = c->split({0}, "solo");
+  CHECK(g->size() == 1);
+  CHECK(g->name() == "world/solo");
+  g->all_reduce(t, ReduceOp::Max);
+  CHECK_THROWS(c->split({0}, "solo"));     // tag reuse
+  CHECK_THROWS(c->split({1}, "outside"));  // not a member
+  CHECK_THROWS(c->all_reduce(Tensor::empty({2}, DType::F32, Device::cuda(0))));
+}
+
+TEST_CASE("rendezvous info from the environment", "[comm]") {
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("RANK", "3", 1);
+  setenv("MASTER_ADDR", "10.1.2.3", 1);
+  setenv("MASTER_PORT", "1234", 1);
+  setenv("DS_JOB_TOKEN", "abc", 1);
+  RendezvousInfo r = RendezvousInfo::from_env();
+  CHECK(r.rank == 3);
+  CHECK(r.world_size == 4);
+  CHECK(r.master_addr == "10.1.2.3");
+  CHECK(r.master_port == 1234);
+  CHECK(r.token == "abc");
+  setenv("RANK", "4", 1);
+  CHECK_THAT(error_of([] { RendezvousInfo::from_env(); }), Catch::Contains("RANK=4"));
+  setenv("RANK", "x", 1);
+  CHECK_THAT(error_of([] { RendezvousInfo::from_env(); }), Catch::Contains("RANK='x'"));
+  setenv("RANK", "0", 1);
+  unsetenv("MASTER_ADDR");
+  CHECK_THAT(error_of([] { RendezvousInfo::from_env(); }), Catch::Contains("MASTER_ADDR"));
+  for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_PORT", "DS_JOB_TOKEN"}) unsetenv(v);
+  r = RendezvousInfo::from_env();
+  CHECK(r.world_size == 1);
+  CHECK(r.rank == 0);
+  CHECK(backend_from_name("gloo") == Backend::Gloo);
+  CHECK_THROWS_AS(backend_from_name("mpi"), UserError);
+}

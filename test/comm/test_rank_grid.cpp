@@ -1,0 +1,112 @@
+// Rank grid tests: the group lists Megatron-LM's initialize_model_parallel
+// produces (its documented world 16 / TP 2 / PP 4 example, written out), plus
+// properties checked for many shapes against a definition by coordinates.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "lib/core/error.h"
+#include "lib/parallel/rank_grid.h"
+
+using namespace ds;
+using Groups = std::vector<std::vector<int>>;
+
+TEST_CASE("rank grid: Megatron's world 16, TP 2, PP 4 example", "[rank_grid]") {
+  RankGrid g = make_rank_grid(16, 2, 4, 5);
+  CHECK(g.dp == 2);
+  CHECK(g.tp_groups == Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
+  CHECK(g.dp_groups == Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}});
+  CHECK(g.pp_groups == Groups{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}});
+  CHECK(g.mp_groups == Groups{{0, 1, 4, 5, 8, 9, 12, 13}, {2, 3, 6, 7, 10, 11, 14, 15}});
+  CHECK(g.embedding_groups == Groups{{0, 12}, {1, 13}, {2, 14}, {3, 15}});
+  // rank 5 = tp 1, dp 0, stage 1
+  CHECK(std::tie(g.tp_rank, g.dp_rank, g.pp_rank) == std::make_tuple(1, 0, 1));
+  CHECK(g.my_tp_group() == std::vector<int>{4, 5});
+  CHECK(g.my_dp_group() == std::vector<int>{5, 7});
+  CHECK(g.my_pp_group() == std::vector<int>{1, 5, 9, 13});
+  CHECK(g.my_mp_group() == std::vector<int>{0, 1, 4, 5, 8, 9, 12, 13});
+  CHECK_FALSE(g.in_embedding_group());
+  CHECK(make_rank_grid(16, 2, 4, 13).in_embedding_group());
+  CHECK(g.describe() == "rank 5: tp 1/2 dp 0/2 pp 1/4");
+}
+
+TEST_CASE("rank grid: small shapes written out", "[rank_grid]") {
+  RankGrid a = make_rank_grid(8, 2, 2, 0);  // DP 2
+  CHECK(a.tp_groups == Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
+  CHECK(a.dp_groups == Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+  CHECK(a.pp_groups == Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+  RankGrid b = make_rank_grid(4, 1, 1, 2);  // pure data parallel
+  CHECK(b.dp_groups == Groups{{0, 1, 2, 3}});
+  CHECK(b.tp_groups == Groups{{0}, {1}, {2}, {3}});
+  CHECK(b.embedding_groups == Groups{{0}, {1}, {2}, {3}});
+  CHECK(b.dp_rank == 2);
+  RankGrid c = make_rank_grid(6, 3, 1, 4);  // TP 3, DP 2
+  CHECK(c.tp_groups == Groups{{0, 1, 2}, {3, 4, 5}});
+  CHECK(c.dp_groups == Groups{{0, 3}, {1, 4}, {2, 5}});
+  CHECK(std::tie(c.tp_rank, c.dp_rank, c.pp_rank) == std::make_tuple(1, 1, 0));
+  RankGrid d = make_rank_grid(4, 1, 4, 3);  // pure pipeline
+  CHECK(d.pp_groups == Groups{{0, 1, 2, 3}});
+  CHECK(d.embedding_groups == Groups{{0, 3}});
+  CHECK(d.is_last_stage());
+}
+
+// Groups defined by coordinates: members share every coordinate but `free`.
+static Groups by_coordinates(const RankGrid& g, int free) {
+  std::map<std::tuple<int, int>, std::vector<int>> m;
+  for (int r = 0; r < g.world; ++r) {
+    RankGrid x = make_rank_grid(g.world, g.tp, g.pp, r);
+    int c[3] = {x.tp_rank, x.dp_rank, x.pp_rank};
+    std::tuple<int, int> key = free == 0 ? std::make_tuple(c[1], c[2])
+                               : free == 1 ? std::make_tuple(c[0], c[2])
+                                           : std::make_tuple(c[0], c[1]);
+    m[key].push_back(r);
+  }
+  Groups out;
+  for (auto& [k, v] : m) out.push_back(v);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+static Groups sorted(Groups g) {
+  std::sort(g.begin(), g.end());
+  return g;
+}
+
+TEST_CASE("rank grid: properties over many shapes", "[rank_grid]") {
+  for (int world : {1, 2, 4, 6, 8, 12, 16, 24, 32})
+    for (int tp : {1, 2, 3, 4, 8})
+      for (int pp : {1, 2, 3, 4}) {
+        if (world % (tp * pp) != 0) continue;
+        INFO("world " << world << " tp " << tp << " pp " << pp);
+        RankGrid g0 = make_rank_grid(world, tp, pp, 0);
+        CHECK(sorted(g0.tp_groups) == by_coordinates(g0, 0));
+        CHECK(sorted(g0.dp_groups) == by_coordinates(g0, 1));
+        CHECK(sorted(g0.pp_groups) == by_coordinates(g0, 2));
+        for (int r = 0; r < world; ++r) {
+          RankGrid g = make_rank_grid(world, tp, pp, r);
+          REQUIRE(g.rank_of(g.tp_rank, g.dp_rank, g.pp_rank) == r);
+          CHECK(g.my_tp_group()[g.tp_rank] == r);
+          CHECK(g.my_dp_group()[g.dp_rank] == r);
+          CHECK(g.my_pp_group()[g.pp_rank] == r);
+          CHECK(std::count(g.my_mp_group().begin(), g.my_mp_group().end(), r) == 1);
+          CHECK(g.my_mp_group().size() == size_t(tp * pp));
+          CHECK(g.tp_groups == g0.tp_groups);  // every rank derives the same lists
+        }
+      }
+}
+
+TEST_CASE("rank grid: errors name the numbers", "[rank_grid]") {
+  try {
+    make_rank_grid(6, 4, 1, 0);
+    FAIL("expected an error");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("world size 6") && Catch::Contains("4 x") &&
+                             Catch::Contains("= 4"));
+  }
+  CHECK_THROWS_AS(make_rank_grid(8, 2, 3, 0), UserError);
+  CHECK_THROWS_AS(make_rank_grid(8, 0, 1, 0), UserError);
+  CHECK_THROWS_AS(make_rank_grid(8, 2, 2, 8), Error);
+}

@@ -1,0 +1,376 @@
+// parse_train_config: DeepSpeed keys, our strict sections, Megatron flags over
+// the file, family defaults, derived values, validation messages, warnings.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "lib/core/error.h"
+#include "lib/optim/lr_schedule.h"
+#include "lib/train/config.h"
+
+using namespace ds;
+using nlohmann::json;
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char t[] = "/tmp/ds_config_test_XXXXXX";
+    path = mkdtemp(t);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+TrainConfig parse(std::vector<std::string> args, int world = 1) {
+  args.insert(args.begin(), "dstrain");
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  return parse_train_config(static_cast<int>(args.size()), argv.data(), world);
+}
+
+// Writes `j` as the config file and parses it with extra flags.
+TrainConfig parse_json(const json& j, std::vector<std::string> flags = {}, int world = 1) {
+  TempDir d;
+  const std::string path = d.path + "/ds_config.json";
+  std::ofstream(path) << j.dump(2);
+  flags.insert(flags.begin(), {"--config", path});
+  return parse(flags, world);
+}
+
+json base() { return {{"train_micro_batch_size_per_gpu", 2}, {"training", {{"train_iters", 100}}}}; }
+
+json with(json j, const json& patch) {
+  j.merge_patch(patch);
+  return j;
+}
+
+bool has_warning(const TrainConfig& c, const std::string& s) {
+  for (const auto& w : c.warnings)
+    if (w.find(s) != std::string::npos) return true;
+  return false;
+}
+
+// Redirects fd 2 into a temp file for the lifetime of the object.
+struct StderrCapture {
+  FILE* tmp = std::tmpfile();
+  int saved = -1;
+  StderrCapture() {
+    std::fflush(stderr);
+    saved = dup(2);
+    dup2(fileno(tmp), 2);
+  }
+  std::string finish() {
+    std::fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    std::rewind(tmp);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, tmp)) > 0) out.append(buf, n);
+    std::fclose(tmp);
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("flags alone give a complete config", "[config]") {
+  auto c = parse({"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+                  "--micro-batch-size", "2", "--train-iters", "10", "--data-path", "a/b_text_document"},
+                 2);
+  CHECK(c.model.num_layers == 2);
+  CHECK(c.model.hidden_size == 64);
+  CHECK(c.model.num_heads == 4);
+  CHECK(c.model.ffn_hidden_size == 256);
+  CHECK(c.model.max_position_embeddings == 32);  // defaults to seq_length
+  CHECK(c.batch.dp_size == 2);
+  CHECK(c.batch.train_batch_size == 4);
+  CHECK(c.batch.grad_accum_steps == 1);
+  CHECK(c.optim.decay_iters == 10);  // = train_iters
+  CHECK(c.data.data_path == std::vector<std::string>{"a/b_text_document"});
+  CHECK(c.warnings.empty());
+  CHECK(c.config_path.empty());
+}
+
+TEST_CASE("DeepSpeed keys map onto the config", "[config]") {
+  json j = {{"train_batch_size", 32},
+            {"gradient_accumulation_steps", 2},
+            {"gradient_clipping", 0.5},
+            {"steps_per_print", 5},
+            {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 3e-4}, {"betas", {0.8, 0.99}}, {"eps", 1e-6},
+                                                         {"weight_decay", 0.01}}}}},
+            {"fp16", {{"enabled", true}, {"loss_scale", 0}, {"initial_scale_power", 12}, {"loss_scale_window", 500},
+                      {"hysteresis", 3}, {"min_loss_scale", 2}}},
+            {"zero_optimization", {{"stage", 2}, {"reduce_bucket_size", 1000}, {"allgather_bucket_size", 2000},
+                                   {"overlap_comm", true}, {"contiguous_gradients", false},
+                                   {"offload_optimizer", {{"device", "cpu"}, {"pin_memory", true}}}}},
+            {"csv_monitor", {{"enabled", true}, {"output_path", "logs/"}, {"job_name", "run1"}}},
+            {"training", {{"train_iters", 50}}}};
+  auto c = parse_json(j, {}, 4);
+  CHECK(c.batch.micro_batch_size == 4);
+  CHECK(c.optim.type == "Adam");
+  CHECK(c.optim.lr == Approx(3e-4));
+  CHECK(c.optim.beta1 == Approx(0.8));
+  CHECK(c.optim.beta2 == Approx(0.99));
+  CHECK(c.optim.eps == Approx(1e-6));
+  CHECK(c.optim.weight_decay == Approx(0.01));
+  CHECK(c.optim.grad_clip == Approx(0.5));
+  CHECK(c.log.steps_per_print == 5);
+  CHECK(c.log.log_interval == 5);  // steps_per_print is the default log interval
+  CHECK(c.precision.precision == Precision::FP16);
+  CHECK(c.precision.initial_scale_power == 12);
+  CHECK(c.precision.loss_scale_window == 500);
+  CHECK(c.precision.hysteresis == 3);
+  CHECK(c.precision.min_loss_scale == 2);
+  CHECK(c.zero.stage == 2);
+  CHECK(c.zero.reduce_bucket_size == 1000);
+  CHECK(c.zero.allgather_bucket_size == 2000);
+  CHECK(c.zero.overlap_comm);
+  CHECK_FALSE(c.zero.contiguous_gradients);
+  CHECK(c.zero.offload_optimizer_device == "cpu");
+  CHECK(c.log.csv_enabled);
+  CHECK(c.log.csv_path == "logs/");
+  CHECK(c.log.csv_job_name == "run1");
+  CHECK(c.warnings.empty());
+}
+
+TEST_CASE("unknown keys in our sections are errors naming the key", "[config][strict]") {
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"model", {{"nmu_layers", 4}}}})), Contains("'model.nmu_layers'"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"training", {{"trian_iters", 4}}}})), Contains("'training.trian_iters'"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"data", {{"datapath", "x"}}}})), Contains("'data.datapath'"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"parallel", {{"tp", 2}}}})), Contains("'parallel.tp'"));
+  CHECK_THROWS_AS(parse_json(with(base(), {{"model", {{"nmu_layers", 4}}}})), UserError);
+  // Wrong types name the key too.
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"model", {{"num_layers", "12"}}}})), Contains("model.num_layers"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"model", {{"norm", "batchnorm"}}}})),
+                    Contains("'model.norm' is \"batchnorm\"; expected one of: layernorm, rmsnorm"));
+}
+
+TEST_CASE("DeepSpeed keys we do not implement are warned about by name", "[config][warn]") {
+  json j = with(base(), {{"prescale_gradients", true},
+                         {"zero_optimization", {{"stage", 1}, {"sub_group_size", 1000}, {"reduce_scatter", true}}},
+                         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"foo", 1}}}}},
+                         {"tensorboard", {{"enabled", false}, {"output_path", "x"}}},
+                         {"wandb", {{"enabled", true}}},
+                         {"wall_clock_breakdown", false},
+                         {"memory_breakdown", true}});
+  StderrCapture cap;
+  TrainConfig c;
+  try {
+    c = parse_json(j);
+  } catch (...) {
+    cap.finish();
+    throw;
+  }
+  const std::string err = cap.finish();
+  CHECK(has_warning(c, "DeepSpeed key 'prescale_gradients' is not implemented"));
+  CHECK(has_warning(c, "'zero_optimization.sub_group_size'"));
+  CHECK(has_warning(c, "'optimizer.params.foo'"));
+  CHECK(has_warning(c, "'wandb' (enabled)"));
+  CHECK(has_warning(c, "'memory_breakdown' = true"));
+  CHECK_FALSE(has_warning(c, "tensorboard"));       // disabled: nothing ignored
+  CHECK_FALSE(has_warning(c, "reduce_scatter"));    // true is what we do
+  CHECK_FALSE(has_warning(c, "wall_clock_breakdown"));
+  CHECK(c.warnings.size() == 5);
+  CHECK_THAT(err, Contains("warning: config: DeepSpeed key 'prescale_gradients' is not implemented by dstrain"));
+}
+
+TEST_CASE("flags override the file", "[config][flags]") {
+  json j = with(base(), {{"model", {{"hidden_size", 128}, {"num_heads", 4}, {"num_layers", 2}}},
+                         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"betas", {0.9, 0.999}}}}}},
+                         {"data", {{"split", "98,2,0"}}}});
+  auto c = parse_json(j, {"--hidden-size", "256", "--lr", "2e-4", "--adam-beta2", "0.95", "--split", "90,5,5",
+                          "--data-path", "0.3", "a", "0.7", "b", "--zero-stage", "1", "--bf16"});
+  CHECK(c.model.hidden_size == 256);
+  CHECK(c.model.num_layers == 2);
+  CHECK(c.optim.lr == Approx(2e-4));
+  CHECK(c.optim.beta1 == Approx(0.9));
+  CHECK(c.optim.beta2 == Approx(0.95));
+  CHECK(c.data.split == "90,5,5");
+  CHECK(c.data.data_path == std::vector<std::string>{"0.3", "a", "0.7", "b"});
+  CHECK(c.zero.stage == 1);
+  CHECK(c.precision.precision == Precision::BF16);
+  // --bf16 wins over the file's fp16.
+  CHECK(parse_json(with(base(), {{"fp16", {{"enabled", true}}}}), {"--bf16"}).precision.precision == Precision::BF16);
+}
+
+TEST_CASE("Megatron batch flags derive gradient accumulation", "[config][flags][batch]") {
+  json j = {{"train_batch_size", 64}, {"train_micro_batch_size_per_gpu", 4}, {"gradient_accumulation_steps", 4}};
+  auto c = parse_json(j, {"--global-batch-size", "128"}, 4);
+  CHECK(c.batch.train_batch_size == 128);
+  CHECK(c.batch.micro_batch_size == 4);
+  CHECK(c.batch.grad_accum_steps == 8);  // 128 / (4 * 4)
+  c = parse({"--global-batch-size", "64", "--micro-batch-size", "2"}, 8);
+  CHECK(c.batch.grad_accum_steps == 4);
+  CHECK_THROWS_WITH(parse({"--global-batch-size", "60", "--micro-batch-size", "2"}, 8),
+                    Contains("train_batch_size 60 is not divisible by train_micro_batch_size_per_gpu 2 * data "
+                             "parallel size 8 (= 16)"));
+  // File triple inconsistent with the world size.
+  CHECK_THROWS_WITH(parse_json(j, {}, 2), Contains("train_batch_size 64 != train_micro_batch_size_per_gpu 4 * "
+                                                   "gradient_accumulation_steps 4 * data parallel size 2 (= 32)"));
+}
+
+TEST_CASE("model family defaults and explicit overrides", "[config][family]") {
+  auto g = parse_json(base());
+  CHECK(g.model.family == ModelFamily::GPT2);
+  CHECK(g.model.norm == NormKind::LayerNorm);
+  CHECK(g.model.activation == Activation::GELU);
+  CHECK(g.model.position == PositionKind::Learned);
+  CHECK(g.model.bias);
+  CHECK_FALSE(g.model.untie_embeddings);
+  CHECK(g.model.ffn_hidden_size == 3072);
+
+  auto l = parse_json(with(base(), {{"model", {{"family", "llama"}, {"hidden_size", 4096}, {"num_heads", 32},
+                                               {"num_layers", 2}, {"seq_length", 4096}}}}));
+  CHECK(l.model.family == ModelFamily::LLaMA);
+  CHECK(l.model.norm == NormKind::RMSNorm);
+  CHECK(l.model.activation == Activation::SwiGLU);
+  CHECK(l.model.position == PositionKind::Rope);
+  CHECK_FALSE(l.model.bias);
+  CHECK(l.model.untie_embeddings);
+  CHECK(l.model.ffn_hidden_size == 10880);  // int(4*4096*2/3/64)*64
+
+  auto o = parse_json(with(base(), {{"model", {{"family", "LLaMA"}, {"bias", true}, {"position", "learned"}}}}));
+  CHECK(o.model.bias);
+  CHECK(o.model.position == PositionKind::Learned);
+  CHECK(o.model.norm == NormKind::RMSNorm);
+
+  // GPT-2 family turned LLaMA-like with Megatron flags.
+  auto f = parse_json(base(), {"--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+                               "--disable-bias-linear", "--untie-embeddings-and-output-weights"});
+  CHECK(f.model.activation == Activation::SwiGLU);
+  CHECK(f.model.ffn_hidden_size == 2048);  // C = 768
+  CHECK(f.model.norm == NormKind::RMSNorm);
+  CHECK(f.model.position == PositionKind::Rope);
+  CHECK_FALSE(f.model.bias);
+  CHECK(f.model.untie_embeddings);
+}
+
+TEST_CASE("vocab padding is applied when the vocab size is known", "[config][vocab]") {
+  auto c = parse_json(with(base(), {{"model", {{"vocab_size", 50257}}}}));
+  CHECK(c.model.padded_vocab_size == 50304);
+  c = parse_json(with(base(), {{"model", {{"vocab_size", 50257}}}}), {"--tensor-model-parallel-size", "2"}, 2);
+  CHECK(c.model.padded_vocab_size == 50432);
+  CHECK(parse_json(base()).model.padded_vocab_size == 0);  // resolved later from the tokenizer
+}
+
+TEST_CASE("validation errors name the fields and values", "[config][validate]") {
+  auto model = [](const json& m) { return with(base(), {{"model", m}}); };
+  CHECK_THROWS_WITH(parse_json(model({{"hidden_size", 100}, {"num_heads", 12}})),
+                    Contains("model.hidden_size 100 is not divisible by model.num_heads 12"));
+  CHECK_THROWS_WITH(parse_json(model({{"num_heads", 12}}), {"--tensor-model-parallel-size", "5"}, 5),
+                    Contains("model.num_heads 12 is not divisible by tensor_model_parallel_size 5"));
+  CHECK_THROWS_WITH(parse_json(model({{"hidden_size", 64}, {"num_heads", 4}, {"ffn_hidden_size", 102}}),
+                               {"--tensor-model-parallel-size", "4"}, 4),
+                    Contains("model.ffn_hidden_size 102 is not divisible by tensor_model_parallel_size 4"));
+  CHECK_THROWS_WITH(parse_json(model({{"seq_length", 2048}, {"max_position_embeddings", 1024}})),
+                    Contains("model.seq_length 2048 exceeds model.max_position_embeddings 1024"));
+  // RoPE has no position table: no limit.
+  CHECK_NOTHROW(parse_json(model({{"seq_length", 2048}, {"max_position_embeddings", 1024}, {"position", "rope"}})));
+  CHECK_THROWS_WITH(parse_json(base(), {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}, 6),
+                    Contains("world size 6 is not divisible by tensor_model_parallel_size 2 * "
+                             "pipeline_model_parallel_size 2"));
+  CHECK_THROWS_WITH(parse_json(model({{"num_layers", 10}}), {"--pipeline-model-parallel-size", "4"}, 4),
+                    Contains("model.num_layers 10 is not divisible by pipeline_model_parallel_size 4"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"fp16", {{"enabled", true}}}, {"bf16", {{"enabled", true}}}})),
+                    Contains("fp16.enabled and bf16.enabled are both true"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--fp16", "--bf16"}), Contains("fp16.enabled and bf16.enabled are both true"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--lr", "-1e-3"}), Contains("must be >= 0, got -0.001"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--lr", "1e-3", "--min-lr", "1e-2"}), Contains("min_lr 0.01 must be in [0, lr 0.001]"));
+  CHECK_THROWS_WITH(parse_json(model({{"num_layers", 4}}), {"--pipeline-model-parallel-size", "2", "--zero-stage", "2"}, 2),
+                    Contains("zero_optimization.stage 2 cannot be combined with pipeline_model_parallel_size 2"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--zero-stage", "4"}), Contains("zero_optimization.stage (--zero-stage) must be 0-3, got 4"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--split", "90,x"}), Contains("data.split '90,x'"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--data-path", "0.5", "a", "0.5"}), Contains("needs pairs"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--vocab-file", "v.json"}), Contains("data.merge_file ''"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--lr-warmup-iters", "200"}),
+                    Contains("lr warmup iterations 200 must be fewer than lr decay iterations 100"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"offload_optimizer", {{"device", "nvme"}}}}}})),
+                    Contains("offload_optimizer.device 'nvme' is not supported"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "Lamb"}}}})),
+                    Contains("optimizer.type 'Lamb' is not supported"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"train_batch_size", 0}})),
+                    Contains("'train_batch_size' must be a positive integer, got 0"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--device", "tpu"}), Contains("--device"));
+}
+
+TEST_CASE("command line handling", "[config][flags]") {
+  TempDir d;
+  const std::string path = d.path + "/c.json";
+  std::ofstream(path) << base().dump();
+  auto c = parse({"--local_rank=3", "--deepspeed", "--deepspeed_config", path, "--use-flash-attn"});
+  CHECK(c.config_path == path);
+  CHECK(c.train_iters == 100);
+  CHECK_THROWS_WITH(parse({"--config", path, "--num-layerz", "2"}), Contains("--num-layerz"));
+  CHECK_THROWS_WITH(parse({"--config", path, "--normalization", "BatchNorm"}), Contains("--normalization"));
+  CHECK_THROWS_WITH(parse({"--config", d.path + "/missing.json"}), Contains("missing.json"));
+  std::ofstream(d.path + "/bad.json") << "{ \"train_batch_size\": 8, ";
+  CHECK_THROWS_WITH(parse({"--config", d.path + "/bad.json"}), Contains("bad.json' is not valid JSON"));
+  auto h = parse({"--help"});
+  CHECK_THAT(h.help_text, Contains("--num-layers"));
+  CHECK_THAT(h.help_text, Contains("--deepspeed_config"));
+}
+
+TEST_CASE("the resolved config parses back to itself", "[config][resolved]") {
+  json j = with(base(), {{"model", {{"family", "llama"}, {"num_layers", 4}, {"hidden_size", 256}, {"num_heads", 8},
+                                    {"vocab_size", 1000}}},
+                         {"scheduler", {{"type", "WarmupCosineLR"},
+                                        {"params", {{"warmup_num_steps", 10}, {"cos_min_ratio", 0.1}}}}},
+                         {"bf16", {{"enabled", true}}}});
+  auto c = parse_json(j, {"--lr", "3e-4", "--log-interval", "7"}, 2);
+  auto c2 = train_config_from_json(c.resolved, 2);
+  CHECK(c2.resolved == c.resolved);
+  CHECK(c.resolved["optimizer"]["params"]["lr"].get<double>() == 0.0003);  // shortest decimal, not 0.00030000001
+  CHECK(c.resolved["scheduler"]["params"]["total_num_steps"] == 100);
+  CHECK(c.resolved["training"]["log_interval"] == 7);
+  CHECK(c.resolved["model"]["padded_vocab_size"].is_null());  // derived values stay out of the input layout
+  auto m = parse_json(base(), {"--lr-decay-style", "linear", "--lr-warmup-fraction", "0.1"});
+  CHECK(train_config_from_json(m.resolved, 1).resolved == m.resolved);
+  CHECK(m.resolved["training"]["lr_warmup_iters"] == 10);
+}
+
+TEST_CASE("schedule keys and flags", "[config][lr]") {
+  auto c = parse_json(with(base(), {{"training", {{"lr_decay_style", "linear"}, {"lr_warmup_iters", 5},
+                                                  {"min_lr", 1e-5}, {"lr_decay_iters", 80}}}}));
+  CHECK(c.optim.scheduler_type.empty());
+  CHECK(c.optim.decay == LrDecay::Linear);
+  CHECK(c.optim.warmup_iters == 5);
+  CHECK(c.optim.decay_iters == 80);
+  CHECK(c.optim.min_lr == Approx(1e-5));
+  // DeepSpeed scheduler defaults: warmup_type log, WarmupDecayLR peak 0.001.
+  auto d = parse_json(with(base(), {{"scheduler", {{"type", "WarmupDecayLR"}, {"params", {{"total_num_steps", 90}}}}}}));
+  CHECK(d.optim.scheduler_type == "WarmupDecayLR");
+  CHECK(d.optim.warmup_type == WarmupKind::Log);
+  CHECK(d.optim.warmup_iters == 1000);
+  CHECK(d.optim.decay_iters == 90);
+  CHECK(d.optim.lr == Approx(0.001));
+  CHECK(has_warning(d, "total_num_steps 90 is less than warmup_num_steps 1000"));
+  // Flags land in the DeepSpeed scheduler when there is one.
+  auto e = parse_json(with(base(), {{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_max_lr", 1e-3}}}}}}),
+                      {"--lr", "5e-4", "--lr-warmup-iters", "20"});
+  CHECK(e.optim.lr == Approx(5e-4));
+  CHECK(e.optim.warmup_iters == 20);
+  CHECK(lr_at(e.optim, 1000, e.train_iters) == Approx(5e-4));
+  // --lr-decay-style replaces the DeepSpeed scheduler (with a warning).
+  auto f = parse_json(with(base(), {{"scheduler", {{"type", "WarmupLR"}}}}), {"--lr-decay-style", "cosine"});
+  CHECK(f.optim.scheduler_type.empty());
+  CHECK(has_warning(f, "--lr-decay-style replaces the config's scheduler (WarmupLR)"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "WarmupLR"}}}}), {"--min-lr", "1e-5"}),
+                    Contains("--min-lr does not apply to the config's scheduler WarmupLR"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "OneCycle"}}}})),
+                    Contains("scheduler.type 'OneCycle' is not supported"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_type", "exp"}}}}}})),
+                    Contains("warmup_type 'exp' is not supported"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "WarmupLR"}}}, {"training", {{"min_lr", 0.0}}}})),
+                    Contains("'training.min_lr' conflicts with the DeepSpeed 'scheduler' section"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--lr-warmup-iters", "5", "--lr-warmup-fraction", "0.1"}),
+                    Contains("give only one of training.lr_warmup_iters"));
+}

@@ -1,0 +1,135 @@
+// Implementation of the CUDA op test harness (see op_harness.h).
+#include "op_harness.h"
+
+#include <cmath>
+
+#include "cuda/cuda_api.h"
+#include "lib/core/rng.h"
+
+namespace ds::test {
+
+bool gpu_or_skip() {
+  static int state = -1;  // -1 unknown, 0 skip, 1 available
+  if (state < 0) {
+    if (ds::cuda::device_available()) {
+      ds::cuda::init_device(0);
+      std::printf("CUDA device: %s\n", ds::cuda::device_name().c_str());
+      state = 1;
+    } else {
+      std::printf("SKIP: no CUDA device (%s)\n", ds::cuda::unavailable_reason().c_str());
+      state = 0;
+    }
+  }
+  return state == 1;
+}
+
+Tensor randn(const Shape& shape, uint64_t seed, float scale) {
+  Tensor t = Tensor::empty(shape, DType::F32);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = float(normal_at(seed, 17, uint64_t(i))) * scale;
+  return t;
+}
+
+Tensor randint(const Shape& shape, uint64_t seed, int lo, int hi) {
+  Tensor t = Tensor::empty(shape, DType::I32);
+  Rng rng(seed);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = lo + int(rng.below(hi - lo));
+  return t;
+}
+
+namespace {
+
+float round_one(float x, DType dt) {
+  if (dt == DType::BF16) return bf16_to_f32(f32_to_bf16(x));
+  if (dt == DType::F16) return f16_to_f32(f32_to_f16(x));
+  return x;
+}
+
+Tensor to_dtype_host(const Tensor& f32, DType dt) {
+  if (dt == DType::F32) return f32.clone();
+  Tensor t = Tensor::empty(f32.shape(), dt);
+  auto* o = t.data<uint16_t>();
+  const float* in = f32.data<float>();
+  for (int64_t i = 0; i < f32.numel(); ++i)
+    o[i] = dt == DType::BF16 ? f32_to_bf16(in[i]) : f32_to_f16(in[i]);
+  return t;
+}
+
+}  // namespace
+
+Tensor round_to(const Tensor& f32, DType dt) {
+  Tensor t = f32.clone();
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = round_one(t.data<float>()[i], dt);
+  return t;
+}
+
+Tensor upload(const Tensor& host, DType dt) {
+  if (host.dtype() != DType::F32) return host.to(Device::cuda(0));
+  return to_dtype_host(host, dt).to(Device::cuda(0));
+}
+
+Tensor download_f32(const Tensor& dev) {
+  Tensor h = dev.to(Device::cpu());
+  if (h.dtype() == DType::F32 || h.dtype() == DType::I32) return h;
+  Tensor t = Tensor::empty(h.shape(), DType::F32);
+  const auto* in = h.data<uint16_t>();
+  for (int64_t i = 0; i < h.numel(); ++i)
+    t.data<float>()[i] = h.dtype() == DType::BF16 ? bf16_to_f32(in[i]) : f16_to_f32(in[i]);
+  return t;
+}
+
+double rel_err(const Tensor& a, const Tensor& ref) {
+  REQUIRE(a.numel() == ref.numel());
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double x = a.data<float>()[i], y = ref.data<float>()[i];
+    if (!std::isfinite(x)) return INFINITY;
+    num = std::max(num, std::fabs(x - y));
+    den = std::max(den, std::fabs(y));
+  }
+  return den == 0 ? num : num / den;
+}
+
+namespace {
+
+// Host f32 copies of all fields, Act fields rounded through dt when `round`.
+TensorMap host_copies(const Fields& fields, DType dt, bool round) {
+  TensorMap m;
+  for (auto& [name, f] : fields)
+    m[name] = (round && f.kind == Kind::Act) ? round_to(f.host, dt) : f.host.clone();
+  return m;
+}
+
+}  // namespace
+
+void check_op(const std::string& what, const Fields& fields, DType dt, const OpRunner& run,
+              double f32_tol) {
+  TensorMap ref = host_copies(fields, dt, false);
+  run(ref, false);
+  TensorMap base;
+  if (dt != DType::F32) {
+    base = host_copies(fields, dt, true);
+    run(base, false);
+  }
+  TensorMap dev;
+  for (auto& [name, f] : fields)
+    dev[name] = upload(f.host, f.kind == Kind::Act ? dt : DType::F32);
+  run(dev, true);
+  ds::cuda::synchronize();
+  for (auto& [name, f] : fields) {
+    if (!f.output) continue;
+    Tensor got = download_f32(dev[name]);
+    double err = rel_err(got, ref[name]);
+    INFO(what << " [" << dtype_name(dt) << "] field " << name << ": rel err " << err);
+    if (dt == DType::F32) {
+      CHECK(err <= f32_tol);
+    } else {
+      Tensor b = f.kind == Kind::Act ? round_to(base[name], dt) : base[name];
+      double berr = rel_err(b, ref[name]);
+      INFO("naive " << dtype_name(dt) << " baseline rel err " << berr);
+      CHECK(err <= 2.0 * berr + 1e-6);
+    }
+  }
+}
+
+}  // namespace ds::test

@@ -1,0 +1,185 @@
+// End-to-end tests of the dsprep binary: generate the demo corpus, train a
+// tokenizer on it, tokenize it (plain text and JSON lines) into .bin/.idx, read
+// the result back; and bad input exits 1 with one line and no output files.
+#include <catch2/catch.hpp>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "lib/data/bpe.h"
+#include "lib/data/indexed_dataset.h"
+#include "test/data/test_util.h"
+
+using namespace ds;
+using namespace ds::data;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct RunResult {
+  int code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+std::string dsprep_path() {
+  const char* bin = std::getenv("DS_BINARY_DIR");
+  return std::string(bin ? bin : ".") + "/apps/dsprep/dsprep";
+}
+
+RunResult run(const std::string& args) {
+  RunResult r;
+  const std::string cmd = dsprep_path() + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::vector<std::string> paragraphs(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find("\n\n", start);
+    if (end == std::string::npos) end = text.size();
+    if (end > start) out.push_back(text.substr(start, end - start));
+    start = end + 2;
+  }
+  return out;
+}
+
+std::vector<int32_t> tokens_of(const IndexedDataset& ds, int64_t i) {
+  std::vector<int32_t> t(ds.sequence_length(i));
+  ds.read_tokens(i, 0, t.size(), t.data());
+  return t;
+}
+
+bool no_outputs(const std::string& prefix) {
+  for (const char* ext : {".bin", ".idx", ".bin.tmp", ".idx.tmp"})
+    if (fs::exists(prefix + ext)) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("dsprep generates, trains a tokenizer and tokenizes the demo corpus") {
+  REQUIRE(fs::exists(dsprep_path()));
+  test::TempDir dir;
+  const std::string corpus = dir / "corpus.txt";
+  RunResult r = run("--generate-corpus " + corpus + " --size-mb 0.3 --seed 5");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const std::string text = test::slurp(corpus);
+  REQUIRE(text.size() >= 300000);
+  REQUIRE(text.size() < 301000);
+  REQUIRE(run("--generate-corpus " + (dir / "same.txt") + " --size-mb 0.3 --seed 5").code == 0);
+  REQUIRE(test::slurp(dir / "same.txt") == text);
+  REQUIRE(run("--generate-corpus " + (dir / "other.txt") + " --size-mb 0.3 --seed 6").code == 0);
+  REQUIRE(test::slurp(dir / "other.txt") != text);
+
+  r = run("--train-tokenizer --input " + corpus + " --vocab-size 512 --output-dir " +
+          (dir / "tok"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const std::string vocab = dir / "tok/vocab.json", merges = dir / "tok/merges.txt";
+  BpeTokenizer tok = BpeTokenizer::load(vocab, merges);
+  REQUIRE(tok.vocab_size() == 512);
+
+  r = run("--input " + corpus + " --output-prefix " + (dir / "out/demo") + " --vocab-file " +
+          vocab + " --merge-file " + merges);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  IndexedDataset ds = IndexedDataset::open(dir / "out/demo");
+  REQUIRE(ds.dtype() == TokenDType::U16);
+  const std::vector<std::string> docs = paragraphs(text);
+  REQUIRE(ds.num_sequences() == static_cast<int64_t>(docs.size()));
+  REQUIRE(ds.num_documents() == static_cast<int64_t>(docs.size()));
+  for (int64_t i : {int64_t(0), int64_t(1), ds.num_sequences() - 1}) {
+    std::vector<int32_t> t = tokens_of(ds, i);
+    REQUIRE(t.back() == tok.eod_id());
+    t.pop_back();
+    REQUIRE(tok.decode(t) == docs[i]);
+  }
+  REQUIRE(max_token_id(ds) == tok.eod_id());
+
+  r = run("--input " + corpus + " --output-prefix " + (dir / "noeod") + " --vocab-file " + vocab +
+          " --merge-file " + merges + " --no-append-eod --dtype i32");
+  REQUIRE(r.code == 0);
+  IndexedDataset noeod = IndexedDataset::open(dir / "noeod");
+  REQUIRE(noeod.dtype() == TokenDType::I32);
+  REQUIRE(tokens_of(noeod, 0) == tok.encode(docs[0]));
+}
+
+TEST_CASE("dsprep reads JSON lines and one-document-per-file text") {
+  test::TempDir dir;
+  REQUIRE(run("--generate-corpus " + (dir / "c.txt") + " --size-mb 0.05 --seed 1").code == 0);
+  REQUIRE(run("--train-tokenizer --input " + (dir / "c.txt") + " --vocab-size 300 --output-dir " +
+              dir.path()).code == 0);
+  const std::string tok_args =
+      " --vocab-file " + (dir / "vocab.json") + " --merge-file " + (dir / "merges.txt");
+  test::spit(dir / "in.jsonl",
+             "{\"text\": \"First doc.\\nTwo lines.\", \"id\": 1}\n\n{\"text\": \"Second \\u00e9\"}\n");
+  RunResult r = run("--input " + (dir / "in.jsonl") + " --output-prefix " + (dir / "j") + tok_args);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  BpeTokenizer tok = BpeTokenizer::load(dir / "vocab.json", dir / "merges.txt");
+  IndexedDataset j = IndexedDataset::open(dir / "j");
+  REQUIRE(j.num_sequences() == 2);
+  std::vector<int32_t> t = tokens_of(j, 1);
+  t.pop_back();
+  REQUIRE(tok.decode(t) == "Second \xc3\xa9");
+
+  test::spit(dir / "a.txt", "one\n\ntwo\n");
+  test::spit(dir / "b.txt", "three\n");
+  r = run("--input " + (dir / "a.txt") + " " + (dir / "b.txt") +
+          " --text-split file --output-prefix " + (dir / "f") + tok_args);
+  REQUIRE(r.code == 0);
+  IndexedDataset f = IndexedDataset::open(dir / "f");
+  REQUIRE(f.num_sequences() == 2);
+  t = tokens_of(f, 0);
+  t.pop_back();
+  REQUIRE(tok.decode(t) == "one\n\ntwo\n");
+}
+
+TEST_CASE("dsprep errors: one line naming the input, exit 1, no output") {
+  test::TempDir dir;
+  REQUIRE(run("--generate-corpus " + (dir / "c.txt") + " --size-mb 0.02 --seed 1").code == 0);
+  REQUIRE(run("--train-tokenizer --input " + (dir / "c.txt") + " --vocab-size 300 --output-dir " +
+              dir.path()).code == 0);
+  const std::string tok_args =
+      " --vocab-file " + (dir / "vocab.json") + " --merge-file " + (dir / "merges.txt");
+  auto expect_fail = [&](const std::string& args, const std::string& needle,
+                         const std::string& prefix) {
+    RunResult r = run(args);
+    INFO(args << "\n" << r.output);
+    REQUIRE(r.code == 1);
+    REQUIRE(r.output.find(needle) != std::string::npos);
+    REQUIRE(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+    REQUIRE(no_outputs(prefix));
+  };
+  const std::string out = dir / "out";
+  expect_fail("--input " + (dir / "missing.txt") + " --output-prefix " + out + tok_args,
+              dir / "missing.txt", out);
+  // A bad line after good ones: the partial dataset must not survive.
+  test::spit(dir / "bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"also fine\"}\n{oops\n");
+  expect_fail("--input " + (dir / "bad.jsonl") + " --output-prefix " + out + tok_args,
+              dir / "bad.jsonl" + " line 3", out);
+  test::spit(dir / "nokey.jsonl", "{\"body\": \"x\"}\n");
+  expect_fail("--input " + (dir / "nokey.jsonl") + " --output-prefix " + out + tok_args,
+              "\"text\"", out);
+  expect_fail("--input " + (dir / "c.txt") + " --output-prefix " + out +
+                  " --vocab-file " + (dir / "nope.json") + " --merge-file " + (dir / "merges.txt"),
+              dir / "nope.json", out);
+  expect_fail("--input " + (dir / "c.txt") + " --output-prefix " + out + tok_args + " --dtype u8",
+              "u8", out);
+  expect_fail("--input " + (dir / "c.txt") + " --output-prefix " + out + " --bogus-flag",
+              "--bogus-flag", out);
+  expect_fail("--train-tokenizer --input " + (dir / "c.txt") + " --vocab-size 10 --output-dir " +
+                  (dir / "t2"),
+              "--vocab-size", out);
+  REQUIRE_FALSE(fs::exists(dir / "t2/vocab.json"));
+}

@@ -1,0 +1,277 @@
+// CPU op tests: matmul (linear layer), causal attention on packed qkv, RoPE.
+// Forward against double references, backward against finite differences on
+// small shapes and against a naive double backward on shapes spanning several
+// query blocks, accumulation semantics and thread-count determinism.
+#include "test/ops/op_test_util.h"
+
+using namespace ds;
+using namespace ds::test;
+
+namespace {
+
+Vec ref_matmul(const Vec& x, const Vec& w, const Vec* b, int64_t N, int64_t C, int64_t OC) {
+  Vec out(N * OC);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o) {
+      double s = b ? (*b)[o] : 0.0;
+      for (int64_t c = 0; c < C; ++c) s += x[n * C + c] * w[o * C + c];
+      out[n * OC + o] = s;
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("matmul forward on odd and larger shapes") {
+  for (auto [N, C, OC] : {std::tuple<int64_t, int64_t, int64_t>{14, 12, 10}, {67, 45, 133}}) {
+    MatmulArgs f;
+    f.inp = randn({N, C}, 40);
+    f.weight = randn({OC, C}, 41);
+    f.bias = randn({OC}, 42);
+    f.out = Tensor::empty({N, OC}, DType::F32);
+    ops::matmul_forward(f);
+    const Vec b = to_f64(f.bias);
+    check_close(f.out, ref_matmul(to_f64(f.inp), to_f64(f.weight), &b, N, C, OC), kFwdTol, "out+bias");
+    f.bias = Tensor();
+    ops::matmul_forward(f);
+    check_close(f.out, ref_matmul(to_f64(f.inp), to_f64(f.weight), nullptr, N, C, OC), kFwdTol, "out");
+  }
+}
+
+TEST_CASE("matmul backward: finite differences, accumulation, skipped dinp") {
+  const int64_t N = 14, C = 12, OC = 10;
+  const Tensor x = randn({2, 7, C}, 50), w = randn({OC, C}, 51), b = randn({OC}, 52);
+  const Tensor dout = randn({2, 7, OC}, 53);
+  const Vec xv = to_f64(x), wv = to_f64(w), bv = to_f64(b), dv = to_f64(dout);
+  const Vec fd_x = fd_grad(xv, [&](const Vec& v) { return dot(ref_matmul(v, wv, &bv, N, C, OC), dv); });
+  const Vec fd_w = fd_grad(wv, [&](const Vec& v) { return dot(ref_matmul(xv, v, &bv, N, C, OC), dv); });
+  const Vec fd_b = fd_grad(bv, [&](const Vec& v) { return dot(ref_matmul(xv, wv, &v, N, C, OC), dv); });
+  for (Accum acc : {Accum::Overwrite, Accum::Add}) {
+    MatmulBwdArgs g;
+    g.dinp = randn({2, 7, C}, 54);
+    const Tensor dinp0 = g.dinp.clone();
+    g.dweight = randn({OC, C}, 55);
+    g.dbias = randn({OC}, 56);
+    const Tensor dw0 = g.dweight.clone(), db0 = g.dbias.clone();
+    g.dout = dout, g.inp = x, g.weight = w, g.accum = acc;
+    ops::matmul_backward(g);
+    check_close(g.dinp, acc == Accum::Add ? add_vec(to_f64(dinp0), fd_x) : fd_x, kBwdTol, "dinp");
+    check_close(g.dweight, add_vec(to_f64(dw0), fd_w), kBwdTol, "dweight");
+    check_close(g.dbias, add_vec(to_f64(db0), fd_b), kBwdTol, "dbias");
+    g.dinp = Tensor();  // skip dinp; weight grads accumulate again
+    ops::matmul_backward(g);
+    check_close(g.dweight, add_vec(to_f64(dw0), fd_w, 2.0), kBwdTol, "dweight x2");
+    check_close(g.dbias, add_vec(to_f64(db0), fd_b, 2.0), kBwdTol, "dbias x2");
+  }
+}
+
+TEST_CASE("matmul rejects mismatched shapes and dtypes") {
+  MatmulArgs f;
+  f.inp = randn({4, 5}, 1);
+  f.weight = randn({3, 6}, 2);
+  f.out = Tensor::empty({4, 3}, DType::F32);
+  REQUIRE_THROWS(ops::matmul_forward(f));
+  f.weight = Tensor::zeros({3, 5}, DType::BF16);
+  REQUIRE_THROWS(ops::matmul_forward(f));
+}
+
+// ---- attention --------------------------------------------------------------------
+
+namespace {
+
+struct AttnShape {
+  int64_t B, T, NH, HS;
+};
+
+// Naive causal attention in double; fills lse (B, NH, T) if given.
+Vec ref_attention(const Vec& qkv, const AttnShape& s, Vec* lse) {
+  const int64_t C = s.NH * s.HS, C3 = 3 * C;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.HS));
+  Vec out(s.B * s.T * C, 0.0), p(s.T);
+  if (lse) lse->assign(s.B * s.NH * s.T, 0.0);
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.NH; ++h)
+      for (int64_t t = 0; t < s.T; ++t) {
+        const double* q = qkv.data() + (b * s.T + t) * C3 + h * s.HS;
+        double mx = -1e300, sum = 0;
+        for (int64_t j = 0; j <= t; ++j) {
+          const double* k = qkv.data() + (b * s.T + j) * C3 + C + h * s.HS;
+          double d = 0;
+          for (int64_t e = 0; e < s.HS; ++e) d += q[e] * k[e];
+          p[j] = d * scale;
+          mx = std::max(mx, p[j]);
+        }
+        for (int64_t j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        if (lse) (*lse)[(b * s.NH + h) * s.T + t] = mx + std::log(sum);
+        double* o = out.data() + (b * s.T + t) * C + h * s.HS;
+        for (int64_t j = 0; j <= t; ++j) {
+          const double* v = qkv.data() + (b * s.T + j) * C3 + 2 * C + h * s.HS;
+          for (int64_t e = 0; e < s.HS; ++e) o[e] += p[j] / sum * v[e];
+        }
+      }
+  return out;
+}
+
+// Naive double backward of ref_attention (materialised probabilities).
+Vec ref_attention_backward(const Vec& qkv, const Vec& dout, const AttnShape& s) {
+  const int64_t C = s.NH * s.HS, C3 = 3 * C;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.HS));
+  Vec lse;
+  ref_attention(qkv, s, &lse);
+  Vec dqkv(qkv.size(), 0.0), p(s.T), dp(s.T);
+  // Offset of (b, t, part in {q, k, v}, head h) in the packed layout.
+  auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h) {
+    return (b * s.T + t) * C3 + part * C + h * s.HS;
+  };
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.NH; ++h)
+      for (int64_t t = 0; t < s.T; ++t) {
+        const double* q = qkv.data() + at(b, t, 0, h);
+        const double* dO = dout.data() + (b * s.T + t) * C + h * s.HS;
+        double D = 0;
+        for (int64_t j = 0; j <= t; ++j) {
+          const double* k = qkv.data() + at(b, j, 1, h);
+          const double* v = qkv.data() + at(b, j, 2, h);
+          double d = 0, g = 0;
+          for (int64_t e = 0; e < s.HS; ++e) d += q[e] * k[e], g += dO[e] * v[e];
+          p[j] = std::exp(d * scale - lse[(b * s.NH + h) * s.T + t]);
+          dp[j] = g;
+          D += p[j] * g;
+        }
+        for (int64_t j = 0; j <= t; ++j) {
+          const double ds = p[j] * (dp[j] - D) * scale;
+          double* dq = dqkv.data() + at(b, t, 0, h);
+          double* dk = dqkv.data() + at(b, j, 1, h);
+          double* dv = dqkv.data() + at(b, j, 2, h);
+          const double* k = qkv.data() + at(b, j, 1, h);
+          for (int64_t e = 0; e < s.HS; ++e) {
+            dq[e] += ds * k[e];
+            dk[e] += ds * q[e];
+            dv[e] += p[j] * dO[e];
+          }
+        }
+      }
+  return dqkv;
+}
+
+struct AttnRun {
+  Tensor out, lse, dqkv;
+};
+
+AttnRun run_attention(const Tensor& qkv, const Tensor& dout, const AttnShape& s) {
+  AttentionArgs f;
+  f.qkv = qkv;
+  f.out = Tensor::empty({s.B, s.T, s.NH * s.HS}, DType::F32);
+  f.lse = Tensor::empty({s.B, s.NH, s.T}, DType::F32);
+  f.NH = static_cast<int>(s.NH);
+  ops::attention_forward(f);
+  AttentionBwdArgs g;
+  g.dqkv = randn(qkv.shape(), 99);  // garbage: must be overwritten
+  g.dout = dout, g.out = f.out, g.lse = f.lse, g.qkv = qkv, g.NH = f.NH;
+  ops::attention_backward(g);
+  return {f.out, f.lse, g.dqkv};
+}
+
+}  // namespace
+
+TEST_CASE("attention forward and backward match double references") {
+  for (AttnShape s : {AttnShape{2, 7, 3, 4}, AttnShape{1, 133, 2, 20}, AttnShape{2, 65, 1, 64}}) {
+    DYNAMIC_SECTION("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " HS=" << s.HS) {
+      const Tensor qkv = randn({s.B, s.T, 3 * s.NH * s.HS}, 60);
+      const Tensor dout = randn({s.B, s.T, s.NH * s.HS}, 61);
+      const AttnRun r = run_attention(qkv, dout, s);
+      Vec lse;
+      check_close(r.out, ref_attention(to_f64(qkv), s, &lse), kFwdTol, "out");
+      check_close(r.lse, lse, kFwdTol, "lse");
+      check_close(r.dqkv, ref_attention_backward(to_f64(qkv), to_f64(dout), s), kBwdTol, "dqkv");
+    }
+  }
+}
+
+TEST_CASE("attention backward matches finite differences") {
+  const AttnShape s{2, 5, 2, 4};
+  const Tensor qkv = randn({s.B, s.T, 3 * s.NH * s.HS}, 62);
+  const Tensor dout = randn({s.B, s.T, s.NH * s.HS}, 63);
+  const AttnRun r = run_attention(qkv, dout, s);
+  const Vec dv = to_f64(dout);
+  const Vec fd = fd_grad(to_f64(qkv), [&](const Vec& x) { return dot(ref_attention(x, s, nullptr), dv); });
+  check_close(r.dqkv, fd, kBwdTol, "dqkv vs finite differences");
+}
+
+TEST_CASE("attention and matmul backward are bit-identical for 1 and 3 threads") {
+  const AttnShape s{2, 133, 3, 16};
+  const Tensor qkv = randn({s.B, s.T, 3 * s.NH * s.HS}, 64);
+  const Tensor dout = randn({s.B, s.T, s.NH * s.HS}, 65);
+  AttnRun r1, r3;
+  with_threads(1, [&] { r1 = run_attention(qkv, dout, s); });
+  with_threads(3, [&] { r3 = run_attention(qkv, dout, s); });
+  CHECK(bit_equal(r1.out, r3.out));
+  CHECK(bit_equal(r1.lse, r3.lse));
+  CHECK(bit_equal(r1.dqkv, r3.dqkv));
+
+  auto run_mm = [&](int threads) {
+    MatmulBwdArgs g;
+    g.dinp = Tensor::empty({300, 40}, DType::F32);
+    g.dweight = Tensor::zeros({200, 40}, DType::F32);
+    g.dbias = Tensor::zeros({200}, DType::F32);
+    g.dout = randn({300, 200}, 66), g.inp = randn({300, 40}, 67), g.weight = randn({200, 40}, 68);
+    with_threads(threads, [&] { ops::matmul_backward(g); });
+    return g;
+  };
+  const MatmulBwdArgs m1 = run_mm(1), m3 = run_mm(3);
+  CHECK(bit_equal(m1.dinp, m3.dinp));
+  CHECK(bit_equal(m1.dweight, m3.dweight));
+  CHECK(bit_equal(m1.dbias, m3.dbias));
+}
+
+// ---- rope -------------------------------------------------------------------------
+
+namespace {
+
+Vec ref_rope(const Vec& x, const AttnShape& s, int64_t po, double theta) {
+  const int64_t C = s.NH * s.HS, half = s.HS / 2;
+  Vec out(x);
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t t = 0; t < s.T; ++t)
+      for (int64_t h = 0; h < 2 * s.NH; ++h)
+        for (int64_t i = 0; i < half; ++i) {
+          const double ang = (po + t) * std::pow(theta, -2.0 * i / s.HS);
+          const int64_t o = (b * s.T + t) * 3 * C + h * s.HS + i;
+          out[o] = x[o] * std::cos(ang) - x[o + half] * std::sin(ang);
+          out[o + half] = x[o + half] * std::cos(ang) + x[o] * std::sin(ang);
+        }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("rope forward, inverse backward, in-place") {
+  const AttnShape s{2, 7, 3, 4};
+  const int64_t po = 3;
+  const float theta = 10000.f;
+  const Shape shp{s.B, s.T, 3 * s.NH * s.HS};
+  RopeArgs f;
+  f.inp = randn(shp, 70);
+  f.out = Tensor::empty(shp, DType::F32);
+  f.NH = static_cast<int>(s.NH), f.pos_offset = po, f.theta = theta;
+  ops::rope_forward(f);
+  const Vec x = to_f64(f.inp);
+  check_close(f.out, ref_rope(x, s, po, theta), kFwdTol, "out (v copied)");
+
+  RopeArgs g = f;  // backward: out = dinp, inp = dout
+  const Tensor dout = randn(shp, 71);
+  g.inp = dout;
+  g.out = Tensor::empty(shp, DType::F32);
+  ops::rope_backward(g);
+  const Vec dv = to_f64(dout);
+  const Vec fd = fd_grad(x, [&](const Vec& v) { return dot(ref_rope(v, s, po, theta), dv); });
+  check_close(g.out, fd, kBwdTol, "dinp");
+
+  Tensor inplace = f.inp.clone();
+  RopeArgs ip = f;
+  ip.inp = inplace, ip.out = inplace;
+  ops::rope_forward(ip);
+  CHECK(bit_equal(inplace, f.out));
+  ops::rope_backward(ip);  // inverse rotation restores the input
+  check_close(inplace, x, 1e-6, "rope_backward(rope_forward(x)) == x");
+}

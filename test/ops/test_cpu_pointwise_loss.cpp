@@ -1,0 +1,276 @@
+// CPU op tests: GELU, SwiGLU, add, cross-entropy (padded vocab, ignored
+// targets, aliasing), AdamW (two-step reference), sum of squares, non-finite
+// check, scale and cast.
+#include "test/ops/op_test_util.h"
+
+using namespace ds;
+using namespace ds::test;
+
+namespace {
+
+double ref_gelu(double x) {
+  const double k = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+
+Vec map(const Vec& x, double (*f)(double)) {
+  Vec r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = f(x[i]);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("gelu forward and backward") {
+  for (int64_t n : {int64_t{3 * 37}, int64_t{3 * 4096 + 5}}) {
+    const Tensor x = randn({n}, 80, 3.0), dout = randn({n}, 81);
+    GeluArgs f;
+    f.inp = x;
+    f.out = Tensor::empty({n}, DType::F32);
+    ops::gelu_forward(f);
+    check_close(f.out, map(to_f64(x), ref_gelu), kFwdTol, "gelu");
+    GeluArgs g;
+    g.inp = x, g.dout = dout, g.out = Tensor::empty({n}, DType::F32);
+    ops::gelu_backward(g);
+    // Elementwise: the derivative of sum(w * gelu(x)) is w_i * gelu'(x_i).
+    const Vec xv = to_f64(x), dv = to_f64(dout);
+    Vec want(n);
+    for (int64_t i = 0; i < n; ++i)
+      want[i] = dv[i] * (ref_gelu(xv[i] + 1e-5) - ref_gelu(xv[i] - 1e-5)) / 2e-5;
+    check_close(g.out, want, kBwdTol, "gelu backward vs finite differences");
+    if (n > 4096) {
+      Tensor o1 = Tensor::empty({n}, DType::F32), o3 = Tensor::empty({n}, DType::F32);
+      g.out = o1;
+      with_threads(1, [&] { ops::gelu_backward(g); });
+      g.out = o3;
+      with_threads(3, [&] { ops::gelu_backward(g); });
+      CHECK(bit_equal(o1, o3));
+    }
+  }
+}
+
+namespace {
+
+Vec ref_swiglu(const Vec& x, int64_t N, int64_t F) {
+  Vec out(N * F);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t f = 0; f < F; ++f) {
+      const double g = x[n * 2 * F + f], u = x[n * 2 * F + F + f];
+      out[n * F + f] = g / (1.0 + std::exp(-g)) * u;
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("swiglu forward and backward") {
+  const int64_t N = 14, F = 5;
+  SwigluArgs f;
+  f.inp = randn({2, 7, 2 * F}, 90, 2.0);
+  f.out = Tensor::empty({2, 7, F}, DType::F32);
+  ops::swiglu_forward(f);
+  const Vec x = to_f64(f.inp);
+  check_close(f.out, ref_swiglu(x, N, F), kFwdTol, "swiglu");
+  SwigluBwdArgs g;
+  g.dinp = randn({2, 7, 2 * F}, 91);  // overwritten
+  g.dout = randn({2, 7, F}, 92);
+  g.inp = f.inp;
+  ops::swiglu_backward(g);
+  const Vec dv = to_f64(g.dout);
+  check_close(g.dinp, fd_grad(x, [&](const Vec& v) { return dot(ref_swiglu(v, N, F), dv); }),
+              kBwdTol, "swiglu backward");
+  f.out = Tensor::empty({N, F + 1}, DType::F32);
+  REQUIRE_THROWS(ops::swiglu_forward(f));
+}
+
+TEST_CASE("add, also in place") {
+  const Tensor a = randn({5, 9}, 100), b = randn({5, 9}, 101);
+  AddArgs args{Tensor::empty({5, 9}, DType::F32), a, b};
+  ops::add(args);
+  check_close(args.out, add_vec(to_f64(a), to_f64(b)), kFwdTol, "add");
+  Tensor acc = a.clone();
+  ops::add(AddArgs{acc, acc, b});
+  CHECK(bit_equal(acc, args.out));
+}
+
+// ---- cross-entropy ---------------------------------------------------------------
+
+namespace {
+
+Vec ref_ce(const Vec& x, const std::vector<int32_t>& tgt, int64_t N, int64_t Vp, int64_t V) {
+  Vec loss(N, 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    if (tgt[n] < 0) continue;
+    double mx = -1e300, s = 0;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, x[n * Vp + j]);
+    for (int64_t j = 0; j < V; ++j) s += std::exp(x[n * Vp + j] - mx);
+    loss[n] = mx + std::log(s) - x[n * Vp + tgt[n]];
+  }
+  return loss;
+}
+
+}  // namespace
+
+TEST_CASE("cross-entropy: padded vocab, ignored targets, aliasing") {
+  const int64_t N = 14, V = 37, Vp = 40;
+  const float dloss = 1.f / 11;
+  std::vector<int32_t> tgt = {3, -1, 36, 0, 12, 5, -1, 7, 20, 1, 30, 2, -100, 8};
+  Tensor logits = randn({N, Vp}, 110, 3.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = V; j < Vp; ++j) logits.data<float>()[n * Vp + j] = 100.f;  // must be ignored
+  CrossEntropyArgs a;
+  a.losses = Tensor::empty({N}, DType::F32);
+  a.dlogits = Tensor::empty({N, Vp}, DType::F32);
+  a.logits = logits;
+  a.targets = tokens_tensor({N}, tgt);
+  a.V = V;
+  a.dloss = dloss;
+  ops::cross_entropy(a);
+  const Vec x = to_f64(logits);
+  const Vec want = ref_ce(x, tgt, N, Vp, V);
+  check_close(a.losses, want, kFwdTol, "losses");
+  const Vec fd = fd_grad(x, [&](const Vec& v) {
+    double s = 0;
+    for (double l : ref_ce(v, tgt, N, Vp, V)) s += dloss * l;
+    return s;
+  });
+  check_close(a.dlogits, fd, kBwdTol, "dlogits");
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < Vp; ++j)
+      if (j >= V || tgt[n] < 0) CHECK(a.dlogits.data<float>()[n * Vp + j] == 0.f);
+
+  CrossEntropyArgs in_place = a;  // dlogits aliases logits
+  in_place.logits = logits.clone();
+  in_place.dlogits = in_place.logits;
+  in_place.losses = Tensor::empty({N}, DType::F32);
+  ops::cross_entropy(in_place);
+  CHECK(bit_equal(in_place.losses, a.losses));
+  CHECK(bit_equal(in_place.dlogits, a.dlogits));
+
+  CrossEntropyArgs loss_only = a;
+  loss_only.dlogits = Tensor();
+  loss_only.losses = Tensor::empty({N}, DType::F32);
+  ops::cross_entropy(loss_only);
+  CHECK(bit_equal(loss_only.losses, a.losses));
+
+  tgt[4] = static_cast<int32_t>(V);  // a target in the padding is an error
+  loss_only.targets = tokens_tensor({N}, tgt);
+  REQUIRE_THROWS(ops::cross_entropy(loss_only));
+}
+
+// ---- optimizer ops ---------------------------------------------------------------
+
+TEST_CASE("adamw: hand-computed scalar steps") {
+  // p=1, g=0.5 scaled by 2 -> 1, lr 0.1, wd 0.1. Step 1: p = 1 - 0.01 - 0.1 = 0.89.
+  // Step 2: p = 0.89 - 0.0089 - 0.1 * 1 = 0.7811 (bias-corrected m/sqrt(v) is 1 both times).
+  AdamWArgs a;
+  a.param = full({1}, 1.f);
+  a.grad = full({1}, 0.5f);
+  a.m = full({1}, 0.f);
+  a.v = full({1}, 0.f);
+  a.lr = 0.1f, a.weight_decay = 0.1f, a.grad_scale = 2.f, a.eps = 1e-8f;
+  a.step = 1;
+  ops::adamw_step(a);
+  CHECK(a.param.data<float>()[0] == Approx(0.89).epsilon(1e-6));
+  a.step = 2;
+  ops::adamw_step(a);
+  CHECK(a.param.data<float>()[0] == Approx(0.7811).epsilon(1e-6));
+  // 1 - 0.999f is 1.0000467e-3 in float, hence the looser bound on v.
+  CHECK(a.m.data<float>()[0] == Approx(0.19).epsilon(1e-6));
+  CHECK(a.v.data<float>()[0] == Approx(0.001999).epsilon(5e-5));
+}
+
+TEST_CASE("adamw: two steps against a double reference, bf16 copy") {
+  const int64_t n = 37;
+  const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+  const Tensor g1 = randn({n}, 120), g2 = randn({n}, 121);
+  AdamWArgs a;
+  a.param = randn({n}, 122);
+  a.m = Tensor::zeros({n}, DType::F32);
+  a.v = Tensor::zeros({n}, DType::F32);
+  a.param_lowp = Tensor::empty({n}, DType::BF16);
+  a.lr = lr, a.beta1 = b1, a.beta2 = b2, a.eps = eps, a.weight_decay = wd, a.grad_scale = gs;
+  Vec p = to_f64(a.param), m(n, 0.0), v(n, 0.0);
+  const Tensor grads[2] = {g1, g2};
+  for (int step = 1; step <= 2; ++step) {
+    a.grad = grads[step - 1];
+    a.step = step;
+    ops::adamw_step(a);
+    const Vec g = to_f64(grads[step - 1]);
+    for (int64_t i = 0; i < n; ++i) {
+      const double gi = g[i] * gs;
+      p[i] -= static_cast<double>(lr) * wd * p[i];
+      m[i] = b1 * m[i] + (1.0 - b1) * gi;
+      v[i] = b2 * v[i] + (1.0 - b2) * gi * gi;
+      const double mh = m[i] / (1.0 - std::pow(static_cast<double>(b1), step));
+      const double vh = v[i] / (1.0 - std::pow(static_cast<double>(b2), step));
+      p[i] -= lr * mh / (std::sqrt(vh) + eps);
+    }
+  }
+  check_close(a.param, p, kFwdTol, "param");
+  check_close(a.m, m, kFwdTol, "m");
+  check_close(a.v, v, kFwdTol, "v");
+  for (int64_t i = 0; i < n; ++i)
+    CHECK(a.param_lowp.data<uint16_t>()[i] == f32_to_bf16(a.param.data<float>()[i]));
+}
+
+TEST_CASE("sum_squares accumulates in double and is thread-count independent") {
+  const int64_t n = 5 * 4096 + 17;
+  const Tensor x = randn({n}, 130);
+  double want = 1.5;
+  for (double v : to_f64(x)) want += v * v;
+  Tensor out1 = full({1}, 1.5f), out3 = full({1}, 1.5f);
+  with_threads(1, [&] { ops::sum_squares(SumSquaresArgs{out1, x}); });
+  with_threads(3, [&] { ops::sum_squares(SumSquaresArgs{out3, x}); });
+  CHECK(std::fabs(out1.data<float>()[0] - want) / want < 1e-6);
+  CHECK(bit_equal(out1, out3));
+}
+
+TEST_CASE("nonfinite_check sets but never clears the flag") {
+  Tensor x = randn({1000}, 140);
+  Tensor flag = full({1}, 0.f);
+  ops::nonfinite_check(NonFiniteArgs{flag, x});
+  CHECK(flag.data<float>()[0] == 0.f);
+  x.data<float>()[777] = std::numeric_limits<float>::infinity();
+  ops::nonfinite_check(NonFiniteArgs{flag, x});
+  CHECK(flag.data<float>()[0] == 1.f);
+  x.data<float>()[777] = 0.f;
+  ops::nonfinite_check(NonFiniteArgs{flag, x});
+  CHECK(flag.data<float>()[0] == 1.f);
+  flag.data<float>()[0] = 0.f;
+  x.data<float>()[3] = std::nanf("");
+  ops::nonfinite_check(NonFiniteArgs{flag, x});
+  CHECK(flag.data<float>()[0] == 1.f);
+}
+
+TEST_CASE("scale multiplies in place") {
+  Tensor x = randn({4097}, 150);
+  const Vec x0 = to_f64(x);
+  ops::scale(ScaleArgs{x, 0.25f});
+  Vec want(x0);
+  for (double& v : want) v *= 0.25;
+  check_close(x, want, 0.0, "scale by a power of two is exact");
+}
+
+TEST_CASE("cast between f32, bf16, f16 and i32 copies") {
+  const Tensor x = randn({3, 11}, 160, 10.0);
+  Tensor b = Tensor::empty({33}, DType::BF16), h = Tensor::empty({33}, DType::F16);
+  ops::cast(CastArgs{b, x});
+  ops::cast(CastArgs{h, x});
+  Tensor back = Tensor::empty({3, 11}, DType::F32), hb = Tensor::empty({33}, DType::BF16);
+  ops::cast(CastArgs{back, b});
+  ops::cast(CastArgs{hb, h});
+  for (int64_t i = 0; i < 33; ++i) {
+    const float v = x.data<float>()[i];
+    CHECK(b.data<uint16_t>()[i] == f32_to_bf16(v));
+    CHECK(h.data<uint16_t>()[i] == f32_to_f16(v));
+    CHECK(back.data<float>()[i] == bf16_to_f32(f32_to_bf16(v)));
+    CHECK(hb.data<uint16_t>()[i] == f32_to_bf16(f16_to_f32(f32_to_f16(v))));
+  }
+  const Tensor t = tokens_tensor({4}, {1, -2, 3, 40000});
+  Tensor t2 = Tensor::empty({2, 2}, DType::I32);
+  ops::cast(CastArgs{t2, t});
+  CHECK(bit_equal(t, t2));
+  REQUIRE_THROWS(ops::cast(CastArgs{Tensor::empty({4}, DType::F32), t}));
+  REQUIRE_THROWS(ops::cast(CastArgs{Tensor::empty({5}, DType::BF16), x}));
+}
