@@ -20,7 +20,11 @@ bool run_parse(CLI::App& app, int argc, char** argv, std::string* program,
     DS_USER_ERROR("{}: {} (see {} --help)", app.get_name(), e.what(), app.get_name());
   }
   std::vector<std::string> rest = app.remaining();
-  if (!rest.empty() && rest[0] == "--") rest.erase(rest.begin());
+  bool dashdash = !rest.empty() && rest[0] == "--";
+  if (dashdash) rest.erase(rest.begin());
+  DS_USER_CHECK(rest.empty() || dashdash || rest[0].empty() || rest[0][0] != '-',
+                "{}: unknown option '{}' (see {} --help)", app.get_name(), rest.empty() ? "" : rest[0],
+                app.get_name());
   DS_USER_CHECK(!rest.empty(), "{}: no PROGRAM given (usage: dsrun [options] PROGRAM [ARGS...])",
                 app.get_name());
   *program = rest[0];
@@ -35,6 +39,8 @@ bool parse_options(int argc, char** argv, Options* o) {
                "(DeepSpeed runner compatible). Options after PROGRAM belong to PROGRAM.",
                "dsrun"};
   app.prefix_command();
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // argparse: last wins
+  app.footer("Usage: dsrun [options] PROGRAM [ARGS...]   (see docs/dsrun.md)");
   auto* hf = app.add_option("-H,--hostfile", o->hostfile, "MPI-style hostfile (HOST slots=N)")
                  ->capture_default_str();
   app.add_option("-i,--include", o->include, "NODE_SPEC[@NODE_SPEC...], NODE_SPEC=NAME[:SLOT,...]");

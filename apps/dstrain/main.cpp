@@ -1,19 +1,48 @@
 // dstrain: GPT pretraining (GPT-2 and LLaMA families) from a DeepSpeed JSON
-// config plus Megatron-style flags. User errors print one line and exit 1.
+// config plus Megatron-style flags. Joins the job described by the launcher's
+// environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, DS_JOB_TOKEN; a
+// single process without them). User errors print one line and exit 1.
 #include <cstdio>
 #include <exception>
 
+#include "lib/comm/communicator.h"
 #include "lib/core/error.h"
 #include "lib/core/log.h"
+#include "lib/parallel/comms.h"
+#include "lib/parallel/rank_grid.h"
 #include "lib/train/config.h"
+#include "lib/train/memory_estimate.h"
 #include "lib/train/trainer.h"
+
+namespace {
+
+int run(int argc, char** argv) {
+  ds::RendezvousInfo rv = ds::RendezvousInfo::from_env();
+  ds::TrainConfig cfg = ds::parse_train_config(argc, argv, rv.world_size);
+  if (!cfg.help_text.empty()) {
+    std::printf("%s\n", cfg.help_text.c_str());
+    return 0;
+  }
+  if (cfg.estimate_memory) {
+    ds::resolve_vocab(cfg);
+    std::printf("%s\n", ds::estimate_memory_report(cfg, 1, rv.world_size).c_str());
+    return 0;
+  }
+  ds::log_set_rank(rv.rank);
+  auto world = ds::make_world_communicator(ds::Backend::Gloo, rv);
+  ds::RankGrid grid = ds::make_rank_grid(rv.world_size, cfg.parallel.tp, cfg.parallel.pp, rv.rank);
+  ds::Comms comms = ds::build_comms(*world, grid);
+  ds::Trainer trainer(cfg, comms);
+  trainer.run();
+  world->barrier();
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   try {
-    ds::TrainConfig cfg = ds::parse_train_config(argc, argv, /*world_size=*/1);
-    ds::Trainer trainer(cfg);
-    trainer.run();
-    return 0;
+    return run(argc, argv);
   } catch (const ds::UserError& e) {
     std::fprintf(stderr, "dstrain: error: %s\n", e.what());
     return 1;

@@ -143,9 +143,8 @@ bool TcpStoreServer::read_conn(int id, Conn& c) {
     c.in.erase(0, 4 + static_cast<size_t>(len));
     try {
       handle(id, c, msg);
-    } catch (const std::exception& e) {
+    } catch (const std::exception& e) {  // framing is intact: answer and go on
       reply(c, net::Writer().u8(uint8_t(Status::Bad)).str(e.what()).bytes());
-      c.close_after_flush = true;
     }
     if (c.bye) return false;
   }

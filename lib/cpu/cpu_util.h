@@ -101,6 +101,28 @@ inline float row_max(const float* x, int64_t n) {
   return r;
 }
 
+// sum over j of exp(x[j] - shift), returned in double. Lanes of 32 float
+// partial sums (several independent vector chains, so the adds do not wait on
+// each other) are flushed into a double every 1024 elements; the order is
+// fixed, so the result is deterministic.
+inline double sum_exp(const float* x, int64_t n, float shift) {
+  constexpr int kLanes = 32;
+  constexpr int64_t kFlush = 1024;
+  double total = 0.0;
+  int64_t j = 0;
+  while (j + kLanes <= n) {
+    float lanes[kLanes] = {};
+    const int64_t end = std::min(n, j + kFlush);
+    for (; j + kLanes <= end; j += kLanes) {
+#pragma omp simd
+      for (int l = 0; l < kLanes; ++l) lanes[l] += fast_exp(x[j + l] - shift);
+    }
+    for (int l = 0; l < kLanes; ++l) total += lanes[l];
+  }
+  for (; j < n; ++j) total += fast_exp(x[j] - shift);
+  return total;
+}
+
 // Per-thread scratch: slot `slot` of the calling thread, at least n floats,
 // 64-byte aligned, contents undefined. Grows, never shrinks. Slot 7 is reserved
 // for tables the calling thread fills before a parallel region and the workers

@@ -45,9 +45,7 @@ void cross_entropy(const CrossEntropyArgs& a, const Stream&) {
       continue;
     }
     const float mx = row_max(x, V);
-    double sum = 0.0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < V; ++j) sum += fast_exp(x[j] - mx);
+    const double sum = sum_exp(x, V, mx);
     const double lse = mx + std::log(sum);
     losses[n] = static_cast<float>(lse - x[tgt]);
     if (!dx) continue;

@@ -4,6 +4,7 @@
 // that each branch adds into (norm backward uses Accum::Add).
 #include "lib/model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "lib/core/error.h"
@@ -23,10 +24,11 @@ Tensor rows(const Tensor& t) { return t.reshape({t.numel() / t.size(-1), t.size(
 
 }  // namespace
 
-GptModel::GptModel(const ModelConfig& cfg, Device dev)
+GptModel::GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems)
     : cfg_(cfg), d_(model_dims(cfg)), layout_(build_layout(cfg)), dev_(dev) {
-  params_ = Tensor::zeros({layout_.total}, DType::F32, dev_);
-  grads_ = Tensor::zeros({layout_.total}, DType::F32, dev_);
+  const int64_t n = std::max(alloc_elems, layout_.total);
+  params_ = Tensor::zeros({n}, DType::F32, dev_);
+  grads_ = Tensor::zeros({n}, DType::F32, dev_);
 }
 
 Tensor GptModel::param(const std::string& name) const {
@@ -46,7 +48,7 @@ Tensor GptModel::opt(const std::string& name, bool grad) const {
 }
 
 void GptModel::init_weights(uint64_t seed, float std) {
-  Tensor host = Tensor::empty({layout_.total}, DType::F32);
+  Tensor host = Tensor::zeros({params_.numel()}, DType::F32);
   float* w = host.data<float>();
   const double scaled = std / std::sqrt(2.0 * d_.L);
   for (const ParamSpec& p : layout_.params) {

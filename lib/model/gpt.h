@@ -26,13 +26,15 @@ struct LayerActs {
 
 class GptModel {
  public:
-  GptModel(const ModelConfig& cfg, Device dev);
+  // alloc_elems: size of the params/grads allocations (>= layout total), so
+  // data-parallel collectives can run on a padded buffer (ZeRO partitions).
+  GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems = 0);
 
   const ModelLayout& layout() const { return layout_; }
   const ModelDims& dims() const { return d_; }
   Device device() const { return dev_; }
-  Tensor& params() { return params_; }  // (total) f32
-  Tensor& grads() { return grads_; }    // (total) f32
+  Tensor& params() { return params_; }  // (alloc) f32, layout total first
+  Tensor& grads() { return grads_; }    // (alloc) f32
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
 

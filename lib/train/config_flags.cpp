@@ -48,7 +48,7 @@ constexpr FlagSpec kTable[] = {
     {"--device", "/training/device", FlagKind::String, "cpu or cuda", "cpu|cuda"},
     {"--save", "/training/save", FlagKind::String, "checkpoint directory to save into"},
     {"--load", "/training/load", FlagKind::String, "checkpoint directory to resume from"},
-    {"--save-interval", "/training/save_interval", FlagKind::Int, "save every N iterations (0 = only at the end)"},
+    {"--save-interval", "/training/save_interval", FlagKind::Int, "save every N iterations (0 = no periodic saves)"},
     {"--eval-interval", "/training/eval_interval", FlagKind::Int, "validate every N iterations (0 = never)"},
     {"--eval-iters", "/training/eval_iters", FlagKind::Int, "validation batches per evaluation"},
     {"--log-interval", "/training/log_interval", FlagKind::Int, "log every N iterations"},
@@ -146,7 +146,8 @@ void add_special_flags(CLI::App& app, ParsedFlags& out) {
 
 // Flags that are accepted for compatibility and change nothing.
 void add_ignored_flags(CLI::App& app) {
-  app.add_option("--local_rank", "set by launchers; dstrain reads LOCAL_RANK from the environment");
+  app.add_option_function<int>("--local_rank", [](const int&) {},
+                               "set by launchers; dstrain reads LOCAL_RANK from the environment");
   app.add_flag("--deepspeed")->description("accepted for DeepSpeed compatibility (always on)");
   app.add_flag("--use-flash-attn")->description("accepted; flash attention is used on CUDA whenever it applies");
   app.add_option("--tokenizer-type", "accepted; only GPT2BPETokenizer exists")

@@ -102,6 +102,9 @@ void read_training_schedule(JsonSection& s, TrainConfig& cfg, bool has_ds_schedu
 
 void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_scheduler, bool has_steps_per_print) {
   cfg.train_iters = s.get<int64_t>("train_iters", cfg.train_iters);
+  DS_USER_CHECK(!s.has("seed") || s.raw().at("seed").is_number_unsigned() ||
+                    (s.raw().at("seed").is_number_integer() && s.raw().at("seed").get<int64_t>() >= 0),
+                "config: 'training.seed' (--seed) must be a non-negative integer, got {}", s.raw().value("seed", json()).dump());
   cfg.seed = s.get<uint64_t>("seed", cfg.seed);
   cfg.device = s.get<std::string>("device", cfg.device);
   cfg.estimate_memory = s.get<bool>("estimate_memory", cfg.estimate_memory);

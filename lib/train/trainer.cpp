@@ -25,15 +25,23 @@ void resolve_vocab(TrainConfig& cfg) {
   cfg.resolved["model"]["vocab_size"] = m.vocab_size;
 }
 
-Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {
+Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms) {
   DS_USER_CHECK(cfg_.device == "cpu", "--device {}: this build trains on cpu only for now", cfg_.device);
   dev_ = Device::cpu();
   if (cfg_.precision.precision != Precision::FP32)
     DS_WARN("bf16/fp16 is enabled but the CPU backend trains in fp32; the setting is ignored on cpu");
   resolve_vocab(cfg_);
   data_ = std::make_unique<DataPipeline>(cfg_, dev_);
-  model_ = std::make_unique<GptModel>(cfg_.model, dev_);
-  opt_ = std::make_unique<AdamW>(model_->layout(), dev_, 0, model_->layout().total);
+  DS_USER_CHECK(comms_.grid.tp == 1 && comms_.grid.pp == 1,
+                "tensor/pipeline model parallelism (TP {} x PP {}) is not implemented yet; use data parallelism",
+                comms_.grid.tp, comms_.grid.pp);
+  dp_ = comms_.grid.dp;
+  dp_rank_ = comms_.grid.dp_rank;
+  DS_USER_CHECK(cfg_.batch.dp_size == dp_, "batch: the config was resolved for {} data-parallel ranks, the job has {}",
+                cfg_.batch.dp_size, dp_);
+  ZeroPartition part = make_zero_partition(count_parameters(cfg_.model), dp_);
+  model_ = std::make_unique<GptModel>(cfg_.model, dev_, part.padded_total);
+  opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_ > 1 ? comms_.dp : nullptr, cfg_.zero, part);
   int64_t n_matmul = model_->layout().total;
   if (const ParamSpec* p = model_->layout().try_find("embed.wpe")) n_matmul -= p->numel;
   flops_per_token_ = flops_per_token(cfg_.model, n_matmul);
@@ -46,22 +54,25 @@ Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {
   DS_LOG("batch: global {} = micro {} x grad accum {} x data parallel {}; {} train samples per epoch",
          cfg_.batch.train_batch_size, cfg_.batch.micro_batch_size, cfg_.batch.grad_accum_steps, cfg_.batch.dp_size,
          data_->train_samples_per_epoch());
-  DS_LOG("model state: {} bytes per rank (params + grads + Adam m, v, all fp32 = 16 bytes/param)",
-         4 * (model_->params().numel() + model_->grads().numel() + opt_->m().numel() + opt_->v().numel()));
+  DS_LOG("model state: {} bytes per rank (ZeRO stage {}, {} data-parallel ranks; fp32 params + grads + Adam m, v)",
+         opt_->model_state_bytes(), cfg_.zero.stage, dp_);
 }
 
 void Trainer::load_or_init() {
   if (!cfg_.ckpt.load_dir.empty()) {
-    CheckpointData d{&model_->layout(), model_->params(), opt_->m(), opt_->v(), 0, model_->layout().total, 0, 0, 1};
+    Range r = opt_->optimizer_range();
+    CheckpointData d{&model_->layout(), model_->params().view(0, {model_->layout().total}), opt_->adam().m(),
+                     opt_->adam().v(), r.begin, r.end, 0, dp_rank_, dp_};
     if (load_checkpoint(cfg_.ckpt.load_dir, state_, d)) {
-      opt_->set_step_count(d.opt_step);
+      opt_->adam().set_step_count(d.opt_step);
       DS_LOG("loaded checkpoint from {} at iteration {}", cfg_.ckpt.load_dir, state_.iteration);
       return;
     }
     DS_WARN("--load {}: no checkpoint found ('latest' missing); starting from scratch", cfg_.ckpt.load_dir);
   }
   if (!cfg_.ckpt.init_from.empty()) {
-    import_hf(cfg_.model, model_->layout(), model_->params(), cfg_.ckpt.init_from);
+    Tensor p = model_->params().view(0, {model_->layout().total});
+    import_hf(cfg_.model, model_->layout(), p, cfg_.ckpt.init_from);
     DS_LOG("initialised weights from {}", cfg_.ckpt.init_from);
     return;
   }
@@ -72,13 +83,13 @@ float Trainer::train_step() {
   const auto& b = cfg_.batch;
   model_->grads().zero_();
   const float loss_weight =
-      1.0f / static_cast<float>(b.micro_batch_size * cfg_.model.seq_length * b.grad_accum_steps);
+      1.0f / static_cast<float>(b.micro_batch_size * cfg_.model.seq_length * b.grad_accum_steps * dp_);
   double loss_sum = 0;
   for (int64_t micro = 0; micro < b.grad_accum_steps; ++micro) {
-    MicroBatch mb = data_->train_batch(state_.consumed_samples, static_cast<int>(micro), 0, 1);
+    MicroBatch mb = data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_);
     loss_sum += model_->forward_backward(mb.tokens, mb.targets, loss_weight);
   }
-  double norm = std::sqrt(grad_sum_squares(model_->grads()));
+  double norm = opt_->reduce_gradients();
   float coef = clip_coefficient(norm, cfg_.optim.grad_clip);
   AdamWHyper h;
   h.lr = lr_at(cfg_.optim, state_.iteration, cfg_.train_iters);
@@ -86,10 +97,10 @@ float Trainer::train_step() {
   h.beta2 = cfg_.optim.beta2;
   h.eps = cfg_.optim.eps;
   h.weight_decay = cfg_.optim.weight_decay;
-  opt_->step(model_->params(), model_->grads(), h, coef);
+  opt_->step(h, coef);
   state_.iteration += 1;
   state_.consumed_samples += b.train_batch_size;
-  float loss = static_cast<float>(loss_sum / b.grad_accum_steps);
+  float loss = static_cast<float>(dp_mean(loss_sum / b.grad_accum_steps));
   last_grad_norm_ = norm;
   last_lr_ = h.lr;
   return loss;
@@ -102,19 +113,35 @@ double Trainer::evaluate() {
   for (int64_t it = 0; it < cfg_.log.eval_iters; ++it) {
     for (int64_t micro = 0; micro < cfg_.batch.grad_accum_steps; ++micro) {
       int64_t first = (it * cfg_.batch.grad_accum_steps + micro) * cfg_.batch.micro_batch_size;
-      MicroBatch mb = data_->valid_batch(first, 0, 1);
+      int64_t first_dp = first * dp_;
+      MicroBatch mb = data_->valid_batch(first_dp, dp_rank_, dp_);
       sum += model_->forward_loss(mb.tokens, mb.targets);
       ++n;
     }
   }
-  return sum / static_cast<double>(n);
+  return dp_mean(sum / static_cast<double>(n));
+}
+
+double Trainer::dp_mean(double local) {
+  if (dp_ == 1) return local;
+  Tensor t = Tensor::empty({1}, DType::F32);
+  t.data<float>()[0] = static_cast<float>(local);
+  comms_.dp->all_reduce(t);
+  return static_cast<double>(t.data<float>()[0]) / dp_;
 }
 
 void Trainer::save() {
   if (cfg_.ckpt.save_dir.empty()) return;
-  CheckpointData d{&model_->layout(), model_->params(), opt_->m(), opt_->v(), 0, model_->layout().total,
-                   opt_->step_count(), 0, 1};
-  save_checkpoint(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
+  Range r = opt_->optimizer_range();
+  // Stage 0 keeps identical optimizer state on every rank: rank 0 writes one shard.
+  const bool sharded = cfg_.zero.stage >= 1;
+  CheckpointData d{&model_->layout(), model_->params().view(0, {model_->layout().total}), opt_->adam().m(),
+                   opt_->adam().v(), r.begin, r.end, opt_->adam().step_count(), sharded ? dp_rank_ : 0,
+                   sharded ? dp_ : 1};
+  if (sharded || dp_rank_ == 0) write_checkpoint_files(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
+  comms_.world->barrier();
+  if (comms_.grid.rank == 0) commit_checkpoint(cfg_.ckpt.save_dir, state_.iteration);
+  comms_.world->barrier();
   DS_LOG("saved checkpoint to {}/{}", cfg_.ckpt.save_dir, step_dir_name(state_.iteration));
 }
 
@@ -170,8 +197,8 @@ std::vector<float> Trainer::run() {
     csv_.valid(state_.iteration, v);
   }
   if (cfg_.ckpt.save_interval <= 0 || state_.iteration % cfg_.ckpt.save_interval != 0) save();
-  if (!cfg_.ckpt.export_hf.empty()) {
-    export_hf(cfg_.model, model_->layout(), model_->params(), cfg_.ckpt.export_hf);
+  if (!cfg_.ckpt.export_hf.empty() && comms_.grid.rank == 0) {
+    export_hf(cfg_.model, model_->layout(), model_->params().view(0, {model_->layout().total}), cfg_.ckpt.export_hf);
     DS_LOG("exported Hugging Face model to {}", cfg_.ckpt.export_hf);
   }
   return losses;

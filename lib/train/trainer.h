@@ -8,9 +8,11 @@
 #include "lib/ckpt/checkpoint.h"
 #include "lib/model/gpt.h"
 #include "lib/optim/adamw.h"
+#include "lib/parallel/comms.h"
 #include "lib/train/config.h"
 #include "lib/train/data_pipeline.h"
 #include "lib/train/metrics.h"
+#include "lib/train/zero_optimizer.h"
 
 namespace ds {
 
@@ -19,7 +21,8 @@ void resolve_vocab(TrainConfig& cfg);
 
 class Trainer {
  public:
-  explicit Trainer(const TrainConfig& cfg);
+  // comms: this rank's communicators (a world of 1 for a single process).
+  Trainer(const TrainConfig& cfg, Comms& comms);
   // Runs until train_iters; returns the per-iteration training losses of this run.
   std::vector<float> run();
   // Validation loss over eval_iters global batches of the valid split.
@@ -32,11 +35,14 @@ class Trainer {
   void save();
   void load_or_init();
   void log_iteration(float loss, double grad_norm, double ms);
+  double dp_mean(double local);  // average of a scalar over the data-parallel group
 
   TrainConfig cfg_;
   Device dev_;
   std::unique_ptr<GptModel> model_;
-  std::unique_ptr<AdamW> opt_;
+  Comms& comms_;
+  int dp_ = 1, dp_rank_ = 0;
+  std::unique_ptr<ZeroOptimizer> opt_;
   std::unique_ptr<DataPipeline> data_;
   TrainState state_;
   CsvMonitor csv_;

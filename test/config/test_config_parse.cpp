@@ -300,6 +300,8 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
   CHECK_THROWS_WITH(parse_json(with(base(), {{"train_batch_size", 0}})),
                     Contains("'train_batch_size' must be a positive integer, got 0"));
   CHECK_THROWS_WITH(parse_json(base(), {"--device", "tpu"}), Contains("--device"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--seed", "-1"}), Contains("'training.seed' (--seed) must be a non-negative"));
+  CHECK(parse_json(base(), {"--seed", "5"}).seed == 5u);
 }
 
 TEST_CASE("command line handling", "[config][flags]") {

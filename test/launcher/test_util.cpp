@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -38,6 +39,31 @@ std::string read_proc(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// Orphans of a killed dsrun re-parent to this process and are reaped here,
+// instead of lingering as zombies under an init that may not reap.
+struct BecomeSubreaper {
+  BecomeSubreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
+} g_subreaper;
+
+void reap_zombie_children() {
+  pid_t self = getpid();
+  DIR* d = opendir("/proc");
+  if (!d) return;
+  while (dirent* e = readdir(d)) {
+    char* end;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (*end || pid <= 1) continue;
+    std::string stat = read_proc("/proc/" + std::string(e->d_name) + "/stat");
+    size_t rp = stat.rfind(')');
+    char state = 0;
+    long ppid = 0;
+    if (rp == std::string::npos || sscanf(stat.c_str() + rp + 1, " %c %ld", &state, &ppid) != 2) continue;
+    int st;
+    if (ppid == self && state == 'Z') waitpid(static_cast<pid_t>(pid), &st, WNOHANG);
+  }
+  closedir(d);
 }
 
 }  // namespace
@@ -103,6 +129,7 @@ RunResult run_cmd(const std::vector<std::string>& argv,
   r.seconds = now() - start;
   give_up = now() + 3;  // leftover processes may hold the pipes open: stop reading then
   reader.join();
+  reap_zombie_children();
   close(out_p[0]);
   close(err_p[0]);
   r.code = WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
@@ -110,6 +137,7 @@ RunResult run_cmd(const std::vector<std::string>& argv,
 }
 
 std::vector<pid_t> pids_with_token(const std::string& token) {
+  reap_zombie_children();
   std::vector<pid_t> out;
   pid_t self = getpid();
   DIR* d = opendir("/proc");

@@ -209,16 +209,26 @@ TEST_CASE("attention and matmul backward are bit-identical for 1 and 3 threads")
   CHECK(bit_equal(r1.lse, r3.lse));
   CHECK(bit_equal(r1.dqkv, r3.dqkv));
 
+  // Shapes spanning several 256 x 256 output tiles of the parallel gemm.
+  const int64_t N = 600, C = 40, OC = 300;
   auto run_mm = [&](int threads) {
+    MatmulArgs f;
+    f.out = Tensor::empty({N, OC}, DType::F32);
+    f.inp = randn({N, C}, 67), f.weight = randn({OC, C}, 68), f.bias = randn({OC}, 69);
     MatmulBwdArgs g;
-    g.dinp = Tensor::empty({300, 40}, DType::F32);
-    g.dweight = Tensor::zeros({200, 40}, DType::F32);
-    g.dbias = Tensor::zeros({200}, DType::F32);
-    g.dout = randn({300, 200}, 66), g.inp = randn({300, 40}, 67), g.weight = randn({200, 40}, 68);
-    with_threads(threads, [&] { ops::matmul_backward(g); });
-    return g;
+    g.dinp = Tensor::empty({N, C}, DType::F32);
+    g.dweight = Tensor::zeros({OC, C}, DType::F32);
+    g.dbias = Tensor::zeros({OC}, DType::F32);
+    g.dout = randn({N, OC}, 66), g.inp = f.inp, g.weight = f.weight;
+    with_threads(threads, [&] {
+      ops::matmul_forward(f);
+      ops::matmul_backward(g);
+    });
+    return std::pair{f, g};
   };
-  const MatmulBwdArgs m1 = run_mm(1), m3 = run_mm(3);
+  const auto [f1, m1] = run_mm(1);
+  const auto [f3, m3] = run_mm(3);
+  CHECK(bit_equal(f1.out, f3.out));
   CHECK(bit_equal(m1.dinp, m3.dinp));
   CHECK(bit_equal(m1.dweight, m3.dweight));
   CHECK(bit_equal(m1.dbias, m3.dbias));

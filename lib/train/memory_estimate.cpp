@@ -1,0 +1,205 @@
+// Memory estimate for --estimate-memory: model states from the ZeRO byte
+// formulas (lib/parallel/zero_partition), the ZeRO-3 working set from the
+// fetch plan over the layout's layer units, and activations from what
+// GptModel keeps per layer. Approximations are stated in the report itself.
+#include "lib/train/memory_estimate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "lib/core/error.h"
+#include "lib/model/layout.h"
+
+namespace ds {
+namespace {
+
+constexpr int kAssumedVocab = 50257;  // GPT-2's BPE vocabulary
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The model config with a vocabulary filled in (GPT-2's when none is known).
+ModelConfig resolved_model(const TrainConfig& cfg, bool& assumed) {
+  ModelConfig m = cfg.model;
+  assumed = m.vocab_size <= 0;
+  if (assumed) {
+    m.vocab_size = kAssumedVocab;
+    m.padded_vocab_size = 0;
+  }
+  if (m.padded_vocab_size <= 0)
+    m.padded_vocab_size = padded_vocab(m.vocab_size, std::max(1, m.make_vocab_size_divisible_by), cfg.parallel.tp);
+  return m;
+}
+
+// Layer-granular units of the flat buffer: embeddings, each layer, final norm + head.
+std::vector<Range> layer_units(const ModelLayout& layout) {
+  std::vector<Range> units;
+  int cur = -2;
+  for (const ParamSpec& p : layout.params) {
+    if (p.layer != cur) {
+      units.push_back({p.offset, p.offset});
+      cur = p.layer;
+    }
+    units.back().end = p.offset + p.numel;
+  }
+  return units;
+}
+
+// Activation bytes of one rank (see docs/zero.md for the per-token counts).
+ActivationBytes activation_bytes(const TrainConfig& cfg, const ModelDims& d) {
+  const int64_t B = cfg.batch.micro_batch_size > 0 ? cfg.batch.micro_batch_size : 1;
+  const int64_t N = B * cfg.model.seq_length;  // tokens per micro-batch
+  const int64_t a = cfg.precision.precision == Precision::FP32 ? 4 : 2;  // activation element
+  const int64_t s = 4;                                                    // statistics are fp32
+  const int64_t tp = cfg.parallel.tp, sp = cfg.parallel.sequence_parallel ? tp : 1;
+  const int64_t C = d.C, F = d.F, F_in = d.swiglu ? 2 * F : F;
+  // Per token of one layer: parts split by TP, parts split only by sequence parallelism.
+  const int64_t tp_elems = 3 * C + (d.rope ? 3 * C : 0) + C + F_in + F;  // qkv (+pre-rope), attn, fc, act
+  const int64_t seq_elems = 4 * C;  // norm1 out, residual mid, norm2 out, layer input residual
+  const int64_t layer_full = N * a * tp_elems / tp + N * a * seq_elems / sp  // stored tensors
+                             + N * s * d.NH / tp + N * s * 4 / sp;           // lse, norm mean/rstd
+  const int64_t layer_input = N * a * C / sp;
+  const bool full_recompute = cfg.parallel.recompute_granularity == "full";
+  const int64_t per_layer = full_recompute ? layer_input : layer_full;
+  const int64_t layers = ceil_div(d.L, cfg.parallel.pp);
+  const int64_t in_flight = cfg.parallel.pp;  // 1F1B: the first stage holds PP micro-batches
+  ActivationBytes out;
+  out.saved = in_flight * layers * per_layer + (full_recompute ? layer_full : 0);
+  out.saved += N * a * 2 * C / sp + N * s * 2 / sp;  // final norm out + last residual, final norm stats
+  out.saved += N * a * d.Vp / tp + N * s;            // logits (reused as dlogits) + per-token loss
+  out.workspace = N * a * 2 * C / sp + N * a * (3 * C + C + F_in + F) / tp;  // dresid, dnorm | dqkv, dattn, dfc, dact
+  return out;
+}
+
+// One (stage, offload) row. `e` holds everything that does not depend on the row.
+MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, const std::vector<Range>& units, int stage,
+                           bool offload) {
+  MemoryEstimateRow r;
+  r.stage = stage;
+  r.offload_optimizer = offload;
+  r.supported = !offload || stage >= 1;
+  r.configured = cfg.zero.stage == stage && (cfg.zero.offload_optimizer_device == "cpu") == offload;
+  const int64_t n = e.n_params_rank;
+  const bool fp32 = e.precision == StatePrecision::FP32;
+  const int64_t P = fp32 ? 4 : 2, G = P;
+  r.states = zero_model_state_bytes(n, e.dp, stage, e.precision, offload);
+  if (stage == 3) {
+    int64_t largest = 0, persistent = 0;
+    for (size_t i = 0; i < units.size(); ++i) {
+      if (e.zero3.persistent[i])
+        persistent += units[i].size();
+      else
+        largest = std::max(largest, units[i].size());
+    }
+    r.zero3_live = e.zero3.peak_live * P + (largest + persistent) * G;
+  }
+  r.device_total = r.states.total() + r.zero3_live + e.activations.total();
+  // Host: the fp32 start-up copy of the rank's weights, plus with offload the
+  // optimizer state and the fp32 gradient (and, in fp32 training, parameter)
+  // shard the host Adam works on.
+  const int64_t shard = make_zero_partition(n, e.dp).shard;
+  const int64_t opt_elems = stage >= 1 ? shard : n;
+  r.host_per_rank = 4 * n;
+  if (cfg.device == "cpu") {
+    r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.dp, stage, e.precision) : 0);
+  } else if (offload) {
+    r.host_per_rank += host_optimizer_bytes(n, e.dp, stage, e.precision) + 4 * opt_elems + (fp32 ? 4 * opt_elems : 0);
+  }
+  r.host_per_node = r.host_per_rank * e.gpus_per_node;
+  return r;
+}
+
+std::string gib(int64_t bytes) { return fmt::format("{:.2f}", static_cast<double>(bytes) / (1024.0 * 1024 * 1024)); }
+
+std::string millions(int64_t n) { return fmt::format("{:.2f}M", static_cast<double>(n) / 1e6); }
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_per_node) {
+  DS_USER_CHECK(num_nodes > 0 && gpus_per_node > 0, "--estimate-memory: num_nodes {} and gpus_per_node {} must be positive",
+                num_nodes, gpus_per_node);
+  MemoryEstimate e;
+  e.num_nodes = num_nodes;
+  e.gpus_per_node = gpus_per_node;
+  e.world = num_nodes * gpus_per_node;
+  e.tp = cfg.parallel.tp;
+  e.pp = cfg.parallel.pp;
+  DS_USER_CHECK(e.tp > 0 && e.pp > 0 && e.world % (e.tp * e.pp) == 0,
+                "--estimate-memory: world size {} ({} nodes x {} GPUs) is not divisible by TP {} * PP {}", e.world,
+                num_nodes, gpus_per_node, e.tp, e.pp);
+  e.dp = e.world / (e.tp * e.pp);
+  e.approximate = e.tp * e.pp > 1;
+  e.precision = cfg.precision.precision == Precision::FP32 ? StatePrecision::FP32 : StatePrecision::Mixed;
+  const ModelConfig m = resolved_model(cfg, e.vocab_assumed);
+  const ModelLayout layout = build_layout(m);
+  e.n_params = layout.total;
+  e.n_params_rank = ceil_div(e.n_params, e.tp * e.pp);
+  e.activations = activation_bytes(cfg, model_dims(m));
+  std::vector<Range> units = layer_units(layout);
+  for (Range& u : units) u = {u.begin / e.tp, u.begin / e.tp + ceil_div(u.size(), e.tp)};  // TP shares a unit
+  e.zero3 = make_zero3_plan(units, cfg.zero.stage3_prefetch_bucket_size, cfg.zero.stage3_max_live_parameters,
+                            cfg.zero.stage3_param_persistence_threshold);
+  for (int stage = 0; stage <= 3; ++stage)
+    for (bool offload : {false, true}) e.rows.push_back(make_row(e, cfg, units, stage, offload));
+  return e;
+}
+
+namespace {
+
+void append_header(std::string& out, const TrainConfig& cfg, const MemoryEstimate& e) {
+  const ModelDims d = model_dims([&] {
+    bool unused = false;
+    return resolved_model(cfg, unused);
+  }());
+  out += fmt::format("dstrain memory estimate (nothing allocated){}\n",
+                     cfg.config_path.empty() ? "" : " for " + cfg.config_path);
+  out += fmt::format("model: {}, L={} C={} NH={} F={} Vp={}: {} parameters ({})\n", family_name(cfg.model.family), d.L,
+                     d.C, d.NH, d.F, d.Vp, millions(e.n_params), e.n_params);
+  if (e.vocab_assumed)
+    out += fmt::format("note: vocab_size is not set (it comes from the vocab file at run time): assumed GPT-2's {}\n",
+                       kAssumedVocab);
+  out += fmt::format("ranks: {} node(s) x {} GPU(s) = {}; TP={} PP={} DP={}\n", e.num_nodes, e.gpus_per_node, e.world,
+                     e.tp, e.pp, e.dp);
+  if (e.approximate)
+    out += fmt::format("note: approximate: each rank holds about 1/(TP*PP) of the model ({} parameters)\n",
+                       millions(e.n_params_rank));
+  out += fmt::format("precision: {} -> bytes per parameter: {}\n", precision_name(cfg.precision.precision),
+                     e.precision == StatePrecision::FP32 ? "params 4, grads 4, optimizer 8 (Adam m, v)"
+                                                         : "params 2, grads 2, optimizer 12 (fp32 master + Adam m, v)");
+  const std::string& rc = cfg.parallel.recompute_granularity;
+  out += fmt::format("activations per rank (micro batch {} x seq {}, recompute {}): {} GiB (saved {} + backward {})\n",
+                     cfg.batch.micro_batch_size, cfg.model.seq_length, rc.empty() ? "none" : rc,
+                     gib(e.activations.total()), gib(e.activations.saved), gib(e.activations.workspace));
+  int n_persistent = static_cast<int>(std::count(e.zero3.persistent.begin(), e.zero3.persistent.end(), true));
+  out += fmt::format("ZeRO-3 fetch plan: {} units, {} persistent, prefetch depth {}, peak {} gathered parameters\n",
+                     e.zero3.persistent.size(), n_persistent, e.zero3.prefetch_depth, millions(e.zero3.peak_live));
+  if (cfg.device == "cpu")
+    out += "note: CPU backend: \"device\" memory is host memory and is included in the per-node host column\n";
+}
+
+}  // namespace
+
+std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gpus_per_node) {
+  const MemoryEstimate e = estimate_memory(cfg, num_nodes, gpus_per_node);
+  std::string out;
+  append_header(out, cfg, e);
+  out += "\n  ZeRO stage | offload_optimizer |  params   grads  optim  zero3 | per-rank device | per-node host"
+         "   (GiB)\n";
+  for (const MemoryEstimateRow& r : e.rows) {
+    std::string head = fmt::format("{} ZeRO {}     | {:<17} |", r.configured ? '*' : ' ', r.stage,
+                                   r.offload_optimizer ? "cpu" : "none");
+    if (!r.supported) {
+      out += head + "  not supported: offload_optimizer needs ZeRO stage >= 1\n";
+      continue;
+    }
+    out += fmt::format("{} {:>7} {:>7} {:>6} {:>6} | {:>15} | {:>13}\n", head, gib(r.states.params),
+                       gib(r.states.grads), gib(r.states.optimizer), gib(r.zero3_live), gib(r.device_total),
+                       gib(r.host_per_node));
+  }
+  out += "\n* = the configured stage. per-rank device = model states + ZeRO-3 working set + activations;\n"
+         "per-node host = fp32 start-up copy of the weights (+ offloaded optimizer state and its fp32 buffers)\n"
+         "x ranks per node. Framework buffers (communication buckets, allocator slack) come on top: see docs/zero.md.\n";
+  return out;
+}
+
+}  // namespace ds

@@ -1,0 +1,55 @@
+// `dstrain --estimate-memory`: how much memory a configuration needs per rank
+// and per node for every ZeRO stage and optimizer-offload choice, computed
+// from the model layout and the configured batch shape without allocating
+// anything (the counterpart of DeepSpeed's estimate_zero2/zero3 helpers, plus
+// activations). The numbers and their assumptions are described in docs/zero.md.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lib/parallel/zero_partition.h"
+#include "lib/train/config.h"
+
+namespace ds {
+
+// Activation bytes per rank for one training step (forward saves + the
+// backward workspace of one layer).
+struct ActivationBytes {
+  int64_t saved = 0;      // kept from forward to backward (all in-flight micro-batches)
+  int64_t workspace = 0;  // backward gradient buffers of one layer, logits included in `saved`
+  int64_t total() const { return saved + workspace; }
+};
+
+// One (stage, offload) line of the estimate. All bytes are per rank unless named per node.
+struct MemoryEstimateRow {
+  int stage = 0;
+  bool offload_optimizer = false;
+  bool supported = true;     // offload_optimizer needs ZeRO stage >= 1
+  bool configured = false;   // the stage/offload the config asks for
+  ModelStateBytes states;    // device-resident model states (zero_model_state_bytes)
+  int64_t zero3_live = 0;    // stage 3: gathered parameters + the running unit's full gradient
+  int64_t device_total = 0;  // states + zero3_live + activations
+  int64_t host_per_rank = 0, host_per_node = 0;
+};
+
+struct MemoryEstimate {
+  int num_nodes = 1, gpus_per_node = 1, world = 1, tp = 1, pp = 1, dp = 1;
+  int64_t n_params = 0;       // whole model
+  int64_t n_params_rank = 0;  // this rank's model part (n_params / (tp*pp), rounded up)
+  bool vocab_assumed = false; // vocab_size was 0: GPT-2's 50257 was used
+  bool approximate = false;   // tp*pp > 1: the model split is approximate
+  StatePrecision precision = StatePrecision::FP32;
+  ActivationBytes activations;
+  Zero3Plan zero3;            // fetch plan over the rank's units (embedding, layers, head)
+  std::vector<MemoryEstimateRow> rows;  // stages 0..3 x offload none/cpu
+};
+
+// Pure arithmetic on the config; throws UserError when world = num_nodes *
+// gpus_per_node is not a multiple of tp * pp or the model is invalid.
+MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_per_node);
+
+// The estimate as the text dstrain prints (a few header lines and a table).
+std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gpus_per_node);
+
+}  // namespace ds

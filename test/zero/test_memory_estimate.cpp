@@ -1,0 +1,149 @@
+// --estimate-memory: the numbers behind the report for the GPT-2 124M preset
+// and the report text itself (lib/train/memory_estimate.h).
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "lib/core/error.h"
+#include "lib/train/config.h"
+#include "lib/train/memory_estimate.h"
+
+using namespace ds;
+using Catch::Matchers::Contains;
+
+namespace {
+
+TrainConfig parse(std::vector<std::string> args, int world = 1) {
+  args.insert(args.begin(), "dstrain");
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  return parse_train_config(static_cast<int>(args.size()), argv.data(), world);
+}
+
+std::string source_dir() {
+  const char* s = std::getenv("DS_SOURCE_DIR");
+  return s ? s : ".";
+}
+
+TrainConfig gpt2_124m() { return parse({"--config", source_dir() + "/configs/gpt2-124m.json"}); }
+
+const MemoryEstimateRow& row(const MemoryEstimate& e, int stage, bool offload) {
+  for (const auto& r : e.rows)
+    if (r.stage == stage && r.offload_optimizer == offload) return r;
+  FAIL("no row");
+  return e.rows.front();
+}
+
+constexpr int64_t kN = 124475904;  // GPT-2 124M with the vocab padded to 50304
+
+}  // namespace
+
+TEST_CASE("memory estimate: GPT-2 124M on one node of 8 GPUs", "[zero][estimate]") {
+  TrainConfig cfg = gpt2_124m();
+  REQUIRE(cfg.model.vocab_size == 0);  // resolved from the vocab file at run time
+  REQUIRE(cfg.precision.precision == Precision::BF16);
+  REQUIRE(cfg.batch.micro_batch_size == 8);
+  cfg.device = "cuda";
+  MemoryEstimate e = estimate_memory(cfg, 1, 8);
+  CHECK(e.vocab_assumed);
+  CHECK(e.n_params == kN);
+  CHECK(e.n_params_rank == kN);
+  CHECK(e.dp == 8);
+  CHECK_FALSE(e.approximate);
+  CHECK(e.precision == StatePrecision::Mixed);
+  REQUIRE(e.rows.size() == 8);
+
+  // kN is a multiple of 8 * 64: shard = kN / 8 exactly.
+  const int64_t shard = kN / 8;
+  CHECK(row(e, 0, false).states.total() == 16 * kN);
+  CHECK(row(e, 1, false).states.total() == 4 * kN + 12 * shard);
+  CHECK(row(e, 2, false).states.total() == 2 * kN + 14 * shard);
+  CHECK(row(e, 3, false).states.total() == 16 * shard);
+  CHECK(row(e, 2, true).states.total() == 2 * kN + 2 * shard);
+  CHECK_FALSE(row(e, 0, true).supported);
+  CHECK(row(e, 1, false).configured);  // the preset asks for stage 1, no offload
+  int configured = 0;
+  for (const auto& r : e.rows) configured += r.configured;
+  CHECK(configured == 1);
+
+  // Activations (B=8, T=1024, bf16): per layer per token 2*(3C+C+F+F) + 2*4C + 4*(NH+4) bytes;
+  // head: 2*2C + 4*2 (final norm), 2*Vp + 4 (logits, loss); backward: 2*(2C + 3C+C+F+F).
+  const int64_t N = 8 * 1024;
+  const int64_t saved = 12 * N * (2 * 9216 + 2 * 3072 + 4 * 16) + N * (2 * 1536 + 8) + N * (2 * 50304 + 4);
+  CHECK(e.activations.saved == saved);
+  CHECK(e.activations.workspace == N * 2 * (1536 + 7680 + 6144));
+  CHECK(e.activations.total() > 3LL << 30);  // ~3.2 GiB: logits dominate at this size
+  CHECK(e.activations.total() < 4LL << 30);
+
+  // Device totals shrink with each stage; offload moves the optimizer to the host.
+  for (int s = 1; s <= 2; ++s) CHECK(row(e, s, false).device_total < row(e, s - 1, false).device_total);
+  CHECK(row(e, 3, false).zero3_live > 0);
+  CHECK(row(e, 2, false).zero3_live == 0);
+  CHECK(row(e, 2, false).host_per_rank == 4 * kN);  // fp32 start-up copy only
+  CHECK(row(e, 2, true).host_per_rank == 4 * kN + 16 * shard);
+  CHECK(row(e, 2, true).host_per_node == 8 * row(e, 2, true).host_per_rank);
+  CHECK(row(e, 1, true).device_total < row(e, 1, false).device_total);
+
+  // ZeRO-3 plan over 14 units (embeddings, 12 layers, final norm): the final
+  // norm (1536 < 100000) stays resident; 50M prefetch bucket over 7.09M layers.
+  REQUIRE(e.zero3.persistent.size() == 14);
+  CHECK(e.zero3.persistent.back());
+  CHECK_FALSE(e.zero3.persistent.front());
+  CHECK(e.zero3.prefetch_depth == 7);  // the 39.4M embedding + 7 layers stays under 1e9 live
+}
+
+TEST_CASE("memory estimate: report text", "[zero][estimate]") {
+  TrainConfig cfg = gpt2_124m();
+  const std::string rep = estimate_memory_report(cfg, 2, 4);
+  CAPTURE(rep);
+  for (int s = 0; s <= 3; ++s) CHECK_THAT(rep, Contains("ZeRO " + std::to_string(s)));
+  CHECK_THAT(rep, Contains("124.48M parameters (124475904)"));
+  CHECK_THAT(rep, Contains("assumed GPT-2's 50257"));
+  CHECK_THAT(rep, Contains("2 node(s) x 4 GPU(s) = 8; TP=1 PP=1 DP=8"));
+  CHECK_THAT(rep, Contains("not supported: offload_optimizer needs ZeRO stage >= 1"));
+  CHECK_THAT(rep, Contains("* ZeRO 1"));
+  CHECK_THAT(rep, Contains("bf16"));
+  CHECK_THAT(rep, Contains("per-node host"));
+  CHECK_THAT(rep, Contains("CPU backend"));  // the preset leaves device at cpu
+}
+
+TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimate]") {
+  TrainConfig cfg = gpt2_124m();
+  cfg.device = "cuda";
+  cfg.model.vocab_size = 50257;
+  cfg.model.padded_vocab_size = 50304;
+  MemoryEstimate base = estimate_memory(cfg, 1, 8);
+  CHECK_FALSE(base.vocab_assumed);
+  CHECK(base.n_params == kN);
+  CHECK_THAT(estimate_memory_report(cfg, 1, 8), !Contains("assumed"));
+
+  SECTION("TP and PP divide the model approximately") {
+    cfg.parallel.tp = 2;
+    cfg.parallel.pp = 2;
+    cfg.model.padded_vocab_size = 0;  // re-padded for TP 2: 50432
+    MemoryEstimate e = estimate_memory(cfg, 1, 8);
+    CHECK(e.dp == 2);
+    CHECK(e.approximate);
+    CHECK(e.n_params_rank == (e.n_params + 3) / 4);
+    CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("approximate"));
+  }
+  SECTION("full recomputation keeps only layer inputs") {
+    cfg.parallel.recompute_granularity = "full";
+    MemoryEstimate e = estimate_memory(cfg, 1, 8);
+    CHECK(e.activations.saved < base.activations.saved);
+    CHECK(e.activations.workspace == base.activations.workspace);
+  }
+  SECTION("fp32 doubles activation bytes and uses the fp32 state formulas") {
+    cfg.precision.precision = Precision::FP32;
+    MemoryEstimate e = estimate_memory(cfg, 1, 8);
+    CHECK(e.activations.workspace == 2 * base.activations.workspace);
+    CHECK(row(e, 0, false).states.total() == 16 * kN);
+    CHECK(row(e, 1, false).states.total() == 8 * kN + 8 * (kN / 8));
+  }
+  SECTION("world not divisible by TP*PP is a user error") {
+    cfg.parallel.tp = 3;
+    CHECK_THROWS_AS(estimate_memory(cfg, 1, 8), UserError);
+    CHECK_THROWS_AS(estimate_memory(cfg, 0, 8), UserError);
+  }
+}
