@@ -7,6 +7,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -172,6 +173,91 @@ int run_ssh(LaunchPlan& p, const PlanInputs& in) {
   return result < 0 ? 0 : result;
 }
 
+// Stops the launcher process and everything under it (pdsh puts each ssh
+// in its own process group, so the group kill alone is not enough).
+void stop_launcher_tree(pid_t pid, int sig) {
+  for (pid_t d : descendants_of(pid)) kill(d, sig);
+  kill_group(pid, sig);
+}
+
+// pdsh reports "pdsh@head: HOST: ssh exited with exit code N" for a failed node.
+bool parse_pdsh_failure(const std::string& line, std::string* host, int* code) {
+  size_t k = line.find(": ssh exited with exit code ");
+  if (k == std::string::npos) return false;
+  size_t h = line.rfind(": ", k - 1);
+  if (h == std::string::npos) return false;
+  *host = line.substr(h + 2, k - h - 2);
+  *code = std::atoi(line.c_str() + k + 28);
+  return *code != 0;
+}
+
+// Runs the launcher command; on a node failure (pdsh), a signal or the end of
+// the launcher, stops the whole tree. Returns the job's exit code.
+int supervise_launcher(LaunchPlan& p, const PlanInputs& in) {
+  const std::string& prog = p.head_command.at(0);
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  SignalPipe sig({SIGCHLD, SIGINT, SIGTERM, SIGHUP});
+  int err_p[2];
+  DS_CHECK(pipe2(err_p, O_CLOEXEC) == 0, "pipe2");
+  SpawnSpec spec{p.head_command, merge_env(environ_entries(), p.head_env), -1, err_p[1], {}, true, true};
+  pid_t pid = spawn_process(spec);
+  close(err_p[1]);
+  int err_fd = err_p[0];
+  std::string err_buf;
+  int status = 0, result = -1;
+  double deadline = -1;
+  bool exited = false;
+  auto begin_stop = [&](int code, const std::string& why) {
+    if (result >= 0) return;
+    result = code;
+    fmt::print(stderr, "dsrun: {}; stopping all nodes\n", why);
+    stop_launcher_tree(pid, SIGTERM);
+    deadline = now_seconds() + in.opts.teardown_grace + 2.0;
+  };
+  while (!exited || err_fd >= 0) {
+    pollfd fds[2] = {{sig.fd(), POLLIN, 0}, {err_fd, POLLIN, 0}};
+    int timeout = deadline < 0 ? -1 : std::max(0, static_cast<int>(std::ceil((deadline - now_seconds()) * 1000)));
+    if (exited) timeout = 1000;  // launcher gone: finish reading its stderr
+    int rc = poll(fds, err_fd >= 0 ? 2 : 1, timeout);
+    if (exited && rc == 0) break;
+    if (err_fd >= 0 && fds[1].revents) {
+      char buf[8192];
+      ssize_t n = read(err_fd, buf, sizeof(buf));
+      if (n <= 0) close(err_fd), err_fd = -1;
+      else err_buf.append(buf, n);
+      size_t nl;
+      while ((nl = err_buf.find('\n')) != std::string::npos) {
+        std::string line = err_buf.substr(0, nl + 1);
+        err_buf.erase(0, nl + 1);
+        (void)!write(2, line.data(), line.size());
+        std::string host;
+        int code;
+        if (parse_pdsh_failure(line, &host, &code))
+          begin_stop(code, fmt::format("node {} failed with exit code {}", host, code));
+      }
+    }
+    for (int s : sig.drain()) {
+      if (s == SIGCHLD) continue;
+      if (result >= 0) deadline = now_seconds();
+      begin_stop(128 + s, fmt::format("received {}", signal_name(s)));
+    }
+    if (!exited && waitpid(pid, &status, WNOHANG) == pid) exited = true;
+    if (!exited && deadline >= 0 && now_seconds() >= deadline) {
+      stop_launcher_tree(pid, SIGKILL);
+      deadline = now_seconds() + 60;
+    }
+  }
+  if (err_fd >= 0) close(err_fd);
+  if (!err_buf.empty()) (void)!write(2, err_buf.data(), err_buf.size());
+  kill_group(pid, SIGKILL);
+  kill_adopted_children();
+  prctl(PR_SET_CHILD_SUBREAPER, 0);
+  if (result >= 0) return result;
+  int code = exit_code_of(status);
+  if (code != 0) fmt::print(stderr, "dsrun: {} exited with {} (see the node lines above)\n", prog, describe_status(status));
+  return code;
+}
+
 // pdsh / srun / mpirun: one launcher process whose exit code carries the agents' codes.
 int run_external(LaunchPlan& p, const PlanInputs& in) {
   const Options& o = in.opts;
@@ -193,35 +279,7 @@ int run_external(LaunchPlan& p, const PlanInputs& in) {
       build_commands(p, in);
     }
   }
-  SignalPipe sig({SIGCHLD, SIGINT, SIGTERM, SIGHUP});
-  SpawnSpec spec{p.head_command, merge_env(environ_entries(), p.head_env), -1, -1, {}, true, true};
-  pid_t pid = spawn_process(spec);
-  int status = 0, result = -1;
-  double deadline = -1;
-  bool exited = false;
-  while (!exited) {
-    pollfd fd = {sig.fd(), POLLIN, 0};
-    int timeout = deadline < 0 ? -1 : std::max(0, static_cast<int>(std::ceil((deadline - now_seconds()) * 1000)));
-    poll(&fd, 1, timeout);
-    for (int s : sig.drain()) {
-      if (s == SIGCHLD) continue;
-      if (result < 0) {
-        result = 128 + s;
-        fmt::print(stderr, "dsrun: received {}; stopping {}\n", signal_name(s), prog);
-        kill_group(pid, SIGTERM);
-        deadline = now_seconds() + o.teardown_grace + 2.0;
-      } else {
-        deadline = now_seconds();
-      }
-    }
-    if (waitpid(pid, &status, WNOHANG) == pid) exited = true;
-    else if (deadline >= 0 && now_seconds() >= deadline) kill_group(pid, SIGKILL), deadline = now_seconds() + 60;
-  }
-  kill_group(pid, SIGKILL);
-  int code = exit_code_of(status);
-  if (result >= 0) return result;
-  if (code != 0) fmt::print(stderr, "dsrun: {} exited with {} (see the node lines above)\n", prog, describe_status(status));
-  return code;
+  return supervise_launcher(p, in);
 }
 
 }  // namespace

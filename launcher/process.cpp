@@ -175,6 +175,42 @@ std::vector<std::string> merge_env(const std::vector<std::string>& base,
   return out;
 }
 
+namespace {
+
+// (pid, ppid) of every process.
+std::vector<std::pair<pid_t, pid_t>> process_table() {
+  std::vector<std::pair<pid_t, pid_t>> out;
+  DIR* d = opendir("/proc");
+  if (!d) return out;
+  while (dirent* ent = readdir(d)) {
+    char* end;
+    long pid = std::strtol(ent->d_name, &end, 10);
+    if (*end || pid <= 1) continue;
+    std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    size_t rp = line.rfind(')');
+    char state;
+    long ppid = 0;
+    if (rp == std::string::npos || sscanf(line.c_str() + rp + 1, " %c %ld", &state, &ppid) != 2) continue;
+    if (state != 'Z') out.emplace_back(static_cast<pid_t>(pid), static_cast<pid_t>(ppid));
+  }
+  closedir(d);
+  return out;
+}
+
+}  // namespace
+
+std::vector<pid_t> descendants_of(pid_t root) {
+  auto table = process_table();
+  std::vector<pid_t> out = {root};
+  for (size_t i = 0; i < out.size(); ++i)
+    for (const auto& [pid, ppid] : table)
+      if (ppid == out[i]) out.push_back(pid);
+  out.erase(out.begin());
+  return out;
+}
+
 int kill_adopted_children() {
   pid_t self = getpid();
   std::vector<pid_t> killed;

@@ -57,6 +57,8 @@ std::vector<std::string> environ_entries();
 // `base` with each NAME=value of `overrides` replacing or adding that variable.
 std::vector<std::string> merge_env(const std::vector<std::string>& base,
                                    const std::vector<std::pair<std::string, std::string>>& overrides);
+// Every live descendant of `root` (children, grandchildren, ...), found through /proc.
+std::vector<pid_t> descendants_of(pid_t root);
 // Sends SIGKILL to every process whose parent is this process (orphans that we
 // adopted as subreaper) and reaps them. Returns how many were killed.
 int kill_adopted_children();

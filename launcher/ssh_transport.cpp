@@ -159,7 +159,7 @@ int SshConnection::run(const std::string& command, const std::atomic<bool>& stop
   out.add(1, "", 0, true);
   err.add(2, "", 0, true);
   int status = 255;
-  if (!ssh_channel_is_closed(ch) && (!stopping || now_seconds() <= give_up)) status = ssh_channel_get_exit_status(ch);
+  if (!stopping || now_seconds() <= give_up) status = ssh_channel_get_exit_status(ch);
   if (status < 0) status = 255;
   ssh_channel_close(ch);
   ssh_channel_free(ch);

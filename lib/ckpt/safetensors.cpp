@@ -167,6 +167,10 @@ std::shared_ptr<const uint8_t> map_file(const std::string& path, uint64_t& size)
     ::close(fd);
     DS_USER_ERROR("safetensors file '{}' cannot be read: {}", path, std::strerror(errno));
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    DS_USER_ERROR("safetensors file '{}' is not a regular file", path);
+  }
   size = static_cast<uint64_t>(st.st_size);
   if (size < 8) {
     ::close(fd);

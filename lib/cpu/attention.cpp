@@ -2,10 +2,12 @@
 // backward, flash-attention style: the forward keeps only the log-sum-exp per
 // (b, h, t); the backward recomputes the probabilities block by block.
 // Work unit: a block of kBq query rows of one (b, h) against keys [0, q_end),
-// with per-thread scratch of kBq x T scores. The forward parallelises over
-// (b, h, query block); the backward over (b, h), since the key/value gradients
-// of one head gather contributions from all its query blocks (in block order,
-// so results do not depend on the thread count).
+// with per-thread scratch of kBq x T scores; the products inside a block use
+// the register-tiled tile_gemm. The forward packs K^T and V of every head once
+// (a scratch of about 2 x B*T*C floats kept by the calling thread) and then
+// parallelises over (b, h, query block); the backward parallelises over (b, h),
+// since the key/value gradients of one head gather contributions from all its
+// query blocks (in block order, so results do not depend on the thread count).
 #include <cmath>
 #include <cstring>
 

@@ -1,9 +1,9 @@
 // Linear layer (out = inp @ weight^T + bias) on the CPU via OpenBLAS sgemm.
 // All CPU parallelism comes from one OpenMP pool: OpenBLAS is switched to one
-// thread and each gemm is cut into fixed 256 x 256 tiles of its output, one
-// sgemm call per tile, spread over the OpenMP threads. This avoids two thread
-// pools spinning against each other between ops, and as the tiles do not
-// depend on the thread count, neither do the results. The bias gradient is a
+// thread and each gemm is cut into tiles of its output, one sgemm call per
+// tile, spread over the OpenMP threads. This avoids two thread pools spinning
+// against each other between ops. Tiles are chosen from the shape alone (never
+// the thread count), so results do not depend on the thread count. The bias gradient is a
 // column sum done per column block in row order.
 #include <cblas.h>
 
@@ -52,7 +52,28 @@ struct Gemm {
   int64_t ldc = 0;
 };
 
-constexpr int64_t kGemmTile = 256;
+// Output tiles start at 1024 x 1024 (each tile repacks its slices of A and B,
+// so big tiles pack less) and are halved, larger side first, down to 128
+// until there are at least kMinTiles of them.
+constexpr int64_t kMaxTile = 1024, kMinTile = 128, kMinTiles = 64;
+
+struct Tiling {
+  int64_t bm, bn, tm, tn;  // tile sizes and counts along M and N
+};
+
+Tiling choose_tiles(int64_t M, int64_t N) {
+  Tiling t{kMaxTile, kMaxTile, 0, 0};
+  auto count = [&] {
+    t.tm = (M + t.bm - 1) / t.bm;
+    t.tn = (N + t.bn - 1) / t.bn;
+    return t.tm * t.tn;
+  };
+  while (count() < kMinTiles && (t.bm > kMinTile || t.bn > kMinTile)) {
+    const bool halve_m = t.bm > kMinTile && (t.bm >= t.bn || t.bn <= kMinTile);
+    if (halve_m) t.bm /= 2; else t.bn /= 2;
+  }
+  return t;
+}
 
 void blas_single_threaded() {
   static std::once_flag once;
@@ -62,11 +83,11 @@ void blas_single_threaded() {
 void parallel_sgemm(const Gemm& g) {
   if (g.M == 0 || g.N == 0) return;
   blas_single_threaded();
-  const int64_t tm = (g.M + kGemmTile - 1) / kGemmTile, tn = (g.N + kGemmTile - 1) / kGemmTile;
-#pragma omp parallel for schedule(dynamic, 1) if (tm * tn > 1)
-  for (int64_t t = 0; t < tm * tn; ++t) {
-    const int64_t i0 = (t / tn) * kGemmTile, j0 = (t % tn) * kGemmTile;
-    const int64_t mi = std::min(kGemmTile, g.M - i0), nj = std::min(kGemmTile, g.N - j0);
+  const Tiling tl = choose_tiles(g.M, g.N);
+#pragma omp parallel for schedule(dynamic, 1) if (tl.tm * tl.tn > 1)
+  for (int64_t t = 0; t < tl.tm * tl.tn; ++t) {
+    const int64_t i0 = (t / tl.tn) * tl.bm, j0 = (t % tl.tn) * tl.bn;
+    const int64_t mi = std::min(tl.bm, g.M - i0), nj = std::min(tl.bn, g.N - j0);
     const float* a = g.A + (g.ta == CblasNoTrans ? i0 * g.lda : i0);  // rows i0.. of op(A)
     const float* b = g.B + (g.tb == CblasNoTrans ? j0 : j0 * g.ldb);  // cols j0.. of op(B)
     cblas_sgemm(CblasRowMajor, g.ta, g.tb, static_cast<int>(mi), static_cast<int>(nj),

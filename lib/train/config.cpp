@@ -126,7 +126,7 @@ json model_json(const ModelConfig& m) {
 }
 
 json training_json(const TrainConfig& c) {
-  json t = {{"train_iters", c.train_iters},     {"seed", c.seed},
+  json t = {{"train_iters", c.train_iters},     {"exit_interval", c.exit_interval}, {"seed", c.seed},
             {"device", c.device},               {"estimate_memory", c.estimate_memory},
             {"save", c.ckpt.save_dir},          {"load", c.ckpt.load_dir},
             {"save_interval", c.ckpt.save_interval}, {"init_from", c.ckpt.init_from},

@@ -107,6 +107,7 @@ struct TrainConfig {
   ZeroConfig zero;
   ParallelConfig parallel;
   int64_t train_iters = 0;
+  int64_t exit_interval = 0;  // Megatron --exit-interval: stop at a multiple of it (0 = off)
   uint64_t seed = 1234;
   std::string device = "cpu";  // cpu | cuda
   std::string config_path;

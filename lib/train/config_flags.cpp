@@ -44,6 +44,8 @@ constexpr FlagSpec kTable[] = {
     {"--micro-batch-size", "/train_micro_batch_size_per_gpu", FlagKind::Int, "micro batch per GPU (= train_micro_batch_size_per_gpu)"},
     {"--global-batch-size", "/train_batch_size", FlagKind::Int, "global batch (= train_batch_size)"},
     {"--train-iters", "/training/train_iters", FlagKind::Int, "optimizer steps to train"},
+    {"--exit-interval", "/training/exit_interval", FlagKind::Int,
+     "stop (after saving) once the iteration is a multiple of this; the schedule still spans --train-iters"},
     {"--seed", "/training/seed", FlagKind::Int, "random seed"},
     {"--device", "/training/device", FlagKind::String, "cpu or cuda", "cpu|cuda"},
     {"--save", "/training/save", FlagKind::String, "checkpoint directory to save into"},

@@ -184,6 +184,8 @@ void validate_data(const DataConfig& d) {
 }
 
 void validate_training(const TrainConfig& cfg) {
+  DS_USER_CHECK(cfg.exit_interval >= 0, "training.exit_interval (--exit-interval) must be >= 0, got {}",
+                cfg.exit_interval);
   DS_USER_CHECK(cfg.train_iters >= 0, "training.train_iters (--train-iters) must be >= 0, got {}", cfg.train_iters);
   DS_USER_CHECK(cfg.device == "cpu" || cfg.device == "cuda", "training.device (--device) '{}' must be cpu or cuda",
                 cfg.device);

@@ -116,8 +116,8 @@ std::string millions(int64_t n) { return fmt::format("{:.2f}M", static_cast<doub
 }  // namespace
 
 MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_per_node) {
-  DS_USER_CHECK(num_nodes > 0 && gpus_per_node > 0, "--estimate-memory: num_nodes {} and gpus_per_node {} must be positive",
-                num_nodes, gpus_per_node);
+  DS_USER_CHECK(num_nodes > 0 && gpus_per_node > 0,
+                "--estimate-memory: num_nodes {} and gpus_per_node {} must be positive", num_nodes, gpus_per_node);
   MemoryEstimate e;
   e.num_nodes = num_nodes;
   e.gpus_per_node = gpus_per_node;
@@ -198,7 +198,8 @@ std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gp
   }
   out += "\n* = the configured stage. per-rank device = model states + ZeRO-3 working set + activations;\n"
          "per-node host = fp32 start-up copy of the weights (+ offloaded optimizer state and its fp32 buffers)\n"
-         "x ranks per node. Framework buffers (communication buckets, allocator slack) come on top: see docs/zero.md.\n";
+         "x ranks per node. Framework buffers (communication buckets, allocator slack) come on top:\n"
+         "see docs/zero.md.\n";
   return out;
 }
 

@@ -47,7 +47,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
   flops_per_token_ = flops_per_token(cfg_.model, n_matmul);
   peak_tflops_ = cfg_.log.cpu_peak_tflops;
   load_or_init();
-  if (cfg_.log.csv_enabled) csv_.open(cfg_.log.csv_path, cfg_.log.csv_job_name);
+  if (cfg_.log.csv_enabled && comms_.grid.rank == 0) csv_.open(cfg_.log.csv_path, cfg_.log.csv_job_name);
   DS_LOG("model: {} layers, hidden {}, heads {}, ffn {}, vocab {} (padded {}), {} parameters",
          model_->dims().L, model_->dims().C, model_->dims().NH, model_->dims().F, model_->dims().V,
          model_->dims().Vp, model_->layout().total);
@@ -190,6 +190,11 @@ std::vector<float> Trainer::run() {
       }
     }
     if (cfg_.ckpt.save_interval > 0 && state_.iteration % cfg_.ckpt.save_interval == 0) save();
+    if (cfg_.exit_interval > 0 && state_.iteration % cfg_.exit_interval == 0 && state_.iteration < cfg_.train_iters) {
+      if (cfg_.ckpt.save_interval <= 0 || state_.iteration % cfg_.ckpt.save_interval != 0) save();
+      DS_LOG("exiting at iteration {} (--exit-interval {})", state_.iteration, cfg_.exit_interval);
+      return losses;
+    }
   }
   double v = evaluate();
   if (!std::isnan(v)) {

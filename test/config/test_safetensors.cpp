@@ -194,6 +194,7 @@ TEST_CASE("safetensors: corrupt and truncated files give errors naming the file"
   expect_error("meta", build(R"({"__metadata__":{"a":1}})", ""), "__metadata__.a must be a string");
   expect_error("fields", build(R"({"w":{"dtype":"F32","shape":[1]}})", ""), "needs dtype, shape and data_offsets");
   CHECK_THROWS_WITH(SafetensorsFile::open(d.path + "/missing"), Contains("missing' cannot be opened"));
+  CHECK_THROWS_WITH(SafetensorsFile::open(d.path), Contains("is not a regular file"));
 }
 
 TEST_CASE("safetensors write failure leaves nothing behind", "[safetensors]") {
