@@ -13,9 +13,11 @@ pkgs=(
   # tests with real components
   openssh-server openssh-client pdsh iproute2 numactl procps
   slurm-wlm munge
+  # Hugging Face interop test (transformers loads our export)
+  python3-torch python3-numpy python3-pip
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  pkgs+=(python3-torch python3-numpy openmpi-bin hyperfine)
+  pkgs+=(openmpi-bin hyperfine)
 fi
 
 missing=()
@@ -28,5 +30,17 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# transformers for the interop test, from PyPI into .deps/python (not a system
+# install; numpy is left to Debian's, which torch was built against). Best
+# effort: without it, test_hf_interop prints a skip line.
+HF_DIR="$(cd "$(dirname "$0")/.." && pwd)/.deps/python"
+if ! PYTHONPATH="$HF_DIR" /usr/bin/python3 -c "import transformers" 2>/dev/null; then
+  if /usr/bin/python3 -m pip install -q --disable-pip-version-check --break-system-packages \
+       --target "$HF_DIR" "transformers==4.36.2" >/dev/null 2>&1; then
+    rm -rf "$HF_DIR"/numpy "$HF_DIR"/numpy-* "$HF_DIR"/numpy.libs "$HF_DIR"/bin
+  else
+    echo "setup: warning: could not install transformers from PyPI; test_hf_interop will skip"
+  fi
 fi
 echo "setup: all dependencies present"
