@@ -37,12 +37,7 @@ int main(int argc, char** argv) {
   m.vocab_size = V;
   m.padded_vocab_size = V;
   if (family == "llama") {
-    m.family = ModelFamily::LLaMA;
-    m.norm = NormKind::RMSNorm;
-    m.activation = Activation::SwiGLU;
-    m.position = PositionKind::Rope;
-    m.bias = false;
-    m.untie_embeddings = true;
+    set_model_family(m, ModelFamily::LLaMA);
   }
   GptModel model(m, Device::cpu());
   model.init_weights(1, 0.02f);

@@ -36,6 +36,19 @@ struct ModelConfig {
   float rope_theta = 10000.f, norm_eps = 1e-5f, init_method_std = 0.02f;
 };
 
+// Sets the family and its standard blocks. GPT-2: LayerNorm, GELU, learned
+// positions, biases, tied embeddings. LLaMA: RMSNorm, SwiGLU, RoPE, no
+// biases, untied embeddings. (Header-only: the model and tests use it too.)
+inline void set_model_family(ModelConfig& m, ModelFamily f) {
+  const bool llama = f == ModelFamily::LLaMA;
+  m.family = f;
+  m.norm = llama ? NormKind::RMSNorm : NormKind::LayerNorm;
+  m.activation = llama ? Activation::SwiGLU : Activation::GELU;
+  m.position = llama ? PositionKind::Rope : PositionKind::Learned;
+  m.bias = !llama;
+  m.untie_embeddings = llama;
+}
+
 struct OptimizerConfig {
   std::string type = "AdamW";  // "Adam" | "AdamW" (both: decoupled weight decay)
   float lr = 6e-4f, min_lr = 0.f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;

@@ -17,22 +17,10 @@ constexpr Choice<PositionKind> kPositions[] = {{"learned", PositionKind::Learned
 constexpr Choice<LrDecay> kDecays[] = {
     {"constant", LrDecay::Constant}, {"linear", LrDecay::Linear}, {"cosine", LrDecay::Cosine}};
 
-// GPT-2: LayerNorm, GELU, learned positions, biases, tied embeddings.
-// LLaMA: RMSNorm, SwiGLU, RoPE, no biases, untied embeddings.
-void apply_family_defaults(ModelConfig& m) {
-  const bool llama = m.family == ModelFamily::LLaMA;
-  m.norm = llama ? NormKind::RMSNorm : NormKind::LayerNorm;
-  m.activation = llama ? Activation::SwiGLU : Activation::GELU;
-  m.position = llama ? PositionKind::Rope : PositionKind::Learned;
-  m.bias = !llama;
-  m.untie_embeddings = llama;
-}
-
 }  // namespace
 
 void read_model_section(JsonSection s, ModelConfig& m) {
-  m.family = read_choice(s, "family", kFamilies, m.family);
-  apply_family_defaults(m);
+  set_model_family(m, read_choice(s, "family", kFamilies, m.family));
   m.num_layers = s.get<int>("num_layers", m.num_layers);
   m.hidden_size = s.get<int>("hidden_size", m.hidden_size);
   m.num_heads = s.get<int>("num_heads", m.num_heads);

@@ -25,12 +25,7 @@ int main(int argc, char** argv) {
   m.vocab_size = 300;
   m.padded_vocab_size = 384;
   if (llama) {
-    m.family = ModelFamily::LLaMA;
-    m.norm = NormKind::RMSNorm;
-    m.activation = Activation::SwiGLU;
-    m.position = PositionKind::Rope;
-    m.bias = false;
-    m.untie_embeddings = true;
+    set_model_family(m, ModelFamily::LLaMA);
     m.ffn_hidden_size = 96;
     m.norm_eps = 1e-6f;
     m.rope_theta = 500000.f;

@@ -6,32 +6,12 @@
 
 #include "lib/core/rng.h"
 #include "lib/model/gpt.h"
+#include "test/model/tiny_model.h"
 #include "lib/train/config.h"
 
 using namespace ds;
 
 namespace {
-
-ModelConfig tiny(bool llama) {
-  ModelConfig m;
-  m.num_layers = 2;
-  m.hidden_size = 16;
-  m.num_heads = 2;
-  m.seq_length = 7;
-  m.max_position_embeddings = 8;
-  m.vocab_size = 37;
-  m.padded_vocab_size = 40;
-  if (llama) {
-    m.family = ModelFamily::LLaMA;
-    m.norm = NormKind::RMSNorm;
-    m.activation = Activation::SwiGLU;
-    m.position = PositionKind::Rope;
-    m.bias = false;
-    m.untie_embeddings = true;
-    m.ffn_hidden_size = 24;
-  }
-  return m;
-}
 
 Tensor random_tokens(int64_t B, int64_t T, int V, uint64_t seed) {
   Tensor t = Tensor::empty({B, T}, DType::I32);
@@ -41,7 +21,7 @@ Tensor random_tokens(int64_t B, int64_t T, int V, uint64_t seed) {
 }
 
 void check_gradients(bool llama) {
-  ModelConfig cfg = tiny(llama);
+  ModelConfig cfg = test::tiny_model(llama);
   GptModel model(cfg, Device::cpu());
   model.init_weights(7, 0.2f);
   const int64_t B = 2, T = 7;
@@ -90,7 +70,7 @@ TEST_CASE("GPT-2 124M and LLaMA shapes have the published parameter counts") {
   g.padded_vocab_size = 50257;
   REQUIRE(count_parameters(g) == 124439808);
   ModelConfig l;  // LLaMA-2 7B shape (no GQA)
-  l.family = ModelFamily::LLaMA;
+  set_model_family(l, ModelFamily::LLaMA);
   l.num_layers = 32;
   l.hidden_size = 4096;
   l.num_heads = 32;
@@ -98,11 +78,6 @@ TEST_CASE("GPT-2 124M and LLaMA shapes have the published parameter counts") {
   l.max_position_embeddings = 4096;
   l.vocab_size = 32000;
   l.padded_vocab_size = 32000;
-  l.norm = NormKind::RMSNorm;
-  l.activation = Activation::SwiGLU;
-  l.position = PositionKind::Rope;
-  l.bias = false;
-  l.untie_embeddings = true;
   REQUIRE(count_parameters(l) == 6738415616);
 }
 
@@ -111,7 +86,7 @@ TEST_CASE("GPT-2 family gradients match finite differences") { check_gradients(f
 TEST_CASE("LLaMA family gradients match finite differences") { check_gradients(true); }
 
 TEST_CASE("init is deterministic and layer-local") {
-  ModelConfig cfg = tiny(false);
+  ModelConfig cfg = test::tiny_model(false);
   GptModel a(cfg, Device::cpu()), b(cfg, Device::cpu());
   a.init_weights(11, 0.02f);
   b.init_weights(11, 0.02f);
