@@ -1,7 +1,9 @@
 // launch_probe: the small rank program dsrun's tests launch. One binary, several
 // behaviours chosen by MODE, so tests can check env, exit codes, crashes, hangs,
 // teardown of grandchildren and a real TCP rendezvous at MASTER_ADDR:MASTER_PORT.
-//   launch_probe [--local_rank=N] MODE [ARGS...]
+//   launch_probe [--local_rank=N] [--config FILE] MODE [ARGS...]
+// (`--config FILE` is skipped so the probe can stand in for dstrain in the
+// scripts/slurm/ sbatch scripts, which always pass it.)
 //   env DIR            write DIR/rank_<RANK>.env (variables, argv, CPU affinity), print a line
 //   exit CODE [RANK]   exit CODE (only rank RANK when given; the others hang)
 //   crash RANK         rank RANK raises SIGSEGV, the others hang
@@ -50,7 +52,8 @@ int write_env(const std::string& dir, const std::vector<std::string>& argv) {
   std::ofstream f(dir + "/rank_" + std::to_string(rank) + ".env");
   for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
                         "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "DS_JOB_TOKEN",
-                        "OMP_NUM_THREADS", "DS_TEST_EXPORT", "NCCL_TEST_VAR", "FROM_ENV_FILE"}) {
+                        "OMP_NUM_THREADS", "DS_TEST_EXPORT", "NCCL_TEST_VAR", "FROM_ENV_FILE", "SLURMD_NODENAME",
+                        "SLURM_STEP_ID"}) {
     const char* v = std::getenv(k);
     f << k << "=" << (v ? v : "<unset>") << "\n";
   }
@@ -129,8 +132,14 @@ int barrier() {
 int main(int argc, char** argv) {
   std::vector<std::string> all(argv, argv + argc);
   std::vector<std::string> args;
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]).rfind("--local_rank=", 0) != 0) args.push_back(argv[i]);
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--config" && i + 1 < argc) {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--local_rank=", 0) != 0) args.push_back(a);
+  }
   if (args.empty()) return 64;
   const std::string mode = args[0];
   int rank = env_int("RANK");
