@@ -26,29 +26,99 @@ Tensor rows(const Tensor& t) { return t.reshape({t.numel() / t.size(-1), t.size(
 
 GptModel::GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems)
     : cfg_(cfg), d_(model_dims(cfg)), layout_(build_layout(cfg)), dev_(dev) {
-  const int64_t n = std::max(alloc_elems, layout_.total);
-  params_ = Tensor::zeros({n}, DType::F32, dev_);
-  grads_ = Tensor::zeros({n}, DType::F32, dev_);
+  flat_ = std::make_unique<FlatParamStore>(layout_, d_.L, dev_, alloc_elems);
+  store_ = flat_.get();
+  units_ = unit_ranges(layout_, d_.L);
+  unit_params_.resize(units_.size());
+  unit_grads_.resize(units_.size());
+}
+
+GptModel::GptModel(const ModelConfig& cfg, Device dev, ParamStore& store)
+    : cfg_(cfg), d_(model_dims(cfg)), layout_(build_layout(cfg)), dev_(dev), store_(&store) {
+  units_ = unit_ranges(layout_, d_.L);
+  unit_params_.resize(units_.size());
+  unit_grads_.resize(units_.size());
+}
+
+Tensor& GptModel::params() {
+  DS_CHECK(flat_, "GptModel::params(): the parameters are held by a sharded store");
+  return flat_->params();
+}
+
+Tensor& GptModel::grads() {
+  DS_CHECK(flat_, "GptModel::grads(): the gradients are held by a sharded store");
+  return flat_->grads();
 }
 
 Tensor GptModel::param(const std::string& name) const {
+  DS_CHECK(flat_, "GptModel::param('{}'): the parameters are held by a sharded store", name);
   const ParamSpec& p = layout_.find(name);
-  return params_.view(p.offset, p.shape);
+  return flat_->params().view(p.offset, p.shape);
 }
 
 Tensor GptModel::grad(const std::string& name) const {
+  DS_CHECK(flat_, "GptModel::grad('{}'): the gradients are held by a sharded store", name);
   const ParamSpec& p = layout_.find(name);
-  return grads_.view(p.offset, p.shape);
+  return flat_->grads().view(p.offset, p.shape);
+}
+
+Tensor GptModel::w(const std::string& name) const {
+  const ParamSpec& p = layout_.find(name);
+  const Tensor& u = unit_params_[unit_of(p)];
+  DS_CHECK(u.defined(), "parameter '{}' used while its unit {} is not acquired", name, unit_of(p));
+  return u.view(p.offset - units_[unit_of(p)].begin, p.shape);
+}
+
+Tensor GptModel::dw(const std::string& name) const {
+  const ParamSpec& p = layout_.find(name);
+  const Tensor& u = unit_grads_[unit_of(p)];
+  DS_CHECK(u.defined(), "gradient '{}' used while its unit {} is not acquired", name, unit_of(p));
+  return u.view(p.offset - units_[unit_of(p)].begin, p.shape);
 }
 
 Tensor GptModel::opt(const std::string& name, bool grad) const {
-  const ParamSpec* p = layout_.try_find(name);
-  if (!p) return Tensor();
-  return (grad ? grads_ : params_).view(p->offset, p->shape);
+  if (!layout_.try_find(name)) return Tensor();
+  return grad ? dw(name) : w(name);
+}
+
+void GptModel::use_params(int unit) {
+  if (!unit_params_[unit].defined()) unit_params_[unit] = store_->acquire_params(unit);
+}
+
+void GptModel::drop_params(int unit) {
+  store_->release_params(unit);
+  unit_params_[unit] = Tensor();
+}
+
+void GptModel::use_grads(int unit) {
+  if (!unit_grads_[unit].defined()) unit_grads_[unit] = store_->acquire_grads(unit);
+}
+
+void GptModel::grads_done(int unit) {
+  store_->grads_ready(unit);
+  unit_grads_[unit] = Tensor();
+}
+
+// Units in the order forward() acquires them: embeddings, layers, final norm
+// (+ untied head), and the embeddings again for tied logits.
+std::vector<int> GptModel::forward_order() const {
+  std::vector<int> o;
+  for (int u = 0; u <= d_.L + 1; ++u) o.push_back(u);
+  if (!d_.untied) o.push_back(0);
+  return o;
+}
+
+// backward(): tied logits (embeddings), final norm (+ head), layers in reverse.
+// The embedding backward needs no parameters.
+std::vector<int> GptModel::backward_order() const {
+  std::vector<int> o;
+  if (!d_.untied) o.push_back(0);
+  for (int u = d_.L + 1; u >= 1; --u) o.push_back(u);
+  return o;
 }
 
 void GptModel::init_weights(uint64_t seed, float std) {
-  Tensor host = Tensor::zeros({params_.numel()}, DType::F32);
+  Tensor host = Tensor::zeros({layout_.total}, DType::F32);
   float* w = host.data<float>();
   const double scaled = std / std::sqrt(2.0 * d_.L);
   for (const ParamSpec& p : layout_.params) {
@@ -66,7 +136,7 @@ void GptModel::init_weights(uint64_t seed, float std) {
       }
     }
   }
-  params_.copy_from(host);
+  store_->set_full_params(host.view(0, {layout_.total}));
 }
 
 void GptModel::ensure_acts(int64_t B, int64_t T) {
@@ -110,10 +180,10 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
 void GptModel::norm_forward(const std::string& prefix, const Tensor& out, const Tensor& mean,
                             const Tensor& rstd, const Tensor& inp) {
   if (d_.rmsnorm) {
-    ops::rmsnorm_forward({out, rstd, rows(inp), param(prefix + ".weight"), cfg_.norm_eps}, stream_);
+    ops::rmsnorm_forward({out, rstd, rows(inp), w(prefix + ".weight"), cfg_.norm_eps}, stream_);
   } else {
     ops::layernorm_forward(
-        {out, mean, rstd, rows(inp), param(prefix + ".weight"), param(prefix + ".bias"), cfg_.norm_eps},
+        {out, mean, rstd, rows(inp), w(prefix + ".weight"), w(prefix + ".bias"), cfg_.norm_eps},
         stream_);
   }
 }
@@ -121,12 +191,12 @@ void GptModel::norm_forward(const std::string& prefix, const Tensor& out, const 
 void GptModel::norm_backward(const std::string& prefix, const Tensor& dinp, const Tensor& dout,
                              const Tensor& inp, const Tensor& mean, const Tensor& rstd) {
   if (d_.rmsnorm) {
-    ops::rmsnorm_backward({dinp, grad(prefix + ".weight"), dout, rows(inp), param(prefix + ".weight"),
+    ops::rmsnorm_backward({dinp, dw(prefix + ".weight"), dout, rows(inp), w(prefix + ".weight"),
                            rstd, Accum::Add},
                           stream_);
   } else {
-    ops::layernorm_backward({dinp, grad(prefix + ".weight"), grad(prefix + ".bias"), dout, rows(inp),
-                             param(prefix + ".weight"), mean, rstd, Accum::Add},
+    ops::layernorm_backward({dinp, dw(prefix + ".weight"), dw(prefix + ".bias"), dout, rows(inp),
+                             w(prefix + ".weight"), mean, rstd, Accum::Add},
                             stream_);
   }
 }
@@ -136,23 +206,23 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y) {
   const std::string p = "layers." + std::to_string(l) + ".";
   norm_forward(p + "norm1", a.norm1_out, a.norm1_mean, a.norm1_rstd, x);
   Tensor qkv_lin = d_.rope ? a.qkv_pre : a.qkv;
-  ops::matmul_forward({rows(qkv_lin), a.norm1_out, param(p + "attn.qkv.weight"), opt(p + "attn.qkv.bias", false)},
+  ops::matmul_forward({rows(qkv_lin), a.norm1_out, w(p + "attn.qkv.weight"), opt(p + "attn.qkv.bias", false)},
                       stream_);
   if (d_.rope) ops::rope_forward({a.qkv, a.qkv_pre, d_.NH, 0, cfg_.rope_theta}, stream_);
   ops::attention_forward({a.attn_out, a.lse, a.qkv, d_.NH}, stream_);
-  ops::matmul_forward({a.resid_mid, rows(a.attn_out), param(p + "attn.proj.weight"),
+  ops::matmul_forward({a.resid_mid, rows(a.attn_out), w(p + "attn.proj.weight"),
                        opt(p + "attn.proj.bias", false)},
                       stream_);
   ops::add({a.resid_mid, a.resid_mid, rows(x)}, stream_);
   norm_forward(p + "norm2", a.norm2_out, a.norm2_mean, a.norm2_rstd, a.resid_mid);
-  ops::matmul_forward({a.fc_out, a.norm2_out, param(p + "mlp.fc.weight"), opt(p + "mlp.fc.bias", false)}, stream_);
+  ops::matmul_forward({a.fc_out, a.norm2_out, w(p + "mlp.fc.weight"), opt(p + "mlp.fc.bias", false)}, stream_);
   if (d_.swiglu) {
     ops::swiglu_forward({a.act_out, a.fc_out}, stream_);
   } else {
     ops::gelu_forward({a.act_out, a.fc_out, Tensor()}, stream_);
   }
   Tensor y2 = rows(y);
-  ops::matmul_forward({y2, a.act_out, param(p + "mlp.proj.weight"), opt(p + "mlp.proj.bias", false)}, stream_);
+  ops::matmul_forward({y2, a.act_out, w(p + "mlp.proj.weight"), opt(p + "mlp.proj.bias", false)}, stream_);
   ops::add({y2, y2, a.resid_mid}, stream_);
 }
 
@@ -160,37 +230,50 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
   LayerActs& a = acts_[l];
   const std::string p = "layers." + std::to_string(l) + ".";
   // MLP branch.
-  ops::matmul_backward({dact_, grad(p + "mlp.proj.weight"), opt(p + "mlp.proj.bias", true), dresid, a.act_out,
-                        param(p + "mlp.proj.weight"), Accum::Overwrite},
+  ops::matmul_backward({dact_, dw(p + "mlp.proj.weight"), opt(p + "mlp.proj.bias", true), dresid, a.act_out,
+                        w(p + "mlp.proj.weight"), Accum::Overwrite},
                        stream_);
   if (d_.swiglu) {
     ops::swiglu_backward({dfc_, dact_, a.fc_out}, stream_);
   } else {
     ops::gelu_backward({dfc_, a.fc_out, dact_}, stream_);
   }
-  ops::matmul_backward({dnorm_, grad(p + "mlp.fc.weight"), opt(p + "mlp.fc.bias", true), dfc_, a.norm2_out,
-                        param(p + "mlp.fc.weight"), Accum::Overwrite},
+  ops::matmul_backward({dnorm_, dw(p + "mlp.fc.weight"), opt(p + "mlp.fc.bias", true), dfc_, a.norm2_out,
+                        w(p + "mlp.fc.weight"), Accum::Overwrite},
                        stream_);
   norm_backward(p + "norm2", dresid, dnorm_, a.resid_mid, a.norm2_mean, a.norm2_rstd);
   // Attention branch.
-  ops::matmul_backward({rows(dattn_), grad(p + "attn.proj.weight"), opt(p + "attn.proj.bias", true), dresid,
-                        rows(a.attn_out), param(p + "attn.proj.weight"), Accum::Overwrite},
+  ops::matmul_backward({rows(dattn_), dw(p + "attn.proj.weight"), opt(p + "attn.proj.bias", true), dresid,
+                        rows(a.attn_out), w(p + "attn.proj.weight"), Accum::Overwrite},
                        stream_);
   ops::attention_backward({dqkv_, dattn_, a.attn_out, a.lse, a.qkv, d_.NH}, stream_);
   if (d_.rope) ops::rope_backward({dqkv_, dqkv_, d_.NH, 0, cfg_.rope_theta}, stream_);
-  ops::matmul_backward({dnorm_, grad(p + "attn.qkv.weight"), opt(p + "attn.qkv.bias", true), rows(dqkv_),
-                        a.norm1_out, param(p + "attn.qkv.weight"), Accum::Overwrite},
+  ops::matmul_backward({dnorm_, dw(p + "attn.qkv.weight"), opt(p + "attn.qkv.bias", true), rows(dqkv_),
+                        a.norm1_out, w(p + "attn.qkv.weight"), Accum::Overwrite},
                        stream_);
   norm_backward(p + "norm1", dresid, dnorm_, x, a.norm1_mean, a.norm1_rstd);
 }
 
 void GptModel::forward(const Tensor& tokens) {
   ensure_acts(tokens.size(0), tokens.size(1));
-  ops::embedding_forward({resid_[0], tokens, param("embed.wte"), opt("embed.wpe", false), 0, 0}, stream_);
-  for (int l = 0; l < d_.L; ++l) layer_forward(l, resid_[l], resid_[l + 1]);
+  const int last = d_.L + 1;
+  use_params(0);
+  ops::embedding_forward({resid_[0], tokens, w("embed.wte"), opt("embed.wpe", false), 0, 0}, stream_);
+  drop_params(0);
+  for (int l = 0; l < d_.L; ++l) {
+    use_params(l + 1);
+    layer_forward(l, resid_[l], resid_[l + 1]);
+    drop_params(l + 1);
+  }
+  use_params(last);
   norm_forward("final_norm", final_out, final_mean, final_rstd, resid_[d_.L]);
-  Tensor head = d_.untied ? param("head.weight") : param("embed.wte");
+  if (!d_.untied) {
+    drop_params(last);
+    use_params(0);
+  }
+  Tensor head = d_.untied ? w("head.weight") : w("embed.wte");
   ops::matmul_forward({logits_, final_out, head, Tensor()}, stream_);
+  drop_params(d_.untied ? last : 0);
 }
 
 float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward) {
@@ -209,25 +292,49 @@ float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool 
 }
 
 void GptModel::backward(const Tensor& tokens) {
-  Tensor head = d_.untied ? param("head.weight") : param("embed.wte");
-  Tensor dhead = d_.untied ? grad("head.weight") : grad("embed.wte");
+  const int last = d_.L + 1, head_unit = d_.untied ? last : 0;
+  use_params(head_unit);
+  use_grads(head_unit);
+  Tensor head = d_.untied ? w("head.weight") : w("embed.wte");
+  Tensor dhead = d_.untied ? dw("head.weight") : dw("embed.wte");
   ops::matmul_backward({dnorm_, dhead, Tensor(), logits_, final_out, head, Accum::Overwrite}, stream_);
+  if (!d_.untied) {  // the tied embedding gradient stays acquired until the embedding backward
+    drop_params(0);
+    use_params(last);
+    use_grads(last);
+  }
   dresid_.zero_();
   norm_backward("final_norm", dresid_, dnorm_, resid_[d_.L], final_mean, final_rstd);
-  for (int l = d_.L - 1; l >= 0; --l) layer_backward(l, resid_[l], dresid_);
-  ops::embedding_backward({grad("embed.wte"), opt("embed.wpe", true), dresid_.reshape({B_, T_, d_.C}), tokens, 0, 0},
+  drop_params(last);
+  grads_done(last);
+  for (int l = d_.L - 1; l >= 0; --l) {
+    use_params(l + 1);
+    use_grads(l + 1);
+    layer_backward(l, resid_[l], dresid_);
+    drop_params(l + 1);
+    grads_done(l + 1);
+  }
+  use_grads(0);
+  ops::embedding_backward({dw("embed.wte"), opt("embed.wpe", true), dresid_.reshape({B_, T_, d_.C}), tokens, 0, 0},
                           stream_);
+  grads_done(0);
 }
 
 float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, float loss_weight) {
+  std::vector<int> order = forward_order(), bwd = backward_order();
+  order.insert(order.end(), bwd.begin(), bwd.end());
+  store_->begin_pass(order);
   forward(tokens);
   float loss = loss_and_dlogits(targets, loss_weight, true);
   backward(tokens);
+  store_->end_pass();
   return loss;
 }
 
 float GptModel::forward_loss(const Tensor& tokens, const Tensor& targets) {
+  store_->begin_pass(forward_order());
   forward(tokens);
+  store_->end_pass();
   return loss_and_dlogits(targets, 0.f, false);
 }
 

@@ -1,14 +1,18 @@
 // GPT model (GPT-2 and LLaMA families) with explicit forward and backward.
-// Parameters and gradients live in flat buffers described by ModelLayout;
-// activations are allocated once per (B, T) and reused every micro-batch.
+// Parameters and gradients are laid out by ModelLayout and held by a
+// ParamStore (flat buffers by default, ZeRO shards when the trainer asks):
+// the model acquires one unit (embeddings, a layer, the final norm/head) at a
+// time. Activations are allocated once per (B, T) and reused every micro-batch.
 // The model calls only the device-neutral op API (lib/ops), never a backend.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "lib/core/stream.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
+#include "lib/model/param_store.h"
 
 namespace ds {
 
@@ -26,15 +30,20 @@ struct LayerActs {
 
 class GptModel {
  public:
-  // alloc_elems: size of the params/grads allocations (>= layout total), so
-  // data-parallel collectives can run on a padded buffer (ZeRO partitions).
+  // Flat parameter and gradient buffers of alloc_elems (>= layout total) elements.
   GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems = 0);
+  // Parameters and gradients held by `store` (not owned; must outlive the model).
+  GptModel(const ModelConfig& cfg, Device dev, ParamStore& store);
 
   const ModelLayout& layout() const { return layout_; }
   const ModelDims& dims() const { return d_; }
   Device device() const { return dev_; }
-  Tensor& params() { return params_; }  // (alloc) f32, layout total first
-  Tensor& grads() { return grads_; }    // (alloc) f32
+  ParamStore& store() { return *store_; }
+  const std::vector<Range>& units() const { return units_; }
+  bool has_flat_buffers() const { return flat_ != nullptr; }
+  // Flat-buffer models only (the default constructor).
+  Tensor& params();  // (alloc) f32, layout total first
+  Tensor& grads();   // (alloc) f32
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
 
@@ -61,14 +70,26 @@ class GptModel {
                     const Tensor& rstd, const Tensor& inp);
   void norm_backward(const std::string& prefix, const Tensor& dinp, const Tensor& dout,
                      const Tensor& inp, const Tensor& mean, const Tensor& rstd);
+  // Views into the acquired unit tensors (the unit must be acquired).
+  Tensor w(const std::string& name) const;   // parameter
+  Tensor dw(const std::string& name) const;  // gradient
   Tensor opt(const std::string& name, bool grad) const;  // undefined if absent
+  void use_params(int unit);
+  void drop_params(int unit);
+  void use_grads(int unit);
+  void grads_done(int unit);
+  std::vector<int> forward_order() const;
+  std::vector<int> backward_order() const;
 
   ModelConfig cfg_;
   ModelDims d_;
   ModelLayout layout_;
   Device dev_;
   Stream stream_;
-  Tensor params_, grads_;
+  std::unique_ptr<FlatParamStore> flat_;  // set for the default (flat) layout
+  ParamStore* store_ = nullptr;
+  std::vector<Range> units_;
+  std::vector<Tensor> unit_params_, unit_grads_;  // acquired units (else undefined)
   int64_t B_ = 0, T_ = 0;
   std::vector<Tensor> resid_;       // L+1 residual streams (B,T,C)
   std::vector<LayerActs> acts_;

@@ -130,7 +130,8 @@ ModelStateBytes zero_model_state_bytes(int64_t n_params, int dp, int stage, Stat
   ModelStateBytes b;
   b.params = e.params * (stage >= 3 ? shard : n);
   b.grads = e.grads * (stage >= 2 ? shard : n);
-  b.optimizer = offload_optimizer ? 0 : e.optimizer * (stage >= 1 ? shard : n);
+  // The optimizer covers rank 0's real range: min(n, shard) (shard > n only for DP 1).
+  b.optimizer = offload_optimizer ? 0 : e.optimizer * (stage >= 1 ? std::min(n, shard) : n);
   return b;
 }
 

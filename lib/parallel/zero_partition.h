@@ -81,8 +81,11 @@ struct ModelStateBytes {
 };
 // Per rank; n = n_params, shard = make_zero_partition(n, dp).shard (padded).
 // Bytes per element: params P, grads G, optimizer O = (4, 4, 8) in FP32 and
-// (2, 2, 12) in Mixed. Stage 0: P*n, G*n, O*n; stage 1: P*n, G*n, O*shard;
-// stage 2: P*n, G*shard, O*shard; stage 3: P*shard, G*shard, O*shard.
+// (2, 2, 12) in Mixed. Stage 0: P*n, G*n, O*n; stage 1: P*n, G*n, O*s;
+// stage 2: P*n, G*shard, O*s; stage 3: P*shard, G*shard, O*s, where
+// s = min(n, shard) is rank 0's real range (the optimizer state never covers
+// padding; later ranks may hold less). Gradient and parameter shards are the
+// padded shard because collectives need equal pieces.
 // offload_optimizer: the optimizer state lives in host memory, so it is
 // reported as 0 here (device bytes); see host_optimizer_bytes for the host side.
 ModelStateBytes zero_model_state_bytes(int64_t n_params, int dp, int stage, StatePrecision prec,

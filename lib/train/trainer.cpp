@@ -40,8 +40,18 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
   DS_USER_CHECK(cfg_.batch.dp_size == dp_, "batch: the config was resolved for {} data-parallel ranks, the job has {}",
                 cfg_.batch.dp_size, dp_);
   ZeroPartition part = make_zero_partition(count_parameters(cfg_.model), dp_);
-  model_ = std::make_unique<GptModel>(cfg_.model, dev_, part.padded_total);
-  opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_ > 1 ? comms_.dp : nullptr, cfg_.zero, part);
+  Communicator* dp_comm = dp_ > 1 ? comms_.dp : nullptr;
+  if (cfg_.zero.stage >= 2) {
+    store_ = std::make_unique<ZeroParamStore>(build_layout(cfg_.model), cfg_.model.num_layers, dev_, dp_comm,
+                                              cfg_.zero, part);
+    model_ = std::make_unique<GptModel>(cfg_.model, dev_, *store_);
+  } else {
+    model_ = std::make_unique<GptModel>(cfg_.model, dev_);
+  }
+  opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get());
+  if (cfg_.zero.offload_optimizer_device == "cpu")
+    DS_LOG("offload_optimizer.device = cpu: on the CPU backend the optimizer state is already in host memory; "
+           "nothing to move");
   int64_t n_matmul = model_->layout().total;
   if (const ParamSpec* p = model_->layout().try_find("embed.wpe")) n_matmul -= p->numel;
   flops_per_token_ = flops_per_token(cfg_.model, n_matmul);
@@ -54,16 +64,42 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
   DS_LOG("batch: global {} = micro {} x grad accum {} x data parallel {}; {} train samples per epoch",
          cfg_.batch.train_batch_size, cfg_.batch.micro_batch_size, cfg_.batch.grad_accum_steps, cfg_.batch.dp_size,
          data_->train_samples_per_epoch());
-  DS_LOG("model state: {} bytes per rank (ZeRO stage {}, {} data-parallel ranks; fp32 params + grads + Adam m, v)",
-         opt_->model_state_bytes(), cfg_.zero.stage, dp_);
+  log_model_state();
+}
+
+void Trainer::log_model_state() {
+  ModelStateBytes b = opt_->model_state_bytes();
+  DS_LOG("model state: {} bytes per rank (ZeRO stage {}, {} data-parallel ranks; params {} + grads {} + Adam m, v {})",
+         b.total(), cfg_.zero.stage, dp_, b.params, b.grads, b.optimizer);
+  if (cfg_.zero.stage == 3) {
+    const Zero3Plan& p = store_->plan();
+    int n_persistent = 0;
+    for (bool x : p.persistent) n_persistent += x ? 1 : 0;
+    DS_LOG("ZeRO-3: {} parameter units, {} persistent ({} elements); prefetch depth {}; peak live gathered "
+           "parameters {} elements ({} bytes, transient, not in the model state above)",
+           p.persistent.size(), n_persistent, store_->persistent_elems(), p.prefetch_depth, p.peak_live,
+           4 * p.peak_live);
+  }
+}
+
+Tensor Trainer::full_params(bool all_ranks) {
+  const int64_t n = model_->layout().total;
+  if (model_->has_flat_buffers()) return model_->params().view(0, {n});
+  Tensor out;
+  if (all_ranks || dp_rank_ == 0) out = Tensor::empty({n}, DType::F32, dev_);
+  model_->store().get_full_params(out);
+  return out;
 }
 
 void Trainer::load_or_init() {
   if (!cfg_.ckpt.load_dir.empty()) {
     Range r = opt_->optimizer_range();
-    CheckpointData d{&model_->layout(), model_->params().view(0, {model_->layout().total}), opt_->adam().m(),
-                     opt_->adam().v(), r.begin, r.end, 0, dp_rank_, dp_};
+    const bool flat = model_->has_flat_buffers();
+    Tensor full = flat ? model_->params().view(0, {model_->layout().total})
+                       : Tensor::empty({model_->layout().total}, DType::F32, dev_);
+    CheckpointData d{&model_->layout(), full, opt_->adam().m(), opt_->adam().v(), r.begin, r.end, 0, dp_rank_, dp_};
     if (load_checkpoint(cfg_.ckpt.load_dir, state_, d)) {
+      if (!flat) model_->store().set_full_params(full);
       opt_->adam().set_step_count(d.opt_step);
       DS_LOG("loaded checkpoint from {} at iteration {}", cfg_.ckpt.load_dir, state_.iteration);
       return;
@@ -71,8 +107,9 @@ void Trainer::load_or_init() {
     DS_WARN("--load {}: no checkpoint found ('latest' missing); starting from scratch", cfg_.ckpt.load_dir);
   }
   if (!cfg_.ckpt.init_from.empty()) {
-    Tensor p = model_->params().view(0, {model_->layout().total});
+    Tensor p = Tensor::empty({model_->layout().total}, DType::F32, dev_);
     import_hf(cfg_.model, model_->layout(), p, cfg_.ckpt.init_from);
+    model_->store().set_full_params(p);
     DS_LOG("initialised weights from {}", cfg_.ckpt.init_from);
     return;
   }
@@ -81,7 +118,7 @@ void Trainer::load_or_init() {
 
 float Trainer::train_step() {
   const auto& b = cfg_.batch;
-  model_->grads().zero_();
+  opt_->zero_grads();
   const float loss_weight =
       1.0f / static_cast<float>(b.micro_batch_size * cfg_.model.seq_length * b.grad_accum_steps * dp_);
   double loss_sum = 0;
@@ -135,9 +172,10 @@ void Trainer::save() {
   Range r = opt_->optimizer_range();
   // Stage 0 keeps identical optimizer state on every rank: rank 0 writes one shard.
   const bool sharded = cfg_.zero.stage >= 1;
-  CheckpointData d{&model_->layout(), model_->params().view(0, {model_->layout().total}), opt_->adam().m(),
-                   opt_->adam().v(), r.begin, r.end, opt_->adam().step_count(), sharded ? dp_rank_ : 0,
-                   sharded ? dp_ : 1};
+  // ZeRO-3: the parameters are gathered unit by unit; only rank 0 keeps (and writes) them.
+  Tensor full = full_params(false);
+  CheckpointData d{&model_->layout(), full, opt_->adam().m(), opt_->adam().v(), r.begin, r.end,
+                   opt_->adam().step_count(), sharded ? dp_rank_ : 0, sharded ? dp_ : 1};
   if (sharded || dp_rank_ == 0) write_checkpoint_files(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
   comms_.world->barrier();
   if (comms_.grid.rank == 0) commit_checkpoint(cfg_.ckpt.save_dir, state_.iteration);
@@ -202,10 +240,16 @@ std::vector<float> Trainer::run() {
     csv_.valid(state_.iteration, v);
   }
   if (cfg_.ckpt.save_interval <= 0 || state_.iteration % cfg_.ckpt.save_interval != 0) save();
-  if (!cfg_.ckpt.export_hf.empty() && comms_.grid.rank == 0) {
-    export_hf(cfg_.model, model_->layout(), model_->params().view(0, {model_->layout().total}), cfg_.ckpt.export_hf);
-    DS_LOG("exported Hugging Face model to {}", cfg_.ckpt.export_hf);
+  if (!cfg_.ckpt.export_hf.empty()) {
+    Tensor full = full_params(false);  // collective with ZeRO-3
+    if (comms_.grid.rank == 0) {
+      export_hf(cfg_.model, model_->layout(), full, cfg_.ckpt.export_hf);
+      DS_LOG("exported Hugging Face model to {}", cfg_.ckpt.export_hf);
+    }
   }
+  if (store_)
+    DS_LOG("ZeRO-{} peak live (transient, elements): full unit gradients {}, gathered parameters {}",
+           cfg_.zero.stage, store_->peak_live_grads(), cfg_.zero.stage == 3 ? store_->peak_live_params() : 0);
   return losses;
 }
 

@@ -28,6 +28,8 @@ class Trainer {
   // Validation loss over eval_iters global batches of the valid split.
   double evaluate();
   GptModel& model() { return *model_; }
+  // This rank's persistent model-state bytes (what the start-up log reports).
+  ModelStateBytes model_state_bytes() const { return opt_->model_state_bytes(); }
   const TrainState& state() const { return state_; }
 
  private:
@@ -35,10 +37,15 @@ class Trainer {
   void save();
   void load_or_init();
   void log_iteration(float loss, double grad_norm, double ms);
+  void log_model_state();
+  // The full fp32 parameters (layout total). Collective with ZeRO-3: every
+  // rank must call; ranks other than 0 get an undefined tensor unless all_ranks.
+  Tensor full_params(bool all_ranks);
   double dp_mean(double local);  // average of a scalar over the data-parallel group
 
   TrainConfig cfg_;
   Device dev_;
+  std::unique_ptr<ZeroParamStore> store_;  // ZeRO-2/3 (else the model's flat buffers)
   std::unique_ptr<GptModel> model_;
   Comms& comms_;
   int dp_ = 1, dp_rank_ = 0;

@@ -1,12 +1,15 @@
-// Data-parallel gradient reduction and the optimizer step for ZeRO stages 0-2.
-//   stage 0: bucketed all-reduce of gradients, every rank updates everything.
+// Data-parallel gradient reduction and the optimizer step for ZeRO stages 0-3.
+//   stage 0: bucketed all-reduce of the flat gradients, every rank updates everything.
 //   stage 1: same reduction; each rank keeps Adam state for its shard only,
-//            updates that shard and all-gathers the parameters.
-//   stage 2: bucketed reduce-scatter: each rank receives only its shard of
-//            the summed gradients; then as stage 1.
-// The flat buffers are padded to a multiple of dp * align (ZeroPartition), so
-// every collective works on equal chunks. The 1/dp averaging is folded into
-// the loss weight by the trainer.
+//            updates that shard and all-gathers the parameters (bucketed).
+//   stage 2: gradients live per unit only while a unit's backward runs and are
+//            reduce-scattered into a gradient shard right away (ZeroParamStore);
+//            then as stage 1.
+//   stage 3: parameters sharded too (ZeroParamStore gathers units on use); the
+//            optimizer updates the parameter shard in place, nothing is gathered
+//            after the step except the persistent units.
+// Shards are ranges of the padded ZeroPartition, so every collective works on
+// equal chunks. The 1/dp averaging is folded into the loss weight by the trainer.
 #pragma once
 #include <memory>
 
@@ -15,32 +18,38 @@
 #include "lib/optim/adamw.h"
 #include "lib/parallel/zero_partition.h"
 #include "lib/train/config.h"
+#include "lib/train/zero_store.h"
 
 namespace ds {
 
 class ZeroOptimizer {
  public:
-  // dp may be null for a single data-parallel rank.
-  ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig& z, const ZeroPartition& part);
+  // dp may be null for a single data-parallel rank. Stages 2 and 3 need the
+  // model to be built on `store` (a ZeroParamStore of the same partition).
+  ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig& z, const ZeroPartition& part,
+                ZeroParamStore* store);
 
+  // Clears the gradients before the first micro-batch of a step.
+  void zero_grads();
   // Sums gradients over the data-parallel group (as the stage requires) and
   // returns the global gradient L2 norm.
   double reduce_gradients();
-  // AdamW on this rank's range, then (stage >= 1) parameters all-gathered.
+  // AdamW on this rank's range, then the parameters the stage keeps whole are
+  // made current again (stage 1/2 all-gather, stage 3 persistent units).
   void step(const AdamWHyper& h, float grad_scale);
 
   AdamW& adam() { return *adam_; }
   Range optimizer_range() const { return range_; }  // unpadded, may be empty
-  // Bytes of model state this rank holds (params, grads, Adam m and v).
-  int64_t model_state_bytes() const;
+  // Bytes of model state this rank holds (params, grads, Adam m and v);
+  // persistent buffers only, not the transient per-unit ones.
+  ModelStateBytes model_state_bytes() const;
 
  private:
-  void all_gather_params();
-
   GptModel& model_;
   Communicator* dp_;
   ZeroConfig z_;
   ZeroPartition part_;
+  ZeroParamStore* store_;
   int rank_ = 0;
   Range range_;
   std::unique_ptr<AdamW> adam_;

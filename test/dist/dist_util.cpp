@@ -126,6 +126,7 @@ std::string run_dstrain(const DstrainJob& job) {
     }
     if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  if (job.rank0_output) *job.rank0_output = read_file(logdir + "/rank0.log");
   std::string report;
   bool ok = true;
   for (int r = 0; r < job.world; ++r) {

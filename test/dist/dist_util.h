@@ -17,6 +17,7 @@ struct DstrainJob {
   int world = 1;
   std::vector<std::string> args;  // dstrain arguments after the binary
   double timeout_s = 240;
+  std::string* rank0_output = nullptr;  // if set: receives rank 0's stdout + stderr
 };
 // Runs the job; returns "" on success, else every rank's exit code and output.
 std::string run_dstrain(const DstrainJob& job);

@@ -242,4 +242,13 @@ TEST_CASE("model-state bytes per rank follow the ZeRO formulas", "[zero]") {
     for (int stage = 0; stage <= 3; ++stage)
       CHECK(zero_model_state_bytes(1024, 1, stage, StatePrecision::Mixed, false).total() == 16 * 1024);
   }
+  SECTION("the optimizer state covers real elements only; grad and param shards are padded") {
+    // 1000 elements, DP 1: padded shard 1024, but Adam's moments cover rank 0's real range (1000).
+    ModelStateBytes b = zero_model_state_bytes(1000, 1, 3, StatePrecision::FP32, false);
+    CHECK(b.params == 4 * 1024);
+    CHECK(b.grads == 4 * 1024);
+    CHECK(b.optimizer == 8 * 1000);
+    CHECK(zero_model_state_bytes(1000, 1, 1, StatePrecision::FP32, false).optimizer == 8 * 1000);
+    CHECK(zero_model_state_bytes(1000, 2, 1, StatePrecision::FP32, false).optimizer == 8 * 512);
+  }
 }

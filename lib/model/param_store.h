@@ -1,0 +1,73 @@
+// Where a GptModel's parameters and gradients live. The model never touches a
+// flat buffer directly: it asks a ParamStore for one parameter *unit* at a time
+// (the embeddings, each transformer layer, the final norm + head; each one
+// contiguous range of the flat layout). The default FlatParamStore keeps
+// today's single flat buffers; ZeRO-2/3 (lib/train/zero_store.h) keep only
+// shards and materialise a unit's full parameters / gradients while it runs.
+//
+// Call protocol, per pass (forward_backward = one pass, forward_loss = one):
+//   begin_pass(order)        the unit order of every acquire_params in this pass
+//   acquire_params(u) ... release_params(u)    around each use of u's weights
+//   acquire_grads(u)  ... grads_ready(u)       around u's backward (tied
+//                                              embeddings: from the logits
+//                                              backward to the embedding backward)
+//   end_pass()
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "lib/core/tensor.h"
+#include "lib/model/layout.h"
+#include "lib/parallel/zero_partition.h"
+
+namespace ds {
+
+// Unit ranges of a layout, in forward order: [0] embeddings (layer -1),
+// [1 + l] layer l, [L + 1] final norm (+ head). Every unit is non-empty.
+std::vector<Range> unit_ranges(const ModelLayout& layout, int num_layers);
+inline int unit_of(const ParamSpec& p) { return p.layer + 1; }
+
+class ParamStore {
+ public:
+  virtual ~ParamStore() = default;
+  // Every unit of a pass, in the order acquire_params will be called (lets a
+  // store prefetch ahead and keep a unit that is needed again at once).
+  virtual void begin_pass(const std::vector<int>& order) = 0;
+  virtual void end_pass() = 0;
+  // The unit's full parameters (unit size, f32), valid until release_params.
+  virtual Tensor acquire_params(int unit) = 0;
+  virtual void release_params(int unit) = 0;
+  // The unit's full gradient (unit size, f32); the backward ADDS into it.
+  virtual Tensor acquire_grads(int unit) = 0;
+  // The unit's gradient of this micro-batch is complete.
+  virtual void grads_ready(int unit) = 0;
+  // Full parameters (layout total, host or device) <-> the store. Collective
+  // for a sharded store (every rank calls; get_full fills `out` on every rank).
+  virtual void set_full_params(const Tensor& full) = 0;
+  virtual void get_full_params(const Tensor& out) = 0;
+};
+
+// Today's layout: one flat params buffer and one flat grads buffer; acquire
+// returns views and nothing moves. Gradients accumulate until zero_grads().
+class FlatParamStore : public ParamStore {
+ public:
+  FlatParamStore(const ModelLayout& layout, int num_layers, Device dev, int64_t alloc_elems);
+  void begin_pass(const std::vector<int>&) override {}
+  void end_pass() override {}
+  Tensor acquire_params(int unit) override;
+  void release_params(int) override {}
+  Tensor acquire_grads(int unit) override;
+  void grads_ready(int) override {}
+  void set_full_params(const Tensor& full) override;
+  void get_full_params(const Tensor& out) override;
+
+  Tensor& params() { return params_; }  // (alloc) f32, layout total first
+  Tensor& grads() { return grads_; }    // (alloc) f32
+
+ private:
+  std::vector<Range> units_;
+  int64_t total_ = 0;
+  Tensor params_, grads_;
+};
+
+}  // namespace ds

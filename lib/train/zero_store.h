@@ -1,0 +1,90 @@
+// ZeRO-2/3 parameter store: what a data-parallel rank really holds.
+//   stage 2: the full fp32 parameters (n) + an fp32 gradient SHARD (shard).
+//            A unit's full gradient exists only from its acquire_grads to its
+//            grads_ready; then it is reduce-scattered into the shard and freed.
+//   stage 3: as stage 2, but the parameters too are only a shard (the fp32
+//            master the optimizer updates). A unit's full parameters are
+//            gathered before each use and freed after, with prefetch of the
+//            next units of the pass per make_zero3_plan; units smaller than
+//            stage3_param_persistence_threshold stay resident on every rank.
+// Shards follow the global flat ZeroPartition (rank r owns [r*shard,
+// (r+1)*shard) of the padded buffer), so optimizer state and checkpoints are
+// the same as for stages 1 and 2. A unit's piece on rank r is its
+// intersection with that range (uneven across ranks): gathers are one
+// broadcast per owning rank, reductions a reduce-scatter of the pieces padded
+// to the largest one. See docs/zero.md.
+#pragma once
+#include <vector>
+
+#include "lib/comm/communicator.h"
+#include "lib/model/param_store.h"
+#include "lib/parallel/zero_partition.h"
+#include "lib/train/config.h"
+
+namespace ds {
+
+// Bucketed all-gather of a full flat parameter buffer `params` (n = p.total
+// elements) whose owned ranges were updated on their owners (ZeRO 1/2).
+void all_gather_flat(Communicator& dp, const ZeroPartition& p, const Tensor& params, int64_t bucket_elems);
+
+class ZeroParamStore : public ParamStore {
+ public:
+  // dp may be null for a single data-parallel rank.
+  ZeroParamStore(const ModelLayout& layout, int num_layers, Device dev, Communicator* dp, const ZeroConfig& z,
+                 const ZeroPartition& part);
+
+  void begin_pass(const std::vector<int>& order) override;
+  void end_pass() override;
+  Tensor acquire_params(int unit) override;
+  void release_params(int unit) override;
+  Tensor acquire_grads(int unit) override;
+  void grads_ready(int unit) override;
+  void set_full_params(const Tensor& full) override;
+  // `out` may be undefined on ranks that do not need the result (they still take part).
+  void get_full_params(const Tensor& out) override;
+
+  // Optimizer side. Both views cover this rank's real range owned_real(rank).
+  Tensor master_params();
+  Tensor grad_shard();
+  void zero_grads();
+  double grad_norm();  // global L2 norm of the summed gradients
+  // After the optimizer step: stage 2 all-gathers the parameters; stage 3
+  // refreshes the persistent units only (the next pass gathers the rest).
+  void after_step();
+
+  // Persistent bytes this rank holds (not the transient unit buffers).
+  int64_t param_bytes() const { return 4 * (stage_ == 3 ? shard_.numel() : full_.numel()); }
+  int64_t grad_bytes() const { return 4 * gshard_.numel(); }
+  const Zero3Plan& plan() const { return plan_; }
+  int64_t persistent_elems() const;
+  // Most elements held at once in gathered parameter units (incl. persistent)
+  // and in full unit gradients, since construction.
+  int64_t peak_live_params() const { return peak_params_; }
+  int64_t peak_live_grads() const { return peak_grads_; }
+
+ private:
+  Range piece(int unit, int rank) const;  // flat range of `unit` owned by `rank` (may be empty)
+  void gather_unit(int unit, const Tensor& out);
+  void fetch(int unit);
+  void free_gathered(int unit);
+  bool needed_soon(int unit) const;
+  void reduce_unit(int unit, const Tensor& g);
+
+  Communicator* dp_;
+  ZeroConfig z_;
+  ZeroPartition part_;
+  int rank_ = 0, stage_ = 2;
+  Device dev_;
+  std::vector<Range> units_;
+  Zero3Plan plan_;
+  Tensor full_;    // stage 2: (n) full parameters
+  Tensor shard_;   // stage 3: (shard) this rank's parameters, zero padded
+  Tensor gshard_;  // (shard) summed gradient shard
+  std::vector<Tensor> gathered_;  // stage 3: gathered or persistent full units
+  std::vector<Tensor> unit_grads_;
+  std::vector<int> order_;
+  size_t cursor_ = 0;
+  int64_t live_params_ = 0, live_grads_ = 0, peak_params_ = 0, peak_grads_ = 0;
+};
+
+}  // namespace ds
