@@ -1,0 +1,125 @@
+// Pipeline-parallel schedules as data: for each pipeline rank, the ordered list
+// of receive / compute / send actions of one global batch, following
+// Megatron-LM's 1F1B (PipeDream-Flush) and interleaved 1F1B (virtual stages).
+// Nothing here communicates; an executor walks its rank's list and performs
+// each action. simulate_pipeline() plays all ranks' lists against each other
+// over in-order point-to-point channels, so the schedules (and any list an
+// executor derives from them) are checked on CPU. See docs/pipeline.md.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace ds {
+
+// OneFOneB: PipeDream-Flush 1F1B, one model chunk per rank.
+// Interleaved1F1B: Megatron's interleaved 1F1B; each rank holds
+// `virtual_stages` model chunks, chunk c of rank r being virtual stage c*PP + r.
+enum class ScheduleKind { OneFOneB, Interleaved1F1B };
+
+enum class ActionKind { RecvForward, Forward, SendForward, RecvBackward, Backward, SendBackward };
+
+// One step of a rank's schedule. `micro` is the micro-batch, `chunk` the model
+// chunk (virtual stage) on this rank, always 0 for 1F1B. Sends and receives
+// name the local chunk whose data moves: SendForward(m, c) sends the output of
+// Forward(m, c); RecvForward(m, c) receives the input of Forward(m, c);
+// RecvBackward(m, c) receives the gradient of that output; SendBackward(m, c)
+// sends the input gradient produced by Backward(m, c).
+// Consecutive send/receive actions form one batch that the executor posts
+// together (batched isend/irecv, an NCCL group) and waits on as a whole.
+struct PipeAction {
+  ActionKind kind = ActionKind::Forward;
+  int micro = 0;
+  int chunk = 0;
+  bool operator==(const PipeAction&) const = default;
+};
+
+bool is_communication(ActionKind kind);
+// "F3", "F3.1" (micro 3, chunk 1 when virtual_stages > 1), "RecvF3", "SendB2.0"...
+std::string to_string(const PipeAction& action, int virtual_stages = 1);
+std::string to_string(ScheduleKind kind);  // "1f1b", "interleaved-1f1b"
+
+// Actions of pipeline rank `stage` (0-based) for one global batch of n_micro
+// micro-batches. Throws ds::UserError naming the numbers for invalid
+// combinations: sizes < 1, stage outside [0, pp), virtual_stages != 1 for 1F1B,
+// and for the interleaved schedule pp < 2 or n_micro % pp != 0 (Megatron's rule).
+std::vector<PipeAction> make_schedule(ScheduleKind kind, int pp, int stage, int n_micro,
+                                      int virtual_stages = 1);
+// make_schedule for every stage 0..pp-1.
+std::vector<std::vector<PipeAction>> make_all_schedules(ScheduleKind kind, int pp, int n_micro,
+                                                        int virtual_stages = 1);
+
+// Megatron's warmup count: forward passes a stage runs before its steady 1F1B
+// phase, counted in (micro-batch, chunk) forward passes.
+//   1F1B:        min(pp - stage - 1, n_micro)
+//   interleaved: n_micro * v when n_micro == pp (all forwards first), else
+//                min(2 * (pp - stage - 1) + (v - 1) * pp, n_micro * v)
+// The cooldown runs the same number of backward passes after the steady phase.
+int warmup_micro_batches(ScheduleKind kind, int pp, int stage, int n_micro, int virtual_stages = 1);
+
+// Most forward activations (forwarded, not yet backwarded, over all chunks) the
+// stage holds at once: min(warmup + 1, n_micro * v); for 1F1B that is
+// min(pp - stage, n_micro). The schedules reach this bound exactly.
+int max_live_activations(ScheduleKind kind, int pp, int stage, int n_micro, int virtual_stages = 1);
+
+// Idle time over ideal compute time: (pp - 1) / n_micro, divided by v when
+// interleaved (Megatron's formula; equal forward and backward cost per layer).
+double bubble_fraction(ScheduleKind kind, int pp, int n_micro, int virtual_stages = 1);
+
+// Virtual stages: with pp ranks and v chunks each, the model is cut into
+// pp * v consecutive stages and chunk c of rank r is stage c * pp + r.
+struct VirtualStage {
+  int rank = 0;
+  int chunk = 0;
+  bool operator==(const VirtualStage&) const = default;
+};
+int virtual_stage_index(int pp, int rank, int chunk);                // c * pp + r
+VirtualStage locate_virtual_stage(int pp, int virtual_stages, int s);  // inverse
+// Whom this (rank, chunk) sends activations to (SendForward) and receives
+// gradients from (RecvBackward): the next virtual stage, wrapping from the last
+// rank to rank 0 with chunk + 1. Requires a next stage to exist.
+VirtualStage forward_peer(int pp, int virtual_stages, int rank, int chunk);
+// Whom it receives activations from (RecvForward) and sends gradients to
+// (SendBackward): the previous virtual stage. Requires one to exist.
+VirtualStage backward_peer(int pp, int virtual_stages, int rank, int chunk);
+
+// ---- Simulation ------------------------------------------------------------
+
+// Batched: consecutive send/receive actions are posted together and complete
+// when every one has met its peer (rendezvous, as NCCL group p2p).
+// Buffered: a send completes at once; a receive blocks until its message is
+// there; actions run one at a time in list order.
+enum class CommModel { Batched, Buffered };
+
+struct PipelineSimOptions {
+  CommModel comm = CommModel::Batched;
+  double forward_cost = 1.0;   // time units per Forward of one chunk
+  double backward_cost = 2.0;  // per Backward of one chunk
+};
+
+struct TimedAction {
+  double start = 0;
+  PipeAction action;
+};
+
+struct PipelineSimResult {
+  std::vector<int> peak_live;                       // per rank: most live activations
+  std::vector<int> forwards_before_first_backward;  // per rank
+  std::vector<std::vector<TimedAction>> trace;      // per rank: compute actions with start time
+  double makespan = 0;                              // end of the last action
+  double ideal = 0;                                 // n_micro * v * (forward + backward cost)
+  double bubble() const { return ideal > 0 ? makespan / ideal - 1.0 : 0.0; }
+};
+
+// Runs the per-rank action lists (index = pipeline rank) of one global batch
+// against each other over FIFO channels between neighbouring virtual stages.
+// Throws ds::Error naming the first violation: deadlock (with each blocked
+// rank's action), a receive matched to a different (micro, chunk) than sent,
+// a message never received, a compute action repeated or missing, a Forward
+// without its input, a Backward before its Forward or without its gradient,
+// a send of data not yet computed, or a send/receive a virtual stage must not
+// do (the first stage receives no activations, the last sends none).
+PipelineSimResult simulate_pipeline(const std::vector<std::vector<PipeAction>>& per_rank,
+                                    int n_micro, int virtual_stages,
+                                    const PipelineSimOptions& options = {});
+
+}  // namespace ds
