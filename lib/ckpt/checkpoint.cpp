@@ -18,7 +18,8 @@ namespace {
 
 std::string tmp_dir_name(int64_t iteration) { return ".tmp-" + step_dir_name(iteration); }
 
-std::string shard_name(int rank, int world) {
+std::string shard_name(int rank, int world, int tp = 1, int tp_rank = 0) {
+  if (tp > 1) return fmt::format("optim_tp{:02d}_rank{:05d}_of_{:05d}.safetensors", tp_rank, rank, world);
   return fmt::format("optim_rank{:05d}_of_{:05d}.safetensors", rank, world);
 }
 
@@ -77,10 +78,10 @@ void write_checkpoint_files(const std::string& dir, const TrainState& st, const 
     w.set_metadata("begin", std::to_string(d.opt_begin));
     w.set_metadata("end", std::to_string(d.opt_end));
     w.set_metadata("step", std::to_string(d.opt_step));
-    w.set_metadata("total", std::to_string(d.layout->total));
-    w.write((tmp / shard_name(d.rank, d.world)).string());
+    w.set_metadata("total", std::to_string((d.opt_layout ? d.opt_layout : d.layout)->total));
+    w.write((tmp / shard_name(d.rank, d.world, d.tp, d.tp_rank)).string());
   }
-  if (d.rank != 0) return;
+  if (d.rank != 0 || d.tp_rank != 0) return;
   {
     Tensor p = host(d.params);
     SafetensorsWriter w;
@@ -92,6 +93,7 @@ void write_checkpoint_files(const std::string& dir, const TrainState& st, const 
                           {"skipped_steps", st.skipped_steps}, {"loss_scale", st.loss_scale},
                           {"good_steps", st.good_steps},       {"hysteresis_left", st.hysteresis_left},
                           {"optimizer_shards", d.world},       {"layout", layout_json(*d.layout)},
+                          {"tensor_model_parallel_size", d.tp},
                           {"config", config}};
   write_text_atomic(tmp / "state.json", state.dump(1));
 }
@@ -142,14 +144,15 @@ void load_moments(const fs::path& step, int shards, const CheckpointData& d, Loa
   out.v = Tensor::zeros({n}, DType::F32);
   int64_t covered = 0;
   for (int r = 0; r < shards; ++r) {
-    fs::path f = step / shard_name(r, shards);
+    fs::path f = step / shard_name(r, shards, d.tp, d.tp_rank);
     DS_USER_CHECK(fs::exists(f), "checkpoint '{}': optimizer shard '{}' is missing", step.string(), f.filename().string());
     SafetensorsFile sf = SafetensorsFile::open(f.string());
     auto meta = sf.metadata();
     int64_t b = std::stoll(meta.at("begin")), e = std::stoll(meta.at("end"));
-    DS_USER_CHECK(std::stoll(meta.at("total")) == d.layout->total,
+    const int64_t total = (d.opt_layout ? d.opt_layout : d.layout)->total;
+    DS_USER_CHECK(std::stoll(meta.at("total")) == total,
                   "checkpoint '{}': optimizer shard for {} parameters, model has {}", f.string(), meta.at("total"),
-                  d.layout->total);
+                  total);
     out.opt_step = std::stoll(meta.at("step"));
     int64_t lo = std::max(b, d.opt_begin), hi = std::min(e, d.opt_end);
     if (lo >= hi) continue;
@@ -178,6 +181,12 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   } catch (const nlohmann::json::exception& e) {
     DS_USER_ERROR("checkpoint '{}': state.json is corrupt: {}", step.string(), e.what());
   }
+  const int saved_tp = lc.state.value("tensor_model_parallel_size", 1);
+  DS_USER_CHECK(saved_tp == d.tp,
+                "checkpoint '{}' was saved with tensor_model_parallel_size {}, this job uses {}: resuming across "
+                "tensor-parallel sizes is not supported yet (its model.safetensors is the full model in "
+                "single-process layout; start a new run from it with --init-from after an HF export)",
+                step.string(), saved_tp, d.tp);
   check_layout(lc.state.at("layout"), *d.layout, step);
   SafetensorsFile model = SafetensorsFile::open((step / "model.safetensors").string());
   lc.params = Tensor::empty({d.layout->total}, DType::F32);

@@ -30,6 +30,12 @@ struct CheckpointData {
   int64_t opt_begin = 0, opt_end = 0;
   int64_t opt_step = 0;       // Adam step count
   int rank = 0, world = 1;    // optimizer shard index and count
+  // Tensor parallelism: `layout` / `params` are the FULL model (tp = 1 layout,
+  // as a single process saves it), the moments cover [opt_begin, opt_end) of
+  // this tp rank's local layout `opt_layout`; shards are named per tp rank.
+  // Loading refuses a checkpoint saved with another tp.
+  const ModelLayout* opt_layout = nullptr;  // null: `layout`
+  int tp = 1, tp_rank = 0;
 };
 
 // Saving is two phases so that several ranks can share one step directory:

@@ -9,6 +9,7 @@
 
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
+#include "lib/model/tp_shard.h"
 #include "lib/ops/ops.h"
 
 namespace ds {
@@ -24,17 +25,27 @@ Tensor rows(const Tensor& t) { return t.reshape({t.numel() / t.size(-1), t.size(
 
 }  // namespace
 
-GptModel::GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems)
-    : cfg_(cfg), d_(model_dims(cfg)), layout_(build_layout(cfg)), dev_(dev) {
+GptModel::GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems, TpComm tp)
+    : cfg_(cfg), d_(model_dims(cfg)), tp_(tp), layout_(build_layout(cfg, tp.size, tp.rank)), dev_(dev) {
   flat_ = std::make_unique<FlatParamStore>(layout_, d_.L, dev_, alloc_elems);
   store_ = flat_.get();
-  units_ = unit_ranges(layout_, d_.L);
-  unit_params_.resize(units_.size());
-  unit_grads_.resize(units_.size());
+  init_local();
 }
 
-GptModel::GptModel(const ModelConfig& cfg, Device dev, ParamStore& store)
-    : cfg_(cfg), d_(model_dims(cfg)), layout_(build_layout(cfg)), dev_(dev), store_(&store) {
+GptModel::GptModel(const ModelConfig& cfg, Device dev, ParamStore& store, TpComm tp)
+    : cfg_(cfg), d_(model_dims(cfg)), tp_(tp), layout_(build_layout(cfg, tp.size, tp.rank)), dev_(dev),
+      store_(&store) {
+  init_local();
+}
+
+void GptModel::init_local() {
+  DS_CHECK(!tp_.active() || (tp_.comm && tp_.comm->size() == tp_.size && tp_.comm->rank() == tp_.rank),
+           "GptModel: tp {} rank {} without a matching tp communicator", tp_.size, tp_.rank);
+  Cl_ = d_.C / tp_.size;
+  NHl_ = d_.NH / tp_.size;
+  Fl_ = d_.F / tp_.size;
+  Vl_ = d_.Vp / tp_.size;
+  vocab_start_ = tp_.rank * Vl_;
   units_ = unit_ranges(layout_, d_.L);
   unit_params_.resize(units_.size());
   unit_grads_.resize(units_.size());
@@ -118,6 +129,15 @@ std::vector<int> GptModel::backward_order() const {
 }
 
 void GptModel::init_weights(uint64_t seed, float std) {
+  if (tp_.active()) {  // init the full model, keep this rank's slices
+    ModelConfig full_cfg = cfg_;
+    GptModel full(full_cfg, Device::cpu());
+    full.init_weights(seed, std);
+    Tensor local = Tensor::empty({layout_.total}, DType::F32);
+    slice_tp_params(layout_, full.layout(), full.params(), local);
+    store_->set_full_params(local);
+    return;
+  }
   Tensor host = Tensor::zeros({layout_.total}, DType::F32);
   float* w = host.data<float>();
   const double scaled = std / std::sqrt(2.0 * d_.L);
@@ -144,7 +164,8 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
   DS_USER_CHECK(T <= d_.maxT || d_.rope, "sequence length {} exceeds max_position_embeddings {}", T, d_.maxT);
   B_ = B;
   T_ = T;
-  const int64_t C = d_.C, F = d_.F, N = B * T, F_in = d_.swiglu ? 2 * F : F;
+  // Replicated widths C; this rank's slices Cl (heads), Fl (FFN), Vl (vocab).
+  const int64_t C = d_.C, Cl = Cl_, Fl = Fl_, N = B * T, F_in = d_.swiglu ? 2 * Fl : Fl;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
   resid_.clear();
   for (int l = 0; l <= d_.L; ++l) resid_.push_back(f32({B, T, C}));
@@ -153,28 +174,32 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
     a.norm1_out = f32({N, C});
     a.norm1_mean = f32({N});
     a.norm1_rstd = f32({N});
-    a.qkv = f32({B, T, 3 * C});
-    if (d_.rope) a.qkv_pre = f32({B, T, 3 * C});
-    a.attn_out = f32({B, T, C});
-    a.lse = f32({B, d_.NH, T});
+    a.qkv = f32({B, T, 3 * Cl});
+    if (d_.rope) a.qkv_pre = f32({B, T, 3 * Cl});
+    a.attn_out = f32({B, T, Cl});
+    a.lse = f32({B, NHl_, T});
     a.resid_mid = f32({N, C});
     a.norm2_out = f32({N, C});
     a.norm2_mean = f32({N});
     a.norm2_rstd = f32({N});
     a.fc_out = f32({N, F_in});
-    a.act_out = f32({N, F});
+    a.act_out = f32({N, Fl});
   }
   final_out = f32({N, C});
   final_mean = f32({N});
   final_rstd = f32({N});
-  logits_ = f32({N, d_.Vp});
+  logits_ = f32({N, Vl_});
   losses_ = f32({N});
+  if (tp_.active()) {
+    ce_max_ = f32({N});
+    ce_stats_ = f32({2, N});
+  }
   dresid_ = f32({N, C});
   dnorm_ = f32({N, C});
-  dqkv_ = f32({B, T, 3 * C});
-  dattn_ = f32({B, T, C});
+  dqkv_ = f32({B, T, 3 * Cl});
+  dattn_ = f32({B, T, Cl});
   dfc_ = f32({N, F_in});
-  dact_ = f32({N, F});
+  dact_ = f32({N, Fl});
 }
 
 void GptModel::norm_forward(const std::string& prefix, const Tensor& out, const Tensor& mean,
@@ -201,20 +226,29 @@ void GptModel::norm_backward(const std::string& prefix, const Tensor& dinp, cons
   }
 }
 
+// Tensor parallel: qkv and fc are column-parallel (copy_to_tp on their
+// input), attention runs on this rank's NHl heads, attn.proj and mlp.proj are
+// row-parallel (reduce_from_tp on their output). Their replicated bias is
+// added by tp rank 0 only, before the all-reduce, so the sum holds it once.
 void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y) {
   LayerActs& a = acts_[l];
   const std::string p = "layers." + std::to_string(l) + ".";
+  const bool row_bias = tp_.rank == 0;
   norm_forward(p + "norm1", a.norm1_out, a.norm1_mean, a.norm1_rstd, x);
   Tensor qkv_lin = d_.rope ? a.qkv_pre : a.qkv;
+  copy_to_tp_forward(tp_, a.norm1_out);
   ops::matmul_forward({rows(qkv_lin), a.norm1_out, w(p + "attn.qkv.weight"), opt(p + "attn.qkv.bias", false)},
                       stream_);
-  if (d_.rope) ops::rope_forward({a.qkv, a.qkv_pre, d_.NH, 0, cfg_.rope_theta}, stream_);
-  ops::attention_forward({a.attn_out, a.lse, a.qkv, d_.NH}, stream_);
+  const int nh = static_cast<int>(NHl_);
+  if (d_.rope) ops::rope_forward({a.qkv, a.qkv_pre, nh, 0, cfg_.rope_theta}, stream_);
+  ops::attention_forward({a.attn_out, a.lse, a.qkv, nh}, stream_);
   ops::matmul_forward({a.resid_mid, rows(a.attn_out), w(p + "attn.proj.weight"),
-                       opt(p + "attn.proj.bias", false)},
+                       row_bias ? opt(p + "attn.proj.bias", false) : Tensor()},
                       stream_);
+  reduce_from_tp_forward(tp_, a.resid_mid);
   ops::add({a.resid_mid, a.resid_mid, rows(x)}, stream_);
   norm_forward(p + "norm2", a.norm2_out, a.norm2_mean, a.norm2_rstd, a.resid_mid);
+  copy_to_tp_forward(tp_, a.norm2_out);
   ops::matmul_forward({a.fc_out, a.norm2_out, w(p + "mlp.fc.weight"), opt(p + "mlp.fc.bias", false)}, stream_);
   if (d_.swiglu) {
     ops::swiglu_forward({a.act_out, a.fc_out}, stream_);
@@ -222,7 +256,9 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y) {
     ops::gelu_forward({a.act_out, a.fc_out, Tensor()}, stream_);
   }
   Tensor y2 = rows(y);
-  ops::matmul_forward({y2, a.act_out, w(p + "mlp.proj.weight"), opt(p + "mlp.proj.bias", false)}, stream_);
+  ops::matmul_forward({y2, a.act_out, w(p + "mlp.proj.weight"), row_bias ? opt(p + "mlp.proj.bias", false) : Tensor()},
+                      stream_);
+  reduce_from_tp_forward(tp_, y2);
   ops::add({y2, y2, a.resid_mid}, stream_);
 }
 
@@ -230,6 +266,7 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
   LayerActs& a = acts_[l];
   const std::string p = "layers." + std::to_string(l) + ".";
   // MLP branch.
+  reduce_from_tp_backward(tp_, dresid);
   ops::matmul_backward({dact_, dw(p + "mlp.proj.weight"), opt(p + "mlp.proj.bias", true), dresid, a.act_out,
                         w(p + "mlp.proj.weight"), Accum::Overwrite},
                        stream_);
@@ -241,16 +278,20 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
   ops::matmul_backward({dnorm_, dw(p + "mlp.fc.weight"), opt(p + "mlp.fc.bias", true), dfc_, a.norm2_out,
                         w(p + "mlp.fc.weight"), Accum::Overwrite},
                        stream_);
+  copy_to_tp_backward(tp_, dnorm_);
   norm_backward(p + "norm2", dresid, dnorm_, a.resid_mid, a.norm2_mean, a.norm2_rstd);
   // Attention branch.
+  reduce_from_tp_backward(tp_, dresid);
   ops::matmul_backward({rows(dattn_), dw(p + "attn.proj.weight"), opt(p + "attn.proj.bias", true), dresid,
                         rows(a.attn_out), w(p + "attn.proj.weight"), Accum::Overwrite},
                        stream_);
-  ops::attention_backward({dqkv_, dattn_, a.attn_out, a.lse, a.qkv, d_.NH}, stream_);
-  if (d_.rope) ops::rope_backward({dqkv_, dqkv_, d_.NH, 0, cfg_.rope_theta}, stream_);
+  const int nh = static_cast<int>(NHl_);
+  ops::attention_backward({dqkv_, dattn_, a.attn_out, a.lse, a.qkv, nh}, stream_);
+  if (d_.rope) ops::rope_backward({dqkv_, dqkv_, nh, 0, cfg_.rope_theta}, stream_);
   ops::matmul_backward({dnorm_, dw(p + "attn.qkv.weight"), opt(p + "attn.qkv.bias", true), rows(dqkv_),
                         a.norm1_out, w(p + "attn.qkv.weight"), Accum::Overwrite},
                        stream_);
+  copy_to_tp_backward(tp_, dnorm_);
   norm_backward(p + "norm1", dresid, dnorm_, x, a.norm1_mean, a.norm1_rstd);
 }
 
@@ -258,7 +299,11 @@ void GptModel::forward(const Tensor& tokens) {
   ensure_acts(tokens.size(0), tokens.size(1));
   const int last = d_.L + 1;
   use_params(0);
-  ops::embedding_forward({resid_[0], tokens, w("embed.wte"), opt("embed.wpe", false), 0, 0}, stream_);
+  // Vocab-parallel: each rank embeds the tokens it owns (zeros elsewhere);
+  // the replicated wpe is added by tp rank 0 only; the all-reduce sums both.
+  Tensor wpe = tp_.rank == 0 ? opt("embed.wpe", false) : Tensor();
+  ops::embedding_forward({resid_[0], tokens, w("embed.wte"), wpe, vocab_start_, 0}, stream_);
+  reduce_from_tp_forward(tp_, resid_[0]);
   drop_params(0);
   for (int l = 0; l < d_.L; ++l) {
     use_params(l + 1);
@@ -271,14 +316,18 @@ void GptModel::forward(const Tensor& tokens) {
     drop_params(last);
     use_params(0);
   }
-  Tensor head = d_.untied ? w("head.weight") : w("embed.wte");
+  Tensor head = d_.untied ? w("head.weight") : w("embed.wte");  // this rank's vocab rows
+  copy_to_tp_forward(tp_, final_out);
   ops::matmul_forward({logits_, final_out, head, Tensor()}, stream_);
   drop_params(d_.untied ? last : 0);
 }
 
 float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward) {
   Tensor t = targets.reshape({targets.numel()});
-  ops::cross_entropy({losses_, backward ? logits_ : Tensor(), logits_, t, d_.V, loss_weight}, stream_);
+  if (tp_.active())
+    vocab_parallel_loss(t, loss_weight, backward);
+  else
+    ops::cross_entropy({losses_, backward ? logits_ : Tensor(), logits_, t, d_.V, loss_weight}, stream_);
   Tensor l = losses_.device().is_cpu() ? losses_ : losses_.to(Device::cpu());
   Tensor tg = t.device().is_cpu() ? t : t.to(Device::cpu());
   double sum = 0;
@@ -291,6 +340,29 @@ float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool 
   return n ? static_cast<float>(sum / n) : 0.f;
 }
 
+// Vocab-parallel cross-entropy: the logits stay split; only per-row
+// statistics cross ranks (max, then sum of exp and the target's logit).
+void GptModel::vocab_parallel_loss(const Tensor& t, float loss_weight, bool backward) {
+  VocabParallelCEArgs a;
+  a.logits = logits_;
+  a.targets = t;
+  a.rowmax = ce_max_;
+  a.stats = ce_stats_;
+  a.vocab_start = vocab_start_;
+  a.V = d_.V;
+  a.dloss = loss_weight;
+  a.phase = VocabCEPhase::Max;
+  ops::vocab_parallel_cross_entropy(a, stream_);
+  all_reduce_max_tp(tp_, ce_max_);
+  a.phase = VocabCEPhase::Stats;
+  ops::vocab_parallel_cross_entropy(a, stream_);
+  tp_.comm->all_reduce(ce_stats_, ReduceOp::Sum);
+  a.phase = VocabCEPhase::Finish;
+  a.losses = losses_;
+  if (backward) a.dlogits = logits_;
+  ops::vocab_parallel_cross_entropy(a, stream_);
+}
+
 void GptModel::backward(const Tensor& tokens) {
   const int last = d_.L + 1, head_unit = d_.untied ? last : 0;
   use_params(head_unit);
@@ -298,6 +370,7 @@ void GptModel::backward(const Tensor& tokens) {
   Tensor head = d_.untied ? w("head.weight") : w("embed.wte");
   Tensor dhead = d_.untied ? dw("head.weight") : dw("embed.wte");
   ops::matmul_backward({dnorm_, dhead, Tensor(), logits_, final_out, head, Accum::Overwrite}, stream_);
+  copy_to_tp_backward(tp_, dnorm_);
   if (!d_.untied) {  // the tied embedding gradient stays acquired until the embedding backward
     drop_params(0);
     use_params(last);
@@ -315,8 +388,9 @@ void GptModel::backward(const Tensor& tokens) {
     grads_done(l + 1);
   }
   use_grads(0);
-  ops::embedding_backward({dw("embed.wte"), opt("embed.wpe", true), dresid_.reshape({B_, T_, d_.C}), tokens, 0, 0},
-                          stream_);
+  reduce_from_tp_backward(tp_, dresid_);  // every rank: the same (replicated) wpe gradient
+  ops::embedding_backward(
+      {dw("embed.wte"), opt("embed.wpe", true), dresid_.reshape({B_, T_, d_.C}), tokens, vocab_start_, 0}, stream_);
   grads_done(0);
 }
 

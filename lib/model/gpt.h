@@ -13,30 +13,36 @@
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
 #include "lib/model/param_store.h"
+#include "lib/model/tp_comm.h"
 
 namespace ds {
 
-// Saved activations of one transformer layer for one micro-batch.
+// Saved activations of one transformer layer for one micro-batch. With tensor
+// parallelism (TP ranks) Cl = C/TP, NHl = NH/TP, Fl = F/TP are this rank's
+// head / FFN slices; the residual stream and norms stay full (replicated).
 struct LayerActs {
   Tensor norm1_out, norm1_mean, norm1_rstd;  // (B,T,C), (B,T), (B,T)
-  Tensor qkv;                                // (B,T,3C) after bias (and rope if any)
-  Tensor qkv_pre;                            // (B,T,3C) before rope (rope models only)
-  Tensor attn_out, lse;                      // (B,T,C), (B,NH,T)
+  Tensor qkv;                                // (B,T,3Cl) after bias (and rope if any)
+  Tensor qkv_pre;                            // (B,T,3Cl) before rope (rope models only)
+  Tensor attn_out, lse;                      // (B,T,Cl), (B,NHl,T)
   Tensor resid_mid;                          // (B,T,C) x + attention branch
   Tensor norm2_out, norm2_mean, norm2_rstd;  // (B,T,C), (B,T), (B,T)
-  Tensor fc_out;                             // (B,T,F) or (B,T,2F) for swiglu
-  Tensor act_out;                            // (B,T,F)
+  Tensor fc_out;                             // (B,T,Fl) or (B,T,2Fl) for swiglu
+  Tensor act_out;                            // (B,T,Fl)
 };
 
 class GptModel {
  public:
   // Flat parameter and gradient buffers of alloc_elems (>= layout total) elements.
-  GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems = 0);
+  // With tp.size > 1 the layout holds this tp rank's shards (build_layout(cfg,
+  // tp.size, tp.rank)) and the forward/backward all-reduce over tp.comm.
+  GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems = 0, TpComm tp = {});
   // Parameters and gradients held by `store` (not owned; must outlive the model).
-  GptModel(const ModelConfig& cfg, Device dev, ParamStore& store);
+  GptModel(const ModelConfig& cfg, Device dev, ParamStore& store, TpComm tp = {});
 
   const ModelLayout& layout() const { return layout_; }
-  const ModelDims& dims() const { return d_; }
+  const ModelDims& dims() const { return d_; }  // full (unsplit) dimensions
+  const TpComm& tp() const { return tp_; }
   Device device() const { return dev_; }
   ParamStore& store() { return *store_; }
   const std::vector<Range>& units() const { return units_; }
@@ -49,7 +55,8 @@ class GptModel {
 
   // Megatron-style init: N(0, std) for matrices and embeddings, std/sqrt(2L)
   // for the output projections of each block, zeros for biases, ones for norms.
-  // Element i of a weight depends only on (seed, weight name, i).
+  // Element i of a weight depends only on (seed, weight name, i) of the FULL
+  // weight: a tp rank inits the full model and keeps its slices.
   void init_weights(uint64_t seed, float std);
 
   // Forward + backward of one micro-batch. tokens/targets: (B, T) i32 on the
@@ -63,6 +70,8 @@ class GptModel {
   void ensure_acts(int64_t B, int64_t T);
   void forward(const Tensor& tokens);                   // fills acts, logits
   float loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward);
+  void vocab_parallel_loss(const Tensor& targets, float loss_weight, bool backward);
+  void init_local();  // local dims and units after layout_ is built
   void backward(const Tensor& tokens);
   void layer_forward(int l, const Tensor& x_in, const Tensor& x_out);
   void layer_backward(int l, const Tensor& x_in, const Tensor& dresid);
@@ -83,6 +92,8 @@ class GptModel {
 
   ModelConfig cfg_;
   ModelDims d_;
+  TpComm tp_;
+  int64_t Cl_ = 0, NHl_ = 0, Fl_ = 0, Vl_ = 0, vocab_start_ = 0;  // this tp rank's slices
   ModelLayout layout_;
   Device dev_;
   Stream stream_;
@@ -94,8 +105,9 @@ class GptModel {
   std::vector<Tensor> resid_;       // L+1 residual streams (B,T,C)
   std::vector<LayerActs> acts_;
   Tensor final_out, final_mean, final_rstd;  // (B,T,C), (B,T), (B,T)
-  Tensor logits_;                   // (B*T, Vp), becomes dlogits in backward
+  Tensor logits_;                   // (B*T, Vl), becomes dlogits in backward (Vl = Vp/TP)
   Tensor losses_;                   // (B*T) f32
+  Tensor ce_max_, ce_stats_;        // (B*T), (2, B*T) f32: vocab-parallel softmax statistics
   // Backward scratch.
   Tensor dresid_, dnorm_, dqkv_, dqkv2_, dattn_, dfc_, dact_;
 };

@@ -35,9 +35,16 @@ namespace {
 
 struct Builder {
   ModelLayout out;
-  void add(const std::string& name, Shape shape, int layer, bool decay, InitKind init) {
+  // shape: the FULL shape; the local one divides split dim by out.tp.
+  void add(const std::string& name, Shape shape, int layer, bool decay, InitKind init,
+           TpSplit split = TpSplit::Replicated, int groups = 1) {
     ParamSpec p;
     p.name = name;
+    p.full_shape = shape;
+    p.split = split;
+    p.split_groups = groups;
+    if (split == TpSplit::Rows) shape[0] /= out.tp;
+    if (split == TpSplit::Cols) shape[1] /= out.tp;
     p.shape = std::move(shape);
     p.numel = shape_numel(p.shape);
     p.offset = out.total;
@@ -49,32 +56,48 @@ struct Builder {
   }
 };
 
+// Tensor-parallel divisibility, one clear error naming the numbers.
+void check_tp(const ModelDims& d, int tp) {
+  DS_USER_CHECK(tp >= 1, "tensor_model_parallel_size {} must be >= 1", tp);
+  if (tp == 1) return;
+  DS_USER_CHECK(d.NH % tp == 0 && d.C % tp == 0 && d.F % tp == 0 && d.Vp % tp == 0,
+                "tensor parallelism: num_heads {}, hidden_size {}, ffn_hidden_size {} and padded vocab {} must "
+                "all be divisible by tensor_model_parallel_size {}",
+                d.NH, d.C, d.F, d.Vp, tp);
+}
+
 }  // namespace
 
-ModelLayout build_layout(const ModelConfig& m) {
+ModelLayout build_layout(const ModelConfig& m, int tp, int tp_rank) {
   ModelDims d = model_dims(m);
+  check_tp(d, tp);
+  DS_CHECK(tp_rank >= 0 && tp_rank < tp, "tp_rank {} outside [0, {})", tp_rank, tp);
   Builder b;
+  b.out.tp = tp;
+  b.out.tp_rank = tp_rank;
+  const TpSplit R = TpSplit::Rows, K = TpSplit::Cols;
+  const int fc_groups = d.swiglu ? 2 : 1;
   int64_t C = d.C, F = d.F;
-  b.add("embed.wte", {d.Vp, C}, -1, true, InitKind::Normal);
+  b.add("embed.wte", {d.Vp, C}, -1, true, InitKind::Normal, R);
   if (!d.rope) b.add("embed.wpe", {d.maxT, C}, -1, true, InitKind::Normal);
   for (int l = 0; l < d.L; ++l) {
     std::string p = "layers." + std::to_string(l) + ".";
     b.add(p + "norm1.weight", {C}, l, false, InitKind::Ones);
     if (!d.rmsnorm) b.add(p + "norm1.bias", {C}, l, false, InitKind::Zeros);
-    b.add(p + "attn.qkv.weight", {3 * C, C}, l, true, InitKind::Normal);
-    if (d.bias) b.add(p + "attn.qkv.bias", {3 * C}, l, false, InitKind::Zeros);
-    b.add(p + "attn.proj.weight", {C, C}, l, true, InitKind::ScaledNormal);
+    b.add(p + "attn.qkv.weight", {3 * C, C}, l, true, InitKind::Normal, R, 3);
+    if (d.bias) b.add(p + "attn.qkv.bias", {3 * C}, l, false, InitKind::Zeros, R, 3);
+    b.add(p + "attn.proj.weight", {C, C}, l, true, InitKind::ScaledNormal, K);
     if (d.bias) b.add(p + "attn.proj.bias", {C}, l, false, InitKind::Zeros);
     b.add(p + "norm2.weight", {C}, l, false, InitKind::Ones);
     if (!d.rmsnorm) b.add(p + "norm2.bias", {C}, l, false, InitKind::Zeros);
-    b.add(p + "mlp.fc.weight", {(d.swiglu ? 2 : 1) * F, C}, l, true, InitKind::Normal);
-    if (d.bias) b.add(p + "mlp.fc.bias", {(d.swiglu ? 2 : 1) * F}, l, false, InitKind::Zeros);
-    b.add(p + "mlp.proj.weight", {C, F}, l, true, InitKind::ScaledNormal);
+    b.add(p + "mlp.fc.weight", {fc_groups * F, C}, l, true, InitKind::Normal, R, fc_groups);
+    if (d.bias) b.add(p + "mlp.fc.bias", {fc_groups * F}, l, false, InitKind::Zeros, R, fc_groups);
+    b.add(p + "mlp.proj.weight", {C, F}, l, true, InitKind::ScaledNormal, K);
     if (d.bias) b.add(p + "mlp.proj.bias", {C}, l, false, InitKind::Zeros);
   }
   b.add("final_norm.weight", {C}, d.L, false, InitKind::Ones);
   if (!d.rmsnorm) b.add("final_norm.bias", {C}, d.L, false, InitKind::Zeros);
-  if (d.untied) b.add("head.weight", {d.Vp, C}, d.L, true, InitKind::Normal);
+  if (d.untied) b.add("head.weight", {d.Vp, C}, d.L, true, InitKind::Normal, R);
   return b.out;
 }
 

@@ -14,6 +14,15 @@ namespace ds {
 // How a weight is initialised.
 enum class InitKind { Normal, ScaledNormal, Zeros, Ones };
 
+// How a weight is split over the tensor-parallel ranks (Megatron style).
+//   Replicated: every rank holds the whole weight (norms, row-parallel biases, wpe).
+//   Rows: dim 0 split; with split_groups = g the full dim 0 is g blocks (qkv:
+//         [q|k|v], SwiGLU fc: [gate|up]) and each block is split, so the local
+//         weight is [block0_r | block1_r | ...]. Column-parallel linears, their
+//         biases, and the vocab-parallel wte / head.
+//   Cols: dim 1 split (row-parallel linears: attention and MLP proj).
+enum class TpSplit { Replicated, Rows, Cols };
+
 struct ParamSpec {
   std::string name;   // e.g. "layers.3.attn.qkv.weight"
   Shape shape;
@@ -22,11 +31,15 @@ struct ParamSpec {
   int layer = -1;     // transformer layer index; -1 embeddings, num_layers for the final norm / head
   bool decay = true;  // weight decay applies (matrices yes; biases, norms no)
   InitKind init = InitKind::Normal;
+  TpSplit split = TpSplit::Replicated;
+  int split_groups = 1;
+  Shape full_shape;   // shape of the whole (unsplit) weight; == shape when tp = 1
 };
 
 struct ModelLayout {
   std::vector<ParamSpec> params;
   int64_t total = 0;
+  int tp = 1, tp_rank = 0;  // the tensor-parallel shard this layout describes
   const ParamSpec& find(const std::string& name) const;  // throws if absent
   const ParamSpec* try_find(const std::string& name) const;
 };
@@ -40,7 +53,10 @@ struct ModelDims {
 };
 ModelDims model_dims(const ModelConfig& m);
 
-ModelLayout build_layout(const ModelConfig& m);
+// The layout of tensor-parallel rank tp_rank of tp: the LOCAL shards of every
+// weight, same names and order as the full layout (tp = 1). Heads, hidden and
+// FFN size and the padded vocab must divide tp (UserError naming the numbers).
+ModelLayout build_layout(const ModelConfig& m, int tp = 1, int tp_rank = 0);
 int64_t count_parameters(const ModelConfig& m);
 
 }  // namespace ds

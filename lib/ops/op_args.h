@@ -155,6 +155,32 @@ struct CrossEntropyArgs {
   float dloss = 1.0f;  // gradient of the total loss w.r.t. each row's loss
 };
 
+// Vocab-parallel softmax cross-entropy (the full logits are never gathered).
+// This rank holds logit columns [vocab_start, vocab_start + Vl) of the padded
+// vocab; global columns >= V are padding (excluded, gradient 0); targets < 0
+// are ignored. The caller runs three phases with tp all-reduces in between:
+//   Max:    rowmax = max of the local real columns (-inf if none)
+//           -> all-reduce MAX of rowmax
+//   Stats:  stats[0] = sum_j exp(x_j - rowmax) over local real columns,
+//           stats[1] = the target's logit if this rank owns it, else 0
+//           -> all-reduce SUM of stats
+//   Finish: losses = log(stats[0]) + rowmax - stats[1] (0 for ignored rows);
+//           if dlogits is defined: dlogits = dloss * (softmax - onehot) on the
+//           local columns (may alias logits).
+enum class VocabCEPhase : uint8_t { Max, Stats, Finish };
+struct VocabParallelCEArgs {
+  VocabCEPhase phase = VocabCEPhase::Max;
+  Tensor logits;   // (N, Vl)
+  Tensor targets;  // (N) i32, global vocab ids
+  Tensor rowmax;   // (N) f32: written by Max, read by Stats and Finish
+  Tensor stats;    // (2, N) f32: written by Stats, read by Finish
+  Tensor losses;   // (N) f32, Finish only
+  Tensor dlogits;  // (N, Vl) or undefined, Finish only
+  int64_t vocab_start = 0;
+  int64_t V = 0;       // real vocab size
+  float dloss = 1.0f;  // gradient of the total loss w.r.t. each row's loss
+};
+
 // Decoupled-weight-decay Adam on one parameter tensor (fp32 master).
 // If `param_lowp` is defined, the updated value is also written to it (cast).
 struct AdamWArgs {

@@ -24,6 +24,7 @@
   X(swiglu_backward, SwigluBwdArgs)          \
   X(add, AddArgs)                            \
   X(cross_entropy, CrossEntropyArgs)         \
+  X(vocab_parallel_cross_entropy, VocabParallelCEArgs) \
   X(adamw_step, AdamWArgs)                   \
   X(sum_squares, SumSquaresArgs)             \
   X(nonfinite_check, NonFiniteArgs)          \

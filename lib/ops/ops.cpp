@@ -23,6 +23,7 @@ const Tensor& key(const SwigluArgs& a) { return a.out; }
 const Tensor& key(const SwigluBwdArgs& a) { return a.dinp; }
 const Tensor& key(const AddArgs& a) { return a.out; }
 const Tensor& key(const CrossEntropyArgs& a) { return a.logits; }
+const Tensor& key(const VocabParallelCEArgs& a) { return a.logits; }
 const Tensor& key(const AdamWArgs& a) { return a.param; }
 const Tensor& key(const SumSquaresArgs& a) { return a.x; }
 const Tensor& key(const NonFiniteArgs& a) { return a.x; }

@@ -7,6 +7,7 @@
 #include "lib/ckpt/hf.h"
 #include "lib/core/error.h"
 #include "lib/core/log.h"
+#include "lib/model/tp_shard.h"
 #include "lib/optim/lr_schedule.h"
 
 namespace ds {
@@ -32,28 +33,45 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
     DS_WARN("bf16/fp16 is enabled but the CPU backend trains in fp32; the setting is ignored on cpu");
   resolve_vocab(cfg_);
   data_ = std::make_unique<DataPipeline>(cfg_, dev_);
-  DS_USER_CHECK(comms_.grid.tp == 1 && comms_.grid.pp == 1,
-                "tensor/pipeline model parallelism (TP {} x PP {}) is not implemented yet; use data parallelism",
-                comms_.grid.tp, comms_.grid.pp);
+  DS_USER_CHECK(comms_.grid.pp == 1,
+                "pipeline model parallelism (PP {}) is not implemented yet; use data and tensor parallelism",
+                comms_.grid.pp);
   dp_ = comms_.grid.dp;
   dp_rank_ = comms_.grid.dp_rank;
+  tp_ = comms_.grid.tp;
+  tp_rank_ = comms_.grid.tp_rank;
+  full_layout_ = build_layout(cfg_.model);
+  const TpComm tp{tp_ > 1 ? comms_.tp : nullptr, tp_, tp_rank_};
+  const ModelLayout local = build_layout(cfg_.model, tp_, tp_rank_);
   DS_USER_CHECK(cfg_.batch.dp_size == dp_, "batch: the config was resolved for {} data-parallel ranks, the job has {}",
                 cfg_.batch.dp_size, dp_);
-  ZeroPartition part = make_zero_partition(count_parameters(cfg_.model), dp_);
+  ZeroPartition part = make_zero_partition(local.total, dp_);
   Communicator* dp_comm = dp_ > 1 ? comms_.dp : nullptr;
   if (cfg_.zero.stage >= 2) {
-    store_ = std::make_unique<ZeroParamStore>(build_layout(cfg_.model), cfg_.model.num_layers, dev_, dp_comm,
-                                              cfg_.zero, part);
-    model_ = std::make_unique<GptModel>(cfg_.model, dev_, *store_);
+    store_ = std::make_unique<ZeroParamStore>(local, cfg_.model.num_layers, dev_, dp_comm, cfg_.zero, part);
+    model_ = std::make_unique<GptModel>(cfg_.model, dev_, *store_, tp);
   } else {
-    model_ = std::make_unique<GptModel>(cfg_.model, dev_);
+    model_ = std::make_unique<GptModel>(cfg_.model, dev_, 0, tp);
   }
   opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get());
+  if (tp_ > 1) {  // gradient norm: split weights per shard, replicated ones on tp rank 0 only
+    std::vector<Range> counted{{0, local.total}};
+    if (tp_rank_ != 0) {
+      counted.clear();
+      int64_t at = 0;
+      for (const Range& r : replicated_ranges(local)) {
+        if (r.begin > at) counted.push_back({at, r.begin});
+        at = r.end;
+      }
+      if (at < local.total) counted.push_back({at, local.total});
+    }
+    opt_->set_tensor_parallel(comms_.tp, std::move(counted));
+  }
   if (cfg_.zero.offload_optimizer_device == "cpu")
     DS_LOG("offload_optimizer.device = cpu: on the CPU backend the optimizer state is already in host memory; "
            "nothing to move");
-  int64_t n_matmul = model_->layout().total;
-  if (const ParamSpec* p = model_->layout().try_find("embed.wpe")) n_matmul -= p->numel;
+  int64_t n_matmul = full_layout_.total;
+  if (const ParamSpec* p = full_layout_.try_find("embed.wpe")) n_matmul -= p->numel;
   flops_per_token_ = flops_per_token(cfg_.model, n_matmul);
   peak_tflops_ = cfg_.log.cpu_peak_tflops;
   load_or_init();
@@ -61,6 +79,11 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
   DS_LOG("model: {} layers, hidden {}, heads {}, ffn {}, vocab {} (padded {}), {} parameters",
          model_->dims().L, model_->dims().C, model_->dims().NH, model_->dims().F, model_->dims().V,
          model_->dims().Vp, model_->layout().total);
+  if (tp_ > 1)
+    DS_LOG("tensor parallel: {} ranks, this rank holds {} of the model's {} parameters ({} heads, vocab rows "
+           "[{}, {}))",
+           tp_, model_->layout().total, full_layout_.total, model_->dims().NH / tp_,
+           tp_rank_ * (model_->dims().Vp / tp_), (tp_rank_ + 1) * (model_->dims().Vp / tp_));
   DS_LOG("batch: global {} = micro {} x grad accum {} x data parallel {}; {} train samples per epoch",
          cfg_.batch.train_batch_size, cfg_.batch.micro_batch_size, cfg_.batch.grad_accum_steps, cfg_.batch.dp_size,
          data_->train_samples_per_epoch());
@@ -83,6 +106,22 @@ void Trainer::log_model_state() {
 }
 
 Tensor Trainer::full_params(bool all_ranks) {
+  if (tp_ == 1) return local_params(all_ranks);
+  Tensor local = local_params(true);
+  Tensor out;
+  if (all_ranks || comms_.grid.rank == 0) out = Tensor::empty({full_layout_.total}, DType::F32, dev_);
+  gather_tp_params(comms_.tp, model_->layout(), full_layout_, cfg_.model.num_layers, local, out);
+  return out;
+}
+
+void Trainer::set_params_from_full(const Tensor& full) {
+  if (tp_ == 1) return model_->store().set_full_params(full);
+  Tensor local = Tensor::empty({model_->layout().total}, DType::F32, dev_);
+  slice_tp_params(model_->layout(), full_layout_, full, local);
+  model_->store().set_full_params(local);
+}
+
+Tensor Trainer::local_params(bool all_ranks) {
   const int64_t n = model_->layout().total;
   if (model_->has_flat_buffers()) return model_->params().view(0, {n});
   Tensor out;
@@ -94,12 +133,15 @@ Tensor Trainer::full_params(bool all_ranks) {
 void Trainer::load_or_init() {
   if (!cfg_.ckpt.load_dir.empty()) {
     Range r = opt_->optimizer_range();
-    const bool flat = model_->has_flat_buffers();
-    Tensor full = flat ? model_->params().view(0, {model_->layout().total})
-                       : Tensor::empty({model_->layout().total}, DType::F32, dev_);
-    CheckpointData d{&model_->layout(), full, opt_->adam().m(), opt_->adam().v(), r.begin, r.end, 0, dp_rank_, dp_};
+    const bool flat = model_->has_flat_buffers() && tp_ == 1;
+    Tensor full = flat ? model_->params().view(0, {full_layout_.total})
+                       : Tensor::empty({full_layout_.total}, DType::F32, dev_);
+    CheckpointData d{&full_layout_, full, opt_->adam().m(), opt_->adam().v(), r.begin, r.end, 0, dp_rank_, dp_};
+    d.opt_layout = &model_->layout();
+    d.tp = tp_;
+    d.tp_rank = tp_rank_;
     if (load_checkpoint(cfg_.ckpt.load_dir, state_, d)) {
-      if (!flat) model_->store().set_full_params(full);
+      if (!flat) set_params_from_full(full);
       opt_->adam().set_step_count(d.opt_step);
       DS_LOG("loaded checkpoint from {} at iteration {}", cfg_.ckpt.load_dir, state_.iteration);
       return;
@@ -107,9 +149,9 @@ void Trainer::load_or_init() {
     DS_WARN("--load {}: no checkpoint found ('latest' missing); starting from scratch", cfg_.ckpt.load_dir);
   }
   if (!cfg_.ckpt.init_from.empty()) {
-    Tensor p = Tensor::empty({model_->layout().total}, DType::F32, dev_);
-    import_hf(cfg_.model, model_->layout(), p, cfg_.ckpt.init_from);
-    model_->store().set_full_params(p);
+    Tensor p = Tensor::empty({full_layout_.total}, DType::F32, dev_);
+    import_hf(cfg_.model, full_layout_, p, cfg_.ckpt.init_from);
+    set_params_from_full(p);
     DS_LOG("initialised weights from {}", cfg_.ckpt.init_from);
     return;
   }
@@ -174,8 +216,11 @@ void Trainer::save() {
   const bool sharded = cfg_.zero.stage >= 1;
   // ZeRO-3: the parameters are gathered unit by unit; only rank 0 keeps (and writes) them.
   Tensor full = full_params(false);
-  CheckpointData d{&model_->layout(), full, opt_->adam().m(), opt_->adam().v(), r.begin, r.end,
+  CheckpointData d{&full_layout_, full, opt_->adam().m(), opt_->adam().v(), r.begin, r.end,
                    opt_->adam().step_count(), sharded ? dp_rank_ : 0, sharded ? dp_ : 1};
+  d.opt_layout = &model_->layout();
+  d.tp = tp_;
+  d.tp_rank = tp_rank_;
   if (sharded || dp_rank_ == 0) write_checkpoint_files(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
   comms_.world->barrier();
   if (comms_.grid.rank == 0) commit_checkpoint(cfg_.ckpt.save_dir, state_.iteration);
@@ -243,7 +288,7 @@ std::vector<float> Trainer::run() {
   if (!cfg_.ckpt.export_hf.empty()) {
     Tensor full = full_params(false);  // collective with ZeRO-3
     if (comms_.grid.rank == 0) {
-      export_hf(cfg_.model, model_->layout(), full, cfg_.ckpt.export_hf);
+      export_hf(cfg_.model, full_layout_, full, cfg_.ckpt.export_hf);
       DS_LOG("exported Hugging Face model to {}", cfg_.ckpt.export_hf);
     }
   }

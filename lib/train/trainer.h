@@ -40,7 +40,11 @@ class Trainer {
   void log_model_state();
   // The full fp32 parameters (layout total). Collective with ZeRO-3: every
   // rank must call; ranks other than 0 get an undefined tensor unless all_ranks.
+  // With tensor parallelism: the full model in the tp = 1 layout, gathered
+  // over tp (collective over tp too).
   Tensor full_params(bool all_ranks);
+  Tensor local_params(bool all_ranks);        // this tp rank's layout (full_params when tp = 1)
+  void set_params_from_full(const Tensor& full);  // full (tp = 1 layout) -> this rank's shards
   double dp_mean(double local);  // average of a scalar over the data-parallel group
 
   TrainConfig cfg_;
@@ -49,6 +53,8 @@ class Trainer {
   std::unique_ptr<GptModel> model_;
   Comms& comms_;
   int dp_ = 1, dp_rank_ = 0;
+  int tp_ = 1, tp_rank_ = 0;
+  ModelLayout full_layout_;  // the tp = 1 layout (checkpoints, HF import/export)
   std::unique_ptr<ZeroOptimizer> opt_;
   std::unique_ptr<DataPipeline> data_;
   TrainState state_;

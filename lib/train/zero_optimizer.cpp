@@ -1,6 +1,7 @@
 // ZeRO stage 0-3 gradient reduction and sharded optimizer step.
 #include "lib/train/zero_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "lib/core/error.h"
@@ -21,6 +22,25 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   adam_ = std::make_unique<AdamW>(model.layout(), model.device(), range_.begin, range_.end);
 }
 
+void ZeroOptimizer::set_tensor_parallel(Communicator* tp, std::vector<Range> counted) {
+  tp_ = tp;
+  counted_ = std::move(counted);
+}
+
+namespace {
+
+// Sum of squares of g (covering flat [base, base + g.numel())) over `counted`.
+double counted_sum_squares(const Tensor& g, int64_t base, const std::vector<Range>& counted) {
+  double s = 0;
+  for (const Range& r : counted) {
+    const int64_t b = std::max(r.begin, base), e = std::min(r.end, base + g.numel());
+    if (e > b) s += grad_sum_squares(g.view(b - base, {e - b}));
+  }
+  return s;
+}
+
+}  // namespace
+
 void ZeroOptimizer::zero_grads() {
   if (store_)
     store_->zero_grads();
@@ -29,11 +49,19 @@ void ZeroOptimizer::zero_grads() {
 }
 
 double ZeroOptimizer::reduce_gradients() {
-  if (store_) return store_->grad_norm();  // reduce-scattered during the backward pass
-  Tensor g = model_.grads();
-  if (part_.dp > 1)
+  if (store_ && !tp_) return store_->grad_norm();  // reduce-scattered during the backward pass
+  Tensor g = store_ ? store_->grad_shard() : model_.grads();
+  if (!store_ && part_.dp > 1)
     for (const Range& b : make_buckets(part_.total, z_.reduce_bucket_size)) dp_->all_reduce(g.view(b.begin, {b.size()}));
-  return std::sqrt(grad_sum_squares(g));
+  if (!tp_) return std::sqrt(grad_sum_squares(g));
+  // Tensor parallel: this rank's counted squares, summed over tp (and over dp
+  // when the gradients are dp shards).
+  const int64_t base = store_ ? part_.owned_real(rank_).begin : 0;
+  Tensor s = Tensor::empty({1}, DType::F32);
+  s.data<float>()[0] = static_cast<float>(counted_sum_squares(g, base, counted_));
+  if (store_ && part_.dp > 1) dp_->all_reduce(s);
+  tp_->all_reduce(s);
+  return std::sqrt(static_cast<double>(s.data<float>()[0]));
 }
 
 void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {

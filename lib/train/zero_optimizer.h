@@ -12,6 +12,7 @@
 // equal chunks. The 1/dp averaging is folded into the loss weight by the trainer.
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "lib/comm/communicator.h"
 #include "lib/model/gpt.h"
@@ -28,6 +29,11 @@ class ZeroOptimizer {
   // model to be built on `store` (a ZeroParamStore of the same partition).
   ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig& z, const ZeroPartition& part,
                 ZeroParamStore* store);
+
+  // Tensor parallelism: the gradient norm sums squares over the flat ranges
+  // `counted` of this rank's (local) layout and all-reduces over tp, so that
+  // split weights count once per shard and replicated ones once in all.
+  void set_tensor_parallel(Communicator* tp, std::vector<Range> counted);
 
   // Clears the gradients before the first micro-batch of a step.
   void zero_grads();
@@ -50,6 +56,8 @@ class ZeroOptimizer {
   ZeroConfig z_;
   ZeroPartition part_;
   ZeroParamStore* store_;
+  Communicator* tp_ = nullptr;
+  std::vector<Range> counted_;  // tp only: flat ranges this rank adds to the norm
   int rank_ = 0;
   Range range_;
   std::unique_ptr<AdamW> adam_;

@@ -1,0 +1,27 @@
+// Mapping between the FULL weights (the tp = 1 layout, single-process names
+// and order) and one tensor-parallel rank's LOCAL shards (build_layout with
+// tp > 1). Used to initialise (slice the full init), to load full checkpoints
+// and HF weights, and to gather the full model for checkpoints and export.
+// Host (CPU) f32 buffers.
+#pragma once
+#include <vector>
+
+#include "lib/comm/communicator.h"
+#include "lib/model/layout.h"
+#include "lib/parallel/zero_partition.h"
+
+namespace ds {
+
+// local_out (local.total) <- this rank's slices of full_buf (full.total).
+void slice_tp_params(const ModelLayout& local, const ModelLayout& full, const Tensor& full_buf,
+                     const Tensor& local_out);
+// Collective over tp (every member calls, unit by unit): full_out (full.total)
+// <- all ranks' local_buf (local.total). full_out may be undefined on ranks
+// that do not need the result. tp may be null when local.tp == 1.
+void gather_tp_params(Communicator* tp, const ModelLayout& local, const ModelLayout& full, int num_layers,
+                      const Tensor& local_buf, const Tensor& full_out);
+// Flat ranges of the replicated weights of a layout (counted once in the
+// gradient norm: only tp_rank 0 adds them).
+std::vector<Range> replicated_ranges(const ModelLayout& local);
+
+}  // namespace ds
