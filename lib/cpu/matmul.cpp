@@ -3,8 +3,8 @@
 // thread and each gemm is cut into tiles of its output, one sgemm call per
 // tile, spread over the OpenMP threads. This avoids two thread pools spinning
 // against each other between ops. Tiles are chosen from the shape alone (never
-// the thread count), so results do not depend on the thread count. The bias gradient is a
-// column sum done per column block in row order.
+// the thread count), so results do not depend on the thread count. The bias
+// gradient is a column sum done per column block in row order.
 #include <cblas.h>
 
 #include <mutex>
@@ -52,22 +52,48 @@ struct Gemm {
   int64_t ldc = 0;
 };
 
-// Output tiles start at 1024 x 1024 (each tile repacks its slices of A and B,
-// so big tiles pack less) and are halved, larger side first, down to 128
-// until there are at least kMinTiles of them.
+// Tiles are chosen from the shape alone (never the thread count). Each tile
+// is one single-threaded sgemm that packs its own slices of op(A) and op(B),
+// so packing costs about (1/bm + 1/bn) per multiply-add: tiles must be big in
+// both directions.
+//  - Large gemms (both output sides >= kMinSide, >= kLargeMacs multiply-adds):
+//    the longer side is cut into an even number (>= 2) of pieces of at most
+//    ~kSplit, the shorter side is kept whole up to kWhole. For a linear layer
+//    (M = tokens) each tile then packs a disjoint slice of the weight plus the
+//    small activation panel, e.g. out (512 x 2304) -> 4 tiles of 512 x 576.
+//  - Small gemms: tiles start at 1024 x 1024 and are halved, larger side
+//    first, down to 128 until there are at least kMinTiles of them.
 constexpr int64_t kMaxTile = 1024, kMinTile = 128, kMinTiles = 64;
+constexpr int64_t kMinSide = 256, kSplit = 768, kWhole = 2048, kAlign = 16;
+constexpr int64_t kLargeMacs = int64_t{1} << 25;
 
 struct Tiling {
   int64_t bm, bn, tm, tn;  // tile sizes and counts along M and N
 };
 
-Tiling choose_tiles(int64_t M, int64_t N) {
+// Piece length when cutting `len` into `pieces` parts, rounded up to kAlign.
+int64_t piece(int64_t len, int64_t pieces) {
+  const int64_t p = (len + pieces - 1) / pieces;
+  return std::min(len, (p + kAlign - 1) / kAlign * kAlign);
+}
+
+Tiling choose_tiles(int64_t M, int64_t N, int64_t K) {
   Tiling t{kMaxTile, kMaxTile, 0, 0};
   auto count = [&] {
     t.tm = (M + t.bm - 1) / t.bm;
     t.tn = (N + t.bn - 1) / t.bn;
     return t.tm * t.tn;
   };
+  if (std::min(M, N) >= kMinSide && static_cast<double>(M) * N * K >= kLargeMacs) {
+    const int64_t lo = std::min(M, N), hi = std::max(M, N);
+    int64_t cuts = std::max<int64_t>(2, (hi + kSplit - 1) / kSplit);
+    cuts += cuts & 1;  // even, so two threads get equal shares
+    const int64_t b_hi = piece(hi, cuts), b_lo = piece(lo, (lo + kWhole - 1) / kWhole);
+    t.bm = M >= N ? b_hi : b_lo;
+    t.bn = M >= N ? b_lo : b_hi;
+    count();
+    return t;
+  }
   while (count() < kMinTiles && (t.bm > kMinTile || t.bn > kMinTile)) {
     const bool halve_m = t.bm > kMinTile && (t.bm >= t.bn || t.bn <= kMinTile);
     if (halve_m) t.bm /= 2; else t.bn /= 2;
@@ -83,7 +109,7 @@ void blas_single_threaded() {
 void parallel_sgemm(const Gemm& g) {
   if (g.M == 0 || g.N == 0) return;
   blas_single_threaded();
-  const Tiling tl = choose_tiles(g.M, g.N);
+  const Tiling tl = choose_tiles(g.M, g.N, g.K);
 #pragma omp parallel for schedule(dynamic, 1) if (tl.tm * tl.tn > 1)
   for (int64_t t = 0; t < tl.tm * tl.tn; ++t) {
     const int64_t i0 = (t / tl.tn) * tl.bm, j0 = (t % tl.tn) * tl.bn;

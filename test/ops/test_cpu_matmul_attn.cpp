@@ -234,6 +234,47 @@ TEST_CASE("attention and matmul backward are bit-identical for 1 and 3 threads")
   CHECK(bit_equal(m1.dbias, m3.dbias));
 }
 
+TEST_CASE("matmul on large-tile shapes: references and 1 vs 3 threads bit-identical") {
+  // Big enough for the large-gemm tiling (whole-side panels, even piece
+  // count) in all three gemms; sides are not multiples of 16.
+  const int64_t N = 530, C = 270, OC = 1250;
+  const Tensor x = randn({N, C}, 80), w = randn({OC, C}, 81), b = randn({OC}, 82);
+  const Tensor dout = randn({N, OC}, 83);
+  auto run = [&](int threads) {
+    MatmulArgs f;
+    f.inp = x, f.weight = w, f.bias = b, f.out = Tensor::empty({N, OC}, DType::F32);
+    MatmulBwdArgs g;
+    g.dinp = Tensor::empty({N, C}, DType::F32);
+    g.dweight = randn({OC, C}, 84);
+    g.dbias = Tensor::zeros({OC}, DType::F32);
+    g.dout = dout, g.inp = x, g.weight = w;
+    with_threads(threads, [&] {
+      ops::matmul_forward(f);
+      ops::matmul_backward(g);
+    });
+    return std::pair{f, g};
+  };
+  const auto [f1, g1] = run(1);
+  const auto [f3, g3] = run(3);
+  CHECK(bit_equal(f1.out, f3.out));
+  CHECK(bit_equal(g1.dinp, g3.dinp));
+  CHECK(bit_equal(g1.dweight, g3.dweight));
+
+  const Vec xv = to_f64(x), wv = to_f64(w), bv = to_f64(b), dv = to_f64(dout);
+  check_close(f1.out, ref_matmul(xv, wv, &bv, N, C, OC), kFwdTol, "out");
+  Vec dinp(N * C, 0.0), dw = to_f64(randn({OC, C}, 84));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o) {
+      const double d = dv[n * OC + o];
+      for (int64_t c = 0; c < C; ++c) {
+        dinp[n * C + c] += d * wv[o * C + c];  // dinp = dout @ w
+        dw[o * C + c] += d * xv[n * C + c];    // dw += dout^T @ x
+      }
+    }
+  check_close(g1.dinp, dinp, kBwdTol, "dinp");
+  check_close(g1.dweight, dw, kBwdTol, "dweight");
+}
+
 // ---- rope -------------------------------------------------------------------------
 
 namespace {
