@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "lib/ckpt/reshape.h"
 #include "lib/ckpt/safetensors.h"
 #include "lib/core/error.h"
 
@@ -17,11 +18,6 @@ namespace ds {
 namespace {
 
 std::string tmp_dir_name(int64_t iteration) { return ".tmp-" + step_dir_name(iteration); }
-
-std::string shard_name(int rank, int world, int tp = 1, int tp_rank = 0) {
-  if (tp > 1) return fmt::format("optim_tp{:02d}_rank{:05d}_of_{:05d}.safetensors", tp_rank, rank, world);
-  return fmt::format("optim_rank{:05d}_of_{:05d}.safetensors", rank, world);
-}
 
 void fsync_path(const fs::path& p) {
   int fd = ::open(p.c_str(), O_RDONLY);
@@ -46,14 +42,6 @@ void write_text_atomic(const fs::path& path, const std::string& text) {
   fsync_path(path.parent_path());
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p);
-  DS_USER_CHECK(f.good(), "checkpoint: cannot read '{}'", p.string());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 Tensor host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
 
 nlohmann::json layout_json(const ModelLayout& l) {
@@ -65,6 +53,13 @@ nlohmann::json layout_json(const ModelLayout& l) {
 }  // namespace
 
 std::string step_dir_name(int64_t iteration) { return "global_step" + std::to_string(iteration); }
+
+std::string optimizer_shard_name(int rank, int world, int tp, int tp_rank, int pp, int pp_rank) {
+  if (pp > 1)
+    return fmt::format("optim_pp{:02d}_tp{:02d}_rank{:05d}_of_{:05d}.safetensors", pp_rank, tp_rank, rank, world);
+  if (tp > 1) return fmt::format("optim_tp{:02d}_rank{:05d}_of_{:05d}.safetensors", tp_rank, rank, world);
+  return fmt::format("optim_rank{:05d}_of_{:05d}.safetensors", rank, world);
+}
 
 void write_checkpoint_files(const std::string& dir, const TrainState& st, const CheckpointData& d,
                             const nlohmann::json& config) {
@@ -79,9 +74,9 @@ void write_checkpoint_files(const std::string& dir, const TrainState& st, const 
     w.set_metadata("end", std::to_string(d.opt_end));
     w.set_metadata("step", std::to_string(d.opt_step));
     w.set_metadata("total", std::to_string((d.opt_layout ? d.opt_layout : d.layout)->total));
-    w.write((tmp / shard_name(d.rank, d.world, d.tp, d.tp_rank)).string());
+    w.write((tmp / optimizer_shard_name(d.rank, d.world, d.tp, d.tp_rank, d.pp, d.pp_rank)).string());
   }
-  if (d.rank != 0 || d.tp_rank != 0) return;
+  if (d.rank != 0 || d.tp_rank != 0 || d.pp_rank != 0) return;
   {
     Tensor p = host(d.params);
     SafetensorsWriter w;
@@ -94,6 +89,8 @@ void write_checkpoint_files(const std::string& dir, const TrainState& st, const 
                           {"good_steps", st.good_steps},       {"hysteresis_left", st.hysteresis_left},
                           {"optimizer_shards", d.world},       {"layout", layout_json(*d.layout)},
                           {"tensor_model_parallel_size", d.tp},
+                          {"pipeline_model_parallel_size", d.pp},
+                          {"virtual_pipeline_stages", d.vp},
                           {"config", config}};
   write_text_atomic(tmp / "state.json", state.dump(1));
 }
@@ -116,99 +113,77 @@ void save_checkpoint(const std::string& dir, const TrainState& st, const Checkpo
 
 namespace {
 
-// Reads and checks every file before anything is copied into `d`.
-struct LoadedCheckpoint {
-  nlohmann::json state;
-  Tensor params;  // host, (total)
-  Tensor m, v;    // host, covering [d.opt_begin, d.opt_end)
-  int64_t opt_step = 0;
-};
-
-void check_layout(const nlohmann::json& saved, const ModelLayout& l, const fs::path& where) {
+void check_layout(const nlohmann::json& saved, const ModelLayout& l, const std::string& where) {
   DS_USER_CHECK(saved.is_array() && saved.size() == l.params.size(),
-                "checkpoint '{}': it has {} weights, the configured model has {} (different model config?)",
-                where.string(), saved.is_array() ? saved.size() : 0, l.params.size());
+                "checkpoint '{}': it has {} weights, the configured model has {} (different model config?)", where,
+                saved.is_array() ? saved.size() : 0, l.params.size());
   for (size_t i = 0; i < l.params.size(); ++i) {
     std::string name = saved[i][0].get<std::string>();
     Shape shape = saved[i][1].get<Shape>();
     DS_USER_CHECK(name == l.params[i].name && shape == l.params[i].shape,
-                  "checkpoint '{}': weight {} is {} {}, the configured model expects {} {}", where.string(), i,
-                  name, shape_str(shape), l.params[i].name, shape_str(l.params[i].shape));
+                  "checkpoint '{}': weight {} is {} {}, the configured model expects {} {}", where, i, name,
+                  shape_str(shape), l.params[i].name, shape_str(l.params[i].shape));
   }
 }
 
-// Re-partitions the saved optimizer shards into the range [begin, end).
-void load_moments(const fs::path& step, int shards, const CheckpointData& d, LoadedCheckpoint& out) {
-  int64_t n = d.opt_end - d.opt_begin;
-  out.m = Tensor::zeros({n}, DType::F32);
-  out.v = Tensor::zeros({n}, DType::F32);
-  int64_t covered = 0;
-  for (int r = 0; r < shards; ++r) {
-    fs::path f = step / shard_name(r, shards, d.tp, d.tp_rank);
-    DS_USER_CHECK(fs::exists(f), "checkpoint '{}': optimizer shard '{}' is missing", step.string(), f.filename().string());
-    SafetensorsFile sf = SafetensorsFile::open(f.string());
-    auto meta = sf.metadata();
-    int64_t b = std::stoll(meta.at("begin")), e = std::stoll(meta.at("end"));
-    const int64_t total = (d.opt_layout ? d.opt_layout : d.layout)->total;
-    DS_USER_CHECK(std::stoll(meta.at("total")) == total,
-                  "checkpoint '{}': optimizer shard for {} parameters, model has {}", f.string(), meta.at("total"),
-                  total);
-    out.opt_step = std::stoll(meta.at("step"));
-    int64_t lo = std::max(b, d.opt_begin), hi = std::min(e, d.opt_end);
-    if (lo >= hi) continue;
-    Tensor m = sf.get("exp_avg"), v = sf.get("exp_avg_sq");
-    DS_USER_CHECK(m.numel() == e - b && v.numel() == e - b, "checkpoint '{}': shard size does not match its range",
-                  f.string());
-    std::copy_n(m.data<float>() + (lo - b), hi - lo, out.m.data<float>() + (lo - d.opt_begin));
-    std::copy_n(v.data<float>() + (lo - b), hi - lo, out.v.data<float>() + (lo - d.opt_begin));
-    covered += hi - lo;
-  }
-  DS_USER_CHECK(covered == n, "checkpoint '{}': optimizer shards cover {} of {} elements", step.string(), covered, n);
+// Whether a saved full layout (state.json "layout") equals `l` exactly.
+bool same_layout(const nlohmann::json& saved, const ModelLayout& l) {
+  if (!saved.is_array() || saved.size() != l.params.size()) return false;
+  for (size_t i = 0; i < l.params.size(); ++i)
+    if (saved[i][0].get<std::string>() != l.params[i].name || saved[i][1].get<Shape>() != l.params[i].shape)
+      return false;
+  return true;
+}
+
+// The same (TP, model) layout: reads only the shards overlapping d's range.
+void read_same_layout(const SavedStep& s, const CheckpointData& d, Tensor& params, Tensor& m, Tensor& v,
+                      int64_t& opt_step) {
+  params = read_full_params(s, *d.layout);
+  const int64_t total = (d.opt_layout ? d.opt_layout : d.layout)->total;
+  opt_step = read_moment_range(s.dir, s.shards, d.tp, d.tp_rank, total, d.opt_begin, d.opt_end, m, v, d.pp,
+                               d.pp_rank);
 }
 
 }  // namespace
 
 bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) {
-  fs::path latest = fs::path(dir) / "latest";
-  if (!fs::exists(latest)) return false;
-  std::string tag = read_text(latest);
-  while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
-  fs::path step = fs::path(dir) / tag;
-  DS_USER_CHECK(fs::is_directory(step), "checkpoint: '{}' names '{}', which does not exist", latest.string(), tag);
-  LoadedCheckpoint lc;
-  try {
-    lc.state = nlohmann::json::parse(read_text(step / "state.json"));
-  } catch (const nlohmann::json::exception& e) {
-    DS_USER_ERROR("checkpoint '{}': state.json is corrupt: {}", step.string(), e.what());
+  if (!fs::exists(fs::path(dir) / "latest")) return false;
+  const std::string step = find_step_dir(dir);
+  const nlohmann::json state = read_step_state(step);
+  const int saved_tp = state.value("tensor_model_parallel_size", 1);
+  const int saved_pp = state.value("pipeline_model_parallel_size", 1);
+  const int saved_vp = state.value("virtual_pipeline_stages", 1);
+  DS_USER_CHECK(saved_pp == d.pp && saved_vp == d.vp && (d.pp == 1 || saved_tp == d.tp),
+                "checkpoint '{}' was saved with pipeline_model_parallel_size {} (tensor {}, {} virtual stages), this "
+                "job uses {} (tensor {}, {} virtual stages); resume pipeline-parallel checkpoints with the same layout",
+                step, saved_pp, saved_tp, saved_vp, d.pp, d.tp, d.vp);
+  const bool same = saved_tp == d.tp && same_layout(state.value("layout", nlohmann::json()), *d.layout);
+  if (!same && d.model == nullptr) {  // no model config: no reshaping
+    DS_USER_CHECK(saved_tp == d.tp,
+                  "checkpoint '{}' was saved with tensor_model_parallel_size {}, this job uses {}, and this loader "
+                  "cannot reshape it (use dsconvert --target-tp {})",
+                  step, saved_tp, d.tp, d.tp);
+    check_layout(state.value("layout", nlohmann::json()), *d.layout, step);
   }
-  const int saved_tp = lc.state.value("tensor_model_parallel_size", 1);
-  DS_USER_CHECK(saved_tp == d.tp,
-                "checkpoint '{}' was saved with tensor_model_parallel_size {}, this job uses {}: resuming across "
-                "tensor-parallel sizes is not supported yet (its model.safetensors is the full model in "
-                "single-process layout; start a new run from it with --init-from after an HF export)",
-                step.string(), saved_tp, d.tp);
-  check_layout(lc.state.at("layout"), *d.layout, step);
-  SafetensorsFile model = SafetensorsFile::open((step / "model.safetensors").string());
-  lc.params = Tensor::empty({d.layout->total}, DType::F32);
-  for (const ParamSpec& s : d.layout->params) {
-    DS_USER_CHECK(model.has(s.name) && model.shape(s.name) == s.shape && model.dtype(s.name) == DType::F32,
-                  "checkpoint '{}': model.safetensors lacks f32 weight '{}' {}", step.string(), s.name,
-                  shape_str(s.shape));
-    lc.params.view(s.offset, s.shape).copy_from(model.get(s.name));
+  // Everything is read and checked before the destination is touched.
+  Tensor params, m, v;
+  int64_t opt_step = 0;
+  if (same) {
+    SavedStep s;
+    s.dir = step;
+    s.state = state;
+    s.tp = saved_tp;
+    s.shards = state.at("optimizer_shards").get<int>();
+    s.full = *d.layout;
+    read_same_layout(s, d, params, m, v, opt_step);
+  } else {
+    read_reshaped(open_saved_step(step, *d.model), d, params, m, v, opt_step);
   }
-  load_moments(step, lc.state.at("optimizer_shards").get<int>(), d, lc);
-  // Everything is read and checked: now fill the destination.
-  d.params.copy_from(lc.params);
-  d.m.copy_from(lc.m);
-  d.v.copy_from(lc.v);
-  d.opt_step = lc.opt_step;
-  const auto& j = lc.state;
-  st.iteration = j.at("iteration").get<int64_t>();
-  st.consumed_samples = j.at("consumed_samples").get<int64_t>();
-  st.skipped_steps = j.at("skipped_steps").get<int64_t>();
-  st.loss_scale = j.at("loss_scale").get<double>();
-  st.good_steps = j.at("good_steps").get<int64_t>();
-  st.hysteresis_left = j.at("hysteresis_left").get<int64_t>();
+  d.params.copy_from(params);
+  d.m.copy_from(m);
+  d.v.copy_from(v);
+  d.opt_step = opt_step;
+  st = read_train_state(state);
   return true;
 }
 

@@ -33,9 +33,15 @@ struct CheckpointData {
   // Tensor parallelism: `layout` / `params` are the FULL model (tp = 1 layout,
   // as a single process saves it), the moments cover [opt_begin, opt_end) of
   // this tp rank's local layout `opt_layout`; shards are named per tp rank.
-  // Loading refuses a checkpoint saved with another tp.
   const ModelLayout* opt_layout = nullptr;  // null: `layout`
   int tp = 1, tp_rank = 0;
+  // Pipeline parallelism: as tp; the moments cover this stage's local layout
+  // and shards are named per pipeline rank too. Another pp size is refused.
+  int pp = 1, pp_rank = 0, vp = 1;  // vp: virtual pipeline stages per rank
+  // The model config of `layout` (its padded vocabulary included). When set,
+  // a checkpoint saved with another tp (or padded vocabulary) is reshaped on
+  // load (lib/ckpt/reshape.h); when null such a checkpoint is refused.
+  const ModelConfig* model = nullptr;
 };
 
 // Saving is two phases so that several ranks can share one step directory:
@@ -56,5 +62,9 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d);
 
 // The step directory name for an iteration: "global_step<N>".
 std::string step_dir_name(int64_t iteration);
+// Optimizer shard file name: optim_rankRRRRR_of_WWWWW.safetensors (tp 1) or
+// optim_tpTT_rankRRRRR_of_WWWWW.safetensors; with pp > 1
+// optim_ppPP_tpTT_rankRRRRR_of_WWWWW.safetensors.
+std::string optimizer_shard_name(int rank, int world, int tp = 1, int tp_rank = 0, int pp = 1, int pp_rank = 0);
 
 }  // namespace ds

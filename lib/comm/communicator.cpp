@@ -136,4 +136,13 @@ std::unique_ptr<Communicator> make_world_communicator(Backend backend, const Ren
 #endif
 }
 
+void Communicator::batch_send_recv(const std::vector<P2POp>& ops) {
+  for (const P2POp& op : ops) {
+    if (op.is_send)
+      send(op.data, op.count, op.dtype, op.peer);
+    else
+      recv(op.data, op.count, op.dtype, op.peer);
+  }
+}
+
 }  // namespace ds

@@ -45,6 +45,18 @@ enum class Backend : uint8_t { Gloo, Nccl };
 const char* backend_name(Backend b);                 // "gloo" | "nccl"
 Backend backend_from_name(const std::string& name);  // UserError on unknown
 
+// One point-to-point message of a batch (batch_send_recv).
+struct P2POp {
+  bool is_send = false;
+  void* data = nullptr;  // host memory for Gloo, device memory for NCCL
+  int64_t count = 0;
+  DType dtype = DType::F32;
+  int peer = 0;          // group rank
+  // Independent in-order message streams per pair (0: also plain send/recv;
+  // 1: e.g. pipeline gradients, so they never pair with activations).
+  int channel = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -69,6 +81,11 @@ class Communicator {
   virtual void send(const void* data, int64_t count, DType dtype, int dst) = 0;
   virtual void recv(void* data, int64_t count, DType dtype, int src) = 0;
   virtual void barrier() = 0;
+  // Posts every send and receive of `ops`, then waits for all of them (as
+  // batch_isend_irecv): two peers' batches with matching operations complete
+  // in any posting order, so pipeline steps cannot deadlock. Messages keep the
+  // per-pair order of send/recv. Default: one op at a time, in order.
+  virtual void batch_send_recv(const std::vector<P2POp>& ops);
 
   // Sub-group: `ranks` are ranks of THIS communicator, in the order that
   // becomes the new group's ranks. Called only by the members (every member

@@ -113,8 +113,8 @@ void GlooCommunicator::connect(const std::string& store_prefix) {
   }
   ctx->setTimeout(opt_.op_timeout);
   ctx_ = ctx;
-  send_seq_.assign(size_, 0);
-  recv_seq_.assign(size_, 0);
+  send_seq_.assign(2 * size_, 0);
+  recv_seq_.assign(2 * size_, 0);
 }
 
 std::unique_ptr<Communicator> GlooCommunicator::split(const std::vector<int>& ranks,
@@ -279,6 +279,34 @@ void GlooCommunicator::recv(void* data, int64_t count, DType dtype, int src) {
   if (bytes == 0) return;
   uint64_t slot = kP2PSlotBase + recv_seq_[src]++;
   guarded("recv", count, dtype, [&] { exchange({{src, data, bytes, false}}, slot); });
+}
+
+// Each message takes the next slot of its (peer, direction) counter, exactly
+// as send/recv do; all are posted before any is waited on.
+void GlooCommunicator::batch_send_recv(const std::vector<P2POp>& ops) {
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
+  std::vector<bool> is_send;
+  guarded("batch_send_recv", static_cast<int64_t>(ops.size()), DType::U8, [&] {
+    for (const P2POp& op : ops) {
+      DS_CHECK(op.peer >= 0 && op.peer < size_ && op.peer != rank_ && (op.channel == 0 || op.channel == 1),
+               "p2p peer {} channel {} on rank {} of group '{}' ({})", op.peer, op.channel, rank_, name_, size_);
+      const size_t at = static_cast<size_t>(op.channel) * size_ + op.peer;
+      const uint64_t base = kP2PSlotBase + (static_cast<uint64_t>(op.channel) << 56);
+      const size_t bytes = op.count * dtype_size(op.dtype);
+      if (bytes == 0) continue;
+      auto b = ctx_->createUnboundBuffer(op.data, bytes);
+      if (op.is_send)
+        b->send(op.peer, base + send_seq_[at]++);
+      else
+        b->recv(op.peer, base + recv_seq_[at]++);
+      bufs.push_back(std::move(b));
+      is_send.push_back(op.is_send);
+    }
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      bool ok = is_send[i] ? bufs[i]->waitSend(opt_.op_timeout) : bufs[i]->waitRecv(opt_.op_timeout);
+      DS_CHECK(ok, "gloo transfer aborted on group '{}'", name_);
+    }
+  });
 }
 
 void GlooCommunicator::barrier() {

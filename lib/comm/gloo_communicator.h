@@ -60,6 +60,7 @@ class GlooCommunicator : public Communicator {
   void broadcast(void* data, int64_t count, DType dtype, int root) override;
   void send(const void* data, int64_t count, DType dtype, int dst) override;
   void recv(void* data, int64_t count, DType dtype, int src) override;
+  void batch_send_recv(const std::vector<P2POp>& ops) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(const std::vector<int>& ranks,
                                       const std::string& tag) override;
@@ -89,7 +90,7 @@ class GlooCommunicator : public Communicator {
   std::vector<int> world_ranks_;
   int rank_ = 0, size_ = 1;
   GlooOptions opt_;
-  std::vector<uint64_t> send_seq_, recv_seq_;  // point-to-point message counters per peer
+  std::vector<uint64_t> send_seq_, recv_seq_;  // message counters per (channel, peer): channel * size + peer
   std::set<std::string> used_tags_;
 };
 

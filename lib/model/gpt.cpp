@@ -25,16 +25,17 @@ Tensor rows(const Tensor& t) { return t.reshape({t.numel() / t.size(-1), t.size(
 
 }  // namespace
 
-GptModel::GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems, TpComm tp)
-    : cfg_(cfg), d_(model_dims(cfg)), tp_(tp), layout_(build_layout(cfg, tp.size, tp.rank)), dev_(dev) {
+GptModel::GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems, TpComm tp, PipeStage stage)
+    : cfg_(cfg), d_(model_dims(cfg)), tp_(tp), stage_(stage),
+      layout_(build_layout(cfg, tp.size, tp.rank, stage.pp, stage.rank, stage.vp)), dev_(dev) {
   flat_ = std::make_unique<FlatParamStore>(layout_, d_.L, dev_, alloc_elems);
   store_ = flat_.get();
   init_local();
 }
 
-GptModel::GptModel(const ModelConfig& cfg, Device dev, ParamStore& store, TpComm tp)
-    : cfg_(cfg), d_(model_dims(cfg)), tp_(tp), layout_(build_layout(cfg, tp.size, tp.rank)), dev_(dev),
-      store_(&store) {
+GptModel::GptModel(const ModelConfig& cfg, Device dev, ParamStore& store, TpComm tp, PipeStage stage)
+    : cfg_(cfg), d_(model_dims(cfg)), tp_(tp), stage_(stage),
+      layout_(build_layout(cfg, tp.size, tp.rank, stage.pp, stage.rank, stage.vp)), dev_(dev), store_(&store) {
   init_local();
 }
 
@@ -111,25 +112,32 @@ void GptModel::grads_done(int unit) {
 }
 
 // Units in the order forward() acquires them: embeddings, layers, final norm
-// (+ untied head), and the embeddings again for tied logits.
-std::vector<int> GptModel::forward_order() const {
+// (+ untied head), and the embeddings again for tied logits; a pipeline stage
+// only its own.
+std::vector<int> GptModel::forward_order(int chunk) const {
   std::vector<int> o;
-  for (int u = 0; u <= d_.L + 1; ++u) o.push_back(u);
+  if (embeds(chunk)) o.push_back(0);
+  for (int l = layout_.chunks[chunk].begin; l < layout_.chunks[chunk].end; ++l) o.push_back(l + 1);
+  if (!has_head(chunk)) return o;
+  o.push_back(d_.L + 1);
   if (!d_.untied) o.push_back(0);
   return o;
 }
 
 // backward(): tied logits (embeddings), final norm (+ head), layers in reverse.
 // The embedding backward needs no parameters.
-std::vector<int> GptModel::backward_order() const {
+std::vector<int> GptModel::backward_order(int chunk) const {
   std::vector<int> o;
-  if (!d_.untied) o.push_back(0);
-  for (int u = d_.L + 1; u >= 1; --u) o.push_back(u);
+  if (has_head(chunk)) {
+    if (!d_.untied) o.push_back(0);
+    o.push_back(d_.L + 1);
+  }
+  for (int l = layout_.chunks[chunk].end - 1; l >= layout_.chunks[chunk].begin; --l) o.push_back(l + 1);
   return o;
 }
 
 void GptModel::init_weights(uint64_t seed, float std) {
-  if (tp_.active()) {  // init the full model, keep this rank's slices
+  if (tp_.active() || stage_.pp > 1) {  // init the full model, keep this rank's slices / stage
     ModelConfig full_cfg = cfg_;
     GptModel full(full_cfg, Device::cpu());
     full.init_weights(seed, std);
@@ -159,18 +167,18 @@ void GptModel::init_weights(uint64_t seed, float std) {
   store_->set_full_params(host.view(0, {layout_.total}));
 }
 
-void GptModel::ensure_acts(int64_t B, int64_t T) {
-  if (B == B_ && T == T_) return;
-  DS_USER_CHECK(T <= d_.maxT || d_.rope, "sequence length {} exceeds max_position_embeddings {}", T, d_.maxT);
-  B_ = B;
-  T_ = T;
-  // Replicated widths C; this rank's slices Cl (heads), Fl (FFN), Vl (vocab).
+// One activation set: this stage's residual streams and layers (and the
+// final norm / logits on the last stage).
+void GptModel::alloc_act_set(ActSet& s, int64_t B, int64_t T) {
   const int64_t C = d_.C, Cl = Cl_, Fl = Fl_, N = B * T, F_in = d_.swiglu ? 2 * Fl : Fl;
-  auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
-  resid_.clear();
-  for (int l = 0; l <= d_.L; ++l) resid_.push_back(f32({B, T, C}));
-  acts_.assign(d_.L, LayerActs{});
-  for (auto& a : acts_) {
+  auto f32 = [&](Shape sh) { return Tensor::empty(sh, DType::F32, dev_); };
+  s.resid.assign(d_.L + 1, Tensor());
+  s.acts.assign(d_.L, LayerActs{});
+  for (const auto& c : layout_.chunks)
+    for (int l = c.begin; l <= c.end; ++l) s.resid[l] = f32({B, T, C});
+  for (int l = layout_.first_layer; l < layout_.end_layer; ++l) {
+    if (!layout_.holds_layer(l)) continue;
+    LayerActs& a = s.acts[l];
     a.norm1_out = f32({N, C});
     a.norm1_mean = f32({N});
     a.norm1_rstd = f32({N});
@@ -185,10 +193,23 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
     a.fc_out = f32({N, F_in});
     a.act_out = f32({N, Fl});
   }
-  final_out = f32({N, C});
-  final_mean = f32({N});
-  final_rstd = f32({N});
-  logits_ = f32({N, Vl_});
+  if (!layout_.last_stage()) return;
+  s.final_out = f32({N, C});
+  s.final_mean = f32({N});
+  s.final_rstd = f32({N});
+  s.logits = f32({N, Vl_});
+}
+
+void GptModel::ensure_acts(int64_t B, int64_t T) {
+  if (B == B_ && T == T_ && static_cast<int>(sets_.size()) == n_slots_) return;
+  DS_USER_CHECK(T <= d_.maxT || d_.rope, "sequence length {} exceeds max_position_embeddings {}", T, d_.maxT);
+  B_ = B;
+  T_ = T;
+  // Replicated widths C; this rank's slices Cl (heads), Fl (FFN), Vl (vocab).
+  const int64_t C = d_.C, Cl = Cl_, Fl = Fl_, N = B * T, F_in = d_.swiglu ? 2 * Fl : Fl;
+  auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
+  sets_.assign(n_slots_, ActSet{});
+  for (ActSet& s : sets_) alloc_act_set(s, B, T);
   losses_ = f32({N});
   if (tp_.active()) {
     ce_max_ = f32({N});
@@ -231,7 +252,7 @@ void GptModel::norm_backward(const std::string& prefix, const Tensor& dinp, cons
 // row-parallel (reduce_from_tp on their output). Their replicated bias is
 // added by tp rank 0 only, before the all-reduce, so the sum holds it once.
 void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y) {
-  LayerActs& a = acts_[l];
+  LayerActs& a = S().acts[l];
   const std::string p = "layers." + std::to_string(l) + ".";
   const bool row_bias = tp_.rank == 0;
   norm_forward(p + "norm1", a.norm1_out, a.norm1_mean, a.norm1_rstd, x);
@@ -263,7 +284,7 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y) {
 }
 
 void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
-  LayerActs& a = acts_[l];
+  LayerActs& a = S().acts[l];
   const std::string p = "layers." + std::to_string(l) + ".";
   // MLP branch.
   reduce_from_tp_backward(tp_, dresid);
@@ -295,30 +316,36 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
   norm_backward(p + "norm1", dresid, dnorm_, x, a.norm1_mean, a.norm1_rstd);
 }
 
-void GptModel::forward(const Tensor& tokens) {
+// A pipeline stage runs only its layers: the first embeds the tokens, the
+// others start from the received S().resid[first_layer]; the last adds the
+// final norm and the logits.
+void GptModel::forward(const Tensor& tokens, int chunk) {
   ensure_acts(tokens.size(0), tokens.size(1));
   const int last = d_.L + 1;
-  use_params(0);
-  // Vocab-parallel: each rank embeds the tokens it owns (zeros elsewhere);
-  // the replicated wpe is added by tp rank 0 only; the all-reduce sums both.
-  Tensor wpe = tp_.rank == 0 ? opt("embed.wpe", false) : Tensor();
-  ops::embedding_forward({resid_[0], tokens, w("embed.wte"), wpe, vocab_start_, 0}, stream_);
-  reduce_from_tp_forward(tp_, resid_[0]);
-  drop_params(0);
-  for (int l = 0; l < d_.L; ++l) {
+  if (embeds(chunk)) {
+    use_params(0);
+    // Vocab-parallel: each rank embeds the tokens it owns (zeros elsewhere);
+    // the replicated wpe is added by tp rank 0 only; the all-reduce sums both.
+    Tensor wpe = tp_.rank == 0 ? opt("embed.wpe", false) : Tensor();
+    ops::embedding_forward({S().resid[0], tokens, w("embed.wte"), wpe, vocab_start_, 0}, stream_);
+    reduce_from_tp_forward(tp_, S().resid[0]);
+    drop_params(0);
+  }
+  for (int l = layout_.chunks[chunk].begin; l < layout_.chunks[chunk].end; ++l) {
     use_params(l + 1);
-    layer_forward(l, resid_[l], resid_[l + 1]);
+    layer_forward(l, S().resid[l], S().resid[l + 1]);
     drop_params(l + 1);
   }
+  if (!has_head(chunk)) return;
   use_params(last);
-  norm_forward("final_norm", final_out, final_mean, final_rstd, resid_[d_.L]);
+  norm_forward("final_norm", S().final_out, S().final_mean, S().final_rstd, S().resid[d_.L]);
   if (!d_.untied) {
     drop_params(last);
     use_params(0);
   }
   Tensor head = d_.untied ? w("head.weight") : w("embed.wte");  // this rank's vocab rows
-  copy_to_tp_forward(tp_, final_out);
-  ops::matmul_forward({logits_, final_out, head, Tensor()}, stream_);
+  copy_to_tp_forward(tp_, S().final_out);
+  ops::matmul_forward({S().logits, S().final_out, head, Tensor()}, stream_);
   drop_params(d_.untied ? last : 0);
 }
 
@@ -327,7 +354,7 @@ float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool 
   if (tp_.active())
     vocab_parallel_loss(t, loss_weight, backward);
   else
-    ops::cross_entropy({losses_, backward ? logits_ : Tensor(), logits_, t, d_.V, loss_weight}, stream_);
+    ops::cross_entropy({losses_, backward ? S().logits : Tensor(), S().logits, t, d_.V, loss_weight}, stream_);
   Tensor l = losses_.device().is_cpu() ? losses_ : losses_.to(Device::cpu());
   Tensor tg = t.device().is_cpu() ? t : t.to(Device::cpu());
   double sum = 0;
@@ -344,7 +371,7 @@ float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool 
 // statistics cross ranks (max, then sum of exp and the target's logit).
 void GptModel::vocab_parallel_loss(const Tensor& t, float loss_weight, bool backward) {
   VocabParallelCEArgs a;
-  a.logits = logits_;
+  a.logits = S().logits;
   a.targets = t;
   a.rowmax = ce_max_;
   a.stats = ce_stats_;
@@ -359,34 +386,46 @@ void GptModel::vocab_parallel_loss(const Tensor& t, float loss_weight, bool back
   tp_.comm->all_reduce(ce_stats_, ReduceOp::Sum);
   a.phase = VocabCEPhase::Finish;
   a.losses = losses_;
-  if (backward) a.dlogits = logits_;
+  if (backward) a.dlogits = S().logits;
   ops::vocab_parallel_cross_entropy(a, stream_);
 }
 
-void GptModel::backward(const Tensor& tokens) {
+// Last stage: logits -> final norm, leaving the residual gradient in dresid_.
+// A tied wte gradient stays acquired until the embedding backward when this
+// stage also embeds (pp = 1); otherwise it is complete here.
+void GptModel::head_backward() {
   const int last = d_.L + 1, head_unit = d_.untied ? last : 0;
   use_params(head_unit);
   use_grads(head_unit);
   Tensor head = d_.untied ? w("head.weight") : w("embed.wte");
   Tensor dhead = d_.untied ? dw("head.weight") : dw("embed.wte");
-  ops::matmul_backward({dnorm_, dhead, Tensor(), logits_, final_out, head, Accum::Overwrite}, stream_);
+  ops::matmul_backward({dnorm_, dhead, Tensor(), S().logits, S().final_out, head, Accum::Overwrite}, stream_);
   copy_to_tp_backward(tp_, dnorm_);
-  if (!d_.untied) {  // the tied embedding gradient stays acquired until the embedding backward
+  if (!d_.untied) {
     drop_params(0);
+    if (!layout_.first_stage()) grads_done(0);
     use_params(last);
     use_grads(last);
   }
   dresid_.zero_();
-  norm_backward("final_norm", dresid_, dnorm_, resid_[d_.L], final_mean, final_rstd);
+  norm_backward("final_norm", dresid_, dnorm_, S().resid[d_.L], S().final_mean, S().final_rstd);
   drop_params(last);
   grads_done(last);
-  for (int l = d_.L - 1; l >= 0; --l) {
+}
+
+void GptModel::backward(const Tensor& tokens, const Tensor& dout, int chunk) {
+  if (has_head(chunk))
+    head_backward();
+  else
+    dresid_.copy_from(dout);
+  for (int l = layout_.chunks[chunk].end - 1; l >= layout_.chunks[chunk].begin; --l) {
     use_params(l + 1);
     use_grads(l + 1);
-    layer_backward(l, resid_[l], dresid_);
+    layer_backward(l, S().resid[l], dresid_);
     drop_params(l + 1);
     grads_done(l + 1);
   }
+  if (!embeds(chunk)) return;
   use_grads(0);
   reduce_from_tp_backward(tp_, dresid_);  // every rank: the same (replicated) wpe gradient
   ops::embedding_backward(
@@ -395,6 +434,7 @@ void GptModel::backward(const Tensor& tokens) {
 }
 
 float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, float loss_weight) {
+  cur_ = 0;
   std::vector<int> order = forward_order(), bwd = backward_order();
   order.insert(order.end(), bwd.begin(), bwd.end());
   store_->begin_pass(order);
@@ -406,10 +446,49 @@ float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, fl
 }
 
 float GptModel::forward_loss(const Tensor& tokens, const Tensor& targets) {
+  cur_ = 0;
   store_->begin_pass(forward_order());
   forward(tokens);
   store_->end_pass();
   return loss_and_dlogits(targets, 0.f, false);
 }
+
+void GptModel::set_activation_slots(int n) {
+  DS_CHECK(n >= 1, "activation slots {} < 1", n);
+  n_slots_ = n;
+  B_ = T_ = 0;  // reallocate on next use
+}
+
+Tensor GptModel::stage_input(int slot, int chunk, int64_t B, int64_t T) {
+  ensure_acts(B, T);
+  DS_CHECK(slot >= 0 && slot < n_slots_, "activation slot {} outside [0, {})", slot, n_slots_);
+  return sets_[slot].resid[layout_.chunks.at(chunk).begin];
+}
+
+Tensor GptModel::stage_output(int slot, int chunk) {
+  DS_CHECK(slot >= 0 && slot < static_cast<int>(sets_.size()), "activation slot {} not allocated", slot);
+  return sets_[slot].resid[layout_.chunks.at(chunk).end];
+}
+
+float GptModel::stage_forward(int slot, int chunk, const Tensor& tokens, const Tensor& targets, float loss_weight,
+                              bool backward) {
+  ensure_acts(tokens.size(0), tokens.size(1));
+  DS_CHECK(slot >= 0 && slot < n_slots_, "activation slot {} outside [0, {})", slot, n_slots_);
+  cur_ = slot;
+  store_->begin_pass(forward_order(chunk));
+  forward(tokens, chunk);
+  store_->end_pass();
+  return has_head(chunk) ? loss_and_dlogits(targets, loss_weight, backward) : 0.f;
+}
+
+void GptModel::stage_backward(int slot, int chunk, const Tensor& tokens, const Tensor& dout) {
+  DS_CHECK(slot >= 0 && slot < static_cast<int>(sets_.size()), "activation slot {} not allocated", slot);
+  cur_ = slot;
+  store_->begin_pass(backward_order(chunk));
+  backward(tokens, dout, chunk);
+  store_->end_pass();
+}
+
+Tensor GptModel::stage_input_grad() { return dresid_.reshape({B_, T_, d_.C}); }
 
 }  // namespace ds

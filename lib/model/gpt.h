@@ -2,7 +2,9 @@
 // Parameters and gradients are laid out by ModelLayout and held by a
 // ParamStore (flat buffers by default, ZeRO shards when the trainer asks):
 // the model acquires one unit (embeddings, a layer, the final norm/head) at a
-// time. Activations are allocated once per (B, T) and reused every micro-batch.
+// time. Activations are allocated once per (B, T) and reused every micro-batch
+// (a pipeline stage holds one set per in-flight micro-batch and runs only its
+// layers: stage_forward / stage_backward).
 // The model calls only the device-neutral op API (lib/ops), never a backend.
 #pragma once
 #include <cstdint>
@@ -31,14 +33,30 @@ struct LayerActs {
   Tensor act_out;                            // (B,T,Fl)
 };
 
+// One micro-batch's activations of this rank's layers (a pipeline stage keeps
+// several at once, one per in-flight micro-batch; otherwise one). resid and acts
+// are indexed by global layer; only this stage's entries are allocated.
+struct ActSet {
+  std::vector<Tensor> resid;                  // L+1 residual streams (B,T,C)
+  std::vector<LayerActs> acts;                // L
+  Tensor final_out, final_mean, final_rstd;   // (B,T,C), (B,T), (B,T); last stage
+  Tensor logits;                              // (B*T, Vl), dlogits after the loss; last stage
+};
+
+// Which pipeline stage a model is (pp = 1: the whole model).
+struct PipeStage {
+  int pp = 1, rank = 0, vp = 1;  // vp: model chunks (virtual stages) per stage
+};
+
 class GptModel {
  public:
   // Flat parameter and gradient buffers of alloc_elems (>= layout total) elements.
   // With tp.size > 1 the layout holds this tp rank's shards (build_layout(cfg,
   // tp.size, tp.rank)) and the forward/backward all-reduce over tp.comm.
-  GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems = 0, TpComm tp = {});
+  // With stage.pp > 1 the layout holds only that pipeline stage's weights.
+  GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems = 0, TpComm tp = {}, PipeStage stage = {});
   // Parameters and gradients held by `store` (not owned; must outlive the model).
-  GptModel(const ModelConfig& cfg, Device dev, ParamStore& store, TpComm tp = {});
+  GptModel(const ModelConfig& cfg, Device dev, ParamStore& store, TpComm tp = {}, PipeStage stage = {});
 
   const ModelLayout& layout() const { return layout_; }
   const ModelDims& dims() const { return d_; }  // full (unsplit) dimensions
@@ -66,13 +84,36 @@ class GptModel {
   // Forward only; returns the mean loss over non-ignored targets.
   float forward_loss(const Tensor& tokens, const Tensor& targets);
 
+  // ---- Pipeline stage (see lib/train/pipeline_executor.h) -----------------
+  // Activation sets ("slots") kept at once, one per in-flight micro-batch.
+  void set_activation_slots(int n);
+  // `chunk`: the local model chunk (virtual stage; 0 unless interleaved).
+  // (B,T,C): where the chunk receives the previous virtual stage's output.
+  Tensor stage_input(int slot, int chunk, int64_t B, int64_t T);
+  Tensor stage_output(int slot, int chunk);  // (B,T,C) output of the chunk's last layer
+  // Forward of a chunk on slot's activations: the first virtual stage embeds
+  // tokens, others start from stage_input. The last virtual stage computes
+  // the loss (and, if backward, dlogits with weight loss_weight) and returns
+  // the mean loss; others return 0.
+  float stage_forward(int slot, int chunk, const Tensor& tokens, const Tensor& targets, float loss_weight,
+                      bool backward);
+  // Backward of slot's micro-batch through the chunk; dout (B,T,C) is the
+  // gradient of its output (ignored on the last virtual stage). Gradients are ADDED.
+  void stage_backward(int slot, int chunk, const Tensor& tokens, const Tensor& dout);
+  Tensor stage_input_grad();  // (B,T,C) gradient of the stage input after stage_backward
+
  private:
   void ensure_acts(int64_t B, int64_t T);
-  void forward(const Tensor& tokens);                   // fills acts, logits
+  void alloc_act_set(ActSet& s, int64_t B, int64_t T);
+  void forward(const Tensor& tokens, int chunk = 0);  // fills acts, logits
   float loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward);
   void vocab_parallel_loss(const Tensor& targets, float loss_weight, bool backward);
   void init_local();  // local dims and units after layout_ is built
-  void backward(const Tensor& tokens);
+  void backward(const Tensor& tokens, const Tensor& dout = Tensor(), int chunk = 0);
+  bool embeds(int chunk) const { return chunk == 0 && layout_.first_stage(); }
+  bool has_head(int chunk) const { return chunk == layout_.vp - 1 && layout_.last_stage(); }
+  void head_backward();
+  ActSet& S() { return sets_[cur_]; }
   void layer_forward(int l, const Tensor& x_in, const Tensor& x_out);
   void layer_backward(int l, const Tensor& x_in, const Tensor& dresid);
   void norm_forward(const std::string& prefix, const Tensor& out, const Tensor& mean,
@@ -87,12 +128,13 @@ class GptModel {
   void drop_params(int unit);
   void use_grads(int unit);
   void grads_done(int unit);
-  std::vector<int> forward_order() const;
-  std::vector<int> backward_order() const;
+  std::vector<int> forward_order(int chunk = 0) const;
+  std::vector<int> backward_order(int chunk = 0) const;
 
   ModelConfig cfg_;
   ModelDims d_;
   TpComm tp_;
+  PipeStage stage_;
   int64_t Cl_ = 0, NHl_ = 0, Fl_ = 0, Vl_ = 0, vocab_start_ = 0;  // this tp rank's slices
   ModelLayout layout_;
   Device dev_;
@@ -102,10 +144,8 @@ class GptModel {
   std::vector<Range> units_;
   std::vector<Tensor> unit_params_, unit_grads_;  // acquired units (else undefined)
   int64_t B_ = 0, T_ = 0;
-  std::vector<Tensor> resid_;       // L+1 residual streams (B,T,C)
-  std::vector<LayerActs> acts_;
-  Tensor final_out, final_mean, final_rstd;  // (B,T,C), (B,T), (B,T)
-  Tensor logits_;                   // (B*T, Vl), becomes dlogits in backward (Vl = Vp/TP)
+  std::vector<ActSet> sets_;        // activation slots (one unless pipelined)
+  int n_slots_ = 1, cur_ = 0;
   Tensor losses_;                   // (B*T) f32
   Tensor ce_max_, ce_stats_;        // (B*T), (2, B*T) f32: vocab-parallel softmax statistics
   // Backward scratch.

@@ -68,19 +68,36 @@ void check_tp(const ModelDims& d, int tp) {
 
 }  // namespace
 
-ModelLayout build_layout(const ModelConfig& m, int tp, int tp_rank) {
+ModelLayout build_layout(const ModelConfig& m, int tp, int tp_rank, int pp, int pp_rank, int vp) {
   ModelDims d = model_dims(m);
   check_tp(d, tp);
   DS_CHECK(tp_rank >= 0 && tp_rank < tp, "tp_rank {} outside [0, {})", tp_rank, tp);
+  DS_USER_CHECK(pp >= 1 && d.L % pp == 0,
+                "model.num_layers {} is not divisible by pipeline_model_parallel_size {}", d.L, pp);
+  DS_USER_CHECK(vp >= 1 && (d.L / pp) % vp == 0,
+                "layers per pipeline stage {} are not divisible into {} virtual stages", d.L / pp, vp);
+  DS_CHECK(pp_rank >= 0 && pp_rank < pp, "pp_rank {} outside [0, {})", pp_rank, pp);
   Builder b;
   b.out.tp = tp;
   b.out.tp_rank = tp_rank;
+  b.out.pp = pp;
+  b.out.pp_rank = pp_rank;
+  b.out.vp = vp;
+  const int per_chunk = d.L / (pp * vp);
+  for (int c = 0; c < vp; ++c) {
+    const int v = c * pp + pp_rank;  // virtual stage of chunk c
+    b.out.chunks.push_back({v * per_chunk, (v + 1) * per_chunk});
+  }
+  b.out.first_layer = b.out.chunks.front().begin;
+  b.out.end_layer = b.out.chunks.back().end;
+  const bool first = pp_rank == 0, last = pp_rank == pp - 1;
   const TpSplit R = TpSplit::Rows, K = TpSplit::Cols;
   const int fc_groups = d.swiglu ? 2 : 1;
   int64_t C = d.C, F = d.F;
-  b.add("embed.wte", {d.Vp, C}, -1, true, InitKind::Normal, R);
-  if (!d.rope) b.add("embed.wpe", {d.maxT, C}, -1, true, InitKind::Normal);
-  for (int l = 0; l < d.L; ++l) {
+  if (first || (last && !d.untied)) b.add("embed.wte", {d.Vp, C}, -1, true, InitKind::Normal, R);
+  if (first && !d.rope) b.add("embed.wpe", {d.maxT, C}, -1, true, InitKind::Normal);
+  for (int l = b.out.first_layer; l < b.out.end_layer; ++l) {
+    if (!b.out.holds_layer(l)) continue;
     std::string p = "layers." + std::to_string(l) + ".";
     b.add(p + "norm1.weight", {C}, l, false, InitKind::Ones);
     if (!d.rmsnorm) b.add(p + "norm1.bias", {C}, l, false, InitKind::Zeros);
@@ -95,10 +112,17 @@ ModelLayout build_layout(const ModelConfig& m, int tp, int tp_rank) {
     b.add(p + "mlp.proj.weight", {C, F}, l, true, InitKind::ScaledNormal, K);
     if (d.bias) b.add(p + "mlp.proj.bias", {C}, l, false, InitKind::Zeros);
   }
+  if (!last) return b.out;
   b.add("final_norm.weight", {C}, d.L, false, InitKind::Ones);
   if (!d.rmsnorm) b.add("final_norm.bias", {C}, d.L, false, InitKind::Zeros);
   if (d.untied) b.add("head.weight", {d.Vp, C}, d.L, true, InitKind::Normal, R);
   return b.out;
+}
+
+bool ModelLayout::holds_layer(int layer) const {
+  for (const auto& c : chunks)
+    if (layer >= c.begin && layer < c.end) return true;
+  return false;
 }
 
 int64_t count_parameters(const ModelConfig& m) { return build_layout(m).total; }

@@ -18,7 +18,10 @@ std::vector<Range> unit_ranges(const ModelLayout& layout, int num_layers) {
     r.end = p.offset + p.numel;
   }
   for (size_t u = 0; u < units.size(); ++u) {
-    DS_CHECK(units[u].begin >= 0, "parameter unit {} is empty", u);
+    if (units[u].begin < 0) {  // not on this pipeline stage: an empty unit where it would be
+      const int64_t at = u == 0 ? 0 : units[u - 1].end;
+      units[u] = {at, at};
+    }
     DS_CHECK(u == 0 || units[u].begin == units[u - 1].end, "parameter units {} and {} are not adjacent", u - 1, u);
   }
   return units;

@@ -23,7 +23,8 @@
 namespace ds {
 
 // Unit ranges of a layout, in forward order: [0] embeddings (layer -1),
-// [1 + l] layer l, [L + 1] final norm (+ head). Every unit is non-empty.
+// [1 + l] layer l, [L + 1] final norm (+ head). Units a pipeline stage does not
+// hold are empty (size 0); all others are non-empty.
 std::vector<Range> unit_ranges(const ModelLayout& layout, int num_layers);
 inline int unit_of(const ParamSpec& p) { return p.layer + 1; }
 

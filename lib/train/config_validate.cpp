@@ -106,9 +106,9 @@ void validate_parallel(const TrainConfig& cfg) {
                 m.num_layers / p.pp);
   const ZeroConfig& z = cfg.zero;
   DS_USER_CHECK(z.stage >= 0 && z.stage <= 3, "zero_optimization.stage (--zero-stage) must be 0-3, got {}", z.stage);
-  DS_USER_CHECK(!(z.stage >= 2 && p.pp > 1),
-                "zero_optimization.stage {} cannot be combined with pipeline_model_parallel_size {} (ZeRO-2/3 "
-                "partition gradients that pipeline stages accumulate); use stage 0 or 1", z.stage, p.pp);
+  DS_USER_CHECK(!(z.stage >= 3 && p.pp > 1),
+                "zero_optimization.stage {} cannot be combined with pipeline_model_parallel_size {} yet (ZeRO-3 "
+                "gathers parameters per pass); use stage 0, 1 or 2", z.stage, p.pp);
   DS_USER_CHECK(z.offload_optimizer_device == "none" || z.offload_optimizer_device == "cpu",
                 "zero_optimization.offload_optimizer.device '{}' is not supported (use \"none\" or \"cpu\")",
                 z.offload_optimizer_device);

@@ -1,6 +1,7 @@
 // Training loop implementation.
 #include "lib/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -9,6 +10,7 @@
 #include "lib/core/log.h"
 #include "lib/model/tp_shard.h"
 #include "lib/optim/lr_schedule.h"
+#include "lib/parallel/pipeline_schedule.h"
 
 namespace ds {
 
@@ -33,39 +35,37 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
     DS_WARN("bf16/fp16 is enabled but the CPU backend trains in fp32; the setting is ignored on cpu");
   resolve_vocab(cfg_);
   data_ = std::make_unique<DataPipeline>(cfg_, dev_);
-  DS_USER_CHECK(comms_.grid.pp == 1,
-                "pipeline model parallelism (PP {}) is not implemented yet; use data and tensor parallelism",
-                comms_.grid.pp);
+  DS_USER_CHECK(comms_.grid.pp == 1 || cfg_.zero.stage <= 2,
+                "zero_optimization.stage {} cannot be combined with pipeline_model_parallel_size {} yet; use ZeRO "
+                "stage 0, 1 or 2", cfg_.zero.stage, comms_.grid.pp);
+  pp_ = comms_.grid.pp;
+  pp_rank_ = comms_.grid.pp_rank;
+  if (cfg_.parallel.num_layers_per_virtual_stage > 0)
+    vp_ = cfg_.model.num_layers / pp_ / cfg_.parallel.num_layers_per_virtual_stage;
   dp_ = comms_.grid.dp;
   dp_rank_ = comms_.grid.dp_rank;
   tp_ = comms_.grid.tp;
   tp_rank_ = comms_.grid.tp_rank;
   full_layout_ = build_layout(cfg_.model);
   const TpComm tp{tp_ > 1 ? comms_.tp : nullptr, tp_, tp_rank_};
-  const ModelLayout local = build_layout(cfg_.model, tp_, tp_rank_);
+  const PipeStage stage{pp_, pp_rank_, vp_};
+  const ModelLayout local = build_layout(cfg_.model, tp_, tp_rank_, pp_, pp_rank_, vp_);
   DS_USER_CHECK(cfg_.batch.dp_size == dp_, "batch: the config was resolved for {} data-parallel ranks, the job has {}",
                 cfg_.batch.dp_size, dp_);
   ZeroPartition part = make_zero_partition(local.total, dp_);
   Communicator* dp_comm = dp_ > 1 ? comms_.dp : nullptr;
   if (cfg_.zero.stage >= 2) {
     store_ = std::make_unique<ZeroParamStore>(local, cfg_.model.num_layers, dev_, dp_comm, cfg_.zero, part);
-    model_ = std::make_unique<GptModel>(cfg_.model, dev_, *store_, tp);
+    model_ = std::make_unique<GptModel>(cfg_.model, dev_, *store_, tp, stage);
   } else {
-    model_ = std::make_unique<GptModel>(cfg_.model, dev_, 0, tp);
+    model_ = std::make_unique<GptModel>(cfg_.model, dev_, 0, tp, stage);
   }
   opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get());
-  if (tp_ > 1) {  // gradient norm: split weights per shard, replicated ones on tp rank 0 only
-    std::vector<Range> counted{{0, local.total}};
-    if (tp_rank_ != 0) {
-      counted.clear();
-      int64_t at = 0;
-      for (const Range& r : replicated_ranges(local)) {
-        if (r.begin > at) counted.push_back({at, r.begin});
-        at = r.end;
-      }
-      if (at < local.total) counted.push_back({at, local.total});
-    }
-    opt_->set_tensor_parallel(comms_.tp, std::move(counted));
+  if (tp_ > 1 || pp_ > 1)  // gradient norm summed over the model-parallel (tp x pp) group
+    opt_->set_tensor_parallel(pp_ > 1 ? comms_.mp : comms_.tp, norm_counted_ranges(local));
+  if (pp_ > 1) {
+    pipe_ = std::make_unique<PipelineExecutor>(*model_, *comms_.pp, static_cast<int>(cfg_.batch.grad_accum_steps));
+    if (store_ && comms_.embedding && !model_->dims().untied) store_->defer_unit(0);
   }
   if (cfg_.zero.offload_optimizer_device == "cpu")
     DS_LOG("offload_optimizer.device = cpu: on the CPU backend the optimizer state is already in host memory; "
@@ -84,6 +84,13 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
            "[{}, {}))",
            tp_, model_->layout().total, full_layout_.total, model_->dims().NH / tp_,
            tp_rank_ * (model_->dims().Vp / tp_), (tp_rank_ + 1) * (model_->dims().Vp / tp_));
+  if (pp_ > 1)
+    DS_LOG("pipeline parallel: {} stages ({}), this is stage {} with layers [{}, {}); {} micro-batches per step, "
+           "bubble fraction {:.3f}, up to {} chunk activations live",
+           pp_, vp_ > 1 ? "interleaved 1F1B, " + std::to_string(vp_) + " model chunks per stage" : std::string("1F1B"),
+           pp_rank_, model_->layout().first_layer, model_->layout().end_layer, cfg_.batch.grad_accum_steps,
+           bubble_fraction(pipe_->kind(), pp_, static_cast<int>(cfg_.batch.grad_accum_steps), vp_),
+           pipe_->max_live());
   DS_LOG("batch: global {} = micro {} x grad accum {} x data parallel {}; {} train samples per epoch",
          cfg_.batch.train_batch_size, cfg_.batch.micro_batch_size, cfg_.batch.grad_accum_steps, cfg_.batch.dp_size,
          data_->train_samples_per_epoch());
@@ -105,9 +112,34 @@ void Trainer::log_model_state() {
   }
 }
 
+// Gradient-norm ranges of this rank's layout: split weights on every tp rank,
+// replicated ones on tp rank 0 only; a tied wte on the last pipeline stage is
+// the first stage's copy and is not counted again.
+std::vector<Range> Trainer::norm_counted_ranges(const ModelLayout& local) const {
+  std::vector<Range> skip;
+  if (tp_rank_ != 0) skip = replicated_ranges(local);
+  const ParamSpec* wte = local.try_find("embed.wte");
+  if (wte && !local.first_stage()) skip.push_back({wte->offset, wte->offset + wte->numel});
+  std::sort(skip.begin(), skip.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  std::vector<Range> counted;
+  int64_t at = 0;
+  for (const Range& r : skip) {
+    if (r.begin > at) counted.push_back({at, r.begin});
+    at = std::max(at, r.end);
+  }
+  if (at < local.total) counted.push_back({at, local.total});
+  return counted;
+}
+
 Tensor Trainer::full_params(bool all_ranks) {
-  if (tp_ == 1) return local_params(all_ranks);
+  if (tp_ == 1 && pp_ == 1) return local_params(all_ranks);
   Tensor local = local_params(true);
+  if (pp_ > 1) {
+    const ModelLayout stage = build_layout(cfg_.model, 1, 0, pp_, pp_rank_, vp_);
+    Tensor st = Tensor::empty({stage.total}, DType::F32, dev_);
+    gather_tp_params(tp_ > 1 ? comms_.tp : nullptr, model_->layout(), stage, cfg_.model.num_layers, local, st);
+    return gather_stages(stage, st, all_ranks);
+  }
   Tensor out;
   if (all_ranks || comms_.grid.rank == 0) out = Tensor::empty({full_layout_.total}, DType::F32, dev_);
   gather_tp_params(comms_.tp, model_->layout(), full_layout_, cfg_.model.num_layers, local, out);
@@ -115,7 +147,7 @@ Tensor Trainer::full_params(bool all_ranks) {
 }
 
 void Trainer::set_params_from_full(const Tensor& full) {
-  if (tp_ == 1) return model_->store().set_full_params(full);
+  if (tp_ == 1 && pp_ == 1) return model_->store().set_full_params(full);
   Tensor local = Tensor::empty({model_->layout().total}, DType::F32, dev_);
   slice_tp_params(model_->layout(), full_layout_, full, local);
   model_->store().set_full_params(local);
@@ -133,13 +165,17 @@ Tensor Trainer::local_params(bool all_ranks) {
 void Trainer::load_or_init() {
   if (!cfg_.ckpt.load_dir.empty()) {
     Range r = opt_->optimizer_range();
-    const bool flat = model_->has_flat_buffers() && tp_ == 1;
+    const bool flat = model_->has_flat_buffers() && tp_ == 1 && pp_ == 1;
     Tensor full = flat ? model_->params().view(0, {full_layout_.total})
                        : Tensor::empty({full_layout_.total}, DType::F32, dev_);
     CheckpointData d{&full_layout_, full, opt_->adam().m(), opt_->adam().v(), r.begin, r.end, 0, dp_rank_, dp_};
     d.opt_layout = &model_->layout();
     d.tp = tp_;
     d.tp_rank = tp_rank_;
+    d.pp = pp_;
+    d.pp_rank = pp_rank_;
+    d.vp = vp_;
+    d.model = &cfg_.model;  // lets a checkpoint of another TP size be reshaped (lib/ckpt/reshape.h)
     if (load_checkpoint(cfg_.ckpt.load_dir, state_, d)) {
       if (!flat) set_params_from_full(full);
       opt_->adam().set_step_count(d.opt_step);
@@ -164,9 +200,15 @@ float Trainer::train_step() {
   const float loss_weight =
       1.0f / static_cast<float>(b.micro_batch_size * cfg_.model.seq_length * b.grad_accum_steps * dp_);
   double loss_sum = 0;
-  for (int64_t micro = 0; micro < b.grad_accum_steps; ++micro) {
-    MicroBatch mb = data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_);
-    loss_sum += model_->forward_backward(mb.tokens, mb.targets, loss_weight);
+  if (pipe_) {
+    auto batch = [&](int micro) { return data_->train_batch(state_.consumed_samples, micro, dp_rank_, dp_); };
+    loss_sum = pipe_->train(batch, loss_weight);
+    tied_embedding_all_reduce();
+  } else {
+    for (int64_t micro = 0; micro < b.grad_accum_steps; ++micro) {
+      MicroBatch mb = data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_);
+      loss_sum += model_->forward_backward(mb.tokens, mb.targets, loss_weight);
+    }
   }
   double norm = opt_->reduce_gradients();
   float coef = clip_coefficient(norm, cfg_.optim.grad_clip);
@@ -179,7 +221,7 @@ float Trainer::train_step() {
   opt_->step(h, coef);
   state_.iteration += 1;
   state_.consumed_samples += b.train_batch_size;
-  float loss = static_cast<float>(dp_mean(loss_sum / b.grad_accum_steps));
+  float loss = static_cast<float>(from_last_stage(dp_mean(loss_sum / b.grad_accum_steps)));
   last_grad_norm_ = norm;
   last_lr_ = h.lr;
   return loss;
@@ -189,16 +231,60 @@ double Trainer::evaluate() {
   if (!data_->has_valid() || cfg_.log.eval_iters <= 0) return NAN;
   double sum = 0;
   int64_t n = 0;
+  const int64_t ga = cfg_.batch.grad_accum_steps;
   for (int64_t it = 0; it < cfg_.log.eval_iters; ++it) {
-    for (int64_t micro = 0; micro < cfg_.batch.grad_accum_steps; ++micro) {
-      int64_t first = (it * cfg_.batch.grad_accum_steps + micro) * cfg_.batch.micro_batch_size;
-      int64_t first_dp = first * dp_;
-      MicroBatch mb = data_->valid_batch(first_dp, dp_rank_, dp_);
-      sum += model_->forward_loss(mb.tokens, mb.targets);
-      ++n;
+    auto batch = [&](int micro) {
+      return data_->valid_batch((it * ga + micro) * cfg_.batch.micro_batch_size * dp_, dp_rank_, dp_);
+    };
+    if (pipe_) {  // forwards through the stages; the loss sum is on the last stage
+      sum += pipe_->forward_only(batch, static_cast<int>(ga));
+    } else {
+      for (int micro = 0; micro < ga; ++micro) {
+        MicroBatch mb = batch(micro);
+        sum += model_->forward_loss(mb.tokens, mb.targets);
+      }
     }
+    n += ga;
   }
-  return dp_mean(sum / static_cast<double>(n));
+  return from_last_stage(dp_mean(sum / static_cast<double>(n)));
+}
+
+double Trainer::from_last_stage(double v) {
+  if (pp_ == 1) return v;
+  Tensor t = Tensor::empty({1}, DType::F32);
+  t.data<float>()[0] = static_cast<float>(v);
+  comms_.pp->broadcast(t, pp_ - 1);
+  return static_cast<double>(t.data<float>()[0]);
+}
+
+void Trainer::tied_embedding_all_reduce() {
+  if (!comms_.embedding || model_->dims().untied) return;
+  const ParamSpec& p = model_->layout().find("embed.wte");  // unit 0 starts at offset 0 on both stages
+  Tensor g = store_ ? store_->deferred_grads(0) : model_->grads();
+  comms_.embedding->all_reduce(g.view(p.offset, {p.numel}));
+  if (store_) store_->flush_deferred();
+}
+
+Tensor Trainer::gather_stages(const ModelLayout& stage, const Tensor& stage_buf, bool all_ranks) {
+  Tensor out = Tensor::empty({full_layout_.total}, DType::F32, dev_);
+  auto place = [&](const ModelLayout& from, const Tensor& buf, bool first) {
+    for (const ParamSpec& p : from.params) {
+      if (!first && p.name == "embed.wte") continue;  // the tied copy: the first stage's is the same
+      const ParamSpec& f = full_layout_.find(p.name);
+      out.view(f.offset, {f.numel}).copy_from(buf.view(p.offset, {p.numel}));
+    }
+  };
+  if (pp_rank_ == 0) place(stage, stage_buf, true);
+  for (int s = 1; s < pp_; ++s) {
+    if (pp_rank_ == s) comms_.pp->send(stage_buf.view(0, {stage.total}), 0);
+    if (pp_rank_ != 0) continue;
+    const ModelLayout ls = build_layout(cfg_.model, 1, 0, pp_, s, vp_);
+    Tensor buf = Tensor::empty({ls.total}, DType::F32, dev_);
+    comms_.pp->recv(buf, s);
+    place(ls, buf, false);
+  }
+  if (all_ranks) comms_.pp->broadcast(out, 0);
+  return all_ranks || comms_.grid.rank == 0 ? out : Tensor();
 }
 
 double Trainer::dp_mean(double local) {
@@ -221,6 +307,9 @@ void Trainer::save() {
   d.opt_layout = &model_->layout();
   d.tp = tp_;
   d.tp_rank = tp_rank_;
+  d.pp = pp_;
+  d.pp_rank = pp_rank_;
+  d.vp = vp_;
   if (sharded || dp_rank_ == 0) write_checkpoint_files(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
   comms_.world->barrier();
   if (comms_.grid.rank == 0) commit_checkpoint(cfg_.ckpt.save_dir, state_.iteration);

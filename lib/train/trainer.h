@@ -12,6 +12,7 @@
 #include "lib/train/config.h"
 #include "lib/train/data_pipeline.h"
 #include "lib/train/metrics.h"
+#include "lib/train/pipeline_executor.h"
 #include "lib/train/zero_optimizer.h"
 
 namespace ds {
@@ -46,6 +47,16 @@ class Trainer {
   Tensor local_params(bool all_ranks);        // this tp rank's layout (full_params when tp = 1)
   void set_params_from_full(const Tensor& full);  // full (tp = 1 layout) -> this rank's shards
   double dp_mean(double local);  // average of a scalar over the data-parallel group
+  // Pipeline parallel: the last stage's value on every stage (broadcast over pp).
+  double from_last_stage(double v);
+  // Tied embeddings with pp > 1: sums the wte gradient of the first and last
+  // stage over the embedding group (Megatron's embedding all-reduce).
+  void tied_embedding_all_reduce();
+  // Full model (tp = 1, pp = 1 layout) from this stage's tp-gathered weights
+  // `stage_buf` (layout `stage`); collective over pp. Undefined on ranks
+  // other than 0 unless all_ranks.
+  Tensor gather_stages(const ModelLayout& stage, const Tensor& stage_buf, bool all_ranks);
+  std::vector<Range> norm_counted_ranges(const ModelLayout& local) const;
 
   TrainConfig cfg_;
   Device dev_;
@@ -54,6 +65,8 @@ class Trainer {
   Comms& comms_;
   int dp_ = 1, dp_rank_ = 0;
   int tp_ = 1, tp_rank_ = 0;
+  int pp_ = 1, pp_rank_ = 0, vp_ = 1;  // vp_: virtual stages per pipeline rank
+  std::unique_ptr<PipelineExecutor> pipe_;  // pp > 1
   ModelLayout full_layout_;  // the tp = 1 layout (checkpoints, HF import/export)
   std::unique_ptr<ZeroOptimizer> opt_;
   std::unique_ptr<DataPipeline> data_;

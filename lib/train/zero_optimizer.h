@@ -30,9 +30,11 @@ class ZeroOptimizer {
   ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig& z, const ZeroPartition& part,
                 ZeroParamStore* store);
 
-  // Tensor parallelism: the gradient norm sums squares over the flat ranges
-  // `counted` of this rank's (local) layout and all-reduces over tp, so that
-  // split weights count once per shard and replicated ones once in all.
+  // Tensor / pipeline parallelism: the gradient norm sums squares over the
+  // flat ranges `counted` of this rank's (local) layout and all-reduces over
+  // `tp` (the tp group, or the tp x pp model-parallel group with pipelining),
+  // so that split weights count once per shard and replicated ones (and a
+  // tied wte held by two stages) once in all.
   void set_tensor_parallel(Communicator* tp, std::vector<Range> counted);
 
   // Clears the gradients before the first micro-batch of a step.

@@ -42,6 +42,7 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
   units_ = unit_ranges(layout, num_layers);
   gathered_.resize(units_.size());
   unit_grads_.resize(units_.size());
+  deferred_.resize(units_.size());
   gshard_ = Tensor::zeros({part.shard}, DType::F32, dev);
   if (stage_ == 2) {
     full_ = Tensor::zeros({part.total}, DType::F32, dev);
@@ -150,6 +151,7 @@ void ZeroParamStore::release_params(int unit) {
 
 Tensor ZeroParamStore::acquire_grads(int unit) {
   DS_CHECK(!unit_grads_[unit].defined(), "unit {}: gradient acquired twice", unit);
+  if (deferred_[unit].defined()) return unit_grads_[unit] = deferred_[unit];
   unit_grads_[unit] = Tensor::zeros({units_[unit].size()}, DType::F32, dev_);
   live_grads_ += units_[unit].size();
   peak_grads_ = std::max(peak_grads_, live_grads_);
@@ -158,6 +160,10 @@ Tensor ZeroParamStore::acquire_grads(int unit) {
 
 void ZeroParamStore::grads_ready(int unit) {
   DS_CHECK(unit_grads_[unit].defined(), "unit {}: gradient ready but never acquired", unit);
+  if (deferred_[unit].defined()) {
+    unit_grads_[unit] = Tensor();
+    return;
+  }
   reduce_unit(unit, unit_grads_[unit]);
   unit_grads_[unit] = Tensor();
   live_grads_ -= units_[unit].size();
@@ -229,7 +235,21 @@ Tensor ZeroParamStore::master_params() {
 
 Tensor ZeroParamStore::grad_shard() { return gshard_.view(0, {part_.owned_real(rank_).size()}); }
 
-void ZeroParamStore::zero_grads() { gshard_.zero_(); }
+void ZeroParamStore::zero_grads() {
+  gshard_.zero_();
+  for (Tensor& d : deferred_)
+    if (d.defined()) d.zero_();
+}
+
+void ZeroParamStore::defer_unit(int unit) {
+  if (!deferred_[unit].defined() && units_[unit].size() > 0)
+    deferred_[unit] = Tensor::zeros({units_[unit].size()}, DType::F32, dev_);
+}
+
+void ZeroParamStore::flush_deferred() {
+  for (size_t u = 0; u < deferred_.size(); ++u)
+    if (deferred_[u].defined()) reduce_unit(static_cast<int>(u), deferred_[u]);
+}
 
 double ZeroParamStore::grad_norm() {
   Tensor g = grad_shard();

@@ -52,6 +52,14 @@ class ZeroParamStore : public ParamStore {
   // refreshes the persistent units only (the next pass gathers the rest).
   void after_step();
 
+  // Pipeline with tied embeddings: `unit`'s gradient accumulates over the
+  // micro-batches in a full unit buffer (deferred_grads) instead of being
+  // reduced at each grads_ready; flush_deferred() reduce-scatters it into the
+  // shard once the caller has all-reduced it over the embedding group.
+  void defer_unit(int unit);
+  Tensor deferred_grads(int unit) const { return deferred_[unit]; }
+  void flush_deferred();
+
   // Persistent bytes this rank holds (not the transient unit buffers).
   int64_t param_bytes() const { return 4 * (stage_ == 3 ? shard_.numel() : full_.numel()); }
   int64_t grad_bytes() const { return 4 * gshard_.numel(); }
@@ -82,6 +90,7 @@ class ZeroParamStore : public ParamStore {
   Tensor gshard_;  // (shard) summed gradient shard
   std::vector<Tensor> gathered_;  // stage 3: gathered or persistent full units
   std::vector<Tensor> unit_grads_;
+  std::vector<Tensor> deferred_;  // per unit: persistent full gradient (defer_unit) or undefined
   std::vector<int> order_;
   size_t cursor_ = 0;
   int64_t live_params_ = 0, live_grads_ = 0, peak_params_ = 0, peak_grads_ = 0;

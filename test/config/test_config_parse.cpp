@@ -285,8 +285,8 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
   CHECK_THROWS_WITH(parse_json(base(), {"--fp16", "--bf16"}), Contains("fp16.enabled and bf16.enabled are both true"));
   CHECK_THROWS_WITH(parse_json(base(), {"--lr", "-1e-3"}), Contains("must be >= 0, got -0.001"));
   CHECK_THROWS_WITH(parse_json(base(), {"--lr", "1e-3", "--min-lr", "1e-2"}), Contains("min_lr 0.01 must be in [0, lr 0.001]"));
-  CHECK_THROWS_WITH(parse_json(model({{"num_layers", 4}}), {"--pipeline-model-parallel-size", "2", "--zero-stage", "2"}, 2),
-                    Contains("zero_optimization.stage 2 cannot be combined with pipeline_model_parallel_size 2"));
+  CHECK_THROWS_WITH(parse_json(model({{"num_layers", 4}}), {"--pipeline-model-parallel-size", "2", "--zero-stage", "3"}, 2),
+                    Contains("zero_optimization.stage 3 cannot be combined with pipeline_model_parallel_size 2"));
   CHECK_THROWS_WITH(parse_json(base(), {"--zero-stage", "4"}), Contains("zero_optimization.stage (--zero-stage) must be 0-3, got 4"));
   CHECK_THROWS_WITH(parse_json(base(), {"--split", "90,x"}), Contains("data.split '90,x'"));
   CHECK_THROWS_WITH(parse_json(base(), {"--data-path", "0.5", "a", "0.5"}), Contains("needs pairs"));

@@ -1,8 +1,8 @@
 // Tensor parallelism: the loss curve of a single process equals that of TP2
 // (GPT-2 family), TP2 (LLaMA family: SwiGLU, RoPE, RMSNorm, untied, no bias),
 // TP4 and DP2 x TP2 with ZeRO-1 and ZeRO-3 at the same global batch (relative 1e-5, fp32,
-// 20 steps); a TP2 checkpoint resumes on the same curve with TP2 and is refused
-// with a clear error by TP1; an HF export from TP2 is byte-identical to the
+// 20 steps); a TP2 checkpoint resumes on the same curve with TP2 and with TP1
+// (reshaped on load); an HF export from TP2 is byte-identical to the
 // single-process one.
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -111,7 +111,7 @@ TEST_CASE("TP2 matches a single process (LLaMA family: SwiGLU, RoPE, RMSNorm, un
   require_same_curve(ref, run(tp2));
 }
 
-TEST_CASE("a TP2 checkpoint resumes with TP2 on the same curve and is refused by TP1") {
+TEST_CASE("a TP2 checkpoint resumes with TP2 and with TP1 on the same curve") {
   const std::string ck = dist_data().dir + "/ckpt_tp2";
   fs::remove_all(ck);
   Run a{"tp2_resume_a", 2, 2, 1};
@@ -126,11 +126,9 @@ TEST_CASE("a TP2 checkpoint resumes with TP2 on the same curve and is refused by
   std::vector<double> second = run(b);
   REQUIRE(second.size() == 10);
   require_same_curve(single_gpt2(), second, 10);
-  Run c{"tp1_resume_refused", 1, 1, 1};
+  Run c{"tp1_resume", 1, 1, 1};  // reshaped on load (lib/ckpt/reshape.h; more in test_reshape.cpp)
   c.extra = {"--load", ck};
-  std::string err = try_run(c, nullptr);
-  INFO(err);
-  REQUIRE(err.find("saved with tensor_model_parallel_size 2, this job uses 1") != std::string::npos);
+  require_same_curve(single_gpt2(), run(c), 10);
 }
 
 TEST_CASE("an HF export from TP2 equals the single-process export") {

@@ -3,6 +3,8 @@
 // differences of the loss (every op is also checked alone in test/ops).
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <memory>
+#include <vector>
 
 #include "lib/core/rng.h"
 #include "lib/model/gpt.h"
@@ -100,4 +102,59 @@ TEST_CASE("init is deterministic and layer-local") {
   REQUIRE(std == Approx(0.02 / std::sqrt(4.0)).epsilon(0.15));
   REQUIRE(a.param("layers.1.norm2.weight").data<float>()[3] == 1.f);
   REQUIRE(a.param("layers.1.mlp.fc.bias").data<float>()[3] == 0.f);
+}
+
+TEST_CASE("pipeline stage layouts split the layers and chain to the full model's loss and gradients") {
+  for (bool llama : {false, true}) {
+    INFO((llama ? "llama" : "gpt2"));
+    ModelConfig cfg = test::tiny_model(llama);
+    cfg.num_layers = 4;
+    CHECK_THROWS_WITH(build_layout(cfg, 1, 0, 3, 0), Catch::Contains("num_layers 4 is not divisible by "
+                                                                      "pipeline_model_parallel_size 3"));
+    {  // interleaved: chunk c of rank r is virtual stage c * PP + r
+      ModelLayout r0 = build_layout(cfg, 1, 0, 2, 0, 2), r1 = build_layout(cfg, 1, 0, 2, 1, 2);
+      REQUIRE((r0.chunks.size() == 2 && r0.chunks[0].begin == 0 && r0.chunks[1].begin == 2));
+      REQUIRE((r1.chunks[0].begin == 1 && r1.chunks[1].begin == 3 && r1.chunks[1].end == 4));
+      REQUIRE(r0.try_find("layers.1.norm1.weight") == nullptr);
+      REQUIRE(r0.try_find("layers.2.norm1.weight") != nullptr);
+      REQUIRE(r0.try_find("embed.wte") != nullptr);
+      REQUIRE(r1.try_find("final_norm.weight") != nullptr);
+    }
+    GptModel full(cfg, Device::cpu());
+    full.init_weights(7, 0.2f);
+    const int64_t B = 2, T = 7;
+    Tensor tok = random_tokens(B, T, cfg.vocab_size, 1), tgt = random_tokens(B, T, cfg.vocab_size, 2);
+    full.grads().zero_();
+    const float w = 1.0f / (B * T);
+    const float ref_loss = full.forward_backward(tok, tgt, w);
+    const int P = 2;
+    std::vector<std::unique_ptr<GptModel>> st;
+    for (int s = 0; s < P; ++s) {
+      st.push_back(std::make_unique<GptModel>(cfg, Device::cpu(), 0, TpComm{}, PipeStage{P, s}));
+      st[s]->init_weights(7, 0.2f);
+      st[s]->grads().zero_();
+      REQUIRE(st[s]->layout().first_layer == s * 2);
+      REQUIRE(st[s]->layout().end_layer == s * 2 + 2);
+      REQUIRE((st[s]->layout().try_find("embed.wte") != nullptr) == (s == 0 || !llama));
+      REQUIRE((st[s]->layout().try_find("final_norm.weight") != nullptr) == (s == P - 1));
+    }
+    st[0]->stage_forward(0, 0, tok, tgt, w, true);
+    st[1]->stage_input(0, 0, B, T).copy_from(st[0]->stage_output(0, 0));
+    const float loss = st[1]->stage_forward(0, 0, tok, tgt, w, true);
+    REQUIRE(loss == Approx(ref_loss).epsilon(1e-6));
+    st[1]->stage_backward(0, 0, tok, Tensor());
+    st[0]->stage_backward(0, 0, tok, st[1]->stage_input_grad());
+    for (const ParamSpec& p : full.layout().params) {
+      INFO(p.name);
+      Tensor want = full.grad(p.name);
+      std::vector<float> got(p.numel, 0.f);  // tied wte: both stages' sum (the embedding all-reduce)
+      for (auto& m : st) {
+        if (!m->layout().try_find(p.name)) continue;
+        Tensor g = m->grad(p.name);
+        for (int64_t i = 0; i < p.numel; ++i) got[i] += g.data<float>()[i];
+      }
+      for (int64_t i = 0; i < p.numel; ++i)
+        REQUIRE(got[i] == Approx(want.data<float>()[i]).margin(1e-6).epsilon(1e-4));
+    }
+  }
 }

@@ -1,0 +1,122 @@
+// dsconvert: rewrites a dstrain checkpoint offline, like Megatron-DeepSpeed's
+// deepspeed_to_megatron --target_tp.
+//   dsconvert --load DIR [--tag global_stepN] --save OUTDIR --target-tp N --target-dp M [--zero-stage S]
+//       -> OUTDIR/global_stepN laid out for TP N x DP M (ZeRO stage S; default: the saved one)
+//   dsconvert --load DIR [--tag global_stepN] --export-hf OUTDIR
+//       -> Hugging Face model.safetensors + config.json from a checkpoint of any layout
+// User errors print one line naming the input and exit 1; nothing half-written is left.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+
+#include "lib/ckpt/hf.h"
+#include "lib/ckpt/reshape.h"
+#include "lib/core/error.h"
+#include "lib/train/config.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Args {
+  std::string load, tag, save, export_hf;
+  int target_tp = 0, target_dp = 0, zero_stage = -1;
+};
+
+// The job size the saved config was resolved for (tp * pp * dp).
+int saved_world(const nlohmann::json& c, const std::string& step) {
+  try {
+    const int64_t tbs = c.at("train_batch_size"), mbs = c.at("train_micro_batch_size_per_gpu"),
+                  gas = c.at("gradient_accumulation_steps");
+    const int tp = c.at("parallel").value("tensor_model_parallel_size", 1);
+    const int pp = c.at("parallel").value("pipeline_model_parallel_size", 1);
+    DS_USER_CHECK(pp == 1, "checkpoint '{}' was saved with pipeline_model_parallel_size {}: dsconvert does not "
+                  "reshape pipeline-parallel checkpoints yet", step, pp);
+    DS_USER_CHECK(mbs > 0 && gas > 0 && tbs % (mbs * gas) == 0, "checkpoint '{}': inconsistent batch sizes in its "
+                  "config", step);
+    return static_cast<int>(tbs / (mbs * gas)) * tp * pp;
+  } catch (const nlohmann::json::exception& e) {
+    DS_USER_ERROR("checkpoint '{}': state.json config is incomplete: {}", step, e.what());
+  }
+}
+
+// The target config: the saved one with the new TP size, ZeRO stage and the
+// gradient accumulation re-derived for the new DP size (global batch kept).
+ds::TrainConfig target_config(nlohmann::json c, const Args& a) {
+  c["parallel"]["tensor_model_parallel_size"] = a.target_tp;
+  if (a.zero_stage >= 0) c["zero_optimization"]["stage"] = a.zero_stage;
+  c.erase("gradient_accumulation_steps");
+  return ds::train_config_from_json(c, a.target_tp * a.target_dp);
+}
+
+int run(const Args& a) {
+  const std::string step = ds::find_step_dir(a.load, a.tag);
+  DS_USER_CHECK(!step.empty(), "--load {}: no checkpoint there ('latest' missing; give --tag global_stepN)", a.load);
+  const nlohmann::json state = ds::read_step_state(step);
+  DS_USER_CHECK(state.contains("config") && state["config"].is_object(),
+                "checkpoint '{}': state.json has no config", step);
+  const ds::TrainConfig src = ds::train_config_from_json(state["config"], saved_world(state["config"], step));
+  const ds::SavedStep saved = ds::open_saved_step(step, src.model);
+  if (!a.export_hf.empty()) {
+    ds::export_hf(saved.model, saved.full, ds::read_full_params(saved, saved.full), a.export_hf);
+    std::printf("dsconvert: exported %s as a Hugging Face model to %s\n", step.c_str(), a.export_hf.c_str());
+    return 0;
+  }
+  DS_USER_CHECK(a.target_tp >= 1 && a.target_dp >= 1, "--save needs --target-tp N and --target-dp M (both >= 1)");
+  ds::ReshapeTarget t;
+  const ds::TrainConfig tc = target_config(state["config"], a);
+  t.model = tc.model;
+  t.tp = a.target_tp;
+  t.dp = a.target_dp;
+  t.zero_stage = tc.zero.stage;
+  t.config = tc.resolved;
+  const fs::path out(a.save);
+  const fs::path final_step = out / fs::path(step).filename();
+  DS_USER_CHECK(!fs::exists(final_step), "--save {}: '{}' already exists; choose another output directory", a.save,
+                final_step.string());
+  const bool created = !fs::exists(out);
+  try {
+    ds::write_reshaped(saved, t, a.save);
+  } catch (...) {  // leave nothing half-written: the new directory, or the temporary step directory
+    std::error_code ec;
+    if (created) fs::remove_all(out, ec);
+    else fs::remove_all(out / (".tmp-" + fs::path(step).filename().string()), ec);
+    throw;
+  }
+  std::printf("dsconvert: wrote %s for TP %d x DP %d (ZeRO stage %d)\n", final_step.c_str(), t.tp, t.dp,
+              t.zero_stage);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsconvert: reshape a dstrain checkpoint for another tensor/data-parallel layout, or export it "
+               "as a Hugging Face model"};
+  Args a;
+  app.add_option("--load", a.load, "Checkpoint directory (holds 'latest' and global_stepN/)")->required();
+  app.add_option("--tag", a.tag, "Step directory to read (default: the one 'latest' names)");
+  auto* save = app.add_option("--save", a.save, "Output checkpoint directory");
+  auto* hf = app.add_option("--export-hf", a.export_hf, "Output directory for a Hugging Face export");
+  save->excludes(hf);
+  app.add_option("--target-tp", a.target_tp, "Target tensor_model_parallel_size")->needs(save);
+  app.add_option("--target-dp", a.target_dp, "Target number of data-parallel ranks")->needs(save);
+  app.add_option("--zero-stage", a.zero_stage, "Target ZeRO stage (default: the saved one)")->needs(save);
+  try {
+    app.parse(argc, argv);
+    if (a.save.empty() && a.export_hf.empty()) throw CLI::ValidationError("give --save OUTDIR or --export-hf OUTDIR");
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "dsconvert: error: %s (see dsconvert --help)\n", e.what());
+    return 1;
+  }
+  try {
+    return run(a);
+  } catch (const ds::UserError& e) {
+    std::fprintf(stderr, "dsconvert: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dsconvert: internal error: %s\n", e.what());
+    return 2;
+  }
+}

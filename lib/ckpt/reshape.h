@@ -1,0 +1,90 @@
+// Checkpoint reshaping across tensor- and data-parallel layouts. A step
+// directory saved with (TP a, DP/ZeRO any) is read into (TP b, DP/ZeRO any):
+// the optimizer shards of every source tp rank are assembled into the FULL
+// Adam state (single-process layout, the one model.safetensors uses), then the
+// target tp rank's local slice and optimizer range are cut from it. The source
+// layouts are rebuilt with build_layout from the target model config and the
+// saved padded vocabulary (Megatron pads the vocabulary per TP size; padded
+// rows never touch the loss, so they are cut or zero-filled).
+//
+// Memory: a load holds a few full-model f32 host buffers (full m and v, the
+// vocabulary-adapted copies, one source tp rank's local m and v at a time);
+// fine at the model sizes the CPU path trains, and the price of a TP change
+// only (a same-layout load reads just the overlapping shards).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "lib/ckpt/checkpoint.h"
+#include "lib/core/tensor.h"
+#include "lib/model/layout.h"
+#include "lib/train/config.h"
+
+namespace ds {
+
+// A saved step directory, read and checked against a model config.
+struct SavedStep {
+  std::filesystem::path dir;  // DIR/global_stepN
+  nlohmann::json state;       // state.json
+  int tp = 1;                 // tensor_model_parallel_size it was saved with
+  int shards = 1;             // optimizer shards per tp rank
+  ModelConfig model;          // the given model config with the saved padded vocabulary
+  ModelLayout full;           // its full (tp 1) layout, as saved
+};
+
+// DIR/global_stepN: `tag` if given, else the one DIR/latest names. "" when
+// there is no tag and no `latest` (no checkpoint). UserError naming the path
+// when the directory is missing.
+std::string find_step_dir(const std::string& dir, const std::string& tag = "");
+// Reads state.json of a step directory. UserError naming it if missing or corrupt.
+nlohmann::json read_step_state(const std::filesystem::path& step);
+// Reads state.json and rebuilds the saved layout from `model` (its padded
+// vocabulary replaced by the saved one). A checkpoint of a different model
+// (other weights or shapes) is a UserError naming the first difference.
+SavedStep open_saved_step(const std::string& step_dir, const ModelConfig& model);
+
+// The saved full model, adapted to `target_full` (vocabulary rows cut or
+// zero-padded): out is a host f32 tensor of target_full.total.
+Tensor read_full_params(const SavedStep& s, const ModelLayout& target_full);
+
+// Adam state of the whole model in the saved full layout.
+struct FullMoments {
+  Tensor m, v;  // host f32 (s.full.total)
+  int64_t step = 0;
+};
+FullMoments assemble_full_moments(const SavedStep& s);
+
+// A full-layout buffer copied from layout `from` to `to` (same model, padded
+// vocabulary may differ: rows are cut or zero-filled).
+Tensor adapt_full(const ModelLayout& from, const ModelLayout& to, const Tensor& buf);
+
+// Reads [begin, end) of tp rank tp_rank's local moments (local_total
+// elements) from the `shards` optimizer files of that tp rank into m, v
+// (host f32, end - begin). Returns the Adam step count. UserError on a
+// missing shard, a size mismatch, or incomplete coverage.
+int64_t read_moment_range(const std::filesystem::path& step, int shards, int tp, int tp_rank, int64_t local_total,
+                          int64_t begin, int64_t end, Tensor& m, Tensor& v, int pp = 1, int pp_rank = 0);
+
+// TrainState fields of a state.json.
+TrainState read_train_state(const nlohmann::json& state);
+
+// The load path for a checkpoint saved with another TP size (or padded
+// vocabulary): fills host params (d.layout->total), m, v (d.opt_end -
+// d.opt_begin) and the step count for d's target layouts. d.model is required.
+void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, Tensor& m, Tensor& v,
+                   int64_t& opt_step);
+
+// Target of an offline conversion.
+struct ReshapeTarget {
+  ModelConfig model;       // with the target padded vocabulary
+  int tp = 1, dp = 1;
+  int zero_stage = 1;      // 0: one optimizer shard per tp rank (every dp rank holds all)
+  nlohmann::json config;   // the resolved config to store in state.json
+};
+// Writes the step of `s` as a checkpoint for `t` under out_dir (its own
+// temporary step directory renamed into place, then `latest`).
+void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::string& out_dir);
+
+}  // namespace ds

@@ -1,0 +1,150 @@
+// The 1F1B / interleaved 1F1B pipeline executor: compute actions on the
+// model's chunks, batches of point-to-point messages on the pipeline
+// communicator (activations on channel 0, gradients on channel 1).
+#include "lib/train/pipeline_executor.h"
+
+#include "lib/core/error.h"
+
+namespace ds {
+
+PipelineExecutor::PipelineExecutor(GptModel& model, Communicator& pp, int n_micro)
+    : model_(model), pp_(pp), stage_(pp.rank()), n_stages_(pp.size()), n_micro_(n_micro),
+      vp_(model.layout().vp) {
+  kind_ = vp_ > 1 ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB;
+  actions_ = make_schedule(kind_, n_stages_, stage_, n_micro_, vp_);
+  max_live_ = max_live_activations(kind_, n_stages_, stage_, n_micro_, vp_);
+  model_.set_activation_slots(max_live_);
+}
+
+int PipelineExecutor::slot_of(int k, bool allocate) {
+  auto it = slots_.find(k);
+  if (it != slots_.end()) return it->second;
+  DS_CHECK(allocate, "pipeline stage {}: (micro, chunk) {} has no activations", stage_, k);
+  DS_CHECK(!free_slots_.empty(), "pipeline stage {}: more than {} activation sets in flight", stage_, max_live_);
+  const int s = free_slots_.back();
+  free_slots_.pop_back();
+  slots_[k] = s;
+  return s;
+}
+
+void PipelineExecutor::free_slot(int k) {
+  free_slots_.push_back(slot_of(k, false));
+  slots_.erase(k);
+}
+
+const MicroBatch& PipelineExecutor::micro_batch(int micro) {
+  auto it = batches_.find(micro);
+  if (it == batches_.end()) it = batches_.emplace(micro, (*batch_fn_)(micro)).first;
+  return it->second;
+}
+
+Tensor PipelineExecutor::activation_buffer(const MicroBatch& mb) {
+  return Tensor::empty({mb.tokens.size(0), mb.tokens.size(1), model_.dims().C}, DType::F32, model_.device());
+}
+
+// Sends and receives of actions [begin, end), posted together.
+void PipelineExecutor::communicate(size_t begin, size_t end) {
+  std::vector<P2POp> ops;
+  for (size_t i = begin; i < end; ++i) {
+    const PipeAction& a = actions_[i];
+    const MicroBatch& mb = micro_batch(a.micro);
+    const int64_t B = mb.tokens.size(0), T = mb.tokens.size(1);
+    const bool fwd_link = a.kind == ActionKind::SendForward || a.kind == ActionKind::RecvBackward;
+    const int next = fwd_link ? forward_peer(n_stages_, vp_, stage_, a.chunk).rank : -1;
+    const int prev = fwd_link ? -1 : backward_peer(n_stages_, vp_, stage_, a.chunk).rank;
+    Tensor t;
+    int peer = stage_, channel = 0;
+    switch (a.kind) {
+      case ActionKind::RecvForward: t = model_.stage_input(slot_of(key(a), true), a.chunk, B, T); peer = prev; break;
+      case ActionKind::SendForward: t = model_.stage_output(slot_of(key(a), false), a.chunk); peer = next; break;
+      case ActionKind::RecvBackward:
+        t = grad_in_[key(a)] = activation_buffer(mb);
+        peer = next;
+        channel = 1;
+        break;
+      case ActionKind::SendBackward: t = grad_out_.at(key(a)); peer = prev; channel = 1; break;
+      default: DS_THROW("pipeline stage {}: {} is not a communication", stage_, to_string(a, vp_));
+    }
+    DS_CHECK(t.numel() == B * T * model_.dims().C, "pipeline stage {}: {} buffer of {} elements", stage_,
+             to_string(a, vp_), t.numel());
+    P2POp op;
+    op.is_send = a.kind == ActionKind::SendForward || a.kind == ActionKind::SendBackward;
+    op.data = t.raw();
+    op.count = t.numel();
+    op.peer = peer;
+    op.channel = channel;
+    ops.push_back(op);
+    performed_.push_back(a);
+  }
+  pp_.batch_send_recv(ops);
+  for (size_t i = begin; i < end; ++i)
+    if (actions_[i].kind == ActionKind::SendBackward) grad_out_.erase(key(actions_[i]));
+}
+
+void PipelineExecutor::compute(const PipeAction& a) {
+  const MicroBatch& mb = micro_batch(a.micro);
+  const int k = key(a);
+  const bool first_virtual = stage_ == 0 && a.chunk == 0;
+  if (a.kind == ActionKind::Forward) {
+    loss_sum_ += model_.stage_forward(slot_of(k, first_virtual), a.chunk, mb.tokens, mb.targets, loss_weight_, true);
+    return;
+  }
+  auto g = grad_in_.find(k);
+  model_.stage_backward(slot_of(k, false), a.chunk, mb.tokens, g != grad_in_.end() ? g->second : Tensor());
+  if (g != grad_in_.end()) grad_in_.erase(g);
+  free_slot(k);
+  if (!first_virtual) {  // keep the input gradient until its SendBackward
+    Tensor out = activation_buffer(mb);
+    out.copy_from(model_.stage_input_grad());
+    grad_out_[k] = out;
+  }
+}
+
+double PipelineExecutor::train(const std::function<MicroBatch(int)>& batch, float loss_weight) {
+  batch_fn_ = &batch;
+  loss_weight_ = loss_weight;
+  loss_sum_ = 0;
+  performed_.clear();
+  slots_.clear();
+  batches_.clear();
+  grad_in_.clear();
+  grad_out_.clear();
+  free_slots_.clear();
+  for (int s = max_live_ - 1; s >= 0; --s) free_slots_.push_back(s);
+  for (size_t i = 0; i < actions_.size();) {
+    if (is_communication(actions_[i].kind)) {
+      size_t end = i;
+      while (end < actions_.size() && is_communication(actions_[end].kind)) ++end;
+      communicate(i, end);
+      i = end;
+      continue;
+    }
+    compute(actions_[i]);
+    performed_.push_back(actions_[i]);
+    ++i;
+  }
+  DS_CHECK(slots_.empty() && grad_out_.empty(), "pipeline stage {}: activations left after the schedule", stage_);
+  batch_fn_ = nullptr;
+  batches_.clear();
+  return loss_sum_;
+}
+
+// Micro-batch after micro-batch, chunk after chunk: each virtual stage
+// receives, runs and passes on (a chain of blocking send/recv).
+double PipelineExecutor::forward_only(const std::function<MicroBatch(int)>& batch, int n) {
+  double sum = 0;
+  const int last_virtual = n_stages_ * vp_ - 1;
+  for (int m = 0; m < n; ++m) {
+    MicroBatch mb = batch(m);
+    const int64_t B = mb.tokens.size(0), T = mb.tokens.size(1);
+    for (int c = 0; c < vp_; ++c) {
+      const int v = virtual_stage_index(n_stages_, stage_, c);
+      if (v > 0) pp_.recv(model_.stage_input(0, c, B, T), backward_peer(n_stages_, vp_, stage_, c).rank);
+      sum += model_.stage_forward(0, c, mb.tokens, mb.targets, 0.f, false);
+      if (v < last_virtual) pp_.send(model_.stage_output(0, c), forward_peer(n_stages_, vp_, stage_, c).rank);
+    }
+  }
+  return sum;
+}
+
+}  // namespace ds

@@ -1,0 +1,191 @@
+// Checkpoint reshaping, in process: a fabricated optimizer state with known
+// values is saved as TP2 x DP2 (ZeRO-1) shards, then loaded (and rewritten
+// offline) for other TP / DP layouts; every element must equal the fabricated
+// full state sliced for the target, with the padded vocabulary rows cut or
+// zero-filled when the target pads the vocabulary differently.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <unistd.h>
+
+#include "lib/ckpt/checkpoint.h"
+#include "lib/ckpt/reshape.h"
+#include "lib/core/error.h"
+#include "lib/model/tp_shard.h"
+#include "lib/parallel/zero_partition.h"
+#include "test/model/tiny_model.h"
+
+using namespace ds;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kStep = 7, kIteration = 10;
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("dstrain_reshape_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+// tiny model with 4 heads so that TP4 divides it; padded vocabulary vp.
+ModelConfig model(bool llama, int vp = 40) {
+  ModelConfig m = test::tiny_model(llama);
+  m.num_heads = 4;
+  m.padded_vocab_size = vp;
+  return m;
+}
+
+// The fabricated value of element i of the saved full buffer `which` (0 params, 1 m, 2 v).
+float value(int which, int64_t i) { return which == 0 ? -0.5f - i : which == 1 ? 0.25f + i : 1.0f + 2.0f * i; }
+
+// The fabricated state in the layout `to`, built from the saved layout `from`
+// by formula: weight elements past the saved ones (extra vocabulary rows) are 0.
+Tensor expected_full(int which, const ModelLayout& from, const ModelLayout& to) {
+  Tensor t = Tensor::zeros({to.total}, DType::F32);
+  for (const ParamSpec& p : to.params) {
+    const ParamSpec& f = from.find(p.name);
+    for (int64_t k = 0; k < std::min(p.numel, f.numel); ++k) t.data<float>()[p.offset + k] = value(which, f.offset + k);
+  }
+  return t;
+}
+
+// Saves the fabricated state as tp x dp ZeRO-1 shards under dir.
+void save_fabricated(const fs::path& dir, const ModelConfig& cfg, int tp, int dp) {
+  const ModelLayout full = build_layout(cfg);
+  Tensor p = expected_full(0, full, full), m = expected_full(1, full, full), v = expected_full(2, full, full);
+  TrainState st;
+  st.iteration = kIteration;
+  st.consumed_samples = 80;
+  for (int tr = 0; tr < tp; ++tr) {
+    const ModelLayout local = build_layout(cfg, tp, tr);
+    Tensor lm = Tensor::empty({local.total}, DType::F32), lv = Tensor::empty({local.total}, DType::F32);
+    slice_tp_params(local, full, m, lm);
+    slice_tp_params(local, full, v, lv);
+    const ZeroPartition part = make_zero_partition(local.total, dp);
+    for (int r = 0; r < dp; ++r) {
+      Range g = part.owned_real(r);
+      CheckpointData d{&full, p, lm.view(g.begin, {g.size()}), lv.view(g.begin, {g.size()}), g.begin, g.end, kStep,
+                       r, dp};
+      d.opt_layout = &local;
+      d.tp = tp;
+      d.tp_rank = tr;
+      write_checkpoint_files(dir.string(), st, d, nlohmann::json{{"note", "fabricated"}});
+    }
+  }
+  commit_checkpoint(dir.string(), kIteration);
+}
+
+bool equal(const float* a, const float* b, int64_t n) { return std::equal(a, a + n, b); }
+
+// Loads dir into every rank of (tp, dp, ZeRO-1 ranges) of `cfg` and compares
+// with the fabricated state saved in layout `saved_full`.
+void check_load(const fs::path& dir, const ModelConfig& cfg, const ModelLayout& saved_full, int tp, int dp) {
+  const ModelLayout full = build_layout(cfg);
+  const Tensor ep = expected_full(0, saved_full, full), em = expected_full(1, saved_full, full),
+               ev = expected_full(2, saved_full, full);
+  for (int tr = 0; tr < tp; ++tr) {
+    const ModelLayout local = build_layout(cfg, tp, tr);
+    Tensor lm = Tensor::empty({local.total}, DType::F32), lv = Tensor::empty({local.total}, DType::F32);
+    slice_tp_params(local, full, em, lm);
+    slice_tp_params(local, full, ev, lv);
+    const ZeroPartition part = make_zero_partition(local.total, dp);
+    for (int r = 0; r < dp; ++r) {
+      INFO("target TP" << tp << " DP" << dp << ": tp rank " << tr << ", dp rank " << r);
+      Range g = part.owned_real(r);
+      Tensor p = Tensor::zeros({full.total}, DType::F32);
+      Tensor m = Tensor::zeros({g.size()}, DType::F32), v = Tensor::zeros({g.size()}, DType::F32);
+      CheckpointData d{&full, p, m, v, g.begin, g.end, 0, r, dp};
+      d.opt_layout = &local;
+      d.tp = tp;
+      d.tp_rank = tr;
+      d.model = &cfg;
+      TrainState st;
+      REQUIRE(load_checkpoint(dir.string(), st, d));
+      CHECK(st.iteration == kIteration);
+      CHECK(st.consumed_samples == 80);
+      CHECK(d.opt_step == kStep);
+      CHECK(equal(p.data<float>(), ep.data<float>(), full.total));
+      CHECK(equal(m.data<float>(), lm.data<float>() + g.begin, g.size()));
+      CHECK(equal(v.data<float>(), lv.data<float>() + g.begin, g.size()));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a TP2 x DP2 ZeRO-1 checkpoint loads into other TP and DP layouts element for element") {
+  for (bool llama : {false, true}) {
+    INFO((llama ? "llama" : "gpt2"));
+    const ModelConfig src = model(llama);
+    const ModelLayout saved_full = build_layout(src);
+    fs::path dir = temp_dir(llama ? "load_llama" : "load_gpt2");
+    save_fabricated(dir, src, 2, 2);
+    REQUIRE(fs::exists(dir / "global_step10" / "optim_tp01_rank00001_of_00002.safetensors"));
+    SECTION("TP1 DP1") { check_load(dir, src, saved_full, 1, 1); }
+    SECTION("TP1 DP3") { check_load(dir, src, saved_full, 1, 3); }
+    SECTION("TP2 DP2 (same layout)") { check_load(dir, src, saved_full, 2, 2); }
+    SECTION("TP4 DP1, vocabulary padded to 44") { check_load(dir, model(llama, 44), saved_full, 4, 1); }
+    SECTION("TP4 DP3") { check_load(dir, model(llama, 40), saved_full, 4, 3); }
+    fs::remove_all(dir);
+  }
+}
+
+TEST_CASE("write_reshaped rewrites a checkpoint for another layout offline") {
+  const ModelConfig src = model(false);
+  const ModelLayout saved_full = build_layout(src);
+  fs::path dir = temp_dir("convert_src"), out = temp_dir("convert_out") / "ck";
+  save_fabricated(dir, src, 2, 2);
+  ReshapeTarget t;
+  t.model = model(false, 44);
+  t.tp = 4;
+  t.dp = 3;
+  t.zero_stage = 1;
+  t.config = {{"note", "converted"}};
+  write_reshaped(open_saved_step(find_step_dir(dir.string()), t.model), t, out.string());
+  REQUIRE(fs::exists(out / "latest"));
+  REQUIRE(fs::exists(out / "global_step10" / "optim_tp03_rank00002_of_00003.safetensors"));
+  nlohmann::json state = read_step_state(out / "global_step10");
+  CHECK(state.at("tensor_model_parallel_size") == 4);
+  CHECK(state.at("optimizer_shards") == 3);
+  CHECK(state.at("config").at("note") == "converted");
+  SECTION("the converted files load as TP4 x DP3 without reshaping") {
+    check_load(out, t.model, saved_full, 4, 3);
+  }
+  SECTION("and back into a single process (vocabulary rows 44 -> 40 cut)") { check_load(out, src, saved_full, 1, 1); }
+  SECTION("ZeRO-0 target: one shard per tp rank") {
+    ReshapeTarget z = t;
+    z.zero_stage = 0;
+    fs::path out0 = out.parent_path() / "z0";
+    write_reshaped(open_saved_step(find_step_dir(dir.string()), z.model), z, out0.string());
+    REQUIRE(fs::exists(out0 / "global_step10" / "optim_tp02_rank00000_of_00001.safetensors"));
+    check_load(out0, src, saved_full, 1, 2);
+  }
+  fs::remove_all(dir);
+  fs::remove_all(out.parent_path());
+}
+
+TEST_CASE("reshaping refuses a checkpoint of another model with one clear line") {
+  fs::path dir = temp_dir("refuse");
+  save_fabricated(dir, model(false), 2, 1);
+  ModelConfig other = model(false);
+  other.num_layers = 3;
+  try {
+    open_saved_step(find_step_dir(dir.string()), other);
+    FAIL("expected a UserError");
+  } catch (const UserError& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("different model config") != std::string::npos);
+  }
+  // Without a model config the loader cannot reshape and says so.
+  const ModelLayout full = build_layout(model(false));
+  Tensor p = Tensor::zeros({full.total}, DType::F32), m = Tensor::zeros({full.total}, DType::F32),
+         v = Tensor::zeros({full.total}, DType::F32);
+  CheckpointData d{&full, p, m, v, 0, full.total, 0, 0, 1};
+  TrainState st;
+  REQUIRE_THROWS_WITH(load_checkpoint(dir.string(), st, d),
+                      Catch::Contains("saved with tensor_model_parallel_size 2, this job uses 1"));
+  REQUIRE_THROWS_WITH(find_step_dir((dir / "missing").string()), Catch::Contains("is not a directory"));
+  REQUIRE_THROWS_WITH(find_step_dir(dir.string(), "global_step99"), Catch::Contains("does not exist"));
+  fs::remove_all(dir);
+}

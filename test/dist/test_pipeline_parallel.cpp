@@ -1,0 +1,193 @@
+// Pipeline parallelism (1F1B): the loss curve of a single process equals that
+// of PP2 (GPT-2 family, tied embeddings), PP2 (LLaMA family, untied), PP4,
+// PP2 interleaved (2 chunks per stage, also with DP2 and ZeRO-2),
+// TP2 x PP2, PP2 x DP2 with ZeRO-2 and TP2 x PP2 x DP2 with ZeRO-1 at the same
+// global batch (relative 1e-5, fp32, 20 steps, grad accumulation >= PP); a PP2
+// checkpoint resumes on the same curve and is refused by PP1; an HF export
+// from PP2 (and TP2 x PP2) is byte-identical to the single-process one.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "test/dist/dist_util.h"
+
+using namespace ds::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kIters = 20;
+
+struct Run {
+  std::string name;
+  int world = 1, tp = 1, pp = 1, zero_stage = 0, layers = 2;
+  bool llama = false;
+  int iters = kIters;
+  std::vector<std::string> extra;
+};
+
+std::vector<std::string> run_args(const Run& r, const std::string& cfg) {
+  const DistData& d = dist_data();
+  std::vector<std::string> a = {"--config", cfg, "--num-layers", std::to_string(r.layers), "--hidden-size", "32",
+                                "--num-attention-heads", "4", "--seq-length", "32",
+                                "--max-position-embeddings", "32", "--train-iters", std::to_string(r.iters),
+                                "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "3",
+                                "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1",
+                                "--tensor-model-parallel-size", std::to_string(r.tp),
+                                "--pipeline-model-parallel-size", std::to_string(r.pp),
+                                "--data-path", d.data_prefix, "--vocab-file", d.vocab, "--merge-file", d.merges};
+  if (r.llama) a.insert(a.end(), {"--model-family", "llama", "--ffn-hidden-size", "64"});
+  a.insert(a.end(), r.extra.begin(), r.extra.end());
+  return a;
+}
+
+// Runs the job; returns "" on success, else the failure output. Losses of
+// rank 0 go to `losses` (when the run succeeds).
+std::string try_run(const Run& r, std::vector<double>* losses) {
+  const DistData& d = dist_data();
+  std::string cfg = d.dir + "/" + r.name + ".json";
+  {
+    std::ofstream f(cfg);
+    f << "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": 2"
+      << ", \"zero_optimization\": {\"stage\": " << r.zero_stage << ", \"reduce_bucket_size\": 5000}"
+      << ", \"csv_monitor\": {\"enabled\": true, \"output_path\": \"" << d.dir << "/csv\", \"job_name\": \"" << r.name
+      << "\"}}";
+  }
+  std::string log;
+  DstrainJob job{r.world, run_args(r, cfg)};
+  job.rank0_output = &log;
+  std::string err = run_dstrain(job);
+  // The job really ran as a pipeline (rank 0 is stage 0 and logs the schedule).
+  const bool interleaved = std::find(r.extra.begin(), r.extra.end(), "--num-layers-per-virtual-pipeline-stage") !=
+                           r.extra.end();
+  const std::string banner = "pipeline parallel: " + std::to_string(r.pp) + " stages (" +
+                             (interleaved ? "interleaved 1F1B, 2 model chunks per stage)" : "1F1B)");
+  if (err.empty() && r.pp > 1 && log.find(banner) == std::string::npos) err = "no '" + banner + "' in:\n" + log;
+  if (err.empty() && losses) *losses = read_losses(d.dir + "/csv/" + r.name + "/train.csv");
+  return err;
+}
+
+std::vector<double> run(const Run& r) {
+  std::vector<double> l;
+  std::string err = try_run(r, &l);
+  INFO(r.name << ": " << err);
+  REQUIRE(err.empty());
+  return l;
+}
+
+void require_same_curve(const std::vector<double>& ref, const std::vector<double>& got, size_t offset = 0) {
+  REQUIRE(!got.empty());
+  REQUIRE(got.size() + offset <= ref.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("iteration " << i + offset + 1 << ": reference " << ref[i + offset] << " got " << got[i]);
+    REQUIRE(std::abs(got[i] - ref[i + offset]) <= 1e-5 * std::abs(ref[i + offset]));
+  }
+}
+
+const std::vector<double>& single(bool llama, int layers) {
+  static std::map<std::pair<bool, int>, std::vector<double>> cache;
+  auto key = std::make_pair(llama, layers);
+  if (!cache.count(key)) {
+    Run r{"pp_single_" + std::string(llama ? "llama" : "gpt2") + "_L" + std::to_string(layers)};
+    r.llama = llama;
+    r.layers = layers;
+    cache[key] = run(r);
+  }
+  return cache[key];
+}
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("PP2, PP4, TP2xPP2 and PP2xDP2 (ZeRO-2) match a single process (GPT-2 family, tied)") {
+  const auto& ref = single(false, 2);
+  REQUIRE(ref.size() == kIters);
+  REQUIRE(ref.back() < ref.front() - 0.5);  // the model learns
+  SECTION("PP2") { require_same_curve(ref, run({"pp2_gpt2", 2, 1, 2})); }
+  SECTION("TP2xPP2") { require_same_curve(ref, run({"tp2pp2_gpt2", 4, 2, 2})); }
+  SECTION("PP2xDP2 ZeRO-2") { require_same_curve(ref, run({"pp2dp2_z2", 4, 1, 2, 2})); }
+  SECTION("PP4 (4 layers)") { require_same_curve(single(false, 4), run({"pp4_gpt2", 4, 1, 4, 0, 4})); }
+  SECTION("TP2xPP2xDP2 ZeRO-1") { require_same_curve(ref, run({"tp2pp2dp2_z1", 8, 2, 2, 1})); }
+  SECTION("PP2 interleaved (4 layers, 2 chunks per stage)") {
+    Run r{"pp2_interleaved", 2, 1, 2, 0, 4};
+    r.extra = {"--num-layers-per-virtual-pipeline-stage", "1"};
+    require_same_curve(single(false, 4), run(r));
+  }
+  SECTION("PP2xDP2 interleaved with ZeRO-2 (4 layers)") {
+    Run r{"pp2dp2_interleaved_z2", 4, 1, 2, 2, 4};
+    r.extra = {"--num-layers-per-virtual-pipeline-stage", "1"};
+    require_same_curve(single(false, 4), run(r));
+  }
+}
+
+TEST_CASE("PP2 matches a single process (LLaMA family: untied, SwiGLU, RoPE, RMSNorm)") {
+  const auto& ref = single(true, 2);
+  REQUIRE(ref.size() == kIters);
+  Run pp2{"pp2_llama", 2, 1, 2};
+  pp2.llama = true;
+  require_same_curve(ref, run(pp2));
+  Run z2{"pp2dp2_z2_llama", 4, 1, 2, 2};
+  z2.llama = true;
+  require_same_curve(ref, run(z2));
+}
+
+TEST_CASE("a PP2 checkpoint resumes with PP2 on the same curve and is refused by PP1") {
+  const std::string ck = dist_data().dir + "/ckpt_pp2";
+  fs::remove_all(ck);
+  Run a{"pp2_resume_a", 2, 1, 2, 1};
+  a.extra = {"--save", ck, "--save-interval", "10", "--exit-interval", "10"};
+  std::vector<double> first = run(a);
+  REQUIRE(first.size() == 10);
+  require_same_curve(single(false, 2), first);
+  REQUIRE(fs::exists(ck + "/global_step10/model.safetensors"));
+  REQUIRE(fs::exists(ck + "/global_step10/optim_pp01_tp00_rank00000_of_00001.safetensors"));
+  Run b{"pp2_resume_b", 2, 1, 2, 1};
+  b.extra = {"--load", ck};
+  std::vector<double> second = run(b);
+  REQUIRE(second.size() == 10);
+  require_same_curve(single(false, 2), second, 10);
+  Run c{"pp1_resume_refused", 1, 1, 1, 1};
+  c.extra = {"--load", ck};
+  std::string err = try_run(c, nullptr);
+  INFO(err);
+  REQUIRE(err.find("saved with pipeline_model_parallel_size 2 (tensor 1, 1 virtual stages), this job uses 1") != std::string::npos);
+}
+
+TEST_CASE("an HF export from PP2 equals the single-process export") {
+  for (bool llama : {false, true}) {
+    INFO((llama ? "llama" : "gpt2"));
+    const std::string tag = llama ? "llama" : "gpt2";
+    const fs::path out1 = dist_data().dir + "/pp_hf_single_" + tag, out2 = dist_data().dir + "/pp_hf_pp2_" + tag;
+    Run s{"pp_hf_single_" + tag};
+    s.llama = llama;
+    s.iters = 0;
+    s.extra = {"--export-hf", out1.string()};
+    Run t{"pp_hf_tp2pp2_" + tag, 4, 2, 2};
+    t.llama = llama;
+    t.iters = 0;
+    t.extra = {"--export-hf", out2.string()};
+    std::string err = try_run(s, nullptr);
+    INFO(err);
+    REQUIRE(err.empty());
+    err = try_run(t, nullptr);
+    REQUIRE(err.empty());
+    int files = 0;
+    for (const auto& e : fs::directory_iterator(out1)) {
+      INFO(e.path().filename().string());
+      REQUIRE(fs::exists(out2 / e.path().filename()));
+      CHECK(read_bytes(e.path()) == read_bytes(out2 / e.path().filename()));
+      ++files;
+    }
+    REQUIRE(files > 0);
+  }
+}

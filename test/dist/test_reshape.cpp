@@ -1,0 +1,130 @@
+// Checkpoint reshaping with real dstrain processes: a TP2 x DP2 ZeRO-1 run
+// saved at step 10 continues the single-process loss curve (relative 1e-5,
+// fp32) when resumed as a single process, and as TP1 x DP2 ZeRO-2 both from
+// dsconvert's rewritten checkpoint and by loading the TP2 one directly;
+// dsconvert refuses bad input with one line, exit 1 and no output left.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sys/wait.h>
+
+#include "test/dist/dist_util.h"
+
+using namespace ds::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  std::string name;
+  int world = 1, tp = 1, zero_stage = 0;
+  std::vector<std::string> extra;
+};
+
+std::vector<double> run(const Run& r) {
+  const DistData& d = dist_data();
+  std::string cfg = d.dir + "/" + r.name + ".json";
+  {
+    std::ofstream f(cfg);
+    f << "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": {\"stage\": "
+      << r.zero_stage << ", \"reduce_bucket_size\": 5000}, \"csv_monitor\": {\"enabled\": true, \"output_path\": \""
+      << d.dir << "/csv\", \"job_name\": \"" << r.name << "\"}}";
+  }
+  std::vector<std::string> a = {"--config", cfg, "--num-layers", "2", "--hidden-size", "32",
+                                "--num-attention-heads", "4", "--seq-length", "32",
+                                "--max-position-embeddings", "32", "--train-iters", "20",
+                                "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "3",
+                                "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1",
+                                "--tensor-model-parallel-size", std::to_string(r.tp),
+                                "--data-path", d.data_prefix, "--vocab-file", d.vocab, "--merge-file", d.merges};
+  a.insert(a.end(), r.extra.begin(), r.extra.end());
+  std::string err = run_dstrain(DstrainJob{r.world, a});
+  INFO(r.name << ": " << err);
+  REQUIRE(err.empty());
+  return read_losses(d.dir + "/csv/" + r.name + "/train.csv");
+}
+
+void require_same_curve(const std::vector<double>& ref, const std::vector<double>& got, size_t offset) {
+  REQUIRE(!got.empty());
+  REQUIRE(got.size() + offset <= ref.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("iteration " << i + offset + 1 << ": reference " << ref[i + offset] << " got " << got[i]);
+    REQUIRE(std::abs(got[i] - ref[i + offset]) <= 1e-5 * std::abs(ref[i + offset]));
+  }
+}
+
+// Runs dsconvert with args; returns its exit code, output in *out.
+int dsconvert(const std::string& args, std::string* out) {
+  const char* bin = std::getenv("DS_BINARY_DIR");
+  REQUIRE(bin != nullptr);
+  std::string cmd = std::string(bin) + "/apps/dsconvert/dsconvert " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  out->clear();
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out->append(buf, n);
+  int st = ::pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+// The single-process curve and the TP2 x DP2 checkpoint, made once (Catch
+// re-enters the test case for every section).
+const std::vector<double>& reference(const std::string& ck) {
+  static std::vector<double> ref;
+  if (!ref.empty()) return ref;
+  fs::remove_all(ck);
+  std::vector<double> r = run({"reshape_single", 1, 1, 0, {}});
+  REQUIRE(r.size() == 20);
+  std::vector<double> first = run({"reshape_tp2dp2", 4, 2, 1, {"--save", ck, "--save-interval", "10",
+                                                               "--exit-interval", "10"}});
+  REQUIRE(first.size() == 10);
+  require_same_curve(r, first, 0);
+  REQUIRE(fs::exists(ck + "/global_step10/optim_tp01_rank00001_of_00002.safetensors"));
+  ref = r;
+  return ref;
+}
+
+}  // namespace
+
+TEST_CASE("a TP2 x DP2 ZeRO-1 checkpoint resumes in other layouts on the single-process curve") {
+  const std::string dir = dist_data().dir, ck = dir + "/reshape_tp2dp2", conv = dir + "/reshape_tp1dp2";
+  const std::vector<double>& ref = reference(ck);
+
+  SECTION("as a single process") { require_same_curve(ref, run({"reshape_to_single", 1, 1, 0, {"--load", ck}}), 10); }
+  SECTION("as TP1 x DP2 ZeRO-2, loading the TP2 checkpoint directly") {
+    require_same_curve(ref, run({"reshape_direct_tp1dp2", 2, 1, 2, {"--load", ck}}), 10);
+  }
+  SECTION("as TP1 x DP2 ZeRO-2 from dsconvert's output") {
+    std::string out;
+    fs::remove_all(conv);
+    int rc = dsconvert("--load " + ck + " --save " + conv + " --target-tp 1 --target-dp 2 --zero-stage 2", &out);
+    INFO(out);
+    REQUIRE(rc == 0);
+    REQUIRE(fs::exists(conv + "/latest"));
+    REQUIRE(fs::exists(conv + "/global_step10/optim_rank00001_of_00002.safetensors"));
+    require_same_curve(ref, run({"reshape_conv_tp1dp2", 2, 1, 2, {"--load", conv}}), 10);
+  }
+  SECTION("dsconvert exports HF from the TP2 checkpoint") {
+    std::string out;
+    int rc = dsconvert("--load " + ck + " --export-hf " + dir + "/reshape_hf", &out);
+    INFO(out);
+    REQUIRE(rc == 0);
+    REQUIRE(fs::exists(dir + "/reshape_hf/model.safetensors"));
+    REQUIRE(fs::exists(dir + "/reshape_hf/config.json"));
+  }
+  SECTION("dsconvert errors: one line, exit 1, nothing written") {
+    std::string out;
+    const std::string missing = dir + "/no_such_ckpt", bad = dir + "/reshape_bad_tp";
+    CHECK(dsconvert("--load " + missing + " --save " + bad + " --target-tp 1 --target-dp 1", &out) == 1);
+    CHECK(out.find(missing) != std::string::npos);
+    CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+    CHECK(dsconvert("--load " + ck + " --save " + bad + " --target-tp 3 --target-dp 1", &out) == 1);
+    INFO(out);
+    CHECK(out.find("divisible") != std::string::npos);
+    CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+    CHECK(!fs::exists(bad));
+  }
+}
