@@ -1,7 +1,9 @@
 // dsconvert: rewrites a dstrain checkpoint offline, like Megatron-DeepSpeed's
-// deepspeed_to_megatron --target_tp.
-//   dsconvert --load DIR [--tag global_stepN] --save OUTDIR --target-tp N --target-dp M [--zero-stage S]
-//       -> OUTDIR/global_stepN laid out for TP N x DP M (ZeRO stage S; default: the saved one)
+// deepspeed_to_megatron --target_tp / --target_pp.
+//   dsconvert --load DIR [--tag global_stepN] --save OUTDIR --target-tp N --target-dp M [--target-pp P]
+//             [--target-vp V] [--zero-stage S]
+//       -> OUTDIR/global_stepN laid out for TP N x PP P (V virtual stages per rank) x DP M, ZeRO stage S
+//          (defaults: the saved PP, virtual stages and ZeRO stage; V is 1 when P changes)
 //   dsconvert --load DIR [--tag global_stepN] --export-hf OUTDIR
 //       -> Hugging Face model.safetensors + config.json from a checkpoint of any layout
 // User errors print one line naming the input and exit 1; nothing half-written is left.
@@ -20,7 +22,7 @@ namespace {
 
 struct Args {
   std::string load, tag, save, export_hf;
-  int target_tp = 0, target_dp = 0, zero_stage = -1;
+  int target_tp = 0, target_dp = 0, target_pp = 0, target_vp = 0, zero_stage = -1;
 };
 
 // The job size the saved config was resolved for (tp * pp * dp).
@@ -30,8 +32,6 @@ int saved_world(const nlohmann::json& c, const std::string& step) {
                   gas = c.at("gradient_accumulation_steps");
     const int tp = c.at("parallel").value("tensor_model_parallel_size", 1);
     const int pp = c.at("parallel").value("pipeline_model_parallel_size", 1);
-    DS_USER_CHECK(pp == 1, "checkpoint '{}' was saved with pipeline_model_parallel_size {}: dsconvert does not "
-                  "reshape pipeline-parallel checkpoints yet", step, pp);
     DS_USER_CHECK(mbs > 0 && gas > 0 && tbs % (mbs * gas) == 0, "checkpoint '{}': inconsistent batch sizes in its "
                   "config", step);
     return static_cast<int>(tbs / (mbs * gas)) * tp * pp;
@@ -40,13 +40,20 @@ int saved_world(const nlohmann::json& c, const std::string& step) {
   }
 }
 
-// The target config: the saved one with the new TP size, ZeRO stage and the
-// gradient accumulation re-derived for the new DP size (global batch kept).
+// The target config: the saved one with the new TP and PP sizes, virtual
+// stages, ZeRO stage and the gradient accumulation re-derived for the new DP
+// size (global batch kept). `a` has target_pp / target_vp resolved.
 ds::TrainConfig target_config(nlohmann::json c, const Args& a) {
   c["parallel"]["tensor_model_parallel_size"] = a.target_tp;
+  c["parallel"]["pipeline_model_parallel_size"] = a.target_pp;
+  const int layers = c.at("model").at("num_layers").get<int>();
+  DS_USER_CHECK(layers % (a.target_pp * a.target_vp) == 0,
+                "--target-pp {} --target-vp {}: num_layers {} is not divisible by {}", a.target_pp, a.target_vp,
+                layers, a.target_pp * a.target_vp);
+  c["parallel"]["num_layers_per_virtual_pipeline_stage"] = a.target_vp > 1 ? layers / (a.target_pp * a.target_vp) : 0;
   if (a.zero_stage >= 0) c["zero_optimization"]["stage"] = a.zero_stage;
   c.erase("gradient_accumulation_steps");
-  return ds::train_config_from_json(c, a.target_tp * a.target_dp);
+  return ds::train_config_from_json(c, a.target_tp * a.target_pp * a.target_dp);  // validates the layout
 }
 
 int run(const Args& a) {
@@ -63,11 +70,19 @@ int run(const Args& a) {
     return 0;
   }
   DS_USER_CHECK(a.target_tp >= 1 && a.target_dp >= 1, "--save needs --target-tp N and --target-dp M (both >= 1)");
+  Args r = a;  // defaults: the saved pipeline layout (no virtual stages when PP changes)
+  if (r.target_pp == 0) r.target_pp = saved.pp;
+  if (r.target_vp == 0) r.target_vp = r.target_pp == saved.pp ? saved.vp : 1;
+  DS_USER_CHECK(r.target_pp >= 1 && r.target_vp >= 1 && (r.target_vp == 1 || r.target_pp > 1),
+                "--target-pp {} --target-vp {}: both must be >= 1, and virtual stages need --target-pp > 1",
+                r.target_pp, r.target_vp);
   ds::ReshapeTarget t;
-  const ds::TrainConfig tc = target_config(state["config"], a);
+  const ds::TrainConfig tc = target_config(state["config"], r);
   t.model = tc.model;
-  t.tp = a.target_tp;
-  t.dp = a.target_dp;
+  t.tp = r.target_tp;
+  t.dp = r.target_dp;
+  t.pp = r.target_pp;
+  t.vp = r.target_vp;
   t.zero_stage = tc.zero.stage;
   t.config = tc.resolved;
   const fs::path out(a.save);
@@ -83,16 +98,16 @@ int run(const Args& a) {
     else fs::remove_all(out / (".tmp-" + fs::path(step).filename().string()), ec);
     throw;
   }
-  std::printf("dsconvert: wrote %s for TP %d x DP %d (ZeRO stage %d)\n", final_step.c_str(), t.tp, t.dp,
-              t.zero_stage);
+  std::printf("dsconvert: wrote %s for TP %d x PP %d (%d virtual stages) x DP %d (ZeRO stage %d)\n",
+              final_step.c_str(), t.tp, t.pp, t.vp, t.dp, t.zero_stage);
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dsconvert: reshape a dstrain checkpoint for another tensor/data-parallel layout, or export it "
-               "as a Hugging Face model"};
+  CLI::App app{"dsconvert: reshape a dstrain checkpoint for another tensor/pipeline/data-parallel layout, or "
+               "export it as a Hugging Face model"};
   Args a;
   app.add_option("--load", a.load, "Checkpoint directory (holds 'latest' and global_stepN/)")->required();
   app.add_option("--tag", a.tag, "Step directory to read (default: the one 'latest' names)");
@@ -101,6 +116,11 @@ int main(int argc, char** argv) {
   save->excludes(hf);
   app.add_option("--target-tp", a.target_tp, "Target tensor_model_parallel_size")->needs(save);
   app.add_option("--target-dp", a.target_dp, "Target number of data-parallel ranks")->needs(save);
+  app.add_option("--target-pp", a.target_pp, "Target pipeline_model_parallel_size (default: the saved one)")
+      ->needs(save);
+  app.add_option("--target-vp", a.target_vp,
+                 "Target virtual pipeline stages per rank (default: the saved ones if PP is unchanged, else 1)")
+      ->needs(save);
   app.add_option("--zero-stage", a.zero_stage, "Target ZeRO stage (default: the saved one)")->needs(save);
   try {
     app.parse(argc, argv);

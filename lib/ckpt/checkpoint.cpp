@@ -153,16 +153,18 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   const int saved_tp = state.value("tensor_model_parallel_size", 1);
   const int saved_pp = state.value("pipeline_model_parallel_size", 1);
   const int saved_vp = state.value("virtual_pipeline_stages", 1);
-  DS_USER_CHECK(saved_pp == d.pp && saved_vp == d.vp && (d.pp == 1 || saved_tp == d.tp),
-                "checkpoint '{}' was saved with pipeline_model_parallel_size {} (tensor {}, {} virtual stages), this "
-                "job uses {} (tensor {}, {} virtual stages); resume pipeline-parallel checkpoints with the same layout",
-                step, saved_pp, saved_tp, saved_vp, d.pp, d.tp, d.vp);
-  const bool same = saved_tp == d.tp && same_layout(state.value("layout", nlohmann::json()), *d.layout);
+  const bool same_split = saved_tp == d.tp && saved_pp == d.pp && saved_vp == d.vp;
+  const bool same = same_split && same_layout(state.value("layout", nlohmann::json()), *d.layout);
   if (!same && d.model == nullptr) {  // no model config: no reshaping
     DS_USER_CHECK(saved_tp == d.tp,
                   "checkpoint '{}' was saved with tensor_model_parallel_size {}, this job uses {}, and this loader "
                   "cannot reshape it (use dsconvert --target-tp {})",
                   step, saved_tp, d.tp, d.tp);
+    DS_USER_CHECK(same_split,
+                  "checkpoint '{}' was saved with pipeline_model_parallel_size {} (tensor {}, {} virtual stages), this "
+                  "job uses {} (tensor {}, {} virtual stages), and this loader cannot reshape it (use dsconvert "
+                  "--target-pp {})",
+                  step, saved_pp, saved_tp, saved_vp, d.pp, d.tp, d.vp, d.pp);
     check_layout(state.value("layout", nlohmann::json()), *d.layout, step);
   }
   // Everything is read and checked before the destination is touched.

@@ -36,10 +36,11 @@ struct CheckpointData {
   const ModelLayout* opt_layout = nullptr;  // null: `layout`
   int tp = 1, tp_rank = 0;
   // Pipeline parallelism: as tp; the moments cover this stage's local layout
-  // and shards are named per pipeline rank too. Another pp size is refused.
+  // and shards are named per pipeline rank too. Another pp / vp is reshaped
+  // like another tp (needs `model`).
   int pp = 1, pp_rank = 0, vp = 1;  // vp: virtual pipeline stages per rank
   // The model config of `layout` (its padded vocabulary included). When set,
-  // a checkpoint saved with another tp (or padded vocabulary) is reshaped on
+  // a checkpoint saved with another tp / pp (or padded vocabulary) is reshaped on
   // load (lib/ckpt/reshape.h); when null such a checkpoint is refused.
   const ModelConfig* model = nullptr;
 };

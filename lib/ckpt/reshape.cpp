@@ -1,5 +1,5 @@
-// Checkpoint reshaping: full optimizer state from any (TP, DP/ZeRO) layout's
-// shards, sliced for any other; offline rewriting for dsconvert.
+// Checkpoint reshaping: full optimizer state from any (TP, PP, DP/ZeRO)
+// layout's shards, sliced for any other; offline rewriting for dsconvert.
 #include "lib/ckpt/reshape.h"
 
 #include <algorithm>
@@ -42,9 +42,11 @@ void for_each_run(const ParamSpec& p, int tp, int r, Fn fn) {
   for (int64_t i = 0; i < rows; ++i) fn(i * cols + r * lc, i * lc, lc);
 }
 
-// full (full.total) <- local (local.total) at local's tp rank.
+// full (full.total) <- local (local.total) at local's tp rank and stage. A
+// tied wte on a later stage is skipped: the first stage's copy is the one.
 void place_local(const ModelLayout& local, const ModelLayout& full, const float* src, float* dst) {
   for (const ParamSpec& p : local.params) {
+    if (!local.first_stage() && p.name == "embed.wte") continue;
     const ParamSpec& f = full.find(p.name);
     for_each_run(p, local.tp, local.tp_rank, [&](int64_t fo, int64_t lo, int64_t n) {
       std::memcpy(dst + f.offset + fo, src + p.offset + lo, n * sizeof(float));
@@ -108,11 +110,8 @@ SavedStep open_saved_step(const std::string& step_dir, const ModelConfig& model)
     s.shards = s.state.at("optimizer_shards").get<int>();
     const nlohmann::json& saved = s.state.at("layout");
     DS_USER_CHECK(saved.is_array() && !saved.empty(), "checkpoint '{}': state.json has no layout", where);
-    const int saved_pp = s.state.value("pipeline_model_parallel_size", 1);
-    DS_USER_CHECK(saved_pp == 1,
-                  "checkpoint '{}' was saved with pipeline_model_parallel_size {}: reshaping pipeline-parallel "
-                  "checkpoints is not supported yet (resume it with the same TP and PP sizes)",
-                  where, saved_pp);
+    s.pp = s.state.value("pipeline_model_parallel_size", 1);
+    s.vp = s.state.value("virtual_pipeline_stages", 1);
     s.model = model;
     for (const auto& w : saved)  // the saved padded vocabulary: rows of embed.wte
       if (w[0].get<std::string>() == "embed.wte") s.model.padded_vocab_size = static_cast<int>(w[1][0].get<int64_t>());
@@ -132,8 +131,13 @@ SavedStep open_saved_step(const std::string& step_dir, const ModelConfig& model)
   } catch (const nlohmann::json::exception& e) {
     DS_USER_ERROR("checkpoint '{}': state.json is incomplete: {}", where, e.what());
   }
-  DS_USER_CHECK(s.tp >= 1 && s.shards >= 1, "checkpoint '{}': tensor_model_parallel_size {} / optimizer_shards {}",
-                where, s.tp, s.shards);
+  DS_USER_CHECK(s.tp >= 1 && s.pp >= 1 && s.vp >= 1 && s.shards >= 1,
+                "checkpoint '{}': tensor_model_parallel_size {} / pipeline_model_parallel_size {} / "
+                "virtual_pipeline_stages {} / optimizer_shards {}",
+                where, s.tp, s.pp, s.vp, s.shards);
+  DS_USER_CHECK(s.model.num_layers % (s.pp * s.vp) == 0,
+                "checkpoint '{}': {} layers do not split into {} pipeline stages x {} virtual stages", where,
+                s.model.num_layers, s.pp, s.vp);
   return s;
 }
 
@@ -199,12 +203,14 @@ FullMoments assemble_full_moments(const SavedStep& s) {
   FullMoments f;
   f.m = Tensor::zeros({s.full.total}, DType::F32);
   f.v = Tensor::zeros({s.full.total}, DType::F32);
-  for (int r = 0; r < s.tp; ++r) {  // one source tp rank's local moments at a time
-    const ModelLayout local = build_layout(s.model, s.tp, r);
-    Tensor m, v;
-    f.step = read_moment_range(s.dir, s.shards, s.tp, r, local.total, 0, local.total, m, v);
-    place_local(local, s.full, m.data<float>(), f.m.data<float>());
-    place_local(local, s.full, v.data<float>(), f.v.data<float>());
+  for (int pr = 0; pr < s.pp; ++pr) {
+    for (int r = 0; r < s.tp; ++r) {  // one source (stage, tp rank)'s local moments at a time
+      const ModelLayout local = build_layout(s.model, s.tp, r, s.pp, pr, s.vp);
+      Tensor m, v;
+      f.step = read_moment_range(s.dir, s.shards, s.tp, r, local.total, 0, local.total, m, v, s.pp, pr);
+      place_local(local, s.full, m.data<float>(), f.m.data<float>());
+      place_local(local, s.full, v.data<float>(), f.v.data<float>());
+    }
   }
   return f;
 }
@@ -213,11 +219,7 @@ void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, 
                    int64_t& opt_step) {
   DS_CHECK(d.model != nullptr, "read_reshaped needs the model config");
   const ModelLayout& full = *d.layout;
-  const ModelLayout& local = d.opt_layout ? *d.opt_layout : full;
-  DS_USER_CHECK(local.pp == 1,
-                "checkpoint '{}' was saved with tensor_model_parallel_size {}, this job uses {} with pipeline "
-                "parallelism: reshaping into a pipeline-parallel job is not supported yet",
-                s.dir.string(), s.tp, local.tp);
+  const ModelLayout& local = d.opt_layout ? *d.opt_layout : full;  // the target stage's tp-rank layout
   params = read_full_params(s, full);
   FullMoments fm = assemble_full_moments(s);
   opt_step = fm.step;
@@ -233,6 +235,34 @@ void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, 
   }
 }
 
+namespace {
+
+// Writes the optimizer shards of target (stage pr, tp rank tr): every ZeRO
+// range of its local layout, cut from the full moments.
+void write_target_rank(const std::string& out_dir, const TrainState& st, const ReshapeTarget& t,
+                       const ModelLayout& full, const Tensor& params, const Tensor& m_full, const Tensor& v_full,
+                       int64_t opt_step, int world, int pr, int tr) {
+  const ModelLayout local = build_layout(t.model, t.tp, tr, t.pp, pr, t.vp);
+  Tensor lm = Tensor::empty({local.total}, DType::F32), lv = Tensor::empty({local.total}, DType::F32);
+  slice_tp_params(local, full, m_full, lm);
+  slice_tp_params(local, full, v_full, lv);
+  const ZeroPartition part = make_zero_partition(local.total, world);
+  for (int r = 0; r < world; ++r) {
+    const Range rg = world == 1 ? Range{0, local.total} : part.owned_real(r);
+    CheckpointData d{&full, params, lm.view(rg.begin, {rg.size()}), lv.view(rg.begin, {rg.size()}),
+                     rg.begin, rg.end, opt_step, r, world};
+    d.opt_layout = &local;
+    d.tp = t.tp;
+    d.tp_rank = tr;
+    d.pp = t.pp;
+    d.pp_rank = pr;
+    d.vp = t.vp;
+    write_checkpoint_files(out_dir, st, d, t.config);
+  }
+}
+
+}  // namespace
+
 void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::string& out_dir) {
   const ModelLayout full = build_layout(t.model);
   Tensor params = read_full_params(s, full);
@@ -241,23 +271,10 @@ void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::strin
   const int64_t opt_step = fm.step;
   fm = FullMoments{};  // release the saved-layout copies
   const TrainState st = read_train_state(s.state);
-  const int world = t.zero_stage >= 1 ? t.dp : 1;  // stage 0: one shard holds the whole tp rank
-  for (int tr = 0; tr < t.tp; ++tr) {
-    const ModelLayout local = build_layout(t.model, t.tp, tr);
-    Tensor lm = Tensor::empty({local.total}, DType::F32), lv = Tensor::empty({local.total}, DType::F32);
-    slice_tp_params(local, full, m_full, lm);
-    slice_tp_params(local, full, v_full, lv);
-    const ZeroPartition part = make_zero_partition(local.total, world);
-    for (int r = 0; r < world; ++r) {
-      const Range rg = world == 1 ? Range{0, local.total} : part.owned_real(r);
-      CheckpointData d{&full, params, lm.view(rg.begin, {rg.size()}), lv.view(rg.begin, {rg.size()}),
-                       rg.begin, rg.end, opt_step, r, world};
-      d.opt_layout = &local;
-      d.tp = t.tp;
-      d.tp_rank = tr;
-      write_checkpoint_files(out_dir, st, d, t.config);
-    }
-  }
+  const int world = t.zero_stage >= 1 ? t.dp : 1;  // stage 0: one shard holds the whole (pp, tp) rank
+  for (int pr = 0; pr < t.pp; ++pr)
+    for (int tr = 0; tr < t.tp; ++tr) write_target_rank(out_dir, st, t, full, params, m_full, v_full, opt_step,
+                                                        world, pr, tr);
   commit_checkpoint(out_dir, st.iteration);
 }
 

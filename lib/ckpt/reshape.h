@@ -1,8 +1,11 @@
-// Checkpoint reshaping across tensor- and data-parallel layouts. A step
-// directory saved with (TP a, DP/ZeRO any) is read into (TP b, DP/ZeRO any):
-// the optimizer shards of every source tp rank are assembled into the FULL
-// Adam state (single-process layout, the one model.safetensors uses), then the
-// target tp rank's local slice and optimizer range are cut from it. The source
+// Checkpoint reshaping across tensor-, pipeline- and data-parallel layouts. A
+// step directory saved with (TP a, PP b, virtual stages, DP/ZeRO any) is read
+// into any other: the optimizer shards of every source (pp, tp) rank are
+// assembled into the FULL Adam state (single-process layout, the one
+// model.safetensors uses), then the target stage's tp-rank slice and optimizer
+// range are cut from it. A tied embedding's state lives on the first and the
+// last stage; it is taken from the first (the copies are identical: both take
+// the same step after the embedding-group all-reduce of their gradients). The source
 // layouts are rebuilt with build_layout from the target model config and the
 // saved padded vocabulary (Megatron pads the vocabulary per TP size; padded
 // rows never touch the loss, so they are cut or zero-filled).
@@ -29,7 +32,8 @@ struct SavedStep {
   std::filesystem::path dir;  // DIR/global_stepN
   nlohmann::json state;       // state.json
   int tp = 1;                 // tensor_model_parallel_size it was saved with
-  int shards = 1;             // optimizer shards per tp rank
+  int pp = 1, vp = 1;         // pipeline_model_parallel_size, virtual stages per rank
+  int shards = 1;             // optimizer shards per (pp, tp) rank
   ModelConfig model;          // the given model config with the saved padded vocabulary
   ModelLayout full;           // its full (tp 1) layout, as saved
 };
@@ -70,7 +74,7 @@ int64_t read_moment_range(const std::filesystem::path& step, int shards, int tp,
 // TrainState fields of a state.json.
 TrainState read_train_state(const nlohmann::json& state);
 
-// The load path for a checkpoint saved with another TP size (or padded
+// The load path for a checkpoint saved with another TP / PP layout (or padded
 // vocabulary): fills host params (d.layout->total), m, v (d.opt_end -
 // d.opt_begin) and the step count for d's target layouts. d.model is required.
 void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, Tensor& m, Tensor& v,
@@ -80,7 +84,8 @@ void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, 
 struct ReshapeTarget {
   ModelConfig model;       // with the target padded vocabulary
   int tp = 1, dp = 1;
-  int zero_stage = 1;      // 0: one optimizer shard per tp rank (every dp rank holds all)
+  int pp = 1, vp = 1;      // pipeline stages, virtual stages per rank
+  int zero_stage = 1;      // 0: one optimizer shard per (pp, tp) rank (every dp rank holds all)
   nlohmann::json config;   // the resolved config to store in state.json
 };
 // Writes the step of `s` as a checkpoint for `t` under out_dir (its own

@@ -1,6 +1,6 @@
 // Checkpoint reshaping, in process: a fabricated optimizer state with known
-// values is saved as TP2 x DP2 (ZeRO-1) shards, then loaded (and rewritten
-// offline) for other TP / DP layouts; every element must equal the fabricated
+// values is saved as TP2 x DP2 (ZeRO-1) and PP2 x TP2 x DP2 shards, then loaded
+// (and rewritten offline) for other TP / PP / DP layouts; every element must equal the fabricated
 // full state sliced for the target, with the padded vocabulary rows cut or
 // zero-filled when the target pads the vocabulary differently.
 #include <catch2/catch.hpp>
@@ -50,27 +50,45 @@ Tensor expected_full(int which, const ModelLayout& from, const ModelLayout& to) 
   return t;
 }
 
-// Saves the fabricated state as tp x dp ZeRO-1 shards under dir.
-void save_fabricated(const fs::path& dir, const ModelConfig& cfg, int tp, int dp) {
+// A pipeline split: pp stages with vp virtual stages per rank.
+struct Pipe {
+  int pp = 1, vp = 1;
+};
+
+// Saves the fabricated state as pp x tp x dp ZeRO-1 shards under dir. With
+// `poison_tied`, a later stage's tied wte moments are garbage: a reshaping
+// load must take the first stage's copy.
+void save_fabricated(const fs::path& dir, const ModelConfig& cfg, int tp, int dp, Pipe pipe = {},
+                     bool poison_tied = false) {
   const ModelLayout full = build_layout(cfg);
   Tensor p = expected_full(0, full, full), m = expected_full(1, full, full), v = expected_full(2, full, full);
   TrainState st;
   st.iteration = kIteration;
   st.consumed_samples = 80;
-  for (int tr = 0; tr < tp; ++tr) {
-    const ModelLayout local = build_layout(cfg, tp, tr);
-    Tensor lm = Tensor::empty({local.total}, DType::F32), lv = Tensor::empty({local.total}, DType::F32);
-    slice_tp_params(local, full, m, lm);
-    slice_tp_params(local, full, v, lv);
-    const ZeroPartition part = make_zero_partition(local.total, dp);
-    for (int r = 0; r < dp; ++r) {
-      Range g = part.owned_real(r);
-      CheckpointData d{&full, p, lm.view(g.begin, {g.size()}), lv.view(g.begin, {g.size()}), g.begin, g.end, kStep,
-                       r, dp};
-      d.opt_layout = &local;
-      d.tp = tp;
-      d.tp_rank = tr;
-      write_checkpoint_files(dir.string(), st, d, nlohmann::json{{"note", "fabricated"}});
+  for (int pr = 0; pr < pipe.pp; ++pr) {
+    for (int tr = 0; tr < tp; ++tr) {
+      const ModelLayout local = build_layout(cfg, tp, tr, pipe.pp, pr, pipe.vp);
+      Tensor lm = Tensor::empty({local.total}, DType::F32), lv = Tensor::empty({local.total}, DType::F32);
+      slice_tp_params(local, full, m, lm);
+      slice_tp_params(local, full, v, lv);
+      const ParamSpec* wte = local.try_find("embed.wte");
+      if (poison_tied && pr > 0 && wte) {
+        std::fill_n(lm.data<float>() + wte->offset, wte->numel, -999.0f);
+        std::fill_n(lv.data<float>() + wte->offset, wte->numel, -999.0f);
+      }
+      const ZeroPartition part = make_zero_partition(local.total, dp);
+      for (int r = 0; r < dp; ++r) {
+        Range g = part.owned_real(r);
+        CheckpointData d{&full, p, lm.view(g.begin, {g.size()}), lv.view(g.begin, {g.size()}), g.begin, g.end,
+                         kStep, r, dp};
+        d.opt_layout = &local;
+        d.tp = tp;
+        d.tp_rank = tr;
+        d.pp = pipe.pp;
+        d.pp_rank = pr;
+        d.vp = pipe.vp;
+        write_checkpoint_files(dir.string(), st, d, nlohmann::json{{"note", "fabricated"}});
+      }
     }
   }
   commit_checkpoint(dir.string(), kIteration);
@@ -78,38 +96,50 @@ void save_fabricated(const fs::path& dir, const ModelConfig& cfg, int tp, int dp
 
 bool equal(const float* a, const float* b, int64_t n) { return std::equal(a, a + n, b); }
 
-// Loads dir into every rank of (tp, dp, ZeRO-1 ranges) of `cfg` and compares
-// with the fabricated state saved in layout `saved_full`.
-void check_load(const fs::path& dir, const ModelConfig& cfg, const ModelLayout& saved_full, int tp, int dp) {
+// Loads dir into target (stage pr, tp rank tr) of (pp, tp, dp, ZeRO-1
+// ranges) of `cfg`, every dp rank, and compares with the fabricated state
+// saved in layout `saved_full`.
+void check_load_rank(const fs::path& dir, const ModelConfig& cfg, const ModelLayout& saved_full, int tp, int dp,
+                     Pipe pipe, int pr, int tr) {
   const ModelLayout full = build_layout(cfg);
   const Tensor ep = expected_full(0, saved_full, full), em = expected_full(1, saved_full, full),
                ev = expected_full(2, saved_full, full);
-  for (int tr = 0; tr < tp; ++tr) {
-    const ModelLayout local = build_layout(cfg, tp, tr);
-    Tensor lm = Tensor::empty({local.total}, DType::F32), lv = Tensor::empty({local.total}, DType::F32);
-    slice_tp_params(local, full, em, lm);
-    slice_tp_params(local, full, ev, lv);
-    const ZeroPartition part = make_zero_partition(local.total, dp);
-    for (int r = 0; r < dp; ++r) {
-      INFO("target TP" << tp << " DP" << dp << ": tp rank " << tr << ", dp rank " << r);
-      Range g = part.owned_real(r);
-      Tensor p = Tensor::zeros({full.total}, DType::F32);
-      Tensor m = Tensor::zeros({g.size()}, DType::F32), v = Tensor::zeros({g.size()}, DType::F32);
-      CheckpointData d{&full, p, m, v, g.begin, g.end, 0, r, dp};
-      d.opt_layout = &local;
-      d.tp = tp;
-      d.tp_rank = tr;
-      d.model = &cfg;
-      TrainState st;
-      REQUIRE(load_checkpoint(dir.string(), st, d));
-      CHECK(st.iteration == kIteration);
-      CHECK(st.consumed_samples == 80);
-      CHECK(d.opt_step == kStep);
-      CHECK(equal(p.data<float>(), ep.data<float>(), full.total));
-      CHECK(equal(m.data<float>(), lm.data<float>() + g.begin, g.size()));
-      CHECK(equal(v.data<float>(), lv.data<float>() + g.begin, g.size()));
-    }
+  const ModelLayout local = build_layout(cfg, tp, tr, pipe.pp, pr, pipe.vp);
+  Tensor lm = Tensor::empty({local.total}, DType::F32), lv = Tensor::empty({local.total}, DType::F32);
+  slice_tp_params(local, full, em, lm);
+  slice_tp_params(local, full, ev, lv);
+  const ZeroPartition part = make_zero_partition(local.total, dp);
+  for (int r = 0; r < dp; ++r) {
+    INFO("target PP" << pipe.pp << " (vp " << pipe.vp << ") TP" << tp << " DP" << dp << ": stage " << pr
+                     << ", tp rank " << tr << ", dp rank " << r);
+    Range g = part.owned_real(r);
+    Tensor p = Tensor::zeros({full.total}, DType::F32);
+    Tensor m = Tensor::zeros({g.size()}, DType::F32), v = Tensor::zeros({g.size()}, DType::F32);
+    CheckpointData d{&full, p, m, v, g.begin, g.end, 0, r, dp};
+    d.opt_layout = &local;
+    d.tp = tp;
+    d.tp_rank = tr;
+    d.pp = pipe.pp;
+    d.pp_rank = pr;
+    d.vp = pipe.vp;
+    d.model = &cfg;
+    TrainState st;
+    REQUIRE(load_checkpoint(dir.string(), st, d));
+    CHECK(st.iteration == kIteration);
+    CHECK(st.consumed_samples == 80);
+    CHECK(d.opt_step == kStep);
+    CHECK(equal(p.data<float>(), ep.data<float>(), full.total));
+    CHECK(equal(m.data<float>(), lm.data<float>() + g.begin, g.size()));
+    CHECK(equal(v.data<float>(), lv.data<float>() + g.begin, g.size()));
   }
+}
+
+// Loads dir into every rank of (pp, tp, dp, ZeRO-1 ranges) of `cfg` and
+// compares with the fabricated state saved in layout `saved_full`.
+void check_load(const fs::path& dir, const ModelConfig& cfg, const ModelLayout& saved_full, int tp, int dp,
+                Pipe pipe = {}) {
+  for (int pr = 0; pr < pipe.pp; ++pr)
+    for (int tr = 0; tr < tp; ++tr) check_load_rank(dir, cfg, saved_full, tp, dp, pipe, pr, tr);
 }
 
 }  // namespace
@@ -163,6 +193,44 @@ TEST_CASE("write_reshaped rewrites a checkpoint for another layout offline") {
   }
   fs::remove_all(dir);
   fs::remove_all(out.parent_path());
+}
+
+TEST_CASE("a PP2 x TP2 x DP2 checkpoint reshapes to a single process and back, element for element") {
+  for (bool llama : {false, true}) {
+    INFO((llama ? "llama (untied)" : "gpt2 (tied wte on the first and last stage)"));
+    ModelConfig src = model(llama);
+    src.num_layers = 4;  // 2 stages x 2 virtual stages of 1 layer
+    const ModelLayout saved_full = build_layout(src);
+    const fs::path dir = temp_dir(llama ? "pp_llama" : "pp_gpt2"), out = temp_dir(llama ? "pp_out_l" : "pp_out_g");
+    save_fabricated(dir, src, 2, 2, {2, 1}, true);  // the last stage's tied wte is garbage
+    REQUIRE(fs::exists(dir / "global_step10" / "optim_pp01_tp01_rank00001_of_00002.safetensors"));
+    SECTION("loaded as PP1 TP1 DP1 (the first stage's wte)") { check_load(dir, src, saved_full, 1, 1); }
+    SECTION("loaded as PP2 (2 virtual stages) TP1 DP3") { check_load(dir, src, saved_full, 1, 3, {2, 2}); }
+    SECTION("loaded as PP4 TP4 DP1, vocabulary padded to 44") {
+      ModelConfig t = src;
+      t.padded_vocab_size = 44;
+      check_load(dir, t, saved_full, 4, 1, {4, 1});
+    }
+    SECTION("rewritten for a single process, then back to PP2 (2 virtual stages) x TP2 x DP2") {
+      ReshapeTarget one;
+      one.model = src;
+      one.config = {{"note", "single"}};
+      write_reshaped(open_saved_step(find_step_dir(dir.string()), src), one, (out / "one").string());
+      REQUIRE(fs::exists(out / "one" / "global_step10" / "optim_rank00000_of_00001.safetensors"));
+      check_load(out / "one", src, saved_full, 1, 1);
+      ReshapeTarget back = one;
+      back.tp = back.dp = back.pp = back.vp = 2;
+      write_reshaped(open_saved_step(find_step_dir((out / "one").string()), src), back, (out / "back").string());
+      nlohmann::json state = read_step_state(out / "back" / "global_step10");
+      CHECK(state.at("pipeline_model_parallel_size") == 2);
+      CHECK(state.at("virtual_pipeline_stages") == 2);
+      REQUIRE(fs::exists(out / "back" / "global_step10" / "optim_pp01_tp01_rank00001_of_00002.safetensors"));
+      check_load(out / "back", src, saved_full, 2, 2, {2, 2});  // the same layout: shards read as written
+      check_load(out / "back", src, saved_full, 1, 1);
+    }
+    fs::remove_all(dir);
+    fs::remove_all(out);
+  }
 }
 
 TEST_CASE("reshaping refuses a checkpoint of another model with one clear line") {

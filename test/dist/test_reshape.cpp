@@ -1,7 +1,10 @@
 // Checkpoint reshaping with real dstrain processes: a TP2 x DP2 ZeRO-1 run
 // saved at step 10 continues the single-process loss curve (relative 1e-5,
 // fp32) when resumed as a single process, and as TP1 x DP2 ZeRO-2 both from
-// dsconvert's rewritten checkpoint and by loading the TP2 one directly;
+// dsconvert's rewritten checkpoint and by loading the TP2 one directly; a
+// TP2 x PP2 x DP2 ZeRO-1 run (8 processes) saved at step 10 resumes as a
+// single process (directly and through dsconvert --target-pp 1) and a
+// single-process checkpoint resumes as TP2 x PP2 x DP2, all on the same curve;
 // dsconvert refuses bad input with one line, exit 1 and no output left.
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -76,8 +79,11 @@ const std::vector<double>& reference(const std::string& ck) {
   static std::vector<double> ref;
   if (!ref.empty()) return ref;
   fs::remove_all(ck);
-  std::vector<double> r = run({"reshape_single", 1, 1, 0, {}});
+  const std::string single_ck = dist_data().dir + "/reshape_single_ck";
+  fs::remove_all(single_ck);
+  std::vector<double> r = run({"reshape_single", 1, 1, 0, {"--save", single_ck, "--save-interval", "10"}});
   REQUIRE(r.size() == 20);
+  std::ofstream(single_ck + "/latest", std::ios::trunc) << "global_step10\n";  // resume from step 10
   std::vector<double> first = run({"reshape_tp2dp2", 4, 2, 1, {"--save", ck, "--save-interval", "10",
                                                                "--exit-interval", "10"}});
   REQUIRE(first.size() == 10);
@@ -126,5 +132,58 @@ TEST_CASE("a TP2 x DP2 ZeRO-1 checkpoint resumes in other layouts on the single-
     CHECK(out.find("divisible") != std::string::npos);
     CHECK(std::count(out.begin(), out.end(), '\n') == 1);
     CHECK(!fs::exists(bad));
+    CHECK(dsconvert("--load " + ck + " --save " + bad + " --target-tp 1 --target-dp 1 --target-pp 3", &out) == 1);
+    INFO(out);
+    CHECK(out.find("num_layers 2 is not divisible by 3") != std::string::npos);
+    CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+    CHECK(dsconvert("--load " + ck + " --save " + bad + " --target-tp 1 --target-dp 2 --target-pp 2 --zero-stage 3",
+                    &out) == 1);
+    INFO(out);
+    CHECK(out.find("stage 3 cannot be combined with pipeline_model_parallel_size 2") != std::string::npos);
+    CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+    CHECK(!fs::exists(bad));
+  }
+}
+
+namespace {
+
+// The TP2 x PP2 x DP2 ZeRO-1 checkpoint at step 10 (8 processes), made once.
+const std::string& checkpoint_3d(const std::vector<double>& ref) {
+  static std::string ck;
+  if (!ck.empty()) return ck;
+  const std::string dir = dist_data().dir + "/reshape_tp2pp2dp2";
+  fs::remove_all(dir);
+  std::vector<double> first = run({"reshape_tp2pp2dp2", 8, 2, 1, {"--pipeline-model-parallel-size", "2", "--save",
+                                                                   dir, "--save-interval", "10", "--exit-interval",
+                                                                   "10"}});
+  REQUIRE(first.size() == 10);
+  require_same_curve(ref, first, 0);
+  REQUIRE(fs::exists(dir + "/global_step10/optim_pp01_tp01_rank00001_of_00002.safetensors"));
+  ck = dir;
+  return ck;
+}
+
+}  // namespace
+
+TEST_CASE("TP2 x PP2 x DP2 and single-process checkpoints resume in each other's layout on the same curve") {
+  const std::string dir = dist_data().dir;
+  const std::vector<double>& ref = reference(dir + "/reshape_tp2dp2");
+  SECTION("TP2 x PP2 x DP2 ZeRO-1 -> a single process") {
+    require_same_curve(ref, run({"reshape_3d_to_single", 1, 1, 0, {"--load", checkpoint_3d(ref)}}), 10);
+  }
+  SECTION("a single process -> TP2 x PP2 x DP2 ZeRO-1") {
+    require_same_curve(ref, run({"reshape_single_to_3d", 8, 2, 1, {"--pipeline-model-parallel-size", "2",
+                                                                    "--load", dir + "/reshape_single_ck"}}), 10);
+  }
+  SECTION("PP2 -> PP1 through dsconvert --target-pp 1") {
+    const std::string conv = dir + "/reshape_pp1";
+    std::string out;
+    fs::remove_all(conv);
+    int rc = dsconvert("--load " + checkpoint_3d(ref) + " --save " + conv +
+                           " --target-tp 1 --target-pp 1 --target-dp 1", &out);
+    INFO(out);
+    REQUIRE(rc == 0);
+    REQUIRE(fs::exists(conv + "/global_step10/optim_rank00000_of_00001.safetensors"));
+    require_same_curve(ref, run({"reshape_conv_pp1", 1, 1, 0, {"--load", conv}}), 10);
   }
 }
