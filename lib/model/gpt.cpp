@@ -170,53 +170,69 @@ void GptModel::init_weights(uint64_t seed, float std) {
 // One activation set: this stage's residual streams and layers (and the
 // final norm / logits on the last stage).
 void GptModel::alloc_act_set(ActSet& s, int64_t B, int64_t T) {
-  const int64_t C = d_.C, Cl = Cl_, Fl = Fl_, N = B * T, F_in = d_.swiglu ? 2 * Fl : Fl;
+  const int64_t C = d_.C, Tl = local_seq(T), N = B * T, Nl = B * Tl;
   auto f32 = [&](Shape sh) { return Tensor::empty(sh, DType::F32, dev_); };
   s.resid.assign(d_.L + 1, Tensor());
   s.acts.assign(d_.L, LayerActs{});
   for (const auto& c : layout_.chunks)
-    for (int l = c.begin; l <= c.end; ++l) s.resid[l] = f32({B, T, C});
+    for (int l = c.begin; l <= c.end; ++l) s.resid[l] = f32({B, Tl, C});
   for (int l = layout_.first_layer; l < layout_.end_layer; ++l) {
     if (!layout_.holds_layer(l)) continue;
-    LayerActs& a = s.acts[l];
-    a.norm1_out = f32({N, C});
-    a.norm1_mean = f32({N});
-    a.norm1_rstd = f32({N});
-    a.qkv = f32({B, T, 3 * Cl});
-    if (d_.rope) a.qkv_pre = f32({B, T, 3 * Cl});
-    a.attn_out = f32({B, T, Cl});
-    a.lse = f32({B, NHl_, T});
-    a.resid_mid = f32({N, C});
-    a.norm2_out = f32({N, C});
-    a.norm2_mean = f32({N});
-    a.norm2_rstd = f32({N});
-    a.fc_out = f32({N, F_in});
-    a.act_out = f32({N, Fl});
+    if (full_recompute(l)) {
+      s.acts[l] = scratch_;  // views of the shared scratch: nothing saved
+      continue;
+    }
+    alloc_layer_acts(s.acts[l], B, T);
+    if (recompute_.kind == RecomputeConfig::Kind::Selective) s.acts[l].attn_out = scratch_.attn_out;
   }
   if (!layout_.last_stage()) return;
-  s.final_out = f32({N, C});
-  s.final_mean = f32({N});
-  s.final_rstd = f32({N});
+  s.final_out = f32({Nl, C});
+  s.final_mean = f32({Nl});
+  s.final_rstd = f32({Nl});
   s.logits = f32({N, Vl_});
+}
+
+void GptModel::alloc_layer_acts(LayerActs& a, int64_t B, int64_t T) {
+  // Sequence parallel: the norms and the residual hold this rank's Nl rows.
+  const int64_t C = d_.C, Cl = Cl_, Fl = Fl_, N = B * T, Nl = B * local_seq(T), F_in = d_.swiglu ? 2 * Fl : Fl;
+  auto f32 = [&](Shape sh) { return Tensor::empty(sh, DType::F32, dev_); };
+  a.norm1_out = f32({Nl, C});
+  a.norm1_mean = f32({Nl});
+  a.norm1_rstd = f32({Nl});
+  a.qkv = f32({B, T, 3 * Cl});
+  if (d_.rope) a.qkv_pre = f32({B, T, 3 * Cl});
+  if (recompute_.kind != RecomputeConfig::Kind::Selective) a.attn_out = f32({B, T, Cl});
+  a.lse = f32({B, NHl_, T});
+  a.resid_mid = f32({Nl, C});
+  a.norm2_out = f32({Nl, C});
+  a.norm2_mean = f32({Nl});
+  a.norm2_rstd = f32({Nl});
+  a.fc_out = f32({N, F_in});
+  a.act_out = f32({N, Fl});
 }
 
 void GptModel::ensure_acts(int64_t B, int64_t T) {
   if (B == B_ && T == T_ && static_cast<int>(sets_.size()) == n_slots_) return;
   DS_USER_CHECK(T <= d_.maxT || d_.rope, "sequence length {} exceeds max_position_embeddings {}", T, d_.maxT);
+  DS_USER_CHECK(!tp_.sp() || T % tp_.size == 0,
+                "sequence parallelism: sequence length {} is not divisible by tensor_model_parallel_size {}", T,
+                tp_.size);
   B_ = B;
   T_ = T;
   // Replicated widths C; this rank's slices Cl (heads), Fl (FFN), Vl (vocab).
   const int64_t C = d_.C, Cl = Cl_, Fl = Fl_, N = B * T, F_in = d_.swiglu ? 2 * Fl : Fl;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
   sets_.assign(n_slots_, ActSet{});
+  alloc_recompute_scratch(B, T);
   for (ActSet& s : sets_) alloc_act_set(s, B, T);
   losses_ = f32({N});
   if (tp_.active()) {
     ce_max_ = f32({N});
     ce_stats_ = f32({2, N});
   }
-  dresid_ = f32({N, C});
+  dresid_ = f32({B * local_seq(T), C});
   dnorm_ = f32({N, C});
+  alloc_sp_buffers(B, T);
   dqkv_ = f32({B, T, 3 * Cl});
   dattn_ = f32({B, T, Cl});
   dfc_ = f32({N, F_in});
@@ -236,7 +252,9 @@ void GptModel::norm_forward(const std::string& prefix, const Tensor& out, const 
 
 void GptModel::norm_backward(const std::string& prefix, const Tensor& dinp, const Tensor& dout,
                              const Tensor& inp, const Tensor& mean, const Tensor& rstd) {
-  if (d_.rmsnorm) {
+  if (tp_.sp()) {
+    sp_norm_backward(prefix, dinp, dout, inp, mean, rstd);
+  } else if (d_.rmsnorm) {
     ops::rmsnorm_backward({dinp, dw(prefix + ".weight"), dout, rows(inp), w(prefix + ".weight"),
                            rstd, Accum::Add},
                           stream_);
@@ -257,29 +275,30 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y) {
   const bool row_bias = tp_.rank == 0;
   norm_forward(p + "norm1", a.norm1_out, a.norm1_mean, a.norm1_rstd, x);
   Tensor qkv_lin = d_.rope ? a.qkv_pre : a.qkv;
-  copy_to_tp_forward(tp_, a.norm1_out);
-  ops::matmul_forward({rows(qkv_lin), a.norm1_out, w(p + "attn.qkv.weight"), opt(p + "attn.qkv.bias", false)},
+  ops::matmul_forward({rows(qkv_lin), enter_tp(a.norm1_out), w(p + "attn.qkv.weight"),
+                       opt(p + "attn.qkv.bias", false)},
                       stream_);
   const int nh = static_cast<int>(NHl_);
   if (d_.rope) ops::rope_forward({a.qkv, a.qkv_pre, nh, 0, cfg_.rope_theta}, stream_);
   ops::attention_forward({a.attn_out, a.lse, a.qkv, nh}, stream_);
-  ops::matmul_forward({a.resid_mid, rows(a.attn_out), w(p + "attn.proj.weight"),
+  ops::matmul_forward({exit_tp_target(a.resid_mid), rows(a.attn_out), w(p + "attn.proj.weight"),
                        row_bias ? opt(p + "attn.proj.bias", false) : Tensor()},
                       stream_);
-  reduce_from_tp_forward(tp_, a.resid_mid);
+  exit_tp(a.resid_mid);
   ops::add({a.resid_mid, a.resid_mid, rows(x)}, stream_);
   norm_forward(p + "norm2", a.norm2_out, a.norm2_mean, a.norm2_rstd, a.resid_mid);
-  copy_to_tp_forward(tp_, a.norm2_out);
-  ops::matmul_forward({a.fc_out, a.norm2_out, w(p + "mlp.fc.weight"), opt(p + "mlp.fc.bias", false)}, stream_);
+  ops::matmul_forward({a.fc_out, enter_tp(a.norm2_out), w(p + "mlp.fc.weight"), opt(p + "mlp.fc.bias", false)},
+                      stream_);
   if (d_.swiglu) {
     ops::swiglu_forward({a.act_out, a.fc_out}, stream_);
   } else {
     ops::gelu_forward({a.act_out, a.fc_out, Tensor()}, stream_);
   }
   Tensor y2 = rows(y);
-  ops::matmul_forward({y2, a.act_out, w(p + "mlp.proj.weight"), row_bias ? opt(p + "mlp.proj.bias", false) : Tensor()},
+  ops::matmul_forward({exit_tp_target(y2), a.act_out, w(p + "mlp.proj.weight"),
+                       row_bias ? opt(p + "mlp.proj.bias", false) : Tensor()},
                       stream_);
-  reduce_from_tp_forward(tp_, y2);
+  exit_tp(y2);
   ops::add({y2, y2, a.resid_mid}, stream_);
 }
 
@@ -287,8 +306,8 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
   LayerActs& a = S().acts[l];
   const std::string p = "layers." + std::to_string(l) + ".";
   // MLP branch.
-  reduce_from_tp_backward(tp_, dresid);
-  ops::matmul_backward({dact_, dw(p + "mlp.proj.weight"), opt(p + "mlp.proj.bias", true), dresid, a.act_out,
+  ops::matmul_backward({dact_, dw(p + "mlp.proj.weight"), opt(p + "mlp.proj.bias", true), exit_tp_backward(dresid),
+                        a.act_out,
                         w(p + "mlp.proj.weight"), Accum::Overwrite},
                        stream_);
   if (d_.swiglu) {
@@ -296,24 +315,21 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
   } else {
     ops::gelu_backward({dfc_, a.fc_out, dact_}, stream_);
   }
-  ops::matmul_backward({dnorm_, dw(p + "mlp.fc.weight"), opt(p + "mlp.fc.bias", true), dfc_, a.norm2_out,
+  ops::matmul_backward({dnorm_, dw(p + "mlp.fc.weight"), opt(p + "mlp.fc.bias", true), dfc_, enter_tp(a.norm2_out),
                         w(p + "mlp.fc.weight"), Accum::Overwrite},
                        stream_);
-  copy_to_tp_backward(tp_, dnorm_);
-  norm_backward(p + "norm2", dresid, dnorm_, a.resid_mid, a.norm2_mean, a.norm2_rstd);
+  norm_backward(p + "norm2", dresid, enter_tp_backward(dnorm_), a.resid_mid, a.norm2_mean, a.norm2_rstd);
   // Attention branch.
-  reduce_from_tp_backward(tp_, dresid);
-  ops::matmul_backward({rows(dattn_), dw(p + "attn.proj.weight"), opt(p + "attn.proj.bias", true), dresid,
-                        rows(a.attn_out), w(p + "attn.proj.weight"), Accum::Overwrite},
+  ops::matmul_backward({rows(dattn_), dw(p + "attn.proj.weight"), opt(p + "attn.proj.bias", true),
+                        exit_tp_backward(dresid), rows(a.attn_out), w(p + "attn.proj.weight"), Accum::Overwrite},
                        stream_);
   const int nh = static_cast<int>(NHl_);
   ops::attention_backward({dqkv_, dattn_, a.attn_out, a.lse, a.qkv, nh}, stream_);
   if (d_.rope) ops::rope_backward({dqkv_, dqkv_, nh, 0, cfg_.rope_theta}, stream_);
   ops::matmul_backward({dnorm_, dw(p + "attn.qkv.weight"), opt(p + "attn.qkv.bias", true), rows(dqkv_),
-                        a.norm1_out, w(p + "attn.qkv.weight"), Accum::Overwrite},
+                        enter_tp(a.norm1_out), w(p + "attn.qkv.weight"), Accum::Overwrite},
                        stream_);
-  copy_to_tp_backward(tp_, dnorm_);
-  norm_backward(p + "norm1", dresid, dnorm_, x, a.norm1_mean, a.norm1_rstd);
+  norm_backward(p + "norm1", dresid, enter_tp_backward(dnorm_), x, a.norm1_mean, a.norm1_rstd);
 }
 
 // A pipeline stage runs only its layers: the first embeds the tokens, the
@@ -327,8 +343,9 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
     // Vocab-parallel: each rank embeds the tokens it owns (zeros elsewhere);
     // the replicated wpe is added by tp rank 0 only; the all-reduce sums both.
     Tensor wpe = tp_.rank == 0 ? opt("embed.wpe", false) : Tensor();
-    ops::embedding_forward({S().resid[0], tokens, w("embed.wte"), wpe, vocab_start_, 0}, stream_);
-    reduce_from_tp_forward(tp_, S().resid[0]);
+    Tensor emb = exit_tp_target(rows(S().resid[0])).reshape({B_, T_, d_.C});
+    ops::embedding_forward({emb, tokens, w("embed.wte"), wpe, vocab_start_, 0}, stream_);
+    exit_tp(rows(S().resid[0]));
     drop_params(0);
   }
   for (int l = layout_.chunks[chunk].begin; l < layout_.chunks[chunk].end; ++l) {
@@ -344,8 +361,7 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
     use_params(0);
   }
   Tensor head = d_.untied ? w("head.weight") : w("embed.wte");  // this rank's vocab rows
-  copy_to_tp_forward(tp_, S().final_out);
-  ops::matmul_forward({S().logits, S().final_out, head, Tensor()}, stream_);
+  ops::matmul_forward({S().logits, enter_tp(S().final_out), head, Tensor()}, stream_);
   drop_params(d_.untied ? last : 0);
 }
 
@@ -399,8 +415,9 @@ void GptModel::head_backward() {
   use_grads(head_unit);
   Tensor head = d_.untied ? w("head.weight") : w("embed.wte");
   Tensor dhead = d_.untied ? dw("head.weight") : dw("embed.wte");
-  ops::matmul_backward({dnorm_, dhead, Tensor(), S().logits, S().final_out, head, Accum::Overwrite}, stream_);
-  copy_to_tp_backward(tp_, dnorm_);
+  ops::matmul_backward({dnorm_, dhead, Tensor(), S().logits, enter_tp(S().final_out), head, Accum::Overwrite},
+                       stream_);
+  Tensor dfinal = enter_tp_backward(dnorm_);
   if (!d_.untied) {
     drop_params(0);
     if (!layout_.first_stage()) grads_done(0);
@@ -408,7 +425,7 @@ void GptModel::head_backward() {
     use_grads(last);
   }
   dresid_.zero_();
-  norm_backward("final_norm", dresid_, dnorm_, S().resid[d_.L], S().final_mean, S().final_rstd);
+  norm_backward("final_norm", dresid_, dfinal, S().resid[d_.L], S().final_mean, S().final_rstd);
   drop_params(last);
   grads_done(last);
 }
@@ -421,15 +438,16 @@ void GptModel::backward(const Tensor& tokens, const Tensor& dout, int chunk) {
   for (int l = layout_.chunks[chunk].end - 1; l >= layout_.chunks[chunk].begin; --l) {
     use_params(l + 1);
     use_grads(l + 1);
+    recompute_before_backward(l);
     layer_backward(l, S().resid[l], dresid_);
     drop_params(l + 1);
     grads_done(l + 1);
   }
   if (!embeds(chunk)) return;
   use_grads(0);
-  reduce_from_tp_backward(tp_, dresid_);  // every rank: the same (replicated) wpe gradient
-  ops::embedding_backward(
-      {dw("embed.wte"), opt("embed.wpe", true), dresid_.reshape({B_, T_, d_.C}), tokens, vocab_start_, 0}, stream_);
+  // Every rank: the same (replicated) wpe gradient (sequence parallel: gathered).
+  Tensor demb = exit_tp_backward(dresid_).reshape({B_, T_, d_.C});
+  ops::embedding_backward({dw("embed.wte"), opt("embed.wpe", true), demb, tokens, vocab_start_, 0}, stream_);
   grads_done(0);
 }
 
@@ -489,6 +507,6 @@ void GptModel::stage_backward(int slot, int chunk, const Tensor& tokens, const T
   store_->end_pass();
 }
 
-Tensor GptModel::stage_input_grad() { return dresid_.reshape({B_, T_, d_.C}); }
+Tensor GptModel::stage_input_grad() { return dresid_.reshape({B_, local_seq(T_), d_.C}); }
 
 }  // namespace ds

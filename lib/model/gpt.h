@@ -21,7 +21,10 @@ namespace ds {
 
 // Saved activations of one transformer layer for one micro-batch. With tensor
 // parallelism (TP ranks) Cl = C/TP, NHl = NH/TP, Fl = F/TP are this rank's
-// head / FFN slices; the residual stream and norms stay full (replicated).
+// head / FFN slices; the residual stream and norms stay full (replicated),
+// or hold T/TP positions per sample with sequence parallelism (the (B,T,C)
+// shapes of norm1/norm2/resid_mid below and of ActSet's resid and final norm
+// are then (B,T/TP,C); see local_seq()).
 struct LayerActs {
   Tensor norm1_out, norm1_mean, norm1_rstd;  // (B,T,C), (B,T), (B,T)
   Tensor qkv;                                // (B,T,3Cl) after bias (and rope if any)
@@ -46,6 +49,18 @@ struct ActSet {
 // Which pipeline stage a model is (pp = 1: the whole model).
 struct PipeStage {
   int pp = 1, rank = 0, vp = 1;  // vp: model chunks (virtual stages) per stage
+};
+
+// Activation recomputation (lib/model/recompute.cpp). Full: the first
+// num_layers layers of each model chunk (0: all of them; Megatron's "block"
+// method) keep only their input and re-run their forward just before their
+// backward. Selective: every layer drops its attention output and recomputes
+// it from the saved qkv and lse before its backward. Dropped tensors live in
+// one shared scratch set, so the saved activations really shrink.
+struct RecomputeConfig {
+  enum class Kind { None, Full, Selective };
+  Kind kind = Kind::None;
+  int num_layers = 0;
 };
 
 class GptModel {
@@ -88,7 +103,8 @@ class GptModel {
   // Activation sets ("slots") kept at once, one per in-flight micro-batch.
   void set_activation_slots(int n);
   // `chunk`: the local model chunk (virtual stage; 0 unless interleaved).
-  // (B,T,C): where the chunk receives the previous virtual stage's output.
+  // (B,T,C), or (B,T/TP,C) with sequence parallelism: where the chunk receives
+  // the previous virtual stage's output.
   Tensor stage_input(int slot, int chunk, int64_t B, int64_t T);
   Tensor stage_output(int slot, int chunk);  // (B,T,C) output of the chunk's last layer
   // Forward of a chunk on slot's activations: the first virtual stage embeds
@@ -101,6 +117,16 @@ class GptModel {
   // gradient of its output (ignored on the last virtual stage). Gradients are ADDED.
   void stage_backward(int slot, int chunk, const Tensor& tokens, const Tensor& dout);
   Tensor stage_input_grad();  // (B,T,C) gradient of the stage input after stage_backward
+  // Rows of the sequence this rank holds outside the tp regions: T, or T/TP
+  // with sequence parallelism (stage inputs / outputs are then (B, T/TP, C)).
+  int64_t local_seq(int64_t T) const { return tp_.sp() ? T / tp_.size : T; }
+
+  // ---- Activation recomputation (lib/model/recompute.cpp) ----------------
+  void set_recompute(RecomputeConfig r);
+  const RecomputeConfig& recompute() const { return recompute_; }
+  // Bytes of the activations saved for one micro-batch (one slot) of shape
+  // (B, T), not counting the shared recompute scratch nor backward buffers.
+  int64_t saved_activation_bytes(int64_t B, int64_t T);
 
  private:
   void ensure_acts(int64_t B, int64_t T);
@@ -113,6 +139,21 @@ class GptModel {
   bool embeds(int chunk) const { return chunk == 0 && layout_.first_stage(); }
   bool has_head(int chunk) const { return chunk == layout_.vp - 1 && layout_.last_stage(); }
   void head_backward();
+  bool full_recompute(int l) const;  // layer l keeps only its input
+  void alloc_layer_acts(LayerActs& a, int64_t B, int64_t T);
+  void alloc_recompute_scratch(int64_t B, int64_t T);
+  void recompute_before_backward(int l);
+  // Tensor-parallel regions (lib/model/gpt_regions.cpp); with sequence
+  // parallelism they gather / reduce-scatter the sequence (sp_full_ holds
+  // the full-sequence tensor, valid until the next region call).
+  Tensor enter_tp(const Tensor& x);             // input (Nl,C) of a column-parallel linear -> (N,C)
+  Tensor enter_tp_backward(const Tensor& dx);   // (N,C) partial grads -> summed grad of the (Nl,C) input
+  Tensor exit_tp_target(const Tensor& y);       // where a row-parallel linear writes its (N,C) partial sum
+  void exit_tp(const Tensor& y);                // sum over tp into y (Nl,C)
+  Tensor exit_tp_backward(const Tensor& dy);    // grad of y (Nl,C) -> grad of the (N,C) output
+  void alloc_sp_buffers(int64_t B, int64_t T);
+  void sp_norm_backward(const std::string& prefix, const Tensor& dinp, const Tensor& dout, const Tensor& inp,
+                        const Tensor& mean, const Tensor& rstd);
   ActSet& S() { return sets_[cur_]; }
   void layer_forward(int l, const Tensor& x_in, const Tensor& x_out);
   void layer_backward(int l, const Tensor& x_in, const Tensor& dresid);
@@ -145,11 +186,16 @@ class GptModel {
   std::vector<Tensor> unit_params_, unit_grads_;  // acquired units (else undefined)
   int64_t B_ = 0, T_ = 0;
   std::vector<ActSet> sets_;        // activation slots (one unless pipelined)
+  RecomputeConfig recompute_;
+  LayerActs scratch_;               // shared by recomputed layers (or attn_out when selective)
   int n_slots_ = 1, cur_ = 0;
   Tensor losses_;                   // (B*T) f32
   Tensor ce_max_, ce_stats_;        // (B*T), (2, B*T) f32: vocab-parallel softmax statistics
   // Backward scratch.
   Tensor dresid_, dnorm_, dqkv_, dqkv2_, dattn_, dfc_, dact_;
+  // Sequence-parallel scratch: full-sequence (N,C) tensor and permute buffer,
+  // the sharded norm input gradient, per-rank norm weight gradients.
+  Tensor sp_full_, sp_tmp_, dnorm_sh_, sp_dw_, sp_db_;
 };
 
 }  // namespace ds

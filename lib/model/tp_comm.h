@@ -16,7 +16,9 @@ namespace ds {
 struct TpComm {
   Communicator* comm = nullptr;  // not owned; null when size == 1
   int size = 1, rank = 0;
+  bool sequence_parallel = false;  // see lib/model/sequence_parallel.h (size > 1 only)
   bool active() const { return size > 1; }
+  bool sp() const { return sequence_parallel && size > 1; }
 };
 
 inline void copy_to_tp_forward(const TpComm&, const Tensor&) {}

@@ -39,7 +39,8 @@ const MicroBatch& PipelineExecutor::micro_batch(int micro) {
 }
 
 Tensor PipelineExecutor::activation_buffer(const MicroBatch& mb) {
-  return Tensor::empty({mb.tokens.size(0), mb.tokens.size(1), model_.dims().C}, DType::F32, model_.device());
+  return Tensor::empty({mb.tokens.size(0), model_.local_seq(mb.tokens.size(1)), model_.dims().C}, DType::F32,
+                       model_.device());
 }
 
 // Sends and receives of actions [begin, end), posted together.
@@ -65,7 +66,7 @@ void PipelineExecutor::communicate(size_t begin, size_t end) {
       case ActionKind::SendBackward: t = grad_out_.at(key(a)); peer = prev; channel = 1; break;
       default: DS_THROW("pipeline stage {}: {} is not a communication", stage_, to_string(a, vp_));
     }
-    DS_CHECK(t.numel() == B * T * model_.dims().C, "pipeline stage {}: {} buffer of {} elements", stage_,
+    DS_CHECK(t.numel() == B * model_.local_seq(T) * model_.dims().C, "pipeline stage {}: {} buffer of {} elements", stage_,
              to_string(a, vp_), t.numel());
     P2POp op;
     op.is_send = a.kind == ActionKind::SendForward || a.kind == ActionKind::SendBackward;

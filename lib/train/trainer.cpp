@@ -13,6 +13,17 @@
 #include "lib/parallel/pipeline_schedule.h"
 
 namespace ds {
+namespace {
+
+RecomputeConfig recompute_config(const ParallelConfig& p) {
+  RecomputeConfig r;
+  if (p.recompute_granularity == "full") r.kind = RecomputeConfig::Kind::Full;
+  if (p.recompute_granularity == "selective") r.kind = RecomputeConfig::Kind::Selective;
+  r.num_layers = p.recompute_num_layers;
+  return r;
+}
+
+}  // namespace
 
 void resolve_vocab(TrainConfig& cfg) {
   ModelConfig& m = cfg.model;
@@ -47,7 +58,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
   tp_ = comms_.grid.tp;
   tp_rank_ = comms_.grid.tp_rank;
   full_layout_ = build_layout(cfg_.model);
-  const TpComm tp{tp_ > 1 ? comms_.tp : nullptr, tp_, tp_rank_};
+  const TpComm tp{tp_ > 1 ? comms_.tp : nullptr, tp_, tp_rank_, cfg_.parallel.sequence_parallel};
   const PipeStage stage{pp_, pp_rank_, vp_};
   const ModelLayout local = build_layout(cfg_.model, tp_, tp_rank_, pp_, pp_rank_, vp_);
   DS_USER_CHECK(cfg_.batch.dp_size == dp_, "batch: the config was resolved for {} data-parallel ranks, the job has {}",
@@ -60,6 +71,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
   } else {
     model_ = std::make_unique<GptModel>(cfg_.model, dev_, 0, tp, stage);
   }
+  model_->set_recompute(recompute_config(cfg_.parallel));
   opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get());
   if (tp_ > 1 || pp_ > 1)  // gradient norm summed over the model-parallel (tp x pp) group
     opt_->set_tensor_parallel(pp_ > 1 ? comms_.mp : comms_.tp, norm_counted_ranges(local));
@@ -94,6 +106,16 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
   DS_LOG("batch: global {} = micro {} x grad accum {} x data parallel {}; {} train samples per epoch",
          cfg_.batch.train_batch_size, cfg_.batch.micro_batch_size, cfg_.batch.grad_accum_steps, cfg_.batch.dp_size,
          data_->train_samples_per_epoch());
+  if (cfg_.parallel.sequence_parallel)
+    DS_LOG("sequence parallel: norms and residuals hold {} of the {} positions per rank", cfg_.model.seq_length / tp_,
+           cfg_.model.seq_length);
+  DS_LOG("activations: {} bytes saved per micro-batch on this rank (micro {} x seq {}, recompute {}{})",
+         model_->saved_activation_bytes(cfg_.batch.micro_batch_size, cfg_.model.seq_length),
+         cfg_.batch.micro_batch_size, cfg_.model.seq_length,
+         cfg_.parallel.recompute_granularity.empty() ? "none" : cfg_.parallel.recompute_granularity,
+         cfg_.parallel.recompute_granularity == "full"
+             ? ", " + std::to_string(cfg_.parallel.recompute_num_layers) + " layers per chunk (0: all)"
+             : std::string());
   log_model_state();
 }
 
