@@ -197,7 +197,7 @@ void Trainer::load_or_init() {
     d.pp = pp_;
     d.pp_rank = pp_rank_;
     d.vp = vp_;
-    d.model = &cfg_.model;  // lets a checkpoint of another TP size be reshaped (lib/ckpt/reshape.h)
+    d.model = &cfg_.model;  // lets a checkpoint of another TP/PP/DP layout be reshaped (lib/ckpt/reshape.h)
     if (load_checkpoint(cfg_.ckpt.load_dir, state_, d)) {
       if (!flat) set_params_from_full(full);
       opt_->adam().set_step_count(d.opt_step);

@@ -2,8 +2,10 @@
 // slurmctld and slurmd (Debian's munge and slurm-wlm) in a temp dir with their
 // own key, socket, config, state, logs and free ports, waits for the node to be
 // idle, then launches through `--launcher slurm` inside a salloc allocation and
-// submits scripts/slurm/*.sbatch with `sbatch --wait`. Checks rank env, exit
-// codes, SIGTERM, and that no process of a job or of the daemons is left.
+// submits scripts/slurm/*.sbatch with `sbatch --wait` (pretrain_gpt_3d.sbatch
+// with the real dstrain as TP2 x PP2 on a tiny dsprep dataset). Checks rank env,
+// exit codes, SIGTERM, the 3D job's losses, and that no process of a job or of
+// the daemons is left.
 // Without root or the packages it prints `SKIP: reason`.
 #include <fcntl.h>
 #include <signal.h>
@@ -453,6 +455,108 @@ TEST_CASE("slurm: sbatch --wait runs scripts/slurm/pretrain_gpt_srun.sbatch", "[
   r = run_cmd(argv, env, 60);
   INFO(r.out << r.err);
   CHECK(r.code == 3);
+  check_no_leftovers(token, 10);
+}
+
+// Column 4 (loss) of a dstrain CSV monitor file (header: iteration,consumed_samples,lr,loss,...).
+std::vector<double> csv_losses(const std::string& path) {
+  std::istringstream in(read_file(path));
+  std::string line;
+  std::vector<double> out;
+  std::getline(in, line);
+  while (std::getline(in, line)) {
+    std::istringstream ss(line);
+    std::string cell;
+    for (int i = 0; i < 4 && std::getline(ss, cell, ','); ++i) {
+    }
+    if (!cell.empty()) out.push_back(std::stod(cell));
+  }
+  return out;
+}
+
+std::string job_output(const std::string& submit) {
+  std::string s;
+  for (const auto& f : std::filesystem::directory_iterator(submit))
+    if (f.path().filename().string().rfind("job-", 0) == 0) s += read_file(f.path().string());
+  return s;
+}
+
+// The 3D example with the real trainer: a tiny dataset made with dsprep, then
+// dstrain as TP2 x PP2 (4 ranks, DP 1) on the one node, 10 iterations.
+TEST_CASE("slurm: sbatch --wait runs scripts/slurm/pretrain_gpt_3d.sbatch with dstrain TP2 x PP2", "[launcher]") {
+  SlurmLab& lab = SlurmLab::get();
+  REQUIRE_SLURM(lab);
+  const char* src = std::getenv("DS_SOURCE_DIR");
+  REQUIRE(src);
+  const std::string script = std::string(src) + "/scripts/slurm/pretrain_gpt_3d.sbatch";
+  const std::string dsprep = binary_dir() + "/apps/dsprep/dsprep", dstrain = binary_dir() + "/apps/dstrain/dstrain";
+  REQUIRE(access(dsprep.c_str(), X_OK) == 0);
+  REQUIRE(access(dstrain.c_str(), X_OK) == 0);
+
+  const std::string data = job_dir(lab, "gpt3d_data"), submit = job_dir(lab, "sbatch_3d");
+  for (const auto& cmd : std::vector<std::vector<std::string>>{
+           {dsprep, "--generate-corpus", data + "/corpus.txt", "--size-mb", "0.2", "--seed", "5"},
+           {dsprep, "--train-tokenizer", "--input", data + "/corpus.txt", "--vocab-size", "300", "--output-dir",
+            data + "/tok"},
+           {dsprep, "--input", data + "/corpus.txt", "--output-prefix", data + "/c", "--vocab-file",
+            data + "/tok/vocab.json", "--merge-file", data + "/tok/merges.txt"}}) {
+    auto r = run_cmd(cmd, {}, 60);
+    INFO(cmd[1] << ": " << r.out << r.err);
+    REQUIRE(r.code == 0);
+  }
+  const std::string config = data + "/gpt3d.json";
+  write_file(config, "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": 2,\n"
+                     " \"csv_monitor\": {\"enabled\": true, \"output_path\": \"" + data +
+                         "/csv\", \"job_name\": \"gpt3d\"}}\n");
+
+  std::string token = new_token();
+  Env env = lab.env(token);
+  for (const auto& kv : Env{{"DSRUN", dsrun_bin()}, {"DSTRAIN", dstrain}, {"GPUS_PER_NODE", "4"},
+                            {"TP", "2"}, {"PP", "2"}, {"CONFIG", config}, {"DATA_PATH", data + "/c"},
+                            {"VOCAB_FILE", data + "/tok/vocab.json"}, {"MERGE_FILE", data + "/tok/merges.txt"},
+                            {"MASTER_PORT", std::to_string(free_port())}, {"DSRUN_ARGS", "--force_multi"},
+                            {"OMP_NUM_THREADS", "1"}})
+    env.push_back(kv);
+  // Like the other scripts: the command line overrides the #SBATCH request
+  // for 2 nodes with 8 GPUs each (this cluster has one node and no GPU GRES).
+  std::vector<std::string> argv = {"env", "-C", submit, "sbatch", "--wait", "--nodes=1", "--gpus-per-node=0",
+                                   "--output=" + submit + "/job-%j.out", script,
+                                   "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+                                   "--seq-length", "32", "--max-position-embeddings", "32", "--train-iters", "10",
+                                   "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "3",
+                                   "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1"};
+  auto r = run_cmd(argv, env, 120);
+  std::string job_out = job_output(submit);
+  INFO(r.out << r.err << "\njob output:\n" << job_out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(job_out, Catch::Contains("master: " + lab.node() + ":"));
+  CHECK_THAT(job_out, Catch::Contains("layout: world 4 = TP 2 x PP 2 x DP 1"));
+  CHECK_THAT(job_out, Catch::Contains("tensor parallel: 2 ranks"));
+  CHECK_THAT(job_out, Catch::Contains("pipeline parallel: 2 stages (1F1B), this is stage 0"));
+  std::vector<double> losses = csv_losses(data + "/csv/gpt3d/train.csv");
+  std::string shown;
+  for (double l : losses) shown += std::to_string(l) + " ";
+  INFO("losses: " << shown);
+  REQUIRE(losses.size() == 10);
+  double first = (losses[0] + losses[1] + losses[2]) / 3, last = (losses[7] + losses[8] + losses[9]) / 3;
+  CHECK(last < first);
+  CHECK(losses[9] < losses[0]);
+  check_no_leftovers(token, 10);
+
+  // A world size that is not a multiple of TP x PP is refused by the script
+  // before any rank starts.
+  token = new_token();
+  env[1].second = token;
+  for (auto& kv : env)
+    if (kv.first == "TP") kv.second = "3";
+  std::string submit_bad = job_dir(lab, "sbatch_3d_bad");
+  argv = {"env", "-C", submit_bad, "sbatch", "--wait", "--nodes=1", "--gpus-per-node=0",
+          "--output=" + submit_bad + "/job-%j.out", script};
+  r = run_cmd(argv, env, 60);
+  job_out = job_output(submit_bad);
+  INFO(r.out << r.err << "\njob output:\n" << job_out);
+  CHECK(r.code == 2);
+  CHECK_THAT(job_out, Catch::Contains("world size 4 (1 nodes x 4) is not a multiple of TP x PP = 3 x 2"));
   check_no_leftovers(token, 10);
 }
 
