@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "lib/parallel/zero_partition.h"
+#include "test/dist/curve_check.h"
 #include "test/dist/dist_util.h"
 
 using namespace ds::test;
@@ -69,15 +70,6 @@ std::vector<double> run_layout(const std::string& name, int world, int zero_stag
   REQUIRE(err.empty());
   require_state_bytes(log, world, zero_stage);
   return read_losses(d.dir + "/csv/" + name + "/train.csv");
-}
-
-void require_same_curve(const std::vector<double>& ref, const std::vector<double>& got, size_t offset = 0) {
-  REQUIRE(!got.empty());
-  REQUIRE(got.size() + offset <= ref.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("iteration " << i + offset + 1 << ": reference " << ref[i + offset] << " got " << got[i]);
-    REQUIRE(std::abs(got[i] - ref[i + offset]) <= 1e-5 * std::abs(ref[i + offset]));
-  }
 }
 
 const std::vector<double>& single() {

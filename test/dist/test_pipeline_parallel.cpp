@@ -13,6 +13,7 @@
 #include <map>
 #include <sstream>
 
+#include "test/dist/curve_check.h"
 #include "test/dist/dist_util.h"
 
 using namespace ds::test;
@@ -79,15 +80,6 @@ std::vector<double> run(const Run& r) {
   return l;
 }
 
-void require_same_curve(const std::vector<double>& ref, const std::vector<double>& got, size_t offset = 0) {
-  REQUIRE(!got.empty());
-  REQUIRE(got.size() + offset <= ref.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("iteration " << i + offset + 1 << ": reference " << ref[i + offset] << " got " << got[i]);
-    REQUIRE(std::abs(got[i] - ref[i + offset]) <= 1e-5 * std::abs(ref[i + offset]));
-  }
-}
-
 const std::vector<double>& single(bool llama, int layers) {
   static std::map<std::pair<bool, int>, std::vector<double>> cache;
   auto key = std::make_pair(llama, layers);
@@ -98,13 +90,6 @@ const std::vector<double>& single(bool llama, int layers) {
     cache[key] = run(r);
   }
   return cache[key];
-}
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
 }
 
 }  // namespace

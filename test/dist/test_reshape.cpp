@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sys/wait.h>
 
+#include "test/dist/curve_check.h"
 #include "test/dist/dist_util.h"
 
 using namespace ds::test;
@@ -48,15 +49,6 @@ std::vector<double> run(const Run& r) {
   INFO(r.name << ": " << err);
   REQUIRE(err.empty());
   return read_losses(d.dir + "/csv/" + r.name + "/train.csv");
-}
-
-void require_same_curve(const std::vector<double>& ref, const std::vector<double>& got, size_t offset) {
-  REQUIRE(!got.empty());
-  REQUIRE(got.size() + offset <= ref.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("iteration " << i + offset + 1 << ": reference " << ref[i + offset] << " got " << got[i]);
-    REQUIRE(std::abs(got[i] - ref[i + offset]) <= 1e-5 * std::abs(ref[i + offset]));
-  }
 }
 
 // Runs dsconvert with args; returns its exit code, output in *out.

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "test/dist/curve_check.h"
 #include "test/dist/dist_util.h"
 
 using namespace ds::test;
@@ -69,25 +70,9 @@ std::vector<double> run(const Run& r) {
   return l;
 }
 
-void require_same_curve(const std::vector<double>& ref, const std::vector<double>& got, size_t offset = 0) {
-  REQUIRE(!got.empty());
-  REQUIRE(got.size() + offset <= ref.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("iteration " << i + offset + 1 << ": reference " << ref[i + offset] << " got " << got[i]);
-    REQUIRE(std::abs(got[i] - ref[i + offset]) <= 1e-5 * std::abs(ref[i + offset]));
-  }
-}
-
 const std::vector<double>& single_gpt2() {
   static std::vector<double> l = run({"tp_single_gpt2"});
   return l;
-}
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
 }
 
 }  // namespace
