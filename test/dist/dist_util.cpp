@@ -137,6 +137,42 @@ std::string run_dstrain(const DstrainJob& job) {
   return ok ? std::string() : report;
 }
 
+std::vector<std::string> small_model_args(const SmallModel& m) {
+  const DistData& d = dist_data();
+  std::vector<std::string> a = {"--num-layers", std::to_string(m.layers), "--hidden-size", "32",
+                                "--num-attention-heads", "4", "--seq-length", "32",
+                                "--max-position-embeddings", "32", "--train-iters", std::to_string(m.iters),
+                                "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "3",
+                                "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1",
+                                "--tensor-model-parallel-size", std::to_string(m.tp),
+                                "--pipeline-model-parallel-size", std::to_string(m.pp),
+                                "--data-path", d.data_prefix, "--vocab-file", d.vocab, "--merge-file", d.merges};
+  if (m.llama) a.insert(a.end(), {"--model-family", "llama", "--ffn-hidden-size", "64"});
+  return a;
+}
+
+std::string run_with_config(const std::string& name, int world, int micro, int zero_stage,
+                            const std::vector<std::string>& args, std::vector<double>* losses,
+                            std::string* rank0_log) {
+  const DistData& d = dist_data();
+  const std::string cfg = d.dir + "/" + name + ".json";
+  {
+    std::ofstream f(cfg);
+    f << "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": " << micro;
+    if (zero_stage >= 0)
+      f << ", \"zero_optimization\": {\"stage\": " << zero_stage << ", \"reduce_bucket_size\": 5000}";
+    f << ", \"csv_monitor\": {\"enabled\": true, \"output_path\": \"" << d.dir << "/csv\", \"job_name\": \""
+      << name << "\"}}";
+  }
+  std::vector<std::string> all = {"--config", cfg};
+  all.insert(all.end(), args.begin(), args.end());
+  DstrainJob job{world, all};
+  job.rank0_output = rank0_log;
+  std::string err = run_dstrain(job);
+  if (err.empty() && losses) *losses = read_losses(d.dir + "/csv/" + name + "/train.csv");
+  return err;
+}
+
 std::vector<double> read_losses(const std::string& csv_file) {
   std::ifstream f(csv_file);
   if (!f.good()) throw std::runtime_error("cannot read " + csv_file);

@@ -22,6 +22,24 @@ struct DstrainJob {
 // Runs the job; returns "" on success, else every rank's exit code and output.
 std::string run_dstrain(const DstrainJob& job);
 
+// The small model the equivalence tests train (hidden 32, 4 heads, T 32, a
+// 20-step-style LR schedule, log every step) on dist_data(); llama switches
+// the family (FFN 64).
+struct SmallModel {
+  int layers = 2, tp = 1, pp = 1, iters = 20;
+  bool llama = false;
+};
+std::vector<std::string> small_model_args(const SmallModel& m);
+
+// Writes DIR/NAME.json (global batch 8, `micro` per rank, ZeRO `zero_stage`
+// with small buckets, or no zero section when zero_stage < 0, CSV monitor
+// under NAME) and runs `world` ranks with `--config` that file plus `args`.
+// Returns "" on success, else every rank's output. On success `losses` (if
+// set) gets rank 0's CSV losses; `rank0_log` (if set) gets rank 0's output.
+std::string run_with_config(const std::string& name, int world, int micro, int zero_stage,
+                            const std::vector<std::string>& args, std::vector<double>* losses,
+                            std::string* rank0_log);
+
 // Losses (column "loss") of OUTPUT_PATH/JOB/train.csv, by iteration order.
 std::vector<double> read_losses(const std::string& csv_file);
 

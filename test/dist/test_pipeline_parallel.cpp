@@ -31,44 +31,26 @@ struct Run {
   std::vector<std::string> extra;
 };
 
-std::vector<std::string> run_args(const Run& r, const std::string& cfg) {
-  const DistData& d = dist_data();
-  std::vector<std::string> a = {"--config", cfg, "--num-layers", std::to_string(r.layers), "--hidden-size", "32",
-                                "--num-attention-heads", "4", "--seq-length", "32",
-                                "--max-position-embeddings", "32", "--train-iters", std::to_string(r.iters),
-                                "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "3",
-                                "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1",
-                                "--tensor-model-parallel-size", std::to_string(r.tp),
-                                "--pipeline-model-parallel-size", std::to_string(r.pp),
-                                "--data-path", d.data_prefix, "--vocab-file", d.vocab, "--merge-file", d.merges};
-  if (r.llama) a.insert(a.end(), {"--model-family", "llama", "--ffn-hidden-size", "64"});
-  a.insert(a.end(), r.extra.begin(), r.extra.end());
-  return a;
-}
-
 // Runs the job; returns "" on success, else the failure output. Losses of
 // rank 0 go to `losses` (when the run succeeds).
 std::string try_run(const Run& r, std::vector<double>* losses) {
-  const DistData& d = dist_data();
-  std::string cfg = d.dir + "/" + r.name + ".json";
-  {
-    std::ofstream f(cfg);
-    f << "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": 2"
-      << ", \"zero_optimization\": {\"stage\": " << r.zero_stage << ", \"reduce_bucket_size\": 5000}"
-      << ", \"csv_monitor\": {\"enabled\": true, \"output_path\": \"" << d.dir << "/csv\", \"job_name\": \"" << r.name
-      << "\"}}";
-  }
+  SmallModel m;
+  m.layers = r.layers;
+  m.tp = r.tp;
+  m.pp = r.pp;
+  m.iters = r.iters;
+  m.llama = r.llama;
+  std::vector<std::string> args = small_model_args(m);
+  args.insert(args.end(), r.extra.begin(), r.extra.end());
   std::string log;
-  DstrainJob job{r.world, run_args(r, cfg)};
-  job.rank0_output = &log;
-  std::string err = run_dstrain(job);
+  std::string err = run_with_config(r.name, r.world, 2, r.zero_stage, args, nullptr, &log);
   // The job really ran as a pipeline (rank 0 is stage 0 and logs the schedule).
   const bool interleaved = std::find(r.extra.begin(), r.extra.end(), "--num-layers-per-virtual-pipeline-stage") !=
                            r.extra.end();
   const std::string banner = "pipeline parallel: " + std::to_string(r.pp) + " stages (" +
                              (interleaved ? "interleaved 1F1B, 2 model chunks per stage)" : "1F1B)");
   if (err.empty() && r.pp > 1 && log.find(banner) == std::string::npos) err = "no '" + banner + "' in:\n" + log;
-  if (err.empty() && losses) *losses = read_losses(d.dir + "/csv/" + r.name + "/train.csv");
+  if (err.empty() && losses) *losses = read_losses(dist_data().dir + "/csv/" + r.name + "/train.csv");
   return err;
 }
 

@@ -30,38 +30,20 @@ struct Result {
   long long act_bytes = -1;  // from rank 0's "activations: N bytes" line
 };
 
-std::vector<std::string> run_args(const Run& r, const std::string& cfg) {
-  const DistData& d = dist_data();
-  std::vector<std::string> a = {"--config", cfg, "--num-layers", "2", "--hidden-size", "32",
-                                "--num-attention-heads", "4", "--seq-length", "32",
-                                "--max-position-embeddings", "32", "--train-iters", std::to_string(r.iters),
-                                "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "3",
-                                "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1",
-                                "--tensor-model-parallel-size", std::to_string(r.tp),
-                                "--pipeline-model-parallel-size", std::to_string(r.pp),
-                                "--data-path", d.data_prefix, "--vocab-file", d.vocab, "--merge-file", d.merges};
-  if (r.llama) a.insert(a.end(), {"--model-family", "llama", "--ffn-hidden-size", "64"});
-  a.insert(a.end(), r.extra.begin(), r.extra.end());
-  return a;
-}
-
 Result run(const Run& r) {
-  const DistData& d = dist_data();
-  std::string cfg = d.dir + "/" + r.name + ".json";
-  {
-    std::ofstream f(cfg);
-    f << "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": 2"
-      << ", \"csv_monitor\": {\"enabled\": true, \"output_path\": \"" << d.dir << "/csv\", \"job_name\": \"" << r.name
-      << "\"}}";
-  }
+  SmallModel model;
+  model.tp = r.tp;
+  model.pp = r.pp;
+  model.iters = r.iters;
+  model.llama = r.llama;
+  std::vector<std::string> args = small_model_args(model);
+  args.insert(args.end(), r.extra.begin(), r.extra.end());
   std::string log;
-  DstrainJob job{r.world, run_args(r, cfg)};
-  job.rank0_output = &log;
-  std::string err = run_dstrain(job);
+  std::string err = run_with_config(r.name, r.world, 2, -1, args, nullptr, &log);
   INFO(r.name << ": " << err);
   REQUIRE(err.empty());
   Result res;
-  if (r.iters > 0) res.losses = read_losses(d.dir + "/csv/" + r.name + "/train.csv");
+  if (r.iters > 0) res.losses = read_losses(dist_data().dir + "/csv/" + r.name + "/train.csv");
   std::smatch m;
   INFO(log);
   REQUIRE(std::regex_search(log, m, std::regex("activations: ([0-9]+) bytes saved per micro-batch")));

@@ -28,38 +28,16 @@ struct Run {
   std::vector<std::string> extra;
 };
 
-std::vector<std::string> run_args(const Run& r, const std::string& cfg) {
-  const DistData& d = dist_data();
-  std::vector<std::string> a = {"--config", cfg, "--num-layers", "2", "--hidden-size", "32",
-                                "--num-attention-heads", "4", "--seq-length", "32",
-                                "--max-position-embeddings", "32", "--train-iters", std::to_string(r.iters),
-                                "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "3",
-                                "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1",
-                                "--tensor-model-parallel-size", std::to_string(r.tp),
-                                "--data-path", d.data_prefix, "--vocab-file", d.vocab, "--merge-file", d.merges};
-  if (r.llama) a.insert(a.end(), {"--model-family", "llama", "--ffn-hidden-size", "64"});
-  a.insert(a.end(), r.extra.begin(), r.extra.end());
-  return a;
-}
-
 // Runs the job; returns "" on success, else the failure output. Losses of
 // rank 0 go to `losses` (when the run succeeds).
 std::string try_run(const Run& r, std::vector<double>* losses) {
-  const DistData& d = dist_data();
-  std::string cfg = d.dir + "/" + r.name + ".json";
-  {
-    std::ofstream f(cfg);
-    f << "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": " << r.micro
-      << ", \"zero_optimization\": {\"stage\": " << r.zero_stage << ", \"reduce_bucket_size\": 5000}"
-      << ", \"csv_monitor\": {\"enabled\": true, \"output_path\": \"" << d.dir << "/csv\", \"job_name\": \"" << r.name
-      << "\"}}";
-  }
-  std::string log;
-  DstrainJob job{r.world, run_args(r, cfg)};
-  job.rank0_output = &log;
-  std::string err = run_dstrain(job);
-  if (err.empty() && losses) *losses = read_losses(d.dir + "/csv/" + r.name + "/train.csv");
-  return err;
+  SmallModel m;
+  m.tp = r.tp;
+  m.iters = r.iters;
+  m.llama = r.llama;
+  std::vector<std::string> args = small_model_args(m);
+  args.insert(args.end(), r.extra.begin(), r.extra.end());
+  return run_with_config(r.name, r.world, r.micro, r.zero_stage, args, losses, nullptr);
 }
 
 std::vector<double> run(const Run& r) {
