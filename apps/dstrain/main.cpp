@@ -29,7 +29,8 @@ int run(int argc, char** argv) {
     return 0;
   }
   ds::log_set_rank(rv.rank);
-  auto world = ds::make_world_communicator(ds::Backend::Gloo, rv);
+  // NCCL between GPUs, Gloo between CPU processes (Megatron's --distributed-backend follows --device).
+  auto world = ds::make_world_communicator(cfg.device == "cuda" ? ds::Backend::Nccl : ds::Backend::Gloo, rv);
   ds::RankGrid grid = ds::make_rank_grid(rv.world_size, cfg.parallel.tp, cfg.parallel.pp, rv.rank);
   ds::Comms comms = ds::build_comms(*world, grid);
   ds::Trainer trainer(cfg, comms);

@@ -110,7 +110,9 @@ Plan make_plan(cublasLtHandle_t h, const LtGemm& g, int al_a, int al_b, int al_d
   if (st == CUBLAS_STATUS_SUCCESS && count > 0) {
     p.algo = res.algo;
     p.ok = true;
-  } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
+  } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && !g.bias) {
+    // With a bias epilogue any refusal (e.g. INVALID_VALUE for an f32 bias on
+    // a 16-bit D) means "no fused algorithm": the caller adds the bias itself.
     DS_CUBLAS_CHECK(st);
   }
   return p;

@@ -6,6 +6,9 @@
 // The bias epilogue adds the bias in the GEMM; when cuBLASLt has no such
 // algorithm for the dtypes, a separate kernel adds it. dbias uses the
 // deterministic column reduction.
+// Dtypes (see cuda/core/common.cuh): inp, weight, dout share the compute dtype;
+// out/dinp have it too (f32 also accepted); dweight/dbias are f32 (or the
+// compute dtype) and accumulate, so bf16 GEMM inputs meet an f32 D with beta 1.
 #include "cuda/blas/lt_gemm.h"
 #include "cuda/core/reduce.cuh"
 #include "lib/ops/ops.h"
@@ -45,10 +48,10 @@ void matmul_forward(const MatmulArgs& a, const Stream& s) {
   int64_t N = C ? a.inp.numel() / C : 0;
   check_2d(a.inp, N, C, op, "inp");
   check_2d(a.out, N, OC, op, "out");
-  DS_CUDA_REQUIRE(a.inp.dtype() == a.weight.dtype(),
-                  std::string(op) + ": inp and weight dtypes differ: " + desc(a.inp) + ", " +
-                      desc(a.weight));
-  if (a.bias.defined()) expect_float(a.bias, OC, op, "bias");
+  const DType dt = a.inp.dtype();
+  expect_compute(a.weight, dt, op, "weight", "inp");
+  if (a.out.dtype() != DType::F32) expect_compute(a.out, dt, op, "out", "inp");
+  if (a.bias.defined()) expect_grad(a.bias, dt, OC, op, "bias");
   if (N == 0 || OC == 0) return;
   DS_CUDA_REQUIRE(C > 0, std::string(op) + ": C must be > 0");
   LtGemm g;
@@ -80,11 +83,18 @@ void matmul_backward(const MatmulBwdArgs& a, const Stream& s) {
   int64_t N = C ? a.inp.numel() / C : 0;
   check_2d(a.inp, N, C, op, "inp");
   check_2d(a.dout, N, OC, op, "dout");
-  DS_CUDA_REQUIRE(a.inp.dtype() == a.weight.dtype() && a.dout.dtype() == a.inp.dtype(),
-                  std::string(op) + ": inp, weight and dout dtypes differ");
-  if (a.dinp.defined()) check_2d(a.dinp, N, C, op, "dinp");
-  if (a.dweight.defined()) check_2d(a.dweight, OC, C, op, "dweight");
-  if (a.dbias.defined()) expect_float(a.dbias, OC, op, "dbias");
+  const DType dt = a.inp.dtype();
+  expect_compute(a.weight, dt, op, "weight", "inp");
+  expect_compute(a.dout, dt, op, "dout", "inp");
+  if (a.dinp.defined()) {
+    check_2d(a.dinp, N, C, op, "dinp");
+    if (a.dinp.dtype() != DType::F32) expect_compute(a.dinp, dt, op, "dinp", "inp");
+  }
+  if (a.dweight.defined()) {
+    check_2d(a.dweight, OC, C, op, "dweight");
+    expect_grad(a.dweight, dt, OC * C, op, "dweight");
+  }
+  if (a.dbias.defined()) expect_grad(a.dbias, dt, OC, op, "dbias");
   if (N == 0 || C == 0 || OC == 0) return;
   if (a.dbias.defined()) {
     dispatch_float(a.dout.dtype(), op, [&](auto tag) {

@@ -1,6 +1,23 @@
 // Shared device helpers for the CUDA kernels: element types and conversions,
 // a runtime-typed pointer for small parameter vectors, dtype dispatch, warp and
 // block reductions (fixed trees, so results are deterministic), host checks.
+//
+// Dtype contract of every CUDA op (mixed precision; the CPU ops follow it too):
+//  - Activations and model weights have the compute dtype (bf16, f16, or f32
+//    in fp32 mode); within one call all activation tensors share one dtype,
+//    and the weights (matmul weight/bias, norm weight/bias, wte/wpe) have it.
+//  - Weight/bias GRADIENTS (dweight, dbias, dwte, dwpe) accumulate (+=) and
+//    are f32 in mixed precision (the compute dtype is accepted as well).
+//    Input gradients (dinp, dqkv, dlogits, dout) have the compute dtype.
+//  - Statistics are f32: LayerNorm mean/rstd, RMSNorm rstd, attention lse,
+//    cross-entropy losses, vocab-parallel rowmax/stats.
+//  - adamw_step: param, m, v f32 (master); grad f32/bf16/f16; param_lowp
+//    bf16/f16 receives the updated value (stochastic rounding for bf16 when
+//    sr_seed != 0). sum_squares / nonfinite_check: x any float dtype,
+//    out/flag f32. scale: in place on any float dtype. cast: any float pair.
+// Kernels are instantiated on the activation type T; the per-channel vectors
+// (weights, biases and their gradients) go through AnyPtr, so each may be f32
+// or the compute dtype independently. All arithmetic is f32.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -75,6 +92,24 @@ inline void expect_dtype(const Tensor& t, DType dt, int64_t numel, const char* o
   DS_CUDA_REQUIRE(t.defined() && t.device().is_cuda() && t.dtype() == dt && t.numel() == numel,
                   std::string(op) + ": " + name + " must be a CUDA " + dtype_name(dt) +
                       " tensor of " + std::to_string(numel) + " elements, got " + desc(t));
+}
+
+// Host-side check of a weight/bias gradient: a CUDA tensor of `numel`
+// elements, f32 or the compute dtype `compute`.
+inline void expect_grad(const Tensor& t, DType compute, int64_t numel, const char* op,
+                        const char* name) {
+  DS_CUDA_REQUIRE(t.defined() && t.device().is_cuda() && t.numel() == numel &&
+                      (t.dtype() == DType::F32 || t.dtype() == compute),
+                  std::string(op) + ": " + name + " must be a CUDA f32 (or " +
+                      dtype_name(compute) + ") tensor of " + std::to_string(numel) +
+                      " elements, got " + desc(t));
+}
+// Host-side check that `t` has the compute dtype of the call.
+inline void expect_compute(const Tensor& t, DType compute, const char* op, const char* name,
+                           const char* ref_name) {
+  DS_CUDA_REQUIRE(t.dtype() == compute, std::string(op) + ": " + name + " (" + desc(t) +
+                                            ") must have the dtype of " + ref_name + " (" +
+                                            dtype_name(compute) + ")");
 }
 
 inline AnyPtr any_ptr(const Tensor& t) {

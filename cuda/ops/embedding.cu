@@ -137,14 +137,15 @@ void embedding_backward(const EmbeddingBwdArgs& a, const Stream& s) {
   DS_CUDA_REQUIRE(a.dwte.dim() == 2, std::string(op) + ": dwte must be (Vlocal, C)");
   int64_t V = a.dwte.size(0), C = a.dwte.size(1);
   expect_dtype(a.tokens, DType::I32, N, op, "tokens");
-  expect_float(a.dwte, V * C, op, "dwte");
   expect_float(a.dout, N * C, op, "dout");
+  // Mixed precision: bf16/f16 dout with f32 dwte/dwpe (AnyPtr).
+  expect_grad(a.dwte, a.dout.dtype(), V * C, op, "dwte");
   DS_CUDA_REQUIRE(N < (int64_t(1) << 31), std::string(op) + ": too many tokens");
   if (a.dwpe.defined()) {
     DS_CUDA_REQUIRE(a.dwpe.dim() == 2 && a.dwpe.size(1) == C &&
                         a.dwpe.size(0) >= Tn + a.pos_offset,
                     std::string(op) + ": dwpe " + desc(a.dwpe) + " too short for T + pos_offset");
-    expect_float(a.dwpe, a.dwpe.numel(), op, "dwpe");
+    expect_grad(a.dwpe, a.dout.dtype(), a.dwpe.numel(), op, "dwpe");
   }
   if (N * C == 0) return;
   dispatch_float(a.dout.dtype(), op, [&](auto tag) {

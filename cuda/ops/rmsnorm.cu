@@ -79,7 +79,10 @@ template <class T> struct RmsWeightGrad {
 
 void rmsnorm_forward(const RMSNormArgs& a, const Stream& s) {
   const char* op = "rmsnorm_forward";
+  DS_CUDA_REQUIRE(a.inp.defined() && a.inp.dim() >= 1,
+                  std::string(op) + ": inp must have a channel dim, got " + desc(a.inp));
   int64_t C = a.inp.size(-1), N = C ? a.inp.numel() / C : 0;
+  expect_float(a.inp, N * C, op, "inp");
   expect_float(a.out, N * C, op, "out");
   DS_CUDA_REQUIRE(a.out.dtype() == a.inp.dtype(), std::string(op) + ": out/inp dtype differ");
   expect_float(a.weight, C, op, "weight");
@@ -97,7 +100,10 @@ void rmsnorm_forward(const RMSNormArgs& a, const Stream& s) {
 
 void rmsnorm_backward(const RMSNormBwdArgs& a, const Stream& s) {
   const char* op = "rmsnorm_backward";
+  DS_CUDA_REQUIRE(a.inp.defined() && a.inp.dim() >= 1,
+                  std::string(op) + ": inp must have a channel dim, got " + desc(a.inp));
   int64_t C = a.inp.size(-1), N = C ? a.inp.numel() / C : 0;
+  expect_float(a.inp, N * C, op, "inp");
   expect_float(a.dout, N * C, op, "dout");
   DS_CUDA_REQUIRE(a.dout.dtype() == a.inp.dtype(), std::string(op) + ": dout/inp dtype differ");
   expect_float(a.weight, C, op, "weight");
@@ -106,7 +112,8 @@ void rmsnorm_backward(const RMSNormBwdArgs& a, const Stream& s) {
     expect_float(a.dinp, N * C, op, "dinp");
     DS_CUDA_REQUIRE(a.dinp.dtype() == a.inp.dtype(), std::string(op) + ": dinp/inp dtype differ");
   }
-  if (a.dweight.defined()) expect_float(a.dweight, C, op, "dweight");
+  // Mixed precision: bf16/f16 activations with an f32 dweight (AnyPtr).
+  if (a.dweight.defined()) expect_grad(a.dweight, a.inp.dtype(), C, op, "dweight");
   if (N == 0) return;
   dispatch_float(a.inp.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -30,6 +30,30 @@ void Communicator::check_tensor(const Tensor& t, const char* op) const {
            device_name(t.device()));
 }
 
+namespace {
+Tensor scalar_tensor(double v, Device dev) {
+  Tensor h = Tensor::empty({1}, DType::F32);
+  h.data<float>()[0] = static_cast<float>(v);
+  return dev.is_cpu() ? h : h.to(dev);
+}
+double scalar_value(const Tensor& t) {
+  Tensor h = t.device().is_cpu() ? t : t.to(Device::cpu());
+  return static_cast<double>(h.data<float>()[0]);
+}
+}  // namespace
+
+double Communicator::all_reduce_scalar(double v, Device dev, ReduceOp op) {
+  Tensor t = scalar_tensor(v, dev);
+  all_reduce(t, op);
+  return scalar_value(t);
+}
+
+double Communicator::broadcast_scalar(double v, Device dev, int root) {
+  Tensor t = scalar_tensor(v, dev);
+  broadcast(t, root);
+  return scalar_value(t);
+}
+
 void Communicator::all_reduce(const Tensor& t, ReduceOp op) {
   check_tensor(t, "all_reduce");
   all_reduce(t.raw(), t.numel(), t.dtype(), op);

@@ -108,6 +108,11 @@ class Communicator {
   void broadcast(const Tensor& t, int root);
   void send(const Tensor& t, int dst);
   void recv(const Tensor& t, int src);
+  // One f32 scalar reduced / broadcast over the group, staged through a
+  // 1-element tensor on `dev` (the caller's training device: host memory for
+  // Gloo, the rank's GPU for NCCL).
+  double all_reduce_scalar(double v, Device dev, ReduceOp op = ReduceOp::Sum);
+  double broadcast_scalar(double v, Device dev, int root);
 
  protected:
   virtual DeviceType device_type() const = 0;  // where this backend's tensors live

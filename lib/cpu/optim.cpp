@@ -2,6 +2,8 @@
 // non-finite detection, in-place scaling and dtype casts.
 // sum_squares reduces fixed-size chunks in double and combines them in chunk
 // order, so the result is bit-identical for any thread count.
+// AdamW with sr_seed != 0 rounds a bf16 param_lowp stochastically with the
+// same hash as cuda/ops/adamw.cu, so both backends write the same bits.
 #include <cmath>
 #include <cstring>
 
@@ -33,6 +35,32 @@ void load_cast(float* dst, const void* src, DType dt, int64_t b, int64_t e) {
   } else {
     const uint16_t* s = static_cast<const uint16_t*>(src);
     for (int64_t i = b; i < e; ++i) dst[i] = f16_to_f32(s[i]);
+  }
+}
+
+// splitmix64 finalizer of (seed, index): 16 random bits. Must stay identical
+// to sr_bits in cuda/ops/adamw.cu (test_cuda_ops compares the two).
+inline uint32_t sr_bits(uint64_t seed, uint64_t i) {
+  uint64_t x = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return static_cast<uint32_t>(x >> 48);
+}
+
+// f32 -> bf16 rounding up with probability (dropped bits) / 2^16: random low
+// bits are added to the bit pattern before truncation. NaN rounds to nearest;
+// inf has zero low bits and stays inf.
+void store_bf16_stochastic(uint16_t* dst, const float* src, uint64_t seed, int64_t b,
+                           int64_t e) {
+  for (int64_t i = b; i < e; ++i) {
+    if (std::isnan(src[i])) {
+      dst[i] = f32_to_bf16(src[i]);
+      continue;
+    }
+    uint32_t u;
+    std::memcpy(&u, &src[i], 4);
+    dst[i] = static_cast<uint16_t>((u + sr_bits(seed, static_cast<uint64_t>(i))) >> 16);
   }
 }
 
@@ -78,7 +106,11 @@ void adamw_step(const AdamWArgs& a, const Stream&) {
       const float pi = p[i] - decay * p[i];
       p[i] = pi - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
     }
-    if (a.param_lowp.defined()) store_cast(a.param_lowp.raw(), a.param_lowp.dtype(), p, b, e);
+    if (!a.param_lowp.defined()) return;
+    if (a.sr_seed != 0 && a.param_lowp.dtype() == DType::BF16)
+      store_bf16_stochastic(a.param_lowp.data<uint16_t>(), p, a.sr_seed, b, e);
+    else
+      store_cast(a.param_lowp.raw(), a.param_lowp.dtype(), p, b, e);
   });
 }
 

@@ -28,7 +28,7 @@ Tensor rows(const Tensor& t) { return t.reshape({t.numel() / t.size(-1), t.size(
 GptModel::GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems, TpComm tp, PipeStage stage)
     : cfg_(cfg), d_(model_dims(cfg)), tp_(tp), stage_(stage),
       layout_(build_layout(cfg, tp.size, tp.rank, stage.pp, stage.rank, stage.vp)), dev_(dev) {
-  flat_ = std::make_unique<FlatParamStore>(layout_, d_.L, dev_, alloc_elems);
+  flat_ = std::make_unique<FlatParamStore>(layout_, d_.L, dev_, alloc_elems, cfg_.compute_dtype);
   store_ = flat_.get();
   init_local();
 }
@@ -139,6 +139,7 @@ std::vector<int> GptModel::backward_order(int chunk) const {
 void GptModel::init_weights(uint64_t seed, float std) {
   if (tp_.active() || stage_.pp > 1) {  // init the full model, keep this rank's slices / stage
     ModelConfig full_cfg = cfg_;
+    full_cfg.compute_dtype = DType::F32;  // only its f32 weights are used
     GptModel full(full_cfg, Device::cpu());
     full.init_weights(seed, std);
     Tensor local = Tensor::empty({layout_.total}, DType::F32);
@@ -172,10 +173,11 @@ void GptModel::init_weights(uint64_t seed, float std) {
 void GptModel::alloc_act_set(ActSet& s, int64_t B, int64_t T) {
   const int64_t C = d_.C, Tl = local_seq(T), N = B * T, Nl = B * Tl;
   auto f32 = [&](Shape sh) { return Tensor::empty(sh, DType::F32, dev_); };
+  auto act = [&](Shape sh) { return Tensor::empty(sh, cfg_.compute_dtype, dev_); };
   s.resid.assign(d_.L + 1, Tensor());
   s.acts.assign(d_.L, LayerActs{});
   for (const auto& c : layout_.chunks)
-    for (int l = c.begin; l <= c.end; ++l) s.resid[l] = f32({B, Tl, C});
+    for (int l = c.begin; l <= c.end; ++l) s.resid[l] = act({B, Tl, C});
   for (int l = layout_.first_layer; l < layout_.end_layer; ++l) {
     if (!layout_.holds_layer(l)) continue;
     if (full_recompute(l)) {
@@ -186,29 +188,30 @@ void GptModel::alloc_act_set(ActSet& s, int64_t B, int64_t T) {
     if (recompute_.kind == RecomputeConfig::Kind::Selective) s.acts[l].attn_out = scratch_.attn_out;
   }
   if (!layout_.last_stage()) return;
-  s.final_out = f32({Nl, C});
+  s.final_out = act({Nl, C});
   s.final_mean = f32({Nl});
   s.final_rstd = f32({Nl});
-  s.logits = f32({N, Vl_});
+  s.logits = act({N, Vl_});
 }
 
 void GptModel::alloc_layer_acts(LayerActs& a, int64_t B, int64_t T) {
   // Sequence parallel: the norms and the residual hold this rank's Nl rows.
   const int64_t C = d_.C, Cl = Cl_, Fl = Fl_, N = B * T, Nl = B * local_seq(T), F_in = d_.swiglu ? 2 * Fl : Fl;
   auto f32 = [&](Shape sh) { return Tensor::empty(sh, DType::F32, dev_); };
-  a.norm1_out = f32({Nl, C});
+  auto act = [&](Shape sh) { return Tensor::empty(sh, cfg_.compute_dtype, dev_); };
+  a.norm1_out = act({Nl, C});
   a.norm1_mean = f32({Nl});
   a.norm1_rstd = f32({Nl});
-  a.qkv = f32({B, T, 3 * Cl});
-  if (d_.rope) a.qkv_pre = f32({B, T, 3 * Cl});
-  if (recompute_.kind != RecomputeConfig::Kind::Selective) a.attn_out = f32({B, T, Cl});
+  a.qkv = act({B, T, 3 * Cl});
+  if (d_.rope) a.qkv_pre = act({B, T, 3 * Cl});
+  if (recompute_.kind != RecomputeConfig::Kind::Selective) a.attn_out = act({B, T, Cl});
   a.lse = f32({B, NHl_, T});
-  a.resid_mid = f32({Nl, C});
-  a.norm2_out = f32({Nl, C});
+  a.resid_mid = act({Nl, C});
+  a.norm2_out = act({Nl, C});
   a.norm2_mean = f32({Nl});
   a.norm2_rstd = f32({Nl});
-  a.fc_out = f32({N, F_in});
-  a.act_out = f32({N, Fl});
+  a.fc_out = act({N, F_in});
+  a.act_out = act({N, Fl});
 }
 
 void GptModel::ensure_acts(int64_t B, int64_t T) {
@@ -222,6 +225,7 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
   // Replicated widths C; this rank's slices Cl (heads), Fl (FFN), Vl (vocab).
   const int64_t C = d_.C, Cl = Cl_, Fl = Fl_, N = B * T, F_in = d_.swiglu ? 2 * Fl : Fl;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
+  auto act = [&](Shape s) { return Tensor::empty(s, cfg_.compute_dtype, dev_); };
   sets_.assign(n_slots_, ActSet{});
   alloc_recompute_scratch(B, T);
   for (ActSet& s : sets_) alloc_act_set(s, B, T);
@@ -230,13 +234,13 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
     ce_max_ = f32({N});
     ce_stats_ = f32({2, N});
   }
-  dresid_ = f32({B * local_seq(T), C});
-  dnorm_ = f32({N, C});
+  dresid_ = act({B * local_seq(T), C});
+  dnorm_ = act({N, C});
   alloc_sp_buffers(B, T);
-  dqkv_ = f32({B, T, 3 * Cl});
-  dattn_ = f32({B, T, Cl});
-  dfc_ = f32({N, F_in});
-  dact_ = f32({N, Fl});
+  dqkv_ = act({B, T, 3 * Cl});
+  dattn_ = act({B, T, Cl});
+  dfc_ = act({N, F_in});
+  dact_ = act({N, Fl});
 }
 
 void GptModel::norm_forward(const std::string& prefix, const Tensor& out, const Tensor& mean,

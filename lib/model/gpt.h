@@ -77,6 +77,7 @@ class GptModel {
   const ModelDims& dims() const { return d_; }  // full (unsplit) dimensions
   const TpComm& tp() const { return tp_; }
   Device device() const { return dev_; }
+  DType compute_dtype() const { return cfg_.compute_dtype; }  // weights the forward reads, activations
   ParamStore& store() { return *store_; }
   const std::vector<Range>& units() const { return units_; }
   bool has_flat_buffers() const { return flat_ != nullptr; }

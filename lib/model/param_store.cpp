@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "lib/core/error.h"
+#include "lib/ops/ops.h"
 
 namespace ds {
 
@@ -27,16 +28,22 @@ std::vector<Range> unit_ranges(const ModelLayout& layout, int num_layers) {
   return units;
 }
 
-FlatParamStore::FlatParamStore(const ModelLayout& layout, int num_layers, Device dev, int64_t alloc_elems)
+FlatParamStore::FlatParamStore(const ModelLayout& layout, int num_layers, Device dev, int64_t alloc_elems,
+                               DType compute)
     : units_(unit_ranges(layout, num_layers)), total_(layout.total) {
   const int64_t n = std::max(alloc_elems, layout.total);
   params_ = Tensor::zeros({n}, DType::F32, dev);
   grads_ = Tensor::zeros({n}, DType::F32, dev);
+  if (compute != DType::F32) compute_ = Tensor::zeros({total_}, compute, dev);
 }
 
 Tensor FlatParamStore::acquire_params(int unit) {
   const Range& r = units_.at(unit);
-  return params_.view(r.begin, {r.size()});
+  return (compute_.defined() ? compute_ : params_).view(r.begin, {r.size()});
+}
+
+void FlatParamStore::params_updated() {
+  if (compute_.defined() && total_ > 0) ops::cast({compute_, params_.view(0, {total_})}, Stream{});
 }
 
 Tensor FlatParamStore::acquire_grads(int unit) {
@@ -44,7 +51,10 @@ Tensor FlatParamStore::acquire_grads(int unit) {
   return grads_.view(r.begin, {r.size()});
 }
 
-void FlatParamStore::set_full_params(const Tensor& full) { params_.view(0, {total_}).copy_from(full); }
+void FlatParamStore::set_full_params(const Tensor& full) {
+  params_.view(0, {total_}).copy_from(full);
+  params_updated();
+}
 
 void FlatParamStore::get_full_params(const Tensor& out) {
   if (!out.defined()) return;

@@ -46,13 +46,19 @@ class ParamStore {
   // for a sharded store (every rank calls; get_full fills `out` on every rank).
   virtual void set_full_params(const Tensor& full) = 0;
   virtual void get_full_params(const Tensor& out) = 0;
+  // Mixed precision: the f32 master weights changed outside the store (the
+  // optimizer wrote them); refresh the compute-dtype copy the forward reads.
+  virtual void params_updated() {}
 };
 
-// Today's layout: one flat params buffer and one flat grads buffer; acquire
-// returns views and nothing moves. Gradients accumulate until zero_grads().
+// One flat params buffer and one flat grads buffer; acquire returns views and
+// nothing moves. Gradients accumulate until zero_grads(). With a bf16/f16
+// compute dtype a second flat buffer holds the weights in that dtype (what
+// acquire_params returns); params() stays the f32 master the optimizer updates.
 class FlatParamStore : public ParamStore {
  public:
-  FlatParamStore(const ModelLayout& layout, int num_layers, Device dev, int64_t alloc_elems);
+  FlatParamStore(const ModelLayout& layout, int num_layers, Device dev, int64_t alloc_elems,
+                 DType compute = DType::F32);
   void begin_pass(const std::vector<int>&) override {}
   void end_pass() override {}
   Tensor acquire_params(int unit) override;
@@ -61,14 +67,16 @@ class FlatParamStore : public ParamStore {
   void grads_ready(int) override {}
   void set_full_params(const Tensor& full) override;
   void get_full_params(const Tensor& out) override;
+  void params_updated() override;
 
-  Tensor& params() { return params_; }  // (alloc) f32, layout total first
+  Tensor& params() { return params_; }  // (alloc) f32 master, layout total first
   Tensor& grads() { return grads_; }    // (alloc) f32
 
  private:
   std::vector<Range> units_;
   int64_t total_ = 0;
   Tensor params_, grads_;
+  Tensor compute_;  // (total) bf16/f16 copy of params_, or undefined in fp32
 };
 
 }  // namespace ds

@@ -26,18 +26,24 @@ void for_each_run(const ParamSpec& p, int tp, int r, Fn fn) {
   for (int64_t i = 0; i < rows; ++i) fn(i * cols + r * lc, i * lc, lc);
 }
 
+Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
+
 }  // namespace
 
 void slice_tp_params(const ModelLayout& local, const ModelLayout& full, const Tensor& full_buf,
                      const Tensor& local_out) {
-  const float* src = full_buf.data<float>();  // (full.total)
-  float* dst = local_out.data<float>();       // (local.total)
+  // Device buffers are staged through host memory (start-up and checkpoint paths only).
+  const Tensor src_h = on_host(full_buf);
+  Tensor dst_h = local_out.device().is_cpu() ? local_out : Tensor::empty(local_out.shape(), DType::F32);
+  const float* src = src_h.data<float>();  // (full.total)
+  float* dst = dst_h.data<float>();        // (local.total)
   for (const ParamSpec& p : local.params) {
     const ParamSpec& f = full.find(p.name);
     for_each_run(p, local.tp, local.tp_rank, [&](int64_t fo, int64_t lo, int64_t n) {
       std::memcpy(dst + p.offset + lo, src + f.offset + fo, n * sizeof(float));
     });
   }
+  if (!local_out.device().is_cpu()) Tensor(local_out).copy_from(dst_h);
 }
 
 void gather_tp_params(Communicator* tp, const ModelLayout& local, const ModelLayout& full, int num_layers,
@@ -49,22 +55,27 @@ void gather_tp_params(Communicator* tp, const ModelLayout& local, const ModelLay
   DS_CHECK(tp && tp->size() == local.tp, "gather_tp_params: tp communicator of size {} for a tp {} layout",
            tp ? tp->size() : 0, local.tp);
   const std::vector<Range> units = unit_ranges(local, num_layers);
+  const bool host_out = !full_out.defined() || full_out.device().is_cpu();
+  Tensor out_h = host_out ? full_out : Tensor::empty(full_out.shape(), DType::F32);
   for (const Range& u : units) {
-    Tensor all = Tensor::empty({local.tp * u.size()}, DType::F32);  // (tp, unit) rank-major
+    // (tp, unit) rank-major, where the communicator works (the GPU for NCCL)
+    Tensor all = Tensor::empty({local.tp * u.size()}, DType::F32, local_buf.device());
     tp->all_gather(local_buf.view(u.begin, {u.size()}), all);
     if (!full_out.defined()) continue;
-    float* dst = full_out.data<float>();
+    const Tensor all_h = on_host(all);
+    float* dst = out_h.data<float>();
     for (const ParamSpec& p : local.params) {
       if (p.offset < u.begin || p.offset >= u.end) continue;
       const ParamSpec& f = full.find(p.name);
       for (int r = 0; r < local.tp; ++r) {
-        const float* src = all.data<float>() + r * u.size() + (p.offset - u.begin);
+        const float* src = all_h.data<float>() + r * u.size() + (p.offset - u.begin);
         for_each_run(p, local.tp, r, [&](int64_t fo, int64_t lo, int64_t n) {
           std::memcpy(dst + f.offset + fo, src + lo, n * sizeof(float));
         });
       }
     }
   }
+  if (!host_out) Tensor(full_out).copy_from(out_h);
 }
 
 std::vector<Range> replicated_ranges(const ModelLayout& local) {

@@ -2,7 +2,7 @@
 // and order) and one tensor-parallel rank's LOCAL shards (build_layout with
 // tp > 1). Used to initialise (slice the full init), to load full checkpoints
 // and HF weights, and to gather the full model for checkpoints and export.
-// Host (CPU) f32 buffers.
+// f32 buffers on any device (device ones are staged through host memory).
 #pragma once
 #include <vector>
 

@@ -2,9 +2,11 @@
 // Every op has forward and backward; each takes one struct of tensors plus
 // scalars. Shapes are given per field; N = B*T rows, C channels, Vp padded vocab.
 // Conventions:
-//  - CPU backend: all float tensors are f32. CUDA backend: activations and
-//    weights may be bf16/f16 (dtype of the tensor says which), statistics
-//    (mean, rstd, lse, losses) and master/optimizer state are always f32.
+//  - Activations and weights are f32, bf16 or f16 (the tensor's dtype says
+//    which); statistics (mean, rstd, lse, losses), weight/bias gradients and
+//    master/optimizer state are always f32. CUDA kernels read low precision
+//    and compute in f32; the CPU backend does the same by running its f32
+//    kernels on upcast copies (lib/ops/lowp_emulation.h).
 //  - Weight/bias gradients ACCUMULATE (+=) so micro-batches add up.
 //  - Input gradients follow the `accum` field where present (Overwrite or Add);
 //    elsewhere they are overwritten.
@@ -191,6 +193,7 @@ struct AdamWArgs {
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
   float grad_scale = 1.0f;  // grads are multiplied by this first (unscale, clip)
   int64_t step = 1;         // 1-based, for bias correction
+  uint64_t sr_seed = 0;  // != 0: stochastic rounding of a bf16 param_lowp (seeded per step)
 };
 
 struct SumSquaresArgs {

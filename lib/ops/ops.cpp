@@ -1,7 +1,9 @@
 // Dispatcher: routes each op to the CPU or CUDA implementation by device.
+// CPU calls with bf16/f16 tensors are emulated in f32 (lib/ops/lowp_emulation.h).
 #include "lib/ops/ops.h"
 
 #include "lib/core/error.h"
+#include "lib/ops/lowp_emulation.h"
 
 namespace ds::ops {
 namespace {
@@ -32,17 +34,19 @@ const Tensor& key(const CastArgs& a) { return a.out; }
 
 }  // namespace
 
+// The f32 CPU kernel of op `name` as a callable for run_cpu.
+#define DS_CPU_KERNEL(name, Args) [](const Args& x, const Stream& st) { ::ds::cpu::name(x, st); }
 #ifdef DS_WITH_CUDA
 #define DS_DISPATCH_OP(name, Args)                                   \
   void name(const Args& a, const Stream& s) {                        \
     if (key(a).device().is_cuda()) return ::ds::cuda::name(a, s);    \
-    ::ds::cpu::name(a, s);                                           \
+    run_cpu(#name, a, s, DS_CPU_KERNEL(name, Args));                 \
   }
 #else
 #define DS_DISPATCH_OP(name, Args)                                   \
   void name(const Args& a, const Stream& s) {                        \
     DS_CHECK(!key(a).device().is_cuda(), #name ": this build has no CUDA backend"); \
-    ::ds::cpu::name(a, s);                                           \
+    run_cpu(#name, a, s, DS_CPU_KERNEL(name, Args));                 \
   }
 #endif
 

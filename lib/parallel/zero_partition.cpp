@@ -116,8 +116,9 @@ struct ElemBytes {
   int64_t params, grads, optimizer;
 };
 
-ElemBytes elem_bytes(StatePrecision prec) {
-  return prec == StatePrecision::FP32 ? ElemBytes{4, 4, 8} : ElemBytes{2, 2, 12};
+ElemBytes elem_bytes(StatePrecision prec, int stage) {
+  if (prec == StatePrecision::FP32 || stage == 3) return ElemBytes{4, 4, 8};
+  return ElemBytes{6, 4, 8};
 }
 
 }  // namespace
@@ -126,7 +127,7 @@ ModelStateBytes zero_model_state_bytes(int64_t n_params, int dp, int stage, Stat
                                        bool offload_optimizer) {
   DS_CHECK(stage >= 0 && stage <= 3, "ZeRO stage must be 0..3, got {}", stage);
   const int64_t n = n_params, shard = make_zero_partition(n_params, dp).shard;
-  const ElemBytes e = elem_bytes(prec);
+  const ElemBytes e = elem_bytes(prec, stage);
   ModelStateBytes b;
   b.params = e.params * (stage >= 3 ? shard : n);
   b.grads = e.grads * (stage >= 2 ? shard : n);

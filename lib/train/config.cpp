@@ -127,7 +127,8 @@ json model_json(const ModelConfig& m) {
 
 json training_json(const TrainConfig& c) {
   json t = {{"train_iters", c.train_iters},     {"exit_interval", c.exit_interval}, {"seed", c.seed},
-            {"device", c.device},               {"estimate_memory", c.estimate_memory},
+            {"device", c.device},               {"attention_backend", c.attention_backend},
+            {"estimate_memory", c.estimate_memory},
             {"save", c.ckpt.save_dir},          {"load", c.ckpt.load_dir},
             {"save_interval", c.ckpt.save_interval}, {"init_from", c.ckpt.init_from},
             {"export_hf", c.ckpt.export_hf},    {"log_interval", c.log.log_interval},
@@ -188,7 +189,8 @@ json config_to_json(const TrainConfig& c) {
               {"initial_scale_power", pc.initial_scale_power},
               {"loss_scale_window", pc.loss_scale_window},
               {"hysteresis", pc.hysteresis},
-              {"min_loss_scale", num(pc.min_loss_scale)}}},
+              {"min_loss_scale", num(pc.min_loss_scale)},
+              {"consecutive_hysteresis", pc.consecutive_hysteresis}}},
             {"bf16", {{"enabled", pc.precision == Precision::BF16}}},
             {"zero_optimization", zero_json(c.zero)},
             {"csv_monitor",

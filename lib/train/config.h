@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "lib/core/dtype.h"
+
 namespace ds {
 
 enum class ModelFamily { GPT2, LLaMA };
@@ -34,6 +36,9 @@ struct ModelConfig {
   PositionKind position = PositionKind::Learned;
   bool bias = true;
   float rope_theta = 10000.f, norm_eps = 1e-5f, init_method_std = 0.02f;
+  // Not a config key: the trainer sets it from bf16/fp16.enabled. Weights the
+  // forward reads and activations use it; gradients and master weights stay f32.
+  DType compute_dtype = DType::F32;
 };
 
 // Sets the family and its standard blocks. GPT-2: LayerNorm, GELU, learned
@@ -90,6 +95,7 @@ struct PrecisionConfig {
   float loss_scale = 0;  // 0 = dynamic
   int initial_scale_power = 16, loss_scale_window = 1000, hysteresis = 2;
   float min_loss_scale = 1;
+  bool consecutive_hysteresis = false;
 };
 
 struct ZeroConfig {
@@ -123,6 +129,7 @@ struct TrainConfig {
   int64_t exit_interval = 0;  // Megatron --exit-interval: stop at a multiple of it (0 = off)
   uint64_t seed = 1234;
   std::string device = "cpu";  // cpu | cuda
+  std::string attention_backend = "flash";  // flash | plain | cudnn (CUDA only)
   std::string config_path;
   bool estimate_memory = false;
   nlohmann::json resolved;  // the full resolved config (same layout as the input file)

@@ -3,6 +3,7 @@
 // reader and "flags override the file" is simply the order of the merge.
 // Most flags map 1:1 onto a JSON key (the table below, also the --help text);
 // the LR-schedule, precision and batch flags need a little logic (apply_*).
+#include <cmath>
 #include <CLI/CLI.hpp>
 #include <map>
 #include <optional>
@@ -48,6 +49,8 @@ constexpr FlagSpec kTable[] = {
      "stop (after saving) once the iteration is a multiple of this; the schedule still spans --train-iters"},
     {"--seed", "/training/seed", FlagKind::Int, "random seed"},
     {"--device", "/training/device", FlagKind::String, "cpu or cuda", "cpu|cuda"},
+    {"--attention-backend", "/training/attention_backend", FlagKind::String,
+     "CUDA attention: flash (ours), plain (unfused, for debugging) or cudnn", "flash|plain|cudnn"},
     {"--save", "/training/save", FlagKind::String, "checkpoint directory to save into"},
     {"--load", "/training/load", FlagKind::String, "checkpoint directory to resume from"},
     {"--save-interval", "/training/save_interval", FlagKind::Int, "save every N iterations (0 = no periodic saves)"},
@@ -144,6 +147,7 @@ void add_special_flags(CLI::App& app, ParsedFlags& out) {
   num("--adam-beta2", "Adam beta2");
   flag("--bf16", "bf16 mixed precision");
   flag("--fp16", "fp16 mixed precision with loss scaling");
+  num("--initial-loss-scale", "fp16 initial dynamic loss scale, a power of two (fp16.initial_scale_power)");
 }
 
 // Flags that are accepted for compatibility and change nothing.
@@ -222,6 +226,12 @@ void apply_other_flags(json& j, const std::map<std::string, json>& sp) {
   if (has("--fp16")) set_at(j, "/fp16/enabled", true, "--fp16");
   if (has("--bf16") && !has("--fp16") && j.contains("fp16")) set_at(j, "/fp16/enabled", false, "--bf16");
   if (has("--fp16") && !has("--bf16") && j.contains("bf16")) set_at(j, "/bf16/enabled", false, "--fp16");
+  if (has("--initial-loss-scale")) {  // Megatron gives the scale, DeepSpeed its power of two
+    const double s = sp.at("--initial-loss-scale").get<double>();
+    int e = 0;
+    DS_USER_CHECK(s > 0 && std::frexp(s, &e) == 0.5, "--initial-loss-scale {} must be a power of two (2^k)", s);
+    set_at(j, "/fp16/initial_scale_power", e - 1, "--initial-loss-scale");
+  }
 }
 
 }  // namespace

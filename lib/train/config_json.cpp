@@ -138,6 +138,7 @@ void read_precision(DsSection& root, PrecisionConfig& pc) {
   pc.loss_scale_window = f.get<int>("loss_scale_window", pc.loss_scale_window);
   pc.hysteresis = f.get<int>("hysteresis", pc.hysteresis);
   pc.min_loss_scale = f.get<float>("min_loss_scale", pc.min_loss_scale);
+  pc.consecutive_hysteresis = f.get<bool>("consecutive_hysteresis", pc.consecutive_hysteresis);
   if (fp16) f.finish();  // a disabled section changes nothing: no warnings for it
   if (bf16) b.finish();
 }

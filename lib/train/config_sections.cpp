@@ -96,6 +96,7 @@ void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_schedule
                 "config: 'training.seed' (--seed) must be a non-negative integer, got {}", s.raw().value("seed", json()).dump());
   cfg.seed = s.get<uint64_t>("seed", cfg.seed);
   cfg.device = s.get<std::string>("device", cfg.device);
+  cfg.attention_backend = s.get<std::string>("attention_backend", cfg.attention_backend);
   cfg.estimate_memory = s.get<bool>("estimate_memory", cfg.estimate_memory);
   CheckpointConfig& c = cfg.ckpt;
   c.save_dir = s.get<std::string>("save", c.save_dir);

@@ -189,6 +189,10 @@ void validate_training(const TrainConfig& cfg) {
   DS_USER_CHECK(cfg.train_iters >= 0, "training.train_iters (--train-iters) must be >= 0, got {}", cfg.train_iters);
   DS_USER_CHECK(cfg.device == "cpu" || cfg.device == "cuda", "training.device (--device) '{}' must be cpu or cuda",
                 cfg.device);
+  DS_USER_CHECK(cfg.attention_backend == "flash" || cfg.attention_backend == "plain" ||
+                    cfg.attention_backend == "cudnn",
+                "training.attention_backend (--attention-backend) '{}' must be flash, plain or cudnn",
+                cfg.attention_backend);
   const LoggingConfig& l = cfg.log;
   DS_USER_CHECK(l.log_interval > 0, "training.log_interval (--log-interval) must be positive, got {}", l.log_interval);
   DS_USER_CHECK(l.steps_per_print > 0, "steps_per_print must be positive, got {}", l.steps_per_print);

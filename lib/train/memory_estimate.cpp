@@ -81,7 +81,7 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   r.configured = cfg.zero.stage == stage && (cfg.zero.offload_optimizer_device == "cpu") == offload;
   const int64_t n = e.n_params_rank;
   const bool fp32 = e.precision == StatePrecision::FP32;
-  const int64_t P = fp32 ? 4 : 2, G = P;
+  const int64_t P = fp32 ? 4 : 2, G = 4;  // gathered params in the compute dtype; gradients f32
   r.states = zero_model_state_bytes(n, e.dp, stage, e.precision, offload);
   if (stage == 3) {
     int64_t largest = 0, persistent = 0;
@@ -95,15 +95,15 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   }
   r.device_total = r.states.total() + r.zero3_live + e.activations.total();
   // Host: the fp32 start-up copy of the rank's weights, plus with offload the
-  // optimizer state and the fp32 gradient (and, in fp32 training, parameter)
-  // shard the host Adam works on.
+  // optimizer state and the fp32 master and gradient ranges the host Adam works on.
   const int64_t shard = make_zero_partition(n, e.dp).shard;
   const int64_t opt_elems = stage >= 1 ? shard : n;
   r.host_per_rank = 4 * n;
   if (cfg.device == "cpu") {
     r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.dp, stage, e.precision) : 0);
   } else if (offload) {
-    r.host_per_rank += host_optimizer_bytes(n, e.dp, stage, e.precision) + 4 * opt_elems + (fp32 ? 4 * opt_elems : 0);
+    // Adam m, v, the host copy of the master range and the gradient range copied over each step.
+    r.host_per_rank += host_optimizer_bytes(n, e.dp, stage, e.precision) + 8 * opt_elems;
   }
   r.host_per_node = r.host_per_rank * e.gpus_per_node;
   return r;
@@ -164,8 +164,10 @@ void append_header(std::string& out, const TrainConfig& cfg, const MemoryEstimat
     out += fmt::format("note: approximate: each rank holds about 1/(TP*PP) of the model ({} parameters)\n",
                        millions(e.n_params_rank));
   out += fmt::format("precision: {} -> bytes per parameter: {}\n", precision_name(cfg.precision.precision),
-                     e.precision == StatePrecision::FP32 ? "params 4, grads 4, optimizer 8 (Adam m, v)"
-                                                         : "params 2, grads 2, optimizer 12 (fp32 master + Adam m, v)");
+                     e.precision == StatePrecision::FP32
+                         ? "params 4, grads 4, optimizer 8 (Adam m, v)"
+                         : "params 6 (fp32 master + bf16/fp16 copy; 4 with ZeRO-3), grads 4 (fp32), optimizer 8 "
+                           "(Adam m, v)");
   const std::string& rc = cfg.parallel.recompute_granularity;
   out += fmt::format("activations per rank (micro batch {} x seq {}, recompute {}): {} GiB (saved {} + backward {})\n",
                      cfg.batch.micro_batch_size, cfg.model.seq_length, rc.empty() ? "none" : rc,

@@ -39,7 +39,7 @@ const MicroBatch& PipelineExecutor::micro_batch(int micro) {
 }
 
 Tensor PipelineExecutor::activation_buffer(const MicroBatch& mb) {
-  return Tensor::empty({mb.tokens.size(0), model_.local_seq(mb.tokens.size(1)), model_.dims().C}, DType::F32,
+  return Tensor::empty({mb.tokens.size(0), model_.local_seq(mb.tokens.size(1)), model_.dims().C}, model_.compute_dtype(),
                        model_.device());
 }
 
@@ -72,6 +72,7 @@ void PipelineExecutor::communicate(size_t begin, size_t end) {
     op.is_send = a.kind == ActionKind::SendForward || a.kind == ActionKind::SendBackward;
     op.data = t.raw();
     op.count = t.numel();
+    op.dtype = t.dtype();
     op.peer = peer;
     op.channel = channel;
     ops.push_back(op);

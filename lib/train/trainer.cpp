@@ -11,6 +11,9 @@
 #include "lib/model/tp_shard.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/parallel/pipeline_schedule.h"
+#ifdef DS_WITH_CUDA
+#include "cuda/cuda_api.h"
+#endif
 
 namespace ds {
 namespace {
@@ -40,10 +43,7 @@ void resolve_vocab(TrainConfig& cfg) {
 }
 
 Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms) {
-  DS_USER_CHECK(cfg_.device == "cpu", "--device {}: this build trains on cpu only for now", cfg_.device);
-  dev_ = Device::cpu();
-  if (cfg_.precision.precision != Precision::FP32)
-    DS_WARN("bf16/fp16 is enabled but the CPU backend trains in fp32; the setting is ignored on cpu");
+  setup_device_and_precision();
   resolve_vocab(cfg_);
   data_ = std::make_unique<DataPipeline>(cfg_, dev_);
   DS_USER_CHECK(comms_.grid.pp == 1 || cfg_.zero.stage <= 2,
@@ -66,7 +66,8 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
   ZeroPartition part = make_zero_partition(local.total, dp_);
   Communicator* dp_comm = dp_ > 1 ? comms_.dp : nullptr;
   if (cfg_.zero.stage >= 2) {
-    store_ = std::make_unique<ZeroParamStore>(local, cfg_.model.num_layers, dev_, dp_comm, cfg_.zero, part);
+    store_ = std::make_unique<ZeroParamStore>(local, cfg_.model.num_layers, dev_, dp_comm, cfg_.zero, part,
+                                              cfg_.model.compute_dtype);
     model_ = std::make_unique<GptModel>(cfg_.model, dev_, *store_, tp, stage);
   } else {
     model_ = std::make_unique<GptModel>(cfg_.model, dev_, 0, tp, stage);
@@ -80,12 +81,14 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
     if (store_ && comms_.embedding && !model_->dims().untied) store_->defer_unit(0);
   }
   if (cfg_.zero.offload_optimizer_device == "cpu")
-    DS_LOG("offload_optimizer.device = cpu: on the CPU backend the optimizer state is already in host memory; "
-           "nothing to move");
+    DS_LOG("offload_optimizer.device = cpu: {}", dev_.is_cpu()
+                                                     ? "on the CPU backend the optimizer state is already in host "
+                                                       "memory; nothing to move"
+                                                     : "Adam m, v and the fp32 master range of this rank live in host "
+                                                       "memory; AdamW runs on the CPU");
   int64_t n_matmul = full_layout_.total;
   if (const ParamSpec* p = full_layout_.try_find("embed.wpe")) n_matmul -= p->numel;
   flops_per_token_ = flops_per_token(cfg_.model, n_matmul);
-  peak_tflops_ = cfg_.log.cpu_peak_tflops;
   load_or_init();
   if (cfg_.log.csv_enabled && comms_.grid.rank == 0) csv_.open(cfg_.log.csv_path, cfg_.log.csv_job_name);
   DS_LOG("model: {} layers, hidden {}, heads {}, ffn {}, vocab {} (padded {}), {} parameters",
@@ -117,6 +120,70 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
              ? ", " + std::to_string(cfg_.parallel.recompute_num_layers) + " layers per chunk (0: all)"
              : std::string());
   log_model_state();
+}
+
+void Trainer::setup_device_and_precision() {
+  const Precision prec = cfg_.precision.precision;
+  cfg_.model.compute_dtype = prec == Precision::BF16 ? DType::BF16 : prec == Precision::FP16 ? DType::F16 : DType::F32;
+  peak_tflops_ = cfg_.log.cpu_peak_tflops;
+  if (cfg_.device == "cuda") {
+#ifdef DS_WITH_CUDA
+    DS_USER_CHECK(cuda::device_available(), "--device cuda: {}", cuda::unavailable_reason());
+    const int local = RendezvousInfo::from_env().local_rank;
+    DS_USER_CHECK(local < cuda::device_count(),
+                  "--device cuda: LOCAL_RANK {} but only {} CUDA device(s) are visible (CUDA_VISIBLE_DEVICES)", local,
+                  cuda::device_count());
+    cuda::init_device(local);
+    cuda::set_attention_backend(cuda::attention_backend_from_name(cfg_.attention_backend));
+    dev_ = Device::cuda(local);
+    // MFU against the tensor-core peak applies to bf16/fp16 only.
+    if (prec != Precision::FP32) peak_tflops_ = cuda::peak_bf16_tflops();
+    DS_LOG("device: {} (cuda:{}), attention {}, peak {:.0f} TFLOP/s (bf16 dense; DS_PEAK_BF16_TFLOPS overrides)",
+           cuda::device_name(), local, cfg_.attention_backend, cuda::peak_bf16_tflops());
+#else
+    throw UserError("--device cuda: this dstrain was built without CUDA (no nvcc at configure time); use --device cpu");
+#endif
+  } else {
+    dev_ = Device::cpu();
+    if (prec != Precision::FP32)
+      DS_LOG("{} on cpu: every op reads {} tensors, computes in f32 and rounds what it writes, as the GPU "
+             "kernels do (slower than fp32 on cpu; for checking numerics)",
+             precision_name(prec), precision_name(prec));
+  }
+  if (prec == Precision::FP16) {
+    const PrecisionConfig& pc = cfg_.precision;
+    LossScalerConfig lc;
+    lc.dynamic = pc.loss_scale <= 0;
+    lc.initial_scale = lc.dynamic ? std::ldexp(1.0, pc.initial_scale_power) : pc.loss_scale;
+    lc.window = pc.loss_scale_window;
+    lc.hysteresis = pc.hysteresis;
+    lc.min_scale = pc.min_loss_scale;
+    lc.consecutive_hysteresis = pc.consecutive_hysteresis;
+    scaler_ = std::make_unique<LossScaler>(lc);
+    state_.loss_scale = scaler_->scale();
+    state_.hysteresis_left = scaler_->hysteresis_left();
+  }
+}
+
+bool Trainer::skip_for_overflow() {
+  if (!scaler_) return false;
+  const bool overflow = opt_->grads_nonfinite(*comms_.world);
+  const double before = scaler_->scale();
+  const ScaleEvent e = scaler_->update(overflow);
+  state_.loss_scale = scaler_->scale();
+  state_.good_steps = scaler_->good_steps();
+  state_.hysteresis_left = scaler_->hysteresis_left();
+  if (overflow) {
+    state_.skipped_steps += 1;
+    DS_LOG("iteration {}: gradient overflow at loss scale {}, step skipped; loss scale now {}{}",
+           state_.iteration + 1, before, scaler_->scale(),
+           e == ScaleEvent::HysteresisSpent ? " (hysteresis " + std::to_string(scaler_->hysteresis_left()) + " left)"
+                                            : std::string());
+  } else if (e == ScaleEvent::Raised) {
+    DS_LOG("iteration {}: {} steps without overflow, loss scale raised to {}", state_.iteration + 1,
+           cfg_.precision.loss_scale_window, scaler_->scale());
+  }
+  return overflow;
 }
 
 void Trainer::log_model_state() {
@@ -200,6 +267,8 @@ void Trainer::load_or_init() {
     d.model = &cfg_.model;  // lets a checkpoint of another TP/PP/DP layout be reshaped (lib/ckpt/reshape.h)
     if (load_checkpoint(cfg_.ckpt.load_dir, state_, d)) {
       if (!flat) set_params_from_full(full);
+      model_->store().params_updated();
+      if (scaler_) scaler_->restore(state_.loss_scale, state_.good_steps, static_cast<int>(state_.hysteresis_left));
       opt_->adam().set_step_count(d.opt_step);
       DS_LOG("loaded checkpoint from {} at iteration {}", cfg_.ckpt.load_dir, state_.iteration);
       return;
@@ -219,8 +288,10 @@ void Trainer::load_or_init() {
 float Trainer::train_step() {
   const auto& b = cfg_.batch;
   opt_->zero_grads();
-  const float loss_weight =
-      1.0f / static_cast<float>(b.micro_batch_size * cfg_.model.seq_length * b.grad_accum_steps * dp_);
+  // fp16: the loss (hence every gradient) is multiplied by the loss scale.
+  const double scale = scaler_ ? scaler_->scale() : 1.0;
+  const float loss_weight = static_cast<float>(
+      scale / static_cast<double>(b.micro_batch_size * cfg_.model.seq_length * b.grad_accum_steps * dp_));
   double loss_sum = 0;
   if (pipe_) {
     auto batch = [&](int micro) { return data_->train_batch(state_.consumed_samples, micro, dp_rank_, dp_); };
@@ -232,18 +303,27 @@ float Trainer::train_step() {
       loss_sum += model_->forward_backward(mb.tokens, mb.targets, loss_weight);
     }
   }
-  double norm = opt_->reduce_gradients();
+  double norm = opt_->reduce_gradients() / scale;
+  const float loss = static_cast<float>(from_last_stage(dp_mean(loss_sum / b.grad_accum_steps)));
+  // The schedule counts applied steps only (DeepSpeed and Megatron do not
+  // advance the learning rate on a skipped step).
+  const int64_t applied = state_.iteration - state_.skipped_steps;
+  if (skip_for_overflow()) {
+    state_.iteration += 1;
+    state_.consumed_samples += b.train_batch_size;
+    last_grad_norm_ = NAN;
+    return loss;
+  }
   float coef = clip_coefficient(norm, cfg_.optim.grad_clip);
   AdamWHyper h;
-  h.lr = lr_at(cfg_.optim, state_.iteration, cfg_.train_iters);
+  h.lr = lr_at(cfg_.optim, applied, cfg_.train_iters);
   h.beta1 = cfg_.optim.beta1;
   h.beta2 = cfg_.optim.beta2;
   h.eps = cfg_.optim.eps;
   h.weight_decay = cfg_.optim.weight_decay;
-  opt_->step(h, coef);
+  opt_->step(h, static_cast<float>(coef / scale));
   state_.iteration += 1;
   state_.consumed_samples += b.train_batch_size;
-  float loss = static_cast<float>(from_last_stage(dp_mean(loss_sum / b.grad_accum_steps)));
   last_grad_norm_ = norm;
   last_lr_ = h.lr;
   return loss;
@@ -273,10 +353,7 @@ double Trainer::evaluate() {
 
 double Trainer::from_last_stage(double v) {
   if (pp_ == 1) return v;
-  Tensor t = Tensor::empty({1}, DType::F32);
-  t.data<float>()[0] = static_cast<float>(v);
-  comms_.pp->broadcast(t, pp_ - 1);
-  return static_cast<double>(t.data<float>()[0]);
+  return comms_.pp->broadcast_scalar(v, dev_, pp_ - 1);
 }
 
 void Trainer::tied_embedding_all_reduce() {
@@ -311,10 +388,7 @@ Tensor Trainer::gather_stages(const ModelLayout& stage, const Tensor& stage_buf,
 
 double Trainer::dp_mean(double local) {
   if (dp_ == 1) return local;
-  Tensor t = Tensor::empty({1}, DType::F32);
-  t.data<float>()[0] = static_cast<float>(local);
-  comms_.dp->all_reduce(t);
-  return static_cast<double>(t.data<float>()[0]) / dp_;
+  return comms_.dp->all_reduce_scalar(local, dev_) / dp_;
 }
 
 void Trainer::save() {

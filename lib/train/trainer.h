@@ -8,6 +8,7 @@
 #include "lib/ckpt/checkpoint.h"
 #include "lib/model/gpt.h"
 #include "lib/optim/adamw.h"
+#include "lib/optim/loss_scaler.h"
 #include "lib/parallel/comms.h"
 #include "lib/train/config.h"
 #include "lib/train/data_pipeline.h"
@@ -39,6 +40,10 @@ class Trainer {
   void load_or_init();
   void log_iteration(float loss, double grad_norm, double ms);
   void log_model_state();
+  void setup_device_and_precision();  // device, compute dtype, loss scaler, MFU peak
+  // fp16: records the step's overflow in the scaler (and TrainState); true if
+  // the step must be skipped.
+  bool skip_for_overflow();
   // The full fp32 parameters (layout total). Collective with ZeRO-3: every
   // rank must call; ranks other than 0 get an undefined tensor unless all_ranks.
   // With tensor parallelism: the full model in the tp = 1 layout, gathered
@@ -69,6 +74,7 @@ class Trainer {
   std::unique_ptr<PipelineExecutor> pipe_;  // pp > 1
   ModelLayout full_layout_;  // the tp = 1 layout (checkpoints, HF import/export)
   std::unique_ptr<ZeroOptimizer> opt_;
+  std::unique_ptr<LossScaler> scaler_;  // fp16 only
   std::unique_ptr<DataPipeline> data_;
   TrainState state_;
   CsvMonitor csv_;

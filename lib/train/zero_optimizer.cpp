@@ -19,7 +19,9 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
            store ? 0 : model.params().numel(), part.total);
   rank_ = dp ? dp->rank() : 0;
   range_ = z.stage == 0 ? Range{0, part.total} : part.owned_real(rank_);
-  adam_ = std::make_unique<AdamW>(model.layout(), model.device(), range_.begin, range_.end);
+  offload_ = z.offload_optimizer_device == "cpu" && model.device().is_cuda();
+  adam_ = std::make_unique<AdamW>(model.layout(), offload_ ? Device::cpu() : model.device(), range_.begin,
+                                  range_.end);
 }
 
 void ZeroOptimizer::set_tensor_parallel(Communicator* tp, std::vector<Range> counted) {
@@ -57,32 +59,50 @@ double ZeroOptimizer::reduce_gradients() {
   // Tensor parallel: this rank's counted squares, summed over tp (and over dp
   // when the gradients are dp shards).
   const int64_t base = store_ ? part_.owned_real(rank_).begin : 0;
-  Tensor s = Tensor::empty({1}, DType::F32);
-  s.data<float>()[0] = static_cast<float>(counted_sum_squares(g, base, counted_));
-  if (store_ && part_.dp > 1) dp_->all_reduce(s);
-  tp_->all_reduce(s);
-  return std::sqrt(static_cast<double>(s.data<float>()[0]));
+  double s = static_cast<float>(counted_sum_squares(g, base, counted_));
+  if (store_ && part_.dp > 1) s = dp_->all_reduce_scalar(s, g.device());
+  s = tp_->all_reduce_scalar(s, g.device());
+  return std::sqrt(s);
 }
 
 void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
   if (range_.size() > 0) {
     Tensor p = store_ ? store_->master_params() : model_.params().view(range_.begin, {range_.size()});
     Tensor g = store_ ? store_->grad_shard() : model_.grads().view(range_.begin, {range_.size()});
-    adam_->step(p, g, h, grad_scale);
+    if (offload_) {
+      if (!host_master_.defined()) host_master_ = p.to(Device::cpu());
+      adam_->step(host_master_, g.to(Device::cpu()), h, grad_scale);
+      p.copy_from(host_master_);
+    } else {
+      adam_->step(p, g, h, grad_scale);
+    }
   } else {
     adam_->set_step_count(adam_->step_count() + 1);
   }
-  if (store_)
+  if (store_) {
     store_->after_step();
-  else if (z_.stage == 1 && part_.dp > 1)
-    all_gather_flat(*dp_, part_, model_.params(), z_.allgather_bucket_size);
+  } else {
+    if (z_.stage == 1 && part_.dp > 1) all_gather_flat(*dp_, part_, model_.params(), z_.allgather_bucket_size);
+    model_.store().params_updated();
+  }
+}
+
+bool ZeroOptimizer::grads_nonfinite(Communicator& world) {
+  Tensor g = store_ ? store_->grad_shard() : model_.grads().view(0, {model_.layout().total});
+  Tensor flag = Tensor::zeros({1}, DType::F32, g.device());
+  if (g.numel() > 0) ops::nonfinite_check({flag, g}, Stream{});
+  if (world.size() > 1) world.all_reduce(flag);
+  return flag.to(Device::cpu()).data<float>()[0] != 0.f;
 }
 
 ModelStateBytes ZeroOptimizer::model_state_bytes() const {
   ModelStateBytes b;
-  b.params = store_ ? store_->param_bytes() : 4 * model_.params().numel();
+  // Mixed precision adds the compute-dtype copy of the weights (2 bytes each).
+  const int64_t compute = model_.compute_dtype() == DType::F32 ? 0 : 2;
+  b.params = store_ ? store_->param_bytes() : 4 * model_.params().numel() + compute * model_.layout().total;
   b.grads = store_ ? store_->grad_bytes() : 4 * model_.grads().numel();
-  b.optimizer = 4 * (adam_->m().numel() + adam_->v().numel());
+  // Offloaded optimizer state is host memory: not part of the device model state.
+  b.optimizer = offload_ ? 0 : 4 * (adam_->m().numel() + adam_->v().numel());
   return b;
 }
 

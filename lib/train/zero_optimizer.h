@@ -10,6 +10,11 @@
 //            after the step except the persistent units.
 // Shards are ranges of the padded ZeroPartition, so every collective works on
 // equal chunks. The 1/dp averaging is folded into the loss weight by the trainer.
+// offload_optimizer.device = cpu with a CUDA model: Adam m and v and an fp32
+// copy of this rank's master range live in host memory and the AdamW update
+// runs there (the OpenMP CPU kernel); each step copies the gradient range to
+// the host and the updated master range back. On the CPU backend the flag
+// changes nothing (everything is in host memory already).
 #pragma once
 #include <memory>
 #include <vector>
@@ -45,6 +50,10 @@ class ZeroOptimizer {
   // AdamW on this rank's range, then the parameters the stage keeps whole are
   // made current again (stage 1/2 all-gather, stage 3 persistent units).
   void step(const AdamWHyper& h, float grad_scale);
+  // fp16 overflow check after reduce_gradients(): does any gradient this rank
+  // holds (all of them, or its ZeRO-2/3 shard) contain inf/nan, on any rank of
+  // `world`? Collective over `world`.
+  bool grads_nonfinite(Communicator& world);
 
   AdamW& adam() { return *adam_; }
   Range optimizer_range() const { return range_; }  // unpadded, may be empty
@@ -63,6 +72,10 @@ class ZeroOptimizer {
   int rank_ = 0;
   Range range_;
   std::unique_ptr<AdamW> adam_;
+  bool offload_ = false;  // Adam state and the master range on the host (CUDA model)
+  // offload: (range) f32 host copy of the master range, read from the device
+  // at the first step (after init or load), then the only one the update writes.
+  Tensor host_master_;
 };
 
 }  // namespace ds

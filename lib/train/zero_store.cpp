@@ -34,8 +34,8 @@ void all_gather_flat(Communicator& dp, const ZeroPartition& p, const Tensor& par
 }
 
 ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device dev, Communicator* dp,
-                               const ZeroConfig& z, const ZeroPartition& part)
-    : dp_(dp), z_(z), part_(part), stage_(z.stage), dev_(dev) {
+                               const ZeroConfig& z, const ZeroPartition& part, DType compute)
+    : dp_(dp), z_(z), part_(part), stage_(z.stage), dev_(dev), compute_dtype_(compute) {
   DS_CHECK(stage_ == 2 || stage_ == 3, "ZeroParamStore is for ZeRO stages 2 and 3, got {}", stage_);
   DS_CHECK(part.total == layout.total, "partition of {} elements for a model of {}", part.total, layout.total);
   rank_ = dp ? dp->rank() : 0;
@@ -46,6 +46,7 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
   gshard_ = Tensor::zeros({part.shard}, DType::F32, dev);
   if (stage_ == 2) {
     full_ = Tensor::zeros({part.total}, DType::F32, dev);
+    if (compute != DType::F32) compute_ = Tensor::zeros({part.total}, compute, dev);
     return;
   }
   shard_ = Tensor::zeros({part.shard}, DType::F32, dev);
@@ -53,7 +54,7 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
                           z.stage3_param_persistence_threshold);
   for (size_t u = 0; u < units_.size(); ++u)
     if (plan_.persistent[u]) {
-      gathered_[u] = Tensor::zeros({units_[u].size()}, DType::F32, dev);
+      gathered_[u] = Tensor::zeros({units_[u].size()}, compute, dev);
       live_params_ += units_[u].size();
     }
   peak_params_ = live_params_;
@@ -86,10 +87,21 @@ void ZeroParamStore::gather_unit(int unit, const Tensor& out) {
   }
 }
 
+void ZeroParamStore::gather_unit_compute(int unit, const Tensor& out) {
+  if (compute_dtype_ == DType::F32) return gather_unit(unit, out);
+  Tensor f = Tensor::empty({units_[unit].size()}, DType::F32, dev_);
+  gather_unit(unit, f);
+  if (f.numel() > 0) ops::cast({out, f}, Stream{});
+}
+
+void ZeroParamStore::refresh_compute() {
+  if (compute_.defined() && full_.numel() > 0) ops::cast({compute_, full_}, Stream{});
+}
+
 void ZeroParamStore::fetch(int unit) {
   if (gathered_[unit].defined()) return;
-  Tensor buf = Tensor::empty({units_[unit].size()}, DType::F32, dev_);
-  gather_unit(unit, buf);
+  Tensor buf = Tensor::empty({units_[unit].size()}, compute_dtype_, dev_);
+  gather_unit_compute(unit, buf);
   gathered_[unit] = buf;
   live_params_ += units_[unit].size();
   peak_params_ = std::max(peak_params_, live_params_);
@@ -128,7 +140,7 @@ bool ZeroParamStore::needed_soon(int unit) const {
 }
 
 Tensor ZeroParamStore::acquire_params(int unit) {
-  if (stage_ == 2) return full_.view(units_[unit].begin, {units_[unit].size()});
+  if (stage_ == 2) return (compute_.defined() ? compute_ : full_).view(units_[unit].begin, {units_[unit].size()});
   DS_CHECK(cursor_ < order_.size() && order_[cursor_] == unit,
            "ZeRO-3: unit {} acquired out of the pass order (position {})", unit, cursor_);
   ++cursor_;
@@ -205,13 +217,18 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
   DS_CHECK(full.numel() == part_.total, "set_full_params: {} elements, model has {}", full.numel(), part_.total);
   if (stage_ == 2) {
     full_.copy_from(full);
+    refresh_compute();
     return;
   }
   shard_.zero_();
   Range own = part_.owned_real(rank_);
   if (own.size() > 0) shard_.view(0, {own.size()}).copy_from(full.view(own.begin, {own.size()}));
   for (size_t u = 0; u < units_.size(); ++u)
-    if (plan_.persistent[u]) gathered_[u].copy_from(full.view(units_[u].begin, {units_[u].size()}));
+    if (plan_.persistent[u] && units_[u].size() > 0) {
+      const Tensor src = full.view(units_[u].begin, {units_[u].size()});
+      if (compute_dtype_ == DType::F32) gathered_[u].copy_from(src);
+      else ops::cast({gathered_[u], src.device() == dev_ ? src : src.to(dev_)}, Stream{});
+    }
 }
 
 void ZeroParamStore::get_full_params(const Tensor& out) {
@@ -255,19 +272,17 @@ double ZeroParamStore::grad_norm() {
   Tensor g = grad_shard();
   double local = g.numel() > 0 ? grad_sum_squares(g) : 0.0;
   if (part_.dp == 1) return std::sqrt(local);
-  Tensor s = Tensor::empty({1}, DType::F32);
-  s.data<float>()[0] = static_cast<float>(local);
-  dp_->all_reduce(s);
-  return std::sqrt(static_cast<double>(s.data<float>()[0]));
+  return std::sqrt(dp_->all_reduce_scalar(local, dev_));
 }
 
 void ZeroParamStore::after_step() {
   if (stage_ == 2) {
     if (part_.dp > 1) all_gather_flat(*dp_, part_, full_, z_.allgather_bucket_size);
+    refresh_compute();
     return;
   }
   for (size_t u = 0; u < units_.size(); ++u)
-    if (plan_.persistent[u]) gather_unit(static_cast<int>(u), gathered_[u]);
+    if (plan_.persistent[u]) gather_unit_compute(static_cast<int>(u), gathered_[u]);
 }
 
 }  // namespace ds

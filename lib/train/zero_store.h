@@ -13,6 +13,10 @@
 // intersection with that range (uneven across ranks): gathers are one
 // broadcast per owning rank, reductions a reduce-scatter of the pieces padded
 // to the largest one. See docs/zero.md.
+// Mixed precision (compute dtype bf16/f16): the f32 parameters above are the
+// master weights; what acquire_params returns is a compute-dtype copy (stage
+// 2: one full copy refreshed after each step; stage 3: each gathered unit is
+// gathered in f32 and cast). Gradients stay f32.
 #pragma once
 #include <vector>
 
@@ -31,7 +35,7 @@ class ZeroParamStore : public ParamStore {
  public:
   // dp may be null for a single data-parallel rank.
   ZeroParamStore(const ModelLayout& layout, int num_layers, Device dev, Communicator* dp, const ZeroConfig& z,
-                 const ZeroPartition& part);
+                 const ZeroPartition& part, DType compute = DType::F32);
 
   void begin_pass(const std::vector<int>& order) override;
   void end_pass() override;
@@ -61,7 +65,9 @@ class ZeroParamStore : public ParamStore {
   void flush_deferred();
 
   // Persistent bytes this rank holds (not the transient unit buffers).
-  int64_t param_bytes() const { return 4 * (stage_ == 3 ? shard_.numel() : full_.numel()); }
+  int64_t param_bytes() const {
+    return 4 * (stage_ == 3 ? shard_.numel() : full_.numel()) + (compute_.defined() ? 2 * compute_.numel() : 0);
+  }
   int64_t grad_bytes() const { return 4 * gshard_.numel(); }
   const Zero3Plan& plan() const { return plan_; }
   int64_t persistent_elems() const;
@@ -73,6 +79,8 @@ class ZeroParamStore : public ParamStore {
  private:
   Range piece(int unit, int rank) const;  // flat range of `unit` owned by `rank` (may be empty)
   void gather_unit(int unit, const Tensor& out);
+  void gather_unit_compute(int unit, const Tensor& out);  // gather_unit, then cast to the compute dtype
+  void refresh_compute();  // stage 2: compute_ <- full_
   void fetch(int unit);
   void free_gathered(int unit);
   bool needed_soon(int unit) const;
@@ -85,10 +93,12 @@ class ZeroParamStore : public ParamStore {
   Device dev_;
   std::vector<Range> units_;
   Zero3Plan plan_;
+  DType compute_dtype_ = DType::F32;
   Tensor full_;    // stage 2: (n) full parameters
+  Tensor compute_; // stage 2 with bf16/f16: (n) compute-dtype copy of full_
   Tensor shard_;   // stage 3: (shard) this rank's parameters, zero padded
   Tensor gshard_;  // (shard) summed gradient shard
-  std::vector<Tensor> gathered_;  // stage 3: gathered or persistent full units
+  std::vector<Tensor> gathered_;  // stage 3: gathered or persistent full units (compute dtype)
   std::vector<Tensor> unit_grads_;
   std::vector<Tensor> deferred_;  // per unit: persistent full gradient (defer_unit) or undefined
   std::vector<int> order_;

@@ -323,3 +323,135 @@ TEST_CASE("cuda cast between float dtypes") {
     }
   }
 }
+
+// Mixed precision as the trainer runs it: bf16/f16 activations and weights,
+// f32 weight/bias gradients that accumulate. Same tolerance rules: the GPU
+// error against the f32 CPU op on the unrounded inputs is at most 2x that of
+// the CPU op run in f32 on the rounded (upcast) activations.
+TEST_CASE("cuda mixed precision: low-precision activations, f32 weight grads") {
+  if (!gpu_or_skip()) return;
+  for (DType dt : {DType::BF16, DType::F16}) {
+    {
+      const int64_t N = 67, C = 129, OC = 45;
+      for (Accum acc : {Accum::Overwrite, Accum::Add}) {
+        Fields bw{{"dinp", act(randn({N, C}, 144), true)},
+                  {"dweight", f32(randn({OC, C}, 145), true)},
+                  {"dbias", f32(randn({OC}, 146), true)},
+                  {"dout", act(randn({N, OC}, 147))},
+                  {"inp", act(randn({N, C}, 148))},
+                  {"weight", act(randn({OC, C}, 149, 0.1f))}};
+        check_op("matmul_backward (f32 dweight/dbias)", bw, dt,
+                 [acc](const TensorMap& m, bool gpu) {
+                   MatmulBwdArgs a{get(m, "dinp"), get(m, "dweight"), get(m, "dbias"),
+                                   get(m, "dout"), get(m, "inp"),     get(m, "weight"), acc};
+                   call(&cpu::matmul_backward, &ops::matmul_backward, a, gpu);
+                 });
+      }
+    }
+    {
+      const int64_t N = 37, C = 203;
+      Tensor inp = randn({N, C}, 104, 1.5f), mean = Tensor::empty({N}, DType::F32),
+             rstd = Tensor::empty({N}, DType::F32), rrstd = Tensor::empty({N}, DType::F32);
+      for (int64_t n = 0; n < N; ++n) {
+        double s = 0, v = 0, ss = 0;
+        for (int64_t c = 0; c < C; ++c) s += inp.data<float>()[n * C + c];
+        double m = s / C;
+        for (int64_t c = 0; c < C; ++c) {
+          v += std::pow(inp.data<float>()[n * C + c] - m, 2);
+          ss += std::pow(inp.data<float>()[n * C + c], 2);
+        }
+        mean.data<float>()[n] = float(m);
+        rstd.data<float>()[n] = float(1.0 / std::sqrt(v / C + 1e-5));
+        rrstd.data<float>()[n] = float(1.0 / std::sqrt(ss / C + 1e-5));
+      }
+      Fields ln{{"dinp", act(randn({N, C}, 105), true)},
+                {"dweight", f32(randn({C}, 106), true)},
+                {"dbias", f32(randn({C}, 107), true)},
+                {"dout", act(randn({N, C}, 108))},
+                {"inp", act(inp)},
+                {"weight", act(randn({C}, 109))},
+                {"mean", f32(mean)},
+                {"rstd", f32(rstd)}};
+      check_op("layernorm_backward (f32 dweight/dbias)", ln, dt, [](const TensorMap& m, bool gpu) {
+        LayerNormBwdArgs a{get(m, "dinp"), get(m, "dweight"), get(m, "dbias"), get(m, "dout"),
+                           get(m, "inp"),  get(m, "weight"),  get(m, "mean"),  get(m, "rstd"),
+                           Accum::Add};
+        call(&cpu::layernorm_backward, &ops::layernorm_backward, a, gpu);
+      });
+      Fields rms{{"dinp", act(randn({N, C}, 114), true)},
+                 {"dweight", f32(randn({C}, 115), true)},
+                 {"dout", act(randn({N, C}, 116))},
+                 {"inp", act(inp)},
+                 {"weight", act(randn({C}, 117))},
+                 {"rstd", f32(rrstd)}};
+      check_op("rmsnorm_backward (f32 dweight)", rms, dt, [](const TensorMap& m, bool gpu) {
+        RMSNormBwdArgs a{get(m, "dinp"), get(m, "dweight"), get(m, "dout"), get(m, "inp"),
+                         get(m, "weight"), get(m, "rstd"), Accum::Overwrite};
+        call(&cpu::rmsnorm_backward, &ops::rmsnorm_backward, a, gpu);
+      });
+    }
+    {
+      const int64_t B = 3, T = 45, C = 291, V = 70, maxT = 64, vs = 10, off = 5;
+      Tensor tokens = randint({B, T}, 121, 0, 90);
+      for (bool with_wpe : {true, false}) {
+        Fields bw{{"dwte", f32(randn({V, C}, 124), true)},
+                  {"dout", act(randn({B, T, C}, 125))},
+                  {"tokens", ints(tokens)}};
+        if (with_wpe) bw["dwpe"] = f32(randn({maxT, C}, 126), true);
+        check_op("embedding_backward (f32 dwte/dwpe)", bw, dt, [&](const TensorMap& m, bool gpu) {
+          EmbeddingBwdArgs a{get(m, "dwte"), get(m, "dwpe"), get(m, "dout"), get(m, "tokens"),
+                             vs, off};
+          call(&cpu::embedding_backward, &ops::embedding_backward, a, gpu);
+        });
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda mixed precision: genuinely wrong dtype combinations are rejected") {
+  if (!gpu_or_skip()) return;
+  const int64_t N = 8, C = 16, OC = 4;
+  auto dev = [](const Shape& s, DType dt) { return Tensor::zeros(s, dt, Device::cuda(0)); };
+  // f16 weight gradient with bf16 activations: neither f32 nor the compute dtype.
+  MatmulBwdArgs mm{dev({N, C}, DType::BF16), dev({OC, C}, DType::F16), Tensor{},
+                   dev({N, OC}, DType::BF16), dev({N, C}, DType::BF16), dev({OC, C}, DType::BF16)};
+  CHECK_THROWS(ops::matmul_backward(mm));
+  // Activations of two dtypes in one call.
+  mm.dweight = dev({OC, C}, DType::F32);
+  mm.dout = dev({N, OC}, DType::F16);
+  CHECK_THROWS(ops::matmul_backward(mm));
+  LayerNormBwdArgs ln{dev({N, C}, DType::BF16), dev({C}, DType::F16), Tensor{},
+                      dev({N, C}, DType::BF16), dev({N, C}, DType::BF16), dev({C}, DType::BF16),
+                      dev({N}, DType::F32),     dev({N}, DType::F32)};
+  CHECK_THROWS(ops::layernorm_backward(ln));
+}
+
+// Stochastic rounding of a bf16 param_lowp: with lr = 0 the master weights do
+// not move, so the GPU must write exactly the bits of the CPU op (same hash of
+// (seed, index)); seed 0 is round-to-nearest.
+TEST_CASE("cuda adamw stochastic rounding matches the CPU bits") {
+  if (!gpu_or_skip()) return;
+  const int64_t n = 100003;
+  const Tensor p = randn({n}, 131, 3.0f);
+  for (uint64_t seed : {uint64_t{0}, uint64_t{1}, uint64_t{0x9e3779b9ull}}) {
+    AdamWArgs h;
+    h.param = p.clone();
+    h.grad = Tensor::zeros({n}, DType::F32);
+    h.m = Tensor::zeros({n}, DType::F32);
+    h.v = Tensor::zeros({n}, DType::F32);
+    h.param_lowp = Tensor::zeros({n}, DType::BF16);
+    h.lr = 0.0f;
+    h.sr_seed = seed;
+    cpu::adamw_step(h, Stream{});
+    AdamWArgs d = h;
+    d.param = upload(p, DType::F32);
+    d.grad = Tensor::zeros({n}, DType::BF16, Device::cuda(0));  // bf16 grads accepted
+    d.m = Tensor::zeros({n}, DType::F32, Device::cuda(0));
+    d.v = Tensor::zeros({n}, DType::F32, Device::cuda(0));
+    d.param_lowp = Tensor::zeros({n}, DType::BF16, Device::cuda(0));
+    ops::adamw_step(d);
+    Tensor got = d.param_lowp.to(Device::cpu());
+    INFO("sr_seed " << seed);
+    CHECK(std::memcmp(got.raw(), h.param_lowp.raw(), got.nbytes()) == 0);
+  }
+}

@@ -209,10 +209,10 @@ TEST_CASE("model-state bytes per rank follow the ZeRO formulas", "[zero]") {
       {1, StatePrecision::FP32, 4000000, 4000000, 2000384},
       {2, StatePrecision::FP32, 4000000, 1000192, 2000384},
       {3, StatePrecision::FP32, 1000192, 1000192, 2000384},
-      {0, StatePrecision::Mixed, 2000000, 2000000, 12000000},
-      {1, StatePrecision::Mixed, 2000000, 2000000, 3000576},
-      {2, StatePrecision::Mixed, 2000000, 500096, 3000576},
-      {3, StatePrecision::Mixed, 500096, 500096, 3000576},
+      {0, StatePrecision::Mixed, 6000000, 4000000, 8000000},
+      {1, StatePrecision::Mixed, 6000000, 4000000, 2000384},
+      {2, StatePrecision::Mixed, 6000000, 1000192, 2000384},
+      {3, StatePrecision::Mixed, 1000192, 1000192, 2000384},
   };
   for (const Case& c : cases) {
     CAPTURE(c.stage, c.prec == StatePrecision::FP32);
@@ -230,8 +230,9 @@ TEST_CASE("model-state bytes per rank follow the ZeRO formulas", "[zero]") {
   SECTION("per-parameter figures when nothing is padded") {
     const int64_t m = 1024000;  // a multiple of 4 * 64
     auto per = [&](int stage, StatePrecision p) { return zero_model_state_bytes(m, 4, stage, p, false).total(); };
-    CHECK(per(1, StatePrecision::Mixed) == m * 4 + m * 12 / 4);   // 4 + 12/DP
-    CHECK(per(2, StatePrecision::Mixed) == m * 2 + m * 14 / 4);   // 2 + 14/DP
+    CHECK(per(0, StatePrecision::Mixed) == m * 18);                // Megatron without the distributed optimizer
+    CHECK(per(1, StatePrecision::Mixed) == m * 10 + m * 8 / 4);   // 10 + 8/DP
+    CHECK(per(2, StatePrecision::Mixed) == m * 6 + m * 12 / 4);   // 6 + 12/DP (Megatron's distributed optimizer)
     CHECK(per(3, StatePrecision::Mixed) == m * 16 / 4);           // 16/DP
     CHECK(per(0, StatePrecision::FP32) == m * 16);
     CHECK(per(1, StatePrecision::FP32) == m * 8 + m * 8 / 4);
@@ -240,7 +241,8 @@ TEST_CASE("model-state bytes per rank follow the ZeRO formulas", "[zero]") {
   }
   SECTION("dp 1 equals stage 0 up to padding") {
     for (int stage = 0; stage <= 3; ++stage)
-      CHECK(zero_model_state_bytes(1024, 1, stage, StatePrecision::Mixed, false).total() == 16 * 1024);
+      CHECK(zero_model_state_bytes(1024, 1, stage, StatePrecision::Mixed, false).total() ==
+            (stage == 3 ? 16 : 18) * 1024);
   }
   SECTION("the optimizer state covers real elements only; grad and param shards are padded") {
     // 1000 elements, DP 1: padded shard 1024, but Adam's moments cover rank 0's real range (1000).

@@ -171,6 +171,53 @@ void NcclCommunicator::recv(void* data, int64_t count, DType dtype, int src) {
   check(ncclRecv(data, bytes, ncclUint8, src, as_comm(comm_), as_stream(stream_)), "recv");
 }
 
+// NCCL matches the k-th send from A to B with the k-th receive on B from A.
+// Posting order inside a group is therefore what pairs messages: we post every
+// channel-0 op of the batch first, then the channel-1 ops (each in the given
+// order), so two peers that batch the same messages agree whatever order the
+// caller listed them in. Unlike Gloo's per-channel counters, the two channels
+// of one direction share NCCL's stream: a channel-1 message can only overtake
+// a channel-0 one inside the same batch. The pipeline schedules send
+// activations and gradients of one direction in matching batches, which is
+// all this needs.
+void NcclCommunicator::batch_send_recv(const std::vector<P2POp>& ops) {
+  for (const P2POp& op : ops) {
+    DS_CHECK(op.peer >= 0 && op.peer < size_ && op.peer != rank_ &&
+                 (op.channel == 0 || op.channel == 1) && op.count >= 0,
+             "batch_send_recv: {} peer {} channel {} count {} on rank {} of group '{}' ({})",
+             op.is_send ? "send to" : "recv from", op.peer, op.channel, op.count, rank_, name_,
+             size_);
+    DS_CHECK(op.data || op.count == 0, "batch_send_recv: null buffer for {} elements on group '{}'",
+             op.count, name_);
+  }
+  bool any = false;
+  for (const P2POp& op : ops) any |= op.count * dtype_size(op.dtype) > 0;
+  if (!any) return;
+  // Errors inside the group are collected and reported after ncclGroupEnd,
+  // which must always be called once ncclGroupStart was.
+  check(ncclGroupStart(), "ncclGroupStart (batch_send_recv)");
+  ncclResult_t first = ncclSuccess;
+  const char* what = "";
+  for (int channel = 0; channel < 2; ++channel) {
+    for (const P2POp& op : ops) {
+      const size_t bytes = op.count * dtype_size(op.dtype);
+      if (op.channel != channel || bytes == 0) continue;
+      ncclResult_t r = op.is_send ? ncclSend(op.data, bytes, ncclUint8, op.peer, as_comm(comm_),
+                                             as_stream(stream_))
+                                  : ncclRecv(op.data, bytes, ncclUint8, op.peer, as_comm(comm_),
+                                             as_stream(stream_));
+      if (r != ncclSuccess && first == ncclSuccess) {
+        first = r;
+        what = op.is_send ? "send (batch_send_recv)" : "recv (batch_send_recv)";
+      }
+    }
+  }
+  ncclResult_t end = ncclGroupEnd();
+  check(first, what);
+  check(end, "ncclGroupEnd (batch_send_recv)");
+  synchronize();  // the interface waits for the batch (buffers may be reused at once)
+}
+
 void NcclCommunicator::barrier() {
   if (size_ == 1) return;
   check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, as_comm(comm_),

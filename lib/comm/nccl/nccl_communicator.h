@@ -51,6 +51,12 @@ class NcclCommunicator : public Communicator {
   void send(const void* data, int64_t count, DType dtype, int dst) override;
   void recv(void* data, int64_t count, DType dtype, int src) override;
   void barrier() override;  // an all_reduce of one float, then synchronize()
+  // All sends and receives inside one ncclGroupStart/End (so matching batches
+  // of two peers complete in any posting order), then synchronize(). Within a
+  // batch, channel 0 messages are posted before channel 1 ones; NCCL keeps
+  // one in-order stream per pair and direction, so the channels of one
+  // direction are matched in that order (see the .cpp).
+  void batch_send_recv(const std::vector<P2POp>& ops) override;
   std::unique_ptr<Communicator> split(const std::vector<int>& ranks,
                                       const std::string& tag) override;
 
