@@ -429,6 +429,9 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
   s.tokens_per_s = tokens / (ms / 1000.0);
   s.tflops = s.tokens_per_s * flops_per_token_ / 1e12;
   s.mfu = peak_tflops_ > 0 ? s.tflops / peak_tflops_ : -1;
+#ifdef DS_WITH_CUDA
+  if (dev_.is_cuda()) s.max_mem_gb = static_cast<double>(cuda::max_allocated_bytes()) / 1e9;
+#endif
   DS_LOG("{}", format_iteration(s));
   csv_.train(s);
 }

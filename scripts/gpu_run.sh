@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# Runs the GPU checks ON THE LENT DEVICE, from the repo root, on the bundle that
+# scripts/gpu_bundle.sh built here:   bash gpu-bundle/run.sh
+# (device call: carry ["gpu-bundle"]). Steps, in order of importance, each with
+# a timeout; a failing step does not stop the next ones:
+#   a) test_cuda_ops        every CUDA op against the CPU reference (Catch2)
+#   b) test_comm_nccl       NCCL communicator, world of one (2 ranks need 2 GPUs)
+#   c) bench_cuda_kernels   copy / bf16 GEMM ceilings, then every op vs its floor
+#   d) dstrain smoke runs   tiny GPT-2, 30 iterations: cuda bf16, fp16, fp32; cpu
+#   e) summary table        pass/fail counts, losses side by side
+# Logs go to $OUT (the device tool's output folder; ./gpu-out if unset): at most
+# 8 files, since the tool brings back no more. Exit code: non-zero if any step
+# failed. Env: BUDGET_S (whole-run time budget, default 510 s), BENCH_ARGS
+# (e.g. --quick), SMOKE_ITERS (default 30).
+set -uo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [[ -d "$HERE/bin" ]]; then B="$HERE"; else B="$(cd "$HERE/.." && pwd)/gpu-bundle"; fi
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+BUDGET_S="${BUDGET_S:-510}"
+BENCH_ARGS="${BENCH_ARGS:-}"
+SMOKE_ITERS="${SMOKE_ITERS:-30}"
+T0=$(date +%s)
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+say() { printf '%s\n' "$*" | tee -a "$SUMMARY"; }
+
+chmod +x "$B"/bin/* 2>/dev/null  # in case the copy lost the mode bits
+if [[ ! -x "$B/bin/dstrain" ]]; then
+  say "gpu_run: no bundle at $B (run scripts/gpu_bundle.sh first, then carry gpu-bundle)"
+  exit 2
+fi
+
+# --- CUDA libraries ----------------------------------------------------------
+# The bundle carries no CUDA/NVIDIA library: use the device's toolkit if it has
+# one, then the lib folders of the pip nvidia.* packages (nvidia is a namespace
+# package: walk every entry of nvidia.__path__), then the driver's folder.
+cuda_dirs=()
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do
+  [[ -d "$d" ]] && cuda_dirs+=("$d")
+done
+while IFS= read -r d; do
+  [[ -n "$d" ]] && cuda_dirs+=("$d")
+done < <(python3 - 2>/dev/null <<'EOF'
+import os
+try:
+    import nvidia
+except Exception:
+    raise SystemExit(0)
+seen = set()
+for base in list(nvidia.__path__):
+    base = os.path.realpath(base)
+    for root, dirs, files in os.walk(base):
+        if root[len(base):].count(os.sep) >= 3:
+            dirs[:] = []
+        if os.path.basename(root) in ("lib", "lib64") and any(".so" in f for f in files):
+            if root not in seen:
+                seen.add(root)
+                print(root)
+EOF
+)
+for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
+  [[ -d "$d" ]] && cuda_dirs+=("$d")
+done
+# Libraries carried compressed (NAME.xz, see gpu_bundle.sh) unpack to /tmp.
+XLIB=/tmp/gpu_bundle_xlib
+mkdir -p "$XLIB"
+for f in "$B"/lib/*.xz; do
+  [[ -e "$f" ]] || continue
+  dst="$XLIB/$(basename "${f%.xz}")"
+  if command -v xz >/dev/null 2>&1; then
+    xz -dc "$f" > "$dst"
+  else
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$f" "$dst"
+  fi || echo "gpu_run: could not unpack $f"
+done
+LIBPATH="$B/lib:$XLIB"
+for d in "${cuda_dirs[@]}"; do LIBPATH+=":$d"; done
+export LD_LIBRARY_PATH="$LIBPATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# An older libstdc++ on the device: use the one carried in lib/fallback.
+if ldd "$B/bin/dstrain" 2>&1 | grep -qE "version .(GLIBCXX|CXXABI)_[0-9.]+' not found" &&
+   [[ -f "$B/lib/fallback/libstdc++.so.6.xz" ]]; then
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$B/lib/fallback/libstdc++.so.6.xz" "$XLIB/libstdc++.so.6"
+  FALLBACK_NOTE="using the bundle's libstdc++ (the device's is older)"
+fi
+
+say "=== gpu_run: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) ($(uname -m)), bundle $B"
+[[ -f "$B/BUILD_INFO.txt" ]] && sed 's/^/    /' "$B/BUILD_INFO.txt" | tee -a "$SUMMARY"
+say "--- nvidia-smi"
+HAVE_GPU=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$SUMMARY"
+  nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && HAVE_GPU=1
+else
+  say "nvidia-smi: not found"
+fi
+say "--- CPU: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
+say "--- LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+[[ -n "${FALLBACK_NOTE:-}" ]] && say "--- $FALLBACK_NOTE"
+say "--- ldd (CUDA and bundle libraries; 'not found' flagged)"
+ldd_missing=0
+resolved=""
+for b in "$B"/bin/*; do
+  out="$(ldd "$b" 2>&1)"
+  if grep -q "not found" <<<"$out"; then
+    ldd_missing=1
+    say "  $(basename "$b"): MISSING: $(grep 'not found' <<<"$out" | awk '{print $1}' | tr '\n' ' ')"
+  else
+    say "  $(basename "$b"): ok"
+  fi
+  resolved+="$(grep -E '=>' <<<"$out" | grep -vE 'not found' | grep -E 'libcu|libnccl|libnv|gpu-bundle' | awk '{print $1, $3}')"$'\n'
+done
+say "  resolved to:"
+sort -u <<<"$resolved" | sed '/^$/d; s/^/    /' | tee -a "$SUMMARY"
+
+# --- step runner -------------------------------------------------------------
+declare -a NAMES=() STATUS=() DETAIL=()
+failed=0
+remaining() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
+
+# run_step NAME TIMEOUT LOG CMD...: runs CMD under timeout, output to LOG.
+run_step() {
+  local name="$1" limit="$2" logf="$3"; shift 3
+  local left; left=$(remaining)
+  (( left - 15 < limit )) && limit=$(( left - 15 ))
+  NAMES+=("$name")
+  if (( limit < 10 )); then
+    STATUS+=("SKIPPED"); DETAIL+=("time budget ($BUDGET_S s) used up"); failed=1
+    say "=== $name: skipped, time budget used up"
+    return 1
+  fi
+  say "=== $name (timeout ${limit}s): $*"
+  local t1 rc; t1=$(date +%s)
+  (cd "$WORK" && timeout -k 10 "$limit" "$@") > "$logf" 2>&1
+  rc=$?
+  local dt=$(( $(date +%s) - t1 ))
+  tail -n 6 "$logf" | sed 's/^/    | /'
+  if (( rc == 0 )); then STATUS+=("ok"); else STATUS+=("FAIL rc=$rc"); failed=1; fi
+  (( rc == 124 || rc == 137 )) && STATUS[-1]="TIMEOUT (${limit}s)"
+  DETAIL+=("${dt}s")
+  say "=== $name: ${STATUS[-1]} in ${dt}s"
+  return $rc
+}
+
+# On a machine where nvidia-smi sees a GPU, "SKIP: no CUDA device" is a failure
+# (driver/runtime mismatch, libraries not found...), not a pass.
+skip_on_gpu() {
+  if (( HAVE_GPU )) && grep -q '^SKIP: no CUDA device' "$1" 2>/dev/null; then
+    STATUS[-1]="FAIL (SKIP on GPU)"; failed=1
+    say "=== ${NAMES[-1]}: says 'no CUDA device' although nvidia-smi sees one"
+  fi
+}
+
+# Catch2 (v2) result line -> "P passed, F failed of N test cases".
+catch_counts() {
+  local logf="$1" line skips
+  skips=$(grep -c '^SKIP' "$logf" 2>/dev/null)
+  line=$(grep -E '^All tests passed|^test cases:' "$logf" | tail -n1)
+  if [[ "$line" == "All tests passed"* ]]; then
+    echo "$(sed -E 's/All tests passed \((.*)\)/all passed (\1)/' <<<"$line"), ${skips} SKIP lines"
+  elif [[ -n "$line" ]]; then
+    echo "$(tr -s ' ' <<<"$line" | sed 's/|/,/g'), ${skips} SKIP lines"
+  else
+    echo "no Catch2 summary line (crash or timeout?)"
+  fi
+}
+
+WORK="$(mktemp -d /tmp/gpu_run.XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
+
+# a) CUDA ops against the CPU reference.
+run_step test_cuda_ops 180 "$OUT/test_cuda_ops.log" "$B/bin/test_cuda_ops" --durations yes
+DETAIL[-1]+="; $(catch_counts "$OUT/test_cuda_ops.log")"
+skip_on_gpu "$OUT/test_cuda_ops.log"
+
+# b) NCCL communicator (world of one; NCCL warnings into the log).
+NCCL_DEBUG="${NCCL_DEBUG:-WARN}" run_step test_comm_nccl 90 "$OUT/test_comm_nccl.log" "$B/bin/test_comm_nccl"
+DETAIL[-1]+="; $(catch_counts "$OUT/test_comm_nccl.log")"
+skip_on_gpu "$OUT/test_comm_nccl.log"
+
+# c) Kernel benchmark (ceilings first, then each op against its floor).
+# shellcheck disable=SC2086  # BENCH_ARGS is a word list
+run_step bench_cuda_kernels 120 "$OUT/bench_cuda_kernels.log" "$B/bin/bench_cuda_kernels" $BENCH_ARGS
+if grep -q '^SKIP' "$OUT/bench_cuda_kernels.log"; then DETAIL[-1]+="; SKIP (no device)"; fi
+skip_on_gpu "$OUT/bench_cuda_kernels.log"
+
+# d) dstrain smoke runs: same model, data and seed; bf16, fp16, fp32 on cuda, then cpu.
+D="$B/data"
+SMOKE=(--num-layers 2 --hidden-size 128 --num-attention-heads 2 --seq-length 128
+       --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 8
+       --train-iters "$SMOKE_ITERS" --lr 1e-3 --log-interval 5 --eval-interval 1000
+       --data-path "$D/smoke" --vocab-file "$D/vocab.json" --merge-file "$D/merges.txt")
+SMOKE_RUNS=(cuda_bf16 cuda_fp16 cuda_fp32 cpu_fp32)
+run_step smoke_cuda_bf16 60 "$OUT/smoke_cuda_bf16.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda --bf16
+run_step smoke_cuda_fp16 60 "$OUT/smoke_cuda_fp16.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda --fp16
+run_step smoke_cuda_fp32 60 "$OUT/smoke_cuda_fp32.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda
+run_step smoke_cpu_fp32 120 "$OUT/smoke_cpu_fp32.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cpu
+
+# --- e) summary ----------------------------------------------------------------
+field() {  # field LOG 'lm loss' -> value of that field on the last iteration line
+  grep -E '^ *iteration ' "$1" 2>/dev/null | tail -n1 | grep -oE "$2: *[^|]*" | sed -E "s|^$2: *||; s| *$||"
+}
+for r in "${SMOKE_RUNS[@]}"; do
+  logf="$OUT/smoke_$r.log"
+  for i in "${!NAMES[@]}"; do
+    [[ "${NAMES[$i]}" == "smoke_$r" ]] || continue
+    if grep -qE '^ *iteration ' "$logf" 2>/dev/null; then
+      DETAIL[i]+="; loss $(field "$logf" 'lm loss'), $(field "$logf" 'elapsed time per iteration \(ms\)') ms/it, $(field "$logf" 'tokens/s') tok/s"
+      v=$(grep -oE 'lm loss value: *[^ |]*' "$logf" | tail -n1 | sed 's/.*: *//')
+      [[ -n "$v" ]] && DETAIL[i]+=", val $v"
+    else
+      DETAIL[i]+="; $(grep -v '^\s*$' "$logf" 2>/dev/null | tail -n1 | cut -c1-160)"
+    fi
+  done
+done
+
+say ""
+say "=================== SUMMARY (total $(( $(date +%s) - T0 ))s, logs in $OUT) ==================="
+if (( ldd_missing )); then say "ldd: some libraries NOT FOUND (see above)"; failed=1; fi
+for i in "${!NAMES[@]}"; do
+  say "$(printf '%-20s %-19s %s' "${NAMES[$i]}" "${STATUS[$i]}" "${DETAIL[$i]}")"
+done
+say ""
+say "lm loss by iteration (same model, data, seed):"
+hdr="$(printf '%8s' iter)"
+for r in "${SMOKE_RUNS[@]}"; do hdr+="$(printf ' %14s' "$r")"; done
+say "$hdr"
+iters=$(cat "$OUT"/smoke_*.log 2>/dev/null | grep -oE '^ *iteration +[0-9]+' | awk '{print $2}' | sort -n -u)
+for it in $iters; do
+  row="$(printf '%8s' "$it")"
+  for r in "${SMOKE_RUNS[@]}"; do
+    v=$(grep -E "^ *iteration +$it/" "$OUT/smoke_$r.log" 2>/dev/null | grep -oE 'lm loss: *[^ |]*' | sed 's/.*: *//')
+    row+="$(printf ' %14s' "${v:--}")"
+  done
+  say "$row"
+done
+say "overall: $([[ $failed == 0 ]] && echo PASS || echo FAIL)"
+exit "$failed"
