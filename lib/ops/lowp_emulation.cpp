@@ -1,13 +1,12 @@
 // bf16 / f16 emulation for the CPU backend: grouping of aliased fields,
-// exact upcast into per-thread f32 scratch and round-to-nearest-even write-back.
-// Conversions are elementwise in fixed chunks, so results do not depend on the
-// OpenMP thread count.
+// exact upcast into per-thread f32 scratch and round-to-nearest-even write-back,
+// both through the CPU cast op (fixed chunks: independent of the thread count).
 #include "lib/ops/lowp_emulation.h"
 
 #include <cstdint>
 
 #include "lib/core/error.h"
-#include "lib/cpu/cpu_util.h"
+#include "lib/ops/ops.h"
 
 namespace ds::ops {
 namespace {
@@ -60,16 +59,7 @@ void LowpEmulation::upcast() {
     Group& gr = groups_[g];
     const int64_t n = gr.orig.numel();
     float* dst = group_scratch(g, static_cast<size_t>(n));  // (n)
-    const uint16_t* src = gr.orig.data<uint16_t>();         // (n) bf16 or f16
-    if (gr.orig.dtype() == DType::BF16) {
-      cpu::parallel_chunks(n, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) dst[i] = bf16_to_f32(src[i]);
-      });
-    } else {
-      cpu::parallel_chunks(n, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) dst[i] = f16_to_f32(src[i]);
-      });
-    }
+    cpu::cast({Tensor::from_blob(dst, {n}, DType::F32), gr.orig.reshape({n})}, Stream{});  // exact
     gr.f32 = dst;
   }
   for (const Field& f : fields_)
@@ -79,17 +69,8 @@ void LowpEmulation::upcast() {
 void LowpEmulation::write_back() {
   for (const Group& gr : groups_) {
     if (!gr.out) continue;
-    const float* src = gr.f32;              // (n)
-    uint16_t* dst = gr.orig.data<uint16_t>();  // (n) bf16 or f16
-    if (gr.orig.dtype() == DType::BF16) {
-      cpu::parallel_chunks(gr.orig.numel(), [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) dst[i] = f32_to_bf16(src[i]);
-      });
-    } else {
-      cpu::parallel_chunks(gr.orig.numel(), [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) dst[i] = f32_to_f16(src[i]);
-      });
-    }
+    const int64_t n = gr.orig.numel();
+    cpu::cast({gr.orig.reshape({n}), Tensor::from_blob(gr.f32, {n}, DType::F32)}, Stream{});  // nearest even
   }
 }
 
