@@ -112,6 +112,30 @@ inline void expect_compute(const Tensor& t, DType compute, const char* op, const
                                             dtype_name(compute) + ")");
 }
 
+// Checks shared by the norm backwards: inp (N, C) a CUDA float tensor, dout
+// and (if defined) dinp the same shape and dtype, weight (C), dweight (if
+// defined) f32 or the compute dtype. Returns {N, C}.
+struct NormRows {
+  int64_t N, C;
+};
+inline NormRows check_norm_backward(const Tensor& inp, const Tensor& dout, const Tensor& dinp,
+                                    const Tensor& weight, const Tensor& dweight, const char* op) {
+  DS_CUDA_REQUIRE(inp.defined() && inp.dim() >= 1,
+                  std::string(op) + ": inp must have a channel dim, got " + desc(inp));
+  const int64_t C = inp.size(-1), N = C ? inp.numel() / C : 0;
+  expect_float(inp, N * C, op, "inp");
+  expect_float(dout, N * C, op, "dout");
+  DS_CUDA_REQUIRE(dout.dtype() == inp.dtype(), std::string(op) + ": dout/inp dtype differ");
+  expect_float(weight, C, op, "weight");
+  if (dinp.defined()) {
+    expect_float(dinp, N * C, op, "dinp");
+    DS_CUDA_REQUIRE(dinp.dtype() == inp.dtype(), std::string(op) + ": dinp/inp dtype differ");
+  }
+  // Mixed precision: bf16/f16 activations with an f32 weight gradient (AnyPtr).
+  if (dweight.defined()) expect_grad(dweight, inp.dtype(), C, op, "dweight");
+  return {N, C};
+}
+
 inline AnyPtr any_ptr(const Tensor& t) {
   if (!t.defined()) return AnyPtr{};
   FType ft = t.dtype() == DType::BF16 ? FType::BF16

@@ -123,21 +123,10 @@ void layernorm_forward(const LayerNormArgs& a, const Stream& s) {
 
 void layernorm_backward(const LayerNormBwdArgs& a, const Stream& s) {
   const char* op = "layernorm_backward";
-  DS_CUDA_REQUIRE(a.inp.defined() && a.inp.dim() >= 1,
-                  std::string(op) + ": inp must have a channel dim, got " + desc(a.inp));
-  int64_t C = a.inp.size(-1), N = C ? a.inp.numel() / C : 0;
-  expect_float(a.inp, N * C, op, "inp");
-  expect_float(a.dout, N * C, op, "dout");
-  DS_CUDA_REQUIRE(a.dout.dtype() == a.inp.dtype(), std::string(op) + ": dout/inp dtype differ");
-  expect_float(a.weight, C, op, "weight");
+  const NormRows r = check_norm_backward(a.inp, a.dout, a.dinp, a.weight, a.dweight, op);
+  const int64_t N = r.N, C = r.C;
   expect_dtype(a.mean, DType::F32, N, op, "mean");
   expect_dtype(a.rstd, DType::F32, N, op, "rstd");
-  if (a.dinp.defined()) {
-    expect_float(a.dinp, N * C, op, "dinp");
-    DS_CUDA_REQUIRE(a.dinp.dtype() == a.inp.dtype(), std::string(op) + ": dinp/inp dtype differ");
-  }
-  // Mixed precision: bf16/f16 activations with f32 dweight/dbias (AnyPtr).
-  if (a.dweight.defined()) expect_grad(a.dweight, a.inp.dtype(), C, op, "dweight");
   if (a.dbias.defined()) expect_grad(a.dbias, a.inp.dtype(), C, op, "dbias");
   if (N == 0) return;
   dispatch_float(a.inp.dtype(), op, [&](auto tag) {
