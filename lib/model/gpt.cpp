@@ -57,6 +57,11 @@ Tensor& GptModel::params() {
   return flat_->params();
 }
 
+Tensor& GptModel::compute_params() {
+  DS_CHECK(flat_, "GptModel::compute_params(): the parameters are held by a sharded store");
+  return flat_->compute_params();
+}
+
 Tensor& GptModel::grads() {
   DS_CHECK(flat_, "GptModel::grads(): the gradients are held by a sharded store");
   return flat_->grads();

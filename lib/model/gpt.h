@@ -84,6 +84,7 @@ class GptModel {
   // Flat-buffer models only (the default constructor).
   Tensor& params();  // (alloc) f32, layout total first
   Tensor& grads();   // (alloc) f32
+  Tensor& compute_params();  // (total) bf16/f16 copy the forward reads; undefined in fp32
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
 

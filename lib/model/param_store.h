@@ -71,6 +71,7 @@ class FlatParamStore : public ParamStore {
 
   Tensor& params() { return params_; }  // (alloc) f32 master, layout total first
   Tensor& grads() { return grads_; }    // (alloc) f32
+  Tensor& compute_params() { return compute_; }  // (total) bf16/f16 copy; undefined in fp32
 
  private:
   std::vector<Range> units_;

@@ -19,7 +19,7 @@ AdamW::AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end)
 }
 
 void AdamW::step(const Tensor& params, const Tensor& grads, const AdamWHyper& h, float grad_scale,
-                 const Stream& s) {
+                 const Stream& s, const Tensor& params_lowp) {
   DS_CHECK(params.numel() == end_ - begin_ && grads.numel() == end_ - begin_,
            "AdamW: params {} / grads {} elements, expected {}", params.numel(), grads.numel(), end_ - begin_);
   ++step_;
@@ -30,6 +30,7 @@ void AdamW::step(const Tensor& params, const Tensor& grads, const AdamWHyper& h,
     AdamWArgs a;
     a.param = params.view(off, {n});
     a.grad = grads.view(off, {n});
+    if (params_lowp.defined()) a.param_lowp = params_lowp.view(off, {n});
     a.m = m_.view(off, {n});
     a.v = v_.view(off, {n});
     a.lr = h.lr;

@@ -22,8 +22,10 @@ class AdamW {
 
   // params/grads: tensors covering [begin, end) of the flat buffer.
   // grad_scale multiplies every gradient first (clipping / unscaling).
+  // params_lowp (same range, bf16/f16, or undefined) receives the updated
+  // weights in the same pass (the fused op's low-precision copy).
   void step(const Tensor& params, const Tensor& grads, const AdamWHyper& h, float grad_scale,
-            const Stream& s = Stream{});
+            const Stream& s = Stream{}, const Tensor& params_lowp = Tensor());
 
   Tensor& m() { return m_; }
   Tensor& v() { return v_; }

@@ -20,6 +20,10 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   rank_ = dp ? dp->rank() : 0;
   range_ = z.stage == 0 ? Range{0, part.total} : part.owned_real(rank_);
   offload_ = z.offload_optimizer_device == "cpu" && model.device().is_cuda();
+  // Mixed precision, flat store, this rank updates every weight (stage 0 or a
+  // single data-parallel rank): the fused AdamW writes the compute copy itself.
+  fused_lowp_ =
+      !store && !offload_ && model.compute_dtype() != DType::F32 && range_.size() == model.layout().total;
   adam_ = std::make_unique<AdamW>(model.layout(), offload_ ? Device::cpu() : model.device(), range_.begin,
                                   range_.end);
 }
@@ -74,7 +78,8 @@ void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
       adam_->step(host_master_, g.to(Device::cpu()), h, grad_scale);
       p.copy_from(host_master_);
     } else {
-      adam_->step(p, g, h, grad_scale);
+      const Tensor lowp = fused_lowp_ ? model_.compute_params().view(range_.begin, {range_.size()}) : Tensor();
+      adam_->step(p, g, h, grad_scale, Stream{}, lowp);
     }
   } else {
     adam_->set_step_count(adam_->step_count() + 1);
@@ -83,7 +88,7 @@ void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
     store_->after_step();
   } else {
     if (z_.stage == 1 && part_.dp > 1) all_gather_flat(*dp_, part_, model_.params(), z_.allgather_bucket_size);
-    model_.store().params_updated();
+    if (!fused_lowp_) model_.store().params_updated();
   }
 }
 

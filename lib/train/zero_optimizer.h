@@ -73,6 +73,7 @@ class ZeroOptimizer {
   Range range_;
   std::unique_ptr<AdamW> adam_;
   bool offload_ = false;  // Adam state and the master range on the host (CUDA model)
+  bool fused_lowp_ = false;  // AdamW writes the bf16/f16 compute copy (no separate cast pass)
   // offload: (range) f32 host copy of the master range, read from the device
   // at the first step (after init or load), then the only one the update writes.
   Tensor host_master_;

@@ -21,6 +21,8 @@ struct Layout {
   std::string name;
   int world = 1, tp = 1, pp = 1, zero_stage = 0;
   std::vector<std::string> extra;
+  Layout(std::string n, int w = 1, int t = 1, int p = 1, int z = 0, std::vector<std::string> e = {})
+      : name(std::move(n)), world(w), tp(t), pp(p), zero_stage(z), extra(std::move(e)) {}
 };
 
 std::vector<double> run(const Layout& r, bool llama, const std::vector<std::string>& precision) {
