@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "lib/core/error.h"
+#include "lib/core/json_config.h"
 
 namespace ds::prep {
 
@@ -53,12 +54,7 @@ void read_jsonl(const DocumentSource& src, const std::function<void(std::string_
   while (std::getline(in, line)) {
     ++line_no;
     if (is_blank(line)) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      DS_USER_ERROR("input file {} line {}: not valid JSON ({})", src.path, line_no, e.what());
-    }
+    const nlohmann::json j = parse_json_text(line, fmt::format("input file {} line {}", src.path, line_no));
     if (!j.is_object() || !j.contains(src.json_key) || !j[src.json_key].is_string())
       DS_USER_ERROR("input file {} line {}: expected an object with a string field \"{}\"",
                     src.path, line_no, src.json_key);

@@ -35,16 +35,43 @@ void JsonSection::finish(UnknownKeys mode) const {
   DS_USER_CHECK(unknown.empty(), "config: unknown key {} (see README 'Config reference')", unknown);
 }
 
+size_t json_too_deep_at(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;  // skip the escaped character
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return i;
+    } else if (c == ']' || c == '}') {
+      if (depth > 0) --depth;  // unbalanced text is the parser's to report
+    }
+  }
+  return std::string_view::npos;
+}
+
+nlohmann::json parse_json_text(std::string_view text, const std::string& what) {
+  const size_t deep = json_too_deep_at(text, kMaxJsonDepth);
+  DS_USER_CHECK(deep == std::string_view::npos, "{} nests JSON arrays/objects deeper than {} levels (at byte {})",
+                what, kMaxJsonDepth, deep);
+  try {
+    return nlohmann::json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::exception& e) {
+    DS_USER_ERROR("{} is not valid JSON: {}", what, e.what());
+  }
+}
+
 nlohmann::json load_json_file(const std::string& path) {
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   DS_USER_CHECK(f.good(), "config file '{}' cannot be opened", path);
   std::stringstream ss;
   ss << f.rdbuf();
-  try {
-    return nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    DS_USER_ERROR("config file '{}' is not valid JSON: {}", path, e.what());
-  }
+  DS_USER_CHECK(!f.bad(), "config file '{}' cannot be read", path);
+  return parse_json_text(ss.str(), "config file '" + path + "'");
 }
 
 }  // namespace ds

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "lib/core/error.h"
 
@@ -67,6 +68,19 @@ class JsonSection {
   std::string path_;
   std::set<std::string> seen_;
 };
+
+// Deepest nesting of arrays and objects any JSON input may have. Parsing and
+// copying a JSON value recurse once per level, so a file of 70,000 '[' would
+// overflow the stack; our files nest a handful of levels.
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses JSON text. `what` names the input in the one-line UserError that
+// malformed text or nesting deeper than kMaxJsonDepth gives, e.g.
+// "config file 'x.json'" or "checkpoint 'd/global_step3': state.json".
+nlohmann::json parse_json_text(std::string_view text, const std::string& what);
+// Index of the first byte at which `text` nests arrays/objects deeper than
+// max_depth (strings are skipped), or std::string_view::npos if it does not.
+size_t json_too_deep_at(std::string_view text, int max_depth);
 
 // Parses a JSON file; a missing or malformed file is a UserError naming it.
 nlohmann::json load_json_file(const std::string& path);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "lib/core/error.h"
+#include "lib/core/json_config.h"
 #include "lib/data/unicode_class.h"
 
 namespace ds::data {
@@ -154,29 +155,42 @@ BpeTokenizer::BpeTokenizer(BpeTokenizer&& o) noexcept
       eod_id_(o.eod_id_),
       cache_(std::move(o.cache_)) {}
 
-BpeTokenizer BpeTokenizer::load(const std::string& vocab_path, const std::string& merges_path) {
-  BpeTokenizer t;
-  nlohmann::json vocab;
-  try {
-    vocab = nlohmann::json::parse(read_file(vocab_path, "vocab file"));
-  } catch (const nlohmann::json::exception& e) {
-    DS_USER_ERROR("vocab file {} is not valid JSON: {}", vocab_path, e.what());
-  }
+namespace {
+
+int64_t vocab_json_size(const nlohmann::json& vocab, const std::string& path) {
   if (!vocab.is_object() || vocab.empty())
-    DS_USER_ERROR("vocab file {} must be a JSON object mapping tokens to ids", vocab_path);
+    DS_USER_ERROR("vocab file {} must be a JSON object mapping tokens to ids", path);
   int64_t max_id = -1;
   for (auto& [name, id] : vocab.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-        id.get<int64_t>() >= std::numeric_limits<int32_t>::max())
-      DS_USER_ERROR("vocab file {}: token {} has id {}, expected a non-negative integer",
-                    vocab_path, nlohmann::json(name).dump(), id.dump());
+    if (!id.is_number_integer() || (id.is_number_unsigned() && id.get<uint64_t>() > uint64_t(INT32_MAX)) ||
+        id.get<int64_t>() < 0 || id.get<int64_t>() >= std::numeric_limits<int32_t>::max())
+      DS_USER_ERROR("vocab file {}: token {} has id {}, expected an integer in [0, 2147483646]", path,
+                    nlohmann::json(name).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), id.dump());
     max_id = std::max(max_id, id.get<int64_t>());
   }
-  t.tokens_.resize(static_cast<size_t>(max_id + 1));
+  const int64_t n = static_cast<int64_t>(vocab.size());
+  if (max_id >= n + kMaxUnusedVocabIds)
+    DS_USER_ERROR("vocab file {}: ids go up to {} but there are only {} tokens (more than {} unused ids; not a "
+                  "GPT-2 vocab.json?)", path, max_id, n, kMaxUnusedVocabIds);
+  return max_id + 1;
+}
+
+}  // namespace
+
+int64_t vocab_file_size(const std::string& path) {
+  return vocab_json_size(parse_json_text(read_file(path, "vocab file"), "vocab file '" + path + "'"), path);
+}
+
+BpeTokenizer BpeTokenizer::load(const std::string& vocab_path, const std::string& merges_path) {
+  BpeTokenizer t;
+  const nlohmann::json vocab =
+      parse_json_text(read_file(vocab_path, "vocab file"), "vocab file '" + vocab_path + "'");
+  t.tokens_.resize(static_cast<size_t>(vocab_json_size(vocab, vocab_path)));
   std::string bytes;
   for (auto& [name, idj] : vocab.items()) {
     const auto id = static_cast<int32_t>(idj.get<int64_t>());
-    t.by_name_[name] = id;
+    if (!t.by_name_.emplace(name, id).second || !t.tokens_[id].empty())
+      DS_USER_ERROR("vocab file {}: id {} is given to two tokens", vocab_path, id);
     t.tokens_[id] = token_name_to_bytes(name, &bytes) ? bytes : name;
   }
   for (int b = 0; b < 256; ++b) {

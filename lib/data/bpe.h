@@ -38,6 +38,15 @@ bool token_name_to_bytes(std::string_view name, std::string* bytes);
 void pretokenize(std::string_view text, std::vector<std::string_view>& out);
 std::vector<std::string_view> pretokenize(std::string_view text);
 
+// A vocab.json may leave at most this many ids unused (ids are dense in every
+// real byte-level BPE vocabulary; a huge id would make us allocate for it).
+inline constexpr int64_t kMaxUnusedVocabIds = 65536;
+
+// The vocabulary size (largest id + 1) of a vocab.json file. Ids must be
+// integers in [0, 2^31 - 2]; anything else (a malformed or too deeply nested
+// file, an id outside int32) is a UserError naming the file and the token.
+int64_t vocab_file_size(const std::string& vocab_json_path);
+
 class BpeTokenizer {
  public:
   // Loads the two files; malformed or inconsistent files throw ds::UserError

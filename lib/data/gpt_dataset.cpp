@@ -3,6 +3,7 @@
 #include "lib/data/gpt_dataset.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 
@@ -22,8 +23,12 @@ std::vector<double> parse_split_weights(const std::string& split) {
     std::string part = split.substr(start, end == std::string::npos ? std::string::npos
                                                                     : end - start);
     char* rest = nullptr;
-    double v = std::strtod(part.c_str(), &rest);
-    if (part.empty() || rest == part.c_str() || *rest != '\0' || !std::isfinite(v) || v < 0)
+    // Plain decimals only ("949", "0.5", "1e2"): strtod alone would also take
+    // "0x10", "inf", "nan" and leading spaces.
+    const bool decimal = !part.empty() && part.find_first_not_of("0123456789.eE+-") == std::string::npos &&
+                         (std::isdigit(static_cast<unsigned char>(part[0])) || part[0] == '.');
+    double v = decimal ? std::strtod(part.c_str(), &rest) : 0.0;
+    if (!decimal || rest == part.c_str() || *rest != '\0' || !std::isfinite(v) || v < 0)
       DS_USER_ERROR("--split '{}': '{}' is not a non-negative number (expected e.g. 949,50,1)",
                     split, part);
     w.push_back(v);
@@ -33,7 +38,8 @@ std::vector<double> parse_split_weights(const std::string& split) {
   if (w.size() > 3)
     DS_USER_ERROR("--split '{}' has {} parts; at most 3 (train,valid,test)", split, w.size());
   w.resize(3, 0.0);
-  if (w[0] + w[1] + w[2] <= 0) DS_USER_ERROR("--split '{}' sums to zero", split);
+  if (!(w[0] + w[1] + w[2] > 0) || !std::isfinite(w[0] + w[1] + w[2]))
+    DS_USER_ERROR("--split '{}' must have a positive, finite sum", split);
   return w;
 }
 

@@ -125,6 +125,21 @@ std::unique_ptr<IndexedDataset::Mapping> map_file(const std::string& path, const
   ::close(fd);
   return m;
 }
+
+// The .bin holds exactly the tokens the .idx describes: a dtype code that
+// disagrees with the data (u16 written, i32 claimed) shows here.
+void check_bin_size(const IndexedDataset& d, const std::string& idx_path, const std::string& bin_path,
+                    int64_t bin_bytes) {
+  const int64_t elem = static_cast<int64_t>(token_dtype_size(d.dtype()));
+  int64_t tokens = 0;
+  for (size_t i = 0; i < d.sizes().size() && tokens <= bin_bytes; ++i) tokens += d.sizes()[i];  // no overflow:
+  // each size was checked to lie inside .bin, and the sum stops once it passes it
+  if (tokens > bin_bytes / elem || tokens * elem != bin_bytes)
+    DS_USER_ERROR("dataset data {} is {} bytes, but {} says it holds {} tokens of dtype {} ({} bytes; wrong "
+                  "dtype code {} or a truncated/overlong .bin)", bin_path, bin_bytes, idx_path, tokens,
+                  token_dtype_name(d.dtype()), tokens * elem, static_cast<int>(d.dtype()));
+}
+
 }  // namespace
 
 IndexedDataset::IndexedDataset(IndexedDataset&&) noexcept = default;
@@ -170,9 +185,15 @@ IndexedDataset IndexedDataset::open(const std::string& prefix) {
                     "{} tokens) lies outside the file's {} bytes", bin_path, idx_path, i, ptr,
                     len, bin_bytes);
   }
-  for (uint64_t k = 0; k < n_doc; ++k) {
+  check_bin_size(d, idx_path, bin_path, bin_bytes);
+  if (n_doc == 0 || d.doc_idx_[0] != 0 || d.doc_idx_[n_doc - 1] != static_cast<int64_t>(n_seq))
+    DS_USER_ERROR("dataset index {} is corrupt: its document index ({} entries) must run from 0 to the "
+                  "sequence count {}, but {}", idx_path, n_doc, n_seq,
+                  n_doc == 0 ? std::string("it is empty")
+                             : fmt::format("runs from {} to {}", d.doc_idx_[0], d.doc_idx_[n_doc - 1]));
+  for (uint64_t k = 1; k < n_doc; ++k) {
     int64_t v = d.doc_idx_[k];
-    if (v < 0 || v > static_cast<int64_t>(n_seq) || (k > 0 && v < d.doc_idx_[k - 1]))
+    if (v < d.doc_idx_[k - 1])
       DS_USER_ERROR("dataset index {} is corrupt: document index entry {} = {} (must be "
                     "non-decreasing and at most {})", idx_path, k, v, n_seq);
   }

@@ -4,21 +4,11 @@
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
 #include "lib/core/log.h"
+#include "lib/data/bpe.h"
 
 namespace ds {
 
-int64_t vocab_size_from_file(const std::string& vocab_json) {
-  nlohmann::json j = load_json_file(vocab_json);
-  DS_USER_CHECK(j.is_object() && !j.empty(), "--vocab-file '{}' is not a GPT-2 vocab.json (token -> id object)",
-                vocab_json);
-  int64_t max_id = -1;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    DS_USER_CHECK(it.value().is_number_integer(), "--vocab-file '{}': entry '{}' is not an integer id", vocab_json,
-                  it.key());
-    max_id = std::max<int64_t>(max_id, it.value().get<int64_t>());
-  }
-  return max_id + 1;
-}
+int64_t vocab_size_from_file(const std::string& vocab_json) { return data::vocab_file_size(vocab_json); }
 
 DataPipeline::DataPipeline(const TrainConfig& cfg, Device dev)
     : B_(cfg.batch.micro_batch_size), T_(cfg.model.seq_length), dev_(dev) {

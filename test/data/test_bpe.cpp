@@ -207,6 +207,11 @@ TEST_CASE("trained vocabulary round trips through vocab.json and merges.txt") {
   REQUIRE(tok.encode(" the").size() == 1);  // a frequent word is one token
 }
 
+// vocab.json text with one more token that reuses id 0.
+std::string slurp_vocab_with_duplicate(std::string text) {
+  return "{\"dupe-token\": 0, " + text.substr(text.find('{') + 1);
+}
+
 TEST_CASE("bad tokenizer files give one-line errors naming the file") {
   test::TempDir dir;
   auto expect = [](auto f, const std::string& needle) {
@@ -230,4 +235,22 @@ TEST_CASE("bad tokenizer files give one-line errors naming the file") {
   expect([&] { BpeTokenizer::load(dir / "vocab.json", dir / "bad_merges.txt"); },
          dir / "bad_merges.txt line 2");
   REQUIRE_THROWS_AS(train_bpe("abc", 100), UserError);
+
+  // Ids outside int32 are errors naming the token, never a wrapped size.
+  for (const char* id : {"4294967296", "2147483647", "18446744073709551615", "-1", "1.5"}) {
+    INFO(id);
+    test::spit(dir / "big.json", std::string("{\"a\": 0, \"b\": ") + id + "}");
+    expect([&] { BpeTokenizer::load(dir / "big.json", dir / "merges.txt"); }, "token \"b\" has id");
+    expect([&] { vocab_file_size(dir / "big.json"); }, "token \"b\" has id");
+  }
+  // A sparse id would make the tokenizer allocate for every id below it.
+  test::spit(dir / "sparse.json", "{\"a\": 0, \"b\": 2000000000}");
+  expect([&] { vocab_file_size(dir / "sparse.json"); }, "unused ids");
+  test::spit(dir / "dup.json", std::string(slurp_vocab_with_duplicate(test::slurp(dir / "vocab.json"))));
+  expect([&] { BpeTokenizer::load(dir / "dup.json", dir / "merges.txt"); }, "is given to two tokens");
+  REQUIRE(vocab_file_size(dir / "vocab.json") == static_cast<int64_t>(bpe.tokens.size()));
+  // 70,000 nested brackets: one line naming the file, no stack overflow.
+  test::spit(dir / "deep.json", std::string(70000, '[') + std::string(70000, ']'));
+  expect([&] { BpeTokenizer::load(dir / "deep.json", dir / "merges.txt"); }, dir / "deep.json");
+  expect([&] { vocab_file_size(dir / "deep.json"); }, "deeper than 64 levels");
 }

@@ -168,6 +168,14 @@ TEST_CASE("dsprep errors: one line naming the input, exit 1, no output") {
   test::spit(dir / "bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"also fine\"}\n{oops\n");
   expect_fail("--input " + (dir / "bad.jsonl") + " --output-prefix " + out + tok_args,
               dir / "bad.jsonl" + " line 3", out);
+  // 70,000 nested brackets on a line, and as the vocab file: one line, no stack overflow.
+  test::spit(dir / "deep.jsonl", "{\"text\": \"fine\"}\n" + std::string(70000, '[') + "\n");
+  expect_fail("--input " + (dir / "deep.jsonl") + " --output-prefix " + out + tok_args,
+              dir / "deep.jsonl" + " line 2 nests JSON", out);
+  test::spit(dir / "deep.json", std::string(70000, '{'));
+  expect_fail("--input " + (dir / "c.txt") + " --output-prefix " + out + " --vocab-file " + (dir / "deep.json") +
+                  " --merge-file " + (dir / "merges.txt"),
+              dir / "deep.json", out);
   test::spit(dir / "nokey.jsonl", "{\"body\": \"x\"}\n");
   expect_fail("--input " + (dir / "nokey.jsonl") + " --output-prefix " + out + tok_args,
               "\"text\"", out);

@@ -40,6 +40,16 @@ std::vector<int32_t> stream_of(const IndexedDataset& ds, const std::vector<int64
 
 }  // namespace
 
+TEST_CASE("--split takes plain decimal weights only") {
+  using B = std::array<int64_t, 4>;
+  REQUIRE(split_boundaries("1e2,0,0", 10) == B{0, 10, 10, 10});
+  REQUIRE(split_boundaries(".5,0.5", 10) == B{0, 5, 10, 10});
+  for (const char* bad : {"0x10", "0x10,1", "inf,1", "nan", " 1,2", "1e,1", "1,,2", "+1", "1e400"}) {
+    INFO(bad);
+    REQUIRE_THROWS_AS(split_boundaries(bad, 100), UserError);
+  }
+}
+
 TEST_CASE("split boundaries follow Megatron's rounding") {
   using B = std::array<int64_t, 4>;
   REQUIRE(split_boundaries("949,50,1", 1000) == B{0, 949, 999, 1000});

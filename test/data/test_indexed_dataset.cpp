@@ -186,6 +186,48 @@ TEST_CASE("corrupt or missing dataset files give one-line errors naming the file
   REQUIRE(ok.num_tokens() == 5);
 }
 
+TEST_CASE("an .idx that disagrees with its .bin or has a malformed document index is refused") {
+  test::TempDir dir;
+  const std::string p = dir / "good";
+  write_docs(p, TokenDType::U16, {{1, 2, 3}, {4, 5}});
+  const std::string idx = test::slurp(p + ".idx"), bin = test::slurp(p + ".bin");
+  const std::string q = dir / "bad";
+  auto open_bad = [&] { IndexedDataset::open(q); };
+  test::spit(q + ".bin", bin);
+
+  std::string s = idx;
+  s[17] = 1;  // u8: 5 tokens need 5 bytes, the .bin has 10
+  test::spit(q + ".idx", s);
+  expect_user_error(open_bad, {q + ".bin", "wrong dtype code 1"});
+
+  test::spit(q + ".idx", idx);
+  test::spit(q + ".bin", bin + std::string(4, '\0'));  // trailing bytes no sequence owns
+  expect_user_error(open_bad, {q + ".bin", "14 bytes"});
+  test::spit(q + ".bin", bin);
+
+  // n_doc = 0: the header's count at byte 26 and the file cut to match.
+  s = idx.substr(0, idx.size() - 3 * 8);
+  std::memset(s.data() + 26, 0, 8);
+  test::spit(q + ".idx", s);
+  expect_user_error(open_bad, {q + ".idx", "document index (0 entries)", "it is empty"});
+
+  // The last doc_idx entry (2) must equal the sequence count: make it 1.
+  s = idx;
+  const int64_t one = 1;
+  std::memcpy(s.data() + s.size() - 8, &one, 8);
+  test::spit(q + ".idx", s);
+  expect_user_error(open_bad, {q + ".idx", "runs from 0 to 1"});
+
+  // The first entry must be 0.
+  s = idx;
+  std::memcpy(s.data() + s.size() - 24, &one, 8);
+  test::spit(q + ".idx", s);
+  expect_user_error(open_bad, {q + ".idx", "runs from 1 to 2"});
+
+  test::spit(q + ".idx", idx);
+  REQUIRE(IndexedDataset::open(q).num_tokens() == 5);
+}
+
 TEST_CASE("token dtype helpers") {
   REQUIRE(token_dtype_for_vocab(50257) == TokenDType::U16);
   REQUIRE(token_dtype_for_vocab(65500) == TokenDType::I32);
