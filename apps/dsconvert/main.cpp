@@ -25,31 +25,45 @@ struct Args {
   int target_tp = 0, target_dp = 0, target_pp = 0, target_vp = 0, zero_stage = -1;
 };
 
+// An integer field of the saved config, in [1, hi].
+int64_t config_int(const nlohmann::json& obj, const char* key, int64_t hi, const std::string& where,
+                   const std::string& path) {
+  auto it = obj.find(key);
+  DS_USER_CHECK(it != obj.end() && it->is_number_integer() && it->get<int64_t>() >= 1 && it->get<int64_t>() <= hi,
+                "checkpoint file '{}/state.json': field 'config.{}{}' must be an integer in [1, {}]", where, path,
+                key, hi);
+  return it->get<int64_t>();
+}
+
 // The job size the saved config was resolved for (tp * pp * dp).
 int saved_world(const nlohmann::json& c, const std::string& step) {
-  try {
-    const int64_t tbs = c.at("train_batch_size"), mbs = c.at("train_micro_batch_size_per_gpu"),
-                  gas = c.at("gradient_accumulation_steps");
-    const int tp = c.at("parallel").value("tensor_model_parallel_size", 1);
-    const int pp = c.at("parallel").value("pipeline_model_parallel_size", 1);
-    DS_USER_CHECK(mbs > 0 && gas > 0 && tbs % (mbs * gas) == 0, "checkpoint '{}': inconsistent batch sizes in its "
-                  "config", step);
-    return static_cast<int>(tbs / (mbs * gas)) * tp * pp;
-  } catch (const nlohmann::json::exception& e) {
-    DS_USER_ERROR("checkpoint '{}': state.json config is incomplete: {}", step, e.what());
-  }
+  constexpr int64_t kMax = 1 << 30;
+  const int64_t tbs = config_int(c, "train_batch_size", kMax, step, ""),
+                mbs = config_int(c, "train_micro_batch_size_per_gpu", kMax, step, ""),
+                gas = config_int(c, "gradient_accumulation_steps", kMax, step, "");
+  auto par = c.find("parallel");
+  DS_USER_CHECK(par != c.end() && par->is_object(), "checkpoint file '{}/state.json': field 'config.parallel' must "
+                "be an object", step);
+  const int64_t tp = par->contains("tensor_model_parallel_size")
+                         ? config_int(*par, "tensor_model_parallel_size", ds::kMaxParallelSize, step, "parallel.")
+                         : 1;
+  const int64_t pp = par->contains("pipeline_model_parallel_size")
+                         ? config_int(*par, "pipeline_model_parallel_size", ds::kMaxParallelSize, step, "parallel.")
+                         : 1;
+  DS_USER_CHECK(tbs % (mbs * gas) == 0 && tbs / (mbs * gas) * tp * pp <= kMax,
+                "checkpoint '{}': inconsistent batch sizes in its config", step);
+  return static_cast<int>(tbs / (mbs * gas) * tp * pp);
 }
 
 // The target config: the saved one with the new TP and PP sizes, virtual
 // stages, ZeRO stage and the gradient accumulation re-derived for the new DP
 // size (global batch kept). `a` has target_pp / target_vp resolved.
-ds::TrainConfig target_config(nlohmann::json c, const Args& a) {
+ds::TrainConfig target_config(nlohmann::json c, const Args& a, int layers) {
   c["parallel"]["tensor_model_parallel_size"] = a.target_tp;
   c["parallel"]["pipeline_model_parallel_size"] = a.target_pp;
-  const int layers = c.at("model").at("num_layers").get<int>();
-  DS_USER_CHECK(layers % (a.target_pp * a.target_vp) == 0,
+  DS_USER_CHECK(layers % (int64_t{a.target_pp} * a.target_vp) == 0,
                 "--target-pp {} --target-vp {}: num_layers {} is not divisible by {}", a.target_pp, a.target_vp,
-                layers, a.target_pp * a.target_vp);
+                layers, int64_t{a.target_pp} * a.target_vp);
   c["parallel"]["num_layers_per_virtual_pipeline_stage"] = a.target_vp > 1 ? layers / (a.target_pp * a.target_vp) : 0;
   if (a.zero_stage >= 0) c["zero_optimization"]["stage"] = a.zero_stage;
   c.erase("gradient_accumulation_steps");
@@ -59,11 +73,11 @@ ds::TrainConfig target_config(nlohmann::json c, const Args& a) {
 int run(const Args& a) {
   const std::string step = ds::find_step_dir(a.load, a.tag);
   DS_USER_CHECK(!step.empty(), "--load {}: no checkpoint there ('latest' missing; give --tag global_stepN)", a.load);
-  const nlohmann::json state = ds::read_step_state(step);
-  DS_USER_CHECK(state.contains("config") && state["config"].is_object(),
-                "checkpoint '{}': state.json has no config", step);
-  const ds::TrainConfig src = ds::train_config_from_json(state["config"], saved_world(state["config"], step));
-  const ds::SavedStep saved = ds::open_saved_step(step, src.model);
+  ds::StepState state = ds::read_step_state(step);
+  DS_USER_CHECK(state.config.is_object(), "checkpoint file '{}/state.json': field 'config' is missing", step);
+  const nlohmann::json config = state.config;
+  const ds::TrainConfig src = ds::train_config_from_json(config, saved_world(config, step));
+  const ds::SavedStep saved = ds::open_saved_step(step, std::move(state), src.model);
   if (!a.export_hf.empty()) {
     ds::export_hf(saved.model, saved.full, ds::read_full_params(saved, saved.full), a.export_hf);
     std::printf("dsconvert: exported %s as a Hugging Face model to %s\n", step.c_str(), a.export_hf.c_str());
@@ -77,7 +91,7 @@ int run(const Args& a) {
                 "--target-pp {} --target-vp {}: both must be >= 1, and virtual stages need --target-pp > 1",
                 r.target_pp, r.target_vp);
   ds::ReshapeTarget t;
-  const ds::TrainConfig tc = target_config(state["config"], r);
+  const ds::TrainConfig tc = target_config(config, r, src.model.num_layers);
   t.model = tc.model;
   t.tp = r.target_tp;
   t.dp = r.target_dp;

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "lib/ckpt/crc32c.h"
+#include "lib/ckpt/file_io.h"
 #include "lib/ckpt/reshape.h"
 #include "lib/ckpt/safetensors.h"
 #include "lib/core/error.h"
@@ -27,19 +29,39 @@ void fsync_path(const fs::path& p) {
   }
 }
 
-void write_text_atomic(const fs::path& path, const std::string& text) {
-  fs::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    DS_CHECK(f.good(), "cannot write {}", tmp.string());
-    f << text;
-    f.flush();
-    DS_CHECK(f.good(), "write failed: {}", tmp.string());
+void make_dirs(const fs::path& p) {
+  std::error_code ec;
+  fs::create_directories(p, ec);
+  if (ec) throw_write_error(p.string(), ec.value());
+}
+
+// Runs fn; on any error removes the temporary step directory and rethrows,
+// so a failed save (a full disk) leaves nothing half-written behind.
+template <class Fn>
+void or_remove(const fs::path& tmp, Fn fn) {
+  try {
+    fn();
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
   }
-  fsync_path(tmp);
-  fs::rename(tmp, path);
-  fsync_path(path.parent_path());
+}
+
+// Records the CRC-32C of every file of the step directory in its state.json.
+void record_checksums(const fs::path& tmp) {
+  const fs::path state_file = tmp / "state.json";
+  nlohmann::json state = nlohmann::json::parse(read_small_file(state_file.string(), kMaxStateJsonBytes,
+                                                               "checkpoint file '" + state_file.string() + "'"));
+  nlohmann::json sums = nlohmann::json::object();
+  for (const auto& e : fs::directory_iterator(tmp)) {
+    const std::string name = e.path().filename().string();
+    if (name == "state.json" || !e.is_regular_file()) continue;
+    sums[name] = crc32c_text(file_crc32c(e.path().string()));
+  }
+  state.erase("state_checksum");
+  state["checksums"] = sums;
+  write_file_atomic(state_file.string(), step_state_text(state));
 }
 
 Tensor host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
@@ -50,21 +72,8 @@ nlohmann::json layout_json(const ModelLayout& l) {
   return j;
 }
 
-}  // namespace
-
-std::string step_dir_name(int64_t iteration) { return "global_step" + std::to_string(iteration); }
-
-std::string optimizer_shard_name(int rank, int world, int tp, int tp_rank, int pp, int pp_rank) {
-  if (pp > 1)
-    return fmt::format("optim_pp{:02d}_tp{:02d}_rank{:05d}_of_{:05d}.safetensors", pp_rank, tp_rank, rank, world);
-  if (tp > 1) return fmt::format("optim_tp{:02d}_rank{:05d}_of_{:05d}.safetensors", tp_rank, rank, world);
-  return fmt::format("optim_rank{:05d}_of_{:05d}.safetensors", rank, world);
-}
-
-void write_checkpoint_files(const std::string& dir, const TrainState& st, const CheckpointData& d,
-                            const nlohmann::json& config) {
-  fs::path tmp = fs::path(dir) / tmp_dir_name(st.iteration);
-  fs::create_directories(tmp);
+void write_step_files(const fs::path& tmp, const TrainState& st, const CheckpointData& d,
+                      const nlohmann::json& config) {
   // Optimizer shard of this rank.
   {
     SafetensorsWriter w;
@@ -74,6 +83,10 @@ void write_checkpoint_files(const std::string& dir, const TrainState& st, const 
     w.set_metadata("end", std::to_string(d.opt_end));
     w.set_metadata("step", std::to_string(d.opt_step));
     w.set_metadata("total", std::to_string((d.opt_layout ? d.opt_layout : d.layout)->total));
+    w.set_metadata("rank", std::to_string(d.rank));
+    w.set_metadata("world", std::to_string(d.world));
+    w.set_metadata("tp_rank", std::to_string(d.tp_rank));
+    w.set_metadata("pp_rank", std::to_string(d.pp_rank));
     w.write((tmp / optimizer_shard_name(d.rank, d.world, d.tp, d.tp_rank, d.pp, d.pp_rank)).string());
   }
   if (d.rank != 0 || d.tp_rank != 0 || d.pp_rank != 0) return;
@@ -92,17 +105,41 @@ void write_checkpoint_files(const std::string& dir, const TrainState& st, const 
                           {"pipeline_model_parallel_size", d.pp},
                           {"virtual_pipeline_stages", d.vp},
                           {"config", config}};
-  write_text_atomic(tmp / "state.json", state.dump(1));
+  write_file_atomic((tmp / "state.json").string(), step_state_text(state));
+}
+
+}  // namespace
+
+std::string step_dir_name(int64_t iteration) { return "global_step" + std::to_string(iteration); }
+
+std::string optimizer_shard_name(int rank, int world, int tp, int tp_rank, int pp, int pp_rank) {
+  if (pp > 1)
+    return fmt::format("optim_pp{:02d}_tp{:02d}_rank{:05d}_of_{:05d}.safetensors", pp_rank, tp_rank, rank, world);
+  if (tp > 1) return fmt::format("optim_tp{:02d}_rank{:05d}_of_{:05d}.safetensors", tp_rank, rank, world);
+  return fmt::format("optim_rank{:05d}_of_{:05d}.safetensors", rank, world);
+}
+
+void write_checkpoint_files(const std::string& dir, const TrainState& st, const CheckpointData& d,
+                            const nlohmann::json& config) {
+  fs::path tmp = fs::path(dir) / tmp_dir_name(st.iteration);
+  make_dirs(tmp);
+  or_remove(tmp, [&] { write_step_files(tmp, st, d, config); });
 }
 
 void commit_checkpoint(const std::string& dir, int64_t iteration) {
   fs::path tmp = fs::path(dir) / tmp_dir_name(iteration);
   fs::path final_dir = fs::path(dir) / step_dir_name(iteration);
-  fsync_path(tmp);
-  if (fs::exists(final_dir)) fs::remove_all(final_dir);
-  fs::rename(tmp, final_dir);
+  or_remove(tmp, [&] {
+    record_checksums(tmp);
+    fsync_path(tmp);
+    std::error_code ec;
+    if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);
+    if (ec) throw_write_error(final_dir.string(), ec.value());
+    fs::rename(tmp, final_dir, ec);
+    if (ec) throw_write_error(final_dir.string(), ec.value());
+  });
   fsync_path(dir);
-  write_text_atomic(fs::path(dir) / "latest", step_dir_name(iteration) + "\n");
+  write_file_atomic((fs::path(dir) / "latest").string(), step_dir_name(iteration) + "\n");
 }
 
 void save_checkpoint(const std::string& dir, const TrainState& st, const CheckpointData& d,
@@ -113,13 +150,14 @@ void save_checkpoint(const std::string& dir, const TrainState& st, const Checkpo
 
 namespace {
 
-void check_layout(const nlohmann::json& saved, const ModelLayout& l, const std::string& where) {
-  DS_USER_CHECK(saved.is_array() && saved.size() == l.params.size(),
+using SavedLayout = std::vector<std::pair<std::string, Shape>>;
+
+void check_layout(const SavedLayout& saved, const ModelLayout& l, const std::string& where) {
+  DS_USER_CHECK(saved.size() == l.params.size(),
                 "checkpoint '{}': it has {} weights, the configured model has {} (different model config?)", where,
-                saved.is_array() ? saved.size() : 0, l.params.size());
+                saved.size(), l.params.size());
   for (size_t i = 0; i < l.params.size(); ++i) {
-    std::string name = saved[i][0].get<std::string>();
-    Shape shape = saved[i][1].get<Shape>();
+    const auto& [name, shape] = saved[i];
     DS_USER_CHECK(name == l.params[i].name && shape == l.params[i].shape,
                   "checkpoint '{}': weight {} is {} {}, the configured model expects {} {}", where, i, name,
                   shape_str(shape), l.params[i].name, shape_str(l.params[i].shape));
@@ -127,11 +165,10 @@ void check_layout(const nlohmann::json& saved, const ModelLayout& l, const std::
 }
 
 // Whether a saved full layout (state.json "layout") equals `l` exactly.
-bool same_layout(const nlohmann::json& saved, const ModelLayout& l) {
-  if (!saved.is_array() || saved.size() != l.params.size()) return false;
+bool same_layout(const SavedLayout& saved, const ModelLayout& l) {
+  if (saved.size() != l.params.size()) return false;
   for (size_t i = 0; i < l.params.size(); ++i)
-    if (saved[i][0].get<std::string>() != l.params[i].name || saved[i][1].get<Shape>() != l.params[i].shape)
-      return false;
+    if (saved[i].first != l.params[i].name || saved[i].second != l.params[i].shape) return false;
   return true;
 }
 
@@ -140,8 +177,7 @@ void read_same_layout(const SavedStep& s, const CheckpointData& d, Tensor& param
                       int64_t& opt_step) {
   params = read_full_params(s, *d.layout);
   const int64_t total = (d.opt_layout ? d.opt_layout : d.layout)->total;
-  opt_step = read_moment_range(s.dir, s.shards, d.tp, d.tp_rank, total, d.opt_begin, d.opt_end, m, v, d.pp,
-                               d.pp_rank);
+  opt_step = read_moment_range(s, d.tp_rank, d.pp_rank, total, d.opt_begin, d.opt_end, m, v);
 }
 
 }  // namespace
@@ -149,12 +185,10 @@ void read_same_layout(const SavedStep& s, const CheckpointData& d, Tensor& param
 bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) {
   if (!fs::exists(fs::path(dir) / "latest")) return false;
   const std::string step = find_step_dir(dir);
-  const nlohmann::json state = read_step_state(step);
-  const int saved_tp = state.value("tensor_model_parallel_size", 1);
-  const int saved_pp = state.value("pipeline_model_parallel_size", 1);
-  const int saved_vp = state.value("virtual_pipeline_stages", 1);
+  StepState state = read_step_state(step);
+  const int saved_tp = state.tp, saved_pp = state.pp, saved_vp = state.vp;
   const bool same_split = saved_tp == d.tp && saved_pp == d.pp && saved_vp == d.vp;
-  const bool same = same_split && same_layout(state.value("layout", nlohmann::json()), *d.layout);
+  const bool same = same_split && same_layout(state.layout, *d.layout);
   if (!same && d.model == nullptr) {  // no model config: no reshaping
     DS_USER_CHECK(saved_tp == d.tp,
                   "checkpoint '{}' was saved with tensor_model_parallel_size {}, this job uses {}, and this loader "
@@ -165,27 +199,30 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
                   "job uses {} (tensor {}, {} virtual stages), and this loader cannot reshape it (use dsconvert "
                   "--target-pp {})",
                   step, saved_pp, saved_tp, saved_vp, d.pp, d.tp, d.vp, d.pp);
-    check_layout(state.value("layout", nlohmann::json()), *d.layout, step);
+    check_layout(state.layout, *d.layout, step);
   }
   // Everything is read and checked before the destination is touched.
   Tensor params, m, v;
   int64_t opt_step = 0;
+  const TrainState train = state.train;
   if (same) {
     SavedStep s;
     s.dir = step;
-    s.state = state;
     s.tp = saved_tp;
-    s.shards = state.at("optimizer_shards").get<int>();
+    s.pp = saved_pp;
+    s.vp = saved_vp;
+    s.shards = state.shards;
+    s.state = std::move(state);
     s.full = *d.layout;
     read_same_layout(s, d, params, m, v, opt_step);
   } else {
-    read_reshaped(open_saved_step(step, *d.model), d, params, m, v, opt_step);
+    read_reshaped(open_saved_step(step, std::move(state), *d.model), d, params, m, v, opt_step);
   }
   d.params.copy_from(params);
   d.m.copy_from(m);
   d.v.copy_from(v);
   d.opt_step = opt_step;
-  st = read_train_state(state);
+  st = train;
   return true;
 }
 

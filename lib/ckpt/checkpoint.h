@@ -2,25 +2,22 @@
 // optimizer shard, and state.json (iteration, consumed samples, config). The
 // step directory is written under a temporary name, fsynced, and renamed; the
 // `latest` file is replaced (temp + rename) only after that, so a crash never
-// leaves `latest` pointing at a partial checkpoint.
+// leaves `latest` pointing at a partial checkpoint. Committing records the
+// CRC-32C of every file in state.json; loading verifies the files it reads
+// against them, checks every field of state.json and of the optimizer shards,
+// and refuses weights or moments holding NaN/Inf (docs/formats.md).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "lib/ckpt/state_json.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
 
 namespace ds {
 
-struct TrainState {
-  int64_t iteration = 0;          // optimizer steps completed
-  int64_t consumed_samples = 0;   // training samples consumed (data position)
-  int64_t skipped_steps = 0;      // fp16 overflow skips
-  double loss_scale = 1.0;
-  int64_t good_steps = 0;         // steps since the last scale change (fp16)
-  int64_t hysteresis_left = 0;
-};
+// TrainState (iteration, consumed samples, loss scale...) is in lib/ckpt/state_json.h.
 
 // What one rank saves / restores. Tensors may live on any device.
 struct CheckpointData {
@@ -57,8 +54,10 @@ void save_checkpoint(const std::string& dir, const TrainState& st, const Checkpo
                      const nlohmann::json& config);
 
 // Reads `latest` under dir; returns false if dir has no checkpoint. On any
-// mismatch (layout, shapes, missing shard, truncated file) throws UserError
-// before touching the destination tensors.
+// mismatch (layout, shapes, missing shard, truncated or corrupt file, checksum,
+// NaN/Inf) throws UserError naming the file before touching the destination
+// tensors. A write error (e.g. a full disk) while saving is a UserError naming
+// the path, and the temporary step directory is removed.
 bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d);
 
 // The step directory name for an iteration: "global_step<N>".

@@ -9,9 +9,10 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 
+#include "lib/ckpt/file_io.h"
 #include "lib/ckpt/safetensors.h"
 #include "lib/core/error.h"
 
@@ -116,19 +117,22 @@ void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& 
   Tensor host = params.device().is_cpu() ? params : params.to(Device::cpu());
   fs::path out(outdir), tmp = out;
   tmp += ".tmp-" + std::to_string(::getpid());
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  SafetensorsWriter w;
-  for (const HfPiece& p : hf_map(cfg, d)) {
-    const ParamSpec& s = layout.find(p.our_name);
-    w.add(p.hf_name, extract(host.view(s.offset, s.shape), p));
-  }
-  w.set_metadata("format", "pt");
-  w.write((tmp / "model.safetensors").string());
-  {
-    std::ofstream f(tmp / "config.json");
-    f << hf_config(cfg, d).dump(2) << "\n";
-    DS_CHECK(f.good(), "cannot write {}", (tmp / "config.json").string());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) throw_write_error(tmp.string(), ec.value());
+  try {  // a failed write (a full disk) leaves no temporary directory behind
+    SafetensorsWriter w;
+    for (const HfPiece& p : hf_map(cfg, d)) {
+      const ParamSpec& s = layout.find(p.our_name);
+      w.add(p.hf_name, extract(host.view(s.offset, s.shape), p));
+    }
+    w.set_metadata("format", "pt");
+    w.write((tmp / "model.safetensors").string());
+    write_file_atomic((tmp / "config.json").string(), hf_config(cfg, d).dump(2) + "\n");
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
   }
   if (fs::exists(out)) fs::remove_all(out);
   fs::rename(tmp, out);

@@ -4,8 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <limits>
 
 #include "lib/ckpt/safetensors.h"
 #include "lib/core/error.h"
@@ -16,14 +15,6 @@ namespace fs = std::filesystem;
 
 namespace ds {
 namespace {
-
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p);
-  DS_USER_CHECK(f.good(), "checkpoint: cannot read '{}'", p.string());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // Calls fn(full_off, local_off, count) for each contiguous run of local
 // weight p (tp rank r of tp) inside its full weight. The same runs as
@@ -65,76 +56,39 @@ bool same_but_vocab(const ParamSpec& a, const ParamSpec& b) {
 
 }  // namespace
 
-std::string find_step_dir(const std::string& dir, const std::string& tag) {
-  DS_USER_CHECK(fs::is_directory(dir), "checkpoint: '{}' is not a directory", dir);
-  std::string t = tag;
-  if (t.empty()) {
-    fs::path latest = fs::path(dir) / "latest";
-    if (!fs::exists(latest)) return "";
-    t = read_text(latest);
-    while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
-    DS_USER_CHECK(fs::is_directory(fs::path(dir) / t), "checkpoint: '{}' names '{}', which does not exist",
-                  latest.string(), t);
-  }
-  fs::path step = fs::path(dir) / t;
-  DS_USER_CHECK(fs::is_directory(step), "checkpoint: '{}' does not exist", step.string());
-  return step.string();
-}
-
-nlohmann::json read_step_state(const fs::path& step) {
-  try {
-    return nlohmann::json::parse(read_text(step / "state.json"));
-  } catch (const nlohmann::json::exception& e) {
-    DS_USER_ERROR("checkpoint '{}': state.json is corrupt: {}", step.string(), e.what());
-  }
-}
-
-TrainState read_train_state(const nlohmann::json& j) {
-  TrainState st;
-  st.iteration = j.at("iteration").get<int64_t>();
-  st.consumed_samples = j.at("consumed_samples").get<int64_t>();
-  st.skipped_steps = j.at("skipped_steps").get<int64_t>();
-  st.loss_scale = j.at("loss_scale").get<double>();
-  st.good_steps = j.at("good_steps").get<int64_t>();
-  st.hysteresis_left = j.at("hysteresis_left").get<int64_t>();
-  return st;
-}
-
 SavedStep open_saved_step(const std::string& step_dir, const ModelConfig& model) {
+  return open_saved_step(step_dir, read_step_state(step_dir), model);
+}
+
+SavedStep open_saved_step(const std::string& step_dir, StepState state, const ModelConfig& model) {
   SavedStep s;
   s.dir = step_dir;
-  s.state = read_step_state(s.dir);
+  s.state = std::move(state);
   const std::string where = s.dir.string();
-  try {
-    s.tp = s.state.value("tensor_model_parallel_size", 1);
-    s.shards = s.state.at("optimizer_shards").get<int>();
-    const nlohmann::json& saved = s.state.at("layout");
-    DS_USER_CHECK(saved.is_array() && !saved.empty(), "checkpoint '{}': state.json has no layout", where);
-    s.pp = s.state.value("pipeline_model_parallel_size", 1);
-    s.vp = s.state.value("virtual_pipeline_stages", 1);
-    s.model = model;
-    for (const auto& w : saved)  // the saved padded vocabulary: rows of embed.wte
-      if (w[0].get<std::string>() == "embed.wte") s.model.padded_vocab_size = static_cast<int>(w[1][0].get<int64_t>());
-    s.full = build_layout(s.model);
-    DS_USER_CHECK(saved.size() == s.full.params.size(),
-                  "checkpoint '{}': it has {} weights, the configured model has {} (different model config?)", where,
-                  saved.size(), s.full.params.size());
-    for (size_t i = 0; i < saved.size(); ++i) {
-      const ParamSpec& p = s.full.params[i];
-      std::string name = saved[i][0].get<std::string>();
-      Shape shape = saved[i][1].get<Shape>();
-      DS_USER_CHECK(name == p.name && shape == p.shape,
-                    "checkpoint '{}': weight {} is {} {}, the configured model expects {} {} (different model "
-                    "config?)",
-                    where, i, name, shape_str(shape), p.name, shape_str(p.shape));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    DS_USER_ERROR("checkpoint '{}': state.json is incomplete: {}", where, e.what());
+  s.tp = s.state.tp;
+  s.pp = s.state.pp;
+  s.vp = s.state.vp;
+  s.shards = s.state.shards;
+  s.model = model;
+  for (const auto& [name, shape] : s.state.layout) {  // the saved padded vocabulary: rows of embed.wte
+    if (name != "embed.wte") continue;
+    DS_USER_CHECK(shape.size() == 2 && shape[0] <= std::numeric_limits<int>::max(),
+                  "checkpoint '{}': state.json gives embed.wte the shape {}, expected (vocabulary, hidden)", where,
+                  shape_str(shape));
+    s.model.padded_vocab_size = static_cast<int>(shape[0]);
   }
-  DS_USER_CHECK(s.tp >= 1 && s.pp >= 1 && s.vp >= 1 && s.shards >= 1,
-                "checkpoint '{}': tensor_model_parallel_size {} / pipeline_model_parallel_size {} / "
-                "virtual_pipeline_stages {} / optimizer_shards {}",
-                where, s.tp, s.pp, s.vp, s.shards);
+  s.full = build_layout(s.model);
+  const auto& saved = s.state.layout;
+  DS_USER_CHECK(saved.size() == s.full.params.size(),
+                "checkpoint '{}': it has {} weights, the configured model has {} (different model config?)", where,
+                saved.size(), s.full.params.size());
+  for (size_t i = 0; i < saved.size(); ++i) {
+    const ParamSpec& p = s.full.params[i];
+    DS_USER_CHECK(saved[i].first == p.name && saved[i].second == p.shape,
+                  "checkpoint '{}': weight {} is {} {}, the configured model expects {} {} (different model "
+                  "config?)",
+                  where, i, saved[i].first, shape_str(saved[i].second), p.name, shape_str(p.shape));
+  }
   DS_USER_CHECK(s.model.num_layers % (s.pp * s.vp) == 0,
                 "checkpoint '{}': {} layers do not split into {} pipeline stages x {} virtual stages", where,
                 s.model.num_layers, s.pp, s.vp);
@@ -156,47 +110,21 @@ Tensor adapt_full(const ModelLayout& from, const ModelLayout& to, const Tensor& 
 
 Tensor read_full_params(const SavedStep& s, const ModelLayout& target_full) {
   const fs::path file = s.dir / "model.safetensors";
+  verify_step_file(s.dir, s.state, "model.safetensors");
   SafetensorsFile model = SafetensorsFile::open(file.string());
+  for (const ParamSpec& p : s.full.params)  // every weight is in the file before anything is allocated
+    DS_USER_CHECK(model.has(p.name) && model.shape(p.name) == p.shape && model.dtype_string(p.name) == "F32",
+                  "checkpoint file '{}' lacks F32 weight '{}' {}{}", file.string(), p.name, shape_str(p.shape),
+                  model.has(p.name) ? fmt::format(" (it holds {} {})", model.dtype_string(p.name),
+                                                  shape_str(model.shape(p.name)))
+                                    : std::string());
   Tensor saved = Tensor::empty({s.full.total}, DType::F32);
   for (const ParamSpec& p : s.full.params) {
-    DS_USER_CHECK(model.has(p.name) && model.shape(p.name) == p.shape && model.dtype(p.name) == DType::F32,
-                  "checkpoint '{}': model.safetensors lacks f32 weight '{}' {}", s.dir.string(), p.name,
-                  shape_str(p.shape));
-    saved.view(p.offset, p.shape).copy_from(model.get(p.name));
+    Tensor w = saved.view(p.offset, p.shape);
+    w.copy_from(model.get(p.name));
+    check_finite(w, file.string(), p.name);
   }
   return adapt_full(s.full, target_full, saved);
-}
-
-int64_t read_moment_range(const fs::path& step, int shards, int tp, int tp_rank, int64_t local_total, int64_t begin,
-                          int64_t end, Tensor& m, Tensor& v, int pp, int pp_rank) {
-  m = Tensor::zeros({end - begin}, DType::F32);
-  v = Tensor::zeros({end - begin}, DType::F32);
-  int64_t covered = 0, opt_step = 0;
-  for (int r = 0; r < shards; ++r) {
-    fs::path f = step / optimizer_shard_name(r, shards, tp, tp_rank, pp, pp_rank);
-    DS_USER_CHECK(fs::exists(f), "checkpoint '{}': optimizer shard '{}' is missing", step.string(),
-                  f.filename().string());
-    SafetensorsFile sf = SafetensorsFile::open(f.string());
-    auto meta = sf.metadata();
-    DS_USER_CHECK(meta.count("begin") && meta.count("end") && meta.count("total") && meta.count("step"),
-                  "checkpoint '{}': optimizer shard metadata is incomplete", f.string());
-    int64_t b = std::stoll(meta.at("begin")), e = std::stoll(meta.at("end"));
-    DS_USER_CHECK(std::stoll(meta.at("total")) == local_total,
-                  "checkpoint '{}': optimizer shard for {} parameters, model has {}", f.string(), meta.at("total"),
-                  local_total);
-    opt_step = std::stoll(meta.at("step"));
-    int64_t lo = std::max(b, begin), hi = std::min(e, end);
-    if (lo >= hi) continue;
-    Tensor sm = sf.get("exp_avg"), sv = sf.get("exp_avg_sq");
-    DS_USER_CHECK(sm.numel() == e - b && sv.numel() == e - b, "checkpoint '{}': shard size does not match its range",
-                  f.string());
-    std::copy_n(sm.data<float>() + (lo - b), hi - lo, m.data<float>() + (lo - begin));
-    std::copy_n(sv.data<float>() + (lo - b), hi - lo, v.data<float>() + (lo - begin));
-    covered += hi - lo;
-  }
-  DS_USER_CHECK(covered == end - begin, "checkpoint '{}': optimizer shards cover {} of {} elements", step.string(),
-                covered, end - begin);
-  return opt_step;
 }
 
 FullMoments assemble_full_moments(const SavedStep& s) {
@@ -207,7 +135,7 @@ FullMoments assemble_full_moments(const SavedStep& s) {
     for (int r = 0; r < s.tp; ++r) {  // one source (stage, tp rank)'s local moments at a time
       const ModelLayout local = build_layout(s.model, s.tp, r, s.pp, pr, s.vp);
       Tensor m, v;
-      f.step = read_moment_range(s.dir, s.shards, s.tp, r, local.total, 0, local.total, m, v, s.pp, pr);
+      f.step = read_moment_range(s, r, pr, local.total, 0, local.total, m, v);
       place_local(local, s.full, m.data<float>(), f.m.data<float>());
       place_local(local, s.full, v.data<float>(), f.v.data<float>());
     }
@@ -270,7 +198,7 @@ void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::strin
   Tensor m_full = adapt_full(s.full, full, fm.m), v_full = adapt_full(s.full, full, fm.v);
   const int64_t opt_step = fm.step;
   fm = FullMoments{};  // release the saved-layout copies
-  const TrainState st = read_train_state(s.state);
+  const TrainState st = s.state.train;
   const int world = t.zero_stage >= 1 ? t.dp : 1;  // stage 0: one shard holds the whole (pp, tp) rank
   for (int pr = 0; pr < t.pp; ++pr)
     for (int tr = 0; tr < t.tp; ++tr) write_target_rank(out_dir, st, t, full, params, m_full, v_full, opt_step,

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "lib/ckpt/checkpoint.h"
+#include "lib/ckpt/state_json.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
 #include "lib/train/config.h"
@@ -30,7 +31,7 @@ namespace ds {
 // A saved step directory, read and checked against a model config.
 struct SavedStep {
   std::filesystem::path dir;  // DIR/global_stepN
-  nlohmann::json state;       // state.json
+  StepState state;            // state.json, validated
   int tp = 1;                 // tensor_model_parallel_size it was saved with
   int pp = 1, vp = 1;         // pipeline_model_parallel_size, virtual stages per rank
   int shards = 1;             // optimizer shards per (pp, tp) rank
@@ -39,15 +40,27 @@ struct SavedStep {
 };
 
 // DIR/global_stepN: `tag` if given, else the one DIR/latest names. "" when
-// there is no tag and no `latest` (no checkpoint). UserError naming the path
-// when the directory is missing.
+// there is no tag and no `latest` (no checkpoint). The tag (or `latest`'s one
+// line) must be global_step<digits>: a step directory inside DIR, nothing
+// else. UserError naming the path when it is malformed or missing.
 std::string find_step_dir(const std::string& dir, const std::string& tag = "");
-// Reads state.json of a step directory. UserError naming it if missing or corrupt.
-nlohmann::json read_step_state(const std::filesystem::path& step);
+// Reads and validates state.json of a step directory (lib/ckpt/state_json.h).
+// UserError naming it and the field if missing, corrupt or out of range. A
+// checkpoint without checksums (an older dstrain) is loaded with a warning.
+StepState read_step_state(const std::filesystem::path& step);
+// Checks file `name` of the step directory against its CRC-32C in state.json
+// (nothing to check for an older checkpoint without checksums). UserError
+// naming the file on a mismatch.
+void verify_step_file(const std::filesystem::path& step, const StepState& st, const std::string& name);
+// UserError naming the file and tensor if t (host f32) holds NaN or Inf, or,
+// with non_negative, a negative value.
+void check_finite(const Tensor& t, const std::string& file, const std::string& tensor, bool non_negative = false);
 // Reads state.json and rebuilds the saved layout from `model` (its padded
 // vocabulary replaced by the saved one). A checkpoint of a different model
 // (other weights or shapes) is a UserError naming the first difference.
 SavedStep open_saved_step(const std::string& step_dir, const ModelConfig& model);
+// The same for a state.json already read with read_step_state.
+SavedStep open_saved_step(const std::string& step_dir, StepState state, const ModelConfig& model);
 
 // The saved full model, adapted to `target_full` (vocabulary rows cut or
 // zero-padded): out is a host f32 tensor of target_full.total.
@@ -64,15 +77,14 @@ FullMoments assemble_full_moments(const SavedStep& s);
 // vocabulary may differ: rows are cut or zero-filled).
 Tensor adapt_full(const ModelLayout& from, const ModelLayout& to, const Tensor& buf);
 
-// Reads [begin, end) of tp rank tp_rank's local moments (local_total
-// elements) from the `shards` optimizer files of that tp rank into m, v
-// (host f32, end - begin). Returns the Adam step count. UserError on a
-// missing shard, a size mismatch, or incomplete coverage.
-int64_t read_moment_range(const std::filesystem::path& step, int shards, int tp, int tp_rank, int64_t local_total,
-                          int64_t begin, int64_t end, Tensor& m, Tensor& v, int pp = 1, int pp_rank = 0);
-
-// TrainState fields of a state.json.
-TrainState read_train_state(const nlohmann::json& state);
+// Reads [begin, end) of (pp_rank, tp_rank)'s local moments (local_total
+// elements) from the s.shards optimizer files of that rank into m, v (host
+// f32, end - begin). Returns the Adam step count. UserError naming the shard
+// on a missing file, a checksum mismatch, malformed metadata, a tensor of
+// another dtype or shape, NaN/Inf (or a negative exp_avg_sq), ranges that
+// overlap or leave a gap.
+int64_t read_moment_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t local_total, int64_t begin,
+                          int64_t end, Tensor& m, Tensor& v);
 
 // The load path for a checkpoint saved with another TP / PP layout (or padded
 // vocabulary): fills host params (d.layout->total), m, v (d.opt_end -

@@ -15,7 +15,9 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "lib/ckpt/file_io.h"
 #include "lib/core/error.h"
+#include "lib/core/json_config.h"
 
 namespace ds {
 
@@ -60,16 +62,6 @@ uint64_t get_u64_le(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
   return v;
-}
-
-void write_all(int fd, const char* p, size_t n, const std::string& tmp) {
-  while (n > 0) {
-    const ssize_t k = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) DS_USER_ERROR("cannot write '{}': {}", tmp, std::strerror(errno));
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
 }
 
 }  // namespace
@@ -127,33 +119,7 @@ std::string SafetensorsWriter::serialize() const {
   return out;
 }
 
-void SafetensorsWriter::write(const std::string& path) const {
-  const std::string bytes = serialize();
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  DS_USER_CHECK(fd >= 0, "cannot create '{}': {}", tmp, std::strerror(errno));
-  try {
-    write_all(fd, bytes.data(), bytes.size(), tmp);
-    DS_USER_CHECK(::fsync(fd) == 0, "cannot fsync '{}': {}", tmp, std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    DS_USER_ERROR("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(err));
-  }
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {  // make the rename durable; best effort
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
+void SafetensorsWriter::write(const std::string& path) const { write_file_atomic(path, serialize()); }
 
 // ---------------------------------------------------------------- reader
 
@@ -203,12 +169,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   DS_USER_CHECK(n <= kMaxHeader, "safetensors file '{}': header length {} exceeds the 100 MB limit", path, n);
   const char* h = reinterpret_cast<const char*>(f.mapping_.get() + 8);
   DS_USER_CHECK(n > 0 && h[0] == '{', "safetensors file '{}': header does not start with '{{'", path);
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(h, h + n);
-  } catch (const nlohmann::json::exception& e) {
-    DS_USER_ERROR("safetensors file '{}': header is not valid JSON: {}", path, e.what());
-  }
+  const nlohmann::json header = parse_json_text(std::string_view(h, n), "safetensors file '" + path + "' header");
   DS_USER_CHECK(header.is_object(), "safetensors file '{}': header is not a JSON object", path);
   f.data_ = f.mapping_.get() + 8 + n;
   f.parse_header(header, size - 8 - n);
@@ -239,7 +200,8 @@ void SafetensorsFile::parse_header(const nlohmann::json& header, uint64_t data_s
     uint64_t bytes = static_cast<uint64_t>(d->size);
     for (const auto& dim : v["shape"]) {
       const uint64_t x = checked_u64(dim, "tensor '" + name + "' shape entry", path);
-      DS_USER_CHECK(x == 0 || bytes <= UINT64_MAX / x, "safetensors file '{}': tensor '{}' is too large", path, name);
+      DS_USER_CHECK(x <= static_cast<uint64_t>(INT64_MAX) && (x == 0 || bytes <= UINT64_MAX / x),
+                    "safetensors file '{}': tensor '{}' is too large", path, name);
       bytes *= x;
       e.shape.push_back(static_cast<int64_t>(x));
     }

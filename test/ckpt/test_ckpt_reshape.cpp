@@ -74,7 +74,7 @@ void save_fabricated(const fs::path& dir, const ModelConfig& cfg, int tp, int dp
       const ParamSpec* wte = local.try_find("embed.wte");
       if (poison_tied && pr > 0 && wte) {
         std::fill_n(lm.data<float>() + wte->offset, wte->numel, -999.0f);
-        std::fill_n(lv.data<float>() + wte->offset, wte->numel, -999.0f);
+        std::fill_n(lv.data<float>() + wte->offset, wte->numel, 999.0f);  // exp_avg_sq is never negative
       }
       const ZeroPartition part = make_zero_partition(local.total, dp);
       for (int r = 0; r < dp; ++r) {
@@ -175,7 +175,7 @@ TEST_CASE("write_reshaped rewrites a checkpoint for another layout offline") {
   write_reshaped(open_saved_step(find_step_dir(dir.string()), t.model), t, out.string());
   REQUIRE(fs::exists(out / "latest"));
   REQUIRE(fs::exists(out / "global_step10" / "optim_tp03_rank00002_of_00003.safetensors"));
-  nlohmann::json state = read_step_state(out / "global_step10");
+  const nlohmann::json state = read_step_state(out / "global_step10").raw;
   CHECK(state.at("tensor_model_parallel_size") == 4);
   CHECK(state.at("optimizer_shards") == 3);
   CHECK(state.at("config").at("note") == "converted");
@@ -221,7 +221,7 @@ TEST_CASE("a PP2 x TP2 x DP2 checkpoint reshapes to a single process and back, e
       ReshapeTarget back = one;
       back.tp = back.dp = back.pp = back.vp = 2;
       write_reshaped(open_saved_step(find_step_dir((out / "one").string()), src), back, (out / "back").string());
-      nlohmann::json state = read_step_state(out / "back" / "global_step10");
+      const nlohmann::json state = read_step_state(out / "back" / "global_step10").raw;
       CHECK(state.at("pipeline_model_parallel_size") == 2);
       CHECK(state.at("virtual_pipeline_stages") == 2);
       REQUIRE(fs::exists(out / "back" / "global_step10" / "optim_pp01_tp01_rank00001_of_00002.safetensors"));

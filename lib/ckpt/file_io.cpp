@@ -1,0 +1,113 @@
+// Atomic writes with named errors, file checksums and bounded reads.
+#include "lib/ckpt/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "lib/ckpt/crc32c.h"
+#include "lib/core/error.h"
+
+namespace ds {
+namespace {
+
+// Writes all n bytes or returns the errno of the failure (0 on success).
+int write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return errno;
+    if (k == 0) return EIO;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return 0;
+}
+
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+void throw_write_error(const std::string& path, int err) {
+  if (err == ENOSPC || err == EDQUOT)
+    DS_USER_ERROR("no space left on device writing '{}' (free some space and retry)", path);
+  DS_USER_ERROR("cannot write '{}': {}", path, std::strerror(err));
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_write_error(tmp, errno);
+  int err = write_all(fd, bytes.data(), bytes.size());
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    throw_write_error(path, err);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    DS_USER_ERROR("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(e));
+  }
+  const int dfd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {  // make the rename durable; best effort
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+uint32_t file_crc32c(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  DS_USER_CHECK(fd >= 0, "checkpoint file '{}' cannot be opened: {}", path, std::strerror(errno));
+  std::vector<char> buf(size_t(1) << 20);
+  uint32_t crc = 0;
+  while (true) {
+    const ssize_t k = ::read(fd, buf.data(), buf.size());
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) {
+      const int e = errno;
+      ::close(fd);
+      DS_USER_ERROR("checkpoint file '{}' cannot be read: {}", path, std::strerror(e));
+    }
+    if (k == 0) break;
+    crc = crc32c(buf.data(), static_cast<size_t>(k), crc);
+  }
+  ::close(fd);
+  return crc;
+}
+
+std::string read_small_file(const std::string& path, size_t max_bytes, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  DS_USER_CHECK(fd >= 0, "{} cannot be opened: {}", what, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    DS_USER_ERROR("{} is not a regular file", what);
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    DS_USER_ERROR("{} is {} bytes, more than the {} such a file can have", what, st.st_size, max_bytes);
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t k = ::read(fd, out.data() + got, out.size() - got);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    got += static_cast<size_t>(k);
+  }
+  ::close(fd);
+  out.resize(got);
+  return out;
+}
+
+}  // namespace ds

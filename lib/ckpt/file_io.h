@@ -1,0 +1,28 @@
+// Small file helpers for checkpoint writing and verification: atomic writes
+// (temp file, fsync, rename, directory fsync) whose errors are one line naming
+// the path ("no space left on device" spelled out), whole-file CRC-32C, and
+// bounded reads of small text files (`latest`, state.json).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace ds {
+
+// Throws the UserError for a failed write of `path` with errno `err`:
+// "no space left on device writing 'PATH'" for ENOSPC / EDQUOT, else
+// "cannot write 'PATH': <strerror>".
+[[noreturn]] void throw_write_error(const std::string& path, int err);
+
+// Writes `bytes` to PATH.tmp.<pid>, fsyncs it, renames it to `path` and
+// fsyncs the directory. On failure nothing is left at either name.
+void write_file_atomic(const std::string& path, std::string_view bytes);
+
+// CRC-32C of a whole file. UserError naming the file if it cannot be read.
+uint32_t file_crc32c(const std::string& path);
+
+// The contents of a regular file of at most max_bytes; a larger or unreadable
+// file is a UserError naming `what` (e.g. "checkpoint file 'DIR/latest'").
+std::string read_small_file(const std::string& path, size_t max_bytes, const std::string& what);
+
+}  // namespace ds

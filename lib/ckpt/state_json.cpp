@@ -1,0 +1,155 @@
+// state.json validation: every field is checked for type, count and range,
+// and the document's own checksum (when present) for a flipped bit.
+#include "lib/ckpt/state_json.h"
+
+#include <cmath>
+#include <limits>
+
+#include "lib/ckpt/crc32c.h"
+#include "lib/core/error.h"
+#include "lib/core/json_config.h"
+
+namespace ds {
+namespace {
+
+using nlohmann::json;
+
+// A value for an error message: compact, at most ~60 characters.
+std::string show(const json& v) {
+  std::string s = v.dump(-1, ' ', true, json::error_handler_t::replace);
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+struct Reader {
+  const json& root;
+  const std::string& file;
+
+  [[noreturn]] void fail(const std::string& field, const std::string& want, const json& got) const {
+    DS_USER_ERROR("checkpoint file '{}': field '{}' must be {}, got {}", file, field, want, show(got));
+  }
+  const json* find(const char* key) const {
+    auto it = root.find(key);
+    return it == root.end() ? nullptr : &*it;
+  }
+  int64_t integer(const json& v, const std::string& field, int64_t lo, int64_t hi) const {
+    const std::string want = fmt::format("an integer in [{}, {}]", lo, hi);
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(hi) || static_cast<int64_t>(u) < lo) fail(field, want, v);
+      return static_cast<int64_t>(u);
+    }
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) fail(field, want, v);
+    return v.get<int64_t>();
+  }
+  int64_t required(const char* key, int64_t lo, int64_t hi) const {
+    const json* v = find(key);
+    if (!v) DS_USER_ERROR("checkpoint file '{}': field '{}' is missing", file, key);
+    return integer(*v, key, lo, hi);
+  }
+  int64_t optional(const char* key, int64_t lo, int64_t hi, int64_t fallback) const {
+    const json* v = find(key);
+    return v ? integer(*v, key, lo, hi) : fallback;
+  }
+};
+
+Shape read_shape(const Reader& r, const json& v, const std::string& field) {
+  if (!v.is_array() || v.empty() || v.size() > kMaxShapeDims)
+    r.fail(field, fmt::format("a list of 1 to {} dimensions", kMaxShapeDims), v);
+  Shape s;
+  int64_t numel = 1;
+  for (size_t k = 0; k < v.size(); ++k) {
+    const int64_t d = r.integer(v[k], fmt::format("{}[{}]", field, k), 1, kMaxDimension);
+    if (numel > kMaxDimension / d) r.fail(field, "a shape of at most 2^40 elements", v);
+    numel *= d;
+    s.push_back(d);
+  }
+  return s;
+}
+
+void read_layout(const Reader& r, StepState& s) {
+  const json* l = r.find("layout");
+  if (!l) DS_USER_ERROR("checkpoint file '{}': field 'layout' is missing", r.file);
+  if (!l->is_array() || l->empty()) r.fail("layout", "a non-empty list of [name, shape] pairs", *l);
+  for (size_t i = 0; i < l->size(); ++i) {
+    const json& e = (*l)[i];
+    const std::string field = fmt::format("layout[{}]", i);
+    if (!e.is_array() || e.size() != 2 || !e[0].is_string() || e[0].get_ref<const std::string&>().empty())
+      r.fail(field, "a [name, shape] pair", e);
+    s.layout.emplace_back(e[0].get<std::string>(), read_shape(r, e[1], field + "[1]"));
+  }
+}
+
+void read_checksums(const Reader& r, StepState& s) {
+  const json* c = r.find("checksums");
+  if (!c) return;
+  if (!c->is_object()) r.fail("checksums", "an object of file name -> \"crc32c:<8 hex digits>\"", *c);
+  for (auto it = c->begin(); it != c->end(); ++it) {
+    const std::string& name = it.key();
+    const std::string field = "checksums." + name;
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+        name.find('\0') != std::string::npos)
+      r.fail("checksums", "keyed by plain file names", json(name));
+    uint32_t crc = 0;
+    if (!it.value().is_string() || !parse_crc32c_text(it.value().get<std::string>(), crc))
+      r.fail(field, "\"crc32c:<8 hex digits>\"", it.value());
+    s.checksums[name] = crc;
+  }
+}
+
+// The document's own checksum: CRC-32C of its compact dump without the field.
+void verify_self_checksum(const Reader& r, json& doc) {
+  auto it = doc.find("state_checksum");
+  if (it == doc.end()) return;
+  uint32_t want = 0;
+  if (!it->is_string() || !parse_crc32c_text(it->get<std::string>(), want))
+    r.fail("state_checksum", "\"crc32c:<8 hex digits>\"", *it);
+  doc.erase(it);
+  const std::string text = doc.dump();
+  const uint32_t got = crc32c(text.data(), text.size());
+  DS_USER_CHECK(got == want, "checkpoint file '{}' is corrupt: its contents have checksum {}, state_checksum says {}",
+                r.file, crc32c_text(got), crc32c_text(want));
+}
+
+}  // namespace
+
+StepState parse_step_state(std::string_view text, const std::string& file) {
+  StepState s;
+  json doc = parse_json_text(text, "checkpoint file '" + file + "'");
+  DS_USER_CHECK(doc.is_object(), "checkpoint file '{}' must hold a JSON object, got {}", file, show(doc));
+  const Reader r{doc, file};
+  verify_self_checksum(r, doc);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  s.train.iteration = r.required("iteration", 0, kMax);
+  s.train.consumed_samples = r.required("consumed_samples", 0, kMax);
+  s.train.skipped_steps = r.optional("skipped_steps", 0, kMax, 0);
+  s.train.good_steps = r.optional("good_steps", 0, kMax, 0);
+  s.train.hysteresis_left = r.optional("hysteresis_left", 0, kMax, 0);
+  if (const json* ls = r.find("loss_scale")) {
+    if (!ls->is_number() || !std::isfinite(ls->get<double>()) || ls->get<double>() <= 0)
+      r.fail("loss_scale", "a finite positive number", *ls);
+    s.train.loss_scale = ls->get<double>();
+  }
+  s.shards = static_cast<int>(r.required("optimizer_shards", 1, kMaxParallelSize));
+  s.tp = static_cast<int>(r.optional("tensor_model_parallel_size", 1, kMaxParallelSize, 1));
+  s.pp = static_cast<int>(r.optional("pipeline_model_parallel_size", 1, kMaxParallelSize, 1));
+  s.vp = static_cast<int>(r.optional("virtual_pipeline_stages", 1, kMaxParallelSize, 1));
+  read_layout(r, s);
+  read_checksums(r, s);
+  if (const json* c = r.find("config")) {
+    if (!c->is_object()) r.fail("config", "an object", *c);
+    s.config = *c;
+  }
+  s.raw = std::move(doc);
+  return s;
+}
+
+std::string step_state_text(const nlohmann::json& state) {
+  DS_CHECK(state.is_object() && !state.contains("state_checksum"), "step_state_text: bad state object");
+  json doc = state;
+  const std::string compact = doc.dump();
+  doc["state_checksum"] = crc32c_text(crc32c(compact.data(), compact.size()));
+  return doc.dump(1);
+}
+
+}  // namespace ds

@@ -1,0 +1,53 @@
+// state.json of a checkpoint step directory: the training state, the saved
+// layout (weight names and shapes), the parallel split, the resolved config
+// and the CRC-32C of every other file in the directory. parse_step_state
+// validates every field (type, count, range) before anything uses it, so a
+// hand-edited or corrupt file is one UserError naming the file and the field.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "lib/core/tensor.h"
+
+namespace ds {
+
+struct TrainState {
+  int64_t iteration = 0;          // optimizer steps completed
+  int64_t consumed_samples = 0;   // training samples consumed (data position)
+  int64_t skipped_steps = 0;      // fp16 overflow skips
+  double loss_scale = 1.0;
+  int64_t good_steps = 0;         // steps since the last scale change (fp16)
+  int64_t hysteresis_left = 0;
+};
+
+// The validated contents of one state.json.
+struct StepState {
+  TrainState train;
+  int tp = 1, pp = 1, vp = 1;  // tensor / pipeline sizes, virtual stages per rank
+  int shards = 1;              // optimizer shards per (pp, tp) rank
+  std::vector<std::pair<std::string, Shape>> layout;  // the full (tp 1) model, in order
+  nlohmann::json config;                              // the resolved config (null if absent)
+  std::map<std::string, uint32_t> checksums;          // file name -> CRC-32C; empty: an older checkpoint
+  nlohmann::json raw;                                 // the whole document
+};
+
+// Limits on what a state.json may say (far above any real model).
+inline constexpr int kMaxParallelSize = 1 << 16;  // tp, pp, vp, optimizer shards
+inline constexpr int kMaxShapeDims = 8;
+inline constexpr int64_t kMaxDimension = int64_t(1) << 40;
+inline constexpr size_t kMaxStateJsonBytes = size_t(64) << 20;
+
+// Parses and validates state.json text; `file` names it in errors.
+StepState parse_step_state(std::string_view text, const std::string& file);
+
+// The state.json text for `state` (a JSON object without "state_checksum"):
+// the object plus "state_checksum", the CRC-32C of its compact dump, which
+// parse_step_state verifies when present.
+std::string step_state_text(const nlohmann::json& state);
+
+}  // namespace ds

@@ -1,0 +1,176 @@
+// Reading one step directory safely: the `latest` pointer, state.json, file
+// checksums, and the optimizer shards with every metadata field, dtype, shape
+// and value range checked before any of it is used.
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <vector>
+
+#include "lib/ckpt/crc32c.h"
+#include "lib/ckpt/file_io.h"
+#include "lib/ckpt/reshape.h"
+#include "lib/ckpt/safetensors.h"
+#include "lib/core/error.h"
+#include "lib/core/log.h"
+
+namespace fs = std::filesystem;
+
+namespace ds {
+namespace {
+
+constexpr size_t kMaxLatestBytes = 64;  // "global_step" + up to 19 digits + newline, with room
+
+// A file's text for an error message: quoted, escaped, at most ~40 characters.
+std::string shown(const std::string& t) {
+  return nlohmann::json(t.size() > 40 ? t.substr(0, 40) + "..." : t)
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+bool is_step_name(const std::string& t) {
+  constexpr size_t kPrefix = 11;  // "global_step"
+  if (t.size() <= kPrefix || t.size() > kPrefix + 19 || t.compare(0, kPrefix, "global_step") != 0) return false;
+  return std::all_of(t.begin() + kPrefix, t.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// An integer metadata field of an optimizer shard, in [lo, hi].
+int64_t meta_int(const std::map<std::string, std::string>& meta, const char* key, int64_t lo, int64_t hi,
+                 const std::string& file) {
+  auto it = meta.find(key);
+  DS_USER_CHECK(it != meta.end(), "checkpoint file '{}': optimizer shard metadata '{}' is missing", file, key);
+  const std::string& t = it->second;
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  DS_USER_CHECK(ec == std::errc() && end == t.data() + t.size() && !t.empty() && v >= lo && v <= hi,
+                "checkpoint file '{}': optimizer shard metadata '{}' must be an integer in [{}, {}], got {}", file,
+                key, lo, hi, shown(t));
+  return v;
+}
+
+// Optional identity fields (written since checksums were added): a shard
+// renamed or copied to another rank's name is refused.
+void check_identity(const std::map<std::string, std::string>& meta, const std::string& file, int rank, int world,
+                    int tp_rank, int pp_rank) {
+  const std::pair<const char*, int> want[] = {{"rank", rank}, {"world", world}, {"tp_rank", tp_rank},
+                                              {"pp_rank", pp_rank}};
+  for (const auto& [key, value] : want) {
+    if (!meta.count(key)) continue;
+    const int64_t got = meta_int(meta, key, 0, kMaxParallelSize, file);
+    DS_USER_CHECK(got == value, "checkpoint file '{}': optimizer shard says {} {}, its file name says {}", file, key,
+                  got, value);
+  }
+}
+
+// exp_avg / exp_avg_sq of a shard must be F32 of shape (n).
+void check_moment_header(const SafetensorsFile& sf, const char* name, int64_t n) {
+  DS_USER_CHECK(sf.has(name), "checkpoint file '{}': optimizer shard has no tensor '{}'", sf.path(), name);
+  DS_USER_CHECK(sf.dtype_string(name) == "F32" && sf.shape(name) == Shape{n},
+                "checkpoint file '{}': optimizer tensor '{}' is {} {}, expected F32 ({}) for its range", sf.path(),
+                name, sf.dtype_string(name), shape_str(sf.shape(name)), n);
+}
+
+Tensor read_moment(const SafetensorsFile& sf, const char* name, int64_t n, bool non_negative) {
+  check_moment_header(sf, name, n);
+  Tensor t = sf.get(name);
+  check_finite(t, sf.path(), name, non_negative);
+  return t;
+}
+
+}  // namespace
+
+std::string find_step_dir(const std::string& dir, const std::string& tag) {
+  DS_USER_CHECK(fs::is_directory(dir), "checkpoint: '{}' is not a directory", dir);
+  std::string t = tag;
+  if (t.empty()) {
+    const fs::path latest = fs::path(dir) / "latest";
+    if (!fs::exists(latest)) return "";
+    const std::string what = "checkpoint file '" + latest.string() + "'";
+    t = read_small_file(latest.string(), kMaxLatestBytes, what);
+    while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
+    DS_USER_CHECK(is_step_name(t), "{} must hold one line global_step<N> naming a step directory beside it, got {}",
+                  what, shown(t));
+    DS_USER_CHECK(fs::is_directory(fs::path(dir) / t), "checkpoint: '{}' names '{}', which does not exist",
+                  latest.string(), t);
+  }
+  DS_USER_CHECK(is_step_name(t), "checkpoint tag {} must be global_step<N> (a step directory inside '{}')",
+                shown(t), dir);
+  fs::path step = fs::path(dir) / t;
+  DS_USER_CHECK(fs::is_directory(step), "checkpoint: '{}' does not exist", step.string());
+  return step.string();
+}
+
+StepState read_step_state(const fs::path& step) {
+  const std::string file = (step / "state.json").string();
+  StepState s = parse_step_state(read_small_file(file, kMaxStateJsonBytes, "checkpoint file '" + file + "'"), file);
+  if (s.checksums.empty())
+    DS_WARN("checkpoint '{}' has no file checksums (written by an older dstrain); loading it unverified",
+            step.string());
+  return s;
+}
+
+void verify_step_file(const fs::path& step, const StepState& st, const std::string& name) {
+  if (st.checksums.empty()) return;  // an older checkpoint: read_step_state warned
+  const std::string file = (step / name).string();
+  auto it = st.checksums.find(name);
+  DS_USER_CHECK(it != st.checksums.end(), "checkpoint file '{}' has no checksum in state.json (not written with "
+                "this checkpoint?)", file);
+  DS_USER_CHECK(fs::exists(file), "checkpoint file '{}' is missing", file);
+  const uint32_t got = file_crc32c(file);
+  DS_USER_CHECK(got == it->second, "checkpoint file '{}' is corrupt: its checksum is {}, state.json recorded {}", file,
+                crc32c_text(got), crc32c_text(it->second));
+}
+
+void check_finite(const Tensor& t, const std::string& file, const std::string& tensor, bool non_negative) {
+  const float* p = t.data<float>();
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    DS_USER_CHECK(std::isfinite(p[i]), "checkpoint file '{}': tensor '{}' holds {} at element {}; refusing to load "
+                  "non-finite weights or optimizer moments", file, tensor, p[i], i);
+    DS_USER_CHECK(!non_negative || p[i] >= 0.0f, "checkpoint file '{}': tensor '{}' holds the negative value {} at "
+                  "element {}, but it is a mean of squares (moments swapped?)", file, tensor, p[i], i);
+  }
+}
+
+int64_t read_moment_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t local_total, int64_t begin,
+                          int64_t end, Tensor& m, Tensor& v) {
+  m = Tensor::zeros({end - begin}, DType::F32);
+  v = Tensor::zeros({end - begin}, DType::F32);
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // every shard's [b, e), to check they tile [0, total)
+  int64_t opt_step = 0;
+  for (int r = 0; r < s.shards; ++r) {
+    const std::string name = optimizer_shard_name(r, s.shards, s.tp, tp_rank, s.pp, pp_rank);
+    const fs::path f = s.dir / name;
+    DS_USER_CHECK(fs::exists(f), "checkpoint '{}': optimizer shard '{}' is missing", s.dir.string(), name);
+    SafetensorsFile sf = SafetensorsFile::open(f.string());
+    const auto meta = sf.metadata();
+    const int64_t total = meta_int(meta, "total", 0, INT64_MAX, f.string());
+    DS_USER_CHECK(total == local_total, "checkpoint file '{}': optimizer shard for {} parameters, the model has {}",
+                  f.string(), total, local_total);
+    const int64_t b = meta_int(meta, "begin", 0, total, f.string());
+    const int64_t e = meta_int(meta, "end", b, total, f.string());
+    opt_step = meta_int(meta, "step", 0, INT64_MAX, f.string());
+    check_identity(meta, f.string(), r, s.shards, tp_rank, pp_rank);
+    ranges.emplace_back(b, e);
+    const int64_t lo = std::max(b, begin), hi = std::min(e, end);
+    if (lo >= hi) {  // not read: its header is checked, its data is left to the ranks that read it
+      for (const char* t : {"exp_avg", "exp_avg_sq"}) check_moment_header(sf, t, e - b);
+      continue;
+    }
+    verify_step_file(s.dir, s.state, name);
+    Tensor sm = read_moment(sf, "exp_avg", e - b, false), sv = read_moment(sf, "exp_avg_sq", e - b, true);
+    std::copy_n(sm.data<float>() + (lo - b), hi - lo, m.data<float>() + (lo - begin));
+    std::copy_n(sv.data<float>() + (lo - b), hi - lo, v.data<float>() + (lo - begin));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  int64_t pos = 0;
+  for (const auto& [b, e] : ranges) {
+    if (b == e) continue;  // an empty shard (more ranks than elements)
+    DS_USER_CHECK(b == pos, "checkpoint '{}': optimizer shards of tp rank {} / pp rank {} {} at element {}",
+                  s.dir.string(), tp_rank, pp_rank, b < pos ? "overlap" : "leave a gap", std::min(b, pos));
+    pos = e;
+  }
+  DS_USER_CHECK(pos == local_total, "checkpoint '{}': optimizer shards of tp rank {} / pp rank {} cover {} of {} "
+                "elements", s.dir.string(), tp_rank, pp_rank, pos, local_total);
+  return opt_step;
+}
+
+}  // namespace ds

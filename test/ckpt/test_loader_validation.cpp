@@ -1,0 +1,333 @@
+// Checkpoint loader validation: every malformed state.json field, optimizer
+// shard, `latest` pointer, flipped bit and non-finite value is one UserError
+// naming the file (and field or tensor), thrown before anything is loaded,
+// both in process (load_checkpoint, open_saved_step) and through dsconvert.
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "lib/ckpt/checkpoint.h"
+#include "lib/ckpt/crc32c.h"
+#include "lib/ckpt/reshape.h"
+#include "lib/ckpt/safetensors.h"
+#include "lib/core/error.h"
+#include "lib/core/json_config.h"
+#include "test/model/tiny_model.h"
+
+using namespace ds;
+namespace fs = std::filesystem;
+using Catch::Contains;
+
+namespace {
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void spit(const fs::path& p, const std::string& s) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << s;
+}
+
+// A saved tiny checkpoint (2 optimizer shards) in a fresh directory.
+struct Saved {
+  fs::path dir, step;
+  ModelConfig cfg = test::tiny_model(false);
+  ModelLayout layout = build_layout(cfg);
+
+  explicit Saved(const std::string& name) {
+    dir = fs::temp_directory_path() / ("dstrain_loadval_" + name + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    const int64_t n = layout.total, half = n / 2;
+    Tensor p = Tensor::empty({n}, DType::F32), m = p.clone(), v = p.clone();
+    for (int64_t i = 0; i < n; ++i) {
+      p.data<float>()[i] = 0.01f * static_cast<float>(i % 97) - 0.3f;
+      m.data<float>()[i] = -0.001f * static_cast<float>(i % 13);
+      v.data<float>()[i] = 0.002f * static_cast<float>(i % 7);
+    }
+    TrainState st;
+    st.iteration = 3;
+    st.consumed_samples = 24;
+    for (int r = 0; r < 2; ++r) {
+      const int64_t lo = r ? half : 0, hi = r ? n : half;
+      CheckpointData d{&layout, p, m.view(lo, {hi - lo}), v.view(lo, {hi - lo}), lo, hi, 3, r, 2};
+      write_checkpoint_files(dir.string(), st, d, nlohmann::json{{"note", 1}});
+    }
+    commit_checkpoint(dir.string(), 3);
+    step = dir / "global_step3";
+  }
+  ~Saved() { fs::remove_all(dir); }
+
+  // Loads into a fresh single-rank destination; returns the error text ("" if none).
+  std::string load_error(bool with_model = false) const {
+    Tensor p = Tensor::zeros({layout.total}, DType::F32), m = p.clone(), v = p.clone();
+    CheckpointData d{&layout, p, m, v, 0, layout.total, 0, 0, 1};
+    if (with_model) d.model = &cfg;
+    TrainState st;
+    try {
+      load_checkpoint(dir.string(), st, d);
+    } catch (const UserError& e) {
+      for (int64_t i = 0; i < layout.total; ++i)
+        if (p.data<float>()[i] != 0.0f) return "destination touched";
+      return e.what();
+    }
+    return "";
+  }
+  // state.json edited as JSON, its own checksum dropped so the field checks run.
+  template <class Fn>
+  void edit_state(Fn fn) const {
+    nlohmann::json j = nlohmann::json::parse(slurp(step / "state.json"));
+    j.erase("state_checksum");
+    fn(j);
+    spit(step / "state.json", j.dump(1));
+  }
+};
+
+// One line, naming the file.
+void expect_one_line(const std::string& err, const std::string& file, const std::string& what) {
+  INFO(err);
+  CHECK(err.find('\n') == std::string::npos);
+  CHECK_THAT(err, Contains(file) && Contains(what));
+}
+
+}  // namespace
+
+TEST_CASE("crc32c matches the standard check value") {
+  CHECK(crc32c("123456789", 9) == 0xE3069283u);
+  CHECK(crc32c("", 0) == 0u);
+  const std::string s(1000, 'x');
+  CHECK(crc32c(s.data() + 3, 997, crc32c(s.data(), 3)) == crc32c(s.data(), 1000));
+  uint32_t c = 0;
+  CHECK(parse_crc32c_text(crc32c_text(0xdeadbeef), c));
+  CHECK(c == 0xdeadbeefu);
+  CHECK_FALSE(parse_crc32c_text("crc32c:DEADBEEF", c));
+  CHECK_FALSE(parse_crc32c_text("crc32c:123", c));
+}
+
+TEST_CASE("a saved checkpoint records checksums and loads") {
+  Saved s("ok");
+  const StepState st = read_step_state(s.step);
+  CHECK(st.checksums.size() == 3);  // model + 2 shards
+  CHECK(st.checksums.count("model.safetensors"));
+  CHECK(s.load_error().empty());
+  CHECK(s.load_error(true).empty());
+}
+
+TEST_CASE("malformed state.json fields are one line naming the file and field") {
+  Saved s("fields");
+  const std::string file = (s.step / "state.json").string();
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    const char* needle;
+  };
+  const std::vector<Case> cases = {
+      {"empty layout entry", [](auto& j) { j["layout"][3] = nlohmann::json::array(); }, "'layout[3]'"},
+      {"dropped shape", [](auto& j) { j["layout"][2].erase(1); }, "'layout[2]'"},
+      {"empty shape", [](auto& j) { j["layout"][1][1] = nlohmann::json::array(); }, "'layout[1][1]'"},
+      {"string dimension", [](auto& j) { j["layout"][0][1][0] = "40"; }, "'layout[0][1][0]'"},
+      {"negative dimension", [](auto& j) { j["layout"][0][1][0] = -40; }, "'layout[0][1][0]'"},
+      {"huge shape", [](auto& j) { j["layout"][0][1] = {1 << 30, 1 << 30}; }, "'layout[0][1]'"},
+      {"name not a string", [](auto& j) { j["layout"][0][0] = 7; }, "'layout[0]'"},
+      {"layout not a list", [](auto& j) { j["layout"] = "x"; }, "'layout'"},
+      {"layout missing", [](auto& j) { j.erase("layout"); }, "'layout' is missing"},
+      {"iteration text", [](auto& j) { j["iteration"] = "abc"; }, "'iteration'"},
+      {"iteration negative", [](auto& j) { j["iteration"] = -1; }, "'iteration'"},
+      {"iteration float", [](auto& j) { j["iteration"] = 1.5; }, "'iteration'"},
+      {"iteration too big", [](auto& j) { j["iteration"] = 18446744073709551615ull; }, "'iteration'"},
+      {"loss scale", [](auto& j) { j["loss_scale"] = 0; }, "'loss_scale'"},
+      {"shards zero", [](auto& j) { j["optimizer_shards"] = 0; }, "'optimizer_shards'"},
+      {"shards text", [](auto& j) { j["optimizer_shards"] = "2"; }, "'optimizer_shards'"},
+      {"tp huge", [](auto& j) { j["tensor_model_parallel_size"] = 1LL << 40; }, "'tensor_model_parallel_size'"},
+      {"pp zero", [](auto& j) { j["pipeline_model_parallel_size"] = 0; }, "'pipeline_model_parallel_size'"},
+      {"checksum text", [](auto& j) { j["checksums"]["model.safetensors"] = "md5:1"; }, "'checksums.model"},
+      {"checksum path", [](auto& j) { j["checksums"]["../x"] = "crc32c:00000000"; }, "'checksums'"},
+      {"config", [](auto& j) { j["config"] = 3; }, "'config'"},
+      {"not an object", [](auto& j) { j = nlohmann::json::array(); }, "JSON object"},
+  };
+  const std::string original = slurp(s.step / "state.json");
+  for (const Case& c : cases) {
+    INFO(c.what);
+    s.edit_state(c.edit);
+    expect_one_line(s.load_error(), file, c.needle);
+    expect_one_line(s.load_error(true), file, c.needle);
+    CHECK_THROWS_WITH(open_saved_step(s.step.string(), s.cfg), Contains(file) && Contains(c.needle));
+    spit(s.step / "state.json", original);
+  }
+  CHECK(s.load_error().empty());
+}
+
+TEST_CASE("optimizer shards: metadata, dtype, shape and ranges are checked") {
+  Saved s("shards");
+  const fs::path shard = s.step / "optim_rank00001_of_00002.safetensors";
+  const SafetensorsFile sf = SafetensorsFile::open(shard.string());
+  Tensor m = sf.get("exp_avg"), v = sf.get("exp_avg_sq");
+  const auto meta = sf.metadata();
+  s.edit_state([](auto& j) { j.erase("checksums"); });  // rewritten shards: test the checks, not the checksums
+  auto rewrite = [&](const std::function<void(SafetensorsWriter&, std::map<std::string, std::string>&)>& fn) {
+    SafetensorsWriter w;
+    auto md = meta;
+    fn(w, md);
+    for (const auto& [k, val] : md) w.set_metadata(k, val);
+    w.write(shard.string());
+  };
+  const std::string f = shard.string();
+  SECTION("I32 data is not read as F32") {
+    Tensor i32 = Tensor::empty(m.shape(), DType::I32);
+    rewrite([&](auto& w, auto&) { w.add("exp_avg", i32), w.add("exp_avg_sq", v); });
+    expect_one_line(s.load_error(), f, "'exp_avg' is I32");
+  }
+  SECTION("swapped moments (a negative exp_avg_sq) are refused") {
+    rewrite([&](auto& w, auto&) { w.add("exp_avg", v), w.add("exp_avg_sq", m); });
+    expect_one_line(s.load_error(), f, "'exp_avg_sq' holds the negative value");
+  }
+  SECTION("a moment of the wrong shape") {
+    rewrite([&](auto& w, auto&) { w.add("exp_avg", m.view(0, {m.numel() - 1})), w.add("exp_avg_sq", v); });
+    expect_one_line(s.load_error(), f, "'exp_avg' is F32");
+  }
+  SECTION("non-numeric metadata") {
+    rewrite([&](auto& w, auto& md) { w.add("exp_avg", m), w.add("exp_avg_sq", v), md["begin"] = "12abc"; });
+    expect_one_line(s.load_error(), f, "metadata 'begin'");
+  }
+  SECTION("metadata out of range") {
+    rewrite([&](auto& w, auto& md) { w.add("exp_avg", m), w.add("exp_avg_sq", v), md["end"] = "99999999999"; });
+    expect_one_line(s.load_error(), f, "metadata 'end'");
+  }
+  SECTION("a shard copied to another rank's name") {
+    rewrite([&](auto& w, auto& md) { w.add("exp_avg", m), w.add("exp_avg_sq", v), md["rank"] = "0"; });
+    expect_one_line(s.load_error(), f, "says rank 0");
+  }
+  SECTION("overlapping shards leave a gap") {
+    const std::string begin = meta.at("begin");
+    rewrite([&](auto& w, auto& md) {
+      md["begin"] = std::to_string(std::stoll(begin) - 1);
+      md["end"] = std::to_string(std::stoll(md["end"]) - 1);
+      w.add("exp_avg", m), w.add("exp_avg_sq", v);
+    });
+    expect_one_line(s.load_error(), s.step.string(), "overlap");
+  }
+  SECTION("NaN in a moment") {
+    Tensor bad = m.clone();
+    bad.data<float>()[5] = std::nanf("");
+    rewrite([&](auto& w, auto&) { w.add("exp_avg", bad), w.add("exp_avg_sq", v); });
+    expect_one_line(s.load_error(), f, "'exp_avg' holds nan at element 5");
+  }
+}
+
+TEST_CASE("NaN or Inf in the weights is refused naming the file and tensor") {
+  Saved s("nan");
+  const fs::path model = s.step / "model.safetensors";
+  const SafetensorsFile sf = SafetensorsFile::open(model.string());
+  SafetensorsWriter w;
+  std::vector<Tensor> keep;
+  for (const std::string& name : sf.names()) {
+    keep.push_back(sf.get(name));
+    if (name == "layers.1.attn.proj.weight") keep.back().data<float>()[2] = INFINITY;
+    w.add(name, keep.back());
+  }
+  w.set_metadata("format", "dstrain");
+  w.write(model.string());
+  s.edit_state([](auto& j) { j.erase("checksums"); });
+  expect_one_line(s.load_error(), model.string(), "'layers.1.attn.proj.weight' holds inf");
+  expect_one_line(s.load_error(true), model.string(), "'layers.1.attn.proj.weight' holds inf");
+}
+
+TEST_CASE("a flipped bit in any checkpoint file is caught before loading") {
+  Saved s("flip");
+  for (const char* name : {"model.safetensors", "optim_rank00000_of_00002.safetensors",
+                           "optim_rank00001_of_00002.safetensors"}) {
+    INFO(name);
+    const fs::path f = s.step / name;
+    const std::string original = slurp(f);
+    for (size_t at : {size_t{3}, original.size() / 2, original.size() - 1}) {
+      std::string bytes = original;
+      bytes[at] ^= 0x10;
+      spit(f, bytes);
+      expect_one_line(s.load_error(), f.string(), "");
+      CHECK_THAT(s.load_error(), Contains("corrupt") || Contains("safetensors file"));
+      if (at != 3) CHECK_THAT(s.load_error(true), Contains(f.string()) && Contains("checksum"));
+    }
+    spit(f, original);
+  }
+  // state.json: a changed digit still parses, its own checksum catches it.
+  const fs::path state = s.step / "state.json";
+  const std::string original = slurp(state);
+  std::string bytes = original;
+  const size_t at = bytes.find("\"consumed_samples\": 24");
+  REQUIRE(at != std::string::npos);
+  bytes[at + 20] = '5';
+  spit(state, bytes);
+  expect_one_line(s.load_error(), state.string(), "state_checksum");
+  spit(state, original);
+  CHECK(s.load_error().empty());
+}
+
+TEST_CASE("an older checkpoint without checksums loads") {
+  Saved s("old");
+  s.edit_state([](auto& j) {
+    j.erase("checksums");
+    for (auto& e : j["layout"]) (void)e;
+  });
+  CHECK(s.load_error().empty());
+  CHECK(read_step_state(s.step).checksums.empty());
+}
+
+TEST_CASE("'latest' may only name a global_stepN directory inside the load directory") {
+  Saved s("latest");
+  const fs::path latest = s.dir / "latest";
+  fs::create_directories(s.dir / "elsewhere");
+  for (const std::string& text : {std::string("../global_step3"), std::string("/etc"), std::string("elsewhere"),
+                                  std::string("global_step3/../global_step3"), std::string("global_step"),
+                                  std::string("global_step-3"), std::string(""), std::string(5000, '9'),
+                                  std::string("global_step3\nglobal_step4")}) {
+    INFO(text.substr(0, 40));
+    spit(latest, text);
+    expect_one_line(s.load_error(), latest.string(), "");
+  }
+  CHECK_THROWS_WITH(find_step_dir(s.dir.string(), "../global_step3"), Contains("global_step<N>"));
+  spit(latest, "global_step3\n");
+  CHECK(s.load_error().empty());
+}
+
+TEST_CASE("deeply nested JSON is refused naming the file") {
+  Saved s("deep");
+  spit(s.step / "state.json", std::string(70000, '[') + std::string(70000, ']'));
+  expect_one_line(s.load_error(), (s.step / "state.json").string(), "deeper than 64 levels");
+  const fs::path cfg = s.dir / "config.json";
+  spit(cfg, "{\"a\": " + std::string(70000, '{'));
+  CHECK_THROWS_WITH(load_json_file(cfg.string()), Contains(cfg.string()) && Contains("deeper than"));
+  // Strings may hold brackets: they do not count.
+  CHECK(parse_json_text("{\"a\": \"" + std::string(1000, '[') + "\\\"\"}", "x").is_object());
+  CHECK(json_too_deep_at("[[[]]]", 3) == std::string::npos);
+  CHECK(json_too_deep_at("[[[[]]]]", 3) == 3);
+}
+
+TEST_CASE("dsconvert answers a broken checkpoint with one error line, exit 1") {
+  const char* bin = std::getenv("DS_BINARY_DIR");
+  const std::string exe = std::string(bin ? bin : ".") + "/apps/dsconvert/dsconvert";
+  if (!fs::exists(exe)) {
+    WARN("SKIP: dsconvert not built at " << exe);
+    return;
+  }
+  Saved s("dsconvert");
+  s.edit_state([](auto& j) { j["layout"][5] = nlohmann::json::array(); });
+  const fs::path out = s.dir / "out.txt";
+  const std::string cmd = exe + " --load " + s.dir.string() + " --export-hf " + (s.dir / "hf").string() + " > " +
+                          out.string() + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const std::string text = slurp(out);
+  INFO(text);
+  REQUIRE(WIFEXITED(rc));
+  CHECK(WEXITSTATUS(rc) == 1);
+  CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+  CHECK_THAT(text, Contains("dsconvert: error:") && Contains("'layout[5]'"));
+  CHECK_FALSE(fs::exists(s.dir / "hf"));
+}
