@@ -7,7 +7,7 @@
 
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
-#include "lib/train/config.h"
+#include "lib/model/model_config.h"
 
 namespace ds {
 

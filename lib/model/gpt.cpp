@@ -25,16 +25,18 @@ Tensor rows(const Tensor& t) { return t.reshape({t.numel() / t.size(-1), t.size(
 
 }  // namespace
 
-GptModel::GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems, TpComm tp, PipeStage stage)
-    : cfg_(cfg), d_(model_dims(cfg)), tp_(tp), stage_(stage),
+GptModel::GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems, TpComm tp, PipeStage stage,
+                   DType compute)
+    : cfg_(cfg), compute_(compute), d_(model_dims(cfg)), tp_(tp), stage_(stage),
       layout_(build_layout(cfg, tp.size, tp.rank, stage.pp, stage.rank, stage.vp)), dev_(dev) {
-  flat_ = std::make_unique<FlatParamStore>(layout_, d_.L, dev_, alloc_elems, cfg_.compute_dtype);
+  flat_ = std::make_unique<FlatParamStore>(layout_, d_.L, dev_, alloc_elems, compute_);
   store_ = flat_.get();
   init_local();
 }
 
-GptModel::GptModel(const ModelConfig& cfg, Device dev, ParamStore& store, TpComm tp, PipeStage stage)
-    : cfg_(cfg), d_(model_dims(cfg)), tp_(tp), stage_(stage),
+GptModel::GptModel(const ModelConfig& cfg, Device dev, ParamStore& store, TpComm tp, PipeStage stage,
+                   DType compute)
+    : cfg_(cfg), compute_(compute), d_(model_dims(cfg)), tp_(tp), stage_(stage),
       layout_(build_layout(cfg, tp.size, tp.rank, stage.pp, stage.rank, stage.vp)), dev_(dev), store_(&store) {
   init_local();
 }
@@ -143,9 +145,7 @@ std::vector<int> GptModel::backward_order(int chunk) const {
 
 void GptModel::init_weights(uint64_t seed, float std) {
   if (tp_.active() || stage_.pp > 1) {  // init the full model, keep this rank's slices / stage
-    ModelConfig full_cfg = cfg_;
-    full_cfg.compute_dtype = DType::F32;  // only its f32 weights are used
-    GptModel full(full_cfg, Device::cpu());
+    GptModel full(cfg_, Device::cpu());  // f32: only its master weights are used
     full.init_weights(seed, std);
     Tensor local = Tensor::empty({layout_.total}, DType::F32);
     slice_tp_params(layout_, full.layout(), full.params(), local);
@@ -178,7 +178,7 @@ void GptModel::init_weights(uint64_t seed, float std) {
 void GptModel::alloc_act_set(ActSet& s, int64_t B, int64_t T) {
   const int64_t C = d_.C, Tl = local_seq(T), N = B * T, Nl = B * Tl;
   auto f32 = [&](Shape sh) { return Tensor::empty(sh, DType::F32, dev_); };
-  auto act = [&](Shape sh) { return Tensor::empty(sh, cfg_.compute_dtype, dev_); };
+  auto act = [&](Shape sh) { return Tensor::empty(sh, compute_, dev_); };
   s.resid.assign(d_.L + 1, Tensor());
   s.acts.assign(d_.L, LayerActs{});
   for (const auto& c : layout_.chunks)
@@ -203,7 +203,7 @@ void GptModel::alloc_layer_acts(LayerActs& a, int64_t B, int64_t T) {
   // Sequence parallel: the norms and the residual hold this rank's Nl rows.
   const int64_t C = d_.C, Cl = Cl_, Fl = Fl_, N = B * T, Nl = B * local_seq(T), F_in = d_.swiglu ? 2 * Fl : Fl;
   auto f32 = [&](Shape sh) { return Tensor::empty(sh, DType::F32, dev_); };
-  auto act = [&](Shape sh) { return Tensor::empty(sh, cfg_.compute_dtype, dev_); };
+  auto act = [&](Shape sh) { return Tensor::empty(sh, compute_, dev_); };
   a.norm1_out = act({Nl, C});
   a.norm1_mean = f32({Nl});
   a.norm1_rstd = f32({Nl});
@@ -230,7 +230,7 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
   // Replicated widths C; this rank's slices Cl (heads), Fl (FFN), Vl (vocab).
   const int64_t C = d_.C, Cl = Cl_, Fl = Fl_, N = B * T, F_in = d_.swiglu ? 2 * Fl : Fl;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
-  auto act = [&](Shape s) { return Tensor::empty(s, cfg_.compute_dtype, dev_); };
+  auto act = [&](Shape s) { return Tensor::empty(s, compute_, dev_); };
   sets_.assign(n_slots_, ActSet{});
   alloc_recompute_scratch(B, T);
   for (ActSet& s : sets_) alloc_act_set(s, B, T);

@@ -69,15 +69,19 @@ class GptModel {
   // With tp.size > 1 the layout holds this tp rank's shards (build_layout(cfg,
   // tp.size, tp.rank)) and the forward/backward all-reduce over tp.comm.
   // With stage.pp > 1 the layout holds only that pipeline stage's weights.
-  GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems = 0, TpComm tp = {}, PipeStage stage = {});
+  // `compute`: the dtype of the weights copy the forward reads and of the
+  // activations (bf16/f16 with mixed precision); gradients and masters are f32.
+  GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems = 0, TpComm tp = {}, PipeStage stage = {},
+           DType compute = DType::F32);
   // Parameters and gradients held by `store` (not owned; must outlive the model).
-  GptModel(const ModelConfig& cfg, Device dev, ParamStore& store, TpComm tp = {}, PipeStage stage = {});
+  GptModel(const ModelConfig& cfg, Device dev, ParamStore& store, TpComm tp = {}, PipeStage stage = {},
+           DType compute = DType::F32);
 
   const ModelLayout& layout() const { return layout_; }
   const ModelDims& dims() const { return d_; }  // full (unsplit) dimensions
   const TpComm& tp() const { return tp_; }
   Device device() const { return dev_; }
-  DType compute_dtype() const { return cfg_.compute_dtype; }  // weights the forward reads, activations
+  DType compute_dtype() const { return compute_; }  // weights the forward reads, activations
   ParamStore& store() { return *store_; }
   const std::vector<Range>& units() const { return units_; }
   bool has_flat_buffers() const { return flat_ != nullptr; }
@@ -101,7 +105,7 @@ class GptModel {
   // Forward only; returns the mean loss over non-ignored targets.
   float forward_loss(const Tensor& tokens, const Tensor& targets);
 
-  // ---- Pipeline stage (see lib/train/pipeline_executor.h) -----------------
+  // ---- Pipeline stage (see lib/runtime/pipeline_executor.h) -----------------
   // Activation sets ("slots") kept at once, one per in-flight micro-batch.
   void set_activation_slots(int n);
   // `chunk`: the local model chunk (virtual stage; 0 unless interleaved).
@@ -175,6 +179,7 @@ class GptModel {
   std::vector<int> backward_order(int chunk = 0) const;
 
   ModelConfig cfg_;
+  DType compute_ = DType::F32;
   ModelDims d_;
   TpComm tp_;
   PipeStage stage_;

@@ -20,7 +20,7 @@ void GptModel::alloc_sp_buffers(int64_t B, int64_t T) {
   if (!tp_.sp()) return;
   const int64_t C = d_.C, N = B * T;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
-  auto act = [&](Shape s) { return Tensor::empty(s, cfg_.compute_dtype, dev_); };
+  auto act = [&](Shape s) { return Tensor::empty(s, compute_, dev_); };
   sp_full_ = act({N, C});
   sp_tmp_ = act({N, C});
   dnorm_sh_ = act({B * local_seq(T), C});

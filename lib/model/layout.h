@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "lib/core/tensor.h"
-#include "lib/train/config.h"
+#include "lib/model/model_config.h"
 
 namespace ds {
 

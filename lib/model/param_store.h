@@ -2,7 +2,7 @@
 // flat buffer directly: it asks a ParamStore for one parameter *unit* at a time
 // (the embeddings, each transformer layer, the final norm + head; each one
 // contiguous range of the flat layout). The default FlatParamStore keeps
-// today's single flat buffers; ZeRO-2/3 (lib/train/zero_store.h) keep only
+// today's single flat buffers; ZeRO-2/3 (lib/runtime/zero_store.h) keep only
 // shards and materialise a unit's full parameters / gradients while it runs.
 //
 // Call protocol, per pass (forward_backward = one pass, forward_loss = one):

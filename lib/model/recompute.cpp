@@ -37,7 +37,7 @@ void GptModel::alloc_recompute_scratch(int64_t B, int64_t T) {
   if (any_full) {
     alloc_layer_acts(scratch_, B, T);
   } else if (recompute_.kind == RecomputeConfig::Kind::Selective) {
-    scratch_.attn_out = Tensor::empty({B, T, Cl_}, cfg_.compute_dtype, dev_);
+    scratch_.attn_out = Tensor::empty({B, T, Cl_}, compute_, dev_);
   }
 }
 

@@ -14,6 +14,10 @@
 #include "lib/core/error.h"
 
 namespace ds {
+
+const char* lr_decay_name(LrDecay d) {
+  return d == LrDecay::Constant ? "constant" : d == LrDecay::Linear ? "linear" : "cosine";
+}
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;

@@ -5,7 +5,7 @@
 #pragma once
 #include <cstdint>
 
-#include "lib/train/config.h"
+#include "lib/optim/optimizer_config.h"
 
 namespace ds {
 

@@ -1,7 +1,7 @@
 // The 1F1B / interleaved 1F1B pipeline executor: compute actions on the
 // model's chunks, batches of point-to-point messages on the pipeline
 // communicator (activations on channel 0, gradients on channel 1).
-#include "lib/train/pipeline_executor.h"
+#include "lib/runtime/pipeline_executor.h"
 
 #include "lib/core/error.h"
 

@@ -15,7 +15,7 @@
 #include "lib/comm/communicator.h"
 #include "lib/model/gpt.h"
 #include "lib/parallel/pipeline_schedule.h"
-#include "lib/train/data_pipeline.h"
+#include "lib/runtime/micro_batch.h"
 
 namespace ds {
 

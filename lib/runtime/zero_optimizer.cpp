@@ -1,5 +1,5 @@
 // ZeRO stage 0-3 gradient reduction and sharded optimizer step.
-#include "lib/train/zero_optimizer.h"
+#include "lib/runtime/zero_optimizer.h"
 
 #include <algorithm>
 #include <cmath>

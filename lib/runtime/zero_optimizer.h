@@ -23,8 +23,8 @@
 #include "lib/model/gpt.h"
 #include "lib/optim/adamw.h"
 #include "lib/parallel/zero_partition.h"
-#include "lib/train/config.h"
-#include "lib/train/zero_store.h"
+#include "lib/runtime/zero_config.h"
+#include "lib/runtime/zero_store.h"
 
 namespace ds {
 

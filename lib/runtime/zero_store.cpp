@@ -1,6 +1,6 @@
 // ZeRO-2/3 parameter store: per-unit gradient reduce-scatter into a shard,
 // per-unit parameter gathers with prefetch (stage 3). See zero_store.h.
-#include "lib/train/zero_store.h"
+#include "lib/runtime/zero_store.h"
 
 #include <algorithm>
 #include <cmath>

@@ -23,7 +23,7 @@
 #include "lib/comm/communicator.h"
 #include "lib/model/param_store.h"
 #include "lib/parallel/zero_partition.h"
-#include "lib/train/config.h"
+#include "lib/runtime/zero_config.h"
 
 namespace ds {
 

@@ -6,6 +6,7 @@
 
 #include "lib/core/log.h"
 #include "lib/train/config_internal.h"
+#include "lib/train/data_pipeline.h"
 
 namespace ds {
 
@@ -83,20 +84,25 @@ void resolve_batch(BatchConfig& b) {
   }
 }
 
-int padded_vocab(int vocab, int divisible_by, int tp) {
-  DS_USER_CHECK(vocab > 0 && divisible_by > 0 && tp > 0,
-                "padded vocab: vocab {}, make_vocab_size_divisible_by {} and tp {} must be positive", vocab,
-                divisible_by, tp);
-  const int64_t multiple = static_cast<int64_t>(divisible_by) * tp;
-  return static_cast<int>((vocab + multiple - 1) / multiple * multiple);
-}
-
-const char* family_name(ModelFamily f) { return f == ModelFamily::LLaMA ? "llama" : "gpt2"; }
 const char* precision_name(Precision p) {
   return p == Precision::BF16 ? "bf16" : p == Precision::FP16 ? "fp16" : "fp32";
 }
-const char* lr_decay_name(LrDecay d) {
-  return d == LrDecay::Constant ? "constant" : d == LrDecay::Linear ? "linear" : "cosine";
+DType compute_dtype(Precision p) {
+  return p == Precision::BF16 ? DType::BF16 : p == Precision::FP16 ? DType::F16 : DType::F32;
+}
+
+void resolve_vocab(TrainConfig& cfg) {
+  ModelConfig& m = cfg.model;
+  if (!cfg.data.vocab_file.empty()) {
+    int64_t v = vocab_size_from_file(cfg.data.vocab_file);
+    DS_USER_CHECK(m.vocab_size == 0 || m.vocab_size == v,
+                  "model.vocab_size {} does not match --vocab-file '{}' ({} entries)", m.vocab_size,
+                  cfg.data.vocab_file, v);
+    m.vocab_size = static_cast<int>(v);
+  }
+  DS_USER_CHECK(m.vocab_size > 0, "the vocabulary size is unknown: give --vocab-file (or model.vocab_size)");
+  m.padded_vocab_size = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tp);
+  cfg.resolved["model"]["vocab_size"] = m.vocab_size;
 }
 
 namespace {
@@ -127,6 +133,7 @@ json model_json(const ModelConfig& m) {
 
 json training_json(const TrainConfig& c) {
   json t = {{"train_iters", c.train_iters},     {"exit_interval", c.exit_interval}, {"seed", c.seed},
+            {"max_nan_iterations", c.max_nan_iterations},
             {"device", c.device},               {"attention_backend", c.attention_backend},
             {"estimate_memory", c.estimate_memory},
             {"save", c.ckpt.save_dir},          {"load", c.ckpt.load_dir},

@@ -11,62 +11,13 @@
 #include <vector>
 
 #include "lib/core/dtype.h"
+#include "lib/model/model_config.h"
+#include "lib/optim/optimizer_config.h"
+#include "lib/runtime/zero_config.h"
 
 namespace ds {
 
-enum class ModelFamily { GPT2, LLaMA };
-enum class NormKind { LayerNorm, RMSNorm };
-enum class Activation { GELU, SwiGLU };
-enum class PositionKind { Learned, Rope };
 enum class Precision { FP32, BF16, FP16 };
-enum class LrDecay { Constant, Linear, Cosine };
-enum class WarmupKind { Linear, Log };  // DeepSpeed warmup_type "linear" | "log"
-
-struct ModelConfig {
-  ModelFamily family = ModelFamily::GPT2;
-  int num_layers = 12, hidden_size = 768, num_heads = 12;
-  int ffn_hidden_size = 0;  // resolved: 4*C for GELU, int(4*C*2/3/64)*64 for SwiGLU
-  int seq_length = 1024, max_position_embeddings = 1024;  // max_pos defaults to seq_length
-  int vocab_size = 0;  // real vocab (from vocab file / tokenizer); resolved later if 0
-  int make_vocab_size_divisible_by = 128;
-  int padded_vocab_size = 0;  // padded_vocab(vocab_size, ...) when vocab_size > 0
-  bool untie_embeddings = false;
-  NormKind norm = NormKind::LayerNorm;
-  Activation activation = Activation::GELU;
-  PositionKind position = PositionKind::Learned;
-  bool bias = true;
-  float rope_theta = 10000.f, norm_eps = 1e-5f, init_method_std = 0.02f;
-  // Not a config key: the trainer sets it from bf16/fp16.enabled. Weights the
-  // forward reads and activations use it; gradients and master weights stay f32.
-  DType compute_dtype = DType::F32;
-};
-
-// Sets the family and its standard blocks. GPT-2: LayerNorm, GELU, learned
-// positions, biases, tied embeddings. LLaMA: RMSNorm, SwiGLU, RoPE, no
-// biases, untied embeddings. (Header-only: the model and tests use it too.)
-inline void set_model_family(ModelConfig& m, ModelFamily f) {
-  const bool llama = f == ModelFamily::LLaMA;
-  m.family = f;
-  m.norm = llama ? NormKind::RMSNorm : NormKind::LayerNorm;
-  m.activation = llama ? Activation::SwiGLU : Activation::GELU;
-  m.position = llama ? PositionKind::Rope : PositionKind::Learned;
-  m.bias = !llama;
-  m.untie_embeddings = llama;
-}
-
-struct OptimizerConfig {
-  std::string type = "AdamW";  // "Adam" | "AdamW" (both: decoupled weight decay)
-  float lr = 6e-4f, min_lr = 0.f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
-  float grad_clip = 1.0f;  // 0 = off
-  LrDecay decay = LrDecay::Cosine;
-  int64_t warmup_iters = 0, decay_iters = 0;  // decay_iters: resolved (0 in file = train_iters)
-  std::string scheduler_type;  // "" (Megatron schedule) | WarmupLR | WarmupDecayLR | WarmupCosineLR
-  float warmup_min_lr = 0.f;   // Megatron --lr-warmup-init / DeepSpeed warmup_min_lr
-  // DeepSpeed schedulers only:
-  WarmupKind warmup_type = WarmupKind::Linear;  // DeepSpeed's own default is "log"
-  float warmup_min_ratio = 0.f;     // WarmupCosineLR: warmup starts at ratio * lr
-  float cos_min_ratio = 0.0001f;    // WarmupCosineLR: cosine ends at ratio * lr
-};
 
 struct BatchConfig {
   int64_t train_batch_size = 0, micro_batch_size = 0, grad_accum_steps = 0;  // 0 = derive
@@ -98,15 +49,6 @@ struct PrecisionConfig {
   bool consecutive_hysteresis = false;
 };
 
-struct ZeroConfig {
-  int stage = 0;
-  int64_t reduce_bucket_size = 500000000, allgather_bucket_size = 500000000;
-  bool overlap_comm = false, contiguous_gradients = true;
-  int64_t stage3_prefetch_bucket_size = 50000000, stage3_max_live_parameters = 1000000000,
-          stage3_param_persistence_threshold = 100000;
-  std::string offload_optimizer_device = "none";  // none | cpu
-};
-
 struct ParallelConfig {
   int tp = 1, pp = 1;
   bool sequence_parallel = false;  // forced off when tp == 1 (as Megatron does)
@@ -127,6 +69,9 @@ struct TrainConfig {
   ParallelConfig parallel;
   int64_t train_iters = 0;
   int64_t exit_interval = 0;  // Megatron --exit-interval: stop at a multiple of it (0 = off)
+  // Consecutive iterations with a non-finite loss or gradient norm (each one
+  // skipped) before the run stops with an error.
+  int64_t max_nan_iterations = 3;
   uint64_t seed = 1234;
   std::string device = "cpu";  // cpu | cuda
   std::string attention_backend = "flash";  // flash | plain | cudnn (CUDA only)
@@ -151,12 +96,15 @@ TrainConfig train_config_from_json(const nlohmann::json& j, int world_size);
 // the rest or throws UserError naming the values.
 void resolve_batch(BatchConfig& b);
 
-// Megatron rule: the smallest multiple of divisible_by * tp that is >= vocab.
-int padded_vocab(int vocab, int divisible_by, int tp);
+// Fills model.vocab_size from the vocab file (if given) and the padded size
+// (Megatron's rule, padded_vocab). Reads the vocab file, so it is a separate
+// step from parsing (configs parse without their data present).
+void resolve_vocab(TrainConfig& cfg);
 
-// Enum <-> config-file spellings (used by logging and checkpoint metadata too).
-const char* family_name(ModelFamily f);    // "gpt2" | "llama"
+// The compute dtype of the model's weights copy and activations (bf16/f16
+// with mixed precision, else f32); gradients and master weights stay f32.
+DType compute_dtype(Precision p);
+
 const char* precision_name(Precision p);   // "fp32" | "bf16" | "fp16"
-const char* lr_decay_name(LrDecay d);      // "constant" | "linear" | "cosine"
 
 }  // namespace ds

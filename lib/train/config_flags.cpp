@@ -47,6 +47,8 @@ constexpr FlagSpec kTable[] = {
     {"--train-iters", "/training/train_iters", FlagKind::Int, "optimizer steps to train"},
     {"--exit-interval", "/training/exit_interval", FlagKind::Int,
      "stop (after saving) once the iteration is a multiple of this; the schedule still spans --train-iters"},
+    {"--max-nan-iterations", "/training/max_nan_iterations", FlagKind::Int,
+     "stop with an error after this many iterations in a row with a non-finite loss or gradient norm"},
     {"--seed", "/training/seed", FlagKind::Int, "random seed"},
     {"--device", "/training/device", FlagKind::String, "cpu or cuda", "cpu|cuda"},
     {"--attention-backend", "/training/attention_backend", FlagKind::String,

@@ -9,14 +9,11 @@
 #include "lib/core/tensor.h"
 #include "lib/data/gpt_dataset.h"
 #include "lib/data/indexed_dataset.h"
+#include "lib/runtime/micro_batch.h"
 #include "lib/train/config.h"
 
 namespace ds {
 
-struct MicroBatch {
-  Tensor tokens;   // (B, T) i32 on the model device
-  Tensor targets;  // (B, T) i32 on the model device
-};
 
 class DataPipeline {
  public:

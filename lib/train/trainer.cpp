@@ -9,6 +9,7 @@
 #include "lib/core/error.h"
 #include "lib/core/log.h"
 #include "lib/model/tp_shard.h"
+#include "lib/ops/ops.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/parallel/pipeline_schedule.h"
 #ifdef DS_WITH_CUDA
@@ -27,20 +28,6 @@ RecomputeConfig recompute_config(const ParallelConfig& p) {
 }
 
 }  // namespace
-
-void resolve_vocab(TrainConfig& cfg) {
-  ModelConfig& m = cfg.model;
-  if (!cfg.data.vocab_file.empty()) {
-    int64_t v = vocab_size_from_file(cfg.data.vocab_file);
-    DS_USER_CHECK(m.vocab_size == 0 || m.vocab_size == v,
-                  "model.vocab_size {} does not match --vocab-file '{}' ({} entries)", m.vocab_size,
-                  cfg.data.vocab_file, v);
-    m.vocab_size = static_cast<int>(v);
-  }
-  DS_USER_CHECK(m.vocab_size > 0, "the vocabulary size is unknown: give --vocab-file (or model.vocab_size)");
-  m.padded_vocab_size = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tp);
-  cfg.resolved["model"]["vocab_size"] = m.vocab_size;
-}
 
 Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms) {
   setup_device_and_precision();
@@ -64,13 +51,14 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
   DS_USER_CHECK(cfg_.batch.dp_size == dp_, "batch: the config was resolved for {} data-parallel ranks, the job has {}",
                 cfg_.batch.dp_size, dp_);
   ZeroPartition part = make_zero_partition(local.total, dp_);
+  const DType compute = compute_dtype(cfg_.precision.precision);
   Communicator* dp_comm = dp_ > 1 ? comms_.dp : nullptr;
   if (cfg_.zero.stage >= 2) {
     store_ = std::make_unique<ZeroParamStore>(local, cfg_.model.num_layers, dev_, dp_comm, cfg_.zero, part,
-                                              cfg_.model.compute_dtype);
-    model_ = std::make_unique<GptModel>(cfg_.model, dev_, *store_, tp, stage);
+                                              compute);
+    model_ = std::make_unique<GptModel>(cfg_.model, dev_, *store_, tp, stage, compute);
   } else {
-    model_ = std::make_unique<GptModel>(cfg_.model, dev_, 0, tp, stage);
+    model_ = std::make_unique<GptModel>(cfg_.model, dev_, 0, tp, stage, compute);
   }
   model_->set_recompute(recompute_config(cfg_.parallel));
   opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get());
@@ -124,7 +112,6 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
 
 void Trainer::setup_device_and_precision() {
   const Precision prec = cfg_.precision.precision;
-  cfg_.model.compute_dtype = prec == Precision::BF16 ? DType::BF16 : prec == Precision::FP16 ? DType::F16 : DType::F32;
   peak_tflops_ = cfg_.log.cpu_peak_tflops;
   if (cfg_.device == "cuda") {
 #ifdef DS_WITH_CUDA
@@ -308,7 +295,10 @@ float Trainer::train_step() {
   // The schedule counts applied steps only (DeepSpeed and Megatron do not
   // advance the learning rate on a skipped step).
   const int64_t applied = state_.iteration - state_.skipped_steps;
-  if (skip_for_overflow()) {
+  const bool overflow = skip_for_overflow();  // fp16: the loss scaler's rule
+  const bool nonfinite = note_nan_iteration(loss, norm);
+  if (overflow || nonfinite) {
+    if (!overflow) state_.skipped_steps += 1;  // no update: the schedule does not advance either
     state_.iteration += 1;
     state_.consumed_samples += b.train_batch_size;
     last_grad_norm_ = NAN;
@@ -327,6 +317,36 @@ float Trainer::train_step() {
   last_grad_norm_ = norm;
   last_lr_ = h.lr;
   return loss;
+}
+
+bool Trainer::note_nan_iteration(float loss, double grad_norm) {
+  // With fp16 a non-finite gradient norm is an overflow (the scaler skips the
+  // step and lowers the scale); a non-finite loss is divergence in any dtype.
+  const bool nonfinite = !std::isfinite(loss) || (!scaler_ && !std::isfinite(grad_norm));
+  if (!nonfinite) {
+    nan_streak_ = 0;
+    return false;
+  }
+  nan_iters_ += 1;
+  nan_streak_ += 1;
+  DS_WARN("iteration {}: {} is not finite (loss {}, grad norm {}); no update applied ({} in a row, limit {})",
+          state_.iteration + 1, std::isfinite(loss) ? "the gradient norm" : "the loss", loss, grad_norm, nan_streak_,
+          cfg_.max_nan_iterations);
+  if (nan_streak_ >= cfg_.max_nan_iterations)
+    throw UserError(fmt::format(
+        "training diverged: the loss or gradient norm was NaN/Inf in {} iterations in a row (iterations {}-{}); "
+        "their updates were not applied and no checkpoint holds them. Lower --lr, check the data, or resume from the last "
+        "checkpoint (--max-nan-iterations sets the limit)",
+        nan_streak_, state_.iteration + 2 - nan_streak_, state_.iteration + 1));
+  return true;
+}
+
+bool Trainer::state_nonfinite(const Tensor& full_params) {
+  Tensor flag = Tensor::zeros({1}, DType::F32, dev_);
+  for (const Tensor& t : {full_params, opt_->adam().m(), opt_->adam().v()})
+    if (t.defined() && t.numel() > 0) ops::nonfinite_check({flag, t}, Stream{});
+  if (comms_.world->size() > 1) comms_.world->all_reduce(flag);
+  return flag.to(Device::cpu()).data<float>()[0] != 0.f;
 }
 
 double Trainer::evaluate() {
@@ -398,6 +418,11 @@ void Trainer::save() {
   const bool sharded = cfg_.zero.stage >= 1;
   // ZeRO-3: the parameters are gathered unit by unit; only rank 0 keeps (and writes) them.
   Tensor full = full_params(false);
+  // Collective: a checkpoint (and `latest`) never points at non-finite weights.
+  if (state_nonfinite(full))
+    throw UserError(fmt::format("iteration {}: the weights or optimizer moments hold NaN/Inf; refusing to write a "
+                                "checkpoint to {} (the last one written stays 'latest')",
+                                state_.iteration, cfg_.ckpt.save_dir));
   CheckpointData d{&full_layout_, full, opt_->adam().m(), opt_->adam().v(), r.begin, r.end,
                    opt_->adam().step_count(), sharded ? dp_rank_ : 0, sharded ? dp_ : 1};
   d.opt_layout = &model_->layout();
@@ -425,6 +450,7 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
   s.loss_scale = state_.loss_scale;
   s.grad_norm = grad_norm;
   s.skipped = state_.skipped_steps;
+  s.nan_iters = nan_iters_;
   double tokens = static_cast<double>(cfg_.batch.train_batch_size) * cfg_.model.seq_length;
   s.tokens_per_s = tokens / (ms / 1000.0);
   s.tflops = s.tokens_per_s * flops_per_token_ / 1e12;

@@ -13,13 +13,10 @@
 #include "lib/train/config.h"
 #include "lib/train/data_pipeline.h"
 #include "lib/train/metrics.h"
-#include "lib/train/pipeline_executor.h"
-#include "lib/train/zero_optimizer.h"
+#include "lib/runtime/pipeline_executor.h"
+#include "lib/runtime/zero_optimizer.h"
 
 namespace ds {
-
-// Fills model.vocab_size from the vocab file (if given) and the padded size.
-void resolve_vocab(TrainConfig& cfg);
 
 class Trainer {
  public:
@@ -44,6 +41,13 @@ class Trainer {
   // fp16: records the step's overflow in the scaler (and TrainState); true if
   // the step must be skipped.
   bool skip_for_overflow();
+  // Counts an iteration whose loss (or, without a loss scaler, gradient norm)
+  // is NaN/Inf; returns true if so (the update must be skipped). Throws
+  // UserError after cfg.max_nan_iterations such iterations in a row.
+  bool note_nan_iteration(float loss, double grad_norm);
+  // Do the parameters (full_params may be undefined on ranks other than 0)
+  // or this rank's Adam moments hold NaN/Inf on any rank? Collective (world).
+  bool state_nonfinite(const Tensor& full_params);
   // The full fp32 parameters (layout total). Collective with ZeRO-3: every
   // rank must call; ranks other than 0 get an undefined tensor unless all_ranks.
   // With tensor parallelism: the full model in the tp = 1 layout, gathered
@@ -81,6 +85,7 @@ class Trainer {
   double flops_per_token_ = 0;
   double peak_tflops_ = 0;
   double last_grad_norm_ = 0, last_lr_ = 0;
+  int64_t nan_iters_ = 0, nan_streak_ = 0;  // non-finite iterations: in this run, in a row
 };
 
 }  // namespace ds

@@ -2,9 +2,11 @@
 // determinism, exact resume (2N steps == N + resume + N), preset configs
 // parse, and bad inputs fail with one clear error and write nothing.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
+#include "lib/ckpt/safetensors.h"
 #include "lib/core/error.h"
 #include "test/train/train_fixture.h"
 
@@ -85,4 +87,60 @@ TEST_CASE("bad inputs give one clear error and write nothing") {
     f << R"({"a": 0, "b": 1, "c": 2})";
   }
   expect_error({"--vocab-file", small.string()}, "vocab");
+}
+
+// Every tensor of every .safetensors file under `dir` is finite.
+static bool all_finite(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    SafetensorsFile f = SafetensorsFile::open(e.path().string());
+    for (const std::string& n : f.names()) {
+      Tensor t = f.get(n);
+      if (t.dtype() != DType::F32) continue;
+      const float* p = t.data<float>();
+      for (int64_t i = 0; i < t.numel(); ++i)
+        if (!std::isfinite(p[i])) return false;
+    }
+  }
+  return true;
+}
+
+TEST_CASE("a diverging run skips non-finite iterations, stops after --max-nan-iterations, saves no NaN") {
+  for (const char* precision : {"fp32", "bf16"}) {
+    INFO(precision);
+    fs::path ck = fixture().dir / (std::string("ckpt_nan_") + precision);
+    fs::remove_all(ck);
+    std::vector<std::string> extra = {"--train-iters", "30", "--lr", "1e20", "--lr-warmup-iters", "0",
+                                      "--clip-grad", "0", "--save", ck.string(), "--save-interval", "1",
+                                      "--max-nan-iterations", "3"};
+    if (std::string(precision) == "bf16") extra.push_back("--bf16");
+    Trainer t(make_config(extra), single_process());
+    try {
+      t.run();
+      FAIL("a run with --lr 1e20 must stop with an error");
+    } catch (const UserError& e) {
+      INFO(e.what());
+      REQUIRE(std::string(e.what()).find("diverged") != std::string::npos);
+      REQUIRE(std::string(e.what()).find("3 iterations in a row") != std::string::npos);
+    }
+    // It stopped early, and whatever 'latest' names holds finite numbers only.
+    REQUIRE(t.state().iteration < 30);
+    if (fs::exists(ck / "latest")) {
+      std::ifstream in(ck / "latest");
+      std::string step;
+      in >> step;
+      REQUIRE(all_finite(ck / step));
+    }
+  }
+}
+
+TEST_CASE("a short non-finite streak is skipped without an update and training goes on") {
+  // With the limit high, the run reaches train_iters; NaN iterations apply no
+  // update, so the step counter advances while the LR schedule does not.
+  Trainer t(make_config({"--train-iters", "6", "--lr", "1e20", "--lr-warmup-iters", "0", "--clip-grad", "0",
+                         "--max-nan-iterations", "100"}),
+            single_process());
+  t.run();
+  REQUIRE(t.state().iteration == 6);
+  REQUIRE(t.state().skipped_steps > 0);
 }

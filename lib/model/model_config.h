@@ -1,0 +1,49 @@
+// What a GPT model is: the architecture settings the model, its layout, the
+// checkpoint and Hugging Face code read. Plain values only; lib/train parses
+// them from JSON and flags and derives the resolved fields (ffn size, padded
+// vocabulary) before anything below it sees them.
+#pragma once
+
+namespace ds {
+
+enum class ModelFamily { GPT2, LLaMA };
+enum class NormKind { LayerNorm, RMSNorm };
+enum class Activation { GELU, SwiGLU };
+enum class PositionKind { Learned, Rope };
+
+struct ModelConfig {
+  ModelFamily family = ModelFamily::GPT2;
+  int num_layers = 12, hidden_size = 768, num_heads = 12;
+  int ffn_hidden_size = 0;  // resolved: 4*C for GELU, int(4*C*2/3/64)*64 for SwiGLU
+  int seq_length = 1024, max_position_embeddings = 1024;  // max_pos defaults to seq_length
+  int vocab_size = 0;  // real vocab (from vocab file / tokenizer); resolved later if 0
+  int make_vocab_size_divisible_by = 128;
+  int padded_vocab_size = 0;  // padded_vocab(vocab_size, ...) when vocab_size > 0
+  bool untie_embeddings = false;
+  NormKind norm = NormKind::LayerNorm;
+  Activation activation = Activation::GELU;
+  PositionKind position = PositionKind::Learned;
+  bool bias = true;
+  float rope_theta = 10000.f, norm_eps = 1e-5f, init_method_std = 0.02f;
+};
+
+// Sets the family and its standard blocks. GPT-2: LayerNorm, GELU, learned
+// positions, biases, tied embeddings. LLaMA: RMSNorm, SwiGLU, RoPE, no
+// biases, untied embeddings.
+inline void set_model_family(ModelConfig& m, ModelFamily f) {
+  const bool llama = f == ModelFamily::LLaMA;
+  m.family = f;
+  m.norm = llama ? NormKind::RMSNorm : NormKind::LayerNorm;
+  m.activation = llama ? Activation::SwiGLU : Activation::GELU;
+  m.position = llama ? PositionKind::Rope : PositionKind::Learned;
+  m.bias = !llama;
+  m.untie_embeddings = llama;
+}
+
+// Megatron rule: the smallest multiple of divisible_by * tp that is >= vocab.
+// Throws UserError unless all three are positive.
+int padded_vocab(int vocab, int divisible_by, int tp);
+
+const char* family_name(ModelFamily f);  // "gpt2" | "llama"
+
+}  // namespace ds

@@ -1,0 +1,29 @@
+// Optimizer and learning-rate schedule settings (AdamW, Megatron's schedule
+// or one of DeepSpeed's schedulers). Plain values; lib/train fills them from
+// the config file and flags and resolves decay_iters.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace ds {
+
+enum class LrDecay { Constant, Linear, Cosine };
+enum class WarmupKind { Linear, Log };  // DeepSpeed warmup_type "linear" | "log"
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // "Adam" | "AdamW" (both: decoupled weight decay)
+  float lr = 6e-4f, min_lr = 0.f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  float grad_clip = 1.0f;  // 0 = off
+  LrDecay decay = LrDecay::Cosine;
+  int64_t warmup_iters = 0, decay_iters = 0;  // decay_iters: resolved (0 in file = train_iters)
+  std::string scheduler_type;  // "" (Megatron schedule) | WarmupLR | WarmupDecayLR | WarmupCosineLR
+  float warmup_min_lr = 0.f;   // Megatron --lr-warmup-init / DeepSpeed warmup_min_lr
+  // DeepSpeed schedulers only:
+  WarmupKind warmup_type = WarmupKind::Linear;  // DeepSpeed's own default is "log"
+  float warmup_min_ratio = 0.f;     // WarmupCosineLR: warmup starts at ratio * lr
+  float cos_min_ratio = 0.0001f;    // WarmupCosineLR: cosine ends at ratio * lr
+};
+
+const char* lr_decay_name(LrDecay d);  // "constant" | "linear" | "cosine"
+
+}  // namespace ds

@@ -1,0 +1,13 @@
+// One micro-batch of token ids and next-token targets, as the data pipeline
+// hands it to the model or the pipeline executor.
+#pragma once
+#include "lib/core/tensor.h"
+
+namespace ds {
+
+struct MicroBatch {
+  Tensor tokens;   // (B, T) i32 on the model device
+  Tensor targets;  // (B, T) i32 on the model device
+};
+
+}  // namespace ds

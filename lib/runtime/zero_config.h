@@ -1,0 +1,18 @@
+// ZeRO settings (DeepSpeed's zero_optimization section), read by the ZeRO
+// parameter store and optimizer in this folder.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace ds {
+
+struct ZeroConfig {
+  int stage = 0;
+  int64_t reduce_bucket_size = 500000000, allgather_bucket_size = 500000000;
+  bool overlap_comm = false, contiguous_gradients = true;
+  int64_t stage3_prefetch_bucket_size = 50000000, stage3_max_live_parameters = 1000000000,
+          stage3_param_persistence_threshold = 100000;
+  std::string offload_optimizer_device = "none";  // none | cpu
+};
+
+}  // namespace ds
