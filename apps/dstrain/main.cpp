@@ -30,10 +30,10 @@ int run(int argc, char** argv) {
   }
   ds::log_set_rank(rv.rank);
   // NCCL between GPUs, Gloo between CPU processes (Megatron's --distributed-backend follows --device).
-  auto world = ds::make_world_communicator(cfg.device == "cuda" ? ds::Backend::Nccl : ds::Backend::Gloo, rv);
+  auto world = ds::make_world_communicator(cfg.device == ds::DeviceType::CUDA ? ds::Backend::Nccl : ds::Backend::Gloo, rv);
   ds::RankGrid grid = ds::make_rank_grid(rv.world_size, cfg.parallel.tp, cfg.parallel.pp, rv.rank);
   ds::Comms comms = ds::build_comms(*world, grid);
-  ds::Trainer trainer(cfg, comms);
+  ds::Trainer trainer(cfg, comms, rv.local_rank);
   trainer.run();
   world->barrier();
   return 0;

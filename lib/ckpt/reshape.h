@@ -24,7 +24,7 @@
 #include "lib/ckpt/state_json.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
-#include "lib/train/config.h"
+#include "lib/model/model_config.h"
 
 namespace ds {
 

@@ -58,7 +58,7 @@ struct PipeStage {
 // it from the saved qkv and lse before its backward. Dropped tensors live in
 // one shared scratch set, so the saved activations really shrink.
 struct RecomputeConfig {
-  enum class Kind { None, Full, Selective };
+  using Kind = RecomputeKind;
   Kind kind = Kind::None;
   int num_layers = 0;
 };

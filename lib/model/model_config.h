@@ -40,6 +40,10 @@ inline void set_model_family(ModelConfig& m, ModelFamily f) {
   m.untie_embeddings = llama;
 }
 
+// Activation recomputation (Megatron's --recompute-granularity): none, the
+// whole layer ("full") or the attention core only ("selective").
+enum class RecomputeKind { None, Full, Selective };
+
 // Megatron rule: the smallest multiple of divisible_by * tp that is >= vocab.
 // Throws UserError unless all three are positive.
 int padded_vocab(int vocab, int divisible_by, int tp);

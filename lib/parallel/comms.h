@@ -1,5 +1,6 @@
 // Comms: the communicators of one rank (world, tp, dp, pp, mp, embedding),
 // built once from the RankGrid and passed down; there are no global ones.
+// Every group is valid; an axis of size 1 gives a group of this rank alone.
 #pragma once
 #include <memory>
 #include <vector>
@@ -16,8 +17,8 @@ struct Comms {
   Communicator* dp = nullptr;     // grid.my_dp_group()
   Communicator* pp = nullptr;     // grid.my_pp_group(), group rank = stage
   Communicator* mp = nullptr;     // grid.my_mp_group() (grad norm, overflow checks)
-  // This pipeline's first+last stage; null unless PP > 1 and this rank is on
-  // the first or last stage.
+  // This pipeline's first+last stage (tied embeddings) when PP > 1 and this
+  // rank is on one of them; otherwise a group of this rank alone.
   Communicator* embedding = nullptr;
   std::vector<std::unique_ptr<Communicator>> owned;  // keeps the groups alive
 };

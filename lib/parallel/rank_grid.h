@@ -1,16 +1,22 @@
 // RankGrid: Megatron-LM's placement of ranks into tensor-, data- and
 // pipeline-parallel groups, as a pure function (no communication), so that the
 // group lists can be unit tested and every rank derives the same answer.
-// Order tp-dp-pp: TP is innermost (consecutive ranks, i.e. one node's GPUs
-// share the heaviest traffic), PP outermost:
+// Built on AxisGrid (lib/parallel/axis_grid.h) with the order "tp-dp-pp": TP
+// is innermost (consecutive ranks, i.e. one node's GPUs share the heaviest
+// traffic), PP outermost:
 //   rank = tp_rank + TP * (dp_rank + DP * pp_rank),  DP = world / (TP * PP).
+// The named fields below are that grid's answers for the axes we have; a new
+// axis is one more entry in the order and its fields here.
 #pragma once
 #include <string>
 #include <vector>
 
+#include "lib/parallel/axis_grid.h"
+
 namespace ds {
 
 struct RankGrid {
+  AxisGrid axes;  // the generic layout the fields below are read from
   int world = 1, tp = 1, pp = 1, dp = 1;
   int rank = 0, tp_rank = 0, dp_rank = 0, pp_rank = 0;
 
@@ -34,7 +40,7 @@ struct RankGrid {
   bool is_last_stage() const { return pp_rank == pp - 1; }
   // Whether this rank is in its pipeline's embedding group.
   bool in_embedding_group() const { return is_first_stage() || is_last_stage(); }
-  int rank_of(int tp_r, int dp_r, int pp_r) const { return tp_r + tp * (dp_r + dp * pp_r); }
+  int rank_of(int tp_r, int dp_r, int pp_r) const { return axes.rank_of({tp_r, dp_r, pp_r}); }
   std::string describe() const;  // "rank 5: tp 1/2 dp 0/2 pp 2/4"
 };
 

@@ -2,9 +2,11 @@
 // parameter store and optimizer in this folder.
 #pragma once
 #include <cstdint>
-#include <string>
 
 namespace ds {
+
+// offload_optimizer.device: where Adam state and the fp32 master range live.
+enum class OffloadDevice { None, CPU };
 
 struct ZeroConfig {
   int stage = 0;
@@ -12,7 +14,7 @@ struct ZeroConfig {
   bool overlap_comm = false, contiguous_gradients = true;
   int64_t stage3_prefetch_bucket_size = 50000000, stage3_max_live_parameters = 1000000000,
           stage3_param_persistence_threshold = 100000;
-  std::string offload_optimizer_device = "none";  // none | cpu
+  OffloadDevice offload_optimizer = OffloadDevice::None;  // "none" | "cpu"
 };
 
 }  // namespace ds

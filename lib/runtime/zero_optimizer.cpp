@@ -19,7 +19,7 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
            store ? 0 : model.params().numel(), part.total);
   rank_ = dp ? dp->rank() : 0;
   range_ = z.stage == 0 ? Range{0, part.total} : part.owned_real(rank_);
-  offload_ = z.offload_optimizer_device == "cpu" && model.device().is_cuda();
+  offload_ = z.offload_optimizer == OffloadDevice::CPU && model.device().is_cuda();
   // Mixed precision, flat store, this rank updates every weight (stage 0 or a
   // single data-parallel rank): the fused AdamW writes the compute copy itself.
   fused_lowp_ =

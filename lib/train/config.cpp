@@ -84,6 +84,10 @@ void resolve_batch(BatchConfig& b) {
   }
 }
 
+const char* recompute_granularity_name(RecomputeKind k) {
+  return k == RecomputeKind::Full ? "full" : k == RecomputeKind::Selective ? "selective" : "";
+}
+
 const char* precision_name(Precision p) {
   return p == Precision::BF16 ? "bf16" : p == Precision::FP16 ? "fp16" : "fp32";
 }
@@ -134,7 +138,7 @@ json model_json(const ModelConfig& m) {
 json training_json(const TrainConfig& c) {
   json t = {{"train_iters", c.train_iters},     {"exit_interval", c.exit_interval}, {"seed", c.seed},
             {"max_nan_iterations", c.max_nan_iterations},
-            {"device", c.device},               {"attention_backend", c.attention_backend},
+            {"device", c.device == DeviceType::CUDA ? "cuda" : "cpu"},               {"attention_backend", c.attention_backend},
             {"estimate_memory", c.estimate_memory},
             {"save", c.ckpt.save_dir},          {"load", c.ckpt.load_dir},
             {"save_interval", c.ckpt.save_interval}, {"init_from", c.ckpt.init_from},
@@ -174,7 +178,7 @@ json zero_json(const ZeroConfig& z) {
           {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size},
           {"stage3_max_live_parameters", z.stage3_max_live_parameters},
           {"stage3_param_persistence_threshold", z.stage3_param_persistence_threshold},
-          {"offload_optimizer", {{"device", z.offload_optimizer_device}}}};
+          {"offload_optimizer", {{"device", z.offload_optimizer == OffloadDevice::CPU ? "cpu" : "none"}}}};
 }
 
 }  // namespace
@@ -211,7 +215,7 @@ json config_to_json(const TrainConfig& c) {
               {"pipeline_model_parallel_size", c.parallel.pp},
               {"sequence_parallel", c.parallel.sequence_parallel},
               {"num_layers_per_virtual_pipeline_stage", c.parallel.num_layers_per_virtual_stage},
-              {"recompute_granularity", c.parallel.recompute_granularity},
+              {"recompute_granularity", recompute_granularity_name(c.parallel.recompute)},
               {"recompute_num_layers", c.parallel.recompute_num_layers}}}};
   if (!o.scheduler_type.empty()) j["scheduler"] = scheduler_json(o);
   return j;

@@ -53,7 +53,7 @@ struct ParallelConfig {
   int tp = 1, pp = 1;
   bool sequence_parallel = false;  // forced off when tp == 1 (as Megatron does)
   int num_layers_per_virtual_stage = 0;
-  std::string recompute_granularity;  // "", full, selective
+  RecomputeKind recompute = RecomputeKind::None;  // recompute_granularity: "" (none), full, selective
   int recompute_num_layers = 0;
 };
 
@@ -73,7 +73,7 @@ struct TrainConfig {
   // skipped) before the run stops with an error.
   int64_t max_nan_iterations = 3;
   uint64_t seed = 1234;
-  std::string device = "cpu";  // cpu | cuda
+  DeviceType device = DeviceType::CPU;  // "cpu" | "cuda"
   std::string attention_backend = "flash";  // flash | plain | cudnn (CUDA only)
   std::string config_path;
   bool estimate_memory = false;
@@ -106,5 +106,7 @@ void resolve_vocab(TrainConfig& cfg);
 DType compute_dtype(Precision p);
 
 const char* precision_name(Precision p);   // "fp32" | "bf16" | "fp16"
+// recompute_granularity as the config spells it: "" (none), "full", "selective".
+const char* recompute_granularity_name(RecomputeKind k);
 
 }  // namespace ds

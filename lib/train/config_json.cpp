@@ -158,9 +158,12 @@ void read_zero(DsSection& root, ZeroConfig& z) {
   s.accept_if("reduce_scatter", true);
   s.accept_if("round_robin_gradients", false);
   DsSection off = s.section("offload_optimizer");
-  z.offload_optimizer_device = off.get<std::string>("device", z.offload_optimizer_device);
+  const std::string offload = off.get<std::string>("device", z.offload_optimizer == OffloadDevice::CPU ? "cpu" : "none");
+  DS_USER_CHECK(offload == "none" || offload == "cpu",
+                "zero_optimization.offload_optimizer.device '{}' is not supported (use \"none\" or \"cpu\")", offload);
+  z.offload_optimizer = offload == "cpu" ? OffloadDevice::CPU : OffloadDevice::None;
   off.mark("pin_memory");  // host buffers are always pinned when offloading
-  if (z.offload_optimizer_device != "none") off.finish();
+  if (z.offload_optimizer != OffloadDevice::None) off.finish();
   DsSection offp = s.section("offload_param");
   offp.accept_if("device", "none");  // parameter offload: not implemented
   if (offp.has("device") && offp.raw().at("device") != "none") offp.finish();

@@ -96,7 +96,9 @@ void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_schedule
                     (s.raw().at("seed").is_number_integer() && s.raw().at("seed").get<int64_t>() >= 0),
                 "config: 'training.seed' (--seed) must be a non-negative integer, got {}", s.raw().value("seed", json()).dump());
   cfg.seed = s.get<uint64_t>("seed", cfg.seed);
-  cfg.device = s.get<std::string>("device", cfg.device);
+  const std::string device = s.get<std::string>("device", cfg.device == DeviceType::CUDA ? "cuda" : "cpu");
+  DS_USER_CHECK(device == "cpu" || device == "cuda", "training.device (--device) '{}' must be cpu or cuda", device);
+  cfg.device = device == "cuda" ? DeviceType::CUDA : DeviceType::CPU;
   cfg.attention_backend = s.get<std::string>("attention_backend", cfg.attention_backend);
   cfg.estimate_memory = s.get<bool>("estimate_memory", cfg.estimate_memory);
   CheckpointConfig& c = cfg.ckpt;
@@ -120,7 +122,10 @@ void read_parallel_section(JsonSection s, ParallelConfig& p) {
   p.pp = s.get<int>("pipeline_model_parallel_size", p.pp);
   p.sequence_parallel = s.get<bool>("sequence_parallel", p.sequence_parallel);
   p.num_layers_per_virtual_stage = s.get<int>("num_layers_per_virtual_pipeline_stage", p.num_layers_per_virtual_stage);
-  p.recompute_granularity = s.get<std::string>("recompute_granularity", p.recompute_granularity);
+  const std::string g = s.get<std::string>("recompute_granularity", recompute_granularity_name(p.recompute));
+  DS_USER_CHECK(g.empty() || g == "full" || g == "selective",
+                "parallel.recompute_granularity '{}' must be \"full\" or \"selective\" (or absent)", g);
+  p.recompute = g == "full" ? RecomputeKind::Full : g == "selective" ? RecomputeKind::Selective : RecomputeKind::None;
   p.recompute_num_layers = s.get<int>("recompute_num_layers", p.recompute_num_layers);
   s.finish(UnknownKeys::Error);
 }

@@ -98,9 +98,6 @@ void validate_parallel(const TrainConfig& cfg) {
   DS_USER_CHECK(!p.sequence_parallel || m.seq_length % p.tp == 0,
                 "sequence parallelism: model.seq_length {} is not divisible by tensor_model_parallel_size {}",
                 m.seq_length, p.tp);
-  const std::string& g = p.recompute_granularity;
-  DS_USER_CHECK(g.empty() || g == "full" || g == "selective",
-                "parallel.recompute_granularity '{}' must be \"full\" or \"selective\" (or absent)", g);
   DS_USER_CHECK(p.recompute_num_layers >= 0 && p.recompute_num_layers <= m.num_layers / p.pp,
                 "parallel.recompute_num_layers {} must be in [0, layers per stage {}]", p.recompute_num_layers,
                 m.num_layers / p.pp);
@@ -109,9 +106,6 @@ void validate_parallel(const TrainConfig& cfg) {
   DS_USER_CHECK(!(z.stage >= 3 && p.pp > 1),
                 "zero_optimization.stage {} cannot be combined with pipeline_model_parallel_size {} yet (ZeRO-3 "
                 "gathers parameters per pass); use stage 0, 1 or 2", z.stage, p.pp);
-  DS_USER_CHECK(z.offload_optimizer_device == "none" || z.offload_optimizer_device == "cpu",
-                "zero_optimization.offload_optimizer.device '{}' is not supported (use \"none\" or \"cpu\")",
-                z.offload_optimizer_device);
   DS_USER_CHECK(z.reduce_bucket_size > 0 && z.allgather_bucket_size > 0,
                 "zero_optimization: reduce_bucket_size {} and allgather_bucket_size {} must be positive",
                 z.reduce_bucket_size, z.allgather_bucket_size);
@@ -189,8 +183,6 @@ void validate_training(const TrainConfig& cfg) {
   DS_USER_CHECK(cfg.max_nan_iterations >= 1,
                 "training.max_nan_iterations (--max-nan-iterations) must be >= 1, got {}", cfg.max_nan_iterations);
   DS_USER_CHECK(cfg.train_iters >= 0, "training.train_iters (--train-iters) must be >= 0, got {}", cfg.train_iters);
-  DS_USER_CHECK(cfg.device == "cpu" || cfg.device == "cuda", "training.device (--device) '{}' must be cpu or cuda",
-                cfg.device);
   DS_USER_CHECK(cfg.attention_backend == "flash" || cfg.attention_backend == "plain" ||
                     cfg.attention_backend == "cudnn",
                 "training.attention_backend (--attention-backend) '{}' must be flash, plain or cudnn",

@@ -59,7 +59,7 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ModelDims& d) {
   const int64_t layer_full = N * a * tp_elems / tp + N * a * seq_elems / sp  // stored tensors
                              + N * s * d.NH / tp + N * s * 4 / sp;           // lse, norm mean/rstd
   const int64_t layer_input = N * a * C / sp;
-  const bool full_recompute = cfg.parallel.recompute_granularity == "full";
+  const bool full_recompute = cfg.parallel.recompute == RecomputeKind::Full;
   const int64_t per_layer = full_recompute ? layer_input : layer_full;
   const int64_t layers = ceil_div(d.L, cfg.parallel.pp);
   const int64_t in_flight = cfg.parallel.pp;  // 1F1B: the first stage holds PP micro-batches
@@ -78,7 +78,7 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   r.stage = stage;
   r.offload_optimizer = offload;
   r.supported = !offload || stage >= 1;
-  r.configured = cfg.zero.stage == stage && (cfg.zero.offload_optimizer_device == "cpu") == offload;
+  r.configured = cfg.zero.stage == stage && (cfg.zero.offload_optimizer == OffloadDevice::CPU) == offload;
   const int64_t n = e.n_params_rank;
   const bool fp32 = e.precision == StatePrecision::FP32;
   const int64_t P = fp32 ? 4 : 2, G = 4;  // gathered params in the compute dtype; gradients f32
@@ -99,7 +99,7 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   const int64_t shard = make_zero_partition(n, e.dp).shard;
   const int64_t opt_elems = stage >= 1 ? shard : n;
   r.host_per_rank = 4 * n;
-  if (cfg.device == "cpu") {
+  if (cfg.device == DeviceType::CPU) {
     r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.dp, stage, e.precision) : 0);
   } else if (offload) {
     // Adam m, v, the host copy of the master range and the gradient range copied over each step.
@@ -168,14 +168,14 @@ void append_header(std::string& out, const TrainConfig& cfg, const MemoryEstimat
                          ? "params 4, grads 4, optimizer 8 (Adam m, v)"
                          : "params 6 (fp32 master + bf16/fp16 copy; 4 with ZeRO-3), grads 4 (fp32), optimizer 8 "
                            "(Adam m, v)");
-  const std::string& rc = cfg.parallel.recompute_granularity;
+  const std::string rc = recompute_granularity_name(cfg.parallel.recompute);
   out += fmt::format("activations per rank (micro batch {} x seq {}, recompute {}): {} GiB (saved {} + backward {})\n",
                      cfg.batch.micro_batch_size, cfg.model.seq_length, rc.empty() ? "none" : rc,
                      gib(e.activations.total()), gib(e.activations.saved), gib(e.activations.workspace));
   int n_persistent = static_cast<int>(std::count(e.zero3.persistent.begin(), e.zero3.persistent.end(), true));
   out += fmt::format("ZeRO-3 fetch plan: {} units, {} persistent, prefetch depth {}, peak {} gathered parameters\n",
                      e.zero3.persistent.size(), n_persistent, e.zero3.prefetch_depth, millions(e.zero3.peak_live));
-  if (cfg.device == "cpu")
+  if (cfg.device == DeviceType::CPU)
     out += "note: CPU backend: \"device\" memory is host memory and is included in the per-node host column\n";
 }
 

@@ -21,15 +21,15 @@ namespace {
 
 RecomputeConfig recompute_config(const ParallelConfig& p) {
   RecomputeConfig r;
-  if (p.recompute_granularity == "full") r.kind = RecomputeConfig::Kind::Full;
-  if (p.recompute_granularity == "selective") r.kind = RecomputeConfig::Kind::Selective;
+  r.kind = p.recompute;
   r.num_layers = p.recompute_num_layers;
   return r;
 }
 
 }  // namespace
 
-Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms) {
+Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
+    : cfg_(cfg), comms_(comms), local_rank_(local_rank) {
   setup_device_and_precision();
   resolve_vocab(cfg_);
   data_ = std::make_unique<DataPipeline>(cfg_, dev_);
@@ -66,9 +66,9 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
     opt_->set_tensor_parallel(pp_ > 1 ? comms_.mp : comms_.tp, norm_counted_ranges(local));
   if (pp_ > 1) {
     pipe_ = std::make_unique<PipelineExecutor>(*model_, *comms_.pp, static_cast<int>(cfg_.batch.grad_accum_steps));
-    if (store_ && comms_.embedding && !model_->dims().untied) store_->defer_unit(0);
+    if (store_ && comms_.embedding->size() > 1 && !model_->dims().untied) store_->defer_unit(0);
   }
-  if (cfg_.zero.offload_optimizer_device == "cpu")
+  if (cfg_.zero.offload_optimizer == OffloadDevice::CPU)
     DS_LOG("offload_optimizer.device = cpu: {}", dev_.is_cpu()
                                                      ? "on the CPU backend the optimizer state is already in host "
                                                        "memory; nothing to move"
@@ -103,8 +103,8 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
   DS_LOG("activations: {} bytes saved per micro-batch on this rank (micro {} x seq {}, recompute {}{})",
          model_->saved_activation_bytes(cfg_.batch.micro_batch_size, cfg_.model.seq_length),
          cfg_.batch.micro_batch_size, cfg_.model.seq_length,
-         cfg_.parallel.recompute_granularity.empty() ? "none" : cfg_.parallel.recompute_granularity,
-         cfg_.parallel.recompute_granularity == "full"
+         cfg_.parallel.recompute == RecomputeKind::None ? "none" : recompute_granularity_name(cfg_.parallel.recompute),
+         cfg_.parallel.recompute == RecomputeKind::Full
              ? ", " + std::to_string(cfg_.parallel.recompute_num_layers) + " layers per chunk (0: all)"
              : std::string());
   log_model_state();
@@ -113,10 +113,10 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms) : cfg_(cfg), comms_(comms
 void Trainer::setup_device_and_precision() {
   const Precision prec = cfg_.precision.precision;
   peak_tflops_ = cfg_.log.cpu_peak_tflops;
-  if (cfg_.device == "cuda") {
+  if (cfg_.device == DeviceType::CUDA) {
 #ifdef DS_WITH_CUDA
     DS_USER_CHECK(cuda::device_available(), "--device cuda: {}", cuda::unavailable_reason());
-    const int local = RendezvousInfo::from_env().local_rank;
+    const int local = local_rank_;
     DS_USER_CHECK(local < cuda::device_count(),
                   "--device cuda: LOCAL_RANK {} but only {} CUDA device(s) are visible (CUDA_VISIBLE_DEVICES)", local,
                   cuda::device_count());
@@ -377,7 +377,7 @@ double Trainer::from_last_stage(double v) {
 }
 
 void Trainer::tied_embedding_all_reduce() {
-  if (!comms_.embedding || model_->dims().untied) return;
+  if (comms_.embedding->size() == 1 || model_->dims().untied) return;
   const ParamSpec& p = model_->layout().find("embed.wte");  // unit 0 starts at offset 0 on both stages
   Tensor g = store_ ? store_->deferred_grads(0) : model_->grads();
   comms_.embedding->all_reduce(g.view(p.offset, {p.numel}));

@@ -21,7 +21,9 @@ namespace ds {
 class Trainer {
  public:
   // comms: this rank's communicators (a world of 1 for a single process).
-  Trainer(const TrainConfig& cfg, Comms& comms);
+  // local_rank: this process's index on its node (the launcher's LOCAL_RANK),
+  // which picks the GPU with --device cuda.
+  Trainer(const TrainConfig& cfg, Comms& comms, int local_rank = 0);
   // Runs until train_iters; returns the per-iteration training losses of this run.
   std::vector<float> run();
   // Validation loss over eval_iters global batches of the valid split.
@@ -72,6 +74,7 @@ class Trainer {
   std::unique_ptr<ZeroParamStore> store_;  // ZeRO-2/3 (else the model's flat buffers)
   std::unique_ptr<GptModel> model_;
   Comms& comms_;
+  int local_rank_ = 0;
   int dp_ = 1, dp_rank_ = 0;
   int tp_ = 1, tp_rank_ = 0;
   int pp_ = 1, pp_rank_ = 0, vp_ = 1;  // vp_: virtual stages per pipeline rank

@@ -110,3 +110,36 @@ TEST_CASE("rank grid: errors name the numbers", "[rank_grid]") {
   CHECK_THROWS_AS(make_rank_grid(8, 0, 1, 0), UserError);
   CHECK_THROWS_AS(make_rank_grid(8, 2, 2, 8), Error);
 }
+
+TEST_CASE("axis grid: a generic order (tp-cp-ep-dp-pp) gives groups by coordinates", "[rank_grid]") {
+  const std::vector<Axis> order = parse_axis_order("tp-cp-ep-dp-pp");
+  REQUIRE(order == std::vector<Axis>{Axis::TP, Axis::CP, Axis::EP, Axis::DP, Axis::PP});
+  const AxisGrid a(order, {2, 2, 1, 3, 2});  // world 24
+  REQUIRE(a.world() == 24);
+  CHECK(a.order_string() == "tp-cp-ep-dp-pp");
+  for (int r = 0; r < a.world(); ++r) REQUIRE(a.rank_of(a.coords(r)) == r);
+  // rank 13 = tp 1, cp 0, ep 0, dp 0 (13 / 4 = 3 -> dp 0, pp 1)
+  CHECK(a.coords(13) == std::vector<int>{1, 0, 0, 0, 1});
+  CHECK(a.group_of(13, {Axis::CP}) == std::vector<int>{13, 15});
+  CHECK(a.group_of(13, {Axis::DP}) == std::vector<int>{13, 17, 21});
+  CHECK(a.group_of(13, {Axis::TP, Axis::CP}) == std::vector<int>{12, 13, 14, 15});
+  for (Axis over : {Axis::TP, Axis::CP, Axis::DP, Axis::PP}) {
+    const auto gs = a.groups({over});
+    CHECK(gs.size() == size_t(a.world() / a.size(over)));
+    std::vector<int> seen;
+    for (size_t i = 0; i < gs.size(); ++i) {
+      CHECK(gs[i].size() == size_t(a.size(over)));
+      for (int r : gs[i]) {
+        seen.push_back(r);
+        CHECK(a.group_index(r, {over}) == int(i));
+        for (Axis other : {Axis::TP, Axis::CP, Axis::DP, Axis::PP})  // members agree off `over`
+          if (other != over) CHECK(a.coord(r, other) == a.coord(gs[i].front(), other));
+      }
+    }
+    std::sort(seen.begin(), seen.end());
+    CHECK(seen.size() == size_t(a.world()));
+    CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end());
+  }
+  CHECK_THROWS_AS(parse_axis_order("tp-xx-pp"), UserError);
+  CHECK_THROWS_AS(parse_axis_order("tp-dp-tp"), UserError);
+}

@@ -45,7 +45,7 @@ TEST_CASE("memory estimate: GPT-2 124M on one node of 8 GPUs", "[zero][estimate]
   REQUIRE(cfg.model.vocab_size == 0);  // resolved from the vocab file at run time
   REQUIRE(cfg.precision.precision == Precision::BF16);
   REQUIRE(cfg.batch.micro_batch_size == 8);
-  cfg.device = "cuda";
+  cfg.device = DeviceType::CUDA;
   MemoryEstimate e = estimate_memory(cfg, 1, 8);
   CHECK(e.vocab_assumed);
   CHECK(e.n_params == kN);
@@ -114,7 +114,7 @@ TEST_CASE("memory estimate: report text", "[zero][estimate]") {
 
 TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimate]") {
   TrainConfig cfg = gpt2_124m();
-  cfg.device = "cuda";
+  cfg.device = DeviceType::CUDA;
   cfg.model.vocab_size = 50257;
   cfg.model.padded_vocab_size = 50304;
   MemoryEstimate base = estimate_memory(cfg, 1, 8);
@@ -133,7 +133,7 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
     CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("approximate"));
   }
   SECTION("full recomputation keeps only layer inputs") {
-    cfg.parallel.recompute_granularity = "full";
+    cfg.parallel.recompute = RecomputeKind::Full;
     MemoryEstimate e = estimate_memory(cfg, 1, 8);
     CHECK(e.activations.saved < base.activations.saved);
     CHECK(e.activations.workspace == base.activations.workspace);
