@@ -85,18 +85,16 @@ int run(const Args& a) {
   }
   DS_USER_CHECK(a.target_tp >= 1 && a.target_dp >= 1, "--save needs --target-tp N and --target-dp M (both >= 1)");
   Args r = a;  // defaults: the saved pipeline layout (no virtual stages when PP changes)
-  if (r.target_pp == 0) r.target_pp = saved.pp;
-  if (r.target_vp == 0) r.target_vp = r.target_pp == saved.pp ? saved.vp : 1;
+  if (r.target_pp == 0) r.target_pp = saved.sizes.pp;
+  if (r.target_vp == 0) r.target_vp = r.target_pp == saved.sizes.pp ? saved.sizes.vp : 1;
   DS_USER_CHECK(r.target_pp >= 1 && r.target_vp >= 1 && (r.target_vp == 1 || r.target_pp > 1),
                 "--target-pp {} --target-vp {}: both must be >= 1, and virtual stages need --target-pp > 1",
                 r.target_pp, r.target_vp);
   ds::ReshapeTarget t;
   const ds::TrainConfig tc = target_config(config, r, src.model.num_layers);
   t.model = tc.model;
-  t.tp = r.target_tp;
+  t.sizes = {.tp = r.target_tp, .pp = r.target_pp, .vp = r.target_vp};
   t.dp = r.target_dp;
-  t.pp = r.target_pp;
-  t.vp = r.target_vp;
   t.zero_stage = tc.zero.stage;
   t.config = tc.resolved;
   const fs::path out(a.save);
@@ -113,7 +111,7 @@ int run(const Args& a) {
     throw;
   }
   std::printf("dsconvert: wrote %s for TP %d x PP %d (%d virtual stages) x DP %d (ZeRO stage %d)\n",
-              final_step.c_str(), t.tp, t.pp, t.vp, t.dp, t.zero_stage);
+              final_step.c_str(), t.sizes.tp, t.sizes.pp, t.sizes.vp, t.dp, t.zero_stage);
   return 0;
 }
 

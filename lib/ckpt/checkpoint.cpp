@@ -85,11 +85,11 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     w.set_metadata("total", std::to_string((d.opt_layout ? d.opt_layout : d.layout)->total));
     w.set_metadata("rank", std::to_string(d.rank));
     w.set_metadata("world", std::to_string(d.world));
-    w.set_metadata("tp_rank", std::to_string(d.tp_rank));
-    w.set_metadata("pp_rank", std::to_string(d.pp_rank));
-    w.write((tmp / optimizer_shard_name(d.rank, d.world, d.tp, d.tp_rank, d.pp, d.pp_rank)).string());
+    w.set_metadata("tp_rank", std::to_string(d.shard.tp_rank));
+    w.set_metadata("pp_rank", std::to_string(d.shard.pp_rank));
+    w.write((tmp / optimizer_shard_name(d.rank, d.world, d.shard)).string());
   }
-  if (d.rank != 0 || d.tp_rank != 0 || d.pp_rank != 0) return;
+  if (d.rank != 0 || d.shard.tp_rank != 0 || d.shard.pp_rank != 0) return;
   {
     Tensor p = host(d.params);
     SafetensorsWriter w;
@@ -101,9 +101,9 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
                           {"skipped_steps", st.skipped_steps}, {"loss_scale", st.loss_scale},
                           {"good_steps", st.good_steps},       {"hysteresis_left", st.hysteresis_left},
                           {"optimizer_shards", d.world},       {"layout", layout_json(*d.layout)},
-                          {"tensor_model_parallel_size", d.tp},
-                          {"pipeline_model_parallel_size", d.pp},
-                          {"virtual_pipeline_stages", d.vp},
+                          {"tensor_model_parallel_size", d.shard.tp},
+                          {"pipeline_model_parallel_size", d.shard.pp},
+                          {"virtual_pipeline_stages", d.shard.vp},
                           {"config", config}};
   write_file_atomic((tmp / "state.json").string(), step_state_text(state));
 }
@@ -112,10 +112,10 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
 
 std::string step_dir_name(int64_t iteration) { return "global_step" + std::to_string(iteration); }
 
-std::string optimizer_shard_name(int rank, int world, int tp, int tp_rank, int pp, int pp_rank) {
-  if (pp > 1)
-    return fmt::format("optim_pp{:02d}_tp{:02d}_rank{:05d}_of_{:05d}.safetensors", pp_rank, tp_rank, rank, world);
-  if (tp > 1) return fmt::format("optim_tp{:02d}_rank{:05d}_of_{:05d}.safetensors", tp_rank, rank, world);
+std::string optimizer_shard_name(int rank, int world, const ShardCoords& s) {
+  if (s.pp > 1)
+    return fmt::format("optim_pp{:02d}_tp{:02d}_rank{:05d}_of_{:05d}.safetensors", s.pp_rank, s.tp_rank, rank, world);
+  if (s.tp > 1) return fmt::format("optim_tp{:02d}_rank{:05d}_of_{:05d}.safetensors", s.tp_rank, rank, world);
   return fmt::format("optim_rank{:05d}_of_{:05d}.safetensors", rank, world);
 }
 
@@ -177,7 +177,7 @@ void read_same_layout(const SavedStep& s, const CheckpointData& d, Tensor& param
                       int64_t& opt_step) {
   params = read_full_params(s, *d.layout);
   const int64_t total = (d.opt_layout ? d.opt_layout : d.layout)->total;
-  opt_step = read_moment_range(s, d.tp_rank, d.pp_rank, total, d.opt_begin, d.opt_end, m, v);
+  opt_step = read_moment_range(s, d.shard.tp_rank, d.shard.pp_rank, total, d.opt_begin, d.opt_end, m, v);
 }
 
 }  // namespace
@@ -186,19 +186,21 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   if (!fs::exists(fs::path(dir) / "latest")) return false;
   const std::string step = find_step_dir(dir);
   StepState state = read_step_state(step);
-  const int saved_tp = state.tp, saved_pp = state.pp, saved_vp = state.vp;
-  const bool same_split = saved_tp == d.tp && saved_pp == d.pp && saved_vp == d.vp;
+  const ShardCoords saved = state.sizes;
+  const int saved_tp = saved.tp, saved_pp = saved.pp, saved_vp = saved.vp;
+  const ShardCoords& dst = d.shard;
+  const bool same_split = saved_tp == dst.tp && saved_pp == dst.pp && saved_vp == dst.vp;
   const bool same = same_split && same_layout(state.layout, *d.layout);
   if (!same && d.model == nullptr) {  // no model config: no reshaping
-    DS_USER_CHECK(saved_tp == d.tp,
+    DS_USER_CHECK(saved_tp == dst.tp,
                   "checkpoint '{}' was saved with tensor_model_parallel_size {}, this job uses {}, and this loader "
                   "cannot reshape it (use dsconvert --target-tp {})",
-                  step, saved_tp, d.tp, d.tp);
+                  step, saved_tp, dst.tp, dst.tp);
     DS_USER_CHECK(same_split,
                   "checkpoint '{}' was saved with pipeline_model_parallel_size {} (tensor {}, {} virtual stages), this "
                   "job uses {} (tensor {}, {} virtual stages), and this loader cannot reshape it (use dsconvert "
                   "--target-pp {})",
-                  step, saved_pp, saved_tp, saved_vp, d.pp, d.tp, d.vp, d.pp);
+                  step, saved_pp, saved_tp, saved_vp, dst.pp, dst.tp, dst.vp, dst.pp);
     check_layout(state.layout, *d.layout, step);
   }
   // Everything is read and checked before the destination is touched.
@@ -208,9 +210,7 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   if (same) {
     SavedStep s;
     s.dir = step;
-    s.tp = saved_tp;
-    s.pp = saved_pp;
-    s.vp = saved_vp;
+    s.sizes = saved;
     s.shards = state.shards;
     s.state = std::move(state);
     s.full = *d.layout;

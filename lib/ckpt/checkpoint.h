@@ -27,15 +27,13 @@ struct CheckpointData {
   int64_t opt_begin = 0, opt_end = 0;
   int64_t opt_step = 0;       // Adam step count
   int rank = 0, world = 1;    // optimizer shard index and count
-  // Tensor parallelism: `layout` / `params` are the FULL model (tp = 1 layout,
-  // as a single process saves it), the moments cover [opt_begin, opt_end) of
-  // this tp rank's local layout `opt_layout`; shards are named per tp rank.
+  // Model parallelism: `layout` / `params` are the FULL model (tp = 1, pp = 1
+  // layout, as a single process saves it), the moments cover [opt_begin,
+  // opt_end) of this shard's local layout `opt_layout` (its tp rank and
+  // pipeline stage), and shard files are named per (pp_rank, tp_rank). Another
+  // tp / pp / vp is reshaped on load (needs `model`).
   const ModelLayout* opt_layout = nullptr;  // null: `layout`
-  int tp = 1, tp_rank = 0;
-  // Pipeline parallelism: as tp; the moments cover this stage's local layout
-  // and shards are named per pipeline rank too. Another pp / vp is reshaped
-  // like another tp (needs `model`).
-  int pp = 1, pp_rank = 0, vp = 1;  // vp: virtual pipeline stages per rank
+  ShardCoords shard;
   // The model config of `layout` (its padded vocabulary included). When set,
   // a checkpoint saved with another tp / pp (or padded vocabulary) is reshaped on
   // load (lib/ckpt/reshape.h); when null such a checkpoint is refused.
@@ -62,9 +60,10 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d);
 
 // The step directory name for an iteration: "global_step<N>".
 std::string step_dir_name(int64_t iteration);
-// Optimizer shard file name: optim_rankRRRRR_of_WWWWW.safetensors (tp 1) or
+// Optimizer shard file name of ZeRO shard `rank` of `world` of model shard s:
+// optim_rankRRRRR_of_WWWWW.safetensors (tp 1) or
 // optim_tpTT_rankRRRRR_of_WWWWW.safetensors; with pp > 1
 // optim_ppPP_tpTT_rankRRRRR_of_WWWWW.safetensors.
-std::string optimizer_shard_name(int rank, int world, int tp = 1, int tp_rank = 0, int pp = 1, int pp_rank = 0);
+std::string optimizer_shard_name(int rank, int world, const ShardCoords& s = {});
 
 }  // namespace ds

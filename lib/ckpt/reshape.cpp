@@ -39,7 +39,7 @@ void place_local(const ModelLayout& local, const ModelLayout& full, const float*
   for (const ParamSpec& p : local.params) {
     if (!local.first_stage() && p.name == "embed.wte") continue;
     const ParamSpec& f = full.find(p.name);
-    for_each_run(p, local.tp, local.tp_rank, [&](int64_t fo, int64_t lo, int64_t n) {
+    for_each_run(p, local.shard.tp, local.shard.tp_rank, [&](int64_t fo, int64_t lo, int64_t n) {
       std::memcpy(dst + f.offset + fo, src + p.offset + lo, n * sizeof(float));
     });
   }
@@ -65,9 +65,7 @@ SavedStep open_saved_step(const std::string& step_dir, StepState state, const Mo
   s.dir = step_dir;
   s.state = std::move(state);
   const std::string where = s.dir.string();
-  s.tp = s.state.tp;
-  s.pp = s.state.pp;
-  s.vp = s.state.vp;
+  s.sizes = s.state.sizes;
   s.shards = s.state.shards;
   s.model = model;
   for (const auto& [name, shape] : s.state.layout) {  // the saved padded vocabulary: rows of embed.wte
@@ -89,9 +87,9 @@ SavedStep open_saved_step(const std::string& step_dir, StepState state, const Mo
                   "config?)",
                   where, i, saved[i].first, shape_str(saved[i].second), p.name, shape_str(p.shape));
   }
-  DS_USER_CHECK(s.model.num_layers % (s.pp * s.vp) == 0,
+  DS_USER_CHECK(s.model.num_layers % (s.sizes.pp * s.sizes.vp) == 0,
                 "checkpoint '{}': {} layers do not split into {} pipeline stages x {} virtual stages", where,
-                s.model.num_layers, s.pp, s.vp);
+                s.model.num_layers, s.sizes.pp, s.sizes.vp);
   return s;
 }
 
@@ -131,9 +129,9 @@ FullMoments assemble_full_moments(const SavedStep& s) {
   FullMoments f;
   f.m = Tensor::zeros({s.full.total}, DType::F32);
   f.v = Tensor::zeros({s.full.total}, DType::F32);
-  for (int pr = 0; pr < s.pp; ++pr) {
-    for (int r = 0; r < s.tp; ++r) {  // one source (stage, tp rank)'s local moments at a time
-      const ModelLayout local = build_layout(s.model, s.tp, r, s.pp, pr, s.vp);
+  for (int pr = 0; pr < s.sizes.pp; ++pr) {
+    for (int r = 0; r < s.sizes.tp; ++r) {  // one source (stage, tp rank)'s local moments at a time
+      const ModelLayout local = build_layout(s.model, s.sizes.at(r, pr));
       Tensor m, v;
       f.step = read_moment_range(s, r, pr, local.total, 0, local.total, m, v);
       place_local(local, s.full, m.data<float>(), f.m.data<float>());
@@ -170,7 +168,7 @@ namespace {
 void write_target_rank(const std::string& out_dir, const TrainState& st, const ReshapeTarget& t,
                        const ModelLayout& full, const Tensor& params, const Tensor& m_full, const Tensor& v_full,
                        int64_t opt_step, int world, int pr, int tr) {
-  const ModelLayout local = build_layout(t.model, t.tp, tr, t.pp, pr, t.vp);
+  const ModelLayout local = build_layout(t.model, t.sizes.at(tr, pr));
   Tensor lm = Tensor::empty({local.total}, DType::F32), lv = Tensor::empty({local.total}, DType::F32);
   slice_tp_params(local, full, m_full, lm);
   slice_tp_params(local, full, v_full, lv);
@@ -180,11 +178,7 @@ void write_target_rank(const std::string& out_dir, const TrainState& st, const R
     CheckpointData d{&full, params, lm.view(rg.begin, {rg.size()}), lv.view(rg.begin, {rg.size()}),
                      rg.begin, rg.end, opt_step, r, world};
     d.opt_layout = &local;
-    d.tp = t.tp;
-    d.tp_rank = tr;
-    d.pp = t.pp;
-    d.pp_rank = pr;
-    d.vp = t.vp;
+    d.shard = t.sizes.at(tr, pr);
     write_checkpoint_files(out_dir, st, d, t.config);
   }
 }
@@ -200,8 +194,8 @@ void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::strin
   fm = FullMoments{};  // release the saved-layout copies
   const TrainState st = s.state.train;
   const int world = t.zero_stage >= 1 ? t.dp : 1;  // stage 0: one shard holds the whole (pp, tp) rank
-  for (int pr = 0; pr < t.pp; ++pr)
-    for (int tr = 0; tr < t.tp; ++tr) write_target_rank(out_dir, st, t, full, params, m_full, v_full, opt_step,
+  for (int pr = 0; pr < t.sizes.pp; ++pr)
+    for (int tr = 0; tr < t.sizes.tp; ++tr) write_target_rank(out_dir, st, t, full, params, m_full, v_full, opt_step,
                                                         world, pr, tr);
   commit_checkpoint(out_dir, st.iteration);
 }

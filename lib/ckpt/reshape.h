@@ -32,8 +32,7 @@ namespace ds {
 struct SavedStep {
   std::filesystem::path dir;  // DIR/global_stepN
   StepState state;            // state.json, validated
-  int tp = 1;                 // tensor_model_parallel_size it was saved with
-  int pp = 1, vp = 1;         // pipeline_model_parallel_size, virtual stages per rank
+  ShardCoords sizes;          // tp, pp and vp it was saved with (ranks 0)
   int shards = 1;             // optimizer shards per (pp, tp) rank
   ModelConfig model;          // the given model config with the saved padded vocabulary
   ModelLayout full;           // its full (tp 1) layout, as saved
@@ -95,8 +94,8 @@ void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, 
 // Target of an offline conversion.
 struct ReshapeTarget {
   ModelConfig model;       // with the target padded vocabulary
-  int tp = 1, dp = 1;
-  int pp = 1, vp = 1;      // pipeline stages, virtual stages per rank
+  ShardCoords sizes;       // tp, pp, vp (virtual stages per rank); ranks 0
+  int dp = 1;
   int zero_stage = 1;      // 0: one optimizer shard per (pp, tp) rank (every dp rank holds all)
   nlohmann::json config;   // the resolved config to store in state.json
 };

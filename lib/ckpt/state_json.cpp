@@ -131,9 +131,9 @@ StepState parse_step_state(std::string_view text, const std::string& file) {
     s.train.loss_scale = ls->get<double>();
   }
   s.shards = static_cast<int>(r.required("optimizer_shards", 1, kMaxParallelSize));
-  s.tp = static_cast<int>(r.optional("tensor_model_parallel_size", 1, kMaxParallelSize, 1));
-  s.pp = static_cast<int>(r.optional("pipeline_model_parallel_size", 1, kMaxParallelSize, 1));
-  s.vp = static_cast<int>(r.optional("virtual_pipeline_stages", 1, kMaxParallelSize, 1));
+  s.sizes.tp = static_cast<int>(r.optional("tensor_model_parallel_size", 1, kMaxParallelSize, 1));
+  s.sizes.pp = static_cast<int>(r.optional("pipeline_model_parallel_size", 1, kMaxParallelSize, 1));
+  s.sizes.vp = static_cast<int>(r.optional("virtual_pipeline_stages", 1, kMaxParallelSize, 1));
   read_layout(r, s);
   read_checksums(r, s);
   if (const json* c = r.find("config")) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "lib/core/tensor.h"
+#include "lib/parallel/shard_coords.h"
 
 namespace ds {
 
@@ -28,7 +29,7 @@ struct TrainState {
 // The validated contents of one state.json.
 struct StepState {
   TrainState train;
-  int tp = 1, pp = 1, vp = 1;  // tensor / pipeline sizes, virtual stages per rank
+  ShardCoords sizes;  // tensor / pipeline sizes and virtual stages per rank it was saved with (ranks 0)
   int shards = 1;              // optimizer shards per (pp, tp) rank
   std::vector<std::pair<std::string, Shape>> layout;  // the full (tp 1) model, in order
   nlohmann::json config;                              // the resolved config (null if absent)

@@ -137,7 +137,7 @@ int64_t read_moment_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t 
   std::vector<std::pair<int64_t, int64_t>> ranges;  // every shard's [b, e), to check they tile [0, total)
   int64_t opt_step = 0;
   for (int r = 0; r < s.shards; ++r) {
-    const std::string name = optimizer_shard_name(r, s.shards, s.tp, tp_rank, s.pp, pp_rank);
+    const std::string name = optimizer_shard_name(r, s.shards, s.sizes.at(tp_rank, pp_rank));
     const fs::path f = s.dir / name;
     DS_USER_CHECK(fs::exists(f), "checkpoint '{}': optimizer shard '{}' is missing", s.dir.string(), name);
     SafetensorsFile sf = SafetensorsFile::open(f.string());

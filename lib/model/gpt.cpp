@@ -28,7 +28,7 @@ Tensor rows(const Tensor& t) { return t.reshape({t.numel() / t.size(-1), t.size(
 GptModel::GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems, TpComm tp, PipeStage stage,
                    DType compute)
     : cfg_(cfg), compute_(compute), d_(model_dims(cfg)), tp_(tp), stage_(stage),
-      layout_(build_layout(cfg, tp.size, tp.rank, stage.pp, stage.rank, stage.vp)), dev_(dev) {
+      layout_(build_layout(cfg, {tp.size, tp.rank, stage.pp, stage.rank, stage.vp})), dev_(dev) {
   flat_ = std::make_unique<FlatParamStore>(layout_, d_.L, dev_, alloc_elems, compute_);
   store_ = flat_.get();
   init_local();
@@ -37,7 +37,7 @@ GptModel::GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems, TpCo
 GptModel::GptModel(const ModelConfig& cfg, Device dev, ParamStore& store, TpComm tp, PipeStage stage,
                    DType compute)
     : cfg_(cfg), compute_(compute), d_(model_dims(cfg)), tp_(tp), stage_(stage),
-      layout_(build_layout(cfg, tp.size, tp.rank, stage.pp, stage.rank, stage.vp)), dev_(dev), store_(&store) {
+      layout_(build_layout(cfg, {tp.size, tp.rank, stage.pp, stage.rank, stage.vp})), dev_(dev), store_(&store) {
   init_local();
 }
 

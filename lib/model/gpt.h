@@ -143,7 +143,7 @@ class GptModel {
   void init_local();  // local dims and units after layout_ is built
   void backward(const Tensor& tokens, const Tensor& dout = Tensor(), int chunk = 0);
   bool embeds(int chunk) const { return chunk == 0 && layout_.first_stage(); }
-  bool has_head(int chunk) const { return chunk == layout_.vp - 1 && layout_.last_stage(); }
+  bool has_head(int chunk) const { return chunk == layout_.shard.vp - 1 && layout_.last_stage(); }
   void head_backward();
   bool full_recompute(int l) const;  // layer l keeps only its input
   void alloc_layer_acts(LayerActs& a, int64_t B, int64_t T);

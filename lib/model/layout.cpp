@@ -35,7 +35,7 @@ namespace {
 
 struct Builder {
   ModelLayout out;
-  // shape: the FULL shape; the local one divides split dim by out.tp.
+  // shape: the FULL shape; the local one divides split dim by out.shard.tp.
   void add(const std::string& name, Shape shape, int layer, bool decay, InitKind init,
            TpSplit split = TpSplit::Replicated, int groups = 1) {
     ParamSpec p;
@@ -43,8 +43,8 @@ struct Builder {
     p.full_shape = shape;
     p.split = split;
     p.split_groups = groups;
-    if (split == TpSplit::Rows) shape[0] /= out.tp;
-    if (split == TpSplit::Cols) shape[1] /= out.tp;
+    if (split == TpSplit::Rows) shape[0] /= out.shard.tp;
+    if (split == TpSplit::Cols) shape[1] /= out.shard.tp;
     p.shape = std::move(shape);
     p.numel = shape_numel(p.shape);
     p.offset = out.total;
@@ -68,7 +68,8 @@ void check_tp(const ModelDims& d, int tp) {
 
 }  // namespace
 
-ModelLayout build_layout(const ModelConfig& m, int tp, int tp_rank, int pp, int pp_rank, int vp) {
+ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
+  const int tp = s.tp, tp_rank = s.tp_rank, pp = s.pp, pp_rank = s.pp_rank, vp = s.vp;
   ModelDims d = model_dims(m);
   check_tp(d, tp);
   DS_CHECK(tp_rank >= 0 && tp_rank < tp, "tp_rank {} outside [0, {})", tp_rank, tp);
@@ -78,11 +79,7 @@ ModelLayout build_layout(const ModelConfig& m, int tp, int tp_rank, int pp, int 
                 "layers per pipeline stage {} are not divisible into {} virtual stages", d.L / pp, vp);
   DS_CHECK(pp_rank >= 0 && pp_rank < pp, "pp_rank {} outside [0, {})", pp_rank, pp);
   Builder b;
-  b.out.tp = tp;
-  b.out.tp_rank = tp_rank;
-  b.out.pp = pp;
-  b.out.pp_rank = pp_rank;
-  b.out.vp = vp;
+  b.out.shard = s;
   const int per_chunk = d.L / (pp * vp);
   for (int c = 0; c < vp; ++c) {
     const int v = c * pp + pp_rank;  // virtual stage of chunk c

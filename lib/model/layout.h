@@ -8,6 +8,7 @@
 
 #include "lib/core/tensor.h"
 #include "lib/model/model_config.h"
+#include "lib/parallel/shard_coords.h"
 
 namespace ds {
 
@@ -39,22 +40,23 @@ struct ParamSpec {
 struct ModelLayout {
   std::vector<ParamSpec> params;
   int64_t total = 0;
-  int tp = 1, tp_rank = 0;  // the tensor-parallel shard this layout describes
-  // The pipeline stage this layout describes: layers [first_layer, end_layer);
+  // The shard this layout describes (tp, pp, vp sizes and ranks). The
+  // pipeline stage holds layers [first_layer, end_layer);
   // embeddings (wte, wpe) on the first stage, final norm (+ untied head) on the
   // last; with tied embeddings the last stage also holds wte (layer -1, first
   // in the layout) for the logits. pp = 1: the whole model. With vp virtual
   // stages (interleaved 1F1B) the stage holds vp chunks: chunk c is virtual
   // stage c * pp + pp_rank with layers chunks[c]; first_layer / end_layer
   // then span them all (not every layer between is held).
-  int pp = 1, pp_rank = 0, vp = 1, first_layer = 0, end_layer = 0;
+  ShardCoords shard;
+  int first_layer = 0, end_layer = 0;
   struct LayerSpan {
     int begin = 0, end = 0;
   };
   std::vector<LayerSpan> chunks;  // vp entries
   bool holds_layer(int layer) const;
-  bool first_stage() const { return pp_rank == 0; }
-  bool last_stage() const { return pp_rank == pp - 1; }
+  bool first_stage() const { return shard.first_stage(); }
+  bool last_stage() const { return shard.last_stage(); }
   const ParamSpec& find(const std::string& name) const;  // throws if absent
   const ParamSpec* try_find(const std::string& name) const;
 };
@@ -68,13 +70,14 @@ struct ModelDims {
 };
 ModelDims model_dims(const ModelConfig& m);
 
-// The layout of tensor-parallel rank tp_rank of tp: the LOCAL shards of every
-// weight, same names and order as the full layout (tp = 1). Heads, hidden and
-// FFN size and the padded vocab must divide tp (UserError naming the numbers).
-// With pp > 1: only pipeline stage pp_rank's weights (balanced layers per
-// stage; num_layers must divide pp, UserError otherwise), keeping the
-// single-process names and layer numbers.
-ModelLayout build_layout(const ModelConfig& m, int tp = 1, int tp_rank = 0, int pp = 1, int pp_rank = 0, int vp = 1);
+// The layout of shard s: with s.tp > 1 the LOCAL shards (tensor-parallel rank
+// s.tp_rank) of every weight, same names and order as the full layout (tp = 1);
+// heads, hidden and FFN size and the padded vocab must divide tp (UserError
+// naming the numbers). With s.pp > 1: only pipeline stage s.pp_rank's weights
+// (balanced layers per stage in s.vp chunks; num_layers must divide, UserError
+// otherwise), keeping the single-process names and layer numbers. The default
+// shard is the whole model.
+ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s = {});
 int64_t count_parameters(const ModelConfig& m);
 
 }  // namespace ds

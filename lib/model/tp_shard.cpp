@@ -39,7 +39,7 @@ void slice_tp_params(const ModelLayout& local, const ModelLayout& full, const Te
   float* dst = dst_h.data<float>();        // (local.total)
   for (const ParamSpec& p : local.params) {
     const ParamSpec& f = full.find(p.name);
-    for_each_run(p, local.tp, local.tp_rank, [&](int64_t fo, int64_t lo, int64_t n) {
+    for_each_run(p, local.shard.tp, local.shard.tp_rank, [&](int64_t fo, int64_t lo, int64_t n) {
       std::memcpy(dst + p.offset + lo, src + f.offset + fo, n * sizeof(float));
     });
   }
@@ -48,18 +48,18 @@ void slice_tp_params(const ModelLayout& local, const ModelLayout& full, const Te
 
 void gather_tp_params(Communicator* tp, const ModelLayout& local, const ModelLayout& full, int num_layers,
                       const Tensor& local_buf, const Tensor& full_out) {
-  if (local.tp == 1) {
+  if (local.shard.tp == 1) {
     if (full_out.defined()) Tensor(full_out).copy_from(local_buf.view(0, {local.total}));
     return;
   }
-  DS_CHECK(tp && tp->size() == local.tp, "gather_tp_params: tp communicator of size {} for a tp {} layout",
-           tp ? tp->size() : 0, local.tp);
+  DS_CHECK(tp && tp->size() == local.shard.tp, "gather_tp_params: tp communicator of size {} for a tp {} layout",
+           tp ? tp->size() : 0, local.shard.tp);
   const std::vector<Range> units = unit_ranges(local, num_layers);
   const bool host_out = !full_out.defined() || full_out.device().is_cpu();
   Tensor out_h = host_out ? full_out : Tensor::empty(full_out.shape(), DType::F32);
   for (const Range& u : units) {
     // (tp, unit) rank-major, where the communicator works (the GPU for NCCL)
-    Tensor all = Tensor::empty({local.tp * u.size()}, DType::F32, local_buf.device());
+    Tensor all = Tensor::empty({local.shard.tp * u.size()}, DType::F32, local_buf.device());
     tp->all_gather(local_buf.view(u.begin, {u.size()}), all);
     if (!full_out.defined()) continue;
     const Tensor all_h = on_host(all);
@@ -67,9 +67,9 @@ void gather_tp_params(Communicator* tp, const ModelLayout& local, const ModelLay
     for (const ParamSpec& p : local.params) {
       if (p.offset < u.begin || p.offset >= u.end) continue;
       const ParamSpec& f = full.find(p.name);
-      for (int r = 0; r < local.tp; ++r) {
+      for (int r = 0; r < local.shard.tp; ++r) {
         const float* src = all_h.data<float>() + r * u.size() + (p.offset - u.begin);
-        for_each_run(p, local.tp, r, [&](int64_t fo, int64_t lo, int64_t n) {
+        for_each_run(p, local.shard.tp, r, [&](int64_t fo, int64_t lo, int64_t n) {
           std::memcpy(dst + f.offset + fo, src + lo, n * sizeof(float));
         });
       }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "lib/parallel/axis_grid.h"
+#include "lib/parallel/shard_coords.h"
 
 namespace ds {
 
@@ -41,6 +42,8 @@ struct RankGrid {
   // Whether this rank is in its pipeline's embedding group.
   bool in_embedding_group() const { return is_first_stage() || is_last_stage(); }
   int rank_of(int tp_r, int dp_r, int pp_r) const { return axes.rank_of({tp_r, dp_r, pp_r}); }
+  // This rank's model shard; vp = model chunks per pipeline rank.
+  ShardCoords shard_coords(int vp = 1) const { return {tp, tp_rank, pp, pp_rank, vp}; }
   std::string describe() const;  // "rank 5: tp 1/2 dp 0/2 pp 2/4"
 };
 

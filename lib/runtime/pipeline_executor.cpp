@@ -9,7 +9,7 @@ namespace ds {
 
 PipelineExecutor::PipelineExecutor(GptModel& model, Communicator& pp, int n_micro)
     : model_(model), pp_(pp), stage_(pp.rank()), n_stages_(pp.size()), n_micro_(n_micro),
-      vp_(model.layout().vp) {
+      vp_(model.layout().shard.vp) {
   kind_ = vp_ > 1 ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB;
   actions_ = make_schedule(kind_, n_stages_, stage_, n_micro_, vp_);
   max_live_ = max_live_activations(kind_, n_stages_, stage_, n_micro_, vp_);

@@ -36,18 +36,14 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   DS_USER_CHECK(comms_.grid.pp == 1 || cfg_.zero.stage <= 2,
                 "zero_optimization.stage {} cannot be combined with pipeline_model_parallel_size {} yet; use ZeRO "
                 "stage 0, 1 or 2", cfg_.zero.stage, comms_.grid.pp);
-  pp_ = comms_.grid.pp;
-  pp_rank_ = comms_.grid.pp_rank;
-  if (cfg_.parallel.num_layers_per_virtual_stage > 0)
-    vp_ = cfg_.model.num_layers / pp_ / cfg_.parallel.num_layers_per_virtual_stage;
+  const int per_virtual = cfg_.parallel.num_layers_per_virtual_stage;
+  shard_ = comms_.grid.shard_coords(per_virtual > 0 ? cfg_.model.num_layers / comms_.grid.pp / per_virtual : 1);
   dp_ = comms_.grid.dp;
   dp_rank_ = comms_.grid.dp_rank;
-  tp_ = comms_.grid.tp;
-  tp_rank_ = comms_.grid.tp_rank;
   full_layout_ = build_layout(cfg_.model);
-  const TpComm tp{tp_ > 1 ? comms_.tp : nullptr, tp_, tp_rank_, cfg_.parallel.sequence_parallel};
-  const PipeStage stage{pp_, pp_rank_, vp_};
-  const ModelLayout local = build_layout(cfg_.model, tp_, tp_rank_, pp_, pp_rank_, vp_);
+  const TpComm tp{shard_.tp > 1 ? comms_.tp : nullptr, shard_.tp, shard_.tp_rank, cfg_.parallel.sequence_parallel};
+  const PipeStage stage{shard_.pp, shard_.pp_rank, shard_.vp};
+  const ModelLayout local = build_layout(cfg_.model, shard_);
   DS_USER_CHECK(cfg_.batch.dp_size == dp_, "batch: the config was resolved for {} data-parallel ranks, the job has {}",
                 cfg_.batch.dp_size, dp_);
   ZeroPartition part = make_zero_partition(local.total, dp_);
@@ -62,9 +58,9 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   }
   model_->set_recompute(recompute_config(cfg_.parallel));
   opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get());
-  if (tp_ > 1 || pp_ > 1)  // gradient norm summed over the model-parallel (tp x pp) group
-    opt_->set_tensor_parallel(pp_ > 1 ? comms_.mp : comms_.tp, norm_counted_ranges(local));
-  if (pp_ > 1) {
+  if (shard_.tp > 1 || shard_.pp > 1)  // gradient norm summed over the model-parallel (tp x pp) group
+    opt_->set_tensor_parallel(shard_.pp > 1 ? comms_.mp : comms_.tp, norm_counted_ranges(local));
+  if (shard_.pp > 1) {
     pipe_ = std::make_unique<PipelineExecutor>(*model_, *comms_.pp, static_cast<int>(cfg_.batch.grad_accum_steps));
     if (store_ && comms_.embedding->size() > 1 && !model_->dims().untied) store_->defer_unit(0);
   }
@@ -82,23 +78,23 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   DS_LOG("model: {} layers, hidden {}, heads {}, ffn {}, vocab {} (padded {}), {} parameters",
          model_->dims().L, model_->dims().C, model_->dims().NH, model_->dims().F, model_->dims().V,
          model_->dims().Vp, model_->layout().total);
-  if (tp_ > 1)
+  if (shard_.tp > 1)
     DS_LOG("tensor parallel: {} ranks, this rank holds {} of the model's {} parameters ({} heads, vocab rows "
            "[{}, {}))",
-           tp_, model_->layout().total, full_layout_.total, model_->dims().NH / tp_,
-           tp_rank_ * (model_->dims().Vp / tp_), (tp_rank_ + 1) * (model_->dims().Vp / tp_));
-  if (pp_ > 1)
+           shard_.tp, model_->layout().total, full_layout_.total, model_->dims().NH / shard_.tp,
+           shard_.tp_rank * (model_->dims().Vp / shard_.tp), (shard_.tp_rank + 1) * (model_->dims().Vp / shard_.tp));
+  if (shard_.pp > 1)
     DS_LOG("pipeline parallel: {} stages ({}), this is stage {} with layers [{}, {}); {} micro-batches per step, "
            "bubble fraction {:.3f}, up to {} chunk activations live",
-           pp_, vp_ > 1 ? "interleaved 1F1B, " + std::to_string(vp_) + " model chunks per stage" : std::string("1F1B"),
-           pp_rank_, model_->layout().first_layer, model_->layout().end_layer, cfg_.batch.grad_accum_steps,
-           bubble_fraction(pipe_->kind(), pp_, static_cast<int>(cfg_.batch.grad_accum_steps), vp_),
+           shard_.pp, shard_.vp > 1 ? "interleaved 1F1B, " + std::to_string(shard_.vp) + " model chunks per stage" : std::string("1F1B"),
+           shard_.pp_rank, model_->layout().first_layer, model_->layout().end_layer, cfg_.batch.grad_accum_steps,
+           bubble_fraction(pipe_->kind(), shard_.pp, static_cast<int>(cfg_.batch.grad_accum_steps), shard_.vp),
            pipe_->max_live());
   DS_LOG("batch: global {} = micro {} x grad accum {} x data parallel {}; {} train samples per epoch",
          cfg_.batch.train_batch_size, cfg_.batch.micro_batch_size, cfg_.batch.grad_accum_steps, cfg_.batch.dp_size,
          data_->train_samples_per_epoch());
   if (cfg_.parallel.sequence_parallel)
-    DS_LOG("sequence parallel: norms and residuals hold {} of the {} positions per rank", cfg_.model.seq_length / tp_,
+    DS_LOG("sequence parallel: norms and residuals hold {} of the {} positions per rank", cfg_.model.seq_length / shard_.tp,
            cfg_.model.seq_length);
   DS_LOG("activations: {} bytes saved per micro-batch on this rank (micro {} x seq {}, recompute {}{})",
          model_->saved_activation_bytes(cfg_.batch.micro_batch_size, cfg_.model.seq_length),
@@ -193,7 +189,7 @@ void Trainer::log_model_state() {
 // the first stage's copy and is not counted again.
 std::vector<Range> Trainer::norm_counted_ranges(const ModelLayout& local) const {
   std::vector<Range> skip;
-  if (tp_rank_ != 0) skip = replicated_ranges(local);
+  if (shard_.tp_rank != 0) skip = replicated_ranges(local);
   const ParamSpec* wte = local.try_find("embed.wte");
   if (wte && !local.first_stage()) skip.push_back({wte->offset, wte->offset + wte->numel});
   std::sort(skip.begin(), skip.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
@@ -208,12 +204,12 @@ std::vector<Range> Trainer::norm_counted_ranges(const ModelLayout& local) const 
 }
 
 Tensor Trainer::full_params(bool all_ranks) {
-  if (tp_ == 1 && pp_ == 1) return local_params(all_ranks);
+  if (shard_.tp == 1 && shard_.pp == 1) return local_params(all_ranks);
   Tensor local = local_params(true);
-  if (pp_ > 1) {
-    const ModelLayout stage = build_layout(cfg_.model, 1, 0, pp_, pp_rank_, vp_);
+  if (shard_.pp > 1) {
+    const ModelLayout stage = build_layout(cfg_.model, shard_.tp_gathered());
     Tensor st = Tensor::empty({stage.total}, DType::F32, dev_);
-    gather_tp_params(tp_ > 1 ? comms_.tp : nullptr, model_->layout(), stage, cfg_.model.num_layers, local, st);
+    gather_tp_params(shard_.tp > 1 ? comms_.tp : nullptr, model_->layout(), stage, cfg_.model.num_layers, local, st);
     return gather_stages(stage, st, all_ranks);
   }
   Tensor out;
@@ -223,7 +219,7 @@ Tensor Trainer::full_params(bool all_ranks) {
 }
 
 void Trainer::set_params_from_full(const Tensor& full) {
-  if (tp_ == 1 && pp_ == 1) return model_->store().set_full_params(full);
+  if (shard_.tp == 1 && shard_.pp == 1) return model_->store().set_full_params(full);
   Tensor local = Tensor::empty({model_->layout().total}, DType::F32, dev_);
   slice_tp_params(model_->layout(), full_layout_, full, local);
   model_->store().set_full_params(local);
@@ -241,16 +237,12 @@ Tensor Trainer::local_params(bool all_ranks) {
 void Trainer::load_or_init() {
   if (!cfg_.ckpt.load_dir.empty()) {
     Range r = opt_->optimizer_range();
-    const bool flat = model_->has_flat_buffers() && tp_ == 1 && pp_ == 1;
+    const bool flat = model_->has_flat_buffers() && shard_.tp == 1 && shard_.pp == 1;
     Tensor full = flat ? model_->params().view(0, {full_layout_.total})
                        : Tensor::empty({full_layout_.total}, DType::F32, dev_);
     CheckpointData d{&full_layout_, full, opt_->adam().m(), opt_->adam().v(), r.begin, r.end, 0, dp_rank_, dp_};
     d.opt_layout = &model_->layout();
-    d.tp = tp_;
-    d.tp_rank = tp_rank_;
-    d.pp = pp_;
-    d.pp_rank = pp_rank_;
-    d.vp = vp_;
+    d.shard = shard_;
     d.model = &cfg_.model;  // lets a checkpoint of another TP/PP/DP layout be reshaped (lib/ckpt/reshape.h)
     if (load_checkpoint(cfg_.ckpt.load_dir, state_, d)) {
       if (!flat) set_params_from_full(full);
@@ -372,8 +364,8 @@ double Trainer::evaluate() {
 }
 
 double Trainer::from_last_stage(double v) {
-  if (pp_ == 1) return v;
-  return comms_.pp->broadcast_scalar(v, dev_, pp_ - 1);
+  if (shard_.pp == 1) return v;
+  return comms_.pp->broadcast_scalar(v, dev_, shard_.pp - 1);
 }
 
 void Trainer::tied_embedding_all_reduce() {
@@ -393,11 +385,11 @@ Tensor Trainer::gather_stages(const ModelLayout& stage, const Tensor& stage_buf,
       out.view(f.offset, {f.numel}).copy_from(buf.view(p.offset, {p.numel}));
     }
   };
-  if (pp_rank_ == 0) place(stage, stage_buf, true);
-  for (int s = 1; s < pp_; ++s) {
-    if (pp_rank_ == s) comms_.pp->send(stage_buf.view(0, {stage.total}), 0);
-    if (pp_rank_ != 0) continue;
-    const ModelLayout ls = build_layout(cfg_.model, 1, 0, pp_, s, vp_);
+  if (shard_.pp_rank == 0) place(stage, stage_buf, true);
+  for (int s = 1; s < shard_.pp; ++s) {
+    if (shard_.pp_rank == s) comms_.pp->send(stage_buf.view(0, {stage.total}), 0);
+    if (shard_.pp_rank != 0) continue;
+    const ModelLayout ls = build_layout(cfg_.model, shard_.tp_gathered().at(0, s));
     Tensor buf = Tensor::empty({ls.total}, DType::F32, dev_);
     comms_.pp->recv(buf, s);
     place(ls, buf, false);
@@ -426,11 +418,7 @@ void Trainer::save() {
   CheckpointData d{&full_layout_, full, opt_->adam().m(), opt_->adam().v(), r.begin, r.end,
                    opt_->adam().step_count(), sharded ? dp_rank_ : 0, sharded ? dp_ : 1};
   d.opt_layout = &model_->layout();
-  d.tp = tp_;
-  d.tp_rank = tp_rank_;
-  d.pp = pp_;
-  d.pp_rank = pp_rank_;
-  d.vp = vp_;
+  d.shard = shard_;
   if (sharded || dp_rank_ == 0) write_checkpoint_files(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
   comms_.world->barrier();
   if (comms_.grid.rank == 0) commit_checkpoint(cfg_.ckpt.save_dir, state_.iteration);

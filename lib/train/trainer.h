@@ -76,8 +76,7 @@ class Trainer {
   Comms& comms_;
   int local_rank_ = 0;
   int dp_ = 1, dp_rank_ = 0;
-  int tp_ = 1, tp_rank_ = 0;
-  int pp_ = 1, pp_rank_ = 0, vp_ = 1;  // vp_: virtual stages per pipeline rank
+  ShardCoords shard_;  // this rank's model shard (tp, pp, virtual stages)
   std::unique_ptr<PipelineExecutor> pipe_;  // pp > 1
   ModelLayout full_layout_;  // the tp = 1 layout (checkpoints, HF import/export)
   std::unique_ptr<ZeroOptimizer> opt_;

@@ -67,7 +67,7 @@ void save_fabricated(const fs::path& dir, const ModelConfig& cfg, int tp, int dp
   st.consumed_samples = 80;
   for (int pr = 0; pr < pipe.pp; ++pr) {
     for (int tr = 0; tr < tp; ++tr) {
-      const ModelLayout local = build_layout(cfg, tp, tr, pipe.pp, pr, pipe.vp);
+      const ModelLayout local = build_layout(cfg, {tp, tr, pipe.pp, pr, pipe.vp});
       Tensor lm = Tensor::empty({local.total}, DType::F32), lv = Tensor::empty({local.total}, DType::F32);
       slice_tp_params(local, full, m, lm);
       slice_tp_params(local, full, v, lv);
@@ -82,11 +82,7 @@ void save_fabricated(const fs::path& dir, const ModelConfig& cfg, int tp, int dp
         CheckpointData d{&full, p, lm.view(g.begin, {g.size()}), lv.view(g.begin, {g.size()}), g.begin, g.end,
                          kStep, r, dp};
         d.opt_layout = &local;
-        d.tp = tp;
-        d.tp_rank = tr;
-        d.pp = pipe.pp;
-        d.pp_rank = pr;
-        d.vp = pipe.vp;
+        d.shard = {tp, tr, pipe.pp, pr, pipe.vp};
         write_checkpoint_files(dir.string(), st, d, nlohmann::json{{"note", "fabricated"}});
       }
     }
@@ -104,7 +100,7 @@ void check_load_rank(const fs::path& dir, const ModelConfig& cfg, const ModelLay
   const ModelLayout full = build_layout(cfg);
   const Tensor ep = expected_full(0, saved_full, full), em = expected_full(1, saved_full, full),
                ev = expected_full(2, saved_full, full);
-  const ModelLayout local = build_layout(cfg, tp, tr, pipe.pp, pr, pipe.vp);
+  const ModelLayout local = build_layout(cfg, {tp, tr, pipe.pp, pr, pipe.vp});
   Tensor lm = Tensor::empty({local.total}, DType::F32), lv = Tensor::empty({local.total}, DType::F32);
   slice_tp_params(local, full, em, lm);
   slice_tp_params(local, full, ev, lv);
@@ -117,11 +113,7 @@ void check_load_rank(const fs::path& dir, const ModelConfig& cfg, const ModelLay
     Tensor m = Tensor::zeros({g.size()}, DType::F32), v = Tensor::zeros({g.size()}, DType::F32);
     CheckpointData d{&full, p, m, v, g.begin, g.end, 0, r, dp};
     d.opt_layout = &local;
-    d.tp = tp;
-    d.tp_rank = tr;
-    d.pp = pipe.pp;
-    d.pp_rank = pr;
-    d.vp = pipe.vp;
+    d.shard = {tp, tr, pipe.pp, pr, pipe.vp};
     d.model = &cfg;
     TrainState st;
     REQUIRE(load_checkpoint(dir.string(), st, d));
@@ -168,7 +160,7 @@ TEST_CASE("write_reshaped rewrites a checkpoint for another layout offline") {
   save_fabricated(dir, src, 2, 2);
   ReshapeTarget t;
   t.model = model(false, 44);
-  t.tp = 4;
+  t.sizes.tp = 4;
   t.dp = 3;
   t.zero_stage = 1;
   t.config = {{"note", "converted"}};
@@ -219,7 +211,7 @@ TEST_CASE("a PP2 x TP2 x DP2 checkpoint reshapes to a single process and back, e
       REQUIRE(fs::exists(out / "one" / "global_step10" / "optim_rank00000_of_00001.safetensors"));
       check_load(out / "one", src, saved_full, 1, 1);
       ReshapeTarget back = one;
-      back.tp = back.dp = back.pp = back.vp = 2;
+      back.sizes.tp = back.dp = back.sizes.pp = back.sizes.vp = 2;
       write_reshaped(open_saved_step(find_step_dir((out / "one").string()), src), back, (out / "back").string());
       const nlohmann::json state = read_step_state(out / "back" / "global_step10").raw;
       CHECK(state.at("pipeline_model_parallel_size") == 2);

@@ -109,10 +109,10 @@ TEST_CASE("pipeline stage layouts split the layers and chain to the full model's
     INFO((llama ? "llama" : "gpt2"));
     ModelConfig cfg = test::tiny_model(llama);
     cfg.num_layers = 4;
-    CHECK_THROWS_WITH(build_layout(cfg, 1, 0, 3, 0), Catch::Contains("num_layers 4 is not divisible by "
+    CHECK_THROWS_WITH(build_layout(cfg, {.pp = 3}), Catch::Contains("num_layers 4 is not divisible by "
                                                                       "pipeline_model_parallel_size 3"));
     {  // interleaved: chunk c of rank r is virtual stage c * PP + r
-      ModelLayout r0 = build_layout(cfg, 1, 0, 2, 0, 2), r1 = build_layout(cfg, 1, 0, 2, 1, 2);
+      ModelLayout r0 = build_layout(cfg, {.pp = 2, .pp_rank = 0, .vp = 2}), r1 = build_layout(cfg, {.pp = 2, .pp_rank = 1, .vp = 2});
       REQUIRE((r0.chunks.size() == 2 && r0.chunks[0].begin == 0 && r0.chunks[1].begin == 2));
       REQUIRE((r1.chunks[0].begin == 1 && r1.chunks[1].begin == 3 && r1.chunks[1].end == 4));
       REQUIRE(r0.try_find("layers.1.norm1.weight") == nullptr);
