@@ -251,11 +251,17 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
 void GptModel::norm_forward(const std::string& prefix, const Tensor& out, const Tensor& mean,
                             const Tensor& rstd, const Tensor& inp) {
   if (d_.rmsnorm) {
-    ops::rmsnorm_forward({out, rstd, rows(inp), w(prefix + ".weight"), cfg_.norm_eps}, stream_);
+    ops::rmsnorm_forward(
+        {.out = out, .rstd = rstd, .inp = rows(inp), .weight = w(prefix + ".weight"), .eps = cfg_.norm_eps}, stream_);
   } else {
-    ops::layernorm_forward(
-        {out, mean, rstd, rows(inp), w(prefix + ".weight"), w(prefix + ".bias"), cfg_.norm_eps},
-        stream_);
+    ops::layernorm_forward({.out = out,
+                            .mean = mean,
+                            .rstd = rstd,
+                            .inp = rows(inp),
+                            .weight = w(prefix + ".weight"),
+                            .bias = w(prefix + ".bias"),
+                            .eps = cfg_.norm_eps},
+                           stream_);
   }
 }
 
@@ -264,12 +270,24 @@ void GptModel::norm_backward(const std::string& prefix, const Tensor& dinp, cons
   if (tp_.sp()) {
     sp_norm_backward(prefix, dinp, dout, inp, mean, rstd);
   } else if (d_.rmsnorm) {
-    ops::rmsnorm_backward({dinp, dw(prefix + ".weight"), dout, rows(inp), w(prefix + ".weight"),
-                           rstd, Accum::Add},
+    ops::rmsnorm_backward({.dinp = dinp,
+                           .dweight = dw(prefix + ".weight"),
+                           .dout = dout,
+                           .inp = rows(inp),
+                           .weight = w(prefix + ".weight"),
+                           .rstd = rstd,
+                           .accum = Accum::Add},
                           stream_);
   } else {
-    ops::layernorm_backward({dinp, dw(prefix + ".weight"), dw(prefix + ".bias"), dout, rows(inp),
-                             w(prefix + ".weight"), mean, rstd, Accum::Add},
+    ops::layernorm_backward({.dinp = dinp,
+                             .dweight = dw(prefix + ".weight"),
+                             .dbias = dw(prefix + ".bias"),
+                             .dout = dout,
+                             .inp = rows(inp),
+                             .weight = w(prefix + ".weight"),
+                             .mean = mean,
+                             .rstd = rstd,
+                             .accum = Accum::Add},
                             stream_);
   }
 }
@@ -284,59 +302,90 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y) {
   const bool row_bias = tp_.rank == 0;
   norm_forward(p + "norm1", a.norm1_out, a.norm1_mean, a.norm1_rstd, x);
   Tensor qkv_lin = d_.rope ? a.qkv_pre : a.qkv;
-  ops::matmul_forward({rows(qkv_lin), enter_tp(a.norm1_out), w(p + "attn.qkv.weight"),
-                       opt(p + "attn.qkv.bias", false)},
+  ops::matmul_forward({.out = rows(qkv_lin),
+                       .inp = enter_tp(a.norm1_out),
+                       .weight = w(p + "attn.qkv.weight"),
+                       .bias = opt(p + "attn.qkv.bias", false)},
                       stream_);
   const int nh = static_cast<int>(NHl_);
-  if (d_.rope) ops::rope_forward({a.qkv, a.qkv_pre, nh, 0, cfg_.rope_theta}, stream_);
-  ops::attention_forward({a.attn_out, a.lse, a.qkv, nh}, stream_);
-  ops::matmul_forward({exit_tp_target(a.resid_mid), rows(a.attn_out), w(p + "attn.proj.weight"),
-                       row_bias ? opt(p + "attn.proj.bias", false) : Tensor()},
+  if (d_.rope)
+    ops::rope_forward({.out = a.qkv, .inp = a.qkv_pre, .NH = nh, .pos_offset = 0, .theta = cfg_.rope_theta}, stream_);
+  ops::attention_forward({.out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = nh}, stream_);
+  ops::matmul_forward({.out = exit_tp_target(a.resid_mid),
+                       .inp = rows(a.attn_out),
+                       .weight = w(p + "attn.proj.weight"),
+                       .bias = row_bias ? opt(p + "attn.proj.bias", false) : Tensor()},
                       stream_);
   exit_tp(a.resid_mid);
-  ops::add({a.resid_mid, a.resid_mid, rows(x)}, stream_);
+  ops::add({.out = a.resid_mid, .a = a.resid_mid, .b = rows(x)}, stream_);
   norm_forward(p + "norm2", a.norm2_out, a.norm2_mean, a.norm2_rstd, a.resid_mid);
-  ops::matmul_forward({a.fc_out, enter_tp(a.norm2_out), w(p + "mlp.fc.weight"), opt(p + "mlp.fc.bias", false)},
+  ops::matmul_forward({.out = a.fc_out,
+                       .inp = enter_tp(a.norm2_out),
+                       .weight = w(p + "mlp.fc.weight"),
+                       .bias = opt(p + "mlp.fc.bias", false)},
                       stream_);
   if (d_.swiglu) {
-    ops::swiglu_forward({a.act_out, a.fc_out}, stream_);
+    ops::swiglu_forward({.out = a.act_out, .inp = a.fc_out}, stream_);
   } else {
-    ops::gelu_forward({a.act_out, a.fc_out, Tensor()}, stream_);
+    ops::gelu_forward({.out = a.act_out, .inp = a.fc_out, .dout = Tensor()}, stream_);
   }
   Tensor y2 = rows(y);
-  ops::matmul_forward({exit_tp_target(y2), a.act_out, w(p + "mlp.proj.weight"),
-                       row_bias ? opt(p + "mlp.proj.bias", false) : Tensor()},
+  ops::matmul_forward({.out = exit_tp_target(y2),
+                       .inp = a.act_out,
+                       .weight = w(p + "mlp.proj.weight"),
+                       .bias = row_bias ? opt(p + "mlp.proj.bias", false) : Tensor()},
                       stream_);
   exit_tp(y2);
-  ops::add({y2, y2, a.resid_mid}, stream_);
+  ops::add({.out = y2, .a = y2, .b = a.resid_mid}, stream_);
 }
 
 void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
   LayerActs& a = S().acts[l];
   const std::string p = "layers." + std::to_string(l) + ".";
   // MLP branch.
-  ops::matmul_backward({dact_, dw(p + "mlp.proj.weight"), opt(p + "mlp.proj.bias", true), exit_tp_backward(dresid),
-                        a.act_out,
-                        w(p + "mlp.proj.weight"), Accum::Overwrite},
+  ops::matmul_backward({.dinp = dact_,
+                        .dweight = dw(p + "mlp.proj.weight"),
+                        .dbias = opt(p + "mlp.proj.bias", true),
+                        .dout = exit_tp_backward(dresid),
+                        .inp = a.act_out,
+                        .weight = w(p + "mlp.proj.weight"),
+                        .accum = Accum::Overwrite},
                        stream_);
   if (d_.swiglu) {
-    ops::swiglu_backward({dfc_, dact_, a.fc_out}, stream_);
+    ops::swiglu_backward({.dinp = dfc_, .dout = dact_, .inp = a.fc_out}, stream_);
   } else {
-    ops::gelu_backward({dfc_, a.fc_out, dact_}, stream_);
+    ops::gelu_backward({.out = dfc_, .inp = a.fc_out, .dout = dact_}, stream_);
   }
-  ops::matmul_backward({dnorm_, dw(p + "mlp.fc.weight"), opt(p + "mlp.fc.bias", true), dfc_, enter_tp(a.norm2_out),
-                        w(p + "mlp.fc.weight"), Accum::Overwrite},
+  ops::matmul_backward({.dinp = dnorm_,
+                        .dweight = dw(p + "mlp.fc.weight"),
+                        .dbias = opt(p + "mlp.fc.bias", true),
+                        .dout = dfc_,
+                        .inp = enter_tp(a.norm2_out),
+                        .weight = w(p + "mlp.fc.weight"),
+                        .accum = Accum::Overwrite},
                        stream_);
   norm_backward(p + "norm2", dresid, enter_tp_backward(dnorm_), a.resid_mid, a.norm2_mean, a.norm2_rstd);
   // Attention branch.
-  ops::matmul_backward({rows(dattn_), dw(p + "attn.proj.weight"), opt(p + "attn.proj.bias", true),
-                        exit_tp_backward(dresid), rows(a.attn_out), w(p + "attn.proj.weight"), Accum::Overwrite},
+  ops::matmul_backward({.dinp = rows(dattn_),
+                        .dweight = dw(p + "attn.proj.weight"),
+                        .dbias = opt(p + "attn.proj.bias", true),
+                        .dout = exit_tp_backward(dresid),
+                        .inp = rows(a.attn_out),
+                        .weight = w(p + "attn.proj.weight"),
+                        .accum = Accum::Overwrite},
                        stream_);
   const int nh = static_cast<int>(NHl_);
-  ops::attention_backward({dqkv_, dattn_, a.attn_out, a.lse, a.qkv, nh}, stream_);
-  if (d_.rope) ops::rope_backward({dqkv_, dqkv_, nh, 0, cfg_.rope_theta}, stream_);
-  ops::matmul_backward({dnorm_, dw(p + "attn.qkv.weight"), opt(p + "attn.qkv.bias", true), rows(dqkv_),
-                        enter_tp(a.norm1_out), w(p + "attn.qkv.weight"), Accum::Overwrite},
+  ops::attention_backward({.dqkv = dqkv_, .dout = dattn_, .out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = nh},
+                          stream_);
+  if (d_.rope)
+    ops::rope_backward({.out = dqkv_, .inp = dqkv_, .NH = nh, .pos_offset = 0, .theta = cfg_.rope_theta}, stream_);
+  ops::matmul_backward({.dinp = dnorm_,
+                        .dweight = dw(p + "attn.qkv.weight"),
+                        .dbias = opt(p + "attn.qkv.bias", true),
+                        .dout = rows(dqkv_),
+                        .inp = enter_tp(a.norm1_out),
+                        .weight = w(p + "attn.qkv.weight"),
+                        .accum = Accum::Overwrite},
                        stream_);
   norm_backward(p + "norm1", dresid, enter_tp_backward(dnorm_), x, a.norm1_mean, a.norm1_rstd);
 }
@@ -353,7 +402,9 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
     // the replicated wpe is added by tp rank 0 only; the all-reduce sums both.
     Tensor wpe = tp_.rank == 0 ? opt("embed.wpe", false) : Tensor();
     Tensor emb = exit_tp_target(rows(S().resid[0])).reshape({B_, T_, d_.C});
-    ops::embedding_forward({emb, tokens, w("embed.wte"), wpe, vocab_start_, 0}, stream_);
+    ops::embedding_forward(
+        {.out = emb, .tokens = tokens, .wte = w("embed.wte"), .wpe = wpe, .vocab_start = vocab_start_, .pos_offset = 0},
+        stream_);
     exit_tp(rows(S().resid[0]));
     drop_params(0);
   }
@@ -370,7 +421,7 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
     use_params(0);
   }
   Tensor head = d_.untied ? w("head.weight") : w("embed.wte");  // this rank's vocab rows
-  ops::matmul_forward({S().logits, enter_tp(S().final_out), head, Tensor()}, stream_);
+  ops::matmul_forward({.out = S().logits, .inp = enter_tp(S().final_out), .weight = head, .bias = Tensor()}, stream_);
   drop_params(d_.untied ? last : 0);
 }
 
@@ -379,7 +430,13 @@ float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool 
   if (tp_.active())
     vocab_parallel_loss(t, loss_weight, backward);
   else
-    ops::cross_entropy({losses_, backward ? S().logits : Tensor(), S().logits, t, d_.V, loss_weight}, stream_);
+    ops::cross_entropy({.losses = losses_,
+                        .dlogits = backward ? S().logits : Tensor(),
+                        .logits = S().logits,
+                        .targets = t,
+                        .V = d_.V,
+                        .dloss = loss_weight},
+                       stream_);
   Tensor l = losses_.device().is_cpu() ? losses_ : losses_.to(Device::cpu());
   Tensor tg = t.device().is_cpu() ? t : t.to(Device::cpu());
   double sum = 0;
@@ -424,7 +481,13 @@ void GptModel::head_backward() {
   use_grads(head_unit);
   Tensor head = d_.untied ? w("head.weight") : w("embed.wte");
   Tensor dhead = d_.untied ? dw("head.weight") : dw("embed.wte");
-  ops::matmul_backward({dnorm_, dhead, Tensor(), S().logits, enter_tp(S().final_out), head, Accum::Overwrite},
+  ops::matmul_backward({.dinp = dnorm_,
+                        .dweight = dhead,
+                        .dbias = Tensor(),
+                        .dout = S().logits,
+                        .inp = enter_tp(S().final_out),
+                        .weight = head,
+                        .accum = Accum::Overwrite},
                        stream_);
   Tensor dfinal = enter_tp_backward(dnorm_);
   if (!d_.untied) {
@@ -456,7 +519,13 @@ void GptModel::backward(const Tensor& tokens, const Tensor& dout, int chunk) {
   use_grads(0);
   // Every rank: the same (replicated) wpe gradient (sequence parallel: gathered).
   Tensor demb = exit_tp_backward(dresid_).reshape({B_, T_, d_.C});
-  ops::embedding_backward({dw("embed.wte"), opt("embed.wpe", true), demb, tokens, vocab_start_, 0}, stream_);
+  ops::embedding_backward({.dwte = dw("embed.wte"),
+                           .dwpe = opt("embed.wpe", true),
+                           .dout = demb,
+                           .tokens = tokens,
+                           .vocab_start = vocab_start_,
+                           .pos_offset = 0},
+                          stream_);
   grads_done(0);
 }
 

@@ -72,18 +72,33 @@ void GptModel::sp_norm_backward(const std::string& prefix, const Tensor& dinp, c
   auto rows = [](const Tensor& t) { return t.reshape({t.numel() / t.size(-1), t.size(-1)}); };
   sp_dw_.zero_();
   if (d_.rmsnorm) {
-    ops::rmsnorm_backward({dinp, sp_dw_, dout, rows(inp), w(prefix + ".weight"), rstd, Accum::Add}, stream_);
+    ops::rmsnorm_backward({.dinp = dinp,
+                           .dweight = sp_dw_,
+                           .dout = dout,
+                           .inp = rows(inp),
+                           .weight = w(prefix + ".weight"),
+                           .rstd = rstd,
+                           .accum = Accum::Add},
+                          stream_);
   } else {
     sp_db_.zero_();
-    ops::layernorm_backward(
-        {dinp, sp_dw_, sp_db_, dout, rows(inp), w(prefix + ".weight"), mean, rstd, Accum::Add}, stream_);
+    ops::layernorm_backward({.dinp = dinp,
+                             .dweight = sp_dw_,
+                             .dbias = sp_db_,
+                             .dout = dout,
+                             .inp = rows(inp),
+                             .weight = w(prefix + ".weight"),
+                             .mean = mean,
+                             .rstd = rstd,
+                             .accum = Accum::Add},
+                            stream_);
     sp_all_reduce(tp_, sp_db_);
     Tensor db = dw(prefix + ".bias");
-    ops::add({db, db, sp_db_}, stream_);
+    ops::add({.out = db, .a = db, .b = sp_db_}, stream_);
   }
   sp_all_reduce(tp_, sp_dw_);
   Tensor dwt = dw(prefix + ".weight");
-  ops::add({dwt, dwt, sp_dw_}, stream_);
+  ops::add({.out = dwt, .a = dwt, .b = sp_dw_}, stream_);
 }
 
 }  // namespace ds

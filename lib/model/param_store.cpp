@@ -43,7 +43,7 @@ Tensor FlatParamStore::acquire_params(int unit) {
 }
 
 void FlatParamStore::params_updated() {
-  if (compute_.defined() && total_ > 0) ops::cast({compute_, params_.view(0, {total_})}, Stream{});
+  if (compute_.defined() && total_ > 0) ops::cast({.out = compute_, .inp = params_.view(0, {total_})}, Stream{});
 }
 
 Tensor FlatParamStore::acquire_grads(int unit) {

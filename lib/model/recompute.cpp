@@ -48,7 +48,7 @@ void GptModel::recompute_before_backward(int l) {
     layer_forward(l, S().resid[l], S().resid[l + 1]);
   } else if (recompute_.kind == RecomputeConfig::Kind::Selective) {
     LayerActs& a = S().acts[l];
-    ops::attention_forward({a.attn_out, a.lse, a.qkv, static_cast<int>(NHl_)}, stream_);
+    ops::attention_forward({.out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = static_cast<int>(NHl_)}, stream_);
   }
 }
 

@@ -50,7 +50,7 @@ void LowpEmulation::add(Tensor& t, const char* name, Role role) {
     group = static_cast<int>(groups_.size());
     groups_.push_back({t, name});
   }
-  groups_[group].out |= role == Role::Out;
+  groups_[group].out |= role != Role::In;  // Out, Accum and Stat fields are written
   fields_.push_back({&t, group});
 }
 

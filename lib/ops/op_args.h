@@ -10,14 +10,32 @@
 //  - Weight/bias gradients ACCUMULATE (+=) so micro-batches add up.
 //  - Input gradients follow the `accum` field where present (Overwrite or Add);
 //    elsewhere they are overwritten.
+//  - Each struct's tensor fields are declared once, right after it, by
+//    fields(args, f): f(tensor, name, role) for every Tensor field in order.
+//    The dispatcher's device key, the CPU low-precision emulation and the op
+//    tests all read that one list (docs/ops.md: adding an op).
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "lib/core/tensor.h"
 
 namespace ds {
 
 enum class Accum : uint8_t { Overwrite, Add };
+
+// How an op uses a tensor field.
+enum class Role : uint8_t {
+  In,      // read only
+  Out,     // written (overwritten, or per the struct's `accum` field)
+  Accum,   // read and written: += (weight gradients), in place (scale), set-only flags
+  Stat,    // an f32 statistic the op writes (mean, rstd, lse, losses)
+  Native,  // passed as it is: the kernel has its own dtype rules for it (master state, cast)
+};
+
+// fields(a, f) is declared per args struct (A is the struct, const or not).
+template <class A, class T>
+using IfArgs = std::enable_if_t<std::is_same_v<std::remove_const_t<A>, T>>;
 
 // Token (+ learned position) embedding. Vocab-parallel: this rank holds rows
 // [vocab_start, vocab_start + wte.size(0)); other tokens contribute zeros.
@@ -29,6 +47,12 @@ struct EmbeddingArgs {
   int64_t vocab_start = 0;
   int64_t pos_offset = 0;  // position of token 0 (sequence-parallel shards)
 };
+template <class A, class F> IfArgs<A, EmbeddingArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.tokens, "tokens", Role::In);
+  f(a.wte, "wte", Role::In);
+  f(a.wpe, "wpe", Role::In);
+}
 struct EmbeddingBwdArgs {
   Tensor dwte;     // (Vlocal, C) +=
   Tensor dwpe;     // (maxT, C) += or undefined
@@ -37,6 +61,12 @@ struct EmbeddingBwdArgs {
   int64_t vocab_start = 0;
   int64_t pos_offset = 0;
 };
+template <class A, class F> IfArgs<A, EmbeddingBwdArgs> fields(A& a, F&& f) {
+  f(a.dwte, "dwte", Role::Accum);
+  f(a.dwpe, "dwpe", Role::Accum);
+  f(a.dout, "dout", Role::In);
+  f(a.tokens, "tokens", Role::In);
+}
 
 struct LayerNormArgs {
   Tensor out;      // (N, C)
@@ -47,6 +77,14 @@ struct LayerNormArgs {
   Tensor bias;     // (C)
   float eps = 1e-5f;
 };
+template <class A, class F> IfArgs<A, LayerNormArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.mean, "mean", Role::Stat);
+  f(a.rstd, "rstd", Role::Stat);
+  f(a.inp, "inp", Role::In);
+  f(a.weight, "weight", Role::In);
+  f(a.bias, "bias", Role::In);
+}
 struct LayerNormBwdArgs {
   Tensor dinp;     // (N, C)
   Tensor dweight;  // (C) +=
@@ -58,6 +96,16 @@ struct LayerNormBwdArgs {
   Tensor rstd;     // (N)
   Accum accum = Accum::Overwrite;
 };
+template <class A, class F> IfArgs<A, LayerNormBwdArgs> fields(A& a, F&& f) {
+  f(a.dinp, "dinp", Role::Out);
+  f(a.dweight, "dweight", Role::Accum);
+  f(a.dbias, "dbias", Role::Accum);
+  f(a.dout, "dout", Role::In);
+  f(a.inp, "inp", Role::In);
+  f(a.weight, "weight", Role::In);
+  f(a.mean, "mean", Role::In);
+  f(a.rstd, "rstd", Role::In);
+}
 
 struct RMSNormArgs {
   Tensor out;      // (N, C)
@@ -66,6 +114,12 @@ struct RMSNormArgs {
   Tensor weight;   // (C)
   float eps = 1e-5f;
 };
+template <class A, class F> IfArgs<A, RMSNormArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.rstd, "rstd", Role::Stat);
+  f(a.inp, "inp", Role::In);
+  f(a.weight, "weight", Role::In);
+}
 struct RMSNormBwdArgs {
   Tensor dinp;     // (N, C)
   Tensor dweight;  // (C) +=
@@ -75,6 +129,14 @@ struct RMSNormBwdArgs {
   Tensor rstd;     // (N)
   Accum accum = Accum::Overwrite;
 };
+template <class A, class F> IfArgs<A, RMSNormBwdArgs> fields(A& a, F&& f) {
+  f(a.dinp, "dinp", Role::Out);
+  f(a.dweight, "dweight", Role::Accum);
+  f(a.dout, "dout", Role::In);
+  f(a.inp, "inp", Role::In);
+  f(a.weight, "weight", Role::In);
+  f(a.rstd, "rstd", Role::In);
+}
 
 // out = inp @ weight^T (+ bias). weight is (OC, C) as in nn.Linear.
 struct MatmulArgs {
@@ -83,6 +145,12 @@ struct MatmulArgs {
   Tensor weight;   // (OC, C)
   Tensor bias;     // (OC) or undefined
 };
+template <class A, class F> IfArgs<A, MatmulArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.inp, "inp", Role::In);
+  f(a.weight, "weight", Role::In);
+  f(a.bias, "bias", Role::In);
+}
 struct MatmulBwdArgs {
   Tensor dinp;     // (N, C) or undefined (skip)
   Tensor dweight;  // (OC, C) +=
@@ -92,6 +160,14 @@ struct MatmulBwdArgs {
   Tensor weight;   // (OC, C)
   Accum accum = Accum::Overwrite;  // for dinp
 };
+template <class A, class F> IfArgs<A, MatmulBwdArgs> fields(A& a, F&& f) {
+  f(a.dinp, "dinp", Role::Out);
+  f(a.dweight, "dweight", Role::Accum);
+  f(a.dbias, "dbias", Role::Accum);
+  f(a.dout, "dout", Role::In);
+  f(a.inp, "inp", Role::In);
+  f(a.weight, "weight", Role::In);
+}
 
 // Causal multi-head self-attention on a packed qkv buffer. Per token the row is
 // [q (NH*HS) | k (NH*HS) | v (NH*HS)], head h at columns h*HS..h*HS+HS-1 of each.
@@ -102,6 +178,11 @@ struct AttentionArgs {
   Tensor qkv;      // (B, T, 3*NH*HS)
   int NH = 0;
 };
+template <class A, class F> IfArgs<A, AttentionArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.lse, "lse", Role::Stat);
+  f(a.qkv, "qkv", Role::In);
+}
 struct AttentionBwdArgs {
   Tensor dqkv;     // (B, T, 3*NH*HS) overwritten
   Tensor dout;     // (B, T, NH*HS)
@@ -110,6 +191,13 @@ struct AttentionBwdArgs {
   Tensor qkv;      // (B, T, 3*NH*HS)
   int NH = 0;
 };
+template <class A, class F> IfArgs<A, AttentionBwdArgs> fields(A& a, F&& f) {
+  f(a.dqkv, "dqkv", Role::Out);
+  f(a.dout, "dout", Role::In);
+  f(a.out, "out", Role::In);
+  f(a.lse, "lse", Role::In);
+  f(a.qkv, "qkv", Role::In);
+}
 
 // Rotary position embedding on the q and k parts of a packed qkv buffer,
 // rotate-half convention (pairs i and i + HS/2, as Hugging Face LLaMA), v copied.
@@ -121,28 +209,51 @@ struct RopeArgs {
   int64_t pos_offset = 0;
   float theta = 10000.0f;
 };
+template <class A, class F> IfArgs<A, RopeArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.inp, "inp", Role::In);
+}
 
 struct GeluArgs {      // tanh approximation; backward: dinp = dout * gelu'(inp)
   Tensor out;      // (N) any shape; in backward: dinp
   Tensor inp;      // same shape
   Tensor dout;     // backward only
 };
+template <class A, class F> IfArgs<A, GeluArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.inp, "inp", Role::In);
+  f(a.dout, "dout", Role::In);
+}
 
 // SwiGLU: inp row = [gate (F) | up (F)], out = silu(gate) * up.
 struct SwigluArgs {
   Tensor out;      // (N, F)
   Tensor inp;      // (N, 2F)
 };
+template <class A, class F> IfArgs<A, SwigluArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.inp, "inp", Role::In);
+}
 struct SwigluBwdArgs {
   Tensor dinp;     // (N, 2F) overwritten
   Tensor dout;     // (N, F)
   Tensor inp;      // (N, 2F)
 };
+template <class A, class F> IfArgs<A, SwigluBwdArgs> fields(A& a, F&& f) {
+  f(a.dinp, "dinp", Role::Out);
+  f(a.dout, "dout", Role::In);
+  f(a.inp, "inp", Role::In);
+}
 
 // out = a + b (out may alias a or b).
 struct AddArgs {
   Tensor out, a, b;  // same shape
 };
+template <class A, class F> IfArgs<A, AddArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.a, "a", Role::In);
+  f(a.b, "b", Role::In);
+}
 
 // Fused softmax cross-entropy over the padded vocab. Columns >= V are padding
 // and excluded. Targets < 0 are ignored (loss 0, no gradient).
@@ -156,6 +267,12 @@ struct CrossEntropyArgs {
   int64_t V = 0;   // real vocab size
   float dloss = 1.0f;  // gradient of the total loss w.r.t. each row's loss
 };
+template <class A, class F> IfArgs<A, CrossEntropyArgs> fields(A& a, F&& f) {
+  f(a.losses, "losses", Role::Stat);
+  f(a.dlogits, "dlogits", Role::Out);
+  f(a.logits, "logits", Role::In);
+  f(a.targets, "targets", Role::In);
+}
 
 // Vocab-parallel softmax cross-entropy (the full logits are never gathered).
 // This rank holds logit columns [vocab_start, vocab_start + Vl) of the padded
@@ -182,6 +299,15 @@ struct VocabParallelCEArgs {
   int64_t V = 0;       // real vocab size
   float dloss = 1.0f;  // gradient of the total loss w.r.t. each row's loss
 };
+// rowmax and stats are written by one phase and read by the next: Out.
+template <class A, class F> IfArgs<A, VocabParallelCEArgs> fields(A& a, F&& f) {
+  f(a.logits, "logits", Role::In);
+  f(a.targets, "targets", Role::In);
+  f(a.rowmax, "rowmax", Role::Stat);
+  f(a.stats, "stats", Role::Stat);
+  f(a.losses, "losses", Role::Stat);
+  f(a.dlogits, "dlogits", Role::Out);
+}
 
 // Decoupled-weight-decay Adam on one parameter tensor (fp32 master).
 // If `param_lowp` is defined, the updated value is also written to it (cast).
@@ -195,22 +321,48 @@ struct AdamWArgs {
   int64_t step = 1;         // 1-based, for bias correction
   uint64_t sr_seed = 0;  // != 0: stochastic rounding of a bf16 param_lowp (seeded per step)
 };
+// param, m and v are f32 master state: passed as they are, so the kernel
+// rejects anything else. The kernel rounds into param_lowp itself (nearest or,
+// with sr_seed, stochastically).
+template <class A, class F> IfArgs<A, AdamWArgs> fields(A& a, F&& f) {
+  f(a.param, "param", Role::Native);
+  f(a.grad, "grad", Role::In);
+  f(a.m, "m", Role::Native);
+  f(a.v, "v", Role::Native);
+  f(a.param_lowp, "param_lowp", Role::Native);
+}
 
 struct SumSquaresArgs {
   Tensor out;      // (1) f32, +=
   Tensor x;        // any
 };
+template <class A, class F> IfArgs<A, SumSquaresArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Accum);
+  f(a.x, "x", Role::In);
+}
 struct NonFiniteArgs {
   Tensor flag;     // (1) f32, set to 1 if x has inf/nan (never cleared here)
   Tensor x;
 };
+template <class A, class F> IfArgs<A, NonFiniteArgs> fields(A& a, F&& f) {
+  f(a.flag, "flag", Role::Accum);
+  f(a.x, "x", Role::In);
+}
 struct ScaleArgs {
   Tensor x;        // in place: x *= s
   float s = 1.0f;
 };
+template <class A, class F> IfArgs<A, ScaleArgs> fields(A& a, F&& f) {
+  f(a.x, "x", Role::Accum);
+}
 struct CastArgs {
   Tensor out;      // any dtype, same numel
   Tensor inp;
 };
+// cast converts between all float dtypes itself.
+template <class A, class F> IfArgs<A, CastArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Native);
+  f(a.inp, "inp", Role::Native);
+}
 
 }  // namespace ds

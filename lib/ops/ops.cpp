@@ -8,29 +8,18 @@
 namespace ds::ops {
 namespace {
 
-// The tensor whose device decides where an op runs.
-const Tensor& key(const EmbeddingArgs& a) { return a.out; }
-const Tensor& key(const EmbeddingBwdArgs& a) { return a.dout; }
-const Tensor& key(const LayerNormArgs& a) { return a.out; }
-const Tensor& key(const LayerNormBwdArgs& a) { return a.dout; }
-const Tensor& key(const RMSNormArgs& a) { return a.out; }
-const Tensor& key(const RMSNormBwdArgs& a) { return a.dout; }
-const Tensor& key(const MatmulArgs& a) { return a.out; }
-const Tensor& key(const MatmulBwdArgs& a) { return a.dout; }
-const Tensor& key(const AttentionArgs& a) { return a.out; }
-const Tensor& key(const AttentionBwdArgs& a) { return a.dout; }
-const Tensor& key(const RopeArgs& a) { return a.out; }
-const Tensor& key(const GeluArgs& a) { return a.out; }
-const Tensor& key(const SwigluArgs& a) { return a.out; }
-const Tensor& key(const SwigluBwdArgs& a) { return a.dinp; }
-const Tensor& key(const AddArgs& a) { return a.out; }
-const Tensor& key(const CrossEntropyArgs& a) { return a.logits; }
-const Tensor& key(const VocabParallelCEArgs& a) { return a.logits; }
-const Tensor& key(const AdamWArgs& a) { return a.param; }
-const Tensor& key(const SumSquaresArgs& a) { return a.x; }
-const Tensor& key(const NonFiniteArgs& a) { return a.x; }
-const Tensor& key(const ScaleArgs& a) { return a.x; }
-const Tensor& key(const CastArgs& a) { return a.out; }
+// The tensor whose device decides where an op runs: the first defined
+// tensor field in the op's declaration (every field must be on one device,
+// which the backends check).
+template <class Args>
+const Tensor& key(const Args& a) {
+  const Tensor* k = nullptr;
+  fields(a, [&](const Tensor& t, const char*, Role) {
+    if (!k && t.defined()) k = &t;
+  });
+  DS_CHECK(k, "op called with no tensor defined");
+  return *k;
+}
 
 }  // namespace
 

@@ -46,7 +46,7 @@ void AdamW::step(const Tensor& params, const Tensor& grads, const AdamWHyper& h,
 
 double grad_sum_squares(const Tensor& grads, const Stream& s) {
   Tensor acc = Tensor::zeros({1}, DType::F32, grads.device());
-  ops::sum_squares({acc, grads}, s);
+  ops::sum_squares({.out = acc, .x = grads}, s);
   Tensor host = acc.device().is_cpu() ? acc : acc.to(Device::cpu());
   return static_cast<double>(host.data<float>()[0]);
 }

@@ -95,7 +95,7 @@ void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
 bool ZeroOptimizer::grads_nonfinite(Communicator& world) {
   Tensor g = store_ ? store_->grad_shard() : model_.grads().view(0, {model_.layout().total});
   Tensor flag = Tensor::zeros({1}, DType::F32, g.device());
-  if (g.numel() > 0) ops::nonfinite_check({flag, g}, Stream{});
+  if (g.numel() > 0) ops::nonfinite_check({.flag = flag, .x = g}, Stream{});
   if (world.size() > 1) world.all_reduce(flag);
   return flag.to(Device::cpu()).data<float>()[0] != 0.f;
 }

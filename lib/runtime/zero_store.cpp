@@ -91,11 +91,11 @@ void ZeroParamStore::gather_unit_compute(int unit, const Tensor& out) {
   if (compute_dtype_ == DType::F32) return gather_unit(unit, out);
   Tensor f = Tensor::empty({units_[unit].size()}, DType::F32, dev_);
   gather_unit(unit, f);
-  if (f.numel() > 0) ops::cast({out, f}, Stream{});
+  if (f.numel() > 0) ops::cast({.out = out, .inp = f}, Stream{});
 }
 
 void ZeroParamStore::refresh_compute() {
-  if (compute_.defined() && full_.numel() > 0) ops::cast({compute_, full_}, Stream{});
+  if (compute_.defined() && full_.numel() > 0) ops::cast({.out = compute_, .inp = full_}, Stream{});
 }
 
 void ZeroParamStore::fetch(int unit) {
@@ -190,7 +190,7 @@ void ZeroParamStore::reduce_unit(int unit, const Tensor& g) {
   Range mine = piece(unit, rank_);
   if (dp == 1) {
     Tensor dst = gshard_.view(mine.begin, {mine.size()});
-    ops::add({dst, dst, g}, Stream{});
+    ops::add({.out = dst, .a = dst, .b = g}, Stream{});
     return;
   }
   int64_t m = 0;
@@ -209,7 +209,7 @@ void ZeroParamStore::reduce_unit(int unit, const Tensor& g) {
     const int64_t c = std::clamp<int64_t>(mine.size() - off, 0, k);
     if (c == 0) continue;
     Tensor dst = gshard_.view(mine.begin - rank_ * part_.shard + off, {c});
-    ops::add({dst, dst, recv.view(0, {c})}, Stream{});
+    ops::add({.out = dst, .a = dst, .b = recv.view(0, {c})}, Stream{});
   }
 }
 
@@ -227,7 +227,8 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
     if (plan_.persistent[u] && units_[u].size() > 0) {
       const Tensor src = full.view(units_[u].begin, {units_[u].size()});
       if (compute_dtype_ == DType::F32) gathered_[u].copy_from(src);
-      else ops::cast({gathered_[u], src.device() == dev_ ? src : src.to(dev_)}, Stream{});
+      else
+        ops::cast({.out = gathered_[u], .inp = src.device() == dev_ ? src : src.to(dev_)}, Stream{});
     }
 }
 

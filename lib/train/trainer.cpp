@@ -84,18 +84,21 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
            shard_.tp, model_->layout().total, full_layout_.total, model_->dims().NH / shard_.tp,
            shard_.tp_rank * (model_->dims().Vp / shard_.tp), (shard_.tp_rank + 1) * (model_->dims().Vp / shard_.tp));
   if (shard_.pp > 1)
-    DS_LOG("pipeline parallel: {} stages ({}), this is stage {} with layers [{}, {}); {} micro-batches per step, "
-           "bubble fraction {:.3f}, up to {} chunk activations live",
-           shard_.pp, shard_.vp > 1 ? "interleaved 1F1B, " + std::to_string(shard_.vp) + " model chunks per stage" : std::string("1F1B"),
-           shard_.pp_rank, model_->layout().first_layer, model_->layout().end_layer, cfg_.batch.grad_accum_steps,
-           bubble_fraction(pipe_->kind(), shard_.pp, static_cast<int>(cfg_.batch.grad_accum_steps), shard_.vp),
-           pipe_->max_live());
+    DS_LOG(
+        "pipeline parallel: {} stages ({}), this is stage {} with layers [{}, {}); {} micro-batches per step, "
+        "bubble fraction {:.3f}, up to {} chunk activations live",
+        shard_.pp,
+        shard_.vp > 1 ? "interleaved 1F1B, " + std::to_string(shard_.vp) + " model chunks per stage"
+                      : std::string("1F1B"),
+        shard_.pp_rank, model_->layout().first_layer, model_->layout().end_layer, cfg_.batch.grad_accum_steps,
+        bubble_fraction(pipe_->kind(), shard_.pp, static_cast<int>(cfg_.batch.grad_accum_steps), shard_.vp),
+        pipe_->max_live());
   DS_LOG("batch: global {} = micro {} x grad accum {} x data parallel {}; {} train samples per epoch",
          cfg_.batch.train_batch_size, cfg_.batch.micro_batch_size, cfg_.batch.grad_accum_steps, cfg_.batch.dp_size,
          data_->train_samples_per_epoch());
   if (cfg_.parallel.sequence_parallel)
-    DS_LOG("sequence parallel: norms and residuals hold {} of the {} positions per rank", cfg_.model.seq_length / shard_.tp,
-           cfg_.model.seq_length);
+    DS_LOG("sequence parallel: norms and residuals hold {} of the {} positions per rank",
+           cfg_.model.seq_length / shard_.tp, cfg_.model.seq_length);
   DS_LOG("activations: {} bytes saved per micro-batch on this rank (micro {} x seq {}, recompute {}{})",
          model_->saved_activation_bytes(cfg_.batch.micro_batch_size, cfg_.model.seq_length),
          cfg_.batch.micro_batch_size, cfg_.model.seq_length,
@@ -327,7 +330,8 @@ bool Trainer::note_nan_iteration(float loss, double grad_norm) {
   if (nan_streak_ >= cfg_.max_nan_iterations)
     throw UserError(fmt::format(
         "training diverged: the loss or gradient norm was NaN/Inf in {} iterations in a row (iterations {}-{}); "
-        "their updates were not applied and no checkpoint holds them. Lower --lr, check the data, or resume from the last "
+        "their updates were not applied and no checkpoint holds them. Lower --lr, check the data, or resume from the "
+        "last "
         "checkpoint (--max-nan-iterations sets the limit)",
         nan_streak_, state_.iteration + 2 - nan_streak_, state_.iteration + 1));
   return true;
@@ -336,7 +340,7 @@ bool Trainer::note_nan_iteration(float loss, double grad_norm) {
 bool Trainer::state_nonfinite(const Tensor& full_params) {
   Tensor flag = Tensor::zeros({1}, DType::F32, dev_);
   for (const Tensor& t : {full_params, opt_->adam().m(), opt_->adam().v()})
-    if (t.defined() && t.numel() > 0) ops::nonfinite_check({flag, t}, Stream{});
+    if (t.defined() && t.numel() > 0) ops::nonfinite_check({.flag = flag, .x = t}, Stream{});
   if (comms_.world->size() > 1) comms_.world->all_reduce(flag);
   return flag.to(Device::cpu()).data<float>()[0] != 0.f;
 }
