@@ -14,6 +14,7 @@
 
 #include "lib/core/error.h"
 #include "lib/parallel/pipeline_schedule.h"
+#include "test/parallel/pipeline_sim.h"
 
 using namespace ds;
 using Catch::Matchers::Contains;
