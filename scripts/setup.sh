@@ -13,6 +13,8 @@ pkgs=(
   # tests with real components
   openssh-server openssh-client pdsh iproute2 numactl procps
   slurm-wlm munge
+  # fuzz targets (fuzz/: clang + libFuzzer with ASan/UBSan)
+  clang libclang-rt-dev
   # Hugging Face interop test (transformers loads our export)
   python3-torch python3-numpy python3-pip
 )

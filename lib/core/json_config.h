@@ -4,6 +4,8 @@
 // sections (typo protection), as a named warning for DeepSpeed sections we only
 // partly implement. Type mismatches are errors naming the full key path.
 #pragma once
+#include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -51,8 +53,7 @@ class JsonSection {
       if constexpr (std::is_same_v<T, bool>) {
         DS_USER_CHECK(v.is_boolean(), "config: '{}' must be true or false, got {}", full(key), v.dump());
       } else if constexpr (std::is_integral_v<T>) {
-        DS_USER_CHECK(v.is_number_integer() || (v.is_number() && v.get<double>() == (double)(long long)v.get<double>()),
-                      "config: '{}' must be an integer, got {}", full(key), v.dump());
+        return integer_in_range<T>(v, key);
       } else if constexpr (std::is_floating_point_v<T>) {
         DS_USER_CHECK(v.is_number(), "config: '{}' must be a number, got {}", full(key), v.dump());
       } else if constexpr (std::is_same_v<T, std::string>) {
@@ -62,6 +63,23 @@ class JsonSection {
     } catch (const nlohmann::json::exception& e) {
       DS_USER_ERROR("config: '{}' has the wrong type ({}): {}", full(key), v.dump(), e.what());
     }
+  }
+
+  // An integer (or a float with an integral value, like 1e3) that T can hold;
+  // anything else is a UserError naming the key, never a wrapped or UB cast.
+  template <class T>
+  T integer_in_range(const nlohmann::json& v, const std::string& key) const {
+    constexpr long double lo = static_cast<long double>(std::numeric_limits<T>::min());
+    constexpr long double hi = static_cast<long double>(std::numeric_limits<T>::max());
+    long double x = 0;
+    bool ok = v.is_number();
+    if (v.is_number_unsigned()) x = static_cast<long double>(v.get<uint64_t>());
+    else if (v.is_number_integer()) x = static_cast<long double>(v.get<int64_t>());
+    else if (ok) x = v.get<double>(), ok = std::isfinite(x) && std::trunc(x) == x;
+    DS_USER_CHECK(ok, "config: '{}' must be an integer, got {}", full(key), v.dump());
+    DS_USER_CHECK(x >= lo && x <= hi, "config: '{}' must be an integer in [{}, {}], got {}", full(key),
+                  std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), v.dump());
+    return static_cast<T>(x);
   }
 
   nlohmann::json obj_;

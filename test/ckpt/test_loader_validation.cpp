@@ -331,3 +331,17 @@ TEST_CASE("dsconvert answers a broken checkpoint with one error line, exit 1") {
   CHECK_THAT(text, Contains("dsconvert: error:") && Contains("'layout[5]'"));
   CHECK_FALSE(fs::exists(s.dir / "hf"));
 }
+
+TEST_CASE("JSON config integers outside their type are errors naming the key") {
+  const nlohmann::json j = nlohmann::json::parse(
+      R"({"big": 1e50, "over_int": 3e9, "whole": 4.0, "half": 2.5, "u64": 18446744073709551615, "neg": -1})");
+  JsonSection s(j, "model");
+  CHECK_THROWS_WITH(s.get<int>("big", 0), Contains("'model.big'"));  // found by fuzz_config (UBSan)
+  CHECK_THROWS_WITH(s.get<int>("over_int", 0), Contains("'model.over_int' must be an integer in"));
+  CHECK(s.get<int64_t>("over_int", 0) == 3000000000LL);
+  CHECK(s.get<int>("whole", 0) == 4);
+  CHECK_THROWS_WITH(s.get<int>("half", 0), Contains("'model.half' must be an integer"));
+  CHECK_THROWS_WITH(s.get<int64_t>("u64", 0), Contains("'model.u64'"));
+  CHECK(s.get<uint64_t>("u64", 0) == 18446744073709551615ull);
+  CHECK_THROWS_WITH(s.get<uint32_t>("neg", 0), Contains("'model.neg'"));
+}
