@@ -12,7 +12,7 @@
 #include <filesystem>
 
 #include "lib/ckpt/hf.h"
-#include "lib/ckpt/reshape.h"
+#include "lib/ckpt/convert.h"
 #include "lib/core/error.h"
 #include "lib/train/config.h"
 

@@ -110,15 +110,6 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
 
 }  // namespace
 
-std::string step_dir_name(int64_t iteration) { return "global_step" + std::to_string(iteration); }
-
-std::string optimizer_shard_name(int rank, int world, const ShardCoords& s) {
-  if (s.pp > 1)
-    return fmt::format("optim_pp{:02d}_tp{:02d}_rank{:05d}_of_{:05d}.safetensors", s.pp_rank, s.tp_rank, rank, world);
-  if (s.tp > 1) return fmt::format("optim_tp{:02d}_rank{:05d}_of_{:05d}.safetensors", s.tp_rank, rank, world);
-  return fmt::format("optim_rank{:05d}_of_{:05d}.safetensors", rank, world);
-}
-
 void write_checkpoint_files(const std::string& dir, const TrainState& st, const CheckpointData& d,
                             const nlohmann::json& config) {
   fs::path tmp = fs::path(dir) / tmp_dir_name(st.iteration);

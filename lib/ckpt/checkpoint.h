@@ -12,6 +12,7 @@
 #include <string>
 
 #include "lib/ckpt/state_json.h"
+#include "lib/ckpt/step_names.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
 
@@ -57,13 +58,5 @@ void save_checkpoint(const std::string& dir, const TrainState& st, const Checkpo
 // tensors. A write error (e.g. a full disk) while saving is a UserError naming
 // the path, and the temporary step directory is removed.
 bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d);
-
-// The step directory name for an iteration: "global_step<N>".
-std::string step_dir_name(int64_t iteration);
-// Optimizer shard file name of ZeRO shard `rank` of `world` of model shard s:
-// optim_rankRRRRR_of_WWWWW.safetensors (tp 1) or
-// optim_tpTT_rankRRRRR_of_WWWWW.safetensors; with pp > 1
-// optim_ppPP_tpTT_rankRRRRR_of_WWWWW.safetensors.
-std::string optimizer_shard_name(int rank, int world, const ShardCoords& s = {});
 
 }  // namespace ds

@@ -161,43 +161,4 @@ void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, 
   }
 }
 
-namespace {
-
-// Writes the optimizer shards of target (stage pr, tp rank tr): every ZeRO
-// range of its local layout, cut from the full moments.
-void write_target_rank(const std::string& out_dir, const TrainState& st, const ReshapeTarget& t,
-                       const ModelLayout& full, const Tensor& params, const Tensor& m_full, const Tensor& v_full,
-                       int64_t opt_step, int world, int pr, int tr) {
-  const ModelLayout local = build_layout(t.model, t.sizes.at(tr, pr));
-  Tensor lm = Tensor::empty({local.total}, DType::F32), lv = Tensor::empty({local.total}, DType::F32);
-  slice_tp_params(local, full, m_full, lm);
-  slice_tp_params(local, full, v_full, lv);
-  const ZeroPartition part = make_zero_partition(local.total, world);
-  for (int r = 0; r < world; ++r) {
-    const Range rg = world == 1 ? Range{0, local.total} : part.owned_real(r);
-    CheckpointData d{&full, params, lm.view(rg.begin, {rg.size()}), lv.view(rg.begin, {rg.size()}),
-                     rg.begin, rg.end, opt_step, r, world};
-    d.opt_layout = &local;
-    d.shard = t.sizes.at(tr, pr);
-    write_checkpoint_files(out_dir, st, d, t.config);
-  }
-}
-
-}  // namespace
-
-void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::string& out_dir) {
-  const ModelLayout full = build_layout(t.model);
-  Tensor params = read_full_params(s, full);
-  FullMoments fm = assemble_full_moments(s);
-  Tensor m_full = adapt_full(s.full, full, fm.m), v_full = adapt_full(s.full, full, fm.v);
-  const int64_t opt_step = fm.step;
-  fm = FullMoments{};  // release the saved-layout copies
-  const TrainState st = s.state.train;
-  const int world = t.zero_stage >= 1 ? t.dp : 1;  // stage 0: one shard holds the whole (pp, tp) rank
-  for (int pr = 0; pr < t.sizes.pp; ++pr)
-    for (int tr = 0; tr < t.sizes.tp; ++tr) write_target_rank(out_dir, st, t, full, params, m_full, v_full, opt_step,
-                                                        world, pr, tr);
-  commit_checkpoint(out_dir, st.iteration);
-}
-
 }  // namespace ds

@@ -17,7 +17,6 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <string>
 
 #include "lib/ckpt/checkpoint.h"
@@ -90,17 +89,5 @@ int64_t read_moment_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t 
 // d.opt_begin) and the step count for d's target layouts. d.model is required.
 void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, Tensor& m, Tensor& v,
                    int64_t& opt_step);
-
-// Target of an offline conversion.
-struct ReshapeTarget {
-  ModelConfig model;       // with the target padded vocabulary
-  ShardCoords sizes;       // tp, pp, vp (virtual stages per rank); ranks 0
-  int dp = 1;
-  int zero_stage = 1;      // 0: one optimizer shard per (pp, tp) rank (every dp rank holds all)
-  nlohmann::json config;   // the resolved config to store in state.json
-};
-// Writes the step of `s` as a checkpoint for `t` under out_dir (its own
-// temporary step directory renamed into place, then `latest`).
-void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::string& out_dir);
 
 }  // namespace ds

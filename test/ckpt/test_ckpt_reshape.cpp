@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "lib/ckpt/checkpoint.h"
-#include "lib/ckpt/reshape.h"
+#include "lib/ckpt/convert.h"
 #include "lib/core/error.h"
 #include "lib/model/tp_shard.h"
 #include "lib/parallel/zero_partition.h"
