@@ -47,5 +47,12 @@ void set_attention_backend(AttentionBackend b);
 AttentionBackend attention_backend();
 // "flash" | "plain" | "cudnn" -> backend; throws UserError on anything else.
 AttentionBackend attention_backend_from_name(const std::string& name);
+// Attention calls (non-empty) by the path that ran, since the process
+// started: a flash call that fell back (logged once per shape with the
+// reason) counts as plain. Tests use it to assert that flash really ran.
+struct AttentionPathCounts {
+  int64_t flash_forward = 0, plain_forward = 0, flash_backward = 0, plain_backward = 0;
+};
+AttentionPathCounts attention_path_counts();
 
 }  // namespace ds::cuda

@@ -1,12 +1,35 @@
 // attention_forward / attention_backward: argument checks and the choice of
 // implementation (flash, plain; cudnn reserved) from set_attention_backend().
+// A flash call that falls back to the plain kernels says why, once per shape,
+// and every call is counted by path (attention_path_counts()).
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <tuple>
+
 #include "cuda/attn/attention.h"
 #include "cuda/core/common.cuh"
 #include "cuda/cuda_api.h"
+#include "lib/core/log.h"
 #include "lib/ops/ops.h"
 
 namespace ds::cuda {
 namespace {
+
+std::atomic<int64_t> g_flash_fwd{0}, g_plain_fwd{0}, g_flash_bwd{0}, g_plain_bwd{0};
+
+// Logs `why` the first time a (direction, shape, dtype) falls back to plain.
+void note_fallback(const char* op, const AttnShape& sh, DType dt, const std::string& why) {
+  static std::mutex mu;
+  static std::set<std::tuple<std::string, int64_t, int64_t, int, int, int>> seen;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!seen.insert({op, sh.B, sh.T, sh.NH, sh.HS, int(dt)}).second) return;
+  }
+  warn_line(std::string(op) + ": flash attention not used for B=" + std::to_string(sh.B) + " T=" +
+            std::to_string(sh.T) + " NH=" + std::to_string(sh.NH) + " HS=" + std::to_string(sh.HS) + " " +
+            dtype_name(dt) + " (" + why + "); running the plain kernels");
+}
 
 AttnShape attn_shape(const Tensor& qkv, int NH, const char* op) {
   DS_CUDA_REQUIRE(NH > 0 && qkv.dim() == 3 && qkv.size(2) % (3 * NH) == 0,
@@ -35,6 +58,21 @@ void reject_cudnn(const char* op) {
 
 }  // namespace
 
+std::string flash_unsupported(const AttnShape& sh, DType dt, std::initializer_list<const Tensor*> ptrs) {
+  if (dt != DType::BF16 && dt != DType::F16)
+    return std::string("dtype ") + dtype_name(dt) + ": the flash kernels run bf16 and f16";
+  if (sh.HS != 64 && sh.HS != 128)
+    return "head size " + std::to_string(sh.HS) + ": the flash kernels support 64 and 128";
+  for (const Tensor* t : ptrs)
+    if ((reinterpret_cast<uintptr_t>(t->raw()) & 15) != 0) return "a tensor is not 16-byte aligned";
+  if (sh.T > int64_t(65535) * 64 || sh.NH > 65535 || sh.B > 65535) return "B, T or NH beyond the grid limits";
+  return "";
+}
+
+AttentionPathCounts attention_path_counts() {
+  return {g_flash_fwd.load(), g_plain_fwd.load(), g_flash_bwd.load(), g_plain_bwd.load()};
+}
+
 void attention_forward(const AttentionArgs& a, const Stream& s) {
   const char* op = "attention_forward";
   AttnShape sh = attn_shape(a.qkv, a.NH, op);
@@ -43,7 +81,15 @@ void attention_forward(const AttentionArgs& a, const Stream& s) {
   expect_dtype(a.lse, DType::F32, sh.B * sh.NH * sh.T, op, "lse");
   if (rows == 0) return;
   reject_cudnn(op);
-  if (attention_backend() == AttentionBackend::Flash && flash_attention_forward(a, sh, s)) return;
+  if (attention_backend() == AttentionBackend::Flash) {
+    const std::string why = flash_attention_forward(a, sh, s);
+    if (why.empty()) {
+      g_flash_fwd += 1;
+      return;
+    }
+    note_fallback(op, sh, a.qkv.dtype(), why);
+  }
+  g_plain_fwd += 1;
   plain_attention_forward(a, sh, s);
 }
 
@@ -57,8 +103,15 @@ void attention_backward(const AttentionBwdArgs& a, const Stream& s) {
   expect_dtype(a.lse, DType::F32, sh.B * sh.NH * sh.T, op, "lse");
   if (rows == 0) return;
   reject_cudnn(op);
-  if (attention_backend() == AttentionBackend::Flash && flash_attention_backward(a, sh, s))
-    return;
+  if (attention_backend() == AttentionBackend::Flash) {
+    const std::string why = flash_attention_backward(a, sh, s);
+    if (why.empty()) {
+      g_flash_bwd += 1;
+      return;
+    }
+    note_fallback(op, sh, a.qkv.dtype(), why);
+  }
+  g_plain_bwd += 1;
   plain_attention_backward(a, sh, s);
 }
 

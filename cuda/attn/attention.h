@@ -2,6 +2,8 @@
 // implementations: the plain reference kernels and the fused flash kernels.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 
 #include "lib/core/stream.h"
 #include "lib/ops/op_args.h"
@@ -16,9 +18,12 @@ struct AttnShape {
 void plain_attention_forward(const AttentionArgs& a, const AttnShape& sh, const Stream& s);
 void plain_attention_backward(const AttentionBwdArgs& a, const AttnShape& sh, const Stream& s);
 
-// Return false (running nothing) when the case is not supported by the fused
-// kernels (dtype f32, head size other than 64/128); the caller falls back.
-bool flash_attention_forward(const AttentionArgs& a, const AttnShape& sh, const Stream& s);
-bool flash_attention_backward(const AttentionBwdArgs& a, const AttnShape& sh, const Stream& s);
+// Launch the fused kernels and return "" , or return why the case is not
+// supported (dtype f32, head size other than 64/128, alignment, grid limits,
+// shared memory) without running anything; the caller falls back and logs it.
+std::string flash_attention_forward(const AttentionArgs& a, const AttnShape& sh, const Stream& s);
+std::string flash_attention_backward(const AttentionBwdArgs& a, const AttnShape& sh, const Stream& s);
+// The common support checks of both directions ("" when supported).
+std::string flash_unsupported(const AttnShape& sh, DType dt, std::initializer_list<const Tensor*> ptrs);
 
 }  // namespace ds::cuda

@@ -228,11 +228,12 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(BwdParams<T> p) {
 }
 
 template <class T, int HS>
-bool launch_bwd(const AttentionBwdArgs& a, const AttnShape& sh, const Stream& s) {
+std::string launch_bwd(const AttentionBwdArgs& a, const AttnShape& sh, const Stream& s) {
   auto dkdv = flash_dkdv_kernel<T, HS>;
   auto dq = flash_dq_kernel<T, HS>;
   size_t smem = BwdSmem<HS>::total;
-  if (!prepare_smem(dkdv, smem) || !prepare_smem(dq, smem)) return false;
+  if (std::string why = prepare_smem(dkdv, smem); !why.empty()) return why;
+  if (std::string why = prepare_smem(dq, smem); !why.empty()) return why;
   int64_t rows = sh.B * sh.T * sh.NH;
   auto* Drow = static_cast<float*>(
       stream_workspace(s, sizeof(float) * size_t(rows), WorkspaceSlot::Attn));
@@ -246,27 +247,21 @@ bool launch_bwd(const AttentionBwdArgs& a, const AttnShape& sh, const Stream& s)
   DS_CUDA_CHECK_LAUNCH();
   dq<<<grid, kThreads, smem, stream_of(s)>>>(p);
   DS_CUDA_CHECK_LAUNCH();
-  return true;
+  return "";
 }
 
 template <class T>
-bool launch_bwd_hs(const AttentionBwdArgs& a, const AttnShape& sh, const Stream& s) {
-  if (sh.HS == 64) return launch_bwd<T, 64>(a, sh, s);
-  if (sh.HS == 128) return launch_bwd<T, 128>(a, sh, s);
-  return false;
+std::string launch_bwd_hs(const AttentionBwdArgs& a, const AttnShape& sh, const Stream& s) {
+  return sh.HS == 64 ? launch_bwd<T, 64>(a, sh, s) : launch_bwd<T, 128>(a, sh, s);
 }
 
 }  // namespace
 }  // namespace flash
 
-bool flash_attention_backward(const AttentionBwdArgs& a, const AttnShape& sh, const Stream& s) {
-  if (sh.HS != 64 && sh.HS != 128) return false;
-  for (const Tensor* t : {&a.qkv, &a.dqkv, &a.dout, &a.out})
-    if (!flash::aligned16(t->raw())) return false;
-  if (sh.T > (int64_t(65535) * flash::kTile) || sh.NH > 65535 || sh.B > 65535) return false;
-  if (a.qkv.dtype() == DType::BF16) return flash::launch_bwd_hs<bf16>(a, sh, s);
-  if (a.qkv.dtype() == DType::F16) return flash::launch_bwd_hs<f16>(a, sh, s);
-  return false;
+std::string flash_attention_backward(const AttentionBwdArgs& a, const AttnShape& sh, const Stream& s) {
+  if (std::string why = flash_unsupported(sh, a.qkv.dtype(), {&a.qkv, &a.dqkv, &a.dout, &a.out}); !why.empty())
+    return why;
+  return a.qkv.dtype() == DType::BF16 ? flash::launch_bwd_hs<bf16>(a, sh, s) : flash::launch_bwd_hs<f16>(a, sh, s);
 }
 
 }  // namespace ds::cuda

@@ -6,6 +6,8 @@
 #pragma once
 #include <mma.h>
 
+#include <string>
+
 #include "cuda/attn/attention.h"
 #include "cuda/core/common.cuh"
 
@@ -74,17 +76,19 @@ __device__ __forceinline__ void mma_ab(FragC& acc, const T* a, int lda, const T*
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// Sets the dynamic shared-memory limit of `kernel` and reports whether the
-// device can give `bytes` to one block.
+// Sets the dynamic shared-memory limit of `kernel`; returns "" or, when the
+// device cannot give `bytes` to one block, the reason.
 template <class K>
-bool prepare_smem(K kernel, size_t bytes) {
+std::string prepare_smem(K kernel, size_t bytes) {
   int dev = 0, optin = 0;
   DS_CUDA_CHECK(cudaGetDevice(&dev));
   DS_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (bytes > size_t(optin)) return false;
+  if (bytes > size_t(optin))
+    return "needs " + std::to_string(bytes) + " bytes of shared memory per block, the device allows " +
+           std::to_string(optin);
   DS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      int(bytes)));
-  return true;
+  return "";
 }
 
 }  // namespace ds::cuda::flash

@@ -119,34 +119,28 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FwdParams<T> p) {
 }
 
 template <class T, int HS>
-bool launch_fwd(const AttentionArgs& a, const AttnShape& sh, const Stream& s) {
+std::string launch_fwd(const AttentionArgs& a, const AttnShape& sh, const Stream& s) {
   auto kernel = flash_fwd_kernel<T, HS>;
-  if (!prepare_smem(kernel, FwdSmem<HS>::total)) return false;
+  if (std::string why = prepare_smem(kernel, FwdSmem<HS>::total); !why.empty()) return why;
   FwdParams<T> p{a.out.data<T>(), a.lse.data<float>(), a.qkv.data<T>(), sh.T, sh.NH,
                  1.0f / sqrtf(float(HS))};
   dim3 grid(unsigned((sh.T + kTile - 1) / kTile), unsigned(sh.NH), unsigned(sh.B));
   kernel<<<grid, kThreads, FwdSmem<HS>::total, stream_of(s)>>>(p);
   DS_CUDA_CHECK_LAUNCH();
-  return true;
+  return "";
 }
 
 template <class T>
-bool launch_fwd_hs(const AttentionArgs& a, const AttnShape& sh, const Stream& s) {
-  if (sh.HS == 64) return launch_fwd<T, 64>(a, sh, s);
-  if (sh.HS == 128) return launch_fwd<T, 128>(a, sh, s);
-  return false;
+std::string launch_fwd_hs(const AttentionArgs& a, const AttnShape& sh, const Stream& s) {
+  return sh.HS == 64 ? launch_fwd<T, 64>(a, sh, s) : launch_fwd<T, 128>(a, sh, s);
 }
 
 }  // namespace
 }  // namespace flash
 
-bool flash_attention_forward(const AttentionArgs& a, const AttnShape& sh, const Stream& s) {
-  if (sh.HS != 64 && sh.HS != 128) return false;
-  if (!flash::aligned16(a.qkv.raw()) || !flash::aligned16(a.out.raw())) return false;
-  if (sh.T > (int64_t(65535) * flash::kTile) || sh.NH > 65535 || sh.B > 65535) return false;
-  if (a.qkv.dtype() == DType::BF16) return flash::launch_fwd_hs<bf16>(a, sh, s);
-  if (a.qkv.dtype() == DType::F16) return flash::launch_fwd_hs<f16>(a, sh, s);
-  return false;
+std::string flash_attention_forward(const AttentionArgs& a, const AttnShape& sh, const Stream& s) {
+  if (std::string why = flash_unsupported(sh, a.qkv.dtype(), {&a.qkv, &a.out}); !why.empty()) return why;
+  return a.qkv.dtype() == DType::BF16 ? flash::launch_fwd_hs<bf16>(a, sh, s) : flash::launch_fwd_hs<f16>(a, sh, s);
 }
 
 }  // namespace ds::cuda

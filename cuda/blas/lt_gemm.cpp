@@ -1,7 +1,11 @@
 // cuBLASLt wrapper (see lt_gemm.h). FP32 problems use CUBLAS_COMPUTE_32F (no
 // TF32), bf16/f16 use fp32 accumulation. Plans (descriptors + algorithm) are
 // cached per (device, shape, dtypes, epilogue, pointer alignment) because the
-// heuristic query costs far more than the GEMM for small shapes.
+// heuristic query costs far more than the GEMM for small shapes. The bias is a
+// view into the flat parameter buffer, so its alignment varies: it is part of
+// the key, the heuristic sees the real bias pointer, and an algorithm that
+// cublasLtMatmul refuses for it turns the plan into "no fused bias" (the
+// caller then adds the bias with its own kernel).
 #include "cuda/blas/lt_gemm.h"
 
 #include <cublasLt.h>
@@ -37,7 +41,7 @@ int alignment_of(const void* p) {
 }
 
 using PlanKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int, int, bool, int, int, int, int>;
+                           int, int, bool, int, int, int, int, int>;
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -81,6 +85,7 @@ Plan make_plan(cublasLtHandle_t h, const LtGemm& g, int al_a, int al_b, int al_d
   if (g.bias) {
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(g.bias_type));
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);  // the heuristic sees the real pointer
   }
   cudaDataType_t tab = cuda_type(g.ab_type), td = cuda_type(g.d_type);
   DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, tab, g.transa ? g.k : g.m,
@@ -127,9 +132,10 @@ bool lt_gemm(const LtGemm& g, const Stream& s) {
   int dev = 0;
   DS_CUDA_CHECK(cudaGetDevice(&dev));
   int al_a = alignment_of(g.A), al_b = alignment_of(g.B), al_d = alignment_of(g.D);
+  int al_bias = g.bias ? alignment_of(g.bias) : 0;
   PlanKey key{dev, g.transa, g.transb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd,
               int(g.ab_type), int(g.d_type), g.bias != nullptr, int(g.bias_type),
-              al_a, al_b, al_d};
+              al_a, al_b, al_d, al_bias};
   void* ws = stream_workspace(s, kWorkspaceBytes, WorkspaceSlot::Blas);
   LtState& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -145,9 +151,13 @@ bool lt_gemm(const LtGemm& g, const Stream& s) {
     return false;
   }
   if (g.bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
-  DS_CUBLAS_CHECK(cublasLtMatmul(h, p.desc, &g.alpha, g.A, p.a, g.B, p.b, &g.beta, g.D, p.d,
-                                 g.D, p.d, &p.algo, ws, kWorkspaceBytes,
-                                 static_cast<cudaStream_t>(s.handle)));
+  const cublasStatus_t r = cublasLtMatmul(h, p.desc, &g.alpha, g.A, p.a, g.B, p.b, &g.beta, g.D, p.d, g.D, p.d,
+                                          &p.algo, ws, kWorkspaceBytes, static_cast<cudaStream_t>(s.handle));
+  if (r == CUBLAS_STATUS_NOT_SUPPORTED && g.bias) {
+    p.ok = false;  // this key keeps falling back to the separate bias kernel
+    return false;
+  }
+  DS_CUBLAS_CHECK(r);
   return true;
 }
 

@@ -27,7 +27,9 @@ struct LtGemm {
 };
 
 // Runs the GEMM on stream s. Returns false (and runs nothing) when cuBLASLt has
-// no algorithm for the bias epilogue with these types; throws on other errors.
+// no algorithm for the bias epilogue with these types, dtypes and pointer
+// alignments (including the bias's), or refuses the chosen one at run time
+// (CUBLAS_STATUS_NOT_SUPPORTED); throws on other errors.
 bool lt_gemm(const LtGemm& g, const Stream& s);
 
 }  // namespace ds::cuda

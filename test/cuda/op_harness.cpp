@@ -103,13 +103,13 @@ TensorMap host_copies(const Fields& fields, DType dt, bool round) {
 }  // namespace
 
 void check_op(const std::string& what, const Fields& fields, DType dt, const OpRunner& run,
-              double f32_tol) {
+              double f32_tol, const OpRunner* baseline) {
   TensorMap ref = host_copies(fields, dt, false);
   run(ref, false);
   TensorMap base;
   if (dt != DType::F32) {
     base = host_copies(fields, dt, true);
-    run(base, false);
+    (baseline ? *baseline : run)(base, false);
   }
   TensorMap dev;
   for (auto& [name, f] : fields)

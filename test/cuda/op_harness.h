@@ -55,7 +55,9 @@ inline Tensor get(const TensorMap& m, const std::string& name) {
 using OpRunner = std::function<void(const TensorMap&, bool on_gpu)>;
 
 // Runs the comparison described above for dtype dt; `what` names the case.
+// `baseline`, when given, replaces `run` for the naive low-precision baseline
+// (for ops whose kernels round intermediates, e.g. attention's P and dS).
 void check_op(const std::string& what, const Fields& fields, DType dt, const OpRunner& run,
-              double f32_tol = 1e-5);
+              double f32_tol = 1e-5, const OpRunner* baseline = nullptr);
 
 }  // namespace ds::test

@@ -1,7 +1,15 @@
 // GPU tests of causal attention (plain and flash backends) against the CPU
 // attention at several (B, T, NH, HS), including T that is not a multiple of
-// the flash tile sizes, in f32, bf16 and f16 (flash runs bf16/f16 with HS 64
-// and 128; other cases exercise its fallback to the plain kernels).
+// the flash tile sizes, in f32, bf16 and f16. Flash runs bf16/f16 with HS 64
+// and 128; the tests assert from the dispatcher's path counts that it really
+// ran there, and that the other cases fell back to the plain kernels.
+// For the flash cases the low-precision baseline rounds what every flash
+// kernel rounds to 16 bits (the probabilities P before P.V and P^T.dO, and dS
+// before dS.K and dS^T.Q), so the 2x rule compares like with like; the plain
+// kernels keep P in f32 and are held to the plain rounded-input baseline.
+#include <cmath>
+#include <vector>
+
 #include "cuda/cuda_api.h"
 #include "lib/ops/ops.h"
 #include "op_harness.h"
@@ -21,7 +29,84 @@ const AttnCase kCases[] = {
     {1, 200, 2, 64},
 };
 
-void run_case(const AttnCase& c, DType dt) {
+bool flash_supports(const AttnCase& c, DType dt) { return dt != DType::F32 && (c.HS == 64 || c.HS == 128); }
+
+float round16(float x, DType dt) {
+  if (dt == DType::BF16) return bf16_to_f32(f32_to_bf16(x));
+  if (dt == DType::F16) return f16_to_f32(f32_to_f16(x));
+  return x;
+}
+
+// Views of one (b, h) of a packed qkv / (B, T, NH*HS) buffer.
+struct Heads {
+  int64_t T, NH, HS;
+  int64_t W() const { return 3 * NH * HS; }
+  int64_t q(int64_t b, int64_t t, int64_t h) const { return (b * T + t) * W() + h * HS; }
+  int64_t k(int64_t b, int64_t t, int64_t h) const { return q(b, t, h) + NH * HS; }
+  int64_t v(int64_t b, int64_t t, int64_t h) const { return q(b, t, h) + 2 * NH * HS; }
+  int64_t o(int64_t b, int64_t t, int64_t h) const { return (b * T + t) * NH * HS + h * HS; }
+};
+
+double dot(const float* a, const float* b, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += double(a[i]) * b[i];
+  return s;
+}
+
+// Forward baseline: exact softmax statistics, P rounded through dt before P.V.
+void baseline_forward(const TensorMap& m, DType dt, int NH) {
+  const Tensor qkv = get(m, "qkv"), out = get(m, "out"), lse = get(m, "lse");
+  const Heads d{qkv.size(1), NH, qkv.size(2) / (3 * NH)};
+  const float* x = qkv.data<float>();
+  const double scale = 1.0 / std::sqrt(double(d.HS));
+  std::vector<double> s(static_cast<size_t>(d.T));
+  for (int64_t b = 0; b < qkv.size(0); ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t i = 0; i < d.T; ++i) {
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, s[j] = scale * dot(x + d.q(b, i, h), x + d.k(b, j, h), d.HS));
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
+        const double l = mx + std::log(sum);
+        lse.data<float>()[(b * NH + h) * d.T + i] = float(l);
+        float* o = out.data<float>() + d.o(b, i, h);
+        for (int64_t c = 0; c < d.HS; ++c) {
+          double acc = 0;
+          for (int64_t j = 0; j <= i; ++j) acc += round16(float(std::exp(s[j] - l)), dt) * x[d.v(b, j, h) + c];
+          o[c] = float(acc);
+        }
+      }
+}
+
+// Backward baseline from the saved lse: P = exp(S - lse) and dS = P (dP - D)
+// rounded through dt where the kernels round them.
+void baseline_backward(const TensorMap& m, DType dt, int NH) {
+  const Tensor qkv = get(m, "qkv"), dqkv = get(m, "dqkv"), dout = get(m, "dout"), out = get(m, "out"),
+               lse = get(m, "lse");
+  const Heads d{qkv.size(1), NH, qkv.size(2) / (3 * NH)};
+  const float *x = qkv.data<float>(), *g = dout.data<float>(), *y = out.data<float>();
+  float* dx = dqkv.data<float>();
+  std::fill_n(dx, dqkv.numel(), 0.f);
+  const double scale = 1.0 / std::sqrt(double(d.HS));
+  for (int64_t b = 0; b < qkv.size(0); ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t i = 0; i < d.T; ++i) {
+        const double l = lse.data<float>()[(b * NH + h) * d.T + i];
+        const double D = dot(g + d.o(b, i, h), y + d.o(b, i, h), d.HS);
+        for (int64_t j = 0; j <= i; ++j) {
+          const double p = std::exp(scale * dot(x + d.q(b, i, h), x + d.k(b, j, h), d.HS) - l);
+          const double p16 = round16(float(p), dt);
+          const double dp = dot(g + d.o(b, i, h), x + d.v(b, j, h), d.HS);
+          const double ds = round16(float(p * (dp - D)), dt);
+          for (int64_t c = 0; c < d.HS; ++c) {
+            dx[d.v(b, j, h) + c] += float(p16 * g[d.o(b, i, h) + c]);
+            dx[d.q(b, i, h) + c] += float(scale * ds * x[d.k(b, j, h) + c]);
+            dx[d.k(b, j, h) + c] += float(scale * ds * x[d.q(b, i, h) + c]);
+          }
+        }
+      }
+}
+
+void run_case(const AttnCase& c, DType dt, bool flash) {
   const int64_t W = 3 * int64_t(c.NH) * c.HS, O = int64_t(c.NH) * c.HS;
   Tensor qkv = randn({c.B, c.T, W}, 1000 + c.T + c.HS);
   Fields fw{{"out", Field{Tensor::zeros({c.B, c.T, O}, DType::F32), Kind::Act, true}},
@@ -30,27 +115,47 @@ void run_case(const AttnCase& c, DType dt) {
   const int NH = c.NH;
   std::string what = "attention_forward B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
                      " NH=" + std::to_string(c.NH) + " HS=" + std::to_string(c.HS);
-  check_op(what, fw, dt, [NH](const TensorMap& m, bool gpu) {
-    AttentionArgs a{get(m, "out"), get(m, "lse"), get(m, "qkv"), NH};
-    if (gpu) ops::attention_forward(a);
-    else cpu::attention_forward(a, Stream{});
-  });
+  const OpRunner fwd_base = [dt, NH](const TensorMap& m, bool) { baseline_forward(m, dt, NH); };
+  check_op(
+      what, fw, dt,
+      [NH](const TensorMap& m, bool gpu) {
+        AttentionArgs a{.out = get(m, "out"), .lse = get(m, "lse"), .qkv = get(m, "qkv"), .NH = NH};
+        if (gpu) ops::attention_forward(a);
+        else cpu::attention_forward(a, Stream{});
+      },
+      1e-5, flash ? &fwd_base : nullptr);
   // Backward inputs: out and lse from the CPU forward on the f32 qkv.
   Tensor out = Tensor::zeros({c.B, c.T, O}, DType::F32);
   Tensor lse = Tensor::zeros({c.B, c.NH, c.T}, DType::F32);
-  cpu::attention_forward(AttentionArgs{out, lse, qkv, NH}, Stream{});
+  cpu::attention_forward(AttentionArgs{.out = out, .lse = lse, .qkv = qkv, .NH = NH}, Stream{});
   Fields bw{{"dqkv", Field{Tensor::zeros({c.B, c.T, W}, DType::F32), Kind::Act, true}},
             {"dout", Field{randn({c.B, c.T, O}, 2000 + c.T), Kind::Act, false}},
             {"out", Field{out, Kind::Act, false}},
             {"lse", Field{lse, Kind::F32, false}},
             {"qkv", Field{qkv, Kind::Act, false}}};
   what.replace(0, std::string("attention_forward").size(), "attention_backward");
-  check_op(what, bw, dt, [NH](const TensorMap& m, bool gpu) {
-    AttentionBwdArgs a{get(m, "dqkv"), get(m, "dout"), get(m, "out"), get(m, "lse"),
-                       get(m, "qkv"), NH};
-    if (gpu) ops::attention_backward(a);
-    else cpu::attention_backward(a, Stream{});
-  });
+  const OpRunner bwd_base = [dt, NH](const TensorMap& m, bool) { baseline_backward(m, dt, NH); };
+  check_op(
+      what, bw, dt,
+      [NH](const TensorMap& m, bool gpu) {
+        AttentionBwdArgs a{.dqkv = get(m, "dqkv"), .dout = get(m, "dout"), .out = get(m, "out"),
+                           .lse = get(m, "lse"), .qkv = get(m, "qkv"), .NH = NH};
+        if (gpu) ops::attention_backward(a);
+        else cpu::attention_backward(a, Stream{});
+      },
+      1e-5, flash ? &bwd_base : nullptr);
+}
+
+// Runs one case and checks which path the dispatcher took for it.
+void run_case_on(const AttnCase& c, DType dt, bool expect_flash) {
+  const ds::cuda::AttentionPathCounts before = ds::cuda::attention_path_counts();
+  run_case(c, dt, expect_flash);
+  const ds::cuda::AttentionPathCounts after = ds::cuda::attention_path_counts();
+  INFO("B=" << c.B << " T=" << c.T << " NH=" << c.NH << " HS=" << c.HS << " " << dtype_name(dt));
+  CHECK(after.flash_forward - before.flash_forward == (expect_flash ? 1 : 0));
+  CHECK(after.flash_backward - before.flash_backward == (expect_flash ? 1 : 0));
+  CHECK(after.plain_forward - before.plain_forward == (expect_flash ? 0 : 1));
+  CHECK(after.plain_backward - before.plain_backward == (expect_flash ? 0 : 1));
 }
 
 }  // namespace
@@ -59,15 +164,15 @@ TEST_CASE("cuda attention, plain backend") {
   if (!gpu_or_skip()) return;
   ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Plain);
   for (DType dt : {DType::F32, DType::BF16, DType::F16})
-    for (const AttnCase& c : kCases) run_case(c, dt);
+    for (const AttnCase& c : kCases) run_case_on(c, dt, false);
   ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
 }
 
-TEST_CASE("cuda attention, flash backend") {
+TEST_CASE("cuda attention, flash backend (and its fallbacks)") {
   if (!gpu_or_skip()) return;
   ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
   for (DType dt : {DType::BF16, DType::F16, DType::F32})
-    for (const AttnCase& c : kCases) run_case(c, dt);
+    for (const AttnCase& c : kCases) run_case_on(c, dt, flash_supports(c, dt));
 }
 
 TEST_CASE("cuda attention backend names") {
@@ -76,4 +181,32 @@ TEST_CASE("cuda attention backend names") {
   CHECK(ds::cuda::attention_backend_from_name("plain") == AttentionBackend::Plain);
   CHECK(ds::cuda::attention_backend_from_name("cudnn") == AttentionBackend::Cudnn);
   CHECK_THROWS(ds::cuda::attention_backend_from_name("fast"));
+}
+
+TEST_CASE("attention baselines equal the CPU op when nothing is rounded (runs without a GPU)") {
+  // With dt = f32 nothing is rounded, so the flash-style baselines must give
+  // the CPU op's results: this checks the baselines themselves.
+  for (const AttnCase& c : kCases) {
+    const int64_t W = 3 * int64_t(c.NH) * c.HS, O = int64_t(c.NH) * c.HS;
+    Tensor qkv = randn({c.B, c.T, W}, 77 + c.T), dout = randn({c.B, c.T, O}, 78 + c.T);
+    TensorMap ref{{"out", Tensor::zeros({c.B, c.T, O}, DType::F32)},
+                  {"lse", Tensor::zeros({c.B, c.NH, c.T}, DType::F32)},
+                  {"qkv", qkv}};
+    cpu::attention_forward(AttentionArgs{.out = ref["out"], .lse = ref["lse"], .qkv = qkv, .NH = c.NH}, Stream{});
+    TensorMap base{{"out", Tensor::zeros({c.B, c.T, O}, DType::F32)},
+                   {"lse", Tensor::zeros({c.B, c.NH, c.T}, DType::F32)},
+                   {"qkv", qkv}};
+    baseline_forward(base, DType::F32, c.NH);
+    INFO("B=" << c.B << " T=" << c.T << " NH=" << c.NH << " HS=" << c.HS);
+    CHECK(rel_err(base["out"], ref["out"]) < 1e-5);
+    CHECK(rel_err(base["lse"], ref["lse"]) < 1e-5);
+    Tensor dref = Tensor::zeros({c.B, c.T, W}, DType::F32);
+    cpu::attention_backward(AttentionBwdArgs{.dqkv = dref, .dout = dout, .out = ref["out"], .lse = ref["lse"],
+                                             .qkv = qkv, .NH = c.NH},
+                            Stream{});
+    TensorMap bm{{"dqkv", Tensor::zeros({c.B, c.T, W}, DType::F32)}, {"dout", dout}, {"out", ref["out"]},
+                 {"lse", ref["lse"]}, {"qkv", qkv}};
+    baseline_backward(bm, DType::F32, c.NH);
+    CHECK(rel_err(bm["dqkv"], dref) < 1e-5);
+  }
 }
