@@ -206,49 +206,21 @@ std::vector<Range> Trainer::norm_counted_ranges(const ModelLayout& local) const 
   return counted;
 }
 
-Tensor Trainer::full_params(bool all_ranks) {
-  if (shard_.tp == 1 && shard_.pp == 1) return local_params(all_ranks);
-  Tensor local = local_params(true);
-  if (shard_.pp > 1) {
-    const ModelLayout stage = build_layout(cfg_.model, shard_.tp_gathered());
-    Tensor st = Tensor::empty({stage.total}, DType::F32, dev_);
-    gather_tp_params(shard_.tp > 1 ? comms_.tp : nullptr, model_->layout(), stage, cfg_.model.num_layers, local, st);
-    return gather_stages(stage, st, all_ranks);
-  }
-  Tensor out;
-  if (all_ranks || comms_.grid.rank == 0) out = Tensor::empty({full_layout_.total}, DType::F32, dev_);
-  gather_tp_params(comms_.tp, model_->layout(), full_layout_, cfg_.model.num_layers, local, out);
-  return out;
+RankModel Trainer::rank_model() {
+  return RankModel{.config = &cfg_.model, .model = model_.get(), .comms = &comms_, .shard = shard_,
+                   .dp_rank = dp_rank_, .full = &full_layout_};
 }
 
-void Trainer::set_params_from_full(const Tensor& full) {
-  if (shard_.tp == 1 && shard_.pp == 1) return model_->store().set_full_params(full);
-  Tensor local = Tensor::empty({model_->layout().total}, DType::F32, dev_);
-  slice_tp_params(model_->layout(), full_layout_, full, local);
-  model_->store().set_full_params(local);
-}
-
-Tensor Trainer::local_params(bool all_ranks) {
-  const int64_t n = model_->layout().total;
-  if (model_->has_flat_buffers()) return model_->params().view(0, {n});
-  Tensor out;
-  if (all_ranks || dp_rank_ == 0) out = Tensor::empty({n}, DType::F32, dev_);
-  model_->store().get_full_params(out);
-  return out;
-}
+Tensor Trainer::full_params(bool all_ranks) { return gather_full_params(rank_model(), all_ranks); }
 
 void Trainer::load_or_init() {
   if (!cfg_.ckpt.load_dir.empty()) {
-    Range r = opt_->optimizer_range();
     const bool flat = model_->has_flat_buffers() && shard_.tp == 1 && shard_.pp == 1;
     Tensor full = flat ? model_->params().view(0, {full_layout_.total})
                        : Tensor::empty({full_layout_.total}, DType::F32, dev_);
-    CheckpointData d{&full_layout_, full, opt_->adam().m(), opt_->adam().v(), r.begin, r.end, 0, dp_rank_, dp_};
-    d.opt_layout = &model_->layout();
-    d.shard = shard_;
-    d.model = &cfg_.model;  // lets a checkpoint of another TP/PP/DP layout be reshaped (lib/ckpt/reshape.h)
+    CheckpointData d = rank_checkpoint(rank_model(), full, opt_->adam(), opt_->optimizer_range(), dp_rank_, dp_);
     if (load_checkpoint(cfg_.ckpt.load_dir, state_, d)) {
-      if (!flat) set_params_from_full(full);
+      if (!flat) scatter_full_params(rank_model(), full);
       model_->store().params_updated();
       if (scaler_) scaler_->restore(state_.loss_scale, state_.good_steps, static_cast<int>(state_.hysteresis_left));
       opt_->adam().set_step_count(d.opt_step);
@@ -260,7 +232,7 @@ void Trainer::load_or_init() {
   if (!cfg_.ckpt.init_from.empty()) {
     Tensor p = Tensor::empty({full_layout_.total}, DType::F32, dev_);
     import_hf(cfg_.model, full_layout_, p, cfg_.ckpt.init_from);
-    set_params_from_full(p);
+    scatter_full_params(rank_model(), p);
     DS_LOG("initialised weights from {}", cfg_.ckpt.init_from);
     return;
   }
@@ -380,28 +352,6 @@ void Trainer::tied_embedding_all_reduce() {
   if (store_) store_->flush_deferred();
 }
 
-Tensor Trainer::gather_stages(const ModelLayout& stage, const Tensor& stage_buf, bool all_ranks) {
-  Tensor out = Tensor::empty({full_layout_.total}, DType::F32, dev_);
-  auto place = [&](const ModelLayout& from, const Tensor& buf, bool first) {
-    for (const ParamSpec& p : from.params) {
-      if (!first && p.name == "embed.wte") continue;  // the tied copy: the first stage's is the same
-      const ParamSpec& f = full_layout_.find(p.name);
-      out.view(f.offset, {f.numel}).copy_from(buf.view(p.offset, {p.numel}));
-    }
-  };
-  if (shard_.pp_rank == 0) place(stage, stage_buf, true);
-  for (int s = 1; s < shard_.pp; ++s) {
-    if (shard_.pp_rank == s) comms_.pp->send(stage_buf.view(0, {stage.total}), 0);
-    if (shard_.pp_rank != 0) continue;
-    const ModelLayout ls = build_layout(cfg_.model, shard_.tp_gathered().at(0, s));
-    Tensor buf = Tensor::empty({ls.total}, DType::F32, dev_);
-    comms_.pp->recv(buf, s);
-    place(ls, buf, false);
-  }
-  if (all_ranks) comms_.pp->broadcast(out, 0);
-  return all_ranks || comms_.grid.rank == 0 ? out : Tensor();
-}
-
 double Trainer::dp_mean(double local) {
   if (dp_ == 1) return local;
   return comms_.dp->all_reduce_scalar(local, dev_) / dp_;
@@ -409,7 +359,6 @@ double Trainer::dp_mean(double local) {
 
 void Trainer::save() {
   if (cfg_.ckpt.save_dir.empty()) return;
-  Range r = opt_->optimizer_range();
   // Stage 0 keeps identical optimizer state on every rank: rank 0 writes one shard.
   const bool sharded = cfg_.zero.stage >= 1;
   // ZeRO-3: the parameters are gathered unit by unit; only rank 0 keeps (and writes) them.
@@ -419,10 +368,8 @@ void Trainer::save() {
     throw UserError(fmt::format("iteration {}: the weights or optimizer moments hold NaN/Inf; refusing to write a "
                                 "checkpoint to {} (the last one written stays 'latest')",
                                 state_.iteration, cfg_.ckpt.save_dir));
-  CheckpointData d{&full_layout_, full, opt_->adam().m(), opt_->adam().v(), r.begin, r.end,
-                   opt_->adam().step_count(), sharded ? dp_rank_ : 0, sharded ? dp_ : 1};
-  d.opt_layout = &model_->layout();
-  d.shard = shard_;
+  const CheckpointData d = rank_checkpoint(rank_model(), full, opt_->adam(), opt_->optimizer_range(),
+                                           sharded ? dp_rank_ : 0, sharded ? dp_ : 1);
   if (sharded || dp_rank_ == 0) write_checkpoint_files(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
   comms_.world->barrier();
   if (comms_.grid.rank == 0) commit_checkpoint(cfg_.ckpt.save_dir, state_.iteration);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "lib/ckpt/checkpoint.h"
+#include "lib/ckpt/model_state.h"
 #include "lib/model/gpt.h"
 #include "lib/optim/adamw.h"
 #include "lib/optim/loss_scaler.h"
@@ -50,23 +51,17 @@ class Trainer {
   // Do the parameters (full_params may be undefined on ranks other than 0)
   // or this rank's Adam moments hold NaN/Inf on any rank? Collective (world).
   bool state_nonfinite(const Tensor& full_params);
-  // The full fp32 parameters (layout total). Collective with ZeRO-3: every
-  // rank must call; ranks other than 0 get an undefined tensor unless all_ranks.
-  // With tensor parallelism: the full model in the tp = 1 layout, gathered
-  // over tp (collective over tp too).
+  // This rank's model for the gathers and checkpoints of lib/ckpt/model_state.h.
+  RankModel rank_model();
+  // The full fp32 parameters (tp = 1, pp = 1 layout); collective (ZeRO-3, tp,
+  // pp): every rank calls, ranks other than 0 get an undefined tensor unless all_ranks.
   Tensor full_params(bool all_ranks);
-  Tensor local_params(bool all_ranks);        // this tp rank's layout (full_params when tp = 1)
-  void set_params_from_full(const Tensor& full);  // full (tp = 1 layout) -> this rank's shards
   double dp_mean(double local);  // average of a scalar over the data-parallel group
   // Pipeline parallel: the last stage's value on every stage (broadcast over pp).
   double from_last_stage(double v);
   // Tied embeddings with pp > 1: sums the wte gradient of the first and last
   // stage over the embedding group (Megatron's embedding all-reduce).
   void tied_embedding_all_reduce();
-  // Full model (tp = 1, pp = 1 layout) from this stage's tp-gathered weights
-  // `stage_buf` (layout `stage`); collective over pp. Undefined on ranks
-  // other than 0 unless all_ranks.
-  Tensor gather_stages(const ModelLayout& stage, const Tensor& stage_buf, bool all_ranks);
   std::vector<Range> norm_counted_ranges(const ModelLayout& local) const;
 
   TrainConfig cfg_;

@@ -1,0 +1,92 @@
+// Gathering and scattering the full model across tensor, pipeline and ZeRO-3
+// shards for checkpoints and exports (model_state.h).
+#include "lib/ckpt/model_state.h"
+
+#include "lib/model/tp_shard.h"
+
+namespace ds {
+namespace {
+
+// Full model from every stage's tp-gathered weights `stage_buf` (layout
+// `stage`): the stages send to pipeline rank 0, which places them.
+// Collective over pp; undefined off rank 0 unless all_ranks.
+Tensor gather_stages(const RankModel& r, const ModelLayout& stage, const Tensor& stage_buf, bool all_ranks) {
+  const ModelLayout& full = *r.full;
+  Tensor out = Tensor::empty({full.total}, DType::F32, stage_buf.device());
+  auto place = [&](const ModelLayout& from, const Tensor& buf, bool first) {
+    for (const ParamSpec& p : from.params) {
+      if (!first && p.name == "embed.wte") continue;  // the tied copy: the first stage's is the same
+      const ParamSpec& f = full.find(p.name);
+      out.view(f.offset, {f.numel}).copy_from(buf.view(p.offset, {p.numel}));
+    }
+  };
+  Communicator& pp = *r.comms->pp;
+  if (r.shard.pp_rank == 0) place(stage, stage_buf, true);
+  for (int s = 1; s < r.shard.pp; ++s) {
+    if (r.shard.pp_rank == s) pp.send(stage_buf.view(0, {stage.total}), 0);
+    if (r.shard.pp_rank != 0) continue;
+    const ModelLayout ls = build_layout(*r.config, r.shard.tp_gathered().at(0, s));
+    Tensor buf = Tensor::empty({ls.total}, DType::F32, stage_buf.device());
+    pp.recv(buf, s);
+    place(ls, buf, false);
+  }
+  if (all_ranks) pp.broadcast(out, 0);
+  return all_ranks || r.comms->grid.rank == 0 ? out : Tensor();
+}
+
+}  // namespace
+
+Tensor gather_local_params(const RankModel& r, bool all_ranks) {
+  GptModel& m = *r.model;
+  const int64_t n = m.layout().total;
+  if (m.has_flat_buffers()) return m.params().view(0, {n});
+  Tensor out;
+  if (all_ranks || r.dp_rank == 0) out = Tensor::empty({n}, DType::F32, m.device());
+  m.store().get_full_params(out);
+  return out;
+}
+
+Tensor gather_full_params(const RankModel& r, bool all_ranks) {
+  if (r.shard.tp == 1 && r.shard.pp == 1) return gather_local_params(r, all_ranks);
+  GptModel& m = *r.model;
+  Tensor local = gather_local_params(r, true);
+  Communicator* tp = r.shard.tp > 1 ? r.comms->tp : nullptr;
+  if (r.shard.pp > 1) {
+    const ModelLayout stage = build_layout(*r.config, r.shard.tp_gathered());
+    Tensor st = Tensor::empty({stage.total}, DType::F32, m.device());
+    gather_tp_params(tp, m.layout(), stage, r.config->num_layers, local, st);
+    return gather_stages(r, stage, st, all_ranks);
+  }
+  Tensor out;
+  if (all_ranks || r.comms->grid.rank == 0) out = Tensor::empty({r.full->total}, DType::F32, m.device());
+  gather_tp_params(tp, m.layout(), *r.full, r.config->num_layers, local, out);
+  return out;
+}
+
+void scatter_full_params(const RankModel& r, const Tensor& full) {
+  GptModel& m = *r.model;
+  if (r.shard.tp == 1 && r.shard.pp == 1) return m.store().set_full_params(full);
+  Tensor local = Tensor::empty({m.layout().total}, DType::F32, m.device());
+  slice_tp_params(m.layout(), *r.full, full, local);
+  m.store().set_full_params(local);
+}
+
+CheckpointData rank_checkpoint(const RankModel& r, const Tensor& params, AdamW& adam, Range opt_range,
+                               int shard_index, int shards) {
+  CheckpointData d;
+  d.layout = r.full;
+  d.params = params;
+  d.m = adam.m();
+  d.v = adam.v();
+  d.opt_begin = opt_range.begin;
+  d.opt_end = opt_range.end;
+  d.opt_step = adam.step_count();
+  d.rank = shard_index;
+  d.world = shards;
+  d.opt_layout = &r.model->layout();
+  d.shard = r.shard;
+  d.model = r.config;  // lets a checkpoint of another layout be reshaped on load (reshape.h)
+  return d;
+}
+
+}  // namespace ds

@@ -1,0 +1,40 @@
+// One rank's model state as checkpoints and exports see it: the full model
+// (the tp = 1, pp = 1 layout a single process saves) gathered from this
+// rank's shard, scattered back into it, and the CheckpointData that names the
+// rank's optimizer range and place in the grid. The gathers are collective
+// over the tensor-, pipeline- and (ZeRO-3) data-parallel groups.
+#pragma once
+#include "lib/ckpt/checkpoint.h"
+#include "lib/model/gpt.h"
+#include "lib/optim/adamw.h"
+#include "lib/parallel/comms.h"
+#include "lib/parallel/shard_coords.h"
+
+namespace ds {
+
+struct RankModel {
+  const ModelConfig* config = nullptr;
+  GptModel* model = nullptr;        // this rank's shard (flat buffers or a ZeRO store)
+  Comms* comms = nullptr;
+  ShardCoords shard;
+  int dp_rank = 0;
+  const ModelLayout* full = nullptr;  // build_layout(*config)
+};
+
+// The full f32 parameters. Every rank of the job must call it (ZeRO-3, tp and
+// pp gather); ranks other than 0 get an undefined tensor unless all_ranks.
+Tensor gather_full_params(const RankModel& r, bool all_ranks);
+// This tp rank's (and pipeline stage's) f32 parameters; with ZeRO-3 gathered
+// over the data-parallel group (collective), undefined off dp rank 0 unless
+// all_ranks.
+Tensor gather_local_params(const RankModel& r, bool all_ranks);
+// full (the full layout) -> this rank's shard of the weights.
+void scatter_full_params(const RankModel& r, const Tensor& full);
+
+// What this rank saves or restores: the full parameters `params` (undefined
+// on ranks that write no weights), the Adam state of `opt_range` of the local
+// layout, shard `shard_index` of `shards` optimizer files of this model shard.
+CheckpointData rank_checkpoint(const RankModel& r, const Tensor& params, AdamW& adam, Range opt_range,
+                               int shard_index, int shards);
+
+}  // namespace ds
