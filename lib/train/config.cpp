@@ -137,7 +137,7 @@ json model_json(const ModelConfig& m) {
 
 json training_json(const TrainConfig& c) {
   json t = {{"train_iters", c.train_iters},     {"exit_interval", c.exit_interval}, {"seed", c.seed},
-            {"max_nan_iterations", c.max_nan_iterations},
+            {"max_nan_iterations", c.max_nan_iterations}, {"exit_duration_in_mins", c.exit_duration_in_mins},
             {"device", c.device == DeviceType::CUDA ? "cuda" : "cpu"},               {"attention_backend", c.attention_backend},
             {"estimate_memory", c.estimate_memory},
             {"save", c.ckpt.save_dir},          {"load", c.ckpt.load_dir},

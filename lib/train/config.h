@@ -72,6 +72,9 @@ struct TrainConfig {
   // Consecutive iterations with a non-finite loss or gradient norm (each one
   // skipped) before the run stops with an error.
   int64_t max_nan_iterations = 3;
+  // Megatron --exit-duration-in-mins: save and stop once training has run this
+  // long (0 = off).
+  double exit_duration_in_mins = 0;
   uint64_t seed = 1234;
   DeviceType device = DeviceType::CPU;  // "cpu" | "cuda"
   std::string attention_backend = "flash";  // flash | plain | cudnn (CUDA only)

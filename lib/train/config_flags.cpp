@@ -108,7 +108,8 @@ void add_table_flag(CLI::App& app, const FlagSpec& f, ParsedFlags& out) {
     case FlagKind::Float: o = app.add_option_function<double>(f.name, [put](const double& v) { put(v); }, f.help); break;
     case FlagKind::String:
       o = app.add_option_function<std::string>(f.name, [put](const std::string& v) { put(v); }, f.help);
-      if (f.extra) o->check(CLI::IsMember(split_choices(f.extra)));
+      // --normalization: Megatron scripts write rmsnorm / layernorm (the JSON reader ignores case too).
+      if (f.extra) o->check(CLI::IsMember(split_choices(f.extra), CLI::ignore_case));
       break;
     case FlagKind::List:
       o = app.add_option_function<std::vector<std::string>>(
@@ -162,14 +163,6 @@ void add_ignored_flags(CLI::App& app) {
       ->check(CLI::IsMember({"GPT2BPETokenizer"}));
   app.add_option("--distributed-backend", "accepted; the backend follows --device (NCCL on cuda, Gloo on cpu)")
       ->check(CLI::IsMember({"nccl", "gloo"}));
-}
-
-void set_at(json& j, const std::string& pointer, const json& v, const std::string& flag) {
-  try {
-    j[json::json_pointer(pointer)] = v;
-  } catch (const json::exception& e) {
-    DS_USER_ERROR("cannot apply {} to the config at '{}': {}", flag, pointer, e.what());
-  }
 }
 
 // The config's DeepSpeed scheduler type, or "" when it has none.
@@ -238,6 +231,14 @@ void apply_other_flags(json& j, const std::map<std::string, json>& sp) {
 
 }  // namespace
 
+void set_at(json& j, const std::string& pointer, const json& v, const std::string& flag) {
+  try {
+    j[json::json_pointer(pointer)] = v;
+  } catch (const json::exception& e) {
+    DS_USER_ERROR("cannot apply {} to the config at '{}': {}", flag, pointer, e.what());
+  }
+}
+
 json merge_command_line(int argc, char** argv, std::string& config_path, std::string& help_text, Warnings& w) {
   ParsedFlags f;
   CLI::App app{"dstrain: GPT pretraining. Flags override the config file; see docs/config.md.", "dstrain"};
@@ -245,6 +246,8 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
   for (const FlagSpec& spec : kTable) add_table_flag(app, spec, f);
   add_special_flags(app, f);
   add_ignored_flags(app);
+  std::map<std::string, json> compat;
+  add_compat_flags(app, compat);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -266,6 +269,7 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
     j.erase("gradient_accumulation_steps");
   apply_schedule_flags(j, f.special, w);
   apply_other_flags(j, f.special);
+  apply_compat_flags(j, compat, w);
   return j;
 }
 

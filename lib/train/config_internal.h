@@ -3,6 +3,7 @@
 // derive_config (batch triple, sizes, schedule lengths) -> validate_config ->
 // config_to_json (the `resolved` document).
 #pragma once
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -10,6 +11,10 @@
 
 #include "lib/core/json_config.h"
 #include "lib/train/config.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace ds {
 
@@ -43,6 +48,13 @@ class DsSection {
 };
 
 void add_warning(Warnings& w, std::string msg);
+
+// Writes v at `pointer` in j; UserError naming `flag` if the path is blocked.
+void set_at(nlohmann::json& j, const std::string& pointer, const nlohmann::json& v, const std::string& flag);
+// Megatron-DeepSpeed compatibility flags (config_compat_flags.cpp): parsed into
+// `out` (flag name -> value), then applied over the merged config.
+void add_compat_flags(CLI::App& app, std::map<std::string, nlohmann::json>& out);
+void apply_compat_flags(nlohmann::json& j, const std::map<std::string, nlohmann::json>& sp, Warnings& w);
 
 // Parses argv; on --help fills help_text. Returns the merged JSON: the config
 // file (if any) with every flag applied over it.

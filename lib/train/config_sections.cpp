@@ -92,6 +92,7 @@ void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_schedule
   cfg.train_iters = s.get<int64_t>("train_iters", cfg.train_iters);
   cfg.exit_interval = s.get<int64_t>("exit_interval", cfg.exit_interval);
   cfg.max_nan_iterations = s.get<int64_t>("max_nan_iterations", cfg.max_nan_iterations);
+  cfg.exit_duration_in_mins = s.get<double>("exit_duration_in_mins", cfg.exit_duration_in_mins);
   DS_USER_CHECK(!s.has("seed") || s.raw().at("seed").is_number_unsigned() ||
                     (s.raw().at("seed").is_number_integer() && s.raw().at("seed").get<int64_t>() >= 0),
                 "config: 'training.seed' (--seed) must be a non-negative integer, got {}", s.raw().value("seed", json()).dump());

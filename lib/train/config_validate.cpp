@@ -180,6 +180,8 @@ void validate_data(const DataConfig& d) {
 void validate_training(const TrainConfig& cfg) {
   DS_USER_CHECK(cfg.exit_interval >= 0, "training.exit_interval (--exit-interval) must be >= 0, got {}",
                 cfg.exit_interval);
+  DS_USER_CHECK(cfg.exit_duration_in_mins >= 0,
+                "training.exit_duration_in_mins (--exit-duration-in-mins) must be >= 0, got {}", cfg.exit_duration_in_mins);
   DS_USER_CHECK(cfg.max_nan_iterations >= 1,
                 "training.max_nan_iterations (--max-nan-iterations) must be >= 1, got {}", cfg.max_nan_iterations);
   DS_USER_CHECK(cfg.train_iters >= 0, "training.train_iters (--train-iters) must be >= 0, got {}", cfg.train_iters);

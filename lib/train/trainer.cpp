@@ -29,7 +29,7 @@ RecomputeConfig recompute_config(const ParallelConfig& p) {
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
-    : cfg_(cfg), comms_(comms), local_rank_(local_rank) {
+    : cfg_(cfg), comms_(comms), local_rank_(local_rank), start_(std::chrono::steady_clock::now()) {
   setup_device_and_precision();
   resolve_vocab(cfg_);
   data_ = std::make_unique<DataPipeline>(cfg_, dev_);
@@ -317,6 +317,15 @@ bool Trainer::state_nonfinite(const Tensor& full_params) {
   return flag.to(Device::cpu()).data<float>()[0] != 0.f;
 }
 
+bool Trainer::out_of_time() {
+  if (cfg_.exit_duration_in_mins <= 0) return false;
+  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() / 60.0;
+  double done = minutes > cfg_.exit_duration_in_mins ? 1.0 : 0.0;
+  // Every rank must take the same decision (Megatron all-reduces it too).
+  if (comms_.world->size() > 1) done = comms_.world->all_reduce_scalar(done, dev_, ReduceOp::Max);
+  return done > 0;
+}
+
 double Trainer::evaluate() {
   if (!data_->has_valid() || cfg_.log.eval_iters <= 0) return NAN;
   double sum = 0;
@@ -426,6 +435,12 @@ std::vector<float> Trainer::run() {
       }
     }
     if (cfg_.ckpt.save_interval > 0 && state_.iteration % cfg_.ckpt.save_interval == 0) save();
+    if (out_of_time() && state_.iteration < cfg_.train_iters) {
+      if (cfg_.ckpt.save_interval <= 0 || state_.iteration % cfg_.ckpt.save_interval != 0) save();
+      DS_LOG("exiting at iteration {}: training ran longer than --exit-duration-in-mins {}", state_.iteration,
+             cfg_.exit_duration_in_mins);
+      return losses;
+    }
     if (cfg_.exit_interval > 0 && state_.iteration % cfg_.exit_interval == 0 && state_.iteration < cfg_.train_iters) {
       if (cfg_.ckpt.save_interval <= 0 || state_.iteration % cfg_.ckpt.save_interval != 0) save();
       DS_LOG("exiting at iteration {} (--exit-interval {})", state_.iteration, cfg_.exit_interval);

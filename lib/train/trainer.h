@@ -2,6 +2,7 @@
 // micro-steps -> grad-norm clipping -> AdamW -> logging, evaluation and
 // checkpoints. One Trainer per process.
 #pragma once
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -51,6 +52,8 @@ class Trainer {
   // Do the parameters (full_params may be undefined on ranks other than 0)
   // or this rank's Adam moments hold NaN/Inf on any rank? Collective (world).
   bool state_nonfinite(const Tensor& full_params);
+  // --exit-duration-in-mins: has training run longer, on any rank? Collective.
+  bool out_of_time();
   // This rank's model for the gathers and checkpoints of lib/ckpt/model_state.h.
   RankModel rank_model();
   // The full fp32 parameters (tp = 1, pp = 1 layout); collective (ZeRO-3, tp,
@@ -70,6 +73,7 @@ class Trainer {
   std::unique_ptr<GptModel> model_;
   Comms& comms_;
   int local_rank_ = 0;
+  std::chrono::steady_clock::time_point start_;  // when this process started training
   int dp_ = 1, dp_rank_ = 0;
   ShardCoords shard_;  // this rank's model shard (tp, pp, virtual stages)
   std::unique_ptr<PipelineExecutor> pipe_;  // pp > 1

@@ -376,3 +376,45 @@ TEST_CASE("schedule keys and flags", "[config][lr]") {
   CHECK_THROWS_WITH(parse_json(base(), {"--lr-warmup-iters", "5", "--lr-warmup-fraction", "0.1"}),
                     Contains("give only one of training.lr_warmup_iters"));
 }
+
+TEST_CASE("Megatron-DeepSpeed script flags: mappings, exact no-ops and refusals") {
+  // Mappings.
+  TrainConfig a = parse_json(base(), {"--checkpoint-activations", "--checkpoint-num-layers", "1",
+                                      "--deepspeed-activation-checkpointing", "--use-rotary-position-embeddings",
+                                      "--normalization", "rmsnorm", "--exit-duration-in-mins", "30"});
+  CHECK(a.parallel.recompute == RecomputeKind::Full);
+  CHECK(a.parallel.recompute_num_layers == 0);  // every layer
+  CHECK(a.model.position == PositionKind::Rope);
+  CHECK(a.model.norm == NormKind::RMSNorm);
+  CHECK(a.exit_duration_in_mins == 30);
+  TrainConfig u = parse_json(base(), {"--recompute-granularity", "full", "--recompute-method", "uniform",
+                                      "--recompute-num-layers", "1"});
+  CHECK(u.parallel.recompute_num_layers == 0);
+  TrainConfig b = parse_json(with(base(), {{"model", {{"num_layers", 4}}}}),
+                             {"--recompute-granularity", "full", "--recompute-method", "block"});
+  CHECK(b.parallel.recompute_num_layers == 1);  // Megatron's default N for block
+  // Exact no-ops: they parse and change nothing.
+  const std::vector<std::string> no_ops = {"--data-impl", "mmap", "--no-async-tensor-model-parallel-allreduce",
+                                           "--num-workers", "2", "--override-opt_param-scheduler",
+                                           "--no-query-key-layer-scaling", "--use-flash-attn-v2",
+                                           "--optimizer", "adam", "--ds-sequence-parallel-size", "1",
+                                           "--rotary-percent", "1.0", "--attention-dropout", "0",
+                                           "--hidden-dropout", "0", "--no-pipeline-parallel"};
+  CHECK(parse_json(base(), no_ops).resolved == parse_json(base()).resolved);
+  // Values that cannot be honoured: one error naming the flag.
+  auto err = [&](std::vector<std::string> flags, const std::string& needle) {
+    CHECK_THROWS_WITH(parse_json(base(), flags), Contains(needle));
+  };
+  err({"--data-impl", "lazy"}, "--data-impl lazy");
+  err({"--optimizer", "sgd"}, "--optimizer sgd");
+  err({"--ds-sequence-parallel-size", "2"}, "--ds-sequence-parallel-size 2");
+  err({"--rotary-percent", "0.5"}, "--rotary-percent 0.5");
+  err({"--attention-dropout", "0.1"}, "--attention-dropout 0.1");
+  err({"--hidden-dropout", "0.1"}, "dropout is not implemented");
+  err({"--use-checkpoint-opt_param-scheduler"}, "--use-checkpoint-opt_param-scheduler");
+  err({"--no-pipeline-parallel", "--pipeline-model-parallel-size", "2"}, "--no-pipeline-parallel");
+  err({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"},
+      "--recompute-method uniform");
+  err({"--checkpoint-num-layers", "2"}, "--checkpoint-num-layers");
+  err({"--exit-duration-in-mins", "-1"}, "exit_duration_in_mins");
+}

@@ -144,3 +144,15 @@ TEST_CASE("a short non-finite streak is skipped without an update and training g
   REQUIRE(t.state().iteration == 6);
   REQUIRE(t.state().skipped_steps > 0);
 }
+
+TEST_CASE("--exit-duration-in-mins saves and stops once the time is up") {
+  fs::path ck = fixture().dir / "ckpt_duration";
+  fs::remove_all(ck);
+  // A duration shorter than one iteration: stop after the first, with a checkpoint.
+  std::vector<float> l = train({"--train-iters", "8", "--exit-duration-in-mins", "1e-9", "--save", ck.string()});
+  REQUIRE(l.size() == 1);
+  std::ifstream in(ck / "latest");
+  std::string step;
+  in >> step;
+  CHECK(step == "global_step1");
+}

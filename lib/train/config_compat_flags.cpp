@@ -1,0 +1,131 @@
+// Megatron-DeepSpeed flags that real launch scripts pass, kept so that those
+// scripts run with only the launcher line changed. Each one either maps onto
+// our config (--checkpoint-activations, --recompute-method,
+// --use-rotary-position-embeddings, --exit-duration-in-mins), is an exact
+// no-op because dstrain already behaves that way (the reason is in its help
+// text and in docs/config.md), or, where we cannot honour the value, is an
+// error naming the flag and what to use instead; never a silent no-op.
+#include <CLI/CLI.hpp>
+
+#include "lib/train/config_internal.h"
+
+namespace ds {
+
+using nlohmann::json;
+
+namespace {
+
+// Accepted and changes nothing; `why` says why that is exact.
+void no_op_flag(CLI::App& app, const char* name, const char* why) { app.add_flag(name)->description(why); }
+
+void no_op_option(CLI::App& app, const char* name, const char* why) {
+  app.add_option_function<std::string>(name, [](const std::string&) {}, why);
+}
+
+// A numeric flag (checked in apply_compat_flags).
+void numeric(CLI::App& app, std::map<std::string, json>& out, const char* name, const char* help) {
+  app.add_option_function<double>(name, [&out, name](const double& v) { out[name] = v; }, help);
+}
+
+void check_only_value(const std::map<std::string, json>& sp, const char* name, double ok, const char* instead) {
+  if (!sp.count(name)) return;
+  const double v = sp.at(name).get<double>();
+  DS_USER_CHECK(v == ok, "{} {}: {}", name, v, instead);
+}
+
+}  // namespace
+
+void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
+  auto flag = [&](const char* name, const char* help) {
+    app.add_flag_function(name, [&out, name](int64_t) { out[name] = true; }, help);
+  };
+  auto text = [&](const char* name, const char* help, std::vector<std::string> choices) {
+    app.add_option_function<std::string>(name, [&out, name](const std::string& v) { out[name] = v; }, help)
+        ->check(CLI::IsMember(choices));
+  };
+  flag("--checkpoint-activations", "full recomputation of every layer (Megatron-DeepSpeed: granularity full, "
+       "method uniform, 1 layer per chunk)");
+  app.add_option_function<int64_t>("--checkpoint-num-layers",
+                                   [&out](const int64_t& v) { out["--checkpoint-num-layers"] = v; },
+                                   "layers per recomputed chunk with --checkpoint-activations (1 only)");
+  text("--recompute-method", "uniform (every layer, --recompute-num-layers 1) or block (the first N layers)",
+       {"uniform", "block"});
+  flag("--use-rotary-position-embeddings", "RoPE (same as --position-embedding-type rope)");
+  flag("--no-pipeline-parallel", "no pipeline engine: requires --pipeline-model-parallel-size 1");
+  app.add_option_function<double>("--exit-duration-in-mins",
+                                  [&out](const double& v) { out["--exit-duration-in-mins"] = v; },
+                                  "save (with --save) and stop once training has run this many minutes");
+  text("--data-impl", "mmap or infer: datasets are memory-mapped .bin/.idx files, checked from their header",
+       {"mmap", "infer", "lazy", "cached"});
+  text("--optimizer", "adam (AdamW with decoupled weight decay, dstrain's optimizer)", {"adam", "sgd"});
+  numeric(app, out, "--ds-sequence-parallel-size", "DeepSpeed-Ulysses sequence parallel size (1 only)");
+  numeric(app, out, "--rotary-percent", "fraction of each head rotated by RoPE (1.0 only)");
+  numeric(app, out, "--attention-dropout", "attention dropout probability (0 only)");
+  numeric(app, out, "--hidden-dropout", "hidden dropout probability (0 only)");
+  flag("--use-checkpoint-opt_param-scheduler", "not supported: the schedule always comes from the flags");
+  no_op_flag(app, "--override-opt_param-scheduler",
+             "accepted: on resume the learning-rate schedule always comes from the flags and the config "
+             "(the checkpoint stores only the step count), which is what this flag asks for");
+  no_op_flag(app, "--deepspeed-activation-checkpointing",
+             "accepted: recomputation is exact whichever implementation runs it");
+  no_op_flag(app, "--no-async-tensor-model-parallel-allreduce",
+             "accepted: tensor-parallel all-reduces are not overlapped with the weight-gradient GEMM");
+  no_op_flag(app, "--no-query-key-layer-scaling",
+             "accepted: softmax runs in f32, so scaling Q.K by the layer number changes nothing");
+  no_op_flag(app, "--apply-query-key-layer-scaling",
+             "accepted: softmax runs in f32, so scaling Q.K by the layer number changes nothing");
+  no_op_flag(app, "--use-flash-attn-v2", "accepted; flash attention is used on CUDA whenever it applies");
+  no_op_flag(app, "--use-flash-attn-triton", "accepted; flash attention is used on CUDA whenever it applies");
+  no_op_option(app, "--num-workers", "accepted: samples are read in-process from the memory-mapped dataset");
+}
+
+void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings& w) {
+  auto has = [&](const char* k) { return sp.count(k) > 0; };
+  auto at = [&](const char* p) { return j.value(json::json_pointer(p), json()); };
+  if (has("--data-impl")) {
+    const std::string v = sp.at("--data-impl");
+    DS_USER_CHECK(v == "mmap" || v == "infer", "--data-impl {}: the pre-mmap IndexedDataset format is not read by "
+                  "dstrain; prepare the data with dsprep (mmap .bin/.idx) and pass --data-impl mmap", v);
+  }
+  DS_USER_CHECK(!has("--optimizer") || sp.at("--optimizer") == "adam",
+                "--optimizer sgd: dstrain trains with AdamW only; use --optimizer adam");
+  DS_USER_CHECK(!has("--use-checkpoint-opt_param-scheduler"),
+                "--use-checkpoint-opt_param-scheduler: the checkpoint stores no learning-rate schedule; pass the "
+                "schedule flags of the original run (or --override-opt_param-scheduler)");
+  check_only_value(sp, "--ds-sequence-parallel-size", 1, "DeepSpeed-Ulysses sequence parallelism is not "
+                   "implemented; use --sequence-parallel with --tensor-model-parallel-size");
+  check_only_value(sp, "--rotary-percent", 1.0, "partial rotary embeddings are not implemented; use 1.0");
+  for (const char* d : {"--attention-dropout", "--hidden-dropout"})
+    check_only_value(sp, d, 0.0, "dropout is not implemented yet; pass 0 (dstrain trains without dropout)");
+  if (has("--no-pipeline-parallel")) {
+    const json pp = at("/parallel/pipeline_model_parallel_size");
+    DS_USER_CHECK(pp.is_null() || pp == 1, "--no-pipeline-parallel with pipeline_model_parallel_size {}: "
+                  "drop one of them", pp.dump());
+  }
+  if (has("--use-rotary-position-embeddings")) set_at(j, "/model/position", "rope", "--use-rotary-position-embeddings");
+  if (has("--exit-duration-in-mins"))
+    set_at(j, "/training/exit_duration_in_mins", sp.at("--exit-duration-in-mins"), "--exit-duration-in-mins");
+  const bool ckpt_act = has("--checkpoint-activations");
+  DS_USER_CHECK(!has("--checkpoint-num-layers") || (ckpt_act && sp.at("--checkpoint-num-layers") == 1),
+                "--checkpoint-num-layers {}: only 1 (every layer recomputed on its own) is supported, with "
+                "--checkpoint-activations", sp.count("--checkpoint-num-layers") ? sp.at("--checkpoint-num-layers").dump() : "");
+  if (ckpt_act) {  // Megatron-DeepSpeed: granularity full, method uniform, one layer per chunk
+    if (at("/parallel/recompute_granularity") == "selective")
+      add_warning(w, "--checkpoint-activations replaces recompute_granularity selective with full");
+    set_at(j, "/parallel/recompute_granularity", "full", "--checkpoint-activations");
+    set_at(j, "/parallel/recompute_num_layers", 0, "--checkpoint-activations");
+  }
+  if (has("--recompute-method")) {
+    const json n = at("/parallel/recompute_num_layers");
+    if (sp.at("--recompute-method") == "uniform") {
+      // Uniform chunks of one layer recompute every layer: our full recomputation of all layers.
+      DS_USER_CHECK(n.is_null() || n == 1 || n == 0, "--recompute-method uniform with --recompute-num-layers {}: "
+                    "chunks of several layers are not implemented; use 1, or --recompute-method block", n.dump());
+      set_at(j, "/parallel/recompute_num_layers", 0, "--recompute-method");
+    } else if (n.is_null()) {
+      set_at(j, "/parallel/recompute_num_layers", 1, "--recompute-method");  // Megatron's default N
+    }
+  }
+}
+
+}  // namespace ds
