@@ -18,6 +18,7 @@
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
 #include "test/model/tiny_model.h"
+#include "test/skip.h"
 
 using namespace ds;
 namespace fs = std::filesystem;
@@ -310,13 +311,10 @@ TEST_CASE("deeply nested JSON is refused naming the file") {
   CHECK(json_too_deep_at("[[[[]]]]", 3) == 3);
 }
 
-TEST_CASE("dsconvert answers a broken checkpoint with one error line, exit 1") {
+TEST_CASE("dsconvert answers a broken checkpoint with one error line, exit 1", "[dsconvert]") {
   const char* bin = std::getenv("DS_BINARY_DIR");
   const std::string exe = std::string(bin ? bin : ".") + "/apps/dsconvert/dsconvert";
-  if (!fs::exists(exe)) {
-    WARN("SKIP: dsconvert not built at " << exe);
-    return;
-  }
+  if (!fs::exists(exe)) DS_SKIP("dsconvert not built at " << exe);
   Saved s("dsconvert");
   s.edit_state([](auto& j) { j["layout"][5] = nlohmann::json::array(); });
   const fs::path out = s.dir / "out.txt";

@@ -20,7 +20,7 @@ namespace ds::test {
 #ifndef DS_WITH_NCCL
 int nccl_scenario() {
   std::printf("SKIP: built without CUDA/NCCL\n");
-  return 0;
+  return kScenarioSkipped;
 }
 #else
 namespace {
@@ -105,7 +105,7 @@ int nccl_scenario() {
   std::string why;
   if (cuda_device_count(&why) == 0) {
     std::printf("SKIP: no CUDA device for the NCCL checks (%s)\n", why.c_str());
-    return 0;
+    return kScenarioSkipped;
   }
   auto world = make_world_communicator(Backend::Nccl, RendezvousInfo::from_env());
   run_checks(*world);

@@ -5,6 +5,7 @@
 
 #include "cuda/cuda_api.h"
 #include "lib/core/rng.h"
+#include "test/skip.h"
 
 namespace ds::test {
 
@@ -16,10 +17,10 @@ bool gpu_or_skip() {
       std::printf("CUDA device: %s\n", ds::cuda::device_name().c_str());
       state = 1;
     } else {
-      std::printf("SKIP: no CUDA device (%s)\n", ds::cuda::unavailable_reason().c_str());
       state = 0;
     }
   }
+  if (state == 0) note_skip("no CUDA device (" + ds::cuda::unavailable_reason() + ")");
   return state == 1;
 }
 

@@ -18,8 +18,8 @@
 
 namespace ds::test {
 
-// True when a CUDA device is present (and initialised); otherwise prints the
-// SKIP line once and returns false.
+// True when a CUDA device is present (and initialised); otherwise records a
+// skip (test/skip.h: the binary exits 77) and returns false.
 bool gpu_or_skip();
 
 // Seeded N(0, 1) * scale host f32 tensor.

@@ -175,7 +175,7 @@ TEST_CASE("cuda attention, flash backend (and its fallbacks)") {
     for (const AttnCase& c : kCases) run_case_on(c, dt, flash_supports(c, dt));
 }
 
-TEST_CASE("cuda attention backend names") {
+TEST_CASE("cuda attention backend names", "[nogpu]") {
   using ds::cuda::AttentionBackend;
   CHECK(ds::cuda::attention_backend_from_name("flash") == AttentionBackend::Flash);
   CHECK(ds::cuda::attention_backend_from_name("plain") == AttentionBackend::Plain);
@@ -183,7 +183,7 @@ TEST_CASE("cuda attention backend names") {
   CHECK_THROWS(ds::cuda::attention_backend_from_name("fast"));
 }
 
-TEST_CASE("attention baselines equal the CPU op when nothing is rounded (runs without a GPU)") {
+TEST_CASE("attention baselines equal the CPU op when nothing is rounded (runs without a GPU)", "[nogpu]") {
   // With dt = f32 nothing is rounded, so the flash-style baselines must give
   // the CPU op's results: this checks the baselines themselves.
   for (const AttnCase& c : kCases) {

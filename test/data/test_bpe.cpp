@@ -11,6 +11,7 @@
 #include "lib/data/synthetic_corpus.h"
 #include "lib/data/unicode_class.h"
 #include "test/data/test_util.h"
+#include "test/skip.h"
 
 using namespace ds;
 using namespace ds::data;
@@ -37,7 +38,7 @@ bool gpt2_files(std::string* vocab, std::string* merges) {
   *vocab = dir + "/gpt2-vocab.json";
   *merges = dir + "/gpt2-merges.txt";
   if (dir.empty() || !std::filesystem::exists(*vocab) || !std::filesystem::exists(*merges)) {
-    WARN("SKIP: GPT-2 vocab/merges not found under $DS_SOURCE_DIR/../shared/data");
+    test::note_skip("GPT-2 vocab/merges not found under $DS_SOURCE_DIR/../shared/data");
     return false;
   }
   return true;
@@ -120,7 +121,7 @@ TEST_CASE("pre-tokenizer reproduces GPT-2's regex") {
   REQUIRE(pieces("").empty());
 }
 
-TEST_CASE("GPT-2 vocabulary gives GPT-2's ids") {
+TEST_CASE("GPT-2 vocabulary gives GPT-2's ids", "[shared_data]") {
   std::string vocab, merges;
   if (!gpt2_files(&vocab, &merges)) return;
   BpeTokenizer tok = BpeTokenizer::load(vocab, merges);
@@ -148,14 +149,11 @@ TEST_CASE("GPT-2 vocabulary gives GPT-2's ids") {
   REQUIRE(tok.decode(Ids{15496, 995, 50256}) == std::string("Hello world") + kEndOfText);
 }
 
-TEST_CASE("tinyshakespeare round trips quickly with GPT-2's token count") {
+TEST_CASE("tinyshakespeare round trips quickly with GPT-2's token count", "[shared_data]") {
   std::string vocab, merges;
   if (!gpt2_files(&vocab, &merges)) return;
   const std::string path = test::shared_data_dir() + "/tinyshakespeare.txt";
-  if (!std::filesystem::exists(path)) {
-    WARN("SKIP: tinyshakespeare.txt not found");
-    return;
-  }
+  if (!std::filesystem::exists(path)) DS_SKIP("tinyshakespeare.txt not found");
   BpeTokenizer tok = BpeTokenizer::load(vocab, merges);
   const std::string text = test::slurp(path);
   const auto t0 = std::chrono::steady_clock::now();

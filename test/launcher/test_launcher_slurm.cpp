@@ -6,7 +6,7 @@
 // with the real dstrain as TP2 x PP2 on a tiny dsprep dataset). Checks rank env,
 // exit codes, SIGTERM, the 3D job's losses, and that no process of a job or of
 // the daemons is left.
-// Without root or the packages it prints `SKIP: reason`.
+// Without root or the packages it is skipped (exit 77) with the reason.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "test/launcher/test_util.h"
+#include "test/skip.h"
 
 using namespace ds::launch::test;
 
@@ -226,11 +227,8 @@ class SlurmLab {
   pid_t munged_ = -1, ctld_ = -1, slurmd_ = -1;
 };
 
-#define REQUIRE_SLURM(lab)                             \
-  if (!(lab).ok()) {                                   \
-    WARN("SKIP: SLURM test: " << (lab).error());       \
-    return;                                            \
-  }
+#define REQUIRE_SLURM(lab) \
+  if (!(lab).ok()) DS_SKIP("SLURM test: " << (lab).error())
 
 void check_no_leftovers(const std::string& token, double wait_s) {
   std::vector<pid_t> left = pids_with_token(token);

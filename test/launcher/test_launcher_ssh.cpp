@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "test/launcher/test_util.h"
+#include "test/skip.h"
 
 using namespace ds::launch::test;
 
@@ -36,11 +37,8 @@ struct SshLab {
   }
 };
 
-#define REQUIRE_SSHD(lab)                                         \
-  if (!(lab).sshd->ok()) {                                        \
-    WARN("SKIP: cannot start sshd: " << (lab).sshd->error());     \
-    return;                                                       \
-  }
+#define REQUIRE_SSHD(lab) \
+  if (!(lab).sshd->ok()) DS_SKIP("cannot start sshd: " << (lab).sshd->error())
 
 struct Job {
   TempDir out;
@@ -179,13 +177,10 @@ TEST_CASE("ssh: an unreachable host is a clear error", "[launcher]") {
   CHECK_THAT(r.err, Catch::Contains("cannot connect"));
 }
 
-TEST_CASE("pdsh: the real pdsh binary launches one agent per host", "[launcher]") {
+TEST_CASE("pdsh: the real pdsh binary launches one agent per host", "[launcher][pdsh]") {
   SshLab& lab = SshLab::get();
   REQUIRE_SSHD(lab);
-  if (access("/usr/bin/pdsh", X_OK) != 0) {
-    WARN("SKIP: pdsh is not installed");
-    return;
-  }
+  if (access("/usr/bin/pdsh", X_OK) != 0) DS_SKIP("pdsh is not installed");
   Job job;
   std::string envfile = job.out.path() + "/ds_env";
   write_file(envfile, "FROM_ENV_FILE=yes it is\n");

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "test/launcher/test_util.h"
+#include "test/skip.h"
 
 using namespace ds::launch::test;
 
@@ -26,25 +27,16 @@ void check_no_leftovers(const std::string& token, double wait_s) {
 }  // namespace
 
 TEST_CASE("netns: three hosts rendezvous at the discovered master address", "[launcher]") {
-  if (getuid() != 0) {
-    WARN("SKIP: network namespace test needs root");
-    return;
-  }
+  if (getuid() != 0) DS_SKIP("network namespace test needs root");
   NetnsLab lab(3);
-  if (!lab.ok()) {
-    WARN("SKIP: " << lab.error());
-    return;
-  }
+  if (!lab.ok()) DS_SKIP(lab.error());
   TempDir dir;
   const int port = 2222;
   std::vector<std::unique_ptr<Sshd>> sshds;
   std::string hosts;
   for (int i = 0; i < 3; ++i) {
     sshds.push_back(std::make_unique<Sshd>(dir.path(), std::vector<std::string>{lab.addr(i)}, port, lab.ns(i)));
-    if (!sshds.back()->ok()) {
-      WARN("SKIP: sshd in namespace " << lab.ns(i) << ": " << sshds.back()->error());
-      return;
-    }
+    if (!sshds.back()->ok()) DS_SKIP("sshd in namespace " << lab.ns(i) << ": " << sshds.back()->error());
     hosts += lab.addr(i) + " slots=2\n";
   }
   std::string hostfile = dir.path() + "/hosts";
@@ -72,11 +64,8 @@ TEST_CASE("netns: three hosts rendezvous at the discovered master address", "[la
   check_no_leftovers(token, 10);
 }
 
-TEST_CASE("openmpi: mpirun starts one agent per node", "[launcher]") {
-  if (access("/usr/bin/mpirun", X_OK) != 0) {
-    WARN("SKIP: mpirun (openmpi-bin) is not installed");
-    return;
-  }
+TEST_CASE("openmpi: mpirun starts one agent per node", "[launcher][mpirun]") {
+  if (access("/usr/bin/mpirun", X_OK) != 0) DS_SKIP("mpirun (openmpi-bin) is not installed");
   TempDir dir;
   std::string hostfile = dir.path() + "/hosts";
   write_file(hostfile, "localhost slots=2\n");
