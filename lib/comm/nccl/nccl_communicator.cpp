@@ -1,13 +1,14 @@
-// NCCL backend: the only file of lib/comm that calls NCCL or the CUDA runtime.
+// NCCL backend: the only file of lib/comm that calls NCCL (through the
+// run-time loaded table of nccl_api.h) or the CUDA runtime.
 #include "lib/comm/nccl/nccl_communicator.h"
 
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include <cstring>
 #include <thread>
 
 #include "lib/comm/group_util.h"
+#include "lib/comm/nccl/nccl_api.h"
 #include "lib/comm/tcp_store.h"
 #include "lib/core/error.h"
 
@@ -54,9 +55,9 @@ int cuda_device_count(std::string* why) {
 void NcclCommunicator::check(int result, const char* what) {
   auto r = static_cast<ncclResult_t>(result);
   if (r == ncclSuccess) return;
-  const char* last = comm_ ? ncclGetLastError(as_comm(comm_)) : ncclGetLastError(nullptr);
+  const char* last = comm_ ? nccl().GetLastError(as_comm(comm_)) : nccl().GetLastError(nullptr);
   DS_THROW("NCCL {} on group '{}' (rank {} of {}, device {}) failed: {}{}{}", what, name_, rank_,
-           size_, device_, ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
+           size_, device_, nccl().GetErrorString(r), last && *last ? ": " : "", last ? last : "");
 }
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::create_world(std::shared_ptr<TcpStore> store,
@@ -84,7 +85,7 @@ void NcclCommunicator::init_comm() {
   ncclUniqueId id;
   std::string key = "nccl/" + name_ + "/unique_id";
   if (rank_ == 0) {
-    check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    check(nccl().GetUniqueId(&id), "ncclGetUniqueId");
     if (size_ > 1) store_->set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
   } else {
     std::string v = store_->get(key);
@@ -94,14 +95,14 @@ void NcclCommunicator::init_comm() {
   }
   DS_CUDA_OK(cudaSetDevice(device_));
   ncclComm_t comm = nullptr;
-  check(ncclCommInitRank(&comm, size_, id, rank_), "ncclCommInitRank");
+  check(nccl().CommInitRank(&comm, size_, id, rank_), "ncclCommInitRank");
   comm_ = comm;
   DS_CUDA_OK(cudaMalloc(&scratch_, sizeof(float)));
 }
 
 NcclCommunicator::~NcclCommunicator() {
   if (scratch_) cudaFree(scratch_);
-  if (comm_) ncclCommDestroy(as_comm(comm_));
+  if (comm_) nccl().CommDestroy(as_comm(comm_));
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(const std::vector<int>& ranks,
@@ -127,14 +128,14 @@ std::unique_ptr<Communicator> NcclCommunicator::split(const std::vector<int>& ra
 
 void NcclCommunicator::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) {
   if (count == 0) return;
-  check(ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), as_comm(comm_),
+  check(nccl().AllReduce(data, data, count, nccl_type(dtype), nccl_op(op), as_comm(comm_),
                       as_stream(stream_)), "all_reduce");
 }
 
 void NcclCommunicator::reduce_scatter(const void* input, void* output, int64_t count_per_rank,
                                       DType dtype, ReduceOp op) {
   if (count_per_rank == 0) return;
-  check(ncclReduceScatter(input, output, count_per_rank, nccl_type(dtype), nccl_op(op),
+  check(nccl().ReduceScatter(input, output, count_per_rank, nccl_type(dtype), nccl_op(op),
                           as_comm(comm_), as_stream(stream_)), "reduce_scatter");
 }
 
@@ -142,7 +143,7 @@ void NcclCommunicator::all_gather(const void* input, void* output, int64_t count
                                   DType dtype) {
   size_t bytes = count_per_rank * dtype_size(dtype);
   if (bytes == 0) return;
-  check(ncclAllGather(input, output, bytes, ncclUint8, as_comm(comm_), as_stream(stream_)),
+  check(nccl().AllGather(input, output, bytes, ncclUint8, as_comm(comm_), as_stream(stream_)),
         "all_gather");
 }
 
@@ -151,7 +152,7 @@ void NcclCommunicator::broadcast(void* data, int64_t count, DType dtype, int roo
            size_);
   size_t bytes = count * dtype_size(dtype);
   if (bytes == 0) return;
-  check(ncclBroadcast(data, data, bytes, ncclUint8, root, as_comm(comm_), as_stream(stream_)),
+  check(nccl().Broadcast(data, data, bytes, ncclUint8, root, as_comm(comm_), as_stream(stream_)),
         "broadcast");
 }
 
@@ -160,7 +161,7 @@ void NcclCommunicator::send(const void* data, int64_t count, DType dtype, int ds
            rank_, name_);
   size_t bytes = count * dtype_size(dtype);
   if (bytes == 0) return;
-  check(ncclSend(data, bytes, ncclUint8, dst, as_comm(comm_), as_stream(stream_)), "send");
+  check(nccl().Send(data, bytes, ncclUint8, dst, as_comm(comm_), as_stream(stream_)), "send");
 }
 
 void NcclCommunicator::recv(void* data, int64_t count, DType dtype, int src) {
@@ -168,7 +169,7 @@ void NcclCommunicator::recv(void* data, int64_t count, DType dtype, int src) {
            rank_, name_);
   size_t bytes = count * dtype_size(dtype);
   if (bytes == 0) return;
-  check(ncclRecv(data, bytes, ncclUint8, src, as_comm(comm_), as_stream(stream_)), "recv");
+  check(nccl().Recv(data, bytes, ncclUint8, src, as_comm(comm_), as_stream(stream_)), "recv");
 }
 
 // NCCL matches the k-th send from A to B with the k-th receive on B from A.
@@ -195,16 +196,16 @@ void NcclCommunicator::batch_send_recv(const std::vector<P2POp>& ops) {
   if (!any) return;
   // Errors inside the group are collected and reported after ncclGroupEnd,
   // which must always be called once ncclGroupStart was.
-  check(ncclGroupStart(), "ncclGroupStart (batch_send_recv)");
+  check(nccl().GroupStart(), "ncclGroupStart (batch_send_recv)");
   ncclResult_t first = ncclSuccess;
   const char* what = "";
   for (int channel = 0; channel < 2; ++channel) {
     for (const P2POp& op : ops) {
       const size_t bytes = op.count * dtype_size(op.dtype);
       if (op.channel != channel || bytes == 0) continue;
-      ncclResult_t r = op.is_send ? ncclSend(op.data, bytes, ncclUint8, op.peer, as_comm(comm_),
+      ncclResult_t r = op.is_send ? nccl().Send(op.data, bytes, ncclUint8, op.peer, as_comm(comm_),
                                              as_stream(stream_))
-                                  : ncclRecv(op.data, bytes, ncclUint8, op.peer, as_comm(comm_),
+                                  : nccl().Recv(op.data, bytes, ncclUint8, op.peer, as_comm(comm_),
                                              as_stream(stream_));
       if (r != ncclSuccess && first == ncclSuccess) {
         first = r;
@@ -212,7 +213,7 @@ void NcclCommunicator::batch_send_recv(const std::vector<P2POp>& ops) {
       }
     }
   }
-  ncclResult_t end = ncclGroupEnd();
+  ncclResult_t end = nccl().GroupEnd();
   check(first, what);
   check(end, "ncclGroupEnd (batch_send_recv)");
   synchronize();  // the interface waits for the batch (buffers may be reused at once)
@@ -220,7 +221,7 @@ void NcclCommunicator::batch_send_recv(const std::vector<P2POp>& ops) {
 
 void NcclCommunicator::barrier() {
   if (size_ == 1) return;
-  check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, as_comm(comm_),
+  check(nccl().AllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, as_comm(comm_),
                       as_stream(stream_)), "barrier");
   synchronize();
 }
@@ -232,15 +233,15 @@ void NcclCommunicator::synchronize() {
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) DS_CUDA_OK(e);
     ncclResult_t async = ncclSuccess;
-    check(ncclCommGetAsyncError(as_comm(comm_), &async), "ncclCommGetAsyncError");
+    check(nccl().CommGetAsyncError(as_comm(comm_), &async), "ncclCommGetAsyncError");
     if (async != ncclSuccess) {
-      ncclCommAbort(as_comm(comm_));
+      nccl().CommAbort(as_comm(comm_));
       comm_ = nullptr;
       DS_THROW("NCCL error on group '{}' (rank {} of {}): {}; a peer probably failed", name_,
-               rank_, size_, ncclGetErrorString(async));
+               rank_, size_, nccl().GetErrorString(async));
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      ncclCommAbort(as_comm(comm_));
+      nccl().CommAbort(as_comm(comm_));
       comm_ = nullptr;
       DS_THROW("NCCL ops on group '{}' (rank {} of {}) did not finish within {} s; aborted the "
                "communicator (a peer is stuck or dead)", name_, rank_, size_,
