@@ -3,6 +3,9 @@
 // row's log-sum-exp; pass 2 writes dlogits = dloss * (softmax - onehot) in the
 // logits' dtype. No fp32 probability matrix is ever stored. Columns >= V are
 // padding (gradient 0); rows with target < 0 are ignored (loss 0, no gradient).
+// A target >= V is an error on every backend: the CPU op throws, and since a
+// kernel cannot, GptModel checks the targets on the host before the loss (the
+// kernel itself would treat such a row as ignored).
 #include "cuda/core/common.cuh"
 #include "lib/ops/ops.h"
 

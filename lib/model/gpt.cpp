@@ -427,6 +427,13 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
 
 float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward) {
   Tensor t = targets.reshape({targets.numel()});
+  // One rule on every backend and layout: a target < 0 is ignored, one >= V is
+  // an error (the CPU op checks it too; a kernel cannot throw, so the check is
+  // here, on the host copy the mean below needs anyway).
+  Tensor tg = t.device().is_cpu() ? t : t.to(Device::cpu());
+  for (int64_t i = 0; i < tg.numel(); ++i)
+    DS_CHECK(tg.data<int32_t>()[i] < d_.V, "cross_entropy: target {} at row {} is >= V={}", tg.data<int32_t>()[i], i,
+             d_.V);
   if (tp_.active())
     vocab_parallel_loss(t, loss_weight, backward);
   else
@@ -438,7 +445,6 @@ float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool 
                         .dloss = loss_weight},
                        stream_);
   Tensor l = losses_.device().is_cpu() ? losses_ : losses_.to(Device::cpu());
-  Tensor tg = t.device().is_cpu() ? t : t.to(Device::cpu());
   double sum = 0;
   int64_t n = 0;
   for (int64_t i = 0; i < l.numel(); ++i) {

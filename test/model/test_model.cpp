@@ -158,3 +158,14 @@ TEST_CASE("pipeline stage layouts split the layers and chain to the full model's
     }
   }
 }
+
+TEST_CASE("a target outside the vocabulary is an error, a negative one is ignored") {
+  ModelConfig cfg = test::tiny_model(false);
+  GptModel model(cfg, Device::cpu());
+  model.init_weights(7, 0.2f);
+  Tensor tok = random_tokens(1, 4, cfg.vocab_size, 1), tgt = random_tokens(1, 4, cfg.vocab_size, 2);
+  tgt.data<int32_t>()[1] = -1;
+  CHECK(std::isfinite(model.forward_loss(tok, tgt)));
+  tgt.data<int32_t>()[2] = cfg.vocab_size;  // a padded row: not a real token
+  CHECK_THROWS_WITH(model.forward_loss(tok, tgt), Catch::Contains("target 37 at row 2 is >= V=37"));
+}

@@ -1,6 +1,6 @@
 // The tiny model configurations shared by the model and checkpoint tests.
 #pragma once
-#include "lib/train/config.h"
+#include "lib/model/model_config.h"
 
 namespace ds::test {
 
