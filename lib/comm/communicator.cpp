@@ -154,7 +154,7 @@ std::unique_ptr<Communicator> make_world_communicator(Backend backend, const Ren
     return GlooCommunicator::create_world(store, info.rank, info.world_size, info.master_addr, go);
   }
 #ifdef DS_WITH_NCCL
-  return NcclCommunicator::create_world(store, info.rank, info.world_size, info.local_rank);
+  return NcclCommunicator::create_world(store, info.rank, info.world_size, info.local_rank, info.op_timeout);
 #else
   return nullptr;  // unreachable: rejected above
 #endif

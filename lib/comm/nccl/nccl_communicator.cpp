@@ -130,6 +130,7 @@ void NcclCommunicator::all_reduce(void* data, int64_t count, DType dtype, Reduce
   if (count == 0) return;
   check(nccl().AllReduce(data, data, count, nccl_type(dtype), nccl_op(op), as_comm(comm_),
                       as_stream(stream_)), "all_reduce");
+  wait("all_reduce");
 }
 
 void NcclCommunicator::reduce_scatter(const void* input, void* output, int64_t count_per_rank,
@@ -137,6 +138,7 @@ void NcclCommunicator::reduce_scatter(const void* input, void* output, int64_t c
   if (count_per_rank == 0) return;
   check(nccl().ReduceScatter(input, output, count_per_rank, nccl_type(dtype), nccl_op(op),
                           as_comm(comm_), as_stream(stream_)), "reduce_scatter");
+  wait("reduce_scatter");
 }
 
 void NcclCommunicator::all_gather(const void* input, void* output, int64_t count_per_rank,
@@ -145,6 +147,7 @@ void NcclCommunicator::all_gather(const void* input, void* output, int64_t count
   if (bytes == 0) return;
   check(nccl().AllGather(input, output, bytes, ncclUint8, as_comm(comm_), as_stream(stream_)),
         "all_gather");
+  wait("all_gather");
 }
 
 void NcclCommunicator::broadcast(void* data, int64_t count, DType dtype, int root) {
@@ -154,6 +157,7 @@ void NcclCommunicator::broadcast(void* data, int64_t count, DType dtype, int roo
   if (bytes == 0) return;
   check(nccl().Broadcast(data, data, bytes, ncclUint8, root, as_comm(comm_), as_stream(stream_)),
         "broadcast");
+  wait("broadcast");
 }
 
 void NcclCommunicator::send(const void* data, int64_t count, DType dtype, int dst) {
@@ -162,6 +166,7 @@ void NcclCommunicator::send(const void* data, int64_t count, DType dtype, int ds
   size_t bytes = count * dtype_size(dtype);
   if (bytes == 0) return;
   check(nccl().Send(data, bytes, ncclUint8, dst, as_comm(comm_), as_stream(stream_)), "send");
+  wait("send");
 }
 
 void NcclCommunicator::recv(void* data, int64_t count, DType dtype, int src) {
@@ -170,6 +175,7 @@ void NcclCommunicator::recv(void* data, int64_t count, DType dtype, int src) {
   size_t bytes = count * dtype_size(dtype);
   if (bytes == 0) return;
   check(nccl().Recv(data, bytes, ncclUint8, src, as_comm(comm_), as_stream(stream_)), "recv");
+  wait("recv");
 }
 
 // NCCL matches the k-th send from A to B with the k-th receive on B from A.
@@ -216,17 +222,23 @@ void NcclCommunicator::batch_send_recv(const std::vector<P2POp>& ops) {
   ncclResult_t end = nccl().GroupEnd();
   check(first, what);
   check(end, "ncclGroupEnd (batch_send_recv)");
-  synchronize();  // the interface waits for the batch (buffers may be reused at once)
+  wait("batch_send_recv");  // the interface waits for the batch (buffers may be reused at once)
 }
 
 void NcclCommunicator::barrier() {
   if (size_ == 1) return;
   check(nccl().AllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, as_comm(comm_),
                       as_stream(stream_)), "barrier");
-  synchronize();
+  wait("barrier");
 }
 
-void NcclCommunicator::synchronize() {
+void NcclCommunicator::synchronize() { wait("synchronize"); }
+
+// Every NCCL op ends here: the stream is polled (never a blocking CUDA wait),
+// with NCCL's asynchronous error state and the DS_COMM_TIMEOUT deadline
+// checked in between; a failure or timeout aborts the communicator, so the
+// rank exits with a clear error and the launcher tears the job down.
+void NcclCommunicator::wait(const char* what) {
   auto deadline = std::chrono::steady_clock::now() + op_timeout_;
   while (true) {
     cudaError_t e = cudaStreamQuery(as_stream(stream_));
@@ -234,18 +246,17 @@ void NcclCommunicator::synchronize() {
     if (e != cudaErrorNotReady) DS_CUDA_OK(e);
     ncclResult_t async = ncclSuccess;
     check(nccl().CommGetAsyncError(as_comm(comm_), &async), "ncclCommGetAsyncError");
-    if (async != ncclSuccess) {
+    if (async != ncclSuccess && async != ncclInProgress) {
       nccl().CommAbort(as_comm(comm_));
       comm_ = nullptr;
-      DS_THROW("NCCL error on group '{}' (rank {} of {}): {}; a peer probably failed", name_,
+      DS_THROW("NCCL {} on group '{}' (rank {} of {}) failed: {}; a peer probably failed", what, name_,
                rank_, size_, nccl().GetErrorString(async));
     }
     if (std::chrono::steady_clock::now() > deadline) {
       nccl().CommAbort(as_comm(comm_));
       comm_ = nullptr;
-      DS_THROW("NCCL ops on group '{}' (rank {} of {}) did not finish within {} s; aborted the "
-               "communicator (a peer is stuck or dead)", name_, rank_, size_,
-               op_timeout_.count() / 1000);
+      DS_THROW("NCCL {} on group '{}' (rank {} of {}) timed out after {} s (DS_COMM_TIMEOUT); aborted the "
+               "communicator (a peer may have died)", what, name_, rank_, size_, op_timeout_.count() / 1000);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

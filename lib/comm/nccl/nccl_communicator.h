@@ -1,9 +1,13 @@
 // NcclCommunicator: the CUDA backend (built only when the CUDA toolkit is
 // found; the factory in communicator.cpp refers to it under DS_WITH_NCCL).
 // One ncclComm_t per group; the group's member 0 makes the ncclUniqueId and
-// publishes it through the TcpStore. Ops are enqueued on the communicator's
-// stream and return at once; synchronize() waits, watching for NCCL async
-// errors and the op timeout (then aborts the communicator and throws).
+// publishes it through the TcpStore. Every op is enqueued on the
+// communicator's stream and then waited for by polling the stream, NCCL's
+// async error state and the DS_COMM_TIMEOUT deadline (no blocking CUDA wait,
+// so a dead peer cannot hang the rank): an error or timeout aborts the
+// communicator and throws naming the op and the group. Asynchronous ops with
+// handles come with the overlap work; until then the interface is blocking,
+// like the Gloo backend.
 // This header stays free of CUDA/NCCL headers.
 #pragma once
 #include <chrono>
@@ -68,6 +72,7 @@ class NcclCommunicator : public Communicator {
   DeviceType device_type() const override { return DeviceType::CUDA; }
 
  private:
+  void wait(const char* what);  // polls until the stream is idle (see above)
   NcclCommunicator() = default;
   void init_comm();  // unique id through the store, then ncclCommInitRank
   void check(int result, const char* what);
