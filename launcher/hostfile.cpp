@@ -1,6 +1,8 @@
 // Hostfile parsing: the MPI "host slots=N" format DeepSpeed uses, with line-numbered errors.
 #include "launcher/hostfile.h"
 
+#include <arpa/inet.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -27,7 +29,43 @@ bool parse_positive_int(const std::string& s, int* out) {
   return v >= 1;
 }
 
+bool valid_label(const std::string& l) {
+  if (l.empty() || l.size() > 63 || l.front() == '-' || l.back() == '-') return false;
+  for (char c : l)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  return true;
+}
+
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f) out += static_cast<char>(c);
+    else out += fmt::format("\\x{:02x}", c);
+  }
+  return out;
+}
+
 }  // namespace
+
+bool valid_host_name(const std::string& host) {
+  unsigned char buf[16];
+  if (::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1)
+    return host.find('\0') == std::string::npos;
+  if (host.empty() || host.size() > 253) return false;
+  size_t at = 0;
+  while (true) {
+    const size_t dot = host.find('.', at);
+    if (!valid_label(host.substr(at, dot == std::string::npos ? std::string::npos : dot - at))) return false;
+    if (dot == std::string::npos) return true;
+    at = dot + 1;
+  }
+}
+
+void check_host_name(const std::string& host, const std::string& where) {
+  DS_USER_CHECK(valid_host_name(host),
+                "{}: '{}' is not a valid host name (expected an RFC 1123 name of letters, digits, '-' and '.', "
+                "or an IPv4/IPv6 address)", where, printable(host));
+}
 
 ResourcePool parse_hostfile(const std::string& text, const std::string& source) {
   ResourcePool pool;
@@ -47,7 +85,10 @@ ResourcePool parse_hostfile(const std::string& text, const std::string& source) 
     bool ok = !host.empty() && slots_word.rfind("slots=", 0) == 0 && extra.empty() &&
               parse_positive_int(slots_word.substr(6), &slots);
     DS_USER_CHECK(ok, "{}:{}: bad hostfile line '{}': expected 'HOSTNAME slots=N' with N >= 1",
-                  source, line_no, trim(raw));
+                  source, line_no, printable(trim(raw)));
+    check_host_name(host, fmt::format("{}:{}", source, line_no));
+    DS_USER_CHECK(slots <= kMaxSlotsPerHost, "{}:{}: host '{}' has slots={}; at most {} per host", source, line_no,
+                  host, slots, kMaxSlotsPerHost);
     for (const auto& h : pool)
       DS_USER_CHECK(h.host != host, "{}:{}: host '{}' is listed twice in the hostfile", source,
                     line_no, host);

@@ -59,6 +59,7 @@ void choose_transport(LaunchPlan& p, const PlanInputs& in) {
 void choose_master(LaunchPlan& p, const PlanInputs& in) {
   const Options& o = in.opts;
   if (!o.master_addr.empty()) {
+    check_host_name(o.master_addr, "--master_addr");
     p.master_addr = o.master_addr;
   } else if (p.transport == Transport::Local && !o.no_ssh) {
     p.master_addr = "127.0.0.1";

@@ -31,7 +31,10 @@ int parse_slot(const std::string& word, const std::string& flag, const std::stri
   bool digits = !word.empty() && word.size() < 7 &&
                 std::all_of(word.begin(), word.end(), [](char c) { return c >= '0' && c <= '9'; });
   DS_USER_CHECK(digits, "{} '{}': slot '{}' is not a non-negative integer", flag, spec, word);
-  return std::stoi(word);
+  const int s = std::stoi(word);
+  DS_USER_CHECK(s < kMaxSlotsPerHost, "{} '{}': slot {} is beyond the {} slots a host may have", flag, spec, s,
+                kMaxSlotsPerHost);
+  return s;
 }
 
 std::vector<NodeSpec> parse_specs(const std::string& spec, const std::string& flag) {
@@ -43,6 +46,7 @@ std::vector<NodeSpec> parse_specs(const std::string& spec, const std::string& fl
     size_t colon = part.find(':');
     ns.host = part.substr(0, colon);
     DS_USER_CHECK(!ns.host.empty(), "{} '{}': node spec '{}' has no host name", flag, spec, part);
+    check_host_name(ns.host, flag);
     if (colon != std::string::npos)
       for (const auto& w : split(part.substr(colon + 1), ',')) ns.slots.push_back(parse_slot(w, flag, spec));
     out.push_back(std::move(ns));
@@ -142,7 +146,9 @@ int max_slot_named(const std::string& spec, const std::string& host) {
 }
 
 ResourcePool local_pool(int gpu_count, int num_gpus, const std::string& include) {
-  if (gpu_count > 0) return {{"localhost", gpu_count}};
+  DS_USER_CHECK(num_gpus <= kMaxSlotsPerHost, "--num_gpus {}: at most {} ranks per host", num_gpus,
+                kMaxSlotsPerHost);
+  if (gpu_count > 0) return {{"localhost", std::min(gpu_count, kMaxSlotsPerHost)}};
   int slots = 1;
   if (num_gpus > 0) slots = num_gpus;
   else slots = std::max(1, max_slot_named(include, "localhost") + 1);

@@ -327,3 +327,41 @@ TEST_CASE("plan: single-node and selector rules", "[launcher]") {
   in.opts.node_rank = 2;
   CHECK_THAT(user_error([&] { make_plan(in); }), Catch::Contains("--node_rank 2"));
 }
+
+TEST_CASE("host names: RFC 1123 names and IP addresses only, everywhere", "[launcher]") {
+  for (const char* ok : {"worker-0", "localhost", "node7.cluster.example", "a", "10.0.0.12", "::1", "fe80::1",
+                         "2001:db8::42", "X-1.Y-2"})
+    CHECK(valid_host_name(ok));
+  const std::string long_label(64, 'a');
+  for (const std::string& bad : std::vector<std::string>{
+           "-oProxyCommand=touch${IFS}/tmp/x", "host;reboot", "a b", "tab\there", "new\nline", "bell\x07",
+           "-", "host-", ".lead", "trail.", "two..dots", "under_score", "$(id)", "`id`", "a/b", long_label, ""})
+    CHECK_FALSE(valid_host_name(bad));
+  struct Case {
+    std::string text, want;
+  };
+  const std::vector<Case> cases = {
+      {"-oProxyCommand=sh slots=1\n", "hosts:1: '-oProxyCommand=sh' is not a valid host name"},
+      {"ok slots=1\nbad;rm slots=1\n", "hosts:2: 'bad;rm' is not a valid host name"},
+      {std::string("ctl\x01x slots=1\n"), "hosts:1: 'ctl\\x01x' is not a valid host name"},
+      {"big slots=999999\n", "hosts:1: host 'big' has slots=999999; at most 1024 per host"},
+      {"edge slots=1025\n", "at most 1024"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.text);
+    const std::string msg = user_error([&] { parse_hostfile(c.text, "hosts"); });
+    CHECK_THAT(msg, Catch::Contains(c.want));
+    CHECK(msg.find('\n') == std::string::npos);
+  }
+  CHECK(parse_hostfile("edge slots=1024\n", "hosts")[0].slots == 1024);
+  const ResourcePool pool = parse_hostfile("w0 slots=2\n", "hosts");
+  CHECK_THAT(user_error([&] { filter_resources(pool, "-oX=1:0", ""); }),
+             Catch::Contains("--include: '-oX=1' is not a valid host name"));
+  CHECK_THAT(user_error([&] { local_pool(0, 0, "localhost:999999"); }), Catch::Contains("beyond the 1024 slots"));
+  CHECK_THAT(user_error([&] { local_pool(0, 200000, ""); }), Catch::Contains("--num_gpus 200000"));
+  PlanInputs in = base_inputs();
+  in.opts.include = "localhost:0";
+  in.opts.master_addr = "-oProxyCommand=x";
+  CHECK_THAT(user_error([&] { make_plan(in); }), Catch::Contains("--master_addr: '-oProxyCommand=x'"));
+}
+
