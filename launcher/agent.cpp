@@ -65,6 +65,7 @@ class Agent {
   void on_signal(int sig);
   void pump(OutStream& s, int out_fd, const std::string& prefix);
   void begin_teardown(int code, const std::string& why);
+  void check_stdin();
   void emit(int fd, const std::string& s);
   int live() const;
   int open_streams() const;
@@ -76,6 +77,7 @@ class Agent {
   std::vector<RankProc> ranks_;
   int result_ = -1;
   bool teardown_ = false, hard_killed_ = false, head_lost_ = false;
+  bool stdin_open_ = true;  // with a_.stop_on_stdin_eof: stdin not yet at end of input
   double kill_deadline_ = 0, drain_deadline_ = 0;
 };
 
@@ -98,6 +100,16 @@ void Agent::emit(int fd, const std::string& s) {
     head_lost_ = true;
     begin_teardown(128 + SIGHUP, "lost the connection to the dsrun head");
   }
+}
+
+// stdin is readable: input is ignored; end of input (or an error) means the
+// head closed our ssh channel, i.e. the job is being stopped.
+void Agent::check_stdin() {
+  char buf[4096];
+  const ssize_t n = read(0, buf, sizeof buf);
+  if (n > 0 || (n < 0 && (errno == EINTR || errno == EAGAIN))) return;
+  stdin_open_ = false;
+  begin_teardown(128 + SIGHUP, "the dsrun head closed the connection (the job is stopping)");
 }
 
 void Agent::begin_teardown(int code, const std::string& why) {
@@ -237,6 +249,8 @@ void Agent::loop_once() {
       prefixes.push_back(fmt::format("[rank {}] ", r.info.rank));
     }
   }
+  const bool reading_stdin = a_.stop_on_stdin_eof && stdin_open_;
+  if (reading_stdin) fds.push_back({0, POLLIN, 0});
   bool watching = watch_ && !head_lost_;
   if (watching) fds.push_back({1, 0, 0});
   int timeout = -1;
@@ -249,6 +263,7 @@ void Agent::loop_once() {
     if (fds[0].revents) for (int s : sig_.drain()) on_signal(s);
     for (size_t i = 0; i < streams.size(); ++i)
       if (fds[i + 1].revents && streams[i].first->fd >= 0) pump(*streams[i].first, streams[i].second, prefixes[i]);
+    if (reading_stdin && fds[streams.size() + 1].revents) check_stdin();
     if (watching && (fds.back().revents & (POLLERR | POLLHUP)) && !head_lost_) {
       head_lost_ = true;
       begin_teardown(128 + SIGHUP, "lost the connection to the dsrun head");

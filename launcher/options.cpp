@@ -118,6 +118,7 @@ bool parse_agent_options(int argc, char** argv, AgentOptions* a) {
   app.add_option("--bind_core_list", a->bind_core_list);
   app.add_option("--save_pid", a->save_pid);
   app.add_option("--teardown_grace", a->teardown_grace);
+  app.add_flag("--stop_on_stdin_eof", a->stop_on_stdin_eof);
   return run_parse(app, argc, argv, &a->program, &a->args);
 }
 
@@ -131,6 +132,7 @@ std::vector<std::string> agent_flags(const AgentOptions& a) {
   if (!a.bind_core_list.empty()) f.push_back("--bind_core_list=" + a.bind_core_list);
   if (a.save_pid > 0) f.push_back("--save_pid=" + std::to_string(a.save_pid));
   f.push_back(fmt::format("--teardown_grace={}", a.teardown_grace));
+  if (a.stop_on_stdin_eof) f.push_back("--stop_on_stdin_eof");
   return f;
 }
 

@@ -57,6 +57,9 @@ struct AgentOptions {
   std::string bind_core_list;
   long save_pid = 0;            // write /tmp/<save_pid>.deepspeed
   double teardown_grace = 5.0;
+  // Built-in ssh transport: end of input on stdin (the head closed the
+  // channel: Ctrl-C, a failure elsewhere) starts the teardown at once.
+  bool stop_on_stdin_eof = false;
   std::string program;
   std::vector<std::string> args;
 };

@@ -191,6 +191,9 @@ void build_commands(LaunchPlan& p, const PlanInputs& in) {
   a.bind_core_list = o.bind_core_list;
   a.save_pid = o.save_pid ? in.head_pid : 0;
   a.teardown_grace = o.teardown_grace;
+  // Over the built-in ssh the head stops a node by closing its channel (sshd
+  // may refuse signal requests): the agent stops on end of input.
+  a.stop_on_stdin_eof = p.transport == Transport::Ssh;
   a.program = o.program;
   a.args = o.args;
   std::vector<std::string> base = concat({in.dsrun_path, "--agent"}, agent_flags(a));

@@ -263,7 +263,7 @@ TEST_CASE("plan: multi-node commands per transport", "[launcher]") {
   CHECK(ssh.nodes[1].remote_command ==
         "cd '/work dir' && export NCCL_DEBUG=INFO FOO='a b' && exec /opt/dsrun --agent "
         "--world_info=eyJ3MCI6IFswLCAxXSwgIncxIjogWzAsIDFdfQ== --master_addr=10.0.0.1 --master_port=29500 "
-        "--job_token=tok123 --teardown_grace=5 --node_rank=1 -- /bin/train --config c.json");
+        "--job_token=tok123 --teardown_grace=5 --stop_on_stdin_eof --node_rank=1 -- /bin/train --config c.json");
   CHECK(ssh.ranks[3].env[0] == std::pair<std::string, std::string>{"RANK", "3"});
 
   in.opts.launcher = "pdsh";

@@ -139,6 +139,22 @@ TEST_CASE("ssh: Ctrl-C and loss of the head stop every remote rank", "[launcher]
   }
 }
 
+TEST_CASE("ssh: Ctrl-C stops remote ranks at once, not after the teardown grace", "[launcher]") {
+  // The test sshd refuses signal requests, so the head's only way to reach a
+  // node is closing the channel's input: the agent must stop on that at once.
+  SshLab& lab = SshLab::get();
+  REQUIRE_SSHD(lab);
+  Job job;
+  auto r = run_cmd(cat(cat({dsrun_bin(), "--hostfile", lab.hostfile, "--master_addr", "127.0.0.1",
+                            "--teardown_grace", "30"},
+                           lab.ssh_flags()),
+                       {probe_bin(), "hang"}),
+                   job.env(), 90, signal_when_running(job.token, 1 + 2 + 4, SIGINT));
+  CHECK(r.code == 128 + SIGINT);
+  CHECK(r.seconds < 10);  // far below teardown_grace + 2 = 32 s
+  job.check_no_leftovers(5);
+}
+
 TEST_CASE("ssh: host keys are verified", "[launcher]") {
   SshLab& lab = SshLab::get();
   REQUIRE_SSHD(lab);
