@@ -20,6 +20,7 @@
 #include "launcher/process.h"
 #include "launcher/rank_env.h"
 #include "launcher/world_info.h"
+#include "launcher/guard.h"
 
 namespace ds::launch {
 namespace {
@@ -282,7 +283,7 @@ int Agent::run() {
     pid_file = fmt::format("/tmp/{}.deepspeed", a_.save_pid);
     FILE* f = fopen(pid_file.c_str(), "w");
     DS_USER_CHECK(f, "--save_pid: cannot write '{}'", pid_file);
-    fmt::print(f, "{}", getpid());
+    fmt::print(f, "{}", guard_pid());
     fclose(f);
   }
   prctl(PR_SET_CHILD_SUBREAPER, 1);
@@ -290,6 +291,8 @@ int Agent::run() {
     start_ranks();
   } catch (const UserError& e) {
     begin_teardown(127, e.what());
+  } catch (const std::exception& e) {  // e.g. out of file descriptors: stop what was started
+    begin_teardown(1, fmt::format("cannot start the ranks: {}", e.what()));
   }
   drain_deadline_ = 0;
   while (live() > 0 || open_streams() > 0) {
@@ -302,7 +305,7 @@ int Agent::run() {
     for (OutStream* s : {&r.out, &r.err})
       if (s->fd >= 0) close(s->fd), s->fd = -1;
   }
-  kill_adopted_children();
+  kill_all_adopted();
   prctl(PR_SET_CHILD_SUBREAPER, 0);
   if (!pid_file.empty()) unlink(pid_file.c_str());
   return result_ < 0 ? 0 : result_;
@@ -359,7 +362,7 @@ int agent_main(int argc, char** argv) {
   int node = resolve_node_rank(a, decode_world_info(a.world_info));
   struct stat st {};
   bool watch = fstat(1, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode));
-  return run_agent(a, node, watch);
+  return run_guarded([&] { return run_agent(a, node, watch); });
 }
 
 }  // namespace ds::launch

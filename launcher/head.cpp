@@ -22,6 +22,7 @@
 
 #include "lib/core/error.h"
 #include "launcher/agent.h"
+#include "launcher/guard.h"
 #include "launcher/process.h"
 #include "launcher/shell.h"
 #include "launcher/ssh_transport.h"
@@ -326,7 +327,8 @@ int dsrun_main(int argc, char** argv) {
       fmt::print("{}\n", plan_to_json(p));
       return 0;
     }
-    if (p.transport == Transport::Local) return run_agent(p.agent, p.local_node_rank, false);
+    if (p.transport == Transport::Local)
+      return run_guarded([&] { return run_agent(p.agent, p.local_node_rank, false); });
     if (p.transport == Transport::Ssh) return run_ssh(p, in);
     return run_external(p, in);
   } catch (const UserError& e) {

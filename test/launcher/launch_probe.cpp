@@ -146,6 +146,15 @@ int main(int argc, char** argv) {
   auto arg_int = [&](size_t i, int dflt) { return args.size() > i ? std::atoi(args[i].c_str()) : dflt; };
   if (mode == "env") return write_env(args.at(1), all);
   if (mode == "hang") hang();
+  if (mode == "family") {  // a child in the rank's group and a setsid grandchild, then hang
+    if (fork() == 0) hang();
+    if (fork() == 0) {
+      setsid();
+      if (fork() == 0) hang();
+      _exit(0);  // the grandchild is orphaned at once
+    }
+    hang();
+  }
   if (mode == "hang_ignore_term") {
     signal(SIGTERM, SIG_IGN);
     hang();

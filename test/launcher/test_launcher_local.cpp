@@ -35,9 +35,14 @@ struct LocalJob {
                 std::function<void(pid_t)> during = nullptr) const {
     return run_cmd(dsrun(flags, prog), {{"DS_JOB_TOKEN", token}}, timeout, during);
   }
-  // No process of this job may survive dsrun's exit.
-  void check_no_leftovers() const {
+  // No process of this job may survive dsrun's exit (or, with wait_s, outlive
+  // it by more than that).
+  void check_no_leftovers(double wait_s = 0) const {
     auto left = pids_with_token(token);
+    for (double t = 0; !left.empty() && t < wait_s; t += 0.1) {
+      usleep(100000);
+      left = pids_with_token(token);
+    }
     for (pid_t p : left) kill(p, SIGKILL);
     CHECK(left.empty());
   }
@@ -152,6 +157,29 @@ TEST_CASE("local: SIGKILL of dsrun takes the ranks with it", "[launcher]") {
   CHECK(r.code == 128 + SIGKILL);
   usleep(300000);
   job.check_no_leftovers();
+}
+
+TEST_CASE("local: SIGKILL of dsrun leaves nothing behind, children and setsid grandchildren included",
+          "[launcher]") {
+  LocalJob job;
+  // dsrun (guard and worker) and two ranks, each with a child in its group and a
+  // setsid grandchild: 2 + 2 * 3 processes carry the job's token.
+  auto r = job.run({"--num_gpus", "2", "--teardown_grace", "1"}, {"family"}, 30,
+                   signal_when_running(job.token, 1 + 2 * 3, SIGKILL));
+  CHECK(r.code == 128 + SIGKILL);
+  job.check_no_leftovers(10);
+}
+
+TEST_CASE("local: a launch that fails partway is one clear error and leaves nothing behind", "[launcher]") {
+  LocalJob job(300);
+  // Few file descriptors: starting 300 ranks runs out of pipes partway.
+  std::vector<std::string> argv = {"/bin/sh", "-c", "ulimit -n 64 && exec \"$0\" \"$@\""};
+  for (const std::string& a : job.dsrun({"--num_gpus", "300"}, {"hang"})) argv.push_back(a);
+  auto r = run_cmd(argv, {{"DS_JOB_TOKEN", job.token}}, 60);
+  CHECK(r.code != 0);
+  CHECK(r.err.find("internal error") == std::string::npos);
+  CHECK(r.err.find("cannot start") != std::string::npos);
+  job.check_no_leftovers(10);
 }
 
 TEST_CASE("local: --bind_cores_to_rank pins ranks and sets OMP_NUM_THREADS", "[launcher]") {
