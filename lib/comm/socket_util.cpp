@@ -134,7 +134,7 @@ int try_connect(const std::string& host, int port, Clock::time_point deadline,
   return fd;
 }
 
-static int listen_family(int family, int port, int& errno_out) {
+static int listen_family(int family, int port, int& errno_out, bool loopback) {
   int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     errno_out = errno;
@@ -148,13 +148,13 @@ static int listen_family(int family, int port, int& errno_out) {
     setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
     auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
     a->sin6_family = AF_INET6;
-    a->sin6_addr = in6addr_any;
+    a->sin6_addr = loopback ? in6addr_loopback : in6addr_any;
     a->sin6_port = htons(static_cast<uint16_t>(port));
     len = sizeof(sockaddr_in6);
   } else {
     auto* a = reinterpret_cast<sockaddr_in*>(&ss);
     a->sin_family = AF_INET;
-    a->sin_addr.s_addr = htonl(INADDR_ANY);
+    a->sin_addr.s_addr = htonl(loopback ? INADDR_LOOPBACK : INADDR_ANY);
     a->sin_port = htons(static_cast<uint16_t>(port));
     len = sizeof(sockaddr_in);
   }
@@ -167,9 +167,21 @@ static int listen_family(int family, int port, int& errno_out) {
 }
 
 int listen_any(int port, int& errno_out) {
-  int fd = listen_family(AF_INET6, port, errno_out);
+  int fd = listen_family(AF_INET6, port, errno_out, false);
   if (fd >= 0 || errno_out == EADDRINUSE || errno_out == EACCES) return fd;
-  return listen_family(AF_INET, port, errno_out);  // no IPv6 on this host
+  return listen_family(AF_INET, port, errno_out, false);  // no IPv6 on this host
+}
+
+bool is_loopback_literal(const std::string& host) {
+  if (host == "localhost" || host == "::1") return true;
+  in_addr a{};
+  return inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+int listen_for(const std::string& master_addr, int port, int& errno_out) {
+  if (!is_loopback_literal(master_addr)) return listen_any(port, errno_out);
+  const int family = master_addr == "::1" ? AF_INET6 : AF_INET;
+  return listen_family(family, port, errno_out, true);
 }
 
 int bound_port(int fd) {

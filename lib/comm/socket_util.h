@@ -54,6 +54,13 @@ int try_connect(const std::string& host, int port, Clock::time_point deadline,
 // Binds a listening socket on all interfaces (IPv6 dual-stack, else IPv4).
 // port 0 picks a free port. Returns the fd, or -1 with errno_out set.
 int listen_any(int port, int& errno_out);
+// True for "localhost", "::1" and 127.0.0.0/8 address literals.
+bool is_loopback_literal(const std::string& host);
+// The store's listening socket for a job whose MASTER_ADDR is master_addr:
+// loopback only when that is a loopback literal (a single local node: nothing
+// outside this host can reach the store), else every interface (a name may
+// resolve to a loopback alias here and to the real address elsewhere).
+int listen_for(const std::string& master_addr, int port, int& errno_out);
 int bound_port(int fd);  // the local port of a bound socket
 
 void set_nonblocking(int fd, bool on);

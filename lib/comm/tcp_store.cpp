@@ -36,7 +36,7 @@ std::string join_ints(const std::vector<int>& v) {
 TcpStore::TcpStore(const TcpStoreOptions& opt)
     : host_(opt.host), port_(opt.port), rank_(opt.rank), timeout_(opt.timeout) {
   if (opt.is_server) {
-    server_ = std::make_unique<TcpStoreServer>(opt.port, opt.token);
+    server_ = std::make_unique<TcpStoreServer>(opt.port, opt.token, opt.host);
     port_ = server_->port();
   }
   connect_and_hello(opt);

@@ -30,9 +30,10 @@ bool same_token(const std::string& a, const std::string& b) {
 }
 }  // namespace
 
-TcpStoreServer::TcpStoreServer(int port, std::string token) : token_(std::move(token)) {
+TcpStoreServer::TcpStoreServer(int port, std::string token, const std::string& master_addr)
+    : token_(std::move(token)) {
   int err = 0;
-  listen_fd_ = net::listen_any(port, err);
+  listen_fd_ = master_addr.empty() ? net::listen_any(port, err) : net::listen_for(master_addr, port, err);
   if (listen_fd_ < 0) {
     if (err == EADDRINUSE)
       DS_USER_ERROR("rendezvous store: MASTER_PORT {} is already in use on this host (another job "

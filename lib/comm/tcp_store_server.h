@@ -17,9 +17,10 @@ namespace ds {
 
 class TcpStoreServer {
  public:
-  // Binds `port` on all interfaces (0 = any free port) and starts serving.
-  // Throws ds::UserError when the port is in use.
-  TcpStoreServer(int port, std::string token);
+  // Binds `port` (0 = any free port) and starts serving: on the loopback
+  // interface only when master_addr is a loopback literal, else on all
+  // interfaces (net::listen_for). Throws ds::UserError when the port is in use.
+  TcpStoreServer(int port, std::string token, const std::string& master_addr = "");
   ~TcpStoreServer();  // stop(0)
   int port() const { return port_; }
   // Keeps serving until no client is connected and `linger` has passed, or

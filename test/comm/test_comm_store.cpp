@@ -3,6 +3,7 @@
 // ranks, lost ranks, port in use, unreachable server. Also the single-process
 // world communicator and the rank environment parser.
 #include <catch2/catch.hpp>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "lib/comm/communicator.h"
+#include "lib/comm/socket_util.h"
 #include "lib/comm/tcp_store.h"
 #include "lib/core/error.h"
 
@@ -209,4 +211,50 @@ TEST_CASE("rendezvous info from the environment", "[comm]") {
   CHECK(r.rank == 0);
   CHECK(backend_from_name("gloo") == Backend::Gloo);
   CHECK_THROWS_AS(backend_from_name("mpi"), UserError);
+}
+
+namespace {
+
+// Local address of the TCP socket listening on `port` ("" if none), from
+// /proc/net/tcp and /proc/net/tcp6 (state 0A = LISTEN), as the kernel prints it.
+std::string listening_address(int port) {
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    FILE* f = std::fopen(table, "r");
+    if (!f) continue;
+    char line[512];
+    while (std::fgets(line, sizeof line, f)) {
+      char local[128] = {0}, remote[128] = {0}, state[8] = {0};
+      if (std::sscanf(line, " %*d: %127s %127s %7s", local, remote, state) != 3) continue;
+      std::string l = local;
+      const size_t colon = l.rfind(':');
+      if (colon == std::string::npos || std::string(state) != "0A") continue;
+      if (std::stoi(l.substr(colon + 1), nullptr, 16) == port) {
+        std::fclose(f);
+        return l.substr(0, colon);
+      }
+    }
+    std::fclose(f);
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("store: a job on loopback listens on loopback only, others on every interface", "[store]") {
+  TcpStoreOptions o = server_opts();
+  o.host = "127.0.0.1";  // a single local node: what dsrun sets
+  TcpStore local(o);
+  CHECK(listening_address(local.port()) == "0100007F");  // 127.0.0.1, little-endian hex
+  CHECK(net::is_loopback_literal("127.0.0.1"));
+  CHECK(net::is_loopback_literal("127.5.6.7"));
+  CHECK(net::is_loopback_literal("localhost"));
+  CHECK(net::is_loopback_literal("::1"));
+  CHECK_FALSE(net::is_loopback_literal("10.0.0.1"));
+  CHECK_FALSE(net::is_loopback_literal("worker-0"));
+  int err = 0;
+  const int fd = net::listen_for("10.1.2.3", 0, err);  // not loopback: every interface
+  REQUIRE(fd >= 0);
+  const std::string addr = listening_address(net::bound_port(fd));
+  CHECK((addr == "00000000" || addr == "00000000000000000000000000000000"));
+  close(fd);
 }
