@@ -145,6 +145,7 @@ std::unique_ptr<Communicator> make_world_communicator(Backend backend, const Ren
     o.token = info.token;
     o.rank = info.rank;
     o.timeout = info.timeout;
+    o.world_size = info.world_size;
     store = std::make_shared<TcpStore>(o);
     store->barrier("world/join", info.rank, info.world_size);
   }

@@ -37,6 +37,7 @@ TcpStore::TcpStore(const TcpStoreOptions& opt)
     : host_(opt.host), port_(opt.port), rank_(opt.rank), timeout_(opt.timeout) {
   if (opt.is_server) {
     server_ = std::make_unique<TcpStoreServer>(opt.port, opt.token, opt.host);
+    server_->set_admission(opt.world_size, opt.hello_timeout);
     port_ = server_->port();
   }
   connect_and_hello(opt);

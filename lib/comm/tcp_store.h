@@ -21,6 +21,10 @@ struct TcpStoreOptions {
   bool is_server = false;          // true on rank 0: bind the port and serve
   std::string token;               // DS_JOB_TOKEN; must match the server's
   int rank = -1;                   // reported to the server (for "rank N died")
+  // Server only: the job's ranks are 0..world_size-1 (0: not checked), and a
+  // connection must say hello within hello_timeout (TcpStoreServer admission).
+  int world_size = 0;
+  std::chrono::milliseconds hello_timeout{std::chrono::seconds(10)};
   // Bound on connecting (with retries) and the default bound on get/wait.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };

@@ -76,6 +76,10 @@ int TcpStoreServer::poll_timeout_ms() const {
     int64_t left = net::ms_left(conns_.empty() ? linger_until_ : drain_deadline_);
     if (t < 0 || left < t) t = left;
   }
+  if (t < 0 || t > 100) {  // pending hellos are checked at least this often
+    for (const auto& [id, c] : conns_)
+      if (!c.authed) t = 100;
+  }
   return t < 0 ? 1000 : static_cast<int>(std::min<int64_t>(t + 1, 1000));
 }
 
@@ -109,7 +113,13 @@ void TcpStoreServer::run() {
       if (!keep) drop(ids[i]);
     }
     answer_expired_waiters();
+    drop_stale_pending();
   }
+}
+
+void TcpStoreServer::set_admission(int world_size, std::chrono::milliseconds hello_timeout) {
+  world_size_.store(world_size);
+  hello_timeout_ms_.store(hello_timeout.count());
 }
 
 void TcpStoreServer::accept_new() {
@@ -117,10 +127,37 @@ void TcpStoreServer::accept_new() {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
     net::set_nodelay(fd);
+    size_t pending = 0;
+    int oldest = -1;
+    for (const auto& [id, c] : conns_)
+      if (!c.authed) {
+        ++pending;
+        if (oldest < 0) oldest = id;  // ids grow with time: the first is the oldest
+      }
+    if (pending >= kMaxPending) drop(oldest);
     Conn c;
     c.fd = fd;
+    c.accepted = net::Clock::now();
     conns_[next_id_++] = std::move(c);
   }
+}
+
+void TcpStoreServer::drop_stale_pending() {
+  const auto limit = std::chrono::milliseconds(hello_timeout_ms_.load());
+  const auto now = net::Clock::now();
+  std::vector<int> stale;
+  for (const auto& [id, c] : conns_)
+    if (!c.authed && !c.close_after_flush && now - c.accepted > limit) stale.push_back(id);
+  for (int id : stale) drop(id);
+}
+
+std::string TcpStoreServer::refuse_rank(int64_t rank) const {
+  const int world = world_size_.load();
+  if (world <= 0 || rank == -1) return "";
+  if (rank < 0 || rank >= world) return fmt::format("rank {} is not one of this job's {} ranks", rank, world);
+  for (const auto& [id, c] : conns_)
+    if (c.authed && !c.bye && c.rank == rank) return fmt::format("rank {} is already connected", rank);
+  return "";
 }
 
 bool TcpStoreServer::read_conn(int id, Conn& c) {
@@ -202,7 +239,13 @@ void TcpStoreServer::handle(int id, Conn& c, const std::string& msg) {
       c.close_after_flush = true;
       return;
     }
-    c.rank = r.i64();
+    const int64_t rank = r.i64();
+    if (const std::string why = refuse_rank(rank); !why.empty()) {
+      reply(c, net::Writer().u8(uint8_t(Status::Refused)).str(why).bytes());
+      c.close_after_flush = true;
+      return;
+    }
+    c.rank = rank;
     c.authed = true;
     reply(c, net::Writer().u8(uint8_t(Status::Ok)).bytes());
     return;

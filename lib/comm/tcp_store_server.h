@@ -21,6 +21,13 @@ class TcpStoreServer {
   // interface only when master_addr is a loopback literal, else on all
   // interfaces (net::listen_for). Throws ds::UserError when the port is in use.
   TcpStoreServer(int port, std::string token, const std::string& master_addr = "");
+  // Admission rules. world_size > 0: a hello must name rank -1 (a tool) or a
+  // rank in [0, world_size) not already connected, else it is refused (so a
+  // stray or forged client with the token cannot abort the rendezvous by
+  // leaving). At most kMaxPending connections wait for their hello (the oldest
+  // is closed to admit a new one), each for at most hello_timeout.
+  void set_admission(int world_size, std::chrono::milliseconds hello_timeout);
+  static constexpr size_t kMaxPending = 256;
   ~TcpStoreServer();  // stop(0)
   int port() const { return port_; }
   // Keeps serving until no client is connected and `linger` has passed, or
@@ -34,6 +41,7 @@ class TcpStoreServer {
     std::string in, out;
     bool authed = false, bye = false, close_after_flush = false;
     int64_t rank = -1;
+    net::Clock::time_point accepted;
   };
   struct Waiter {
     int conn = 0;
@@ -56,8 +64,12 @@ class TcpStoreServer {
   std::string failure(uint8_t status, const std::vector<std::string>& missing) const;
   std::vector<std::string> missing_keys(const std::vector<std::string>& keys) const;
   int poll_timeout_ms() const;
+  void drop_stale_pending();  // hello deadline passed
+  std::string refuse_rank(int64_t rank) const;  // "" when the hello's rank is admissible
 
   std::string token_;
+  std::atomic<int> world_size_{0};
+  std::atomic<int64_t> hello_timeout_ms_{10000};
   int listen_fd_ = -1;
   int port_ = 0;
   int wake_[2] = {-1, -1};

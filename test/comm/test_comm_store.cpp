@@ -3,6 +3,7 @@
 // ranks, lost ranks, port in use, unreachable server. Also the single-process
 // world communicator and the rank environment parser.
 #include <catch2/catch.hpp>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include "lib/comm/communicator.h"
 #include "lib/comm/socket_util.h"
 #include "lib/comm/tcp_store.h"
+#include "lib/comm/tcp_store_server.h"
 #include "lib/core/error.h"
 
 using namespace ds;
@@ -257,4 +259,45 @@ TEST_CASE("store: a job on loopback listens on loopback only, others on every in
   const std::string addr = listening_address(net::bound_port(fd));
   CHECK((addr == "00000000" || addr == "00000000000000000000000000000000"));
   close(fd);
+}
+
+TEST_CASE("store: a client with the token but a rank outside the job is refused and cannot abort the rendezvous",
+          "[store]") {
+  TcpStoreOptions so = server_opts();
+  so.world_size = 2;
+  TcpStore server(so);
+  auto waiter = std::async(std::launch::async, [&] { return server.get("ready"); });
+  TcpStoreOptions bogus = client_opts(server.port(), 7);
+  bogus.timeout = 2000ms;
+  CHECK_THAT(error_of([&] { TcpStore s(bogus); }), Catch::Contains("rank 7 is not one of this job's 2 ranks"));
+  TcpStore one(client_opts(server.port(), 1));
+  TcpStoreOptions twin = client_opts(server.port(), 1);
+  twin.timeout = 2000ms;
+  CHECK_THAT(error_of([&] { TcpStore s(twin); }), Catch::Contains("rank 1 is already connected"));
+  one.set("ready", "yes");  // the refused clients' departure did not fail the waiting rank 0
+  CHECK(waiter.get() == "yes");
+}
+
+TEST_CASE("store: idle connections cannot starve the rendezvous", "[store]") {
+  TcpStoreOptions so = server_opts();
+  so.hello_timeout = 300ms;
+  TcpStore server(so);
+  // More idle connections than the server keeps waiting for a hello.
+  std::vector<int> idle;
+  for (size_t i = 0; i < TcpStoreServer::kMaxPending + 44; ++i) {
+    std::string err;
+    const int fd = net::try_connect("127.0.0.1", server.port(), net::Clock::now() + 2s, err);
+    REQUIRE(fd >= 0);
+    idle.push_back(fd);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  TcpStore client(client_opts(server.port(), 1));
+  client.set("k", "v");
+  CHECK(server.get("k") == "v");
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  // And an idle connection is closed once the hello deadline has passed.
+  std::this_thread::sleep_for(600ms);
+  char b;
+  CHECK(::recv(idle.back(), &b, 1, 0) == 0);  // EOF from the server
+  for (int fd : idle) close(fd);
 }
