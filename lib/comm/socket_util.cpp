@@ -134,28 +134,22 @@ int try_connect(const std::string& host, int port, Clock::time_point deadline,
   return fd;
 }
 
-static int listen_family(int family, int port, int& errno_out, bool loopback) {
-  int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+// Binds and listens on `ss` (family and address set; the port is filled in).
+static int listen_at(sockaddr_storage ss, int port, int& errno_out) {
+  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     errno_out = errno;
     return -1;
   }
   int one = 1, zero = 0;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_storage ss{};
   socklen_t len;
-  if (family == AF_INET6) {
+  if (ss.ss_family == AF_INET6) {
     setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-    a->sin6_family = AF_INET6;
-    a->sin6_addr = loopback ? in6addr_loopback : in6addr_any;
-    a->sin6_port = htons(static_cast<uint16_t>(port));
+    reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port = htons(static_cast<uint16_t>(port));
     len = sizeof(sockaddr_in6);
   } else {
-    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-    a->sin_family = AF_INET;
-    a->sin_addr.s_addr = htonl(loopback ? INADDR_LOOPBACK : INADDR_ANY);
-    a->sin_port = htons(static_cast<uint16_t>(port));
+    reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(static_cast<uint16_t>(port));
     len = sizeof(sockaddr_in);
   }
   if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 || listen(fd, 1024) != 0) {
@@ -166,10 +160,35 @@ static int listen_family(int family, int port, int& errno_out, bool loopback) {
   return fd;
 }
 
+// The address of an IPv4/IPv6 literal ("localhost" counts as 127.0.0.1).
+static bool parse_ip_literal(const std::string& host, sockaddr_storage* ss) {
+  *ss = {};
+  auto* a4 = reinterpret_cast<sockaddr_in*>(ss);
+  auto* a6 = reinterpret_cast<sockaddr_in6*>(ss);
+  if (host == "localhost") {
+    a4->sin_family = AF_INET;
+    a4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return true;
+  }
+  if (inet_pton(AF_INET, host.c_str(), &a4->sin_addr) == 1) {
+    a4->sin_family = AF_INET;
+    return true;
+  }
+  if (inet_pton(AF_INET6, host.c_str(), &a6->sin6_addr) == 1) {
+    a6->sin6_family = AF_INET6;
+    return true;
+  }
+  return false;
+}
+
 int listen_any(int port, int& errno_out) {
-  int fd = listen_family(AF_INET6, port, errno_out, false);
+  sockaddr_storage ss{};
+  ss.ss_family = AF_INET6;  // in6addr_any (zero), dual-stack
+  int fd = listen_at(ss, port, errno_out);
   if (fd >= 0 || errno_out == EADDRINUSE || errno_out == EACCES) return fd;
-  return listen_family(AF_INET, port, errno_out, false);  // no IPv6 on this host
+  ss = {};
+  ss.ss_family = AF_INET;  // no IPv6 on this host: INADDR_ANY (zero)
+  return listen_at(ss, port, errno_out);
 }
 
 bool is_loopback_literal(const std::string& host) {
@@ -179,9 +198,13 @@ bool is_loopback_literal(const std::string& host) {
 }
 
 int listen_for(const std::string& master_addr, int port, int& errno_out) {
-  if (!is_loopback_literal(master_addr)) return listen_any(port, errno_out);
-  const int family = master_addr == "::1" ? AF_INET6 : AF_INET;
-  return listen_family(family, port, errno_out, true);
+  sockaddr_storage ss{};
+  if (!parse_ip_literal(master_addr, &ss)) return listen_any(port, errno_out);
+  const int fd = listen_at(ss, port, errno_out);
+  // Not an address of this host (e.g. behind NAT): every interface, unless
+  // it is a loopback address, which must never widen.
+  if (fd < 0 && errno_out == EADDRNOTAVAIL && !is_loopback_literal(master_addr)) return listen_any(port, errno_out);
+  return fd;
 }
 
 int bound_port(int fd) {

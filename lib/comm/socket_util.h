@@ -57,9 +57,11 @@ int listen_any(int port, int& errno_out);
 // True for "localhost", "::1" and 127.0.0.0/8 address literals.
 bool is_loopback_literal(const std::string& host);
 // The store's listening socket for a job whose MASTER_ADDR is master_addr:
-// loopback only when that is a loopback literal (a single local node: nothing
-// outside this host can reach the store), else every interface (a name may
-// resolve to a loopback alias here and to the real address elsewhere).
+// an IP literal ("localhost": 127.0.0.1) is bound exactly, so a single local
+// node's store is reachable from this host only and a multi-node job's only
+// at the address the ranks use; a literal that is not an address of this
+// host (NAT) and a host name (it may resolve to a loopback alias here and to
+// the real address elsewhere) bind every interface.
 int listen_for(const std::string& master_addr, int port, int& errno_out);
 int bound_port(int fd);  // the local port of a bound socket
 

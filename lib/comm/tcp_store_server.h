@@ -17,9 +17,9 @@ namespace ds {
 
 class TcpStoreServer {
  public:
-  // Binds `port` (0 = any free port) and starts serving: on the loopback
-  // interface only when master_addr is a loopback literal, else on all
-  // interfaces (net::listen_for). Throws ds::UserError when the port is in use.
+  // Binds `port` (0 = any free port) and starts serving: at master_addr when
+  // it is an IP literal of this host (127.0.0.1 for a single local node), else
+  // on all interfaces (net::listen_for). Throws ds::UserError when the port is in use.
   TcpStoreServer(int port, std::string token, const std::string& master_addr = "");
   // Admission rules. world_size > 0: a hello must name rank -1 (a tool) or a
   // rank in [0, world_size) not already connected, else it is refused (so a

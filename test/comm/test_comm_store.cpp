@@ -2,7 +2,10 @@
 // operations, blocking get, token refusal, timeouts that name missing keys and
 // ranks, lost ranks, port in use, unreachable server. Also the single-process
 // world communicator and the rank environment parser.
+#include <arpa/inet.h>
 #include <catch2/catch.hpp>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -240,9 +243,31 @@ std::string listening_address(int port) {
   return "";
 }
 
+// This host's first non-loopback IPv4 address ("" if none).
+std::string own_ipv4() {
+  ifaddrs* ifs = nullptr;
+  std::string out;
+  if (getifaddrs(&ifs) != 0) return out;
+  for (ifaddrs* i = ifs; i && out.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    char buf[INET_ADDRSTRLEN];
+    const auto* a = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+    if ((ntohl(a->sin_addr.s_addr) >> 24) != 127 && inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf)) out = buf;
+  }
+  freeifaddrs(ifs);
+  return out;
+}
+
+// /proc/net/tcp's spelling of an IPv4 address (little-endian hex).
+std::string proc_hex(const std::string& ipv4) {
+  in_addr a{};
+  inet_pton(AF_INET, ipv4.c_str(), &a);
+  return fmt::format("{:08X}", a.s_addr);
+}
+
 }  // namespace
 
-TEST_CASE("store: a job on loopback listens on loopback only, others on every interface", "[store]") {
+TEST_CASE("store: the server listens at the master address, loopback for a local job", "[store]") {
   TcpStoreOptions o = server_opts();
   o.host = "127.0.0.1";  // a single local node: what dsrun sets
   TcpStore local(o);
@@ -253,12 +278,26 @@ TEST_CASE("store: a job on loopback listens on loopback only, others on every in
   CHECK(net::is_loopback_literal("::1"));
   CHECK_FALSE(net::is_loopback_literal("10.0.0.1"));
   CHECK_FALSE(net::is_loopback_literal("worker-0"));
-  int err = 0;
-  const int fd = net::listen_for("10.1.2.3", 0, err);  // not loopback: every interface
-  REQUIRE(fd >= 0);
-  const std::string addr = listening_address(net::bound_port(fd));
-  CHECK((addr == "00000000" || addr == "00000000000000000000000000000000"));
-  close(fd);
+  struct Case {
+    std::string master_addr, want;  // want: /proc/net/tcp address, "any" for every interface
+  };
+  std::vector<Case> cases = {{"127.0.0.2", "0200007F"},  // exactly the loopback alias the ranks use
+                             {"localhost", "0100007F"},
+                             {"10.1.2.3", "any"},  // not an address of this host (NAT): every interface
+                             {"worker-0", "any"}};  // a name may mean a loopback alias here
+  if (const std::string own = own_ipv4(); !own.empty()) cases.push_back({own, proc_hex(own)});
+  for (const auto& c : cases) {
+    INFO(c.master_addr);
+    int err = 0;
+    const int fd = net::listen_for(c.master_addr, 0, err);
+    REQUIRE(fd >= 0);
+    const std::string addr = listening_address(net::bound_port(fd));
+    if (c.want == "any")
+      CHECK((addr == "00000000" || addr == "00000000000000000000000000000000"));
+    else
+      CHECK(addr == c.want);
+    close(fd);
+  }
 }
 
 TEST_CASE("store: a client with the token but a rank outside the job is refused and cannot abort the rendezvous",
