@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include "launcher/process.h"
 #include "launcher/rank_env.h"
 #include "launcher/world_info.h"
+#include "launcher/env_export.h"
 #include "launcher/guard.h"
 
 namespace ds::launch {
@@ -139,7 +141,12 @@ void Agent::spawn_rank(RankProc& r, const std::vector<std::string>& base_env, in
     DS_USER_CHECK(log_fd >= 0, "--enable_each_rank_log: cannot write '{}': {}", path, std::strerror(errno));
     spec.stdout_fd = spec.stderr_fd = log_fd;
   } else {
-    DS_CHECK(pipe2(out_p, O_CLOEXEC) == 0 && pipe2(err_p, O_CLOEXEC) == 0, "pipe2: {}", std::strerror(errno));
+    if (pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0) {
+      const int err = errno;
+      for (int fd : {log_fd, out_p[0], out_p[1]})
+        if (fd >= 0) close(fd);
+      throw SpawnError(std::strerror(err));
+    }
     spec.stdout_fd = out_p[1];
     spec.stderr_fd = err_p[1];
   }
@@ -186,7 +193,11 @@ void Agent::start_ranks() {
   std::vector<std::string> base_env = environ_entries();
   for (auto& r : ranks_) {
     if (teardown_) break;  // a signal arrived while starting
-    spawn_rank(r, base_env, omp, cores);
+    try {
+      spawn_rank(r, base_env, omp, cores);
+    } catch (const SpawnError& e) {
+      throw SpawnError(fmt::format("cannot start rank {}: {}", r.info.rank, e.what()));
+    }
     for (int s : sig_.drain()) on_signal(s);
   }
 }
@@ -291,7 +302,9 @@ int Agent::run() {
     start_ranks();
   } catch (const UserError& e) {
     begin_teardown(127, e.what());
-  } catch (const std::exception& e) {  // e.g. out of file descriptors: stop what was started
+  } catch (const SpawnError& e) {  // e.g. out of file descriptors: stop what was started
+    begin_teardown(1, fmt::format("error: {}", e.what()));
+  } catch (const std::exception& e) {
     begin_teardown(1, fmt::format("cannot start the ranks: {}", e.what()));
   }
   drain_deadline_ = 0;
@@ -356,10 +369,42 @@ int run_agent(const AgentOptions& a, int node_rank, bool watch_hangup) {
   return agent.run();
 }
 
+// Runs this binary again with the same arguments minus the secret-delivery
+// flags and with `env` added to the environment, so the agent and its ranks
+// carry the variables in their environment like any other (never in argv).
+// Returns only if exec fails (the variables are set in-process then).
+static void reexec_with_env(int argc, char** argv, const EnvList& env) {
+  for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+  std::vector<char*> args;
+  bool program = false;
+  for (int i = 0; i < argc; ++i) {
+    const std::string w = argv[i];
+    program = program || w == "--";
+    if (!program && (w == "--env_from_stdin" || w.rfind("--env_file=", 0) == 0)) continue;
+    if (!program && w == "--env_file") {
+      ++i;
+      continue;
+    }
+    args.push_back(argv[i]);
+  }
+  args.push_back(nullptr);
+  std::fflush(nullptr);
+  execv("/proc/self/exe", args.data());
+}
+
 int agent_main(int argc, char** argv) {
   AgentOptions a;
   if (!parse_agent_options(argc, argv, &a)) return 0;
   int node = resolve_node_rank(a, decode_world_info(a.world_info));
+  if (a.env_from_stdin || !a.env_file.empty()) {  // ssh: stdin; pdsh: a private file
+    EnvList env = a.env_from_stdin ? read_env_lines(0) : take_private_env_file(fmt::format("{}.{}", a.env_file, node));
+    reexec_with_env(argc, argv, env);
+  }
+  if (a.job_token.empty()) {
+    const char* t = std::getenv("DS_JOB_TOKEN");
+    DS_USER_CHECK(t && *t, "dsrun --agent: no job token (DS_JOB_TOKEN is not set in the agent's environment)");
+    a.job_token = t;
+  }
   struct stat st {};
   bool watch = fstat(1, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode));
   return run_guarded([&] { return run_agent(a, node, watch); });

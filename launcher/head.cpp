@@ -22,6 +22,7 @@
 
 #include "lib/core/error.h"
 #include "launcher/agent.h"
+#include "launcher/env_export.h"
 #include "launcher/guard.h"
 #include "launcher/process.h"
 #include "launcher/shell.h"
@@ -105,13 +106,13 @@ std::string first_word(const std::string& s) {
   return words.empty() ? "" : words[0];
 }
 
-// The ssh client command pdsh will use: ssh $PDSH_SSH_ARGS_APPEND [-p PORT] HOST CMD...
+// The ssh client command pdsh will use: ssh $PDSH_SSH_ARGS_APPEND [-p PORT] -- HOST CMD...
 std::vector<std::string> ssh_client_argv(const Options& o, const std::string& host, const std::string& cmd) {
   std::vector<std::string> argv = {"ssh", "-o", "PasswordAuthentication=no", "-o", "BatchMode=yes"};
   if (const char* extra = std::getenv("PDSH_SSH_ARGS_APPEND"))
     for (auto& w : shell_split(extra, "PDSH_SSH_ARGS_APPEND")) argv.push_back(w);
   if (o.ssh_port > 0) argv.insert(argv.end(), {"-p", std::to_string(o.ssh_port)});
-  argv.insert(argv.end(), {host, cmd});
+  argv.insert(argv.end(), {"--", host, cmd});  // never an option, whatever the name
   return argv;
 }
 
@@ -140,7 +141,7 @@ int run_ssh(LaunchPlan& p, const PlanInputs& in) {
   std::vector<std::thread> threads;
   for (size_t i = 0; i < hosts.size(); ++i)
     threads.emplace_back([&, i] {
-      int code = conns[i]->run(p.nodes[i].remote_command, stop, in.opts.teardown_grace);
+      int code = conns[i]->run(p.nodes[i].remote_command, p.nodes[i].stdin_env, stop, in.opts.teardown_grace);
       {
         std::lock_guard<std::mutex> lock(mu);
         codes[i] = code;
@@ -259,6 +260,35 @@ int supervise_launcher(LaunchPlan& p, const PlanInputs& in) {
   return code;
 }
 
+// pdsh: the agents' private environment files (LaunchPlan::env_file), one per
+// node; each agent deletes its own, and whatever is left goes with this object.
+class PrivateEnvFiles {
+ public:
+  explicit PrivateEnvFiles(const LaunchPlan& p) {
+    if (p.env_file.empty()) return;
+    for (size_t n = 0; n < p.active.size(); ++n) {
+      paths_.push_back(fmt::format("{}.{}", p.env_file, n));
+      try {
+        write_private_env_file(paths_.back(), p.agent_env);
+      } catch (...) {
+        paths_.pop_back();
+        remove_all();
+        throw;
+      }
+    }
+  }
+  ~PrivateEnvFiles() { remove_all(); }
+  PrivateEnvFiles(const PrivateEnvFiles&) = delete;
+  PrivateEnvFiles& operator=(const PrivateEnvFiles&) = delete;
+
+ private:
+  void remove_all() {
+    for (const auto& f : paths_) unlink(f.c_str());
+    paths_.clear();
+  }
+  std::vector<std::string> paths_;
+};
+
 // pdsh / srun / mpirun: one launcher process whose exit code carries the agents' codes.
 int run_external(LaunchPlan& p, const PlanInputs& in) {
   const Options& o = in.opts;
@@ -280,6 +310,7 @@ int run_external(LaunchPlan& p, const PlanInputs& in) {
       build_commands(p, in);
     }
   }
+  PrivateEnvFiles env_files(p);
   return supervise_launcher(p, in);
 }
 
@@ -312,6 +343,8 @@ PlanInputs gather_inputs(const Options& o) {
   in.job_token = token && *token ? token : random_token();
   in.local_names = local_names();
   in.head_pid = getpid();
+  const char* home = std::getenv("HOME");
+  in.private_env_file = fmt::format("{}/.dsrun/env-{}", home && *home == '/' ? home : in.cwd, random_token());
   return in;
 }
 

@@ -111,7 +111,7 @@ bool parse_agent_options(int argc, char** argv, AgentOptions* a) {
   app.add_option("--node_name_env", a->node_name_env);
   app.add_option("--master_addr", a->master_addr)->required();
   app.add_option("--master_port", a->master_port);
-  app.add_option("--job_token", a->job_token)->required();
+  app.add_option("--job_token", a->job_token);  // accepted; dsrun passes the token in the environment
   app.add_flag("--no_local_rank", a->no_local_rank);
   app.add_option("--enable_each_rank_log", a->each_rank_log);
   app.add_flag("--bind_cores_to_rank", a->bind_cores_to_rank);
@@ -119,13 +119,16 @@ bool parse_agent_options(int argc, char** argv, AgentOptions* a) {
   app.add_option("--save_pid", a->save_pid);
   app.add_option("--teardown_grace", a->teardown_grace);
   app.add_flag("--stop_on_stdin_eof", a->stop_on_stdin_eof);
+  app.add_flag("--env_from_stdin", a->env_from_stdin);
+  app.add_option("--env_file", a->env_file);
   return run_parse(app, argc, argv, &a->program, &a->args);
 }
 
 std::vector<std::string> agent_flags(const AgentOptions& a) {
+  // The job token is never an argument (it would show in ps on every node):
+  // the transports put DS_JOB_TOKEN in the agent's environment.
   std::vector<std::string> f = {"--world_info=" + a.world_info, "--master_addr=" + a.master_addr,
-                                "--master_port=" + std::to_string(a.master_port),
-                                "--job_token=" + a.job_token};
+                                "--master_port=" + std::to_string(a.master_port)};
   if (a.no_local_rank) f.push_back("--no_local_rank");
   if (!a.each_rank_log.empty()) f.push_back("--enable_each_rank_log=" + a.each_rank_log);
   if (a.bind_cores_to_rank) f.push_back("--bind_cores_to_rank");
@@ -133,6 +136,8 @@ std::vector<std::string> agent_flags(const AgentOptions& a) {
   if (a.save_pid > 0) f.push_back("--save_pid=" + std::to_string(a.save_pid));
   f.push_back(fmt::format("--teardown_grace={}", a.teardown_grace));
   if (a.stop_on_stdin_eof) f.push_back("--stop_on_stdin_eof");
+  if (a.env_from_stdin) f.push_back("--env_from_stdin");
+  if (!a.env_file.empty()) f.push_back("--env_file=" + a.env_file);
   return f;
 }
 

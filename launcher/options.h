@@ -60,6 +60,12 @@ struct AgentOptions {
   // Built-in ssh transport: end of input on stdin (the head closed the
   // channel: Ctrl-C, a failure elsewhere) starts the teardown at once.
   bool stop_on_stdin_eof = false;
+  // Built-in ssh transport: the exported variables and DS_JOB_TOKEN arrive as
+  // the first lines on stdin (encode_env_lines), never in the command line.
+  bool env_from_stdin = false;
+  // pdsh transport: the same lines are in the private file <env_file>.<node
+  // rank> written by the head; the agent reads and deletes it.
+  std::string env_file;
   std::string program;
   std::vector<std::string> args;
 };

@@ -78,14 +78,10 @@ std::vector<std::string> concat(std::vector<std::string> a, const std::vector<st
   return a;
 }
 
-// cd CWD && export K=V ... && [. VENV &&] exec AGENT...  (every word quoted)
-std::string remote_shell_command(const LaunchPlan& p, const PlanInputs& in,
-                                 const std::vector<std::string>& argv) {
+// cd CWD && [. VENV &&] exec AGENT...  (every word quoted; no variable values:
+// those reach the agent outside its command line, see LaunchPlan::agent_env)
+std::string remote_shell_command(const PlanInputs& in, const std::vector<std::string>& argv) {
   std::string cmd = "cd " + shell_quote(in.cwd);
-  if (!p.exports.empty()) {
-    cmd += " && export";
-    for (const auto& [k, v] : p.exports) cmd += " " + k + "=" + shell_quote(v);
-  }
   if (!in.opts.venv_script.empty()) cmd += " && . " + shell_quote(in.opts.venv_script);
   return cmd + " && exec " + shell_join(argv);
 }
@@ -100,8 +96,15 @@ std::vector<std::string> head_command(const LaunchPlan& p, const PlanInputs& in,
   switch (p.transport) {
     case Transport::Pdsh: {
       cmd = concat({"pdsh", "-S", "-f", "1024", "-w", host_list(p.active, "")}, extra);
-      cmd.push_back(remote_shell_command(p, in, concat(concat(base, {"--node_name=%h"}), tail)));
+      // pdsh forwards neither an environment nor stdin: the exports and the
+      // token are in private files the head writes (--env_file, docs/dsrun.md).
+      cmd.push_back(remote_shell_command(in, concat(concat(base, {"--node_name=%h"}), tail)));
       head_env->emplace_back("PDSH_RCMD_TYPE", "ssh");
+      // pdsh's default ssh arguments with "--" before the host (host names are
+      // validated too); a PDSH_SSH_ARGS of the user's own is left alone.
+      bool own_args = false;
+      for (const auto& e : in.environ_entries) own_args = own_args || e.rfind("PDSH_SSH_ARGS=", 0) == 0;
+      if (!own_args) head_env->emplace_back("PDSH_SSH_ARGS", "-2 -a -x -- %h");
       if (o.ssh_port > 0) {
         std::string prev;
         for (const auto& e : in.environ_entries)
@@ -115,15 +118,21 @@ std::vector<std::string> head_command(const LaunchPlan& p, const PlanInputs& in,
              "--nodelist=" + host_list(p.active, ""), "--kill-on-bad-exit=1", "--chdir=" + in.cwd};
       if (!o.slurm_comment.empty()) cmd.push_back("--comment=" + o.slurm_comment);
       if (!o.slurm_account.empty()) cmd.push_back("--account=" + o.slurm_account);
-      *head_env = p.exports;  // srun passes the whole environment (--export=ALL)
+      *head_env = p.agent_env;  // srun passes the whole environment (--export=ALL)
       return concat(concat(concat(cmd, extra), concat(base, {"--node_name_env=SLURMD_NODENAME"})), tail);
     case Transport::OpenMpi:
       cmd = {"mpirun", "-n", n, "--host", host_list(p.active, ":1"), "--bind-to", "none", "--wdir", in.cwd};
-      for (const auto& [k, v] : p.exports) cmd.insert(cmd.end(), {"-x", k + "=" + v});
+      *head_env = p.agent_env;  // values from mpirun's environment, only names in argv
+      for (const auto& kv : *head_env) cmd.insert(cmd.end(), {"-x", kv.first});
       return concat(concat(concat(cmd, extra), concat(base, {"--node_rank_env=OMPI_COMM_WORLD_RANK"})), tail);
     case Transport::Mpich:
       cmd = {"mpirun", "-n", n, "-ppn", "1", "-hosts", host_list(p.active, ""), "-wdir", in.cwd};
-      for (const auto& [k, v] : p.exports) cmd.insert(cmd.end(), {"-genv", k, v});
+      *head_env = p.agent_env;  // values from mpirun's environment, only names in argv
+      {
+        std::string names;
+        for (const auto& kv : *head_env) names += (names.empty() ? "" : ",") + kv.first;
+        cmd.insert(cmd.end(), {"-genvlist", names});
+      }
       return concat(concat(concat(cmd, extra), concat(base, {"--node_rank_env=PMI_RANK"})), tail);
     default:
       return {};
@@ -194,6 +203,11 @@ void build_commands(LaunchPlan& p, const PlanInputs& in) {
   // Over the built-in ssh the head stops a node by closing its channel (sshd
   // may refuse signal requests): the agent stops on end of input.
   a.stop_on_stdin_eof = p.transport == Transport::Ssh;
+  a.env_from_stdin = p.transport == Transport::Ssh;
+  p.env_file = p.transport == Transport::Pdsh ? in.private_env_file : "";
+  a.env_file = p.env_file;
+  p.agent_env = p.exports;
+  env_set(p.agent_env, "DS_JOB_TOKEN", p.job_token);
   a.program = o.program;
   a.args = o.args;
   std::vector<std::string> base = concat({in.dsrun_path, "--agent"}, agent_flags(a));
@@ -201,7 +215,10 @@ void build_commands(LaunchPlan& p, const PlanInputs& in) {
   p.nodes.clear();
   for (int n = 0; n < static_cast<int>(p.active.size()); ++n) {
     NodePlan np{p.active[n].host, n, concat(concat(base, {"--node_rank=" + std::to_string(n)}), tail), ""};
-    if (p.transport == Transport::Ssh) np.remote_command = remote_shell_command(p, in, np.agent_argv);
+    if (p.transport == Transport::Ssh) {
+      np.remote_command = remote_shell_command(in, np.agent_argv);
+      np.stdin_env = encode_env_lines(p.agent_env);
+    }
     p.nodes.push_back(std::move(np));
   }
   p.head_env.clear();
@@ -239,6 +256,7 @@ std::string plan_to_json(const LaunchPlan& p) {
   j["master_port"] = p.master_port;
   j["job_token"] = p.job_token;
   j["exports"] = env_json(p.exports);
+  if (!p.env_file.empty()) j["agent_env_file"] = p.env_file + ".<node_rank>";
   J nodes = J::array();
   for (const auto& n : p.nodes) {
     J nj = {{"host", n.host}, {"node_rank", n.node_rank}, {"agent_argv", n.agent_argv}};

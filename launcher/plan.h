@@ -32,6 +32,7 @@ struct PlanInputs {
   std::string dsrun_path;                    // path of dsrun on every node
   std::string job_token;
   std::vector<std::string> local_names;      // names and addresses of this machine
+  std::string private_env_file;              // pdsh: base path of the agents' 0600 env files
   long head_pid = 0;
 };
 
@@ -40,7 +41,8 @@ struct NodePlan {
   std::string host;
   int node_rank = 0;
   std::vector<std::string> agent_argv;  // dsrun --agent ... -- PROGRAM ARGS
-  std::string remote_command;           // shell command for ssh (cd, exports, exec agent)
+  std::string remote_command;           // shell command for ssh (cd, exec agent): no secrets
+  std::string stdin_env;                // ssh: exports + DS_JOB_TOKEN for the agent's stdin
 };
 
 // One rank: where it runs, its argv, and the variables dsrun sets for it.
@@ -61,6 +63,11 @@ struct LaunchPlan {
   int master_port = 29500;
   std::string job_token;
   EnvList exports;  // sent to remote nodes
+  // What remote agents get outside any command line: the exports and
+  // DS_JOB_TOKEN (ssh: on stdin; pdsh: in env_file.<node rank>; srun/mpirun:
+  // in the launcher's environment, with only names on mpirun's command line).
+  EnvList agent_env;
+  std::string env_file;  // pdsh: the head writes env_file.<node rank> (0600)
   AgentOptions agent;
   std::vector<NodePlan> nodes;
   std::vector<std::string> head_command;  // pdsh / srun / mpirun argv

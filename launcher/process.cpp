@@ -105,14 +105,15 @@ pid_t spawn_process(const SpawnSpec& spec) {
   CPU_ZERO(&set);
   for (int c : spec.cpus) CPU_SET(c, &set);
   int errp[2];
-  DS_CHECK(pipe2(errp, O_CLOEXEC) == 0, "pipe2: {}", std::strerror(errno));
+  if (pipe2(errp, O_CLOEXEC) != 0) throw SpawnError(std::strerror(errno));
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) child_exec(spec, argv.data(), envp.data(), parent, errp[1], spec.cpus.empty() ? nullptr : &set);
   close(errp[1]);
   if (pid < 0) {
+    const int err = errno;
     close(errp[0]);
-    DS_THROW("fork failed: {}", std::strerror(errno));
+    throw SpawnError(fmt::format("fork: {}", std::strerror(err)));
   }
   if (spec.new_group) setpgid(pid, pid);  // also here: no window where the group does not exist
   int child_errno = 0;

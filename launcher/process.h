@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,8 +39,17 @@ struct SpawnSpec {
   bool die_with_parent = true;   // PR_SET_PDEATHSIG(SIGKILL)
 };
 
+// The system refused the resources for a new process (file descriptors for
+// its pipes, fork: process limit, memory). what() is the reason alone
+// (strerror), for the caller to name what it was starting.
+class SpawnError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Forks and execs (PATH search). If exec fails the child is reaped and a
-// ds::UserError "cannot run 'PROG': reason" is thrown.
+// ds::UserError "cannot run 'PROG': reason" is thrown; SpawnError when the
+// pipe or the fork fails.
 pid_t spawn_process(const SpawnSpec& spec);
 
 // 128+signal for a signal death (shell convention), else the exit status.

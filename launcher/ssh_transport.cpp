@@ -129,13 +129,24 @@ std::string SshConnection::capture(const std::string& command) {
   return out;
 }
 
-int SshConnection::run(const std::string& command, const std::atomic<bool>& stop, double grace_s) {
+int SshConnection::run(const std::string& command, const std::string& input, const std::atomic<bool>& stop,
+                       double grace_s) {
   auto s = static_cast<ssh_session>(session_);
   ssh_channel ch = ssh_channel_new(s);
   if (!ch || ssh_channel_open_session(ch) != SSH_OK || ssh_channel_request_exec(ch, command.c_str()) != SSH_OK) {
     locked_write(2, fmt::format("dsrun: ssh {}: cannot start the agent: {}\n", host_, ssh_get_error(s)));
     if (ch) ssh_channel_free(ch);
     return 255;
+  }
+  for (size_t at = 0; at < input.size();) {
+    const int n = ssh_channel_write(ch, input.data() + at, static_cast<uint32_t>(input.size() - at));
+    if (n <= 0) {
+      locked_write(2, fmt::format("dsrun: ssh {}: cannot send the agent its environment: {}\n", host_,
+                                  ssh_get_error(s)));
+      ssh_channel_free(ch);
+      return 255;
+    }
+    at += static_cast<size_t>(n);
   }
   LineBuffer out, err;
   char buf[16384];

@@ -31,8 +31,10 @@ class SshConnection {
   std::string capture(const std::string& command);
   // Runs `command`, streaming output to fds 1/2 line by line, until it ends or
   // `stop` becomes true (then the remote side is stopped, waiting at most
-  // grace_s for it). Returns the remote exit status (255 when unknown).
-  int run(const std::string& command, const std::atomic<bool>& stop, double grace_s);
+  // grace_s for it). `input` is written to the command's stdin first (the
+  // agent's secrets; the channel's input stays open until stopping). Returns
+  // the remote exit status (255 when unknown).
+  int run(const std::string& command, const std::string& input, const std::atomic<bool>& stop, double grace_s);
   const std::string& host() const { return host_; }
 
  private:

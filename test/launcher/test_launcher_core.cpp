@@ -1,5 +1,8 @@
 // Table-driven tests of dsrun's pure core: hostfile parsing, include/exclude,
 // world info encoding, rank env, core shares, quoting, env files and the plan.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -205,6 +208,31 @@ TEST_CASE("exported environment and .deepspeed_env files", "[launcher]") {
   CHECK_THAT(user_error([] { parse_env_file("A;rm=1\n", "envf"); }), Catch::Contains("envf:1"));
 }
 
+TEST_CASE("agent environment: lines and private files carry any value", "[launcher]") {
+  const EnvList env = {{"DS_JOB_TOKEN", "tok"}, {"NASTY", std::string("a\n'b' $(x)\0\xff=", 13)}, {"EMPTY", ""}};
+  char tmpl[] = "/tmp/dsrun_core_XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string dir = std::string(tmpl) + "/.dsrun", file = dir + "/env-1.0";
+  write_private_env_file(file, env);
+  struct stat st {};
+  REQUIRE(stat(file.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  REQUIRE(stat(dir.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  CHECK_THAT(user_error([&] { write_private_env_file(file, env); }), Catch::Contains("cannot create '" + file));
+  CHECK(take_private_env_file(file) == env);
+  CHECK(access(file.c_str(), F_OK) != 0);  // read once, then gone
+  CHECK_THAT(user_error([&] { take_private_env_file(file); }), Catch::Contains(file));
+  write_private_env_file(file, env);
+  chmod(file.c_str(), 0644);  // readable by others: refused (and left alone)
+  CHECK_THAT(user_error([&] { take_private_env_file(file); }), Catch::Contains("not a private file"));
+  unlink(file.c_str());
+  chmod(dir.c_str(), 0755);  // a directory others can enter is not used
+  CHECK_THAT(user_error([&] { write_private_env_file(file, env); }), Catch::Contains("mode 0700"));
+  rmdir(dir.c_str());
+  rmdir(tmpl);
+}
+
 namespace {
 
 PlanInputs base_inputs() {
@@ -215,6 +243,7 @@ PlanInputs base_inputs() {
   in.dsrun_path = "/opt/dsrun";
   in.job_token = "tok123";
   in.local_names = {"head-node"};
+  in.private_env_file = "/home/u/.dsrun/env-1";
   return in;
 }
 
@@ -261,9 +290,11 @@ TEST_CASE("plan: multi-node commands per transport", "[launcher]") {
   CHECK(ssh.transport == Transport::Ssh);
   REQUIRE(ssh.nodes.size() == 2);
   CHECK(ssh.nodes[1].remote_command ==
-        "cd '/work dir' && export NCCL_DEBUG=INFO FOO='a b' && exec /opt/dsrun --agent "
+        "cd '/work dir' && exec /opt/dsrun --agent "
         "--world_info=eyJ3MCI6IFswLCAxXSwgIncxIjogWzAsIDFdfQ== --master_addr=10.0.0.1 --master_port=29500 "
-        "--job_token=tok123 --teardown_grace=5 --stop_on_stdin_eof --node_rank=1 -- /bin/train --config c.json");
+        "--teardown_grace=5 --stop_on_stdin_eof --env_from_stdin --node_rank=1 -- /bin/train --config c.json");
+  // The exports and the token travel on stdin, hex-encoded ("a b" = 612062).
+  CHECK(ssh.nodes[1].stdin_env == "NCCL_DEBUG=494e464f\nFOO=612062\nDS_JOB_TOKEN=746f6b313233\n\n");
   CHECK(ssh.ranks[3].env[0] == std::pair<std::string, std::string>{"RANK", "3"});
 
   in.opts.launcher = "pdsh";
@@ -272,7 +303,20 @@ TEST_CASE("plan: multi-node commands per transport", "[launcher]") {
   CHECK(pdsh.head_command[0] == "pdsh");
   CHECK(pdsh.head_command[5] == "w0,w1");
   CHECK_THAT(pdsh.head_command[6], Catch::Contains("--node_name=%h -- /bin/train"));
-  CHECK(pdsh.head_env == EnvList{{"PDSH_RCMD_TYPE", "ssh"}, {"PDSH_SSH_ARGS_APPEND", "-p 2222"}});
+  // No values on pdsh's command line: the agents read a private file.
+  CHECK_THAT(pdsh.head_command[6], Catch::StartsWith("cd '/work dir' && exec /opt/dsrun --agent "));
+  CHECK_THAT(pdsh.head_command[6], Catch::Contains(" --env_file=/home/u/.dsrun/env-1 "));
+  for (const auto& w : pdsh.head_command) {
+    CHECK(w.find("tok123") == std::string::npos);
+    CHECK(w.find("INFO") == std::string::npos);
+  }
+  CHECK(pdsh.env_file == "/home/u/.dsrun/env-1");
+  CHECK(pdsh.agent_env == EnvList{{"NCCL_DEBUG", "INFO"}, {"FOO", "a b"}, {"DS_JOB_TOKEN", "tok123"}});
+  CHECK(pdsh.head_env == EnvList{{"PDSH_RCMD_TYPE", "ssh"}, {"PDSH_SSH_ARGS", "-2 -a -x -- %h"},
+                                  {"PDSH_SSH_ARGS_APPEND", "-p 2222"}});
+  in.environ_entries.push_back("PDSH_SSH_ARGS=-l%u %h");  // the user's own: left alone
+  CHECK(make_plan(in).head_env == EnvList{{"PDSH_RCMD_TYPE", "ssh"}, {"PDSH_SSH_ARGS_APPEND", "-p 2222"}});
+  in.environ_entries.pop_back();
 
   in.opts.launcher = "slurm";
   in.opts.launcher_args = "--partition=gpu";
@@ -290,11 +334,17 @@ TEST_CASE("plan: multi-node commands per transport", "[launcher]") {
   LaunchPlan ompi = make_plan(in);
   CHECK(std::vector<std::string>(ompi.head_command.begin(), ompi.head_command.begin() + 5) ==
         std::vector<std::string>{"mpirun", "-n", "2", "--host", "w0:1,w1:1"});
-  CHECK(std::find(ompi.head_command.begin(), ompi.head_command.end(), "FOO=a b") != ompi.head_command.end());
+  // Only names on mpirun's command line; the values are in its environment.
+  CHECK(std::find(ompi.head_command.begin(), ompi.head_command.end(), "FOO") != ompi.head_command.end());
+  for (const auto& w : ompi.head_command) CHECK(w.find("tok123") == std::string::npos);
+  CHECK(std::find(ompi.head_env.begin(), ompi.head_env.end(), std::pair<std::string, std::string>{"DS_JOB_TOKEN", "tok123"}) !=
+        ompi.head_env.end());
 
   in.opts.launcher = "mpich";
   LaunchPlan mpich = make_plan(in);
-  CHECK(std::find(mpich.head_command.begin(), mpich.head_command.end(), "-genv") != mpich.head_command.end());
+  CHECK(std::find(mpich.head_command.begin(), mpich.head_command.end(), "NCCL_DEBUG,FOO,DS_JOB_TOKEN") !=
+        mpich.head_command.end());
+  for (const auto& w : mpich.head_command) CHECK(w.find("tok123") == std::string::npos);
   CHECK(std::find(mpich.head_command.begin(), mpich.head_command.end(), "--node_rank_env=PMI_RANK") !=
         mpich.head_command.end());
 

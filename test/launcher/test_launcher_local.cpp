@@ -170,6 +170,19 @@ TEST_CASE("local: SIGKILL of dsrun leaves nothing behind, children and setsid gr
   job.check_no_leftovers(10);
 }
 
+TEST_CASE("local: the job token never appears in a command line", "[launcher]") {
+  LocalJob job;
+  std::vector<pid_t> seen;
+  auto r = job.run({"--num_gpus", "2"}, {"hang"}, 30, [&](pid_t pid) {
+    REQUIRE(wait_for_token_procs(job.token, 2 + 2, 10));
+    seen = pids_with_in_cmdline(job.token);
+    kill(pid, SIGINT);
+  });
+  CHECK(r.code == 130);
+  CHECK(seen.empty());
+  job.check_no_leftovers(5);
+}
+
 TEST_CASE("local: a launch that fails partway is one clear error and leaves nothing behind", "[launcher]") {
   LocalJob job(300);
   // Few file descriptors: starting 300 ranks runs out of pipes partway.
@@ -178,7 +191,11 @@ TEST_CASE("local: a launch that fails partway is one clear error and leaves noth
   auto r = run_cmd(argv, {{"DS_JOB_TOKEN", job.token}}, 60);
   CHECK(r.code != 0);
   CHECK(r.err.find("internal error") == std::string::npos);
-  CHECK(r.err.find("cannot start") != std::string::npos);
+  // One line naming the rank and the reason, without source locations.
+  const size_t at = r.err.find("dsrun: error: cannot start rank ");
+  REQUIRE(at != std::string::npos);
+  CHECK_THAT(r.err.substr(at, r.err.find('\n', at) - at), Catch::Contains(": Too many open files; stopping "));
+  CHECK(r.err.find(".cpp:") == std::string::npos);
   job.check_no_leftovers(10);
 }
 

@@ -155,6 +155,28 @@ TEST_CASE("ssh: Ctrl-C stops remote ranks at once, not after the teardown grace"
   job.check_no_leftovers(5);
 }
 
+TEST_CASE("ssh: the job token and the exported variables never appear in a command line", "[launcher]") {
+  SshLab& lab = SshLab::get();
+  REQUIRE_SSHD(lab);
+  Job job;
+  const std::string secret = "s3cret-" + job.token;
+  std::vector<pid_t> token_seen, secret_seen;
+  auto env = job.env();
+  env.push_back({"DS_TEST_EXPORT", secret});  // exported to every rank (as in the test above)
+  auto r = run_cmd(cat(cat({dsrun_bin(), "--hostfile", lab.hostfile, "--master_addr", "127.0.0.1"}, lab.ssh_flags()),
+                       {probe_bin(), "hang"}),
+                   env, 60, [&](pid_t pid) {
+                     REQUIRE(wait_for_token_procs(job.token, 1 + 2 + 4, 15));
+                     token_seen = pids_with_in_cmdline(job.token);
+                     secret_seen = pids_with_in_cmdline(secret);
+                     kill(pid, SIGINT);
+                   });
+  CHECK(r.code == 128 + SIGINT);
+  CHECK(token_seen.empty());
+  CHECK(secret_seen.empty());
+  job.check_no_leftovers(10);
+}
+
 TEST_CASE("ssh: host keys are verified", "[launcher]") {
   SshLab& lab = SshLab::get();
   REQUIRE_SSHD(lab);
@@ -219,8 +241,18 @@ TEST_CASE("pdsh: the real pdsh binary launches one agent per host", "[launcher][
   job.check_no_leftovers(5);
   Job job2;
   env[0].second = job2.token;
-  r = run_cmd(cat(head, {"--master_addr", "127.0.0.1", probe_bin(), "hang"}), env, 60,
-              signal_when_running(job2.token, 1 + 2 + 4, SIGINT));
+  std::vector<pid_t> token_seen, secret_seen;
+  r = run_cmd(cat(head, {"--master_addr", "127.0.0.1", probe_bin(), "hang"}), env, 60, [&](pid_t pid) {
+    REQUIRE(wait_for_token_procs(job2.token, 1 + 2 + 4, 15));
+    token_seen = pids_with_in_cmdline(job2.token);  // not on pdsh's, ssh's or an agent's command line
+    secret_seen = pids_with_in_cmdline("$(touch /tmp/dsrun_injected)");
+    kill(pid, SIGINT);
+  });
   CHECK(r.code == 130);
+  CHECK(token_seen.empty());
+  CHECK(secret_seen.empty());
   job2.check_no_leftovers(10);
+  // Each agent deleted its private environment file.
+  for (const auto& e : std::filesystem::directory_iterator(std::string(getenv("HOME")) + "/.dsrun"))
+    CHECK(e.path().filename().string().rfind("env-", 0) != 0);
 }

@@ -158,6 +158,21 @@ std::vector<pid_t> pids_with_token(const std::string& token) {
   return out;
 }
 
+std::vector<pid_t> pids_with_in_cmdline(const std::string& needle) {
+  std::vector<pid_t> out;
+  DIR* d = opendir("/proc");
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    char* end;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (*end || pid <= 1 || pid == getpid()) continue;
+    if (read_proc("/proc/" + std::string(e->d_name) + "/cmdline").find(needle) != std::string::npos)
+      out.push_back(static_cast<pid_t>(pid));
+  }
+  closedir(d);
+  return out;
+}
+
 bool wait_for_token_procs(const std::string& token, size_t n, double timeout_s) {
   double until = now() + timeout_s;
   while (now() < until) {

@@ -31,6 +31,8 @@ RunResult run_cmd(const std::vector<std::string>& argv,
 
 // Pids whose environment or command line contains `token` (excluding this process).
 std::vector<pid_t> pids_with_token(const std::string& token);
+// Pids whose command line (argv, not environment) contains `needle`.
+std::vector<pid_t> pids_with_in_cmdline(const std::string& needle);
 // Waits until at least n such processes exist (true) or timeout.
 bool wait_for_token_procs(const std::string& token, size_t n, double timeout_s);
 // A fresh random token.
