@@ -170,6 +170,20 @@ TEST_CASE("local: SIGKILL of dsrun leaves nothing behind, children and setsid gr
   job.check_no_leftovers(10);
 }
 
+TEST_CASE("local: SIGKILL of the agent under dsrun leaves nothing behind", "[launcher]") {
+  LocalJob job;
+  auto r = job.run({"--num_gpus", "2", "--teardown_grace", "1"}, {"family"}, 30, [&](pid_t pid) {
+    REQUIRE(wait_for_token_procs(job.token, 2 + 2 * 3, 10));
+    pid_t worker = 0;  // the child of dsrun that starts and supervises the ranks
+    for (pid_t p : pids_with_token(job.token))
+      if (parent_of(p) == pid) worker = p;
+    REQUIRE(worker > 0);
+    kill(worker, SIGKILL);
+  });
+  CHECK(r.code == 128 + SIGKILL);
+  job.check_no_leftovers(10);
+}
+
 TEST_CASE("local: the job token never appears in a command line", "[launcher]") {
   LocalJob job;
   std::vector<pid_t> seen;

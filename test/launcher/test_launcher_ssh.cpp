@@ -139,6 +139,31 @@ TEST_CASE("ssh: Ctrl-C and loss of the head stop every remote rank", "[launcher]
   }
 }
 
+TEST_CASE("ssh: SIGKILL of a remote agent leaves nothing of the job on any node", "[launcher]") {
+  SshLab& lab = SshLab::get();
+  REQUIRE_SSHD(lab);
+  Job job;
+  auto r = run_cmd(cat(cat({dsrun_bin(), "--hostfile", lab.hostfile, "--master_addr", "127.0.0.1"}, lab.ssh_flags()),
+                       {probe_bin(), "family"}),
+                   job.env(), 60, [&](pid_t) {
+                     // head + 2 agents (guard and worker each) + 4 ranks with a child and a setsid grandchild
+                     REQUIRE(wait_for_token_procs(job.token, 1 + 4 + 4 * 3, 15));
+                     pid_t guard = 0;  // node 1's agent as sshd started it
+                     for (pid_t p : pids_with_in_cmdline("--node_rank=1")) {
+                       const std::string proc = "/proc/" + std::to_string(p);
+                       const std::string parent = "/proc/" + std::to_string(parent_of(p));
+                       if (read_file(proc + "/environ").find(job.token) != std::string::npos &&
+                           read_file(parent + "/cmdline").find("--agent") == std::string::npos)
+                         guard = p;
+                     }
+                     REQUIRE(guard > 0);
+                     kill(guard, SIGKILL);
+                   });
+  CHECK(r.code != 0);
+  CHECK(r.seconds < 20);
+  job.check_no_leftovers(10);
+}
+
 TEST_CASE("ssh: Ctrl-C stops remote ranks at once, not after the teardown grace", "[launcher]") {
   // The test sshd refuses signal requests, so the head's only way to reach a
   // node is closing the channel's input: the agent must stop on that at once.

@@ -158,6 +158,15 @@ std::vector<pid_t> pids_with_token(const std::string& token) {
   return out;
 }
 
+pid_t parent_of(pid_t pid) {
+  const std::string stat = read_proc("/proc/" + std::to_string(pid) + "/stat");
+  const size_t rp = stat.rfind(')');
+  if (rp == std::string::npos) return 0;
+  char state = 0;
+  int ppid = 0;
+  return std::sscanf(stat.c_str() + rp + 1, " %c %d", &state, &ppid) == 2 ? ppid : 0;
+}
+
 std::vector<pid_t> pids_with_in_cmdline(const std::string& needle) {
   std::vector<pid_t> out;
   DIR* d = opendir("/proc");

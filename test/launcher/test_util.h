@@ -31,6 +31,8 @@ RunResult run_cmd(const std::vector<std::string>& argv,
 
 // Pids whose environment or command line contains `token` (excluding this process).
 std::vector<pid_t> pids_with_token(const std::string& token);
+// The parent pid of `pid` (0 if it is gone).
+pid_t parent_of(pid_t pid);
 // Pids whose command line (argv, not environment) contains `needle`.
 std::vector<pid_t> pids_with_in_cmdline(const std::string& needle);
 // Waits until at least n such processes exist (true) or timeout.
