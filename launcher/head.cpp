@@ -141,7 +141,8 @@ int run_ssh(LaunchPlan& p, const PlanInputs& in) {
   std::vector<std::thread> threads;
   for (size_t i = 0; i < hosts.size(); ++i)
     threads.emplace_back([&, i] {
-      int code = conns[i]->run(p.nodes[i].remote_command, p.nodes[i].stdin_env, stop, in.opts.teardown_grace);
+      int code = conns[i]->run(node_remote_command(p, static_cast<int>(i)), p.agent_stdin, stop,
+                               in.opts.teardown_grace);
       {
         std::lock_guard<std::mutex> lock(mu);
         codes[i] = code;

@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <unordered_set>
 
 #include "lib/core/error.h"
 
@@ -69,6 +70,7 @@ void check_host_name(const std::string& host, const std::string& where) {
 
 ResourcePool parse_hostfile(const std::string& text, const std::string& source) {
   ResourcePool pool;
+  std::unordered_set<std::string> seen;  // linear in the number of hosts
   std::istringstream in(text);
   std::string raw;
   int line_no = 0;
@@ -89,9 +91,8 @@ ResourcePool parse_hostfile(const std::string& text, const std::string& source) 
     check_host_name(host, fmt::format("{}:{}", source, line_no));
     DS_USER_CHECK(slots <= kMaxSlotsPerHost, "{}:{}: host '{}' has slots={}; at most {} per host", source, line_no,
                   host, slots, kMaxSlotsPerHost);
-    for (const auto& h : pool)
-      DS_USER_CHECK(h.host != host, "{}:{}: host '{}' is listed twice in the hostfile", source,
-                    line_no, host);
+    DS_USER_CHECK(seen.insert(host).second, "{}:{}: host '{}' is listed twice in the hostfile", source,
+                  line_no, host);
     pool.push_back({host, slots});
   }
   DS_USER_CHECK(!pool.empty(), "{}: hostfile has no hosts (expected lines 'HOSTNAME slots=N')",

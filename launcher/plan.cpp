@@ -78,12 +78,12 @@ std::vector<std::string> concat(std::vector<std::string> a, const std::vector<st
   return a;
 }
 
-// cd CWD && [. VENV &&] exec AGENT...  (every word quoted; no variable values:
-// those reach the agent outside its command line, see LaunchPlan::agent_env)
-std::string remote_shell_command(const PlanInputs& in, const std::vector<std::string>& argv) {
+// "cd CWD && [. VENV && ]exec ", to be followed by the quoted agent argv. No
+// variable values: those reach the agent outside its command line (agent_env).
+std::string remote_shell_prefix(const PlanInputs& in) {
   std::string cmd = "cd " + shell_quote(in.cwd);
   if (!in.opts.venv_script.empty()) cmd += " && . " + shell_quote(in.opts.venv_script);
-  return cmd + " && exec " + shell_join(argv);
+  return cmd + " && exec ";
 }
 
 std::vector<std::string> head_command(const LaunchPlan& p, const PlanInputs& in,
@@ -98,7 +98,7 @@ std::vector<std::string> head_command(const LaunchPlan& p, const PlanInputs& in,
       cmd = concat({"pdsh", "-S", "-f", "1024", "-w", host_list(p.active, "")}, extra);
       // pdsh forwards neither an environment nor stdin: the exports and the
       // token are in private files the head writes (--env_file, docs/dsrun.md).
-      cmd.push_back(remote_shell_command(in, concat(concat(base, {"--node_name=%h"}), tail)));
+      cmd.push_back(remote_shell_prefix(in) + shell_join(concat(concat(base, {"--node_name=%h"}), tail)));
       head_env->emplace_back("PDSH_RCMD_TYPE", "ssh");
       // pdsh's default ssh arguments with "--" before the host (host names are
       // validated too); a PDSH_SSH_ARGS of the user's own is left alone.
@@ -210,19 +210,14 @@ void build_commands(LaunchPlan& p, const PlanInputs& in) {
   env_set(p.agent_env, "DS_JOB_TOKEN", p.job_token);
   a.program = o.program;
   a.args = o.args;
-  std::vector<std::string> base = concat({in.dsrun_path, "--agent"}, agent_flags(a));
-  std::vector<std::string> tail = concat({"--", o.program}, o.args);
+  p.agent_argv = concat({in.dsrun_path, "--agent"}, agent_flags(a));
+  p.agent_tail = concat({"--", o.program}, o.args);
+  p.remote_prefix = p.transport == Transport::Ssh ? remote_shell_prefix(in) : "";
+  p.agent_stdin = p.transport == Transport::Ssh ? encode_env_lines(p.agent_env) : "";
   p.nodes.clear();
-  for (int n = 0; n < static_cast<int>(p.active.size()); ++n) {
-    NodePlan np{p.active[n].host, n, concat(concat(base, {"--node_rank=" + std::to_string(n)}), tail), ""};
-    if (p.transport == Transport::Ssh) {
-      np.remote_command = remote_shell_command(in, np.agent_argv);
-      np.stdin_env = encode_env_lines(p.agent_env);
-    }
-    p.nodes.push_back(std::move(np));
-  }
+  for (int n = 0; n < static_cast<int>(p.active.size()); ++n) p.nodes.push_back({p.active[n].host, n});
   p.head_env.clear();
-  p.head_command = head_command(p, in, base, tail, &p.head_env);
+  p.head_command = head_command(p, in, p.agent_argv, p.agent_tail, &p.head_env);
   p.ranks.clear();
   Rendezvous rv{p.master_addr, p.master_port, p.job_token};
   for (int n = 0; n < static_cast<int>(p.active.size()); ++n) {
@@ -234,6 +229,15 @@ void build_commands(LaunchPlan& p, const PlanInputs& in) {
                          rank_env(info, rv, omp)});
     }
   }
+}
+
+std::vector<std::string> node_agent_argv(const LaunchPlan& p, int node_rank) {
+  const std::string selector = node_rank < 0 ? "<node_rank>" : std::to_string(node_rank);
+  return concat(concat(p.agent_argv, {"--node_rank=" + selector}), p.agent_tail);
+}
+
+std::string node_remote_command(const LaunchPlan& p, int node_rank) {
+  return p.remote_prefix + shell_join(node_agent_argv(p, node_rank));
 }
 
 std::string plan_to_json(const LaunchPlan& p) {
@@ -258,12 +262,12 @@ std::string plan_to_json(const LaunchPlan& p) {
   j["exports"] = env_json(p.exports);
   if (!p.env_file.empty()) j["agent_env_file"] = p.env_file + ".<node_rank>";
   J nodes = J::array();
-  for (const auto& n : p.nodes) {
-    J nj = {{"host", n.host}, {"node_rank", n.node_rank}, {"agent_argv", n.agent_argv}};
-    if (!n.remote_command.empty()) nj["remote_command"] = n.remote_command;
-    nodes.push_back(nj);
-  }
+  for (const auto& n : p.nodes) nodes.push_back({{"host", n.host}, {"node_rank", n.node_rank}});
   j["nodes"] = nodes;
+  // Once, with the node's rank as "<node_rank>": every node's command holds
+  // the whole world info, so one per node would grow as hosts x ranks.
+  if (p.transport == Transport::Local || p.transport == Transport::Ssh) j["agent_argv"] = node_agent_argv(p, -1);
+  if (p.transport == Transport::Ssh) j["remote_command"] = node_remote_command(p, -1);
   if (!p.head_command.empty()) {
     j["launcher_command"] = p.head_command;
     j["launcher_env"] = env_json(p.head_env);

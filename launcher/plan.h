@@ -36,13 +36,12 @@ struct PlanInputs {
   long head_pid = 0;
 };
 
-// One node's agent invocation.
+// One node. Its agent command is built on demand (node_agent_argv,
+// node_remote_command): each holds the whole world info, so storing one per
+// node would make the plan hosts x ranks instead of linear in ranks.
 struct NodePlan {
   std::string host;
   int node_rank = 0;
-  std::vector<std::string> agent_argv;  // dsrun --agent ... -- PROGRAM ARGS
-  std::string remote_command;           // shell command for ssh (cd, exec agent): no secrets
-  std::string stdin_env;                // ssh: exports + DS_JOB_TOKEN for the agent's stdin
 };
 
 // One rank: where it runs, its argv, and the variables dsrun sets for it.
@@ -70,6 +69,10 @@ struct LaunchPlan {
   std::string env_file;  // pdsh: the head writes env_file.<node rank> (0600)
   AgentOptions agent;
   std::vector<NodePlan> nodes;
+  std::vector<std::string> agent_argv;  // dsrun --agent FLAGS (every node; no node selector)
+  std::vector<std::string> agent_tail;  // -- PROGRAM ARGS
+  std::string remote_prefix;            // ssh: "cd CWD && [. VENV && ]exec " (no secrets)
+  std::string agent_stdin;              // ssh: encode_env_lines(agent_env), for every agent's stdin
   std::vector<std::string> head_command;  // pdsh / srun / mpirun argv
   EnvList head_env;                       // extra variables for head_command
   std::vector<RankPlan> ranks;
@@ -83,6 +86,11 @@ bool is_local_host(const std::string& host, const std::vector<std::string>& loca
 LaunchPlan make_plan(const PlanInputs& in);
 // (Re)builds nodes, head_command and ranks; call again after master discovery.
 void build_commands(LaunchPlan& plan, const PlanInputs& in);
+// dsrun --agent FLAGS --node_rank=N -- PROGRAM ARGS (node_rank < 0: the text
+// "--node_rank=<node_rank>", for the --dry_run document).
+std::vector<std::string> node_agent_argv(const LaunchPlan& plan, int node_rank);
+// ssh: the shell command a node's channel runs (cd, exec the agent).
+std::string node_remote_command(const LaunchPlan& plan, int node_rank);
 // The --dry_run document.
 std::string plan_to_json(const LaunchPlan& plan);
 

@@ -289,12 +289,12 @@ TEST_CASE("plan: multi-node commands per transport", "[launcher]") {
   LaunchPlan ssh = make_plan(in);
   CHECK(ssh.transport == Transport::Ssh);
   REQUIRE(ssh.nodes.size() == 2);
-  CHECK(ssh.nodes[1].remote_command ==
+  CHECK(node_remote_command(ssh, 1) ==
         "cd '/work dir' && exec /opt/dsrun --agent "
         "--world_info=eyJ3MCI6IFswLCAxXSwgIncxIjogWzAsIDFdfQ== --master_addr=10.0.0.1 --master_port=29500 "
         "--teardown_grace=5 --stop_on_stdin_eof --env_from_stdin --node_rank=1 -- /bin/train --config c.json");
   // The exports and the token travel on stdin, hex-encoded ("a b" = 612062).
-  CHECK(ssh.nodes[1].stdin_env == "NCCL_DEBUG=494e464f\nFOO=612062\nDS_JOB_TOKEN=746f6b313233\n\n");
+  CHECK(ssh.agent_stdin == "NCCL_DEBUG=494e464f\nFOO=612062\nDS_JOB_TOKEN=746f6b313233\n\n");
   CHECK(ssh.ranks[3].env[0] == std::pair<std::string, std::string>{"RANK", "3"});
 
   in.opts.launcher = "pdsh";
@@ -350,6 +350,25 @@ TEST_CASE("plan: multi-node commands per transport", "[launcher]") {
 
   in.opts.launcher = "torchrun";
   CHECK_THAT(user_error([&] { make_plan(in); }), Catch::Contains("--launcher 'torchrun'"));
+}
+
+TEST_CASE("plan: size is linear in ranks, with many hosts or many slots", "[launcher]") {
+  struct Case {
+    int hosts, slots;
+  };
+  for (const Case c : {Case{4000, 1}, Case{4, 1024}, Case{64, 64}}) {
+    INFO(c.hosts << " hosts x " << c.slots << " slots");
+    PlanInputs in = base_inputs();
+    in.hostfile_pool = ResourcePool{};
+    for (int h = 0; h < c.hosts; ++h) in.hostfile_pool->push_back({fmt::format("w{}", h), c.slots});
+    in.opts.master_addr = "10.0.0.1";
+    const LaunchPlan p = make_plan(in);
+    const size_t ranks = p.ranks.size(), json = plan_to_json(p).size();
+    CHECK(ranks == static_cast<size_t>(c.hosts * c.slots));
+    // Per rank: argv and env (CUDA_VISIBLE_DEVICES lists the node's slots),
+    // plus the world info a constant number of times.
+    CHECK(json < ranks * (1024 + 6 * static_cast<size_t>(c.slots)) + 4 * p.world_info.size());
+  }
 }
 
 TEST_CASE("plan: single-node and selector rules", "[launcher]") {
