@@ -41,15 +41,6 @@ std::string tail_of(const std::string& path, size_t n = 1500) {
   return s.size() > n ? "..." + s.substr(s.size() - n) : s;
 }
 
-pid_t parent_of(pid_t pid) {
-  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-  size_t rp = stat.rfind(')');
-  char state = 0;
-  long ppid = -1;
-  if (rp == std::string::npos || sscanf(stat.c_str() + rp + 1, " %c %ld", &state, &ppid) != 2) return -1;
-  return static_cast<pid_t>(ppid);
-}
-
 // munged + slurmctld + slurmd for one node named after this machine, all under
 // one temp dir. Every daemon gets PR_SET_PDEATHSIG so a crashed test takes them
 // along; shutdown() stops them by pid and sweeps anything that still carries
