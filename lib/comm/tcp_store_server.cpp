@@ -166,6 +166,9 @@ bool TcpStoreServer::read_conn(int id, Conn& c) {
     ssize_t n = recv(c.fd, buf, sizeof(buf), 0);
     if (n > 0) {
       c.in.append(buf, static_cast<size_t>(n));
+      // Before its hello a client may send one hello frame and nothing else: a
+      // flood is cut off here instead of growing c.in while it keeps coming.
+      if (!c.authed && c.in.size() > 4 + net::kMaxHelloFrame) return false;
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;

@@ -334,6 +334,21 @@ TEST_CASE("store: idle connections cannot starve the rendezvous", "[store]") {
   client.set("k", "v");
   CHECK(server.get("k") == "v");
   CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  // A client that floods bytes instead of a hello is cut off at once.
+  std::string err;
+  const int flood = net::try_connect("127.0.0.1", server.port(), net::Clock::now() + 2s, err);
+  REQUIRE(flood >= 0);
+  const std::string junk(1 << 16, 'A');
+  size_t sent = 0;
+  while (sent < (64u << 20)) {
+    const ssize_t n = ::send(flood, junk.data(), junk.size(), MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  CHECK(sent < (32u << 20));  // refused after the kernel's buffers, not after 64 MB
+  close(flood);
+  client.set("k2", "v2");
+  CHECK(server.get("k2") == "v2");
   // And an idle connection is closed once the hello deadline has passed.
   std::this_thread::sleep_for(600ms);
   char b;
