@@ -100,6 +100,7 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
   nlohmann::json state = {{"iteration", st.iteration},       {"consumed_samples", st.consumed_samples},
                           {"skipped_steps", st.skipped_steps}, {"loss_scale", st.loss_scale},
                           {"good_steps", st.good_steps},       {"hysteresis_left", st.hysteresis_left},
+                          {"lr_scheduler", lr_scheduler_json(st)},
                           {"optimizer_shards", d.world},       {"layout", layout_json(*d.layout)},
                           {"tensor_model_parallel_size", d.shard.tp},
                           {"pipeline_model_parallel_size", d.shard.pp},

@@ -2,6 +2,7 @@
 // and the document's own checksum (when present) for a flipped bit.
 #include "lib/ckpt/state_json.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -111,7 +112,66 @@ void verify_self_checksum(const Reader& r, json& doc) {
                 r.file, crc32c_text(got), crc32c_text(want));
 }
 
+int64_t member(const Reader& r, const json& o, const char* key, int64_t lo, int64_t hi) {
+  const auto it = o.find(key);
+  if (it == o.end()) DS_USER_ERROR("checkpoint file '{}': field 'lr_scheduler.{}' is missing", r.file, key);
+  return r.integer(*it, std::string("lr_scheduler.") + key, lo, hi);
+}
+
+double finite_member(const Reader& r, const json& o, const char* key) {
+  const auto it = o.find(key);
+  if (it == o.end() || !it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < 0)
+    r.fail(std::string("lr_scheduler.") + key, "a finite non-negative number", it == o.end() ? json() : *it);
+  return it->get<double>();
+}
+
+// "lr_scheduler": the schedule's counters and (Megatron schedule) its values.
+void read_lr_scheduler(const Reader& r, TrainState& t) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const json* o = r.find("lr_scheduler");
+  if (!o) {  // older checkpoints: the trainer derives the counters (samples -1: unknown)
+    t.lr_clock.steps = std::max<int64_t>(0, t.iteration - t.skipped_steps);
+    t.lr_clock.samples = -1;
+    return;
+  }
+  if (!o->is_object()) r.fail("lr_scheduler", "an object", *o);
+  t.lr_clock.steps = member(r, *o, "steps", 0, kMax);
+  t.lr_clock.samples = member(r, *o, "num_steps", 0, kMax);
+  t.lr_clock.tokens = member(r, *o, "num_tokens", 0, kMax);
+  t.lr_clock.warmup_end_tokens = member(r, *o, "warmup_end_tokens", -1, kMax);
+  if (!o->contains("max_lr")) return;
+  LrScheduleValues v;
+  v.max_lr = finite_member(r, *o, "max_lr");
+  v.min_lr = finite_member(r, *o, "min_lr");
+  v.warmup_samples = member(r, *o, "lr_warmup_steps", 0, kMax);
+  v.decay_samples = member(r, *o, "lr_decay_steps", 0, kMax);
+  v.warmup_tokens = member(r, *o, "lr_warmup_tokens", -1, kMax);
+  v.decay_tokens = member(r, *o, "lr_decay_tokens", -1, kMax);
+  const auto st = o->find("lr_decay_style");
+  if (st == o->end() || !st->is_string() ||
+      (*st != "constant" && *st != "linear" && *st != "cosine"))
+    r.fail("lr_scheduler.lr_decay_style", "\"constant\", \"linear\" or \"cosine\"", st == o->end() ? json() : *st);
+  v.decay_style = st->get<std::string>();
+  t.lr_schedule = v;
+}
+
 }  // namespace
+
+json lr_scheduler_json(const TrainState& st) {
+  const LrClock& c = st.lr_clock;
+  json j = {{"steps", c.steps}, {"num_steps", c.samples}, {"num_tokens", c.tokens},
+            {"warmup_end_tokens", c.warmup_end_tokens}};
+  if (const auto& v = st.lr_schedule) {
+    j["max_lr"] = v->max_lr;
+    j["min_lr"] = v->min_lr;
+    j["lr_warmup_steps"] = v->warmup_samples;
+    j["lr_decay_steps"] = v->decay_samples;
+    j["lr_warmup_tokens"] = v->warmup_tokens;
+    j["lr_decay_tokens"] = v->decay_tokens;
+    j["lr_decay_style"] = v->decay_style;
+  }
+  return j;
+}
 
 StepState parse_step_state(std::string_view text, const std::string& file) {
   StepState s;
@@ -130,6 +190,7 @@ StepState parse_step_state(std::string_view text, const std::string& file) {
       r.fail("loss_scale", "a finite positive number", *ls);
     s.train.loss_scale = ls->get<double>();
   }
+  read_lr_scheduler(r, s.train);
   s.shards = static_cast<int>(r.required("optimizer_shards", 1, kMaxParallelSize));
   s.sizes.tp = static_cast<int>(r.optional("tensor_model_parallel_size", 1, kMaxParallelSize, 1));
   s.sizes.pp = static_cast<int>(r.optional("pipeline_model_parallel_size", 1, kMaxParallelSize, 1));

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "lib/core/tensor.h"
+#include "lib/optim/lr_schedule.h"
 #include "lib/parallel/shard_coords.h"
 
 namespace ds {
@@ -24,7 +26,15 @@ struct TrainState {
   double loss_scale = 1.0;
   int64_t good_steps = 0;         // steps since the last scale change (fp16)
   int64_t hysteresis_left = 0;
+  LrClock lr_clock;  // the learning-rate schedule's counters
+  // The Megatron schedule the run used (compared on resume); empty with a
+  // DeepSpeed scheduler or in a checkpoint that predates it.
+  std::optional<LrScheduleValues> lr_schedule;
 };
+
+// state.json's "lr_scheduler" object for `st` (counters, and the schedule
+// values when there are any).
+nlohmann::json lr_scheduler_json(const TrainState& st);
 
 // The validated contents of one state.json.
 struct StepState {

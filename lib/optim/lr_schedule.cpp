@@ -71,7 +71,56 @@ double deepspeed_lr(const OptimizerConfig& o, int64_t it, int64_t train_iters) {
   return min_lr + (max_lr - min_lr) * gamma;
 }
 
+// Megatron-DeepSpeed's OptimizerParamScheduler.get_lr on the clock: warmup
+// and decay each count samples, or tokens where a token length is given.
+double megatron_clock_lr(const OptimizerConfig& o, const LrClock& c) {
+  const double max_lr = o.lr, min_lr = o.min_lr, init_lr = o.warmup_min_lr;
+  auto warm = [&](double done, double length) { return init_lr + (max_lr - init_lr) * done / length; };
+  if (o.warmup_tokens < 0) {
+    if (o.warmup_samples > 0 && c.samples <= o.warmup_samples)
+      return warm(static_cast<double>(c.samples), static_cast<double>(o.warmup_samples));
+  } else if (o.warmup_tokens > 0 && c.tokens <= o.warmup_tokens) {
+    return warm(static_cast<double>(c.tokens), static_cast<double>(o.warmup_tokens));
+  }
+  if (o.decay == LrDecay::Constant) return max_lr;
+  double done, length;
+  if (o.decay_tokens < 0) {
+    done = static_cast<double>(c.samples - o.warmup_samples);
+    length = static_cast<double>(o.decay_samples - o.warmup_samples);
+    if (c.samples > o.decay_samples) return min_lr;
+  } else {
+    // A token-wise decay starts where the warmup ended: its token length, or
+    // the tokens counted when a sample-wise warmup ended (0 without warmup).
+    const int64_t start = o.warmup_tokens >= 0 ? o.warmup_tokens : std::max<int64_t>(0, c.warmup_end_tokens);
+    done = static_cast<double>(c.tokens - start);
+    length = static_cast<double>(o.decay_tokens - start);
+    if (c.tokens > o.decay_tokens) return min_lr;
+  }
+  if (length <= 0) return min_lr;
+  const double ratio = std::clamp(done / length, 0.0, 1.0);
+  const double coeff = o.decay == LrDecay::Linear ? 1.0 - ratio : 0.5 * (std::cos(kPi * ratio) + 1.0);
+  return min_lr + coeff * (max_lr - min_lr);
+}
+
 }  // namespace
+
+float lr_at(const OptimizerConfig& o, const LrClock& clock) {
+  if (!o.scheduler_type.empty()) return lr_at(o, clock.steps, o.decay_iters);
+  return static_cast<float>(megatron_clock_lr(o, clock));
+}
+
+LrScheduleValues lr_schedule_values(const OptimizerConfig& o) {
+  return {.max_lr = o.lr, .min_lr = o.min_lr, .warmup_samples = o.warmup_samples, .decay_samples = o.decay_samples,
+          .warmup_tokens = o.warmup_tokens, .decay_tokens = o.decay_tokens, .decay_style = lr_decay_name(o.decay)};
+}
+
+void advance_lr_clock(const OptimizerConfig& o, LrClock& clock, int64_t samples, int64_t tokens_before) {
+  clock.steps += 1;
+  clock.samples += samples;
+  clock.tokens = tokens_before;
+  if (o.warmup_tokens < 0 && o.decay_tokens >= 0 && o.warmup_samples > 0 && clock.samples == o.warmup_samples)
+    clock.warmup_end_tokens = clock.tokens;
+}
 
 float lr_at(const OptimizerConfig& o, int64_t iteration, int64_t train_iters) {
   if (o.scheduler_type.empty()) return static_cast<float>(megatron_lr(o, iteration, train_iters));

@@ -22,6 +22,12 @@ struct OptimizerConfig {
   WarmupKind warmup_type = WarmupKind::Linear;  // DeepSpeed's own default is "log"
   float warmup_min_ratio = 0.f;     // WarmupCosineLR: warmup starts at ratio * lr
   float cos_min_ratio = 0.0001f;    // WarmupCosineLR: cosine ends at ratio * lr
+  // Megatron's schedule in the units Megatron counts (resolved by lib/train
+  // from iterations x global batch, or from sample / token counts): warmup and
+  // decay lengths in samples, and optionally in tokens (Megatron-DeepSpeed's
+  // --lr-warmup-tokens / --lr-decay-tokens; -1 = not token-based).
+  int64_t warmup_samples = 0, decay_samples = 0;
+  int64_t warmup_tokens = -1, decay_tokens = -1;
 };
 
 const char* lr_decay_name(LrDecay d);  // "constant" | "linear" | "cosine"

@@ -145,10 +145,26 @@ json training_json(const TrainConfig& c) {
             {"export_hf", c.ckpt.export_hf},    {"log_interval", c.log.log_interval},
             {"eval_interval", c.log.eval_interval}, {"eval_iters", c.log.eval_iters},
             {"cpu_peak_tflops", c.log.cpu_peak_tflops}};
+  const ScheduleLengths& L = c.lengths;
+  t["override_opt_param_scheduler"] = c.override_lr_scheduler;
+  t["use_checkpoint_opt_param_scheduler"] = c.use_checkpoint_lr_scheduler;
+  t["exit_signal_handler"] = c.exit_signal_handler;
+  if (L.train_tokens > 0) t["train_tokens"] = L.train_tokens;
+  if (L.sample_based()) {  // train_iters is derived from the samples, not an input
+    t.erase("train_iters");
+    t["train_samples"] = L.train_samples;
+  }
   if (c.optim.scheduler_type.empty()) {
     t["lr_decay_style"] = lr_decay_name(c.optim.decay);
-    t["lr_warmup_iters"] = c.optim.warmup_iters;
-    t["lr_decay_iters"] = c.optim.decay_iters;
+    if (L.sample_based()) {
+      t["lr_warmup_samples"] = L.lr_warmup_samples;
+      if (L.lr_decay_samples > 0) t["lr_decay_samples"] = L.lr_decay_samples;
+    } else {
+      t["lr_warmup_iters"] = c.optim.warmup_iters;
+      t["lr_decay_iters"] = c.optim.decay_iters;
+    }
+    if (L.lr_warmup_tokens >= 0) t["lr_warmup_tokens"] = L.lr_warmup_tokens;
+    if (L.lr_decay_tokens >= 0) t["lr_decay_tokens"] = L.lr_decay_tokens;
     t["min_lr"] = num(c.optim.min_lr);
     t["lr_warmup_init"] = num(c.optim.warmup_min_lr);
   }

@@ -57,6 +57,17 @@ struct ParallelConfig {
   int recompute_num_layers = 0;
 };
 
+// Megatron's sample- and token-based lengths as given (0 = not given; token
+// lengths -1). derive_config turns them into train_iters and the optimizer's
+// resolved schedule lengths.
+struct ScheduleLengths {
+  int64_t train_samples = 0;       // --train-samples: train_iters = samples / global batch
+  int64_t train_tokens = 0;        // --train-tokens: also stop once this many tokens were consumed
+  int64_t lr_warmup_samples = 0, lr_decay_samples = 0;  // sample-based training only
+  int64_t lr_warmup_tokens = -1, lr_decay_tokens = -1;  // Megatron-DeepSpeed token-wise schedule
+  bool sample_based() const { return train_samples > 0; }
+};
+
 struct TrainConfig {
   ModelConfig model;
   OptimizerConfig optim;
@@ -68,6 +79,12 @@ struct TrainConfig {
   ZeroConfig zero;
   ParallelConfig parallel;
   int64_t train_iters = 0;
+  ScheduleLengths lengths;
+  // On resume, a Megatron schedule that differs from the checkpoint's is an
+  // error unless one of these picks a side (Megatron's two flags).
+  bool override_lr_scheduler = false, use_checkpoint_lr_scheduler = false;
+  // Megatron --exit-signal-handler: on SIGTERM, save (with --save) and stop.
+  bool exit_signal_handler = false;
   int64_t exit_interval = 0;  // Megatron --exit-interval: stop at a multiple of it (0 = off)
   // Consecutive iterations with a non-finite loss or gradient norm (each one
   // skipped) before the run stops with an error.

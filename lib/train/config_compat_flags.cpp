@@ -62,10 +62,6 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
   numeric(app, out, "--rotary-percent", "fraction of each head rotated by RoPE (1.0 only)");
   numeric(app, out, "--attention-dropout", "attention dropout probability (0 only)");
   numeric(app, out, "--hidden-dropout", "hidden dropout probability (0 only)");
-  flag("--use-checkpoint-opt_param-scheduler", "not supported: the schedule always comes from the flags");
-  no_op_flag(app, "--override-opt_param-scheduler",
-             "accepted: on resume the learning-rate schedule always comes from the flags and the config "
-             "(the checkpoint stores only the step count), which is what this flag asks for");
   no_op_flag(app, "--deepspeed-activation-checkpointing",
              "accepted: recomputation is exact whichever implementation runs it");
   no_op_flag(app, "--no-async-tensor-model-parallel-allreduce",
@@ -89,9 +85,6 @@ void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings
   }
   DS_USER_CHECK(!has("--optimizer") || sp.at("--optimizer") == "adam",
                 "--optimizer sgd: dstrain trains with AdamW only; use --optimizer adam");
-  DS_USER_CHECK(!has("--use-checkpoint-opt_param-scheduler"),
-                "--use-checkpoint-opt_param-scheduler: the checkpoint stores no learning-rate schedule; pass the "
-                "schedule flags of the original run (or --override-opt_param-scheduler)");
   check_only_value(sp, "--ds-sequence-parallel-size", 1, "DeepSpeed-Ulysses sequence parallelism is not "
                    "implemented; use --sequence-parallel with --tensor-model-parallel-size");
   check_only_value(sp, "--rotary-percent", 1.0, "partial rotary embeddings are not implemented; use 1.0");

@@ -3,6 +3,7 @@
 // reader and "flags override the file" is simply the order of the merge.
 // Most flags map 1:1 onto a JSON key (the table below, also the --help text);
 // the LR-schedule, precision and batch flags need a little logic (apply_*).
+#include <algorithm>
 #include <cmath>
 #include <CLI/CLI.hpp>
 #include <map>
@@ -45,6 +46,21 @@ constexpr FlagSpec kTable[] = {
     {"--micro-batch-size", "/train_micro_batch_size_per_gpu", FlagKind::Int, "micro batch per GPU (= train_micro_batch_size_per_gpu)"},
     {"--global-batch-size", "/train_batch_size", FlagKind::Int, "global batch (= train_batch_size)"},
     {"--train-iters", "/training/train_iters", FlagKind::Int, "optimizer steps to train"},
+    {"--train-samples", "/training/train_samples", FlagKind::Int,
+     "samples to train (sample-based training: train iters = samples / global batch)"},
+    {"--train-tokens", "/training/train_tokens", FlagKind::Int, "also stop once this many tokens were consumed"},
+    {"--lr-warmup-samples", "/training/lr_warmup_samples", FlagKind::Int, "linear warmup samples (sample-based training)"},
+    {"--lr-decay-samples", "/training/lr_decay_samples", FlagKind::Int,
+     "decay length in samples (sample-based training; default: train samples)"},
+    {"--lr-warmup-tokens", "/training/lr_warmup_tokens", FlagKind::Int, "linear warmup over this many tokens"},
+    {"--lr-decay-tokens", "/training/lr_decay_tokens", FlagKind::Int,
+     "decay over this many tokens (instead of iterations or samples)"},
+    {"--override-opt_param-scheduler", "/training/override_opt_param_scheduler", FlagKind::Const,
+     "on resume, take the learning-rate schedule from the flags even where the checkpoint's differs", "true"},
+    {"--use-checkpoint-opt_param-scheduler", "/training/use_checkpoint_opt_param_scheduler", FlagKind::Const,
+     "on resume, take the learning-rate schedule from the checkpoint", "true"},
+    {"--exit-signal-handler", "/training/exit_signal_handler", FlagKind::Const,
+     "on SIGTERM, save a checkpoint (with --save) and stop", "true"},
     {"--exit-interval", "/training/exit_interval", FlagKind::Int,
      "stop (after saving) once the iteration is a multiple of this; the schedule still spans --train-iters"},
     {"--max-nan-iterations", "/training/max_nan_iterations", FlagKind::Int,
@@ -114,6 +130,7 @@ void add_table_flag(CLI::App& app, const FlagSpec& f, ParsedFlags& out) {
     case FlagKind::List:
       o = app.add_option_function<std::vector<std::string>>(
           f.name, [put](const std::vector<std::string>& v) { put(v); }, f.help);
+      o->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);  // all values (repeats were dropped before)
       break;
     case FlagKind::Const:
       app.add_flag_function(f.name, [put, &f](int64_t) { put(json::parse(f.extra)); }, f.help);
@@ -229,6 +246,52 @@ void apply_other_flags(json& j, const std::map<std::string, json>& sp) {
   }
 }
 
+// Settings the DeepSpeed engine owns: under Megatron-DeepSpeed the DeepSpeed
+// config decides them and the Megatron flag does not reach the engine. Where a
+// config file sets one and the flag disagrees, the file wins with a warning.
+bool deepspeed_config_wins(const json& file, const FlagSpec& f, const json& flag_value, Warnings& w) {
+  static const std::string kOwned[] = {"/zero_optimization/stage", "/gradient_clipping", "/fp16/loss_scale",
+                                       "/fp16/min_loss_scale", "/fp16/loss_scale_window", "/fp16/hysteresis"};
+  if (std::find(std::begin(kOwned), std::end(kOwned), f.pointer) == std::end(kOwned)) return false;
+  const json::json_pointer ptr(f.pointer);
+  if (!file.contains(ptr)) return false;
+  const json& in_file = file.at(ptr);
+  const bool same = in_file.is_number() && flag_value.is_number() ? in_file.get<double>() == flag_value.get<double>()
+                                                                   : in_file == flag_value;
+  if (same) return true;
+  add_warning(w, fmt::format("{} {} differs from the DeepSpeed config's {} {}; the DeepSpeed config wins, as in "
+                             "Megatron-DeepSpeed", f.name, flag_value.dump(), std::string(f.pointer).substr(1),
+                             in_file.dump()));
+  return true;
+}
+
+// argparse semantics for repeated flags: the last occurrence wins. For a list
+// flag (--data-path A B --data-path C) the earlier occurrences and their values
+// are dropped here, since CLI11 would join them; single-valued options use
+// CLI11's TakeLast policy.
+std::vector<std::string> drop_repeated_list_flags(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (const FlagSpec& f : kTable) {
+    if (f.kind != FlagKind::List) continue;
+    const std::string name = f.name, eq = name + "=";
+    auto is_flag = [&](const std::string& a) { return a == name || a.rfind(eq, 0) == 0; };
+    int count = 0;
+    for (const std::string& a : args) count += is_flag(a) ? 1 : 0;
+    for (size_t i = 1; i < args.size() && count > 1;) {
+      if (!is_flag(args[i])) {
+        ++i;
+        continue;
+      }
+      size_t end = i + 1;
+      if (args[i] == name)
+        while (end < args.size() && args[end].rfind("--", 0) != 0) ++end;
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(end));
+      --count;
+    }
+  }
+  return args;
+}
+
 }  // namespace
 
 void set_at(json& j, const std::string& pointer, const json& v, const std::string& flag) {
@@ -242,14 +305,17 @@ void set_at(json& j, const std::string& pointer, const json& v, const std::strin
 json merge_command_line(int argc, char** argv, std::string& config_path, std::string& help_text, Warnings& w) {
   ParsedFlags f;
   CLI::App app{"dstrain: GPT pretraining. Flags override the config file; see docs/config.md.", "dstrain"};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // argparse: the last one wins
   app.add_option("--config,--deepspeed_config", f.config_path, "DeepSpeed-style JSON config");
   for (const FlagSpec& spec : kTable) add_table_flag(app, spec, f);
   add_special_flags(app, f);
   add_ignored_flags(app);
   std::map<std::string, json> compat;
   add_compat_flags(app, compat);
+  std::vector<std::string> args = drop_repeated_list_flags(argc, argv);
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> rest(args.rbegin(), args.rend() - 1);  // CLI11 parses a reversed list without argv[0]
+    app.parse(rest);
   } catch (const CLI::CallForHelp&) {
     help_text = app.help();
     return json::object();
@@ -259,7 +325,10 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
   config_path = f.config_path;
   json j = f.config_path.empty() ? json::object() : load_json_file(f.config_path);
   DS_USER_CHECK(j.is_object(), "config file '{}' must hold a JSON object", f.config_path);
-  for (const auto& [spec, v] : f.table) set_at(j, spec->pointer, v, spec->name);
+  for (const auto& [spec, v] : f.table) {
+    if (deepspeed_config_wins(j, *spec, v, w)) continue;
+    set_at(j, spec->pointer, v, spec->name);
+  }
   // Megatron: with both batch sizes known the accumulation steps are derived.
   const bool batch_flag = std::any_of(f.table.begin(), f.table.end(), [](const auto& e) {
     return std::string(e.first->pointer) == "/train_batch_size" ||

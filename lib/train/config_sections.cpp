@@ -55,18 +55,46 @@ void read_data_section(JsonSection s, DataConfig& d) {
 namespace {
 
 // Megatron-style schedule keys; they conflict with a DeepSpeed "scheduler".
+constexpr const char* kMegatronScheduleKeys[] = {"lr_decay_style",    "lr_warmup_iters",   "lr_warmup_fraction",
+                                                 "lr_decay_iters",    "min_lr",            "lr_warmup_init",
+                                                 "lr_warmup_samples", "lr_decay_samples",  "lr_warmup_tokens",
+                                                 "lr_decay_tokens"};
+
+// Megatron's rules: iteration- and sample-based lengths do not mix (a warmup
+// length of 0 is the default and mixes with either).
+void check_length_kinds(const JsonSection& s) {
+  auto val = [&](const char* k) { return s.raw().value(k, json()).dump(); };
+  auto nonzero = [&](const char* k) { return s.has(k) && s.raw().at(k) != 0; };
+  const bool samples = nonzero("train_samples");
+  DS_USER_CHECK(!(samples && nonzero("train_iters")), "config: training.train_iters {} and training.train_samples "
+                "{} (--train-iters / --train-samples): give one of them", val("train_iters"), val("train_samples"));
+  DS_USER_CHECK(!(samples && s.has("lr_decay_iters")), "config: training.lr_decay_iters {} with sample-based training "
+                "(train_samples {}): use lr_decay_samples (--lr-decay-samples)", val("lr_decay_iters"),
+                val("train_samples"));
+  DS_USER_CHECK(!(samples && nonzero("lr_warmup_iters")), "config: training.lr_warmup_iters {} with sample-based "
+                "training (train_samples {}): use lr_warmup_samples (--lr-warmup-samples)", val("lr_warmup_iters"),
+                val("train_samples"));
+  DS_USER_CHECK(samples || !s.has("lr_decay_samples"), "config: training.lr_decay_samples {} needs sample-based "
+                "training (--train-samples instead of --train-iters)", val("lr_decay_samples"));
+  DS_USER_CHECK(samples || !nonzero("lr_warmup_samples"), "config: training.lr_warmup_samples {} needs sample-based "
+                "training (--train-samples instead of --train-iters)", val("lr_warmup_samples"));
+  for (const char* k : {"lr_warmup_iters", "lr_warmup_samples"})
+    DS_USER_CHECK(!(nonzero(k) && s.has("lr_warmup_fraction")),
+                  "config: give only one of training.{} ({}) and training.lr_warmup_fraction ({})", k, val(k),
+                  val("lr_warmup_fraction"));
+}
+
 void read_training_schedule(JsonSection& s, TrainConfig& cfg, bool has_ds_scheduler) {
   OptimizerConfig& o = cfg.optim;
-  for (const char* k : {"lr_decay_style", "lr_warmup_iters", "lr_warmup_fraction", "lr_decay_iters", "min_lr",
-                        "lr_warmup_init"}) {
+  ScheduleLengths& L = cfg.lengths;
+  check_length_kinds(s);
+  for (const char* k : kMegatronScheduleKeys) {
     DS_USER_CHECK(!(has_ds_scheduler && s.has(k)),
                   "config: 'training.{}' conflicts with the DeepSpeed 'scheduler' section ({}); use one of them",
                   k, o.scheduler_type);
   }
   if (has_ds_scheduler) {
-    for (const char* k : {"lr_decay_style", "lr_warmup_iters", "lr_warmup_fraction", "lr_decay_iters", "min_lr",
-                          "lr_warmup_init"})
-      s.mark(k);
+    for (const char* k : kMegatronScheduleKeys) s.mark(k);
     return;
   }
   o.decay = read_choice(s, "lr_decay_style", kDecays, o.decay);
@@ -74,13 +102,17 @@ void read_training_schedule(JsonSection& s, TrainConfig& cfg, bool has_ds_schedu
   o.min_lr = s.get<float>("min_lr", o.min_lr);
   o.warmup_min_lr = s.get<float>("lr_warmup_init", o.warmup_min_lr);
   o.warmup_type = WarmupKind::Linear;
-  DS_USER_CHECK(!(s.has("lr_warmup_iters") && s.has("lr_warmup_fraction")),
-                "config: give only one of training.lr_warmup_iters ({}) and training.lr_warmup_fraction ({})",
-                s.raw().value("lr_warmup_iters", json()).dump(), s.raw().value("lr_warmup_fraction", json()).dump());
   o.warmup_iters = s.get<int64_t>("lr_warmup_iters", o.warmup_iters);
+  L.lr_warmup_samples = s.get<int64_t>("lr_warmup_samples", L.lr_warmup_samples);
+  L.lr_decay_samples = s.get<int64_t>("lr_decay_samples", L.lr_decay_samples);
+  L.lr_warmup_tokens = s.get<int64_t>("lr_warmup_tokens", L.lr_warmup_tokens);
+  L.lr_decay_tokens = s.get<int64_t>("lr_decay_tokens", L.lr_decay_tokens);
   const double frac = s.get<double>("lr_warmup_fraction", 0.0);
   DS_USER_CHECK(frac >= 0.0 && frac <= 1.0, "config: training.lr_warmup_fraction must be in [0, 1], got {}", frac);
-  if (frac > 0) {  // Megatron: warmup = fraction of the decay length (rounded down here)
+  if (frac > 0 && L.sample_based()) {  // Megatron: warmup = fraction of the decay length (rounded down here)
+    const int64_t decay = L.lr_decay_samples > 0 ? L.lr_decay_samples : L.train_samples;
+    L.lr_warmup_samples = static_cast<int64_t>(frac * static_cast<double>(decay));
+  } else if (frac > 0) {
     const int64_t decay = o.decay_iters > 0 ? o.decay_iters : cfg.train_iters;
     o.warmup_iters = static_cast<int64_t>(frac * static_cast<double>(decay));
   }
@@ -90,6 +122,12 @@ void read_training_schedule(JsonSection& s, TrainConfig& cfg, bool has_ds_schedu
 
 void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_scheduler, bool has_steps_per_print) {
   cfg.train_iters = s.get<int64_t>("train_iters", cfg.train_iters);
+  cfg.lengths.train_samples = s.get<int64_t>("train_samples", cfg.lengths.train_samples);
+  cfg.lengths.train_tokens = s.get<int64_t>("train_tokens", cfg.lengths.train_tokens);
+  cfg.override_lr_scheduler = s.get<bool>("override_opt_param_scheduler", cfg.override_lr_scheduler);
+  cfg.use_checkpoint_lr_scheduler =
+      s.get<bool>("use_checkpoint_opt_param_scheduler", cfg.use_checkpoint_lr_scheduler);
+  cfg.exit_signal_handler = s.get<bool>("exit_signal_handler", cfg.exit_signal_handler);
   cfg.exit_interval = s.get<int64_t>("exit_interval", cfg.exit_interval);
   cfg.max_nan_iterations = s.get<int64_t>("max_nan_iterations", cfg.max_nan_iterations);
   cfg.exit_duration_in_mins = s.get<double>("exit_duration_in_mins", cfg.exit_duration_in_mins);

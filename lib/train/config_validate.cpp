@@ -2,10 +2,47 @@
 // Every error is one line naming the fields (config key and flag) and values.
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include "lib/train/config_internal.h"
 
 namespace ds {
+
+namespace {
+
+// train_iters from --train-samples, and the Megatron schedule's lengths in
+// Megatron's own units: samples (iterations x global batch when training is
+// iteration-based) and tokens.
+void resolve_schedule_lengths(TrainConfig& cfg) {
+  const ScheduleLengths& L = cfg.lengths;
+  OptimizerConfig& o = cfg.optim;
+  const int64_t gbs = cfg.batch.train_batch_size;
+  DS_USER_CHECK(L.train_samples >= 0 && L.train_tokens >= 0 && L.lr_warmup_samples >= 0 && L.lr_decay_samples >= 0,
+                "training.train_samples {}, train_tokens {}, lr_warmup_samples {} and lr_decay_samples {} must be >= 0",
+                L.train_samples, L.train_tokens, L.lr_warmup_samples, L.lr_decay_samples);
+  DS_USER_CHECK(L.lr_warmup_tokens >= -1 && L.lr_decay_tokens >= -1,
+                "training.lr_warmup_tokens {} and lr_decay_tokens {} (--lr-warmup-tokens / --lr-decay-tokens) must "
+                "be >= 0", L.lr_warmup_tokens, L.lr_decay_tokens);
+  if (L.sample_based()) cfg.train_iters = L.train_samples / gbs;  // Megatron drops a partial last batch
+  if (o.decay_iters == 0 && o.scheduler_type != "WarmupLR") o.decay_iters = cfg.train_iters;
+  if (!o.scheduler_type.empty()) return;
+  const int64_t lim = gbs > 0 ? std::numeric_limits<int64_t>::max() / gbs : 0;
+  const auto overflow = [&](int64_t iters) { return gbs > 0 && (iters > lim || iters < -lim); };
+  DS_USER_CHECK(!overflow(o.decay_iters) && !overflow(o.warmup_iters),
+                "lr_decay_iters {} / lr_warmup_iters {} times the global batch {} overflows", o.decay_iters,
+                o.warmup_iters, gbs);
+  if (L.sample_based()) {
+    o.decay_samples = L.lr_decay_samples > 0 ? L.lr_decay_samples : L.train_samples;
+    o.warmup_samples = L.lr_warmup_samples;
+  } else {
+    o.decay_samples = o.decay_iters * gbs;
+    o.warmup_samples = o.warmup_iters * gbs;
+  }
+  o.warmup_tokens = L.lr_warmup_tokens;
+  o.decay_tokens = L.lr_decay_tokens;
+}
+
+}  // namespace
 
 void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
   ParallelConfig& p = cfg.parallel;
@@ -31,7 +68,7 @@ void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
     m.padded_vocab_size = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, p.tp);
 
   OptimizerConfig& o = cfg.optim;
-  if (o.decay_iters == 0 && o.scheduler_type != "WarmupLR") o.decay_iters = cfg.train_iters;
+  resolve_schedule_lengths(cfg);
   if (o.scheduler_type == "WarmupCosineLR") {
     o.min_lr = o.cos_min_ratio * o.lr;
     o.warmup_min_lr = o.warmup_min_ratio * o.lr;
@@ -133,6 +170,10 @@ void validate_optimizer(const OptimizerConfig& o) {
     DS_USER_CHECK(o.warmup_iters < o.decay_iters,
                   "lr warmup iterations {} must be fewer than lr decay iterations {} (--lr-warmup-iters / "
                   "--lr-decay-iters, default: train iters)", o.warmup_iters, o.decay_iters);
+  if (o.scheduler_type.empty() && o.decay != LrDecay::Constant && o.warmup_samples > 0 && o.decay_samples > 0)
+    DS_USER_CHECK(o.warmup_samples < o.decay_samples,
+                  "lr warmup samples {} must be fewer than lr decay samples {} (--lr-warmup-samples / "
+                  "--lr-decay-samples, default: train samples)", o.warmup_samples, o.decay_samples);
 }
 
 // "949,50,1" or "90/5/5": one to three non-negative weights, not all zero.
@@ -185,6 +226,9 @@ void validate_training(const TrainConfig& cfg) {
   DS_USER_CHECK(cfg.max_nan_iterations >= 1,
                 "training.max_nan_iterations (--max-nan-iterations) must be >= 1, got {}", cfg.max_nan_iterations);
   DS_USER_CHECK(cfg.train_iters >= 0, "training.train_iters (--train-iters) must be >= 0, got {}", cfg.train_iters);
+  DS_USER_CHECK(!(cfg.override_lr_scheduler && cfg.use_checkpoint_lr_scheduler),
+                "training.override_opt_param_scheduler and use_checkpoint_opt_param_scheduler "
+                "(--override-opt_param-scheduler / --use-checkpoint-opt_param-scheduler): give at most one");
   DS_USER_CHECK(cfg.attention_backend == "flash" || cfg.attention_backend == "plain" ||
                     cfg.attention_backend == "cudnn",
                 "training.attention_backend (--attention-backend) '{}' must be flash, plain or cudnn",

@@ -11,6 +11,8 @@
 #include "lib/model/tp_shard.h"
 #include "lib/ops/ops.h"
 #include "lib/optim/lr_schedule.h"
+#include "lib/train/exit_signal.h"
+#include "lib/train/schedule_resume.h"
 #include "lib/parallel/pipeline_schedule.h"
 #ifdef DS_WITH_CUDA
 #include "cuda/cuda_api.h"
@@ -224,6 +226,9 @@ void Trainer::load_or_init() {
       model_->store().params_updated();
       if (scaler_) scaler_->restore(state_.loss_scale, state_.good_steps, static_cast<int>(state_.hysteresis_left));
       opt_->adam().set_step_count(d.opt_step);
+      fill_legacy_lr_clock(cfg_, state_);
+      const std::string lr_note = reconcile_lr_schedule(cfg_, state_);
+      if (!lr_note.empty()) DS_LOG("{}", lr_note);
       DS_LOG("loaded checkpoint from {} at iteration {}", cfg_.ckpt.load_dir, state_.iteration);
       return;
     }
@@ -261,7 +266,7 @@ float Trainer::train_step() {
   const float loss = static_cast<float>(from_last_stage(dp_mean(loss_sum / b.grad_accum_steps)));
   // The schedule counts applied steps only (DeepSpeed and Megatron do not
   // advance the learning rate on a skipped step).
-  const int64_t applied = state_.iteration - state_.skipped_steps;
+  const int64_t tokens_before = state_.consumed_samples * cfg_.model.seq_length;
   const bool overflow = skip_for_overflow();  // fp16: the loss scaler's rule
   const bool nonfinite = note_nan_iteration(loss, norm);
   if (overflow || nonfinite) {
@@ -273,12 +278,13 @@ float Trainer::train_step() {
   }
   float coef = clip_coefficient(norm, cfg_.optim.grad_clip);
   AdamWHyper h;
-  h.lr = lr_at(cfg_.optim, applied, cfg_.train_iters);
+  h.lr = lr_at(cfg_.optim, state_.lr_clock);
   h.beta1 = cfg_.optim.beta1;
   h.beta2 = cfg_.optim.beta2;
   h.eps = cfg_.optim.eps;
   h.weight_decay = cfg_.optim.weight_decay;
   opt_->step(h, static_cast<float>(coef / scale));
+  advance_lr_clock(cfg_.optim, state_.lr_clock, b.train_batch_size, tokens_before);
   state_.iteration += 1;
   state_.consumed_samples += b.train_batch_size;
   last_grad_norm_ = norm;
@@ -368,6 +374,7 @@ double Trainer::dp_mean(double local) {
 
 void Trainer::save() {
   if (cfg_.ckpt.save_dir.empty()) return;
+  if (cfg_.optim.scheduler_type.empty()) state_.lr_schedule = lr_schedule_values(cfg_.optim);
   // Stage 0 keeps identical optimizer state on every rank: rank 0 writes one shard.
   const bool sharded = cfg_.zero.stage >= 1;
   // ZeRO-3: the parameters are gathered unit by unit; only rank 0 keeps (and writes) them.
@@ -410,18 +417,40 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
   csv_.train(s);
 }
 
+bool Trainer::tokens_left() const {
+  const int64_t goal = cfg_.lengths.train_tokens;
+  return goal <= 0 || state_.consumed_samples * cfg_.model.seq_length < goal;
+}
+
+bool Trainer::signalled() {
+  if (!cfg_.exit_signal_handler) return false;
+  double got = exit_signal_received() ? 1.0 : 0.0;
+  // Every rank must take the same decision: SIGTERM may reach them at different iterations.
+  if (comms_.world->size() > 1) got = comms_.world->all_reduce_scalar(got, dev_, ReduceOp::Max);
+  return got > 0;
+}
+
 std::vector<float> Trainer::run() {
   std::vector<float> losses;
   double window_ms = 0;
   int64_t window_n = 0;
-  while (state_.iteration < cfg_.train_iters) {
+  // 0 iterations is only meaningful as an export of the initial or loaded weights.
+  DS_USER_CHECK(cfg_.train_iters > 0 || !cfg_.ckpt.export_hf.empty(),
+                "training would run 0 iterations: give --train-iters (training.train_iters) or --train-samples "
+                "(training.train_samples {}, at least one global batch of {}); with --export-hf, 0 iterations "
+                "exports the initial or loaded weights", cfg_.lengths.train_samples, cfg_.batch.train_batch_size);
+  if (cfg_.exit_signal_handler) install_exit_signal_handler();
+  if (state_.iteration >= cfg_.train_iters || !tokens_left())
+    DS_LOG("nothing left to train: iteration {} of {}, {} of {} tokens consumed", state_.iteration, cfg_.train_iters,
+           state_.consumed_samples * cfg_.model.seq_length, cfg_.lengths.train_tokens);
+  while (state_.iteration < cfg_.train_iters && tokens_left()) {
     auto t0 = std::chrono::steady_clock::now();
     float loss = train_step();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     losses.push_back(loss);
     window_ms += ms;
     ++window_n;
-    if (state_.iteration % cfg_.log.log_interval == 0 || state_.iteration == cfg_.train_iters) {
+    if (state_.iteration % cfg_.log.log_interval == 0 || state_.iteration == cfg_.train_iters || !tokens_left()) {
       log_iteration(loss, last_grad_norm_, window_ms / window_n);
       window_ms = 0;
       window_n = 0;
@@ -439,6 +468,11 @@ std::vector<float> Trainer::run() {
       if (cfg_.ckpt.save_interval <= 0 || state_.iteration % cfg_.ckpt.save_interval != 0) save();
       DS_LOG("exiting at iteration {}: training ran longer than --exit-duration-in-mins {}", state_.iteration,
              cfg_.exit_duration_in_mins);
+      return losses;
+    }
+    if (signalled()) {
+      if (cfg_.ckpt.save_interval <= 0 || state_.iteration % cfg_.ckpt.save_interval != 0) save();
+      DS_LOG("exiting at iteration {}: SIGTERM received (--exit-signal-handler)", state_.iteration);
       return losses;
     }
     if (cfg_.exit_interval > 0 && state_.iteration % cfg_.exit_interval == 0 && state_.iteration < cfg_.train_iters) {

@@ -54,6 +54,10 @@ class Trainer {
   bool state_nonfinite(const Tensor& full_params);
   // --exit-duration-in-mins: has training run longer, on any rank? Collective.
   bool out_of_time();
+  // --train-tokens: are tokens left to train (always, without the flag)?
+  bool tokens_left() const;
+  // --exit-signal-handler: has SIGTERM reached any rank? Collective.
+  bool signalled();
   // This rank's model for the gathers and checkpoints of lib/ckpt/model_state.h.
   RankModel rank_model();
   // The full fp32 parameters (tp = 1, pp = 1 layout); collective (ZeRO-3, tp,

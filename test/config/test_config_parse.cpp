@@ -395,7 +395,7 @@ TEST_CASE("Megatron-DeepSpeed script flags: mappings, exact no-ops and refusals"
   CHECK(b.parallel.recompute_num_layers == 1);  // Megatron's default N for block
   // Exact no-ops: they parse and change nothing.
   const std::vector<std::string> no_ops = {"--data-impl", "mmap", "--no-async-tensor-model-parallel-allreduce",
-                                           "--num-workers", "2", "--override-opt_param-scheduler",
+                                           "--num-workers", "2",
                                            "--no-query-key-layer-scaling", "--use-flash-attn-v2",
                                            "--optimizer", "adam", "--ds-sequence-parallel-size", "1",
                                            "--rotary-percent", "1.0", "--attention-dropout", "0",
@@ -411,7 +411,7 @@ TEST_CASE("Megatron-DeepSpeed script flags: mappings, exact no-ops and refusals"
   err({"--rotary-percent", "0.5"}, "--rotary-percent 0.5");
   err({"--attention-dropout", "0.1"}, "--attention-dropout 0.1");
   err({"--hidden-dropout", "0.1"}, "dropout is not implemented");
-  err({"--use-checkpoint-opt_param-scheduler"}, "--use-checkpoint-opt_param-scheduler");
+  err({"--use-checkpoint-opt_param-scheduler", "--override-opt_param-scheduler"}, "give at most one");
   err({"--no-pipeline-parallel", "--pipeline-model-parallel-size", "2"}, "--no-pipeline-parallel");
   err({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"},
       "--recompute-method uniform");
