@@ -26,6 +26,8 @@ struct BatchConfig {
 
 struct DataConfig {
   std::vector<std::string> data_path;  // Megatron form: "prefix" or "w1 prefix1 w2 prefix2 ..."
+  // Megatron's separate datasets per split (same forms), instead of data_path + split.
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   std::string split = "949,50,1", vocab_file, merge_file;
 };
 

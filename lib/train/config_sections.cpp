@@ -42,10 +42,16 @@ void read_model_section(JsonSection s, ModelConfig& m) {
 }
 
 void read_data_section(JsonSection s, DataConfig& d) {
-  if (s.has("data_path") && s.raw().at("data_path").is_string())
-    d.data_path = {s.get<std::string>("data_path", "")};
-  else
-    d.data_path = s.get<std::vector<std::string>>("data_path", d.data_path);
+  auto paths = [&](const char* key, std::vector<std::string>& out) {
+    if (s.has(key) && s.raw().at(key).is_string())
+      out = {s.get<std::string>(key, "")};
+    else
+      out = s.get<std::vector<std::string>>(key, out);
+  };
+  paths("data_path", d.data_path);
+  paths("train_data_path", d.train_data_path);
+  paths("valid_data_path", d.valid_data_path);
+  paths("test_data_path", d.test_data_path);
   d.split = s.get<std::string>("split", d.split);
   d.vocab_file = s.get<std::string>("vocab_file", d.vocab_file);
   d.merge_file = s.get<std::string>("merge_file", d.merge_file);

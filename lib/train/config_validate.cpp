@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "lib/data/blended_dataset.h"
 #include "lib/train/config_internal.h"
 
 namespace ds {
@@ -201,21 +202,16 @@ void validate_data(const DataConfig& d) {
   DS_USER_CHECK(d.vocab_file.empty() == d.merge_file.empty(),
                 "data.vocab_file '{}' and data.merge_file '{}' (--vocab-file / --merge-file) go together",
                 d.vocab_file, d.merge_file);
-  if (d.data_path.size() > 1) {  // "W1 P1 W2 P2 ...": weights must be numbers
-    char* end = nullptr;
-    std::strtod(d.data_path[0].c_str(), &end);
-    const bool weighted = end && *end == '\0' && end != d.data_path[0].c_str();
-    if (weighted) {
-      DS_USER_CHECK(d.data_path.size() % 2 == 0,
-                    "data.data_path (--data-path) with weights needs pairs 'WEIGHT PREFIX ...', got {} items",
-                    d.data_path.size());
-      for (size_t i = 0; i < d.data_path.size(); i += 2) {
-        const double wgt = std::strtod(d.data_path[i].c_str(), &end);
-        DS_USER_CHECK(*end == '\0' && wgt >= 0, "data.data_path (--data-path): '{}' is not a weight (item {})",
-                      d.data_path[i], i);
-      }
-    }
-  }
+  if (!d.data_path.empty()) data::parse_blend(d.data_path, "data.data_path (--data-path)");
+  const bool separate = !d.train_data_path.empty() || !d.valid_data_path.empty() || !d.test_data_path.empty();
+  DS_USER_CHECK(!(separate && !d.data_path.empty()),
+                "data.data_path (--data-path) and the separate train/valid/test data paths (--train-data-path ...) "
+                "exclude each other: give one form");
+  DS_USER_CHECK(!separate || !d.train_data_path.empty(),
+                "--valid-data-path / --test-data-path need --train-data-path (data.train_data_path)");
+  if (!d.train_data_path.empty()) data::parse_blend(d.train_data_path, "data.train_data_path (--train-data-path)");
+  if (!d.valid_data_path.empty()) data::parse_blend(d.valid_data_path, "data.valid_data_path (--valid-data-path)");
+  if (!d.test_data_path.empty()) data::parse_blend(d.test_data_path, "data.test_data_path (--test-data-path)");
 }
 
 void validate_training(const TrainConfig& cfg) {

@@ -1,12 +1,15 @@
-// The trainer's view of the data: opens the indexed dataset, splits it into
-// train/valid ranges (--split), and hands out micro-batches by global sample
-// index with Megatron's data-parallel sampler semantics: a micro-step consumes
-// micro_batch * dp consecutive samples and DP rank r takes the r-th block.
+// The trainer's view of the data: opens the indexed datasets, splits each into
+// train/valid ranges (--split) or takes separate train/valid/test datasets
+// (--train-data-path ...), blends several with Megatron's weights, and hands
+// out micro-batches by global sample index with Megatron's data-parallel
+// sampler semantics: a micro-step consumes micro_batch * dp consecutive
+// samples and DP rank r takes the r-th block.
 #pragma once
 #include <cstdint>
 #include <memory>
 
 #include "lib/core/tensor.h"
+#include "lib/data/blended_dataset.h"
 #include "lib/data/gpt_dataset.h"
 #include "lib/data/indexed_dataset.h"
 #include "lib/runtime/micro_batch.h"
@@ -26,17 +29,24 @@ class DataPipeline {
   MicroBatch train_batch(int64_t consumed, int micro, int dp_rank, int dp);
   // Validation batches are taken from the start of the valid split each time.
   MicroBatch valid_batch(int64_t first_sample, int dp_rank, int dp);
-  bool has_valid() const { return valid_ && valid_->samples_per_epoch() > 0; }
-  int64_t train_samples_per_epoch() const { return train_->samples_per_epoch(); }
+  bool has_valid() const { return valid_ != nullptr; }
+  // Samples per epoch summed over the blended training datasets.
+  int64_t train_samples_per_epoch() const;
   int64_t max_token() const { return max_token_; }
 
  private:
-  MicroBatch fetch(const data::GptDataset& ds, int64_t first);
+  // Opens `prefix` once (train and valid may share a file); checks its tokens.
+  const data::IndexedDataset& open(const std::string& prefix, int64_t vocab_size);
+  // A GptDataset over `range` of `file`, kept alive by this object.
+  const data::GptDataset* part(const data::IndexedDataset& file, data::DocRange range, const std::string& name);
+  MicroBatch fetch(const data::BlendedDataset& ds, int64_t first);
 
   int64_t B_, T_;
+  uint64_t seed_;
   Device dev_;
-  std::unique_ptr<data::IndexedDataset> ds_;
-  std::unique_ptr<data::GptDataset> train_, valid_;
+  std::vector<std::pair<std::string, std::unique_ptr<data::IndexedDataset>>> files_;
+  std::vector<std::unique_ptr<data::GptDataset>> parts_;
+  std::unique_ptr<data::BlendedDataset> train_, valid_;
   int64_t max_token_ = -1;
   Tensor host_;  // (B, T+1) staging
 };
