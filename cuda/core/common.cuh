@@ -1,6 +1,7 @@
 // Shared device helpers for the CUDA kernels: element types and conversions,
 // a runtime-typed pointer for small parameter vectors, dtype dispatch, warp and
-// block reductions (fixed trees, so results are deterministic), host checks.
+// block reductions (fixed trees, so results are deterministic), the host
+// checks that are the CUDA backend's own.
 //
 // Dtype contract of every CUDA op (mixed precision; the CPU ops follow it too):
 //  - Activations and model weights have the compute dtype (bf16, f16, or f32
@@ -80,30 +81,11 @@ inline std::string desc(const Tensor& t) {
          (t.device().is_cuda() ? "" : " (not on a CUDA device)");
 }
 
-// Host-side check that `t` is a defined CUDA float tensor with `numel` elements.
-inline void expect_float(const Tensor& t, int64_t numel, const char* op, const char* name) {
-  DS_CUDA_REQUIRE(t.defined() && t.device().is_cuda() && is_float_dtype(t.dtype()) &&
-                      t.numel() == numel,
-                  std::string(op) + ": " + name + " must be a CUDA float tensor of " +
-                      std::to_string(numel) + " elements, got " + desc(t));
-}
-inline void expect_dtype(const Tensor& t, DType dt, int64_t numel, const char* op,
-                         const char* name) {
-  DS_CUDA_REQUIRE(t.defined() && t.device().is_cuda() && t.dtype() == dt && t.numel() == numel,
-                  std::string(op) + ": " + name + " must be a CUDA " + dtype_name(dt) +
-                      " tensor of " + std::to_string(numel) + " elements, got " + desc(t));
-}
+// The op API validated shapes, dtype classes and devices before the call got
+// here (lib/ops/op_validate.cpp). What the CUDA backend checks itself is its
+// own: kernels are instantiated on one compute dtype per call, so activations
+// must share it, and weight/bias gradients are f32 or that dtype.
 
-// Host-side check of a weight/bias gradient: a CUDA tensor of `numel`
-// elements, f32 or the compute dtype `compute`.
-inline void expect_grad(const Tensor& t, DType compute, int64_t numel, const char* op,
-                        const char* name) {
-  DS_CUDA_REQUIRE(t.defined() && t.device().is_cuda() && t.numel() == numel &&
-                      (t.dtype() == DType::F32 || t.dtype() == compute),
-                  std::string(op) + ": " + name + " must be a CUDA f32 (or " +
-                      dtype_name(compute) + ") tensor of " + std::to_string(numel) +
-                      " elements, got " + desc(t));
-}
 // Host-side check that `t` has the compute dtype of the call.
 inline void expect_compute(const Tensor& t, DType compute, const char* op, const char* name,
                            const char* ref_name) {
@@ -111,28 +93,26 @@ inline void expect_compute(const Tensor& t, DType compute, const char* op, const
                                             ") must have the dtype of " + ref_name + " (" +
                                             dtype_name(compute) + ")");
 }
+// Host-side check of a weight/bias gradient (or a per-channel vector read
+// through AnyPtr): f32 or the compute dtype `compute`.
+inline void expect_grad(const Tensor& t, DType compute, const char* op, const char* name) {
+  DS_CUDA_REQUIRE(t.dtype() == DType::F32 || t.dtype() == compute,
+                  std::string(op) + ": " + name + " must be f32 (or " + dtype_name(compute) +
+                      "), got " + desc(t));
+}
 
-// Checks shared by the norm backwards: inp (N, C) a CUDA float tensor, dout
-// and (if defined) dinp the same shape and dtype, weight (C), dweight (if
-// defined) f32 or the compute dtype. Returns {N, C}.
+// Dtype rules shared by the norm backwards: dout and (if defined) dinp have
+// the dtype of inp, dweight (if defined) f32 or that dtype. Returns {N, C}.
 struct NormRows {
   int64_t N, C;
 };
 inline NormRows check_norm_backward(const Tensor& inp, const Tensor& dout, const Tensor& dinp,
-                                    const Tensor& weight, const Tensor& dweight, const char* op) {
-  DS_CUDA_REQUIRE(inp.defined() && inp.dim() >= 1,
-                  std::string(op) + ": inp must have a channel dim, got " + desc(inp));
+                                    const Tensor& dweight, const char* op) {
   const int64_t C = inp.size(-1), N = C ? inp.numel() / C : 0;
-  expect_float(inp, N * C, op, "inp");
-  expect_float(dout, N * C, op, "dout");
-  DS_CUDA_REQUIRE(dout.dtype() == inp.dtype(), std::string(op) + ": dout/inp dtype differ");
-  expect_float(weight, C, op, "weight");
-  if (dinp.defined()) {
-    expect_float(dinp, N * C, op, "dinp");
-    DS_CUDA_REQUIRE(dinp.dtype() == inp.dtype(), std::string(op) + ": dinp/inp dtype differ");
-  }
+  expect_compute(dout, inp.dtype(), op, "dout", "inp");
+  if (dinp.defined()) expect_compute(dinp, inp.dtype(), op, "dinp", "inp");
   // Mixed precision: bf16/f16 activations with an f32 weight gradient (AnyPtr).
-  if (dweight.defined()) expect_grad(dweight, inp.dtype(), C, op, "dweight");
+  if (dweight.defined()) expect_grad(dweight, inp.dtype(), op, "dweight");
   return {N, C};
 }
 

@@ -19,9 +19,6 @@ __global__ void add_kernel(T* out /* (n) */, const T* a /* (n) */, const T* b /*
 void add(const AddArgs& a, const Stream& s) {
   const char* op = "add";
   int64_t n = a.out.numel();
-  expect_float(a.out, n, op, "out");
-  expect_float(a.a, n, op, "a");
-  expect_float(a.b, n, op, "b");
   DS_CUDA_REQUIRE(a.a.dtype() == a.out.dtype() && a.b.dtype() == a.out.dtype(),
                   std::string(op) + ": dtypes differ: " + desc(a.out) + ", " + desc(a.a) + ", " +
                       desc(a.b));

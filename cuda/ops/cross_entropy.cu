@@ -57,18 +57,8 @@ __global__ void cross_entropy_kernel(XentParams<T> p) {
 
 void cross_entropy(const CrossEntropyArgs& a, const Stream& s) {
   const char* op = "cross_entropy";
-  DS_CUDA_REQUIRE(a.logits.dim() >= 1, std::string(op) + ": logits must be (N, Vp)");
   int64_t Vp = a.logits.size(-1), N = Vp ? a.logits.numel() / Vp : 0;
-  expect_float(a.logits, N * Vp, op, "logits");
-  expect_dtype(a.losses, DType::F32, N, op, "losses");
-  expect_dtype(a.targets, DType::I32, N, op, "targets");
-  DS_CUDA_REQUIRE(a.V > 0 && a.V <= Vp, std::string(op) + ": V=" + std::to_string(a.V) +
-                                            " must be in [1, Vp=" + std::to_string(Vp) + "]");
-  if (a.dlogits.defined()) {
-    expect_float(a.dlogits, N * Vp, op, "dlogits");
-    DS_CUDA_REQUIRE(a.dlogits.dtype() == a.logits.dtype(),
-                    std::string(op) + ": dlogits/logits dtype differ");
-  }
+  if (a.dlogits.defined()) expect_compute(a.dlogits, a.logits.dtype(), op, "dlogits", "logits");
   if (N == 0) return;
   DS_CUDA_REQUIRE(N < (int64_t(1) << 31), std::string(op) + ": too many rows");
   dispatch_float(a.logits.dtype(), op, [&](auto tag) {

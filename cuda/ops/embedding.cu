@@ -105,20 +105,8 @@ __global__ void wpe_backward_kernel(AnyPtr dwpe /* (maxT, C) += */, const T* dou
 
 void embedding_forward(const EmbeddingArgs& a, const Stream& s) {
   const char* op = "embedding_forward";
-  DS_CUDA_REQUIRE(a.tokens.dim() == 2, std::string(op) + ": tokens must be (B, T), got " +
-                                           desc(a.tokens));
   int64_t Bn = a.tokens.size(0), Tn = a.tokens.size(1), N = Bn * Tn;
-  DS_CUDA_REQUIRE(a.wte.dim() == 2, std::string(op) + ": wte must be (Vlocal, C)");
   int64_t V = a.wte.size(0), C = a.wte.size(1);
-  expect_dtype(a.tokens, DType::I32, N, op, "tokens");
-  expect_float(a.wte, V * C, op, "wte");
-  expect_float(a.out, N * C, op, "out");
-  if (a.wpe.defined()) {
-    DS_CUDA_REQUIRE(a.wpe.dim() == 2 && a.wpe.size(1) == C &&
-                        a.wpe.size(0) >= Tn + a.pos_offset,
-                    std::string(op) + ": wpe " + desc(a.wpe) + " too short for T + pos_offset");
-    expect_float(a.wpe, a.wpe.numel(), op, "wpe");
-  }
   if (N * C == 0) return;
   dispatch_float(a.out.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -131,22 +119,12 @@ void embedding_forward(const EmbeddingArgs& a, const Stream& s) {
 
 void embedding_backward(const EmbeddingBwdArgs& a, const Stream& s) {
   const char* op = "embedding_backward";
-  DS_CUDA_REQUIRE(a.tokens.dim() == 2, std::string(op) + ": tokens must be (B, T), got " +
-                                           desc(a.tokens));
   int64_t Bn = a.tokens.size(0), Tn = a.tokens.size(1), N = Bn * Tn;
-  DS_CUDA_REQUIRE(a.dwte.dim() == 2, std::string(op) + ": dwte must be (Vlocal, C)");
   int64_t V = a.dwte.size(0), C = a.dwte.size(1);
-  expect_dtype(a.tokens, DType::I32, N, op, "tokens");
-  expect_float(a.dout, N * C, op, "dout");
   // Mixed precision: bf16/f16 dout with f32 dwte/dwpe (AnyPtr).
-  expect_grad(a.dwte, a.dout.dtype(), V * C, op, "dwte");
+  expect_grad(a.dwte, a.dout.dtype(), op, "dwte");
+  if (a.dwpe.defined()) expect_grad(a.dwpe, a.dout.dtype(), op, "dwpe");
   DS_CUDA_REQUIRE(N < (int64_t(1) << 31), std::string(op) + ": too many tokens");
-  if (a.dwpe.defined()) {
-    DS_CUDA_REQUIRE(a.dwpe.dim() == 2 && a.dwpe.size(1) == C &&
-                        a.dwpe.size(0) >= Tn + a.pos_offset,
-                    std::string(op) + ": dwpe " + desc(a.dwpe) + " too short for T + pos_offset");
-    expect_grad(a.dwpe, a.dout.dtype(), a.dwpe.numel(), op, "dwpe");
-  }
   if (N * C == 0) return;
   dispatch_float(a.dout.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -102,14 +102,8 @@ template <class T> struct LnParamGrad {
 
 void layernorm_forward(const LayerNormArgs& a, const Stream& s) {
   const char* op = "layernorm_forward";
-  DS_CUDA_REQUIRE(a.inp.dim() >= 1, std::string(op) + ": inp must have a channel dim");
   int64_t C = a.inp.size(-1), N = C ? a.inp.numel() / C : 0;
-  expect_float(a.out, N * C, op, "out");
-  DS_CUDA_REQUIRE(a.out.dtype() == a.inp.dtype(), std::string(op) + ": out/inp dtype differ");
-  expect_float(a.weight, C, op, "weight");
-  if (a.bias.defined()) expect_float(a.bias, C, op, "bias");
-  if (a.mean.defined()) expect_dtype(a.mean, DType::F32, N, op, "mean");
-  if (a.rstd.defined()) expect_dtype(a.rstd, DType::F32, N, op, "rstd");
+  expect_compute(a.out, a.inp.dtype(), op, "out", "inp");
   if (N == 0) return;
   dispatch_float(a.inp.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -123,11 +117,9 @@ void layernorm_forward(const LayerNormArgs& a, const Stream& s) {
 
 void layernorm_backward(const LayerNormBwdArgs& a, const Stream& s) {
   const char* op = "layernorm_backward";
-  const NormRows r = check_norm_backward(a.inp, a.dout, a.dinp, a.weight, a.dweight, op);
+  const NormRows r = check_norm_backward(a.inp, a.dout, a.dinp, a.dweight, op);
   const int64_t N = r.N, C = r.C;
-  expect_dtype(a.mean, DType::F32, N, op, "mean");
-  expect_dtype(a.rstd, DType::F32, N, op, "rstd");
-  if (a.dbias.defined()) expect_grad(a.dbias, a.inp.dtype(), C, op, "dbias");
+  if (a.dbias.defined()) expect_grad(a.dbias, a.inp.dtype(), op, "dbias");
   if (N == 0) return;
   dispatch_float(a.inp.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -55,16 +55,9 @@ __global__ void rope_kernel(RopeParams<T> p) {
 }
 
 void rope_launch(const RopeArgs& a, const Stream& s, RopeDir dir, const char* op) {
-  DS_CUDA_REQUIRE(a.NH > 0 && a.inp.dim() == 3 && a.inp.size(2) % (3 * a.NH) == 0,
-                  std::string(op) + ": inp must be (B, T, 3*NH*HS) with NH=" +
-                      std::to_string(a.NH) + ", got " + desc(a.inp));
   int64_t Bn = a.inp.size(0), Tn = a.inp.size(1);
   int HS = int(a.inp.size(2) / (3 * a.NH));
-  DS_CUDA_REQUIRE(HS % 2 == 0, std::string(op) + ": head size must be even, got " +
-                                   std::to_string(HS));
-  expect_float(a.inp, a.inp.numel(), op, "inp");
-  expect_float(a.out, a.inp.numel(), op, "out");
-  DS_CUDA_REQUIRE(a.out.dtype() == a.inp.dtype(), std::string(op) + ": out/inp dtype differ");
+  expect_compute(a.out, a.inp.dtype(), op, "out", "inp");
   int64_t rows = Bn * Tn;
   if (rows == 0) return;
   dispatch_float(a.inp.dtype(), op, [&](auto tag) {

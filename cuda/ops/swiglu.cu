@@ -39,10 +39,7 @@ __global__ void swiglu_backward_kernel(T* dinp /* (N, 2F) */, const T* dout /* (
 void swiglu_forward(const SwigluArgs& a, const Stream& s) {
   const char* op = "swiglu_forward";
   int64_t F2 = a.inp.size(-1), N = F2 ? a.inp.numel() / F2 : 0, F = F2 / 2;
-  DS_CUDA_REQUIRE(F2 % 2 == 0, std::string(op) + ": inp last dim must be even, got " + desc(a.inp));
-  expect_float(a.inp, N * F2, op, "inp");
-  expect_float(a.out, N * F, op, "out");
-  DS_CUDA_REQUIRE(a.out.dtype() == a.inp.dtype(), std::string(op) + ": out/inp dtype differ");
+  expect_compute(a.out, a.inp.dtype(), op, "out", "inp");
   if (N * F == 0) return;
   dispatch_float(a.inp.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -55,12 +52,8 @@ void swiglu_forward(const SwigluArgs& a, const Stream& s) {
 void swiglu_backward(const SwigluBwdArgs& a, const Stream& s) {
   const char* op = "swiglu_backward";
   int64_t F2 = a.inp.size(-1), N = F2 ? a.inp.numel() / F2 : 0, F = F2 / 2;
-  DS_CUDA_REQUIRE(F2 % 2 == 0, std::string(op) + ": inp last dim must be even, got " + desc(a.inp));
-  expect_float(a.inp, N * F2, op, "inp");
-  expect_float(a.dinp, N * F2, op, "dinp");
-  expect_float(a.dout, N * F, op, "dout");
-  DS_CUDA_REQUIRE(a.dinp.dtype() == a.inp.dtype() && a.dout.dtype() == a.inp.dtype(),
-                  std::string(op) + ": dinp/dout/inp dtypes differ");
+  expect_compute(a.dinp, a.inp.dtype(), op, "dinp", "inp");
+  expect_compute(a.dout, a.inp.dtype(), op, "dout", "inp");
   if (N * F == 0) return;
   dispatch_float(a.inp.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -26,14 +26,8 @@ struct AttnDims {
   float scale;              // 1 / sqrt(HS)
 };
 
-AttnDims check_attention(const char* op, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                         int NH) {
-  check_f32(qkv, op, "qkv");
-  check_f32(out, op, "out");
-  check_f32(lse, op, "lse");
-  DS_CHECK(qkv.dim() == 3, "{}: qkv must be (B, T, 3*NH*HS), got {}", op, shape_str(qkv.shape()));
-  DS_CHECK(NH > 0 && qkv.size(2) % (3 * NH) == 0, "{}: qkv last dim {} of {} is not 3*NH*HS, NH={}",
-           op, qkv.size(2), shape_str(qkv.shape()), NH);
+// Dimensions of a validated call (lib/ops/op_validate.cpp).
+AttnDims attn_dims(const Tensor& qkv, int NH) {
   AttnDims d;
   d.B = qkv.size(0);
   d.T = qkv.size(1);
@@ -42,10 +36,6 @@ AttnDims check_attention(const char* op, const Tensor& qkv, const Tensor& out, c
   d.C = NH * d.HS;
   d.HSp = round_up(d.HS, kVecW);
   d.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.HS)));
-  DS_CHECK(out.shape() == Shape({d.B, d.T, d.C}), "{}: out has shape {}, expected (B, T, C) = {}",
-           op, shape_str(out.shape()), shape_str({d.B, d.T, d.C}));
-  DS_CHECK(lse.shape() == Shape({d.B, d.NH, d.T}), "{}: lse has shape {}, expected (B, NH, T) = {}",
-           op, shape_str(lse.shape()), shape_str({d.B, d.NH, d.T}));
   return d;
 }
 
@@ -153,7 +143,7 @@ void forward_block(const AttentionArgs& a, const AttnDims& d, const PackedKV& kv
 }  // namespace
 
 void attention_forward(const AttentionArgs& a, const Stream&) {
-  const AttnDims d = check_attention("attention_forward", a.qkv, a.out, a.lse, a.NH);
+  const AttnDims d = attn_dims(a.qkv, a.NH);
   const PackedKV kv = pack_kv(a.qkv, d);
   const int64_t nq = (d.T + kBq - 1) / kBq, ntasks = d.B * d.NH * nq;
   // Later query blocks cost more (causal): hand them out first.
@@ -270,12 +260,7 @@ void backward_head(const AttentionBwdArgs& a, const AttnDims& d, int64_t b, int6
 }  // namespace
 
 void attention_backward(const AttentionBwdArgs& a, const Stream&) {
-  const char* op = "attention_backward";
-  const AttnDims d = check_attention(op, a.qkv, a.out, a.lse, a.NH);
-  check_f32(a.dout, op, "dout");
-  check_f32(a.dqkv, op, "dqkv");
-  check_same_shape(a.dout, a.out, op, "dout", "out");
-  check_same_shape(a.dqkv, a.qkv, op, "dqkv", "qkv");
+  const AttnDims d = attn_dims(a.qkv, a.NH);
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t bh = 0; bh < d.B * d.NH; ++bh) backward_head(a, d, bh / d.NH, bh % d.NH);
 }

@@ -1,5 +1,4 @@
-// Helpers shared by the CPU op implementations: argument checks with shapes in
-// the messages, fixed-size chunked parallel loops (results independent of the
+// Helpers shared by the CPU op implementations: the CPU-only argument checks, fixed-size chunked parallel loops (results independent of the
 // OpenMP thread count) and per-thread scratch buffers reused across calls.
 #pragma once
 #include <omp.h>
@@ -15,30 +14,13 @@
 
 namespace ds::cpu {
 
-// A defined CPU tensor of dtype `dt`.
-inline void check_tensor(const Tensor& t, DType dt, const char* op, const char* name) {
-  DS_CHECK(t.defined(), "{}: tensor '{}' is undefined", op, name);
-  DS_CHECK(t.device().is_cpu(), "{}: tensor '{}' is on {}, expected cpu", op, name,
-           device_name(t.device()));
-  DS_CHECK(t.dtype() == dt, "{}: tensor '{}' has dtype {}, expected {} on the CPU backend", op,
-           name, dtype_name(t.dtype()), dtype_name(dt));
-}
-inline void check_f32(const Tensor& t, const char* op, const char* name) {
-  check_tensor(t, DType::F32, op, name);
-}
+// The op API validates every call before it reaches this backend
+// (lib/ops/op_validate.cpp: shapes, dtypes, devices); what is left here is
+// what only the CPU backend needs.
 
-// `t` holds exactly `numel` elements (its shape may be any factorisation).
-inline void check_numel(const Tensor& t, int64_t numel, const char* op, const char* name,
-                        const char* expect) {
-  DS_CHECK(t.numel() == numel, "{}: tensor '{}' has shape {} ({} elements), expected {} = {}",
-           op, name, shape_str(t.shape()), t.numel(), expect, numel);
-}
-
-// Two tensors have the same shape.
-inline void check_same_shape(const Tensor& a, const Tensor& b, const char* op, const char* na,
-                             const char* nb) {
-  DS_CHECK(a.shape() == b.shape(), "{}: '{}' has shape {} but '{}' has shape {}", op, na,
-           shape_str(a.shape()), nb, shape_str(b.shape()));
+// A field that the op declares optional but the CPU kernel needs.
+inline void require_defined(const Tensor& t, const char* op, const char* name) {
+  DS_CHECK(t.defined(), "{}: tensor '{}' is undefined (the CPU backend needs it)", op, name);
 }
 
 // Leading rows and trailing width of a (..., C) tensor.

@@ -15,32 +15,16 @@ struct EmbedDims {
   int64_t B, T, C, V, maxT;
 };
 
-EmbedDims check_embedding(const char* op, const Tensor& x, const Tensor& tokens,
-                          const Tensor& wte, const Tensor& wpe, int64_t pos_offset) {
-  check_f32(x, op, "out/dout");
-  check_tensor(tokens, DType::I32, op, "tokens");
-  check_f32(wte, op, "wte");
-  DS_CHECK(tokens.dim() == 2, "{}: tokens must be (B, T), got {}", op, shape_str(tokens.shape()));
-  DS_CHECK(wte.dim() == 2, "{}: wte must be (Vlocal, C), got {}", op, shape_str(wte.shape()));
-  EmbedDims d{tokens.size(0), tokens.size(1), wte.size(1), wte.size(0), 0};
-  DS_CHECK(x.shape() == Shape({d.B, d.T, d.C}), "{}: out/dout has shape {}, expected (B, T, C) = {}",
-           op, shape_str(x.shape()), shape_str({d.B, d.T, d.C}));
-  if (wpe.defined()) {
-    check_f32(wpe, op, "wpe");
-    DS_CHECK(wpe.dim() == 2 && wpe.size(1) == d.C, "{}: wpe has shape {}, expected (maxT, {})", op,
-             shape_str(wpe.shape()), d.C);
-    d.maxT = wpe.size(0);
-    DS_CHECK(pos_offset >= 0 && pos_offset + d.T <= d.maxT,
-             "{}: positions [{}, {}) exceed wpe rows {}", op, pos_offset, pos_offset + d.T, d.maxT);
-  }
-  return d;
+// Dimensions of a validated call (lib/ops/op_validate.cpp).
+EmbedDims embed_dims(const Tensor& tokens, const Tensor& wte, const Tensor& wpe) {
+  return {tokens.size(0), tokens.size(1), wte.size(1), wte.size(0),
+          wpe.defined() ? wpe.size(0) : 0};
 }
 
 }  // namespace
 
 void embedding_forward(const EmbeddingArgs& a, const Stream&) {
-  const EmbedDims d = check_embedding("embedding_forward", a.out, a.tokens, a.wte, a.wpe,
-                                      a.pos_offset);
+  const EmbedDims d = embed_dims(a.tokens, a.wte, a.wpe);
   const int32_t* tokens = a.tokens.data<int32_t>();  // (B, T)
   const float* wte = a.wte.data<float>();            // (V, C)
   const float* wpe = a.wpe.defined() ? a.wpe.data<float>() : nullptr;  // (maxT, C)
@@ -68,8 +52,7 @@ void embedding_forward(const EmbeddingArgs& a, const Stream&) {
 }
 
 void embedding_backward(const EmbeddingBwdArgs& a, const Stream&) {
-  const EmbedDims d = check_embedding("embedding_backward", a.dout, a.tokens, a.dwte, a.dwpe,
-                                      a.pos_offset);
+  const EmbedDims d = embed_dims(a.tokens, a.dwte, a.dwpe);
   const int32_t* tokens = a.tokens.data<int32_t>();  // (B, T)
   const float* dout = a.dout.data<float>();          // (B, T, C)
   float* dwte = a.dwte.data<float>();                // (V, C)

@@ -16,19 +16,8 @@ struct NormDims {
   int64_t N, C;
 };
 
-NormDims check_norm(const char* op, const Tensor& x, const Tensor& weight) {
-  check_f32(x, op, "inp");
-  check_f32(weight, op, "weight");
-  DS_CHECK(x.dim() >= 1, "{}: inp must be (N, C), got {}", op, shape_str(x.shape()));
-  NormDims d{rows_of(x), x.size(-1)};
-  check_numel(weight, d.C, op, "weight", "C");
-  return d;
-}
-
-void check_rows(const char* op, const Tensor& t, const char* name, int64_t N) {
-  check_f32(t, op, name);
-  check_numel(t, N, op, name, "N");
-}
+// (N, C) of inp; the shapes were validated by the op API.
+NormDims norm_dims(const Tensor& x) { return {rows_of(x), x.size(-1)}; }
 
 // dst[c] += sum over chunks k of part[k * C + c], chunks in order.
 void reduce_partials(float* dst, const double* part, int64_t nchunks, int64_t C) {
@@ -44,13 +33,10 @@ void reduce_partials(float* dst, const double* part, int64_t nchunks, int64_t C)
 
 void layernorm_forward(const LayerNormArgs& a, const Stream&) {
   const char* op = "layernorm_forward";
-  const NormDims d = check_norm(op, a.inp, a.weight);
-  check_f32(a.bias, op, "bias");
-  check_numel(a.bias, d.C, op, "bias", "C");
-  check_same_shape(a.out, a.inp, op, "out", "inp");
-  check_f32(a.out, op, "out");
-  check_rows(op, a.mean, "mean", d.N);
-  check_rows(op, a.rstd, "rstd", d.N);
+  require_defined(a.bias, op, "bias");
+  require_defined(a.mean, op, "mean");
+  require_defined(a.rstd, op, "rstd");
+  const NormDims d = norm_dims(a.inp);
   const float* inp = a.inp.data<float>();  // (N, C)
   const float* w = a.weight.data<float>();  // (C)
   const float* bias = a.bias.data<float>();  // (C)
@@ -80,17 +66,10 @@ void layernorm_forward(const LayerNormArgs& a, const Stream&) {
 
 void layernorm_backward(const LayerNormBwdArgs& a, const Stream&) {
   const char* op = "layernorm_backward";
-  const NormDims d = check_norm(op, a.inp, a.weight);
-  check_f32(a.dout, op, "dout");
-  check_f32(a.dinp, op, "dinp");
-  check_same_shape(a.dout, a.inp, op, "dout", "inp");
-  check_same_shape(a.dinp, a.inp, op, "dinp", "inp");
-  check_f32(a.dweight, op, "dweight");
-  check_f32(a.dbias, op, "dbias");
-  check_numel(a.dweight, d.C, op, "dweight", "C");
-  check_numel(a.dbias, d.C, op, "dbias", "C");
-  check_rows(op, a.mean, "mean", d.N);
-  check_rows(op, a.rstd, "rstd", d.N);
+  require_defined(a.dinp, op, "dinp");
+  require_defined(a.dweight, op, "dweight");
+  require_defined(a.dbias, op, "dbias");
+  const NormDims d = norm_dims(a.inp);
   const float* inp = a.inp.data<float>();    // (N, C)
   const float* dout = a.dout.data<float>();  // (N, C)
   const float* w = a.weight.data<float>();   // (C)
@@ -137,10 +116,8 @@ void layernorm_backward(const LayerNormBwdArgs& a, const Stream&) {
 
 void rmsnorm_forward(const RMSNormArgs& a, const Stream&) {
   const char* op = "rmsnorm_forward";
-  const NormDims d = check_norm(op, a.inp, a.weight);
-  check_f32(a.out, op, "out");
-  check_same_shape(a.out, a.inp, op, "out", "inp");
-  check_rows(op, a.rstd, "rstd", d.N);
+  require_defined(a.rstd, op, "rstd");
+  const NormDims d = norm_dims(a.inp);
   const float* inp = a.inp.data<float>();  // (N, C)
   const float* w = a.weight.data<float>();  // (C)
   float* out = a.out.data<float>();  // (N, C)
@@ -162,14 +139,9 @@ void rmsnorm_forward(const RMSNormArgs& a, const Stream&) {
 
 void rmsnorm_backward(const RMSNormBwdArgs& a, const Stream&) {
   const char* op = "rmsnorm_backward";
-  const NormDims d = check_norm(op, a.inp, a.weight);
-  check_f32(a.dout, op, "dout");
-  check_f32(a.dinp, op, "dinp");
-  check_same_shape(a.dout, a.inp, op, "dout", "inp");
-  check_same_shape(a.dinp, a.inp, op, "dinp", "inp");
-  check_f32(a.dweight, op, "dweight");
-  check_numel(a.dweight, d.C, op, "dweight", "C");
-  check_rows(op, a.rstd, "rstd", d.N);
+  require_defined(a.dinp, op, "dinp");
+  require_defined(a.dweight, op, "dweight");
+  const NormDims d = norm_dims(a.inp);
   const float* inp = a.inp.data<float>();    // (N, C)
   const float* dout = a.dout.data<float>();  // (N, C)
   const float* w = a.weight.data<float>();   // (C)

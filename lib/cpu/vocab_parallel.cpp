@@ -18,31 +18,15 @@ struct VocabCEView {
   int64_t N, Vl, real;     // real: local columns below the global V
 };
 
-VocabCEView check_vocab_ce(const VocabParallelCEArgs& a, const char* op) {
-  check_f32(a.logits, op, "logits");
-  check_tensor(a.targets, DType::I32, op, "targets");
-  DS_CHECK(a.logits.dim() >= 1, "{}: logits must be (N, Vl), got {}", op, shape_str(a.logits.shape()));
+// The view of a validated call (lib/ops/op_validate.cpp).
+VocabCEView vocab_ce_view(const VocabParallelCEArgs& a) {
   VocabCEView v{a.logits.data<float>(), a.targets.data<int32_t>(), rows_of(a.logits), a.logits.size(-1), 0};
-  DS_CHECK(a.V > 0 && a.vocab_start >= 0, "{}: V={} vocab_start={} invalid", op, a.V, a.vocab_start);
   v.real = std::clamp<int64_t>(a.V - a.vocab_start, 0, v.Vl);
-  check_numel(a.targets, v.N, op, "targets", "N");
-  check_f32(a.rowmax, op, "rowmax");
-  check_numel(a.rowmax, v.N, op, "rowmax", "N");
-  if (a.phase != VocabCEPhase::Max) {
-    check_f32(a.stats, op, "stats");
-    check_numel(a.stats, 2 * v.N, op, "stats", "2*N");
-  }
   return v;
 }
 
-void vocab_ce_finish(const VocabParallelCEArgs& a, const VocabCEView& v, const char* op) {
-  check_f32(a.losses, op, "losses");
-  check_numel(a.losses, v.N, op, "losses", "N");
+void vocab_ce_finish(const VocabParallelCEArgs& a, const VocabCEView& v) {
   const bool with_grad = a.dlogits.defined();
-  if (with_grad) {
-    check_f32(a.dlogits, op, "dlogits");
-    check_same_shape(a.dlogits, a.logits, op, "dlogits", "logits");
-  }
   const float* mx = a.rowmax.data<float>();  // (N)
   const float* st = a.stats.data<float>();   // (2, N)
   float* losses = a.losses.data<float>();    // (N)
@@ -71,7 +55,7 @@ void vocab_ce_finish(const VocabParallelCEArgs& a, const VocabCEView& v, const c
 
 void vocab_parallel_cross_entropy(const VocabParallelCEArgs& a, const Stream&) {
   const char* op = "vocab_parallel_cross_entropy";
-  const VocabCEView v = check_vocab_ce(a, op);
+  const VocabCEView v = vocab_ce_view(a);
   for (int64_t n = 0; n < v.N; ++n)
     DS_CHECK(v.targets[n] < a.V, "{}: target {} at row {} is >= V={}", op, v.targets[n], n, a.V);
   float* mx = a.rowmax.data<float>();  // (N)
@@ -98,7 +82,7 @@ void vocab_parallel_cross_entropy(const VocabParallelCEArgs& a, const Stream&) {
     }
     return;
   }
-  vocab_ce_finish(a, v, op);
+  vocab_ce_finish(a, v);
 }
 
 }  // namespace ds::cpu

@@ -52,17 +52,24 @@ class LowpEmulation {
   std::vector<Field> fields_;
 };
 
-// Runs `kernel` (an f32 CPU kernel) on `a`, emulating bf16/f16 fields.
-template <class Args, class Kernel>
-void run_cpu(const char* op, const Args& a, const Stream& s, Kernel&& kernel) {
+// Runs `kernel` (an f32 CPU kernel) on `a`, emulating bf16/f16 fields, after
+// `validate(a)` (the op's argument checks). With low-precision fields, the
+// alias grouping (a partial overlap is an error) comes before the validation,
+// as it did when the kernels checked their own arguments.
+template <class Args, class Validate, class Kernel>
+void run_cpu(const char* op, const Args& a, const Stream& s, Validate&& validate, Kernel&& kernel) {
   bool lowp = false;
   fields(a, [&](const Tensor& t, const char*, Role r) { lowp |= r != Role::Native && is_lowp(t); });
-  if (!lowp) return kernel(a, s);
+  if (!lowp) {
+    validate(a);
+    return kernel(a, s);
+  }
   Args c = a;
   LowpEmulation em(op);
   fields(c, [&](Tensor& t, const char* name, Role r) {
     if (r != Role::Native && is_lowp(t)) em.add(t, name, r);
   });
+  validate(a);
   em.upcast();
   kernel(c, s);
   em.write_back();

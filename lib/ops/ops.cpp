@@ -1,16 +1,18 @@
-// Dispatcher: routes each op to the CPU or CUDA implementation by device.
+// Dispatcher: validates each op's arguments once (lib/ops/op_validate.cpp),
+// then routes the call to the CPU or CUDA implementation by device.
 // CPU calls with bf16/f16 tensors are emulated in f32 (lib/ops/lowp_emulation.h).
 #include "lib/ops/ops.h"
 
 #include "lib/core/error.h"
 #include "lib/ops/lowp_emulation.h"
+#include "lib/ops/op_validate.h"
 
 namespace ds::ops {
 namespace {
 
 // The tensor whose device decides where an op runs: the first defined
 // tensor field in the op's declaration (every field must be on one device,
-// which the backends check).
+// which validate_<op> checks).
 template <class Args>
 const Tensor& key(const Args& a) {
   const Tensor* k = nullptr;
@@ -28,14 +30,17 @@ const Tensor& key(const Args& a) {
 #ifdef DS_WITH_CUDA
 #define DS_DISPATCH_OP(name, Args)                                   \
   void name(const Args& a, const Stream& s) {                        \
-    if (key(a).device().is_cuda()) return ::ds::cuda::name(a, s);    \
-    run_cpu(#name, a, s, DS_CPU_KERNEL(name, Args));                 \
+    if (key(a).device().is_cuda()) {                                 \
+      validate_##name(a);                                            \
+      return ::ds::cuda::name(a, s);                                 \
+    }                                                                \
+    run_cpu(#name, a, s, validate_##name, DS_CPU_KERNEL(name, Args)); \
   }
 #else
 #define DS_DISPATCH_OP(name, Args)                                   \
   void name(const Args& a, const Stream& s) {                        \
     DS_CHECK(!key(a).device().is_cuda(), #name ": this build has no CUDA backend"); \
-    run_cpu(#name, a, s, DS_CPU_KERNEL(name, Args));                 \
+    run_cpu(#name, a, s, validate_##name, DS_CPU_KERNEL(name, Args)); \
   }
 #endif
 

@@ -1,0 +1,414 @@
+// validate_<op>(args): the shape, dtype and device checks of every op, in the
+// order of the declarations in lib/ops/op_args.h. Called by the dispatcher
+// (lib/ops/ops.cpp) before the call reaches ds::cpu or ds::cuda. Dtype rules
+// are the declaration's: statistics and master state f32, ids i32, every
+// other tensor a float dtype (f32, bf16, f16; the CUDA backend also asks one
+// compute dtype per call, its kernels being templated on it). Fields whose
+// comment says "or undefined" are optional here even where one backend still
+// needs them (lib/cpu says so itself).
+#include "lib/ops/op_validate.h"
+
+#include "lib/core/error.h"
+
+namespace ds::ops {
+namespace {
+
+bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+// Leading rows of a (..., C) tensor.
+int64_t rows_of(const Tensor& t) { return t.dim() == 0 ? 1 : t.numel() / t.size(-1); }
+
+// The checks of one op call; every message names the op and the field.
+class Check {
+ public:
+  explicit Check(const char* op) : op_(op) {}
+
+  // Every defined tensor field is on the device type of the first one.
+  template <class Args>
+  void devices(const Args& a) const {
+    const Tensor* key = nullptr;
+    const char* key_name = "";
+    fields(a, [&](const Tensor& t, const char* name, Role) {
+      if (!t.defined()) return;
+      if (!key) {
+        key = &t;
+        key_name = name;
+        return;
+      }
+      DS_CHECK(t.device().type == key->device().type, "{}: tensor '{}' is on {}, but '{}' is on {}",
+               op_, name, device_name(t.device()), key_name, device_name(key->device()));
+    });
+  }
+  void defined(const Tensor& t, const char* name) const {
+    DS_CHECK(t.defined(), "{}: tensor '{}' is undefined", op_, name);
+  }
+  // Defined, with a float dtype (f32, bf16, f16).
+  void floating(const Tensor& t, const char* name) const {
+    defined(t, name);
+    DS_CHECK(is_float(t.dtype()), "{}: tensor '{}' has dtype {}, expected f32, bf16 or f16", op_,
+             name, dtype_name(t.dtype()));
+  }
+  void dtype(const Tensor& t, DType dt, const char* name) const {
+    defined(t, name);
+    DS_CHECK(t.dtype() == dt, "{}: tensor '{}' has dtype {}, expected {}", op_, name,
+             dtype_name(t.dtype()), dtype_name(dt));
+  }
+  // `t` holds exactly `n` elements (its shape may be any factorisation).
+  void numel(const Tensor& t, int64_t n, const char* name, const char* expect) const {
+    DS_CHECK(t.numel() == n, "{}: tensor '{}' has shape {} ({} elements), expected {} = {}", op_,
+             name, shape_str(t.shape()), t.numel(), expect, n);
+  }
+  void same_shape(const Tensor& t, const Tensor& ref, const char* name, const char* ref_name) const {
+    DS_CHECK(t.shape() == ref.shape(), "{}: '{}' has shape {} but '{}' has shape {}", op_, name,
+             shape_str(t.shape()), ref_name, shape_str(ref.shape()));
+  }
+  // An f32 statistic of `n` elements.
+  void stat(const Tensor& t, int64_t n, const char* name, const char* expect = "N") const {
+    dtype(t, DType::F32, name);
+    numel(t, n, name, expect);
+  }
+  const char* op() const { return op_; }
+
+ private:
+  const char* op_;
+};
+
+// ---- embedding ---------------------------------------------------------------
+
+struct EmbedDims {
+  int64_t B, T, C;
+};
+EmbedDims check_embedding(const Check& c, const Tensor& x, const char* x_name, const Tensor& tokens,
+                          const Tensor& wte, const char* wte_name, const Tensor& wpe,
+                          const char* wpe_name, int64_t pos_offset) {
+  c.dtype(tokens, DType::I32, "tokens");
+  c.floating(wte, wte_name);
+  c.floating(x, x_name);
+  DS_CHECK(tokens.dim() == 2, "{}: tokens must be (B, T), got {}", c.op(), shape_str(tokens.shape()));
+  DS_CHECK(wte.dim() == 2, "{}: {} must be (Vlocal, C), got {}", c.op(), wte_name,
+           shape_str(wte.shape()));
+  const EmbedDims d{tokens.size(0), tokens.size(1), wte.size(1)};
+  DS_CHECK(x.shape() == Shape({d.B, d.T, d.C}), "{}: {} has shape {}, expected (B, T, C) = {}",
+           c.op(), x_name, shape_str(x.shape()), shape_str({d.B, d.T, d.C}));
+  if (!wpe.defined()) return d;
+  c.floating(wpe, wpe_name);
+  DS_CHECK(wpe.dim() == 2 && wpe.size(1) == d.C, "{}: {} has shape {}, expected (maxT, {})",
+           c.op(), wpe_name, shape_str(wpe.shape()), d.C);
+  DS_CHECK(pos_offset >= 0 && pos_offset + d.T <= wpe.size(0),
+           "{}: positions [{}, {}) exceed {} rows {}", c.op(), pos_offset, pos_offset + d.T,
+           wpe_name, wpe.size(0));
+  return d;
+}
+
+// ---- norms -------------------------------------------------------------------
+
+struct NormDims {
+  int64_t N, C;
+};
+NormDims check_norm(const Check& c, const Tensor& inp, const Tensor& weight) {
+  c.floating(inp, "inp");
+  c.floating(weight, "weight");
+  DS_CHECK(inp.dim() >= 1, "{}: inp must be (N, C), got {}", c.op(), shape_str(inp.shape()));
+  const NormDims d{rows_of(inp), inp.size(-1)};
+  c.numel(weight, d.C, "weight", "C");
+  return d;
+}
+// An optional (C) float vector: a bias or a weight/bias gradient.
+void check_channels(const Check& c, const Tensor& t, int64_t C, const char* name) {
+  if (!t.defined()) return;
+  c.floating(t, name);
+  c.numel(t, C, name, "C");
+}
+// dout (required) and dinp (optional) of a norm backward: the shape of inp.
+void check_norm_grads(const Check& c, const Tensor& dout, const Tensor& dinp, const Tensor& inp) {
+  c.floating(dout, "dout");
+  c.same_shape(dout, inp, "dout", "inp");
+  if (!dinp.defined()) return;
+  c.floating(dinp, "dinp");
+  c.same_shape(dinp, inp, "dinp", "inp");
+}
+
+// ---- matmul ------------------------------------------------------------------
+
+struct MatmulDims {
+  int64_t N, C, OC;
+};
+MatmulDims check_matmul(const Check& c, const Tensor& inp, const Tensor& weight, const Tensor& out,
+                        const char* out_name) {
+  c.floating(inp, "inp");
+  c.floating(weight, "weight");
+  c.floating(out, out_name);
+  DS_CHECK(weight.dim() == 2, "{}: weight must be (OC, C), got {}", c.op(), shape_str(weight.shape()));
+  const MatmulDims d{rows_of(inp), weight.size(1), weight.size(0)};
+  DS_CHECK(inp.dim() >= 1 && inp.size(-1) == d.C, "{}: inp has shape {}, expected (N, {}) for weight {}",
+           c.op(), shape_str(inp.shape()), d.C, shape_str(weight.shape()));
+  DS_CHECK(out.dim() >= 1 && out.size(-1) == d.OC && rows_of(out) == d.N,
+           "{}: {} has shape {}, expected (N={}, OC={})", c.op(), out_name, shape_str(out.shape()),
+           d.N, d.OC);
+  return d;
+}
+
+// ---- attention and rope: packed (B, T, 3*NH*HS) ------------------------------
+
+struct QkvDims {
+  int64_t B, T, NH, HS;
+};
+QkvDims check_qkv(const Check& c, const Tensor& qkv, const char* name, int NH) {
+  c.floating(qkv, name);
+  DS_CHECK(qkv.dim() == 3, "{}: {} must be (B, T, 3*NH*HS), got {}", c.op(), name,
+           shape_str(qkv.shape()));
+  DS_CHECK(NH > 0 && qkv.size(2) % (3 * NH) == 0, "{}: {} last dim {} of {} is not 3*NH*HS, NH={}",
+           c.op(), name, qkv.size(2), shape_str(qkv.shape()), NH);
+  return {qkv.size(0), qkv.size(1), NH, qkv.size(2) / (3 * NH)};
+}
+void check_attention(const Check& c, const QkvDims& d, const Tensor& out, const Tensor& lse) {
+  c.floating(out, "out");
+  c.dtype(lse, DType::F32, "lse");
+  const Shape want_out{d.B, d.T, d.NH * d.HS}, want_lse{d.B, d.NH, d.T};
+  DS_CHECK(out.shape() == want_out, "{}: out has shape {}, expected (B, T, C) = {}", c.op(),
+           shape_str(out.shape()), shape_str(want_out));
+  DS_CHECK(lse.shape() == want_lse, "{}: lse has shape {}, expected (B, NH, T) = {}", c.op(),
+           shape_str(lse.shape()), shape_str(want_lse));
+}
+void check_rope(const Check& c, const RopeArgs& a) {
+  c.devices(a);
+  const QkvDims d = check_qkv(c, a.inp, "inp", a.NH);
+  c.floating(a.out, "out");
+  c.same_shape(a.out, a.inp, "out", "inp");
+  DS_CHECK(d.HS % 2 == 0, "{}: head size {} must be even", c.op(), d.HS);
+}
+
+// ---- pointwise ---------------------------------------------------------------
+
+void check_gelu(const Check& c, const GeluArgs& a, bool backward) {
+  c.devices(a);
+  const char* out = backward ? "dinp (out)" : "out";
+  c.floating(a.inp, "inp");
+  c.floating(a.out, out);
+  c.numel(a.out, a.inp.numel(), out, "numel(inp)");
+  if (!backward) return;
+  c.floating(a.dout, "dout");
+  c.numel(a.dout, a.inp.numel(), "dout", "numel(inp)");
+}
+// inp (N, 2F) for out/dout (N, F).
+void check_swiglu(const Check& c, const Tensor& half, const char* half_name, const Tensor& inp) {
+  c.floating(half, half_name);
+  c.floating(inp, "inp");
+  const int64_t F = half.dim() ? half.size(-1) : 1, N = rows_of(half);
+  DS_CHECK(inp.dim() >= 1 && inp.size(-1) == 2 * F && rows_of(inp) == N,
+           "{}: inp has shape {}, expected (N={}, 2F={}) for {} {}", c.op(), shape_str(inp.shape()),
+           N, 2 * F, half_name, shape_str(half.shape()));
+}
+
+}  // namespace
+
+void validate_embedding_forward(const EmbeddingArgs& a) {
+  const Check c("embedding_forward");
+  c.devices(a);
+  check_embedding(c, a.out, "out", a.tokens, a.wte, "wte", a.wpe, "wpe", a.pos_offset);
+}
+
+void validate_embedding_backward(const EmbeddingBwdArgs& a) {
+  const Check c("embedding_backward");
+  c.devices(a);
+  check_embedding(c, a.dout, "dout", a.tokens, a.dwte, "dwte", a.dwpe, "dwpe", a.pos_offset);
+}
+
+void validate_layernorm_forward(const LayerNormArgs& a) {
+  const Check c("layernorm_forward");
+  c.devices(a);
+  const NormDims d = check_norm(c, a.inp, a.weight);
+  check_channels(c, a.bias, d.C, "bias");
+  c.floating(a.out, "out");
+  c.same_shape(a.out, a.inp, "out", "inp");
+  if (a.mean.defined()) c.stat(a.mean, d.N, "mean");
+  if (a.rstd.defined()) c.stat(a.rstd, d.N, "rstd");
+}
+
+void validate_layernorm_backward(const LayerNormBwdArgs& a) {
+  const Check c("layernorm_backward");
+  c.devices(a);
+  const NormDims d = check_norm(c, a.inp, a.weight);
+  check_norm_grads(c, a.dout, a.dinp, a.inp);
+  check_channels(c, a.dweight, d.C, "dweight");
+  check_channels(c, a.dbias, d.C, "dbias");
+  c.stat(a.mean, d.N, "mean");
+  c.stat(a.rstd, d.N, "rstd");
+}
+
+void validate_rmsnorm_forward(const RMSNormArgs& a) {
+  const Check c("rmsnorm_forward");
+  c.devices(a);
+  const NormDims d = check_norm(c, a.inp, a.weight);
+  c.floating(a.out, "out");
+  c.same_shape(a.out, a.inp, "out", "inp");
+  if (a.rstd.defined()) c.stat(a.rstd, d.N, "rstd");
+}
+
+void validate_rmsnorm_backward(const RMSNormBwdArgs& a) {
+  const Check c("rmsnorm_backward");
+  c.devices(a);
+  const NormDims d = check_norm(c, a.inp, a.weight);
+  check_norm_grads(c, a.dout, a.dinp, a.inp);
+  check_channels(c, a.dweight, d.C, "dweight");
+  c.stat(a.rstd, d.N, "rstd");
+}
+
+void validate_matmul_forward(const MatmulArgs& a) {
+  const Check c("matmul_forward");
+  c.devices(a);
+  const MatmulDims d = check_matmul(c, a.inp, a.weight, a.out, "out");
+  if (!a.bias.defined()) return;
+  c.floating(a.bias, "bias");
+  c.numel(a.bias, d.OC, "bias", "OC");
+}
+
+void validate_matmul_backward(const MatmulBwdArgs& a) {
+  const Check c("matmul_backward");
+  c.devices(a);
+  const MatmulDims d = check_matmul(c, a.inp, a.weight, a.dout, "dout");
+  if (a.dinp.defined()) {
+    c.floating(a.dinp, "dinp");
+    c.same_shape(a.dinp, a.inp, "dinp", "inp");
+  }
+  if (a.dweight.defined()) {
+    c.floating(a.dweight, "dweight");
+    c.same_shape(a.dweight, a.weight, "dweight", "weight");
+  }
+  if (a.dbias.defined()) {
+    c.floating(a.dbias, "dbias");
+    c.numel(a.dbias, d.OC, "dbias", "OC");
+  }
+}
+
+void validate_attention_forward(const AttentionArgs& a) {
+  const Check c("attention_forward");
+  c.devices(a);
+  check_attention(c, check_qkv(c, a.qkv, "qkv", a.NH), a.out, a.lse);
+}
+
+void validate_attention_backward(const AttentionBwdArgs& a) {
+  const Check c("attention_backward");
+  c.devices(a);
+  check_attention(c, check_qkv(c, a.qkv, "qkv", a.NH), a.out, a.lse);
+  c.floating(a.dout, "dout");
+  c.floating(a.dqkv, "dqkv");
+  c.same_shape(a.dout, a.out, "dout", "out");
+  c.same_shape(a.dqkv, a.qkv, "dqkv", "qkv");
+}
+
+void validate_rope_forward(const RopeArgs& a) { check_rope(Check("rope_forward"), a); }
+void validate_rope_backward(const RopeArgs& a) { check_rope(Check("rope_backward"), a); }
+
+void validate_gelu_forward(const GeluArgs& a) { check_gelu(Check("gelu_forward"), a, false); }
+void validate_gelu_backward(const GeluArgs& a) { check_gelu(Check("gelu_backward"), a, true); }
+
+void validate_swiglu_forward(const SwigluArgs& a) {
+  const Check c("swiglu_forward");
+  c.devices(a);
+  check_swiglu(c, a.out, "out", a.inp);
+}
+
+void validate_swiglu_backward(const SwigluBwdArgs& a) {
+  const Check c("swiglu_backward");
+  c.devices(a);
+  check_swiglu(c, a.dout, "dout", a.inp);
+  c.floating(a.dinp, "dinp");
+  c.same_shape(a.dinp, a.inp, "dinp", "inp");
+}
+
+void validate_add(const AddArgs& a) {
+  const Check c("add");
+  c.devices(a);
+  c.floating(a.out, "out");
+  c.floating(a.a, "a");
+  c.floating(a.b, "b");
+  c.numel(a.a, a.out.numel(), "a", "numel(out)");
+  c.numel(a.b, a.out.numel(), "b", "numel(out)");
+}
+
+void validate_cross_entropy(const CrossEntropyArgs& a) {
+  const Check c("cross_entropy");
+  c.devices(a);
+  c.floating(a.logits, "logits");
+  DS_CHECK(a.logits.dim() >= 1, "{}: logits must be (N, Vp), got {}", c.op(),
+           shape_str(a.logits.shape()));
+  const int64_t Vp = a.logits.size(-1), N = rows_of(a.logits);
+  DS_CHECK(a.V > 0 && a.V <= Vp, "{}: V={} must be in [1, Vp={}] for logits {}", c.op(), a.V, Vp,
+           shape_str(a.logits.shape()));
+  c.stat(a.losses, N, "losses");
+  c.dtype(a.targets, DType::I32, "targets");
+  c.numel(a.targets, N, "targets", "N");
+  if (!a.dlogits.defined()) return;
+  c.floating(a.dlogits, "dlogits");
+  c.same_shape(a.dlogits, a.logits, "dlogits", "logits");
+}
+
+void validate_vocab_parallel_cross_entropy(const VocabParallelCEArgs& a) {
+  const Check c("vocab_parallel_cross_entropy");
+  c.devices(a);
+  c.floating(a.logits, "logits");
+  DS_CHECK(a.logits.dim() >= 1, "{}: logits must be (N, Vl), got {}", c.op(),
+           shape_str(a.logits.shape()));
+  const int64_t N = rows_of(a.logits);
+  DS_CHECK(a.V > 0 && a.vocab_start >= 0, "{}: V={} vocab_start={} invalid", c.op(), a.V,
+           a.vocab_start);
+  c.dtype(a.targets, DType::I32, "targets");
+  c.numel(a.targets, N, "targets", "N");
+  c.stat(a.rowmax, N, "rowmax");
+  if (a.phase != VocabCEPhase::Max) c.stat(a.stats, 2 * N, "stats", "2*N");
+  if (a.phase != VocabCEPhase::Finish) return;
+  c.stat(a.losses, N, "losses");
+  if (!a.dlogits.defined()) return;
+  c.floating(a.dlogits, "dlogits");
+  c.same_shape(a.dlogits, a.logits, "dlogits", "logits");
+}
+
+void validate_adamw_step(const AdamWArgs& a) {
+  const Check c("adamw_step");
+  c.devices(a);
+  c.dtype(a.param, DType::F32, "param");
+  const int64_t n = a.param.numel();
+  c.floating(a.grad, "grad");
+  c.numel(a.grad, n, "grad", "numel(param)");
+  c.stat(a.m, n, "m", "numel(param)");
+  c.stat(a.v, n, "v", "numel(param)");
+  DS_CHECK(a.step >= 1, "{}: step must be >= 1 (1-based), got {}", c.op(), a.step);
+  if (!a.param_lowp.defined()) return;
+  c.floating(a.param_lowp, "param_lowp");
+  c.numel(a.param_lowp, n, "param_lowp", "numel(param)");
+}
+
+void validate_sum_squares(const SumSquaresArgs& a) {
+  const Check c("sum_squares");
+  c.devices(a);
+  c.stat(a.out, 1, "out", "1");
+  c.floating(a.x, "x");
+}
+
+void validate_nonfinite_check(const NonFiniteArgs& a) {
+  const Check c("nonfinite_check");
+  c.devices(a);
+  c.stat(a.flag, 1, "flag", "1");
+  c.floating(a.x, "x");
+}
+
+void validate_scale(const ScaleArgs& a) {
+  const Check c("scale");
+  c.devices(a);
+  c.floating(a.x, "x");
+}
+
+void validate_cast(const CastArgs& a) {
+  const Check c("cast");
+  c.devices(a);
+  c.defined(a.out, "out");
+  c.defined(a.inp, "inp");
+  c.numel(a.out, a.inp.numel(), "out", "numel(inp)");
+  const DType din = a.inp.dtype(), dout = a.out.dtype();
+  DS_CHECK(din == dout || (is_float(din) && is_float(dout)),
+           "{}: unsupported conversion {} -> {} (supported: f32/bf16/f16 between each other, "
+           "same-dtype copies)", c.op(), dtype_name(din), dtype_name(dout));
+}
+
+}  // namespace ds::ops
