@@ -45,4 +45,13 @@ if ! PYTHONPATH="$HF_DIR" /usr/bin/python3 -c "import transformers" 2>/dev/null;
     echo "setup: warning: could not install transformers from PyPI; test_hf_interop will skip"
   fi
 fi
+# TensorBoard's reader for test_tensorboard, from PyPI into its own directory
+# (.deps/tensorboard: it brings a numpy that torch's Debian build must not see).
+# Best effort: without it, test_tensorboard skips.
+TB_DIR="$(cd "$(dirname "$0")/.." && pwd)/.deps/tensorboard"
+if ! PYTHONPATH="$TB_DIR" /usr/bin/python3 -c "import tensorboard" 2>/dev/null; then
+  /usr/bin/python3 -m pip install -q --disable-pip-version-check --break-system-packages \
+      --target "$TB_DIR" "tensorboard==2.21.0" >/dev/null 2>&1 ||
+    echo "setup: warning: could not install tensorboard from PyPI; test_tensorboard will skip"
+fi
 echo "setup: all dependencies present"

@@ -92,6 +92,11 @@ void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
   }
 }
 
+Tensor ZeroOptimizer::master_range() {
+  if (range_.size() == 0) return Tensor();
+  return store_ ? store_->master_params() : model_.params().view(range_.begin, {range_.size()});
+}
+
 bool ZeroOptimizer::grads_nonfinite(Communicator& world) {
   Tensor g = store_ ? store_->grad_shard() : model_.grads().view(0, {model_.layout().total});
   Tensor flag = Tensor::zeros({1}, DType::F32, g.device());

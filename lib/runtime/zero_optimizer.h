@@ -57,6 +57,8 @@ class ZeroOptimizer {
 
   AdamW& adam() { return *adam_; }
   Range optimizer_range() const { return range_; }  // unpadded, may be empty
+  // The fp32 master weights this rank updates (undefined when the range is empty).
+  Tensor master_range();
   // Bytes of model state this rank holds (params, grads, Adam m and v);
   // persistent buffers only, not the transient per-unit ones.
   ModelStateBytes model_state_bytes() const;

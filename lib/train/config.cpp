@@ -91,6 +91,12 @@ const char* recompute_granularity_name(RecomputeKind k) {
 const char* precision_name(Precision p) {
   return p == Precision::BF16 ? "bf16" : p == Precision::FP16 ? "fp16" : "fp32";
 }
+std::string LoggingConfig::tensorboard_dir_in_effect() const {
+  if (!tensorboard_dir.empty()) return tensorboard_dir;
+  if (!ds_tensorboard) return "";
+  return ds_tensorboard_path.empty() ? ds_tensorboard_job : ds_tensorboard_path + "/" + ds_tensorboard_job;
+}
+
 DType compute_dtype(Precision p) {
   return p == Precision::BF16 ? DType::BF16 : p == Precision::FP16 ? DType::F16 : DType::F32;
 }
@@ -144,7 +150,16 @@ json training_json(const TrainConfig& c) {
             {"save_interval", c.ckpt.save_interval}, {"init_from", c.ckpt.init_from},
             {"export_hf", c.ckpt.export_hf},    {"log_interval", c.log.log_interval},
             {"eval_interval", c.log.eval_interval}, {"eval_iters", c.log.eval_iters},
-            {"cpu_peak_tflops", c.log.cpu_peak_tflops}};
+            {"cpu_peak_tflops", c.log.cpu_peak_tflops},
+            {"tensorboard_dir", c.log.tensorboard_dir},
+            {"tensorboard_log_interval", c.log.tensorboard_log_interval},
+            {"log_learning_rate_to_tensorboard", c.log.tb_learning_rate},
+            {"log_loss_scale_to_tensorboard", c.log.tb_loss_scale},
+            {"log_batch_size_to_tensorboard", c.log.tb_batch_size},
+            {"log_timers_to_tensorboard", c.log.tb_timers},
+            {"log_validation_ppl_to_tensorboard", c.log.tb_validation_ppl},
+            {"log_optimizer_states_to_tensorboard", c.log.tb_optimizer_states},
+            {"log_world_size_to_tensorboard", c.log.tb_world_size}};
   const ScheduleLengths& L = c.lengths;
   t["override_opt_param_scheduler"] = c.override_lr_scheduler;
   t["use_checkpoint_opt_param_scheduler"] = c.use_checkpoint_lr_scheduler;
@@ -220,6 +235,9 @@ json config_to_json(const TrainConfig& c) {
               {"consecutive_hysteresis", pc.consecutive_hysteresis}}},
             {"bf16", {{"enabled", pc.precision == Precision::BF16}}},
             {"zero_optimization", zero_json(c.zero)},
+            {"tensorboard",
+             {{"enabled", c.log.ds_tensorboard}, {"output_path", c.log.ds_tensorboard_path},
+              {"job_name", c.log.ds_tensorboard_job}}},
             {"csv_monitor",
              {{"enabled", c.log.csv_enabled}, {"output_path", c.log.csv_path}, {"job_name", c.log.csv_job_name}}},
             {"model", model_json(c.model)},

@@ -41,6 +41,15 @@ struct LoggingConfig {
   bool csv_enabled = false;
   std::string csv_path = "ds_logs", csv_job_name = "dstrain";
   double cpu_peak_tflops = 0;  // for MFU on CPU; 0 = not reported
+  // TensorBoard: Megatron's --tensorboard-dir, or DeepSpeed's "tensorboard"
+  // section (output_path/job_name); tensorboard_dir() is the one in effect.
+  std::string tensorboard_dir;
+  bool ds_tensorboard = false;
+  std::string ds_tensorboard_path, ds_tensorboard_job = "DeepSpeedJobName";
+  int64_t tensorboard_log_interval = 1;
+  bool tb_learning_rate = true, tb_loss_scale = true, tb_batch_size = false, tb_timers = false,
+       tb_validation_ppl = false, tb_optimizer_states = false, tb_world_size = false;
+  std::string tensorboard_dir_in_effect() const;
 };
 
 struct PrecisionConfig {

@@ -72,6 +72,8 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
              "accepted: softmax runs in f32, so scaling Q.K by the layer number changes nothing");
   no_op_flag(app, "--use-flash-attn-v2", "accepted; flash attention is used on CUDA whenever it applies");
   no_op_flag(app, "--use-flash-attn-triton", "accepted; flash attention is used on CUDA whenever it applies");
+  no_op_option(app, "--tensorboard-queue-size",
+               "accepted: events are written as they come and flushed at every log interval and validation");
   no_op_option(app, "--num-workers", "accepted: samples are read in-process from the memory-mapped dataset");
 }
 

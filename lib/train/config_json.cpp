@@ -177,7 +177,12 @@ void read_optional_features(DsSection& root, LoggingConfig& log) {
   log.csv_path = csv.get<std::string>("output_path", log.csv_path);
   log.csv_job_name = csv.get<std::string>("job_name", log.csv_job_name);
   csv.finish();
-  for (const char* key : {"tensorboard", "wandb", "comet", "flops_profiler", "comms_logger"}) {
+  DsSection tb = root.section("tensorboard");
+  log.ds_tensorboard = tb.get<bool>("enabled", log.ds_tensorboard);
+  log.ds_tensorboard_path = tb.get<std::string>("output_path", log.ds_tensorboard_path);
+  log.ds_tensorboard_job = tb.get<std::string>("job_name", log.ds_tensorboard_job);
+  tb.finish();
+  for (const char* key : {"wandb", "comet", "flops_profiler", "comms_logger"}) {
     root.mark(key);
     if (!root.has(key)) continue;
     const json& sec = root.raw().at(key);

@@ -158,6 +158,17 @@ void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_schedule
   l.eval_interval = s.get<int64_t>("eval_interval", l.eval_interval);
   l.eval_iters = s.get<int64_t>("eval_iters", l.eval_iters);
   l.cpu_peak_tflops = s.get<double>("cpu_peak_tflops", l.cpu_peak_tflops);
+  l.tensorboard_dir = s.get<std::string>("tensorboard_dir", l.tensorboard_dir);
+  l.tensorboard_log_interval = s.get<int64_t>("tensorboard_log_interval", l.tensorboard_log_interval);
+  DS_USER_CHECK(l.tensorboard_log_interval > 0, "training.tensorboard_log_interval (--tensorboard-log-interval) must "
+                "be positive, got {}", l.tensorboard_log_interval);
+  l.tb_learning_rate = s.get<bool>("log_learning_rate_to_tensorboard", l.tb_learning_rate);
+  l.tb_loss_scale = s.get<bool>("log_loss_scale_to_tensorboard", l.tb_loss_scale);
+  l.tb_batch_size = s.get<bool>("log_batch_size_to_tensorboard", l.tb_batch_size);
+  l.tb_timers = s.get<bool>("log_timers_to_tensorboard", l.tb_timers);
+  l.tb_validation_ppl = s.get<bool>("log_validation_ppl_to_tensorboard", l.tb_validation_ppl);
+  l.tb_optimizer_states = s.get<bool>("log_optimizer_states_to_tensorboard", l.tb_optimizer_states);
+  l.tb_world_size = s.get<bool>("log_world_size_to_tensorboard", l.tb_world_size);
   read_training_schedule(s, cfg, has_ds_scheduler);
   s.finish(UnknownKeys::Error);
 }

@@ -77,6 +77,11 @@ void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
   if (!o.scheduler_type.empty() && o.scheduler_type != "WarmupLR" && o.decay_iters < o.warmup_iters)
     add_warning(w, fmt::format("scheduler.params.total_num_steps {} is less than warmup_num_steps {}", o.decay_iters,
                                o.warmup_iters));
+  const LoggingConfig& l = cfg.log;
+  if (!l.tensorboard_dir.empty() && l.ds_tensorboard)
+    add_warning(w, fmt::format("TensorBoard: --tensorboard-dir '{}' is used; the DeepSpeed config's tensorboard "
+                               "section (output_path '{}', job_name '{}') is not", l.tensorboard_dir,
+                               l.ds_tensorboard_path, l.ds_tensorboard_job));
   if (cfg.ckpt.save_interval > 0 && cfg.ckpt.save_dir.empty())
     add_warning(w, fmt::format("training.save_interval {} is set but there is no save directory (--save); "
                                "no checkpoints will be written", cfg.ckpt.save_interval));

@@ -77,6 +77,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   flops_per_token_ = flops_per_token(cfg_.model, n_matmul);
   load_or_init();
   if (cfg_.log.csv_enabled && comms_.grid.rank == 0) csv_.open(cfg_.log.csv_path, cfg_.log.csv_job_name);
+  open_tensorboard();
   DS_LOG("model: {} layers, hidden {}, heads {}, ffn {}, vocab {} (padded {}), {} parameters",
          model_->dims().L, model_->dims().C, model_->dims().NH, model_->dims().F, model_->dims().V,
          model_->dims().Vp, model_->layout().total);
@@ -450,7 +451,10 @@ std::vector<float> Trainer::run() {
     losses.push_back(loss);
     window_ms += ms;
     ++window_n;
-    if (state_.iteration % cfg_.log.log_interval == 0 || state_.iteration == cfg_.train_iters || !tokens_left()) {
+    const bool log_line =
+        state_.iteration % cfg_.log.log_interval == 0 || state_.iteration == cfg_.train_iters || !tokens_left();
+    tensorboard_iteration(loss, log_line, window_ms / window_n);
+    if (log_line) {
       log_iteration(loss, last_grad_norm_, window_ms / window_n);
       window_ms = 0;
       window_n = 0;
@@ -461,6 +465,7 @@ std::vector<float> Trainer::run() {
       if (!std::isnan(v)) {
         DS_LOG("{}", format_validation(state_.iteration, v));
         csv_.valid(state_.iteration, v);
+        tb_.valid(train_point(NAN), v);
       }
     }
     if (cfg_.ckpt.save_interval > 0 && state_.iteration % cfg_.ckpt.save_interval == 0) save();
@@ -485,6 +490,7 @@ std::vector<float> Trainer::run() {
   if (!std::isnan(v)) {
     DS_LOG("{}", format_validation(state_.iteration, v));
     csv_.valid(state_.iteration, v);
+    tb_.valid(train_point(NAN), v);
   }
   if (cfg_.ckpt.save_interval <= 0 || state_.iteration % cfg_.ckpt.save_interval != 0) save();
   if (!cfg_.ckpt.export_hf.empty()) {

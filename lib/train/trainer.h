@@ -15,6 +15,7 @@
 #include "lib/train/config.h"
 #include "lib/train/data_pipeline.h"
 #include "lib/train/metrics.h"
+#include "lib/train/tensorboard.h"
 #include "lib/runtime/pipeline_executor.h"
 #include "lib/runtime/zero_optimizer.h"
 
@@ -70,6 +71,12 @@ class Trainer {
   // stage over the embedding group (Megatron's embedding all-reduce).
   void tied_embedding_all_reduce();
   std::vector<Range> norm_counted_ranges(const ModelLayout& local) const;
+  // TensorBoard (trainer_tensorboard.cpp): opens the writer on the last rank
+  // (as Megatron); reports an iteration (collective with optimizer states).
+  void open_tensorboard();
+  TrainPoint train_point(float loss) const;
+  void tensorboard_iteration(float loss, bool log_line, double ms);
+  OptimizerStats optimizer_stats();  // collective
 
   TrainConfig cfg_;
   Device dev_;
@@ -87,6 +94,7 @@ class Trainer {
   std::unique_ptr<DataPipeline> data_;
   TrainState state_;
   CsvMonitor csv_;
+  TensorBoardMonitor tb_;
   double flops_per_token_ = 0;
   double peak_tflops_ = 0;
   double last_grad_norm_ = 0, last_lr_ = 0;
