@@ -12,7 +12,7 @@
 
 #include "cuda/cuda_api.h"
 #include "lib/ops/ops.h"
-#include "op_harness.h"
+#include "test/ops_harness/op_case_cuda.h"
 
 using namespace ds;
 using namespace ds::test;
@@ -109,41 +109,29 @@ void baseline_backward(const TensorMap& m, DType dt, int NH) {
 void run_case(const AttnCase& c, DType dt, bool flash) {
   const int64_t W = 3 * int64_t(c.NH) * c.HS, O = int64_t(c.NH) * c.HS;
   Tensor qkv = randn({c.B, c.T, W}, 1000 + c.T + c.HS);
-  Fields fw{{"out", Field{Tensor::zeros({c.B, c.T, O}, DType::F32), Kind::Act, true}},
-            {"lse", Field{Tensor::zeros({c.B, c.NH, c.T}, DType::F32), Kind::F32, true}},
-            {"qkv", Field{qkv, Kind::Act, false}}};
   const int NH = c.NH;
   std::string what = "attention_forward B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
                      " NH=" + std::to_string(c.NH) + " HS=" + std::to_string(c.HS);
-  const OpRunner fwd_base = [dt, NH](const TensorMap& m, bool) { baseline_forward(m, dt, NH); };
-  check_op(
-      what, fw, dt,
-      [NH](const TensorMap& m, bool gpu) {
-        AttentionArgs a{.out = get(m, "out"), .lse = get(m, "lse"), .qkv = get(m, "qkv"), .NH = NH};
-        if (gpu) ops::attention_forward(a);
-        else cpu::attention_forward(a, Stream{});
-      },
-      1e-5, flash ? &fwd_base : nullptr);
+  OpCase fw = make_case(what,
+                        AttentionArgs{.out = Tensor::zeros({c.B, c.T, O}, DType::F32),
+                                      .lse = Tensor::zeros({c.B, c.NH, c.T}, DType::F32),
+                                      .qkv = qkv, .NH = NH},
+                        ops::attention_forward);
+  if (flash) fw.baseline = [dt, NH](const TensorMap& m) { baseline_forward(m, dt, NH); };
+  check_cuda_vs_cpu(fw, dt);
   // Backward inputs: out and lse from the CPU forward on the f32 qkv.
   Tensor out = Tensor::zeros({c.B, c.T, O}, DType::F32);
   Tensor lse = Tensor::zeros({c.B, c.NH, c.T}, DType::F32);
   cpu::attention_forward(AttentionArgs{.out = out, .lse = lse, .qkv = qkv, .NH = NH}, Stream{});
-  Fields bw{{"dqkv", Field{Tensor::zeros({c.B, c.T, W}, DType::F32), Kind::Act, true}},
-            {"dout", Field{randn({c.B, c.T, O}, 2000 + c.T), Kind::Act, false}},
-            {"out", Field{out, Kind::Act, false}},
-            {"lse", Field{lse, Kind::F32, false}},
-            {"qkv", Field{qkv, Kind::Act, false}}};
   what.replace(0, std::string("attention_forward").size(), "attention_backward");
-  const OpRunner bwd_base = [dt, NH](const TensorMap& m, bool) { baseline_backward(m, dt, NH); };
-  check_op(
-      what, bw, dt,
-      [NH](const TensorMap& m, bool gpu) {
-        AttentionBwdArgs a{.dqkv = get(m, "dqkv"), .dout = get(m, "dout"), .out = get(m, "out"),
-                           .lse = get(m, "lse"), .qkv = get(m, "qkv"), .NH = NH};
-        if (gpu) ops::attention_backward(a);
-        else cpu::attention_backward(a, Stream{});
-      },
-      1e-5, flash ? &bwd_base : nullptr);
+  OpCase bw = make_case(what,
+                        AttentionBwdArgs{.dqkv = Tensor::zeros({c.B, c.T, W}, DType::F32),
+                                         .dout = randn({c.B, c.T, O}, 2000 + c.T), .out = out,
+                                         .lse = lse, .qkv = qkv, .NH = NH},
+                        ops::attention_backward);
+  set_kind(bw, {"lse"}, Kind::F32);
+  if (flash) bw.baseline = [dt, NH](const TensorMap& m) { baseline_backward(m, dt, NH); };
+  check_cuda_vs_cpu(bw, dt);
 }
 
 // Runs one case and checks which path the dispatcher took for it.

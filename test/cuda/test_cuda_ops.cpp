@@ -1,12 +1,15 @@
 // GPU tests of the CUDA ops (all but attention) against the CPU reference ops
-// on seeded random inputs with odd shapes, in f32, bf16 and f16. Prints
-// is skipped (exit 77) when no device is present.
+// on seeded random inputs with odd shapes, in f32, bf16 and f16: each case is
+// an OpCase (test/ops_harness/op_case.h) whose field list comes from the op's
+// declaration, run in the harness's CUDA-vs-CPU mode. Skipped (exit 77) when
+// no device is present.
 #include <cmath>
 #include <cstring>
 
 #include "cuda/cuda_api.h"
 #include "lib/ops/ops.h"
-#include "op_harness.h"
+#include "test/ops_harness/op_case_cuda.h"
+#include "test/ops_harness/op_cases.h"
 
 using namespace ds;
 using namespace ds::test;
@@ -15,18 +18,7 @@ namespace {
 
 const DType kAllTypes[] = {DType::F32, DType::BF16, DType::F16};
 
-Field act(Tensor t, bool out = false) { return Field{std::move(t), Kind::Act, out}; }
-Field f32(Tensor t, bool out = false) { return Field{std::move(t), Kind::F32, out}; }
-Field ints(Tensor t) { return Field{std::move(t), Kind::Int, false}; }
-
-template <class Args>
-void call(void (*cpu_fn)(const Args&, const Stream&), void (*gpu_fn)(const Args&, const Stream&),
-          const Args& a, bool on_gpu) {
-  if (on_gpu)
-    gpu_fn(a, Stream{});
-  else
-    cpu_fn(a, Stream{});
-}
+const Tensor zeros_f32(const Shape& s) { return Tensor::zeros(s, DType::F32); }
 
 }  // namespace
 
@@ -34,17 +26,10 @@ TEST_CASE("cuda layernorm forward and backward") {
   if (!gpu_or_skip()) return;
   for (DType dt : kAllTypes) {
     const int64_t N = 37, C = 203;
-    Fields fw{{"out", act(Tensor::zeros({N, C}, DType::F32), true)},
-              {"mean", f32(Tensor::zeros({N}, DType::F32), true)},
-              {"rstd", f32(Tensor::zeros({N}, DType::F32), true)},
-              {"inp", act(randn({N, C}, 1, 2.0f))},
-              {"weight", act(randn({C}, 2))},
-              {"bias", act(randn({C}, 3))}};
-    check_op("layernorm_forward", fw, dt, [](const TensorMap& m, bool gpu) {
-      LayerNormArgs a{get(m, "out"), get(m, "mean"), get(m, "rstd"), get(m, "inp"),
-                      get(m, "weight"), get(m, "bias")};
-      call(&cpu::layernorm_forward, &ops::layernorm_forward, a, gpu);
-    });
+    check_cuda_vs_cpu(layernorm_forward_case({.out = zeros_f32({N, C}), .mean = zeros_f32({N}),
+                                              .rstd = zeros_f32({N}), .inp = randn({N, C}, 1, 2.0f),
+                                              .weight = randn({C}, 2), .bias = randn({C}, 3)}),
+                      dt);
     // Backward: mean/rstd from the f32 inputs (exact statistics), grads accumulate.
     Tensor inp = randn({N, C}, 4, 1.5f), mean = Tensor::empty({N}, DType::F32),
            rstd = Tensor::empty({N}, DType::F32);
@@ -57,20 +42,13 @@ TEST_CASE("cuda layernorm forward and backward") {
       rstd.data<float>()[n] = float(1.0 / std::sqrt(v / C + 1e-5));
     }
     for (Accum acc : {Accum::Overwrite, Accum::Add}) {
-      Fields bw{{"dinp", act(randn({N, C}, 5), true)},
-                {"dweight", act(randn({C}, 6), true)},
-                {"dbias", act(randn({C}, 7), true)},
-                {"dout", act(randn({N, C}, 8))},
-                {"inp", act(inp)},
-                {"weight", act(randn({C}, 9))},
-                {"mean", f32(mean)},
-                {"rstd", f32(rstd)}};
-      check_op("layernorm_backward", bw, dt, [acc](const TensorMap& m, bool gpu) {
-        LayerNormBwdArgs a{get(m, "dinp"), get(m, "dweight"), get(m, "dbias"), get(m, "dout"),
-                           get(m, "inp"),  get(m, "weight"),  get(m, "mean"),  get(m, "rstd"),
-                           acc};
-        call(&cpu::layernorm_backward, &ops::layernorm_backward, a, gpu);
-      });
+      OpCase bw = make_case("layernorm_backward",
+                            LayerNormBwdArgs{.dinp = randn({N, C}, 5), .dweight = randn({C}, 6),
+                                             .dbias = randn({C}, 7), .dout = randn({N, C}, 8),
+                                             .inp = inp, .weight = randn({C}, 9), .mean = mean,
+                                             .rstd = rstd, .accum = acc},
+                            ops::layernorm_backward);
+      check_cuda_vs_cpu(set_kind(bw, {"mean", "rstd"}, Kind::F32), dt);
     }
   }
 }
@@ -79,31 +57,22 @@ TEST_CASE("cuda rmsnorm forward and backward") {
   if (!gpu_or_skip()) return;
   for (DType dt : kAllTypes) {
     const int64_t N = 29, C = 301;
-    Fields fw{{"out", act(Tensor::zeros({N, C}, DType::F32), true)},
-              {"rstd", f32(Tensor::zeros({N}, DType::F32), true)},
-              {"inp", act(randn({N, C}, 11, 3.0f))},
-              {"weight", act(randn({C}, 12))}};
-    check_op("rmsnorm_forward", fw, dt, [](const TensorMap& m, bool gpu) {
-      RMSNormArgs a{get(m, "out"), get(m, "rstd"), get(m, "inp"), get(m, "weight")};
-      call(&cpu::rmsnorm_forward, &ops::rmsnorm_forward, a, gpu);
-    });
+    check_cuda_vs_cpu(rmsnorm_forward_case({.out = zeros_f32({N, C}), .rstd = zeros_f32({N}),
+                                            .inp = randn({N, C}, 11, 3.0f), .weight = randn({C}, 12)}),
+                      dt);
     Tensor inp = randn({N, C}, 13), rstd = Tensor::empty({N}, DType::F32);
     for (int64_t n = 0; n < N; ++n) {
       double ss = 0;
       for (int64_t c = 0; c < C; ++c) ss += std::pow(inp.data<float>()[n * C + c], 2);
       rstd.data<float>()[n] = float(1.0 / std::sqrt(ss / C + 1e-5));
     }
-    Fields bw{{"dinp", act(randn({N, C}, 14), true)},
-              {"dweight", act(randn({C}, 15), true)},
-              {"dout", act(randn({N, C}, 16))},
-              {"inp", act(inp)},
-              {"weight", act(randn({C}, 17))},
-              {"rstd", f32(rstd)}};
-    check_op("rmsnorm_backward", bw, dt, [](const TensorMap& m, bool gpu) {
-      RMSNormBwdArgs a{get(m, "dinp"), get(m, "dweight"), get(m, "dout"), get(m, "inp"),
-                       get(m, "weight"), get(m, "rstd"), Accum::Add};
-      call(&cpu::rmsnorm_backward, &ops::rmsnorm_backward, a, gpu);
-    });
+    OpCase bw = make_case("rmsnorm_backward",
+                          RMSNormBwdArgs{.dinp = randn({N, C}, 14), .dweight = randn({C}, 15),
+                                         .dout = randn({N, C}, 16), .inp = inp,
+                                         .weight = randn({C}, 17), .rstd = rstd,
+                                         .accum = Accum::Add},
+                          ops::rmsnorm_backward);
+    check_cuda_vs_cpu(set_kind(bw, {"rstd"}, Kind::F32), dt);
   }
 }
 
@@ -114,23 +83,14 @@ TEST_CASE("cuda embedding forward and backward") {
     // Tokens in [0, 90): some fall outside this rank's rows [10, 80).
     Tensor tokens = randint({B, T}, 21, 0, 90);
     for (bool with_wpe : {true, false}) {
-      Fields fw{{"out", act(Tensor::zeros({B, T, C}, DType::F32), true)},
-                {"tokens", ints(tokens)},
-                {"wte", act(randn({V, C}, 22))}};
-      if (with_wpe) fw["wpe"] = act(randn({maxT, C}, 23));
-      check_op("embedding_forward", fw, dt, [&](const TensorMap& m, bool gpu) {
-        EmbeddingArgs a{get(m, "out"), get(m, "tokens"), get(m, "wte"), get(m, "wpe"), vs, off};
-        call(&cpu::embedding_forward, &ops::embedding_forward, a, gpu);
-      });
-      Fields bw{{"dwte", act(randn({V, C}, 24), true)},
-                {"dout", act(randn({B, T, C}, 25))},
-                {"tokens", ints(tokens)}};
-      if (with_wpe) bw["dwpe"] = act(randn({maxT, C}, 26), true);
-      check_op("embedding_backward", bw, dt, [&](const TensorMap& m, bool gpu) {
-        EmbeddingBwdArgs a{get(m, "dwte"), get(m, "dwpe"), get(m, "dout"), get(m, "tokens"), vs,
-                           off};
-        call(&cpu::embedding_backward, &ops::embedding_backward, a, gpu);
-      });
+      EmbeddingArgs f{.out = zeros_f32({B, T, C}), .tokens = tokens, .wte = randn({V, C}, 22),
+                      .vocab_start = vs, .pos_offset = off};
+      if (with_wpe) f.wpe = randn({maxT, C}, 23);
+      check_cuda_vs_cpu(make_case("embedding_forward", f, ops::embedding_forward), dt);
+      EmbeddingBwdArgs b{.dwte = randn({V, C}, 24), .dout = randn({B, T, C}, 25), .tokens = tokens,
+                         .vocab_start = vs, .pos_offset = off};
+      if (with_wpe) b.dwpe = randn({maxT, C}, 26);
+      check_cuda_vs_cpu(make_case("embedding_backward", b, ops::embedding_backward), dt);
     }
   }
 }
@@ -150,32 +110,25 @@ TEST_CASE("cuda embedding backward is deterministic") {
   }
 }
 
+
 TEST_CASE("cuda matmul forward and backward") {
   if (!gpu_or_skip()) return;
   for (DType dt : kAllTypes) {
     const int64_t N = 67, C = 129, OC = 45;
     for (bool bias : {true, false}) {
-      Fields fw{{"out", act(Tensor::zeros({N, OC}, DType::F32), true)},
-                {"inp", act(randn({N, C}, 41))},
-                {"weight", act(randn({OC, C}, 42, 0.1f))}};
-      if (bias) fw["bias"] = act(randn({OC}, 43));
-      check_op("matmul_forward", fw, dt, [](const TensorMap& m, bool gpu) {
-        MatmulArgs a{get(m, "out"), get(m, "inp"), get(m, "weight"), get(m, "bias")};
-        call(&cpu::matmul_forward, &ops::matmul_forward, a, gpu);
-      });
+      MatmulArgs f{.out = zeros_f32({N, OC}), .inp = randn({N, C}, 41),
+                   .weight = randn({OC, C}, 42, 0.1f)};
+      if (bias) f.bias = randn({OC}, 43);
+      check_cuda_vs_cpu(matmul_forward_case(f), dt);
     }
     for (Accum acc : {Accum::Overwrite, Accum::Add}) {
-      Fields bw{{"dinp", act(randn({N, C}, 44), true)},
-                {"dweight", act(randn({OC, C}, 45), true)},
-                {"dbias", act(randn({OC}, 46), true)},
-                {"dout", act(randn({N, OC}, 47))},
-                {"inp", act(randn({N, C}, 48))},
-                {"weight", act(randn({OC, C}, 49, 0.1f))}};
-      check_op("matmul_backward", bw, dt, [acc](const TensorMap& m, bool gpu) {
-        MatmulBwdArgs a{get(m, "dinp"), get(m, "dweight"), get(m, "dbias"), get(m, "dout"),
-                        get(m, "inp"), get(m, "weight"), acc};
-        call(&cpu::matmul_backward, &ops::matmul_backward, a, gpu);
-      });
+      check_cuda_vs_cpu(make_case("matmul_backward",
+                                  MatmulBwdArgs{.dinp = randn({N, C}, 44), .dweight = randn({OC, C}, 45),
+                                                .dbias = randn({OC}, 46), .dout = randn({N, OC}, 47),
+                                                .inp = randn({N, C}, 48),
+                                                .weight = randn({OC, C}, 49, 0.1f), .accum = acc},
+                                  ops::matmul_backward),
+                        dt);
     }
   }
 }
@@ -186,13 +139,11 @@ TEST_CASE("cuda rope forward and backward") {
     const int64_t B = 2, T = 37;
     const int NH = 3, HS = 18;
     for (bool fwd : {true, false}) {
-      Fields f{{"out", act(Tensor::zeros({B, T, 3 * NH * HS}, DType::F32), true)},
-               {"inp", act(randn({B, T, 3 * NH * HS}, 51))}};
-      check_op(fwd ? "rope_forward" : "rope_backward", f, dt, [fwd](const TensorMap& m, bool gpu) {
-        RopeArgs a{get(m, "out"), get(m, "inp"), NH, 1000, 10000.0f};
-        if (fwd) call(&cpu::rope_forward, &ops::rope_forward, a, gpu);
-        else call(&cpu::rope_backward, &ops::rope_backward, a, gpu);
-      });
+      const RopeArgs a{.out = zeros_f32({B, T, 3 * NH * HS}), .inp = randn({B, T, 3 * NH * HS}, 51),
+                       .NH = NH, .pos_offset = 1000, .theta = 10000.0f};
+      check_cuda_vs_cpu(fwd ? make_case("rope_forward", a, ops::rope_forward)
+                            : make_case("rope_backward", a, ops::rope_backward),
+                        dt);
     }
   }
 }
@@ -201,30 +152,19 @@ TEST_CASE("cuda gelu and swiglu forward and backward") {
   if (!gpu_or_skip()) return;
   for (DType dt : kAllTypes) {
     const int64_t N = 13, F = 157;
-    Fields g{{"out", act(Tensor::zeros({N, F}, DType::F32), true)},
-             {"inp", act(randn({N, F}, 61, 2.0f))}};
-    check_op("gelu_forward", g, dt, [](const TensorMap& m, bool gpu) {
-      GeluArgs a{get(m, "out"), get(m, "inp"), Tensor{}};
-      call(&cpu::gelu_forward, &ops::gelu_forward, a, gpu);
-    });
-    g["dout"] = act(randn({N, F}, 62));
-    check_op("gelu_backward", g, dt, [](const TensorMap& m, bool gpu) {
-      GeluArgs a{get(m, "out"), get(m, "inp"), get(m, "dout")};
-      call(&cpu::gelu_backward, &ops::gelu_backward, a, gpu);
-    });
-    Fields s{{"out", act(Tensor::zeros({N, F}, DType::F32), true)},
-             {"inp", act(randn({N, 2 * F}, 63, 2.0f))}};
-    check_op("swiglu_forward", s, dt, [](const TensorMap& m, bool gpu) {
-      SwigluArgs a{get(m, "out"), get(m, "inp")};
-      call(&cpu::swiglu_forward, &ops::swiglu_forward, a, gpu);
-    });
-    Fields sb{{"dinp", act(Tensor::zeros({N, 2 * F}, DType::F32), true)},
-              {"dout", act(randn({N, F}, 64))},
-              {"inp", act(randn({N, 2 * F}, 65, 2.0f))}};
-    check_op("swiglu_backward", sb, dt, [](const TensorMap& m, bool gpu) {
-      SwigluBwdArgs a{get(m, "dinp"), get(m, "dout"), get(m, "inp")};
-      call(&cpu::swiglu_backward, &ops::swiglu_backward, a, gpu);
-    });
+    GeluArgs g{.out = zeros_f32({N, F}), .inp = randn({N, F}, 61, 2.0f)};
+    check_cuda_vs_cpu(make_case("gelu_forward", g, ops::gelu_forward), dt);
+    g.dout = randn({N, F}, 62);
+    check_cuda_vs_cpu(make_case("gelu_backward", g, ops::gelu_backward), dt);
+    check_cuda_vs_cpu(make_case("swiglu_forward",
+                                SwigluArgs{.out = zeros_f32({N, F}), .inp = randn({N, 2 * F}, 63, 2.0f)},
+                                ops::swiglu_forward),
+                      dt);
+    check_cuda_vs_cpu(make_case("swiglu_backward",
+                                SwigluBwdArgs{.dinp = zeros_f32({N, 2 * F}), .dout = randn({N, F}, 64),
+                                              .inp = randn({N, 2 * F}, 65, 2.0f)},
+                                ops::swiglu_backward),
+                      dt);
   }
 }
 
@@ -232,23 +172,15 @@ TEST_CASE("cuda add, scale, sum_squares, nonfinite_check") {
   if (!gpu_or_skip()) return;
   for (DType dt : kAllTypes) {
     const int64_t n = 10007;
-    Fields ad{{"out", act(Tensor::zeros({n}, DType::F32), true)},
-              {"a", act(randn({n}, 71))},
-              {"b", act(randn({n}, 72))}};
-    check_op("add", ad, dt, [](const TensorMap& m, bool gpu) {
-      AddArgs a{get(m, "out"), get(m, "a"), get(m, "b")};
-      call(&cpu::add, &ops::add, a, gpu);
-    });
-    Fields sc{{"x", act(randn({n}, 73), true)}};
-    check_op("scale", sc, dt, [](const TensorMap& m, bool gpu) {
-      call(&cpu::scale, &ops::scale, ScaleArgs{get(m, "x"), 0.37f}, gpu);
-    });
+    check_cuda_vs_cpu(
+        make_case("add", AddArgs{.out = zeros_f32({n}), .a = randn({n}, 71), .b = randn({n}, 72)}, ops::add),
+        dt);
+    check_cuda_vs_cpu(make_case("scale", ScaleArgs{.x = randn({n}, 73), .s = 0.37f}, ops::scale), dt);
     Tensor init = Tensor::empty({1}, DType::F32);
     init.data<float>()[0] = 3.5f;
-    Fields ss{{"out", f32(init, true)}, {"x", act(randn({3 * n + 1}, 74))}};
-    check_op("sum_squares", ss, dt, [](const TensorMap& m, bool gpu) {
-      call(&cpu::sum_squares, &ops::sum_squares, SumSquaresArgs{get(m, "out"), get(m, "x")}, gpu);
-    });
+    OpCase ss = make_case("sum_squares", SumSquaresArgs{.out = init, .x = randn({3 * n + 1}, 74)},
+                          ops::sum_squares);
+    check_cuda_vs_cpu(set_kind(ss, {"out"}, Kind::F32), dt);
     for (float bad : {0.0f, INFINITY, NAN}) {
       Tensor x = randn({n}, 75);
       x.data<float>()[n - 3] = bad == 0.0f ? 1.0f : bad;
@@ -268,15 +200,10 @@ TEST_CASE("cuda cross entropy") {
     targets.data<int32_t>()[3] = -1;  // ignored row
     targets.data<int32_t>()[7] = -100;
     for (bool grad : {false, true}) {
-      Fields f{{"losses", f32(Tensor::zeros({N}, DType::F32), true)},
-               {"logits", act(randn({N, Vp}, 82, 3.0f))},
-               {"targets", ints(targets)}};
-      if (grad) f["dlogits"] = act(Tensor::zeros({N, Vp}, DType::F32), true);
-      check_op("cross_entropy", f, dt, [](const TensorMap& m, bool gpu) {
-        CrossEntropyArgs a{get(m, "losses"), get(m, "dlogits"), get(m, "logits"),
-                           get(m, "targets"), V, 1.0f / 17};
-        call(&cpu::cross_entropy, &ops::cross_entropy, a, gpu);
-      });
+      CrossEntropyArgs a{.losses = zeros_f32({N}), .logits = randn({N, Vp}, 82, 3.0f),
+                         .targets = targets, .V = V, .dloss = 1.0f / 17};
+      if (grad) a.dlogits = zeros_f32({N, Vp});
+      check_cuda_vs_cpu(make_case("cross_entropy", a, ops::cross_entropy), dt);
     }
   }
 }
@@ -287,24 +214,11 @@ TEST_CASE("cuda adamw step") {
     const int64_t n = 5003;
     Tensor v = randn({n}, 94);
     for (int64_t i = 0; i < n; ++i) v.data<float>()[i] = std::fabs(v.data<float>()[i]) * 1e-3f;
-    Fields f{{"param", f32(randn({n}, 91), true)},
-             {"grad", act(randn({n}, 92, 0.01f))},
-             {"m", f32(randn({n}, 93, 1e-3f), true)},
-             {"v", f32(v, true)}};
-    if (dt != DType::F32) f["param_lowp"] = act(Tensor::zeros({n}, DType::F32), true);
-    check_op("adamw_step", f, dt, [](const TensorMap& m, bool gpu) {
-      AdamWArgs a;
-      a.param = get(m, "param");
-      a.grad = get(m, "grad");
-      a.m = get(m, "m");
-      a.v = get(m, "v");
-      a.param_lowp = get(m, "param_lowp");
-      a.lr = 1e-3f;
-      a.weight_decay = 0.1f;
-      a.grad_scale = 0.5f;
-      a.step = 7;
-      call(&cpu::adamw_step, &ops::adamw_step, a, gpu);
-    });
+    AdamWArgs a{.param = randn({n}, 91), .grad = randn({n}, 92, 0.01f), .m = randn({n}, 93, 1e-3f),
+                .v = v, .lr = 1e-3f, .weight_decay = 0.1f, .grad_scale = 0.5f, .step = 7};
+    if (dt != DType::F32) a.param_lowp = zeros_f32({n});
+    OpCase c = make_case("adamw_step", a, ops::adamw_step);
+    check_cuda_vs_cpu(set_kind(c, {"param", "m", "v"}, Kind::F32), dt);
   }
 }
 
@@ -334,18 +248,13 @@ TEST_CASE("cuda mixed precision: low-precision activations, f32 weight grads") {
     {
       const int64_t N = 67, C = 129, OC = 45;
       for (Accum acc : {Accum::Overwrite, Accum::Add}) {
-        Fields bw{{"dinp", act(randn({N, C}, 144), true)},
-                  {"dweight", f32(randn({OC, C}, 145), true)},
-                  {"dbias", f32(randn({OC}, 146), true)},
-                  {"dout", act(randn({N, OC}, 147))},
-                  {"inp", act(randn({N, C}, 148))},
-                  {"weight", act(randn({OC, C}, 149, 0.1f))}};
-        check_op("matmul_backward (f32 dweight/dbias)", bw, dt,
-                 [acc](const TensorMap& m, bool gpu) {
-                   MatmulBwdArgs a{get(m, "dinp"), get(m, "dweight"), get(m, "dbias"),
-                                   get(m, "dout"), get(m, "inp"),     get(m, "weight"), acc};
-                   call(&cpu::matmul_backward, &ops::matmul_backward, a, gpu);
-                 });
+        OpCase bw = make_case("matmul_backward (f32 dweight/dbias)",
+                              MatmulBwdArgs{.dinp = randn({N, C}, 144), .dweight = randn({OC, C}, 145),
+                                            .dbias = randn({OC}, 146), .dout = randn({N, OC}, 147),
+                                            .inp = randn({N, C}, 148),
+                                            .weight = randn({OC, C}, 149, 0.1f), .accum = acc},
+                              ops::matmul_backward);
+        check_cuda_vs_cpu(set_kind(bw, {"dweight", "dbias"}, Kind::F32), dt);
       }
     }
     {
@@ -364,45 +273,33 @@ TEST_CASE("cuda mixed precision: low-precision activations, f32 weight grads") {
         rstd.data<float>()[n] = float(1.0 / std::sqrt(v / C + 1e-5));
         rrstd.data<float>()[n] = float(1.0 / std::sqrt(ss / C + 1e-5));
       }
-      Fields ln{{"dinp", act(randn({N, C}, 105), true)},
-                {"dweight", f32(randn({C}, 106), true)},
-                {"dbias", f32(randn({C}, 107), true)},
-                {"dout", act(randn({N, C}, 108))},
-                {"inp", act(inp)},
-                {"weight", act(randn({C}, 109))},
-                {"mean", f32(mean)},
-                {"rstd", f32(rstd)}};
-      check_op("layernorm_backward (f32 dweight/dbias)", ln, dt, [](const TensorMap& m, bool gpu) {
-        LayerNormBwdArgs a{get(m, "dinp"), get(m, "dweight"), get(m, "dbias"), get(m, "dout"),
-                           get(m, "inp"),  get(m, "weight"),  get(m, "mean"),  get(m, "rstd"),
-                           Accum::Add};
-        call(&cpu::layernorm_backward, &ops::layernorm_backward, a, gpu);
-      });
-      Fields rms{{"dinp", act(randn({N, C}, 114), true)},
-                 {"dweight", f32(randn({C}, 115), true)},
-                 {"dout", act(randn({N, C}, 116))},
-                 {"inp", act(inp)},
-                 {"weight", act(randn({C}, 117))},
-                 {"rstd", f32(rrstd)}};
-      check_op("rmsnorm_backward (f32 dweight)", rms, dt, [](const TensorMap& m, bool gpu) {
-        RMSNormBwdArgs a{get(m, "dinp"), get(m, "dweight"), get(m, "dout"), get(m, "inp"),
-                         get(m, "weight"), get(m, "rstd"), Accum::Overwrite};
-        call(&cpu::rmsnorm_backward, &ops::rmsnorm_backward, a, gpu);
-      });
+      OpCase ln = make_case("layernorm_backward (f32 dweight/dbias)",
+                            LayerNormBwdArgs{.dinp = randn({N, C}, 105), .dweight = randn({C}, 106),
+                                             .dbias = randn({C}, 107), .dout = randn({N, C}, 108),
+                                             .inp = inp, .weight = randn({C}, 109), .mean = mean,
+                                             .rstd = rstd, .accum = Accum::Add},
+                            ops::layernorm_backward);
+      check_cuda_vs_cpu(set_kind(ln, {"dweight", "dbias", "mean", "rstd"}, Kind::F32), dt);
+      OpCase rms = make_case("rmsnorm_backward (f32 dweight)",
+                             RMSNormBwdArgs{.dinp = randn({N, C}, 114), .dweight = randn({C}, 115),
+                                            .dout = randn({N, C}, 116), .inp = inp,
+                                            .weight = randn({C}, 117), .rstd = rrstd,
+                                            .accum = Accum::Overwrite},
+                             ops::rmsnorm_backward);
+      check_cuda_vs_cpu(set_kind(rms, {"dweight", "rstd"}, Kind::F32), dt);
     }
     {
       const int64_t B = 3, T = 45, C = 291, V = 70, maxT = 64, vs = 10, off = 5;
       Tensor tokens = randint({B, T}, 121, 0, 90);
       for (bool with_wpe : {true, false}) {
-        Fields bw{{"dwte", f32(randn({V, C}, 124), true)},
-                  {"dout", act(randn({B, T, C}, 125))},
-                  {"tokens", ints(tokens)}};
-        if (with_wpe) bw["dwpe"] = f32(randn({maxT, C}, 126), true);
-        check_op("embedding_backward (f32 dwte/dwpe)", bw, dt, [&](const TensorMap& m, bool gpu) {
-          EmbeddingBwdArgs a{get(m, "dwte"), get(m, "dwpe"), get(m, "dout"), get(m, "tokens"),
-                             vs, off};
-          call(&cpu::embedding_backward, &ops::embedding_backward, a, gpu);
-        });
+        EmbeddingBwdArgs b{.dwte = randn({V, C}, 124), .dout = randn({B, T, C}, 125),
+                           .tokens = tokens, .vocab_start = vs, .pos_offset = off};
+        if (with_wpe) b.dwpe = randn({maxT, C}, 126);
+        OpCase bw = make_case("embedding_backward (f32 dwte/dwpe)", b, ops::embedding_backward);
+        check_cuda_vs_cpu(set_kind(bw, with_wpe ? std::vector<std::string>{"dwte", "dwpe"}
+                                                : std::vector<std::string>{"dwte"},
+                                   Kind::F32),
+                          dt);
       }
     }
   }

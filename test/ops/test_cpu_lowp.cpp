@@ -9,7 +9,7 @@
 #include <map>
 #include <utility>
 
-#include "test/ops/op_test_util.h"
+#include "test/ops_harness/op_test_util.h"
 
 using namespace ds;
 using namespace ds::test;

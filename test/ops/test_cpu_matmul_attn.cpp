@@ -2,25 +2,11 @@
 // Forward against double references, backward against finite differences on
 // small shapes and against a naive double backward on shapes spanning several
 // query blocks, accumulation semantics and thread-count determinism.
-#include "test/ops/op_test_util.h"
+#include "test/ops_harness/op_cases.h"
+#include "test/ops_harness/op_test_util.h"
 
 using namespace ds;
 using namespace ds::test;
-
-namespace {
-
-Vec ref_matmul(const Vec& x, const Vec& w, const Vec* b, int64_t N, int64_t C, int64_t OC) {
-  Vec out(N * OC);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t o = 0; o < OC; ++o) {
-      double s = b ? (*b)[o] : 0.0;
-      for (int64_t c = 0; c < C; ++c) s += x[n * C + c] * w[o * C + c];
-      out[n * OC + o] = s;
-    }
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("matmul forward on odd and larger shapes") {
   for (auto [N, C, OC] : {std::tuple<int64_t, int64_t, int64_t>{14, 12, 10}, {67, 45, 133}}) {
@@ -29,39 +15,22 @@ TEST_CASE("matmul forward on odd and larger shapes") {
     f.weight = randn({OC, C}, 41);
     f.bias = randn({OC}, 42);
     f.out = Tensor::empty({N, OC}, DType::F32);
-    ops::matmul_forward(f);
-    const Vec b = to_f64(f.bias);
-    check_close(f.out, ref_matmul(to_f64(f.inp), to_f64(f.weight), &b, N, C, OC), kFwdTol, "out+bias");
+    check_reference(matmul_forward_case(f));  // out + bias
     f.bias = Tensor();
-    ops::matmul_forward(f);
-    check_close(f.out, ref_matmul(to_f64(f.inp), to_f64(f.weight), nullptr, N, C, OC), kFwdTol, "out");
+    check_reference(matmul_forward_case(f));
   }
 }
 
 TEST_CASE("matmul backward: finite differences, accumulation, skipped dinp") {
-  const int64_t N = 14, C = 12, OC = 10;
+  const int64_t C = 12, OC = 10;
   const Tensor x = randn({2, 7, C}, 50), w = randn({OC, C}, 51), b = randn({OC}, 52);
   const Tensor dout = randn({2, 7, OC}, 53);
-  const Vec xv = to_f64(x), wv = to_f64(w), bv = to_f64(b), dv = to_f64(dout);
-  const Vec fd_x = fd_grad(xv, [&](const Vec& v) { return dot(ref_matmul(v, wv, &bv, N, C, OC), dv); });
-  const Vec fd_w = fd_grad(wv, [&](const Vec& v) { return dot(ref_matmul(xv, v, &bv, N, C, OC), dv); });
-  const Vec fd_b = fd_grad(bv, [&](const Vec& v) { return dot(ref_matmul(xv, wv, &v, N, C, OC), dv); });
   for (Accum acc : {Accum::Overwrite, Accum::Add}) {
-    MatmulBwdArgs g;
-    g.dinp = randn({2, 7, C}, 54);
-    const Tensor dinp0 = g.dinp.clone();
-    g.dweight = randn({OC, C}, 55);
-    g.dbias = randn({OC}, 56);
-    const Tensor dw0 = g.dweight.clone(), db0 = g.dbias.clone();
-    g.dout = dout, g.inp = x, g.weight = w, g.accum = acc;
-    ops::matmul_backward(g);
-    check_close(g.dinp, acc == Accum::Add ? add_vec(to_f64(dinp0), fd_x) : fd_x, kBwdTol, "dinp");
-    check_close(g.dweight, add_vec(to_f64(dw0), fd_w), kBwdTol, "dweight");
-    check_close(g.dbias, add_vec(to_f64(db0), fd_b), kBwdTol, "dbias");
-    g.dinp = Tensor();  // skip dinp; weight grads accumulate again
-    ops::matmul_backward(g);
-    check_close(g.dweight, add_vec(to_f64(dw0), fd_w, 2.0), kBwdTol, "dweight x2");
-    check_close(g.dbias, add_vec(to_f64(db0), fd_b, 2.0), kBwdTol, "dbias x2");
+    MatmulBwdArgs g{.dinp = randn({2, 7, C}, 54), .dweight = randn({OC, C}, 55),
+                    .dbias = randn({OC}, 56), .dout = dout, .inp = x, .weight = w, .accum = acc};
+    check_finite_diff(matmul_backward_case(g, b, 1));
+    g.dinp = Tensor();  // skip dinp; weight grads accumulate on every call
+    check_finite_diff(matmul_backward_case(g, b, 2));
   }
 }
 
@@ -325,4 +294,18 @@ TEST_CASE("rope forward, inverse backward, in-place") {
   CHECK(bit_equal(inplace, f.out));
   ops::rope_backward(ip);  // inverse rotation restores the input
   check_close(inplace, x, 1e-6, "rope_backward(rope_forward(x)) == x");
+}
+
+// The harness's timing mode on the same cases as the checks above. Run with:
+// test_cpu_ops "[bench]"
+TEST_CASE("op timing (CPU)", "[.][bench]") {
+  const int64_t N = 512, C = 768;
+  const MatmulArgs mm{.out = Tensor::empty({N, C}, DType::F32), .inp = randn({N, C}, 1),
+                      .weight = randn({C, C}, 2), .bias = randn({C}, 3)};
+  const LayerNormArgs ln{.out = Tensor::empty({N, C}, DType::F32), .mean = Tensor::empty({N}, DType::F32),
+                         .rstd = Tensor::empty({N}, DType::F32), .inp = randn({N, C}, 4),
+                         .weight = randn({C}, 5), .bias = randn({C}, 6)};
+  for (const OpCase& c : {matmul_forward_case(mm), layernorm_forward_case(ln)})
+    std::printf("%-24s N=%lld C=%lld: %.1f us\n", c.name.c_str(), static_cast<long long>(N),
+                static_cast<long long>(C), time_cpu(c, 20) / 1e3);
 }

@@ -1,10 +1,13 @@
 // CPU op tests: embedding (vocab-parallel, position offset), LayerNorm, RMSNorm.
 // Forward against double references, backward against finite differences of
 // those references, gradient accumulation and thread-count determinism.
-#include "test/ops/op_test_util.h"
+#include "test/ops_harness/op_cases.h"
+#include "test/ops_harness/op_test_util.h"
 
 using namespace ds;
 using namespace ds::test;
+
+constexpr int64_t kNormC = 12;
 
 namespace {
 
@@ -83,93 +86,34 @@ TEST_CASE("embedding rejects positions beyond wpe") {
   REQUIRE_THROWS(ops::embedding_forward(f));
 }
 
-// ---- layernorm / rmsnorm --------------------------------------------------------
-
-namespace {
-
-struct NormRef {
-  Vec out, mean, rstd;
-};
-
-NormRef ref_layernorm(const Vec& x, const Vec& w, const Vec& b, int64_t N, int64_t C, double eps) {
-  NormRef r{Vec(N * C), Vec(N), Vec(N)};
-  for (int64_t n = 0; n < N; ++n) {
-    double m = 0, v = 0;
-    for (int64_t c = 0; c < C; ++c) m += x[n * C + c];
-    m /= C;
-    for (int64_t c = 0; c < C; ++c) v += (x[n * C + c] - m) * (x[n * C + c] - m);
-    const double rs = 1.0 / std::sqrt(v / C + eps);
-    for (int64_t c = 0; c < C; ++c) r.out[n * C + c] = (x[n * C + c] - m) * rs * w[c] + b[c];
-    r.mean[n] = m;
-    r.rstd[n] = rs;
-  }
-  return r;
-}
-
-NormRef ref_rmsnorm(const Vec& x, const Vec& w, int64_t N, int64_t C, double eps) {
-  NormRef r{Vec(N * C), Vec(), Vec(N)};
-  for (int64_t n = 0; n < N; ++n) {
-    double s = 0;
-    for (int64_t c = 0; c < C; ++c) s += x[n * C + c] * x[n * C + c];
-    const double rs = 1.0 / std::sqrt(s / C + eps);
-    for (int64_t c = 0; c < C; ++c) r.out[n * C + c] = x[n * C + c] * rs * w[c];
-    r.rstd[n] = rs;
-  }
-  return r;
-}
-
-}  // namespace
+// ---- layernorm / rmsnorm (OpCases of test/ops_harness/op_cases.h) -------------
 
 TEST_CASE("layernorm forward and backward") {
-  const int64_t N = 14, C = 12;
   const float eps = 1e-5f;
   LayerNormArgs f;
-  f.inp = randn({2, 7, C}, 10, 2.0);
+  f.inp = randn({2, 7, kNormC}, 10, 2.0);
   for (int64_t i = 0; i < f.inp.numel(); ++i) f.inp.data<float>()[i] += 0.5f;  // nonzero mean
-  f.weight = randn({C}, 11);
-  f.bias = randn({C}, 12);
-  f.out = Tensor::empty({2, 7, C}, DType::F32);
+  f.weight = randn({kNormC}, 11);
+  f.bias = randn({kNormC}, 12);
+  f.out = Tensor::empty({2, 7, kNormC}, DType::F32);
   f.mean = Tensor::empty({2, 7}, DType::F32);
   f.rstd = Tensor::empty({2, 7}, DType::F32);
   f.eps = eps;
-  ops::layernorm_forward(f);
-  const Vec x = to_f64(f.inp), w = to_f64(f.weight), b = to_f64(f.bias);
-  const NormRef r = ref_layernorm(x, w, b, N, C, eps);
-  check_close(f.out, r.out, kFwdTol, "out");
-  check_close(f.mean, r.mean, kFwdTol, "mean");
-  check_close(f.rstd, r.rstd, kFwdTol, "rstd");
+  check_reference(layernorm_forward_case(f));
+  ops::layernorm_forward(f);  // the f32 statistics the backward reads
 
-  const Tensor dout = randn({2, 7, C}, 13);
-  const Vec wv = to_f64(dout);
-  const Vec fd_x = fd_grad(x, [&](const Vec& v) { return dot(ref_layernorm(v, w, b, N, C, eps).out, wv); });
-  const Vec fd_w = fd_grad(w, [&](const Vec& v) { return dot(ref_layernorm(x, v, b, N, C, eps).out, wv); });
-  const Vec fd_b = fd_grad(b, [&](const Vec& v) { return dot(ref_layernorm(x, w, v, N, C, eps).out, wv); });
+  const Tensor dout = randn({2, 7, kNormC}, 13);
   for (Accum acc : {Accum::Overwrite, Accum::Add}) {
-    LayerNormBwdArgs g;
-    g.dinp = randn({2, 7, C}, 14);
-    const Tensor dinp0 = g.dinp.clone();
-    g.dweight = randn({C}, 15);
-    g.dbias = randn({C}, 16);
-    const Tensor dw0 = g.dweight.clone(), db0 = g.dbias.clone();
-    g.dout = dout;
-    g.inp = f.inp;
-    g.weight = f.weight;
-    g.mean = f.mean;
-    g.rstd = f.rstd;
-    g.accum = acc;
-    ops::layernorm_backward(g);
-    const Vec want_dx = acc == Accum::Add ? add_vec(to_f64(dinp0), fd_x) : fd_x;
-    check_close(g.dinp, want_dx, kBwdTol, "dinp");
-    check_close(g.dweight, add_vec(to_f64(dw0), fd_w), kBwdTol, "dweight");
-    check_close(g.dbias, add_vec(to_f64(db0), fd_b), kBwdTol, "dbias");
-    ops::layernorm_backward(g);  // weight grads accumulate again
-    check_close(g.dweight, add_vec(to_f64(dw0), fd_w, 2.0), kBwdTol, "dweight x2");
-    check_close(g.dbias, add_vec(to_f64(db0), fd_b, 2.0), kBwdTol, "dbias x2");
+    const LayerNormBwdArgs g{.dinp = randn({2, 7, kNormC}, 14), .dweight = randn({kNormC}, 15),
+                             .dbias = randn({kNormC}, 16), .dout = dout, .inp = f.inp,
+                             .weight = f.weight, .mean = f.mean, .rstd = f.rstd, .accum = acc};
+    check_finite_diff(layernorm_backward_case(g, f.bias, eps, 1));
+    check_finite_diff(layernorm_backward_case(g, f.bias, eps, 2));  // weight grads accumulate again
   }
 }
 
 TEST_CASE("rmsnorm forward and backward") {
-  const int64_t N = 14, C = 12;
+  const int64_t N = 14, C = kNormC;
   const float eps = 1e-6f;
   RMSNormArgs f;
   f.inp = randn({N, C}, 20, 1.5);
@@ -177,33 +121,15 @@ TEST_CASE("rmsnorm forward and backward") {
   f.out = Tensor::empty({N, C}, DType::F32);
   f.rstd = Tensor::empty({N}, DType::F32);
   f.eps = eps;
+  check_reference(rmsnorm_forward_case(f));
   ops::rmsnorm_forward(f);
-  const Vec x = to_f64(f.inp), w = to_f64(f.weight);
-  const NormRef r = ref_rmsnorm(x, w, N, C, eps);
-  check_close(f.out, r.out, kFwdTol, "out");
-  check_close(f.rstd, r.rstd, kFwdTol, "rstd");
 
   const Tensor dout = randn({N, C}, 22);
-  const Vec wv = to_f64(dout);
-  const Vec fd_x = fd_grad(x, [&](const Vec& v) { return dot(ref_rmsnorm(v, w, N, C, eps).out, wv); });
-  const Vec fd_w = fd_grad(w, [&](const Vec& v) { return dot(ref_rmsnorm(x, v, N, C, eps).out, wv); });
   for (Accum acc : {Accum::Overwrite, Accum::Add}) {
-    RMSNormBwdArgs g;
-    g.dinp = randn({N, C}, 23);
-    const Tensor dinp0 = g.dinp.clone();
-    g.dweight = randn({C}, 24);
-    const Tensor dw0 = g.dweight.clone();
-    g.dout = dout;
-    g.inp = f.inp;
-    g.weight = f.weight;
-    g.rstd = f.rstd;
-    g.accum = acc;
-    ops::rmsnorm_backward(g);
-    ops::rmsnorm_backward(g);
     // dinp: Overwrite gives the gradient; Add after two calls gives dinp0 + 2 * gradient.
-    const Vec want_dx = acc == Accum::Add ? add_vec(to_f64(dinp0), fd_x, 2.0) : fd_x;
-    check_close(g.dinp, want_dx, kBwdTol, "dinp");
-    check_close(g.dweight, add_vec(to_f64(dw0), fd_w, 2.0), kBwdTol, "dweight x2");
+    const RMSNormBwdArgs g{.dinp = randn({N, C}, 23), .dweight = randn({C}, 24), .dout = dout,
+                           .inp = f.inp, .weight = f.weight, .rstd = f.rstd, .accum = acc};
+    check_finite_diff(rmsnorm_backward_case(g, eps, 2));
   }
 }
 

@@ -1,7 +1,7 @@
 // CPU op tests: GELU, SwiGLU, add, cross-entropy (padded vocab, ignored
 // targets, aliasing), AdamW (two-step reference), sum of squares, non-finite
 // check, scale and cast.
-#include "test/ops/op_test_util.h"
+#include "test/ops_harness/op_test_util.h"
 
 using namespace ds;
 using namespace ds::test;

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "test/ops/op_test_util.h"
+#include "test/ops_harness/op_test_util.h"
 
 using namespace ds;
 using namespace ds::test;

@@ -4,7 +4,7 @@
 // gradient central finite differences, padding and ignored rows excluded.
 #include <algorithm>
 
-#include "test/ops/op_test_util.h"
+#include "test/ops_harness/op_test_util.h"
 
 using namespace ds;
 using namespace ds::test;

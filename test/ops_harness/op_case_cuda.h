@@ -1,4 +1,5 @@
-// Test harness for the CUDA ops: runs one op on the CPU reference (f32), on a
+// The CUDA modes of the op-test harness (op_case.h) and the GPU tests' own
+// helpers. check_cuda_vs_cpu runs one OpCase on the CPU reference (f32), on a
 // naive low-precision baseline (inputs and outputs rounded to bf16/f16, CPU
 // math) and on the GPU, then compares every output field.
 //  - f32: GPU vs CPU relative error <= 1e-5 (max-abs error / max-abs value).
@@ -7,14 +8,11 @@
 #pragma once
 #include <catch2/catch.hpp>
 
-#include <cstdio>
-#include <functional>
-#include <map>
 #include <string>
-#include <vector>
 
 #include "lib/core/stream.h"
 #include "lib/core/tensor.h"
+#include "test/ops_harness/op_case.h"
 
 namespace ds::test {
 
@@ -36,28 +34,12 @@ Tensor download_f32(const Tensor& dev);
 // max |a - b| / max |b| (0 when both are all zero).
 double rel_err(const Tensor& a, const Tensor& ref);
 
-// How a field is stored on the device in a low-precision run.
-enum class Kind { Act, F32, Int };
-struct Field {
-  Tensor host;  // f32 (Act/F32) or i32 (Int), host
-  Kind kind = Kind::Act;
-  bool output = false;  // compared after the op
-};
-using Fields = std::map<std::string, Field>;
-using TensorMap = std::map<std::string, Tensor>;
-
-// Tensor of `name` or an undefined tensor when the field is absent.
-inline Tensor get(const TensorMap& m, const std::string& name) {
-  auto it = m.find(name);
-  return it == m.end() ? Tensor{} : it->second;
-}
-
-using OpRunner = std::function<void(const TensorMap&, bool on_gpu)>;
-
-// Runs the comparison described above for dtype dt; `what` names the case.
-// `baseline`, when given, replaces `run` for the naive low-precision baseline
-// (for ops whose kernels round intermediates, e.g. attention's P and dS).
-void check_op(const std::string& what, const Fields& fields, DType dt, const OpRunner& run,
-              double f32_tol = 1e-5, const OpRunner* baseline = nullptr);
+// Mode (c) of the harness (op_case.h): runs the case on the CPU (f32), on a
+// naive low-precision baseline (Act fields rounded through dt, CPU math; the
+// case's `baseline` when set) and on the GPU (Act fields in dt, F32 fields
+// f32), then compares every output field as described above.
+void check_cuda_vs_cpu(const OpCase& c, DType dt);
+// Mode (d) on the GPU: median time of one call in microseconds (events).
+double time_cuda(const OpCase& c, DType dt, int iters);
 
 }  // namespace ds::test

@@ -1,5 +1,6 @@
-// Shared helpers of the CPU op tests: seeded random tensors, double copies,
-// error metrics, central finite differences and bitwise comparison.
+// Helpers of the CPU op tests (test/ops) and of the op-test harness
+// (op_case.h): seeded random tensors, double copies, error metrics, central
+// finite differences and bitwise comparison.
 // Error metric: max |got - ref| / max |ref| over the whole tensor (so values
 // near zero are judged against the tensor's scale, not their own).
 #pragma once

@@ -1,7 +1,12 @@
-// Implementation of the CUDA op test harness (see op_harness.h).
-#include "op_harness.h"
+// The CUDA modes of the op-test harness (see op_case_cuda.h).
+#include "test/ops_harness/op_case_cuda.h"
 
+#include <cuda_runtime.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <vector>
 
 #include "cuda/cuda_api.h"
 #include "lib/core/rng.h"
@@ -94,36 +99,39 @@ double rel_err(const Tensor& a, const Tensor& ref) {
 namespace {
 
 // Host f32 copies of all fields, Act fields rounded through dt when `round`.
-TensorMap host_copies(const Fields& fields, DType dt, bool round) {
+TensorMap rounded_copies(const Fields& fields, DType dt, bool round) {
   TensorMap m;
   for (auto& [name, f] : fields)
     m[name] = (round && f.kind == Kind::Act) ? round_to(f.host, dt) : f.host.clone();
   return m;
 }
 
+TensorMap device_copies(const Fields& fields, DType dt) {
+  TensorMap m;
+  for (auto& [name, f] : fields) m[name] = upload(f.host, f.kind == Kind::Act ? dt : DType::F32);
+  return m;
+}
+
 }  // namespace
 
-void check_op(const std::string& what, const Fields& fields, DType dt, const OpRunner& run,
-              double f32_tol, const OpRunner* baseline) {
-  TensorMap ref = host_copies(fields, dt, false);
-  run(ref, false);
+void check_cuda_vs_cpu(const OpCase& c, DType dt) {
+  TensorMap ref = rounded_copies(c.fields, dt, false);
+  c.run(ref);
   TensorMap base;
   if (dt != DType::F32) {
-    base = host_copies(fields, dt, true);
-    (baseline ? *baseline : run)(base, false);
+    base = rounded_copies(c.fields, dt, true);
+    (c.baseline ? c.baseline : c.run)(base);
   }
-  TensorMap dev;
-  for (auto& [name, f] : fields)
-    dev[name] = upload(f.host, f.kind == Kind::Act ? dt : DType::F32);
-  run(dev, true);
+  TensorMap dev = device_copies(c.fields, dt);
+  c.run(dev);
   ds::cuda::synchronize();
-  for (auto& [name, f] : fields) {
+  for (auto& [name, f] : c.fields) {
     if (!f.output) continue;
     Tensor got = download_f32(dev[name]);
     double err = rel_err(got, ref[name]);
-    INFO(what << " [" << dtype_name(dt) << "] field " << name << ": rel err " << err);
+    INFO(c.name << " [" << dtype_name(dt) << "] field " << name << ": rel err " << err);
     if (dt == DType::F32) {
-      CHECK(err <= f32_tol);
+      CHECK(err <= c.f32_tol);
     } else {
       Tensor b = f.kind == Kind::Act ? round_to(base[name], dt) : base[name];
       double berr = rel_err(b, ref[name]);
@@ -131,6 +139,29 @@ void check_op(const std::string& what, const Fields& fields, DType dt, const OpR
       CHECK(err <= 2.0 * berr + 1e-6);
     }
   }
+}
+
+double time_cuda(const OpCase& c, DType dt, int iters) {
+  TensorMap dev = device_copies(c.fields, dt);
+  c.run(dev);  // warm-up
+  ds::cuda::synchronize();
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> us;
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(e0);
+    c.run(dev);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    us.push_back(ms * 1e3f);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(us.begin(), us.end());
+  return us.empty() ? 0.0 : us[us.size() / 2];
 }
 
 }  // namespace ds::test
