@@ -1,18 +1,39 @@
-// Check macros for CUDA runtime and cuBLAS(Lt) calls, usable from .cu files.
-// The failure path lives in check.cpp (plain C++) so kernels never pull in fmt;
-// messages carry file:line, host and rank like every other ds error.
+// One family of check macros for the GPU libraries: DS_CUDA_CHECK (CUDA
+// runtime), DS_CUBLAS_CHECK (cuBLAS / cuBLASLt), DS_NCCL_CHECK (NCCL through
+// its run-time loaded table, lib/comm/nccl/nccl_api.h) and DS_CUDA_REQUIRE
+// (argument checks the CUDA backend keeps). Every failure is one ds::Error
+// "<library> error <code> (<library's text>): <expression>" with file:line,
+// host and rank (ds::throw_error). Header-only and free of fmt, so .cu files
+// and lib/comm/nccl use it without linking anything beyond the library they call.
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <string>
 
+namespace ds {
+[[noreturn]] void throw_error(const char* file, int line, const std::string& msg);  // lib/core/error.h
+}  // namespace ds
+
 namespace ds::cuda {
 
-[[noreturn]] void cuda_fail(cudaError_t err, const char* expr, const char* file, int line);
-[[noreturn]] void cublas_fail(int status, const char* expr, const char* file, int line);
-[[noreturn]] void require_fail(const char* cond, const std::string& msg, const char* file,
-                               int line);
+// The failure path of every macro of the family.
+[[noreturn]] inline void check_fail(const char* lib, long code, const char* text, const char* expr,
+                                    const char* file, int line) {
+  ::ds::throw_error(file, line, std::string(lib) + " error " + std::to_string(code) + " (" +
+                                    (text ? text : "?") + "): " + expr);
+}
+[[noreturn]] inline void cuda_fail(cudaError_t err, const char* expr, const char* file, int line) {
+  check_fail("CUDA", static_cast<long>(err), cudaGetErrorString(err), expr, file, line);
+}
+[[noreturn]] inline void cublas_fail(int status, const char* expr, const char* file, int line) {
+  check_fail("cuBLAS", status, cublasLtGetStatusString(static_cast<cublasStatus_t>(status)), expr,
+             file, line);
+}
+[[noreturn]] inline void require_fail(const char* cond, const std::string& msg, const char* file,
+                                      int line) {
+  ::ds::throw_error(file, line, "check failed: " + std::string(cond) + ": " + msg);
+}
 
 }  // namespace ds::cuda
 

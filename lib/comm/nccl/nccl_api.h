@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda/core/check.h"
+
 namespace ds {
 
 struct NcclApi {
@@ -46,3 +48,16 @@ NcclApi load_nccl(const std::string& override_path);
 const NcclApi& nccl();
 
 }  // namespace ds
+
+// The NCCL member of the check-macro family of cuda/core/check.h: `expr` is a
+// call through the table (DS_NCCL_CHECK(nccl().GetUniqueId(&id))); a failure
+// is "NCCL error <code> (<ncclGetErrorString>): <expr>" with file:line, host
+// and rank. Calls on a communicator use NcclCommunicator::check, which also
+// names the group, rank and device.
+#define DS_NCCL_CHECK(expr)                                                          \
+  do {                                                                               \
+    const ncclResult_t ds_nr_ = (expr);                                              \
+    if (ds_nr_ != ncclSuccess)                                                       \
+      ::ds::cuda::check_fail("NCCL", static_cast<long>(ds_nr_),                      \
+                             ::ds::nccl().GetErrorString(ds_nr_), #expr, __FILE__, __LINE__); \
+  } while (0)

@@ -1,5 +1,7 @@
 // NCCL backend: the only file of lib/comm that calls NCCL (through the
-// run-time loaded table of nccl_api.h) or the CUDA runtime.
+// run-time loaded table of nccl_api.h) or the CUDA runtime. CUDA and NCCL
+// errors go through the one check-macro family (cuda/core/check.h,
+// DS_NCCL_CHECK in nccl_api.h).
 #include "lib/comm/nccl/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -17,12 +19,6 @@ namespace {
 
 ncclComm_t as_comm(void* p) { return static_cast<ncclComm_t>(p); }
 cudaStream_t as_stream(Stream s) { return static_cast<cudaStream_t>(s.handle); }
-
-#define DS_CUDA_OK(call)                                                          \
-  do {                                                                            \
-    cudaError_t e_ = (call);                                                      \
-    if (e_ != cudaSuccess) DS_THROW("{} failed: {}", #call, cudaGetErrorString(e_)); \
-  } while (0)
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -75,7 +71,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create_world(std::shared_ptr
   c->device_ = local_rank % n;
   c->op_timeout_ = op_timeout;
   for (int r = 0; r < size; ++r) c->world_ranks_.push_back(r);
-  DS_CUDA_OK(cudaSetDevice(c->device_));
+  DS_CUDA_CHECK(cudaSetDevice(c->device_));
   DS_CHECK(size == 1 || c->store_, "an NCCL world of {} ranks needs a store", size);
   c->init_comm();
   return c;
@@ -85,7 +81,7 @@ void NcclCommunicator::init_comm() {
   ncclUniqueId id;
   std::string key = "nccl/" + name_ + "/unique_id";
   if (rank_ == 0) {
-    check(nccl().GetUniqueId(&id), "ncclGetUniqueId");
+    DS_NCCL_CHECK(nccl().GetUniqueId(&id));
     if (size_ > 1) store_->set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
   } else {
     std::string v = store_->get(key);
@@ -93,11 +89,11 @@ void NcclCommunicator::init_comm() {
              sizeof(id));
     std::memcpy(&id, v.data(), sizeof(id));
   }
-  DS_CUDA_OK(cudaSetDevice(device_));
+  DS_CUDA_CHECK(cudaSetDevice(device_));
   ncclComm_t comm = nullptr;
   check(nccl().CommInitRank(&comm, size_, id, rank_), "ncclCommInitRank");
   comm_ = comm;
-  DS_CUDA_OK(cudaMalloc(&scratch_, sizeof(float)));
+  DS_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -243,7 +239,7 @@ void NcclCommunicator::wait(const char* what) {
   while (true) {
     cudaError_t e = cudaStreamQuery(as_stream(stream_));
     if (e == cudaSuccess) return;
-    if (e != cudaErrorNotReady) DS_CUDA_OK(e);
+    if (e != cudaErrorNotReady) DS_CUDA_CHECK(e);
     ncclResult_t async = ncclSuccess;
     check(nccl().CommGetAsyncError(as_comm(comm_), &async), "ncclCommGetAsyncError");
     if (async != ncclSuccess && async != ncclInProgress) {
