@@ -75,6 +75,18 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
   no_op_option(app, "--tensorboard-queue-size",
                "accepted: events are written as they come and flushed at every log interval and validation");
   no_op_option(app, "--num-workers", "accepted: samples are read in-process from the memory-mapped dataset");
+  no_op_flag(app, "--universal-checkpoint",
+             "accepted: every dstrain checkpoint loads into any TP/PP/DP layout (reshaped on load)");
+  for (const char* name : {"--wandb-project", "--wandb-exp-name", "--wandb-save-dir"})
+    app.add_option_function<std::string>(name, [&out, name](const std::string& v) { out[name] = v; },
+                                         "Weights & Biases logging is not implemented: a warning; metrics go to the "
+                                         "log, the CSV monitor and --tensorboard-dir");
+  flag("--checkpoint-in-cpu", "activation checkpoints in host memory (DeepSpeed): a warning; they stay where the "
+       "model runs (placement only, the numbers are the same)");
+  flag("--ds-sequence-parallel-fpdt", "FPDT chunked attention (memory only): accepted with a warning when "
+       "--ds-sequence-parallel-size is 1; attention is computed in tiles without the score matrix anyway");
+  numeric(app, out, "--ds-sequence-parallel-fpdt-chunk-size", "FPDT chunk size (with --ds-sequence-parallel-fpdt)");
+  flag("--ds-sequence-parallel-fpdt-offloading", "FPDT host offloading (with --ds-sequence-parallel-fpdt)");
 }
 
 void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings& w) {
@@ -97,6 +109,17 @@ void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings
     DS_USER_CHECK(pp.is_null() || pp == 1, "--no-pipeline-parallel with pipeline_model_parallel_size {}: "
                   "drop one of them", pp.dump());
   }
+  for (const char* name : {"--wandb-project", "--wandb-exp-name", "--wandb-save-dir"})
+    if (has(name)) add_warning(w, fmt::format("{} {}: Weights & Biases logging is not implemented; metrics go to the "
+                                              "log, the CSV monitor and --tensorboard-dir", name, sp.at(name).get<std::string>()));
+  if (has("--checkpoint-in-cpu"))
+    add_warning(w, "--checkpoint-in-cpu: activation checkpoints stay in the memory of the device that runs the model "
+                   "(placement only; the numbers are the same)");
+  for (const char* name : {"--ds-sequence-parallel-fpdt-chunk-size", "--ds-sequence-parallel-fpdt-offloading"})
+    DS_USER_CHECK(!has(name) || has("--ds-sequence-parallel-fpdt"), "{} needs --ds-sequence-parallel-fpdt", name);
+  if (has("--ds-sequence-parallel-fpdt"))
+    add_warning(w, "--ds-sequence-parallel-fpdt: accepted as a memory-only setting (sequence parallel size 1): "
+                   "attention runs tiled without a score matrix; chunk size and offloading are not used");
   if (has("--use-rotary-position-embeddings")) set_at(j, "/model/position", "rope", "--use-rotary-position-embeddings");
   if (has("--exit-duration-in-mins"))
     set_at(j, "/training/exit_duration_in_mins", sp.at("--exit-duration-in-mins"), "--exit-duration-in-mins");

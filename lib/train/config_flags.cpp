@@ -38,6 +38,7 @@ constexpr FlagSpec kTable[] = {
     {"--make-vocab-size-divisible-by", "/model/make_vocab_size_divisible_by", FlagKind::Int, "pad the vocabulary to a multiple of this times TP"},
     {"--init-method-std", "/model/init_method_std", FlagKind::Float, "std of the normal weight init"},
     {"--rotary-base", "/model/rope_theta", FlagKind::Float, "RoPE theta"},
+    {"--rotary-position-embeddings-theta", "/model/rope_theta", FlagKind::Float, "RoPE theta (Megatron-DeepSpeed's name)"},
     {"--norm-epsilon", "/model/norm_eps", FlagKind::Float, "LayerNorm/RMSNorm epsilon"},
     {"--normalization", "/model/norm", FlagKind::String, "LayerNorm or RMSNorm", "LayerNorm|RMSNorm"},
     {"--swiglu", "/model/activation", FlagKind::Const, "SwiGLU MLP instead of GELU", "\"swiglu\""},

@@ -190,6 +190,9 @@ void read_optional_features(DsSection& root, LoggingConfig& log) {
     add_warning(root.warnings(), fmt::format("config: DeepSpeed section '{}' (enabled) is not implemented by "
                                              "dstrain and is ignored", key));
   }
+  // Gradients are reduced and averaged in f32, so dividing by the data-parallel
+  // size before or after the sum changes only the last bits: either value is honoured.
+  (void)root.get<bool>("prescale_gradients", false);
   root.accept_if("wall_clock_breakdown", false);
   root.accept_if("memory_breakdown", false);
 }

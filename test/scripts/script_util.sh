@@ -1,0 +1,50 @@
+# Shared by the Megatron-DeepSpeed example-script tests: binaries, a generated
+# corpus with its byte-level BPE tokenizer, and the checks on a dstrain log.
+# A script sources this and calls setup_run BUILD_DIR NAME.
+
+fail() {  # fail MESSAGE [LOG]: print the message (and the log's tail), exit 1
+  echo "FAIL: $1"
+  [[ -n "${2:-}" && -f "$2" ]] && tail -40 "$2"
+  exit 1
+}
+
+setup_run() {
+  local build="$1" name="$2"
+  DSRUN="${build}/apps/dsrun/dsrun"
+  DSTRAIN="${build}/apps/dstrain/dstrain"
+  DSPREP="${build}/apps/dsprep/dsprep"
+  for b in "$DSRUN" "$DSTRAIN" "$DSPREP"; do [[ -x "$b" ]] || fail "missing binary $b"; done
+  WORK="$(mktemp -d "${TMPDIR:-/tmp}/ds_${name}.XXXXXX")"
+  trap 'rm -rf "$WORK"' EXIT
+  export OMP_NUM_THREADS=1
+  DATA="${WORK}/data"
+  TOK="${WORK}/tokenizer"
+  "$DSPREP" --generate-corpus "${WORK}/corpus.txt" --size-mb 1 --seed 1 >/dev/null
+  "$DSPREP" --train-tokenizer --input "${WORK}/corpus.txt" --vocab-size 512 --output-dir "$TOK" >/dev/null
+  "$DSPREP" --input "${WORK}/corpus.txt" --output-prefix "${DATA}/corpus" \
+    --vocab-file "${TOK}/vocab.json" --merge-file "${TOK}/merges.txt" >/dev/null
+}
+
+# check_trained LOG FIRST LAST: the log's iteration lines run from at most
+# FIRST to exactly LAST (of LAST).
+check_trained() {
+  local log="$1" first="$2" last="$3"
+  local its
+  its=$(grep -oE 'iteration +[0-9]+/ *[0-9]+' "$log" | awk '{split($2, a, "/"); print a[1]}')
+  [[ -n "$its" ]] || fail "no iteration lines in $log" "$log"
+  local lo hi
+  lo=$(echo "$its" | head -1)
+  hi=$(echo "$its" | tail -1)
+  (( lo <= first )) || fail "first logged iteration $lo > $first" "$log"
+  (( hi == last )) || fail "last logged iteration $hi != $last" "$log"
+}
+
+# check_loss_falls LOG: the last logged lm loss is below 0.8 x the first.
+check_loss_falls() {
+  local log="$1"
+  local losses
+  losses=$(grep -oE 'lm loss: [0-9.E+-]+' "$log" | awk '{print $3}')
+  [[ $(echo "$losses" | wc -l) -ge 3 ]] || fail "fewer than 3 loss values in $log" "$log"
+  awk -v a="$(echo "$losses" | head -1)" -v b="$(echo "$losses" | tail -1)" \
+    'BEGIN { exit !(b < 0.8 * a) }' || fail "loss did not fall: $(echo $losses)" "$log"
+}
