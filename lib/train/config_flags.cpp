@@ -193,10 +193,12 @@ void add_special_flags(CLI::App& app, ParsedFlags& out) {
 }
 
 // Flags that are accepted for compatibility and change nothing.
-void add_ignored_flags(CLI::App& app) {
+void add_ignored_flags(CLI::App& app, bool& deepspeed) {
   app.add_option_function<int>("--local_rank", [](const int&) {},
                                "set by launchers; dstrain reads LOCAL_RANK from the environment");
-  app.add_flag("--deepspeed")->description("accepted for DeepSpeed compatibility (always on)");
+  app.add_flag("--deepspeed", deepspeed)
+      ->description("the DeepSpeed engine's settings (ZeRO stage, clipping, fp16 loss scaling) come from the config "
+                    "file, with DeepSpeed's defaults where it is silent, as in Megatron-DeepSpeed");
   app.add_flag("--use-flash-attn")->description("accepted; flash attention is used on CUDA whenever it applies");
   app.add_option("--tokenizer-type", "accepted; only GPT2BPETokenizer exists")
       ->check(CLI::IsMember({"GPT2BPETokenizer"}));
@@ -271,19 +273,29 @@ void apply_other_flags(json& j, const std::map<std::string, json>& sp) {
 // Settings the DeepSpeed engine owns: under Megatron-DeepSpeed the DeepSpeed
 // config decides them and the Megatron flag does not reach the engine. Where a
 // config file sets one and the flag disagrees, the file wins with a warning.
-bool deepspeed_config_wins(const json& file, const FlagSpec& f, const json& flag_value, Warnings& w) {
-  static const std::string kOwned[] = {"/zero_optimization/stage", "/gradient_clipping", "/fp16/loss_scale",
-                                       "/fp16/min_loss_scale", "/fp16/loss_scale_window", "/fp16/hysteresis"};
-  if (std::find(std::begin(kOwned), std::end(kOwned), f.pointer) == std::end(kOwned)) return false;
+// With --deepspeed (the engine on, as in every Megatron-DeepSpeed script) a
+// key the file leaves out has DeepSpeed's default, which wins the same way;
+// the fp16 keys only where the file has an fp16 section. The default is
+// written into the file's JSON then.
+bool deepspeed_config_wins(json& file, const FlagSpec& f, const json& flag_value, bool deepspeed, Warnings& w) {
+  static const std::pair<std::string, double> kOwned[] = {
+      {"/zero_optimization/stage", 0}, {"/gradient_clipping", 0},  {"/fp16/loss_scale", 0},
+      {"/fp16/min_loss_scale", 1},     {"/fp16/loss_scale_window", 1000}, {"/fp16/hysteresis", 2}};
+  const auto owned = std::find_if(std::begin(kOwned), std::end(kOwned),
+                                  [&](const auto& k) { return k.first == f.pointer; });
+  if (owned == std::end(kOwned)) return false;
   const json::json_pointer ptr(f.pointer);
-  if (!file.contains(ptr)) return false;
-  const json& in_file = file.at(ptr);
+  const bool fp16_key = owned->first.rfind("/fp16/", 0) == 0;
+  const bool by_default = deepspeed && !file.contains(ptr) && (!fp16_key || file.contains("fp16"));
+  if (!file.contains(ptr) && !by_default) return false;
+  if (by_default) file[ptr] = owned->second;  // dstrain's own default may differ (e.g. clipping 1.0)
+  const json in_file = file.at(ptr);
   const bool same = in_file.is_number() && flag_value.is_number() ? in_file.get<double>() == flag_value.get<double>()
                                                                    : in_file == flag_value;
   if (same) return true;
-  add_warning(w, fmt::format("{} {} differs from the DeepSpeed config's {} {}; the DeepSpeed config wins, as in "
+  add_warning(w, fmt::format("{} {} differs from the DeepSpeed config's {} {}{}; the DeepSpeed config wins, as in "
                              "Megatron-DeepSpeed", f.name, flag_value.dump(), std::string(f.pointer).substr(1),
-                             in_file.dump()));
+                             in_file.dump(), by_default ? " (DeepSpeed's default: the file does not set it)" : ""));
   return true;
 }
 
@@ -331,7 +343,8 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
   app.add_option("--config,--deepspeed_config", f.config_path, "DeepSpeed-style JSON config");
   for (const FlagSpec& spec : kTable) add_table_flag(app, spec, f);
   add_special_flags(app, f);
-  add_ignored_flags(app);
+  bool deepspeed = false;
+  add_ignored_flags(app, deepspeed);
   std::map<std::string, json> compat;
   add_compat_flags(app, compat);
   std::vector<std::string> args = drop_repeated_list_flags(argc, argv);
@@ -348,7 +361,12 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
   json j = f.config_path.empty() ? json::object() : load_json_file(f.config_path);
   DS_USER_CHECK(j.is_object(), "config file '{}' must hold a JSON object", f.config_path);
   for (const auto& [spec, v] : f.table) {
-    if (deepspeed_config_wins(j, *spec, v, w)) continue;
+    if (deepspeed_config_wins(j, *spec, v, deepspeed && !f.config_path.empty(), w)) continue;
+    // Megatron-DeepSpeed resets the engine's batch size from --global-batch-size every step.
+    if (std::string(spec->pointer) == "/train_batch_size" && j.contains("train_batch_size") &&
+        j.at("train_batch_size") != v)
+      add_warning(w, fmt::format("--global-batch-size {} differs from the DeepSpeed config's train_batch_size {}; "
+                                 "the flag wins, as in Megatron-DeepSpeed", v.dump(), j.at("train_batch_size").dump()));
     set_at(j, spec->pointer, v, spec->name);
   }
   // Megatron: with both batch sizes known the accumulation steps are derived.

@@ -26,6 +26,12 @@ std::string format_iteration(const IterStats& s) {
   return line;
 }
 
+std::string format_step_times(const StepTimes& t) {
+  const double n = t.steps > 0 ? static_cast<double>(t.steps) : 1.0;
+  return fmt::format(" time (ms) | forward-backward: {:.2f} | grads-reduce: {:.2f} | optimizer: {:.2f} |",
+                     t.forward_backward / n, t.grads_reduce / n, t.optimizer / n);
+}
+
 std::string format_validation(int64_t iteration, double loss) {
   double ppl = std::exp(std::min(loss, 20.0));
   return fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |", iteration,

@@ -19,6 +19,16 @@ struct IterStats {
   double max_mem_gb = -1;                          // < 0: not reported
 };
 
+// DeepSpeed's wall_clock_breakdown: milliseconds per phase of the training
+// step, summed over the iterations since the last log line.
+struct StepTimes {
+  double forward_backward = 0;  // all micro-batches (pipeline sends and receives included)
+  double grads_reduce = 0;      // gradient reduction over data parallelism and the norm
+  double optimizer = 0;         // clipping, loss-scale check and the AdamW step
+  int64_t steps = 0;
+};
+std::string format_step_times(const StepTimes& t);  // per-iteration averages
+
 double flops_per_token(const ModelConfig& m, int64_t n_params_matmul);
 std::string format_iteration(const IterStats& s);
 std::string format_validation(int64_t iteration, double loss);

@@ -245,8 +245,20 @@ void Trainer::load_or_init() {
   model_->init_weights(cfg_.seed, cfg_.model.init_method_std);
 }
 
+double Trainer::phase_ms() {
+  if (!cfg_.log.wall_clock_breakdown) return 0;
+#ifdef DS_WITH_CUDA
+  if (dev_.is_cuda()) cuda::synchronize();  // the phase's kernels have finished
+#endif
+  const auto now = std::chrono::steady_clock::now();
+  const double ms = std::chrono::duration<double, std::milli>(now - phase_start_).count();
+  phase_start_ = now;
+  return ms;
+}
+
 float Trainer::train_step() {
   const auto& b = cfg_.batch;
+  phase_ms();
   opt_->zero_grads();
   // fp16: the loss (hence every gradient) is multiplied by the loss scale.
   const double scale = scaler_ ? scaler_->scale() : 1.0;
@@ -263,7 +275,10 @@ float Trainer::train_step() {
       loss_sum += model_->forward_backward(mb.tokens, mb.targets, loss_weight);
     }
   }
+  step_times_.forward_backward += phase_ms();
   double norm = opt_->reduce_gradients() / scale;
+  step_times_.grads_reduce += phase_ms();
+  step_times_.steps += 1;
   const float loss = static_cast<float>(from_last_stage(dp_mean(loss_sum / b.grad_accum_steps)));
   // The schedule counts applied steps only (DeepSpeed and Megatron do not
   // advance the learning rate on a skipped step).
@@ -285,6 +300,7 @@ float Trainer::train_step() {
   h.eps = cfg_.optim.eps;
   h.weight_decay = cfg_.optim.weight_decay;
   opt_->step(h, static_cast<float>(coef / scale));
+  step_times_.optimizer += phase_ms();
   advance_lr_clock(cfg_.optim, state_.lr_clock, b.train_batch_size, tokens_before);
   state_.iteration += 1;
   state_.consumed_samples += b.train_batch_size;
@@ -415,6 +431,8 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
   if (dev_.is_cuda()) s.max_mem_gb = static_cast<double>(cuda::max_allocated_bytes()) / 1e9;
 #endif
   DS_LOG("{}", format_iteration(s));
+  if (cfg_.log.wall_clock_breakdown) DS_LOG("{}", format_step_times(step_times_));
+  step_times_ = StepTimes{};
   csv_.train(s);
 }
 

@@ -99,6 +99,9 @@ class Trainer {
   double peak_tflops_ = 0;
   double last_grad_norm_ = 0, last_lr_ = 0;
   int64_t nan_iters_ = 0, nan_streak_ = 0;  // non-finite iterations: in this run, in a row
+  StepTimes step_times_;  // wall_clock_breakdown: phases since the last log line
+  double phase_ms();      // milliseconds since the previous call (device synchronized)
+  std::chrono::steady_clock::time_point phase_start_;
 };
 
 }  // namespace ds

@@ -155,7 +155,8 @@ TEST_CASE("unknown keys in our sections are errors naming the key", "[config][st
 }
 
 TEST_CASE("DeepSpeed keys we do not implement are warned about by name", "[config][warn]") {
-  json j = with(base(), {{"prescale_gradients", true},
+  json j = with(base(), {{"communication_data_type", "fp32"},
+                         {"prescale_gradients", true},
                          {"zero_optimization", {{"stage", 1}, {"sub_group_size", 1000}, {"reduce_scatter", true}}},
                          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"foo", 1}}}}},
                          {"tensorboard", {{"enabled", false}, {"output_path", "x"}}},
@@ -171,7 +172,8 @@ TEST_CASE("DeepSpeed keys we do not implement are warned about by name", "[confi
     throw;
   }
   const std::string err = cap.finish();
-  CHECK(has_warning(c, "DeepSpeed key 'prescale_gradients' is not implemented"));
+  CHECK(has_warning(c, "DeepSpeed key 'communication_data_type' is not implemented"));
+  CHECK_FALSE(has_warning(c, "prescale_gradients"));  // f32 reduction: either value is the same
   CHECK(has_warning(c, "'zero_optimization.sub_group_size'"));
   CHECK(has_warning(c, "'optimizer.params.foo'"));
   CHECK(has_warning(c, "'wandb' (enabled)"));
@@ -180,7 +182,11 @@ TEST_CASE("DeepSpeed keys we do not implement are warned about by name", "[confi
   CHECK_FALSE(has_warning(c, "reduce_scatter"));    // true is what we do
   CHECK_FALSE(has_warning(c, "wall_clock_breakdown"));
   CHECK(c.warnings.size() == 5);
-  CHECK_THAT(err, Contains("warning: config: DeepSpeed key 'prescale_gradients' is not implemented by dstrain"));
+  CHECK_THAT(err, Contains("warning: config: DeepSpeed key 'communication_data_type' is not implemented by dstrain"));
+  CHECK_FALSE(c.log.wall_clock_breakdown);
+  CHECK(parse_json(with(base(), {{"wall_clock_breakdown", true}})).log.wall_clock_breakdown);
+  CHECK(parse_json(with(base(), {{"wall_clock_breakdown", true}})).warnings.empty());
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"prescale_gradients", 2}})), Contains("prescale_gradients"));
 }
 
 TEST_CASE("flags override the file", "[config][flags]") {
@@ -417,4 +423,23 @@ TEST_CASE("Megatron-DeepSpeed script flags: mappings, exact no-ops and refusals"
       "--recompute-method uniform");
   err({"--checkpoint-num-layers", "2"}, "--checkpoint-num-layers");
   err({"--exit-duration-in-mins", "-1"}, "exit_duration_in_mins");
+}
+
+TEST_CASE("Megatron-DeepSpeed script flags: universal checkpoints, logging and memory placement") {
+  // --universal-checkpoint is exact: every checkpoint reshapes on load.
+  CHECK(parse_json(base(), {"--universal-checkpoint"}).resolved == parse_json(base()).resolved);
+  CHECK(parse_json(base(), {"--rotary-position-embeddings-theta", "500000"}).model.rope_theta == Approx(500000));
+  // Settings that change only where memory lives or where metrics go: accepted, each with a warning.
+  TrainConfig w = parse_json(base(), {"--wandb-project", "p", "--wandb-exp-name", "e", "--checkpoint-in-cpu",
+                                      "--ds-sequence-parallel-fpdt", "--ds-sequence-parallel-fpdt-chunk-size",
+                                      "65536", "--ds-sequence-parallel-fpdt-offloading"});
+  CHECK(has_warning(w, "--wandb-project p: Weights & Biases logging is not implemented"));
+  CHECK(has_warning(w, "--wandb-exp-name e"));
+  CHECK(has_warning(w, "--checkpoint-in-cpu"));
+  CHECK(has_warning(w, "--ds-sequence-parallel-fpdt: accepted as a memory-only setting"));
+  CHECK(w.warnings.size() == 4);
+  CHECK_THROWS_WITH(parse_json(base(), {"--ds-sequence-parallel-fpdt-offloading"}),
+                    Contains("--ds-sequence-parallel-fpdt-offloading needs --ds-sequence-parallel-fpdt"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--ds-sequence-parallel-fpdt", "--ds-sequence-parallel-size", "2"}),
+                    Contains("--ds-sequence-parallel-size 2"));
 }

@@ -186,3 +186,35 @@ TEST_CASE("engine settings: the DeepSpeed config wins over a disagreeing Megatro
   CHECK(d.precision.loss_scale_window == 500);
   std::remove(path.c_str());
 }
+
+TEST_CASE("engine settings under --deepspeed: a key the config leaves out has DeepSpeed's default", "[config]") {
+  // run_deepspeed_example.sh's config: fp16 with only initial_scale_power, no clipping key; its flags say
+  // --loss-scale 12 and --clip-grad 1.0, which Megatron-DeepSpeed's engine never sees.
+  const std::string path = "/tmp/ds_defaults_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(path) << R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4,
+                             "zero_optimization": {"stage": 2}, "fp16": {"enabled": true, "initial_scale_power": 12}})";
+  auto warned = [](const TrainConfig& c, const std::string& s) {
+    for (const auto& w : c.warnings)
+      if (w.find(s) != std::string::npos) return true;
+    return false;
+  };
+  const std::vector<std::string> flags = {"--deepspeed_config", path, "--train-iters", "5", "--loss-scale", "12",
+                                          "--clip-grad", "1.0", "--global-batch-size", "32", "--fp16"};
+  std::vector<std::string> with_engine = flags;
+  with_engine.push_back("--deepspeed");
+  TrainConfig c = parse_flags(with_engine);
+  CHECK(c.precision.loss_scale == 0);  // dynamic, from 2^12
+  CHECK(c.precision.initial_scale_power == 12);
+  CHECK(c.optim.grad_clip == 0);
+  CHECK(warned(c, "--loss-scale 12.0 differs from the DeepSpeed config's fp16/loss_scale 0.0 (DeepSpeed's default"));
+  CHECK(warned(c, "--clip-grad 1.0 differs from the DeepSpeed config's gradient_clipping 0.0 (DeepSpeed's default"));
+  // The batch is Megatron's: Megatron-DeepSpeed resets the engine's batch size from the flag.
+  CHECK(c.batch.train_batch_size == 32);
+  CHECK(warned(c, "--global-batch-size 32 differs from the DeepSpeed config's train_batch_size 64; the flag wins"));
+  // Without --deepspeed a flag fills what the file leaves out.
+  TrainConfig d = parse_flags(flags);
+  CHECK(d.precision.loss_scale == 12);
+  CHECK(d.optim.grad_clip == 1.0f);
+  CHECK_FALSE(warned(d, "--clip-grad"));
+  std::remove(path.c_str());
+}
