@@ -193,6 +193,9 @@ void read_optional_features(DsSection& root, LoggingConfig& log) {
   // Gradients are reduced and averaged in f32, so dividing by the data-parallel
   // size before or after the sum changes only the last bits: either value is honoured.
   (void)root.get<bool>("prescale_gradients", false);
+  DsSection types = root.section("data_types");
+  types.accept_if("grad_accum_dtype", "fp32");  // gradients accumulate in f32 (Megatron's rule)
+  types.finish();
   log.wall_clock_breakdown = root.get<bool>("wall_clock_breakdown", log.wall_clock_breakdown);
   root.accept_if("memory_breakdown", false);
 }

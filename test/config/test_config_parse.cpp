@@ -186,6 +186,9 @@ TEST_CASE("DeepSpeed keys we do not implement are warned about by name", "[confi
   CHECK_FALSE(c.log.wall_clock_breakdown);
   CHECK(parse_json(with(base(), {{"wall_clock_breakdown", true}})).log.wall_clock_breakdown);
   CHECK(parse_json(with(base(), {{"wall_clock_breakdown", true}})).warnings.empty());
+  CHECK(parse_json(with(base(), {{"data_types", {{"grad_accum_dtype", "fp32"}}}})).warnings.empty());
+  CHECK(has_warning(parse_json(with(base(), {{"data_types", {{"grad_accum_dtype", "bf16"}}}})),
+                    "'data_types.grad_accum_dtype' = \"bf16\" is not implemented"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"prescale_gradients", 2}})), Contains("prescale_gradients"));
 }
 
