@@ -47,6 +47,11 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
+// o[key], or null when o is not an object or has no such key.
+json get(const json& o, const char* key) { return o.is_object() && o.contains(key) ? o[key] : json(); }
+
+std::string dump(const json& v) { return v.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 bool is_ascii_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
 bool is_word_char(uint32_t cp) { return cp == '_' || char_class(cp) == CharClass::Letter || char_class(cp) == CharClass::Number; }
@@ -56,10 +61,10 @@ class HfTokenizer final : public Tokenizer {
   HfTokenizer(const json& j, const std::string& file, const std::string& dir) : file_(file) {
     DS_USER_CHECK(j.is_object(), "{}: expected a JSON object (a Hugging Face tokenizer.json)", file_);
     load_model(j.contains("model") ? j["model"] : json(), file_);
-    load_added(j.value("added_tokens", json::array()));
-    load_normalizer(j.value("normalizer", json()));
-    load_pre(j.value("pre_tokenizer", json()));
-    load_post(j.value("post_processor", json()));
+    load_added(get(j, "added_tokens"));
+    load_normalizer(get(j, "normalizer"));
+    load_pre(get(j, "pre_tokenizer"));
+    load_post(get(j, "post_processor"));
     info_.kind = TokenizerKind::HF;
     info_.vocab_size = static_cast<int64_t>(tokens_.size());
     find_special_ids(dir);
@@ -70,7 +75,19 @@ class HfTokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> ids) const override;
 
  private:
-  std::string what(const std::string& part) const { return file_ + ": " + part; }
+  // Typed fields: the default when absent, an error naming the file and key when mistyped.
+  std::string get_str(const json& o, const char* key, const std::string& dflt) const {
+    const json v = get(o, key);
+    if (v.is_null()) return dflt;
+    DS_USER_CHECK(v.is_string(), "{}: \"{}\" must be a string, got {}", file_, key, dump(v));
+    return v.get<std::string>();
+  }
+  bool get_bool(const json& o, const char* key, bool dflt) const {
+    const json v = get(o, key);
+    if (v.is_null()) return dflt;
+    DS_USER_CHECK(v.is_boolean(), "{}: \"{}\" must be true or false, got {}", file_, key, dump(v));
+    return v.get<bool>();
+  }
   void load_model(const json& m, const std::string& file);
   void load_merges(const json& merges);
   void load_added(const json& added);
@@ -112,23 +129,23 @@ class HfTokenizer final : public Tokenizer {
 
 void HfTokenizer::load_model(const json& m, const std::string& file) {
   DS_USER_CHECK(m.is_object(), "{}: no \"model\" object", file);
-  const std::string type = m.value("type", std::string("BPE"));
+  const std::string type = get_str(m, "type", std::string("BPE"));
   DS_USER_CHECK(type == "BPE", "{}: model type {} is not supported (only BPE)", file, type);
   DS_USER_CHECK(m.contains("vocab") && m["vocab"].is_object(), "{}: model.vocab must be an object", file);
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    const json v = m.value(k, json());
+    const json v = get(m, k);
     DS_USER_CHECK(v.is_null() || (v.is_string() && v.get<std::string>().empty()),
-                  "{}: model.{} {} is not supported", file, k, v.dump());
+                  "{}: model.{} {} is not supported", file, k, dump(v));
   }
-  const json dropout = m.value("dropout", json());
+  const json dropout = get(m, "dropout");
   DS_USER_CHECK(dropout.is_null() || (dropout.is_number() && dropout.get<double>() == 0.0),
                 "{}: model.dropout {} is not supported (BPE dropout is for training-time sampling)", file,
-                dropout.dump());
+                dump(dropout));
   int64_t max_id = -1;
   for (auto& [tok, idj] : m["vocab"].items()) {
     DS_USER_CHECK(idj.is_number_integer() && idj.get<int64_t>() >= 0 && idj.get<int64_t>() < (int64_t{1} << 30),
                   "{}: model.vocab: token {} has id {}, expected an integer in [0, 2^30)", file,
-                  json(tok).dump(-1, ' ', false, json::error_handler_t::replace), idj.dump());
+                  dump(json(tok)), dump(idj));
     max_id = std::max(max_id, idj.get<int64_t>());
   }
   const int64_t n = static_cast<int64_t>(m["vocab"].size());
@@ -139,18 +156,19 @@ void HfTokenizer::load_model(const json& m, const std::string& file) {
     DS_USER_CHECK(vocab_.emplace(tok, id).second && tokens_[id].empty(), "{}: model.vocab gives id {} twice", file, id);
     tokens_[id] = tok;
   }
-  byte_fallback_ = m.value("byte_fallback", false);
-  ignore_merges_ = m.value("ignore_merges", false);
-  const json unk = m.value("unk_token", json());
+  byte_fallback_ = get_bool(m, "byte_fallback", false);
+  ignore_merges_ = get_bool(m, "ignore_merges", false);
+  const json unk = get(m, "unk_token");
   if (unk.is_string()) unk_id_ = id_of(unk.get<std::string>());
   for (int b = 0; b < 256; ++b) {
     fallback_id_[b] = id_of(fmt::format("<0x{:02X}>", b));
     byte_id_[b] = id_of(bytes_to_token_name(std::string(1, static_cast<char>(b))));
   }
-  load_merges(m.value("merges", json::array()));
+  load_merges(get(m, "merges"));
 }
 
 void HfTokenizer::load_merges(const json& merges) {
+  if (merges.is_null()) return;
   DS_USER_CHECK(merges.is_array(), "{}: model.merges must be an array", file_);
   int32_t rank = 0;
   for (const json& mj : merges) {
@@ -176,6 +194,7 @@ void HfTokenizer::load_merges(const json& merges) {
 }
 
 void HfTokenizer::load_added(const json& added) {
+  if (added.is_null()) return;
   DS_USER_CHECK(added.is_array(), "{}: added_tokens must be an array", file_);
   for (const json& t : added) {
     DS_USER_CHECK(t.is_object() && t.contains("id") && t["id"].is_number_integer() && t.contains("content") &&
@@ -183,8 +202,8 @@ void HfTokenizer::load_added(const json& added) {
                       t["id"].get<int64_t>() < static_cast<int64_t>(tokens_.size()) + kMaxUnusedVocabIds,
                   "{}: added_tokens entry {} needs a string \"content\" and an id in range", file_,
                   t.dump(-1, ' ', false, json::error_handler_t::replace));
-    AddedToken a{t["content"].get<std::string>(), static_cast<int32_t>(t["id"].get<int64_t>()), t.value("lstrip", false),
-                 t.value("rstrip", false), t.value("single_word", false)};
+    AddedToken a{t["content"].get<std::string>(), static_cast<int32_t>(t["id"].get<int64_t>()), get_bool(t, "lstrip", false),
+                 get_bool(t, "rstrip", false), get_bool(t, "single_word", false)};
     DS_USER_CHECK(!a.content.empty(), "{}: added token {} has empty content", file_, a.id);
     if (a.id >= static_cast<int32_t>(tokens_.size())) tokens_.resize(static_cast<size_t>(a.id) + 1);
     if (tokens_[a.id].empty()) tokens_[a.id] = a.content;
@@ -197,31 +216,31 @@ void HfTokenizer::load_added(const json& added) {
 
 void HfTokenizer::load_normalizer(const json& n) {
   if (n.is_null()) return;
-  const std::string type = n.value("type", std::string("?"));
+  const std::string type = get_str(n, "type", std::string("?"));
   // NFC leaves text that is already composed unchanged (docs/tokenizers.md).
   if (type == "NFC") return;
-  if (type == "Sequence" && n.value("normalizers", json::array()).empty()) return;
+  if (type == "Sequence" && get(n, "normalizers").empty()) return;
   DS_USER_ERROR("{}: normalizer {} is not supported (byte-level BPE files have none or NFC)", file_, type);
 }
 
 void HfTokenizer::add_pre_step(const json& p) {
-  DS_USER_CHECK(p.is_object(), "{}: pre_tokenizer entry {} is not an object", file_, p.dump());
-  const std::string type = p.value("type", std::string("?"));
+  DS_USER_CHECK(p.is_object(), "{}: pre_tokenizer entry {} is not an object", file_, dump(p));
+  const std::string type = get_str(p, "type", std::string("?"));
   PreStep s{};
   if (type == "ByteLevel") {
     s.kind = PreStep::Kind::ByteLevel;
-    s.use_regex = p.value("use_regex", true);
-    s.add_prefix_space = p.value("add_prefix_space", false);
+    s.use_regex = get_bool(p, "use_regex", true);
+    s.add_prefix_space = get_bool(p, "add_prefix_space", false);
     byte_level_ = true;
   } else if (type == "Split") {
     s.kind = PreStep::Kind::Split;
-    const json pat = p.value("pattern", json());
+    const json pat = get(p, "pattern");
     DS_USER_CHECK(pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string(),
-                  "{}: Split pre-tokenizer pattern {} is not supported (only the known Regex patterns)", file_, pat.dump());
+                  "{}: Split pre-tokenizer pattern {} is not supported (only the known Regex patterns)", file_, dump(pat));
     s.pattern = parse_split_pattern(pat["Regex"].get<std::string>(), file_);
-    DS_USER_CHECK(p.value("behavior", std::string()) == "Isolated" && !p.value("invert", false),
+    DS_USER_CHECK(get_str(p, "behavior", std::string()) == "Isolated" && !get_bool(p, "invert", false),
                   "{}: Split pre-tokenizer behavior {} invert {} is not supported (only Isolated, not inverted)", file_,
-                  p.value("behavior", json()).dump(), p.value("invert", json()).dump());
+                  dump(get(p, "behavior")), dump(get(p, "invert")));
   } else {
     DS_USER_ERROR("{}: pre_tokenizer {} is not supported (ByteLevel, Split or a Sequence of them)", file_, type);
   }
@@ -230,8 +249,8 @@ void HfTokenizer::add_pre_step(const json& p) {
 
 void HfTokenizer::load_pre(const json& p) {
   if (p.is_null()) return;
-  if (p.value("type", std::string()) == "Sequence") {
-    for (const json& q : p.value("pretokenizers", json::array())) add_pre_step(q);
+  if (get_str(p, "type", std::string()) == "Sequence") {
+    for (const json& q : get(p, "pretokenizers")) add_pre_step(q);
   } else {
     add_pre_step(p);
   }
@@ -239,14 +258,14 @@ void HfTokenizer::load_pre(const json& p) {
 
 void HfTokenizer::load_post(const json& p) {
   if (p.is_null()) return;
-  const std::string type = p.value("type", std::string("?"));
+  const std::string type = get_str(p, "type", std::string("?"));
   if (type == "Sequence") {
-    for (const json& q : p.value("processors", json::array())) load_post(q);
+    for (const json& q : get(p, "processors")) load_post(q);
     return;
   }
   if (type == "ByteLevel") return;  // only adjusts offsets
   DS_USER_CHECK(type == "TemplateProcessing", "{}: post_processor {} is not supported", file_, type);
-  const json single = p.value("single", json::array());
+  const json single = get(p, "single");
   std::vector<int32_t> before, after;
   bool seen_a = false;
   for (const json& piece : single) {
@@ -254,10 +273,11 @@ void HfTokenizer::load_post(const json& p) {
       seen_a = true;
       continue;
     }
-    const std::string name = piece.value("SpecialToken", json::object()).value("id", std::string());
-    const json ids = p.value("special_tokens", json::object()).value(name, json::object()).value("ids", json::array());
-    DS_USER_CHECK(ids.size() == 1 && ids[0].is_number_integer(), "{}: post_processor special token {} has no single id",
-                  file_, name);
+    const std::string name = get_str(get(piece, "SpecialToken"), "id", "");
+    const json ids = get(get(get(p, "special_tokens"), name.c_str()), "ids");
+    DS_USER_CHECK(ids.is_array() && ids.size() == 1 && ids[0].is_number_integer() && ids[0].get<int64_t>() >= 0 &&
+                      ids[0].get<int64_t>() < static_cast<int64_t>(tokens_.size()),
+                  "{}: post_processor special token {} has no single id in the vocabulary", file_, name);
     (seen_a ? after : before).push_back(ids[0].get<int32_t>());
   }
   DS_USER_CHECK(before.size() <= 1 && after.empty(),
@@ -279,9 +299,9 @@ void HfTokenizer::find_special_ids(const std::string& dir) {
   if (!dir.empty() && std::filesystem::is_regular_file(cfg, ec)) {
     const json c = parse_json_text(read_text(cfg.string()), "tokenizer config '" + cfg.string() + "'");
     if (c.is_object()) {
-      info_.bos_id = named(c.value("bos_token", json()));
-      info_.eos_id = named(c.value("eos_token", json()));
-      info_.pad_id = named(c.value("pad_token", json()));
+      info_.bos_id = named(get(c, "bos_token"));
+      info_.eos_id = named(get(c, "eos_token"));
+      info_.pad_id = named(get(c, "pad_token"));
     }
   }
   auto first_of = [&](std::initializer_list<const char*> names) {
@@ -338,7 +358,7 @@ void HfTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& ou
   for (const PreStep& s : pre_) {
     next.clear();
     for (std::string& p : pieces) {
-      if (s.kind == PreStep::Kind::ByteLevel && s.add_prefix_space && (p.empty() || p[0] != ' ')) p.insert(0, " ");
+      if (s.kind == PreStep::Kind::ByteLevel && s.add_prefix_space && (p.empty() || p[0] != ' ')) p.insert(p.begin(), ' ');
       if (s.kind == PreStep::Kind::ByteLevel && !s.use_regex) {
         next.push_back(std::move(p));
         continue;
