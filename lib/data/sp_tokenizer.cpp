@@ -153,8 +153,9 @@ std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const TokenizerSpec& spe
 bool have_sentencepiece() { return false; }
 
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const TokenizerSpec& spec) {
-  DS_USER_ERROR("--tokenizer-type {} needs the SentencePiece library, which this build does not have: install "
-                "libsentencepiece-dev (scripts/setup.sh) and rebuild", tokenizer_kind_name(spec.kind));
+  DS_USER_ERROR("--tokenizer-type {} (--tokenizer-model {}) needs the SentencePiece library, which this build "
+                "does not have: install libsentencepiece-dev (scripts/setup.sh) and rebuild",
+                tokenizer_kind_name(spec.kind), spec.model_path);
 }
 
 #endif

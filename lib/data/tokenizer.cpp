@@ -2,6 +2,7 @@
 // document encoding (bos, eod) and the loader that picks a family by kind.
 #include "lib/data/tokenizer.h"
 
+#include <cctype>
 #include <filesystem>
 
 #include "lib/core/error.h"
@@ -54,9 +55,17 @@ const char* tokenizer_kind_name(TokenizerKind k) {
   return "?";
 }
 
+// Case-insensitive, as the command line's --normalization.
+static bool same_name(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  return true;
+}
+
 TokenizerKind parse_tokenizer_kind(std::string_view name, std::string_view flag) {
   for (const KindName& kn : kKinds)
-    if (name == kn.name) return kn.kind;
+    if (same_name(name, kn.name)) return kn.kind;
   if (name == "BertWordPieceLowerCase" || name == "BertWordPieceCase" || name == "NullTokenizer")
     DS_USER_ERROR("{} {} is not supported (GPT pretraining here uses one of: {})", flag, name, kSupported);
   DS_USER_ERROR("{} {} is not a tokenizer type; expected one of: {}", flag, name, kSupported);

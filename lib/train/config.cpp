@@ -120,7 +120,8 @@ data::TokenizerInfo tokenizer_info_from_files(const DataConfig& d) {
 void resolve_vocab(TrainConfig& cfg) {
   ModelConfig& m = cfg.model;
   const DataConfig& d = cfg.data;
-  const bool gpt2 = d.tokenizer_type.empty() || d.tokenizer_type == "GPT2BPETokenizer";
+  const bool gpt2 = d.tokenizer_type.empty() ||
+                    data::parse_tokenizer_kind(d.tokenizer_type, "--tokenizer-type") == data::TokenizerKind::GPT2BPE;
   if (gpt2 && !d.vocab_file.empty()) {
     int64_t v = vocab_size_from_file(d.vocab_file);
     DS_USER_CHECK(m.vocab_size == 0 || m.vocab_size == v,
