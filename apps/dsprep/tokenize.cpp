@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -33,13 +33,12 @@ class Progress {
     const double dt = seconds();
     const double rate = dt > 0 ? bytes / dt : 0;
     const double left = total_ > bytes && rate > 0 ? (total_ - bytes) / rate : 0;
-    std::fprintf(stderr, "dsprep: processed %lld documents (%.0f docs/s, %.2f MB/s), %.0f%% of the input, ETA %.0f s\n",
+    std::fprintf(stderr,
+                 "dsprep: processed %lld documents (%.0f docs/s, %.2f MB/s), %.0f%% of the input, ETA %.0f s\n",
                  static_cast<long long>(docs), dt > 0 ? docs / dt : 0.0, rate / 1e6,
                  total_ > 0 ? 100.0 * std::min<double>(bytes, total_) / total_ : 100.0, left);
   }
-  double seconds() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-  }
+  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
 
  private:
   int64_t interval_, total_;
@@ -97,7 +96,8 @@ TokenizeStats tokenize_to_dataset(const std::vector<DocumentSource>& sources, co
                   data::tokenizer_kind_name(info.kind),
                   info.kind == data::TokenizerKind::GPT2BPE ? data::kEndOfText : "no eos piece");
   for (int w = 1; w < opt.workers; ++w) toks.push_back(data::load_tokenizer(opt.tokenizer));
-  const auto dtype = opt.dtype == "auto" ? data::token_dtype_for_vocab(info.vocab_size) : data::parse_token_dtype(opt.dtype);
+  const auto dtype =
+      opt.dtype == "auto" ? data::token_dtype_for_vocab(info.vocab_size) : data::parse_token_dtype(opt.dtype);
   data::IndexedDatasetWriter writer(opt.output_prefix, dtype);
   TokenizeStats st;
   std::vector<std::string> docs;

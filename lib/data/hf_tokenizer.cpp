@@ -4,6 +4,8 @@
 // in the raw text before pre-tokenization (leftmost, longest; lstrip, rstrip,
 // single_word), the TemplateProcessing post-processor's bos, and decoding back
 // to bytes. Every unsupported part is a UserError naming the file and the part.
+#include "lib/data/hf_tokenizer.h"
+
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -16,7 +18,6 @@
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
 #include "lib/data/bpe.h"
-#include "lib/data/hf_tokenizer.h"
 #include "lib/data/tokenizer.h"
 #include "lib/data/unicode_class.h"
 
@@ -54,7 +55,9 @@ std::string dump(const json& v) { return v.dump(-1, ' ', false, json::error_hand
 
 bool is_ascii_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
-bool is_word_char(uint32_t cp) { return cp == '_' || char_class(cp) == CharClass::Letter || char_class(cp) == CharClass::Number; }
+bool is_word_char(uint32_t cp) {
+  return cp == '_' || char_class(cp) == CharClass::Letter || char_class(cp) == CharClass::Number;
+}
 
 class HfTokenizer final : public Tokenizer {
  public:
@@ -116,8 +119,8 @@ class HfTokenizer final : public Tokenizer {
   std::unordered_map<uint64_t, Merge> merges_;
   bool byte_level_ = false, byte_fallback_ = false, ignore_merges_ = false;
   int32_t unk_id_ = -1;
-  std::array<int32_t, 256> byte_id_{};         // byte-level: byte -> id (-1 absent)
-  std::array<int32_t, 256> fallback_id_{};     // byte_fallback: byte -> id of "<0xXX>"
+  std::array<int32_t, 256> byte_id_{};      // byte-level: byte -> id (-1 absent)
+  std::array<int32_t, 256> fallback_id_{};  // byte_fallback: byte -> id of "<0xXX>"
   std::vector<PreStep> pre_;
   std::vector<AddedToken> added_;
   std::map<int32_t, std::string> added_by_id_;
@@ -144,8 +147,8 @@ void HfTokenizer::load_model(const json& m, const std::string& file) {
   int64_t max_id = -1;
   for (auto& [tok, idj] : m["vocab"].items()) {
     DS_USER_CHECK(idj.is_number_integer() && idj.get<int64_t>() >= 0 && idj.get<int64_t>() < (int64_t{1} << 30),
-                  "{}: model.vocab: token {} has id {}, expected an integer in [0, 2^30)", file,
-                  dump(json(tok)), dump(idj));
+                  "{}: model.vocab: token {} has id {}, expected an integer in [0, 2^30)", file, dump(json(tok)),
+                  dump(idj));
     max_id = std::max(max_id, idj.get<int64_t>());
   }
   const int64_t n = static_cast<int64_t>(m["vocab"].size());
@@ -153,7 +156,8 @@ void HfTokenizer::load_model(const json& m, const std::string& file) {
   tokens_.resize(static_cast<size_t>(max_id + 1));
   for (auto& [tok, idj] : m["vocab"].items()) {
     const auto id = static_cast<int32_t>(idj.get<int64_t>());
-    DS_USER_CHECK(vocab_.emplace(tok, id).second && tokens_[id].empty(), "{}: model.vocab gives id {} twice", file, id);
+    DS_USER_CHECK(vocab_.emplace(tok, id).second && tokens_[id].empty(), "{}: model.vocab gives id {} twice", file,
+                  id);
     tokens_[id] = tok;
   }
   byte_fallback_ = get_bool(m, "byte_fallback", false);
@@ -176,17 +180,21 @@ void HfTokenizer::load_merges(const json& merges) {
     if (mj.is_string()) {
       const std::string s = mj.get<std::string>();
       const size_t sp = s.find(' ');
-      DS_USER_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos,
-                    "{}: merge {} is not two tokens separated by one space", file_, mj.dump(-1, ' ', false, json::error_handler_t::replace));
+      DS_USER_CHECK(
+          sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos,
+          "{}: merge {} is not two tokens separated by one space", file_,
+          mj.dump(-1, ' ', false, json::error_handler_t::replace));
       a = s.substr(0, sp), b = s.substr(sp + 1);
     } else {
       DS_USER_CHECK(mj.is_array() && mj.size() == 2 && mj[0].is_string() && mj[1].is_string(),
-                    "{}: merge {} is neither \"a b\" nor [\"a\", \"b\"]", file_, mj.dump(-1, ' ', false, json::error_handler_t::replace));
+                    "{}: merge {} is neither \"a b\" nor [\"a\", \"b\"]", file_,
+                    mj.dump(-1, ' ', false, json::error_handler_t::replace));
       a = mj[0].get<std::string>(), b = mj[1].get<std::string>();
     }
     const int32_t ia = id_of(a), ib = id_of(b), ic = id_of(a + b);
-    DS_USER_CHECK(ia >= 0 && ib >= 0 && ic >= 0, "{}: merge number {} ({} + {}) uses a token that is not in model.vocab",
-                  file_, rank + 1, json(a).dump(-1, ' ', false, json::error_handler_t::replace),
+    DS_USER_CHECK(ia >= 0 && ib >= 0 && ic >= 0,
+                  "{}: merge number {} ({} + {}) uses a token that is not in model.vocab", file_, rank + 1,
+                  json(a).dump(-1, ' ', false, json::error_handler_t::replace),
                   json(b).dump(-1, ' ', false, json::error_handler_t::replace));
     const uint64_t key = (static_cast<uint64_t>(ia) << 32) | static_cast<uint32_t>(ib);
     merges_.emplace(key, Merge{rank++, ic});
@@ -202,8 +210,8 @@ void HfTokenizer::load_added(const json& added) {
                       t["id"].get<int64_t>() < static_cast<int64_t>(tokens_.size()) + kMaxUnusedVocabIds,
                   "{}: added_tokens entry {} needs a string \"content\" and an id in range", file_,
                   t.dump(-1, ' ', false, json::error_handler_t::replace));
-    AddedToken a{t["content"].get<std::string>(), static_cast<int32_t>(t["id"].get<int64_t>()), get_bool(t, "lstrip", false),
-                 get_bool(t, "rstrip", false), get_bool(t, "single_word", false)};
+    AddedToken a{t["content"].get<std::string>(), static_cast<int32_t>(t["id"].get<int64_t>()),
+                 get_bool(t, "lstrip", false), get_bool(t, "rstrip", false), get_bool(t, "single_word", false)};
     DS_USER_CHECK(!a.content.empty(), "{}: added token {} has empty content", file_, a.id);
     if (a.id >= static_cast<int32_t>(tokens_.size())) tokens_.resize(static_cast<size_t>(a.id) + 1);
     if (tokens_[a.id].empty()) tokens_[a.id] = a.content;
@@ -236,11 +244,12 @@ void HfTokenizer::add_pre_step(const json& p) {
     s.kind = PreStep::Kind::Split;
     const json pat = get(p, "pattern");
     DS_USER_CHECK(pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string(),
-                  "{}: Split pre-tokenizer pattern {} is not supported (only the known Regex patterns)", file_, dump(pat));
+                  "{}: Split pre-tokenizer pattern {} is not supported (only the known Regex patterns)", file_,
+                  dump(pat));
     s.pattern = parse_split_pattern(pat["Regex"].get<std::string>(), file_);
     DS_USER_CHECK(get_str(p, "behavior", std::string()) == "Isolated" && !get_bool(p, "invert", false),
-                  "{}: Split pre-tokenizer behavior {} invert {} is not supported (only Isolated, not inverted)", file_,
-                  dump(get(p, "behavior")), dump(get(p, "invert")));
+                  "{}: Split pre-tokenizer behavior {} invert {} is not supported (only Isolated, not inverted)",
+                  file_, dump(get(p, "behavior")), dump(get(p, "invert")));
   } else {
     DS_USER_ERROR("{}: pre_tokenizer {} is not supported (ByteLevel, Split or a Sequence of them)", file_, type);
   }
@@ -280,9 +289,11 @@ void HfTokenizer::load_post(const json& p) {
                   "{}: post_processor special token {} has no single id in the vocabulary", file_, name);
     (seen_a ? after : before).push_back(ids[0].get<int32_t>());
   }
-  DS_USER_CHECK(before.size() <= 1 && after.empty(),
-                "{}: post_processor template adds {} token(s) before and {} after the text; only a bos before it is "
-                "supported", file_, before.size(), after.size());
+  DS_USER_CHECK(
+      before.size() <= 1 && after.empty(),
+      "{}: post_processor template adds {} token(s) before and {} after the text; only a bos before it is "
+      "supported",
+      file_, before.size(), after.size());
   if (!before.empty()) template_bos_ = before[0];
 }
 
@@ -291,7 +302,8 @@ void HfTokenizer::load_post(const json& p) {
 void HfTokenizer::find_special_ids(const std::string& dir) {
   auto named = [&](const json& v) -> int32_t {
     if (v.is_string()) return id_of(v.get<std::string>());
-    if (v.is_object() && v.contains("content") && v["content"].is_string()) return id_of(v["content"].get<std::string>());
+    if (v.is_object() && v.contains("content") && v["content"].is_string())
+      return id_of(v["content"].get<std::string>());
     return -1;
   };
   const std::filesystem::path cfg = std::filesystem::path(dir) / "tokenizer_config.json";
@@ -309,7 +321,8 @@ void HfTokenizer::find_special_ids(const std::string& dir) {
       if (int32_t id = id_of(n); id >= 0) return id;
     return -1;
   };
-  if (info_.bos_id < 0) info_.bos_id = template_bos_ >= 0 ? template_bos_ : first_of({"<|begin_of_text|>", "<s>", "<|endoftext|>"});
+  if (info_.bos_id < 0)
+    info_.bos_id = template_bos_ >= 0 ? template_bos_ : first_of({"<|begin_of_text|>", "<s>", "<|endoftext|>"});
   if (info_.eos_id < 0) info_.eos_id = first_of({"<|end_of_text|>", "</s>", "<|endoftext|>"});
   info_.eod_id = info_.eos_id;
   info_.add_bos = template_bos_ >= 0;
@@ -358,7 +371,8 @@ void HfTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& ou
   for (const PreStep& s : pre_) {
     next.clear();
     for (std::string& p : pieces) {
-      if (s.kind == PreStep::Kind::ByteLevel && s.add_prefix_space && (p.empty() || p[0] != ' ')) p.insert(p.begin(), ' ');
+      if (s.kind == PreStep::Kind::ByteLevel && s.add_prefix_space && (p.empty() || p[0] != ' '))
+        p.insert(p.begin(), ' ');
       if (s.kind == PreStep::Kind::ByteLevel && !s.use_regex) {
         next.push_back(std::move(p));
         continue;
@@ -389,18 +403,22 @@ void HfTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out
     sym.push_back(whole);
   } else if (byte_level_) {
     for (unsigned char c : piece)
-      if (byte_id_[c] >= 0) sym.push_back(byte_id_[c]);
-      else if (unk_id_ >= 0) sym.push_back(unk_id_);
+      if (byte_id_[c] >= 0)
+        sym.push_back(byte_id_[c]);
+      else if (unk_id_ >= 0)
+        sym.push_back(unk_id_);
     bpe(sym);
   } else {  // characters of the text; unknown ones as bytes or unk
     for (size_t i = 0; i < piece.size();) {
       uint32_t cp;
       const int len = utf8_decode(piece, i, &cp);
       const int32_t id = id_of(std::string(piece.substr(i, len)));
-      if (id >= 0) sym.push_back(id);
+      if (id >= 0)
+        sym.push_back(id);
       else if (byte_fallback_ && fallback_id_[static_cast<unsigned char>(piece[i])] >= 0)
         for (int k = 0; k < len; ++k) sym.push_back(fallback_id_[static_cast<unsigned char>(piece[i + k])]);
-      else if (unk_id_ >= 0) sym.push_back(unk_id_);
+      else if (unk_id_ >= 0)
+        sym.push_back(unk_id_);
       i += len;
     }
     bpe(sym);

@@ -138,7 +138,7 @@ class SpTokenizer final : public Tokenizer {
 
   sentencepiece::SentencePieceProcessor sp_;
   TokenizerInfo info_;
-  std::vector<Special> specials_;       // SentencePieceTokenizer only, in Megatron's order
+  std::vector<Special> specials_;         // SentencePieceTokenizer only, in Megatron's order
   std::map<int32_t, std::string> added_;  // ids past the model's pieces -> their text
 };
 
@@ -153,9 +153,10 @@ std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const TokenizerSpec& spe
 bool have_sentencepiece() { return false; }
 
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const TokenizerSpec& spec) {
-  DS_USER_ERROR("--tokenizer-type {} (--tokenizer-model {}) needs the SentencePiece library, which this build "
-                "does not have: install libsentencepiece-dev (scripts/setup.sh) and rebuild",
-                tokenizer_kind_name(spec.kind), spec.model_path);
+  DS_USER_ERROR(
+      "--tokenizer-type {} (--tokenizer-model {}) needs the SentencePiece library, which this build "
+      "does not have: install libsentencepiece-dev (scripts/setup.sh) and rebuild",
+      tokenizer_kind_name(spec.kind), spec.model_path);
 }
 
 #endif
