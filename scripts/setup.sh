@@ -10,6 +10,8 @@ pkgs=(
   build-essential cmake ninja-build pkg-config
   libcli11-dev nlohmann-json3-dev libfmt-dev catch2 libssh-dev
   libopenblas-dev libgloo-dev
+  # SentencePiece tokenizers (tokenizer.model), and spm_train for their tests
+  libsentencepiece-dev sentencepiece
   # tests with real components
   openssh-server openssh-client pdsh iproute2 numactl procps
   slurm-wlm munge
@@ -53,5 +55,14 @@ if ! PYTHONPATH="$TB_DIR" /usr/bin/python3 -c "import tensorboard" 2>/dev/null; 
   /usr/bin/python3 -m pip install -q --disable-pip-version-check --break-system-packages \
       --target "$TB_DIR" "tensorboard==2.21.0" >/dev/null 2>&1 ||
     echo "setup: warning: could not install tensorboard from PyPI; test_tensorboard will skip"
+fi
+# The reference tokenizers for test_tokenizers_ref (the sentencepiece and
+# tokenizers packages, ids compared one by one with ours), from PyPI into
+# .deps/tokref. Best effort: without them, test_tokenizers_ref skips.
+TOK_DIR="$(cd "$(dirname "$0")/.." && pwd)/.deps/tokref"
+if ! PYTHONPATH="$TOK_DIR" /usr/bin/python3 -c "import sentencepiece, tokenizers" 2>/dev/null; then
+  /usr/bin/python3 -m pip install -q --disable-pip-version-check --break-system-packages \
+      --target "$TOK_DIR" "sentencepiece==0.2.0" "tokenizers==0.20.3" >/dev/null 2>&1 ||
+    echo "setup: warning: could not install sentencepiece/tokenizers from PyPI; test_tokenizers_ref will skip"
 fi
 echo "setup: all dependencies present"

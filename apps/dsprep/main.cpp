@@ -1,5 +1,6 @@
 // dsprep: prepares training data for dstrain.
 //   dsprep --input FILE... --output-prefix P --vocab-file V --merge-file M  -> P.bin, P.idx
+//   dsprep --input FILE... --output-prefix P --tokenizer-type T --tokenizer-model M [--workers N]
 //   dsprep --train-tokenizer --input FILE... --vocab-size N --output-dir D  -> D/vocab.json, D/merges.txt
 //   dsprep --generate-corpus FILE --size-mb X [--seed S]                   -> synthetic demo text
 // User errors print one line naming the input and exit 1; no partial output is left.
@@ -11,6 +12,7 @@
 #include <fstream>
 
 #include "apps/dsprep/documents.h"
+#include "apps/dsprep/tokenize.h"
 #include "lib/core/error.h"
 #include "lib/data/bpe.h"
 #include "lib/data/indexed_dataset.h"
@@ -22,10 +24,17 @@ using ds::prep::DocumentSource;
 
 struct Args {
   std::vector<std::string> inputs;
-  std::string input_format = "auto", text_split = "paragraph", json_key = "text";
+  std::string input_format = "auto", text_split = "paragraph";
+  std::vector<std::string> json_keys{"text"};
   std::string output_prefix, vocab_file, merge_file, dtype = "auto";
-  std::string tokenizer_type = "GPT2BPETokenizer";
+  std::string tokenizer_type = "GPT2BPETokenizer", tokenizer_model;
   bool append_eod = true;
+  int workers = 1;
+  int64_t log_interval = 1000;
+  // Megatron preprocess_data.py flags: checked, or accepted as the no-ops they are here.
+  bool split_sentences = false, keep_newlines = false, trust_remote_code = false;
+  int64_t partitions = 1, seq_length = 0;
+  std::string dataset_impl = "mmap", lang = "english";
   bool train_tokenizer = false;
   int64_t vocab_size = 0, min_frequency = 2;
   std::string output_dir;
@@ -49,7 +58,7 @@ std::vector<DocumentSource> sources(const Args& a) {
                                            : ds::prep::InputFormat::Auto;
     s.text_split = a.text_split == "file" ? ds::prep::TextSplit::File
                                           : ds::prep::TextSplit::Paragraph;
-    s.json_key = a.json_key;
+    s.json_key = a.json_keys.empty() ? std::string() : a.json_keys.front();
     if (!std::filesystem::is_regular_file(path))
       DS_USER_ERROR("input file {} not found (--input)", path);
     out.push_back(s);
@@ -57,43 +66,53 @@ std::vector<DocumentSource> sources(const Args& a) {
   return out;
 }
 
+// Megatron preprocess_data.py flags that dsprep accepts only in their
+// "off" form, or rejects by name.
+void check_megatron_flags(const Args& a) {
+  DS_USER_CHECK(!a.split_sentences, "--split-sentences is not supported: dsprep writes one sequence per document "
+                "(split sentences beforehand, one per line, with --text-split paragraph)");
+  DS_USER_CHECK(a.partitions == 1, "--partitions {} is not supported (partitions reorder the documents); use "
+                "--workers for parallel tokenization", a.partitions);
+  DS_USER_CHECK(a.dataset_impl == "mmap", "--dataset-impl {} is not supported: dsprep writes the mmap format",
+                a.dataset_impl);
+  DS_USER_CHECK(a.json_keys.size() == 1, "--json-keys: give one key (dsprep writes one dataset per run), got {}",
+                a.json_keys.size());
+}
+
+ds::data::TokenizerSpec tokenizer_spec(const Args& a) {
+  ds::data::TokenizerSpec spec;
+  spec.kind = ds::data::parse_tokenizer_kind(a.tokenizer_type);
+  spec.model_path = a.tokenizer_model;
+  spec.vocab_file = a.vocab_file;
+  spec.merge_file = a.merge_file;
+  if (spec.kind == ds::data::TokenizerKind::GPT2BPE)
+    DS_USER_CHECK(!a.vocab_file.empty() && !a.merge_file.empty(),
+                  "--vocab-file and --merge-file are required to tokenize with GPT2BPETokenizer (or use "
+                  "--train-tokenizer to make them, or --tokenizer-type with --tokenizer-model)");
+  else
+    DS_USER_CHECK(!a.tokenizer_model.empty(), "--tokenizer-type {} needs --tokenizer-model", a.tokenizer_type);
+  return spec;
+}
+
 int run_tokenize(const Args& a) {
+  check_megatron_flags(a);
   auto srcs = sources(a);
   DS_USER_CHECK(!a.output_prefix.empty(), "--output-prefix is required to tokenize");
-  DS_USER_CHECK(!a.vocab_file.empty() && !a.merge_file.empty(),
-                "--vocab-file and --merge-file are required to tokenize (or use "
-                "--train-tokenizer to make them)");
-  DS_USER_CHECK(a.tokenizer_type == "GPT2BPETokenizer",
-                "--tokenizer-type {} is not supported (only GPT2BPETokenizer)", a.tokenizer_type);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto tok = ds::data::BpeTokenizer::load(a.vocab_file, a.merge_file);
-  if (a.append_eod && tok.eod_id() < 0)
-    DS_USER_ERROR("vocab file {} has no {} token; pass --no-append-eod or use a vocabulary "
-                  "that has one", a.vocab_file, ds::data::kEndOfText);
-  const auto dtype = a.dtype == "auto" ? ds::data::token_dtype_for_vocab(tok.vocab_size())
-                                       : ds::data::parse_token_dtype(a.dtype);
-  ds::data::IndexedDatasetWriter writer(a.output_prefix, dtype);
-  std::vector<int32_t> ids;
-  int64_t docs = 0, bytes = 0;
-  for (const auto& src : srcs) {
-    ds::prep::read_documents(src, [&](std::string_view doc) {
-      ids.clear();
-      tok.encode(doc, ids);
-      if (a.append_eod) ids.push_back(tok.eod_id());
-      writer.add_document(ids);
-      ++docs;
-      bytes += static_cast<int64_t>(doc.size());
-    });
-  }
-  DS_USER_CHECK(docs > 0, "no documents found in the input (--input {})", a.inputs.front());
-  writer.finalize();
-  const double dt = seconds_since(t0);
+  ds::prep::TokenizeOptions opt;
+  opt.tokenizer = tokenizer_spec(a);
+  opt.output_prefix = a.output_prefix;
+  opt.dtype = a.dtype;
+  opt.append_eod = a.append_eod;
+  opt.workers = a.workers;
+  opt.log_interval = a.log_interval;
+  const ds::prep::TokenizeStats st = ds::prep::tokenize_to_dataset(srcs, opt);
   std::printf("dsprep: wrote %s.bin/.idx: %lld documents, %lld tokens (%.2f bytes/token), "
-              "dtype %s, vocab %lld, %.1f s (%.2f MB/s)\n", a.output_prefix.c_str(),
-              static_cast<long long>(docs), static_cast<long long>(writer.num_tokens()),
-              writer.num_tokens() ? double(bytes) / double(writer.num_tokens()) : 0.0,
-              ds::data::token_dtype_name(dtype), static_cast<long long>(tok.vocab_size()), dt,
-              dt > 0 ? bytes / dt / 1e6 : 0.0);
+              "dtype %s, vocab %lld, %.1f s (%.2f MB/s)%s\n", a.output_prefix.c_str(),
+              static_cast<long long>(st.documents), static_cast<long long>(st.tokens),
+              st.tokens ? double(st.bytes) / double(st.tokens) : 0.0, st.dtype.c_str(),
+              static_cast<long long>(st.vocab_size), st.seconds, st.seconds > 0 ? st.bytes / st.seconds / 1e6 : 0.0,
+              st.empty_documents ? fmt::format(", {} documents without tokens left out",
+                                               st.empty_documents).c_str() : "");
   return 0;
 }
 
@@ -157,13 +176,26 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--text-split", a.text_split,
                  "Plain text documents: paragraph (split at blank lines) or file (one per file)")
       ->check(CLI::IsMember({"paragraph", "file"}));
-  app.add_option("--json-keys,--json-key", a.json_key, "JSON field holding the text");
+  app.add_option("--json-keys,--json-key", a.json_keys, "JSON field holding the text (one key)")->expected(1, -1);
   app.add_option("--output-prefix", a.output_prefix, "Writes PREFIX.bin and PREFIX.idx");
   app.add_option("--vocab-file", a.vocab_file, "GPT-2 style vocab.json");
   app.add_option("--merge-file", a.merge_file, "GPT-2 style merges.txt");
-  app.add_option("--tokenizer-type", a.tokenizer_type, "Only GPT2BPETokenizer");
+  app.add_option("--tokenizer-type", a.tokenizer_type,
+                 "GPT2BPETokenizer (default), GPTSentencePieceTokenizer, Llama2Tokenizer, SentencePieceTokenizer, "
+                 "HFTokenizer");
+  app.add_option("--tokenizer-model", a.tokenizer_model,
+                 "tokenizer.model (SentencePiece types) or tokenizer.json / its directory (HFTokenizer)");
   app.add_flag("--append-eod,!--no-append-eod", a.append_eod,
-               "Append <|endoftext|> after each document (default on)");
+               "Append the end-of-document token after each document (default on)");
+  app.add_option("--workers", a.workers, "Tokenizer threads (output identical for any number)");
+  app.add_option("--log-interval", a.log_interval, "Documents between progress lines (0: none)");
+  app.add_flag("--split-sentences", a.split_sentences, "Megatron's sentence splitting: not supported");
+  app.add_flag("--keep-newlines", a.keep_newlines, "Only with --split-sentences: no effect");
+  app.add_option("--lang", a.lang, "Only with --split-sentences: no effect");
+  app.add_option("--partitions", a.partitions, "Megatron's file partitions: only 1");
+  app.add_option("--dataset-impl", a.dataset_impl, "Only mmap (the .bin/.idx format)");
+  app.add_option("--seq-length", a.seq_length, "Accepted, no effect (documents are not truncated)");
+  app.add_flag("--trust-remote-code", a.trust_remote_code, "Accepted, no effect (no code is run)");
   app.add_option("--dtype", a.dtype, "Token dtype: auto (u16 if vocab < 65500, else i32), u16, i32")
       ->check(CLI::IsMember({"auto", "u8", "u16", "i16", "i32", "i64"}));
   app.add_flag("--train-tokenizer", a.train_tokenizer, "Learn a byte-level BPE vocabulary");

@@ -178,6 +178,7 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   if (!fs::exists(fs::path(dir) / "latest")) return false;
   const std::string step = find_step_dir(dir);
   StepState state = read_step_state(step);
+  if (d.model) check_saved_vocab(state, *d.model, step);
   const ShardCoords saved = state.sizes;
   const int saved_tp = saved.tp, saved_pp = saved.pp, saved_vp = saved.vp;
   const ShardCoords& dst = d.shard;

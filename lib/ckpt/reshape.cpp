@@ -60,6 +60,16 @@ SavedStep open_saved_step(const std::string& step_dir, const ModelConfig& model)
   return open_saved_step(step_dir, read_step_state(step_dir), model);
 }
 
+void check_saved_vocab(const StepState& state, const ModelConfig& model, const std::string& where) {
+  const nlohmann::json v = state.config.is_object()
+                               ? state.config.value(nlohmann::json::json_pointer("/model/vocab_size"), nlohmann::json())
+                               : nlohmann::json();
+  DS_USER_CHECK(!(v.is_number_integer() && model.vocab_size > 0 && v.get<int64_t>() != model.vocab_size),
+                "checkpoint '{}' was trained with a vocabulary of {} tokens, the configured tokenizer has {} "
+                "(--vocab-file / --tokenizer-model): continue it with the tokenizer it was trained with", where,
+                v.dump(), model.vocab_size);
+}
+
 SavedStep open_saved_step(const std::string& step_dir, StepState state, const ModelConfig& model) {
   SavedStep s;
   s.dir = step_dir;
@@ -68,6 +78,7 @@ SavedStep open_saved_step(const std::string& step_dir, StepState state, const Mo
   s.sizes = s.state.sizes;
   s.shards = s.state.shards;
   s.model = model;
+  check_saved_vocab(s.state, model, where);
   for (const auto& [name, shape] : s.state.layout) {  // the saved padded vocabulary: rows of embed.wte
     if (name != "embed.wte") continue;
     DS_USER_CHECK(shape.size() == 2 && shape[0] <= std::numeric_limits<int>::max(),

@@ -101,16 +101,44 @@ DType compute_dtype(Precision p) {
   return p == Precision::BF16 ? DType::BF16 : p == Precision::FP16 ? DType::F16 : DType::F32;
 }
 
+namespace {
+
+// The tokenizer the data config names (--tokenizer-type with --tokenizer-model,
+// or --vocab-file + --merge-file): vocabulary size and bos/eos/eod/pad ids.
+data::TokenizerInfo tokenizer_info_from_files(const DataConfig& d) {
+  data::TokenizerSpec spec;
+  spec.kind = d.tokenizer_type.empty() ? data::TokenizerKind::GPT2BPE
+                                       : data::parse_tokenizer_kind(d.tokenizer_type, "--tokenizer-type");
+  spec.model_path = d.tokenizer_model;
+  spec.vocab_file = d.vocab_file;
+  spec.merge_file = d.merge_file;
+  return data::tokenizer_info(spec);
+}
+
+}  // namespace
+
 void resolve_vocab(TrainConfig& cfg) {
   ModelConfig& m = cfg.model;
-  if (!cfg.data.vocab_file.empty()) {
-    int64_t v = vocab_size_from_file(cfg.data.vocab_file);
+  const DataConfig& d = cfg.data;
+  const bool gpt2 = d.tokenizer_type.empty() ||
+                    data::parse_tokenizer_kind(d.tokenizer_type, "--tokenizer-type") == data::TokenizerKind::GPT2BPE;
+  if (gpt2 && !d.vocab_file.empty()) {
+    int64_t v = vocab_size_from_file(d.vocab_file);
     DS_USER_CHECK(m.vocab_size == 0 || m.vocab_size == v,
                   "model.vocab_size {} does not match --vocab-file '{}' ({} entries)", m.vocab_size,
-                  cfg.data.vocab_file, v);
+                  d.vocab_file, v);
+    m.vocab_size = static_cast<int>(v);
+    if (!d.merge_file.empty()) cfg.data.tokenizer = tokenizer_info_from_files(d);
+  } else if (!gpt2) {
+    cfg.data.tokenizer = tokenizer_info_from_files(d);
+    const int64_t v = cfg.data.tokenizer.vocab_size;
+    DS_USER_CHECK(m.vocab_size == 0 || m.vocab_size == v,
+                  "model.vocab_size {} does not match --tokenizer-model '{}' ({} with --tokenizer-type {})",
+                  m.vocab_size, d.tokenizer_model, v, d.tokenizer_type);
     m.vocab_size = static_cast<int>(v);
   }
-  DS_USER_CHECK(m.vocab_size > 0, "the vocabulary size is unknown: give --vocab-file (or model.vocab_size)");
+  DS_USER_CHECK(m.vocab_size > 0, "the vocabulary size is unknown: give --vocab-file, --tokenizer-type with "
+                "--tokenizer-model (or model.vocab_size)");
   m.padded_vocab_size = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tp);
   cfg.resolved["model"]["vocab_size"] = m.vocab_size;
 }
@@ -244,7 +272,8 @@ json config_to_json(const TrainConfig& c) {
             {"data", {{"data_path", c.data.data_path}, {"train_data_path", c.data.train_data_path},
                       {"valid_data_path", c.data.valid_data_path}, {"test_data_path", c.data.test_data_path},
                       {"split", c.data.split}, {"vocab_file", c.data.vocab_file},
-                      {"merge_file", c.data.merge_file}}},
+                      {"merge_file", c.data.merge_file}, {"tokenizer_type", c.data.tokenizer_type},
+                      {"tokenizer_model", c.data.tokenizer_model}}},
             {"training", training_json(c)},
             {"parallel",
              {{"tensor_model_parallel_size", c.parallel.tp},

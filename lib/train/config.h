@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lib/core/dtype.h"
+#include "lib/data/tokenizer.h"
 #include "lib/model/model_config.h"
 #include "lib/optim/optimizer_config.h"
 #include "lib/runtime/zero_config.h"
@@ -29,6 +30,10 @@ struct DataConfig {
   // Megatron's separate datasets per split (same forms), instead of data_path + split.
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   std::string split = "949,50,1", vocab_file, merge_file;
+  // Megatron's --tokenizer-type / --tokenizer-model ("" type: GPT2BPETokenizer
+  // when vocab_file is given). resolve_vocab fills `tokenizer` from them.
+  std::string tokenizer_type, tokenizer_model;
+  data::TokenizerInfo tokenizer;  // vocab size and bos/eos/eod/pad ids; kind GPT2BPE, size 0 when no files
 };
 
 struct CheckpointConfig {

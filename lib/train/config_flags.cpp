@@ -120,6 +120,9 @@ constexpr FlagSpec kTable[] = {
     {"--split", "/data/split", FlagKind::String, "train,valid,test weights, e.g. 949,50,1"},
     {"--vocab-file", "/data/vocab_file", FlagKind::String, "GPT-2 vocab.json"},
     {"--merge-file", "/data/merge_file", FlagKind::String, "GPT-2 merges.txt"},
+    {"--tokenizer-type", "/data/tokenizer_type", FlagKind::String, "tokenizer kind",
+     "GPT2BPETokenizer|GPTSentencePieceTokenizer|Llama2Tokenizer|SentencePieceTokenizer|HFTokenizer"},
+    {"--tokenizer-model", "/data/tokenizer_model", FlagKind::String, "tokenizer.model, or tokenizer.json / its directory"},
 };
 
 std::vector<std::string> split_choices(const char* s) {
@@ -200,8 +203,6 @@ void add_ignored_flags(CLI::App& app, bool& deepspeed) {
       ->description("the DeepSpeed engine's settings (ZeRO stage, clipping, fp16 loss scaling) come from the config "
                     "file, with DeepSpeed's defaults where it is silent, as in Megatron-DeepSpeed");
   app.add_flag("--use-flash-attn")->description("accepted; flash attention is used on CUDA whenever it applies");
-  app.add_option("--tokenizer-type", "accepted; only GPT2BPETokenizer exists")
-      ->check(CLI::IsMember({"GPT2BPETokenizer"}));
   app.add_option("--distributed-backend", "accepted; the backend follows --device (NCCL on cuda, Gloo on cpu)")
       ->check(CLI::IsMember({"nccl", "gloo"}));
 }

@@ -55,6 +55,8 @@ void read_data_section(JsonSection s, DataConfig& d) {
   d.split = s.get<std::string>("split", d.split);
   d.vocab_file = s.get<std::string>("vocab_file", d.vocab_file);
   d.merge_file = s.get<std::string>("merge_file", d.merge_file);
+  d.tokenizer_type = s.get<std::string>("tokenizer_type", d.tokenizer_type);
+  d.tokenizer_model = s.get<std::string>("tokenizer_model", d.tokenizer_model);
   s.finish(UnknownKeys::Error);
 }
 

@@ -6,9 +6,12 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "lib/data/bpe.h"
 #include "lib/data/indexed_dataset.h"
+#include "lib/data/tokenizer.h"
 #include "test/data/test_util.h"
 
 using namespace ds;
@@ -190,4 +193,74 @@ TEST_CASE("dsprep errors: one line naming the input, exit 1, no output") {
                   (dir / "t2"),
               "--vocab-size", out);
   REQUIRE_FALSE(fs::exists(dir / "t2/vocab.json"));
+}
+
+TEST_CASE("dsprep --workers N writes the same bytes as one worker, with progress lines") {
+  test::TempDir dir;
+  REQUIRE(run("--generate-corpus " + (dir / "c.txt") + " --size-mb 0.3 --seed 3").code == 0);
+  REQUIRE(run("--train-tokenizer --input " + (dir / "c.txt") + " --vocab-size 400 --output-dir " + dir.path()).code == 0);
+  // A tokenizer.json with the same vocabulary and merges, and an added token.
+  nlohmann::json vocab = nlohmann::json::parse(test::slurp(dir / "vocab.json"));
+  nlohmann::json merges = nlohmann::json::array();
+  std::istringstream in(test::slurp(dir / "merges.txt"));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] != '#') merges.push_back(line);
+  const int eot = vocab["<|endoftext|>"].get<int>();
+  nlohmann::json tj = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+                       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+                       {"added_tokens", {{{"id", eot}, {"content", "<|endoftext|>"}, {"special", true}}}}};
+  fs::create_directories(dir / "hf");
+  test::spit(dir / "hf/tokenizer.json", tj.dump());
+  std::vector<std::string> types = {"--tokenizer-type HFTokenizer --tokenizer-model " + (dir / "hf")};
+  if (!have_sentencepiece())
+    WARN("this build has no SentencePiece library: the SentencePiece case is left out");
+  else if (std::system(("spm_train --input=" + (dir / "c.txt") + " --model_prefix=" + (dir / "sp") +
+                   " --vocab_size=700 --model_type=bpe --byte_fallback=true --minloglevel=2 >/dev/null 2>&1").c_str()) == 0)
+    types.push_back("--tokenizer-type Llama2Tokenizer --tokenizer-model " + (dir / "sp.model"));
+  else
+    WARN("spm_train not found (Debian package sentencepiece): the SentencePiece case is left out");
+  for (const std::string& type : types) {
+    INFO(type);
+    RunResult one = run("--input " + (dir / "c.txt") + " --output-prefix " + (dir / "w1") + " " + type);
+    REQUIRE(one.code == 0);
+    RunResult three = run("--input " + (dir / "c.txt") + " --output-prefix " + (dir / "w3") + " " + type +
+                          " --workers 3 --log-interval 100 --append-eod");
+    INFO(three.output);
+    REQUIRE(three.code == 0);
+    CHECK(three.output.find("dsprep: processed 100 documents (") != std::string::npos);
+    CHECK(three.output.find("MB/s), ") != std::string::npos);
+    CHECK(three.output.find("ETA") != std::string::npos);
+    CHECK(test::slurp(dir / "w1.bin") == test::slurp(dir / "w3.bin"));
+    CHECK(test::slurp(dir / "w1.idx") == test::slurp(dir / "w3.idx"));
+    IndexedDataset ds = IndexedDataset::open(dir / "w3");
+    REQUIRE(ds.num_sequences() > 100);
+    const std::vector<int32_t> first = tokens_of(ds, 0);
+    if (type.find("Llama2") != std::string::npos) {
+      CHECK(first.front() == 1);  // the model's bos
+      CHECK(first.back() == 2);   // eod = the model's eos
+    } else {
+      CHECK(first.back() == eot);
+    }
+  }
+}
+
+TEST_CASE("dsprep refuses Megatron flags it cannot honour, naming them") {
+  test::TempDir dir;
+  test::spit(dir / "c.jsonl", "{\"text\": \"hello\"}\n");
+  const std::string base = "--input " + (dir / "c.jsonl") + " --output-prefix " + (dir / "o");
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {" --tokenizer-type HFTokenizer", "--tokenizer-model"},
+           {" --tokenizer-type Llama2Tokenizer --tokenizer-model " + (dir / "none.model"), "none.model"},
+           {" --tokenizer-type NullTokenizer --tokenizer-model x", "NullTokenizer"},
+           {" --split-sentences --tokenizer-type HFTokenizer --tokenizer-model x", "--split-sentences"},
+           {" --partitions 2 --tokenizer-type HFTokenizer --tokenizer-model x", "--partitions"},
+           {" --json-keys text title --tokenizer-type HFTokenizer --tokenizer-model x", "--json-keys"},
+           {" --workers 0 --tokenizer-type HFTokenizer --tokenizer-model " + (dir / "c.jsonl"), "--workers"}}) {
+    RunResult r = run(base + args);
+    INFO(args << "\n" << r.output);
+    CHECK(r.code == 1);
+    CHECK(r.output.find(needle) != std::string::npos);
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+    CHECK(no_outputs(dir / "o"));
+  }
 }

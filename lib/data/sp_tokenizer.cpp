@@ -1,0 +1,164 @@
+// SentencePiece tokenizers (tokenizer.model) through the SentencePiece library,
+// with Megatron's three meanings of a model:
+//   GPTSentencePieceTokenizer: the model's ids; eod = eos; vocab = piece count.
+//   Llama2Tokenizer: the same, plus bos before every document.
+//   SentencePieceTokenizer: Megatron's special tokens added after the model's
+//     pieces when missing (<CLS> <SEP> <EOD> <MASK>, then the model's pad, bos
+//     and eos pieces, or <PAD>/<BOS>/<EOS> where the model has none); in text,
+//     the earliest special token is cut out and encoded as its id, the pieces
+//     between are encoded separately; eod = <EOD>.
+// Without the library (DS_HAVE_SENTENCEPIECE undefined) loading one of these is
+// a UserError saying how to get it.
+#include <algorithm>
+#include <map>
+#include <memory>
+
+#include "lib/core/error.h"
+#include "lib/data/tokenizer.h"
+
+#ifdef DS_HAVE_SENTENCEPIECE
+#include <sentencepiece_processor.h>
+#endif
+
+namespace ds::data {
+
+#ifdef DS_HAVE_SENTENCEPIECE
+
+bool have_sentencepiece() { return true; }
+
+namespace {
+
+class SpTokenizer final : public Tokenizer {
+ public:
+  explicit SpTokenizer(const TokenizerSpec& spec) {
+    const auto st = sp_.Load(spec.model_path);
+    if (!st.ok())
+      DS_USER_ERROR("--tokenizer-model {}: not a readable SentencePiece model ({})", spec.model_path,
+                    st.ToString());
+    const int n = sp_.GetPieceSize();
+    DS_USER_CHECK(n > 0, "--tokenizer-model {}: the SentencePiece model has no pieces", spec.model_path);
+    info_.kind = spec.kind;
+    info_.vocab_size = n;
+    info_.bos_id = sp_.bos_id();
+    info_.eos_id = sp_.eos_id();
+    info_.pad_id = sp_.pad_id();
+    info_.eod_id = info_.eos_id;
+    if (spec.kind == TokenizerKind::SentencePiece) add_megatron_specials();
+    info_.add_bos = spec.kind == TokenizerKind::Llama2;
+    const char* need = nullptr;
+    if (info_.eod_id < 0) need = "an end-of-document (eos) piece";
+    if (info_.add_bos && info_.bos_id < 0) need = "a bos piece";
+    if (need)
+      DS_USER_ERROR("--tokenizer-model {}: the SentencePiece model has no {}, which --tokenizer-type {} needs",
+                    spec.model_path, need, tokenizer_kind_name(spec.kind));
+  }
+
+  const TokenizerInfo& info() const override { return info_; }
+
+  void encode(std::string_view text, std::vector<int32_t>& out) const override {
+    if (specials_.empty()) return encode_plain(text, out);
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t best = std::string_view::npos;
+      const Special* hit = nullptr;
+      for (const Special& s : specials_) {  // earliest occurrence; first listed wins a tie
+        const size_t at = text.find(s.text, pos);
+        if (at < best) best = at, hit = &s;
+      }
+      if (!hit) break;
+      encode_plain(text.substr(pos, best - pos), out);
+      out.push_back(hit->id);
+      pos = best + hit->text.size();
+    }
+    encode_plain(text.substr(pos), out);
+  }
+
+  std::string decode(std::span<const int32_t> ids) const override {
+    std::string out, part;
+    std::vector<int> run;
+    auto flush = [&] {
+      if (run.empty()) return;
+      part.clear();
+      (void)sp_.Decode(run, &part);
+      out += part;
+      run.clear();
+    };
+    for (int32_t id : ids) {
+      auto it = added_.find(id);
+      if (it != added_.end()) {
+        flush();
+        out += it->second;
+      } else if (id >= 0 && id < sp_.GetPieceSize()) {
+        run.push_back(id);
+      }
+    }
+    flush();
+    return out;
+  }
+
+ private:
+  struct Special {
+    std::string text;
+    int32_t id;
+  };
+
+  void encode_plain(std::string_view text, std::vector<int32_t>& out) const {
+    if (text.empty()) return;
+    std::vector<int> ids;
+    const auto st = sp_.Encode(text, &ids);
+    DS_CHECK(st.ok(), "SentencePiece encode failed: {}", st.ToString());
+    out.insert(out.end(), ids.begin(), ids.end());
+  }
+
+  // Megatron's _SentencePieceTokenizer._initalize (without extra ids).
+  void add_megatron_specials() {
+    auto add = [&](const std::string& t) {
+      int32_t id = sp_.PieceToId(t);
+      const bool known = id != sp_.unk_id() || t == sp_.IdToPiece(sp_.unk_id());
+      if (!known) {
+        auto it = std::find_if(specials_.begin(), specials_.end(), [&](const Special& s) { return s.text == t; });
+        if (it != specials_.end()) return it->id;
+        id = static_cast<int32_t>(info_.vocab_size++);
+        added_[id] = t;
+      }
+      if (std::none_of(specials_.begin(), specials_.end(), [&](const Special& s) { return s.text == t; }))
+        specials_.push_back({t, id});
+      return id;
+    };
+    auto piece_or = [&](int id, const char* dflt) {
+      return id >= 0 && id < sp_.GetPieceSize() ? sp_.IdToPiece(id) : std::string(dflt);
+    };
+    for (const char* t : {"<CLS>", "<SEP>"}) add(t);
+    info_.eod_id = add("<EOD>");
+    add("<MASK>");
+    info_.pad_id = add(piece_or(sp_.pad_id(), "<PAD>"));
+    info_.bos_id = add(piece_or(sp_.bos_id(), "<BOS>"));
+    info_.eos_id = add(piece_or(sp_.eos_id(), "<EOS>"));
+  }
+
+  sentencepiece::SentencePieceProcessor sp_;
+  TokenizerInfo info_;
+  std::vector<Special> specials_;         // SentencePieceTokenizer only, in Megatron's order
+  std::map<int32_t, std::string> added_;  // ids past the model's pieces -> their text
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const TokenizerSpec& spec) {
+  return std::make_unique<SpTokenizer>(spec);
+}
+
+#else  // !DS_HAVE_SENTENCEPIECE
+
+bool have_sentencepiece() { return false; }
+
+std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const TokenizerSpec& spec) {
+  DS_USER_ERROR(
+      "--tokenizer-type {} (--tokenizer-model {}) needs the SentencePiece library, which this build "
+      "does not have: install libsentencepiece-dev (scripts/setup.sh) and rebuild",
+      tokenizer_kind_name(spec.kind), spec.model_path);
+}
+
+#endif
+
+}  // namespace ds::data

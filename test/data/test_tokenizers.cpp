@@ -1,0 +1,108 @@
+// Tokenizer interface tests without Python: the hand-written Split patterns on
+// hand-checked cases, a tokenizer.json made from GPT-2's files (merges in both
+// spellings) against our GPT-2 BPE on tinyshakespeare, and the one-line errors
+// for missing, corrupt and unsupported tokenizer files. The reference-library
+// comparison is test_tokenizers_ref (tok_check.py).
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/core/error.h"
+#include "lib/data/bpe.h"
+#include "lib/data/hf_tokenizer.h"
+#include "lib/data/tokenizer.h"
+#include "test/data/test_util.h"
+#include "test/skip.h"
+
+using namespace ds;
+using namespace ds::data;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::vector<std::string> split(SplitPattern p, std::string_view s) {
+  std::vector<std::string_view> v;
+  split_by_pattern(p, s, v);
+  return {v.begin(), v.end()};
+}
+
+using V = std::vector<std::string>;
+
+}  // namespace
+
+TEST_CASE("cl100k and Qwen2 split patterns match the regex on hand-checked cases") {
+  CHECK(split(SplitPattern::Cl100k, "Hello world's") == V{"Hello", " world", "'s"});
+  CHECK(split(SplitPattern::Cl100k, "I'M YOU'RE") == V{"I", "'M", " YOU", "'RE"});
+  CHECK(split(SplitPattern::Cl100k, "1234567 x") == V{"123", "456", "7", " x"});
+  CHECK(split(SplitPattern::Qwen2, "123 x") == V{"1", "2", "3", " x"});
+  CHECK(split(SplitPattern::Cl100k, "a  b") == V{"a", " ", " b"});
+  CHECK(split(SplitPattern::Cl100k, "a\n\n  b") == V{"a", "\n\n", " ", " b"});
+  CHECK(split(SplitPattern::Cl100k, "x   ") == V{"x", "   "});
+  CHECK(split(SplitPattern::Cl100k, " ...\n\nz") == V{" ...\n\n", "z"});
+  CHECK(split(SplitPattern::Cl100k, "(hello)") == V{"(hello", ")"});
+  CHECK(split(SplitPattern::Cl100k, "\t9") == V{"\t", "9"});
+  CHECK(split(SplitPattern::Cl100k, "caf\xc3\xa9!") == V{"caf\xc3\xa9", "!"});
+  CHECK(split(SplitPattern::Gpt2, "it's  ok") == V{"it", "'s", " ", " ok"});
+  CHECK(parse_split_pattern(split_pattern_regex(SplitPattern::Cl100k), "f") == SplitPattern::Cl100k);
+  CHECK_THROWS_WITH(parse_split_pattern("\\w+", "tok.json"), Contains("tok.json") && Contains("\\w+"));
+}
+
+TEST_CASE("a tokenizer.json from GPT-2's files encodes as the GPT-2 BPE", "[shared_data]") {
+  const std::string data = test::shared_data_dir();
+  if (data.empty()) DS_SKIP("../shared/data not found");
+  test::TempDir dir;
+  const nlohmann::json vocab = nlohmann::json::parse(test::slurp(data + "/gpt2-vocab.json"));
+  std::istringstream merges_in(test::slurp(data + "/gpt2-merges.txt"));
+  nlohmann::json merges_str = nlohmann::json::array(), merges_pair = nlohmann::json::array();
+  std::string line;
+  while (std::getline(merges_in, line)) {
+    if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    merges_str.push_back(line);
+    merges_pair.push_back({line.substr(0, line.find(' ')), line.substr(line.find(' ') + 1)});
+  }
+  const Tokenizer* ref_tok = nullptr;
+  auto gpt2 = load_tokenizer({TokenizerKind::GPT2BPE, "", data + "/gpt2-vocab.json", data + "/gpt2-merges.txt"});
+  ref_tok = gpt2.get();
+  const std::string text = test::slurp(data + "/tinyshakespeare.txt") + " <|endoftext|> caf\xc3\xa9 \xf0\x9f\x91\x8d";
+  for (const nlohmann::json& merges : {merges_str, merges_pair}) {
+    nlohmann::json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+                        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+                        {"added_tokens", nlohmann::json::array()}};
+    test::spit(dir / "tokenizer.json", j.dump());
+    auto hf = load_tokenizer({TokenizerKind::HF, dir.path(), "", ""});
+    CHECK(hf->info().vocab_size == 50257);
+    CHECK(hf->info().eos_id == 50256);
+    const std::vector<int32_t> ids = hf->encode(text);
+    CHECK(ids == ref_tok->encode(text));  // "<|endoftext|>" is plain text without an added token
+    CHECK(hf->decode(ids) == text);
+  }
+  CHECK(ref_tok->info().eod_id == 50256);
+  CHECK(ref_tok->info().bos_id == 50256);
+}
+
+TEST_CASE("tokenizer errors name the file or flag") {
+  test::TempDir dir;
+  auto fails = [](const TokenizerSpec& s, const std::string& needle) {
+    CHECK_THROWS_AS(load_tokenizer(s), UserError);
+    CHECK_THROWS_WITH(load_tokenizer(s), Contains(needle));
+  };
+  fails({TokenizerKind::HF, "", "", ""}, "--tokenizer-model");
+  fails({TokenizerKind::Llama2, "", "", ""}, "--tokenizer-model");
+  fails({TokenizerKind::HF, dir / "missing.json", "", ""}, "missing.json");
+  fails({TokenizerKind::GPT2BPE, "", dir / "v.json", ""}, "--vocab-file");
+  test::spit(dir / "bad.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": [1]}}");
+  fails({TokenizerKind::HF, dir / "bad.json", "", ""}, "bad.json");
+  test::spit(dir / "trunc.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {");
+  fails({TokenizerKind::HF, dir / "trunc.json", "", ""}, "trunc.json");
+  test::spit(dir / "wp.json", "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}");
+  fails({TokenizerKind::HF, dir / "wp.json", "", ""}, "WordPiece");
+  test::spit(dir / "re.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+    "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[a-z]+"}, "behavior": "Isolated", "invert": false}})");
+  fails({TokenizerKind::HF, dir / "re.json", "", ""}, "[a-z]+");
+  test::spit(dir / "merge.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}})");
+  fails({TokenizerKind::HF, dir / "merge.json", "", ""}, "merge number 1");
+  test::spit(dir / "tokenizer.model", "this is not a protobuf");
+  fails({TokenizerKind::GPTSentencePiece, dir / "tokenizer.model", "", ""}, "tokenizer.model");
+  CHECK_THROWS_WITH(parse_tokenizer_kind("NullTokenizer"), Contains("--tokenizer-type NullTokenizer"));
+  CHECK_THROWS_WITH(parse_tokenizer_kind("Bogus", "--x"), Contains("--x Bogus"));
+}
