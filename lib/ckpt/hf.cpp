@@ -1,9 +1,11 @@
 // Name and orientation mapping between our layout and Hugging Face models.
 // GPT-2 uses Conv1D (weights stored (in, out)), so every matrix is transposed;
 // its fused c_attn keeps our [q|k|v] row order. LLaMA uses nn.Linear (out, in),
-// so q/k/v and gate/up are row slices of our fused qkv and fc weights. Our RoPE
-// uses the rotate-half convention, as transformers' LLaMA does, so no
-// permutation of q/k rows is needed.
+// so q/k/v and gate/up are row slices of our fused qkv and fc weights (with
+// grouped-query attention k and v have NKV*HS rows). Our RoPE uses the
+// rotate-half convention, as transformers' LLaMA does, so no permutation of
+// q/k rows is needed. The architecture follows the blocks, not the family
+// flag: a model built from Megatron's block flags exports as what it is.
 #include "lib/ckpt/hf.h"
 
 #include <unistd.h>
@@ -54,13 +56,13 @@ std::vector<HfPiece> gpt2_map(const ModelDims& d) {
 
 std::vector<HfPiece> llama_map(const ModelDims& d) {
   std::vector<HfPiece> m = {{"model.embed_tokens.weight", "embed.wte", 0, d.V, false}};
-  const int64_t C = d.C, F = d.F;
+  const int64_t C = d.C, F = d.F, KV = int64_t{d.NKV} * d.HS;
   for (int l = 0; l < d.L; ++l) {
     std::string h = "model.layers." + std::to_string(l) + ".", o = "layers." + std::to_string(l) + ".";
     m.push_back({h + "input_layernorm.weight", o + "norm1.weight"});
     m.push_back({h + "self_attn.q_proj.weight", o + "attn.qkv.weight", 0, C});
-    m.push_back({h + "self_attn.k_proj.weight", o + "attn.qkv.weight", C, C});
-    m.push_back({h + "self_attn.v_proj.weight", o + "attn.qkv.weight", 2 * C, C});
+    m.push_back({h + "self_attn.k_proj.weight", o + "attn.qkv.weight", C, KV});
+    m.push_back({h + "self_attn.v_proj.weight", o + "attn.qkv.weight", C + KV, KV});
     m.push_back({h + "self_attn.o_proj.weight", o + "attn.proj.weight"});
     m.push_back({h + "post_attention_layernorm.weight", o + "norm2.weight"});
     m.push_back({h + "mlp.gate_proj.weight", o + "mlp.fc.weight", 0, F});
@@ -72,14 +74,36 @@ std::vector<HfPiece> llama_map(const ModelDims& d) {
   return m;
 }
 
-std::vector<HfPiece> hf_map(const ModelConfig& cfg, const ModelDims& d) {
-  DS_USER_CHECK(d.gpt2 ? (!d.rope && !d.rmsnorm && !d.swiglu && d.bias)
-                       : (d.rope && d.rmsnorm && d.swiglu && !d.bias),
-                "HF export: a {} family model must use the family's standard blocks "
-                "(gpt2: learned positions, LayerNorm, GELU, biases; llama: RoPE, RMSNorm, SwiGLU, no biases)",
-                d.gpt2 ? "gpt2" : "llama");
-  std::vector<HfPiece> m = d.gpt2 ? gpt2_map(d) : llama_map(d);
-  return m;
+enum class HfArch { GPT2, LLaMA };
+
+// The Hugging Face architecture the model's blocks make, whatever flags built
+// it: learned positions -> GPT2LMHeadModel, RoPE -> LlamaForCausalLM. A block
+// the architecture cannot hold is one UserError naming it.
+HfArch hf_arch(const ModelDims& d, const char* what) {
+  auto refuse = [&](const std::string& block, const char* arch, const char* needs) {
+    DS_USER_ERROR("{}: the model's {} does not map onto Hugging Face {} ({}); no supported Hugging Face "
+                  "architecture holds this combination",
+                  what, block, arch, needs);
+  };
+  if (!d.rope) {  // GPT-2: LayerNorm, GELU, biases, multi-head attention
+    const char* arch = "GPT2LMHeadModel", *needs = "learned positions need LayerNorm, GELU, biases and NKV = NH";
+    if (d.rmsnorm) refuse("RMSNorm with learned positions", arch, needs);
+    if (d.swiglu) refuse("SwiGLU MLP with learned positions", arch, needs);
+    if (!d.bias) refuse("linear layers without biases (--disable-bias-linear) with learned positions", arch, needs);
+    if (d.NKV != d.NH) refuse("grouped-query attention with learned positions", arch, needs);
+    return HfArch::GPT2;
+  }
+  const char* arch = "LlamaForCausalLM", *needs = "RoPE needs RMSNorm, SwiGLU, no biases and whole-head rotation";
+  if (!d.rmsnorm) refuse("LayerNorm with RoPE", arch, needs);
+  if (!d.swiglu) refuse("GELU MLP with RoPE", arch, needs);
+  if (d.bias) refuse("linear-layer biases with RoPE (add --disable-bias-linear)", arch, needs);
+  if (d.rot != d.HS)
+    refuse(fmt::format("partial RoPE (rotary_percent: {} of {} head dims rotated)", d.rot, d.HS), arch, needs);
+  return HfArch::LLaMA;
+}
+
+std::vector<HfPiece> hf_map(const ModelDims& d, const char* what) {
+  return hf_arch(d, what) == HfArch::GPT2 ? gpt2_map(d) : llama_map(d);
 }
 
 // Rows [row0, row0+rows) of a (R, K) matrix (or a vector), optionally transposed.
@@ -94,26 +118,31 @@ Tensor extract(const Tensor& w, const HfPiece& p) {
   return t;
 }
 
-nlohmann::json hf_config(const ModelConfig& c, const ModelDims& d) {
-  if (d.gpt2) {
+nlohmann::json hf_config(const ModelConfig& c, const ModelDims& d, const HfTokenIds& tokens) {
+  const int bos = tokens.bos >= 0 ? tokens.bos : d.V - 1, eos = tokens.eos >= 0 ? tokens.eos : d.V - 1;
+  DS_USER_CHECK(bos < d.V && eos < d.V, "HF export: bos id {} / eos id {} outside the vocabulary of {}", bos, eos,
+                d.V);
+  if (hf_arch(d, "HF export") == HfArch::GPT2) {
     return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"n_embd", d.C}, {"n_head", d.NH},
             {"n_layer", d.L}, {"n_positions", d.maxT}, {"n_ctx", d.maxT}, {"n_inner", d.F}, {"vocab_size", d.V},
             {"layer_norm_epsilon", c.norm_eps}, {"activation_function", "gelu_new"},
             {"tie_word_embeddings", !d.untied}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0},
-            {"torch_dtype", "float32"}};
+            {"bos_token_id", bos}, {"eos_token_id", eos}, {"torch_dtype", "float32"}};
   }
   return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", d.C},
-          {"intermediate_size", d.F}, {"num_attention_heads", d.NH}, {"num_key_value_heads", d.NH},
+          {"intermediate_size", d.F}, {"num_attention_heads", d.NH}, {"num_key_value_heads", d.NKV},
           {"num_hidden_layers", d.L}, {"max_position_embeddings", d.maxT}, {"rms_norm_eps", c.norm_eps},
           {"rope_theta", c.rope_theta}, {"vocab_size", d.V}, {"hidden_act", "silu"},
           {"tie_word_embeddings", !d.untied}, {"attention_bias", false}, {"mlp_bias", false},
-          {"torch_dtype", "float32"}};
+          {"head_dim", d.HS}, {"bos_token_id", bos}, {"eos_token_id", eos}, {"torch_dtype", "float32"}};
 }
 
 }  // namespace
 
-void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir) {
+void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir,
+               const HfTokenIds& tokens) {
   ModelDims d = model_dims(cfg);
+  const nlohmann::json config = hf_config(cfg, d, tokens);  // refuses a model no architecture holds, first
   Tensor host = params.device().is_cpu() ? params : params.to(Device::cpu());
   fs::path out(outdir), tmp = out;
   tmp += ".tmp-" + std::to_string(::getpid());
@@ -123,13 +152,13 @@ void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& 
   if (ec) throw_write_error(tmp.string(), ec.value());
   try {  // a failed write (a full disk) leaves no temporary directory behind
     SafetensorsWriter w;
-    for (const HfPiece& p : hf_map(cfg, d)) {
+    for (const HfPiece& p : hf_map(d, "HF export")) {
       const ParamSpec& s = layout.find(p.our_name);
       w.add(p.hf_name, extract(host.view(s.offset, s.shape), p));
     }
     w.set_metadata("format", "pt");
     w.write((tmp / "model.safetensors").string());
-    write_file_atomic((tmp / "config.json").string(), hf_config(cfg, d).dump(2) + "\n");
+    write_file_atomic((tmp / "config.json").string(), config.dump(2) + "\n");
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
@@ -143,7 +172,7 @@ void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params
   fs::path file = fs::is_directory(path) ? fs::path(path) / "model.safetensors" : fs::path(path);
   SafetensorsFile sf = SafetensorsFile::open(file.string());
   Tensor host = Tensor::zeros({layout.total}, DType::F32);
-  for (const HfPiece& p : hf_map(cfg, d)) {
+  for (const HfPiece& p : hf_map(d, "--init-from (Hugging Face weights)")) {
     const ParamSpec& s = layout.find(p.our_name);
     Tensor ours = host.view(s.offset, s.shape);
     Tensor want = extract(ours, p);  // only for the expected shape

@@ -11,9 +11,19 @@
 
 namespace ds {
 
+// Token ids config.json carries. -1: the last real vocabulary id, which is
+// "<|endoftext|>" in the GPT-2 BPE vocabularies dstrain reads (bos = eos).
+struct HfTokenIds {
+  int bos = -1, eos = -1;
+};
+
 // params: (layout.total) f32 on any device. Writes OUTDIR/model.safetensors and
-// OUTDIR/config.json (into a temp dir renamed into place).
-void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir);
+// OUTDIR/config.json (into a temp dir renamed into place). The architecture
+// follows the model's blocks (learned positions: GPT2LMHeadModel; RoPE with
+// RMSNorm, SwiGLU, no biases, whole-head rotation, any NKV: LlamaForCausalLM);
+// another combination is a UserError naming the block that does not map.
+void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir,
+               const HfTokenIds& tokens = {});
 
 // Fills params (layout.total, any device) from an HF safetensors file or a
 // directory holding model.safetensors. Mismatched names/shapes -> UserError.

@@ -191,11 +191,11 @@ void Trainer::log_model_state() {
 }
 
 // Gradient-norm ranges of this rank's layout: split weights on every tp rank,
-// replicated ones on tp rank 0 only; a tied wte on the last pipeline stage is
-// the first stage's copy and is not counted again.
+// replicated ones (and replicated kv parts) on the first tp rank holding them;
+// a tied wte on the last pipeline stage is the first stage's copy and is not
+// counted again.
 std::vector<Range> Trainer::norm_counted_ranges(const ModelLayout& local) const {
-  std::vector<Range> skip;
-  if (shard_.tp_rank != 0) skip = replicated_ranges(local);
+  std::vector<Range> skip = duplicate_ranges(local);
   const ParamSpec* wte = local.try_find("embed.wte");
   if (wte && !local.first_stage()) skip.push_back({wte->offset, wte->offset + wte->numel});
   std::sort(skip.begin(), skip.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <vector>
 
 #include "lib/ckpt/checkpoint.h"
 #include "lib/ckpt/hf.h"
@@ -65,6 +67,62 @@ TEST_CASE("HF export then import is lossless for both families") {
     REQUIRE(same(a.params(), b.params()));
     fs::remove_all(dir);
   }
+}
+
+TEST_CASE("HF export of flag-built models: GQA as LLaMA with num_key_value_heads, unmappable blocks refused") {
+  // Megatron's block flags without a family: RoPE, RMSNorm, SwiGLU, untied, no biases, 1 kv head of 2.
+  ModelConfig cfg = test::tiny_model(false);
+  cfg.norm = NormKind::RMSNorm;
+  cfg.activation = Activation::SwiGLU;
+  cfg.position = PositionKind::Rope;
+  cfg.bias = false;
+  cfg.untie_embeddings = true;
+  cfg.ffn_hidden_size = 24;
+  cfg.num_kv_heads = 1;
+  GptModel a(cfg, Device::cpu()), b(cfg, Device::cpu());
+  a.init_weights(6, 0.1f);
+  zero_padded_rows(a);
+  fs::path dir = temp_dir("hf_gqa");
+  export_hf(cfg, a.layout(), a.params(), (dir / "out").string(), HfTokenIds{.bos = 1, .eos = 2});
+  SafetensorsFile f = SafetensorsFile::open((dir / "out" / "model.safetensors").string());
+  CHECK(f.shape("model.layers.0.self_attn.q_proj.weight") == Shape{16, 16});
+  CHECK(f.shape("model.layers.0.self_attn.k_proj.weight") == Shape{8, 16});  // 1 kv head of size 8
+  CHECK(f.shape("model.layers.1.self_attn.v_proj.weight") == Shape{8, 16});
+  // v_proj row 3 == our qkv row C + KV + 3
+  CHECK(f.get("model.layers.1.self_attn.v_proj.weight").data<float>()[3 * 16 + 5] ==
+        a.param("layers.1.attn.qkv.weight").data<float>()[(16 + 8 + 3) * 16 + 5]);
+  std::ifstream cj(dir / "out" / "config.json");
+  const std::string config((std::istreambuf_iterator<char>(cj)), std::istreambuf_iterator<char>());
+  CHECK(config.find("\"LlamaForCausalLM\"") != std::string::npos);
+  CHECK(config.find("\"num_key_value_heads\": 1") != std::string::npos);
+  CHECK(config.find("\"bos_token_id\": 1") != std::string::npos);
+  CHECK(config.find("\"eos_token_id\": 2") != std::string::npos);
+  import_hf(cfg, b.layout(), b.params(), (dir / "out").string());
+  REQUIRE(same(a.params(), b.params()));
+
+  struct Refused {
+    const char* what;
+    std::function<void(ModelConfig&)> change;
+  };
+  const std::vector<Refused> refused = {
+      {"LayerNorm with RoPE", [](ModelConfig& m) { m.norm = NormKind::LayerNorm; }},
+      {"GELU MLP with RoPE", [](ModelConfig& m) { m.activation = Activation::GELU; }},
+      {"linear-layer biases with RoPE", [](ModelConfig& m) { m.bias = true; }},
+      {"partial RoPE (rotary_percent: 4 of 8", [](ModelConfig& m) { m.rotary_percent = 0.5f; }},
+      {"grouped-query attention with learned positions",
+       [](ModelConfig& m) { set_model_family(m, ModelFamily::GPT2); }},
+      {"RMSNorm with learned positions", [](ModelConfig& m) { m.position = PositionKind::Learned; }},
+  };
+  for (const Refused& r : refused) {
+    INFO(r.what);
+    ModelConfig c = cfg;
+    r.change(c);
+    GptModel m(c, Device::cpu());
+    const fs::path out = dir / "refused";
+    REQUIRE_THROWS_WITH(export_hf(c, m.layout(), m.params(), out.string()), Catch::Contains(r.what));
+    CHECK(!fs::exists(out));  // nothing half-written
+  }
+  fs::remove_all(dir);
 }
 
 TEST_CASE("checkpoints round-trip and re-partition optimizer shards") {

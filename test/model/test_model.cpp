@@ -1,6 +1,7 @@
 // Whole-model tests on the CPU backend: parameter counts of known models, and
-// the gradients of tiny GPT-2 and LLaMA models against central finite
-// differences of the loss (every op is also checked alone in test/ops).
+// the gradients of tiny GPT-2 and LLaMA models (also with grouped-query
+// attention and partial RoPE) against central finite differences of the loss
+// (every op is also checked alone in test/ops).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <memory>
@@ -22,8 +23,7 @@ Tensor random_tokens(int64_t B, int64_t T, int V, uint64_t seed) {
   return t;
 }
 
-void check_gradients(bool llama) {
-  ModelConfig cfg = test::tiny_model(llama);
+void check_gradients(const ModelConfig& cfg) {
   GptModel model(cfg, Device::cpu());
   model.init_weights(7, 0.2f);
   const int64_t B = 2, T = 7;
@@ -83,9 +83,40 @@ TEST_CASE("GPT-2 124M and LLaMA shapes have the published parameter counts") {
   REQUIRE(count_parameters(l) == 6738415616);
 }
 
-TEST_CASE("GPT-2 family gradients match finite differences") { check_gradients(false); }
+TEST_CASE("grouped-query shapes have the published parameter counts (LLaMA-2 70B, LLaMA-3 8B)") {
+  ModelConfig l;
+  set_model_family(l, ModelFamily::LLaMA);
+  l.num_layers = 80;
+  l.hidden_size = 8192;
+  l.num_heads = 64;
+  l.num_kv_heads = 8;
+  l.ffn_hidden_size = 28672;
+  l.max_position_embeddings = 4096;
+  l.vocab_size = l.padded_vocab_size = 32000;
+  REQUIRE(count_parameters(l) == 68976648192);
+  l.num_layers = 32;
+  l.hidden_size = 4096;
+  l.num_heads = 32;
+  l.num_kv_heads = 8;
+  l.ffn_hidden_size = 14336;
+  l.vocab_size = l.padded_vocab_size = 128256;
+  REQUIRE(count_parameters(l) == 8030261248);
+}
 
-TEST_CASE("LLaMA family gradients match finite differences") { check_gradients(true); }
+TEST_CASE("GPT-2 family gradients match finite differences") { check_gradients(test::tiny_model(false)); }
+
+TEST_CASE("LLaMA family gradients match finite differences") { check_gradients(test::tiny_model(true)); }
+
+TEST_CASE("grouped-query attention and partial RoPE gradients match finite differences") {
+  ModelConfig cfg = test::tiny_model(true);
+  cfg.num_kv_heads = 1;  // multi-query: both query heads share one kv head
+  SECTION("GQA") { check_gradients(cfg); }
+  SECTION("GQA with half of each head rotated, base 500000") {
+    cfg.rotary_percent = 0.5f;
+    cfg.rope_theta = 500000.f;
+    check_gradients(cfg);
+  }
+}
 
 TEST_CASE("init is deterministic and layer-local") {
   ModelConfig cfg = test::tiny_model(false);
