@@ -139,6 +139,8 @@ nlohmann::json hf_config(const ModelConfig& c, const ModelDims& d, const HfToken
 
 }  // namespace
 
+void check_hf_exportable(const ModelConfig& cfg, const char* what) { hf_arch(model_dims(cfg), what); }
+
 void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir,
                const HfTokenIds& tokens) {
   ModelDims d = model_dims(cfg);

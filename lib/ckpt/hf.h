@@ -24,6 +24,9 @@ struct HfTokenIds {
 // another combination is a UserError naming the block that does not map.
 void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir,
                const HfTokenIds& tokens = {});
+// The same check export_hf makes first, for a trainer to refuse at start-up
+// (`what` names the input in the error) rather than after training.
+void check_hf_exportable(const ModelConfig& cfg, const char* what);
 
 // Fills params (layout.total, any device) from an HF safetensors file or a
 // directory holding model.safetensors. Mismatched names/shapes -> UserError.

@@ -34,6 +34,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
     : cfg_(cfg), comms_(comms), local_rank_(local_rank), start_(std::chrono::steady_clock::now()) {
   setup_device_and_precision();
   resolve_vocab(cfg_);
+  if (!cfg_.ckpt.export_hf.empty()) check_hf_exportable(cfg_.model, "--export-hf");  // before any training
   data_ = std::make_unique<DataPipeline>(cfg_, dev_);
   DS_USER_CHECK(comms_.grid.pp == 1 || cfg_.zero.stage <= 2,
                 "zero_optimization.stage {} cannot be combined with pipeline_model_parallel_size {} yet; use ZeRO "

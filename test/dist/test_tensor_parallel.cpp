@@ -169,14 +169,33 @@ TEST_CASE("grouped-query attention: a TP4 checkpoint (replicated kv heads) resum
 }
 
 TEST_CASE("grouped-query attention: an HF export from TP4 equals the single-process export") {
+  // Assembled from Megatron's block flags, no --model-family: exports as LLaMA.
+  const std::vector<std::string> blocks = {"--position-embedding-type", "rope", "--normalization", "rmsnorm",
+                                           "--swiglu", "--untie-embeddings-and-output-weights",
+                                           "--disable-bias-linear", "--ffn-hidden-size", "64",
+                                           "--num-key-value-heads", "2"};
   const std::string out1 = dist_data().dir + "/hf_gqa_single", out4 = dist_data().dir + "/hf_gqa_tp4";
-  Run s = gqa_run("hf_gqa_single", 1, 1, 0, "2", {"--export-hf", out1});
-  Run t = gqa_run("hf_gqa_tp4", 4, 4, 0, "2", {"--export-hf", out4});
+  Run s{"hf_gqa_single", 1, 1}, t{"hf_gqa_tp4", 4, 4};
   s.iters = t.iters = 0;
+  s.extra = t.extra = blocks;
+  s.extra.insert(s.extra.end(), {"--export-hf", out1});
+  t.extra.insert(t.extra.end(), {"--export-hf", out4});
   REQUIRE(try_run(s, nullptr).empty());
   REQUIRE(try_run(t, nullptr).empty());
   for (const char* f : {"model.safetensors", "config.json"}) {
     INFO(f);
     CHECK(read_bytes(fs::path(out1) / f) == read_bytes(fs::path(out4) / f));
   }
+  std::ifstream cj(fs::path(out1) / "config.json");
+  const std::string config((std::istreambuf_iterator<char>(cj)), std::istreambuf_iterator<char>());
+  CHECK(config.find("\"LlamaForCausalLM\"") != std::string::npos);
+  CHECK(config.find("\"num_key_value_heads\": 2") != std::string::npos);
+  // A block no Hugging Face architecture holds: one line naming it, no output.
+  const std::string out_bad = dist_data().dir + "/hf_gqa_layernorm";
+  Run bad{"hf_gqa_layernorm", 1, 1};
+  bad.iters = 0;
+  bad.extra = {"--position-embedding-type", "rope", "--swiglu", "--disable-bias-linear", "--export-hf", out_bad};
+  const std::string err = try_run(bad, nullptr);
+  CHECK(err.find("LayerNorm with RoPE does not map onto Hugging Face LlamaForCausalLM") != std::string::npos);
+  CHECK(!fs::exists(out_bad));
 }
