@@ -4,12 +4,15 @@
 // so q/k/v and gate/up are row slices of our fused qkv and fc weights (with
 // grouped-query attention k and v have NKV*HS rows). Our RoPE uses the
 // rotate-half convention, as transformers' LLaMA does, so no permutation of
-// q/k rows is needed. The architecture follows the blocks, not the family
-// flag: a model built from Megatron's block flags exports as what it is.
+// q/k rows is needed (GPT-NeoX rotates the same way, on its first rotary_pct
+// dims, but its fused qkv groups rows per head). The architecture follows the
+// blocks, not the family flag: a model built from Megatron's block flags
+// exports as what it is.
 #include "lib/ckpt/hf.h"
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -23,12 +26,26 @@ namespace fs = std::filesystem;
 namespace ds {
 namespace {
 
-// One HF tensor = rows [row0, row0 + rows) of our weight, optionally transposed.
+// One HF tensor = rows [row0, row0 + rows) of our weight, optionally
+// transposed; or, with head_interleave = HS, our whole [q | k | v] weight with
+// its rows regrouped per head as [q_h | k_h | v_h] (GPT-NeoX's fused qkv).
 struct HfPiece {
   std::string hf_name, our_name;
   int64_t row0 = 0, rows = -1;  // rows of our weight (-1 = all; vocab rows for embeddings)
   bool transpose = false;
+  int64_t head_interleave = 0;
 };
+
+// The (first row, row count) runs of our weight (R rows) that make the HF
+// tensor, in its row order.
+std::vector<std::pair<int64_t, int64_t>> row_runs(const HfPiece& p, int64_t R) {
+  if (p.head_interleave == 0) return {{p.row0, p.rows < 0 ? R : p.rows}};
+  const int64_t HS = p.head_interleave, C = R / 3;
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t h = 0; h < C / HS; ++h)
+    for (int64_t part = 0; part < 3; ++part) runs.push_back({part * C + h * HS, HS});
+  return runs;
+}
 
 std::vector<HfPiece> gpt2_map(const ModelDims& d) {
   std::vector<HfPiece> m = {{"transformer.wte.weight", "embed.wte", 0, d.V, false},
@@ -74,11 +91,39 @@ std::vector<HfPiece> llama_map(const ModelDims& d) {
   return m;
 }
 
-enum class HfArch { GPT2, LLaMA };
+// GPT-NeoX (LayerNorm, GELU, biases, RoPE on rotary_pct of each head; the
+// sequential residual of use_parallel_residual = false). Its fused qkv holds
+// each head's q, k, v rows together; the output layer is always embed_out.
+std::vector<HfPiece> neox_map(const ModelDims& d) {
+  std::vector<HfPiece> m = {{"gpt_neox.embed_in.weight", "embed.wte", 0, d.V, false}};
+  for (int l = 0; l < d.L; ++l) {
+    std::string h = "gpt_neox.layers." + std::to_string(l) + ".", o = "layers." + std::to_string(l) + ".";
+    m.push_back({h + "input_layernorm.weight", o + "norm1.weight"});
+    m.push_back({h + "input_layernorm.bias", o + "norm1.bias"});
+    m.push_back({h + "attention.query_key_value.weight", o + "attn.qkv.weight", 0, -1, false, d.HS});
+    m.push_back({h + "attention.query_key_value.bias", o + "attn.qkv.bias", 0, -1, false, d.HS});
+    m.push_back({h + "attention.dense.weight", o + "attn.proj.weight"});
+    m.push_back({h + "attention.dense.bias", o + "attn.proj.bias"});
+    m.push_back({h + "post_attention_layernorm.weight", o + "norm2.weight"});
+    m.push_back({h + "post_attention_layernorm.bias", o + "norm2.bias"});
+    m.push_back({h + "mlp.dense_h_to_4h.weight", o + "mlp.fc.weight"});
+    m.push_back({h + "mlp.dense_h_to_4h.bias", o + "mlp.fc.bias"});
+    m.push_back({h + "mlp.dense_4h_to_h.weight", o + "mlp.proj.weight"});
+    m.push_back({h + "mlp.dense_4h_to_h.bias", o + "mlp.proj.bias"});
+  }
+  m.push_back({"gpt_neox.final_layer_norm.weight", "final_norm.weight"});
+  m.push_back({"gpt_neox.final_layer_norm.bias", "final_norm.bias"});
+  m.push_back({"embed_out.weight", d.untied ? "head.weight" : "embed.wte", 0, d.V, false});
+  return m;
+}
+
+enum class HfArch { GPT2, LLaMA, GPTNeoX };
 
 // The Hugging Face architecture the model's blocks make, whatever flags built
-// it: learned positions -> GPT2LMHeadModel, RoPE -> LlamaForCausalLM. A block
-// the architecture cannot hold is one UserError naming it.
+// it: learned positions -> GPT2LMHeadModel; RoPE with RMSNorm and SwiGLU ->
+// LlamaForCausalLM; RoPE with LayerNorm and GELU (partial rotation allowed)
+// -> GPTNeoXForCausalLM. A block the architecture cannot hold is one
+// UserError naming it.
 HfArch hf_arch(const ModelDims& d, const char* what) {
   auto refuse = [&](const std::string& block, const char* arch, const char* needs) {
     DS_USER_ERROR("{}: the model's {} does not map onto Hugging Face {} ({}); no supported Hugging Face "
@@ -93,7 +138,15 @@ HfArch hf_arch(const ModelDims& d, const char* what) {
     if (d.NKV != d.NH) refuse("grouped-query attention with learned positions", arch, needs);
     return HfArch::GPT2;
   }
-  const char* arch = "LlamaForCausalLM", *needs = "RoPE needs RMSNorm, SwiGLU, no biases and whole-head rotation";
+  if (!d.rmsnorm && !d.swiglu) {  // GPT-NeoX
+    const char* arch = "GPTNeoXForCausalLM", *needs = "RoPE with LayerNorm and GELU needs biases and NKV = NH";
+    if (!d.bias) refuse("LayerNorm and GELU with RoPE but no linear-layer biases", arch, needs);
+    if (d.NKV != d.NH) refuse("grouped-query attention with LayerNorm and GELU", arch, needs);
+    return HfArch::GPTNeoX;
+  }
+  const char* arch = "LlamaForCausalLM",
+              *needs = "RoPE with RMSNorm or SwiGLU needs both, no biases and whole-head rotation; GPT-NeoX "
+                       "holds RoPE with LayerNorm, GELU and biases";
   if (!d.rmsnorm) refuse("LayerNorm with RoPE", arch, needs);
   if (!d.swiglu) refuse("GELU MLP with RoPE", arch, needs);
   if (d.bias) refuse("linear-layer biases with RoPE (add --disable-bias-linear)", arch, needs);
@@ -103,15 +156,26 @@ HfArch hf_arch(const ModelDims& d, const char* what) {
 }
 
 std::vector<HfPiece> hf_map(const ModelDims& d, const char* what) {
-  return hf_arch(d, what) == HfArch::GPT2 ? gpt2_map(d) : llama_map(d);
+  switch (hf_arch(d, what)) {
+    case HfArch::GPT2: return gpt2_map(d);
+    case HfArch::LLaMA: return llama_map(d);
+    case HfArch::GPTNeoX: break;
+  }
+  return neox_map(d);
 }
 
 // Rows [row0, row0+rows) of a (R, K) matrix (or a vector), optionally transposed.
 Tensor extract(const Tensor& w, const HfPiece& p) {
-  int64_t R = w.size(0), rows = p.rows < 0 ? R : p.rows;
-  int64_t K = w.dim() == 2 ? w.size(1) : 1;
-  Tensor part = w.dim() == 2 ? w.view(p.row0 * K, {rows, K}) : w.view(p.row0, {rows});
-  if (!p.transpose) return part.clone();
+  const int64_t K = w.dim() == 2 ? w.size(1) : 1;
+  int64_t rows = 0;
+  for (const auto& [r0, n] : row_runs(p, w.size(0))) rows += n;
+  Tensor part = w.dim() == 2 ? Tensor::empty({rows, K}, DType::F32) : Tensor::empty({rows}, DType::F32);
+  int64_t at = 0;
+  for (const auto& [r0, n] : row_runs(p, w.size(0))) {
+    part.view(at * K, {n * K}).copy_from(w.view(r0 * K, {n * K}));
+    at += n;
+  }
+  if (!p.transpose) return part;
   Tensor t = Tensor::empty({K, rows}, DType::F32);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t k = 0; k < K; ++k) t.data<float>()[k * rows + r] = part.data<float>()[r * K + k];
@@ -122,7 +186,20 @@ nlohmann::json hf_config(const ModelConfig& c, const ModelDims& d, const HfToken
   const int bos = tokens.bos >= 0 ? tokens.bos : d.V - 1, eos = tokens.eos >= 0 ? tokens.eos : d.V - 1;
   DS_USER_CHECK(bos < d.V && eos < d.V, "HF export: bos id {} / eos id {} outside the vocabulary of {}", bos, eos,
                 d.V);
-  if (hf_arch(d, "HF export") == HfArch::GPT2) {
+  const HfArch arch = hf_arch(d, "HF export");
+  if (arch == HfArch::GPTNeoX) {
+    // transformers rotates int(HS * rotary_pct) dims: the smallest double that gives exactly d.rot.
+    double pct = static_cast<double>(d.rot) / d.HS;
+    while (static_cast<int>(d.HS * pct) < d.rot) pct = std::nextafter(pct, 2.0);
+    return {{"architectures", {"GPTNeoXForCausalLM"}}, {"model_type", "gpt_neox"}, {"hidden_size", d.C},
+            {"num_attention_heads", d.NH}, {"num_hidden_layers", d.L}, {"intermediate_size", d.F},
+            {"hidden_act", "gelu_new"}, {"rotary_pct", pct},
+            {"rotary_emb_base", c.rope_theta}, {"max_position_embeddings", d.maxT}, {"layer_norm_eps", c.norm_eps},
+            {"use_parallel_residual", false}, {"tie_word_embeddings", !d.untied}, {"vocab_size", d.V},
+            {"attention_dropout", 0.0}, {"hidden_dropout", 0.0}, {"bos_token_id", bos}, {"eos_token_id", eos},
+            {"torch_dtype", "float32"}};
+  }
+  if (arch == HfArch::GPT2) {
     return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"n_embd", d.C}, {"n_head", d.NH},
             {"n_layer", d.L}, {"n_positions", d.maxT}, {"n_ctx", d.maxT}, {"n_inner", d.F}, {"vocab_size", d.V},
             {"layer_norm_epsilon", c.norm_eps}, {"activation_function", "gelu_new"},
@@ -194,11 +271,13 @@ void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params
       }
       src = f;
     }
-    int64_t K = ours.dim() == 2 ? ours.size(1) : 1, rows = want.numel() / K;
-    float* dst = ours.data<float>() + p.row0 * K;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t k = 0; k < K; ++k)
-        dst[r * K + k] = p.transpose ? src.data<float>()[k * rows + r] : src.data<float>()[r * K + k];
+    int64_t K = ours.dim() == 2 ? ours.size(1) : 1, rows = want.numel() / K, at = 0;
+    for (const auto& [r0, n] : row_runs(p, ours.size(0))) {
+      float* dst = ours.data<float>() + r0 * K;
+      for (int64_t r = 0; r < n; ++r, ++at)
+        for (int64_t k = 0; k < K; ++k)
+          dst[r * K + k] = p.transpose ? src.data<float>()[k * rows + at] : src.data<float>()[at * K + k];
+    }
   }
   params.copy_from(host);
 }

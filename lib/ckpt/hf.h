@@ -1,7 +1,7 @@
 // Hugging Face interop: export a model as model.safetensors + config.json in
-// transformers' naming and layout (GPT2LMHeadModel, LlamaForCausalLM), and
-// import such a file as initial weights. Export writes the real vocabulary
-// rows only; import zero-fills the padded rows.
+// transformers' naming and layout (GPT2LMHeadModel, LlamaForCausalLM,
+// GPTNeoXForCausalLM), and import such a file as initial weights. Export
+// writes the real vocabulary rows only; import zero-fills the padded rows.
 #pragma once
 #include <string>
 
@@ -20,7 +20,8 @@ struct HfTokenIds {
 // params: (layout.total) f32 on any device. Writes OUTDIR/model.safetensors and
 // OUTDIR/config.json (into a temp dir renamed into place). The architecture
 // follows the model's blocks (learned positions: GPT2LMHeadModel; RoPE with
-// RMSNorm, SwiGLU, no biases, whole-head rotation, any NKV: LlamaForCausalLM);
+// RMSNorm, SwiGLU, no biases, whole-head rotation, any NKV: LlamaForCausalLM;
+// RoPE, any rotary_percent, with LayerNorm, GELU, biases: GPTNeoXForCausalLM);
 // another combination is a UserError naming the block that does not map.
 void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir,
                const HfTokenIds& tokens = {});

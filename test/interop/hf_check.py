@@ -15,7 +15,7 @@ except Exception as e:  # pragma: no cover - environment dependent
 probe = sys.argv[1]
 # kind -> (architecture, key-value heads); gqa / mqa are built from block flags without a family
 kinds = {"gpt2": ("GPT2LMHeadModel", 4), "llama": ("LlamaForCausalLM", 4), "gqa": ("LlamaForCausalLM", 2),
-         "mqa": ("LlamaForCausalLM", 1)}
+         "mqa": ("LlamaForCausalLM", 1), "neox": ("GPTNeoXForCausalLM", 4)}
 for family, (arch, kv_heads) in kinds.items():
     with tempfile.TemporaryDirectory() as d:
         ours = float(subprocess.check_output([probe, family, d + "/hf"]).decode())

@@ -125,6 +125,37 @@ TEST_CASE("HF export of flag-built models: GQA as LLaMA with num_key_value_heads
   fs::remove_all(dir);
 }
 
+TEST_CASE("HF export of partial RoPE with LayerNorm, GELU and biases: GPT-NeoX, lossless") {
+  ModelConfig cfg = test::tiny_model(false);  // GPT-2 blocks (tied), then RoPE on half of each head
+  cfg.position = PositionKind::Rope;
+  cfg.rotary_percent = 0.5f;
+  GptModel a(cfg, Device::cpu()), b(cfg, Device::cpu());
+  a.init_weights(8, 0.1f);
+  zero_padded_rows(a);
+  fs::path dir = temp_dir("hf_neox");
+  export_hf(cfg, a.layout(), a.params(), (dir / "out").string());
+  std::ifstream cj(dir / "out" / "config.json");
+  const std::string config((std::istreambuf_iterator<char>(cj)), std::istreambuf_iterator<char>());
+  CHECK(config.find("\"GPTNeoXForCausalLM\"") != std::string::npos);
+  CHECK(config.find("\"rotary_pct\": 0.5") != std::string::npos);
+  CHECK(config.find("\"use_parallel_residual\": false") != std::string::npos);
+  SafetensorsFile f = SafetensorsFile::open((dir / "out" / "model.safetensors").string());
+  CHECK(f.shape("gpt_neox.layers.0.attention.query_key_value.weight") == Shape{48, 16});
+  CHECK(f.shape("embed_out.weight") == Shape{37, 16});
+  // NeoX row 3*HS*h + HS*part + i is our qkv row part*C + h*HS + i: head 1's k row 2 = our row 16 + 8 + 2.
+  CHECK(f.get("gpt_neox.layers.1.attention.query_key_value.weight").data<float>()[(24 + 8 + 2) * 16 + 7] ==
+        a.param("layers.1.attn.qkv.weight").data<float>()[(16 + 8 + 2) * 16 + 7]);
+  CHECK(f.get("gpt_neox.layers.0.attention.query_key_value.bias").data<float>()[24 + 16 + 1] ==
+        a.param("layers.0.attn.qkv.bias").data<float>()[32 + 8 + 1]);
+  import_hf(cfg, b.layout(), b.params(), (dir / "out").string());
+  REQUIRE(same(a.params(), b.params()));
+  cfg.bias = false;  // GPT-NeoX always has biases
+  GptModel c(cfg, Device::cpu());
+  REQUIRE_THROWS_WITH(export_hf(cfg, c.layout(), c.params(), (dir / "bad").string()),
+                      Catch::Contains("LayerNorm and GELU with RoPE but no linear-layer biases"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("checkpoints round-trip and re-partition optimizer shards") {
   ModelConfig cfg = test::tiny_model(false);
   GptModel a(cfg, Device::cpu());
