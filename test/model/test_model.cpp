@@ -9,6 +9,7 @@
 
 #include "lib/core/rng.h"
 #include "lib/model/gpt.h"
+#include "lib/model/tp_shard.h"
 #include "test/model/tiny_model.h"
 #include "lib/train/config.h"
 
@@ -199,4 +200,42 @@ TEST_CASE("a target outside the vocabulary is an error, a negative one is ignore
   CHECK(std::isfinite(model.forward_loss(tok, tgt)));
   tgt.data<int32_t>()[2] = cfg.vocab_size;  // a padded row: not a real token
   CHECK_THROWS_WITH(model.forward_loss(tok, tgt), Catch::Contains("target 37 at row 2 is >= V=37"));
+}
+
+TEST_CASE("tensor-parallel shards of a grouped-query model hold every weight, and count each once") {
+  struct Case {
+    int NH, NKV, tp;
+  };
+  // kv heads split (NKV % tp == 0) and replicated over a query group (tp % NKV == 0)
+  for (const Case c : {Case{4, 2, 2}, Case{4, 2, 4}, Case{4, 1, 4}, Case{8, 2, 4}, Case{8, 4, 2}, Case{4, 4, 4}}) {
+    INFO("NH=" << c.NH << " NKV=" << c.NKV << " TP=" << c.tp);
+    ModelConfig cfg = test::tiny_model(true);
+    cfg.num_heads = c.NH;
+    cfg.num_kv_heads = c.NKV;
+    cfg.hidden_size = 4 * c.NH;  // HS 4
+    const ModelLayout full = build_layout(cfg);
+    Tensor values = Tensor::empty({full.total}, DType::F32);  // element i holds i (exact in f32 here)
+    for (int64_t i = 0; i < full.total; ++i) values.data<float>()[i] = static_cast<float>(i);
+    std::vector<int> held(static_cast<size_t>(full.total), 0), counted(static_cast<size_t>(full.total), 0);
+    for (int r = 0; r < c.tp; ++r) {
+      const ModelLayout local = build_layout(cfg, {c.tp, r, 1, 0, 1});
+      Tensor mine = Tensor::empty({local.total}, DType::F32);
+      slice_tp_params(local, full, values, mine);
+      std::vector<bool> dup(static_cast<size_t>(local.total), false);
+      for (const Range& d : duplicate_ranges(local))
+        for (int64_t i = d.begin; i < d.end; ++i) dup[static_cast<size_t>(i)] = true;
+      for (int64_t i = 0; i < local.total; ++i) {
+        const auto f = static_cast<size_t>(mine.data<float>()[i]);
+        held[f] += 1;
+        counted[f] += dup[static_cast<size_t>(i)] ? 0 : 1;
+      }
+    }
+    int64_t missing = 0, miscounted = 0;
+    for (int64_t i = 0; i < full.total; ++i) {
+      missing += held[static_cast<size_t>(i)] == 0;
+      miscounted += counted[static_cast<size_t>(i)] != 1;
+    }
+    CHECK(missing == 0);
+    CHECK(miscounted == 0);
+  }
 }
