@@ -31,8 +31,9 @@ void note_fallback(const char* op, const AttnShape& sh, DType dt, const std::str
             dtype_name(dt) + " (" + why + "); running the plain kernels");
 }
 
-AttnShape attn_shape(const Tensor& qkv, int NH, const char* op) {
-  AttnShape sh{qkv.size(0), qkv.size(1), NH, int(qkv.size(2) / (3 * NH))};
+AttnShape attn_shape(const Tensor& qkv, int NH, int NKV, const char* op) {
+  const int nkv = NKV == 0 ? NH : NKV;
+  AttnShape sh{qkv.size(0), qkv.size(1), NH, int(qkv.size(2) / (NH + 2 * nkv)), nkv};
   DS_CUDA_REQUIRE(sh.HS > 0 && sh.HS <= 256, std::string(op) + ": head size " +
                                                  std::to_string(sh.HS) + " not in [1, 256]");
   return sh;
@@ -67,7 +68,7 @@ AttentionPathCounts attention_path_counts() {
 
 void attention_forward(const AttentionArgs& a, const Stream& s) {
   const char* op = "attention_forward";
-  AttnShape sh = attn_shape(a.qkv, a.NH, op);
+  AttnShape sh = attn_shape(a.qkv, a.NH, a.NKV, op);
   int64_t rows = sh.B * sh.T;
   check_act(a.out, a.qkv, op, "out");
   if (rows == 0) return;
@@ -86,7 +87,7 @@ void attention_forward(const AttentionArgs& a, const Stream& s) {
 
 void attention_backward(const AttentionBwdArgs& a, const Stream& s) {
   const char* op = "attention_backward";
-  AttnShape sh = attn_shape(a.qkv, a.NH, op);
+  AttnShape sh = attn_shape(a.qkv, a.NH, a.NKV, op);
   int64_t rows = sh.B * sh.T;
   check_act(a.dqkv, a.qkv, op, "dqkv");
   check_act(a.dout, a.qkv, op, "dout");

@@ -13,6 +13,7 @@ namespace ds::cuda {
 struct AttnShape {
   int64_t B = 0, T = 0;
   int NH = 0, HS = 0;
+  int NKV = 0;  // kv heads (grouped-query attention; NH otherwise)
 };
 
 void plain_attention_forward(const AttentionArgs& a, const AttnShape& sh, const Stream& s);

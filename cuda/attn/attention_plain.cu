@@ -1,8 +1,9 @@
 // Plain (non-fused) causal attention, the debugging reference on the GPU.
 // Forward: one block per query row (b, h, i) keeps the row's scores in shared
 // memory, then softmax, lse and out = P V. Backward in two kernels with no
-// atomics: per query row dq (and D_i = dout_i . out_i), then per key row
-// dk, dv by walking the query rows i >= j in chunks. Slow but simple.
+// atomics: per query row dq (and D_i = dout_i . out_i), then per key row of a
+// kv head dk, dv by walking the query rows i >= j of every query head of its
+// group (grouped-query attention) in chunks. Slow but simple.
 #include "cuda/attn/attention.h"
 #include "cuda/core/allocator.h"
 #include "cuda/core/common.cuh"
@@ -16,15 +17,18 @@ constexpr int kMaxHS = 256;  // 2 accumulators per thread in the dk/dv kernel
 template <class T> struct PlainFwdParams {
   T* out;           // (B, T, NH*HS)
   float* lse;       // (B, NH, T)
-  const T* qkv;     // (B, T, 3*NH*HS)
+  const T* qkv;     // (B, T, (NH+2*NKV)*HS)
   int64_t T_;
-  int NH, HS;
+  int NH, NKV, HS;
   float scale;
 };
 
-__device__ __forceinline__ int64_t qkv_off(int64_t b, int64_t t, int64_t T_, int NH, int HS,
+// Offset of head h of part 0 (q: a query head) or 1, 2 (k, v: a kv head) of
+// token t in the packed (B, T, (NH+2*NKV)*HS) buffer.
+__device__ __forceinline__ int64_t qkv_off(int64_t b, int64_t t, int64_t T_, int NH, int NKV, int HS,
                                            int part, int h) {
-  return (b * T_ + t) * 3ll * NH * HS + int64_t(part) * NH * HS + int64_t(h) * HS;
+  const int64_t col = part == 0 ? int64_t(h) * HS : int64_t(NH + (part - 1) * NKV + h) * HS;
+  return (b * T_ + t) * int64_t(NH + 2 * NKV) * HS + col;
 }
 
 template <class T>
@@ -40,13 +44,13 @@ __global__ void plain_forward_kernel(PlainFwdParams<T> p) {
   extern __shared__ float sc[];  // (T) scores, then probabilities
   __shared__ float q[kMaxHS];
   int64_t i = blockIdx.x, b = blockIdx.z;
-  int h = blockIdx.y;
-  const T* qr = p.qkv + qkv_off(b, i, p.T_, p.NH, p.HS, 0, h);
+  int h = blockIdx.y, kh = h / (p.NH / p.NKV);
+  const T* qr = p.qkv + qkv_off(b, i, p.T_, p.NH, p.NKV, p.HS, 0, h);
   for (int d = threadIdx.x; d < p.HS; d += kThreads) q[d] = to_f(qr[d]);
   __syncthreads();
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j <= i; j += kThreads) {
-    float v = dot_row(q, p.qkv + qkv_off(b, j, p.T_, p.NH, p.HS, 1, h), p.HS) * p.scale;
+    float v = dot_row(q, p.qkv + qkv_off(b, j, p.T_, p.NH, p.NKV, p.HS, 1, kh), p.HS) * p.scale;
     sc[j] = v;
     mx = fmaxf(mx, v);
   }
@@ -62,20 +66,21 @@ __global__ void plain_forward_kernel(PlainFwdParams<T> p) {
   T* o = p.out + (b * p.T_ + i) * int64_t(p.NH) * p.HS + int64_t(h) * p.HS;
   for (int d = threadIdx.x; d < p.HS; d += kThreads) {
     float acc = 0.f;
-    for (int64_t j = 0; j <= i; ++j) acc += sc[j] * to_f(p.qkv[qkv_off(b, j, p.T_, p.NH, p.HS, 2, h) + d]);
+    for (int64_t j = 0; j <= i; ++j)
+      acc += sc[j] * to_f(p.qkv[qkv_off(b, j, p.T_, p.NH, p.NKV, p.HS, 2, kh) + d]);
     o[d] = from_f<T>(acc / S);
   }
 }
 
 template <class T> struct PlainBwdParams {
-  T* dqkv;            // (B, T, 3*NH*HS)
+  T* dqkv;            // (B, T, (NH+2*NKV)*HS)
   float* Drow;        // (B, NH, T) scratch: dout_i . out_i
   const T* dout;      // (B, T, NH*HS)
   const T* out;       // (B, T, NH*HS)
   const float* lse;   // (B, NH, T)
-  const T* qkv;       // (B, T, 3*NH*HS)
+  const T* qkv;       // (B, T, (NH+2*NKV)*HS)
   int64_t T_;
-  int NH, HS;
+  int NH, NKV, HS;
   float scale;
 };
 
@@ -85,9 +90,9 @@ __global__ void plain_dq_kernel(PlainBwdParams<T> p) {
   extern __shared__ float ds[];  // (T)
   __shared__ float q[kMaxHS], g[kMaxHS];
   int64_t i = blockIdx.x, b = blockIdx.z;
-  int h = blockIdx.y;
+  int h = blockIdx.y, kh = h / (p.NH / p.NKV);
   int64_t orow = (b * p.T_ + i) * int64_t(p.NH) * p.HS + int64_t(h) * p.HS;
-  const T* qr = p.qkv + qkv_off(b, i, p.T_, p.NH, p.HS, 0, h);
+  const T* qr = p.qkv + qkv_off(b, i, p.T_, p.NH, p.NKV, p.HS, 0, h);
   float part = 0.f;
   for (int d = threadIdx.x; d < p.HS; d += kThreads) {
     q[d] = to_f(qr[d]);
@@ -99,68 +104,72 @@ __global__ void plain_dq_kernel(PlainBwdParams<T> p) {
   float lse = p.lse[li];
   if (threadIdx.x == 0) p.Drow[li] = Di;
   for (int64_t j = threadIdx.x; j <= i; j += kThreads) {
-    float s = dot_row(q, p.qkv + qkv_off(b, j, p.T_, p.NH, p.HS, 1, h), p.HS) * p.scale;
+    float s = dot_row(q, p.qkv + qkv_off(b, j, p.T_, p.NH, p.NKV, p.HS, 1, kh), p.HS) * p.scale;
     float pr = expf(s - lse);
-    float dp = dot_row(g, p.qkv + qkv_off(b, j, p.T_, p.NH, p.HS, 2, h), p.HS);
+    float dp = dot_row(g, p.qkv + qkv_off(b, j, p.T_, p.NH, p.NKV, p.HS, 2, kh), p.HS);
     ds[j] = pr * (dp - Di);
   }
   __syncthreads();
-  T* dq = p.dqkv + qkv_off(b, i, p.T_, p.NH, p.HS, 0, h);
+  T* dq = p.dqkv + qkv_off(b, i, p.T_, p.NH, p.NKV, p.HS, 0, h);
   for (int d = threadIdx.x; d < p.HS; d += kThreads) {
     float acc = 0.f;
-    for (int64_t j = 0; j <= i; ++j) acc += ds[j] * to_f(p.qkv[qkv_off(b, j, p.T_, p.NH, p.HS, 1, h) + d]);
+    for (int64_t j = 0; j <= i; ++j)
+      acc += ds[j] * to_f(p.qkv[qkv_off(b, j, p.T_, p.NH, p.NKV, p.HS, 1, kh) + d]);
     dq[d] = from_f<T>(acc * p.scale);
   }
 }
 
-// grid: (T, NH, B); one block per key row j. Needs Drow from plain_dq_kernel.
+// grid: (T, NKV, B); one block per key row j of kv head kh, walking the
+// query heads of its group in order. Needs Drow from plain_dq_kernel.
 template <class T>
 __global__ void plain_dkv_kernel(PlainBwdParams<T> p) {
   __shared__ float k[kMaxHS], v[kMaxHS];
   __shared__ float pr[kThreads], ds[kThreads];
   int64_t j = blockIdx.x, b = blockIdx.z;
-  int h = blockIdx.y;
+  int kh = blockIdx.y, G = p.NH / p.NKV;
   for (int d = threadIdx.x; d < p.HS; d += kThreads) {
-    k[d] = to_f(p.qkv[qkv_off(b, j, p.T_, p.NH, p.HS, 1, h) + d]);
-    v[d] = to_f(p.qkv[qkv_off(b, j, p.T_, p.NH, p.HS, 2, h) + d]);
+    k[d] = to_f(p.qkv[qkv_off(b, j, p.T_, p.NH, p.NKV, p.HS, 1, kh) + d]);
+    v[d] = to_f(p.qkv[qkv_off(b, j, p.T_, p.NH, p.NKV, p.HS, 2, kh) + d]);
   }
   __syncthreads();
   float dk[2] = {0.f, 0.f}, dv[2] = {0.f, 0.f};
-  for (int64_t i0 = j; i0 < p.T_; i0 += kThreads) {
-    int64_t i = i0 + threadIdx.x;
-    float pv = 0.f, dsv = 0.f;
-    if (i < p.T_) {
-      int64_t li = (b * p.NH + h) * p.T_ + i;
-      int64_t orow = (b * p.T_ + i) * int64_t(p.NH) * p.HS + int64_t(h) * p.HS;
-      const T* qr = p.qkv + qkv_off(b, i, p.T_, p.NH, p.HS, 0, h);
-      float s = 0.f, dp = 0.f;
-      for (int d = 0; d < p.HS; ++d) {
-        s += to_f(qr[d]) * k[d];
-        dp += to_f(p.dout[orow + d]) * v[d];
+  for (int h = kh * G; h < (kh + 1) * G; ++h) {
+    for (int64_t i0 = j; i0 < p.T_; i0 += kThreads) {
+      int64_t i = i0 + threadIdx.x;
+      float pv = 0.f, dsv = 0.f;
+      if (i < p.T_) {
+        int64_t li = (b * p.NH + h) * p.T_ + i;
+        int64_t orow = (b * p.T_ + i) * int64_t(p.NH) * p.HS + int64_t(h) * p.HS;
+        const T* qr = p.qkv + qkv_off(b, i, p.T_, p.NH, p.NKV, p.HS, 0, h);
+        float s = 0.f, dp = 0.f;
+        for (int d = 0; d < p.HS; ++d) {
+          s += to_f(qr[d]) * k[d];
+          dp += to_f(p.dout[orow + d]) * v[d];
+        }
+        pv = expf(s * p.scale - p.lse[li]);
+        dsv = pv * (dp - p.Drow[li]);
       }
-      pv = expf(s * p.scale - p.lse[li]);
-      dsv = pv * (dp - p.Drow[li]);
-    }
-    pr[threadIdx.x] = pv;
-    ds[threadIdx.x] = dsv;
-    __syncthreads();
-    int64_t n = p.T_ - i0 < kThreads ? p.T_ - i0 : kThreads;
-    for (int r = 0; r < 2; ++r) {
-      int d = threadIdx.x + r * kThreads;
-      if (d >= p.HS) break;
-      for (int64_t t = 0; t < n; ++t) {
-        int64_t i2 = i0 + t;
-        dv[r] += pr[t] * to_f(p.dout[(b * p.T_ + i2) * int64_t(p.NH) * p.HS + int64_t(h) * p.HS + d]);
-        dk[r] += ds[t] * to_f(p.qkv[qkv_off(b, i2, p.T_, p.NH, p.HS, 0, h) + d]);
+      pr[threadIdx.x] = pv;
+      ds[threadIdx.x] = dsv;
+      __syncthreads();
+      int64_t n = p.T_ - i0 < kThreads ? p.T_ - i0 : kThreads;
+      for (int r = 0; r < 2; ++r) {
+        int d = threadIdx.x + r * kThreads;
+        if (d >= p.HS) break;
+        for (int64_t t = 0; t < n; ++t) {
+          int64_t i2 = i0 + t;
+          dv[r] += pr[t] * to_f(p.dout[(b * p.T_ + i2) * int64_t(p.NH) * p.HS + int64_t(h) * p.HS + d]);
+          dk[r] += ds[t] * to_f(p.qkv[qkv_off(b, i2, p.T_, p.NH, p.NKV, p.HS, 0, h) + d]);
+        }
       }
+      __syncthreads();
     }
-    __syncthreads();
   }
   for (int r = 0; r < 2; ++r) {
     int d = threadIdx.x + r * kThreads;
     if (d >= p.HS) break;
-    p.dqkv[qkv_off(b, j, p.T_, p.NH, p.HS, 1, h) + d] = from_f<T>(dk[r] * p.scale);
-    p.dqkv[qkv_off(b, j, p.T_, p.NH, p.HS, 2, h) + d] = from_f<T>(dv[r]);
+    p.dqkv[qkv_off(b, j, p.T_, p.NH, p.NKV, p.HS, 1, kh) + d] = from_f<T>(dk[r] * p.scale);
+    p.dqkv[qkv_off(b, j, p.T_, p.NH, p.NKV, p.HS, 2, kh) + d] = from_f<T>(dv[r]);
   }
 }
 
@@ -177,7 +186,7 @@ void plain_attention_forward(const AttentionArgs& a, const AttnShape& sh, const 
   dispatch_float(a.qkv.dtype(), "attention_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     PlainFwdParams<T> p{a.out.data<T>(), a.lse.data<float>(), a.qkv.data<T>(), sh.T, sh.NH,
-                        sh.HS, 1.0f / sqrtf(float(sh.HS))};
+                        sh.NKV, sh.HS, 1.0f / sqrtf(float(sh.HS))};
     size_t smem = sizeof(float) * size_t(sh.T);
     allow_smem(plain_forward_kernel<T>, smem);
     dim3 grid(unsigned(sh.T), unsigned(sh.NH), unsigned(sh.B));
@@ -192,14 +201,15 @@ void plain_attention_backward(const AttentionBwdArgs& a, const AttnShape& sh, co
   dispatch_float(a.qkv.dtype(), "attention_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     PlainBwdParams<T> p{a.dqkv.data<T>(), Drow, a.dout.data<T>(), a.out.data<T>(),
-                        a.lse.data<float>(), a.qkv.data<T>(), sh.T, sh.NH, sh.HS,
+                        a.lse.data<float>(), a.qkv.data<T>(), sh.T, sh.NH, sh.NKV, sh.HS,
                         1.0f / sqrtf(float(sh.HS))};
     size_t smem = sizeof(float) * size_t(sh.T);
     allow_smem(plain_dq_kernel<T>, smem);
     dim3 grid(unsigned(sh.T), unsigned(sh.NH), unsigned(sh.B));
     plain_dq_kernel<T><<<grid, kThreads, smem, stream_of(s)>>>(p);
     DS_CUDA_CHECK_LAUNCH();
-    plain_dkv_kernel<T><<<grid, kThreads, 0, stream_of(s)>>>(p);
+    dim3 kv_grid(unsigned(sh.T), unsigned(sh.NKV), unsigned(sh.B));
+    plain_dkv_kernel<T><<<kv_grid, kThreads, 0, stream_of(s)>>>(p);
     DS_CUDA_CHECK_LAUNCH();
   });
 }

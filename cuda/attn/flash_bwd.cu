@@ -1,10 +1,11 @@
 // Fused causal flash attention backward (FA2 scheme, no T x T matrix, no
 // atomics). Three kernels:
 //  1. D_i = dout_i . out_i per (b, h, i) row (f32 workspace).
-//  2. dK, dV: one block per (key tile, head, batch) walks the query tiles at
-//     and after the diagonal; each warp owns 16 key rows and computes S^T, P^T,
-//     dP^T and dS^T for them, accumulating dV += P^T dO and dK += dS^T Q in
-//     tensor-core fragments.
+//  2. dK, dV: one block per (key tile, kv head, batch) walks, for each query
+//     head of the kv head's group in turn (grouped-query attention), the
+//     query tiles at and after the diagonal; each warp owns 16 key rows and
+//     computes S^T, P^T, dP^T and dS^T for them, accumulating dV += P^T dO and
+//     dK += dS^T Q in tensor-core fragments.
 //  3. dQ: one block per (query tile, head, batch) walks the key tiles up to
 //     the diagonal, recomputes P and dS, and accumulates dQ += dS K.
 // P is recomputed exactly from the saved lse, so no rescaling is needed.
@@ -16,14 +17,14 @@ namespace flash {
 namespace {
 
 template <class T> struct BwdParams {
-  T* dqkv;            // (B, T, 3*NH*HS)
+  T* dqkv;            // (B, T, (NH+2*NKV)*HS)
   const T* dout;      // (B, T, NH*HS)
   const T* out;       // (B, T, NH*HS)
   const float* lse;   // (B, NH, T)
   const float* Drow;  // (B, NH, T)
-  const T* qkv;       // (B, T, 3*NH*HS)
+  const T* qkv;       // (B, T, (NH+2*NKV)*HS)
   int64_t T_;
-  int NH;
+  int NH, NKV;
   float scale;
 };
 
@@ -101,14 +102,10 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(BwdParams<T> p) {
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t kv0 = int64_t(blockIdx.x) * kTile, b = blockIdx.z;
-  const int h = blockIdx.y;
-  const int64_t W = 3ll * p.NH * HS, WO = int64_t(p.NH) * HS;
-  const T* gQ = p.qkv + b * p.T_ * W + int64_t(h) * HS;
-  const T* gK = gQ + WO;
-  const T* gV = gK + WO;
-  const T* gG = p.dout + b * p.T_ * WO + int64_t(h) * HS;
-  const float* lse = p.lse + (b * p.NH + h) * p.T_;
-  const float* D = p.Drow + (b * p.NH + h) * p.T_;
+  const int kh = blockIdx.y, G = p.NH / p.NKV;
+  const int64_t W = int64_t(p.NH + 2 * p.NKV) * HS, WO = int64_t(p.NH) * HS, WKV = int64_t(p.NKV) * HS;
+  const T* gK = p.qkv + b * p.T_ * W + int64_t(p.NH + kh) * HS;
+  const T* gV = gK + WKV;
   float* S = sS + warp * 16 * kLdS;
   float* DP = sDP + warp * 16 * kLdS;
   T* P = sP + warp * 16 * kLdP;
@@ -122,43 +119,49 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(BwdParams<T> p) {
     wmma::fill_fragment(dK[n], 0.f);
     wmma::fill_fragment(dV[n], 0.f);
   }
-  for (int64_t q0 = kv0; q0 < p.T_; q0 += kTile) {
-    __syncthreads();  // previous Q/dO tiles no longer in use (and K/V loaded)
-    int q_rows = int(imin64(kTile, p.T_ - q0));
-    load_tile<T, HS>(sQ, gQ + q0 * W, W, q_rows);
-    load_tile<T, HS>(sG, gG + q0 * WO, WO, q_rows);
-    load_rows(sL, sD, lse, D, q0, p.T_);
-    __syncthreads();
-    for (int n = 0; n < kTile / 16; ++n) {
-      FragC acc;
-      wmma::fill_fragment(acc, 0.f);
-      mma_abt<T, HS>(acc, sK + warp * 16 * LT, LT, sQ + n * 16 * LT, LT);  // S^T
-      wmma::store_matrix_sync(S + n * 16, acc, kLdS, wmma::mem_row_major);
-      wmma::fill_fragment(acc, 0.f);
-      mma_abt<T, HS>(acc, sV + warp * 16 * LT, LT, sG + n * 16 * LT, LT);  // dP^T
-      wmma::store_matrix_sync(DP + n * 16, acc, kLdS, wmma::mem_row_major);
+  for (int h = kh * G; h < (kh + 1) * G; ++h) {
+    const T* gQ = p.qkv + b * p.T_ * W + int64_t(h) * HS;
+    const T* gG = p.dout + b * p.T_ * WO + int64_t(h) * HS;
+    const float* lse = p.lse + (b * p.NH + h) * p.T_;
+    const float* D = p.Drow + (b * p.NH + h) * p.T_;
+    for (int64_t q0 = kv0; q0 < p.T_; q0 += kTile) {
+      __syncthreads();  // previous Q/dO tiles no longer in use (and K/V loaded)
+      int q_rows = int(imin64(kTile, p.T_ - q0));
+      load_tile<T, HS>(sQ, gQ + q0 * W, W, q_rows);
+      load_tile<T, HS>(sG, gG + q0 * WO, WO, q_rows);
+      load_rows(sL, sD, lse, D, q0, p.T_);
+      __syncthreads();
+      for (int n = 0; n < kTile / 16; ++n) {
+        FragC acc;
+        wmma::fill_fragment(acc, 0.f);
+        mma_abt<T, HS>(acc, sK + warp * 16 * LT, LT, sQ + n * 16 * LT, LT);  // S^T
+        wmma::store_matrix_sync(S + n * 16, acc, kLdS, wmma::mem_row_major);
+        wmma::fill_fragment(acc, 0.f);
+        mma_abt<T, HS>(acc, sV + warp * 16 * LT, LT, sG + n * 16 * LT, LT);  // dP^T
+        wmma::store_matrix_sync(DP + n * 16, acc, kLdS, wmma::mem_row_major);
+      }
+      __syncwarp();
+      for (int e = lane; e < 16 * kTile; e += 32) {
+        int rr = e / kTile, c = e - rr * kTile;
+        int64_t kv = kv0 + warp * 16 + rr, q = q0 + c;
+        bool valid = q < p.T_ && kv <= q;
+        float pv = valid ? expf(S[rr * kLdS + c] * p.scale - sL[c]) : 0.f;
+        P[rr * kLdP + c] = from_f<T>(pv);
+        DS[rr * kLdP + c] = from_f<T>(pv * (DP[rr * kLdS + c] - sD[c]));
+      }
+      __syncwarp();
+      for (int n = 0; n < HS / 16; ++n) {
+        mma_ab<T, kTile>(dV[n], P, kLdP, sG + n * 16, LT);
+        mma_ab<T, kTile>(dK[n], DS, kLdP, sQ + n * 16, LT);
+      }
     }
-    __syncwarp();
-    for (int e = lane; e < 16 * kTile; e += 32) {
-      int rr = e / kTile, c = e - rr * kTile;
-      int64_t kv = kv0 + warp * 16 + rr, q = q0 + c;
-      bool valid = q < p.T_ && kv <= q;
-      float pv = valid ? expf(S[rr * kLdS + c] * p.scale - sL[c]) : 0.f;
-      P[rr * kLdP + c] = from_f<T>(pv);
-      DS[rr * kLdP + c] = from_f<T>(pv * (DP[rr * kLdS + c] - sD[c]));
-    }
-    __syncwarp();
-    for (int n = 0; n < HS / 16; ++n) {
-      mma_ab<T, kTile>(dV[n], P, kLdP, sG + n * 16, LT);
-      mma_ab<T, kTile>(dK[n], DS, kLdP, sQ + n * 16, LT);
-    }
-  }
+  }  // query heads of the group
   __syncthreads();  // Q/dO tiles become the f32 staging area
   float* stage = reinterpret_cast<float*>(sQ) + warp * 16 * ld_out<HS>();
-  T* dK_g = p.dqkv + b * p.T_ * W + WO + int64_t(h) * HS;
+  T* dK_g = p.dqkv + b * p.T_ * W + int64_t(p.NH + kh) * HS;
   store_rows<T, HS>(dK, p.scale, stage, dK_g, W, kv0 + warp * 16, p.T_);
   __syncwarp();
-  store_rows<T, HS>(dV, 1.0f, stage, dK_g + WO, W, kv0 + warp * 16, p.T_);
+  store_rows<T, HS>(dV, 1.0f, stage, dK_g + WKV, W, kv0 + warp * 16, p.T_);
 }
 
 template <class T, int HS>
@@ -177,11 +180,11 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(BwdParams<T> p) {
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t q0 = int64_t(blockIdx.x) * kTile, b = blockIdx.z;
-  const int h = blockIdx.y;
-  const int64_t W = 3ll * p.NH * HS, WO = int64_t(p.NH) * HS;
+  const int h = blockIdx.y, kh = h / (p.NH / p.NKV);
+  const int64_t W = int64_t(p.NH + 2 * p.NKV) * HS, WO = int64_t(p.NH) * HS;
   const T* gQ = p.qkv + b * p.T_ * W + int64_t(h) * HS;
-  const T* gK = gQ + WO;
-  const T* gV = gK + WO;
+  const T* gK = p.qkv + b * p.T_ * W + int64_t(p.NH + kh) * HS;
+  const T* gV = gK + int64_t(p.NKV) * HS;
   const T* gG = p.dout + b * p.T_ * WO + int64_t(h) * HS;
   float* S = sS + warp * 16 * kLdS;
   float* DP = sDP + warp * 16 * kLdS;
@@ -241,9 +244,10 @@ std::string launch_bwd(const AttentionBwdArgs& a, const AttnShape& sh, const Str
       Drow, a.dout.data<T>(), a.out.data<T>(), rows, sh.T, sh.NH, HS);
   DS_CUDA_CHECK_LAUNCH();
   BwdParams<T> p{a.dqkv.data<T>(), a.dout.data<T>(), a.out.data<T>(), a.lse.data<float>(),
-                 Drow, a.qkv.data<T>(), sh.T, sh.NH, 1.0f / sqrtf(float(HS))};
+                 Drow, a.qkv.data<T>(), sh.T, sh.NH, sh.NKV, 1.0f / sqrtf(float(HS))};
   dim3 grid(unsigned((sh.T + kTile - 1) / kTile), unsigned(sh.NH), unsigned(sh.B));
-  dkdv<<<grid, kThreads, smem, stream_of(s)>>>(p);
+  dim3 kv_grid(unsigned((sh.T + kTile - 1) / kTile), unsigned(sh.NKV), unsigned(sh.B));
+  dkdv<<<kv_grid, kThreads, smem, stream_of(s)>>>(p);
   DS_CUDA_CHECK_LAUNCH();
   dq<<<grid, kThreads, smem, stream_of(s)>>>(p);
   DS_CUDA_CHECK_LAUNCH();

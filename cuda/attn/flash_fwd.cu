@@ -2,6 +2,7 @@
 // head, batch); the block walks the key/value tiles up to the diagonal, keeps a
 // running row max m and row sum l, rescales its output accumulator and adds
 // P V, so no T x T matrix exists anywhere. Saves lse = m + log(l) per row.
+// Grouped-query attention: query head h reads kv head h / (NH / NKV).
 // S = Q K^T and P V run on tensor cores (WMMA); softmax runs in f32 on a
 // per-warp shared-memory copy of S. Lanes 2r and 2r+1 own row r of the warp.
 #include "cuda/attn/flash_common.cuh"
@@ -13,9 +14,9 @@ namespace {
 template <class T> struct FwdParams {
   T* out;           // (B, T, NH*HS)
   float* lse;       // (B, NH, T)
-  const T* qkv;     // (B, T, 3*NH*HS)
+  const T* qkv;     // (B, T, (NH+2*NKV)*HS)
   int64_t T_;
-  int NH;
+  int NH, NKV;
   float scale;
 };
 
@@ -71,11 +72,11 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FwdParams<T> p) {
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1, half = lane & 1;
   const int64_t q0 = int64_t(blockIdx.x) * kTile, b = blockIdx.z;
-  const int h = blockIdx.y;
-  const int64_t W = 3ll * p.NH * HS;
+  const int h = blockIdx.y, kh = h / (p.NH / p.NKV);
+  const int64_t W = int64_t(p.NH + 2 * p.NKV) * HS;
   const T* gQ = p.qkv + b * p.T_ * W + int64_t(h) * HS;
-  const T* gK = gQ + int64_t(p.NH) * HS;
-  const T* gV = gK + int64_t(p.NH) * HS;
+  const T* gK = p.qkv + b * p.T_ * W + int64_t(p.NH + kh) * HS;
+  const T* gV = gK + int64_t(p.NKV) * HS;
   const int64_t qrow = q0 + warp * 16 + r;
   float* S = sS + warp * 16 * kLdS;
   T* P = sP + warp * 16 * kLdP;
@@ -122,7 +123,7 @@ template <class T, int HS>
 std::string launch_fwd(const AttentionArgs& a, const AttnShape& sh, const Stream& s) {
   auto kernel = flash_fwd_kernel<T, HS>;
   if (std::string why = prepare_smem(kernel, FwdSmem<HS>::total); !why.empty()) return why;
-  FwdParams<T> p{a.out.data<T>(), a.lse.data<float>(), a.qkv.data<T>(), sh.T, sh.NH,
+  FwdParams<T> p{a.out.data<T>(), a.lse.data<float>(), a.qkv.data<T>(), sh.T, sh.NH, sh.NKV,
                  1.0f / sqrtf(float(HS))};
   dim3 grid(unsigned((sh.T + kTile - 1) / kTile), unsigned(sh.NH), unsigned(sh.B));
   kernel<<<grid, kThreads, FwdSmem<HS>::total, stream_of(s)>>>(p);

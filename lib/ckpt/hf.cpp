@@ -1,13 +1,18 @@
 // Name and orientation mapping between our layout and Hugging Face models.
 // GPT-2 uses Conv1D (weights stored (in, out)), so every matrix is transposed;
 // its fused c_attn keeps our [q|k|v] row order. LLaMA uses nn.Linear (out, in),
-// so q/k/v and gate/up are row slices of our fused qkv and fc weights. Our RoPE
-// uses the rotate-half convention, as transformers' LLaMA does, so no
-// permutation of q/k rows is needed.
+// so q/k/v and gate/up are row slices of our fused qkv and fc weights (with
+// grouped-query attention k and v have NKV*HS rows). Our RoPE uses the
+// rotate-half convention, as transformers' LLaMA does, so no permutation of
+// q/k rows is needed (GPT-NeoX rotates the same way, on its first rotary_pct
+// dims, but its fused qkv groups rows per head). The architecture follows the
+// blocks, not the family flag: a model built from Megatron's block flags
+// exports as what it is.
 #include "lib/ckpt/hf.h"
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -21,12 +26,26 @@ namespace fs = std::filesystem;
 namespace ds {
 namespace {
 
-// One HF tensor = rows [row0, row0 + rows) of our weight, optionally transposed.
+// One HF tensor = rows [row0, row0 + rows) of our weight, optionally
+// transposed; or, with head_interleave = HS, our whole [q | k | v] weight with
+// its rows regrouped per head as [q_h | k_h | v_h] (GPT-NeoX's fused qkv).
 struct HfPiece {
   std::string hf_name, our_name;
   int64_t row0 = 0, rows = -1;  // rows of our weight (-1 = all; vocab rows for embeddings)
   bool transpose = false;
+  int64_t head_interleave = 0;
 };
+
+// The (first row, row count) runs of our weight (R rows) that make the HF
+// tensor, in its row order.
+std::vector<std::pair<int64_t, int64_t>> row_runs(const HfPiece& p, int64_t R) {
+  if (p.head_interleave == 0) return {{p.row0, p.rows < 0 ? R : p.rows}};
+  const int64_t HS = p.head_interleave, C = R / 3;
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t h = 0; h < C / HS; ++h)
+    for (int64_t part = 0; part < 3; ++part) runs.push_back({part * C + h * HS, HS});
+  return runs;
+}
 
 std::vector<HfPiece> gpt2_map(const ModelDims& d) {
   std::vector<HfPiece> m = {{"transformer.wte.weight", "embed.wte", 0, d.V, false},
@@ -54,13 +73,13 @@ std::vector<HfPiece> gpt2_map(const ModelDims& d) {
 
 std::vector<HfPiece> llama_map(const ModelDims& d) {
   std::vector<HfPiece> m = {{"model.embed_tokens.weight", "embed.wte", 0, d.V, false}};
-  const int64_t C = d.C, F = d.F;
+  const int64_t C = d.C, F = d.F, KV = int64_t{d.NKV} * d.HS;
   for (int l = 0; l < d.L; ++l) {
     std::string h = "model.layers." + std::to_string(l) + ".", o = "layers." + std::to_string(l) + ".";
     m.push_back({h + "input_layernorm.weight", o + "norm1.weight"});
     m.push_back({h + "self_attn.q_proj.weight", o + "attn.qkv.weight", 0, C});
-    m.push_back({h + "self_attn.k_proj.weight", o + "attn.qkv.weight", C, C});
-    m.push_back({h + "self_attn.v_proj.weight", o + "attn.qkv.weight", 2 * C, C});
+    m.push_back({h + "self_attn.k_proj.weight", o + "attn.qkv.weight", C, KV});
+    m.push_back({h + "self_attn.v_proj.weight", o + "attn.qkv.weight", C + KV, KV});
     m.push_back({h + "self_attn.o_proj.weight", o + "attn.proj.weight"});
     m.push_back({h + "post_attention_layernorm.weight", o + "norm2.weight"});
     m.push_back({h + "mlp.gate_proj.weight", o + "mlp.fc.weight", 0, F});
@@ -72,48 +91,137 @@ std::vector<HfPiece> llama_map(const ModelDims& d) {
   return m;
 }
 
-std::vector<HfPiece> hf_map(const ModelConfig& cfg, const ModelDims& d) {
-  DS_USER_CHECK(d.gpt2 ? (!d.rope && !d.rmsnorm && !d.swiglu && d.bias)
-                       : (d.rope && d.rmsnorm && d.swiglu && !d.bias),
-                "HF export: a {} family model must use the family's standard blocks "
-                "(gpt2: learned positions, LayerNorm, GELU, biases; llama: RoPE, RMSNorm, SwiGLU, no biases)",
-                d.gpt2 ? "gpt2" : "llama");
-  std::vector<HfPiece> m = d.gpt2 ? gpt2_map(d) : llama_map(d);
+// GPT-NeoX (LayerNorm, GELU, biases, RoPE on rotary_pct of each head; the
+// sequential residual of use_parallel_residual = false). Its fused qkv holds
+// each head's q, k, v rows together; the output layer is always embed_out.
+std::vector<HfPiece> neox_map(const ModelDims& d) {
+  std::vector<HfPiece> m = {{"gpt_neox.embed_in.weight", "embed.wte", 0, d.V, false}};
+  for (int l = 0; l < d.L; ++l) {
+    std::string h = "gpt_neox.layers." + std::to_string(l) + ".", o = "layers." + std::to_string(l) + ".";
+    m.push_back({h + "input_layernorm.weight", o + "norm1.weight"});
+    m.push_back({h + "input_layernorm.bias", o + "norm1.bias"});
+    m.push_back({h + "attention.query_key_value.weight", o + "attn.qkv.weight", 0, -1, false, d.HS});
+    m.push_back({h + "attention.query_key_value.bias", o + "attn.qkv.bias", 0, -1, false, d.HS});
+    m.push_back({h + "attention.dense.weight", o + "attn.proj.weight"});
+    m.push_back({h + "attention.dense.bias", o + "attn.proj.bias"});
+    m.push_back({h + "post_attention_layernorm.weight", o + "norm2.weight"});
+    m.push_back({h + "post_attention_layernorm.bias", o + "norm2.bias"});
+    m.push_back({h + "mlp.dense_h_to_4h.weight", o + "mlp.fc.weight"});
+    m.push_back({h + "mlp.dense_h_to_4h.bias", o + "mlp.fc.bias"});
+    m.push_back({h + "mlp.dense_4h_to_h.weight", o + "mlp.proj.weight"});
+    m.push_back({h + "mlp.dense_4h_to_h.bias", o + "mlp.proj.bias"});
+  }
+  m.push_back({"gpt_neox.final_layer_norm.weight", "final_norm.weight"});
+  m.push_back({"gpt_neox.final_layer_norm.bias", "final_norm.bias"});
+  m.push_back({"embed_out.weight", d.untied ? "head.weight" : "embed.wte", 0, d.V, false});
   return m;
+}
+
+enum class HfArch { GPT2, LLaMA, GPTNeoX };
+
+// The Hugging Face architecture the model's blocks make, whatever flags built
+// it: learned positions -> GPT2LMHeadModel; RoPE with RMSNorm and SwiGLU ->
+// LlamaForCausalLM; RoPE with LayerNorm and GELU (partial rotation allowed)
+// -> GPTNeoXForCausalLM. A block the architecture cannot hold is one
+// UserError naming it.
+HfArch hf_arch(const ModelDims& d, const char* what) {
+  auto refuse = [&](const std::string& block, const char* arch, const char* needs) {
+    DS_USER_ERROR("{}: the model's {} does not map onto Hugging Face {} ({}); no supported Hugging Face "
+                  "architecture holds this combination",
+                  what, block, arch, needs);
+  };
+  if (!d.rope) {  // GPT-2: LayerNorm, GELU, biases, multi-head attention
+    const char* arch = "GPT2LMHeadModel", *needs = "learned positions need LayerNorm, GELU, biases and NKV = NH";
+    if (d.rmsnorm) refuse("RMSNorm with learned positions", arch, needs);
+    if (d.swiglu) refuse("SwiGLU MLP with learned positions", arch, needs);
+    if (!d.bias) refuse("linear layers without biases (--disable-bias-linear) with learned positions", arch, needs);
+    if (d.NKV != d.NH) refuse("grouped-query attention with learned positions", arch, needs);
+    return HfArch::GPT2;
+  }
+  if (!d.rmsnorm && !d.swiglu) {  // GPT-NeoX
+    const char* arch = "GPTNeoXForCausalLM", *needs = "RoPE with LayerNorm and GELU needs biases and NKV = NH";
+    if (!d.bias) refuse("LayerNorm and GELU with RoPE but no linear-layer biases", arch, needs);
+    if (d.NKV != d.NH) refuse("grouped-query attention with LayerNorm and GELU", arch, needs);
+    return HfArch::GPTNeoX;
+  }
+  const char* arch = "LlamaForCausalLM",
+              *needs = "RoPE with RMSNorm or SwiGLU needs both, no biases and whole-head rotation; GPT-NeoX "
+                       "holds RoPE with LayerNorm, GELU and biases";
+  if (!d.rmsnorm) refuse("LayerNorm with RoPE", arch, needs);
+  if (!d.swiglu) refuse("GELU MLP with RoPE", arch, needs);
+  if (d.bias) refuse("linear-layer biases with RoPE (add --disable-bias-linear)", arch, needs);
+  if (d.rot != d.HS)
+    refuse(fmt::format("partial RoPE (rotary_percent: {} of {} head dims rotated)", d.rot, d.HS), arch, needs);
+  return HfArch::LLaMA;
+}
+
+std::vector<HfPiece> hf_map(const ModelDims& d, const char* what) {
+  switch (hf_arch(d, what)) {
+    case HfArch::GPT2: return gpt2_map(d);
+    case HfArch::LLaMA: return llama_map(d);
+    case HfArch::GPTNeoX: break;
+  }
+  return neox_map(d);
 }
 
 // Rows [row0, row0+rows) of a (R, K) matrix (or a vector), optionally transposed.
 Tensor extract(const Tensor& w, const HfPiece& p) {
-  int64_t R = w.size(0), rows = p.rows < 0 ? R : p.rows;
-  int64_t K = w.dim() == 2 ? w.size(1) : 1;
-  Tensor part = w.dim() == 2 ? w.view(p.row0 * K, {rows, K}) : w.view(p.row0, {rows});
-  if (!p.transpose) return part.clone();
+  const int64_t K = w.dim() == 2 ? w.size(1) : 1;
+  int64_t rows = 0;
+  for (const auto& [r0, n] : row_runs(p, w.size(0))) rows += n;
+  Tensor part = w.dim() == 2 ? Tensor::empty({rows, K}, DType::F32) : Tensor::empty({rows}, DType::F32);
+  int64_t at = 0;
+  for (const auto& [r0, n] : row_runs(p, w.size(0))) {
+    part.view(at * K, {n * K}).copy_from(w.view(r0 * K, {n * K}));
+    at += n;
+  }
+  if (!p.transpose) return part;
   Tensor t = Tensor::empty({K, rows}, DType::F32);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t k = 0; k < K; ++k) t.data<float>()[k * rows + r] = part.data<float>()[r * K + k];
   return t;
 }
 
-nlohmann::json hf_config(const ModelConfig& c, const ModelDims& d) {
-  if (d.gpt2) {
+nlohmann::json hf_config(const ModelConfig& c, const ModelDims& d, const HfTokenIds& tokens) {
+  const int bos = tokens.bos >= 0 ? tokens.bos : d.V - 1, eos = tokens.eos >= 0 ? tokens.eos : d.V - 1;
+  DS_USER_CHECK(bos < d.V && eos < d.V, "HF export: bos id {} / eos id {} outside the vocabulary of {}", bos, eos,
+                d.V);
+  const HfArch arch = hf_arch(d, "HF export");
+  if (arch == HfArch::GPTNeoX) {
+    // transformers rotates int(HS * rotary_pct) dims: the smallest double that gives exactly d.rot.
+    double pct = static_cast<double>(d.rot) / d.HS;
+    while (static_cast<int>(d.HS * pct) < d.rot) pct = std::nextafter(pct, 2.0);
+    return {{"architectures", {"GPTNeoXForCausalLM"}}, {"model_type", "gpt_neox"}, {"hidden_size", d.C},
+            {"num_attention_heads", d.NH}, {"num_hidden_layers", d.L}, {"intermediate_size", d.F},
+            {"hidden_act", "gelu_new"}, {"rotary_pct", pct},
+            {"rotary_emb_base", c.rope_theta}, {"max_position_embeddings", d.maxT}, {"layer_norm_eps", c.norm_eps},
+            {"use_parallel_residual", false}, {"tie_word_embeddings", !d.untied}, {"vocab_size", d.V},
+            {"attention_dropout", 0.0}, {"hidden_dropout", 0.0}, {"bos_token_id", bos}, {"eos_token_id", eos},
+            {"torch_dtype", "float32"}};
+  }
+  if (arch == HfArch::GPT2) {
     return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"n_embd", d.C}, {"n_head", d.NH},
             {"n_layer", d.L}, {"n_positions", d.maxT}, {"n_ctx", d.maxT}, {"n_inner", d.F}, {"vocab_size", d.V},
             {"layer_norm_epsilon", c.norm_eps}, {"activation_function", "gelu_new"},
             {"tie_word_embeddings", !d.untied}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0},
-            {"torch_dtype", "float32"}};
+            {"bos_token_id", bos}, {"eos_token_id", eos}, {"torch_dtype", "float32"}};
   }
   return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", d.C},
-          {"intermediate_size", d.F}, {"num_attention_heads", d.NH}, {"num_key_value_heads", d.NH},
+          {"intermediate_size", d.F}, {"num_attention_heads", d.NH}, {"num_key_value_heads", d.NKV},
           {"num_hidden_layers", d.L}, {"max_position_embeddings", d.maxT}, {"rms_norm_eps", c.norm_eps},
           {"rope_theta", c.rope_theta}, {"vocab_size", d.V}, {"hidden_act", "silu"},
           {"tie_word_embeddings", !d.untied}, {"attention_bias", false}, {"mlp_bias", false},
-          {"torch_dtype", "float32"}};
+          {"head_dim", d.HS}, {"bos_token_id", bos}, {"eos_token_id", eos}, {"torch_dtype", "float32"}};
 }
 
 }  // namespace
 
-void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir) {
+void check_hf_exportable(const ModelConfig& cfg, const char* what) { hf_arch(model_dims(cfg), what); }
+
+void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir,
+               const HfTokenIds& tokens) {
   ModelDims d = model_dims(cfg);
+  const nlohmann::json config = hf_config(cfg, d, tokens);  // refuses a model no architecture holds, first
   Tensor host = params.device().is_cpu() ? params : params.to(Device::cpu());
   fs::path out(outdir), tmp = out;
   tmp += ".tmp-" + std::to_string(::getpid());
@@ -123,13 +231,13 @@ void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& 
   if (ec) throw_write_error(tmp.string(), ec.value());
   try {  // a failed write (a full disk) leaves no temporary directory behind
     SafetensorsWriter w;
-    for (const HfPiece& p : hf_map(cfg, d)) {
+    for (const HfPiece& p : hf_map(d, "HF export")) {
       const ParamSpec& s = layout.find(p.our_name);
       w.add(p.hf_name, extract(host.view(s.offset, s.shape), p));
     }
     w.set_metadata("format", "pt");
     w.write((tmp / "model.safetensors").string());
-    write_file_atomic((tmp / "config.json").string(), hf_config(cfg, d).dump(2) + "\n");
+    write_file_atomic((tmp / "config.json").string(), config.dump(2) + "\n");
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
@@ -143,7 +251,7 @@ void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params
   fs::path file = fs::is_directory(path) ? fs::path(path) / "model.safetensors" : fs::path(path);
   SafetensorsFile sf = SafetensorsFile::open(file.string());
   Tensor host = Tensor::zeros({layout.total}, DType::F32);
-  for (const HfPiece& p : hf_map(cfg, d)) {
+  for (const HfPiece& p : hf_map(d, "--init-from (Hugging Face weights)")) {
     const ParamSpec& s = layout.find(p.our_name);
     Tensor ours = host.view(s.offset, s.shape);
     Tensor want = extract(ours, p);  // only for the expected shape
@@ -163,11 +271,13 @@ void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params
       }
       src = f;
     }
-    int64_t K = ours.dim() == 2 ? ours.size(1) : 1, rows = want.numel() / K;
-    float* dst = ours.data<float>() + p.row0 * K;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t k = 0; k < K; ++k)
-        dst[r * K + k] = p.transpose ? src.data<float>()[k * rows + r] : src.data<float>()[r * K + k];
+    int64_t K = ours.dim() == 2 ? ours.size(1) : 1, rows = want.numel() / K, at = 0;
+    for (const auto& [r0, n] : row_runs(p, ours.size(0))) {
+      float* dst = ours.data<float>() + r0 * K;
+      for (int64_t r = 0; r < n; ++r, ++at)
+        for (int64_t k = 0; k < K; ++k)
+          dst[r * K + k] = p.transpose ? src.data<float>()[k * rows + at] : src.data<float>()[at * K + k];
+    }
   }
   params.copy_from(host);
 }

@@ -1,7 +1,7 @@
 // Hugging Face interop: export a model as model.safetensors + config.json in
-// transformers' naming and layout (GPT2LMHeadModel, LlamaForCausalLM), and
-// import such a file as initial weights. Export writes the real vocabulary
-// rows only; import zero-fills the padded rows.
+// transformers' naming and layout (GPT2LMHeadModel, LlamaForCausalLM,
+// GPTNeoXForCausalLM), and import such a file as initial weights. Export
+// writes the real vocabulary rows only; import zero-fills the padded rows.
 #pragma once
 #include <string>
 
@@ -11,9 +11,23 @@
 
 namespace ds {
 
+// Token ids config.json carries. -1: the last real vocabulary id, which is
+// "<|endoftext|>" in the GPT-2 BPE vocabularies dstrain reads (bos = eos).
+struct HfTokenIds {
+  int bos = -1, eos = -1;
+};
+
 // params: (layout.total) f32 on any device. Writes OUTDIR/model.safetensors and
-// OUTDIR/config.json (into a temp dir renamed into place).
-void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir);
+// OUTDIR/config.json (into a temp dir renamed into place). The architecture
+// follows the model's blocks (learned positions: GPT2LMHeadModel; RoPE with
+// RMSNorm, SwiGLU, no biases, whole-head rotation, any NKV: LlamaForCausalLM;
+// RoPE, any rotary_percent, with LayerNorm, GELU, biases: GPTNeoXForCausalLM);
+// another combination is a UserError naming the block that does not map.
+void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir,
+               const HfTokenIds& tokens = {});
+// The same check export_hf makes first, for a trainer to refuse at start-up
+// (`what` names the input in the error) rather than after training.
+void check_hf_exportable(const ModelConfig& cfg, const char* what);
 
 // Fills params (layout.total, any device) from an HF safetensors file or a
 // directory holding model.safetensors. Mismatched names/shapes -> UserError.

@@ -16,30 +16,13 @@ namespace fs = std::filesystem;
 namespace ds {
 namespace {
 
-// Calls fn(full_off, local_off, count) for each contiguous run of local
-// weight p (tp rank r of tp) inside its full weight. The same runs as
-// lib/model/tp_shard.cpp uses to slice and gather parameters.
-template <class Fn>
-void for_each_run(const ParamSpec& p, int tp, int r, Fn fn) {
-  if (p.split == TpSplit::Replicated || tp == 1) return fn(int64_t{0}, int64_t{0}, p.numel);
-  const int64_t rows = p.full_shape[0];
-  const int64_t inner = shape_numel(p.full_shape) / rows;
-  if (p.split == TpSplit::Rows) {
-    const int64_t block = rows / p.split_groups, local = block / tp;
-    for (int g = 0; g < p.split_groups; ++g) fn((g * block + r * local) * inner, g * local * inner, local * inner);
-    return;
-  }
-  const int64_t cols = p.full_shape[1], lc = cols / tp;
-  for (int64_t i = 0; i < rows; ++i) fn(i * cols + r * lc, i * lc, lc);
-}
-
 // full (full.total) <- local (local.total) at local's tp rank and stage. A
 // tied wte on a later stage is skipped: the first stage's copy is the one.
 void place_local(const ModelLayout& local, const ModelLayout& full, const float* src, float* dst) {
   for (const ParamSpec& p : local.params) {
     if (!local.first_stage() && p.name == "embed.wte") continue;
     const ParamSpec& f = full.find(p.name);
-    for_each_run(p, local.shard.tp, local.shard.tp_rank, [&](int64_t fo, int64_t lo, int64_t n) {
+    for_each_tp_run(p, local.shard.tp, local.shard.tp_rank, [&](int64_t fo, int64_t lo, int64_t n) {
       std::memcpy(dst + f.offset + fo, src + p.offset + lo, n * sizeof(float));
     });
   }

@@ -103,18 +103,20 @@ namespace {
 enum class RopeDir { Forward, Inverse };
 
 void rope_apply(const RopeArgs& a, RopeDir dir) {
-  const int64_t B = a.inp.size(0), T = a.inp.size(1), C3 = a.inp.size(2);
-  const int64_t HS = C3 / (3 * a.NH), half = HS / 2, C = a.NH * HS;
-  const float* inp = a.inp.data<float>();  // (B, T, 3C)
-  float* out = a.out.data<float>();        // (B, T, 3C)
+  const int64_t B = a.inp.size(0), T = a.inp.size(1), W = a.inp.size(2);
+  const int64_t NKV = a.NKV == 0 ? a.NH : a.NKV, HS = W / (a.NH + 2 * NKV);
+  const int64_t R = a.rot_dims == 0 ? HS : a.rot_dims, half = R / 2;
+  const int64_t nqk = a.NH + NKV;          // q heads then k heads
+  const float* inp = a.inp.data<float>();  // (B, T, W)
+  float* out = a.out.data<float>();        // (B, T, W)
   const float sgn = dir == RopeDir::Forward ? 1.f : -1.f;
   // cos/sin table for this call's positions, shared read-only by all threads.
-  float* table = thread_scratch(static_cast<size_t>(T * 2 * half), 7);  // (T, 2, HS/2)
+  float* table = thread_scratch(static_cast<size_t>(T * 2 * half), 7);  // (T, 2, R/2)
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     float* cs = table + t * 2 * half;
     for (int64_t i = 0; i < half; ++i) {
-      const double inv_freq = std::pow(static_cast<double>(a.theta), -2.0 * i / HS);
+      const double inv_freq = std::pow(static_cast<double>(a.theta), -2.0 * i / R);
       const double ang = static_cast<double>(a.pos_offset + t) * inv_freq;
       cs[i] = static_cast<float>(std::cos(ang));
       cs[half + i] = sgn * static_cast<float>(std::sin(ang));
@@ -123,9 +125,9 @@ void rope_apply(const RopeArgs& a, RopeDir dir) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < B * T; ++n) {
     const float* cs = table + (n % T) * 2 * half;
-    const float* x = inp + n * C3;
-    float* y = out + n * C3;
-    for (int64_t h = 0; h < 2 * a.NH; ++h) {  // q heads then k heads
+    const float* x = inp + n * W;
+    float* y = out + n * W;
+    for (int64_t h = 0; h < nqk; ++h) {
       const float* xh = x + h * HS;
       float* yh = y + h * HS;
 #pragma omp simd
@@ -134,8 +136,9 @@ void rope_apply(const RopeArgs& a, RopeDir dir) {
         yh[i] = x1 * cs[i] - x2 * cs[half + i];
         yh[i + half] = x2 * cs[i] + x1 * cs[half + i];
       }
+      if (y != x && R < HS) std::memcpy(yh + R, xh + R, (HS - R) * sizeof(float));
     }
-    if (y != x) std::memcpy(y + 2 * C, x + 2 * C, C * sizeof(float));
+    if (y != x) std::memcpy(y + nqk * HS, x + nqk * HS, NKV * HS * sizeof(float));
   }
 }
 

@@ -1,13 +1,15 @@
-// Causal multi-head self-attention on a packed qkv buffer, CPU forward and
-// backward, flash-attention style: the forward keeps only the log-sum-exp per
-// (b, h, t); the backward recomputes the probabilities block by block.
+// Causal multi-head (and grouped-query) self-attention on a packed qkv
+// buffer, CPU forward and backward, flash-attention style: the forward keeps
+// only the log-sum-exp per (b, h, t); the backward recomputes the probabilities
+// block by block.
 // Work unit: a block of kBq query rows of one (b, h) against keys [0, q_end),
 // with per-thread scratch of kBq x T scores; the products inside a block use
-// the register-tiled tile_gemm. The forward packs K^T and V of every head once
-// (a scratch of about 2 x B*T*C floats kept by the calling thread) and then
-// parallelises over (b, h, query block); the backward parallelises over (b, h),
-// since the key/value gradients of one head gather contributions from all its
-// query blocks (in block order, so results do not depend on the thread count).
+// the register-tiled tile_gemm. The forward packs K^T and V of every kv head once
+// (a scratch of about 2 x B*T*NKV*HS floats kept by the calling thread) and
+// then parallelises over (b, h, query block); the backward parallelises over
+// (b, kv head), since the key/value gradients of one kv head gather
+// contributions from all query blocks of all the query heads that share it (in
+// a fixed order, so results do not depend on the thread count).
 #include <cmath>
 #include <cstring>
 
@@ -22,18 +24,25 @@ constexpr int64_t kBq = 64;  // query rows per block
 
 struct AttnDims {
   int64_t B, T, NH, HS, C;  // C = NH * HS
+  int64_t NKV, G;           // kv heads, query heads per kv head
+  int64_t W, koff, voff;    // packed row width (NH+2*NKV)*HS, offsets of k and v
   int64_t HSp;              // HS padded to the vector width
   float scale;              // 1 / sqrt(HS)
 };
 
 // Dimensions of a validated call (lib/ops/op_validate.cpp).
-AttnDims attn_dims(const Tensor& qkv, int NH) {
+AttnDims attn_dims(const Tensor& qkv, int NH, int NKV) {
   AttnDims d;
   d.B = qkv.size(0);
   d.T = qkv.size(1);
   d.NH = NH;
-  d.HS = qkv.size(2) / (3 * NH);
+  d.NKV = NKV == 0 ? NH : NKV;
+  d.G = d.NH / d.NKV;
+  d.HS = qkv.size(2) / (NH + 2 * d.NKV);
   d.C = NH * d.HS;
+  d.W = qkv.size(2);
+  d.koff = d.C;
+  d.voff = d.C + d.NKV * d.HS;
   d.HSp = round_up(d.HS, kVecW);
   d.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.HS)));
   return d;
@@ -93,26 +102,26 @@ void softmax_block(float* S, int64_t lds, int64_t M, int64_t q0, int64_t kend, f
   }
 }
 
-// K transposed and V rows of every head, packed once per forward call and
+// K transposed and V rows of every kv head, packed once per forward call and
 // shared read-only by the query-block tasks.
 struct PackedKV {
-  const float* kt;  // (B, NH, HS, ldT) K^T per head, ldT = padded_ld(T)
-  const float* vp;  // (B, NH, T, HSp) V rows per head, columns >= HS zero
+  const float* kt;  // (B, NKV, HS, ldT) K^T per kv head, ldT = padded_ld(T)
+  const float* vp;  // (B, NKV, T, HSp) V rows per kv head, columns >= HS zero
   int64_t ldT;
 };
 
 PackedKV pack_kv(const Tensor& qkv, const AttnDims& d) {
-  const int64_t ldT = padded_ld(d.T), C3 = 3 * d.C;
+  const int64_t ldT = padded_ld(d.T), W = d.W;
   const int64_t kt_head = d.HS * ldT, vp_head = d.T * d.HSp;
-  float* buf = thread_scratch(static_cast<size_t>(d.B * d.NH * (kt_head + vp_head)), 7);
+  float* buf = thread_scratch(static_cast<size_t>(d.B * d.NKV * (kt_head + vp_head)), 7);
   float* kt = buf;
-  float* vp = buf + d.B * d.NH * kt_head;
+  float* vp = buf + d.B * d.NKV * kt_head;
 #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < d.B * d.NH; ++bh) {
-    const int64_t b = bh / d.NH, h = bh % d.NH;
-    const float* base = qkv.data<float>() + b * d.T * C3 + h * d.HS;  // (T, 3C) at head h
-    pack_transposed(kt + bh * kt_head, ldT, base + d.C, C3, d.T, d.HS);
-    pack_rows(vp + bh * vp_head, d.HSp, base + 2 * d.C, C3, d.T, d.HS);
+  for (int64_t bk = 0; bk < d.B * d.NKV; ++bk) {
+    const int64_t b = bk / d.NKV, kh = bk % d.NKV;
+    const float* base = qkv.data<float>() + b * d.T * W + kh * d.HS;  // (T, W) at kv head kh
+    pack_transposed(kt + bk * kt_head, ldT, base + d.koff, W, d.T, d.HS);
+    pack_rows(vp + bk * vp_head, d.HSp, base + d.voff, W, d.T, d.HS);
   }
   return {kt, vp, ldT};
 }
@@ -121,20 +130,20 @@ PackedKV pack_kv(const Tensor& qkv, const AttnDims& d) {
 void forward_block(const AttentionArgs& a, const AttnDims& d, const PackedKV& kv, int64_t b,
                    int64_t h, int64_t q0) {
   const int64_t M = std::min(kBq, d.T - q0), kend = q0 + M, kp = round_up(kend, kVecW);
-  const int64_t C3 = 3 * d.C, ld = padded_ld(kend), bh = b * d.NH + h;
+  const int64_t W = d.W, ld = padded_ld(kend), bh = b * d.NH + h, bk = b * d.NKV + h / d.G;
   float* S = thread_scratch(static_cast<size_t>(kBq * ld), 0);      // (M, ld)
   float* ob = thread_scratch(static_cast<size_t>(kBq * d.HSp), 1);  // (M, HSp)
   TileGemm qk;  // S = Q K^T
   qk.M = M, qk.N = kp, qk.K = d.HS;
-  qk.a = a.qkv.data<float>() + (b * d.T + q0) * C3 + h * d.HS, qk.a_rs = C3, qk.a_cs = 1;
-  qk.b = kv.kt + bh * d.HS * kv.ldT, qk.ldb = kv.ldT, qk.c = S, qk.ldc = ld;
+  qk.a = a.qkv.data<float>() + (b * d.T + q0) * W + h * d.HS, qk.a_rs = W, qk.a_cs = 1;
+  qk.b = kv.kt + bk * d.HS * kv.ldT, qk.ldb = kv.ldT, qk.c = S, qk.ldc = ld;
   tile_gemm(qk);
   float* lse = a.lse.data<float>() + bh * d.T + q0;  // (M) of (B, NH, T)
   softmax_block(S, ld, M, q0, kend, d.scale, lse);
   TileGemm pv;  // O = P V
   pv.M = M, pv.N = d.HSp, pv.K = kend;
   pv.a = S, pv.a_rs = ld, pv.a_cs = 1;
-  pv.b = kv.vp + bh * d.T * d.HSp, pv.ldb = d.HSp, pv.c = ob, pv.ldc = d.HSp;
+  pv.b = kv.vp + bk * d.T * d.HSp, pv.ldb = d.HSp, pv.c = ob, pv.ldc = d.HSp;
   tile_gemm(pv);
   float* out = a.out.data<float>() + (b * d.T + q0) * d.C + h * d.HS;  // (M, C) at head h
   for (int64_t i = 0; i < M; ++i) std::memcpy(out + i * d.C, ob + i * d.HSp, d.HS * sizeof(float));
@@ -143,7 +152,7 @@ void forward_block(const AttentionArgs& a, const AttnDims& d, const PackedKV& kv
 }  // namespace
 
 void attention_forward(const AttentionArgs& a, const Stream&) {
-  const AttnDims d = attn_dims(a.qkv, a.NH);
+  const AttnDims d = attn_dims(a.qkv, a.NH, a.NKV);
   const PackedKV kv = pack_kv(a.qkv, d);
   const int64_t nq = (d.T + kBq - 1) / kBq, ntasks = d.B * d.NH * nq;
   // Later query blocks cost more (causal): hand them out first.
@@ -158,7 +167,7 @@ void attention_forward(const AttentionArgs& a, const Stream&) {
 
 namespace {
 
-// Per-thread buffers for the backward of one (b, h).
+// Per-thread buffers for the backward of one (b, kv head).
 struct HeadScratch {
   float* kt;  // (HS, ld) K transposed, ld = padded_ld(T)
   float* vt;  // (HS, ld) V transposed
@@ -212,13 +221,13 @@ void block_probs_and_ds(const HeadScratch& s, int64_t ld, int64_t M, int64_t q0,
 void backward_block(const AttentionBwdArgs& a, const AttnDims& d, const HeadScratch& s,
                     int64_t b, int64_t h, int64_t q0) {
   const int64_t M = std::min(kBq, d.T - q0), kend = q0 + M, kp = round_up(kend, kVecW);
-  const int64_t ldT = padded_ld(d.T), C3 = 3 * d.C;
-  const float* q = a.qkv.data<float>() + (b * d.T + q0) * C3 + h * d.HS;    // (M, 3C)
+  const int64_t ldT = padded_ld(d.T), W = d.W;
+  const float* q = a.qkv.data<float>() + (b * d.T + q0) * W + h * d.HS;     // (M, W)
   const float* dO = a.dout.data<float>() + (b * d.T + q0) * d.C + h * d.HS;  // (M, C)
   const float* O = a.out.data<float>() + (b * d.T + q0) * d.C + h * d.HS;    // (M, C)
   const float* lse = a.lse.data<float>() + (b * d.NH + h) * d.T + q0;        // (M)
   TileGemm g;  // S = Q K^T  -> P
-  g.M = M, g.N = kp, g.K = d.HS, g.a = q, g.a_rs = C3, g.a_cs = 1;
+  g.M = M, g.N = kp, g.K = d.HS, g.a = q, g.a_rs = W, g.a_cs = 1;
   g.b = s.kt, g.ldb = ldT, g.c = s.P, g.ldc = ldT;
   tile_gemm(g);
   g.a = dO, g.a_rs = d.C, g.b = s.vt, g.c = s.dS;  // dP = dO V^T
@@ -228,10 +237,10 @@ void backward_block(const AttentionBwdArgs& a, const AttnDims& d, const HeadScra
   dq.M = M, dq.N = d.HSp, dq.K = kend, dq.a = s.dS, dq.a_rs = ldT, dq.a_cs = 1;
   dq.b = s.krows, dq.ldb = d.HSp, dq.c = s.dq, dq.ldc = d.HSp;
   tile_gemm(dq);
-  float* dqkv = a.dqkv.data<float>() + (b * d.T + q0) * C3 + h * d.HS;  // (M, 3C)
+  float* dqkv = a.dqkv.data<float>() + (b * d.T + q0) * W + h * d.HS;  // (M, W)
   for (int64_t i = 0; i < M; ++i)
-    std::memcpy(dqkv + i * C3, s.dq + i * d.HSp, d.HS * sizeof(float));
-  pack_rows(s.qp, d.HSp, q, C3, M, d.HS);
+    std::memcpy(dqkv + i * W, s.dq + i * d.HSp, d.HS * sizeof(float));
+  pack_rows(s.qp, d.HSp, q, W, M, d.HS);
   pack_rows(s.dop, d.HSp, dO, d.C, M, d.HS);
   TileGemm dkv;  // dK += dS^T Q, dV += P^T dO (keys [0, kend))
   dkv.M = kend, dkv.N = d.HSp, dkv.K = M, dkv.a = s.dS, dkv.a_rs = 1, dkv.a_cs = ldT;
@@ -241,28 +250,31 @@ void backward_block(const AttentionBwdArgs& a, const AttnDims& d, const HeadScra
   tile_gemm(dkv);
 }
 
-void backward_head(const AttentionBwdArgs& a, const AttnDims& d, int64_t b, int64_t h) {
+// Kv head kh of batch b: the query heads of its group in order, each block
+// by block, accumulating dK and dV.
+void backward_kv_head(const AttentionBwdArgs& a, const AttnDims& d, int64_t b, int64_t kh) {
   const HeadScratch s = head_scratch(d);
-  const int64_t ldT = padded_ld(d.T), C3 = 3 * d.C;
-  const float* base = a.qkv.data<float>() + b * d.T * C3 + h * d.HS;  // (T, 3C) at head h
-  pack_transposed(s.kt, ldT, base + d.C, C3, d.T, d.HS);
-  pack_transposed(s.vt, ldT, base + 2 * d.C, C3, d.T, d.HS);
-  pack_rows(s.krows, d.HSp, base + d.C, C3, d.T, d.HS);
+  const int64_t ldT = padded_ld(d.T), W = d.W;
+  const float* base = a.qkv.data<float>() + b * d.T * W + kh * d.HS;  // (T, W) at kv head kh
+  pack_transposed(s.kt, ldT, base + d.koff, W, d.T, d.HS);
+  pack_transposed(s.vt, ldT, base + d.voff, W, d.T, d.HS);
+  pack_rows(s.krows, d.HSp, base + d.koff, W, d.T, d.HS);
   std::memset(s.dk, 0, 2 * d.T * d.HSp * sizeof(float));  // dk and dv
-  for (int64_t q0 = 0; q0 < d.T; q0 += kBq) backward_block(a, d, s, b, h, q0);
-  float* dbase = a.dqkv.data<float>() + b * d.T * C3 + h * d.HS;  // (T, 3C) at head h
+  for (int64_t h = kh * d.G; h < (kh + 1) * d.G; ++h)
+    for (int64_t q0 = 0; q0 < d.T; q0 += kBq) backward_block(a, d, s, b, h, q0);
+  float* dbase = a.dqkv.data<float>() + b * d.T * W + kh * d.HS;  // (T, W) at kv head kh
   for (int64_t t = 0; t < d.T; ++t) {
-    std::memcpy(dbase + t * C3 + d.C, s.dk + t * d.HSp, d.HS * sizeof(float));
-    std::memcpy(dbase + t * C3 + 2 * d.C, s.dv + t * d.HSp, d.HS * sizeof(float));
+    std::memcpy(dbase + t * W + d.koff, s.dk + t * d.HSp, d.HS * sizeof(float));
+    std::memcpy(dbase + t * W + d.voff, s.dv + t * d.HSp, d.HS * sizeof(float));
   }
 }
 
 }  // namespace
 
 void attention_backward(const AttentionBwdArgs& a, const Stream&) {
-  const AttnDims d = attn_dims(a.qkv, a.NH);
+  const AttnDims d = attn_dims(a.qkv, a.NH, a.NKV);
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t bh = 0; bh < d.B * d.NH; ++bh) backward_head(a, d, bh / d.NH, bh % d.NH);
+  for (int64_t bk = 0; bk < d.B * d.NKV; ++bk) backward_kv_head(a, d, bk / d.NKV, bk % d.NKV);
 }
 
 }  // namespace ds::cpu

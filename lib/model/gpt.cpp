@@ -46,6 +46,8 @@ void GptModel::init_local() {
            "GptModel: tp {} rank {} without a matching tp communicator", tp_.size, tp_.rank);
   Cl_ = d_.C / tp_.size;
   NHl_ = d_.NH / tp_.size;
+  NKVl_ = d_.NKV / kv_parts(d_, tp_.size);
+  QKVl_ = (NHl_ + 2 * NKVl_) * d_.HS;
   Fl_ = d_.F / tp_.size;
   Vl_ = d_.Vp / tp_.size;
   vocab_start_ = tp_.rank * Vl_;
@@ -207,8 +209,8 @@ void GptModel::alloc_layer_acts(LayerActs& a, int64_t B, int64_t T) {
   a.norm1_out = act({Nl, C});
   a.norm1_mean = f32({Nl});
   a.norm1_rstd = f32({Nl});
-  a.qkv = act({B, T, 3 * Cl});
-  if (d_.rope) a.qkv_pre = act({B, T, 3 * Cl});
+  a.qkv = act({B, T, QKVl_});
+  if (d_.rope) a.qkv_pre = act({B, T, QKVl_});
   if (recompute_.kind != RecomputeConfig::Kind::Selective) a.attn_out = act({B, T, Cl});
   a.lse = f32({B, NHl_, T});
   a.resid_mid = act({Nl, C});
@@ -242,7 +244,8 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
   dresid_ = act({B * local_seq(T), C});
   dnorm_ = act({N, C});
   alloc_sp_buffers(B, T);
-  dqkv_ = act({B, T, 3 * Cl});
+  dqkv_ = act({B, T, QKVl_});
+  alloc_kv_grad_buffers();
   dattn_ = act({B, T, Cl});
   dfc_ = act({N, F_in});
   dact_ = act({N, Fl});
@@ -307,10 +310,12 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y) {
                        .weight = w(p + "attn.qkv.weight"),
                        .bias = opt(p + "attn.qkv.bias", false)},
                       stream_);
-  const int nh = static_cast<int>(NHl_);
+  const int nh = static_cast<int>(NHl_), nkv = static_cast<int>(NKVl_);
   if (d_.rope)
-    ops::rope_forward({.out = a.qkv, .inp = a.qkv_pre, .NH = nh, .pos_offset = 0, .theta = cfg_.rope_theta}, stream_);
-  ops::attention_forward({.out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = nh}, stream_);
+    ops::rope_forward({.out = a.qkv, .inp = a.qkv_pre, .NH = nh, .pos_offset = 0, .theta = cfg_.rope_theta,
+                       .NKV = nkv, .rot_dims = d_.rot},
+                      stream_);
+  ops::attention_forward({.out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = nh, .NKV = nkv}, stream_);
   ops::matmul_forward({.out = exit_tp_target(a.resid_mid),
                        .inp = rows(a.attn_out),
                        .weight = w(p + "attn.proj.weight"),
@@ -374,19 +379,29 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
                         .weight = w(p + "attn.proj.weight"),
                         .accum = Accum::Overwrite},
                        stream_);
-  const int nh = static_cast<int>(NHl_);
-  ops::attention_backward({.dqkv = dqkv_, .dout = dattn_, .out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = nh},
-                          stream_);
+  const int nh = static_cast<int>(NHl_), nkv = static_cast<int>(NKVl_);
+  ops::attention_backward(
+      {.dqkv = dqkv_, .dout = dattn_, .out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = nh, .NKV = nkv}, stream_);
   if (d_.rope)
-    ops::rope_backward({.out = dqkv_, .inp = dqkv_, .NH = nh, .pos_offset = 0, .theta = cfg_.rope_theta}, stream_);
+    ops::rope_backward({.out = dqkv_, .inp = dqkv_, .NH = nh, .pos_offset = 0, .theta = cfg_.rope_theta,
+                        .NKV = nkv, .rot_dims = d_.rot},
+                       stream_);
+  // Replicated kv heads: this rank's qkv gradients go to a scratch first
+  // (their kv rows are partial sums, completed over tp by sum_shared_kv_grads).
+  const bool kv_shared = kv_dw_.defined();
+  if (kv_shared) {
+    kv_dw_.zero_();
+    if (kv_db_.defined()) kv_db_.zero_();
+  }
   ops::matmul_backward({.dinp = dnorm_,
-                        .dweight = dw(p + "attn.qkv.weight"),
-                        .dbias = opt(p + "attn.qkv.bias", true),
+                        .dweight = kv_shared ? kv_dw_ : dw(p + "attn.qkv.weight"),
+                        .dbias = kv_shared ? kv_db_ : opt(p + "attn.qkv.bias", true),
                         .dout = rows(dqkv_),
                         .inp = enter_tp(a.norm1_out),
                         .weight = w(p + "attn.qkv.weight"),
                         .accum = Accum::Overwrite},
                        stream_);
+  if (kv_shared) sum_shared_kv_grads(p);
   norm_backward(p + "norm1", dresid, enter_tp_backward(dnorm_), x, a.norm1_mean, a.norm1_rstd);
 }
 

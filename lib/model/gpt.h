@@ -21,14 +21,15 @@ namespace ds {
 
 // Saved activations of one transformer layer for one micro-batch. With tensor
 // parallelism (TP ranks) Cl = C/TP, NHl = NH/TP, Fl = F/TP are this rank's
-// head / FFN slices; the residual stream and norms stay full (replicated),
+// head / FFN slices (QKVl = (NHl + 2*NKVl)*HS: its q heads and its kv heads,
+// NKVl = NKV/TP, or one replicated kv head when NKV < TP); the residual stream and norms stay full (replicated),
 // or hold T/TP positions per sample with sequence parallelism (the (B,T,C)
 // shapes of norm1/norm2/resid_mid below and of ActSet's resid and final norm
 // are then (B,T/TP,C); see local_seq()).
 struct LayerActs {
   Tensor norm1_out, norm1_mean, norm1_rstd;  // (B,T,C), (B,T), (B,T)
-  Tensor qkv;                                // (B,T,3Cl) after bias (and rope if any)
-  Tensor qkv_pre;                            // (B,T,3Cl) before rope (rope models only)
+  Tensor qkv;                                // (B,T,QKVl) after bias (and rope if any)
+  Tensor qkv_pre;                            // (B,T,QKVl) before rope (rope models only)
   Tensor attn_out, lse;                      // (B,T,Cl), (B,NHl,T)
   Tensor resid_mid;                          // (B,T,C) x + attention branch
   Tensor norm2_out, norm2_mean, norm2_rstd;  // (B,T,C), (B,T), (B,T)
@@ -158,6 +159,11 @@ class GptModel {
   void exit_tp(const Tensor& y);                // sum over tp into y (Nl,C)
   Tensor exit_tp_backward(const Tensor& dy);    // grad of y (Nl,C) -> grad of the (N,C) output
   void alloc_sp_buffers(int64_t B, int64_t T);
+  // Grouped-query attention with fewer kv heads than tp ranks: the ranks of a
+  // query group hold the same kv head, so its weight gradient is the sum of
+  // their partial ones (full-NKV buffer, all-reduce over tp, own part back).
+  void alloc_kv_grad_buffers();
+  void sum_shared_kv_grads(const std::string& prefix);
   void sp_norm_backward(const std::string& prefix, const Tensor& dinp, const Tensor& dout, const Tensor& inp,
                         const Tensor& mean, const Tensor& rstd);
   ActSet& S() { return sets_[cur_]; }
@@ -184,6 +190,7 @@ class GptModel {
   TpComm tp_;
   PipeStage stage_;
   int64_t Cl_ = 0, NHl_ = 0, Fl_ = 0, Vl_ = 0, vocab_start_ = 0;  // this tp rank's slices
+  int64_t NKVl_ = 0, QKVl_ = 0;  // kv heads of this tp rank, its qkv width (NHl + 2*NKVl)*HS
   ModelLayout layout_;
   Device dev_;
   Stream stream_;
@@ -203,6 +210,9 @@ class GptModel {
   // Sequence-parallel scratch: full-sequence (N,C) tensor and permute buffer,
   // the sharded norm input gradient, per-rank norm weight gradients.
   Tensor sp_full_, sp_tmp_, dnorm_sh_, sp_dw_, sp_db_;
+  // Replicated kv heads (NKV < TP): this rank's qkv weight / bias gradient
+  // (QKVl, C), (QKVl); the full-NKV k and v gradient exchange buffer.
+  Tensor kv_dw_, kv_db_, kv_full_;
 };
 
 }  // namespace ds

@@ -102,3 +102,47 @@ void GptModel::sp_norm_backward(const std::string& prefix, const Tensor& dinp, c
 }
 
 }  // namespace ds
+
+namespace ds {
+
+// Grouped-query attention with NKV < TP (lib/model/layout.h: the kv parts of
+// attn.qkv are replicated over the tp / NKV ranks of a query group).
+void GptModel::alloc_kv_grad_buffers() {
+  kv_dw_ = kv_db_ = kv_full_ = Tensor();
+  if (kv_parts(d_, tp_.size) == tp_.size) return;
+  const int64_t C = d_.C, KV = int64_t{d_.NKV} * d_.HS;  // full k (and v) rows
+  kv_dw_ = Tensor::empty({QKVl_, C}, DType::F32, dev_);
+  if (d_.bias) kv_db_ = Tensor::empty({QKVl_}, DType::F32, dev_);
+  kv_full_ = Tensor::empty({2 * KV * (C + (d_.bias ? 1 : 0))}, DType::F32, dev_);
+}
+
+// kv_dw_ / kv_db_ hold this rank's qkv gradients with partial k and v rows:
+// each rank puts its k and v rows at its kv head's place in a zeroed full-NKV
+// buffer (the other groups' places stay zero), the all-reduce over tp sums the
+// partials of each group, and every rank takes its head's sums back; then the
+// whole scratch is added to the layer's gradients.
+void GptModel::sum_shared_kv_grads(const std::string& prefix) {
+  const int64_t C = d_.C, HS = d_.HS, KV = int64_t{d_.NKV} * HS, q_rows = NHl_ * HS;
+  const int64_t kh = tp_.rank / (tp_.size / d_.NKV);  // this rank's kv head (NKVl = 1)
+  kv_full_.zero_();
+  // (offset in the scratch, offset in kv_full_, count) of the k and v weight and bias rows
+  struct Part {
+    const Tensor* local;
+    int64_t local_at, full_at, n;
+  };
+  std::vector<Part> parts;
+  for (int64_t kv = 0; kv < 2; ++kv) {  // k, then v
+    parts.push_back({&kv_dw_, (q_rows + kv * HS) * C, (kv * KV + kh * HS) * C, HS * C});
+    if (d_.bias) parts.push_back({&kv_db_, q_rows + kv * HS, 2 * KV * C + kv * KV + kh * HS, HS});
+  }
+  for (const Part& p : parts) kv_full_.view(p.full_at, {p.n}).copy_from(p.local->view(p.local_at, {p.n}));
+  tp_.comm->all_reduce(kv_full_, ReduceOp::Sum);
+  for (const Part& p : parts) p.local->view(p.local_at, {p.n}).copy_from(kv_full_.view(p.full_at, {p.n}));
+  const Tensor dw_qkv = dw(prefix + "attn.qkv.weight");
+  ops::add({.out = dw_qkv, .a = dw_qkv, .b = kv_dw_}, stream_);
+  if (!d_.bias) return;
+  const Tensor db_qkv = dw(prefix + "attn.qkv.bias");
+  ops::add({.out = db_qkv, .a = db_qkv, .b = kv_db_}, stream_);
+}
+
+}  // namespace ds

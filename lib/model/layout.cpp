@@ -16,6 +16,9 @@ ModelDims model_dims(const ModelConfig& m) {
   DS_USER_CHECK(d.NH > 0 && d.C % d.NH == 0, "model: hidden_size {} must be divisible by num_heads {}",
                 d.C, d.NH);
   d.HS = d.C / d.NH;
+  d.NKV = m.num_kv_heads > 0 ? m.num_kv_heads : d.NH;
+  DS_USER_CHECK(d.NH % d.NKV == 0, "model: num_attention_heads {} must be divisible by num_key_value_heads {}",
+                d.NH, d.NKV);
   d.swiglu = m.activation == Activation::SwiGLU;
   d.F = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : (d.swiglu ? (4 * d.C * 2 / 3) / 64 * 64 : 4 * d.C);
   d.V = m.vocab_size;
@@ -28,6 +31,12 @@ ModelDims model_dims(const ModelConfig& m) {
   d.gpt2 = m.family == ModelFamily::GPT2;
   DS_USER_CHECK(d.V > 0 && d.Vp >= d.V, "model: vocab size {} / padded {} invalid", d.V, d.Vp);
   DS_USER_CHECK(!d.rope || d.HS % 2 == 0, "model: rope needs an even head size, got {}", d.HS);
+  DS_USER_CHECK(m.rotary_percent > 0.f && m.rotary_percent <= 1.f, "model: rotary_percent {} must be in (0, 1]",
+                m.rotary_percent);
+  d.rot = static_cast<int>(d.HS * static_cast<double>(m.rotary_percent));  // Megatron: int(kv_channels * p)
+  DS_USER_CHECK(!d.rope || (d.rot >= 2 && d.rot % 2 == 0),
+                "model: rotary_percent {} of head size {} gives {} rotary dims; it must be an even number >= 2",
+                m.rotary_percent, d.HS, d.rot);
   return d;
 }
 
@@ -35,15 +44,20 @@ namespace {
 
 struct Builder {
   ModelLayout out;
-  // shape: the FULL shape; the local one divides split dim by out.shard.tp.
+  // shape: the FULL shape; the local one divides the split dim by
+  // out.shard.tp (Rows: each of `blocks`, by its parts; none: one block).
   void add(const std::string& name, Shape shape, int layer, bool decay, InitKind init,
-           TpSplit split = TpSplit::Replicated, int groups = 1) {
+           TpSplit split = TpSplit::Replicated, std::vector<RowBlock> blocks = {}) {
     ParamSpec p;
     p.name = name;
     p.full_shape = shape;
     p.split = split;
-    p.split_groups = groups;
-    if (split == TpSplit::Rows) shape[0] /= out.shard.tp;
+    if (split == TpSplit::Rows) {
+      if (blocks.empty()) blocks.push_back({shape[0], out.shard.tp});
+      shape[0] = 0;
+      for (const RowBlock& b : blocks) shape[0] += b.rows / b.parts;
+      p.row_blocks = std::move(blocks);
+    }
     if (split == TpSplit::Cols) shape[1] /= out.shard.tp;
     p.shape = std::move(shape);
     p.numel = shape_numel(p.shape);
@@ -64,6 +78,10 @@ void check_tp(const ModelDims& d, int tp) {
                 "tensor parallelism: num_heads {}, hidden_size {}, ffn_hidden_size {} and padded vocab {} must "
                 "all be divisible by tensor_model_parallel_size {}",
                 d.NH, d.C, d.F, d.Vp, tp);
+  DS_USER_CHECK(d.NKV % tp == 0 || tp % d.NKV == 0,
+                "tensor parallelism: num_key_value_heads {} (--num-key-value-heads / --num-query-groups) must "
+                "divide or be a multiple of tensor_model_parallel_size {}",
+                d.NKV, tp);
 }
 
 }  // namespace
@@ -90,7 +108,10 @@ ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
   const bool first = pp_rank == 0, last = pp_rank == pp - 1;
   const TpSplit R = TpSplit::Rows, K = TpSplit::Cols;
   const int fc_groups = d.swiglu ? 2 : 1;
-  int64_t C = d.C, F = d.F;
+  int64_t C = d.C, F = d.F, Q = int64_t{d.NH} * d.HS, KV = int64_t{d.NKV} * d.HS, QKV = d.qkv_rows();
+  const int kvp = kv_parts(d, tp);
+  const std::vector<RowBlock> qkv_blocks{{Q, tp}, {KV, kvp}, {KV, kvp}};
+  const std::vector<RowBlock> fc_blocks(fc_groups, RowBlock{F, tp});
   if (first || (last && !d.untied)) b.add("embed.wte", {d.Vp, C}, -1, true, InitKind::Normal, R);
   if (first && !d.rope) b.add("embed.wpe", {d.maxT, C}, -1, true, InitKind::Normal);
   for (int l = b.out.first_layer; l < b.out.end_layer; ++l) {
@@ -98,14 +119,14 @@ ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
     std::string p = "layers." + std::to_string(l) + ".";
     b.add(p + "norm1.weight", {C}, l, false, InitKind::Ones);
     if (!d.rmsnorm) b.add(p + "norm1.bias", {C}, l, false, InitKind::Zeros);
-    b.add(p + "attn.qkv.weight", {3 * C, C}, l, true, InitKind::Normal, R, 3);
-    if (d.bias) b.add(p + "attn.qkv.bias", {3 * C}, l, false, InitKind::Zeros, R, 3);
+    b.add(p + "attn.qkv.weight", {QKV, C}, l, true, InitKind::Normal, R, qkv_blocks);
+    if (d.bias) b.add(p + "attn.qkv.bias", {QKV}, l, false, InitKind::Zeros, R, qkv_blocks);
     b.add(p + "attn.proj.weight", {C, C}, l, true, InitKind::ScaledNormal, K);
     if (d.bias) b.add(p + "attn.proj.bias", {C}, l, false, InitKind::Zeros);
     b.add(p + "norm2.weight", {C}, l, false, InitKind::Ones);
     if (!d.rmsnorm) b.add(p + "norm2.bias", {C}, l, false, InitKind::Zeros);
-    b.add(p + "mlp.fc.weight", {fc_groups * F, C}, l, true, InitKind::Normal, R, fc_groups);
-    if (d.bias) b.add(p + "mlp.fc.bias", {fc_groups * F}, l, false, InitKind::Zeros, R, fc_groups);
+    b.add(p + "mlp.fc.weight", {fc_groups * F, C}, l, true, InitKind::Normal, R, fc_blocks);
+    if (d.bias) b.add(p + "mlp.fc.bias", {fc_groups * F}, l, false, InitKind::Zeros, R, fc_blocks);
     b.add(p + "mlp.proj.weight", {C, F}, l, true, InitKind::ScaledNormal, K);
     if (d.bias) b.add(p + "mlp.proj.bias", {C}, l, false, InitKind::Zeros);
   }

@@ -17,12 +17,21 @@ enum class InitKind { Normal, ScaledNormal, Zeros, Ones };
 
 // How a weight is split over the tensor-parallel ranks (Megatron style).
 //   Replicated: every rank holds the whole weight (norms, row-parallel biases, wpe).
-//   Rows: dim 0 split; with split_groups = g the full dim 0 is g blocks (qkv:
+//   Rows: dim 0 split; with row_blocks the full dim 0 is a list of blocks (qkv:
 //         [q|k|v], SwiGLU fc: [gate|up]) and each block is split, so the local
 //         weight is [block0_r | block1_r | ...]. Column-parallel linears, their
-//         biases, and the vocab-parallel wte / head.
+//         biases, and the vocab-parallel wte / head. A block cut into fewer
+//         parts than tp (grouped-query k and v with fewer kv heads than tp
+//         ranks) is replicated: rank r holds part r / (tp / parts).
 //   Cols: dim 1 split (row-parallel linears: attention and MLP proj).
 enum class TpSplit { Replicated, Rows, Cols };
+
+// One block of dim 0 of a Rows weight: its rows in the full weight, and how
+// many distinct parts the tp ranks hold (tp, or a divisor of tp: replicated).
+struct RowBlock {
+  int64_t rows = 0;
+  int parts = 1;
+};
 
 struct ParamSpec {
   std::string name;   // e.g. "layers.3.attn.qkv.weight"
@@ -33,7 +42,7 @@ struct ParamSpec {
   bool decay = true;  // weight decay applies (matrices yes; biases, norms no)
   InitKind init = InitKind::Normal;
   TpSplit split = TpSplit::Replicated;
-  int split_groups = 1;
+  std::vector<RowBlock> row_blocks;  // Rows: the blocks of dim 0 (one block: all rows, parts tp)
   Shape full_shape;   // shape of the whole (unsplit) weight; == shape when tp = 1
 };
 
@@ -64,6 +73,9 @@ struct ModelLayout {
 // Resolved dimensions of a model (derived once from ModelConfig).
 struct ModelDims {
   int L = 0, C = 0, NH = 0, HS = 0, F = 0;  // F: FFN hidden size
+  int NKV = 0;                              // kv heads (grouped-query attention; NH: multi-head)
+  int rot = 0;                              // rotary dims per head (rope models; HS: full rotary)
+  int qkv_rows() const { return (NH + 2 * NKV) * HS; }  // rows of the fused qkv weight
   int V = 0, Vp = 0, maxT = 0;              // real vocab, padded vocab, max positions
   bool gpt2 = true;                         // LayerNorm/GELU/learned pos/bias family
   bool bias = true, untied = false, rope = false, rmsnorm = false, swiglu = false;
@@ -79,5 +91,32 @@ ModelDims model_dims(const ModelConfig& m);
 // shard is the whole model.
 ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s = {});
 int64_t count_parameters(const ModelConfig& m);
+
+// Distinct kv-head parts of the fused qkv weight over tp ranks: tp when the
+// kv heads split (NKV % tp == 0), NKV when each rank holds one replicated kv
+// head (tp % NKV == 0).
+inline int kv_parts(const ModelDims& d, int tp) { return d.NKV >= tp ? tp : d.NKV; }
+
+// Calls fn(full_off, local_off, count) (element offsets within the weight)
+// for each contiguous run of local weight p of tp rank r: how a rank's shard
+// sits in the full weight (slicing, gathering, checkpoint reshape).
+template <class Fn>
+void for_each_tp_run(const ParamSpec& p, int tp, int r, Fn fn) {
+  if (p.split == TpSplit::Replicated || tp == 1) return fn(int64_t{0}, int64_t{0}, p.numel);
+  const int64_t rows = p.full_shape[0];
+  const int64_t inner = shape_numel(p.full_shape) / rows;
+  if (p.split == TpSplit::Rows) {
+    int64_t full_at = 0, local_at = 0;  // rows
+    for (const RowBlock& b : p.row_blocks) {
+      const int64_t local = b.rows / b.parts, part = r / (tp / b.parts);
+      fn((full_at + part * local) * inner, local_at * inner, local * inner);
+      full_at += b.rows;
+      local_at += local;
+    }
+    return;
+  }
+  const int64_t cols = p.full_shape[1], lc = cols / tp;  // Cols: (rows, cols) -> (rows, lc)
+  for (int64_t i = 0; i < rows; ++i) fn(i * cols + r * lc, i * lc, lc);
+}
 
 }  // namespace ds

@@ -15,6 +15,7 @@ struct ModelConfig {
   ModelFamily family = ModelFamily::GPT2;
   int num_layers = 12, hidden_size = 768, num_heads = 12;
   int ffn_hidden_size = 0;  // resolved: 4*C for GELU, int(4*C*2/3/64)*64 for SwiGLU
+  int num_kv_heads = 0;  // grouped-query attention: kv heads dividing num_heads; 0: num_heads
   int seq_length = 1024, max_position_embeddings = 1024;  // max_pos defaults to seq_length
   int vocab_size = 0;  // real vocab (from vocab file / tokenizer); resolved later if 0
   int make_vocab_size_divisible_by = 128;
@@ -25,6 +26,7 @@ struct ModelConfig {
   PositionKind position = PositionKind::Learned;
   bool bias = true;
   float rope_theta = 10000.f, norm_eps = 1e-5f, init_method_std = 0.02f;
+  float rotary_percent = 1.f;  // rope: fraction of each head's dims rotated (GPT-NeoX rotary_pct)
 };
 
 // Sets the family and its standard blocks. GPT-2: LayerNorm, GELU, learned

@@ -48,7 +48,9 @@ void GptModel::recompute_before_backward(int l) {
     layer_forward(l, S().resid[l], S().resid[l + 1]);
   } else if (recompute_.kind == RecomputeConfig::Kind::Selective) {
     LayerActs& a = S().acts[l];
-    ops::attention_forward({.out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = static_cast<int>(NHl_)}, stream_);
+    ops::attention_forward(
+        {.out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = static_cast<int>(NHl_), .NKV = static_cast<int>(NKVl_)},
+        stream_);
   }
 }
 

@@ -9,23 +9,6 @@
 namespace ds {
 namespace {
 
-// Calls fn(full_off, local_off, count) (offsets within the weight) for each
-// contiguous run of local weight p on rank r of tp.
-template <class Fn>
-void for_each_run(const ParamSpec& p, int tp, int r, Fn fn) {
-  if (p.split == TpSplit::Replicated || tp == 1) return fn(int64_t{0}, int64_t{0}, p.numel);
-  const int64_t rows = p.full_shape[0];
-  const int64_t inner = shape_numel(p.full_shape) / rows;
-  if (p.split == TpSplit::Rows) {
-    const int64_t block = rows / p.split_groups, local = block / tp;  // rows per group: full, local
-    for (int g = 0; g < p.split_groups; ++g)
-      fn((g * block + r * local) * inner, g * local * inner, local * inner);
-    return;
-  }
-  const int64_t cols = p.full_shape[1], lc = cols / tp;  // Cols: (rows, cols) -> (rows, lc)
-  for (int64_t i = 0; i < rows; ++i) fn(i * cols + r * lc, i * lc, lc);
-}
-
 Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
 
 }  // namespace
@@ -39,7 +22,7 @@ void slice_tp_params(const ModelLayout& local, const ModelLayout& full, const Te
   float* dst = dst_h.data<float>();        // (local.total)
   for (const ParamSpec& p : local.params) {
     const ParamSpec& f = full.find(p.name);
-    for_each_run(p, local.shard.tp, local.shard.tp_rank, [&](int64_t fo, int64_t lo, int64_t n) {
+    for_each_tp_run(p, local.shard.tp, local.shard.tp_rank, [&](int64_t fo, int64_t lo, int64_t n) {
       std::memcpy(dst + p.offset + lo, src + f.offset + fo, n * sizeof(float));
     });
   }
@@ -69,7 +52,7 @@ void gather_tp_params(Communicator* tp, const ModelLayout& local, const ModelLay
       const ParamSpec& f = full.find(p.name);
       for (int r = 0; r < local.shard.tp; ++r) {
         const float* src = all_h.data<float>() + r * u.size() + (p.offset - u.begin);
-        for_each_run(p, local.shard.tp, r, [&](int64_t fo, int64_t lo, int64_t n) {
+        for_each_tp_run(p, local.shard.tp, r, [&](int64_t fo, int64_t lo, int64_t n) {
           std::memcpy(dst + f.offset + fo, src + lo, n * sizeof(float));
         });
       }
@@ -78,14 +61,25 @@ void gather_tp_params(Communicator* tp, const ModelLayout& local, const ModelLay
   if (!host_out) Tensor(full_out).copy_from(out_h);
 }
 
-std::vector<Range> replicated_ranges(const ModelLayout& local) {
+std::vector<Range> duplicate_ranges(const ModelLayout& local) {
   std::vector<Range> out;
-  for (const ParamSpec& p : local.params) {
-    if (p.split != TpSplit::Replicated) continue;
-    if (!out.empty() && out.back().end == p.offset)
-      out.back().end += p.numel;
+  const int tp = local.shard.tp, r = local.shard.tp_rank;
+  auto add = [&](int64_t begin, int64_t n) {
+    if (!out.empty() && out.back().end == begin)
+      out.back().end += n;
     else
-      out.push_back({p.offset, p.offset + p.numel});
+      out.push_back({begin, begin + n});
+  };
+  for (const ParamSpec& p : local.params) {
+    if (p.split == TpSplit::Replicated && r != 0) add(p.offset, p.numel);
+    if (p.split != TpSplit::Rows || tp == 1) continue;
+    const int64_t inner = p.numel / p.shape[0];
+    int64_t local_at = 0;
+    for (const RowBlock& b : p.row_blocks) {
+      const int64_t rows = b.rows / b.parts;
+      if (r % (tp / b.parts) != 0) add(p.offset + local_at * inner, rows * inner);
+      local_at += rows;
+    }
   }
   return out;
 }

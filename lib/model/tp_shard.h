@@ -20,8 +20,9 @@ void slice_tp_params(const ModelLayout& local, const ModelLayout& full, const Te
 // that do not need the result. tp may be null when local.tp == 1.
 void gather_tp_params(Communicator* tp, const ModelLayout& local, const ModelLayout& full, int num_layers,
                       const Tensor& local_buf, const Tensor& full_out);
-// Flat ranges of the replicated weights of a layout (counted once in the
-// gradient norm: only tp_rank 0 adds them).
-std::vector<Range> replicated_ranges(const ModelLayout& local);
+// Flat ranges of this rank's weights that a lower tp rank holds too (every
+// replicated weight on ranks > 0; a replicated kv part on all but the first
+// rank of those sharing it): the gradient norm counts each weight once.
+std::vector<Range> duplicate_ranges(const ModelLayout& local);
 
 }  // namespace ds

@@ -170,13 +170,16 @@ template <class A, class F> IfArgs<A, MatmulBwdArgs> fields(A& a, F&& f) {
 }
 
 // Causal multi-head self-attention on a packed qkv buffer. Per token the row is
-// [q (NH*HS) | k (NH*HS) | v (NH*HS)], head h at columns h*HS..h*HS+HS-1 of each.
+// [q (NH*HS) | k (NKV*HS) | v (NKV*HS)], head h at columns h*HS..h*HS+HS-1 of
+// each part. Grouped-query attention: NKV divides NH and query head h reads kv
+// head h / (NH/NKV); NKV = 0 means NKV = NH (multi-head attention).
 // Forward saves the log-sum-exp per (b, h, t) row; backward recomputes scores.
 struct AttentionArgs {
   Tensor out;      // (B, T, NH*HS)
   Tensor lse;      // (B, NH, T) f32
-  Tensor qkv;      // (B, T, 3*NH*HS)
+  Tensor qkv;      // (B, T, (NH+2*NKV)*HS)
   int NH = 0;
+  int NKV = 0;     // kv heads; 0: NH
 };
 template <class A, class F> IfArgs<A, AttentionArgs> fields(A& a, F&& f) {
   f(a.out, "out", Role::Out);
@@ -184,12 +187,13 @@ template <class A, class F> IfArgs<A, AttentionArgs> fields(A& a, F&& f) {
   f(a.qkv, "qkv", Role::In);
 }
 struct AttentionBwdArgs {
-  Tensor dqkv;     // (B, T, 3*NH*HS) overwritten
+  Tensor dqkv;     // (B, T, (NH+2*NKV)*HS) overwritten
   Tensor dout;     // (B, T, NH*HS)
   Tensor out;      // (B, T, NH*HS)
   Tensor lse;      // (B, NH, T)
-  Tensor qkv;      // (B, T, 3*NH*HS)
+  Tensor qkv;      // (B, T, (NH+2*NKV)*HS)
   int NH = 0;
+  int NKV = 0;     // kv heads; 0: NH
 };
 template <class A, class F> IfArgs<A, AttentionBwdArgs> fields(A& a, F&& f) {
   f(a.dqkv, "dqkv", Role::Out);
@@ -199,15 +203,20 @@ template <class A, class F> IfArgs<A, AttentionBwdArgs> fields(A& a, F&& f) {
   f(a.qkv, "qkv", Role::In);
 }
 
-// Rotary position embedding on the q and k parts of a packed qkv buffer,
-// rotate-half convention (pairs i and i + HS/2, as Hugging Face LLaMA), v copied.
+// Rotary position embedding on the q and k parts of a packed qkv buffer (NH
+// query heads, NKV key heads; 0: NH), rotate-half convention within the first
+// rot_dims dims of each head (pairs i and i + rot_dims/2, frequencies
+// theta^(-2i/rot_dims), as Hugging Face LLaMA for rot_dims = HS and GPT-NeoX's
+// rotary_pct otherwise); dims >= rot_dims and v copied. rot_dims = 0: HS.
 // Backward is the inverse rotation. out may alias inp.
 struct RopeArgs {
-  Tensor out;      // (B, T, 3*NH*HS)
-  Tensor inp;      // (B, T, 3*NH*HS)
+  Tensor out;      // (B, T, (NH+2*NKV)*HS)
+  Tensor inp;      // (B, T, (NH+2*NKV)*HS)
   int NH = 0;
   int64_t pos_offset = 0;
   float theta = 10000.0f;
+  int NKV = 0;       // kv heads; 0: NH
+  int rot_dims = 0;  // rotated dims per head, even, <= HS; 0: HS
 };
 template <class A, class F> IfArgs<A, RopeArgs> fields(A& a, F&& f) {
   f(a.out, "out", Role::Out);

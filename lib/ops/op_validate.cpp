@@ -148,34 +148,40 @@ MatmulDims check_matmul(const Check& c, const Tensor& inp, const Tensor& weight,
   return d;
 }
 
-// ---- attention and rope: packed (B, T, 3*NH*HS) ------------------------------
+// ---- attention and rope: packed (B, T, (NH+2*NKV)*HS) ------------------------
 
 struct QkvDims {
-  int64_t B, T, NH, HS;
+  int64_t B, T, NH, NKV, HS;
 };
-QkvDims check_qkv(const Check& c, const Tensor& qkv, const char* name, int NH) {
+QkvDims check_qkv(const Check& c, const Tensor& qkv, const char* name, int NH, int NKV) {
   c.floating(qkv, name);
-  DS_CHECK(qkv.dim() == 3, "{}: {} must be (B, T, 3*NH*HS), got {}", c.op(), name,
+  DS_CHECK(qkv.dim() == 3, "{}: {} must be (B, T, (NH+2*NKV)*HS), got {}", c.op(), name,
            shape_str(qkv.shape()));
-  DS_CHECK(NH > 0 && qkv.size(2) % (3 * NH) == 0, "{}: {} last dim {} of {} is not 3*NH*HS, NH={}",
-           c.op(), name, qkv.size(2), shape_str(qkv.shape()), NH);
-  return {qkv.size(0), qkv.size(1), NH, qkv.size(2) / (3 * NH)};
+  const int nkv = NKV == 0 ? NH : NKV;
+  DS_CHECK(NH > 0 && nkv > 0 && NH % nkv == 0, "{}: NH={} must be a positive multiple of NKV={}", c.op(), NH,
+           nkv);
+  DS_CHECK(qkv.size(2) % (NH + 2 * nkv) == 0 && qkv.size(2) > 0,
+           "{}: {} last dim {} of {} is not (NH+2*NKV)*HS, NH={}, NKV={}", c.op(), name, qkv.size(2),
+           shape_str(qkv.shape()), NH, nkv);
+  return {qkv.size(0), qkv.size(1), NH, nkv, qkv.size(2) / (NH + 2 * nkv)};
 }
 void check_attention(const Check& c, const QkvDims& d, const Tensor& out, const Tensor& lse) {
   c.floating(out, "out");
   c.dtype(lse, DType::F32, "lse");
   const Shape want_out{d.B, d.T, d.NH * d.HS}, want_lse{d.B, d.NH, d.T};
-  DS_CHECK(out.shape() == want_out, "{}: out has shape {}, expected (B, T, C) = {}", c.op(),
+  DS_CHECK(out.shape() == want_out, "{}: out has shape {}, expected (B, T, NH*HS) = {}", c.op(),
            shape_str(out.shape()), shape_str(want_out));
   DS_CHECK(lse.shape() == want_lse, "{}: lse has shape {}, expected (B, NH, T) = {}", c.op(),
            shape_str(lse.shape()), shape_str(want_lse));
 }
 void check_rope(const Check& c, const RopeArgs& a) {
   c.devices(a);
-  const QkvDims d = check_qkv(c, a.inp, "inp", a.NH);
+  const QkvDims d = check_qkv(c, a.inp, "inp", a.NH, a.NKV);
   c.floating(a.out, "out");
   c.same_shape(a.out, a.inp, "out", "inp");
-  DS_CHECK(d.HS % 2 == 0, "{}: head size {} must be even", c.op(), d.HS);
+  const int64_t rot = a.rot_dims == 0 ? d.HS : a.rot_dims;
+  DS_CHECK(rot > 0 && rot <= d.HS && rot % 2 == 0, "{}: rotary dims {} must be even and in (0, head size {}]",
+           c.op(), rot, d.HS);
 }
 
 // ---- pointwise ---------------------------------------------------------------
@@ -284,13 +290,13 @@ void validate_matmul_backward(const MatmulBwdArgs& a) {
 void validate_attention_forward(const AttentionArgs& a) {
   const Check c("attention_forward");
   c.devices(a);
-  check_attention(c, check_qkv(c, a.qkv, "qkv", a.NH), a.out, a.lse);
+  check_attention(c, check_qkv(c, a.qkv, "qkv", a.NH, a.NKV), a.out, a.lse);
 }
 
 void validate_attention_backward(const AttentionBwdArgs& a) {
   const Check c("attention_backward");
   c.devices(a);
-  check_attention(c, check_qkv(c, a.qkv, "qkv", a.NH), a.out, a.lse);
+  check_attention(c, check_qkv(c, a.qkv, "qkv", a.NH, a.NKV), a.out, a.lse);
   c.floating(a.dout, "dout");
   c.floating(a.dqkv, "dqkv");
   c.same_shape(a.dout, a.out, "dout", "out");

@@ -154,6 +154,7 @@ json model_json(const ModelConfig& m) {
           {"num_layers", m.num_layers},
           {"hidden_size", m.hidden_size},
           {"num_heads", m.num_heads},
+          {"num_key_value_heads", m.num_kv_heads > 0 ? m.num_kv_heads : m.num_heads},
           {"ffn_hidden_size", m.ffn_hidden_size},
           {"seq_length", m.seq_length},
           {"max_position_embeddings", m.max_position_embeddings},
@@ -165,6 +166,7 @@ json model_json(const ModelConfig& m) {
           {"position", m.position == PositionKind::Rope ? "rope" : "learned"},
           {"bias", m.bias},
           {"rope_theta", num(m.rope_theta)},
+          {"rotary_percent", num(m.rotary_percent)},
           {"norm_eps", num(m.norm_eps)},
           {"init_method_std", num(m.init_method_std)}};
 }

@@ -33,6 +33,24 @@ void check_only_value(const std::map<std::string, json>& sp, const char* name, d
   DS_USER_CHECK(v == ok, "{} {}: {}", name, v, instead);
 }
 
+// Megatron-Core's --group-query-attention [--num-query-groups N] (N defaults
+// to 1, and is ignored without the switch); it must agree with
+// Megatron-DeepSpeed's --num-key-value-heads when both are given.
+void apply_gqa_flags(json& j, const std::map<std::string, json>& sp, Warnings& w) {
+  const bool gqa = sp.count("--group-query-attention") > 0, groups = sp.count("--num-query-groups") > 0;
+  if (!gqa) {
+    if (groups) add_warning(w, "--num-query-groups without --group-query-attention is ignored (as in Megatron)");
+    return;
+  }
+  const double g = groups ? sp.at("--num-query-groups").get<double>() : 1.0;
+  DS_USER_CHECK(g >= 1 && g == static_cast<int>(g), "--num-query-groups {}: must be a positive integer", g);
+  const json kv = j.value(json::json_pointer("/model/num_key_value_heads"), json());
+  DS_USER_CHECK(kv.is_null() || kv == static_cast<int>(g),
+                "--group-query-attention --num-query-groups {} disagrees with num_key_value_heads {} "
+                "(--num-key-value-heads); give one of them", g, kv.dump());
+  set_at(j, "/model/num_key_value_heads", static_cast<int>(g), "--num-query-groups");
+}
+
 }  // namespace
 
 void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
@@ -59,7 +77,8 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
        {"mmap", "infer", "lazy", "cached"});
   text("--optimizer", "adam (AdamW with decoupled weight decay, dstrain's optimizer)", {"adam", "sgd"});
   numeric(app, out, "--ds-sequence-parallel-size", "DeepSpeed-Ulysses sequence parallel size (1 only)");
-  numeric(app, out, "--rotary-percent", "fraction of each head rotated by RoPE (1.0 only)");
+  flag("--group-query-attention", "Megatron-Core grouped-query attention: --num-query-groups kv heads (default 1)");
+  numeric(app, out, "--num-query-groups", "kv heads with --group-query-attention (ignored without it, as in Megatron)");
   numeric(app, out, "--attention-dropout", "attention dropout probability (0 only)");
   numeric(app, out, "--hidden-dropout", "hidden dropout probability (0 only)");
   no_op_flag(app, "--deepspeed-activation-checkpointing",
@@ -101,7 +120,6 @@ void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings
                 "--optimizer sgd: dstrain trains with AdamW only; use --optimizer adam");
   check_only_value(sp, "--ds-sequence-parallel-size", 1, "DeepSpeed-Ulysses sequence parallelism is not "
                    "implemented; use --sequence-parallel with --tensor-model-parallel-size");
-  check_only_value(sp, "--rotary-percent", 1.0, "partial rotary embeddings are not implemented; use 1.0");
   for (const char* d : {"--attention-dropout", "--hidden-dropout"})
     check_only_value(sp, d, 0.0, "dropout is not implemented yet; pass 0 (dstrain trains without dropout)");
   if (has("--no-pipeline-parallel")) {
@@ -121,6 +139,7 @@ void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings
     add_warning(w, "--ds-sequence-parallel-fpdt: accepted as a memory-only setting (sequence parallel size 1): "
                    "attention runs tiled without a score matrix; chunk size and offloading are not used");
   if (has("--use-rotary-position-embeddings")) set_at(j, "/model/position", "rope", "--use-rotary-position-embeddings");
+  apply_gqa_flags(j, sp, w);
   if (has("--exit-duration-in-mins"))
     set_at(j, "/training/exit_duration_in_mins", sp.at("--exit-duration-in-mins"), "--exit-duration-in-mins");
   const bool ckpt_act = has("--checkpoint-activations");

@@ -24,6 +24,7 @@ void read_model_section(JsonSection s, ModelConfig& m) {
   m.num_layers = s.get<int>("num_layers", m.num_layers);
   m.hidden_size = s.get<int>("hidden_size", m.hidden_size);
   m.num_heads = s.get<int>("num_heads", m.num_heads);
+  m.num_kv_heads = s.get<int>("num_key_value_heads", m.num_kv_heads);
   m.ffn_hidden_size = s.get<int>("ffn_hidden_size", m.ffn_hidden_size);
   m.seq_length = s.get<int>("seq_length", m.seq_length);
   // Not given: as long as the sequence (Megatron does the same).
@@ -36,6 +37,7 @@ void read_model_section(JsonSection s, ModelConfig& m) {
   m.position = read_choice(s, "position", kPositions, m.position);
   m.bias = s.get<bool>("bias", m.bias);
   m.rope_theta = s.get<float>("rope_theta", m.rope_theta);
+  m.rotary_percent = s.get<float>("rotary_percent", m.rotary_percent);
   m.norm_eps = s.get<float>("norm_eps", m.norm_eps);
   m.init_method_std = s.get<float>("init_method_std", m.init_method_std);
   s.finish(UnknownKeys::Error);

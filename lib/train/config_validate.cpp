@@ -114,6 +114,18 @@ void validate_model(const ModelConfig& m, const ParallelConfig& p) {
                 m.init_method_std);
   DS_USER_CHECK(m.norm_eps > 0, "model.norm_eps (--norm-epsilon) must be positive, got {}", m.norm_eps);
   DS_USER_CHECK(m.rope_theta > 0, "model.rope_theta (--rotary-base) must be positive, got {}", m.rope_theta);
+  const int nkv = m.num_kv_heads;
+  DS_USER_CHECK(nkv >= 0 && (nkv == 0 || m.num_heads % nkv == 0),
+                "model.num_key_value_heads {} (--num-key-value-heads / --num-query-groups) must be positive and "
+                "divide model.num_heads {}",
+                nkv, m.num_heads);
+  const int rot = static_cast<int>((m.hidden_size / m.num_heads) * static_cast<double>(m.rotary_percent));
+  DS_USER_CHECK(m.rotary_percent > 0.f && m.rotary_percent <= 1.f,
+                "model.rotary_percent {} (--rotary-percent) must be in (0, 1]", m.rotary_percent);
+  DS_USER_CHECK(m.position != PositionKind::Rope || (rot >= 2 && rot % 2 == 0),
+                "model.rotary_percent {} (--rotary-percent) of head size {} rotates {} dims; it must be an even "
+                "number >= 2",
+                m.rotary_percent, m.hidden_size / m.num_heads, rot);
   DS_USER_CHECK(m.num_heads % p.tp == 0,
                 "model.num_heads {} is not divisible by tensor_model_parallel_size {} (--tensor-model-parallel-size)",
                 m.num_heads, p.tp);
@@ -121,6 +133,10 @@ void validate_model(const ModelConfig& m, const ParallelConfig& p) {
                 m.hidden_size, p.tp);
   DS_USER_CHECK(m.ffn_hidden_size % p.tp == 0,
                 "model.ffn_hidden_size {} is not divisible by tensor_model_parallel_size {}", m.ffn_hidden_size, p.tp);
+  DS_USER_CHECK(nkv == 0 || nkv % p.tp == 0 || p.tp % nkv == 0,
+                "model.num_key_value_heads {} (--num-key-value-heads / --num-query-groups) must divide or be a "
+                "multiple of tensor_model_parallel_size {}",
+                nkv, p.tp);
 }
 
 void validate_parallel(const TrainConfig& cfg) {

@@ -54,7 +54,9 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ModelDims& d) {
   const int64_t tp = cfg.parallel.tp, sp = cfg.parallel.sequence_parallel ? tp : 1;
   const int64_t C = d.C, F = d.F, F_in = d.swiglu ? 2 * F : F;
   // Per token of one layer: parts split by TP, parts split only by sequence parallelism.
-  const int64_t tp_elems = 3 * C + (d.rope ? 3 * C : 0) + C + F_in + F;  // qkv (+pre-rope), attn, fc, act
+  // qkv widths of all tp ranks together: (NH + 2*NKV)*HS, kv heads replicated when NKV < TP
+  const int64_t QKV = (int64_t{d.NH} + 2 * int64_t{d.NKV} * std::max<int64_t>(1, tp / d.NKV)) * d.HS;
+  const int64_t tp_elems = QKV + (d.rope ? QKV : 0) + C + F_in + F;  // qkv (+pre-rope), attn, fc, act
   const int64_t seq_elems = 4 * C;  // norm1 out, residual mid, norm2 out, layer input residual
   const int64_t layer_full = N * a * tp_elems / tp + N * a * seq_elems / sp  // stored tensors
                              + N * s * d.NH / tp + N * s * 4 / sp;           // lse, norm mean/rstd
@@ -67,7 +69,7 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ModelDims& d) {
   out.saved = in_flight * layers * per_layer + (full_recompute ? layer_full : 0);
   out.saved += N * a * 2 * C / sp + N * s * 2 / sp;  // final norm out + last residual, final norm stats
   out.saved += N * a * d.Vp / tp + N * s;            // logits (reused as dlogits) + per-token loss
-  out.workspace = N * a * 2 * C / sp + N * a * (3 * C + C + F_in + F) / tp;  // dresid, dnorm | dqkv, dattn, dfc, dact
+  out.workspace = N * a * 2 * C / sp + N * a * (QKV + C + F_in + F) / tp;  // dresid, dnorm | dqkv, dattn, dfc, dact
   return out;
 }
 

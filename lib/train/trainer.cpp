@@ -34,6 +34,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
     : cfg_(cfg), comms_(comms), local_rank_(local_rank), start_(std::chrono::steady_clock::now()) {
   setup_device_and_precision();
   resolve_vocab(cfg_);
+  if (!cfg_.ckpt.export_hf.empty()) check_hf_exportable(cfg_.model, "--export-hf");  // before any training
   data_ = std::make_unique<DataPipeline>(cfg_, dev_);
   DS_USER_CHECK(comms_.grid.pp == 1 || cfg_.zero.stage <= 2,
                 "zero_optimization.stage {} cannot be combined with pipeline_model_parallel_size {} yet; use ZeRO "
@@ -191,11 +192,11 @@ void Trainer::log_model_state() {
 }
 
 // Gradient-norm ranges of this rank's layout: split weights on every tp rank,
-// replicated ones on tp rank 0 only; a tied wte on the last pipeline stage is
-// the first stage's copy and is not counted again.
+// replicated ones (and replicated kv parts) on the first tp rank holding them;
+// a tied wte on the last pipeline stage is the first stage's copy and is not
+// counted again.
 std::vector<Range> Trainer::norm_counted_ranges(const ModelLayout& local) const {
-  std::vector<Range> skip;
-  if (shard_.tp_rank != 0) skip = replicated_ranges(local);
+  std::vector<Range> skip = duplicate_ranges(local);
   const ParamSpec* wte = local.try_find("embed.wte");
   if (wte && !local.first_stage()) skip.push_back({wte->offset, wte->offset + wte->numel});
   std::sort(skip.begin(), skip.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
@@ -514,7 +515,9 @@ std::vector<float> Trainer::run() {
   if (!cfg_.ckpt.export_hf.empty()) {
     Tensor full = full_params(false);  // collective with ZeRO-3
     if (comms_.grid.rank == 0) {
-      export_hf(cfg_.model, full_layout_, full, cfg_.ckpt.export_hf);
+      // The tokenizer's ids where its files name them; otherwise the GPT-2 default (-1).
+      const data::TokenizerInfo& tok = cfg_.data.tokenizer;
+      export_hf(cfg_.model, full_layout_, full, cfg_.ckpt.export_hf, HfTokenIds{.bos = tok.bos_id, .eos = tok.eos_id});
       DS_LOG("exported Hugging Face model to {}", cfg_.ckpt.export_hf);
     }
   }

@@ -417,7 +417,6 @@ TEST_CASE("Megatron-DeepSpeed script flags: mappings, exact no-ops and refusals"
   err({"--data-impl", "lazy"}, "--data-impl lazy");
   err({"--optimizer", "sgd"}, "--optimizer sgd");
   err({"--ds-sequence-parallel-size", "2"}, "--ds-sequence-parallel-size 2");
-  err({"--rotary-percent", "0.5"}, "--rotary-percent 0.5");
   err({"--attention-dropout", "0.1"}, "--attention-dropout 0.1");
   err({"--hidden-dropout", "0.1"}, "dropout is not implemented");
   err({"--use-checkpoint-opt_param-scheduler", "--override-opt_param-scheduler"}, "give at most one");
@@ -445,4 +444,44 @@ TEST_CASE("Megatron-DeepSpeed script flags: universal checkpoints, logging and m
                     Contains("--ds-sequence-parallel-fpdt-offloading needs --ds-sequence-parallel-fpdt"));
   CHECK_THROWS_WITH(parse_json(base(), {"--ds-sequence-parallel-fpdt", "--ds-sequence-parallel-size", "2"}),
                     Contains("--ds-sequence-parallel-size 2"));
+}
+
+TEST_CASE("grouped-query attention and RoPE flags", "[config][flags]") {
+  // Megatron-DeepSpeed's form, Megatron-Core's form, and the JSON key agree.
+  CHECK(parse_json(base(), {"--num-key-value-heads", "4"}).model.num_kv_heads == 4);
+  CHECK(parse_json(base(), {"--group-query-attention", "--num-query-groups", "4"}).model.num_kv_heads == 4);
+  CHECK(parse_json(base(), {"--group-query-attention"}).model.num_kv_heads == 1);  // Megatron-Core's default
+  CHECK(parse_json(with(base(), {{"model", {{"num_key_value_heads", 6}}}})).model.num_kv_heads == 6);
+  CHECK(parse_json(base(), {"--group-query-attention", "--num-query-groups", "4", "--num-key-value-heads", "4"})
+            .model.num_kv_heads == 4);
+  const TrainConfig ignored = parse_json(base(), {"--num-query-groups", "4"});
+  CHECK(ignored.model.num_kv_heads == 0);
+  CHECK(has_warning(ignored, "--num-query-groups without --group-query-attention is ignored"));
+  CHECK(parse_json(base()).resolved["model"]["num_key_value_heads"] == 12);
+  // RoPE base and partial rotation reach the model.
+  const TrainConfig r = parse_json(base(), {"--position-embedding-type", "rope", "--rotary-base", "500000",
+                                           "--rotary-percent", "0.25"});
+  CHECK(r.model.rope_theta == 500000.f);
+  CHECK(r.model.rotary_percent == 0.25f);
+  CHECK(r.resolved["model"]["rotary_percent"] == 0.25);
+  CHECK(parse_json(base(), {"--rotary-position-embeddings-theta", "1000"}).model.rope_theta == 1000.f);
+  // Errors name the flag and the numbers.
+  auto err = [&](std::vector<std::string> flags, const std::string& needle, int world = 1) {
+    CHECK_THROWS_WITH(parse_json(base(), flags, world), Contains(needle));
+  };
+  err({"--num-key-value-heads", "5"}, "model.num_key_value_heads 5 (--num-key-value-heads / --num-query-groups)");
+  err({"--num-key-value-heads", "-1"}, "model.num_key_value_heads -1");
+  err({"--group-query-attention", "--num-query-groups", "4", "--num-key-value-heads", "2"},
+      "--num-query-groups 4 disagrees with num_key_value_heads 2");
+  err({"--group-query-attention", "--num-query-groups", "0"}, "--num-query-groups 0");
+  err({"--num-key-value-heads", "6", "--tensor-model-parallel-size", "4"},
+      "num_key_value_heads 6 (--num-key-value-heads / --num-query-groups) must divide or be a multiple of "
+      "tensor_model_parallel_size 4", 4);
+  err({"--position-embedding-type", "rope", "--rotary-percent", "0.01"}, "rotates 0 dims");
+  err({"--position-embedding-type", "rope", "--rotary-percent", "1.5"}, "model.rotary_percent 1.5");
+  // NKV that divides TP (replicated kv heads) and that TP divides are both accepted.
+  CHECK(parse_json(base(), {"--num-key-value-heads", "2", "--tensor-model-parallel-size", "4"}, 4)
+            .model.num_kv_heads == 2);
+  CHECK(parse_json(base(), {"--num-key-value-heads", "4", "--tensor-model-parallel-size", "2"}, 2)
+            .model.num_kv_heads == 4);
 }

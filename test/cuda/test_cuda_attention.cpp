@@ -1,6 +1,7 @@
 // GPU tests of causal attention (plain and flash backends) against the CPU
 // attention at several (B, T, NH, HS), including T that is not a multiple of
-// the flash tile sizes, in f32, bf16 and f16. Flash runs bf16/f16 with HS 64
+// the flash tile sizes and grouped-query cases (NKV < NH), in f32, bf16 and
+// f16. Flash runs bf16/f16 with HS 64
 // and 128; the tests assert from the dispatcher's path counts that it really
 // ran there, and that the other cases fell back to the plain kernels.
 // For the flash cases the low-precision baseline rounds what every flash
@@ -22,11 +23,13 @@ namespace {
 struct AttnCase {
   int64_t B, T;
   int NH, HS;
+  int NKV = 0;  // kv heads; 0: NH
+  int kv() const { return NKV == 0 ? NH : NKV; }
 };
 
 const AttnCase kCases[] = {
     {1, 1, 1, 64}, {2, 37, 3, 64}, {1, 130, 2, 128}, {2, 65, 2, 32}, {1, 257, 1, 128},
-    {1, 200, 2, 64},
+    {1, 200, 2, 64}, {2, 70, 4, 64, 2}, {1, 130, 6, 128, 2}, {1, 65, 4, 32, 1}, {1, 200, 4, 64, 1},
 };
 
 bool flash_supports(const AttnCase& c, DType dt) { return dt != DType::F32 && (c.HS == 64 || c.HS == 128); }
@@ -37,13 +40,14 @@ float round16(float x, DType dt) {
   return x;
 }
 
-// Views of one (b, h) of a packed qkv / (B, T, NH*HS) buffer.
+// Views of query head h of a packed qkv / (B, T, NH*HS) buffer: k and v are
+// those of the kv head h reads (h / (NH / NKV)).
 struct Heads {
-  int64_t T, NH, HS;
-  int64_t W() const { return 3 * NH * HS; }
+  int64_t T, NH, HS, NKV;
+  int64_t W() const { return (NH + 2 * NKV) * HS; }
   int64_t q(int64_t b, int64_t t, int64_t h) const { return (b * T + t) * W() + h * HS; }
-  int64_t k(int64_t b, int64_t t, int64_t h) const { return q(b, t, h) + NH * HS; }
-  int64_t v(int64_t b, int64_t t, int64_t h) const { return q(b, t, h) + 2 * NH * HS; }
+  int64_t k(int64_t b, int64_t t, int64_t h) const { return (b * T + t) * W() + (NH + h / (NH / NKV)) * HS; }
+  int64_t v(int64_t b, int64_t t, int64_t h) const { return k(b, t, h) + NKV * HS; }
   int64_t o(int64_t b, int64_t t, int64_t h) const { return (b * T + t) * NH * HS + h * HS; }
 };
 
@@ -54,9 +58,9 @@ double dot(const float* a, const float* b, int64_t n) {
 }
 
 // Forward baseline: exact softmax statistics, P rounded through dt before P.V.
-void baseline_forward(const TensorMap& m, DType dt, int NH) {
+void baseline_forward(const TensorMap& m, DType dt, int NH, int NKV) {
   const Tensor qkv = get(m, "qkv"), out = get(m, "out"), lse = get(m, "lse");
-  const Heads d{qkv.size(1), NH, qkv.size(2) / (3 * NH)};
+  const Heads d{qkv.size(1), NH, qkv.size(2) / (NH + 2 * NKV), NKV};
   const float* x = qkv.data<float>();
   const double scale = 1.0 / std::sqrt(double(d.HS));
   std::vector<double> s(static_cast<size_t>(d.T));
@@ -79,10 +83,10 @@ void baseline_forward(const TensorMap& m, DType dt, int NH) {
 
 // Backward baseline from the saved lse: P = exp(S - lse) and dS = P (dP - D)
 // rounded through dt where the kernels round them.
-void baseline_backward(const TensorMap& m, DType dt, int NH) {
+void baseline_backward(const TensorMap& m, DType dt, int NH, int NKV) {
   const Tensor qkv = get(m, "qkv"), dqkv = get(m, "dqkv"), dout = get(m, "dout"), out = get(m, "out"),
                lse = get(m, "lse");
-  const Heads d{qkv.size(1), NH, qkv.size(2) / (3 * NH)};
+  const Heads d{qkv.size(1), NH, qkv.size(2) / (NH + 2 * NKV), NKV};
   const float *x = qkv.data<float>(), *g = dout.data<float>(), *y = out.data<float>();
   float* dx = dqkv.data<float>();
   std::fill_n(dx, dqkv.numel(), 0.f);
@@ -107,30 +111,30 @@ void baseline_backward(const TensorMap& m, DType dt, int NH) {
 }
 
 void run_case(const AttnCase& c, DType dt, bool flash) {
-  const int64_t W = 3 * int64_t(c.NH) * c.HS, O = int64_t(c.NH) * c.HS;
+  const int64_t W = int64_t(c.NH + 2 * c.kv()) * c.HS, O = int64_t(c.NH) * c.HS;
   Tensor qkv = randn({c.B, c.T, W}, 1000 + c.T + c.HS);
-  const int NH = c.NH;
+  const int NH = c.NH, NKV = c.kv();
   std::string what = "attention_forward B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
-                     " NH=" + std::to_string(c.NH) + " HS=" + std::to_string(c.HS);
+                     " NH=" + std::to_string(c.NH) + " NKV=" + std::to_string(NKV) + " HS=" + std::to_string(c.HS);
   OpCase fw = make_case(what,
                         AttentionArgs{.out = Tensor::zeros({c.B, c.T, O}, DType::F32),
                                       .lse = Tensor::zeros({c.B, c.NH, c.T}, DType::F32),
-                                      .qkv = qkv, .NH = NH},
+                                      .qkv = qkv, .NH = NH, .NKV = NKV},
                         ops::attention_forward);
-  if (flash) fw.baseline = [dt, NH](const TensorMap& m) { baseline_forward(m, dt, NH); };
+  if (flash) fw.baseline = [dt, NH, NKV](const TensorMap& m) { baseline_forward(m, dt, NH, NKV); };
   check_cuda_vs_cpu(fw, dt);
   // Backward inputs: out and lse from the CPU forward on the f32 qkv.
   Tensor out = Tensor::zeros({c.B, c.T, O}, DType::F32);
   Tensor lse = Tensor::zeros({c.B, c.NH, c.T}, DType::F32);
-  cpu::attention_forward(AttentionArgs{.out = out, .lse = lse, .qkv = qkv, .NH = NH}, Stream{});
+  cpu::attention_forward(AttentionArgs{.out = out, .lse = lse, .qkv = qkv, .NH = NH, .NKV = NKV}, Stream{});
   what.replace(0, std::string("attention_forward").size(), "attention_backward");
   OpCase bw = make_case(what,
                         AttentionBwdArgs{.dqkv = Tensor::zeros({c.B, c.T, W}, DType::F32),
                                          .dout = randn({c.B, c.T, O}, 2000 + c.T), .out = out,
-                                         .lse = lse, .qkv = qkv, .NH = NH},
+                                         .lse = lse, .qkv = qkv, .NH = NH, .NKV = NKV},
                         ops::attention_backward);
   set_kind(bw, {"lse"}, Kind::F32);
-  if (flash) bw.baseline = [dt, NH](const TensorMap& m) { baseline_backward(m, dt, NH); };
+  if (flash) bw.baseline = [dt, NH, NKV](const TensorMap& m) { baseline_backward(m, dt, NH, NKV); };
   check_cuda_vs_cpu(bw, dt);
 }
 
@@ -139,7 +143,8 @@ void run_case_on(const AttnCase& c, DType dt, bool expect_flash) {
   const ds::cuda::AttentionPathCounts before = ds::cuda::attention_path_counts();
   run_case(c, dt, expect_flash);
   const ds::cuda::AttentionPathCounts after = ds::cuda::attention_path_counts();
-  INFO("B=" << c.B << " T=" << c.T << " NH=" << c.NH << " HS=" << c.HS << " " << dtype_name(dt));
+  INFO("B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.kv() << " HS=" << c.HS << " "
+              << dtype_name(dt));
   CHECK(after.flash_forward - before.flash_forward == (expect_flash ? 1 : 0));
   CHECK(after.flash_backward - before.flash_backward == (expect_flash ? 1 : 0));
   CHECK(after.plain_forward - before.plain_forward == (expect_flash ? 0 : 1));
@@ -175,26 +180,27 @@ TEST_CASE("attention baselines equal the CPU op when nothing is rounded (runs wi
   // With dt = f32 nothing is rounded, so the flash-style baselines must give
   // the CPU op's results: this checks the baselines themselves.
   for (const AttnCase& c : kCases) {
-    const int64_t W = 3 * int64_t(c.NH) * c.HS, O = int64_t(c.NH) * c.HS;
+    const int64_t W = int64_t(c.NH + 2 * c.kv()) * c.HS, O = int64_t(c.NH) * c.HS;
     Tensor qkv = randn({c.B, c.T, W}, 77 + c.T), dout = randn({c.B, c.T, O}, 78 + c.T);
     TensorMap ref{{"out", Tensor::zeros({c.B, c.T, O}, DType::F32)},
                   {"lse", Tensor::zeros({c.B, c.NH, c.T}, DType::F32)},
                   {"qkv", qkv}};
-    cpu::attention_forward(AttentionArgs{.out = ref["out"], .lse = ref["lse"], .qkv = qkv, .NH = c.NH}, Stream{});
+    cpu::attention_forward(
+        AttentionArgs{.out = ref["out"], .lse = ref["lse"], .qkv = qkv, .NH = c.NH, .NKV = c.kv()}, Stream{});
     TensorMap base{{"out", Tensor::zeros({c.B, c.T, O}, DType::F32)},
                    {"lse", Tensor::zeros({c.B, c.NH, c.T}, DType::F32)},
                    {"qkv", qkv}};
-    baseline_forward(base, DType::F32, c.NH);
-    INFO("B=" << c.B << " T=" << c.T << " NH=" << c.NH << " HS=" << c.HS);
+    baseline_forward(base, DType::F32, c.NH, c.kv());
+    INFO("B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.kv() << " HS=" << c.HS);
     CHECK(rel_err(base["out"], ref["out"]) < 1e-5);
     CHECK(rel_err(base["lse"], ref["lse"]) < 1e-5);
     Tensor dref = Tensor::zeros({c.B, c.T, W}, DType::F32);
     cpu::attention_backward(AttentionBwdArgs{.dqkv = dref, .dout = dout, .out = ref["out"], .lse = ref["lse"],
-                                             .qkv = qkv, .NH = c.NH},
+                                             .qkv = qkv, .NH = c.NH, .NKV = c.kv()},
                             Stream{});
     TensorMap bm{{"dqkv", Tensor::zeros({c.B, c.T, W}, DType::F32)}, {"dout", dout}, {"out", ref["out"]},
                  {"lse", ref["lse"]}, {"qkv", qkv}};
-    baseline_backward(bm, DType::F32, c.NH);
+    baseline_backward(bm, DType::F32, c.NH, c.kv());
     CHECK(rel_err(bm["dqkv"], dref) < 1e-5);
   }
 }

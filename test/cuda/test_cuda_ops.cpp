@@ -135,17 +135,23 @@ TEST_CASE("cuda matmul forward and backward") {
 
 TEST_CASE("cuda rope forward and backward") {
   if (!gpu_or_skip()) return;
-  for (DType dt : kAllTypes) {
-    const int64_t B = 2, T = 37;
-    const int NH = 3, HS = 18;
-    for (bool fwd : {true, false}) {
-      const RopeArgs a{.out = zeros_f32({B, T, 3 * NH * HS}), .inp = randn({B, T, 3 * NH * HS}, 51),
-                       .NH = NH, .pos_offset = 1000, .theta = 10000.0f};
-      check_cuda_vs_cpu(fwd ? make_case("rope_forward", a, ops::rope_forward)
-                            : make_case("rope_backward", a, ops::rope_backward),
-                        dt);
+  struct RopeCase {
+    int NH, NKV, R;  // kv heads, rotated dims (0: all)
+    float theta;
+  };
+  // Multi-head, grouped-query with LLaMA-3's base, partial rotation (GPT-NeoX's rotary_pct).
+  for (const RopeCase& rc : {RopeCase{3, 3, 0, 10000.f}, RopeCase{4, 2, 0, 500000.f}, RopeCase{4, 1, 8, 10000.f}})
+    for (DType dt : kAllTypes) {
+      const int64_t B = 2, T = 37;
+      const int HS = 18, W = (rc.NH + 2 * rc.NKV) * HS;
+      for (bool fwd : {true, false}) {
+        const RopeArgs a{.out = zeros_f32({B, T, W}), .inp = randn({B, T, W}, 51), .NH = rc.NH,
+                         .pos_offset = 1000, .theta = rc.theta, .NKV = rc.NKV, .rot_dims = rc.R};
+        check_cuda_vs_cpu(fwd ? make_case("rope_forward", a, ops::rope_forward)
+                              : make_case("rope_backward", a, ops::rope_backward),
+                          dt);
+      }
     }
-  }
 }
 
 TEST_CASE("cuda gelu and swiglu forward and backward") {

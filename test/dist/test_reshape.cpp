@@ -179,3 +179,26 @@ TEST_CASE("TP2 x PP2 x DP2 and single-process checkpoints resume in each other's
     require_same_curve(ref, run({"reshape_conv_pp1", 1, 1, 0, {"--load", conv}}), 10);
   }
 }
+
+TEST_CASE("a grouped-query TP2 checkpoint rewritten by dsconvert for TP4 (replicated kv head) stays on the curve") {
+  const std::string dir = dist_data().dir, ck = dir + "/reshape_gqa_tp2", conv = dir + "/reshape_gqa_tp4";
+  // LLaMA family with one kv head for the 4 query heads: TP2 and TP4 both replicate it.
+  const std::vector<std::string> gqa = {"--model-family", "llama", "--ffn-hidden-size", "64",
+                                        "--num-key-value-heads", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), gqa.begin(), gqa.end());
+    return extra;
+  };
+  fs::remove_all(ck);
+  fs::remove_all(conv);
+  const std::vector<double> ref = run({"reshape_gqa_single", 1, 1, 1, with({})});
+  REQUIRE(ref.size() == 20);
+  const std::vector<double> first =
+      run({"reshape_gqa_tp2", 2, 2, 1, with({"--save", ck, "--save-interval", "10", "--exit-interval", "10"})});
+  require_same_curve(ref, first, 0);
+  std::string out;
+  int rc = dsconvert("--load " + ck + " --save " + conv + " --target-tp 4 --target-dp 1 --zero-stage 1", &out);
+  INFO(out);
+  REQUIRE(rc == 0);
+  require_same_curve(ref, run({"reshape_gqa_conv_tp4", 4, 4, 1, with({"--load", conv})}), 10);
+}

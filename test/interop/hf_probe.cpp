@@ -1,7 +1,10 @@
 // Interop probe: builds a small random GPT-2 or LLaMA model, exports it in
 // Hugging Face format to DIR, and prints the model's mean next-token loss on a
 // fixed token sequence, for hf_check.py to compare with transformers.
-//   hf_probe gpt2|llama DIR
+//   hf_probe gpt2|llama|gqa|mqa|neox DIR
+// gqa / mqa: a LLaMA-shaped model assembled block by block as Megatron's flags
+// build it (no family set), with 2 / 1 key-value heads for 4 query heads.
+// neox: GPT-2 blocks with RoPE on a quarter of each head (exports as GPT-NeoX).
 #include <cstdio>
 #include <string>
 
@@ -12,10 +15,11 @@ using namespace ds;
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: hf_probe gpt2|llama DIR\n");
+    std::fprintf(stderr, "usage: hf_probe gpt2|llama|gqa|mqa|neox DIR\n");
     return 2;
   }
-  const bool llama = std::string(argv[1]) == "llama";
+  const std::string kind = argv[1];
+  const bool llama = kind == "llama", flag_built = kind == "gqa" || kind == "mqa";
   ModelConfig m;
   m.num_layers = 2;
   m.hidden_size = 64;
@@ -29,6 +33,21 @@ int main(int argc, char** argv) {
     m.ffn_hidden_size = 96;
     m.norm_eps = 1e-6f;
     m.rope_theta = 500000.f;
+  }
+  if (flag_built) {  // --position-embedding-type rope --normalization rmsnorm --swiglu ... (family stays gpt2)
+    m.norm = NormKind::RMSNorm;
+    m.activation = Activation::SwiGLU;
+    m.position = PositionKind::Rope;
+    m.bias = false;
+    m.untie_embeddings = true;
+    m.ffn_hidden_size = 96;
+    m.num_kv_heads = kind == "gqa" ? 2 : 1;
+    m.rope_theta = 10000.f;
+  }
+  if (kind == "neox") {  // --position-embedding-type rope --rotary-percent 0.25 on GPT-2 blocks
+    m.position = PositionKind::Rope;
+    m.rotary_percent = 0.25f;
+    m.rope_theta = 20000.f;
   }
   GptModel model(m, Device::cpu());
   model.init_weights(17, 0.15f);

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <vector>
 
 #include "lib/ckpt/checkpoint.h"
 #include "lib/ckpt/hf.h"
@@ -65,6 +67,93 @@ TEST_CASE("HF export then import is lossless for both families") {
     REQUIRE(same(a.params(), b.params()));
     fs::remove_all(dir);
   }
+}
+
+TEST_CASE("HF export of flag-built models: GQA as LLaMA with num_key_value_heads, unmappable blocks refused") {
+  // Megatron's block flags without a family: RoPE, RMSNorm, SwiGLU, untied, no biases, 1 kv head of 2.
+  ModelConfig cfg = test::tiny_model(false);
+  cfg.norm = NormKind::RMSNorm;
+  cfg.activation = Activation::SwiGLU;
+  cfg.position = PositionKind::Rope;
+  cfg.bias = false;
+  cfg.untie_embeddings = true;
+  cfg.ffn_hidden_size = 24;
+  cfg.num_kv_heads = 1;
+  GptModel a(cfg, Device::cpu()), b(cfg, Device::cpu());
+  a.init_weights(6, 0.1f);
+  zero_padded_rows(a);
+  fs::path dir = temp_dir("hf_gqa");
+  export_hf(cfg, a.layout(), a.params(), (dir / "out").string(), HfTokenIds{.bos = 1, .eos = 2});
+  SafetensorsFile f = SafetensorsFile::open((dir / "out" / "model.safetensors").string());
+  CHECK(f.shape("model.layers.0.self_attn.q_proj.weight") == Shape{16, 16});
+  CHECK(f.shape("model.layers.0.self_attn.k_proj.weight") == Shape{8, 16});  // 1 kv head of size 8
+  CHECK(f.shape("model.layers.1.self_attn.v_proj.weight") == Shape{8, 16});
+  // v_proj row 3 == our qkv row C + KV + 3
+  CHECK(f.get("model.layers.1.self_attn.v_proj.weight").data<float>()[3 * 16 + 5] ==
+        a.param("layers.1.attn.qkv.weight").data<float>()[(16 + 8 + 3) * 16 + 5]);
+  std::ifstream cj(dir / "out" / "config.json");
+  const std::string config((std::istreambuf_iterator<char>(cj)), std::istreambuf_iterator<char>());
+  CHECK(config.find("\"LlamaForCausalLM\"") != std::string::npos);
+  CHECK(config.find("\"num_key_value_heads\": 1") != std::string::npos);
+  CHECK(config.find("\"bos_token_id\": 1") != std::string::npos);
+  CHECK(config.find("\"eos_token_id\": 2") != std::string::npos);
+  import_hf(cfg, b.layout(), b.params(), (dir / "out").string());
+  REQUIRE(same(a.params(), b.params()));
+
+  struct Refused {
+    const char* what;
+    std::function<void(ModelConfig&)> change;
+  };
+  const std::vector<Refused> refused = {
+      {"LayerNorm with RoPE", [](ModelConfig& m) { m.norm = NormKind::LayerNorm; }},
+      {"GELU MLP with RoPE", [](ModelConfig& m) { m.activation = Activation::GELU; }},
+      {"linear-layer biases with RoPE", [](ModelConfig& m) { m.bias = true; }},
+      {"partial RoPE (rotary_percent: 4 of 8", [](ModelConfig& m) { m.rotary_percent = 0.5f; }},
+      {"grouped-query attention with learned positions",
+       [](ModelConfig& m) { set_model_family(m, ModelFamily::GPT2); }},
+      {"RMSNorm with learned positions", [](ModelConfig& m) { m.position = PositionKind::Learned; }},
+  };
+  for (const Refused& r : refused) {
+    INFO(r.what);
+    ModelConfig c = cfg;
+    r.change(c);
+    GptModel m(c, Device::cpu());
+    const fs::path out = dir / "refused";
+    REQUIRE_THROWS_WITH(export_hf(c, m.layout(), m.params(), out.string()), Catch::Contains(r.what));
+    CHECK(!fs::exists(out));  // nothing half-written
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("HF export of partial RoPE with LayerNorm, GELU and biases: GPT-NeoX, lossless") {
+  ModelConfig cfg = test::tiny_model(false);  // GPT-2 blocks (tied), then RoPE on half of each head
+  cfg.position = PositionKind::Rope;
+  cfg.rotary_percent = 0.5f;
+  GptModel a(cfg, Device::cpu()), b(cfg, Device::cpu());
+  a.init_weights(8, 0.1f);
+  zero_padded_rows(a);
+  fs::path dir = temp_dir("hf_neox");
+  export_hf(cfg, a.layout(), a.params(), (dir / "out").string());
+  std::ifstream cj(dir / "out" / "config.json");
+  const std::string config((std::istreambuf_iterator<char>(cj)), std::istreambuf_iterator<char>());
+  CHECK(config.find("\"GPTNeoXForCausalLM\"") != std::string::npos);
+  CHECK(config.find("\"rotary_pct\": 0.5") != std::string::npos);
+  CHECK(config.find("\"use_parallel_residual\": false") != std::string::npos);
+  SafetensorsFile f = SafetensorsFile::open((dir / "out" / "model.safetensors").string());
+  CHECK(f.shape("gpt_neox.layers.0.attention.query_key_value.weight") == Shape{48, 16});
+  CHECK(f.shape("embed_out.weight") == Shape{37, 16});
+  // NeoX row 3*HS*h + HS*part + i is our qkv row part*C + h*HS + i: head 1's k row 2 = our row 16 + 8 + 2.
+  CHECK(f.get("gpt_neox.layers.1.attention.query_key_value.weight").data<float>()[(24 + 8 + 2) * 16 + 7] ==
+        a.param("layers.1.attn.qkv.weight").data<float>()[(16 + 8 + 2) * 16 + 7]);
+  CHECK(f.get("gpt_neox.layers.0.attention.query_key_value.bias").data<float>()[24 + 16 + 1] ==
+        a.param("layers.0.attn.qkv.bias").data<float>()[32 + 8 + 1]);
+  import_hf(cfg, b.layout(), b.params(), (dir / "out").string());
+  REQUIRE(same(a.params(), b.params()));
+  cfg.bias = false;  // GPT-NeoX always has biases
+  GptModel c(cfg, Device::cpu());
+  REQUIRE_THROWS_WITH(export_hf(cfg, c.layout(), c.params(), (dir / "bad").string()),
+                      Catch::Contains("LayerNorm and GELU with RoPE but no linear-layer biases"));
+  fs::remove_all(dir);
 }
 
 TEST_CASE("checkpoints round-trip and re-partition optimizer shards") {

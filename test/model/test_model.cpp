@@ -1,6 +1,7 @@
 // Whole-model tests on the CPU backend: parameter counts of known models, and
-// the gradients of tiny GPT-2 and LLaMA models against central finite
-// differences of the loss (every op is also checked alone in test/ops).
+// the gradients of tiny GPT-2 and LLaMA models (also with grouped-query
+// attention and partial RoPE) against central finite differences of the loss
+// (every op is also checked alone in test/ops).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <memory>
@@ -8,6 +9,7 @@
 
 #include "lib/core/rng.h"
 #include "lib/model/gpt.h"
+#include "lib/model/tp_shard.h"
 #include "test/model/tiny_model.h"
 #include "lib/train/config.h"
 
@@ -22,8 +24,7 @@ Tensor random_tokens(int64_t B, int64_t T, int V, uint64_t seed) {
   return t;
 }
 
-void check_gradients(bool llama) {
-  ModelConfig cfg = test::tiny_model(llama);
+void check_gradients(const ModelConfig& cfg) {
   GptModel model(cfg, Device::cpu());
   model.init_weights(7, 0.2f);
   const int64_t B = 2, T = 7;
@@ -83,9 +84,40 @@ TEST_CASE("GPT-2 124M and LLaMA shapes have the published parameter counts") {
   REQUIRE(count_parameters(l) == 6738415616);
 }
 
-TEST_CASE("GPT-2 family gradients match finite differences") { check_gradients(false); }
+TEST_CASE("grouped-query shapes have the published parameter counts (LLaMA-2 70B, LLaMA-3 8B)") {
+  ModelConfig l;
+  set_model_family(l, ModelFamily::LLaMA);
+  l.num_layers = 80;
+  l.hidden_size = 8192;
+  l.num_heads = 64;
+  l.num_kv_heads = 8;
+  l.ffn_hidden_size = 28672;
+  l.max_position_embeddings = 4096;
+  l.vocab_size = l.padded_vocab_size = 32000;
+  REQUIRE(count_parameters(l) == 68976648192);
+  l.num_layers = 32;
+  l.hidden_size = 4096;
+  l.num_heads = 32;
+  l.num_kv_heads = 8;
+  l.ffn_hidden_size = 14336;
+  l.vocab_size = l.padded_vocab_size = 128256;
+  REQUIRE(count_parameters(l) == 8030261248);
+}
 
-TEST_CASE("LLaMA family gradients match finite differences") { check_gradients(true); }
+TEST_CASE("GPT-2 family gradients match finite differences") { check_gradients(test::tiny_model(false)); }
+
+TEST_CASE("LLaMA family gradients match finite differences") { check_gradients(test::tiny_model(true)); }
+
+TEST_CASE("grouped-query attention and partial RoPE gradients match finite differences") {
+  ModelConfig cfg = test::tiny_model(true);
+  cfg.num_kv_heads = 1;  // multi-query: both query heads share one kv head
+  SECTION("GQA") { check_gradients(cfg); }
+  SECTION("GQA with half of each head rotated, base 500000") {
+    cfg.rotary_percent = 0.5f;
+    cfg.rope_theta = 500000.f;
+    check_gradients(cfg);
+  }
+}
 
 TEST_CASE("init is deterministic and layer-local") {
   ModelConfig cfg = test::tiny_model(false);
@@ -168,4 +200,42 @@ TEST_CASE("a target outside the vocabulary is an error, a negative one is ignore
   CHECK(std::isfinite(model.forward_loss(tok, tgt)));
   tgt.data<int32_t>()[2] = cfg.vocab_size;  // a padded row: not a real token
   CHECK_THROWS_WITH(model.forward_loss(tok, tgt), Catch::Contains("target 37 at row 2 is >= V=37"));
+}
+
+TEST_CASE("tensor-parallel shards of a grouped-query model hold every weight, and count each once") {
+  struct Case {
+    int NH, NKV, tp;
+  };
+  // kv heads split (NKV % tp == 0) and replicated over a query group (tp % NKV == 0)
+  for (const Case c : {Case{4, 2, 2}, Case{4, 2, 4}, Case{4, 1, 4}, Case{8, 2, 4}, Case{8, 4, 2}, Case{4, 4, 4}}) {
+    INFO("NH=" << c.NH << " NKV=" << c.NKV << " TP=" << c.tp);
+    ModelConfig cfg = test::tiny_model(true);
+    cfg.num_heads = c.NH;
+    cfg.num_kv_heads = c.NKV;
+    cfg.hidden_size = 4 * c.NH;  // HS 4
+    const ModelLayout full = build_layout(cfg);
+    Tensor values = Tensor::empty({full.total}, DType::F32);  // element i holds i (exact in f32 here)
+    for (int64_t i = 0; i < full.total; ++i) values.data<float>()[i] = static_cast<float>(i);
+    std::vector<int> held(static_cast<size_t>(full.total), 0), counted(static_cast<size_t>(full.total), 0);
+    for (int r = 0; r < c.tp; ++r) {
+      const ModelLayout local = build_layout(cfg, {c.tp, r, 1, 0, 1});
+      Tensor mine = Tensor::empty({local.total}, DType::F32);
+      slice_tp_params(local, full, values, mine);
+      std::vector<bool> dup(static_cast<size_t>(local.total), false);
+      for (const Range& d : duplicate_ranges(local))
+        for (int64_t i = d.begin; i < d.end; ++i) dup[static_cast<size_t>(i)] = true;
+      for (int64_t i = 0; i < local.total; ++i) {
+        const auto f = static_cast<size_t>(mine.data<float>()[i]);
+        held[f] += 1;
+        counted[f] += dup[static_cast<size_t>(i)] ? 0 : 1;
+      }
+    }
+    int64_t missing = 0, miscounted = 0;
+    for (int64_t i = 0; i < full.total; ++i) {
+      missing += held[static_cast<size_t>(i)] == 0;
+      miscounted += counted[static_cast<size_t>(i)] != 1;
+    }
+    CHECK(missing == 0);
+    CHECK(miscounted == 0);
+  }
 }

@@ -1,7 +1,10 @@
-// CPU op tests: matmul (linear layer), causal attention on packed qkv, RoPE.
+// CPU op tests: matmul (linear layer), causal attention on packed qkv
+// (multi-head and grouped-query), RoPE (full and partial rotation).
 // Forward against double references, backward against finite differences on
 // small shapes and against a naive double backward on shapes spanning several
 // query blocks, accumulation semantics and thread-count determinism.
+#include <cstring>
+
 #include "test/ops_harness/op_cases.h"
 #include "test/ops_harness/op_test_util.h"
 
@@ -50,21 +53,27 @@ namespace {
 
 struct AttnShape {
   int64_t B, T, NH, HS;
+  int64_t NKV = 0;  // kv heads; 0: NH
+  int64_t kv() const { return NKV == 0 ? NH : NKV; }
+  int64_t width() const { return (NH + 2 * kv()) * HS; }  // packed qkv row
+  // Column of head h of part 0 (q), 1 (k) or 2 (v; h a kv head) in a row.
+  int64_t col(int64_t part, int64_t h) const { return (part == 0 ? h : NH + (part - 1) * kv() + h) * HS; }
 };
 
-// Naive causal attention in double; fills lse (B, NH, T) if given.
+// Naive causal attention in double; fills lse (B, NH, T) if given. Query
+// head h reads kv head h / (NH / NKV).
 Vec ref_attention(const Vec& qkv, const AttnShape& s, Vec* lse) {
-  const int64_t C = s.NH * s.HS, C3 = 3 * C;
+  const int64_t C = s.NH * s.HS, C3 = s.width(), G = s.NH / s.kv();
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.HS));
   Vec out(s.B * s.T * C, 0.0), p(s.T);
   if (lse) lse->assign(s.B * s.NH * s.T, 0.0);
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < s.NH; ++h)
       for (int64_t t = 0; t < s.T; ++t) {
-        const double* q = qkv.data() + (b * s.T + t) * C3 + h * s.HS;
+        const double* q = qkv.data() + (b * s.T + t) * C3 + s.col(0, h);
         double mx = -1e300, sum = 0;
         for (int64_t j = 0; j <= t; ++j) {
-          const double* k = qkv.data() + (b * s.T + j) * C3 + C + h * s.HS;
+          const double* k = qkv.data() + (b * s.T + j) * C3 + s.col(1, h / G);
           double d = 0;
           for (int64_t e = 0; e < s.HS; ++e) d += q[e] * k[e];
           p[j] = d * scale;
@@ -74,7 +83,7 @@ Vec ref_attention(const Vec& qkv, const AttnShape& s, Vec* lse) {
         if (lse) (*lse)[(b * s.NH + h) * s.T + t] = mx + std::log(sum);
         double* o = out.data() + (b * s.T + t) * C + h * s.HS;
         for (int64_t j = 0; j <= t; ++j) {
-          const double* v = qkv.data() + (b * s.T + j) * C3 + 2 * C + h * s.HS;
+          const double* v = qkv.data() + (b * s.T + j) * C3 + s.col(2, h / G);
           for (int64_t e = 0; e < s.HS; ++e) o[e] += p[j] / sum * v[e];
         }
       }
@@ -83,14 +92,14 @@ Vec ref_attention(const Vec& qkv, const AttnShape& s, Vec* lse) {
 
 // Naive double backward of ref_attention (materialised probabilities).
 Vec ref_attention_backward(const Vec& qkv, const Vec& dout, const AttnShape& s) {
-  const int64_t C = s.NH * s.HS, C3 = 3 * C;
+  const int64_t C = s.NH * s.HS, C3 = s.width(), G = s.NH / s.kv();
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.HS));
   Vec lse;
   ref_attention(qkv, s, &lse);
   Vec dqkv(qkv.size(), 0.0), p(s.T), dp(s.T);
-  // Offset of (b, t, part in {q, k, v}, head h) in the packed layout.
+  // Offset of (b, t, part in {q, k, v}, query head h) in the packed layout.
   auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h) {
-    return (b * s.T + t) * C3 + part * C + h * s.HS;
+    return (b * s.T + t) * C3 + s.col(part, part == 0 ? h : h / G);
   };
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < s.NH; ++h)
@@ -133,10 +142,11 @@ AttnRun run_attention(const Tensor& qkv, const Tensor& dout, const AttnShape& s)
   f.out = Tensor::empty({s.B, s.T, s.NH * s.HS}, DType::F32);
   f.lse = Tensor::empty({s.B, s.NH, s.T}, DType::F32);
   f.NH = static_cast<int>(s.NH);
+  f.NKV = static_cast<int>(s.NKV);
   ops::attention_forward(f);
   AttentionBwdArgs g;
   g.dqkv = randn(qkv.shape(), 99);  // garbage: must be overwritten
-  g.dout = dout, g.out = f.out, g.lse = f.lse, g.qkv = qkv, g.NH = f.NH;
+  g.dout = dout, g.out = f.out, g.lse = f.lse, g.qkv = qkv, g.NH = f.NH, g.NKV = f.NKV;
   ops::attention_backward(g);
   return {f.out, f.lse, g.dqkv};
 }
@@ -144,9 +154,10 @@ AttnRun run_attention(const Tensor& qkv, const Tensor& dout, const AttnShape& s)
 }  // namespace
 
 TEST_CASE("attention forward and backward match double references") {
-  for (AttnShape s : {AttnShape{2, 7, 3, 4}, AttnShape{1, 133, 2, 20}, AttnShape{2, 65, 1, 64}}) {
-    DYNAMIC_SECTION("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " HS=" << s.HS) {
-      const Tensor qkv = randn({s.B, s.T, 3 * s.NH * s.HS}, 60);
+  for (AttnShape s : {AttnShape{2, 7, 3, 4}, AttnShape{1, 133, 2, 20}, AttnShape{2, 65, 1, 64},
+                      AttnShape{2, 7, 4, 4, 2}, AttnShape{1, 133, 6, 20, 2}, AttnShape{2, 65, 4, 64, 1}}) {
+    DYNAMIC_SECTION("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " NKV=" << s.kv() << " HS=" << s.HS) {
+      const Tensor qkv = randn({s.B, s.T, s.width()}, 60);
       const Tensor dout = randn({s.B, s.T, s.NH * s.HS}, 61);
       const AttnRun r = run_attention(qkv, dout, s);
       Vec lse;
@@ -158,25 +169,62 @@ TEST_CASE("attention forward and backward match double references") {
 }
 
 TEST_CASE("attention backward matches finite differences") {
-  const AttnShape s{2, 5, 2, 4};
-  const Tensor qkv = randn({s.B, s.T, 3 * s.NH * s.HS}, 62);
-  const Tensor dout = randn({s.B, s.T, s.NH * s.HS}, 63);
-  const AttnRun r = run_attention(qkv, dout, s);
-  const Vec dv = to_f64(dout);
-  const Vec fd = fd_grad(to_f64(qkv), [&](const Vec& x) { return dot(ref_attention(x, s, nullptr), dv); });
-  check_close(r.dqkv, fd, kBwdTol, "dqkv vs finite differences");
+  for (AttnShape s : {AttnShape{2, 5, 2, 4}, AttnShape{2, 5, 6, 4, 2}, AttnShape{1, 6, 3, 4, 1}}) {
+    DYNAMIC_SECTION("NH=" << s.NH << " NKV=" << s.kv()) {
+      const Tensor qkv = randn({s.B, s.T, s.width()}, 62);
+      const Tensor dout = randn({s.B, s.T, s.NH * s.HS}, 63);
+      const AttnRun r = run_attention(qkv, dout, s);
+      const Vec dv = to_f64(dout);
+      const Vec fd = fd_grad(to_f64(qkv), [&](const Vec& x) { return dot(ref_attention(x, s, nullptr), dv); });
+      check_close(r.dqkv, fd, kBwdTol, "dqkv vs finite differences");
+    }
+  }
+}
+
+TEST_CASE("grouped-query attention equals multi-head attention with repeated kv heads") {
+  // NKV = 2 kv heads for NH = 6: the same as MHA whose kv head h is kv head h / 3.
+  const AttnShape g{2, 70, 6, 8, 2}, m{2, 70, 6, 8};
+  const Tensor qkv = randn({g.B, g.T, g.width()}, 90);
+  const Tensor dout = randn({g.B, g.T, g.NH * g.HS}, 91);
+  Tensor rep = Tensor::empty({m.B, m.T, m.width()}, DType::F32);
+  for (int64_t n = 0; n < g.B * g.T; ++n) {
+    const float* src = qkv.data<float>() + n * g.width();
+    float* dst = rep.data<float>() + n * m.width();
+    std::memcpy(dst, src, g.NH * g.HS * sizeof(float));
+    for (int64_t part = 1; part < 3; ++part)
+      for (int64_t h = 0; h < m.NH; ++h)
+        std::memcpy(dst + m.col(part, h), src + g.col(part, h / 3), g.HS * sizeof(float));
+  }
+  const AttnRun rg = run_attention(qkv, dout, g), rm = run_attention(rep, dout, m);
+  check_close(rg.out, to_f64(rm.out), kFwdTol, "out");
+  check_close(rg.lse, to_f64(rm.lse), kFwdTol, "lse");
+  // dK, dV of a kv head: the sum over the query heads that share it.
+  Vec want = to_f64(rg.dqkv);
+  const Vec dm = to_f64(rm.dqkv);
+  for (int64_t n = 0; n < g.B * g.T; ++n) {
+    for (int64_t e = 0; e < g.NH * g.HS; ++e) want[n * g.width() + e] = dm[n * m.width() + e];
+    for (int64_t part = 1; part < 3; ++part)
+      for (int64_t kh = 0; kh < g.kv(); ++kh)
+        for (int64_t e = 0; e < g.HS; ++e) {
+          double sum = 0;
+          for (int64_t h = kh * 3; h < kh * 3 + 3; ++h) sum += dm[n * m.width() + m.col(part, h) + e];
+          want[n * g.width() + g.col(part, kh) + e] = sum;
+        }
+  }
+  check_close(rg.dqkv, want, kBwdTol, "dqkv (kv grads summed over the group)");
 }
 
 TEST_CASE("attention and matmul backward are bit-identical for 1 and 3 threads") {
-  const AttnShape s{2, 133, 3, 16};
-  const Tensor qkv = randn({s.B, s.T, 3 * s.NH * s.HS}, 64);
-  const Tensor dout = randn({s.B, s.T, s.NH * s.HS}, 65);
-  AttnRun r1, r3;
-  with_threads(1, [&] { r1 = run_attention(qkv, dout, s); });
-  with_threads(3, [&] { r3 = run_attention(qkv, dout, s); });
-  CHECK(bit_equal(r1.out, r3.out));
-  CHECK(bit_equal(r1.lse, r3.lse));
-  CHECK(bit_equal(r1.dqkv, r3.dqkv));
+  for (const AttnShape s : {AttnShape{2, 133, 3, 16}, AttnShape{2, 133, 4, 16, 2}}) {
+    const Tensor qkv = randn({s.B, s.T, s.width()}, 64);
+    const Tensor dout = randn({s.B, s.T, s.NH * s.HS}, 65);
+    AttnRun r1, r3;
+    with_threads(1, [&] { r1 = run_attention(qkv, dout, s); });
+    with_threads(3, [&] { r3 = run_attention(qkv, dout, s); });
+    CHECK(bit_equal(r1.out, r3.out));
+    CHECK(bit_equal(r1.lse, r3.lse));
+    CHECK(bit_equal(r1.dqkv, r3.dqkv));
+  }
 
   // Shapes spanning several 256 x 256 output tiles of the parallel gemm.
   const int64_t N = 600, C = 40, OC = 300;
@@ -248,15 +296,18 @@ TEST_CASE("matmul on large-tile shapes: references and 1 vs 3 threads bit-identi
 
 namespace {
 
-Vec ref_rope(const Vec& x, const AttnShape& s, int64_t po, double theta) {
-  const int64_t C = s.NH * s.HS, half = s.HS / 2;
+// Rotates the first R dims of each q and k head (R = HS: all), pairs i and
+// i + R/2 with frequency theta^(-2i/R); the rest and v unchanged.
+Vec ref_rope(const Vec& x, const AttnShape& s, int64_t po, double theta, int64_t R = 0) {
+  R = R == 0 ? s.HS : R;
+  const int64_t half = R / 2;
   Vec out(x);
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t t = 0; t < s.T; ++t)
-      for (int64_t h = 0; h < 2 * s.NH; ++h)
+      for (int64_t h = 0; h < s.NH + s.kv(); ++h)
         for (int64_t i = 0; i < half; ++i) {
-          const double ang = (po + t) * std::pow(theta, -2.0 * i / s.HS);
-          const int64_t o = (b * s.T + t) * 3 * C + h * s.HS + i;
+          const double ang = (po + t) * std::pow(theta, -2.0 * i / R);
+          const int64_t o = (b * s.T + t) * s.width() + h * s.HS + i;
           out[o] = x[o] * std::cos(ang) - x[o + half] * std::sin(ang);
           out[o + half] = x[o + half] * std::cos(ang) + x[o] * std::sin(ang);
         }
@@ -266,34 +317,62 @@ Vec ref_rope(const Vec& x, const AttnShape& s, int64_t po, double theta) {
 }  // namespace
 
 TEST_CASE("rope forward, inverse backward, in-place") {
-  const AttnShape s{2, 7, 3, 4};
-  const int64_t po = 3;
-  const float theta = 10000.f;
-  const Shape shp{s.B, s.T, 3 * s.NH * s.HS};
-  RopeArgs f;
-  f.inp = randn(shp, 70);
-  f.out = Tensor::empty(shp, DType::F32);
-  f.NH = static_cast<int>(s.NH), f.pos_offset = po, f.theta = theta;
-  ops::rope_forward(f);
-  const Vec x = to_f64(f.inp);
-  check_close(f.out, ref_rope(x, s, po, theta), kFwdTol, "out (v copied)");
+  struct RopeCase {
+    AttnShape s;
+    int64_t R;  // rotated dims (0: all)
+    float theta;
+  };
+  for (const RopeCase& rc : {RopeCase{{2, 7, 3, 4}, 0, 10000.f}, RopeCase{{2, 7, 4, 8, 2}, 0, 500000.f},
+                             RopeCase{{2, 7, 4, 8, 2}, 4, 10000.f}, RopeCase{{1, 9, 2, 10, 1}, 6, 10000.f}}) {
+    const AttnShape s = rc.s;
+    const int64_t po = 3, R = rc.R;
+    const float theta = rc.theta;
+    DYNAMIC_SECTION("NH=" << s.NH << " NKV=" << s.kv() << " HS=" << s.HS << " R=" << R << " theta=" << theta) {
+      const Shape shp{s.B, s.T, s.width()};
+      RopeArgs f;
+      f.inp = randn(shp, 70);
+      f.out = Tensor::empty(shp, DType::F32);
+      f.NH = static_cast<int>(s.NH), f.pos_offset = po, f.theta = theta;
+      f.NKV = static_cast<int>(s.NKV), f.rot_dims = static_cast<int>(R);
+      ops::rope_forward(f);
+      const Vec x = to_f64(f.inp);
+      check_close(f.out, ref_rope(x, s, po, theta, R), kFwdTol, "out (v and unrotated dims copied)");
 
-  RopeArgs g = f;  // backward: out = dinp, inp = dout
-  const Tensor dout = randn(shp, 71);
-  g.inp = dout;
-  g.out = Tensor::empty(shp, DType::F32);
-  ops::rope_backward(g);
-  const Vec dv = to_f64(dout);
-  const Vec fd = fd_grad(x, [&](const Vec& v) { return dot(ref_rope(v, s, po, theta), dv); });
-  check_close(g.out, fd, kBwdTol, "dinp");
+      RopeArgs g = f;  // backward: out = dinp, inp = dout
+      const Tensor dout = randn(shp, 71);
+      g.inp = dout;
+      g.out = Tensor::empty(shp, DType::F32);
+      ops::rope_backward(g);
+      const Vec dv = to_f64(dout);
+      const Vec fd = fd_grad(x, [&](const Vec& v) { return dot(ref_rope(v, s, po, theta, R), dv); });
+      check_close(g.out, fd, kBwdTol, "dinp");
 
-  Tensor inplace = f.inp.clone();
-  RopeArgs ip = f;
-  ip.inp = inplace, ip.out = inplace;
-  ops::rope_forward(ip);
-  CHECK(bit_equal(inplace, f.out));
-  ops::rope_backward(ip);  // inverse rotation restores the input
-  check_close(inplace, x, 1e-6, "rope_backward(rope_forward(x)) == x");
+      Tensor inplace = f.inp.clone();
+      RopeArgs ip = f;
+      ip.inp = inplace, ip.out = inplace;
+      ops::rope_forward(ip);
+      CHECK(bit_equal(inplace, f.out));
+      ops::rope_backward(ip);  // inverse rotation restores the input
+      check_close(inplace, x, 1e-6, "rope_backward(rope_forward(x)) == x");
+    }
+  }
+}
+
+TEST_CASE("attention and rope reject bad head counts and rotary dims") {
+  AttentionArgs f{.out = Tensor::empty({1, 4, 8}, DType::F32), .lse = Tensor::empty({1, 4, 4}, DType::F32),
+                  .qkv = randn({1, 4, 16}, 1), .NH = 4, .NKV = 3};
+  REQUIRE_THROWS_WITH(ops::attention_forward(f), Catch::Contains("multiple of NKV=3"));
+  f.NKV = 2;  // (4 + 2*2) * HS = 16 -> HS = 2, out (1, 4, 8): valid
+  REQUIRE_NOTHROW(ops::attention_forward(f));
+  f.qkv = randn({1, 4, 12}, 2);  // not (NH + 2*NKV) * HS for any HS
+  REQUIRE_THROWS_WITH(ops::attention_forward(f), Catch::Contains("(NH+2*NKV)*HS"));
+  RopeArgs r{.out = Tensor::empty({1, 4, 32}, DType::F32), .inp = randn({1, 4, 32}, 3), .NH = 2, .NKV = 1,
+             .rot_dims = 6};
+  REQUIRE_NOTHROW(ops::rope_forward(r));  // HS = 8: 6 of 8 dims rotated
+  r.rot_dims = 5;
+  REQUIRE_THROWS_WITH(ops::rope_forward(r), Catch::Contains("rotary dims 5"));
+  r.rot_dims = 10;
+  REQUIRE_THROWS_WITH(ops::rope_forward(r), Catch::Contains("rotary dims 10"));
 }
 
 // The harness's timing mode on the same cases as the checks above. Run with:
