@@ -19,10 +19,12 @@ setup_run() {
   export OMP_NUM_THREADS=1
   DATA="${WORK}/data"
   TOK="${WORK}/tokenizer"
-  "$DSPREP" --generate-corpus "${WORK}/corpus.txt" --size-mb 1 --seed 1 >/dev/null
-  "$DSPREP" --train-tokenizer --input "${WORK}/corpus.txt" --vocab-size 512 --output-dir "$TOK" >/dev/null
-  "$DSPREP" --input "${WORK}/corpus.txt" --output-prefix "${DATA}/corpus" \
-    --vocab-file "${TOK}/vocab.json" --merge-file "${TOK}/merges.txt" >/dev/null
+  local log="${WORK}/setup.log"
+  { "$DSPREP" --generate-corpus "${WORK}/corpus.txt" --size-mb 1 --seed 1 &&
+    "$DSPREP" --train-tokenizer --input "${WORK}/corpus.txt" --vocab-size 512 --output-dir "$TOK" &&
+    "$DSPREP" --input "${WORK}/corpus.txt" --output-prefix "${DATA}/corpus" \
+      --vocab-file "${TOK}/vocab.json" --merge-file "${TOK}/merges.txt"; } > "$log" 2>&1 ||
+    fail "preparing the corpus and tokenizer failed" "$log"
 }
 
 # check_trained LOG FIRST LAST: the log's iteration lines run from at most
