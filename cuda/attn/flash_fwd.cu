@@ -92,7 +92,8 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FwdParams<T> p) {
   load_tile<T, HS>(sQ, gQ + q0 * W, W, int(imin64(kTile, p.T_ - q0)));
   for (int c = half * (HS / 2); c < (half + 1) * (HS / 2); ++c) O[r * LO + c] = 0.f;
   float m = -INFINITY, l = 0.f;
-  const uint64_t drop_row = p.drop.p != 0.f ? dropout_attn_row(p.drop.stream, p.drop.sample0 + b, p.drop.head0 + h, qrow) : 0;
+  const uint64_t drop_row =
+      p.drop.p != 0.f ? dropout_attn_row(p.drop.stream, p.drop.sample0 + b, p.drop.head0 + h, qrow) : 0;
   const int64_t last = imin64(q0 + kTile - 1, p.T_ - 1);
   for (int64_t kv0 = 0; kv0 <= last; kv0 += kTile) {
     __syncthreads();  // everyone is done with the previous K/V tile

@@ -138,7 +138,9 @@ json model_json(const ModelConfig& m) {
           {"bias", m.bias},
           {"rope_theta", num(m.rope_theta)},
           {"norm_eps", num(m.norm_eps)},
-          {"init_method_std", num(m.init_method_std)}};
+          {"init_method_std", num(m.init_method_std)},
+          {"hidden_dropout", num(m.hidden_dropout)},
+          {"attention_dropout", num(m.attention_dropout)}};
 }
 
 json training_json(const TrainConfig& c) {

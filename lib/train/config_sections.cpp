@@ -38,6 +38,8 @@ void read_model_section(JsonSection s, ModelConfig& m) {
   m.rope_theta = s.get<float>("rope_theta", m.rope_theta);
   m.norm_eps = s.get<float>("norm_eps", m.norm_eps);
   m.init_method_std = s.get<float>("init_method_std", m.init_method_std);
+  m.hidden_dropout = s.get<float>("hidden_dropout", m.hidden_dropout);
+  m.attention_dropout = s.get<float>("attention_dropout", m.attention_dropout);
   s.finish(UnknownKeys::Error);
 }
 

@@ -114,6 +114,10 @@ void validate_model(const ModelConfig& m, const ParallelConfig& p) {
                 m.init_method_std);
   DS_USER_CHECK(m.norm_eps > 0, "model.norm_eps (--norm-epsilon) must be positive, got {}", m.norm_eps);
   DS_USER_CHECK(m.rope_theta > 0, "model.rope_theta (--rotary-base) must be positive, got {}", m.rope_theta);
+  DS_USER_CHECK(m.hidden_dropout >= 0 && m.hidden_dropout < 1,
+                "model.hidden_dropout (--hidden-dropout) must be in [0, 1), got {}", m.hidden_dropout);
+  DS_USER_CHECK(m.attention_dropout >= 0 && m.attention_dropout < 1,
+                "model.attention_dropout (--attention-dropout) must be in [0, 1), got {}", m.attention_dropout);
   DS_USER_CHECK(m.num_heads % p.tp == 0,
                 "model.num_heads {} is not divisible by tensor_model_parallel_size {} (--tensor-model-parallel-size)",
                 m.num_heads, p.tp);
