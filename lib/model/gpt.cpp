@@ -242,7 +242,6 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
     ce_stats_ = f32({2, N});
   }
   dresid_ = act({B * local_seq(T), C});
-  ddrop_ = act({B * local_seq(T), C});
   dnorm_ = act({N, C});
   alloc_sp_buffers(B, T);
   dqkv_ = act({B, T, 3 * Cl});
@@ -327,11 +326,14 @@ void GptModel::dropout_add(const Tensor& out, const Tensor& inp, const Tensor& r
   ops::dropout_forward({.out = bt(out), .inp = bt(inp), .residual = bt(residual), .dropout = d}, stream_);
 }
 
+// The gradient goes into dnorm_, which is free wherever this is called (before
+// a row-parallel linear's backward and before the embedding backward).
 Tensor GptModel::dropout_grad(const Tensor& dy, const DropoutSpec& d) {
   if (d.p == 0.f) return dy;
   const Shape s{B_, local_seq(T_), d_.C};
-  ops::dropout_backward({.out = ddrop_.reshape(s), .inp = dy.reshape(s), .residual = Tensor(), .dropout = d}, stream_);
-  return ddrop_;
+  const Tensor dx = dnorm_.view(0, {B_ * local_seq(T_), d_.C});
+  ops::dropout_backward({.out = dx.reshape(s), .inp = dy.reshape(s), .residual = Tensor(), .dropout = d}, stream_);
+  return dx;
 }
 
 // Tensor parallel: qkv and fc are column-parallel (copy_to_tp on their

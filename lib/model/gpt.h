@@ -221,7 +221,6 @@ class GptModel {
   Tensor ce_max_, ce_stats_;        // (B*T), (2, B*T) f32: vocab-parallel softmax statistics
   // Backward scratch.
   Tensor dresid_, dnorm_, dqkv_, dqkv2_, dattn_, dfc_, dact_;
-  Tensor ddrop_;                    // (B*T/TP or B*T, C): gradient through a hidden dropout
   // Sequence-parallel scratch: full-sequence (N,C) tensor and permute buffer,
   // the sharded norm input gradient, per-rank norm weight gradients.
   Tensor sp_full_, sp_tmp_, dnorm_sh_, sp_dw_, sp_db_;
