@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   for (int s = 0; s < warmup + steps; ++s) {
     auto t0 = std::chrono::steady_clock::now();
     model.grads().zero_();
-    model.forward_backward(tok, tgt, 1.0f / (B * T));
+    model.forward_backward(tok, tgt, 1.0f / (B * T));  // no DropoutKey: dropout-free, as torch_ref.py
     opt.step(model.params(), model.grads(), h, 1.0f);
     double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup) ms.push_back(dt);

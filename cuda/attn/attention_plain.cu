@@ -4,6 +4,8 @@
 // atomics: per query row dq (and D_i = dout_i . out_i), then per key row of a
 // kv head dk, dv by walking the query rows i >= j of every query head of its
 // group (grouped-query attention) in chunks. Slow but simple.
+// Attention dropout multiplies probability (i, j) by the hashed mask factor m
+// (lib/ops/dropout_mask.h): out uses P*m, dS = P * (m * dP - D), dV uses P*m.
 #include "cuda/attn/attention.h"
 #include "cuda/core/allocator.h"
 #include "cuda/core/common.cuh"
@@ -21,7 +23,18 @@ template <class T> struct PlainFwdParams {
   int64_t T_;
   int NH, NKV, HS;
   float scale;
+  DropoutSpec drop;
+  uint32_t threshold;
+  float dscale;
 };
+
+// The dropout factor of probability (query i, key j) of head h in batch b.
+template <class P>
+__device__ __forceinline__ float drop_factor(const P& p, int64_t b, int h, int64_t i, int64_t j) {
+  if (p.drop.p == 0.f) return 1.f;
+  return dropout_factor(dropout_attn_row(p.drop.stream, p.drop.sample0 + b, p.drop.head0 + h, i), j, p.threshold,
+                        p.dscale);
+}
 
 // Offset of head h of part 0 (q: a query head) or 1, 2 (k, v: a kv head) of
 // token t in the packed (B, T, (NH+2*NKV)*HS) buffer.
@@ -63,6 +76,10 @@ __global__ void plain_forward_kernel(PlainFwdParams<T> p) {
   }
   float S = block_sum(sum);  // also orders the sc[] writes before the reads below
   if (threadIdx.x == 0) p.lse[(b * p.NH + h) * p.T_ + i] = M + logf(S);
+  if (p.drop.p != 0.f) {
+    for (int64_t j = threadIdx.x; j <= i; j += kThreads) sc[j] *= drop_factor(p, b, h, i, j);
+    __syncthreads();
+  }
   T* o = p.out + (b * p.T_ + i) * int64_t(p.NH) * p.HS + int64_t(h) * p.HS;
   for (int d = threadIdx.x; d < p.HS; d += kThreads) {
     float acc = 0.f;
@@ -82,6 +99,9 @@ template <class T> struct PlainBwdParams {
   int64_t T_;
   int NH, NKV, HS;
   float scale;
+  DropoutSpec drop;
+  uint32_t threshold;
+  float dscale;
 };
 
 // grid: (T, NH, B); dynamic smem: T floats. Writes dq and Drow.
@@ -107,7 +127,7 @@ __global__ void plain_dq_kernel(PlainBwdParams<T> p) {
     float s = dot_row(q, p.qkv + qkv_off(b, j, p.T_, p.NH, p.NKV, p.HS, 1, kh), p.HS) * p.scale;
     float pr = expf(s - lse);
     float dp = dot_row(g, p.qkv + qkv_off(b, j, p.T_, p.NH, p.NKV, p.HS, 2, kh), p.HS);
-    ds[j] = pr * (dp - Di);
+    ds[j] = pr * (drop_factor(p, b, h, i, j) * dp - Di);
   }
   __syncthreads();
   T* dq = p.dqkv + qkv_off(b, i, p.T_, p.NH, p.NKV, p.HS, 0, h);
@@ -146,8 +166,10 @@ __global__ void plain_dkv_kernel(PlainBwdParams<T> p) {
           s += to_f(qr[d]) * k[d];
           dp += to_f(p.dout[orow + d]) * v[d];
         }
+        const float m = drop_factor(p, b, h, i, j);
         pv = expf(s * p.scale - p.lse[li]);
-        dsv = pv * (dp - p.Drow[li]);
+        dsv = pv * (m * dp - p.Drow[li]);
+        pv *= m;
       }
       pr[threadIdx.x] = pv;
       ds[threadIdx.x] = dsv;
@@ -186,7 +208,8 @@ void plain_attention_forward(const AttentionArgs& a, const AttnShape& sh, const 
   dispatch_float(a.qkv.dtype(), "attention_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     PlainFwdParams<T> p{a.out.data<T>(), a.lse.data<float>(), a.qkv.data<T>(), sh.T, sh.NH,
-                        sh.NKV, sh.HS, 1.0f / sqrtf(float(sh.HS))};
+                        sh.NKV, sh.HS, 1.0f / sqrtf(float(sh.HS)), a.dropout, dropout_threshold(a.dropout.p),
+                        dropout_scale(a.dropout.p)};
     size_t smem = sizeof(float) * size_t(sh.T);
     allow_smem(plain_forward_kernel<T>, smem);
     dim3 grid(unsigned(sh.T), unsigned(sh.NH), unsigned(sh.B));
@@ -202,7 +225,8 @@ void plain_attention_backward(const AttentionBwdArgs& a, const AttnShape& sh, co
     using T = typename decltype(tag)::type;
     PlainBwdParams<T> p{a.dqkv.data<T>(), Drow, a.dout.data<T>(), a.out.data<T>(),
                         a.lse.data<float>(), a.qkv.data<T>(), sh.T, sh.NH, sh.NKV, sh.HS,
-                        1.0f / sqrtf(float(sh.HS))};
+                        1.0f / sqrtf(float(sh.HS)), a.dropout, dropout_threshold(a.dropout.p),
+                        dropout_scale(a.dropout.p)};
     size_t smem = sizeof(float) * size_t(sh.T);
     allow_smem(plain_dq_kernel<T>, smem);
     dim3 grid(unsigned(sh.T), unsigned(sh.NH), unsigned(sh.B));

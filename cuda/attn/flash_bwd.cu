@@ -9,6 +9,8 @@
 //  3. dQ: one block per (query tile, head, batch) walks the key tiles up to
 //     the diagonal, recomputes P and dS, and accumulates dQ += dS K.
 // P is recomputed exactly from the saved lse, so no rescaling is needed.
+// Attention dropout redraws the forward's mask factor m per (query, key):
+// dV += (P m)^T dO, dS = P (m dP - D) (lib/ops/dropout_mask.h).
 #include "cuda/attn/flash_common.cuh"
 #include "cuda/core/allocator.h"
 
@@ -26,7 +28,18 @@ template <class T> struct BwdParams {
   int64_t T_;
   int NH, NKV;
   float scale;
+  DropoutSpec drop;
+  uint32_t threshold;
+  float dscale;
 };
+
+// The dropout factor of probability (query q, key kv) of head h in batch b.
+template <class T>
+__device__ __forceinline__ float drop_factor(const BwdParams<T>& p, int64_t b, int h, int64_t q, int64_t kv) {
+  if (p.drop.p == 0.f) return 1.f;
+  return dropout_factor(dropout_attn_row(p.drop.stream, p.drop.sample0 + b, p.drop.head0 + h, q), kv, p.threshold,
+                        p.dscale);
+}
 
 template <int HS> struct BwdSmem {
   static constexpr size_t tile = sizeof(uint16_t) * kTile * ld_tile<HS>();  // 4 tiles
@@ -146,8 +159,9 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(BwdParams<T> p) {
         int64_t kv = kv0 + warp * 16 + rr, q = q0 + c;
         bool valid = q < p.T_ && kv <= q;
         float pv = valid ? expf(S[rr * kLdS + c] * p.scale - sL[c]) : 0.f;
-        P[rr * kLdP + c] = from_f<T>(pv);
-        DS[rr * kLdP + c] = from_f<T>(pv * (DP[rr * kLdS + c] - sD[c]));
+        float md = valid ? drop_factor(p, b, h, q, kv) : 0.f;
+        P[rr * kLdP + c] = from_f<T>(pv * md);
+        DS[rr * kLdP + c] = from_f<T>(pv * (md * DP[rr * kLdS + c] - sD[c]));
       }
       __syncwarp();
       for (int n = 0; n < HS / 16; ++n) {
@@ -219,7 +233,8 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(BwdParams<T> p) {
       int64_t q = q0 + ql, kv = kv0 + c;
       bool valid = q < p.T_ && kv <= q;
       float pv = valid ? expf(S[rr * kLdS + c] * p.scale - sL[ql]) : 0.f;
-      DS[rr * kLdP + c] = from_f<T>(pv * (DP[rr * kLdS + c] - sD[ql]));
+      float md = valid ? drop_factor(p, b, h, q, kv) : 0.f;
+      DS[rr * kLdP + c] = from_f<T>(pv * (md * DP[rr * kLdS + c] - sD[ql]));
     }
     __syncwarp();
     for (int n = 0; n < HS / 16; ++n) mma_ab<T, kTile>(dQ[n], DS, kLdP, sK + n * 16, LT);
@@ -244,7 +259,8 @@ std::string launch_bwd(const AttentionBwdArgs& a, const AttnShape& sh, const Str
       Drow, a.dout.data<T>(), a.out.data<T>(), rows, sh.T, sh.NH, HS);
   DS_CUDA_CHECK_LAUNCH();
   BwdParams<T> p{a.dqkv.data<T>(), a.dout.data<T>(), a.out.data<T>(), a.lse.data<float>(),
-                 Drow, a.qkv.data<T>(), sh.T, sh.NH, sh.NKV, 1.0f / sqrtf(float(HS))};
+                 Drow, a.qkv.data<T>(), sh.T, sh.NH, sh.NKV, 1.0f / sqrtf(float(HS)), a.dropout,
+                 dropout_threshold(a.dropout.p), dropout_scale(a.dropout.p)};
   dim3 grid(unsigned((sh.T + kTile - 1) / kTile), unsigned(sh.NH), unsigned(sh.B));
   dim3 kv_grid(unsigned((sh.T + kTile - 1) / kTile), unsigned(sh.NKV), unsigned(sh.B));
   dkdv<<<kv_grid, kThreads, smem, stream_of(s)>>>(p);

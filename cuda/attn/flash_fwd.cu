@@ -5,6 +5,8 @@
 // Grouped-query attention: query head h reads kv head h / (NH / NKV).
 // S = Q K^T and P V run on tensor cores (WMMA); softmax runs in f32 on a
 // per-warp shared-memory copy of S. Lanes 2r and 2r+1 own row r of the warp.
+// Attention dropout is applied in-kernel to P before P V (l sums the undropped
+// probabilities), with the hashed mask of lib/ops/dropout_mask.h.
 #include "cuda/attn/flash_common.cuh"
 
 namespace ds::cuda {
@@ -18,6 +20,9 @@ template <class T> struct FwdParams {
   int64_t T_;
   int NH, NKV;
   float scale;
+  DropoutSpec drop;
+  uint32_t threshold;
+  float dscale;
 };
 
 template <int HS> struct FwdSmem {
@@ -32,9 +37,11 @@ template <int HS> struct FwdSmem {
 // warp's score tile: masks, updates m and l, writes P (16-bit) and returns the
 // factor by which the row's previous output must be scaled.
 template <class T>
-__device__ __forceinline__ float softmax_update(float* S, T* P, int r, int half, int64_t qrow,
-                                                int64_t kv0, int64_t T_, float scale, float& m,
+__device__ __forceinline__ float softmax_update(const FwdParams<T>& p, float* S, T* P, int r, int half,
+                                                int64_t qrow, int64_t kv0, uint64_t drop_row, float& m,
                                                 float& l) {
+  const int64_t T_ = p.T_;
+  const float scale = p.scale;
   float* Sr = S + r * kLdS;
   float mx = -INFINITY;
   for (int c = half * 32; c < half * 32 + 32; ++c) {
@@ -51,6 +58,7 @@ __device__ __forceinline__ float softmax_update(float* S, T* P, int r, int half,
   for (int c = half * 32; c < half * 32 + 32; ++c) {
     float pv = expf(Sr[c] - m_new);
     sum += pv;
+    if (p.drop.p != 0.f) pv *= dropout_factor(drop_row, kv0 + c, p.threshold, p.dscale);
     Pr[c] = from_f<T>(pv);
   }
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -85,6 +93,8 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FwdParams<T> p) {
   load_tile<T, HS>(sQ, gQ + q0 * W, W, int(imin64(kTile, p.T_ - q0)));
   for (int c = half * (HS / 2); c < (half + 1) * (HS / 2); ++c) O[r * LO + c] = 0.f;
   float m = -INFINITY, l = 0.f;
+  const uint64_t drop_row =
+      p.drop.p != 0.f ? dropout_attn_row(p.drop.stream, p.drop.sample0 + b, p.drop.head0 + h, qrow) : 0;
   const int64_t last = imin64(q0 + kTile - 1, p.T_ - 1);
   for (int64_t kv0 = 0; kv0 <= last; kv0 += kTile) {
     __syncthreads();  // everyone is done with the previous K/V tile
@@ -99,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FwdParams<T> p) {
       wmma::store_matrix_sync(S + n * 16, acc, kLdS, wmma::mem_row_major);
     }
     __syncwarp();
-    float alpha = softmax_update(S, P, r, half, qrow, kv0, p.T_, p.scale, m, l);
+    float alpha = softmax_update(p, S, P, r, half, qrow, kv0, drop_row, m, l);
     for (int c = half * (HS / 2); c < (half + 1) * (HS / 2); ++c) O[r * LO + c] *= alpha;
     __syncwarp();
     for (int n = 0; n < HS / 16; ++n) {
@@ -124,7 +134,7 @@ std::string launch_fwd(const AttentionArgs& a, const AttnShape& sh, const Stream
   auto kernel = flash_fwd_kernel<T, HS>;
   if (std::string why = prepare_smem(kernel, FwdSmem<HS>::total); !why.empty()) return why;
   FwdParams<T> p{a.out.data<T>(), a.lse.data<float>(), a.qkv.data<T>(), sh.T, sh.NH, sh.NKV,
-                 1.0f / sqrtf(float(HS))};
+                 1.0f / sqrtf(float(HS)), a.dropout, dropout_threshold(a.dropout.p), dropout_scale(a.dropout.p)};
   dim3 grid(unsigned((sh.T + kTile - 1) / kTile), unsigned(sh.NH), unsigned(sh.B));
   kernel<<<grid, kThreads, FwdSmem<HS>::total, stream_of(s)>>>(p);
   DS_CUDA_CHECK_LAUNCH();

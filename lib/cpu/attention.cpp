@@ -10,6 +10,8 @@
 // (b, kv head), since the key/value gradients of one kv head gather
 // contributions from all query blocks of all the query heads that share it (in
 // a fixed order, so results do not depend on the thread count).
+// Attention dropout drops probabilities after the softmax with the hashed mask
+// of lib/ops/dropout_mask.h; the backward redraws it.
 #include <cmath>
 #include <cstring>
 
@@ -102,6 +104,19 @@ void softmax_block(float* S, int64_t lds, int64_t M, int64_t q0, int64_t kend, f
   }
 }
 
+// Attention dropout on probability rows [q0, q0 + M) of head h in batch b
+// (keys [0, q0 + i] of row i): P *= mask / (1 - p).
+void drop_probs(float* P, int64_t ld, int64_t M, int64_t q0, const DropoutSpec& d, int64_t b, int64_t h) {
+  if (d.p == 0.f) return;
+  const uint32_t threshold = dropout_threshold(d.p);
+  const float scale = dropout_scale(d.p);
+  for (int64_t i = 0; i < M; ++i) {
+    const uint64_t row = dropout_attn_row(d.stream, d.sample0 + b, d.head0 + h, q0 + i);
+    float* r = P + i * ld;
+    for (int64_t j = 0; j <= q0 + i; ++j) r[j] *= dropout_factor(row, j, threshold, scale);
+  }
+}
+
 // K transposed and V rows of every kv head, packed once per forward call and
 // shared read-only by the query-block tasks.
 struct PackedKV {
@@ -140,6 +155,7 @@ void forward_block(const AttentionArgs& a, const AttnDims& d, const PackedKV& kv
   tile_gemm(qk);
   float* lse = a.lse.data<float>() + bh * d.T + q0;  // (M) of (B, NH, T)
   softmax_block(S, ld, M, q0, kend, d.scale, lse);
+  drop_probs(S, ld, M, q0, a.dropout, b, h);
   TileGemm pv;  // O = P V
   pv.M = M, pv.N = d.HSp, pv.K = kend;
   pv.a = S, pv.a_rs = ld, pv.a_cs = 1;
@@ -198,9 +214,14 @@ HeadScratch head_scratch(const AttnDims& d) {
 }
 
 // Recomputes P for the block and turns dP into dS = P * (dP - D) * scale.
+// With attention dropout (mask factor m = 0 or 1/(1-p)) the output used
+// P~ = P * m: dS = P * (m * dP~ - D) * scale, and P becomes P~ for dV; D =
+// dO . O holds either way (O is the dropped output).
 void block_probs_and_ds(const HeadScratch& s, int64_t ld, int64_t M, int64_t q0, int64_t kend,
                         const float* lse, const float* dO, const float* O, int64_t ldo,
-                        int64_t HS, float scale) {
+                        int64_t HS, float scale, const DropoutSpec& drop, int64_t b, int64_t h) {
+  const uint32_t threshold = dropout_threshold(drop.p);
+  const float dscale = dropout_scale(drop.p);
   for (int64_t i = 0; i < M; ++i) {
     float* p = s.P + i * ld;
     float* ds = s.dS + i * ld;
@@ -208,11 +229,20 @@ void block_probs_and_ds(const HeadScratch& s, int64_t ld, int64_t M, int64_t q0,
     const float l = lse[i];
     float D = 0.f;  // sum_e dO[i][e] * O[i][e]
     for (int64_t e = 0; e < HS; ++e) D += dO[i * ldo + e] * O[i * ldo + e];
+    if (drop.p == 0.f) {
 #pragma omp simd
-    for (int64_t j = 0; j < nv; ++j) {
-      const float pj = fast_exp(p[j] * scale - l);
-      p[j] = pj;
-      ds[j] = pj * (ds[j] - D) * scale;
+      for (int64_t j = 0; j < nv; ++j) {
+        const float pj = fast_exp(p[j] * scale - l);
+        p[j] = pj;
+        ds[j] = pj * (ds[j] - D) * scale;
+      }
+    } else {
+      const uint64_t row = dropout_attn_row(drop.stream, drop.sample0 + b, drop.head0 + h, q0 + i);
+      for (int64_t j = 0; j < nv; ++j) {
+        const float pj = fast_exp(p[j] * scale - l), m = dropout_factor(row, j, threshold, dscale);
+        p[j] = pj * m;
+        ds[j] = pj * (m * ds[j] - D) * scale;
+      }
     }
     for (int64_t j = nv; j < kend; ++j) p[j] = ds[j] = 0.f;
   }
@@ -232,7 +262,7 @@ void backward_block(const AttentionBwdArgs& a, const AttnDims& d, const HeadScra
   tile_gemm(g);
   g.a = dO, g.a_rs = d.C, g.b = s.vt, g.c = s.dS;  // dP = dO V^T
   tile_gemm(g);
-  block_probs_and_ds(s, ldT, M, q0, kend, lse, dO, O, d.C, d.HS, d.scale);
+  block_probs_and_ds(s, ldT, M, q0, kend, lse, dO, O, d.C, d.HS, d.scale, a.dropout, b, h);
   TileGemm dq;  // dQ = dS K
   dq.M = M, dq.N = d.HSp, dq.K = kend, dq.a = s.dS, dq.a_rs = ldT, dq.a_cs = 1;
   dq.b = s.krows, dq.ldb = d.HSp, dq.c = s.dq, dq.ldc = d.HSp;

@@ -1,5 +1,7 @@
 // GPT forward and backward, one transformer layer at a time, on the op API.
-//   x_{l+1} = r + MLP(norm2(r)),  r = x_l + Attn(norm1(x_l))
+//   x_{l+1} = r + drop(MLP(norm2(r))),  r = x_l + drop(Attn(norm1(x_l)))
+// (drop: hidden dropout in training; attention dropout inside Attn; the
+// embedding output is dropped too, as in Megatron).
 // Backward walks the same steps in reverse with one residual-gradient buffer
 // that each branch adds into (norm backward uses Accum::Add).
 #include "lib/model/gpt.h"
@@ -295,6 +297,48 @@ void GptModel::norm_backward(const std::string& prefix, const Tensor& dinp, cons
   }
 }
 
+// Dropout keys use global indices: sample first_sample + b, position
+// tp_rank * T/TP + t on a sequence-parallel shard, head tp_rank * NH/TP + h on
+// a tensor-parallel rank, so every layout drops what the single process drops.
+DropoutSpec GptModel::hidden_dropout(int layer, DropoutSite site) {
+  const DropoutKey& k = S().key;
+  if (!k.train || cfg_.hidden_dropout == 0.f) return {};
+  return {.p = cfg_.hidden_dropout,
+          .stream = dropout_stream(k.seed, k.iteration, layer, site),
+          .sample0 = k.first_sample,
+          .pos0 = tp_.sp() ? tp_.rank * local_seq(T_) : 0,
+          .head0 = 0};
+}
+
+DropoutSpec GptModel::attention_dropout(int layer) {
+  const DropoutKey& k = S().key;
+  if (!k.train || cfg_.attention_dropout == 0.f) return {};
+  return {.p = cfg_.attention_dropout,
+          .stream = dropout_stream(k.seed, k.iteration, layer, DropoutSite::AttentionProbs),
+          .sample0 = k.first_sample,
+          .pos0 = 0,
+          .head0 = tp_.rank * NHl_};
+}
+
+void GptModel::dropout_add(const Tensor& out, const Tensor& inp, const Tensor& residual, const DropoutSpec& d) {
+  if (d.p == 0.f) {
+    ops::add({.out = out, .a = inp, .b = residual}, stream_);
+    return;
+  }
+  auto bt = [&](const Tensor& t) { return t.defined() ? t.reshape({B_, local_seq(T_), d_.C}) : t; };
+  ops::dropout_forward({.out = bt(out), .inp = bt(inp), .residual = bt(residual), .dropout = d}, stream_);
+}
+
+// The gradient goes into dnorm_, which is free wherever this is called (before
+// a row-parallel linear's backward and before the embedding backward).
+Tensor GptModel::dropout_grad(const Tensor& dy, const DropoutSpec& d) {
+  if (d.p == 0.f) return dy;
+  const Shape s{B_, local_seq(T_), d_.C};
+  const Tensor dx = dnorm_.view(0, {B_ * local_seq(T_), d_.C});
+  ops::dropout_backward({.out = dx.reshape(s), .inp = dy.reshape(s), .residual = Tensor(), .dropout = d}, stream_);
+  return dx;
+}
+
 // Tensor parallel: qkv and fc are column-parallel (copy_to_tp on their
 // input), attention runs on this rank's NHl heads, attn.proj and mlp.proj are
 // row-parallel (reduce_from_tp on their output). Their replicated bias is
@@ -315,14 +359,15 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y) {
     ops::rope_forward({.out = a.qkv, .inp = a.qkv_pre, .NH = nh, .pos_offset = 0, .theta = cfg_.rope_theta,
                        .NKV = nkv, .rot_dims = d_.rot},
                       stream_);
-  ops::attention_forward({.out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = nh, .NKV = nkv}, stream_);
+  ops::attention_forward(
+      {.out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = nh, .NKV = nkv, .dropout = attention_dropout(l)}, stream_);
   ops::matmul_forward({.out = exit_tp_target(a.resid_mid),
                        .inp = rows(a.attn_out),
                        .weight = w(p + "attn.proj.weight"),
                        .bias = row_bias ? opt(p + "attn.proj.bias", false) : Tensor()},
                       stream_);
   exit_tp(a.resid_mid);
-  ops::add({.out = a.resid_mid, .a = a.resid_mid, .b = rows(x)}, stream_);
+  dropout_add(a.resid_mid, a.resid_mid, rows(x), hidden_dropout(l, DropoutSite::AttentionOut));
   norm_forward(p + "norm2", a.norm2_out, a.norm2_mean, a.norm2_rstd, a.resid_mid);
   ops::matmul_forward({.out = a.fc_out,
                        .inp = enter_tp(a.norm2_out),
@@ -341,7 +386,7 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y) {
                        .bias = row_bias ? opt(p + "mlp.proj.bias", false) : Tensor()},
                       stream_);
   exit_tp(y2);
-  ops::add({.out = y2, .a = y2, .b = a.resid_mid}, stream_);
+  dropout_add(y2, y2, a.resid_mid, hidden_dropout(l, DropoutSite::MlpOut));
 }
 
 void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
@@ -351,7 +396,7 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
   ops::matmul_backward({.dinp = dact_,
                         .dweight = dw(p + "mlp.proj.weight"),
                         .dbias = opt(p + "mlp.proj.bias", true),
-                        .dout = exit_tp_backward(dresid),
+                        .dout = exit_tp_backward(dropout_grad(dresid, hidden_dropout(l, DropoutSite::MlpOut))),
                         .inp = a.act_out,
                         .weight = w(p + "mlp.proj.weight"),
                         .accum = Accum::Overwrite},
@@ -374,14 +419,21 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
   ops::matmul_backward({.dinp = rows(dattn_),
                         .dweight = dw(p + "attn.proj.weight"),
                         .dbias = opt(p + "attn.proj.bias", true),
-                        .dout = exit_tp_backward(dresid),
+                        .dout = exit_tp_backward(dropout_grad(dresid, hidden_dropout(l, DropoutSite::AttentionOut))),
                         .inp = rows(a.attn_out),
                         .weight = w(p + "attn.proj.weight"),
                         .accum = Accum::Overwrite},
                        stream_);
   const int nh = static_cast<int>(NHl_), nkv = static_cast<int>(NKVl_);
-  ops::attention_backward(
-      {.dqkv = dqkv_, .dout = dattn_, .out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = nh, .NKV = nkv}, stream_);
+  ops::attention_backward({.dqkv = dqkv_,
+                           .dout = dattn_,
+                           .out = a.attn_out,
+                           .lse = a.lse,
+                           .qkv = a.qkv,
+                           .NH = nh,
+                           .NKV = nkv,
+                           .dropout = attention_dropout(l)},
+                          stream_);
   if (d_.rope)
     ops::rope_backward({.out = dqkv_, .inp = dqkv_, .NH = nh, .pos_offset = 0, .theta = cfg_.rope_theta,
                         .NKV = nkv, .rot_dims = d_.rot},
@@ -421,6 +473,8 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
         {.out = emb, .tokens = tokens, .wte = w("embed.wte"), .wpe = wpe, .vocab_start = vocab_start_, .pos_offset = 0},
         stream_);
     exit_tp(rows(S().resid[0]));
+    const DropoutSpec d = hidden_dropout(-1, DropoutSite::Embedding);
+    if (d.p != 0.f) dropout_add(rows(S().resid[0]), rows(S().resid[0]), Tensor(), d);
     drop_params(0);
   }
   for (int l = layout_.chunks[chunk].begin; l < layout_.chunks[chunk].end; ++l) {
@@ -539,7 +593,7 @@ void GptModel::backward(const Tensor& tokens, const Tensor& dout, int chunk) {
   if (!embeds(chunk)) return;
   use_grads(0);
   // Every rank: the same (replicated) wpe gradient (sequence parallel: gathered).
-  Tensor demb = exit_tp_backward(dresid_).reshape({B_, T_, d_.C});
+  Tensor demb = exit_tp_backward(dropout_grad(dresid_, hidden_dropout(-1, DropoutSite::Embedding))).reshape({B_, T_, d_.C});
   ops::embedding_backward({.dwte = dw("embed.wte"),
                            .dwpe = opt("embed.wpe", true),
                            .dout = demb,
@@ -550,11 +604,14 @@ void GptModel::backward(const Tensor& tokens, const Tensor& dout, int chunk) {
   grads_done(0);
 }
 
-float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, float loss_weight) {
+float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, float loss_weight,
+                                 const DropoutKey& key) {
   cur_ = 0;
   std::vector<int> order = forward_order(), bwd = backward_order();
   order.insert(order.end(), bwd.begin(), bwd.end());
   store_->begin_pass(order);
+  ensure_acts(tokens.size(0), tokens.size(1));
+  S().key = key;
   forward(tokens);
   float loss = loss_and_dlogits(targets, loss_weight, true);
   backward(tokens);
@@ -565,6 +622,8 @@ float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, fl
 float GptModel::forward_loss(const Tensor& tokens, const Tensor& targets) {
   cur_ = 0;
   store_->begin_pass(forward_order());
+  ensure_acts(tokens.size(0), tokens.size(1));
+  S().key = DropoutKey{};  // evaluation: no dropout
   forward(tokens);
   store_->end_pass();
   return loss_and_dlogits(targets, 0.f, false);
@@ -588,10 +647,11 @@ Tensor GptModel::stage_output(int slot, int chunk) {
 }
 
 float GptModel::stage_forward(int slot, int chunk, const Tensor& tokens, const Tensor& targets, float loss_weight,
-                              bool backward) {
+                              bool backward, const DropoutKey& key) {
   ensure_acts(tokens.size(0), tokens.size(1));
   DS_CHECK(slot >= 0 && slot < n_slots_, "activation slot {} outside [0, {})", slot, n_slots_);
   cur_ = slot;
+  S().key = key;
   store_->begin_pass(forward_order(chunk));
   forward(tokens, chunk);
   store_->end_pass();

@@ -16,6 +16,7 @@
 #include "lib/model/layout.h"
 #include "lib/model/param_store.h"
 #include "lib/model/tp_comm.h"
+#include "lib/ops/dropout_mask.h"
 
 namespace ds {
 
@@ -37,6 +38,16 @@ struct LayerActs {
   Tensor act_out;                            // (B,T,Fl)
 };
 
+// Where a training micro-batch is: the key of its dropout masks
+// (lib/ops/dropout_mask.h, docs/dropout.md). A default key (train false) means
+// no dropout: evaluation, forward_loss and every caller that does not train.
+struct DropoutKey {
+  bool train = false;
+  uint64_t seed = 0;
+  int64_t iteration = 0;     // 0-based training iteration
+  int64_t first_sample = 0;  // global index of the micro-batch's first sample
+};
+
 // One micro-batch's activations of this rank's layers (a pipeline stage keeps
 // several at once, one per in-flight micro-batch; otherwise one). resid and acts
 // are indexed by global layer; only this stage's entries are allocated.
@@ -45,6 +56,7 @@ struct ActSet {
   std::vector<LayerActs> acts;                // L
   Tensor final_out, final_mean, final_rstd;   // (B,T,C), (B,T), (B,T); last stage
   Tensor logits;                              // (B*T, Vl), dlogits after the loss; last stage
+  DropoutKey key;                             // of the micro-batch held (recomputation redraws with it)
 };
 
 // Which pipeline stage a model is (pp = 1: the whole model).
@@ -102,7 +114,9 @@ class GptModel {
   // Forward + backward of one micro-batch. tokens/targets: (B, T) i32 on the
   // model's device. Gradients are ADDED to grads(); each token's loss gets
   // weight `loss_weight` (e.g. 1 / (B*T*grad_accum)). Returns the mean loss.
-  float forward_backward(const Tensor& tokens, const Tensor& targets, float loss_weight);
+  // Dropout (the config's probabilities) only with a training `key`.
+  float forward_backward(const Tensor& tokens, const Tensor& targets, float loss_weight,
+                         const DropoutKey& key = {});
   // Forward only; returns the mean loss over non-ignored targets.
   float forward_loss(const Tensor& tokens, const Tensor& targets);
 
@@ -117,9 +131,9 @@ class GptModel {
   // Forward of a chunk on slot's activations: the first virtual stage embeds
   // tokens, others start from stage_input. The last virtual stage computes
   // the loss (and, if backward, dlogits with weight loss_weight) and returns
-  // the mean loss; others return 0.
+  // the mean loss; others return 0. Dropout only with a training `key`.
   float stage_forward(int slot, int chunk, const Tensor& tokens, const Tensor& targets, float loss_weight,
-                      bool backward);
+                      bool backward, const DropoutKey& key = {});
   // Backward of slot's micro-batch through the chunk; dout (B,T,C) is the
   // gradient of its output (ignored on the last virtual stage). Gradients are ADDED.
   void stage_backward(int slot, int chunk, const Tensor& tokens, const Tensor& dout);
@@ -167,6 +181,13 @@ class GptModel {
   void sp_norm_backward(const std::string& prefix, const Tensor& dinp, const Tensor& dout, const Tensor& inp,
                         const Tensor& mean, const Tensor& rstd);
   ActSet& S() { return sets_[cur_]; }
+  // Dropout of the current slot's micro-batch at a site (p = 0 unless training).
+  DropoutSpec hidden_dropout(int layer, DropoutSite site);
+  DropoutSpec attention_dropout(int layer);
+  // out = residual + dropout(inp) on (Nl, C) rows; a plain add without dropout.
+  void dropout_add(const Tensor& out, const Tensor& inp, const Tensor& residual, const DropoutSpec& d);
+  // Gradient of dropout's input from that of its output (Nl, C): dy itself without dropout.
+  Tensor dropout_grad(const Tensor& dy, const DropoutSpec& d);
   void layer_forward(int l, const Tensor& x_in, const Tensor& x_out);
   void layer_backward(int l, const Tensor& x_in, const Tensor& dresid);
   void norm_forward(const std::string& prefix, const Tensor& out, const Tensor& mean,

@@ -27,6 +27,10 @@ struct ModelConfig {
   bool bias = true;
   float rope_theta = 10000.f, norm_eps = 1e-5f, init_method_std = 0.02f;
   float rotary_percent = 1.f;  // rope: fraction of each head's dims rotated (GPT-NeoX rotary_pct)
+  // Dropout probabilities in training (Megatron-DeepSpeed's defaults): hidden on
+  // the embedding and on each attention / MLP output before its residual add,
+  // attention on the softmax probabilities. Evaluation never drops.
+  float hidden_dropout = 0.1f, attention_dropout = 0.1f;
 };
 
 // Sets the family and its standard blocks. GPT-2: LayerNorm, GELU, learned

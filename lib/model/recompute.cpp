@@ -4,7 +4,9 @@
 // its backward. Selective: only attn_out lives in the scratch; the attention
 // core is re-run from the saved qkv (and lse) before the layer's backward.
 // Our attention never stores the T x T probabilities (it keeps the
-// log-sum-exp per row), so the saving is the attention output.
+// log-sum-exp per row), so the saving is the attention output. Dropout masks
+// are hashed from the micro-batch's key (ActSet::key), so a re-run draws the
+// forward's masks again.
 #include <set>
 
 #include "lib/core/error.h"
@@ -48,8 +50,13 @@ void GptModel::recompute_before_backward(int l) {
     layer_forward(l, S().resid[l], S().resid[l + 1]);
   } else if (recompute_.kind == RecomputeConfig::Kind::Selective) {
     LayerActs& a = S().acts[l];
-    ops::attention_forward(
-        {.out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = static_cast<int>(NHl_), .NKV = static_cast<int>(NKVl_)},
+    // Same key as the forward: the same attention-dropout mask is redrawn.
+    ops::attention_forward({.out = a.attn_out,
+                            .lse = a.lse,
+                            .qkv = a.qkv,
+                            .NH = static_cast<int>(NHl_),
+                            .NKV = static_cast<int>(NKVl_),
+                            .dropout = attention_dropout(l)},
         stream_);
   }
 }

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "lib/core/tensor.h"
+#include "lib/ops/dropout_mask.h"
 
 namespace ds {
 
@@ -174,12 +175,17 @@ template <class A, class F> IfArgs<A, MatmulBwdArgs> fields(A& a, F&& f) {
 // each part. Grouped-query attention: NKV divides NH and query head h reads kv
 // head h / (NH/NKV); NKV = 0 means NKV = NH (multi-head attention).
 // Forward saves the log-sum-exp per (b, h, t) row; backward recomputes scores.
+// Attention dropout (dropout.p > 0) drops softmax probabilities (query i, key j
+// of head h) with the key (sample0 + b, head0 + h, i, j) and scales the kept
+// ones by 1/(1-p); lse stays that of the undropped softmax, and the backward
+// redraws the same mask (lib/ops/dropout_mask.h).
 struct AttentionArgs {
   Tensor out;      // (B, T, NH*HS)
   Tensor lse;      // (B, NH, T) f32
   Tensor qkv;      // (B, T, (NH+2*NKV)*HS)
   int NH = 0;
   int NKV = 0;     // kv heads; 0: NH
+  DropoutSpec dropout;  // p = 0: none (pos0 unused: attention sees the whole sequence)
 };
 template <class A, class F> IfArgs<A, AttentionArgs> fields(A& a, F&& f) {
   f(a.out, "out", Role::Out);
@@ -194,6 +200,7 @@ struct AttentionBwdArgs {
   Tensor qkv;      // (B, T, (NH+2*NKV)*HS)
   int NH = 0;
   int NKV = 0;     // kv heads; 0: NH
+  DropoutSpec dropout;  // the forward's
 };
 template <class A, class F> IfArgs<A, AttentionBwdArgs> fields(A& a, F&& f) {
   f(a.dqkv, "dqkv", Role::Out);
@@ -262,6 +269,23 @@ template <class A, class F> IfArgs<A, AddArgs> fields(A& a, F&& f) {
   f(a.out, "out", Role::Out);
   f(a.a, "a", Role::In);
   f(a.b, "b", Role::In);
+}
+
+// Hidden dropout (Megatron's --hidden-dropout) fused with the residual add:
+//   forward:  out = residual + dropout(inp), residual optional;
+//   backward: out = dropout(inp) with the forward's mask (inp = dout, no residual).
+// Element (b, t, c) is kept with the key (sample0 + b, pos0 + t, c) and scaled
+// by 1/(1-p) (lib/ops/dropout_mask.h); out may alias inp or residual.
+struct DropoutArgs {
+  Tensor out;       // (B, T, C)
+  Tensor inp;       // (B, T, C)
+  Tensor residual;  // (B, T, C) or undefined
+  DropoutSpec dropout;
+};
+template <class A, class F> IfArgs<A, DropoutArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.inp, "inp", Role::In);
+  f(a.residual, "residual", Role::In);
 }
 
 // Fused softmax cross-entropy over the padded vocab. Columns >= V are padding

@@ -23,6 +23,8 @@
   X(swiglu_forward, SwigluArgs)              \
   X(swiglu_backward, SwigluBwdArgs)          \
   X(add, AddArgs)                            \
+  X(dropout_forward, DropoutArgs)            \
+  X(dropout_backward, DropoutArgs)           \
   X(cross_entropy, CrossEntropyArgs)         \
   X(vocab_parallel_cross_entropy, VocabParallelCEArgs) \
   X(adamw_step, AdamWArgs)                   \

@@ -148,6 +148,14 @@ MatmulDims check_matmul(const Check& c, const Tensor& inp, const Tensor& weight,
   return d;
 }
 
+// ---- dropout -------------------------------------------------------------------
+
+void check_dropout(const Check& c, const DropoutSpec& d) {
+  DS_CHECK(d.p >= 0.f && d.p < 1.f, "{}: dropout probability {} is not in [0, 1)", c.op(), d.p);
+  DS_CHECK(d.sample0 >= 0 && d.pos0 >= 0 && d.head0 >= 0, "{}: dropout offsets (sample {}, position {}, head {}) "
+           "must be >= 0", c.op(), d.sample0, d.pos0, d.head0);
+}
+
 // ---- attention and rope: packed (B, T, (NH+2*NKV)*HS) ------------------------
 
 struct QkvDims {
@@ -291,12 +299,14 @@ void validate_attention_forward(const AttentionArgs& a) {
   const Check c("attention_forward");
   c.devices(a);
   check_attention(c, check_qkv(c, a.qkv, "qkv", a.NH, a.NKV), a.out, a.lse);
+  check_dropout(c, a.dropout);
 }
 
 void validate_attention_backward(const AttentionBwdArgs& a) {
   const Check c("attention_backward");
   c.devices(a);
   check_attention(c, check_qkv(c, a.qkv, "qkv", a.NH, a.NKV), a.out, a.lse);
+  check_dropout(c, a.dropout);
   c.floating(a.dout, "dout");
   c.floating(a.dqkv, "dqkv");
   c.same_shape(a.dout, a.out, "dout", "out");
@@ -332,6 +342,27 @@ void validate_add(const AddArgs& a) {
   c.numel(a.a, a.out.numel(), "a", "numel(out)");
   c.numel(a.b, a.out.numel(), "b", "numel(out)");
 }
+
+namespace {
+
+// (B, T, C) tensors: the key needs the sample and position of every row.
+void check_dropout_op(const Check& c, const DropoutArgs& a, bool backward) {
+  c.devices(a);
+  c.floating(a.out, "out");
+  c.floating(a.inp, "inp");
+  DS_CHECK(a.inp.dim() == 3, "{}: tensor 'inp' must be (B, T, C), got {}", c.op(), shape_str(a.inp.shape()));
+  c.same_shape(a.out, a.inp, "out", "inp");
+  if (backward)
+    DS_CHECK(!a.residual.defined(), "{}: tensor 'residual' must be undefined (the backward is dropout alone)", c.op());
+  else if (a.residual.defined())
+    c.floating(a.residual, "residual"), c.same_shape(a.residual, a.inp, "residual", "inp");
+  check_dropout(c, a.dropout);
+}
+
+}  // namespace
+
+void validate_dropout_forward(const DropoutArgs& a) { check_dropout_op(Check("dropout_forward"), a, false); }
+void validate_dropout_backward(const DropoutArgs& a) { check_dropout_op(Check("dropout_backward"), a, true); }
 
 void validate_cross_entropy(const CrossEntropyArgs& a) {
   const Check c("cross_entropy");

@@ -88,7 +88,10 @@ void PipelineExecutor::compute(const PipeAction& a) {
   const int k = key(a);
   const bool first_virtual = stage_ == 0 && a.chunk == 0;
   if (a.kind == ActionKind::Forward) {
-    loss_sum_ += model_.stage_forward(slot_of(k, first_virtual), a.chunk, mb.tokens, mb.targets, loss_weight_, true);
+    DropoutKey key = key_;
+    key.first_sample = mb.first_sample;
+    loss_sum_ += model_.stage_forward(slot_of(k, first_virtual), a.chunk, mb.tokens, mb.targets, loss_weight_, true,
+                                      key);
     return;
   }
   auto g = grad_in_.find(k);
@@ -102,9 +105,11 @@ void PipelineExecutor::compute(const PipeAction& a) {
   }
 }
 
-double PipelineExecutor::train(const std::function<MicroBatch(int)>& batch, float loss_weight) {
+double PipelineExecutor::train(const std::function<MicroBatch(int)>& batch, float loss_weight,
+                               const DropoutKey& key) {
   batch_fn_ = &batch;
   loss_weight_ = loss_weight;
+  key_ = key;
   loss_sum_ = 0;
   performed_.clear();
   slots_.clear();

@@ -30,8 +30,9 @@ class PipelineExecutor {
   // Forward + backward of one global batch; batch(m) returns micro-batch m
   // (every stage reads it: the first needs the tokens, the last the targets).
   // Gradients are ADDED to the model's. Returns the sum of the micro-batch
-  // losses on the last stage, 0 elsewhere.
-  double train(const std::function<MicroBatch(int)>& batch, float loss_weight);
+  // losses on the last stage, 0 elsewhere. `key` (seed, iteration) keys the
+  // dropout masks, each micro-batch at its first_sample.
+  double train(const std::function<MicroBatch(int)>& batch, float loss_weight, const DropoutKey& key = {});
   // Forward only over n micro-batches (evaluation), one after another.
   // Returns the sum of the losses on the last stage, 0 elsewhere.
   double forward_only(const std::function<MicroBatch(int)>& batch, int n);
@@ -62,6 +63,7 @@ class PipelineExecutor {
   std::map<int, Tensor> grad_in_;    // key -> received output gradient (B,T,C)
   std::map<int, Tensor> grad_out_;   // key -> input gradient waiting for its SendBackward
   float loss_weight_ = 0;
+  DropoutKey key_;
   double loss_sum_ = 0;
 };
 

@@ -168,7 +168,9 @@ json model_json(const ModelConfig& m) {
           {"rope_theta", num(m.rope_theta)},
           {"rotary_percent", num(m.rotary_percent)},
           {"norm_eps", num(m.norm_eps)},
-          {"init_method_std", num(m.init_method_std)}};
+          {"init_method_std", num(m.init_method_std)},
+          {"hidden_dropout", num(m.hidden_dropout)},
+          {"attention_dropout", num(m.attention_dropout)}};
 }
 
 json training_json(const TrainConfig& c) {

@@ -79,8 +79,6 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
   numeric(app, out, "--ds-sequence-parallel-size", "DeepSpeed-Ulysses sequence parallel size (1 only)");
   flag("--group-query-attention", "Megatron-Core grouped-query attention: --num-query-groups kv heads (default 1)");
   numeric(app, out, "--num-query-groups", "kv heads with --group-query-attention (ignored without it, as in Megatron)");
-  numeric(app, out, "--attention-dropout", "attention dropout probability (0 only)");
-  numeric(app, out, "--hidden-dropout", "hidden dropout probability (0 only)");
   no_op_flag(app, "--deepspeed-activation-checkpointing",
              "accepted: recomputation is exact whichever implementation runs it");
   no_op_flag(app, "--no-async-tensor-model-parallel-allreduce",
@@ -120,8 +118,6 @@ void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings
                 "--optimizer sgd: dstrain trains with AdamW only; use --optimizer adam");
   check_only_value(sp, "--ds-sequence-parallel-size", 1, "DeepSpeed-Ulysses sequence parallelism is not "
                    "implemented; use --sequence-parallel with --tensor-model-parallel-size");
-  for (const char* d : {"--attention-dropout", "--hidden-dropout"})
-    check_only_value(sp, d, 0.0, "dropout is not implemented yet; pass 0 (dstrain trains without dropout)");
   if (has("--no-pipeline-parallel")) {
     const json pp = at("/parallel/pipeline_model_parallel_size");
     DS_USER_CHECK(pp.is_null() || pp == 1, "--no-pipeline-parallel with pipeline_model_parallel_size {}: "

@@ -40,6 +40,8 @@ void read_model_section(JsonSection s, ModelConfig& m) {
   m.rotary_percent = s.get<float>("rotary_percent", m.rotary_percent);
   m.norm_eps = s.get<float>("norm_eps", m.norm_eps);
   m.init_method_std = s.get<float>("init_method_std", m.init_method_std);
+  m.hidden_dropout = s.get<float>("hidden_dropout", m.hidden_dropout);
+  m.attention_dropout = s.get<float>("attention_dropout", m.attention_dropout);
   s.finish(UnknownKeys::Error);
 }
 

@@ -126,6 +126,10 @@ void validate_model(const ModelConfig& m, const ParallelConfig& p) {
                 "model.rotary_percent {} (--rotary-percent) of head size {} rotates {} dims; it must be an even "
                 "number >= 2",
                 m.rotary_percent, m.hidden_size / m.num_heads, rot);
+  DS_USER_CHECK(m.hidden_dropout >= 0 && m.hidden_dropout < 1,
+                "model.hidden_dropout (--hidden-dropout) must be in [0, 1), got {}", m.hidden_dropout);
+  DS_USER_CHECK(m.attention_dropout >= 0 && m.attention_dropout < 1,
+                "model.attention_dropout (--attention-dropout) must be in [0, 1), got {}", m.attention_dropout);
   DS_USER_CHECK(m.num_heads % p.tp == 0,
                 "model.num_heads {} is not divisible by tensor_model_parallel_size {} (--tensor-model-parallel-size)",
                 m.num_heads, p.tp);

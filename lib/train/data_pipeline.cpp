@@ -109,8 +109,8 @@ MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first) {
     std::copy_n(row, T_, tok.data<int32_t>() + b * T_);
     std::copy_n(row + 1, T_, tgt.data<int32_t>() + b * T_);
   }
-  if (dev_.is_cpu()) return {tok, tgt};
-  return {tok.to(dev_), tgt.to(dev_)};
+  if (dev_.is_cpu()) return {tok, tgt, first};
+  return {tok.to(dev_), tgt.to(dev_), first};
 }
 
 MicroBatch DataPipeline::train_batch(int64_t consumed, int micro, int dp_rank, int dp) {

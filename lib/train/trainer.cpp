@@ -266,14 +266,18 @@ float Trainer::train_step() {
   const float loss_weight = static_cast<float>(
       scale / static_cast<double>(b.micro_batch_size * cfg_.model.seq_length * b.grad_accum_steps * dp_));
   double loss_sum = 0;
+  // Dropout masks are keyed by (seed, iteration) and each micro-batch's global
+  // first sample, identical in every layout (docs/dropout.md).
+  DropoutKey key{.train = true, .seed = cfg_.seed, .iteration = state_.iteration, .first_sample = 0};
   if (pipe_) {
     auto batch = [&](int micro) { return data_->train_batch(state_.consumed_samples, micro, dp_rank_, dp_); };
-    loss_sum = pipe_->train(batch, loss_weight);
+    loss_sum = pipe_->train(batch, loss_weight, key);
     tied_embedding_all_reduce();
   } else {
     for (int64_t micro = 0; micro < b.grad_accum_steps; ++micro) {
       MicroBatch mb = data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_);
-      loss_sum += model_->forward_backward(mb.tokens, mb.targets, loss_weight);
+      key.first_sample = mb.first_sample;
+      loss_sum += model_->forward_backward(mb.tokens, mb.targets, loss_weight, key);
     }
   }
   step_times_.forward_backward += phase_ms();

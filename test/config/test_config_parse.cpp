@@ -407,8 +407,7 @@ TEST_CASE("Megatron-DeepSpeed script flags: mappings, exact no-ops and refusals"
                                            "--num-workers", "2",
                                            "--no-query-key-layer-scaling", "--use-flash-attn-v2",
                                            "--optimizer", "adam", "--ds-sequence-parallel-size", "1",
-                                           "--rotary-percent", "1.0", "--attention-dropout", "0",
-                                           "--hidden-dropout", "0", "--no-pipeline-parallel"};
+                                           "--rotary-percent", "1.0", "--no-pipeline-parallel"};
   CHECK(parse_json(base(), no_ops).resolved == parse_json(base()).resolved);
   // Values that cannot be honoured: one error naming the flag.
   auto err = [&](std::vector<std::string> flags, const std::string& needle) {
@@ -417,8 +416,6 @@ TEST_CASE("Megatron-DeepSpeed script flags: mappings, exact no-ops and refusals"
   err({"--data-impl", "lazy"}, "--data-impl lazy");
   err({"--optimizer", "sgd"}, "--optimizer sgd");
   err({"--ds-sequence-parallel-size", "2"}, "--ds-sequence-parallel-size 2");
-  err({"--attention-dropout", "0.1"}, "--attention-dropout 0.1");
-  err({"--hidden-dropout", "0.1"}, "dropout is not implemented");
   err({"--use-checkpoint-opt_param-scheduler", "--override-opt_param-scheduler"}, "give at most one");
   err({"--no-pipeline-parallel", "--pipeline-model-parallel-size", "2"}, "--no-pipeline-parallel");
   err({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"},
@@ -484,4 +481,27 @@ TEST_CASE("grouped-query attention and RoPE flags", "[config][flags]") {
             .model.num_kv_heads == 2);
   CHECK(parse_json(base(), {"--num-key-value-heads", "4", "--tensor-model-parallel-size", "2"}, 2)
             .model.num_kv_heads == 4);
+}
+
+TEST_CASE("dropout: Megatron-DeepSpeed's defaults, flags, JSON keys and range checks") {
+  const TrainConfig d = parse_json(base());
+  CHECK(d.model.hidden_dropout == 0.1f);  // Megatron-DeepSpeed's default when the flags are absent
+  CHECK(d.model.attention_dropout == 0.1f);
+  CHECK(d.resolved["model"]["hidden_dropout"] == 0.1);
+  CHECK(d.resolved["model"]["attention_dropout"] == 0.1);
+  const TrainConfig f = parse_json(base(), {"--hidden-dropout", "0", "--attention-dropout", "0.25"});
+  CHECK(f.model.hidden_dropout == 0.f);
+  CHECK(f.model.attention_dropout == 0.25f);
+  const TrainConfig j = parse_json(with(base(), {{"model", {{"hidden_dropout", 0.3}, {"attention_dropout", 0.0}}}}));
+  CHECK(j.model.hidden_dropout == 0.3f);
+  CHECK(j.model.attention_dropout == 0.f);
+  // The flag overrides the file.
+  CHECK(parse_json(with(base(), {{"model", {{"hidden_dropout", 0.3}}}}), {"--hidden-dropout", "0.05"})
+            .model.hidden_dropout == 0.05f);
+  for (const char* v : {"1", "-0.1", "1.5"}) {
+    CHECK_THROWS_WITH(parse_json(base(), {"--hidden-dropout", v}),
+                      Contains("model.hidden_dropout (--hidden-dropout) must be in [0, 1)"));
+    CHECK_THROWS_WITH(parse_json(base(), {"--attention-dropout", v}),
+                      Contains("model.attention_dropout (--attention-dropout) must be in [0, 1)"));
+  }
 }

@@ -144,6 +144,7 @@ std::vector<std::string> small_model_args(const SmallModel& m) {
                                 "--max-position-embeddings", "32", "--train-iters", std::to_string(m.iters),
                                 "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "3",
                                 "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1",
+                                "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
                                 "--tensor-model-parallel-size", std::to_string(m.tp),
                                 "--pipeline-model-parallel-size", std::to_string(m.pp),
                                 "--data-path", d.data_prefix, "--vocab-file", d.vocab, "--merge-file", d.merges};

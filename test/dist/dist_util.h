@@ -23,8 +23,9 @@ struct DstrainJob {
 std::string run_dstrain(const DstrainJob& job);
 
 // The small model the equivalence tests train (hidden 32, 4 heads, T 32, a
-// 20-step-style LR schedule, log every step) on dist_data(); llama switches
-// the family (FFN 64).
+// 20-step-style LR schedule, log every step, hidden and attention dropout 0.1,
+// Megatron's defaults, so every layout test checks the dropout masks too) on
+// dist_data(); llama switches the family (FFN 64).
 struct SmallModel {
   int layers = 2, tp = 1, pp = 1, iters = 20;
   bool llama = false;

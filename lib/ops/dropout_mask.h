@@ -1,0 +1,83 @@
+// Dropout masks from a counter-based hash. Whether one element of one dropout
+// site is kept is a pure function of its key (seed, iteration, layer, site,
+// global sample, global position, global channel, or global head + query/key
+// positions): there is no generator state, so the CPU and CUDA backends, every
+// parallel layout (each rank hashes the global indices of what it holds) and
+// activation recomputation all draw the same mask. One header for host and
+// device code; docs/dropout.md describes the key.
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define DS_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define DS_HOST_DEVICE inline
+#endif
+
+namespace ds {
+
+// The places Megatron applies dropout: the embedding output, the attention
+// probabilities, and the attention and MLP outputs before their residual add.
+enum class DropoutSite : uint32_t { Embedding = 1, AttentionProbs = 2, AttentionOut = 3, MlpOut = 4 };
+
+// What a dropout op (or the attention ops) needs besides its tensors.
+// p == 0 turns it off. The offsets turn the tensor's local indices into global
+// ones: batch row b is sample sample0 + b, sequence row t is position pos0 + t
+// (a sequence-parallel shard starts at tp_rank * T/TP), local head h is head
+// head0 + h (a tensor-parallel rank holds heads from tp_rank * NH/TP).
+struct DropoutSpec {
+  float p = 0.f;         // drop probability in [0, 1)
+  uint64_t stream = 0;   // dropout_stream(seed, iteration, layer, site)
+  int64_t sample0 = 0;   // global sample index of batch row 0
+  int64_t pos0 = 0;      // global position of sequence row 0 (hidden dropout)
+  int64_t head0 = 0;     // global head of local head 0 (attention dropout)
+};
+
+// splitmix64's finaliser: a bijection of 64-bit words with full avalanche.
+DS_HOST_DEVICE uint64_t dropout_mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// The key of one site of one training iteration. layer: global layer index
+// (-1 for the embedding).
+DS_HOST_DEVICE uint64_t dropout_stream(uint64_t seed, int64_t iteration, int64_t layer, DropoutSite site) {
+  uint64_t h = dropout_mix(seed ^ 0x64726f706f7574ull);  // "dropout"
+  h = dropout_mix(h ^ static_cast<uint64_t>(iteration));
+  h = dropout_mix(h ^ static_cast<uint64_t>(layer));
+  return dropout_mix(h ^ static_cast<uint64_t>(site));
+}
+
+// Row key of hidden dropout: (global sample, global position); the column is
+// the channel.
+DS_HOST_DEVICE uint64_t dropout_hidden_row(uint64_t stream, int64_t sample, int64_t pos) {
+  return dropout_mix(dropout_mix(stream ^ static_cast<uint64_t>(sample)) ^ static_cast<uint64_t>(pos));
+}
+
+// Row key of attention dropout: (global sample, global head, query position);
+// the column is the key position.
+DS_HOST_DEVICE uint64_t dropout_attn_row(uint64_t stream, int64_t sample, int64_t head, int64_t query) {
+  const uint64_t h = dropout_mix(dropout_mix(stream ^ static_cast<uint64_t>(sample)) ^ static_cast<uint64_t>(head));
+  return dropout_mix(h ^ static_cast<uint64_t>(query));
+}
+
+// Elements whose 32-bit draw is below this are dropped: P(drop) = p to 2^-32.
+DS_HOST_DEVICE uint32_t dropout_threshold(float p) {
+  return static_cast<uint32_t>(static_cast<double>(p) * 4294967296.0);
+}
+
+// Inverted dropout: a kept element is multiplied by this.
+DS_HOST_DEVICE float dropout_scale(float p) { return 1.0f / (1.0f - p); }
+
+DS_HOST_DEVICE bool dropout_keep(uint64_t row, int64_t col, uint32_t threshold) {
+  return static_cast<uint32_t>(dropout_mix(row ^ static_cast<uint64_t>(col)) >> 32) >= threshold;
+}
+
+// The factor of one element: 0 or 1/(1-p).
+DS_HOST_DEVICE float dropout_factor(uint64_t row, int64_t col, uint32_t threshold, float scale) {
+  return dropout_keep(row, col, threshold) ? scale : 0.f;
+}
+
+}  // namespace ds

@@ -1,0 +1,122 @@
+// GPU tests of dropout: the CUDA hidden-dropout op against the CPU op (f32,
+// bf16, f16), the CUDA masks bit-identical to the CPU masks (same key hash),
+// and attention dropout in the plain kernels (f32, against the CPU op) and in
+// the flash kernels (bf16, against the CPU op on the same masks; the test
+// also shows that a different mask would fail it). Skipped without a device.
+#include <cmath>
+
+#include "cuda/cuda_api.h"
+#include "lib/ops/ops.h"
+#include "test/ops_harness/dropout_cases.h"
+#include "test/ops_harness/op_case_cuda.h"
+
+using namespace ds;
+using namespace ds::test;
+
+namespace {
+
+DropoutSpec spec(float p, int64_t layer, DropoutSite site) {
+  return {.p = p, .stream = dropout_stream(1234, 5, layer, site), .sample0 = 24, .pos0 = 8, .head0 = 2};
+}
+
+}  // namespace
+
+TEST_CASE("cuda dropout forward and backward") {
+  if (!gpu_or_skip()) return;
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    const Shape s{3, 37, 203};
+    check_cuda_vs_cpu(dropout_forward_case({.out = Tensor::zeros(s, DType::F32), .inp = randn(s, 1),
+                                            .residual = randn(s, 2), .dropout = spec(0.1f, 0, DropoutSite::MlpOut)}),
+                      dt);
+    check_cuda_vs_cpu(make_case("dropout_backward",
+                                DropoutArgs{.out = Tensor::zeros(s, DType::F32), .inp = randn(s, 3),
+                                            .residual = Tensor(), .dropout = spec(0.3f, 1, DropoutSite::AttentionOut)},
+                                ops::dropout_backward),
+                      dt);
+  }
+}
+
+TEST_CASE("cuda dropout masks are bit-identical to the CPU masks") {
+  if (!gpu_or_skip()) return;
+  const Shape s{4, 33, 130};
+  Tensor ones = Tensor::empty(s, DType::F32);
+  for (int64_t i = 0; i < ones.numel(); ++i) ones.data<float>()[i] = 1.f;
+  for (float p : {0.1f, 0.5f}) {
+    const DropoutSpec d = spec(p, -1, DropoutSite::Embedding);
+    Tensor cpu_out = Tensor::empty(s, DType::F32);
+    ops::dropout_forward({.out = cpu_out, .inp = ones, .residual = Tensor(), .dropout = d});
+    Tensor dev_in = upload(ones, DType::F32), dev_out = upload(cpu_out, DType::F32);
+    ops::dropout_forward({.out = dev_out, .inp = dev_in, .residual = Tensor(), .dropout = d});
+    const Tensor got = download_f32(dev_out);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < got.numel(); ++i) differ += got.data<float>()[i] != cpu_out.data<float>()[i];
+    INFO("p " << p);
+    CHECK(differ == 0);
+  }
+}
+
+namespace {
+
+struct AttnResult {
+  Tensor out, dqkv;  // host f32
+};
+
+// Forward + backward of attention with dropout d on the device (dtype dt).
+AttnResult cuda_attention(const Tensor& qkv, const Tensor& dout, int NH, DType dt, const DropoutSpec& d) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  Tensor q = upload(qkv, dt), g = upload(dout, dt);
+  Tensor out = upload(Tensor::zeros({B, T, C}, DType::F32), dt);
+  Tensor lse = upload(Tensor::zeros({B, NH, T}, DType::F32), DType::F32);
+  Tensor dq = upload(Tensor::zeros(qkv.shape(), DType::F32), dt);
+  ops::attention_forward({.out = out, .lse = lse, .qkv = q, .NH = NH, .dropout = d});
+  ops::attention_backward({.dqkv = dq, .dout = g, .out = out, .lse = lse, .qkv = q, .NH = NH, .dropout = d});
+  return {download_f32(out), download_f32(dq)};
+}
+
+AttnResult cpu_attention(const Tensor& qkv, const Tensor& dout, int NH, const DropoutSpec& d) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  AttnResult r{Tensor::zeros({B, T, C}, DType::F32), Tensor::zeros(qkv.shape(), DType::F32)};
+  Tensor lse = Tensor::zeros({B, NH, T}, DType::F32);
+  ops::attention_forward({.out = r.out, .lse = lse, .qkv = qkv, .NH = NH, .dropout = d});
+  ops::attention_backward({.dqkv = r.dqkv, .dout = dout, .out = r.out, .lse = lse, .qkv = qkv, .NH = NH, .dropout = d});
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("cuda attention dropout, plain kernels in f32 match the CPU op") {
+  if (!gpu_or_skip()) return;
+  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Plain);
+  const int NH = 3;
+  const int64_t B = 2, T = 45, HS = 16;
+  const Tensor qkv = randn({B, T, 3 * NH * HS}, 11), dout = randn({B, T, NH * HS}, 12);
+  const DropoutSpec d = spec(0.2f, 2, DropoutSite::AttentionProbs);
+  const AttnResult want = cpu_attention(qkv, dout, NH, d), got = cuda_attention(qkv, dout, NH, DType::F32, d);
+  CHECK(rel_err(got.out, want.out) <= 1e-5);
+  CHECK(rel_err(got.dqkv, want.dqkv) <= 1e-5);
+  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
+}
+
+TEST_CASE("cuda attention dropout, flash kernels in bf16 use the CPU masks") {
+  if (!gpu_or_skip()) return;
+  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
+  const int NH = 2;
+  const int64_t B = 2, T = 150, HS = 64;
+  const Tensor qkv = round_to(randn({B, T, 3 * NH * HS}, 13, 0.5f), DType::BF16);
+  const Tensor dout = round_to(randn({B, T, NH * HS}, 14), DType::BF16);
+  const DropoutSpec d = spec(0.3f, 1, DropoutSite::AttentionProbs);
+  DropoutSpec other = d;
+  other.stream += 1;
+  const ds::cuda::AttentionPathCounts before = ds::cuda::attention_path_counts();
+  const AttnResult got = cuda_attention(qkv, dout, NH, DType::BF16, d);
+  const ds::cuda::AttentionPathCounts after = ds::cuda::attention_path_counts();
+  CHECK(after.flash_forward - before.flash_forward == 1);
+  CHECK(after.flash_backward - before.flash_backward == 1);
+  const AttnResult want = cpu_attention(qkv, dout, NH, d), wrong = cpu_attention(qkv, dout, NH, other);
+  // bf16 rounding of P, dS and the outputs: a few 1e-3; another mask: O(1).
+  INFO("out error " << rel_err(got.out, want.out) << " vs another mask " << rel_err(got.out, wrong.out));
+  CHECK(rel_err(got.out, want.out) < 0.03);
+  CHECK(rel_err(got.dqkv, want.dqkv) < 0.03);
+  CHECK(rel_err(got.out, wrong.out) > 0.1);
+  CHECK(rel_err(got.dqkv, wrong.dqkv) > 0.1);
+}
