@@ -388,6 +388,11 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
   apply_schedule_flags(j, f.special, w);
   apply_other_flags(j, f.special);
   apply_compat_flags(j, compat, w);
+  // Megatron's own fp16 optimizer (no DeepSpeed engine, no config file) starts
+  // dynamic loss scaling at --initial-loss-scale's default, 2^32.
+  if (!deepspeed && f.config_path.empty() && f.special.count("--fp16") &&
+      !j.contains(json::json_pointer("/fp16/initial_scale_power")))
+    set_at(j, "/fp16/initial_scale_power", 32, "--fp16");
   return j;
 }
 

@@ -218,3 +218,12 @@ TEST_CASE("engine settings under --deepspeed: a key the config leaves out has De
   CHECK_FALSE(warned(d, "--clip-grad"));
   std::remove(path.c_str());
 }
+
+TEST_CASE("fp16 without the DeepSpeed engine starts at Megatron's initial loss scale, 2^32", "[config]") {
+  CHECK(parse_flags({"--fp16", "--train-iters", "5", "--micro-batch-size", "2"}).precision.initial_scale_power == 32);
+  CHECK(parse_flags({"--fp16", "--train-iters", "5", "--micro-batch-size", "2", "--initial-loss-scale", "1024"})
+            .precision.initial_scale_power == 10);
+  // With --deepspeed (or a config file) DeepSpeed's default, 2^16, holds.
+  CHECK(parse_flags({"--fp16", "--train-iters", "5", "--micro-batch-size", "2", "--deepspeed"})
+            .precision.initial_scale_power == 16);
+}
