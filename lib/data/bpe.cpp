@@ -223,8 +223,7 @@ BpeTokenizer BpeTokenizer::load(const std::string& vocab_path, const std::string
       DS_USER_ERROR("merges file {} line {}: '{}', '{}' or their merge is not in vocab file {} "
                     "(do the two files belong together?)", merges_path, line_no, left, right,
                     vocab_path);
-    const uint64_t key = (static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b);
-    t.merges_.emplace(key, Merge{rank++, c});  // a repeated pair keeps its first rank
+    t.merges_.emplace(bpe_pair_key(a, b), BpeMerge{rank++, c});  // a repeated pair keeps its first rank
   }
   return t;
 }
@@ -244,30 +243,7 @@ const std::string& BpeTokenizer::token_bytes(int32_t id) const {
 void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   std::vector<int32_t> sym(word.size());
   for (size_t k = 0; k < word.size(); ++k) sym[k] = byte_id_[static_cast<unsigned char>(word[k])];
-  std::vector<int32_t> next;
-  while (sym.size() > 1) {
-    int32_t best_rank = std::numeric_limits<int32_t>::max(), best_result = -1;
-    uint64_t best_key = 0;
-    for (size_t k = 0; k + 1 < sym.size(); ++k) {
-      const uint64_t key = (static_cast<uint64_t>(sym[k]) << 32) | static_cast<uint32_t>(sym[k + 1]);
-      auto it = merges_.find(key);
-      if (it != merges_.end() && it->second.rank < best_rank)
-        best_rank = it->second.rank, best_result = it->second.result, best_key = key;
-    }
-    if (best_result < 0) break;
-    const auto left = static_cast<int32_t>(best_key >> 32);
-    const auto right = static_cast<int32_t>(best_key & 0xffffffffu);
-    next.clear();
-    for (size_t k = 0; k < sym.size();) {
-      if (k + 1 < sym.size() && sym[k] == left && sym[k + 1] == right) {
-        next.push_back(best_result);
-        k += 2;
-      } else {
-        next.push_back(sym[k++]);
-      }
-    }
-    sym.swap(next);
-  }
+  bpe_merge(sym, merges_);
   out.insert(out.end(), sym.begin(), sym.end());
 }
 

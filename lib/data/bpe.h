@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "lib/data/bpe_merge.h"
+
 namespace ds::data {
 
 inline constexpr const char* kEndOfText = "<|endoftext|>";
@@ -76,11 +78,7 @@ class BpeTokenizer {
   std::vector<std::string> tokens_;                  // id -> bytes ("" for unused ids)
   std::unordered_map<std::string, int32_t> by_name_;  // vocab.json spelling -> id
   std::array<int32_t, 256> byte_id_{};
-  struct Merge {
-    int32_t rank;
-    int32_t result;
-  };
-  std::unordered_map<uint64_t, Merge> merges_;  // (left id << 32 | right id) -> merge
+  BpeMergeTable merges_;
   int32_t eod_id_ = -1;
   mutable std::mutex cache_mu_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;

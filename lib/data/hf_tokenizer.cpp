@@ -18,6 +18,7 @@
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
 #include "lib/data/bpe.h"
+#include "lib/data/bpe_merge.h"
 #include "lib/data/tokenizer.h"
 #include "lib/data/unicode_class.h"
 
@@ -113,10 +114,7 @@ class HfTokenizer final : public Tokenizer {
   TokenizerInfo info_;
   std::unordered_map<std::string, int32_t> vocab_;  // token (as in the file) -> id
   std::vector<std::string> tokens_;                 // id -> token as in the file ("" unused)
-  struct Merge {
-    int32_t rank, result;
-  };
-  std::unordered_map<uint64_t, Merge> merges_;
+  BpeMergeTable merges_;
   bool byte_level_ = false, byte_fallback_ = false, ignore_merges_ = false;
   int32_t unk_id_ = -1;
   std::array<int32_t, 256> byte_id_{};      // byte-level: byte -> id (-1 absent)
@@ -196,8 +194,7 @@ void HfTokenizer::load_merges(const json& merges) {
                   "{}: merge number {} ({} + {}) uses a token that is not in model.vocab", file_, rank + 1,
                   json(a).dump(-1, ' ', false, json::error_handler_t::replace),
                   json(b).dump(-1, ' ', false, json::error_handler_t::replace));
-    const uint64_t key = (static_cast<uint64_t>(ia) << 32) | static_cast<uint32_t>(ib);
-    merges_.emplace(key, Merge{rank++, ic});
+    merges_.emplace(bpe_pair_key(ia, ib), BpeMerge{rank++, ic});
   }
 }
 
@@ -429,32 +426,7 @@ void HfTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out
   out.insert(out.end(), sym.begin(), sym.end());
 }
 
-// Repeatedly merges the adjacent pair of lowest rank, every occurrence left to right.
-void HfTokenizer::bpe(std::vector<int32_t>& sym) const {
-  std::vector<int32_t> next;
-  while (sym.size() > 1) {
-    int32_t best_rank = std::numeric_limits<int32_t>::max(), best_result = -1;
-    uint64_t best_key = 0;
-    for (size_t k = 0; k + 1 < sym.size(); ++k) {
-      const uint64_t key = (static_cast<uint64_t>(sym[k]) << 32) | static_cast<uint32_t>(sym[k + 1]);
-      auto it = merges_.find(key);
-      if (it != merges_.end() && it->second.rank < best_rank)
-        best_rank = it->second.rank, best_result = it->second.result, best_key = key;
-    }
-    if (best_result < 0) break;
-    const auto left = static_cast<int32_t>(best_key >> 32), right = static_cast<int32_t>(best_key & 0xffffffffu);
-    next.clear();
-    for (size_t k = 0; k < sym.size();) {
-      if (k + 1 < sym.size() && sym[k] == left && sym[k + 1] == right) {
-        next.push_back(best_result);
-        k += 2;
-      } else {
-        next.push_back(sym[k++]);
-      }
-    }
-    sym.swap(next);
-  }
-}
+void HfTokenizer::bpe(std::vector<int32_t>& sym) const { bpe_merge(sym, merges_); }
 
 std::string HfTokenizer::decode(std::span<const int32_t> ids) const {
   std::string out, bytes;
