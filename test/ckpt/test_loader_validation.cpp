@@ -70,7 +70,7 @@ struct Saved {
   // Loads into a fresh single-rank destination; returns the error text ("" if none).
   std::string load_error(bool with_model = false) const {
     Tensor p = Tensor::zeros({layout.total}, DType::F32), m = p.clone(), v = p.clone();
-    CheckpointData d{&layout, p, m, v, 0, layout.total, 0, 0, 1};
+    CheckpointData d{&layout, p, m, v, 0, layout.total, 0, 0, 1, {}};
     if (with_model) d.model = &cfg;
     TrainState st;
     try {

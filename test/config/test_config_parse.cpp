@@ -11,6 +11,7 @@
 #include "lib/core/error.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/train/config.h"
+#include "test/config/temp_dir.h"
 
 using namespace ds;
 using nlohmann::json;
@@ -18,14 +19,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char t[] = "/tmp/ds_config_test_XXXXXX";
-    path = mkdtemp(t);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
+using test::TempDir;
 
 TrainConfig parse(std::vector<std::string> args, int world = 1) {
   args.insert(args.begin(), "dstrain");

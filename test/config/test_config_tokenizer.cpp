@@ -9,6 +9,7 @@
 
 #include "lib/core/error.h"
 #include "lib/train/config.h"
+#include "test/config/temp_dir.h"
 
 using namespace ds;
 using nlohmann::json;
@@ -16,14 +17,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char t[] = "/tmp/ds_config_tok_XXXXXX";
-    path = mkdtemp(t);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
+using test::TempDir;
 
 TrainConfig parse(std::vector<std::string> args) {
   args.insert(args.begin(), {"dstrain", "--micro-batch-size", "2", "--train-iters", "10"});

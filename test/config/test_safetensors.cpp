@@ -11,20 +11,14 @@
 
 #include "lib/ckpt/safetensors.h"
 #include "lib/core/error.h"
+#include "test/config/temp_dir.h"
 
 using namespace ds;
 using Catch::Matchers::Contains;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char t[] = "/tmp/ds_st_test_XXXXXX";
-    path = mkdtemp(t);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
+using test::TempDir;
 
 template <class T>
 Tensor make(const Shape& shape, DType dt, std::vector<T> values) {

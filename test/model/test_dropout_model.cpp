@@ -17,13 +17,6 @@ using namespace ds;
 
 namespace {
 
-Tensor tokens(int64_t B, int64_t T, int V, uint64_t seed) {
-  Tensor t = Tensor::empty({B, T}, DType::I32);
-  Rng r(seed);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(r.below(V));
-  return t;
-}
-
 ModelConfig dropout_model(bool llama, float hidden, float attention) {
   ModelConfig cfg = test::tiny_model(llama);
   cfg.hidden_dropout = hidden;
@@ -61,7 +54,7 @@ TEST_CASE("dropout is active only with a training key, and the key fixes the mas
     m.init_weights(5, 0.2f);
     plain.init_weights(5, 0.2f);
     const int64_t B = 2, T = 8;
-    const Tensor tok = tokens(B, T, cfg.vocab_size, 1), tgt = tokens(B, T, cfg.vocab_size, 2);
+    const Tensor tok = test::random_tokens(B, T, cfg.vocab_size, 1), tgt = test::random_tokens(B, T, cfg.vocab_size, 2);
     // Evaluation and keyless training calls never drop.
     CHECK(m.forward_loss(tok, tgt) == plain.forward_loss(tok, tgt));
     CHECK(same(step(m, tok, tgt, {}), step(plain, tok, tgt, {})));
@@ -88,7 +81,7 @@ TEST_CASE("recomputation redraws the same dropout masks", "[model][dropout][reco
     INFO((llama ? "llama" : "gpt2"));
     const ModelConfig cfg = dropout_model(llama, 0.25f, 0.25f);
     const int64_t B = 2, T = 8;
-    const Tensor tok = tokens(B, T, cfg.vocab_size, 3), tgt = tokens(B, T, cfg.vocab_size, 4);
+    const Tensor tok = test::random_tokens(B, T, cfg.vocab_size, 3), tgt = test::random_tokens(B, T, cfg.vocab_size, 4);
     auto run = [&](RecomputeConfig rc) {
       GptModel m(cfg, Device::cpu());
       m.set_recompute(rc);
@@ -109,7 +102,7 @@ TEST_CASE("model gradients with dropout match finite differences under the same 
     GptModel m(cfg, Device::cpu());
     m.init_weights(7, 0.2f);
     const int64_t B = 2, T = 7;
-    const Tensor tok = tokens(B, T, cfg.vocab_size, 5), tgt = tokens(B, T, cfg.vocab_size, 6);
+    const Tensor tok = test::random_tokens(B, T, cfg.vocab_size, 5), tgt = test::random_tokens(B, T, cfg.vocab_size, 6);
     const Run r = step(m, tok, tgt, kKey);
     float* p = m.params().data<float>();
     Rng pick(9);

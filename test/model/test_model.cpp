@@ -17,18 +17,11 @@ using namespace ds;
 
 namespace {
 
-Tensor random_tokens(int64_t B, int64_t T, int V, uint64_t seed) {
-  Tensor t = Tensor::empty({B, T}, DType::I32);
-  Rng r(seed);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(r.below(V));
-  return t;
-}
-
 void check_gradients(const ModelConfig& cfg) {
   GptModel model(cfg, Device::cpu());
   model.init_weights(7, 0.2f);
   const int64_t B = 2, T = 7;
-  Tensor tok = random_tokens(B, T, cfg.vocab_size, 1), tgt = random_tokens(B, T, cfg.vocab_size, 2);
+  Tensor tok = test::random_tokens(B, T, cfg.vocab_size, 1), tgt = test::random_tokens(B, T, cfg.vocab_size, 2);
   tgt.data<int32_t>()[3] = -1;  // an ignored target
   model.grads().zero_();
   model.forward_backward(tok, tgt, 1.0f / (B * T));
@@ -155,7 +148,7 @@ TEST_CASE("pipeline stage layouts split the layers and chain to the full model's
     GptModel full(cfg, Device::cpu());
     full.init_weights(7, 0.2f);
     const int64_t B = 2, T = 7;
-    Tensor tok = random_tokens(B, T, cfg.vocab_size, 1), tgt = random_tokens(B, T, cfg.vocab_size, 2);
+    Tensor tok = test::random_tokens(B, T, cfg.vocab_size, 1), tgt = test::random_tokens(B, T, cfg.vocab_size, 2);
     full.grads().zero_();
     const float w = 1.0f / (B * T);
     const float ref_loss = full.forward_backward(tok, tgt, w);
@@ -195,7 +188,7 @@ TEST_CASE("a target outside the vocabulary is an error, a negative one is ignore
   ModelConfig cfg = test::tiny_model(false);
   GptModel model(cfg, Device::cpu());
   model.init_weights(7, 0.2f);
-  Tensor tok = random_tokens(1, 4, cfg.vocab_size, 1), tgt = random_tokens(1, 4, cfg.vocab_size, 2);
+  Tensor tok = test::random_tokens(1, 4, cfg.vocab_size, 1), tgt = test::random_tokens(1, 4, cfg.vocab_size, 2);
   tgt.data<int32_t>()[1] = -1;
   CHECK(std::isfinite(model.forward_loss(tok, tgt)));
   tgt.data<int32_t>()[2] = cfg.vocab_size;  // a padded row: not a real token

@@ -12,13 +12,6 @@ using namespace ds;
 
 namespace {
 
-Tensor tokens(int64_t B, int64_t T, int V, uint64_t seed) {
-  Tensor t = Tensor::empty({B, T}, DType::I32);
-  Rng r(seed);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(r.below(V));
-  return t;
-}
-
 struct Outcome {
   std::vector<float> losses, grads;
   int64_t bytes = 0;
@@ -34,8 +27,8 @@ Outcome train(bool llama, RecomputeConfig rc) {
   Outcome o;
   o.bytes = m.saved_activation_bytes(B, T);
   for (int step = 0; step < 3; ++step)
-    o.losses.push_back(m.forward_backward(tokens(B, T, cfg.vocab_size, 10 + step),
-                                          tokens(B, T, cfg.vocab_size, 20 + step), 1.0f / (B * T)));
+    o.losses.push_back(m.forward_backward(test::random_tokens(B, T, cfg.vocab_size, 10 + step),
+                                          test::random_tokens(B, T, cfg.vocab_size, 20 + step), 1.0f / (B * T)));
   const float* g = m.grads().data<float>();
   o.grads.assign(g, g + m.layout().total);
   return o;

@@ -1,5 +1,8 @@
-// The tiny model configurations shared by the model and checkpoint tests.
+// The tiny model configurations and random token batches shared by the model
+// and checkpoint tests.
 #pragma once
+#include "lib/core/rng.h"
+#include "lib/core/tensor.h"
 #include "lib/model/model_config.h"
 
 namespace ds::test {
@@ -17,6 +20,14 @@ inline ModelConfig tiny_model(bool llama) {
   m.padded_vocab_size = 40;
   if (llama) m.ffn_hidden_size = 24;
   return m;
+}
+
+// (B, T) i32 token ids uniform in [0, V), from `seed`.
+inline Tensor random_tokens(int64_t B, int64_t T, int V, uint64_t seed) {
+  Tensor t = Tensor::empty({B, T}, DType::I32);
+  Rng r(seed);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(r.below(V));
+  return t;
 }
 
 }  // namespace ds::test
