@@ -1,5 +1,6 @@
 // dsprep: prepares training data for dstrain.
 //   dsprep --input FILE... --output-prefix P --vocab-file V --merge-file M  -> P.bin, P.idx
+//       (JSON lines input, as Megatron's preprocess_data.py: P_text_document.bin/.idx)
 //   dsprep --input FILE... --output-prefix P --tokenizer-type T --tokenizer-model M [--workers N]
 //   dsprep --train-tokenizer --input FILE... --vocab-size N --output-dir D  -> D/vocab.json, D/merges.txt
 //   dsprep --generate-corpus FILE --size-mb X [--seed S]                   -> synthetic demo text
@@ -28,7 +29,8 @@ struct Args {
   std::vector<std::string> json_keys{"text"};
   std::string output_prefix, vocab_file, merge_file, dtype = "auto";
   std::string tokenizer_type = "GPT2BPETokenizer", tokenizer_model;
-  bool append_eod = true;
+  // Neither: on for plain text input, off for JSON lines (Megatron's default).
+  bool eod_on = false, eod_off = false;
   int workers = 1;
   int64_t log_interval = 1000;
   // Megatron preprocess_data.py flags: checked, or accepted as the no-ops they are here.
@@ -94,20 +96,33 @@ ds::data::TokenizerSpec tokenizer_spec(const Args& a) {
   return spec;
 }
 
+// JSON lines is Megatron's input format, and with it dsprep behaves as
+// tools/preprocess_data.py does: the dataset is named PREFIX_{key}_document and
+// the end-of-document token is appended only with --append-eod. Plain text is
+// dsprep's own mode: PREFIX itself, end-of-document appended unless
+// --no-append-eod.
+bool megatron_mode(const std::vector<DocumentSource>& srcs) {
+  for (const DocumentSource& s : srcs)
+    if (ds::prep::resolve_format(s) == ds::prep::InputFormat::Jsonl) return true;
+  return false;
+}
+
 int run_tokenize(const Args& a) {
   check_megatron_flags(a);
   auto srcs = sources(a);
   DS_USER_CHECK(!a.output_prefix.empty(), "--output-prefix is required to tokenize");
+  const bool megatron = megatron_mode(srcs);
   ds::prep::TokenizeOptions opt;
   opt.tokenizer = tokenizer_spec(a);
-  opt.output_prefix = a.output_prefix;
+  opt.output_prefix = megatron ? a.output_prefix + "_" + a.json_keys.front() + "_document" : a.output_prefix;
   opt.dtype = a.dtype;
-  opt.append_eod = a.append_eod;
+  DS_USER_CHECK(!(a.eod_on && a.eod_off), "--append-eod and --no-append-eod contradict each other; give one");
+  opt.append_eod = a.eod_on || (!a.eod_off && !megatron);
   opt.workers = a.workers;
   opt.log_interval = a.log_interval;
   const ds::prep::TokenizeStats st = ds::prep::tokenize_to_dataset(srcs, opt);
   std::printf("dsprep: wrote %s.bin/.idx: %lld documents, %lld tokens (%.2f bytes/token), "
-              "dtype %s, vocab %lld, %.1f s (%.2f MB/s)%s\n", a.output_prefix.c_str(),
+              "dtype %s, vocab %lld, %.1f s (%.2f MB/s)%s\n", opt.output_prefix.c_str(),
               static_cast<long long>(st.documents), static_cast<long long>(st.tokens),
               st.tokens ? double(st.bytes) / double(st.tokens) : 0.0, st.dtype.c_str(),
               static_cast<long long>(st.vocab_size), st.seconds, st.seconds > 0 ? st.bytes / st.seconds / 1e6 : 0.0,
@@ -177,7 +192,8 @@ void add_options(CLI::App& app, Args& a) {
                  "Plain text documents: paragraph (split at blank lines) or file (one per file)")
       ->check(CLI::IsMember({"paragraph", "file"}));
   app.add_option("--json-keys,--json-key", a.json_keys, "JSON field holding the text (one key)")->expected(1, -1);
-  app.add_option("--output-prefix", a.output_prefix, "Writes PREFIX.bin and PREFIX.idx");
+  app.add_option("--output-prefix", a.output_prefix,
+                 "Writes PREFIX.bin/.idx (text input) or PREFIX_KEY_document.bin/.idx (JSON lines, as Megatron)");
   app.add_option("--vocab-file", a.vocab_file, "GPT-2 style vocab.json");
   app.add_option("--merge-file", a.merge_file, "GPT-2 style merges.txt");
   app.add_option("--tokenizer-type", a.tokenizer_type,
@@ -185,8 +201,10 @@ void add_options(CLI::App& app, Args& a) {
                  "HFTokenizer");
   app.add_option("--tokenizer-model", a.tokenizer_model,
                  "tokenizer.model (SentencePiece types) or tokenizer.json / its directory (HFTokenizer)");
-  app.add_flag("--append-eod,!--no-append-eod", a.append_eod,
-               "Append the end-of-document token after each document (default on)");
+  app.add_flag("--append-eod", a.eod_on,
+               "Append the end-of-document token after each document (default: on for text input, "
+               "off for JSON lines, as Megatron)");
+  app.add_flag("--no-append-eod", a.eod_off, "Do not append the end-of-document token");
   app.add_option("--workers", a.workers, "Tokenizer threads (output identical for any number)");
   app.add_option("--log-interval", a.log_interval, "Documents between progress lines (0: none)");
   app.add_flag("--split-sentences", a.split_sentences, "Megatron's sentence splitting: not supported");

@@ -61,9 +61,12 @@ std::vector<int32_t> tokens_of(const IndexedDataset& ds, int64_t i) {
   return t;
 }
 
+// No file named PREFIX* (PREFIX.bin, PREFIX_text_document.idx, temporaries).
 bool no_outputs(const std::string& prefix) {
-  for (const char* ext : {".bin", ".idx", ".bin.tmp", ".idx.tmp"})
-    if (fs::exists(prefix + ext)) return false;
+  const fs::path p(prefix);
+  if (!fs::is_directory(p.parent_path())) return true;
+  for (const auto& e : fs::directory_iterator(p.parent_path()))
+    if (e.path().filename().string().rfind(p.filename().string(), 0) == 0) return false;
   return true;
 }
 
@@ -126,15 +129,32 @@ TEST_CASE("dsprep reads JSON lines and one-document-per-file text") {
       " --vocab-file " + (dir / "vocab.json") + " --merge-file " + (dir / "merges.txt");
   test::spit(dir / "in.jsonl",
              "{\"text\": \"First doc.\\nTwo lines.\", \"id\": 1}\n\n{\"text\": \"Second \\u00e9\"}\n");
+  // JSON lines: Megatron's preprocess_data.py naming (PREFIX_KEY_document) and
+  // no end-of-document token unless --append-eod.
   RunResult r = run("--input " + (dir / "in.jsonl") + " --output-prefix " + (dir / "j") + tok_args);
   INFO(r.output);
   REQUIRE(r.code == 0);
+  REQUIRE(r.output.find(dir / "j_text_document") != std::string::npos);
+  REQUIRE_FALSE(fs::exists(dir / "j.bin"));
   BpeTokenizer tok = BpeTokenizer::load(dir / "vocab.json", dir / "merges.txt");
-  IndexedDataset j = IndexedDataset::open(dir / "j");
+  IndexedDataset j = IndexedDataset::open(dir / "j_text_document");
   REQUIRE(j.num_sequences() == 2);
-  std::vector<int32_t> t = tokens_of(j, 1);
+  REQUIRE(tokens_of(j, 1) == tok.encode("Second \xc3\xa9"));
+  REQUIRE(tokens_of(j, 0) == tok.encode("First doc.\nTwo lines."));
+  test::spit(dir / "keyed.jsonl", "{\"content\": \"Second \\u00e9\"}\n");
+  r = run("--input " + (dir / "keyed.jsonl") + " --json-keys content --append-eod --output-prefix " +
+          (dir / "k") + tok_args);
+  REQUIRE(r.code == 0);
+  IndexedDataset k = IndexedDataset::open(dir / "k_content_document");
+  std::vector<int32_t> t = tokens_of(k, 0);
+  REQUIRE(t.back() == tok.eod_id());
   t.pop_back();
   REQUIRE(tok.decode(t) == "Second \xc3\xa9");
+  r = run("--input " + (dir / "keyed.jsonl") + " --json-keys content --append-eod --no-append-eod "
+          "--output-prefix " + (dir / "both") + tok_args);
+  REQUIRE(r.code == 1);
+  REQUIRE(r.output.find("--no-append-eod") != std::string::npos);
+  REQUIRE(no_outputs(dir / "both"));
 
   test::spit(dir / "a.txt", "one\n\ntwo\n");
   test::spit(dir / "b.txt", "three\n");

@@ -231,7 +231,7 @@ def check_dsprep(c, dsprep, tmp, texts):
         raise SystemExit(f"FAIL: dsprep: {r.stderr.decode()}")
     eos = t.token_to_id("<|end_of_text|>")
     ref = [e + [eos] for e in (t.encode(x).ids for x in texts if x)]
-    got = read_indexed(f"{tmp}/out")
+    got = read_indexed(f"{tmp}/out_content_document")
     ok = got == ref
     print(f"dsprep --workers 2 HFTokenizer(llama3): {len(got)} documents, {'identical' if ok else 'DIFFERENT'}"
           f" to the reference ({sum(map(len, ref))} ids)")
