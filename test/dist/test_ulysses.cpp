@@ -5,7 +5,7 @@
 // positions at an offset), SP2 x DP2 with ZeRO-1 and ZeRO-2 (gradients
 // reduced and partitioned over the sequence-data-parallel group), LLaMA with
 // grouped-query attention and one kv head replicated over the two sp ranks
-// (RoPE on the gathered sequence), and TP2 x SP2.
+// (RoPE on the gathered sequence), TP2 x SP2 and PP2 x SP2.
 #include <catch2/catch.hpp>
 
 #include "test/dist/curve_check.h"
@@ -49,6 +49,8 @@ TEST_CASE("Ulysses SP2 and SP2 x DP2 (ZeRO-1, ZeRO-2) reproduce the single-proce
                  "sample and attends over all 32 with 2 of the 4 heads") != std::string::npos);
   require_same_curve(ref, run({"u_sp2_dp2_z1", 4, 2, 1, 1}));
   require_same_curve(ref, run({"u_sp2_dp2_z2", 4, 2, 1, 2}));
+  // Pipeline stages exchange (B, T/SP, C) activations; tied embeddings over the first and last stage.
+  require_same_curve(ref, run({"u_pp2_sp2_gpt2", 4, 2, 1, -1, false, {"--pipeline-model-parallel-size", "2"}}));
 }
 
 TEST_CASE("Ulysses SP2 with one kv head replicated over the sp ranks, and TP2 x SP2 (LLaMA)") {
