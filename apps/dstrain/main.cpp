@@ -31,7 +31,7 @@ int run(int argc, char** argv) {
   ds::log_set_rank(rv.rank);
   // NCCL between GPUs, Gloo between CPU processes (Megatron's --distributed-backend follows --device).
   auto world = ds::make_world_communicator(cfg.device == ds::DeviceType::CUDA ? ds::Backend::Nccl : ds::Backend::Gloo, rv);
-  ds::RankGrid grid = ds::make_rank_grid(rv.world_size, cfg.parallel.tp, cfg.parallel.pp, rv.rank);
+  ds::RankGrid grid = ds::make_rank_grid(rv.world_size, cfg.parallel.tp, cfg.parallel.pp, rv.rank, cfg.parallel.sp);
   ds::Comms comms = ds::build_comms(*world, grid);
   ds::Trainer trainer(cfg, comms, rv.local_rank);
   trainer.run();

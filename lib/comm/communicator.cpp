@@ -81,6 +81,21 @@ void Communicator::all_gather(const Tensor& input, const Tensor& output) {
   all_gather(input.raw(), output.raw(), input.numel(), input.dtype());
 }
 
+void Communicator::all_to_all(const Tensor& input, const Tensor& output) {
+  check_tensor(input, "all_to_all");
+  check_tensor(output, "all_to_all");
+  DS_CHECK(input.dtype() == output.dtype(), "all_to_all: dtypes {} and {} differ",
+           dtype_name(input.dtype()), dtype_name(output.dtype()));
+  DS_CHECK(input.numel() == output.numel() && input.numel() % size() == 0,
+           "all_to_all on group '{}': input has {} elements and output {}; both must be the same "
+           "multiple of {} members", name(), input.numel(), output.numel(), size());
+  const char* in = static_cast<const char*>(input.raw());
+  const char* out = static_cast<const char*>(output.raw());
+  DS_CHECK(in + input.nbytes() <= out || out + output.nbytes() <= in,
+           "all_to_all on group '{}': input and output overlap", name());
+  all_to_all(input.raw(), output.raw(), input.numel() / size(), input.dtype());
+}
+
 void Communicator::broadcast(const Tensor& t, int root) {
   check_tensor(t, "broadcast");
   broadcast(t.raw(), t.numel(), t.dtype(), root);

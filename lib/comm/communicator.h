@@ -14,6 +14,9 @@
 //   output n elements; output = reduction of chunk rank() over all members.
 //   Pad buffers to a multiple of size() (ZeRO partitions do) for uneven data.
 // - all_gather: input n elements, output size()*n, chunk i from member i.
+// - all_to_all: input and output size()*n elements; chunk j of member i's
+//   input becomes chunk i of member j's output (a transpose of the chunks).
+//   Input and output must not overlap.
 // - In-place is allowed: all_reduce always; reduce_scatter when output is
 //   input's chunk rank(); all_gather when input is output's chunk rank().
 // - send/recv are matched in order between each pair of members (no tags).
@@ -77,6 +80,7 @@ class Communicator {
                               DType dtype, ReduceOp op) = 0;
   virtual void all_gather(const void* input, void* output, int64_t count_per_rank,
                           DType dtype) = 0;
+  virtual void all_to_all(const void* input, void* output, int64_t count_per_rank, DType dtype) = 0;
   virtual void broadcast(void* data, int64_t count, DType dtype, int root) = 0;
   virtual void send(const void* data, int64_t count, DType dtype, int dst) = 0;
   virtual void recv(void* data, int64_t count, DType dtype, int src) = 0;
@@ -105,6 +109,7 @@ class Communicator {
   void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum);
   void reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op = ReduceOp::Sum);
   void all_gather(const Tensor& input, const Tensor& output);
+  void all_to_all(const Tensor& input, const Tensor& output);  // equal numel, a multiple of size()
   void broadcast(const Tensor& t, int root);
   void send(const Tensor& t, int dst);
   void recv(const Tensor& t, int src);

@@ -8,6 +8,7 @@
 // to every peer. Traffic per member equals a ring's; latency is one step.
 #include "lib/comm/gloo_communicator.h"
 
+#include <gloo/alltoall.h>
 #include <gloo/context.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
@@ -244,6 +245,25 @@ void GlooCommunicator::all_gather(const void* input, void* output, int64_t count
     xs.push_back({p, out + p * bytes, bytes, false});
   }
   guarded("all_gather", count_per_rank * size_, dtype, [&] { exchange(xs, ctx_->nextSlot()); });
+}
+
+// Gloo's alltoall (its own slot prefix, so it never meets our exchanges'
+// slots); bytes are moved as chars, whatever the dtype.
+void GlooCommunicator::all_to_all(const void* input, void* output, int64_t count_per_rank, DType dtype) {
+  const size_t bytes = count_per_rank * dtype_size(dtype);
+  char* out = static_cast<char*>(output);
+  const char* in = static_cast<const char*>(input);
+  if (size_ == 1 || bytes == 0) {
+    if (bytes) std::memmove(out, in, bytes);
+    return;
+  }
+  guarded("all_to_all", count_per_rank * size_, dtype, [&] {
+    gloo::AlltoallOptions o(ctx_);
+    o.setInput(const_cast<char*>(in), bytes * size_);
+    o.setOutput(out, bytes * size_);
+    o.setTimeout(opt_.op_timeout);
+    gloo::alltoall(o);
+  });
 }
 
 void GlooCommunicator::broadcast(void* data, int64_t count, DType dtype, int root) {

@@ -49,6 +49,7 @@ class GlooCommunicator : public Communicator {
 
   using Communicator::all_gather;
   using Communicator::all_reduce;
+  using Communicator::all_to_all;
   using Communicator::broadcast;
   using Communicator::recv;
   using Communicator::reduce_scatter;
@@ -57,6 +58,7 @@ class GlooCommunicator : public Communicator {
   void reduce_scatter(const void* input, void* output, int64_t count_per_rank, DType dtype,
                       ReduceOp op) override;
   void all_gather(const void* input, void* output, int64_t count_per_rank, DType dtype) override;
+  void all_to_all(const void* input, void* output, int64_t count_per_rank, DType dtype) override;
   void broadcast(void* data, int64_t count, DType dtype, int root) override;
   void send(const void* data, int64_t count, DType dtype, int dst) override;
   void recv(void* data, int64_t count, DType dtype, int src) override;

@@ -53,9 +53,30 @@ void GptModel::init_local() {
   Fl_ = d_.F / tp_.size;
   Vl_ = d_.Vp / tp_.size;
   vocab_start_ = tp_.rank * Vl_;
+  NHa_ = NHl_;
+  NKVa_ = NKVl_;
+  QKVa_ = QKVl_;
+  Ca_ = Cl_;
   units_ = unit_ranges(layout_, d_.L);
   unit_params_.resize(units_.size());
   unit_grads_.resize(units_.size());
+}
+
+void GptModel::set_ulysses(SpComm sp) {
+  DS_CHECK(!sp.active() || (sp.comm && sp.comm->size() == sp.size && sp.comm->rank() == sp.rank),
+           "GptModel: sp {} rank {} without a matching sp communicator", sp.size, sp.rank);
+  sp_ = sp;
+  qkv_split_ = HeadSplit{.U = sp.size, .HS = d_.HS, .heads = {NHl_, NKVl_, NKVl_}};
+  out_split_ = HeadSplit{.U = sp.size, .HS = d_.HS, .heads = {NHl_}};
+  DS_USER_CHECK(NHl_ % sp.size == 0,
+                "ds_sequence_parallel_size {}: the {} attention heads{} are not divisible by it", sp.size, NHl_,
+                tp_.active() ? fmt::format(" of a tensor-parallel rank ({} / {})", d_.NH, tp_.size) : std::string());
+  qkv_split_.check("ds_sequence_parallel_size: key-value heads");
+  NHa_ = NHl_ / sp.size;
+  NKVa_ = qkv_split_.part(NKVl_);
+  QKVa_ = (NHa_ + 2 * NKVa_) * d_.HS;
+  Ca_ = NHa_ * d_.HS;
+  B_ = T_ = 0;  // reallocate on next use
 }
 
 Tensor& GptModel::params() {
@@ -195,6 +216,7 @@ void GptModel::alloc_act_set(ActSet& s, int64_t B, int64_t T) {
     }
     alloc_layer_acts(s.acts[l], B, T);
     if (recompute_.kind == RecomputeConfig::Kind::Selective) s.acts[l].attn_out = scratch_.attn_out;
+    if (!sp_.active()) s.acts[l].attn_seq = s.acts[l].attn_out;
   }
   if (!layout_.last_stage()) return;
   s.final_out = act({Nl, C});
@@ -211,10 +233,12 @@ void GptModel::alloc_layer_acts(LayerActs& a, int64_t B, int64_t T) {
   a.norm1_out = act({Nl, C});
   a.norm1_mean = f32({Nl});
   a.norm1_rstd = f32({Nl});
-  a.qkv = act({B, T, QKVl_});
-  if (d_.rope) a.qkv_pre = act({B, T, QKVl_});
-  if (recompute_.kind != RecomputeConfig::Kind::Selective) a.attn_out = act({B, T, Cl});
-  a.lse = f32({B, NHl_, T});
+  const int64_t Ta = T * sp_.size;  // attention sees the whole sequence (Ulysses)
+  a.qkv = act({B, Ta, QKVa_});
+  if (d_.rope) a.qkv_pre = act({B, Ta, QKVa_});
+  if (recompute_.kind != RecomputeConfig::Kind::Selective) a.attn_out = act({B, Ta, Ca_});
+  a.attn_seq = sp_.active() ? act({B, T, Cl}) : a.attn_out;
+  a.lse = f32({B, NHa_, Ta});
   a.resid_mid = act({Nl, C});
   a.norm2_out = act({Nl, C});
   a.norm2_mean = f32({Nl});
@@ -225,7 +249,8 @@ void GptModel::alloc_layer_acts(LayerActs& a, int64_t B, int64_t T) {
 
 void GptModel::ensure_acts(int64_t B, int64_t T) {
   if (B == B_ && T == T_ && static_cast<int>(sets_.size()) == n_slots_) return;
-  DS_USER_CHECK(T <= d_.maxT || d_.rope, "sequence length {} exceeds max_position_embeddings {}", T, d_.maxT);
+  DS_USER_CHECK(T * sp_.size <= d_.maxT || d_.rope, "sequence length {} exceeds max_position_embeddings {}",
+                T * sp_.size, d_.maxT);
   DS_USER_CHECK(!tp_.sp() || T % tp_.size == 0,
                 "sequence parallelism: sequence length {} is not divisible by tensor_model_parallel_size {}", T,
                 tp_.size);
@@ -249,6 +274,18 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
   dqkv_ = act({B, T, QKVl_});
   alloc_kv_grad_buffers();
   dattn_ = act({B, T, Cl});
+  dattn_a_ = dattn_;
+  dqkv_a_ = dqkv_;
+  if (sp_.active()) {  // Ulysses: local qkv, attention-side gradients, exchange buffers
+    const int64_t Ta = T * sp_.size;
+    uly_qkv_ = act({B, T, QKVl_});
+    dattn_a_ = act({B, Ta, Ca_});
+    dqkv_a_ = act({B, Ta, QKVa_});
+    uly_.send = act({B * Ta * std::max(QKVa_, Ca_)});
+    uly_.recv = act({B * Ta * std::max(QKVa_, Ca_)});
+    uly_.acc = act({N, d_.HS});
+    uly_.tmp = act({N, d_.HS});
+  }
   dfc_ = act({N, F_in});
   dact_ = act({N, Fl});
 }
@@ -298,15 +335,16 @@ void GptModel::norm_backward(const std::string& prefix, const Tensor& dinp, cons
 }
 
 // Dropout keys use global indices: sample first_sample + b, position
-// tp_rank * T/TP + t on a sequence-parallel shard, head tp_rank * NH/TP + h on
-// a tensor-parallel rank, so every layout drops what the single process drops.
+// tp_rank * T/TP + t on a sequence-parallel shard (plus sp_rank * T/U with
+// Ulysses, whose attention sees every position), head tp_rank * NH/TP +
+// sp_rank * NHa + h, so every layout drops what the single process drops.
 DropoutSpec GptModel::hidden_dropout(int layer, DropoutSite site) {
   const DropoutKey& k = S().key;
   if (!k.train || cfg_.hidden_dropout == 0.f) return {};
   return {.p = cfg_.hidden_dropout,
           .stream = dropout_stream(k.seed, k.iteration, layer, site),
           .sample0 = k.first_sample,
-          .pos0 = tp_.sp() ? tp_.rank * local_seq(T_) : 0,
+          .pos0 = sp_.rank * T_ + (tp_.sp() ? tp_.rank * local_seq(T_) : 0),
           .head0 = 0};
 }
 
@@ -317,7 +355,7 @@ DropoutSpec GptModel::attention_dropout(int layer) {
           .stream = dropout_stream(k.seed, k.iteration, layer, DropoutSite::AttentionProbs),
           .sample0 = k.first_sample,
           .pos0 = 0,
-          .head0 = tp_.rank * NHl_};
+          .head0 = tp_.rank * NHl_ + sp_.rank * NHa_};
 }
 
 void GptModel::dropout_add(const Tensor& out, const Tensor& inp, const Tensor& residual, const DropoutSpec& d) {
@@ -348,21 +386,23 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y) {
   const std::string p = "layers." + std::to_string(l) + ".";
   const bool row_bias = tp_.rank == 0;
   norm_forward(p + "norm1", a.norm1_out, a.norm1_mean, a.norm1_rstd, x);
-  Tensor qkv_lin = d_.rope ? a.qkv_pre : a.qkv;
-  ops::matmul_forward({.out = rows(qkv_lin),
+  Tensor qkv_lin = d_.rope ? a.qkv_pre : a.qkv;  // (B, U*T, QKVa): the attention's heads
+  ops::matmul_forward({.out = rows(sp_.active() ? uly_qkv_ : qkv_lin),
                        .inp = enter_tp(a.norm1_out),
                        .weight = w(p + "attn.qkv.weight"),
                        .bias = opt(p + "attn.qkv.bias", false)},
                       stream_);
-  const int nh = static_cast<int>(NHl_), nkv = static_cast<int>(NKVl_);
+  if (sp_.active()) ulysses_seq_to_heads(sp_, qkv_split_, B_, uly_qkv_, qkv_lin, uly_, stream_);
+  const int nh = static_cast<int>(NHa_), nkv = static_cast<int>(NKVa_);
   if (d_.rope)
     ops::rope_forward({.out = a.qkv, .inp = a.qkv_pre, .NH = nh, .pos_offset = 0, .theta = cfg_.rope_theta,
                        .NKV = nkv, .rot_dims = d_.rot},
                       stream_);
   ops::attention_forward(
       {.out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = nh, .NKV = nkv, .dropout = attention_dropout(l)}, stream_);
+  if (sp_.active()) ulysses_heads_to_seq(sp_, out_split_, B_, a.attn_out, a.attn_seq, uly_, stream_);
   ops::matmul_forward({.out = exit_tp_target(a.resid_mid),
-                       .inp = rows(a.attn_out),
+                       .inp = rows(a.attn_seq),
                        .weight = w(p + "attn.proj.weight"),
                        .bias = row_bias ? opt(p + "attn.proj.bias", false) : Tensor()},
                       stream_);
@@ -420,13 +460,14 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
                         .dweight = dw(p + "attn.proj.weight"),
                         .dbias = opt(p + "attn.proj.bias", true),
                         .dout = exit_tp_backward(dropout_grad(dresid, hidden_dropout(l, DropoutSite::AttentionOut))),
-                        .inp = rows(a.attn_out),
+                        .inp = rows(a.attn_seq),
                         .weight = w(p + "attn.proj.weight"),
                         .accum = Accum::Overwrite},
                        stream_);
-  const int nh = static_cast<int>(NHl_), nkv = static_cast<int>(NKVl_);
-  ops::attention_backward({.dqkv = dqkv_,
-                           .dout = dattn_,
+  if (sp_.active()) ulysses_seq_to_heads(sp_, out_split_, B_, dattn_, dattn_a_, uly_, stream_);
+  const int nh = static_cast<int>(NHa_), nkv = static_cast<int>(NKVa_);
+  ops::attention_backward({.dqkv = dqkv_a_,
+                           .dout = dattn_a_,
                            .out = a.attn_out,
                            .lse = a.lse,
                            .qkv = a.qkv,
@@ -435,9 +476,11 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
                            .dropout = attention_dropout(l)},
                           stream_);
   if (d_.rope)
-    ops::rope_backward({.out = dqkv_, .inp = dqkv_, .NH = nh, .pos_offset = 0, .theta = cfg_.rope_theta,
+    ops::rope_backward({.out = dqkv_a_, .inp = dqkv_a_, .NH = nh, .pos_offset = 0, .theta = cfg_.rope_theta,
                         .NKV = nkv, .rot_dims = d_.rot},
                        stream_);
+  // Ulysses: back to the sequence shard; replicated kv heads sum their replicas.
+  if (sp_.active()) ulysses_heads_to_seq(sp_, qkv_split_, B_, dqkv_a_, dqkv_, uly_, stream_);
   // Replicated kv heads: this rank's qkv gradients go to a scratch first
   // (their kv rows are partial sums, completed over tp by sum_shared_kv_grads).
   const bool kv_shared = kv_dw_.defined();
@@ -470,7 +513,12 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
     Tensor wpe = tp_.rank == 0 ? opt("embed.wpe", false) : Tensor();
     Tensor emb = exit_tp_target(rows(S().resid[0])).reshape({B_, T_, d_.C});
     ops::embedding_forward(
-        {.out = emb, .tokens = tokens, .wte = w("embed.wte"), .wpe = wpe, .vocab_start = vocab_start_, .pos_offset = 0},
+        {.out = emb,
+         .tokens = tokens,
+         .wte = w("embed.wte"),
+         .wpe = wpe,
+         .vocab_start = vocab_start_,
+         .pos_offset = sp_.rank * T_},  // Ulysses: global positions
         stream_);
     exit_tp(rows(S().resid[0]));
     const DropoutSpec d = hidden_dropout(-1, DropoutSite::Embedding);
@@ -599,7 +647,7 @@ void GptModel::backward(const Tensor& tokens, const Tensor& dout, int chunk) {
                            .dout = demb,
                            .tokens = tokens,
                            .vocab_start = vocab_start_,
-                           .pos_offset = 0},
+                           .pos_offset = sp_.rank * T_},
                           stream_);
   grads_done(0);
 }

@@ -16,6 +16,7 @@
 #include "lib/model/layout.h"
 #include "lib/model/param_store.h"
 #include "lib/model/tp_comm.h"
+#include "lib/model/ulysses.h"
 #include "lib/ops/dropout_mask.h"
 
 namespace ds {
@@ -27,11 +28,16 @@ namespace ds {
 // or hold T/TP positions per sample with sequence parallelism (the (B,T,C)
 // shapes of norm1/norm2/resid_mid below and of ActSet's resid and final norm
 // are then (B,T/TP,C); see local_seq()).
+// DeepSpeed-Ulysses (sp size U > 1): T below is the rank's T/U positions and
+// the attention tensors (qkv, qkv_pre, attn_out, lse) hold the full sequence
+// U*T with this rank's NHl/U query heads and their kv heads (QKVa, Ca); the
+// attention output back in sequence shards, the input of attn.proj, is attn_seq.
 struct LayerActs {
   Tensor norm1_out, norm1_mean, norm1_rstd;  // (B,T,C), (B,T), (B,T)
   Tensor qkv;                                // (B,T,QKVl) after bias (and rope if any)
   Tensor qkv_pre;                            // (B,T,QKVl) before rope (rope models only)
   Tensor attn_out, lse;                      // (B,T,Cl), (B,NHl,T)
+  Tensor attn_seq;                           // (B,T,Cl) Ulysses: attn_out re-sharded; else attn_out itself
   Tensor resid_mid;                          // (B,T,C) x + attention branch
   Tensor norm2_out, norm2_mean, norm2_rstd;  // (B,T,C), (B,T), (B,T)
   Tensor fc_out;                             // (B,T,Fl) or (B,T,2Fl) for swiglu
@@ -142,6 +148,14 @@ class GptModel {
   // with sequence parallelism (stage inputs / outputs are then (B, T/TP, C)).
   int64_t local_seq(int64_t T) const { return tp_.sp() ? T / tp_.size : T; }
 
+  // ---- DeepSpeed-Ulysses sequence parallelism (lib/model/ulysses.h) --------
+  // With sp.size U > 1 the model is fed this rank's T/U positions of every
+  // sample (tokens (B, T/U); see sequence_shard) and all-to-alls around the
+  // attention core over sp.comm. UserError unless the query heads (and the
+  // kv heads) of this tp rank split over U.
+  void set_ulysses(SpComm sp);
+  const SpComm& ulysses() const { return sp_; }
+
   // ---- Activation recomputation (lib/model/recompute.cpp) ----------------
   void set_recompute(RecomputeConfig r);
   const RecomputeConfig& recompute() const { return recompute_; }
@@ -212,6 +226,13 @@ class GptModel {
   PipeStage stage_;
   int64_t Cl_ = 0, NHl_ = 0, Fl_ = 0, Vl_ = 0, vocab_start_ = 0;  // this tp rank's slices
   int64_t NKVl_ = 0, QKVl_ = 0;  // kv heads of this tp rank, its qkv width (NHl + 2*NKVl)*HS
+  // Heads inside attention: this tp rank's, or with Ulysses this sp rank's
+  // share of them (NHa = NHl/U; NKVa = NKVl/U, or 1 replicated kv head).
+  int64_t NHa_ = 0, NKVa_ = 0, QKVa_ = 0, Ca_ = 0;
+  SpComm sp_;
+  HeadSplit qkv_split_, out_split_;  // qkv rows [q | k | v] and attention-output rows over sp
+  UlyssesScratch uly_;
+  Tensor uly_qkv_, dattn_a_, dqkv_a_;  // (B,T,QKVl) local qkv; (B,UT,Ca), (B,UT,QKVa) attention grads
   ModelLayout layout_;
   Device dev_;
   Stream stream_;

@@ -39,7 +39,7 @@ void GptModel::alloc_recompute_scratch(int64_t B, int64_t T) {
   if (any_full) {
     alloc_layer_acts(scratch_, B, T);
   } else if (recompute_.kind == RecomputeConfig::Kind::Selective) {
-    scratch_.attn_out = Tensor::empty({B, T, Cl_}, compute_, dev_);
+    scratch_.attn_out = Tensor::empty({B, T * sp_.size, Ca_}, compute_, dev_);
   }
 }
 
@@ -54,8 +54,8 @@ void GptModel::recompute_before_backward(int l) {
     ops::attention_forward({.out = a.attn_out,
                             .lse = a.lse,
                             .qkv = a.qkv,
-                            .NH = static_cast<int>(NHl_),
-                            .NKV = static_cast<int>(NKVl_),
+                            .NH = static_cast<int>(NHa_),
+                            .NKV = static_cast<int>(NKVa_),
                             .dropout = attention_dropout(l)},
         stream_);
   }
@@ -65,7 +65,7 @@ int64_t GptModel::saved_activation_bytes(int64_t B, int64_t T) {
   ensure_acts(B, T);
   std::set<const void*> skip, seen;
   for (const Tensor* t : {&scratch_.norm1_out, &scratch_.norm1_mean, &scratch_.norm1_rstd, &scratch_.qkv,
-                          &scratch_.qkv_pre, &scratch_.attn_out, &scratch_.lse, &scratch_.resid_mid,
+                          &scratch_.qkv_pre, &scratch_.attn_out, &scratch_.attn_seq, &scratch_.lse, &scratch_.resid_mid,
                           &scratch_.norm2_out, &scratch_.norm2_mean, &scratch_.norm2_rstd, &scratch_.fc_out,
                           &scratch_.act_out})
     if (t->defined()) skip.insert(t->raw());
@@ -77,7 +77,7 @@ int64_t GptModel::saved_activation_bytes(int64_t B, int64_t T) {
   const ActSet& s = sets_.at(0);
   for (const Tensor& t : s.resid) count(t);
   for (const LayerActs& a : s.acts)
-    for (const Tensor* t : {&a.norm1_out, &a.norm1_mean, &a.norm1_rstd, &a.qkv, &a.qkv_pre, &a.attn_out, &a.lse,
+    for (const Tensor* t : {&a.norm1_out, &a.norm1_mean, &a.norm1_rstd, &a.qkv, &a.qkv_pre, &a.attn_out, &a.attn_seq, &a.lse,
                             &a.resid_mid, &a.norm2_out, &a.norm2_mean, &a.norm2_rstd, &a.fc_out, &a.act_out})
       count(*t);
   for (const Tensor* t : {&s.final_out, &s.final_mean, &s.final_rstd, &s.logits}) count(*t);

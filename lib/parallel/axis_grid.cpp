@@ -8,12 +8,13 @@
 namespace ds {
 
 namespace {
-constexpr Axis kAllAxes[] = {Axis::TP, Axis::CP, Axis::EP, Axis::DP, Axis::PP};
+constexpr Axis kAllAxes[] = {Axis::TP, Axis::SP, Axis::CP, Axis::EP, Axis::DP, Axis::PP};
 }  // namespace
 
 const char* axis_name(Axis a) {
   switch (a) {
     case Axis::TP: return "tp";
+    case Axis::SP: return "sp";
     case Axis::CP: return "cp";
     case Axis::EP: return "ep";
     case Axis::DP: return "dp";
@@ -30,7 +31,7 @@ std::vector<Axis> parse_axis_order(std::string_view order) {
     const std::string_view name = order.substr(at, dash - at);
     const Axis* hit = std::find_if(std::begin(kAllAxes), std::end(kAllAxes),
                                    [&](Axis a) { return name == axis_name(a); });
-    DS_USER_CHECK(hit != std::end(kAllAxes), "parallel order '{}': unknown axis '{}' (use tp, cp, ep, dp, pp)",
+    DS_USER_CHECK(hit != std::end(kAllAxes), "parallel order '{}': unknown axis '{}' (use tp, sp, cp, ep, dp, pp)",
                   order, name);
     DS_USER_CHECK(std::find(out.begin(), out.end(), *hit) == out.end(), "parallel order '{}': axis '{}' twice",
                   order, name);

@@ -5,6 +5,8 @@
 // A group "over" some axes holds the ranks that agree on every other axis.
 // Pure functions of (order, sizes): every rank derives the same lists, and a
 // new axis (context or expert parallelism) is one more entry in the order.
+// SP is DeepSpeed-Ulysses sequence parallelism (its own axis; Megatron's
+// --sequence-parallel is not an axis: it reuses the tp group).
 #pragma once
 #include <initializer_list>
 #include <string>
@@ -13,9 +15,9 @@
 
 namespace ds {
 
-enum class Axis { TP, CP, EP, DP, PP };
+enum class Axis { TP, SP, CP, EP, DP, PP };
 
-const char* axis_name(Axis a);  // "tp", "cp", "ep", "dp", "pp"
+const char* axis_name(Axis a);  // "tp", "sp", "cp", "ep", "dp", "pp"
 // "tp-dp-pp" -> {TP, DP, PP}. Throws UserError naming the string for an
 // unknown or repeated axis.
 std::vector<Axis> parse_axis_order(std::string_view order);

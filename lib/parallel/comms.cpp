@@ -25,6 +25,13 @@ Comms build_comms(Communicator& world, const RankGrid& grid) {
   c.embedding = grid.pp > 1 && grid.in_embedding_group()
                     ? make(grid.embedding_groups[grid.pp_index], "embedding", grid.pp_index)
                     : make({grid.rank}, "embedding-self", grid.rank);
+  if (grid.sp > 1) {
+    c.sp = make(grid.my_sp_group(), "sp", grid.sp_index);
+    c.sdp = make(grid.my_sdp_group(), "sdp", grid.sdp_index);
+  } else {
+    c.sp = make({grid.rank}, "sp-self", grid.rank);
+    c.sdp = c.dp;
+  }
   return c;
 }
 

@@ -17,6 +17,11 @@ struct Comms {
   Communicator* dp = nullptr;     // grid.my_dp_group()
   Communicator* pp = nullptr;     // grid.my_pp_group(), group rank = stage
   Communicator* mp = nullptr;     // grid.my_mp_group() (grad norm, overflow checks)
+  // DeepSpeed-Ulysses: the sequence-parallel group (attention all-to-alls) and
+  // the sequence-data-parallel group (SP x DP: gradient reduction, ZeRO).
+  // With SP = 1, sp is this rank alone and sdp is the dp communicator.
+  Communicator* sp = nullptr;     // grid.my_sp_group()
+  Communicator* sdp = nullptr;    // grid.my_sdp_group()
   // This pipeline's first+last stage (tied embeddings) when PP > 1 and this
   // rank is on one of them; otherwise a group of this rank alone.
   Communicator* embedding = nullptr;
@@ -24,7 +29,8 @@ struct Comms {
 };
 
 // Every rank calls it once (collective over the world). Each rank creates only
-// its own groups, in the fixed order tp, dp, pp, mp, embedding; group tags are
+// its own groups, in the fixed order tp, dp, pp, mp, embedding, then (SP > 1)
+// sp and sdp; group tags are
 // "tp/<index>" etc. Checks that world's rank and size match the grid.
 Comms build_comms(Communicator& world, const RankGrid& grid);
 

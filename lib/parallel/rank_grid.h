@@ -1,10 +1,17 @@
 // RankGrid: Megatron-LM's placement of ranks into tensor-, data- and
 // pipeline-parallel groups, as a pure function (no communication), so that the
 // group lists can be unit tested and every rank derives the same answer.
-// Built on AxisGrid (lib/parallel/axis_grid.h) with the order "tp-dp-pp": TP
-// is innermost (consecutive ranks, i.e. one node's GPUs share the heaviest
-// traffic), PP outermost:
-//   rank = tp_rank + TP * (dp_rank + DP * pp_rank),  DP = world / (TP * PP).
+// Built on AxisGrid (lib/parallel/axis_grid.h) with the order "tp-sp-dp-pp":
+// TP is innermost (consecutive ranks, i.e. one node's GPUs share the heaviest
+// traffic), then DeepSpeed-Ulysses sequence parallelism (SP: two all-to-alls
+// per layer), then data parallelism, PP outermost:
+//   rank = tp_rank + TP * (sp_rank + SP * (dp_rank + DP * pp_rank)),
+//   DP = world / (TP * SP * PP).
+// With TP = 1 this is Megatron-DeepSpeed's placement (sp groups of
+// consecutive ranks, sequence-data groups of SP * DP consecutive ranks).
+// The sequence-data-parallel (sdp) group, SP x DP, is where gradients are
+// reduced and ZeRO partitions: its members hold the same weights and see
+// different tokens. With SP = 1 it is the dp group.
 // The named fields below are that grid's answers for the axes we have; a new
 // axis is one more entry in the order and its fields here.
 #pragma once
@@ -18,37 +25,42 @@ namespace ds {
 
 struct RankGrid {
   AxisGrid axes;  // the generic layout the fields below are read from
-  int world = 1, tp = 1, pp = 1, dp = 1;
-  int rank = 0, tp_rank = 0, dp_rank = 0, pp_rank = 0;
+  int world = 1, tp = 1, pp = 1, dp = 1, sp = 1;
+  int rank = 0, tp_rank = 0, dp_rank = 0, pp_rank = 0, sp_rank = 0;
+  int sdp = 1, sdp_rank = 0;  // SP x DP, and this rank's place in it (sp_rank + SP * dp_rank)
 
   // All groups of the job (every rank computes the same lists), each sorted.
   std::vector<std::vector<int>> tp_groups;   // world/TP groups of TP consecutive ranks
-  std::vector<std::vector<int>> dp_groups;   // same tp_rank and pp_rank
-  std::vector<std::vector<int>> pp_groups;   // same tp_rank and dp_rank, stage order
-  std::vector<std::vector<int>> mp_groups;   // model parallel (TP x PP): same dp_rank
+  std::vector<std::vector<int>> dp_groups;   // same tp_rank, sp_rank and pp_rank
+  std::vector<std::vector<int>> sp_groups;   // same tp_rank, dp_rank and pp_rank
+  std::vector<std::vector<int>> sdp_groups;  // same tp_rank and pp_rank (SP x DP)
+  std::vector<std::vector<int>> pp_groups;   // same tp_rank, sp_rank and dp_rank, stage order
+  std::vector<std::vector<int>> mp_groups;   // model parallel (TP x PP): same sp_rank and dp_rank
   // First and last stage of each pipeline (tied input/output embeddings);
   // with PP = 1 each is the single stage, as in Megatron.
   std::vector<std::vector<int>> embedding_groups;
 
   // Index of this rank's group in each list above.
-  int tp_index = 0, dp_index = 0, pp_index = 0, mp_index = 0;
+  int tp_index = 0, dp_index = 0, pp_index = 0, mp_index = 0, sp_index = 0, sdp_index = 0;
 
   const std::vector<int>& my_tp_group() const { return tp_groups[tp_index]; }
   const std::vector<int>& my_dp_group() const { return dp_groups[dp_index]; }
   const std::vector<int>& my_pp_group() const { return pp_groups[pp_index]; }
   const std::vector<int>& my_mp_group() const { return mp_groups[mp_index]; }
+  const std::vector<int>& my_sp_group() const { return sp_groups[sp_index]; }
+  const std::vector<int>& my_sdp_group() const { return sdp_groups[sdp_index]; }
   bool is_first_stage() const { return pp_rank == 0; }
   bool is_last_stage() const { return pp_rank == pp - 1; }
   // Whether this rank is in its pipeline's embedding group.
   bool in_embedding_group() const { return is_first_stage() || is_last_stage(); }
-  int rank_of(int tp_r, int dp_r, int pp_r) const { return axes.rank_of({tp_r, dp_r, pp_r}); }
+  int rank_of(int tp_r, int dp_r, int pp_r, int sp_r = 0) const { return axes.rank_of({tp_r, sp_r, dp_r, pp_r}); }
   // This rank's model shard; vp = model chunks per pipeline rank.
   ShardCoords shard_coords(int vp = 1) const { return {tp, tp_rank, pp, pp_rank, vp}; }
-  std::string describe() const;  // "rank 5: tp 1/2 dp 0/2 pp 2/4"
+  std::string describe() const;  // "rank 5: tp 1/2 dp 0/2 pp 2/4" (+ " sp 0/2" with SP > 1)
 };
 
 // Throws ds::UserError naming the numbers when world is not divisible by
-// TP * PP or a size is < 1, and ds::Error when rank is outside the world.
-RankGrid make_rank_grid(int world_size, int tp, int pp, int rank);
+// TP * SP * PP or a size is < 1, and ds::Error when rank is outside the world.
+RankGrid make_rank_grid(int world_size, int tp, int pp, int rank, int sp = 1);
 
 }  // namespace ds

@@ -283,6 +283,7 @@ json config_to_json(const TrainConfig& c) {
              {{"tensor_model_parallel_size", c.parallel.tp},
               {"pipeline_model_parallel_size", c.parallel.pp},
               {"sequence_parallel", c.parallel.sequence_parallel},
+              {"ds_sequence_parallel_size", c.parallel.sp},
               {"num_layers_per_virtual_pipeline_stage", c.parallel.num_layers_per_virtual_stage},
               {"recompute_granularity", recompute_granularity_name(c.parallel.recompute)},
               {"recompute_num_layers", c.parallel.recompute_num_layers}}}};

@@ -69,6 +69,7 @@ struct PrecisionConfig {
 struct ParallelConfig {
   int tp = 1, pp = 1;
   bool sequence_parallel = false;  // forced off when tp == 1 (as Megatron does)
+  int sp = 1;  // ds_sequence_parallel_size: DeepSpeed-Ulysses sequence parallelism
   int num_layers_per_virtual_stage = 0;
   RecomputeKind recompute = RecomputeKind::None;  // recompute_granularity: "" (none), full, selective
   int recompute_num_layers = 0;

@@ -27,12 +27,6 @@ void numeric(CLI::App& app, std::map<std::string, json>& out, const char* name, 
   app.add_option_function<double>(name, [&out, name](const double& v) { out[name] = v; }, help);
 }
 
-void check_only_value(const std::map<std::string, json>& sp, const char* name, double ok, const char* instead) {
-  if (!sp.count(name)) return;
-  const double v = sp.at(name).get<double>();
-  DS_USER_CHECK(v == ok, "{} {}: {}", name, v, instead);
-}
-
 // Megatron-Core's --group-query-attention [--num-query-groups N] (N defaults
 // to 1, and is ignored without the switch); it must agree with
 // Megatron-DeepSpeed's --num-key-value-heads when both are given.
@@ -76,7 +70,6 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
   text("--data-impl", "mmap or infer: datasets are memory-mapped .bin/.idx files, checked from their header",
        {"mmap", "infer", "lazy", "cached"});
   text("--optimizer", "adam (AdamW with decoupled weight decay, dstrain's optimizer)", {"adam", "sgd"});
-  numeric(app, out, "--ds-sequence-parallel-size", "DeepSpeed-Ulysses sequence parallel size (1 only)");
   flag("--group-query-attention", "Megatron-Core grouped-query attention: --num-query-groups kv heads (default 1)");
   numeric(app, out, "--num-query-groups", "kv heads with --group-query-attention (ignored without it, as in Megatron)");
   no_op_flag(app, "--deepspeed-activation-checkpointing",
@@ -100,8 +93,8 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
                                          "log, the CSV monitor and --tensorboard-dir");
   flag("--checkpoint-in-cpu", "activation checkpoints in host memory (DeepSpeed): a warning; they stay where the "
        "model runs (placement only, the numbers are the same)");
-  flag("--ds-sequence-parallel-fpdt", "FPDT chunked attention (memory only): accepted with a warning when "
-       "--ds-sequence-parallel-size is 1; attention is computed in tiles without the score matrix anyway");
+  flag("--ds-sequence-parallel-fpdt", "FPDT chunked attention (memory only): accepted with a warning; "
+       "attention is computed in tiles without the score matrix anyway, Ulysses without FPDT's chunking");
   numeric(app, out, "--ds-sequence-parallel-fpdt-chunk-size", "FPDT chunk size (with --ds-sequence-parallel-fpdt)");
   flag("--ds-sequence-parallel-fpdt-offloading", "FPDT host offloading (with --ds-sequence-parallel-fpdt)");
 }
@@ -116,8 +109,6 @@ void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings
   }
   DS_USER_CHECK(!has("--optimizer") || sp.at("--optimizer") == "adam",
                 "--optimizer sgd: dstrain trains with AdamW only; use --optimizer adam");
-  check_only_value(sp, "--ds-sequence-parallel-size", 1, "DeepSpeed-Ulysses sequence parallelism is not "
-                   "implemented; use --sequence-parallel with --tensor-model-parallel-size");
   if (has("--no-pipeline-parallel")) {
     const json pp = at("/parallel/pipeline_model_parallel_size");
     DS_USER_CHECK(pp.is_null() || pp == 1, "--no-pipeline-parallel with pipeline_model_parallel_size {}: "
@@ -132,8 +123,9 @@ void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings
   for (const char* name : {"--ds-sequence-parallel-fpdt-chunk-size", "--ds-sequence-parallel-fpdt-offloading"})
     DS_USER_CHECK(!has(name) || has("--ds-sequence-parallel-fpdt"), "{} needs --ds-sequence-parallel-fpdt", name);
   if (has("--ds-sequence-parallel-fpdt"))
-    add_warning(w, "--ds-sequence-parallel-fpdt: accepted as a memory-only setting (sequence parallel size 1): "
-                   "attention runs tiled without a score matrix; chunk size and offloading are not used");
+    add_warning(w, "--ds-sequence-parallel-fpdt: accepted as a memory-only setting: attention runs tiled without a "
+                   "score matrix and DeepSpeed-Ulysses exchanges whole sequences (no FPDT chunks); chunk size and "
+                   "offloading are not used");
   if (has("--use-rotary-position-embeddings")) set_at(j, "/model/position", "rope", "--use-rotary-position-embeddings");
   apply_gqa_flags(j, sp, w);
   if (has("--exit-duration-in-mins"))

@@ -116,6 +116,7 @@ constexpr FlagSpec kTable[] = {
     {"--tensor-model-parallel-size", "/parallel/tensor_model_parallel_size", FlagKind::Int, "TP"},
     {"--pipeline-model-parallel-size", "/parallel/pipeline_model_parallel_size", FlagKind::Int, "PP"},
     {"--sequence-parallel", "/parallel/sequence_parallel", FlagKind::Const, "Megatron sequence parallelism (needs TP > 1)", "true"},
+    {"--ds-sequence-parallel-size", "/parallel/ds_sequence_parallel_size", FlagKind::Int, "DeepSpeed-Ulysses sequence parallel size (SP)"},
     {"--num-layers-per-virtual-pipeline-stage", "/parallel/num_layers_per_virtual_pipeline_stage", FlagKind::Int, "interleaved 1F1B chunk size"},
     {"--recompute-granularity", "/parallel/recompute_granularity", FlagKind::String, "activation recomputation", "full|selective"},
     {"--recompute-activations", "/parallel/recompute_granularity", FlagKind::Const, "same as --recompute-granularity selective", "\"selective\""},

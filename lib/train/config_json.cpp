@@ -227,6 +227,13 @@ void read_config_json(const json& j, TrainConfig& cfg, Warnings& w) {
   read_training_section(JsonSection(j.value("training", json::object()), "training"), cfg,
                         !cfg.optim.scheduler_type.empty(), root.has("steps_per_print"));
   read_parallel_section(JsonSection(j.value("parallel", json::object()), "parallel"), cfg.parallel);
+  if (root.has("sequence_parallel_size")) {  // DeepSpeed's key for the Ulysses degree
+    const int v = root.get<int>("sequence_parallel_size", 1);
+    DS_USER_CHECK(cfg.parallel.sp == 1 || cfg.parallel.sp == v,
+                  "sequence_parallel_size {} disagrees with parallel.ds_sequence_parallel_size "
+                  "(--ds-sequence-parallel-size) {}; give one of them", v, cfg.parallel.sp);
+    cfg.parallel.sp = v;
+  }
   root.finish();
 }
 

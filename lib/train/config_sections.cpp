@@ -183,6 +183,7 @@ void read_parallel_section(JsonSection s, ParallelConfig& p) {
   p.tp = s.get<int>("tensor_model_parallel_size", p.tp);
   p.pp = s.get<int>("pipeline_model_parallel_size", p.pp);
   p.sequence_parallel = s.get<bool>("sequence_parallel", p.sequence_parallel);
+  p.sp = s.get<int>("ds_sequence_parallel_size", p.sp);
   p.num_layers_per_virtual_stage = s.get<int>("num_layers_per_virtual_pipeline_stage", p.num_layers_per_virtual_stage);
   const std::string g = s.get<std::string>("recompute_granularity", recompute_granularity_name(p.recompute));
   DS_USER_CHECK(g.empty() || g == "full" || g == "selective",

@@ -48,14 +48,15 @@ void resolve_schedule_lengths(TrainConfig& cfg) {
 void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
   ParallelConfig& p = cfg.parallel;
   DS_USER_CHECK(world_size > 0, "world size must be positive, got {}", world_size);
-  DS_USER_CHECK(p.tp > 0 && p.pp > 0,
-                "parallel: tensor_model_parallel_size {} and pipeline_model_parallel_size {} must be positive", p.tp,
-                p.pp);
-  DS_USER_CHECK(world_size % (p.tp * p.pp) == 0,
+  DS_USER_CHECK(p.tp > 0 && p.pp > 0 && p.sp > 0,
+                "parallel: tensor_model_parallel_size {}, pipeline_model_parallel_size {} and "
+                "ds_sequence_parallel_size {} must be positive", p.tp, p.pp, p.sp);
+  DS_USER_CHECK(world_size % (p.tp * p.pp * p.sp) == 0,
                 "world size {} is not divisible by tensor_model_parallel_size {} * pipeline_model_parallel_size {} "
-                "(--tensor-model-parallel-size / --pipeline-model-parallel-size)",
-                world_size, p.tp, p.pp);
-  cfg.batch.dp_size = world_size / (p.tp * p.pp);
+                "* ds_sequence_parallel_size {} (--tensor-model-parallel-size / --pipeline-model-parallel-size / "
+                "--ds-sequence-parallel-size)",
+                world_size, p.tp, p.pp, p.sp);
+  cfg.batch.dp_size = world_size / (p.tp * p.pp * p.sp);  // Ulysses ranks of one replica read the same samples
   resolve_batch(cfg.batch);
   if (p.tp == 1) p.sequence_parallel = false;  // as Megatron: nothing to split
 
@@ -157,6 +158,26 @@ void validate_parallel(const TrainConfig& cfg) {
                   "layers per pipeline stage {} (num_layers {} / pp {}) is not divisible by "
                   "num_layers_per_virtual_pipeline_stage {}",
                   m.num_layers / p.pp, m.num_layers, p.pp, p.num_layers_per_virtual_stage);
+  }
+  if (p.sp > 1) {
+    const int nkv = m.num_kv_heads;
+    DS_USER_CHECK(m.seq_length % p.sp == 0,
+                  "DeepSpeed-Ulysses: model.seq_length {} is not divisible by ds_sequence_parallel_size {} "
+                  "(--seq-length / --ds-sequence-parallel-size)", m.seq_length, p.sp);
+    DS_USER_CHECK(m.num_heads % (p.tp * p.sp) == 0,
+                  "DeepSpeed-Ulysses: model.num_heads {} is not divisible by tensor_model_parallel_size {} * "
+                  "ds_sequence_parallel_size {} (each sequence-parallel rank attends with whole heads)",
+                  m.num_heads, p.tp, p.sp);
+    // kv heads of a tp rank (one replicated head when fewer than TP) split over SP, or are replicated.
+    const int nkv_tp = nkv == 0 ? m.num_heads / p.tp : (nkv % p.tp == 0 ? nkv / p.tp : 1);
+    DS_USER_CHECK(nkv_tp % p.sp == 0 || p.sp % nkv_tp == 0,
+                  "DeepSpeed-Ulysses: {} key-value heads per tensor-parallel rank (num_key_value_heads {}, tp {}) "
+                  "cannot be split over ds_sequence_parallel_size {}: one must divide the other",
+                  nkv_tp, nkv == 0 ? m.num_heads : nkv, p.tp, p.sp);
+    DS_USER_CHECK(!p.sequence_parallel || (m.seq_length / p.sp) % p.tp == 0,
+                  "sequence parallelism with DeepSpeed-Ulysses: the {} positions per Ulysses rank (seq_length {} / "
+                  "ds_sequence_parallel_size {}) are not divisible by tensor_model_parallel_size {}",
+                  m.seq_length / p.sp, m.seq_length, p.sp, p.tp);
   }
   DS_USER_CHECK(!p.sequence_parallel || m.seq_length % p.tp == 0,
                 "sequence parallelism: model.seq_length {} is not divisible by tensor_model_parallel_size {}",

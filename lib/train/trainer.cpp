@@ -43,15 +43,19 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   shard_ = comms_.grid.shard_coords(per_virtual > 0 ? cfg_.model.num_layers / comms_.grid.pp / per_virtual : 1);
   dp_ = comms_.grid.dp;
   dp_rank_ = comms_.grid.dp_rank;
+  sdp_ = comms_.grid.sdp;
+  sdp_rank_ = comms_.grid.sdp_rank;
   full_layout_ = build_layout(cfg_.model);
   const TpComm tp{shard_.tp > 1 ? comms_.tp : nullptr, shard_.tp, shard_.tp_rank, cfg_.parallel.sequence_parallel};
   const PipeStage stage{shard_.pp, shard_.pp_rank, shard_.vp};
   const ModelLayout local = build_layout(cfg_.model, shard_);
   DS_USER_CHECK(cfg_.batch.dp_size == dp_, "batch: the config was resolved for {} data-parallel ranks, the job has {}",
                 cfg_.batch.dp_size, dp_);
-  ZeroPartition part = make_zero_partition(local.total, dp_);
+  // DeepSpeed folds Ulysses into data parallelism: gradients are reduced and
+  // ZeRO partitions over the sequence-data-parallel group (SP x DP).
+  ZeroPartition part = make_zero_partition(local.total, sdp_);
   const DType compute = compute_dtype(cfg_.precision.precision);
-  Communicator* dp_comm = dp_ > 1 ? comms_.dp : nullptr;
+  Communicator* dp_comm = sdp_ > 1 ? comms_.sdp : nullptr;
   if (cfg_.zero.stage >= 2) {
     store_ = std::make_unique<ZeroParamStore>(local, cfg_.model.num_layers, dev_, dp_comm, cfg_.zero, part,
                                               compute);
@@ -59,6 +63,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   } else {
     model_ = std::make_unique<GptModel>(cfg_.model, dev_, 0, tp, stage, compute);
   }
+  if (comms_.grid.sp > 1) model_->set_ulysses({comms_.sp, comms_.grid.sp, comms_.grid.sp_rank});
   model_->set_recompute(recompute_config(cfg_.parallel));
   opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get());
   if (shard_.tp > 1 || shard_.pp > 1)  // gradient norm summed over the model-parallel (tp x pp) group
@@ -100,11 +105,17 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   DS_LOG("batch: global {} = micro {} x grad accum {} x data parallel {}; {} train samples per epoch",
          cfg_.batch.train_batch_size, cfg_.batch.micro_batch_size, cfg_.batch.grad_accum_steps, cfg_.batch.dp_size,
          data_->train_samples_per_epoch());
+  if (comms_.grid.sp > 1)
+    DS_LOG("DeepSpeed-Ulysses sequence parallel: {} ranks, this rank holds positions [{}, {}) of every sample and "
+           "attends over all {} with {} of the {} heads; gradients reduced over {} sequence-data-parallel ranks",
+           comms_.grid.sp, comms_.grid.sp_rank * cfg_.model.seq_length / comms_.grid.sp,
+           (comms_.grid.sp_rank + 1) * cfg_.model.seq_length / comms_.grid.sp, cfg_.model.seq_length,
+           cfg_.model.num_heads / shard_.tp / comms_.grid.sp, cfg_.model.num_heads, sdp_);
   if (cfg_.parallel.sequence_parallel)
     DS_LOG("sequence parallel: norms and residuals hold {} of the {} positions per rank",
-           cfg_.model.seq_length / shard_.tp, cfg_.model.seq_length);
+           cfg_.model.seq_length / comms_.grid.sp / shard_.tp, cfg_.model.seq_length);
   DS_LOG("activations: {} bytes saved per micro-batch on this rank (micro {} x seq {}, recompute {}{})",
-         model_->saved_activation_bytes(cfg_.batch.micro_batch_size, cfg_.model.seq_length),
+         model_->saved_activation_bytes(cfg_.batch.micro_batch_size, cfg_.model.seq_length / comms_.grid.sp),
          cfg_.batch.micro_batch_size, cfg_.model.seq_length,
          cfg_.parallel.recompute == RecomputeKind::None ? "none" : recompute_granularity_name(cfg_.parallel.recompute),
          cfg_.parallel.recompute == RecomputeKind::Full
@@ -179,7 +190,7 @@ bool Trainer::skip_for_overflow() {
 void Trainer::log_model_state() {
   ModelStateBytes b = opt_->model_state_bytes();
   DS_LOG("model state: {} bytes per rank (ZeRO stage {}, {} data-parallel ranks; params {} + grads {} + Adam m, v {})",
-         b.total(), cfg_.zero.stage, dp_, b.params, b.grads, b.optimizer);
+         b.total(), cfg_.zero.stage, sdp_, b.params, b.grads, b.optimizer);
   if (cfg_.zero.stage == 3) {
     const Zero3Plan& p = store_->plan();
     int n_persistent = 0;
@@ -212,7 +223,7 @@ std::vector<Range> Trainer::norm_counted_ranges(const ModelLayout& local) const 
 
 RankModel Trainer::rank_model() {
   return RankModel{.config = &cfg_.model, .model = model_.get(), .comms = &comms_, .shard = shard_,
-                   .dp_rank = dp_rank_, .full = &full_layout_};
+                   .dp_rank = sdp_rank_, .full = &full_layout_};
 }
 
 Tensor Trainer::full_params(bool all_ranks) { return gather_full_params(rank_model(), all_ranks); }
@@ -222,7 +233,7 @@ void Trainer::load_or_init() {
     const bool flat = model_->has_flat_buffers() && shard_.tp == 1 && shard_.pp == 1;
     Tensor full = flat ? model_->params().view(0, {full_layout_.total})
                        : Tensor::empty({full_layout_.total}, DType::F32, dev_);
-    CheckpointData d = rank_checkpoint(rank_model(), full, opt_->adam(), opt_->optimizer_range(), dp_rank_, dp_);
+    CheckpointData d = rank_checkpoint(rank_model(), full, opt_->adam(), opt_->optimizer_range(), sdp_rank_, sdp_);
     if (load_checkpoint(cfg_.ckpt.load_dir, state_, d)) {
       if (!flat) scatter_full_params(rank_model(), full);
       model_->store().params_updated();
@@ -270,12 +281,14 @@ float Trainer::train_step() {
   // first sample, identical in every layout (docs/dropout.md).
   DropoutKey key{.train = true, .seed = cfg_.seed, .iteration = state_.iteration, .first_sample = 0};
   if (pipe_) {
-    auto batch = [&](int micro) { return data_->train_batch(state_.consumed_samples, micro, dp_rank_, dp_); };
+    auto batch = [&](int micro) {
+      return local_batch(data_->train_batch(state_.consumed_samples, micro, dp_rank_, dp_));
+    };
     loss_sum = pipe_->train(batch, loss_weight, key);
     tied_embedding_all_reduce();
   } else {
     for (int64_t micro = 0; micro < b.grad_accum_steps; ++micro) {
-      MicroBatch mb = data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_);
+      MicroBatch mb = local_batch(data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_));
       key.first_sample = mb.first_sample;
       loss_sum += model_->forward_backward(mb.tokens, mb.targets, loss_weight, key);
     }
@@ -361,7 +374,7 @@ double Trainer::evaluate() {
   const int64_t ga = cfg_.batch.grad_accum_steps;
   for (int64_t it = 0; it < cfg_.log.eval_iters; ++it) {
     auto batch = [&](int micro) {
-      return data_->valid_batch((it * ga + micro) * cfg_.batch.micro_batch_size * dp_, dp_rank_, dp_);
+      return local_batch(data_->valid_batch((it * ga + micro) * cfg_.batch.micro_batch_size * dp_, dp_rank_, dp_));
     };
     if (pipe_) {  // forwards through the stages; the loss sum is on the last stage
       sum += pipe_->forward_only(batch, static_cast<int>(ga));
@@ -389,9 +402,19 @@ void Trainer::tied_embedding_all_reduce() {
   if (store_) store_->flush_deferred();
 }
 
+// Every rank of the sequence-data-parallel group holds the mean over the
+// same number of tokens (B x T/SP), so their mean is the global one.
 double Trainer::dp_mean(double local) {
-  if (dp_ == 1) return local;
-  return comms_.dp->all_reduce_scalar(local, dev_) / dp_;
+  if (sdp_ == 1) return local;
+  return comms_.sdp->all_reduce_scalar(local, dev_) / sdp_;
+}
+
+MicroBatch Trainer::local_batch(MicroBatch mb) const {
+  const int sp = comms_.grid.sp;
+  if (sp == 1) return mb;
+  mb.tokens = sequence_shard(mb.tokens, sp, comms_.grid.sp_rank);
+  mb.targets = sequence_shard(mb.targets, sp, comms_.grid.sp_rank);
+  return mb;
 }
 
 void Trainer::save() {
@@ -407,8 +430,8 @@ void Trainer::save() {
                                 "checkpoint to {} (the last one written stays 'latest')",
                                 state_.iteration, cfg_.ckpt.save_dir));
   const CheckpointData d = rank_checkpoint(rank_model(), full, opt_->adam(), opt_->optimizer_range(),
-                                           sharded ? dp_rank_ : 0, sharded ? dp_ : 1);
-  if (sharded || dp_rank_ == 0) write_checkpoint_files(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
+                                           sharded ? sdp_rank_ : 0, sharded ? sdp_ : 1);
+  if (sharded || sdp_rank_ == 0) write_checkpoint_files(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
   comms_.world->barrier();
   if (comms_.grid.rank == 0) commit_checkpoint(cfg_.ckpt.save_dir, state_.iteration);
   comms_.world->barrier();

@@ -85,7 +85,8 @@ class Trainer {
   Comms& comms_;
   int local_rank_ = 0;
   std::chrono::steady_clock::time_point start_;  // when this process started training
-  int dp_ = 1, dp_rank_ = 0;
+  int dp_ = 1, dp_rank_ = 0;    // data parallel: which samples this rank reads
+  int sdp_ = 1, sdp_rank_ = 0;  // sequence x data parallel (Ulysses): gradient reduction, ZeRO
   ShardCoords shard_;  // this rank's model shard (tp, pp, virtual stages)
   std::unique_ptr<PipelineExecutor> pipe_;  // pp > 1
   ModelLayout full_layout_;  // the tp = 1 layout (checkpoints, HF import/export)
@@ -93,6 +94,7 @@ class Trainer {
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
   std::unique_ptr<DataPipeline> data_;
   TrainState state_;
+  MicroBatch local_batch(MicroBatch mb) const;  // Ulysses: this rank's positions of every sample
   CsvMonitor csv_;
   TensorBoardMonitor tb_;
   double flops_per_token_ = 0;

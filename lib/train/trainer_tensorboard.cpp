@@ -107,7 +107,7 @@ OptimizerStats Trainer::optimizer_stats() {
       s.max[k] = maxima.data<float>()[k];
     }
   };
-  if (cfg_.zero.stage > 0) reduce(comms_.dp);
+  if (cfg_.zero.stage > 0) reduce(comms_.sdp);
   reduce(comms_.tp);
   reduce(comms_.pp);
   return s;

@@ -117,6 +117,34 @@ void check_all_gather(Communicator& c, int64_t per) {
       WCHECK(bytes.data<uint8_t>()[r * per + j] == uint8_t(r * 31 + j), "u8 all_gather");
 }
 
+// Chunk j of member i's input lands as chunk i of member j's output, bit for
+// bit, in f32 and in a 2-byte type; a size mismatch is refused.
+void check_all_to_all(Communicator& c, int64_t per) {
+  const int n = c.size(), me = c.rank();
+  Tensor in = filled(300 + per, me, per * n), out = Tensor::empty({per * n}, DType::F32);
+  c.all_to_all(in, out);
+  for (int r = 0; r < n; ++r)
+    for (int64_t j = 0; j < per; ++j)
+      WCHECK(same_bits(out.data<float>()[r * per + j], value(300 + per, r, me * per + j)),
+             "all_to_all per={} from {} j={}", per, r, j);
+  Tensor h_in = Tensor::empty({per * n}, DType::BF16), h_out = Tensor::empty({per * n}, DType::BF16);
+  for (int64_t i = 0; i < per * n; ++i) h_in.data<uint16_t>()[i] = static_cast<uint16_t>(me * 7919 + i);
+  c.all_to_all(h_in, h_out);
+  for (int r = 0; r < n; ++r)
+    for (int64_t j = 0; j < per; ++j)
+      WCHECK(h_out.data<uint16_t>()[r * per + j] == static_cast<uint16_t>(r * 7919 + me * per + j),
+             "bf16 all_to_all from {} j={}", r, j);
+  if (n > 1 && per > 0) {
+    bool refused = false;
+    try {
+      c.all_to_all(in.view(0, {per * n - 1}), out.view(0, {per * n - 1}));
+    } catch (const Error&) {
+      refused = true;
+    }
+    WCHECK(refused, "all_to_all of {} elements over {} members was accepted", per * n - 1, n);
+  }
+}
+
 void check_broadcast_p2p(Communicator& c) {
   const int n = c.size(), me = c.rank();
   for (int root = 0; root < n; ++root) {
@@ -155,6 +183,7 @@ void run_suite(Communicator& c, uint64_t seed) {
   check_typed_all_reduce(c);
   for (int64_t per : {1, 333, 5000}) check_reduce_scatter(c, seed + per, per);
   for (int64_t per : {1, 7, 2049}) check_all_gather(c, per);
+  for (int64_t per : {0, 1, 13, 3001}) check_all_to_all(c, per);
   check_broadcast_p2p(c);
 }
 

@@ -66,10 +66,12 @@ void run_checks(Communicator& c) {
   c.reduce_scatter(rs_in.p, rs_out.p, per, DType::F32, ReduceOp::Sum);
   DevBuf ag_in(inputs(me, per)), ag_out{std::vector<float>(per * n)};
   c.all_gather(ag_in.p, ag_out.p, per, DType::F32);
+  DevBuf a2a_in(inputs(me, per * n)), a2a_out{std::vector<float>(per * n)};
+  c.all_to_all(a2a_in.p, a2a_out.p, per, DType::F32);
   DevBuf bc(inputs(me, 513));
   c.broadcast(bc.p, 513, DType::F32, n - 1);
   c.synchronize();
-  auto hs = sum.host(), hm = mx.host(), hr = rs_out.host(), hg = ag_out.host(), hb = bc.host();
+  auto hs = sum.host(), hm = mx.host(), hr = rs_out.host(), hg = ag_out.host(), hb = bc.host(), ha = a2a_out.host();
   for (int64_t i = 0; i < count; ++i) {
     float s = 0, m = ival(0, i);
     for (int r = 0; r < n; ++r) s += ival(r, i), m = std::max(m, ival(r, i));
@@ -80,6 +82,8 @@ void run_checks(Communicator& c) {
     for (int r = 0; r < n; ++r) s += ival(r, me * per + j);
     NCHECK(hr[j] == s, "reduce_scatter j={}", j);
     for (int r = 0; r < n; ++r) NCHECK(hg[r * per + j] == ival(r, j), "all_gather r={} j={}", r, j);
+    for (int r = 0; r < n; ++r)
+      NCHECK(ha[r * per + j] == ival(r, me * per + j), "all_to_all from {} j={}", r, j);
   }
   for (int64_t i = 0; i < 513; ++i) NCHECK(hb[i] == ival(n - 1, i), "broadcast i={}", i);
   if (n > 1) {  // ring send/recv, even ranks send first

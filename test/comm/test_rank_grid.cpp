@@ -53,6 +53,39 @@ TEST_CASE("rank grid: small shapes written out", "[rank_grid]") {
   CHECK(d.is_last_stage());
 }
 
+TEST_CASE("rank grid: DeepSpeed-Ulysses sequence axis (tp-sp-dp-pp)", "[rank_grid]") {
+  // TP 1: Megatron-DeepSpeed's groups, sp of consecutive ranks, sdp of SP x DP consecutive ranks.
+  RankGrid a = make_rank_grid(8, 1, 1, 5, 2);  // SP 2, DP 4
+  CHECK(a.dp == 4);
+  CHECK(a.sdp == 8);
+  CHECK(a.sp_groups == Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
+  CHECK(a.dp_groups == Groups{{0, 2, 4, 6}, {1, 3, 5, 7}});
+  CHECK(a.sdp_groups == Groups{{0, 1, 2, 3, 4, 5, 6, 7}});
+  CHECK(std::tie(a.sp_rank, a.dp_rank, a.sdp_rank) == std::make_tuple(1, 2, 5));
+  CHECK(a.mp_groups == Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}});
+  CHECK(a.describe() == "rank 5: tp 0/1 dp 2/4 pp 0/1 sp 1/2");
+  // TP 2 x SP 2 x PP 2, DP 1: rank 6 = tp 0, sp 1, pp 1.
+  RankGrid b = make_rank_grid(8, 2, 2, 6, 2);
+  CHECK(b.tp_groups == Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
+  CHECK(b.sp_groups == Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+  CHECK(b.sdp_groups == b.sp_groups);  // DP 1
+  CHECK(b.pp_groups == Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+  CHECK(b.mp_groups == Groups{{0, 1, 4, 5}, {2, 3, 6, 7}});
+  CHECK(std::tie(b.tp_rank, b.sp_rank, b.dp_rank, b.pp_rank) == std::make_tuple(0, 1, 0, 1));
+  CHECK(b.my_sp_group() == std::vector<int>{4, 6});
+  CHECK(b.rank_of(0, 0, 1, 1) == 6);
+  // SP 1: the sdp group is the dp group.
+  RankGrid c = make_rank_grid(8, 2, 1, 3);
+  CHECK(c.sdp_groups == c.dp_groups);
+  CHECK(c.sdp_rank == c.dp_rank);
+  try {
+    make_rank_grid(6, 1, 1, 0, 4);
+    FAIL("expected an error");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("world size 6") && Catch::Contains("ds-sequence-parallel-size 4"));
+  }
+}
+
 // Groups defined by coordinates: members share every coordinate but `free`.
 static Groups by_coordinates(const RankGrid& g, int free) {
   std::map<std::tuple<int, int>, std::vector<int>> m;

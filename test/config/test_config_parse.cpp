@@ -409,7 +409,6 @@ TEST_CASE("Megatron-DeepSpeed script flags: mappings, exact no-ops and refusals"
   };
   err({"--data-impl", "lazy"}, "--data-impl lazy");
   err({"--optimizer", "sgd"}, "--optimizer sgd");
-  err({"--ds-sequence-parallel-size", "2"}, "--ds-sequence-parallel-size 2");
   err({"--use-checkpoint-opt_param-scheduler", "--override-opt_param-scheduler"}, "give at most one");
   err({"--no-pipeline-parallel", "--pipeline-model-parallel-size", "2"}, "--no-pipeline-parallel");
   err({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"},
@@ -433,8 +432,37 @@ TEST_CASE("Megatron-DeepSpeed script flags: universal checkpoints, logging and m
   CHECK(w.warnings.size() == 4);
   CHECK_THROWS_WITH(parse_json(base(), {"--ds-sequence-parallel-fpdt-offloading"}),
                     Contains("--ds-sequence-parallel-fpdt-offloading needs --ds-sequence-parallel-fpdt"));
-  CHECK_THROWS_WITH(parse_json(base(), {"--ds-sequence-parallel-fpdt", "--ds-sequence-parallel-size", "2"}),
-                    Contains("--ds-sequence-parallel-size 2"));
+  TrainConfig f = parse_json(base(), {"--ds-sequence-parallel-fpdt", "--ds-sequence-parallel-size", "2"}, 2);
+  CHECK(f.parallel.sp == 2);
+  CHECK(has_warning(f, "--ds-sequence-parallel-fpdt: accepted as a memory-only setting"));
+}
+
+TEST_CASE("DeepSpeed-Ulysses: the flag, DeepSpeed's key, and refusals naming the numbers", "[config][ulysses]") {
+  TrainConfig a = parse_json(base(), {"--ds-sequence-parallel-size", "4"}, 8);
+  CHECK(a.parallel.sp == 4);
+  CHECK(a.batch.dp_size == 2);  // world 8 = SP 4 x DP 2: the four Ulysses ranks of a replica read the same samples
+  CHECK(a.resolved.at("parallel").at("ds_sequence_parallel_size") == 4);
+  TrainConfig k = parse_json(with(base(), {{"sequence_parallel_size", 2}}), {}, 4);
+  CHECK(k.parallel.sp == 2);
+  CHECK(k.batch.dp_size == 2);
+  CHECK(parse_json(with(base(), {{"sequence_parallel_size", 2}}), {"--ds-sequence-parallel-size", "2"}, 2)
+            .parallel.sp == 2);
+  auto err = [&](const json& j, std::vector<std::string> flags, int world, const std::string& needle) {
+    CHECK_THROWS_WITH(parse_json(j, flags, world), Contains(needle));
+  };
+  err(with(base(), {{"sequence_parallel_size", 2}}), {"--ds-sequence-parallel-size", "4"}, 8,
+      "sequence_parallel_size 2 disagrees with parallel.ds_sequence_parallel_size (--ds-sequence-parallel-size) 4");
+  err(base(), {"--ds-sequence-parallel-size", "4"}, 6, "world size 6 is not divisible");
+  err(base(), {"--ds-sequence-parallel-size", "0"}, 1, "ds_sequence_parallel_size 0 must be positive");
+  err(base(), {"--ds-sequence-parallel-size", "8"}, 8, "model.num_heads 12 is not divisible by "
+      "tensor_model_parallel_size 1 * ds_sequence_parallel_size 8");
+  err(base(), {"--ds-sequence-parallel-size", "4", "--seq-length", "1026", "--max-position-embeddings", "2048"}, 4,
+      "model.seq_length 1026 is not divisible by ds_sequence_parallel_size 4");
+  err(base(), {"--ds-sequence-parallel-size", "4", "--num-key-value-heads", "6"}, 4,
+      "6 key-value heads per tensor-parallel rank");
+  err(base(), {"--ds-sequence-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+               "--seq-length", "1026", "--max-position-embeddings", "2048", "--num-attention-heads", "4",
+               "--hidden-size", "64"}, 4, "the 513 positions per Ulysses rank");
 }
 
 TEST_CASE("grouped-query attention and RoPE flags", "[config][flags]") {

@@ -146,6 +146,27 @@ void NcclCommunicator::all_gather(const void* input, void* output, int64_t count
   wait("all_gather");
 }
 
+// NCCL has no all-to-all: one send and one receive per peer inside a group
+// (the local chunk is a device copy on the stream).
+void NcclCommunicator::all_to_all(const void* input, void* output, int64_t count_per_rank, DType dtype) {
+  const size_t bytes = count_per_rank * dtype_size(dtype);
+  if (bytes == 0) return;
+  const char* in = static_cast<const char*>(input);
+  char* out = static_cast<char*>(output);
+  DS_CUDA_CHECK(cudaMemcpyAsync(out + rank_ * bytes, in + rank_ * bytes, bytes, cudaMemcpyDeviceToDevice,
+                                as_stream(stream_)));
+  if (size_ > 1) {
+    check(nccl().GroupStart(), "all_to_all group start");
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      check(nccl().Send(in + p * bytes, bytes, ncclUint8, p, as_comm(comm_), as_stream(stream_)), "all_to_all send");
+      check(nccl().Recv(out + p * bytes, bytes, ncclUint8, p, as_comm(comm_), as_stream(stream_)), "all_to_all recv");
+    }
+    check(nccl().GroupEnd(), "all_to_all group end");
+  }
+  wait("all_to_all");
+}
+
 void NcclCommunicator::broadcast(void* data, int64_t count, DType dtype, int root) {
   DS_CHECK(root >= 0 && root < size_, "broadcast root {} outside group '{}' of {}", root, name_,
            size_);
