@@ -126,7 +126,8 @@ struct Session {
 
   // Generates for a batch of prompts; `stream` prints sample 0's text as it is produced.
   std::vector<std::string> run(const std::vector<std::string>& prompts, bool stream,
-                               std::vector<ds::gen::GenResult>* results = nullptr) {
+                               std::vector<ds::gen::GenResult>* results = nullptr,
+                               std::vector<std::vector<int32_t>>* prompt_ids = nullptr) {
     std::vector<std::vector<int32_t>> ids;
     for (const auto& p : prompts) {
       std::vector<int32_t> t;
@@ -163,6 +164,7 @@ struct Session {
                    st.prefill_tokens / std::max(st.prefill_s, 1e-9), static_cast<long long>(st.decode_tokens),
                    st.decode_s, st.decode_tokens / std::max(st.decode_s, 1e-9));
     if (results) *results = std::move(res);
+    if (prompt_ids) *prompt_ids = std::move(ids);
     return texts;
   }
 };
@@ -261,11 +263,13 @@ int run(const Args& a) {
     std::vector<std::string> batch(prompts.begin() + b0,
                                    prompts.begin() + std::min(prompts.size(), b0 + static_cast<size_t>(a.batch_size)));
     std::vector<ds::gen::GenResult> res;
+    std::vector<std::vector<int32_t>> ids;
     const bool stream = batch.size() == 1 && !jsonl;
-    auto texts = s.run(batch, stream, &res);
+    if (stream && rv.rank == 0) std::printf("%s", batch[0].c_str());
+    auto texts = s.run(batch, stream, &res, &ids);
     for (size_t i = 0; i < batch.size(); ++i) {
       if (jsonl) {
-        rows.push_back({{"prompt", batch[i]}, {"text", texts[i]}, {"tokens", res[i].tokens},
+        rows.push_back({{"prompt", batch[i]}, {"text", texts[i]}, {"tokens", res[i].tokens}, {"prompt_tokens", ids[i]},
                         {"stop_reason", ds::gen::stop_reason_name(res[i].reason)}});
       } else if (rv.rank == 0) {
         if (!stream) std::printf("%s%s", batch[i].c_str(), texts[i].c_str());
