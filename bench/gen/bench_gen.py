@@ -53,8 +53,8 @@ with tempfile.TemporaryDirectory() as d:
                 f"{d}/o.jsonl", "--max-new-tokens", str(N), "--ignore-eos", "--timing"])
         line = [l for l in r.stderr.splitlines() if "prefill" in l][-1].split()
         # dsgen: prefill T tokens in S s (R tokens/s), decode T tokens in S s (R tokens/s)
-        pre.append(float(line[6].strip("(")))
-        dec.append(float(line[13].strip("(")))
+        pre.append(float(line[7].strip("(")))
+        dec.append(float(line[15].strip("(")))
     out = json.loads(open(f"{d}/o.jsonl").read())
     ptoks = out["prompt_tokens"]
     # transformers on the same prompt ids
