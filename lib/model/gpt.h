@@ -13,6 +13,7 @@
 
 #include "lib/core/stream.h"
 #include "lib/core/tensor.h"
+#include "lib/model/kv_cache.h"
 #include "lib/model/layout.h"
 #include "lib/model/param_store.h"
 #include "lib/model/tp_comm.h"
@@ -156,6 +157,21 @@ class GptModel {
   void set_ulysses(SpComm sp);
   const SpComm& ulysses() const { return sp_; }
 
+  // ---- Generation (lib/model/gpt_decode.cpp) -------------------------------
+  // A cache for B samples of up to Tmax positions (Tmax <= max positions).
+  // Whole models only (no pipeline stages, no sequence parallelism).
+  KvCache make_kv_cache(int64_t B, int64_t Tmax) const;
+  // Incremental forward: tokens (B, Tq) i32 on the model's device, row t of
+  // sample b at position pos[b] + t (0 <= pos[b], pos[b] + Tq <= cache.Tmax).
+  // Stores their keys and values in the cache and returns the logits of each
+  // sample's LAST row over the real vocabulary: a host f32 (B, V) tensor,
+  // gathered over tensor-parallel ranks (collective: every tp rank calls).
+  Tensor decode_forward(const Tensor& tokens, const std::vector<int32_t>& pos, KvCache& cache);
+  // The training forward (no dropout) on tokens (B, T); returns the logits of
+  // every row: (B*T, Vl) in the compute dtype, valid until the next forward
+  // (the reference the KV-cache path is tested against).
+  const Tensor& forward_logits(const Tensor& tokens);
+
   // ---- Activation recomputation (lib/model/recompute.cpp) ----------------
   void set_recompute(RecomputeConfig r);
   const RecomputeConfig& recompute() const { return recompute_; }
@@ -202,6 +218,8 @@ class GptModel {
   void dropout_add(const Tensor& out, const Tensor& inp, const Tensor& residual, const DropoutSpec& d);
   // Gradient of dropout's input from that of its output (Nl, C): dy itself without dropout.
   Tensor dropout_grad(const Tensor& dy, const DropoutSpec& d);
+  void decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std::vector<int32_t>& pos);
+  void decode_scratch(KvCache& c, int64_t N);
   void layer_forward(int l, const Tensor& x_in, const Tensor& x_out);
   void layer_backward(int l, const Tensor& x_in, const Tensor& dresid);
   void norm_forward(const std::string& prefix, const Tensor& out, const Tensor& mean,

@@ -210,6 +210,31 @@ template <class A, class F> IfArgs<A, AttentionBwdArgs> fields(A& a, F&& f) {
   f(a.qkv, "qkv", Role::In);
 }
 
+// Attention of new rows against a key/value cache (incremental decoding with
+// a KV cache; lib/model/gpt_decode.cpp). Row t of sample b is at position
+// pos[b] + t: the op first stores the k and v parts of every qkv row into
+// k_cache / v_cache at those positions, then each query row attends causally
+// to cache positions [0, pos[b] + t] of its sample (grouped-query as in
+// attention_forward). Per-sample positions let one batch hold sequences of
+// different lengths. RoPE, if any, is applied to qkv beforehand. The caller
+// guarantees 0 <= pos[b] and pos[b] + Tq <= Tmax (the CPU backend checks it).
+struct KvAttentionArgs {
+  Tensor out;      // (B, Tq, NH*HS)
+  Tensor k_cache;  // (B, Tmax, NKV*HS): rows [pos[b], pos[b] + Tq) written
+  Tensor v_cache;  // (B, Tmax, NKV*HS)
+  Tensor qkv;      // (B, Tq, (NH+2*NKV)*HS)
+  Tensor pos;      // (B) i32
+  int NH = 0;
+  int NKV = 0;     // kv heads; 0: NH
+};
+template <class A, class F> IfArgs<A, KvAttentionArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.k_cache, "k_cache", Role::Accum);
+  f(a.v_cache, "v_cache", Role::Accum);
+  f(a.qkv, "qkv", Role::In);
+  f(a.pos, "pos", Role::In);
+}
+
 // Rotary position embedding on the q and k parts of a packed qkv buffer (NH
 // query heads, NKV key heads; 0: NH), rotate-half convention within the first
 // rot_dims dims of each head (pairs i and i + rot_dims/2, frequencies

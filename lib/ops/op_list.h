@@ -16,6 +16,7 @@
   X(matmul_backward, MatmulBwdArgs)          \
   X(attention_forward, AttentionArgs)        \
   X(attention_backward, AttentionBwdArgs)    \
+  X(kv_attention, KvAttentionArgs)           \
   X(rope_forward, RopeArgs)                  \
   X(rope_backward, RopeArgs)                 \
   X(gelu_forward, GeluArgs)                  \

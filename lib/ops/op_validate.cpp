@@ -313,6 +313,25 @@ void validate_attention_backward(const AttentionBwdArgs& a) {
   c.same_shape(a.dqkv, a.qkv, "dqkv", "qkv");
 }
 
+void validate_kv_attention(const KvAttentionArgs& a) {
+  const Check c("kv_attention");
+  c.devices(a);
+  const QkvDims d = check_qkv(c, a.qkv, "qkv", a.NH, a.NKV);
+  c.floating(a.out, "out");
+  c.floating(a.k_cache, "k_cache");
+  c.floating(a.v_cache, "v_cache");
+  c.dtype(a.pos, DType::I32, "pos");
+  const Shape want_out{d.B, d.T, d.NH * d.HS};
+  DS_CHECK(a.out.shape() == want_out, "kv_attention: out has shape {}, expected (B, Tq, NH*HS) = {}",
+           shape_str(a.out.shape()), shape_str(want_out));
+  DS_CHECK(a.k_cache.dim() == 3 && a.k_cache.size(0) == d.B && a.k_cache.size(2) == d.NKV * d.HS &&
+               a.k_cache.size(1) >= d.T,
+           "kv_attention: k_cache has shape {}, expected (B={}, Tmax >= {}, NKV*HS={})",
+           shape_str(a.k_cache.shape()), d.B, d.T, d.NKV * d.HS);
+  c.same_shape(a.v_cache, a.k_cache, "v_cache", "k_cache");
+  c.numel(a.pos, d.B, "pos", "B");
+}
+
 void validate_rope_forward(const RopeArgs& a) { check_rope(Check("rope_forward"), a); }
 void validate_rope_backward(const RopeArgs& a) { check_rope(Check("rope_backward"), a); }
 

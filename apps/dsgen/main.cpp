@@ -1,0 +1,340 @@
+// dsgen: text generation from a dstrain checkpoint or a Hugging Face model.
+//   dsgen --load CKPT_DIR [--tag global_stepN] --prompt "Once upon a time" [--prompt ...]
+//   dsgen --init-from HF_DIR --vocab-file V --merge-file M --prompt-file prompts.jsonl --output-file out.jsonl
+//   dsgen --load CKPT_DIR                       (no prompt flags: one prompt per stdin line, streamed)
+//   dsrun --include localhost:0,1 dsgen --load CKPT_DIR --tensor-model-parallel-size 2 --prompt ...
+// Greedy by default; --temperature / --top-k / --top-p sample (seeded by --seed).
+// Only rank 0 prints. User errors print one line naming the input and exit 1;
+// an --output-file is written to a temporary name and renamed when complete.
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "lib/comm/communicator.h"
+#include "lib/core/error.h"
+#include "lib/data/tokenizer.h"
+#include "lib/gen/generator.h"
+#include "lib/gen/model_source.h"
+#include "lib/model/tp_shard.h"
+#include "lib/parallel/comms.h"
+#include "lib/parallel/rank_grid.h"
+#ifdef DS_WITH_CUDA
+#include "cuda/cuda_api.h"
+#endif
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct Args {
+  ds::gen::ModelSource src;
+  std::string tokenizer_type, tokenizer_model, vocab_file, merge_file;
+  std::vector<std::string> prompts, stops;
+  std::string prompt_file, output_file, device;
+  int max_new_tokens = 64, batch_size = 8, tp = 1;
+  bool greedy = false, ignore_eos = false, bf16 = false, fp16 = false, no_kv_cache = false, timing = false;
+  ds::gen::SamplingConfig sampling;
+  bool sampling_given = false;
+};
+
+// The tokenizer: flags first, else what the checkpoint / HF directory names.
+std::unique_ptr<ds::data::Tokenizer> make_tokenizer(const Args& a, const ds::gen::LoadedModel& m) {
+  ds::data::TokenizerSpec spec = m.tokenizer;
+  if (!a.tokenizer_type.empty() || !a.tokenizer_model.empty() || !a.vocab_file.empty()) {
+    spec = {};
+    spec.kind = !a.tokenizer_type.empty() ? ds::data::parse_tokenizer_kind(a.tokenizer_type)
+                : !a.vocab_file.empty()   ? ds::data::TokenizerKind::GPT2BPE
+                                          : ds::data::TokenizerKind::HF;
+    spec.model_path = a.tokenizer_model;
+    spec.vocab_file = a.vocab_file;
+    spec.merge_file = a.merge_file;
+  } else {
+    DS_USER_CHECK(m.has_tokenizer, "{} names no tokenizer: give --vocab-file/--merge-file or --tokenizer-type and "
+                  "--tokenizer-model", m.where);
+  }
+  auto tok = ds::data::load_tokenizer(spec);
+  DS_USER_CHECK(tok->info().vocab_size <= m.model.vocab_size, "the tokenizer has {} ids but the model only {}: "
+                "not the tokenizer it was trained with", tok->info().vocab_size, m.model.vocab_size);
+  return tok;
+}
+
+// One prompt per line of a JSONL file: {"prompt": ...} or {"text": ...}.
+std::vector<std::string> read_prompt_file(const std::string& path) {
+  std::ifstream f(path);
+  DS_USER_CHECK(f.good(), "--prompt-file {}: cannot read it", path);
+  std::vector<std::string> out;
+  std::string line;
+  for (int n = 1; std::getline(f, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const std::exception&) {
+      DS_USER_ERROR("--prompt-file {}: line {} is not JSON (one {{\"prompt\": \"...\"}} object per line)", path, n);
+    }
+    const char* key = j.is_object() && j.contains("prompt") ? "prompt" : "text";
+    DS_USER_CHECK(j.is_object() && j.contains(key) && j[key].is_string(),
+                  "--prompt-file {}: line {} has no string field 'prompt' (or 'text')", path, n);
+    out.push_back(j[key].get<std::string>());
+  }
+  DS_USER_CHECK(!out.empty(), "--prompt-file {}: no prompts in it", path);
+  return out;
+}
+
+// Rank 0's string on every rank of `c` (stdin prompts under tensor parallelism).
+std::string broadcast_text(ds::Communicator* c, std::string s, ds::Device dev) {
+  if (!c || c->size() == 1) return s;
+  ds::Tensor n = ds::Tensor::zeros({1}, ds::DType::I64);
+  n.data<int64_t>()[0] = static_cast<int64_t>(s.size());
+  ds::Tensor nd = dev.is_cpu() ? n : n.to(dev);
+  c->broadcast(nd.raw(), 1, ds::DType::I64, 0);
+  const int64_t len = (dev.is_cpu() ? nd : nd.to(ds::Device::cpu())).data<int64_t>()[0];
+  s.resize(static_cast<size_t>(len));
+  if (len == 0) return s;
+  ds::Tensor b = ds::Tensor::empty({len}, ds::DType::U8);
+  std::memcpy(b.raw(), s.data(), s.size());
+  ds::Tensor bd = dev.is_cpu() ? b : b.to(dev);
+  c->broadcast(bd.raw(), len, ds::DType::U8, 0);
+  ds::Tensor h = dev.is_cpu() ? bd : bd.to(ds::Device::cpu());
+  std::memcpy(s.data(), h.raw(), static_cast<size_t>(len));
+  return s;
+}
+
+// Generated text of one sample, cut before the first stop string; `stopped`
+// tells whether one was found.
+std::string cut_at_stop(std::string text, const std::vector<std::string>& stops, bool* stopped = nullptr) {
+  size_t at = std::string::npos;
+  for (const auto& s : stops)
+    if (!s.empty()) at = std::min(at, text.find(s));
+  if (stopped) *stopped = at != std::string::npos;
+  if (at != std::string::npos) text.resize(at);
+  return text;
+}
+
+struct Session {
+  const Args& a;
+  ds::GptModel& model;
+  const ds::data::Tokenizer& tok;
+  ds::gen::GenOptions opt;
+  bool rank0 = true;
+
+  // Generates for a batch of prompts; `stream` prints sample 0's text as it is produced.
+  std::vector<std::string> run(const std::vector<std::string>& prompts, bool stream,
+                               std::vector<ds::gen::GenResult>* results = nullptr,
+                               std::vector<std::vector<int32_t>>* prompt_ids = nullptr) {
+    std::vector<std::vector<int32_t>> ids;
+    for (const auto& p : prompts) {
+      std::vector<int32_t> t;
+      if (tok.info().add_bos && tok.info().bos_id >= 0) t.push_back(tok.info().bos_id);
+      tok.encode(p, t);
+      ids.push_back(std::move(t));
+    }
+    size_t hold = 0;  // bytes held back while they might start a stop string
+    for (const auto& s : a.stops) hold = std::max(hold, s.empty() ? 0 : s.size() - 1);
+    std::vector<std::vector<int32_t>> gen(prompts.size());
+    size_t printed = 0;
+    auto on_token = [&](int64_t b, int32_t t) {
+      gen[b].push_back(t);
+      bool stopped = false;
+      std::string text = a.stops.empty() && !stream ? std::string() : cut_at_stop(tok.decode(gen[b]), a.stops, &stopped);
+      if (stream && rank0 && b == 0) {
+        const size_t ready = stopped ? text.size() : (text.size() > hold ? text.size() - hold : 0);
+        if (ready > printed) {
+          std::fwrite(text.data() + printed, 1, ready - printed, stdout);
+          std::fflush(stdout);
+          printed = ready;
+        }
+      }
+      return stopped;
+    };
+    ds::gen::GenStats st;
+    auto res = ds::gen::generate(model, ids, opt, on_token, &st);
+    std::vector<std::string> texts;
+    for (size_t b = 0; b < res.size(); ++b) texts.push_back(cut_at_stop(tok.decode(res[b].tokens), a.stops));
+    if (stream && rank0 && texts[0].size() > printed) std::fwrite(texts[0].data() + printed, 1, texts[0].size() - printed, stdout);
+    if (a.timing && rank0)
+      std::fprintf(stderr, "dsgen: prefill %lld tokens in %.3f s (%.1f tokens/s), decode %lld tokens in %.3f s "
+                   "(%.1f tokens/s)\n", static_cast<long long>(st.prefill_tokens), st.prefill_s,
+                   st.prefill_tokens / std::max(st.prefill_s, 1e-9), static_cast<long long>(st.decode_tokens),
+                   st.decode_s, st.decode_tokens / std::max(st.decode_s, 1e-9));
+    if (results) *results = std::move(res);
+    if (prompt_ids) *prompt_ids = std::move(ids);
+    return texts;
+  }
+};
+
+// Writes JSON lines to `path` atomically (temporary name, then rename), or to stdout.
+void write_jsonl(const std::string& path, const std::vector<json>& rows) {
+  if (path.empty()) {
+    for (const auto& r : rows) std::printf("%s\n", r.dump().c_str());
+    return;
+  }
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp);
+    DS_USER_CHECK(f.good(), "--output-file {}: cannot write it", path);
+    for (const auto& r : rows) f << r.dump() << "\n";
+    f.flush();
+    if (!f.good()) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      DS_USER_ERROR("--output-file {}: write failed (disk full?)", path);
+    }
+  }
+  fs::rename(tmp, path);
+}
+
+int run(const Args& a) {
+  DS_USER_CHECK(a.max_new_tokens >= 0, "--max-new-tokens {} must be >= 0", a.max_new_tokens);
+  DS_USER_CHECK(a.batch_size >= 1, "--batch-size {} must be >= 1", a.batch_size);
+  DS_USER_CHECK(!(a.bf16 && a.fp16), "--bf16 and --fp16 exclude each other");
+  DS_USER_CHECK(a.prompts.empty() || a.prompt_file.empty(), "give --prompt or --prompt-file, not both");
+  ds::RendezvousInfo rv = ds::RendezvousInfo::from_env();
+  DS_USER_CHECK(a.tp >= 1 && rv.world_size == a.tp, "--tensor-model-parallel-size {}: dsgen runs one model "
+                "replica, so the job must have exactly that many processes (it has {}; launch with dsrun)", a.tp,
+                rv.world_size);
+  ds::gen::LoadedModel lm = ds::gen::load_model(a.src, a.tp);  // before anything else: the errors a user makes
+  auto tok = make_tokenizer(a, lm);
+  const std::string device = a.device.empty() ? lm.device : a.device;
+  DS_USER_CHECK(device == "cpu" || device == "cuda", "--device {}: expected cpu or cuda", device);
+  ds::Device dev = ds::Device::cpu();
+  if (device == "cuda") {
+#ifdef DS_WITH_CUDA
+    DS_USER_CHECK(ds::cuda::device_available(), "--device cuda: {}", ds::cuda::unavailable_reason());
+    ds::cuda::init_device(rv.local_rank % ds::cuda::device_count());
+    dev = ds::Device::cuda(rv.local_rank % ds::cuda::device_count());
+#else
+    DS_USER_ERROR("--device cuda: this dsgen was built without CUDA; use --device cpu");
+#endif
+  }
+  auto world = ds::make_world_communicator(dev.is_cuda() ? ds::Backend::Nccl : ds::Backend::Gloo, rv);
+  ds::RankGrid grid = ds::make_rank_grid(rv.world_size, a.tp, 1, rv.rank);
+  ds::Comms comms = ds::build_comms(*world, grid);
+  ds::TpComm tp{.comm = a.tp > 1 ? comms.tp : nullptr, .size = a.tp, .rank = a.tp > 1 ? comms.tp->rank() : 0};
+  const ds::DType compute = a.bf16 ? ds::DType::BF16 : a.fp16 ? ds::DType::F16 : ds::DType::F32;
+  ds::GptModel model(lm.model, dev, 0, tp, {}, compute);
+  {
+    ds::Tensor local = lm.params;
+    if (tp.active()) {
+      local = ds::Tensor::empty({model.layout().total}, ds::DType::F32);
+      ds::slice_tp_params(model.layout(), lm.full, lm.params, local);
+    }
+    model.store().set_full_params(local);
+    lm.params = ds::Tensor();
+  }
+  Session s{a, model, *tok, {}, rv.rank == 0};
+  s.opt.max_new_tokens = a.max_new_tokens;
+  s.opt.sampling = a.sampling;
+  s.opt.sampling.greedy = a.greedy || !a.sampling_given;
+  s.opt.use_kv_cache = !a.no_kv_cache;
+  ds::gen::validate_sampling(s.opt.sampling);
+  if (!a.ignore_eos) {
+    for (int32_t id : {tok->info().eod_id, tok->info().eos_id, static_cast<int32_t>(lm.eos_id)})
+      if (id >= 0 && std::find(s.opt.stop_ids.begin(), s.opt.stop_ids.end(), id) == s.opt.stop_ids.end())
+        s.opt.stop_ids.push_back(id);
+  }
+  if (a.prompts.empty() && a.prompt_file.empty()) {  // interactive: one prompt per stdin line, streamed
+    const bool tty = rv.rank == 0 && ::isatty(0);
+    for (;;) {
+      if (tty) std::fprintf(stderr, "prompt> ");
+      std::string line;
+      bool ok = rv.rank == 0 && static_cast<bool>(std::getline(std::cin, line));
+      std::string msg = broadcast_text(comms.world, ok ? "1" + line : "0", dev);
+      if (msg[0] == '0') break;
+      line = msg.substr(1);
+      if (line.empty()) continue;
+      if (rv.rank == 0) std::printf("%s", line.c_str());
+      s.run({line}, true);
+      if (rv.rank == 0) std::printf("\n");
+      std::fflush(stdout);
+    }
+    return 0;
+  }
+  const bool jsonl = !a.prompt_file.empty();
+  const std::vector<std::string> prompts = jsonl ? read_prompt_file(a.prompt_file) : a.prompts;
+  std::vector<json> rows;
+  for (size_t b0 = 0; b0 < prompts.size(); b0 += static_cast<size_t>(a.batch_size)) {
+    std::vector<std::string> batch(prompts.begin() + b0,
+                                   prompts.begin() + std::min(prompts.size(), b0 + static_cast<size_t>(a.batch_size)));
+    std::vector<ds::gen::GenResult> res;
+    std::vector<std::vector<int32_t>> ids;
+    const bool stream = batch.size() == 1 && !jsonl;
+    if (stream && rv.rank == 0) std::printf("%s", batch[0].c_str());
+    auto texts = s.run(batch, stream, &res, &ids);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (jsonl) {
+        rows.push_back({{"prompt", batch[i]}, {"text", texts[i]}, {"tokens", res[i].tokens}, {"prompt_tokens", ids[i]},
+                        {"stop_reason", ds::gen::stop_reason_name(res[i].reason)}});
+      } else if (rv.rank == 0) {
+        if (!stream) std::printf("%s%s", batch[i].c_str(), texts[i].c_str());
+        std::printf("\n");
+        if (b0 + i + 1 < prompts.size()) std::printf("----\n");
+      }
+    }
+    std::fflush(stdout);
+  }
+  if (jsonl && rv.rank == 0) write_jsonl(a.output_file, rows);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsgen: generate text with a dstrain checkpoint or a Hugging Face GPT-2 / LLaMA model"};
+  Args a;
+  auto* load = app.add_option("--load", a.src.load, "Checkpoint directory (holds 'latest' and global_stepN/)");
+  app.add_option("--tag", a.src.tag, "Step directory to read (default: the one 'latest' names)")->needs(load);
+  auto* hf = app.add_option("--init-from", a.src.init_from, "Hugging Face directory (config.json + model.safetensors)");
+  load->excludes(hf);
+  app.add_option("--tokenizer-type", a.tokenizer_type, "GPT2BPETokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, "
+                 "SentencePieceTokenizer, HFTokenizer (default: the checkpoint's)");
+  app.add_option("--tokenizer-model", a.tokenizer_model, "tokenizer.model, tokenizer.json or a directory holding one");
+  app.add_option("--vocab-file", a.vocab_file, "GPT-2 vocab.json");
+  app.add_option("--merge-file", a.merge_file, "GPT-2 merges.txt");
+  app.add_option("--prompt", a.prompts, "A prompt (repeat for a batch)")->expected(1)->take_all();
+  app.add_option("--prompt-file", a.prompt_file, "JSONL file, one {\"prompt\": ...} per line; writes JSONL results");
+  app.add_option("--output-file", a.output_file, "Where --prompt-file results go (default: stdout)");
+  app.add_option("--max-new-tokens,--out-seq-length", a.max_new_tokens, "Tokens to generate per prompt (default 64)");
+  app.add_option("--batch-size", a.batch_size, "Prompts generated together (default 8)");
+  app.add_flag("--greedy", a.greedy, "Argmax decoding (the default unless a sampling flag is given)");
+  auto* temp = app.add_option("--temperature", a.sampling.temperature, "Sampling temperature (> 0)");
+  auto* topk = app.add_option("--top-k", a.sampling.top_k, "Sample from the k most likely tokens (0: all)");
+  auto* topp = app.add_option("--top-p", a.sampling.top_p, "Nucleus sampling threshold in (0, 1]");
+  app.add_option("--repetition-penalty", a.sampling.repetition_penalty, "Penalty > 1 discourages repeats (1: none)");
+  app.add_option("--seed", a.sampling.seed, "Sampling seed (default 1234)");
+  app.add_option("--stop", a.stops, "Stop a sample when its text contains this string (repeatable)")
+      ->expected(1)->take_all();
+  app.add_flag("--ignore-eos", a.ignore_eos, "Do not stop at the end-of-document token");
+  app.add_option("--device", a.device, "cpu or cuda (default: the checkpoint's device, else cpu)");
+  app.add_flag("--bf16", a.bf16, "Run in bf16");
+  app.add_flag("--fp16", a.fp16, "Run in fp16");
+  app.add_option("--tensor-model-parallel-size", a.tp, "Tensor-parallel ranks (launch that many with dsrun)");
+  app.add_flag("--no-kv-cache", a.no_kv_cache, "Recompute the whole prefix every step (slow; a reference)");
+  app.add_flag("--timing", a.timing, "Print prefill and decode tokens/s to stderr");
+  try {
+    app.parse(argc, argv);
+    if (a.src.load.empty() && a.src.init_from.empty()) throw CLI::ValidationError("give --load CKPT_DIR or --init-from HF_DIR");
+    a.sampling_given = temp->count() + topk->count() + topp->count() > 0;
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "dsgen: error: %s (see dsgen --help)\n", e.what());
+    return 1;
+  }
+  try {
+    return run(a);
+  } catch (const ds::UserError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "dsgen: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "dsgen: internal error: %s\n", e.what());
+    return 2;
+  }
+}

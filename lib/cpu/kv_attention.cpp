@@ -1,0 +1,70 @@
+// Attention against a key/value cache (incremental decoding), CPU. First the
+// k and v parts of the new qkv rows are stored at their positions in the
+// cache, then every (sample, query row, head) attends to its cache prefix:
+// scores in f32, softmax with the row maximum subtracted and the sum of
+// exponentials in double, output as the probability-weighted sum of values.
+// Work is independent per (b, t, h), so the result does not depend on the
+// thread count. Decode steps have Tq = 1 and a short prefix, so a plain loop
+// is enough; the matmuls around it dominate the time.
+#include <cmath>
+#include <cstring>
+
+#include "lib/cpu/cpu_util.h"
+#include "lib/ops/ops.h"
+
+namespace ds::cpu {
+
+void kv_attention(const KvAttentionArgs& a, const Stream&) {
+  const int64_t B = a.qkv.size(0), Tq = a.qkv.size(1), NH = a.NH, NKV = a.NKV == 0 ? a.NH : a.NKV;
+  const int64_t HS = a.qkv.size(2) / (NH + 2 * NKV), W = a.qkv.size(2), G = NH / NKV;
+  const int64_t Tmax = a.k_cache.size(1), KW = NKV * HS;
+  const int32_t* pos = a.pos.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    DS_CHECK(pos[b] >= 0 && pos[b] + Tq <= Tmax, "kv_attention: sample {} writes positions [{}, {}) outside the "
+             "cache of {} positions", b, pos[b], pos[b] + Tq, Tmax);
+  const float* qkv = a.qkv.data<float>();
+  float* kc = a.k_cache.data<float>();  // (B, Tmax, KW)
+  float* vc = a.v_cache.data<float>();
+  float* out = a.out.data<float>();  // (B, Tq, NH*HS)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Tq; ++t) {
+      const float* row = qkv + (b * Tq + t) * W;
+      const int64_t at = (b * Tmax + pos[b] + t) * KW;
+      std::memcpy(kc + at, row + NH * HS, sizeof(float) * KW);
+      std::memcpy(vc + at, row + NH * HS + KW, sizeof(float) * KW);
+    }
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HS)));
+  const int64_t work = B * Tq * NH;
+#pragma omp parallel for schedule(dynamic, 1) if (work > 1)
+  for (int64_t i = 0; i < work; ++i) {
+    const int64_t h = i % NH, t = (i / NH) % Tq, b = i / (NH * Tq);
+    const int64_t n = pos[b] + t + 1, kvh = h / G;  // keys [0, n)
+    float* s = thread_scratch(static_cast<size_t>(n), 0);
+    double* acc = thread_scratch_f64(static_cast<size_t>(HS));
+    const float* q = qkv + (b * Tq + t) * W + h * HS;
+    const float* K = kc + b * Tmax * KW + kvh * HS;
+    const float* V = vc + b * Tmax * KW + kvh * HS;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      float d = 0.f;
+      for (int64_t e = 0; e < HS; ++e) d += q[e] * K[j * KW + e];
+      s[j] = d * scale;
+      mx = std::max(mx, s[j]);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = std::exp(s[j] - mx);
+      sum += s[j];
+    }
+    for (int64_t e = 0; e < HS; ++e) acc[e] = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const float* v = V + j * KW;
+      const double p = s[j];
+      for (int64_t e = 0; e < HS; ++e) acc[e] += p * v[e];
+    }
+    float* o = out + (b * Tq + t) * NH * HS + h * HS;
+    for (int64_t e = 0; e < HS; ++e) o[e] = static_cast<float>(acc[e] / sum);
+  }
+}
+
+}  // namespace ds::cpu

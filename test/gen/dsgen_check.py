@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""dsgen end to end on models dstrain trained (a synthetic corpus, a BPE
+tokenizer trained on it, two small models: GPT-2 and LLaMA blocks, a few
+dozen steps each, saved as checkpoints and exported to Hugging Face format).
+  dsgen_check.py models BUILD DIR   trains the models into DIR (the ctest fixture)
+  dsgen_check.py cli BUILD DIR      prompts, prompt files, stdin, sampling, errors
+  dsgen_check.py tp BUILD DIR       dsrun with 2 tensor-parallel ranks == 1 process
+  dsgen_check.py hf BUILD DIR       greedy tokens == transformers' generate() (exit 77 without it)
+Each mode prints what it compared and exits non-zero on the first mismatch."""
+import json, os, socket, subprocess, sys, tempfile
+
+MODE, BUILD, DIR = sys.argv[1], sys.argv[2], sys.argv[3]
+DSPREP = f"{BUILD}/apps/dsprep/dsprep"
+DSTRAIN = f"{BUILD}/apps/dstrain/dstrain"
+DSGEN = f"{BUILD}/apps/dsgen/dsgen"
+DSRUN = f"{BUILD}/apps/dsrun/dsrun"
+PROMPTS = ["The", "Once upon a time there was", "In the morning the", "A small village near the river had"]
+NEW = 64
+
+if MODE == "hf":
+    try:
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+    except Exception as e:  # environment dependent
+        print(f"SKIP: transformers/torch not importable ({e}); scripts/setup.sh installs them")
+        sys.exit(77)
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def run(args, stdin=None, env=None, expect=0):
+    p = subprocess.run(args, input=stdin, capture_output=True, text=True, env=env)
+    if p.returncode != expect:
+        fail(f"{' '.join(args)} exited {p.returncode} (expected {expect})\nstdout: {p.stdout[-2000:]}\n"
+             f"stderr: {p.stderr[-3000:]}")
+    return p
+
+
+def build_models(d):
+    """Corpus, tokenizer, dataset, and a checkpoint + HF export per family."""
+    run([DSPREP, "--generate-corpus", f"{d}/corpus.txt", "--size-mb", "0.2", "--seed", "1"])
+    run([DSPREP, "--train-tokenizer", "--input", f"{d}/corpus.txt", "--vocab-size", "512", "--output-dir", f"{d}/tok"])
+    run([DSPREP, "--input", f"{d}/corpus.txt", "--output-prefix", f"{d}/data/corpus",
+         "--vocab-file", f"{d}/tok/vocab.json", "--merge-file", f"{d}/tok/merges.txt"])
+    for family in ("gpt2", "llama"):
+        model = {"family": family, "num_layers": 2, "hidden_size": 64, "num_heads": 4, "seq_length": 64,
+                 "max_position_embeddings": 128, "make_vocab_size_divisible_by": 128}
+        if family == "llama":
+            model["num_key_value_heads"] = 2
+        cfg = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8,
+               "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+               "model": model,
+               "data": {"data_path": f"{d}/data/corpus", "split": "100,0,0",
+                        "vocab_file": f"{d}/tok/vocab.json", "merge_file": f"{d}/tok/merges.txt"},
+               "training": {"train_iters": 60, "seed": 7, "lr_warmup_iters": 4, "log_interval": 60,
+                            "eval_interval": 1000, "save": f"{d}/{family}/ckpt", "save_interval": 60,
+                            "export_hf": f"{d}/{family}/hf"}}
+        with open(f"{d}/{family}.json", "w") as f:
+            json.dump(cfg, f)
+        run([DSTRAIN, "--config", f"{d}/{family}.json"])
+    with open(f"{d}/prompts.jsonl", "w") as f:
+        for p in PROMPTS:
+            f.write(json.dumps({"prompt": p}) + "\n")
+
+
+def gen_jsonl(d, args, launcher=()):
+    out = f"{d}/out-{abs(hash(tuple(args)))}.jsonl"
+    run(list(launcher) + [DSGEN] + args + ["--prompt-file", f"{d}/prompts.jsonl", "--output-file", out])
+    with open(out) as f:
+        return [json.loads(line) for line in f]
+
+
+def check_cli(d):
+    for family in ("gpt2", "llama"):
+        load = ["--load", f"{d}/{family}/ckpt", "--max-new-tokens", "24"]
+        rows = gen_jsonl(d, load)
+        if len(rows) != len(PROMPTS) or any(r["prompt"] != p for r, p in zip(rows, PROMPTS)):
+            fail(f"{family}: prompt file rows {rows}")
+        if not any(len(r["tokens"]) > 0 and r["text"] for r in rows):
+            fail(f"{family}: nothing generated")
+        # The KV cache gives the tokens of recomputing the whole prefix; batch size 1 the tokens of a batch of 4.
+        if gen_jsonl(d, load + ["--no-kv-cache"]) != rows:
+            fail(f"{family}: --no-kv-cache differs from the KV-cache path")
+        if family == "llama" and gen_jsonl(d, load + ["--batch-size", "1"]) != rows:
+            fail(f"{family}: --batch-size 1 differs from one batch of 4")
+        # --prompt prints prompt + generation; the same text as the prompt file gives.
+        p = run([DSGEN] + load + ["--prompt", PROMPTS[1]])
+        if p.stdout != PROMPTS[1] + rows[1]["text"] + "\n":
+            fail(f"{family}: --prompt printed {p.stdout!r}, expected {PROMPTS[1] + rows[1]['text']!r}")
+        # stdin: one prompt per line, streamed; the same text.
+        p = run([DSGEN] + load, stdin=PROMPTS[1] + "\n" + PROMPTS[2] + "\n")
+        want = PROMPTS[1] + rows[1]["text"] + "\n" + PROMPTS[2] + rows[2]["text"] + "\n"
+        if p.stdout != want:
+            fail(f"{family}: stdin mode printed {p.stdout!r}, expected {want!r}")
+        if family == "gpt2":  # the rest is family-independent; once is enough (time)
+            print(f"{family}: prompt file, --prompt, stdin, --no-kv-cache, batching: ok")
+            continue
+        # Sampling: a fixed seed repeats, another seed differs.
+        samp = load + ["--temperature", "1.2", "--top-k", "40", "--top-p", "0.95", "--repetition-penalty", "1.1"]
+        a = gen_jsonl(d, samp + ["--seed", "5"])
+        if gen_jsonl(d, samp + ["--seed", "5"]) != a:
+            fail(f"{family}: sampling with --seed 5 is not reproducible")
+        if gen_jsonl(d, samp + ["--seed", "6"]) == a or a == rows:
+            fail(f"{family}: sampling ignores the seed or equals greedy")
+        # A stop string cuts the text before it.
+        text = rows[1]["text"]
+        stop = text[len(text) // 2:len(text) // 2 + 3] if len(text) > 8 else None
+        if stop and stop.strip():
+            r = gen_jsonl(d, load + ["--stop", stop])[1]
+            if r["text"] != text[:text.find(stop)] or r["stop_reason"] != "stop":
+                fail(f"{family}: --stop {stop!r} gave {r}")
+        print(f"{family}: prompt file, --prompt, stdin, --no-kv-cache, batching, seeds, --stop: ok "
+              f"(e.g. {PROMPTS[1]!r} -> {rows[1]['text'][:60]!r})")
+    # User errors: one line naming the input, exit 1, no output file.
+    ck = f"{d}/gpt2/ckpt"
+    out = f"{d}/never.jsonl"
+    for args, needle in [(["--load", f"{d}/nowhere"], "nowhere"),
+                         (["--load", ck, "--top-p", "0", "--prompt", "x"], "--top-p"),
+                         (["--load", ck, "--temperature", "0", "--prompt", "x"], "--temperature"),
+                         (["--load", ck, "--prompt-file", f"{d}/missing.jsonl", "--output-file", out], "missing.jsonl"),
+                         (["--load", ck, "--prompt", "word " * 200], "context"),
+                         (["--load", ck, "--init-from", f"{d}/gpt2/hf"], "excludes"),
+                         (["--init-from", f"{d}/gpt2/hf", "--prompt", "x"], "tokenizer"),
+                         (["--load", ck, "--tensor-model-parallel-size", "2", "--prompt", "x"], "dsrun"),
+                         (["--load", ck, "--vocab-file", f"{d}/nope.json", "--merge-file", "m", "--prompt", "x"],
+                          "nope.json")]:
+        p = run([DSGEN] + args, expect=1)
+        lines = p.stderr.strip().splitlines()
+        if len(lines) != 1 or needle not in lines[0] or "error" not in lines[0]:
+            fail(f"dsgen {' '.join(args)[:80]}: expected one error line naming {needle!r}, got {p.stderr!r}")
+    if os.path.exists(out):
+        fail("a failed run left its --output-file behind")
+    print("errors: 9 user errors, one line each, exit 1: ok")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def check_tp(d):
+    for family in ("gpt2", "llama"):
+        load = ["--load", f"{d}/{family}/ckpt", "--max-new-tokens", "24"]
+        one = gen_jsonl(d, load)
+        launcher = [DSRUN, "--include", "localhost:0,1", "--master_port", str(free_port()), "--no_local_rank"]
+        two = gen_jsonl(d, load + ["--tensor-model-parallel-size", "2"], launcher)
+        if one != two:
+            fail(f"{family}: TP 2 through dsrun differs from one process:\n{one}\n{two}")
+        samp = ["--temperature", "1.0", "--top-k", "20", "--seed", "3"]
+        if family == "llama" and gen_jsonl(d, load + samp) != gen_jsonl(d, load + samp + ["--tensor-model-parallel-size", "2"],
+                                                   [DSRUN, "--include", "localhost:0,1", "--master_port",
+                                                    str(free_port()), "--no_local_rank"]):
+            fail(f"{family}: seeded sampling differs between TP 2 and one process")
+        print(f"{family}: dsrun --include localhost:0,1 dsgen --tensor-model-parallel-size 2 == 1 process "
+              f"(greedy{' and seeded sampling' if family == 'llama' else ''}, {len(one)} prompts): ok")
+
+
+def check_hf(d):
+    for family, arch in (("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM")):
+        hf = f"{d}/{family}/hf"
+        tok = ["--vocab-file", f"{d}/tok/vocab.json", "--merge-file", f"{d}/tok/merges.txt"]
+        ours = gen_jsonl(d, ["--init-from", hf, "--max-new-tokens", str(NEW)] + tok)
+        from_ckpt = gen_jsonl(d, ["--load", f"{d}/{family}/ckpt", "--max-new-tokens", str(NEW)])
+        if ours != from_ckpt:
+            fail(f"{family}: --init-from of the export differs from --load of the checkpoint")
+        model = AutoModelForCausalLM.from_pretrained(hf, torch_dtype=torch.float32)
+        if type(model).__name__ != arch:
+            fail(f"{family}: transformers loaded {type(model).__name__}")
+        eos = model.config.eos_token_id
+        total = 0
+        for r in ours:
+            ids = torch.tensor([r["prompt_tokens"]])
+            with torch.no_grad():
+                out = model.generate(ids, do_sample=False, max_new_tokens=NEW, attention_mask=torch.ones_like(ids),
+                                     pad_token_id=eos)
+            theirs = out[0, ids.shape[1]:].tolist()
+            if theirs and theirs[-1] == eos:  # transformers keeps the eos it stopped at; dsgen drops it
+                theirs = theirs[:-1]
+            if theirs != r["tokens"]:
+                fail(f"{family}: prompt {r['prompt']!r}: dsgen {r['tokens']} transformers {theirs}")
+            total += len(theirs)
+        if total < NEW:
+            fail(f"{family}: only {total} tokens compared")
+        print(f"{family}: greedy tokens identical to transformers {transformers.__version__} generate() "
+              f"({arch}, {len(ours)} prompts, {total} tokens): ok")
+
+
+if MODE == "models":
+    import shutil
+    shutil.rmtree(DIR, ignore_errors=True)
+    os.makedirs(DIR)
+    build_models(DIR)
+else:
+    if not os.path.exists(f"{DIR}/prompts.jsonl"):
+        fail(f"{DIR} has no models (run the test_dsgen_models fixture first)")
+    {"cli": check_cli, "tp": check_tp, "hf": check_hf}[MODE](DIR)
+print(f"dsgen {MODE}: passed")
