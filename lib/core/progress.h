@@ -4,7 +4,7 @@
 // place (carriage return) at most every `period_s`; otherwise (a log file, a
 // pipe) a plain line is printed per interval: every `every` units when set,
 // else every `line_period_s`. The format is one " | "-separated field each:
-//   LABEL | 3.2 of 12.0 GB (26.7%) | 512.0 MB/s | elapsed 0:00:06 | ETA 0:00:17
+//   LABEL | 3.20 GB of 12.00 GB (26.7%) | 512.00 MB/s | elapsed 0:00:06 | ETA 0:00:17
 // docs/plotting.md ("Progress lines") describes it.
 #pragma once
 #include <chrono>
