@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 
 namespace ds {
 
@@ -45,6 +46,15 @@ std::string format_progress(const ProgressOptions& o, int64_t done, int64_t coun
 }
 
 Progress::Progress(ProgressOptions o) : o_(std::move(o)), style_(o_.style) {
+  const char* env = std::getenv("DS_PROGRESS");
+  const std::string mode = env ? env : "";
+  if (mode == "off") style_ = ProgressStyle::Off;
+  if (style_ != ProgressStyle::Off && (mode == "lines" || mode == "all")) style_ = ProgressStyle::Lines;
+  if (style_ != ProgressStyle::Off && mode == "all") {
+    o_.every = 0;
+    o_.line_period_s = 0;
+    o_.quiet_s = 0;
+  }
   if (style_ == ProgressStyle::Auto)
     style_ = o_.stream && isatty(fileno(o_.stream)) ? ProgressStyle::Terminal : ProgressStyle::Lines;
   if (!o_.stream) style_ = ProgressStyle::Off;
@@ -94,9 +104,8 @@ void Progress::finish() {
   std::fflush(o_.stream);
 }
 
-void Progress::print(bool final_line) {
-  std::string line = format_progress(o_, done_, count_, seconds());
-  if (final_line && o_.total > 0 && done_ < o_.total) line += " | stopped";
+void Progress::print(bool) {
+  const std::string line = format_progress(o_, done_, count_, seconds());
   if (style_ == ProgressStyle::Terminal) {
     std::fprintf(o_.stream, "\r%s\x1b[K", line.c_str());  // redraw in place, clear the rest
     open_line_ = true;

@@ -5,6 +5,9 @@
 // pipe) a plain line is printed per interval: every `every` units when set,
 // else every `line_period_s`. The format is one " | "-separated field each:
 //   LABEL | 3.20 GB of 12.00 GB (26.7%) | 512.00 MB/s | elapsed 0:00:06 | ETA 0:00:17
+// The environment variable DS_PROGRESS overrides the style: "off" (silent),
+// "lines" (plain lines even on a terminal) or "all" (a plain line for every
+// update, nothing held back: for tests and debugging).
 // docs/plotting.md ("Progress lines") describes it.
 #pragma once
 #include <chrono>
@@ -24,7 +27,7 @@ struct ProgressOptions {
   int64_t total = 0;                  // 0: unknown (no percentage, ETA unknown)
   ProgressStyle style = ProgressStyle::Auto;
   double period_s = 2;                // Terminal: the least seconds between redraws
-  double line_period_s = 10;          // Lines: seconds between lines when `every` is 0
+  double line_period_s = 5;           // Lines: seconds between lines when `every` is 0
   int64_t every = 0;                  // Lines: a line whenever the side count (else done) passes a multiple
   double quiet_s = 0;                 // nothing before this many seconds: a quick operation stays silent
   std::FILE* stream = stderr;
@@ -47,7 +50,10 @@ class Progress {
   // `done` units so far (monotone); `count` an optional side count (documents).
   void update(int64_t done, int64_t count = -1);
   void add(int64_t delta) { update(done_ + delta, count_); }
-  // A last line (done, elapsed, ETA 0:00:00) if any line was printed before.
+  // A total learnt on the way (a checkpoint load finds the shards it reads one by one).
+  void set_total(int64_t total) { o_.total = total; }
+  int64_t total() const { return o_.total; }
+  // A last line (done, rate, elapsed) if any line was printed before.
   void finish();
   double seconds() const;
   int64_t done() const { return done_; }

@@ -2,6 +2,8 @@
 // librsvg), the progress lines (lib/core/progress.h) and the trainer's
 // iteration line with its elapsed time and ETA.
 #include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include <fstream>
 #include <regex>
 
+#include "lib/ckpt/checkpoint.h"
 #include "lib/core/error.h"
 #include "lib/core/progress.h"
 #include "lib/plot/png.h"
@@ -18,6 +21,7 @@
 #include "lib/train/metrics.h"
 #include "lib/train/tensorboard.h"
 #include "test/data/test_util.h"
+#include "test/model/tiny_model.h"
 
 #ifdef DS_HAVE_CAIRO
 #include <cairo.h>
@@ -236,4 +240,38 @@ TEST_CASE("the PNG renders the SVG's curves") {
   CHECK(error_of([&] { write_png(svg, dir / "no/such/dir/c.png", 1.0); }).find("no/such/dir/c.png") !=
         std::string::npos);
   CHECK(!std::filesystem::exists(dir / "no"));
+}
+
+TEST_CASE("checkpoint saves and loads print byte progress lines") {
+  test::TempDir dir;
+  const ModelConfig cfg = test::tiny_model(false);
+  const ModelLayout layout = build_layout(cfg);
+  Tensor p = Tensor::zeros({layout.total}, DType::F32), m = p.clone(), v = p.clone();
+  TrainState st;
+  st.iteration = 7;
+  // DS_PROGRESS=all: every update is a plain line (quick operations are otherwise silent).
+  ::setenv("DS_PROGRESS", "all", 1);
+  std::fflush(stderr);
+  const int saved_fd = ::dup(2);
+  const std::string log = dir / "stderr.txt";
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::dup2(fd, 2);
+  ::close(fd);
+  {
+    CheckpointData d{&layout, p, m, v, 0, layout.total, 0, 0, 1, {}};
+    save_checkpoint(dir / "ckpt", st, d, nlohmann::json::object());
+    TrainState back;
+    REQUIRE(load_checkpoint(dir / "ckpt", back, d));
+    CHECK(back.iteration == 7);
+  }
+  std::fflush(stderr);
+  ::dup2(saved_fd, 2);
+  ::close(saved_fd);
+  ::unsetenv("DS_PROGRESS");
+  const std::string text = test::slurp(log);
+  INFO(text);
+  const std::string fields = R"( \| [\d.]+ [KMG]?B of [\d.]+ [KMG]?B \([\d.]+%\) \| [\d.]+ [KMG]?B/s \| elapsed \d+:\d\d:\d\d \| ETA (\d+:\d\d:\d\d|unknown)\n)";
+  CHECK(std::regex_search(text, std::regex("saving checkpoint .*/ckpt/global_step7" + fields)));
+  CHECK(std::regex_search(text, std::regex("checksumming checkpoint .*" + fields)));
+  CHECK(std::regex_search(text, std::regex("loading checkpoint .*/ckpt/global_step7" + fields)));
 }
