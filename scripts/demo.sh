@@ -2,7 +2,8 @@
 # The README's demo: installs dependencies, builds, generates a synthetic
 # corpus (no download), trains a byte-level BPE tokenizer on it, tokenizes it
 # into a Megatron .bin/.idx dataset, and trains a small GPT-2-style model on
-# the CPU for a few minutes with checkpoints and a Hugging Face export.
+# the CPU for a few minutes with checkpoints and a Hugging Face export, and
+# draws its loss curves (dsplot).
 # Everything is written under demo-out/.
 #   scripts/demo.sh [extra dstrain flags, e.g. --train-iters 50]
 set -euo pipefail
@@ -11,7 +12,7 @@ BUILD=${BUILD_DIR:-build}
 OUT=demo-out
 bash scripts/setup.sh
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$BUILD" -j"$(nproc)" --target dstrain dsprep dsrun
+cmake --build "$BUILD" -j"$(nproc)" --target dstrain dsprep dsrun dsplot
 
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -28,5 +29,8 @@ if [[ -x "$BUILD/apps/dsrun/dsrun" ]]; then
 else
   $DSTRAIN
 fi
+# The training and validation curves from the CSV monitor files (the PNG through
+# librsvg, which setup.sh installs).
+"$BUILD/apps/dsplot/dsplot" "$OUT/logs/demo" --metrics loss,lr,grad_norm -o "$OUT/curves.svg" -o "$OUT/curves.png"
 echo
-echo "demo: checkpoints in $OUT/checkpoints, Hugging Face export in $OUT/hf, CSV logs in $OUT/logs/demo"
+echo "demo: checkpoints in $OUT/checkpoints, Hugging Face export in $OUT/hf, CSV logs in $OUT/logs/demo, curves in $OUT/curves.svg and .png"
