@@ -89,14 +89,14 @@ void Progress::update(int64_t done, int64_t count) {
   }
   if (!due) return;
   last_ = now;
-  print(false);
+  print();
 }
 
 void Progress::finish() {
   if (finished_) return;
   finished_ = true;
   if (style_ == ProgressStyle::Off || !printed_) return;
-  print(true);
+  print();
   if (open_line_) {
     std::fputc('\n', o_.stream);
     open_line_ = false;
@@ -104,7 +104,7 @@ void Progress::finish() {
   std::fflush(o_.stream);
 }
 
-void Progress::print(bool) {
+void Progress::print() {
   const std::string line = format_progress(o_, done_, count_, seconds());
   if (style_ == ProgressStyle::Terminal) {
     std::fprintf(o_.stream, "\r%s\x1b[K", line.c_str());  // redraw in place, clear the rest

@@ -60,7 +60,7 @@ class Progress {
   ProgressStyle style() const { return style_; }  // Auto resolved
 
  private:
-  void print(bool final_line);
+  void print();
   ProgressOptions o_;
   ProgressStyle style_;
   std::chrono::steady_clock::time_point t0_, last_;
