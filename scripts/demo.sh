@@ -2,8 +2,8 @@
 # The README's demo: installs dependencies, builds, generates a synthetic
 # corpus (no download), trains a byte-level BPE tokenizer on it, tokenizes it
 # into a Megatron .bin/.idx dataset, and trains a small GPT-2-style model on
-# the CPU for a few minutes with checkpoints and a Hugging Face export, then
-# prints a few generations from it with dsgen.
+# the CPU for a few minutes with checkpoints and a Hugging Face export, draws
+# its loss curves (dsplot) and prints a few generations from it with dsgen.
 # Everything is written under demo-out/.
 #   scripts/demo.sh [extra dstrain flags, e.g. --train-iters 50]
 set -euo pipefail
@@ -12,7 +12,7 @@ BUILD=${BUILD_DIR:-build}
 OUT=demo-out
 bash scripts/setup.sh
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$BUILD" -j"$(nproc)" --target dstrain dsprep dsrun dsgen
+cmake --build "$BUILD" -j"$(nproc)" --target dstrain dsprep dsrun dsgen dsplot
 
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -29,9 +29,12 @@ if [[ -x "$BUILD/apps/dsrun/dsrun" ]]; then
 else
   $DSTRAIN
 fi
+# The training and validation curves from the CSV monitor files (the PNG through
+# librsvg, which setup.sh installs).
+"$BUILD/apps/dsplot/dsplot" "$OUT/logs/demo" --metrics loss,lr,grad_norm -o "$OUT/curves.svg" -o "$OUT/curves.png"
 echo
 echo "demo: a few generations from the trained model (dsgen, greedy, KV cache):"
 "$BUILD/apps/dsgen/dsgen" --load "$OUT/checkpoints" --max-new-tokens 48 \
   --prompt "Before dawn, Hugo was in the" --prompt "At noon, Vera" --prompt "There were six"
 echo
-echo "demo: checkpoints in $OUT/checkpoints, Hugging Face export in $OUT/hf, CSV logs in $OUT/logs/demo"
+echo "demo: checkpoints in $OUT/checkpoints, Hugging Face export in $OUT/hf, CSV logs in $OUT/logs/demo, curves in $OUT/curves.svg and .png"

@@ -10,6 +10,8 @@ pkgs=(
   build-essential cmake ninja-build pkg-config
   libcli11-dev nlohmann-json3-dev libfmt-dev catch2 libssh-dev
   libopenblas-dev libgloo-dev
+  # dsplot's PNG output: librsvg renders the SVG it writes (with cairo), in DejaVu Sans
+  librsvg2-dev fonts-dejavu-core
   # SentencePiece tokenizers (tokenizer.model), and spm_train for their tests
   libsentencepiece-dev sentencepiece
   # tests with real components

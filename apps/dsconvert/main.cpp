@@ -13,6 +13,7 @@
 
 #include "lib/ckpt/hf.h"
 #include "lib/ckpt/convert.h"
+#include "lib/core/progress.h"
 #include "lib/core/error.h"
 #include "lib/train/config.h"
 
@@ -77,9 +78,17 @@ int run(const Args& a) {
   DS_USER_CHECK(state.config.is_object(), "checkpoint file '{}/state.json': field 'config' is missing", step);
   const nlohmann::json config = state.config;
   const ds::TrainConfig src = ds::train_config_from_json(config, saved_world(config, step));
-  const ds::SavedStep saved = ds::open_saved_step(step, std::move(state), src.model);
+  ds::SavedStep saved = ds::open_saved_step(step, std::move(state), src.model);
+  // Progress of the reading (bytes checksummed and read; the shards add to the total as they are reached).
+  std::error_code size_ec;
+  const auto model_bytes = fs::file_size(fs::path(step) / "model.safetensors", size_ec);
+  ds::Progress reading(ds::ProgressOptions{.label = "dsconvert: reading " + step,
+                                           .total = size_ec ? 0 : static_cast<int64_t>(model_bytes)});
+  saved.progress = &reading;
   if (!a.export_hf.empty()) {
-    ds::export_hf(saved.model, saved.full, ds::read_full_params(saved, saved.full), a.export_hf);
+    ds::Tensor params = ds::read_full_params(saved, saved.full);
+    reading.finish();
+    ds::export_hf(saved.model, saved.full, params, a.export_hf);
     std::printf("dsconvert: exported %s as a Hugging Face model to %s\n", step.c_str(), a.export_hf.c_str());
     return 0;
   }

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "lib/core/error.h"
+#include "lib/core/progress.h"
 #include "lib/data/bpe.h"
 #include "lib/data/indexed_dataset.h"
 
@@ -23,27 +24,6 @@ namespace {
 
 constexpr size_t kBatchDocs = 512;
 constexpr size_t kBatchBytes = size_t{4} << 20;
-
-class Progress {
- public:
-  Progress(int64_t interval, int64_t total_bytes) : interval_(interval), total_(total_bytes) {}
-  // Called after each written document.
-  void document(int64_t docs, int64_t bytes) {
-    if (interval_ <= 0 || docs % interval_ != 0) return;
-    const double dt = seconds();
-    const double rate = dt > 0 ? bytes / dt : 0;
-    const double left = total_ > bytes && rate > 0 ? (total_ - bytes) / rate : 0;
-    std::fprintf(stderr,
-                 "dsprep: processed %lld documents (%.0f docs/s, %.2f MB/s), %.0f%% of the input, ETA %.0f s\n",
-                 static_cast<long long>(docs), dt > 0 ? docs / dt : 0.0, rate / 1e6,
-                 total_ > 0 ? 100.0 * std::min<double>(bytes, total_) / total_ : 100.0, left);
-  }
-  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
-
- private:
-  int64_t interval_, total_;
-  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
-};
 
 // Tokenizes docs[i] into ids[i] on `tokenizers.size()` threads.
 void encode_batch(const std::vector<std::unique_ptr<data::Tokenizer>>& tokenizers, bool append_eod,
@@ -87,7 +67,14 @@ int64_t total_input_bytes(const std::vector<DocumentSource>& sources) {
 TokenizeStats tokenize_to_dataset(const std::vector<DocumentSource>& sources, const TokenizeOptions& opt) {
   DS_USER_CHECK(opt.workers >= 1 && opt.workers <= 1024, "--workers must be in [1, 1024], got {}", opt.workers);
   DS_USER_CHECK(opt.log_interval >= 0, "--log-interval must be >= 0, got {}", opt.log_interval);
-  Progress progress(opt.log_interval, total_input_bytes(sources));
+  // Megatron's --log-interval: a plain line every N documents; on a terminal one
+  // status line redrawn at most every two seconds.
+  Progress progress(ProgressOptions{.label = "dsprep: tokenizing",
+                                    .unit = ProgressUnit::Bytes,
+                                    .count_name = "documents",
+                                    .total = total_input_bytes(sources),
+                                    .style = opt.log_interval > 0 ? ProgressStyle::Auto : ProgressStyle::Off,
+                                    .every = opt.log_interval});
   std::vector<std::unique_ptr<data::Tokenizer>> toks;
   toks.push_back(data::load_tokenizer(opt.tokenizer));
   const data::TokenizerInfo info = toks[0]->info();
@@ -113,7 +100,7 @@ TokenizeStats tokenize_to_dataset(const std::vector<DocumentSource>& sources, co
         writer.add_document(ids[i]);
         ++st.documents;
       }
-      progress.document(st.documents + st.empty_documents, st.bytes);
+      progress.update(st.bytes, st.documents + st.empty_documents);
     }
     docs.clear();
     batch_bytes = 0;
@@ -126,6 +113,7 @@ TokenizeStats tokenize_to_dataset(const std::vector<DocumentSource>& sources, co
     });
   flush();
   DS_USER_CHECK(st.documents > 0, "no documents found in the input (--input {})", sources.front().path);
+  progress.finish();
   writer.finalize();
   st.tokens = writer.num_tokens();
   st.vocab_size = info.vocab_size;

@@ -1,7 +1,7 @@
 // dsprep's tokenization pass: documents -> one Megatron .bin/.idx dataset, on
 // N worker threads with the same output as one (documents are tokenized in
 // batches and written in input order), with a progress line every
-// log_interval documents.
+// log_interval documents (a redrawn status line on a terminal).
 #pragma once
 #include <cstdint>
 #include <string>

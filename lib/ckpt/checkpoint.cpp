@@ -13,6 +13,8 @@
 #include "lib/ckpt/reshape.h"
 #include "lib/ckpt/safetensors.h"
 #include "lib/core/error.h"
+#include "lib/core/log.h"
+#include "lib/core/progress.h"
 
 namespace fs = std::filesystem;
 
@@ -48,23 +50,39 @@ void or_remove(const fs::path& tmp, Fn fn) {
   }
 }
 
+// A progress line for a long checkpoint save or load (quick ones stay silent),
+// printed by the process that logs (rank 0).
+ProgressOptions checkpoint_progress(const std::string& label, int64_t total_bytes) {
+  return ProgressOptions{.label = label,
+                         .unit = ProgressUnit::Bytes,
+                         .total = total_bytes,
+                         .style = log_rank() == 0 ? ProgressStyle::Auto : ProgressStyle::Off,
+                         .quiet_s = 2};
+}
+
 // Records the CRC-32C of every file of the step directory in its state.json.
 void record_checksums(const fs::path& tmp) {
   const fs::path state_file = tmp / "state.json";
   nlohmann::json state = nlohmann::json::parse(read_small_file(state_file.string(), kMaxStateJsonBytes,
                                                                "checkpoint file '" + state_file.string() + "'"));
   nlohmann::json sums = nlohmann::json::object();
+  std::vector<fs::path> files;
+  int64_t total = 0;
   for (const auto& e : fs::directory_iterator(tmp)) {
-    const std::string name = e.path().filename().string();
-    if (name == "state.json" || !e.is_regular_file()) continue;
-    sums[name] = crc32c_text(file_crc32c(e.path().string()));
+    if (e.path().filename() == "state.json" || !e.is_regular_file()) continue;
+    files.push_back(e.path());
+    total += static_cast<int64_t>(e.file_size());
   }
+  Progress progress(checkpoint_progress("checksumming checkpoint " + tmp.string(), total));
+  for (const fs::path& f : files) sums[f.filename().string()] = crc32c_text(file_crc32c(f.string(), &progress));
+  progress.finish();
   state.erase("state_checksum");
   state["checksums"] = sums;
   write_file_atomic(state_file.string(), step_state_text(state));
 }
 
 Tensor host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
+
 
 nlohmann::json layout_json(const ModelLayout& l) {
   nlohmann::json j = nlohmann::json::array();
@@ -73,7 +91,7 @@ nlohmann::json layout_json(const ModelLayout& l) {
 }
 
 void write_step_files(const fs::path& tmp, const TrainState& st, const CheckpointData& d,
-                      const nlohmann::json& config) {
+                      const nlohmann::json& config, Progress& progress) {
   // Optimizer shard of this rank.
   {
     SafetensorsWriter w;
@@ -87,7 +105,7 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     w.set_metadata("world", std::to_string(d.world));
     w.set_metadata("tp_rank", std::to_string(d.shard.tp_rank));
     w.set_metadata("pp_rank", std::to_string(d.shard.pp_rank));
-    w.write((tmp / optimizer_shard_name(d.rank, d.world, d.shard)).string());
+    w.write((tmp / optimizer_shard_name(d.rank, d.world, d.shard)).string(), &progress);
   }
   if (d.rank != 0 || d.shard.tp_rank != 0 || d.shard.pp_rank != 0) return;
   {
@@ -95,7 +113,7 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     SafetensorsWriter w;
     for (const ParamSpec& s : d.layout->params) w.add(s.name, p.view(s.offset, s.shape));
     w.set_metadata("format", "dstrain");
-    w.write((tmp / "model.safetensors").string());
+    w.write((tmp / "model.safetensors").string(), &progress);
   }
   nlohmann::json state = {{"iteration", st.iteration},       {"consumed_samples", st.consumed_samples},
                           {"skipped_steps", st.skipped_steps}, {"loss_scale", st.loss_scale},
@@ -115,7 +133,12 @@ void write_checkpoint_files(const std::string& dir, const TrainState& st, const 
                             const nlohmann::json& config) {
   fs::path tmp = fs::path(dir) / tmp_dir_name(st.iteration);
   make_dirs(tmp);
-  or_remove(tmp, [&] { write_step_files(tmp, st, d, config); });
+  const bool model = d.rank == 0 && d.shard.tp_rank == 0 && d.shard.pp_rank == 0;
+  const int64_t bytes = 4 * (d.m.numel() + d.v.numel() + (model ? d.params.numel() : 0));
+  Progress progress(checkpoint_progress(fmt::format("saving checkpoint {}/{}", dir, step_dir_name(st.iteration)),
+                                        bytes));
+  or_remove(tmp, [&] { write_step_files(tmp, st, d, config, progress); });
+  progress.finish();
 }
 
 void commit_checkpoint(const std::string& dir, int64_t iteration) {
@@ -197,6 +220,9 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
     check_layout(state.layout, *d.layout, step);
   }
   // Everything is read and checked before the destination is touched.
+  std::error_code ec;
+  const auto model_bytes = fs::file_size(fs::path(step) / "model.safetensors", ec);
+  Progress progress(checkpoint_progress("loading checkpoint " + step, ec ? 0 : static_cast<int64_t>(model_bytes)));
   Tensor params, m, v;
   int64_t opt_step = 0;
   const TrainState train = state.train;
@@ -207,10 +233,14 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
     s.shards = state.shards;
     s.state = std::move(state);
     s.full = *d.layout;
+    s.progress = &progress;
     read_same_layout(s, d, params, m, v, opt_step);
   } else {
-    read_reshaped(open_saved_step(step, std::move(state), *d.model), d, params, m, v, opt_step);
+    SavedStep s = open_saved_step(step, std::move(state), *d.model);
+    s.progress = &progress;
+    read_reshaped(s, d, params, m, v, opt_step);
   }
+  progress.finish();
   d.params.copy_from(params);
   d.m.copy_from(m);
   d.v.copy_from(v);

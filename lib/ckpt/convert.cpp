@@ -40,6 +40,7 @@ void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::strin
   Tensor m_full = adapt_full(s.full, full, fm.m), v_full = adapt_full(s.full, full, fm.v);
   const int64_t opt_step = fm.step;
   fm = FullMoments{};  // release the saved-layout copies
+  if (s.progress) s.progress->finish();  // everything is read; the saves print their own progress
   const TrainState st = s.state.train;
   const int world = t.zero_stage >= 1 ? t.dp : 1;  // stage 0: one shard holds the whole (pp, tp) rank
   for (int pr = 0; pr < t.sizes.pp; ++pr)

@@ -12,19 +12,22 @@
 
 #include "lib/ckpt/crc32c.h"
 #include "lib/core/error.h"
+#include "lib/core/progress.h"
 
 namespace ds {
 namespace {
 
-// Writes all n bytes or returns the errno of the failure (0 on success).
-int write_all(int fd, const char* p, size_t n) {
+// Writes all n bytes or returns the errno of the failure (0 on success), in
+// pieces of at most 64 MiB so that a progress line can follow a large file.
+int write_all(int fd, const char* p, size_t n, Progress* progress) {
   while (n > 0) {
-    const ssize_t k = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
+    const ssize_t k = ::write(fd, p, std::min<size_t>(n, size_t(64) << 20));
     if (k < 0 && errno == EINTR) continue;
     if (k < 0) return errno;
     if (k == 0) return EIO;
     p += k;
     n -= static_cast<size_t>(k);
+    if (progress) progress->add(k);
   }
   return 0;
 }
@@ -42,11 +45,11 @@ void throw_write_error(const std::string& path, int err) {
   DS_USER_ERROR("cannot write '{}': {}", path, std::strerror(err));
 }
 
-void write_file_atomic(const std::string& path, std::string_view bytes) {
+void write_file_atomic(const std::string& path, std::string_view bytes, Progress* progress) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw_write_error(tmp, errno);
-  int err = write_all(fd, bytes.data(), bytes.size());
+  int err = write_all(fd, bytes.data(), bytes.size(), progress);
   if (err == 0 && ::fsync(fd) != 0) err = errno;
   if (::close(fd) != 0 && err == 0) err = errno;
   if (err != 0) {
@@ -65,7 +68,7 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   }
 }
 
-uint32_t file_crc32c(const std::string& path) {
+uint32_t file_crc32c(const std::string& path, Progress* progress) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   DS_USER_CHECK(fd >= 0, "checkpoint file '{}' cannot be opened: {}", path, std::strerror(errno));
   std::vector<char> buf(size_t(1) << 20);
@@ -80,6 +83,7 @@ uint32_t file_crc32c(const std::string& path) {
     }
     if (k == 0) break;
     crc = crc32c(buf.data(), static_cast<size_t>(k), crc);
+    if (progress) progress->add(k);
   }
   ::close(fd);
   return crc;

@@ -9,17 +9,21 @@
 
 namespace ds {
 
+class Progress;  // lib/core/progress.h
+
 // Throws the UserError for a failed write of `path` with errno `err`:
 // "no space left on device writing 'PATH'" for ENOSPC / EDQUOT, else
 // "cannot write 'PATH': <strerror>".
 [[noreturn]] void throw_write_error(const std::string& path, int err);
 
 // Writes `bytes` to PATH.tmp.<pid>, fsyncs it, renames it to `path` and
-// fsyncs the directory. On failure nothing is left at either name.
-void write_file_atomic(const std::string& path, std::string_view bytes);
+// fsyncs the directory. On failure nothing is left at either name. The bytes
+// written are added to `progress` (when given) as they go.
+void write_file_atomic(const std::string& path, std::string_view bytes, Progress* progress = nullptr);
 
 // CRC-32C of a whole file. UserError naming the file if it cannot be read.
-uint32_t file_crc32c(const std::string& path);
+// The bytes read are added to `progress` (when given).
+uint32_t file_crc32c(const std::string& path, Progress* progress = nullptr);
 
 // The contents of a regular file of at most max_bytes; a larger or unreadable
 // file is a UserError naming `what` (e.g. "checkpoint file 'DIR/latest'").

@@ -102,7 +102,7 @@ Tensor adapt_full(const ModelLayout& from, const ModelLayout& to, const Tensor& 
 
 Tensor read_full_params(const SavedStep& s, const ModelLayout& target_full) {
   const fs::path file = s.dir / "model.safetensors";
-  verify_step_file(s.dir, s.state, "model.safetensors");
+  verify_step_file(s.dir, s.state, "model.safetensors", s.progress);
   SafetensorsFile model = SafetensorsFile::open(file.string());
   for (const ParamSpec& p : s.full.params)  // every weight is in the file before anything is allocated
     DS_USER_CHECK(model.has(p.name) && model.shape(p.name) == p.shape && model.dtype_string(p.name) == "F32",

@@ -21,6 +21,7 @@
 
 #include "lib/ckpt/checkpoint.h"
 #include "lib/ckpt/state_json.h"
+#include "lib/core/progress.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
 #include "lib/model/model_config.h"
@@ -35,6 +36,9 @@ struct SavedStep {
   int shards = 1;             // optimizer shards per (pp, tp) rank
   ModelConfig model;          // the given model config with the saved padded vocabulary
   ModelLayout full;           // its full (tp 1) layout, as saved
+  // When set, the bytes of the files read (checksummed) are counted here, and
+  // each optimizer shard's size is added to its total when the shard is read.
+  Progress* progress = nullptr;
 };
 
 // DIR/global_stepN: `tag` if given, else the one DIR/latest names. "" when
@@ -49,7 +53,8 @@ StepState read_step_state(const std::filesystem::path& step);
 // Checks file `name` of the step directory against its CRC-32C in state.json
 // (nothing to check for an older checkpoint without checksums). UserError
 // naming the file on a mismatch.
-void verify_step_file(const std::filesystem::path& step, const StepState& st, const std::string& name);
+void verify_step_file(const std::filesystem::path& step, const StepState& st, const std::string& name,
+                      Progress* progress = nullptr);
 // UserError naming the file and tensor if t (host f32) holds NaN or Inf, or,
 // with non_negative, a negative value.
 void check_finite(const Tensor& t, const std::string& file, const std::string& tensor, bool non_negative = false);

@@ -119,7 +119,9 @@ std::string SafetensorsWriter::serialize() const {
   return out;
 }
 
-void SafetensorsWriter::write(const std::string& path) const { write_file_atomic(path, serialize()); }
+void SafetensorsWriter::write(const std::string& path, Progress* progress) const {
+  write_file_atomic(path, serialize(), progress);
+}
 
 // ---------------------------------------------------------------- reader
 

@@ -17,6 +17,8 @@
 
 namespace ds {
 
+class Progress;
+
 // Collects tensors and writes them in one go. The data is read at write(), so
 // the tensors must stay alive and unchanged until then. Tensors not on the CPU
 // are copied to the CPU by add(). The output depends only on the set of
@@ -27,8 +29,9 @@ struct SafetensorsWriter {
   void add(const std::string& name, const Tensor& cpu_tensor);
   void set_metadata(const std::string& key, const std::string& value);
   // Writes a temp file next to `path`, fsyncs it and renames it into place;
-  // on failure nothing is left at `path` (a UserError names the file).
-  void write(const std::string& path) const;
+  // on failure nothing is left at `path` (a UserError names the file). The
+  // bytes written are added to `progress` (lib/core/progress.h) when given.
+  void write(const std::string& path, Progress* progress = nullptr) const;
   // The complete file contents (what write() puts on disk).
   std::string serialize() const;
 

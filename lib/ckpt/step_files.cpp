@@ -107,14 +107,14 @@ StepState read_step_state(const fs::path& step) {
   return s;
 }
 
-void verify_step_file(const fs::path& step, const StepState& st, const std::string& name) {
+void verify_step_file(const fs::path& step, const StepState& st, const std::string& name, Progress* progress) {
   if (st.checksums.empty()) return;  // an older checkpoint: read_step_state warned
   const std::string file = (step / name).string();
   auto it = st.checksums.find(name);
   DS_USER_CHECK(it != st.checksums.end(), "checkpoint file '{}' has no checksum in state.json (not written with "
                 "this checkpoint?)", file);
   DS_USER_CHECK(fs::exists(file), "checkpoint file '{}' is missing", file);
-  const uint32_t got = file_crc32c(file);
+  const uint32_t got = file_crc32c(file, progress);
   DS_USER_CHECK(got == it->second, "checkpoint file '{}' is corrupt: its checksum is {}, state.json recorded {}", file,
                 crc32c_text(got), crc32c_text(it->second));
 }
@@ -155,7 +155,8 @@ int64_t read_moment_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t 
       for (const char* t : {"exp_avg", "exp_avg_sq"}) check_moment_header(sf, t, e - b);
       continue;
     }
-    verify_step_file(s.dir, s.state, name);
+    if (s.progress) s.progress->set_total(s.progress->total() + static_cast<int64_t>(fs::file_size(f)));
+    verify_step_file(s.dir, s.state, name, s.progress);
     Tensor sm = read_moment(sf, "exp_avg", e - b, false), sv = read_moment(sf, "exp_avg_sq", e - b, true);
     std::copy_n(sm.data<float>() + (lo - b), hi - lo, m.data<float>() + (lo - begin));
     std::copy_n(sv.data<float>() + (lo - b), hi - lo, v.data<float>() + (lo - begin));

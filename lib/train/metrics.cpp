@@ -1,10 +1,12 @@
 // Log line formatting and CSV output.
 #include "lib/train/metrics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
 #include "lib/core/error.h"
+#include "lib/core/progress.h"
 
 namespace ds {
 
@@ -23,7 +25,13 @@ std::string format_iteration(const IterStats& s) {
       s.grad_norm, s.skipped, s.nan_iters, s.tokens_per_s, s.tflops);
   line += s.mfu >= 0 ? fmt::format(" MFU: {:.1f}% |", 100.0 * s.mfu) : std::string(" MFU: n/a |");
   if (s.max_mem_gb >= 0) line += fmt::format(" max allocated (GB): {:.2f} |", s.max_mem_gb);
+  if (s.elapsed_s >= 0)
+    line += fmt::format(" elapsed time: {} | ETA: {} |", format_duration(s.elapsed_s), format_duration(eta_seconds(s)));
   return line;
+}
+
+double eta_seconds(const IterStats& s) {
+  return s.ms_per_iter / 1000.0 * static_cast<double>(std::max<int64_t>(s.train_iters - s.iteration, 0));
 }
 
 std::string format_step_times(const StepTimes& t) {

@@ -1,4 +1,5 @@
-// Iteration and validation log lines (Megatron's format) and the CSV monitor.
+// Iteration and validation log lines (Megatron's format, plus the elapsed time
+// and the ETA to train_iters as the last two fields) and the CSV monitor.
 // FLOPs per token = 6 * N + 6 * L * C * T, with N the parameters that take part
 // in matrix multiplies (all but learned position embeddings); the second term is
 // causal attention (QK^T and PV, forward + backward, half the TxT square).
@@ -17,7 +18,12 @@ struct IterStats {
   int64_t skipped = 0, nan_iters = 0;
   double tokens_per_s = 0, tflops = 0, mfu = -1;  // mfu < 0: not reported
   double max_mem_gb = -1;                          // < 0: not reported
+  double elapsed_s = -1;  // since the trainer started; < 0: not reported (nor the ETA)
 };
+
+// Seconds left to train_iters at ms_per_iter (the last log interval's average):
+// evaluation and checkpoint time are not in it.
+double eta_seconds(const IterStats& s);
 
 // DeepSpeed's wall_clock_breakdown: milliseconds per phase of the training
 // step, summed over the iterations since the last log line.

@@ -455,6 +455,7 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
   s.tokens_per_s = tokens / (ms / 1000.0);
   s.tflops = s.tokens_per_s * flops_per_token_ / 1e12;
   s.mfu = peak_tflops_ > 0 ? s.tflops / peak_tflops_ : -1;
+  s.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 #ifdef DS_WITH_CUDA
   if (dev_.is_cuda()) s.max_mem_gb = static_cast<double>(cuda::max_allocated_bytes()) / 1e9;
 #endif
