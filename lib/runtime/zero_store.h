@@ -7,22 +7,32 @@
 //            gathered before each use and freed after, with prefetch of the
 //            next units of the pass per make_zero3_plan; units smaller than
 //            stage3_param_persistence_threshold stay resident on every rank.
+//            Gathers are asynchronous: a prefetched unit's broadcasts run on
+//            the communication thread/stream while the current unit computes.
 // Shards follow the global flat ZeroPartition (rank r owns [r*shard,
 // (r+1)*shard) of the padded buffer), so optimizer state and checkpoints are
 // the same as for stages 1 and 2. A unit's piece on rank r is its
 // intersection with that range (uneven across ranks): gathers are one
 // broadcast per owning rank, reductions a reduce-scatter of the pieces padded
 // to the largest one. See docs/zero.md.
+// Gradient reduce-scatters are asynchronous (the group's communication
+// thread, or NCCL's stream): a unit's reduce-scatter is issued at its
+// grads_ready and the backward goes on; completed ones are added into the
+// shard in issue order (so the sums are bit-identical to blocking) at the next
+// grads_ready, and finish_reductions() (called by grad_norm) waits for the
+// rest. Without overlap_comm each one is waited for at once.
 // Mixed precision (compute dtype bf16/f16): the f32 parameters above are the
 // master weights; what acquire_params returns is a compute-dtype copy (stage
 // 2: one full copy refreshed after each step; stage 3: each gathered unit is
 // gathered in f32 and cast). Gradients stay f32.
 #pragma once
+#include <deque>
 #include <vector>
 
 #include "lib/comm/communicator.h"
 #include "lib/model/param_store.h"
 #include "lib/parallel/zero_partition.h"
+#include "lib/runtime/timeline.h"
 #include "lib/runtime/zero_config.h"
 
 namespace ds {
@@ -51,7 +61,10 @@ class ZeroParamStore : public ParamStore {
   Tensor master_params();
   Tensor grad_shard();
   void zero_grads();
-  double grad_norm();  // global L2 norm of the summed gradients
+  double grad_norm();  // global L2 norm of the summed gradients (finishes the reductions first)
+  // Waits for every issued gradient reduce-scatter and adds it into the shard.
+  void finish_reductions() { retire(true); }
+  void set_timeline(Timeline* t) { timeline_ = t; }
   // After the optimizer step: stage 2 all-gathers the parameters; stage 3
   // refreshes the persistent units only (the next pass gathers the rest).
   void after_step();
@@ -81,10 +94,27 @@ class ZeroParamStore : public ParamStore {
   void gather_unit(int unit, const Tensor& out);
   void gather_unit_compute(int unit, const Tensor& out);  // gather_unit, then cast to the compute dtype
   void refresh_compute();  // stage 2: compute_ <- full_
-  void fetch(int unit);
+  void fetch(int unit);     // issues the unit's gather (asynchronous)
+  void complete(int unit);  // waits for it (and casts to the compute dtype)
+  struct InFlight {  // a unit's issued gather
+    std::vector<CommHandle> hs;
+    Tensor f32;  // (unit) the gathered f32 values (the unit buffer itself in fp32)
+    bool pending = false;
+  };
+  std::vector<InFlight> in_flight_;
   void free_gathered(int unit);
   bool needed_soon(int unit) const;
   void reduce_unit(int unit, const Tensor& g);
+  // Pending reduce-scatters, oldest first: `recv`'s first `count` elements
+  // are added at gshard_[offset] once `h` completed.
+  struct PendingReduce {
+    CommHandle h;
+    Tensor recv;
+    int64_t offset = 0, count = 0;
+  };
+  void retire(bool all);  // all: wait for every one; else only the completed front
+  std::deque<PendingReduce> pending_;
+  Timeline* timeline_ = nullptr;
 
   Communicator* dp_;
   ZeroConfig z_;
