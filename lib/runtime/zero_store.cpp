@@ -21,10 +21,10 @@ void all_gather_flat(Communicator& dp, const ZeroPartition& p, const Tensor& par
       const int64_t b = r * p.shard + c.begin;
       return Range{std::min(b, p.total), std::min(b + k, p.total)};
     };
-    Tensor send = Tensor::zeros({k}, DType::F32, params.device());
+    Tensor send = Tensor::zeros({k}, params.dtype(), params.device());
     Range mine = real(me);
     if (mine.size() > 0) send.view(0, {mine.size()}).copy_from(params.view(mine.begin, {mine.size()}));
-    Tensor recv = Tensor::empty({p.dp * k}, DType::F32, params.device());
+    Tensor recv = Tensor::empty({p.dp * k}, params.dtype(), params.device());
     dp.all_gather(send, recv);
     for (int r = 0; r < p.dp; ++r) {
       Range rr = real(r);
@@ -46,8 +46,12 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
   deferred_.resize(units_.size());
   gshard_ = Tensor::zeros({part.shard}, DType::F32, dev);
   if (stage_ == 2) {
-    full_ = Tensor::zeros({part.total}, DType::F32, dev);
-    if (compute != DType::F32) compute_ = Tensor::zeros({part.total}, compute, dev);
+    if (compute == DType::F32) {
+      full_ = Tensor::zeros({part.total}, DType::F32, dev);
+    } else {  // the f32 master only for this rank's shard (DeepSpeed's layout)
+      compute_ = Tensor::zeros({part.total}, compute, dev);
+      master_ = Tensor::zeros({part.shard}, DType::F32, dev);
+    }
     return;
   }
   shard_ = Tensor::zeros({part.shard}, DType::F32, dev);
@@ -95,8 +99,14 @@ void ZeroParamStore::gather_unit_compute(int unit, const Tensor& out) {
   if (f.numel() > 0) ops::cast({.out = out, .inp = f}, Stream{});
 }
 
+// Stage 2, mixed precision: the compute copy of this rank's range is cast
+// from its master shard, then the compute copy is all-gathered (in the compute
+// dtype: half the bytes of gathering f32, and the same bits as casting after).
 void ZeroParamStore::refresh_compute() {
-  if (compute_.defined() && full_.numel() > 0) ops::cast({.out = compute_, .inp = full_}, Stream{});
+  Range own = part_.owned_real(rank_);
+  if (own.size() > 0)
+    ops::cast({.out = compute_.view(own.begin, {own.size()}), .inp = master_.view(0, {own.size()})}, Stream{});
+  if (part_.dp > 1) all_gather_flat(*dp_, part_, compute_, z_.allgather_bucket_size);
 }
 
 // Issues the unit's gather asynchronously (one broadcast per owning rank, in
@@ -285,8 +295,14 @@ void ZeroParamStore::retire(bool all) {
 void ZeroParamStore::set_full_params(const Tensor& full) {
   DS_CHECK(full.numel() == part_.total, "set_full_params: {} elements, model has {}", full.numel(), part_.total);
   if (stage_ == 2) {
-    full_.copy_from(full);
-    refresh_compute();
+    if (full_.defined()) {
+      full_.copy_from(full);
+      return;
+    }
+    Range own = part_.owned_real(rank_);
+    master_.zero_();
+    if (own.size() > 0) master_.view(0, {own.size()}).copy_from(full.view(own.begin, {own.size()}));
+    if (part_.total > 0) ops::cast({.out = compute_, .inp = full.device() == dev_ ? full : full.to(dev_)}, Stream{});
     return;
   }
   shard_.zero_();
@@ -304,7 +320,16 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
 void ZeroParamStore::get_full_params(const Tensor& out) {
   if (stage_ == 2) {
     Tensor o = out;
-    if (o.defined()) o.copy_from(full_);
+    if (full_.defined()) {
+      if (o.defined()) o.copy_from(full_);
+      return;
+    }
+    // Mixed precision: the f32 masters are shards; gather them (collective).
+    Tensor f = Tensor::zeros({part_.total}, DType::F32, dev_);
+    Range own = part_.owned_real(rank_);
+    if (own.size() > 0) f.view(own.begin, {own.size()}).copy_from(master_.view(0, {own.size()}));
+    if (part_.dp > 1) all_gather_flat(*dp_, part_, f, z_.allgather_bucket_size);
+    if (o.defined()) o.copy_from(f);
     return;
   }
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -316,7 +341,7 @@ void ZeroParamStore::get_full_params(const Tensor& out) {
 
 Tensor ZeroParamStore::master_params() {
   Range own = part_.owned_real(rank_);
-  if (stage_ == 2) return full_.view(own.begin, {own.size()});
+  if (stage_ == 2) return full_.defined() ? full_.view(own.begin, {own.size()}) : master_.view(0, {own.size()});
   return shard_.view(0, {own.size()});
 }
 
@@ -349,8 +374,11 @@ double ZeroParamStore::grad_norm() {
 
 void ZeroParamStore::after_step() {
   if (stage_ == 2) {
-    if (part_.dp > 1) all_gather_flat(*dp_, part_, full_, z_.allgather_bucket_size);
-    refresh_compute();
+    if (full_.defined()) {
+      if (part_.dp > 1) all_gather_flat(*dp_, part_, full_, z_.allgather_bucket_size);
+    } else {
+      refresh_compute();
+    }
     return;
   }
   for (size_t u = 0; u < units_.size(); ++u)

@@ -1,5 +1,6 @@
 // ZeRO-2/3 parameter store: what a data-parallel rank really holds.
-//   stage 2: the full fp32 parameters (n) + an fp32 gradient SHARD (shard).
+//   stage 2: the full parameters (n; fp32, or with bf16/f16 the compute copy
+//            plus an fp32 master SHARD) + an fp32 gradient SHARD (shard).
 //            A unit's full gradient exists only from its acquire_grads to its
 //            grads_ready; then it is reduce-scattered into the shard and freed.
 //   stage 3: as stage 2, but the parameters too are only a shard (the fp32
@@ -23,8 +24,9 @@
 // rest. Without overlap_comm each one is waited for at once.
 // Mixed precision (compute dtype bf16/f16): the f32 parameters above are the
 // master weights; what acquire_params returns is a compute-dtype copy (stage
-// 2: one full copy refreshed after each step; stage 3: each gathered unit is
-// gathered in f32 and cast). Gradients stay f32.
+// 2: one full copy; after each step the owner casts its updated master range
+// and the copy is all-gathered in the compute dtype; stage 3: each gathered
+// unit is gathered in f32 and cast). Gradients stay f32.
 #pragma once
 #include <deque>
 #include <vector>
@@ -79,7 +81,8 @@ class ZeroParamStore : public ParamStore {
 
   // Persistent bytes this rank holds (not the transient unit buffers).
   int64_t param_bytes() const {
-    return 4 * (stage_ == 3 ? shard_.numel() : full_.numel()) + (compute_.defined() ? 2 * compute_.numel() : 0);
+    auto n = [](const Tensor& t) { return t.defined() ? t.numel() : int64_t(0); };
+    return 4 * (n(shard_) + n(full_) + n(master_)) + 2 * n(compute_);
   }
   int64_t grad_bytes() const { return 4 * gshard_.numel(); }
   const Zero3Plan& plan() const { return plan_; }
@@ -93,7 +96,7 @@ class ZeroParamStore : public ParamStore {
   Range piece(int unit, int rank) const;  // flat range of `unit` owned by `rank` (may be empty)
   void gather_unit(int unit, const Tensor& out);
   void gather_unit_compute(int unit, const Tensor& out);  // gather_unit, then cast to the compute dtype
-  void refresh_compute();  // stage 2: compute_ <- full_
+  void refresh_compute();  // stage 2, mixed: compute_ <- master_ (own range), then all-gathered
   void fetch(int unit);     // issues the unit's gather (asynchronous)
   void complete(int unit);  // waits for it (and casts to the compute dtype)
   struct InFlight {  // a unit's issued gather
@@ -124,8 +127,9 @@ class ZeroParamStore : public ParamStore {
   std::vector<Range> units_;
   Zero3Plan plan_;
   DType compute_dtype_ = DType::F32;
-  Tensor full_;    // stage 2: (n) full parameters
-  Tensor compute_; // stage 2 with bf16/f16: (n) compute-dtype copy of full_
+  Tensor full_;    // stage 2 in fp32: (n) full parameters (the master is its own range)
+  Tensor compute_; // stage 2 with bf16/f16: (n) the compute-dtype weights the forward reads
+  Tensor master_;  // stage 2 with bf16/f16: (shard) f32 master of this rank's range, zero padded
   Tensor shard_;   // stage 3: (shard) this rank's parameters, zero padded
   Tensor gshard_;  // (shard) summed gradient shard
   std::vector<Tensor> gathered_;  // stage 3: gathered or persistent full units (compute dtype)
