@@ -19,8 +19,8 @@
 // offload_optimizer.device = cpu with a CUDA model: Adam m and v and an fp32
 // copy of this rank's master range live in host memory and the AdamW update
 // runs there (the OpenMP CPU kernel); each step copies the gradient range to
-// the host and the updated master range back. On the CPU backend the flag
-// changes nothing (everything is in host memory already).
+// the host and the updated master range back. On the CPU backend the trainer
+// rejects the flag (it would move nothing).
 #pragma once
 #include <memory>
 #include <vector>

@@ -69,12 +69,12 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
     pipe_ = std::make_unique<PipelineExecutor>(*model_, *comms_.pp, static_cast<int>(cfg_.batch.grad_accum_steps));
     if (store_ && comms_.embedding->size() > 1 && !model_->dims().untied) store_->defer_unit(0);
   }
+  DS_USER_CHECK(cfg_.zero.offload_optimizer != OffloadDevice::CPU || dev_.is_cuda(),
+                "zero_optimization.offload_optimizer.device = cpu moves nothing on the CPU backend (the optimizer "
+                "state is already in host memory); remove it or train with --device cuda");
   if (cfg_.zero.offload_optimizer == OffloadDevice::CPU)
-    DS_LOG("offload_optimizer.device = cpu: {}", dev_.is_cpu()
-                                                     ? "on the CPU backend the optimizer state is already in host "
-                                                       "memory; nothing to move"
-                                                     : "Adam m, v and the fp32 master range of this rank live in host "
-                                                       "memory; AdamW runs on the CPU");
+    DS_LOG("offload_optimizer.device = cpu: Adam m, v and the fp32 master range of this rank live in host memory; "
+           "AdamW runs on the CPU");
   int64_t n_matmul = full_layout_.total;
   if (const ParamSpec* p = full_layout_.try_find("embed.wpe")) n_matmul -= p->numel;
   flops_per_token_ = flops_per_token(cfg_.model, n_matmul);
