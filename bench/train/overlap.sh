@@ -4,7 +4,7 @@
 # 2 ranks, DP 2, ZeRO stage ${STAGE:-2}, against one process doing the same
 # work (the same global batch as 2 micro-batches, ZeRO 0, all threads).
 # Prints the median ms per iteration of iterations 3..N of each run.
-#   BUILD_DIR=build bash bench/train/overlap.sh [extra dstrain flags]
+#   BUILD_DIR=build [STAGE=2] [ITERS=12] [ROUNDS=1] [SKIP_SINGLE=1] bash bench/train/overlap.sh [extra dstrain flags]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD_DIR:-build}
@@ -51,15 +51,22 @@ run_dp2() {  # name overlap [extra dstrain flags]
     "$DSTRAIN" --config "$OUT/$name.json" "${MODEL[@]}" "$@" >"$OUT/$name.log" 2>&1 || { cat "$OUT/$name.log"; exit 1; }
 }
 
+# ROUNDS > 1 alternates the off/on runs (a drifting machine load then biases
+# neither) and prints every round.
+ROUNDS=${ROUNDS:-1}
 shift_args=("$@")
-run_dp2 dp2_overlap_off false "${shift_args[@]}"
-run_dp2 dp2_overlap_on true "${shift_args[@]}"
-config single 0 false 1 2
-OMP_NUM_THREADS=$CORES "$DSTRAIN" --config "$OUT/single.json" "${MODEL[@]}" "${shift_args[@]}" >"$OUT/single.log" 2>&1 ||
-  { cat "$OUT/single.log"; exit 1; }
-
-echo "cores: $CORES, load average: $(cut -d' ' -f1-3 /proc/loadavg), ZeRO stage $STAGE, logs in $OUT"
-printf '%-44s %10s\n' "run" "ms/iter"
-printf '%-44s %10s\n' "DP2 (2 x $((CORES / 2)) threads), overlap_comm off" "$(median_ms "$OUT/dp2_overlap_off.log")"
-printf '%-44s %10s\n' "DP2 (2 x $((CORES / 2)) threads), overlap_comm on" "$(median_ms "$OUT/dp2_overlap_on.log")"
-printf '%-44s %10s\n' "1 process ($CORES threads), 2 micro-batches" "$(median_ms "$OUT/single.log")"
+echo "cores: $CORES, load average at start: $(cut -d' ' -f1-3 /proc/loadavg), ZeRO stage $STAGE, logs in $OUT"
+printf '%-50s %10s\n' "run" "ms/iter"
+for ((r = 1; r <= ROUNDS; ++r)); do
+  run_dp2 "dp2_overlap_off_$r" false "${shift_args[@]}"
+  run_dp2 "dp2_overlap_on_$r" true "${shift_args[@]}"
+  printf '%-50s %10s\n' "round $r: DP2 (2 x $((CORES / 2)) threads), overlap_comm off" "$(median_ms "$OUT/dp2_overlap_off_$r.log")"
+  printf '%-50s %10s\n' "round $r: DP2 (2 x $((CORES / 2)) threads), overlap_comm on" "$(median_ms "$OUT/dp2_overlap_on_$r.log")"
+done
+if [[ -z "${SKIP_SINGLE:-}" ]]; then
+  config single 0 false 1 2
+  OMP_NUM_THREADS=$CORES "$DSTRAIN" --config "$OUT/single.json" "${MODEL[@]}" "${shift_args[@]}" >"$OUT/single.log" 2>&1 ||
+    { cat "$OUT/single.log"; exit 1; }
+  printf '%-50s %10s\n' "1 process ($CORES threads), 2 micro-batches" "$(median_ms "$OUT/single.log")"
+fi
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
