@@ -1,11 +1,14 @@
 // Caching device allocator: freed blocks go to a per-device free list keyed by
 // size and are handed out again without cudaMalloc, so the step loop does not
 // allocate from the driver after the first iterations.
-// Semantics: like a single-stream caching allocator. A block freed while work
-// that uses it is still queued may be handed to the next allocation at once;
-// this is safe when that work and the new owner's work run on the same stream
-// (stream order), which is how the trainer uses it. Work on other streams must
-// hold a reference to its tensors until it has been waited for.
+// Semantics: a block freed while work that uses it is still queued may be
+// handed to the next allocation at once; this is safe when that work and the
+// new owner's work run on the same stream (stream order), which is how the
+// compute stream uses it. Work on another stream (NCCL's communication
+// stream) declares its blocks with record_stream_use: the allocator records
+// an event on that stream, and a freed block with unfinished events waits in
+// a pending list (not reusable) until every event completed; each alloc
+// first returns the completed ones to the free list.
 #include "cuda/core/allocator.h"
 
 #include <cuda_runtime.h>
@@ -13,9 +16,12 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "cuda/core/check.h"
 #include "lib/core/error.h"
+#include "lib/core/stream_use.h"
+#include "lib/core/sync_counter.h"
 
 namespace ds::cuda {
 namespace {
@@ -51,6 +57,7 @@ class CachingAllocator final : public Allocator {
     DS_CHECK(dev >= 0 && dev < kMaxDevices, "CUDA device index {} out of range", dev);
     size_t size = round_size(bytes == 0 ? 1 : bytes);
     std::lock_guard<std::mutex> lock(mu_);
+    reclaim_pending(-1);
     auto& fl = free_[dev];
     auto it = fl.lower_bound(size);
     // Reuse a cached block unless it would waste more than half of itself.
@@ -84,28 +91,52 @@ class CachingAllocator final : public Allocator {
     size_t size = it->second;
     live_.erase(it);
     in_use_ -= size;
+    auto u = uses_.find(p);
+    if (u != uses_.end()) {  // another stream may still use it: reusable once its events completed
+      pending_.push_back(Pending{p, size, dev, std::move(u->second)});
+      uses_.erase(u);
+      return;
+    }
     free_[dev].emplace(size, p);
+  }
+
+  void record_stream_use(const void* p, int dev, void* stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.upper_bound(const_cast<void*>(p));
+    if (it == live_.begin()) return;  // not a block of ours (host memory, a blob)
+    --it;
+    if (static_cast<const char*>(p) >= static_cast<char*>(it->first) + it->second) return;
+    DeviceGuard g(dev);
+    cudaEvent_t ev = nullptr;
+    DS_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    DS_CUDA_CHECK(cudaEventRecord(ev, static_cast<cudaStream_t>(stream)));
+    uses_[it->first].push_back(ev);
   }
 
   void zero(void* p, size_t bytes, int dev) override {
     DeviceGuard g(dev);
     DS_CUDA_CHECK(cudaMemset(p, 0, bytes));
+    count_host_sync();
     DS_CUDA_CHECK(cudaDeviceSynchronize());
   }
   void to_host(void* dst, const void* src, size_t bytes, int dev) override {
     DeviceGuard g(dev);
+    count_host_sync();
     DS_CUDA_CHECK(cudaDeviceSynchronize());  // results of work on any stream
     DS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
   }
   void from_host(void* dst, const void* src, size_t bytes, int dev) override {
     DeviceGuard g(dev);
+    count_host_sync();
     DS_CUDA_CHECK(cudaDeviceSynchronize());  // earlier readers of dst are done
     DS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
   }
   void copy(void* dst, const void* src, size_t bytes, int dev) override {
     DeviceGuard g(dev);
+    count_host_sync();
     DS_CUDA_CHECK(cudaDeviceSynchronize());
     DS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    count_host_sync();
     DS_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
@@ -134,10 +165,36 @@ class CachingAllocator final : public Allocator {
     if (in_use_ > max_in_use_) max_in_use_ = in_use_;
     return p;
   }
+  struct Pending {
+    void* p;
+    size_t size;
+    int dev;
+    std::vector<cudaEvent_t> events;
+  };
+  // Caller holds mu_. Pending blocks whose events all completed go back to
+  // the free list; `synced_dev` >= 0: that device was just synchronised, so
+  // its blocks are free whatever their events say.
+  void reclaim_pending(int synced_dev) {
+    for (size_t i = 0; i < pending_.size();) {
+      Pending& b = pending_[i];
+      bool done = true;
+      for (cudaEvent_t e : b.events)
+        if (b.dev != synced_dev && cudaEventQuery(e) != cudaSuccess) done = false;
+      if (!done) {
+        ++i;
+        continue;
+      }
+      for (cudaEvent_t e : b.events) cudaEventDestroy(e);
+      free_[b.dev].emplace(b.size, b.p);
+      pending_[i] = std::move(pending_.back());
+      pending_.pop_back();
+    }
+  }
   // Caller holds mu_.
   void release_cached(int dev) {
     DeviceGuard g(dev);
     cudaDeviceSynchronize();
+    reclaim_pending(dev);
     for (auto& [size, p] : free_[dev]) {
       cudaFree(p);
       reserved_[dev] -= size;
@@ -147,7 +204,9 @@ class CachingAllocator final : public Allocator {
 
   std::mutex mu_;
   std::multimap<size_t, void*> free_[kMaxDevices];
-  std::unordered_map<void*, size_t> live_;
+  std::map<void*, size_t> live_;  // ordered: record_stream_use finds the block holding a view
+  std::unordered_map<void*, std::vector<cudaEvent_t>> uses_;  // live blocks used by other streams
+  std::vector<Pending> pending_;  // freed, waiting for their events
   size_t reserved_[kMaxDevices] = {};
   size_t in_use_ = 0, max_in_use_ = 0;
 };
@@ -177,7 +236,10 @@ struct WorkspaceBuf {
 
 }  // namespace
 
-Allocator& caching_allocator() { return instance(); }
+Allocator& caching_allocator() {
+  set_stream_use_hook([](const void* p, int dev, void* stream) { instance().record_stream_use(p, dev, stream); });
+  return instance();
+}
 
 size_t allocated_bytes() { return instance().in_use(); }
 size_t max_allocated_bytes() { return instance().max_in_use(); }

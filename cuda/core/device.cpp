@@ -11,6 +11,7 @@
 #include "cuda/core/check.h"
 #include "cuda/cuda_api.h"
 #include "lib/core/error.h"
+#include "lib/core/sync_counter.h"
 
 namespace ds::cuda {
 namespace {
@@ -88,7 +89,10 @@ double peak_bf16_tflops() {
 
 void set_peak_bf16_tflops(double tflops) { g_peak_override.store(tflops > 0 ? tflops : 0.0); }
 
-void synchronize() { DS_CUDA_CHECK(cudaDeviceSynchronize()); }
+void synchronize() {
+  count_host_sync();
+  DS_CUDA_CHECK(cudaDeviceSynchronize());
+}
 
 void set_attention_backend(AttentionBackend b) { g_attn_backend.store(static_cast<int>(b)); }
 AttentionBackend attention_backend() {

@@ -176,6 +176,77 @@ std::unique_ptr<Communicator> make_world_communicator(Backend backend, const Ren
 #endif
 }
 
+// ---- Asynchronous forms (the generic part; NcclCommunicator overrides submit) ----
+
+CommHandle Communicator::submit(const char* what, std::function<void()> op, std::vector<Tensor> uses) {
+  if (!worker_) worker_ = std::make_unique<CommWorker>(name());
+  // The tensors stay referenced until the op ran (their memory is not freed).
+  return worker_->submit(what, [op = std::move(op), uses = std::move(uses)] { op(); });
+}
+
+void Communicator::wait_all() {
+  if (worker_) worker_->drain();
+}
+
+void Communicator::drain_async() {
+  if (worker_ && !worker_->on_worker_thread()) worker_->drain();
+}
+
+CommHandle Communicator::iall_reduce(const Tensor& t, ReduceOp op) {
+  check_tensor(t, "all_reduce");
+  return submit("all_reduce", [this, t, op] { all_reduce(t, op); }, {t});
+}
+
+CommHandle Communicator::ireduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op) {
+  check_tensor(input, "reduce_scatter");
+  check_tensor(output, "reduce_scatter");
+  DS_CHECK(input.numel() == output.numel() * size() && input.dtype() == output.dtype(),
+           "reduce_scatter on group '{}': input {} x {}, output {} x {}, {} members", name(), input.numel(),
+           dtype_name(input.dtype()), output.numel(), dtype_name(output.dtype()), size());
+  return submit("reduce_scatter", [this, input, output, op] { reduce_scatter(input, output, op); }, {input, output});
+}
+
+CommHandle Communicator::iall_gather(const Tensor& input, const Tensor& output) {
+  check_tensor(input, "all_gather");
+  check_tensor(output, "all_gather");
+  DS_CHECK(output.numel() == input.numel() * size() && input.dtype() == output.dtype(),
+           "all_gather on group '{}': input {} x {}, output {} x {}, {} members", name(), input.numel(),
+           dtype_name(input.dtype()), output.numel(), dtype_name(output.dtype()), size());
+  return submit("all_gather", [this, input, output] { all_gather(input, output); }, {input, output});
+}
+
+CommHandle Communicator::ibroadcast(const Tensor& t, int root) {
+  check_tensor(t, "broadcast");
+  DS_CHECK(root >= 0 && root < size(), "broadcast root {} outside group '{}' of {}", root, name(), size());
+  return submit("broadcast", [this, t, root] { broadcast(t, root); }, {t});
+}
+
+CommHandle Communicator::isend(const Tensor& t, int dst) {
+  check_tensor(t, "send");
+  DS_CHECK(dst >= 0 && dst < size() && dst != rank(), "send to {} from rank {} of group '{}' ({})", dst, rank(),
+           name(), size());
+  return submit("send", [this, t, dst] { send(t, dst); }, {t});
+}
+
+CommHandle Communicator::irecv(const Tensor& t, int src) {
+  check_tensor(t, "recv");
+  DS_CHECK(src >= 0 && src < size() && src != rank(), "recv from {} on rank {} of group '{}' ({})", src, rank(),
+           name(), size());
+  return submit("recv", [this, t, src] { recv(t, src); }, {t});
+}
+
+CommHandle Communicator::ibatch_send_recv(std::vector<P2POp> ops, std::vector<Tensor> keep) {
+  for (const P2POp& op : ops)
+    DS_CHECK(op.peer >= 0 && op.peer < size() && op.peer != rank() && (op.channel == 0 || op.channel == 1),
+             "batch_send_recv: peer {} channel {} on rank {} of group '{}' ({})", op.peer, op.channel, rank(), name(),
+             size());
+  return submit("batch_send_recv", [this, ops = std::move(ops)] { batch_send_recv(ops); }, std::move(keep));
+}
+
+CommHandle Communicator::ibarrier() {
+  return submit("barrier", [this] { barrier(); });
+}
+
 void Communicator::batch_send_recv(const std::vector<P2POp>& ops) {
   for (const P2POp& op : ops) {
     if (op.is_send)

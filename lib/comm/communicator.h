@@ -25,15 +25,25 @@
 //   so results are bit-identical across runs, across members, and between
 //   all_reduce and reduce_scatter. NCCL is deterministic for a fixed NCCL
 //   version, topology and NCCL_ALGO/NCCL_PROTO, in its own order.
-// - Gloo ops are blocking. NCCL ops are enqueued on the communicator's stream
-//   (set_stream) and return at once; synchronize() waits for them.
+// - The raw and Tensor forms are blocking on both backends (NCCL: enqueued on
+//   the communicator's stream, set_stream, then polled until done).
+// - Asynchronous forms (iall_reduce, ..., or submit() around any blocking op)
+//   return a CommHandle (comm_handle.h). Issue order per group is preserved:
+//   Gloo runs them one at a time on the group's communication thread; NCCL
+//   enqueues them on the group's own communication stream after an event of
+//   the compute stream. A blocking op issued while async ops are pending runs
+//   after them (Gloo waits for the thread to drain; NCCL orders the compute
+//   stream after the communication stream). Buffers of an async op must not
+//   be touched until its handle was waited for. See docs/distributed.md.
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "lib/comm/comm_handle.h"
 #include "lib/core/dtype.h"
 #include "lib/core/stream.h"
 #include "lib/core/tensor.h"
@@ -119,9 +129,38 @@ class Communicator {
   double all_reduce_scalar(double v, Device dev, ReduceOp op = ReduceOp::Sum);
   double broadcast_scalar(double v, Device dev, int root);
 
+  // Asynchronous forms. submit() issues any blocking op of this group
+  // asynchronously: `op` calls the blocking form (raw or Tensor); `uses` are
+  // the tensors it reads or writes (NCCL: their blocks are not reused by the
+  // caching allocator before the op finished). Gloo: queued on the group's
+  // communication thread (started on first use). The typed forms check their
+  // arguments at issue time, on the caller's thread.
+  virtual CommHandle submit(const char* what, std::function<void()> op, std::vector<Tensor> uses = {});
+  CommHandle iall_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum);
+  CommHandle ireduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op = ReduceOp::Sum);
+  CommHandle iall_gather(const Tensor& input, const Tensor& output);
+  CommHandle ibroadcast(const Tensor& t, int root);
+  CommHandle isend(const Tensor& t, int dst);
+  CommHandle irecv(const Tensor& t, int src);
+  // `keep` are tensors owning the ops' buffers (kept alive until the op ran).
+  CommHandle ibatch_send_recv(std::vector<P2POp> ops, std::vector<Tensor> keep = {});
+  CommHandle ibarrier();
+  // Waits (as CommHandle::wait does) for every op issued so far.
+  virtual void wait_all();
+
  protected:
   virtual DeviceType device_type() const = 0;  // where this backend's tensors live
   void check_tensor(const Tensor& t, const char* op) const;
+  // Blocking ops of a backend that uses the communication thread call this
+  // first: from the caller's thread it waits until the queued ops ran.
+  void drain_async();
+  bool on_async_thread() const { return worker_ && worker_->on_worker_thread(); }
+  // Derived destructors call this before their members go (the thread calls
+  // their virtuals).
+  void stop_async() { worker_.reset(); }
+
+ private:
+  std::unique_ptr<CommWorker> worker_;
 };
 
 // Where and how to meet the other ranks; from_env() reads the dsrun variables.

@@ -25,6 +25,7 @@
 #include "lib/comm/socket_util.h"
 #include "lib/comm/tcp_store.h"
 #include "lib/core/error.h"
+#include "lib/core/sync_counter.h"
 
 namespace ds {
 namespace {
@@ -76,7 +77,7 @@ std::shared_ptr<gloo::transport::Device> make_device(const std::string& master_a
 
 }  // namespace
 
-GlooCommunicator::~GlooCommunicator() = default;
+GlooCommunicator::~GlooCommunicator() { stop_async(); }
 
 std::unique_ptr<GlooCommunicator> GlooCommunicator::create_world(std::shared_ptr<TcpStore> store,
                                                                  int rank, int size,
@@ -140,6 +141,12 @@ std::unique_ptr<Communicator> GlooCommunicator::split(const std::vector<int>& ra
 
 template <class F>
 void GlooCommunicator::guarded(const char* op, int64_t count, DType dtype, F&& body) {
+  // Issue order: a blocking op from the caller's thread runs after the queued
+  // async ops (and then alone: the thread is idle until the caller issues more).
+  if (!on_async_thread()) {
+    drain_async();
+    count_host_sync();  // the caller blocks on communication
+  }
   try {
     body();
   } catch (const Error&) {
@@ -286,9 +293,8 @@ void GlooCommunicator::send(const void* data, int64_t count, DType dtype, int ds
            dst, rank_, name_, size_);
   const size_t bytes = count * dtype_size(dtype);
   if (bytes == 0) return;
-  uint64_t slot = kP2PSlotBase + send_seq_[dst]++;
   guarded("send", count, dtype, [&] {
-    exchange({{dst, const_cast<void*>(data), bytes, true}}, slot);
+    exchange({{dst, const_cast<void*>(data), bytes, true}}, kP2PSlotBase + send_seq_[dst]++);
   });
 }
 
@@ -297,8 +303,7 @@ void GlooCommunicator::recv(void* data, int64_t count, DType dtype, int src) {
            src, rank_, name_, size_);
   const size_t bytes = count * dtype_size(dtype);
   if (bytes == 0) return;
-  uint64_t slot = kP2PSlotBase + recv_seq_[src]++;
-  guarded("recv", count, dtype, [&] { exchange({{src, data, bytes, false}}, slot); });
+  guarded("recv", count, dtype, [&] { exchange({{src, data, bytes, false}}, kP2PSlotBase + recv_seq_[src]++); });
 }
 
 // Each message takes the next slot of its (peer, direction) counter, exactly

@@ -48,6 +48,7 @@ void FlatParamStore::params_updated() {
 
 Tensor FlatParamStore::acquire_grads(int unit) {
   const Range& r = units_.at(unit);
+  notify_grads(unit, false);
   return grads_.view(r.begin, {r.size()});
 }
 

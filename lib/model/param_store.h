@@ -14,6 +14,7 @@
 //   end_pass()
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "lib/core/tensor.h"
@@ -49,6 +50,21 @@ class ParamStore {
   // Mixed precision: the f32 master weights changed outside the store (the
   // optimizer wrote them); refresh the compute-dtype copy the forward reads.
   virtual void params_updated() {}
+
+  // Observer of the backward pass: (unit, false) when a unit's gradient is
+  // acquired (its backward begins), (unit, true) when it is ready. The data-
+  // parallel overlap starts bucket reductions from it; the profile timeline
+  // records compute spans. Every store calls it.
+  using GradsHook = std::function<void(int unit, bool ready)>;
+  void set_grads_hook(GradsHook h) { grads_hook_ = std::move(h); }
+
+ protected:
+  void notify_grads(int unit, bool ready) {
+    if (grads_hook_) grads_hook_(unit, ready);
+  }
+
+ private:
+  GradsHook grads_hook_;
 };
 
 // One flat params buffer and one flat grads buffer; acquire returns views and
@@ -64,7 +80,7 @@ class FlatParamStore : public ParamStore {
   Tensor acquire_params(int unit) override;
   void release_params(int) override {}
   Tensor acquire_grads(int unit) override;
-  void grads_ready(int) override {}
+  void grads_ready(int unit) override { notify_grads(unit, true); }
   void set_full_params(const Tensor& full) override;
   void get_full_params(const Tensor& out) override;
   void params_updated() override;

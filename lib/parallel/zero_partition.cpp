@@ -129,7 +129,8 @@ ModelStateBytes zero_model_state_bytes(int64_t n_params, int dp, int stage, Stat
   const int64_t n = n_params, shard = make_zero_partition(n_params, dp).shard;
   const ElemBytes e = elem_bytes(prec, stage);
   ModelStateBytes b;
-  b.params = e.params * (stage >= 3 ? shard : n);
+  // Mixed stage 2: the compute copy of every weight + the f32 master of the shard.
+  b.params = prec == StatePrecision::Mixed && stage == 2 ? 2 * n + 4 * shard : e.params * (stage >= 3 ? shard : n);
   b.grads = e.grads * (stage >= 2 ? shard : n);
   // The optimizer covers rank 0's real range: min(n, shard) (shard > n only for DP 1).
   b.optimizer = offload_optimizer ? 0 : e.optimizer * (stage >= 1 ? std::min(n, shard) : n);

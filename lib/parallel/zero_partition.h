@@ -73,7 +73,7 @@ Zero3Plan make_zero3_plan(const std::vector<Range>& units, int64_t prefetch_buck
 // trainer's start-up log, --estimate-memory, tests).
 enum class StatePrecision {
   FP32,   // fp32 params and grads; optimizer = Adam m, v (the params are the master copy)
-  Mixed,  // bf16/fp16 compute copy + fp32 master params, fp32 grads; optimizer = Adam m, v
+  Mixed,  // bf16/fp16 compute copy + fp32 master params (a shard from stage 2 on), fp32 grads; optimizer = Adam m, v
 };
 struct ModelStateBytes {
   int64_t params = 0, grads = 0, optimizer = 0;
@@ -82,10 +82,11 @@ struct ModelStateBytes {
 // Per rank; n = n_params, shard = make_zero_partition(n, dp).shard (padded).
 // Bytes per element: params P, grads G, optimizer O = (4, 4, 8) in FP32 and
 // (6, 4, 8) in Mixed (fp32 master + 2-byte compute copy; fp32 gradients, as
-// Megatron accumulates them; Adam m, v), except that stage 3 keeps only the
-// fp32 master shard (P = 4; gathered compute copies are transient).
+// Megatron accumulates them; Adam m, v), except that stage 2 keeps the fp32
+// master for the shard only (params 2*n + 4*shard) and stage 3 only the fp32
+// master shard (P = 4; gathered compute copies are transient).
 // Stage 0: P*n, G*n, O*n; stage 1: P*n, G*n, O*s;
-// stage 2: P*n, G*shard, O*s; stage 3: P*shard, G*shard, O*s, where
+// stage 2: P*n (Mixed: 2*n + 4*shard), G*shard, O*s; stage 3: P*shard, G*shard, O*s, where
 // s = min(n, shard) is rank 0's real range (the optimizer state never covers
 // padding; later ranks may hold less). Gradient and parameter shards are the
 // padded shard because collectives need equal pieces.

@@ -1,6 +1,7 @@
 // The 1F1B / interleaved 1F1B pipeline executor: compute actions on the
 // model's chunks, batches of point-to-point messages on the pipeline
-// communicator (activations on channel 0, gradients on channel 1).
+// communicator (activations on channel 0, gradients on channel 1), issued
+// asynchronously (a batch of sends only overlaps the next compute).
 #include "lib/runtime/pipeline_executor.h"
 
 #include "lib/core/error.h"
@@ -78,9 +79,26 @@ void PipelineExecutor::communicate(size_t begin, size_t end) {
     ops.push_back(op);
     performed_.push_back(a);
   }
-  pp_.batch_send_recv(ops);
+  wait_sends();
+  bool any_recv = false;
+  std::vector<Tensor> keep;
+  for (size_t i = begin; i < end; ++i) {
+    const PipeAction& a = actions_[i];
+    any_recv = any_recv || a.kind == ActionKind::RecvForward || a.kind == ActionKind::RecvBackward;
+    if (a.kind == ActionKind::SendBackward) keep.push_back(grad_out_.at(key(a)));
+  }
+  CommHandle h = pp_.ibatch_send_recv(std::move(ops), std::move(keep));  // keeps the sent gradients alive
+  if (any_recv)
+    h.wait();
+  else
+    pending_sends_ = h;
   for (size_t i = begin; i < end; ++i)
     if (actions_[i].kind == ActionKind::SendBackward) grad_out_.erase(key(actions_[i]));
+}
+
+void PipelineExecutor::wait_sends() {
+  pending_sends_.wait();
+  pending_sends_ = CommHandle();
 }
 
 void PipelineExecutor::compute(const PipeAction& a) {
@@ -130,6 +148,7 @@ double PipelineExecutor::train(const std::function<MicroBatch(int)>& batch, floa
     performed_.push_back(actions_[i]);
     ++i;
   }
+  wait_sends();
   DS_CHECK(slots_.empty() && grad_out_.empty(), "pipeline stage {}: activations left after the schedule", stage_);
   batch_fn_ = nullptr;
   batches_.clear();

@@ -44,6 +44,13 @@ class PipelineExecutor {
 
  private:
   void communicate(size_t begin, size_t end);
+  // A batch of sends only is issued asynchronously and waited for before the
+  // next batch (or the end of the schedule), so it overlaps the compute in
+  // between; its buffers are not written before that: a sent activation's slot
+  // is only reused after its backward, which follows a receive batch. A batch
+  // with a receive is waited for at once (its compute needs the data).
+  CommHandle pending_sends_;
+  void wait_sends();
   void compute(const PipeAction& a);
   int key(const PipeAction& a) const { return a.micro * vp_ + a.chunk; }
   int slot_of(int key, bool allocate);

@@ -26,6 +26,72 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
       !store && !offload_ && model.compute_dtype() != DType::F32 && range_.size() == model.layout().total;
   adam_ = std::make_unique<AdamW>(model.layout(), offload_ ? Device::cpu() : model.device(), range_.begin,
                                   range_.end);
+  overlap_ = z.overlap_comm && !store && dp && part.dp > 1;
+  if (overlap_) {
+    buckets_ = make_buckets(part.total, z.reduce_bucket_size);
+    const std::vector<Range>& units = model.units();
+    for (const Range& b : buckets_) {
+      bucket_units_.emplace_back();
+      for (size_t u = 0; u < units.size(); ++u)
+        if (units[u].size() > 0 && units[u].begin < b.end && b.begin < units[u].end)
+          bucket_units_.back().push_back(static_cast<int>(u));
+    }
+    unit_ready_.assign(units.size(), 0);
+  }
+  unit_begin_us_.assign(model.units().size(), 0.0);
+  model.store().set_grads_hook([this](int unit, bool ready) { on_grads(unit, ready); });
+}
+
+void ZeroOptimizer::set_timeline(Timeline* t) {
+  timeline_ = t;
+  if (store_) store_->set_timeline(t);
+}
+
+void ZeroOptimizer::begin_last_micro_batch() {
+  if (!overlap_) return;
+  DS_CHECK(pending_.empty(), "gradient reductions of the previous step still pending");
+  armed_ = true;
+  std::fill(unit_ready_.begin(), unit_ready_.end(), 0);
+  next_bucket_ = static_cast<int>(buckets_.size()) - 1;
+}
+
+// Issues bucket `b`'s all-reduce (asynchronous; the timeline gets its times).
+void ZeroOptimizer::issue_bucket(int b) {
+  Tensor g = model_.grads().view(buckets_[b].begin, {buckets_[b].size()});
+  if (!timeline_ || !timeline_->enabled()) {
+    pending_.push_back(dp_->iall_reduce(g));
+    return;
+  }
+  Timeline* tl = timeline_;
+  Communicator* dp = dp_;
+  const double issued = tl->now_us();
+  pending_.push_back(dp->submit(
+      "all_reduce",
+      [tl, dp, g, b, issued] {
+        const double t0 = tl->now_us();
+        dp->all_reduce(g);
+        tl->add({fmt::format("all_reduce bucket {}", b), "comm", 1, issued, t0, tl->now_us()});
+      },
+      {g}));
+}
+
+void ZeroOptimizer::on_grads(int unit, bool ready) {
+  if (timeline_ && timeline_->enabled()) {
+    if (!ready) {
+      unit_begin_us_[unit] = timeline_->now_us();
+    } else {
+      const double t = unit_begin_us_[unit];
+      timeline_->add({fmt::format("backward unit {}", unit), "compute", 0, t, t, timeline_->now_us()});
+    }
+  }
+  if (!armed_ || !ready) return;
+  unit_ready_[unit] = 1;
+  while (next_bucket_ >= 0) {
+    bool complete = true;
+    for (int u : bucket_units_[next_bucket_]) complete = complete && unit_ready_[u];
+    if (!complete) break;
+    issue_bucket(next_bucket_--);
+  }
 }
 
 void ZeroOptimizer::set_tensor_parallel(Communicator* tp, std::vector<Range> counted) {
@@ -55,10 +121,17 @@ void ZeroOptimizer::zero_grads() {
 }
 
 double ZeroOptimizer::reduce_gradients() {
-  if (store_ && !tp_) return store_->grad_norm();  // reduce-scattered during the backward pass
+  if (store_) store_->finish_reductions();  // reduce-scattered during the backward pass
+  if (store_ && !tp_) return store_->grad_norm();
   Tensor g = store_ ? store_->grad_shard() : model_.grads();
-  if (!store_ && part_.dp > 1)
+  if (armed_) {  // overlap: what the backward did not issue, then wait for all
+    while (next_bucket_ >= 0) issue_bucket(next_bucket_--);
+    for (CommHandle& h : pending_) h.wait();
+    pending_.clear();
+    armed_ = false;
+  } else if (!store_ && part_.dp > 1) {
     for (const Range& b : make_buckets(part_.total, z_.reduce_bucket_size)) dp_->all_reduce(g.view(b.begin, {b.size()}));
+  }
   if (!tp_) return std::sqrt(grad_sum_squares(g));
   // Tensor parallel: this rank's counted squares, summed over tp (and over dp
   // when the gradients are dp shards).

@@ -9,12 +9,18 @@
 //            optimizer updates the parameter shard in place, nothing is gathered
 //            after the step except the persistent units.
 // Shards are ranges of the padded ZeroPartition, so every collective works on
-// equal chunks. The 1/dp averaging is folded into the loss weight by the trainer.
+// equal chunks.
+// overlap_comm (stages 0/1, dp > 1): during the backward of the step's last
+// micro-batch, each all-reduce bucket is issued asynchronously as soon as
+// every parameter unit it covers has its gradient ready (buckets complete from
+// the end of the flat buffer); reduce_gradients() issues the rest and waits.
+// Each bucket is the same collective on the same data as without overlap, so
+// the result is bit-identical. Stages 2/3 overlap inside ZeroParamStore. The 1/dp averaging is folded into the loss weight by the trainer.
 // offload_optimizer.device = cpu with a CUDA model: Adam m and v and an fp32
 // copy of this rank's master range live in host memory and the AdamW update
 // runs there (the OpenMP CPU kernel); each step copies the gradient range to
-// the host and the updated master range back. On the CPU backend the flag
-// changes nothing (everything is in host memory already).
+// the host and the updated master range back. On the CPU backend the trainer
+// rejects the flag (it would move nothing).
 #pragma once
 #include <memory>
 #include <vector>
@@ -23,6 +29,7 @@
 #include "lib/model/gpt.h"
 #include "lib/optim/adamw.h"
 #include "lib/parallel/zero_partition.h"
+#include "lib/runtime/timeline.h"
 #include "lib/runtime/zero_config.h"
 #include "lib/runtime/zero_store.h"
 
@@ -44,6 +51,12 @@ class ZeroOptimizer {
 
   // Clears the gradients before the first micro-batch of a step.
   void zero_grads();
+  // The next backward is the last of the step: with overlap_comm, its
+  // completed buckets are reduced while it runs (no-op otherwise).
+  void begin_last_micro_batch();
+  bool overlaps_grad_reduce() const { return overlap_; }
+  // Records backward unit spans and the gradient collectives (may be null).
+  void set_timeline(Timeline* t);
   // Sums gradients over the data-parallel group (as the stage requires) and
   // returns the global gradient L2 norm.
   double reduce_gradients();
@@ -79,6 +92,18 @@ class ZeroOptimizer {
   // offload: (range) f32 host copy of the master range, read from the device
   // at the first step (after init or load), then the only one the update writes.
   Tensor host_master_;
+
+  // overlap_comm, stages 0/1 (see above)
+  void on_grads(int unit, bool ready);
+  void issue_bucket(int b);
+  bool overlap_ = false, armed_ = false;
+  std::vector<Range> buckets_;
+  std::vector<std::vector<int>> bucket_units_;  // non-empty units each bucket intersects
+  std::vector<char> unit_ready_;
+  int next_bucket_ = -1;  // buckets are issued from the last one down
+  std::vector<CommHandle> pending_;
+  Timeline* timeline_ = nullptr;
+  std::vector<double> unit_begin_us_;
 };
 
 }  // namespace ds

@@ -21,10 +21,10 @@ void all_gather_flat(Communicator& dp, const ZeroPartition& p, const Tensor& par
       const int64_t b = r * p.shard + c.begin;
       return Range{std::min(b, p.total), std::min(b + k, p.total)};
     };
-    Tensor send = Tensor::zeros({k}, DType::F32, params.device());
+    Tensor send = Tensor::zeros({k}, params.dtype(), params.device());
     Range mine = real(me);
     if (mine.size() > 0) send.view(0, {mine.size()}).copy_from(params.view(mine.begin, {mine.size()}));
-    Tensor recv = Tensor::empty({p.dp * k}, DType::F32, params.device());
+    Tensor recv = Tensor::empty({p.dp * k}, params.dtype(), params.device());
     dp.all_gather(send, recv);
     for (int r = 0; r < p.dp; ++r) {
       Range rr = real(r);
@@ -41,12 +41,17 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
   rank_ = dp ? dp->rank() : 0;
   units_ = unit_ranges(layout, num_layers);
   gathered_.resize(units_.size());
+  in_flight_.resize(units_.size());
   unit_grads_.resize(units_.size());
   deferred_.resize(units_.size());
   gshard_ = Tensor::zeros({part.shard}, DType::F32, dev);
   if (stage_ == 2) {
-    full_ = Tensor::zeros({part.total}, DType::F32, dev);
-    if (compute != DType::F32) compute_ = Tensor::zeros({part.total}, compute, dev);
+    if (compute == DType::F32) {
+      full_ = Tensor::zeros({part.total}, DType::F32, dev);
+    } else {  // the f32 master only for this rank's shard (DeepSpeed's layout)
+      compute_ = Tensor::zeros({part.total}, compute, dev);
+      master_ = Tensor::zeros({part.shard}, DType::F32, dev);
+    }
     return;
   }
   shard_ = Tensor::zeros({part.shard}, DType::F32, dev);
@@ -94,21 +99,65 @@ void ZeroParamStore::gather_unit_compute(int unit, const Tensor& out) {
   if (f.numel() > 0) ops::cast({.out = out, .inp = f}, Stream{});
 }
 
+// Stage 2, mixed precision: the compute copy of this rank's range is cast
+// from its master shard, then the compute copy is all-gathered (in the compute
+// dtype: half the bytes of gathering f32, and the same bits as casting after).
 void ZeroParamStore::refresh_compute() {
-  if (compute_.defined() && full_.numel() > 0) ops::cast({.out = compute_, .inp = full_}, Stream{});
+  Range own = part_.owned_real(rank_);
+  if (own.size() > 0)
+    ops::cast({.out = compute_.view(own.begin, {own.size()}), .inp = master_.view(0, {own.size()})}, Stream{});
+  if (part_.dp > 1) all_gather_flat(*dp_, part_, compute_, z_.allgather_bucket_size);
 }
 
+// Issues the unit's gather asynchronously (one broadcast per owning rank, in
+// rank order, on the group's communication thread or stream); complete()
+// waits for it and casts to the compute dtype. Without overlap_comm the
+// gather is completed at once.
 void ZeroParamStore::fetch(int unit) {
   if (gathered_[unit].defined()) return;
   Tensor buf = Tensor::empty({units_[unit].size()}, compute_dtype_, dev_);
-  gather_unit_compute(unit, buf);
+  InFlight& g = in_flight_[unit];
+  g.f32 = compute_dtype_ == DType::F32 ? buf : Tensor::empty({units_[unit].size()}, DType::F32, dev_);
+  const int64_t ub = units_[unit].begin;
+  const bool timed = timeline_ && timeline_->enabled();
+  const double issued = timed ? timeline_->now_us() : 0;
+  for (int r = 0; r < part_.dp; ++r) {
+    Range p = piece(unit, r);
+    if (p.size() == 0) continue;
+    Tensor dst = g.f32.view(p.begin - ub, {p.size()});
+    if (r == rank_) dst.copy_from(shard_.view(p.begin - rank_ * part_.shard, {p.size()}));
+    if (part_.dp == 1) continue;
+    if (timed) {
+      Timeline* tl = timeline_;
+      Communicator* c = dp_;
+      g.hs.push_back(c->submit("broadcast", [tl, c, dst, r, unit, issued] {
+        const double t0 = tl->now_us();
+        c->broadcast(dst, r);
+        tl->add({fmt::format("gather unit {} from rank {}", unit, r), "comm", 1, issued, t0, tl->now_us()});
+      }, {dst}));
+    } else {
+      g.hs.push_back(dp_->ibroadcast(dst, r));
+    }
+  }
+  g.pending = true;
   gathered_[unit] = buf;
   live_params_ += units_[unit].size();
   peak_params_ = std::max(peak_params_, live_params_);
+  if (!z_.overlap_comm) complete(unit);
+}
+
+void ZeroParamStore::complete(int unit) {
+  InFlight& g = in_flight_[unit];
+  if (!g.pending) return;
+  for (CommHandle& h : g.hs) h.wait();
+  if (compute_dtype_ != DType::F32 && g.f32.numel() > 0)
+    ops::cast({.out = gathered_[unit], .inp = g.f32}, Stream{});
+  g = InFlight{};
 }
 
 void ZeroParamStore::free_gathered(int unit) {
   if (!gathered_[unit].defined() || plan_.persistent[unit]) return;
+  complete(unit);  // a prefetched unit nobody used: its gather still has to finish
   gathered_[unit] = Tensor();
   live_params_ -= units_[unit].size();
 }
@@ -145,14 +194,15 @@ Tensor ZeroParamStore::acquire_params(int unit) {
            "ZeRO-3: unit {} acquired out of the pass order (position {})", unit, cursor_);
   ++cursor_;
   fetch(unit);
-  // Prefetch: the next prefetch_depth gathered units of the pass. Gloo
-  // collectives are blocking, so this only moves the gathers earlier.
+  // Prefetch: the next prefetch_depth gathered units of the pass are issued
+  // now and gathered while this one computes.
   int ahead = 0;
   for (size_t j = cursor_; j < order_.size() && ahead < plan_.prefetch_depth; ++j) {
     if (plan_.persistent[order_[j]]) continue;
     fetch(order_[j]);
     ++ahead;
   }
+  complete(unit);
   return gathered_[unit];
 }
 
@@ -163,6 +213,7 @@ void ZeroParamStore::release_params(int unit) {
 
 Tensor ZeroParamStore::acquire_grads(int unit) {
   DS_CHECK(!unit_grads_[unit].defined(), "unit {}: gradient acquired twice", unit);
+  notify_grads(unit, false);
   if (deferred_[unit].defined()) return unit_grads_[unit] = deferred_[unit];
   unit_grads_[unit] = Tensor::zeros({units_[unit].size()}, DType::F32, dev_);
   live_grads_ += units_[unit].size();
@@ -172,6 +223,7 @@ Tensor ZeroParamStore::acquire_grads(int unit) {
 
 void ZeroParamStore::grads_ready(int unit) {
   DS_CHECK(unit_grads_[unit].defined(), "unit {}: gradient ready but never acquired", unit);
+  notify_grads(unit, true);
   if (deferred_[unit].defined()) {
     unit_grads_[unit] = Tensor();
     return;
@@ -183,7 +235,8 @@ void ZeroParamStore::grads_ready(int unit) {
 
 // Sums the unit's gradient over the ranks and adds each rank's piece into its
 // shard: reduce-scatters of dp equal slots (piece r padded to the largest
-// piece), in rounds of at most reduce_bucket_size elements.
+// piece), in rounds of at most reduce_bucket_size elements, issued
+// asynchronously (see zero_store.h).
 void ZeroParamStore::reduce_unit(int unit, const Tensor& g) {
   const int64_t ub = units_[unit].begin;
   const int dp = part_.dp;
@@ -193,6 +246,7 @@ void ZeroParamStore::reduce_unit(int unit, const Tensor& g) {
     ops::add({.out = dst, .a = dst, .b = g}, Stream{});
     return;
   }
+  retire(false);
   int64_t m = 0;
   for (int r = 0; r < dp; ++r) m = std::max(m, piece(unit, r).size());
   const int64_t len = z_.reduce_bucket_size <= 0 ? m : std::max<int64_t>(1, z_.reduce_bucket_size / dp);
@@ -205,19 +259,50 @@ void ZeroParamStore::reduce_unit(int unit, const Tensor& g) {
       if (c > 0) send.view(r * k, {c}).copy_from(g.view(p.begin + off - ub, {c}));
     }
     Tensor recv = Tensor::empty({k}, DType::F32, dev_);
-    dp_->reduce_scatter(send, recv);
-    const int64_t c = std::clamp<int64_t>(mine.size() - off, 0, k);
-    if (c == 0) continue;
-    Tensor dst = gshard_.view(mine.begin - rank_ * part_.shard + off, {c});
-    ops::add({.out = dst, .a = dst, .b = recv.view(0, {c})}, Stream{});
+    PendingReduce pr;
+    pr.recv = recv;
+    pr.count = std::clamp<int64_t>(mine.size() - off, 0, k);
+    pr.offset = mine.begin - rank_ * part_.shard + off;
+    if (timeline_ && timeline_->enabled()) {
+      Timeline* tl = timeline_;
+      Communicator* c = dp_;
+      const double issued = tl->now_us();
+      pr.h = c->submit("reduce_scatter", [tl, c, send, recv, unit, issued] {
+        const double t0 = tl->now_us();
+        c->reduce_scatter(send, recv);
+        tl->add({fmt::format("reduce_scatter unit {}", unit), "comm", 1, issued, t0, tl->now_us()});
+      }, {send, recv});
+    } else {
+      pr.h = dp_->ireduce_scatter(send, recv);
+    }
+    pending_.push_back(std::move(pr));
+  }
+  if (!z_.overlap_comm) retire(true);
+}
+
+void ZeroParamStore::retire(bool all) {
+  while (!pending_.empty() && (all || pending_.front().h.ready())) {
+    PendingReduce& p = pending_.front();
+    p.h.wait();
+    if (p.count > 0) {
+      Tensor dst = gshard_.view(p.offset, {p.count});
+      ops::add({.out = dst, .a = dst, .b = p.recv.view(0, {p.count})}, Stream{});
+    }
+    pending_.pop_front();
   }
 }
 
 void ZeroParamStore::set_full_params(const Tensor& full) {
   DS_CHECK(full.numel() == part_.total, "set_full_params: {} elements, model has {}", full.numel(), part_.total);
   if (stage_ == 2) {
-    full_.copy_from(full);
-    refresh_compute();
+    if (full_.defined()) {
+      full_.copy_from(full);
+      return;
+    }
+    Range own = part_.owned_real(rank_);
+    master_.zero_();
+    if (own.size() > 0) master_.view(0, {own.size()}).copy_from(full.view(own.begin, {own.size()}));
+    if (part_.total > 0) ops::cast({.out = compute_, .inp = full.device() == dev_ ? full : full.to(dev_)}, Stream{});
     return;
   }
   shard_.zero_();
@@ -235,7 +320,16 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
 void ZeroParamStore::get_full_params(const Tensor& out) {
   if (stage_ == 2) {
     Tensor o = out;
-    if (o.defined()) o.copy_from(full_);
+    if (full_.defined()) {
+      if (o.defined()) o.copy_from(full_);
+      return;
+    }
+    // Mixed precision: the f32 masters are shards; gather them (collective).
+    Tensor f = Tensor::zeros({part_.total}, DType::F32, dev_);
+    Range own = part_.owned_real(rank_);
+    if (own.size() > 0) f.view(own.begin, {own.size()}).copy_from(master_.view(0, {own.size()}));
+    if (part_.dp > 1) all_gather_flat(*dp_, part_, f, z_.allgather_bucket_size);
+    if (o.defined()) o.copy_from(f);
     return;
   }
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -247,13 +341,14 @@ void ZeroParamStore::get_full_params(const Tensor& out) {
 
 Tensor ZeroParamStore::master_params() {
   Range own = part_.owned_real(rank_);
-  if (stage_ == 2) return full_.view(own.begin, {own.size()});
+  if (stage_ == 2) return full_.defined() ? full_.view(own.begin, {own.size()}) : master_.view(0, {own.size()});
   return shard_.view(0, {own.size()});
 }
 
 Tensor ZeroParamStore::grad_shard() { return gshard_.view(0, {part_.owned_real(rank_).size()}); }
 
 void ZeroParamStore::zero_grads() {
+  DS_CHECK(pending_.empty(), "ZeRO: gradient reductions still pending when the next step zeroes the gradients");
   gshard_.zero_();
   for (Tensor& d : deferred_)
     if (d.defined()) d.zero_();
@@ -270,6 +365,7 @@ void ZeroParamStore::flush_deferred() {
 }
 
 double ZeroParamStore::grad_norm() {
+  finish_reductions();
   Tensor g = grad_shard();
   double local = g.numel() > 0 ? grad_sum_squares(g) : 0.0;
   if (part_.dp == 1) return std::sqrt(local);
@@ -278,8 +374,11 @@ double ZeroParamStore::grad_norm() {
 
 void ZeroParamStore::after_step() {
   if (stage_ == 2) {
-    if (part_.dp > 1) all_gather_flat(*dp_, part_, full_, z_.allgather_bucket_size);
-    refresh_compute();
+    if (full_.defined()) {
+      if (part_.dp > 1) all_gather_flat(*dp_, part_, full_, z_.allgather_bucket_size);
+    } else {
+      refresh_compute();
+    }
     return;
   }
   for (size_t u = 0; u < units_.size(); ++u)

@@ -1,5 +1,6 @@
 // ZeRO-2/3 parameter store: what a data-parallel rank really holds.
-//   stage 2: the full fp32 parameters (n) + an fp32 gradient SHARD (shard).
+//   stage 2: the full parameters (n; fp32, or with bf16/f16 the compute copy
+//            plus an fp32 master SHARD) + an fp32 gradient SHARD (shard).
 //            A unit's full gradient exists only from its acquire_grads to its
 //            grads_ready; then it is reduce-scattered into the shard and freed.
 //   stage 3: as stage 2, but the parameters too are only a shard (the fp32
@@ -7,22 +8,33 @@
 //            gathered before each use and freed after, with prefetch of the
 //            next units of the pass per make_zero3_plan; units smaller than
 //            stage3_param_persistence_threshold stay resident on every rank.
+//            Gathers are asynchronous: a prefetched unit's broadcasts run on
+//            the communication thread/stream while the current unit computes.
 // Shards follow the global flat ZeroPartition (rank r owns [r*shard,
 // (r+1)*shard) of the padded buffer), so optimizer state and checkpoints are
 // the same as for stages 1 and 2. A unit's piece on rank r is its
 // intersection with that range (uneven across ranks): gathers are one
 // broadcast per owning rank, reductions a reduce-scatter of the pieces padded
 // to the largest one. See docs/zero.md.
+// Gradient reduce-scatters are asynchronous (the group's communication
+// thread, or NCCL's stream): a unit's reduce-scatter is issued at its
+// grads_ready and the backward goes on; completed ones are added into the
+// shard in issue order (so the sums are bit-identical to blocking) at the next
+// grads_ready, and finish_reductions() (called by grad_norm) waits for the
+// rest. Without overlap_comm each one is waited for at once.
 // Mixed precision (compute dtype bf16/f16): the f32 parameters above are the
 // master weights; what acquire_params returns is a compute-dtype copy (stage
-// 2: one full copy refreshed after each step; stage 3: each gathered unit is
-// gathered in f32 and cast). Gradients stay f32.
+// 2: one full copy; after each step the owner casts its updated master range
+// and the copy is all-gathered in the compute dtype; stage 3: each gathered
+// unit is gathered in f32 and cast). Gradients stay f32.
 #pragma once
+#include <deque>
 #include <vector>
 
 #include "lib/comm/communicator.h"
 #include "lib/model/param_store.h"
 #include "lib/parallel/zero_partition.h"
+#include "lib/runtime/timeline.h"
 #include "lib/runtime/zero_config.h"
 
 namespace ds {
@@ -51,7 +63,10 @@ class ZeroParamStore : public ParamStore {
   Tensor master_params();
   Tensor grad_shard();
   void zero_grads();
-  double grad_norm();  // global L2 norm of the summed gradients
+  double grad_norm();  // global L2 norm of the summed gradients (finishes the reductions first)
+  // Waits for every issued gradient reduce-scatter and adds it into the shard.
+  void finish_reductions() { retire(true); }
+  void set_timeline(Timeline* t) { timeline_ = t; }
   // After the optimizer step: stage 2 all-gathers the parameters; stage 3
   // refreshes the persistent units only (the next pass gathers the rest).
   void after_step();
@@ -66,7 +81,8 @@ class ZeroParamStore : public ParamStore {
 
   // Persistent bytes this rank holds (not the transient unit buffers).
   int64_t param_bytes() const {
-    return 4 * (stage_ == 3 ? shard_.numel() : full_.numel()) + (compute_.defined() ? 2 * compute_.numel() : 0);
+    auto n = [](const Tensor& t) { return t.defined() ? t.numel() : int64_t(0); };
+    return 4 * (n(shard_) + n(full_) + n(master_)) + 2 * n(compute_);
   }
   int64_t grad_bytes() const { return 4 * gshard_.numel(); }
   const Zero3Plan& plan() const { return plan_; }
@@ -80,11 +96,28 @@ class ZeroParamStore : public ParamStore {
   Range piece(int unit, int rank) const;  // flat range of `unit` owned by `rank` (may be empty)
   void gather_unit(int unit, const Tensor& out);
   void gather_unit_compute(int unit, const Tensor& out);  // gather_unit, then cast to the compute dtype
-  void refresh_compute();  // stage 2: compute_ <- full_
-  void fetch(int unit);
+  void refresh_compute();  // stage 2, mixed: compute_ <- master_ (own range), then all-gathered
+  void fetch(int unit);     // issues the unit's gather (asynchronous)
+  void complete(int unit);  // waits for it (and casts to the compute dtype)
+  struct InFlight {  // a unit's issued gather
+    std::vector<CommHandle> hs;
+    Tensor f32;  // (unit) the gathered f32 values (the unit buffer itself in fp32)
+    bool pending = false;
+  };
+  std::vector<InFlight> in_flight_;
   void free_gathered(int unit);
   bool needed_soon(int unit) const;
   void reduce_unit(int unit, const Tensor& g);
+  // Pending reduce-scatters, oldest first: `recv`'s first `count` elements
+  // are added at gshard_[offset] once `h` completed.
+  struct PendingReduce {
+    CommHandle h;
+    Tensor recv;
+    int64_t offset = 0, count = 0;
+  };
+  void retire(bool all);  // all: wait for every one; else only the completed front
+  std::deque<PendingReduce> pending_;
+  Timeline* timeline_ = nullptr;
 
   Communicator* dp_;
   ZeroConfig z_;
@@ -94,8 +127,9 @@ class ZeroParamStore : public ParamStore {
   std::vector<Range> units_;
   Zero3Plan plan_;
   DType compute_dtype_ = DType::F32;
-  Tensor full_;    // stage 2: (n) full parameters
-  Tensor compute_; // stage 2 with bf16/f16: (n) compute-dtype copy of full_
+  Tensor full_;    // stage 2 in fp32: (n) full parameters (the master is its own range)
+  Tensor compute_; // stage 2 with bf16/f16: (n) the compute-dtype weights the forward reads
+  Tensor master_;  // stage 2 with bf16/f16: (shard) f32 master of this rank's range, zero padded
   Tensor shard_;   // stage 3: (shard) this rank's parameters, zero padded
   Tensor gshard_;  // (shard) summed gradient shard
   std::vector<Tensor> gathered_;  // stage 3: gathered or persistent full units (compute dtype)

@@ -183,6 +183,7 @@ json training_json(const TrainConfig& c) {
             {"export_hf", c.ckpt.export_hf},    {"log_interval", c.log.log_interval},
             {"eval_interval", c.log.eval_interval}, {"eval_iters", c.log.eval_iters},
             {"cpu_peak_tflops", c.log.cpu_peak_tflops},
+            {"profile", c.log.profile}, {"profile_dir", c.log.profile_dir},
             {"tensorboard_dir", c.log.tensorboard_dir},
             {"tensorboard_log_interval", c.log.tensorboard_log_interval},
             {"log_learning_rate_to_tensorboard", c.log.tb_learning_rate},

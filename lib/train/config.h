@@ -47,6 +47,10 @@ struct LoggingConfig {
   std::string csv_path = "ds_logs", csv_job_name = "dstrain";
   double cpu_peak_tflops = 0;  // for MFU on CPU; 0 = not reported
   bool wall_clock_breakdown = false;  // per-phase step times at each log line (DeepSpeed's key)
+  // --profile: host synchronisations per step in the log, and the timeline of
+  // one steady-state step written to profile_dir/timeline_rank<R>.json.
+  bool profile = false;
+  std::string profile_dir = ".";
   // TensorBoard: Megatron's --tensorboard-dir, or DeepSpeed's "tensorboard"
   // section (output_path/job_name); tensorboard_dir() is the one in effect.
   std::string tensorboard_dir;

@@ -164,6 +164,9 @@ void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_schedule
   l.eval_interval = s.get<int64_t>("eval_interval", l.eval_interval);
   l.eval_iters = s.get<int64_t>("eval_iters", l.eval_iters);
   l.cpu_peak_tflops = s.get<double>("cpu_peak_tflops", l.cpu_peak_tflops);
+  l.profile = s.get<bool>("profile", l.profile);
+  l.profile_dir = s.get<std::string>("profile_dir", l.profile_dir);
+  DS_USER_CHECK(!l.profile_dir.empty(), "training.profile_dir (--profile-dir) must not be empty");
   l.tensorboard_dir = s.get<std::string>("tensorboard_dir", l.tensorboard_dir);
   l.tensorboard_log_interval = s.get<int64_t>("tensorboard_log_interval", l.tensorboard_log_interval);
   DS_USER_CHECK(l.tensorboard_log_interval > 0, "training.tensorboard_log_interval (--tensorboard-log-interval) must "

@@ -8,6 +8,7 @@
 #include "lib/ckpt/hf.h"
 #include "lib/core/error.h"
 #include "lib/core/log.h"
+#include "lib/core/sync_counter.h"
 #include "lib/model/tp_shard.h"
 #include "lib/ops/ops.h"
 #include "lib/optim/lr_schedule.h"
@@ -66,18 +67,19 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   if (comms_.grid.sp > 1) model_->set_ulysses({comms_.sp, comms_.grid.sp, comms_.grid.sp_rank});
   model_->set_recompute(recompute_config(cfg_.parallel));
   opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get());
+  opt_->set_timeline(&timeline_);
   if (shard_.tp > 1 || shard_.pp > 1)  // gradient norm summed over the model-parallel (tp x pp) group
     opt_->set_tensor_parallel(shard_.pp > 1 ? comms_.mp : comms_.tp, norm_counted_ranges(local));
   if (shard_.pp > 1) {
     pipe_ = std::make_unique<PipelineExecutor>(*model_, *comms_.pp, static_cast<int>(cfg_.batch.grad_accum_steps));
     if (store_ && comms_.embedding->size() > 1 && !model_->dims().untied) store_->defer_unit(0);
   }
+  DS_USER_CHECK(cfg_.zero.offload_optimizer != OffloadDevice::CPU || dev_.is_cuda(),
+                "zero_optimization.offload_optimizer.device = cpu moves nothing on the CPU backend (the optimizer "
+                "state is already in host memory); remove it or train with --device cuda");
   if (cfg_.zero.offload_optimizer == OffloadDevice::CPU)
-    DS_LOG("offload_optimizer.device = cpu: {}", dev_.is_cpu()
-                                                     ? "on the CPU backend the optimizer state is already in host "
-                                                       "memory; nothing to move"
-                                                     : "Adam m, v and the fp32 master range of this rank live in host "
-                                                       "memory; AdamW runs on the CPU");
+    DS_LOG("offload_optimizer.device = cpu: Adam m, v and the fp32 master range of this rank live in host memory; "
+           "AdamW runs on the CPU");
   int64_t n_matmul = full_layout_.total;
   if (const ParamSpec* p = full_layout_.try_find("embed.wpe")) n_matmul -= p->numel;
   flops_per_token_ = flops_per_token(cfg_.model, n_matmul);
@@ -290,6 +292,7 @@ float Trainer::train_step() {
     for (int64_t micro = 0; micro < b.grad_accum_steps; ++micro) {
       MicroBatch mb = local_batch(data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_));
       key.first_sample = mb.first_sample;
+      if (micro + 1 == b.grad_accum_steps) opt_->begin_last_micro_batch();  // overlap_comm: reduce during it
       loss_sum += model_->forward_backward(mb.tokens, mb.targets, loss_weight, key);
     }
   }
@@ -324,6 +327,32 @@ float Trainer::train_step() {
   state_.consumed_samples += b.train_batch_size;
   last_grad_norm_ = norm;
   last_lr_ = h.lr;
+  return loss;
+}
+
+// One step with the timeline on; logs its host synchronisations (GPU: device
+// and stream synchronisations, blocking copies and communication polls; CPU:
+// blocking collectives and waits for a communication thread) and writes the
+// timeline as a Chrome trace.
+float Trainer::profiled_step() {
+  timeline_.clear();
+  timeline_.enable(true);
+  const int64_t syncs = host_sync_count();
+  const double t0 = timeline_.now_us();
+  float loss = train_step();
+  const double t1 = timeline_.now_us();
+  const int64_t n = host_sync_count() - syncs;
+  timeline_.add({"step", "compute", 2, t0, t0, t1});
+  timeline_.enable(false);
+  const std::string path = fmt::format("{}/timeline_rank{}.json", cfg_.log.profile_dir, comms_.grid.rank);
+  timeline_.write_chrome_trace(path, comms_.grid.rank);
+  int n_comm = 0;
+  for (const Timeline::Event& e : timeline_.events()) n_comm += e.cat == "comm" ? 1 : 0;
+  DS_LOG("profile: iteration {}: {} host synchronisations in the step ({}), {} overlapped gradient collectives "
+         "(overlap_comm {}); timeline in {}", state_.iteration, n,
+         dev_.is_cuda() ? "device/stream synchronisations, blocking copies and communication polls"
+                        : "blocking collectives and waits for a communication thread",
+         n_comm, cfg_.zero.overlap_comm ? "on" : "off", path);
   return loss;
 }
 
@@ -491,9 +520,14 @@ std::vector<float> Trainer::run() {
   if (state_.iteration >= cfg_.train_iters || !tokens_left())
     DS_LOG("nothing left to train: iteration {} of {}, {} of {} tokens consumed", state_.iteration, cfg_.train_iters,
            state_.consumed_samples * cfg_.model.seq_length, cfg_.lengths.train_tokens);
+  const int64_t first_iteration = state_.iteration;
   while (state_.iteration < cfg_.train_iters && tokens_left()) {
     auto t0 = std::chrono::steady_clock::now();
-    float loss = train_step();
+    // --profile: the run's second step (the first allocates and warms up), or
+    // its only one.
+    const bool profile = cfg_.log.profile && (state_.iteration == first_iteration + 1 ||
+                                              (state_.iteration == first_iteration && cfg_.train_iters - first_iteration == 1));
+    float loss = profile ? profiled_step() : train_step();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     losses.push_back(loss);
     window_ms += ms;

@@ -16,6 +16,7 @@
 #include "lib/train/data_pipeline.h"
 #include "lib/train/metrics.h"
 #include "lib/train/tensorboard.h"
+#include "lib/runtime/timeline.h"
 #include "lib/runtime/pipeline_executor.h"
 #include "lib/runtime/zero_optimizer.h"
 
@@ -104,6 +105,9 @@ class Trainer {
   StepTimes step_times_;  // wall_clock_breakdown: phases since the last log line
   double phase_ms();      // milliseconds since the previous call (device synchronized)
   std::chrono::steady_clock::time_point phase_start_;
+  // --profile: the timeline of one steady-state step and its host synchronisations.
+  Timeline timeline_;
+  float profiled_step();
 };
 
 }  // namespace ds

@@ -13,6 +13,8 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "lib/comm/communicator.h"
 #include "lib/comm/tcp_store.h"
@@ -274,6 +276,109 @@ int scenario_die_in_collective() {
   return 0;
 }
 
+// Async forms: a mixed sequence issued asynchronously (several ops in
+// flight, dependent ops on one buffer without waiting between them, a
+// blocking op issued while async ones are pending) is bit-identical to the
+// same sequence issued blocking, on every rank; handles complete in order.
+struct SequenceResult {
+  std::vector<Tensor> outs;
+};
+
+SequenceResult run_sequence(Communicator& c, bool async) {
+  const int n = c.size(), me = c.rank();
+  SequenceResult r;
+  Tensor a = filled(21, me, 40001), b = filled(22, me, 777), rs_in = filled(23, me, 513 * n);
+  Tensor rs_out = Tensor::empty({513}, DType::F32), ag_out = Tensor::empty({301 * n}, DType::F32);
+  Tensor ag_in = filled(24, me, 301), bc = filled(25, me, 999), bf = Tensor::empty({300}, DType::BF16);
+  for (int i = 0; i < 300; ++i) bf.data<uint16_t>()[i] = f32_to_bf16(value(26, me, i));
+  Tensor sent = filled(27, me, 1500), got = Tensor::empty({1500}, DType::F32);
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  std::vector<P2POp> ring = {{true, sent.raw(), 1500, DType::F32, next, 0},
+                             {false, got.raw(), 1500, DType::F32, prev, 0}};
+  std::vector<CommHandle> hs;
+  if (async) {
+    hs.push_back(c.iall_reduce(a));
+    hs.push_back(c.iall_reduce(a));  // depends on the first (issue order)
+    hs.push_back(c.iall_reduce(b, ReduceOp::Max));
+    hs.push_back(c.ireduce_scatter(rs_in, rs_out));
+    hs.push_back(c.iall_gather(ag_in, ag_out));
+    hs.push_back(c.ibroadcast(bc, n - 1));
+    hs.push_back(c.iall_reduce(bf));
+    hs.push_back(c.ibatch_send_recv(ring, {sent, got}));
+    c.barrier();  // blocking, issued while the above may be pending: runs after them
+    for (auto& h : hs) WCHECK(h.ready(), "an op issued before a blocking op is not complete after it");
+    for (auto& h : hs) h.wait();
+  } else {
+    c.all_reduce(a);
+    c.all_reduce(a);
+    c.all_reduce(b, ReduceOp::Max);
+    c.reduce_scatter(rs_in, rs_out);
+    c.all_gather(ag_in, ag_out);
+    c.broadcast(bc, n - 1);
+    c.all_reduce(bf);
+    c.batch_send_recv(ring);
+    c.barrier();
+  }
+  r.outs = {a, b, rs_out, ag_out, bc, bf, got};
+  return r;
+}
+
+int scenario_async() {
+  auto world = make_world_communicator(Backend::Gloo, RendezvousInfo::from_env());
+  SequenceResult blocking = run_sequence(*world, false);
+  SequenceResult async = run_sequence(*world, true);
+  for (size_t i = 0; i < blocking.outs.size(); ++i)
+    WCHECK(std::memcmp(blocking.outs[i].raw(), async.outs[i].raw(), blocking.outs[i].nbytes()) == 0,
+           "async result {} differs from the blocking one", i);
+  // Many small ops in flight on two groups at once: results in issue order.
+  // (ranks 0 and 1 also use a pair group, whose members are listed reversed)
+  const bool in_pair = world->rank() < 2;
+  std::unique_ptr<Communicator> sub = in_pair ? world->split({1, 0}, "async_pair") : nullptr;
+  std::vector<Tensor> ts;
+  std::vector<CommHandle> hs;
+  for (int k = 0; k < 64; ++k) {
+    ts.push_back(Tensor::empty({1}, DType::F32));
+    ts.back().data<float>()[0] = static_cast<float>(k * (world->rank() + 1));
+    if (k % 2) hs.push_back(world->iall_reduce(ts.back()));
+    else if (in_pair) hs.push_back(sub->iall_reduce(ts.back()));
+  }
+  for (auto& h : hs) h.wait();
+  const int n = world->size();
+  for (int k = 0; k < 64; ++k) {
+    if (k % 2 == 0 && !in_pair) continue;
+    const int members = k % 2 ? n : 2;
+    WCHECK(ts[k].data<float>()[0] == static_cast<float>(k * members * (members + 1) / 2), "op {} of 64", k);
+  }
+  world->wait_all();
+  return 0;
+}
+
+// A peer that dies or never calls: the error surfaces through wait(), naming
+// the op and the group; ops queued behind a failed one fail at once.
+int scenario_async_fail() {
+  auto world = make_world_communicator(Backend::Gloo, RendezvousInfo::from_env());
+  world->barrier();
+  if (world->rank() == die_rank()) {
+    if (std::getenv("DS_TEST_HANG")) std::this_thread::sleep_for(std::chrono::seconds(6));
+    _exit(3);
+  }
+  Tensor t = filled(1, world->rank(), 100000), u = filled(2, world->rank(), 10);
+  CommHandle h = world->iall_reduce(t);
+  CommHandle behind = world->iall_reduce(u);
+  try {
+    h.wait();
+  } catch (const std::exception& e) {
+    std::printf("first wait: %s\n", e.what());
+  }
+  try {
+    behind.wait();
+  } catch (const std::exception& e) {
+    std::printf("second wait: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
+
 // Not a test: all_reduce timing for a quick look (DS_BENCH_ELEMS, default 16M).
 int scenario_bench() {
   auto world = make_world_communicator(Backend::Gloo, RendezvousInfo::from_env());
@@ -304,6 +409,8 @@ int main(int argc, char** argv) {
       {"die_in_collective", scenario_die_in_collective},
       {"nccl", test::nccl_scenario},
       {"bench", scenario_bench},
+      {"async", scenario_async},
+      {"async_fail", scenario_async_fail},
   };
   if (argc < 2 || !scenarios.count(argv[1])) {
     std::fprintf(stderr, "usage: ds_comm_worker <scenario>\n");

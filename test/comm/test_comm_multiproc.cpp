@@ -173,3 +173,30 @@ TEST_CASE("MASTER_PORT already taken", "[multiproc]") {
   CHECK(r.ranks[1].exit_code == 2);
   CHECK(has(r.ranks[1], "no answer from the rendezvous store"));
 }
+
+TEST_CASE("async collectives: issue order, bit-identical to blocking, two groups in flight", "[multiproc]") {
+  for (int world : {2, 3}) {
+    JobSpec s;
+    s.scenario = "async";
+    s.world = world;
+    expect_all_ok(run(s));
+  }
+}
+
+TEST_CASE("async: a dead peer's error surfaces through wait(), queued ops fail after it", "[multiproc]") {
+  for (bool hang : {false, true}) {  // the peer exits, or never calls (DS_COMM_TIMEOUT)
+    JobSpec s;
+    s.scenario = "async_fail";
+    s.world = 2;
+    s.env = {{"DS_TEST_DIE_RANK", "1"}, {"DS_COMM_TIMEOUT", "2"}};
+    if (hang) s.env["DS_TEST_HANG"] = "1";
+    JobResult r = run(s);
+    INFO(r.summary());
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.ranks[0].exit_code == 2);
+    CHECK(has(r.ranks[0], "first wait: "));
+    CHECK(has(r.ranks[0], "gloo all_reduce of 100000"));
+    CHECK(has(r.ranks[0], "group 'world'"));
+    CHECK(has(r.ranks[0], "second wait: asynchronous all_reduce on group 'world' not run: an earlier"));
+  }
+}

@@ -161,7 +161,7 @@ std::string run_with_config(const std::string& name, int world, int micro, int z
     std::ofstream f(cfg);
     f << "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": " << micro;
     if (zero_stage >= 0)
-      f << ", \"zero_optimization\": {\"stage\": " << zero_stage << ", \"reduce_bucket_size\": 5000}";
+      f << ", \"zero_optimization\": {\"stage\": " << zero_stage << ", \"reduce_bucket_size\": 5000, \"overlap_comm\": true}";
     f << ", \"csv_monitor\": {\"enabled\": true, \"output_path\": \"" << d.dir << "/csv\", \"job_name\": \""
       << name << "\"}}";
   }

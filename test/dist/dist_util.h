@@ -33,7 +33,7 @@ struct SmallModel {
 std::vector<std::string> small_model_args(const SmallModel& m);
 
 // Writes DIR/NAME.json (global batch 8, `micro` per rank, ZeRO `zero_stage`
-// with small buckets, or no zero section when zero_stage < 0, CSV monitor
+// with small buckets and overlap_comm on, or no zero section when zero_stage < 0, CSV monitor
 // under NAME) and runs `world` ranks with `--config` that file plus `args`.
 // Returns "" on success, else every rank's output. On success `losses` (if
 // set) gets rank 0's CSV losses; `rank0_log` (if set) gets rank 0's output.

@@ -1,6 +1,6 @@
 // Data parallelism and ZeRO: the loss curve of 1 process equals that of 2 and
 // 4 processes with ZeRO stages 0-3 at the same global batch (relative 1e-5,
-// fp32); every run logs the per-rank model-state bytes of the ZeRO formula;
+// fp32; gradient reductions overlapped with the backward, overlap_comm); every run logs the per-rank model-state bytes of the ZeRO formula;
 // checkpoints resume across data-parallel sizes and stages (ZeRO-2 DP=2 ->
 // DP=4, ZeRO-3 DP=2 -> ZeRO-1 DP=4) on the same curve.
 #include <catch2/catch.hpp>
@@ -48,7 +48,7 @@ std::vector<double> run_layout(const std::string& name, int world, int zero_stag
   {
     std::ofstream f(cfg);
     f << "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": " << micro
-      << ", \"zero_optimization\": {\"stage\": " << zero_stage << ", \"reduce_bucket_size\": 5000";
+      << ", \"zero_optimization\": {\"stage\": " << zero_stage << ", \"reduce_bucket_size\": 5000, \"overlap_comm\": true";
     if (zero_stage == 3)
       f << ", \"stage3_param_persistence_threshold\": 100, \"stage3_prefetch_bucket_size\": 20000,"
         << " \"stage3_max_live_parameters\": 30000";

@@ -5,10 +5,14 @@
 // are reduced in bf16, gradients are summed in another order, and one
 // different rounding of a bf16 weight moves the rest; PP alone changes no
 // arithmetic and does match bit for bit), so the check is a tolerance far
-// above the observed spread and far below what a wrong gradient gives.
+// above the observed spread and far below what a wrong gradient gives. The
+// data-parallel runs also check the logged model-state bytes against the
+// mixed-precision formula (stage 2 keeps the f32 master for its shard only).
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <regex>
 
+#include "lib/parallel/zero_partition.h"
 #include "test/dist/dist_util.h"
 
 using namespace ds::test;
@@ -34,9 +38,19 @@ std::vector<double> run(const Layout& r, bool llama, const std::vector<std::stri
   args.insert(args.end(), precision.begin(), precision.end());
   args.insert(args.end(), r.extra.begin(), r.extra.end());
   std::vector<double> l;
-  const std::string err = run_with_config(r.name, r.world, 2, r.zero_stage, args, &l, nullptr);
+  std::string log;
+  const std::string err = run_with_config(r.name, r.world, 2, r.zero_stage, args, &l, &log);
   INFO(r.name << ": " << err);
   REQUIRE(err.empty());
+  if (r.tp == 1 && r.pp == 1) {  // the logged model state is the Mixed formula (stage 2: f32 master sharded)
+    std::smatch n, b;
+    REQUIRE(std::regex_search(log, n, std::regex(R"(vocab \d+ \(padded \d+\), (\d+) parameters)")));
+    REQUIRE(std::regex_search(log, b, std::regex(R"(model state: (\d+) bytes per rank)")));
+    const ds::ModelStateBytes want =
+        ds::zero_model_state_bytes(std::stoll(n[1].str()), r.world, r.zero_stage, ds::StatePrecision::Mixed, false);
+    INFO(r.name << ": logged " << b[1].str() << " bytes, formula " << want.total());
+    REQUIRE(std::stoll(b[1].str()) == want.total());
+  }
   return l;
 }
 

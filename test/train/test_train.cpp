@@ -110,6 +110,13 @@ TEST_CASE("bad inputs give one clear error and write nothing") {
     f << R"({"a": 0, "b": 1, "c": 2})";
   }
   expect_error({"--vocab-file", small.string()}, "vocab");
+  // CPU optimizer offload on the CPU backend would move nothing.
+  fs::path offload = fixture().dir / "offload.json";
+  {
+    std::ofstream f(offload);
+    f << R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}})";
+  }
+  expect_error({"--config", offload.string()}, "offload_optimizer.device = cpu moves nothing on the CPU backend");
 }
 
 // Every tensor of every .safetensors file under `dir` is finite.

@@ -13,6 +13,8 @@
 #include "lib/comm/nccl/nccl_api.h"
 #include "lib/comm/tcp_store.h"
 #include "lib/core/error.h"
+#include "lib/core/stream_use.h"
+#include "lib/core/sync_counter.h"
 
 namespace ds {
 namespace {
@@ -97,6 +99,8 @@ void NcclCommunicator::init_comm() {
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  if (last_async_) cudaEventDestroy(static_cast<cudaEvent_t>(last_async_));
+  if (comm_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(comm_stream_));
   if (scratch_) cudaFree(scratch_);
   if (comm_) nccl().CommDestroy(as_comm(comm_));
 }
@@ -125,7 +129,7 @@ std::unique_ptr<Communicator> NcclCommunicator::split(const std::vector<int>& ra
 void NcclCommunicator::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) {
   if (count == 0) return;
   check(nccl().AllReduce(data, data, count, nccl_type(dtype), nccl_op(op), as_comm(comm_),
-                      as_stream(stream_)), "all_reduce");
+                      static_cast<cudaStream_t>(op_stream())), "all_reduce");
   wait("all_reduce");
 }
 
@@ -133,7 +137,7 @@ void NcclCommunicator::reduce_scatter(const void* input, void* output, int64_t c
                                       DType dtype, ReduceOp op) {
   if (count_per_rank == 0) return;
   check(nccl().ReduceScatter(input, output, count_per_rank, nccl_type(dtype), nccl_op(op),
-                          as_comm(comm_), as_stream(stream_)), "reduce_scatter");
+                          as_comm(comm_), static_cast<cudaStream_t>(op_stream())), "reduce_scatter");
   wait("reduce_scatter");
 }
 
@@ -141,7 +145,7 @@ void NcclCommunicator::all_gather(const void* input, void* output, int64_t count
                                   DType dtype) {
   size_t bytes = count_per_rank * dtype_size(dtype);
   if (bytes == 0) return;
-  check(nccl().AllGather(input, output, bytes, ncclUint8, as_comm(comm_), as_stream(stream_)),
+  check(nccl().AllGather(input, output, bytes, ncclUint8, as_comm(comm_), static_cast<cudaStream_t>(op_stream())),
         "all_gather");
   wait("all_gather");
 }
@@ -151,16 +155,17 @@ void NcclCommunicator::all_gather(const void* input, void* output, int64_t count
 void NcclCommunicator::all_to_all(const void* input, void* output, int64_t count_per_rank, DType dtype) {
   const size_t bytes = count_per_rank * dtype_size(dtype);
   if (bytes == 0) return;
+  cudaStream_t st = static_cast<cudaStream_t>(op_stream());
   const char* in = static_cast<const char*>(input);
   char* out = static_cast<char*>(output);
   DS_CUDA_CHECK(cudaMemcpyAsync(out + rank_ * bytes, in + rank_ * bytes, bytes, cudaMemcpyDeviceToDevice,
-                                as_stream(stream_)));
+                                st));
   if (size_ > 1) {
     check(nccl().GroupStart(), "all_to_all group start");
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
-      check(nccl().Send(in + p * bytes, bytes, ncclUint8, p, as_comm(comm_), as_stream(stream_)), "all_to_all send");
-      check(nccl().Recv(out + p * bytes, bytes, ncclUint8, p, as_comm(comm_), as_stream(stream_)), "all_to_all recv");
+      check(nccl().Send(in + p * bytes, bytes, ncclUint8, p, as_comm(comm_), st), "all_to_all send");
+      check(nccl().Recv(out + p * bytes, bytes, ncclUint8, p, as_comm(comm_), st), "all_to_all recv");
     }
     check(nccl().GroupEnd(), "all_to_all group end");
   }
@@ -172,7 +177,7 @@ void NcclCommunicator::broadcast(void* data, int64_t count, DType dtype, int roo
            size_);
   size_t bytes = count * dtype_size(dtype);
   if (bytes == 0) return;
-  check(nccl().Broadcast(data, data, bytes, ncclUint8, root, as_comm(comm_), as_stream(stream_)),
+  check(nccl().Broadcast(data, data, bytes, ncclUint8, root, as_comm(comm_), static_cast<cudaStream_t>(op_stream())),
         "broadcast");
   wait("broadcast");
 }
@@ -182,7 +187,7 @@ void NcclCommunicator::send(const void* data, int64_t count, DType dtype, int ds
            rank_, name_);
   size_t bytes = count * dtype_size(dtype);
   if (bytes == 0) return;
-  check(nccl().Send(data, bytes, ncclUint8, dst, as_comm(comm_), as_stream(stream_)), "send");
+  check(nccl().Send(data, bytes, ncclUint8, dst, as_comm(comm_), static_cast<cudaStream_t>(op_stream())), "send");
   wait("send");
 }
 
@@ -191,7 +196,7 @@ void NcclCommunicator::recv(void* data, int64_t count, DType dtype, int src) {
            rank_, name_);
   size_t bytes = count * dtype_size(dtype);
   if (bytes == 0) return;
-  check(nccl().Recv(data, bytes, ncclUint8, src, as_comm(comm_), as_stream(stream_)), "recv");
+  check(nccl().Recv(data, bytes, ncclUint8, src, as_comm(comm_), static_cast<cudaStream_t>(op_stream())), "recv");
   wait("recv");
 }
 
@@ -227,9 +232,9 @@ void NcclCommunicator::batch_send_recv(const std::vector<P2POp>& ops) {
       const size_t bytes = op.count * dtype_size(op.dtype);
       if (op.channel != channel || bytes == 0) continue;
       ncclResult_t r = op.is_send ? nccl().Send(op.data, bytes, ncclUint8, op.peer, as_comm(comm_),
-                                             as_stream(stream_))
+                                             static_cast<cudaStream_t>(op_stream()))
                                   : nccl().Recv(op.data, bytes, ncclUint8, op.peer, as_comm(comm_),
-                                             as_stream(stream_));
+                                             static_cast<cudaStream_t>(op_stream()));
       if (r != ncclSuccess && first == ncclSuccess) {
         first = r;
         what = op.is_send ? "send (batch_send_recv)" : "recv (batch_send_recv)";
@@ -245,20 +250,97 @@ void NcclCommunicator::batch_send_recv(const std::vector<P2POp>& ops) {
 void NcclCommunicator::barrier() {
   if (size_ == 1) return;
   check(nccl().AllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, as_comm(comm_),
-                      as_stream(stream_)), "barrier");
+                      static_cast<cudaStream_t>(op_stream())), "barrier");
   wait("barrier");
 }
 
-void NcclCommunicator::synchronize() { wait("synchronize"); }
+void NcclCommunicator::synchronize() {
+  wait("synchronize");
+  if (last_async_) wait_event_host(last_async_, "synchronize");
+}
 
-// Every NCCL op ends here: the stream is polled (never a blocking CUDA wait),
+void* NcclCommunicator::op_stream() {
+  if (in_submit_) return comm_stream_;
+  if (last_async_ && ordered_after_ != last_async_) {
+    DS_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream_), static_cast<cudaEvent_t>(last_async_), 0));
+    ordered_after_ = last_async_;
+  }
+  return stream_.handle;
+}
+
+namespace {
+
+// One asynchronous NCCL op: its completion event on the communication stream.
+struct NcclWork : CommHandle::State {
+  NcclCommunicator* owner;
+  cudaEvent_t done;
+  cudaStream_t compute;
+  const char* what;
+  NcclWork(NcclCommunicator* o, cudaEvent_t d, cudaStream_t c, const char* w) : owner(o), done(d), compute(c), what(w) {}
+  ~NcclWork() override { cudaEventDestroy(done); }
+  void wait() override { DS_CUDA_CHECK(cudaStreamWaitEvent(compute, done, 0)); }
+  void wait_host() override { owner->wait_event_host(done, what); }
+  bool ready() override { return cudaEventQuery(done) == cudaSuccess; }
+};
+
+}  // namespace
+
+CommHandle NcclCommunicator::submit(const char* what, std::function<void()> op, std::vector<Tensor> uses) {
+  DS_CHECK(!in_submit_, "NCCL submit({}) inside another submit on group '{}'", what, name_);
+  DS_CUDA_CHECK(cudaSetDevice(device_));
+  if (!comm_stream_) {
+    cudaStream_t s = nullptr;
+    DS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    comm_stream_ = s;
+  }
+  cudaStream_t cs = static_cast<cudaStream_t>(comm_stream_);
+  cudaEvent_t ready = nullptr;
+  DS_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  DS_CUDA_CHECK(cudaEventRecord(ready, as_stream(stream_)));  // the inputs were produced on the compute stream
+  DS_CUDA_CHECK(cudaStreamWaitEvent(cs, ready, 0));
+  cudaEventDestroy(ready);  // released once recorded work completes
+  in_submit_ = true;
+  try {
+    op();
+  } catch (...) {
+    in_submit_ = false;
+    throw;
+  }
+  in_submit_ = false;
+  for (const Tensor& t : uses)
+    if (t.defined() && t.device().is_cuda()) record_stream_use(t.raw(), t.device().index, cs);
+  cudaEvent_t done = nullptr;
+  DS_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  DS_CUDA_CHECK(cudaEventRecord(done, cs));
+  if (!last_async_) DS_CUDA_CHECK(cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(&last_async_), cudaEventDisableTiming));
+  DS_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(last_async_), cs));
+  ordered_after_ = nullptr;  // re-recorded: the next blocking op orders itself after it again
+  return CommHandle(std::make_shared<NcclWork>(this, done, as_stream(stream_), what));
+}
+
+void NcclCommunicator::wait_all() {
+  if (last_async_) DS_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream_), static_cast<cudaEvent_t>(last_async_), 0));
+}
+
+void NcclCommunicator::wait_event_host(void* ev, const char* what) { poll(what, nullptr, ev); }
+
+// Every blocking NCCL op ends here (and wait_host of a handle): the stream or event is polled (never a blocking CUDA wait),
 // with NCCL's asynchronous error state and the DS_COMM_TIMEOUT deadline
 // checked in between; a failure or timeout aborts the communicator, so the
 // rank exits with a clear error and the launcher tears the job down.
 void NcclCommunicator::wait(const char* what) {
+  if (in_submit_) return;  // asynchronous: the handle waits
+  poll(what, stream_.handle, nullptr);
+}
+
+// Polls `event` if set, else `stream`.
+void NcclCommunicator::poll(const char* what, void* stream, void* event) {
+  DS_CHECK(comm_, "NCCL {} on group '{}' after the communicator was aborted", what, name_);
+  count_host_sync();
   auto deadline = std::chrono::steady_clock::now() + op_timeout_;
   while (true) {
-    cudaError_t e = cudaStreamQuery(as_stream(stream_));
+    cudaError_t e = event ? cudaEventQuery(static_cast<cudaEvent_t>(event))
+                          : cudaStreamQuery(static_cast<cudaStream_t>(stream));
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) DS_CUDA_CHECK(e);
     ncclResult_t async = ncclSuccess;

@@ -5,9 +5,17 @@
 // communicator's stream and then waited for by polling the stream, NCCL's
 // async error state and the DS_COMM_TIMEOUT deadline (no blocking CUDA wait,
 // so a dead peer cannot hang the rank): an error or timeout aborts the
-// communicator and throws naming the op and the group. Asynchronous ops with
-// handles come with the overlap work; until then the interface is blocking,
-// like the Gloo backend.
+// communicator and throws naming the op and the group.
+// Asynchronous ops (submit and the i* forms): the group's own communication
+// stream (non-blocking, created on first use) waits on an event recorded on
+// the compute stream (stream(), set_stream), the op is enqueued there with
+// the host poll skipped, and an event recorded after it is the handle: wait()
+// makes the compute stream wait on it (no host block); wait_host() polls it
+// like a blocking op. The tensors passed as `uses` are declared to the
+// caching allocator (record_stream_use), so a block freed while the
+// communication stream may still read it is not reused before it finished.
+// A blocking op issued after async ones first makes its stream wait on the
+// last async event, so NCCL sees every op of the group in issue order.
 // This header stays free of CUDA/NCCL headers.
 #pragma once
 #include <chrono>
@@ -70,11 +78,18 @@ class NcclCommunicator : public Communicator {
   Stream stream() const override { return stream_; }
   void synchronize() override;
 
+  CommHandle submit(const char* what, std::function<void()> op, std::vector<Tensor> uses = {}) override;
+  void wait_all() override;
+  // Polls event `ev` (a cudaEvent_t) like a blocking op waits for its stream.
+  void wait_event_host(void* ev, const char* what);
+
  protected:
   DeviceType device_type() const override { return DeviceType::CUDA; }
 
  private:
-  void wait(const char* what);  // polls until the stream is idle (see above)
+  void wait(const char* what);  // polls until the stream is idle (see above); skipped inside submit()
+  void poll(const char* what, void* stream, void* event);  // one of the two is set
+  void* op_stream();  // the stream an op is enqueued on, ordered after the async ops
   NcclCommunicator() = default;
   void init_comm();  // unique id through the store, then ncclCommInitRank
   void check(int result, const char* what);
@@ -83,6 +98,10 @@ class NcclCommunicator : public Communicator {
   void* comm_ = nullptr;  // ncclComm_t
   float* scratch_ = nullptr;  // device float for barrier()
   Stream stream_;
+  void* comm_stream_ = nullptr;  // cudaStream_t of the async ops
+  void* last_async_ = nullptr;   // cudaEvent_t after the latest async op (owned)
+  void* ordered_after_ = nullptr;  // last_async_ value stream_ was last ordered after
+  bool in_submit_ = false;
   int device_ = 0;
   std::string name_;
   std::vector<int> world_ranks_;
