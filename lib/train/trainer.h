@@ -12,6 +12,7 @@
 #include "lib/optim/adamw.h"
 #include "lib/optim/loss_scaler.h"
 #include "lib/parallel/comms.h"
+#include "lib/train/autotune_hooks.h"
 #include "lib/train/config.h"
 #include "lib/train/data_pipeline.h"
 #include "lib/train/metrics.h"
@@ -95,6 +96,7 @@ class Trainer {
   TrainState state_;
   CsvMonitor csv_;
   TensorBoardMonitor tb_;
+  ProfileWindow profile_ = ProfileWindow::from_env();  // dsrun --autotuning experiments
   double flops_per_token_ = 0;
   double peak_tflops_ = 0;
   double last_grad_norm_ = 0, last_lr_ = 0;
