@@ -30,6 +30,10 @@ constexpr double kGiB = 1024.0 * 1024 * 1024;
 // workspaces and allocator slack.
 constexpr double kCpuOverheadGiB = 0.17;
 constexpr double kCudaOverheadGiB = 1.0;
+// CPU backend, ZeRO stage 0-3: bytes per parameter of the rank that ZeRO's
+// full-size gradient and communication buffers add beyond the estimate
+// (measured at 3.3M and 19.2M parameters, docs/autotuning.md).
+constexpr double kCpuZeroBytesPerParam[4] = {0, 6, 9, 6};
 
 struct Record {
   int index = 0;
@@ -47,12 +51,19 @@ struct Session {
   std::vector<std::string> launcher_flags, args;  // dsrun flags without --autotuning; PROGRAM's
   int world = 1, local_size = 1;
   ModelFacts facts;
-  double limit_bytes = 0, overhead_bytes = 0;
+  double limit_bytes = 0;
+  double overhead_bytes = 0;    // the constant part (memory_overhead_gb)
+  bool zero_term = false;       // add kCpuZeroBytesPerParam (CPU, default overhead)
   std::vector<Record> records;
   int experiments = 0;
   double t0 = 0;
 };
 
+// What experiments and `run` execute: this very binary, even if a rebuild
+// replaced (unlinked) its file meanwhile.
+constexpr const char* kSelfExe = "/proc/self/exe";
+
+// This binary's path, for the command lines that are shown and saved.
 std::string self_exe() {
   std::error_code ec;
   auto p = fs::read_symlink("/proc/self/exe", ec);
@@ -118,13 +129,28 @@ bool estimate_point(Session& s, const Point& p, Record& rec) {
   }
   const ModelFacts f = model_facts_from_json(*est);
   rec.est_bytes = f.device == "cpu" ? f.host_bytes : f.device_bytes;
-  if (s.limit_bytes > 0 && double(rec.est_bytes) + s.overhead_bytes > s.limit_bytes) {
+  const double overhead =
+      s.overhead_bytes + (s.zero_term ? kCpuZeroBytesPerParam[p.zero_stage] * double(f.n_params) / (f.tp * f.pp) : 0);
+  if (s.limit_bytes > 0 && double(rec.est_bytes) + overhead > s.limit_bytes) {
     rec.status = "pruned";
-    rec.reason = fmt::format("estimate {} GiB + overhead {:.2f} GiB > limit {:.2f} GiB", gib(rec.est_bytes),
-                             s.overhead_bytes / kGiB, s.limit_bytes / kGiB);
+    rec.reason = fmt::format("estimate {} GiB + overhead {:.3f} GiB > limit {:.3f} GiB", gib(rec.est_bytes),
+                             overhead / kGiB, s.limit_bytes / kGiB);
     return false;
   }
   return true;
+}
+
+// An experiment's metrics file into rec (status ok).
+void read_metrics(const Session& s, const std::string& path, Record& rec) {
+  const nlohmann::json m = load_json_file(path);
+  try {
+    rec.seconds = m.at("latency").get<double>();
+    rec.peak_bytes = m.at("peak_memory_bytes").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    DS_USER_ERROR("'{}' is not an experiment's metrics file: {}", path, e.what());
+  }
+  rec.status = "ok";
+  rec.metric = metric_of_time(s.cfg.metric, rec.point, s.facts, rec.seconds);
 }
 
 // Runs point p through dsrun and fills rec from its metrics file and exit code.
@@ -137,6 +163,7 @@ void run_point(Session& s, const Point& p, Record& rec) {
   argv.push_back(s.program);
   for (auto& a : experiment_args(s.args, dir + "/ds_config.json", p, s.cfg.arg_mappings)) argv.push_back(a);
   write_text(dir + "/cmd.txt", shell_join(argv) + "\n");
+  argv[0] = kSelfExe;
   write_text(dir + "/exp.json", nlohmann::json{{"name", p.name()}, {"point", p.to_json()}}.dump(2) + "\n");
   const EnvPairs env = {{"DS_AUTOTUNING_METRIC_PATH", fs::absolute(metrics).string()},
                         {"DS_AUTOTUNING_START_PROFILE_STEP", std::to_string(s.cfg.start_profile_step)},
@@ -159,11 +186,7 @@ void run_point(Session& s, const Point& p, Record& rec) {
     rec.reason = fmt::format("PROGRAM ended before step {} (end_profile_step): give it enough iterations",
                              s.cfg.end_profile_step);
   } else {
-    const nlohmann::json m = load_json_file(metrics);
-    rec.status = "ok";
-    rec.seconds = m.at("latency").get<double>();
-    rec.peak_bytes = m.at("peak_memory_bytes").get<int64_t>();
-    rec.metric = metric_of_time(s.cfg.metric, p, s.facts, rec.seconds);
+    read_metrics(s, metrics, rec);
   }
 }
 
@@ -182,10 +205,11 @@ std::string metric_unit(Metric m) {
 void write_summary(const Session& s) {
   const Record* best = best_record(s);
   std::string t = fmt::format("dsrun autotuning: {} tuner, metric {} ({}), world {}, memory limit {} GiB per process "
-                              "(overhead {:.2f} GiB), {} experiments run in {:.1f} s\n\n",
+                              "(overhead {:.2f} GiB{}), {} experiments run in {:.1f} s\n\n",
                               tuner_name(s.cfg.tuner), metric_name(s.cfg.metric), metric_unit(s.cfg.metric), s.world,
                               s.limit_bytes > 0 ? fmt::format("{:.2f}", s.limit_bytes / kGiB) : "unknown",
-                              s.overhead_bytes / kGiB, s.experiments, now_seconds() - s.t0);
+                              s.overhead_bytes / kGiB, s.zero_term ? " + 0/6/9/6 bytes per parameter for ZeRO 0/1/2/3" : "",
+                              s.experiments, now_seconds() - s.t0);
   t += fmt::format("{:<4} {:<48} {:<10} {:>14} {:>10} {:>10} {:>8}  {}\n", "#", "experiment", "status",
                    metric_name(s.cfg.metric), "est GiB", "peak GiB", "wall s", "note");
   nlohmann::json rows = nlohmann::json::array();
@@ -280,6 +304,49 @@ void write_optimal(const Session& s, const Record& best, std::vector<std::string
   write_text((res / "cmd_optimal.txt").string(), shell_join(*cmd) + "\n");
 }
 
+// The tuner loop: prune or run each proposed candidate until the space, the
+// trial budget or the patience (early stopping) runs out.
+void tune(Session& s, Tuner& tuner) {
+  int best_iter = -1;
+  double best_metric = 0;
+  while (s.experiments < s.cfg.tuner_num_trials) {
+    const int i = tuner.next();
+    if (i < 0) break;
+    Record rec;
+    rec.index = i;
+    rec.point = tuner.space()[i];
+    const std::string metrics = exp_dir(s, rec.point) + "/metrics.json";
+    if (!estimate_point(s, rec.point, rec)) {
+      tuner.exclude(i);
+    } else {
+      if (!s.cfg.overwrite && access(metrics.c_str(), R_OK) == 0) {
+        read_metrics(s, metrics, rec);  // a previous session's measurement
+        rec.reason = "measured by an earlier session (overwrite false)";
+      } else {
+        run_point(s, rec.point, rec);
+      }
+      tuner.report(i, rec.status == "ok" ? std::optional<double>(rec.seconds) : std::nullopt);
+      if (rec.status == "ok" && (best_iter < 0 || better(s.cfg.metric, rec.metric, best_metric))) {
+        best_iter = s.experiments;
+        best_metric = rec.metric;
+      }
+      ++s.experiments;
+    }
+    fmt::print(stderr, "dsrun: autotuning: [{}] {}: {}{}\n", s.experiments, rec.point.name(), rec.status,
+               rec.status == "ok" ? fmt::format(" {} {:.6g} {}", metric_name(s.cfg.metric), rec.metric,
+                                                metric_unit(s.cfg.metric))
+                                  : " (" + rec.reason + ")");
+    s.records.push_back(rec);
+    write_summary(s);
+    if (s.cfg.tuner_early_stopping > 0 && best_iter >= 0 &&
+        s.experiments >= best_iter + s.cfg.tuner_early_stopping) {
+      fmt::print(stderr, "dsrun: autotuning: early stop after {} experiments (best was experiment {}, threshold {})\n",
+                 s.experiments, best_iter + 1, s.cfg.tuner_early_stopping);
+      break;
+    }
+  }
+}
+
 int session(const Options& o, int argc, char** argv) {
   DS_USER_CHECK(o.autotuning == "tune" || o.autotuning == "run", "--autotuning '{}': use tune or run", o.autotuning);
   DS_USER_CHECK(!o.dry_run, "--autotuning cannot be combined with --dry_run");
@@ -308,6 +375,7 @@ int session(const Options& o, int argc, char** argv) {
   const BatchRule batch = base_configuration(s);
   std::string how;
   s.limit_bytes = memory_limit(s.cfg, s.facts, s.local_size, &how);
+  s.zero_term = s.cfg.memory_overhead_gb < 0 && s.facts.device == "cpu";
   s.overhead_bytes = (s.cfg.memory_overhead_gb >= 0 ? s.cfg.memory_overhead_gb
                       : s.facts.device == "cpu"     ? kCpuOverheadGiB
                                                     : kCudaOverheadGiB) * kGiB;
@@ -317,48 +385,7 @@ int session(const Options& o, int argc, char** argv) {
   Tuner tuner(s.cfg.tuner, make_space(s.cfg, s.facts, batch, mbs_upper), s.facts, s.cfg.metric, s.cfg.seed);
   fmt::print(stderr, "dsrun: autotuning: {} candidate configurations, {} tuner, metric {}\n", tuner.space().size(),
              tuner_name(s.cfg.tuner), metric_name(s.cfg.metric));
-  int best_iter = -1;
-  double best_metric = 0;
-  while (s.experiments < s.cfg.tuner_num_trials) {
-    const int i = tuner.next();
-    if (i < 0) break;
-    Record rec;
-    rec.index = i;
-    rec.point = tuner.space()[i];
-    const std::string metrics = exp_dir(s, rec.point) + "/metrics.json";
-    if (!estimate_point(s, rec.point, rec)) {
-      tuner.exclude(i);
-    } else {
-      if (!s.cfg.overwrite && access(metrics.c_str(), R_OK) == 0) {
-        const nlohmann::json m = load_json_file(metrics);  // a previous session's measurement
-        rec.status = "ok";
-        rec.reason = "measured by an earlier session (overwrite false)";
-        rec.seconds = m.at("latency").get<double>();
-        rec.peak_bytes = m.at("peak_memory_bytes").get<int64_t>();
-        rec.metric = metric_of_time(s.cfg.metric, rec.point, s.facts, rec.seconds);
-      } else {
-        run_point(s, rec.point, rec);
-      }
-      tuner.report(i, rec.status == "ok" ? std::optional<double>(rec.seconds) : std::nullopt);
-      if (rec.status == "ok" && (best_iter < 0 || better(s.cfg.metric, rec.metric, best_metric))) {
-        best_iter = s.experiments;
-        best_metric = rec.metric;
-      }
-      ++s.experiments;
-    }
-    fmt::print(stderr, "dsrun: autotuning: [{}] {}: {}{}\n", s.experiments, rec.point.name(), rec.status,
-               rec.status == "ok" ? fmt::format(" {} {:.6g} {}", metric_name(s.cfg.metric), rec.metric,
-                                                metric_unit(s.cfg.metric))
-                                  : " (" + rec.reason + ")");
-    s.records.push_back(rec);
-    write_summary(s);
-    if (s.cfg.tuner_early_stopping > 0 && best_iter >= 0 &&
-        s.experiments >= best_iter + s.cfg.tuner_early_stopping) {
-      fmt::print(stderr, "dsrun: autotuning: early stop after {} experiments (best was experiment {}, threshold {})\n",
-                 s.experiments, best_iter + 1, s.cfg.tuner_early_stopping);
-      break;
-    }
-  }
+  tune(s, tuner);
   write_summary(s);
   const Record* best = best_record(s);
   DS_USER_CHECK(best != nullptr, "dsrun --autotuning: no experiment succeeded; see {}/summary.txt and the logs under {}",
@@ -374,7 +401,7 @@ int session(const Options& o, int argc, char** argv) {
   std::vector<char*> cargv;
   for (auto& a : cmd) cargv.push_back(a.data());
   cargv.push_back(nullptr);
-  execv(cargv[0], cargv.data());
+  execv(kSelfExe, cargv.data());
   DS_USER_ERROR("cannot run '{}': {}", cargv[0], std::strerror(errno));
 }
 
