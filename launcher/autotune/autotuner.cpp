@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "launcher/autotune/autotune_config.h"
 #include "launcher/autotune/experiment.h"
@@ -55,6 +56,7 @@ struct Session {
   double overhead_bytes = 0;    // the constant part (memory_overhead_gb)
   bool zero_term = false;       // add kCpuZeroBytesPerParam (CPU, default overhead)
   std::vector<Record> records;
+  std::set<std::string> fresh;  // experiment directories emptied by this session (overwrite)
   int experiments = 0;
   double t0 = 0;
 };
@@ -116,6 +118,7 @@ std::string exp_dir(const Session& s, const Point& p) { return (fs::path(s.cfg.e
 // The memory estimate of point p; fills rec (est_bytes, or status invalid/pruned). True when it may run.
 bool estimate_point(Session& s, const Point& p, Record& rec) {
   const std::string dir = exp_dir(s, p);
+  if (s.cfg.overwrite && s.fresh.insert(dir).second) fs::remove_all(dir);  // no earlier session's files
   fs::create_directories(dir);
   const std::string cfg_path = dir + "/ds_config.json";
   write_text(cfg_path, experiment_config(s.user_config, p, s.facts.num_layers).dump(2) + "\n");
