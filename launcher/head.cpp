@@ -22,6 +22,7 @@
 
 #include "lib/core/error.h"
 #include "launcher/agent.h"
+#include "launcher/autotune/autotuner.h"
 #include "launcher/env_export.h"
 #include "launcher/guard.h"
 #include "launcher/process.h"
@@ -354,6 +355,7 @@ int dsrun_main(int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "--agent") return agent_main(argc, argv);
     Options o;
     if (!parse_options(argc, argv, &o)) return 0;
+    if (!o.autotuning.empty()) return autotune::autotune_main(o, argc, argv);
     PlanInputs in = gather_inputs(o);
     LaunchPlan p = make_plan(in);
     for (const auto& n : p.notes) fmt::print(stderr, "dsrun: {}\n", n);

@@ -77,7 +77,9 @@ bool parse_options(int argc, char** argv, Options* o) {
       ->capture_default_str();
   app.add_option("--teardown_grace", o->teardown_grace, "seconds between SIGTERM and SIGKILL at teardown")
       ->capture_default_str();
-  for (const char* bad : {"--module", "--autotuning", "--elastic_training", "--min_elastic_nodes",
+  app.add_option("--autotuning", o->autotuning, "tune: search the config's autotuning space; run: then train "
+                 "with the best (docs/autotuning.md)")->check(CLI::IsMember({"tune", "run"}));
+  for (const char* bad : {"--module", "--elastic_training", "--min_elastic_nodes",
                           "--max_elastic_nodes"}) {
     std::string name = bad;
     app.add_option_function<std::string>(

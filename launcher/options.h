@@ -37,6 +37,7 @@ struct Options {
   bool ssh_no_host_key_check = false;
   int ssh_timeout = 10;  // seconds for connect + authentication
   double teardown_grace = 5.0;  // seconds between SIGTERM and SIGKILL
+  std::string autotuning;  // --autotuning tune|run (launcher/autotune/)
   std::string program;
   std::vector<std::string> args;
 };

@@ -10,6 +10,7 @@
 #include "lib/core/log.h"
 #include "lib/parallel/comms.h"
 #include "lib/parallel/rank_grid.h"
+#include "lib/train/autotune_hooks.h"
 #include "lib/train/config.h"
 #include "lib/train/memory_estimate.h"
 #include "lib/train/trainer.h"
@@ -25,6 +26,7 @@ int run(int argc, char** argv) {
   }
   if (cfg.estimate_memory) {
     ds::resolve_vocab(cfg);
+    ds::write_estimate_json_if_asked(cfg, rv.world_size);
     std::printf("%s\n", ds::estimate_memory_report(cfg, 1, rv.world_size).c_str());
     return 0;
   }

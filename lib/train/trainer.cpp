@@ -532,6 +532,10 @@ std::vector<float> Trainer::run() {
     losses.push_back(loss);
     window_ms += ms;
     ++window_n;
+    if (profile_.record(ms)) {  // an autotuning experiment ends at its last profile step
+      profile_.write(*comms_.world, dev_, {cfg_.batch.train_batch_size, cfg_.model.seq_length, flops_per_token_});
+      return losses;
+    }
     const bool log_line =
         state_.iteration % cfg_.log.log_interval == 0 || state_.iteration == cfg_.train_iters || !tokens_left();
     tensorboard_iteration(loss, log_line, window_ms / window_n);

@@ -12,6 +12,7 @@
 #include "lib/optim/adamw.h"
 #include "lib/optim/loss_scaler.h"
 #include "lib/parallel/comms.h"
+#include "lib/train/autotune_hooks.h"
 #include "lib/train/config.h"
 #include "lib/train/data_pipeline.h"
 #include "lib/train/metrics.h"
@@ -98,6 +99,7 @@ class Trainer {
   MicroBatch local_batch(MicroBatch mb) const;  // Ulysses: this rank's positions of every sample
   CsvMonitor csv_;
   TensorBoardMonitor tb_;
+  ProfileWindow profile_ = ProfileWindow::from_env();  // dsrun --autotuning experiments
   double flops_per_token_ = 0;
   double peak_tflops_ = 0;
   double last_grad_norm_ = 0, last_lr_ = 0;
