@@ -338,6 +338,56 @@ void check_elastic_curve(const TrainJob& job, const std::string& err) {
   CHECK(after.size() == static_cast<size_t>(job.iters - k));
 }
 
+// The final curve of an elastic run (the last value written for each
+// iteration) against a chain of uninterrupted runs: the first layout from
+// scratch, then, at every restart that changed the world size, a run at the
+// new size resumed from the previous reference's checkpoint at the logged
+// resume iteration. An iteration's value comes from the last attempt that
+// resumed before it, and so from the reference in effect for that attempt.
+void check_curve_chain(const TrainJob& job, const std::string& err, int first_world) {
+  std::vector<std::pair<int, int>> attempts = {{first_world, 0}};  // world, resumed iteration
+  std::regex re("dsrun: restart [0-9]+ of [0-9]+ after .*; layout: world ([0-9]+)[^\n]*resuming from iteration "
+                "([0-9]+)");
+  for (auto m = std::sregex_iterator(err.begin(), err.end(), re); m != std::sregex_iterator(); ++m)
+    attempts.push_back({std::stoi((*m)[1]), std::stoi((*m)[2])});
+  std::vector<std::unique_ptr<TrainJob>> refs;
+  std::vector<size_t> ref_of(attempts.size());
+  for (size_t a = 0; a < attempts.size(); ++a) {
+    if (a > 0 && attempts[a].first == attempts[a - 1].first) {
+      ref_of[a] = ref_of[a - 1];
+      continue;
+    }
+    auto ref = std::make_unique<TrainJob>(job.iters, kElastic);
+    if (a > 0) {
+      const std::string step = "global_step" + std::to_string(attempts[a].second);
+      fs::create_directories(ref->ckpt());
+      fs::copy(refs.back()->ckpt() + "/" + step, ref->ckpt() + "/" + step, fs::copy_options::recursive);
+      write_file(ref->ckpt() + "/latest", step + "\n");
+    }
+    std::string slots = "localhost:0";
+    for (int i = 1; i < attempts[a].first; ++i) slots += "," + std::to_string(i);
+    auto r = run_cmd(cat({dsrun_bin(), "--include", slots, "--master_port", std::to_string(free_port())},
+                         ref->dstrain_args()),
+                     {{"DS_JOB_TOKEN", ref->token}, {"OMP_NUM_THREADS", "1"}}, 120);
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    refs.push_back(std::move(ref));
+    ref_of[a] = refs.size() - 1;
+  }
+  const auto final_rows = by_iteration(csv_rows(job.csv()));
+  REQUIRE(final_rows.size() == static_cast<size_t>(job.iters));
+  for (const auto& [it, row] : final_rows) {
+    size_t a = 0;
+    for (size_t k = 0; k < attempts.size(); ++k)
+      if (attempts[k].second < it) a = k;
+    const auto ref = by_iteration(csv_rows(refs[ref_of[a]]->csv()));
+    INFO("iteration " << it << " written by attempt " << a + 1 << " (world " << attempts[a].first << ")");
+    REQUIRE(ref.count(it));
+    CHECK(row.loss == ref.at(it).loss);
+    CHECK(row.grad_norm == ref.at(it).grad_norm);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("elastic: a host whose ranks keep dying is dropped; the job finishes on two hosts", "[netns]") {
@@ -379,22 +429,31 @@ TEST_CASE("elastic: a host whose ranks keep dying is dropped; the job finishes o
   check_no_leftovers(job.token, 10);
 }
 
-TEST_CASE("elastic: a host whose link is cut is dropped after the heartbeat timeout", "[netns]") {
+TEST_CASE("elastic: a host whose link is cut is dropped after the heartbeat timeout and taken back later",
+          "[netns]") {
   if (getuid() != 0) DS_SKIP("network namespace test needs root");
   REQUIRE_DATA();
   ElasticLab lab;
   if (!lab.error.empty()) DS_SKIP(lab.error);
-  TrainJob job(18, kElastic);
-  bool cut = false;
-  auto cutter = [&](pid_t) {
+  TrainJob job(24, kElastic);
+  bool cut = false, restored = false, killed = false;
+  auto chaos = [&](pid_t) {
     if (!wait_rows(job.csv(), 5, 90)) return;
     cut = sh("ip -n " + lab.lab.ns(2) + " link set eth0 down") == 0;
+    // Once the two-host attempt trains, the link comes back and a rank of the
+    // second host dies: the next attempt takes the third host back.
+    if (!wait_rows(job.csv(), 10, 90)) return;
+    restored = sh("ip -n " + lab.lab.ns(2) + " link set eth0 up") == 0;
+    std::vector<pid_t> pids = ranks_with(job.token, "CROSS_RANK", "1");
+    killed = pids.size() == 1 && kill(pids[0], SIGKILL) == 0;
   };
   auto r = run_cmd(lab.head(cat({"--elastic_training", "--max_restarts", "2", "--heartbeat_timeout", "4"},
                                 job.dstrain_args())),
-                   job.env(), 240, cutter);
+                   job.env(), 240, chaos);
   INFO(r.err);
   REQUIRE(cut);
+  REQUIRE(restored);
+  REQUIRE(killed);
   REQUIRE(r.code == 0);
   CHECK_THAT(r.err, Catch::Contains("dsrun: node 10.200.0.3 (node rank 2) sent nothing for 4 s (lost heartbeat); "
                                     "stopping all nodes"));
@@ -402,8 +461,9 @@ TEST_CASE("elastic: a host whose link is cut is dropped after the heartbeat time
                                     "nothing for 4 s (lost heartbeat))"));
   CHECK_THAT(r.err, Catch::Contains("dsrun: restart 1 of 2 after node 10.200.0.3 (node rank 2) sent nothing for 4 s "
                                     "(lost heartbeat): hosts 10.200.0.1, 10.200.0.2 (2 node(s)); layout: world 2"));
-  check_elastic_curve(job, r.err);
-  // With the link back, the stranded agent finds its connection gone and stops its rank.
-  sh("ip -n " + lab.lab.ns(2) + " link set eth0 up");
+  CHECK_THAT(r.err, Catch::Contains("dsrun: elastic: host 10.200.0.3 answers again and is taken back"));
+  CHECK_THAT(r.err, Catch::Contains("dsrun: restart 2 of 2 after node 10.200.0.2 (node rank 1) failed with exit "
+                                    "code 137: hosts 10.200.0.1, 10.200.0.2, 10.200.0.3 (3 node(s)); layout: world 3"));
+  check_curve_chain(job, r.err, 3);
   check_no_leftovers(job.token, 30);
 }
