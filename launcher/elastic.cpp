@@ -38,8 +38,13 @@ ProgramCheckpoint inspect_program(const std::string& program, const std::vector<
   pc.save_dir = flag_value(args, {"--save"});
   pc.config_path = flag_value(args, {"--config", "--deepspeed_config"});
   if (pc.config_path.empty()) return pc;
-  const nlohmann::json j = load_json_file(pc.config_path);
-  if (!j.is_object()) return pc;  // the program reports what is wrong with it
+  nlohmann::json j;
+  try {
+    j = load_json_file(pc.config_path);
+  } catch (const UserError&) {
+    return pc;  // not a JSON config (another program's format): the program reads it, not dsrun
+  }
+  if (!j.is_object()) return pc;
   if (pc.load_dir.empty()) pc.load_dir = json_string(j, "training", "load");
   if (pc.save_dir.empty()) pc.save_dir = json_string(j, "training", "save");
   if (j.contains("elasticity") && j.at("elasticity").is_object()) {
@@ -72,9 +77,12 @@ std::vector<int> choose_elastic_hosts(const std::vector<int>& slots, const std::
   for (size_t i = 0; i < slots.size(); ++i)
     if (usable[i]) order.push_back(static_cast<int>(i));
   const int64_t mp = limits.elasticity ? limits.elasticity->model_parallel_size : 1;
+  std::vector<int64_t> v01;  // version 0.1's valid sizes do not depend on the size asked about
+  if (limits.elasticity && limits.elasticity->version != 0.2) v01 = compute_elastic_config(*limits.elasticity).valid_sizes;
   auto valid_world = [&](int64_t world) {
     if (!limits.elasticity) return true;
     if (world % mp != 0) return false;
+    if (limits.elasticity->version != 0.2) return std::binary_search(v01.begin(), v01.end(), world / mp);
     try {
       compute_elastic_config(*limits.elasticity, world / mp);
       return true;
@@ -92,8 +100,7 @@ std::vector<int> choose_elastic_hosts(const std::vector<int>& slots, const std::
     *why = fmt::format("{} usable host(s), fewer than --min_elastic_nodes {}", order.size(), limits.min_nodes);
   } else {
     std::string valid = "depends on the size (version 0.2)";
-    if (limits.elasticity && limits.elasticity->version != 0.2)
-      valid = fmt::format("[{}]", join_sizes(compute_elastic_config(*limits.elasticity).valid_sizes));
+    if (limits.elasticity && limits.elasticity->version != 0.2) valid = fmt::format("[{}]", join_sizes(v01));
     *why = fmt::format("no count of the {} usable host(s) within the node limits gives a world size whose "
                        "data-parallel size (world / model_parallel_size {}) is valid for the elasticity section: {}",
                        order.size(), mp, valid);

@@ -21,8 +21,8 @@ struct ProgramCheckpoint {
   std::optional<ElasticityConfig> elasticity;  // the config's section, when enabled
 };
 
-// Reads PROGRAM's arguments and the config file they name. A config that
-// cannot be read or has a bad `elasticity` section is a UserError naming it.
+// Reads PROGRAM's arguments and the config file they name. A file that is not
+// JSON is left to the program; a bad `elasticity` section is a UserError naming it.
 ProgramCheckpoint inspect_program(const std::string& program, const std::vector<std::string>& args);
 
 // The iteration that DIR/latest points at (`global_stepN`), or -1.

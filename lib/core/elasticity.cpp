@@ -22,6 +22,11 @@ constexpr int64_t kHcn[] = {1,      2,      4,      6,      12,     24,     36, 
                             10080,  15120,  20160,  25200,  27720,  45360,  50400,  55440,  83160,  110880,
                             166320, 221760, 277200, 332640, 498960, 554400, 665280, 720720};
 
+// Bounds that keep the search small (a few million steps at most): far above
+// any real global batch (the highly composite numbers reach 720720) and list.
+constexpr int64_t kMaxElasticBatch = 1000000000;
+constexpr size_t kMaxMicroBatchSizes = 64;
+
 std::vector<int64_t> candidate_batches(const std::vector<int64_t>& bases, int64_t max_batch) {
   std::set<int64_t> out;
   for (int64_t base : bases) {
@@ -38,16 +43,30 @@ std::vector<int64_t> candidate_batches(const std::vector<int64_t>& bases, int64_
   return {out.begin(), out.end()};
 }
 
+// The counts c in [lo, hi] that split `batch` into whole micro batches of a
+// listed size: the divisors of batch / m for each listed m that divides batch.
 std::vector<int64_t> valid_gpu_counts(int64_t batch, const std::vector<int64_t>& micro, int64_t lo, int64_t hi) {
   std::set<int64_t> valid;
+  auto keep = [&](int64_t c) {
+    if (lo <= c && c <= hi) valid.insert(c);
+  };
   for (int64_t mb : micro) {
     if (batch % mb != 0) continue;
     const int64_t most = batch / mb;
-    if (lo <= most && most <= hi) valid.insert(most);
-    for (int64_t i = std::max<int64_t>(lo, 1); i <= most / 2 && i <= hi; ++i)
-      if (most % i == 0) valid.insert(i);
+    for (int64_t i = 1; i <= most / i; ++i)
+      if (most % i == 0) keep(i), keep(most / i);
   }
   return {valid.begin(), valid.end()};
+}
+
+// Least common multiple of the micro batches, or 0 when it exceeds `cap`.
+int64_t lcm_within(const std::vector<int64_t>& micro, int64_t cap) {
+  int64_t l = 1;
+  for (int64_t mb : micro) {
+    const int64_t step = mb / std::gcd(l, mb);
+    if (__builtin_mul_overflow(l, step, &l) || l > cap) return 0;
+  }
+  return l;
 }
 
 // Version 0.1: the batch with the most valid counts.
@@ -60,8 +79,7 @@ ElasticBatch compatible_v01(const std::vector<int64_t>& micro, int64_t max_batch
     DS_USER_CHECK(mb <= max_batch, "config: elasticity.micro_batch_sizes entry {} is larger than the largest "
                   "acceptable batch {} (elasticity.max_train_batch_size)", mb, max_batch);
   std::vector<int64_t> bases = micro;
-  bases.push_back(std::accumulate(micro.begin(), micro.end(), int64_t{1},
-                                  [](int64_t a, int64_t b) { return std::lcm(a, b); }));
+  if (const int64_t l = lcm_within(micro, max_batch)) bases.push_back(l);  // larger: skipped anyway
   ElasticBatch best;
   best.train_batch_size = smallest;
   size_t best_count = 0;
@@ -155,9 +173,12 @@ ElasticityConfig read_elasticity_section(JsonSection& s) {
   c.model_parallel_size = s.get<int64_t>("model_parallel_size", c.model_parallel_size);
   c.num_gpus_per_node = s.get<int64_t>("num_gpus_per_node", c.num_gpus_per_node);
   if (!c.enabled) return c;
-  DS_USER_CHECK(c.max_train_batch_size > 0, "config: 'elasticity.max_train_batch_size' must be positive, got {}",
+  DS_USER_CHECK(c.max_train_batch_size > 0 && c.max_train_batch_size <= kMaxElasticBatch,
+                "config: 'elasticity.max_train_batch_size' must be between 1 and {}, got {}", kMaxElasticBatch,
                 c.max_train_batch_size);
-  DS_USER_CHECK(!c.micro_batch_sizes.empty(), "config: 'elasticity.micro_batch_sizes' must list at least one size");
+  DS_USER_CHECK(!c.micro_batch_sizes.empty() && c.micro_batch_sizes.size() <= kMaxMicroBatchSizes,
+                "config: 'elasticity.micro_batch_sizes' must list 1 to {} sizes, got {}", kMaxMicroBatchSizes,
+                c.micro_batch_sizes.size());
   for (int64_t mb : c.micro_batch_sizes)
     DS_USER_CHECK(mb > 0, "config: 'elasticity.micro_batch_sizes' must hold positive integers, got [{}]",
                   join_sizes(c.micro_batch_sizes));

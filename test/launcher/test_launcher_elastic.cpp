@@ -177,6 +177,18 @@ TEST_CASE("elasticity: the config section is validated key by key", "[elastic]")
                parse(R"({"enabled": true, "max_train_batch_size": "8", "micro_batch_sizes": [1]})");
              }),
              Catch::Contains("'elasticity.max_train_batch_size' must be an integer"));
+  // Bounds that keep the search small, whatever the file says.
+  CHECK_THAT(user_error([] { parse(R"({"enabled": true, "max_train_batch_size": 2e9, "micro_batch_sizes": [1]})"); }),
+             Catch::Contains("'elasticity.max_train_batch_size' must be between 1 and 1000000000, got 2000000000"));
+  std::string many = "[1";
+  for (int i = 2; i <= 65; ++i) many += "," + std::to_string(i);
+  CHECK_THAT(user_error([&] {
+               parse(R"({"enabled": true, "max_train_batch_size": 100, "micro_batch_sizes": )" + many + "]}");
+             }),
+             Catch::Contains("'elasticity.micro_batch_sizes' must list 1 to 64 sizes, got 65"));
+  ElasticityConfig big = parse(R"({"enabled": true, "max_train_batch_size": 1000000000,
+      "micro_batch_sizes": [1, 7, 64, 999999937], "max_gpus": 1000000000})");
+  CHECK(compute_elastic_config(big).train_batch_size > 0);  // quick: divisors up to the square root
 }
 
 TEST_CASE("elastic: hosts of an attempt are the largest usable prefix the limits allow", "[elastic]") {
@@ -241,6 +253,10 @@ TEST_CASE("restart: checkpoint directories and the elasticity section come from 
   std::ofstream(cfg) << R"({"elasticity": {"enabled": true, "micro_batch_sizes": [1]}})";
   CHECK_THAT(user_error([&] { inspect_program("dstrain", {"--config", cfg}); }),
              Catch::Contains(cfg + ": config: elasticity is enabled but 'elasticity.max_train_batch_size' is missing"));
+  std::ofstream(cfg) << "model: {layers: 2}\n";  // another program's YAML: not dsrun's business
+  pc = inspect_program("train.sh", {"--config", cfg, "--load", "x"});
+  CHECK(pc.load_dir == "x");
+  CHECK(!pc.elasticity);
   CHECK(latest_iteration((dir / "ck").string()) == -1);
   std::ofstream((dir / "ck" / "latest").string()) << "global_step12\n";
   CHECK(latest_iteration((dir / "ck").string()) == 12);
