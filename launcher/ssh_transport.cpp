@@ -19,6 +19,8 @@ std::mutex g_out_mutex;
 
 // Seconds an agent may take to send its first heartbeat.
 constexpr double kFirstHeartbeatWithin = 30;
+// Seconds a captured command (hostname -I) may take.
+constexpr double kCaptureWithin = 60;
 
 void locked_write(int fd, const std::string& s) {
   std::lock_guard<std::mutex> lock(g_out_mutex);
@@ -131,8 +133,17 @@ std::string SshConnection::capture(const std::string& command) {
                 "ssh {}: cannot run '{}': {}", host_, command, ssh_get_error(s));
   std::string out;
   char buf[4096];
-  int n;
-  while ((n = ssh_channel_read(ch, buf, sizeof(buf), 0)) > 0) out.append(buf, n);
+  // A blocking read gives up after the session's connect timeout and returns 0
+  // as at the end; read until the real end (a busy host may take longer).
+  const double give_up = now_seconds() + kCaptureWithin;
+  while (true) {
+    const int n = ssh_channel_read_timeout(ch, buf, sizeof(buf), 0, 200);
+    if (n > 0) {
+      out.append(buf, n);
+      continue;
+    }
+    if (n < 0 || ssh_channel_is_eof(ch) || ssh_channel_is_closed(ch) || now_seconds() > give_up) break;
+  }
   ssh_channel_send_eof(ch);
   int status = ssh_channel_get_exit_status(ch);
   ssh_channel_close(ch);

@@ -274,7 +274,7 @@ struct ElasticLab {
   std::vector<std::string> head(const std::vector<std::string>& flags) const {
     std::vector<std::string> argv = {"ip", "netns", "exec", lab.ns(0), dsrun_bin(), "--hostfile", hostfile,
                                      "--ssh_port", "2222", "--ssh_identity", sshds[0]->user_key(),
-                                     "--ssh_known_hosts", sshds[0]->known_hosts(), "--ssh_timeout", "3",
+                                     "--ssh_known_hosts", sshds[0]->known_hosts(),
                                      "--teardown_grace", "1", "--master_port", std::to_string(free_port())};
     return cat(argv, flags);
   }
