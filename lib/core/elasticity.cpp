@@ -203,8 +203,8 @@ ElasticBatch compute_elastic_config(const ElasticityConfig& c, int64_t dp_size) 
   DS_USER_CHECK(c.enabled, "elasticity is not enabled (set 'elasticity.enabled': true)");
   ElasticBatch b;
   if (c.version == 0.2) {
-    DS_USER_CHECK(dp_size > 0, "elasticity version 0.2 needs the world size");
-    b = compatible_v02(c, dp_size);
+    DS_USER_CHECK(dp_size > 0, "elasticity version 0.2 needs the data-parallel size");
+    b = compatible_v02(c, dp_size * c.model_parallel_size);  // its GPUs: DP x model parallel
   } else {
     b = compatible_v01(c.micro_batch_sizes, c.max_train_batch_size, c.min_gpus, c.max_gpus, c.prefer_larger_batch);
   }

@@ -41,6 +41,8 @@ struct ElasticBatch {
 // sizes only (version 0.1; version 0.2 needs the size). dp_size > 0: also the
 // micro batch for that size (the largest listed one dividing batch / size);
 // a size that is not valid is a UserError naming it and the valid list.
+// The size is always the data-parallel size; version 0.2 counts its GPUs as
+// dp_size x model_parallel_size (DeepSpeed mixes the two there).
 ElasticBatch compute_elastic_config(const ElasticityConfig& c, int64_t dp_size = 0);
 
 // "1, 2, 3, 4, 6" (for messages).

@@ -117,7 +117,7 @@ TEST_CASE("elasticity: small batches, ties and limits", "[elastic]") {
 
 // Version 0.2 works in whole nodes: {2,4,6} under 2000 with 8 GPUs per node and
 // model parallel 2 (4 replicas per node) runs version 0.1 on 500 per replica-node
-// (480 = 120 * 4), times 4: batch 1920. 16 GPUs are DP 8, micro 6 (240 / 6).
+// (480 = 120 * 4), times 4: batch 1920. DP 16 (32 GPUs) runs micro 6 (120 / 6).
 // 12 GPUs of 8 per node are not whole nodes: the fallback batch is the largest
 // multiple of micro * 12 under 100 for {2,4}: 96.
 TEST_CASE("elasticity: version 0.2", "[elastic]") {
