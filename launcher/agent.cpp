@@ -82,6 +82,11 @@ class Agent {
   bool teardown_ = false, hard_killed_ = false, head_lost_ = false;
   bool stdin_open_ = true;  // with a_.stop_on_stdin_eof: stdin not yet at end of input
   double kill_deadline_ = 0, drain_deadline_ = 0;
+  double next_heartbeat_ = 0;
+  bool interrupted_ = false;  // stopped by a signal (not by a rank's failure)
+
+ public:
+  bool interrupted() const { return interrupted_; }
 };
 
 int Agent::live() const {
@@ -211,6 +216,7 @@ void Agent::on_signal(int sig) {
     kill_deadline_ = now_seconds();  // asked twice: kill now
     return;
   }
+  if (!teardown_) interrupted_ = true;
   begin_teardown(128 + sig, fmt::format("received {}", signal_name(sig)));
 }
 
@@ -269,6 +275,14 @@ void Agent::loop_once() {
   double now = now_seconds();
   if (teardown_ && !hard_killed_) timeout = std::max(0, static_cast<int>(std::ceil((kill_deadline_ - now) * 1000)));
   if (live() == 0) timeout = std::max(0, static_cast<int>((drain_deadline_ - now) * 1000));
+  if (a_.heartbeat > 0 && watching) {
+    if (now >= next_heartbeat_) {
+      emit(1, kHeartbeatLine);
+      next_heartbeat_ = now + a_.heartbeat;
+    }
+    const int until = std::max(0, static_cast<int>(std::ceil((next_heartbeat_ - now) * 1000)));
+    timeout = timeout < 0 ? until : std::min(timeout, until);
+  }
   int rc = poll(fds.data(), fds.size(), timeout);
   if (rc < 0 && errno != EINTR) DS_THROW("poll: {}", std::strerror(errno));
   if (rc > 0) {
@@ -363,10 +377,12 @@ int resolve_node_rank(const AgentOptions& a, const ActiveResources& active) {
   return n;
 }
 
-int run_agent(const AgentOptions& a, int node_rank, bool watch_hangup) {
+int run_agent(const AgentOptions& a, int node_rank, bool watch_hangup, bool* interrupted) {
   signal(SIGPIPE, SIG_IGN);
   Agent agent(a, node_rank, watch_hangup);
-  return agent.run();
+  const int code = agent.run();
+  if (interrupted) *interrupted = agent.interrupted();
+  return code;
 }
 
 // Runs this binary again with the same arguments minus the secret-delivery

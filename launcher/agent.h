@@ -17,7 +17,8 @@ int resolve_node_rank(const AgentOptions& a, const ActiveResources& active);
 // first failing rank's code (128+signal for a signal death), or 128+signal
 // when the agent itself was told to stop. watch_hangup: stop when stdout's
 // reader goes away (the ssh/pdsh connection to the head closed).
-int run_agent(const AgentOptions& a, int node_rank, bool watch_hangup);
+// *interrupted (when given): the agent was stopped by a signal, not by a rank.
+int run_agent(const AgentOptions& a, int node_rank, bool watch_hangup, bool* interrupted = nullptr);
 
 // Entry point of `dsrun --agent ...`.
 int agent_main(int argc, char** argv);

@@ -26,6 +26,7 @@
 #include "launcher/env_export.h"
 #include "launcher/guard.h"
 #include "launcher/process.h"
+#include "launcher/restart.h"
 #include "launcher/shell.h"
 #include "launcher/ssh_transport.h"
 
@@ -121,36 +122,69 @@ SshSettings ssh_settings(const Options& o) {
   return {o.ssh_port, o.ssh_user, o.ssh_identity, o.ssh_known_hosts, o.ssh_no_host_key_check, o.ssh_timeout};
 }
 
-// Built-in ssh: connect everywhere first, then start all agents and watch them.
-int run_ssh(LaunchPlan& p, const PlanInputs& in) {
+// How one node's agent ended in an ssh launch.
+struct NodeEnd {
+  int code = 0;
+  bool lost = false;        // it stopped answering (no heartbeat)
+};
+
+std::string node_failure(const std::string& host, size_t i, const NodeEnd& e, double heartbeat_timeout) {
+  if (e.lost) return fmt::format("node {} (node rank {}) sent nothing for {} s (lost heartbeat)", host, i,
+                                 heartbeat_timeout);
+  return fmt::format("node {} (node rank {}) failed with exit code {}", host, i, e.code);
+}
+
+// Which node a failed launch is blamed on (the restart log, elastic host
+// health). When a rank dies its peers usually fail too (their collectives
+// lose the connection), often just as fast, so the first report is not
+// always the cause: a node that went silent comes first, then one whose rank
+// died from a signal not sent by the teardown (SIGKILL, SIGSEGV, ...), then
+// the first failure reported. Teardown ends an agent with 129 (connection closed) or
+// 143 (SIGTERM).
+int blame_node(const std::vector<NodeEnd>& ends, int first) {
+  for (size_t i = 0; i < ends.size(); ++i)
+    if (ends[i].lost) return static_cast<int>(i);
+  for (size_t i = 0; i < ends.size(); ++i)
+    if (ends[i].code > 128 && ends[i].code < 255 && ends[i].code != 129 && ends[i].code != 143)
+      return static_cast<int>(i);
+  return first;
+}
+
+// Built-in ssh: connect everywhere first (unless the caller did), then start
+// all agents and watch them.
+AttemptResult run_ssh(LaunchPlan& p, const PlanInputs& in, std::vector<std::unique_ptr<SshConnection>> conns) {
   std::vector<std::string> hosts;
   for (const auto& n : p.active) hosts.push_back(n.host);
-  auto conns = ssh_connect_all(hosts, ssh_settings(in.opts));
+  if (conns.empty()) conns = ssh_connect_all(hosts, ssh_settings(in.opts));
   if (p.discover_master) {
     std::string addr = first_word(conns[0]->capture("hostname -I"));
     DS_USER_CHECK(!addr.empty(), "ssh {}: 'hostname -I' printed no address; pass --master_addr", hosts[0]);
     p.master_addr = addr;
     build_commands(p, in);
   }
+  const double heartbeat_timeout = p.agent.heartbeat > 0 ? in.opts.heartbeat_timeout : 0;
   SignalPipe sig({SIGINT, SIGTERM, SIGHUP});
   std::atomic<bool> stop{false};
   std::mutex mu;
-  int result = -1;
-  std::vector<int> codes(hosts.size(), -1);
+  AttemptResult result;
+  result.code = -1;
+  std::vector<NodeEnd> ends(hosts.size());
+  int first = 0;  // the first node to report a failure
   int done_pipe[2];
   DS_CHECK(pipe2(done_pipe, O_CLOEXEC) == 0, "pipe2");
   std::vector<std::thread> threads;
   for (size_t i = 0; i < hosts.size(); ++i)
     threads.emplace_back([&, i] {
+      bool lost = false;
       int code = conns[i]->run(node_remote_command(p, static_cast<int>(i)), p.agent_stdin, stop,
-                               in.opts.teardown_grace);
+                               in.opts.teardown_grace, heartbeat_timeout, &lost);
       {
         std::lock_guard<std::mutex> lock(mu);
-        codes[i] = code;
-        if (code != 0 && result < 0 && !stop) {
-          result = code;
-          fmt::print(stderr, "dsrun: node {} (node rank {}) failed with exit code {}; stopping all nodes\n",
-                     hosts[i], i, code);
+        ends[i] = {code, lost};
+        if (code != 0 && result.code < 0 && !stop) {
+          result.code = code;
+          first = static_cast<int>(i);
+          fmt::print(stderr, "dsrun: {}; stopping all nodes\n", node_failure(hosts[i], i, ends[i], heartbeat_timeout));
           stop = true;
         }
       }
@@ -166,7 +200,11 @@ int run_ssh(LaunchPlan& p, const PlanInputs& in) {
     if (fds[0].revents)
       for (int s : sig.drain()) {
         std::lock_guard<std::mutex> lock(mu);
-        if (result < 0) result = 128 + s;
+        if (result.code < 0) {
+          result.code = 128 + s;
+          result.interrupted = true;
+          result.cause = fmt::format("dsrun received {}", signal_name(s));
+        }
         if (!stop) fmt::print(stderr, "dsrun: received {}; stopping all nodes\n", signal_name(s));
         stop = true;
       }
@@ -174,7 +212,14 @@ int run_ssh(LaunchPlan& p, const PlanInputs& in) {
   for (auto& t : threads) t.join();
   close(done_pipe[0]);
   close(done_pipe[1]);
-  return result < 0 ? 0 : result;
+  if (result.code < 0) result.code = 0;
+  if (result.code == 0 || result.interrupted) return result;
+  const int blamed = blame_node(ends, first);
+  result.code = ends[blamed].code;
+  result.failed_node = blamed;
+  result.heartbeat_lost = ends[blamed].lost;
+  result.cause = node_failure(hosts[blamed], blamed, ends[blamed], heartbeat_timeout);
+  return result;
 }
 
 // Stops the launcher process and everything under it (pdsh puts each ssh
@@ -197,7 +242,7 @@ bool parse_pdsh_failure(const std::string& line, std::string* host, int* code) {
 
 // Runs the launcher command; on a node failure (pdsh), a signal or the end of
 // the launcher, stops the whole tree. Returns the job's exit code.
-int supervise_launcher(LaunchPlan& p, const PlanInputs& in) {
+int supervise_launcher(LaunchPlan& p, const PlanInputs& in, bool* interrupted) {
   const std::string& prog = p.head_command.at(0);
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   SignalPipe sig({SIGCHLD, SIGINT, SIGTERM, SIGHUP});
@@ -242,6 +287,7 @@ int supervise_launcher(LaunchPlan& p, const PlanInputs& in) {
     }
     for (int s : sig.drain()) {
       if (s == SIGCHLD) continue;
+      if (result < 0) *interrupted = true;
       if (result >= 0) deadline = now_seconds();
       begin_stop(128 + s, fmt::format("received {}", signal_name(s)));
     }
@@ -292,7 +338,7 @@ class PrivateEnvFiles {
 };
 
 // pdsh / srun / mpirun: one launcher process whose exit code carries the agents' codes.
-int run_external(LaunchPlan& p, const PlanInputs& in) {
+int run_external(LaunchPlan& p, const PlanInputs& in, bool* interrupted) {
   const Options& o = in.opts;
   const std::string& prog = p.head_command.at(0);
   DS_USER_CHECK(in_path(prog), "--launcher {}: '{}' is not installed or not in PATH", o.launcher, prog);
@@ -313,10 +359,23 @@ int run_external(LaunchPlan& p, const PlanInputs& in) {
     }
   }
   PrivateEnvFiles env_files(p);
-  return supervise_launcher(p, in);
+  return supervise_launcher(p, in, interrupted);
 }
 
 }  // namespace
+
+AttemptResult run_attempt(LaunchPlan& p, const PlanInputs& in, std::vector<std::unique_ptr<SshConnection>> conns) {
+  if (p.transport == Transport::Ssh) return run_ssh(p, in, std::move(conns));
+  AttemptResult r;
+  if (p.transport == Transport::Local) {
+    r.code = run_agent(p.agent, p.local_node_rank, false, &r.interrupted);
+    r.failed_node = 0;
+  } else {
+    r.code = run_external(p, in, &r.interrupted);
+  }
+  r.cause = r.interrupted ? "dsrun was interrupted" : fmt::format("exit code {}", r.code);
+  return r;
+}
 
 int count_local_gpus() {
   int n = 0;
@@ -363,10 +422,10 @@ int dsrun_main(int argc, char** argv) {
       fmt::print("{}\n", plan_to_json(p));
       return 0;
     }
+    if (o.max_restarts > 0) return run_with_restarts(in, std::move(p));
     if (p.transport == Transport::Local)
       return run_guarded([&] { return run_agent(p.agent, p.local_node_rank, false); });
-    if (p.transport == Transport::Ssh) return run_ssh(p, in);
-    return run_external(p, in);
+    return run_attempt(p, in).code;
   } catch (const UserError& e) {
     fmt::print(stderr, "dsrun: error: {}\n", e.what());
     return 1;

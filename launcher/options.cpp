@@ -32,6 +32,30 @@ bool run_parse(CLI::App& app, int argc, char** argv, std::string* program,
   return true;
 }
 
+void check_restart_options(const Options& o) {
+  DS_USER_CHECK(o.max_restarts >= 0 && o.max_restarts <= 10000, "--max_restarts {} must be between 0 and 10000",
+                o.max_restarts);
+  DS_USER_CHECK(o.heartbeat_timeout >= 0 && o.heartbeat_timeout <= 86400,
+                "--heartbeat_timeout {} must be between 0 (off) and 86400 seconds", o.heartbeat_timeout);
+  DS_USER_CHECK(o.max_restarts == 0 || !o.no_ssh, "--max_restarts cannot be combined with --no_ssh (each node's "
+                "dsrun would restart on its own)");
+  const bool bounds = o.min_elastic_nodes != -1 || o.max_elastic_nodes != -1;
+  DS_USER_CHECK(o.elastic_training || !bounds, "--{}_elastic_nodes needs --elastic_training",
+                o.min_elastic_nodes != -1 ? "min" : "max");
+  if (!o.elastic_training) return;
+  DS_USER_CHECK(o.max_restarts > 0, "--elastic_training needs --max_restarts N > 0 (how many times the job may be "
+                "restarted on the hosts that remain)");
+  DS_USER_CHECK(o.min_elastic_nodes == -1 || o.min_elastic_nodes >= 1, "--min_elastic_nodes {} must be at least 1",
+                o.min_elastic_nodes);
+  DS_USER_CHECK(o.max_elastic_nodes == -1 || o.max_elastic_nodes >= 1, "--max_elastic_nodes {} must be at least 1",
+                o.max_elastic_nodes);
+  DS_USER_CHECK(o.max_elastic_nodes == -1 || o.min_elastic_nodes <= o.max_elastic_nodes,
+                "--min_elastic_nodes {} is larger than --max_elastic_nodes {}", o.min_elastic_nodes,
+                o.max_elastic_nodes);
+  DS_USER_CHECK(o.num_nodes < 0, "--num_nodes cannot be combined with --elastic_training (use --min_elastic_nodes "
+                "and --max_elastic_nodes)");
+}
+
 }  // namespace
 
 bool parse_options(int argc, char** argv, Options* o) {
@@ -79,8 +103,16 @@ bool parse_options(int argc, char** argv, Options* o) {
       ->capture_default_str();
   app.add_option("--autotuning", o->autotuning, "tune: search the config's autotuning space; run: then train "
                  "with the best (docs/autotuning.md)")->check(CLI::IsMember({"tune", "run"}));
-  for (const char* bad : {"--module", "--elastic_training", "--min_elastic_nodes",
-                          "--max_elastic_nodes"}) {
+  app.add_option("--max_restarts", o->max_restarts, "relaunch the job up to N times after a failure")
+      ->capture_default_str();
+  app.add_flag("--elastic_training", o->elastic_training,
+               "drop failing or silent hosts at a restart, take returning ones back");
+  app.add_option("--min_elastic_nodes", o->min_elastic_nodes, "fewest hosts an elastic job may run on (default 1)");
+  app.add_option("--max_elastic_nodes", o->max_elastic_nodes, "most hosts an elastic job may run on (default all)");
+  app.add_option("--heartbeat_timeout", o->heartbeat_timeout,
+                 "seconds of silence after which a node counts as lost (ssh, with restarts)")
+      ->capture_default_str();
+  for (const char* bad : {"--module"}) {
     std::string name = bad;
     app.add_option_function<std::string>(
            name, [name](const std::string&) {
@@ -98,6 +130,7 @@ bool parse_options(int argc, char** argv, Options* o) {
                 "--teardown_grace {} must be between 0 and 600 seconds", o->teardown_grace);
   DS_USER_CHECK(!o->no_ssh || o->node_rank >= 0, "--no_ssh needs --node_rank N (this node's rank)");
   DS_USER_CHECK(o->node_rank < 0 || o->no_ssh, "--node_rank is only meaningful with --no_ssh");
+  check_restart_options(*o);
   return true;
 }
 
@@ -123,6 +156,7 @@ bool parse_agent_options(int argc, char** argv, AgentOptions* a) {
   app.add_flag("--stop_on_stdin_eof", a->stop_on_stdin_eof);
   app.add_flag("--env_from_stdin", a->env_from_stdin);
   app.add_option("--env_file", a->env_file);
+  app.add_option("--heartbeat", a->heartbeat);
   return run_parse(app, argc, argv, &a->program, &a->args);
 }
 
@@ -140,6 +174,7 @@ std::vector<std::string> agent_flags(const AgentOptions& a) {
   if (a.stop_on_stdin_eof) f.push_back("--stop_on_stdin_eof");
   if (a.env_from_stdin) f.push_back("--env_from_stdin");
   if (!a.env_file.empty()) f.push_back("--env_file=" + a.env_file);
+  if (a.heartbeat > 0) f.push_back(fmt::format("--heartbeat={}", a.heartbeat));
   return f;
 }
 

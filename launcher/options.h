@@ -38,6 +38,12 @@ struct Options {
   int ssh_timeout = 10;  // seconds for connect + authentication
   double teardown_grace = 5.0;  // seconds between SIGTERM and SIGKILL
   std::string autotuning;  // --autotuning tune|run (launcher/autotune/)
+  // Restarts and elastic runs (restart.cpp, elastic.h).
+  int max_restarts = 0;          // torchrun's --max-restarts
+  bool elastic_training = false;
+  int min_elastic_nodes = -1;    // -1: 1
+  int max_elastic_nodes = -1;    // -1: every active host
+  double heartbeat_timeout = 30;  // seconds without a word from a node's agent (ssh, with restarts)
   std::string program;
   std::vector<std::string> args;
 };
@@ -67,9 +73,16 @@ struct AgentOptions {
   // pdsh transport: the same lines are in the private file <env_file>.<node
   // rank> written by the head; the agent reads and deletes it.
   std::string env_file;
+  // Seconds between the heartbeat lines (kHeartbeatLine) the agent writes to
+  // stdout for the head (0: none); set with restarts over the built-in ssh.
+  double heartbeat = 0;
   std::string program;
   std::vector<std::string> args;
 };
+
+// The line an agent writes on stdout as a heartbeat. Rank output always
+// carries a "[rank N] " prefix, so no rank can produce it.
+inline constexpr const char* kHeartbeatLine = "dsrun: heartbeat\n";
 
 // Parse argv. Returns false when help was printed (exit 0). Bad flags are ds::UserError.
 bool parse_options(int argc, char** argv, Options* out);

@@ -206,6 +206,12 @@ void build_commands(LaunchPlan& p, const PlanInputs& in) {
   a.env_from_stdin = p.transport == Transport::Ssh;
   p.env_file = p.transport == Transport::Pdsh ? in.private_env_file : "";
   a.env_file = p.env_file;
+  // With restarts the head must tell a silent node (cut link, hung host) from
+  // a slow one: its agent writes a heartbeat line four times per timeout
+  // (at most once a second).
+  a.heartbeat = p.transport == Transport::Ssh && o.max_restarts > 0 && o.heartbeat_timeout > 0
+                    ? std::min(1.0, o.heartbeat_timeout / 4)
+                    : 0;
   p.agent_env = p.exports;
   env_set(p.agent_env, "DS_JOB_TOKEN", p.job_token);
   a.program = o.program;

@@ -4,16 +4,23 @@
 #include <libssh/libssh.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <mutex>
 #include <thread>
 
 #include "lib/core/error.h"
+#include "launcher/options.h"
 #include "launcher/process.h"
 
 namespace ds::launch {
 namespace {
 
 std::mutex g_out_mutex;
+
+// Seconds an agent may take to send its first heartbeat.
+constexpr double kFirstHeartbeatWithin = 30;
+// Seconds a captured command (hostname -I) may take.
+constexpr double kCaptureWithin = 60;
 
 void locked_write(int fd, const std::string& s) {
   std::lock_guard<std::mutex> lock(g_out_mutex);
@@ -25,7 +32,8 @@ void locked_write(int fd, const std::string& s) {
   }
 }
 
-// Passes complete lines through, keeping partial lines until they complete.
+// Passes complete lines through, keeping partial lines until they complete;
+// drops the agent's heartbeat lines (they only tell the head it is alive).
 struct LineBuffer {
   std::string buf;
   void add(int fd, const char* data, int n, bool flush) {
@@ -36,8 +44,14 @@ struct LineBuffer {
       last = buf.size() - 1;
     }
     if (last == std::string::npos) return;
-    locked_write(fd, buf.substr(0, last + 1));
+    std::string lines = buf.substr(0, last + 1);
     buf.erase(0, last + 1);
+    const std::string beat = kHeartbeatLine;
+    for (size_t at = 0; (at = lines.find(beat, at)) != std::string::npos;) {
+      if (at == 0 || lines[at - 1] == '\n') lines.erase(at, beat.size());
+      else at += beat.size();
+    }
+    if (!lines.empty()) locked_write(fd, lines);
   }
 };
 
@@ -119,8 +133,17 @@ std::string SshConnection::capture(const std::string& command) {
                 "ssh {}: cannot run '{}': {}", host_, command, ssh_get_error(s));
   std::string out;
   char buf[4096];
-  int n;
-  while ((n = ssh_channel_read(ch, buf, sizeof(buf), 0)) > 0) out.append(buf, n);
+  // A blocking read gives up after the session's connect timeout and returns 0
+  // as at the end; read until the real end (a busy host may take longer).
+  const double give_up = now_seconds() + kCaptureWithin;
+  while (true) {
+    const int n = ssh_channel_read_timeout(ch, buf, sizeof(buf), 0, 200);
+    if (n > 0) {
+      out.append(buf, n);
+      continue;
+    }
+    if (n < 0 || ssh_channel_is_eof(ch) || ssh_channel_is_closed(ch) || now_seconds() > give_up) break;
+  }
   ssh_channel_send_eof(ch);
   int status = ssh_channel_get_exit_status(ch);
   ssh_channel_close(ch);
@@ -130,7 +153,7 @@ std::string SshConnection::capture(const std::string& command) {
 }
 
 int SshConnection::run(const std::string& command, const std::string& input, const std::atomic<bool>& stop,
-                       double grace_s) {
+                       double grace_s, double heartbeat_timeout_s, bool* heartbeat_lost) {
   auto s = static_cast<ssh_session>(session_);
   ssh_channel ch = ssh_channel_new(s);
   if (!ch || ssh_channel_open_session(ch) != SSH_OK || ssh_channel_request_exec(ch, command.c_str()) != SSH_OK) {
@@ -151,7 +174,8 @@ int SshConnection::run(const std::string& command, const std::string& input, con
   LineBuffer out, err;
   char buf[16384];
   bool stopping = false;
-  double give_up = 0;
+  double give_up = 0, last_heard = now_seconds();
+  bool lost = false, heard = false;
   while (true) {
     if (stop && !stopping) {
       stopping = true;
@@ -166,11 +190,19 @@ int SshConnection::run(const std::string& command, const std::string& input, con
     while ((m = ssh_channel_read_nonblocking(ch, buf, sizeof(buf), 1)) > 0) err.add(2, buf, m, false);
     if (n == SSH_ERROR || m == SSH_ERROR) break;
     if (n <= 0 && m <= 0 && (ssh_channel_is_eof(ch) || ssh_channel_is_closed(ch))) break;
+    if (n > 0 || m > 0) last_heard = now_seconds(), heard = true;
+    // Until the agent's first line, allow for a slow start (exec, loading, a busy host).
+    const double limit = heard ? heartbeat_timeout_s : std::max(heartbeat_timeout_s, kFirstHeartbeatWithin);
+    if (heartbeat_timeout_s > 0 && !stopping && now_seconds() - last_heard > limit) {
+      lost = true;  // nothing can be asked of a host that does not answer: give it up at once
+      break;
+    }
   }
+  if (heartbeat_lost) *heartbeat_lost = lost;
   out.add(1, "", 0, true);
   err.add(2, "", 0, true);
   int status = 255;
-  if (!stopping || now_seconds() <= give_up) status = ssh_channel_get_exit_status(ch);
+  if (!lost && (!stopping || now_seconds() <= give_up)) status = ssh_channel_get_exit_status(ch);
   if (status < 0) status = 255;
   ssh_channel_close(ch);
   ssh_channel_free(ch);
@@ -179,6 +211,18 @@ int SshConnection::run(const std::string& command, const std::string& input, con
 
 std::vector<std::unique_ptr<SshConnection>> ssh_connect_all(const std::vector<std::string>& hosts,
                                                             const SshSettings& s) {
+  std::vector<std::string> errors;
+  auto conns = ssh_try_connect_all(hosts, s, &errors);
+  std::string all;
+  for (const auto& e : errors)
+    if (!e.empty()) all += (all.empty() ? "" : "\n") + e;
+  if (!all.empty()) throw UserError(all);
+  return conns;
+}
+
+std::vector<std::unique_ptr<SshConnection>> ssh_try_connect_all(const std::vector<std::string>& hosts,
+                                                                const SshSettings& s,
+                                                                std::vector<std::string>* errors_out) {
   ssh_init();
   std::vector<std::unique_ptr<SshConnection>> conns(hosts.size());
   std::vector<std::string> errors(hosts.size());
@@ -192,10 +236,7 @@ std::vector<std::unique_ptr<SshConnection>> ssh_connect_all(const std::vector<st
       }
     });
   for (auto& t : threads) t.join();
-  std::string all;
-  for (const auto& e : errors)
-    if (!e.empty()) all += (all.empty() ? "" : "\n") + e;
-  if (!all.empty()) throw UserError(all);
+  *errors_out = std::move(errors);
   return conns;
 }
 

@@ -33,8 +33,12 @@ class SshConnection {
   // `stop` becomes true (then the remote side is stopped, waiting at most
   // grace_s for it). `input` is written to the command's stdin first (the
   // agent's secrets; the channel's input stays open until stopping). Returns
-  // the remote exit status (255 when unknown).
-  int run(const std::string& command, const std::string& input, const std::atomic<bool>& stop, double grace_s);
+  // the remote exit status (255 when unknown). heartbeat_timeout_s > 0: when
+  // nothing (output or heartbeat) arrives for that long (at least 30 s before
+  // the agent's first line), gives the host up at once, sets *heartbeat_lost
+  // and returns 255.
+  int run(const std::string& command, const std::string& input, const std::atomic<bool>& stop, double grace_s,
+          double heartbeat_timeout_s = 0, bool* heartbeat_lost = nullptr);
   const std::string& host() const { return host_; }
 
  private:
@@ -47,5 +51,11 @@ class SshConnection {
 // every host that failed.
 std::vector<std::unique_ptr<SshConnection>> ssh_connect_all(const std::vector<std::string>& hosts,
                                                             const SshSettings& s);
+
+// The same, but a host that cannot be reached gets a null connection and its
+// one-line error in (*errors)[i] instead of failing the whole call.
+std::vector<std::unique_ptr<SshConnection>> ssh_try_connect_all(const std::vector<std::string>& hosts,
+                                                                const SshSettings& s,
+                                                                std::vector<std::string>* errors);
 
 }  // namespace ds::launch

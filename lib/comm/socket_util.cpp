@@ -215,6 +215,21 @@ int bound_port(int fd) {
   return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
 }
 
+std::string connect_address(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "localhost";
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (ss.ss_family == AF_INET) {
+    const in_addr a = reinterpret_cast<sockaddr_in*>(&ss)->sin_addr;
+    if (a.s_addr == htonl(INADDR_ANY) || !inet_ntop(AF_INET, &a, buf, sizeof(buf))) return "localhost";
+    return buf;
+  }
+  const in6_addr a = reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr;
+  if (IN6_IS_ADDR_UNSPECIFIED(&a) || !inet_ntop(AF_INET6, &a, buf, sizeof(buf))) return "localhost";
+  return buf;
+}
+
 bool send_frame(int fd, const std::string& payload) {
   Writer w;
   w.u32(static_cast<uint32_t>(payload.size()));

@@ -64,6 +64,9 @@ bool is_loopback_literal(const std::string& host);
 // the real address elsewhere) bind every interface.
 int listen_for(const std::string& master_addr, int port, int& errno_out);
 int bound_port(int fd);  // the local port of a bound socket
+// Where a process on this host reaches a listening socket: its address when
+// it is bound to one (numeric), "localhost" when it listens on every interface.
+std::string connect_address(int fd);
 
 void set_nonblocking(int fd, bool on);
 void set_nodelay(int fd);

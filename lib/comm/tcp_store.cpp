@@ -61,8 +61,9 @@ TcpStore::~TcpStore() {
 }
 
 void TcpStore::connect_and_hello(const TcpStoreOptions& opt) {
-  // The hosting rank reaches its own server over loopback.
-  std::string host = server_ ? std::string("localhost") : host_;
+  // The hosting rank reaches its own server where it listens: at MASTER_ADDR
+  // when it is bound to that address only, else over loopback.
+  std::string host = server_ ? server_->connect_host() : host_;
   auto deadline = Clock::now() + timeout_;
   std::string err;
   milliseconds backoff{20};

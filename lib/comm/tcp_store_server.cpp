@@ -41,6 +41,7 @@ TcpStoreServer::TcpStoreServer(int port, std::string token, const std::string& m
     DS_USER_ERROR("rendezvous store: cannot listen on port {}: {}", port, std::strerror(err));
   }
   port_ = net::bound_port(listen_fd_);
+  connect_host_ = net::connect_address(listen_fd_);
   net::set_nonblocking(listen_fd_, true);
   if (pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
     close(listen_fd_);

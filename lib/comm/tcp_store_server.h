@@ -30,6 +30,9 @@ class TcpStoreServer {
   static constexpr size_t kMaxPending = 256;
   ~TcpStoreServer();  // stop(0)
   int port() const { return port_; }
+  // Where the hosting rank connects: MASTER_ADDR when the server listens only
+  // there, else loopback.
+  const std::string& connect_host() const { return connect_host_; }
   // Keeps serving until no client is connected and `linger` has passed, or
   // until `grace` has passed, then stops the thread.
   void stop(std::chrono::milliseconds grace,
@@ -72,6 +75,7 @@ class TcpStoreServer {
   std::atomic<int64_t> hello_timeout_ms_{10000};
   int listen_fd_ = -1;
   int port_ = 0;
+  std::string connect_host_ = "localhost";
   int wake_[2] = {-1, -1};
   std::thread thread_;
   std::atomic<bool> draining_{false};

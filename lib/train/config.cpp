@@ -59,6 +59,16 @@ void resolve_batch(BatchConfig& b) {
   int64_t& tbs = b.train_batch_size;
   int64_t& mbs = b.micro_batch_size;
   int64_t& gas = b.grad_accum_steps;
+  if (b.elasticity.enabled) {  // DeepSpeed's elastic batch: the same global batch at every valid DP size
+    DS_USER_CHECK((tbs == 0 && mbs == 0 && gas == 0) || b.elasticity.ignore_non_elastic_batch_info,
+                  "config: elasticity is enabled, so the batch sizes come from the 'elasticity' section; remove {}, "
+                  "{} and {} (--global-batch-size, --micro-batch-size) or set "
+                  "'elasticity.ignore_non_elastic_batch_info': true", kTbs, kMbs, kGas);
+    const ElasticBatch e = compute_elastic_config(b.elasticity, dp);
+    tbs = e.train_batch_size;
+    mbs = e.micro_batch_size;
+    gas = 0;
+  }
   DS_USER_CHECK(tbs > 0 || mbs > 0, "batch size: give {} (--global-batch-size) or {} (--micro-batch-size){}", kTbs,
                 kMbs, gas > 0 ? fmt::format("; {} {} alone is not enough", kGas, gas) : "");
   if (tbs > 0 && mbs > 0 && gas > 0) {

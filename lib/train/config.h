@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lib/core/dtype.h"
+#include "lib/core/elasticity.h"
 #include "lib/data/tokenizer.h"
 #include "lib/model/model_config.h"
 #include "lib/optim/optimizer_config.h"
@@ -23,6 +24,7 @@ enum class Precision { FP32, BF16, FP16 };
 struct BatchConfig {
   int64_t train_batch_size = 0, micro_batch_size = 0, grad_accum_steps = 0;  // 0 = derive
   int dp_size = 1;
+  ElasticityConfig elasticity;  // enabled: the batch and micro batch come from it (resolve_batch)
 };
 
 struct DataConfig {

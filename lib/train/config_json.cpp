@@ -214,6 +214,12 @@ void read_config_json(const json& j, TrainConfig& cfg, Warnings& w) {
   b.train_batch_size = batch_key(root, "train_batch_size");
   b.micro_batch_size = batch_key(root, "train_micro_batch_size_per_gpu");
   b.grad_accum_steps = batch_key(root, "gradient_accumulation_steps");
+  root.mark("elasticity");
+  if (root.has("elasticity")) {
+    JsonSection es(j.at("elasticity"), "elasticity");
+    b.elasticity = read_elasticity_section(es);
+    es.finish(UnknownKeys::Warn);
+  }
   cfg.optim.grad_clip = root.get<float>("gradient_clipping", cfg.optim.grad_clip);
   cfg.log.steps_per_print = root.get<int64_t>("steps_per_print", cfg.log.steps_per_print);
   read_optimizer(root, cfg.optim);

@@ -63,3 +63,29 @@ TEST_CASE("padded vocab follows Megatron's rule", "[config][vocab]") {
   CHECK(padded_vocab(1, 1, 1) == 1);
   CHECK_THROWS_AS(padded_vocab(0, 128, 1), UserError);
 }
+
+// An enabled `elasticity` section sets the global and micro batch for the
+// data-parallel size (DeepSpeed's rules, lib/core/elasticity.h); accumulation
+// makes up the rest. {1, 2} under 16 on at most 4 GPUs: global batch 12.
+TEST_CASE("batch triple: the elasticity section keeps the global batch at every valid size", "[config][batch]") {
+  auto elastic = [](int64_t tbs, int dp, bool ignore) {
+    BatchConfig b;
+    b.train_batch_size = tbs;
+    b.dp_size = dp;
+    b.elasticity.enabled = true;
+    b.elasticity.max_train_batch_size = 16;
+    b.elasticity.micro_batch_sizes = {1, 2};
+    b.elasticity.max_gpus = 4;
+    b.elasticity.ignore_non_elastic_batch_info = ignore;
+    resolve_batch(b);
+    return b;
+  };
+  check(elastic(0, 3, false), 12, 2, 2);
+  check(elastic(0, 2, false), 12, 2, 3);
+  check(elastic(0, 4, false), 12, 1, 3);
+  check(elastic(64, 1, true), 12, 2, 6);  // the configured batch is ignored
+  using Catch::Matchers::Contains;
+  CHECK_THROWS_WITH(elastic(64, 1, false), Contains("elasticity is enabled, so the batch sizes come from the "
+                                                    "'elasticity' section; remove train_batch_size"));
+  CHECK_THROWS_WITH(elastic(0, 5, false), Contains("data-parallel size 5 is not one of the valid sizes [1, 2, 3, 4]"));
+}
