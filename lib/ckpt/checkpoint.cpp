@@ -98,6 +98,7 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     w.write((tmp / "model.safetensors").string());
   }
   nlohmann::json state = {{"iteration", st.iteration},       {"consumed_samples", st.consumed_samples},
+                          {"consumed_tokens", st.consumed_tokens},
                           {"skipped_steps", st.skipped_steps}, {"loss_scale", st.loss_scale},
                           {"good_steps", st.good_steps},       {"hysteresis_left", st.hysteresis_left},
                           {"lr_scheduler", lr_scheduler_json(st)},
