@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "lib/core/error.h"
 #include "lib/train/curriculum.h"
@@ -41,11 +42,24 @@ CurriculumConfig discrete(int64_t max, std::vector<int64_t> d, std::vector<int64
   return c;
 }
 
-// A config file holding `section` as its curriculum_learning key.
-std::string config_file(const std::string& name, const std::string& section) {
+// A config file holding `section` as its curriculum_learning key (and `more`
+// keys, if given).
+std::string config_file(const std::string& name, const std::string& section, const std::string& more = "") {
   const fs::path p = fixture().dir / (name + ".json");
-  std::ofstream(p) << "{\"curriculum_learning\": " << section << "}";
+  std::ofstream(p) << "{" << more << (more.empty() ? "" : ", ") << "\"curriculum_learning\": " << section << "}";
   return p.string();
+}
+
+// Column `col` (0-based) of the first data row of a CSV file.
+double first_row_value(const fs::path& csv, int col) {
+  std::ifstream f(csv);
+  std::string line;
+  std::getline(f, line);  // header
+  std::getline(f, line);
+  std::stringstream ss(line);
+  std::string cell;
+  for (int i = 0; i <= col; ++i) std::getline(ss, cell, ',');
+  return std::stod(cell);
 }
 
 std::string parse_error(std::vector<std::string> extra) {
@@ -197,11 +211,15 @@ TEST_CASE("lengths a sequence-splitting layout cannot take are refused at start-
   CHECK(parse({"--tensor-model-parallel-size", "2"}, 2).empty());  // plain TP keeps whole sequences
 }
 
-TEST_CASE("a curriculum step trains on the first L tokens of every sample") {
+TEST_CASE("a curriculum step trains on the first L tokens of every sample, weighted per real token") {
   // min 16, step 8, 4 steps to 32: step 1 trains on 16 positions.
+  const fs::path csv = fixture().dir / "cl_first_csv";
+  fs::remove_all(csv);
   const std::string cl = config_file("cl_first", R"({"enabled": true, "curriculum_type": "seqlen",
     "min_difficulty": 16, "max_difficulty": 32, "schedule_type": "fixed_linear",
-    "schedule_config": {"total_curriculum_step": 4, "difficulty_step": 8}})");
+    "schedule_config": {"total_curriculum_step": 4, "difficulty_step": 8}})",
+                                     R"("csv_monitor": {"enabled": true, "output_path": ")" + csv.string() +
+                                         R"(", "job_name": "j"})");
   const std::vector<std::string> args = {"--config", cl, "--train-iters", "1", "--lr-warmup-iters", "0", "--hidden-dropout", "0",
                                          "--attention-dropout", "0", "--eval-iters", "0"};
   TrainConfig cfg = make_config(args);
@@ -209,6 +227,20 @@ TEST_CASE("a curriculum step trains on the first L tokens of every sample") {
   resolve_vocab(cfg);  // the trainer does this on its own copy
   DataPipeline data(cfg, Device::cpu());
   double want16 = 0, want32 = 0;
+  // The gradient of the mean loss over the 8 x 16 tokens of step 1: its norm is
+  // what the step reports (before clipping).
+  const Tensor g0 = t.model().grads().to(Device::cpu());
+  for (int micro = 0; micro < 2; ++micro) {
+    MicroBatch mb = data.train_batch(0, micro, 0, 1, 16);
+    t.model().forward_backward(mb.tokens, mb.targets, 1.0f / (4 * 16 * 2), DropoutKey{.train = true});
+  }
+  const Tensor g1 = t.model().grads().to(Device::cpu());
+  double sq = 0;
+  for (int64_t i = 0; i < g1.numel(); ++i) {
+    const double d = static_cast<double>(g1.data<float>()[i]) - g0.data<float>()[i];
+    sq += d * d;
+  }
+  const double want_norm = std::sqrt(sq);
   for (int micro = 0; micro < 2; ++micro) {  // global 8 = micro 4 x 2
     MicroBatch mb = data.train_batch(0, micro, 0, 1, 16);
     REQUIRE(mb.tokens.size(1) == 16);
@@ -228,6 +260,10 @@ TEST_CASE("a curriculum step trains on the first L tokens of every sample") {
   CHECK(std::abs(got[0] - want16) <= 1e-6 * std::abs(want16));
   CHECK(std::abs(want16 - want32) > 1e-4);
   CHECK(t.state().consumed_tokens == 8 * 16);
+  // CSV columns: iteration, consumed_samples, lr, loss, grad_norm, ...
+  const double norm = first_row_value(csv / "j" / "train.csv", 4);
+  INFO("grad norm of step 1: " << norm << ", of the mean over 8 x 16 tokens " << want_norm);
+  CHECK(std::abs(norm - want_norm) <= 1e-5 * want_norm);  // the CSV holds 7 significant digits
 }
 
 TEST_CASE("consumed tokens follow the curriculum: --train-tokens, and resume mid-warmup is bit for bit") {
