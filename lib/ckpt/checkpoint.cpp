@@ -98,7 +98,6 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     w.write((tmp / "model.safetensors").string());
   }
   nlohmann::json state = {{"iteration", st.iteration},       {"consumed_samples", st.consumed_samples},
-                          {"consumed_tokens", st.consumed_tokens},
                           {"skipped_steps", st.skipped_steps}, {"loss_scale", st.loss_scale},
                           {"good_steps", st.good_steps},       {"hysteresis_left", st.hysteresis_left},
                           {"lr_scheduler", lr_scheduler_json(st)},
@@ -107,6 +106,8 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
                           {"pipeline_model_parallel_size", d.shard.pp},
                           {"virtual_pipeline_stages", d.shard.vp},
                           {"config", config}};
+  // -1: converted from a checkpoint that predates the counter (the loader derives it).
+  if (st.consumed_tokens >= 0) state["consumed_tokens"] = st.consumed_tokens;
   write_file_atomic((tmp / "state.json").string(), step_state_text(state));
 }
 
