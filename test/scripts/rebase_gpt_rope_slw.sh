@@ -223,11 +223,11 @@ grep -q "seqlen/curriculum_seqlen" "${tensorboard_path}"/events.out.tfevents.* |
 grep -q '"consumed_tokens": '"${tokens}" "${checkpoint_path}/global_step${iters}/state.json" ||
   fail "the checkpoint does not hold consumed_tokens ${tokens}" "${log1}"
 
-# The same script again with twice the tokens: it resumes from the checkpoint
-# at the full length (the schedule now differs; --override-opt_param-scheduler
-# takes the flags'), one full-length step per global batch of tokens, until
-# --train-samples (unchanged) ends it.
-train_tokens=$(( 2 * train_tokens ))
+# The same script again with 4 more full-length steps' worth of tokens: it
+# resumes from the checkpoint at the full length (the schedule now differs;
+# --override-opt_param-scheduler takes the flags'), one step per global batch
+# of tokens, within --train-samples (unchanged).
+train_tokens=$(( train_tokens + 4 * global_batch_size * seq_len ))
 megatron_options="${megatron_options/--train-tokens ${lr_decay_tokens}/--train-tokens ${train_tokens}}"
 log2="${log_path}/${jobname}_run2.log"
 ${DSRUN} --num_gpus ${num_gpus} ${DSTRAIN} ${megatron_options} ${data_options} ${deepspeed_options} &>> ${log2} ||
