@@ -256,6 +256,10 @@ void read_curriculum(DsSection& root, CurriculumConfig& c) {
       DS_USER_CHECK(sc.has(key), "config: '{}' is required by the {} schedule", sc.full(key), kind);
     c.total_curriculum_step = sc.get<int64_t>("total_curriculum_step", 0);
     c.difficulty_step = sc.get<int64_t>("difficulty_step", 0);
+    if (c.difficulty_step > 0 && c.difficulty_step % 8 != 0)  // DeepSpeed's advice, as a warning
+      add_warning(root.warnings(),
+                  fmt::format("config: '{}' {} is not a multiple of 8: sequence lengths that are not multiples of 8 "
+                              "keep tensor cores partly idle on GPUs", sc.full("difficulty_step"), c.difficulty_step));
     if (c.schedule == CurriculumSchedule::FixedRoot) {
       DS_USER_CHECK(sc.has("root_degree"), "config: '{}' is required by the fixed_root schedule",
                     sc.full("root_degree"));

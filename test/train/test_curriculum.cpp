@@ -139,6 +139,16 @@ TEST_CASE("the curriculum_learning section parses, round-trips and refuses bad v
   CHECK(c.total_curriculum_step == 6);
   CHECK(c.difficulty_step == 8);
   for (const std::string& w : cfg.warnings) CHECK(w.find("curriculum") == std::string::npos);
+  const TrainConfig step4 = make_config({"--config", config_file("cl_step4", R"({"enabled": true,
+    "curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": 32, "schedule_type": "fixed_linear",
+    "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 4, "root_degree": 3}})")});
+  REQUIRE(step4.warnings.size() >= 2);
+  CHECK_THAT(step4.warnings, Catch::VectorContains(std::string(
+                                 "config: 'curriculum_learning.schedule_config.difficulty_step' 4 is not a multiple of "
+                                 "8: sequence lengths that are not multiples of 8 keep tensor cores partly idle on GPUs")));
+  CHECK_THAT(step4.warnings, Catch::VectorContains(std::string(
+                                 "config: 'curriculum_learning.schedule_config.root_degree' is ignored by the "
+                                 "fixed_linear schedule (degree 1)")));
   const TrainConfig again = train_config_from_json(cfg.resolved, 1);
   CHECK(again.resolved == cfg.resolved);
   CHECK(again.curriculum.total_curriculum_step == 6);
@@ -202,7 +212,7 @@ TEST_CASE("lengths a sequence-splitting layout cannot take are refused at start-
     }
     return std::string();
   };
-  CHECK(parse({}, 1).empty());  // a single process takes any length
+  CHECK(parse({}, 1).empty());  // a single process takes any length (DeepSpeed's multiple-of-8 advice is a warning)
   CHECK_THAT(parse({"--ds-sequence-parallel-size", "2"}, 2),
              Catch::Contains("the schedule reaches sequence length 9, which is not divisible by 2 "
                              "(ds_sequence_parallel_size 2 x 1 for sequence parallelism)"));
