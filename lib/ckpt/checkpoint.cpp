@@ -124,6 +124,8 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
                           {"pipeline_model_parallel_size", d.shard.pp},
                           {"virtual_pipeline_stages", d.shard.vp},
                           {"config", config}};
+  // -1: converted from a checkpoint that predates the counter (the loader derives it).
+  if (st.consumed_tokens >= 0) state["consumed_tokens"] = st.consumed_tokens;
   write_file_atomic((tmp / "state.json").string(), step_state_text(state));
 }
 

@@ -182,6 +182,7 @@ StepState parse_step_state(std::string_view text, const std::string& file) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   s.train.iteration = r.required("iteration", 0, kMax);
   s.train.consumed_samples = r.required("consumed_samples", 0, kMax);
+  s.train.consumed_tokens = r.optional("consumed_tokens", 0, kMax, -1);
   s.train.skipped_steps = r.optional("skipped_steps", 0, kMax, 0);
   s.train.good_steps = r.optional("good_steps", 0, kMax, 0);
   s.train.hysteresis_left = r.optional("hysteresis_left", 0, kMax, 0);

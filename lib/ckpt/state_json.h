@@ -22,6 +22,10 @@ namespace ds {
 struct TrainState {
   int64_t iteration = 0;          // optimizer steps completed
   int64_t consumed_samples = 0;   // training samples consumed (data position)
+  // Training tokens consumed (samples x the sequence length each trained on:
+  // shorter during a sequence-length curriculum); -1 after loading a
+  // checkpoint that predates the counter (the trainer derives it).
+  int64_t consumed_tokens = 0;
   int64_t skipped_steps = 0;      // fp16 overflow skips
   double loss_scale = 1.0;
   int64_t good_steps = 0;         // steps since the last scale change (fp16)

@@ -255,6 +255,22 @@ json zero_json(const ZeroConfig& z) {
           {"offload_optimizer", {{"device", z.offload_optimizer == OffloadDevice::CPU ? "cpu" : "none"}}}};
 }
 
+json curriculum_json(const CurriculumConfig& c) {
+  json sc;
+  if (c.schedule == CurriculumSchedule::FixedDiscrete) {
+    sc = {{"difficulty", c.difficulty}, {"max_step", c.max_step}};
+  } else {
+    sc = {{"total_curriculum_step", c.total_curriculum_step}, {"difficulty_step", c.difficulty_step}};
+    if (c.schedule == CurriculumSchedule::FixedRoot) sc["root_degree"] = c.root_degree;
+  }
+  return {{"enabled", true},
+          {"curriculum_type", "seqlen"},
+          {"min_difficulty", c.min_difficulty},
+          {"max_difficulty", c.max_difficulty},
+          {"schedule_type", curriculum_schedule_name(c.schedule)},
+          {"schedule_config", sc}};
+}
+
 }  // namespace
 
 json config_to_json(const TrainConfig& c) {
@@ -299,6 +315,7 @@ json config_to_json(const TrainConfig& c) {
               {"recompute_granularity", recompute_granularity_name(c.parallel.recompute)},
               {"recompute_num_layers", c.parallel.recompute_num_layers}}}};
   if (!o.scheduler_type.empty()) j["scheduler"] = scheduler_json(o);
+  if (c.curriculum.enabled) j["curriculum_learning"] = curriculum_json(c.curriculum);
   return j;
 }
 

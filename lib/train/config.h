@@ -16,6 +16,7 @@
 #include "lib/model/model_config.h"
 #include "lib/optim/optimizer_config.h"
 #include "lib/runtime/zero_config.h"
+#include "lib/train/curriculum.h"
 
 namespace ds {
 
@@ -104,6 +105,8 @@ struct TrainConfig {
   ParallelConfig parallel;
   int64_t train_iters = 0;
   ScheduleLengths lengths;
+  // DeepSpeed's legacy `curriculum_learning` section (sequence-length warmup).
+  CurriculumConfig curriculum;
   // On resume, a Megatron schedule that differs from the checkpoint's is an
   // error unless one of these picks a side (Megatron's two flags).
   bool override_lr_scheduler = false, use_checkpoint_lr_scheduler = false;

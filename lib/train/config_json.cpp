@@ -5,6 +5,7 @@
 // No derivation happens here (see config_validate.cpp).
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include "lib/core/log.h"
 #include "lib/train/config_internal.h"
@@ -200,6 +201,79 @@ void read_optional_features(DsSection& root, LoggingConfig& log) {
   root.accept_if("memory_breakdown", false);
 }
 
+// A list of positive integers at `key` of `s` (curriculum_learning's
+// fixed_discrete schedule); anything else is an error naming the key.
+std::vector<int64_t> positive_list(DsSection& s, const std::string& key, const std::string& what) {
+  s.mark(key);
+  DS_USER_CHECK(s.has(key), "config: '{}' is required by the fixed_discrete schedule ({})", s.full(key), what);
+  const json& v = s.raw().at(key);
+  DS_USER_CHECK(v.is_array() && !v.empty(), "config: '{}' must be a non-empty list of positive integers, got {}",
+                s.full(key), v.dump());
+  std::vector<int64_t> out;
+  for (const json& e : v) {
+    const bool whole = e.is_number_integer() || e.is_number_unsigned() ||
+                       (e.is_number_float() && std::isfinite(e.get<double>()) &&
+                        std::trunc(e.get<double>()) == e.get<double>() && std::fabs(e.get<double>()) < 9e15);
+    DS_USER_CHECK(whole && e.get<double>() >= 1 && e.get<double>() <= 9e15,
+                  "config: '{}' must be a list of positive integers, got {}", s.full(key), v.dump());
+    out.push_back(e.is_number_float() ? static_cast<int64_t>(e.get<double>()) : e.get<int64_t>());
+  }
+  return out;
+}
+
+// DeepSpeed's legacy `curriculum_learning` section. Disabled (or absent
+// `enabled`, as Megatron-DeepSpeed reads it): silent, nothing happens.
+void read_curriculum(DsSection& root, CurriculumConfig& c) {
+  DsSection s = root.section("curriculum_learning");
+  c.enabled = s.get<bool>("enabled", false);
+  if (!c.enabled) return;
+  auto required = [&](const std::string& key) {
+    DS_USER_CHECK(s.has(key), "config: curriculum_learning is enabled but '{}' is missing", s.full(key));
+  };
+  required("curriculum_type");
+  const std::string type = s.get<std::string>("curriculum_type", "");
+  DS_USER_CHECK(type == "seqlen",
+                "config: '{}' is \"{}\"; dstrain implements only \"seqlen\" (sequence-length warmup); remove the "
+                "curriculum_learning section or set curriculum_type to seqlen", s.full("curriculum_type"), type);
+  required("min_difficulty");
+  required("max_difficulty");
+  required("schedule_type");
+  c.min_difficulty = s.get<int64_t>("min_difficulty", 0);
+  c.max_difficulty = s.get<int64_t>("max_difficulty", 0);
+  const std::string kind = s.get<std::string>("schedule_type", "");
+  if (kind == "fixed_linear") c.schedule = CurriculumSchedule::FixedLinear;
+  else if (kind == "fixed_root") c.schedule = CurriculumSchedule::FixedRoot;
+  else if (kind == "fixed_discrete") c.schedule = CurriculumSchedule::FixedDiscrete;
+  else
+    DS_USER_ERROR("config: '{}' is \"{}\"; expected fixed_linear, fixed_root or fixed_discrete (a custom schedule "
+                  "needs DeepSpeed's Python API)", s.full("schedule_type"), kind);
+  DsSection sc = s.section("schedule_config");
+  if (c.schedule == CurriculumSchedule::FixedDiscrete) {
+    c.difficulty = positive_list(sc, "difficulty", "the difficulties in order");
+    c.max_step = positive_list(sc, "max_step", "the last step of each difficulty but the last");
+  } else {
+    for (const char* key : {"total_curriculum_step", "difficulty_step"})
+      DS_USER_CHECK(sc.has(key), "config: '{}' is required by the {} schedule", sc.full(key), kind);
+    c.total_curriculum_step = sc.get<int64_t>("total_curriculum_step", 0);
+    c.difficulty_step = sc.get<int64_t>("difficulty_step", 0);
+    if (c.difficulty_step > 0 && c.difficulty_step % 8 != 0)  // DeepSpeed's advice, as a warning
+      add_warning(root.warnings(),
+                  fmt::format("config: '{}' {} is not a multiple of 8: sequence lengths that are not multiples of 8 "
+                              "keep tensor cores partly idle on GPUs", sc.full("difficulty_step"), c.difficulty_step));
+    if (c.schedule == CurriculumSchedule::FixedRoot) {
+      DS_USER_CHECK(sc.has("root_degree"), "config: '{}' is required by the fixed_root schedule",
+                    sc.full("root_degree"));
+      c.root_degree = sc.get<double>("root_degree", 1.0);
+    } else if (sc.has("root_degree")) {
+      sc.mark("root_degree");
+      add_warning(root.warnings(), fmt::format("config: '{}' is ignored by the fixed_linear schedule (degree 1)",
+                                               sc.full("root_degree")));
+    }
+  }
+  sc.finish();
+  s.finish();
+}
+
 }  // namespace
 
 // Our own sections (config_sections.cpp).
@@ -227,6 +301,7 @@ void read_config_json(const json& j, TrainConfig& cfg, Warnings& w) {
   read_precision(root, cfg.precision);
   read_zero(root, cfg.zero);
   read_optional_features(root, cfg.log);
+  read_curriculum(root, cfg.curriculum);
   for (const char* k : {"model", "data", "training", "parallel"}) root.mark(k);
   read_model_section(JsonSection(j.value("model", json::object()), "model"), cfg.model);
   read_data_section(JsonSection(j.value("data", json::object()), "data"), cfg.data);

@@ -306,6 +306,44 @@ void validate_training(const TrainConfig& cfg) {
                 pc.loss_scale, pc.min_loss_scale, pc.loss_scale_window, pc.hysteresis, pc.initial_scale_power);
 }
 
+// curriculum_learning: the values themselves, then that every sequence length
+// the schedule can produce fits the layouts that split the sequence.
+void validate_curriculum(const TrainConfig& cfg) {
+  const CurriculumConfig& c = cfg.curriculum;
+  if (!c.enabled) return;
+  const int64_t T = cfg.model.seq_length;
+  DS_USER_CHECK(c.min_difficulty >= 1 && c.min_difficulty <= c.max_difficulty && c.max_difficulty <= T,
+                "curriculum_learning: min_difficulty {} and max_difficulty {} must satisfy 1 <= min <= max <= "
+                "model.seq_length {} (--seq-length): they are sequence lengths",
+                c.min_difficulty, c.max_difficulty, T);
+  if (c.schedule == CurriculumSchedule::FixedDiscrete) {
+    DS_USER_CHECK(c.difficulty.size() == c.max_step.size() + 1,
+                  "curriculum_learning.schedule_config: fixed_discrete needs one more difficulty than max_step "
+                  "(the last difficulty holds after the last max_step), got {} difficulties and {} max_step values",
+                  c.difficulty.size(), c.max_step.size());
+    for (int64_t d : c.difficulty)
+      DS_USER_CHECK(d <= T, "curriculum_learning.schedule_config.difficulty {} exceeds model.seq_length {} "
+                    "(--seq-length): samples can only be shortened", d, T);
+  } else {
+    DS_USER_CHECK(c.total_curriculum_step >= 1 && c.difficulty_step >= 1,
+                  "curriculum_learning.schedule_config: total_curriculum_step {} and difficulty_step {} must be "
+                  "positive integers", c.total_curriculum_step, c.difficulty_step);
+    DS_USER_CHECK(c.schedule != CurriculumSchedule::FixedRoot || (std::isfinite(c.root_degree) && c.root_degree > 0),
+                  "curriculum_learning.schedule_config.root_degree {} must be a positive number", c.root_degree);
+  }
+  // Ulysses splits the sequence over SP ranks and Megatron sequence
+  // parallelism each rank's part over TP: every length must divide evenly.
+  const ParallelConfig& p = cfg.parallel;
+  const int64_t split = static_cast<int64_t>(p.sp) * (p.sequence_parallel ? p.tp : 1);
+  if (split == 1) return;
+  for (int64_t L : curriculum_values(c))
+    DS_USER_CHECK(L % split == 0,
+                  "curriculum_learning: the schedule reaches sequence length {}, which is not divisible by {} "
+                  "(ds_sequence_parallel_size {} x {} for sequence parallelism); choose min_difficulty, max_difficulty "
+                  "and difficulty_step (or the fixed_discrete difficulties) as multiples of {}",
+                  L, split, p.sp, p.sequence_parallel ? p.tp : 1, split);
+}
+
 }  // namespace
 
 void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
@@ -314,6 +352,7 @@ void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
   validate_optimizer(cfg.optim);
   validate_data(cfg.data);
   validate_training(cfg);
+  validate_curriculum(cfg);
 }
 
 }  // namespace ds

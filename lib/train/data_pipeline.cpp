@@ -101,24 +101,26 @@ int64_t DataPipeline::train_samples_per_epoch() const {
   return n;
 }
 
-MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first) {
+MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen) {
+  DS_CHECK(seqlen >= 0 && seqlen <= T_, "train_batch: seqlen {} outside [0, {}]", seqlen, T_);
+  const int64_t L = seqlen > 0 ? seqlen : T_;  // positions kept per sample
   for (int64_t b = 0; b < B_; ++b) ds.get(first + b, host_.data<int32_t>() + b * (T_ + 1));
-  Tensor tok = Tensor::empty({B_, T_}, DType::I32), tgt = Tensor::empty({B_, T_}, DType::I32);
+  Tensor tok = Tensor::empty({B_, L}, DType::I32), tgt = Tensor::empty({B_, L}, DType::I32);
   for (int64_t b = 0; b < B_; ++b) {
     const int32_t* row = host_.data<int32_t>() + b * (T_ + 1);
-    std::copy_n(row, T_, tok.data<int32_t>() + b * T_);
-    std::copy_n(row + 1, T_, tgt.data<int32_t>() + b * T_);
+    std::copy_n(row, L, tok.data<int32_t>() + b * L);
+    std::copy_n(row + 1, L, tgt.data<int32_t>() + b * L);
   }
   if (dev_.is_cpu()) return {tok, tgt, first};
   return {tok.to(dev_), tgt.to(dev_), first};
 }
 
-MicroBatch DataPipeline::train_batch(int64_t consumed, int micro, int dp_rank, int dp) {
-  return fetch(*train_, consumed + (static_cast<int64_t>(micro) * dp + dp_rank) * B_);
+MicroBatch DataPipeline::train_batch(int64_t consumed, int micro, int dp_rank, int dp, int64_t seqlen) {
+  return fetch(*train_, consumed + (static_cast<int64_t>(micro) * dp + dp_rank) * B_, seqlen);
 }
 
 MicroBatch DataPipeline::valid_batch(int64_t first_sample, int dp_rank, int dp) {
-  return fetch(*valid_, first_sample + static_cast<int64_t>(dp_rank) * B_);
+  return fetch(*valid_, first_sample + static_cast<int64_t>(dp_rank) * B_, 0);
 }
 
 }  // namespace ds

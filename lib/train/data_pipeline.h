@@ -26,7 +26,9 @@ class DataPipeline {
 
   // Micro-batch `micro` (0..grad_accum-1) of the global batch that starts at
   // training sample `consumed`, for data-parallel rank `dp_rank` of `dp`.
-  MicroBatch train_batch(int64_t consumed, int micro, int dp_rank, int dp);
+  // seqlen (1..seq_length; 0 = all): keep the first seqlen tokens and targets
+  // of every sample (a sequence-length curriculum, as Megatron's get_batch).
+  MicroBatch train_batch(int64_t consumed, int micro, int dp_rank, int dp, int64_t seqlen = 0);
   // Validation batches are taken from the start of the valid split each time.
   MicroBatch valid_batch(int64_t first_sample, int dp_rank, int dp);
   bool has_valid() const { return valid_ != nullptr; }
@@ -39,7 +41,7 @@ class DataPipeline {
   const data::IndexedDataset& open(const std::string& prefix, int64_t vocab_size);
   // A GptDataset over `range` of `file`, kept alive by this object.
   const data::GptDataset* part(const data::IndexedDataset& file, data::DocRange range, const std::string& name);
-  MicroBatch fetch(const data::BlendedDataset& ds, int64_t first);
+  MicroBatch fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen);
 
   int64_t B_, T_;
   uint64_t seed_;

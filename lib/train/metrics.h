@@ -16,6 +16,7 @@ struct IterStats {
   int64_t iteration = 0, train_iters = 0, consumed_samples = 0, global_batch = 0;
   double ms_per_iter = 0, lr = 0, loss = 0, loss_scale = 1, grad_norm = 0;
   int64_t skipped = 0, nan_iters = 0;
+  int64_t curriculum_seqlen = 0;  // > 0: the step's curriculum sequence length (logged)
   double tokens_per_s = 0, tflops = 0, mfu = -1;  // mfu < 0: not reported
   double max_mem_gb = -1;                          // < 0: not reported
   double elapsed_s = -1;  // since the trainer started; < 0: not reported (nor the ETA)

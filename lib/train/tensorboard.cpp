@@ -144,6 +144,7 @@ void TensorBoardMonitor::train(const TrainPoint& p) {
   if (o_.world_size) triple("world-size/world-size", p.world_size, p);
   if (std::isfinite(p.grad_norm)) triple("grad-norm/grad-norm", p.grad_norm, p);
   triple("seqlen/actual_seq_length", p.seq_length, p);
+  if (p.curriculum_seqlen > 0) triple("seqlen/curriculum_seqlen", p.curriculum_seqlen, p);
 }
 
 void TensorBoardMonitor::iteration_time(const TrainPoint& p, double ms) {

@@ -84,6 +84,20 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   if (const ParamSpec* p = full_layout_.try_find("embed.wpe")) n_matmul -= p->numel;
   flops_per_token_ = flops_per_token(cfg_.model, n_matmul);
   load_or_init();
+  if (state_.consumed_tokens < 0) state_.consumed_tokens = state_.consumed_samples * cfg_.model.seq_length;
+  seqlen_ = cfg_.model.seq_length;
+  if (cfg_.curriculum.enabled) {
+    const CurriculumConfig& c = cfg_.curriculum;
+    curriculum_ = std::make_unique<CurriculumScheduler>(c);
+    curriculum_->replay(state_.iteration);  // a resumed run continues the schedule exactly
+    DS_LOG("curriculum learning (sequence length): {} from {} to {} tokens{}; each training sample keeps its first "
+           "curriculum seqlen tokens (validation uses all {})",
+           curriculum_schedule_name(c.schedule), c.min_difficulty, c.max_difficulty,
+           c.schedule == CurriculumSchedule::FixedDiscrete
+               ? std::string()
+               : fmt::format(" over {} steps in multiples of {}", c.total_curriculum_step, c.difficulty_step),
+           cfg_.model.seq_length);
+  }
   if (cfg_.log.csv_enabled && comms_.grid.rank == 0) csv_.open(cfg_.log.csv_path, cfg_.log.csv_job_name);
   open_tensorboard();
   DS_LOG("model: {} layers, hidden {}, heads {}, ffn {}, vocab {} (padded {}), {} parameters",
@@ -270,27 +284,35 @@ double Trainer::phase_ms() {
   return ms;
 }
 
+int64_t Trainer::next_seqlen() {
+  // Megatron-DeepSpeed asks the scheduler for global step iteration + 1.
+  return curriculum_ ? curriculum_->update(state_.iteration + 1) : cfg_.model.seq_length;
+}
+
 float Trainer::train_step() {
   const auto& b = cfg_.batch;
   phase_ms();
   opt_->zero_grads();
+  seqlen_ = next_seqlen();  // every sample keeps its first seqlen_ positions
+  const int64_t L = curriculum_ ? seqlen_ : 0;  // 0: the whole sample
   // fp16: the loss (hence every gradient) is multiplied by the loss scale.
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   const float loss_weight = static_cast<float>(
-      scale / static_cast<double>(b.micro_batch_size * cfg_.model.seq_length * b.grad_accum_steps * dp_));
+      scale / static_cast<double>(b.micro_batch_size * seqlen_ * b.grad_accum_steps * dp_));
   double loss_sum = 0;
   // Dropout masks are keyed by (seed, iteration) and each micro-batch's global
   // first sample, identical in every layout (docs/dropout.md).
   DropoutKey key{.train = true, .seed = cfg_.seed, .iteration = state_.iteration, .first_sample = 0};
   if (pipe_) {
     auto batch = [&](int micro) {
-      return local_batch(data_->train_batch(state_.consumed_samples, micro, dp_rank_, dp_));
+      return local_batch(data_->train_batch(state_.consumed_samples, micro, dp_rank_, dp_, L));
     };
     loss_sum = pipe_->train(batch, loss_weight, key);
     tied_embedding_all_reduce();
   } else {
     for (int64_t micro = 0; micro < b.grad_accum_steps; ++micro) {
-      MicroBatch mb = local_batch(data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_));
+      MicroBatch mb =
+          local_batch(data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_, L));
       key.first_sample = mb.first_sample;
       if (micro + 1 == b.grad_accum_steps) opt_->begin_last_micro_batch();  // overlap_comm: reduce during it
       loss_sum += model_->forward_backward(mb.tokens, mb.targets, loss_weight, key);
@@ -303,13 +325,14 @@ float Trainer::train_step() {
   const float loss = static_cast<float>(from_last_stage(dp_mean(loss_sum / b.grad_accum_steps)));
   // The schedule counts applied steps only (DeepSpeed and Megatron do not
   // advance the learning rate on a skipped step).
-  const int64_t tokens_before = state_.consumed_samples * cfg_.model.seq_length;
+  const int64_t tokens_before = state_.consumed_tokens;
   const bool overflow = skip_for_overflow();  // fp16: the loss scaler's rule
   const bool nonfinite = note_nan_iteration(loss, norm);
   if (overflow || nonfinite) {
     if (!overflow) state_.skipped_steps += 1;  // no update: the schedule does not advance either
     state_.iteration += 1;
     state_.consumed_samples += b.train_batch_size;
+    state_.consumed_tokens += b.train_batch_size * seqlen_;
     last_grad_norm_ = NAN;
     return loss;
   }
@@ -325,6 +348,7 @@ float Trainer::train_step() {
   advance_lr_clock(cfg_.optim, state_.lr_clock, b.train_batch_size, tokens_before);
   state_.iteration += 1;
   state_.consumed_samples += b.train_batch_size;
+  state_.consumed_tokens += b.train_batch_size * seqlen_;
   last_grad_norm_ = norm;
   last_lr_ = h.lr;
   return loss;
@@ -480,7 +504,8 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
   s.grad_norm = grad_norm;
   s.skipped = state_.skipped_steps;
   s.nan_iters = nan_iters_;
-  double tokens = static_cast<double>(cfg_.batch.train_batch_size) * cfg_.model.seq_length;
+  if (curriculum_) s.curriculum_seqlen = seqlen_;
+  double tokens = static_cast<double>(cfg_.batch.train_batch_size) * seqlen_;
   s.tokens_per_s = tokens / (ms / 1000.0);
   s.tflops = s.tokens_per_s * flops_per_token_ / 1e12;
   s.mfu = peak_tflops_ > 0 ? s.tflops / peak_tflops_ : -1;
@@ -496,7 +521,7 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
 
 bool Trainer::tokens_left() const {
   const int64_t goal = cfg_.lengths.train_tokens;
-  return goal <= 0 || state_.consumed_samples * cfg_.model.seq_length < goal;
+  return goal <= 0 || state_.consumed_tokens < goal;
 }
 
 bool Trainer::signalled() {
@@ -519,7 +544,7 @@ std::vector<float> Trainer::run() {
   if (cfg_.exit_signal_handler) install_exit_signal_handler();
   if (state_.iteration >= cfg_.train_iters || !tokens_left())
     DS_LOG("nothing left to train: iteration {} of {}, {} of {} tokens consumed", state_.iteration, cfg_.train_iters,
-           state_.consumed_samples * cfg_.model.seq_length, cfg_.lengths.train_tokens);
+           state_.consumed_tokens, cfg_.lengths.train_tokens);
   const int64_t first_iteration = state_.iteration;
   while (state_.iteration < cfg_.train_iters && tokens_left()) {
     auto t0 = std::chrono::steady_clock::now();

@@ -14,6 +14,7 @@
 #include "lib/parallel/comms.h"
 #include "lib/train/autotune_hooks.h"
 #include "lib/train/config.h"
+#include "lib/train/curriculum.h"
 #include "lib/train/data_pipeline.h"
 #include "lib/train/metrics.h"
 #include "lib/train/tensorboard.h"
@@ -96,6 +97,10 @@ class Trainer {
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
   std::unique_ptr<DataPipeline> data_;
   TrainState state_;
+  // Sequence-length curriculum (DeepSpeed's curriculum_learning), when enabled.
+  std::unique_ptr<CurriculumScheduler> curriculum_;
+  int64_t seqlen_ = 0;  // positions per sample of the latest training step
+  int64_t next_seqlen();  // the curriculum's length for the next step, else seq_length
   MicroBatch local_batch(MicroBatch mb) const;  // Ulysses: this rank's positions of every sample
   CsvMonitor csv_;
   TensorBoardMonitor tb_;

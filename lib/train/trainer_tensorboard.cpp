@@ -52,14 +52,15 @@ void Trainer::open_tensorboard() {
 TrainPoint Trainer::train_point(float loss) const {
   return TrainPoint{.iteration = state_.iteration,
                     .samples = state_.consumed_samples,
-                    .tokens = state_.consumed_samples * cfg_.model.seq_length,
+                    .tokens = state_.consumed_tokens,
                     .lr = last_lr_,
                     .loss = loss,
                     .loss_scale = state_.loss_scale,
                     .grad_norm = last_grad_norm_,
                     .batch_size = static_cast<double>(cfg_.batch.train_batch_size),
-                    .seq_length = static_cast<double>(cfg_.model.seq_length),
+                    .seq_length = static_cast<double>(seqlen_),
                     .world_size = static_cast<double>(comms_.world->size()),
+                    .curriculum_seqlen = curriculum_ ? static_cast<double>(seqlen_) : 0.0,
                     .fp16 = cfg_.precision.precision == Precision::FP16};
 }
 
