@@ -38,13 +38,7 @@ struct LocalJob {
   // No process of this job may survive dsrun's exit (or, with wait_s, outlive
   // it by more than that).
   void check_no_leftovers(double wait_s = 0) const {
-    auto left = pids_with_token(token);
-    for (double t = 0; !left.empty() && t < wait_s; t += 0.1) {
-      usleep(100000);
-      left = pids_with_token(token);
-    }
-    for (pid_t p : left) kill(p, SIGKILL);
-    CHECK(left.empty());
+    CHECK(kill_leftovers(token, wait_s).empty());
   }
 };
 

@@ -123,16 +123,6 @@ bool wait_rows(const std::string& csv, size_t rows, double timeout_s) {
   return false;
 }
 
-void check_no_leftovers(const std::string& token, double wait_s) {
-  std::vector<pid_t> left = pids_with_token(token);
-  for (double t = 0; !left.empty() && t < wait_s; t += 0.1) {
-    usleep(100000);
-    left = pids_with_token(token);
-  }
-  for (pid_t p : left) kill(p, SIGKILL);
-  CHECK(left.empty());
-}
-
 // Every row (repeated iterations included) equals the reference's row for its iteration.
 void check_rows_match(const std::vector<Row>& rows, const std::map<int, Row>& ref, const std::string& what) {
   for (const Row& r : rows) {
@@ -206,7 +196,7 @@ TEST_CASE("restart: kill -9 of a random rank at random iterations, three times; 
   const std::vector<Row> rows = csv_rows(job.csv());
   check_rows_match(rows, by_iteration(ref_rows), "restarted run");
   CHECK(by_iteration(rows).size() == static_cast<size_t>(iters));
-  check_no_leftovers(job.token, 5);
+  CHECK(kill_leftovers(job.token, 5).empty());
 }
 
 TEST_CASE("restart: the exit code is the last attempt's; flags and a missing checkpoint are one-line errors",
@@ -222,7 +212,7 @@ TEST_CASE("restart: the exit code is the last attempt's; flags and a missing che
   CHECK_THAT(r.err, Catch::Contains("dsrun: restart 2 of 2 after exit code 7"));
   CHECK_THAT(r.err, Catch::Contains("dsrun: attempt 3 ended with exit code 7; no restarts left (--max_restarts 2); "
                                     "exit code 7"));
-  check_no_leftovers(env[0].second, 5);
+  CHECK(kill_leftovers(env[0].second, 5).empty());
 
   // dstrain without --load could only start over: refused before anything starts.
   r = run_cmd({dsrun_bin(), "--max_restarts", "1", dstrain_bin(), "--train-iters", "3"}, env, 30);
@@ -242,7 +232,7 @@ TEST_CASE("restart: the exit code is the last attempt's; flags and a missing che
               });
   CHECK(r.code == 130);
   CHECK_THAT(r.err, !Catch::Contains("restart 1"));
-  check_no_leftovers(env[0].second, 5);
+  CHECK(kill_leftovers(env[0].second, 5).empty());
 }
 
 namespace {
@@ -426,7 +416,7 @@ TEST_CASE("elastic: a host whose ranks keep dying is dropped; the job finishes o
   CHECK_THAT(r.out + r.err, Catch::Contains("batch: global 12 = micro 2 x grad accum 2 x data parallel 3"));
   CHECK_THAT(r.out + r.err, Catch::Contains("batch: global 12 = micro 2 x grad accum 3 x data parallel 2"));
   check_elastic_curve(job, r.err);
-  check_no_leftovers(job.token, 10);
+  CHECK(kill_leftovers(job.token, 10).empty());
 }
 
 TEST_CASE("elastic: a host whose link is cut is dropped after the heartbeat timeout and taken back later",
@@ -465,5 +455,5 @@ TEST_CASE("elastic: a host whose link is cut is dropped after the heartbeat time
   CHECK_THAT(r.err, Catch::Contains("dsrun: restart 2 of 2 after node 10.200.0.2 (node rank 1) failed with exit "
                                     "code 137: hosts 10.200.0.1, 10.200.0.2, 10.200.0.3 (3 node(s)); layout: world 3"));
   check_curve_chain(job, r.err, 3);
-  check_no_leftovers(job.token, 30);
+  CHECK(kill_leftovers(job.token, 30).empty());
 }

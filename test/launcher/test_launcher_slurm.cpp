@@ -221,16 +221,6 @@ class SlurmLab {
 #define REQUIRE_SLURM(lab) \
   if (!(lab).ok()) DS_SKIP("SLURM test: " << (lab).error())
 
-void check_no_leftovers(const std::string& token, double wait_s) {
-  std::vector<pid_t> left = pids_with_token(token);
-  for (double t = 0; !left.empty() && t < wait_s; t += 0.1) {
-    usleep(100000);
-    left = pids_with_token(token);
-  }
-  for (pid_t p : left) kill(p, SIGKILL);
-  CHECK(left.empty());
-}
-
 // A fresh per-job directory under the lab (ranks write their env files there).
 std::string job_dir(const SlurmLab& lab, const std::string& name) {
   std::string d = lab.dir() + "/jobs/" + name;
@@ -284,7 +274,7 @@ TEST_CASE("slurm: --launcher slurm inside salloc starts the agent with srun", "[
   CHECK(env_value(e0, "DS_TEST_EXPORT") == "it's $(exported) through srun");
   CHECK(env_value(e0, "CUDA_VISIBLE_DEVICES") == "0,1");
   CHECK(env_value(e0, "cwd") == std::filesystem::current_path().string());
-  check_no_leftovers(token, 10);
+  CHECK(kill_leftovers(token, 10).empty());
 
   // Ranks meet at MASTER_ADDR:MASTER_PORT.
   token = new_token();
@@ -294,7 +284,7 @@ TEST_CASE("slurm: --launcher slurm inside salloc starts the agent with srun", "[
   INFO(r.out << r.err);
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("[rank 1] barrier ok rank 1 world 2"));
-  check_no_leftovers(token, 10);
+  CHECK(kill_leftovers(token, 10).empty());
 
   // The exact exit code of the failing rank comes back through srun and salloc.
   token = new_token();
@@ -304,7 +294,7 @@ TEST_CASE("slurm: --launcher slurm inside salloc starts the agent with srun", "[
   INFO(r.out << r.err);
   CHECK(r.code == 7);
   CHECK_THAT(r.err, Catch::Contains("rank 1 (host " + lab.node() + ", local rank 1) exit code 7"));
-  check_no_leftovers(token, 10);
+  CHECK(kill_leftovers(token, 10).empty());
 
   // A crash is 128+signal.
   token = new_token();
@@ -313,7 +303,7 @@ TEST_CASE("slurm: --launcher slurm inside salloc starts the agent with srun", "[
   r = run_cmd(argv, lab.env(token), 60);
   INFO(r.out << r.err);
   CHECK(r.code == 139);
-  check_no_leftovers(token, 10);
+  CHECK(kill_leftovers(token, 10).empty());
 }
 
 // Runs `salloc dsrun --launcher slurm ... launch_probe hang`, sends `sig` to
@@ -351,7 +341,7 @@ TEST_CASE("slurm: SIGTERM or SIGKILL of dsrun stops the srun step and every rank
   CHECK(r.code == 143);
   CHECK_THAT(r.err, Catch::Contains("dsrun: received SIGTERM; stopping all nodes"));
   CHECK(r.seconds < 20);
-  check_no_leftovers(token, 10);
+  CHECK(kill_leftovers(token, 10).empty());
 
   // dsrun killed outright: srun dies with it (parent-death signal), salloc
   // gives the allocation back, and SLURM ends the step's ranks. (salloc 22.05
@@ -359,7 +349,7 @@ TEST_CASE("slurm: SIGTERM or SIGKILL of dsrun stops the srun step and every rank
   token = new_token();
   r = signal_dsrun_in_salloc(lab, token, SIGKILL);
   INFO(r.out << r.err);
-  check_no_leftovers(token, 10);
+  CHECK(kill_leftovers(token, 10).empty());
 }
 
 TEST_CASE("slurm: sbatch --wait runs scripts/slurm/pretrain_gpt.sbatch", "[launcher]") {
@@ -397,7 +387,7 @@ TEST_CASE("slurm: sbatch --wait runs scripts/slurm/pretrain_gpt.sbatch", "[launc
   CHECK(env_value(e1, "argv3") == "configs/probe.json");
   CHECK(env_value(e1, "MASTER_PORT") == "29642");
   CHECK(env_value(e1, "cwd") == submit);
-  check_no_leftovers(token, 10);
+  CHECK(kill_leftovers(token, 10).empty());
 
   // The failing rank's exit code is the job's exit code.
   token = new_token();
@@ -407,7 +397,7 @@ TEST_CASE("slurm: sbatch --wait runs scripts/slurm/pretrain_gpt.sbatch", "[launc
   r = run_cmd(argv, env, 60);
   INFO(r.out << r.err);
   CHECK(r.code == 5);
-  check_no_leftovers(token, 10);
+  CHECK(kill_leftovers(token, 10).empty());
 }
 
 TEST_CASE("slurm: sbatch --wait runs scripts/slurm/pretrain_gpt_srun.sbatch", "[launcher]") {
@@ -435,7 +425,7 @@ TEST_CASE("slurm: sbatch --wait runs scripts/slurm/pretrain_gpt_srun.sbatch", "[
   CHECK_THAT(job_out, Catch::Contains("[rank 0] hello from rank 0"));
   check_rank_env(out, 2, lab.node(), lab.node(), token);
   CHECK(env_value(read_file(out + "/rank_0.env"), "SLURM_STEP_ID") == "0");
-  check_no_leftovers(token, 10);
+  CHECK(kill_leftovers(token, 10).empty());
 
   token = new_token();
   env[1].second = token;
@@ -444,7 +434,7 @@ TEST_CASE("slurm: sbatch --wait runs scripts/slurm/pretrain_gpt_srun.sbatch", "[
   r = run_cmd(argv, env, 60);
   INFO(r.out << r.err);
   CHECK(r.code == 3);
-  check_no_leftovers(token, 10);
+  CHECK(kill_leftovers(token, 10).empty());
 }
 
 // Column 4 (loss) of a dstrain CSV monitor file (header: iteration,consumed_samples,lr,loss,...).
@@ -530,7 +520,7 @@ TEST_CASE("slurm: sbatch --wait runs scripts/slurm/pretrain_gpt_3d.sbatch with d
   double first = (losses[0] + losses[1] + losses[2]) / 3, last = (losses[7] + losses[8] + losses[9]) / 3;
   CHECK(last < first);
   CHECK(losses[9] < losses[0]);
-  check_no_leftovers(token, 10);
+  CHECK(kill_leftovers(token, 10).empty());
 
   // A world size that is not a multiple of TP x PP is refused by the script
   // before any rank starts.
@@ -546,7 +536,7 @@ TEST_CASE("slurm: sbatch --wait runs scripts/slurm/pretrain_gpt_3d.sbatch with d
   INFO(r.out << r.err << "\njob output:\n" << job_out);
   CHECK(r.code == 2);
   CHECK_THAT(job_out, Catch::Contains("world size 4 (1 nodes x 4) is not a multiple of TP x PP = 3 x 2"));
-  check_no_leftovers(token, 10);
+  CHECK(kill_leftovers(token, 10).empty());
 }
 
 // Runs last (Catch keeps declaration order): the daemons stop and nothing that

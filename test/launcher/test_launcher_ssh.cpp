@@ -45,13 +45,7 @@ struct Job {
   std::string token = new_token();
   std::vector<std::pair<std::string, std::string>> env() const { return {{"DS_JOB_TOKEN", token}}; }
   void check_no_leftovers(double wait_s = 0) const {
-    std::vector<pid_t> left = pids_with_token(token);
-    for (double t = 0; !left.empty() && t < wait_s; t += 0.1) {
-      usleep(100000);
-      left = pids_with_token(token);
-    }
-    for (pid_t p : left) kill(p, SIGKILL);
-    CHECK(left.empty());
+    CHECK(kill_leftovers(token, wait_s).empty());
   }
 };
 

@@ -14,16 +14,6 @@ using namespace ds::launch::test;
 
 namespace {
 
-void check_no_leftovers(const std::string& token, double wait_s) {
-  std::vector<pid_t> left = pids_with_token(token);
-  for (double t = 0; !left.empty() && t < wait_s; t += 0.1) {
-    usleep(100000);
-    left = pids_with_token(token);
-  }
-  for (pid_t p : left) kill(p, SIGKILL);
-  CHECK(left.empty());
-}
-
 }  // namespace
 
 TEST_CASE("netns: three hosts rendezvous at the discovered master address", "[launcher]") {
@@ -53,7 +43,7 @@ TEST_CASE("netns: three hosts rendezvous at the discovered master address", "[la
   for (int rank = 0; rank < 6; ++rank)
     CHECK_THAT(r.out, Catch::Contains("[rank " + std::to_string(rank) + "] barrier ok rank " +
                                       std::to_string(rank) + " world 6"));
-  check_no_leftovers(token, 5);
+  CHECK(kill_leftovers(token, 5).empty());
 
   token = new_token();
   argv = head;
@@ -61,7 +51,7 @@ TEST_CASE("netns: three hosts rendezvous at the discovered master address", "[la
   r = run_cmd(argv, {{"DS_JOB_TOKEN", token}}, 60);
   CHECK(r.code == 4);
   CHECK_THAT(r.err, Catch::Contains("node 10.200.0.3 (node rank 2) failed with exit code 4"));
-  check_no_leftovers(token, 10);
+  CHECK(kill_leftovers(token, 10).empty());
 }
 
 TEST_CASE("openmpi: mpirun starts one agent per node", "[launcher][mpirun]") {
@@ -92,5 +82,5 @@ TEST_CASE("openmpi: mpirun starts one agent per node", "[launcher][mpirun]") {
   r = run_cmd(argv, env, 60);
   CHECK(r.code == 6);
   CHECK_THAT(r.err, Catch::Contains("rank 1 (host localhost, local rank 1) exit code 6"));
-  check_no_leftovers(token, 5);
+  CHECK(kill_leftovers(token, 5).empty());
 }

@@ -158,6 +158,16 @@ std::vector<pid_t> pids_with_token(const std::string& token) {
   return out;
 }
 
+std::vector<pid_t> kill_leftovers(const std::string& token, double wait_s) {
+  std::vector<pid_t> left = pids_with_token(token);
+  for (double t = 0; !left.empty() && t < wait_s; t += 0.1) {
+    usleep(100000);
+    left = pids_with_token(token);
+  }
+  for (pid_t p : left) kill(p, SIGKILL);
+  return left;
+}
+
 pid_t parent_of(pid_t pid) {
   const std::string stat = read_proc("/proc/" + std::to_string(pid) + "/stat");
   const size_t rp = stat.rfind(')');

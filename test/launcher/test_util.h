@@ -31,6 +31,10 @@ RunResult run_cmd(const std::vector<std::string>& argv,
 
 // Pids whose environment or command line contains `token` (excluding this process).
 std::vector<pid_t> pids_with_token(const std::string& token);
+// The processes of job `token` still alive after waiting up to wait_s seconds
+// for them to go; each is killed with SIGKILL so a failing test leaves nothing
+// behind. Tests CHECK that the list is empty.
+std::vector<pid_t> kill_leftovers(const std::string& token, double wait_s = 0);
 // The parent pid of `pid` (0 if it is gone).
 pid_t parent_of(pid_t pid);
 // Pids whose command line (argv, not environment) contains `needle`.
