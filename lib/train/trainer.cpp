@@ -132,7 +132,10 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
            cfg_.model.seq_length / comms_.grid.sp / shard_.tp, cfg_.model.seq_length);
   DS_LOG("activations: {} bytes saved per micro-batch on this rank (micro {} x seq {}, recompute {}{})",
          model_->saved_activation_bytes(cfg_.batch.micro_batch_size, cfg_.model.seq_length / comms_.grid.sp),
-         cfg_.batch.micro_batch_size, cfg_.model.seq_length,
+         cfg_.batch.micro_batch_size,
+         comms_.grid.sp > 1 ? std::to_string(cfg_.model.seq_length / comms_.grid.sp) + " of " +
+                                  std::to_string(cfg_.model.seq_length)
+                            : std::to_string(cfg_.model.seq_length),
          cfg_.parallel.recompute == RecomputeKind::None ? "none" : recompute_granularity_name(cfg_.parallel.recompute),
          cfg_.parallel.recompute == RecomputeKind::Full
              ? ", " + std::to_string(cfg_.parallel.recompute_num_layers) + " layers per chunk (0: all)"
