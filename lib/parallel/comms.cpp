@@ -32,6 +32,7 @@ Comms build_comms(Communicator& world, const RankGrid& grid) {
     c.sp = make({grid.rank}, "sp-self", grid.rank);
     c.sdp = c.dp;
   }
+  c.pp_grad = grid.pp > 1 ? make(grid.my_pp_group(), "pp-grad", grid.pp_index) : c.pp;
   return c;
 }
 

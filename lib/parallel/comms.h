@@ -25,12 +25,16 @@ struct Comms {
   // This pipeline's first+last stage (tied embeddings) when PP > 1 and this
   // rank is on one of them; otherwise a group of this rank alone.
   Communicator* embedding = nullptr;
+  // PP > 1: a second communicator over this pipeline's ranks, so that the
+  // pipeline's gradient messages queue apart from its activations when
+  // overlapping (PipelineExecutor); with PP = 1 it is `pp`.
+  Communicator* pp_grad = nullptr;
   std::vector<std::unique_ptr<Communicator>> owned;  // keeps the groups alive
 };
 
 // Every rank calls it once (collective over the world). Each rank creates only
 // its own groups, in the fixed order tp, dp, pp, mp, embedding, then (SP > 1)
-// sp and sdp; group tags are
+// sp and sdp, then (PP > 1) pp-grad; group tags are
 // "tp/<index>" etc. Checks that world's rank and size match the grid.
 Comms build_comms(Communicator& world, const RankGrid& grid);
 

@@ -1,18 +1,25 @@
 // The 1F1B / interleaved 1F1B pipeline executor: compute actions on the
 // model's chunks, batches of point-to-point messages on the pipeline
-// communicator (activations on channel 0, gradients on channel 1), issued
-// asynchronously (a batch of sends only overlaps the next compute).
+// communicator(s) (activations on channel 0, gradients on channel 1), all
+// issued asynchronously following make_p2p_plan; a compute waits only for the
+// batches holding what it reads or frees.
 #include "lib/runtime/pipeline_executor.h"
 
 #include "lib/core/error.h"
 
 namespace ds {
 
-PipelineExecutor::PipelineExecutor(GptModel& model, Communicator& pp, int n_micro)
+PipelineExecutor::PipelineExecutor(GptModel& model, Communicator& pp, int n_micro, Communicator* pp_grad,
+                                   bool overlap)
     : model_(model), pp_(pp), stage_(pp.rank()), n_stages_(pp.size()), n_micro_(n_micro),
-      vp_(model.layout().shard.vp) {
+      vp_(model.layout().shard.vp), pp_grad_(pp_grad) {
   kind_ = vp_ > 1 ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB;
   actions_ = make_schedule(kind_, n_stages_, stage_, n_micro_, vp_);
+  overlap_ = overlap && kind_ == ScheduleKind::OneFOneB && n_stages_ > 1;
+  if (overlap_)
+    DS_CHECK(pp_grad && pp_grad->size() == pp.size() && pp_grad->rank() == pp.rank(),
+             "pipeline stage {}: overlapping needs a second pipeline communicator", stage_);
+  plan_ = make_p2p_plan(actions_, overlap_);
   max_live_ = max_live_activations(kind_, n_stages_, stage_, n_micro_, vp_);
   model_.set_activation_slots(max_live_);
 }
@@ -44,11 +51,12 @@ Tensor PipelineExecutor::activation_buffer(const MicroBatch& mb) {
                        model_.device());
 }
 
-// Sends and receives of actions [begin, end), posted together.
-void PipelineExecutor::communicate(size_t begin, size_t end) {
+// One batch of the plan, issued asynchronously on the queue's communicator.
+CommHandle PipelineExecutor::post(const P2PPlanStep& step) {
   std::vector<P2POp> ops;
-  for (size_t i = begin; i < end; ++i) {
-    const PipeAction& a = actions_[i];
+  std::vector<Tensor> keep;  // alive (and, on the GPU, not reused) until the batch ran
+  std::string names;
+  for (const PipeAction& a : step.batch) {
     const MicroBatch& mb = micro_batch(a.micro);
     const int64_t B = mb.tokens.size(0), T = mb.tokens.size(1);
     const bool fwd_link = a.kind == ActionKind::SendForward || a.kind == ActionKind::RecvBackward;
@@ -57,7 +65,7 @@ void PipelineExecutor::communicate(size_t begin, size_t end) {
     Tensor t;
     int peer = stage_, channel = 0;
     switch (a.kind) {
-      case ActionKind::RecvForward: t = model_.stage_input(slot_of(key(a), true), a.chunk, B, T); peer = prev; break;
+      case ActionKind::RecvForward: t = fwd_in_[key(a)] = activation_buffer(mb); peer = prev; break;
       case ActionKind::SendForward: t = model_.stage_output(slot_of(key(a), false), a.chunk); peer = next; break;
       case ActionKind::RecvBackward:
         t = grad_in_[key(a)] = activation_buffer(mb);
@@ -77,28 +85,28 @@ void PipelineExecutor::communicate(size_t begin, size_t end) {
     op.peer = peer;
     op.channel = channel;
     ops.push_back(op);
+    keep.push_back(t);
+    if (a.kind == ActionKind::SendBackward) grad_out_.erase(key(a));  // `keep` holds it now
     performed_.push_back(a);
+    if (!names.empty()) names += ' ';
+    names += to_string(a, vp_);
   }
-  wait_sends();
-  bool any_recv = false;
-  std::vector<Tensor> keep;
-  for (size_t i = begin; i < end; ++i) {
-    const PipeAction& a = actions_[i];
-    any_recv = any_recv || a.kind == ActionKind::RecvForward || a.kind == ActionKind::RecvBackward;
-    if (a.kind == ActionKind::SendBackward) keep.push_back(grad_out_.at(key(a)));
-  }
-  CommHandle h = pp_.ibatch_send_recv(std::move(ops), std::move(keep));  // keeps the sent gradients alive
-  if (any_recv)
-    h.wait();
-  else
-    pending_sends_ = h;
-  for (size_t i = begin; i < end; ++i)
-    if (actions_[i].kind == ActionKind::SendBackward) grad_out_.erase(key(actions_[i]));
-}
-
-void PipelineExecutor::wait_sends() {
-  pending_sends_.wait();
-  pending_sends_ = CommHandle();
+  Communicator& comm = step.queue == 1 && overlap_ ? *pp_grad_ : pp_;
+  if (!timeline_ || !timeline_->enabled()) return comm.ibatch_send_recv(std::move(ops), std::move(keep));
+  for (const P2POp& op : ops)
+    DS_CHECK(op.peer >= 0 && op.peer < comm.size() && op.peer != comm.rank(), "pipeline stage {}: p2p peer {}", stage_,
+             op.peer);
+  Timeline* tl = timeline_;
+  Communicator* c = &comm;
+  const double issued = tl->now_us();
+  return comm.submit(
+      "batch_send_recv",
+      [tl, c, ops = std::move(ops), names = std::move(names), issued] {
+        const double t0 = tl->now_us();
+        c->batch_send_recv(ops);
+        tl->add({"p2p " + names, "comm", 1, issued, t0, tl->now_us()});
+      },
+      std::move(keep));
 }
 
 void PipelineExecutor::compute(const PipeAction& a) {
@@ -108,8 +116,12 @@ void PipelineExecutor::compute(const PipeAction& a) {
   if (a.kind == ActionKind::Forward) {
     DropoutKey key = key_;
     key.first_sample = mb.first_sample;
-    loss_sum_ += model_.stage_forward(slot_of(k, first_virtual), a.chunk, mb.tokens, mb.targets, loss_weight_, true,
-                                      key);
+    const int slot = slot_of(k, true);
+    if (auto in = fwd_in_.find(k); in != fwd_in_.end()) {
+      model_.stage_input(slot, a.chunk, mb.tokens.size(0), mb.tokens.size(1)).copy_from(in->second);
+      fwd_in_.erase(in);
+    }
+    loss_sum_ += model_.stage_forward(slot, a.chunk, mb.tokens, mb.targets, loss_weight_, true, key);
     return;
   }
   auto g = grad_in_.find(k);
@@ -130,26 +142,30 @@ double PipelineExecutor::train(const std::function<MicroBatch(int)>& batch, floa
   key_ = key;
   loss_sum_ = 0;
   performed_.clear();
+  posted_.clear();
   slots_.clear();
   batches_.clear();
+  fwd_in_.clear();
   grad_in_.clear();
   grad_out_.clear();
   free_slots_.clear();
   for (int s = max_live_ - 1; s >= 0; --s) free_slots_.push_back(s);
-  for (size_t i = 0; i < actions_.size();) {
-    if (is_communication(actions_[i].kind)) {
-      size_t end = i;
-      while (end < actions_.size() && is_communication(actions_[end].kind)) ++end;
-      communicate(i, end);
-      i = end;
+  const bool timed = timeline_ && timeline_->enabled();
+  for (const P2PPlanStep& step : plan_) {
+    if (step.kind == P2PPlanStep::Kind::Post) {
+      posted_.push_back(post(step));
       continue;
     }
-    compute(actions_[i]);
-    performed_.push_back(actions_[i]);
-    ++i;
+    for (int w : step.waits) posted_.at(w).wait();
+    const double t0 = timed ? timeline_->now_us() : 0;
+    compute(step.compute);
+    if (timed) timeline_->add({"pipeline " + to_string(step.compute, vp_), "compute", 0, t0, t0, timeline_->now_us()});
+    performed_.push_back(step.compute);
   }
-  wait_sends();
-  DS_CHECK(slots_.empty() && grad_out_.empty(), "pipeline stage {}: activations left after the schedule", stage_);
+  for (CommHandle& h : posted_) h.wait();  // the last sends
+  posted_.clear();
+  DS_CHECK(slots_.empty() && grad_out_.empty() && fwd_in_.empty() && grad_in_.empty(),
+           "pipeline stage {}: activations left after the schedule", stage_);
   batch_fn_ = nullptr;
   batches_.clear();
   return loss_sum_;

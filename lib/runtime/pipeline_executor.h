@@ -2,11 +2,14 @@
 // walking its 1F1B (or interleaved 1F1B) action list
 // (lib/parallel/pipeline_schedule.h). Forward and Backward run one model
 // chunk of this stage on one micro-batch, with one activation set per
-// in-flight (micro-batch, chunk) (at most max_live_activations);
-// consecutive send/receive actions are posted as one batch
-// (Communicator::batch_send_recv), which the schedule guarantees cannot
-// deadlock. Activations (B, T, C) go to the next virtual stage, their
-// gradients back, on separate message channels.
+// in-flight (micro-batch, chunk) (at most max_live_activations). The
+// send/receive actions are posted as asynchronous batches
+// (Communicator::ibatch_send_recv) following make_p2p_plan
+// (lib/parallel/pipeline_p2p_plan.h), and a compute waits only for the
+// batches it needs. With overlap (1F1B), each receive is posted one compute
+// earlier, activations and gradients on two communicators (two queues) so
+// that neither waits behind the other. Activations (B, T, C) go to the next
+// virtual stage, their gradients back.
 #pragma once
 #include <functional>
 #include <map>
@@ -15,7 +18,9 @@
 #include "lib/comm/communicator.h"
 #include "lib/model/gpt.h"
 #include "lib/parallel/pipeline_schedule.h"
+#include "lib/parallel/pipeline_p2p_plan.h"
 #include "lib/runtime/micro_batch.h"
+#include "lib/runtime/timeline.h"
 
 namespace ds {
 
@@ -24,8 +29,16 @@ class PipelineExecutor {
   // pp: this pipeline's communicator (group rank = stage). n_micro: the
   // micro-batches of one global batch (gradient accumulation steps). The
   // model's layout gives the virtual stages (vp > 1: interleaved 1F1B).
-  PipelineExecutor(GptModel& model, Communicator& pp, int n_micro);
+  // overlap (zero_optimization.overlap_comm): post receives one compute
+  // early, gradients on `pp_grad` (a second communicator over the same ranks,
+  // required then); applied to 1F1B only (the interleaved schedule's batches
+  // stay paired, see make_p2p_plan's test). Results are bit-identical either way.
+  PipelineExecutor(GptModel& model, Communicator& pp, int n_micro, Communicator* pp_grad = nullptr,
+                   bool overlap = false);
   ScheduleKind kind() const { return kind_; }
+  bool overlapping() const { return overlap_; }
+  // Records each compute's span and each batch's begin/end (profiling, tests).
+  void set_timeline(Timeline* t) { timeline_ = t; }
 
   // Forward + backward of one global batch; batch(m) returns micro-batch m
   // (every stage reads it: the first needs the tokens, the last the targets).
@@ -39,18 +52,15 @@ class PipelineExecutor {
 
   int max_live() const { return max_live_; }
   const std::vector<PipeAction>& actions() const { return actions_; }
-  // Actions as performed by the last train() (for checks against the schedule).
+  // Actions as performed by the last train(): computes in schedule order,
+  // sends and receives when their batch was posted (the plan's order).
   const std::vector<PipeAction>& performed() const { return performed_; }
 
  private:
-  void communicate(size_t begin, size_t end);
-  // A batch of sends only is issued asynchronously and waited for before the
-  // next batch (or the end of the schedule), so it overlaps the compute in
-  // between; its buffers are not written before that: a sent activation's slot
-  // is only reused after its backward, which follows a receive batch. A batch
-  // with a receive is waited for at once (its compute needs the data).
-  CommHandle pending_sends_;
-  void wait_sends();
+  // Issues one batch of the plan. Received activations land in a buffer of
+  // their own (fwd_in_), copied into the slot by the forward: with early
+  // receives a slot may still be in use when its next input arrives.
+  CommHandle post(const P2PPlanStep& step);
   void compute(const PipeAction& a);
   int key(const PipeAction& a) const { return a.micro * vp_ + a.chunk; }
   int slot_of(int key, bool allocate);
@@ -63,10 +73,16 @@ class PipelineExecutor {
   ScheduleKind kind_ = ScheduleKind::OneFOneB;
   int stage_ = 0, n_stages_ = 1, n_micro_ = 1, vp_ = 1, max_live_ = 1;
   std::vector<PipeAction> actions_, performed_;
+  Communicator* pp_grad_ = nullptr;
+  bool overlap_ = false;
+  std::vector<P2PPlanStep> plan_;
+  std::vector<CommHandle> posted_;   // this train()'s batches, in plan order
+  Timeline* timeline_ = nullptr;
   std::map<int, int> slots_;         // (micro, chunk) key -> activation slot
   std::vector<int> free_slots_;
   std::map<int, MicroBatch> batches_;  // in-flight micro-batches
   const std::function<MicroBatch(int)>* batch_fn_ = nullptr;
+  std::map<int, Tensor> fwd_in_;     // key -> received input activations (B,T,C)
   std::map<int, Tensor> grad_in_;    // key -> received output gradient (B,T,C)
   std::map<int, Tensor> grad_out_;   // key -> input gradient waiting for its SendBackward
   float loss_weight_ = 0;

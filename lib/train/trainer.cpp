@@ -71,7 +71,9 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   if (shard_.tp > 1 || shard_.pp > 1)  // gradient norm summed over the model-parallel (tp x pp) group
     opt_->set_tensor_parallel(shard_.pp > 1 ? comms_.mp : comms_.tp, norm_counted_ranges(local));
   if (shard_.pp > 1) {
-    pipe_ = std::make_unique<PipelineExecutor>(*model_, *comms_.pp, static_cast<int>(cfg_.batch.grad_accum_steps));
+    pipe_ = std::make_unique<PipelineExecutor>(*model_, *comms_.pp, static_cast<int>(cfg_.batch.grad_accum_steps),
+                                               comms_.pp_grad, cfg_.zero.overlap_comm);
+    pipe_->set_timeline(&timeline_);
     if (store_ && comms_.embedding->size() > 1 && !model_->dims().untied) store_->defer_unit(0);
   }
   DS_USER_CHECK(cfg_.zero.offload_optimizer != OffloadDevice::CPU || dev_.is_cuda(),

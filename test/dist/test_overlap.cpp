@@ -4,7 +4,9 @@
 // checkpoints' bytes), and the --profile timeline shows the first gradient
 // reduction starting while the backward pass still runs (stage 0: bucket
 // all-reduce; stage 2: per-unit reduce-scatter), with the host
-// synchronisations of the step in the log.
+// synchronisations of the step in the log. Pipelines (PP2, PP4, PP2 x DP2,
+// tied embeddings) are bit-identical with overlap on and off too, and with it
+// the 1F1B receives run while the stage computes.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -43,38 +45,53 @@ std::map<std::string, std::string> checkpoint_files(const std::string& dir) {
   return out;
 }
 
-std::vector<std::string> model_args(int iters) {
+std::vector<std::string> model_args(int iters, int pp = 1, int layers = 2) {
   SmallModel m;
   m.iters = iters;
+  m.pp = pp;
+  m.layers = layers;
   return small_model_args(m);
+}
+
+// Runs `world` ranks with overlap off and on (checkpoint at the last of 6
+// steps) and requires the same checkpoint bytes.
+void require_same_bits(const std::string& label, int world, int stage, const std::vector<std::string>& model) {
+  std::map<std::string, std::string> files[2];
+  for (int overlap : {0, 1}) {
+    const std::string name = "bits_" + label + (overlap ? "_on" : "_off");
+    const std::string ck = dist_data().dir + "/ck_" + name;
+    fs::remove_all(ck);
+    std::vector<std::string> args = model;
+    args.insert(args.begin(), {"--config", write_config(name, stage, overlap, 3000)});
+    args.insert(args.end(), {"--save", ck, "--save-interval", "6"});
+    std::string err = run_dstrain(DstrainJob{world, args});
+    INFO(label << " overlap " << overlap << ": " << err);
+    REQUIRE(err.empty());
+    files[overlap] = checkpoint_files(ck);
+  }
+  INFO(label);
+  REQUIRE(files[0].size() >= 2);
+  REQUIRE(files[0].size() == files[1].size());
+  for (const auto& [path, bytes] : files[0]) {
+    INFO(path);
+    REQUIRE(files[1].count(path) == 1);
+    REQUIRE((files[1][path] == bytes));
+  }
 }
 
 }  // namespace
 
 TEST_CASE("overlap_comm on and off give bit-identical weights and optimizer states for ZeRO 0-3", "[multiproc]") {
-  for (int stage : {0, 1, 2, 3}) {
-    std::map<std::string, std::string> files[2];
-    for (int overlap : {0, 1}) {
-      const std::string name = "bits_z" + std::to_string(stage) + (overlap ? "_on" : "_off");
-      const std::string ck = dist_data().dir + "/ck_" + name;
-      fs::remove_all(ck);
-      std::vector<std::string> args = model_args(6);
-      args.insert(args.begin(), {"--config", write_config(name, stage, overlap, 3000)});
-      args.insert(args.end(), {"--save", ck, "--save-interval", "6"});
-      std::string err = run_dstrain(DstrainJob{2, args});
-      INFO("ZeRO-" << stage << " overlap " << overlap << ": " << err);
-      REQUIRE(err.empty());
-      files[overlap] = checkpoint_files(ck);
-    }
-    INFO("ZeRO-" << stage);
-    REQUIRE(files[0].size() >= 2);
-    REQUIRE(files[0].size() == files[1].size());
-    for (const auto& [path, bytes] : files[0]) {
-      INFO(path);
-      REQUIRE(files[1].count(path) == 1);
-      REQUIRE((files[1][path] == bytes));
-    }
-  }
+  for (int stage : {0, 1, 2, 3}) require_same_bits("z" + std::to_string(stage), 2, stage, model_args(6));
+}
+
+// Pipelines (GPT-2 family: tied embeddings across the first and last stage),
+// 4 micro-batches per step: the receives posted early give the same bits.
+TEST_CASE("overlap_comm on and off give bit-identical results with pipeline parallelism", "[multiproc]") {
+  require_same_bits("pp2_z1", 2, 1, model_args(6, 2));
+  require_same_bits("pp4_z0", 4, 0, model_args(6, 4, 4));
+  require_same_bits("pp2dp2_z1", 4, 1, model_args(6, 2));
+  require_same_bits("pp2dp2_z2", 4, 2, model_args(6, 2));
 }
 
 namespace {
@@ -144,5 +161,64 @@ TEST_CASE("timeline: the first gradient reduction starts before the last layer's
     REQUIRE(n_comm >= 2);
     REQUIRE(first_comm >= 0);
     REQUIRE(first_comm < last_layer.end);
+  }
+}
+
+namespace {
+
+// Rank 0's receive batches ("p2p ... Recv...") whose span overlaps a
+// pipeline compute span ("pipeline F1", "pipeline B0"), and the counts of both.
+struct P2POverlap {
+  int recv_batches = 0, computes = 0, overlapping = 0;
+};
+
+P2POverlap p2p_overlap(const std::string& path) {
+  std::ifstream f(path);
+  REQUIRE(f.good());
+  nlohmann::json j = nlohmann::json::parse(f);
+  std::vector<Span> recv, compute;
+  for (const auto& e : j.at("traceEvents")) {
+    const std::string n = e.at("name");
+    const double ts = e.at("ts"), dur = e.at("dur");
+    if (n.rfind("p2p ", 0) == 0 && n.find("Recv") != std::string::npos) recv.push_back({ts, ts + dur});
+    if (n.rfind("pipeline ", 0) == 0) compute.push_back({ts, ts + dur});
+  }
+  P2POverlap o{static_cast<int>(recv.size()), static_cast<int>(compute.size()), 0};
+  for (const Span& r : recv) {
+    bool any = false;
+    for (const Span& c : compute) any = any || (r.begin < c.end - 0.01 && c.begin < r.end - 0.01);  // trace µs rounding
+    o.overlapping += any;
+  }
+  return o;
+}
+
+}  // namespace
+
+// PP2, 4 micro-batches: stage 0 runs F0 F1 B0 F2 B1 F3 B2 B3. Without overlap a
+// receive is waited for before the next compute starts, so no receive spans a
+// compute; with it the gradient of B0 is received while F1 runs (and so on).
+TEST_CASE("timeline: pipeline receives overlap the 1F1B computes with overlap_comm", "[multiproc]") {
+  for (int overlap : {0, 1}) {
+    const std::string name = std::string("timeline_pp2_") + (overlap ? "on" : "off");
+    const std::string dir = dist_data().dir + "/" + name;
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::vector<std::string> args = model_args(6, 2);
+    args.insert(args.begin(), {"--config", write_config(name, 1, overlap, 3000)});
+    args.insert(args.end(), {"--profile", "--profile-dir", dir});
+    std::string log;
+    DstrainJob job{2, args};
+    job.rank0_output = &log;
+    std::string err = run_dstrain(job);
+    INFO("overlap " << overlap << ": " << err << log);
+    REQUIRE(err.empty());
+    const P2POverlap o = p2p_overlap(dir + "/timeline_rank0.json");
+    INFO(o.recv_batches << " receive batches, " << o.computes << " computes, " << o.overlapping << " overlapping");
+    REQUIRE(o.computes == 8);      // 4 forwards, 4 backwards
+    REQUIRE(o.recv_batches == 4);  // stage 0 receives the 4 output gradients
+    if (overlap)
+      REQUIRE(o.overlapping >= 3);  // B1..B3's gradients arrive during F2, F3 and B2
+    else
+      REQUIRE(o.overlapping == 0);
   }
 }
