@@ -157,6 +157,9 @@ double PipelineExecutor::train(const std::function<MicroBatch(int)>& batch, floa
       continue;
     }
     for (int w : step.waits) posted_.at(w).wait();
+    if (last_backward_hook_ && kind_ == ScheduleKind::OneFOneB && step.compute.kind == ActionKind::Backward &&
+        step.compute.micro == n_micro_ - 1)
+      last_backward_hook_();
     const double t0 = timed ? timeline_->now_us() : 0;
     compute(step.compute);
     if (timed) timeline_->add({"pipeline " + to_string(step.compute, vp_), "compute", 0, t0, t0, timeline_->now_us()});

@@ -39,6 +39,11 @@ class PipelineExecutor {
   bool overlapping() const { return overlap_; }
   // Records each compute's span and each batch's begin/end (profiling, tests).
   void set_timeline(Timeline* t) { timeline_ = t; }
+  // 1F1B: called right before the stage's last backward, the one after which
+  // every gradient of the stage is final (ZeroOptimizer::begin_last_micro_batch
+  // arms the bucket reductions). Not called for the interleaved schedule,
+  // where a chunk's last backward comes before the others'.
+  void set_last_backward_hook(std::function<void()> hook) { last_backward_hook_ = std::move(hook); }
 
   // Forward + backward of one global batch; batch(m) returns micro-batch m
   // (every stage reads it: the first needs the tokens, the last the targets).
@@ -78,6 +83,7 @@ class PipelineExecutor {
   std::vector<P2PPlanStep> plan_;
   std::vector<CommHandle> posted_;   // this train()'s batches, in plan order
   Timeline* timeline_ = nullptr;
+  std::function<void()> last_backward_hook_;
   std::map<int, int> slots_;         // (micro, chunk) key -> activation slot
   std::vector<int> free_slots_;
   std::map<int, MicroBatch> batches_;  // in-flight micro-batches

@@ -85,6 +85,7 @@ void ZeroOptimizer::on_grads(int unit, bool ready) {
     }
   }
   if (!armed_ || !ready) return;
+  if (std::find(held_units_.begin(), held_units_.end(), unit) != held_units_.end()) return;
   unit_ready_[unit] = 1;
   while (next_bucket_ >= 0) {
     bool complete = true;

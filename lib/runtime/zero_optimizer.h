@@ -54,6 +54,10 @@ class ZeroOptimizer {
   // The next backward is the last of the step: with overlap_comm, its
   // completed buckets are reduced while it runs (no-op otherwise).
   void begin_last_micro_batch();
+  // Stages 0/1 with overlap_comm: the buckets covering `unit` are not reduced
+  // during the backward but by reduce_gradients (the tied embedding of a
+  // pipeline, all-reduced across its first and last stage in between).
+  void hold_unit(int unit) { held_units_.push_back(unit); }
   bool overlaps_grad_reduce() const { return overlap_; }
   // Records backward unit spans and the gradient collectives (may be null).
   void set_timeline(Timeline* t);
@@ -100,6 +104,7 @@ class ZeroOptimizer {
   std::vector<Range> buckets_;
   std::vector<std::vector<int>> bucket_units_;  // non-empty units each bucket intersects
   std::vector<char> unit_ready_;
+  std::vector<int> held_units_;  // never marked ready during the backward
   int next_bucket_ = -1;  // buckets are issued from the last one down
   std::vector<CommHandle> pending_;
   Timeline* timeline_ = nullptr;

@@ -74,6 +74,11 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
     pipe_ = std::make_unique<PipelineExecutor>(*model_, *comms_.pp, static_cast<int>(cfg_.batch.grad_accum_steps),
                                                comms_.pp_grad, cfg_.zero.overlap_comm);
     pipe_->set_timeline(&timeline_);
+    // overlap_comm, stages 0/1: buckets are reduced during the last backward,
+    // except the tied embedding's, whose first+last stage all-reduce must come
+    // first (tied_embedding_all_reduce, then reduce_gradients issues them).
+    pipe_->set_last_backward_hook([this] { opt_->begin_last_micro_batch(); });
+    if (comms_.embedding->size() > 1 && !model_->dims().untied) opt_->hold_unit(0);
     if (store_ && comms_.embedding->size() > 1 && !model_->dims().untied) store_->defer_unit(0);
   }
   DS_USER_CHECK(cfg_.zero.offload_optimizer != OffloadDevice::CPU || dev_.is_cuda(),

@@ -90,6 +90,7 @@ TEST_CASE("overlap_comm on and off give bit-identical weights and optimizer stat
 TEST_CASE("overlap_comm on and off give bit-identical results with pipeline parallelism", "[multiproc]") {
   require_same_bits("pp2_z1", 2, 1, model_args(6, 2));
   require_same_bits("pp4_z0", 4, 0, model_args(6, 4, 4));
+  require_same_bits("pp2dp2_z0", 4, 0, model_args(6, 2));
   require_same_bits("pp2dp2_z1", 4, 1, model_args(6, 2));
   require_same_bits("pp2dp2_z2", 4, 2, model_args(6, 2));
 }
@@ -221,4 +222,43 @@ TEST_CASE("timeline: pipeline receives overlap the 1F1B computes with overlap_co
     else
       REQUIRE(o.overlapping == 0);
   }
+}
+
+// PP2 x DP2, ZeRO-1, tied embeddings: the data-parallel bucket all-reduces of
+// stage 0 start during its last backward (B3), all but the embedding's, which
+// wait for the tied all-reduce across the first and last stage.
+TEST_CASE("timeline: with pipeline parallelism the bucket all-reduces start during the last backward",
+          "[multiproc]") {
+  const std::string name = "timeline_pp2dp2";
+  const std::string dir = dist_data().dir + "/" + name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // As the DP timeline test: 4 layers of hidden 128 (2 per stage), buckets of
+  // 50k elements, so layer 1's buckets complete while layer 0's backward runs.
+  const DistData& d = dist_data();
+  std::vector<std::string> args = {"--config", write_config(name, 1, true, 50000), "--num-layers", "4",
+                                   "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "64",
+                                   "--max-position-embeddings", "64", "--pipeline-model-parallel-size", "2",
+                                   "--train-iters", "3", "--lr", "1e-3", "--log-interval", "1", "--eval-interval",
+                                   "1000", "--eval-iters", "1", "--data-path", d.data_prefix, "--vocab-file", d.vocab,
+                                   "--merge-file", d.merges, "--profile", "--profile-dir", dir};
+  std::string log;
+  DstrainJob job{4, args};
+  job.rank0_output = &log;
+  std::string err = run_dstrain(job);
+  INFO(err << log);
+  REQUIRE(err.empty());
+  Span last_backward;
+  double first_comm = -1;
+  int n_comm = 0;
+  // Global batch 8, 2 samples per micro-batch, DP 2: 2 micro-batches, the last backward is B1.
+  read_timeline(dir + "/timeline_rank0.json", "pipeline B1", "all_reduce bucket", &last_backward, &first_comm,
+                &n_comm);
+  INFO("last backward " << last_backward.begin << " .. " << last_backward.end << " us; first bucket all-reduce at "
+                        << first_comm << " us; " << n_comm << " of them");
+  REQUIRE(last_backward.end > 0);
+  REQUIRE(n_comm >= 2);
+  REQUIRE(first_comm >= 0);
+  REQUIRE(first_comm >= last_backward.begin);  // armed for the last micro-batch only
+  REQUIRE(first_comm < last_backward.end);
 }
