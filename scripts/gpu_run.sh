@@ -4,7 +4,8 @@
 # (device call: carry ["gpu-bundle"]). Steps, in order of importance, each with
 # a timeout; a failing step does not stop the next ones:
 #   a) test_cuda_ops        every CUDA op against the CPU reference (Catch2), then
-#      test_gen_cuda        generation's KV-cache path against the CPU one
+#      test_gen_cuda        generation's KV-cache path against the CPU one, then
+#      test_offload_cuda    the offloaded optimizer's bucketed step against the blocking one
 #   b) test_comm_nccl       NCCL communicator, world of one (2 ranks need 2 GPUs)
 #   c) bench_cuda_kernels   copy / bf16 GEMM ceilings, then every op vs its floor
 #   d) dstrain smoke runs   tiny GPT-2, 30 iterations: cuda bf16, fp16, fp32; cpu
@@ -197,6 +198,13 @@ run_step test_gen_cuda 90 "$WORK/test_gen_cuda.log" "$B/bin/test_gen_cuda" --dur
 DETAIL[-1]+="; $(catch_counts "$WORK/test_gen_cuda.log")"
 skip_on_gpu "$WORK/test_gen_cuda.log"
 { echo; echo "=== test_gen_cuda"; cat "$WORK/test_gen_cuda.log"; } >> "$OUT/test_cuda_ops.log"
+
+# a3) the offloaded optimizer's bucketed step (stream copies, pinned buffers)
+# against the blocking one; its log is appended to test_cuda_ops.log too.
+run_step test_offload_cuda 60 "$WORK/test_offload_cuda.log" "$B/bin/test_offload_cuda" --durations yes
+DETAIL[-1]+="; $(catch_counts "$WORK/test_offload_cuda.log")"
+skip_on_gpu "$WORK/test_offload_cuda.log"
+{ echo; echo "=== test_offload_cuda"; cat "$WORK/test_offload_cuda.log"; } >> "$OUT/test_cuda_ops.log"
 
 # b) NCCL communicator (world of one; NCCL warnings into the log).
 NCCL_DEBUG="${NCCL_DEBUG:-WARN}" run_step test_comm_nccl 90 "$OUT/test_comm_nccl.log" "$B/bin/test_comm_nccl"

@@ -15,6 +15,9 @@ struct ZeroConfig {
   int64_t stage3_prefetch_bucket_size = 50000000, stage3_max_live_parameters = 1000000000,
           stage3_param_persistence_threshold = 100000;
   OffloadDevice offload_optimizer = OffloadDevice::None;  // "none" | "cpu"
+  // offload_optimizer.pin_memory (DeepSpeed's default false): page-lock the
+  // host master and gradient buffers so the copies overlap the CPU update.
+  bool offload_pin_memory = false;
 };
 
 }  // namespace ds

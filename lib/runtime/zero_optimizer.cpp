@@ -147,10 +147,12 @@ void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
   if (range_.size() > 0) {
     Tensor p = store_ ? store_->master_params() : model_.params().view(range_.begin, {range_.size()});
     Tensor g = store_ ? store_->grad_shard() : model_.grads().view(range_.begin, {range_.size()});
-    if (offload_) {
-      if (!host_master_.defined()) host_master_ = p.to(Device::cpu());
-      adam_->step(host_master_, g.to(Device::cpu()), h, grad_scale);
-      p.copy_from(host_master_);
+    if (offload_) {  // bucket by bucket, copies overlapping the CPU update (offload_pipeline.h)
+      if (!offload_pipe_)
+        offload_pipe_ = std::make_unique<OffloadPipeline>(
+            make_offload_copier(model_.device()), std::min(z_.reduce_bucket_size, kOffloadBucketMax), z_.offload_pin_memory);
+      if (!host_master_.defined()) host_master_ = offload_pipe_->host_copy(p);
+      offload_pipe_->step(*adam_, model_.layout(), p, g, host_master_, h, grad_scale);
     } else {
       const Tensor lowp = fused_lowp_ ? model_.compute_params().view(range_.begin, {range_.size()}) : Tensor();
       adam_->step(p, g, h, grad_scale, Stream{}, lowp);

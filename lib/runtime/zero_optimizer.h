@@ -19,7 +19,8 @@
 // offload_optimizer.device = cpu with a CUDA model: Adam m and v and an fp32
 // copy of this rank's master range live in host memory and the AdamW update
 // runs there (the OpenMP CPU kernel); each step copies the gradient range to
-// the host and the updated master range back. On the CPU backend the trainer
+// the host and the updated master range back, in buckets that overlap the
+// update (OffloadPipeline, offload_pipeline.h). On the CPU backend the trainer
 // rejects the flag (it would move nothing).
 #pragma once
 #include <memory>
@@ -29,6 +30,7 @@
 #include "lib/model/gpt.h"
 #include "lib/optim/adamw.h"
 #include "lib/parallel/zero_partition.h"
+#include "lib/runtime/offload_pipeline.h"
 #include "lib/runtime/timeline.h"
 #include "lib/runtime/zero_config.h"
 #include "lib/runtime/zero_store.h"
@@ -96,6 +98,10 @@ class ZeroOptimizer {
   // offload: (range) f32 host copy of the master range, read from the device
   // at the first step (after init or load), then the only one the update writes.
   Tensor host_master_;
+  // offload: the bucketed step; buckets of reduce_bucket_size elements, at
+  // most kOffloadBucketMax (two host gradient buffers of 64 MiB).
+  static constexpr int64_t kOffloadBucketMax = 16 << 20;
+  std::unique_ptr<OffloadPipeline> offload_pipe_;
 
   // overlap_comm, stages 0/1 (see above)
   void on_grads(int unit, bool ready);

@@ -163,7 +163,7 @@ void read_zero(DsSection& root, ZeroConfig& z) {
   DS_USER_CHECK(offload == "none" || offload == "cpu",
                 "zero_optimization.offload_optimizer.device '{}' is not supported (use \"none\" or \"cpu\")", offload);
   z.offload_optimizer = offload == "cpu" ? OffloadDevice::CPU : OffloadDevice::None;
-  off.mark("pin_memory");  // host buffers are always pinned when offloading
+  z.offload_pin_memory = off.get<bool>("pin_memory", z.offload_pin_memory);
   if (z.offload_optimizer != OffloadDevice::None) off.finish();
   DsSection offp = s.section("offload_param");
   offp.accept_if("device", "none");  // parameter offload: not implemented

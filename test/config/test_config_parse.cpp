@@ -130,6 +130,7 @@ TEST_CASE("DeepSpeed keys map onto the config", "[config]") {
   CHECK(c.zero.overlap_comm);
   CHECK_FALSE(c.zero.contiguous_gradients);
   CHECK(c.zero.offload_optimizer == OffloadDevice::CPU);
+  CHECK(c.zero.offload_pin_memory);
   CHECK(c.log.csv_enabled);
   CHECK(c.log.csv_path == "logs/");
   CHECK(c.log.csv_job_name == "run1");

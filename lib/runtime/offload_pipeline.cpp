@@ -1,0 +1,147 @@
+// The offloaded AdamW step in buckets: the schedule, the memcpy copier and the
+// pipeline that walks the schedule (see offload_pipeline.h).
+#include "lib/runtime/offload_pipeline.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "lib/core/error.h"
+#include "lib/ops/ops.h"
+
+namespace ds {
+
+#ifdef DS_WITH_CUDA
+// lib/runtime/cuda/offload_copier_cuda.cpp
+std::unique_ptr<OffloadCopier> make_cuda_offload_copier();
+#endif
+
+std::vector<OffloadOp> offload_schedule(int n_buckets, int n_buffers) {
+  DS_CHECK(n_buckets >= 0 && n_buffers >= 1, "offload schedule: {} buckets, {} buffers", n_buckets, n_buffers);
+  std::vector<OffloadOp> ops;
+  for (int b = 0; b < std::min(n_buckets, n_buffers); ++b) ops.push_back({OffloadOpKind::GradToHost, b, b});
+  for (int b = 0; b < n_buckets; ++b) {
+    const int buf = b % n_buffers;
+    ops.push_back({OffloadOpKind::WaitGrad, b, buf});
+    ops.push_back({OffloadOpKind::Update, b, buf});
+    ops.push_back({OffloadOpKind::ParamToDevice, b, -1});
+    // The update has read the buffer: the bucket n_buffers ahead may fill it.
+    if (b + n_buffers < n_buckets) ops.push_back({OffloadOpKind::GradToHost, b + n_buffers, buf});
+  }
+  ops.push_back({OffloadOpKind::Finish, -1, -1});
+  return ops;
+}
+
+namespace {
+
+class HostCopier : public OffloadCopier {
+ public:
+  Tensor host_buffer(int64_t numel, bool) override { return Tensor::empty({numel}, DType::F32, Device::cpu()); }
+  void begin() override {}
+  void to_host(const Tensor& dst, const Tensor& src, int) override { copy(dst, src); }
+  void to_device(const Tensor& dst, const Tensor& src, int) override { copy(dst, src); }
+  void wait(int) override {}
+  void finish() override {}
+
+ private:
+  static void copy(const Tensor& dst, const Tensor& src) {
+    DS_CHECK(dst.nbytes() == src.nbytes() && dst.device().is_cpu() && src.device().is_cpu(),
+             "offload copy of {} bytes into {} bytes", src.nbytes(), dst.nbytes());
+    std::memcpy(dst.raw(), src.raw(), src.nbytes());
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<OffloadCopier> make_host_copier() { return std::make_unique<HostCopier>(); }
+
+std::unique_ptr<OffloadCopier> make_offload_copier(Device dev) {
+#ifdef DS_WITH_CUDA
+  if (dev.is_cuda()) return make_cuda_offload_copier();
+#endif
+  DS_CHECK(dev.is_cpu(), "offload copier: no copy engine for this device");
+  return make_host_copier();
+}
+
+void adamw_update_part(AdamW& adam, const ModelLayout& layout, int64_t lo, int64_t hi, const Tensor& params,
+                       const Tensor& grads, const AdamWHyper& h, float grad_scale) {
+  DS_CHECK(0 <= lo && lo <= hi && hi <= adam.end() - adam.begin() && params.numel() == hi - lo &&
+               grads.numel() == hi - lo,
+           "AdamW part [{}, {}) of a range of {} (params {}, grads {})", lo, hi, adam.end() - adam.begin(),
+           params.numel(), grads.numel());
+  // The same op calls as AdamW::step, cut at the part's bounds: the update is
+  // element-wise, so the pieces give the same bits as the whole.
+  const int64_t begin = adam.begin() + lo, end = adam.begin() + hi;
+  for (const ParamSpec& p : layout.params) {
+    const int64_t a = std::max(p.offset, begin), b = std::min(p.offset + p.numel, end);
+    if (a >= b) continue;
+    AdamWArgs args;
+    args.param = params.view(a - begin, {b - a});
+    args.grad = grads.view(a - begin, {b - a});
+    args.m = adam.m().view(a - adam.begin(), {b - a});
+    args.v = adam.v().view(a - adam.begin(), {b - a});
+    args.lr = h.lr;
+    args.beta1 = h.beta1;
+    args.beta2 = h.beta2;
+    args.eps = h.eps;
+    args.weight_decay = p.decay ? h.weight_decay : 0.f;
+    args.grad_scale = grad_scale;
+    args.step = adam.step_count();
+    ops::adamw_step(args, Stream{});
+  }
+}
+
+OffloadPipeline::OffloadPipeline(std::unique_ptr<OffloadCopier> copier, int64_t bucket_numel, bool pinned)
+    : copier_(std::move(copier)), bucket_numel_(bucket_numel), pinned_(pinned) {
+  DS_USER_CHECK(bucket_numel > 0, "offload_optimizer: bucket size must be positive, got {}", bucket_numel);
+}
+
+Tensor OffloadPipeline::host_copy(const Tensor& device_master) {
+  Tensor h = copier_->host_buffer(device_master.numel(), pinned_);
+  h.copy_from(device_master);
+  return h;
+}
+
+void OffloadPipeline::step(AdamW& adam, const ModelLayout& layout, const Tensor& params, const Tensor& grads,
+                           const Tensor& host_master, const AdamWHyper& h, float grad_scale) {
+  const int64_t n = adam.end() - adam.begin();
+  DS_CHECK(params.numel() == n && grads.numel() == n && host_master.numel() == n && adam.m().device().is_cpu(),
+           "offload step: params {}, grads {}, host master {} for a range of {}", params.numel(), grads.numel(),
+           host_master.numel(), n);
+  DS_CHECK(grads.dtype() == DType::F32 && params.dtype() == DType::F32, "offload step: f32 params and grads expected");
+  const int64_t bucket = std::min(bucket_numel_, std::max<int64_t>(n, 1));
+  const int n_buckets = static_cast<int>((n + bucket - 1) / bucket);
+  constexpr int kBuffers = 2;  // double buffering: one bucket updated while the next one arrives
+  const int n_buffers = std::min(kBuffers, std::max(n_buckets, 1));
+  if (static_cast<int>(grad_buffers_.size()) != n_buffers || grad_buffers_[0].numel() != bucket) {
+    grad_buffers_.clear();
+    for (int i = 0; i < n_buffers; ++i) grad_buffers_.push_back(copier_->host_buffer(bucket, pinned_));
+  }
+  auto part = [&](int b) {
+    const int64_t lo = b * bucket;
+    return std::pair<int64_t, int64_t>{lo, std::min(n, lo + bucket)};
+  };
+  adam.set_step_count(adam.step_count() + 1);  // as AdamW::step: one step for the whole range
+  copier_->begin();
+  // Tickets: gradient copy of bucket b is 2b, its weights' copy 2b + 1.
+  for (const OffloadOp& op : offload_schedule(n_buckets, n_buffers)) {
+    if (op.kind == OffloadOpKind::Finish) {
+      copier_->finish();
+      continue;
+    }
+    const auto [lo, hi] = part(op.bucket);
+    const Tensor buf = op.buffer >= 0 ? grad_buffers_[op.buffer].view(0, {hi - lo}) : Tensor();
+    switch (op.kind) {
+      case OffloadOpKind::GradToHost: copier_->to_host(buf, grads.view(lo, {hi - lo}), 2 * op.bucket); break;
+      case OffloadOpKind::WaitGrad: copier_->wait(2 * op.bucket); break;
+      case OffloadOpKind::Update:
+        adamw_update_part(adam, layout, lo, hi, host_master.view(lo, {hi - lo}), buf, h, grad_scale);
+        break;
+      case OffloadOpKind::ParamToDevice:
+        copier_->to_device(params.view(lo, {hi - lo}), host_master.view(lo, {hi - lo}), 2 * op.bucket + 1);
+        break;
+      case OffloadOpKind::Finish: break;
+    }
+  }
+}
+
+}  // namespace ds

@@ -1,0 +1,101 @@
+// The offloaded optimizer step as a pipeline over buckets (DeepSpeed's
+// ZeRO-Offload): with `offload_optimizer.device: cpu` on a GPU, Adam m, v and
+// the fp32 master range live in host memory. The step copies bucket i+1's
+// gradients to the host and bucket i-1's updated weights back to the device
+// while the CPU runs AdamW on bucket i, instead of one blocking copy of the
+// whole range each way.
+//
+// The order of operations is data (offload_schedule) and the copies go
+// through an OffloadCopier: on CUDA, copies on their own streams from
+// (optionally pinned) host buffers, ordered by events; on the CPU, memcpy.
+// So the pipelining (bucket order, which buffer a bucket uses, when the host
+// waits) is the same code on both and is tested on the CPU bit for bit
+// against the blocking update (test/zero/test_offload_pipeline.cpp).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "lib/core/tensor.h"
+#include "lib/model/layout.h"
+#include "lib/optim/adamw.h"
+
+namespace ds {
+
+enum class OffloadOpKind {
+  GradToHost,     // issue: bucket's device gradients -> host buffer `buffer`
+  WaitGrad,       // the host waits for that copy
+  Update,         // AdamW on the bucket (host master + buffer `buffer`)
+  ParamToDevice,  // issue: bucket's updated host master -> device params
+  Finish,         // every copy done (the next step may reuse everything)
+};
+
+struct OffloadOp {
+  OffloadOpKind kind = OffloadOpKind::Finish;
+  int bucket = -1;
+  int buffer = -1;  // GradToHost, WaitGrad, Update: the gradient buffer
+  bool operator==(const OffloadOp&) const = default;
+};
+
+// The step's operations for n_buckets buckets and n_buffers (>= 1) host
+// gradient buffers: the first n_buffers gradient copies are issued at once;
+// bucket b uses buffer b % n_buffers, and its copy is issued right after the
+// update of bucket b - n_buffers, which frees that buffer. Each update is
+// followed by the copy of its weights to the device.
+std::vector<OffloadOp> offload_schedule(int n_buckets, int n_buffers);
+
+// Moves bytes between the device and host buffers, asynchronously where the
+// backend can. Tickets name copies; a ticket is used once per step.
+class OffloadCopier {
+ public:
+  virtual ~OffloadCopier() = default;
+  // A host tensor (f32) copies can use at full speed: page-locked when
+  // `pinned` (CUDA), ordinary host memory otherwise.
+  virtual Tensor host_buffer(int64_t numel, bool pinned) = 0;
+  // Start of a step: later copies to the host come after the device work
+  // issued so far (the gradients are final).
+  virtual void begin() = 0;
+  virtual void to_host(const Tensor& dst, const Tensor& src, int ticket) = 0;
+  virtual void to_device(const Tensor& dst, const Tensor& src, int ticket) = 0;
+  virtual void wait(int ticket) = 0;  // the host waits for the copy
+  virtual void finish() = 0;          // the host waits for every copy
+};
+
+// memcpy (CPU tensors); every copy is done when issued.
+std::unique_ptr<OffloadCopier> make_host_copier();
+// The copier for `dev`: CUDA streams and events for a CUDA device (when the
+// CUDA backend is built), else make_host_copier().
+std::unique_ptr<OffloadCopier> make_offload_copier(Device dev);
+
+class OffloadPipeline {
+ public:
+  // bucket_numel: elements per bucket (DeepSpeed's reduce_bucket_size plays
+  // this part); pinned: offload_optimizer.pin_memory.
+  OffloadPipeline(std::unique_ptr<OffloadCopier> copier, int64_t bucket_numel, bool pinned);
+
+  // A host copy of `device_master` (f32, the rank's master range) in a buffer
+  // of the copier (pinned if asked): the master the steps update.
+  Tensor host_copy(const Tensor& device_master);
+
+  // One AdamW step: adam's moments and host_master are on the host and cover
+  // adam's range of `layout`; params and grads (device, f32) cover it too.
+  // Same result, bit for bit, as copying grads to the host, adam.step on the
+  // whole range and copying host_master to params.
+  void step(AdamW& adam, const ModelLayout& layout, const Tensor& params, const Tensor& grads,
+            const Tensor& host_master, const AdamWHyper& h, float grad_scale);
+
+  int64_t bucket_numel() const { return bucket_numel_; }
+
+ private:
+  std::unique_ptr<OffloadCopier> copier_;
+  int64_t bucket_numel_;
+  bool pinned_;
+  std::vector<Tensor> grad_buffers_;  // 2 host buffers of bucket_numel_
+};
+
+// AdamW's update on [lo, hi) of adam's range (offsets relative to its begin)
+// at its current step count; params/grads are views of exactly that part.
+void adamw_update_part(AdamW& adam, const ModelLayout& layout, int64_t lo, int64_t hi, const Tensor& params,
+                       const Tensor& grads, const AdamWHyper& h, float grad_scale);
+
+}  // namespace ds
