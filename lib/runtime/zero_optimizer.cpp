@@ -149,8 +149,9 @@ void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
     Tensor g = store_ ? store_->grad_shard() : model_.grads().view(range_.begin, {range_.size()});
     if (offload_) {  // bucket by bucket, copies overlapping the CPU update (offload_pipeline.h)
       if (!offload_pipe_)
-        offload_pipe_ = std::make_unique<OffloadPipeline>(
-            make_offload_copier(model_.device()), std::min(z_.reduce_bucket_size, kOffloadBucketMax), z_.offload_pin_memory);
+        offload_pipe_ = std::make_unique<OffloadPipeline>(make_offload_copier(model_.device()),
+                                                          std::min(z_.reduce_bucket_size, kOffloadBucketMax),
+                                                          z_.offload_pin_memory);
       if (!host_master_.defined()) host_master_ = offload_pipe_->host_copy(p);
       offload_pipe_->step(*adam_, model_.layout(), p, g, host_master_, h, grad_scale);
     } else {
