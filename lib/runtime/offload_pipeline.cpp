@@ -92,7 +92,7 @@ void adamw_update_part(AdamW& adam, const ModelLayout& layout, int64_t lo, int64
 
 OffloadPipeline::OffloadPipeline(std::unique_ptr<OffloadCopier> copier, int64_t bucket_numel, bool pinned)
     : copier_(std::move(copier)), bucket_numel_(bucket_numel), pinned_(pinned) {
-  DS_USER_CHECK(bucket_numel > 0, "offload_optimizer: bucket size must be positive, got {}", bucket_numel);
+  DS_CHECK(bucket_numel > 0, "offload pipeline: bucket of {} elements", bucket_numel);  // config_validate checks the key
 }
 
 Tensor OffloadPipeline::host_copy(const Tensor& device_master) {
