@@ -124,14 +124,7 @@ double ZeroOptimizer::reduce_gradients() {
   if (store_) store_->finish_reductions();  // reduce-scattered during the backward pass
   if (store_ && !tp_) return store_->grad_norm();
   Tensor g = store_ ? store_->grad_shard() : model_.grads();
-  if (armed_) {  // overlap: what the backward did not issue, then wait for all
-    while (next_bucket_ >= 0) issue_bucket(next_bucket_--);
-    for (CommHandle& h : pending_) h.wait();
-    pending_.clear();
-    armed_ = false;
-  } else if (!store_ && part_.dp > 1) {
-    for (const Range& b : make_buckets(part_.total, z_.reduce_bucket_size)) dp_->all_reduce(g.view(b.begin, {b.size()}));
-  }
+  all_reduce_dense(g);
   if (!tp_) return std::sqrt(grad_sum_squares(g));
   // Tensor parallel: this rank's counted squares, summed over tp (and over dp
   // when the gradients are dp shards).
@@ -140,6 +133,43 @@ double ZeroOptimizer::reduce_gradients() {
   if (store_ && part_.dp > 1) s = dp_->all_reduce_scalar(s, g.device());
   s = tp_->all_reduce_scalar(s, g.device());
   return std::sqrt(s);
+}
+
+void ZeroOptimizer::all_reduce_dense(const Tensor& g) {
+  if (armed_) {  // overlap: what the backward did not issue, then wait for all
+    while (next_bucket_ >= 0) issue_bucket(next_bucket_--);
+    for (CommHandle& h : pending_) h.wait();
+    pending_.clear();
+    armed_ = false;
+  } else if (!store_ && part_.dp > 1) {
+    const std::vector<Range> buckets = make_buckets(part_.total, z_.reduce_bucket_size);
+    if (g.device().is_cpu()) {
+      for (const Range& b : buckets) dp_->all_reduce(g.view(b.begin, {b.size()}));
+    } else {
+      // GPU: the asynchronous forms make the compute stream wait for each
+      // all-reduce instead of the host polling it (the same NCCL operations).
+      std::vector<CommHandle> hs;
+      for (const Range& b : buckets) hs.push_back(dp_->iall_reduce(g.view(b.begin, {b.size()})));
+      for (CommHandle& h : hs) h.wait();
+    }
+  }
+}
+
+void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
+  DS_CHECK(norm_on_device(), "reduce_gradients_into: the gradient norm of this layout needs scalar collectives");
+  Tensor g = model_.grads();
+  all_reduce_dense(g);
+  ops::sum_squares({.out = sumsq, .x = g}, Stream{});
+}
+
+void ZeroOptimizer::grads_nonfinite_into(const Tensor& flag, Communicator& world) {
+  Tensor g = store_ ? store_->grad_shard() : model_.grads().view(0, {model_.layout().total});
+  if (g.numel() > 0) ops::nonfinite_check({.flag = flag, .x = g}, Stream{});
+  if (world.size() == 1) return;
+  if (flag.device().is_cpu())
+    world.all_reduce(flag);
+  else
+    world.iall_reduce(flag).wait();  // GPU: the compute stream waits, not the host
 }
 
 void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
