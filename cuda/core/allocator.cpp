@@ -140,6 +140,12 @@ class CachingAllocator final : public Allocator {
     DeviceGuard g(dev);
     DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr));
   }
+  void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+               int dev) override {
+    if (width == 0 || height == 0) return;
+    DeviceGuard g(dev);
+    DS_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice, nullptr));
+  }
 
   size_t in_use() {
     std::lock_guard<std::mutex> lock(mu_);

@@ -109,15 +109,16 @@ void CommWorker::loop() {
         failed_ = "unknown error";
       }
     }
-    // Idle before the handle completes: a caller that saw the handle done
-    // and then issues a blocking op finds nothing to drain (so the host
-    // synchronisations counted do not depend on thread timing).
+    // The handle completes and the thread turns idle in one critical
+    // section: a caller that saw the handle done and then issues a blocking
+    // op finds nothing to drain, so the host synchronisations counted do not
+    // depend on thread timing. (Lock order: mu_, then the task's mu.)
     {
       std::lock_guard<std::mutex> lock(mu_);
+      t->finish(err);
       running_ = false;
       if (queue_.empty()) idle_cv_.notify_all();
     }
-    t->finish(err);
   }
 }
 

@@ -1,8 +1,8 @@
 // DeepSpeed-Ulysses all-to-alls with head-block packing (see ulysses.h).
 // The Communicator moves equal contiguous chunks, so rows are packed per
 // destination rank first and unpacked per source rank after. The packing
-// copies rows of one head block at a time (memcpy on the CPU; one device copy
-// per row on a GPU, see docs/parallel.md).
+// copies rows of one head block at a time (memcpy on the CPU; one strided
+// device copy per head block on a GPU, see docs/parallel.md).
 #include "lib/model/ulysses.h"
 
 #include <cstring>
@@ -27,8 +27,7 @@ void copy_rows(const Tensor& dst, int64_t doff, int64_t ds, const Tensor& src, i
     for (int64_t i = 0; i < rows; ++i) std::memcpy(d + i * ds * es, s + i * ss * es, bytes);
     return;
   }
-  Allocator& a = allocator_for(dst.device());
-  for (int64_t i = 0; i < rows; ++i) a.copy(d + i * ds * es, s + i * ss * es, bytes, dst.device().index);
+  allocator_for(dst.device()).copy_2d(d, ds * es, s, ss * es, bytes, rows, dst.device().index);  // one strided copy
 }
 
 }  // namespace
