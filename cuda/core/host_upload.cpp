@@ -22,8 +22,7 @@ namespace {
 constexpr int kRingSlots = 16;
 
 struct StagingSlot {
-  void* host = nullptr;  // pinned
-  size_t bytes = 0;
+  void* host = nullptr;  // pinned, StagingRing::capacity bytes
   cudaEvent_t copied = nullptr;  // recorded after the copy that reads `host`
   int device = -1;               // device of `copied`
 };
@@ -31,6 +30,7 @@ struct StagingSlot {
 struct StagingRing {
   std::mutex mu;
   StagingSlot slots[kRingSlots];
+  size_t capacity = 0;  // bytes of every slot's buffer
   int next = 0;
 };
 
@@ -50,6 +50,22 @@ void wait_for_slot(StagingSlot& s) {
   DS_CUDA_CHECK(cudaEventSynchronize(s.copied));
 }
 
+// Gives every slot a buffer of `bytes` at once, so that all of them are
+// allocated by the first upload (pinned allocation and release may
+// synchronise the device: counted, and only when a larger micro-batch
+// arrives, i.e. in the first step or when a curriculum lengthens the sequence).
+void grow(StagingRing& r, size_t bytes) {
+  count_host_sync();
+  for (StagingSlot& s : r.slots) {
+    wait_for_slot(s);
+    if (s.host) DS_CUDA_CHECK(cudaFreeHost(s.host));
+    s.host = nullptr;
+  }
+  r.capacity = 0;
+  for (StagingSlot& s : r.slots) DS_CUDA_CHECK(cudaMallocHost(&s.host, bytes));
+  r.capacity = bytes;
+}
+
 }  // namespace
 
 void upload_async(void* dst, const void* src_host, size_t bytes) {
@@ -58,6 +74,7 @@ void upload_async(void* dst, const void* src_host, size_t bytes) {
   DS_CUDA_CHECK(cudaGetDevice(&dev));
   StagingRing& r = ring();
   std::lock_guard<std::mutex> lock(r.mu);
+  if (bytes > r.capacity) grow(r, bytes);
   StagingSlot& s = r.slots[r.next];
   r.next = (r.next + 1) % kRingSlots;
   wait_for_slot(s);
@@ -68,13 +85,6 @@ void upload_async(void* dst, const void* src_host, size_t bytes) {
   if (!s.copied) {
     DS_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
     s.device = dev;
-  }
-  if (s.bytes < bytes) {  // grows during the first steps only (sizes repeat)
-    if (s.host) DS_CUDA_CHECK(cudaFreeHost(s.host));
-    s.host = nullptr;
-    s.bytes = 0;
-    DS_CUDA_CHECK(cudaMallocHost(&s.host, bytes));
-    s.bytes = bytes;
   }
   std::memcpy(s.host, src_host, bytes);
   DS_CUDA_CHECK(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, nullptr));

@@ -320,9 +320,8 @@ float Trainer::train_step() {
     loss_sum = run_micro_batches(loss_weight, key, L, packed);
   }
   step_times_.forward_backward += phase_ms();
-  // The gradient norm with the loss scale still in; -1: the overflow flag was not read.
-  double norm = 0;
-  int overflow_flag = -1;
+  double norm = 0;         // the gradient norm (loss scale still in until divided below)
+  int overflow_flag = -1;  // fp16 overflow, read with the step's statistics (-1: not read yet)
   if (packed)
     read_step_stats(&loss_sum, &norm, &overflow_flag);
   else
@@ -386,7 +385,8 @@ double Trainer::run_micro_batches(float loss_weight, DropoutKey key, int64_t L, 
 // model as its loss sink.
 void Trainer::begin_step_stats() {
   const int64_t rows = cfg_.batch.grad_accum_steps * cfg_.batch.micro_batch_size * seqlen_;
-  if (!step_stats_.defined() || step_stats_.numel() < 2 + rows) step_stats_ = Tensor::empty({2 + rows}, DType::F32, dev_);
+  if (!step_stats_.defined() || step_stats_.numel() < 2 + rows)
+    step_stats_ = Tensor::empty({2 + rows}, DType::F32, dev_);
   step_stats_.view(0, {2}).zero_();
   model_->set_loss_sink(step_stats_.view(2, {rows}));
   step_targets_.clear();

@@ -56,7 +56,8 @@ TEST_CASE("CommWorker: an error surfaces through wait() and fails the ops queued
   REQUIRE(ran == 1);
 }
 
-TEST_CASE("the first wait on an operation is counted as a host synchronisation; a repeated or empty one is not", "[cpu]") {
+TEST_CASE("the first wait on an operation counts as a host synchronisation; a repeated or empty one does not",
+          "[cpu]") {
   CommWorker w("g");
   std::atomic<bool> go{false};
   CommHandle slow = w.submit("op", [&] {
