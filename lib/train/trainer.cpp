@@ -523,6 +523,18 @@ void Trainer::tied_embedding_all_reduce() {
 // same number of tokens (B x T/SP), so their mean is the global one.
 double Trainer::dp_mean(double local) {
   if (sdp_ == 1) return local;
+#ifdef DS_WITH_CUDA
+  if (dev_.is_cuda()) {
+    // all_reduce_scalar's f32 all-reduce with one host synchronisation
+    // instead of three: the value goes up through pinned staging, the compute
+    // stream (not the host) waits for the NCCL op, only the sum is read back.
+    const float v = static_cast<float>(local);
+    Tensor t = Tensor::empty({1}, DType::F32, dev_);
+    cuda::upload_async(t.raw(), &v, sizeof v);
+    comms_.sdp->iall_reduce(t).wait();
+    return static_cast<double>(t.to(Device::cpu()).data<float>()[0]) / sdp_;
+  }
+#endif
   return comms_.sdp->all_reduce_scalar(local, dev_) / sdp_;
 }
 
