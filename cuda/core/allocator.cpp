@@ -144,6 +144,10 @@ class CachingAllocator final : public Allocator {
                int dev) override {
     if (width == 0 || height == 0) return;
     DeviceGuard g(dev);
+    if (height == 1) {  // a pitch below the width is fine for one row, not for cudaMemcpy2D
+      DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDeviceToDevice, nullptr));
+      return;
+    }
     DS_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice, nullptr));
   }
 

@@ -19,6 +19,7 @@ void copy_rows(const Tensor& dst, int64_t doff, int64_t ds, const Tensor& src, i
   if (ds == row && ss == row) {  // contiguous: one copy
     row *= rows;
     rows = 1;
+    ds = ss = row;
   }
   const size_t es = dtype_size(dst.dtype()), bytes = static_cast<size_t>(row) * es;
   char* d = static_cast<char*>(dst.raw()) + doff * es;
@@ -70,9 +71,8 @@ void ulysses_seq_to_heads(const SpComm& sp, const HeadSplit& h, int64_t B, const
     }
   }
   sp.comm->all_to_all(send, recv);
-  for (int r = 0; r < U; ++r)  // chunk r: positions [r Tl, (r+1) Tl) of every sample
-    for (int64_t b = 0; b < B; ++b)
-      copy_rows(y, (b * U * Tl + r * Tl) * Wp, Tl * Wp, recv, r * chunk + b * Tl * Wp, Tl * Wp, 1, Tl * Wp);
+  for (int r = 0; r < U; ++r)  // chunk r: positions [r Tl, (r+1) Tl) of every sample (B rows of Tl Wp)
+    copy_rows(y, r * Tl * Wp, U * Tl * Wp, recv, r * chunk, Tl * Wp, B, Tl * Wp);
 }
 
 void ulysses_heads_to_seq(const SpComm& sp, const HeadSplit& h, int64_t B, const Tensor& y, const Tensor& x,
@@ -83,9 +83,8 @@ void ulysses_heads_to_seq(const SpComm& sp, const HeadSplit& h, int64_t B, const
            x.numel(), y.numel(), W, Wp);
   const int64_t chunk = rows * Wp;
   const Tensor send = s.send.view(0, {chunk * U}), recv = s.recv.view(0, {chunk * U});
-  for (int r = 0; r < U; ++r)
-    for (int64_t b = 0; b < B; ++b)
-      copy_rows(send, r * chunk + b * Tl * Wp, Tl * Wp, y, (b * U * Tl + r * Tl) * Wp, Tl * Wp, 1, Tl * Wp);
+  for (int r = 0; r < U; ++r)  // positions [r Tl, (r+1) Tl) of every sample -> chunk r
+    copy_rows(send, r * chunk, Tl * Wp, y, r * Tl * Wp, U * Tl * Wp, B, Tl * Wp);
   sp.comm->all_to_all(send, recv);
   int64_t dst_col = 0, src_col = 0;
   for (int64_t n : h.heads) {
