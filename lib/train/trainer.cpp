@@ -393,9 +393,9 @@ void Trainer::begin_step_stats() {
 }
 
 // Reduces the gradients, leaves their sum of squares and (fp16) the overflow
-// flag in step_stats_, then reads step_stats_ back: on the GPU the step's one
-// host synchronisation, which cannot go: the loss scaler's skip and the clip
-// coefficient are decided on the host from these values. The loss sum adds
+// flag in step_stats_, then reads step_stats_ back: on a single GPU the
+// step's one host synchronisation, which cannot go: the loss scaler's skip
+// and the clip coefficient are decided on the host from these values. The loss sum adds
 // each micro-batch's mean in the order and precision forward_backward would
 // have returned them, so every backend gives the numbers it gave before.
 void Trainer::read_step_stats(double* loss_sum, double* norm_scaled, int* overflow_flag) {
@@ -404,6 +404,10 @@ void Trainer::read_step_stats(double* loss_sum, double* norm_scaled, int* overfl
   model_->set_loss_sink(Tensor());
   int64_t rows = 0;
   for (const Tensor& t : step_targets_) rows += t.numel();
+  // Several GPU ranks: the compute stream may wait on NCCL operations, and a
+  // plain device synchronisation would hang for good if a peer died, so the
+  // host first polls the stream with NCCL's error and DS_COMM_TIMEOUT checks.
+  if (dev_.is_cuda() && comms_.world->size() > 1) (sdp_ > 1 ? *comms_.sdp : *comms_.world).synchronize();
   const Tensor host = step_stats_.view(0, {2 + rows}).to(Device::cpu());
   const float* v = host.data<float>();
   *norm_scaled = std::sqrt(static_cast<double>(v[0]));
@@ -525,13 +529,13 @@ double Trainer::dp_mean(double local) {
   if (sdp_ == 1) return local;
 #ifdef DS_WITH_CUDA
   if (dev_.is_cuda()) {
-    // all_reduce_scalar's f32 all-reduce with one host synchronisation
-    // instead of three: the value goes up through pinned staging, the compute
-    // stream (not the host) waits for the NCCL op, only the sum is read back.
+    // all_reduce_scalar's f32 all-reduce with two host synchronisations
+    // instead of three: the value goes up through pinned staging (no wait),
+    // then the NCCL op's poll and the read of the sum.
     const float v = static_cast<float>(local);
     Tensor t = Tensor::empty({1}, DType::F32, dev_);
     cuda::upload_async(t.raw(), &v, sizeof v);
-    comms_.sdp->iall_reduce(t).wait();
+    comms_.sdp->all_reduce(t);  // polled: a dead peer ends the job with an error, never a hang
     return static_cast<double>(t.to(Device::cpu()).data<float>()[0]) / sdp_;
   }
 #endif
