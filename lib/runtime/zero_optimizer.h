@@ -73,7 +73,9 @@ class ZeroOptimizer {
   // Available when the norm needs no scalar collective: no ZeRO-2/3 store and
   // no tensor parallelism. reduce_gradients_into does what reduce_gradients
   // does but ADDS the gradients' sum of squares (the squared norm, loss scale
-  // still in) to `sumsq` ((1) f32 on the device) instead of reading it.
+  // still in) to `sumsq` ((1) f32 on the device) instead of reading it. On
+  // the GPU its collectives are waited for by the compute stream: poll
+  // (Communicator::synchronize) before reading anything back.
   bool norm_on_device() const { return !store_ && !tp_; }
   void reduce_gradients_into(const Tensor& sumsq);
   // grads_nonfinite with the answer left on the device: `flag` ((1) f32, zero
@@ -108,7 +110,10 @@ class ZeroOptimizer {
   // overlap_comm, stages 0/1 (see above)
   void on_grads(int unit, bool ready);
   void issue_bucket(int b);
-  void all_reduce_dense(const Tensor& g);  // stages 0/1: the dp sum of the full gradients
+  // Stages 0/1: the dp sum of the full gradients. device_wait: on the GPU
+  // the compute stream, not the host, waits for them (the caller must then
+  // poll before reading: a plain device synchronisation would hang on a dead peer).
+  void all_reduce_dense(const Tensor& g, bool device_wait);
   bool overlap_ = false, armed_ = false;
   std::vector<Range> buckets_;
   std::vector<std::vector<int>> bucket_units_;  // non-empty units each bucket intersects
