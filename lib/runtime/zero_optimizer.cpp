@@ -124,7 +124,14 @@ double ZeroOptimizer::reduce_gradients() {
   if (store_) store_->finish_reductions();  // reduce-scattered during the backward pass
   if (store_ && !tp_) return store_->grad_norm();
   Tensor g = store_ ? store_->grad_shard() : model_.grads();
-  all_reduce_dense(g, false);
+  if (armed_) {  // overlap: what the backward did not issue, then wait for all
+    while (next_bucket_ >= 0) issue_bucket(next_bucket_--);
+    for (CommHandle& h : pending_) h.wait();
+    pending_.clear();
+    armed_ = false;
+  } else if (!store_ && part_.dp > 1) {
+    for (const Range& b : make_buckets(part_.total, z_.reduce_bucket_size)) dp_->all_reduce(g.view(b.begin, {b.size()}));
+  }
   if (!tp_) return std::sqrt(grad_sum_squares(g));
   // Tensor parallel: this rank's counted squares, summed over tp (and over dp
   // when the gradients are dp shards).
@@ -135,31 +142,29 @@ double ZeroOptimizer::reduce_gradients() {
   return std::sqrt(s);
 }
 
-void ZeroOptimizer::all_reduce_dense(const Tensor& g, bool device_wait) {
+// reduce_gradients' collectives for stages 0/1 without tp; on the GPU the
+// bucket all-reduces use the asynchronous forms, so the compute stream, not
+// the host, waits for them (the same NCCL operations; the caller polls before
+// it reads anything back).
+void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
+  DS_CHECK(norm_on_device(), "reduce_gradients_into: the gradient norm of this layout needs scalar collectives");
+  Tensor g = model_.grads();
   if (armed_) {  // overlap: what the backward did not issue, then wait for all
     while (next_bucket_ >= 0) issue_bucket(next_bucket_--);
     for (CommHandle& h : pending_) h.wait();
     pending_.clear();
     armed_ = false;
-  } else if (!store_ && part_.dp > 1) {
+  } else if (part_.dp > 1) {
     const std::vector<Range> buckets = make_buckets(part_.total, z_.reduce_bucket_size);
-    if (!device_wait || g.device().is_cpu()) {
-      for (const Range& b : buckets) dp_->all_reduce(g.view(b.begin, {b.size()}));
-    } else {
-      // GPU: the asynchronous forms make the compute stream wait for each
-      // all-reduce instead of the host polling it (the same NCCL operations;
-      // the caller polls before it reads anything back).
-      std::vector<CommHandle> hs;
-      for (const Range& b : buckets) hs.push_back(dp_->iall_reduce(g.view(b.begin, {b.size()})));
-      for (CommHandle& h : hs) h.wait();
+    std::vector<CommHandle> hs;
+    for (const Range& b : buckets) {
+      if (g.device().is_cpu())
+        dp_->all_reduce(g.view(b.begin, {b.size()}));
+      else
+        hs.push_back(dp_->iall_reduce(g.view(b.begin, {b.size()})));
     }
+    for (CommHandle& h : hs) h.wait();
   }
-}
-
-void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
-  DS_CHECK(norm_on_device(), "reduce_gradients_into: the gradient norm of this layout needs scalar collectives");
-  Tensor g = model_.grads();
-  all_reduce_dense(g, true);
   ops::sum_squares({.out = sumsq, .x = g}, Stream{});
 }
 

@@ -110,10 +110,6 @@ class ZeroOptimizer {
   // overlap_comm, stages 0/1 (see above)
   void on_grads(int unit, bool ready);
   void issue_bucket(int b);
-  // Stages 0/1: the dp sum of the full gradients. device_wait: on the GPU
-  // the compute stream, not the host, waits for them (the caller must then
-  // poll before reading: a plain device synchronisation would hang on a dead peer).
-  void all_reduce_dense(const Tensor& g, bool device_wait);
   bool overlap_ = false, armed_ = false;
   std::vector<Range> buckets_;
   std::vector<std::vector<int>> bucket_units_;  // non-empty units each bucket intersects

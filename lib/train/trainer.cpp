@@ -395,9 +395,10 @@ void Trainer::begin_step_stats() {
 // Reduces the gradients, leaves their sum of squares and (fp16) the overflow
 // flag in step_stats_, then reads step_stats_ back: on a single GPU the
 // step's one host synchronisation, which cannot go: the loss scaler's skip
-// and the clip coefficient are decided on the host from these values. The loss sum adds
-// each micro-batch's mean in the order and precision forward_backward would
-// have returned them, so every backend gives the numbers it gave before.
+// and the clip coefficient are decided on the host from these values. The
+// loss sum adds each micro-batch's mean in the order and precision
+// forward_backward would have returned them, so every backend gives the
+// numbers it gave before.
 void Trainer::read_step_stats(double* loss_sum, double* norm_scaled, int* overflow_flag) {
   opt_->reduce_gradients_into(step_stats_.view(0, {1}));
   if (scaler_) opt_->grads_nonfinite_into(step_stats_.view(1, {1}), *comms_.world);
