@@ -37,6 +37,14 @@ void empty_cache();
 // Waits for all work on the current device.
 void synchronize();
 
+// Copies `bytes` of host memory to device memory `dst` on the current device
+// without blocking the host: the data goes through a pinned staging buffer
+// (the caller may reuse `src_host` at once) and the copy is queued on the
+// compute stream, so later kernels see it in stream order. The host waits
+// (counted as a host synchronisation) only when all staging buffers still
+// have copies in flight. Used for the tokens and targets of every micro-batch.
+void upload_async(void* dst, const void* src_host, size_t bytes);
+
 // Attention implementation used by attention_forward/backward.
 //  Flash: our fused FA2-style kernels (bf16/f16, head dim 64 or 128; other
 //         cases fall back to Plain).

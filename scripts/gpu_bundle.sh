@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the GPU-relevant binaries here (CUDA Release, sm_90 only) and assembles
 # gpu-bundle/ at the repo root for the lent H200 device machine:
-#   gpu-bundle/bin/   test_cuda_ops, test_gen_cuda, test_offload_cuda, test_comm_nccl (+ ds_comm_worker, which it
+#   gpu-bundle/bin/   test_cuda_ops, test_gen_cuda, test_offload_cuda, test_host_syncs_cuda, test_comm_nccl (+ ds_comm_worker, which it
 #                     starts from its own folder), bench_cuda_kernels, dstrain,
 #                     dsprep, dsrun (stripped copies)
 #   gpu-bundle/lib/   every shared library they need (ldd) that is neither a
@@ -23,7 +23,7 @@ JOBS="${JOBS:-1}"
 CPU_ARCH="${DS_CPU_ARCH:-x86-64-v3}"
 MAX_MB="${MAX_MB:-56}"
 BUNDLE="$ROOT/gpu-bundle"
-TARGETS=(test_cuda_ops test_gen_cuda test_offload_cuda test_comm_nccl ds_comm_worker bench_cuda_kernels dstrain dsprep dsrun)
+TARGETS=(test_cuda_ops test_gen_cuda test_offload_cuda test_host_syncs_cuda test_comm_nccl ds_comm_worker bench_cuda_kernels dstrain dsprep dsrun)
 
 log() { printf '[gpu_bundle] %s\n' "$*"; }
 die() { printf '[gpu_bundle] ERROR: %s\n' "$*" >&2; exit 1; }

@@ -5,7 +5,9 @@
 # a timeout; a failing step does not stop the next ones:
 #   a) test_cuda_ops        every CUDA op against the CPU reference (Catch2), then
 #      test_gen_cuda        generation's KV-cache path against the CPU one, then
-#      test_offload_cuda    the offloaded optimizer's bucketed step against the blocking one
+#      test_offload_cuda    the offloaded optimizer's bucketed step against the blocking one, then
+#      test_host_syncs_cuda host synchronisations of a GPU training step (<= 1),
+#                           fp32 GPU loss curve against the CPU's
 #   b) test_comm_nccl       NCCL communicator, world of one (2 ranks need 2 GPUs)
 #   c) bench_cuda_kernels   copy / bf16 GEMM ceilings, then every op vs its floor
 #   d) dstrain smoke runs   tiny GPT-2, 30 iterations: cuda bf16, fp16, fp32; cpu
@@ -206,6 +208,17 @@ DETAIL[-1]+="; $(catch_counts "$WORK/test_offload_cuda.log")"
 skip_on_gpu "$WORK/test_offload_cuda.log"
 { echo; echo "=== test_offload_cuda"; cat "$WORK/test_offload_cuda.log"; } >> "$OUT/test_cuda_ops.log"
 
+# a4) host synchronisations of a GPU training step; its fixture runs
+# $DS_BINARY_DIR/apps/dsprep/dsprep, so a folder with that layout points at the
+# bundle's dsprep. Log appended to test_cuda_ops.log.
+mkdir -p "$WORK/bindir/apps/dsprep"
+ln -sf "$B/bin/dsprep" "$WORK/bindir/apps/dsprep/dsprep"
+DS_BINARY_DIR="$WORK/bindir" run_step test_host_syncs_cuda 120 "$WORK/test_host_syncs_cuda.log" \
+  "$B/bin/test_host_syncs_cuda" --durations yes
+DETAIL[-1]+="; $(catch_counts "$WORK/test_host_syncs_cuda.log")"
+skip_on_gpu "$WORK/test_host_syncs_cuda.log"
+{ echo; echo "=== test_host_syncs_cuda"; cat "$WORK/test_host_syncs_cuda.log"; } >> "$OUT/test_cuda_ops.log"
+
 # b) NCCL communicator (world of one; NCCL warnings into the log).
 NCCL_DEBUG="${NCCL_DEBUG:-WARN}" run_step test_comm_nccl 90 "$OUT/test_comm_nccl.log" "$B/bin/test_comm_nccl"
 DETAIL[-1]+="; $(catch_counts "$OUT/test_comm_nccl.log")"
@@ -224,9 +237,11 @@ SMOKE=(--num-layers 2 --hidden-size 128 --num-attention-heads 2 --seq-length 128
        --train-iters "$SMOKE_ITERS" --lr 1e-3 --log-interval 5 --eval-interval 1000
        --data-path "$D/smoke" --vocab-file "$D/vocab.json" --merge-file "$D/merges.txt")
 SMOKE_RUNS=(cuda_bf16 cuda_fp16 cuda_fp32 cpu_fp32)
-run_step smoke_cuda_bf16 60 "$OUT/smoke_cuda_bf16.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda --bf16
-run_step smoke_cuda_fp16 60 "$OUT/smoke_cuda_fp16.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda --fp16
-run_step smoke_cuda_fp32 60 "$OUT/smoke_cuda_fp32.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda
+# --profile: the second step's host synchronisations (docs/distributed.md) in the log and the summary.
+PROF=(--profile --profile-dir "$WORK")
+run_step smoke_cuda_bf16 60 "$OUT/smoke_cuda_bf16.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda --bf16 "${PROF[@]}"
+run_step smoke_cuda_fp16 60 "$OUT/smoke_cuda_fp16.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda --fp16 "${PROF[@]}"
+run_step smoke_cuda_fp32 60 "$OUT/smoke_cuda_fp32.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda "${PROF[@]}"
 run_step smoke_cpu_fp32 120 "$OUT/smoke_cpu_fp32.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cpu
 
 # --- e) summary ----------------------------------------------------------------
@@ -241,6 +256,8 @@ for r in "${SMOKE_RUNS[@]}"; do
       DETAIL[i]+="; loss $(field "$logf" 'lm loss'), $(field "$logf" 'elapsed time per iteration \(ms\)') ms/it, $(field "$logf" 'tokens/s') tok/s"
       v=$(grep -oE 'lm loss value: *[^ |]*' "$logf" | tail -n1 | sed 's/.*: *//')
       [[ -n "$v" ]] && DETAIL[i]+=", val $v"
+      v=$(grep -oE 'profile: iteration [0-9]+: [0-9]+ host synchronisations' "$logf" | grep -oE '[0-9]+ host' | cut -d' ' -f1)
+      [[ -n "$v" ]] && DETAIL[i]+=", $v host syncs/step"
     else
       DETAIL[i]+="; $(grep -v '^\s*$' "$logf" 2>/dev/null | tail -n1 | cut -c1-160)"
     fi

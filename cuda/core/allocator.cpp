@@ -113,11 +113,16 @@ class CachingAllocator final : public Allocator {
     uses_[it->first].push_back(ev);
   }
 
+  // zero and copy are queued on the compute stream (the legacy default
+  // stream, which every op uses) and do not block the host: the kernels
+  // queued after them see their result in stream order, and a communication
+  // stream is ordered after the compute stream by the event its collective
+  // waits on (lib/comm/nccl). The gradients and the residual gradient are
+  // zeroed every micro-batch, so a device synchronisation here would be
+  // several per step.
   void zero(void* p, size_t bytes, int dev) override {
     DeviceGuard g(dev);
-    DS_CUDA_CHECK(cudaMemset(p, 0, bytes));
-    count_host_sync();
-    DS_CUDA_CHECK(cudaDeviceSynchronize());
+    DS_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, nullptr));
   }
   void to_host(void* dst, const void* src, size_t bytes, int dev) override {
     DeviceGuard g(dev);
@@ -133,11 +138,17 @@ class CachingAllocator final : public Allocator {
   }
   void copy(void* dst, const void* src, size_t bytes, int dev) override {
     DeviceGuard g(dev);
-    count_host_sync();
-    DS_CUDA_CHECK(cudaDeviceSynchronize());
-    DS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
-    count_host_sync();
-    DS_CUDA_CHECK(cudaDeviceSynchronize());
+    DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr));
+  }
+  void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+               int dev) override {
+    if (width == 0 || height == 0) return;
+    DeviceGuard g(dev);
+    if (height == 1) {  // a pitch below the width is fine for one row, not for cudaMemcpy2D
+      DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDeviceToDevice, nullptr));
+      return;
+    }
+    DS_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice, nullptr));
   }
 
   size_t in_use() {
@@ -255,7 +266,8 @@ void* stream_workspace(const Stream& s, size_t bytes, WorkspaceSlot slot) {
   WorkspaceBuf& b = (*bufs)[WorkspaceKey{s.handle, dev, static_cast<int>(slot)}];
   if (b.bytes >= bytes && b.p) return b.p;
   size_t want = round_size(bytes < 4096 ? 4096 : bytes + bytes / 4);
-  if (b.p) {
+  if (b.p) {  // grows in the first steps only (shapes repeat)
+    count_host_sync();
     DS_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(s.handle)));
     DS_CUDA_CHECK(cudaFree(b.p));
     b.p = nullptr;

@@ -12,6 +12,7 @@ struct CommWorker::Task : CommHandle::State {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  bool waited = false;  // wait() was called (counted once)
   std::exception_ptr error;
 
   void finish(std::exception_ptr e) {
@@ -23,10 +24,14 @@ struct CommWorker::Task : CommHandle::State {
   }
   void wait() override {
     std::unique_lock<std::mutex> lock(mu);
-    if (!done) {
-      count_host_sync();  // the host blocks on communication
-      cv.wait(lock, [&] { return done; });
+    // The first wait is a point where the host may block on communication:
+    // counted whether or not the operation has already finished, so that the
+    // count is a property of the code rather than of thread timing.
+    if (!waited) {
+      waited = true;
+      count_host_sync();
     }
+    cv.wait(lock, [&] { return done; });
     if (error) std::rethrow_exception(error);
   }
   bool ready() override {
@@ -104,9 +109,13 @@ void CommWorker::loop() {
         failed_ = "unknown error";
       }
     }
-    t->finish(err);
+    // The handle completes and the thread turns idle in one critical
+    // section: a caller that saw the handle done and then issues a blocking
+    // op finds nothing to drain, so the host synchronisations counted do not
+    // depend on thread timing. (Lock order: mu_, then the task's mu.)
     {
       std::lock_guard<std::mutex> lock(mu_);
+      t->finish(err);
       running_ = false;
       if (queue_.empty()) idle_cv_.notify_all();
     }

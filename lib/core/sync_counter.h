@@ -1,10 +1,11 @@
 // Host-synchronisation counter: a process-wide test and profiling hook that
 // counts every point where the host waits for outstanding work (a
-// cudaDeviceSynchronize / stream synchronise / blocking copy on the GPU; a
-// blocking wait for a communication thread or a blocking collective on the
-// CPU backend). Tests and `--profile` read the difference over a step; no
-// code makes decisions from it. Atomic, so the communication threads may
-// count too.
+// cudaDeviceSynchronize / stream or event synchronise / blocking copy / NCCL
+// poll on the GPU; a blocking collective, or the first wait on an operation
+// of a communication thread, whether or not it had finished, on the CPU
+// backend). Tests and `--profile` read the difference over a step
+// (docs/distributed.md); no code makes decisions from it. Atomic, so the
+// communication threads may count too.
 #pragma once
 #include <cstdint>
 

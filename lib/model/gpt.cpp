@@ -542,13 +542,19 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
   drop_params(d_.untied ? last : 0);
 }
 
-float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward) {
+float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward,
+                                 const Tensor& targets_host, bool to_sink) {
   Tensor t = targets.reshape({targets.numel()});
+  const int64_t n = t.numel();
   // One rule on every backend and layout: a target < 0 is ignored, one >= V is
   // an error (the CPU op checks it too; a kernel cannot throw, so the check is
-  // here, on the host copy the mean below needs anyway).
-  Tensor tg = t.device().is_cpu() ? t : t.to(Device::cpu());
-  for (int64_t i = 0; i < tg.numel(); ++i)
+  // here, on a host copy of the targets: the caller's, else read back).
+  DS_CHECK(!targets_host.defined() || (targets_host.numel() == n && targets_host.device().is_cpu() &&
+                                       targets_host.dtype() == DType::I32),
+           "loss: the host targets ({} {}) do not match the targets ({})", dtype_name(targets_host.dtype()),
+           shape_str(targets_host.shape()), shape_str(targets.shape()));
+  Tensor tg = targets_host.defined() ? targets_host : t.device().is_cpu() ? t : t.to(Device::cpu());
+  for (int64_t i = 0; i < n; ++i)
     DS_CHECK(tg.data<int32_t>()[i] < d_.V, "cross_entropy: target {} at row {} is >= V={}", tg.data<int32_t>()[i], i,
              d_.V);
   if (tp_.active())
@@ -561,15 +567,33 @@ float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool 
                         .V = d_.V,
                         .dloss = loss_weight},
                        stream_);
-  Tensor l = losses_.device().is_cpu() ? losses_ : losses_.to(Device::cpu());
-  double sum = 0;
-  int64_t n = 0;
-  for (int64_t i = 0; i < l.numel(); ++i) {
-    if (tg.data<int32_t>()[i] < 0) continue;
-    sum += l.data<float>()[i];
-    ++n;
+  if (to_sink && loss_sink_.defined()) {
+    DS_CHECK(loss_sink_at_ + n <= loss_sink_.numel(), "loss sink of {} rows is full ({} used, {} more)",
+             loss_sink_.numel(), loss_sink_at_, n);
+    loss_sink_.view(loss_sink_at_, {n}).copy_from(losses_.view(0, {n}));  // stream-ordered, no host wait
+    loss_sink_at_ += n;
+    return NAN;
   }
-  return n ? static_cast<float>(sum / n) : 0.f;
+  Tensor l = losses_.device().is_cpu() ? losses_ : losses_.to(Device::cpu());
+  return mean_loss(l.data<float>(), tg.data<int32_t>(), n);
+}
+
+float GptModel::mean_loss(const float* losses, const int32_t* targets, int64_t n) {
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (targets[i] < 0) continue;
+    sum += losses[i];
+    ++count;
+  }
+  return count ? static_cast<float>(sum / count) : 0.f;
+}
+
+void GptModel::set_loss_sink(const Tensor& sink) {
+  DS_CHECK(!sink.defined() || (sink.dtype() == DType::F32 && sink.device() == dev_),
+           "loss sink: expected an f32 tensor on the model's device, got {}", dtype_name(sink.dtype()));
+  loss_sink_ = sink;
+  loss_sink_at_ = 0;
 }
 
 // Vocab-parallel cross-entropy: the logits stay split; only per-row
@@ -653,7 +677,7 @@ void GptModel::backward(const Tensor& tokens, const Tensor& dout, int chunk) {
 }
 
 float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, float loss_weight,
-                                 const DropoutKey& key) {
+                                 const DropoutKey& key, const Tensor& targets_host) {
   cur_ = 0;
   std::vector<int> order = forward_order(), bwd = backward_order();
   order.insert(order.end(), bwd.begin(), bwd.end());
@@ -661,7 +685,7 @@ float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, fl
   ensure_acts(tokens.size(0), tokens.size(1));
   S().key = key;
   forward(tokens);
-  float loss = loss_and_dlogits(targets, loss_weight, true);
+  float loss = loss_and_dlogits(targets, loss_weight, true, targets_host, /*to_sink=*/true);
   backward(tokens);
   store_->end_pass();
   return loss;

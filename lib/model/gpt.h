@@ -122,8 +122,21 @@ class GptModel {
   // model's device. Gradients are ADDED to grads(); each token's loss gets
   // weight `loss_weight` (e.g. 1 / (B*T*grad_accum)). Returns the mean loss.
   // Dropout (the config's probabilities) only with a training `key`.
+  // `targets_host`: the same targets in host memory, if the caller has them
+  // (the loss then reads no targets back from the device).
   float forward_backward(const Tensor& tokens, const Tensor& targets, float loss_weight,
-                         const DropoutKey& key = {});
+                         const DropoutKey& key = {}, const Tensor& targets_host = Tensor());
+  // Deferred loss, so that a GPU step needs no device-to-host read per
+  // micro-batch: while a sink is set, forward_backward copies its per-row
+  // losses (stream-ordered, no host wait) into the next B*T elements of
+  // `sink` (f32 on the model's device) and returns NaN; the caller reads the
+  // sink once and takes each micro-batch's mean with mean_loss(). The rows
+  // start at the sink's element 0 again after every set_loss_sink call; an
+  // undefined sink turns the deferral off.
+  void set_loss_sink(const Tensor& sink);
+  // Mean of the n per-row losses whose target is not ignored (>= 0), summed
+  // in double: the loss every forward returns.
+  static float mean_loss(const float* losses, const int32_t* targets, int64_t n);
   // Forward only; returns the mean loss over non-ignored targets.
   float forward_loss(const Tensor& tokens, const Tensor& targets);
 
@@ -183,7 +196,8 @@ class GptModel {
   void ensure_acts(int64_t B, int64_t T);
   void alloc_act_set(ActSet& s, int64_t B, int64_t T);
   void forward(const Tensor& tokens, int chunk = 0);  // fills acts, logits
-  float loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward);
+  float loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward,
+                         const Tensor& targets_host = Tensor(), bool to_sink = false);
   void vocab_parallel_loss(const Tensor& targets, float loss_weight, bool backward);
   void init_local();  // local dims and units after layout_ is built
   void backward(const Tensor& tokens, const Tensor& dout = Tensor(), int chunk = 0);
@@ -264,6 +278,8 @@ class GptModel {
   LayerActs scratch_;               // shared by recomputed layers (or attn_out when selective)
   int n_slots_ = 1, cur_ = 0;
   Tensor losses_;                   // (B*T) f32
+  Tensor loss_sink_;                // see set_loss_sink; loss_sink_at_: its next free element
+  int64_t loss_sink_at_ = 0;
   Tensor ce_max_, ce_stats_;        // (B*T), (2, B*T) f32: vocab-parallel softmax statistics
   // Backward scratch.
   Tensor dresid_, dnorm_, dqkv_, dqkv2_, dattn_, dfc_, dact_;

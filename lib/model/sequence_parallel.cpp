@@ -6,14 +6,25 @@
 namespace ds {
 namespace {
 
-// Copies block (b, p) between the (B, TP, Tl*C) and (TP, B, Tl*C) orders.
+// Copies every block (b, p) between the (B, TP, Tl*C) and (TP, B, Tl*C)
+// orders: for each rank p one strided copy of its B blocks (blocks of the
+// sequence order lie TP blocks apart, those of the rank order are adjacent).
 void permute_blocks(int64_t B, int P, const Tensor& src, const Tensor& dst, bool to_rank_major) {
+  DS_CHECK(src.numel() == dst.numel() && src.dtype() == dst.dtype() && src.device() == dst.device(),
+           "permute_blocks: {} {} -> {} {}", dtype_name(src.dtype()), src.numel(), dtype_name(dst.dtype()),
+           dst.numel());
   const int64_t blk = src.numel() / (B * P);
-  for (int64_t b = 0; b < B; ++b)
-    for (int p = 0; p < P; ++p) {
-      const int64_t seq = (b * P + p) * blk, rank = (p * B + b) * blk;
-      dst.view(to_rank_major ? rank : seq, {blk}).copy_from(src.view(to_rank_major ? seq : rank, {blk}));
-    }
+  const size_t es = dtype_size(src.dtype()), bytes = static_cast<size_t>(blk) * es;
+  const size_t seq_pitch = static_cast<size_t>(P) * bytes, rank_pitch = bytes;
+  Allocator& a = allocator_for(dst.device());
+  for (int p = 0; p < P; ++p) {
+    char* seq = static_cast<char*>(to_rank_major ? src.raw() : dst.raw()) + static_cast<size_t>(p) * bytes;
+    char* rank = static_cast<char*>(to_rank_major ? dst.raw() : src.raw()) + static_cast<size_t>(p * B) * bytes;
+    if (to_rank_major)
+      a.copy_2d(rank, rank_pitch, seq, seq_pitch, bytes, static_cast<size_t>(B), dst.device().index);
+    else
+      a.copy_2d(seq, seq_pitch, rank, rank_pitch, bytes, static_cast<size_t>(B), dst.device().index);
+  }
 }
 
 }  // namespace

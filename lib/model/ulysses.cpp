@@ -1,8 +1,8 @@
 // DeepSpeed-Ulysses all-to-alls with head-block packing (see ulysses.h).
 // The Communicator moves equal contiguous chunks, so rows are packed per
 // destination rank first and unpacked per source rank after. The packing
-// copies rows of one head block at a time (memcpy on the CPU; one device copy
-// per row on a GPU, see docs/parallel.md).
+// copies rows of one head block at a time (memcpy on the CPU; one strided
+// device copy per head block on a GPU, see docs/parallel.md).
 #include "lib/model/ulysses.h"
 
 #include <cstring>
@@ -19,6 +19,7 @@ void copy_rows(const Tensor& dst, int64_t doff, int64_t ds, const Tensor& src, i
   if (ds == row && ss == row) {  // contiguous: one copy
     row *= rows;
     rows = 1;
+    ds = ss = row;
   }
   const size_t es = dtype_size(dst.dtype()), bytes = static_cast<size_t>(row) * es;
   char* d = static_cast<char*>(dst.raw()) + doff * es;
@@ -27,8 +28,7 @@ void copy_rows(const Tensor& dst, int64_t doff, int64_t ds, const Tensor& src, i
     for (int64_t i = 0; i < rows; ++i) std::memcpy(d + i * ds * es, s + i * ss * es, bytes);
     return;
   }
-  Allocator& a = allocator_for(dst.device());
-  for (int64_t i = 0; i < rows; ++i) a.copy(d + i * ds * es, s + i * ss * es, bytes, dst.device().index);
+  allocator_for(dst.device()).copy_2d(d, ds * es, s, ss * es, bytes, rows, dst.device().index);  // one strided copy
 }
 
 }  // namespace
@@ -71,9 +71,8 @@ void ulysses_seq_to_heads(const SpComm& sp, const HeadSplit& h, int64_t B, const
     }
   }
   sp.comm->all_to_all(send, recv);
-  for (int r = 0; r < U; ++r)  // chunk r: positions [r Tl, (r+1) Tl) of every sample
-    for (int64_t b = 0; b < B; ++b)
-      copy_rows(y, (b * U * Tl + r * Tl) * Wp, Tl * Wp, recv, r * chunk + b * Tl * Wp, Tl * Wp, 1, Tl * Wp);
+  for (int r = 0; r < U; ++r)  // chunk r: positions [r Tl, (r+1) Tl) of every sample (B rows of Tl Wp)
+    copy_rows(y, r * Tl * Wp, U * Tl * Wp, recv, r * chunk, Tl * Wp, B, Tl * Wp);
 }
 
 void ulysses_heads_to_seq(const SpComm& sp, const HeadSplit& h, int64_t B, const Tensor& y, const Tensor& x,
@@ -84,9 +83,8 @@ void ulysses_heads_to_seq(const SpComm& sp, const HeadSplit& h, int64_t B, const
            x.numel(), y.numel(), W, Wp);
   const int64_t chunk = rows * Wp;
   const Tensor send = s.send.view(0, {chunk * U}), recv = s.recv.view(0, {chunk * U});
-  for (int r = 0; r < U; ++r)
-    for (int64_t b = 0; b < B; ++b)
-      copy_rows(send, r * chunk + b * Tl * Wp, Tl * Wp, y, (b * U * Tl + r * Tl) * Wp, Tl * Wp, 1, Tl * Wp);
+  for (int r = 0; r < U; ++r)  // positions [r Tl, (r+1) Tl) of every sample -> chunk r
+    copy_rows(send, r * chunk, Tl * Wp, y, r * Tl * Wp, U * Tl * Wp, B, Tl * Wp);
   sp.comm->all_to_all(send, recv);
   int64_t dst_col = 0, src_col = 0;
   for (int64_t n : h.heads) {

@@ -143,6 +143,42 @@ double ZeroOptimizer::reduce_gradients() {
   return std::sqrt(s);
 }
 
+// reduce_gradients' collectives for stages 0/1 without tp; on the GPU the
+// bucket all-reduces use the asynchronous forms, so the compute stream, not
+// the host, waits for them (the same NCCL operations; the caller polls before
+// it reads anything back).
+void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
+  DS_CHECK(norm_on_device(), "reduce_gradients_into: the gradient norm of this layout needs scalar collectives");
+  Tensor g = model_.grads();
+  if (armed_) {  // overlap: what the backward did not issue, then wait for all
+    while (next_bucket_ >= 0) issue_bucket(next_bucket_--);
+    for (CommHandle& h : pending_) h.wait();
+    pending_.clear();
+    armed_ = false;
+  } else if (part_.dp > 1) {
+    const std::vector<Range> buckets = make_buckets(part_.total, z_.reduce_bucket_size);
+    std::vector<CommHandle> hs;
+    for (const Range& b : buckets) {
+      if (g.device().is_cpu())
+        dp_->all_reduce(g.view(b.begin, {b.size()}));
+      else
+        hs.push_back(dp_->iall_reduce(g.view(b.begin, {b.size()})));
+    }
+    for (CommHandle& h : hs) h.wait();
+  }
+  ops::sum_squares({.out = sumsq, .x = g}, Stream{});
+}
+
+void ZeroOptimizer::grads_nonfinite_into(const Tensor& flag, Communicator& world) {
+  Tensor g = store_ ? store_->grad_shard() : model_.grads().view(0, {model_.layout().total});
+  if (g.numel() > 0) ops::nonfinite_check({.flag = flag, .x = g}, Stream{});
+  if (world.size() == 1) return;
+  if (flag.device().is_cpu())
+    world.all_reduce(flag);
+  else
+    world.iall_reduce(flag).wait();  // GPU: the compute stream waits, not the host
+}
+
 void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
   if (range_.size() > 0) {
     Tensor p = store_ ? store_->master_params() : model_.params().view(range_.begin, {range_.size()});

@@ -74,6 +74,20 @@ class ZeroOptimizer {
   // `world`? Collective over `world`.
   bool grads_nonfinite(Communicator& world);
 
+  // Device-side forms, for a step that reads nothing back until its one
+  // packed read (docs/distributed.md, host synchronisations per step).
+  // Available when the norm needs no scalar collective: no ZeRO-2/3 store and
+  // no tensor parallelism. reduce_gradients_into does what reduce_gradients
+  // does but ADDS the gradients' sum of squares (the squared norm, loss scale
+  // still in) to `sumsq` ((1) f32 on the device) instead of reading it. On
+  // the GPU its collectives are waited for by the compute stream: poll
+  // (Communicator::synchronize) before reading anything back.
+  bool norm_on_device() const { return !store_ && !tp_; }
+  void reduce_gradients_into(const Tensor& sumsq);
+  // grads_nonfinite with the answer left on the device: `flag` ((1) f32, zero
+  // on entry) becomes nonzero if a rank of `world` holds an inf/nan gradient.
+  void grads_nonfinite_into(const Tensor& flag, Communicator& world);
+
   AdamW& adam() { return *adam_; }
   Range optimizer_range() const { return range_; }  // unpadded, may be empty
   // The fp32 master weights this rank updates (undefined when the range is empty).

@@ -7,6 +7,9 @@
 #include "lib/core/json_config.h"
 #include "lib/core/log.h"
 #include "lib/data/bpe.h"
+#ifdef DS_WITH_CUDA
+#include "cuda/cuda_api.h"
+#endif
 
 namespace ds {
 
@@ -101,6 +104,20 @@ int64_t DataPipeline::train_samples_per_epoch() const {
   return n;
 }
 
+// GPU: an asynchronous copy through pinned staging memory, so feeding a
+// micro-batch does not wait for the device (docs/distributed.md, host
+// synchronisations per step).
+Tensor DataPipeline::upload(const Tensor& host) const {
+#ifdef DS_WITH_CUDA
+  if (dev_.is_cuda()) {
+    Tensor t = Tensor::empty(host.shape(), host.dtype(), dev_);
+    cuda::upload_async(t.raw(), host.raw(), host.nbytes());
+    return t;
+  }
+#endif
+  return host.to(dev_);
+}
+
 MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen) {
   DS_CHECK(seqlen >= 0 && seqlen <= T_, "train_batch: seqlen {} outside [0, {}]", seqlen, T_);
   const int64_t L = seqlen > 0 ? seqlen : T_;  // positions kept per sample
@@ -111,8 +128,8 @@ MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, in
     std::copy_n(row, L, tok.data<int32_t>() + b * L);
     std::copy_n(row + 1, L, tgt.data<int32_t>() + b * L);
   }
-  if (dev_.is_cpu()) return {tok, tgt, first};
-  return {tok.to(dev_), tgt.to(dev_), first};
+  if (dev_.is_cpu()) return {tok, tgt, first, tgt};
+  return {upload(tok), upload(tgt), first, tgt};
 }
 
 MicroBatch DataPipeline::train_batch(int64_t consumed, int micro, int dp_rank, int dp, int64_t seqlen) {

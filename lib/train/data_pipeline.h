@@ -42,6 +42,7 @@ class DataPipeline {
   // A GptDataset over `range` of `file`, kept alive by this object.
   const data::GptDataset* part(const data::IndexedDataset& file, data::DocRange range, const std::string& name);
   MicroBatch fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen);
+  Tensor upload(const Tensor& host) const;  // host (B, L) -> the device, without blocking the host
 
   int64_t B_, T_;
   uint64_t seed_;

@@ -192,9 +192,9 @@ void Trainer::setup_device_and_precision() {
   }
 }
 
-bool Trainer::skip_for_overflow() {
+bool Trainer::skip_for_overflow(int known_flag) {
   if (!scaler_) return false;
-  const bool overflow = opt_->grads_nonfinite(*comms_.world);
+  const bool overflow = known_flag >= 0 ? known_flag != 0 : opt_->grads_nonfinite(*comms_.world);
   const double before = scaler_->scale();
   const ScaleEvent e = scaler_->update(overflow);
   state_.loss_scale = scaler_->scale();
@@ -313,6 +313,10 @@ float Trainer::train_step() {
   // Dropout masks are keyed by (seed, iteration) and each micro-batch's global
   // first sample, identical in every layout (docs/dropout.md).
   DropoutKey key{.train = true, .seed = cfg_.seed, .iteration = state_.iteration, .first_sample = 0};
+  // Without a pipeline and with a norm that needs no scalar collective, the
+  // losses, the norm and the overflow flag stay on the device until one read.
+  const bool packed = !pipe_ && opt_->norm_on_device();
+  if (packed) begin_step_stats();
   if (pipe_) {
     auto batch = [&](int micro) {
       return local_batch(data_->train_batch(state_.consumed_samples, micro, dp_rank_, dp_, L));
@@ -320,23 +324,23 @@ float Trainer::train_step() {
     loss_sum = pipe_->train(batch, loss_weight, key);
     tied_embedding_all_reduce();
   } else {
-    for (int64_t micro = 0; micro < b.grad_accum_steps; ++micro) {
-      MicroBatch mb =
-          local_batch(data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_, L));
-      key.first_sample = mb.first_sample;
-      if (micro + 1 == b.grad_accum_steps) opt_->begin_last_micro_batch();  // overlap_comm: reduce during it
-      loss_sum += model_->forward_backward(mb.tokens, mb.targets, loss_weight, key);
-    }
+    loss_sum = run_micro_batches(loss_weight, key, L, packed);
   }
   step_times_.forward_backward += phase_ms();
-  double norm = opt_->reduce_gradients() / scale;
+  double norm = 0;         // the gradient norm (loss scale still in until divided below)
+  int overflow_flag = -1;  // fp16 overflow, read with the step's statistics (-1: not read yet)
+  if (packed)
+    read_step_stats(&loss_sum, &norm, &overflow_flag);
+  else
+    norm = opt_->reduce_gradients();
+  norm /= scale;
   step_times_.grads_reduce += phase_ms();
   step_times_.steps += 1;
   const float loss = static_cast<float>(from_last_stage(dp_mean(loss_sum / b.grad_accum_steps)));
   // The schedule counts applied steps only (DeepSpeed and Megatron do not
   // advance the learning rate on a skipped step).
   const int64_t tokens_before = state_.consumed_tokens;
-  const bool overflow = skip_for_overflow();  // fp16: the loss scaler's rule
+  const bool overflow = skip_for_overflow(overflow_flag);  // fp16: the loss scaler's rule
   const bool nonfinite = note_nan_iteration(loss, norm);
   if (overflow || nonfinite) {
     if (!overflow) state_.skipped_steps += 1;  // no update: the schedule does not advance either
@@ -364,6 +368,67 @@ float Trainer::train_step() {
   return loss;
 }
 
+// The step's micro-batches without a pipeline: forward and backward of
+// each; returns the sum of their mean losses (NaN when `deferred`: the losses
+// then wait on the device for read_step_stats, which needs their host targets).
+double Trainer::run_micro_batches(float loss_weight, DropoutKey key, int64_t L, bool deferred) {
+  const int64_t ga = cfg_.batch.grad_accum_steps;
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < ga; ++micro) {
+    MicroBatch mb = local_batch(data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_, L));
+    key.first_sample = mb.first_sample;
+    if (micro + 1 == ga) opt_->begin_last_micro_batch();  // overlap_comm: reduce during it
+    loss_sum += model_->forward_backward(mb.tokens, mb.targets, loss_weight, key, mb.targets_host);
+    if (deferred) {
+      DS_CHECK(mb.targets_host.defined(), "deferred loss: the micro-batch has no host targets");
+      step_targets_.push_back(mb.targets_host);
+    }
+  }
+  return loss_sum;
+}
+
+// step_stats_ = [gradient sum of squares, overflow flag, the per-row losses of
+// every micro-batch of the step]: zeroed (asynchronously) and handed to the
+// model as its loss sink.
+void Trainer::begin_step_stats() {
+  const int64_t rows = cfg_.batch.grad_accum_steps * cfg_.batch.micro_batch_size * seqlen_;
+  if (!step_stats_.defined() || step_stats_.numel() < 2 + rows)
+    step_stats_ = Tensor::empty({2 + rows}, DType::F32, dev_);
+  step_stats_.view(0, {2}).zero_();
+  model_->set_loss_sink(step_stats_.view(2, {rows}));
+  step_targets_.clear();
+}
+
+// Reduces the gradients, leaves their sum of squares and (fp16) the overflow
+// flag in step_stats_, then reads step_stats_ back: on a single GPU the
+// step's one host synchronisation, which cannot go: the loss scaler's skip
+// and the clip coefficient are decided on the host from these values. The
+// loss sum adds each micro-batch's mean in the order and precision
+// forward_backward would have returned them, so every backend gives the
+// numbers it gave before.
+void Trainer::read_step_stats(double* loss_sum, double* norm_scaled, int* overflow_flag) {
+  opt_->reduce_gradients_into(step_stats_.view(0, {1}));
+  if (scaler_) opt_->grads_nonfinite_into(step_stats_.view(1, {1}), *comms_.world);
+  model_->set_loss_sink(Tensor());
+  int64_t rows = 0;
+  for (const Tensor& t : step_targets_) rows += t.numel();
+  // Several GPU ranks: the compute stream may wait on NCCL operations, and a
+  // plain device synchronisation would hang for good if a peer died, so the
+  // host first polls the stream with NCCL's error and DS_COMM_TIMEOUT checks.
+  if (dev_.is_cuda() && comms_.world->size() > 1) (sdp_ > 1 ? *comms_.sdp : *comms_.world).synchronize();
+  const Tensor host = step_stats_.view(0, {2 + rows}).to(Device::cpu());
+  const float* v = host.data<float>();
+  *norm_scaled = std::sqrt(static_cast<double>(v[0]));
+  *overflow_flag = scaler_ ? (v[1] != 0.f ? 1 : 0) : -1;
+  *loss_sum = 0;
+  int64_t at = 2;
+  for (const Tensor& t : step_targets_) {
+    *loss_sum += GptModel::mean_loss(v + at, t.data<int32_t>(), t.numel());
+    at += t.numel();
+  }
+  step_targets_.clear();
+}
+
 // One step with the timeline on; logs its host synchronisations (GPU: device
 // and stream synchronisations, blocking copies and communication polls; CPU:
 // blocking collectives and waits for a communication thread) and writes the
@@ -376,6 +441,7 @@ float Trainer::profiled_step() {
   float loss = train_step();
   const double t1 = timeline_.now_us();
   const int64_t n = host_sync_count() - syncs;
+  profiled_syncs_ = n;
   timeline_.add({"step", "compute", 2, t0, t0, t1});
   timeline_.enable(false);
   const std::string path = fmt::format("{}/timeline_rank{}.json", cfg_.log.profile_dir, comms_.grid.rank);
@@ -469,6 +535,18 @@ void Trainer::tied_embedding_all_reduce() {
 // same number of tokens (B x T/SP), so their mean is the global one.
 double Trainer::dp_mean(double local) {
   if (sdp_ == 1) return local;
+#ifdef DS_WITH_CUDA
+  if (dev_.is_cuda()) {
+    // all_reduce_scalar's f32 all-reduce with two host synchronisations
+    // instead of three: the value goes up through pinned staging (no wait),
+    // then the NCCL op's poll and the read of the sum.
+    const float v = static_cast<float>(local);
+    Tensor t = Tensor::empty({1}, DType::F32, dev_);
+    cuda::upload_async(t.raw(), &v, sizeof v);
+    comms_.sdp->all_reduce(t);  // polled: a dead peer ends the job with an error, never a hang
+    return static_cast<double>(t.to(Device::cpu()).data<float>()[0]) / sdp_;
+  }
+#endif
   return comms_.sdp->all_reduce_scalar(local, dev_) / sdp_;
 }
 
@@ -477,6 +555,7 @@ MicroBatch Trainer::local_batch(MicroBatch mb) const {
   if (sp == 1) return mb;
   mb.tokens = sequence_shard(mb.tokens, sp, comms_.grid.sp_rank);
   mb.targets = sequence_shard(mb.targets, sp, comms_.grid.sp_rank);
+  if (mb.targets_host.defined()) mb.targets_host = sequence_shard(mb.targets_host, sp, comms_.grid.sp_rank);
   return mb;
 }
 

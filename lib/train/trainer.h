@@ -38,6 +38,9 @@ class Trainer {
   // This rank's persistent model-state bytes (what the start-up log reports).
   ModelStateBytes model_state_bytes() const { return opt_->model_state_bytes(); }
   const TrainState& state() const { return state_; }
+  // --profile: the host synchronisations of the profiled step (the run's
+  // second), as its start-up log line reports them; -1 before it ran.
+  int64_t profiled_host_syncs() const { return profiled_syncs_; }
 
  private:
   float train_step();
@@ -48,7 +51,16 @@ class Trainer {
   void setup_device_and_precision();  // device, compute dtype, loss scaler, MFU peak
   // fp16: records the step's overflow in the scaler (and TrainState); true if
   // the step must be skipped.
-  bool skip_for_overflow();
+  // `known_flag`: the overflow flag already read with the step's statistics
+  // (0 or 1), or -1 to ask the optimizer (a collective read).
+  bool skip_for_overflow(int known_flag = -1);
+  // The step without host reads until one (docs/distributed.md, host
+  // synchronisations per step): see trainer.cpp.
+  double run_micro_batches(float loss_weight, DropoutKey key, int64_t L, bool deferred);
+  void begin_step_stats();
+  void read_step_stats(double* loss_sum, double* norm_scaled, int* overflow_flag);
+  Tensor step_stats_;                // (2 + rows) f32 on the device
+  std::vector<Tensor> step_targets_;  // host targets of the step's micro-batches
   // Counts an iteration whose loss (or, without a loss scaler, gradient norm)
   // is NaN/Inf; returns true if so (the update must be skipped). Throws
   // UserError after cfg.max_nan_iterations such iterations in a row.
@@ -115,6 +127,7 @@ class Trainer {
   // --profile: the timeline of one steady-state step and its host synchronisations.
   Timeline timeline_;
   float profiled_step();
+  int64_t profiled_syncs_ = -1;
 };
 
 }  // namespace ds

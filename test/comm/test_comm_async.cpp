@@ -56,7 +56,8 @@ TEST_CASE("CommWorker: an error surfaces through wait() and fails the ops queued
   REQUIRE(ran == 1);
 }
 
-TEST_CASE("a blocking wait is counted as a host synchronisation; a finished one is not", "[cpu]") {
+TEST_CASE("the first wait on an operation counts as a host synchronisation; a repeated or empty one does not",
+          "[cpu]") {
   CommWorker w("g");
   std::atomic<bool> go{false};
   CommHandle slow = w.submit("op", [&] {
@@ -70,7 +71,7 @@ TEST_CASE("a blocking wait is counted as a host synchronisation; a finished one 
   slow.wait();
   release.join();
   REQUIRE(host_sync_count() - before == 1);
-  slow.wait();  // already complete: no wait
+  slow.wait();  // already waited for: not counted again
   CommHandle().wait();  // an empty handle is complete
   REQUIRE(host_sync_count() - before == 1);
 }
