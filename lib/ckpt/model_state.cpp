@@ -39,7 +39,7 @@ Tensor gather_stages(const RankModel& r, const ModelLayout& stage, const Tensor&
 Tensor gather_local_params(const RankModel& r, bool all_ranks) {
   GptModel& m = *r.model;
   const int64_t n = m.layout().total;
-  if (m.has_flat_buffers()) return m.params().view(0, {n});
+  if (m.has_flat_buffers() && m.flat_store().full_master()) return m.params().view(0, {n});
   Tensor out;
   if (all_ranks || r.dp_rank == 0) out = Tensor::empty({n}, DType::F32, m.device());
   m.store().get_full_params(out);

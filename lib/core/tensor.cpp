@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "lib/core/error.h"
+#include "lib/core/mem_tag.h"
 
 namespace ds {
 
@@ -61,7 +62,14 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device dev) {
   size_t bytes = t.nbytes();
   void* p = a.alloc(bytes == 0 ? 1 : bytes, dev.index);
   int idx = dev.index;
-  t.storage_ = std::shared_ptr<void>(p, [&a, idx](void* q) { a.free(q, idx); });
+  // A tagged allocation (lib/core/mem_tag.h) is counted while its storage lives.
+  const MemTag tag = current_mem_tag();
+  const auto counted = static_cast<int64_t>(bytes);
+  count_tagged_bytes(tag, dev.type, counted);
+  t.storage_ = std::shared_ptr<void>(p, [&a, idx, tag, dev, counted](void* q) {
+    a.free(q, idx);
+    count_tagged_bytes(tag, dev.type, -counted);
+  });
   t.data_ = p;
   return t;
 }

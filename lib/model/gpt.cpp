@@ -28,10 +28,10 @@ Tensor rows(const Tensor& t) { return t.reshape({t.numel() / t.size(-1), t.size(
 }  // namespace
 
 GptModel::GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems, TpComm tp, PipeStage stage,
-                   DType compute)
+                   DType compute, FlatStoreOptions flat)
     : cfg_(cfg), compute_(compute), d_(model_dims(cfg)), tp_(tp), stage_(stage),
       layout_(build_layout(cfg, {tp.size, tp.rank, stage.pp, stage.rank, stage.vp})), dev_(dev) {
-  flat_ = std::make_unique<FlatParamStore>(layout_, d_.L, dev_, alloc_elems, compute_);
+  flat_ = std::make_unique<FlatParamStore>(layout_, d_.L, dev_, alloc_elems, compute_, flat);
   store_ = flat_.get();
   init_local();
 }
@@ -77,6 +77,11 @@ void GptModel::set_ulysses(SpComm sp) {
   QKVa_ = (NHa_ + 2 * NKVa_) * d_.HS;
   Ca_ = NHa_ * d_.HS;
   B_ = T_ = 0;  // reallocate on next use
+}
+
+FlatParamStore& GptModel::flat_store() {
+  DS_CHECK(flat_, "GptModel::flat_store(): the parameters are held by a sharded store");
+  return *flat_;
 }
 
 Tensor& GptModel::params() {

@@ -91,8 +91,9 @@ class GptModel {
   // With stage.pp > 1 the layout holds only that pipeline stage's weights.
   // `compute`: the dtype of the weights copy the forward reads and of the
   // activations (bf16/f16 with mixed precision); gradients and masters are f32.
+  // `flat`: the gradient dtype and the ZeRO-1 master sharding of the flat store.
   GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems = 0, TpComm tp = {}, PipeStage stage = {},
-           DType compute = DType::F32);
+           DType compute = DType::F32, FlatStoreOptions flat = {});
   // Parameters and gradients held by `store` (not owned; must outlive the model).
   GptModel(const ModelConfig& cfg, Device dev, ParamStore& store, TpComm tp = {}, PipeStage stage = {},
            DType compute = DType::F32);
@@ -106,8 +107,9 @@ class GptModel {
   const std::vector<Range>& units() const { return units_; }
   bool has_flat_buffers() const { return flat_ != nullptr; }
   // Flat-buffer models only (the default constructor).
-  Tensor& params();  // (alloc) f32, layout total first
-  Tensor& grads();   // (alloc) f32
+  FlatParamStore& flat_store();
+  Tensor& params();  // (alloc) f32, layout total first (not with a ZeRO-1 sharded master)
+  Tensor& grads();   // (alloc) f32, or the compute dtype (FlatStoreOptions::grad)
   Tensor& compute_params();  // (total) bf16/f16 copy the forward reads; undefined in fp32
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;

@@ -17,6 +17,7 @@
 #include <functional>
 #include <vector>
 
+#include "lib/comm/communicator.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
 #include "lib/parallel/zero_partition.h"
@@ -67,33 +68,65 @@ class ParamStore {
   GradsHook grads_hook_;
 };
 
+// How a FlatParamStore keeps the weights and gradients beyond the compute
+// dtype. The defaults are one f32 gradient buffer and, in mixed precision, a
+// full f32 master.
+struct FlatStoreOptions {
+  // The persistent gradient accumulator: f32 (data_types.grad_accum_dtype
+  // fp32) or the compute dtype. With the compute dtype the backward still
+  // adds into an f32 gradient of the running unit (transient); grads_ready
+  // rounds it and adds it into the accumulator.
+  DType grad = DType::F32;
+  // ZeRO-1 in mixed precision: the f32 master covers only this rank's
+  // optimizer range part.owned_real(dp->rank()); the owners' updated compute
+  // copies are all-gathered (in the compute dtype, allgather_bucket elements
+  // per collective). Null: the master covers every weight.
+  Communicator* dp = nullptr;
+  ZeroPartition part;
+  int64_t allgather_bucket = 0;
+};
+
 // One flat params buffer and one flat grads buffer; acquire returns views and
 // nothing moves. Gradients accumulate until zero_grads(). With a bf16/f16
 // compute dtype a second flat buffer holds the weights in that dtype (what
-// acquire_params returns); params() stays the f32 master the optimizer updates.
+// acquire_params returns) and the f32 buffer is the master the optimizer
+// updates: all of it, or with FlatStoreOptions::dp only this rank's range.
 class FlatParamStore : public ParamStore {
  public:
   FlatParamStore(const ModelLayout& layout, int num_layers, Device dev, int64_t alloc_elems,
-                 DType compute = DType::F32);
+                 DType compute = DType::F32, FlatStoreOptions opts = {});
   void begin_pass(const std::vector<int>&) override {}
   void end_pass() override {}
   Tensor acquire_params(int unit) override;
   void release_params(int) override {}
   Tensor acquire_grads(int unit) override;
-  void grads_ready(int unit) override { notify_grads(unit, true); }
+  void grads_ready(int unit) override;
+  // With a sharded master, get_full_params and params_updated are collective
+  // over the data-parallel group.
   void set_full_params(const Tensor& full) override;
   void get_full_params(const Tensor& out) override;
   void params_updated() override;
 
-  Tensor& params() { return params_; }  // (alloc) f32 master, layout total first
-  Tensor& grads() { return grads_; }    // (alloc) f32
+  // Is the f32 buffer the whole model (fp32, or a full master)?
+  bool full_master() const { return master_.begin == 0 && master_.end >= total_; }
+  Tensor& params();  // (alloc) f32, layout total first; full_master() only
+  Range master_range() const { return master_; }
+  Tensor master(Range r);  // f32 master of the flat range r (inside master_range())
+  Tensor& grads() { return grads_; }    // (alloc) in the gradient dtype
   Tensor& compute_params() { return compute_; }  // (total) bf16/f16 copy; undefined in fp32
+  // Persistent bytes of the buffers (what their allocation counted).
+  int64_t param_bytes() const;
+  int64_t grad_bytes() const { return static_cast<int64_t>(grads_.nbytes()); }
 
  private:
   std::vector<Range> units_;
   int64_t total_ = 0;
-  Tensor params_, grads_;
-  Tensor compute_;  // (total) bf16/f16 copy of params_, or undefined in fp32
+  FlatStoreOptions opts_;
+  Range master_;    // flat range the f32 buffer params_ holds
+  Tensor params_;   // (alloc) f32 weights / full master, or (master_.size()) master range
+  Tensor grads_;    // (alloc) gradient accumulator, f32 or the compute dtype
+  Tensor compute_;  // (total) bf16/f16 copy of the weights, or undefined in fp32
+  std::vector<Tensor> unit_f32_;  // compute-dtype accumulation: the running units' f32 gradients
 };
 
 }  // namespace ds

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "lib/core/error.h"
+#include "lib/core/mem_tag.h"
 #include "lib/ops/ops.h"
 
 namespace ds {
@@ -14,6 +15,7 @@ AdamW::AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end)
     : layout_(&layout), begin_(begin), end_(end) {
   DS_CHECK(0 <= begin && begin <= end && end <= layout.total, "AdamW range [{}, {}) outside 0..{}", begin, end,
            layout.total);
+  MemTagScope tag(MemTag::Optimizer);  // counted as model state (lib/core/mem_tag.h)
   m_ = Tensor::zeros({end - begin}, DType::F32, dev);
   v_ = Tensor::zeros({end - begin}, DType::F32, dev);
 }

@@ -110,30 +110,23 @@ Zero3Plan make_zero3_plan(const std::vector<Range>& units, int64_t prefetch_buck
   return plan;
 }
 
-namespace {
-
-struct ElemBytes {
-  int64_t params, grads, optimizer;
-};
-
-ElemBytes elem_bytes(StatePrecision prec, int stage) {
-  if (prec == StatePrecision::FP32 || stage == 3) return ElemBytes{4, 4, 8};
-  return ElemBytes{6, 4, 8};
-}
-
-}  // namespace
+bool is_mixed(StatePrecision p) { return p != StatePrecision::FP32; }
 
 ModelStateBytes zero_model_state_bytes(int64_t n_params, int dp, int stage, StatePrecision prec,
                                        bool offload_optimizer) {
   DS_CHECK(stage >= 0 && stage <= 3, "ZeRO stage must be 0..3, got {}", stage);
   const int64_t n = n_params, shard = make_zero_partition(n_params, dp).shard;
-  const ElemBytes e = elem_bytes(prec, stage);
+  const int64_t s = std::min(n, shard);  // rank 0's real range (shard > n only for DP 1)
+  const int64_t grad = prec == StatePrecision::MixedLowp ? 2 : 4;
   ModelStateBytes b;
-  // Mixed stage 2: the compute copy of every weight + the f32 master of the shard.
-  b.params = prec == StatePrecision::Mixed && stage == 2 ? 2 * n + 4 * shard : e.params * (stage >= 3 ? shard : n);
-  b.grads = e.grads * (stage >= 2 ? shard : n);
-  // The optimizer covers rank 0's real range: min(n, shard) (shard > n only for DP 1).
-  b.optimizer = offload_optimizer ? 0 : e.optimizer * (stage >= 1 ? std::min(n, shard) : n);
+  if (stage == 3)
+    b.params = 4 * shard;
+  else if (!is_mixed(prec))
+    b.params = 4 * n;
+  else  // the compute copy of every weight + the f32 master of what this rank updates
+    b.params = 2 * n + 4 * (stage == 0 ? n : stage == 1 ? s : shard);
+  b.grads = grad * (stage >= 2 ? shard : n);
+  b.optimizer = offload_optimizer ? 0 : 8 * (stage >= 1 ? s : n);
   return b;
 }
 

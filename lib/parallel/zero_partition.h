@@ -72,24 +72,30 @@ Zero3Plan make_zero3_plan(const std::vector<Range>& units, int64_t prefetch_buck
 // Model-state bytes per rank of our implementation (pure arithmetic: the
 // trainer's start-up log, --estimate-memory, tests).
 enum class StatePrecision {
-  FP32,   // fp32 params and grads; optimizer = Adam m, v (the params are the master copy)
-  Mixed,  // bf16/fp16 compute copy + fp32 master params (a shard from stage 2 on), fp32 grads; optimizer = Adam m, v
+  FP32,       // fp32 params and grads; optimizer = Adam m, v (the params are the master copy)
+  Mixed,      // bf16/fp16 compute copy + fp32 master params, fp32 gradient accumulation
+              // (data_types.grad_accum_dtype fp32, our default; Megatron's main grads)
+  MixedLowp,  // as Mixed, gradients accumulated and reduced in the compute dtype
+              // (grad_accum_dtype bf16/fp16; DeepSpeed's default for bf16/fp16)
 };
+bool is_mixed(StatePrecision p);
 struct ModelStateBytes {
   int64_t params = 0, grads = 0, optimizer = 0;
   int64_t total() const { return params + grads + optimizer; }
 };
-// Per rank; n = n_params, shard = make_zero_partition(n, dp).shard (padded).
-// Bytes per element: params P, grads G, optimizer O = (4, 4, 8) in FP32 and
-// (6, 4, 8) in Mixed (fp32 master + 2-byte compute copy; fp32 gradients, as
-// Megatron accumulates them; Adam m, v), except that stage 2 keeps the fp32
-// master for the shard only (params 2*n + 4*shard) and stage 3 only the fp32
-// master shard (P = 4; gathered compute copies are transient).
-// Stage 0: P*n, G*n, O*n; stage 1: P*n, G*n, O*s;
-// stage 2: P*n (Mixed: 2*n + 4*shard), G*shard, O*s; stage 3: P*shard, G*shard, O*s, where
-// s = min(n, shard) is rank 0's real range (the optimizer state never covers
-// padding; later ranks may hold less). Gradient and parameter shards are the
-// padded shard because collectives need equal pieces.
+// Per rank; n = n_params, shard = make_zero_partition(n, dp).shard (padded),
+// s = min(n, shard) (rank 0's real range; the optimizer state and the stage-1
+// master never cover padding; later ranks may hold less).
+// Gradients: G = 4 bytes per element (FP32, Mixed) or 2 (MixedLowp), over n
+// elements at stages 0/1 and the padded shard at 2/3 (collectives need equal
+// pieces). Optimizer: Adam m, v = 8 bytes over n (stage 0) or s.
+// Parameters:
+//   FP32:   4*n (stages 0-2; the params are the master), 4*shard (stage 3)
+//   mixed:  stage 0: 2*n compute copy + 4*n f32 master
+//           stage 1: 2*n + 4*s (the f32 master of the rank's optimizer range)
+//           stage 2: 2*n + 4*shard (the master shard, padded)
+//           stage 3: 4*shard (the f32 shard is the master; gathered compute
+//                    copies are transient)
 // offload_optimizer: the optimizer state lives in host memory, so it is
 // reported as 0 here (device bytes); see host_optimizer_bytes for the host side.
 ModelStateBytes zero_model_state_bytes(int64_t n_params, int dp, int stage, StatePrecision prec,

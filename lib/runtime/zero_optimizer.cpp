@@ -15,15 +15,23 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   DS_USER_CHECK(z.stage >= 0 && z.stage <= 3, "zero_optimization.stage {} is not supported (0, 1, 2 or 3)", z.stage);
   DS_CHECK((z.stage >= 2) == (store != nullptr), "ZeRO stage {} with{} a sharded store", z.stage,
            store ? "" : "out");
-  DS_CHECK(store || model.params().numel() == part.total, "model buffer {} != partition total {}",
-           store ? 0 : model.params().numel(), part.total);
+  DS_CHECK(model.layout().total == part.total, "model of {} elements, partition total {}", model.layout().total,
+           part.total);
   rank_ = dp ? dp->rank() : 0;
   range_ = z.stage == 0 ? Range{0, part.total} : part.owned_real(rank_);
   offload_ = z.offload_optimizer == OffloadDevice::CPU && model.device().is_cuda();
-  // Mixed precision, flat store, this rank updates every weight (stage 0 or a
-  // single data-parallel rank): the fused AdamW writes the compute copy itself.
-  fused_lowp_ =
-      !store && !offload_ && model.compute_dtype() != DType::F32 && range_.size() == model.layout().total;
+  const bool mixed = model.compute_dtype() != DType::F32;
+  // ZeRO-1 in mixed precision keeps the f32 master of this rank's range only:
+  // the flat store must hold exactly the range the optimizer updates.
+  if (!store && mixed && z.stage == 1 && part.dp > 1) {
+    const Range m = model.flat_store().master_range();
+    DS_CHECK(m.begin == range_.begin && m.end == range_.end,
+             "ZeRO-1: the flat store's f32 master covers [{}, {}), the optimizer updates [{}, {})", m.begin, m.end,
+             range_.begin, range_.end);
+  }
+  // Mixed precision, flat store: the fused AdamW writes the updated range of
+  // the compute copy itself (stage 1 then all-gathers the compute copy).
+  fused_lowp_ = !store && !offload_ && mixed;
   adam_ = std::make_unique<AdamW>(model.layout(), offload_ ? Device::cpu() : model.device(), range_.begin,
                                   range_.end);
   overlap_ = z.overlap_comm && !store && dp && part.dp > 1;
@@ -181,7 +189,7 @@ void ZeroOptimizer::grads_nonfinite_into(const Tensor& flag, Communicator& world
 
 void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
   if (range_.size() > 0) {
-    Tensor p = store_ ? store_->master_params() : model_.params().view(range_.begin, {range_.size()});
+    Tensor p = master_range();
     Tensor g = store_ ? store_->grad_shard() : model_.grads().view(range_.begin, {range_.size()});
     if (offload_) {  // bucket by bucket, copies overlapping the CPU update (offload_pipeline.h)
       if (!offload_pipe_)
@@ -200,14 +208,20 @@ void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
   if (store_) {
     store_->after_step();
   } else {
-    if (z_.stage == 1 && part_.dp > 1) all_gather_flat(*dp_, part_, model_.params(), z_.allgather_bucket_size);
-    if (!fused_lowp_) model_.store().params_updated();
+    const bool gather = z_.stage == 1 && part_.dp > 1;
+    if (model_.compute_dtype() == DType::F32) {
+      if (gather) all_gather_flat(*dp_, part_, model_.params(), z_.allgather_bucket_size);
+    } else if (!fused_lowp_) {
+      model_.store().params_updated();  // casts the updated master range (ZeRO-1: and all-gathers)
+    } else if (gather) {
+      all_gather_flat(*dp_, part_, model_.compute_params(), z_.allgather_bucket_size);
+    }
   }
 }
 
 Tensor ZeroOptimizer::master_range() {
   if (range_.size() == 0) return Tensor();
-  return store_ ? store_->master_params() : model_.params().view(range_.begin, {range_.size()});
+  return store_ ? store_->master_params() : model_.flat_store().master(range_);
 }
 
 bool ZeroOptimizer::grads_nonfinite(Communicator& world) {
@@ -220,10 +234,9 @@ bool ZeroOptimizer::grads_nonfinite(Communicator& world) {
 
 ModelStateBytes ZeroOptimizer::model_state_bytes() const {
   ModelStateBytes b;
-  // Mixed precision adds the compute-dtype copy of the weights (2 bytes each).
-  const int64_t compute = model_.compute_dtype() == DType::F32 ? 0 : 2;
-  b.params = store_ ? store_->param_bytes() : 4 * model_.params().numel() + compute * model_.layout().total;
-  b.grads = store_ ? store_->grad_bytes() : 4 * model_.grads().numel();
+  FlatParamStore* flat = store_ ? nullptr : &model_.flat_store();
+  b.params = store_ ? store_->param_bytes() : flat->param_bytes();
+  b.grads = store_ ? store_->grad_bytes() : flat->grad_bytes();
   // Offloaded optimizer state is host memory: not part of the device model state.
   b.optimizer = offload_ ? 0 : 4 * (adam_->m().numel() + adam_->v().numel());
   return b;

@@ -6,36 +6,17 @@
 #include <cmath>
 
 #include "lib/core/error.h"
+#include "lib/core/mem_tag.h"
 #include "lib/ops/ops.h"
 #include "lib/optim/adamw.h"
 
 namespace ds {
 
-void all_gather_flat(Communicator& dp, const ZeroPartition& p, const Tensor& params, int64_t bucket_elems) {
-  DS_CHECK(params.numel() == p.total, "all_gather_flat: buffer {} != partition total {}", params.numel(), p.total);
-  const int me = dp.rank();
-  for (const Range& c : make_shard_chunks(p, bucket_elems)) {
-    const int64_t k = c.size();
-    // Rank r's piece of this chunk, clipped to the real elements (padding is zeros).
-    auto real = [&](int r) {
-      const int64_t b = r * p.shard + c.begin;
-      return Range{std::min(b, p.total), std::min(b + k, p.total)};
-    };
-    Tensor send = Tensor::zeros({k}, params.dtype(), params.device());
-    Range mine = real(me);
-    if (mine.size() > 0) send.view(0, {mine.size()}).copy_from(params.view(mine.begin, {mine.size()}));
-    Tensor recv = Tensor::empty({p.dp * k}, params.dtype(), params.device());
-    dp.all_gather(send, recv);
-    for (int r = 0; r < p.dp; ++r) {
-      Range rr = real(r);
-      if (r != me && rr.size() > 0) params.view(rr.begin, {rr.size()}).copy_from(recv.view(r * k, {rr.size()}));
-    }
-  }
-}
-
 ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device dev, Communicator* dp,
-                               const ZeroConfig& z, const ZeroPartition& part, DType compute)
+                               const ZeroConfig& z, const ZeroPartition& part, DType compute, DType grad)
     : dp_(dp), z_(z), part_(part), stage_(z.stage), dev_(dev), compute_dtype_(compute) {
+  DS_CHECK(grad == DType::F32 || grad == compute, "gradients in {} with compute dtype {}", dtype_name(grad),
+           dtype_name(compute));
   DS_CHECK(stage_ == 2 || stage_ == 3, "ZeroParamStore is for ZeRO stages 2 and 3, got {}", stage_);
   DS_CHECK(part.total == layout.total, "partition of {} elements for a model of {}", part.total, layout.total);
   rank_ = dp ? dp->rank() : 0;
@@ -44,7 +25,11 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
   in_flight_.resize(units_.size());
   unit_grads_.resize(units_.size());
   deferred_.resize(units_.size());
-  gshard_ = Tensor::zeros({part.shard}, DType::F32, dev);
+  {
+    MemTagScope tag(MemTag::Grads);
+    gshard_ = Tensor::zeros({part.shard}, grad, dev);
+  }
+  MemTagScope tag(MemTag::Params);
   if (stage_ == 2) {
     if (compute == DType::F32) {
       full_ = Tensor::zeros({part.total}, DType::F32, dev);
@@ -55,6 +40,9 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
     return;
   }
   shard_ = Tensor::zeros({part.shard}, DType::F32, dev);
+  // The persistent units below are gathered copies (reported with the
+  // ZeRO-3 plan, not as model state).
+  MemTagScope untagged(MemTag::None);
   plan_ = make_zero3_plan(units_, z.stage3_prefetch_bucket_size, z.stage3_max_live_parameters,
                           z.stage3_param_persistence_threshold);
   for (size_t u = 0; u < units_.size(); ++u)
@@ -241,9 +229,16 @@ void ZeroParamStore::reduce_unit(int unit, const Tensor& g) {
   const int64_t ub = units_[unit].begin;
   const int dp = part_.dp;
   Range mine = piece(unit, rank_);
+  const DType gt = gshard_.dtype();
   if (dp == 1) {
+    if (mine.size() == 0) return;
     Tensor dst = gshard_.view(mine.begin, {mine.size()});
-    ops::add({.out = dst, .a = dst, .b = g}, Stream{});
+    Tensor src = g;
+    if (gt != DType::F32) {  // rounded to the accumulator's dtype, then added
+      src = Tensor::empty({g.numel()}, gt, dev_);
+      ops::cast({.out = src, .inp = g}, Stream{});
+    }
+    ops::add({.out = dst, .a = dst, .b = src}, Stream{});
     return;
   }
   retire(false);
@@ -252,13 +247,17 @@ void ZeroParamStore::reduce_unit(int unit, const Tensor& g) {
   const int64_t len = z_.reduce_bucket_size <= 0 ? m : std::max<int64_t>(1, z_.reduce_bucket_size / dp);
   for (int64_t off = 0; off < m; off += len) {
     const int64_t k = std::min(len, m - off);
-    Tensor send = Tensor::zeros({dp * k}, DType::F32, dev_);
+    Tensor send = Tensor::zeros({dp * k}, gt, dev_);
     for (int r = 0; r < dp; ++r) {
       Range p = piece(unit, r);
       const int64_t c = std::clamp<int64_t>(p.size() - off, 0, k);
-      if (c > 0) send.view(r * k, {c}).copy_from(g.view(p.begin + off - ub, {c}));
+      if (c <= 0) continue;
+      if (gt == DType::F32)
+        send.view(r * k, {c}).copy_from(g.view(p.begin + off - ub, {c}));
+      else  // compute-dtype accumulation: the reduction runs in that dtype
+        ops::cast({.out = send.view(r * k, {c}), .inp = g.view(p.begin + off - ub, {c})}, Stream{});
     }
-    Tensor recv = Tensor::empty({k}, DType::F32, dev_);
+    Tensor recv = Tensor::empty({k}, gt, dev_);
     PendingReduce pr;
     pr.recv = recv;
     pr.count = std::clamp<int64_t>(mine.size() - off, 0, k);

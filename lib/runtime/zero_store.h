@@ -26,28 +26,28 @@
 // master weights; what acquire_params returns is a compute-dtype copy (stage
 // 2: one full copy; after each step the owner casts its updated master range
 // and the copy is all-gathered in the compute dtype; stage 3: each gathered
-// unit is gathered in f32 and cast). Gradients stay f32.
+// unit is gathered in f32 and cast). A unit's full gradient is f32 while its
+// backward runs; the gradient shard, and the reduce-scatters into it, are f32
+// or, with data_types.grad_accum_dtype bf16/fp16, the compute dtype (the unit
+// gradient is rounded to it before it is sent).
 #pragma once
 #include <deque>
 #include <vector>
 
 #include "lib/comm/communicator.h"
 #include "lib/model/param_store.h"
+#include "lib/parallel/flat_gather.h"
 #include "lib/parallel/zero_partition.h"
 #include "lib/runtime/timeline.h"
 #include "lib/runtime/zero_config.h"
 
 namespace ds {
 
-// Bucketed all-gather of a full flat parameter buffer `params` (n = p.total
-// elements) whose owned ranges were updated on their owners (ZeRO 1/2).
-void all_gather_flat(Communicator& dp, const ZeroPartition& p, const Tensor& params, int64_t bucket_elems);
-
 class ZeroParamStore : public ParamStore {
  public:
   // dp may be null for a single data-parallel rank.
   ZeroParamStore(const ModelLayout& layout, int num_layers, Device dev, Communicator* dp, const ZeroConfig& z,
-                 const ZeroPartition& part, DType compute = DType::F32);
+                 const ZeroPartition& part, DType compute = DType::F32, DType grad = DType::F32);
 
   void begin_pass(const std::vector<int>& order) override;
   void end_pass() override;
@@ -84,7 +84,7 @@ class ZeroParamStore : public ParamStore {
     auto n = [](const Tensor& t) { return t.defined() ? t.numel() : int64_t(0); };
     return 4 * (n(shard_) + n(full_) + n(master_)) + 2 * n(compute_);
   }
-  int64_t grad_bytes() const { return 4 * gshard_.numel(); }
+  int64_t grad_bytes() const { return static_cast<int64_t>(gshard_.nbytes()); }
   const Zero3Plan& plan() const { return plan_; }
   int64_t persistent_elems() const;
   // Most elements held at once in gathered parameter units (incl. persistent)
@@ -131,7 +131,7 @@ class ZeroParamStore : public ParamStore {
   Tensor compute_; // stage 2 with bf16/f16: (n) the compute-dtype weights the forward reads
   Tensor master_;  // stage 2 with bf16/f16: (shard) f32 master of this rank's range, zero padded
   Tensor shard_;   // stage 3: (shard) this rank's parameters, zero padded
-  Tensor gshard_;  // (shard) summed gradient shard
+  Tensor gshard_;  // (shard) summed gradient shard, f32 or the compute dtype (grad_accum_dtype)
   std::vector<Tensor> gathered_;  // stage 3: gathered or persistent full units (compute dtype)
   std::vector<Tensor> unit_grads_;
   std::vector<Tensor> deferred_;  // per unit: persistent full gradient (defer_unit) or undefined

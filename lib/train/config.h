@@ -71,6 +71,10 @@ struct PrecisionConfig {
   int initial_scale_power = 16, loss_scale_window = 1000, hysteresis = 2;
   float min_loss_scale = 1;
   bool consecutive_hysteresis = false;
+  // data_types.grad_accum_dtype: the dtype gradients accumulate and are
+  // data-parallel reduced in: f32 (the default, Megatron's main grads) or, with
+  // bf16/fp16 training, the compute dtype (DeepSpeed's default for bf16/fp16).
+  DType grad_accum = DType::F32;
 };
 
 struct ParallelConfig {

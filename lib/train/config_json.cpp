@@ -127,6 +127,33 @@ void read_scheduler(DsSection& root, TrainConfig& cfg) {
   s.finish();
 }
 
+// data_types.grad_accum_dtype, with DeepSpeed's spellings. Only fp32 or the
+// compute dtype are accepted: our backward computes a unit's gradient in f32
+// and can round it to the compute dtype, not to a third one.
+void read_grad_accum_dtype(DsSection& root, PrecisionConfig& pc) {
+  DsSection types = root.section("data_types");
+  const std::string key = types.full("grad_accum_dtype");
+  const std::string v = types.get<std::string>("grad_accum_dtype", "fp32");
+  types.finish();
+  DType d = DType::F32;
+  if (v == "fp32" || v == "float32" || v == "float")
+    d = DType::F32;
+  else if (v == "bf16" || v == "bfloat16")
+    d = DType::BF16;
+  else if (v == "fp16" || v == "float16" || v == "half")
+    d = DType::F16;
+  else
+    DS_USER_CHECK(false, "config: '{}' is '{}'; use \"fp32\", \"bf16\" or \"fp16\"", key, v);
+  const DType compute = pc.precision == Precision::BF16   ? DType::BF16
+                        : pc.precision == Precision::FP16 ? DType::F16
+                                                          : DType::F32;
+  DS_USER_CHECK(d == DType::F32 || d == compute,
+                "config: '{}' is '{}' but the model computes in {}; use \"fp32\" or the compute dtype{}", key, v,
+                pc.precision == Precision::FP32 ? "fp32" : dtype_name(compute),
+                pc.precision == Precision::FP32 ? " (or enable bf16 / fp16)" : "");
+  pc.grad_accum = d;
+}
+
 void read_precision(DsSection& root, PrecisionConfig& pc) {
   DsSection f = root.section("fp16");
   // "bfloat16" is DeepSpeed's older spelling of "bf16".
@@ -142,6 +169,7 @@ void read_precision(DsSection& root, PrecisionConfig& pc) {
   pc.consecutive_hysteresis = f.get<bool>("consecutive_hysteresis", pc.consecutive_hysteresis);
   if (fp16) f.finish();  // a disabled section changes nothing: no warnings for it
   if (bf16) b.finish();
+  read_grad_accum_dtype(root, pc);
 }
 
 void read_zero(DsSection& root, ZeroConfig& z) {
@@ -194,9 +222,6 @@ void read_optional_features(DsSection& root, LoggingConfig& log) {
   // Gradients are reduced and averaged in f32, so dividing by the data-parallel
   // size before or after the sum changes only the last bits: either value is honoured.
   (void)root.get<bool>("prescale_gradients", false);
-  DsSection types = root.section("data_types");
-  types.accept_if("grad_accum_dtype", "fp32");  // gradients accumulate in f32 (Megatron's rule)
-  types.finish();
   log.wall_clock_breakdown = root.get<bool>("wall_clock_breakdown", log.wall_clock_breakdown);
   root.accept_if("memory_breakdown", false);
 }

@@ -83,7 +83,9 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   r.configured = cfg.zero.stage == stage && (cfg.zero.offload_optimizer == OffloadDevice::CPU) == offload;
   const int64_t n = e.n_params_rank;
   const bool fp32 = e.precision == StatePrecision::FP32;
-  const int64_t P = fp32 ? 4 : 2, G = 4;  // gathered params in the compute dtype; gradients f32
+  // Gathered params in the compute dtype; a unit's full gradient is f32 while
+  // its backward runs, whatever the accumulation dtype.
+  const int64_t P = fp32 ? 4 : 2, G = 4;
   r.states = zero_model_state_bytes(n, e.dp, stage, e.precision, offload);
   if (stage == 3) {
     int64_t largest = 0, persistent = 0;
@@ -131,7 +133,9 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_p
                 num_nodes, gpus_per_node, e.tp, e.pp);
   e.dp = e.world / (e.tp * e.pp);
   e.approximate = e.tp * e.pp > 1;
-  e.precision = cfg.precision.precision == Precision::FP32 ? StatePrecision::FP32 : StatePrecision::Mixed;
+  e.precision = cfg.precision.precision == Precision::FP32 ? StatePrecision::FP32
+                : cfg.precision.grad_accum == DType::F32     ? StatePrecision::Mixed
+                                                             : StatePrecision::MixedLowp;
   const ModelConfig m = resolved_model(cfg, e.vocab_assumed);
   const ModelLayout layout = build_layout(m);
   e.n_params = layout.total;
@@ -168,8 +172,11 @@ void append_header(std::string& out, const TrainConfig& cfg, const MemoryEstimat
   out += fmt::format("precision: {} -> bytes per parameter: {}\n", precision_name(cfg.precision.precision),
                      e.precision == StatePrecision::FP32
                          ? "params 4, grads 4, optimizer 8 (Adam m, v)"
-                         : "params 6 (fp32 master + bf16/fp16 copy; 4 with ZeRO-3), grads 4 (fp32), optimizer 8 "
-                           "(Adam m, v)");
+                         : fmt::format("params 2 (bf16/fp16 copy) + 4 (fp32 master: all of it at ZeRO-0, the rank's "
+                                       "range from ZeRO-1 on; ZeRO-3 keeps only the fp32 shard), grads {}, optimizer "
+                                       "8 (Adam m, v)",
+                                       e.precision == StatePrecision::Mixed ? "4 (fp32 accumulation)"
+                                                                            : "2 (accumulated in the compute dtype)"));
   const std::string rc = recompute_granularity_name(cfg.parallel.recompute);
   out += fmt::format("activations per rank (micro batch {} x seq {}, recompute {}): {} GiB (saved {} + backward {})\n",
                      cfg.batch.micro_batch_size, cfg.model.seq_length, rc.empty() ? "none" : rc,

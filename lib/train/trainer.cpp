@@ -8,6 +8,7 @@
 #include "lib/ckpt/hf.h"
 #include "lib/core/error.h"
 #include "lib/core/log.h"
+#include "lib/core/mem_tag.h"
 #include "lib/core/sync_counter.h"
 #include "lib/model/tp_shard.h"
 #include "lib/ops/ops.h"
@@ -59,10 +60,13 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   Communicator* dp_comm = sdp_ > 1 ? comms_.sdp : nullptr;
   if (cfg_.zero.stage >= 2) {
     store_ = std::make_unique<ZeroParamStore>(local, cfg_.model.num_layers, dev_, dp_comm, cfg_.zero, part,
-                                              compute);
+                                              compute, cfg_.precision.grad_accum);
     model_ = std::make_unique<GptModel>(cfg_.model, dev_, *store_, tp, stage, compute);
-  } else {
-    model_ = std::make_unique<GptModel>(cfg_.model, dev_, 0, tp, stage, compute);
+  } else {  // ZeRO-1 in mixed precision: the f32 master of this rank's range only
+    const bool shard_master = cfg_.zero.stage == 1 && dp_comm;
+    const FlatStoreOptions flat{.grad = cfg_.precision.grad_accum, .dp = shard_master ? dp_comm : nullptr,
+                                .part = part, .allgather_bucket = cfg_.zero.allgather_bucket_size};
+    model_ = std::make_unique<GptModel>(cfg_.model, dev_, 0, tp, stage, compute, flat);
   }
   if (comms_.grid.sp > 1) model_->set_ulysses({comms_.sp, comms_.grid.sp, comms_.grid.sp_rank});
   model_->set_recompute(recompute_config(cfg_.parallel));
@@ -214,9 +218,15 @@ bool Trainer::skip_for_overflow(int known_flag) {
 }
 
 void Trainer::log_model_state() {
-  ModelStateBytes b = opt_->model_state_bytes();
-  DS_LOG("model state: {} bytes per rank (ZeRO stage {}, {} data-parallel ranks; params {} + grads {} + Adam m, v {})",
-         b.total(), cfg_.zero.stage, sdp_, b.params, b.grads, b.optimizer);
+  // What the allocator counted for the persistent buffers (lib/core/mem_tag.h),
+  // on the training device: with offload the Adam state is host memory.
+  ModelStateBytes b;
+  b.params = live_tagged_bytes(MemTag::Params, dev_.type);
+  b.grads = live_tagged_bytes(MemTag::Grads, dev_.type);
+  b.optimizer = live_tagged_bytes(MemTag::Optimizer, dev_.type);
+  DS_LOG("model state: {} bytes per rank (ZeRO stage {}, {} data-parallel ranks; params {} + grads {} ({}) + Adam "
+         "m, v {})",
+         b.total(), cfg_.zero.stage, sdp_, b.params, b.grads, dtype_name(cfg_.precision.grad_accum), b.optimizer);
   if (cfg_.zero.stage == 3) {
     const Zero3Plan& p = store_->plan();
     int n_persistent = 0;
@@ -256,7 +266,8 @@ Tensor Trainer::full_params(bool all_ranks) { return gather_full_params(rank_mod
 
 void Trainer::load_or_init() {
   if (!cfg_.ckpt.load_dir.empty()) {
-    const bool flat = model_->has_flat_buffers() && shard_.tp == 1 && shard_.pp == 1;
+    const bool flat = model_->has_flat_buffers() && model_->flat_store().full_master() && shard_.tp == 1 &&
+                      shard_.pp == 1;
     Tensor full = flat ? model_->params().view(0, {full_layout_.total})
                        : Tensor::empty({full_layout_.total}, DType::F32, dev_);
     CheckpointData d = rank_checkpoint(rank_model(), full, opt_->adam(), opt_->optimizer_range(), sdp_rank_, sdp_);

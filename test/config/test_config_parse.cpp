@@ -182,9 +182,34 @@ TEST_CASE("DeepSpeed keys we do not implement are warned about by name", "[confi
   CHECK(parse_json(with(base(), {{"wall_clock_breakdown", true}})).log.wall_clock_breakdown);
   CHECK(parse_json(with(base(), {{"wall_clock_breakdown", true}})).warnings.empty());
   CHECK(parse_json(with(base(), {{"data_types", {{"grad_accum_dtype", "fp32"}}}})).warnings.empty());
-  CHECK(has_warning(parse_json(with(base(), {{"data_types", {{"grad_accum_dtype", "bf16"}}}})),
-                    "'data_types.grad_accum_dtype' = \"bf16\" is not implemented"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"prescale_gradients", 2}})), Contains("prescale_gradients"));
+}
+
+TEST_CASE("data_types.grad_accum_dtype: fp32 or the compute dtype", "[config]") {
+  auto types = [](const std::string& acc, const std::string& precision) {
+    json j = with(base(), {{"data_types", {{"grad_accum_dtype", acc}}}});
+    if (!precision.empty()) j[precision] = {{"enabled", true}};
+    return parse_json(j);
+  };
+  CHECK(parse_json(base()).precision.grad_accum == ds::DType::F32);  // default: fp32 accumulation
+  CHECK(parse_json(with(base(), {{"bf16", {{"enabled", true}}}})).precision.grad_accum == ds::DType::F32);
+  CHECK(types("fp32", "bf16").precision.grad_accum == ds::DType::F32);
+  CHECK(types("bf16", "bf16").precision.grad_accum == ds::DType::BF16);
+  CHECK(types("bfloat16", "bf16").precision.grad_accum == ds::DType::BF16);
+  CHECK(types("fp16", "fp16").precision.grad_accum == ds::DType::F16);
+  CHECK(types("fp16", "fp16").warnings.empty());
+  CHECK_THROWS_WITH(types("bf16", ""), Contains("'data_types.grad_accum_dtype' is 'bf16' but the model computes in "
+                                                "fp32"));
+  CHECK_THROWS_WITH(types("fp16", "bf16"), Contains("'data_types.grad_accum_dtype' is 'fp16' but the model computes "
+                                                    "in bf16"));
+  CHECK_THROWS_WITH(types("int8", "bf16"), Contains("'data_types.grad_accum_dtype' is 'int8'"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"data_types", {{"grad_accum_dtype", 16}}}})),
+                    Contains("data_types.grad_accum_dtype"));
+  // The flag that turns bf16 on is applied before the check (flags patch the JSON).
+  CHECK(parse_json(with(base(), {{"data_types", {{"grad_accum_dtype", "bf16"}}}}), {"--bf16"}).precision.grad_accum ==
+        ds::DType::BF16);
+  CHECK(has_warning(parse_json(with(base(), {{"data_types", {{"grad_accum_dtype", "fp32"}, {"other", 1}}}})),
+                    "data_types.other"));
 }
 
 TEST_CASE("flags override the file", "[config][flags]") {

@@ -57,9 +57,10 @@ TEST_CASE("memory estimate: GPT-2 124M on one node of 8 GPUs", "[zero][estimate]
 
   // kN is a multiple of 8 * 64: shard = kN / 8 exactly.
   const int64_t shard = kN / 8;
-  // Mixed precision as we hold it (docs/zero.md): fp32 master (a shard from stage 2 on) + bf16 copy, fp32 grads.
+  // Mixed precision as we hold it (docs/zero.md): bf16 copy + fp32 master (the rank's range from stage 1
+  // on), fp32 grads by default.
   CHECK(row(e, 0, false).states.total() == 18 * kN);
-  CHECK(row(e, 1, false).states.total() == 10 * kN + 8 * shard);
+  CHECK(row(e, 1, false).states.total() == 6 * kN + 12 * shard);
   CHECK(row(e, 2, false).states.total() == 2 * kN + 16 * shard);  // f32 master sharded
   CHECK(row(e, 3, false).states.total() == 16 * shard);
   CHECK(row(e, 2, true).states.total() == 2 * kN + 8 * shard);
@@ -95,6 +96,21 @@ TEST_CASE("memory estimate: GPT-2 124M on one node of 8 GPUs", "[zero][estimate]
   CHECK_FALSE(e.zero3.persistent.front());
   CHECK(e.zero3.prefetch_depth == 8);  // 39.4M embedding + 8 layers = 96M, far under 1e9 live
   CHECK(e.zero3.peak_live == 39419904 + 8 * 7087872 + 1536);
+}
+
+TEST_CASE("memory estimate: gradients accumulated in the compute dtype", "[zero][estimate]") {
+  TrainConfig cfg = gpt2_124m();
+  cfg.device = DeviceType::CUDA;
+  cfg.precision.grad_accum = DType::BF16;  // data_types.grad_accum_dtype "bf16"
+  MemoryEstimate e = estimate_memory(cfg, 1, 8);
+  CHECK(e.precision == StatePrecision::MixedLowp);
+  const int64_t shard = kN / 8;
+  CHECK(row(e, 0, false).states.total() == 16 * kN);
+  CHECK(row(e, 1, false).states.total() == 4 * kN + 12 * shard);  // DeepSpeed's 4 + 12/DP
+  CHECK(row(e, 2, false).states.total() == 2 * kN + 14 * shard);  // DeepSpeed's 2 + 14/DP
+  CHECK(row(e, 3, false).states.total() == 14 * shard);
+  CHECK(row(e, 2, false).states.grads == 2 * shard);
+  CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("grads 2 (accumulated in the compute dtype)"));
 }
 
 TEST_CASE("memory estimate: report text", "[zero][estimate]") {

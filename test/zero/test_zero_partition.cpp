@@ -210,9 +210,13 @@ TEST_CASE("model-state bytes per rank follow the ZeRO formulas", "[zero]") {
       {2, StatePrecision::FP32, 4000000, 1000192, 2000384},
       {3, StatePrecision::FP32, 1000192, 1000192, 2000384},
       {0, StatePrecision::Mixed, 6000000, 4000000, 8000000},
-      {1, StatePrecision::Mixed, 6000000, 4000000, 2000384},
+      {1, StatePrecision::Mixed, 3000192, 4000000, 2000384},  // 2n + 4s, s = 250048
       {2, StatePrecision::Mixed, 3000192, 1000192, 2000384},
       {3, StatePrecision::Mixed, 1000192, 1000192, 2000384},
+      {0, StatePrecision::MixedLowp, 6000000, 2000000, 8000000},
+      {1, StatePrecision::MixedLowp, 3000192, 2000000, 2000384},
+      {2, StatePrecision::MixedLowp, 3000192, 500096, 2000384},
+      {3, StatePrecision::MixedLowp, 1000192, 500096, 2000384},
   };
   for (const Case& c : cases) {
     CAPTURE(c.stage, c.prec == StatePrecision::FP32);
@@ -231,18 +235,26 @@ TEST_CASE("model-state bytes per rank follow the ZeRO formulas", "[zero]") {
     const int64_t m = 1024000;  // a multiple of 4 * 64
     auto per = [&](int stage, StatePrecision p) { return zero_model_state_bytes(m, 4, stage, p, false).total(); };
     CHECK(per(0, StatePrecision::Mixed) == m * 18);                // Megatron without the distributed optimizer
-    CHECK(per(1, StatePrecision::Mixed) == m * 10 + m * 8 / 4);   // 10 + 8/DP
+    CHECK(per(1, StatePrecision::Mixed) == m * 6 + m * 12 / 4);   // 6 + 12/DP (DeepSpeed with fp32 gradients)
     CHECK(per(2, StatePrecision::Mixed) == m * 2 + m * 16 / 4);   // 2 + 16/DP (DeepSpeed with fp32 gradients)
     CHECK(per(3, StatePrecision::Mixed) == m * 16 / 4);           // 16/DP
+    // Gradients in the compute dtype: DeepSpeed's default figures for stages 0-2.
+    CHECK(per(0, StatePrecision::MixedLowp) == m * 16);
+    CHECK(per(1, StatePrecision::MixedLowp) == m * 4 + m * 12 / 4);  // 4 + 12/DP
+    CHECK(per(2, StatePrecision::MixedLowp) == m * 2 + m * 14 / 4);  // 2 + 14/DP
+    CHECK(per(3, StatePrecision::MixedLowp) == m * 14 / 4);          // 14/DP: the f32 shard is the master
     CHECK(per(0, StatePrecision::FP32) == m * 16);
     CHECK(per(1, StatePrecision::FP32) == m * 8 + m * 8 / 4);
     CHECK(per(2, StatePrecision::FP32) == m * 4 + m * 12 / 4);
     CHECK(per(3, StatePrecision::FP32) == m * 16 / 4);
   }
   SECTION("dp 1 equals stage 0 up to padding") {
-    for (int stage = 0; stage <= 3; ++stage)
+    for (int stage = 0; stage <= 3; ++stage) {
       CHECK(zero_model_state_bytes(1024, 1, stage, StatePrecision::Mixed, false).total() ==
             (stage == 3 ? 16 : 18) * 1024);
+      CHECK(zero_model_state_bytes(1024, 1, stage, StatePrecision::MixedLowp, false).total() ==
+            (stage == 3 ? 14 : 16) * 1024);
+    }
   }
   SECTION("the optimizer state covers real elements only; grad and param shards are padded") {
     // 1000 elements, DP 1: padded shard 1024, but Adam's moments cover rank 0's real range (1000).
