@@ -1,12 +1,13 @@
 // Communication overlapped with computation (overlap_comm): with 2 data-
 // parallel ranks and 2 micro-batches per step, ZeRO stages 0-3 give weights
 // and optimizer states bit-identical to the same run without overlap (the
-// checkpoints' bytes), and the --profile timeline shows the first gradient
-// reduction starting while the backward pass still runs (stage 0: bucket
-// all-reduce; stage 2: per-unit reduce-scatter), with the host
-// synchronisations of the step in the log. Pipelines (PP2, PP4, PP2 x DP2,
-// tied embeddings) are bit-identical with overlap on and off too, and with it
-// the 1F1B receives run while the stage computes.
+// checkpoints' bytes; in fp32 and in bf16 with bf16 gradient accumulation),
+// and the --profile timeline shows the first gradient reduction starting
+// while the backward pass still runs (stage 0: bucket all-reduce; stage 2:
+// per-unit reduce-scatter), with the host synchronisations of the step in
+// the log. Pipelines (PP2, PP4, PP2 x DP2, tied embeddings) are bit-identical
+// with overlap on and off too, and with it the 1F1B receives run while the
+// stage computes.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -23,7 +24,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string write_config(const std::string& name, int stage, bool overlap, int64_t bucket) {
+// `more`: further top-level JSON members (", \"bf16\": ...") or empty.
+std::string write_config(const std::string& name, int stage, bool overlap, int64_t bucket,
+                         const std::string& more = "") {
   const DistData& d = dist_data();
   const std::string cfg = d.dir + "/" + name + ".json";
   std::ofstream f(cfg);
@@ -33,7 +36,7 @@ std::string write_config(const std::string& name, int stage, bool overlap, int64
   if (stage == 3)
     f << ", \"stage3_param_persistence_threshold\": 100, \"stage3_prefetch_bucket_size\": 20000,"
       << " \"stage3_max_live_parameters\": 30000";
-  f << "}}";
+  f << "}" << more << "}";
   return cfg;
 }
 
@@ -54,15 +57,16 @@ std::vector<std::string> model_args(int iters, int pp = 1, int layers = 2) {
 }
 
 // Runs `world` ranks with overlap off and on (checkpoint at the last of 6
-// steps) and requires the same checkpoint bytes.
-void require_same_bits(const std::string& label, int world, int stage, const std::vector<std::string>& model) {
+// steps) and requires the same checkpoint bytes. `more`: extra config members.
+void require_same_bits(const std::string& label, int world, int stage, const std::vector<std::string>& model,
+                       const std::string& more = "") {
   std::map<std::string, std::string> files[2];
   for (int overlap : {0, 1}) {
     const std::string name = "bits_" + label + (overlap ? "_on" : "_off");
     const std::string ck = dist_data().dir + "/ck_" + name;
     fs::remove_all(ck);
     std::vector<std::string> args = model;
-    args.insert(args.begin(), {"--config", write_config(name, stage, overlap, 3000)});
+    args.insert(args.begin(), {"--config", write_config(name, stage, overlap, 3000, more)});
     args.insert(args.end(), {"--save", ck, "--save-interval", "6"});
     std::string err = run_dstrain(DstrainJob{world, args});
     INFO(label << " overlap " << overlap << ": " << err);
@@ -99,6 +103,14 @@ TEST_CASE("overlap_comm on and off give bit-identical results with pipeline para
   std::vector<std::string> interleaved = model_args(6, 2, 4);
   interleaved.insert(interleaved.end(), {"--num-layers-per-virtual-pipeline-stage", "1"});
   require_same_bits("pp2vp2dp2_z2", 4, 2, interleaved);
+}
+
+// Gradients accumulated and reduced in bf16 (data_types.grad_accum_dtype):
+// the same collectives in the same order, so still bit-identical.
+TEST_CASE("overlap_comm on and off stay bit-identical with bf16 gradient accumulation (ZeRO 0-3)", "[multiproc]") {
+  const std::string bf16acc = ", \"bf16\": {\"enabled\": true}, \"data_types\": {\"grad_accum_dtype\": \"bf16\"}";
+  for (int stage : {0, 1, 2, 3})
+    require_same_bits("bf16acc_z" + std::to_string(stage), 2, stage, model_args(6), bf16acc);
 }
 
 namespace {

@@ -3,17 +3,22 @@
 // (data_types.grad_accum_dtype), the model-state bytes dstrain's allocator
 // counted for the persistent buffers (the start-up "model state" line reads
 // lib/core/mem_tag.h's counters) equal zero_model_state_bytes, component by
-// component, at DP 2 and DP 4. And bf16 training with bf16 gradient
-// accumulation at DP 2 tracks the single-process bf16 curve.
+// component, at DP 2 and DP 4. bf16 training with bf16 gradient accumulation
+// at DP 2 (stages 0-3), PP 2 and TP 2 x DP 2 tracks the single-process curve.
+// ZeRO-1 with its f32 master sharded exports the same bytes as ZeRO-0 and its
+// checkpoint resumes at DP 2 (exactly) and DP 4.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 
 #include "lib/parallel/zero_partition.h"
+#include "test/dist/curve_check.h"
 #include "test/dist/dist_util.h"
 
 using namespace ds::test;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -33,9 +38,13 @@ struct Run {
   std::string precision = "bf16";  // "bf16" or "fp16"
   bool lowp_grads = false;         // grad_accum_dtype = the compute dtype (else "fp32")
   int iters = 1;
+  std::vector<std::string> extra = {};  // more dstrain arguments
+  std::string tag = "";                 // tells runs with different `extra` apart
+  int tp = 1, pp = 1;
   std::string name() const {
     return "mem_dp" + std::to_string(world) + "_z" + std::to_string(stage) + "_" + precision +
-           (lowp_grads ? "_lowpacc" : "_f32acc") + "_" + std::to_string(iters);
+           (lowp_grads ? "_lowpacc" : "_f32acc") + "_" + std::to_string(iters) + tag +
+           (tp * pp > 1 ? "_tp" + std::to_string(tp) + "pp" + std::to_string(pp) : "");
   }
 };
 
@@ -54,16 +63,22 @@ std::string run(const Run& r, std::vector<double>* losses = nullptr) {
   }
   SmallModel m;
   m.iters = r.iters;
+  m.tp = r.tp;
+  m.pp = r.pp;
   std::vector<std::string> args = small_model_args(m);
   args.insert(args.begin(), {"--config", cfg});
   if (r.iters < 4) args.insert(args.end(), {"--lr-warmup-iters", "0"});  // a start-up-only run
+  args.insert(args.end(), r.extra.begin(), r.extra.end());
   std::string log;
   DstrainJob job{r.world, args};
   job.rank0_output = &log;
   const std::string err = run_dstrain(job);
   INFO(r.name() << ": " << err);
   REQUIRE(err.empty());
-  if (losses) *losses = read_losses(d.dir + "/csv/" + r.name() + "/train.csv");
+  if (!losses) return log;
+  *losses = read_losses(d.dir + "/csv/" + r.name() + "/train.csv");
+  INFO(log);
+  REQUIRE(!losses->empty());
   return log;
 }
 
@@ -128,5 +143,47 @@ TEST_CASE("bf16 gradient accumulation at DP 2 tracks the single-process bf16 cur
     const double w = worst(ref, got);
     WARN("DP 2 ZeRO-" << stage << " bf16 accumulation: largest relative difference " << w);
     CHECK(w < kTolerance);
+  }
+  // Pipeline (the tied embedding's gradient summed over the two stages in
+  // bf16) and tensor parallelism with ZeRO-1 over their data-parallel ranks.
+  Run pp2{2, 1, "bf16", true, 20};
+  pp2.pp = 2;
+  Run tp2dp2{4, 1, "bf16", true, 20};
+  tp2dp2.tp = 2;
+  for (const Run& r : {pp2, tp2dp2}) {
+    std::vector<double> got;
+    run(r, &got);
+    const double w = worst(ref, got);
+    WARN(r.name() << ": largest relative difference " << w);
+    CHECK(w < kTolerance);
+  }
+}
+
+// The ZeRO-1 fp32 master is a shard in mixed precision: checkpoints and
+// exports gather it. With fp32 accumulation stages 0 and 1 do the same
+// arithmetic (the same bucketed all-reduce of the same f32 gradients, the same
+// per-element AdamW), so the exported weights are byte-identical; the
+// checkpoint resumes on the curve at DP 2 (exactly) and DP 4.
+TEST_CASE("ZeRO-1 in bf16 with the f32 master sharded: export, save and resume at DP 2 and DP 4", "[multiproc]") {
+  const std::string dir = dist_data().dir, ck = dir + "/mem_z1_ck", hf0 = dir + "/mem_hf_z0",
+                    hf1 = dir + "/mem_hf_z1";
+  for (const std::string& p : {ck, hf0, hf1}) fs::remove_all(p);
+  std::vector<double> z0, z1;
+  run(Run{2, 0, "bf16", false, 20, {"--export-hf", hf0}}, &z0);
+  run(Run{2, 1, "bf16", false, 20, {"--export-hf", hf1, "--save", ck, "--save-interval", "10"}}, &z1);
+  require_same_curve(z0, z1);
+  REQUIRE(fs::exists(hf0 + "/model.safetensors"));
+  REQUIRE(read_bytes(hf0 + "/model.safetensors") == read_bytes(hf1 + "/model.safetensors"));
+
+  REQUIRE(fs::exists(ck + "/global_step10/optim_rank00001_of_00002.safetensors"));
+  std::ofstream(ck + "/latest", std::ios::trunc) << "global_step10\n";  // resume from step 10
+  std::vector<double> dp2, dp4;
+  run(Run{2, 1, "bf16", false, 20, {"--load", ck}, "_resumed"}, &dp2);
+  require_same_curve(z1, dp2, 10);
+  run(Run{4, 1, "bf16", false, 20, {"--load", ck}, "_resumed"}, &dp4);
+  REQUIRE(dp4.size() == 10);
+  for (size_t i = 0; i < dp4.size(); ++i) {
+    INFO("iteration " << i + 11 << ": DP 2 " << z1[i + 10] << ", resumed at DP 4 " << dp4[i]);
+    CHECK(std::abs(dp4[i] - z1[i + 10]) < kTolerance * std::abs(z1[i + 10]));
   }
 }
