@@ -3,6 +3,7 @@
 
 #include "lib/core/dtype.h"
 #include "lib/core/json_config.h"
+#include "lib/core/mem_tag.h"
 #include "lib/core/rng.h"
 #include "lib/core/tensor.h"
 
@@ -57,4 +58,32 @@ TEST_CASE("rng is deterministic and roughly normal") {
   REQUIRE(std::abs(sum / n) < 0.02);
   REQUIRE(std::abs(sq / n - 1.0) < 0.02);
   REQUIRE(normal_at(42, 7, 0) != normal_at(42, 8, 0));
+}
+
+TEST_CASE("tagged allocations are counted while their storage lives", "[core][mem_tag]") {
+  const int64_t p0 = ds::live_tagged_bytes(ds::MemTag::Params, ds::DeviceType::CPU);
+  const int64_t g0 = ds::live_tagged_bytes(ds::MemTag::Grads, ds::DeviceType::CPU);
+  ds::Tensor untagged = ds::Tensor::zeros({100}, ds::DType::F32);
+  ds::Tensor a, b;
+  {
+    ds::MemTagScope params(ds::MemTag::Params);
+    a = ds::Tensor::zeros({100}, ds::DType::BF16);  // 200 bytes
+    {
+      ds::MemTagScope grads(ds::MemTag::Grads);  // the innermost scope wins
+      b = ds::Tensor::empty({10}, ds::DType::F32);
+    }
+    ds::Tensor view = a.view(10, {20});  // a view allocates nothing
+    CHECK(ds::current_mem_tag() == ds::MemTag::Params);
+  }
+  CHECK(ds::current_mem_tag() == ds::MemTag::None);
+  CHECK(ds::live_tagged_bytes(ds::MemTag::Params, ds::DeviceType::CPU) == p0 + 200);
+  CHECK(ds::live_tagged_bytes(ds::MemTag::Grads, ds::DeviceType::CPU) == g0 + 40);
+  CHECK(ds::live_tagged_bytes(ds::MemTag::Params, ds::DeviceType::CUDA) == 0);
+  ds::Tensor copy = a;  // shares the storage: still counted once
+  a = ds::Tensor();
+  CHECK(ds::live_tagged_bytes(ds::MemTag::Params, ds::DeviceType::CPU) == p0 + 200);
+  copy = ds::Tensor();
+  b = ds::Tensor();
+  CHECK(ds::live_tagged_bytes(ds::MemTag::Params, ds::DeviceType::CPU) == p0);
+  CHECK(ds::live_tagged_bytes(ds::MemTag::Grads, ds::DeviceType::CPU) == g0);
 }

@@ -232,3 +232,38 @@ TEST_CASE("tensor-parallel shards of a grouped-query model hold every weight, an
     CHECK(miscounted == 0);
   }
 }
+
+// data_types.grad_accum_dtype bf16: the backward computes each unit's gradient
+// in f32 and the flat store rounds it to bf16 and adds it into the bf16
+// accumulator, micro-batch by micro-batch (bf16 + bf16, rounded once more).
+TEST_CASE("bf16 gradient accumulation rounds each micro-batch's f32 gradient and adds it in bf16") {
+  const ModelConfig cfg = test::tiny_model(false);
+  GptModel f32acc(cfg, Device::cpu(), 0, {}, {}, DType::BF16);
+  GptModel lowp(cfg, Device::cpu(), 0, {}, {}, DType::BF16, FlatStoreOptions{.grad = DType::BF16});
+  f32acc.init_weights(5, 0.2f);
+  lowp.init_weights(5, 0.2f);
+  REQUIRE(lowp.grads().dtype() == DType::BF16);
+  const int64_t B = 2, T = 8, n = f32acc.layout().total;
+  Tensor tok[2], tgt[2];
+  for (int m = 0; m < 2; ++m) {
+    tok[m] = test::random_tokens(B, T, cfg.vocab_size, 10 + m);
+    tgt[m] = test::random_tokens(B, T, cfg.vocab_size, 20 + m);
+  }
+  std::vector<std::vector<float>> g(2);  // each micro-batch's own f32 gradient
+  for (int m = 0; m < 2; ++m) {
+    f32acc.grads().zero_();
+    f32acc.forward_backward(tok[m], tgt[m], 0.25f);
+    g[m].assign(f32acc.grads().data<float>(), f32acc.grads().data<float>() + n);
+  }
+  lowp.grads().zero_();
+  for (int m = 0; m < 2; ++m) lowp.forward_backward(tok[m], tgt[m], 0.25f);
+  const uint16_t* acc = lowp.grads().data<uint16_t>();
+  int64_t mismatches = 0, nonzero = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float want = bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(g[0][i])) + bf16_to_f32(f32_to_bf16(g[1][i]))));
+    mismatches += bf16_to_f32(acc[i]) != want;
+    nonzero += want != 0.f;
+  }
+  CHECK(mismatches == 0);
+  CHECK(nonzero > n / 2);
+}
