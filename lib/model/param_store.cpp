@@ -57,6 +57,7 @@ int64_t FlatParamStore::param_bytes() const {
 }
 
 Tensor& FlatParamStore::params() {
+  gather_.wait_all();
   DS_CHECK(full_master(), "FlatParamStore::params(): this rank keeps the f32 master of [{}, {}) only",
            master_.begin, master_.end);
   return params_;
@@ -68,8 +69,24 @@ Tensor FlatParamStore::master(Range r) {
   return params_.view(r.begin - master_.begin, {r.size()});
 }
 
+Tensor& FlatParamStore::compute_params() {
+  gather_.wait_all();
+  return compute_;
+}
+
+void FlatParamStore::gather_owned() {
+  DS_CHECK(opts_.dp, "FlatParamStore::gather_owned without a data-parallel group");
+  if (opts_.part.dp == 1) return;
+  const Tensor& buf = compute_.defined() ? compute_ : params_;
+  if (opts_.overlap_param_gather)
+    gather_.start(*opts_.dp, opts_.part, buf.view(0, {total_}), opts_.allgather_bucket);
+  else
+    all_gather_flat(*opts_.dp, opts_.part, buf.view(0, {total_}), opts_.allgather_bucket);
+}
+
 Tensor FlatParamStore::acquire_params(int unit) {
   const Range& r = units_.at(unit);
+  if (gather_.pending()) gather_.wait(r);  // overlap_param_gather: this unit's chunks only
   return (compute_.defined() ? compute_ : params_).view(r.begin, {r.size()});
 }
 
@@ -77,10 +94,11 @@ Tensor FlatParamStore::acquire_params(int unit) {
 // master the owners' ranges are then all-gathered in the compute dtype (half
 // the bytes of gathering f32, and the same bits as casting after it).
 void FlatParamStore::params_updated() {
+  gather_.wait_all();
   if (!compute_.defined() || total_ == 0) return;
   const Range own{master_.begin, std::min(master_.end, total_)};
   if (own.size() > 0) ops::cast({.out = compute_.view(own.begin, {own.size()}), .inp = master(own)}, Stream{});
-  if (opts_.dp && opts_.part.dp > 1) all_gather_flat(*opts_.dp, opts_.part, compute_, opts_.allgather_bucket);
+  if (!full_master()) gather_owned();
 }
 
 Tensor FlatParamStore::acquire_grads(int unit) {
@@ -110,6 +128,7 @@ void FlatParamStore::grads_ready(int unit) {
 }
 
 void FlatParamStore::set_full_params(const Tensor& full) {
+  gather_.wait_all();
   DS_CHECK(full.numel() == total_, "set_full_params: {} elements, model has {}", full.numel(), total_);
   const Range own{master_.begin, std::min(master_.end, total_)};
   if (own.size() > 0) master(own).copy_from(full.view(own.begin, {own.size()}));
@@ -119,6 +138,7 @@ void FlatParamStore::set_full_params(const Tensor& full) {
 }
 
 void FlatParamStore::get_full_params(const Tensor& out) {
+  gather_.wait_all();
   if (full_master()) {
     if (!out.defined()) return;
     Tensor o = out;

@@ -20,6 +20,7 @@
 #include "lib/comm/communicator.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
+#include "lib/parallel/flat_gather.h"
 #include "lib/parallel/zero_partition.h"
 
 namespace ds {
@@ -80,10 +81,14 @@ struct FlatStoreOptions {
   // ZeRO-1 in mixed precision: the f32 master covers only this rank's
   // optimizer range part.owned_real(dp->rank()); the owners' updated compute
   // copies are all-gathered (in the compute dtype, allgather_bucket elements
-  // per collective). Null: the master covers every weight.
+  // per collective). Null dp: the master covers every weight.
+  // ZeRO-1 (any precision): the data-parallel group gather_owned() all-gathers over.
   Communicator* dp = nullptr;
   ZeroPartition part;
   int64_t allgather_bucket = 0;
+  // gather_owned() only issues the all-gather; acquire_params(u) completes the
+  // chunks that write into unit u (Megatron's --overlap-param-gather).
+  bool overlap_param_gather = false;
 };
 
 // One flat params buffer and one flat grads buffer; acquire returns views and
@@ -107,13 +112,20 @@ class FlatParamStore : public ParamStore {
   void get_full_params(const Tensor& out) override;
   void params_updated() override;
 
+  // ZeRO-1, after the owners updated their ranges of the weights the forward
+  // reads (the compute copy, or the f32 weights in fp32): all-gathers them
+  // over FlatStoreOptions::dp (asynchronously with overlap_param_gather).
+  void gather_owned();
+  bool gathers() const { return opts_.dp != nullptr; }
+
   // Is the f32 buffer the whole model (fp32, or a full master)?
   bool full_master() const { return master_.begin == 0 && master_.end >= total_; }
+  // The accessors below complete a pending parameter all-gather first.
   Tensor& params();  // (alloc) f32, layout total first; full_master() only
   Range master_range() const { return master_; }
   Tensor master(Range r);  // f32 master of the flat range r (inside master_range())
   Tensor& grads() { return grads_; }    // (alloc) in the gradient dtype
-  Tensor& compute_params() { return compute_; }  // (total) bf16/f16 copy; undefined in fp32
+  Tensor& compute_params();  // (total) bf16/f16 copy; undefined in fp32
   // Persistent bytes of the buffers (what their allocation counted).
   int64_t param_bytes() const;
   int64_t grad_bytes() const { return static_cast<int64_t>(grads_.nbytes()); }
@@ -127,6 +139,7 @@ class FlatParamStore : public ParamStore {
   Tensor grads_;    // (alloc) gradient accumulator, f32 or the compute dtype
   Tensor compute_;  // (total) bf16/f16 copy of the weights, or undefined in fp32
   std::vector<Tensor> unit_f32_;  // compute-dtype accumulation: the running units' f32 gradients
+  FlatGather gather_;  // overlap_param_gather: the all-gather issued by gather_owned()
 };
 
 }  // namespace ds

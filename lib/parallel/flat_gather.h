@@ -2,8 +2,12 @@
 // updated on their owners: after the optimizer step of stages 1 and 2 (the
 // compute-dtype weights, or the f32 weights in fp32 training), and to
 // assemble full f32 masters from their shards for a checkpoint or an export.
+// FlatGather issues the same collectives asynchronously and completes them
+// range by range (Megatron's --overlap-param-gather): the next forward waits,
+// per parameter unit, only for the chunks that write into that unit.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "lib/comm/communicator.h"
 #include "lib/core/tensor.h"
@@ -15,5 +19,34 @@ namespace ds {
 // on rank r. Afterwards every rank holds every range. One all-gather per
 // shard chunk (make_shard_chunks(p, bucket_elems)).
 void all_gather_flat(Communicator& dp, const ZeroPartition& p, const Tensor& buf, int64_t bucket_elems);
+
+// all_gather_flat split into issue and completion. Every chunk is the same
+// all-gather on the same bytes, issued in the same order, and a chunk's
+// received pieces are copied into the buffer when it is completed, so the
+// buffer ends up byte-identical to the blocking call's; only the waiting moves.
+class FlatGather {
+ public:
+  // Issues every chunk (asynchronous: the group's communication thread or stream).
+  void start(Communicator& dp, const ZeroPartition& p, const Tensor& buf, int64_t bucket_elems);
+  // Completes the chunks that write into flat range r (any order is fine:
+  // the group runs them in issue order anyway).
+  void wait(Range r);
+  void wait_all() { wait({0, p_.total}); }
+  bool pending() const { return open_ > 0; }
+
+ private:
+  struct Chunk {
+    Range c;         // shard coordinates; rank q's piece is [q*shard + c.begin, q*shard + c.end)
+    CommHandle h;
+    Tensor recv;     // (dp * c.size())
+    bool open = false;
+  };
+  void finish(Chunk& ch);
+  Communicator* dp_ = nullptr;
+  ZeroPartition p_;
+  Tensor buf_;
+  std::vector<Chunk> chunks_;
+  int open_ = 0;
+};
 
 }  // namespace ds

@@ -12,6 +12,10 @@ struct ZeroConfig {
   int stage = 0;
   int64_t reduce_bucket_size = 500000000, allgather_bucket_size = 500000000;
   bool overlap_comm = false, contiguous_gradients = true;
+  // Megatron's --overlap-param-gather (parallel.overlap_param_gather; ZeRO 1/2):
+  // the parameter all-gather after the step runs asynchronously and the next
+  // forward waits for each unit's chunks when it acquires the unit.
+  bool overlap_param_gather = false;
   int64_t stage3_prefetch_bucket_size = 50000000, stage3_max_live_parameters = 1000000000,
           stage3_param_persistence_threshold = 100000;
   OffloadDevice offload_optimizer = OffloadDevice::None;  // "none" | "cpu"

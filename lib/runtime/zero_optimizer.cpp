@@ -21,10 +21,12 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   range_ = z.stage == 0 ? Range{0, part.total} : part.owned_real(rank_);
   offload_ = z.offload_optimizer == OffloadDevice::CPU && model.device().is_cuda();
   const bool mixed = model.compute_dtype() != DType::F32;
-  // ZeRO-1 in mixed precision keeps the f32 master of this rank's range only:
-  // the flat store must hold exactly the range the optimizer updates.
-  if (!store && mixed && z.stage == 1 && part.dp > 1) {
-    const Range m = model.flat_store().master_range();
+  // ZeRO-1: the flat store all-gathers the updated weights, and in mixed
+  // precision it keeps the f32 master of exactly the range the optimizer updates.
+  if (!store && z.stage == 1 && part.dp > 1) {
+    DS_CHECK(model.flat_store().gathers(), "ZeRO-1 over {} ranks with a flat store that has no data-parallel group",
+             part.dp);
+    const Range m = mixed ? model.flat_store().master_range() : range_;
     DS_CHECK(m.begin == range_.begin && m.end == range_.end,
              "ZeRO-1: the flat store's f32 master covers [{}, {}), the optimizer updates [{}, {})", m.begin, m.end,
              range_.begin, range_.end);
@@ -208,14 +210,10 @@ void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
   if (store_) {
     store_->after_step();
   } else {
-    const bool gather = z_.stage == 1 && part_.dp > 1;
-    if (model_.compute_dtype() == DType::F32) {
-      if (gather) all_gather_flat(*dp_, part_, model_.params(), z_.allgather_bucket_size);
-    } else if (!fused_lowp_) {
+    if (model_.compute_dtype() != DType::F32 && !fused_lowp_)
       model_.store().params_updated();  // casts the updated master range (ZeRO-1: and all-gathers)
-    } else if (gather) {
-      all_gather_flat(*dp_, part_, model_.compute_params(), z_.allgather_bucket_size);
-    }
+    else if (z_.stage == 1 && part_.dp > 1)
+      model_.flat_store().gather_owned();  // asynchronous with overlap_param_gather
   }
 }
 

@@ -94,7 +94,15 @@ void ZeroParamStore::refresh_compute() {
   Range own = part_.owned_real(rank_);
   if (own.size() > 0)
     ops::cast({.out = compute_.view(own.begin, {own.size()}), .inp = master_.view(0, {own.size()})}, Stream{});
-  if (part_.dp > 1) all_gather_flat(*dp_, part_, compute_, z_.allgather_bucket_size);
+  gather_params(compute_);
+}
+
+void ZeroParamStore::gather_params(const Tensor& buf) {
+  if (part_.dp == 1) return;
+  if (z_.overlap_param_gather)
+    param_gather_.start(*dp_, part_, buf, z_.allgather_bucket_size);
+  else
+    all_gather_flat(*dp_, part_, buf, z_.allgather_bucket_size);
 }
 
 // Issues the unit's gather asynchronously (one broadcast per owning rank, in
@@ -177,7 +185,10 @@ bool ZeroParamStore::needed_soon(int unit) const {
 }
 
 Tensor ZeroParamStore::acquire_params(int unit) {
-  if (stage_ == 2) return (compute_.defined() ? compute_ : full_).view(units_[unit].begin, {units_[unit].size()});
+  if (stage_ == 2) {
+    if (param_gather_.pending()) param_gather_.wait(units_[unit]);  // this unit's chunks only
+    return (compute_.defined() ? compute_ : full_).view(units_[unit].begin, {units_[unit].size()});
+  }
   DS_CHECK(cursor_ < order_.size() && order_[cursor_] == unit,
            "ZeRO-3: unit {} acquired out of the pass order (position {})", unit, cursor_);
   ++cursor_;
@@ -293,6 +304,7 @@ void ZeroParamStore::retire(bool all) {
 
 void ZeroParamStore::set_full_params(const Tensor& full) {
   DS_CHECK(full.numel() == part_.total, "set_full_params: {} elements, model has {}", full.numel(), part_.total);
+  param_gather_.wait_all();
   if (stage_ == 2) {
     if (full_.defined()) {
       full_.copy_from(full);
@@ -317,6 +329,7 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
 }
 
 void ZeroParamStore::get_full_params(const Tensor& out) {
+  param_gather_.wait_all();
   if (stage_ == 2) {
     Tensor o = out;
     if (full_.defined()) {
@@ -374,7 +387,7 @@ double ZeroParamStore::grad_norm() {
 void ZeroParamStore::after_step() {
   if (stage_ == 2) {
     if (full_.defined()) {
-      if (part_.dp > 1) all_gather_flat(*dp_, part_, full_, z_.allgather_bucket_size);
+      gather_params(full_);
     } else {
       refresh_compute();
     }

@@ -22,6 +22,8 @@
 // shard in issue order (so the sums are bit-identical to blocking) at the next
 // grads_ready, and finish_reductions() (called by grad_norm) waits for the
 // rest. Without overlap_comm each one is waited for at once.
+// overlap_param_gather (stage 2): the all-gather after the step is issued and
+// acquire_params(u) completes the chunks that write into unit u (FlatGather).
 // Mixed precision (compute dtype bf16/f16): the f32 parameters above are the
 // master weights; what acquire_params returns is a compute-dtype copy (stage
 // 2: one full copy; after each step the owner casts its updated master range
@@ -117,6 +119,8 @@ class ZeroParamStore : public ParamStore {
   };
   void retire(bool all);  // all: wait for every one; else only the completed front
   std::deque<PendingReduce> pending_;
+  FlatGather param_gather_;  // stage 2 with overlap_param_gather: the post-step all-gather in flight
+  void gather_params(const Tensor& buf);  // stage 2: all-gathers buf (n), asynchronously if so configured
   Timeline* timeline_ = nullptr;
 
   Communicator* dp_;

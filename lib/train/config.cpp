@@ -313,7 +313,8 @@ json config_to_json(const TrainConfig& c) {
               {"ds_sequence_parallel_size", c.parallel.sp},
               {"num_layers_per_virtual_pipeline_stage", c.parallel.num_layers_per_virtual_stage},
               {"recompute_granularity", recompute_granularity_name(c.parallel.recompute)},
-              {"recompute_num_layers", c.parallel.recompute_num_layers}}}};
+              {"recompute_num_layers", c.parallel.recompute_num_layers},
+              {"overlap_param_gather", c.zero.overlap_param_gather}}}};
   if (!o.scheduler_type.empty()) j["scheduler"] = scheduler_json(o);
   if (c.curriculum.enabled) j["curriculum_learning"] = curriculum_json(c.curriculum);
   return j;

@@ -128,6 +128,8 @@ constexpr FlagSpec kTable[] = {
     {"--zero-stage", "/zero_optimization/stage", FlagKind::Int, "ZeRO stage 0-3"},
     {"--overlap-grad-reduce", "/zero_optimization/overlap_comm", FlagKind::Const,
      "reduce gradient buckets during the backward pass (DeepSpeed's overlap_comm)", "true"},
+    {"--overlap-param-gather", "/parallel/overlap_param_gather", FlagKind::Const,
+     "ZeRO 1/2: all-gather the updated parameters while the next forward runs", "true"},
     {"--data-path", "/data/data_path", FlagKind::List, "dataset prefix(es): PREFIX or W1 PREFIX1 W2 PREFIX2 ..."},
     {"--train-data-path", "/data/train_data_path", FlagKind::List, "training datasets (instead of --data-path + --split)"},
     {"--valid-data-path", "/data/valid_data_path", FlagKind::List, "validation datasets (with --train-data-path)"},

@@ -305,7 +305,7 @@ void read_curriculum(DsSection& root, CurriculumConfig& c) {
 void read_model_section(JsonSection s, ModelConfig& m);
 void read_data_section(JsonSection s, DataConfig& d);
 void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_scheduler, bool has_steps_per_print);
-void read_parallel_section(JsonSection s, ParallelConfig& p);
+void read_parallel_section(JsonSection s, ParallelConfig& p, ZeroConfig& z);
 
 void read_config_json(const json& j, TrainConfig& cfg, Warnings& w) {
   DsSection root(j, "", w);
@@ -332,7 +332,7 @@ void read_config_json(const json& j, TrainConfig& cfg, Warnings& w) {
   read_data_section(JsonSection(j.value("data", json::object()), "data"), cfg.data);
   read_training_section(JsonSection(j.value("training", json::object()), "training"), cfg,
                         !cfg.optim.scheduler_type.empty(), root.has("steps_per_print"));
-  read_parallel_section(JsonSection(j.value("parallel", json::object()), "parallel"), cfg.parallel);
+  read_parallel_section(JsonSection(j.value("parallel", json::object()), "parallel"), cfg.parallel, cfg.zero);
   if (root.has("sequence_parallel_size")) {  // DeepSpeed's key for the Ulysses degree
     const int v = root.get<int>("sequence_parallel_size", 1);
     DS_USER_CHECK(cfg.parallel.sp == 1 || cfg.parallel.sp == v,

@@ -182,7 +182,7 @@ void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_schedule
   s.finish(UnknownKeys::Error);
 }
 
-void read_parallel_section(JsonSection s, ParallelConfig& p) {
+void read_parallel_section(JsonSection s, ParallelConfig& p, ZeroConfig& z) {
   p.tp = s.get<int>("tensor_model_parallel_size", p.tp);
   p.pp = s.get<int>("pipeline_model_parallel_size", p.pp);
   p.sequence_parallel = s.get<bool>("sequence_parallel", p.sequence_parallel);
@@ -193,6 +193,8 @@ void read_parallel_section(JsonSection s, ParallelConfig& p) {
                 "parallel.recompute_granularity '{}' must be \"full\" or \"selective\" (or absent)", g);
   p.recompute = g == "full" ? RecomputeKind::Full : g == "selective" ? RecomputeKind::Selective : RecomputeKind::None;
   p.recompute_num_layers = s.get<int>("recompute_num_layers", p.recompute_num_layers);
+  // Megatron's flag, not a DeepSpeed key: it lives in our section and drives the ZeRO code.
+  z.overlap_param_gather = s.get<bool>("overlap_param_gather", z.overlap_param_gather);
   s.finish(UnknownKeys::Error);
 }
 

@@ -193,6 +193,10 @@ void validate_parallel(const TrainConfig& cfg) {
   DS_USER_CHECK(z.reduce_bucket_size > 0 && z.allgather_bucket_size > 0,
                 "zero_optimization: reduce_bucket_size {} and allgather_bucket_size {} must be positive",
                 z.reduce_bucket_size, z.allgather_bucket_size);
+  DS_USER_CHECK(!z.overlap_param_gather || z.stage == 1 || z.stage == 2,
+                "parallel.overlap_param_gather (--overlap-param-gather) overlaps the parameter all-gather after the "
+                "step of ZeRO stages 1 and 2; zero_optimization.stage is {} (stage 3 prefetches its gathers already)",
+                z.stage);
 }
 
 void validate_optimizer(const OptimizerConfig& o) {

@@ -62,10 +62,11 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
     store_ = std::make_unique<ZeroParamStore>(local, cfg_.model.num_layers, dev_, dp_comm, cfg_.zero, part,
                                               compute, cfg_.precision.grad_accum);
     model_ = std::make_unique<GptModel>(cfg_.model, dev_, *store_, tp, stage, compute);
-  } else {  // ZeRO-1 in mixed precision: the f32 master of this rank's range only
-    const bool shard_master = cfg_.zero.stage == 1 && dp_comm;
-    const FlatStoreOptions flat{.grad = cfg_.precision.grad_accum, .dp = shard_master ? dp_comm : nullptr,
-                                .part = part, .allgather_bucket = cfg_.zero.allgather_bucket_size};
+  } else {  // ZeRO-1: the store all-gathers the updated weights (mixed: f32 master of this rank's range only)
+    const bool zero1 = cfg_.zero.stage == 1 && dp_comm;
+    const FlatStoreOptions flat{.grad = cfg_.precision.grad_accum, .dp = zero1 ? dp_comm : nullptr, .part = part,
+                                .allgather_bucket = cfg_.zero.allgather_bucket_size,
+                                .overlap_param_gather = cfg_.zero.overlap_param_gather};
     model_ = std::make_unique<GptModel>(cfg_.model, dev_, 0, tp, stage, compute, flat);
   }
   if (comms_.grid.sp > 1) model_->set_ulysses({comms_.sp, comms_.grid.sp, comms_.grid.sp_rank});

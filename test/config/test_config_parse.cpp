@@ -553,3 +553,13 @@ TEST_CASE("dropout: Megatron-DeepSpeed's defaults, flags, JSON keys and range ch
                       Contains("model.attention_dropout (--attention-dropout) must be in [0, 1)"));
   }
 }
+
+TEST_CASE("--overlap-param-gather: ZeRO stages 1 and 2 only", "[config][flags]") {
+  CHECK_FALSE(parse_json(base()).zero.overlap_param_gather);
+  CHECK(parse_json(base(), {"--zero-stage", "1", "--overlap-param-gather"}).zero.overlap_param_gather);
+  CHECK(parse_json(with(base(), {{"parallel", {{"overlap_param_gather", true}}}}), {"--zero-stage", "2"})
+            .zero.overlap_param_gather);
+  for (const char* stage : {"0", "3"})
+    CHECK_THROWS_WITH(parse_json(base(), {"--zero-stage", stage, "--overlap-param-gather"}),
+                      Contains("parallel.overlap_param_gather (--overlap-param-gather)"));
+}

@@ -1,8 +1,8 @@
 // Communication overlapped with computation (overlap_comm): with 2 data-
 // parallel ranks and 2 micro-batches per step, ZeRO stages 0-3 give weights
 // and optimizer states bit-identical to the same run without overlap (the
-// checkpoints' bytes; in fp32 and in bf16 with bf16 gradient accumulation),
-// and the --profile timeline shows the first gradient reduction starting
+// checkpoints' bytes; in fp32 and in bf16 with bf16 gradient accumulation;
+// likewise --overlap-param-gather at stages 1 and 2), and the --profile timeline shows the first gradient reduction starting
 // while the backward pass still runs (stage 0: bucket all-reduce; stage 2:
 // per-unit reduce-scatter), with the host synchronisations of the step in
 // the log. Pipelines (PP2, PP4, PP2 x DP2, tied embeddings) are bit-identical
@@ -58,18 +58,23 @@ std::vector<std::string> model_args(int iters, int pp = 1, int layers = 2) {
 
 // Runs `world` ranks with overlap off and on (checkpoint at the last of 6
 // steps) and requires the same checkpoint bytes. `more`: extra config members.
+// Switch::ParamGather: overlap_comm is on in both runs and
+// --overlap-param-gather is what is switched.
+enum class Switch { OverlapComm, ParamGather };
 void require_same_bits(const std::string& label, int world, int stage, const std::vector<std::string>& model,
-                       const std::string& more = "") {
+                       const std::string& more = "", Switch what = Switch::OverlapComm) {
+  const bool gather = what == Switch::ParamGather;
   std::map<std::string, std::string> files[2];
   for (int overlap : {0, 1}) {
     const std::string name = "bits_" + label + (overlap ? "_on" : "_off");
     const std::string ck = dist_data().dir + "/ck_" + name;
     fs::remove_all(ck);
     std::vector<std::string> args = model;
-    args.insert(args.begin(), {"--config", write_config(name, stage, overlap, 3000, more)});
+    args.insert(args.begin(), {"--config", write_config(name, stage, gather || overlap, 3000, more)});
+    if (gather && overlap) args.push_back("--overlap-param-gather");
     args.insert(args.end(), {"--save", ck, "--save-interval", "6"});
     std::string err = run_dstrain(DstrainJob{world, args});
-    INFO(label << " overlap " << overlap << ": " << err);
+    INFO(label << (gather ? " param gather overlap " : " overlap ") << overlap << ": " << err);
     REQUIRE(err.empty());
     files[overlap] = checkpoint_files(ck);
   }
@@ -111,6 +116,26 @@ TEST_CASE("overlap_comm on and off stay bit-identical with bf16 gradient accumul
   const std::string bf16acc = ", \"bf16\": {\"enabled\": true}, \"data_types\": {\"grad_accum_dtype\": \"bf16\"}";
   for (int stage : {0, 1, 2, 3})
     require_same_bits("bf16acc_z" + std::to_string(stage), 2, stage, model_args(6), bf16acc);
+}
+
+// --overlap-param-gather: the post-step all-gather of ZeRO 1/2 (the f32
+// weights, or the bf16 compute copy) completes per unit in the next forward.
+TEST_CASE("--overlap-param-gather on and off give bit-identical checkpoints (ZeRO 1 and 2, fp32 and bf16)",
+          "[multiproc]") {
+  const std::string bf16 = ", \"bf16\": {\"enabled\": true}";
+  for (int stage : {1, 2}) {
+    const std::string z = "z" + std::to_string(stage);
+    require_same_bits("pg_" + z, 2, stage, model_args(6), "", Switch::ParamGather);
+    require_same_bits("pg_bf16_" + z, 2, stage, model_args(6), bf16, Switch::ParamGather);
+  }
+}
+
+// --overlap-param-gather: the post-step all-gather of ZeRO 1/2 (the f32
+// weights, or the bf16 compute copy) completes per unit in the next forward.
+TEST_CASE("--overlap-param-gather on and off give bit-identical checkpoints (ZeRO 1 and 2, fp32 and bf16)",
+          "[multiproc]") {
+  require_bit_identical("", "_pg", Switch::ParamGather);
+  require_bit_identical(", \"bf16\": {\"enabled\": true}", "_pg_bf16", Switch::ParamGather);
 }
 
 namespace {
