@@ -130,14 +130,6 @@ TEST_CASE("--overlap-param-gather on and off give bit-identical checkpoints (ZeR
   }
 }
 
-// --overlap-param-gather: the post-step all-gather of ZeRO 1/2 (the f32
-// weights, or the bf16 compute copy) completes per unit in the next forward.
-TEST_CASE("--overlap-param-gather on and off give bit-identical checkpoints (ZeRO 1 and 2, fp32 and bf16)",
-          "[multiproc]") {
-  require_bit_identical("", "_pg", Switch::ParamGather);
-  require_bit_identical(", \"bf16\": {\"enabled\": true}", "_pg_bf16", Switch::ParamGather);
-}
-
 namespace {
 
 struct Span {
