@@ -193,6 +193,10 @@ void validate_parallel(const TrainConfig& cfg) {
   DS_USER_CHECK(z.reduce_bucket_size > 0 && z.allgather_bucket_size > 0,
                 "zero_optimization: reduce_bucket_size {} and allgather_bucket_size {} must be positive",
                 z.reduce_bucket_size, z.allgather_bucket_size);
+  DS_USER_CHECK(cfg.precision.grad_accum == DType::F32 || z.offload_optimizer == OffloadDevice::None,
+                "data_types.grad_accum_dtype '{}' with zero_optimization.offload_optimizer.device cpu is not "
+                "supported (the host AdamW reads f32 gradients); use \"fp32\"",
+                cfg.precision.grad_accum == DType::BF16 ? "bf16" : "fp16");
   DS_USER_CHECK(!z.overlap_param_gather || z.stage == 1 || z.stage == 2,
                 "parallel.overlap_param_gather (--overlap-param-gather) overlaps the parameter all-gather after the "
                 "step of ZeRO stages 1 and 2; zero_optimization.stage is {} (stage 3 prefetches its gathers already)",

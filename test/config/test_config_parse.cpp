@@ -210,6 +210,11 @@ TEST_CASE("data_types.grad_accum_dtype: fp32 or the compute dtype", "[config]") 
         ds::DType::BF16);
   CHECK(has_warning(parse_json(with(base(), {{"data_types", {{"grad_accum_dtype", "fp32"}, {"other", 1}}}})),
                     "data_types.other"));
+  json off = with(base(), {{"data_types", {{"grad_accum_dtype", "bf16"}}},
+                           {"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}}});
+  off["bf16"] = {{"enabled", true}};
+  CHECK_THROWS_WITH(parse_json(off), Contains("'bf16' with zero_optimization.offload_optimizer.device cpu is not "
+                                              "supported"));
 }
 
 TEST_CASE("flags override the file", "[config][flags]") {
