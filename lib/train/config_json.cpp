@@ -149,7 +149,7 @@ void read_grad_accum_dtype(DsSection& root, PrecisionConfig& pc) {
                                                           : DType::F32;
   DS_USER_CHECK(d == DType::F32 || d == compute,
                 "config: '{}' is '{}' but the model computes in {}; use \"fp32\" or the compute dtype{}", key, v,
-                pc.precision == Precision::FP32 ? "fp32" : dtype_name(compute),
+                pc.precision == Precision::FP32 ? "fp32" : pc.precision == Precision::BF16 ? "bf16" : "fp16",
                 pc.precision == Precision::FP32 ? " (or enable bf16 / fp16)" : "");
   pc.grad_accum = d;
 }

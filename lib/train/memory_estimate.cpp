@@ -79,7 +79,8 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   MemoryEstimateRow r;
   r.stage = stage;
   r.offload_optimizer = offload;
-  r.supported = !offload || stage >= 1;
+  // The host AdamW reads f32 gradients: offload needs fp32 accumulation too.
+  r.supported = !offload || (stage >= 1 && e.precision != StatePrecision::MixedLowp);
   r.configured = cfg.zero.stage == stage && (cfg.zero.offload_optimizer == OffloadDevice::CPU) == offload;
   const int64_t n = e.n_params_rank;
   const bool fp32 = e.precision == StatePrecision::FP32;
@@ -200,7 +201,8 @@ std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gp
     std::string head = fmt::format("{} ZeRO {}     | {:<17} |", r.configured ? '*' : ' ', r.stage,
                                    r.offload_optimizer ? "cpu" : "none");
     if (!r.supported) {
-      out += head + "  not supported: offload_optimizer needs ZeRO stage >= 1\n";
+      out += head + (r.stage >= 1 ? "  not supported: offload_optimizer needs fp32 gradient accumulation\n"
+                                  : "  not supported: offload_optimizer needs ZeRO stage >= 1\n");
       continue;
     }
     out += fmt::format("{} {:>7} {:>7} {:>6} {:>6} | {:>15} | {:>13}\n", head, gib(r.states.params),

@@ -25,7 +25,7 @@ struct ActivationBytes {
 struct MemoryEstimateRow {
   int stage = 0;
   bool offload_optimizer = false;
-  bool supported = true;     // offload_optimizer needs ZeRO stage >= 1
+  bool supported = true;     // offload_optimizer needs ZeRO stage >= 1 and fp32 gradient accumulation
   bool configured = false;   // the stage/offload the config asks for
   ModelStateBytes states;    // device-resident model states (zero_model_state_bytes)
   int64_t zero3_live = 0;    // stage 3: gathered parameters + the running unit's full gradient

@@ -111,6 +111,8 @@ TEST_CASE("memory estimate: gradients accumulated in the compute dtype", "[zero]
   CHECK(row(e, 3, false).states.total() == 14 * shard);
   CHECK(row(e, 2, false).states.grads == 2 * shard);
   CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("grads 2 (accumulated in the compute dtype)"));
+  CHECK_FALSE(row(e, 2, true).supported);  // the host AdamW reads f32 gradients
+  CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("offload_optimizer needs fp32 gradient accumulation"));
 }
 
 TEST_CASE("memory estimate: report text", "[zero][estimate]") {
