@@ -151,11 +151,14 @@ void bench_matmul_attention(const Ceilings& c, bool quick) {
   struct A { int64_t B, T; int NH, HS; };
   std::vector<A> cases = {{8, 1024, 12, 64}, {4, 2048, 16, 128}, {2, 4096, 16, 128}};
   if (!quick) cases.push_back({1, 8192, 16, 128});
-  for (auto backend : {ds::cuda::AttentionBackend::Flash, ds::cuda::AttentionBackend::Plain}) {
+  using ds::cuda::AttentionBackend;
+  for (auto backend : {AttentionBackend::Flash2, AttentionBackend::Flash, AttentionBackend::Plain}) {
     ds::cuda::set_attention_backend(backend);
-    const char* bname = backend == ds::cuda::AttentionBackend::Flash ? "flash" : "plain";
+    const char* bname = backend == AttentionBackend::Flash2  ? "flash2"
+                        : backend == AttentionBackend::Flash ? "flash"
+                                                             : "plain";
     for (const A& a : cases) {
-      if (backend == ds::cuda::AttentionBackend::Plain && a.T > 2048) continue;
+      if (backend == AttentionBackend::Plain && a.T > 2048) continue;
       int64_t O = int64_t(a.NH) * a.HS;
       Tensor qkv = rand_dev({a.B, a.T, 3 * O}, DType::BF16, 13);
       Tensor out = Tensor::empty({a.B, a.T, O}, DType::BF16, Device::cuda(0));
@@ -174,9 +177,18 @@ void bench_matmul_attention(const Ceilings& c, bool quick) {
         ops::attention_backward(AttentionBwdArgs{dqkv, dout, out, lse, qkv, a.NH});
       });
       report_flops(name, ms, 2.5 * fwd_flops, c);
+      // Forward + backward, the training step's cost (3.5x the forward's
+      // FLOPs, counted the usual way: the backward's recomputation is not).
+      std::snprintf(name, sizeof(name), "attn %s fwd+bwd B%ld T%ld NH%d HS%d", bname, long(a.B),
+                    long(a.T), a.NH, a.HS);
+      ms = time_ms([&] {
+        ops::attention_forward(AttentionArgs{out, lse, qkv, a.NH});
+        ops::attention_backward(AttentionBwdArgs{dqkv, dout, out, lse, qkv, a.NH});
+      });
+      report_flops(name, ms, 3.5 * fwd_flops, c);
     }
   }
-  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
+  ds::cuda::set_attention_backend(AttentionBackend::Flash);
 }
 
 }  // namespace

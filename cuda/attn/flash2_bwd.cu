@@ -255,6 +255,7 @@ __global__ void __launch_bounds__(kThreads) flash2_dq_kernel(BwdParams<T> p) {
 
 template <class T, int HS>
 std::string launch_bwd(const AttentionBwdArgs& a, const AttnShape& sh, const Stream& s) {
+  if (sh.B * sh.NH > int64_t(0x7fffffff)) return "B * NH beyond the grid limit";  // grid.x = (b, head)
   auto dkdv = flash2_dkdv_kernel<T, HS>;
   auto dq = flash2_dq_kernel<T, HS>;
   if (std::string why = flash::prepare_smem(dkdv, dkdv_smem<HS>()); !why.empty()) return why;

@@ -175,6 +175,7 @@ __global__ void __launch_bounds__(kThreads) flash2_fwd_kernel(FwdParams<T> p) {
 
 template <class T, int HS>
 std::string launch_fwd(const AttentionArgs& a, const AttnShape& sh, const Stream& s) {
+  if (sh.B * sh.NH > int64_t(0x7fffffff)) return "B * NH beyond the grid limit";  // grid.x = (b, head)
   auto kernel = flash2_fwd_kernel<T, HS>;
   const size_t smem = fwd_smem<HS>();
   if (std::string why = flash::prepare_smem(kernel, smem); !why.empty()) return why;

@@ -100,9 +100,10 @@ AttentionBackend attention_backend() {
 }
 AttentionBackend attention_backend_from_name(const std::string& name) {
   if (name == "flash") return AttentionBackend::Flash;
+  if (name == "flash2") return AttentionBackend::Flash2;
   if (name == "plain") return AttentionBackend::Plain;
   if (name == "cudnn") return AttentionBackend::Cudnn;
-  DS_USER_ERROR("attention_backend: unknown value '{}' (expected flash, plain or cudnn)", name);
+  DS_USER_ERROR("attention_backend: unknown value '{}' (expected flash, flash2, plain or cudnn)", name);
 }
 
 }  // namespace ds::cuda
