@@ -50,6 +50,16 @@ void set_attention_backend(AttentionBackend b);
 AttentionBackend attention_backend();
 // "flash" | "flash2" | "plain" | "cudnn" -> backend; throws UserError on anything else.
 AttentionBackend attention_backend_from_name(const std::string& name);
+// How the flash2 backward computes dQ (both deterministic, no float atomics):
+//  Recompute: a separate dQ kernel per query tile recomputes S and dP
+//             (7 GEMMs per tile pair). The default.
+//  Ordered:   the dK/dV kernel also computes dS K and adds it to an f32
+//             accumulator in key-tile order, waiting on a per-query-tile
+//             counter (5 GEMMs). Relies on in-order dispatch of the grid's
+//             key tiles; opt-in until verified on a device (docs/cuda.md).
+enum class Flash2Dq { Recompute, Ordered };
+void set_flash2_dq_mode(Flash2Dq m);
+Flash2Dq flash2_dq_mode();
 // Attention calls (non-empty) by the path that ran, since the process
 // started: a flash call that fell back (logged once per shape with the
 // reason) counts as the path that finally ran (flash2 -> flash -> plain).

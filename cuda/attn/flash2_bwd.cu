@@ -22,6 +22,7 @@
 // dV += (P md)^T dO, dS = P (md dP - D) (lib/ops/dropout_mask.h).
 #include "cuda/attn/flash2_common.cuh"
 #include "cuda/core/allocator.h"
+#include "cuda/cuda_api.h"
 
 namespace ds::cuda {
 namespace flash2 {
@@ -36,6 +37,8 @@ template <int HS> constexpr int dkdv_tile_q() { return HS == 128 ? 32 : 64; }
 
 template <class T> struct BwdParams {
   T* dqkv;            // (B, T, (NH+2*NKV)*HS)
+  float* dq_acc;      // (B, NH, T, HS) f32, ordered-dQ mode only
+  uint32_t* dq_turn;  // (B, NH, T / BQ tiles): key tiles that have added, ordered-dQ mode only
   const T* dout;      // (B, T, NH*HS)
   const float* lse;   // (B, NH, T)
   const float* Drow;  // (B, NH, T)
@@ -48,10 +51,16 @@ template <class T> struct BwdParams {
   float dscale;
 };
 
-// K, V tiles + two (Q, dO) tiles of BQ rows, and per buffer BQ x (lse, D, dropout row key).
-template <int HS> constexpr size_t dkdv_smem() {
+// Row length of the shared dS^T tile (kTileK keys x BQ queries) of the
+// ordered-dQ mode: BQ + 8 keeps ldmatrix conflict-free (80 or 144 bytes).
+template <int HS> constexpr int ld_ds() { return dkdv_tile_q<HS>() + 8; }
+
+// K, V tiles + two (Q, dO) tiles of BQ rows, per buffer BQ x (lse, D, dropout
+// row key), and in ordered-dQ mode the dS^T tile.
+template <int HS, bool kDq> constexpr size_t dkdv_smem() {
   constexpr int BQ = dkdv_tile_q<HS>();
-  return sizeof(uint16_t) * ld_tile<HS>() * (2 * kTileK + 4 * BQ) + 2 * BQ * (2 * sizeof(float) + sizeof(uint64_t));
+  return sizeof(uint16_t) * ld_tile<HS>() * (2 * kTileK + 4 * BQ) + 2 * BQ * (2 * sizeof(float) + sizeof(uint64_t)) +
+         (kDq ? sizeof(uint16_t) * kTileK * ld_ds<HS>() : 0);
 }
 // Q, dO tiles + two (K, V) tiles.
 template <int HS> constexpr size_t dq_smem() { return sizeof(uint16_t) * ld_tile<HS>() * (2 * kTileQ + 4 * kTileK); }
@@ -74,7 +83,77 @@ __global__ void flash2_d_kernel(float* Drow /* (B, NH, T) */, const T* dout /* (
   if (lane == 0) Drow[(b * NH + h) * T_ + t] = s;
 }
 
+// Ordered-dQ mode, per tile pair: dQ(q0 .. q0 + BQ) += dS K for this key tile,
+// added to the f32 accumulator in key-tile order. dS^T (already rounded to T,
+// as the dK GEMM uses it) goes through shared memory because dQ needs it by
+// query rows: warp w computes query rows 16 (w % (BQ/16)) .. + 16 and 64 of
+// the HS columns (BQ 64, HS 64: 4 x 1 slices; BQ 32, HS 128: 2 x 2).
+// The wait: thread 0 spins (acquire) until the tile's counter equals this
+// block's key tile index j; every key tile 0 .. j-1 that contributes has then
+// added its part. This is deadlock-free as long as block (., j - 1) starts no
+// later than block (., j): the grid puts j in blockIdx.y, so the key tiles
+// are dispatched in order (how the hardware dispatches a grid; CUDA does not
+// promise it, hence opt-in until a device has run it).
 template <class T, int HS>
+__device__ __forceinline__ void dq_ordered_add(const BwdParams<T>& p, const T* sDS, const T* sK, int64_t bh,
+                                               int64_t q0, int j) {
+  constexpr int BQ = dkdv_tile_q<HS>(), kSlices = BQ / 16, DW = HS / (kWarps / kSlices), LD = ld_ds<HS>();
+  static_assert(DW == 64, "each warp owns 16 query rows x 64 columns");
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, i = lane >> 3, g = lane >> 2, t = lane & 3;
+  const int m0 = 16 * (warp % kSlices), d0 = DW * (warp / kSlices);
+  float acc[DW / 8][4];
+  zero_acc(acc);
+  // A = dS (16 queries x 16 keys) from dS^T [key][query], transposed by
+  // ldmatrix: matrix i = keys k0 + 8 (i >> 1), queries m0 + 8 (i & 1).
+  const uint32_t a_base = smem_addr(sDS) + uint32_t((((lane & 7) + 8 * (i >> 1)) * LD + m0 + 8 * (i & 1)) * sizeof(T));
+  // B = K (keys x dims), read transposed as in gemm_pw.
+  const uint32_t b_base =
+      smem_addr(sK) + uint32_t((((lane & 7) + 8 * (i & 1)) * ld_tile<HS>() + d0 + 8 * (i >> 1)) * sizeof(T));
+#pragma unroll
+  for (int kc = 0; kc < kTileK / 16; ++kc) {
+    uint32_t a[4];
+    ldmatrix_x4_trans(a, a_base + uint32_t(kc * 16 * LD * sizeof(T)));
+#pragma unroll
+    for (int dp = 0; dp < DW / 16; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, b_base + uint32_t((kc * 16 * ld_tile<HS>() + dp * 16) * sizeof(T)));
+      mma16816<T>(acc[2 * dp], a, b[0], b[1]);
+      mma16816<T>(acc[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+  uint32_t* turn = p.dq_turn + bh * ((p.T_ + BQ - 1) / BQ) + q0 / BQ;
+  if (threadIdx.x == 0) {
+    uint32_t v;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(turn) : "memory");
+    } while (v != uint32_t(j));
+  }
+  __syncthreads();
+  float* dst = p.dq_acc + (bh * p.T_ + q0 + m0) * HS + d0 + 2 * t;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (q0 + m0 + g + 8 * r >= p.T_) continue;
+    float* row = dst + int64_t(g + 8 * r) * HS;
+#pragma unroll
+    for (int n = 0; n < DW / 8; ++n) {
+      float2 v = make_float2(acc[n][2 * r], acc[n][2 * r + 1]);
+      if (j != 0) {  // key tile 0 contributes to every query tile first: it writes
+        const float2 old = __ldcg(reinterpret_cast<const float2*>(row + 8 * n));
+        v.x += old.x;
+        v.y += old.y;
+      }
+      __stcg(reinterpret_cast<float2*>(row + 8 * n), v);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(turn), "r"(uint32_t(j + 1)) : "memory");
+  }
+}
+
+// kDq: the ordered-dQ mode (5 GEMMs per tile pair; see dq_ordered_add).
+template <class T, int HS, bool kDq>
 __global__ void __launch_bounds__(kThreads) flash2_dkdv_kernel(BwdParams<T> p) {
   constexpr int LT = ld_tile<HS>(), BQ = dkdv_tile_q<HS>();
   extern __shared__ __align__(128) unsigned char smem[];
@@ -85,6 +164,7 @@ __global__ void __launch_bounds__(kThreads) flash2_dkdv_kernel(BwdParams<T> p) {
   uint64_t* sR = reinterpret_cast<uint64_t*>(sG + 2 * BQ * LT);  // 2 x BQ dropout row keys
   float* sL = reinterpret_cast<float*>(sR + 2 * BQ);             // 2 x BQ: lse * log2(e)
   float* sD = sL + 2 * BQ;                                       // 2 x BQ: D
+  T* sDS = reinterpret_cast<T*>(sD + 2 * BQ);                    // (kTileK, ld_ds): dS^T, kDq only
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
   const int bk = blockIdx.x, kh = bk % p.NKV, G = p.NH / p.NKV;
@@ -164,7 +244,18 @@ __global__ void __launch_bounds__(kThreads) flash2_dkdv_kernel(BwdParams<T> p) {
       }
     gemm_pw<T, BQ, HS>(dv, s, dO, LT);
     gemm_pw<T, BQ, HS>(dk, dp, Q, LT);
-    __syncthreads();  // buffer `buf` is refilled by the next iteration's prefetch
+    if constexpr (kDq) {
+      // This warp's 16 key rows of dS^T, rounded as the dK GEMM used them.
+      T* row = sDS + (warp * 16 + (lane >> 2)) * ld_ds<HS>() + 2 * t;
+#pragma unroll
+      for (int n = 0; n < BQ / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(row + 8 * n) = pack2<T>(dp[n][0], dp[n][1]);
+        *reinterpret_cast<uint32_t*>(row + 8 * ld_ds<HS>() + 8 * n) = pack2<T>(dp[n][2], dp[n][3]);
+      }
+      __syncthreads();
+      dq_ordered_add<T, HS>(p, sDS, sK, b * p.NH + kh * G + it / nqt, q0, int(blockIdx.y));
+    }
+    __syncthreads();  // buffer `buf` (and dS^T) are refilled by the next iteration
   }
   store_acc<T, HS>(dk, p.scale, gK, W, kv0 + warp * 16, p.T_);
   store_acc<T, HS>(dv, 1.f, gK + int64_t(p.NKV) * HS, W, kv0 + warp * 16, p.T_);
@@ -253,25 +344,61 @@ __global__ void __launch_bounds__(kThreads) flash2_dq_kernel(BwdParams<T> p) {
   store_acc<T, HS>(dq, p.scale, p.dqkv + b * p.T_ * W + int64_t(h) * HS, W, q0 + warp * 16, p.T_);
 }
 
+// Ordered-dQ mode: dq = scale * dq_acc into the q part of dqkv, a pair per thread.
+template <class T, int HS>
+__global__ void flash2_dq_store_kernel(T* dqkv /* (B, T, (NH+2*NKV)*HS) */, const float* dq_acc /* (B, NH, T, HS) */,
+                                       int64_t T_, int NH, int NKV, float scale) {
+  const int64_t pairs = int64_t(T_) * NH * (HS / 2);
+  const int64_t b = blockIdx.y;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < pairs;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = 2 * (idx % (HS / 2)), th = idx / (HS / 2), h = th % NH, t = th / NH;
+    const float2 v = *reinterpret_cast<const float2*>(dq_acc + ((b * NH + h) * T_ + t) * HS + c);
+    *reinterpret_cast<uint32_t*>(dqkv + (b * T_ + t) * int64_t(NH + 2 * NKV) * HS + h * HS + c) =
+        pack2<T>(v.x * scale, v.y * scale);
+  }
+}
+
 template <class T, int HS>
 std::string launch_bwd(const AttentionBwdArgs& a, const AttnShape& sh, const Stream& s) {
   if (sh.B * sh.NH > int64_t(0x7fffffff)) return "B * NH beyond the grid limit";  // grid.x = (b, head)
-  auto dkdv = flash2_dkdv_kernel<T, HS>;
+  const bool ordered = flash2_dq_mode() == Flash2Dq::Ordered;
+  auto dkdv = ordered ? flash2_dkdv_kernel<T, HS, true> : flash2_dkdv_kernel<T, HS, false>;
+  const size_t dkdv_bytes = ordered ? dkdv_smem<HS, true>() : dkdv_smem<HS, false>();
   auto dq = flash2_dq_kernel<T, HS>;
-  if (std::string why = flash::prepare_smem(dkdv, dkdv_smem<HS>()); !why.empty()) return why;
-  if (std::string why = flash::prepare_smem(dq, dq_smem<HS>()); !why.empty()) return why;
+  if (std::string why = flash::prepare_smem(dkdv, dkdv_bytes); !why.empty()) return why;
+  if (!ordered)
+    if (std::string why = flash::prepare_smem(dq, dq_smem<HS>()); !why.empty()) return why;
+  // Workspace: D (B*NH*T f32), then in ordered mode the f32 dQ accumulator
+  // (B*NH*T*HS) and the per-query-tile counters (zeroed here).
+  constexpr int BQ = dkdv_tile_q<HS>();
   const int64_t rows = sh.B * sh.T * sh.NH;
-  auto* Drow = static_cast<float*>(stream_workspace(s, sizeof(float) * size_t(rows), WorkspaceSlot::Attn));
+  const size_t d_bytes = (sizeof(float) * size_t(rows) + 255) / 256 * 256;
+  const size_t acc_bytes = ordered ? sizeof(float) * size_t(rows) * HS : 0;
+  const size_t turn_bytes = ordered ? sizeof(uint32_t) * size_t(sh.B * sh.NH * ((sh.T + BQ - 1) / BQ)) : 0;
+  auto* ws = static_cast<unsigned char*>(
+      stream_workspace(s, d_bytes + acc_bytes + turn_bytes, WorkspaceSlot::Attn));
+  auto* Drow = reinterpret_cast<float*>(ws);
+  auto* dq_acc = ordered ? reinterpret_cast<float*>(ws + d_bytes) : nullptr;
+  auto* dq_turn = ordered ? reinterpret_cast<uint32_t*>(ws + d_bytes + acc_bytes) : nullptr;
+  if (ordered) DS_CUDA_CHECK(cudaMemsetAsync(dq_turn, 0, turn_bytes, stream_of(s)));
   flash2_d_kernel<T><<<grid_for(rows * 32, 256, int64_t(1) << 31), 256, 0, stream_of(s)>>>(
       Drow, a.dout.data<T>(), a.out.data<T>(), rows, sh.T, sh.NH, HS);
   DS_CUDA_CHECK_LAUNCH();
-  BwdParams<T> p{a.dqkv.data<T>(), a.dout.data<T>(), a.lse.data<float>(), Drow, a.qkv.data<T>(), sh.T, sh.NH,
-                 sh.NKV, 1.0f / sqrtf(float(HS)), a.dropout, dropout_threshold(a.dropout.p),
+  BwdParams<T> p{a.dqkv.data<T>(), dq_acc, dq_turn, a.dout.data<T>(), a.lse.data<float>(), Drow, a.qkv.data<T>(),
+                 sh.T, sh.NH, sh.NKV, 1.0f / sqrtf(float(HS)), a.dropout, dropout_threshold(a.dropout.p),
                  dropout_scale(a.dropout.p)};
   const unsigned n_tiles = unsigned((sh.T + kTileK - 1) / kTileK);
-  dkdv<<<dim3(unsigned(sh.B * sh.NKV), n_tiles), kThreads, dkdv_smem<HS>(), stream_of(s)>>>(p);
+  // Key tile j = blockIdx.y: the ordered mode relies on tile j - 1 of every
+  // (batch, kv head) being dispatched before tile j.
+  dkdv<<<dim3(unsigned(sh.B * sh.NKV), n_tiles), kThreads, dkdv_bytes, stream_of(s)>>>(p);
   DS_CUDA_CHECK_LAUNCH();
-  dq<<<dim3(unsigned(sh.B * sh.NH), n_tiles), kThreads, dq_smem<HS>(), stream_of(s)>>>(p);
+  if (ordered) {
+    flash2_dq_store_kernel<T, HS><<<dim3(grid_for(sh.T * sh.NH * (HS / 2), 256), unsigned(sh.B)), 256, 0,
+                                    stream_of(s)>>>(a.dqkv.data<T>(), dq_acc, sh.T, sh.NH, sh.NKV, p.scale);
+  } else {
+    dq<<<dim3(unsigned(sh.B * sh.NH), n_tiles), kThreads, dq_smem<HS>(), stream_of(s)>>>(p);
+  }
   DS_CUDA_CHECK_LAUNCH();
   return "";
 }

@@ -181,36 +181,53 @@ TEST_CASE("cuda attention, flash backend (and its fallbacks)") {
 TEST_CASE("cuda attention, flash2 backend (and its fallbacks)") {
   if (!gpu_or_skip()) return;
   ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash2);
-  // flash2 supports what flash supports, so its fallbacks end in plain.
-  for (DType dt : {DType::BF16, DType::F16, DType::F32})
-    for (const AttnCase& c : kCases) run_case_on(c, dt, flash_supports(c, dt) ? Path::Flash2 : Path::Plain);
+  // flash2 supports what flash supports, so its fallbacks end in plain. Both
+  // dQ schemes of the backward.
+  for (auto mode : {ds::cuda::Flash2Dq::Recompute, ds::cuda::Flash2Dq::Ordered}) {
+    ds::cuda::set_flash2_dq_mode(mode);
+    INFO("dQ mode " << (mode == ds::cuda::Flash2Dq::Ordered ? "ordered" : "recompute"));
+    for (DType dt : {DType::BF16, DType::F16, DType::F32})
+      for (const AttnCase& c : kCases) run_case_on(c, dt, flash_supports(c, dt) ? Path::Flash2 : Path::Plain);
+  }
+  ds::cuda::set_flash2_dq_mode(ds::cuda::Flash2Dq::Recompute);
   ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
 }
 
 TEST_CASE("cuda attention, flash2 is deterministic") {
   if (!gpu_or_skip()) return;
-  // dK/dV sum over the query tiles (and GQA query heads) in a fixed order and
-  // dQ has one writer: two runs give the same bits.
+  // dK/dV sum over the query tiles (and GQA query heads) in a fixed order, and
+  // dQ has one writer (recompute) or is added in key-tile order (ordered):
+  // two runs give the same bits, and the two schemes agree to rounding.
   ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash2);
   const int NH = 4, NKV = 2, HS = 128;
   const int64_t B = 1, T = 300, W = int64_t(NH + 2 * NKV) * HS, O = int64_t(NH) * HS;
   const Tensor qkv = upload(randn({B, T, W}, 31), DType::BF16), dout = upload(randn({B, T, O}, 32), DType::BF16);
-  Tensor first_dqkv, first_out;
-  for (int run = 0; run < 2; ++run) {
-    Tensor out = upload(Tensor::zeros({B, T, O}, DType::F32), DType::BF16);
-    Tensor lse = upload(Tensor::zeros({B, NH, T}, DType::F32), DType::F32);
-    Tensor dqkv = upload(Tensor::zeros({B, T, W}, DType::F32), DType::BF16);
-    ops::attention_forward({.out = out, .lse = lse, .qkv = qkv, .NH = NH, .NKV = NKV});
-    ops::attention_backward({.dqkv = dqkv, .dout = dout, .out = out, .lse = lse, .qkv = qkv, .NH = NH, .NKV = NKV});
-    Tensor host_dqkv = download_f32(dqkv), host_out = download_f32(out);
-    if (run == 0) {
-      first_dqkv = host_dqkv;
-      first_out = host_out;
-      continue;
+  Tensor by_mode[2];
+  for (auto mode : {ds::cuda::Flash2Dq::Recompute, ds::cuda::Flash2Dq::Ordered}) {
+    ds::cuda::set_flash2_dq_mode(mode);
+    INFO("dQ mode " << (mode == ds::cuda::Flash2Dq::Ordered ? "ordered" : "recompute"));
+    Tensor first_dqkv, first_out;
+    for (int run = 0; run < 2; ++run) {
+      Tensor out = upload(Tensor::zeros({B, T, O}, DType::F32), DType::BF16);
+      Tensor lse = upload(Tensor::zeros({B, NH, T}, DType::F32), DType::F32);
+      Tensor dqkv = upload(Tensor::zeros({B, T, W}, DType::F32), DType::BF16);
+      ops::attention_forward({.out = out, .lse = lse, .qkv = qkv, .NH = NH, .NKV = NKV});
+      ops::attention_backward(
+          {.dqkv = dqkv, .dout = dout, .out = out, .lse = lse, .qkv = qkv, .NH = NH, .NKV = NKV});
+      Tensor host_dqkv = download_f32(dqkv), host_out = download_f32(out);
+      if (run == 0) {
+        first_dqkv = host_dqkv;
+        first_out = host_out;
+        continue;
+      }
+      CHECK(std::memcmp(host_dqkv.raw(), first_dqkv.raw(), sizeof(float) * size_t(host_dqkv.numel())) == 0);
+      CHECK(std::memcmp(host_out.raw(), first_out.raw(), sizeof(float) * size_t(host_out.numel())) == 0);
     }
-    CHECK(std::memcmp(host_dqkv.raw(), first_dqkv.raw(), sizeof(float) * size_t(host_dqkv.numel())) == 0);
-    CHECK(std::memcmp(host_out.raw(), first_out.raw(), sizeof(float) * size_t(host_out.numel())) == 0);
+    by_mode[mode == ds::cuda::Flash2Dq::Ordered ? 1 : 0] = first_dqkv;
   }
+  // dK, dV are computed identically; dQ differs only in f32 summation order.
+  CHECK(rel_err(by_mode[1], by_mode[0]) < 1e-2);
+  ds::cuda::set_flash2_dq_mode(ds::cuda::Flash2Dq::Recompute);
   ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
 }
 

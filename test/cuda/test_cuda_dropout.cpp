@@ -1,8 +1,9 @@
 // GPU tests of dropout: the CUDA hidden-dropout op against the CPU op (f32,
 // bf16, f16), the CUDA masks bit-identical to the CPU masks (same key hash),
 // and attention dropout in the plain kernels (f32, against the CPU op) and in
-// the flash kernels (bf16, against the CPU op on the same masks; the test
-// also shows that a different mask would fail it). Skipped without a device.
+// the flash and flash2 kernels (bf16, against the CPU op on the same masks;
+// the test also shows that a different mask would fail it). Skipped without
+// a device.
 #include <cmath>
 #include <utility>
 
@@ -123,10 +124,15 @@ TEST_CASE("cuda attention dropout, flash kernels in bf16 use the CPU masks") {
 
 TEST_CASE("cuda attention dropout, flash2 kernels in bf16 use the CPU masks") {
   if (!gpu_or_skip()) return;
-  for (int64_t HS : {64, 128})
-    fused_dropout_case(ds::cuda::AttentionBackend::Flash2, HS, 150, [](const ds::cuda::AttentionPathCounts& c) {
-      return std::pair<int64_t, int64_t>(c.flash2_forward, c.flash2_backward);
-    });
+  for (auto mode : {ds::cuda::Flash2Dq::Recompute, ds::cuda::Flash2Dq::Ordered}) {
+    ds::cuda::set_flash2_dq_mode(mode);
+    INFO("dQ mode " << (mode == ds::cuda::Flash2Dq::Ordered ? "ordered" : "recompute"));
+    for (int64_t HS : {64, 128})
+      fused_dropout_case(ds::cuda::AttentionBackend::Flash2, HS, 150, [](const ds::cuda::AttentionPathCounts& c) {
+        return std::pair<int64_t, int64_t>(c.flash2_forward, c.flash2_backward);
+      });
+  }
+  ds::cuda::set_flash2_dq_mode(ds::cuda::Flash2Dq::Recompute);
 }
 
 TEST_CASE("cuda attention dropout, plain kernels in f32 match the CPU op") {
