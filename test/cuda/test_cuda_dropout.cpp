@@ -124,14 +124,21 @@ TEST_CASE("cuda attention dropout, flash kernels in bf16 use the CPU masks") {
 
 TEST_CASE("cuda attention dropout, flash2 kernels in bf16 use the CPU masks") {
   if (!gpu_or_skip()) return;
-  for (auto mode : {ds::cuda::Flash2Dq::Recompute, ds::cuda::Flash2Dq::Ordered}) {
-    ds::cuda::set_flash2_dq_mode(mode);
-    INFO("dQ mode " << (mode == ds::cuda::Flash2Dq::Ordered ? "ordered" : "recompute"));
-    for (int64_t HS : {64, 128})
-      fused_dropout_case(ds::cuda::AttentionBackend::Flash2, HS, 150, [](const ds::cuda::AttentionPathCounts& c) {
-        return std::pair<int64_t, int64_t>(c.flash2_forward, c.flash2_backward);
-      });
-  }
+  for (int64_t HS : {64, 128})
+    fused_dropout_case(ds::cuda::AttentionBackend::Flash2, HS, 150, [](const ds::cuda::AttentionPathCounts& c) {
+      return std::pair<int64_t, int64_t>(c.flash2_forward, c.flash2_backward);
+    });
+}
+
+// The ordered-dQ scheme is hidden from the default run (it could hang on a
+// device that dispatched key tiles out of order; test_cuda_attention.cpp).
+TEST_CASE("cuda attention dropout, flash2 with ordered dQ", "[.flash2-ordered]") {
+  if (!gpu_or_skip()) return;
+  ds::cuda::set_flash2_dq_mode(ds::cuda::Flash2Dq::Ordered);
+  for (int64_t HS : {64, 128})
+    fused_dropout_case(ds::cuda::AttentionBackend::Flash2, HS, 150, [](const ds::cuda::AttentionPathCounts& c) {
+      return std::pair<int64_t, int64_t>(c.flash2_forward, c.flash2_backward);
+    });
   ds::cuda::set_flash2_dq_mode(ds::cuda::Flash2Dq::Recompute);
 }
 
