@@ -1,18 +1,22 @@
 // flash2 attention forward: causal, bf16/f16, head size 64 or 128, with
 // scores, probabilities and the output accumulator in registers.
 //
-// One block of 4 warps per (query tile of 64 rows, head, batch); warp w owns
-// query rows [16 w, 16 w + 16) of the tile. The Q tile is copied to shared
-// memory once and its A fragments stay in registers for the whole key loop.
+// One block of 4 warps per (query tile of 64 S rows, head, batch); warp w owns
+// S row slices of 16: rows [16 (S w + i), + 16) for i < S. S = 1 (HS 128):
+// the Q tile is copied to shared memory once and its A fragments stay in
+// registers for the whole key loop. S = 2 (HS 64): each K / V fragment loaded
+// from shared memory feeds two slices, halving the ldmatrix traffic per FLOP,
+// and the Q fragments are re-read from shared memory per tile (two slices of
+// Q fragments would not fit in the registers beside the accumulators).
 // K and V tiles (64 rows) are double-buffered with cp.async: the copies of
 // tile j + 1 are in flight while tile j is used. Per key tile each warp
-// computes S = Q K^T (16 x 64 f32 in C fragments), updates the running row
+// computes S = Q K^T (16 x 64 f32 in C fragments per slice), updates the running row
 // max m and row sum l (online softmax, exp2 on scores pre-scaled by
 // scale * log2(e)), rescales its output accumulator, and adds P V with P
 // taken straight from the S registers as the A operand (flash2_common.cuh).
-// Causal: key tiles past the diagonal are never visited, and only the
-// diagonal tile (the last one, which also holds the end of the sequence) is
-// masked. Query tiles are launched last-first: they have the most key tiles,
+// Causal: key tiles past the diagonal are never visited, and only the tiles
+// that reach past the query tile's first row (the last one or two, which
+// also hold the end of the sequence) are masked. Query tiles are launched last-first: they have the most key tiles,
 // so the long blocks start early and the short ones fill the tail.
 // Saves lse = m * scale + log(l) per row (natural log, as the other paths).
 // Grouped-query attention: query head h reads kv head h / (NH / NKV).
@@ -24,7 +28,12 @@ namespace ds::cuda {
 namespace flash2 {
 namespace {
 
-constexpr int kTileQ = 64, kTileK = 64;
+constexpr int kTileK = 64;
+// Row slices of 16 per warp (query tile = 64 S rows). At HS 128 two slices
+// would need 2 x 64 accumulator + 2 x 32 score registers beside the
+// fragments: more than 255.
+template <int HS> constexpr int fwd_slices() { return HS == 64 ? 2 : 1; }
+template <int HS> constexpr int fwd_tile_q() { return 16 * kWarps * fwd_slices<HS>(); }
 
 template <class T> struct FwdParams {
   T* out;        // (B, T, NH*HS)
@@ -39,9 +48,12 @@ template <class T> struct FwdParams {
 };
 
 // Q tile + two K and two V tiles, 16-bit, rows of HS + 8.
-template <int HS> constexpr size_t fwd_smem() { return sizeof(uint16_t) * ld_tile<HS>() * (kTileQ + 4 * kTileK); }
+template <int HS> constexpr size_t fwd_smem() {
+  return sizeof(uint16_t) * ld_tile<HS>() * (fwd_tile_q<HS>() + 4 * kTileK);
+}
 
-// Masks S (raw scores) of the diagonal key tile: key kv > query, or kv >= T.
+// Masks S (raw scores) of a key tile on or near the diagonal: key kv > query,
+// or kv >= T. q_lo: the thread's first row (the second is q_lo + 8).
 __device__ __forceinline__ void mask_tile(float (&s)[kTileK / 8][4], int64_t q_lo, int64_t kv0, int64_t T_) {
   const int lane = threadIdx.x & 31, t = lane & 3;
 #pragma unroll
@@ -53,9 +65,10 @@ __device__ __forceinline__ void mask_tile(float (&s)[kTileK / 8][4], int64_t q_l
     }
 }
 
-// Online softmax of one key tile for the thread's two rows (r = 0: row g,
-// r = 1: row g + 8). Turns s into P (dropped if dropout is on), updates m
-// (raw-score units) and l, and rescales the output accumulator o.
+// Online softmax of one key tile for the thread's two rows of one slice
+// (r = 0: row g, r = 1: row g + 8). Turns s into P (dropped if dropout is
+// on), updates m (raw-score units) and l, and rescales the output
+// accumulator o.
 template <class T, int HS>
 __device__ __forceinline__ void softmax_tile(const FwdParams<T>& p, float (&s)[kTileK / 8][4], float (&o)[HS / 8][4],
                                              float (&m)[2], float (&l)[2], const uint64_t (&drow)[2], int64_t kv0) {
@@ -95,41 +108,105 @@ __device__ __forceinline__ void softmax_tile(const FwdParams<T>& p, float (&s)[k
   }
 }
 
+// acc[i] += A_i U^T for the warp's S slices, A_i the 16 rows at sA + 16 i
+// rows (shared, re-read per call), U the (N, K) shared tile: each B fragment
+// is loaded once for all slices.
+template <class T, int K, int N, int S>
+__device__ __forceinline__ void gemm_abt_slices(float (&acc)[S][N / 8][4], const T* sA, int lda, const T* sU,
+                                                int ldu) {
+  const int lane = threadIdx.x & 31, i = lane >> 3;
+  const uint32_t a_base = smem_addr(sA) + uint32_t((((lane & 7) + 8 * (i & 1)) * lda + 8 * (i >> 1)) * sizeof(T));
+  const uint32_t b_base = smem_addr(sU) + uint32_t((((lane & 7) + 8 * (i >> 1)) * ldu + 8 * (i & 1)) * sizeof(T));
+#pragma unroll
+  for (int kc = 0; kc < K / 16; ++kc) {
+    uint32_t a[S][4];
+#pragma unroll
+    for (int sl = 0; sl < S; ++sl) ldmatrix_x4(a[sl], a_base + uint32_t((sl * 16 * lda + kc * 16) * sizeof(T)));
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, b_base + uint32_t((np * 16 * ldu + kc * 16) * sizeof(T)));
+#pragma unroll
+      for (int sl = 0; sl < S; ++sl) {
+        mma16816<T>(acc[sl][2 * np], a[sl], b[0], b[1]);
+        mma16816<T>(acc[sl][2 * np + 1], a[sl], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// acc[i] += P_i W for the warp's S slices (P_i in C registers), each B
+// fragment of W (read transposed) loaded once for all slices.
+template <class T, int N, int HS, int S>
+__device__ __forceinline__ void gemm_pw_slices(float (&acc)[S][HS / 8][4], const float (&p)[S][N / 8][4],
+                                               const T* sW, int ldw) {
+  const int lane = threadIdx.x & 31, i = lane >> 3;
+  const uint32_t base = smem_addr(sW) + uint32_t((((lane & 7) + 8 * (i & 1)) * ldw + 8 * (i >> 1)) * sizeof(T));
+#pragma unroll
+  for (int j = 0; j < N / 16; ++j) {
+    uint32_t a[S][4];
+#pragma unroll
+    for (int sl = 0; sl < S; ++sl) pack_a_from_c<T, N / 8>(a[sl], p[sl], j);
+#pragma unroll
+    for (int dp = 0; dp < HS / 16; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, base + uint32_t((j * 16 * ldw + dp * 16) * sizeof(T)));
+#pragma unroll
+      for (int sl = 0; sl < S; ++sl) {
+        mma16816<T>(acc[sl][2 * dp], a[sl], b[0], b[1]);
+        mma16816<T>(acc[sl][2 * dp + 1], a[sl], b[2], b[3]);
+      }
+    }
+  }
+}
+
 template <class T, int HS>
 __global__ void __launch_bounds__(kThreads) flash2_fwd_kernel(FwdParams<T> p) {
+  constexpr int LT = ld_tile<HS>(), S = fwd_slices<HS>(), TQ = fwd_tile_q<HS>();
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int LT = ld_tile<HS>();
-  T* sQ = reinterpret_cast<T*>(smem);  // (kTileQ, LT)
-  T* sK = sQ + kTileQ * LT;            // 2 x (kTileK, LT)
+  T* sQ = reinterpret_cast<T*>(smem);  // (TQ, LT)
+  T* sK = sQ + TQ * LT;                // 2 x (kTileK, LT)
   T* sV = sK + 2 * kTileK * LT;        // 2 x (kTileK, LT)
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int bh = blockIdx.x, h = bh % p.NH;
   const int64_t b = bh / p.NH;
-  const int64_t nq = (p.T_ + kTileQ - 1) / kTileQ;
-  const int64_t q0 = (nq - 1 - blockIdx.y) * kTileQ;  // heaviest (last) query tiles first
+  const int64_t nq = (p.T_ + TQ - 1) / TQ;
+  const int64_t q0 = (nq - 1 - blockIdx.y) * TQ;  // heaviest (last) query tiles first
   const int kh = h / (p.NH / p.NKV);
   const int64_t W = int64_t(p.NH + 2 * p.NKV) * HS;
   const T* gQ = p.qkv + b * p.T_ * W + int64_t(h) * HS;
   const T* gK = p.qkv + b * p.T_ * W + int64_t(p.NH + kh) * HS;
   const T* gV = gK + int64_t(p.NKV) * HS;
-  const int64_t last = imin64(q0 + kTileQ - 1, p.T_ - 1);
+  const int64_t last = imin64(q0 + TQ - 1, p.T_ - 1);
   const int n_kv = int(last / kTileK) + 1;
+  // Key tiles from here on reach past the tile's first row (or past T) and
+  // are masked; the ones before are entirely visible.
+  const int first_masked = int(q0 / kTileK);
 
-  cp_async_tile<T, kTileQ, HS>(sQ, gQ + q0 * W, W, int(imin64(kTileQ, p.T_ - q0)));
+  cp_async_tile<T, TQ, HS>(sQ, gQ + q0 * W, W, int(imin64(TQ, p.T_ - q0)));
   cp_async_tile<T, kTileK, HS>(sK, gK, W, int(imin64(kTileK, p.T_)));
   cp_async_tile<T, kTileK, HS>(sV, gV, W, int(imin64(kTileK, p.T_)));
   cp_async_commit();
 
-  const int64_t q_lo = q0 + warp * 16 + (lane >> 2);  // the thread's rows: q_lo, q_lo + 8
-  uint64_t drow[2] = {0, 0};
-  if (p.drop.p != 0.f)
-    for (int r = 0; r < 2; ++r)
-      drow[r] = dropout_attn_row(p.drop.stream, p.drop.sample0 + b, p.drop.head0 + h, q_lo + 8 * r);
-  float o[HS / 8][4];
-  zero_acc(o);
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  uint32_t qa[HS / 16][4];
+  // The thread's rows: q_lo[i] and q_lo[i] + 8 of slice i.
+  const T* sQw = sQ + warp * 16 * S * LT;
+  int64_t q_lo[S];
+  uint64_t drow[S][2];
+  float o[S][HS / 8][4], m[S][2], l[S][2];
+#pragma unroll
+  for (int sl = 0; sl < S; ++sl) {
+    q_lo[sl] = q0 + (warp * S + sl) * 16 + (lane >> 2);
+    zero_acc(o[sl]);
+    for (int r = 0; r < 2; ++r) {
+      m[sl][r] = -INFINITY;
+      l[sl][r] = 0.f;
+      drow[sl][r] = p.drop.p != 0.f
+                        ? dropout_attn_row(p.drop.stream, p.drop.sample0 + b, p.drop.head0 + h, q_lo[sl] + 8 * r)
+                        : 0;
+    }
+  }
+  uint32_t qa[HS / 16][4];  // S == 1: the Q fragments, loaded once
 
   for (int j = 0; j < n_kv; ++j) {
     const int buf = j & 1;
@@ -144,16 +221,24 @@ __global__ void __launch_bounds__(kThreads) flash2_fwd_kernel(FwdParams<T> p) {
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (j == 0) load_a_frags<HS>(qa, sQ + warp * 16 * LT, LT * int(sizeof(T)));
     const T* K = sK + buf * kTileK * LT;
     const T* V = sV + buf * kTileK * LT;
-    float s[kTileK / 8][4];
-    zero_acc(s);
-    gemm_abt<T, HS, kTileK>(s, qa, K, LT);
     const int64_t kv0 = int64_t(j) * kTileK;
-    if (j == n_kv - 1) mask_tile(s, q_lo, kv0, p.T_);
-    softmax_tile<T, HS>(p, s, o, m, l, drow, kv0);
-    gemm_pw<T, kTileK, HS>(o, s, V, LT);
+    float s[S][kTileK / 8][4];
+#pragma unroll
+    for (int sl = 0; sl < S; ++sl) zero_acc(s[sl]);
+    if constexpr (S == 1) {
+      if (j == 0) load_a_frags<HS>(qa, sQw, LT * int(sizeof(T)));
+      gemm_abt<T, HS, kTileK>(s[0], qa, K, LT);
+    } else {
+      gemm_abt_slices<T, HS, kTileK, S>(s, sQw, LT, K, LT);
+    }
+#pragma unroll
+    for (int sl = 0; sl < S; ++sl) {
+      if (j >= first_masked) mask_tile(s[sl], q_lo[sl], kv0, p.T_);
+      softmax_tile<T, HS>(p, s[sl], o[sl], m[sl], l[sl], drow[sl], kv0);
+    }
+    gemm_pw_slices<T, kTileK, HS, S>(o, s, V, LT);
     __syncthreads();  // buffer `buf` is refilled by the prefetch of the next iteration
   }
 
@@ -161,16 +246,18 @@ __global__ void __launch_bounds__(kThreads) flash2_fwd_kernel(FwdParams<T> p) {
   const int t = lane & 3;
   T* gO = p.out + b * p.T_ * int64_t(p.NH) * HS + int64_t(h) * HS;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t q = q_lo + 8 * r;
-    if (q >= p.T_) continue;
-    const float inv = 1.0f / l[r];
-    T* out = gO + q * int64_t(p.NH) * HS + 2 * t;
+  for (int sl = 0; sl < S; ++sl)
 #pragma unroll
-    for (int n = 0; n < HS / 8; ++n)
-      *reinterpret_cast<uint32_t*>(out + 8 * n) = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    if (t == 0) p.lse[(b * p.NH + h) * p.T_ + q] = m[r] * p.scale + logf(l[r]);
-  }
+    for (int r = 0; r < 2; ++r) {
+      const int64_t q = q_lo[sl] + 8 * r;
+      if (q >= p.T_) continue;
+      const float inv = 1.0f / l[sl][r];
+      T* out = gO + q * int64_t(p.NH) * HS + 2 * t;
+#pragma unroll
+      for (int n = 0; n < HS / 8; ++n)
+        *reinterpret_cast<uint32_t*>(out + 8 * n) = pack2<T>(o[sl][n][2 * r] * inv, o[sl][n][2 * r + 1] * inv);
+      if (t == 0) p.lse[(b * p.NH + h) * p.T_ + q] = m[sl][r] * p.scale + logf(l[sl][r]);
+    }
 }
 
 template <class T, int HS>
@@ -181,7 +268,7 @@ std::string launch_fwd(const AttentionArgs& a, const AttnShape& sh, const Stream
   if (std::string why = flash::prepare_smem(kernel, smem); !why.empty()) return why;
   FwdParams<T> p{a.out.data<T>(), a.lse.data<float>(), a.qkv.data<T>(), sh.T, sh.NH, sh.NKV, int(sh.B),
                  1.0f / sqrtf(float(HS)), a.dropout, dropout_threshold(a.dropout.p), dropout_scale(a.dropout.p)};
-  dim3 grid(unsigned(sh.B * sh.NH), unsigned((sh.T + kTileQ - 1) / kTileQ));
+  dim3 grid(unsigned(sh.B * sh.NH), unsigned((sh.T + fwd_tile_q<HS>() - 1) / fwd_tile_q<HS>()));
   kernel<<<grid, kThreads, smem, stream_of(s)>>>(p);
   DS_CUDA_CHECK_LAUNCH();
   return "";

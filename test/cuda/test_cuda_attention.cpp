@@ -31,9 +31,10 @@ struct AttnCase {
 const AttnCase kCases[] = {
     {1, 1, 1, 64}, {2, 37, 3, 64}, {1, 130, 2, 128}, {2, 65, 2, 32}, {1, 257, 1, 128},
     {1, 200, 2, 64}, {2, 70, 4, 64, 2}, {1, 130, 6, 128, 2}, {1, 65, 4, 32, 1}, {1, 200, 4, 64, 1},
-    // flash2 streams 32-row query tiles in its HS-128 dK/dV kernel and
-    // double-buffers every tile: lengths around those boundaries.
-    {1, 64, 2, 128}, {1, 96, 2, 128, 1}, {1, 129, 2, 64}, {2, 191, 2, 128},
+    // flash2 streams 32-row query tiles in its HS-128 dK/dV kernel, runs
+    // 128-row query tiles in its HS-64 forward and double-buffers every
+    // tile: lengths around those boundaries.
+    {1, 64, 2, 128}, {1, 96, 2, 128, 1}, {1, 129, 2, 64}, {2, 191, 2, 128}, {1, 300, 2, 64},
 };
 
 // The path a case is expected to take.
