@@ -17,6 +17,9 @@
 // So a tile pair costs 7 GEMMs (FA2 with float atomics on dQ: 5); the two
 // recomputed ones buy a dQ that is bit-for-bit repeatable without atomics and
 // without a (T / 64) x T x HS partial buffer; docs/cuda.md, "Attention".
+// Opt-in ordered-dQ mode (Flash2Dq::Ordered, 5 GEMMs): kernel 2 also adds
+// dS K to an f32 dQ accumulator in key-tile order (dq_ordered_add), kernel 3
+// is replaced by a scaling copy.
 // P is recomputed exactly from the saved lse (exp2 of pre-scaled scores).
 // Dropout redraws the forward's mask factor md per (query, key):
 // dV += (P md)^T dO, dS = P (md dP - D) (lib/ops/dropout_mask.h).

@@ -2,7 +2,8 @@
 // (flash2_fwd.cu, flash2_bwd.cu): the tensor-core instruction
 // mma.sync.m16n8k16 (bf16 or f16 in, f32 accumulate), ldmatrix fragment
 // loads from shared memory, cp.async tile copies with commit/wait groups, and
-// the two warp-level GEMM shapes every flash2 kernel is built from.
+// the two warp-level GEMM shapes the flash2 kernels are built from
+// (flash2_fwd.cu adds variants that feed several 16-row slices per B load).
 //
 // Fragment layouts of m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16").
 // In a warp, lane = 4 * g + t: g = lane / 4 (0..7) is the "group", t = lane % 4
