@@ -42,16 +42,23 @@ double scalar_value(const Tensor& t) {
 }
 }  // namespace
 
+// On the GPU the collective is stream-ordered; the read of the result is the
+// one host wait (the upload is another). raise_if_failed after the read: a
+// value an aborted operation left behind is never returned.
 double Communicator::all_reduce_scalar(double v, Device dev, ReduceOp op) {
   Tensor t = scalar_tensor(v, dev);
   all_reduce(t, op);
-  return scalar_value(t);
+  const double r = scalar_value(t);
+  raise_if_failed();
+  return r;
 }
 
 double Communicator::broadcast_scalar(double v, Device dev, int root) {
   Tensor t = scalar_tensor(v, dev);
   broadcast(t, root);
-  return scalar_value(t);
+  const double r = scalar_value(t);
+  raise_if_failed();
+  return r;
 }
 
 void Communicator::all_reduce(const Tensor& t, ReduceOp op) {

@@ -25,8 +25,10 @@
 //   so results are bit-identical across runs, across members, and between
 //   all_reduce and reduce_scatter. NCCL is deterministic for a fixed NCCL
 //   version, topology and NCCL_ALGO/NCCL_PROTO, in its own order.
-// - The raw and Tensor forms are blocking on both backends (NCCL: enqueued on
-//   the communicator's stream, set_stream, then polled until done).
+// - The raw and Tensor forms are blocking: Gloo on the host; NCCL in stream
+//   order (enqueued on the communicator's stream, set_stream, without a host
+//   wait: later work on that stream sees the result; a watchdog bounds each
+//   op, see nccl_communicator.h). barrier() waits on the host on both.
 // - Asynchronous forms (iall_reduce, ..., or submit() around any blocking op)
 //   return a CommHandle (comm_handle.h). Issue order per group is preserved:
 //   Gloo runs them one at a time on the group's communication thread; NCCL
@@ -114,6 +116,14 @@ class Communicator {
   virtual void set_stream(Stream s) {}
   virtual Stream stream() const { return {}; }
   virtual void synchronize() {}  // wait until enqueued ops finished
+  // NCCL: throws the error the watchdog found (a failed or timed-out op on any
+  // group of the world), if any; cheap. Callers that read back data an op
+  // produced call it after the read, so a value from an aborted op is never used.
+  virtual void raise_if_failed() {}
+  // NCCL: true when a watchdog bounds every enqueued op, so a plain device
+  // synchronisation behind NCCL work cannot hang forever (false with
+  // DS_NCCL_BLOCKING_WAIT=1, and for Gloo, whose ops block on the host).
+  virtual bool watchdog_guarded() const { return false; }
 
   // Tensor forms: check device, dtype and sizes, then call the raw forms.
   void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum);

@@ -424,11 +424,15 @@ void Trainer::read_step_stats(double* loss_sum, double* norm_scaled, int* overfl
   model_->set_loss_sink(Tensor());
   int64_t rows = 0;
   for (const Tensor& t : step_targets_) rows += t.numel();
-  // Several GPU ranks: the compute stream may wait on NCCL operations, and a
-  // plain device synchronisation would hang for good if a peer died, so the
-  // host first polls the stream with NCCL's error and DS_COMM_TIMEOUT checks.
-  if (dev_.is_cuda() && comms_.world->size() > 1) (sdp_ > 1 ? *comms_.sdp : *comms_.world).synchronize();
+  // Several GPU ranks: the compute stream may wait on NCCL operations. The
+  // NCCL watchdog bounds each of them (a dead peer ends the process), so the
+  // read below cannot hang for good; without it (DS_NCCL_BLOCKING_WAIT=1) a
+  // plain device synchronisation could, so the host first polls the stream
+  // with NCCL's error and DS_COMM_TIMEOUT checks.
+  Communicator& guard = sdp_ > 1 ? *comms_.sdp : *comms_.world;
+  if (dev_.is_cuda() && comms_.world->size() > 1 && !guard.watchdog_guarded()) guard.synchronize();
   const Tensor host = step_stats_.view(0, {2 + rows}).to(Device::cpu());
+  guard.raise_if_failed();  // values from an aborted operation are never used
   const float* v = host.data<float>();
   *norm_scaled = std::sqrt(static_cast<double>(v[0]));
   *overflow_flag = scaler_ ? (v[1] != 0.f ? 1 : 0) : -1;
@@ -549,14 +553,17 @@ double Trainer::dp_mean(double local) {
   if (sdp_ == 1) return local;
 #ifdef DS_WITH_CUDA
   if (dev_.is_cuda()) {
-    // all_reduce_scalar's f32 all-reduce with two host synchronisations
-    // instead of three: the value goes up through pinned staging (no wait),
-    // then the NCCL op's poll and the read of the sum.
+    // all_reduce_scalar's f32 all-reduce with one host synchronisation
+    // instead of two: the value goes up through pinned staging (no wait),
+    // the all-reduce is stream-ordered (bounded by the NCCL watchdog; polled
+    // with DS_NCCL_BLOCKING_WAIT=1), and the read of the sum is the wait.
     const float v = static_cast<float>(local);
     Tensor t = Tensor::empty({1}, DType::F32, dev_);
     cuda::upload_async(t.raw(), &v, sizeof v);
-    comms_.sdp->all_reduce(t);  // polled: a dead peer ends the job with an error, never a hang
-    return static_cast<double>(t.to(Device::cpu()).data<float>()[0]) / sdp_;
+    comms_.sdp->all_reduce(t);
+    const double sum = static_cast<double>(t.to(Device::cpu()).data<float>()[0]);
+    comms_.sdp->raise_if_failed();
+    return sum / sdp_;
   }
 #endif
   return comms_.sdp->all_reduce_scalar(local, dev_) / sdp_;

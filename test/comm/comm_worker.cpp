@@ -408,6 +408,8 @@ int main(int argc, char** argv) {
       {"die_in_join", scenario_die_in_join},
       {"die_in_collective", scenario_die_in_collective},
       {"nccl", test::nccl_scenario},
+      {"nccl_watchdog_timeout", test::nccl_watchdog_timeout_scenario},
+      {"nccl_dead_peer", test::nccl_dead_peer_scenario},
       {"bench", scenario_bench},
       {"async", scenario_async},
       {"async_fail", scenario_async_fail},

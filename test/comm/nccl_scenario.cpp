@@ -2,8 +2,11 @@
 // reduction order (NCCL does not promise ours).
 #include "test/comm/nccl_scenario.h"
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -13,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "lib/comm/nccl/nccl_communicator.h"
+#include "lib/core/sync_counter.h"
 #endif
 
 namespace ds::test {
@@ -22,6 +26,8 @@ int nccl_scenario() {
   std::printf("SKIP: built without CUDA/NCCL\n");
   return kScenarioSkipped;
 }
+int nccl_watchdog_timeout_scenario() { return nccl_scenario(); }
+int nccl_dead_peer_scenario() { return nccl_scenario(); }
 #else
 namespace {
 
@@ -131,6 +137,63 @@ void run_async_checks(Communicator& c) {
   for (CommHandle& h : hs) NCHECK(h.ready(), "handle not ready after synchronize");
 }
 
+// Blocking ops are stream-ordered: a run of them enqueues without a single
+// host synchronisation, a copy queued behind them on the same stream reads
+// their result, and the watchdog sees every op complete.
+void run_stream_order_checks(NcclCommunicator& c) {
+  NCHECK(c.watchdog() != nullptr && c.watchdog_guarded(), "no watchdog on group '{}' by default", c.name());
+  const int n = c.size(), me = c.rank();
+  const int64_t count = 4097;
+  const int reps = 16;
+  DevBuf a(inputs(me, count)), copy{std::vector<float>(count)};
+  const int64_t before = host_sync_count();
+  for (int k = 0; k < reps; ++k) c.all_reduce(a.p, count, DType::F32, ReduceOp::Max);  // idempotent after the first
+  c.all_reduce(a.p, count, DType::F32, ReduceOp::Sum);
+  const int64_t syncs = host_sync_count() - before;
+  NCHECK(syncs == 0, "{} host synchronisations for {} stream-ordered all_reduces", syncs, reps + 1);
+  cudaStream_t st = static_cast<cudaStream_t>(c.stream().handle);
+  if (cudaMemcpyAsync(copy.p, a.p, count * 4, cudaMemcpyDeviceToDevice, st) != cudaSuccess)
+    throw std::runtime_error("cudaMemcpyAsync");
+  const std::vector<float> h = copy.host();  // a synchronous copy: the stream's work is done
+  for (int64_t i = 0; i < count; ++i) {
+    float m = ival(0, i);
+    for (int r = 1; r < n; ++r) m = std::max(m, ival(r, i));
+    NCHECK(h[i] == m * n, "stream-ordered all_reduce then copy, i={}: {} vs {}", i, h[i], m * n);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (c.watchdog()->pending() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  NCHECK(c.watchdog()->pending() == 0, "the watchdog still tracks {} completed ops", c.watchdog()->pending());
+  c.raise_if_failed();
+}
+
+// DS_NCCL_BLOCKING_WAIT=1 (a world of one built here): no watchdog, and the
+// host polls after each op, one counted synchronisation per op. A value
+// other than 0/1 is a user error naming the variable.
+void run_blocking_wait_checks() {
+  setenv("DS_NCCL_BLOCKING_WAIT", "yes", 1);
+  bool refused = false;
+  try {
+    NcclCommunicator::create_world(nullptr, 0, 1, 0);
+  } catch (const UserError& e) {
+    refused = std::string(e.what()).find("DS_NCCL_BLOCKING_WAIT") != std::string::npos;
+  }
+  NCHECK(refused, "DS_NCCL_BLOCKING_WAIT=yes was not refused naming the variable");
+  setenv("DS_NCCL_BLOCKING_WAIT", "1", 1);
+  auto c = NcclCommunicator::create_world(nullptr, 0, 1, 0);
+  unsetenv("DS_NCCL_BLOCKING_WAIT");
+  NCHECK(c->watchdog() == nullptr && !c->watchdog_guarded(), "DS_NCCL_BLOCKING_WAIT=1 kept the watchdog");
+  const int64_t count = 1031;
+  const int ops = 5;
+  DevBuf a(inputs(0, count));
+  const int64_t before = host_sync_count();
+  for (int k = 0; k < ops; ++k) c->all_reduce(a.p, count, DType::F32, ReduceOp::Sum);
+  const int64_t syncs = host_sync_count() - before;
+  NCHECK(syncs == ops, "DS_NCCL_BLOCKING_WAIT=1: {} host synchronisations for {} ops", syncs, ops);
+  const std::vector<float> h = a.host();
+  for (int64_t i = 0; i < count; ++i) NCHECK(h[i] == ival(0, i), "blocking-wait all_reduce i={}", i);
+}
+
 }  // namespace
 
 int nccl_scenario() {
@@ -142,10 +205,72 @@ int nccl_scenario() {
   auto world = make_world_communicator(Backend::Nccl, RendezvousInfo::from_env());
   run_checks(*world);
   run_async_checks(*world);
+  run_stream_order_checks(dynamic_cast<NcclCommunicator&>(*world));
+  if (world->size() == 1) run_blocking_wait_checks();
   auto self = world->split({world->rank()}, "self/" + std::to_string(world->rank()));
   run_checks(*self);
   std::printf("rank %d: NCCL checks passed on %d rank(s)\n", world->rank(), world->size());
   return 0;
+}
+
+namespace {
+
+bool no_device() {
+  std::string why;
+  if (cuda_device_count(&why) > 0) return false;
+  std::printf("SKIP: no CUDA device for the NCCL checks (%s)\n", why.c_str());
+  return true;
+}
+
+// Abort mode: the error the training thread threw, printed; the process ends
+// here, without unwinding into the aborted communicators.
+[[noreturn]] void report_and_exit(const std::exception& e) {
+  std::printf("ERROR: %s\n", e.what());
+  std::fflush(nullptr);
+  std::_Exit(2);
+}
+
+}  // namespace
+
+int nccl_watchdog_timeout_scenario() {
+  if (no_device()) return kScenarioSkipped;
+  auto world = make_world_communicator(Backend::Nccl, RendezvousInfo::from_env());
+  DevBuf a(inputs(0, 1000));
+  try {
+    // A sleeping host function holds the stream, so the all_reduce queued
+    // behind it cannot complete within DS_COMM_TIMEOUT.
+    cudaHostFn_t hold = [](void*) { std::this_thread::sleep_for(std::chrono::seconds(4)); };
+    if (cudaLaunchHostFunc(static_cast<cudaStream_t>(world->stream().handle), hold, nullptr) != cudaSuccess)
+      throw std::runtime_error("cudaLaunchHostFunc");
+    world->all_reduce(a.p, 1000, DType::F32, ReduceOp::Sum);  // stream-ordered: returns at once
+    std::printf("all_reduce enqueued\n");
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // the watchdog ends the process meanwhile
+    world->all_reduce(a.p, 1000, DType::F32, ReduceOp::Sum);       // or (abort mode) this throws its error
+  } catch (const std::exception& e) {
+    report_and_exit(e);
+  }
+  std::printf("FAIL: no watchdog error after the deadline\n");
+  std::fflush(nullptr);
+  std::_Exit(1);
+}
+
+int nccl_dead_peer_scenario() {
+  if (no_device()) return kScenarioSkipped;
+  auto world = make_world_communicator(Backend::Nccl, RendezvousInfo::from_env());
+  world->barrier();
+  const char* die = std::getenv("DS_TEST_DIE_RANK");
+  if (die && std::atoi(die) == world->rank()) std::_Exit(3);
+  DevBuf a(inputs(world->rank(), 100000));
+  try {
+    for (int i = 0; i < 50; ++i) world->all_reduce(a.p, 100000, DType::F32, ReduceOp::Sum);
+    world->synchronize();  // the host waits here until the watchdog ends the process (or throws)
+  } catch (const std::exception& e) {
+    report_and_exit(e);
+  }
+  std::printf("FAIL: all_reduce with a dead peer completed\n");
+  std::fflush(nullptr);
+  std::_Exit(1);
 }
 #endif
 

@@ -6,7 +6,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <thread>
 
 #include "lib/comm/group_util.h"
@@ -37,7 +39,42 @@ ncclDataType_t nccl_type(DType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
 
+// A 0/1 environment switch; `fallback` when unset or empty.
+bool env_flag(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  const std::string s(v);
+  DS_USER_CHECK(s == "0" || s == "1", "environment variable {}='{}' must be 0 or 1", name, s);
+  return s == "1";
+}
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
+
+// Around the NCCL calls of one op: the group's lock (so the watchdog never
+// aborts the communicator under a running call) and the enqueue clock (so a
+// call that never returns is reported as a timeout). The watchdog's failure
+// is checked first: nothing is enqueued on a failed world.
+class NcclCommunicator::Enqueue {
+ public:
+  Enqueue(NcclCommunicator& c, const char* what) : c_(c) {
+    c.raise_if_failed();
+    lk_ = std::unique_lock<std::mutex>(c.gs_->mu);
+    DS_CHECK(c.gs_->comm, "NCCL {} on group '{}' after the communicator was aborted", what, c.name_);
+    c.gs_->enqueue_what.store(what);
+    c.gs_->enqueue_since_ns.store(steady_ns(), std::memory_order_release);
+  }
+  ~Enqueue() { c_.gs_->enqueue_since_ns.store(0, std::memory_order_release); }
+  ncclComm_t comm() const { return as_comm(c_.gs_->comm); }
+
+ private:
+  NcclCommunicator& c_;
+  std::unique_lock<std::mutex> lk_;
+};
 
 int cuda_device_count(std::string* why) {
   int n = 0;
@@ -53,7 +90,8 @@ int cuda_device_count(std::string* why) {
 void NcclCommunicator::check(int result, const char* what) {
   auto r = static_cast<ncclResult_t>(result);
   if (r == ncclSuccess) return;
-  const char* last = comm_ ? nccl().GetLastError(as_comm(comm_)) : nccl().GetLastError(nullptr);
+  void* comm = gs_ ? gs_->comm : nullptr;  // callers hold the group's lock
+  const char* last = nccl().GetLastError(as_comm(comm));
   DS_THROW("NCCL {} on group '{}' (rank {} of {}, device {}) failed: {}{}{}", what, name_, rank_,
            size_, device_, nccl().GetErrorString(r), last && *last ? ": " : "", last ? last : "");
 }
@@ -75,6 +113,10 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create_world(std::shared_ptr
   for (int r = 0; r < size; ++r) c->world_ranks_.push_back(r);
   DS_CUDA_CHECK(cudaSetDevice(c->device_));
   DS_CHECK(size == 1 || c->store_, "an NCCL world of {} ranks needs a store", size);
+  // Read before any NCCL work, so a malformed value is a user error at start-up.
+  const bool blocking_wait = env_flag("DS_NCCL_BLOCKING_WAIT", false);
+  const bool exit_process = env_flag("DS_NCCL_WATCHDOG_EXIT", true);
+  if (!blocking_wait) c->watchdog_ = std::make_shared<NcclWatchdog>(c->device_, exit_process);
   c->init_comm();
   return c;
 }
@@ -92,17 +134,41 @@ void NcclCommunicator::init_comm() {
     std::memcpy(&id, v.data(), sizeof(id));
   }
   DS_CUDA_CHECK(cudaSetDevice(device_));
+  gs_ = std::make_shared<NcclGroupState>();
+  gs_->name = name_;
+  gs_->rank = rank_;
+  gs_->size = size_;
+  gs_->device = device_;
+  gs_->timeout = op_timeout_;
   ncclComm_t comm = nullptr;
   check(nccl().CommInitRank(&comm, size_, id, rank_), "ncclCommInitRank");
-  comm_ = comm;
+  gs_->comm = comm;
   DS_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+  if (watchdog_) watchdog_->add_group(gs_);
 }
 
+// Ops may still be queued (they are stream-ordered). On a normal destruction
+// they are waited for while the watchdog still watches them (ncclCommDestroy
+// would flush them unwatched); while an exception unwinds, peers may have
+// given up, so the communicator is aborted instead of flushed.
 NcclCommunicator::~NcclCommunicator() {
+  const bool unwinding = std::uncaught_exceptions() > 0;
+  const bool healthy = gs_ && gs_->comm && !(watchdog_ && watchdog_->failed());
+  if (healthy && !unwinding) {
+    cudaStreamSynchronize(as_stream(stream_));
+    if (comm_stream_) cudaStreamSynchronize(static_cast<cudaStream_t>(comm_stream_));
+  }
+  if (watchdog_ && gs_) watchdog_->remove_group(gs_.get());
   if (last_async_) cudaEventDestroy(static_cast<cudaEvent_t>(last_async_));
   if (comm_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(comm_stream_));
   if (scratch_) cudaFree(scratch_);
-  if (comm_) nccl().CommDestroy(as_comm(comm_));
+  if (!gs_) return;
+  std::lock_guard<std::mutex> lk(gs_->mu);
+  if (gs_->comm) {
+    if (unwinding) nccl().CommAbort(as_comm(gs_->comm));
+    else nccl().CommDestroy(as_comm(gs_->comm));
+  }
+  gs_->comm = nullptr;
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(const std::vector<int>& ranks,
@@ -117,6 +183,7 @@ std::unique_ptr<Communicator> NcclCommunicator::split(const std::vector<int>& ra
   c->device_ = device_;
   c->op_timeout_ = op_timeout_;
   c->stream_ = stream_;
+  c->watchdog_ = watchdog_;
   for (int r : ranks) c->world_ranks_.push_back(world_ranks_[r]);
   if (c->size_ > 1) {
     DS_CHECK(store_, "group '{}' needs the store", c->name_);
@@ -128,26 +195,37 @@ std::unique_ptr<Communicator> NcclCommunicator::split(const std::vector<int>& ra
 
 void NcclCommunicator::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) {
   if (count == 0) return;
-  check(nccl().AllReduce(data, data, count, nccl_type(dtype), nccl_op(op), as_comm(comm_),
-                      static_cast<cudaStream_t>(op_stream())), "all_reduce");
-  wait("all_reduce");
+  void* st = op_stream();
+  {
+    Enqueue q(*this, "all_reduce");
+    check(nccl().AllReduce(data, data, count, nccl_type(dtype), nccl_op(op), q.comm(), static_cast<cudaStream_t>(st)),
+          "all_reduce");
+  }
+  finish("all_reduce", st);
 }
 
 void NcclCommunicator::reduce_scatter(const void* input, void* output, int64_t count_per_rank,
                                       DType dtype, ReduceOp op) {
   if (count_per_rank == 0) return;
-  check(nccl().ReduceScatter(input, output, count_per_rank, nccl_type(dtype), nccl_op(op),
-                          as_comm(comm_), static_cast<cudaStream_t>(op_stream())), "reduce_scatter");
-  wait("reduce_scatter");
+  void* st = op_stream();
+  {
+    Enqueue q(*this, "reduce_scatter");
+    check(nccl().ReduceScatter(input, output, count_per_rank, nccl_type(dtype), nccl_op(op), q.comm(),
+                               static_cast<cudaStream_t>(st)), "reduce_scatter");
+  }
+  finish("reduce_scatter", st);
 }
 
 void NcclCommunicator::all_gather(const void* input, void* output, int64_t count_per_rank,
                                   DType dtype) {
   size_t bytes = count_per_rank * dtype_size(dtype);
   if (bytes == 0) return;
-  check(nccl().AllGather(input, output, bytes, ncclUint8, as_comm(comm_), static_cast<cudaStream_t>(op_stream())),
-        "all_gather");
-  wait("all_gather");
+  void* st = op_stream();
+  {
+    Enqueue q(*this, "all_gather");
+    check(nccl().AllGather(input, output, bytes, ncclUint8, q.comm(), static_cast<cudaStream_t>(st)), "all_gather");
+  }
+  finish("all_gather", st);
 }
 
 // NCCL has no all-to-all: one send and one receive per peer inside a group
@@ -161,15 +239,21 @@ void NcclCommunicator::all_to_all(const void* input, void* output, int64_t count
   DS_CUDA_CHECK(cudaMemcpyAsync(out + rank_ * bytes, in + rank_ * bytes, bytes, cudaMemcpyDeviceToDevice,
                                 st));
   if (size_ > 1) {
+    Enqueue q(*this, "all_to_all");
     check(nccl().GroupStart(), "all_to_all group start");
-    for (int p = 0; p < size_; ++p) {
+    // Errors inside the group are reported after ncclGroupEnd, which must
+    // always follow ncclGroupStart.
+    ncclResult_t first = ncclSuccess;
+    for (int p = 0; p < size_ && first == ncclSuccess; ++p) {
       if (p == rank_) continue;
-      check(nccl().Send(in + p * bytes, bytes, ncclUint8, p, as_comm(comm_), st), "all_to_all send");
-      check(nccl().Recv(out + p * bytes, bytes, ncclUint8, p, as_comm(comm_), st), "all_to_all recv");
+      first = nccl().Send(in + p * bytes, bytes, ncclUint8, p, q.comm(), st);
+      if (first == ncclSuccess) first = nccl().Recv(out + p * bytes, bytes, ncclUint8, p, q.comm(), st);
     }
-    check(nccl().GroupEnd(), "all_to_all group end");
+    const ncclResult_t end = nccl().GroupEnd();
+    check(first, "all_to_all send/recv");
+    check(end, "all_to_all group end");
   }
-  wait("all_to_all");
+  finish("all_to_all", st);
 }
 
 void NcclCommunicator::broadcast(void* data, int64_t count, DType dtype, int root) {
@@ -177,9 +261,12 @@ void NcclCommunicator::broadcast(void* data, int64_t count, DType dtype, int roo
            size_);
   size_t bytes = count * dtype_size(dtype);
   if (bytes == 0) return;
-  check(nccl().Broadcast(data, data, bytes, ncclUint8, root, as_comm(comm_), static_cast<cudaStream_t>(op_stream())),
-        "broadcast");
-  wait("broadcast");
+  void* st = op_stream();
+  {
+    Enqueue q(*this, "broadcast");
+    check(nccl().Broadcast(data, data, bytes, ncclUint8, root, q.comm(), static_cast<cudaStream_t>(st)), "broadcast");
+  }
+  finish("broadcast", st);
 }
 
 void NcclCommunicator::send(const void* data, int64_t count, DType dtype, int dst) {
@@ -187,8 +274,12 @@ void NcclCommunicator::send(const void* data, int64_t count, DType dtype, int ds
            rank_, name_);
   size_t bytes = count * dtype_size(dtype);
   if (bytes == 0) return;
-  check(nccl().Send(data, bytes, ncclUint8, dst, as_comm(comm_), static_cast<cudaStream_t>(op_stream())), "send");
-  wait("send");
+  void* st = op_stream();
+  {
+    Enqueue q(*this, "send");
+    check(nccl().Send(data, bytes, ncclUint8, dst, q.comm(), static_cast<cudaStream_t>(st)), "send");
+  }
+  finish("send", st);
 }
 
 void NcclCommunicator::recv(void* data, int64_t count, DType dtype, int src) {
@@ -196,8 +287,12 @@ void NcclCommunicator::recv(void* data, int64_t count, DType dtype, int src) {
            rank_, name_);
   size_t bytes = count * dtype_size(dtype);
   if (bytes == 0) return;
-  check(nccl().Recv(data, bytes, ncclUint8, src, as_comm(comm_), static_cast<cudaStream_t>(op_stream())), "recv");
-  wait("recv");
+  void* st = op_stream();
+  {
+    Enqueue q(*this, "recv");
+    check(nccl().Recv(data, bytes, ncclUint8, src, q.comm(), static_cast<cudaStream_t>(st)), "recv");
+  }
+  finish("recv", st);
 }
 
 // NCCL matches the k-th send from A to B with the k-th receive on B from A.
@@ -222,41 +317,61 @@ void NcclCommunicator::batch_send_recv(const std::vector<P2POp>& ops) {
   bool any = false;
   for (const P2POp& op : ops) any |= op.count * dtype_size(op.dtype) > 0;
   if (!any) return;
-  // Errors inside the group are collected and reported after ncclGroupEnd,
-  // which must always be called once ncclGroupStart was.
-  check(nccl().GroupStart(), "ncclGroupStart (batch_send_recv)");
-  ncclResult_t first = ncclSuccess;
-  const char* what = "";
-  for (int channel = 0; channel < 2; ++channel) {
-    for (const P2POp& op : ops) {
-      const size_t bytes = op.count * dtype_size(op.dtype);
-      if (op.channel != channel || bytes == 0) continue;
-      ncclResult_t r = op.is_send ? nccl().Send(op.data, bytes, ncclUint8, op.peer, as_comm(comm_),
-                                             static_cast<cudaStream_t>(op_stream()))
-                                  : nccl().Recv(op.data, bytes, ncclUint8, op.peer, as_comm(comm_),
-                                             static_cast<cudaStream_t>(op_stream()));
-      if (r != ncclSuccess && first == ncclSuccess) {
-        first = r;
-        what = op.is_send ? "send (batch_send_recv)" : "recv (batch_send_recv)";
+  void* st = op_stream();
+  {
+    Enqueue q(*this, "batch_send_recv");
+    // Errors inside the group are collected and reported after ncclGroupEnd,
+    // which must always be called once ncclGroupStart was.
+    check(nccl().GroupStart(), "ncclGroupStart (batch_send_recv)");
+    ncclResult_t first = ncclSuccess;
+    const char* what = "";
+    for (int channel = 0; channel < 2; ++channel) {
+      for (const P2POp& op : ops) {
+        const size_t bytes = op.count * dtype_size(op.dtype);
+        if (op.channel != channel || bytes == 0) continue;
+        ncclResult_t r = op.is_send
+                             ? nccl().Send(op.data, bytes, ncclUint8, op.peer, q.comm(), static_cast<cudaStream_t>(st))
+                             : nccl().Recv(op.data, bytes, ncclUint8, op.peer, q.comm(), static_cast<cudaStream_t>(st));
+        if (r != ncclSuccess && first == ncclSuccess) {
+          first = r;
+          what = op.is_send ? "send (batch_send_recv)" : "recv (batch_send_recv)";
+        }
       }
     }
+    ncclResult_t end = nccl().GroupEnd();
+    check(first, what);
+    check(end, "ncclGroupEnd (batch_send_recv)");
   }
-  ncclResult_t end = nccl().GroupEnd();
-  check(first, what);
-  check(end, "ncclGroupEnd (batch_send_recv)");
-  wait("batch_send_recv");  // the interface waits for the batch (buffers may be reused at once)
+  // Stream-ordered like every blocking op: the buffers may be reused by later
+  // work on the same stream (the pipeline's buffers are; host memory is never
+  // passed to NCCL).
+  finish("batch_send_recv", st);
 }
 
+// A host barrier (the checkpoint commit relies on it: rank 0 writes `latest`
+// only after every rank wrote its files), so unlike the other blocking ops it
+// waits on the host for the all-reduce (counted; the watchdog still bounds it).
 void NcclCommunicator::barrier() {
   if (size_ == 1) return;
-  check(nccl().AllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, as_comm(comm_),
-                      static_cast<cudaStream_t>(op_stream())), "barrier");
-  wait("barrier");
+  void* st = op_stream();
+  {
+    Enqueue q(*this, "barrier");
+    check(nccl().AllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, q.comm(), static_cast<cudaStream_t>(st)),
+          "barrier");
+  }
+  if (in_submit_) return;  // ibarrier: its handle waits
+  if (watchdog_) watchdog_->track(gs_, "barrier", st);
+  poll("barrier", st, nullptr);
 }
 
 void NcclCommunicator::synchronize() {
-  wait("synchronize");
+  if (in_submit_) return;
+  poll("synchronize", stream_.handle, nullptr);
   if (last_async_) wait_event_host(last_async_, "synchronize");
+}
+
+void NcclCommunicator::raise_if_failed() {
+  if (watchdog_) watchdog_->check();
 }
 
 void* NcclCommunicator::op_stream() {
@@ -278,7 +393,10 @@ struct NcclWork : CommHandle::State {
   const char* what;
   NcclWork(NcclCommunicator* o, cudaEvent_t d, cudaStream_t c, const char* w) : owner(o), done(d), compute(c), what(w) {}
   ~NcclWork() override { cudaEventDestroy(done); }
-  void wait() override { DS_CUDA_CHECK(cudaStreamWaitEvent(compute, done, 0)); }
+  void wait() override {
+    owner->raise_if_failed();
+    DS_CUDA_CHECK(cudaStreamWaitEvent(compute, done, 0));
+  }
   void wait_host() override { owner->wait_event_host(done, what); }
   bool ready() override { return cudaEventQuery(done) == cudaSuccess; }
 };
@@ -287,6 +405,7 @@ struct NcclWork : CommHandle::State {
 
 CommHandle NcclCommunicator::submit(const char* what, std::function<void()> op, std::vector<Tensor> uses) {
   DS_CHECK(!in_submit_, "NCCL submit({}) inside another submit on group '{}'", what, name_);
+  raise_if_failed();
   DS_CUDA_CHECK(cudaSetDevice(device_));
   if (!comm_stream_) {
     cudaStream_t s = nullptr;
@@ -307,6 +426,7 @@ CommHandle NcclCommunicator::submit(const char* what, std::function<void()> op, 
     throw;
   }
   in_submit_ = false;
+  if (watchdog_) watchdog_->track(gs_, what, cs);
   for (const Tensor& t : uses)
     if (t.defined() && t.device().is_cuda()) record_stream_use(t.raw(), t.device().index, cs);
   cudaEvent_t done = nullptr;
@@ -319,23 +439,34 @@ CommHandle NcclCommunicator::submit(const char* what, std::function<void()> op, 
 }
 
 void NcclCommunicator::wait_all() {
+  raise_if_failed();
   if (last_async_) DS_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream_), static_cast<cudaEvent_t>(last_async_), 0));
 }
 
 void NcclCommunicator::wait_event_host(void* ev, const char* what) { poll(what, nullptr, ev); }
 
-// Every blocking NCCL op ends here (and wait_host of a handle): the stream or event is polled (never a blocking CUDA wait),
-// with NCCL's asynchronous error state and the DS_COMM_TIMEOUT deadline
-// checked in between; a failure or timeout aborts the communicator, so the
-// rank exits with a clear error and the launcher tears the job down.
-void NcclCommunicator::wait(const char* what) {
-  if (in_submit_) return;  // asynchronous: the handle waits
-  poll(what, stream_.handle, nullptr);
+void NcclCommunicator::finish(const char* what, void* stream) {
+  if (in_submit_) return;  // asynchronous: submit() tracks the op, the handle waits
+  if (watchdog_) {
+    watchdog_->track(gs_, what, stream);  // stream-ordered: no host wait
+    return;
+  }
+  poll(what, stream, nullptr);  // DS_NCCL_BLOCKING_WAIT=1
 }
 
-// Polls `event` if set, else `stream`.
+// The host waits for `event` if set, else `stream`, polling (never a blocking
+// CUDA wait). With the watchdog, its failure is checked in between (it owns
+// the ops' deadlines; work on the stream that is not NCCL's has none). With
+// DS_NCCL_BLOCKING_WAIT=1 the poll itself checks ncclCommGetAsyncError and
+// the DS_COMM_TIMEOUT deadline, and on a failure aborts the communicator and
+// throws naming the op and the group, so the rank exits with a clear error
+// and the launcher tears the job down.
 void NcclCommunicator::poll(const char* what, void* stream, void* event) {
-  DS_CHECK(comm_, "NCCL {} on group '{}' after the communicator was aborted", what, name_);
+  raise_if_failed();
+  {
+    std::lock_guard<std::mutex> lk(gs_->mu);
+    DS_CHECK(gs_->comm, "NCCL {} on group '{}' after the communicator was aborted", what, name_);
+  }
   count_host_sync();
   auto deadline = std::chrono::steady_clock::now() + op_timeout_;
   while (true) {
@@ -343,19 +474,22 @@ void NcclCommunicator::poll(const char* what, void* stream, void* event) {
                           : cudaStreamQuery(static_cast<cudaStream_t>(stream));
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) DS_CUDA_CHECK(e);
-    ncclResult_t async = ncclSuccess;
-    check(nccl().CommGetAsyncError(as_comm(comm_), &async), "ncclCommGetAsyncError");
-    if (async != ncclSuccess && async != ncclInProgress) {
-      nccl().CommAbort(as_comm(comm_));
-      comm_ = nullptr;
-      DS_THROW("NCCL {} on group '{}' (rank {} of {}) failed: {}; a peer probably failed", what, name_,
-               rank_, size_, nccl().GetErrorString(async));
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      nccl().CommAbort(as_comm(comm_));
-      comm_ = nullptr;
-      DS_THROW("NCCL {} on group '{}' (rank {} of {}) timed out after {} s (DS_COMM_TIMEOUT); aborted the "
-               "communicator (a peer may have died)", what, name_, rank_, size_, op_timeout_.count() / 1000);
+    if (watchdog_) {
+      raise_if_failed();
+    } else {
+      std::lock_guard<std::mutex> lk(gs_->mu);
+      ncclResult_t async = ncclSuccess;
+      check(nccl().CommGetAsyncError(as_comm(gs_->comm), &async), "ncclCommGetAsyncError");
+      const bool late = std::chrono::steady_clock::now() > deadline;
+      if ((async != ncclSuccess && async != ncclInProgress) || late) {
+        nccl().CommAbort(as_comm(gs_->comm));
+        gs_->comm = nullptr;
+        if (late)
+          DS_THROW("NCCL {} on group '{}' (rank {} of {}) timed out after {} s (DS_COMM_TIMEOUT); aborted the "
+                   "communicator (a peer may have died)", what, name_, rank_, size_, op_timeout_.count() / 1000);
+        DS_THROW("NCCL {} on group '{}' (rank {} of {}) failed: {}; a peer probably failed", what, name_, rank_,
+                 size_, nccl().GetErrorString(async));
+      }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

@@ -1,18 +1,26 @@
 // NcclCommunicator: the CUDA backend (built only when the CUDA toolkit is
 // found; the factory in communicator.cpp refers to it under DS_WITH_NCCL).
 // One ncclComm_t per group; the group's member 0 makes the ncclUniqueId and
-// publishes it through the TcpStore. Every op is enqueued on the
-// communicator's stream and then waited for by polling the stream, NCCL's
-// async error state and the DS_COMM_TIMEOUT deadline (no blocking CUDA wait,
-// so a dead peer cannot hang the rank): an error or timeout aborts the
-// communicator and throws naming the op and the group.
+// publishes it through the TcpStore.
+// Blocking ops are stream-ordered: enqueued on the communicator's stream
+// (stream(), set_stream; the compute stream) and returned from without a
+// host wait, so a later kernel or copy on that stream sees the result and
+// the host keeps running ahead of the GPU. A dead peer still cannot hang the
+// rank: the world's NcclWatchdog (nccl_watchdog.h) tracks every op by an
+// event with its DS_COMM_TIMEOUT deadline and ncclCommGetAsyncError, and on
+// a failure ends the process with one line naming the op, the group and the
+// rank (or, with DS_NCCL_WATCHDOG_EXIT=0, aborts the communicators and the
+// training thread throws that error where it next touches a group).
+// DS_NCCL_BLOCKING_WAIT=1 turns the watchdog off and restores the host poll
+// after every blocking op (stream query, ncclCommGetAsyncError and the
+// deadline checked in turn; an error or timeout aborts and throws): slower,
+// for debugging. barrier() and synchronize() always wait on the host.
 // Asynchronous ops (submit and the i* forms): the group's own communication
 // stream (non-blocking, created on first use) waits on an event recorded on
-// the compute stream (stream(), set_stream), the op is enqueued there with
-// the host poll skipped, and an event recorded after it is the handle: wait()
-// makes the compute stream wait on it (no host block); wait_host() polls it
-// like a blocking op. The tensors passed as `uses` are declared to the
-// caching allocator (record_stream_use), so a block freed while the
+// the compute stream, the op is enqueued there, and an event recorded after
+// it is the handle: wait() makes the compute stream wait on it (no host
+// block); wait_host() polls it. The tensors passed as `uses` are declared to
+// the caching allocator (record_stream_use), so a block freed while the
 // communication stream may still read it is not reused before it finished.
 // A blocking op issued after async ones first makes its stream wait on the
 // last async event, so NCCL sees every op of the group in issue order.
@@ -25,6 +33,7 @@
 #include <vector>
 
 #include "lib/comm/communicator.h"
+#include "lib/comm/nccl/nccl_watchdog.h"
 
 namespace ds {
 
@@ -64,9 +73,9 @@ class NcclCommunicator : public Communicator {
   void broadcast(void* data, int64_t count, DType dtype, int root) override;
   void send(const void* data, int64_t count, DType dtype, int dst) override;
   void recv(void* data, int64_t count, DType dtype, int src) override;
-  void barrier() override;  // an all_reduce of one float, then synchronize()
+  void barrier() override;  // an all_reduce of one float, then a host wait for it (a host barrier)
   // All sends and receives inside one ncclGroupStart/End (so matching batches
-  // of two peers complete in any posting order), then synchronize(). Within a
+  // of two peers complete in any posting order), stream-ordered. Within a
   // batch, channel 0 messages are posted before channel 1 ones; NCCL keeps
   // one in-order stream per pair and direction, so the channels of one
   // direction are matched in that order (see the .cpp).
@@ -76,7 +85,10 @@ class NcclCommunicator : public Communicator {
 
   void set_stream(Stream s) override { stream_ = s; }
   Stream stream() const override { return stream_; }
-  void synchronize() override;
+  void synchronize() override;  // host wait for the stream and the async ops (counted)
+  void raise_if_failed() override;  // the watchdog's error, if any (see above)
+  bool watchdog_guarded() const override { return watchdog_ != nullptr; }
+  NcclWatchdog* watchdog() const { return watchdog_.get(); }  // null with DS_NCCL_BLOCKING_WAIT=1
 
   CommHandle submit(const char* what, std::function<void()> op, std::vector<Tensor> uses = {}) override;
   void wait_all() override;
@@ -87,15 +99,19 @@ class NcclCommunicator : public Communicator {
   DeviceType device_type() const override { return DeviceType::CUDA; }
 
  private:
-  void wait(const char* what);  // polls until the stream is idle (see above); skipped inside submit()
-  void poll(const char* what, void* stream, void* event);  // one of the two is set
+  class Enqueue;  // the group's lock and the enqueue clock around one op's NCCL calls
+  // After an op was enqueued on `stream`: nothing inside submit(), else the
+  // watchdog tracks it, or (DS_NCCL_BLOCKING_WAIT=1) the host polls it.
+  void finish(const char* what, void* stream);
+  void poll(const char* what, void* stream, void* event);  // host wait; one of the two is set
   void* op_stream();  // the stream an op is enqueued on, ordered after the async ops
   NcclCommunicator() = default;
   void init_comm();  // unique id through the store, then ncclCommInitRank
   void check(int result, const char* what);
 
   std::shared_ptr<TcpStore> store_;
-  void* comm_ = nullptr;  // ncclComm_t
+  std::shared_ptr<NcclGroupState> gs_;     // the ncclComm_t, shared with the watchdog
+  std::shared_ptr<NcclWatchdog> watchdog_;  // the world's, shared by its groups; null: blocking wait
   float* scratch_ = nullptr;  // device float for barrier()
   Stream stream_;
   void* comm_stream_ = nullptr;  // cudaStream_t of the async ops

@@ -1,0 +1,211 @@
+// The NCCL watchdog thread (nccl_watchdog.h): event polling, deadlines,
+// ncclCommGetAsyncError, and the one failure path.
+#include "lib/comm/nccl/nccl_watchdog.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "lib/comm/nccl/nccl_api.h"
+#include "lib/core/error.h"
+
+namespace ds {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often the thread looks: a failure is seen within this of its deadline;
+// completed events go back to the free list at this pace.
+constexpr auto kPollPeriod = std::chrono::milliseconds(5);
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+std::string where(const NcclGroupState& g) {
+  return fmt::format("group '{}' (rank {} of {}, device {})", g.name, g.rank, g.size, g.device);
+}
+
+}  // namespace
+
+NcclWatchdog::NcclWatchdog(int device, bool exit_process) : device_(device), exit_process_(exit_process) {}
+
+NcclWatchdog::~NcclWatchdog() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Destroying an event whose work is still queued is allowed: CUDA releases it once done.
+  for (const Entry& e : pending_) cudaEventDestroy(static_cast<cudaEvent_t>(e.event));
+  for (void* ev : free_events_) cudaEventDestroy(static_cast<cudaEvent_t>(ev));
+}
+
+void NcclWatchdog::add_group(std::shared_ptr<NcclGroupState> g) {
+  std::lock_guard<std::mutex> lk(mu_);
+  groups_.push_back(std::move(g));
+}
+
+void NcclWatchdog::remove_group(const NcclGroupState* g) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (size_t i = 0; i < pending_.size();) {
+    if (pending_[i].group.get() == g) {
+      free_events_.push_back(pending_[i].event);  // re-recording a pending event is allowed
+      pending_[i] = pending_.back();
+      pending_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+  for (size_t i = 0; i < groups_.size(); ++i)
+    if (groups_[i].get() == g) {
+      groups_.erase(groups_.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+}
+
+void* NcclWatchdog::take_event() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!free_events_.empty()) {
+      void* ev = free_events_.back();
+      free_events_.pop_back();
+      return ev;
+    }
+  }
+  cudaEvent_t ev = nullptr;
+  DS_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  return ev;
+}
+
+void NcclWatchdog::track(const std::shared_ptr<NcclGroupState>& g, const char* what, void* stream) {
+  void* ev = take_event();
+  // Not yet in pending_, so the thread cannot be querying it.
+  const cudaError_t r = cudaEventRecord(static_cast<cudaEvent_t>(ev), static_cast<cudaStream_t>(stream));
+  std::lock_guard<std::mutex> lk(mu_);
+  if (r != cudaSuccess) {
+    free_events_.push_back(ev);
+    DS_CUDA_CHECK(r);
+  }
+  pending_.push_back({g, what, ev, Clock::now() + g->timeout});
+  if (!thread_.joinable() && !stop_) thread_ = std::thread([this] { loop(); });
+}
+
+size_t NcclWatchdog::pending() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return pending_.size();
+}
+
+void NcclWatchdog::check() {
+  if (!failed()) return;
+  if (exit_process_) {
+    // The watchdog has printed the error and is ending the process: waiting
+    // here keeps the training thread from racing it with another exit path
+    // (or computing on the results of failed operations).
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  std::string msg;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    msg = failure_;
+  }
+  throw Error(msg);
+}
+
+void NcclWatchdog::loop() {
+  // CUDA calls of this thread (event queries) need the communicators' device.
+  if (cudaSetDevice(device_) != cudaSuccess) {
+    fail(fmt::format("NCCL watchdog: cudaSetDevice({}) failed", device_));
+    return;
+  }
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!stop_) {
+    cv_.wait_for(lk, kPollPeriod);
+    if (stop_) break;
+    std::string failure;
+    const auto now = Clock::now();
+    // Completed ops release their events; an incomplete one past its deadline
+    // or a CUDA error (a sticky one from any kernel shows here too) is fatal.
+    for (size_t i = 0; i < pending_.size() && failure.empty();) {
+      Entry& e = pending_[i];
+      const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e.event));
+      if (r == cudaSuccess) {
+        free_events_.push_back(e.event);
+        pending_[i] = pending_.back();
+        pending_.pop_back();
+        continue;
+      }
+      if (r != cudaErrorNotReady)
+        failure = fmt::format("NCCL {} on {}: CUDA error while waiting for it: {}", e.what, where(*e.group),
+                              cudaGetErrorString(r));
+      else if (now > e.deadline)
+        failure = fmt::format("NCCL {} on {} timed out after {} s (DS_COMM_TIMEOUT): a peer probably died or "
+                              "stopped calling collectives", e.what, where(*e.group), e.group->timeout.count() / 1000);
+      ++i;
+    }
+    const int64_t t = now_ns();
+    for (size_t i = 0; i < groups_.size() && failure.empty(); ++i) {
+      NcclGroupState& g = *groups_[i];
+      const int64_t since = g.enqueue_since_ns.load(std::memory_order_acquire);
+      if (since != 0 && t - since > std::chrono::duration_cast<std::chrono::nanoseconds>(g.timeout).count()) {
+        failure = fmt::format("NCCL {} on {} did not return from its enqueue call within {} s (DS_COMM_TIMEOUT): a "
+                              "peer probably died", g.enqueue_what.load(), where(g), g.timeout.count() / 1000);
+        break;
+      }
+      // try_lock: the training thread may be inside a (slow) NCCL call on the
+      // group; the error is seen on a later pass, the hang by the check above.
+      std::unique_lock<std::mutex> gl(g.mu, std::try_to_lock);
+      if (!gl.owns_lock() || !g.comm) continue;
+      ncclResult_t async = ncclSuccess;
+      const ncclResult_t q = nccl().CommGetAsyncError(static_cast<ncclComm_t>(g.comm), &async);
+      if (q != ncclSuccess) async = q;
+      if (async != ncclSuccess && async != ncclInProgress) {
+        const char* last = nccl().GetLastError(static_cast<ncclComm_t>(g.comm));
+        const char* what = "operation";
+        for (const Entry& e : pending_)
+          if (e.group.get() == &g) {
+            what = e.what;
+            break;
+          }
+        failure = fmt::format("NCCL {} on {} failed: {}{}{}; a peer probably failed", what, where(g),
+                              nccl().GetErrorString(async), last && *last ? ": " : "", last ? last : "");
+      }
+    }
+    if (!failure.empty()) {
+      lk.unlock();
+      fail(failure);
+      return;
+    }
+  }
+}
+
+// Called on the watchdog thread without mu_ held (an abort takes the groups'
+// locks, which the training thread holds while it calls NCCL and then takes
+// mu_ in track()).
+void NcclWatchdog::fail(const std::string& message) {
+  std::vector<std::shared_ptr<NcclGroupState>> groups;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    failure_ = message;
+    groups = groups_;
+  }
+  failed_.store(true, std::memory_order_release);
+  if (exit_process_) {
+    std::fprintf(stderr, "NCCL watchdog (%s): %s; ending the process (exit code %d)\n", error_origin().c_str(),
+                 message.c_str(), kNcclWatchdogExitCode);
+    std::fflush(nullptr);
+    std::_Exit(kNcclWatchdogExitCode);
+  }
+  // Abort mode: every group of the world (ops on any of them may wait on the
+  // failed one), so nothing queued behind the failure can hang; the training
+  // thread throws `message` where it next touches a group.
+  for (const auto& g : groups) {
+    std::lock_guard<std::mutex> gl(g->mu);
+    if (g->comm) nccl().CommAbort(static_cast<ncclComm_t>(g->comm));
+    g->comm = nullptr;
+  }
+}
+
+}  // namespace ds
