@@ -235,14 +235,19 @@ bool no_device() {
 int nccl_watchdog_timeout_scenario() {
   if (no_device()) return kScenarioSkipped;
   auto world = make_world_communicator(Backend::Nccl, RendezvousInfo::from_env());
+  auto& nc = dynamic_cast<NcclCommunicator&>(*world);
   DevBuf a(inputs(0, 1000));
   try {
-    // A sleeping host function holds the stream, so the all_reduce queued
-    // behind it cannot complete within DS_COMM_TIMEOUT.
-    cudaHostFn_t hold = [](void*) { std::this_thread::sleep_for(std::chrono::seconds(4)); };
-    if (cudaLaunchHostFunc(static_cast<cudaStream_t>(world->stream().handle), hold, nullptr) != cudaSuccess)
-      throw std::runtime_error("cudaLaunchHostFunc");
-    world->all_reduce(a.p, 1000, DType::F32, ReduceOp::Sum);  // stream-ordered: returns at once
+    // Inside a submitted op (after the watchdog marked its start), a sleeping
+    // host function holds the communication stream, so the op cannot
+    // complete within DS_COMM_TIMEOUT of its start.
+    CommHandle h = nc.submit("all_reduce", [&] {
+      cudaHostFn_t hold = [](void*) { std::this_thread::sleep_for(std::chrono::seconds(4)); };
+      if (cudaLaunchHostFunc(static_cast<cudaStream_t>(nc.comm_stream()), hold, nullptr) != cudaSuccess)
+        throw std::runtime_error("cudaLaunchHostFunc");
+      nc.all_reduce(a.p, 1000, DType::F32, ReduceOp::Sum);
+    });
+    h.wait();  // the compute stream waits; the host does not
     std::printf("all_reduce enqueued\n");
     std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // the watchdog ends the process meanwhile

@@ -10,8 +10,8 @@ namespace ds::test {
 inline constexpr int kScenarioSkipped = 77;
 int nccl_scenario();
 // The watchdog's failure paths, each in a process of its own (they end it):
-// - a world of one whose all_reduce is held behind a sleeping host function
-//   past DS_COMM_TIMEOUT (the test sets 1 s);
+// - a world of one whose asynchronous all_reduce is held by a sleeping host
+//   function enqueued inside it, past DS_COMM_TIMEOUT (the test sets 1 s);
 // - two ranks, DS_TEST_DIE_RANK exits after the first barrier and the other
 //   issues all_reduces and waits for them.
 // Default handling: the watchdog prints its line and exits with

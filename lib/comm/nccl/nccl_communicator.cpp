@@ -152,6 +152,7 @@ void NcclCommunicator::init_comm() {
 // would flush them unwatched); while an exception unwinds, peers may have
 // given up, so the communicator is aborted instead of flushed.
 NcclCommunicator::~NcclCommunicator() {
+  if (watchdog_) watchdog_->release(take_op_start());
   const bool unwinding = std::uncaught_exceptions() > 0;
   const bool healthy = gs_ && gs_->comm && !(watchdog_ && watchdog_->failed());
   if (healthy && !unwinding) {
@@ -360,7 +361,7 @@ void NcclCommunicator::barrier() {
           "barrier");
   }
   if (in_submit_) return;  // ibarrier: its handle waits
-  if (watchdog_) watchdog_->track(gs_, "barrier", st);
+  if (watchdog_) watchdog_->track(gs_, "barrier", st, take_op_start());
   poll("barrier", st, nullptr);
 }
 
@@ -374,13 +375,27 @@ void NcclCommunicator::raise_if_failed() {
   if (watchdog_) watchdog_->check();
 }
 
+// Also marks the op's start for the watchdog (its deadline runs from there),
+// after the ordering wait, so an op queued behind asynchronous ones is timed
+// from when it can run.
 void* NcclCommunicator::op_stream() {
   if (in_submit_) return comm_stream_;
   if (last_async_ && ordered_after_ != last_async_) {
     DS_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream_), static_cast<cudaEvent_t>(last_async_), 0));
     ordered_after_ = last_async_;
   }
+  if (watchdog_) {
+    watchdog_->release(op_start_);  // left by an op that failed before it was enqueued
+    op_start_ = nullptr;
+    op_start_ = watchdog_->mark_start(stream_.handle);
+  }
   return stream_.handle;
+}
+
+void* NcclCommunicator::take_op_start() {
+  void* s = op_start_;
+  op_start_ = nullptr;
+  return s;
 }
 
 namespace {
@@ -418,15 +433,17 @@ CommHandle NcclCommunicator::submit(const char* what, std::function<void()> op, 
   DS_CUDA_CHECK(cudaEventRecord(ready, as_stream(stream_)));  // the inputs were produced on the compute stream
   DS_CUDA_CHECK(cudaStreamWaitEvent(cs, ready, 0));
   cudaEventDestroy(ready);  // released once recorded work completes
+  void* start = watchdog_ ? watchdog_->mark_start(cs) : nullptr;
   in_submit_ = true;
   try {
     op();
   } catch (...) {
     in_submit_ = false;
+    if (watchdog_) watchdog_->release(start);
     throw;
   }
   in_submit_ = false;
-  if (watchdog_) watchdog_->track(gs_, what, cs);
+  if (watchdog_) watchdog_->track(gs_, what, cs, start);
   for (const Tensor& t : uses)
     if (t.defined() && t.device().is_cuda()) record_stream_use(t.raw(), t.device().index, cs);
   cudaEvent_t done = nullptr;
@@ -448,7 +465,7 @@ void NcclCommunicator::wait_event_host(void* ev, const char* what) { poll(what, 
 void NcclCommunicator::finish(const char* what, void* stream) {
   if (in_submit_) return;  // asynchronous: submit() tracks the op, the handle waits
   if (watchdog_) {
-    watchdog_->track(gs_, what, stream);  // stream-ordered: no host wait
+    watchdog_->track(gs_, what, stream, take_op_start());  // stream-ordered: no host wait
     return;
   }
   poll(what, stream, nullptr);  // DS_NCCL_BLOCKING_WAIT=1

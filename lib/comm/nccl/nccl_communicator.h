@@ -92,6 +92,9 @@ class NcclCommunicator : public Communicator {
 
   CommHandle submit(const char* what, std::function<void()> op, std::vector<Tensor> uses = {}) override;
   void wait_all() override;
+  // The stream asynchronous ops run on (cudaStream_t; null before the first
+  // submit): inside a submitted op, work enqueued there runs with the op.
+  void* comm_stream() const { return comm_stream_; }
   // Polls event `ev` (a cudaEvent_t) like a blocking op waits for its stream.
   void wait_event_host(void* ev, const char* what);
 
@@ -105,6 +108,7 @@ class NcclCommunicator : public Communicator {
   void finish(const char* what, void* stream);
   void poll(const char* what, void* stream, void* event);  // host wait; one of the two is set
   void* op_stream();  // the stream an op is enqueued on, ordered after the async ops
+  void* take_op_start();
   NcclCommunicator() = default;
   void init_comm();  // unique id through the store, then ncclCommInitRank
   void check(int result, const char* what);
@@ -118,6 +122,7 @@ class NcclCommunicator : public Communicator {
   void* last_async_ = nullptr;   // cudaEvent_t after the latest async op (owned)
   void* ordered_after_ = nullptr;  // last_async_ value stream_ was last ordered after
   bool in_submit_ = false;
+  void* op_start_ = nullptr;  // the watchdog's start event of the op being enqueued (op_stream -> finish)
   int device_ = 0;
   std::string name_;
   std::vector<int> world_ranks_;

@@ -39,7 +39,10 @@ NcclWatchdog::~NcclWatchdog() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   // Destroying an event whose work is still queued is allowed: CUDA releases it once done.
-  for (const Entry& e : pending_) cudaEventDestroy(static_cast<cudaEvent_t>(e.event));
+  for (const Entry& e : pending_) {
+    cudaEventDestroy(static_cast<cudaEvent_t>(e.event));
+    if (e.start) cudaEventDestroy(static_cast<cudaEvent_t>(e.start));
+  }
   for (void* ev : free_events_) cudaEventDestroy(static_cast<cudaEvent_t>(ev));
 }
 
@@ -53,6 +56,7 @@ void NcclWatchdog::remove_group(const NcclGroupState* g) {
   for (size_t i = 0; i < pending_.size();) {
     if (pending_[i].group.get() == g) {
       free_events_.push_back(pending_[i].event);  // re-recording a pending event is allowed
+      if (pending_[i].start) free_events_.push_back(pending_[i].start);
       pending_[i] = pending_.back();
       pending_.pop_back();
     } else {
@@ -80,16 +84,34 @@ void* NcclWatchdog::take_event() {
   return ev;
 }
 
-void NcclWatchdog::track(const std::shared_ptr<NcclGroupState>& g, const char* what, void* stream) {
+void* NcclWatchdog::mark_start(void* stream) {
+  void* ev = take_event();
+  const cudaError_t r = cudaEventRecord(static_cast<cudaEvent_t>(ev), static_cast<cudaStream_t>(stream));
+  if (r != cudaSuccess) {
+    release(ev);
+    DS_CUDA_CHECK(r);
+  }
+  return ev;
+}
+
+void NcclWatchdog::release(void* start_event) {
+  if (!start_event) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  free_events_.push_back(start_event);
+}
+
+void NcclWatchdog::track(const std::shared_ptr<NcclGroupState>& g, const char* what, void* stream,
+                         void* start_event) {
   void* ev = take_event();
   // Not yet in pending_, so the thread cannot be querying it.
   const cudaError_t r = cudaEventRecord(static_cast<cudaEvent_t>(ev), static_cast<cudaStream_t>(stream));
   std::lock_guard<std::mutex> lk(mu_);
   if (r != cudaSuccess) {
     free_events_.push_back(ev);
+    if (start_event) free_events_.push_back(start_event);
     DS_CUDA_CHECK(r);
   }
-  pending_.push_back({g, what, ev, Clock::now() + g->timeout});
+  pending_.push_back({g, what, start_event, ev, Clock::time_point::max()});
   if (!thread_.joinable() && !stop_) thread_ = std::thread([this] { loop(); });
 }
 
@@ -126,16 +148,30 @@ void NcclWatchdog::loop() {
     if (stop_) break;
     std::string failure;
     const auto now = Clock::now();
-    // Completed ops release their events; an incomplete one past its deadline
-    // or a CUDA error (a sticky one from any kernel shows here too) is fatal.
+    // Completed ops release their events; an op's deadline starts when its
+    // start event completes; one past its deadline or a CUDA error (a sticky
+    // one from any kernel shows here too) is fatal.
     for (size_t i = 0; i < pending_.size() && failure.empty();) {
       Entry& e = pending_[i];
       const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e.event));
       if (r == cudaSuccess) {
         free_events_.push_back(e.event);
+        if (e.start) free_events_.push_back(e.start);
         pending_[i] = pending_.back();
         pending_.pop_back();
         continue;
+      }
+      if (r == cudaErrorNotReady && e.start) {
+        const cudaError_t rs = cudaEventQuery(static_cast<cudaEvent_t>(e.start));
+        if (rs == cudaSuccess) {
+          free_events_.push_back(e.start);
+          e.start = nullptr;
+          e.deadline = now + e.group->timeout;
+        } else if (rs != cudaErrorNotReady) {
+          failure = fmt::format("NCCL {} on {}: CUDA error while waiting for it: {}", e.what, where(*e.group),
+                                cudaGetErrorString(rs));
+          break;
+        }
       }
       if (r != cudaErrorNotReady)
         failure = fmt::format("NCCL {} on {}: CUDA error while waiting for it: {}", e.what, where(*e.group),

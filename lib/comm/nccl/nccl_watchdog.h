@@ -5,8 +5,10 @@
 // One watchdog thread per world communicator, shared by every group split
 // from it (one per process in dstrain; no global state, so tests may build
 // several worlds). Each NCCL operation, blocking or asynchronous, is tracked
-// by an event recorded after it with its deadline (DS_COMM_TIMEOUT); the
-// thread polls those events and ncclCommGetAsyncError of every group, and
+// by two events recorded around it: its DS_COMM_TIMEOUT deadline runs from
+// when the first completes (the op could start: the work queued before it on
+// its stream is done, however far the host ran ahead) until the second does.
+// The thread polls those events and ncclCommGetAsyncError of every group, and
 // also bounds the time the training thread spends inside an NCCL enqueue
 // call. On an NCCL error, a CUDA error or a missed deadline it records one
 // clear error naming the op, the group and the rank, and then either
@@ -65,9 +67,13 @@ class NcclWatchdog {
   void add_group(std::shared_ptr<NcclGroupState> g);
   // Before the group's communicator is destroyed: forgets it and its pending ops.
   void remove_group(const NcclGroupState* g);
-  // Records an event after the op just enqueued on `stream` (cudaStream_t) and
-  // watches it. Starts the thread on first use. Call it without g->mu held.
-  void track(const std::shared_ptr<NcclGroupState>& g, const char* what, void* stream);
+  // Records an event on `stream` (cudaStream_t) before an op is enqueued there;
+  // pass it to track() (or to release() if the op was not enqueued).
+  void* mark_start(void* stream);
+  void release(void* start_event);
+  // Records an event after the op just enqueued on `stream` and watches the
+  // pair. Starts the thread on first use. Call it without g->mu held.
+  void track(const std::shared_ptr<NcclGroupState>& g, const char* what, void* stream, void* start_event);
   // The training thread's view of a failure: throws it (abort mode) or waits
   // for the process to end (exit mode). Cheap when nothing failed.
   void check();
@@ -80,8 +86,9 @@ class NcclWatchdog {
   struct Entry {
     std::shared_ptr<NcclGroupState> group;
     const char* what;
-    void* event;  // cudaEvent_t
-    std::chrono::steady_clock::time_point deadline;
+    void* start;  // cudaEvent_t before the op; null once seen complete
+    void* event;  // cudaEvent_t after it
+    std::chrono::steady_clock::time_point deadline;  // set when `start` completed
   };
   void loop();
   void fail(const std::string& message);
