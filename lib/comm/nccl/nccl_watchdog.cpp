@@ -53,16 +53,18 @@ void NcclWatchdog::add_group(std::shared_ptr<NcclGroupState> g) {
 
 void NcclWatchdog::remove_group(const NcclGroupState* g) {
   std::lock_guard<std::mutex> lk(mu_);
-  for (size_t i = 0; i < pending_.size();) {
+  // Stable: the watchdog relies on pending_ being in issue order per stream.
+  size_t keep = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
     if (pending_[i].group.get() == g) {
       free_events_.push_back(pending_[i].event);  // re-recording a pending event is allowed
       if (pending_[i].start) free_events_.push_back(pending_[i].start);
-      pending_[i] = pending_.back();
-      pending_.pop_back();
-    } else {
-      ++i;
+      continue;
     }
+    if (keep != i) pending_[keep] = std::move(pending_[i]);
+    ++keep;
   }
+  pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(keep), pending_.end());
   for (size_t i = 0; i < groups_.size(); ++i)
     if (groups_[i].get() == g) {
       groups_.erase(groups_.begin() + static_cast<std::ptrdiff_t>(i));
@@ -111,7 +113,7 @@ void NcclWatchdog::track(const std::shared_ptr<NcclGroupState>& g, const char* w
     if (start_event) free_events_.push_back(start_event);
     DS_CUDA_CHECK(r);
   }
-  pending_.push_back({g, what, start_event, ev, Clock::time_point::max()});
+  pending_.push_back({g, what, stream, start_event, ev, Clock::time_point::max()});
   if (!thread_.joinable() && !stop_) thread_ = std::thread([this] { loop(); });
 }
 
@@ -148,39 +150,50 @@ void NcclWatchdog::loop() {
     if (stop_) break;
     std::string failure;
     const auto now = Clock::now();
-    // Completed ops release their events; an op's deadline starts when its
-    // start event completes; one past its deadline or a CUDA error (a sticky
-    // one from any kernel shows here too) is fatal.
-    for (size_t i = 0; i < pending_.size() && failure.empty();) {
+    // Completed ops release their events. Events of one stream complete in
+    // issue order, so per stream only the oldest pending op is queried (the
+    // host may be thousands of ops ahead; this keeps a pass short and mu_,
+    // which track() needs, free). Its deadline starts when its start event
+    // completes; past it, or on a CUDA error (a sticky one from any kernel
+    // shows here too), the op fails. The later ops of its stream have not
+    // started, so they have no deadline yet.
+    std::vector<void*> blocked;  // streams whose oldest pending op is incomplete
+    size_t keep = 0;
+    for (size_t i = 0; i < pending_.size(); ++i) {
       Entry& e = pending_[i];
-      const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e.event));
-      if (r == cudaSuccess) {
-        free_events_.push_back(e.event);
-        if (e.start) free_events_.push_back(e.start);
-        pending_[i] = pending_.back();
-        pending_.pop_back();
-        continue;
-      }
-      if (r == cudaErrorNotReady && e.start) {
-        const cudaError_t rs = cudaEventQuery(static_cast<cudaEvent_t>(e.start));
-        if (rs == cudaSuccess) {
-          free_events_.push_back(e.start);
-          e.start = nullptr;
-          e.deadline = now + e.group->timeout;
-        } else if (rs != cudaErrorNotReady) {
-          failure = fmt::format("NCCL {} on {}: CUDA error while waiting for it: {}", e.what, where(*e.group),
-                                cudaGetErrorString(rs));
-          break;
+      bool look = failure.empty();
+      for (void* st : blocked) look = look && st != e.stream;
+      if (look) {
+        const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e.event));
+        if (r == cudaSuccess) {
+          free_events_.push_back(e.event);
+          if (e.start) free_events_.push_back(e.start);
+          continue;  // dropped
         }
+        blocked.push_back(e.stream);
+        cudaError_t rs = cudaErrorNotReady;
+        if (r == cudaErrorNotReady && e.start) {
+          rs = cudaEventQuery(static_cast<cudaEvent_t>(e.start));
+          if (rs == cudaSuccess) {
+            free_events_.push_back(e.start);
+            e.start = nullptr;
+            e.deadline = now + e.group->timeout;
+          }
+        }
+        const cudaError_t bad = r != cudaErrorNotReady ? r : rs != cudaSuccess && rs != cudaErrorNotReady ? rs
+                                                                                                        : cudaSuccess;
+        if (bad != cudaSuccess)
+          failure = fmt::format("NCCL {} on {}: CUDA error while waiting for it: {}", e.what, where(*e.group),
+                                cudaGetErrorString(bad));
+        else if (now > e.deadline)
+          failure = fmt::format("NCCL {} on {} timed out after {} s (DS_COMM_TIMEOUT): a peer probably died or "
+                                "stopped calling collectives", e.what, where(*e.group),
+                                e.group->timeout.count() / 1000);
       }
-      if (r != cudaErrorNotReady)
-        failure = fmt::format("NCCL {} on {}: CUDA error while waiting for it: {}", e.what, where(*e.group),
-                              cudaGetErrorString(r));
-      else if (now > e.deadline)
-        failure = fmt::format("NCCL {} on {} timed out after {} s (DS_COMM_TIMEOUT): a peer probably died or "
-                              "stopped calling collectives", e.what, where(*e.group), e.group->timeout.count() / 1000);
-      ++i;
+      if (keep != i) pending_[keep] = std::move(e);
+      ++keep;
     }
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(keep), pending_.end());
     const int64_t t = now_ns();
     for (size_t i = 0; i < groups_.size() && failure.empty(); ++i) {
       NcclGroupState& g = *groups_[i];

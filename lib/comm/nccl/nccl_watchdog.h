@@ -86,6 +86,7 @@ class NcclWatchdog {
   struct Entry {
     std::shared_ptr<NcclGroupState> group;
     const char* what;
+    void* stream;  // cudaStream_t the op was enqueued on
     void* start;  // cudaEvent_t before the op; null once seen complete
     void* event;  // cudaEvent_t after it
     std::chrono::steady_clock::time_point deadline;  // set when `start` completed
@@ -99,7 +100,7 @@ class NcclWatchdog {
   std::mutex mu_;  // guards everything below except failed_
   std::condition_variable cv_;
   std::vector<std::shared_ptr<NcclGroupState>> groups_;
-  std::vector<Entry> pending_;
+  std::vector<Entry> pending_;  // in issue order (per stream, completion order)
   std::vector<void*> free_events_;
   std::string failure_;
   std::atomic<bool> failed_{false};
