@@ -148,86 +148,99 @@ void NcclWatchdog::loop() {
   while (!stop_) {
     cv_.wait_for(lk, kPollPeriod);
     if (stop_) break;
-    std::string failure;
-    const auto now = Clock::now();
-    // Completed ops release their events. Events of one stream complete in
-    // issue order, so per stream only the oldest pending op is queried (the
-    // host may be thousands of ops ahead; this keeps a pass short and mu_,
-    // which track() needs, free). Its deadline starts when its start event
-    // completes; past it, or on a CUDA error (a sticky one from any kernel
-    // shows here too), the op fails. The later ops of its stream have not
-    // started, so they have no deadline yet.
-    std::vector<void*> blocked;  // streams whose oldest pending op is incomplete
-    size_t keep = 0;
-    for (size_t i = 0; i < pending_.size(); ++i) {
-      Entry& e = pending_[i];
-      bool look = failure.empty();
-      for (void* st : blocked) look = look && st != e.stream;
-      if (look) {
-        const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e.event));
-        if (r == cudaSuccess) {
-          free_events_.push_back(e.event);
-          if (e.start) free_events_.push_back(e.start);
-          continue;  // dropped
-        }
-        blocked.push_back(e.stream);
-        cudaError_t rs = cudaErrorNotReady;
-        if (r == cudaErrorNotReady && e.start) {
-          rs = cudaEventQuery(static_cast<cudaEvent_t>(e.start));
-          if (rs == cudaSuccess) {
-            free_events_.push_back(e.start);
-            e.start = nullptr;
-            e.deadline = now + e.group->timeout;
-          }
-        }
-        const cudaError_t bad = r != cudaErrorNotReady ? r : rs != cudaSuccess && rs != cudaErrorNotReady ? rs
-                                                                                                        : cudaSuccess;
-        if (bad != cudaSuccess)
-          failure = fmt::format("NCCL {} on {}: CUDA error while waiting for it: {}", e.what, where(*e.group),
-                                cudaGetErrorString(bad));
-        else if (now > e.deadline)
-          failure = fmt::format("NCCL {} on {} timed out after {} s (DS_COMM_TIMEOUT): a peer probably died or "
-                                "stopped calling collectives", e.what, where(*e.group),
-                                e.group->timeout.count() / 1000);
-      }
-      if (keep != i) pending_[keep] = std::move(e);
-      ++keep;
-    }
-    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(keep), pending_.end());
-    const int64_t t = now_ns();
-    for (size_t i = 0; i < groups_.size() && failure.empty(); ++i) {
-      NcclGroupState& g = *groups_[i];
-      const int64_t since = g.enqueue_since_ns.load(std::memory_order_acquire);
-      if (since != 0 && t - since > std::chrono::duration_cast<std::chrono::nanoseconds>(g.timeout).count()) {
-        failure = fmt::format("NCCL {} on {} did not return from its enqueue call within {} s (DS_COMM_TIMEOUT): a "
-                              "peer probably died", g.enqueue_what.load(), where(g), g.timeout.count() / 1000);
-        break;
-      }
-      // try_lock: the training thread may be inside a (slow) NCCL call on the
-      // group; the error is seen on a later pass, the hang by the check above.
-      std::unique_lock<std::mutex> gl(g.mu, std::try_to_lock);
-      if (!gl.owns_lock() || !g.comm) continue;
-      ncclResult_t async = ncclSuccess;
-      const ncclResult_t q = nccl().CommGetAsyncError(static_cast<ncclComm_t>(g.comm), &async);
-      if (q != ncclSuccess) async = q;
-      if (async != ncclSuccess && async != ncclInProgress) {
-        const char* last = nccl().GetLastError(static_cast<ncclComm_t>(g.comm));
-        const char* what = "operation";
-        for (const Entry& e : pending_)
-          if (e.group.get() == &g) {
-            what = e.what;
-            break;
-          }
-        failure = fmt::format("NCCL {} on {} failed: {}{}{}; a peer probably failed", what, where(g),
-                              nccl().GetErrorString(async), last && *last ? ": " : "", last ? last : "");
-      }
-    }
+    std::string failure = check_ops(Clock::now());
+    if (failure.empty()) failure = check_groups();
     if (!failure.empty()) {
       lk.unlock();
       fail(failure);
       return;
     }
   }
+}
+
+// With mu_ held: the pending ops; "" or the failure.
+std::string NcclWatchdog::check_ops(std::chrono::steady_clock::time_point now) {
+  std::string failure;
+  // Completed ops release their events. Events of one stream complete in
+  // issue order, so per stream only the oldest pending op is queried (the
+  // host may be thousands of ops ahead; this keeps a pass short and mu_,
+  // which track() needs, free). Its deadline starts when its start event
+  // completes; past it, or on a CUDA error (a sticky one from any kernel
+  // shows here too), the op fails. The later ops of its stream have not
+  // started, so they have no deadline yet.
+  std::vector<void*> blocked;  // streams whose oldest pending op is incomplete
+  size_t keep = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    Entry& e = pending_[i];
+    bool look = failure.empty();
+    for (void* st : blocked) look = look && st != e.stream;
+    if (look) {
+      const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e.event));
+      if (r == cudaSuccess) {
+        free_events_.push_back(e.event);
+        if (e.start) free_events_.push_back(e.start);
+        continue;  // dropped
+      }
+      blocked.push_back(e.stream);
+      cudaError_t rs = cudaErrorNotReady;
+      if (r == cudaErrorNotReady && e.start) {
+        rs = cudaEventQuery(static_cast<cudaEvent_t>(e.start));
+        if (rs == cudaSuccess) {
+          free_events_.push_back(e.start);
+          e.start = nullptr;
+          e.deadline = now + e.group->timeout;
+        }
+      }
+      // r is "not ready" or an error; rs "not ready", success or an error.
+      cudaError_t bad = r != cudaErrorNotReady ? r : cudaSuccess;
+      if (bad == cudaSuccess && rs != cudaSuccess && rs != cudaErrorNotReady) bad = rs;
+      if (bad != cudaSuccess)
+        failure = fmt::format("NCCL {} on {}: CUDA error while waiting for it: {}", e.what, where(*e.group),
+                              cudaGetErrorString(bad));
+      else if (now > e.deadline)
+        failure = fmt::format("NCCL {} on {} timed out after {} s (DS_COMM_TIMEOUT): a peer probably died or "
+                              "stopped calling collectives", e.what, where(*e.group),
+                              e.group->timeout.count() / 1000);
+    }
+    if (keep != i) pending_[keep] = std::move(e);
+    ++keep;
+  }
+  pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(keep), pending_.end());
+  return failure;
+}
+
+// With mu_ held: each group's enqueue clock and NCCL's asynchronous error.
+std::string NcclWatchdog::check_groups() {
+  std::string failure;
+  const int64_t t = now_ns();
+  for (size_t i = 0; i < groups_.size() && failure.empty(); ++i) {
+    NcclGroupState& g = *groups_[i];
+    const int64_t since = g.enqueue_since_ns.load(std::memory_order_acquire);
+    if (since != 0 && t - since > std::chrono::duration_cast<std::chrono::nanoseconds>(g.timeout).count()) {
+      failure = fmt::format("NCCL {} on {} did not return from its enqueue call within {} s (DS_COMM_TIMEOUT): a "
+                            "peer probably died", g.enqueue_what.load(), where(g), g.timeout.count() / 1000);
+      break;
+    }
+    // try_lock: the training thread may be inside a (slow) NCCL call on the
+    // group; the error is seen on a later pass, the hang by the check above.
+    std::unique_lock<std::mutex> gl(g.mu, std::try_to_lock);
+    if (!gl.owns_lock() || !g.comm) continue;
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t q = nccl().CommGetAsyncError(static_cast<ncclComm_t>(g.comm), &async);
+    if (q != ncclSuccess) async = q;
+    if (async != ncclSuccess && async != ncclInProgress) {
+      const char* last = nccl().GetLastError(static_cast<ncclComm_t>(g.comm));
+      const char* what = "operation";
+      for (const Entry& e : pending_)
+        if (e.group.get() == &g) {
+          what = e.what;
+          break;
+        }
+      failure = fmt::format("NCCL {} on {} failed: {}{}{}; a peer probably failed", what, where(g),
+                            nccl().GetErrorString(async), last && *last ? ": " : "", last ? last : "");
+    }
+  }
+  return failure;
 }
 
 // Called on the watchdog thread without mu_ held (an abort takes the groups'

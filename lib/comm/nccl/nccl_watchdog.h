@@ -92,6 +92,8 @@ class NcclWatchdog {
     std::chrono::steady_clock::time_point deadline;  // set when `start` completed
   };
   void loop();
+  std::string check_ops(std::chrono::steady_clock::time_point now);
+  std::string check_groups();
   void fail(const std::string& message);
   void* take_event();  // from the free list, or a new one
 
