@@ -227,7 +227,9 @@ bool ZeroOptimizer::grads_nonfinite(Communicator& world) {
   Tensor flag = Tensor::zeros({1}, DType::F32, g.device());
   if (g.numel() > 0) ops::nonfinite_check({.flag = flag, .x = g}, Stream{});
   if (world.size() > 1) world.all_reduce(flag);
-  return flag.to(Device::cpu()).data<float>()[0] != 0.f;
+  const bool nonfinite = flag.to(Device::cpu()).data<float>()[0] != 0.f;
+  world.raise_if_failed();  // NCCL: never decide on a value an aborted op left
+  return nonfinite;
 }
 
 ModelStateBytes ZeroOptimizer::model_state_bytes() const {

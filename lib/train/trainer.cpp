@@ -500,7 +500,9 @@ bool Trainer::state_nonfinite(const Tensor& full_params) {
   for (const Tensor& t : {full_params, opt_->adam().m(), opt_->adam().v()})
     if (t.defined() && t.numel() > 0) ops::nonfinite_check({.flag = flag, .x = t}, Stream{});
   if (comms_.world->size() > 1) comms_.world->all_reduce(flag);
-  return flag.to(Device::cpu()).data<float>()[0] != 0.f;
+  const bool nonfinite = flag.to(Device::cpu()).data<float>()[0] != 0.f;
+  comms_.world->raise_if_failed();  // NCCL: never decide on a value an aborted op left
+  return nonfinite;
 }
 
 bool Trainer::out_of_time() {

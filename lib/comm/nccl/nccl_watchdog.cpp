@@ -148,7 +148,13 @@ void NcclWatchdog::loop() {
   while (!stop_) {
     cv_.wait_for(lk, kPollPeriod);
     if (stop_) break;
-    std::string failure = check_ops(Clock::now());
+    bool cuda_error = false;
+    std::string failure = check_ops(Clock::now(), &cuda_error);
+    // A CUDA error in an event query is sticky (a kernel faulted): every CUDA
+    // call of the training thread now fails at once with it, naming where,
+    // so nothing can hang on the device any more; it is that thread's error
+    // to report (not a peer failure), and the watchdog stops.
+    if (cuda_error) return;
     if (failure.empty()) failure = check_groups();
     if (!failure.empty()) {
       lk.unlock();
@@ -158,15 +164,16 @@ void NcclWatchdog::loop() {
   }
 }
 
-// With mu_ held: the pending ops; "" or the failure.
-std::string NcclWatchdog::check_ops(std::chrono::steady_clock::time_point now) {
+// With mu_ held: the pending ops; "" or the failure (`cuda_error` set when it
+// is a CUDA error rather than a missed deadline).
+std::string NcclWatchdog::check_ops(std::chrono::steady_clock::time_point now, bool* cuda_error) {
   std::string failure;
   // Completed ops release their events. Events of one stream complete in
   // issue order, so per stream only the oldest pending op is queried (the
   // host may be thousands of ops ahead; this keeps a pass short and mu_,
   // which track() needs, free). Its deadline starts when its start event
-  // completes; past it, or on a CUDA error (a sticky one from any kernel
-  // shows here too), the op fails. The later ops of its stream have not
+  // completes; past it the op fails (a CUDA error, a sticky one from any
+  // kernel, is reported too). The later ops of its stream have not
   // started, so they have no deadline yet.
   std::vector<void*> blocked;  // streams whose oldest pending op is incomplete
   size_t keep = 0;
@@ -194,6 +201,7 @@ std::string NcclWatchdog::check_ops(std::chrono::steady_clock::time_point now) {
       // r is "not ready" or an error; rs "not ready", success or an error.
       cudaError_t bad = r != cudaErrorNotReady ? r : cudaSuccess;
       if (bad == cudaSuccess && rs != cudaSuccess && rs != cudaErrorNotReady) bad = rs;
+      if (bad != cudaSuccess) *cuda_error = true;
       if (bad != cudaSuccess)
         failure = fmt::format("NCCL {} on {}: CUDA error while waiting for it: {}", e.what, where(*e.group),
                               cudaGetErrorString(bad));

@@ -10,8 +10,8 @@
 // its stream is done, however far the host ran ahead) until the second does.
 // The thread polls those events and ncclCommGetAsyncError of every group, and
 // also bounds the time the training thread spends inside an NCCL enqueue
-// call. On an NCCL error, a CUDA error or a missed deadline it records one
-// clear error naming the op, the group and the rank, and then either
+// call. On an NCCL error or a missed deadline it records one clear error
+// naming the op, the group and the rank, and then either
 // - ends the process (the default): prints the line to stderr and exits with
 //   kNcclWatchdogExitCode without aborting the communicators, since the
 //   process exit releases them and ncclCommAbort itself can block; dsrun
@@ -92,7 +92,7 @@ class NcclWatchdog {
     std::chrono::steady_clock::time_point deadline;  // set when `start` completed
   };
   void loop();
-  std::string check_ops(std::chrono::steady_clock::time_point now);
+  std::string check_ops(std::chrono::steady_clock::time_point now, bool* cuda_error);
   std::string check_groups();
   void fail(const std::string& message);
   void* take_event();  // from the free list, or a new one
