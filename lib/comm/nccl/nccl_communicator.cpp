@@ -379,6 +379,7 @@ void NcclCommunicator::raise_if_failed() {
 // after the ordering wait, so an op queued behind asynchronous ones is timed
 // from when it can run.
 void* NcclCommunicator::op_stream() {
+  raise_if_failed();  // the watchdog's error before any CUDA call on a failed world
   if (in_submit_) return comm_stream_;
   if (last_async_ && ordered_after_ != last_async_) {
     DS_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream_), static_cast<cudaEvent_t>(last_async_), 0));
