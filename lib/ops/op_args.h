@@ -367,8 +367,13 @@ template <class A, class F> IfArgs<A, VocabParallelCEArgs> fields(A& a, F&& f) {
   f(a.dlogits, "dlogits", Role::Out);
 }
 
-// Decoupled-weight-decay Adam on one parameter tensor (fp32 master).
+// Decoupled-weight-decay Adam on a parameter range (fp32 master).
 // If `param_lowp` is defined, the updated value is also written to it (cast).
+// `segments` lets one call cover a whole flat buffer (every parameter of a
+// layout): rows {begin, end, decay} of element ranges of this call, sorted and
+// disjoint; only elements inside a segment are updated, with weight_decay
+// where decay != 0 and none elsewhere. Each segment gives the same bits as a
+// call on that range alone. Undefined: all of [0, n) with weight_decay.
 struct AdamWArgs {
   Tensor param;    // (n) f32 master weights
   Tensor grad;     // (n) gradient (f32, or bf16/f16 on CUDA)
@@ -378,6 +383,7 @@ struct AdamWArgs {
   float grad_scale = 1.0f;  // grads are multiplied by this first (unscale, clip)
   int64_t step = 1;         // 1-based, for bias correction
   uint64_t sr_seed = 0;  // != 0: stochastic rounding of a bf16 param_lowp (seeded per step)
+  Tensor segments;  // (S, 3) i64 {begin, end, decay} or undefined; on the op's device
 };
 // param, m and v are f32 master state: passed as they are, so the kernel
 // rejects anything else. The kernel rounds into param_lowp itself (nearest or,
@@ -388,6 +394,7 @@ template <class A, class F> IfArgs<A, AdamWArgs> fields(A& a, F&& f) {
   f(a.m, "m", Role::Native);
   f(a.v, "v", Role::Native);
   f(a.param_lowp, "param_lowp", Role::Native);
+  f(a.segments, "segments", Role::Native);
 }
 
 struct SumSquaresArgs {

@@ -430,6 +430,18 @@ void validate_adamw_step(const AdamWArgs& a) {
   c.stat(a.m, n, "m", "numel(param)");
   c.stat(a.v, n, "v", "numel(param)");
   DS_CHECK(a.step >= 1, "{}: step must be >= 1 (1-based), got {}", c.op(), a.step);
+  if (a.segments.defined()) {
+    DS_CHECK(a.segments.dtype() == DType::I64 && a.segments.dim() == 2 && a.segments.size(1) == 3,
+             "{}: segments must be i64 (S, 3) rows {{begin, end, decay}}, got {} {}", c.op(),
+             dtype_name(a.segments.dtype()), shape_str(a.segments.shape()));
+    if (a.segments.device().is_cpu()) {  // device tables were checked when built on the host
+      const int64_t* s = a.segments.data<int64_t>();
+      for (int64_t i = 0, prev = 0; i < a.segments.size(0); prev = s[3 * i + 1], ++i)
+        DS_CHECK(prev <= s[3 * i] && s[3 * i] <= s[3 * i + 1] && s[3 * i + 1] <= n,
+                 "{}: segment {} [{}, {}) is not sorted, disjoint and inside [0, {})", c.op(), i,
+                 s[3 * i], s[3 * i + 1], n);
+    }
+  }
   if (!a.param_lowp.defined()) return;
   c.floating(a.param_lowp, "param_lowp");
   c.numel(a.param_lowp, n, "param_lowp", "numel(param)");
