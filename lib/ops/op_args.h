@@ -139,6 +139,37 @@ template <class A, class F> IfArgs<A, RMSNormBwdArgs> fields(A& a, F&& f) {
   f(a.rstd, "rstd", Role::In);
 }
 
+// Residual add fused with the norm that follows it (the pre-norm block's
+// "x + attn(x)" then norm2): sum = a + b, stored in the dtype of sum, then
+// out = LayerNorm or RMSNorm of sum as stored (as add then norm would read
+// it). sum may alias a or b. Roles are Native: the CPU version IS add then
+// the norm (lib/ops/add_norm.cpp), each with its own low-precision
+// emulation, so its bits equal the unfused sequence; the CUDA kernel reads
+// a and b once and writes sum and out in one pass.
+enum class NormType : uint8_t { LayerNorm, RMSNorm };
+struct AddNormArgs {
+  Tensor sum;      // (N, C) a + b
+  Tensor out;      // (N, C) norm(sum)
+  Tensor mean;     // (N) f32 or undefined (LayerNorm only)
+  Tensor rstd;     // (N) f32 or undefined
+  Tensor a;        // (N, C)
+  Tensor b;        // (N, C)
+  Tensor weight;   // (C)
+  Tensor bias;     // (C) or undefined (LayerNorm only)
+  NormType norm = NormType::LayerNorm;
+  float eps = 1e-5f;
+};
+template <class A, class F> IfArgs<A, AddNormArgs> fields(A& a, F&& f) {
+  f(a.sum, "sum", Role::Native);
+  f(a.out, "out", Role::Native);
+  f(a.mean, "mean", Role::Native);
+  f(a.rstd, "rstd", Role::Native);
+  f(a.a, "a", Role::Native);
+  f(a.b, "b", Role::Native);
+  f(a.weight, "weight", Role::Native);
+  f(a.bias, "bias", Role::Native);
+}
+
 // out = inp @ weight^T (+ bias). weight is (OC, C) as in nn.Linear.
 struct MatmulArgs {
   Tensor out;      // (N, OC)

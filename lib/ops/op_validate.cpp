@@ -259,6 +259,23 @@ void validate_rmsnorm_forward(const RMSNormArgs& a) {
   if (a.rstd.defined()) c.stat(a.rstd, d.N, "rstd");
 }
 
+void validate_add_norm_forward(const AddNormArgs& a) {
+  const Check c("add_norm_forward");
+  c.devices(a);
+  const NormDims d = check_norm(c, a.sum, a.weight);
+  c.floating(a.out, "out");
+  c.floating(a.a, "a");
+  c.floating(a.b, "b");
+  c.same_shape(a.out, a.sum, "out", "sum");
+  c.numel(a.a, a.sum.numel(), "a", "numel(sum)");
+  c.numel(a.b, a.sum.numel(), "b", "numel(sum)");
+  if (a.norm == NormType::RMSNorm)
+    DS_CHECK(!a.mean.defined() && !a.bias.defined(), "{}: RMSNorm takes no mean and no bias", c.op());
+  check_channels(c, a.bias, d.C, "bias");
+  if (a.mean.defined()) c.stat(a.mean, d.N, "mean");
+  if (a.rstd.defined()) c.stat(a.rstd, d.N, "rstd");
+}
+
 void validate_rmsnorm_backward(const RMSNormBwdArgs& a) {
   const Check c("rmsnorm_backward");
   c.devices(a);

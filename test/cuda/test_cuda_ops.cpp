@@ -138,6 +138,32 @@ TEST_CASE("cuda rmsnorm forward and backward") {
     }
 }
 
+// The fused residual add + norm against the CPU's add then norm: sum and out
+// compared like any op; odd and vector-friendly row lengths, misaligned views.
+TEST_CASE("cuda add_norm_forward") {
+  if (!gpu_or_skip()) return;
+  for (DType dt : kAllTypes)
+    for (const NormShape& sh : {NormShape{37, 203}, NormShape{29, 768}, NormShape{3, 4096}})
+      for (NormType nt : {NormType::LayerNorm, NormType::RMSNorm}) {
+        const int64_t N = sh.N, C = sh.C;
+        const bool ln = nt == NormType::LayerNorm;
+        AddNormArgs a{.sum = zeros_f32({N, C}), .out = zeros_f32({N, C}), .rstd = zeros_f32({N}),
+                      .a = randn({N, C}, 151, 2.0f), .b = randn({N, C}, 152), .weight = randn({C}, 153),
+                      .norm = nt};
+        if (ln) {
+          a.mean = zeros_f32({N});
+          a.bias = randn({C}, 154);
+        }
+        OpCase c = make_case(ln ? "add_norm_forward (layernorm)" : "add_norm_forward (rmsnorm)", a,
+                             ops::add_norm_forward);
+        for (const char* in : {"a", "b", "weight", "bias"})
+          if (c.fields.count(in)) c.fields.at(in).output = false;  // Native role: inputs by name
+        set_kind(c, ln ? std::vector<std::string>{"mean", "rstd"} : std::vector<std::string>{"rstd"}, Kind::F32);
+        INFO("N " << N << " C " << C);
+        check_cuda_vs_cpu_offsets(c, dt);
+      }
+}
+
 TEST_CASE("cuda embedding forward and backward") {
   if (!gpu_or_skip()) return;
   for (DType dt : kAllTypes) {

@@ -95,6 +95,39 @@ TEST_CASE("add, also in place") {
   CHECK(bit_equal(acc, args.out));
 }
 
+// The fused residual add + norm must give the bits of add then norm (what
+// the model ran before it), for both norms, f32 and bf16, sum aliasing a.
+TEST_CASE("add_norm_forward: the bits of add then norm") {
+  const int64_t N = 7, C = 45;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (NormType nt : {NormType::LayerNorm, NormType::RMSNorm}) {
+      auto cast = [&](const Tensor& f) {
+        Tensor t = Tensor::empty(f.shape(), dt);
+        ops::cast({.out = t, .inp = f});
+        return t;
+      };
+      const Tensor a = cast(randn({N, C}, 140)), b = cast(randn({N, C}, 141));
+      const Tensor wt = cast(randn({C}, 142)), bias = cast(randn({C}, 143));
+      const bool ln = nt == NormType::LayerNorm;
+      // Unfused.
+      Tensor s1 = a.clone(), o1 = Tensor::empty({N, C}, dt), m1 = Tensor::empty({N}, DType::F32),
+             r1 = Tensor::empty({N}, DType::F32);
+      ops::add({.out = s1, .a = s1, .b = b});
+      if (ln) ops::layernorm_forward({.out = o1, .mean = m1, .rstd = r1, .inp = s1, .weight = wt, .bias = bias});
+      else ops::rmsnorm_forward({.out = o1, .rstd = r1, .inp = s1, .weight = wt});
+      // Fused, sum aliasing a.
+      Tensor s2 = a.clone(), o2 = Tensor::empty({N, C}, dt), m2 = Tensor::empty({N}, DType::F32),
+             r2 = Tensor::empty({N}, DType::F32);
+      ops::add_norm_forward({.sum = s2, .out = o2, .mean = ln ? m2 : Tensor(), .rstd = r2, .a = s2, .b = b,
+                             .weight = wt, .bias = ln ? bias : Tensor(), .norm = nt});
+      INFO(dtype_name(dt) << (ln ? " layernorm" : " rmsnorm"));
+      CHECK(bit_equal(s1, s2));
+      CHECK(bit_equal(o1, o2));
+      CHECK(bit_equal(r1, r2));
+      if (ln) CHECK(bit_equal(m1, m2));
+    }
+}
+
 // ---- cross-entropy ---------------------------------------------------------------
 
 namespace {
