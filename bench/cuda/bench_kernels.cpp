@@ -152,6 +152,24 @@ void bench_norms(Report& r) {
     r.bytes("rmsnorm_forward" + shape, ms, 2.0 * act);
     ms = time_ms([&] { ops::rmsnorm_backward(RMSNormBwdArgs{dx, dw, y, x, w, rstd}); });
     r.bytes("rmsnorm_backward" + shape, ms, 3.0 * act);
+    // Fused residual add + norm: reads a, b; writes sum and out. Beside it
+    // the unfused pair it replaces (add, then the norm re-reading sum).
+    Tensor res = rand_dev({N, C}, bf, 21), sum = Tensor::empty({N, C}, bf, Device::cuda(0));
+    ms = time_ms([&] {
+      ops::add_norm_forward(AddNormArgs{.sum = sum, .out = y, .mean = mean, .rstd = rstd, .a = x, .b = res,
+                                        .weight = w, .bias = bias});
+    });
+    r.bytes("add_norm_forward (layernorm)" + shape, ms, 4.0 * act);
+    ms = time_ms([&] {
+      ops::add_norm_forward(AddNormArgs{.sum = sum, .out = y, .rstd = rstd, .a = x, .b = res, .weight = w,
+                                        .norm = NormType::RMSNorm});
+    });
+    r.bytes("add_norm_forward (rmsnorm)" + shape, ms, 4.0 * act);
+    ms = time_ms([&] {
+      ops::add(AddArgs{sum, x, res});
+      ops::layernorm_forward(LayerNormArgs{y, mean, rstd, sum, w, bias});
+    });
+    r.bytes("add + layernorm_forward, unfused" + shape, ms, 4.0 * act);
   }
 }
 
