@@ -48,18 +48,33 @@ void upload_async(void* dst, const void* src_host, size_t bytes);
 // Attention implementation used by attention_forward/backward.
 //  Flash: our fused FA2-style kernels (bf16/f16, head dim 64 or 128; other
 //         cases fall back to Plain).
+//  Flash2: the register-resident second generation (mma.sync, cp.async
+//         double buffering; cuda/attn/flash2_*.cu). Opt-in until it has been
+//         verified on a device; unsupported cases fall back to Flash, then Plain.
 //  Plain: non-fused reference kernels (any dtype / head dim; for debugging).
 //  Cudnn: reserved for a cuDNN SDPA path; not built yet (throws).
-enum class AttentionBackend { Flash, Plain, Cudnn };
+enum class AttentionBackend { Flash, Plain, Cudnn, Flash2 };
 void set_attention_backend(AttentionBackend b);
 AttentionBackend attention_backend();
-// "flash" | "plain" | "cudnn" -> backend; throws UserError on anything else.
+// "flash" | "flash2" | "plain" | "cudnn" -> backend; throws UserError on anything else.
 AttentionBackend attention_backend_from_name(const std::string& name);
+// How the flash2 backward computes dQ (both deterministic, no float atomics):
+//  Recompute: a separate dQ kernel per query tile recomputes S and dP
+//             (7 GEMMs per tile pair). The default.
+//  Ordered:   the dK/dV kernel also computes dS K and adds it to an f32
+//             accumulator in key-tile order, waiting on a per-query-tile
+//             counter (5 GEMMs). Relies on in-order dispatch of the grid's
+//             key tiles; opt-in until verified on a device (docs/cuda.md).
+enum class Flash2Dq { Recompute, Ordered };
+void set_flash2_dq_mode(Flash2Dq m);
+Flash2Dq flash2_dq_mode();
 // Attention calls (non-empty) by the path that ran, since the process
 // started: a flash call that fell back (logged once per shape with the
-// reason) counts as plain. Tests use it to assert that flash really ran.
+// reason) counts as the path that finally ran (flash2 -> flash -> plain).
+// Tests use it to assert that flash (or flash2) really ran.
 struct AttentionPathCounts {
   int64_t flash_forward = 0, plain_forward = 0, flash_backward = 0, plain_backward = 0;
+  int64_t flash2_forward = 0, flash2_backward = 0;
 };
 AttentionPathCounts attention_path_counts();
 

@@ -7,10 +7,12 @@
 #      test_gen_cuda        generation's KV-cache path against the CPU one, then
 #      test_offload_cuda    the offloaded optimizer's bucketed step against the blocking one, then
 #      test_host_syncs_cuda host synchronisations of a GPU training step (<= 1),
-#                           fp32 GPU loss curve against the CPU's
+#                           fp32 GPU loss curve against the CPU's, then
+#      test_flash2_ordered  flash2 attention's ordered-dQ backward ([flash2-ordered])
 #   b) test_comm_nccl       NCCL communicator, world of one (2 ranks need 2 GPUs)
 #   c) bench_cuda_kernels   copy / bf16 GEMM ceilings, then every op vs its floor
 #   d) dstrain smoke runs   tiny GPT-2, 30 iterations: cuda bf16, fp16, fp32; cpu
+#   d2) compute-sanitizer   memcheck, racecheck, synccheck on small flash2 cases
 #   e) summary table        pass/fail counts, losses side by side
 # Logs go to $OUT (the device tool's output folder; ./gpu-out if unset): at most
 # 8 files, since the tool brings back no more. Exit code: non-zero if any step
@@ -219,6 +221,13 @@ DETAIL[-1]+="; $(catch_counts "$WORK/test_host_syncs_cuda.log")"
 skip_on_gpu "$WORK/test_host_syncs_cuda.log"
 { echo; echo "=== test_host_syncs_cuda"; cat "$WORK/test_host_syncs_cuda.log"; } >> "$OUT/test_cuda_ops.log"
 
+# a5) flash2 attention's ordered-dQ backward (hidden from the default run: its
+# key-tile counters would hang on out-of-order dispatch, so it gets its own
+# timeout); its log is appended to test_cuda_ops.log.
+run_step test_flash2_ordered 45 "$WORK/test_flash2_ordered.log" "$B/bin/test_cuda_ops" "[flash2-ordered]" --durations yes
+DETAIL[-1]+="; $(catch_counts "$WORK/test_flash2_ordered.log")"
+{ echo; echo "=== test_flash2_ordered"; cat "$WORK/test_flash2_ordered.log"; } >> "$OUT/test_cuda_ops.log"
+
 # b) NCCL communicator (world of one; NCCL warnings into the log).
 NCCL_DEBUG="${NCCL_DEBUG:-WARN}" run_step test_comm_nccl 90 "$OUT/test_comm_nccl.log" "$B/bin/test_comm_nccl"
 DETAIL[-1]+="; $(catch_counts "$OUT/test_comm_nccl.log")"
@@ -243,6 +252,20 @@ run_step smoke_cuda_bf16 60 "$OUT/smoke_cuda_bf16.log" "$B/bin/dstrain" "${SMOKE
 run_step smoke_cuda_fp16 60 "$OUT/smoke_cuda_fp16.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda --fp16 "${PROF[@]}"
 run_step smoke_cuda_fp32 60 "$OUT/smoke_cuda_fp32.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda "${PROF[@]}"
 run_step smoke_cpu_fp32 120 "$OUT/smoke_cpu_fp32.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cpu
+
+# d2) compute-sanitizer memcheck / racecheck / synccheck on small flash2 cases
+# (cp.async groups, shared-buffer reuse, the ordered-dQ counters); last, so a
+# slow sanitizer cannot starve the steps above. Appended to test_cuda_ops.log.
+SANITIZER="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+if [[ -x "$SANITIZER" ]]; then
+  for tool in memcheck racecheck synccheck; do
+    run_step "sanitize_flash2_$tool" 40 "$WORK/sanitize_$tool.log" "$SANITIZER" --tool "$tool" --error-exitcode 9 \
+      "$B/bin/test_cuda_ops" "[flash2-sanitize]"
+    { echo; echo "=== compute-sanitizer --tool $tool (flash2)"; tail -n 40 "$WORK/sanitize_$tool.log"; } >> "$OUT/test_cuda_ops.log"
+  done
+else
+  say "=== compute-sanitizer not found: flash2 sanitizer steps not run"
+fi
 
 # --- e) summary ----------------------------------------------------------------
 field() {  # field LOG 'lm loss' -> value of that field on the last iteration line

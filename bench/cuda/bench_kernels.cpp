@@ -267,11 +267,25 @@ void bench_matmul_attention(Report& r, bool quick) {
   struct A { int64_t B, T; int NH, HS; };
   std::vector<A> cases = {{8, 1024, 12, 64}, {4, 2048, 16, 128}, {2, 4096, 16, 128}};
   if (!quick) cases.push_back({1, 8192, 16, 128});
-  for (auto backend : {ds::cuda::AttentionBackend::Flash, ds::cuda::AttentionBackend::Plain}) {
+  using ds::cuda::AttentionBackend;
+  using ds::cuda::Flash2Dq;
+  struct Impl {
+    AttentionBackend backend;
+    Flash2Dq dq;
+    const char* name;
+  };
+  // flash2o: flash2 with the ordered 5-GEMM dQ (docs/cuda.md).
+  const Impl impls[] = {{AttentionBackend::Flash2, Flash2Dq::Recompute, "flash2"},
+                        {AttentionBackend::Flash2, Flash2Dq::Ordered, "flash2o"},
+                        {AttentionBackend::Flash, Flash2Dq::Recompute, "flash"},
+                        {AttentionBackend::Plain, Flash2Dq::Recompute, "plain"}};
+  for (const Impl& impl : impls) {
+    const AttentionBackend backend = impl.backend;
     ds::cuda::set_attention_backend(backend);
-    const char* bname = backend == ds::cuda::AttentionBackend::Flash ? "flash" : "plain";
+    ds::cuda::set_flash2_dq_mode(impl.dq);
+    const char* bname = impl.name;
     for (const A& a : cases) {
-      if (backend == ds::cuda::AttentionBackend::Plain && a.T > 2048) continue;
+      if (backend == AttentionBackend::Plain && a.T > 2048) continue;
       int64_t O = int64_t(a.NH) * a.HS;
       Tensor qkv = rand_dev({a.B, a.T, 3 * O}, DType::BF16, 13);
       Tensor out = Tensor::empty({a.B, a.T, O}, DType::BF16, Device::cuda(0));
@@ -290,9 +304,22 @@ void bench_matmul_attention(Report& r, bool quick) {
         ops::attention_backward(AttentionBwdArgs{dqkv, dout, out, lse, qkv, a.NH});
       });
       r.flops(name, ms, 2.5 * fwd_flops);
+      // Forward + backward, the training step's cost (3.5x the forward's
+      // FLOPs, counted the usual way: the backward's recomputation is not).
+      // Not for plain: the sum of its two lines, and slow enough to strain
+      // the bundle's time budget.
+      if (backend == AttentionBackend::Plain) continue;
+      std::snprintf(name, sizeof(name), "attn %s fwd+bwd B%ld T%ld NH%d HS%d", bname, long(a.B),
+                    long(a.T), a.NH, a.HS);
+      ms = time_ms([&] {
+        ops::attention_forward(AttentionArgs{out, lse, qkv, a.NH});
+        ops::attention_backward(AttentionBwdArgs{dqkv, dout, out, lse, qkv, a.NH});
+      });
+      r.flops(name, ms, 3.5 * fwd_flops);
     }
   }
-  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
+  ds::cuda::set_attention_backend(AttentionBackend::Flash);
+  ds::cuda::set_flash2_dq_mode(Flash2Dq::Recompute);
 }
 
 }  // namespace

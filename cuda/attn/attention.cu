@@ -1,7 +1,8 @@
 // attention_forward / attention_backward: argument checks and the choice of
-// implementation (flash, plain; cudnn reserved) from set_attention_backend().
-// A flash call that falls back to the plain kernels says why, once per shape,
-// and every call is counted by path (attention_path_counts()).
+// implementation (flash, flash2, plain; cudnn reserved) from
+// set_attention_backend(). A fused call that falls back (flash2 -> flash ->
+// plain) says why, once per shape and path, and every call is counted by the
+// path that ran (attention_path_counts()).
 #include <atomic>
 #include <mutex>
 #include <set>
@@ -17,18 +18,21 @@ namespace ds::cuda {
 namespace {
 
 std::atomic<int64_t> g_flash_fwd{0}, g_plain_fwd{0}, g_flash_bwd{0}, g_plain_bwd{0};
+std::atomic<int64_t> g_flash2_fwd{0}, g_flash2_bwd{0};
 
-// Logs `why` the first time a (direction, shape, dtype) falls back to plain.
-void note_fallback(const char* op, const AttnShape& sh, DType dt, const std::string& why) {
+// Logs `why` the first time a (direction, path, shape, dtype) falls back from
+// `path` to `next`.
+void note_fallback(const char* op, const char* path, const char* next, const AttnShape& sh, DType dt,
+                   const std::string& why) {
   static std::mutex mu;
-  static std::set<std::tuple<std::string, int64_t, int64_t, int, int, int>> seen;
+  static std::set<std::tuple<std::string, std::string, int64_t, int64_t, int, int, int>> seen;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (!seen.insert({op, sh.B, sh.T, sh.NH, sh.HS, int(dt)}).second) return;
+    if (!seen.insert({op, path, sh.B, sh.T, sh.NH, sh.HS, int(dt)}).second) return;
   }
-  warn_line(std::string(op) + ": flash attention not used for B=" + std::to_string(sh.B) + " T=" +
+  warn_line(std::string(op) + ": " + path + " attention not used for B=" + std::to_string(sh.B) + " T=" +
             std::to_string(sh.T) + " NH=" + std::to_string(sh.NH) + " HS=" + std::to_string(sh.HS) + " " +
-            dtype_name(dt) + " (" + why + "); running the plain kernels");
+            dtype_name(dt) + " (" + why + "); running the " + next + " kernels");
 }
 
 AttnShape attn_shape(const Tensor& qkv, int NH, int NKV, const char* op) {
@@ -46,7 +50,7 @@ void check_act(const Tensor& t, const Tensor& qkv, const char* op, const char* n
 void reject_cudnn(const char* op) {
   DS_CUDA_REQUIRE(attention_backend() != AttentionBackend::Cudnn,
                   std::string(op) + ": attention_backend 'cudnn' is not built in this "
-                                    "version; use 'flash' or 'plain'");
+                                    "version; use 'flash', 'flash2' or 'plain'");
 }
 
 }  // namespace
@@ -63,7 +67,8 @@ std::string flash_unsupported(const AttnShape& sh, DType dt, std::initializer_li
 }
 
 AttentionPathCounts attention_path_counts() {
-  return {g_flash_fwd.load(), g_plain_fwd.load(), g_flash_bwd.load(), g_plain_bwd.load()};
+  return {g_flash_fwd.load(), g_plain_fwd.load(), g_flash_bwd.load(), g_plain_bwd.load(),
+          g_flash2_fwd.load(), g_flash2_bwd.load()};
 }
 
 void attention_forward(const AttentionArgs& a, const Stream& s) {
@@ -73,13 +78,22 @@ void attention_forward(const AttentionArgs& a, const Stream& s) {
   check_act(a.out, a.qkv, op, "out");
   if (rows == 0) return;
   reject_cudnn(op);
-  if (attention_backend() == AttentionBackend::Flash) {
+  const AttentionBackend be = attention_backend();
+  if (be == AttentionBackend::Flash2) {
+    const std::string why = flash2_attention_forward(a, sh, s);
+    if (why.empty()) {
+      g_flash2_fwd += 1;
+      return;
+    }
+    note_fallback(op, "flash2", "flash", sh, a.qkv.dtype(), why);
+  }
+  if (be == AttentionBackend::Flash || be == AttentionBackend::Flash2) {
     const std::string why = flash_attention_forward(a, sh, s);
     if (why.empty()) {
       g_flash_fwd += 1;
       return;
     }
-    note_fallback(op, sh, a.qkv.dtype(), why);
+    note_fallback(op, "flash", "plain", sh, a.qkv.dtype(), why);
   }
   g_plain_fwd += 1;
   plain_attention_forward(a, sh, s);
@@ -94,13 +108,22 @@ void attention_backward(const AttentionBwdArgs& a, const Stream& s) {
   check_act(a.out, a.qkv, op, "out");
   if (rows == 0) return;
   reject_cudnn(op);
-  if (attention_backend() == AttentionBackend::Flash) {
+  const AttentionBackend be = attention_backend();
+  if (be == AttentionBackend::Flash2) {
+    const std::string why = flash2_attention_backward(a, sh, s);
+    if (why.empty()) {
+      g_flash2_bwd += 1;
+      return;
+    }
+    note_fallback(op, "flash2", "flash", sh, a.qkv.dtype(), why);
+  }
+  if (be == AttentionBackend::Flash || be == AttentionBackend::Flash2) {
     const std::string why = flash_attention_backward(a, sh, s);
     if (why.empty()) {
       g_flash_bwd += 1;
       return;
     }
-    note_fallback(op, sh, a.qkv.dtype(), why);
+    note_fallback(op, "flash", "plain", sh, a.qkv.dtype(), why);
   }
   g_plain_bwd += 1;
   plain_attention_backward(a, sh, s);

@@ -24,6 +24,12 @@ void plain_attention_backward(const AttentionBwdArgs& a, const AttnShape& sh, co
 // shared memory) without running anything; the caller falls back and logs it.
 std::string flash_attention_forward(const AttentionArgs& a, const AttnShape& sh, const Stream& s);
 std::string flash_attention_backward(const AttentionBwdArgs& a, const AttnShape& sh, const Stream& s);
+// The second generation (flash2_fwd.cu, flash2_bwd.cu): register-resident
+// mma.sync kernels with cp.async double buffering; same contract and the
+// same support conditions as flash_attention_* (opt-in until verified on a
+// device: AttentionBackend::Flash2).
+std::string flash2_attention_forward(const AttentionArgs& a, const AttnShape& sh, const Stream& s);
+std::string flash2_attention_backward(const AttentionBwdArgs& a, const AttnShape& sh, const Stream& s);
 // The common support checks of both directions ("" when supported).
 std::string flash_unsupported(const AttnShape& sh, DType dt, std::initializer_list<const Tensor*> ptrs);
 

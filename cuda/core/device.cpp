@@ -18,6 +18,7 @@ namespace {
 
 std::atomic<double> g_peak_override{0.0};
 std::atomic<int> g_attn_backend{static_cast<int>(AttentionBackend::Flash)};
+std::atomic<int> g_flash2_dq{static_cast<int>(Flash2Dq::Recompute)};
 
 // Dense bf16 tensor-core FLOPs per SM per clock (fp32 accumulate) by
 // architecture; 0 when we do not know the architecture.
@@ -94,15 +95,19 @@ void synchronize() {
   DS_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+void set_flash2_dq_mode(Flash2Dq m) { g_flash2_dq.store(static_cast<int>(m)); }
+Flash2Dq flash2_dq_mode() { return static_cast<Flash2Dq>(g_flash2_dq.load()); }
+
 void set_attention_backend(AttentionBackend b) { g_attn_backend.store(static_cast<int>(b)); }
 AttentionBackend attention_backend() {
   return static_cast<AttentionBackend>(g_attn_backend.load());
 }
 AttentionBackend attention_backend_from_name(const std::string& name) {
   if (name == "flash") return AttentionBackend::Flash;
+  if (name == "flash2") return AttentionBackend::Flash2;
   if (name == "plain") return AttentionBackend::Plain;
   if (name == "cudnn") return AttentionBackend::Cudnn;
-  DS_USER_ERROR("attention_backend: unknown value '{}' (expected flash, plain or cudnn)", name);
+  DS_USER_ERROR("attention_backend: unknown value '{}' (expected flash, flash2, plain or cudnn)", name);
 }
 
 }  // namespace ds::cuda

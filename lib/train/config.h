@@ -125,7 +125,7 @@ struct TrainConfig {
   double exit_duration_in_mins = 0;
   uint64_t seed = 1234;
   DeviceType device = DeviceType::CPU;  // "cpu" | "cuda"
-  std::string attention_backend = "flash";  // flash | plain | cudnn (CUDA only)
+  std::string attention_backend = "flash";  // flash | flash2 | plain | cudnn (CUDA only)
   std::string config_path;
   bool estimate_memory = false;
   nlohmann::json resolved;  // the full resolved config (same layout as the input file)

@@ -77,7 +77,9 @@ constexpr FlagSpec kTable[] = {
     {"--seed", "/training/seed", FlagKind::Int, "random seed"},
     {"--device", "/training/device", FlagKind::String, "cpu or cuda", "cpu|cuda"},
     {"--attention-backend", "/training/attention_backend", FlagKind::String,
-     "CUDA attention: flash (ours), plain (unfused, for debugging) or cudnn", "flash|plain|cudnn"},
+     "CUDA attention: flash (ours), flash2 (ours, register-resident; opt-in until verified on a device), "
+     "plain (unfused, for debugging) or cudnn",
+     "flash|flash2|plain|cudnn"},
     {"--save", "/training/save", FlagKind::String, "checkpoint directory to save into"},
     {"--load", "/training/load", FlagKind::String, "checkpoint directory to resume from"},
     {"--save-interval", "/training/save_interval", FlagKind::Int, "save every N iterations (0 = no periodic saves)"},

@@ -292,9 +292,9 @@ void validate_training(const TrainConfig& cfg) {
   DS_USER_CHECK(!(cfg.override_lr_scheduler && cfg.use_checkpoint_lr_scheduler),
                 "training.override_opt_param_scheduler and use_checkpoint_opt_param_scheduler "
                 "(--override-opt_param-scheduler / --use-checkpoint-opt_param-scheduler): give at most one");
-  DS_USER_CHECK(cfg.attention_backend == "flash" || cfg.attention_backend == "plain" ||
-                    cfg.attention_backend == "cudnn",
-                "training.attention_backend (--attention-backend) '{}' must be flash, plain or cudnn",
+  DS_USER_CHECK(cfg.attention_backend == "flash" || cfg.attention_backend == "flash2" ||
+                    cfg.attention_backend == "plain" || cfg.attention_backend == "cudnn",
+                "training.attention_backend (--attention-backend) '{}' must be flash, flash2, plain or cudnn",
                 cfg.attention_backend);
   const LoggingConfig& l = cfg.log;
   DS_USER_CHECK(l.log_interval > 0, "training.log_interval (--log-interval) must be positive, got {}", l.log_interval);

@@ -322,6 +322,11 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
   CHECK_THROWS_WITH(parse_json(model({{"num_layers", 4}}), {"--pipeline-model-parallel-size", "2", "--zero-stage", "3"}, 2),
                     Contains("zero_optimization.stage 3 cannot be combined with pipeline_model_parallel_size 2"));
   CHECK_THROWS_WITH(parse_json(base(), {"--zero-stage", "4"}), Contains("zero_optimization.stage (--zero-stage) must be 0-3, got 4"));
+  CHECK(parse_json(base(), {"--attention-backend", "flash2"}).attention_backend == "flash2");
+  CHECK_THROWS_WITH(parse_json(base(), {"--attention-backend", "flash3"}),
+                    Contains("flash3 not in {flash,flash2,plain,cudnn}"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"training", {{"train_iters", 100}, {"attention_backend", "flash3"}}}})),
+                    Contains("training.attention_backend (--attention-backend) 'flash3' must be flash, flash2, plain or cudnn"));
   CHECK_THROWS_WITH(parse_json(base(), {"--split", "90,x"}), Contains("data.split '90,x'"));
   CHECK_THROWS_WITH(parse_json(base(), {"--data-path", "0.5", "a", "0.5"}), Contains("needs pairs"));
   CHECK_THROWS_WITH(parse_json(base(), {"--vocab-file", "v.json"}), Contains("data.merge_file ''"));

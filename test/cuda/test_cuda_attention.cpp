@@ -1,14 +1,15 @@
-// GPU tests of causal attention (plain and flash backends) against the CPU
-// attention at several (B, T, NH, HS), including T that is not a multiple of
-// the flash tile sizes and grouped-query cases (NKV < NH), in f32, bf16 and
-// f16. Flash runs bf16/f16 with HS 64
-// and 128; the tests assert from the dispatcher's path counts that it really
-// ran there, and that the other cases fell back to the plain kernels.
+// GPU tests of causal attention (plain, flash and flash2 backends) against
+// the CPU attention at several (B, T, NH, HS), including T that is not a
+// multiple of the flash tile sizes and grouped-query cases (NKV < NH), in f32,
+// bf16 and f16. Flash and flash2 run bf16/f16 with HS 64 and 128; the tests
+// assert from the dispatcher's path counts that the fused path really ran
+// there, and that the other cases fell back to the plain kernels.
 // For the flash cases the low-precision baseline rounds what every flash
 // kernel rounds to 16 bits (the probabilities P before P.V and P^T.dO, and dS
 // before dS.K and dS^T.Q), so the 2x rule compares like with like; the plain
 // kernels keep P in f32 and are held to the plain rounded-input baseline.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "cuda/cuda_api.h"
@@ -30,7 +31,14 @@ struct AttnCase {
 const AttnCase kCases[] = {
     {1, 1, 1, 64}, {2, 37, 3, 64}, {1, 130, 2, 128}, {2, 65, 2, 32}, {1, 257, 1, 128},
     {1, 200, 2, 64}, {2, 70, 4, 64, 2}, {1, 130, 6, 128, 2}, {1, 65, 4, 32, 1}, {1, 200, 4, 64, 1},
+    // flash2 streams 32-row query tiles in its HS-128 dK/dV kernel, runs
+    // 128-row query tiles in its HS-64 forward and double-buffers every
+    // tile: lengths around those boundaries.
+    {1, 64, 2, 128}, {1, 96, 2, 128, 1}, {1, 129, 2, 64}, {2, 191, 2, 128}, {1, 300, 2, 64},
 };
+
+// The path a case is expected to take.
+enum class Path { Plain, Flash, Flash2 };
 
 bool flash_supports(const AttnCase& c, DType dt) { return dt != DType::F32 && (c.HS == 64 || c.HS == 128); }
 
@@ -139,16 +147,59 @@ void run_case(const AttnCase& c, DType dt, bool flash) {
 }
 
 // Runs one case and checks which path the dispatcher took for it.
-void run_case_on(const AttnCase& c, DType dt, bool expect_flash) {
+void run_case_on(const AttnCase& c, DType dt, Path expect) {
   const ds::cuda::AttentionPathCounts before = ds::cuda::attention_path_counts();
-  run_case(c, dt, expect_flash);
+  run_case(c, dt, expect != Path::Plain);
   const ds::cuda::AttentionPathCounts after = ds::cuda::attention_path_counts();
   INFO("B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.kv() << " HS=" << c.HS << " "
               << dtype_name(dt));
-  CHECK(after.flash_forward - before.flash_forward == (expect_flash ? 1 : 0));
-  CHECK(after.flash_backward - before.flash_backward == (expect_flash ? 1 : 0));
-  CHECK(after.plain_forward - before.plain_forward == (expect_flash ? 0 : 1));
-  CHECK(after.plain_backward - before.plain_backward == (expect_flash ? 0 : 1));
+  auto ran = [](Path p, Path want) { return p == want ? 1 : 0; };
+  CHECK(after.flash2_forward - before.flash2_forward == ran(expect, Path::Flash2));
+  CHECK(after.flash2_backward - before.flash2_backward == ran(expect, Path::Flash2));
+  CHECK(after.flash_forward - before.flash_forward == ran(expect, Path::Flash));
+  CHECK(after.flash_backward - before.flash_backward == ran(expect, Path::Flash));
+  CHECK(after.plain_forward - before.plain_forward == ran(expect, Path::Plain));
+  CHECK(after.plain_backward - before.plain_backward == ran(expect, Path::Plain));
+}
+
+// Every case on flash2 with the given dQ scheme; flash2 supports what flash
+// supports, so its fallbacks end in plain.
+void flash2_all_cases(ds::cuda::Flash2Dq mode) {
+  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash2);
+  ds::cuda::set_flash2_dq_mode(mode);
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (const AttnCase& c : kCases) run_case_on(c, dt, flash_supports(c, dt) ? Path::Flash2 : Path::Plain);
+  ds::cuda::set_flash2_dq_mode(ds::cuda::Flash2Dq::Recompute);
+  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
+}
+
+// Runs flash2 forward + backward twice on one GQA case, checks that the two
+// runs give the same bits, and returns dqkv (host f32).
+Tensor flash2_repeat(ds::cuda::Flash2Dq mode) {
+  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash2);
+  ds::cuda::set_flash2_dq_mode(mode);
+  const int NH = 4, NKV = 2, HS = 128;
+  const int64_t B = 1, T = 300, W = int64_t(NH + 2 * NKV) * HS, O = int64_t(NH) * HS;
+  const Tensor qkv = upload(randn({B, T, W}, 31), DType::BF16), dout = upload(randn({B, T, O}, 32), DType::BF16);
+  Tensor first_dqkv, first_out;
+  for (int run = 0; run < 2; ++run) {
+    Tensor out = upload(Tensor::zeros({B, T, O}, DType::F32), DType::BF16);
+    Tensor lse = upload(Tensor::zeros({B, NH, T}, DType::F32), DType::F32);
+    Tensor dqkv = upload(Tensor::zeros({B, T, W}, DType::F32), DType::BF16);
+    ops::attention_forward({.out = out, .lse = lse, .qkv = qkv, .NH = NH, .NKV = NKV});
+    ops::attention_backward({.dqkv = dqkv, .dout = dout, .out = out, .lse = lse, .qkv = qkv, .NH = NH, .NKV = NKV});
+    Tensor host_dqkv = download_f32(dqkv), host_out = download_f32(out);
+    if (run == 0) {
+      first_dqkv = host_dqkv;
+      first_out = host_out;
+      continue;
+    }
+    CHECK(std::memcmp(host_dqkv.raw(), first_dqkv.raw(), sizeof(float) * size_t(host_dqkv.numel())) == 0);
+    CHECK(std::memcmp(host_out.raw(), first_out.raw(), sizeof(float) * size_t(host_out.numel())) == 0);
+  }
+  ds::cuda::set_flash2_dq_mode(ds::cuda::Flash2Dq::Recompute);
+  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
+  return first_dqkv;
 }
 
 }  // namespace
@@ -157,7 +208,7 @@ TEST_CASE("cuda attention, plain backend") {
   if (!gpu_or_skip()) return;
   ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Plain);
   for (DType dt : {DType::F32, DType::BF16, DType::F16})
-    for (const AttnCase& c : kCases) run_case_on(c, dt, false);
+    for (const AttnCase& c : kCases) run_case_on(c, dt, Path::Plain);
   ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
 }
 
@@ -165,12 +216,52 @@ TEST_CASE("cuda attention, flash backend (and its fallbacks)") {
   if (!gpu_or_skip()) return;
   ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
   for (DType dt : {DType::BF16, DType::F16, DType::F32})
-    for (const AttnCase& c : kCases) run_case_on(c, dt, flash_supports(c, dt));
+    for (const AttnCase& c : kCases) run_case_on(c, dt, flash_supports(c, dt) ? Path::Flash : Path::Plain);
+}
+
+
+TEST_CASE("cuda attention, flash2 backend (and its fallbacks)") {
+  if (!gpu_or_skip()) return;
+  flash2_all_cases(ds::cuda::Flash2Dq::Recompute);
+}
+
+TEST_CASE("cuda attention, flash2 is deterministic") {
+  if (!gpu_or_skip()) return;
+  // dK/dV sum over the query tiles (and GQA query heads) in a fixed order and
+  // dQ has one writer: two runs give the same bits.
+  flash2_repeat(ds::cuda::Flash2Dq::Recompute);
+}
+
+// The ordered-dQ scheme waits on counters and would hang if the device did not
+// dispatch key tiles in order: hidden from the default run, run by
+// scripts/gpu_run.sh as its own step ("[flash2-ordered]") under a timeout.
+TEST_CASE("cuda attention, flash2 with ordered dQ", "[.flash2-ordered]") {
+  if (!gpu_or_skip()) return;
+  flash2_all_cases(ds::cuda::Flash2Dq::Ordered);
+  const Tensor ordered = flash2_repeat(ds::cuda::Flash2Dq::Ordered);
+  const Tensor recompute = flash2_repeat(ds::cuda::Flash2Dq::Recompute);
+  // dK, dV are computed the same way; dQ differs only in f32 summation order.
+  CHECK(rel_err(ordered, recompute) < 1e-2);
+}
+
+// A small case of each head size and dQ scheme, for compute-sanitizer
+// (memcheck, racecheck, synccheck) in scripts/gpu_run.sh.
+TEST_CASE("cuda attention, flash2 small cases for the sanitizers", "[.flash2-sanitize]") {
+  if (!gpu_or_skip()) return;
+  for (auto mode : {ds::cuda::Flash2Dq::Recompute, ds::cuda::Flash2Dq::Ordered}) {
+    ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash2);
+    ds::cuda::set_flash2_dq_mode(mode);
+    for (const AttnCase& c : {AttnCase{1, 130, 2, 128, 1}, AttnCase{1, 70, 2, 64}})
+      run_case_on(c, DType::BF16, Path::Flash2);
+  }
+  ds::cuda::set_flash2_dq_mode(ds::cuda::Flash2Dq::Recompute);
+  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
 }
 
 TEST_CASE("cuda attention backend names", "[nogpu]") {
   using ds::cuda::AttentionBackend;
   CHECK(ds::cuda::attention_backend_from_name("flash") == AttentionBackend::Flash);
+  CHECK(ds::cuda::attention_backend_from_name("flash2") == AttentionBackend::Flash2);
   CHECK(ds::cuda::attention_backend_from_name("plain") == AttentionBackend::Plain);
   CHECK(ds::cuda::attention_backend_from_name("cudnn") == AttentionBackend::Cudnn);
   CHECK_THROWS(ds::cuda::attention_backend_from_name("fast"));

@@ -1,9 +1,11 @@
 // GPU tests of dropout: the CUDA hidden-dropout op against the CPU op (f32,
 // bf16, f16), the CUDA masks bit-identical to the CPU masks (same key hash),
 // and attention dropout in the plain kernels (f32, against the CPU op) and in
-// the flash kernels (bf16, against the CPU op on the same masks; the test
-// also shows that a different mask would fail it). Skipped without a device.
+// the flash and flash2 kernels (bf16, against the CPU op on the same masks;
+// the test also shows that a different mask would fail it). Skipped without
+// a device.
 #include <cmath>
+#include <utility>
 
 #include "cuda/cuda_api.h"
 #include "lib/ops/ops.h"
@@ -84,7 +86,63 @@ AttnResult cpu_attention(const Tensor& qkv, const Tensor& dout, int NH, const Dr
   return r;
 }
 
+// Attention dropout in a fused backend (bf16) against the CPU op on the same
+// masks; another mask must fail the same check. `ran` reads the fused path's
+// forward and backward counts.
+void fused_dropout_case(ds::cuda::AttentionBackend backend, int64_t HS, int64_t T,
+                        std::pair<int64_t, int64_t> (*ran)(const ds::cuda::AttentionPathCounts&)) {
+  ds::cuda::set_attention_backend(backend);
+  const int NH = 2;
+  const int64_t B = 2;
+  const Tensor qkv = round_to(randn({B, T, 3 * NH * HS}, 13, 0.5f), DType::BF16);
+  const Tensor dout = round_to(randn({B, T, NH * HS}, 14), DType::BF16);
+  const DropoutSpec d = spec(0.3f, 1, DropoutSite::AttentionProbs);
+  DropoutSpec other = d;
+  other.stream += 1;
+  const auto before = ran(ds::cuda::attention_path_counts());
+  const AttnResult got = cuda_attention(qkv, dout, NH, DType::BF16, d);
+  const auto after = ran(ds::cuda::attention_path_counts());
+  INFO("HS " << HS << " T " << T);
+  CHECK(after.first - before.first == 1);
+  CHECK(after.second - before.second == 1);
+  const AttnResult want = cpu_attention(qkv, dout, NH, d), wrong = cpu_attention(qkv, dout, NH, other);
+  // bf16 rounding of P, dS and the outputs: a few 1e-3; another mask: O(1).
+  INFO("out error " << rel_err(got.out, want.out) << " vs another mask " << rel_err(got.out, wrong.out));
+  CHECK(rel_err(got.out, want.out) < 0.03);
+  CHECK(rel_err(got.dqkv, want.dqkv) < 0.03);
+  CHECK(rel_err(got.out, wrong.out) > 0.1);
+  CHECK(rel_err(got.dqkv, wrong.dqkv) > 0.1);
+  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
+}
+
 }  // namespace
+
+TEST_CASE("cuda attention dropout, flash kernels in bf16 use the CPU masks") {
+  if (!gpu_or_skip()) return;
+  fused_dropout_case(ds::cuda::AttentionBackend::Flash, 64, 150, [](const ds::cuda::AttentionPathCounts& c) {
+    return std::pair<int64_t, int64_t>(c.flash_forward, c.flash_backward);
+  });
+}
+
+TEST_CASE("cuda attention dropout, flash2 kernels in bf16 use the CPU masks") {
+  if (!gpu_or_skip()) return;
+  for (int64_t HS : {64, 128})
+    fused_dropout_case(ds::cuda::AttentionBackend::Flash2, HS, 150, [](const ds::cuda::AttentionPathCounts& c) {
+      return std::pair<int64_t, int64_t>(c.flash2_forward, c.flash2_backward);
+    });
+}
+
+// The ordered-dQ scheme is hidden from the default run (it could hang on a
+// device that dispatched key tiles out of order; test_cuda_attention.cpp).
+TEST_CASE("cuda attention dropout, flash2 with ordered dQ", "[.flash2-ordered]") {
+  if (!gpu_or_skip()) return;
+  ds::cuda::set_flash2_dq_mode(ds::cuda::Flash2Dq::Ordered);
+  for (int64_t HS : {64, 128})
+    fused_dropout_case(ds::cuda::AttentionBackend::Flash2, HS, 150, [](const ds::cuda::AttentionPathCounts& c) {
+      return std::pair<int64_t, int64_t>(c.flash2_forward, c.flash2_backward);
+    });
+  ds::cuda::set_flash2_dq_mode(ds::cuda::Flash2Dq::Recompute);
+}
 
 TEST_CASE("cuda attention dropout, plain kernels in f32 match the CPU op") {
   if (!gpu_or_skip()) return;
@@ -99,26 +157,3 @@ TEST_CASE("cuda attention dropout, plain kernels in f32 match the CPU op") {
   ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
 }
 
-TEST_CASE("cuda attention dropout, flash kernels in bf16 use the CPU masks") {
-  if (!gpu_or_skip()) return;
-  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
-  const int NH = 2;
-  const int64_t B = 2, T = 150, HS = 64;
-  const Tensor qkv = round_to(randn({B, T, 3 * NH * HS}, 13, 0.5f), DType::BF16);
-  const Tensor dout = round_to(randn({B, T, NH * HS}, 14), DType::BF16);
-  const DropoutSpec d = spec(0.3f, 1, DropoutSite::AttentionProbs);
-  DropoutSpec other = d;
-  other.stream += 1;
-  const ds::cuda::AttentionPathCounts before = ds::cuda::attention_path_counts();
-  const AttnResult got = cuda_attention(qkv, dout, NH, DType::BF16, d);
-  const ds::cuda::AttentionPathCounts after = ds::cuda::attention_path_counts();
-  CHECK(after.flash_forward - before.flash_forward == 1);
-  CHECK(after.flash_backward - before.flash_backward == 1);
-  const AttnResult want = cpu_attention(qkv, dout, NH, d), wrong = cpu_attention(qkv, dout, NH, other);
-  // bf16 rounding of P, dS and the outputs: a few 1e-3; another mask: O(1).
-  INFO("out error " << rel_err(got.out, want.out) << " vs another mask " << rel_err(got.out, wrong.out));
-  CHECK(rel_err(got.out, want.out) < 0.03);
-  CHECK(rel_err(got.dqkv, want.dqkv) < 0.03);
-  CHECK(rel_err(got.out, wrong.out) > 0.1);
-  CHECK(rel_err(got.dqkv, wrong.dqkv) > 0.1);
-}
