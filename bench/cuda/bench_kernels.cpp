@@ -1,7 +1,8 @@
 // Kernel benchmark of the CUDA backend: times each op through the same
 // launchers the trainer uses (ds::ops::*) and prints achieved GB/s or TFLOP/s
 // next to the floor time (bytes / measured copy bandwidth, flops / measured
-// bf16 GEMM rate, and the device's nominal peak). Prints a skip line and exits
+// bf16 GEMM rate, and the device's nominal peak), each row as a fraction of
+// its floor, and last the row furthest from its floor. Prints a skip line and exits
 // 0 without a device. Usage: bench_cuda_kernels [--quick]
 #include <cuda_runtime.h>
 
@@ -62,19 +63,43 @@ struct Ceilings {
   double peak = 0;    // nominal bf16 peak from device properties
 };
 
-void report_bytes(const char* name, double ms, double bytes, const Ceilings& c) {
-  double gbps = bytes / (ms * 1e-3) / 1e9;
-  std::printf("%-34s %9.3f ms %9.1f GB/s  floor %8.3f ms (bytes %.3g / %.0f GB/s)  %5.1f%%\n",
-              name, ms, gbps, bytes / (c.gbps * 1e9) * 1e3, bytes, c.gbps, 100.0 * gbps / c.gbps);
-}
+// Every row as a fraction of its floor (bytes / measured copy bandwidth for
+// memory-bound kernels, FLOPs / measured bf16 GEMM rate for GEMM-like ones);
+// the summary names the row furthest from its floor.
+struct Report {
+  Ceilings c;
+  struct Row {
+    std::string name;
+    double frac;  // floor time / measured time
+  };
+  std::vector<Row> rows;
 
-void report_flops(const char* name, double ms, double flops, const Ceilings& c) {
-  double tf = flops / (ms * 1e-3) / 1e12;
-  std::printf("%-34s %9.3f ms %9.1f TFLOP/s floor %8.3f ms (flops %.3g / %.0f TFLOP/s)  %5.1f%% "
-              "of GEMM, %5.1f%% of peak %.0f\n",
-              name, ms, tf, flops / (c.tflops * 1e12) * 1e3, flops, c.tflops,
-              100.0 * tf / c.tflops, 100.0 * tf / c.peak, c.peak);
-}
+  void bytes(const std::string& name, double ms, double bytes) {
+    double gbps = bytes / (ms * 1e-3) / 1e9;
+    std::printf("%-44s %9.3f ms %9.1f GB/s  floor %8.3f ms (bytes %.3g / %.0f GB/s)  %5.1f%% of copy\n",
+                name.c_str(), ms, gbps, bytes / (c.gbps * 1e9) * 1e3, bytes, c.gbps, 100.0 * gbps / c.gbps);
+    rows.push_back({name, gbps / c.gbps});
+  }
+  void flops(const std::string& name, double ms, double flops) {
+    double tf = flops / (ms * 1e-3) / 1e12;
+    std::printf("%-44s %9.3f ms %9.1f TFLOP/s floor %8.3f ms (flops %.3g / %.0f TFLOP/s)  %5.1f%% "
+                "of GEMM, %5.1f%% of peak %.0f\n",
+                name.c_str(), ms, tf, flops / (c.tflops * 1e12) * 1e3, flops, c.tflops,
+                100.0 * tf / c.tflops, 100.0 * tf / c.peak, c.peak);
+    rows.push_back({name, tf / c.tflops});
+  }
+  void summary() const {
+    if (rows.empty()) return;
+    const Row* worst = &rows[0];
+    int below = 0;
+    for (const Row& r : rows) {
+      if (r.frac < worst->frac) worst = &r;
+      below += r.frac < 0.8;
+    }
+    std::printf("furthest from its floor: %s at %.1f%% (%d of %zu rows below 80%%)\n", worst->name.c_str(),
+                100.0 * worst->frac, below, rows.size());
+  }
+};
 
 Ceilings measure_ceilings() {
   Ceilings c;
@@ -99,23 +124,99 @@ Ceilings measure_ceilings() {
   return c;
 }
 
-void bench_memory_bound(const Ceilings& c) {
-  const int64_t N = 16384, C = 768, V = 50304, Vp = 50304;
+// A bf16 view `off` elements into a fresh buffer (parameters are views into
+// one flat buffer: odd offsets take the vectorised kernels' scalar paths).
+Tensor offset_view(const Tensor& t, int64_t off) {
+  Tensor big = Tensor::empty({t.numel() + off}, t.dtype(), Device::cuda(0));
+  Tensor v = big.view(off, t.shape());
+  v.copy_from(t);
+  return v;
+}
+
+void bench_norms(Report& r) {
   const DType bf = DType::BF16;
-  Tensor x = rand_dev({N, C}, bf, 3), y = Tensor::empty({N, C}, bf, Device::cuda(0));
-  Tensor w = rand_dev({C}, bf, 4), bias = rand_dev({C}, bf, 5);
-  Tensor mean = Tensor::empty({N}, DType::F32, Device::cuda(0)), rstd = mean.clone();
-  double ms = time_ms([&] { ops::layernorm_forward(LayerNormArgs{y, mean, rstd, x, w, bias}); });
-  report_bytes("layernorm_forward bf16 16384x768", ms, 2.0 * N * C * 2, c);
-  Tensor dx = Tensor::empty({N, C}, bf, Device::cuda(0));
-  Tensor dw = Tensor::zeros({C}, DType::F32, Device::cuda(0)), db = dw.clone();
-  ms = time_ms([&] {
-    ops::layernorm_backward(LayerNormBwdArgs{dx, dw, db, y, x, w, mean, rstd});
-  });
-  report_bytes("layernorm_backward bf16 16384x768", ms, 5.0 * N * C * 2, c);
-  Tensor h = rand_dev({N, 4 * C}, bf, 6), g = Tensor::empty({N, 4 * C}, bf, Device::cuda(0));
-  ms = time_ms([&] { ops::gelu_forward(GeluArgs{g, h, Tensor{}}); });
-  report_bytes("gelu_forward bf16 16384x3072", ms, 2.0 * N * 4 * C * 2, c);
+  for (int64_t C : {768, 4096}) {
+    const int64_t N = 16384;
+    const double act = double(N) * C * 2;  // one bf16 activation
+    Tensor x = rand_dev({N, C}, bf, 3), y = Tensor::empty({N, C}, bf, Device::cuda(0));
+    Tensor w = rand_dev({C}, bf, 4), bias = rand_dev({C}, bf, 5);
+    Tensor mean = Tensor::empty({N}, DType::F32, Device::cuda(0)), rstd = mean.clone();
+    const std::string shape = " bf16 16384x" + std::to_string(C);
+    double ms = time_ms([&] { ops::layernorm_forward(LayerNormArgs{y, mean, rstd, x, w, bias}); });
+    r.bytes("layernorm_forward" + shape, ms, 2.0 * act);
+    Tensor dx = Tensor::empty({N, C}, bf, Device::cuda(0));
+    Tensor dw = Tensor::zeros({C}, DType::F32, Device::cuda(0)), db = dw.clone();
+    ms = time_ms([&] { ops::layernorm_backward(LayerNormBwdArgs{dx, dw, db, y, x, w, mean, rstd}); });
+    r.bytes("layernorm_backward" + shape, ms, 3.0 * act);  // x, dout read once; dinp written
+    ms = time_ms([&] { ops::rmsnorm_forward(RMSNormArgs{y, rstd, x, w}); });
+    r.bytes("rmsnorm_forward" + shape, ms, 2.0 * act);
+    ms = time_ms([&] { ops::rmsnorm_backward(RMSNormBwdArgs{dx, dw, y, x, w, rstd}); });
+    r.bytes("rmsnorm_backward" + shape, ms, 3.0 * act);
+    // Fused residual add + norm: reads a, b; writes sum and out. Beside it
+    // the unfused pair it replaces (add, then the norm re-reading sum).
+    Tensor res = rand_dev({N, C}, bf, 21), sum = Tensor::empty({N, C}, bf, Device::cuda(0));
+    ms = time_ms([&] {
+      ops::add_norm_forward(AddNormArgs{.sum = sum, .out = y, .mean = mean, .rstd = rstd, .a = x, .b = res,
+                                        .weight = w, .bias = bias});
+    });
+    r.bytes("add_norm_forward (layernorm)" + shape, ms, 4.0 * act);
+    ms = time_ms([&] {
+      ops::add_norm_forward(AddNormArgs{.sum = sum, .out = y, .rstd = rstd, .a = x, .b = res, .weight = w,
+                                        .norm = NormType::RMSNorm});
+    });
+    r.bytes("add_norm_forward (rmsnorm)" + shape, ms, 4.0 * act);
+    ms = time_ms([&] {
+      ops::add(AddArgs{sum, x, res});
+      ops::layernorm_forward(LayerNormArgs{y, mean, rstd, sum, w, bias});
+    });
+    r.bytes("add + layernorm_forward, unfused" + shape, ms, 4.0 * act);
+  }
+}
+
+void bench_elementwise(Report& r) {
+  const DType bf = DType::BF16;
+  const int64_t N = 16384, C = 768, F = 4 * C;
+  const double h = double(N) * F * 2;  // one bf16 (N, 4C) tensor
+  Tensor x = rand_dev({N, F}, bf, 6), y = Tensor::empty({N, F}, bf, Device::cuda(0));
+  Tensor d = rand_dev({N, F}, bf, 16);
+  double ms = time_ms([&] { ops::gelu_forward(GeluArgs{y, x, Tensor{}}); });
+  r.bytes("gelu_forward bf16 16384x3072", ms, 2.0 * h);
+  ms = time_ms([&] { ops::gelu_backward(GeluArgs{y, x, d}); });
+  r.bytes("gelu_backward bf16 16384x3072", ms, 3.0 * h);
+  Tensor gu = rand_dev({N, 2 * F}, bf, 17), dgu = Tensor::empty({N, 2 * F}, bf, Device::cuda(0));
+  ms = time_ms([&] { ops::swiglu_forward(SwigluArgs{y, gu}); });
+  r.bytes("swiglu_forward bf16 16384x(2x3072)", ms, 3.0 * h);
+  ms = time_ms([&] { ops::swiglu_backward(SwigluBwdArgs{dgu, d, gu}); });
+  r.bytes("swiglu_backward bf16 16384x(2x3072)", ms, 5.0 * h);
+  ms = time_ms([&] { ops::add(AddArgs{y, x, d}); });
+  r.bytes("add bf16 16384x3072", ms, 3.0 * h);
+  Tensor xo = offset_view(x, 1), dof = offset_view(d, 1), yo = offset_view(y, 1);
+  ms = time_ms([&] { ops::add(AddArgs{yo, xo, dof}); });
+  r.bytes("add bf16 16384x3072 (offset 1: head/tail)", ms, 3.0 * h);
+  Tensor d3 = offset_view(d, 3);
+  ms = time_ms([&] { ops::add(AddArgs{yo, xo, d3}); });
+  r.bytes("add bf16 16384x3072 (phases differ: scalar)", ms, 3.0 * h);
+  ms = time_ms([&] { ops::scale(ScaleArgs{y, 0.999f}); });
+  r.bytes("scale bf16 16384x3072", ms, 2.0 * h);
+  Tensor f = rand_dev({N, F}, DType::F32, 18);
+  ms = time_ms([&] { ops::cast(CastArgs{y, f}); });
+  r.bytes("cast f32->bf16 16384x3072", ms, 3.0 * h);
+  Tensor xc = rand_dev({8, 2048, C}, bf, 19), rc = rand_dev({8, 2048, C}, bf, 20);
+  Tensor oc = Tensor::empty({8, 2048, C}, bf, Device::cuda(0));
+  DropoutSpec dsp;
+  dsp.p = 0.1f;
+  ms = time_ms([&] { ops::dropout_forward(DropoutArgs{oc, xc, rc, dsp}); });
+  r.bytes("dropout_forward+residual bf16 16384x768", ms, 3.0 * N * C * 2);
+  Tensor acc = Tensor::zeros({1}, DType::F32, Device::cuda(0));
+  ms = time_ms([&] { ops::sum_squares(SumSquaresArgs{acc, f}); });
+  r.bytes("sum_squares f32 16384x3072", ms, 2.0 * h);
+  ms = time_ms([&] { ops::nonfinite_check(NonFiniteArgs{acc, x}); });
+  r.bytes("nonfinite_check bf16 16384x3072", ms, h);
+}
+
+void bench_loss_optim(Report& r) {
+  const DType bf = DType::BF16;
+  const int64_t C = 768, V = 50304, Vp = 50304;
   const int64_t NL = 8192;
   Tensor logits = rand_dev({NL, Vp}, bf, 7);
   Tensor losses = Tensor::empty({NL}, DType::F32, Device::cuda(0));
@@ -123,31 +224,46 @@ void bench_memory_bound(const Ceilings& c) {
   for (int64_t i = 0; i < NL; ++i) tgt.data<int32_t>()[i] = int32_t((i * 7919) % V);
   tgt = tgt.to(Device::cuda(0));
   Tensor dl = Tensor::empty({NL, Vp}, bf, Device::cuda(0));
-  ms = time_ms([&] { ops::cross_entropy(CrossEntropyArgs{losses, dl, logits, tgt, V, 1.0f}); });
-  report_bytes("cross_entropy+grad bf16 8192x50304", ms, 3.0 * NL * Vp * 2, c);
+  double ms = time_ms([&] { ops::cross_entropy(CrossEntropyArgs{losses, dl, logits, tgt, V, 1.0f}); });
+  r.bytes("cross_entropy+grad bf16 8192x50304", ms, 3.0 * NL * Vp * 2);
   const int64_t P = 124000000;
   Tensor param = rand_dev({P}, DType::F32, 8, 0.02f), grad = rand_dev({P}, bf, 9, 1e-3f);
   Tensor m = Tensor::zeros({P}, DType::F32, Device::cuda(0)), v = m.clone();
   Tensor lowp = Tensor::empty({P}, bf, Device::cuda(0));
   AdamWArgs aw;
   aw.param = param; aw.grad = grad; aw.m = m; aw.v = v; aw.param_lowp = lowp; aw.lr = 1e-4f;
+  const double adam_bytes = double(P) * (4 * 6 + 2 + 2);
   ms = time_ms([&] { ops::adamw_step(aw); });
-  report_bytes("adamw_step 124M f32 master, bf16 grad", ms, double(P) * (4 * 6 + 2 + 2), c);
+  r.bytes("adamw_step 124M f32 master, bf16 grad", ms, adam_bytes);
+  // The optimizer's form: one call with a segment per parameter of a
+  // GPT-2 124M-like layout (12 layers x 12 tensors + 4), decay alternating.
+  std::vector<int64_t> seg;
+  const int64_t nseg = 12 * 12 + 4;
+  for (int64_t i = 0, b = 0; i < nseg; ++i) {
+    const int64_t e = i + 1 == nseg ? P : b + (i % 2 ? 768 + 3 : (P / nseg) * 2 - 800);
+    seg.insert(seg.end(), {b, std::min(e, P), i % 2 ? 0 : 1});
+    b = std::min(e, P);
+  }
+  Tensor segs = Tensor::empty({nseg, 3}, DType::I64);
+  std::copy(seg.begin(), seg.end(), segs.data<int64_t>());
+  aw.segments = segs.to(Device::cuda(0));
+  ms = time_ms([&] { ops::adamw_step(aw); });
+  r.bytes("adamw_step 124M, 148 segments, one launch", ms, adam_bytes);
   Tensor tok = Tensor::empty({8, 2048}, DType::I32);
   for (int64_t i = 0; i < tok.numel(); ++i) tok.data<int32_t>()[i] = int32_t((i * 104729) % V);
   tok = tok.to(Device::cuda(0));
   Tensor dwte = Tensor::zeros({V, C}, DType::F32, Device::cuda(0));
   Tensor dout = rand_dev({8, 2048, C}, bf, 10);
   ms = time_ms([&] { ops::embedding_backward(EmbeddingBwdArgs{dwte, Tensor{}, dout, tok}); });
-  report_bytes("embedding_backward bf16 16384 tok", ms, 16384.0 * C * 2 + 2.0 * 16384 * C * 4, c);
+  r.bytes("embedding_backward bf16 16384 tok", ms, 16384.0 * C * 2 + 2.0 * 16384 * C * 4);
 }
 
-void bench_matmul_attention(const Ceilings& c, bool quick) {
+void bench_matmul_attention(Report& r, bool quick) {
   const int64_t N = 16384, C = 768, OC = 3072;
   Tensor x = rand_dev({N, C}, DType::BF16, 11), w = rand_dev({OC, C}, DType::BF16, 12, 0.02f);
   Tensor o = Tensor::empty({N, OC}, DType::BF16, Device::cuda(0));
   double ms = time_ms([&] { ops::matmul_forward(MatmulArgs{o, x, w, Tensor{}}); });
-  report_flops("matmul_forward bf16 16384x768->3072", ms, 2.0 * N * C * OC, c);
+  r.flops("matmul_forward bf16 16384x768->3072", ms, 2.0 * N * C * OC);
   struct A { int64_t B, T; int NH, HS; };
   std::vector<A> cases = {{8, 1024, 12, 64}, {4, 2048, 16, 128}, {2, 4096, 16, 128}};
   if (!quick) cases.push_back({1, 8192, 16, 128});
@@ -181,13 +297,13 @@ void bench_matmul_attention(const Ceilings& c, bool quick) {
       std::snprintf(name, sizeof(name), "attn %s fwd B%ld T%ld NH%d HS%d", bname, long(a.B),
                     long(a.T), a.NH, a.HS);
       ms = time_ms([&] { ops::attention_forward(AttentionArgs{out, lse, qkv, a.NH}); });
-      report_flops(name, ms, fwd_flops, c);
+      r.flops(name, ms, fwd_flops);
       std::snprintf(name, sizeof(name), "attn %s bwd B%ld T%ld NH%d HS%d", bname, long(a.B),
                     long(a.T), a.NH, a.HS);
       ms = time_ms([&] {
         ops::attention_backward(AttentionBwdArgs{dqkv, dout, out, lse, qkv, a.NH});
       });
-      report_flops(name, ms, 2.5 * fwd_flops, c);
+      r.flops(name, ms, 2.5 * fwd_flops);
       // Forward + backward, the training step's cost (3.5x the forward's
       // FLOPs, counted the usual way: the backward's recomputation is not).
       // Not for plain: the sum of its two lines, and slow enough to strain
@@ -199,7 +315,7 @@ void bench_matmul_attention(const Ceilings& c, bool quick) {
         ops::attention_forward(AttentionArgs{out, lse, qkv, a.NH});
         ops::attention_backward(AttentionBwdArgs{dqkv, dout, out, lse, qkv, a.NH});
       });
-      report_flops(name, ms, 3.5 * fwd_flops, c);
+      r.flops(name, ms, 3.5 * fwd_flops);
     }
   }
   ds::cuda::set_attention_backend(AttentionBackend::Flash);
@@ -216,9 +332,12 @@ int main(int argc, char** argv) {
   }
   ds::cuda::init_device(0);
   std::printf("device: %s\n", ds::cuda::device_name().c_str());
-  Ceilings c = measure_ceilings();
-  bench_memory_bound(c);
-  bench_matmul_attention(c, quick);
+  Report r{measure_ceilings(), {}};
+  bench_norms(r);
+  bench_elementwise(r);
+  bench_loss_optim(r);
+  bench_matmul_attention(r, quick);
+  r.summary();
   std::printf("max allocated: %.2f GiB\n", ds::cuda::max_allocated_bytes() / double(1 << 30));
   return 0;
 }

@@ -1,10 +1,14 @@
-// AdamW step on one parameter tensor: fp32 master weights and moments, the
+// AdamW step over a parameter range: fp32 master weights and moments, the
 // gradient in f32/bf16/f16, optional write-back of the updated weights to a
 // bf16/f16 model copy. Decoupled weight decay; bias corrections from the host.
+// One launch covers a whole flat buffer: AdamWArgs.segments lists the
+// parameter ranges and which of them decay (looked up per vector by binary
+// search, then a cursor), so the optimizer step is one kernel, not one per
+// tensor.
 // With sr_seed != 0 a bf16 model copy is stochastically rounded: the low 16
 // bits of sr_bits(seed, i) are added to the f32 bit pattern before truncation,
 // exactly as lib/cpu/optim.cpp does (same bits on both backends).
-#include "cuda/core/common.cuh"
+#include "cuda/core/vec.cuh"
 #include "lib/ops/ops.h"
 
 namespace ds::cuda {
@@ -34,31 +38,111 @@ struct AdamWParams {
   float* m;            // (n) f32
   float* v;            // (n) f32
   AnyPtr param_lowp;   // (n) or null
-  int64_t n;
+  const int64_t* seg;  // (S, 3) {begin, end, decay} or null (all of [0, n), decay)
+  int64_t S;
+  VecPlan pl;          // over [0, n)
   float lr, beta1, beta2, eps, weight_decay, grad_scale;
   float step_size;     // lr / (1 - beta1^step)
   float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^step)
   uint64_t sr_seed;    // != 0 and param_lowp bf16: stochastic rounding
 };
 
-__global__ void adamw_kernel(AdamWParams p) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    float g = load(p.grad, i) * p.grad_scale;
-    float m = p.beta1 * p.m[i] + (1.0f - p.beta1) * g;
-    float v = p.beta2 * p.v[i] + (1.0f - p.beta2) * g * g;
-    p.m[i] = m;
-    p.v[i] = v;
-    // PyTorch's form: decay first, then the bias-corrected Adam step.
-    float w = p.param[i];
-    w -= p.lr * p.weight_decay * w;
-    w -= p.step_size * m / (sqrtf(v) * p.inv_sqrt_bc2 + p.eps);
-    p.param[i] = w;
-    if (p.sr_seed && p.param_lowp.t == FType::BF16)
-      static_cast<bf16*>(p.param_lowp.p)[i] = bf16_stochastic(w, p.sr_seed, uint64_t(i));
-    else if (p.param_lowp.p)
-      store(p.param_lowp, i, w);
+constexpr int kV = 4;  // elements per vector: 16 bytes of the f32 state
+
+// Updates m, v and returns the new weight (PyTorch's form: decay first, then
+// the bias-corrected Adam step). `wd` is weight_decay or 0.
+__device__ __forceinline__ float adam_update(const AdamWParams& p, float g, float& m, float& v,
+                                             float w, float wd) {
+  g *= p.grad_scale;
+  m = p.beta1 * m + (1.0f - p.beta1) * g;
+  v = p.beta2 * v + (1.0f - p.beta2) * g * g;
+  w -= p.lr * wd * w;
+  w -= p.step_size * m / (sqrtf(v) * p.inv_sqrt_bc2 + p.eps);
+  return w;
+}
+
+__device__ __forceinline__ void store_lowp(const AdamWParams& p, int64_t i, float w) {
+  if (p.sr_seed && p.param_lowp.t == FType::BF16)
+    static_cast<bf16*>(p.param_lowp.p)[i] = bf16_stochastic(w, p.sr_seed, uint64_t(i));
+  else if (p.param_lowp.p)
+    store(p.param_lowp, i, w);
+}
+
+// Weight decay of element i (weight_decay or 0), or -1 when i is in no segment.
+// `s` is a segment cursor: the first segment whose end is > the last index
+// asked; indices must be asked in increasing order.
+__device__ __forceinline__ float decay_of(const AdamWParams& p, int64_t i, int64_t& s) {
+  if (!p.seg) return p.weight_decay;
+  while (s < p.S && p.seg[3 * s + 1] <= i) ++s;
+  if (s == p.S || p.seg[3 * s] > i) return -1.f;
+  return p.seg[3 * s + 2] ? p.weight_decay : 0.f;
+}
+// First segment whose end is > i (binary search over the sorted ends).
+__device__ __forceinline__ int64_t first_segment(const AdamWParams& p, int64_t i) {
+  if (!p.seg) return 0;
+  int64_t lo = 0, hi = p.S;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (p.seg[3 * mid + 1] <= i) lo = mid + 1;
+    else hi = mid;
   }
+  return lo;
+}
+
+__device__ __forceinline__ void adamw_scalar(const AdamWParams& p, int64_t i, float wd) {
+  float m = p.m[i], v = p.v[i];
+  const float w = adam_update(p, load(p.grad, i), m, v, p.param[i], wd);
+  p.m[i] = m;
+  p.v[i] = v;
+  p.param[i] = w;
+  store_lowp(p, i, w);
+}
+
+// One launch over the whole range: 16-byte vectors of the f32 state (the
+// gradient and the low-precision copy in their own widths); a vector that
+// leaves a segment, and the plan's head and tail, go element by element.
+__global__ void adamw_kernel(AdamWParams p) {
+  vec_loop<kV>(
+      p.pl,
+      [&](int64_t i) {
+        int64_t s = first_segment(p, i);
+        float wd[kV];
+        bool whole = true;
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          wd[k] = decay_of(p, i + k, s);
+          whole = whole && wd[k] >= 0.f;
+        }
+        if (!whole) {
+#pragma unroll
+          for (int k = 0; k < kV; ++k)
+            if (wd[k] >= 0.f) adamw_scalar(p, i + k, wd[k]);
+          return;
+        }
+        float g[kV], m[kV], v[kV], w[kV];
+        load_any<kV>(p.grad, i, g);
+        load_f<kV>(p.m, i, m);
+        load_f<kV>(p.v, i, v);
+        load_f<kV>(p.param, i, w);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) w[k] = adam_update(p, g[k], m[k], v[k], w[k], wd[k]);
+        store_f<kV>(p.m, i, m);
+        store_f<kV>(p.v, i, v);
+        store_f<kV>(p.param, i, w);
+        if (p.sr_seed && p.param_lowp.t == FType::BF16) {
+          Packed<bf16, kV> o;
+#pragma unroll
+          for (int k = 0; k < kV; ++k) o.v[k] = bf16_stochastic(w[k], p.sr_seed, uint64_t(i + k));
+          store_vec<kV>(static_cast<bf16*>(p.param_lowp.p), i, o);
+        } else if (p.param_lowp.p) {
+          store_any<kV>(p.param_lowp, i, w);
+        }
+      },
+      [&](int64_t i) {
+        int64_t s = first_segment(p, i);
+        const float wd = decay_of(p, i, s);
+        if (wd >= 0.f) adamw_scalar(p, i, wd);
+      });
 }
 
 }  // namespace
@@ -66,13 +150,17 @@ __global__ void adamw_kernel(AdamWParams p) {
 void adamw_step(const AdamWArgs& a, const Stream& s) {
   int64_t n = a.param.numel();
   if (n == 0) return;
-  AdamWParams p{a.param.data<float>(), any_ptr(a.grad), a.m.data<float>(), a.v.data<float>(),
-                any_ptr(a.param_lowp), n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
-                a.grad_scale,
+  const AnyPtr grad = any_ptr(a.grad), lowp = any_ptr(a.param_lowp);
+  VecPlan pl = plan_vec(n, kV, {{a.param.raw(), 4}, {a.m.raw(), 4}, {a.v.raw(), 4},
+                                {grad.p, elem_bytes(grad)}, {lowp.p, elem_bytes(lowp)}});
+  const bool seg = a.segments.defined();
+  AdamWParams p{a.param.data<float>(), grad, a.m.data<float>(), a.v.data<float>(), lowp,
+                seg ? a.segments.data<int64_t>() : nullptr, seg ? a.segments.size(0) : 0, pl,
+                a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale,
                 float(a.lr / (1.0 - std::pow(double(a.beta1), double(a.step)))),
                 float(1.0 / std::sqrt(1.0 - std::pow(double(a.beta2), double(a.step)))),
                 a.sr_seed};
-  adamw_kernel<<<grid_for(n, 256), 256, 0, stream_of(s)>>>(p);
+  adamw_kernel<<<grid_for_plan(pl, 256), 256, 0, stream_of(s)>>>(p);
   DS_CUDA_CHECK_LAUNCH();
 }
 

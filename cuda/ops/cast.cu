@@ -1,16 +1,23 @@
 // Dtype conversion between f32, bf16 and f16 (round to nearest even); same
-// dtype is a device copy.
-#include "cuda/core/common.cuh"
+// dtype is a device copy. Vectorised (cuda/core/vec.cuh): N elements per
+// thread, 16 bytes of the narrower type.
+#include "cuda/core/vec.cuh"
 #include "lib/ops/ops.h"
 
 namespace ds::cuda {
 namespace {
 
 template <class To, class From>
-__global__ void cast_kernel(To* out /* (n) */, const From* inp /* (n) */, int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = from_f<To>(to_f(inp[i]));
+__global__ void cast_kernel(To* out /* (n) */, const From* inp /* (n) */, VecPlan pl) {
+  constexpr int N = vec_width(sizeof(To) < sizeof(From) ? int(sizeof(To)) : int(sizeof(From)));
+  vec_loop<N>(
+      pl,
+      [&](int64_t i) {
+        float x[N];
+        load_f<N>(inp, i, x);
+        store_f<N>(out, i, x);
+      },
+      [&](int64_t i) { out[i] = from_f<To>(to_f(inp[i])); });
 }
 
 }  // namespace
@@ -29,8 +36,10 @@ void cast(const CastArgs& a, const Stream& s) {
     using To = typename decltype(to_tag)::type;
     dispatch_float(a.inp.dtype(), op, [&](auto from_tag) {
       using From = typename decltype(from_tag)::type;
-      cast_kernel<To, From><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(a.out.data<To>(),
-                                                                        a.inp.data<From>(), n);
+      constexpr int N = vec_width(sizeof(To) < sizeof(From) ? int(sizeof(To)) : int(sizeof(From)));
+      VecPlan pl = plan_vec(n, N, {{a.out.raw(), int(sizeof(To))}, {a.inp.raw(), int(sizeof(From))}});
+      cast_kernel<To, From><<<grid_for_plan(pl, 256), 256, 0, stream_of(s)>>>(a.out.data<To>(),
+                                                                             a.inp.data<From>(), pl);
       DS_CUDA_CHECK_LAUNCH();
     });
   });

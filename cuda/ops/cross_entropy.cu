@@ -6,7 +6,10 @@
 // A target >= V is an error on every backend: the CPU op throws, and since a
 // kernel cannot, GptModel checks the targets on the host before the loss (the
 // kernel itself would treat such a row as ignored).
-#include "cuda/core/common.cuh"
+// Rows are read and written in 16-byte vectors when the padded width Vp is a
+// multiple of the vector width and the logits/dlogits are aligned (the
+// padded columns inside a vector are masked), else element by element.
+#include "cuda/core/vec.cuh"
 #include "lib/ops/ops.h"
 
 namespace ds::cuda {
@@ -23,7 +26,7 @@ template <class T> struct XentParams {
   float dloss;
 };
 
-template <class T>
+template <class T, int VW>
 __global__ void cross_entropy_kernel(XentParams<T> p) {
   int64_t row = blockIdx.x;
   const T* x = p.logits + row * p.Vp;
@@ -31,13 +34,21 @@ __global__ void cross_entropy_kernel(XentParams<T> p) {
   bool valid = tgt >= 0 && tgt < p.V;
   float xt = valid ? to_f(x[tgt]) : 0.f;  // read before any thread writes dlogits
   float m = -INFINITY, s = 0.f;
-  for (int64_t c = threadIdx.x; c < p.V; c += kThreads) {
-    float v = to_f(x[c]);
-    if (v > m) {
-      s = s * expf(m - v) + 1.0f;
-      m = v;
-    } else {
-      s += expf(v - m);
+  // Vectors over the padded row (all in bounds); columns >= V are skipped.
+  const int64_t end = VW == 1 ? p.V : p.Vp;
+  for (int64_t c0 = int64_t(threadIdx.x) * VW; c0 < end; c0 += int64_t(kThreads) * VW) {
+    float xv[VW];
+    load_f<VW>(x, c0, xv);
+#pragma unroll
+    for (int k = 0; k < VW; ++k) {
+      if (c0 + k >= p.V) continue;
+      const float v = xv[k];
+      if (v > m) {
+        s = s * expf(m - v) + 1.0f;
+        m = v;
+      } else {
+        s += expf(v - m);
+      }
     }
   }
   float M = block_max(m);
@@ -46,10 +57,16 @@ __global__ void cross_entropy_kernel(XentParams<T> p) {
   if (threadIdx.x == 0) p.losses[row] = valid ? lse - xt : 0.f;
   if (!p.dlogits) return;
   T* d = p.dlogits + row * p.Vp;
-  for (int64_t c = threadIdx.x; c < p.Vp; c += kThreads) {
-    float g = 0.f;
-    if (valid && c < p.V) g = p.dloss * (expf(to_f(x[c]) - lse) - (c == tgt ? 1.0f : 0.0f));
-    d[c] = from_f<T>(g);
+  for (int64_t c0 = int64_t(threadIdx.x) * VW; c0 < p.Vp; c0 += int64_t(kThreads) * VW) {
+    float xv[VW], g[VW];
+    load_f<VW>(x, c0, xv);
+#pragma unroll
+    for (int k = 0; k < VW; ++k) {
+      const int64_t c = c0 + k;
+      g[k] = 0.f;
+      if (valid && c < p.V) g[k] = p.dloss * (expf(xv[k] - lse) - (c == tgt ? 1.0f : 0.0f));
+    }
+    store_f<VW>(d, c0, g);
   }
 }
 
@@ -65,7 +82,12 @@ void cross_entropy(const CrossEntropyArgs& a, const Stream& s) {
     using T = typename decltype(tag)::type;
     XentParams<T> p{a.losses.data<float>(), a.dlogits.defined() ? a.dlogits.data<T>() : nullptr,
                     a.logits.data<T>(), a.targets.data<int32_t>(), N, Vp, a.V, a.dloss};
-    cross_entropy_kernel<T><<<unsigned(N), kThreads, 0, stream_of(s)>>>(p);
+    constexpr int E = sizeof(T), VW = vec_width(E);
+    if (rows_vectorisable(a.logits.raw(), E, Vp, VW) &&
+        rows_vectorisable(a.dlogits.defined() ? a.dlogits.raw() : nullptr, E, Vp, VW))
+      cross_entropy_kernel<T, VW><<<unsigned(N), kThreads, 0, stream_of(s)>>>(p);
+    else
+      cross_entropy_kernel<T, 1><<<unsigned(N), kThreads, 0, stream_of(s)>>>(p);
     DS_CUDA_CHECK_LAUNCH();
   });
 }

@@ -1,7 +1,9 @@
-// Hidden dropout fused with the residual add on the GPU: one thread per
-// element, the mask drawn from the same hash as the CPU backend
-// (lib/ops/dropout_mask.h), so both backends drop exactly the same elements.
-#include "cuda/core/common.cuh"
+// Hidden dropout fused with the residual add on the GPU: the mask drawn per
+// element from the same hash as the CPU backend (lib/ops/dropout_mask.h), so
+// both backends drop exactly the same elements. 16-byte vectors per thread
+// when C is a multiple of the width and the tensors are aligned (a vector
+// then stays inside one row), else one element per thread.
+#include "cuda/core/vec.cuh"
 #include "lib/ops/ops.h"
 
 namespace ds::cuda {
@@ -15,17 +17,34 @@ template <class T> struct DropoutParams {
   DropoutSpec d;
   uint32_t threshold;
   float scale;
+  VecPlan pl;
 };
 
 template <class T>
 __global__ void dropout_kernel(DropoutParams<T> p) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / p.C, c = i - r * p.C;
-    const uint64_t row = dropout_hidden_row(p.d.stream, p.d.sample0 + r / p.T_, p.d.pos0 + r % p.T_);
-    float v = to_f(p.inp[i]) * dropout_factor(row, c, p.threshold, p.scale);
-    if (p.residual) v += to_f(p.residual[i]);
-    p.out[i] = from_f<T>(v);
-  }
+  constexpr int V = vec_width(sizeof(T));
+  vec_loop<V>(
+      p.pl,
+      [&](int64_t i) {
+        const int64_t r = i / p.C, c0 = i - r * p.C;
+        const uint64_t row = dropout_hidden_row(p.d.stream, p.d.sample0 + r / p.T_, p.d.pos0 + r % p.T_);
+        float v[V], res[V];
+        load_f<V>(p.inp, i, v);
+        if (p.residual) load_f<V>(p.residual, i, res);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          v[k] *= dropout_factor(row, c0 + k, p.threshold, p.scale);
+          if (p.residual) v[k] += res[k];
+        }
+        store_f<V>(p.out, i, v);
+      },
+      [&](int64_t i) {
+        const int64_t r = i / p.C, c = i - r * p.C;
+        const uint64_t row = dropout_hidden_row(p.d.stream, p.d.sample0 + r / p.T_, p.d.pos0 + r % p.T_);
+        float v = to_f(p.inp[i]) * dropout_factor(row, c, p.threshold, p.scale);
+        if (p.residual) v += to_f(p.residual[i]);
+        p.out[i] = from_f<T>(v);
+      });
 }
 
 void run(const DropoutArgs& a, const Stream& s, const char* op, bool with_residual) {
@@ -38,8 +57,15 @@ void run(const DropoutArgs& a, const Stream& s, const char* op, bool with_residu
     using T = typename decltype(tag)::type;
     DropoutParams<T> p{a.out.data<T>(), a.inp.data<T>(), with_residual ? a.residual.data<T>() : nullptr,
                        a.inp.size(1), a.inp.size(2), n, a.dropout, dropout_threshold(a.dropout.p),
-                       dropout_scale(a.dropout.p)};
-    dropout_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(p);
+                       dropout_scale(a.dropout.p), VecPlan{}};
+    constexpr int E = sizeof(T), V = vec_width(E);
+    const int64_t C = a.inp.size(2);
+    p.pl.n = n;
+    p.pl.width = V;
+    if (rows_vectorisable(a.out.raw(), E, C, V) && rows_vectorisable(a.inp.raw(), E, C, V) &&
+        rows_vectorisable(with_residual ? a.residual.raw() : nullptr, E, C, V))
+      p.pl.nvec = n / V;
+    dropout_kernel<T><<<grid_for_plan(p.pl, 256), 256, 0, stream_of(s)>>>(p);
     DS_CUDA_CHECK_LAUNCH();
   });
 }

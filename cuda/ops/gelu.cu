@@ -1,6 +1,7 @@
-// GELU (tanh approximation) forward and backward, elementwise with a
-// grid-stride loop. Backward: dinp = dout * gelu'(inp) (GeluArgs.out is dinp).
-#include "cuda/core/common.cuh"
+// GELU (tanh approximation) forward and backward, elementwise, vectorised
+// (cuda/core/vec.cuh: 16 bytes per array per thread, scalar head/tail).
+// Backward: dinp = dout * gelu'(inp) (GeluArgs.out is dinp).
+#include "cuda/core/vec.cuh"
 #include "lib/ops/ops.h"
 
 namespace ds::cuda {
@@ -9,27 +10,46 @@ namespace {
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
 
+__device__ __forceinline__ float gelu_f(float x) {
+  float t = tanhf(kGeluK * (x + kGeluA * x * x * x));
+  return 0.5f * x * (1.0f + t);
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  float t = tanhf(kGeluK * (x + kGeluA * x * x * x));
+  float dt = (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluA * x * x);
+  return 0.5f * (1.0f + t) + 0.5f * x * dt;
+}
+
 template <class T>
-__global__ void gelu_forward_kernel(T* out /* (n) */, const T* inp /* (n) */, int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    float x = to_f(inp[i]);
-    float t = tanhf(kGeluK * (x + kGeluA * x * x * x));
-    out[i] = from_f<T>(0.5f * x * (1.0f + t));
-  }
+__global__ void gelu_forward_kernel(T* out /* (n) */, const T* inp /* (n) */, VecPlan pl) {
+  constexpr int N = vec_width(sizeof(T));
+  vec_loop<N>(
+      pl,
+      [&](int64_t i) {
+        float x[N];
+        load_f<N>(inp, i, x);
+#pragma unroll
+        for (int k = 0; k < N; ++k) x[k] = gelu_f(x[k]);
+        store_f<N>(out, i, x);
+      },
+      [&](int64_t i) { out[i] = from_f<T>(gelu_f(to_f(inp[i]))); });
 }
 
 template <class T>
 __global__ void gelu_backward_kernel(T* dinp /* (n) */, const T* inp /* (n) */,
-                                     const T* dout /* (n) */, int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    float x = to_f(inp[i]);
-    float t = tanhf(kGeluK * (x + kGeluA * x * x * x));
-    float dt = (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluA * x * x);
-    float g = 0.5f * (1.0f + t) + 0.5f * x * dt;
-    dinp[i] = from_f<T>(to_f(dout[i]) * g);
-  }
+                                     const T* dout /* (n) */, VecPlan pl) {
+  constexpr int N = vec_width(sizeof(T));
+  vec_loop<N>(
+      pl,
+      [&](int64_t i) {
+        float x[N], d[N];
+        load_f<N>(inp, i, x);
+        load_f<N>(dout, i, d);
+#pragma unroll
+        for (int k = 0; k < N; ++k) x[k] = d[k] * gelu_grad(x[k]);
+        store_f<N>(dinp, i, x);
+      },
+      [&](int64_t i) { dinp[i] = from_f<T>(to_f(dout[i]) * gelu_grad(to_f(inp[i]))); });
 }
 
 void check_same(const Tensor& a, const Tensor& ref, const char* op, const char* name) {
@@ -45,8 +65,10 @@ void gelu_forward(const GeluArgs& a, const Stream& s) {
   if (n == 0) return;
   dispatch_float(a.inp.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gelu_forward_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(a.out.data<T>(),
-                                                                       a.inp.data<T>(), n);
+    constexpr int E = sizeof(T);
+    VecPlan pl = plan_vec(n, vec_width(E), {{a.out.raw(), E}, {a.inp.raw(), E}});
+    gelu_forward_kernel<T><<<grid_for_plan(pl, 256), 256, 0, stream_of(s)>>>(a.out.data<T>(),
+                                                                             a.inp.data<T>(), pl);
     DS_CUDA_CHECK_LAUNCH();
   });
 }
@@ -59,8 +81,10 @@ void gelu_backward(const GeluArgs& a, const Stream& s) {
   if (n == 0) return;
   dispatch_float(a.inp.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gelu_backward_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
-        a.out.data<T>(), a.inp.data<T>(), a.dout.data<T>(), n);
+    constexpr int E = sizeof(T);
+    VecPlan pl = plan_vec(n, vec_width(E), {{a.out.raw(), E}, {a.inp.raw(), E}, {a.dout.raw(), E}});
+    gelu_backward_kernel<T><<<grid_for_plan(pl, 256), 256, 0, stream_of(s)>>>(
+        a.out.data<T>(), a.inp.data<T>(), a.dout.data<T>(), pl);
     DS_CUDA_CHECK_LAUNCH();
   });
 }

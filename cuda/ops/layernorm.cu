@@ -1,7 +1,16 @@
-// LayerNorm forward and backward. One warp per row: mean, centered variance
-// and the output in three passes over the row (re-reads hit L1/L2). Weight and
-// bias gradients use the deterministic column reduction.
+// LayerNorm forward and backward.
+// Forward: one warp per row, mean, centered variance and the output in three
+// passes over the row (the re-reads hit L1); each lane moves V elements per
+// access (16 bytes) when the row starts and the weight/bias are aligned and C
+// is a multiple of V, else one (cuda/core/vec.cuh).
+// Backward: one pass over x and dout per row (cuda/core/norm_bwd.cuh): one
+// block per fixed chunk of rows writes dinp and its own partial dweight/dbias
+// sums, which a second kernel adds in chunk order (no atomics). Rows longer
+// than the one-pass kernel holds fall back to the column reduction plus a
+// dinp kernel (two reads of the inputs).
+#include "cuda/core/norm_bwd.cuh"
 #include "cuda/core/reduce.cuh"
+#include "cuda/core/vec.cuh"
 #include "lib/ops/ops.h"
 
 namespace ds::cuda {
@@ -20,26 +29,41 @@ template <class T> struct LnFwdParams {
   float eps;
 };
 
-template <class T>
+// V elements per lane access (1: scalar path).
+template <class T, int V>
 __global__ void layernorm_forward_kernel(LnFwdParams<T> p) {
   int lane = threadIdx.x & 31;
   int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= p.N) return;
   const T* x = p.inp + row * p.C;
   float s = 0.f;
-  for (int64_t c = lane; c < p.C; c += 32) s += to_f(x[c]);
+  for (int64_t c = lane * V; c < p.C; c += 32 * V) {
+    float xv[V];
+    load_f<V>(x, c, xv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) s += xv[k];
+  }
   float m = warp_sum(s) / float(p.C);
   float v = 0.f;
-  for (int64_t c = lane; c < p.C; c += 32) {
-    float d = to_f(x[c]) - m;
-    v += d * d;
+  for (int64_t c = lane * V; c < p.C; c += 32 * V) {
+    float xv[V];
+    load_f<V>(x, c, xv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) v += (xv[k] - m) * (xv[k] - m);
   }
   float rs = 1.0f / sqrtf(warp_sum(v) / float(p.C) + p.eps);
   T* o = p.out + row * p.C;
-  for (int64_t c = lane; c < p.C; c += 32) {
-    float y = (to_f(x[c]) - m) * rs * load(p.weight, c);
-    if (p.bias.p) y += load(p.bias, c);
-    o[c] = from_f<T>(y);
+  for (int64_t c = lane * V; c < p.C; c += 32 * V) {
+    float xv[V], w[V], b[V];
+    load_f<V>(x, c, xv);
+    load_any<V>(p.weight, c, w);
+    if (p.bias.p) load_any<V>(p.bias, c, b);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      xv[k] = (xv[k] - m) * rs * w[k];
+      if (p.bias.p) xv[k] += b[k];
+    }
+    store_f<V>(o, c, xv);
   }
   if (lane == 0) {
     if (p.mean) p.mean[row] = m;
@@ -58,6 +82,7 @@ template <class T> struct LnBwdParams {
   bool add;           // dinp += instead of =
 };
 
+// Fallback dinp kernel (rows too long for the one-pass kernel): one warp per row.
 template <class T>
 __global__ void layernorm_backward_kernel(LnBwdParams<T> p) {
   int lane = threadIdx.x & 31;
@@ -98,6 +123,14 @@ template <class T> struct LnParamGrad {
   }
 };
 
+template <class T> bool ln_rows_vec(const LayerNormArgs& a, int64_t C) {
+  constexpr int V = vec_width(sizeof(T));
+  return rows_vectorisable(a.inp.raw(), sizeof(T), C, V) &&
+         rows_vectorisable(a.out.raw(), sizeof(T), C, V) &&
+         rows_vectorisable(a.weight.raw(), int(dtype_size(a.weight.dtype())), C, V) &&
+         (!a.bias.defined() || rows_vectorisable(a.bias.raw(), int(dtype_size(a.bias.dtype())), C, V));
+}
+
 }  // namespace
 
 void layernorm_forward(const LayerNormArgs& a, const Stream& s) {
@@ -109,8 +142,12 @@ void layernorm_forward(const LayerNormArgs& a, const Stream& s) {
     using T = typename decltype(tag)::type;
     LnFwdParams<T> p{a.out.data<T>(), a.mean.data<float>(), a.rstd.data<float>(),
                      a.inp.data<T>(), any_ptr(a.weight), any_ptr(a.bias), N, C, a.eps};
-    layernorm_forward_kernel<T><<<grid_for(N, kRowsPerBlock, 1ll << 31), 32 * kRowsPerBlock, 0,
-                                  stream_of(s)>>>(p);
+    const unsigned grid = grid_for(N, kRowsPerBlock, 1ll << 31);
+    if (ln_rows_vec<T>(a, C))
+      layernorm_forward_kernel<T, vec_width(sizeof(T))>
+          <<<grid, 32 * kRowsPerBlock, 0, stream_of(s)>>>(p);
+    else
+      layernorm_forward_kernel<T, 1><<<grid, 32 * kRowsPerBlock, 0, stream_of(s)>>>(p);
     DS_CUDA_CHECK_LAUNCH();
   });
 }
@@ -123,6 +160,10 @@ void layernorm_backward(const LayerNormBwdArgs& a, const Stream& s) {
   if (N == 0) return;
   dispatch_float(a.inp.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    NormBwd<T> nb{a.dinp.defined() ? a.dinp.data<T>() : nullptr, a.dout.data<T>(), a.inp.data<T>(),
+                  any_ptr(a.weight), a.mean.data<float>(), a.rstd.data<float>(),
+                  any_ptr(a.dweight), any_ptr(a.dbias), N, C, a.accum == Accum::Add};
+    if (norm_backward_one_pass<T, NormKind::LayerNorm>(nb, s)) return;
     // Parameter gradients first: dinp may alias dout.
     if (a.dweight.defined() || a.dbias.defined()) {
       LnParamGrad<T> f{a.dout.data<T>(), a.inp.data<T>(), a.mean.data<float>(),

@@ -1,7 +1,12 @@
 // RMSNorm forward and backward (LLaMA style: y = x * rstd * w, no mean, no
-// bias). One warp per row; the weight gradient uses the deterministic column
-// reduction.
+// bias). Forward: one warp per row, 16-byte vectors per lane when the rows and
+// the weight are aligned and C is a multiple of the width (cuda/core/vec.cuh).
+// Backward: the one-pass kernel of cuda/core/norm_bwd.cuh (dinp and per-chunk
+// weight-gradient partials, then an in-order sum); rows too long for it use
+// the column reduction plus a dinp kernel.
+#include "cuda/core/norm_bwd.cuh"
 #include "cuda/core/reduce.cuh"
+#include "cuda/core/vec.cuh"
 #include "lib/ops/ops.h"
 
 namespace ds::cuda {
@@ -18,20 +23,30 @@ template <class T> struct RmsFwdParams {
   float eps;
 };
 
-template <class T>
+// V elements per lane access (1: scalar path).
+template <class T, int V>
 __global__ void rmsnorm_forward_kernel(RmsFwdParams<T> p) {
   int lane = threadIdx.x & 31;
   int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= p.N) return;
   const T* x = p.inp + row * p.C;
   float ss = 0.f;
-  for (int64_t c = lane; c < p.C; c += 32) {
-    float v = to_f(x[c]);
-    ss += v * v;
+  for (int64_t c = lane * V; c < p.C; c += 32 * V) {
+    float xv[V];
+    load_f<V>(x, c, xv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) ss += xv[k] * xv[k];
   }
   float rs = 1.0f / sqrtf(warp_sum(ss) / float(p.C) + p.eps);
   T* o = p.out + row * p.C;
-  for (int64_t c = lane; c < p.C; c += 32) o[c] = from_f<T>(to_f(x[c]) * rs * load(p.weight, c));
+  for (int64_t c = lane * V; c < p.C; c += 32 * V) {
+    float xv[V], w[V];
+    load_f<V>(x, c, xv);
+    load_any<V>(p.weight, c, w);
+#pragma unroll
+    for (int k = 0; k < V; ++k) xv[k] = xv[k] * rs * w[k];
+    store_f<V>(o, c, xv);
+  }
   if (lane == 0 && p.rstd) p.rstd[row] = rs;
 }
 
@@ -86,8 +101,13 @@ void rmsnorm_forward(const RMSNormArgs& a, const Stream& s) {
     using T = typename decltype(tag)::type;
     RmsFwdParams<T> p{a.out.data<T>(), a.rstd.data<float>(), a.inp.data<T>(), any_ptr(a.weight),
                       N, C, a.eps};
-    rmsnorm_forward_kernel<T><<<grid_for(N, kRowsPerBlock, 1ll << 31), 32 * kRowsPerBlock, 0,
-                                stream_of(s)>>>(p);
+    constexpr int V = vec_width(sizeof(T));
+    const unsigned grid = grid_for(N, kRowsPerBlock, 1ll << 31);
+    if (rows_vectorisable(a.inp.raw(), sizeof(T), C, V) && rows_vectorisable(a.out.raw(), sizeof(T), C, V) &&
+        rows_vectorisable(a.weight.raw(), int(dtype_size(a.weight.dtype())), C, V))
+      rmsnorm_forward_kernel<T, V><<<grid, 32 * kRowsPerBlock, 0, stream_of(s)>>>(p);
+    else
+      rmsnorm_forward_kernel<T, 1><<<grid, 32 * kRowsPerBlock, 0, stream_of(s)>>>(p);
     DS_CUDA_CHECK_LAUNCH();
   });
 }
@@ -99,6 +119,10 @@ void rmsnorm_backward(const RMSNormBwdArgs& a, const Stream& s) {
   if (N == 0) return;
   dispatch_float(a.inp.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    NormBwd<T> nb{a.dinp.defined() ? a.dinp.data<T>() : nullptr, a.dout.data<T>(), a.inp.data<T>(),
+                  any_ptr(a.weight), nullptr, a.rstd.data<float>(), any_ptr(a.dweight), AnyPtr{},
+                  N, C, a.accum == Accum::Add};
+    if (norm_backward_one_pass<T, NormKind::RMSNorm>(nb, s)) return;
     // Weight gradient first: dinp may alias dout.
     if (a.dweight.defined()) {
       RmsWeightGrad<T> f{a.dout.data<T>(), a.inp.data<T>(), a.rstd.data<float>(), C};

@@ -1,8 +1,10 @@
 // out += sum(x^2) for the global gradient norm. Deterministic: a fixed number
 // of blocks (a function of numel only) each sums a fixed strided subset in
-// double, then one block adds the partials in order.
+// double, then one block adds the partials in order. Reads are 16-byte
+// vectors (cuda/core/vec.cuh); the split of the work depends on numel and the
+// pointer's alignment only.
 #include "cuda/core/allocator.h"
-#include "cuda/core/common.cuh"
+#include "cuda/core/vec.cuh"
 #include "lib/ops/ops.h"
 
 namespace ds::cuda {
@@ -13,13 +15,21 @@ constexpr int64_t kMaxPartials = 1024;
 
 template <class T>
 __global__ void sum_squares_partial_kernel(double* partial /* (G) */, const T* x /* (n) */,
-                                           int64_t n) {
+                                           VecPlan pl) {
+  constexpr int V = vec_width(sizeof(T));
   double acc = 0.0;
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * kThreads) {
-    double v = to_f(x[i]);
-    acc += v * v;
-  }
+  vec_loop<V>(
+      pl,
+      [&](int64_t i) {
+        float v[V];
+        load_f<V>(x, i, v);
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc += double(v[k]) * double(v[k]);
+      },
+      [&](int64_t i) {
+        double v = to_f(x[i]);
+        acc += v * v;
+      });
   acc = block_sum(acc);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
@@ -43,8 +53,10 @@ void sum_squares(const SumSquaresArgs& a, const Stream& s) {
   auto* partial = static_cast<double*>(stream_workspace(s, sizeof(double) * size_t(G)));
   dispatch_float(a.x.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    constexpr int E = sizeof(T);
+    VecPlan pl = plan_vec(n, vec_width(E), {{a.x.raw(), E}});
     sum_squares_partial_kernel<T><<<unsigned(G), kThreads, 0, stream_of(s)>>>(partial,
-                                                                            a.x.data<T>(), n);
+                                                                            a.x.data<T>(), pl);
     DS_CUDA_CHECK_LAUNCH();
   });
   sum_squares_finish_kernel<<<1, kThreads, 0, stream_of(s)>>>(a.out.data<float>(), partial,

@@ -51,7 +51,8 @@ inline uint32_t sr_bits(uint64_t seed, uint64_t i) {
 // f32 -> bf16 rounding up with probability (dropped bits) / 2^16: random low
 // bits are added to the bit pattern before truncation. NaN rounds to nearest;
 // inf has zero low bits and stays inf.
-void store_bf16_stochastic(uint16_t* dst, const float* src, uint64_t seed, int64_t b,
+// Hash index of element i is idx0 + i (its index in the whole op call).
+void store_bf16_stochastic(uint16_t* dst, const float* src, uint64_t seed, int64_t idx0, int64_t b,
                            int64_t e) {
   for (int64_t i = b; i < e; ++i) {
     if (std::isnan(src[i])) {
@@ -60,20 +61,20 @@ void store_bf16_stochastic(uint16_t* dst, const float* src, uint64_t seed, int64
     }
     uint32_t u;
     std::memcpy(&u, &src[i], 4);
-    dst[i] = static_cast<uint16_t>((u + sr_bits(seed, static_cast<uint64_t>(i))) >> 16);
+    dst[i] = static_cast<uint16_t>((u + sr_bits(seed, static_cast<uint64_t>(idx0 + i))) >> 16);
   }
 }
 
-}  // namespace
-
-void adamw_step(const AdamWArgs& a, const Stream&) {
-  const int64_t n = a.param.numel();
-  float* p = a.param.data<float>();         // (n)
-  const float* g = a.grad.data<float>();    // (n)
-  float* m = a.m.data<float>();             // (n)
-  float* v = a.v.data<float>();             // (n)
+// The update of elements [base, base + n) of the call with weight decay
+// `weight_decay`. Chunks are counted from `base`, so a segment gives the same
+// bits as a call on that segment alone.
+void adamw_range(const AdamWArgs& a, int64_t base, int64_t n, float weight_decay) {
+  float* p = a.param.data<float>() + base;         // (n)
+  const float* g = a.grad.data<float>() + base;    // (n)
+  float* m = a.m.data<float>() + base;             // (n)
+  float* v = a.v.data<float>() + base;             // (n)
   const float b1 = a.beta1, b2 = a.beta2, eps = a.eps, gs = a.grad_scale;
-  const float decay = a.lr * a.weight_decay;
+  const float decay = a.lr * weight_decay;
   const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), a.step));
   const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), a.step));
   const float step_size = a.lr / bc1;
@@ -90,11 +91,24 @@ void adamw_step(const AdamWArgs& a, const Stream&) {
       p[i] = pi - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
     }
     if (!a.param_lowp.defined()) return;
-    if (a.sr_seed != 0 && a.param_lowp.dtype() == DType::BF16)
-      store_bf16_stochastic(a.param_lowp.data<uint16_t>(), p, a.sr_seed, b, e);
+    const DType lt = a.param_lowp.dtype();
+    if (a.sr_seed != 0 && lt == DType::BF16)
+      store_bf16_stochastic(a.param_lowp.data<uint16_t>() + base, p, a.sr_seed, base, b, e);
     else
-      store_cast(a.param_lowp.raw(), a.param_lowp.dtype(), p, b, e);
+      store_cast(static_cast<char*>(a.param_lowp.raw()) + base * int64_t(dtype_size(lt)), lt, p, b, e);
   });
+}
+
+}  // namespace
+
+void adamw_step(const AdamWArgs& a, const Stream&) {
+  if (!a.segments.defined()) {
+    adamw_range(a, 0, a.param.numel(), a.weight_decay);
+    return;
+  }
+  const int64_t* seg = a.segments.data<int64_t>();  // (S, 3) {begin, end, decay}
+  for (int64_t s = 0; s < a.segments.size(0); ++s)
+    adamw_range(a, seg[3 * s], seg[3 * s + 1] - seg[3 * s], seg[3 * s + 2] ? a.weight_decay : 0.f);
 }
 
 void sum_squares(const SumSquaresArgs& a, const Stream&) {

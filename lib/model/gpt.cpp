@@ -312,6 +312,29 @@ void GptModel::norm_forward(const std::string& prefix, const Tensor& out, const 
   }
 }
 
+void GptModel::dropout_add_norm(const std::string& prefix, const Tensor& sum, const Tensor& inp,
+                                const Tensor& residual, const DropoutSpec& d, const Tensor& out,
+                                const Tensor& mean, const Tensor& rstd) {
+  if (d.p != 0.f) {
+    dropout_add(sum, inp, residual, d);
+    norm_forward(prefix, out, mean, rstd, sum);
+    return;
+  }
+  // Same bits as add + norm on the CPU (the op's CPU version is that sequence).
+  const Tensor s = rows(sum);
+  ops::add_norm_forward({.sum = s,
+                         .out = out,
+                         .mean = d_.rmsnorm ? Tensor() : mean,
+                         .rstd = rstd,
+                         .a = rows(inp),
+                         .b = rows(residual),
+                         .weight = w(prefix + ".weight"),
+                         .bias = d_.rmsnorm ? Tensor() : w(prefix + ".bias"),
+                         .norm = d_.rmsnorm ? NormType::RMSNorm : NormType::LayerNorm,
+                         .eps = cfg_.norm_eps},
+                        stream_);
+}
+
 void GptModel::norm_backward(const std::string& prefix, const Tensor& dinp, const Tensor& dout,
                              const Tensor& inp, const Tensor& mean, const Tensor& rstd) {
   if (tp_.sp()) {
@@ -412,8 +435,8 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y) {
                        .bias = row_bias ? opt(p + "attn.proj.bias", false) : Tensor()},
                       stream_);
   exit_tp(a.resid_mid);
-  dropout_add(a.resid_mid, a.resid_mid, rows(x), hidden_dropout(l, DropoutSite::AttentionOut));
-  norm_forward(p + "norm2", a.norm2_out, a.norm2_mean, a.norm2_rstd, a.resid_mid);
+  dropout_add_norm(p + "norm2", a.resid_mid, a.resid_mid, rows(x), hidden_dropout(l, DropoutSite::AttentionOut),
+                   a.norm2_out, a.norm2_mean, a.norm2_rstd);
   ops::matmul_forward({.out = a.fc_out,
                        .inp = enter_tp(a.norm2_out),
                        .weight = w(p + "mlp.fc.weight"),

@@ -240,6 +240,10 @@ class GptModel {
   void layer_backward(int l, const Tensor& x_in, const Tensor& dresid);
   void norm_forward(const std::string& prefix, const Tensor& out, const Tensor& mean,
                     const Tensor& rstd, const Tensor& inp);
+  // sum = residual + dropout(inp), then the norm `prefix` of sum into out: the
+  // fused add_norm_forward op without dropout, dropout_add + norm_forward with.
+  void dropout_add_norm(const std::string& prefix, const Tensor& sum, const Tensor& inp, const Tensor& residual,
+                        const DropoutSpec& d, const Tensor& out, const Tensor& mean, const Tensor& rstd);
   void norm_backward(const std::string& prefix, const Tensor& dinp, const Tensor& dout,
                      const Tensor& inp, const Tensor& mean, const Tensor& rstd);
   // Views into the acquired unit tensors (the unit must be acquired).

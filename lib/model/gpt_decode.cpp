@@ -111,8 +111,7 @@ void GptModel::decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std:
                        .bias = row_bias ? opt(p + "attn.proj.bias", false) : Tensor()},
                       stream_);
   reduce_from_tp_forward(tp_, mid);
-  ops::add({.out = mid, .a = mid, .b = x}, stream_);
-  norm_forward(p + "norm2", h, s1, s2, mid);
+  dropout_add_norm(p + "norm2", mid, mid, x, DropoutSpec{}, h, s1, s2);  // fused add + norm
   Tensor fc = c.fc.view(0, {N, c.fc.size(1)}), act = c.act.view(0, {N, Fl_});
   ops::matmul_forward(
       {.out = fc, .inp = h, .weight = w(p + "mlp.fc.weight"), .bias = opt(p + "mlp.fc.bias", false)}, stream_);

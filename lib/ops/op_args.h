@@ -139,6 +139,37 @@ template <class A, class F> IfArgs<A, RMSNormBwdArgs> fields(A& a, F&& f) {
   f(a.rstd, "rstd", Role::In);
 }
 
+// Residual add fused with the norm that follows it (the pre-norm block's
+// "x + attn(x)" then norm2): sum = a + b, stored in the dtype of sum, then
+// out = LayerNorm or RMSNorm of sum as stored (as add then norm would read
+// it). sum may alias a or b. Roles are Native: the CPU version IS add then
+// the norm (lib/ops/add_norm.cpp), each with its own low-precision
+// emulation, so its bits equal the unfused sequence; the CUDA kernel reads
+// a and b once and writes sum and out in one pass.
+enum class NormType : uint8_t { LayerNorm, RMSNorm };
+struct AddNormArgs {
+  Tensor sum;      // (N, C) a + b
+  Tensor out;      // (N, C) norm(sum)
+  Tensor mean;     // (N) f32 or undefined (LayerNorm only)
+  Tensor rstd;     // (N) f32 or undefined
+  Tensor a;        // (N, C)
+  Tensor b;        // (N, C)
+  Tensor weight;   // (C)
+  Tensor bias;     // (C) or undefined (LayerNorm only)
+  NormType norm = NormType::LayerNorm;
+  float eps = 1e-5f;
+};
+template <class A, class F> IfArgs<A, AddNormArgs> fields(A& a, F&& f) {
+  f(a.sum, "sum", Role::Native);
+  f(a.out, "out", Role::Native);
+  f(a.mean, "mean", Role::Native);
+  f(a.rstd, "rstd", Role::Native);
+  f(a.a, "a", Role::Native);
+  f(a.b, "b", Role::Native);
+  f(a.weight, "weight", Role::Native);
+  f(a.bias, "bias", Role::Native);
+}
+
 // out = inp @ weight^T (+ bias). weight is (OC, C) as in nn.Linear.
 struct MatmulArgs {
   Tensor out;      // (N, OC)
@@ -367,8 +398,13 @@ template <class A, class F> IfArgs<A, VocabParallelCEArgs> fields(A& a, F&& f) {
   f(a.dlogits, "dlogits", Role::Out);
 }
 
-// Decoupled-weight-decay Adam on one parameter tensor (fp32 master).
+// Decoupled-weight-decay Adam on a parameter range (fp32 master).
 // If `param_lowp` is defined, the updated value is also written to it (cast).
+// `segments` lets one call cover a whole flat buffer (every parameter of a
+// layout): rows {begin, end, decay} of element ranges of this call, sorted and
+// disjoint; only elements inside a segment are updated, with weight_decay
+// where decay != 0 and none elsewhere. Each segment gives the same bits as a
+// call on that range alone. Undefined: all of [0, n) with weight_decay.
 struct AdamWArgs {
   Tensor param;    // (n) f32 master weights
   Tensor grad;     // (n) gradient (f32, or bf16/f16 on CUDA)
@@ -378,6 +414,7 @@ struct AdamWArgs {
   float grad_scale = 1.0f;  // grads are multiplied by this first (unscale, clip)
   int64_t step = 1;         // 1-based, for bias correction
   uint64_t sr_seed = 0;  // != 0: stochastic rounding of a bf16 param_lowp (seeded per step)
+  Tensor segments;  // (S, 3) i64 {begin, end, decay} or undefined; on the op's device
 };
 // param, m and v are f32 master state: passed as they are, so the kernel
 // rejects anything else. The kernel rounds into param_lowp itself (nearest or,
@@ -388,6 +425,7 @@ template <class A, class F> IfArgs<A, AdamWArgs> fields(A& a, F&& f) {
   f(a.m, "m", Role::Native);
   f(a.v, "v", Role::Native);
   f(a.param_lowp, "param_lowp", Role::Native);
+  f(a.segments, "segments", Role::Native);
 }
 
 struct SumSquaresArgs {

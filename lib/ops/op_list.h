@@ -12,6 +12,7 @@
   X(layernorm_backward, LayerNormBwdArgs)    \
   X(rmsnorm_forward, RMSNormArgs)            \
   X(rmsnorm_backward, RMSNormBwdArgs)        \
+  X(add_norm_forward, AddNormArgs)           \
   X(matmul_forward, MatmulArgs)              \
   X(matmul_backward, MatmulBwdArgs)          \
   X(attention_forward, AttentionArgs)        \

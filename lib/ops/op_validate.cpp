@@ -259,6 +259,23 @@ void validate_rmsnorm_forward(const RMSNormArgs& a) {
   if (a.rstd.defined()) c.stat(a.rstd, d.N, "rstd");
 }
 
+void validate_add_norm_forward(const AddNormArgs& a) {
+  const Check c("add_norm_forward");
+  c.devices(a);
+  const NormDims d = check_norm(c, a.sum, a.weight);
+  c.floating(a.out, "out");
+  c.floating(a.a, "a");
+  c.floating(a.b, "b");
+  c.same_shape(a.out, a.sum, "out", "sum");
+  c.numel(a.a, a.sum.numel(), "a", "numel(sum)");
+  c.numel(a.b, a.sum.numel(), "b", "numel(sum)");
+  if (a.norm == NormType::RMSNorm)
+    DS_CHECK(!a.mean.defined() && !a.bias.defined(), "{}: RMSNorm takes no mean and no bias", c.op());
+  check_channels(c, a.bias, d.C, "bias");
+  if (a.mean.defined()) c.stat(a.mean, d.N, "mean");
+  if (a.rstd.defined()) c.stat(a.rstd, d.N, "rstd");
+}
+
 void validate_rmsnorm_backward(const RMSNormBwdArgs& a) {
   const Check c("rmsnorm_backward");
   c.devices(a);
@@ -430,6 +447,18 @@ void validate_adamw_step(const AdamWArgs& a) {
   c.stat(a.m, n, "m", "numel(param)");
   c.stat(a.v, n, "v", "numel(param)");
   DS_CHECK(a.step >= 1, "{}: step must be >= 1 (1-based), got {}", c.op(), a.step);
+  if (a.segments.defined()) {
+    DS_CHECK(a.segments.dtype() == DType::I64 && a.segments.dim() == 2 && a.segments.size(1) == 3,
+             "{}: segments must be i64 (S, 3) rows {{begin, end, decay}}, got {} {}", c.op(),
+             dtype_name(a.segments.dtype()), shape_str(a.segments.shape()));
+    if (a.segments.device().is_cpu()) {  // device tables were checked when built on the host
+      const int64_t* s = a.segments.data<int64_t>();
+      for (int64_t i = 0, prev = 0; i < a.segments.size(0); prev = s[3 * i + 1], ++i)
+        DS_CHECK(prev <= s[3 * i] && s[3 * i] <= s[3 * i + 1] && s[3 * i + 1] <= n,
+                 "{}: segment {} [{}, {}) is not sorted, disjoint and inside [0, {})", c.op(), i,
+                 s[3 * i], s[3 * i + 1], n);
+    }
+  }
   if (!a.param_lowp.defined()) return;
   c.floating(a.param_lowp, "param_lowp");
   c.numel(a.param_lowp, n, "param_lowp", "numel(param)");

@@ -1,9 +1,12 @@
-// AdamW over the flat layout: one fused op call per parameter range, with the
-// weight-decay choice taken from the layout (decay flag per weight).
+// AdamW over the flat layout: one fused op call for the whole owned range.
+// The layout's parameters become the call's segments (one per parameter, with
+// its decay flag), built once on the device: one kernel launch per step on
+// CUDA, and on the CPU the same bits as one call per parameter.
 #include "lib/optim/adamw.h"
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "lib/core/error.h"
 #include "lib/core/mem_tag.h"
@@ -15,9 +18,25 @@ AdamW::AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end)
     : layout_(&layout), begin_(begin), end_(end) {
   DS_CHECK(0 <= begin && begin <= end && end <= layout.total, "AdamW range [{}, {}) outside 0..{}", begin, end,
            layout.total);
-  MemTagScope tag(MemTag::Optimizer);  // counted as model state (lib/core/mem_tag.h)
-  m_ = Tensor::zeros({end - begin}, DType::F32, dev);
-  v_ = Tensor::zeros({end - begin}, DType::F32, dev);
+  {
+    MemTagScope tag(MemTag::Optimizer);  // counted as model state (lib/core/mem_tag.h)
+    m_ = Tensor::zeros({end - begin}, DType::F32, dev);
+    v_ = Tensor::zeros({end - begin}, DType::F32, dev);
+  }
+  // The segment table (24 bytes per parameter) is bookkeeping, not model state.
+  std::vector<int64_t> seg;  // {begin, end, decay} relative to begin, sorted by offset
+  std::vector<const ParamSpec*> specs;
+  for (const ParamSpec& p : layout.params) specs.push_back(&p);
+  std::sort(specs.begin(), specs.end(), [](const ParamSpec* a, const ParamSpec* b) { return a->offset < b->offset; });
+  for (const ParamSpec* p : specs) {
+    const int64_t lo = std::max(p->offset, begin), hi = std::min(p->offset + p->numel, end);
+    if (lo >= hi) continue;
+    seg.insert(seg.end(), {lo - begin, hi - begin, p->decay ? 1 : 0});
+  }
+  if (seg.empty()) return;
+  Tensor host = Tensor::empty({int64_t(seg.size() / 3), 3}, DType::I64);
+  std::copy(seg.begin(), seg.end(), host.data<int64_t>());
+  segments_ = dev.is_cpu() ? host : host.to(dev);
 }
 
 void AdamW::step(const Tensor& params, const Tensor& grads, const AdamWHyper& h, float grad_scale,
@@ -25,25 +44,22 @@ void AdamW::step(const Tensor& params, const Tensor& grads, const AdamWHyper& h,
   DS_CHECK(params.numel() == end_ - begin_ && grads.numel() == end_ - begin_,
            "AdamW: params {} / grads {} elements, expected {}", params.numel(), grads.numel(), end_ - begin_);
   ++step_;
-  for (const ParamSpec& p : layout_->params) {
-    int64_t lo = std::max(p.offset, begin_), hi = std::min(p.offset + p.numel, end_);
-    if (lo >= hi) continue;
-    int64_t off = lo - begin_, n = hi - lo;
-    AdamWArgs a;
-    a.param = params.view(off, {n});
-    a.grad = grads.view(off, {n});
-    if (params_lowp.defined()) a.param_lowp = params_lowp.view(off, {n});
-    a.m = m_.view(off, {n});
-    a.v = v_.view(off, {n});
-    a.lr = h.lr;
-    a.beta1 = h.beta1;
-    a.beta2 = h.beta2;
-    a.eps = h.eps;
-    a.weight_decay = p.decay ? h.weight_decay : 0.f;
-    a.grad_scale = grad_scale;
-    a.step = step_;
-    ops::adamw_step(a, s);
-  }
+  if (!segments_.defined()) return;  // no parameter in the range
+  AdamWArgs a;
+  a.param = params;
+  a.grad = grads;
+  if (params_lowp.defined()) a.param_lowp = params_lowp;
+  a.m = m_;
+  a.v = v_;
+  a.lr = h.lr;
+  a.beta1 = h.beta1;
+  a.beta2 = h.beta2;
+  a.eps = h.eps;
+  a.weight_decay = h.weight_decay;
+  a.grad_scale = grad_scale;
+  a.step = step_;
+  a.segments = segments_;
+  ops::adamw_step(a, s);
 }
 
 double grad_sum_squares(const Tensor& grads, const Stream& s) {

@@ -39,6 +39,7 @@ class AdamW {
   int64_t begin_, end_;
   int64_t step_ = 0;
   Tensor m_, v_;
+  Tensor segments_;  // (S, 3) i64 {begin, end, decay} of the owned range, on the moments' device
 };
 
 // Global L2 norm of a gradient buffer (sum of squares on the device, one sync).

@@ -25,12 +25,14 @@ DropoutSpec spec(float p, int64_t layer, DropoutSite site) {
 
 TEST_CASE("cuda dropout forward and backward") {
   if (!gpu_or_skip()) return;
-  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
-    const Shape s{3, 37, 203};
-    check_cuda_vs_cpu(dropout_forward_case({.out = Tensor::zeros(s, DType::F32), .inp = randn(s, 1),
+  // C = 203: element by element; C = 256: 16-byte vectors (and, at odd
+  // offsets, the scalar path again).
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+  for (const Shape& s : {Shape{3, 37, 203}, Shape{2, 19, 256}}) {
+    check_cuda_vs_cpu_offsets(dropout_forward_case({.out = Tensor::zeros(s, DType::F32), .inp = randn(s, 1),
                                             .residual = randn(s, 2), .dropout = spec(0.1f, 0, DropoutSite::MlpOut)}),
                       dt);
-    check_cuda_vs_cpu(make_case("dropout_backward",
+    check_cuda_vs_cpu_offsets(make_case("dropout_backward",
                                 DropoutArgs{.out = Tensor::zeros(s, DType::F32), .inp = randn(s, 3),
                                             .residual = Tensor(), .dropout = spec(0.3f, 1, DropoutSite::AttentionOut)},
                                 ops::dropout_backward),
@@ -40,10 +42,10 @@ TEST_CASE("cuda dropout forward and backward") {
 
 TEST_CASE("cuda dropout masks are bit-identical to the CPU masks") {
   if (!gpu_or_skip()) return;
-  const Shape s{4, 33, 130};
-  Tensor ones = Tensor::empty(s, DType::F32);
-  for (int64_t i = 0; i < ones.numel(); ++i) ones.data<float>()[i] = 1.f;
+  for (const Shape& s : {Shape{4, 33, 130}, Shape{2, 33, 128}})  // scalar and vector paths
   for (float p : {0.1f, 0.5f}) {
+    Tensor ones = Tensor::empty(s, DType::F32);
+    for (int64_t i = 0; i < ones.numel(); ++i) ones.data<float>()[i] = 1.f;
     const DropoutSpec d = spec(p, -1, DropoutSite::Embedding);
     Tensor cpu_out = Tensor::empty(s, DType::F32);
     ops::dropout_forward({.out = cpu_out, .inp = ones, .residual = Tensor(), .dropout = d});

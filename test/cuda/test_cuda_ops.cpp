@@ -20,60 +20,148 @@ const DType kAllTypes[] = {DType::F32, DType::BF16, DType::F16};
 
 const Tensor zeros_f32(const Shape& s) { return Tensor::zeros(s, DType::F32); }
 
+// Exact statistics of the f32 inputs for the backward cases.
+void norm_stats(const Tensor& inp, Tensor& mean, Tensor& rstd, Tensor& rms_rstd) {
+  const int64_t C = inp.size(-1), N = inp.numel() / C;
+  mean = Tensor::empty({N}, DType::F32);
+  rstd = Tensor::empty({N}, DType::F32);
+  rms_rstd = Tensor::empty({N}, DType::F32);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = inp.data<float>() + n * C;
+    double s = 0, v = 0, ss = 0;
+    for (int64_t c = 0; c < C; ++c) s += x[c];
+    const double m = s / C;
+    for (int64_t c = 0; c < C; ++c) {
+      v += (x[c] - m) * (x[c] - m);
+      ss += double(x[c]) * x[c];
+    }
+    mean.data<float>()[n] = float(m);
+    rstd.data<float>()[n] = float(1.0 / std::sqrt(v / C + 1e-5));
+    rms_rstd.data<float>()[n] = float(1.0 / std::sqrt(ss / C + 1e-5));
+  }
+}
+
+// Row lengths of the norm tests: odd (scalar lanes), a multiple of 8 (16-byte
+// vectors), long rows that need several vectors per thread in the one-pass
+// backward (5000: 3 per thread in bf16, 5 in f32), and one past its limit of
+// 8192 (the two-pass fallback).
+struct NormShape {
+  int64_t N, C;
+};
+const NormShape kNormShapes[] = {{37, 203}, {29, 768}, {5, 5000}, {3, 8200}};
+
 }  // namespace
 
 TEST_CASE("cuda layernorm forward and backward") {
   if (!gpu_or_skip()) return;
-  for (DType dt : kAllTypes) {
-    const int64_t N = 37, C = 203;
-    check_cuda_vs_cpu(layernorm_forward_case({.out = zeros_f32({N, C}), .mean = zeros_f32({N}),
-                                              .rstd = zeros_f32({N}), .inp = randn({N, C}, 1, 2.0f),
-                                              .weight = randn({C}, 2), .bias = randn({C}, 3)}),
-                      dt);
-    // Backward: mean/rstd from the f32 inputs (exact statistics), grads accumulate.
-    Tensor inp = randn({N, C}, 4, 1.5f), mean = Tensor::empty({N}, DType::F32),
-           rstd = Tensor::empty({N}, DType::F32);
-    for (int64_t n = 0; n < N; ++n) {
-      double s = 0, v = 0;
-      for (int64_t c = 0; c < C; ++c) s += inp.data<float>()[n * C + c];
-      double m = s / C;
-      for (int64_t c = 0; c < C; ++c) v += std::pow(inp.data<float>()[n * C + c] - m, 2);
-      mean.data<float>()[n] = float(m);
-      rstd.data<float>()[n] = float(1.0 / std::sqrt(v / C + 1e-5));
-    }
-    for (Accum acc : {Accum::Overwrite, Accum::Add}) {
-      OpCase bw = make_case("layernorm_backward",
-                            LayerNormBwdArgs{.dinp = randn({N, C}, 5), .dweight = randn({C}, 6),
-                                             .dbias = randn({C}, 7), .dout = randn({N, C}, 8),
-                                             .inp = inp, .weight = randn({C}, 9), .mean = mean,
-                                             .rstd = rstd, .accum = acc},
+  for (DType dt : kAllTypes)
+    for (const NormShape& sh : kNormShapes) {
+      const int64_t N = sh.N, C = sh.C;
+      INFO("N " << N << " C " << C);
+      check_cuda_vs_cpu_offsets(
+          layernorm_forward_case({.out = zeros_f32({N, C}), .mean = zeros_f32({N}), .rstd = zeros_f32({N}),
+                                  .inp = randn({N, C}, 1, 2.0f), .weight = randn({C}, 2), .bias = randn({C}, 3)}),
+          dt);
+      // Backward: mean/rstd from the f32 inputs (exact statistics), grads accumulate.
+      Tensor inp = randn({N, C}, 4, 1.5f), mean, rstd, unused;
+      norm_stats(inp, mean, rstd, unused);
+      for (Accum acc : {Accum::Overwrite, Accum::Add}) {
+        OpCase bw = make_case("layernorm_backward",
+                              LayerNormBwdArgs{.dinp = randn({N, C}, 5), .dweight = randn({C}, 6),
+                                               .dbias = randn({C}, 7), .dout = randn({N, C}, 8),
+                                               .inp = inp, .weight = randn({C}, 9), .mean = mean,
+                                               .rstd = rstd, .accum = acc},
+                              ops::layernorm_backward);
+        check_cuda_vs_cpu_offsets(set_kind(bw, {"mean", "rstd"}, Kind::F32), dt);
+      }
+      // Input gradient only, and weight gradients only.
+      OpCase dx = make_case("layernorm_backward (dinp only)",
+                            LayerNormBwdArgs{.dinp = randn({N, C}, 5), .dout = randn({N, C}, 8), .inp = inp,
+                                             .weight = randn({C}, 9), .mean = mean, .rstd = rstd},
                             ops::layernorm_backward);
-      check_cuda_vs_cpu(set_kind(bw, {"mean", "rstd"}, Kind::F32), dt);
+      check_cuda_vs_cpu(set_kind(dx, {"mean", "rstd"}, Kind::F32), dt);
+      OpCase dw = make_case("layernorm_backward (dweight/dbias only)",
+                            LayerNormBwdArgs{.dweight = randn({C}, 6), .dbias = randn({C}, 7),
+                                             .dout = randn({N, C}, 8), .inp = inp, .weight = randn({C}, 9),
+                                             .mean = mean, .rstd = rstd},
+                            ops::layernorm_backward);
+      check_cuda_vs_cpu(set_kind(dw, {"mean", "rstd"}, Kind::F32), dt);
     }
+}
+
+TEST_CASE("cuda layernorm backward: many rows, repeatable bits") {
+  if (!gpu_or_skip()) return;
+  // More rows than the one-pass kernel has chunks (512): several rows per block.
+  const int64_t N = 1537, C = 264;
+  Tensor inp = randn({N, C}, 201, 1.5f), mean, rstd, unused;
+  norm_stats(inp, mean, rstd, unused);
+  for (DType dt : kAllTypes) {
+    OpCase bw = make_case("layernorm_backward (1537 rows)",
+                          LayerNormBwdArgs{.dinp = randn({N, C}, 202), .dweight = randn({C}, 203),
+                                           .dbias = randn({C}, 204), .dout = randn({N, C}, 205), .inp = inp,
+                                           .weight = randn({C}, 206), .mean = mean, .rstd = rstd},
+                          ops::layernorm_backward);
+    check_cuda_vs_cpu(set_kind(bw, {"mean", "rstd", "dweight", "dbias"}, Kind::F32), dt);
+  }
+  Tensor dout = upload(randn({N, C}, 205), DType::BF16), x = upload(inp, DType::BF16);
+  Tensor w = upload(randn({C}, 206), DType::BF16), dm = upload(mean, DType::F32), dr = upload(rstd, DType::F32);
+  Tensor first;
+  for (int rep = 0; rep < 3; ++rep) {
+    Tensor dw = Tensor::zeros({C}, DType::F32, Device::cuda(0)), db = dw.clone();
+    Tensor dx = Tensor::zeros({N, C}, DType::BF16, Device::cuda(0));
+    ops::layernorm_backward(LayerNormBwdArgs{dx, dw, db, dout, x, w, dm, dr});
+    Tensor h = dw.to(Device::cpu());
+    if (rep == 0) first = h;
+    else REQUIRE(std::memcmp(h.raw(), first.raw(), h.nbytes()) == 0);
   }
 }
 
 TEST_CASE("cuda rmsnorm forward and backward") {
   if (!gpu_or_skip()) return;
-  for (DType dt : kAllTypes) {
-    const int64_t N = 29, C = 301;
-    check_cuda_vs_cpu(rmsnorm_forward_case({.out = zeros_f32({N, C}), .rstd = zeros_f32({N}),
-                                            .inp = randn({N, C}, 11, 3.0f), .weight = randn({C}, 12)}),
-                      dt);
-    Tensor inp = randn({N, C}, 13), rstd = Tensor::empty({N}, DType::F32);
-    for (int64_t n = 0; n < N; ++n) {
-      double ss = 0;
-      for (int64_t c = 0; c < C; ++c) ss += std::pow(inp.data<float>()[n * C + c], 2);
-      rstd.data<float>()[n] = float(1.0 / std::sqrt(ss / C + 1e-5));
+  for (DType dt : kAllTypes)
+    for (const NormShape& sh : kNormShapes) {
+      const int64_t N = sh.N, C = sh.C;
+      INFO("N " << N << " C " << C);
+      check_cuda_vs_cpu_offsets(rmsnorm_forward_case({.out = zeros_f32({N, C}), .rstd = zeros_f32({N}),
+                                                      .inp = randn({N, C}, 11, 3.0f), .weight = randn({C}, 12)}),
+                                dt);
+      Tensor inp = randn({N, C}, 13), unused1, unused2, rstd;
+      norm_stats(inp, unused1, unused2, rstd);
+      for (Accum acc : {Accum::Overwrite, Accum::Add}) {
+        OpCase bw = make_case("rmsnorm_backward",
+                              RMSNormBwdArgs{.dinp = randn({N, C}, 14), .dweight = randn({C}, 15),
+                                             .dout = randn({N, C}, 16), .inp = inp,
+                                             .weight = randn({C}, 17), .rstd = rstd, .accum = acc},
+                              ops::rmsnorm_backward);
+        check_cuda_vs_cpu_offsets(set_kind(bw, {"rstd"}, Kind::F32), dt);
+      }
     }
-    OpCase bw = make_case("rmsnorm_backward",
-                          RMSNormBwdArgs{.dinp = randn({N, C}, 14), .dweight = randn({C}, 15),
-                                         .dout = randn({N, C}, 16), .inp = inp,
-                                         .weight = randn({C}, 17), .rstd = rstd,
-                                         .accum = Accum::Add},
-                          ops::rmsnorm_backward);
-    check_cuda_vs_cpu(set_kind(bw, {"rstd"}, Kind::F32), dt);
-  }
+}
+
+// The fused residual add + norm against the CPU's add then norm: sum and out
+// compared like any op; odd and vector-friendly row lengths, misaligned views.
+TEST_CASE("cuda add_norm_forward") {
+  if (!gpu_or_skip()) return;
+  for (DType dt : kAllTypes)
+    for (const NormShape& sh : {NormShape{37, 203}, NormShape{29, 768}, NormShape{3, 4096}})
+      for (NormType nt : {NormType::LayerNorm, NormType::RMSNorm}) {
+        const int64_t N = sh.N, C = sh.C;
+        const bool ln = nt == NormType::LayerNorm;
+        AddNormArgs a{.sum = zeros_f32({N, C}), .out = zeros_f32({N, C}), .rstd = zeros_f32({N}),
+                      .a = randn({N, C}, 151, 2.0f), .b = randn({N, C}, 152), .weight = randn({C}, 153),
+                      .norm = nt};
+        if (ln) {
+          a.mean = zeros_f32({N});
+          a.bias = randn({C}, 154);
+        }
+        OpCase c = make_case(ln ? "add_norm_forward (layernorm)" : "add_norm_forward (rmsnorm)", a,
+                             ops::add_norm_forward);
+        for (const char* in : {"a", "b", "weight", "bias"})
+          if (c.fields.count(in)) c.fields.at(in).output = false;  // Native role: inputs by name
+        set_kind(c, ln ? std::vector<std::string>{"mean", "rstd"} : std::vector<std::string>{"rstd"}, Kind::F32);
+        INFO("N " << N << " C " << C);
+        check_cuda_vs_cpu_offsets(c, dt);
+      }
 }
 
 TEST_CASE("cuda embedding forward and backward") {
@@ -156,17 +244,20 @@ TEST_CASE("cuda rope forward and backward") {
 
 TEST_CASE("cuda gelu and swiglu forward and backward") {
   if (!gpu_or_skip()) return;
-  for (DType dt : kAllTypes) {
-    const int64_t N = 13, F = 157;
+  // F = 157: odd sizes (vector body plus a scalar tail for gelu, all scalar
+  // for swiglu); F = 256: whole vectors. Each at aligned and odd offsets.
+  for (DType dt : kAllTypes)
+  for (int64_t F : {157, 256}) {
+    const int64_t N = 13;
     GeluArgs g{.out = zeros_f32({N, F}), .inp = randn({N, F}, 61, 2.0f)};
-    check_cuda_vs_cpu(make_case("gelu_forward", g, ops::gelu_forward), dt);
+    check_cuda_vs_cpu_offsets(make_case("gelu_forward", g, ops::gelu_forward), dt);
     g.dout = randn({N, F}, 62);
-    check_cuda_vs_cpu(make_case("gelu_backward", g, ops::gelu_backward), dt);
-    check_cuda_vs_cpu(make_case("swiglu_forward",
+    check_cuda_vs_cpu_offsets(make_case("gelu_backward", g, ops::gelu_backward), dt);
+    check_cuda_vs_cpu_offsets(make_case("swiglu_forward",
                                 SwigluArgs{.out = zeros_f32({N, F}), .inp = randn({N, 2 * F}, 63, 2.0f)},
                                 ops::swiglu_forward),
                       dt);
-    check_cuda_vs_cpu(make_case("swiglu_backward",
+    check_cuda_vs_cpu_offsets(make_case("swiglu_backward",
                                 SwigluBwdArgs{.dinp = zeros_f32({N, 2 * F}), .dout = randn({N, F}, 64),
                                               .inp = randn({N, 2 * F}, 65, 2.0f)},
                                 ops::swiglu_backward),
@@ -176,32 +267,44 @@ TEST_CASE("cuda gelu and swiglu forward and backward") {
 
 TEST_CASE("cuda add, scale, sum_squares, nonfinite_check") {
   if (!gpu_or_skip()) return;
-  for (DType dt : kAllTypes) {
-    const int64_t n = 10007;
-    check_cuda_vs_cpu(
+  // 10007: vector body + tail; 7: shorter than one vector; 1024: whole vectors.
+  for (DType dt : kAllTypes)
+  for (int64_t n : {10007, 7, 1024}) {
+    check_cuda_vs_cpu_offsets(
         make_case("add", AddArgs{.out = zeros_f32({n}), .a = randn({n}, 71), .b = randn({n}, 72)}, ops::add),
         dt);
-    check_cuda_vs_cpu(make_case("scale", ScaleArgs{.x = randn({n}, 73), .s = 0.37f}, ops::scale), dt);
+    check_cuda_vs_cpu_offsets(make_case("scale", ScaleArgs{.x = randn({n}, 73), .s = 0.37f}, ops::scale), dt);
     Tensor init = Tensor::empty({1}, DType::F32);
     init.data<float>()[0] = 3.5f;
     OpCase ss = make_case("sum_squares", SumSquaresArgs{.out = init, .x = randn({3 * n + 1}, 74)},
                           ops::sum_squares);
-    check_cuda_vs_cpu(set_kind(ss, {"out"}, Kind::F32), dt);
-    for (float bad : {0.0f, INFINITY, NAN}) {
-      Tensor x = randn({n}, 75);
-      x.data<float>()[n - 3] = bad == 0.0f ? 1.0f : bad;
-      Tensor flag = Tensor::zeros({1}, DType::F32, Device::cuda(0));
-      ops::nonfinite_check(NonFiniteArgs{flag, upload(x, dt)});
-      float got = flag.to(Device::cpu()).data<float>()[0];
-      CHECK(got == (bad == 0.0f ? 0.0f : 1.0f));
-    }
+    check_cuda_vs_cpu_offsets(set_kind(ss, {"out"}, Kind::F32), dt);
+    // A bad value in the head, the body and the tail of the vector plan, at
+    // an aligned and a misaligned start.
+    for (int64_t off : {0, 3})
+      for (int64_t at : {int64_t(0), n / 2, n - 1})
+        for (float bad : {0.0f, INFINITY, NAN}) {
+          Tensor x = randn({n}, 75);
+          x.data<float>()[at] = bad == 0.0f ? 1.0f : bad;
+          Tensor big = Tensor::zeros({n + off}, dt, Device::cuda(0));
+          Tensor xv = big.view(off, {n});
+          xv.copy_from(upload(x, dt));
+          Tensor flag = Tensor::zeros({1}, DType::F32, Device::cuda(0));
+          ops::nonfinite_check(NonFiniteArgs{flag, xv});
+          float got = flag.to(Device::cpu()).data<float>()[0];
+          INFO("n " << n << " offset " << off << " at " << at << " value " << bad);
+          CHECK(got == (bad == 0.0f ? 0.0f : 1.0f));
+        }
   }
 }
 
 TEST_CASE("cuda cross entropy") {
   if (!gpu_or_skip()) return;
-  for (DType dt : kAllTypes) {
-    const int64_t N = 19, V = 1001, Vp = 1024;
+  // Vp = 1024: 16-byte vectors with the padded columns masked inside the last
+  // ones; Vp = 1001: element by element. Both at misaligned offsets too.
+  for (DType dt : kAllTypes)
+  for (int64_t Vp : {1024, 1001}) {
+    const int64_t N = 19, V = 1001;
     Tensor targets = randint({N}, 81, 0, int(V));
     targets.data<int32_t>()[3] = -1;  // ignored row
     targets.data<int32_t>()[7] = -100;
@@ -209,7 +312,7 @@ TEST_CASE("cuda cross entropy") {
       CrossEntropyArgs a{.losses = zeros_f32({N}), .logits = randn({N, Vp}, 82, 3.0f),
                          .targets = targets, .V = V, .dloss = 1.0f / 17};
       if (grad) a.dlogits = zeros_f32({N, Vp});
-      check_cuda_vs_cpu(make_case("cross_entropy", a, ops::cross_entropy), dt);
+      check_cuda_vs_cpu_offsets(make_case("cross_entropy", a, ops::cross_entropy), dt);
     }
   }
 }
@@ -224,22 +327,40 @@ TEST_CASE("cuda adamw step") {
                 .v = v, .lr = 1e-3f, .weight_decay = 0.1f, .grad_scale = 0.5f, .step = 7};
     if (dt != DType::F32) a.param_lowp = zeros_f32({n});
     OpCase c = make_case("adamw_step", a, ops::adamw_step);
-    check_cuda_vs_cpu(set_kind(c, {"param", "m", "v"}, Kind::F32), dt);
+    check_cuda_vs_cpu_offsets(set_kind(c, {"param", "m", "v"}, Kind::F32), dt);
+    // One call over several parameters (the optimizer's flat range): segments
+    // with and without decay, gaps left untouched, tiny segments inside one
+    // vector, a segment ending at n.
+    Tensor seg = Tensor::empty({6, 3}, DType::I64);
+    const int64_t rows[6][3] = {{0, 1, 1}, {1, 3, 0}, {5, 700, 1}, {700, 701, 0}, {701, 4000, 0}, {4001, n, 1}};
+    std::memcpy(seg.data<int64_t>(), rows, sizeof(rows));
+    a.segments = seg;
+    OpCase cs = make_case("adamw_step (segments)", a, ops::adamw_step);
+    cs.fields.at("segments").output = false;
+    check_cuda_vs_cpu_offsets(set_kind(cs, {"param", "m", "v"}, Kind::F32), dt);
   }
 }
 
 TEST_CASE("cuda cast between float dtypes") {
   if (!gpu_or_skip()) return;
-  Tensor x = randn({1031}, 101, 5.0f);
+  const int64_t n = 1031;
+  Tensor x = randn({n}, 101, 5.0f);
+  // Offsets (source, destination): aligned, same misalignment, different phases.
+  const int64_t offs[][2] = {{0, 0}, {3, 3}, {1, 0}, {0, 5}};
   for (DType from : kAllTypes) {
     for (DType to : kAllTypes) {
-      Tensor src = upload(x, from);
-      Tensor dst = Tensor::empty({1031}, to, Device::cuda(0));
-      ops::cast(CastArgs{dst, src});
-      Tensor got = download_f32(dst);
-      Tensor want = round_to(round_to(x, from), to);
-      INFO("cast " << dtype_name(from) << " -> " << dtype_name(to));
-      CHECK(rel_err(got, want) == 0.0);
+      for (const auto& o : offs) {
+        Tensor sbig = Tensor::zeros({n + o[0]}, from, Device::cuda(0));
+        Tensor src = sbig.view(o[0], {n});
+        src.copy_from(upload(x, from));
+        Tensor dbig = Tensor::zeros({n + o[1]}, to, Device::cuda(0));
+        Tensor dst = dbig.view(o[1], {n});
+        ops::cast(CastArgs{dst, src});
+        Tensor got = download_f32(dst);
+        Tensor want = round_to(round_to(x, from), to);
+        INFO("cast " << dtype_name(from) << " -> " << dtype_name(to) << " offsets " << o[0] << ", " << o[1]);
+        CHECK(rel_err(got, want) == 0.0);
+      }
     }
   }
 }
@@ -336,8 +457,14 @@ TEST_CASE("cuda adamw stochastic rounding matches the CPU bits") {
   if (!gpu_or_skip()) return;
   const int64_t n = 100003;
   const Tensor p = randn({n}, 131, 3.0f);
+  // Segments: the hash index is the element's index in the whole call.
+  Tensor seg = Tensor::empty({3, 3}, DType::I64);
+  const int64_t rows[3][3] = {{0, 777, 1}, {777, 50001, 0}, {50003, n, 1}};
+  std::memcpy(seg.data<int64_t>(), rows, sizeof(rows));
+  for (bool with_segments : {false, true})
   for (uint64_t seed : {uint64_t{0}, uint64_t{1}, uint64_t{0x9e3779b9ull}}) {
     AdamWArgs h;
+    if (with_segments) h.segments = seg;
     h.param = p.clone();
     h.grad = Tensor::zeros({n}, DType::F32);
     h.m = Tensor::zeros({n}, DType::F32);
@@ -352,9 +479,10 @@ TEST_CASE("cuda adamw stochastic rounding matches the CPU bits") {
     d.m = Tensor::zeros({n}, DType::F32, Device::cuda(0));
     d.v = Tensor::zeros({n}, DType::F32, Device::cuda(0));
     d.param_lowp = Tensor::zeros({n}, DType::BF16, Device::cuda(0));
+    if (with_segments) d.segments = seg.to(Device::cuda(0));
     ops::adamw_step(d);
     Tensor got = d.param_lowp.to(Device::cpu());
-    INFO("sr_seed " << seed);
+    INFO("sr_seed " << seed << (with_segments ? " with segments" : ""));
     CHECK(std::memcmp(got.raw(), h.param_lowp.raw(), got.nbytes()) == 0);
   }
 }

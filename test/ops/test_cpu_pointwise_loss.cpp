@@ -1,6 +1,8 @@
 // CPU op tests: GELU, SwiGLU, add, cross-entropy (padded vocab, ignored
 // targets, aliasing), AdamW (two-step reference), sum of squares, non-finite
 // check, scale and cast.
+#include <cstring>
+
 #include "test/ops_harness/op_test_util.h"
 
 using namespace ds;
@@ -91,6 +93,39 @@ TEST_CASE("add, also in place") {
   Tensor acc = a.clone();
   ops::add(AddArgs{acc, acc, b});
   CHECK(bit_equal(acc, args.out));
+}
+
+// The fused residual add + norm must give the bits of add then norm (what
+// the model ran before it), for both norms, f32 and bf16, sum aliasing a.
+TEST_CASE("add_norm_forward: the bits of add then norm") {
+  const int64_t N = 7, C = 45;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (NormType nt : {NormType::LayerNorm, NormType::RMSNorm}) {
+      auto cast = [&](const Tensor& f) {
+        Tensor t = Tensor::empty(f.shape(), dt);
+        ops::cast({.out = t, .inp = f});
+        return t;
+      };
+      const Tensor a = cast(randn({N, C}, 140)), b = cast(randn({N, C}, 141));
+      const Tensor wt = cast(randn({C}, 142)), bias = cast(randn({C}, 143));
+      const bool ln = nt == NormType::LayerNorm;
+      // Unfused.
+      Tensor s1 = a.clone(), o1 = Tensor::empty({N, C}, dt), m1 = Tensor::empty({N}, DType::F32),
+             r1 = Tensor::empty({N}, DType::F32);
+      ops::add({.out = s1, .a = s1, .b = b});
+      if (ln) ops::layernorm_forward({.out = o1, .mean = m1, .rstd = r1, .inp = s1, .weight = wt, .bias = bias});
+      else ops::rmsnorm_forward({.out = o1, .rstd = r1, .inp = s1, .weight = wt});
+      // Fused, sum aliasing a.
+      Tensor s2 = a.clone(), o2 = Tensor::empty({N, C}, dt), m2 = Tensor::empty({N}, DType::F32),
+             r2 = Tensor::empty({N}, DType::F32);
+      ops::add_norm_forward({.sum = s2, .out = o2, .mean = ln ? m2 : Tensor(), .rstd = r2, .a = s2, .b = b,
+                             .weight = wt, .bias = ln ? bias : Tensor(), .norm = nt});
+      INFO(dtype_name(dt) << (ln ? " layernorm" : " rmsnorm"));
+      CHECK(bit_equal(s1, s2));
+      CHECK(bit_equal(o1, o2));
+      CHECK(bit_equal(r1, r2));
+      if (ln) CHECK(bit_equal(m1, m2));
+    }
 }
 
 // ---- cross-entropy ---------------------------------------------------------------
@@ -212,6 +247,53 @@ TEST_CASE("adamw: two steps against a double reference, bf16 copy") {
   check_close(a.v, v, kFwdTol, "v");
   for (int64_t i = 0; i < n; ++i)
     CHECK(a.param_lowp.data<uint16_t>()[i] == f32_to_bf16(a.param.data<float>()[i]));
+}
+
+// The optimizer makes one call over its whole range with one segment per
+// parameter: it must give the bits of one call per parameter (what it did
+// before), and leave elements outside every segment untouched.
+TEST_CASE("adamw: one call with segments gives the bits of one call per segment") {
+  const int64_t n = 3 * 4096 + 77;
+  // Chunk-straddling segments, tiny ones, a gap [9000, 9003), decay on and off.
+  const int64_t rows[][3] = {{0, 5, 0}, {5, 4100, 1}, {4100, 4101, 0}, {4101, 9000, 1}, {9003, n, 0}};
+  const int64_t S = int64_t(sizeof(rows) / sizeof(rows[0]));
+  Tensor seg = Tensor::empty({S, 3}, DType::I64);
+  std::memcpy(seg.data<int64_t>(), rows, sizeof(rows));
+  for (uint64_t sr : {uint64_t{0}, uint64_t{12345}}) {
+    AdamWArgs a;
+    a.param = randn({n}, 130);
+    a.grad = randn({n}, 131);
+    a.m = randn({n}, 132, 0.01f);
+    a.v = Tensor::zeros({n}, DType::F32);
+    a.param_lowp = Tensor::zeros({n}, DType::BF16);
+    a.lr = 1e-2f, a.weight_decay = 0.1f, a.grad_scale = 0.7f, a.step = 3, a.sr_seed = sr;
+    AdamWArgs whole = a;
+    whole.param = a.param.clone(), whole.m = a.m.clone(), whole.v = a.v.clone();
+    whole.param_lowp = a.param_lowp.clone();
+    whole.segments = seg;
+    ops::adamw_step(whole);
+    Tensor p = a.param.clone(), m = a.m.clone(), v = a.v.clone(), lowp = a.param_lowp.clone();
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t b = rows[s][0], e = rows[s][1];
+      AdamWArgs one = a;
+      one.param = p.view(b, {e - b}), one.grad = a.grad.view(b, {e - b});
+      one.m = m.view(b, {e - b}), one.v = v.view(b, {e - b});
+      one.param_lowp = Tensor::zeros({e - b}, DType::BF16);
+      one.weight_decay = rows[s][2] ? a.weight_decay : 0.f;
+      one.sr_seed = 0;  // stochastic rounding hashes the index in the whole call: checked below
+      ops::adamw_step(one);
+      if (sr == 0) lowp.view(b, {e - b}).copy_from(one.param_lowp);
+    }
+    INFO("sr_seed " << sr);
+    CHECK(std::memcmp(whole.param.raw(), p.raw(), p.nbytes()) == 0);
+    CHECK(std::memcmp(whole.m.raw(), m.raw(), m.nbytes()) == 0);
+    CHECK(std::memcmp(whole.v.raw(), v.raw(), v.nbytes()) == 0);
+    if (sr == 0) CHECK(std::memcmp(whole.param_lowp.raw(), lowp.raw(), lowp.nbytes()) == 0);
+    for (int64_t i = 9000; i < 9003; ++i) {  // the gap
+      CHECK(whole.param.data<float>()[i] == a.param.data<float>()[i]);
+      CHECK(whole.param_lowp.data<uint16_t>()[i] == 0);
+    }
+  }
 }
 
 TEST_CASE("sum_squares accumulates in double and is thread-count independent") {

@@ -87,7 +87,7 @@ OpCase make_case(std::string name, const Args& init, void (*op)(const Args&, con
   c.name = std::move(name);
   fields(init, [&](const Tensor& t, const char* field, Role role) {
     if (!t.defined()) return;
-    const Kind kind = t.dtype() == DType::I32 ? Kind::Int : role == Role::Stat ? Kind::F32 : Kind::Act;
+    const Kind kind = t.dtype() == DType::I32 || t.dtype() == DType::I64 ? Kind::Int : role == Role::Stat ? Kind::F32 : Kind::Act;
     c.fields[field] = Field{t, kind, role != Role::In};
   });
   c.run = [init, op](const TensorMap& m) {

@@ -106,15 +106,31 @@ TensorMap rounded_copies(const Fields& fields, DType dt, bool round) {
   return m;
 }
 
-TensorMap device_copies(const Fields& fields, DType dt) {
+// Device copies; with offset > 0 each Act/F32 field is a view starting
+// `offset` elements (Staggered: offset times the field's position in the
+// list) into a larger allocation, as parameters are views into one flat
+// buffer; odd offsets break 16-byte alignment.
+TensorMap device_copies(const Fields& fields, DType dt, int64_t offset = 0,
+                        OffsetMode mode = OffsetMode::Same) {
   TensorMap m;
-  for (auto& [name, f] : fields) m[name] = upload(f.host, f.kind == Kind::Act ? dt : DType::F32);
+  int64_t k = 0;
+  for (auto& [name, f] : fields) {
+    Tensor t = upload(f.host, f.kind == Kind::Act ? dt : DType::F32);
+    const int64_t off = mode == OffsetMode::Same ? offset : offset * ++k;
+    if (off > 0 && f.kind != Kind::Int) {
+      Tensor big = Tensor::zeros({t.numel() + off}, t.dtype(), t.device());
+      Tensor v = big.view(off, t.shape());
+      v.copy_from(t);
+      t = v;
+    }
+    m[name] = t;
+  }
   return m;
 }
 
 }  // namespace
 
-void check_cuda_vs_cpu(const OpCase& c, DType dt) {
+void check_cuda_vs_cpu(const OpCase& c, DType dt, int64_t offset, OffsetMode mode) {
   TensorMap ref = rounded_copies(c.fields, dt, false);
   c.run(ref);
   TensorMap base;
@@ -122,14 +138,16 @@ void check_cuda_vs_cpu(const OpCase& c, DType dt) {
     base = rounded_copies(c.fields, dt, true);
     (c.baseline ? c.baseline : c.run)(base);
   }
-  TensorMap dev = device_copies(c.fields, dt);
+  TensorMap dev = device_copies(c.fields, dt, offset, mode);
   c.run(dev);
   ds::cuda::synchronize();
   for (auto& [name, f] : c.fields) {
     if (!f.output) continue;
     Tensor got = download_f32(dev[name]);
     double err = rel_err(got, ref[name]);
-    INFO(c.name << " [" << dtype_name(dt) << "] field " << name << ": rel err " << err);
+    INFO(c.name << " [" << dtype_name(dt) << "] offset " << offset
+                << (mode == OffsetMode::Staggered ? " staggered" : "") << " field " << name << ": rel err "
+                << err);
     if (dt == DType::F32) {
       CHECK(err <= c.f32_tol);
     } else {
@@ -139,6 +157,11 @@ void check_cuda_vs_cpu(const OpCase& c, DType dt) {
       CHECK(err <= 2.0 * berr + 1e-6);
     }
   }
+}
+
+void check_cuda_vs_cpu_offsets(const OpCase& c, DType dt) {
+  for (int64_t off : {0, 1, 3, 8}) check_cuda_vs_cpu(c, dt, off);
+  check_cuda_vs_cpu(c, dt, 1, OffsetMode::Staggered);
 }
 
 double time_cuda(const OpCase& c, DType dt, int iters) {

@@ -38,7 +38,18 @@ double rel_err(const Tensor& a, const Tensor& ref);
 // naive low-precision baseline (Act fields rounded through dt, CPU math; the
 // case's `baseline` when set) and on the GPU (Act fields in dt, F32 fields
 // f32), then compares every output field as described above.
-void check_cuda_vs_cpu(const OpCase& c, DType dt);
+// offset > 0: every non-integer device field is a view `offset` elements
+// into a larger buffer (parameters are views into one flat buffer; odd
+// offsets break 16-byte alignment: the vectorised kernels' head/tail and
+// scalar paths). Staggered: field k (in name order, from 1) sits k * offset
+// elements in, so the fields' alignment phases disagree (all-scalar path).
+enum class OffsetMode { Same, Staggered };
+void check_cuda_vs_cpu(const OpCase& c, DType dt, int64_t offset = 0,
+                       OffsetMode mode = OffsetMode::Same);
+// check_cuda_vs_cpu at offsets 0, 1, 3 and 8 (aligned, two misaligned
+// phases, aligned again after a whole vector of 16-bit elements) and
+// staggered by 1.
+void check_cuda_vs_cpu_offsets(const OpCase& c, DType dt);
 // Mode (d) on the GPU: median time of one call in microseconds (events).
 double time_cuda(const OpCase& c, DType dt, int iters);
 
