@@ -106,6 +106,38 @@ __device__ __forceinline__ void vec_loop(const VecPlan& pl, VF&& vf, SF&& sf) {
   for (int64_t k = tid; k < nscalar; k += stride) sf(k < pl.head ? k : tail0 + (k - pl.head));
 }
 
+// Elementwise maps over a plan, out[i] = f(a[i]) or f(a[i], b[i]) in f32:
+// the same function on the vector body and on the scalar head/tail, so the
+// result cannot depend on alignment. `out` may alias an input (every input of
+// an element is loaded before it is stored).
+template <int N, class To, class Ta, class F>
+__device__ __forceinline__ void vec_map(const VecPlan& pl, To* out, const Ta* a, F&& f) {
+  vec_loop<N>(
+      pl,
+      [&](int64_t i) {
+        float x[N];
+        load_f<N>(a, i, x);
+#pragma unroll
+        for (int k = 0; k < N; ++k) x[k] = f(x[k]);
+        store_f<N>(out, i, x);
+      },
+      [&](int64_t i) { out[i] = from_f<To>(f(to_f(a[i]))); });
+}
+template <int N, class To, class Ta, class Tb, class F>
+__device__ __forceinline__ void vec_map(const VecPlan& pl, To* out, const Ta* a, const Tb* b, F&& f) {
+  vec_loop<N>(
+      pl,
+      [&](int64_t i) {
+        float x[N], y[N];
+        load_f<N>(a, i, x);
+        load_f<N>(b, i, y);
+#pragma unroll
+        for (int k = 0; k < N; ++k) x[k] = f(x[k], y[k]);
+        store_f<N>(out, i, x);
+      },
+      [&](int64_t i) { out[i] = from_f<To>(f(to_f(a[i]), to_f(b[i]))); });
+}
+
 // Blocks for a plan: enough threads for the body (or the scalars when the
 // body is empty), capped.
 inline unsigned grid_for_plan(const VecPlan& pl, int threads, int64_t max_blocks = 65536) {

@@ -9,17 +9,7 @@ namespace {
 template <class T>
 __global__ void add_kernel(T* out /* (n) */, const T* a /* (n) */, const T* b /* (n) */, VecPlan pl) {
   constexpr int N = vec_width(sizeof(T));
-  vec_loop<N>(
-      pl,
-      [&](int64_t i) {
-        float x[N], y[N];
-        load_f<N>(a, i, x);
-        load_f<N>(b, i, y);
-#pragma unroll
-        for (int k = 0; k < N; ++k) x[k] += y[k];
-        store_f<N>(out, i, x);
-      },
-      [&](int64_t i) { out[i] = from_f<T>(to_f(a[i]) + to_f(b[i])); });
+  vec_map<N>(pl, out, a, b, [](float x, float y) { return x + y; });
 }
 
 }  // namespace

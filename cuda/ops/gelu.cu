@@ -23,33 +23,14 @@ __device__ __forceinline__ float gelu_grad(float x) {
 template <class T>
 __global__ void gelu_forward_kernel(T* out /* (n) */, const T* inp /* (n) */, VecPlan pl) {
   constexpr int N = vec_width(sizeof(T));
-  vec_loop<N>(
-      pl,
-      [&](int64_t i) {
-        float x[N];
-        load_f<N>(inp, i, x);
-#pragma unroll
-        for (int k = 0; k < N; ++k) x[k] = gelu_f(x[k]);
-        store_f<N>(out, i, x);
-      },
-      [&](int64_t i) { out[i] = from_f<T>(gelu_f(to_f(inp[i]))); });
+  vec_map<N>(pl, out, inp, [](float x) { return gelu_f(x); });
 }
 
 template <class T>
 __global__ void gelu_backward_kernel(T* dinp /* (n) */, const T* inp /* (n) */,
                                      const T* dout /* (n) */, VecPlan pl) {
   constexpr int N = vec_width(sizeof(T));
-  vec_loop<N>(
-      pl,
-      [&](int64_t i) {
-        float x[N], d[N];
-        load_f<N>(inp, i, x);
-        load_f<N>(dout, i, d);
-#pragma unroll
-        for (int k = 0; k < N; ++k) x[k] = d[k] * gelu_grad(x[k]);
-        store_f<N>(dinp, i, x);
-      },
-      [&](int64_t i) { dinp[i] = from_f<T>(to_f(dout[i]) * gelu_grad(to_f(inp[i]))); });
+  vec_map<N>(pl, dinp, inp, dout, [](float x, float d) { return d * gelu_grad(x); });
 }
 
 void check_same(const Tensor& a, const Tensor& ref, const char* op, const char* name) {

@@ -9,16 +9,7 @@ namespace {
 template <class T>
 __global__ void scale_kernel(T* x /* (n) */, float s, VecPlan pl) {
   constexpr int N = vec_width(sizeof(T));
-  vec_loop<N>(
-      pl,
-      [&](int64_t i) {
-        float v[N];
-        load_f<N>(x, i, v);
-#pragma unroll
-        for (int k = 0; k < N; ++k) v[k] *= s;
-        store_f<N>(x, i, v);
-      },
-      [&](int64_t i) { x[i] = from_f<T>(to_f(x[i]) * s); });
+  vec_map<N>(pl, x, x, [s](float v) { return v * s; });
 }
 
 }  // namespace
