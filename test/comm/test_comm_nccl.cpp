@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <map>
 #include <string>
 
 #include "lib/comm/communicator.h"
@@ -52,15 +53,26 @@ TEST_CASE("nccl: two processes, one GPU each", "[gpu][multigpu]") {
 // scenario holds the stream with a sleeping host function.
 static bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-TEST_CASE("nccl: the watchdog ends a process whose op misses DS_COMM_TIMEOUT", "[gpu]") {
-  std::string why;
-  if (device_count(why) < 1) DS_SKIP("the NCCL watchdog test needs a CUDA device: " << why);
+namespace {
+
+// The nccl_watchdog_timeout scenario (an op held past DS_COMM_TIMEOUT=1) in a
+// child process with `env` added (the caller checks for a CUDA device).
+test::JobResult run_watchdog_timeout(std::map<std::string, std::string> env) {
   test::JobSpec s;
   s.scenario = "nccl_watchdog_timeout";
   s.world = 1;
   s.timeout_s = 60;
-  s.env = {{"DS_COMM_TIMEOUT", "1"}};
-  test::JobResult r = test::run_job(s);
+  s.env = std::move(env);
+  s.env["DS_COMM_TIMEOUT"] = "1";
+  return test::run_job(s);
+}
+
+}  // namespace
+
+TEST_CASE("nccl: the watchdog ends a process whose op misses DS_COMM_TIMEOUT", "[gpu]") {
+  std::string why;
+  if (device_count(why) < 1) DS_SKIP("the NCCL watchdog test needs a CUDA device: " << why);
+  test::JobResult r = run_watchdog_timeout({});
   INFO(r.summary());
   REQUIRE_FALSE(r.timed_out);
   const std::string& out = r.ranks[0].output;
@@ -75,12 +87,7 @@ TEST_CASE("nccl: the watchdog ends a process whose op misses DS_COMM_TIMEOUT", "
 TEST_CASE("nccl: DS_NCCL_WATCHDOG_EXIT=0 makes the training thread throw the watchdog's error", "[gpu]") {
   std::string why;
   if (device_count(why) < 1) DS_SKIP("the NCCL watchdog test needs a CUDA device: " << why);
-  test::JobSpec s;
-  s.scenario = "nccl_watchdog_timeout";
-  s.world = 1;
-  s.timeout_s = 60;
-  s.env = {{"DS_COMM_TIMEOUT", "1"}, {"DS_NCCL_WATCHDOG_EXIT", "0"}};
-  test::JobResult r = test::run_job(s);
+  test::JobResult r = run_watchdog_timeout({{"DS_NCCL_WATCHDOG_EXIT", "0"}});
   INFO(r.summary());
   REQUIRE_FALSE(r.timed_out);
   const std::string& out = r.ranks[0].output;
