@@ -14,6 +14,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,8 +57,24 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   std::string prefix_;
 };
 
+// Gloo's TCP pairs write with writev(), which raises SIGPIPE when the peer
+// has already closed its end. The default action would kill this rank with
+// exit 141 before the failed op can throw and name itself, so a dead peer must
+// surface as EPIPE instead. Only a default disposition is replaced; a handler
+// the program installed itself is left alone.
+void ignore_sigpipe() {
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, nullptr);
+  }
+}
+
 std::shared_ptr<gloo::transport::Device> make_device(const std::string& master_addr, int port,
                                                      const std::string& local_address) {
+  ignore_sigpipe();
   gloo::transport::tcp::attr attr;
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   if (ifname && *ifname) {

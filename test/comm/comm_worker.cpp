@@ -2,8 +2,10 @@
 // proc_harness with the dsrun rank environment. argv[1] names the scenario.
 // Exit 0 = all checks passed; 1 = a check failed; 2 = an exception (its
 // message is printed, the tests match on it); 3 = a deliberate death.
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -276,6 +278,38 @@ int scenario_die_in_collective() {
   return 0;
 }
 
+// The receiver of a large message exits part-way through it, leaving unread
+// bytes in its socket: the kernel answers the sender's next write with a
+// reset, so the sender meets EPIPE in the middle of writev(). That must end
+// as an error naming the op (exit 2), not as a SIGPIPE death (exit 141).
+int scenario_die_mid_receive() {
+  auto world = make_world_communicator(Backend::Gloo, RendezvousInfo::from_env());
+  const int64_t n = int64_t(64) << 20;  // 256 MB of f32: far more than a socket buffer holds
+  Tensor small = filled(2, 0, 16);
+  if (world->rank() == die_rank()) {
+    world->recv(small, 0);  // both ends are connected and in step
+    Tensor big = Tensor::empty({n}, DType::F32);
+    CommHandle h = world->irecv(big, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    _exit(3);
+  }
+  // Which write meets the reset is a race with Gloo's device thread reading
+  // the peer's close, so first the deterministic form: a write to a socket
+  // whose other end is closed, from a rank that holds a Gloo communicator.
+  int sv[2];
+  DS_CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair failed");
+  close(sv[1]);
+  const char byte = 0;
+  const ssize_t w = write(sv[0], &byte, 1);  // SIGPIPE here would end this rank with 141
+  const int write_errno = errno;
+  close(sv[0]);
+  if (w != -1 || write_errno != EPIPE) throw std::logic_error("write to a closed socket did not fail with EPIPE");
+  world->send(small, die_rank());
+  Tensor big = filled(3, 0, n);
+  for (int i = 0; i < 4; ++i) world->send(big, die_rank());
+  return 0;
+}
+
 // Async forms: a mixed sequence issued asynchronously (several ops in
 // flight, dependent ops on one buffer without waiting between them, a
 // blocking op issued while async ones are pending) is bit-identical to the
@@ -407,6 +441,7 @@ int main(int argc, char** argv) {
       {"die_before_join", scenario_die_before_join},
       {"die_in_join", scenario_die_in_join},
       {"die_in_collective", scenario_die_in_collective},
+      {"die_mid_receive", scenario_die_mid_receive},
       {"nccl", test::nccl_scenario},
       {"nccl_watchdog_timeout", test::nccl_watchdog_timeout_scenario},
       {"nccl_dead_peer", test::nccl_dead_peer_scenario},

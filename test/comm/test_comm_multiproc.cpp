@@ -135,6 +135,19 @@ TEST_CASE("a rank dying during a collective fails the others", "[multiproc]") {
   }
 }
 
+TEST_CASE("a receiver dying mid-message fails the sender with an error, not SIGPIPE", "[multiproc]") {
+  JobSpec s;
+  s.scenario = "die_mid_receive";
+  s.world = 2;
+  s.env = {{"DS_TEST_DIE_RANK", "1"}, {"DS_COMM_TIMEOUT", "5"}};
+  JobResult r = run(s);
+  INFO(r.summary());
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.ranks[1].exit_code == 3);
+  CHECK(r.ranks[0].exit_code == 2);  // 141 would be the SIGPIPE death
+  CHECK(has(r.ranks[0], "gloo send"));
+}
+
 TEST_CASE("a rank with another job's token is refused", "[multiproc]") {
   JobSpec s;
   s.scenario = "collectives";
