@@ -3,6 +3,7 @@
 // GPTNeoXForCausalLM), and import such a file as initial weights. Export
 // writes the real vocabulary rows only; import zero-fills the padded rows.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "lib/core/tensor.h"
@@ -32,5 +33,13 @@ void check_hf_exportable(const ModelConfig& cfg, const char* what);
 // Fills params (layout.total, any device) from an HF safetensors file or a
 // directory holding model.safetensors. Mismatched names/shapes -> UserError.
 void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params, const std::string& path);
+
+// ModelConfig of a Hugging Face config.json (model_type gpt2, llama,
+// gpt_neox): the inverse of the config.json export_hf writes. `file` and
+// `what` (the option that named it) appear in errors; a field missing or of
+// the wrong type, or a feature not implemented here, is a UserError. Dropout
+// is off and the vocabulary is padded to a multiple of tp only.
+ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& file, int tp,
+                                 const char* what = "--init-from");
 
 }  // namespace ds

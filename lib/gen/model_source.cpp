@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "lib/ckpt/hf.h"
@@ -110,87 +111,6 @@ LoadedModel load_hf_model(const ModelSource& src, int tp) {
 }
 
 }  // namespace
-
-ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& file, int tp) {
-  DS_USER_CHECK(j.is_object(), "--init-from: '{}' is not a JSON object", file);
-  auto num = [&](const char* key, double dflt, bool required) -> double {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) {
-      DS_USER_CHECK(!required, "--init-from: '{}' has no '{}'", file, key);
-      return dflt;
-    }
-    DS_USER_CHECK(it->is_number(), "--init-from: '{}' field '{}' must be a number", file, key);
-    return it->get<double>();
-  };
-  auto integer = [&](const char* key, int dflt, bool required) {
-    const double v = num(key, dflt, required);
-    DS_USER_CHECK(v >= 1 && v <= (1 << 30) && v == static_cast<int>(v), "--init-from: '{}' field '{}' must be a "
-                  "positive integer, got {}", file, key, v);
-    return static_cast<int>(v);
-  };
-  auto flag = [&](const char* key, bool dflt) {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) return dflt;
-    DS_USER_CHECK(it->is_boolean(), "--init-from: '{}' field '{}' must be true or false", file, key);
-    return it->get<bool>();
-  };
-  auto text = [&](const char* key) {
-    auto it = j.find(key);
-    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
-  const std::string type = text("model_type");
-  ModelConfig m;
-  if (type == "gpt2") {
-    m.num_layers = integer("n_layer", 0, true);
-    m.hidden_size = integer("n_embd", 0, true);
-    m.num_heads = integer("n_head", 0, true);
-    m.max_position_embeddings = integer("n_positions", 1024, false);
-    m.ffn_hidden_size = integer("n_inner", 4 * m.hidden_size, false);
-    m.norm_eps = static_cast<float>(num("layer_norm_epsilon", 1e-5, false));
-    const std::string act = text("activation_function");
-    DS_USER_CHECK(act.empty() || act == "gelu_new" || act == "gelu_pytorch_tanh", "--init-from: '{}' activation_function "
-                  "'{}' is not supported (dsgen's GELU is the tanh approximation: gelu_new)", file, act);
-    m.untie_embeddings = !flag("tie_word_embeddings", true);
-  } else if (type == "llama") {
-    set_model_family(m, ModelFamily::LLaMA);
-    m.num_layers = integer("num_hidden_layers", 0, true);
-    m.hidden_size = integer("hidden_size", 0, true);
-    m.num_heads = integer("num_attention_heads", 0, true);
-    m.num_kv_heads = integer("num_key_value_heads", m.num_heads, false);
-    m.ffn_hidden_size = integer("intermediate_size", 0, true);
-    m.max_position_embeddings = integer("max_position_embeddings", 2048, false);
-    m.norm_eps = static_cast<float>(num("rms_norm_eps", 1e-6, false));
-    m.rope_theta = static_cast<float>(num("rope_theta", 10000, false));
-    m.untie_embeddings = !flag("tie_word_embeddings", false);
-    DS_USER_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(), "--init-from: '{}' uses rope_scaling, "
-                  "which dsgen does not implement", file);
-    DS_USER_CHECK(!flag("attention_bias", false) && !flag("mlp_bias", false), "--init-from: '{}': attention_bias / "
-                  "mlp_bias are not supported for LLaMA models", file);
-    DS_USER_CHECK(integer("head_dim", m.hidden_size / m.num_heads, false) * m.num_heads == m.hidden_size,
-                  "--init-from: '{}': head_dim * num_attention_heads must equal hidden_size", file);
-  } else if (type == "gpt_neox") {
-    m.position = PositionKind::Rope;
-    m.num_layers = integer("num_hidden_layers", 0, true);
-    m.hidden_size = integer("hidden_size", 0, true);
-    m.num_heads = integer("num_attention_heads", 0, true);
-    m.ffn_hidden_size = integer("intermediate_size", 0, true);
-    m.max_position_embeddings = integer("max_position_embeddings", 2048, false);
-    m.norm_eps = static_cast<float>(num("layer_norm_eps", 1e-5, false));
-    m.rope_theta = static_cast<float>(num("rotary_emb_base", 10000, false));
-    m.rotary_percent = static_cast<float>(num("rotary_pct", 1.0, false));
-    m.untie_embeddings = !flag("tie_word_embeddings", false);
-    DS_USER_CHECK(!flag("use_parallel_residual", true), "--init-from: '{}': use_parallel_residual true is not "
-                  "supported (dsgen's GPT-NeoX blocks are sequential)", file);
-  } else {
-    DS_USER_ERROR("--init-from: '{}' has model_type '{}'; dsgen reads gpt2, llama and gpt_neox", file, type);
-  }
-  m.seq_length = m.max_position_embeddings;
-  m.vocab_size = integer("vocab_size", 0, true);
-  m.make_vocab_size_divisible_by = 1;
-  m.padded_vocab_size = padded_vocab(m.vocab_size, 1, tp);
-  m.hidden_dropout = m.attention_dropout = 0.f;
-  return m;
-}
 
 LoadedModel load_model(const ModelSource& src, int tp) {
   DS_USER_CHECK(src.load.empty() != src.init_from.empty(), "give exactly one of --load CKPT_DIR and --init-from HF_DIR");

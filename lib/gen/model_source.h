@@ -6,7 +6,6 @@
 // Either way the result is the full (tp 1) f32 weights on the host, with the
 // vocabulary padded for the generation's tensor-parallel size.
 #pragma once
-#include <nlohmann/json.hpp>
 #include <string>
 
 #include "lib/core/tensor.h"
@@ -36,9 +35,5 @@ struct LoadedModel {
 
 // UserError naming the path and field on a missing or malformed source.
 LoadedModel load_model(const ModelSource& src, int tp);
-
-// ModelConfig of a Hugging Face config.json (GPT-2, LLaMA, GPT-NeoX);
-// `file` names it in errors. The vocabulary is padded to a multiple of tp.
-ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& file, int tp);
 
 }  // namespace ds::gen

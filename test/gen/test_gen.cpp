@@ -3,10 +3,15 @@
 // tokens), batches of different-length prompts against one prompt at a time,
 // and seeded sampling reproducibility.
 #include <catch2/catch.hpp>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <set>
 
+#include "lib/ckpt/hf.h"
 #include "lib/core/error.h"
 #include "lib/gen/generator.h"
 #include "lib/gen/model_source.h"
@@ -214,4 +219,54 @@ TEST_CASE("model_config_from_hf: transformers config.json fields", "[gen]") {
   g["activation_function"] = "relu";
   CHECK_THROWS_AS(model_config_from_hf(g, "config.json", 1), UserError);
   CHECK_THROWS_AS(model_config_from_hf({{"model_type", "bert"}}, "config.json", 1), UserError);
+}
+
+// export_hf's config.json read back by model_config_from_hf gives the same
+// model for each architecture it writes (GPT-2, LLaMA with GQA and untied
+// output, GPT-NeoX with partial rotation): the two directions of one format.
+TEST_CASE("model_config_from_hf reads back the config.json export_hf writes", "[gen]") {
+  namespace fs = std::filesystem;
+  using test::gen_model_config;
+  ModelConfig neox = gen_model_config("gpt2");
+  neox.position = PositionKind::Rope;
+  neox.rotary_percent = 0.25f;
+  neox.ffn_hidden_size = 160;
+  ModelConfig llama = gen_model_config("llama");
+  llama.untie_embeddings = true;
+  for (const ModelConfig& c : {gen_model_config("gpt2"), llama, neox}) {
+    const ModelDims want = model_dims(c);
+    INFO("L " << want.L << " rope " << want.rope << " rot " << want.rot << " NKV " << want.NKV);
+    const ModelLayout layout = build_layout(c);
+    Tensor params = Tensor::zeros({layout.total}, DType::F32);
+    const fs::path dir = fs::temp_directory_path() / ("ds_hf_roundtrip_" + std::to_string(::getpid()));
+    export_hf(c, layout, params, dir.string());
+    std::ifstream in(dir / "config.json");
+    const nlohmann::json j = nlohmann::json::parse(in);
+    fs::remove_all(dir);
+    const ModelDims got = model_dims(model_config_from_hf(j, "config.json", 1));
+    CHECK(got.L == want.L);
+    CHECK(got.C == want.C);
+    CHECK(got.NH == want.NH);
+    CHECK(got.NKV == want.NKV);
+    CHECK(got.HS == want.HS);
+    CHECK(got.F == want.F);
+    CHECK(got.rot == want.rot);
+    CHECK(got.V == want.V);
+    CHECK(got.maxT == want.maxT);
+    CHECK(got.gpt2 == want.gpt2);
+    CHECK(got.bias == want.bias);
+    CHECK(got.untied == want.untied);
+    CHECK(got.rope == want.rope);
+    CHECK(got.rmsnorm == want.rmsnorm);
+    CHECK(got.swiglu == want.swiglu);
+  }
+}
+
+TEST_CASE("model_config_from_hf names the option that gave the file", "[gen]") {
+  try {
+    model_config_from_hf({{"model_type", "bert"}}, "x/config.json", 1, "--hf-config");
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("--hf-config: 'x/config.json' has model_type 'bert'") != std::string::npos);
+  }
 }
