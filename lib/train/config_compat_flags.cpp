@@ -82,6 +82,20 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
              "accepted: softmax runs in f32, so scaling Q.K by the layer number changes nothing");
   no_op_flag(app, "--use-flash-attn-v2", "accepted; flash attention is used on CUDA whenever it applies");
   no_op_flag(app, "--use-flash-attn-triton", "accepted; flash attention is used on CUDA whenever it applies");
+  no_op_flag(app, "--no-masked-softmax-fusion",
+             "accepted: the causal mask and the softmax run in f32 in one attention kernel with or without Megatron's "
+             "fused kernel, so the values are the same");
+  no_op_flag(app, "--no-bias-dropout-fusion", "accepted: bias, dropout and residual add give the same values fused "
+             "or not");
+  no_op_flag(app, "--no-gradient-accumulation-fusion",
+             "accepted: weight-gradient GEMMs add into the gradient accumulator directly, as Megatron's fused path "
+             "does");
+  flag("--openai-gelu", "accepted: dstrain's GELU is the tanh approximation already");
+  flag("--no-bias-gelu-fusion", "accepted for SwiGLU models and with --openai-gelu; a GELU model would switch to the "
+       "exact erf GELU in Megatron, which dstrain does not have: error");
+  flag("--cpu-optimizer", "Adam runs on the CPU: needs zero_optimization.offload_optimizer.device cpu in the DeepSpeed "
+       "config, which already does that");
+  flag("--cpu_torch_adam", "with --cpu-optimizer: the CPU Adam is dstrain's AdamW either way");
   no_op_option(app, "--tensorboard-queue-size",
                "accepted: events are written as they come and flushed at every log interval and validation");
   no_op_option(app, "--num-workers", "accepted: samples are read in-process from the memory-mapped dataset");
@@ -126,6 +140,17 @@ void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings
     add_warning(w, "--ds-sequence-parallel-fpdt: accepted as a memory-only setting: attention runs tiled without a "
                    "score matrix and DeepSpeed-Ulysses exchanges whole sequences (no FPDT chunks); chunk size and "
                    "offloading are not used");
+  // Megatron's unfused GELU is the exact erf form unless --openai-gelu; the
+  // fused bias-gelu (its default) and dstrain use the tanh approximation.
+  DS_USER_CHECK(!has("--no-bias-gelu-fusion") || has("--openai-gelu") || at("/model/activation") == "swiglu",
+                "--no-bias-gelu-fusion: Megatron then computes the exact erf GELU, dstrain only the tanh approximation "
+                "(Megatron's fused bias-gelu); add --openai-gelu (the tanh form) or drop the flag");
+  DS_USER_CHECK(!has("--cpu_torch_adam") || has("--cpu-optimizer"), "--cpu_torch_adam needs --cpu-optimizer");
+  // DeepSpeed's CPU Adam only steps parameters that live on the CPU: with
+  // Megatron-DeepSpeed the flag goes together with ZeRO-Offload.
+  DS_USER_CHECK(!has("--cpu-optimizer") || at("/zero_optimization/offload_optimizer/device") == "cpu",
+                "--cpu-optimizer: the optimizer runs on the CPU only with ZeRO-Offload; set "
+                "zero_optimization.offload_optimizer.device to \"cpu\" in the DeepSpeed config or drop the flag");
   if (has("--use-rotary-position-embeddings")) set_at(j, "/model/position", "rope", "--use-rotary-position-embeddings");
   apply_gqa_flags(j, sp, w);
   if (has("--exit-duration-in-mins"))

@@ -437,13 +437,25 @@ TEST_CASE("Megatron-DeepSpeed script flags: mappings, exact no-ops and refusals"
                                            "--num-workers", "2",
                                            "--no-query-key-layer-scaling", "--use-flash-attn-v2",
                                            "--optimizer", "adam", "--ds-sequence-parallel-size", "1",
-                                           "--rotary-percent", "1.0", "--no-pipeline-parallel"};
+                                           "--rotary-percent", "1.0", "--no-pipeline-parallel",
+                                           "--no-masked-softmax-fusion", "--no-bias-dropout-fusion",
+                                           "--no-gradient-accumulation-fusion", "--openai-gelu",
+                                           "--no-bias-gelu-fusion"};
   CHECK(parse_json(base(), no_ops).resolved == parse_json(base()).resolved);
   // Values that cannot be honoured: one error naming the flag.
   auto err = [&](std::vector<std::string> flags, const std::string& needle) {
     CHECK_THROWS_WITH(parse_json(base(), flags), Contains(needle));
   };
   err({"--data-impl", "lazy"}, "--data-impl lazy");
+  // Megatron's unfused GELU is erf: a GELU model refuses, SwiGLU does not care.
+  err({"--no-bias-gelu-fusion"}, "--no-bias-gelu-fusion: Megatron then computes the exact erf GELU");
+  CHECK(parse_json(base(), {"--swiglu", "--no-bias-gelu-fusion"}).resolved ==
+        parse_json(base(), {"--swiglu"}).resolved);
+  // --cpu-optimizer is ZeRO-Offload's CPU Adam: without offload it cannot hold.
+  err({"--cpu-optimizer"}, "--cpu-optimizer: the optimizer runs on the CPU only with ZeRO-Offload");
+  err({"--cpu_torch_adam"}, "--cpu_torch_adam needs --cpu-optimizer");
+  const json offload = with(base(), {{"zero_optimization", {{"stage", 1}, {"offload_optimizer", {{"device", "cpu"}}}}}});
+  CHECK(parse_json(offload, {"--cpu-optimizer", "--cpu_torch_adam"}).resolved == parse_json(offload).resolved);
   err({"--optimizer", "sgd"}, "--optimizer sgd");
   err({"--use-checkpoint-opt_param-scheduler", "--override-opt_param-scheduler"}, "give at most one");
   err({"--no-pipeline-parallel", "--pipeline-model-parallel-size", "2"}, "--no-pipeline-parallel");
