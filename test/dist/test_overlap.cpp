@@ -320,17 +320,21 @@ ReceiveBatches receive_batches(ScheduleKind kind, int pp, int stage, int n_micro
 
 }  // namespace
 
-// Interleaved PP2 x 2 chunks, 4 micro-batches: stage 0 runs 4 warmup
-// forwards, 4 forward+backward steps, 4 cooldown backwards. With overlap the
+// Interleaved PP2 x 2 chunks, 8 micro-batches: stage 0 runs 4 warmup
+// forwards, 12 forward+backward steps, 4 cooldown backwards. With overlap the
 // steady state's receives are posted a compute ahead and run during it;
 // without it only batches whose next compute needs nothing from them can.
-// The counts come from the posting plans of both modes.
+// The counts come from the posting plans of both modes. A batch posted ahead
+// can still end before the compute starts when the neighbour's data was
+// there already and the communication thread ran first (cores shared by all
+// ranks), so with overlap the test asks for more overlapping receive batches
+// than the plan without overlap could have at all (6; typically 15-20 of 20).
 TEST_CASE("timeline: interleaved pipeline receives overlap the computes with overlap_comm", "[multiproc]") {
-  const ReceiveBatches plan[2] = {receive_batches(ScheduleKind::Interleaved1F1B, 2, 0, 4, 2, false),
-                                  receive_batches(ScheduleKind::Interleaved1F1B, 2, 0, 4, 2, true)};
+  const ReceiveBatches plan[2] = {receive_batches(ScheduleKind::Interleaved1F1B, 2, 0, 8, 2, false),
+                                  receive_batches(ScheduleKind::Interleaved1F1B, 2, 0, 8, 2, true)};
   INFO("receive batches posted ahead: " << plan[0].ahead << " of " << plan[0].all << " without overlap, "
                                         << plan[1].ahead << " of " << plan[1].all << " with it");
-  REQUIRE(plan[1].ahead > 2 * plan[0].ahead);
+  REQUIRE(plan[1].ahead >= 3 * plan[0].ahead);
   for (int overlap : {0, 1}) {
     const std::string name = std::string("timeline_pp2vp2_") + (overlap ? "on" : "off");
     const std::string dir = dist_data().dir + "/" + name;
@@ -339,8 +343,8 @@ TEST_CASE("timeline: interleaved pipeline receives overlap the computes with ove
     // Layers of hidden 128 over 64 tokens: a compute takes long enough that
     // a neighbour's data produced during it arrives during it.
     const DistData& d = dist_data();
-    std::vector<std::string> args = {"--config", write_config(name, 1, overlap, 50000), "--num-layers", "4",
-                                     "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "64",
+    std::vector<std::string> args = {"--config", write_config(name, 1, overlap, 50000, "", 1), "--num-layers",
+                                     "4", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "64",
                                      "--max-position-embeddings", "64", "--pipeline-model-parallel-size", "2",
                                      "--num-layers-per-virtual-pipeline-stage", "1", "--train-iters", "3", "--lr",
                                      "1e-3", "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1",
@@ -354,10 +358,10 @@ TEST_CASE("timeline: interleaved pipeline receives overlap the computes with ove
     REQUIRE(err.empty());
     const P2POverlap o = p2p_overlap(dir + "/timeline_rank0.json");
     INFO(o.recv_batches << " receive batches, " << o.computes << " computes, " << o.overlapping << " overlapping");
-    REQUIRE(o.computes == 16);  // 4 micro-batches x 2 chunks, forward and backward
+    REQUIRE(o.computes == 32);  // 8 micro-batches x 2 chunks, forward and backward
     REQUIRE(o.recv_batches == plan[overlap].all);
     if (overlap)
-      REQUIRE(o.overlapping * 4 >= plan[1].ahead * 3);  // a loaded machine may start a compute late
+      REQUIRE(o.overlapping > plan[0].ahead);
     else
       REQUIRE(o.overlapping <= plan[0].ahead);
   }
