@@ -1,7 +1,7 @@
 // The pipeline's posting plan (lib/parallel/pipeline_p2p_plan.h) played on a
 // model of the executor, over the schedule grid, with and without overlap:
-// every rank posts batches into one FIFO queue (its communication thread or
-// stream) and runs a compute only once the batches holding its receives have
+// every rank posts batches into one FIFO queue per communicator (its
+// communication thread or stream) and runs a compute only once the batches holding its receives have
 // completed; a queued batch starts when the ones before it completed, and a
 // message passes when both its send and its receive have started
 // (rendezvous). Checks: no deadlock, every message lands in the receive of
@@ -204,7 +204,8 @@ std::vector<std::vector<PipeAction>> queue_batches(const std::vector<P2PPlanStep
 
 // Why the interleaved schedule has a rule of its own: the 1F1B rule (single
 // receives moved ahead of the sends before them) deadlocks it, PP 2, m 2, v 2
-// already, with every activation queue's head a receive.
+// already: on the ring of activation queues a receive moved into an earlier
+// batch waits for a send queued behind the partner's earlier batch.
 TEST_CASE("moving single interleaved receives ahead of sends deadlocks") {
   std::vector<std::vector<P2PPlanStep>> plans;
   for (int s = 0; s < 2; ++s)
