@@ -1,5 +1,7 @@
 // make_p2p_plan: the schedule's runs of send/receive actions turned into
-// asynchronous batches, receives moved one compute earlier when overlapping.
+// asynchronous batches. With overlap, 1F1B moves its receives one compute
+// earlier; the interleaved schedule moves whole per-queue batches one compute
+// earlier where the compute they pass produced none of their sends.
 #include "lib/parallel/pipeline_p2p_plan.h"
 
 #include <map>
@@ -21,13 +23,90 @@ std::tuple<ActionKind, int, int> receive_key(const PipeAction& a) {
   return {a.kind, a.micro, a.chunk};
 }
 
+// One asynchronous batch, on one queue.
+struct Post {
+  std::vector<PipeAction> batch;
+  int queue = 0;
+};
+using PostsBefore = std::vector<std::vector<Post>>;  // [k]: posted right before compute k
+
+std::vector<PipeAction> on_queue(const std::vector<PipeAction>& run, int queue) {
+  std::vector<PipeAction> part;
+  for (const PipeAction& a : run)
+    if (p2p_queue(a.kind) == queue) part.push_back(a);
+  return part;
+}
+
+void add(std::vector<Post>& posts, std::vector<PipeAction> batch, int queue) {
+  if (!batch.empty()) posts.push_back({std::move(batch), queue});
+}
+
+// Without overlap: each run is one batch on queue 0, as the schedule pairs them.
+PostsBefore paired(const std::vector<std::vector<PipeAction>>& runs) {
+  PostsBefore out(runs.size());
+  for (size_t k = 0; k < runs.size(); ++k) add(out[k], runs[k], 0);
+  return out;
+}
+
+// 1F1B with overlap: every receive is posted one compute earlier, after the
+// rest of the run it moves into, each queue's part one batch.
+PostsBefore receives_one_early(std::vector<std::vector<PipeAction>> runs) {
+  std::vector<std::vector<PipeAction>> early(runs.size());
+  for (size_t k = 1; k < runs.size(); ++k) {
+    std::vector<PipeAction> keep;
+    for (const PipeAction& a : runs[k]) (is_receive(a.kind) ? early[k - 1] : keep).push_back(a);
+    runs[k] = std::move(keep);
+  }
+  PostsBefore out(runs.size());
+  for (size_t k = 0; k < runs.size(); ++k) {
+    std::vector<PipeAction> merged = runs[k];
+    merged.insert(merged.end(), early[k].begin(), early[k].end());
+    for (int q : {0, 1}) add(out[k], on_queue(merged, q), q);
+  }
+  return out;
+}
+
+bool sends_output_of(const std::vector<PipeAction>& batch, const PipeAction& compute) {
+  const ActionKind send =
+      compute.kind == ActionKind::Forward ? ActionKind::SendForward : ActionKind::SendBackward;
+  for (const PipeAction& a : batch)
+    if (a.kind == send && a.micro == compute.micro && a.chunk == compute.chunk) return true;
+  return false;
+}
+
+// Interleaved 1F1B with overlap. Moving single receives ahead of the sends
+// before them reorders a queue, and the activation queues form a ring
+// (rank PP-1 sends to rank 0): with every head a receive, nothing moves. So
+// each queue keeps the schedule's sequence of batches (each run split by
+// queue) and a batch is only posted earlier: one compute earlier, unless that
+// compute produces what the batch sends. In the steady state the run after
+// F(k+w) B(k) is [SendF(k+w) RecvF(next) | SendB(k) RecvB(k+1)]: its activation
+// half goes out before B(k), its gradient half stays after B(k), so both
+// receives are posted a compute before they are needed (Megatron's
+// overlap_p2p_comm issues the same halves at the same points).
+PostsBefore batches_one_early(const std::vector<std::vector<PipeAction>>& runs,
+                              const std::vector<PipeAction>& computes) {
+  PostsBefore own(runs.size()), moved(runs.size());
+  for (size_t k = 0; k < runs.size(); ++k) {
+    for (int q : {0, 1}) {
+      std::vector<PipeAction> part = on_queue(runs[k], q);
+      const bool move = k >= 1 && !sends_output_of(part, computes[k - 1]);
+      add(move ? moved[k - 1] : own[k], std::move(part), q);
+    }
+  }
+  // A moved batch follows the batches already posted before that compute, so
+  // each queue's order is the schedule's.
+  for (size_t k = 0; k < runs.size(); ++k) own[k].insert(own[k].end(), moved[k].begin(), moved[k].end());
+  return own;
+}
+
 }  // namespace
 
 int p2p_queue(ActionKind kind) {
   return kind == ActionKind::SendForward || kind == ActionKind::RecvForward ? 0 : 1;
 }
 
-std::vector<P2PPlanStep> make_p2p_plan(const std::vector<PipeAction>& actions, bool overlap) {
+std::vector<P2PPlanStep> make_p2p_plan(const std::vector<PipeAction>& actions, ScheduleKind kind, bool overlap) {
   // runs[k]: the send/receive actions right before compute k (runs[K]: after the last).
   std::vector<PipeAction> computes;
   std::vector<std::vector<PipeAction>> runs(1);
@@ -39,45 +118,24 @@ std::vector<P2PPlanStep> make_p2p_plan(const std::vector<PipeAction>& actions, b
       runs.emplace_back();
     }
   }
-  // early[k]: receives moved from runs[k + 1] to be posted before compute k.
-  std::vector<std::vector<PipeAction>> early(runs.size());
-  if (overlap) {
-    for (size_t k = 1; k < runs.size(); ++k) {
-      std::vector<PipeAction> keep;
-      for (const PipeAction& a : runs[k]) (is_receive(a.kind) ? early[k - 1] : keep).push_back(a);
-      runs[k] = std::move(keep);
-    }
-  }
+  const PostsBefore posts = !overlap                         ? paired(runs)
+                            : kind == ScheduleKind::OneFOneB ? receives_one_early(runs)
+                                                             : batches_one_early(runs, computes);
 
   std::vector<P2PPlanStep> plan;
-  std::map<std::tuple<ActionKind, int, int>, int> posted_in;  // receive -> post index
+  std::map<std::tuple<ActionKind, int, int>, int> posted_in;  // receive or SendForward -> post index
   int n_posts = 0;
-  auto post_queue = [&](const std::vector<PipeAction>& batch, int queue) {
-    if (batch.empty()) return;
-    P2PPlanStep s;
-    s.kind = P2PPlanStep::Kind::Post;
-    s.batch = batch;
-    s.queue = queue;
-    for (const PipeAction& a : batch)
-      if (is_receive(a.kind) || a.kind == ActionKind::SendForward) posted_in[{a.kind, a.micro, a.chunk}] = n_posts;
-    ++n_posts;
-    plan.push_back(std::move(s));
-  };
-  // Without overlap a run is one batch on queue 0 (as the schedule pairs
-  // them); with it, each queue gets its part of the run.
-  auto post = [&](const std::vector<PipeAction>& run) {
-    if (!overlap) return post_queue(run, 0);
-    for (int q : {0, 1}) {
-      std::vector<PipeAction> part;
-      for (const PipeAction& a : run)
-        if (p2p_queue(a.kind) == q) part.push_back(a);
-      post_queue(part, q);
+  for (size_t k = 0; k < posts.size(); ++k) {
+    for (const Post& p : posts[k]) {
+      P2PPlanStep s;
+      s.kind = P2PPlanStep::Kind::Post;
+      s.batch = p.batch;
+      s.queue = p.queue;
+      for (const PipeAction& a : p.batch)
+        if (is_receive(a.kind) || a.kind == ActionKind::SendForward) posted_in[{a.kind, a.micro, a.chunk}] = n_posts;
+      ++n_posts;
+      plan.push_back(std::move(s));
     }
-  };
-  for (size_t k = 0; k < runs.size(); ++k) {
-    std::vector<PipeAction> merged = runs[k];
-    merged.insert(merged.end(), early[k].begin(), early[k].end());
-    post(merged);
     if (k == computes.size()) break;
     P2PPlanStep s;
     s.compute = computes[k];

@@ -15,11 +15,11 @@ PipelineExecutor::PipelineExecutor(GptModel& model, Communicator& pp, int n_micr
       vp_(model.layout().shard.vp), pp_grad_(pp_grad) {
   kind_ = vp_ > 1 ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB;
   actions_ = make_schedule(kind_, n_stages_, stage_, n_micro_, vp_);
-  overlap_ = overlap && kind_ == ScheduleKind::OneFOneB && n_stages_ > 1;
+  overlap_ = overlap && n_stages_ > 1;
   if (overlap_)
     DS_CHECK(pp_grad && pp_grad->size() == pp.size() && pp_grad->rank() == pp.rank(),
              "pipeline stage {}: overlapping needs a second pipeline communicator", stage_);
-  plan_ = make_p2p_plan(actions_, overlap_);
+  plan_ = make_p2p_plan(actions_, kind_, overlap_);
   max_live_ = max_live_activations(kind_, n_stages_, stage_, n_micro_, vp_);
   model_.set_activation_slots(max_live_);
 }

@@ -6,8 +6,10 @@
 // send/receive actions are posted as asynchronous batches
 // (Communicator::ibatch_send_recv) following make_p2p_plan
 // (lib/parallel/pipeline_p2p_plan.h), and a compute waits only for the
-// batches it needs. With overlap (1F1B), each receive is posted one compute
-// earlier, activations and gradients on two communicators (two queues) so
+// batches it needs. With overlap, receives are posted ahead of the compute
+// that needs them (1F1B: each one compute earlier; interleaved: the
+// steady state's forward and backward halves of each exchange one compute
+// earlier), activations and gradients on two communicators (two queues) so
 // that neither waits behind the other. Activations (B, T, C) go to the next
 // virtual stage, their gradients back.
 #pragma once
@@ -29,10 +31,10 @@ class PipelineExecutor {
   // pp: this pipeline's communicator (group rank = stage). n_micro: the
   // micro-batches of one global batch (gradient accumulation steps). The
   // model's layout gives the virtual stages (vp > 1: interleaved 1F1B).
-  // overlap (zero_optimization.overlap_comm): post receives one compute
-  // early, gradients on `pp_grad` (a second communicator over the same ranks,
-  // required then); applied to 1F1B only (the interleaved schedule's batches
-  // stay paired, see make_p2p_plan's test). Results are bit-identical either way.
+  // overlap (zero_optimization.overlap_comm): post receives ahead of their
+  // computes (make_p2p_plan), gradients on `pp_grad` (a second communicator
+  // over the same ranks, required then); 1F1B and interleaved. Results are
+  // bit-identical either way.
   PipelineExecutor(GptModel& model, Communicator& pp, int n_micro, Communicator* pp_grad = nullptr,
                    bool overlap = false);
   ScheduleKind kind() const { return kind_; }

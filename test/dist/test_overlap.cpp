@@ -5,9 +5,9 @@
 // likewise --overlap-param-gather at stages 1 and 2), and the --profile timeline shows the first gradient reduction starting
 // while the backward pass still runs (stage 0: bucket all-reduce; stage 2:
 // per-unit reduce-scatter), with the host synchronisations of the step in
-// the log. Pipelines (PP2, PP4, PP2 x DP2, tied embeddings) are bit-identical
-// with overlap on and off too, and with it the 1F1B receives run while the
-// stage computes.
+// the log. Pipelines (PP2, PP4, PP2 x DP2, tied embeddings; 1F1B and
+// interleaved) are bit-identical with overlap on and off too, and with it the
+// receives run while the stage computes.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -16,21 +16,25 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lib/parallel/pipeline_p2p_plan.h"
 #include "test/dist/curve_check.h"
 #include "test/dist/dist_util.h"
 
+using namespace ds;
 using namespace ds::test;
 namespace fs = std::filesystem;
 
 namespace {
 
 // `more`: further top-level JSON members (", \"bf16\": ...") or empty.
+// `micro`: samples per micro-batch (of a global batch of 8).
 std::string write_config(const std::string& name, int stage, bool overlap, int64_t bucket,
-                         const std::string& more = "") {
+                         const std::string& more = "", int micro = 2) {
   const DistData& d = dist_data();
   const std::string cfg = d.dir + "/" + name + ".json";
   std::ofstream f(cfg);
-  f << "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": {\"stage\": " << stage
+  f << "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": " << micro
+    << ", \"zero_optimization\": {\"stage\": " << stage
     << ", \"reduce_bucket_size\": " << bucket << ", \"allgather_bucket_size\": " << bucket
     << ", \"overlap_comm\": " << (overlap ? "true" : "false");
   if (stage == 3)
@@ -57,12 +61,13 @@ std::vector<std::string> model_args(int iters, int pp = 1, int layers = 2) {
 }
 
 // Runs `world` ranks with overlap off and on (checkpoint at the last of 6
-// steps) and requires the same checkpoint bytes. `more`: extra config members.
+// steps) and requires the same checkpoint bytes. `more`: extra config members;
+// `micro`: samples per micro-batch.
 // Switch::ParamGather: overlap_comm is on in both runs and
 // --overlap-param-gather is what is switched.
 enum class Switch { OverlapComm, ParamGather };
 void require_same_bits(const std::string& label, int world, int stage, const std::vector<std::string>& model,
-                       const std::string& more = "", Switch what = Switch::OverlapComm) {
+                       const std::string& more = "", Switch what = Switch::OverlapComm, int micro = 2) {
   const bool gather = what == Switch::ParamGather;
   std::map<std::string, std::string> files[2];
   for (int overlap : {0, 1}) {
@@ -70,7 +75,7 @@ void require_same_bits(const std::string& label, int world, int stage, const std
     const std::string ck = dist_data().dir + "/ck_" + name;
     fs::remove_all(ck);
     std::vector<std::string> args = model;
-    args.insert(args.begin(), {"--config", write_config(name, stage, gather || overlap, 3000, more)});
+    args.insert(args.begin(), {"--config", write_config(name, stage, gather || overlap, 3000, more, micro)});
     if (gather && overlap) args.push_back("--overlap-param-gather");
     args.insert(args.end(), {"--save", ck, "--save-interval", "6"});
     std::string err = run_dstrain(DstrainJob{world, args});
@@ -103,11 +108,22 @@ TEST_CASE("overlap_comm on and off give bit-identical results with pipeline para
   require_same_bits("pp2dp2_z0", 4, 0, model_args(6, 2));
   require_same_bits("pp2dp2_z1", 4, 1, model_args(6, 2));
   require_same_bits("pp2dp2_z2", 4, 2, model_args(6, 2));
-  // Interleaved (2 chunks per stage): the receives stay paired, the stage-2
-  // reduce-scatters still overlap.
-  std::vector<std::string> interleaved = model_args(6, 2, 4);
-  interleaved.insert(interleaved.end(), {"--num-layers-per-virtual-pipeline-stage", "1"});
-  require_same_bits("pp2vp2dp2_z2", 4, 2, interleaved);
+}
+
+// The interleaved schedule (2 chunks per stage, one layer each), with enough
+// micro-batches for a steady state (4 for PP 2, 8 for PP 4): the receives
+// posted a compute early and, at ZeRO 2, the reduce-scatters during the
+// backwards give the same bits.
+TEST_CASE("overlap_comm on and off give bit-identical results with the interleaved schedule", "[multiproc]") {
+  auto interleaved = [](int pp) {
+    std::vector<std::string> a = model_args(6, pp, 2 * pp);
+    a.insert(a.end(), {"--num-layers-per-virtual-pipeline-stage", "1"});
+    return a;
+  };
+  require_same_bits("pp2vp2_z1", 2, 1, interleaved(2));
+  require_same_bits("pp4vp2_z0", 4, 0, interleaved(4), "", Switch::OverlapComm, 1);
+  for (int stage : {0, 1, 2})
+    require_same_bits("pp2vp2dp2_z" + std::to_string(stage), 4, stage, interleaved(2), "", Switch::OverlapComm, 1);
 }
 
 // Gradients accumulated and reduced in bf16 (data_types.grad_accum_dtype):
@@ -263,6 +279,91 @@ TEST_CASE("timeline: pipeline receives overlap the 1F1B computes with overlap_co
       REQUIRE(o.overlapping >= 3);  // B1..B3's gradients arrive during F2, F3 and B2
     else
       REQUIRE(o.overlapping == 0);
+  }
+}
+
+namespace {
+
+// The batches of `stage`'s posting plan that hold a receive, and those of them
+// with a compute between their post and the first compute waiting for them:
+// with real timings these are the ones that can be in flight during a compute
+// (a batch the next compute waits for ends before it starts).
+struct ReceiveBatches {
+  int all = 0, ahead = 0;
+};
+ReceiveBatches receive_batches(ScheduleKind kind, int pp, int stage, int n_micro, int v, bool overlap) {
+  const std::vector<P2PPlanStep> plan = make_p2p_plan(make_schedule(kind, pp, stage, n_micro, v), kind, overlap);
+  std::vector<int> posted_at;  // post index -> computes before it
+  std::vector<char> receives, counted;
+  int computes = 0;
+  ReceiveBatches out;
+  for (const P2PPlanStep& s : plan) {
+    if (s.kind == P2PPlanStep::Kind::Post) {
+      bool recv = false;
+      for (const PipeAction& a : s.batch)
+        recv = recv || a.kind == ActionKind::RecvForward || a.kind == ActionKind::RecvBackward;
+      posted_at.push_back(computes);
+      receives.push_back(recv);
+      out.all += recv;
+      counted.push_back(0);
+      continue;
+    }
+    for (int w : s.waits) {
+      if (!receives[w] || counted[w]) continue;
+      counted[w] = 1;
+      out.ahead += computes > posted_at[w];
+    }
+    ++computes;
+  }
+  return out;
+}
+
+}  // namespace
+
+// Interleaved PP2 x 2 chunks, 8 micro-batches: stage 0 runs 4 warmup
+// forwards, 12 forward+backward steps, 4 cooldown backwards. With overlap the
+// steady state's receives are posted a compute ahead and run during it;
+// without it only batches whose next compute needs nothing from them can.
+// The counts come from the posting plans of both modes. A batch posted ahead
+// can still end before the compute starts when the neighbour's data was
+// there already and the communication thread ran first (cores shared by all
+// ranks), so with overlap the test asks for more overlapping receive batches
+// than the plan without overlap could have at all (6; typically 15-20 of 20).
+TEST_CASE("timeline: interleaved pipeline receives overlap the computes with overlap_comm", "[multiproc]") {
+  const ReceiveBatches plan[2] = {receive_batches(ScheduleKind::Interleaved1F1B, 2, 0, 8, 2, false),
+                                  receive_batches(ScheduleKind::Interleaved1F1B, 2, 0, 8, 2, true)};
+  INFO("receive batches posted ahead: " << plan[0].ahead << " of " << plan[0].all << " without overlap, "
+                                        << plan[1].ahead << " of " << plan[1].all << " with it");
+  REQUIRE(plan[1].ahead >= 3 * plan[0].ahead);
+  for (int overlap : {0, 1}) {
+    const std::string name = std::string("timeline_pp2vp2_") + (overlap ? "on" : "off");
+    const std::string dir = dist_data().dir + "/" + name;
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    // Layers of hidden 128 over 64 tokens: a compute takes long enough that
+    // a neighbour's data produced during it arrives during it.
+    const DistData& d = dist_data();
+    std::vector<std::string> args = {"--config", write_config(name, 1, overlap, 50000, "", 1), "--num-layers",
+                                     "4", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "64",
+                                     "--max-position-embeddings", "64", "--pipeline-model-parallel-size", "2",
+                                     "--num-layers-per-virtual-pipeline-stage", "1", "--train-iters", "3", "--lr",
+                                     "1e-3", "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1",
+                                     "--data-path", d.data_prefix, "--vocab-file", d.vocab, "--merge-file", d.merges,
+                                     "--profile", "--profile-dir", dir};
+    std::string log;
+    DstrainJob job{2, args};
+    job.rank0_output = &log;
+    std::string err = run_dstrain(job);
+    INFO("overlap " << overlap << ": " << err << log);
+    REQUIRE(err.empty());
+    const P2POverlap o = p2p_overlap(dir + "/timeline_rank0.json");
+    INFO(o.recv_batches << " receive batches, " << o.computes << " computes, " << o.overlapping << " overlapping");
+    REQUIRE(o.computes == 32);  // 8 micro-batches x 2 chunks, forward and backward
+    REQUIRE(o.recv_batches == plan[overlap].all);
+    if (overlap)
+      REQUIRE(o.overlapping > plan[0].ahead);
+    else
+      REQUIRE(o.overlapping <= plan[0].ahead);
   }
 }
 

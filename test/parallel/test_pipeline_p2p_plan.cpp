@@ -1,14 +1,16 @@
 // The pipeline's posting plan (lib/parallel/pipeline_p2p_plan.h) played on a
 // model of the executor, over the schedule grid, with and without overlap:
-// every rank posts batches into one FIFO queue (its communication thread or
-// stream) and runs a compute only once the batches holding its receives have
+// every rank posts batches into one FIFO queue per communicator (its
+// communication thread or stream) and runs a compute only once the batches holding its receives have
 // completed; a queued batch starts when the ones before it completed, and a
 // message passes when both its send and its receive have started
 // (rendezvous). Checks: no deadlock, every message lands in the receive of
 // the same micro-batch and the next virtual stage, a backward waits for the
-// send of its forward's output (it frees that buffer), the compute order is the schedule's, and with overlap
-// every receive but the first is posted at least one compute before the
-// compute that needs it.
+// send of its forward's output (it frees that buffer), the compute order is
+// the schedule's, and with overlap receives are posted ahead of their
+// compute: 1F1B every receive but the first, interleaved every receive of the
+// steady state but the first forward's (and each queue keeps the schedule's
+// sequence of batches there).
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <array>
@@ -32,6 +34,13 @@ struct SimResult {
   bool deadlock = false;
   std::vector<std::vector<PipeAction>> computed;  // per rank, in order
 };
+
+// The plan's post number `index` (posts counted in plan order).
+const P2PPlanStep& plan_post(const std::vector<P2PPlanStep>& plan, int index) {
+  for (const P2PPlanStep& s : plan)
+    if (s.kind == P2PPlanStep::Kind::Post && index-- == 0) return s;
+  throw ds::Error("no such post");
+}
 
 bool is_send(ActionKind k) { return k == ActionKind::SendForward || k == ActionKind::SendBackward; }
 
@@ -139,32 +148,80 @@ std::vector<Case> grid() {
   std::vector<Case> cases;
   for (int pp = 1; pp <= 6; ++pp)
     for (int n : {1, 2, 3, 4, 5, 7, 8, 12}) cases.push_back({ScheduleKind::OneFOneB, pp, n, 1});
-  for (int pp = 2; pp <= 6; ++pp)
-    for (int v = 1; v <= 3; ++v)
-      for (int mult : {1, 2, 3}) cases.push_back({ScheduleKind::Interleaved1F1B, pp, pp * mult, v});
+  for (int pp = 2; pp <= 8; ++pp)
+    for (int v = 1; v <= 4; ++v)
+      for (int mult : {1, 2, 3, 4}) cases.push_back({ScheduleKind::Interleaved1F1B, pp, pp * mult, v});
   return cases;
+}
+
+std::vector<std::vector<P2PPlanStep>> all_plans(const Case& c, bool overlap) {
+  std::vector<std::vector<P2PPlanStep>> plans;
+  for (int s = 0; s < c.pp; ++s) plans.push_back(make_p2p_plan(make_schedule(c.kind, c.pp, s, c.n, c.v), c.kind, overlap));
+  return plans;
+}
+
+// For each compute that receives (in compute order): the computes run between
+// the post holding its receive and the compute itself. Second: the index of
+// that compute among all computes.
+std::vector<std::pair<int, int>> lead_by_compute(const std::vector<P2PPlanStep>& plan) {
+  std::vector<int> post_at_compute;  // post index -> computes run before it was posted
+  std::vector<std::pair<int, int>> out;
+  int computes = 0;
+  for (const P2PPlanStep& s : plan) {
+    if (s.kind == P2PPlanStep::Kind::Post) {
+      post_at_compute.push_back(computes);
+      continue;
+    }
+    const auto recv = [&](int w) {
+      for (const PipeAction& a : plan_post(plan, w).batch)
+        if (a.micro == s.compute.micro && a.chunk == s.compute.chunk &&
+            a.kind == (s.compute.kind == ActionKind::Forward ? ActionKind::RecvForward : ActionKind::RecvBackward))
+          return true;
+      return false;
+    };
+    for (int w : s.waits)
+      if (recv(w)) out.push_back({computes - post_at_compute[w], computes});
+    ++computes;
+  }
+  return out;
+}
+
+std::vector<int> lead(const std::vector<P2PPlanStep>& plan) {
+  std::vector<int> out;
+  for (auto [l, i] : lead_by_compute(plan)) out.push_back(l);
+  return out;
+}
+
+// Each queue's batches, in posting order.
+std::vector<std::vector<PipeAction>> queue_batches(const std::vector<P2PPlanStep>& plan, int queue) {
+  std::vector<std::vector<PipeAction>> out;
+  for (const P2PPlanStep& s : plan)
+    if (s.kind == P2PPlanStep::Kind::Post && s.queue == queue) out.push_back(s.batch);
+  return out;
 }
 
 }  // namespace
 
-std::vector<int> lead(const std::vector<P2PPlanStep>& plan);
-
-// Overlap only for 1F1B: the interleaved schedule's paired batches, with its
-// receives moved, can deadlock (interleaved pp=2 n_micro=2 v=2 does).
-TEST_CASE("interleaved receives are not moved") {
+// Why the interleaved schedule has a rule of its own: the 1F1B rule (single
+// receives moved ahead of the sends before them) deadlocks it, PP 2, m 2, v 2
+// already: on the ring of activation queues a receive moved into an earlier
+// batch waits for a send queued behind the partner's earlier batch.
+TEST_CASE("moving single interleaved receives ahead of sends deadlocks") {
   std::vector<std::vector<P2PPlanStep>> plans;
   for (int s = 0; s < 2; ++s)
-    plans.push_back(make_p2p_plan(make_schedule(ScheduleKind::Interleaved1F1B, 2, s, 2, 2), true));
-  CHECK(simulate(plans, 2).deadlock);  // why the executor does not ask for it
+    plans.push_back(make_p2p_plan(make_schedule(ScheduleKind::Interleaved1F1B, 2, s, 2, 2), ScheduleKind::OneFOneB, true));
+  CHECK(simulate(plans, 2).deadlock);
+  plans.clear();
+  for (int s = 0; s < 2; ++s)
+    plans.push_back(make_p2p_plan(make_schedule(ScheduleKind::Interleaved1F1B, 2, s, 2, 2), ScheduleKind::Interleaved1F1B, true));
+  CHECK_FALSE(simulate(plans, 2).deadlock);
 }
 
 TEST_CASE("p2p plans run without deadlock and keep the schedule's computes") {
   for (const Case& c : grid()) {
     for (bool overlap : {false, true}) {
-      if (overlap && c.kind != ScheduleKind::OneFOneB) continue;  // see make_p2p_plan
       INFO(to_string(c.kind) << " pp=" << c.pp << " n_micro=" << c.n << " v=" << c.v << " overlap=" << overlap);
-      std::vector<std::vector<P2PPlanStep>> plans;
-      for (int s = 0; s < c.pp; ++s) plans.push_back(make_p2p_plan(make_schedule(c.kind, c.pp, s, c.n, c.v), overlap));
+      const std::vector<std::vector<P2PPlanStep>> plans = all_plans(c, overlap);
       SimResult res = simulate(plans, c.v);
       REQUIRE_FALSE(res.deadlock);
       for (int s = 0; s < c.pp; ++s) {
@@ -172,7 +229,9 @@ TEST_CASE("p2p plans run without deadlock and keep the schedule's computes") {
         for (const PipeAction& a : make_schedule(c.kind, c.pp, s, c.n, c.v))
           if (!is_communication(a.kind)) expect.push_back(a);
         REQUIRE(res.computed[s] == expect);
-        if (overlap) {  // every receive but one in the first run arrives during an earlier compute
+        if (!overlap && c.kind == ScheduleKind::OneFOneB)
+          for (int l : lead(plans[s])) REQUIRE(l == 0);
+        if (overlap && c.kind == ScheduleKind::OneFOneB) {  // every receive but one in the first run arrives during an earlier compute
           const std::vector<int> l = lead(plans[s]);
           for (size_t i = 1; i < l.size(); ++i) REQUIRE(l[i] >= 1);
         }
@@ -195,26 +254,51 @@ TEST_CASE("p2p plans run without deadlock and keep the schedule's computes") {
   }
 }
 
-// Computes between the post of a compute's receive and the compute itself.
-std::vector<int> lead(const std::vector<P2PPlanStep>& plan) {
-  std::vector<int> post_at_compute;  // post index -> computes run before it was posted
-  std::vector<int> out;
-  int computes = 0;
-  for (const P2PPlanStep& s : plan) {
-    if (s.kind == P2PPlanStep::Kind::Post) {
-      post_at_compute.push_back(computes);
-      continue;
+// Interleaved with overlap, over the grid: each queue carries the schedule's
+// batches (each run's activation or gradient part) in the schedule's order,
+// and in the steady state every receive but the first forward's is posted one
+// or two computes ahead (one: the other kind's compute between, as
+// F4.0 [SendF4.0 RecvF5.0] B0.1 [SendB0.1 RecvB1.1] F5.0; two when the batch
+// also passed a compute that sends nothing, e.g. a backward of the first
+// virtual stage). Nothing is posted more than two computes ahead.
+TEST_CASE("interleaved overlap posts steady-state receives a compute ahead, queue order unchanged") {
+  for (const Case& c : grid()) {
+    if (c.kind != ScheduleKind::Interleaved1F1B) continue;
+    for (int s = 0; s < c.pp; ++s) {
+      INFO("pp=" << c.pp << " n_micro=" << c.n << " v=" << c.v << " stage=" << s);
+      const std::vector<PipeAction> acts = make_schedule(c.kind, c.pp, s, c.n, c.v);
+      const std::vector<P2PPlanStep> on = make_p2p_plan(acts, c.kind, true);
+      const std::vector<P2PPlanStep> off = make_p2p_plan(acts, c.kind, false);
+      for (int q : {0, 1}) {
+        std::vector<std::vector<PipeAction>> expect;
+        for (const P2PPlanStep& st : off) {
+          std::vector<PipeAction> part;
+          for (const PipeAction& a : st.batch)
+            if (p2p_queue(a.kind) == q) part.push_back(a);
+          if (!part.empty()) expect.push_back(part);
+        }
+        REQUIRE(queue_batches(on, q) == expect);
+      }
+      const int w = warmup_micro_batches(c.kind, c.pp, s, c.n, c.v);
+      const int steady_end = w + 2 * (c.n * c.v - w);  // computes [w, steady_end) alternate F, B
+      const std::vector<std::pair<int, int>> leads = lead_by_compute(on);
+      size_t receives = 0;
+      for (const PipeAction& a : acts) receives += a.kind == ActionKind::RecvForward || a.kind == ActionKind::RecvBackward;
+      REQUIRE(leads.size() == receives);  // every receive found before its compute
+      for (auto [l, i] : leads) {
+        INFO("compute " << i << " lead " << l);
+        REQUIRE(l <= 2);
+        if (i > w && i < steady_end) REQUIRE(l >= 1);
+      }
     }
-    if (!s.waits.empty()) out.push_back(computes - post_at_compute[s.waits.front()]);  // its receive
-    ++computes;
   }
-  return out;
 }
 
 TEST_CASE("with overlap a receive is posted one compute before it is needed") {
   // 1F1B, 4 stages, 8 micro-batches, stage 1: warm-up F0 F1, steady F2 B0 ...
   const std::vector<PipeAction> acts = make_schedule(ScheduleKind::OneFOneB, 4, 1, 8);
-  std::vector<int> off = lead(make_p2p_plan(acts, false)), on = lead(make_p2p_plan(acts, true));
+  std::vector<int> off = lead(make_p2p_plan(acts, ScheduleKind::OneFOneB, false));
+  std::vector<int> on = lead(make_p2p_plan(acts, ScheduleKind::OneFOneB, true));
   REQUIRE(off.size() == on.size());
   REQUIRE(off.size() == 8 + 8);  // every forward and every backward of stage 1 receives
   for (int l : off) CHECK(l == 0);
@@ -222,7 +306,7 @@ TEST_CASE("with overlap a receive is posted one compute before it is needed") {
   for (size_t i = 1; i < on.size(); ++i) CHECK(on[i] == 1);
   // The steady state's first backward (B0) gets its gradient in a batch of
   // its own, posted before the forward F2 that precedes it.
-  std::vector<P2PPlanStep> plan = make_p2p_plan(acts, true);
+  std::vector<P2PPlanStep> plan = make_p2p_plan(acts, ScheduleKind::OneFOneB, true);
   int f2 = -1, recv_b0 = -1;
   for (size_t i = 0; i < plan.size(); ++i) {
     if (plan[i].kind == P2PPlanStep::Kind::Compute && plan[i].compute == PipeAction{ActionKind::Forward, 2, 0})
