@@ -10,6 +10,7 @@
 // receives run while the stage computes.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -223,8 +224,13 @@ namespace {
 
 // Rank 0's receive batches ("p2p ... Recv...") whose span (issue to end)
 // overlaps a pipeline compute span ("pipeline F1", "pipeline B0"), and the counts of both.
+// issued_after: per receive batch in issue order, the computes that started
+// before it was issued. Issue and compute starts are stamped by the thread
+// that runs the schedule, so this sequence is the executor's program order,
+// whatever the load; it must equal the posting plan's.
 struct P2POverlap {
   int recv_batches = 0, computes = 0, overlapping = 0;
+  std::vector<int> issued_after;
 };
 
 P2POverlap p2p_overlap(const std::string& path) {
@@ -241,7 +247,13 @@ P2POverlap p2p_overlap(const std::string& path) {
       recv.push_back({e.at("args").at("issued_us").get<double>(), ts + dur});
     if (n.rfind("pipeline ", 0) == 0) compute.push_back({ts, ts + dur});
   }
-  P2POverlap o{static_cast<int>(recv.size()), static_cast<int>(compute.size()), 0};
+  P2POverlap o{static_cast<int>(recv.size()), static_cast<int>(compute.size()), 0, {}};
+  std::sort(recv.begin(), recv.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  for (const Span& r : recv) {
+    int before = 0;
+    for (const Span& c : compute) before += c.begin < r.begin ? 1 : 0;
+    o.issued_after.push_back(before);
+  }
   for (const Span& r : recv) {
     bool any = false;
     // 0.01 us: the trace's rounding of times
@@ -249,6 +261,47 @@ P2POverlap p2p_overlap(const std::string& path) {
     o.overlapping += any;
   }
   return o;
+}
+
+}  // namespace
+
+namespace {
+
+// The batches of `stage`'s posting plan that hold a receive, and those of them
+// with a compute between their post and the first compute waiting for them:
+// with real timings these are the ones that can be in flight during a compute
+// (a batch the next compute waits for ends before it starts).
+// recv_posted_at: per receive batch in posting order, the computes before its post.
+struct ReceiveBatches {
+  int all = 0, ahead = 0;
+  std::vector<int> recv_posted_at;
+};
+ReceiveBatches receive_batches(ScheduleKind kind, int pp, int stage, int n_micro, int v, bool overlap) {
+  const std::vector<P2PPlanStep> plan = make_p2p_plan(make_schedule(kind, pp, stage, n_micro, v), kind, overlap);
+  std::vector<int> posted_at;  // post index -> computes before it
+  std::vector<char> receives, counted;
+  int computes = 0;
+  ReceiveBatches out;
+  for (const P2PPlanStep& s : plan) {
+    if (s.kind == P2PPlanStep::Kind::Post) {
+      bool recv = false;
+      for (const PipeAction& a : s.batch)
+        recv = recv || a.kind == ActionKind::RecvForward || a.kind == ActionKind::RecvBackward;
+      posted_at.push_back(computes);
+      receives.push_back(recv);
+      out.all += recv;
+      if (recv) out.recv_posted_at.push_back(computes);
+      counted.push_back(0);
+      continue;
+    }
+    for (int w : s.waits) {
+      if (!receives[w] || counted[w]) continue;
+      counted[w] = 1;
+      out.ahead += computes > posted_at[w];
+    }
+    ++computes;
+  }
+  return out;
 }
 
 }  // namespace
@@ -275,50 +328,23 @@ TEST_CASE("timeline: pipeline receives overlap the 1F1B computes with overlap_co
     INFO(o.recv_batches << " receive batches, " << o.computes << " computes, " << o.overlapping << " overlapping");
     REQUIRE(o.computes == 8);      // 4 forwards, 4 backwards
     REQUIRE(o.recv_batches == 4);  // stage 0 receives the 4 output gradients
-    if (overlap)
-      REQUIRE(o.overlapping >= 3);  // B1..B3's gradients arrive during F2, F3 and B2
-    else
-      REQUIRE(o.overlapping == 0);
+    // The executor posts where its plan says; with overlap the plan posts
+    // B1..B3's gradient receives a compute early (during F2, F3 and B2).
+    const ReceiveBatches plan = receive_batches(ScheduleKind::OneFOneB, 2, 0, 4, 1, overlap);
+    CHECK(o.issued_after == plan.recv_posted_at);
+    if (overlap) {
+      REQUIRE(plan.ahead >= 3);
+      // At least one is really in flight during a compute. How many depends
+      // on the load: a receive posted early ends before the compute starts
+      // when the neighbour's data was there already.
+      REQUIRE(o.overlapping >= 1);
+    } else {
+      REQUIRE(plan.ahead == 0);
+      REQUIRE(o.overlapping == 0);  // each is waited for before the next compute starts
+    }
   }
 }
 
-namespace {
-
-// The batches of `stage`'s posting plan that hold a receive, and those of them
-// with a compute between their post and the first compute waiting for them:
-// with real timings these are the ones that can be in flight during a compute
-// (a batch the next compute waits for ends before it starts).
-struct ReceiveBatches {
-  int all = 0, ahead = 0;
-};
-ReceiveBatches receive_batches(ScheduleKind kind, int pp, int stage, int n_micro, int v, bool overlap) {
-  const std::vector<P2PPlanStep> plan = make_p2p_plan(make_schedule(kind, pp, stage, n_micro, v), kind, overlap);
-  std::vector<int> posted_at;  // post index -> computes before it
-  std::vector<char> receives, counted;
-  int computes = 0;
-  ReceiveBatches out;
-  for (const P2PPlanStep& s : plan) {
-    if (s.kind == P2PPlanStep::Kind::Post) {
-      bool recv = false;
-      for (const PipeAction& a : s.batch)
-        recv = recv || a.kind == ActionKind::RecvForward || a.kind == ActionKind::RecvBackward;
-      posted_at.push_back(computes);
-      receives.push_back(recv);
-      out.all += recv;
-      counted.push_back(0);
-      continue;
-    }
-    for (int w : s.waits) {
-      if (!receives[w] || counted[w]) continue;
-      counted[w] = 1;
-      out.ahead += computes > posted_at[w];
-    }
-    ++computes;
-  }
-  return out;
-}
-
-}  // namespace
 
 // Interleaved PP2 x 2 chunks, 8 micro-batches: stage 0 runs 4 warmup
 // forwards, 12 forward+backward steps, 4 cooldown backwards. With overlap the
@@ -327,8 +353,9 @@ ReceiveBatches receive_batches(ScheduleKind kind, int pp, int stage, int n_micro
 // The counts come from the posting plans of both modes. A batch posted ahead
 // can still end before the compute starts when the neighbour's data was
 // there already and the communication thread ran first (cores shared by all
-// ranks), so with overlap the test asks for more overlapping receive batches
-// than the plan without overlap could have at all (6; typically 15-20 of 20).
+// ranks), so the test checks where each batch was posted (program order,
+// against the plan) and asks only that some batch was really in flight
+// during a compute (typically 15-20 of 20; 10 seen on a loaded machine).
 TEST_CASE("timeline: interleaved pipeline receives overlap the computes with overlap_comm", "[multiproc]") {
   const ReceiveBatches plan[2] = {receive_batches(ScheduleKind::Interleaved1F1B, 2, 0, 8, 2, false),
                                   receive_batches(ScheduleKind::Interleaved1F1B, 2, 0, 8, 2, true)};
@@ -360,8 +387,9 @@ TEST_CASE("timeline: interleaved pipeline receives overlap the computes with ove
     INFO(o.recv_batches << " receive batches, " << o.computes << " computes, " << o.overlapping << " overlapping");
     REQUIRE(o.computes == 32);  // 8 micro-batches x 2 chunks, forward and backward
     REQUIRE(o.recv_batches == plan[overlap].all);
+    CHECK(o.issued_after == plan[overlap].recv_posted_at);  // posted where the plan says
     if (overlap)
-      REQUIRE(o.overlapping > plan[0].ahead);
+      REQUIRE(o.overlapping >= 1);  // really in flight during a compute (how many depends on the load)
     else
       REQUIRE(o.overlapping <= plan[0].ahead);
   }
