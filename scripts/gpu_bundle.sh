@@ -23,7 +23,7 @@ JOBS="${JOBS:-1}"
 CPU_ARCH="${DS_CPU_ARCH:-x86-64-v3}"
 MAX_MB="${MAX_MB:-56}"
 BUNDLE="$ROOT/gpu-bundle"
-TARGETS=(test_cuda_ops test_gen_cuda test_offload_cuda test_host_syncs_cuda test_comm_nccl ds_comm_worker bench_cuda_kernels dstrain dsprep dsrun)
+TARGETS=(test_cuda_ops test_gen_cuda test_offload_cuda test_host_syncs_cuda test_comm_nccl ds_comm_worker bench_cuda_kernels bench_train dstrain dsprep dsrun)
 
 log() { printf '[gpu_bundle] %s\n' "$*"; }
 die() { printf '[gpu_bundle] ERROR: %s\n' "$*" >&2; exit 1; }
