@@ -127,7 +127,9 @@ def parse():
     p.add_argument("--recompute", default="none", choices=["none", "full"])
     p.add_argument("--attention", default="auto", choices=["auto", "sdpa", "math"],
                    help="auto: SDPA on cuda, the explicit softmax(QK^T)V on cpu")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (cuda)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the whole model (cuda)")
+    p.add_argument("--compile-blocks", action="store_true",
+                   help="torch.compile each transformer block instead (regional: one compile for identical blocks)")
     p.add_argument("--loss-scale", type=float, default=1024.0, help="fp16: static loss scale")
     a = p.parse_args()
     for k in ("layers", "hidden", "heads", "vocab", "seq", "batch", "steps", "warmup"):
@@ -139,8 +141,10 @@ def parse():
         die(f"--device cuda: torch {torch.__version__} sees no CUDA device")
     if a.attention == "sdpa" and not hasattr(F, "scaled_dot_product_attention"):
         die(f"--attention sdpa: torch {torch.__version__} has no F.scaled_dot_product_attention (needs >= 2.0)")
-    if a.compile and not hasattr(torch, "compile"):
+    if (a.compile or a.compile_blocks) and not hasattr(torch, "compile"):
         die(f"--compile: torch {torch.__version__} has no torch.compile (needs >= 2.0)")
+    if a.compile and a.compile_blocks:
+        die("--compile and --compile-blocks: choose one")
     if a.device == "cpu" and a.dtype != "fp32":
         die(f"--dtype {a.dtype}: the CPU peer runs fp32 only")
     return a
@@ -162,6 +166,9 @@ def main():
     fused = dict(fused=True) if a.device == "cuda" else {}  # fused= is torch >= 2.0; the CPU peer may be older
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.1, **fused)
     fwd = torch.compile(m) if a.compile else m
+    if a.compile_blocks:
+        for b in m.blocks:
+            b.compile()
     idx = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
     tgt = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.dtype)
@@ -197,7 +204,7 @@ def main():
     fpt = 6.0 * n_matmul + 6.0 * a.layers * a.hidden * a.seq
     tflops = fpt * tps / 1e12
     peak = H100_BF16_DENSE_TFLOPS if a.device == "cuda" and amp is not None else 0.0
-    impl = "pytorch-" + torch.__version__ + ("-compile" if a.compile else "") + ("-sdpa" if sdpa else "")
+    impl = "pytorch-" + torch.__version__ + ("-compile" if a.compile else "-compile(blocks)" if a.compile_blocks else "") + ("-sdpa" if sdpa else "")
     print(json.dumps(dict(
         impl=impl, device=a.device, gpu=torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
         family=a.family, dtype=a.dtype, recompute=a.recompute, attention="sdpa" if sdpa else "math",
