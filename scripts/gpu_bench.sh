@@ -16,7 +16,8 @@
 #      bench_train vs torch_ref.py
 #   6. GPT 1.3B torch peer (blocks compiled one by one), if the budget allows
 # Output: $OUT/bench.log (everything), $OUT/train.tsv, $OUT/kernels.txt,
-# $OUT/sdpa.jsonl, $OUT/summary.txt (the tables, also printed last).
+# $OUT/sdpa.jsonl, $OUT/summary.txt (the tables, also printed last). Exit code:
+# 1 if a step failed or timed out (skipped ones do not count).
 # Env: BUDGET_S (default 470 s for the whole run), PYTHON (default python3),
 #      STEPS (timed steps per training run, default 10).
 set -uo pipefail
@@ -112,13 +113,14 @@ print(torch.__version__, "| CUDA", torch.version.cuda, "| cuDNN", torch.backends
 # run_step NAME LIMIT STDOUT_FILE CMD...: CMD's stdout to STDOUT_FILE and the
 # log, its stderr to the log; the limit shrinks to what the budget has left.
 STATUS=()
+failed=0
 run_step() {
-  local name=$1 limit=$2 dst=$3 left rc t
+  local name=$1 limit=$2 dst=$3 left rc t why
   shift 3
   left=$(( $(remaining) - 5 ))
   (( left < limit )) && limit=$left
   if (( limit < 20 )); then
-    STATUS+=("$(printf '%-34s SKIPPED (budget spent)' "$name")")
+    STATUS+=("$(printf '%-50s SKIPPED (budget spent)' "$name")")
     say "=== $name: skipped, ${left}s of the budget left"
     return 99
   fi
@@ -128,11 +130,13 @@ run_step() {
   rc=$?
   cat "$dst.tmp" "$OUT/.stderr" >> "$LOG"
   cat "$dst.tmp" >> "$dst"
+  why="$(grep -v '^\s*$' "$OUT/.stderr" | tail -n1 | cut -c1-110)"
   rm -f "$dst.tmp" "$OUT/.stderr"
   t=$(( $(date +%s) - t ))
-  if (( rc == 0 )); then STATUS+=("$(printf '%-34s ok (%ss)' "$name" "$t")")
-  elif (( rc == 124 || rc == 137 )); then STATUS+=("$(printf '%-34s TIMEOUT after %ss' "$name" "$t")")
-  else STATUS+=("$(printf '%-34s FAILED rc %s (%ss; see bench.log)' "$name" "$rc" "$t")"); fi
+  if (( rc == 0 )) && grep -q '^SKIP' "$dst"; then STATUS+=("$(printf '%-50s SKIPPED: %s' "$name" "$(grep -m1 '^SKIP' "$dst" | sed 's/^SKIP: //')")")
+  elif (( rc == 0 )); then STATUS+=("$(printf '%-50s ok (%ss)' "$name" "$t")")
+  elif (( rc == 124 || rc == 137 )); then STATUS+=("$(printf '%-50s TIMEOUT after %ss' "$name" "$t")"); failed=1
+  else STATUS+=("$(printf '%-50s FAILED rc %s (%ss): %s' "$name" "$rc" "$t" "$why")"); failed=1; fi
   return "$rc"
 }
 # train CASE WHO LIMIT CMD...: a training run whose last stdout line is its
@@ -178,10 +182,11 @@ train "gpt-1.3B T2048 B2 bf16" "torch.compile(blocks)" 200 "$PY" "$TR" --device 
 # --- tables --------------------------------------------------------------------
 {
   echo
-  echo "=== gpu_bench summary: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1)," \
-       "$(( $(date +%s) - T0 ))s"
+  gpu="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1)"
+  echo "=== gpu_bench summary: ${gpu:-no nvidia-smi}, $(( $(date +%s) - T0 ))s"
   printf '  %s\n' "${STATUS[@]}"
   "$PY" "$(pyfile bench_table.py)" --train "$TRAIN" --kernels "$KERN" --sdpa "$SDPA" 2>&1
 } > "$OUT/summary.txt"
 cat "$OUT/summary.txt" >> "$LOG"
 cat "$OUT/summary.txt"
+exit "$failed"

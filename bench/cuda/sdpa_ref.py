@@ -96,7 +96,7 @@ def main():
     if not torch.cuda.is_available():
         sys.exit(f"sdpa_ref.py: torch {torch.__version__} sees no CUDA device")
     try:
-        import torch.nn.attention  # noqa: F401  (sdpa_kernel: torch >= 2.3)
+        from torch.nn.attention import sdpa_kernel  # noqa: F401  (torch >= 2.3)
     except ImportError:
         sys.exit(f"sdpa_ref.py: torch {torch.__version__} has no torch.nn.attention.sdpa_kernel (needs >= 2.3)")
     print(json.dumps(dict(kind="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,

@@ -44,8 +44,12 @@ def train_table(path, peak, gemm):
             rows.append((label, None))
     print(f"\n== training step (FLOPs/token 6*N + 6*L*C*T; MFU vs {peak:.1f} datasheet"
           + (f" and {gemm:.0f} measured GEMM" if gemm else "") + " TFLOP/s)")
-    print(f"{'case':<34} {'impl':<24} {'tok/s':>10} {'ms/step':>9} {'TFLOP/s':>8} {'MFU':>6} "
+    print(f"{'case':<34} {'run':<24} {'tok/s':>10} {'ms/step':>9} {'TFLOP/s':>8} {'MFU':>6} "
           f"{'MFU/gemm':>8} {'syncs':>5} {'GB':>6} {'loss':>7}  vs peer")
+    order = {}  # each case's rows together, cases in the order they first ran
+    for label, _ in rows:
+        order.setdefault(label.partition("|")[0], len(order))
+    rows.sort(key=lambda lr: order[lr[0].partition("|")[0]])
     ours = {}
     for label, r in rows:
         case, _, who = label.partition("|")
@@ -59,8 +63,7 @@ def train_table(path, peak, gemm):
             ours[case] = r["tokens_per_s"]
         elif case in ours and r["tokens_per_s"] > 0:
             ratio = f"dstrain {ours[case] / r['tokens_per_s']:.2f}x"
-        impl = r["impl"].replace("pytorch-", "torch ")
-        print(f"{case:<34} {impl[:24]:<24} {r['tokens_per_s']:>10.0f} {r['ms_per_step']:>9.2f} {tf:>8.1f} "
+        print(f"{case:<34} {who[:24]:<24} {r['tokens_per_s']:>10.0f} {r['ms_per_step']:>9.2f} {tf:>8.1f} "
               f"{100 * tf / peak:>5.1f}% {(100 * tf / gemm if gemm else 0):>7.1f}% "
               f"{('-' if syncs is None else f'{syncs:.1f}'):>5} {r.get('max_alloc_gb', -1):>6.1f} "
               f"{r.get('loss_last', float('nan')):>7.3f}  {ratio}")

@@ -88,7 +88,10 @@ class GPT(nn.Module):
         s.blocks = nn.ModuleList(Block(C, NH, llama, sdpa) for _ in range(L))
         s.nf = RMSNorm(C) if llama else nn.LayerNorm(C)
         s.head = nn.Linear(C, V, bias=False) if llama else None
-        s.rope = rope_cache(T, C // NH) if llama else None
+        if llama:  # buffers: .to(device) moves them once, not every forward
+            cos, sin = rope_cache(T, C // NH)
+            s.register_buffer("rope_cos", cos, persistent=False)
+            s.register_buffer("rope_sin", sin, persistent=False)
         scaled = 0.02 / math.sqrt(2 * L)
         for name, p in s.named_parameters():
             if name.endswith("bias"):
@@ -101,7 +104,7 @@ class GPT(nn.Module):
         x = s.wte(idx)
         if s.wpe is not None:
             x = x + s.wpe(torch.arange(T, device=idx.device))
-        rope = None if s.rope is None else tuple(t.to(idx.device) for t in s.rope)
+        rope = (s.rope_cos, s.rope_sin) if s.llama else None
         for b in s.blocks:
             if s.recompute == "full":
                 x = torch.utils.checkpoint.checkpoint(b, x, rope, use_reentrant=False)
@@ -109,7 +112,7 @@ class GPT(nn.Module):
                 x = b(x, rope)
         x = s.nf(x)
         logits = s.head(x) if s.head is not None else x @ s.wte.weight.t()
-        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), tgt.view(-1))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))  # f32 under autocast
 
 
 def die(msg):
