@@ -121,6 +121,7 @@ int run(const Options& o) {
     opt.zero_grads();
     stats.view(0, {2}).zero_();
     model.set_loss_sink(stats.view(2, {rows}));
+    opt.begin_last_micro_batch();  // one micro-batch per step (a no-op without overlap_comm)
     model.forward_backward(tok, tgt, static_cast<float>(scale / rows), DropoutKey{}, tgt_host);
     opt.reduce_gradients_into(stats.view(0, {1}));
     model.set_loss_sink(Tensor());
