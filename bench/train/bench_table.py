@@ -64,7 +64,7 @@ def train_table(path, peak, gemm):
         elif case in ours and r["tokens_per_s"] > 0:
             ratio = f"dstrain {ours[case] / r['tokens_per_s']:.2f}x"
         print(f"{case:<34} {who[:24]:<24} {r['tokens_per_s']:>10.0f} {r['ms_per_step']:>9.2f} {tf:>8.1f} "
-              f"{100 * tf / peak:>5.1f}% {(100 * tf / gemm if gemm else 0):>7.1f}% "
+              f"{100 * tf / peak:>5.1f}% {(f'{100 * tf / gemm:.1f}%' if gemm else '-'):>8} "
               f"{('-' if syncs is None else f'{syncs:.1f}'):>5} {r.get('max_alloc_gb', -1):>6.1f} "
               f"{r.get('loss_last', float('nan')):>7.3f}  {ratio}")
 
