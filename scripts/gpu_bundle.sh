@@ -9,6 +9,8 @@
 #                     libstdc++ / libgcc_s library
 #   gpu-bundle/data/  a tiny generated corpus, BPE vocab and .bin/.idx dataset
 #   gpu-bundle/run.sh copy of scripts/gpu_run.sh
+#   gpu-bundle/bench.sh copy of scripts/gpu_bench.sh (side-by-side benchmarks), its
+#                     Python peers and table in gpu-bundle/py/
 # Then, on the device: carry ["gpu-bundle"], command `bash gpu-bundle/run.sh`.
 #
 # Env: BUILD_DIR (default build-gpu), JOBS (ninja -j, default 1),
@@ -23,7 +25,7 @@ JOBS="${JOBS:-1}"
 CPU_ARCH="${DS_CPU_ARCH:-x86-64-v3}"
 MAX_MB="${MAX_MB:-56}"
 BUNDLE="$ROOT/gpu-bundle"
-TARGETS=(test_cuda_ops test_gen_cuda test_offload_cuda test_host_syncs_cuda test_comm_nccl ds_comm_worker bench_cuda_kernels dstrain dsprep dsrun)
+TARGETS=(test_cuda_ops test_gen_cuda test_offload_cuda test_host_syncs_cuda test_comm_nccl ds_comm_worker bench_cuda_kernels bench_train dstrain dsprep dsrun)
 
 log() { printf '[gpu_bundle] %s\n' "$*"; }
 die() { printf '[gpu_bundle] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -118,6 +120,9 @@ trap 'rm -rf "$tmp"' EXIT
 
 cp "$ROOT/scripts/gpu_run.sh" "$BUNDLE/run.sh"
 chmod +x "$BUNDLE/run.sh"
+cp "$ROOT/scripts/gpu_bench.sh" "$BUNDLE/bench.sh"
+mkdir -p "$BUNDLE/py"
+cp "$ROOT/bench/train/torch_ref.py" "$ROOT/bench/train/bench_table.py" "$ROOT/bench/cuda/sdpa_ref.py" "$BUNDLE/py/"
 {
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')"
   echo "build dir: $BUILD_DIR"
@@ -140,4 +145,4 @@ if ! LD_LIBRARY_PATH="$BUNDLE/lib:$xlib:/usr/local/cuda/lib64:/usr/local/cuda/li
 else
   die "ldd still reports missing libraries"
 fi
-log "done. On the device: carry [\"gpu-bundle\"], command: bash gpu-bundle/run.sh"
+log "done. On the device: carry [\"gpu-bundle\"], command: bash gpu-bundle/run.sh (tests), bash gpu-bundle/bench.sh (benchmarks)"

@@ -308,4 +308,5 @@ for it in $iters; do
   say "$row"
 done
 say "overall: $([[ $failed == 0 ]] && echo PASS || echo FAIL)"
+say "side-by-side benchmarks (dstrain vs PyTorch): the next device call, bash gpu-bundle/bench.sh"
 exit "$failed"

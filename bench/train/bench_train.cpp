@@ -1,69 +1,205 @@
-// CPU training-step benchmark: forward + backward + AdamW of a GPT model on
-// random tokens, through the same model and optimizer code dstrain uses.
-// Prints one JSON line with ms/step and tokens/s (median of the timed steps).
+// Training-step benchmark: forward + backward + gradient norm + AdamW of a GPT
+// model on random tokens, on the CPU or one GPU, through the pieces dstrain's
+// trainer uses for a single rank (GptModel with the compute dtype, the flat
+// store's f32 master and gradients, ZeroOptimizer stage 0 with the fused
+// low-precision AdamW copy, the deferred loss and the one packed read per step).
+// Prints one JSON line: ms/step, tokens/s, model FLOPs per token and TFLOP/s
+// (MFU against the device's nominal bf16 peak on CUDA), host synchronisations
+// per step (lib/core/sync_counter.h) and the peak allocation.
 //   bench_train --layers 12 --hidden 768 --heads 12 --vocab 50304 --seq 128 --batch 4 --steps 5
+//   bench_train --device cuda --dtype bf16 --seq 1024 --batch 16 --steps 10 [--recompute full]
+// FLOPs per token are dstrain's own (lib/train/metrics.h): 6*N + 6*L*C*T, N the
+// parameters in matrix multiplies (all but learned position embeddings), the
+// second term causal attention (QK^T and PV, forward and backward, half of the
+// T x T square). Dropout is off, as in torch_ref.py.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <limits>
+#include <string>
 
+#include "lib/core/error.h"
 #include "lib/core/rng.h"
+#include "lib/core/sync_counter.h"
 #include "lib/model/gpt.h"
-#include "lib/optim/adamw.h"
+#include "lib/parallel/zero_partition.h"
+#include "lib/runtime/zero_optimizer.h"
+#include "lib/train/config.h"
+#include "lib/train/metrics.h"
+#ifdef DS_WITH_CUDA
+#include "cuda/cuda_api.h"
+#endif
 
 using namespace ds;
 
-int main(int argc, char** argv) {
-  CLI::App app{"dstrain CPU training-step benchmark"};
-  int L = 2, C = 128, NH = 4, V = 512, T = 64, B = 4, steps = 5, warmup = 1;
-  std::string family = "gpt2";
-  app.add_option("--layers", L);
-  app.add_option("--hidden", C);
-  app.add_option("--heads", NH);
-  app.add_option("--vocab", V);
-  app.add_option("--seq", T);
-  app.add_option("--batch", B);
-  app.add_option("--steps", steps);
-  app.add_option("--warmup", warmup);
-  app.add_option("--family", family)->check(CLI::IsMember({"gpt2", "llama"}));
-  CLI11_PARSE(app, argc, argv);
+namespace {
 
+struct Options {
+  int L = 2, C = 128, NH = 4, V = 512, T = 64, B = 4, steps = 5, warmup = 1;
+  std::string family = "gpt2", device = "cpu", dtype = "fp32", recompute = "none", attention = "flash";
+  float loss_scale = 1024.f;  // fp16 only: a static scale (dstrain's default is dynamic, starting at 2^16)
+};
+
+Precision precision_of(const std::string& s) {
+  return s == "bf16" ? Precision::BF16 : s == "fp16" ? Precision::FP16 : Precision::FP32;
+}
+
+RecomputeKind recompute_of(const std::string& s) {
+  return s == "full" ? RecomputeKind::Full : s == "selective" ? RecomputeKind::Selective : RecomputeKind::None;
+}
+
+// The device the options name, initialised; UserError when it cannot be used.
+Device open_device(const Options& o) {
+  if (o.device == "cpu") {
+    DS_USER_CHECK(o.attention == "flash", "--attention-backend {}: only for --device cuda", o.attention);
+    return Device::cpu();
+  }
+#ifdef DS_WITH_CUDA
+  DS_USER_CHECK(cuda::device_available(), "--device cuda: {}", cuda::unavailable_reason());
+  cuda::init_device(0);
+  cuda::set_attention_backend(cuda::attention_backend_from_name(o.attention));
+  return Device::cuda(0);
+#else
+  throw UserError("--device cuda: this bench_train was built without CUDA (no nvcc at configure time)");
+#endif
+}
+
+void synchronize(Device dev) {
+#ifdef DS_WITH_CUDA
+  if (dev.is_cuda()) cuda::synchronize();
+#else
+  (void)dev;
+#endif
+}
+
+// Random (B, T) token ids below V: a host copy and one on `dev`.
+Tensor random_tokens(int B, int T, int V, uint64_t seed, Device dev, Tensor* host_out) {
+  Tensor h = Tensor::empty({B, T}, DType::I32);
+  Rng r(seed);
+  for (int64_t i = 0; i < h.numel(); ++i) h.data<int32_t>()[i] = static_cast<int32_t>(r.below(V));
+  *host_out = h;
+  return dev.is_cuda() ? h.to(dev) : h;
+}
+
+int run(const Options& o) {
   ModelConfig m;
-  m.num_layers = L;
-  m.hidden_size = C;
-  m.num_heads = NH;
-  m.seq_length = T;
-  m.max_position_embeddings = std::max(T, 1024);
-  m.vocab_size = V;
-  m.padded_vocab_size = V;
-  if (family == "llama") {
-    set_model_family(m, ModelFamily::LLaMA);
-  }
-  GptModel model(m, Device::cpu());
+  m.num_layers = o.L;
+  m.hidden_size = o.C;
+  m.num_heads = o.NH;
+  m.seq_length = o.T;
+  m.max_position_embeddings = std::max(o.T, 1024);
+  m.vocab_size = o.V;
+  m.padded_vocab_size = o.V;
+  if (o.family == "llama") set_model_family(m, ModelFamily::LLaMA);
+  DS_USER_CHECK(o.C % o.NH == 0, "--hidden {} is not a multiple of --heads {}", o.C, o.NH);
+  const Device dev = open_device(o);
+  const Precision prec = precision_of(o.dtype);
+  const DType compute = compute_dtype(prec);
+
+  // As Trainer builds a single rank: flat store (f32 gradients), ZeRO stage 0.
+  const ModelLayout layout = build_layout(m);
+  const ZeroPartition part = make_zero_partition(layout.total, 1);
+  GptModel model(m, dev, 0, TpComm{}, PipeStage{}, compute, FlatStoreOptions{.part = part});
+  model.set_recompute(RecomputeConfig{.kind = recompute_of(o.recompute)});
   model.init_weights(1, 0.02f);
-  AdamW opt(model.layout(), Device::cpu(), 0, model.layout().total);
-  Tensor tok = Tensor::empty({B, T}, DType::I32), tgt = Tensor::empty({B, T}, DType::I32);
-  Rng r(1);
-  for (int64_t i = 0; i < tok.numel(); ++i) {
-    tok.data<int32_t>()[i] = static_cast<int32_t>(r.below(V));
-    tgt.data<int32_t>()[i] = static_cast<int32_t>(r.below(V));
-  }
+  ZeroOptimizer opt(model, nullptr, ZeroConfig{}, part, nullptr);
+
+  Tensor tgt_host, unused;
+  const Tensor tok = random_tokens(o.B, o.T, o.V, 1, dev, &unused);
+  const Tensor tgt = random_tokens(o.B, o.T, o.V, 2, dev, &tgt_host);
+  const int64_t rows = int64_t(o.B) * o.T;
+  Tensor stats = Tensor::empty({2 + rows}, DType::F32, dev);  // [grad sum of squares, unused, per-row losses]
+  const double scale = prec == Precision::FP16 ? o.loss_scale : 1.0;
   AdamWHyper h;
   h.lr = 1e-4f;
   h.weight_decay = 0.1f;
-  std::vector<double> ms;
-  for (int s = 0; s < warmup + steps; ++s) {
-    auto t0 = std::chrono::steady_clock::now();
-    model.grads().zero_();
-    model.forward_backward(tok, tgt, 1.0f / (B * T));  // no DropoutKey: dropout-free, as torch_ref.py
-    opt.step(model.params(), model.grads(), h, 1.0f);
-    double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (s >= warmup) ms.push_back(dt);
+
+  float loss = NAN;
+  auto step = [&] {
+    opt.zero_grads();
+    stats.view(0, {2}).zero_();
+    model.set_loss_sink(stats.view(2, {rows}));
+    opt.begin_last_micro_batch();  // one micro-batch per step (a no-op without overlap_comm)
+    model.forward_backward(tok, tgt, static_cast<float>(scale / rows), DropoutKey{}, tgt_host);
+    opt.reduce_gradients_into(stats.view(0, {1}));
+    model.set_loss_sink(Tensor());
+    const Tensor host = stats.to(Device::cpu());  // the step's one read (clip and skip decisions need it)
+    const float* v = host.data<float>();
+    loss = GptModel::mean_loss(v + 2, tgt_host.data<int32_t>(), rows);
+    const double norm = std::sqrt(static_cast<double>(v[0])) / scale;
+    opt.step(h, static_cast<float>(clip_coefficient(norm, 1.0f) / scale));
+  };
+  const float first_loss = [&] { step(); return loss; }();
+  for (int s = 1; s < o.warmup; ++s) step();
+  synchronize(dev);
+#ifdef DS_WITH_CUDA
+  if (dev.is_cuda()) cuda::reset_max_allocated_bytes();
+#endif
+  const int64_t syncs0 = host_sync_count();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int s = 0; s < o.steps; ++s) step();
+  const int64_t syncs = host_sync_count() - syncs0;  // before the closing synchronisation
+  synchronize(dev);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / o.steps;
+
+  int64_t n_matmul = layout.total;
+  if (const ParamSpec* p = layout.try_find("embed.wpe")) n_matmul -= p->numel;
+  const double fpt = flops_per_token(m, n_matmul), tps = rows / (ms / 1000.0);
+  std::string gpu = "cpu";
+  double peak = 0, max_gb = -1;
+#ifdef DS_WITH_CUDA
+  if (dev.is_cuda()) {
+    gpu = cuda::device_name();
+    peak = prec == Precision::FP32 ? 0 : cuda::peak_bf16_tflops();
+    max_gb = cuda::max_allocated_bytes() / 1e9;
   }
-  std::sort(ms.begin(), ms.end());
-  double med = ms[ms.size() / 2];
-  std::printf("{\"impl\": \"dstrain\", \"family\": \"%s\", \"params\": %lld, \"B\": %d, \"T\": %d, "
-              "\"ms_per_step\": %.2f, \"tokens_per_s\": %.1f}\n",
-              family.c_str(), static_cast<long long>(model.layout().total), B, T, med, B * T / (med / 1000.0));
+#endif
+  const double tflops = fpt * tps / 1e12;
+  std::printf(
+      "{\"impl\": \"dstrain\", \"device\": \"%s\", \"gpu\": \"%s\", \"family\": \"%s\", \"dtype\": \"%s\", "
+      "\"recompute\": \"%s\", \"attention\": \"%s\", \"params\": %lld, \"L\": %d, \"C\": %d, \"NH\": %d, "
+      "\"V\": %d, \"B\": %d, \"T\": %d, \"steps\": %d, \"ms_per_step\": %.2f, \"tokens_per_s\": %.1f, "
+      "\"flops_per_token\": %.6g, \"flops_formula\": \"6*N_matmul + 6*L*C*T\", \"tflops\": %.4g, "
+      "\"peak_tflops_nominal\": %.1f, \"mfu_nominal\": %.4f, \"host_syncs_per_step\": %.2f, "
+      "\"max_alloc_gb\": %.2f, \"loss_first\": %.4f, \"loss_last\": %.4f}\n",
+      o.device.c_str(), gpu.c_str(), o.family.c_str(), o.dtype.c_str(), o.recompute.c_str(),
+      o.device == "cuda" ? o.attention.c_str() : "n/a", static_cast<long long>(layout.total), o.L, o.C, o.NH, o.V,
+      o.B, o.T, o.steps, ms, tps, fpt, tflops, peak, peak > 0 ? tflops / peak : 0.0,
+      static_cast<double>(syncs) / o.steps, max_gb, first_loss, loss);
+  DS_USER_CHECK(std::isfinite(loss), "the loss is not finite after {} steps ({}): the benchmark's step is broken",
+                o.warmup + o.steps, loss);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dstrain training-step benchmark (CPU or one GPU)"};
+  Options o;
+  const auto pos = CLI::Range(1, std::numeric_limits<int>::max());
+  app.add_option("--layers", o.L)->check(pos);
+  app.add_option("--hidden", o.C)->check(pos);
+  app.add_option("--heads", o.NH)->check(pos);
+  app.add_option("--vocab", o.V)->check(pos);
+  app.add_option("--seq", o.T)->check(pos);
+  app.add_option("--batch", o.B)->check(pos);
+  app.add_option("--steps", o.steps, "timed steps")->check(pos);
+  app.add_option("--warmup", o.warmup, "untimed steps first (at least 1)")->check(pos);
+  app.add_option("--family", o.family)->check(CLI::IsMember({"gpt2", "llama"}));
+  app.add_option("--device", o.device)->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--dtype", o.dtype, "compute dtype (bf16/fp16: f32 master weights and gradients)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--recompute", o.recompute, "activation recomputation (Megatron's granularity)")
+      ->check(CLI::IsMember({"none", "full", "selective"}));
+  app.add_option("--attention-backend", o.attention)->check(CLI::IsMember({"flash", "flash2", "plain", "cudnn"}));
+  app.add_option("--loss-scale", o.loss_scale, "fp16: static loss scale")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_train: %s\n", e.what());
+    return 1;
+  }
 }
