@@ -5,7 +5,8 @@
 //
 // Forward graph (S, P virtual; f32 unless noted):
 //   S = Q.K^T * scale; S = row >= col ? S : -inf (gen_index, cmp_ge,
-//   binary_select); M = max_row(S); E = exp(S - M); Z = sum_row(E);
+//   binary_select; the lowest float instead of -inf before cuDNN 9.10);
+//   M = max_row(S); E = exp(S - M); Z = sum_row(E);
 //   Stats = M + log(Z)  -> lse (natural log, (B, NH, T) f32);
 //   P = E / Z (bf16/f16); O = P.V
 // Backward graph:
@@ -24,6 +25,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -464,6 +466,12 @@ void execute(const Plan& plan, cudnnHandle_t h, std::vector<int64_t> uids, std::
   run_check(cudnn().BackendExecute(h, plan.plan->get(), pack.get()), "execute");
 }
 
+// The value masked scores take: -inf, or the lowest finite float before
+// cuDNN 9.10, whose fused softmax expects that instead.
+float mask_value() {
+  return cudnn().version < 91000 ? std::numeric_limits<float>::lowest() : -INFINITY;
+}
+
 size_t round_up(size_t n) { return (n + 255) / 256 * 256; }
 
 }  // namespace
@@ -482,7 +490,7 @@ std::string cudnn_attention_forward(const AttentionArgs& a, const AttnShape& sh,
   const cudnnHandle_t h = handle_on(s);
   const size_t elt = dtype_size(dt);
   char* qkv = static_cast<char*>(a.qkv.raw());
-  float scale = float(1.0 / std::sqrt(double(sh.HS))), neg_inf = -INFINITY;
+  float scale = float(1.0 / std::sqrt(double(sh.HS))), neg_inf = mask_value();
   void* ws = plan->workspace > 0 ? stream_workspace(s, size_t(plan->workspace), WorkspaceSlot::Attn) : nullptr;
   execute(*plan, h, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
           {qkv, qkv + elt * size_t(sh.NH) * sh.HS, qkv + elt * size_t(sh.NH + sh.NKV) * sh.HS, a.out.raw(),
@@ -514,7 +522,7 @@ std::string cudnn_attention_backward(const AttentionBwdArgs& a, const AttnShape&
   char* qkv = static_cast<char*>(a.qkv.raw());
   char* dqkv = static_cast<char*>(a.dqkv.raw());
   const size_t k_off = elt * size_t(sh.NH) * sh.HS, v_off = elt * size_t(sh.NH + sh.NKV) * sh.HS;
-  float scale = float(1.0 / std::sqrt(double(sh.HS))), neg_inf = -INFINITY, one = 1.0f;
+  float scale = float(1.0 / std::sqrt(double(sh.HS))), neg_inf = mask_value(), one = 1.0f;
   execute(*plan, h, {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne, kDsum, kDQacc},
           {qkv, qkv + k_off, qkv + v_off, a.out.raw(), a.dout.raw(), a.lse.raw(), dqkv, dqkv + k_off, dqkv + v_off,
            &scale, &neg_inf, &one, ws, ws + dsum_bytes},
