@@ -408,6 +408,8 @@ std::shared_ptr<Plan> plan_for(Dir dir, const AttnShape& sh, DType dt) {
   const CudnnApi& api = cudnn();
   auto h = c.handles.find(dev);
   if (h == c.handles.end()) {
+    if (c.handles.empty())
+      log_line(false, "attention backend cudnn: cuDNN " + std::to_string(api.version) + " from " + api.path);
     cudnnHandle_t handle = nullptr;
     run_check(api.Create(&handle), "cudnnCreate");
     h = c.handles.emplace(dev, handle).first;
