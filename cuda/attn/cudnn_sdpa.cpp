@@ -460,12 +460,16 @@ cudnnHandle_t handle_on(const Stream& s) {
 }
 
 void execute(const Plan& plan, cudnnHandle_t h, std::vector<int64_t> uids, std::vector<void*> ptrs, void* ws) {
-  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, uids.data(), int64_t(uids.size()))
-      .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, ptrs.data(), int64_t(ptrs.size()))
-      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &ws);
-  pack.finalize("variant pack");
-  run_check(cudnn().BackendExecute(h, plan.plan->get(), pack.get()), "execute");
+  try {
+    Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, uids.data(), int64_t(uids.size()))
+        .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, ptrs.data(), int64_t(ptrs.size()))
+        .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &ws);
+    pack.finalize("variant pack");
+    run_check(cudnn().BackendExecute(h, plan.plan->get(), pack.get()), "execute");
+  } catch (const BuildFail& e) {  // the plan exists: a failure here is an error, not a fallback
+    DS_CUDA_REQUIRE(false, std::string(e.what()));
+  }
 }
 
 // The value masked scores take: -inf, or the lowest finite float before
