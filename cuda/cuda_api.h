@@ -52,7 +52,9 @@ void upload_async(void* dst, const void* src_host, size_t bytes);
 //         double buffering; cuda/attn/flash2_*.cu). Opt-in until it has been
 //         verified on a device; unsupported cases fall back to Flash, then Plain.
 //  Plain: non-fused reference kernels (any dtype / head dim; for debugging).
-//  Cudnn: reserved for a cuDNN SDPA path; not built yet (throws).
+//  Cudnn: cuDNN's fused SDPA graphs (cuda/attn/cudnn_sdpa.cpp; cuDNN 9 loaded
+//         at run time, a missing one is an error); unsupported cases (f32,
+//         head dim, attention dropout, no engine) fall back to Flash, then Plain.
 enum class AttentionBackend { Flash, Plain, Cudnn, Flash2 };
 void set_attention_backend(AttentionBackend b);
 AttentionBackend attention_backend();
@@ -70,11 +72,13 @@ void set_flash2_dq_mode(Flash2Dq m);
 Flash2Dq flash2_dq_mode();
 // Attention calls (non-empty) by the path that ran, since the process
 // started: a flash call that fell back (logged once per shape with the
-// reason) counts as the path that finally ran (flash2 -> flash -> plain).
+// reason) counts as the path that finally ran (flash2 or cudnn -> flash ->
+// plain).
 // Tests use it to assert that flash (or flash2) really ran.
 struct AttentionPathCounts {
   int64_t flash_forward = 0, plain_forward = 0, flash_backward = 0, plain_backward = 0;
   int64_t flash2_forward = 0, flash2_backward = 0;
+  int64_t cudnn_forward = 0, cudnn_backward = 0;
 };
 AttentionPathCounts attention_path_counts();
 

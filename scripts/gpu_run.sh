@@ -8,7 +8,8 @@
 #      test_offload_cuda    the offloaded optimizer's bucketed step against the blocking one, then
 #      test_host_syncs_cuda host synchronisations of a GPU training step (<= 1),
 #                           fp32 GPU loss curve against the CPU's, then
-#      test_flash2_ordered  flash2 attention's ordered-dQ backward ([flash2-ordered])
+#      test_flash2_ordered  flash2 attention's ordered-dQ backward ([flash2-ordered]), then
+#      test_cuda_cudnn      the cudnn attention backend against the CPU op ([cudnn])
 #   b) test_comm_nccl       NCCL communicator, world of one (2 ranks need 2 GPUs)
 #   c) bench_cuda_kernels   copy / bf16 GEMM ceilings, then every op vs its floor
 #   d) dstrain smoke runs   tiny GPT-2, 30 iterations: cuda bf16, fp16, fp32; cpu
@@ -132,6 +133,15 @@ if [[ -z "${DS_NCCL_LIBRARY:-}" ]]; then
   done
 fi
 say "  NCCL (loaded at run time): ${DS_NCCL_LIBRARY:-NOT FOUND (GPU jobs with NCCL will fail; set DS_NCCL_LIBRARY)}"
+# cuDNN likewise (cuda/attn/cudnn_api.h; pip nvidia-cudnn-cu13 on the lent
+# machines, never in the bundle), for --attention-backend cudnn.
+if [[ -z "${DS_CUDNN_LIBRARY:-}" ]]; then
+  IFS=: read -r -a libdirs <<<"$LD_LIBRARY_PATH"
+  for d in "${libdirs[@]}"; do
+    if [[ -n "$d" && -e "$d/libcudnn.so.9" ]]; then export DS_CUDNN_LIBRARY="$d/libcudnn.so.9"; break; fi
+  done
+fi
+say "  cuDNN (loaded at run time): ${DS_CUDNN_LIBRARY:-NOT FOUND (the cudnn attention backend will fail; set DS_CUDNN_LIBRARY)}"
 
 # --- step runner -------------------------------------------------------------
 declare -a NAMES=() STATUS=() DETAIL=()
@@ -227,6 +237,13 @@ skip_on_gpu "$WORK/test_host_syncs_cuda.log"
 run_step test_flash2_ordered 45 "$WORK/test_flash2_ordered.log" "$B/bin/test_cuda_ops" "[flash2-ordered]" --durations yes
 DETAIL[-1]+="; $(catch_counts "$WORK/test_flash2_ordered.log")"
 { echo; echo "=== test_flash2_ordered"; cat "$WORK/test_flash2_ordered.log"; } >> "$OUT/test_cuda_ops.log"
+
+# a6) the cudnn attention backend ([cudnn]: cuDNN's fused SDPA graphs against
+# the CPU op; a plan per shape is built on first use, which may compile
+# kernels); log appended to test_cuda_ops.log.
+run_step test_cuda_cudnn 150 "$WORK/test_cuda_cudnn.log" "$B/bin/test_cuda_ops" "[cudnn]" --durations yes
+DETAIL[-1]+="; $(catch_counts "$WORK/test_cuda_cudnn.log")"
+{ echo; echo "=== test_cuda_cudnn"; cat "$WORK/test_cuda_cudnn.log"; } >> "$OUT/test_cuda_ops.log"
 
 # b) NCCL communicator (world of one; NCCL warnings into the log).
 NCCL_DEBUG="${NCCL_DEBUG:-WARN}" run_step test_comm_nccl 90 "$OUT/test_comm_nccl.log" "$B/bin/test_comm_nccl"

@@ -278,6 +278,7 @@ void bench_matmul_attention(Report& r, bool quick) {
   const Impl impls[] = {{AttentionBackend::Flash2, Flash2Dq::Recompute, "flash2"},
                         {AttentionBackend::Flash2, Flash2Dq::Ordered, "flash2o"},
                         {AttentionBackend::Flash, Flash2Dq::Recompute, "flash"},
+                        {AttentionBackend::Cudnn, Flash2Dq::Recompute, "cudnn"},
                         {AttentionBackend::Plain, Flash2Dq::Recompute, "plain"}};
   for (const Impl& impl : impls) {
     const AttentionBackend backend = impl.backend;

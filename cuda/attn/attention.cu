@@ -1,6 +1,6 @@
 // attention_forward / attention_backward: argument checks and the choice of
-// implementation (flash, flash2, plain; cudnn reserved) from
-// set_attention_backend(). A fused call that falls back (flash2 -> flash ->
+// implementation (flash, flash2, cudnn, plain) from set_attention_backend().
+// A fused call that falls back (flash2 -> flash -> plain, cudnn -> flash ->
 // plain) says why, once per shape and path, and every call is counted by the
 // path that ran (attention_path_counts()).
 #include <atomic>
@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "cuda/attn/attention.h"
+#include "cuda/attn/cudnn_sdpa.h"
 #include "cuda/core/common.cuh"
 #include "cuda/cuda_api.h"
 #include "lib/core/log.h"
@@ -18,7 +19,7 @@ namespace ds::cuda {
 namespace {
 
 std::atomic<int64_t> g_flash_fwd{0}, g_plain_fwd{0}, g_flash_bwd{0}, g_plain_bwd{0};
-std::atomic<int64_t> g_flash2_fwd{0}, g_flash2_bwd{0};
+std::atomic<int64_t> g_flash2_fwd{0}, g_flash2_bwd{0}, g_cudnn_fwd{0}, g_cudnn_bwd{0};
 
 // Logs `why` the first time a (direction, path, shape, dtype) falls back from
 // `path` to `next`.
@@ -47,12 +48,6 @@ void check_act(const Tensor& t, const Tensor& qkv, const char* op, const char* n
   expect_compute(t, qkv.dtype(), op, name, "qkv");
 }
 
-void reject_cudnn(const char* op) {
-  DS_CUDA_REQUIRE(attention_backend() != AttentionBackend::Cudnn,
-                  std::string(op) + ": attention_backend 'cudnn' is not built in this "
-                                    "version; use 'flash', 'flash2' or 'plain'");
-}
-
 }  // namespace
 
 std::string flash_unsupported(const AttnShape& sh, DType dt, std::initializer_list<const Tensor*> ptrs) {
@@ -68,7 +63,7 @@ std::string flash_unsupported(const AttnShape& sh, DType dt, std::initializer_li
 
 AttentionPathCounts attention_path_counts() {
   return {g_flash_fwd.load(), g_plain_fwd.load(), g_flash_bwd.load(), g_plain_bwd.load(),
-          g_flash2_fwd.load(), g_flash2_bwd.load()};
+          g_flash2_fwd.load(), g_flash2_bwd.load(), g_cudnn_fwd.load(), g_cudnn_bwd.load()};
 }
 
 void attention_forward(const AttentionArgs& a, const Stream& s) {
@@ -77,8 +72,15 @@ void attention_forward(const AttentionArgs& a, const Stream& s) {
   int64_t rows = sh.B * sh.T;
   check_act(a.out, a.qkv, op, "out");
   if (rows == 0) return;
-  reject_cudnn(op);
   const AttentionBackend be = attention_backend();
+  if (be == AttentionBackend::Cudnn) {
+    const std::string why = cudnn_attention_forward(a, sh, s);
+    if (why.empty()) {
+      g_cudnn_fwd += 1;
+      return;
+    }
+    note_fallback(op, "cudnn", "flash", sh, a.qkv.dtype(), why);
+  }
   if (be == AttentionBackend::Flash2) {
     const std::string why = flash2_attention_forward(a, sh, s);
     if (why.empty()) {
@@ -87,7 +89,7 @@ void attention_forward(const AttentionArgs& a, const Stream& s) {
     }
     note_fallback(op, "flash2", "flash", sh, a.qkv.dtype(), why);
   }
-  if (be == AttentionBackend::Flash || be == AttentionBackend::Flash2) {
+  if (be == AttentionBackend::Flash || be == AttentionBackend::Flash2 || be == AttentionBackend::Cudnn) {
     const std::string why = flash_attention_forward(a, sh, s);
     if (why.empty()) {
       g_flash_fwd += 1;
@@ -107,8 +109,15 @@ void attention_backward(const AttentionBwdArgs& a, const Stream& s) {
   check_act(a.dout, a.qkv, op, "dout");
   check_act(a.out, a.qkv, op, "out");
   if (rows == 0) return;
-  reject_cudnn(op);
   const AttentionBackend be = attention_backend();
+  if (be == AttentionBackend::Cudnn) {
+    const std::string why = cudnn_attention_backward(a, sh, s);
+    if (why.empty()) {
+      g_cudnn_bwd += 1;
+      return;
+    }
+    note_fallback(op, "cudnn", "flash", sh, a.qkv.dtype(), why);
+  }
   if (be == AttentionBackend::Flash2) {
     const std::string why = flash2_attention_backward(a, sh, s);
     if (why.empty()) {
@@ -117,7 +126,7 @@ void attention_backward(const AttentionBwdArgs& a, const Stream& s) {
     }
     note_fallback(op, "flash2", "flash", sh, a.qkv.dtype(), why);
   }
-  if (be == AttentionBackend::Flash || be == AttentionBackend::Flash2) {
+  if (be == AttentionBackend::Flash || be == AttentionBackend::Flash2 || be == AttentionBackend::Cudnn) {
     const std::string why = flash_attention_backward(a, sh, s);
     if (why.empty()) {
       g_flash_bwd += 1;

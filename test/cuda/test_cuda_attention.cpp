@@ -1,4 +1,4 @@
-// GPU tests of causal attention (plain, flash and flash2 backends) against
+// GPU tests of causal attention (plain, flash, flash2 and cudnn backends) against
 // the CPU attention at several (B, T, NH, HS), including T that is not a
 // multiple of the flash tile sizes and grouped-query cases (NKV < NH), in f32,
 // bf16 and f16. Flash and flash2 run bf16/f16 with HS 64 and 128; the tests
@@ -8,13 +8,25 @@
 // kernel rounds to 16 bits (the probabilities P before P.V and P^T.dO, and dS
 // before dS.K and dS^T.Q), so the 2x rule compares like with like; the plain
 // kernels keep P in f32 and are held to the plain rounded-input baseline.
+// The cudnn backend's cases are hidden tags with their own ctest entries:
+// "[cudnn]" (GPU + cuDNN; also a gpu_run.sh step) is held to the flash
+// baseline, since the cuDNN graphs declare P and dS in the 16-bit input dtype
+// where they feed the P.V, P^T.dO and dS^T.Q matmuls, so they round what the
+// flash kernels round; "[cudnn_graph]" (cuDNN, no GPU) finalizes the graphs'
+// parts. Without cuDNN both skip (exit 77).
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
+#include "cuda/attn/cudnn_api.h"
+#include "cuda/attn/cudnn_sdpa.h"
 #include "cuda/cuda_api.h"
+#include "lib/core/error.h"
 #include "lib/ops/ops.h"
 #include "test/ops_harness/op_case_cuda.h"
+#include "test/skip.h"
 
 using namespace ds;
 using namespace ds::test;
@@ -38,7 +50,7 @@ const AttnCase kCases[] = {
 };
 
 // The path a case is expected to take.
-enum class Path { Plain, Flash, Flash2 };
+enum class Path { Plain, Flash, Flash2, Cudnn };
 
 bool flash_supports(const AttnCase& c, DType dt) { return dt != DType::F32 && (c.HS == 64 || c.HS == 128); }
 
@@ -154,6 +166,8 @@ void run_case_on(const AttnCase& c, DType dt, Path expect) {
   INFO("B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.kv() << " HS=" << c.HS << " "
               << dtype_name(dt));
   auto ran = [](Path p, Path want) { return p == want ? 1 : 0; };
+  CHECK(after.cudnn_forward - before.cudnn_forward == ran(expect, Path::Cudnn));
+  CHECK(after.cudnn_backward - before.cudnn_backward == ran(expect, Path::Cudnn));
   CHECK(after.flash2_forward - before.flash2_forward == ran(expect, Path::Flash2));
   CHECK(after.flash2_backward - before.flash2_backward == ran(expect, Path::Flash2));
   CHECK(after.flash_forward - before.flash_forward == ran(expect, Path::Flash));
@@ -256,6 +270,91 @@ TEST_CASE("cuda attention, flash2 small cases for the sanitizers", "[.flash2-san
   }
   ds::cuda::set_flash2_dq_mode(ds::cuda::Flash2Dq::Recompute);
   ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
+}
+
+// cuDNN's fused SDPA at HS 64 and 128, T off the tile sizes (37, 100, 130,
+// 257), B x NH > 1, grouped-query (NKV < NH), bf16 and f16; f32 is not a
+// cuDNN case and ends in the plain kernels (cudnn -> flash -> plain).
+const AttnCase kCudnnCases[] = {
+    {2, 100, 3, 64}, {1, 100, 2, 128}, {2, 100, 4, 64, 2}, {1, 130, 6, 128, 2}, {1, 1, 1, 64},
+    {2, 37, 3, 64},  {1, 257, 1, 128}, {1, 64, 2, 128},    {1, 200, 4, 64, 1},
+};
+
+// Skips (and returns false) without a device or without a loadable cuDNN;
+// prints the library that was loaded.
+bool cudnn_or_skip() {
+  if (!gpu_or_skip()) return false;
+  const std::string why = ds::cuda::cudnn_load_error();
+  if (!why.empty()) {
+    ds::test::note_skip("cuDNN cannot be loaded: " + why);
+    return false;
+  }
+  std::printf("cuDNN %zu from %s\n", ds::cuda::cudnn().version, ds::cuda::cudnn().path.c_str());
+  return true;
+}
+
+TEST_CASE("cuda attention, cudnn backend", "[.cudnn]") {
+  if (!cudnn_or_skip()) return;
+  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Cudnn);
+  const size_t plans_before = ds::cuda::cudnn_sdpa_cached_plans();
+  // Each plan's first build may compile kernels (seconds): bf16 on every
+  // case, f16 on one HS-64, one HS-128 and one grouped-query case.
+  for (const AttnCase& c : kCudnnCases) run_case_on(c, DType::BF16, Path::Cudnn);
+  const AttnCase f16_cases[] = {kCudnnCases[0], kCudnnCases[1], kCudnnCases[3]};
+  for (const AttnCase& c : f16_cases) run_case_on(c, DType::F16, Path::Cudnn);
+  // Every (shape, dtype, direction) built one plan; running one again builds none.
+  const size_t plans = ds::cuda::cudnn_sdpa_cached_plans();
+  CHECK(plans - plans_before == 2 * (std::size(kCudnnCases) + std::size(f16_cases)));
+  run_case_on(kCudnnCases[0], DType::BF16, Path::Cudnn);
+  CHECK(ds::cuda::cudnn_sdpa_cached_plans() == plans);
+  for (const AttnCase& c : {kCudnnCases[0], kCudnnCases[2]}) run_case_on(c, DType::F32, Path::Plain);
+  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
+}
+
+TEST_CASE("cuda attention, cudnn backend leaves attention dropout to flash", "[.cudnn]") {
+  if (!cudnn_or_skip()) return;
+  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Cudnn);
+  const int NH = 2, HS = 64;
+  const int64_t B = 1, T = 100, W = int64_t(3 * NH) * HS;
+  const Tensor qkv = upload(randn({B, T, W}, 41), DType::BF16);
+  Tensor out = upload(Tensor::zeros({B, T, NH * HS}, DType::F32), DType::BF16);
+  Tensor lse = upload(Tensor::zeros({B, NH, T}, DType::F32), DType::F32);
+  const ds::cuda::AttentionPathCounts before = ds::cuda::attention_path_counts();
+  ops::attention_forward({.out = out, .lse = lse, .qkv = qkv, .NH = NH, .dropout = {.p = 0.1f, .stream = 7}});
+  const ds::cuda::AttentionPathCounts after = ds::cuda::attention_path_counts();
+  CHECK(after.cudnn_forward == before.cudnn_forward);
+  CHECK(after.flash_forward == before.flash_forward + 1);
+  ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
+}
+
+// Every tensor and operation of the cuDNN graphs finalizes (cuDNN checks
+// dims, strides, dtypes and operand kinds there); needs libcudnn, no GPU.
+TEST_CASE("cudnn attention graphs: tensors and operations finalize", "[.cudnn_graph]") {
+  const std::string why = ds::cuda::cudnn_load_error();
+  if (!why.empty()) DS_SKIP("cuDNN cannot be loaded: " << why);
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const AttnCase& c : kCudnnCases)
+      for (bool backward : {false, true}) {
+        const ds::cuda::AttnShape sh{c.B, c.T, c.NH, c.HS, c.kv()};
+        INFO("B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.kv() << " HS=" << c.HS << " "
+                  << dtype_name(dt) << (backward ? " backward" : " forward"));
+        CHECK(ds::cuda::cudnn_sdpa_check_graph(backward, sh, dt) == "");
+      }
+}
+
+TEST_CASE("cudnn loader: DS_CUDNN_LIBRARY is the only candidate and a bad one is named", "[nogpu]") {
+  CHECK(ds::cuda::cudnn_library_candidates("/x/libcudnn.so.9") == std::vector<std::string>{"/x/libcudnn.so.9"});
+  const std::vector<std::string> search = ds::cuda::cudnn_library_candidates("");
+  REQUIRE(!search.empty());
+  CHECK(search.front() == "libcudnn.so.9");
+  try {
+    ds::cuda::load_cudnn("/nonexistent/libcudnn.so.9");
+    FAIL("load_cudnn accepted a missing library");
+  } catch (const ds::UserError& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("/nonexistent/libcudnn.so.9") != std::string::npos);
+    CHECK(msg.find("DS_CUDNN_LIBRARY") != std::string::npos);
+  }
 }
 
 TEST_CASE("cuda attention backend names", "[nogpu]") {
