@@ -58,7 +58,7 @@ TEST_CASE("the GPU loss curve in fp32 follows the CPU's", "[gpu]") {
 TEST_CASE("without dropout (norm1 fused across layers) the GPU follows the CPU; full recompute repeats it", "[gpu]") {
   if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
   for (bool llama : {false, true}) {
-    INFO(llama ? "llama blocks" : "gpt-2 blocks");
+    INFO((llama ? "llama blocks" : "gpt-2 blocks"));
     std::vector<std::string> flags = {"--train-iters", "5", "--hidden-dropout", "0", "--attention-dropout", "0"};
     if (llama)
       for (const std::string& f : llama_flags()) flags.push_back(f);
