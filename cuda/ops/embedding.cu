@@ -201,6 +201,7 @@ __global__ void sort_scatter_kernel(SortPass p) {
     const int d = i < p.N ? (sort_key(p, i) >> p.shift) & (kBins - 1) : kBins;
     const unsigned peers = __match_any_sync(0xffffffffu, d);
     if (d < kBins && (peers & below) == 0) base[warp][d] += __popc(peers);
+    __syncwarp();  // the next step's first lane of a group may be another lane
   }
   __syncthreads();
   for (int d = threadIdx.x; d < kBins; d += blockDim.x) {

@@ -28,6 +28,13 @@ template <class T> struct RopeParams {
   bool copy_rest;  // out does not alias inp: copy the unrotated dims and v
 };
 
+// One pair's rotation with explicit roundings, so every instantiation (V = 1
+// or a vector width) computes the same bits whatever the compiler contracts.
+__device__ __forceinline__ void rotate_pair(float x1, float x2, float c, float s, float& y1, float& y2) {
+  y1 = __fmaf_rn(x1, c, -__fmul_rn(x2, s));
+  y2 = __fmaf_rn(x2, c, __fmul_rn(x1, s));
+}
+
 template <class T, int V>
 __global__ void rope_kernel(RopeParams<T> p) {
   const int half = p.R / 2, chunks = half / V;
@@ -56,10 +63,7 @@ __global__ void rope_kernel(RopeParams<T> p) {
       load_f<V>(x, b, x1);
       load_f<V>(x, b + half, x2);
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        y1[k] = x1[k] * c[k] - x2[k] * s[k];
-        y2[k] = x2[k] * c[k] + x1[k] * s[k];
-      }
+      for (int k = 0; k < V; ++k) rotate_pair(x1[k], x2[k], c[k], s[k], y1[k], y2[k]);
       store_f<V>(o, b, y1);
       store_f<V>(o, b + half, y2);
     }
