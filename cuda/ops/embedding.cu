@@ -154,8 +154,14 @@ __global__ void sort_histogram_kernel(SortPass p) {
   for (int d = threadIdx.x; d < kBins; d += blockDim.x) hist[d] = 0;
   __syncthreads();
   const int64_t t0 = int64_t(blockIdx.x) * kSortTile;
-  for (int64_t i = t0 + threadIdx.x; i < min(p.N, t0 + kSortTile); i += blockDim.x)
-    atomicAdd(&hist[(sort_key(p, i) >> p.shift) & (kBins - 1)], 1);  // integer counts: order-free
+  const unsigned below = (1u << (threadIdx.x & 31)) - 1u;
+  // Warp-aggregated integer counts (order-free): one shared atomic per
+  // distinct digit in a warp, so a frequent token does not serialise a tile.
+  for (int64_t i = t0 + threadIdx.x; i < t0 + kSortTile; i += blockDim.x) {
+    const int d = i < p.N ? (sort_key(p, i) >> p.shift) & (kBins - 1) : kBins;
+    const unsigned peers = __match_any_sync(0xffffffffu, d);
+    if (d < kBins && (peers & below) == 0) atomicAdd(&hist[d], __popc(peers));
+  }
   __syncthreads();
   for (int d = threadIdx.x; d < kBins; d += blockDim.x) p.table[int64_t(d) * p.ntiles + blockIdx.x] = hist[d];
 }
