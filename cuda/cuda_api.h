@@ -70,6 +70,16 @@ AttentionBackend attention_backend_from_name(const std::string& name);
 enum class Flash2Dq { Recompute, Ordered };
 void set_flash2_dq_mode(Flash2Dq m);
 Flash2Dq flash2_dq_mode();
+// Embedding backward (wte) algorithm:
+//  Sorted: the call's tokens are bucketed by vocabulary row once (a stable
+//          radix sort on the device), then each row sums its own positions
+//          (O(N*C) work). The default.
+//  Scan:   every block of 32 rows scans all N tokens (O(V/32 * N)); the
+//          earlier kernel, kept as the benchmark's baseline.
+// Both are deterministic (no float atomics).
+enum class EmbeddingBackward { Sorted, Scan };
+void set_embedding_backward(EmbeddingBackward a);
+EmbeddingBackward embedding_backward_algorithm();
 // Attention calls (non-empty) by the path that ran, since the process
 // started: a flash call that fell back (logged once per shape with the
 // reason) counts as the path that finally ran (flash2 or cudnn -> flash ->

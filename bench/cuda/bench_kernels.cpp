@@ -216,7 +216,7 @@ void bench_elementwise(Report& r) {
 
 void bench_loss_optim(Report& r) {
   const DType bf = DType::BF16;
-  const int64_t C = 768, V = 50304, Vp = 50304;
+  const int64_t V = 50304, Vp = 50304;
   const int64_t NL = 8192;
   Tensor logits = rand_dev({NL, Vp}, bf, 7);
   Tensor losses = Tensor::empty({NL}, DType::F32, Device::cuda(0));
@@ -249,13 +249,58 @@ void bench_loss_optim(Report& r) {
   aw.segments = segs.to(Device::cuda(0));
   ms = time_ms([&] { ops::adamw_step(aw); });
   r.bytes("adamw_step 124M, 148 segments, one launch", ms, adam_bytes);
-  Tensor tok = Tensor::empty({8, 2048}, DType::I32);
-  for (int64_t i = 0; i < tok.numel(); ++i) tok.data<int32_t>()[i] = int32_t((i * 104729) % V);
-  tok = tok.to(Device::cuda(0));
+}
+
+// GPT-2 token tensors: spread (a multiplicative hash, few repeats) or skewed
+// (row = V * u^4: a few rows take a large share, as frequent tokens do).
+Tensor gpt2_tokens(int64_t B, int64_t T, int64_t V, bool skewed) {
+  Tensor tok = Tensor::empty({B, T}, DType::I32);
+  for (int64_t i = 0; i < tok.numel(); ++i) {
+    const double u = double((i * 2654435761ll) % 1000003) / 1000003.0;
+    tok.data<int32_t>()[i] = skewed ? int32_t(double(V) * u * u * u * u) : int32_t((i * 104729) % V);
+  }
+  return tok.to(Device::cuda(0));
+}
+
+// Embedding backward at GPT-2 shapes (V 50304, C 768, bf16 dout, f32 dwte):
+// the sorted kernel (the default) beside the scan kernel it replaced. Bytes:
+// dout read once, one f32 dwte row read and written per token (an upper bound).
+void bench_embedding(Report& r) {
+  const int64_t C = 768, V = 50304;
   Tensor dwte = Tensor::zeros({V, C}, DType::F32, Device::cuda(0));
-  Tensor dout = rand_dev({8, 2048, C}, bf, 10);
-  ms = time_ms([&] { ops::embedding_backward(EmbeddingBwdArgs{dwte, Tensor{}, dout, tok}); });
-  r.bytes("embedding_backward bf16 16384 tok", ms, 16384.0 * C * 2 + 2.0 * 16384 * C * 4);
+  for (int64_t T : {1024, 2048})
+    for (bool skewed : {false, true}) {
+      const int64_t B = 8, N = B * T;
+      Tensor tok = gpt2_tokens(B, T, V, skewed);
+      Tensor dout = rand_dev({B, T, C}, DType::BF16, 10);
+      for (auto algo : {ds::cuda::EmbeddingBackward::Sorted, ds::cuda::EmbeddingBackward::Scan}) {
+        ds::cuda::set_embedding_backward(algo);
+        const double ms = time_ms([&] { ops::embedding_backward(EmbeddingBwdArgs{dwte, Tensor{}, dout, tok}); });
+        char name[96];
+        std::snprintf(name, sizeof(name), "embedding_backward %s %ld tok%s",
+                      algo == ds::cuda::EmbeddingBackward::Sorted ? "sorted" : "scan", long(N),
+                      skewed ? " skewed" : "");
+        r.bytes(name, ms, double(N) * C * 2 + 2.0 * N * C * 4);
+      }
+    }
+  ds::cuda::set_embedding_backward(ds::cuda::EmbeddingBackward::Sorted);
+}
+
+// RoPE on packed qkv, bf16: forward out of place (reads and writes every
+// element), backward in place (reads and writes q and k only).
+void bench_rope(Report& r) {
+  struct R { int64_t B, T; int NH, NKV, HS; const char* what; };
+  for (const R& c : {R{8, 2048, 12, 12, 64, "NH12 HS64"}, R{2, 4096, 32, 8, 128, "NH32 NKV8 HS128"}}) {
+    const int64_t W = int64_t(c.NH + 2 * c.NKV) * c.HS, N = c.B * c.T;
+    Tensor x = rand_dev({c.B, c.T, W}, DType::BF16, 24), y = Tensor::empty({c.B, c.T, W}, DType::BF16, Device::cuda(0));
+    char name[96];
+    double ms = time_ms([&] { ops::rope_forward(RopeArgs{.out = y, .inp = x, .NH = c.NH, .NKV = c.NKV}); });
+    std::snprintf(name, sizeof(name), "rope_forward bf16 %ld tok %s", long(N), c.what);
+    r.bytes(name, ms, 2.0 * N * W * 2);
+    ms = time_ms([&] { ops::rope_backward(RopeArgs{.out = y, .inp = y, .NH = c.NH, .NKV = c.NKV}); });
+    std::snprintf(name, sizeof(name), "rope_backward in place bf16 %ld tok %s", long(N), c.what);
+    r.bytes(name, ms, 2.0 * N * (c.NH + c.NKV) * c.HS * 2);
+  }
 }
 
 void bench_matmul_attention(Report& r, bool quick) {
@@ -337,6 +382,8 @@ int main(int argc, char** argv) {
   bench_norms(r);
   bench_elementwise(r);
   bench_loss_optim(r);
+  bench_embedding(r);
+  bench_rope(r);
   bench_matmul_attention(r, quick);
   r.summary();
   std::printf("max allocated: %.2f GiB\n", ds::cuda::max_allocated_bytes() / double(1 << 30));

@@ -3,8 +3,13 @@
 // activation dtype, and normalises that rounded sum (what add then norm
 // would read). The statistics and output passes re-read sum from L1, not
 // a and b from DRAM: 2 reads + 2 writes of (N, C) instead of 3 + 2 (plus the
-// norm's re-read). 16-byte vectors per lane when every row and the weight /
-// bias are aligned and C is a multiple of the width, else one element.
+// norm's re-read). Lane partition and arithmetic are those of the
+// layernorm / rmsnorm forward kernels, chosen by the same test (sum, out,
+// weight, bias aligned and C a multiple of the width: V elements per lane
+// access, else one), so out, mean and rstd are bit-identical to add then the
+// norm on the GPU too (a full recompute re-runs a fused norm1 unfused).
+// When only a or b is misaligned, they are read element by element within
+// the same partition.
 #include "cuda/core/vec.cuh"
 #include "lib/ops/ops.h"
 
@@ -26,7 +31,17 @@ template <class T> struct AddNormParams {
   float eps;
 };
 
-template <class T, int V, bool kLn>
+// V elements of a or b: one vector, or V scalar loads when misaligned.
+template <int V, bool kVec, class T> __device__ __forceinline__ void load_ab(const T* p, int64_t c, float (&x)[V]) {
+  if (kVec) {
+    load_f<V>(p, c, x);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) x[k] = to_f(p[c + k]);
+  }
+}
+
+template <class T, int V, bool kLn, bool kVecAB>
 __global__ void add_norm_kernel(AddNormParams<T> p) {
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
@@ -40,8 +55,8 @@ __global__ void add_norm_kernel(AddNormParams<T> p) {
   float acc = 0.f;
   for (int64_t c = lane * V; c < p.C; c += 32 * V) {
     float x[V], y[V];
-    load_f<V>(a, c, x);
-    load_f<V>(b, c, y);
+    load_ab<V, kVecAB>(a, c, x);
+    load_ab<V, kVecAB>(b, c, y);
     Packed<T, V> r;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
@@ -88,13 +103,17 @@ __global__ void add_norm_kernel(AddNormParams<T> p) {
   }
 }
 
+// vec: the norm kernels' test on sum, out, weight, bias; vec_ab: a and b too.
 template <class T, bool kLn>
-void launch(const AddNormParams<T>& p, bool vec, const Stream& s) {
+void launch(const AddNormParams<T>& p, bool vec, bool vec_ab, const Stream& s) {
+  constexpr int W = vec_width(sizeof(T));
   const unsigned grid = grid_for(p.N, kRowsPerBlock, 1ll << 31);
-  if (vec)
-    add_norm_kernel<T, vec_width(sizeof(T)), kLn><<<grid, 32 * kRowsPerBlock, 0, stream_of(s)>>>(p);
+  if (vec && vec_ab)
+    add_norm_kernel<T, W, kLn, true><<<grid, 32 * kRowsPerBlock, 0, stream_of(s)>>>(p);
+  else if (vec)
+    add_norm_kernel<T, W, kLn, false><<<grid, 32 * kRowsPerBlock, 0, stream_of(s)>>>(p);
   else
-    add_norm_kernel<T, 1, kLn><<<grid, 32 * kRowsPerBlock, 0, stream_of(s)>>>(p);
+    add_norm_kernel<T, 1, kLn, true><<<grid, 32 * kRowsPerBlock, 0, stream_of(s)>>>(p);
   DS_CUDA_CHECK_LAUNCH();
 }
 
@@ -117,11 +136,11 @@ void add_norm_forward(const AddNormArgs& a, const Stream& s) {
     AddNormParams<T> p{a.sum.data<T>(), a.out.data<T>(), a.mean.data<float>(), a.rstd.data<float>(),
                        a.a.data<T>(), a.b.data<T>(), any_ptr(a.weight), any_ptr(a.bias), N, C, a.eps};
     const bool vec = rows_vectorisable(a.sum.raw(), E, C, V) && rows_vectorisable(a.out.raw(), E, C, V) &&
-                     rows_vectorisable(a.a.raw(), E, C, V) && rows_vectorisable(a.b.raw(), E, C, V) &&
                      rows_vectorisable(a.weight.raw(), int(dtype_size(a.weight.dtype())), C, V) &&
                      (!a.bias.defined() || rows_vectorisable(a.bias.raw(), int(dtype_size(a.bias.dtype())), C, V));
-    if (a.norm == NormType::RMSNorm) launch<T, false>(p, vec, s);
-    else launch<T, true>(p, vec, s);
+    const bool vec_ab = rows_vectorisable(a.a.raw(), E, C, V) && rows_vectorisable(a.b.raw(), E, C, V);
+    if (a.norm == NormType::RMSNorm) launch<T, false>(p, vec, vec_ab, s);
+    else launch<T, true>(p, vec, vec_ab, s);
   });
 }
 

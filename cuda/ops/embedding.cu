@@ -1,14 +1,41 @@
 // Token (+ learned position) embedding forward and a deterministic backward.
-// Backward for wte: each block owns kRows vocab rows x kThreads channels and
-// keeps their sums in shared memory. It scans all tokens in order, compacts
-// the ones that fall in its rows (warp ballots keep position order), and adds
-// their dout rows in position order, so results repeat bit for bit with no
-// float atomics. dwpe: one thread per (t, c) sums over the batch in order.
-#include "cuda/core/common.cuh"
+//
+// wte backward (the default, EmbeddingBackward::Sorted): the call's tokens
+// are bucketed by vocabulary row once, then each row's gradient is summed
+// from its own positions only: O(N*C) work instead of the scan kernel's
+// O(V/32 * N).
+//  1. Bucketing: a stable LSD radix sort of (row, position) pairs, 8 bits a
+//     pass (2 passes up to 65535 local rows). A pass is a per-tile digit
+//     histogram, one exclusive scan of the (digit, tile) table, and a stable
+//     scatter: each warp walks its 256 consecutive tokens 32 at a time,
+//     ranking equal digits with __match_any_sync, so a token's slot depends
+//     only on the tokens before it. Integer counts only, no atomics on the
+//     output order: the result is the same permutation on every run, with
+//     positions ascending inside a row. Tokens outside this rank's vocabulary
+//     shard (vocab-parallel) get the key Vlocal and sort to the end.
+//  2. Sums: the sorted pairs are cut into tiles of kSumTile. A block sums
+//     each run of equal rows in its tile (dout rows in ascending position,
+//     16-byte vectors over C). A run that is a whole row is added to dwte at
+//     once; a row crossing tile boundaries leaves per-tile partial sums (the
+//     piece that starts it, the pieces that continue it), and a second kernel
+//     adds them in tile order. No float atomics: bit-identical run to run.
+// The bucketing runs once per call: one call per micro-batch, whose tokens
+// are not reused, so there is nothing to cache across calls.
+// The scan kernel (EmbeddingBackward::Scan, kept as the benchmark baseline):
+// each block owns kRows vocab rows x kThreads channels, scans all tokens in
+// order and adds the dout rows of its own tokens in position order.
+// dwpe: one thread per (t, c) sums over the batch in order.
+#include <atomic>
+
+#include "cuda/core/allocator.h"
+#include "cuda/core/vec.cuh"
+#include "cuda/cuda_api.h"
 #include "lib/ops/ops.h"
 
 namespace ds::cuda {
 namespace {
+
+std::atomic<int> g_emb_bwd{static_cast<int>(EmbeddingBackward::Sorted)};
 
 constexpr int kThreads = 256;
 constexpr int kRows = 32;
@@ -33,6 +60,8 @@ __global__ void embedding_forward_kernel(EmbFwdParams<T> p) {
   }
 }
 
+// ---- wte backward, scan kernel (baseline) -----------------------------------
+
 template <class T> struct WteBwdParams {
   AnyPtr dwte;            // (Vlocal, C) +=
   const T* dout;          // (N, C)
@@ -42,7 +71,7 @@ template <class T> struct WteBwdParams {
 
 // grid: (ceil(Vlocal / kRows), ceil(C / kThreads)), block: kThreads.
 template <class T>
-__global__ void wte_backward_kernel(WteBwdParams<T> p) {
+__global__ void wte_backward_scan_kernel(WteBwdParams<T> p) {
   __shared__ float acc[kRows][kThreads];
   __shared__ int match_pos[kThreads];
   __shared__ int match_row[kThreads];
@@ -88,6 +117,293 @@ __global__ void wte_backward_kernel(WteBwdParams<T> p) {
   }
 }
 
+// ---- wte backward, bucketing: stable radix sort of (row, position) ----------
+
+constexpr int kDigitBits = 8;
+constexpr int kBins = 1 << kDigitBits;
+constexpr int kSortThreads = 256;
+constexpr int kSortWarps = kSortThreads / 32;
+constexpr int kSortTile = 2048;                      // tokens per block
+constexpr int kPerWarp = kSortTile / kSortWarps;     // consecutive tokens per warp
+constexpr int kScanThreads = 1024;
+
+struct SortPass {
+  const int32_t* tokens;    // (N) first pass: keys come from the tokens, values are positions
+  const int32_t* keys_in;   // (N) later passes
+  const int32_t* vals_in;   // (N)
+  int32_t* keys_out;        // (N)
+  int32_t* vals_out;        // (N)
+  int32_t* table;           // (kBins, ntiles): digit counts, then their exclusive prefix
+  int64_t N, vocab_start, Vlocal;
+  int shift, ntiles;
+};
+
+// Local row of token i, or Vlocal when another rank owns it.
+__device__ __forceinline__ int32_t sort_key(const SortPass& p, int64_t i) {
+  if (!p.tokens) return p.keys_in[i];
+  const int64_t v = int64_t(p.tokens[i]) - p.vocab_start;
+  return int32_t(v >= 0 && v < p.Vlocal ? v : p.Vlocal);
+}
+__device__ __forceinline__ int32_t sort_val(const SortPass& p, int64_t i) {
+  return p.tokens ? int32_t(i) : p.vals_in[i];
+}
+
+// grid: ntiles, block: kSortThreads. table[d][tile] = count of digit d in the tile.
+__global__ void sort_histogram_kernel(SortPass p) {
+  __shared__ int hist[kBins];
+  for (int d = threadIdx.x; d < kBins; d += blockDim.x) hist[d] = 0;
+  __syncthreads();
+  const int64_t t0 = int64_t(blockIdx.x) * kSortTile;
+  const unsigned below = (1u << (threadIdx.x & 31)) - 1u;
+  // Warp-aggregated integer counts (order-free): one shared atomic per
+  // distinct digit in a warp, so a frequent token does not serialise a tile.
+  for (int64_t i = t0 + threadIdx.x; i < t0 + kSortTile; i += blockDim.x) {
+    const int d = i < p.N ? (sort_key(p, i) >> p.shift) & (kBins - 1) : kBins;
+    const unsigned peers = __match_any_sync(0xffffffffu, d);
+    if (d < kBins && (peers & below) == 0) atomicAdd(&hist[d], __popc(peers));
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < kBins; d += blockDim.x) p.table[int64_t(d) * p.ntiles + blockIdx.x] = hist[d];
+}
+
+// One block: exclusive prefix sum of the n table entries in place. Thread t
+// owns a contiguous slice; the slices' totals are scanned across the block.
+__global__ void exclusive_scan_kernel(int32_t* a, int64_t n) {
+  __shared__ int32_t warp_tot[kScanThreads / 32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t per = (n + kScanThreads - 1) / kScanThreads;
+  const int64_t b = min(n, tid * per), e = min(n, b + per);
+  int32_t s = 0;
+  for (int64_t i = b; i < e; ++i) s += a[i];
+  int32_t incl = s;  // inclusive scan of s over the warp
+  for (int o = 1; o < 32; o <<= 1) {
+    const int32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) warp_tot[warp] = incl;
+  __syncthreads();
+  int32_t run = incl - s;
+  for (int w = 0; w < warp; ++w) run += warp_tot[w];
+  for (int64_t i = b; i < e; ++i) {
+    const int32_t c = a[i];
+    a[i] = run;
+    run += c;
+  }
+}
+
+// grid: ntiles, block: kSortThreads. Stable scatter of the tile: warp w owns
+// tokens [w*kPerWarp, (w+1)*kPerWarp) of the tile; slot = the digit's offset
+// for the tile + the counts of earlier warps + the rank inside the warp.
+__global__ void sort_scatter_kernel(SortPass p) {
+  __shared__ int base[kSortWarps][kBins];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int d = threadIdx.x; d < kBins; d += blockDim.x)
+    for (int w = 0; w < kSortWarps; ++w) base[w][d] = 0;
+  __syncthreads();
+  const int64_t w0 = int64_t(blockIdx.x) * kSortTile + int64_t(warp) * kPerWarp;
+  const unsigned below = (1u << lane) - 1u;
+  for (int s = 0; s < kPerWarp; s += 32) {  // this warp's count of each digit
+    const int64_t i = w0 + s + lane;
+    const int d = i < p.N ? (sort_key(p, i) >> p.shift) & (kBins - 1) : kBins;
+    const unsigned peers = __match_any_sync(0xffffffffu, d);
+    if (d < kBins && (peers & below) == 0) base[warp][d] += __popc(peers);
+    __syncwarp();  // the next step's first lane of a group may be another lane
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < kBins; d += blockDim.x) {
+    int run = p.table[int64_t(d) * p.ntiles + blockIdx.x];
+    for (int w = 0; w < kSortWarps; ++w) {
+      const int c = base[w][d];
+      base[w][d] = run;
+      run += c;
+    }
+  }
+  __syncthreads();
+  for (int s = 0; s < kPerWarp; s += 32) {
+    const int64_t i = w0 + s + lane;
+    const int32_t key = i < p.N ? sort_key(p, i) : 0;
+    const int d = i < p.N ? (key >> p.shift) & (kBins - 1) : kBins;
+    const unsigned peers = __match_any_sync(0xffffffffu, d);
+    if (d < kBins) {
+      const int slot = base[warp][d] + __popc(peers & below);
+      p.keys_out[slot] = key;
+      p.vals_out[slot] = sort_val(p, i);
+    }
+    __syncwarp();  // every lane has read base[warp][d] before its group's first lane moves it
+    if (d < kBins && (peers & below) == 0) base[warp][d] += __popc(peers);
+    __syncwarp();
+  }
+}
+
+// ---- wte backward, sums over the sorted pairs -------------------------------
+
+constexpr int kSumTile = 32;      // sorted pairs per block
+constexpr int kSumThreads = 128;  // each owns V channels
+
+template <class T> struct WteSumParams {
+  AnyPtr dwte;           // (Vlocal, C) +=
+  const T* dout;         // (N, C)
+  const int32_t* keys;   // (N) sorted rows; Vlocal: another rank's token
+  const int32_t* pos;    // (N) positions, ascending within a row
+  float* first;          // (ntiles, C) a tile's first run when its row began in an earlier tile
+  float* last;           // (ntiles, C) a tile's last run when it begins its row and the row goes on
+  int64_t N, C, Vlocal;
+  int ntiles;
+};
+
+template <int V> __device__ __forceinline__ void add_to_row(AnyPtr dst, int64_t i, const float (&acc)[V]) {
+  float x[V];
+  load_any<V>(dst, i, x);
+#pragma unroll
+  for (int k = 0; k < V; ++k) x[k] += acc[k];
+  store_any<V>(dst, i, x);
+}
+
+// Sum of dout rows pos[b..e) (ascending) over channels [c, c + V).
+template <int V, class T>
+__device__ __forceinline__ void sum_rows(const T* dout, const int32_t* pos, int b, int e, int64_t C, int64_t c,
+                                         float (&acc)[V]) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = 0.f;
+#pragma unroll 4
+  for (int j = b; j < e; ++j) {
+    float x[V];
+    load_f<V>(dout, int64_t(pos[j]) * C + c, x);
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] += x[k];
+  }
+}
+
+// grid: (ntiles, ceil(C / (kSumThreads*V))), block: kSumThreads.
+template <class T, int V>
+__global__ void wte_tile_sum_kernel(WteSumParams<T> p) {
+  __shared__ int32_t keys[kSumTile], pos[kSumTile];
+  const int64_t k0 = int64_t(blockIdx.x) * kSumTile;
+  const int n = int(min(int64_t(kSumTile), p.N - k0));
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    keys[j] = p.keys[k0 + j];
+    pos[j] = p.pos[k0 + j];
+  }
+  __syncthreads();
+  const int64_t c = (int64_t(blockIdx.y) * kSumThreads + threadIdx.x) * V;
+  if (c >= p.C) return;
+  for (int b = 0; b < n;) {
+    const int32_t row = keys[b];
+    int e = b + 1;
+    while (e < n && keys[e] == row) ++e;
+    if (row < p.Vlocal) {
+      float acc[V];
+      sum_rows<V>(p.dout, pos, b, e, p.C, c, acc);
+      const bool starts = k0 + b == 0 || p.keys[k0 + b - 1] != row;
+      const bool ends = k0 + e == p.N || p.keys[k0 + e] != row;
+      if (starts && ends) add_to_row<V>(p.dwte, int64_t(row) * p.C + c, acc);
+      else store_f<V>(starts ? p.last : p.first, int64_t(blockIdx.x) * p.C + c, acc);
+    }
+    b = e;
+  }
+}
+
+// grid: (ntiles, ceil(C / (kSumThreads*V))), block: kSumThreads. For a tile
+// whose last run begins a row that continues: that run + the continuing
+// tiles' first runs, in tile order, added to dwte.
+template <class T, int V>
+__global__ void wte_span_sum_kernel(WteSumParams<T> p) {
+  const int64_t t = blockIdx.x, k0 = t * kSumTile, k1 = min(p.N, k0 + kSumTile);
+  const int64_t c = (int64_t(blockIdx.y) * kSumThreads + threadIdx.x) * V;
+  if (c >= p.C || k1 >= p.N) return;
+  const int32_t row = p.keys[k1 - 1];
+  if (row >= p.Vlocal || p.keys[k1] != row) return;                        // no run continues
+  if (p.keys[k0] == row && k0 > 0 && p.keys[k0 - 1] == row) return;        // began before this tile
+  float acc[V], x[V];
+  load_f<V>(p.last, t * p.C + c, acc);
+  for (int64_t u = t + 1; u < p.ntiles; ++u) {
+    load_f<V>(p.first, u * p.C + c, x);
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] += x[k];
+    const int64_t next = (u + 1) * kSumTile;
+    if (next >= p.N || p.keys[next] != row) break;
+  }
+  add_to_row<V>(p.dwte, int64_t(row) * p.C + c, acc);
+}
+
+// Workspace of the sorted path, carved from the stream's Ops workspace.
+struct SortBuffers {
+  int32_t *keys[2], *vals[2], *table;
+  float *first, *last;
+  int sort_tiles, sum_tiles;
+};
+
+size_t align_up(size_t b) { return (b + 255) / 256 * 256; }
+
+SortBuffers sort_buffers(int64_t N, int64_t C, const Stream& s) {
+  SortBuffers sb;
+  sb.sort_tiles = int((N + kSortTile - 1) / kSortTile);
+  sb.sum_tiles = int((N + kSumTile - 1) / kSumTile);
+  const size_t pairs = align_up(size_t(N) * 4), table = align_up(size_t(kBins) * sb.sort_tiles * 4);
+  const size_t partial = align_up(size_t(sb.sum_tiles) * C * 4);
+  char* w = static_cast<char*>(stream_workspace(s, 4 * pairs + table + 2 * partial));
+  for (int k = 0; k < 2; ++k) {
+    sb.keys[k] = reinterpret_cast<int32_t*>(w + (2 * k) * pairs);
+    sb.vals[k] = reinterpret_cast<int32_t*>(w + (2 * k + 1) * pairs);
+  }
+  sb.table = reinterpret_cast<int32_t*>(w + 4 * pairs);
+  sb.first = reinterpret_cast<float*>(w + 4 * pairs + table);
+  sb.last = reinterpret_cast<float*>(w + 4 * pairs + table + partial);
+  return sb;
+}
+
+// Sorts the call's (row, position) pairs; returns the buffer index holding them.
+int bucket_tokens(const int32_t* tokens, int64_t N, int64_t Vlocal, int64_t vocab_start, const SortBuffers& sb,
+                  const Stream& s) {
+  int bits = 1;  // keys are in [0, Vlocal]
+  while ((int64_t(1) << bits) <= Vlocal) ++bits;
+  const int passes = (bits + kDigitBits - 1) / kDigitBits;
+  int cur = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    const int in = pass == 0 ? 0 : cur, out = pass == 0 ? 0 : 1 - cur;
+    SortPass p{pass == 0 ? tokens : nullptr, sb.keys[in], sb.vals[in], sb.keys[out], sb.vals[out], sb.table, N,
+               vocab_start, Vlocal, pass * kDigitBits, sb.sort_tiles};
+    sort_histogram_kernel<<<sb.sort_tiles, kSortThreads, 0, stream_of(s)>>>(p);
+    DS_CUDA_CHECK_LAUNCH();
+    exclusive_scan_kernel<<<1, kScanThreads, 0, stream_of(s)>>>(sb.table, int64_t(kBins) * sb.sort_tiles);
+    DS_CUDA_CHECK_LAUNCH();
+    sort_scatter_kernel<<<sb.sort_tiles, kSortThreads, 0, stream_of(s)>>>(p);
+    DS_CUDA_CHECK_LAUNCH();
+    cur = out;
+  }
+  return cur;
+}
+
+template <class T, int V> void launch_sums(const WteSumParams<T>& p, const Stream& s) {
+  const dim3 grid(unsigned(p.ntiles), unsigned((p.C + kSumThreads * V - 1) / (kSumThreads * V)));
+  wte_tile_sum_kernel<T, V><<<grid, kSumThreads, 0, stream_of(s)>>>(p);
+  DS_CUDA_CHECK_LAUNCH();
+  wte_span_sum_kernel<T, V><<<grid, kSumThreads, 0, stream_of(s)>>>(p);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void wte_backward_sorted(const EmbeddingBwdArgs& a, int64_t N, int64_t C, int64_t V, const Stream& s) {
+  const SortBuffers sb = sort_buffers(N, C, s);
+  const int k = bucket_tokens(a.tokens.data<int32_t>(), N, V, a.vocab_start, sb, s);
+  WteSumParams<T> p{any_ptr(a.dwte), a.dout.data<T>(), sb.keys[k], sb.vals[k], sb.first, sb.last, N, C, V,
+                    sb.sum_tiles};
+  constexpr int W = vec_width(sizeof(T));
+  // Vectors need every dout row and dwte row aligned (the partials are ours).
+  const bool vec = rows_vectorisable(a.dout.raw(), sizeof(T), C, W) &&
+                   rows_vectorisable(a.dwte.raw(), int(dtype_size(a.dwte.dtype())), C, W);
+  if (vec) launch_sums<T, W>(p, s);
+  else launch_sums<T, 1>(p, s);
+}
+
+template <class T>
+void wte_backward_scan(const EmbeddingBwdArgs& a, int64_t N, int64_t C, int64_t V, const Stream& s) {
+  WteBwdParams<T> p{any_ptr(a.dwte), a.dout.data<T>(), a.tokens.data<int32_t>(), N, C, V, a.vocab_start};
+  dim3 grid(unsigned((V + kRows - 1) / kRows), unsigned((C + kThreads - 1) / kThreads));
+  wte_backward_scan_kernel<T><<<grid, kThreads, 0, stream_of(s)>>>(p);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
 template <class T>
 __global__ void wpe_backward_kernel(AnyPtr dwpe /* (maxT, C) += */, const T* dout /* (B, T, C) */,
                                     int64_t B, int64_t T_, int64_t C, int64_t pos_offset) {
@@ -102,6 +418,9 @@ __global__ void wpe_backward_kernel(AnyPtr dwpe /* (maxT, C) += */, const T* dou
 }
 
 }  // namespace
+
+void set_embedding_backward(EmbeddingBackward a) { g_emb_bwd.store(static_cast<int>(a)); }
+EmbeddingBackward embedding_backward_algorithm() { return static_cast<EmbeddingBackward>(g_emb_bwd.load()); }
 
 void embedding_forward(const EmbeddingArgs& a, const Stream& s) {
   const char* op = "embedding_forward";
@@ -124,16 +443,13 @@ void embedding_backward(const EmbeddingBwdArgs& a, const Stream& s) {
   // Mixed precision: bf16/f16 dout with f32 dwte/dwpe (AnyPtr).
   expect_grad(a.dwte, a.dout.dtype(), op, "dwte");
   if (a.dwpe.defined()) expect_grad(a.dwpe, a.dout.dtype(), op, "dwpe");
-  DS_CUDA_REQUIRE(N < (int64_t(1) << 31), std::string(op) + ": too many tokens");
+  DS_CUDA_REQUIRE(N < (int64_t(1) << 31) && V < (int64_t(1) << 31) - 1, std::string(op) + ": too many tokens or rows");
   if (N * C == 0) return;
   dispatch_float(a.dout.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (V > 0) {
-      WteBwdParams<T> p{any_ptr(a.dwte), a.dout.data<T>(), a.tokens.data<int32_t>(), N, C, V,
-                        a.vocab_start};
-      dim3 grid(unsigned((V + kRows - 1) / kRows), unsigned((C + kThreads - 1) / kThreads));
-      wte_backward_kernel<T><<<grid, kThreads, 0, stream_of(s)>>>(p);
-      DS_CUDA_CHECK_LAUNCH();
+      if (embedding_backward_algorithm() == EmbeddingBackward::Scan) wte_backward_scan<T>(a, N, C, V, s);
+      else wte_backward_sorted<T>(a, N, C, V, s);
     }
     if (a.dwpe.defined()) {
       wpe_backward_kernel<T><<<grid_for(Tn * C, 256), 256, 0, stream_of(s)>>>(

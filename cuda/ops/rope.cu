@@ -1,11 +1,14 @@
 // Rotary position embedding on the q and k parts of a packed qkv buffer (NH
 // query heads, NKV key heads), rotate-half convention within the first R
 // rotated dims of each head (pairs j and j + R/2; R = HS unless partial).
-// Backward is the inverse rotation. One thread per (token, pair): the angle is
-// computed once in double (positions reach many thousands of radians) and
-// applied to every q/k head; the dims >= R and v are copied when out does not
-// alias inp.
-#include "cuda/core/common.cuh"
+// Backward is the inverse rotation. One thread per (token, V consecutive
+// pairs): the V angles are computed once in double (positions reach many
+// thousands of radians) and applied to every q/k head; elements j..j+V-1 and
+// j+R/2..j+R/2+V-1 move as 16-byte vectors when R/2 and HS are multiples of
+// V and both buffers are aligned, else V = 1. The dims >= R and v are copied
+// (same vectors) when out does not alias inp. Both paths do the same per-pair
+// arithmetic, so the result does not depend on which one ran.
+#include "cuda/core/vec.cuh"
 #include "lib/ops/ops.h"
 
 namespace ds::cuda {
@@ -25,35 +28,51 @@ template <class T> struct RopeParams {
   bool copy_rest;  // out does not alias inp: copy the unrotated dims and v
 };
 
-template <class T>
+// One pair's rotation with explicit roundings, so every instantiation (V = 1
+// or a vector width) computes the same bits whatever the compiler contracts.
+__device__ __forceinline__ void rotate_pair(float x1, float x2, float c, float s, float& y1, float& y2) {
+  y1 = __fmaf_rn(x1, c, -__fmul_rn(x2, s));
+  y2 = __fmaf_rn(x2, c, __fmul_rn(x1, s));
+}
+
+template <class T, int V>
 __global__ void rope_kernel(RopeParams<T> p) {
-  int half = p.R / 2;
-  int64_t total = p.rows * half;
-  int64_t width = int64_t(p.NH + 2 * p.NKV) * p.HS;
-  int nqk = p.NH + p.NKV;  // q heads then k heads
+  const int half = p.R / 2, chunks = half / V;
+  const int64_t total = p.rows * chunks;
+  const int64_t width = int64_t(p.NH + 2 * p.NKV) * p.HS;
+  const int nqk = p.NH + p.NKV;  // q heads then k heads
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t row = i / half;
-    int j = int(i - row * half);
-    double pos = double(row % p.T_ + p.pos_offset);
-    double freq = exp(-2.0 * j / p.R * p.log_theta);
-    double sd, cd;
-    sincos(pos * freq, &sd, &cd);
-    float c = float(cd), s = p.dir == RopeDir::Forward ? float(sd) : -float(sd);
+    const int64_t row = i / chunks;
+    const int j = int(i - row * chunks) * V;
+    const double pos = double(row % p.T_ + p.pos_offset);
+    float c[V], s[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const double freq = exp(-2.0 * (j + k) / p.R * p.log_theta);
+      double sd, cd;
+      sincos(pos * freq, &sd, &cd);
+      c[k] = float(cd);
+      s[k] = p.dir == RopeDir::Forward ? float(sd) : -float(sd);
+    }
     const T* x = p.inp + row * width;
     T* o = p.out + row * width;
     for (int h = 0; h < nqk; ++h) {
-      int64_t b = int64_t(h) * p.HS + j;
-      float x1 = to_f(x[b]), x2 = to_f(x[b + half]);
-      o[b] = from_f<T>(x1 * c - x2 * s);
-      o[b + half] = from_f<T>(x2 * c + x1 * s);
+      const int64_t b = int64_t(h) * p.HS + j;
+      float x1[V], x2[V], y1[V], y2[V];
+      load_f<V>(x, b, x1);
+      load_f<V>(x, b + half, x2);
+#pragma unroll
+      for (int k = 0; k < V; ++k) rotate_pair(x1[k], x2[k], c[k], s[k], y1[k], y2[k]);
+      store_f<V>(o, b, y1);
+      store_f<V>(o, b + half, y2);
     }
     if (!p.copy_rest) continue;
     // This thread's share of what is copied: dims R + j, R + j + half, ... of
     // every q/k head, and v dims j, j + half, ... of every kv head.
     for (int h = 0; h < nqk; ++h)
-      for (int d = p.R + j; d < p.HS; d += half) o[int64_t(h) * p.HS + d] = x[int64_t(h) * p.HS + d];
-    for (int64_t e = int64_t(nqk) * p.HS + j; e < width; e += half) o[e] = x[e];
+      for (int d = p.R + j; d < p.HS; d += half) store_vec<V>(o, int64_t(h) * p.HS + d, load_vec<V>(x, int64_t(h) * p.HS + d));
+    for (int64_t e = int64_t(nqk) * p.HS + j; e < width; e += half) store_vec<V>(o, e, load_vec<V>(x, e));
   }
 }
 
@@ -66,9 +85,16 @@ void rope_launch(const RopeArgs& a, const Stream& s, RopeDir dir, const char* op
   if (rows == 0) return;
   dispatch_float(a.inp.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    constexpr int W = vec_width(sizeof(T));
     RopeParams<T> p{a.out.data<T>(), a.inp.data<T>(), rows, Tn, a.NH, NKV, HS, R, a.pos_offset,
                     std::log(double(a.theta)), dir, a.out.raw() != a.inp.raw()};
-    rope_kernel<T><<<grid_for(rows * (R / 2), 256), 256, 0, stream_of(s)>>>(p);
+    // Rows (HS * heads long) start aligned when the base is and HS % W == 0.
+    const bool vec = (R / 2) % W == 0 && rows_vectorisable(a.inp.raw(), sizeof(T), HS, W) &&
+                     rows_vectorisable(a.out.raw(), sizeof(T), HS, W);
+    if (vec)
+      rope_kernel<T, W><<<grid_for(rows * (R / 2 / W), 256), 256, 0, stream_of(s)>>>(p);
+    else
+      rope_kernel<T, 1><<<grid_for(rows * (R / 2), 256), 256, 0, stream_of(s)>>>(p);
     DS_CUDA_CHECK_LAUNCH();
   });
 }

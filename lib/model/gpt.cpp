@@ -409,11 +409,14 @@ Tensor GptModel::dropout_grad(const Tensor& dy, const DropoutSpec& d) {
 // input), attention runs on this rank's NHl heads, attn.proj and mlp.proj are
 // row-parallel (reduce_from_tp on their output). Their replicated bias is
 // added by tp rank 0 only, before the all-reduce, so the sum holds it once.
-void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y) {
+void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tensor& x_residual, ResidualAdd add) {
   LayerActs& a = S().acts[l];
   const std::string p = "layers." + std::to_string(l) + ".";
   const bool row_bias = tp_.rank == 0;
-  norm_forward(p + "norm1", a.norm1_out, a.norm1_mean, a.norm1_rstd, x);
+  if (x_residual.defined())  // the previous layer's closing add, fused with this norm1
+    dropout_add_norm(p + "norm1", x, x, x_residual, DropoutSpec{}, a.norm1_out, a.norm1_mean, a.norm1_rstd);
+  else
+    norm_forward(p + "norm1", a.norm1_out, a.norm1_mean, a.norm1_rstd, x);
   Tensor qkv_lin = d_.rope ? a.qkv_pre : a.qkv;  // (B, U*T, QKVa): the attention's heads
   ops::matmul_forward({.out = rows(sp_.active() ? uly_qkv_ : qkv_lin),
                        .inp = enter_tp(a.norm1_out),
@@ -454,7 +457,13 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y) {
                        .bias = row_bias ? opt(p + "mlp.proj.bias", false) : Tensor()},
                       stream_);
   exit_tp(y2);
-  dropout_add(y2, y2, a.resid_mid, hidden_dropout(l, DropoutSite::MlpOut));
+  if (add == ResidualAdd::InLayer) dropout_add(y2, y2, a.resid_mid, hidden_dropout(l, DropoutSite::MlpOut));
+}
+
+ResidualAdd GptModel::closing_add(int l, int chunk) {
+  const bool next_norm_here = l + 1 < layout_.chunks[chunk].end || has_head(chunk);
+  const bool no_dropout = hidden_dropout(l, DropoutSite::MlpOut).p == 0.f;
+  return next_norm_here && no_dropout ? ResidualAdd::InNextNorm : ResidualAdd::InLayer;
 }
 
 void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
@@ -553,14 +562,22 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
     if (d.p != 0.f) dropout_add(rows(S().resid[0]), rows(S().resid[0]), Tensor(), d);
     drop_params(0);
   }
+  // pending: the residual (a layer's resid_mid) that the next norm still adds.
+  Tensor pending;
   for (int l = layout_.chunks[chunk].begin; l < layout_.chunks[chunk].end; ++l) {
     use_params(l + 1);
-    layer_forward(l, S().resid[l], S().resid[l + 1]);
+    const ResidualAdd add = closing_add(l, chunk);
+    layer_forward(l, S().resid[l], S().resid[l + 1], pending, add);
+    pending = add == ResidualAdd::InNextNorm ? S().acts[l].resid_mid : Tensor();
     drop_params(l + 1);
   }
   if (!has_head(chunk)) return;
   use_params(last);
-  norm_forward("final_norm", S().final_out, S().final_mean, S().final_rstd, S().resid[d_.L]);
+  if (pending.defined())
+    dropout_add_norm("final_norm", S().resid[d_.L], S().resid[d_.L], pending, DropoutSpec{}, S().final_out,
+                     S().final_mean, S().final_rstd);
+  else
+    norm_forward("final_norm", S().final_out, S().final_mean, S().final_rstd, S().resid[d_.L]);
   if (!d_.untied) {
     drop_params(last);
     use_params(0);

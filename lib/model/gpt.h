@@ -66,6 +66,14 @@ struct ActSet {
   DropoutKey key;                             // of the micro-batch held (recomputation redraws with it)
 };
 
+// Where a layer's closing residual add (x_out = MLP output + resid_mid) runs:
+// in the layer, or fused with the norm that reads x_out next (the next
+// layer's norm1 or the final norm) as one add_norm_forward. Fusing needs no
+// hidden dropout there and a next norm in the same forward call (a pipeline
+// stage's last layer sends a complete x_out). The CPU's add_norm_forward is
+// add then norm, so CPU results are bit-identical either way.
+enum class ResidualAdd : uint8_t { InLayer, InNextNorm };
+
 // Which pipeline stage a model is (pp = 1: the whole model).
 struct PipeStage {
   int pp = 1, rank = 0, vp = 1;  // vp: model chunks (virtual stages) per stage
@@ -234,9 +242,18 @@ class GptModel {
   void dropout_add(const Tensor& out, const Tensor& inp, const Tensor& residual, const DropoutSpec& d);
   // Gradient of dropout's input from that of its output (Nl, C): dy itself without dropout.
   Tensor dropout_grad(const Tensor& dy, const DropoutSpec& d);
-  void decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std::vector<int32_t>& pos);
+  // prev: where layer l-1's closing add runs (InNextNorm: c.x lacks c.mid,
+  // added by this layer's fused norm1); add: where this layer's runs.
+  void decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std::vector<int32_t>& pos,
+                    ResidualAdd prev = ResidualAdd::InLayer, ResidualAdd add = ResidualAdd::InLayer);
   void decode_scratch(KvCache& c, int64_t N);
-  void layer_forward(int l, const Tensor& x_in, const Tensor& x_out);
+  // x_in_residual defined: x_in holds only the previous layer's MLP output,
+  // and norm1 is the fused add_norm_forward x_in += x_in_residual. add:
+  // InNextNorm leaves x_out without resid_mid (the caller's next norm adds it).
+  void layer_forward(int l, const Tensor& x_in, const Tensor& x_out, const Tensor& x_in_residual = Tensor(),
+                     ResidualAdd add = ResidualAdd::InLayer);
+  // Whether layer l of `chunk` may leave its closing add to the next norm.
+  ResidualAdd closing_add(int l, int chunk);
   void layer_backward(int l, const Tensor& x_in, const Tensor& dresid);
   void norm_forward(const std::string& prefix, const Tensor& out, const Tensor& mean,
                     const Tensor& rstd, const Tensor& inp);

@@ -82,8 +82,11 @@ void GptModel::decode_scratch(KvCache& c, int64_t N) {
 
 // One layer on the N = B*Tq rows of c.x (updated in place): the training
 // layer_forward's steps, with kv_attention over the cache instead of the
-// full-sequence attention.
-void GptModel::decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std::vector<int32_t>& pos) {
+// full-sequence attention. As in training, a layer's closing add may be left
+// to the next layer's norm1 (one add_norm_forward); c.mid holds the residual
+// until that norm1 has read it.
+void GptModel::decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std::vector<int32_t>& pos,
+                            ResidualAdd prev, ResidualAdd add) {
   const int64_t N = B * Tq;
   const std::string p = "layers." + std::to_string(l) + ".";
   const bool row_bias = tp_.rank == 0;
@@ -91,7 +94,10 @@ void GptModel::decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std:
   Tensor x = c.x.view(0, {N, d_.C}), h = c.h.view(0, {N, d_.C}), mid = c.mid.view(0, {N, d_.C});
   Tensor s1 = c.stat1.view(0, {N}), s2 = c.stat2.view(0, {N});
   Tensor qkv = c.qkv.view(0, {B, Tq, QKVl_}), attn = c.attn.view(0, {B, Tq, Cl_});
-  norm_forward(p + "norm1", h, s1, s2, x);
+  if (prev == ResidualAdd::InNextNorm)
+    dropout_add_norm(p + "norm1", x, x, mid, DropoutSpec{}, h, s1, s2);  // x += mid, fused with norm1
+  else
+    norm_forward(p + "norm1", h, s1, s2, x);
   ops::matmul_forward(
       {.out = rows(qkv), .inp = h, .weight = w(p + "attn.qkv.weight"), .bias = opt(p + "attn.qkv.bias", false)},
       stream_);
@@ -125,7 +131,7 @@ void GptModel::decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std:
                        .bias = row_bias ? opt(p + "mlp.proj.bias", false) : Tensor()},
                       stream_);
   reduce_from_tp_forward(tp_, x);
-  ops::add({.out = x, .a = x, .b = mid}, stream_);
+  if (add == ResidualAdd::InLayer) ops::add({.out = x, .a = x, .b = mid}, stream_);
 }
 
 Tensor GptModel::decode_forward(const Tensor& tokens, const std::vector<int32_t>& pos, KvCache& c) {
@@ -154,9 +160,12 @@ Tensor GptModel::decode_forward(const Tensor& tokens, const std::vector<int32_t>
                            stream_);
   reduce_from_tp_forward(tp_, x);
   drop_params(0);
+  // The final norm reads only each sample's last row (c.last), so the last
+  // layer adds its residual itself.
   for (int l = 0; l < d_.L; ++l) {
     use_params(l + 1);
-    decode_layer(l, c, B, Tq, pos);
+    decode_layer(l, c, B, Tq, pos, l == 0 ? ResidualAdd::InLayer : ResidualAdd::InNextNorm,
+                 l + 1 < d_.L ? ResidualAdd::InNextNorm : ResidualAdd::InLayer);
     drop_params(l + 1);
   }
   // Head on each sample's last row. logits^T = head (Vl, C) @ last^T: this

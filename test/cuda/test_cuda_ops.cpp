@@ -199,6 +199,70 @@ TEST_CASE("cuda embedding backward is deterministic") {
 }
 
 
+// The wte backward on token patterns that stress the bucketing, with both
+// algorithms (sorted: radix sort + per-row sums; scan: the baseline) against
+// the CPU op: repeats across several sort tiles (2048 tokens) and many sum
+// tiles (32 pairs), one token everywhere (its row spans every tile), a
+// vocab-parallel shard (tokens outside are skipped), 70000 rows (3 radix
+// passes) with C = 13 (no vectors), a single token. dwte f32 as in mixed
+// precision; every field also as a misaligned view (scalar path).
+TEST_CASE("cuda embedding backward: repeated, uniform and sharded tokens, both algorithms") {
+  if (!gpu_or_skip()) return;
+  struct EmbCase {
+    const char* what;
+    int64_t B, T, C, V, vocab_start;
+    int lo, hi;  // tokens uniform in [lo, hi)
+  };
+  const EmbCase cases[] = {{"8 distinct tokens, 3000 positions", 3, 1000, 96, 50, 0, 0, 8},
+                           {"one token everywhere", 1, 1500, 203, 40, 0, 7, 8},
+                           {"vocab shard [300, 700) of [0, 1000)", 2, 777, 768, 400, 300, 0, 1000},
+                           {"70000 rows, C 13", 1, 300, 13, 70000, 0, 0, 70000},
+                           {"a single token", 1, 1, 8, 5, 0, 3, 4}};
+  for (cuda::EmbeddingBackward algo : {cuda::EmbeddingBackward::Sorted, cuda::EmbeddingBackward::Scan}) {
+    cuda::set_embedding_backward(algo);
+    for (const EmbCase& ec : cases)
+      for (DType dt : kAllTypes) {
+        INFO(ec.what << (algo == cuda::EmbeddingBackward::Scan ? " (scan)" : " (sorted)"));
+        EmbeddingBwdArgs b{.dwte = randn({ec.V, ec.C}, 61), .dout = randn({ec.B, ec.T, ec.C}, 62),
+                           .tokens = randint({ec.B, ec.T}, 63, ec.lo, ec.hi), .vocab_start = ec.vocab_start};
+        OpCase c = make_case("embedding_backward", b, ops::embedding_backward);
+        set_kind(c, {"dwte"}, Kind::F32);
+        check_cuda_vs_cpu_offsets(c, dt);
+      }
+  }
+  cuda::set_embedding_backward(cuda::EmbeddingBackward::Sorted);
+}
+
+// Bit-reproducibility of the sorted wte backward: two runs give the same
+// bytes (bf16 dout, f32 dwte; repeats, one row spanning all tiles, a shard),
+// and the scalar path (dwte a misaligned view) gives the vector path's bytes.
+TEST_CASE("cuda embedding backward (sorted) repeats bit for bit, vector and scalar paths alike") {
+  if (!gpu_or_skip()) return;
+  cuda::set_embedding_backward(cuda::EmbeddingBackward::Sorted);
+  struct Rep {
+    int64_t N, V, vocab_start;
+    int lo, hi;
+  };
+  for (const Rep& r : {Rep{5000, 64, 0, 0, 9}, Rep{4100, 16, 0, 5, 6}, Rep{3000, 500, 250, 0, 1000}}) {
+    INFO("N " << r.N << " tokens [" << r.lo << ", " << r.hi << ") rows from " << r.vocab_start);
+    const int64_t C = 256;
+    Tensor tokens = upload(randint({1, r.N}, 71, r.lo, r.hi), DType::F32);
+    Tensor dout = upload(randn({1, r.N, C}, 72), DType::BF16);
+    Tensor init = randn({r.V, C}, 73);
+    auto run = [&](int64_t offset) {
+      Tensor big = Tensor::zeros({r.V * C + offset}, DType::F32, Device::cuda(0));
+      Tensor dwte = big.view(offset, {r.V, C});
+      dwte.copy_from(init.to(Device::cuda(0)));
+      ops::embedding_backward(EmbeddingBwdArgs{.dwte = dwte, .dout = dout, .tokens = tokens, .vocab_start = r.vocab_start});
+      return dwte.to(Device::cpu());
+    };
+    const Tensor first = run(0), second = run(0), scalar = run(1);
+    CHECK(std::memcmp(first.raw(), second.raw(), first.nbytes()) == 0);
+    CHECK(std::memcmp(first.raw(), scalar.raw(), first.nbytes()) == 0);
+    CHECK(std::memcmp(first.raw(), init.raw(), first.nbytes()) != 0);  // the op did write
+  }
+}
+
 TEST_CASE("cuda matmul forward and backward") {
   if (!gpu_or_skip()) return;
   for (DType dt : kAllTypes) {
@@ -240,6 +304,98 @@ TEST_CASE("cuda rope forward and backward") {
                           dt);
       }
     }
+}
+
+// The vectorised RoPE (V pairs per thread) against the CPU op: head sizes
+// 64 and 128 (16-byte vectors), partial rotation with R/2 = 8 or 16, grouped
+// query heads, HS 18 (R/2 = 9: scalar) and an odd head size 9 (R = 6); every
+// field also as a misaligned view (scalar path).
+TEST_CASE("cuda rope, vectorised and scalar paths") {
+  if (!gpu_or_skip()) return;
+  struct RopeCase {
+    int NH, NKV, HS, R;
+  };
+  for (const RopeCase& rc : {RopeCase{4, 4, 64, 0}, RopeCase{4, 2, 128, 0}, RopeCase{2, 1, 64, 16},
+                             RopeCase{2, 2, 128, 32}, RopeCase{3, 3, 18, 0}, RopeCase{2, 2, 9, 6}})
+    for (DType dt : kAllTypes)
+      for (bool fwd : {true, false}) {
+        INFO("NH " << rc.NH << " NKV " << rc.NKV << " HS " << rc.HS << " R " << rc.R);
+        const int64_t B = 2, T = 21, W = (rc.NH + 2 * rc.NKV) * rc.HS;
+        const RopeArgs a{.out = zeros_f32({B, T, W}), .inp = randn({B, T, W}, 81), .NH = rc.NH,
+                         .pos_offset = 4000, .theta = 10000.f, .NKV = rc.NKV, .rot_dims = rc.R};
+        check_cuda_vs_cpu_offsets(fwd ? make_case("rope_forward", a, ops::rope_forward)
+                                      : make_case("rope_backward", a, ops::rope_backward),
+                                  dt);
+      }
+}
+
+// The per-pair arithmetic is shared by both paths: the vector path (aligned),
+// the scalar path (a misaligned view) and the in-place call (out = inp, the
+// backward's form) give the same bytes.
+TEST_CASE("cuda rope: vector, scalar and in-place calls give the same bits") {
+  if (!gpu_or_skip()) return;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int R : {0, 32}) {
+      INFO(dtype_name(dt) << " R " << R);
+      const int NH = 4, NKV = 2, HS = 64;
+      const int64_t B = 2, T = 33, W = (NH + 2 * NKV) * HS;
+      const Tensor x = upload(randn({B, T, W}, 82), dt);
+      auto rope = [&](const Tensor& out, const Tensor& inp) {
+        ops::rope_forward(RopeArgs{.out = out, .inp = inp, .NH = NH, .pos_offset = 77, .NKV = NKV, .rot_dims = R});
+        return out.to(Device::cpu());
+      };
+      const Tensor vec = rope(Tensor::empty({B, T, W}, dt, Device::cuda(0)), x);
+      Tensor big_in = Tensor::empty({x.numel() + 1}, dt, Device::cuda(0));
+      Tensor big_out = Tensor::empty({x.numel() + 1}, dt, Device::cuda(0));
+      Tensor xin = big_in.view(1, {B, T, W});
+      xin.copy_from(x);
+      const Tensor scalar = rope(big_out.view(1, {B, T, W}), xin);
+      Tensor inplace = x.clone();
+      const Tensor inpl = rope(inplace, inplace);
+      CHECK(std::memcmp(vec.raw(), scalar.raw(), vec.nbytes()) == 0);
+      CHECK(std::memcmp(vec.raw(), inpl.raw(), vec.nbytes()) == 0);
+    }
+}
+
+// The model fuses a layer's closing residual add with the next norm1 and
+// re-runs that norm unfused in a full recompute, so add_norm_forward must
+// equal add then the norm bit for bit on the GPU: sum, out, mean and rstd,
+// with vectors (C 768), without (C 203), and with `a` misaligned (the
+// element-wise loads inside the vector partition).
+TEST_CASE("cuda add_norm_forward equals add then the norm bit for bit") {
+  if (!gpu_or_skip()) return;
+  const auto same = [](const Tensor& x, const Tensor& y) {
+    const Tensor hx = x.to(Device::cpu()), hy = y.to(Device::cpu());
+    return std::memcmp(hx.raw(), hy.raw(), hx.nbytes()) == 0;
+  };
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int64_t C : {768, 203})
+      for (int64_t a_off : {0, 1})
+        for (NormType nt : {NormType::LayerNorm, NormType::RMSNorm}) {
+          const bool ln = nt == NormType::LayerNorm;
+          INFO(dtype_name(dt) << " C " << C << " a offset " << a_off << (ln ? " layernorm" : " rmsnorm"));
+          const int64_t N = 67;
+          auto dev = [&](const Shape& s, DType t) { return Tensor::empty(s, t, Device::cuda(0)); };
+          Tensor big = dev({N * C + a_off}, dt), a = big.view(a_off, {N, C});
+          a.copy_from(upload(randn({N, C}, 91, 3.0f), dt));
+          const Tensor b = upload(randn({N, C}, 92), dt), w = upload(randn({C}, 93), DType::F32);
+          const Tensor bias = ln ? upload(randn({C}, 94), DType::F32) : Tensor();
+          Tensor sum1 = dev({N, C}, dt), out1 = dev({N, C}, dt), rstd1 = dev({N}, DType::F32);
+          Tensor mean1 = ln ? dev({N}, DType::F32) : Tensor();
+          ops::add_norm_forward({.sum = sum1, .out = out1, .mean = mean1, .rstd = rstd1, .a = a, .b = b,
+                                 .weight = w, .bias = bias, .norm = nt});
+          Tensor sum2 = dev({N, C}, dt), out2 = dev({N, C}, dt), rstd2 = dev({N}, DType::F32);
+          Tensor mean2 = ln ? dev({N}, DType::F32) : Tensor();
+          ops::add({.out = sum2, .a = a, .b = b});
+          if (ln)
+            ops::layernorm_forward({.out = out2, .mean = mean2, .rstd = rstd2, .inp = sum2, .weight = w, .bias = bias});
+          else
+            ops::rmsnorm_forward({.out = out2, .rstd = rstd2, .inp = sum2, .weight = w});
+          CHECK(same(sum1, sum2));
+          CHECK(same(out1, out2));
+          CHECK(same(rstd1, rstd2));
+          if (ln) CHECK(same(mean1, mean2));
+        }
 }
 
 TEST_CASE("cuda gelu and swiglu forward and backward") {

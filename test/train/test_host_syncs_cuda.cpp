@@ -3,10 +3,14 @@
 // (docs/distributed.md, host synchronisations per step). A single-process
 // dstrain step with --profile in bf16 and fp16 must report at most that one;
 // an fp32 run on the GPU must follow the CPU's loss curve (the losses now
-// reach the host through the packed read). Skipped (exit 77) without a device.
+// reach the host through the packed read), also without dropout, where each
+// layer's closing residual add is fused with the next norm1 (GPT-2 and LLaMA
+// blocks), and a full recomputation (which re-runs those norms unfused) must
+// repeat that run's losses bit for bit. Skipped (exit 77) without a device.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 
 #include "cuda/cuda_api.h"
 #include "test/skip.h"
@@ -48,5 +52,30 @@ TEST_CASE("the GPU loss curve in fp32 follows the CPU's", "[gpu]") {
   for (size_t i = 0; i < cpu.size(); ++i) {
     INFO("iteration " << i + 1 << ": cpu " << cpu[i] << ", cuda " << gpu[i]);
     CHECK(std::fabs(gpu[i] - cpu[i]) <= 1e-3 * std::fabs(cpu[i]));
+  }
+}
+
+TEST_CASE("without dropout (norm1 fused across layers) the GPU follows the CPU; full recompute repeats it", "[gpu]") {
+  if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
+  for (bool llama : {false, true}) {
+    INFO((llama ? "llama blocks" : "gpt-2 blocks"));
+    std::vector<std::string> flags = {"--train-iters", "5", "--hidden-dropout", "0", "--attention-dropout", "0"};
+    if (llama)
+      for (const std::string& f : llama_flags()) flags.push_back(f);
+    auto with = [&](std::vector<std::string> extra) {
+      std::vector<std::string> f = flags;
+      f.insert(f.end(), extra.begin(), extra.end());
+      return train(f);
+    };
+    const std::vector<float> cpu = with({}), gpu = with({"--device", "cuda"});
+    const std::vector<float> gpu_rc = with({"--device", "cuda", "--recompute-granularity", "full"});
+    REQUIRE(cpu.size() == 5);
+    REQUIRE(gpu.size() == 5);
+    REQUIRE(gpu_rc.size() == 5);
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      INFO("iteration " << i + 1 << ": cpu " << cpu[i] << ", cuda " << gpu[i] << ", cuda recompute " << gpu_rc[i]);
+      CHECK(std::fabs(gpu[i] - cpu[i]) <= 1e-3 * std::fabs(cpu[i]));
+    }
+    CHECK(std::memcmp(gpu.data(), gpu_rc.data(), gpu.size() * sizeof(float)) == 0);
   }
 }
