@@ -153,7 +153,8 @@ class GptModel {
   // Forward of a chunk on slot's activations: the first virtual stage embeds
   // tokens, others start from stage_input. The last virtual stage computes
   // the loss (and, if backward, dlogits with weight loss_weight) and returns
-  // the mean loss; others return 0. Dropout only with a training `key`.
+  // the mean loss (NaN with backward while a loss sink is set: the mean went
+  // to the sink); others return 0. Dropout only with a training `key`.
   float stage_forward(int slot, int chunk, const Tensor& tokens, const Tensor& targets, float loss_weight,
                       bool backward, const DropoutKey& key = {});
   // Backward of slot's micro-batch through the chunk; dout (B,T,C) is the
