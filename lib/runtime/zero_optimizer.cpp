@@ -105,8 +105,8 @@ void ZeroOptimizer::on_grads(int unit, bool ready) {
   }
 }
 
-void ZeroOptimizer::set_tensor_parallel(Communicator* tp, std::vector<Range> counted) {
-  tp_ = tp;
+void ZeroOptimizer::set_norm_counted(std::vector<Range> counted) {
+  counted_only_ = true;
   counted_ = std::move(counted);
 }
 
@@ -142,7 +142,7 @@ void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
   // Stages 0/1: the data-parallel ranks hold identical sums; one counts them.
   if (!store_ && rank_ != 0) return;
   Tensor g = store_ ? store_->grad_shard() : model_.grads();
-  if (!tp_) {
+  if (!counted_only_) {
     if (g.numel() > 0) ops::sum_squares({.out = sumsq, .x = g}, Stream{});
     return;
   }

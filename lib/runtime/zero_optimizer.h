@@ -45,12 +45,12 @@ class ZeroOptimizer {
   ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig& z, const ZeroPartition& part,
                 ZeroParamStore* store);
 
-  // Tensor / pipeline parallelism: the gradient norm sums squares over the
-  // flat ranges `counted` of this rank's (local) layout and all-reduces over
-  // `tp` (the tp group, or the tp x pp model-parallel group with pipelining),
-  // so that split weights count once per shard and replicated ones (and a
-  // tied wte held by two stages) once in all.
-  void set_tensor_parallel(Communicator* tp, std::vector<Range> counted);
+  // Tensor / pipeline parallelism: this rank's share of the squared gradient
+  // norm (reduce_gradients_into) sums squares over the flat ranges `counted`
+  // of its (local) layout only, chosen so that over the model-parallel ranks
+  // split weights count once per shard and replicated ones (and a tied wte
+  // held by two stages) once in all.
+  void set_norm_counted(std::vector<Range> counted);
 
   // Clears the gradients before the first micro-batch of a step.
   void zero_grads();
@@ -106,8 +106,8 @@ class ZeroOptimizer {
   ZeroConfig z_;
   ZeroPartition part_;
   ZeroParamStore* store_;
-  Communicator* tp_ = nullptr;
-  std::vector<Range> counted_;  // tp only: flat ranges this rank adds to the norm
+  bool counted_only_ = false;    // tp / pp: the norm share covers counted_ only
+  std::vector<Range> counted_;  // flat ranges this rank adds to the norm
   int rank_ = 0;
   Range range_;
   std::unique_ptr<AdamW> adam_;

@@ -210,9 +210,12 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_p
   if (e.pp > 1) {
     const ModelDims d = model_dims(m);
     const int per_virtual = cfg.parallel.num_layers_per_virtual_stage;
-    const int vp = per_virtual > 0 ? d.L / e.pp / per_virtual : 1;
-    e.pipeline_buffers = pipeline_message_buffers_max(e.pp, static_cast<int>(micro_batches(cfg, e.dp)), vp,
-                                                      cfg.zero.overlap_comm);
+    const int n_micro = static_cast<int>(micro_batches(cfg, e.dp));
+    int vp = per_virtual > 0 ? d.L / e.pp / per_virtual : 1;
+    // A config the interleaved schedule cannot run (dstrain rejects it at
+    // start-up, naming the problem) still gets an estimate: 1F1B's buffers.
+    if (vp < 1 || (vp > 1 && n_micro % e.pp != 0)) vp = 1;
+    e.pipeline_buffers = pipeline_message_buffers_max(e.pp, n_micro, vp, cfg.zero.overlap_comm);
     e.pipeline_buffer_bytes = pipeline_buffer_bytes(cfg, d.C);
   }
   std::vector<Range> units = layer_units(layout);

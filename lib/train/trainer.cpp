@@ -74,8 +74,8 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   model_->set_recompute(recompute_config(cfg_.parallel));
   opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get());
   opt_->set_timeline(&timeline_);
-  if (shard_.tp > 1 || shard_.pp > 1)  // gradient norm summed over the model-parallel (tp x pp) group
-    opt_->set_tensor_parallel(shard_.pp > 1 ? comms_.mp : comms_.tp, norm_counted_ranges(local));
+  if (shard_.tp > 1 || shard_.pp > 1)  // each parameter counted once over the model-parallel (tp x pp) ranks
+    opt_->set_norm_counted(norm_counted_ranges(local));
   if (shard_.pp > 1) {
     pipe_ = std::make_unique<PipelineExecutor>(*model_, *comms_.pp, static_cast<int>(cfg_.batch.grad_accum_steps),
                                                comms_.pp_grad, cfg_.zero.overlap_comm);

@@ -173,6 +173,13 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
           row(e, 1, false).states.total() + e.activations.total() + 2 * e.pipeline_buffer_bytes);
     CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("pipeline messages per rank: up to 2 buffers of 12582912 bytes"));
     CHECK(base.pipeline_bytes() == 0);
+    // Interleaved (2 chunks of 3 layers per stage) with 3 micro-batches:
+    // dstrain refuses to start it, the estimate still answers (1F1B's count).
+    cfg.parallel.num_layers_per_virtual_stage = 3;
+    cfg.batch.train_batch_size = 8 * 4 * 3;
+    MemoryEstimate odd;
+    REQUIRE_NOTHROW(odd = estimate_memory(cfg, 1, 8));
+    CHECK(odd.pipeline_buffers == pipeline_message_buffers_max(2, 3, 1, false));
   }
   SECTION("full recomputation keeps only layer inputs") {
     cfg.parallel.recompute = RecomputeKind::Full;
