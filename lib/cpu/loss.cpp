@@ -46,4 +46,22 @@ void cross_entropy(const CrossEntropyArgs& a, const Stream&) {
   }
 }
 
+// In row order, in double: the host loss's formula (GptModel::mean_loss).
+void masked_mean(const MaskedMeanArgs& a, const Stream&) {
+  const float* losses = a.losses.data<float>();     // (N)
+  const int32_t* targets = a.targets.data<int32_t>();  // (N)
+  const int64_t n = a.losses.numel();
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (targets[i] < 0) continue;
+    sum += losses[i];
+    ++count;
+  }
+  if (count == 0) return;
+  const float mean = static_cast<float>(sum / static_cast<double>(count));
+  float* out = a.out.data<float>();
+  out[0] = static_cast<float>(static_cast<double>(out[0]) + static_cast<double>(a.weight) * mean);
+}
+
 }  // namespace ds::cpu

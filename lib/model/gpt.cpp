@@ -612,11 +612,10 @@ float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool 
                         .V = d_.V,
                         .dloss = loss_weight},
                        stream_);
-  if (to_sink && loss_sink_.defined()) {
-    DS_CHECK(loss_sink_at_ + n <= loss_sink_.numel(), "loss sink of {} rows is full ({} used, {} more)",
-             loss_sink_.numel(), loss_sink_at_, n);
-    loss_sink_.view(loss_sink_at_, {n}).copy_from(losses_.view(0, {n}));  // stream-ordered, no host wait
-    loss_sink_at_ += n;
+  if (to_sink && loss_sink_.defined()) {  // stream-ordered, no host wait
+    if (loss_sink_weight_ != 0.f)
+      ops::masked_mean({.out = loss_sink_, .losses = losses_.view(0, {n}), .targets = t, .weight = loss_sink_weight_},
+                       stream_);
     return NAN;
   }
   Tensor l = losses_.device().is_cpu() ? losses_ : losses_.to(Device::cpu());
@@ -634,11 +633,12 @@ float GptModel::mean_loss(const float* losses, const int32_t* targets, int64_t n
   return count ? static_cast<float>(sum / count) : 0.f;
 }
 
-void GptModel::set_loss_sink(const Tensor& sink) {
-  DS_CHECK(!sink.defined() || (sink.dtype() == DType::F32 && sink.device() == dev_),
-           "loss sink: expected an f32 tensor on the model's device, got {}", dtype_name(sink.dtype()));
+void GptModel::set_loss_sink(const Tensor& sink, float weight) {
+  DS_CHECK(!sink.defined() || (sink.dtype() == DType::F32 && sink.device() == dev_ && sink.numel() == 1),
+           "loss sink: expected one f32 element on the model's device, got {} {}", dtype_name(sink.dtype()),
+           shape_str(sink.shape()));
   loss_sink_ = sink;
-  loss_sink_at_ = 0;
+  loss_sink_weight_ = weight;
 }
 
 // Vocab-parallel cross-entropy: the logits stay split; only per-row
@@ -772,7 +772,7 @@ float GptModel::stage_forward(int slot, int chunk, const Tensor& tokens, const T
   store_->begin_pass(forward_order(chunk));
   forward(tokens, chunk);
   store_->end_pass();
-  return has_head(chunk) ? loss_and_dlogits(targets, loss_weight, backward) : 0.f;
+  return has_head(chunk) ? loss_and_dlogits(targets, loss_weight, backward, Tensor(), /*to_sink=*/backward) : 0.f;
 }
 
 void GptModel::stage_backward(int slot, int chunk, const Tensor& tokens, const Tensor& dout) {

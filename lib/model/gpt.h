@@ -137,13 +137,13 @@ class GptModel {
   float forward_backward(const Tensor& tokens, const Tensor& targets, float loss_weight,
                          const DropoutKey& key = {}, const Tensor& targets_host = Tensor());
   // Deferred loss, so that a GPU step needs no device-to-host read per
-  // micro-batch: while a sink is set, forward_backward copies its per-row
-  // losses (stream-ordered, no host wait) into the next B*T elements of
-  // `sink` (f32 on the model's device) and returns NaN; the caller reads the
-  // sink once and takes each micro-batch's mean with mean_loss(). The rows
-  // start at the sink's element 0 again after every set_loss_sink call; an
-  // undefined sink turns the deferral off.
-  void set_loss_sink(const Tensor& sink);
+  // micro-batch: while a sink is set, every training forward (forward_backward,
+  // and stage_forward with backward on the last stage) adds `weight` times its
+  // micro-batch's mean loss (ops::masked_mean: the rows whose target is not
+  // ignored) to sink[0] (a (1) f32 on the model's device), stream-ordered, and
+  // returns NaN. Weight 0 adds nothing (a rank whose copy of the loss another
+  // rank reports). An undefined sink turns the deferral off.
+  void set_loss_sink(const Tensor& sink, float weight = 1.0f);
   // Mean of the n per-row losses whose target is not ignored (>= 0), summed
   // in double: the loss every forward returns.
   static float mean_loss(const float* losses, const int32_t* targets, int64_t n);
@@ -161,7 +161,8 @@ class GptModel {
   // Forward of a chunk on slot's activations: the first virtual stage embeds
   // tokens, others start from stage_input. The last virtual stage computes
   // the loss (and, if backward, dlogits with weight loss_weight) and returns
-  // the mean loss; others return 0. Dropout only with a training `key`.
+  // the mean loss (NaN with backward while a loss sink is set: the mean went
+  // to the sink); others return 0. Dropout only with a training `key`.
   float stage_forward(int slot, int chunk, const Tensor& tokens, const Tensor& targets, float loss_weight,
                       bool backward, const DropoutKey& key = {});
   // Backward of slot's micro-batch through the chunk; dout (B,T,C) is the
@@ -301,8 +302,8 @@ class GptModel {
   LayerActs scratch_;               // shared by recomputed layers (or attn_out when selective)
   int n_slots_ = 1, cur_ = 0;
   Tensor losses_;                   // (B*T) f32
-  Tensor loss_sink_;                // see set_loss_sink; loss_sink_at_: its next free element
-  int64_t loss_sink_at_ = 0;
+  Tensor loss_sink_;  // see set_loss_sink
+  float loss_sink_weight_ = 1.0f;
   Tensor ce_max_, ce_stats_;        // (B*T), (2, B*T) f32: vocab-parallel softmax statistics
   // Backward scratch.
   Tensor dresid_, dnorm_, dqkv_, dqkv2_, dattn_, dfc_, dact_;

@@ -444,6 +444,21 @@ template <class A, class F> IfArgs<A, NonFiniteArgs> fields(A& a, F&& f) {
   f(a.flag, "flag", Role::Accum);
   f(a.x, "x", Role::In);
 }
+// The training loss of one micro-batch without a host read:
+// out[0] += weight * (mean of losses[i] over the rows with targets[i] >= 0),
+// nothing when no row counts. The mean sums in double and rounds to f32 before
+// it is weighted, as GptModel::mean_loss does on the host.
+struct MaskedMeanArgs {
+  Tensor out;      // (1) f32, +=
+  Tensor losses;   // (N) f32
+  Tensor targets;  // (N) i32, < 0: ignored
+  float weight = 1.0f;
+};
+template <class A, class F> IfArgs<A, MaskedMeanArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Native);
+  f(a.losses, "losses", Role::Native);
+  f(a.targets, "targets", Role::In);
+}
 struct ScaleArgs {
   Tensor x;        // in place: x *= s
   float s = 1.0f;

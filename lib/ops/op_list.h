@@ -32,6 +32,7 @@
   X(adamw_step, AdamWArgs)                   \
   X(sum_squares, SumSquaresArgs)             \
   X(nonfinite_check, NonFiniteArgs)          \
+  X(masked_mean, MaskedMeanArgs)             \
   X(scale, ScaleArgs)                        \
   X(cast, CastArgs)
 

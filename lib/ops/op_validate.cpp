@@ -478,6 +478,15 @@ void validate_nonfinite_check(const NonFiniteArgs& a) {
   c.floating(a.x, "x");
 }
 
+void validate_masked_mean(const MaskedMeanArgs& a) {
+  const Check c("masked_mean");
+  c.devices(a);
+  c.stat(a.out, 1, "out", "1");
+  c.dtype(a.losses, DType::F32, "losses");
+  c.dtype(a.targets, DType::I32, "targets");
+  c.numel(a.targets, a.losses.numel(), "targets", "numel(losses)");
+}
+
 void validate_scale(const ScaleArgs& a) {
   const Check c("scale");
   c.devices(a);

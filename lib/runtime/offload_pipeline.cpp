@@ -3,6 +3,7 @@
 #include "lib/runtime/offload_pipeline.h"
 
 #include <algorithm>
+#include <utility>
 #include <cstring>
 
 #include "lib/core/error.h"
@@ -98,7 +99,32 @@ OffloadPipeline::OffloadPipeline(std::unique_ptr<OffloadCopier> copier, int64_t 
 Tensor OffloadPipeline::host_copy(const Tensor& device_master) {
   Tensor h = copier_->host_buffer(device_master.numel(), pinned_);
   h.copy_from(device_master);
+  master_bytes_ += h.nbytes();
   return h;
+}
+
+namespace {
+
+constexpr int kBuffers = 2;  // double buffering: one bucket updated while the next one arrives
+
+// step()'s bucket size and number of gradient buffers for a range of n elements.
+std::pair<int64_t, int> bucket_plan(int64_t n, int64_t bucket_numel) {
+  const int64_t bucket = std::min(bucket_numel, std::max<int64_t>(n, 1));
+  const int n_buckets = static_cast<int>((n + bucket - 1) / bucket);
+  return {bucket, std::min(kBuffers, std::max(n_buckets, 1))};
+}
+
+}  // namespace
+
+int64_t OffloadPipeline::host_bytes_for(int64_t numel, int64_t bucket_numel) {
+  const auto [bucket, n_buffers] = bucket_plan(numel, bucket_numel);
+  return static_cast<int64_t>(sizeof(float)) * (numel + n_buffers * bucket);
+}
+
+int64_t OffloadPipeline::host_bytes() const {
+  int64_t b = master_bytes_;
+  for (const Tensor& t : grad_buffers_) b += t.nbytes();
+  return b;
 }
 
 void OffloadPipeline::step(AdamW& adam, const ModelLayout& layout, const Tensor& params, const Tensor& grads,
@@ -108,10 +134,8 @@ void OffloadPipeline::step(AdamW& adam, const ModelLayout& layout, const Tensor&
            "offload step: params {}, grads {}, host master {} for a range of {}", params.numel(), grads.numel(),
            host_master.numel(), n);
   DS_CHECK(grads.dtype() == DType::F32 && params.dtype() == DType::F32, "offload step: f32 params and grads expected");
-  const int64_t bucket = std::min(bucket_numel_, std::max<int64_t>(n, 1));
+  const auto [bucket, n_buffers] = bucket_plan(n, bucket_numel_);
   const int n_buckets = static_cast<int>((n + bucket - 1) / bucket);
-  constexpr int kBuffers = 2;  // double buffering: one bucket updated while the next one arrives
-  const int n_buffers = std::min(kBuffers, std::max(n_buckets, 1));
   if (static_cast<int>(grad_buffers_.size()) != n_buffers || grad_buffers_[0].numel() != bucket) {
     grad_buffers_.clear();
     for (int i = 0; i < n_buffers; ++i) grad_buffers_.push_back(copier_->host_buffer(bucket, pinned_));

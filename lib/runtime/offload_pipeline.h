@@ -85,12 +85,20 @@ class OffloadPipeline {
             const Tensor& host_master, const AdamWHyper& h, float grad_scale);
 
   int64_t bucket_numel() const { return bucket_numel_; }
+  // Host bytes a pipeline of `bucket_numel` allocates for a range of `numel`
+  // elements: the master copy (host_copy) and the gradient buffers of step()
+  // (two buckets, fewer when the range has fewer). The start-up log and
+  // --estimate-memory report this as host memory.
+  static int64_t host_bytes_for(int64_t numel, int64_t bucket_numel);
+  // What this pipeline has allocated so far (host_copy and step()'s buffers).
+  int64_t host_bytes() const;
 
  private:
   std::unique_ptr<OffloadCopier> copier_;
   int64_t bucket_numel_;
   bool pinned_;
   std::vector<Tensor> grad_buffers_;  // 2 host buffers of bucket_numel_
+  int64_t master_bytes_ = 0;          // host_copy's buffers
 };
 
 // AdamW's update on [lo, hi) of adam's range (offsets relative to its begin)

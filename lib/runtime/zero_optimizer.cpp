@@ -105,24 +105,10 @@ void ZeroOptimizer::on_grads(int unit, bool ready) {
   }
 }
 
-void ZeroOptimizer::set_tensor_parallel(Communicator* tp, std::vector<Range> counted) {
-  tp_ = tp;
+void ZeroOptimizer::set_norm_counted(std::vector<Range> counted) {
+  counted_only_ = true;
   counted_ = std::move(counted);
 }
-
-namespace {
-
-// Sum of squares of g (covering flat [base, base + g.numel())) over `counted`.
-double counted_sum_squares(const Tensor& g, int64_t base, const std::vector<Range>& counted) {
-  double s = 0;
-  for (const Range& r : counted) {
-    const int64_t b = std::max(r.begin, base), e = std::min(r.end, base + g.numel());
-    if (e > b) s += grad_sum_squares(g.view(b - base, {e - b}));
-  }
-  return s;
-}
-
-}  // namespace
 
 void ZeroOptimizer::zero_grads() {
   if (store_)
@@ -131,44 +117,21 @@ void ZeroOptimizer::zero_grads() {
     model_.grads().zero_();
 }
 
-double ZeroOptimizer::reduce_gradients() {
-  if (store_) store_->finish_reductions();  // reduce-scattered during the backward pass
-  if (store_ && !tp_) return store_->grad_norm();
-  Tensor g = store_ ? store_->grad_shard() : model_.grads();
-  if (armed_) {  // overlap: what the backward did not issue, then wait for all
-    while (next_bucket_ >= 0) issue_bucket(next_bucket_--);
-    for (CommHandle& h : pending_) h.wait();
-    pending_.clear();
-    armed_ = false;
-  } else if (!store_ && part_.dp > 1) {
-    for (const Range& b : make_buckets(part_.total, z_.reduce_bucket_size)) dp_->all_reduce(g.view(b.begin, {b.size()}));
-  }
-  if (!tp_) return std::sqrt(grad_sum_squares(g));
-  // Tensor parallel: this rank's counted squares, summed over tp (and over dp
-  // when the gradients are dp shards).
-  const int64_t base = store_ ? part_.owned_real(rank_).begin : 0;
-  double s = static_cast<float>(counted_sum_squares(g, base, counted_));
-  if (store_ && part_.dp > 1) s = dp_->all_reduce_scalar(s, g.device());
-  s = tp_->all_reduce_scalar(s, g.device());
-  return std::sqrt(s);
-}
-
-// reduce_gradients' collectives for stages 0/1 without tp; on the GPU the
-// bucket all-reduces use the asynchronous forms, so the compute stream, not
-// the host, waits for them (the same NCCL operations; the caller polls before
-// it reads anything back).
+// Gradient collectives: on the GPU the bucket all-reduces use the
+// asynchronous forms, so the compute stream, not the host, waits for them
+// (the same NCCL operations; the caller polls before it reads anything back).
 void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
-  DS_CHECK(norm_on_device(), "reduce_gradients_into: the gradient norm of this layout needs scalar collectives");
-  Tensor g = model_.grads();
-  if (armed_) {  // overlap: what the backward did not issue, then wait for all
+  if (store_) {
+    store_->finish_reductions();  // reduce-scattered during the backward pass
+  } else if (armed_) {  // overlap: what the backward did not issue, then wait for all
     while (next_bucket_ >= 0) issue_bucket(next_bucket_--);
     for (CommHandle& h : pending_) h.wait();
     pending_.clear();
     armed_ = false;
   } else if (part_.dp > 1) {
-    const std::vector<Range> buckets = make_buckets(part_.total, z_.reduce_bucket_size);
+    Tensor g = model_.grads();
     std::vector<CommHandle> hs;
-    for (const Range& b : buckets) {
+    for (const Range& b : make_buckets(part_.total, z_.reduce_bucket_size)) {
       if (g.device().is_cpu())
         dp_->all_reduce(g.view(b.begin, {b.size()}));
       else
@@ -176,17 +139,23 @@ void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
     }
     for (CommHandle& h : hs) h.wait();
   }
-  ops::sum_squares({.out = sumsq, .x = g}, Stream{});
+  // Stages 0/1: the data-parallel ranks hold identical sums; one counts them.
+  if (!store_ && rank_ != 0) return;
+  Tensor g = store_ ? store_->grad_shard() : model_.grads();
+  if (!counted_only_) {
+    if (g.numel() > 0) ops::sum_squares({.out = sumsq, .x = g}, Stream{});
+    return;
+  }
+  const int64_t base = store_ ? part_.owned_real(rank_).begin : 0;
+  for (const Range& r : counted_) {
+    const int64_t b = std::max(r.begin, base), e = std::min(r.end, base + g.numel());
+    if (e > b) ops::sum_squares({.out = sumsq, .x = g.view(b - base, {e - b})}, Stream{});
+  }
 }
 
-void ZeroOptimizer::grads_nonfinite_into(const Tensor& flag, Communicator& world) {
+void ZeroOptimizer::grads_nonfinite_into(const Tensor& flag) {
   Tensor g = store_ ? store_->grad_shard() : model_.grads().view(0, {model_.layout().total});
   if (g.numel() > 0) ops::nonfinite_check({.flag = flag, .x = g}, Stream{});
-  if (world.size() == 1) return;
-  if (flag.device().is_cpu())
-    world.all_reduce(flag);
-  else
-    world.iall_reduce(flag).wait();  // GPU: the compute stream waits, not the host
 }
 
 void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
@@ -196,7 +165,7 @@ void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
     if (offload_) {  // bucket by bucket, copies overlapping the CPU update (offload_pipeline.h)
       if (!offload_pipe_)
         offload_pipe_ = std::make_unique<OffloadPipeline>(make_offload_copier(model_.device()),
-                                                          std::min(z_.reduce_bucket_size, kOffloadBucketMax),
+                                                          offload_bucket(z_),
                                                           z_.offload_pin_memory);
       if (!host_master_.defined()) host_master_ = offload_pipe_->host_copy(p);
       offload_pipe_->step(*adam_, model_.layout(), p, g, host_master_, h, grad_scale);
@@ -222,14 +191,8 @@ Tensor ZeroOptimizer::master_range() {
   return store_ ? store_->master_params() : model_.flat_store().master(range_);
 }
 
-bool ZeroOptimizer::grads_nonfinite(Communicator& world) {
-  Tensor g = store_ ? store_->grad_shard() : model_.grads().view(0, {model_.layout().total});
-  Tensor flag = Tensor::zeros({1}, DType::F32, g.device());
-  if (g.numel() > 0) ops::nonfinite_check({.flag = flag, .x = g}, Stream{});
-  if (world.size() > 1) world.all_reduce(flag);
-  const bool nonfinite = flag.to(Device::cpu()).data<float>()[0] != 0.f;
-  world.raise_if_failed();  // NCCL: never decide on a value an aborted op left
-  return nonfinite;
+int64_t ZeroOptimizer::offload_host_bytes() const {
+  return offload_ ? OffloadPipeline::host_bytes_for(range_.size(), offload_bucket(z_)) : 0;
 }
 
 ModelStateBytes ZeroOptimizer::model_state_bytes() const {

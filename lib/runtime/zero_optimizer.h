@@ -13,7 +13,7 @@
 // overlap_comm (stages 0/1, dp > 1): during the backward of the step's last
 // micro-batch, each all-reduce bucket is issued asynchronously as soon as
 // every parameter unit it covers has its gradient ready (buckets complete from
-// the end of the flat buffer); reduce_gradients() issues the rest and waits.
+// the end of the flat buffer); reduce_gradients_into() issues the rest and waits.
 // Each bucket is the same collective on the same data as without overlap, so
 // the result is bit-identical. Stages 2/3 overlap inside ZeroParamStore. The 1/dp averaging is folded into the loss weight by the trainer.
 // offload_optimizer.device = cpu with a CUDA model: Adam m and v and an fp32
@@ -23,6 +23,7 @@
 // update (OffloadPipeline, offload_pipeline.h). On the CPU backend the trainer
 // rejects the flag (it would move nothing).
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -44,12 +45,12 @@ class ZeroOptimizer {
   ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig& z, const ZeroPartition& part,
                 ZeroParamStore* store);
 
-  // Tensor / pipeline parallelism: the gradient norm sums squares over the
-  // flat ranges `counted` of this rank's (local) layout and all-reduces over
-  // `tp` (the tp group, or the tp x pp model-parallel group with pipelining),
-  // so that split weights count once per shard and replicated ones (and a
-  // tied wte held by two stages) once in all.
-  void set_tensor_parallel(Communicator* tp, std::vector<Range> counted);
+  // Tensor / pipeline parallelism: this rank's share of the squared gradient
+  // norm (reduce_gradients_into) sums squares over the flat ranges `counted`
+  // of its (local) layout only, chosen so that over the model-parallel ranks
+  // split weights count once per shard and replicated ones (and a tied wte
+  // held by two stages) once in all.
+  void set_norm_counted(std::vector<Range> counted);
 
   // Clears the gradients before the first micro-batch of a step.
   void zero_grads();
@@ -57,37 +58,32 @@ class ZeroOptimizer {
   // completed buckets are reduced while it runs (no-op otherwise).
   void begin_last_micro_batch();
   // Stages 0/1 with overlap_comm: the buckets covering `unit` are not reduced
-  // during the backward but by reduce_gradients (the tied embedding of a
+  // during the backward but by reduce_gradients_into (the tied embedding of a
   // pipeline, all-reduced across its first and last stage in between).
   void hold_unit(int unit) { held_units_.push_back(unit); }
   bool overlaps_grad_reduce() const { return overlap_; }
   // Records backward unit spans and the gradient collectives (may be null).
   void set_timeline(Timeline* t);
-  // Sums gradients over the data-parallel group (as the stage requires) and
-  // returns the global gradient L2 norm.
-  double reduce_gradients();
+  // After the backward passes of a step: sums the gradients over the
+  // data-parallel group (as the stage requires) and ADDS this rank's share of
+  // the squared global norm (loss scale still in) to `sumsq` ((1) f32 on the
+  // device), so that the sum of the shares over the world is the squared norm
+  // and nothing is read back here (docs/distributed.md, host synchronisations
+  // per step). The share: the counted ranges of what this rank holds (tensor /
+  // pipeline parallel), its ZeRO-2/3 shard, and with stages 0/1 (every
+  // data-parallel rank holds the same summed gradients) nothing on a rank
+  // other than the group's first. On the GPU its collectives are waited for
+  // by the compute stream: poll (Communicator::synchronize) before reading
+  // anything back.
+  void reduce_gradients_into(const Tensor& sumsq);
+  // Sets `flag` ((1) f32) nonzero if a gradient this rank holds (all of them,
+  // or its ZeRO-2/3 shard) is inf/nan; no collective (the caller sums the
+  // flags over the world with the rest of the step's statistics).
+  void grads_nonfinite_into(const Tensor& flag);
+
   // AdamW on this rank's range, then the parameters the stage keeps whole are
   // made current again (stage 1/2 all-gather, stage 3 persistent units).
   void step(const AdamWHyper& h, float grad_scale);
-  // fp16 overflow check after reduce_gradients(): does any gradient this rank
-  // holds (all of them, or its ZeRO-2/3 shard) contain inf/nan, on any rank of
-  // `world`? Collective over `world`.
-  bool grads_nonfinite(Communicator& world);
-
-  // Device-side forms, for a step that reads nothing back until its one
-  // packed read (docs/distributed.md, host synchronisations per step).
-  // Available when the norm needs no scalar collective: no ZeRO-2/3 store and
-  // no tensor parallelism. reduce_gradients_into does what reduce_gradients
-  // does but ADDS the gradients' sum of squares (the squared norm, loss scale
-  // still in) to `sumsq` ((1) f32 on the device) instead of reading it. On
-  // the GPU its collectives are waited for by the compute stream: poll
-  // (Communicator::synchronize) before reading anything back.
-  bool norm_on_device() const { return !store_ && !tp_; }
-  void reduce_gradients_into(const Tensor& sumsq);
-  // grads_nonfinite with the answer left on the device: `flag` ((1) f32, zero
-  // on entry) becomes nonzero if a rank of `world` holds an inf/nan gradient.
-  void grads_nonfinite_into(const Tensor& flag, Communicator& world);
-
   AdamW& adam() { return *adam_; }
   Range optimizer_range() const { return range_; }  // unpadded, may be empty
   // The fp32 master weights this rank updates (undefined when the range is empty).
@@ -95,6 +91,14 @@ class ZeroOptimizer {
   // Bytes of model state this rank holds (params, grads, Adam m and v);
   // persistent buffers only, not the transient per-unit ones.
   ModelStateBytes model_state_bytes() const;
+  // offload: the bucketed step; buckets of reduce_bucket_size elements, at
+  // most kOffloadBucketMax (two host gradient buffers of 64 MiB).
+  static constexpr int64_t kOffloadBucketMax = 16 << 20;
+  static int64_t offload_bucket(const ZeroConfig& z) { return std::min(z.reduce_bucket_size, kOffloadBucketMax); }
+  // offload: the host buffers of the offloaded step besides Adam m and v (the
+  // fp32 master copy and the gradient buckets; OffloadPipeline::host_bytes_for),
+  // allocated at the first step; 0 without offload.
+  int64_t offload_host_bytes() const;
 
  private:
   GptModel& model_;
@@ -102,8 +106,8 @@ class ZeroOptimizer {
   ZeroConfig z_;
   ZeroPartition part_;
   ZeroParamStore* store_;
-  Communicator* tp_ = nullptr;
-  std::vector<Range> counted_;  // tp only: flat ranges this rank adds to the norm
+  bool counted_only_ = false;    // tp / pp: the norm share covers counted_ only
+  std::vector<Range> counted_;  // flat ranges this rank adds to the norm
   int rank_ = 0;
   Range range_;
   std::unique_ptr<AdamW> adam_;
@@ -112,9 +116,6 @@ class ZeroOptimizer {
   // offload: (range) f32 host copy of the master range, read from the device
   // at the first step (after init or load), then the only one the update writes.
   Tensor host_master_;
-  // offload: the bucketed step; buckets of reduce_bucket_size elements, at
-  // most kOffloadBucketMax (two host gradient buffers of 64 MiB).
-  static constexpr int64_t kOffloadBucketMax = 16 << 20;
   std::unique_ptr<OffloadPipeline> offload_pipe_;
 
   // overlap_comm, stages 0/1 (see above)

@@ -376,14 +376,6 @@ void ZeroParamStore::flush_deferred() {
     if (deferred_[u].defined()) reduce_unit(static_cast<int>(u), deferred_[u]);
 }
 
-double ZeroParamStore::grad_norm() {
-  finish_reductions();
-  Tensor g = grad_shard();
-  double local = g.numel() > 0 ? grad_sum_squares(g) : 0.0;
-  if (part_.dp == 1) return std::sqrt(local);
-  return std::sqrt(dp_->all_reduce_scalar(local, dev_));
-}
-
 void ZeroParamStore::after_step() {
   if (stage_ == 2) {
     if (full_.defined()) {

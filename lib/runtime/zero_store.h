@@ -20,8 +20,8 @@
 // thread, or NCCL's stream): a unit's reduce-scatter is issued at its
 // grads_ready and the backward goes on; completed ones are added into the
 // shard in issue order (so the sums are bit-identical to blocking) at the next
-// grads_ready, and finish_reductions() (called by grad_norm) waits for the
-// rest. Without overlap_comm each one is waited for at once.
+// grads_ready, and finish_reductions() (ZeroOptimizer::reduce_gradients_into)
+// waits for the rest. Without overlap_comm each one is waited for at once.
 // overlap_param_gather (stage 2): the all-gather after the step is issued and
 // acquire_params(u) completes the chunks that write into unit u (FlatGather).
 // Mixed precision (compute dtype bf16/f16): the f32 parameters above are the
@@ -65,7 +65,6 @@ class ZeroParamStore : public ParamStore {
   Tensor master_params();
   Tensor grad_shard();
   void zero_grads();
-  double grad_norm();  // global L2 norm of the summed gradients (finishes the reductions first)
   // Waits for every issued gradient reduce-scatter and adds it into the shard.
   void finish_reductions() { retire(true); }
   void set_timeline(Timeline* t) { timeline_ = t; }

@@ -7,9 +7,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
+#include <utility>
 
 #include "lib/core/error.h"
 #include "lib/model/layout.h"
+#include "lib/parallel/pipeline_p2p_plan.h"
+#include "lib/runtime/offload_pipeline.h"
+#include "lib/runtime/zero_optimizer.h"
 
 namespace ds {
 namespace {
@@ -73,6 +78,24 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ModelDims& d) {
   return out;
 }
 
+// Micro-batches per step at `dp` data-parallel ranks (the configured
+// gradient accumulation when the batch triple does not give it).
+int64_t micro_batches(const TrainConfig& cfg, int dp) {
+  const BatchConfig& b = cfg.batch;
+  if (b.train_batch_size > 0 && b.micro_batch_size > 0)
+    return std::max<int64_t>(1, b.train_batch_size / (b.micro_batch_size * dp));
+  return std::max<int64_t>(1, b.grad_accum_steps);
+}
+
+// One pipeline message (PipelineExecutor::activation_buffer): B x T x C in
+// the compute dtype, T split over tp with sequence parallelism.
+int64_t pipeline_buffer_bytes(const TrainConfig& cfg, int64_t C) {
+  const int64_t B = cfg.batch.micro_batch_size > 0 ? cfg.batch.micro_batch_size : 1;
+  const int64_t a = cfg.precision.precision == Precision::FP32 ? 4 : 2;
+  const int64_t sp = cfg.parallel.sequence_parallel ? cfg.parallel.tp : 1;
+  return B * (cfg.model.seq_length / sp) * C * a;
+}
+
 // One (stage, offload) row. `e` holds everything that does not depend on the row.
 MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, const std::vector<Range>& units, int stage,
                            bool offload) {
@@ -98,7 +121,7 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
     }
     r.zero3_live = e.zero3.peak_live * P + (largest + persistent) * G;
   }
-  r.device_total = r.states.total() + r.zero3_live + e.activations.total();
+  r.device_total = r.states.total() + r.zero3_live + e.activations.total() + e.pipeline_bytes();
   // Host: the fp32 start-up copy of the rank's weights, plus with offload the
   // optimizer state and the fp32 master and gradient ranges the host Adam works on.
   const int64_t shard = make_zero_partition(n, e.dp).shard;
@@ -107,8 +130,10 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   if (cfg.device == DeviceType::CPU) {
     r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.dp, stage, e.precision) : 0);
   } else if (offload) {
-    // Adam m, v, the host copy of the master range and the gradient range copied over each step.
-    r.host_per_rank += host_optimizer_bytes(n, e.dp, stage, e.precision) + 8 * opt_elems;
+    // Adam m, v, then what the offloaded step allocates (ZeroOptimizer): the
+    // host copy of the master range and two gradient buckets.
+    r.host_per_rank += host_optimizer_bytes(n, e.dp, stage, e.precision) +
+                       OffloadPipeline::host_bytes_for(opt_elems, ZeroOptimizer::offload_bucket(cfg.zero));
   }
   r.host_per_node = r.host_per_rank * e.gpus_per_node;
   return r;
@@ -119,6 +144,46 @@ std::string gib(int64_t bytes) { return fmt::format("{:.2f}", static_cast<double
 std::string millions(int64_t n) { return fmt::format("{:.2f}M", static_cast<double>(n) / 1e6); }
 
 }  // namespace
+
+int pipeline_message_buffers(int pp, int stage, int n_micro, int vp, bool overlap) {
+  if (pp <= 1) return 0;
+  const ScheduleKind kind = vp > 1 ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB;
+  const std::vector<P2PPlanStep> plan =
+      make_p2p_plan(make_schedule(kind, pp, stage, n_micro, vp), overlap && kind == ScheduleKind::OneFOneB);
+  std::set<std::pair<int, int>> received_fwd, received_bwd;  // (micro, chunk) waiting for their compute
+  int live = 0, peak = 0;
+  for (const P2PPlanStep& step : plan) {
+    if (step.kind == P2PPlanStep::Kind::Post) {
+      // A batch's receives and sends are in flight together: the sent input
+      // gradients are released after the batch's receive buffers exist.
+      int sent = 0;
+      for (const PipeAction& a : step.batch) {
+        if (a.kind == ActionKind::RecvForward) received_fwd.insert({a.micro, a.chunk});
+        if (a.kind == ActionKind::RecvBackward) received_bwd.insert({a.micro, a.chunk});
+        live += a.kind == ActionKind::RecvForward || a.kind == ActionKind::RecvBackward ? 1 : 0;
+        sent += a.kind == ActionKind::SendBackward ? 1 : 0;
+      }
+      peak = std::max(peak, live);
+      live -= sent;
+      continue;
+    }
+    const PipeAction& c = step.compute;
+    auto& received = c.kind == ActionKind::Forward ? received_fwd : received_bwd;
+    live -= static_cast<int>(received.erase({c.micro, c.chunk}));  // consumed (the executor copies it in)
+    // A backward writes its input gradient for the previous stage, except on
+    // the first virtual stage.
+    if (c.kind == ActionKind::Backward && !(stage == 0 && c.chunk == 0)) live += 1;
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
+int pipeline_message_buffers_max(int pp, int n_micro, int vp, bool overlap) {
+  int peak = 0;
+  for (int stage = 0; stage < pp; ++stage)
+    peak = std::max(peak, pipeline_message_buffers(pp, stage, n_micro, vp, overlap));
+  return peak;
+}
 
 MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_per_node) {
   DS_USER_CHECK(num_nodes > 0 && gpus_per_node > 0,
@@ -142,6 +207,17 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_p
   e.n_params = layout.total;
   e.n_params_rank = ceil_div(e.n_params, e.tp * e.pp);
   e.activations = activation_bytes(cfg, model_dims(m));
+  if (e.pp > 1) {
+    const ModelDims d = model_dims(m);
+    const int per_virtual = cfg.parallel.num_layers_per_virtual_stage;
+    const int n_micro = static_cast<int>(micro_batches(cfg, e.dp));
+    int vp = per_virtual > 0 ? d.L / e.pp / per_virtual : 1;
+    // A config the interleaved schedule cannot run (dstrain rejects it at
+    // start-up, naming the problem) still gets an estimate: 1F1B's buffers.
+    if (vp < 1 || (vp > 1 && n_micro % e.pp != 0)) vp = 1;
+    e.pipeline_buffers = pipeline_message_buffers_max(e.pp, n_micro, vp, cfg.zero.overlap_comm);
+    e.pipeline_buffer_bytes = pipeline_buffer_bytes(cfg, d.C);
+  }
   std::vector<Range> units = layer_units(layout);
   for (Range& u : units) u = {u.begin / e.tp, u.begin / e.tp + ceil_div(u.size(), e.tp)};  // TP shares a unit
   e.zero3 = make_zero3_plan(units, cfg.zero.stage3_prefetch_bucket_size, cfg.zero.stage3_max_live_parameters,
@@ -182,6 +258,13 @@ void append_header(std::string& out, const TrainConfig& cfg, const MemoryEstimat
   out += fmt::format("activations per rank (micro batch {} x seq {}, recompute {}): {} GiB (saved {} + backward {})\n",
                      cfg.batch.micro_batch_size, cfg.model.seq_length, rc.empty() ? "none" : rc,
                      gib(e.activations.total()), gib(e.activations.saved), gib(e.activations.workspace));
+  if (e.pp > 1)
+    out += fmt::format("pipeline messages per rank: up to {} buffers of {} bytes live on a stage: {} GiB (received "
+                       "activations and gradients, input gradients waiting to be sent{})\n",
+                       e.pipeline_buffers, e.pipeline_buffer_bytes, gib(e.pipeline_bytes()),
+                       cfg.zero.overlap_comm ? "; overlap_comm: gradients on their own communicator, each receive "
+                                               "posted one compute early"
+                                             : "");
   int n_persistent = static_cast<int>(std::count(e.zero3.persistent.begin(), e.zero3.persistent.end(), true));
   out += fmt::format("ZeRO-3 fetch plan: {} units, {} persistent, prefetch depth {}, peak {} gathered parameters\n",
                      e.zero3.persistent.size(), n_persistent, e.zero3.prefetch_depth, millions(e.zero3.peak_live));
@@ -209,8 +292,9 @@ std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gp
                        gib(r.states.grads), gib(r.states.optimizer), gib(r.zero3_live), gib(r.device_total),
                        gib(r.host_per_node));
   }
-  out += "\n* = the configured stage. per-rank device = model states + ZeRO-3 working set + activations;\n"
-         "per-node host = fp32 start-up copy of the weights (+ offloaded optimizer state and its fp32 buffers)\n"
+  out += "\n* = the configured stage. per-rank device = model states + ZeRO-3 working set + activations\n"
+         "(+ pipeline messages); per-node host = fp32 start-up copy of the weights (+ offloaded optimizer state,\n"
+         "its fp32 master copy and two gradient buckets, pinned with pin_memory)\n"
          "x ranks per node. Framework buffers (communication buckets, allocator slack) come on top:\n"
          "see docs/zero.md.\n";
   return out;

@@ -21,6 +21,17 @@ struct ActivationBytes {
   int64_t total() const { return saved + workspace; }
 };
 
+// Pipeline parallel: the most activation-sized message buffers (B x T x C in
+// the compute dtype) stage `stage` holds at once during a training step,
+// following the plan PipelineExecutor runs (make_p2p_plan): a received
+// activation or gradient lives from the post of its receive to the compute
+// that consumes it, an input gradient from the backward that writes it to the
+// post that sends it. `overlap` (1F1B only, as the executor): gradients on the
+// second communicator (Comms::pp_grad), each receive posted one compute earlier.
+int pipeline_message_buffers(int pp, int stage, int n_micro, int vp, bool overlap);
+// The most over the stages (the estimate is for the worst rank).
+int pipeline_message_buffers_max(int pp, int n_micro, int vp, bool overlap);
+
 // One (stage, offload) line of the estimate. All bytes are per rank unless named per node.
 struct MemoryEstimateRow {
   int stage = 0;
@@ -29,7 +40,7 @@ struct MemoryEstimateRow {
   bool configured = false;   // the stage/offload the config asks for
   ModelStateBytes states;    // device-resident model states (zero_model_state_bytes)
   int64_t zero3_live = 0;    // stage 3: gathered parameters + the running unit's full gradient
-  int64_t device_total = 0;  // states + zero3_live + activations
+  int64_t device_total = 0;  // states + zero3_live + activations + pipeline message buffers
   int64_t host_per_rank = 0, host_per_node = 0;
 };
 
@@ -41,6 +52,9 @@ struct MemoryEstimate {
   bool approximate = false;   // tp*pp > 1: the model split is approximate
   StatePrecision precision = StatePrecision::FP32;
   ActivationBytes activations;
+  int pipeline_buffers = 0;        // pp > 1: pipeline_message_buffers_max
+  int64_t pipeline_buffer_bytes = 0;  // each of them
+  int64_t pipeline_bytes() const { return pipeline_buffers * pipeline_buffer_bytes; }
   Zero3Plan zero3;            // fetch plan over the rank's units (embedding, layers, head)
   std::vector<MemoryEstimateRow> rows;  // stages 0..3 x offload none/cpu
 };

@@ -14,6 +14,7 @@
 #include "lib/ops/ops.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/train/exit_signal.h"
+#include "lib/train/memory_estimate.h"
 #include "lib/train/schedule_resume.h"
 #include "lib/parallel/pipeline_schedule.h"
 #ifdef DS_WITH_CUDA
@@ -73,8 +74,8 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   model_->set_recompute(recompute_config(cfg_.parallel));
   opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get());
   opt_->set_timeline(&timeline_);
-  if (shard_.tp > 1 || shard_.pp > 1)  // gradient norm summed over the model-parallel (tp x pp) group
-    opt_->set_tensor_parallel(shard_.pp > 1 ? comms_.mp : comms_.tp, norm_counted_ranges(local));
+  if (shard_.tp > 1 || shard_.pp > 1)  // each parameter counted once over the model-parallel (tp x pp) ranks
+    opt_->set_norm_counted(norm_counted_ranges(local));
   if (shard_.pp > 1) {
     pipe_ = std::make_unique<PipelineExecutor>(*model_, *comms_.pp, static_cast<int>(cfg_.batch.grad_accum_steps),
                                                comms_.pp_grad, cfg_.zero.overlap_comm);
@@ -197,9 +198,8 @@ void Trainer::setup_device_and_precision() {
   }
 }
 
-bool Trainer::skip_for_overflow(int known_flag) {
+bool Trainer::skip_for_overflow(bool overflow) {
   if (!scaler_) return false;
-  const bool overflow = known_flag >= 0 ? known_flag != 0 : opt_->grads_nonfinite(*comms_.world);
   const double before = scaler_->scale();
   const ScaleEvent e = scaler_->update(overflow);
   state_.loss_scale = scaler_->scale();
@@ -228,6 +228,26 @@ void Trainer::log_model_state() {
   DS_LOG("model state: {} bytes per rank (ZeRO stage {}, {} data-parallel ranks; params {} + grads {} ({}) + Adam "
          "m, v {})",
          b.total(), cfg_.zero.stage, sdp_, b.params, b.grads, dtype_name(cfg_.precision.grad_accum), b.optimizer);
+  if (pipe_) {
+    // Transient, allocated by the executor as the schedule runs: the count
+    // follows the same p2p plan (lib/train/memory_estimate.h).
+    const int n = pipeline_message_buffers(shard_.pp, shard_.pp_rank, static_cast<int>(cfg_.batch.grad_accum_steps),
+                                           shard_.vp, cfg_.zero.overlap_comm);
+    const int64_t each = cfg_.batch.micro_batch_size * model_->local_seq(cfg_.model.seq_length / comms_.grid.sp) *
+                         model_->dims().C * static_cast<int64_t>(dtype_size(model_->compute_dtype()));
+    DS_LOG("pipeline messages: up to {} buffers of {} bytes live on this stage ({} bytes, transient, not in the model "
+           "state above: received activations and gradients, input gradients waiting to be sent{})",
+           n, each, n * each,
+           cfg_.zero.overlap_comm && shard_.vp == 1 ? "; gradients on the second communicator, each receive posted "
+                                                      "one compute early (overlap_comm)"
+                                                    : "");
+  }
+  if (cfg_.zero.offload_optimizer == OffloadDevice::CPU)
+    DS_LOG("host memory (offload_optimizer): {} bytes per rank: Adam m, v {} + fp32 master copy and two gradient "
+           "buckets {} ({}, allocated at the first step)",
+           live_tagged_bytes(MemTag::Optimizer, DeviceType::CPU) + opt_->offload_host_bytes(),
+           live_tagged_bytes(MemTag::Optimizer, DeviceType::CPU), opt_->offload_host_bytes(),
+           cfg_.zero.offload_pin_memory ? "pinned" : "pageable");
   if (cfg_.zero.stage == 3) {
     const Zero3Plan& p = store_->plan();
     int n_persistent = 0;
@@ -321,38 +341,34 @@ float Trainer::train_step() {
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   const float loss_weight = static_cast<float>(
       scale / static_cast<double>(b.micro_batch_size * seqlen_ * b.grad_accum_steps * dp_));
-  double loss_sum = 0;
   // Dropout masks are keyed by (seed, iteration) and each micro-batch's global
   // first sample, identical in every layout (docs/dropout.md).
   DropoutKey key{.train = true, .seed = cfg_.seed, .iteration = state_.iteration, .first_sample = 0};
-  // Without a pipeline and with a norm that needs no scalar collective, the
-  // losses, the norm and the overflow flag stay on the device until one read.
-  const bool packed = !pipe_ && opt_->norm_on_device();
-  if (packed) begin_step_stats();
+  // The losses, the norm and the overflow flag stay on the device until one
+  // read (read_step_stats).
+  begin_step_stats();
   if (pipe_) {
     auto batch = [&](int micro) {
       return local_batch(data_->train_batch(state_.consumed_samples, micro, dp_rank_, dp_, L));
     };
-    loss_sum = pipe_->train(batch, loss_weight, key);
+    pipe_->train(batch, loss_weight, key);  // the losses went to the step's statistics
     tied_embedding_all_reduce();
   } else {
-    loss_sum = run_micro_batches(loss_weight, key, L, packed);
+    run_micro_batches(loss_weight, key, L);
   }
   step_times_.forward_backward += phase_ms();
+  double loss_mean = 0;    // the global mean loss of the step
   double norm = 0;         // the gradient norm (loss scale still in until divided below)
-  int overflow_flag = -1;  // fp16 overflow, read with the step's statistics (-1: not read yet)
-  if (packed)
-    read_step_stats(&loss_sum, &norm, &overflow_flag);
-  else
-    norm = opt_->reduce_gradients();
+  int overflow_flag = -1;  // fp16 overflow, read with the step's statistics
+  read_step_stats(&loss_mean, &norm, &overflow_flag);
   norm /= scale;
   step_times_.grads_reduce += phase_ms();
   step_times_.steps += 1;
-  const float loss = static_cast<float>(from_last_stage(dp_mean(loss_sum / b.grad_accum_steps)));
+  const float loss = static_cast<float>(loss_mean);
   // The schedule counts applied steps only (DeepSpeed and Megatron do not
   // advance the learning rate on a skipped step).
   const int64_t tokens_before = state_.consumed_tokens;
-  const bool overflow = skip_for_overflow(overflow_flag);  // fp16: the loss scaler's rule
+  const bool overflow = skip_for_overflow(overflow_flag == 1);  // fp16: the loss scaler's rule
   const bool nonfinite = note_nan_iteration(loss, norm);
   if (overflow || nonfinite) {
     if (!overflow) state_.skipped_steps += 1;  // no update: the schedule does not advance either
@@ -381,68 +397,56 @@ float Trainer::train_step() {
 }
 
 // The step's micro-batches without a pipeline: forward and backward of
-// each; returns the sum of their mean losses (NaN when `deferred`: the losses
-// then wait on the device for read_step_stats, which needs their host targets).
-double Trainer::run_micro_batches(float loss_weight, DropoutKey key, int64_t L, bool deferred) {
+// each; their losses go to the step's statistics (begin_step_stats).
+void Trainer::run_micro_batches(float loss_weight, DropoutKey key, int64_t L) {
   const int64_t ga = cfg_.batch.grad_accum_steps;
-  double loss_sum = 0;
   for (int64_t micro = 0; micro < ga; ++micro) {
     MicroBatch mb = local_batch(data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_, L));
     key.first_sample = mb.first_sample;
     if (micro + 1 == ga) opt_->begin_last_micro_batch();  // overlap_comm: reduce during it
-    loss_sum += model_->forward_backward(mb.tokens, mb.targets, loss_weight, key, mb.targets_host);
-    if (deferred) {
-      DS_CHECK(mb.targets_host.defined(), "deferred loss: the micro-batch has no host targets");
-      step_targets_.push_back(mb.targets_host);
-    }
+    model_->forward_backward(mb.tokens, mb.targets, loss_weight, key, mb.targets_host);
   }
-  return loss_sum;
 }
 
-// step_stats_ = [gradient sum of squares, overflow flag, the per-row losses of
-// every micro-batch of the step]: zeroed (asynchronously) and handed to the
-// model as its loss sink.
+// step_stats_ = [gradient sum of squares, overflow flag, loss]: each rank's
+// share, zeroed (asynchronously); the model adds its micro-batches' mean
+// losses to the loss slot. Every loss is computed by each tp rank of the last
+// pipeline stage: tp rank 0 reports it, weighted so that the sum over the
+// world is the mean over the step's micro-batches (1 / grad_accum) and the
+// sequence-data-parallel ranks (1 / sdp; each holds the mean over the same
+// number of tokens, B x T / SP, so their mean is the global one).
 void Trainer::begin_step_stats() {
-  const int64_t rows = cfg_.batch.grad_accum_steps * cfg_.batch.micro_batch_size * seqlen_;
-  if (!step_stats_.defined() || step_stats_.numel() < 2 + rows)
-    step_stats_ = Tensor::empty({2 + rows}, DType::F32, dev_);
-  step_stats_.view(0, {2}).zero_();
-  model_->set_loss_sink(step_stats_.view(2, {rows}));
-  step_targets_.clear();
+  if (!step_stats_.defined()) step_stats_ = Tensor::empty({3}, DType::F32, dev_);
+  step_stats_.zero_();
+  const double share = 1.0 / static_cast<double>(cfg_.batch.grad_accum_steps * sdp_);
+  model_->set_loss_sink(step_stats_.view(2, {1}), shard_.tp_rank == 0 ? static_cast<float>(share) : 0.f);
 }
 
-// Reduces the gradients, leaves their sum of squares and (fp16) the overflow
-// flag in step_stats_, then reads step_stats_ back: on a single GPU the
-// step's one host synchronisation, which cannot go: the loss scaler's skip
-// and the clip coefficient are decided on the host from these values. The
-// loss sum adds each micro-batch's mean in the order and precision
-// forward_backward would have returned them, so every backend gives the
-// numbers it gave before.
-void Trainer::read_step_stats(double* loss_sum, double* norm_scaled, int* overflow_flag) {
+// Reduces the gradients, adds this rank's share of their sum of squares and
+// (fp16) its overflow flag to step_stats_, sums step_stats_ over the world in
+// one all-reduce (stream-ordered on the GPU) and reads it back: the step's one
+// host synchronisation, which cannot go: the loss scaler's skip and the clip
+// coefficient are decided on the host from these values. On the CPU backend
+// the all-reduce is the blocking collective the read waits for.
+void Trainer::read_step_stats(double* loss_mean, double* norm_scaled, int* overflow_flag) {
   opt_->reduce_gradients_into(step_stats_.view(0, {1}));
-  if (scaler_) opt_->grads_nonfinite_into(step_stats_.view(1, {1}), *comms_.world);
+  if (scaler_) opt_->grads_nonfinite_into(step_stats_.view(1, {1}));
   model_->set_loss_sink(Tensor());
-  int64_t rows = 0;
-  for (const Tensor& t : step_targets_) rows += t.numel();
-  // Several GPU ranks: the compute stream may wait on NCCL operations. The
-  // NCCL watchdog bounds each of them (a dead peer ends the process), so the
-  // read below cannot hang for good; without it (DS_NCCL_BLOCKING_WAIT=1) a
-  // plain device synchronisation could, so the host first polls the stream
-  // with NCCL's error and DS_COMM_TIMEOUT checks.
-  Communicator& guard = sdp_ > 1 ? *comms_.sdp : *comms_.world;
-  if (dev_.is_cuda() && comms_.world->size() > 1 && !guard.watchdog_guarded()) guard.synchronize();
-  const Tensor host = step_stats_.view(0, {2 + rows}).to(Device::cpu());
-  guard.raise_if_failed();  // values from an aborted operation are never used
+  Communicator& world = *comms_.world;
+  if (world.size() > 1) world.all_reduce(step_stats_);
+  // Several GPU ranks: the compute stream waits on NCCL operations. The NCCL
+  // watchdog bounds each of them (a dead peer ends the process), so the read
+  // below cannot hang for good; without it (DS_NCCL_BLOCKING_WAIT=1) a plain
+  // device synchronisation could, so the host first polls the stream with
+  // NCCL's error and DS_COMM_TIMEOUT checks. The world all-reduce is the
+  // step's last collective: polling it covers every earlier one.
+  if (dev_.is_cuda() && world.size() > 1 && !world.watchdog_guarded()) world.synchronize();
+  const Tensor host = step_stats_.to(Device::cpu());
+  world.raise_if_failed();  // values from an aborted operation (on any group) are never used
   const float* v = host.data<float>();
   *norm_scaled = std::sqrt(static_cast<double>(v[0]));
   *overflow_flag = scaler_ ? (v[1] != 0.f ? 1 : 0) : -1;
-  *loss_sum = 0;
-  int64_t at = 2;
-  for (const Tensor& t : step_targets_) {
-    *loss_sum += GptModel::mean_loss(v + at, t.data<int32_t>(), t.numel());
-    at += t.numel();
-  }
-  step_targets_.clear();
+  *loss_mean = v[2];
 }
 
 // One step with the timeline on; logs its host synchronisations (GPU: device

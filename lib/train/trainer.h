@@ -49,18 +49,15 @@ class Trainer {
   void log_iteration(float loss, double grad_norm, double ms);
   void log_model_state();
   void setup_device_and_precision();  // device, compute dtype, loss scaler, MFU peak
-  // fp16: records the step's overflow in the scaler (and TrainState); true if
-  // the step must be skipped.
-  // `known_flag`: the overflow flag already read with the step's statistics
-  // (0 or 1), or -1 to ask the optimizer (a collective read).
-  bool skip_for_overflow(int known_flag = -1);
+  // fp16: records the step's overflow (the flag read with the step's
+  // statistics) in the scaler (and TrainState); true if the step must be skipped.
+  bool skip_for_overflow(bool overflow);
   // The step without host reads until one (docs/distributed.md, host
   // synchronisations per step): see trainer.cpp.
-  double run_micro_batches(float loss_weight, DropoutKey key, int64_t L, bool deferred);
+  void run_micro_batches(float loss_weight, DropoutKey key, int64_t L);
   void begin_step_stats();
-  void read_step_stats(double* loss_sum, double* norm_scaled, int* overflow_flag);
-  Tensor step_stats_;                // (2 + rows) f32 on the device
-  std::vector<Tensor> step_targets_;  // host targets of the step's micro-batches
+  void read_step_stats(double* loss_mean, double* norm_scaled, int* overflow_flag);
+  Tensor step_stats_;  // (3) f32 on the device: gradient sum of squares, overflow flag, loss
   // Counts an iteration whose loss (or, without a loss scaler, gradient norm)
   // is NaN/Inf; returns true if so (the update must be skipped). Throws
   // UserError after cfg.max_nan_iterations such iterations in a row.
@@ -79,8 +76,9 @@ class Trainer {
   // The full fp32 parameters (tp = 1, pp = 1 layout); collective (ZeRO-3, tp,
   // pp): every rank calls, ranks other than 0 get an undefined tensor unless all_ranks.
   Tensor full_params(bool all_ranks);
-  double dp_mean(double local);  // average of a scalar over the data-parallel group
-  // Pipeline parallel: the last stage's value on every stage (broadcast over pp).
+  // Evaluation: the average of a scalar over the data-parallel group, and
+  // (pipeline parallel) the last stage's value on every stage (broadcast over pp).
+  double dp_mean(double local);
   double from_last_stage(double v);
   // Tied embeddings with pp > 1: sums the wte gradient of the first and last
   // stage over the embedding group (Megatron's embedding all-reduce).

@@ -454,6 +454,36 @@ TEST_CASE("cuda add, scale, sum_squares, nonfinite_check") {
   }
 }
 
+TEST_CASE("cuda masked_mean matches the CPU's") {
+  if (!gpu_or_skip()) return;
+  // 7: fewer rows than threads; 1001: a partial last stride; 70001: many
+  // strides per thread. Ignored rows (-1, -100) throughout; then all ignored.
+  for (int64_t n : {7, 1001, 70001}) {
+    INFO("n " << n);
+    Tensor losses = randn({n}, 91, 3.0);
+    Tensor targets = randint({n}, 92, 0, 50);
+    for (int64_t i = 0; i < n; i += 5) targets.data<int32_t>()[i] = i % 2 ? -1 : -100;
+    Tensor cpu_out = Tensor::empty({1}, DType::F32);
+    cpu_out.data<float>()[0] = 0.75f;
+    Tensor gpu_out = cpu_out.to(Device::cuda(0));
+    const Tensor gl = losses.to(Device::cuda(0)), gt = targets.to(Device::cuda(0));
+    for (float w : {0.125f, 1.0f}) {  // accumulates across calls, as over a step's micro-batches
+      ops::masked_mean(MaskedMeanArgs{.out = cpu_out, .losses = losses, .targets = targets, .weight = w});
+      ops::masked_mean(MaskedMeanArgs{.out = gpu_out, .losses = gl, .targets = gt, .weight = w});
+    }
+    const float want = cpu_out.data<float>()[0], got = gpu_out.to(Device::cpu()).data<float>()[0];
+    INFO("cpu " << want << " cuda " << got);
+    CHECK(want != 0.75f);
+    CHECK(std::fabs(got - want) <= 1e-6f * std::fabs(want));
+    // Every target ignored: the sum stays exactly what it was.
+    Tensor all_ignored = targets.clone();
+    for (int64_t i = 0; i < n; ++i) all_ignored.data<int32_t>()[i] = -1;
+    ops::masked_mean(
+        MaskedMeanArgs{.out = gpu_out, .losses = gl, .targets = all_ignored.to(Device::cuda(0)), .weight = 1.f});
+    CHECK(gpu_out.to(Device::cpu()).data<float>()[0] == got);
+  }
+}
+
 TEST_CASE("cuda cross entropy") {
   if (!gpu_or_skip()) return;
   // Vp = 1024: 16-byte vectors with the padded columns masked inside the last

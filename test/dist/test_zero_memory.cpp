@@ -3,7 +3,8 @@
 // (data_types.grad_accum_dtype), the model-state bytes dstrain's allocator
 // counted for the persistent buffers (the start-up "model state" line reads
 // lib/core/mem_tag.h's counters) equal zero_model_state_bytes, component by
-// component, at DP 2 and DP 4. bf16 training with bf16 gradient accumulation
+// component, at DP 2 and DP 4, and at PP 2 x DP 2 for a stage, whose
+// start-up line also counts the pipeline's message buffers. bf16 training with bf16 gradient accumulation
 // at DP 2 (stages 0-3), PP 2 and TP 2 x DP 2 tracks the single-process curve.
 // ZeRO-1 with its f32 master sharded exports the same bytes as ZeRO-0 and its
 // checkpoint resumes at DP 2 (exactly) and DP 4.
@@ -89,11 +90,13 @@ int64_t grab(const std::string& log, const std::string& re) {
   return std::stoll(m[1].str());
 }
 
-void require_counted_bytes_match(const Run& r) {
+// Returns the run's rank 0 log.
+std::string require_counted_bytes_match(const Run& r) {
   const std::string log = run(r);
   const int64_t n = grab(log, R"(vocab \d+ \(padded \d+\), (\d+) parameters)");
   const auto prec = r.lowp_grads ? ds::StatePrecision::MixedLowp : ds::StatePrecision::Mixed;
-  const ds::ModelStateBytes want = ds::zero_model_state_bytes(n, r.world, r.stage, prec, false);
+  const int dp = r.world / (r.tp * r.pp);  // n is this rank's (stage's) parameter count
+  const ds::ModelStateBytes want = ds::zero_model_state_bytes(n, dp, r.stage, prec, false);
   const std::string line = R"(model state: \d+ bytes per rank \(ZeRO stage \d, \d data-parallel ranks; )";
   const int64_t params = grab(log, line + R"(params (\d+) )");
   const int64_t grads = grab(log, line + R"(params \d+ \+ grads (\d+) )");
@@ -106,6 +109,7 @@ void require_counted_bytes_match(const Run& r) {
   CHECK(grads == want.grads);
   CHECK(adam == want.optimizer);
   CHECK(grab(log, R"(model state: (\d+) bytes per rank)") == want.total());
+  return log;
 }
 
 }  // namespace
@@ -123,6 +127,24 @@ TEST_CASE("the allocator's model-state bytes equal zero_model_state_bytes (DP 4,
     require_counted_bytes_match(Run{4, stage, "bf16", true});
     require_counted_bytes_match(Run{4, stage, "fp16", false});
   }
+}
+
+TEST_CASE("pipeline parallel: the model state and the message buffers a stage reports", "[multiproc]") {
+  // PP 2 x DP 2, ZeRO-1 (over the stage's data-parallel pair): rank 0 holds
+  // stage 0's parameters and its states follow zero_model_state_bytes at DP 2.
+  Run r{4, 1, "bf16", false};
+  r.pp = 2;
+  r.tag = "_ppmem";
+  const std::string log = require_counted_bytes_match(r);
+  // Rank 0 = stage 0 of 1F1B with 2 micro-batches per pipeline (global 8 =
+  // micro 2 x 2 x DP 2) and overlap_comm (run()'s config): the gradient of
+  // micro-batch 1 is received (posted one compute early) while that of
+  // micro-batch 0 waits for its backward: 2 buffers of micro 2 x seq 32 x
+  // hidden 32 in bf16.
+  CHECK(grab(log, R"(pipeline messages: up to (\d+) buffers of)") == 2);
+  CHECK(grab(log, R"(pipeline messages: up to \d+ buffers of (\d+) bytes)") == 2 * 32 * 32 * 2);
+  CHECK(grab(log, R"(pipeline messages: up to \d+ buffers of \d+ bytes live on this stage \((\d+) bytes)") ==
+        2 * (2 * 32 * 32 * 2));
 }
 
 TEST_CASE("bf16 gradient accumulation at DP 2 tracks the single-process bf16 curve", "[multiproc]") {

@@ -1,7 +1,7 @@
 // Whole-model tests on the CPU backend: parameter counts of known models, and
 // the gradients of tiny GPT-2 and LLaMA models (also with grouped-query
 // attention and partial RoPE) against central finite differences of the loss
-// (every op is also checked alone in test/ops).
+// (every op is also checked alone in test/ops), and the deferred loss sink.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <memory>
@@ -266,4 +266,38 @@ TEST_CASE("bf16 gradient accumulation rounds each micro-batch's f32 gradient and
   }
   CHECK(mismatches == 0);
   CHECK(nonzero > n / 2);
+}
+
+TEST_CASE("a loss sink receives the weighted mean loss forward_backward would return, ignored targets left out") {
+  ModelConfig cfg = test::tiny_model(false);
+  GptModel model(cfg, Device::cpu());
+  model.init_weights(7, 0.2f);
+  const int64_t B = 2, T = 7;
+  Tensor tok = test::random_tokens(B, T, cfg.vocab_size, 1);
+  std::vector<float> means;
+  for (uint64_t seed : {2, 3}) {
+    Tensor tgt = test::random_tokens(B, T, cfg.vocab_size, seed);
+    tgt.data<int32_t>()[static_cast<int64_t>(seed)] = -1;  // an ignored row per micro-batch
+    means.push_back(model.forward_backward(tok, tgt, 1.0f / (B * T)));
+  }
+  REQUIRE(std::isfinite(means[0]));
+  REQUIRE(means[0] != means[1]);
+  Tensor sink = Tensor::zeros({1}, DType::F32);
+  model.set_loss_sink(sink, 0.25f);
+  for (uint64_t seed : {2, 3}) {
+    Tensor tgt = test::random_tokens(B, T, cfg.vocab_size, seed);
+    tgt.data<int32_t>()[static_cast<int64_t>(seed)] = -1;
+    CHECK(std::isnan(model.forward_backward(tok, tgt, 1.0f / (B * T))));  // the mean went to the sink
+  }
+  const double want = 0.25 * means[0] + 0.25 * means[1];
+  CHECK(std::fabs(sink.data<float>()[0] - want) <= 1e-6 * std::fabs(want));
+  // Weight 0: the sink is left alone (a tp rank whose copy another rank reports).
+  model.set_loss_sink(sink, 0.f);
+  const float before = sink.data<float>()[0];
+  model.forward_backward(tok, test::random_tokens(B, T, cfg.vocab_size, 4), 1.0f / (B * T));
+  CHECK(sink.data<float>()[0] == before);
+  // Unset: forward_backward returns its mean again.
+  model.set_loss_sink(Tensor());
+  CHECK(std::isfinite(model.forward_backward(tok, test::random_tokens(B, T, cfg.vocab_size, 4), 1.0f / (B * T))));
+  CHECK_THROWS_WITH(model.set_loss_sink(Tensor::zeros({2}, DType::F32)), Catch::Contains("loss sink"));
 }

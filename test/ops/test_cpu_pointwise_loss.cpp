@@ -1,6 +1,6 @@
 // CPU op tests: GELU, SwiGLU, add, cross-entropy (padded vocab, ignored
 // targets, aliasing), AdamW (two-step reference), sum of squares, non-finite
-// check, scale and cast.
+// check, masked mean (the deferred training loss), scale and cast.
 #include <cstring>
 
 #include "test/ops_harness/op_test_util.h"
@@ -323,6 +323,35 @@ TEST_CASE("nonfinite_check sets but never clears the flag") {
   x.data<float>()[3] = std::nanf("");
   ops::nonfinite_check(NonFiniteArgs{flag, x});
   CHECK(flag.data<float>()[0] == 1.f);
+}
+
+TEST_CASE("masked_mean adds the weighted mean of the losses whose target is not ignored") {
+  const int64_t n = 1001;
+  Tensor losses = randn({n}, 160, 2.0);
+  std::vector<int32_t> tgt(n);
+  for (int64_t i = 0; i < n; ++i) tgt[i] = i % 7 == 3 ? -1 : i % 11 == 5 ? -100 : static_cast<int32_t>(i % 50);
+  const Tensor targets = tokens_tensor({n}, tgt);
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (tgt[i] >= 0) sum += losses.data<float>()[i], ++count;
+  REQUIRE(count > 0);
+  REQUIRE(count < n);
+  Tensor out = full({1}, 1.5f);
+  ops::masked_mean(MaskedMeanArgs{.out = out, .losses = losses, .targets = targets, .weight = 0.25f});
+  const double want = 1.5 + 0.25 * (sum / static_cast<double>(count));
+  CHECK(std::fabs(out.data<float>()[0] - want) <= 1e-6 * std::fabs(want));
+  // Accumulates: a second call adds the same amount again.
+  ops::masked_mean(MaskedMeanArgs{.out = out, .losses = losses, .targets = targets, .weight = 0.25f});
+  CHECK(std::fabs(out.data<float>()[0] - (want + (want - 1.5))) <= 1e-6 * std::fabs(want));
+  // Every target ignored: nothing is added (no 0/0).
+  Tensor none = full({1}, 1.5f);
+  ops::masked_mean(MaskedMeanArgs{.out = none, .losses = losses, .targets = tokens_tensor({n}, std::vector<int32_t>(n, -1)),
+                                  .weight = 1.f});
+  CHECK(none.data<float>()[0] == 1.5f);
+  // Targets that do not match the losses are an error naming the tensor.
+  CHECK_THROWS_WITH(ops::masked_mean(MaskedMeanArgs{.out = out, .losses = losses, .targets = tokens_tensor({3}, {0, 1, 2})}),
+                    Catch::Contains("masked_mean") && Catch::Contains("targets"));
 }
 
 TEST_CASE("scale multiplies in place") {

@@ -73,6 +73,8 @@ OffloadCompare compare_offload_step(Device dev, int64_t bucket, bool pinned) {
   r.moments_equal = same_bytes(blocking.m(), piped.m()) && same_bytes(blocking.v(), piped.v()) &&
                     blocking.step_count() == piped.step_count();
   r.changed = !same_bytes(dev_b, init);
+  r.host_bytes = pipe.host_bytes();
+  r.host_bytes_reported = OffloadPipeline::host_bytes_for(n, bucket);
   return r;
 }
 

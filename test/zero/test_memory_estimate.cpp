@@ -7,6 +7,7 @@
 
 #include "lib/core/error.h"
 #include "lib/train/config.h"
+#include "lib/runtime/zero_optimizer.h"
 #include "lib/train/memory_estimate.h"
 
 using namespace ds;
@@ -84,7 +85,10 @@ TEST_CASE("memory estimate: GPT-2 124M on one node of 8 GPUs", "[zero][estimate]
   CHECK(row(e, 3, false).zero3_live > 0);
   CHECK(row(e, 2, false).zero3_live == 0);
   CHECK(row(e, 2, false).host_per_rank == 4 * kN);  // fp32 start-up copy only
-  CHECK(row(e, 2, true).host_per_rank == 4 * kN + 16 * shard);  // Adam m, v + host master + gradient copy
+  // Adam m, v (8 per element) + the host master copy (4) + the gradient
+  // buckets: the 15.6M-element shard fits one bucket of the 16M cap (4).
+  REQUIRE(shard < ZeroOptimizer::kOffloadBucketMax);
+  CHECK(row(e, 2, true).host_per_rank == 4 * kN + 16 * shard);
   CHECK(row(e, 2, true).host_per_node == 8 * row(e, 2, true).host_per_rank);
   CHECK(row(e, 1, true).device_total < row(e, 1, false).device_total);
 
@@ -150,6 +154,33 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
     CHECK(e.n_params_rank == (e.n_params + 3) / 4);
     CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("approximate"));
   }
+  SECTION("offload: two gradient buckets of reduce_bucket_size, not the whole gradient range") {
+    cfg.zero.reduce_bucket_size = 1 << 20;
+    const MemoryEstimate e = estimate_memory(cfg, 1, 8);
+    const int64_t shard = kN / 8;
+    CHECK(row(e, 2, true).host_per_rank == 4 * kN + 12 * shard + 2 * 4 * (1 << 20));
+    CHECK(row(e, 2, true).device_total == row(base, 2, true).device_total);  // host memory only
+  }
+  SECTION("pipeline messages count in the device total") {
+    cfg.parallel.pp = 2;
+    const MemoryEstimate e = estimate_memory(cfg, 1, 8);  // DP 4: 512 / (8 x 4) = 16 micro-batches
+    // 1F1B, no overlap: the last stage holds a received activation and, while
+    // its batch [SendBackward, RecvForward] is in flight, the input gradient
+    // it sends; the first stage only the gradient it receives.
+    CHECK(e.pipeline_buffers == 2);
+    CHECK(e.pipeline_buffer_bytes == 8 * 1024 * 768 * 2);  // B x T x C in bf16
+    CHECK(row(e, 1, false).device_total ==
+          row(e, 1, false).states.total() + e.activations.total() + 2 * e.pipeline_buffer_bytes);
+    CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("pipeline messages per rank: up to 2 buffers of 12582912 bytes"));
+    CHECK(base.pipeline_bytes() == 0);
+    // Interleaved (2 chunks of 3 layers per stage) with 3 micro-batches:
+    // dstrain refuses to start it, the estimate still answers (1F1B's count).
+    cfg.parallel.num_layers_per_virtual_stage = 3;
+    cfg.batch.train_batch_size = 8 * 4 * 3;
+    MemoryEstimate odd;
+    REQUIRE_NOTHROW(odd = estimate_memory(cfg, 1, 8));
+    CHECK(odd.pipeline_buffers == pipeline_message_buffers_max(2, 3, 1, false));
+  }
   SECTION("full recomputation keeps only layer inputs") {
     cfg.parallel.recompute = RecomputeKind::Full;
     MemoryEstimate e = estimate_memory(cfg, 1, 8);
@@ -168,4 +199,30 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
     CHECK_THROWS_AS(estimate_memory(cfg, 1, 8), UserError);
     CHECK_THROWS_AS(estimate_memory(cfg, 0, 8), UserError);
   }
+}
+
+TEST_CASE("pipeline message buffers per stage follow the p2p plan", "[zero][estimate]") {
+  // 1F1B over 2 stages, 4 micro-batches, without overlap:
+  //   stage 0: F0 [SF0] F1 [SF1 RB0] B0 F2 [SF2 RB1] B1 ... [RB3] B3: one
+  //            received gradient at a time, and the first stage sends none.
+  //   stage 1: [RF0] F0 B0 [SB0 RF1] F1 B1 ...: B0's input gradient is still
+  //            being sent while RF1's buffer receives: 2.
+  CHECK(pipeline_message_buffers(2, 0, 4, 1, false) == 1);
+  CHECK(pipeline_message_buffers(2, 1, 4, 1, false) == 2);
+  // overlap_comm: each receive is posted one compute earlier, so stage 0
+  // holds RB(i+1) while RB(i) waits for its backward, and the last stage
+  // receives RF(i+1) before B(i) writes its input gradient.
+  CHECK(pipeline_message_buffers(2, 0, 4, 1, true) == 2);
+  CHECK(pipeline_message_buffers(2, 1, 4, 1, true) == 2);
+  CHECK(pipeline_message_buffers_max(2, 4, 1, false) == 2);
+  CHECK(pipeline_message_buffers(1, 0, 4, 1, true) == 0);  // no pipeline, no messages
+  // More stages never need fewer buffers than a message in each direction
+  // on a middle stage; and more micro-batches than stages do not grow the
+  // steady state's count (1F1B bounds what is in flight).
+  for (int pp : {3, 4})
+    for (bool overlap : {false, true}) {
+      INFO("pp " << pp << " overlap " << overlap);
+      CHECK(pipeline_message_buffers(pp, 1, 2 * pp, 1, overlap) >= 2);
+      CHECK(pipeline_message_buffers_max(pp, 4 * pp, 1, overlap) == pipeline_message_buffers_max(pp, 2 * pp, 1, overlap));
+    }
 }

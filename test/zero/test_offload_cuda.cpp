@@ -21,6 +21,7 @@ TEST_CASE("pipelined offload step on CUDA is bit-identical to the blocking one")
       CHECK(r.params_equal);
       CHECK(r.moments_equal);
       CHECK(r.changed);
+      CHECK(r.host_bytes == r.host_bytes_reported);  // pinned or not, what the memory report counts
     }
   }
 }

@@ -88,5 +88,8 @@ TEST_CASE("pipelined offload step is bit-identical to the blocking one (CPU copy
     CHECK(r.params_equal);
     CHECK(r.moments_equal);
     CHECK(r.changed);  // the update really moved the weights
+    // The master copy and the gradient buffers, as the memory report counts them.
+    CHECK(r.host_bytes == r.host_bytes_reported);
+    CHECK(r.host_bytes >= 4 * 590);  // at least the range's master copy (590 elements)
   }
 }
