@@ -106,7 +106,7 @@ class Communicator {
   // Sub-group: `ranks` are ranks of THIS communicator, in the order that
   // becomes the new group's ranks. Called only by the members (every member
   // with the same list and tag); each member must create its groups in the
-  // same relative order (build_comms does tp, dp, pp, mp, embedding). `tag`
+  // same relative order (build_comms does tp, dp, pp, embedding). `tag`
   // must be unique among the groups split from this communicator. Members'
   // lists are cross-checked through the store.
   virtual std::unique_ptr<Communicator> split(const std::vector<int>& ranks,

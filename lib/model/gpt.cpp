@@ -764,7 +764,7 @@ Tensor GptModel::stage_output(int slot, int chunk) {
 }
 
 float GptModel::stage_forward(int slot, int chunk, const Tensor& tokens, const Tensor& targets, float loss_weight,
-                              bool backward, const DropoutKey& key) {
+                              bool backward, const DropoutKey& key, const Tensor& targets_host) {
   ensure_acts(tokens.size(0), tokens.size(1));
   DS_CHECK(slot >= 0 && slot < n_slots_, "activation slot {} outside [0, {})", slot, n_slots_);
   cur_ = slot;
@@ -772,7 +772,7 @@ float GptModel::stage_forward(int slot, int chunk, const Tensor& tokens, const T
   store_->begin_pass(forward_order(chunk));
   forward(tokens, chunk);
   store_->end_pass();
-  return has_head(chunk) ? loss_and_dlogits(targets, loss_weight, backward, Tensor(), /*to_sink=*/backward) : 0.f;
+  return has_head(chunk) ? loss_and_dlogits(targets, loss_weight, backward, targets_host, /*to_sink=*/backward) : 0.f;
 }
 
 void GptModel::stage_backward(int slot, int chunk, const Tensor& tokens, const Tensor& dout) {

@@ -163,8 +163,10 @@ class GptModel {
   // the loss (and, if backward, dlogits with weight loss_weight) and returns
   // the mean loss (NaN with backward while a loss sink is set: the mean went
   // to the sink); others return 0. Dropout only with a training `key`.
+  // targets_host: the same targets on the host, when the caller has them
+  // (the loss checks the targets there; without them it reads them back).
   float stage_forward(int slot, int chunk, const Tensor& tokens, const Tensor& targets, float loss_weight,
-                      bool backward, const DropoutKey& key = {});
+                      bool backward, const DropoutKey& key = {}, const Tensor& targets_host = Tensor());
   // Backward of slot's micro-batch through the chunk; dout (B,T,C) is the
   // gradient of its output (ignored on the last virtual stage). Gradients are ADDED.
   void stage_backward(int slot, int chunk, const Tensor& tokens, const Tensor& dout);

@@ -19,7 +19,6 @@ Comms build_comms(Communicator& world, const RankGrid& grid) {
   c.tp = make(grid.my_tp_group(), "tp", grid.tp_index);
   c.dp = make(grid.my_dp_group(), "dp", grid.dp_index);
   c.pp = make(grid.my_pp_group(), "pp", grid.pp_index);
-  c.mp = make(grid.my_mp_group(), "mp", grid.mp_index);
   // Off the first and last stage (and with PP = 1, where both are this rank's
   // one stage) the group is this rank alone: nothing to synchronise.
   c.embedding = grid.pp > 1 && grid.in_embedding_group()

@@ -1,4 +1,4 @@
-// Comms: the communicators of one rank (world, tp, dp, pp, mp, embedding),
+// Comms: the communicators of one rank (world, tp, dp, pp, embedding),
 // built once from the RankGrid and passed down; there are no global ones.
 // Every group is valid; an axis of size 1 gives a group of this rank alone.
 #pragma once
@@ -16,7 +16,6 @@ struct Comms {
   Communicator* tp = nullptr;     // grid.my_tp_group()
   Communicator* dp = nullptr;     // grid.my_dp_group()
   Communicator* pp = nullptr;     // grid.my_pp_group(), group rank = stage
-  Communicator* mp = nullptr;     // grid.my_mp_group() (grad norm, overflow checks)
   // DeepSpeed-Ulysses: the sequence-parallel group (attention all-to-alls) and
   // the sequence-data-parallel group (SP x DP: gradient reduction, ZeRO).
   // With SP = 1, sp is this rank alone and sdp is the dp communicator.
@@ -33,7 +32,7 @@ struct Comms {
 };
 
 // Every rank calls it once (collective over the world). Each rank creates only
-// its own groups, in the fixed order tp, dp, pp, mp, embedding, then (SP > 1)
+// its own groups, in the fixed order tp, dp, pp, embedding, then (SP > 1)
 // sp and sdp, then (PP > 1) pp-grad; group tags are
 // "tp/<index>" etc. Checks that world's rank and size match the grid.
 Comms build_comms(Communicator& world, const RankGrid& grid);

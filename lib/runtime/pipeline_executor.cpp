@@ -121,7 +121,7 @@ void PipelineExecutor::compute(const PipeAction& a) {
       model_.stage_input(slot, a.chunk, mb.tokens.size(0), mb.tokens.size(1)).copy_from(in->second);
       fwd_in_.erase(in);
     }
-    loss_sum_ += model_.stage_forward(slot, a.chunk, mb.tokens, mb.targets, loss_weight_, true, key);
+    loss_sum_ += model_.stage_forward(slot, a.chunk, mb.tokens, mb.targets, loss_weight_, true, key, mb.targets_host);
     return;
   }
   auto g = grad_in_.find(k);
@@ -185,7 +185,7 @@ double PipelineExecutor::forward_only(const std::function<MicroBatch(int)>& batc
     for (int c = 0; c < vp_; ++c) {
       const int v = virtual_stage_index(n_stages_, stage_, c);
       if (v > 0) pp_.recv(model_.stage_input(0, c, B, T), backward_peer(n_stages_, vp_, stage_, c).rank);
-      sum += model_.stage_forward(0, c, mb.tokens, mb.targets, 0.f, false);
+      sum += model_.stage_forward(0, c, mb.tokens, mb.targets, 0.f, false, {}, mb.targets_host);
       if (v < last_virtual) pp_.send(model_.stage_output(0, c), forward_peer(n_stages_, vp_, stage_, c).rank);
     }
   }

@@ -149,7 +149,7 @@ int pipeline_message_buffers(int pp, int stage, int n_micro, int vp, bool overla
   if (pp <= 1) return 0;
   const ScheduleKind kind = vp > 1 ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB;
   const std::vector<P2PPlanStep> plan =
-      make_p2p_plan(make_schedule(kind, pp, stage, n_micro, vp), overlap && kind == ScheduleKind::OneFOneB);
+      make_p2p_plan(make_schedule(kind, pp, stage, n_micro, vp), kind, overlap);
   std::set<std::pair<int, int>> received_fwd, received_bwd;  // (micro, chunk) waiting for their compute
   int live = 0, peak = 0;
   for (const P2PPlanStep& step : plan) {

@@ -26,8 +26,9 @@ struct ActivationBytes {
 // following the plan PipelineExecutor runs (make_p2p_plan): a received
 // activation or gradient lives from the post of its receive to the compute
 // that consumes it, an input gradient from the backward that writes it to the
-// post that sends it. `overlap` (1F1B only, as the executor): gradients on the
-// second communicator (Comms::pp_grad), each receive posted one compute earlier.
+// post that sends it. `overlap` (1F1B and interleaved, as the executor):
+// gradients on the second communicator (Comms::pp_grad), receives posted a
+// compute earlier.
 int pipeline_message_buffers(int pp, int stage, int n_micro, int vp, bool overlap);
 // The most over the stages (the estimate is for the worst rank).
 int pipeline_message_buffers_max(int pp, int n_micro, int vp, bool overlap);

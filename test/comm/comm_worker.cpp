@@ -225,8 +225,7 @@ int scenario_groups() {
   Comms comms = build_comms(*world, grid);
   const std::vector<std::pair<Communicator*, std::vector<int>>> expect = {
       {comms.tp, grid.my_tp_group()}, {comms.dp, grid.my_dp_group()},
-      {comms.pp, grid.my_pp_group()}, {comms.mp, grid.my_mp_group()},
-      {comms.embedding, grid.embedding_groups[grid.pp_index]}};
+      {comms.pp, grid.my_pp_group()}, {comms.embedding, grid.embedding_groups[grid.pp_index]}};
   for (const auto& [g, ranks] : expect) {
     WCHECK(g && g->world_ranks() == ranks, "comms group {}", g ? g->name() : "null");
     Tensor ids = Tensor::empty({g->size()}, DType::I32), mine = Tensor::empty({1}, DType::I32);
