@@ -3,11 +3,14 @@
 // (docs/distributed.md, host synchronisations per step). A single-process
 // dstrain step with --profile in bf16 and fp16 must report at most that one;
 // an fp32 run on the GPU must follow the CPU's loss curve (the losses now
-// reach the host through the packed read). Skipped (exit 77) without a device.
+// reach the host through the packed read). The bf16/fp16 steps must run the
+// MLP's GELU in the cuBLASLt epilogues (the fp32 curve runs them too where
+// cuBLASLt offers them). Skipped (exit 77) without a device.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 
+#include "cuda/blas/lt_gemm.h"
 #include "cuda/cuda_api.h"
 #include "test/skip.h"
 #include "test/train/train_fixture.h"
@@ -31,9 +34,16 @@ TEST_CASE("a GPU training step synchronises the host once", "[gpu]") {
     INFO(precision);
     Trainer t(make_config({"--device", "cuda", precision, "--train-iters", "4", "--profile", "--profile-dir", dir}),
               single_process());
+    const cuda::EpiloguePathCounts before = cuda::epilogue_path_counts();
     const std::vector<float> losses = t.run();
+    const cuda::EpiloguePathCounts after = cuda::epilogue_path_counts();
     REQUIRE(losses.size() == 4);
     for (float l : losses) CHECK(std::isfinite(l));
+    // The GPT-2 MLP ran its GELU in the cuBLASLt epilogues, every call.
+    CHECK(after.fused_fwd > before.fused_fwd);
+    CHECK(after.fused_bwd > before.fused_bwd);
+    CHECK(after.unfused_fwd == before.unfused_fwd);
+    CHECK(after.unfused_bwd == before.unfused_bwd);
     CHECK(t.profiled_host_syncs() >= 1);
     CHECK(t.profiled_host_syncs() <= kStepSyncs);
   }
