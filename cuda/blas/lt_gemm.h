@@ -1,5 +1,5 @@
 // Thin cuBLASLt wrapper: one column-major GEMM D = alpha*op(A)*op(B) + beta*D
-// with optional bias epilogue. Descriptors and the heuristic's algorithm are
+// with optional bias and GELU epilogues. Descriptors and the heuristic's algorithm are
 // cached per shape/dtype/alignment; the workspace is per stream.
 // Host-only header (includes cuBLASLt but no kernels).
 #pragma once

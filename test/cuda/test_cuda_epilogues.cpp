@@ -39,8 +39,8 @@ struct EpiloguesScope {
 
 OpCase forward_case(const GemmShape& s, bool bias) {
   MatmulGeluArgs a{.out = randn({s.N, s.OC}, 201), .pre = randn({s.N, s.OC}, 202),
-                   .inp = randn({s.N, s.C}, 203), .weight = randn({s.OC, s.C}, 204, 0.15f)};
-  if (bias) a.bias = randn({s.OC}, 205);
+                   .inp = randn({s.N, s.C}, 203), .weight = randn({s.OC, s.C}, 204, 0.15f),
+                   .bias = bias ? randn({s.OC}, 205) : Tensor()};
   OpCase c = make_case(bias ? "matmul_bias_gelu_forward (bias)" : "matmul_bias_gelu_forward", a,
                        ops::matmul_bias_gelu_forward);
   for (const char* in : {"inp", "weight", "bias"})
@@ -50,9 +50,9 @@ OpCase forward_case(const GemmShape& s, bool bias) {
 
 // dinp starts random (it must be overwritten), dbias too (it must be added to).
 OpCase backward_case(const GemmShape& s, bool dbias, bool f32_dbias) {
-  MatmulDgeluArgs a{.dinp = randn({s.N, s.C}, 211), .dout = randn({s.N, s.OC}, 212),
-                    .weight = randn({s.OC, s.C}, 213, 0.15f), .pre = randn({s.N, s.C}, 214, 2.0f)};
-  if (dbias) a.dbias = randn({s.C}, 215);
+  MatmulDgeluArgs a{.dinp = randn({s.N, s.C}, 211), .dbias = dbias ? randn({s.C}, 215) : Tensor(),
+                    .dout = randn({s.N, s.OC}, 212), .weight = randn({s.OC, s.C}, 213, 0.15f),
+                    .pre = randn({s.N, s.C}, 214, 2.0f)};
   OpCase c = make_case(dbias ? "matmul_dgelu_bgrad (dbias)" : "matmul_dgelu_bgrad", a, ops::matmul_dgelu_bgrad);
   for (const char* in : {"dout", "weight", "pre"}) c.fields.at(in).output = false;
   if (dbias && f32_dbias) set_kind(c, {"dbias"}, Kind::F32);
