@@ -335,6 +335,7 @@ void bench_mlp_epilogues(Report& r) {
   Tensor act = Tensor::empty({N, F}, bf, dev), pre = Tensor::empty({N, F}, bf, dev);
   Tensor dfc = Tensor::empty({N, F}, bf, dev), dbfc = Tensor::zeros({F}, DType::F32, dev);
   const double flops = 2.0 * N * C * F;
+  const ds::cuda::GemmEpilogues prev = ds::cuda::gemm_epilogues();
   for (auto mode : {ds::cuda::GemmEpilogues::Fused, ds::cuda::GemmEpilogues::Unfused}) {
     ds::cuda::set_gemm_epilogues(mode);
     const bool want = mode == ds::cuda::GemmEpilogues::Fused;
@@ -355,7 +356,7 @@ void bench_mlp_epilogues(Report& r) {
            (bwd_fused ? "(DGELU_BGRAD)" : want ? "(epilogue refused: unfused)" : "(unfused)");
     r.flops(name, ms, flops);
   }
-  ds::cuda::set_gemm_epilogues(ds::cuda::GemmEpilogues::Fused);
+  ds::cuda::set_gemm_epilogues(prev);
 }
 
 }  // namespace

@@ -16,6 +16,8 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -148,13 +150,31 @@ Plan make_plan(cublasLtHandle_t h, const LtGemm& g, int al_a, int al_b, int al_d
   return p;
 }
 
-std::atomic<int> g_epilogues{int(GemmEpilogues::Fused)};
+// -1: not decided yet; the first use reads DS_GEMM_EPILOGUES.
+std::atomic<int> g_epilogues{-1};
 std::atomic<int64_t> g_fused_fwd{0}, g_unfused_fwd{0}, g_fused_bwd{0}, g_unfused_bwd{0};
 
 }  // namespace
 
+GemmEpilogues parse_gemm_epilogues(const char* value) {
+  if (!value || !*value || std::strcmp(value, "fused") == 0) return GemmEpilogues::Fused;
+  if (std::strcmp(value, "unfused") == 0) return GemmEpilogues::Unfused;
+  require_fail("DS_GEMM_EPILOGUES",
+               std::string("DS_GEMM_EPILOGUES='") + value + "' is not a choice: use 'fused' (default) or 'unfused'",
+               __FILE__, __LINE__);
+}
+
 void set_gemm_epilogues(GemmEpilogues e) { g_epilogues = int(e); }
-GemmEpilogues gemm_epilogues() { return GemmEpilogues(g_epilogues.load()); }
+
+GemmEpilogues gemm_epilogues() {
+  int v = g_epilogues.load();
+  if (v < 0) {
+    int unset = -1;
+    g_epilogues.compare_exchange_strong(unset, int(parse_gemm_epilogues(std::getenv("DS_GEMM_EPILOGUES"))));
+    v = g_epilogues.load();
+  }
+  return GemmEpilogues(v);
+}
 
 EpiloguePathCounts epilogue_path_counts() {
   return {g_fused_fwd.load(), g_unfused_fwd.load(), g_fused_bwd.load(), g_unfused_bwd.load()};

@@ -51,10 +51,13 @@ bool lt_gemm(const LtGemm& g, const Stream& s, std::string* why = nullptr);
 // Whether the GELU epilogues (matmul_bias_gelu_forward, matmul_dgelu_bgrad)
 // may be used: Fused (default) tries them and falls back per shape; Unfused
 // always runs the separate GEMM + GELU kernels (tests and benchmarks compare
-// the two).
+// the two). Until set, the environment variable DS_GEMM_EPILOGUES
+// (fused|unfused) decides; another value is an error naming it.
 enum class GemmEpilogues : uint8_t { Fused, Unfused };
 void set_gemm_epilogues(GemmEpilogues e);
 GemmEpilogues gemm_epilogues();
+// DS_GEMM_EPILOGUES's value (null or empty: Fused); throws naming the variable.
+GemmEpilogues parse_gemm_epilogues(const char* value);
 
 // Calls of the GELU ops per path since start, so tests can assert which ran.
 struct EpiloguePathCounts {

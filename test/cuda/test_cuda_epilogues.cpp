@@ -31,10 +31,11 @@ const GemmShape kFwdShapes[] = {{64, 128, 256}, {67, 129, 200}, {67, 129, 45}};
 // Backward: C 256 / 200 take the epilogue, C 129 does not.
 const GemmShape kBwdShapes[] = {{64, 256, 128}, {67, 200, 45}, {67, 129, 45}};
 
-// Switches the epilogues for one scope.
+// Switches the epilogues for one scope (whatever DS_GEMM_EPILOGUES says).
 struct EpiloguesScope {
-  explicit EpiloguesScope(cuda::GemmEpilogues e) { cuda::set_gemm_epilogues(e); }
-  ~EpiloguesScope() { cuda::set_gemm_epilogues(cuda::GemmEpilogues::Fused); }
+  explicit EpiloguesScope(cuda::GemmEpilogues e) : prev(cuda::gemm_epilogues()) { cuda::set_gemm_epilogues(e); }
+  ~EpiloguesScope() { cuda::set_gemm_epilogues(prev); }
+  cuda::GemmEpilogues prev;
 };
 
 OpCase forward_case(const GemmShape& s, bool bias) {
@@ -79,6 +80,7 @@ void check_path(const OpCase& c, DType dt, bool backward, bool want_fused, int64
 
 TEST_CASE("cuda matmul_bias_gelu_forward (GELU_AUX_BIAS epilogue) vs the CPU op") {
   if (!gpu_or_skip()) return;
+  EpiloguesScope on(cuda::GemmEpilogues::Fused);
   for (DType dt : kAllTypes)
     for (const GemmShape& s : kFwdShapes)
       for (bool bias : {true, false}) {
@@ -92,6 +94,7 @@ TEST_CASE("cuda matmul_bias_gelu_forward (GELU_AUX_BIAS epilogue) vs the CPU op"
 
 TEST_CASE("cuda matmul_dgelu_bgrad (DGELU_BGRAD epilogue) vs the CPU op") {
   if (!gpu_or_skip()) return;
+  EpiloguesScope on(cuda::GemmEpilogues::Fused);
   for (DType dt : kAllTypes)
     for (const GemmShape& s : kBwdShapes)
       for (int db : {0, 1, 2}) {  // no dbias, dbias in dt, dbias f32
@@ -121,6 +124,7 @@ TEST_CASE("cuda GELU epilogue ops switched off run the unfused kernels") {
 // same bits.
 TEST_CASE("cuda matmul_dgelu_bgrad repeats its bits") {
   if (!gpu_or_skip()) return;
+  EpiloguesScope on(cuda::GemmEpilogues::Fused);
   const GemmShape s{1000, 256, 192};
   for (DType dt : {DType::BF16, DType::F32}) {
     const Tensor dout = upload(randn({s.N, s.OC}, 221), dt), w = upload(randn({s.OC, s.C}, 222, 0.1f), dt);
@@ -141,4 +145,15 @@ TEST_CASE("cuda matmul_dgelu_bgrad repeats its bits") {
       CHECK(std::memcmp(hb.raw(), first_db.raw(), hb.nbytes()) == 0);
     }
   }
+}
+
+// DS_GEMM_EPILOGUES: the two choices, the default, and one clear error.
+TEST_CASE("DS_GEMM_EPILOGUES values", "[nogpu]") {
+  using cuda::GemmEpilogues;
+  CHECK(cuda::parse_gemm_epilogues(nullptr) == GemmEpilogues::Fused);
+  CHECK(cuda::parse_gemm_epilogues("") == GemmEpilogues::Fused);
+  CHECK(cuda::parse_gemm_epilogues("fused") == GemmEpilogues::Fused);
+  CHECK(cuda::parse_gemm_epilogues("unfused") == GemmEpilogues::Unfused);
+  CHECK_THROWS_WITH(cuda::parse_gemm_epilogues("off"),
+                    Catch::Contains("DS_GEMM_EPILOGUES='off'") && Catch::Contains("unfused"));
 }
