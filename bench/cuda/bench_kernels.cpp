@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/blas/lt_gemm.h"
 #include "cuda/cuda_api.h"
 #include "lib/core/rng.h"
 #include "lib/ops/ops.h"
@@ -368,6 +369,42 @@ void bench_matmul_attention(Report& r, bool quick) {
   ds::cuda::set_flash2_dq_mode(Flash2Dq::Recompute);
 }
 
+// The GPT-2 124M MLP's GELU GEMMs (N 16384, C 768, F 3072, bf16) with the
+// cuBLASLt epilogues and with the separate GEMM + GELU kernels. A row whose
+// epilogue was refused says so (it then times the fallback).
+void bench_mlp_epilogues(Report& r) {
+  const DType bf = DType::BF16;
+  const int64_t N = 16384, C = 768, F = 4 * C;
+  const Device dev = Device::cuda(0);
+  Tensor x = rand_dev({N, C}, bf, 31), wfc = rand_dev({F, C}, bf, 32, 0.02f), bfc = rand_dev({F}, bf, 33, 0.02f);
+  Tensor wproj = rand_dev({C, F}, bf, 34, 0.02f), dy = rand_dev({N, C}, bf, 35);
+  Tensor act = Tensor::empty({N, F}, bf, dev), pre = Tensor::empty({N, F}, bf, dev);
+  Tensor dfc = Tensor::empty({N, F}, bf, dev), dbfc = Tensor::zeros({F}, DType::F32, dev);
+  const double flops = 2.0 * N * C * F;
+  const ds::cuda::GemmEpilogues prev = ds::cuda::gemm_epilogues();
+  for (auto mode : {ds::cuda::GemmEpilogues::Fused, ds::cuda::GemmEpilogues::Unfused}) {
+    ds::cuda::set_gemm_epilogues(mode);
+    const bool want = mode == ds::cuda::GemmEpilogues::Fused;
+    const ds::cuda::EpiloguePathCounts c0 = ds::cuda::epilogue_path_counts();
+    double ms = time_ms([&] {
+      ops::matmul_bias_gelu_forward(MatmulGeluArgs{act, pre, x, wfc, bfc});
+    });
+    const ds::cuda::EpiloguePathCounts c1 = ds::cuda::epilogue_path_counts();
+    const bool fwd_fused = c1.fused_fwd > c0.fused_fwd;
+    std::string name = std::string("fc+gelu fwd bf16 16384x768->3072 ") +
+                       (fwd_fused ? "(GELU_AUX_BIAS)" : want ? "(epilogue refused: unfused)" : "(unfused)");
+    r.flops(name, ms, flops);
+    ms = time_ms([&] {
+      ops::matmul_dgelu_bgrad(MatmulDgeluArgs{dfc, dbfc, dy, wproj, pre});
+    });
+    const bool bwd_fused = ds::cuda::epilogue_path_counts().fused_bwd > c1.fused_bwd;
+    name = std::string("proj dinp+dgelu+dbias bf16 16384x768->3072 ") +
+           (bwd_fused ? "(DGELU_BGRAD)" : want ? "(epilogue refused: unfused)" : "(unfused)");
+    r.flops(name, ms, flops);
+  }
+  ds::cuda::set_gemm_epilogues(prev);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -385,6 +422,7 @@ int main(int argc, char** argv) {
   bench_embedding(r);
   bench_rope(r);
   bench_matmul_attention(r, quick);
+  bench_mlp_epilogues(r);
   r.summary();
   std::printf("max allocated: %.2f GiB\n", ds::cuda::max_allocated_bytes() / double(1 << 30));
   return 0;

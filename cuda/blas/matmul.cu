@@ -10,6 +10,7 @@
 // out/dinp have it too (f32 also accepted); dweight/dbias are f32 (or the
 // compute dtype) and accumulate, so bf16 GEMM inputs meet an f32 D with beta 1.
 #include "cuda/blas/lt_gemm.h"
+#include "cuda/blas/matmul_parts.h"
 #include "cuda/core/reduce.cuh"
 #include "lib/ops/ops.h"
 
@@ -33,6 +34,13 @@ template <class T> struct BiasGrad {
 };
 
 }  // namespace
+
+void add_bias_grad(const Tensor& dbias, const Tensor& dout, int64_t N, int64_t OC, const Stream& s) {
+  dispatch_float(dout.dtype(), "bias gradient", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    column_reduce<1>(BiasGrad<T>{dout.data<T>(), OC}, N, OC, ColumnOut<1>{{any_ptr(dbias)}}, s);
+  });
+}
 
 void matmul_forward(const MatmulArgs& a, const Stream& s) {
   const char* op = "matmul_forward";
@@ -76,13 +84,7 @@ void matmul_backward(const MatmulBwdArgs& a, const Stream& s) {
   if (a.dweight.defined()) expect_grad(a.dweight, dt, op, "dweight");
   if (a.dbias.defined()) expect_grad(a.dbias, dt, op, "dbias");
   if (N == 0 || C == 0 || OC == 0) return;
-  if (a.dbias.defined()) {
-    dispatch_float(a.dout.dtype(), op, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      column_reduce<1>(BiasGrad<T>{a.dout.data<T>(), OC}, N, OC,
-                       ColumnOut<1>{{any_ptr(a.dbias)}}, s);
-    });
-  }
+  if (a.dbias.defined()) add_bias_grad(a.dbias, a.dout, N, OC, s);
   if (a.dinp.defined()) {
     LtGemm g;
     g.m = C; g.n = N; g.k = OC;

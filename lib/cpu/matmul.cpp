@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "lib/cpu/cpu_util.h"
+#include "lib/cpu/matmul.h"
 #include "lib/ops/ops.h"
 
 namespace ds::cpu {
@@ -134,12 +135,27 @@ void matmul_forward(const MatmulArgs& a, const Stream&) {
   parallel_sgemm(g);
 }
 
+void matmul_bias_grad(float* dbias /* (OC) += */, const float* dout /* (N, OC) */, int64_t N, int64_t OC) {
+  constexpr int64_t kCols = 64;
+  const int64_t nblocks = (OC + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    const int64_t c0 = blk * kCols, nc = std::min(kCols, OC - c0);
+    double acc[kCols] = {};
+    for (int64_t n = 0; n < N; ++n) {
+      const float* g = dout + n * OC + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < nc; ++c) acc[c] += g[c];
+    }
+    for (int64_t c = 0; c < nc; ++c) dbias[c0 + c] = static_cast<float>(dbias[c0 + c] + acc[c]);
+  }
+}
+
+// dweight may be undefined (the fused GELU backward asks for dinp only).
 void matmul_backward(const MatmulBwdArgs& a, const Stream&) {
   const char* op = "matmul_backward";
-  require_defined(a.dweight, op, "dweight");
   const MatmulDims d = matmul_dims(op, a.inp, a.weight);
   const float* dout = a.dout.data<float>();  // (N, OC)
-  const float* inp = a.inp.data<float>();    // (N, C)
   const float* w = a.weight.data<float>();   // (OC, C)
   if (d.N == 0) return;
   if (a.dinp.defined()) {
@@ -148,26 +164,14 @@ void matmul_backward(const MatmulBwdArgs& a, const Stream&) {
     g.beta = a.accum == Accum::Add ? 1.f : 0.f, g.C = a.dinp.data<float>(), g.ldc = d.C;
     parallel_sgemm(g);
   }
-  Gemm g;  // dweight (OC, C) += dout^T (OC, N) @ inp (N, C)
-  g.ta = CblasTrans, g.M = d.OC, g.N = d.C, g.K = d.N;
-  g.A = dout, g.lda = d.OC, g.B = inp, g.ldb = d.C, g.beta = 1.f;
-  g.C = a.dweight.data<float>(), g.ldc = d.C;
-  parallel_sgemm(g);
-  if (!a.dbias.defined()) return;
-  float* dbias = a.dbias.data<float>();  // (OC)
-  constexpr int64_t kCols = 64;
-  const int64_t nblocks = (d.OC + kCols - 1) / kCols;
-#pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < nblocks; ++blk) {
-    const int64_t c0 = blk * kCols, nc = std::min(kCols, d.OC - c0);
-    double acc[kCols] = {};
-    for (int64_t n = 0; n < d.N; ++n) {
-      const float* g = dout + n * d.OC + c0;
-#pragma omp simd
-      for (int64_t c = 0; c < nc; ++c) acc[c] += g[c];
-    }
-    for (int64_t c = 0; c < nc; ++c) dbias[c0 + c] = static_cast<float>(dbias[c0 + c] + acc[c]);
+  if (a.dweight.defined()) {
+    Gemm g;  // dweight (OC, C) += dout^T (OC, N) @ inp (N, C)
+    g.ta = CblasTrans, g.M = d.OC, g.N = d.C, g.K = d.N;
+    g.A = dout, g.lda = d.OC, g.B = a.inp.data<float>(), g.ldb = d.C, g.beta = 1.f;
+    g.C = a.dweight.data<float>(), g.ldc = d.C;
+    parallel_sgemm(g);
   }
+  if (a.dbias.defined()) matmul_bias_grad(a.dbias.data<float>(), dout, d.N, d.OC);
 }
 
 }  // namespace ds::cpu

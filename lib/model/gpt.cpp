@@ -292,7 +292,7 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
     uly_.tmp = act({N, d_.HS});
   }
   dfc_ = act({N, F_in});
-  dact_ = act({N, Fl});
+  dact_ = fused_gelu_mlp() ? Tensor() : act({N, Fl});  // the fused backward writes dfc_ directly
 }
 
 void GptModel::norm_forward(const std::string& prefix, const Tensor& out, const Tensor& mean,
@@ -440,15 +440,32 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tens
   exit_tp(a.resid_mid);
   dropout_add_norm(p + "norm2", a.resid_mid, a.resid_mid, rows(x), hidden_dropout(l, DropoutSite::AttentionOut),
                    a.norm2_out, a.norm2_mean, a.norm2_rstd);
-  ops::matmul_forward({.out = a.fc_out,
-                       .inp = enter_tp(a.norm2_out),
-                       .weight = w(p + "mlp.fc.weight"),
-                       .bias = opt(p + "mlp.fc.bias", false)},
-                      stream_);
-  if (d_.swiglu) {
-    ops::swiglu_forward({.out = a.act_out, .inp = a.fc_out}, stream_);
+  mlp_forward(l, a, y);
+}
+
+// y = resid_mid + dropout(proj(act(fc(norm2_out)))). fc_out holds the
+// pre-activation either way (the fused op's `pre`), act_out the activation.
+void GptModel::mlp_forward(int l, LayerActs& a, const Tensor& y) {
+  const std::string p = "layers." + std::to_string(l) + ".";
+  const bool row_bias = tp_.rank == 0;
+  if (fused_gelu_mlp()) {
+    ops::matmul_bias_gelu_forward({.out = a.act_out,
+                                   .pre = a.fc_out,
+                                   .inp = enter_tp(a.norm2_out),
+                                   .weight = w(p + "mlp.fc.weight"),
+                                   .bias = opt(p + "mlp.fc.bias", false)},
+                                  stream_);
   } else {
-    ops::gelu_forward({.out = a.act_out, .inp = a.fc_out, .dout = Tensor()}, stream_);
+    ops::matmul_forward({.out = a.fc_out,
+                         .inp = enter_tp(a.norm2_out),
+                         .weight = w(p + "mlp.fc.weight"),
+                         .bias = opt(p + "mlp.fc.bias", false)},
+                        stream_);
+    if (d_.swiglu) {
+      ops::swiglu_forward({.out = a.act_out, .inp = a.fc_out}, stream_);
+    } else {
+      ops::gelu_forward({.out = a.act_out, .inp = a.fc_out, .dout = Tensor()}, stream_);
+    }
   }
   Tensor y2 = rows(y);
   ops::matmul_forward({.out = exit_tp_target(y2),
@@ -466,31 +483,48 @@ ResidualAdd GptModel::closing_add(int l, int chunk) {
   return next_norm_here && no_dropout ? ResidualAdd::InNextNorm : ResidualAdd::InLayer;
 }
 
-void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
-  LayerActs& a = S().acts[l];
+// The MLP branch's backward down to dnorm_ (the gradient of norm2_out).
+// Fused GELU: proj's weight/bias gradients, then dfc_ = (dy @ W_proj) *
+// gelu'(fc_out) with fc's bias gradient in one op, then fc's weight gradient
+// and input gradient (fc's bias gradient already done).
+void GptModel::mlp_backward(int l, LayerActs& a, const Tensor& dresid) {
   const std::string p = "layers." + std::to_string(l) + ".";
-  // MLP branch.
-  ops::matmul_backward({.dinp = dact_,
+  const bool fused = fused_gelu_mlp();
+  const Tensor dy = exit_tp_backward(dropout_grad(dresid, hidden_dropout(l, DropoutSite::MlpOut)));
+  ops::matmul_backward({.dinp = fused ? Tensor() : dact_,
                         .dweight = dw(p + "mlp.proj.weight"),
                         .dbias = opt(p + "mlp.proj.bias", true),
-                        .dout = exit_tp_backward(dropout_grad(dresid, hidden_dropout(l, DropoutSite::MlpOut))),
+                        .dout = dy,
                         .inp = a.act_out,
                         .weight = w(p + "mlp.proj.weight"),
                         .accum = Accum::Overwrite},
                        stream_);
-  if (d_.swiglu) {
+  if (fused) {
+    ops::matmul_dgelu_bgrad({.dinp = dfc_,
+                             .dbias = opt(p + "mlp.fc.bias", true),
+                             .dout = dy,
+                             .weight = w(p + "mlp.proj.weight"),
+                             .pre = a.fc_out},
+                            stream_);
+  } else if (d_.swiglu) {
     ops::swiglu_backward({.dinp = dfc_, .dout = dact_, .inp = a.fc_out}, stream_);
   } else {
     ops::gelu_backward({.out = dfc_, .inp = a.fc_out, .dout = dact_}, stream_);
   }
   ops::matmul_backward({.dinp = dnorm_,
                         .dweight = dw(p + "mlp.fc.weight"),
-                        .dbias = opt(p + "mlp.fc.bias", true),
+                        .dbias = fused ? Tensor() : opt(p + "mlp.fc.bias", true),
                         .dout = dfc_,
                         .inp = enter_tp(a.norm2_out),
                         .weight = w(p + "mlp.fc.weight"),
                         .accum = Accum::Overwrite},
                        stream_);
+}
+
+void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
+  LayerActs& a = S().acts[l];
+  const std::string p = "layers." + std::to_string(l) + ".";
+  mlp_backward(l, a, dresid);
   norm_backward(p + "norm2", dresid, enter_tp_backward(dnorm_), a.resid_mid, a.norm2_mean, a.norm2_rstd);
   // Attention branch.
   ops::matmul_backward({.dinp = rows(dattn_),

@@ -205,6 +205,18 @@ class GptModel {
   // (B, T), not counting the shared recompute scratch nor backward buffers.
   int64_t saved_activation_bytes(int64_t B, int64_t T);
 
+  // ---- MLP GEMM epilogues ------------------------------------------------
+  // Fused (default): a GELU model runs mlp.fc + GELU as matmul_bias_gelu_forward
+  // and mlp.proj's input-gradient GEMM + GELU gradient + mlp.fc's bias
+  // gradient as matmul_dgelu_bgrad (cuBLASLt epilogues on CUDA, falling back
+  // per shape; on the CPU those ops are the unfused sequence, same bits).
+  // Unfused: the separate ops. SwiGLU models always run the separate ops.
+  enum class MlpFusion : uint8_t { Fused, Unfused };
+  void set_mlp_fusion(MlpFusion f) {
+    mlp_fusion_ = f;
+    B_ = T_ = 0;  // reallocate on next use (the unfused backward needs dact_)
+  }
+
  private:
   void ensure_acts(int64_t B, int64_t T);
   void alloc_act_set(ActSet& s, int64_t B, int64_t T);
@@ -258,6 +270,9 @@ class GptModel {
   // Whether layer l of `chunk` may leave its closing add to the next norm.
   ResidualAdd closing_add(int l, int chunk);
   void layer_backward(int l, const Tensor& x_in, const Tensor& dresid);
+  bool fused_gelu_mlp() const { return !d_.swiglu && mlp_fusion_ == MlpFusion::Fused; }
+  void mlp_forward(int l, LayerActs& a, const Tensor& y);
+  void mlp_backward(int l, LayerActs& a, const Tensor& dresid);
   void norm_forward(const std::string& prefix, const Tensor& out, const Tensor& mean,
                     const Tensor& rstd, const Tensor& inp);
   // sum = residual + dropout(inp), then the norm `prefix` of sum into out: the
@@ -301,6 +316,7 @@ class GptModel {
   int64_t B_ = 0, T_ = 0;
   std::vector<ActSet> sets_;        // activation slots (one unless pipelined)
   RecomputeConfig recompute_;
+  MlpFusion mlp_fusion_ = MlpFusion::Fused;
   LayerActs scratch_;               // shared by recomputed layers (or attn_out when selective)
   int n_slots_ = 1, cur_ = 0;
   Tensor losses_;                   // (B*T) f32

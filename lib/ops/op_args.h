@@ -201,6 +201,48 @@ template <class A, class F> IfArgs<A, MatmulBwdArgs> fields(A& a, F&& f) {
   f(a.weight, "weight", Role::In);
 }
 
+// The MLP's first linear layer and its GELU as one op, and the backward GEMM
+// that produces that layer's input gradient, in the form of cuBLASLt's
+// GELU_AUX_BIAS and DGELU_BGRAD epilogues (docs/cuda.md, "GEMM epilogues").
+// GELU is the tanh approximation (as gelu_forward). The pre-activation `pre`
+// is what cuBLASLt calls the aux matrix: the forward writes it, the backward
+// reads it. Roles are Native: the CPU versions ARE the unfused ops through
+// the dispatcher (lib/ops/matmul_gelu.cpp), so their bits equal
+// matmul_forward + gelu_forward and matmul_backward (dinp) + gelu_backward +
+// the bias-gradient column sum.
+struct MatmulGeluArgs {
+  Tensor out;      // (N, OC) gelu(pre)
+  Tensor pre;      // (N, OC) inp @ weight^T + bias
+  Tensor inp;      // (N, C)
+  Tensor weight;   // (OC, C)
+  Tensor bias;     // (OC) or undefined
+};
+template <class A, class F> IfArgs<A, MatmulGeluArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Native);
+  f(a.pre, "pre", Role::Native);
+  f(a.inp, "inp", Role::Native);
+  f(a.weight, "weight", Role::Native);
+  f(a.bias, "bias", Role::Native);
+}
+// dinp = (dout @ weight) * gelu'(pre), overwritten (an epilogue applies after
+// the GEMM's beta term, so it cannot accumulate); dbias += column sums of dinp.
+// In the MLP, weight is mlp.proj's, pre the forward's pre-activation and
+// dbias mlp.fc's bias gradient.
+struct MatmulDgeluArgs {
+  Tensor dinp;     // (N, C)
+  Tensor dbias;    // (C) += or undefined
+  Tensor dout;     // (N, OC)
+  Tensor weight;   // (OC, C)
+  Tensor pre;      // (N, C)
+};
+template <class A, class F> IfArgs<A, MatmulDgeluArgs> fields(A& a, F&& f) {
+  f(a.dinp, "dinp", Role::Native);
+  f(a.dbias, "dbias", Role::Native);
+  f(a.dout, "dout", Role::Native);
+  f(a.weight, "weight", Role::Native);
+  f(a.pre, "pre", Role::Native);
+}
+
 // Causal multi-head self-attention on a packed qkv buffer. Per token the row is
 // [q (NH*HS) | k (NKV*HS) | v (NKV*HS)], head h at columns h*HS..h*HS+HS-1 of
 // each part. Grouped-query attention: NKV divides NH and query head h reads kv

@@ -15,6 +15,8 @@
   X(add_norm_forward, AddNormArgs)           \
   X(matmul_forward, MatmulArgs)              \
   X(matmul_backward, MatmulBwdArgs)          \
+  X(matmul_bias_gelu_forward, MatmulGeluArgs) \
+  X(matmul_dgelu_bgrad, MatmulDgeluArgs)     \
   X(attention_forward, AttentionArgs)        \
   X(attention_backward, AttentionBwdArgs)    \
   X(kv_attention, KvAttentionArgs)           \

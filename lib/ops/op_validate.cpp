@@ -134,14 +134,14 @@ struct MatmulDims {
   int64_t N, C, OC;
 };
 MatmulDims check_matmul(const Check& c, const Tensor& inp, const Tensor& weight, const Tensor& out,
-                        const char* out_name) {
-  c.floating(inp, "inp");
+                        const char* out_name, const char* inp_name = "inp") {
+  c.floating(inp, inp_name);
   c.floating(weight, "weight");
   c.floating(out, out_name);
   DS_CHECK(weight.dim() == 2, "{}: weight must be (OC, C), got {}", c.op(), shape_str(weight.shape()));
   const MatmulDims d{rows_of(inp), weight.size(1), weight.size(0)};
-  DS_CHECK(inp.dim() >= 1 && inp.size(-1) == d.C, "{}: inp has shape {}, expected (N, {}) for weight {}",
-           c.op(), shape_str(inp.shape()), d.C, shape_str(weight.shape()));
+  DS_CHECK(inp.dim() >= 1 && inp.size(-1) == d.C, "{}: {} has shape {}, expected (N, {}) for weight {}",
+           c.op(), inp_name, shape_str(inp.shape()), d.C, shape_str(weight.shape()));
   DS_CHECK(out.dim() >= 1 && out.size(-1) == d.OC && rows_of(out) == d.N,
            "{}: {} has shape {}, expected (N={}, OC={})", c.op(), out_name, shape_str(out.shape()),
            d.N, d.OC);
@@ -310,6 +310,30 @@ void validate_matmul_backward(const MatmulBwdArgs& a) {
     c.floating(a.dbias, "dbias");
     c.numel(a.dbias, d.OC, "dbias", "OC");
   }
+}
+
+void validate_matmul_bias_gelu_forward(const MatmulGeluArgs& a) {
+  const Check c("matmul_bias_gelu_forward");
+  c.devices(a);
+  const MatmulDims d = check_matmul(c, a.inp, a.weight, a.pre, "pre");
+  c.floating(a.out, "out");
+  c.same_shape(a.out, a.pre, "out", "pre");
+  if (!a.bias.defined()) return;
+  c.floating(a.bias, "bias");
+  c.numel(a.bias, d.OC, "bias", "OC");
+}
+
+// The GEMM is dinp (N, C) = dout (N, OC) @ weight (OC, C): check_matmul's
+// roles with inp := pre (N, C) and out := dout (N, OC).
+void validate_matmul_dgelu_bgrad(const MatmulDgeluArgs& a) {
+  const Check c("matmul_dgelu_bgrad");
+  c.devices(a);
+  const MatmulDims d = check_matmul(c, a.pre, a.weight, a.dout, "dout", "pre");
+  c.floating(a.dinp, "dinp");
+  c.same_shape(a.dinp, a.pre, "dinp", "pre");
+  if (!a.dbias.defined()) return;
+  c.floating(a.dbias, "dbias");
+  c.numel(a.dbias, d.C, "dbias", "C");
 }
 
 void validate_attention_forward(const AttentionArgs& a) {

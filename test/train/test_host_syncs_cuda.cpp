@@ -7,12 +7,15 @@
 // through the packed read), also without dropout, where each layer's closing
 // residual add is fused with the next norm1 (GPT-2 and LLaMA blocks), and a
 // full recomputation (which re-runs those norms unfused) must repeat that
-// run's losses bit for bit. Skipped (exit 77) without a device.
+// run's losses bit for bit. The bf16/fp16 steps must run the MLP's GELU in
+// the cuBLASLt epilogues (the fp32 curve runs them too where cuBLASLt offers
+// them). Skipped (exit 77) without a device.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstring>
 
+#include "cuda/blas/lt_gemm.h"
 #include "cuda/cuda_api.h"
 #include "test/skip.h"
 #include "test/train/train_fixture.h"
@@ -32,13 +35,21 @@ TEST_CASE("a GPU training step synchronises the host once", "[gpu]") {
   if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
   const std::string dir = (fixture().dir / "profile").string();
   fs::create_directories(dir);
+  cuda::set_gemm_epilogues(cuda::GemmEpilogues::Fused);  // whatever DS_GEMM_EPILOGUES says
   for (const char* precision : {"--bf16", "--fp16"}) {
     INFO(precision);
     Trainer t(make_config({"--device", "cuda", precision, "--train-iters", "4", "--profile", "--profile-dir", dir}),
               single_process());
+    const cuda::EpiloguePathCounts before = cuda::epilogue_path_counts();
     const std::vector<float> losses = t.run();
+    const cuda::EpiloguePathCounts after = cuda::epilogue_path_counts();
     REQUIRE(losses.size() == 4);
     for (float l : losses) CHECK(std::isfinite(l));
+    // The GPT-2 MLP ran its GELU in the cuBLASLt epilogues, every call.
+    CHECK(after.fused_fwd > before.fused_fwd);
+    CHECK(after.fused_bwd > before.fused_bwd);
+    CHECK(after.unfused_fwd == before.unfused_fwd);
+    CHECK(after.unfused_bwd == before.unfused_bwd);
     CHECK(t.profiled_host_syncs() == kStepSyncs);
   }
 }
