@@ -440,12 +440,13 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tens
   exit_tp(a.resid_mid);
   dropout_add_norm(p + "norm2", a.resid_mid, a.resid_mid, rows(x), hidden_dropout(l, DropoutSite::AttentionOut),
                    a.norm2_out, a.norm2_mean, a.norm2_rstd);
-  mlp_forward(l, a, y);
+  mlp_forward(l, a, y, add);
 }
 
-// y = resid_mid + dropout(proj(act(fc(norm2_out)))). fc_out holds the
+// y = resid_mid + dropout(proj(act(fc(norm2_out)))) (with add InNextNorm,
+// y = proj(...) only: the next norm adds resid_mid). fc_out holds the
 // pre-activation either way (the fused op's `pre`), act_out the activation.
-void GptModel::mlp_forward(int l, LayerActs& a, const Tensor& y) {
+void GptModel::mlp_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add) {
   const std::string p = "layers." + std::to_string(l) + ".";
   const bool row_bias = tp_.rank == 0;
   if (fused_gelu_mlp()) {

@@ -271,7 +271,8 @@ class GptModel {
   ResidualAdd closing_add(int l, int chunk);
   void layer_backward(int l, const Tensor& x_in, const Tensor& dresid);
   bool fused_gelu_mlp() const { return !d_.swiglu && mlp_fusion_ == MlpFusion::Fused; }
-  void mlp_forward(int l, LayerActs& a, const Tensor& y);
+  // add: as layer_forward's (InNextNorm leaves y without resid_mid).
+  void mlp_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add);
   void mlp_backward(int l, LayerActs& a, const Tensor& dresid);
   void norm_forward(const std::string& prefix, const Tensor& out, const Tensor& mean,
                     const Tensor& rstd, const Tensor& inp);
