@@ -1,56 +1,15 @@
-// Run-time loading of cuDNN (cudnn_api.h). The search mirrors the NCCL
-// loader's (lib/comm/nccl/nccl_api.cpp); cuda/ does not depend on lib/comm,
-// so the few lines that list Python site-packages directories are repeated.
+// Run-time loading of cuDNN (cudnn_api.h); the search is the NCCL loader's
+// (lib/core/shared_library.h).
 #include "cuda/attn/cudnn_api.h"
 
-#include <dlfcn.h>
-#include <glob.h>
-
-#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
 #include "lib/core/error.h"
+#include "lib/core/shared_library.h"
 
 namespace ds::cuda {
 namespace {
-
-std::vector<std::string> glob_paths(const std::string& pattern) {
-  std::vector<std::string> out;
-  glob_t g{};
-  if (::glob(pattern.c_str(), 0, nullptr, &g) == 0)
-    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
-  ::globfree(&g);
-  return out;
-}
-
-// site-packages style directories that may hold nvidia/cudnn/lib.
-std::vector<std::string> python_roots() {
-  std::vector<std::string> roots;
-  auto env = [](const char* k) { const char* v = std::getenv(k); return std::string(v ? v : ""); };
-  if (!env("VIRTUAL_ENV").empty())
-    for (const std::string& d : glob_paths(env("VIRTUAL_ENV") + "/lib/python3*/site-packages")) roots.push_back(d);
-  const std::string pp = env("PYTHONPATH");
-  for (size_t at = 0; !pp.empty() && at <= pp.size();) {
-    const size_t colon = std::min(pp.find(':', at), pp.size());
-    if (colon > at) roots.push_back(pp.substr(at, colon - at));
-    at = colon + 1;
-  }
-  if (!env("HOME").empty())
-    for (const std::string& d : glob_paths(env("HOME") + "/.local/lib/python3*/site-packages")) roots.push_back(d);
-  for (const char* pat : {"/usr/local/lib/python3*/dist-packages", "/usr/local/lib/python3*/site-packages",
-                          "/usr/lib/python3/dist-packages", "/usr/lib/python3*/site-packages",
-                          "/opt/conda/lib/python3*/site-packages"})
-    for (const std::string& d : glob_paths(pat)) roots.push_back(d);
-  return roots;
-}
-
-template <class F>
-bool resolve(void* lib, const char* name, F& slot, std::string& why) {
-  slot = reinterpret_cast<F>(::dlsym(lib, name));
-  if (!slot) why = std::string("symbol ") + name + " missing";
-  return slot != nullptr;
-}
 
 // Opens `path` and fills every entry; "" on success, else why it failed.
 std::string try_load(const std::string& path, CudnnApi& api) {
@@ -60,16 +19,16 @@ std::string try_load(const std::string& path, CudnnApi& api) {
     return e ? e : "cannot be loaded";
   }
   std::string why;
-  const bool ok = resolve(lib, "cudnnGetVersion", api.GetVersion, why) &&
-                  resolve(lib, "cudnnGetErrorString", api.GetErrorString, why) &&
-                  resolve(lib, "cudnnGetLastErrorString", api.GetLastErrorString, why) &&
-                  resolve(lib, "cudnnCreate", api.Create, why) && resolve(lib, "cudnnSetStream", api.SetStream, why) &&
-                  resolve(lib, "cudnnBackendCreateDescriptor", api.BackendCreateDescriptor, why) &&
-                  resolve(lib, "cudnnBackendDestroyDescriptor", api.BackendDestroyDescriptor, why) &&
-                  resolve(lib, "cudnnBackendSetAttribute", api.BackendSetAttribute, why) &&
-                  resolve(lib, "cudnnBackendGetAttribute", api.BackendGetAttribute, why) &&
-                  resolve(lib, "cudnnBackendFinalize", api.BackendFinalize, why) &&
-                  resolve(lib, "cudnnBackendExecute", api.BackendExecute, why);
+  const bool ok = resolve_symbol(lib, "cudnnGetVersion", api.GetVersion, why) &&
+                  resolve_symbol(lib, "cudnnGetErrorString", api.GetErrorString, why) &&
+                  resolve_symbol(lib, "cudnnGetLastErrorString", api.GetLastErrorString, why) &&
+                  resolve_symbol(lib, "cudnnCreate", api.Create, why) && resolve_symbol(lib, "cudnnSetStream", api.SetStream, why) &&
+                  resolve_symbol(lib, "cudnnBackendCreateDescriptor", api.BackendCreateDescriptor, why) &&
+                  resolve_symbol(lib, "cudnnBackendDestroyDescriptor", api.BackendDestroyDescriptor, why) &&
+                  resolve_symbol(lib, "cudnnBackendSetAttribute", api.BackendSetAttribute, why) &&
+                  resolve_symbol(lib, "cudnnBackendGetAttribute", api.BackendGetAttribute, why) &&
+                  resolve_symbol(lib, "cudnnBackendFinalize", api.BackendFinalize, why) &&
+                  resolve_symbol(lib, "cudnnBackendExecute", api.BackendExecute, why);
   if (ok) {
     api.version = api.GetVersion();
     if (api.version < 90000) why = "version " + std::to_string(api.version) + " is older than 9.0";
@@ -100,12 +59,7 @@ void load_once() {
 }  // namespace
 
 std::vector<std::string> cudnn_library_candidates(const std::string& override_path) {
-  if (!override_path.empty()) return {override_path};
-  std::vector<std::string> c = {"libcudnn.so.9", "/usr/local/cuda/lib64/libcudnn.so.9",
-                                "/usr/lib/x86_64-linux-gnu/libcudnn.so.9"};
-  for (const std::string& root : python_roots())
-    for (const std::string& p : glob_paths(root + "/nvidia/cudnn/lib/libcudnn.so.9*")) c.push_back(p);
-  return c;
+  return shared_library_candidates(override_path, "libcudnn.so.9", "nvidia/cudnn/lib/libcudnn.so.9*");
 }
 
 CudnnApi load_cudnn(const std::string& override_path) {
