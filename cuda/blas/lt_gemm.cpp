@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "cuda/core/allocator.h"
+#include "cuda/core/capture.h"
 #include "cuda/core/check.h"
 
 namespace ds::cuda {
@@ -152,7 +153,7 @@ bool lt_gemm(const LtGemm& g, const Stream& s) {
   }
   if (g.bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   const cublasStatus_t r = cublasLtMatmul(h, p.desc, &g.alpha, g.A, p.a, g.B, p.b, &g.beta, g.D, p.d, g.D, p.d,
-                                          &p.algo, ws, kWorkspaceBytes, static_cast<cudaStream_t>(s.handle));
+                                          &p.algo, ws, kWorkspaceBytes, resolve_stream(s.handle));
   if (r == CUBLAS_STATUS_NOT_SUPPORTED && g.bias) {
     p.ok = false;  // this key keeps falling back to the separate bias kernel
     return false;
