@@ -147,7 +147,10 @@ class Trainer {
   // Eval, checkpoints: the next step captures again (see trainer_graph.cpp).
   void invalidate_graph(const char* why);
   int64_t graph_captured_at_ = 0, graph_captures_ = 0, graph_replays_ = 0;
-  std::unique_ptr<GraphState> graph_;
+  struct GraphStateDelete {  // defined beside GraphState (trainer_graph.cpp)
+    void operator()(GraphState* g) const;
+  };
+  std::unique_ptr<GraphState, GraphStateDelete> graph_;
 };
 
 }  // namespace ds

@@ -57,6 +57,8 @@ struct Trainer::GraphState {
   }
 };
 
+void Trainer::GraphStateDelete::operator()(GraphState* g) const { delete g; }
+
 Trainer::~Trainer() = default;
 
 void Trainer::setup_cuda_graph() {
@@ -66,7 +68,7 @@ void Trainer::setup_cuda_graph() {
   DS_CHECK(dev_.is_cuda() && !pipe_ && comms_.world->size() == 1 && !scaler_ && !curriculum_,
            "--cuda-graph: unsupported configuration reached the trainer");
 #ifdef DS_WITH_CUDA
-  auto g = std::make_unique<GraphState>();
+  std::unique_ptr<GraphState, GraphStateDelete> g(new GraphState);
   const int64_t ga = cfg_.batch.grad_accum_steps, B = cfg_.batch.micro_batch_size, T = cfg_.model.seq_length;
   const size_t bytes = static_cast<size_t>(B * T) * sizeof(int32_t);
   for (int64_t m = 0; m < ga; ++m) {
