@@ -233,12 +233,22 @@ class CachingAllocator final : public Allocator {
   // events are not queried while the stream is captured).
   void* alloc_captured(size_t size, size_t bytes, int dev) {
     DS_CHECK(dev == pool_dev_, "CUDA graph capture on device {} allocates on device {}", pool_dev_, dev);
+    // The smallest fitting block of the two lists, as an eager allocation
+    // picks from one cache holding both: the capture repeats the warm-up's choices.
+    std::multimap<size_t, void*>* best = nullptr;
+    std::multimap<size_t, void*>::iterator best_it;
     for (auto* fl : {&pool_free_, &free_[dev]}) {
       auto it = fl->lower_bound(size);
       if (it == fl->end() || it->first > 2 * size) continue;
-      void* p = it->second;
-      size_t got = it->first;
-      fl->erase(it);
+      if (!best || it->first < best_it->first) {
+        best = fl;
+        best_it = it;
+      }
+    }
+    if (best) {
+      void* p = best_it->second;
+      size_t got = best_it->first;
+      best->erase(best_it);
       pool_owned_.insert(p);
       return take(p, got, dev);
     }
