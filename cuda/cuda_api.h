@@ -3,6 +3,7 @@
 // use it from .cpp files. The ops themselves are declared in lib/ops/ops.h.
 #pragma once
 #include <cstddef>
+#include <memory>
 #include <string>
 
 namespace ds::cuda {
@@ -44,6 +45,46 @@ void synchronize();
 // (counted as a host synchronisation) only when all staging buffers still
 // have copies in flight. Used for the tokens and targets of every micro-batch.
 void upload_async(void* dst, const void* src_host, size_t bytes);
+
+// The training step as a CUDA graph (--cuda-graph; cuda/core/step_graph.cpp,
+// docs/cuda.md "CUDA graphs"). Between begin_capture and end_capture the
+// work the host issues on the compute stream is recorded, not run; device
+// allocations come from a pool owned by the graph (filled from cached blocks
+// only: a block the warm-up never allocated is an error, as is any host
+// synchronisation). replay() runs the recorded work on the compute stream.
+// Destroying the graph (or capturing again) returns its pool to the cache.
+class StepGraph {
+ public:
+  StepGraph();
+  ~StepGraph();
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+  void begin_capture();
+  // Ends the capture and instantiates the graph; returns its node count.
+  // Throws (the capture discarded) if the capture was invalidated.
+  size_t end_capture();
+  // Discards a capture in progress (after an exception in the region); no-op otherwise.
+  void abort_capture();
+  void replay();
+  bool ready() const;
+  // True when a stream workspace the graph may address was reallocated since
+  // the capture (work outside the graph needed a larger one): capture again.
+  bool stale() const;
+  size_t nodes() const;
+  size_t pool_bytes() const;  // device bytes the graph's pool holds
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+// Page-locked host memory: the fixed buffers a captured step copies its
+// tokens from (the host refills them before each replay).
+void* alloc_pinned(size_t bytes);
+void free_pinned(void* p);
+// Queues a copy from pinned host memory to device memory on the compute
+// stream (recorded into the graph during a capture). `pinned_src` must stay
+// unchanged until the copy ran.
+void copy_pinned_async(void* dst, const void* pinned_src, size_t bytes);
 
 // Attention implementation used by attention_forward/backward.
 //  Flash: our fused FA2-style kernels (bf16/f16, head dim 64 or 128; other

@@ -161,6 +161,13 @@ LLAMA=(--family llama --layers 12 --hidden 1024 --heads 8 --vocab 32000 --seq 20
 # 1. GPT-2 124M side by side.
 train "gpt2-124M T1024 B16 bf16" dstrain 90 "$BT" --device cuda --dtype bf16 "${GPT2[@]}" "${W[@]}"
 train "gpt2-124M T1024 B16 bf16" torch.compile 200 "$PY" "$TR" --device cuda --dtype bf16 --compile "${GPT2[@]}" "${W[@]}"
+train "gpt2-124M T1024 B16 bf16" "dstrain cuda-graph" 90 "$BT" --device cuda --dtype bf16 --cuda-graph \
+  "${GPT2[@]}" "${W[@]}"
+# 1b. A small model, where the launch overhead dominates: eager and replayed (--cuda-graph).
+SMALL=(--layers 6 --hidden 256 --heads 4 --vocab 8192 --seq 256 --batch 4)
+train "small-7M T256 B4 bf16" dstrain 60 "$BT" --device cuda --dtype bf16 "${SMALL[@]}" "${W[@]}"
+train "small-7M T256 B4 bf16" "dstrain cuda-graph" 60 "$BT" --device cuda --dtype bf16 --cuda-graph \
+  "${SMALL[@]}" "${W[@]}"
 # 2. Our kernels against their floors (ceilings, memory-bound rows, attention).
 run_step bench_cuda_kernels 150 "$KERN" "$B/bin/bench_cuda_kernels"
 # 3. SDPA's flash and cuDNN backends at the same shapes, and torch's ceilings.

@@ -7,7 +7,7 @@
 // (MFU against the device's nominal bf16 peak on CUDA), host synchronisations
 // per step (lib/core/sync_counter.h) and the peak allocation.
 //   bench_train --layers 12 --hidden 768 --heads 12 --vocab 50304 --seq 128 --batch 4 --steps 5
-//   bench_train --device cuda --dtype bf16 --seq 1024 --batch 16 --steps 10 [--recompute full]
+//   bench_train --device cuda --dtype bf16 --seq 1024 --batch 16 --steps 10 [--recompute full] [--cuda-graph]
 // FLOPs per token are dstrain's own (lib/train/metrics.h): 6*N + 6*L*C*T, N the
 // parameters in matrix multiplies (all but learned position embeddings), the
 // second term causal attention (QK^T and PV, forward and backward, half of the
@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "lib/core/error.h"
@@ -39,6 +40,7 @@ namespace {
 struct Options {
   int L = 2, C = 128, NH = 4, V = 512, T = 64, B = 4, steps = 5, warmup = 1;
   std::string family = "gpt2", device = "cpu", dtype = "fp32", recompute = "none", attention = "flash";
+  bool cuda_graph = false;
   float loss_scale = 1024.f;  // fp16 only: a static scale (dstrain's default is dynamic, starting at 2^16)
 };
 
@@ -54,6 +56,7 @@ RecomputeKind recompute_of(const std::string& s) {
 Device open_device(const Options& o) {
   if (o.device == "cpu") {
     DS_USER_CHECK(o.attention == "flash", "--attention-backend {}: only for --device cuda", o.attention);
+    DS_USER_CHECK(!o.cuda_graph, "--cuda-graph needs a GPU: give --device cuda");
     return Device::cpu();
   }
 #ifdef DS_WITH_CUDA
@@ -117,7 +120,9 @@ int run(const Options& o) {
   h.weight_decay = 0.1f;
 
   float loss = NAN;
-  auto step = [&] {
+  // The step up to its read: with --cuda-graph captured once after the
+  // warm-up and replayed (as the trainer's --cuda-graph; docs/cuda.md).
+  auto region = [&] {
     opt.zero_grads();
     stats.view(0, {2}).zero_();
     model.set_loss_sink(stats.view(2, {rows}));
@@ -125,6 +130,25 @@ int run(const Options& o) {
     model.forward_backward(tok, tgt, static_cast<float>(scale / rows), DropoutKey{}, tgt_host);
     opt.reduce_gradients_into(stats.view(0, {1}));
     model.set_loss_sink(Tensor());
+  };
+#ifdef DS_WITH_CUDA
+  std::unique_ptr<cuda::StepGraph> graph;
+#endif
+  auto step = [&] {
+#ifdef DS_WITH_CUDA
+    if (graph) {
+      if (!graph->ready()) {
+        graph->begin_capture();
+        region();
+        graph->end_capture();
+      }
+      graph->replay();
+    } else {
+      region();
+    }
+#else
+    region();
+#endif
     const Tensor host = stats.to(Device::cpu());  // the step's one read (clip and skip decisions need it)
     const float* v = host.data<float>();
     loss = GptModel::mean_loss(v + 2, tgt_host.data<int32_t>(), rows);
@@ -133,6 +157,12 @@ int run(const Options& o) {
   };
   const float first_loss = [&] { step(); return loss; }();
   for (int s = 1; s < o.warmup; ++s) step();
+#ifdef DS_WITH_CUDA
+  if (o.cuda_graph) {
+    graph = std::make_unique<cuda::StepGraph>();
+    step();  // the capture (untimed)
+  }
+#endif
   synchronize(dev);
 #ifdef DS_WITH_CUDA
   if (dev.is_cuda()) cuda::reset_max_allocated_bytes();
@@ -163,11 +193,11 @@ int run(const Options& o) {
       "\"V\": %d, \"B\": %d, \"T\": %d, \"steps\": %d, \"ms_per_step\": %.2f, \"tokens_per_s\": %.1f, "
       "\"flops_per_token\": %.6g, \"flops_formula\": \"6*N_matmul + 6*L*C*T\", \"tflops\": %.4g, "
       "\"peak_tflops_nominal\": %.1f, \"mfu_nominal\": %.4f, \"host_syncs_per_step\": %.2f, "
-      "\"max_alloc_gb\": %.2f, \"loss_first\": %.4f, \"loss_last\": %.4f}\n",
+      "\"max_alloc_gb\": %.2f, \"cuda_graph\": %s, \"loss_first\": %.4f, \"loss_last\": %.4f}\n",
       o.device.c_str(), gpu.c_str(), o.family.c_str(), o.dtype.c_str(), o.recompute.c_str(),
       o.device == "cuda" ? o.attention.c_str() : "n/a", static_cast<long long>(layout.total), o.L, o.C, o.NH, o.V,
       o.B, o.T, o.steps, ms, tps, fpt, tflops, peak, peak > 0 ? tflops / peak : 0.0,
-      static_cast<double>(syncs) / o.steps, max_gb, first_loss, loss);
+      static_cast<double>(syncs) / o.steps, max_gb, o.cuda_graph ? "true" : "false", first_loss, loss);
   DS_USER_CHECK(std::isfinite(loss), "the loss is not finite after {} steps ({}): the benchmark's step is broken",
                 o.warmup + o.steps, loss);
   return 0;
@@ -195,6 +225,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "full", "selective"}));
   app.add_option("--attention-backend", o.attention)->check(CLI::IsMember({"flash", "flash2", "plain", "cudnn"}));
   app.add_option("--loss-scale", o.loss_scale, "fp16: static loss scale")->check(CLI::PositiveNumber);
+  app.add_flag("--cuda-graph", o.cuda_graph, "capture the step up to its read once and replay it (CUDA only)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);

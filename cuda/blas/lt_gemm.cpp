@@ -23,6 +23,7 @@
 #include <tuple>
 
 #include "cuda/core/allocator.h"
+#include "cuda/core/capture.h"
 #include "cuda/core/check.h"
 
 namespace ds::cuda {
@@ -214,7 +215,7 @@ bool lt_gemm(const LtGemm& g, const Stream& s, std::string* why) {
   if (g.bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   if (g.act != LtAct::None) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
   const cublasStatus_t r = cublasLtMatmul(h, p.desc, &g.alpha, g.A, p.a, g.B, p.b, &g.beta, g.D, p.d, g.D, p.d,
-                                          &p.algo, ws, kWorkspaceBytes, static_cast<cudaStream_t>(s.handle));
+                                          &p.algo, ws, kWorkspaceBytes, resolve_stream(s.handle));
   if ((r == CUBLAS_STATUS_NOT_SUPPORTED || (r == CUBLAS_STATUS_INVALID_VALUE && g.act != LtAct::None)) &&
       is_fused(g)) {
     p.ok = false;  // this key keeps falling back to the caller's unfused kernels

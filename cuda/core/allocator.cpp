@@ -9,15 +9,26 @@
 // an event on that stream, and a freed block with unfinished events waits in
 // a pending list (not reusable) until every event completed; each alloc
 // first returns the completed ones to the free list.
+// CUDA graph capture (cuda/core/step_graph.cpp): while the step is captured,
+// allocations come from a pool owned by the graph, filled only from blocks
+// already cached (cudaMalloc is illegal while capturing: a miss throws), and
+// every block freed during the capture joins the pool too, since the graph's
+// kernels still address it on every replay. Pool blocks are never handed to
+// an allocation outside a capture; they go back to the cache when the graph
+// is released.
 #include "cuda/core/allocator.h"
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
+#include "cuda/core/capture.h"
 #include "cuda/core/check.h"
 #include "lib/core/error.h"
 #include "lib/core/stream_use.h"
@@ -57,6 +68,7 @@ class CachingAllocator final : public Allocator {
     DS_CHECK(dev >= 0 && dev < kMaxDevices, "CUDA device index {} out of range", dev);
     size_t size = round_size(bytes == 0 ? 1 : bytes);
     std::lock_guard<std::mutex> lock(mu_);
+    if (capturing_) return alloc_captured(size, bytes, dev);
     reclaim_pending(-1);
     auto& fl = free_[dev];
     auto it = fl.lower_bound(size);
@@ -91,6 +103,11 @@ class CachingAllocator final : public Allocator {
     size_t size = it->second;
     live_.erase(it);
     in_use_ -= size;
+    if (capturing_ || pool_owned_.count(p)) {  // the graph addresses it: stays reserved for the graph
+      pool_owned_.insert(p);
+      pool_free_.emplace(size, p);
+      return;
+    }
     auto u = uses_.find(p);
     if (u != uses_.end()) {  // another stream may still use it: reusable once its events completed
       pending_.push_back(Pending{p, size, dev, std::move(u->second)});
@@ -122,15 +139,17 @@ class CachingAllocator final : public Allocator {
   // several per step.
   void zero(void* p, size_t bytes, int dev) override {
     DeviceGuard g(dev);
-    DS_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, nullptr));
+    DS_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, compute_stream()));
   }
   void to_host(void* dst, const void* src, size_t bytes, int dev) override {
+    require_not_capturing("a device-to-host copy");
     DeviceGuard g(dev);
     count_host_sync();
     DS_CUDA_CHECK(cudaDeviceSynchronize());  // results of work on any stream
     DS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
   }
   void from_host(void* dst, const void* src, size_t bytes, int dev) override {
+    require_not_capturing("a blocking host-to-device copy");
     DeviceGuard g(dev);
     count_host_sync();
     DS_CUDA_CHECK(cudaDeviceSynchronize());  // earlier readers of dst are done
@@ -138,17 +157,50 @@ class CachingAllocator final : public Allocator {
   }
   void copy(void* dst, const void* src, size_t bytes, int dev) override {
     DeviceGuard g(dev);
-    DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr));
+    DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_stream()));
   }
   void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
                int dev) override {
     if (width == 0 || height == 0) return;
     DeviceGuard g(dev);
     if (height == 1) {  // a pitch below the width is fine for one row, not for cudaMemcpy2D
-      DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDeviceToDevice, nullptr));
+      DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDeviceToDevice, compute_stream()));
       return;
     }
-    DS_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice, nullptr));
+    DS_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice,
+                                    compute_stream()));
+  }
+
+  void begin_capture_pool(int dev) {
+    std::lock_guard<std::mutex> lock(mu_);
+    DS_CHECK(!capturing_, "a CUDA graph capture pool is already active");
+    DS_CHECK(pool_owned_.empty() || pool_dev_ == dev, "one CUDA graph pool per process (device {} vs {})", dev,
+             pool_dev_);
+    capturing_ = true;
+    pool_dev_ = dev;
+  }
+  void end_capture_pool() {
+    std::lock_guard<std::mutex> lock(mu_);
+    capturing_ = false;
+  }
+  // The graph is gone: its free blocks return to the cache; its live ones
+  // will when their tensors free them.
+  void release_capture_pool() {
+    std::lock_guard<std::mutex> lock(mu_);
+    capturing_ = false;
+    for (auto& [size, p] : pool_free_) free_[pool_dev_].emplace(size, p);
+    pool_free_.clear();
+    pool_owned_.clear();
+  }
+  size_t capture_pool_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t n = 0;
+    for (void* p : pool_owned_) {
+      auto it = live_.find(p);
+      if (it != live_.end()) n += it->second;
+    }
+    for (auto& [size, p] : pool_free_) n += size;
+    return n;
   }
 
   size_t in_use() {
@@ -175,6 +227,33 @@ class CachingAllocator final : public Allocator {
     in_use_ += size;
     if (in_use_ > max_in_use_) max_in_use_ = in_use_;
     return p;
+  }
+  // Caller holds mu_. During a capture: a pool block, else a cached block that
+  // joins the pool; never the driver. Pending blocks are not reclaimed (their
+  // events are not queried while the stream is captured).
+  void* alloc_captured(size_t size, size_t bytes, int dev) {
+    DS_CHECK(dev == pool_dev_, "CUDA graph capture on device {} allocates on device {}", pool_dev_, dev);
+    // The smallest fitting block of the two lists, as an eager allocation
+    // picks from one cache holding both: the capture repeats the warm-up's choices.
+    std::multimap<size_t, void*>* best = nullptr;
+    std::multimap<size_t, void*>::iterator best_it;
+    for (auto* fl : {&pool_free_, &free_[dev]}) {
+      auto it = fl->lower_bound(size);
+      if (it == fl->end() || it->first > 2 * size) continue;
+      if (!best || it->first < best_it->first) {
+        best = fl;
+        best_it = it;
+      }
+    }
+    if (best) {
+      void* p = best_it->second;
+      size_t got = best_it->first;
+      best->erase(best_it);
+      pool_owned_.insert(p);
+      return take(p, got, dev);
+    }
+    DS_THROW("CUDA graph capture needs a new device block of {} bytes and cudaMalloc is not allowed while "
+             "capturing (the warm-up steps did not allocate this size)", bytes);
   }
   struct Pending {
     void* p;
@@ -220,6 +299,11 @@ class CachingAllocator final : public Allocator {
   std::vector<Pending> pending_;  // freed, waiting for their events
   size_t reserved_[kMaxDevices] = {};
   size_t in_use_ = 0, max_in_use_ = 0;
+  // CUDA graph capture pool (one graph per process).
+  bool capturing_ = false;
+  int pool_dev_ = 0;
+  std::set<void*> pool_owned_;               // every block the graph may address
+  std::multimap<size_t, void*> pool_free_;   // free pool blocks (reused only by a capture)
 };
 
 CachingAllocator& instance() {
@@ -256,6 +340,16 @@ size_t allocated_bytes() { return instance().in_use(); }
 size_t max_allocated_bytes() { return instance().max_in_use(); }
 void reset_max_allocated_bytes() { instance().reset_max(); }
 void empty_cache() { instance().empty_cache(); }
+void begin_capture_pool(int dev) { instance().begin_capture_pool(dev); }
+void end_capture_pool() { instance().end_capture_pool(); }
+void release_capture_pool() { instance().release_capture_pool(); }
+size_t capture_pool_bytes() { return instance().capture_pool_bytes(); }
+
+namespace {
+std::atomic<uint64_t> g_workspace_generation{0};
+}  // namespace
+
+uint64_t stream_workspace_generation() { return g_workspace_generation.load(); }
 
 void* stream_workspace(const Stream& s, size_t bytes, WorkspaceSlot slot) {
   static std::mutex mu;
@@ -265,6 +359,8 @@ void* stream_workspace(const Stream& s, size_t bytes, WorkspaceSlot slot) {
   std::lock_guard<std::mutex> lock(mu);
   WorkspaceBuf& b = (*bufs)[WorkspaceKey{s.handle, dev, static_cast<int>(slot)}];
   if (b.bytes >= bytes && b.p) return b.p;
+  require_not_capturing("allocating a stream workspace (cudaMalloc)");
+  g_workspace_generation.fetch_add(1);  // a captured graph holding the old pointer is stale now
   size_t want = round_size(bytes < 4096 ? 4096 : bytes + bytes / 4);
   if (b.p) {  // grows in the first steps only (shapes repeat)
     count_host_sync();

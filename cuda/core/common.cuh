@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/core/capture.h"
 #include "cuda/core/check.h"
 #include "lib/core/stream.h"
 #include "lib/core/tensor.h"
@@ -69,7 +70,8 @@ __device__ __forceinline__ void store(AnyPtr a, int64_t i, float v) {
   }
 }
 
-inline cudaStream_t stream_of(const Stream& s) { return static_cast<cudaStream_t>(s.handle); }
+// A null handle is the compute stream (cuda/core/capture.h).
+inline cudaStream_t stream_of(const Stream& s) { return resolve_stream(s.handle); }
 
 inline bool is_float_dtype(DType t) {
   return t == DType::F32 || t == DType::BF16 || t == DType::F16;

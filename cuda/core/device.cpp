@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "cuda/core/allocator.h"
+#include "cuda/core/capture.h"
 #include "cuda/core/check.h"
 #include "cuda/cuda_api.h"
 #include "lib/core/error.h"
@@ -91,6 +92,7 @@ double peak_bf16_tflops() {
 void set_peak_bf16_tflops(double tflops) { g_peak_override.store(tflops > 0 ? tflops : 0.0); }
 
 void synchronize() {
+  require_not_capturing("cuda::synchronize");
   count_host_sync();
   DS_CUDA_CHECK(cudaDeviceSynchronize());
 }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "cuda/core/capture.h"
 #include "cuda/core/check.h"
 #include "cuda/cuda_api.h"
 #include "lib/core/sync_counter.h"
@@ -70,6 +71,9 @@ void grow(StagingRing& r, size_t bytes) {
 
 void upload_async(void* dst, const void* src_host, size_t bytes) {
   if (bytes == 0) return;
+  // The ring's events and host waits cannot be captured; a captured step
+  // copies from its own fixed pinned buffers (copy_pinned_async).
+  require_not_capturing("upload_async (the pinned staging ring)");
   int dev = 0;
   DS_CUDA_CHECK(cudaGetDevice(&dev));
   StagingRing& r = ring();

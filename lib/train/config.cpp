@@ -188,6 +188,7 @@ json training_json(const TrainConfig& c) {
             {"max_nan_iterations", c.max_nan_iterations}, {"exit_duration_in_mins", c.exit_duration_in_mins},
             {"device", c.device == DeviceType::CUDA ? "cuda" : "cpu"},               {"attention_backend", c.attention_backend},
             {"estimate_memory", c.estimate_memory},
+            {"cuda_graph", c.cuda_graph},       {"cuda_graph_warmup", c.cuda_graph_warmup},
             {"save", c.ckpt.save_dir},          {"load", c.ckpt.load_dir},
             {"save_interval", c.ckpt.save_interval}, {"init_from", c.ckpt.init_from},
             {"export_hf", c.ckpt.export_hf},    {"log_interval", c.log.log_interval},

@@ -80,6 +80,12 @@ constexpr FlagSpec kTable[] = {
      "CUDA attention: flash (ours), flash2 (ours, register-resident; opt-in until verified on a device), "
      "plain (unfused, for debugging) or cudnn",
      "flash|flash2|plain|cudnn"},
+    {"--cuda-graph", "/training/cuda_graph", FlagKind::Const,
+     "capture the steady-state step (up to its one host read) in a CUDA graph and replay it (one GPU, static "
+     "shapes)", "true"},
+    {"--enable-cuda-graph", "/training/cuda_graph", FlagKind::Const, "Megatron's name for --cuda-graph", "true"},
+    {"--cuda-graph-warmup-steps", "/training/cuda_graph_warmup", FlagKind::Int,
+     "with --cuda-graph: eager steps before the capture (default 2)"},
     {"--save", "/training/save", FlagKind::String, "checkpoint directory to save into"},
     {"--load", "/training/load", FlagKind::String, "checkpoint directory to resume from"},
     {"--save-interval", "/training/save_interval", FlagKind::Int, "save every N iterations (0 = no periodic saves)"},

@@ -152,6 +152,8 @@ void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_schedule
   cfg.device = device == "cuda" ? DeviceType::CUDA : DeviceType::CPU;
   cfg.attention_backend = s.get<std::string>("attention_backend", cfg.attention_backend);
   cfg.estimate_memory = s.get<bool>("estimate_memory", cfg.estimate_memory);
+  cfg.cuda_graph = s.get<bool>("cuda_graph", cfg.cuda_graph);
+  cfg.cuda_graph_warmup = s.get<int64_t>("cuda_graph_warmup", cfg.cuda_graph_warmup);
   CheckpointConfig& c = cfg.ckpt;
   c.save_dir = s.get<std::string>("save", c.save_dir);
   c.load_dir = s.get<std::string>("load", c.load_dir);

@@ -352,6 +352,40 @@ void validate_curriculum(const TrainConfig& cfg) {
                   L, split, p.sp, p.sequence_parallel ? p.tp : 1, split);
 }
 
+
+// --cuda-graph: the replayed step must be the same kernels with the same
+// arguments every step (docs/cuda.md, "CUDA graphs"), so everything that
+// changes the step's work, its shapes or its in-graph scalars, and every
+// layout with communication, is refused here by name.
+void validate_cuda_graph(const TrainConfig& cfg, int world_size) {
+  DS_USER_CHECK(cfg.cuda_graph_warmup >= 1,
+                "training.cuda_graph_warmup (--cuda-graph-warmup-steps) must be >= 1, got {}", cfg.cuda_graph_warmup);
+  if (!cfg.cuda_graph) return;
+  auto refuse = [](bool bad, const char* what) {
+    DS_USER_CHECK(!bad, "training.cuda_graph (--cuda-graph) cannot be combined with {}", what);
+  };
+  DS_USER_CHECK(cfg.device == DeviceType::CUDA,
+                "training.cuda_graph (--cuda-graph) needs a GPU: give --device cuda (training.device is cpu)");
+  const ParallelConfig& p = cfg.parallel;
+  refuse(p.tp > 1, "tensor parallelism (--tensor-model-parallel-size > 1)");
+  refuse(p.pp > 1, "pipeline parallelism (--pipeline-model-parallel-size > 1)");
+  refuse(p.sp > 1, "sequence parallelism (ds_sequence_parallel_size > 1)");
+  DS_USER_CHECK(world_size == 1,
+                "training.cuda_graph (--cuda-graph) cannot be combined with data parallelism: it runs a single "
+                "process on one GPU, this job has {} processes", world_size);
+  refuse(cfg.zero.stage != 0, "zero_optimization.stage > 0 (use stage 0)");
+  refuse(cfg.zero.offload_optimizer != OffloadDevice::None, "zero_optimization.offload_optimizer");
+  refuse(cfg.precision.precision == Precision::FP16,
+         "fp16 (the dynamic loss scale is an in-graph scalar that changes between steps; use bf16 or fp32)");
+  refuse(cfg.curriculum.enabled, "curriculum_learning (the sequence length changes between steps)");
+  refuse(cfg.model.hidden_dropout > 0,
+         "model.hidden_dropout > 0 (--hidden-dropout; dropout keys change every step): set it to 0");
+  refuse(cfg.model.attention_dropout > 0,
+         "model.attention_dropout > 0 (--attention-dropout; dropout keys change every step): set it to 0");
+  refuse(cfg.attention_backend == "cudnn", "training.attention_backend cudnn (--attention-backend; not verified "
+         "under capture): use flash, flash2 or plain");
+}
+
 }  // namespace
 
 void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
@@ -361,6 +395,7 @@ void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
   validate_data(cfg.data);
   validate_training(cfg);
   validate_curriculum(cfg);
+  validate_cuda_graph(cfg, world_size);
 }
 
 }  // namespace ds

@@ -118,7 +118,7 @@ Tensor DataPipeline::upload(const Tensor& host) const {
   return host.to(dev_);
 }
 
-MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen) {
+MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen, bool to_device) {
   DS_CHECK(seqlen >= 0 && seqlen <= T_, "train_batch: seqlen {} outside [0, {}]", seqlen, T_);
   const int64_t L = seqlen > 0 ? seqlen : T_;  // positions kept per sample
   for (int64_t b = 0; b < B_; ++b) ds.get(first + b, host_.data<int32_t>() + b * (T_ + 1));
@@ -128,12 +128,16 @@ MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, in
     std::copy_n(row, L, tok.data<int32_t>() + b * L);
     std::copy_n(row + 1, L, tgt.data<int32_t>() + b * L);
   }
-  if (dev_.is_cpu()) return {tok, tgt, first, tgt};
+  if (dev_.is_cpu() || !to_device) return {tok, tgt, first, tgt};
   return {upload(tok), upload(tgt), first, tgt};
 }
 
 MicroBatch DataPipeline::train_batch(int64_t consumed, int micro, int dp_rank, int dp, int64_t seqlen) {
   return fetch(*train_, consumed + (static_cast<int64_t>(micro) * dp + dp_rank) * B_, seqlen);
+}
+
+MicroBatch DataPipeline::train_batch_host(int64_t consumed, int micro, int dp_rank, int dp) {
+  return fetch(*train_, consumed + (static_cast<int64_t>(micro) * dp + dp_rank) * B_, 0, false);
 }
 
 MicroBatch DataPipeline::valid_batch(int64_t first_sample, int dp_rank, int dp) {

@@ -29,6 +29,10 @@ class DataPipeline {
   // seqlen (1..seq_length; 0 = all): keep the first seqlen tokens and targets
   // of every sample (a sequence-length curriculum, as Megatron's get_batch).
   MicroBatch train_batch(int64_t consumed, int micro, int dp_rank, int dp, int64_t seqlen = 0);
+  // The same micro-batch with host tensors only (tokens, targets and
+  // targets_host on the CPU): --cuda-graph copies them into its fixed pinned
+  // buffers itself (Trainer::graph_step).
+  MicroBatch train_batch_host(int64_t consumed, int micro, int dp_rank, int dp);
   // Validation batches are taken from the start of the valid split each time.
   MicroBatch valid_batch(int64_t first_sample, int dp_rank, int dp);
   bool has_valid() const { return valid_ != nullptr; }
@@ -41,7 +45,7 @@ class DataPipeline {
   const data::IndexedDataset& open(const std::string& prefix, int64_t vocab_size);
   // A GptDataset over `range` of `file`, kept alive by this object.
   const data::GptDataset* part(const data::IndexedDataset& file, data::DocRange range, const std::string& name);
-  MicroBatch fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen);
+  MicroBatch fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen, bool to_device = true);
   Tensor upload(const Tensor& host) const;  // host (B, L) -> the device, without blocking the host
 
   int64_t B_, T_;

@@ -154,6 +154,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
              ? ", " + std::to_string(cfg_.parallel.recompute_num_layers) + " layers per chunk (0: all)"
              : std::string());
   log_model_state();
+  setup_cuda_graph();
 }
 
 void Trainer::setup_device_and_precision() {
@@ -334,7 +335,6 @@ int64_t Trainer::next_seqlen() {
 float Trainer::train_step() {
   const auto& b = cfg_.batch;
   phase_ms();
-  opt_->zero_grads();
   seqlen_ = next_seqlen();  // every sample keeps its first seqlen_ positions
   const int64_t L = curriculum_ ? seqlen_ : 0;  // 0: the whole sample
   // fp16: the loss (hence every gradient) is multiplied by the loss scale.
@@ -346,17 +346,24 @@ float Trainer::train_step() {
   DropoutKey key{.train = true, .seed = cfg_.seed, .iteration = state_.iteration, .first_sample = 0};
   // The losses, the norm and the overflow flag stay on the device until one
   // read (read_step_stats).
-  begin_step_stats();
-  if (pipe_) {
-    auto batch = [&](int micro) {
-      return local_batch(data_->train_batch(state_.consumed_samples, micro, dp_rank_, dp_, L));
-    };
-    pipe_->train(batch, loss_weight, key);  // the losses went to the step's statistics
-    tied_embedding_all_reduce();
+  if (graph_) {  // --cuda-graph: the same work, captured once and replayed
+    graph_region(loss_weight, key);
+    step_times_.forward_backward += phase_ms();
   } else {
-    run_micro_batches(loss_weight, key, L);
+    opt_->zero_grads();
+    begin_step_stats();
+    if (pipe_) {
+      auto batch = [&](int micro) {
+        return local_batch(data_->train_batch(state_.consumed_samples, micro, dp_rank_, dp_, L));
+      };
+      pipe_->train(batch, loss_weight, key);  // the losses went to the step's statistics
+      tied_embedding_all_reduce();
+    } else {
+      run_micro_batches(loss_weight, key, L);
+    }
+    step_times_.forward_backward += phase_ms();
+    end_step_stats();
   }
-  step_times_.forward_backward += phase_ms();
   double loss_mean = 0;    // the global mean loss of the step
   double norm = 0;         // the gradient norm (loss scale still in until divided below)
   int overflow_flag = -1;  // fp16 overflow, read with the step's statistics
@@ -378,6 +385,10 @@ float Trainer::train_step() {
     last_grad_norm_ = NAN;
     return loss;
   }
+  // The update runs after the read, eagerly, also with --cuda-graph: the
+  // clip coefficient, the learning rate and weight decay of the schedule and
+  // Adam's step count are host values passed by value, correct every step
+  // because they are never captured (docs/cuda.md, "CUDA graphs").
   float coef = clip_coefficient(norm, cfg_.optim.grad_clip);
   AdamWHyper h;
   h.lr = lr_at(cfg_.optim, state_.lr_clock);
@@ -422,18 +433,23 @@ void Trainer::begin_step_stats() {
   model_->set_loss_sink(step_stats_.view(2, {1}), shard_.tp_rank == 0 ? static_cast<float>(share) : 0.f);
 }
 
-// Reduces the gradients, adds this rank's share of their sum of squares and
-// (fp16) its overflow flag to step_stats_, sums step_stats_ over the world in
-// one all-reduce (stream-ordered on the GPU) and reads it back: the step's one
+// end_step_stats: reduces the gradients, adds this rank's share of their sum
+// of squares and (fp16) its overflow flag to step_stats_, sums step_stats_
+// over the world in one all-reduce (stream-ordered on the GPU);
+// read_step_stats reads it back: the step's one
 // host synchronisation, which cannot go: the loss scaler's skip and the clip
 // coefficient are decided on the host from these values. On the CPU backend
 // the all-reduce is the blocking collective the read waits for.
-void Trainer::read_step_stats(double* loss_mean, double* norm_scaled, int* overflow_flag) {
+void Trainer::end_step_stats() {
   opt_->reduce_gradients_into(step_stats_.view(0, {1}));
   if (scaler_) opt_->grads_nonfinite_into(step_stats_.view(1, {1}));
   model_->set_loss_sink(Tensor());
   Communicator& world = *comms_.world;
   if (world.size() > 1) world.all_reduce(step_stats_);
+}
+
+void Trainer::read_step_stats(double* loss_mean, double* norm_scaled, int* overflow_flag) {
+  Communicator& world = *comms_.world;
   // Several GPU ranks: the compute stream waits on NCCL operations. The NCCL
   // watchdog bounds each of them (a dead peer ends the process), so the read
   // below cannot hang for good; without it (DS_NCCL_BLOCKING_WAIT=1) a plain
@@ -457,6 +473,7 @@ float Trainer::profiled_step() {
   timeline_.clear();
   timeline_.enable(true);
   const int64_t syncs = host_sync_count();
+  const int64_t replays = graph_replays_;
   const double t0 = timeline_.now_us();
   float loss = train_step();
   const double t1 = timeline_.now_us();
@@ -468,8 +485,8 @@ float Trainer::profiled_step() {
   timeline_.write_chrome_trace(path, comms_.grid.rank);
   int n_comm = 0;
   for (const Timeline::Event& e : timeline_.events()) n_comm += e.cat == "comm" ? 1 : 0;
-  DS_LOG("profile: iteration {}: {} host synchronisations in the step ({}), {} overlapped gradient collectives "
-         "(overlap_comm {}); timeline in {}", state_.iteration, n,
+  DS_LOG("profile: iteration {}: {} host synchronisations in the step{} ({}), {} overlapped gradient collectives "
+         "(overlap_comm {}); timeline in {}", state_.iteration, n, graph_replays_ > replays ? " (a CUDA graph replay)" : "",
          dev_.is_cuda() ? "device/stream synchronisations, blocking copies and communication polls"
                         : "blocking collectives and waits for a communication thread",
          n_comm, cfg_.zero.overlap_comm ? "on" : "off", path);
@@ -520,6 +537,7 @@ bool Trainer::out_of_time() {
 
 double Trainer::evaluate() {
   if (!data_->has_valid() || cfg_.log.eval_iters <= 0) return NAN;
+  invalidate_graph("evaluation");
   double sum = 0;
   int64_t n = 0;
   const int64_t ga = cfg_.batch.grad_accum_steps;
@@ -586,6 +604,7 @@ MicroBatch Trainer::local_batch(MicroBatch mb) const {
 
 void Trainer::save() {
   if (cfg_.ckpt.save_dir.empty()) return;
+  invalidate_graph("checkpoint save");
   if (cfg_.optim.scheduler_type.empty()) state_.lr_schedule = lr_schedule_values(cfg_.optim);
   // Stage 0 keeps identical optimizer state on every rank: rank 0 writes one shard.
   const bool sharded = cfg_.zero.stage >= 1;
@@ -664,7 +683,12 @@ std::vector<float> Trainer::run() {
     auto t0 = std::chrono::steady_clock::now();
     // --profile: the run's second step (the first allocates and warms up), or
     // its only one.
-    const bool profile = cfg_.log.profile && (state_.iteration == first_iteration + 1 ||
+    // --cuda-graph: the first replay after the capture (warm-up steps, then
+    // the captured one), if the run is that long.
+    const int64_t profiled = cfg_.cuda_graph && cfg_.train_iters - first_iteration > cfg_.cuda_graph_warmup + 1
+                                 ? first_iteration + cfg_.cuda_graph_warmup + 1
+                                 : first_iteration + 1;
+    const bool profile = cfg_.log.profile && (state_.iteration == profiled ||
                                               (state_.iteration == first_iteration && cfg_.train_iters - first_iteration == 1));
     float loss = profile ? profiled_step() : train_step();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -30,6 +30,7 @@ class Trainer {
   // local_rank: this process's index on its node (the launcher's LOCAL_RANK),
   // which picks the GPU with --device cuda.
   Trainer(const TrainConfig& cfg, Comms& comms, int local_rank = 0);
+  ~Trainer();
   // Runs until train_iters; returns the per-iteration training losses of this run.
   std::vector<float> run();
   // Validation loss over eval_iters global batches of the valid split.
@@ -41,6 +42,12 @@ class Trainer {
   // --profile: the host synchronisations of the profiled step (the run's
   // second), as its start-up log line reports them; -1 before it ran.
   int64_t profiled_host_syncs() const { return profiled_syncs_; }
+  // --cuda-graph (trainer_graph.cpp): the iteration (1-based, as the log
+  // counts) whose step was last captured, 0 before a capture; the number of
+  // captures (one more after every evaluation or checkpoint) and replays.
+  int64_t graph_captured_at() const { return graph_captured_at_; }
+  int64_t graph_captures() const { return graph_captures_; }
+  int64_t graph_replays() const { return graph_replays_; }
 
  private:
   float train_step();
@@ -56,6 +63,7 @@ class Trainer {
   // synchronisations per step): see trainer.cpp.
   void run_micro_batches(float loss_weight, DropoutKey key, int64_t L);
   void begin_step_stats();
+  void end_step_stats();  // the device work that completes step_stats_ (no host read)
   void read_step_stats(double* loss_mean, double* norm_scaled, int* overflow_flag);
   Tensor step_stats_;  // (3) f32 on the device: gradient sum of squares, overflow flag, loss
   // Counts an iteration whose loss (or, without a loss scaler, gradient norm)
@@ -126,6 +134,23 @@ class Trainer {
   Timeline timeline_;
   float profiled_step();
   int64_t profiled_syncs_ = -1;
+  // --cuda-graph (trainer_graph.cpp, docs/cuda.md "CUDA graphs"). Declared
+  // last: destroyed first, so the graph's memory pool goes back to the cache
+  // while everything it addresses is still alive.
+  struct GraphState;
+  void setup_cuda_graph();
+  // The step from its start to just before the read (zeroing, the
+  // micro-batches, end_step_stats): eager during the warm-up, then captured
+  // once and replayed.
+  void graph_region(float loss_weight, DropoutKey key);
+  void graph_region_eager(float loss_weight, DropoutKey key);
+  // Eval, checkpoints: the next step captures again (see trainer_graph.cpp).
+  void invalidate_graph(const char* why);
+  int64_t graph_captured_at_ = 0, graph_captures_ = 0, graph_replays_ = 0;
+  struct GraphStateDelete {  // defined beside GraphState (trainer_graph.cpp)
+    void operator()(GraphState* g) const;
+  };
+  std::unique_ptr<GraphState, GraphStateDelete> graph_;
 };
 
 }  // namespace ds
