@@ -239,9 +239,9 @@ void Trainer::log_model_state() {
     DS_LOG("pipeline messages: up to {} buffers of {} bytes live on this stage ({} bytes, transient, not in the model "
            "state above: received activations and gradients, input gradients waiting to be sent{})",
            n, each, n * each,
-           cfg_.zero.overlap_comm && shard_.vp == 1 ? "; gradients on the second communicator, each receive posted "
-                                                      "one compute early (overlap_comm)"
-                                                    : "");
+           cfg_.zero.overlap_comm ? "; gradients on the second communicator, receives posted a compute early "
+                                    "(overlap_comm)"
+                                  : "");
   }
   if (cfg_.zero.offload_optimizer == OffloadDevice::CPU)
     DS_LOG("host memory (offload_optimizer): {} bytes per rank: Adam m, v {} + fp32 master copy and two gradient "
