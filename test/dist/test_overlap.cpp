@@ -263,6 +263,21 @@ P2POverlap p2p_overlap(const std::string& path) {
   return o;
 }
 
+// Runs dstrain on 2 ranks with `args` plus --profile into `dir` (created
+// afresh) and returns p2p_overlap of rank 0's timeline.
+P2POverlap profiled_p2p_overlap(std::vector<std::string> args, const std::string& dir) {
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  args.insert(args.end(), {"--profile", "--profile-dir", dir});
+  std::string log;
+  DstrainJob job{2, args};
+  job.rank0_output = &log;
+  const std::string err = run_dstrain(job);
+  INFO(err << log);
+  REQUIRE(err.empty());
+  return p2p_overlap(dir + "/timeline_rank0.json");
+}
+
 }  // namespace
 
 namespace {
@@ -313,18 +328,10 @@ TEST_CASE("timeline: pipeline receives overlap the 1F1B computes with overlap_co
   for (int overlap : {0, 1}) {
     const std::string name = std::string("timeline_pp2_") + (overlap ? "on" : "off");
     const std::string dir = dist_data().dir + "/" + name;
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    INFO("overlap " << overlap);
     std::vector<std::string> args = model_args(6, 2);
     args.insert(args.begin(), {"--config", write_config(name, 1, overlap, 3000)});
-    args.insert(args.end(), {"--profile", "--profile-dir", dir});
-    std::string log;
-    DstrainJob job{2, args};
-    job.rank0_output = &log;
-    std::string err = run_dstrain(job);
-    INFO("overlap " << overlap << ": " << err << log);
-    REQUIRE(err.empty());
-    const P2POverlap o = p2p_overlap(dir + "/timeline_rank0.json");
+    const P2POverlap o = profiled_p2p_overlap(args, dir);
     INFO(o.recv_batches << " receive batches, " << o.computes << " computes, " << o.overlapping << " overlapping");
     REQUIRE(o.computes == 8);      // 4 forwards, 4 backwards
     REQUIRE(o.recv_batches == 4);  // stage 0 receives the 4 output gradients
@@ -365,8 +372,7 @@ TEST_CASE("timeline: interleaved pipeline receives overlap the computes with ove
   for (int overlap : {0, 1}) {
     const std::string name = std::string("timeline_pp2vp2_") + (overlap ? "on" : "off");
     const std::string dir = dist_data().dir + "/" + name;
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    INFO("overlap " << overlap);
     // Layers of hidden 128 over 64 tokens: a compute takes long enough that
     // a neighbour's data produced during it arrives during it.
     const DistData& d = dist_data();
@@ -375,15 +381,8 @@ TEST_CASE("timeline: interleaved pipeline receives overlap the computes with ove
                                      "--max-position-embeddings", "64", "--pipeline-model-parallel-size", "2",
                                      "--num-layers-per-virtual-pipeline-stage", "1", "--train-iters", "3", "--lr",
                                      "1e-3", "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1",
-                                     "--data-path", d.data_prefix, "--vocab-file", d.vocab, "--merge-file", d.merges,
-                                     "--profile", "--profile-dir", dir};
-    std::string log;
-    DstrainJob job{2, args};
-    job.rank0_output = &log;
-    std::string err = run_dstrain(job);
-    INFO("overlap " << overlap << ": " << err << log);
-    REQUIRE(err.empty());
-    const P2POverlap o = p2p_overlap(dir + "/timeline_rank0.json");
+                                     "--data-path", d.data_prefix, "--vocab-file", d.vocab, "--merge-file", d.merges};
+    const P2POverlap o = profiled_p2p_overlap(args, dir);
     INFO(o.recv_batches << " receive batches, " << o.computes << " computes, " << o.overlapping << " overlapping");
     REQUIRE(o.computes == 32);  // 8 micro-batches x 2 chunks, forward and backward
     REQUIRE(o.recv_batches == plan[overlap].all);
