@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Builds the GPU-relevant binaries here (CUDA Release, sm_90 only) and assembles
-# gpu-bundle/ at the repo root for the lent H200 device machine:
+# Builds the GPU-relevant binaries here (CUDA Release, sm_90 only, the project's
+# libraries shared: DS_SHARED_LIBS=ON, so the programs share one copy of the
+# CUDA kernels in libds_cuda.so instead of carrying ~4 MiB each) and assembles
+# gpu-bundle/ at the repo root for the lent device machine:
 #   gpu-bundle/bin/   test_cuda_ops, test_gen_cuda, test_offload_cuda, test_host_syncs_cuda, test_comm_nccl (+ ds_comm_worker, which it
 #                     starts from its own folder), bench_cuda_kernels, dstrain,
 #                     dsprep, dsrun (stripped copies)
-#   gpu-bundle/lib/   every shared library they need (ldd) that is neither a
+#   gpu-bundle/lib/   every shared library they need (ldd), our libds_*.so
+#                     included, that is neither a
 #                     CUDA/NVIDIA library (found on the device) nor a base glibc /
 #                     libstdc++ / libgcc_s library
 #   gpu-bundle/data/  a tiny generated corpus, BPE vocab and .bin/.idx dataset
@@ -15,7 +18,8 @@
 #
 # Env: BUILD_DIR (default build-gpu), JOBS (ninja -j, default 1),
 #      DS_CPU_ARCH (-march for lib/cpu, default x86-64-v3: the device's CPU is
-#      not ours, so no -march=native), MAX_MB (size check, default 56).
+#      not ours, so no -march=native), MAX_MB (size check, default 40; the
+#      bundle was 24 MiB when the libraries became shared, 54 MiB before).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,7 +27,7 @@ cd "$ROOT"
 BUILD_DIR="${BUILD_DIR:-build-gpu}"
 JOBS="${JOBS:-1}"
 CPU_ARCH="${DS_CPU_ARCH:-x86-64-v3}"
-MAX_MB="${MAX_MB:-56}"
+MAX_MB="${MAX_MB:-40}"
 BUNDLE="$ROOT/gpu-bundle"
 TARGETS=(test_cuda_ops test_gen_cuda test_offload_cuda test_host_syncs_cuda test_comm_nccl ds_comm_worker bench_cuda_kernels bench_train dstrain dsprep dsrun)
 
@@ -32,9 +36,9 @@ die() { printf '[gpu_bundle] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # --- configure -------------------------------------------------------------
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
-  log "configuring $BUILD_DIR (Release, sm_90, DS_CPU_ARCH=$CPU_ARCH)"
+  log "configuring $BUILD_DIR (Release, sm_90, shared libraries, DS_CPU_ARCH=$CPU_ARCH)"
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DCMAKE_CUDA_ARCHITECTURES=90 -DDS_CPU_ARCH="$CPU_ARCH"
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DDS_SHARED_LIBS=ON -DDS_CPU_ARCH="$CPU_ARCH"
 else
   cache="$BUILD_DIR/CMakeCache.txt"
   arch="$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$cache")"
@@ -43,6 +47,11 @@ else
   log "reusing $BUILD_DIR (build type '$btype', CUDA archs '$arch', DS_CPU_ARCH '$cpu')"
   [[ "$arch" == "90" && "$btype" == "Release" ]] ||
     die "$BUILD_DIR is not a Release sm_90-only build; use another BUILD_DIR"
+  shared="$(sed -n 's/^DS_SHARED_LIBS:[A-Z]*=//p' "$cache")"
+  if [[ "$shared" != "ON" ]]; then
+    log "turning DS_SHARED_LIBS on in $BUILD_DIR (one copy of the kernels for every program)"
+    cmake -S . -B "$BUILD_DIR" -DDS_SHARED_LIBS=ON > /dev/null
+  fi
   if [[ "$cpu" == "native" ]]; then
     log "WARNING: DS_CPU_ARCH=native in $BUILD_DIR: lib/cpu may use instructions the device's CPU lacks"
   fi
