@@ -215,6 +215,47 @@ void bench_elementwise(Report& r) {
   r.bytes("nonfinite_check bf16 16384x3072", ms, h);
 }
 
+// Vocab-parallel cross-entropy, one rank of tp 2 at GPT-2's padded vocab
+// (Vl 25152 of 50304, the second shard: 25105 real columns, the padding
+// masked inside the last vector), bf16, each phase on its own and the three
+// together (the all-reduces between them are not timed), then all three
+// with the logits and dlogits at offset 1 (the element-by-element path).
+// Bytes: max and stats read the logits once, finish reads them and writes
+// dlogits.
+void bench_vocab_parallel(Report& r) {
+  const DType bf = DType::BF16;
+  const int64_t NL = 8192, Vl = 25152, V = 50257, start = Vl;
+  const Device dev = Device::cuda(0);
+  Tensor tgt = Tensor::empty({NL}, DType::I32);
+  for (int64_t i = 0; i < NL; ++i) tgt.data<int32_t>()[i] = int32_t((i * 7919) % V);
+  tgt = tgt.to(dev);
+  Tensor logits = rand_dev({NL, Vl}, bf, 41, 3.0f), dl = Tensor::empty({NL, Vl}, bf, dev);
+  Tensor rowmax = Tensor::empty({NL}, DType::F32, dev), stats = Tensor::empty({2, NL}, DType::F32, dev);
+  Tensor losses = Tensor::empty({NL}, DType::F32, dev);
+  auto phase = [&](VocabCEPhase ph, const Tensor& x, const Tensor& d) {
+    ops::vocab_parallel_cross_entropy(VocabParallelCEArgs{.phase = ph, .logits = x, .targets = tgt, .rowmax = rowmax,
+                                                          .stats = stats, .losses = losses, .dlogits = d,
+                                                          .vocab_start = start, .V = V, .dloss = 1.0f});
+  };
+  const double row = double(NL) * Vl * 2;
+  double ms = time_ms([&] { phase(VocabCEPhase::Max, logits, Tensor{}); });
+  r.bytes("vocab_parallel_ce max bf16 8192x25152", ms, row);
+  ms = time_ms([&] { phase(VocabCEPhase::Stats, logits, Tensor{}); });
+  r.bytes("vocab_parallel_ce stats bf16 8192x25152", ms, row);
+  ms = time_ms([&] { phase(VocabCEPhase::Finish, logits, dl); });
+  r.bytes("vocab_parallel_ce finish+grad bf16 8192x25152", ms, 2.0 * row);
+  auto all = [&](const Tensor& x, const Tensor& d) {
+    phase(VocabCEPhase::Max, x, Tensor{});
+    phase(VocabCEPhase::Stats, x, Tensor{});
+    phase(VocabCEPhase::Finish, x, d);
+  };
+  ms = time_ms([&] { all(logits, dl); });
+  r.bytes("vocab_parallel_ce 3 phases bf16 8192x25152", ms, 4.0 * row);
+  Tensor xo = offset_view(logits, 1), dlo = offset_view(dl, 1);
+  ms = time_ms([&] { all(xo, dlo); });
+  r.bytes("vocab_parallel_ce 3 phases (offset 1: scalar)", ms, 4.0 * row);
+}
+
 void bench_loss_optim(Report& r) {
   const DType bf = DType::BF16;
   const int64_t V = 50304, Vp = 50304;
@@ -285,6 +326,26 @@ void bench_embedding(Report& r) {
       }
     }
   ds::cuda::set_embedding_backward(ds::cuda::EmbeddingBackward::Sorted);
+  // The forward (bf16 tables, 8x1024 spread tokens) with the learned
+  // positions, then with wte at offset 1 (the element-by-element path).
+  // Bytes: out written, one wte row per token, the T wpe rows once (the
+  // batch re-reads them from L2).
+  const int64_t B = 8, T = 1024, N = B * T;
+  Tensor tok = gpt2_tokens(B, T, V, false);
+  Tensor wte = rand_dev({V, C}, DType::BF16, 36), wpe = rand_dev({T, C}, DType::BF16, 37);
+  Tensor out = Tensor::empty({B, T, C}, DType::BF16, Device::cuda(0));
+  const double fwd_bytes = 2.0 * N * C * 2 + double(T) * C * 2;
+  double ms = time_ms([&] { ops::embedding_forward(EmbeddingArgs{out, tok, wte, wpe}); });
+  r.bytes("embedding_forward bf16 8192 tok, wpe", ms, fwd_bytes);
+  Tensor wte1 = offset_view(wte, 1);
+  ms = time_ms([&] { ops::embedding_forward(EmbeddingArgs{out, tok, wte1, wpe}); });
+  r.bytes("embedding_forward bf16 8192 tok (offset 1: scalar)", ms, fwd_bytes);
+  // The backward with dwpe (f32): the wte part as above plus dout read
+  // again and the T dwpe rows read and written.
+  Tensor dout = rand_dev({B, T, C}, DType::BF16, 38), dwpe = Tensor::zeros({T, C}, DType::F32, Device::cuda(0));
+  ms = time_ms([&] { ops::embedding_backward(EmbeddingBwdArgs{dwte, dwpe, dout, tok}); });
+  r.bytes("embedding_backward sorted 8192 tok + dwpe", ms,
+          double(N) * C * 2 + 2.0 * N * C * 4 + double(N) * C * 2 + 2.0 * T * C * 4);
 }
 
 // RoPE on packed qkv, bf16: forward out of place (reads and writes every
@@ -419,6 +480,7 @@ int main(int argc, char** argv) {
   bench_norms(r);
   bench_elementwise(r);
   bench_loss_optim(r);
+  bench_vocab_parallel(r);
   bench_embedding(r);
   bench_rope(r);
   bench_matmul_attention(r, quick);

@@ -1,5 +1,12 @@
 // Token (+ learned position) embedding forward and a deterministic backward.
 //
+// Forward: out row n = wte row (tokens[n] - vocab_start), or 0 for another
+// rank's token, + wpe row (n % T + pos_offset). One thread per 16-byte vector
+// of out (VW channels of one token; the wte/wpe reads in their own widths)
+// when C is a multiple of VW and out, wte and wpe all start aligned (they may
+// be views into a flat parameter buffer at any offset, checked per call),
+// else one element per thread. The same f32 sum per element on both paths:
+// the bits do not depend on which one ran.
 // wte backward (the default, EmbeddingBackward::Sorted): the call's tokens
 // are bucketed by vocabulary row once, then each row's gradient is summed
 // from its own positions only: O(N*C) work instead of the scan kernel's
@@ -24,7 +31,9 @@
 // The scan kernel (EmbeddingBackward::Scan, kept as the benchmark baseline):
 // each block owns kRows vocab rows x kThreads channels, scans all tokens in
 // order and adds the dout rows of its own tokens in position order.
-// dwpe: one thread per (t, c) sums over the batch in order.
+// dwpe: one thread per (t, VW channels) sums over the batch in order and adds
+// the sum to dwpe; vectors under the forward's conditions (dout and dwpe),
+// else VW = 1. Bit-identical either way.
 #include <atomic>
 
 #include "cuda/core/allocator.h"
@@ -48,15 +57,30 @@ template <class T> struct EmbFwdParams {
   int64_t N, T_, C, Vlocal, vocab_start, pos_offset;
 };
 
-template <class T>
+// One thread per VW consecutive channels of one token (VW divides C, so a
+// vector never leaves its row). VW = 1 is the element-by-element path; both
+// compute y = wte (or 0 for another rank's token) + wpe in f32 per element.
+template <class T, int VW>
 __global__ void embedding_forward_kernel(EmbFwdParams<T> p) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.N * p.C;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t n = i / p.C, c = i - n * p.C;
-    int64_t v = int64_t(p.tokens[n]) - p.vocab_start;
-    float y = (v >= 0 && v < p.Vlocal) ? load(p.wte, v * p.C + c) : 0.f;
-    if (p.wpe.p) y += load(p.wpe, (n % p.T_ + p.pos_offset) * p.C + c);
-    p.out[i] = from_f<T>(y);
+  const int64_t nvec = p.N * p.C / VW;
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < nvec;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = j * VW, n = i / p.C, c = i - n * p.C;
+    const int64_t v = int64_t(p.tokens[n]) - p.vocab_start;
+    float y[VW];
+    if (v >= 0 && v < p.Vlocal) {
+      load_any<VW>(p.wte, v * p.C + c, y);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VW; ++k) y[k] = 0.f;
+    }
+    if (p.wpe.p) {
+      float w[VW];
+      load_any<VW>(p.wpe, (n % p.T_ + p.pos_offset) * p.C + c, w);
+#pragma unroll
+      for (int k = 0; k < VW; ++k) y[k] += w[k];
+    }
+    store_f<VW>(p.out, i, y);
   }
 }
 
@@ -404,16 +428,24 @@ void wte_backward_scan(const EmbeddingBwdArgs& a, int64_t N, int64_t C, int64_t 
   DS_CUDA_CHECK_LAUNCH();
 }
 
-template <class T>
+// One thread per VW consecutive channels of one position (VW divides C):
+// the batch's dout rows summed in order b = 0..B-1, then added to dwpe.
+template <class T, int VW>
 __global__ void wpe_backward_kernel(AnyPtr dwpe /* (maxT, C) += */, const T* dout /* (B, T, C) */,
                                     int64_t B, int64_t T_, int64_t C, int64_t pos_offset) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < T_ * C;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t t = i / C, c = i - t * C;
-    float s = 0.f;
-    for (int64_t b = 0; b < B; ++b) s += to_f(dout[(b * T_ + t) * C + c]);
-    int64_t idx = (t + pos_offset) * C + c;
-    store(dwpe, idx, load(dwpe, idx) + s);
+  const int64_t nvec = T_ * C / VW;
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < nvec;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = j * VW, t = i / C, c = i - t * C;
+    float s[VW], x[VW];
+#pragma unroll
+    for (int k = 0; k < VW; ++k) s[k] = 0.f;
+    for (int64_t b = 0; b < B; ++b) {
+      load_f<VW>(dout, (b * T_ + t) * C + c, x);
+#pragma unroll
+      for (int k = 0; k < VW; ++k) s[k] += x[k];
+    }
+    add_to_row<VW>(dwpe, (t + pos_offset) * C + c, s);
   }
 }
 
@@ -431,7 +463,16 @@ void embedding_forward(const EmbeddingArgs& a, const Stream& s) {
     using T = typename decltype(tag)::type;
     EmbFwdParams<T> p{a.out.data<T>(), a.tokens.data<int32_t>(), any_ptr(a.wte), any_ptr(a.wpe),
                       N, Tn, C, V, a.vocab_start, a.pos_offset};
-    embedding_forward_kernel<T><<<grid_for(N * C, 256), 256, 0, stream_of(s)>>>(p);
+    // Vectors when every row of out, wte and wpe starts aligned (the tables
+    // may be views into a flat parameter buffer at any offset).
+    constexpr int W = vec_width(sizeof(T));
+    const bool vec = rows_vectorisable(a.out.raw(), sizeof(T), C, W) &&
+                     rows_vectorisable(a.wte.raw(), elem_bytes(p.wte), C, W) &&
+                     rows_vectorisable(a.wpe.defined() ? a.wpe.raw() : nullptr, elem_bytes(p.wpe), C, W);
+    if (vec)
+      embedding_forward_kernel<T, W><<<grid_for(N * C / W, 256), 256, 0, stream_of(s)>>>(p);
+    else
+      embedding_forward_kernel<T, 1><<<grid_for(N * C, 256), 256, 0, stream_of(s)>>>(p);
     DS_CUDA_CHECK_LAUNCH();
   });
 }
@@ -452,8 +493,14 @@ void embedding_backward(const EmbeddingBwdArgs& a, const Stream& s) {
       else wte_backward_sorted<T>(a, N, C, V, s);
     }
     if (a.dwpe.defined()) {
-      wpe_backward_kernel<T><<<grid_for(Tn * C, 256), 256, 0, stream_of(s)>>>(
-          any_ptr(a.dwpe), a.dout.data<T>(), Bn, Tn, C, a.pos_offset);
+      constexpr int W = vec_width(sizeof(T));
+      const AnyPtr dwpe = any_ptr(a.dwpe);
+      if (rows_vectorisable(a.dout.raw(), sizeof(T), C, W) && rows_vectorisable(a.dwpe.raw(), elem_bytes(dwpe), C, W))
+        wpe_backward_kernel<T, W><<<grid_for(Tn * C / W, 256), 256, 0, stream_of(s)>>>(
+            dwpe, a.dout.data<T>(), Bn, Tn, C, a.pos_offset);
+      else
+        wpe_backward_kernel<T, 1><<<grid_for(Tn * C, 256), 256, 0, stream_of(s)>>>(
+            dwpe, a.dout.data<T>(), Bn, Tn, C, a.pos_offset);
       DS_CUDA_CHECK_LAUNCH();
     }
   });
