@@ -148,13 +148,13 @@ TEST_CASE("bad inputs give one clear error and write nothing") {
   }
 }
 
-TEST_CASE("--export-hf DIR/ (trailing slash) writes DIR, and a second export replaces the first") {
+TEST_CASE("an export to DIR/ (trailing slash) writes DIR, and a second export replaces the first") {
   fs::path out = fixture().dir / "hf_slash";
   fs::remove_all(out);
-  train({"--train-iters", "1", "--export-hf", out.string() + "/"});
+  train({"--train-iters", "3", "--export-hf", out.string() + "/"});
   REQUIRE(fs::exists(out / "model.safetensors"));
   REQUIRE(fs::exists(out / "config.json"));
-  train({"--train-iters", "1", "--export-hf", out.string()});
+  train({"--train-iters", "3", "--export-hf", out.string()});
   REQUIRE(fs::exists(out / "model.safetensors"));
   for (const auto& e : fs::directory_iterator(fixture().dir))  // no temporary directory left beside it
     CHECK(e.path().filename().string().find("hf_slash.tmp") == std::string::npos);
