@@ -208,6 +208,11 @@ void validate_parallel(const TrainConfig& cfg) {
   DS_USER_CHECK(z.reduce_bucket_size > 0 && z.allgather_bucket_size > 0,
                 "zero_optimization: reduce_bucket_size {} and allgather_bucket_size {} must be positive",
                 z.reduce_bucket_size, z.allgather_bucket_size);
+  DS_USER_CHECK(z.stage3_prefetch_bucket_size >= 0 && z.stage3_max_live_parameters >= 0 &&
+                    z.stage3_param_persistence_threshold >= 0,
+                "zero_optimization: stage3_prefetch_bucket_size {}, stage3_max_live_parameters {} and "
+                "stage3_param_persistence_threshold {} must be >= 0", z.stage3_prefetch_bucket_size,
+                z.stage3_max_live_parameters, z.stage3_param_persistence_threshold);
   DS_USER_CHECK(cfg.precision.grad_accum == DType::F32 || z.offload_optimizer == OffloadDevice::None,
                 "data_types.grad_accum_dtype '{}' with zero_optimization.offload_optimizer.device cpu is not "
                 "supported (the host AdamW reads f32 gradients); use \"fp32\"",

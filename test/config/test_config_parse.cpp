@@ -340,6 +340,8 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
                     Contains("'train_batch_size' must be a positive integer, got 0"));
   CHECK_THROWS_WITH(parse_json(base(), {"--device", "tpu"}), Contains("--device"));
   CHECK_THROWS_WITH(parse_json(base(), {"--seed", "-1"}), Contains("'training.seed' (--seed) must be a non-negative"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"stage3_prefetch_bucket_size", -1}}}})),
+                    Contains("stage3_prefetch_bucket_size -1, stage3_max_live_parameters"));
   CHECK_THROWS_WITH(parse_json(base(), {"--lr", "inf"}), Contains("--lr) must be a finite number >= 0, got inf"));
   CHECK_THROWS_WITH(parse_json(base(), {"--train-iters", "-1"}),
                     Contains("training.train_iters (--train-iters) must be >= 0, got -1"));
