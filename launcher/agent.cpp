@@ -143,7 +143,9 @@ void Agent::spawn_rank(RankProc& r, const std::vector<std::string>& base_env, in
   if (!a_.each_rank_log.empty()) {
     std::string path = fmt::format("{}/rank_{}.log", a_.each_rank_log, r.info.rank);
     log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    DS_USER_CHECK(log_fd >= 0, "--enable_each_rank_log: cannot write '{}': {}", path, std::strerror(errno));
+    // A SpawnError (exit 1, "error: ..."): exit code 127 means the program could not be run.
+    if (log_fd < 0) throw SpawnError(fmt::format("--enable_each_rank_log: cannot write '{}': {}", path,
+                                                 std::strerror(errno)));
     spec.stdout_fd = spec.stderr_fd = log_fd;
   } else {
     if (pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0) {
@@ -193,7 +195,8 @@ void Agent::start_ranks() {
   if (!a_.each_rank_log.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(a_.each_rank_log, ec);
-    DS_USER_CHECK(!ec, "--enable_each_rank_log: cannot create '{}': {}", a_.each_rank_log, ec.message());
+    if (ec) throw SpawnError(fmt::format("--enable_each_rank_log: cannot create '{}': {}", a_.each_rank_log,
+                                         ec.message()));
   }
   std::vector<std::string> base_env = environ_entries();
   for (auto& r : ranks_) {

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <unordered_set>
@@ -101,6 +102,9 @@ ResourcePool parse_hostfile(const std::string& text, const std::string& source) 
 }
 
 std::optional<ResourcePool> read_hostfile(const std::string& path, bool must_exist) {
+  std::error_code ec;
+  DS_USER_CHECK(!std::filesystem::is_directory(path, ec), "hostfile '{}' is a directory (give the file to "
+                "--hostfile)", path);
   std::ifstream f(path);
   if (!f) {
     DS_USER_CHECK(!must_exist, "hostfile '{}' cannot be read (check the path given to --hostfile)",

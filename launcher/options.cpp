@@ -3,6 +3,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "launcher/plan.h"
+#include "launcher/rank_env.h"
 #include "lib/core/error.h"
 
 namespace ds::launch {
@@ -17,16 +19,14 @@ bool run_parse(CLI::App& app, int argc, char** argv, std::string* program,
     app.exit(e);
     return false;
   } catch (const CLI::ParseError& e) {
-    DS_USER_ERROR("{}: {} (see {} --help)", app.get_name(), e.what(), app.get_name());
+    DS_USER_ERROR("{} (see {} --help)", e.what(), app.get_name());  // main adds "dsrun: error: "
   }
   std::vector<std::string> rest = app.remaining();
   bool dashdash = !rest.empty() && rest[0] == "--";
   if (dashdash) rest.erase(rest.begin());
   DS_USER_CHECK(rest.empty() || dashdash || rest[0].empty() || rest[0][0] != '-',
-                "{}: unknown option '{}' (see {} --help)", app.get_name(), rest.empty() ? "" : rest[0],
-                app.get_name());
-  DS_USER_CHECK(!rest.empty(), "{}: no PROGRAM given (usage: dsrun [options] PROGRAM [ARGS...])",
-                app.get_name());
+                "unknown option '{}' (see {} --help)", rest.empty() ? "" : rest[0], app.get_name());
+  DS_USER_CHECK(!rest.empty(), "no PROGRAM given (usage: dsrun [options] PROGRAM [ARGS...])");
   *program = rest[0];
   args->assign(rest.begin() + 1, rest.end());
   return true;
@@ -116,7 +116,7 @@ bool parse_options(int argc, char** argv, Options* o) {
     std::string name = bad;
     app.add_option_function<std::string>(
            name, [name](const std::string&) {
-             DS_USER_ERROR("dsrun: {} is a DeepSpeed (Python) feature that dsrun does not support", name);
+             DS_USER_ERROR("{} is a DeepSpeed (Python) feature that dsrun does not support", name);
            }, "not supported")
         ->group("")
         ->expected(0, 1);
@@ -128,6 +128,8 @@ bool parse_options(int argc, char** argv, Options* o) {
   DS_USER_CHECK(o->ssh_port >= 0 && o->ssh_port < 65536, "--ssh_port {} is not a TCP port", o->ssh_port);
   DS_USER_CHECK(o->teardown_grace >= 0 && o->teardown_grace <= 600,
                 "--teardown_grace {} must be between 0 and 600 seconds", o->teardown_grace);
+  parse_transport(o->launcher);  // an unknown name is an error even where a local launch would not use it
+  if (!o->bind_core_list.empty()) parse_core_list(o->bind_core_list);  // here, not in each node's agent
   DS_USER_CHECK(!o->no_ssh || o->node_rank >= 0, "--no_ssh needs --node_rank N (this node's rank)");
   DS_USER_CHECK(o->node_rank < 0 || o->no_ssh, "--node_rank is only meaningful with --no_ssh");
   check_restart_options(*o);

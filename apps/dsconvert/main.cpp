@@ -11,8 +11,9 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "lib/ckpt/hf.h"
 #include "lib/ckpt/convert.h"
+#include "lib/ckpt/file_io.h"
+#include "lib/ckpt/hf.h"
 #include "lib/core/progress.h"
 #include "lib/core/error.h"
 #include "lib/train/config.h"
@@ -72,6 +73,8 @@ ds::TrainConfig target_config(nlohmann::json c, const Args& a, int layers) {
 }
 
 int run(const Args& a) {
+  if (!a.export_hf.empty()) ds::check_export_dir(a.export_hf, "--export-hf");  // before reading anything
+  if (!a.save.empty()) ds::check_output_dir(a.save, "--save");
   const std::string step = ds::find_step_dir(a.load, a.tag);
   DS_USER_CHECK(!step.empty(), "--load {}: no checkpoint there ('latest' missing; give --tag global_stepN)", a.load);
   ds::StepState state = ds::read_step_state(step);

@@ -45,6 +45,9 @@ struct Args {
   uint64_t seed = 1234;
 };
 
+// The largest --generate-corpus size: 10 TB (a size past int64 bytes would wrap).
+constexpr double kMaxCorpusMb = 1e7;
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -61,8 +64,9 @@ std::vector<DocumentSource> sources(const Args& a) {
     s.text_split = a.text_split == "file" ? ds::prep::TextSplit::File
                                           : ds::prep::TextSplit::Paragraph;
     s.json_key = a.json_keys.empty() ? std::string() : a.json_keys.front();
-    if (!std::filesystem::is_regular_file(path))
-      DS_USER_ERROR("input file {} not found (--input)", path);
+    std::error_code ec;
+    DS_USER_CHECK(std::filesystem::exists(path, ec), "input file {} not found (--input)", path);
+    DS_USER_CHECK(std::filesystem::is_regular_file(path, ec), "input file {} is not a regular file (--input)", path);
     out.push_back(s);
   }
   return out;
@@ -111,10 +115,19 @@ int run_tokenize(const Args& a) {
   check_megatron_flags(a);
   auto srcs = sources(a);
   DS_USER_CHECK(!a.output_prefix.empty(), "--output-prefix is required to tokenize");
+  DS_USER_CHECK(a.output_prefix.back() != '/', "--output-prefix '{}' ends in '/': give a file name prefix such as "
+                "{}corpus (writes corpus.bin and corpus.idx there)", a.output_prefix, a.output_prefix);
   const bool megatron = megatron_mode(srcs);
   ds::prep::TokenizeOptions opt;
   opt.tokenizer = tokenizer_spec(a);
   opt.output_prefix = megatron ? a.output_prefix + "_" + a.json_keys.front() + "_document" : a.output_prefix;
+  for (const DocumentSource& src : srcs)  // the output replaces its files by rename: an input there would be lost
+    for (const char* ext : {".bin", ".idx"}) {
+      std::error_code ec;
+      DS_USER_CHECK(!std::filesystem::equivalent(src.path, opt.output_prefix + ext, ec),
+                    "--output-prefix {} would overwrite the input file {} (--input); choose another prefix",
+                    opt.output_prefix, src.path);
+    }
   opt.dtype = a.dtype;
   DS_USER_CHECK(!(a.eod_on && a.eod_off), "--append-eod and --no-append-eod contradict each other; give one");
   opt.append_eod = a.eod_on || (!a.eod_off && !megatron);
@@ -135,6 +148,7 @@ int run_train_tokenizer(const Args& a) {
   auto srcs = sources(a);
   DS_USER_CHECK(!a.output_dir.empty(), "--output-dir is required with --train-tokenizer");
   DS_USER_CHECK(a.vocab_size > 0, "--vocab-size is required with --train-tokenizer");
+  DS_USER_CHECK(a.min_frequency >= 0, "--min-frequency must be >= 0, got {}", a.min_frequency);
   const auto t0 = std::chrono::steady_clock::now();
   std::string corpus;
   for (const auto& src : srcs) {
@@ -147,6 +161,10 @@ int run_train_tokenizer(const Args& a) {
       });
     }
   }
+  std::string inputs;
+  for (const auto& src : srcs) inputs += (inputs.empty() ? "" : " ") + src.path;
+  DS_USER_CHECK(!corpus.empty(), "no text found in the input (--input {}): nothing to learn a vocabulary from",
+                inputs);
   ds::data::BpeTrainOptions opt;
   opt.min_frequency = a.min_frequency;
   auto bpe = ds::data::train_bpe(corpus, a.vocab_size, opt);
@@ -163,8 +181,8 @@ int run_train_tokenizer(const Args& a) {
 }
 
 int run_generate(const Args& a) {
-  DS_USER_CHECK(a.size_mb > 0 && std::isfinite(a.size_mb),
-                "--size-mb must be a positive number, got {}", a.size_mb);
+  DS_USER_CHECK(a.size_mb > 0 && a.size_mb <= kMaxCorpusMb, "--size-mb must be a number in (0, {}], got {}",
+                kMaxCorpusMb, a.size_mb);
   const std::string tmp = a.generate_corpus + ".tmp";
   const std::filesystem::path parent = std::filesystem::path(a.generate_corpus).parent_path();
   std::error_code ec;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "lib/ckpt/crc32c.h"
@@ -87,6 +88,20 @@ uint32_t file_crc32c(const std::string& path, Progress* progress) {
   }
   ::close(fd);
   return crc;
+}
+
+void check_output_dir(const std::string& path, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::absolute(path, ec).lexically_normal();
+  if (ec) p = fs::path(path);
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();  // "out/" is "out"
+  const fs::path given = p;
+  while (!fs::exists(p, ec) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
+  DS_USER_CHECK(fs::is_directory(p, ec), "{} '{}': '{}' {}", what, path, p.string(),
+                p == given ? "exists and is not a directory" : "is not a directory, so nothing can be created in it");
+  DS_USER_CHECK(::access(p.c_str(), W_OK | X_OK) == 0, "{} '{}': cannot write into '{}': {}", what, path, p.string(),
+                std::strerror(errno));
 }
 
 std::string read_small_file(const std::string& path, size_t max_bytes, const std::string& what) {

@@ -29,4 +29,10 @@ uint32_t file_crc32c(const std::string& path, Progress* progress = nullptr);
 // file is a UserError naming `what` (e.g. "checkpoint file 'DIR/latest'").
 std::string read_small_file(const std::string& path, size_t max_bytes, const std::string& what);
 
+// Checks, before any work, that an output directory (`--save DIR`,
+// `--export-hf DIR`) can be written: it is a directory, or the nearest
+// existing one above it is a writable directory. `what` names the input
+// ("--save") in the UserError.
+void check_output_dir(const std::string& path, const std::string& what);
+
 }  // namespace ds

@@ -299,12 +299,42 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& fil
 
 void check_hf_exportable(const ModelConfig& cfg, const char* what) { hf_arch(model_dims(cfg), what); }
 
+namespace {
+
+// The export directory as an absolute path without a trailing separator
+// ("out/" and "out" are the same directory; the temporary one is its sibling).
+fs::path export_path(const std::string& outdir) {
+  std::error_code ec;
+  fs::path p = fs::absolute(outdir, ec).lexically_normal();
+  if (ec) p = fs::path(outdir);
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
+}  // namespace
+
+void check_export_dir(const std::string& outdir, const char* what) {
+  check_output_dir(outdir, what);
+  const fs::path out = export_path(outdir);
+  std::error_code ec;
+  if (!fs::exists(out, ec)) return;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string name = e.path().filename().string();
+    DS_USER_CHECK(name == "config.json" || name == "model.safetensors",
+                  "{} '{}' already holds '{}', so it is not a previous export to replace; give a new or empty "
+                  "directory", what, outdir, name);
+  }
+  DS_USER_CHECK(!ec, "{} '{}' cannot be listed: {}", what, outdir, ec.message());
+}
+
 void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir,
                const HfTokenIds& tokens) {
   ModelDims d = model_dims(cfg);
   const nlohmann::json config = hf_config(cfg, d, tokens);  // refuses a model no architecture holds, first
+  check_export_dir(outdir, "--export-hf");
   Tensor host = params.device().is_cpu() ? params : params.to(Device::cpu());
-  fs::path out(outdir), tmp = out;
+  const fs::path out = export_path(outdir);
+  fs::path tmp = out;
   tmp += ".tmp-" + std::to_string(::getpid());
   std::error_code ec;
   fs::remove_all(tmp, ec);
@@ -323,8 +353,13 @@ void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& 
     fs::remove_all(tmp, ec);
     throw;
   }
-  if (fs::exists(out)) fs::remove_all(out);
-  fs::rename(tmp, out);
+  if (fs::exists(out, ec)) fs::remove_all(out, ec);  // a previous export (check_export_dir)
+  if (!ec) fs::rename(tmp, out, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw_write_error(out.string(), ec.value());
+  }
 }
 
 void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params, const std::string& path) {

@@ -30,6 +30,12 @@ void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& 
 // (`what` names the input in the error) rather than after training.
 void check_hf_exportable(const ModelConfig& cfg, const char* what);
 
+// Checks an export directory before any work: it may not exist yet, be an
+// empty directory or a previous export (config.json and model.safetensors
+// only), which export_hf replaces; anything else (a file, a directory with
+// other files) is a UserError naming `what` ("--export-hf"), never removed.
+void check_export_dir(const std::string& outdir, const char* what);
+
 // Fills params (layout.total, any device) from an HF safetensors file or a
 // directory holding model.safetensors. Mismatched names/shapes -> UserError.
 void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params, const std::string& path);

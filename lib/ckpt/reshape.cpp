@@ -44,13 +44,27 @@ SavedStep open_saved_step(const std::string& step_dir, const ModelConfig& model)
 }
 
 void check_saved_vocab(const StepState& state, const ModelConfig& model, const std::string& where) {
-  const nlohmann::json v = state.config.is_object()
-                               ? state.config.value(nlohmann::json::json_pointer("/model/vocab_size"), nlohmann::json())
-                               : nlohmann::json();
+  auto saved = [&](const char* pointer) {
+    return state.config.is_object() ? state.config.value(nlohmann::json::json_pointer(pointer), nlohmann::json())
+                                    : nlohmann::json();
+  };
+  const nlohmann::json v = saved("/model/vocab_size");
   DS_USER_CHECK(!(v.is_number_integer() && model.vocab_size > 0 && v.get<int64_t>() != model.vocab_size),
                 "checkpoint '{}' was trained with a vocabulary of {} tokens, the configured tokenizer has {} "
                 "(--vocab-file / --tokenizer-model): continue it with the tokenizer it was trained with", where,
                 v.dump(), model.vocab_size);
+  // The head counts do not show in the weight shapes (NH x HS = C): a
+  // different split of the same matrices would load silently and mean nothing.
+  const nlohmann::json nh = saved("/model/num_heads"), nkv = saved("/model/num_key_value_heads");
+  const int kv = model.num_kv_heads > 0 ? model.num_kv_heads : model.num_heads;
+  DS_USER_CHECK(!(nh.is_number_integer() && nh.get<int64_t>() != model.num_heads),
+                "checkpoint '{}' has {} attention heads, the configured model {} (model.num_heads / "
+                "--num-attention-heads): a checkpoint loads only into the model it was trained as", where, nh.dump(),
+                model.num_heads);
+  DS_USER_CHECK(!(nkv.is_number_integer() && nkv.get<int64_t>() > 0 && nkv.get<int64_t>() != kv),
+                "checkpoint '{}' has {} key-value heads, the configured model {} (model.num_key_value_heads / "
+                "--num-key-value-heads): a checkpoint loads only into the model it was trained as", where, nkv.dump(),
+                kv);
 }
 
 SavedStep open_saved_step(const std::string& step_dir, StepState state, const ModelConfig& model) {

@@ -65,7 +65,9 @@ SavedStep open_saved_step(const std::string& step_dir, const ModelConfig& model)
 // The same for a state.json already read with read_step_state.
 SavedStep open_saved_step(const std::string& step_dir, StepState state, const ModelConfig& model);
 // A UserError naming the checkpoint `where` when the real vocabulary size in its
-// saved config differs from model.vocab_size (a different tokenizer).
+// saved config differs from model.vocab_size (a different tokenizer), or its
+// attention or key-value head count differs from the model's (same shapes,
+// different model).
 void check_saved_vocab(const StepState& state, const ModelConfig& model, const std::string& where);
 
 // The saved full model, adapted to `target_full` (vocabulary rows cut or

@@ -1,6 +1,7 @@
 // Strict JSON section reader and file loader.
 #include "lib/core/json_config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -66,6 +67,9 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& what) {
 }
 
 nlohmann::json load_json_file(const std::string& path) {
+  std::error_code ec;
+  DS_USER_CHECK(!std::filesystem::is_directory(path, ec), "config file '{}' is a directory; give the JSON file",
+                path);
   std::ifstream f(path, std::ios::binary);
   DS_USER_CHECK(f.good(), "config file '{}' cannot be opened", path);
   std::stringstream ss;

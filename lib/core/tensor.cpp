@@ -27,7 +27,10 @@ class CpuAllocator final : public Allocator {
  public:
   void* alloc(size_t bytes, int) override {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-    DS_CHECK(p != nullptr, "host allocation of {} bytes failed", bytes);
+    // Out of memory is the configuration's doing (a model, batch or sequence
+    // too large for this machine), not a bug: one line, no source location.
+    DS_USER_CHECK(p != nullptr, "out of host memory: allocating {} bytes ({:.1f} GiB) failed; the model, micro "
+                  "batch or sequence length is too large for this machine", bytes, bytes / 1073741824.0);
     return p;
   }
   void free(void* p, int) override { std::free(p); }

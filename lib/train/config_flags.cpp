@@ -355,8 +355,17 @@ std::vector<std::string> drop_repeated_list_flags(int argc, char** argv) {
 }  // namespace
 
 void set_at(json& j, const std::string& pointer, const json& v, const std::string& flag) {
+  // Every parent on the way must be an object (a config with "model": [1]
+  // is the file's error, not the flag's).
+  const json::json_pointer ptr(pointer);
+  for (json::json_pointer parent = ptr.parent_pointer(); !parent.empty(); parent = parent.parent_pointer()) {
+    if (!j.contains(parent) || j.at(parent).is_object()) continue;
+    std::string key = parent.to_string().substr(1);
+    std::replace(key.begin(), key.end(), '/', '.');
+    DS_USER_ERROR("config: '{}' must be a JSON object, got {} (so {} cannot set it)", key, j.at(parent).dump(), flag);
+  }
   try {
-    j[json::json_pointer(pointer)] = v;
+    j[ptr] = v;
   } catch (const json::exception& e) {
     DS_USER_ERROR("cannot apply {} to the config at '{}': {}", flag, pointer, e.what());
   }
@@ -381,7 +390,7 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
     help_text = app.help();
     return json::object();
   } catch (const CLI::ParseError& e) {
-    DS_USER_ERROR("dstrain: {} (see dstrain --help)", e.what());
+    DS_USER_ERROR("{} (see dstrain --help)", e.what());  // main adds "dstrain: error: "
   }
   config_path = f.config_path;
   json j = f.config_path.empty() ? json::object() : load_json_file(f.config_path);

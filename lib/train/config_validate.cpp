@@ -1,5 +1,6 @@
 // Derived values and cross-field validation of TrainConfig.
 // Every error is one line naming the fields (config key and flag) and values.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -90,8 +91,13 @@ void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
 
 namespace {
 
+constexpr int kMaxLayers = 1 << 16;
+constexpr double kMaxParams = 1e13;
+
 void validate_model(const ModelConfig& m, const ParallelConfig& p) {
   DS_USER_CHECK(m.num_layers > 0, "model.num_layers (--num-layers) must be positive, got {}", m.num_layers);
+  DS_USER_CHECK(m.num_layers <= kMaxLayers, "model.num_layers (--num-layers) {} is more than the {} layers dstrain "
+                "supports", m.num_layers, kMaxLayers);
   DS_USER_CHECK(m.hidden_size > 0, "model.hidden_size (--hidden-size) must be positive, got {}", m.hidden_size);
   DS_USER_CHECK(m.num_heads > 0, "model.num_heads (--num-attention-heads) must be positive, got {}", m.num_heads);
   DS_USER_CHECK(m.hidden_size % m.num_heads == 0,
@@ -138,6 +144,15 @@ void validate_model(const ModelConfig& m, const ParallelConfig& p) {
                 m.hidden_size, p.tp);
   DS_USER_CHECK(m.ffn_hidden_size % p.tp == 0,
                 "model.ffn_hidden_size {} is not divisible by tensor_model_parallel_size {}", m.ffn_hidden_size, p.tp);
+  // A lower bound of the parameter count (q and output projections, the MLP,
+  // the embedding), in double so that no size overflows: a model past any
+  // machine is refused here, before its layout is built.
+  const double C = m.hidden_size, F = m.ffn_hidden_size, V = std::max(m.vocab_size, m.padded_vocab_size);
+  const double params = m.num_layers * (2 * C * C + (m.activation == Activation::SwiGLU ? 3 : 2) * C * F) + V * C;
+  DS_USER_CHECK(params <= kMaxParams,
+                "model: num_layers {}, hidden_size {} and ffn_hidden_size {} (--num-layers / --hidden-size / "
+                "--ffn-hidden-size) make at least {:.3g} parameters, more than the {:.0e} dstrain supports",
+                m.num_layers, m.hidden_size, m.ffn_hidden_size, params, kMaxParams);
   DS_USER_CHECK(nkv == 0 || nkv % p.tp == 0 || p.tp % nkv == 0,
                 "model.num_key_value_heads {} (--num-key-value-heads / --num-query-groups) must divide or be a "
                 "multiple of tensor_model_parallel_size {}",
@@ -193,6 +208,11 @@ void validate_parallel(const TrainConfig& cfg) {
   DS_USER_CHECK(z.reduce_bucket_size > 0 && z.allgather_bucket_size > 0,
                 "zero_optimization: reduce_bucket_size {} and allgather_bucket_size {} must be positive",
                 z.reduce_bucket_size, z.allgather_bucket_size);
+  DS_USER_CHECK(z.stage3_prefetch_bucket_size >= 0 && z.stage3_max_live_parameters >= 0 &&
+                    z.stage3_param_persistence_threshold >= 0,
+                "zero_optimization: stage3_prefetch_bucket_size {}, stage3_max_live_parameters {} and "
+                "stage3_param_persistence_threshold {} must be >= 0", z.stage3_prefetch_bucket_size,
+                z.stage3_max_live_parameters, z.stage3_param_persistence_threshold);
   DS_USER_CHECK(cfg.precision.grad_accum == DType::F32 || z.offload_optimizer == OffloadDevice::None,
                 "data_types.grad_accum_dtype '{}' with zero_optimization.offload_optimizer.device cpu is not "
                 "supported (the host AdamW reads f32 gradients); use \"fp32\"",
@@ -204,7 +224,11 @@ void validate_parallel(const TrainConfig& cfg) {
 }
 
 void validate_optimizer(const OptimizerConfig& o) {
-  DS_USER_CHECK(o.lr >= 0, "optimizer lr (optimizer.params.lr / --lr) must be >= 0, got {}", o.lr);
+  DS_USER_CHECK(o.lr >= 0 && std::isfinite(o.lr), "optimizer lr (optimizer.params.lr / --lr) must be a finite "
+                "number >= 0, got {}", o.lr);
+  DS_USER_CHECK(o.cos_min_ratio >= 0 && o.cos_min_ratio <= 1 && o.warmup_min_ratio >= 0 && o.warmup_min_ratio <= 1,
+                "scheduler.params: cos_min_ratio {} and warmup_min_ratio {} must be in [0, 1]", o.cos_min_ratio,
+                o.warmup_min_ratio);
   DS_USER_CHECK(o.min_lr >= 0 && o.min_lr <= o.lr, "min_lr {} must be in [0, lr {}] (training.min_lr / --min-lr)",
                 o.min_lr, o.lr);
   DS_USER_CHECK(o.warmup_min_lr >= 0 && o.warmup_min_lr <= o.lr,
@@ -217,10 +241,8 @@ void validate_optimizer(const OptimizerConfig& o) {
                 o.weight_decay);
   DS_USER_CHECK(o.grad_clip >= 0, "gradient_clipping (--clip-grad) must be >= 0 (0 = off), got {}", o.grad_clip);
   DS_USER_CHECK(o.warmup_iters >= 0 && o.decay_iters >= 0,
-                "lr warmup iterations {} and decay iterations {} must be >= 0", o.warmup_iters, o.decay_iters);
-  DS_USER_CHECK(o.cos_min_ratio >= 0 && o.cos_min_ratio <= 1 && o.warmup_min_ratio >= 0 && o.warmup_min_ratio <= 1,
-                "scheduler.params: cos_min_ratio {} and warmup_min_ratio {} must be in [0, 1]", o.cos_min_ratio,
-                o.warmup_min_ratio);
+                "lr warmup iterations {} and decay iterations {} must be >= 0 (--lr-warmup-iters / "
+                "--lr-decay-iters)", o.warmup_iters, o.decay_iters);
   if (o.scheduler_type.empty() && o.decay != LrDecay::Constant && o.warmup_iters > 0 && o.decay_iters > 0)
     DS_USER_CHECK(o.warmup_iters < o.decay_iters,
                   "lr warmup iterations {} must be fewer than lr decay iterations {} (--lr-warmup-iters / "
@@ -391,9 +413,9 @@ void validate_cuda_graph(const TrainConfig& cfg, int world_size) {
 void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
   validate_model(cfg.model, cfg.parallel);
   validate_parallel(cfg);
+  validate_training(cfg);  // before the optimizer: its schedule lengths follow train_iters
   validate_optimizer(cfg.optim);
   validate_data(cfg.data);
-  validate_training(cfg);
   validate_curriculum(cfg);
   validate_cuda_graph(cfg, world_size);
 }

@@ -50,7 +50,10 @@ std::string format_validation(int64_t iteration, double loss) {
 
 void CsvMonitor::open(const std::string& output_path, const std::string& job_name) {
   std::filesystem::path dir = std::filesystem::path(output_path) / job_name;
-  std::filesystem::create_directories(dir);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  DS_USER_CHECK(!ec, "csv_monitor: cannot create '{}' (output_path '{}', job_name '{}'): {}", dir.string(),
+                output_path, job_name, ec.message());
   bool fresh_train = !std::filesystem::exists(dir / "train.csv");
   bool fresh_valid = !std::filesystem::exists(dir / "valid.csv");
   train_.open(dir / "train.csv", std::ios::app);

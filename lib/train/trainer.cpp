@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 
+#include "lib/ckpt/file_io.h"
 #include "lib/ckpt/hf.h"
 #include "lib/core/error.h"
 #include "lib/core/log.h"
@@ -37,7 +39,19 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
     : cfg_(cfg), comms_(comms), local_rank_(local_rank), start_(std::chrono::steady_clock::now()) {
   setup_device_and_precision();
   resolve_vocab(cfg_);
-  if (!cfg_.ckpt.export_hf.empty()) check_hf_exportable(cfg_.model, "--export-hf");  // before any training
+  // Outputs and inputs that would fail only after training are refused before it.
+  if (!cfg_.ckpt.export_hf.empty()) {
+    check_hf_exportable(cfg_.model, "--export-hf");
+    check_export_dir(cfg_.ckpt.export_hf, "--export-hf");
+  }
+  if (!cfg_.ckpt.save_dir.empty()) check_output_dir(cfg_.ckpt.save_dir, "--save");
+  if (!cfg_.ckpt.load_dir.empty()) {
+    std::error_code ec;
+    namespace fs = std::filesystem;
+    DS_USER_CHECK(!fs::exists(cfg_.ckpt.load_dir, ec) || fs::is_directory(cfg_.ckpt.load_dir, ec),
+                  "--load '{}' is a file, not a checkpoint directory (for Hugging Face weights use --init-from)",
+                  cfg_.ckpt.load_dir);
+  }
   data_ = std::make_unique<DataPipeline>(cfg_, dev_);
   DS_USER_CHECK(comms_.grid.pp == 1 || cfg_.zero.stage <= 2,
                 "zero_optimization.stage {} cannot be combined with pipeline_model_parallel_size {} yet; use ZeRO "

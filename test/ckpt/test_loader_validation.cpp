@@ -330,6 +330,42 @@ TEST_CASE("dsconvert answers a broken checkpoint with one error line, exit 1", "
   CHECK_FALSE(fs::exists(s.dir / "hf"));
 }
 
+TEST_CASE("a checkpoint of another head count (same shapes) is refused naming the heads") {
+  Saved s("heads");
+  s.edit_state([&](auto& j) { j["config"]["model"] = {{"num_heads", s.cfg.num_heads * 2}}; });
+  expect_one_line(s.load_error(true), s.step.string(), "has 4 attention heads, the configured model 2");
+  s.edit_state([&](auto& j) { j["config"]["model"] = {{"num_heads", s.cfg.num_heads}, {"num_key_value_heads", 1}}; });
+  expect_one_line(s.load_error(true), s.step.string(), "has 1 key-value heads, the configured model 2");
+  s.edit_state([&](auto& j) { j["config"]["model"] = {{"num_heads", s.cfg.num_heads}, {"num_key_value_heads", 2}}; });
+  CHECK(s.load_error(true) == "");
+}
+
+TEST_CASE("dsconvert never replaces a file or a directory that is not a previous export", "[dsconvert]") {
+  const char* bin = std::getenv("DS_BINARY_DIR");
+  const std::string exe = std::string(bin ? bin : ".") + "/apps/dsconvert/dsconvert";
+  if (!fs::exists(exe)) DS_SKIP("dsconvert not built at " << exe);
+  Saved s("export_target");
+  const fs::path file = s.dir / "notes.txt", dir = s.dir / "mine", out = s.dir / "out.txt";
+  spit(file, "keep me");
+  fs::create_directories(dir);
+  spit(dir / "train.py", "keep me too");
+  for (const auto& [target, needle] : {std::pair{file.string(), "exists and is not a directory"},
+                                       std::pair{dir.string() + "/", "already holds 'train.py'"},
+                                       std::pair{(file / "sub").string(), "is not a directory, so nothing"}}) {
+    const std::string cmd =
+        exe + " --load " + s.dir.string() + " --export-hf " + target + " > " + out.string() + " 2>&1";
+    const int rc = std::system(cmd.c_str());
+    const std::string text = slurp(out);
+    INFO(text);
+    REQUIRE(WIFEXITED(rc));
+    CHECK(WEXITSTATUS(rc) == 1);
+    CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+    CHECK_THAT(text, Contains("dsconvert: error: --export-hf '" + target + "'") && Contains(needle));
+  }
+  CHECK(slurp(file) == "keep me");
+  CHECK(slurp(dir / "train.py") == "keep me too");
+}
+
 TEST_CASE("JSON config integers outside their type are errors naming the key") {
   const nlohmann::json j = nlohmann::json::parse(
       R"({"big": 1e50, "over_int": 3e9, "whole": 4.0, "half": 2.5, "u64": 18446744073709551615, "neg": -1})");

@@ -317,7 +317,7 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
   CHECK_THROWS_WITH(parse_json(with(base(), {{"fp16", {{"enabled", true}}}, {"bf16", {{"enabled", true}}}})),
                     Contains("fp16.enabled and bf16.enabled are both true"));
   CHECK_THROWS_WITH(parse_json(base(), {"--fp16", "--bf16"}), Contains("fp16.enabled and bf16.enabled are both true"));
-  CHECK_THROWS_WITH(parse_json(base(), {"--lr", "-1e-3"}), Contains("must be >= 0, got -0.001"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--lr", "-1e-3"}), Contains("must be a finite number >= 0, got -0.001"));
   CHECK_THROWS_WITH(parse_json(base(), {"--lr", "1e-3", "--min-lr", "1e-2"}), Contains("min_lr 0.01 must be in [0, lr 0.001]"));
   CHECK_THROWS_WITH(parse_json(model({{"num_layers", 4}}), {"--pipeline-model-parallel-size", "2", "--zero-stage", "3"}, 2),
                     Contains("zero_optimization.stage 3 cannot be combined with pipeline_model_parallel_size 2"));
@@ -340,6 +340,24 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
                     Contains("'train_batch_size' must be a positive integer, got 0"));
   CHECK_THROWS_WITH(parse_json(base(), {"--device", "tpu"}), Contains("--device"));
   CHECK_THROWS_WITH(parse_json(base(), {"--seed", "-1"}), Contains("'training.seed' (--seed) must be a non-negative"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"stage3_prefetch_bucket_size", -1}}}})),
+                    Contains("stage3_prefetch_bucket_size -1, stage3_max_live_parameters"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--lr", "inf"}), Contains("--lr) must be a finite number >= 0, got inf"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--train-iters", "-1"}),
+                    Contains("training.train_iters (--train-iters) must be >= 0, got -1"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "WarmupCosineLR"},
+                                                            {"params", {{"total_num_steps", 10}, {"cos_min_ratio", -1}}}}}})),
+                    Contains("cos_min_ratio -1 and warmup_min_ratio 0 must be in [0, 1]"));
+  // Sizes past any machine are refused before a layout is built (which would take hours).
+  CHECK_THROWS_WITH(parse_json(base(), {"--num-layers", "2000000000"}),
+                    Contains("model.num_layers (--num-layers) 2000000000 is more than the 65536 layers"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--hidden-size", "1000000", "--num-attention-heads", "2", "--num-layers", "2"}),
+                    Contains("make at least 2e+13 parameters, more than the 1e+13 dstrain supports"));
+  // A section of the file that is not an object is the file's error, even when a flag writes into it.
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"model", {1}}}), {"--num-layers", "2"}),
+                    Contains("config: 'model' must be a JSON object, got [1] (so --num-layers cannot set it)"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"params", {1}}}}}), {"--lr", "0.1"}),
+                    Contains("config: 'optimizer.params' must be a JSON object, got [1]"));
   CHECK(parse_json(base(), {"--seed", "5"}).seed == 5u);
 }
 
@@ -355,6 +373,7 @@ TEST_CASE("command line handling", "[config][flags]") {
   CHECK_THROWS_WITH(parse({"--config", d.path + "/missing.json"}), Contains("missing.json"));
   std::ofstream(d.path + "/bad.json") << "{ \"train_batch_size\": 8, ";
   CHECK_THROWS_WITH(parse({"--config", d.path + "/bad.json"}), Contains("bad.json' is not valid JSON"));
+  CHECK_THROWS_WITH(parse({"--config", d.path}), Contains("config file '" + d.path + "' is a directory"));
   auto h = parse({"--help"});
   CHECK_THAT(h.help_text, Contains("--num-layers"));
   CHECK_THAT(h.help_text, Contains("--deepspeed_config"));

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "lib/core/dtype.h"
+#include "lib/core/error.h"
 #include "lib/core/json_config.h"
 #include "lib/core/mem_tag.h"
 #include "lib/core/rng.h"
@@ -20,6 +21,16 @@ TEST_CASE("tensor views share storage and copies do not") {
   REQUIRE_THROWS(t.view(10, {3}));
   REQUIRE_THROWS(t.reshape({5}));
   REQUIRE(t.reshape({12}).numel() == 12);
+}
+
+TEST_CASE("a host allocation no machine can hold is a user error, not an internal one") {
+  // 2^48 bytes: past the 47-bit user address space of x86-64 and AArch64.
+  try {
+    Tensor::empty({int64_t{1} << 46}, DType::F32);
+    FAIL("expected an out-of-memory error");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("out of host memory: allocating 281474976710656 bytes"));
+  }
 }
 
 TEST_CASE("bf16 and f16 round to nearest even") {

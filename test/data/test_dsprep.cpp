@@ -214,6 +214,26 @@ TEST_CASE("dsprep errors: one line naming the input, exit 1, no output") {
                   (dir / "t2"),
               "--vocab-size", out);
   REQUIRE_FALSE(fs::exists(dir / "t2/vocab.json"));
+  expect_fail("--input " + dir.path() + " --output-prefix " + out + tok_args,
+              "input file " + dir.path() + " is not a regular file", out);
+  // A prefix that is a directory would write the hidden files DIR/.bin and DIR/.idx.
+  expect_fail("--input " + (dir / "c.txt") + " --output-prefix " + dir.path() + "/" + tok_args,
+              "--output-prefix '" + dir.path() + "/' ends in '/'", dir / ".bin");
+  // The output replaces PREFIX.bin by rename: an input of that name would be lost.
+  test::spit(dir / "text.bin", "some text\n");
+  expect_fail("--input " + (dir / "text.bin") + " --input-format text --output-prefix " + (dir / "text") + tok_args,
+              "would overwrite the input file " + (dir / "text.bin"), dir / "text.idx");
+  REQUIRE(test::slurp(dir / "text.bin") == "some text\n");
+  test::spit(dir / "empty.txt", "");
+  expect_fail("--train-tokenizer --input " + (dir / "empty.txt") + " --vocab-size 300 --output-dir " + (dir / "t3"),
+              "no text found in the input (--input " + (dir / "empty.txt") + ")", out);
+  REQUIRE_FALSE(fs::exists(dir / "t3/vocab.json"));
+  expect_fail("--train-tokenizer --input " + (dir / "c.txt") + " --vocab-size 300 --min-frequency -1 --output-dir " +
+                  (dir / "t3"),
+              "--min-frequency must be >= 0, got -1", out);
+  // 1e30 MB once wrapped to a negative byte count and wrote an empty file with exit 0.
+  expect_fail("--generate-corpus " + (dir / "huge.txt") + " --size-mb 1e30", "--size-mb must be a number in (0, ",
+              dir / "huge.txt");
 }
 
 TEST_CASE("dsprep --workers N writes the same bytes as one worker, with progress lines") {

@@ -234,6 +234,25 @@ TEST_CASE("local: user errors are one line naming the input", "[launcher]") {
   CHECK_THAT(r.err, Catch::Contains("missing' cannot be read"));
   r = job.run({"--bogus_flag"}, {"exit", "0"});
   CHECK(r.code == 1);
+  // Checked up front with exit 1 (127 is kept for a program that cannot be run), even where a local launch
+  // would not use the value.
+  r = job.run({"--bind_core_list", "3-1"}, {"exit", "0"});
+  CHECK(r.code == 1);
+  CHECK(r.err == "dsrun: error: --bind_core_list '3-1': range '3-1' is reversed\n");
+  r = job.run({"--launcher", "sssh"}, {"exit", "0"});
+  CHECK(r.code == 1);
+  CHECK(r.err == "dsrun: error: --launcher 'sssh' is unknown; use ssh, pdsh, slurm, openmpi or mpich\n");
+  r = job.run({"--enable_each_rank_log", job.hostfile + "/logs"}, {"exit", "0"});
+  CHECK(r.code == 1);
+  CHECK_THAT(r.err, Catch::StartsWith("dsrun: error: --enable_each_rank_log: cannot create '" + job.hostfile +
+                                      "/logs'"));
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  r = job.run({"--hostfile", job.dir.path()}, {"exit", "0"});
+  CHECK(r.code == 1);
+  CHECK(r.err == "dsrun: error: hostfile '" + job.dir.path() + "' is a directory (give the file to --hostfile)\n");
+  r = run_cmd({dsrun_bin(), "--hostfile", job.hostfile}, {{"DS_JOB_TOKEN", job.token}});
+  CHECK(r.code == 1);
+  CHECK_THAT(r.err, Catch::StartsWith("dsrun: error: no PROGRAM given"));
   r = run_cmd({dsrun_bin(), "--hostfile", job.hostfile, job.dir.path() + "/no_such_program"}, {{"DS_JOB_TOKEN", job.token}});
   CHECK(r.code == 127);
   CHECK_THAT(r.err, Catch::Contains("cannot run '" + job.dir.path() + "/no_such_program': No such file"));

@@ -117,6 +117,47 @@ TEST_CASE("bad inputs give one clear error and write nothing") {
     f << R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}})";
   }
   expect_error({"--config", offload.string()}, "offload_optimizer.device = cpu moves nothing on the CPU backend");
+  // A CSV monitor directory that cannot be made.
+  fs::path notes = fixture().dir / "notes.txt";
+  { std::ofstream(notes) << "keep me"; }
+  fs::path csv = fixture().dir / "csv.json";
+  {
+    std::ofstream f(csv);
+    f << R"({"csv_monitor": {"enabled": true, "output_path": ")" << notes.string() << R"(", "job_name": "j"}})";
+  }
+  expect_error({"--config", csv.string()}, "csv_monitor: cannot create '" + (notes / "j").string() + "'");
+  // Outputs that would fail only after training, and a --load that is a file, are refused before it; an
+  // export never replaces a file or a directory of other files.
+  fs::path mine = fixture().dir / "mine";
+  fs::create_directories(mine);
+  { std::ofstream(mine / "train.py") << "keep me too"; }
+  expect_error({"--export-hf", notes.string()}, "--export-hf '" + notes.string() + "': '" + notes.string() +
+                                                     "' exists and is not a directory");
+  expect_error({"--export-hf", mine.string()}, "already holds 'train.py', so it is not a previous export");
+  expect_error({"--load", notes.string()}, "--load '" + notes.string() + "' is a file, not a checkpoint directory");
+  std::ifstream kept(notes);
+  std::string text((std::istreambuf_iterator<char>(kept)), std::istreambuf_iterator<char>());
+  CHECK(text == "keep me");
+  CHECK(fs::exists(mine / "train.py"));
+  try {
+    Trainer t(make_config({"--train-iters", "4", "--save", (notes / "ck").string()}), single_process());
+    FAIL("expected an error naming --save");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("--save '" + (notes / "ck").string() + "': '" + notes.string() +
+                                         "' is not a directory"));
+  }
+}
+
+TEST_CASE("an export to DIR/ (trailing slash) writes DIR, and a second export replaces the first") {
+  fs::path out = fixture().dir / "hf_slash";
+  fs::remove_all(out);
+  train({"--train-iters", "3", "--export-hf", out.string() + "/"});
+  REQUIRE(fs::exists(out / "model.safetensors"));
+  REQUIRE(fs::exists(out / "config.json"));
+  train({"--train-iters", "3", "--export-hf", out.string()});
+  REQUIRE(fs::exists(out / "model.safetensors"));
+  for (const auto& e : fs::directory_iterator(fixture().dir))  // no temporary directory left beside it
+    CHECK(e.path().filename().string().find("hf_slash.tmp") == std::string::npos);
 }
 
 // Every tensor of every .safetensors file under `dir` is finite.
