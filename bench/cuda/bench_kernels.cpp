@@ -174,6 +174,42 @@ void bench_norms(Report& r) {
   }
 }
 
+// The bias gradient of a linear layer (matmul_backward asked for dbias only:
+// the column reduction of cuda/core/reduce.cuh) at GPT-2 124M's fc and proj
+// widths, and at offset 1 (element by element); then a LayerNorm backward
+// with rows too long for the one-pass kernel (column reduction + dinp
+// kernel). Bytes: dout read once (the f32 partials are R x OC, small).
+void bench_column_reduce(Report& r) {
+  const DType bf = DType::BF16;
+  const Device dev = Device::cuda(0);
+  const int64_t N = 16384, C = 8;  // inp and weight are not read for dbias alone
+  Tensor inp = rand_dev({N, C}, bf, 41);
+  for (int64_t OC : {3072, 768}) {
+    Tensor dout = rand_dev({N, OC}, bf, 42), w = rand_dev({OC, C}, bf, 43);
+    Tensor db = Tensor::zeros({OC}, DType::F32, dev);
+    const std::string shape = " bf16 16384x" + std::to_string(OC);
+    auto bias_grad = [&](const Tensor& g) {
+      ops::matmul_backward(
+          MatmulBwdArgs{.dinp = Tensor{}, .dweight = Tensor{}, .dbias = db, .dout = g, .inp = inp, .weight = w});
+    };
+    double ms = time_ms([&] { bias_grad(dout); });
+    r.bytes("bias grad (column reduction)" + shape, ms, double(N) * OC * 2);
+    if (OC != 3072) continue;
+    Tensor d1 = offset_view(dout, 1);
+    ms = time_ms([&] { bias_grad(d1); });
+    r.bytes("bias grad" + shape + " (offset 1: scalar)", ms, double(N) * OC * 2);
+  }
+  const int64_t NL = 2048, CL = 16384;
+  const double act = double(NL) * CL * 2;
+  Tensor x = rand_dev({NL, CL}, bf, 44), dy = rand_dev({NL, CL}, bf, 45);
+  Tensor dx = Tensor::empty({NL, CL}, bf, dev);
+  Tensor w = rand_dev({CL}, bf, 46), mean = rand_dev({NL}, DType::F32, 47, 0.1f);
+  Tensor rstd = rand_dev({NL}, DType::F32, 48, 0.1f);
+  Tensor dw = Tensor::zeros({CL}, DType::F32, dev), db = dw.clone();
+  double ms = time_ms([&] { ops::layernorm_backward(LayerNormBwdArgs{dx, dw, db, dy, x, w, mean, rstd}); });
+  r.bytes("layernorm_backward bf16 2048x16384 (long rows)", ms, 3.0 * act);  // op floor: x, dout, dinp
+}
+
 void bench_elementwise(Report& r) {
   const DType bf = DType::BF16;
   const int64_t N = 16384, C = 768, F = 4 * C;
@@ -478,6 +514,7 @@ int main(int argc, char** argv) {
   std::printf("device: %s\n", ds::cuda::device_name().c_str());
   Report r{measure_ceilings(), {}};
   bench_norms(r);
+  bench_column_reduce(r);
   bench_elementwise(r);
   bench_loss_optim(r);
   bench_vocab_parallel(r);

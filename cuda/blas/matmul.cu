@@ -5,7 +5,8 @@
 //   dW^T (C, OC)   += inp^T (C, N) * dout (N, OC)
 // The bias epilogue adds the bias in the GEMM; when cuBLASLt has no such
 // algorithm for the dtypes, a separate kernel adds it. dbias uses the
-// deterministic column reduction.
+// deterministic column reduction (16-byte vectors of dout when OC is a
+// multiple of the vector width and dout is aligned).
 // Dtypes (see cuda/core/common.cuh): inp, weight, dout share the compute dtype;
 // out/dinp have it too (f32 also accepted); dweight/dbias are f32 (or the
 // compute dtype) and accumulate, so bf16 GEMM inputs meet an f32 D with beta 1.
@@ -25,11 +26,14 @@ __global__ void add_bias_kernel(T* out /* (N, OC) */, AnyPtr bias /* (OC) */, in
     out[i] = from_f<T>(to_f(out[i]) + load(bias, i % OC));
 }
 
+// The column-reduction functor of dbias (cuda/core/reduce.cuh): v = dout.
 template <class T> struct BiasGrad {
   const T* dout;  // (N, OC)
   int64_t OC;
-  __device__ void operator()(int64_t n, int64_t c, float (&v)[1]) const {
-    v[0] = to_f(dout[n * OC + c]);
+  static constexpr int kVW = vec_width(sizeof(T));
+  bool vectorisable() const { return rows_vectorisable(dout, sizeof(T), OC, kVW); }
+  template <int V> __device__ void operator()(int64_t n, int64_t c, float (&v)[1][V]) const {
+    load_f<V>(dout + n * OC, c, v[0]);
   }
 };
 

@@ -6,8 +6,9 @@
 // Backward: one pass over x and dout per row (cuda/core/norm_bwd.cuh): one
 // block per fixed chunk of rows writes dinp and its own partial dweight/dbias
 // sums, which a second kernel adds in chunk order (no atomics). Rows longer
-// than the one-pass kernel holds fall back to the column reduction plus a
-// dinp kernel (two reads of the inputs).
+// than the one-pass kernel holds fall back to the column reduction (16-byte
+// vectors when C and the pointers allow) plus a dinp kernel (two reads of
+// the inputs).
 #include "cuda/core/norm_bwd.cuh"
 #include "cuda/core/reduce.cuh"
 #include "cuda/core/vec.cuh"
@@ -109,17 +110,28 @@ __global__ void layernorm_backward_kernel(LnBwdParams<T> p) {
   }
 }
 
-// v[0] = dout * xhat (for dweight), v[1] = dout (for dbias).
+// The column-reduction functor (cuda/core/reduce.cuh) of the two-pass
+// backward: v[0] = dout * xhat (for dweight), v[1] = dout (for dbias).
 template <class T> struct LnParamGrad {
   const T* dout;      // (N, C)
   const T* inp;       // (N, C)
   const float* mean;  // (N)
   const float* rstd;  // (N)
   int64_t C;
-  __device__ void operator()(int64_t n, int64_t c, float (&v)[2]) const {
-    float g = to_f(dout[n * C + c]);
-    v[0] = g * (to_f(inp[n * C + c]) - mean[n]) * rstd[n];
-    v[1] = g;
+  static constexpr int kVW = vec_width(sizeof(T));
+  bool vectorisable() const {
+    return rows_vectorisable(dout, sizeof(T), C, kVW) && rows_vectorisable(inp, sizeof(T), C, kVW);
+  }
+  template <int V> __device__ void operator()(int64_t n, int64_t c, float (&v)[2][V]) const {
+    float g[V], x[V];
+    load_f<V>(dout + n * C, c, g);
+    load_f<V>(inp + n * C, c, x);
+    const float m = mean[n], rs = rstd[n];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      v[0][j] = g[j] * (x[j] - m) * rs;
+      v[1][j] = g[j];
+    }
   }
 };
 

@@ -3,7 +3,8 @@
 // the weight are aligned and C is a multiple of the width (cuda/core/vec.cuh).
 // Backward: the one-pass kernel of cuda/core/norm_bwd.cuh (dinp and per-chunk
 // weight-gradient partials, then an in-order sum); rows too long for it use
-// the column reduction plus a dinp kernel.
+// the column reduction (16-byte vectors when C and the pointers allow) plus
+// a dinp kernel.
 #include "cuda/core/norm_bwd.cuh"
 #include "cuda/core/reduce.cuh"
 #include "cuda/core/vec.cuh"
@@ -80,13 +81,23 @@ __global__ void rmsnorm_backward_kernel(RmsBwdParams<T> p) {
   }
 }
 
+// The column-reduction functor of dweight (cuda/core/reduce.cuh): v = dout * x * rstd.
 template <class T> struct RmsWeightGrad {
   const T* dout;      // (N, C)
   const T* inp;       // (N, C)
   const float* rstd;  // (N)
   int64_t C;
-  __device__ void operator()(int64_t n, int64_t c, float (&v)[1]) const {
-    v[0] = to_f(dout[n * C + c]) * to_f(inp[n * C + c]) * rstd[n];
+  static constexpr int kVW = vec_width(sizeof(T));
+  bool vectorisable() const {
+    return rows_vectorisable(dout, sizeof(T), C, kVW) && rows_vectorisable(inp, sizeof(T), C, kVW);
+  }
+  template <int V> __device__ void operator()(int64_t n, int64_t c, float (&v)[1][V]) const {
+    float g[V], x[V];
+    load_f<V>(dout + n * C, c, g);
+    load_f<V>(inp + n * C, c, x);
+    const float rs = rstd[n];
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[0][j] = g[j] * x[j] * rs;
   }
 };
 

@@ -1,10 +1,12 @@
-// GPU tests of the vocab-parallel cross-entropy phases and of the embedding
-// forward / wpe backward on both of their paths: 16-byte vectors (row width a
-// multiple of the vector width, every pointer aligned) and element by element
-// (odd widths, views at odd offsets into a larger buffer, fields at different
-// alignment phases). Each is compared with the CPU op in f32, bf16 and f16
-// (check_cuda_vs_cpu_offsets), and the paths that promise the same bits are
-// compared byte for byte. Skipped (exit 77) when no device is present.
+// GPU tests of the vocab-parallel cross-entropy phases, of the embedding
+// forward / wpe backward and of the column reduction (the matmul bias
+// gradient, the long-row norm parameter gradients) on both of their paths:
+// 16-byte vectors (row width a multiple of the vector width, every pointer
+// aligned) and element by element (odd widths, views at odd offsets into a
+// larger buffer, fields at different alignment phases). Each is compared
+// with the CPU op in f32, bf16 and f16 (check_cuda_vs_cpu_offsets), and the
+// paths that promise the same bits are compared byte for byte. Skipped
+// (exit 77) when no device is present.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -236,5 +238,147 @@ TEST_CASE("cuda embedding forward and wpe backward bits do not depend on the pat
       const Tensor dv = backward(0);
       CHECK(same_bytes(dv, backward(1)));
       CHECK_FALSE(same_bytes(dv, wpe));
+    }
+}
+
+namespace {
+
+// Exact LayerNorm (mean, rstd) and RMSNorm (rms_rstd) statistics of f32 rows.
+void row_stats(const Tensor& inp, Tensor& mean, Tensor& rstd, Tensor& rms_rstd) {
+  const int64_t C = inp.size(-1), N = inp.numel() / C;
+  mean = Tensor::empty({N}, DType::F32);
+  rstd = Tensor::empty({N}, DType::F32);
+  rms_rstd = Tensor::empty({N}, DType::F32);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = inp.data<float>() + n * C;
+    double s = 0, v = 0, ss = 0;
+    for (int64_t c = 0; c < C; ++c) s += x[c];
+    const double m = s / C;
+    for (int64_t c = 0; c < C; ++c) {
+      v += (x[c] - m) * (x[c] - m);
+      ss += double(x[c]) * x[c];
+    }
+    mean.data<float>()[n] = float(m);
+    rstd.data<float>()[n] = float(1.0 / std::sqrt(v / C + 1e-5));
+    rms_rstd.data<float>()[n] = float(1.0 / std::sqrt(ss / C + 1e-5));
+  }
+}
+
+// matmul_backward asked for dbias only: the column reduction alone.
+MatmulBwdArgs bias_grad_args(int64_t N, int64_t OC, uint64_t seed) {
+  const int64_t C = 5;
+  return MatmulBwdArgs{.dinp = Tensor{}, .dweight = Tensor{}, .dbias = randn({OC}, seed),
+                       .dout = randn({N, OC}, seed + 1), .inp = randn({N, C}, seed + 2),
+                       .weight = randn({OC, C}, seed + 3)};
+}
+
+}  // namespace
+
+// The column reduction (cuda/core/reduce.cuh) through the matmul bias
+// gradient. OC 768: 16-byte vectors in every dtype (3 blocks of 256 bf16
+// columns); 264: vectors, the last block one vector wide; 12: vectors in f32
+// only (one block, 3 of its 32 threads busy); 45: element by element. N 300
+// splits the rows into 2 chunks of 150, N 7 leaves most row lanes idle. dbias
+// in the compute dtype and in f32, at the harness's offsets (1 and 3: the
+// scalar path; 8: vectors again).
+TEST_CASE("cuda matmul bias gradient (column reduction), vector and scalar paths") {
+  if (!gpu_or_skip()) return;
+  for (int64_t N : {300, 7})
+    for (int64_t OC : {768, 264, 12, 45})
+      for (DType dt : kAllTypes)
+        for (bool f32_dbias : {false, true}) {
+          if (f32_dbias && dt == DType::F32) continue;
+          INFO("N " << N << " OC " << OC << (f32_dbias ? " f32 dbias" : ""));
+          OpCase c = make_case("matmul_backward (dbias only)", bias_grad_args(N, OC, 241), ops::matmul_backward);
+          if (f32_dbias) set_kind(c, {"dbias"}, Kind::F32);
+          check_cuda_vs_cpu_offsets(c, dt);
+        }
+}
+
+// LayerNorm and RMSNorm backward with rows longer than the one-pass kernel
+// holds (8192): the parameter gradients go through the column reduction.
+// C 8200 takes its vectors (a multiple of 8), 8201 goes element by element;
+// 300 rows make 2 chunks.
+TEST_CASE("cuda norm backward, long rows: column reduction on vector and scalar paths") {
+  if (!gpu_or_skip()) return;
+  const int64_t N = 300;
+  for (int64_t C : {8200, 8201}) {
+    Tensor inp = randn({N, C}, 251, 1.5f), mean, rstd, rms_rstd;
+    row_stats(inp, mean, rstd, rms_rstd);
+    for (DType dt : kAllTypes) {
+      INFO("C " << C);
+      OpCase ln = make_case("layernorm_backward (long rows)",
+                            LayerNormBwdArgs{.dinp = randn({N, C}, 252), .dweight = randn({C}, 253),
+                                             .dbias = randn({C}, 254), .dout = randn({N, C}, 255), .inp = inp,
+                                             .weight = randn({C}, 256), .mean = mean, .rstd = rstd,
+                                             .accum = Accum::Add},
+                            ops::layernorm_backward);
+      check_cuda_vs_cpu_offsets(set_kind(ln, {"mean", "rstd"}, Kind::F32), dt);
+      OpCase rms = make_case("rmsnorm_backward (long rows)",
+                             RMSNormBwdArgs{.dinp = randn({N, C}, 257), .dweight = randn({C}, 258),
+                                            .dout = randn({N, C}, 259), .inp = inp, .weight = randn({C}, 260),
+                                            .rstd = rms_rstd},
+                             ops::rmsnorm_backward);
+      check_cuda_vs_cpu_offsets(set_kind(rms, {"rstd"}, Kind::F32), dt);
+      if (dt == DType::F32) continue;
+      OpCase ln32 = make_case("layernorm_backward (long rows, f32 dweight/dbias only)",
+                              LayerNormBwdArgs{.dinp = Tensor{}, .dweight = randn({C}, 253),
+                                               .dbias = randn({C}, 254), .dout = randn({N, C}, 255), .inp = inp,
+                                               .weight = randn({C}, 256), .mean = mean, .rstd = rstd},
+                              ops::layernorm_backward);
+      check_cuda_vs_cpu(set_kind(ln32, {"mean", "rstd", "dweight", "dbias"}, Kind::F32), dt, 8);
+    }
+  }
+}
+
+// Each column sums the same rows in the same order on both paths, so the
+// bias gradient and the long-row norm parameter gradients have the same
+// bytes whether dout/inp are read as vectors or element by element (at
+// offset 1).
+TEST_CASE("cuda column reduction: bias and norm parameter gradient bits do not depend on the path") {
+  if (!gpu_or_skip()) return;
+  const Device dev = Device::cuda(0);
+  const int64_t N = 300, OC = 1032, C = 8200;
+  const Tensor hdout = randn({N, OC}, 261), hx = randn({N, C}, 262, 1.5f), hg = randn({N, C}, 263);
+  Tensor hmean, hrstd, hrms;
+  row_stats(hx, hmean, hrstd, hrms);
+  const Tensor mean = hmean.to(dev), rstd = hrstd.to(dev), rms = hrms.to(dev);
+  const Tensor init = randn({C}, 264), binit = randn({OC}, 266);  // gradients accumulate onto them
+  for (DType dt : kAllTypes)
+    for (int k = 0; k < (dt == DType::F32 ? 1 : 2); ++k) {
+      const DType gdt = k == 0 ? dt : DType::F32;  // gradients in the compute dtype, then f32
+      INFO(dtype_name(dt) << " activations, " << dtype_name(gdt) << " gradients");
+      const Tensor dout = upload(hdout, dt), inp = Tensor::zeros({N, 5}, dt, dev),
+                   w = Tensor::zeros({OC, 5}, dt, dev);
+      auto bias = [&](const Tensor& g) {
+        Tensor db = upload(binit, gdt);
+        ops::matmul_backward(
+            MatmulBwdArgs{.dinp = Tensor{}, .dweight = Tensor{}, .dbias = db, .dout = g, .inp = inp, .weight = w});
+        return db;
+      };
+      const Tensor bv = bias(dout);
+      CHECK(same_bytes(bv, bias(at_offset(dout, 1))));
+      CHECK_FALSE(same_bytes(bv, upload(binit, gdt)));
+      const Tensor x = upload(hx, dt), g = upload(hg, dt), nw = upload(randn({C}, 265), dt);
+      auto layernorm = [&](const Tensor& xx, const Tensor& gg) {
+        Tensor dw = upload(init, gdt), db = upload(init, gdt);
+        ops::layernorm_backward(LayerNormBwdArgs{.dinp = Tensor{}, .dweight = dw, .dbias = db, .dout = gg,
+                                                 .inp = xx, .weight = nw, .mean = mean, .rstd = rstd});
+        return std::pair{dw, db};
+      };
+      const auto [lw, lb] = layernorm(x, g);
+      const auto [lw1, lb1] = layernorm(at_offset(x, 1), at_offset(g, 1));
+      CHECK(same_bytes(lw, lw1));
+      CHECK(same_bytes(lb, lb1));
+      CHECK_FALSE(same_bytes(lw, upload(init, gdt)));
+      auto rmsnorm = [&](const Tensor& xx, const Tensor& gg) {
+        Tensor dw = upload(init, gdt);
+        ops::rmsnorm_backward(
+            RMSNormBwdArgs{.dinp = Tensor{}, .dweight = dw, .dout = gg, .inp = xx, .weight = nw, .rstd = rms});
+        return dw;
+      };
+      const Tensor rv = rmsnorm(x, g);
+      CHECK(same_bytes(rv, rmsnorm(at_offset(x, 1), at_offset(g, 1))));
+      CHECK_FALSE(same_bytes(rv, upload(init, gdt)));
     }
 }
