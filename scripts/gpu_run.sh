@@ -8,7 +8,8 @@
 #      test_offload_cuda    the offloaded optimizer's bucketed step against the blocking one, then
 #      test_host_syncs_cuda host synchronisations of a GPU training step (<= 1),
 #                           fp32 GPU loss curve against the CPU's, --cuda-graph replays
-#                           against eager steps bit for bit, then
+#                           (AdamW update included) against eager steps bit for bit, and
+#                           a replay's launches counted with CUPTI (0 kernels, 1 graph), then
 #      test_flash2_ordered  flash2 attention's ordered-dQ backward ([flash2-ordered]), then
 #      test_cuda_cudnn      the cudnn attention backend against the CPU op ([cudnn])
 #   b) test_comm_nccl       NCCL communicator, world of one (2 ranks need 2 GPUs)
@@ -226,7 +227,7 @@ skip_on_gpu "$WORK/test_offload_cuda.log"
 # bundle's dsprep. Log appended to test_cuda_ops.log.
 mkdir -p "$WORK/bindir/apps/dsprep"
 ln -sf "$B/bin/dsprep" "$WORK/bindir/apps/dsprep/dsprep"
-DS_BINARY_DIR="$WORK/bindir" run_step test_host_syncs_cuda 240 "$WORK/test_host_syncs_cuda.log" \
+DS_BINARY_DIR="$WORK/bindir" run_step test_host_syncs_cuda 360 "$WORK/test_host_syncs_cuda.log" \
   "$B/bin/test_host_syncs_cuda" --durations yes
 DETAIL[-1]+="; $(catch_counts "$WORK/test_host_syncs_cuda.log")"
 skip_on_gpu "$WORK/test_host_syncs_cuda.log"

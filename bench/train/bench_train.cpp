@@ -2,7 +2,8 @@
 // model on random tokens, on the CPU or one GPU, through the pieces dstrain's
 // trainer uses for a single rank (GptModel with the compute dtype, the flat
 // store's f32 master and gradients, ZeroOptimizer stage 0 with the fused
-// low-precision AdamW copy, the deferred loss and the one packed read per step).
+// low-precision AdamW copy, the deferred loss, the update gated on the device
+// by the step block and the one packed read per step).
 // Prints one JSON line: ms/step, tokens/s, model FLOPs per token and TFLOP/s
 // (MFU against the device's nominal bf16 peak on CUDA), host synchronisations
 // per step (lib/core/sync_counter.h) and the peak allocation.
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -25,6 +27,7 @@
 #include "lib/core/rng.h"
 #include "lib/core/sync_counter.h"
 #include "lib/model/gpt.h"
+#include "lib/ops/ops.h"
 #include "lib/parallel/zero_partition.h"
 #include "lib/runtime/zero_optimizer.h"
 #include "lib/train/config.h"
@@ -113,28 +116,50 @@ int run(const Options& o) {
   const Tensor tok = random_tokens(o.B, o.T, o.V, 1, dev, &unused);
   const Tensor tgt = random_tokens(o.B, o.T, o.V, 2, dev, &tgt_host);
   const int64_t rows = int64_t(o.B) * o.T;
-  Tensor stats = Tensor::empty({2 + rows}, DType::F32, dev);  // [grad sum of squares, unused, per-row losses]
+  // The trainer's step block: [grad sum of squares, overflow flag, loss | the update's step scalars].
+  Tensor block = Tensor::zeros({3 + AdamWSlot::Count}, DType::F32, dev);
+  Tensor stats = block.view(0, {3}), scalars = block.view(3, {AdamWSlot::Count});
   const double scale = prec == Precision::FP16 ? o.loss_scale : 1.0;
   AdamWHyper h;
   h.lr = 1e-4f;
   h.weight_decay = 0.1f;
+  // The host's step scalars, written before every step (pinned on CUDA: a
+  // captured step copies them from that fixed buffer).
+  float host_terms[kAdamWHostSlots];
+  float* terms = host_terms;
+#ifdef DS_WITH_CUDA
+  std::unique_ptr<void, void (*)(void*)> pinned(dev.is_cuda() ? cuda::alloc_pinned(sizeof host_terms) : nullptr,
+                                                cuda::free_pinned);
+  if (pinned) terms = static_cast<float*>(pinned.get());
+#endif
+  Tensor terms_dst = scalars.view(AdamWSlot::Lr, {kAdamWHostSlots});
 
   float loss = NAN;
-  // The step up to its read: with --cuda-graph captured once after the
-  // warm-up and replayed (as the trainer's --cuda-graph; docs/cuda.md).
+  // The step up to its read, the update gated on the device included: with
+  // --cuda-graph captured once after the warm-up and replayed (as the
+  // trainer's --cuda-graph; docs/cuda.md).
   auto region = [&] {
+#ifdef DS_WITH_CUDA
+    if (dev.is_cuda()) cuda::copy_pinned_async(terms_dst.raw(), terms, sizeof host_terms);
+#endif
+    if (dev.is_cpu()) std::memcpy(terms_dst.raw(), terms, sizeof host_terms);
     opt.zero_grads();
-    stats.view(0, {2}).zero_();
-    model.set_loss_sink(stats.view(2, {rows}));
+    stats.zero_();
+    model.set_loss_sink(stats.view(2, {1}));
     opt.begin_last_micro_batch();  // one micro-batch per step (a no-op without overlap_comm)
     model.forward_backward(tok, tgt, static_cast<float>(scale / rows), DropoutKey{}, tgt_host);
     opt.reduce_gradients_into(stats.view(0, {1}));
+    if (prec == Precision::FP16) opt.grads_nonfinite_into(stats.view(1, {1}));
     model.set_loss_sink(Tensor());
+    ops::step_gate({.scalars = scalars, .stats = stats, .loss_scale = scale, .max_norm = 1.0f,
+                    .rule = prec == Precision::FP16 ? SkipRule::Overflow : SkipRule::NonFinite});
+    opt.step_gated(h, scalars);
   };
 #ifdef DS_WITH_CUDA
   std::unique_ptr<cuda::StepGraph> graph;
 #endif
   auto step = [&] {
+    adamw_host_slots(opt.adam().next_terms(h), terms);  // the previous read waited for the copy from here
 #ifdef DS_WITH_CUDA
     if (graph) {
       if (!graph->ready()) {
@@ -149,11 +174,10 @@ int run(const Options& o) {
 #else
     region();
 #endif
-    const Tensor host = stats.to(Device::cpu());  // the step's one read (clip and skip decisions need it)
+    const Tensor host = block.to(Device::cpu());  // the step's one read: statistics and the device's gate
     const float* v = host.data<float>();
-    loss = GptModel::mean_loss(v + 2, tgt_host.data<int32_t>(), rows);
-    const double norm = std::sqrt(static_cast<double>(v[0])) / scale;
-    opt.step(h, static_cast<float>(clip_coefficient(norm, 1.0f) / scale));
+    loss = v[2];
+    if (v[3 + AdamWSlot::Skip] == 0.f) opt.adam().count_step();
   };
   const float first_loss = [&] { step(); return loss; }();
   for (int s = 1; s < o.warmup; ++s) step();

@@ -1,5 +1,7 @@
-// Optimizer-side ops on the CPU: AdamW step, sum of squares (gradient norm),
-// non-finite detection, in-place scaling and dtype casts.
+// Optimizer-side ops on the CPU: AdamW step (its per-step values by value or
+// from a step-scalars block in host memory), the step's gate (gate_step on
+// the block), sum of squares (gradient norm), non-finite detection, in-place
+// scaling and dtype casts.
 // sum_squares reduces fixed-size chunks in double and combines them in chunk
 // order, so the result is bit-identical for any thread count.
 // AdamW with sr_seed != 0 rounds a bf16 param_lowp stochastically with the
@@ -65,20 +67,24 @@ void store_bf16_stochastic(uint16_t* dst, const float* src, uint64_t seed, int64
   }
 }
 
+// The per-step values of one call: by value, or from its scalars block.
+struct StepValues {
+  AdamWTerms t;
+  float grad_scale = 1;
+};
+
 // The update of elements [base, base + n) of the call with weight decay
-// `weight_decay`. Chunks are counted from `base`, so a segment gives the same
-// bits as a call on that segment alone.
-void adamw_range(const AdamWArgs& a, int64_t base, int64_t n, float weight_decay) {
+// `weight_decay` (the call's, or 0). Chunks are counted from `base`, so a
+// segment gives the same bits as a call on that segment alone.
+void adamw_range(const AdamWArgs& a, const StepValues& sv, int64_t base, int64_t n, float weight_decay) {
   float* p = a.param.data<float>() + base;         // (n)
   const float* g = a.grad.data<float>() + base;    // (n)
   float* m = a.m.data<float>() + base;             // (n)
   float* v = a.v.data<float>() + base;             // (n)
-  const float b1 = a.beta1, b2 = a.beta2, eps = a.eps, gs = a.grad_scale;
-  const float decay = a.lr * weight_decay;
-  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), a.step));
-  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), a.step));
-  const float step_size = a.lr / bc1;
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(bc2)));
+  const float b1 = a.beta1, b2 = a.beta2, eps = a.eps, gs = sv.grad_scale;
+  const float decay = sv.t.lr * weight_decay;
+  const float step_size = sv.t.step_size;
+  const float inv_sqrt_bc2 = sv.t.inv_sqrt_bc2;
   parallel_chunks(n, [&](int64_t b, int64_t e) {
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
@@ -102,13 +108,31 @@ void adamw_range(const AdamWArgs& a, int64_t base, int64_t n, float weight_decay
 }  // namespace
 
 void adamw_step(const AdamWArgs& a, const Stream&) {
+  StepValues sv;
+  if (a.scalars.defined()) {
+    const float* s = a.scalars.data<float>();  // (AdamWSlot::Count)
+    if (s[AdamWSlot::Skip] != 0.f) return;
+    sv.t = {s[AdamWSlot::Lr], s[AdamWSlot::WeightDecay], s[AdamWSlot::StepSize], s[AdamWSlot::InvSqrtBc2]};
+    sv.grad_scale = s[AdamWSlot::GradScale];
+  } else {
+    sv.t = adamw_terms(a.lr, a.weight_decay, a.beta1, a.beta2, a.step);
+    sv.grad_scale = a.grad_scale;
+  }
   if (!a.segments.defined()) {
-    adamw_range(a, 0, a.param.numel(), a.weight_decay);
+    adamw_range(a, sv, 0, a.param.numel(), sv.t.weight_decay);
     return;
   }
   const int64_t* seg = a.segments.data<int64_t>();  // (S, 3) {begin, end, decay}
   for (int64_t s = 0; s < a.segments.size(0); ++s)
-    adamw_range(a, seg[3 * s], seg[3 * s + 1] - seg[3 * s], seg[3 * s + 2] ? a.weight_decay : 0.f);
+    adamw_range(a, sv, seg[3 * s], seg[3 * s + 1] - seg[3 * s], seg[3 * s + 2] ? sv.t.weight_decay : 0.f);
+}
+
+void step_gate(const StepGateArgs& a, const Stream&) {
+  const float* st = a.stats.data<float>();  // (3) sum of squares, overflow flag, loss
+  const StepGate g = gate_step(st[0], st[1], st[2], a.loss_scale, a.max_norm, a.rule);
+  float* s = a.scalars.data<float>();  // (AdamWSlot::Count)
+  s[AdamWSlot::GradScale] = g.grad_scale;
+  s[AdamWSlot::Skip] = g.skip ? 1.f : 0.f;
 }
 
 void sum_squares(const SumSquaresArgs& a, const Stream&) {

@@ -8,11 +8,7 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define DS_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define DS_HOST_DEVICE inline
-#endif
+#include "lib/ops/host_device.h"
 
 namespace ds {
 

@@ -20,6 +20,7 @@
 
 #include "lib/core/tensor.h"
 #include "lib/ops/dropout_mask.h"
+#include "lib/ops/step_scalars.h"
 
 namespace ds {
 
@@ -447,6 +448,11 @@ template <class A, class F> IfArgs<A, VocabParallelCEArgs> fields(A& a, F&& f) {
 // disjoint; only elements inside a segment are updated, with weight_decay
 // where decay != 0 and none elsewhere. Each segment gives the same bits as a
 // call on that range alone. Undefined: all of [0, n) with weight_decay.
+// The per-step values come by value (lr, weight_decay, grad_scale, step) or,
+// when `scalars` is defined, from that block when the op runs (its AdamWSlot
+// values, lib/ops/step_scalars.h; the by-value four are then ignored): with
+// its Skip slot set the call changes nothing. Both ways give the same bits
+// for the same values (adamw_terms derives the bias corrections either way).
 struct AdamWArgs {
   Tensor param;    // (n) f32 master weights
   Tensor grad;     // (n) gradient (f32, or bf16/f16 on CUDA)
@@ -457,6 +463,7 @@ struct AdamWArgs {
   int64_t step = 1;         // 1-based, for bias correction
   uint64_t sr_seed = 0;  // != 0: stochastic rounding of a bf16 param_lowp (seeded per step)
   Tensor segments;  // (S, 3) i64 {begin, end, decay} or undefined; on the op's device
+  Tensor scalars;   // (AdamWSlot::Count) f32 or undefined; on the op's device
 };
 // param, m and v are f32 master state: passed as they are, so the kernel
 // rejects anything else. The kernel rounds into param_lowp itself (nearest or,
@@ -468,6 +475,24 @@ template <class A, class F> IfArgs<A, AdamWArgs> fields(A& a, F&& f) {
   f(a.v, "v", Role::Native);
   f(a.param_lowp, "param_lowp", Role::Native);
   f(a.segments, "segments", Role::Native);
+  f(a.scalars, "scalars", Role::Native);
+}
+
+// The update's gate, on the op's device and without a host read: from the
+// step's statistics, scalars[GradScale] = clip coefficient / loss_scale and
+// scalars[Skip] = 1 if the step must not be applied, else 0 (gate_step,
+// lib/ops/step_scalars.h, the rule the trainer applies to the same values on
+// the host). The other slots are left as they are.
+struct StepGateArgs {
+  Tensor scalars;  // (AdamWSlot::Count) f32: GradScale and Skip written
+  Tensor stats;    // (3) f32: gradient sum of squares (loss scale in), overflow flag, loss
+  double loss_scale = 1.0;  // the step's loss scale (fp16), else 1
+  float max_norm = 0;       // gradient clipping threshold; <= 0: off
+  SkipRule rule = SkipRule::NonFinite;
+};
+template <class A, class F> IfArgs<A, StepGateArgs> fields(A& a, F&& f) {
+  f(a.scalars, "scalars", Role::Native);
+  f(a.stats, "stats", Role::Native);
 }
 
 struct SumSquaresArgs {

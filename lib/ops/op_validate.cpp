@@ -483,9 +483,18 @@ void validate_adamw_step(const AdamWArgs& a) {
                  s[3 * i], s[3 * i + 1], n);
     }
   }
+  if (a.scalars.defined()) c.stat(a.scalars, AdamWSlot::Count, "scalars", "AdamWSlot::Count");
   if (!a.param_lowp.defined()) return;
   c.floating(a.param_lowp, "param_lowp");
   c.numel(a.param_lowp, n, "param_lowp", "numel(param)");
+}
+
+void validate_step_gate(const StepGateArgs& a) {
+  const Check c("step_gate");
+  c.devices(a);
+  c.stat(a.scalars, AdamWSlot::Count, "scalars", "AdamWSlot::Count");
+  c.stat(a.stats, 3, "stats", "3");
+  DS_CHECK(a.loss_scale > 0, "{}: loss_scale must be > 0, got {}", c.op(), a.loss_scale);
 }
 
 void validate_sum_squares(const SumSquaresArgs& a) {

@@ -1,4 +1,5 @@
-// AdamW over the flat layout: one fused op call for the whole owned range.
+// AdamW over the flat layout: one fused op call for the whole owned range,
+// its per-step values by value or from a step-scalars block (step_gated).
 // The layout's parameters become the call's segments (one per parameter, with
 // its decay flag), built once on the device: one kernel launch per step on
 // CUDA, and on the CPU the same bits as one call per parameter.
@@ -39,12 +40,10 @@ AdamW::AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end)
   segments_ = dev.is_cpu() ? host : host.to(dev);
 }
 
-void AdamW::step(const Tensor& params, const Tensor& grads, const AdamWHyper& h, float grad_scale,
-                 const Stream& s, const Tensor& params_lowp) {
+AdamWArgs AdamW::args(const Tensor& params, const Tensor& grads, const AdamWHyper& h,
+                       const Tensor& params_lowp) const {
   DS_CHECK(params.numel() == end_ - begin_ && grads.numel() == end_ - begin_,
            "AdamW: params {} / grads {} elements, expected {}", params.numel(), grads.numel(), end_ - begin_);
-  ++step_;
-  if (!segments_.defined()) return;  // no parameter in the range
   AdamWArgs a;
   a.param = params;
   a.grad = grads;
@@ -56,9 +55,25 @@ void AdamW::step(const Tensor& params, const Tensor& grads, const AdamWHyper& h,
   a.beta2 = h.beta2;
   a.eps = h.eps;
   a.weight_decay = h.weight_decay;
+  a.segments = segments_;
+  return a;
+}
+
+void AdamW::step(const Tensor& params, const Tensor& grads, const AdamWHyper& h, float grad_scale,
+                 const Stream& s, const Tensor& params_lowp) {
+  AdamWArgs a = args(params, grads, h, params_lowp);
+  ++step_;
+  if (!segments_.defined()) return;  // no parameter in the range
   a.grad_scale = grad_scale;
   a.step = step_;
-  a.segments = segments_;
+  ops::adamw_step(a, s);
+}
+
+void AdamW::step_gated(const Tensor& params, const Tensor& grads, const AdamWHyper& h, const Tensor& scalars,
+                       const Stream& s, const Tensor& params_lowp) {
+  AdamWArgs a = args(params, grads, h, params_lowp);
+  if (!segments_.defined()) return;  // no parameter in the range
+  a.scalars = scalars;
   ops::adamw_step(a, s);
 }
 
@@ -67,12 +82,6 @@ double grad_sum_squares(const Tensor& grads, const Stream& s) {
   ops::sum_squares({.out = acc, .x = grads}, s);
   Tensor host = acc.device().is_cpu() ? acc : acc.to(Device::cpu());
   return static_cast<double>(host.data<float>()[0]);
-}
-
-float clip_coefficient(double norm, float max_norm) {
-  if (max_norm <= 0 || !std::isfinite(norm)) return 1.f;
-  double c = max_norm / (norm + 1e-6);
-  return c < 1.0 ? static_cast<float>(c) : 1.f;
 }
 
 }  // namespace ds

@@ -8,6 +8,8 @@
 #include "lib/core/stream.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
+#include "lib/ops/op_args.h"
+#include "lib/ops/step_scalars.h"
 
 namespace ds {
 
@@ -26,15 +28,28 @@ class AdamW {
   // weights in the same pass (the fused op's low-precision copy).
   void step(const Tensor& params, const Tensor& grads, const AdamWHyper& h, float grad_scale,
             const Stream& s = Stream{}, const Tensor& params_lowp = Tensor());
+  // The same update with its per-step values in `scalars` ((AdamWSlot::Count)
+  // f32 on the moments' device, lib/ops/step_scalars.h), read when the kernel
+  // runs: nothing when its skip flag is set. h gives the betas and eps only.
+  // The step count does not move: the host learns whether the step was
+  // applied from its read after the step, then calls count_step().
+  void step_gated(const Tensor& params, const Tensor& grads, const AdamWHyper& h, const Tensor& scalars,
+                  const Stream& s = Stream{}, const Tensor& params_lowp = Tensor());
+  // The values the host writes into the block for the next step (step_count() + 1).
+  AdamWTerms next_terms(const AdamWHyper& h) const {
+    return adamw_terms(h.lr, h.weight_decay, h.beta1, h.beta2, step_ + 1);
+  }
+  void count_step() { ++step_; }
 
   Tensor& m() { return m_; }
   Tensor& v() { return v_; }
-  int64_t step_count() const { return step_; }
+  int64_t step_count() const { return step_; }  // applied steps
   void set_step_count(int64_t s) { step_ = s; }
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }
 
  private:
+  AdamWArgs args(const Tensor& params, const Tensor& grads, const AdamWHyper& h, const Tensor& params_lowp) const;
   const ModelLayout* layout_;
   int64_t begin_, end_;
   int64_t step_ = 0;
@@ -44,7 +59,6 @@ class AdamW {
 
 // Global L2 norm of a gradient buffer (sum of squares on the device, one sync).
 double grad_sum_squares(const Tensor& grads, const Stream& s = Stream{});
-// Clip coefficient Megatron/DeepSpeed style: min(1, max_norm / (norm + 1e-6)); 1 if max_norm <= 0.
-float clip_coefficient(double norm, float max_norm);
+// clip_coefficient and the step's gate: lib/ops/step_scalars.h.
 
 }  // namespace ds

@@ -176,6 +176,22 @@ void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
   } else {
     adam_->set_step_count(adam_->step_count() + 1);
   }
+  after_update();
+}
+
+void ZeroOptimizer::step_gated(const AdamWHyper& h, const Tensor& scalars) {
+  DS_CHECK(!offload_, "ZeroOptimizer::step_gated with offload_optimizer (the update runs on the host)");
+  if (range_.size() > 0) {
+    Tensor g = store_ ? store_->grad_shard() : model_.grads().view(range_.begin, {range_.size()});
+    const Tensor lowp = fused_lowp_ ? model_.compute_params().view(range_.begin, {range_.size()}) : Tensor();
+    adam_->step_gated(master_range(), g, h, scalars, Stream{}, lowp);
+  }
+  // A skipped step leaves the master weights as they were, so this rewrites
+  // the same values.
+  after_update();
+}
+
+void ZeroOptimizer::after_update() {
   if (store_) {
     store_->after_step();
   } else {

@@ -84,6 +84,13 @@ class ZeroOptimizer {
   // AdamW on this rank's range, then the parameters the stage keeps whole are
   // made current again (stage 1/2 all-gather, stage 3 persistent units).
   void step(const AdamWHyper& h, float grad_scale);
+  // The same with the update gated on the device: AdamW reads its per-step
+  // values from `scalars` (lib/ops/step_scalars.h; h gives the betas and eps)
+  // and changes nothing when the block's skip flag is set, so nothing here
+  // depends on the step's statistics on the host (a CUDA graph can hold it).
+  // Not with offload (the update runs on the host there). Adam's step count
+  // is left to the caller (AdamW::count_step once the step is known applied).
+  void step_gated(const AdamWHyper& h, const Tensor& scalars);
   AdamW& adam() { return *adam_; }
   Range optimizer_range() const { return range_; }  // unpadded, may be empty
   // The fp32 master weights this rank updates (undefined when the range is empty).
@@ -117,6 +124,8 @@ class ZeroOptimizer {
   // at the first step (after init or load), then the only one the update writes.
   Tensor host_master_;
   std::unique_ptr<OffloadPipeline> offload_pipe_;
+
+  void after_update();  // the parameters the stage keeps whole made current again
 
   // overlap_comm, stages 0/1 (see above)
   void on_grads(int unit, bool ready);

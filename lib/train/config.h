@@ -129,8 +129,9 @@ struct TrainConfig {
   std::string config_path;
   bool estimate_memory = false;
   // --cuda-graph: after cuda_graph_warmup eager steps, the step up to its one
-  // host read is captured once in a CUDA graph and replayed (docs/cuda.md,
-  // "CUDA graphs"). Single GPU, static shapes only (validate_cuda_graph).
+  // host read, the AdamW update included, is captured once in a CUDA graph
+  // and replayed (docs/cuda.md, "CUDA graphs"). Single GPU, static shapes
+  // only (validate_cuda_graph).
   bool cuda_graph = false;
   int64_t cuda_graph_warmup = 2;
   nlohmann::json resolved;  // the full resolved config (same layout as the input file)

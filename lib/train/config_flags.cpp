@@ -81,8 +81,8 @@ constexpr FlagSpec kTable[] = {
      "plain (unfused, for debugging) or cudnn",
      "flash|flash2|plain|cudnn"},
     {"--cuda-graph", "/training/cuda_graph", FlagKind::Const,
-     "capture the steady-state step (up to its one host read) in a CUDA graph and replay it (one GPU, static "
-     "shapes)", "true"},
+     "capture the steady-state step (up to its one host read, the optimizer update included) in a CUDA graph "
+     "and replay it (one GPU, static shapes)", "true"},
     {"--enable-cuda-graph", "/training/cuda_graph", FlagKind::Const, "Megatron's name for --cuda-graph", "true"},
     {"--cuda-graph-warmup-steps", "/training/cuda_graph_warmup", FlagKind::Int,
      "with --cuda-graph: eager steps before the capture (default 2)"},

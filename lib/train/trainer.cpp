@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include "lib/ckpt/file_io.h"
@@ -168,6 +169,14 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
              ? ", " + std::to_string(cfg_.parallel.recompute_num_layers) + " layers per chunk (0: all)"
              : std::string());
   log_model_state();
+  // The update is gated on the device (train_step) where nothing after it
+  // involves another process and it runs on the compute device.
+  device_update_ = comms_.world->size() == 1 && cfg_.zero.offload_optimizer == OffloadDevice::None;
+  step_block_ = Tensor::zeros({kStepStats + AdamWSlot::Count}, DType::F32, dev_);
+#ifdef DS_WITH_CUDA
+  if (device_update_ && dev_.is_cuda())
+    pinned_terms_.reset(static_cast<float*>(cuda::alloc_pinned(kAdamWHostSlots * sizeof(float))));
+#endif
   setup_cuda_graph();
 }
 
@@ -346,6 +355,21 @@ int64_t Trainer::next_seqlen() {
   return curriculum_ ? curriculum_->update(state_.iteration + 1) : cfg_.model.seq_length;
 }
 
+// The step's update, two ways with the same bits (docs/distributed.md, "host
+// synchronisations per step"; docs/cuda.md, "CUDA graphs"):
+// - device_update_ (one process, the optimizer on the device): the host
+//   writes the update's step scalars (the schedule's learning rate and weight
+//   decay, the bias corrections of Adam's next step) into the step block
+//   before the step; after end_step_stats, step_gate decides on the device
+//   from the statistics (clip coefficient, skip on NaN/Inf or fp16 overflow)
+//   and AdamW reads the block, doing nothing on a skipped step. The read
+//   comes last and tells the host what the device did; only then does Adam's
+//   step count (and the schedule) advance. With --cuda-graph this whole step
+//   is the captured region.
+// - otherwise (several processes, or the optimizer offloaded to the host):
+//   the host reads first, applies gate_step to the same statistics and runs
+//   the update with those values, or skips it (no collective of a skipped
+//   update runs on any rank).
 float Trainer::train_step() {
   const auto& b = cfg_.batch;
   phase_ms();
@@ -358,12 +382,17 @@ float Trainer::train_step() {
   // Dropout masks are keyed by (seed, iteration) and each micro-batch's global
   // first sample, identical in every layout (docs/dropout.md).
   DropoutKey key{.train = true, .seed = cfg_.seed, .iteration = state_.iteration, .first_sample = 0};
+  const AdamWHyper h = step_hyper();
   // The losses, the norm and the overflow flag stay on the device until one
-  // read (read_step_stats).
+  // read (read_step_block).
   if (graph_) {  // --cuda-graph: the same work, captured once and replayed
-    graph_region(loss_weight, key);
+    graph_region(loss_weight, key, h);
     step_times_.forward_backward += phase_ms();
   } else {
+    if (device_update_) {
+      stage_update_terms(h);
+      copy_update_terms();
+    }
     opt_->zero_grads();
     begin_step_stats();
     if (pipe_) {
@@ -377,21 +406,33 @@ float Trainer::train_step() {
     }
     step_times_.forward_backward += phase_ms();
     end_step_stats();
+    if (device_update_) {
+      step_times_.grads_reduce += phase_ms();
+      update_on_device(h, scale);
+      step_times_.optimizer += phase_ms();
+    }
   }
-  double loss_mean = 0;    // the global mean loss of the step
-  double norm = 0;         // the gradient norm (loss scale still in until divided below)
-  int overflow_flag = -1;  // fp16 overflow, read with the step's statistics
-  read_step_stats(&loss_mean, &norm, &overflow_flag);
-  norm /= scale;
+  const StepRead r = read_step_block();
+  // The host's gate on what it read: the device applied the same function to
+  // the same values (device_update_), the update below uses it otherwise.
+  const StepGate gate = gate_step(r.sumsq, r.overflow, r.loss, scale, cfg_.optim.grad_clip, skip_rule());
   step_times_.grads_reduce += phase_ms();
   step_times_.steps += 1;
-  const float loss = static_cast<float>(loss_mean);
+  const float loss = r.loss;
   // The schedule counts applied steps only (DeepSpeed and Megatron do not
   // advance the learning rate on a skipped step).
   const int64_t tokens_before = state_.consumed_tokens;
-  const bool overflow = skip_for_overflow(overflow_flag == 1);  // fp16: the loss scaler's rule
-  const bool nonfinite = note_nan_iteration(loss, norm);
-  if (overflow || nonfinite) {
+  const bool overflow = skip_for_overflow(r.overflow != 0.f);  // fp16: the loss scaler's rule
+  const bool nonfinite = note_nan_iteration(loss, gate.norm);
+  const bool skip = overflow || nonfinite;
+  DS_CHECK(skip == gate.skip, "step gate: the trainer's rule skips ({}) where gate_step does not ({})", skip,
+           gate.skip);
+  if (device_update_)
+    DS_CHECK(r.skipped == skip && std::memcmp(&r.grad_scale, &gate.grad_scale, sizeof(float)) == 0,
+             "step gate: the device decided skip {} with grad scale {}, the host skip {} with grad scale {} on the "
+             "same statistics",
+             r.skipped, r.grad_scale, skip, gate.grad_scale);
+  if (skip) {
     if (!overflow) state_.skipped_steps += 1;  // no update: the schedule does not advance either
     state_.iteration += 1;
     state_.consumed_samples += b.train_batch_size;
@@ -399,24 +440,17 @@ float Trainer::train_step() {
     last_grad_norm_ = NAN;
     return loss;
   }
-  // The update runs after the read, eagerly, also with --cuda-graph: the
-  // clip coefficient, the learning rate and weight decay of the schedule and
-  // Adam's step count are host values passed by value, correct every step
-  // because they are never captured (docs/cuda.md, "CUDA graphs").
-  float coef = clip_coefficient(norm, cfg_.optim.grad_clip);
-  AdamWHyper h;
-  h.lr = lr_at(cfg_.optim, state_.lr_clock);
-  h.beta1 = cfg_.optim.beta1;
-  h.beta2 = cfg_.optim.beta2;
-  h.eps = cfg_.optim.eps;
-  h.weight_decay = cfg_.optim.weight_decay;
-  opt_->step(h, static_cast<float>(coef / scale));
-  step_times_.optimizer += phase_ms();
+  if (device_update_) {
+    opt_->adam().count_step();  // the device applied it (the read said so)
+  } else {
+    opt_->step(h, gate.grad_scale);
+    step_times_.optimizer += phase_ms();
+  }
   advance_lr_clock(cfg_.optim, state_.lr_clock, b.train_batch_size, tokens_before);
   state_.iteration += 1;
   state_.consumed_samples += b.train_batch_size;
   state_.consumed_tokens += b.train_batch_size * seqlen_;
-  last_grad_norm_ = norm;
+  last_grad_norm_ = gate.norm;
   last_lr_ = h.lr;
   return loss;
 }
@@ -431,52 +465,6 @@ void Trainer::run_micro_batches(float loss_weight, DropoutKey key, int64_t L) {
     if (micro + 1 == ga) opt_->begin_last_micro_batch();  // overlap_comm: reduce during it
     model_->forward_backward(mb.tokens, mb.targets, loss_weight, key, mb.targets_host);
   }
-}
-
-// step_stats_ = [gradient sum of squares, overflow flag, loss]: each rank's
-// share, zeroed (asynchronously); the model adds its micro-batches' mean
-// losses to the loss slot. Every loss is computed by each tp rank of the last
-// pipeline stage: tp rank 0 reports it, weighted so that the sum over the
-// world is the mean over the step's micro-batches (1 / grad_accum) and the
-// sequence-data-parallel ranks (1 / sdp; each holds the mean over the same
-// number of tokens, B x T / SP, so their mean is the global one).
-void Trainer::begin_step_stats() {
-  if (!step_stats_.defined()) step_stats_ = Tensor::empty({3}, DType::F32, dev_);
-  step_stats_.zero_();
-  const double share = 1.0 / static_cast<double>(cfg_.batch.grad_accum_steps * sdp_);
-  model_->set_loss_sink(step_stats_.view(2, {1}), shard_.tp_rank == 0 ? static_cast<float>(share) : 0.f);
-}
-
-// end_step_stats: reduces the gradients, adds this rank's share of their sum
-// of squares and (fp16) its overflow flag to step_stats_, sums step_stats_
-// over the world in one all-reduce (stream-ordered on the GPU);
-// read_step_stats reads it back: the step's one
-// host synchronisation, which cannot go: the loss scaler's skip and the clip
-// coefficient are decided on the host from these values. On the CPU backend
-// the all-reduce is the blocking collective the read waits for.
-void Trainer::end_step_stats() {
-  opt_->reduce_gradients_into(step_stats_.view(0, {1}));
-  if (scaler_) opt_->grads_nonfinite_into(step_stats_.view(1, {1}));
-  model_->set_loss_sink(Tensor());
-  Communicator& world = *comms_.world;
-  if (world.size() > 1) world.all_reduce(step_stats_);
-}
-
-void Trainer::read_step_stats(double* loss_mean, double* norm_scaled, int* overflow_flag) {
-  Communicator& world = *comms_.world;
-  // Several GPU ranks: the compute stream waits on NCCL operations. The NCCL
-  // watchdog bounds each of them (a dead peer ends the process), so the read
-  // below cannot hang for good; without it (DS_NCCL_BLOCKING_WAIT=1) a plain
-  // device synchronisation could, so the host first polls the stream with
-  // NCCL's error and DS_COMM_TIMEOUT checks. The world all-reduce is the
-  // step's last collective: polling it covers every earlier one.
-  if (dev_.is_cuda() && world.size() > 1 && !world.watchdog_guarded()) world.synchronize();
-  const Tensor host = step_stats_.to(Device::cpu());
-  world.raise_if_failed();  // values from an aborted operation (on any group) are never used
-  const float* v = host.data<float>();
-  *norm_scaled = std::sqrt(static_cast<double>(v[0]));
-  *overflow_flag = scaler_ ? (v[1] != 0.f ? 1 : 0) : -1;
-  *loss_mean = v[2];
 }
 
 // One step with the timeline on; logs its host synchronisations (GPU: device

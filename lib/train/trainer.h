@@ -39,6 +39,8 @@ class Trainer {
   // This rank's persistent model-state bytes (what the start-up log reports).
   ModelStateBytes model_state_bytes() const { return opt_->model_state_bytes(); }
   const TrainState& state() const { return state_; }
+  // Adam's step count: the updates applied so far (skipped steps excluded).
+  int64_t optimizer_steps() const { return opt_->adam().step_count(); }
   // --profile: the host synchronisations of the profiled step (the run's
   // second), as its start-up log line reports them; -1 before it ran.
   int64_t profiled_host_syncs() const { return profiled_syncs_; }
@@ -63,9 +65,40 @@ class Trainer {
   // synchronisations per step): see trainer.cpp.
   void run_micro_batches(float loss_weight, DropoutKey key, int64_t L);
   void begin_step_stats();
-  void end_step_stats();  // the device work that completes step_stats_ (no host read)
-  void read_step_stats(double* loss_mean, double* norm_scaled, int* overflow_flag);
-  Tensor step_stats_;  // (3) f32 on the device: gradient sum of squares, overflow flag, loss
+  void end_step_stats();  // the device work that completes the step's statistics (no host read)
+  // The step's block on the device, (kStepStats + AdamWSlot::Count) f32: the
+  // statistics (gradient sum of squares, overflow flag, loss) and the step
+  // scalars of the gated update (lib/ops/step_scalars.h). One read returns both.
+  static constexpr int64_t kStepStats = 3;
+  Tensor step_block_;
+  Tensor step_stats() const { return step_block_.view(0, {kStepStats}); }
+  Tensor step_scalars() const { return step_block_.view(kStepStats, {AdamWSlot::Count}); }
+  struct StepRead {
+    float sumsq = 0, overflow = 0, loss = 0;  // the world's sums (the loss scale still in sumsq)
+    float grad_scale = 1;                     // device_update_: what the device's gate decided
+    bool skipped = false;
+  };
+  StepRead read_step_block();  // the step's one host synchronisation
+  // One process with the optimizer on the compute device: the update runs
+  // inside the step, gated on the device (step_gate, then AdamW reading the
+  // step scalars), before the read; otherwise after the read with the host's
+  // gate. See train_step.
+  bool device_update_ = false;
+  AdamWHyper step_hyper() const;  // the schedule's values for this step
+  // device_update_: the host's step scalars of this step (Adam's next step
+  // count); on the CPU written into the step block, on the GPU into
+  // pinned_terms_, which copy_update_terms then copies into the block inside
+  // the step (a graph's copy node reads that fixed address).
+  void stage_update_terms(const AdamWHyper& h);
+  void copy_update_terms();
+  void update_on_device(const AdamWHyper& h, double loss_scale);  // step_gate + the gated AdamW
+  // (kAdamWHostSlots) f32 of page-locked memory (GPU, device_update_).
+  // Declared before graph_: it outlives the graph that copies from it.
+  struct PinnedDelete {
+    void operator()(float* p) const;
+  };
+  std::unique_ptr<float, PinnedDelete> pinned_terms_;
+  SkipRule skip_rule() const { return scaler_ ? SkipRule::Overflow : SkipRule::NonFinite; }
   // Counts an iteration whose loss (or, without a loss scaler, gradient norm)
   // is NaN/Inf; returns true if so (the update must be skipped). Throws
   // UserError after cfg.max_nan_iterations such iterations in a row.
@@ -139,11 +172,11 @@ class Trainer {
   // while everything it addresses is still alive.
   struct GraphState;
   void setup_cuda_graph();
-  // The step from its start to just before the read (zeroing, the
-  // micro-batches, end_step_stats): eager during the warm-up, then captured
-  // once and replayed.
-  void graph_region(float loss_weight, DropoutKey key);
-  void graph_region_eager(float loss_weight, DropoutKey key);
+  // The step from its start to just before the read (the step scalars'
+  // copy, zeroing, the micro-batches, end_step_stats, the gated update):
+  // eager during the warm-up, then captured once and replayed.
+  void graph_region(float loss_weight, DropoutKey key, const AdamWHyper& h);
+  void graph_region_eager(float loss_weight, DropoutKey key, const AdamWHyper& h);
   // Eval, checkpoints: the next step captures again (see trainer_graph.cpp).
   void invalidate_graph(const char* why);
   int64_t graph_captured_at_ = 0, graph_captures_ = 0, graph_replays_ = 0;

@@ -1,27 +1,36 @@
-// --cuda-graph: the training step from its start to just before its one host
-// read (zeroing the gradients and the step statistics, every micro-batch's
-// token copy, forward and backward, the gradient norm) captured once in a CUDA
-// graph and replayed every step (docs/cuda.md, "CUDA graphs"). The read, the
-// host decisions (fp16 is refused; the NaN rule, the clip coefficient) and the
-// AdamW update stay outside, eager.
+// --cuda-graph: the whole training step up to its one host read captured
+// once in a CUDA graph and replayed every step (docs/cuda.md, "CUDA
+// graphs"): the copy of the step scalars and of every micro-batch's tokens
+// from fixed pinned buffers, zeroing the gradients and the step statistics,
+// forward and backward, the gradient norm, the update's gate (step_gate: clip
+// coefficient and the skip decision, on the device from the statistics) and
+// the AdamW update reading its per-step values from the step block. A
+// replayed step is one graph launch and one read (statistics and the
+// device's gate); the host then keeps its counters (iteration, skipped
+// steps, Adam's step count, the schedule) in line with what the device did.
+// fp16 is refused (its loss scale is in the captured loss weight).
 //
 // What a replay repeats must not change between steps, so:
 // - Scalars captured as kernel arguments: the loss weight (static batch and
-//   sequence length, no loss scale: fp16 is refused) and the dropout key (its
-//   iteration changes, but dropout is refused, so no kernel reads it). The
-//   schedule's learning rate and weight decay, Adam's step count and the clip
-//   coefficient are used only by the update, which is not captured.
+//   sequence length, no loss scale: fp16 is refused), the dropout key (its
+//   iteration changes, but dropout is refused, so no kernel reads it), the
+//   gate's loss scale (1) and clip threshold, Adam's betas and eps. The
+//   schedule's learning rate and weight decay and the bias corrections of
+//   Adam's step count live in the step block (lib/ops/step_scalars.h): the
+//   host writes them into a fixed pinned buffer before each replay and the
+//   graph copies them in; the grad scale and the skip flag are written into
+//   the block inside the graph by step_gate.
 // - Tokens: fixed device buffers per micro-batch, filled inside the graph by a
 //   copy from fixed pinned buffers that the host refills before each replay.
-//   The previous step's read waited for the device, so no copy from them is in
-//   flight when they are rewritten.
+//   The previous step's read waited for the device, so no copy from them (or
+//   from the step scalars' buffer) is in flight when they are rewritten.
 // - Memory: allocations during the capture come from a pool owned by the graph
 //   (cuda/core/allocator.cpp); nothing else gets those blocks while the graph
 //   lives. Blocks allocated before the capture and used by the graph are the
-//   persistent ones (parameters, gradients, the model's activation buffers,
-//   step_stats_); the only code that could free one (an evaluation or a
-//   checkpoint, which may reshape the model's buffers) first drops the graph
-//   (invalidate_graph), and the next step captures again.
+//   persistent ones (parameters, gradients, Adam's moments, the model's
+//   activation buffers, step_block_); the only code that could free one (an
+//   evaluation or a checkpoint, which may reshape the model's buffers) first
+//   drops the graph (invalidate_graph), and the next step captures again.
 // - Host synchronisations: none inside the region. The CUDA code refuses them
 //   while capturing (require_not_capturing), and the host synchronisation
 //   counter must not move across the capture.
@@ -65,7 +74,7 @@ void Trainer::setup_cuda_graph() {
   if (!cfg_.cuda_graph) return;
   // validate_cuda_graph refused every other layout and device already; these
   // hold by construction.
-  DS_CHECK(dev_.is_cuda() && !pipe_ && comms_.world->size() == 1 && !scaler_ && !curriculum_,
+  DS_CHECK(dev_.is_cuda() && !pipe_ && comms_.world->size() == 1 && !scaler_ && !curriculum_ && pinned_terms_,
            "--cuda-graph: unsupported configuration reached the trainer");
 #ifdef DS_WITH_CUDA
   std::unique_ptr<GraphState, GraphStateDelete> g(new GraphState);
@@ -80,8 +89,8 @@ void Trainer::setup_cuda_graph() {
   g->tgt_host.resize(ga);
   g->first_sample.resize(ga);
   graph_ = std::move(g);
-  DS_LOG("cuda graph: {} eager warm-up steps, then the step up to its host read is captured and replayed "
-         "({} micro-batches of {} x {} tokens from fixed pinned buffers)",
+  DS_LOG("cuda graph: {} eager warm-up steps, then the step up to its host read, AdamW update included, is "
+         "captured and replayed ({} micro-batches of {} x {} tokens and the step scalars from fixed pinned buffers)",
          cfg_.cuda_graph_warmup, ga, B, T);
 #else
   DS_USER_CHECK(false, "training.cuda_graph (--cuda-graph) needs a build with CUDA");
@@ -98,13 +107,15 @@ void Trainer::invalidate_graph(const char* why) {
 #endif
 }
 
-// Zeroing, the micro-batches and end_step_stats, as train_step runs them
-// eagerly, but the tokens come from the fixed buffers (the same work in the
-// warm-up and in the capture, so the capture finds the warm-up's blocks cached).
-void Trainer::graph_region_eager(float loss_weight, DropoutKey key) {
+// The step as train_step runs it eagerly with device_update_, but the step
+// scalars and the tokens come from the fixed pinned buffers (the same work in
+// the warm-up and in the capture, so the capture finds the warm-up's blocks
+// cached).
+void Trainer::graph_region_eager(float loss_weight, DropoutKey key, const AdamWHyper& h) {
 #ifdef DS_WITH_CUDA
   GraphState& g = *graph_;
   const int64_t ga = cfg_.batch.grad_accum_steps;
+  copy_update_terms();
   opt_->zero_grads();
   begin_step_stats();
   for (int64_t m = 0; m < ga; ++m) {
@@ -115,16 +126,19 @@ void Trainer::graph_region_eager(float loss_weight, DropoutKey key) {
     model_->forward_backward(g.tok[m], g.tgt[m], loss_weight, key, g.tgt_host[m]);
   }
   end_step_stats();
+  update_on_device(h, 1.0);  // no loss scale: fp16 is refused
 #else
   (void)loss_weight;
   (void)key;
+  (void)h;
 #endif
 }
 
-void Trainer::graph_region(float loss_weight, DropoutKey key) {
+void Trainer::graph_region(float loss_weight, DropoutKey key, const AdamWHyper& h) {
 #ifdef DS_WITH_CUDA
   GraphState& g = *graph_;
   const int64_t ga = cfg_.batch.grad_accum_steps;
+  stage_update_terms(h);  // Adam's step count as the previous read left it
   for (int64_t m = 0; m < ga; ++m) {
     MicroBatch mb = data_->train_batch_host(state_.consumed_samples, static_cast<int>(m), 0, 1);
     DS_CHECK(mb.tokens.nbytes() == g.tok[m].nbytes(), "--cuda-graph: micro-batch shape changed");
@@ -140,7 +154,7 @@ void Trainer::graph_region(float loss_weight, DropoutKey key) {
     return;
   }
   if (g.eager_steps < cfg_.cuda_graph_warmup) {
-    graph_region_eager(loss_weight, key);
+    graph_region_eager(loss_weight, key, h);
     ++g.eager_steps;
     return;
   }
@@ -148,7 +162,7 @@ void Trainer::graph_region(float loss_weight, DropoutKey key) {
   size_t nodes = 0;
   try {
     g.graph->begin_capture();
-    graph_region_eager(loss_weight, key);
+    graph_region_eager(loss_weight, key, h);
     nodes = g.graph->end_capture();
   } catch (const std::exception& e) {
     // Nothing captured has run: the step runs eagerly and the next one tries
@@ -159,7 +173,7 @@ void Trainer::graph_region(float loss_weight, DropoutKey key) {
                   state_.iteration + 1, e.what());
     DS_LOG("warning: --cuda-graph: capturing the step at iteration {} failed, it runs eagerly and the next step "
            "captures again: {}", state_.iteration + 1, e.what());
-    graph_region_eager(loss_weight, key);
+    graph_region_eager(loss_weight, key, h);
     return;
   }
   DS_CHECK(host_sync_count() == syncs, "--cuda-graph: {} host synchronisations inside the captured region (must be 0)",
@@ -174,6 +188,7 @@ void Trainer::graph_region(float loss_weight, DropoutKey key) {
 #else
   (void)loss_weight;
   (void)key;
+  (void)h;
 #endif
 }
 

@@ -672,3 +672,70 @@ TEST_CASE("cuda adamw stochastic rounding matches the CPU bits") {
     CHECK(std::memcmp(got.raw(), h.param_lowp.raw(), got.nbytes()) == 0);
   }
 }
+
+// The update gated on the device (--cuda-graph, and every one-process GPU
+// step): AdamW reading its per-step values from a step-scalars block gives
+// the bits of the by-value launch (same kernel arithmetic), writes nothing
+// when the block says skip, and step_gate writes the CPU op's bits (the one
+// gate_step, in double, on both).
+TEST_CASE("cuda adamw from a step-scalars block and step_gate match the by-value and CPU bits") {
+  if (!gpu_or_skip()) return;
+  const int64_t n = 5003;
+  Tensor seg = Tensor::empty({3, 3}, DType::I64);
+  const int64_t rows[3][3] = {{0, 3, 1}, {3, 2000, 0}, {2002, n, 1}};
+  std::memcpy(seg.data<int64_t>(), rows, sizeof(rows));
+  const Device gpu = Device::cuda(0);
+  for (DType gdt : {DType::F32, DType::BF16}) {
+    INFO("grad " << dtype_name(gdt));
+    AdamWArgs a;
+    a.param = randn({n}, 171).to(gpu);
+    a.grad = upload(randn({n}, 172, 0.01f), gdt);
+    a.m = randn({n}, 173, 1e-3f).to(gpu);
+    a.v = Tensor::zeros({n}, DType::F32, gpu);
+    a.param_lowp = Tensor::zeros({n}, DType::BF16, gpu);
+    a.segments = seg.to(gpu);
+    a.lr = 2e-3f, a.weight_decay = 0.1f, a.grad_scale = 0.61f, a.step = 9;
+    AdamWArgs b = a;
+    b.param = a.param.clone(), b.m = a.m.clone(), b.v = a.v.clone(), b.param_lowp = a.param_lowp.clone();
+    Tensor block = Tensor::empty({AdamWSlot::Count}, DType::F32);
+    float* s = block.data<float>();
+    adamw_host_slots(adamw_terms(a.lr, a.weight_decay, a.beta1, a.beta2, a.step), s);
+    s[AdamWSlot::GradScale] = a.grad_scale;
+    s[AdamWSlot::Skip] = 1.f;
+    b.lr = b.weight_decay = b.grad_scale = 0.f;  // read from the block instead
+    b.scalars = block.to(gpu);
+    ops::adamw_step(b);
+    auto same = [](const Tensor& x, const Tensor& y) {
+      const Tensor hx = x.to(Device::cpu()), hy = y.to(Device::cpu());
+      return std::memcmp(hx.raw(), hy.raw(), hx.nbytes()) == 0;
+    };
+    CHECK(same(b.param, a.param));  // skipped: nothing written
+    CHECK(same(b.m, a.m));
+    CHECK(same(b.param_lowp, a.param_lowp));
+    s[AdamWSlot::Skip] = 0.f;
+    b.scalars = block.to(gpu);
+    ops::adamw_step(a);
+    ops::adamw_step(b);
+    CHECK(same(b.param, a.param));
+    CHECK(same(b.m, a.m));
+    CHECK(same(b.v, a.v));
+    CHECK(same(b.param_lowp, a.param_lowp));
+  }
+  const float inf = INFINITY, nan = NAN;
+  const float cases[][3] = {{0.25f, 0, 3.f}, {4.f, 0, 3.f}, {7.3e9f, 0, 2.f}, {inf, 0, 3.f},
+                            {nan, 0, 3.f},   {4.f, 0, nan}, {4.f, 1.f, 3.f}, {inf, 0, inf}};
+  for (const auto& c : cases)
+    for (SkipRule rule : {SkipRule::NonFinite, SkipRule::Overflow})
+      for (double scale : {1.0, 65536.0, 3.0}) {
+        INFO("stats " << c[0] << " " << c[1] << " " << c[2] << ", loss scale " << scale << ", rule "
+                      << (rule == SkipRule::Overflow ? "overflow" : "non-finite"));
+        Tensor stats = Tensor::empty({3}, DType::F32);
+        std::memcpy(stats.data<float>(), c, sizeof c);
+        Tensor host = Tensor::zeros({AdamWSlot::Count}, DType::F32), dev = host.to(gpu);
+        const StepGateArgs g{.scalars = host, .stats = stats, .loss_scale = scale, .max_norm = 1.f, .rule = rule};
+        ops::step_gate(g);
+        ops::step_gate({.scalars = dev, .stats = stats.to(gpu), .loss_scale = scale, .max_norm = 1.f, .rule = rule});
+        const Tensor got = dev.to(Device::cpu());
+        CHECK(std::memcmp(got.raw(), host.raw(), host.nbytes()) == 0);
+      }
+}

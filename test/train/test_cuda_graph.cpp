@@ -1,17 +1,26 @@
 // --cuda-graph on the device (docs/cuda.md, "CUDA graphs"): the step captured
-// after the warm-up and replayed must give the eager run's losses bit for bit
-// (the same kernels in the same order on the same data) in fp32 and bf16,
-// with GPT-2 and LLaMA blocks, also when the schedule changes the learning
-// rate every step and clipping is active (both applied by the eager update
-// after the read), and across an evaluation (the graph is dropped and
-// captured again). A replay synchronises the host once (the read), and the
-// capture happens at iteration warm-up + 1. Skipped (exit 77) without a device.
+// after the warm-up, AdamW update included, and replayed must give the eager
+// run's losses and final weights, Adam moments and step count bit for bit
+// (the eager single-GPU step is the same work: the update gated on the
+// device, docs/distributed.md) in fp32 and bf16, with GPT-2 and LLaMA blocks,
+// also when the schedule changes the learning rate every step and clipping is
+// active (the step scalars the host writes before each replay, the clip
+// coefficient the graph computes), when steps are skipped on non-finite
+// values (the graph's gate; Adam's step count and the skipped-step count
+// stay in line), across an evaluation (the graph is dropped and captured
+// again) and across a checkpoint and resume. A replay synchronises the host
+// once (the read) and submits nothing outside the graph but its launch and
+// that read (counted with CUPTI). Skipped (exit 77) without a device.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "cuda/cuda_api.h"
+#include "test/dist/curve_check.h"
 #include "test/skip.h"
+#include "test/train/launch_counter.h"
 #include "test/train/train_fixture.h"
 
 using namespace ds;
@@ -22,16 +31,26 @@ namespace {
 struct Run {
   std::vector<float> losses;
   int64_t captured_at = 0, captures = 0, replays = 0, syncs = -1;
+  int64_t iteration = 0, skipped = 0, adam_steps = 0;
 };
 
-Run run(std::vector<std::string> flags) {
+Run run(std::vector<std::string> flags, LaunchCounts* launches = nullptr) {
   Trainer t(make_config(std::move(flags)), single_process());
   Run r;
-  r.losses = t.run();
+  if (launches) {  // run() only: the construction's uploads and initialisation are not counted
+    LaunchCounter counter;
+    r.losses = t.run();
+    *launches = counter.counts();
+  } else {
+    r.losses = t.run();
+  }
   r.captured_at = t.graph_captured_at();
   r.captures = t.graph_captures();
   r.replays = t.graph_replays();
   r.syncs = t.profiled_host_syncs();
+  r.iteration = t.state().iteration;
+  r.skipped = t.state().skipped_steps;
+  r.adam_steps = t.optimizer_steps();
   return r;
 }
 
@@ -40,13 +59,40 @@ std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std:
   return a;
 }
 
+// Bit for bit, NaN and Inf included (a skipped step's loss).
 void require_same(const std::vector<float>& eager, const std::vector<float>& graph) {
   REQUIRE(eager.size() == graph.size());
   for (size_t i = 0; i < eager.size(); ++i) {
     INFO("iteration " << i + 1 << ": eager " << eager[i] << ", graph " << graph[i]);
-    CHECK(std::isfinite(graph[i]));
     CHECK(std::memcmp(&eager[i], &graph[i], sizeof(float)) == 0);
   }
+}
+
+void require_finite(const std::vector<float>& losses) {
+  for (size_t i = 0; i < losses.size(); ++i) {
+    INFO("iteration " << i + 1);
+    CHECK(std::isfinite(losses[i]));
+  }
+}
+
+// The weights and the optimizer shard (Adam's m, v and step count) of the
+// checkpoint `step` under two save directories, byte for byte.
+void require_same_checkpoint(const fs::path& a, const fs::path& b, const std::string& step) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(a / step)) {
+    if (e.path().extension() != ".safetensors") continue;
+    INFO(e.path().filename().string());
+    REQUIRE(fs::exists(b / step / e.path().filename()));
+    CHECK(read_bytes(e.path()) == read_bytes(b / step / e.path().filename()));
+    ++n;
+  }
+  CHECK(n >= 2);  // model.safetensors and the optimizer shard
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fixture().dir / name;
+  fs::remove_all(d);
+  return d;
 }
 
 // Dropout off (its keys change every step; --cuda-graph refuses it); two
@@ -64,13 +110,17 @@ TEST_CASE("a replayed step equals the eager step bit for bit (fp32, bf16; GPT-2 
       std::vector<std::string> f = kBase;
       if (std::string(precision) == "bf16") f.push_back("--bf16");
       if (llama) f = plus(f, llama_flags());
-      const Run eager = run(f);
-      const Run graph = run(plus(f, {"--cuda-graph"}));
+      const fs::path ck_eager = fresh_dir("graph_eq_eager"), ck_graph = fresh_dir("graph_eq_graph");
+      const Run eager = run(plus(f, {"--save", ck_eager.string()}));
+      const Run graph = run(plus(f, {"--cuda-graph", "--save", ck_graph.string()}));
+      require_finite(graph.losses);
       require_same(eager.losses, graph.losses);
+      require_same_checkpoint(ck_eager, ck_graph, "global_step10");
       CHECK(eager.captures == 0);
       CHECK(graph.captured_at == 3);  // steps 1 and 2 eager (the default warm-up), step 3 captured
       CHECK(graph.captures == 1);
       CHECK(graph.replays == 8);  // steps 3..10
+      CHECK(graph.adam_steps == 10);
     }
   }
 }
@@ -83,7 +133,35 @@ TEST_CASE("a replay synchronises the host once; the capture follows the warm-up"
                                  "--profile-dir", dir}));
   CHECK(r.captured_at == 4);
   CHECK(r.replays == 7);
-  CHECK(r.syncs == 1);  // the profiled step (5) is a replay: only the packed read waits
+  CHECK(r.syncs == 1);  // the profiled step (5) is a replay: only the read of the step block waits
+}
+
+TEST_CASE("a replay submits one graph launch and one read, nothing else (CUPTI)", "[gpu]") {
+  if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
+  // Runs of 10 and 6 steps differ by 4 steps (7-10) and nothing else: the
+  // same construction, warm-up, capture (step 3) and closing evaluation.
+  const std::vector<std::string> f = {"--device", "cuda", "--bf16", "--hidden-dropout", "0", "--attention-dropout",
+                                      "0"};
+  auto per_step = [&](const std::vector<std::string>& extra) {
+    LaunchCounts longer, shorter;
+    run(plus(f, plus(extra, {"--train-iters", "10"})), &longer);
+    run(plus(f, plus(extra, {"--train-iters", "6"})), &shorter);
+    return longer - shorter;
+  };
+  const LaunchCounts replays = per_step({"--cuda-graph"}), eager = per_step({});
+  std::printf("launches in 4 steps: replayed: %s; eager: %s\n", replays.str().c_str(), eager.str().c_str());
+  INFO("4 replayed steps: " << replays.str() << "; 4 eager steps: " << eager.str());
+  CHECK(replays.graphs == 4);
+  CHECK(replays.sync_copies == 4);  // the read of the step block
+  CHECK(replays.kernels == 0);
+  CHECK(replays.driver_kernels == 0);
+  CHECK(replays.memsets == 0);
+  CHECK(replays.async_copies == 0);
+  // The counter sees the eager steps' work: every op's kernels and the
+  // uploads (per step: 2 micro-batches' tokens and targets, the step scalars).
+  CHECK(eager.kernels + eager.driver_kernels > 4 * 20);
+  CHECK(eager.async_copies >= 4 * 5);
+  CHECK(eager.graphs == 0);
 }
 
 TEST_CASE("a schedule that changes every step and active clipping still match eager", "[gpu]") {
@@ -91,12 +169,37 @@ TEST_CASE("a schedule that changes every step and active clipping still match ea
   // Warm-up over 4 steps then cosine decay; a clip far below the norm of a
   // fresh model, so every update is clipped; one eager step before the capture.
   const std::vector<std::string> f = plus(kBase, {"--bf16", "--lr-warmup-iters", "4", "--lr-decay-style", "cosine",
-                                                  "--clip-grad", "0.05", "--weight-decay", "0.1"});
-  const Run eager = run(f);
-  const Run graph = run(plus(f, {"--cuda-graph", "--cuda-graph-warmup-steps", "1"}));
+                                                  "--weight-decay", "0.1"});
+  const std::vector<std::string> clipped = plus(f, {"--clip-grad", "0.05"});
+  const fs::path ck_eager = fresh_dir("graph_clip_eager"), ck_graph = fresh_dir("graph_clip_graph");
+  const Run eager = run(plus(clipped, {"--save", ck_eager.string()}));
+  const Run graph = run(plus(clipped, {"--cuda-graph", "--cuda-graph-warmup-steps", "1", "--save", ck_graph.string()}));
+  require_finite(graph.losses);
   require_same(eager.losses, graph.losses);
+  require_same_checkpoint(ck_eager, ck_graph, "global_step10");
   CHECK(graph.captured_at == 2);
   CHECK(graph.replays == 9);
+  // The clip acted: without it the curve is another one.
+  const Run unclipped = run(plus(f, {"--clip-grad", "0", "--cuda-graph"}));
+  CHECK(unclipped.losses != graph.losses);
+}
+
+TEST_CASE("steps skipped on non-finite values inside the graph: counts, step count and curve match eager", "[gpu]") {
+  if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
+  // An absurd learning rate: step 1 applies it, later steps meet NaN/Inf and
+  // are skipped by the gate (in the warm-up step 2 and in the replays).
+  const std::vector<std::string> f = plus(kBase, {"--lr", "1e20", "--lr-warmup-iters", "0", "--clip-grad", "0",
+                                                  "--max-nan-iterations", "100"});
+  const Run eager = run(f);
+  const Run graph = run(plus(f, {"--cuda-graph"}));
+  require_same(eager.losses, graph.losses);
+  INFO("eager: " << eager.skipped << " skipped; graph: " << graph.skipped << " skipped");
+  CHECK(graph.skipped > 0);
+  CHECK(graph.skipped == eager.skipped);
+  CHECK(graph.iteration == 10);
+  CHECK(graph.adam_steps == eager.adam_steps);
+  CHECK(graph.adam_steps == graph.iteration - graph.skipped);
+  CHECK(graph.replays == 8);
 }
 
 TEST_CASE("an evaluation drops the graph; the next step captures again and the curve is unchanged", "[gpu]") {
@@ -108,4 +211,21 @@ TEST_CASE("an evaluation drops the graph; the next step captures again and the c
   CHECK(graph.captures == 3);      // at step 3, and after the evaluations at steps 4 and 8
   CHECK(graph.captured_at == 9);   // the last capture
   CHECK(graph.replays == 8);       // every step from 3 on
+}
+
+TEST_CASE("with --cuda-graph, N steps + checkpoint + resume + N steps equal 2N steps bit for bit", "[gpu]") {
+  if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
+  const std::vector<std::string> f = plus(kBase, {"--bf16", "--cuda-graph", "--train-iters", "8"});
+  const fs::path ck = fresh_dir("graph_resume"), ck_full = fresh_dir("graph_resume_full");
+  const Run full = run(plus(f, {"--save", ck_full.string()}));
+  const Run first = run(plus(f, {"--exit-interval", "4", "--save", ck.string(), "--save-interval", "4"}));
+  REQUIRE(first.losses.size() == 4);
+  const Run second = run(plus(f, {"--load", ck.string(), "--save", ck.string()}));
+  REQUIRE(second.losses.size() == 4);
+  std::vector<float> joined = first.losses;
+  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  require_same(full.losses, joined);
+  require_same_checkpoint(ck_full, ck, "global_step8");
+  CHECK(second.adam_steps == 8);
+  CHECK(second.captured_at == 7);  // the resumed run warms up again (steps 5, 6), then captures
 }

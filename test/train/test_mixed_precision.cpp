@@ -1,8 +1,9 @@
 // bf16 / fp16 mixed precision in the trainer, on the CPU backend (ops read
 // low-precision tensors, compute in f32 and round what they write, as the CUDA
 // kernels do): loss curves track fp32, fp16 dynamic loss scaling skips
-// overflowing steps with DeepSpeed's rules, resume is exact, ZeRO stores give
-// the same numbers as the flat store.
+// overflowing steps with DeepSpeed's rules (Adam's step count counts the
+// applied steps), resume is exact, ZeRO stores give the same numbers as the
+// flat store.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -25,6 +26,7 @@ Run run(std::vector<std::string> extra) {
   Run r;
   r.losses = t.run();
   r.state = t.state();
+  r.adam_steps = t.optimizer_steps();
   return r;
 }
 
@@ -72,11 +74,14 @@ TEST_CASE("fp16 dynamic loss scaling skips overflowing steps and lowers the scal
   REQUIRE(r.state.skipped_steps < 30);
   // hysteresis 2: one overflow spends it, every later one halves.
   REQUIRE(r.state.loss_scale == std::ldexp(1.0, 30 - static_cast<int>(r.state.skipped_steps - 1)));
+  // The update is gated on the device (one process): Adam counts the applied steps only.
+  REQUIRE(r.adam_steps == 40 - r.state.skipped_steps);
   REQUIRE(std::isfinite(r.losses.back()));
   REQUIRE(r.losses.back() < r.losses.front() - 0.5f);
   // A static scale never moves; overflowing steps are still skipped.
   const Run s = run({"--train-iters", "6", "--fp16", "--loss-scale", "1073741824"});
   REQUIRE(s.state.skipped_steps == 6);
+  REQUIRE(s.adam_steps == 0);
   REQUIRE(s.state.loss_scale == 1073741824.0);
 }
 
@@ -105,6 +110,7 @@ TEST_CASE("fp16 and bf16 resume continue bit for bit, loss scaler state included
     REQUIRE(joined == full.losses);
     REQUIRE(second.state.loss_scale == full.state.loss_scale);
     REQUIRE(second.state.skipped_steps == full.state.skipped_steps);
+    REQUIRE(second.adam_steps == full.adam_steps);
   }
 }
 
