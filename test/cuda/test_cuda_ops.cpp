@@ -9,6 +9,7 @@
 #include "cuda/cuda_api.h"
 #include "lib/ops/ops.h"
 #include "test/ops_harness/op_case_cuda.h"
+#include "test/cuda/norm_stats.h"
 #include "test/ops_harness/op_cases.h"
 
 using namespace ds;
@@ -19,27 +20,6 @@ namespace {
 const DType kAllTypes[] = {DType::F32, DType::BF16, DType::F16};
 
 const Tensor zeros_f32(const Shape& s) { return Tensor::zeros(s, DType::F32); }
-
-// Exact statistics of the f32 inputs for the backward cases.
-void norm_stats(const Tensor& inp, Tensor& mean, Tensor& rstd, Tensor& rms_rstd) {
-  const int64_t C = inp.size(-1), N = inp.numel() / C;
-  mean = Tensor::empty({N}, DType::F32);
-  rstd = Tensor::empty({N}, DType::F32);
-  rms_rstd = Tensor::empty({N}, DType::F32);
-  for (int64_t n = 0; n < N; ++n) {
-    const float* x = inp.data<float>() + n * C;
-    double s = 0, v = 0, ss = 0;
-    for (int64_t c = 0; c < C; ++c) s += x[c];
-    const double m = s / C;
-    for (int64_t c = 0; c < C; ++c) {
-      v += (x[c] - m) * (x[c] - m);
-      ss += double(x[c]) * x[c];
-    }
-    mean.data<float>()[n] = float(m);
-    rstd.data<float>()[n] = float(1.0 / std::sqrt(v / C + 1e-5));
-    rms_rstd.data<float>()[n] = float(1.0 / std::sqrt(ss / C + 1e-5));
-  }
-}
 
 // Row lengths of the norm tests: odd (scalar lanes), a multiple of 8 (16-byte
 // vectors), long rows that need several vectors per thread in the one-pass

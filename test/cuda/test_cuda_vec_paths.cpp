@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "lib/ops/ops.h"
+#include "test/cuda/norm_stats.h"
 #include "test/ops_harness/op_case_cuda.h"
 
 using namespace ds;
@@ -243,27 +244,6 @@ TEST_CASE("cuda embedding forward and wpe backward bits do not depend on the pat
 
 namespace {
 
-// Exact LayerNorm (mean, rstd) and RMSNorm (rms_rstd) statistics of f32 rows.
-void row_stats(const Tensor& inp, Tensor& mean, Tensor& rstd, Tensor& rms_rstd) {
-  const int64_t C = inp.size(-1), N = inp.numel() / C;
-  mean = Tensor::empty({N}, DType::F32);
-  rstd = Tensor::empty({N}, DType::F32);
-  rms_rstd = Tensor::empty({N}, DType::F32);
-  for (int64_t n = 0; n < N; ++n) {
-    const float* x = inp.data<float>() + n * C;
-    double s = 0, v = 0, ss = 0;
-    for (int64_t c = 0; c < C; ++c) s += x[c];
-    const double m = s / C;
-    for (int64_t c = 0; c < C; ++c) {
-      v += (x[c] - m) * (x[c] - m);
-      ss += double(x[c]) * x[c];
-    }
-    mean.data<float>()[n] = float(m);
-    rstd.data<float>()[n] = float(1.0 / std::sqrt(v / C + 1e-5));
-    rms_rstd.data<float>()[n] = float(1.0 / std::sqrt(ss / C + 1e-5));
-  }
-}
-
 // matmul_backward asked for dbias only: the column reduction alone.
 MatmulBwdArgs bias_grad_args(int64_t N, int64_t OC, uint64_t seed) {
   const int64_t C = 5;
@@ -304,7 +284,7 @@ TEST_CASE("cuda norm backward, long rows: column reduction on vector and scalar 
   const int64_t N = 300;
   for (int64_t C : {8200, 8201}) {
     Tensor inp = randn({N, C}, 251, 1.5f), mean, rstd, rms_rstd;
-    row_stats(inp, mean, rstd, rms_rstd);
+    norm_stats(inp, mean, rstd, rms_rstd);
     for (DType dt : kAllTypes) {
       INFO("C " << C);
       OpCase ln = make_case("layernorm_backward (long rows)",
@@ -341,7 +321,7 @@ TEST_CASE("cuda column reduction: bias and norm parameter gradient bits do not d
   const int64_t N = 300, OC = 1032, C = 8200;
   const Tensor hdout = randn({N, OC}, 261), hx = randn({N, C}, 262, 1.5f), hg = randn({N, C}, 263);
   Tensor hmean, hrstd, hrms;
-  row_stats(hx, hmean, hrstd, hrms);
+  norm_stats(hx, hmean, hrstd, hrms);
   const Tensor mean = hmean.to(dev), rstd = hrstd.to(dev), rms = hrms.to(dev);
   const Tensor init = randn({C}, 264), binit = randn({OC}, 266);  // gradients accumulate onto them
   for (DType dt : kAllTypes)
