@@ -90,12 +90,19 @@ uint32_t file_crc32c(const std::string& path, Progress* progress) {
   return crc;
 }
 
-void check_output_dir(const std::string& path, const std::string& what) {
+std::string output_dir_path(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path p = fs::absolute(path, ec).lexically_normal();
   if (ec) p = fs::path(path);
   if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();  // "out/" is "out"
+  return p.string();
+}
+
+void check_output_dir(const std::string& path, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = output_dir_path(path);
   const fs::path given = p;
   while (!fs::exists(p, ec) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
   DS_USER_CHECK(fs::is_directory(p, ec), "{} '{}': '{}' {}", what, path, p.string(),

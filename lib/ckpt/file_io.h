@@ -34,5 +34,8 @@ std::string read_small_file(const std::string& path, size_t max_bytes, const std
 // existing one above it is a writable directory. `what` names the input
 // ("--save") in the UserError.
 void check_output_dir(const std::string& path, const std::string& what);
+// An output directory as an absolute, normalised path without a trailing
+// separator ("out/" and "out" are the same directory).
+std::string output_dir_path(const std::string& path);
 
 }  // namespace ds

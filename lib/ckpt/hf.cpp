@@ -299,23 +299,9 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& fil
 
 void check_hf_exportable(const ModelConfig& cfg, const char* what) { hf_arch(model_dims(cfg), what); }
 
-namespace {
-
-// The export directory as an absolute path without a trailing separator
-// ("out/" and "out" are the same directory; the temporary one is its sibling).
-fs::path export_path(const std::string& outdir) {
-  std::error_code ec;
-  fs::path p = fs::absolute(outdir, ec).lexically_normal();
-  if (ec) p = fs::path(outdir);
-  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
-  return p;
-}
-
-}  // namespace
-
 void check_export_dir(const std::string& outdir, const char* what) {
   check_output_dir(outdir, what);
-  const fs::path out = export_path(outdir);
+  const fs::path out = output_dir_path(outdir);
   std::error_code ec;
   if (!fs::exists(out, ec)) return;
   for (const auto& e : fs::directory_iterator(out, ec)) {
@@ -333,7 +319,7 @@ void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& 
   const nlohmann::json config = hf_config(cfg, d, tokens);  // refuses a model no architecture holds, first
   check_export_dir(outdir, "--export-hf");
   Tensor host = params.device().is_cpu() ? params : params.to(Device::cpu());
-  const fs::path out = export_path(outdir);
+  const fs::path out = output_dir_path(outdir);  // "out/" is "out"; the temporary is its sibling
   fs::path tmp = out;
   tmp += ".tmp-" + std::to_string(::getpid());
   std::error_code ec;
