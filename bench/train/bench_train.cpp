@@ -125,14 +125,14 @@ int run(const Options& o) {
   h.weight_decay = 0.1f;
   // The host's step scalars, written before every step (pinned on CUDA: a
   // captured step copies them from that fixed buffer).
-  float host_terms[kAdamWHostSlots];
+  float host_terms[kStepHostSlots];
   float* terms = host_terms;
 #ifdef DS_WITH_CUDA
   std::unique_ptr<void, void (*)(void*)> pinned(dev.is_cuda() ? cuda::alloc_pinned(sizeof host_terms) : nullptr,
                                                 cuda::free_pinned);
   if (pinned) terms = static_cast<float*>(pinned.get());
 #endif
-  Tensor terms_dst = scalars.view(AdamWSlot::Lr, {kAdamWHostSlots});
+  Tensor terms_dst = scalars.view(AdamWSlot::Lr, {kStepHostSlots});
 
   float loss = NAN;
   // The step up to its read, the update gated on the device included: with
@@ -159,7 +159,7 @@ int run(const Options& o) {
   std::unique_ptr<cuda::StepGraph> graph;
 #endif
   auto step = [&] {
-    adamw_host_slots(opt.adam().next_terms(h), terms);  // the previous read waited for the copy from here
+    step_host_slots(opt.adam().next_terms(h), static_cast<float>(scale), terms);  // the previous read waited for the copy from here
 #ifdef DS_WITH_CUDA
     if (graph) {
       if (!graph->ready()) {

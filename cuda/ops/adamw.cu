@@ -167,8 +167,9 @@ __global__ void adamw_kernel(AdamWParams p) {
 
 // gate_step on the statistics, one thread (the same rule and arithmetic as
 // the host's, lib/ops/step_scalars.h).
-__global__ void step_gate_kernel(float* scalars, const float* stats, double loss_scale, float max_norm,
-                                 SkipRule rule) {
+__global__ void step_gate_kernel(float* scalars, const float* stats, double loss_scale, bool scale_in_block,
+                                 float max_norm, SkipRule rule) {
+  if (scale_in_block) loss_scale = static_cast<double>(scalars[AdamWSlot::LossScale]);
   const StepGate g = gate_step(stats[0], stats[1], stats[2], loss_scale, max_norm, rule);
   scalars[AdamWSlot::GradScale] = g.grad_scale;
   scalars[AdamWSlot::Skip] = g.skip ? 1.f : 0.f;
@@ -194,7 +195,7 @@ void adamw_step(const AdamWArgs& a, const Stream& s) {
 
 void step_gate(const StepGateArgs& a, const Stream& s) {
   step_gate_kernel<<<1, 1, 0, stream_of(s)>>>(a.scalars.data<float>(), a.stats.data<float>(), a.loss_scale,
-                                               a.max_norm, a.rule);
+                                               a.scale_in_block, a.max_norm, a.rule);
   DS_CUDA_CHECK_LAUNCH();
 }
 

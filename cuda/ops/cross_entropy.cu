@@ -1,7 +1,7 @@
 // Fused softmax cross-entropy over the padded vocab, one block per row:
 // pass 1 keeps a running (max, sum of exp) per thread and merges them into the
-// row's log-sum-exp; pass 2 writes dlogits = dloss * (softmax - onehot) in the
-// logits' dtype. No fp32 probability matrix is ever stored. Columns >= V are
+// row's log-sum-exp; pass 2 writes dlogits = dloss (times *dloss_scale when
+// given) * (softmax - onehot) in the logits' dtype. No fp32 probability matrix is ever stored. Columns >= V are
 // padding (gradient 0); rows with target < 0 are ignored (loss 0, no gradient).
 // A target >= V is an error on every backend: the CPU op throws, and since a
 // kernel cannot, GptModel checks the targets on the host before the loss (the
@@ -24,6 +24,7 @@ template <class T> struct XentParams {
   const int32_t* targets;  // (N)
   int64_t N, Vp, V;
   float dloss;
+  const float* dloss_scale;  // (1) or null: dloss is multiplied by it
 };
 
 template <class T, int VW>
@@ -56,6 +57,7 @@ __global__ void cross_entropy_kernel(XentParams<T> p) {
   float lse = M + logf(S);
   if (threadIdx.x == 0) p.losses[row] = valid ? lse - xt : 0.f;
   if (!p.dlogits) return;
+  const float dloss = p.dloss_scale ? p.dloss * *p.dloss_scale : p.dloss;
   T* d = p.dlogits + row * p.Vp;
   for (int64_t c0 = int64_t(threadIdx.x) * VW; c0 < p.Vp; c0 += int64_t(kThreads) * VW) {
     float xv[VW], g[VW];
@@ -64,7 +66,7 @@ __global__ void cross_entropy_kernel(XentParams<T> p) {
     for (int k = 0; k < VW; ++k) {
       const int64_t c = c0 + k;
       g[k] = 0.f;
-      if (valid && c < p.V) g[k] = p.dloss * (expf(xv[k] - lse) - (c == tgt ? 1.0f : 0.0f));
+      if (valid && c < p.V) g[k] = dloss * (expf(xv[k] - lse) - (c == tgt ? 1.0f : 0.0f));
     }
     store_f<VW>(d, c0, g);
   }
@@ -81,7 +83,8 @@ void cross_entropy(const CrossEntropyArgs& a, const Stream& s) {
   dispatch_float(a.logits.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     XentParams<T> p{a.losses.data<float>(), a.dlogits.defined() ? a.dlogits.data<T>() : nullptr,
-                    a.logits.data<T>(), a.targets.data<int32_t>(), N, Vp, a.V, a.dloss};
+                    a.logits.data<T>(), a.targets.data<int32_t>(), N, Vp, a.V, a.dloss,
+                    a.dloss_scale.defined() ? a.dloss_scale.data<float>() : nullptr};
     constexpr int E = sizeof(T), VW = vec_width(E);
     if (rows_vectorisable(a.logits.raw(), E, Vp, VW) &&
         rows_vectorisable(a.dlogits.defined() ? a.dlogits.raw() : nullptr, E, Vp, VW))

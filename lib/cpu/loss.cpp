@@ -20,7 +20,7 @@ void cross_entropy(const CrossEntropyArgs& a, const Stream&) {
   const float* logits = a.logits.data<float>();  // (N, Vp)
   float* losses = a.losses.data<float>();        // (N)
   float* dlogits = with_grad ? a.dlogits.data<float>() : nullptr;  // (N, Vp)
-  const float dloss = a.dloss;
+  const float dloss = a.dloss_scale.defined() ? a.dloss * a.dloss_scale.data<float>()[0] : a.dloss;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* x = logits + n * Vp;

@@ -129,8 +129,9 @@ void adamw_step(const AdamWArgs& a, const Stream&) {
 
 void step_gate(const StepGateArgs& a, const Stream&) {
   const float* st = a.stats.data<float>();  // (3) sum of squares, overflow flag, loss
-  const StepGate g = gate_step(st[0], st[1], st[2], a.loss_scale, a.max_norm, a.rule);
   float* s = a.scalars.data<float>();  // (AdamWSlot::Count)
+  const double loss_scale = a.scale_in_block ? static_cast<double>(s[AdamWSlot::LossScale]) : a.loss_scale;
+  const StepGate g = gate_step(st[0], st[1], st[2], loss_scale, a.max_norm, a.rule);
   s[AdamWSlot::GradScale] = g.grad_scale;
   s[AdamWSlot::Skip] = g.skip ? 1.f : 0.f;
 }

@@ -645,7 +645,8 @@ float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool 
                         .logits = S().logits,
                         .targets = t,
                         .V = d_.V,
-                        .dloss = loss_weight},
+                        .dloss = loss_weight,
+                        .dloss_scale = dloss_scale_},
                        stream_);
   if (to_sink && loss_sink_.defined()) {  // stream-ordered, no host wait
     if (loss_sink_weight_ != 0.f)
@@ -674,6 +675,14 @@ void GptModel::set_loss_sink(const Tensor& sink, float weight) {
            shape_str(sink.shape()));
   loss_sink_ = sink;
   loss_sink_weight_ = weight;
+}
+
+void GptModel::set_dloss_scale(const Tensor& scale) {
+  DS_CHECK(!scale.defined() || (scale.dtype() == DType::F32 && scale.device() == dev_ && scale.numel() == 1 &&
+                                !tp_.active()),
+           "dloss scale: expected one f32 element on the model's device without a vocab-parallel loss, got {} {}",
+           dtype_name(scale.dtype()), shape_str(scale.shape()));
+  dloss_scale_ = scale;
 }
 
 // Vocab-parallel cross-entropy: the logits stay split; only per-row

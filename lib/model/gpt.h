@@ -144,6 +144,12 @@ class GptModel {
   // returns NaN. Weight 0 adds nothing (a rank whose copy of the loss another
   // rank reports). An undefined sink turns the deferral off.
   void set_loss_sink(const Tensor& sink, float weight = 1.0f);
+  // While defined (a (1) f32 on the model's device), the gradient of every
+  // training loss is loss_weight times its value, read on the device when the
+  // loss kernel runs: the fp16 loss scale of a captured step lives in the step
+  // block, not in a kernel argument (docs/cuda.md, "CUDA graphs"). Not with
+  // the vocab-parallel loss. Undefined: loss_weight alone.
+  void set_dloss_scale(const Tensor& scale);
   // Mean of the n per-row losses whose target is not ignored (>= 0), summed
   // in double: the loss every forward returns.
   static float mean_loss(const float* losses, const int32_t* targets, int64_t n);
@@ -322,6 +328,7 @@ class GptModel {
   int n_slots_ = 1, cur_ = 0;
   Tensor losses_;                   // (B*T) f32
   Tensor loss_sink_;  // see set_loss_sink
+  Tensor dloss_scale_;  // see set_dloss_scale
   float loss_sink_weight_ = 1.0f;
   Tensor ce_max_, ce_stats_;        // (B*T), (2, B*T) f32: vocab-parallel softmax statistics
   // Backward scratch.

@@ -398,12 +398,17 @@ struct CrossEntropyArgs {
   Tensor targets;  // (N) i32
   int64_t V = 0;   // real vocab size
   float dloss = 1.0f;  // gradient of the total loss w.r.t. each row's loss
+  // (1) f32 or undefined: when defined, the gradient is dloss * its value,
+  // read when the op runs (a loss scale in the step block, so that a captured
+  // step follows the scale's changes; docs/cuda.md, "CUDA graphs").
+  Tensor dloss_scale;
 };
 template <class A, class F> IfArgs<A, CrossEntropyArgs> fields(A& a, F&& f) {
   f(a.losses, "losses", Role::Stat);
   f(a.dlogits, "dlogits", Role::Out);
   f(a.logits, "logits", Role::In);
   f(a.targets, "targets", Role::In);
+  f(a.dloss_scale, "dloss_scale", Role::Native);
 }
 
 // Vocab-parallel softmax cross-entropy (the full logits are never gathered).
@@ -487,6 +492,7 @@ struct StepGateArgs {
   Tensor scalars;  // (AdamWSlot::Count) f32: GradScale and Skip written
   Tensor stats;    // (3) f32: gradient sum of squares (loss scale in), overflow flag, loss
   double loss_scale = 1.0;  // the step's loss scale (fp16), else 1
+  bool scale_in_block = false;  // the loss scale is scalars[LossScale] (read when the op runs), not loss_scale
   float max_norm = 0;       // gradient clipping threshold; <= 0: off
   SkipRule rule = SkipRule::NonFinite;
 };

@@ -436,6 +436,7 @@ void validate_cross_entropy(const CrossEntropyArgs& a) {
   c.stat(a.losses, N, "losses");
   c.dtype(a.targets, DType::I32, "targets");
   c.numel(a.targets, N, "targets", "N");
+  if (a.dloss_scale.defined()) c.stat(a.dloss_scale, 1, "dloss_scale", "1");
   if (!a.dlogits.defined()) return;
   c.floating(a.dlogits, "dlogits");
   c.same_shape(a.dlogits, a.logits, "dlogits", "logits");

@@ -5,9 +5,9 @@
 // coefficient / loss scale) and whether the step is skipped (non-finite
 // gradients or loss). adamw_step takes them by value, or from a small f32
 // block in the op's memory (AdamWArgs::scalars, laid out by AdamWSlot): the
-// host writes the first four before the step, the step_gate op writes the
-// last two from the step's statistics without a host read, and adamw_step
-// reads them when it runs. So the whole step, update included, can be one
+// host writes the first five before the step (the AdamW terms and the loss
+// scale), the step_gate op writes the last two from the step's statistics
+// without a host read, and adamw_step reads them when it runs. So the whole step, update included, can be one
 // CUDA graph replayed with nothing captured that changes between steps
 // (docs/cuda.md, "CUDA graphs").
 // gate_step is that rule once, compiled for the host and the device: the
@@ -28,6 +28,8 @@ struct AdamWSlot {
     WeightDecay,  // host: the weight decay of the parameters that decay
     StepSize,     // host: lr / (1 - beta1^t), t = Adam's step count with this step
     InvSqrtBc2,   // host: 1 / sqrt(1 - beta2^t)
+    LossScale,    // host: the step's loss scale (fp16 with a loss scaler, else 1); read by step_gate and
+                  // cross_entropy only when told to (StepGateArgs::scale_in_block, CrossEntropyArgs::dloss_scale)
     GradScale,    // step_gate: every gradient is multiplied by it (clip coefficient / loss scale)
     Skip,         // step_gate: 1 = no update (weights, m and v stay as they are), else 0
     Count
@@ -45,15 +47,16 @@ inline AdamWTerms adamw_terms(float lr, float weight_decay, float beta1, float b
   const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t)));
   return {lr, weight_decay, lr / bc1, static_cast<float>(1.0 / std::sqrt(static_cast<double>(bc2)))};
 }
-// The host's slots [Lr, InvSqrtBc2] of the block, in order: what one copy
+// The host's slots [Lr, LossScale] of the block, in order: what one copy
 // to the block's start writes before a step.
-constexpr int kAdamWHostSlots = 4;
-static_assert(AdamWSlot::Lr == 0 && AdamWSlot::InvSqrtBc2 == kAdamWHostSlots - 1);
-inline void adamw_host_slots(const AdamWTerms& t, float* out) {  // out: (kAdamWHostSlots)
+constexpr int kStepHostSlots = 5;
+static_assert(AdamWSlot::Lr == 0 && AdamWSlot::LossScale == kStepHostSlots - 1);
+inline void step_host_slots(const AdamWTerms& t, float loss_scale, float* out) {  // out: (kStepHostSlots)
   out[AdamWSlot::Lr] = t.lr;
   out[AdamWSlot::WeightDecay] = t.weight_decay;
   out[AdamWSlot::StepSize] = t.step_size;
   out[AdamWSlot::InvSqrtBc2] = t.inv_sqrt_bc2;
+  out[AdamWSlot::LossScale] = loss_scale;
 }
 
 // When a step is not applied.

@@ -28,6 +28,7 @@ class LossScaler {
  public:
   explicit LossScaler(const LossScalerConfig& c);
   double scale() const { return scale_; }
+  bool dynamic() const { return c_.dynamic; }
   int64_t good_steps() const { return good_; }
   int hysteresis_left() const { return hysteresis_left_; }
   // Restores the state a checkpoint kept.

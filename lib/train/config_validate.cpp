@@ -397,8 +397,15 @@ void validate_cuda_graph(const TrainConfig& cfg, int world_size) {
                 "process on one GPU, this job has {} processes", world_size);
   refuse(cfg.zero.stage != 0, "zero_optimization.stage > 0 (use stage 0)");
   refuse(cfg.zero.offload_optimizer != OffloadDevice::None, "zero_optimization.offload_optimizer");
-  refuse(cfg.precision.precision == Precision::FP16,
-         "fp16 (the dynamic loss scale is an in-graph scalar that changes between steps; use bf16 or fp32)");
+  // A dynamic fp16 loss scale is read from the step block inside the graph
+  // and multiplies 1 / (B x T x ga) there: a power of two keeps that product
+  // the eager step's loss weight bit for bit. 2^initial_scale_power doubled
+  // or halved stays one unless the floor min_loss_scale is not.
+  const PrecisionConfig& pc = cfg.precision;
+  int exp2 = 0;
+  DS_USER_CHECK(pc.precision != Precision::FP16 || pc.loss_scale > 0 || std::frexp(pc.min_loss_scale, &exp2) == 0.5,
+                "training.cuda_graph (--cuda-graph) with a dynamic fp16 loss scale needs fp16.min_loss_scale "
+                "(--min-loss-scale) to be a power of two, got {}", pc.min_loss_scale);
   refuse(cfg.curriculum.enabled, "curriculum_learning (the sequence length changes between steps)");
   refuse(cfg.model.hidden_dropout > 0,
          "model.hidden_dropout > 0 (--hidden-dropout; dropout keys change every step): set it to 0");

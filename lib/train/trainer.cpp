@@ -175,7 +175,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   step_block_ = Tensor::zeros({kStepStats + AdamWSlot::Count}, DType::F32, dev_);
 #ifdef DS_WITH_CUDA
   if (device_update_ && dev_.is_cuda())
-    pinned_terms_.reset(static_cast<float*>(cuda::alloc_pinned(kAdamWHostSlots * sizeof(float))));
+    pinned_terms_.reset(static_cast<float*>(cuda::alloc_pinned(kStepHostSlots * sizeof(float))));
 #endif
   setup_cuda_graph();
 }

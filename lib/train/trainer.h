@@ -86,13 +86,15 @@ class Trainer {
   bool device_update_ = false;
   AdamWHyper step_hyper() const;  // the schedule's values for this step
   // device_update_: the host's step scalars of this step (Adam's next step
-  // count); on the CPU written into the step block, on the GPU into
+  // count, the loss scale); on the CPU written into the step block, on the GPU into
   // pinned_terms_, which copy_update_terms then copies into the block inside
   // the step (a graph's copy node reads that fixed address).
   void stage_update_terms(const AdamWHyper& h);
   void copy_update_terms();
-  void update_on_device(const AdamWHyper& h, double loss_scale);  // step_gate + the gated AdamW
-  // (kAdamWHostSlots) f32 of page-locked memory (GPU, device_update_).
+  // step_gate + the gated AdamW; scale_in_block: the gate reads the loss scale
+  // from the step block (a captured fp16 step), not loss_scale.
+  void update_on_device(const AdamWHyper& h, double loss_scale, bool scale_in_block = false);
+  // (kStepHostSlots) f32 of page-locked memory (GPU, device_update_).
   // Declared before graph_: it outlives the graph that copies from it.
   struct PinnedDelete {
     void operator()(float* p) const;

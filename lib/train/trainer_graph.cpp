@@ -7,19 +7,23 @@
 // the AdamW update reading its per-step values from the step block. A
 // replayed step is one graph launch and one read (statistics and the
 // device's gate); the host then keeps its counters (iteration, skipped
-// steps, Adam's step count, the schedule) in line with what the device did.
-// fp16 is refused (its loss scale is in the captured loss weight).
+// steps, Adam's step count, the schedule, the fp16 loss scaler) in line with
+// what the device did.
 //
 // What a replay repeats must not change between steps, so:
-// - Scalars captured as kernel arguments: the loss weight (static batch and
-//   sequence length, no loss scale: fp16 is refused), the dropout key (its
-//   iteration changes, but dropout is refused, so no kernel reads it), the
-//   gate's loss scale (1) and clip threshold, Adam's betas and eps. The
-//   schedule's learning rate and weight decay and the bias corrections of
-//   Adam's step count live in the step block (lib/ops/step_scalars.h): the
-//   host writes them into a fixed pinned buffer before each replay and the
-//   graph copies them in; the grad scale and the skip flag are written into
-//   the block inside the graph by step_gate.
+// - Scalars captured as kernel arguments: the loss weight 1 / (B x T x ga)
+//   (static batch and sequence length; a static fp16 loss scale is a
+//   constant factor of it), the dropout key (its iteration changes, but
+//   dropout is refused, so no kernel reads it), the gate's clip threshold,
+//   Adam's betas and eps. The schedule's learning rate and weight decay, the
+//   bias corrections of Adam's step count and a dynamic fp16 loss scale live
+//   in the step block (lib/ops/step_scalars.h): the host writes them into a
+//   fixed pinned buffer before each replay and the graph copies them in; the
+//   loss kernel multiplies its weight by the block's loss scale
+//   (GptModel::set_dloss_scale) and step_gate divides it out. The scale is a
+//   power of two (validate_cuda_graph), so 2^k x fl(1 / N) is the eager
+//   step's fl(2^k / N) exactly. The grad scale and the skip flag are written
+//   into the block inside the graph by step_gate.
 // - Tokens: fixed device buffers per micro-batch, filled inside the graph by a
 //   copy from fixed pinned buffers that the host refills before each replay.
 //   The previous step's read waited for the device, so no copy from them (or
@@ -74,7 +78,7 @@ void Trainer::setup_cuda_graph() {
   if (!cfg_.cuda_graph) return;
   // validate_cuda_graph refused every other layout and device already; these
   // hold by construction.
-  DS_CHECK(dev_.is_cuda() && !pipe_ && comms_.world->size() == 1 && !scaler_ && !curriculum_ && pinned_terms_,
+  DS_CHECK(dev_.is_cuda() && !pipe_ && comms_.world->size() == 1 && !curriculum_ && pinned_terms_,
            "--cuda-graph: unsupported configuration reached the trainer");
 #ifdef DS_WITH_CUDA
   std::unique_ptr<GraphState, GraphStateDelete> g(new GraphState);
@@ -88,6 +92,10 @@ void Trainer::setup_cuda_graph() {
   }
   g->tgt_host.resize(ga);
   g->first_sample.resize(ga);
+  // A dynamic fp16 loss scale enters the loss gradient from the step block
+  // (every graph-mode step, eager warm-up included; an evaluation computes no
+  // gradient, so it is unaffected).
+  if (scaler_ && scaler_->dynamic()) model_->set_dloss_scale(step_scalars().view(AdamWSlot::LossScale, {1}));
   graph_ = std::move(g);
   DS_LOG("cuda graph: {} eager warm-up steps, then the step up to its host read, AdamW update included, is "
          "captured and replayed ({} micro-batches of {} x {} tokens and the step scalars from fixed pinned buffers)",
@@ -115,6 +123,13 @@ void Trainer::graph_region_eager(float loss_weight, DropoutKey key, const AdamWH
 #ifdef DS_WITH_CUDA
   GraphState& g = *graph_;
   const int64_t ga = cfg_.batch.grad_accum_steps;
+  // fp16: a static loss scale is in loss_weight (a constant); a dynamic one
+  // is read from the step block by the loss kernel and the gate.
+  const bool block_scale = scaler_ && scaler_->dynamic();
+  const double scale = scaler_ ? scaler_->scale() : 1.0;
+  const float w = block_scale ? static_cast<float>(1.0 / static_cast<double>(cfg_.batch.micro_batch_size *
+                                                                             cfg_.model.seq_length * ga))
+                              : loss_weight;
   copy_update_terms();
   opt_->zero_grads();
   begin_step_stats();
@@ -123,10 +138,10 @@ void Trainer::graph_region_eager(float loss_weight, DropoutKey key, const AdamWH
     cuda::copy_pinned_async(g.tgt[m].raw(), g.pinned_tgt[m], g.tgt[m].nbytes());
     key.first_sample = g.first_sample[m];
     if (m + 1 == ga) opt_->begin_last_micro_batch();
-    model_->forward_backward(g.tok[m], g.tgt[m], loss_weight, key, g.tgt_host[m]);
+    model_->forward_backward(g.tok[m], g.tgt[m], w, key, g.tgt_host[m]);
   }
   end_step_stats();
-  update_on_device(h, 1.0);  // no loss scale: fp16 is refused
+  update_on_device(h, scale, block_scale);
 #else
   (void)loss_weight;
   (void)key;
@@ -138,7 +153,7 @@ void Trainer::graph_region(float loss_weight, DropoutKey key, const AdamWHyper& 
 #ifdef DS_WITH_CUDA
   GraphState& g = *graph_;
   const int64_t ga = cfg_.batch.grad_accum_steps;
-  stage_update_terms(h);  // Adam's step count as the previous read left it
+  stage_update_terms(h);  // Adam's step count and the loss scale as the previous read left them
   for (int64_t m = 0; m < ga; ++m) {
     MicroBatch mb = data_->train_batch_host(state_.consumed_samples, static_cast<int>(m), 0, 1);
     DS_CHECK(mb.tokens.nbytes() == g.tok[m].nbytes(), "--cuda-graph: micro-batch shape changed");

@@ -26,8 +26,8 @@ AdamWHyper Trainer::step_hyper() const {
 }
 
 void Trainer::stage_update_terms(const AdamWHyper& h) {
-  float v[kAdamWHostSlots];
-  adamw_host_slots(opt_->adam().next_terms(h), v);
+  float v[kStepHostSlots];
+  step_host_slots(opt_->adam().next_terms(h), scaler_ ? static_cast<float>(scaler_->scale()) : 1.f, v);
   // GPU: the previous step's read waited for the device, so no copy from
   // the pinned buffer is in flight.
   float* dst = pinned_terms_ ? pinned_terms_.get() : step_scalars().data<float>() + AdamWSlot::Lr;
@@ -37,16 +37,17 @@ void Trainer::stage_update_terms(const AdamWHyper& h) {
 void Trainer::copy_update_terms() {
 #ifdef DS_WITH_CUDA
   if (pinned_terms_)
-    cuda::copy_pinned_async(step_scalars().view(AdamWSlot::Lr, {kAdamWHostSlots}).raw(), pinned_terms_.get(),
-                            kAdamWHostSlots * sizeof(float));
+    cuda::copy_pinned_async(step_scalars().view(AdamWSlot::Lr, {kStepHostSlots}).raw(), pinned_terms_.get(),
+                            kStepHostSlots * sizeof(float));
 #endif
 }
 
 // The gate and the update, after end_step_stats, with no host read: the
-// graph holds them with --cuda-graph (the loss scale is then 1: fp16 is refused).
-void Trainer::update_on_device(const AdamWHyper& h, double loss_scale) {
+// graph holds them with --cuda-graph (with a dynamic fp16 loss scale the gate
+// then reads the scale from the step block).
+void Trainer::update_on_device(const AdamWHyper& h, double loss_scale, bool scale_in_block) {
   ops::step_gate({.scalars = step_scalars(), .stats = step_stats(), .loss_scale = loss_scale,
-                  .max_norm = cfg_.optim.grad_clip, .rule = skip_rule()});
+                  .scale_in_block = scale_in_block, .max_norm = cfg_.optim.grad_clip, .rule = skip_rule()});
   opt_->step_gated(h, step_scalars());
 }
 

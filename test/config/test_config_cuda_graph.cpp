@@ -67,15 +67,21 @@ TEST_CASE("--cuda-graph, its alias and its keys", "[config][cuda_graph]") {
   const TrainConfig j = parse({}, 1, json{{"training", {{"cuda_graph", true}, {"cuda_graph_warmup", 3}}}});
   CHECK(j.cuda_graph);
   CHECK(j.cuda_graph_warmup == 3);
-  // bf16 and fp32 are accepted.
+  // bf16 and fp32 are accepted, and fp16 with a dynamic loss scale whose
+  // floor is a power of two (every scale it reaches is one) or a static one.
   CHECK(parse({"--bf16"}).cuda_graph);
+  CHECK(parse({"--fp16"}).cuda_graph);
+  CHECK(parse({"--fp16", "--min-loss-scale", "0.25"}).cuda_graph);
+  CHECK(parse({"--fp16", "--loss-scale", "1000"}).cuda_graph);
 }
 
 TEST_CASE("--cuda-graph refuses what a replay cannot repeat, naming the option", "[config][cuda_graph]") {
   refused({"--device", "cpu"}, {"needs a GPU", "--device cuda"});
   refused({"--hidden-dropout", "0.1"}, {"--cuda-graph", "hidden_dropout"});
   refused({"--attention-dropout", "0.1"}, {"--cuda-graph", "attention_dropout"});
-  refused({"--fp16"}, {"--cuda-graph", "fp16"});
+  refused({"--fp16", "--min-loss-scale", "3"}, {"--cuda-graph", "min_loss_scale", "power of two", "3"});
+  refused({}, {"--cuda-graph", "min_loss_scale", "power of two", "0.1"}, 1,
+          json{{"fp16", {{"enabled", true}, {"min_loss_scale", 0.1}}}});
   refused({"--attention-backend", "cudnn"}, {"--cuda-graph", "cudnn"});
   refused({"--cuda-graph-warmup-steps", "0"}, {"cuda_graph_warmup", "0"});
   refused({"--tensor-model-parallel-size", "2"}, {"--cuda-graph", "tensor parallelism"}, 2);
@@ -91,7 +97,7 @@ TEST_CASE("--cuda-graph refuses what a replay cannot repeat, naming the option",
   std::vector<std::string> f = ok_flags();
   f.pop_back();
   f.insert(f.begin(), "dstrain");
-  f.push_back("--fp16");
+  f.insert(f.end(), {"--fp16", "--min-loss-scale", "3"});
   std::vector<char*> argv;
   for (auto& s : f) argv.push_back(s.data());
   argv.push_back(nullptr);

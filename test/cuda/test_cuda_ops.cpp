@@ -483,6 +483,35 @@ TEST_CASE("cuda cross entropy") {
   }
 }
 
+TEST_CASE("cuda cross entropy: a loss scale read from the device gives the by-value bits") {
+  if (!gpu_or_skip()) return;
+  // dloss x *dloss_scale (a power of two, as the fp16 loss scale of a
+  // captured step) against dloss x scale passed by value; and CUDA vs CPU.
+  const Device gpu = Device::cuda(0);
+  for (DType dt : kAllTypes) {
+    const int64_t N = 13, V = 1001, Vp = 1024;
+    Tensor targets = randint({N}, 83, 0, int(V));
+    targets.data<int32_t>()[2] = -1;
+    const Tensor logits = upload(randn({N, Vp}, 84, 3.0f), dt);
+    Tensor scale = Tensor::empty({1}, DType::F32);
+    scale.data<float>()[0] = 4096.f;
+    const float dloss = 1.0f / 23;
+    auto grads = [&](float w, const Tensor& s) {
+      CrossEntropyArgs a{.losses = zeros_f32({N}).to(gpu), .dlogits = upload(zeros_f32({N, Vp}), dt),
+                         .logits = logits, .targets = targets.to(gpu), .V = V, .dloss = w, .dloss_scale = s};
+      ops::cross_entropy(a);
+      return std::make_pair(a.losses.to(Device::cpu()), a.dlogits.to(Device::cpu()));
+    };
+    const auto by_value = grads(dloss * 4096.f, Tensor()), on_device = grads(dloss, scale.to(gpu));
+    CHECK(std::memcmp(by_value.first.raw(), on_device.first.raw(), by_value.first.nbytes()) == 0);
+    CHECK(std::memcmp(by_value.second.raw(), on_device.second.raw(), by_value.second.nbytes()) == 0);
+    CrossEntropyArgs a{.losses = zeros_f32({N}), .dlogits = zeros_f32({N, Vp}), .logits = randn({N, Vp}, 85, 3.0f),
+                       .targets = targets, .V = V, .dloss = dloss, .dloss_scale = scale};
+    OpCase c = make_case("cross_entropy scaled", a, ops::cross_entropy);
+    check_cuda_vs_cpu_offsets(set_kind(c, {"dloss_scale"}, Kind::F32), dt);
+  }
+}
+
 TEST_CASE("cuda adamw step") {
   if (!gpu_or_skip()) return;
   for (DType dt : kAllTypes) {
@@ -679,7 +708,7 @@ TEST_CASE("cuda adamw from a step-scalars block and step_gate match the by-value
     b.param = a.param.clone(), b.m = a.m.clone(), b.v = a.v.clone(), b.param_lowp = a.param_lowp.clone();
     Tensor block = Tensor::empty({AdamWSlot::Count}, DType::F32);
     float* s = block.data<float>();
-    adamw_host_slots(adamw_terms(a.lr, a.weight_decay, a.beta1, a.beta2, a.step), s);
+    step_host_slots(adamw_terms(a.lr, a.weight_decay, a.beta1, a.beta2, a.step), 1.f, s);
     s[AdamWSlot::GradScale] = a.grad_scale;
     s[AdamWSlot::Skip] = 1.f;
     b.lr = b.weight_decay = b.grad_scale = 0.f;  // read from the block instead
@@ -717,5 +746,14 @@ TEST_CASE("cuda adamw from a step-scalars block and step_gate match the by-value
         ops::step_gate({.scalars = dev, .stats = stats.to(gpu), .loss_scale = scale, .max_norm = 1.f, .rule = rule});
         const Tensor got = dev.to(Device::cpu());
         CHECK(std::memcmp(got.raw(), host.raw(), host.nbytes()) == 0);
+        // The loss scale from the block's slot (a captured fp16 step): the
+        // same bits as by value (every scale here is an f32 value).
+        Tensor in_block = Tensor::zeros({AdamWSlot::Count}, DType::F32);
+        in_block.data<float>()[AdamWSlot::LossScale] = static_cast<float>(scale);
+        Tensor dev_block = in_block.to(gpu);
+        ops::step_gate({.scalars = dev_block, .stats = stats.to(gpu), .loss_scale = 5.0, .scale_in_block = true,
+                        .max_norm = 1.f, .rule = rule});
+        host.data<float>()[AdamWSlot::LossScale] = static_cast<float>(scale);
+        CHECK(std::memcmp(dev_block.to(Device::cpu()).raw(), host.raw(), host.nbytes()) == 0);
       }
 }

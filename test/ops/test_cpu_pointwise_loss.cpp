@@ -188,6 +188,24 @@ TEST_CASE("cross-entropy: padded vocab, ignored targets, aliasing") {
   ops::cross_entropy(loss_only);
   CHECK(bit_equal(loss_only.losses, a.losses));
 
+  // dloss_scale: the gradient is dloss x its value, read when the op runs
+  // (with a power of two, the bits of dloss x scale by value).
+  CrossEntropyArgs scaled = a, by_value = a;
+  scaled.dloss_scale = Tensor::empty({1}, DType::F32);
+  scaled.dloss_scale.data<float>()[0] = 1024.f;
+  scaled.losses = Tensor::empty({N}, DType::F32);
+  scaled.dlogits = Tensor::empty({N, Vp}, DType::F32);
+  by_value.dloss = dloss * 1024.f;
+  by_value.losses = Tensor::empty({N}, DType::F32);
+  by_value.dlogits = Tensor::empty({N, Vp}, DType::F32);
+  ops::cross_entropy(scaled);
+  ops::cross_entropy(by_value);
+  CHECK(bit_equal(scaled.losses, a.losses));
+  CHECK(bit_equal(scaled.dlogits, by_value.dlogits));
+  CHECK_FALSE(bit_equal(scaled.dlogits, a.dlogits));
+  scaled.dloss_scale = Tensor::zeros({2}, DType::F32);
+  CHECK_THROWS_WITH(ops::cross_entropy(scaled), Catch::Contains("dloss_scale"));
+
   tgt[4] = static_cast<int32_t>(V);  // a target in the padding is an error
   loss_only.targets = tokens_tensor({N}, tgt);
   REQUIRE_THROWS(ops::cross_entropy(loss_only));

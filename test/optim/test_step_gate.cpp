@@ -80,8 +80,17 @@ TEST_CASE("gate_step: the clip coefficient and the skip rule") {
     CHECK(same_bits(s[AdamWSlot::GradScale], c.grad_scale));
     CHECK(s[AdamWSlot::Skip] == (c.skip ? 1.f : 0.f));
     for (int i : {int(AdamWSlot::Lr), int(AdamWSlot::WeightDecay), int(AdamWSlot::StepSize),
-                  int(AdamWSlot::InvSqrtBc2)})
+                  int(AdamWSlot::InvSqrtBc2), int(AdamWSlot::LossScale)})
       CHECK(s[i] == 100.f + static_cast<float>(i));
+    // scale_in_block: the loss scale is the block's slot (a captured fp16
+    // step), the by-value one is ignored; same bits.
+    Tensor in_block = marked_block();
+    in_block.data<float>()[AdamWSlot::LossScale] = static_cast<float>(c.loss_scale);
+    ops::step_gate({.scalars = in_block, .stats = stats, .loss_scale = 3.0, .scale_in_block = true,
+                    .max_norm = c.max_norm, .rule = c.rule});
+    CHECK(same_bits(in_block.data<float>()[AdamWSlot::GradScale], c.grad_scale));
+    CHECK(in_block.data<float>()[AdamWSlot::Skip] == (c.skip ? 1.f : 0.f));
+    CHECK(in_block.data<float>()[AdamWSlot::LossScale] == static_cast<float>(c.loss_scale));
   }
 }
 
@@ -114,7 +123,7 @@ TEST_CASE("adamw: the per-step values from the block give the by-value bits; ski
     b.step = 1;
     b.scalars = Tensor::empty({AdamWSlot::Count}, DType::F32);
     float* s = b.scalars.data<float>();
-    adamw_host_slots(adamw_terms(a.lr, a.weight_decay, a.beta1, a.beta2, a.step), s);
+    step_host_slots(adamw_terms(a.lr, a.weight_decay, a.beta1, a.beta2, a.step), 1.f, s);
     s[AdamWSlot::GradScale] = a.grad_scale;
     s[AdamWSlot::Skip] = 1.f;
     ops::adamw_step(b);  // skipped: nothing moves
@@ -151,7 +160,7 @@ TEST_CASE("AdamW::step_gated + count_step repeat AdamW::step; a skipped step kee
     stats.data<float>()[1] = 0.f;
     stats.data<float>()[2] = 2.5f;  // loss
     h.lr = 1e-2f / static_cast<float>(it);  // a schedule
-    adamw_host_slots(gated.next_terms(h), block.data<float>());
+    step_host_slots(gated.next_terms(h), 1.f, block.data<float>());
     ops::step_gate({.scalars = block, .stats = stats, .max_norm = 1.5f});
     gated.step_gated(p_gated, g, h, block);
     const StepGate gate = gate_step(stats.data<float>()[0], 0.f, 2.5f, 1.0, 1.5f, SkipRule::NonFinite);

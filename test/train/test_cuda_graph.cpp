@@ -2,15 +2,17 @@
 // after the warm-up, AdamW update included, and replayed must give the eager
 // run's losses and final weights, Adam moments and step count bit for bit
 // (the eager single-GPU step is the same work: the update gated on the
-// device, docs/distributed.md) in fp32 and bf16, with GPT-2 and LLaMA blocks,
-// also when the schedule changes the learning rate every step and clipping is
-// active (the step scalars the host writes before each replay, the clip
-// coefficient the graph computes), when steps are skipped on non-finite
-// values (the graph's gate; Adam's step count and the skipped-step count
-// stay in line), across an evaluation (the graph is dropped and captured
-// again) and across a checkpoint and resume. A replay synchronises the host
-// once (the read) and submits nothing outside the graph but its launch and
-// that read (counted with CUPTI). Skipped (exit 77) without a device.
+// device, docs/distributed.md) in fp32, bf16 and fp16, with GPT-2 and LLaMA
+// blocks, also when the schedule changes the learning rate every step and
+// clipping is active (the step scalars the host writes before each replay,
+// the clip coefficient the graph computes), when steps are skipped on
+// non-finite values (the graph's gate; Adam's step count and the
+// skipped-step count stay in line), across an evaluation (the graph is
+// dropped and captured again), across a checkpoint and resume, and in fp16
+// with a dynamic loss scale that changes between replays (read from the step
+// block) or a static one. A replay synchronises the host once (the read) and
+// submits nothing outside the graph but its launch and that read (counted
+// with CUPTI). Skipped (exit 77) without a device.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -32,6 +34,7 @@ struct Run {
   std::vector<float> losses;
   int64_t captured_at = 0, captures = 0, replays = 0, syncs = -1;
   int64_t iteration = 0, skipped = 0, adam_steps = 0;
+  double loss_scale = 0;
 };
 
 Run run(std::vector<std::string> flags, LaunchCounts* launches = nullptr) {
@@ -51,6 +54,7 @@ Run run(std::vector<std::string> flags, LaunchCounts* launches = nullptr) {
   r.iteration = t.state().iteration;
   r.skipped = t.state().skipped_steps;
   r.adam_steps = t.optimizer_steps();
+  r.loss_scale = t.state().loss_scale;
   return r;
 }
 
@@ -200,6 +204,36 @@ TEST_CASE("steps skipped on non-finite values inside the graph: counts, step cou
   CHECK(graph.adam_steps == eager.adam_steps);
   CHECK(graph.adam_steps == graph.iteration - graph.skipped);
   CHECK(graph.replays == 8);
+}
+
+TEST_CASE("fp16: a dynamic loss scale that moves inside the replays, and a static one, match eager", "[gpu]") {
+  if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
+  // 2^24 overflows at first: after the hysteresis the scale halves on every
+  // overflowing step (skipped by the graph's gate), then rises after every 3
+  // good steps; the scale reaches the replays only through the step block.
+  // On the CPU backend the same run skips 4 of its 12 steps.
+  const std::vector<std::string> dyn =
+      plus(kBase, {"--fp16", "--train-iters", "12", "--initial-loss-scale", "16777216", "--loss-scale-window", "3"});
+  const fs::path ck_eager = fresh_dir("graph_fp16_eager"), ck_graph = fresh_dir("graph_fp16_graph");
+  const Run eager = run(plus(dyn, {"--save", ck_eager.string()}));
+  const Run graph = run(plus(dyn, {"--cuda-graph", "--save", ck_graph.string()}));
+  require_same(eager.losses, graph.losses);
+  require_same_checkpoint(ck_eager, ck_graph, "global_step12");
+  INFO("eager: " << eager.skipped << " skipped, scale " << eager.loss_scale << "; graph: " << graph.skipped
+                 << " skipped, scale " << graph.loss_scale);
+  CHECK(graph.skipped > 2);  // overflows beyond the 2 warm-up steps: inside the captured step
+  CHECK(graph.skipped == eager.skipped);
+  CHECK(graph.loss_scale == eager.loss_scale);
+  CHECK(graph.adam_steps == eager.adam_steps);
+  CHECK(graph.adam_steps == graph.iteration - graph.skipped);
+  CHECK(graph.captures == 1);
+  CHECK(graph.replays == 10);
+  // A static scale is a constant of the captured loss weight.
+  const std::vector<std::string> fixed = plus(kBase, {"--fp16", "--loss-scale", "1024"});
+  const Run se = run(fixed), sg = run(plus(fixed, {"--cuda-graph"}));
+  require_finite(sg.losses);
+  require_same(se.losses, sg.losses);
+  CHECK(sg.replays == 8);
 }
 
 TEST_CASE("an evaluation drops the graph; the next step captures again and the curve is unchanged", "[gpu]") {
