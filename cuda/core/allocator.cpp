@@ -188,7 +188,15 @@ class CachingAllocator final : public Allocator {
   void release_capture_pool() {
     std::lock_guard<std::mutex> lock(mu_);
     capturing_ = false;
-    for (auto& [size, p] : pool_free_) free_[pool_dev_].emplace(size, p);
+    for (auto& [size, p] : pool_free_) {
+      auto u = uses_.find(p);
+      if (u != uses_.end()) {  // another stream used it before it joined the pool: reusable once done
+        pending_.push_back(Pending{p, size, pool_dev_, std::move(u->second)});
+        uses_.erase(u);
+        continue;
+      }
+      free_[pool_dev_].emplace(size, p);
+    }
     pool_free_.clear();
     pool_owned_.clear();
   }

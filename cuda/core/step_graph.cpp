@@ -80,7 +80,12 @@ void StepGraph::begin_capture() {
   int dev = 0;
   DS_CUDA_CHECK(cudaGetDevice(&dev));
   begin_capture_pool(dev);
-  DS_CUDA_CHECK(cudaStreamBeginCapture(impl_->stream, cudaStreamCaptureModeGlobal));
+  const cudaError_t err = cudaStreamBeginCapture(impl_->stream, cudaStreamCaptureModeGlobal);
+  if (err != cudaSuccess) {  // nothing is capturing: the allocator leaves capture mode too
+    cudaGetLastError();
+    release_capture_pool();
+    DS_THROW("CUDA graph capture of the step could not begin: {}", cudaGetErrorString(err));
+  }
   g_capture_stream.store(impl_->stream);
   impl_->capturing = true;
 }

@@ -677,6 +677,12 @@ void GptModel::set_loss_sink(const Tensor& sink, float weight) {
   loss_sink_weight_ = weight;
 }
 
+void GptModel::abandon_pass() {
+  for (Tensor& t : unit_params_) t = Tensor();
+  for (Tensor& t : unit_grads_) t = Tensor();
+  store_->abandon_pass();
+}
+
 void GptModel::set_dloss_scale(const Tensor& scale) {
   DS_CHECK(!scale.defined() || (scale.dtype() == DType::F32 && scale.device() == dev_ && scale.numel() == 1 &&
                                 !tp_.active()),

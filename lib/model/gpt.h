@@ -150,6 +150,11 @@ class GptModel {
   // block, not in a kernel argument (docs/cuda.md, "CUDA graphs"). Not with
   // the vocab-parallel loss. Undefined: loss_weight alone.
   void set_dloss_scale(const Tensor& scale);
+  // Forgets a forward/backward that an exception interrupted (a CUDA graph
+  // capture that failed midway; none of its device work ran): the units it
+  // acquired are dropped without adding their gradients, so the next pass
+  // starts clean (ParamStore::abandon_pass).
+  void abandon_pass();
   // Mean of the n per-row losses whose target is not ignored (>= 0), summed
   // in double: the loss every forward returns.
   static float mean_loss(const float* losses, const int32_t* targets, int64_t n);

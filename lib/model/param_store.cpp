@@ -109,6 +109,10 @@ Tensor FlatParamStore::acquire_grads(int unit) {
   return unit_f32_[unit] = Tensor::zeros({r.size()}, DType::F32, grads_.device());
 }
 
+void FlatParamStore::abandon_pass() {
+  for (Tensor& t : unit_f32_) t = Tensor();
+}
+
 // Compute-dtype accumulation: the unit's f32 gradient of this micro-batch is
 // rounded to the accumulator's dtype and added (what a framework whose
 // backward writes bf16 gradients does), before the observer may reduce it.

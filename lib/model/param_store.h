@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "lib/comm/communicator.h"
+#include "lib/core/error.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
 #include "lib/parallel/flat_gather.h"
@@ -52,6 +53,11 @@ class ParamStore {
   // Mixed precision: the f32 master weights changed outside the store (the
   // optimizer wrote them); refresh the compute-dtype copy the forward reads.
   virtual void params_updated() {}
+  // A pass was interrupted by an exception (a CUDA graph capture that failed
+  // midway: none of its device work ran): forget every unit acquired since
+  // begin_pass without adding its gradient, so the next pass starts clean.
+  // Only stores used with --cuda-graph implement it.
+  virtual void abandon_pass() { DS_CHECK(false, "this parameter store cannot abandon a pass"); }
 
   // Observer of the backward pass: (unit, false) when a unit's gradient is
   // acquired (its backward begins), (unit, true) when it is ready. The data-
@@ -111,6 +117,7 @@ class FlatParamStore : public ParamStore {
   void set_full_params(const Tensor& full) override;
   void get_full_params(const Tensor& out) override;
   void params_updated() override;
+  void abandon_pass() override;
 
   // ZeRO-1, after the owners updated their ranges of the weights the forward
   // reads (the compute copy, or the f32 weights in fp32): all-gathers them

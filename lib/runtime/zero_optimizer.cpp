@@ -65,6 +65,12 @@ void ZeroOptimizer::begin_last_micro_batch() {
   next_bucket_ = static_cast<int>(buckets_.size()) - 1;
 }
 
+void ZeroOptimizer::abandon_step() {
+  for (CommHandle& h : pending_) h.wait();
+  pending_.clear();
+  armed_ = false;
+}
+
 // Issues bucket `b`'s all-reduce (asynchronous; the timeline gets its times).
 void ZeroOptimizer::issue_bucket(int b) {
   Tensor g = model_.grads().view(buckets_[b].begin, {buckets_[b].size()});

@@ -57,6 +57,10 @@ class ZeroOptimizer {
   // The next backward is the last of the step: with overlap_comm, its
   // completed buckets are reduced while it runs (no-op otherwise).
   void begin_last_micro_batch();
+  // A step interrupted by an exception before reduce_gradients_into (a CUDA
+  // graph capture that failed midway): waits for what it issued and disarms
+  // the overlap, so the step can run again.
+  void abandon_step();
   // Stages 0/1 with overlap_comm: the buckets covering `unit` are not reduced
   // during the backward but by reduce_gradients_into (the tied embedding of a
   // pipeline, all-reduced across its first and last stage in between).

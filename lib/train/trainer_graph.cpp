@@ -181,9 +181,13 @@ void Trainer::graph_region(float loss_weight, DropoutKey key, const AdamWHyper& 
     nodes = g.graph->end_capture();
   } catch (const std::exception& e) {
     // Nothing captured has run: the step runs eagerly and the next one tries
-    // again (a block the warm-up never allocated is cached by then).
+    // again (a block the warm-up never allocated is cached by then). The
+    // host's half of the interrupted step (units acquired, the overlap armed)
+    // is forgotten first.
     g.graph->abort_capture();
     g.graph = std::make_unique<cuda::StepGraph>();
+    model_->abandon_pass();
+    opt_->abandon_step();
     DS_USER_CHECK(++g.failures < 3, "--cuda-graph: capturing the step failed 3 times in a row (iteration {}): {}",
                   state_.iteration + 1, e.what());
     DS_LOG("warning: --cuda-graph: capturing the step at iteration {} failed, it runs eagerly and the next step "
