@@ -107,7 +107,7 @@ __global__ void add_norm_kernel(AddNormParams<T> p) {
 template <class T, bool kLn>
 void launch(const AddNormParams<T>& p, bool vec, bool vec_ab, const Stream& s) {
   constexpr int W = vec_width(sizeof(T));
-  const unsigned grid = grid_for(p.N, kRowsPerBlock, 1ll << 31);
+  const unsigned grid = grid_for(p.N, kRowsPerBlock, (1ll << 31) - 1);
   if (vec && vec_ab)
     add_norm_kernel<T, W, kLn, true><<<grid, 32 * kRowsPerBlock, 0, stream_of(s)>>>(p);
   else if (vec)

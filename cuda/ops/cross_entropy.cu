@@ -44,6 +44,7 @@ __global__ void cross_entropy_kernel(XentParams<T> p) {
     for (int k = 0; k < VW; ++k) {
       if (c0 + k >= p.V) continue;
       const float v = xv[k];
+      if (v == -INFINITY) continue;  // adds exp(-inf) = 0 (and -inf - -inf would be NaN)
       if (v > m) {
         s = s * expf(m - v) + 1.0f;
         m = v;

@@ -154,7 +154,7 @@ void layernorm_forward(const LayerNormArgs& a, const Stream& s) {
     using T = typename decltype(tag)::type;
     LnFwdParams<T> p{a.out.data<T>(), a.mean.data<float>(), a.rstd.data<float>(),
                      a.inp.data<T>(), any_ptr(a.weight), any_ptr(a.bias), N, C, a.eps};
-    const unsigned grid = grid_for(N, kRowsPerBlock, 1ll << 31);
+    const unsigned grid = grid_for(N, kRowsPerBlock, (1ll << 31) - 1);
     if (ln_rows_vec<T>(a, C))
       layernorm_forward_kernel<T, vec_width(sizeof(T))>
           <<<grid, 32 * kRowsPerBlock, 0, stream_of(s)>>>(p);
@@ -187,7 +187,7 @@ void layernorm_backward(const LayerNormBwdArgs& a, const Stream& s) {
       LnBwdParams<T> p{a.dinp.data<T>(), a.dout.data<T>(), a.inp.data<T>(), any_ptr(a.weight),
                        a.mean.data<float>(), a.rstd.data<float>(), N, C,
                        a.accum == Accum::Add};
-      layernorm_backward_kernel<T><<<grid_for(N, kRowsPerBlock, 1ll << 31), 32 * kRowsPerBlock,
+      layernorm_backward_kernel<T><<<grid_for(N, kRowsPerBlock, (1ll << 31) - 1), 32 * kRowsPerBlock,
                                      0, stream_of(s)>>>(p);
       DS_CUDA_CHECK_LAUNCH();
     }

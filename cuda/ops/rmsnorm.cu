@@ -113,7 +113,7 @@ void rmsnorm_forward(const RMSNormArgs& a, const Stream& s) {
     RmsFwdParams<T> p{a.out.data<T>(), a.rstd.data<float>(), a.inp.data<T>(), any_ptr(a.weight),
                       N, C, a.eps};
     constexpr int V = vec_width(sizeof(T));
-    const unsigned grid = grid_for(N, kRowsPerBlock, 1ll << 31);
+    const unsigned grid = grid_for(N, kRowsPerBlock, (1ll << 31) - 1);
     if (rows_vectorisable(a.inp.raw(), sizeof(T), C, V) && rows_vectorisable(a.out.raw(), sizeof(T), C, V) &&
         rows_vectorisable(a.weight.raw(), int(dtype_size(a.weight.dtype())), C, V))
       rmsnorm_forward_kernel<T, V><<<grid, 32 * kRowsPerBlock, 0, stream_of(s)>>>(p);
@@ -142,7 +142,7 @@ void rmsnorm_backward(const RMSNormBwdArgs& a, const Stream& s) {
     if (a.dinp.defined()) {
       RmsBwdParams<T> p{a.dinp.data<T>(), a.dout.data<T>(), a.inp.data<T>(), any_ptr(a.weight),
                         a.rstd.data<float>(), N, C, a.accum == Accum::Add};
-      rmsnorm_backward_kernel<T><<<grid_for(N, kRowsPerBlock, 1ll << 31), 32 * kRowsPerBlock, 0,
+      rmsnorm_backward_kernel<T><<<grid_for(N, kRowsPerBlock, (1ll << 31) - 1), 32 * kRowsPerBlock, 0,
                                    stream_of(s)>>>(p);
       DS_CUDA_CHECK_LAUNCH();
     }

@@ -474,9 +474,13 @@ TEST_CASE("cuda cross entropy") {
     Tensor targets = randint({N}, 81, 0, int(V));
     targets.data<int32_t>()[3] = -1;  // ignored row
     targets.data<int32_t>()[7] = -100;
+    targets.data<int32_t>()[5] = 500;  // row 5 starts with -inf logits (below)
     for (bool grad : {false, true}) {
       CrossEntropyArgs a{.losses = zeros_f32({N}), .logits = randn({N, Vp}, 82, 3.0f),
                          .targets = targets, .V = V, .dloss = 1.0f / 17};
+      // -inf logits (a masked vocabulary entry) where a thread's running max
+      // is still -inf: they add exp(-inf) = 0, never NaN.
+      for (int64_t j = 0; j < 16; ++j) a.logits.data<float>()[5 * Vp + j] = -INFINITY;
       if (grad) a.dlogits = zeros_f32({N, Vp});
       check_cuda_vs_cpu_offsets(make_case("cross_entropy", a, ops::cross_entropy), dt);
     }
