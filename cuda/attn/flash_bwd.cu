@@ -100,6 +100,7 @@ __device__ __forceinline__ void store_rows(FragC (&acc)[HS / 16], float mul, flo
 
 template <class T, int HS>
 __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(BwdParams<T> p) {
+  p.drop = dropout_resolve(p.drop);  // a per-step key in memory, read once
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int LT = ld_tile<HS>();
   T* sK = reinterpret_cast<T*>(smem);  // (kTile, LT) each
@@ -180,6 +181,7 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(BwdParams<T> p) {
 
 template <class T, int HS>
 __global__ void __launch_bounds__(kThreads) flash_dq_kernel(BwdParams<T> p) {
+  p.drop = dropout_resolve(p.drop);  // a per-step key in memory, read once
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int LT = ld_tile<HS>();
   T* sK = reinterpret_cast<T*>(smem);
