@@ -77,10 +77,16 @@ DS_HOST_DEVICE uint64_t dropout_hidden_row(uint64_t stream, int64_t sample, int6
 }
 
 // Row key of attention dropout: (global sample, global head, query position);
-// the column is the key position.
+// the column is the key position. A kernel that walks many queries of one
+// head may keep the head's key and finish each row with dropout_attn_query.
+DS_HOST_DEVICE uint64_t dropout_attn_head(uint64_t stream, int64_t sample, int64_t head) {
+  return dropout_mix(dropout_mix(stream ^ static_cast<uint64_t>(sample)) ^ static_cast<uint64_t>(head));
+}
+DS_HOST_DEVICE uint64_t dropout_attn_query(uint64_t head_key, int64_t query) {
+  return dropout_mix(head_key ^ static_cast<uint64_t>(query));
+}
 DS_HOST_DEVICE uint64_t dropout_attn_row(uint64_t stream, int64_t sample, int64_t head, int64_t query) {
-  const uint64_t h = dropout_mix(dropout_mix(stream ^ static_cast<uint64_t>(sample)) ^ static_cast<uint64_t>(head));
-  return dropout_mix(h ^ static_cast<uint64_t>(query));
+  return dropout_attn_query(dropout_attn_head(stream, sample, head), query);
 }
 
 // Elements whose 32-bit draw is below this are dropped: P(drop) = p to 2^-32.
