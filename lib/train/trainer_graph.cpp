@@ -13,9 +13,8 @@
 // What a replay repeats must not change between steps, so:
 // - Scalars captured as kernel arguments: the loss weight (static batch and
 //   sequence length, no loss scale: fp16 is refused), the dropout key's
-//   constant part (seed, layer, site, probability, offsets within the
-//   micro-batch), the gate's loss scale (1) and clip threshold, Adam's betas
-//   and eps. The
+//   constant part (seed, layer, site, probability, in-batch offsets), the
+//   gate's loss scale (1) and clip threshold, Adam's betas and eps. The
 //   schedule's learning rate and weight decay and the bias corrections of
 //   Adam's step count live in the step block (lib/ops/step_scalars.h): the
 //   host writes them into a fixed pinned buffer before each replay and the
