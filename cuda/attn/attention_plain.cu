@@ -54,6 +54,7 @@ __device__ __forceinline__ float dot_row(const float* a_sh, const T* b, int HS) 
 // grid: (T, NH, B); dynamic smem: T floats.
 template <class T>
 __global__ void plain_forward_kernel(PlainFwdParams<T> p) {
+  p.drop = dropout_resolve(p.drop);  // a per-step key in memory, read once
   extern __shared__ float sc[];  // (T) scores, then probabilities
   __shared__ float q[kMaxHS];
   int64_t i = blockIdx.x, b = blockIdx.z;
@@ -107,6 +108,7 @@ template <class T> struct PlainBwdParams {
 // grid: (T, NH, B); dynamic smem: T floats. Writes dq and Drow.
 template <class T>
 __global__ void plain_dq_kernel(PlainBwdParams<T> p) {
+  p.drop = dropout_resolve(p.drop);  // a per-step key in memory, read once
   extern __shared__ float ds[];  // (T)
   __shared__ float q[kMaxHS], g[kMaxHS];
   int64_t i = blockIdx.x, b = blockIdx.z;
@@ -143,6 +145,7 @@ __global__ void plain_dq_kernel(PlainBwdParams<T> p) {
 // query heads of its group in order. Needs Drow from plain_dq_kernel.
 template <class T>
 __global__ void plain_dkv_kernel(PlainBwdParams<T> p) {
+  p.drop = dropout_resolve(p.drop);  // a per-step key in memory, read once
   __shared__ float k[kMaxHS], v[kMaxHS];
   __shared__ float pr[kThreads], ds[kThreads];
   int64_t j = blockIdx.x, b = blockIdx.z;

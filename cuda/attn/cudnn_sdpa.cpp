@@ -440,6 +440,7 @@ std::string cudnn_unsupported(const AttnShape& sh, DType dt, const DropoutSpec& 
     return std::string("dtype ") + dtype_name(dt) + ": cuDNN's fused attention runs bf16 and f16";
   if (sh.HS % 8 != 0 || sh.HS > 128)
     return "head size " + std::to_string(sh.HS) + ": the cudnn backend takes multiples of 8 up to 128";
+  // Any dropout, a per-step key in memory (step_key) included, stays off cuDNN.
   if (dropout.p > 0) return "attention dropout: the cudnn graphs do not draw the project's dropout masks";
   for (const Tensor* t : ptrs)
     if ((reinterpret_cast<uintptr_t>(t->raw()) & 15) != 0) return "a tensor is not 16-byte aligned";

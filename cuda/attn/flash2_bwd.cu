@@ -158,6 +158,7 @@ __device__ __forceinline__ void dq_ordered_add(const BwdParams<T>& p, const T* s
 // kDq: the ordered-dQ mode (5 GEMMs per tile pair; see dq_ordered_add).
 template <class T, int HS, bool kDq>
 __global__ void __launch_bounds__(kThreads) flash2_dkdv_kernel(BwdParams<T> p) {
+  p.drop = dropout_resolve(p.drop);  // a per-step key in memory, read once
   constexpr int LT = ld_tile<HS>(), BQ = dkdv_tile_q<HS>();
   extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);  // (kTileK, LT)
@@ -266,6 +267,7 @@ __global__ void __launch_bounds__(kThreads) flash2_dkdv_kernel(BwdParams<T> p) {
 
 template <class T, int HS>
 __global__ void __launch_bounds__(kThreads) flash2_dq_kernel(BwdParams<T> p) {
+  p.drop = dropout_resolve(p.drop);  // a per-step key in memory, read once
   constexpr int LT = ld_tile<HS>();
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);  // (kTileQ, LT)

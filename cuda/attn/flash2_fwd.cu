@@ -162,6 +162,7 @@ __device__ __forceinline__ void gemm_pw_slices(float (&acc)[S][HS / 8][4], const
 
 template <class T, int HS>
 __global__ void __launch_bounds__(kThreads) flash2_fwd_kernel(FwdParams<T> p) {
+  p.drop = dropout_resolve(p.drop);  // a per-step key in memory, read once
   constexpr int LT = ld_tile<HS>(), S = fwd_slices<HS>(), TQ = fwd_tile_q<HS>();
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);  // (TQ, LT)

@@ -100,6 +100,7 @@ __device__ __forceinline__ void store_rows(FragC (&acc)[HS / 16], float mul, flo
 
 template <class T, int HS>
 __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(BwdParams<T> p) {
+  p.drop = dropout_resolve(p.drop);  // a per-step key in memory, read once
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int LT = ld_tile<HS>();
   T* sK = reinterpret_cast<T*>(smem);  // (kTile, LT) each
@@ -200,6 +201,12 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(BwdParams<T> p) {
   const T* gK = p.qkv + b * p.T_ * W + int64_t(p.NH + kh) * HS;
   const T* gV = gK + int64_t(p.NKV) * HS;
   const T* gG = p.dout + b * p.T_ * WO + int64_t(h) * HS;
+  // The block's one head: its dropout key, with a per-step key in memory read once.
+  uint64_t head_key = 0;
+  if (p.drop.p != 0.f) {
+    const DropoutSpec d = dropout_resolve(p.drop);
+    head_key = dropout_attn_head(d.stream, d.sample0 + b, d.head0 + h);
+  }
   float* S = sS + warp * 16 * kLdS;
   float* DP = sDP + warp * 16 * kLdS;
   T* DS = sDS + warp * 16 * kLdP;
@@ -233,7 +240,9 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(BwdParams<T> p) {
       int64_t q = q0 + ql, kv = kv0 + c;
       bool valid = q < p.T_ && kv <= q;
       float pv = valid ? expf(S[rr * kLdS + c] * p.scale - sL[ql]) : 0.f;
-      float md = valid ? drop_factor(p, b, h, q, kv) : 0.f;
+      float md = !valid ? 0.f
+                 : p.drop.p == 0.f ? 1.f
+                 : dropout_factor(dropout_attn_query(head_key, q), kv, p.threshold, p.dscale);
       DS[rr * kLdP + c] = from_f<T>(pv * (md * DP[rr * kLdS + c] - sD[ql]));
     }
     __syncwarp();

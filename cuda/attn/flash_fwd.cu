@@ -69,6 +69,7 @@ __device__ __forceinline__ float softmax_update(const FwdParams<T>& p, float* S,
 
 template <class T, int HS>
 __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FwdParams<T> p) {
+  p.drop = dropout_resolve(p.drop);  // a per-step key in memory, read once
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int LT = ld_tile<HS>(), LO = ld_out<HS>();
   T* sQ = reinterpret_cast<T*>(smem);                 // (kTile, LT)

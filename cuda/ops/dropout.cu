@@ -22,6 +22,7 @@ template <class T> struct DropoutParams {
 
 template <class T>
 __global__ void dropout_kernel(DropoutParams<T> p) {
+  p.d = dropout_resolve(p.d);  // a per-step key in memory, read once
   constexpr int V = vec_width(sizeof(T));
   vec_loop<V>(
       p.pl,

@@ -11,7 +11,8 @@
 // contributions from all query blocks of all the query heads that share it (in
 // a fixed order, so results do not depend on the thread count).
 // Attention dropout drops probabilities after the softmax with the hashed mask
-// of lib/ops/dropout_mask.h; the backward redraws it.
+// of lib/ops/dropout_mask.h; the backward redraws it. A spec with a per-step
+// key in memory (step_key) is resolved once per call.
 #include <cmath>
 #include <cstring>
 
@@ -167,7 +168,9 @@ void forward_block(const AttentionArgs& a, const AttnDims& d, const PackedKV& kv
 
 }  // namespace
 
-void attention_forward(const AttentionArgs& a, const Stream&) {
+void attention_forward(const AttentionArgs& args, const Stream&) {
+  AttentionArgs a = args;
+  a.dropout = dropout_resolve(args.dropout);
   const AttnDims d = attn_dims(a.qkv, a.NH, a.NKV);
   const PackedKV kv = pack_kv(a.qkv, d);
   const int64_t nq = (d.T + kBq - 1) / kBq, ntasks = d.B * d.NH * nq;
@@ -301,7 +304,9 @@ void backward_kv_head(const AttentionBwdArgs& a, const AttnDims& d, int64_t b, i
 
 }  // namespace
 
-void attention_backward(const AttentionBwdArgs& a, const Stream&) {
+void attention_backward(const AttentionBwdArgs& args, const Stream&) {
+  AttentionBwdArgs a = args;
+  a.dropout = dropout_resolve(args.dropout);
   const AttnDims d = attn_dims(a.qkv, a.NH, a.NKV);
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t bk = 0; bk < d.B * d.NKV; ++bk) backward_kv_head(a, d, bk / d.NKV, bk % d.NKV);

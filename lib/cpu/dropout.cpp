@@ -1,7 +1,8 @@
 // Hidden dropout fused with the residual add, CPU forward and backward: the
 // mask of row (b, t) is drawn from the hash of (sample0 + b, pos0 + t) and the
 // channel (lib/ops/dropout_mask.h), so the backward redraws it instead of
-// storing it. One row at a time, rows in parallel.
+// storing it. One row at a time, rows in parallel. A spec with a per-step key
+// in memory (step_key) is resolved first.
 #include "lib/cpu/cpu_util.h"
 #include "lib/ops/ops.h"
 
@@ -11,7 +12,7 @@ namespace {
 // out = residual + mask(inp) / (1 - p); residual may be null.
 void dropout_rows(const DropoutArgs& a, const float* residual) {
   const int64_t B = a.inp.size(0), T = a.inp.size(1), C = a.inp.size(2);
-  const DropoutSpec& d = a.dropout;
+  const DropoutSpec d = dropout_resolve(a.dropout);
   const uint32_t threshold = dropout_threshold(d.p);
   const float scale = dropout_scale(d.p);
   const float* x = a.inp.data<float>();

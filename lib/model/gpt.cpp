@@ -366,25 +366,37 @@ void GptModel::norm_backward(const std::string& prefix, const Tensor& dinp, cons
 // tp_rank * T/TP + t on a sequence-parallel shard (plus sp_rank * T/U with
 // Ulysses, whose attention sees every position), head tp_rank * NH/TP +
 // sp_rank * NHa + h, so every layout drops what the single process drops.
+// A key with a `step` tensor leaves the iteration and the first sample to the
+// ops, which read them from it (dropout_key below; DropoutSpec::step_key).
 DropoutSpec GptModel::hidden_dropout(int layer, DropoutSite site) {
   const DropoutKey& k = S().key;
   if (!k.train || cfg_.hidden_dropout == 0.f) return {};
+  const bool by_value = !k.step.defined();
   return {.p = cfg_.hidden_dropout,
-          .stream = dropout_stream(k.seed, k.iteration, layer, site),
-          .sample0 = k.first_sample,
+          .stream = by_value ? dropout_stream(k.seed, k.iteration, layer, site) : 0,
+          .sample0 = by_value ? k.first_sample : 0,
           .pos0 = sp_.rank * T_ + (tp_.sp() ? tp_.rank * local_seq(T_) : 0),
-          .head0 = 0};
+          .head0 = 0,
+          .seed = k.seed,
+          .layer = layer,
+          .site = site};
 }
 
 DropoutSpec GptModel::attention_dropout(int layer) {
   const DropoutKey& k = S().key;
   if (!k.train || cfg_.attention_dropout == 0.f) return {};
+  const bool by_value = !k.step.defined();
   return {.p = cfg_.attention_dropout,
-          .stream = dropout_stream(k.seed, k.iteration, layer, DropoutSite::AttentionProbs),
-          .sample0 = k.first_sample,
+          .stream = by_value ? dropout_stream(k.seed, k.iteration, layer, DropoutSite::AttentionProbs) : 0,
+          .sample0 = by_value ? k.first_sample : 0,
           .pos0 = 0,
-          .head0 = tp_.rank * NHl_ + sp_.rank * NHa_};
+          .head0 = tp_.rank * NHl_ + sp_.rank * NHa_,
+          .seed = k.seed,
+          .layer = layer,
+          .site = DropoutSite::AttentionProbs};
 }
+
+Tensor GptModel::dropout_key(const DropoutSpec& d) { return d.p != 0.f ? S().key.step : Tensor(); }
 
 void GptModel::dropout_add(const Tensor& out, const Tensor& inp, const Tensor& residual, const DropoutSpec& d) {
   if (d.p == 0.f) {
@@ -392,7 +404,9 @@ void GptModel::dropout_add(const Tensor& out, const Tensor& inp, const Tensor& r
     return;
   }
   auto bt = [&](const Tensor& t) { return t.defined() ? t.reshape({B_, local_seq(T_), d_.C}) : t; };
-  ops::dropout_forward({.out = bt(out), .inp = bt(inp), .residual = bt(residual), .dropout = d}, stream_);
+  ops::dropout_forward(
+      {.out = bt(out), .inp = bt(inp), .residual = bt(residual), .dropout = d, .dropout_key = dropout_key(d)},
+      stream_);
 }
 
 // The gradient goes into dnorm_, which is free wherever this is called (before
@@ -401,7 +415,9 @@ Tensor GptModel::dropout_grad(const Tensor& dy, const DropoutSpec& d) {
   if (d.p == 0.f) return dy;
   const Shape s{B_, local_seq(T_), d_.C};
   const Tensor dx = dnorm_.view(0, {B_ * local_seq(T_), d_.C});
-  ops::dropout_backward({.out = dx.reshape(s), .inp = dy.reshape(s), .residual = Tensor(), .dropout = d}, stream_);
+  ops::dropout_backward(
+      {.out = dx.reshape(s), .inp = dy.reshape(s), .residual = Tensor(), .dropout = d, .dropout_key = dropout_key(d)},
+      stream_);
   return dx;
 }
 
@@ -429,8 +445,15 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tens
     ops::rope_forward({.out = a.qkv, .inp = a.qkv_pre, .NH = nh, .pos_offset = 0, .theta = cfg_.rope_theta,
                        .NKV = nkv, .rot_dims = d_.rot},
                       stream_);
-  ops::attention_forward(
-      {.out = a.attn_out, .lse = a.lse, .qkv = a.qkv, .NH = nh, .NKV = nkv, .dropout = attention_dropout(l)}, stream_);
+  const DropoutSpec drop = attention_dropout(l);
+  ops::attention_forward({.out = a.attn_out,
+                          .lse = a.lse,
+                          .qkv = a.qkv,
+                          .NH = nh,
+                          .NKV = nkv,
+                          .dropout = drop,
+                          .dropout_key = dropout_key(drop)},
+                         stream_);
   if (sp_.active()) ulysses_heads_to_seq(sp_, out_split_, B_, a.attn_out, a.attn_seq, uly_, stream_);
   ops::matmul_forward({.out = exit_tp_target(a.resid_mid),
                        .inp = rows(a.attn_seq),
@@ -538,6 +561,7 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
                        stream_);
   if (sp_.active()) ulysses_seq_to_heads(sp_, out_split_, B_, dattn_, dattn_a_, uly_, stream_);
   const int nh = static_cast<int>(NHa_), nkv = static_cast<int>(NKVa_);
+  const DropoutSpec drop = attention_dropout(l);
   ops::attention_backward({.dqkv = dqkv_a_,
                            .dout = dattn_a_,
                            .out = a.attn_out,
@@ -545,7 +569,8 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
                            .qkv = a.qkv,
                            .NH = nh,
                            .NKV = nkv,
-                           .dropout = attention_dropout(l)},
+                           .dropout = drop,
+                           .dropout_key = dropout_key(drop)},
                           stream_);
   if (d_.rope)
     ops::rope_backward({.out = dqkv_a_, .inp = dqkv_a_, .NH = nh, .pos_offset = 0, .theta = cfg_.rope_theta,

@@ -48,11 +48,17 @@ struct LayerActs {
 // Where a training micro-batch is: the key of its dropout masks
 // (lib/ops/dropout_mask.h, docs/dropout.md). A default key (train false) means
 // no dropout: evaluation, forward_loss and every caller that does not train.
+// With `step` defined the ops read the iteration and the first sample from it
+// (on the model's device) and the two fields beside it are unused: a captured
+// CUDA graph replays the same kernel arguments while the host writes each
+// step's values into that buffer (lib/train/trainer_graph.cpp). The masks are
+// those of the by-value key with the same values.
 struct DropoutKey {
   bool train = false;
   uint64_t seed = 0;
   int64_t iteration = 0;     // 0-based training iteration
   int64_t first_sample = 0;  // global index of the micro-batch's first sample
+  Tensor step;               // (2) i64 {iteration, first_sample} or undefined
 };
 
 // One micro-batch's activations of this rank's layers (a pipeline stage keeps
@@ -264,6 +270,7 @@ class GptModel {
   // Dropout of the current slot's micro-batch at a site (p = 0 unless training).
   DropoutSpec hidden_dropout(int layer, DropoutSite site);
   DropoutSpec attention_dropout(int layer);
+  Tensor dropout_key(const DropoutSpec& d);  // the ops' dropout_key for spec d
   // out = residual + dropout(inp) on (Nl, C) rows; a plain add without dropout.
   void dropout_add(const Tensor& out, const Tensor& inp, const Tensor& residual, const DropoutSpec& d);
   // Gradient of dropout's input from that of its output (Nl, C): dy itself without dropout.

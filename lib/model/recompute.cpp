@@ -51,12 +51,14 @@ void GptModel::recompute_before_backward(int l) {
   } else if (recompute_.kind == RecomputeConfig::Kind::Selective) {
     LayerActs& a = S().acts[l];
     // Same key as the forward: the same attention-dropout mask is redrawn.
+    const DropoutSpec drop = attention_dropout(l);
     ops::attention_forward({.out = a.attn_out,
                             .lse = a.lse,
                             .qkv = a.qkv,
                             .NH = static_cast<int>(NHa_),
                             .NKV = static_cast<int>(NKVa_),
-                            .dropout = attention_dropout(l)},
+                            .dropout = drop,
+                            .dropout_key = dropout_key(drop)},
         stream_);
   }
 }

@@ -252,7 +252,10 @@ template <class A, class F> IfArgs<A, MatmulDgeluArgs> fields(A& a, F&& f) {
 // Attention dropout (dropout.p > 0) drops softmax probabilities (query i, key j
 // of head h) with the key (sample0 + b, head0 + h, i, j) and scales the kept
 // ones by 1/(1-p); lse stays that of the undropped softmax, and the backward
-// redraws the same mask (lib/ops/dropout_mask.h).
+// redraws the same mask (lib/ops/dropout_mask.h). dropout_key, when defined,
+// holds the per-step part of the key on the op's device (DropoutSpec:
+// step_key, which the op layer fills from it; a captured CUDA graph reads it
+// there instead of baking the step's iteration and first sample in).
 struct AttentionArgs {
   Tensor out;      // (B, T, NH*HS)
   Tensor lse;      // (B, NH, T) f32
@@ -260,11 +263,13 @@ struct AttentionArgs {
   int NH = 0;
   int NKV = 0;     // kv heads; 0: NH
   DropoutSpec dropout;  // p = 0: none (pos0 unused: attention sees the whole sequence)
+  Tensor dropout_key;   // (2) i64 {iteration, first sample} or undefined
 };
 template <class A, class F> IfArgs<A, AttentionArgs> fields(A& a, F&& f) {
   f(a.out, "out", Role::Out);
   f(a.lse, "lse", Role::Stat);
   f(a.qkv, "qkv", Role::In);
+  f(a.dropout_key, "dropout_key", Role::In);
 }
 struct AttentionBwdArgs {
   Tensor dqkv;     // (B, T, (NH+2*NKV)*HS) overwritten
@@ -275,6 +280,7 @@ struct AttentionBwdArgs {
   int NH = 0;
   int NKV = 0;     // kv heads; 0: NH
   DropoutSpec dropout;  // the forward's
+  Tensor dropout_key;   // (2) i64 {iteration, first sample} or undefined: the forward's
 };
 template <class A, class F> IfArgs<A, AttentionBwdArgs> fields(A& a, F&& f) {
   f(a.dqkv, "dqkv", Role::Out);
@@ -282,6 +288,7 @@ template <class A, class F> IfArgs<A, AttentionBwdArgs> fields(A& a, F&& f) {
   f(a.out, "out", Role::In);
   f(a.lse, "lse", Role::In);
   f(a.qkv, "qkv", Role::In);
+  f(a.dropout_key, "dropout_key", Role::In);
 }
 
 // Attention of new rows against a key/value cache (incremental decoding with
@@ -375,16 +382,20 @@ template <class A, class F> IfArgs<A, AddArgs> fields(A& a, F&& f) {
 //   backward: out = dropout(inp) with the forward's mask (inp = dout, no residual).
 // Element (b, t, c) is kept with the key (sample0 + b, pos0 + t, c) and scaled
 // by 1/(1-p) (lib/ops/dropout_mask.h); out may alias inp or residual.
+// dropout_key: the per-step part of the key in the op's memory, as in
+// AttentionArgs.
 struct DropoutArgs {
   Tensor out;       // (B, T, C)
   Tensor inp;       // (B, T, C)
   Tensor residual;  // (B, T, C) or undefined
   DropoutSpec dropout;
+  Tensor dropout_key;  // (2) i64 {iteration, first sample} or undefined
 };
 template <class A, class F> IfArgs<A, DropoutArgs> fields(A& a, F&& f) {
   f(a.out, "out", Role::Out);
   f(a.inp, "inp", Role::In);
   f(a.residual, "residual", Role::In);
+  f(a.dropout_key, "dropout_key", Role::In);
 }
 
 // Fused softmax cross-entropy over the padded vocab. Columns >= V are padding

@@ -150,10 +150,19 @@ MatmulDims check_matmul(const Check& c, const Tensor& inp, const Tensor& weight,
 
 // ---- dropout -------------------------------------------------------------------
 
-void check_dropout(const Check& c, const DropoutSpec& d) {
+// key: the args' dropout_key, the per-step part of the key in the op's memory
+// (its device is checked with the other tensors'); the spec's step_key is the
+// op layer's pointer into it (lib/ops/ops.cpp), never a caller's.
+void check_dropout(const Check& c, const DropoutSpec& d, const Tensor& key) {
   DS_CHECK(d.p >= 0.f && d.p < 1.f, "{}: dropout probability {} is not in [0, 1)", c.op(), d.p);
   DS_CHECK(d.sample0 >= 0 && d.pos0 >= 0 && d.head0 >= 0, "{}: dropout offsets (sample {}, position {}, head {}) "
            "must be >= 0", c.op(), d.sample0, d.pos0, d.head0);
+  const int64_t* expect = key.defined() ? key.data<int64_t>() : nullptr;
+  DS_CHECK(d.step_key == expect, "{}: dropout.step_key is set but not from tensor 'dropout_key'; pass the "
+           "per-step key as that tensor and leave the pointer null", c.op());
+  if (!key.defined()) return;
+  c.dtype(key, DType::I64, "dropout_key");
+  c.numel(key, 2, "dropout_key", "{iteration, first sample}");
 }
 
 // ---- attention and rope: packed (B, T, (NH+2*NKV)*HS) ------------------------
@@ -340,14 +349,14 @@ void validate_attention_forward(const AttentionArgs& a) {
   const Check c("attention_forward");
   c.devices(a);
   check_attention(c, check_qkv(c, a.qkv, "qkv", a.NH, a.NKV), a.out, a.lse);
-  check_dropout(c, a.dropout);
+  check_dropout(c, a.dropout, a.dropout_key);
 }
 
 void validate_attention_backward(const AttentionBwdArgs& a) {
   const Check c("attention_backward");
   c.devices(a);
   check_attention(c, check_qkv(c, a.qkv, "qkv", a.NH, a.NKV), a.out, a.lse);
-  check_dropout(c, a.dropout);
+  check_dropout(c, a.dropout, a.dropout_key);
   c.floating(a.dout, "dout");
   c.floating(a.dqkv, "dqkv");
   c.same_shape(a.dout, a.out, "dout", "out");
@@ -416,7 +425,7 @@ void check_dropout_op(const Check& c, const DropoutArgs& a, bool backward) {
     DS_CHECK(!a.residual.defined(), "{}: tensor 'residual' must be undefined (the backward is dropout alone)", c.op());
   else if (a.residual.defined())
     c.floating(a.residual, "residual"), c.same_shape(a.residual, a.inp, "residual", "inp");
-  check_dropout(c, a.dropout);
+  check_dropout(c, a.dropout, a.dropout_key);
 }
 
 }  // namespace

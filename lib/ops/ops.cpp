@@ -1,7 +1,10 @@
 // Dispatcher: validates each op's arguments once (lib/ops/op_validate.cpp),
 // then routes the call to the CPU or CUDA implementation by device.
 // CPU calls with bf16/f16 tensors are emulated in f32 (lib/ops/lowp_emulation.h).
+// Ops with a `dropout_key` tensor get their spec's step_key pointed into it.
 #include "lib/ops/ops.h"
+
+#include <optional>
 
 #include "lib/core/error.h"
 #include "lib/ops/lowp_emulation.h"
@@ -23,13 +26,36 @@ const Tensor& key(const Args& a) {
   return *k;
 }
 
+template <class Args>
+concept HasDropoutKey = requires(const Args& a) {
+  a.dropout_key;
+  a.dropout.step_key;
+};
+
+// The args as the backends see them: with a defined dropout_key, a copy whose
+// dropout.step_key points to it (DropoutSpec, lib/ops/dropout_mask.h); any
+// other args as they are (validate_<op> refuses a step_key the caller set).
+template <class Args>
+const Args& bind_dropout_key(const Args& a, std::optional<Args>& bound) {
+  if constexpr (HasDropoutKey<Args>) {
+    if (!a.dropout_key.defined()) return a;
+    bound = a;
+    bound->dropout.step_key = a.dropout_key.template data<int64_t>();
+    return *bound;
+  } else {
+    return a;
+  }
+}
+
 }  // namespace
 
 // The f32 CPU kernel of op `name` as a callable for run_cpu.
 #define DS_CPU_KERNEL(name, Args) [](const Args& x, const Stream& st) { ::ds::cpu::name(x, st); }
 #ifdef DS_WITH_CUDA
 #define DS_DISPATCH_OP(name, Args)                                   \
-  void name(const Args& a, const Stream& s) {                        \
+  void name(const Args& args, const Stream& s) {                     \
+    std::optional<Args> bound;                                       \
+    const Args& a = bind_dropout_key(args, bound);                   \
     if (key(a).device().is_cuda()) {                                 \
       validate_##name(a);                                            \
       return ::ds::cuda::name(a, s);                                 \
@@ -38,7 +64,9 @@ const Tensor& key(const Args& a) {
   }
 #else
 #define DS_DISPATCH_OP(name, Args)                                   \
-  void name(const Args& a, const Stream& s) {                        \
+  void name(const Args& args, const Stream& s) {                     \
+    std::optional<Args> bound;                                       \
+    const Args& a = bind_dropout_key(args, bound);                   \
     DS_CHECK(!key(a).device().is_cuda(), #name ": this build has no CUDA backend"); \
     run_cpu(#name, a, s, validate_##name, DS_CPU_KERNEL(name, Args)); \
   }

@@ -378,7 +378,8 @@ void validate_curriculum(const TrainConfig& cfg) {
 // --cuda-graph: the replayed step must be the same kernels with the same
 // arguments every step (docs/cuda.md, "CUDA graphs"), so everything that
 // changes the step's work, its shapes or its in-graph scalars, and every
-// layout with communication, is refused here by name.
+// layout with communication, is refused here by name. Dropout is not among
+// them: its per-step key is read from device memory the graph refills.
 void validate_cuda_graph(const TrainConfig& cfg, int world_size) {
   DS_USER_CHECK(cfg.cuda_graph_warmup >= 1,
                 "training.cuda_graph_warmup (--cuda-graph-warmup-steps) must be >= 1, got {}", cfg.cuda_graph_warmup);
@@ -407,10 +408,6 @@ void validate_cuda_graph(const TrainConfig& cfg, int world_size) {
                 "training.cuda_graph (--cuda-graph) with a dynamic fp16 loss scale needs fp16.min_loss_scale "
                 "(--min-loss-scale) to be a power of two, got {}", pc.min_loss_scale);
   refuse(cfg.curriculum.enabled, "curriculum_learning (the sequence length changes between steps)");
-  refuse(cfg.model.hidden_dropout > 0,
-         "model.hidden_dropout > 0 (--hidden-dropout; dropout keys change every step): set it to 0");
-  refuse(cfg.model.attention_dropout > 0,
-         "model.attention_dropout > 0 (--attention-dropout; dropout keys change every step): set it to 0");
   refuse(cfg.attention_backend == "cudnn", "training.attention_backend cudnn (--attention-backend; not verified "
          "under capture): use flash, flash2 or plain");
 }

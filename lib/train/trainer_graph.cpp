@@ -13,21 +13,24 @@
 // What a replay repeats must not change between steps, so:
 // - Scalars captured as kernel arguments: the loss weight 1 / (B x T x ga)
 //   (static batch and sequence length; a static fp16 loss scale is a
-//   constant factor of it), the dropout key (its iteration changes, but
-//   dropout is refused, so no kernel reads it), the gate's clip threshold,
-//   Adam's betas and eps. The schedule's learning rate and weight decay, the
-//   bias corrections of Adam's step count and a dynamic fp16 loss scale live
-//   in the step block (lib/ops/step_scalars.h): the host writes them into a
+//   constant factor of it), the dropout key's constant part (seed, layer,
+//   site, probability, in-batch offsets), the gate's clip threshold, Adam's
+//   betas and eps. The schedule's learning rate and weight decay, the bias
+//   corrections of Adam's step count and a dynamic fp16 loss scale live in
+//   the step block (lib/ops/step_scalars.h): the host writes them into a
 //   fixed pinned buffer before each replay and the graph copies them in; the
 //   loss kernel multiplies its weight by the block's loss scale
 //   (GptModel::set_dloss_scale) and step_gate divides it out. The scale is a
 //   power of two (validate_cuda_graph), so 2^k x fl(1 / N) is the eager
 //   step's fl(2^k / N) exactly. The grad scale and the skip flag are written
 //   into the block inside the graph by step_gate.
-// - Tokens: fixed device buffers per micro-batch, filled inside the graph by a
-//   copy from fixed pinned buffers that the host refills before each replay.
-//   The previous step's read waited for the device, so no copy from them (or
-//   from the step scalars' buffer) is in flight when they are rewritten.
+// - Tokens and the dropout key's per-step part ({iteration, first sample}, read
+//   by the dropout and attention kernels from memory: DropoutKey::step,
+//   DropoutSpec::step_key): fixed device buffers per micro-batch, filled
+//   inside the graph by a copy from fixed pinned buffers that the host
+//   refills before each replay. The previous step's read waited for the
+//   device, so no copy from them (or from the step scalars' buffer) is in
+//   flight when they are rewritten.
 // - Memory: allocations during the capture come from a pool owned by the graph
 //   (cuda/core/allocator.cpp); nothing else gets those blocks while the graph
 //   lives. Blocks allocated before the capture and used by the graph are the
@@ -58,7 +61,8 @@ struct Trainer::GraphState {
   std::vector<void*> pinned_tok, pinned_tgt;  // per micro-batch: (B, T) i32, page-locked host memory
   std::vector<Tensor> tok, tgt;               // per micro-batch: (B, T) i32 on the device, fixed addresses
   std::vector<Tensor> tgt_host;               // the step's host targets (the model's checks while capturing)
-  std::vector<int64_t> first_sample;          // per micro-batch (dropout keys; dropout is off)
+  std::vector<void*> pinned_key;              // per micro-batch: (2) i64 {iteration, first sample}, page-locked
+  std::vector<Tensor> key;                    // per micro-batch: (2) i64 on the device (DropoutKey::step)
   int64_t eager_steps = 0;  // graph-mode steps run eagerly so far (the warm-up)
   int failures = 0;         // captures in a row that failed
   ~GraphState() {
@@ -66,6 +70,7 @@ struct Trainer::GraphState {
     graph.reset();  // before the buffers it addresses
     for (void* p : pinned_tok) cuda::free_pinned(p);
     for (void* p : pinned_tgt) cuda::free_pinned(p);
+    for (void* p : pinned_key) cuda::free_pinned(p);
 #endif
   }
 };
@@ -89,16 +94,18 @@ void Trainer::setup_cuda_graph() {
     g->pinned_tgt.push_back(cuda::alloc_pinned(bytes));
     g->tok.push_back(Tensor::empty({B, T}, DType::I32, dev_));
     g->tgt.push_back(Tensor::empty({B, T}, DType::I32, dev_));
+    g->pinned_key.push_back(cuda::alloc_pinned(2 * sizeof(int64_t)));
+    g->key.push_back(Tensor::empty({2}, DType::I64, dev_));
   }
   g->tgt_host.resize(ga);
-  g->first_sample.resize(ga);
   // A dynamic fp16 loss scale enters the loss gradient from the step block
   // (every graph-mode step, eager warm-up included; an evaluation computes no
   // gradient, so it is unaffected).
   if (scaler_ && scaler_->dynamic()) model_->set_dloss_scale(step_scalars().view(AdamWSlot::LossScale, {1}));
   graph_ = std::move(g);
   DS_LOG("cuda graph: {} eager warm-up steps, then the step up to its host read, AdamW update included, is "
-         "captured and replayed ({} micro-batches of {} x {} tokens and the step scalars from fixed pinned buffers)",
+         "captured and replayed ({} micro-batches of {} x {} tokens, their dropout keys and the step scalars from "
+         "fixed pinned buffers)",
          cfg_.cuda_graph_warmup, ga, B, T);
 #else
   DS_USER_CHECK(false, "training.cuda_graph (--cuda-graph) needs a build with CUDA");
@@ -116,9 +123,9 @@ void Trainer::invalidate_graph(const char* why) {
 }
 
 // The step as train_step runs it eagerly with device_update_, but the step
-// scalars and the tokens come from the fixed pinned buffers (the same work in
-// the warm-up and in the capture, so the capture finds the warm-up's blocks
-// cached).
+// scalars, the tokens and the dropout keys' per-step part come from the fixed
+// pinned buffers (the same work in the warm-up and in the capture, so the
+// capture finds the warm-up's blocks cached).
 void Trainer::graph_region_eager(float loss_weight, DropoutKey key, const AdamWHyper& h) {
 #ifdef DS_WITH_CUDA
   GraphState& g = *graph_;
@@ -136,7 +143,8 @@ void Trainer::graph_region_eager(float loss_weight, DropoutKey key, const AdamWH
   for (int64_t m = 0; m < ga; ++m) {
     cuda::copy_pinned_async(g.tok[m].raw(), g.pinned_tok[m], g.tok[m].nbytes());
     cuda::copy_pinned_async(g.tgt[m].raw(), g.pinned_tgt[m], g.tgt[m].nbytes());
-    key.first_sample = g.first_sample[m];
+    cuda::copy_pinned_async(g.key[m].raw(), g.pinned_key[m], g.key[m].nbytes());
+    key.step = g.key[m];  // the ops read {iteration, first sample} from it
     if (m + 1 == ga) opt_->begin_last_micro_batch();
     model_->forward_backward(g.tok[m], g.tgt[m], w, key, g.tgt_host[m]);
   }
@@ -160,7 +168,8 @@ void Trainer::graph_region(float loss_weight, DropoutKey key, const AdamWHyper& 
     std::memcpy(g.pinned_tok[m], mb.tokens.raw(), mb.tokens.nbytes());
     std::memcpy(g.pinned_tgt[m], mb.targets.raw(), mb.targets.nbytes());
     g.tgt_host[m] = mb.targets_host;
-    g.first_sample[m] = mb.first_sample;
+    const int64_t step_key[2] = {key.iteration, mb.first_sample};
+    std::memcpy(g.pinned_key[m], step_key, sizeof(step_key));
   }
   if (g.graph->stale()) invalidate_graph("reallocated stream workspace");
   if (g.graph->ready()) {

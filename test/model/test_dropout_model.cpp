@@ -2,8 +2,10 @@
 // (forward_loss and keyless calls equal a dropout-0 model bit for bit), the
 // masks are a function of the key alone (same key: same loss and gradients;
 // another iteration or first sample: another loss), activation recomputation
-// (full and selective) redraws the same masks, and the gradients with dropout
-// on match central finite differences of the loss under the same key.
+// (full and selective) redraws the same masks, a key whose per-step part is in
+// a tensor (DropoutKey::step) draws the by-value key's masks, and the gradients
+// with dropout on match central finite differences of the loss under the same
+// key.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -72,6 +74,41 @@ TEST_CASE("dropout is active only with a training key, and the key fixes the mas
     CHECK(step(m, tok, tgt, shifted).loss != a.loss);
     // Evaluation after a training step is still undropped.
     CHECK(m.forward_loss(tok, tgt) == plain.forward_loss(tok, tgt));
+  }
+}
+
+namespace {
+
+// The key with its per-step part in a tensor (what --cuda-graph passes).
+DropoutKey in_memory(const DropoutKey& k) {
+  DropoutKey m = k;
+  m.step = Tensor::empty({2}, DType::I64);
+  m.step.data<int64_t>()[0] = k.iteration;
+  m.step.data<int64_t>()[1] = k.first_sample;
+  m.iteration = m.first_sample = -1;  // unused with `step`
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("a dropout key in memory gives the by-value key's loss and gradients bit for bit", "[model][dropout]") {
+  using K = RecomputeConfig::Kind;
+  for (bool llama : {false, true}) {
+    INFO((llama ? "llama" : "gpt2"));
+    const ModelConfig cfg = dropout_model(llama, 0.2f, 0.3f);
+    const int64_t B = 2, T = 8;
+    const Tensor tok = test::random_tokens(B, T, cfg.vocab_size, 7), tgt = test::random_tokens(B, T, cfg.vocab_size, 8);
+    for (RecomputeConfig rc : {RecomputeConfig{}, RecomputeConfig{K::Full, 0}, RecomputeConfig{K::Selective, 0}}) {
+      GptModel m(cfg, Device::cpu());
+      m.set_recompute(rc);
+      m.init_weights(5, 0.2f);
+      for (const DropoutKey& k : {kKey, DropoutKey{.train = true, .seed = 99, .iteration = 0, .first_sample = 0},
+                                  DropoutKey{.train = true, .seed = 1234, .iteration = 7, .first_sample = 1000}}) {
+        INFO("iteration " << k.iteration << " first sample " << k.first_sample);
+        const Run want = step(m, tok, tgt, k), got = step(m, tok, tgt, in_memory(k));
+        CHECK(same(got, want));
+      }
+    }
   }
 }
 

@@ -2,7 +2,9 @@
 // attention dropout inside the attention ops: double references, finite
 // differences with the (fixed) mask, keep fraction within binomial tolerance
 // of 1 - p, masks independent of how the tensor is split across ranks
-// (batch, sequence and head offsets), and argument checks.
+// (batch, sequence and head offsets), the per-step key read from memory
+// (DropoutSpec::step_key, the ops' dropout_key) drawing the by-value spec's
+// masks, and argument checks.
 #include <cmath>
 
 #include "test/ops_harness/dropout_cases.h"
@@ -108,13 +110,20 @@ struct AttnOut {
   Tensor out, lse, dqkv;
 };
 
-AttnOut run_attention(const Tensor& qkv, const Tensor& dout, int NH, const DropoutSpec& d) {
+AttnOut run_attention(const Tensor& qkv, const Tensor& dout, int NH, const DropoutSpec& d,
+                      const Tensor& key = Tensor()) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   AttnOut r{Tensor::empty({B, T, C}, DType::F32), Tensor::empty({B, NH, T}, DType::F32),
             randn(qkv.shape(), 99)};
-  ops::attention_forward({.out = r.out, .lse = r.lse, .qkv = qkv, .NH = NH, .dropout = d});
-  ops::attention_backward(
-      {.dqkv = r.dqkv, .dout = dout, .out = r.out, .lse = r.lse, .qkv = qkv, .NH = NH, .dropout = d});
+  ops::attention_forward({.out = r.out, .lse = r.lse, .qkv = qkv, .NH = NH, .dropout = d, .dropout_key = key});
+  ops::attention_backward({.dqkv = r.dqkv,
+                           .dout = dout,
+                           .out = r.out,
+                           .lse = r.lse,
+                           .qkv = qkv,
+                           .NH = NH,
+                           .dropout = d,
+                           .dropout_key = key});
   return r;
 }
 
@@ -175,4 +184,113 @@ TEST_CASE("attention dropout masks do not depend on the head and batch split") {
                            whole.dqkv.data<float>()[(b * T + t) * 3 * C + p * C + h0 * HS + e]) <= 1e-5f);
       }
   }
+}
+
+// ---- the per-step key in memory -------------------------------------------------
+
+namespace {
+
+// The two specs of one site: by value, and with {iteration, first sample} left
+// to the key tensor (sample0 then holds only the offset within the micro-batch).
+struct KeyedSpecs {
+  DropoutSpec by_value, keyed;
+  Tensor key;  // (2) i64
+};
+KeyedSpecs keyed_specs(float p, int64_t iteration, int64_t first_sample, int64_t offset, int64_t layer,
+                       DropoutSite site) {
+  const uint64_t seed = 1234;
+  KeyedSpecs k;
+  k.by_value = {.p = p, .stream = dropout_stream(seed, iteration, layer, site), .sample0 = first_sample + offset,
+                .pos0 = 3, .head0 = 1};
+  k.keyed = {.p = p, .stream = 0, .sample0 = offset, .pos0 = 3, .head0 = 1, .seed = seed, .layer = layer,
+             .site = site};
+  k.key = Tensor::empty({2}, DType::I64);
+  k.key.data<int64_t>()[0] = iteration;
+  k.key.data<int64_t>()[1] = first_sample;
+  return k;
+}
+
+struct KeyCase {
+  int64_t iteration, first_sample, offset;
+};
+const KeyCase kKeyCases[] = {{0, 0, 0}, {11, 40, 3}, {123456, int64_t(1) << 33, 7}};
+
+}  // namespace
+
+TEST_CASE("dropout_resolve gives the by-value spec, and leaves a spec without a key alone") {
+  for (const KeyCase& c : kKeyCases) {
+    const KeyedSpecs k = keyed_specs(0.2f, c.iteration, c.first_sample, c.offset, 5, DropoutSite::AttentionOut);
+    DropoutSpec keyed = k.keyed;
+    keyed.step_key = k.key.data<int64_t>();
+    const DropoutSpec r = dropout_resolve(keyed);
+    CHECK(r.stream == k.by_value.stream);
+    CHECK(r.sample0 == k.by_value.sample0);
+    CHECK(r.pos0 == k.by_value.pos0);
+    CHECK(r.head0 == k.by_value.head0);
+    CHECK(r.step_key == nullptr);
+    const DropoutSpec same = dropout_resolve(k.by_value);
+    CHECK(same.stream == k.by_value.stream);
+    CHECK(same.sample0 == k.by_value.sample0);
+  }
+}
+
+TEST_CASE("hidden dropout with the key in memory equals the by-value spec bit for bit") {
+  const Shape s{3, 7, 13};
+  const Tensor x = randn(s, 40), res = randn(s, 41);
+  for (const KeyCase& c : kKeyCases) {
+    INFO("iteration " << c.iteration << " first sample " << c.first_sample << " offset " << c.offset);
+    const KeyedSpecs k = keyed_specs(0.3f, c.iteration, c.first_sample, c.offset, 2, DropoutSite::MlpOut);
+    const Tensor want = Tensor::empty(s, DType::F32), got = Tensor::empty(s, DType::F32);
+    ops::dropout_forward({.out = want, .inp = x, .residual = res, .dropout = k.by_value});
+    ops::dropout_forward({.out = got, .inp = x, .residual = res, .dropout = k.keyed, .dropout_key = k.key});
+    CHECK(bit_equal(got, want));
+    ops::dropout_backward({.out = want, .inp = x, .residual = Tensor(), .dropout = k.by_value});
+    ops::dropout_backward({.out = got, .inp = x, .residual = Tensor(), .dropout = k.keyed, .dropout_key = k.key});
+    CHECK(bit_equal(got, want));
+    // bf16 (the CPU's f32 emulation keeps the key).
+    const Tensor xb = Tensor::empty(s, DType::BF16), wb = Tensor::empty(s, DType::BF16), gb = Tensor::empty(s, DType::BF16);
+    ops::cast({.out = xb, .inp = x});
+    ops::dropout_forward({.out = wb, .inp = xb, .residual = Tensor(), .dropout = k.by_value});
+    ops::dropout_forward({.out = gb, .inp = xb, .residual = Tensor(), .dropout = k.keyed, .dropout_key = k.key});
+    CHECK(bit_equal(gb, wb));
+  }
+}
+
+TEST_CASE("attention dropout with the key in memory equals the by-value spec bit for bit") {
+  const int64_t B = 2, T = 70, NH = 2, HS = 8;
+  const Tensor qkv = randn({B, T, 3 * NH * HS}, 42), dout = randn({B, T, NH * HS}, 43);
+  for (const KeyCase& c : kKeyCases) {
+    INFO("iteration " << c.iteration << " first sample " << c.first_sample << " offset " << c.offset);
+    const KeyedSpecs k = keyed_specs(0.25f, c.iteration, c.first_sample, c.offset, 1, DropoutSite::AttentionProbs);
+    const AttnOut want = run_attention(qkv, dout, NH, k.by_value);
+    const AttnOut got = run_attention(qkv, dout, NH, k.keyed, k.key);
+    CHECK(bit_equal(got.out, want.out));
+    CHECK(bit_equal(got.lse, want.lse));
+    CHECK(bit_equal(got.dqkv, want.dqkv));
+  }
+  // Another iteration in the key draws another mask.
+  const KeyedSpecs a = keyed_specs(0.25f, 3, 0, 0, 1, DropoutSite::AttentionProbs);
+  const KeyedSpecs b = keyed_specs(0.25f, 4, 0, 0, 1, DropoutSite::AttentionProbs);
+  CHECK_FALSE(bit_equal(run_attention(qkv, dout, NH, a.keyed, a.key).out,
+                        run_attention(qkv, dout, NH, b.keyed, b.key).out));
+}
+
+TEST_CASE("dropout_key must be (2) i64, and step_key comes only from it") {
+  const Tensor x = randn({2, 3, 4}, 44), y = Tensor::empty({2, 3, 4}, DType::F32);
+  const KeyedSpecs k = keyed_specs(0.1f, 1, 2, 0, 0, DropoutSite::MlpOut);
+  const Tensor i32 = Tensor::zeros({2}, DType::I32), three = Tensor::zeros({3}, DType::I64);
+  CHECK_THROWS_WITH(ops::dropout_forward({.out = y, .inp = x, .residual = Tensor(), .dropout = k.keyed,
+                                          .dropout_key = i32}),
+                    Catch::Contains("dropout_key") && Catch::Contains("i64"));
+  CHECK_THROWS_WITH(ops::dropout_forward({.out = y, .inp = x, .residual = Tensor(), .dropout = k.keyed,
+                                          .dropout_key = three}),
+                    Catch::Contains("dropout_key") && Catch::Contains("{iteration, first sample}"));
+  DropoutSpec raw = k.keyed;
+  raw.step_key = k.key.data<int64_t>();
+  CHECK_THROWS_WITH(ops::dropout_forward({.out = y, .inp = x, .residual = Tensor(), .dropout = raw}),
+                    Catch::Contains("step_key") && Catch::Contains("dropout_key"));
+  const Tensor qkv = randn({1, 4, 3 * 8}, 45), out = Tensor::empty({1, 4, 8}, DType::F32);
+  CHECK_THROWS_WITH(ops::attention_forward({.out = out, .lse = Tensor::empty({1, 2, 4}, DType::F32), .qkv = qkv,
+                                            .NH = 2, .dropout = k.keyed, .dropout_key = i32}),
+                    Catch::Contains("attention_forward") && Catch::Contains("dropout_key"));
 }

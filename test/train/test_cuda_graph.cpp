@@ -7,12 +7,14 @@
 // clipping is active (the step scalars the host writes before each replay,
 // the clip coefficient the graph computes), when steps are skipped on
 // non-finite values (the graph's gate; Adam's step count and the
-// skipped-step count stay in line), across an evaluation (the graph is
-// dropped and captured again), across a checkpoint and resume, and in fp16
-// with a dynamic loss scale that changes between replays (read from the step
-// block) or a static one. A replay synchronises the host once (the read) and
-// submits nothing outside the graph but its launch and that read (counted
-// with CUPTI). Skipped (exit 77) without a device.
+// skipped-step count stay in line), with hidden and attention dropout (each
+// micro-batch's key {iteration, first sample} copied into the graph from a
+// pinned buffer), across an evaluation (the graph is dropped and captured
+// again), across a checkpoint and resume, and in fp16 with a dynamic loss
+// scale that changes between replays (read from the step block) or a static
+// one. A replay synchronises the host once (the read) and submits nothing
+// outside the graph but its launch and that read (counted with CUPTI).
+// Skipped (exit 77) without a device.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -99,8 +101,8 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-// Dropout off (its keys change every step; --cuda-graph refuses it); two
-// micro-batches per step (the fixture's global batch 8 of micro-batches of 4).
+// Dropout off (a case below turns it on); two micro-batches per step (the
+// fixture's global batch 8 of micro-batches of 4).
 const std::vector<std::string> kBase = {"--device", "cuda", "--train-iters", "10", "--hidden-dropout", "0",
                                         "--attention-dropout", "0"};
 
@@ -126,6 +128,32 @@ TEST_CASE("a replayed step equals the eager step bit for bit (fp32, bf16; GPT-2 
       CHECK(graph.replays == 8);  // steps 3..10
       CHECK(graph.adam_steps == 10);
     }
+  }
+}
+
+TEST_CASE("with hidden and attention dropout a replayed step equals the eager step bit for bit", "[gpu]") {
+  if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
+  struct Variant {
+    const char* name;
+    std::vector<std::string> flags;
+  };
+  const std::vector<std::string> dropout = {"--hidden-dropout", "0.1", "--attention-dropout", "0.1"};
+  for (const Variant& v : {Variant{"bf16 gpt-2 flash", {"--bf16", "--attention-backend", "flash"}},
+                           Variant{"bf16 llama flash2", plus(llama_flags(), {"--bf16", "--attention-backend", "flash2"})},
+                           Variant{"fp32 gpt-2 plain", {"--attention-backend", "plain"}}}) {
+    INFO(v.name);
+    const std::vector<std::string> f = plus(plus(kBase, v.flags), dropout);
+    const fs::path ck_eager = fresh_dir("graph_drop_eager"), ck_graph = fresh_dir("graph_drop_graph");
+    const Run eager = run(plus(f, {"--save", ck_eager.string()}));
+    const Run graph = run(plus(f, {"--cuda-graph", "--save", ck_graph.string()}));
+    require_finite(graph.losses);
+    require_same(eager.losses, graph.losses);
+    require_same_checkpoint(ck_eager, ck_graph, "global_step10");
+    CHECK(graph.captured_at == 3);
+    CHECK(graph.replays == 8);
+    // Dropout is really on: the curve differs from the dropout-0 one.
+    const Run off = run(plus(kBase, v.flags));
+    CHECK(off.losses != eager.losses);
   }
 }
 
