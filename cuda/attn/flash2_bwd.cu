@@ -387,7 +387,7 @@ std::string launch_bwd(const AttentionBwdArgs& a, const AttnShape& sh, const Str
   auto* dq_acc = ordered ? reinterpret_cast<float*>(ws + d_bytes) : nullptr;
   auto* dq_turn = ordered ? reinterpret_cast<uint32_t*>(ws + d_bytes + acc_bytes) : nullptr;
   if (ordered) DS_CUDA_CHECK(cudaMemsetAsync(dq_turn, 0, turn_bytes, stream_of(s)));
-  flash2_d_kernel<T><<<grid_for(rows * 32, 256, int64_t(1) << 31), 256, 0, stream_of(s)>>>(
+  flash2_d_kernel<T><<<grid_for(rows * 32, 256, (int64_t(1) << 31) - 1), 256, 0, stream_of(s)>>>(
       Drow, a.dout.data<T>(), a.out.data<T>(), rows, sh.T, sh.NH, HS);
   DS_CUDA_CHECK_LAUNCH();
   BwdParams<T> p{a.dqkv.data<T>(), dq_acc, dq_turn, a.dout.data<T>(), a.lse.data<float>(), Drow, a.qkv.data<T>(),

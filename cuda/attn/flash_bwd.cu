@@ -264,7 +264,7 @@ std::string launch_bwd(const AttentionBwdArgs& a, const AttnShape& sh, const Str
   int64_t rows = sh.B * sh.T * sh.NH;
   auto* Drow = static_cast<float*>(
       stream_workspace(s, sizeof(float) * size_t(rows), WorkspaceSlot::Attn));
-  flash_d_kernel<T><<<grid_for(rows * 32, 256, int64_t(1) << 31), 256, 0, stream_of(s)>>>(
+  flash_d_kernel<T><<<grid_for(rows * 32, 256, (int64_t(1) << 31) - 1), 256, 0, stream_of(s)>>>(
       Drow, a.dout.data<T>(), a.out.data<T>(), rows, sh.T, sh.NH, HS);
   DS_CUDA_CHECK_LAUNCH();
   BwdParams<T> p{a.dqkv.data<T>(), a.dout.data<T>(), a.out.data<T>(), a.lse.data<float>(),

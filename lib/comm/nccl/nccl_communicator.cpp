@@ -140,17 +140,29 @@ void NcclCommunicator::init_comm() {
   gs_->size = size_;
   gs_->device = device_;
   gs_->timeout = op_timeout_;
-  ncclComm_t comm = nullptr;
-  check(nccl().CommInitRank(&comm, size_, id, rank_), "ncclCommInitRank");
-  gs_->comm = comm;
-  DS_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+  // Watched from before its creation: the enqueue clock bounds a bootstrap
+  // that never completes (a peer lost before it joined).
   if (watchdog_) watchdog_->add_group(gs_);
+  ncclComm_t comm = nullptr;
+  gs_->enqueue_what.store("ncclCommInitRank");
+  gs_->enqueue_since_ns.store(steady_ns(), std::memory_order_release);
+  const ncclResult_t r = nccl().CommInitRank(&comm, size_, id, rank_);
+  gs_->enqueue_since_ns.store(0, std::memory_order_release);
+  check(r, "ncclCommInitRank");
+  {
+    std::lock_guard<std::mutex> lk(gs_->mu);
+    gs_->comm = comm;
+  }
+  DS_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
 }
 
 // Ops may still be queued (they are stream-ordered). On a normal destruction
 // they are waited for while the watchdog still watches them (ncclCommDestroy
-// would flush them unwatched); while an exception unwinds, peers may have
-// given up, so the communicator is aborted instead of flushed.
+// would flush them unwatched); while an exception unwinds, or after a
+// failure, peers may have given up, so the communicator is aborted instead
+// of flushed, and first: an NCCL kernel still waiting for them would
+// otherwise block the cudaFree below (it synchronises the device) forever,
+// with the watchdog no longer watching the group.
 NcclCommunicator::~NcclCommunicator() {
   if (watchdog_) watchdog_->release(take_op_start());
   const bool unwinding = std::uncaught_exceptions() > 0;
@@ -159,17 +171,18 @@ NcclCommunicator::~NcclCommunicator() {
     cudaStreamSynchronize(as_stream(stream_));
     if (comm_stream_) cudaStreamSynchronize(static_cast<cudaStream_t>(comm_stream_));
   }
+  if (gs_) {
+    std::lock_guard<std::mutex> lk(gs_->mu);
+    if (gs_->comm) {
+      if (healthy && !unwinding) nccl().CommDestroy(as_comm(gs_->comm));
+      else nccl().CommAbort(as_comm(gs_->comm));
+    }
+    gs_->comm = nullptr;
+  }
   if (watchdog_ && gs_) watchdog_->remove_group(gs_.get());
   if (last_async_) cudaEventDestroy(static_cast<cudaEvent_t>(last_async_));
   if (comm_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(comm_stream_));
   if (scratch_) cudaFree(scratch_);
-  if (!gs_) return;
-  std::lock_guard<std::mutex> lk(gs_->mu);
-  if (gs_->comm) {
-    if (unwinding) nccl().CommAbort(as_comm(gs_->comm));
-    else nccl().CommDestroy(as_comm(gs_->comm));
-  }
-  gs_->comm = nullptr;
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(const std::vector<int>& ranks,

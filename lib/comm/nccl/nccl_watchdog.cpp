@@ -18,6 +18,9 @@ using Clock = std::chrono::steady_clock;
 // How often the thread looks: a failure is seen within this of its deadline;
 // completed events go back to the free list at this pace.
 constexpr auto kPollPeriod = std::chrono::milliseconds(5);
+// Abort mode: how long the failure path waits for a group's lock, which the
+// training thread holds only while it is inside an NCCL call on the group.
+constexpr auto kAbortLockWait = std::chrono::seconds(5);
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
@@ -46,9 +49,17 @@ NcclWatchdog::~NcclWatchdog() {
   for (void* ev : free_events_) cudaEventDestroy(static_cast<cudaEvent_t>(ev));
 }
 
+// The thread runs from the first group on, so the enqueue clock also bounds
+// the world's first calls (ncclCommInitRank, the first collective's
+// connection set-up), before any op was tracked.
 void NcclWatchdog::add_group(std::shared_ptr<NcclGroupState> g) {
   std::lock_guard<std::mutex> lk(mu_);
   groups_.push_back(std::move(g));
+  start_thread_locked();
+}
+
+void NcclWatchdog::start_thread_locked() {
+  if (!thread_.joinable() && !stop_) thread_ = std::thread([this] { loop(); });
 }
 
 void NcclWatchdog::remove_group(const NcclGroupState* g) {
@@ -114,7 +125,7 @@ void NcclWatchdog::track(const std::shared_ptr<NcclGroupState>& g, const char* w
     DS_CUDA_CHECK(r);
   }
   pending_.push_back({g, what, stream, start_event, ev, Clock::time_point::max()});
-  if (!thread_.joinable() && !stop_) thread_ = std::thread([this] { loop(); });
+  start_thread_locked();
 }
 
 size_t NcclWatchdog::pending() {
@@ -262,17 +273,26 @@ void NcclWatchdog::fail(const std::string& message) {
     groups = groups_;
   }
   failed_.store(true, std::memory_order_release);
-  if (exit_process_) {
+  auto end_process = [](const std::string& why) {
     std::fprintf(stderr, "NCCL watchdog (%s): %s; ending the process (exit code %d)\n", error_origin().c_str(),
-                 message.c_str(), kNcclWatchdogExitCode);
+                 why.c_str(), kNcclWatchdogExitCode);
     std::fflush(nullptr);
     std::_Exit(kNcclWatchdogExitCode);
-  }
+  };
+  if (exit_process_) end_process(message);
   // Abort mode: every group of the world (ops on any of them may wait on the
   // failed one), so nothing queued behind the failure can hang; the training
-  // thread throws `message` where it next touches a group.
+  // thread throws `message` where it next touches a group. A training thread
+  // stuck inside an NCCL call (it holds the group's lock, or it is creating
+  // the communicator) cannot be reached by an abort: the process ends as in
+  // exit mode rather than hang.
   for (const auto& g : groups) {
-    std::lock_guard<std::mutex> gl(g->mu);
+    std::unique_lock<std::mutex> gl(g->mu, std::defer_lock);
+    const auto until = Clock::now() + kAbortLockWait;
+    while (!gl.try_lock() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!gl.owns_lock() || (!g->comm && g->enqueue_since_ns.load(std::memory_order_acquire) != 0))
+      end_process(fmt::format("{} (the training thread is stuck inside NCCL {} on {}, which no abort reaches)",
+                              message, g->enqueue_what.load(), where(*g)));
     if (g->comm) nccl().CommAbort(static_cast<ncclComm_t>(g->comm));
     g->comm = nullptr;
   }

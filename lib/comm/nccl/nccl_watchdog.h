@@ -64,6 +64,8 @@ class NcclWatchdog {
   NcclWatchdog(const NcclWatchdog&) = delete;
   NcclWatchdog& operator=(const NcclWatchdog&) = delete;
 
+  // Watches the group from now on (its enqueue clock and, once `comm` is set,
+  // its asynchronous error); starts the thread with the first group.
   void add_group(std::shared_ptr<NcclGroupState> g);
   // Before the group's communicator is destroyed: forgets it and its pending ops.
   void remove_group(const NcclGroupState* g);
@@ -72,7 +74,7 @@ class NcclWatchdog {
   void* mark_start(void* stream);
   void release(void* start_event);
   // Records an event after the op just enqueued on `stream` and watches the
-  // pair. Starts the thread on first use. Call it without g->mu held.
+  // pair. Call it without g->mu held.
   void track(const std::shared_ptr<NcclGroupState>& g, const char* what, void* stream, void* start_event);
   // The training thread's view of a failure: throws it (abort mode) or waits
   // for the process to end (exit mode). Cheap when nothing failed.
@@ -96,6 +98,7 @@ class NcclWatchdog {
   std::string check_groups();
   void fail(const std::string& message);
   void* take_event();  // from the free list, or a new one
+  void start_thread_locked();  // with mu_ held
 
   int device_;
   bool exit_process_;
