@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -35,12 +36,14 @@ std::string where(const NcclGroupState& g) {
 NcclWatchdog::NcclWatchdog(int device, bool exit_process) : device_(device), exit_process_(exit_process) {}
 
 NcclWatchdog::~NcclWatchdog() {
+  if (monitor_) monitor_->pause();  // the thread stops on purpose
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  monitor_.reset();
   // Destroying an event whose work is still queued is allowed: CUDA releases it once done.
   for (const Entry& e : pending_) {
     cudaEventDestroy(static_cast<cudaEvent_t>(e.event));
@@ -54,12 +57,28 @@ NcclWatchdog::~NcclWatchdog() {
 // connection set-up), before any op was tracked.
 void NcclWatchdog::add_group(std::shared_ptr<NcclGroupState> g) {
   std::lock_guard<std::mutex> lk(mu_);
+  longest_timeout_ = std::max(longest_timeout_, g->timeout);
+  if (monitor_) monitor_->set_limit(longest_timeout_);
   groups_.push_back(std::move(g));
   start_thread_locked();
 }
 
 void NcclWatchdog::start_thread_locked() {
-  if (!thread_.joinable() && !stop_) thread_ = std::thread([this] { loop(); });
+  if (thread_.joinable() || stop_) return;
+  if (!monitor_) {
+    const std::chrono::milliseconds limit =
+        longest_timeout_.count() > 0 ? longest_timeout_ : std::chrono::milliseconds(std::chrono::minutes(30));
+    monitor_ = std::make_unique<StallMonitor>(limit, [](double idle_s) {
+      std::fprintf(stderr,
+                   "NCCL watchdog (%s): the watchdog thread made no progress for %.0f s (DS_COMM_TIMEOUT; it is "
+                   "blocked inside a CUDA call, probably behind a hung device operation); ending the process "
+                   "(exit code %d)\n",
+                   error_origin().c_str(), idle_s, kNcclWatchdogExitCode);
+      std::fflush(nullptr);
+      std::_Exit(kNcclWatchdogExitCode);
+    });
+  }
+  thread_ = std::thread([this] { loop(); });
 }
 
 void NcclWatchdog::remove_group(const NcclGroupState* g) {
@@ -150,6 +169,11 @@ void NcclWatchdog::check() {
 }
 
 void NcclWatchdog::loop() {
+  // Every way out of the loop is on purpose: the monitor stops watching.
+  struct Done {
+    StallMonitor* m;
+    ~Done() { m->pause(); }
+  } done{monitor_.get()};
   // CUDA calls of this thread (event queries) need the communicators' device.
   if (cudaSetDevice(device_) != cudaSuccess) {
     fail(fmt::format("NCCL watchdog: cudaSetDevice({}) failed", device_));
@@ -159,6 +183,7 @@ void NcclWatchdog::loop() {
   while (!stop_) {
     cv_.wait_for(lk, kPollPeriod);
     if (stop_) break;
+    monitor_->beat();
     bool cuda_error = false;
     std::string failure = check_ops(Clock::now(), &cuda_error);
     // A CUDA error in an event query is sticky (a kernel faulted): every CUDA

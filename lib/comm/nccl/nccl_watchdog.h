@@ -21,6 +21,9 @@
 // - (DS_NCCL_WATCHDOG_EXIT=0) aborts every communicator of the world and
 //   leaves the error for the training thread, which throws it where it next
 //   touches a group (an op, synchronize, a handle's wait).
+// A second thread (StallMonitor), which makes no CUDA call, ends the process
+// if the watchdog thread itself stops making passes for the longest group
+// timeout (its event queries blocked behind another thread's driver call).
 // This header stays free of CUDA/NCCL headers.
 #pragma once
 #include <atomic>
@@ -32,6 +35,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "lib/comm/stall_monitor.h"
 
 namespace ds {
 
@@ -111,6 +116,11 @@ class NcclWatchdog {
   std::atomic<bool> failed_{false};
   bool stop_ = false;
   std::thread thread_;
+  // Ends the process when the thread makes no pass for the longest group
+  // timeout (its CUDA event queries blocked behind another thread's driver
+  // call); started with the thread.
+  std::unique_ptr<StallMonitor> monitor_;
+  std::chrono::milliseconds longest_timeout_{0};
 };
 
 }  // namespace ds
