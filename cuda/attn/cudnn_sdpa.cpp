@@ -331,12 +331,14 @@ void build_backward(Graph& g, const Views& v, cudnnDataType_t io) {
 
 struct Plan {
   std::unique_ptr<Graph> graph;  // the graph's parts, alive as long as the plan
+  std::unique_ptr<Desc> cfg;     // the engine configuration the plan was finalized with, as long as the plan
   std::unique_ptr<Desc> plan;
   int64_t workspace = 0;
 };
 
-// The first engine configuration the heuristics offer that finalizes.
-std::unique_ptr<Desc> pick_engine(cudnnHandle_t handle, const Desc& graph, int64_t* workspace) {
+// The first engine configuration the heuristics offer that finalizes, into
+// out.cfg / out.plan / out.workspace.
+void pick_engine(cudnnHandle_t handle, const Desc& graph, Plan& out) {
   const CudnnApi& api = cudnn();
   std::string last = "the heuristics offered no engine";
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
@@ -371,9 +373,11 @@ std::unique_ptr<Desc> pick_engine(cudnnHandle_t handle, const Desc& graph, int64
         plan->finalize("execution plan");
         int64_t count = 0;
         build_check(api.BackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                            &count, workspace),
+                                            &count, &out.workspace),
                     "workspace size");
-        return plan;
+        out.cfg = std::make_unique<Desc>(std::move(cfgs[size_t(i)]));
+        out.plan = std::move(plan);
+        return;
       } catch (const BuildFail& e) {
         last = e.what();
       }
@@ -387,6 +391,7 @@ using Key = std::tuple<int, int, int64_t, int64_t, int, int, int, int>;  // devi
 
 struct Cache {
   std::mutex mu;
+  std::mutex exec_mu;  // a handle's stream is set per execution: set + execute are one step
   std::map<int, cudnnHandle_t> handles;          // per device
   std::map<Key, std::shared_ptr<Plan>> plans;    // built
   std::map<Key, std::string> failed;             // why a key has no plan
@@ -424,7 +429,7 @@ std::shared_ptr<Plan> plan_for(Dir dir, const AttnShape& sh, DType dt) {
     else
       build_backward(*plan->graph, v, io);
     const Desc& graph = plan->graph->finish(h->second);
-    plan->plan = pick_engine(h->second, graph, &plan->workspace);
+    pick_engine(h->second, graph, *plan);
     c.plans.emplace(key, plan);
     return plan;
   } catch (const BuildFail& e) {
@@ -440,6 +445,13 @@ std::string cudnn_unsupported(const AttnShape& sh, DType dt, const DropoutSpec& 
     return std::string("dtype ") + dtype_name(dt) + ": cuDNN's fused attention runs bf16 and f16";
   if (sh.HS % 8 != 0 || sh.HS > 128)
     return "head size " + std::to_string(sh.HS) + ": the cudnn backend takes multiples of 8 up to 128";
+  // cuDNN's own frontend refuses these too: its fused SDPA backward does not
+  // take a sequence of one (nor, before 9.10, a causal forward of one), and
+  // 9.10.0/9.10.1 have known SDPA bugs.
+  if (sh.T == 1) return "sequence length 1: cuDNN's fused attention does not take it";
+  const size_t v = cudnn().version;
+  if (v == 91000 || v == 91001)
+    return "cuDNN " + std::to_string(v) + " has known fused-attention bugs (use 9.10.2 or later)";
   // Any dropout, a per-step key in memory (step_key) included, stays off cuDNN.
   if (dropout.p > 0) return "attention dropout: the cudnn graphs do not draw the project's dropout masks";
   for (const Tensor* t : ptrs)
@@ -447,26 +459,27 @@ std::string cudnn_unsupported(const AttnShape& sh, DType dt, const DropoutSpec& 
   return "";
 }
 
-cudnnHandle_t handle_on(const Stream& s) {
+cudnnHandle_t handle_of_device() {
   int dev = 0;
   DS_CUDA_CHECK(cudaGetDevice(&dev));
   Cache& c = cache();
-  cudnnHandle_t h = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(c.mu);
-    h = c.handles.at(dev);
-  }
-  run_check(cudnn().SetStream(h, static_cast<cudaStream_t>(s.handle)), "cudnnSetStream");
-  return h;
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.handles.at(dev);
 }
 
-void execute(const Plan& plan, cudnnHandle_t h, std::vector<int64_t> uids, std::vector<void*> ptrs, void* ws) {
+// Runs the plan on stream s. The device's one handle takes the stream per
+// call, so setting it and executing hold one lock (two threads on the device
+// never run on each other's stream).
+void execute(const Plan& plan, const Stream& s, std::vector<int64_t> uids, std::vector<void*> ptrs, void* ws) {
+  const cudnnHandle_t h = handle_of_device();
   try {
     Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
     pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, uids.data(), int64_t(uids.size()))
         .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, ptrs.data(), int64_t(ptrs.size()))
         .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &ws);
     pack.finalize("variant pack");
+    std::lock_guard<std::mutex> lock(cache().exec_mu);
+    run_check(cudnn().SetStream(h, static_cast<cudaStream_t>(s.handle)), "cudnnSetStream");
     run_check(cudnn().BackendExecute(h, plan.plan->get(), pack.get()), "execute");
   } catch (const BuildFail& e) {  // the plan exists: a failure here is an error, not a fallback
     DS_CUDA_REQUIRE(false, std::string(e.what()));
@@ -494,12 +507,11 @@ std::string cudnn_attention_forward(const AttentionArgs& a, const AttnShape& sh,
   } catch (const BuildFail& e) {
     return e.what();
   }
-  const cudnnHandle_t h = handle_on(s);
   const size_t elt = dtype_size(dt);
   char* qkv = static_cast<char*>(a.qkv.raw());
   float scale = float(1.0 / std::sqrt(double(sh.HS))), neg_inf = mask_value();
   void* ws = plan->workspace > 0 ? stream_workspace(s, size_t(plan->workspace), WorkspaceSlot::Attn) : nullptr;
-  execute(*plan, h, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
+  execute(*plan, s, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
           {qkv, qkv + elt * size_t(sh.NH) * sh.HS, qkv + elt * size_t(sh.NH + sh.NKV) * sh.HS, a.out.raw(),
            a.lse.raw(), &scale, &neg_inf},
           ws);
@@ -517,7 +529,6 @@ std::string cudnn_attention_backward(const AttentionBwdArgs& a, const AttnShape&
   } catch (const BuildFail& e) {
     return e.what();
   }
-  const cudnnHandle_t h = handle_on(s);
   const size_t elt = dtype_size(dt);
   // Our workspace: Dsum (B, NH, T) f32, the dQ accumulator (B, NH, T, HS)
   // f32 (zeroed), then cuDNN's own.
@@ -530,7 +541,7 @@ std::string cudnn_attention_backward(const AttentionBwdArgs& a, const AttnShape&
   char* dqkv = static_cast<char*>(a.dqkv.raw());
   const size_t k_off = elt * size_t(sh.NH) * sh.HS, v_off = elt * size_t(sh.NH + sh.NKV) * sh.HS;
   float scale = float(1.0 / std::sqrt(double(sh.HS))), neg_inf = mask_value(), one = 1.0f;
-  execute(*plan, h, {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne, kDsum, kDQacc},
+  execute(*plan, s, {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne, kDsum, kDQacc},
           {qkv, qkv + k_off, qkv + v_off, a.out.raw(), a.dout.raw(), a.lse.raw(), dqkv, dqkv + k_off, dqkv + v_off,
            &scale, &neg_inf, &one, ws, ws + dsum_bytes},
           plan->workspace > 0 ? ws + dsum_bytes + acc_bytes : nullptr);

@@ -274,9 +274,10 @@ TEST_CASE("cuda attention, flash2 small cases for the sanitizers", "[.flash2-san
 
 // cuDNN's fused SDPA at HS 64 and 128, T off the tile sizes (37, 100, 130,
 // 257), B x NH > 1, grouped-query (NKV < NH), bf16 and f16; f32 is not a
-// cuDNN case and ends in the plain kernels (cudnn -> flash -> plain).
+// cuDNN case and ends in the plain kernels (cudnn -> flash -> plain), nor is
+// T = 1 (cuDNN's backward does not take it), which ends in flash.
 const AttnCase kCudnnCases[] = {
-    {2, 100, 3, 64}, {1, 100, 2, 128}, {2, 100, 4, 64, 2}, {1, 130, 6, 128, 2}, {1, 1, 1, 64},
+    {2, 100, 3, 64}, {1, 100, 2, 128}, {2, 100, 4, 64, 2}, {1, 130, 6, 128, 2},
     {2, 37, 3, 64},  {1, 257, 1, 128}, {1, 64, 2, 128},    {1, 200, 4, 64, 1},
 };
 
@@ -308,6 +309,7 @@ TEST_CASE("cuda attention, cudnn backend", "[.cudnn]") {
   run_case_on(kCudnnCases[0], DType::BF16, Path::Cudnn);
   CHECK(ds::cuda::cudnn_sdpa_cached_plans() == plans);
   for (const AttnCase& c : {kCudnnCases[0], kCudnnCases[2]}) run_case_on(c, DType::F32, Path::Plain);
+  run_case_on(AttnCase{1, 1, 1, 64}, DType::BF16, Path::Flash);
   ds::cuda::set_attention_backend(ds::cuda::AttentionBackend::Flash);
 }
 

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstring>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "lib/core/shared_library.h"
 
@@ -32,7 +34,10 @@ const Cupti& cupti() {
   static const Cupti api = [] {
     const std::string soname = "libcupti.so." + std::to_string(CUDART_VERSION / 1000);
     std::string tried;
-    for (const std::string& path : shared_library_candidates("", soname, "nvidia/*/lib/libcupti.so*")) {
+    // The toolkit keeps CUPTI outside its lib64 (extras/CUPTI/lib64).
+    std::vector<std::string> paths = shared_library_candidates("", soname, "nvidia/*/lib/libcupti.so*");
+    paths.insert(paths.begin() + 1, "/usr/local/cuda/extras/CUPTI/lib64/" + soname);
+    for (const std::string& path : paths) {
       void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (!lib) {
         tried += "; " + path + ": " + ::dlerror();
