@@ -22,8 +22,9 @@ void init_device(int device_index);
 // Name of the current device ("NVIDIA H200").
 std::string device_name();
 
-// Dense bf16 tensor-core peak of the current device in TFLOP/s, computed as
-// SM count x clock x per-SM rate of its architecture. DS_PEAK_BF16_TFLOPS in the
+// Dense bf16 tensor-core peak of the current device in TFLOP/s: NVIDIA's
+// datasheet figure for the A100, H100 (SXM, PCIe, NVL) and H200, else SM
+// count x clock x per-SM rate of its architecture. DS_PEAK_BF16_TFLOPS in the
 // environment or set_peak_bf16_tflops() overrides; 0 means unknown (MFU off).
 double peak_bf16_tflops();
 void set_peak_bf16_tflops(double tflops);  // <= 0 clears the override

@@ -82,16 +82,19 @@ class CachingAllocator final : public Allocator {
     DeviceGuard g(dev);
     void* p = nullptr;
     cudaError_t err = cudaMalloc(&p, size);
-    if (err != cudaSuccess) {
-      cudaGetLastError();  // clear the sticky-free error state
+    // Only "out of memory" is retried after returning the cache: any other
+    // error (a sticky one left by a faulting kernel) is that error, named.
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear the (non-sticky) allocation failure
       release_cached(dev);
       err = cudaMalloc(&p, size);
     }
-    if (err != cudaSuccess) {
+    if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       DS_THROW("CUDA out of memory on device {}: requested {} bytes, {} in use, {} reserved",
                dev, bytes, in_use_, reserved_[dev]);
     }
+    DS_CUDA_CHECK(err);
     reserved_[dev] += size;
     return take(p, size, dev);
   }
@@ -110,7 +113,7 @@ class CachingAllocator final : public Allocator {
     }
     auto u = uses_.find(p);
     if (u != uses_.end()) {  // another stream may still use it: reusable once its events completed
-      pending_.push_back(Pending{p, size, dev, std::move(u->second)});
+      pending_.push_back(Pending{p, size, dev, events_of(u->second)});
       uses_.erase(u);
       return;
     }
@@ -124,10 +127,22 @@ class CachingAllocator final : public Allocator {
     --it;
     if (static_cast<const char*>(p) >= static_cast<char*>(it->first) + it->second) return;
     DeviceGuard g(dev);
+    // One event per (block, stream), recorded again on every use: a stream
+    // runs in order, so its newest record covers the older ones (a long-lived
+    // block, such as the gradients every all-reduce reads, keeps one event
+    // per stream instead of one per collective).
+    std::vector<StreamUse>& uses = uses_[it->first];
+    for (StreamUse& u : uses)
+      if (u.stream == stream) {
+        DS_CUDA_CHECK(cudaEventRecord(u.event, static_cast<cudaStream_t>(stream)));
+        return;
+      }
     cudaEvent_t ev = nullptr;
     DS_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    DS_CUDA_CHECK(cudaEventRecord(ev, static_cast<cudaStream_t>(stream)));
-    uses_[it->first].push_back(ev);
+    const cudaError_t r = cudaEventRecord(ev, static_cast<cudaStream_t>(stream));
+    if (r != cudaSuccess) cudaEventDestroy(ev);
+    DS_CUDA_CHECK(r);
+    uses.push_back({stream, ev});
   }
 
   // zero and copy are queued on the compute stream (the legacy default
@@ -191,7 +206,7 @@ class CachingAllocator final : public Allocator {
     for (auto& [size, p] : pool_free_) {
       auto u = uses_.find(p);
       if (u != uses_.end()) {  // another stream used it before it joined the pool: reusable once done
-        pending_.push_back(Pending{p, size, pool_dev_, std::move(u->second)});
+        pending_.push_back(Pending{p, size, pool_dev_, events_of(u->second)});
         uses_.erase(u);
         continue;
       }
@@ -277,7 +292,7 @@ class CachingAllocator final : public Allocator {
       Pending& b = pending_[i];
       bool done = true;
       for (cudaEvent_t e : b.events)
-        if (b.dev != synced_dev && cudaEventQuery(e) != cudaSuccess) done = false;
+        if (b.dev != synced_dev && query_status(cudaEventQuery(e)) != cudaSuccess) done = false;
       if (!done) {
         ++i;
         continue;
@@ -303,7 +318,16 @@ class CachingAllocator final : public Allocator {
   std::mutex mu_;
   std::multimap<size_t, void*> free_[kMaxDevices];
   std::map<void*, size_t> live_;  // ordered: record_stream_use finds the block holding a view
-  std::unordered_map<void*, std::vector<cudaEvent_t>> uses_;  // live blocks used by other streams
+  struct StreamUse {
+    void* stream;
+    cudaEvent_t event;  // recorded after the stream's latest use of the block
+  };
+  static std::vector<cudaEvent_t> events_of(const std::vector<StreamUse>& uses) {
+    std::vector<cudaEvent_t> e;
+    for (const StreamUse& u : uses) e.push_back(u.event);
+    return e;
+  }
+  std::unordered_map<void*, std::vector<StreamUse>> uses_;  // live blocks used by other streams
   std::vector<Pending> pending_;  // freed, waiting for their events
   size_t reserved_[kMaxDevices] = {};
   size_t in_use_ = 0, max_in_use_ = 0;
@@ -377,7 +401,19 @@ void* stream_workspace(const Stream& s, size_t bytes, WorkspaceSlot slot) {
     b.p = nullptr;
     b.bytes = 0;
   }
-  DS_CUDA_CHECK(cudaMalloc(&b.p, want));
+  cudaError_t err = cudaMalloc(&b.p, want);
+  if (err == cudaErrorMemoryAllocation) {  // the cache may hold what is missing: return it, then once more
+    cudaGetLastError();
+    empty_cache();
+    err = cudaMalloc(&b.p, want);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      b.p = nullptr;
+      DS_THROW("CUDA out of memory on device {}: a {}-byte stream workspace does not fit (after returning the "
+               "allocator's cache)", dev, want);
+    }
+  }
+  DS_CUDA_CHECK(err);
   b.bytes = want;
   return b.p;
 }

@@ -35,6 +35,15 @@ namespace ds::cuda {
   ::ds::throw_error(file, line, "check failed: " + std::string(cond) + ": " + msg);
 }
 
+// The result of cudaEventQuery / cudaStreamQuery, with a "not ready" answer
+// taken out of the thread's last-error slot: left there, the next
+// DS_CUDA_CHECK_LAUNCH (cudaGetLastError after a launch) would report it as
+// that launch's failure. Every event or stream query goes through it.
+inline cudaError_t query_status(cudaError_t e) {
+  if (e == cudaErrorNotReady) (void)cudaGetLastError();
+  return e;
+}
+
 }  // namespace ds::cuda
 
 // lib/core may one day define the same names; keep the first definition.

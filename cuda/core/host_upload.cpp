@@ -44,7 +44,7 @@ StagingRing& ring() {
 // only happens when the device is far behind the host.
 void wait_for_slot(StagingSlot& s) {
   if (!s.copied) return;
-  const cudaError_t q = cudaEventQuery(s.copied);
+  const cudaError_t q = query_status(cudaEventQuery(s.copied));
   if (q == cudaSuccess) return;
   if (q != cudaErrorNotReady) DS_CUDA_CHECK(q);
   count_host_sync();

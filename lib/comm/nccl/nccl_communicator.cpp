@@ -427,7 +427,7 @@ struct NcclWork : CommHandle::State {
     DS_CUDA_CHECK(cudaStreamWaitEvent(compute, done, 0));
   }
   void wait_host() override { owner->wait_event_host(done, what); }
-  bool ready() override { return cudaEventQuery(done) == cudaSuccess; }
+  bool ready() override { return cuda::query_status(cudaEventQuery(done)) == cudaSuccess; }
 };
 
 }  // namespace
@@ -501,8 +501,8 @@ void NcclCommunicator::poll(const char* what, void* stream, void* event) {
   count_host_sync();
   auto deadline = std::chrono::steady_clock::now() + op_timeout_;
   while (true) {
-    cudaError_t e = event ? cudaEventQuery(static_cast<cudaEvent_t>(event))
-                          : cudaStreamQuery(static_cast<cudaStream_t>(stream));
+    cudaError_t e = cuda::query_status(event ? cudaEventQuery(static_cast<cudaEvent_t>(event))
+                                             : cudaStreamQuery(static_cast<cudaStream_t>(stream)));
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) DS_CUDA_CHECK(e);
     if (watchdog_) {
