@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "cuda/core/check.h"
 #include "cuda/cuda_api.h"
 #include "lib/ops/ops.h"
 #include "test/ops_harness/op_case_cuda.h"
@@ -760,4 +761,29 @@ TEST_CASE("cuda adamw from a step-scalars block and step_gate match the by-value
         host.data<float>()[AdamWSlot::LossScale] = static_cast<float>(scale);
         CHECK(std::memcmp(dev_block.to(Device::cpu()).raw(), host.raw(), host.nbytes()) == 0);
       }
+}
+
+// An event query while the device is busy answers "not ready"; the runtime
+// may leave that answer in the thread's last-error slot, where the next
+// launch check (cudaGetLastError) would report it as the launch's failure.
+// cuda::query_status takes it out; every query in the project goes through it.
+TEST_CASE("cuda: a 'not ready' event query does not fail the next kernel launch") {
+  if (!gpu_or_skip()) return;
+  const int64_t n = 4096;
+  const Tensor a = upload(randn({n, n}, 95, 0.01f), DType::BF16);
+  Tensor out = upload(zeros_f32({n, n}), DType::BF16);
+  cudaEvent_t ev = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess);
+  for (int i = 0; i < 50; ++i) ops::matmul_forward({.out = out, .inp = a, .weight = a});  // ~10 ms of work
+  REQUIRE(cudaEventRecord(ev, nullptr) == cudaSuccess);
+  const cudaError_t raw = cudaEventQuery(ev);
+  std::printf("event query while busy: %s; last error after it: %s\n", cudaGetErrorName(raw),
+              cudaGetErrorName(cudaPeekAtLastError()));
+  REQUIRE(raw == cudaErrorNotReady);
+  CHECK(cuda::query_status(raw) == cudaErrorNotReady);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK_NOTHROW(ops::scale({.x = out, .s = 0.5f}));  // a launch and its check
+  REQUIRE(cudaEventSynchronize(ev) == cudaSuccess);
+  CHECK(cuda::query_status(cudaEventQuery(ev)) == cudaSuccess);
+  cudaEventDestroy(ev);
 }
