@@ -90,9 +90,12 @@ class CachingAllocator final : public Allocator {
       err = cudaMalloc(&p, size);
     }
     if (err == cudaErrorMemoryAllocation) {
+      // The configuration's doing (as out of host memory): one line.
       cudaGetLastError();
-      DS_THROW("CUDA out of memory on device {}: requested {} bytes, {} in use, {} reserved",
-               dev, bytes, in_use_, reserved_[dev]);
+      DS_USER_ERROR("CUDA out of memory on device {}: allocating {} bytes ({:.2f} GiB) failed with {:.2f} GiB in "
+                    "use; the model, micro batch or sequence length is too large for this GPU (a smaller "
+                    "--micro-batch-size, activation recomputation or a ZeRO stage needs less)",
+                    dev, bytes, bytes / 1073741824.0, in_use_ / 1073741824.0);
     }
     DS_CUDA_CHECK(err);
     reserved_[dev] += size;
@@ -409,8 +412,9 @@ void* stream_workspace(const Stream& s, size_t bytes, WorkspaceSlot slot) {
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       b.p = nullptr;
-      DS_THROW("CUDA out of memory on device {}: a {}-byte stream workspace does not fit (after returning the "
-               "allocator's cache)", dev, want);
+      DS_USER_ERROR("CUDA out of memory on device {}: a {}-byte stream workspace does not fit (after returning "
+                    "the allocator's cache); the model, micro batch or sequence length is too large for this GPU",
+                    dev, want);
     }
   }
   DS_CUDA_CHECK(err);
