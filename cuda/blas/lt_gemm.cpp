@@ -216,8 +216,7 @@ bool lt_gemm(const LtGemm& g, const Stream& s, std::string* why) {
   if (g.act != LtAct::None) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
   const cublasStatus_t r = cublasLtMatmul(h, p.desc, &g.alpha, g.A, p.a, g.B, p.b, &g.beta, g.D, p.d, g.D, p.d,
                                           &p.algo, ws, kWorkspaceBytes, resolve_stream(s.handle));
-  if ((r == CUBLAS_STATUS_NOT_SUPPORTED || (r == CUBLAS_STATUS_INVALID_VALUE && g.act != LtAct::None)) &&
-      is_fused(g)) {
+  if ((r == CUBLAS_STATUS_NOT_SUPPORTED || r == CUBLAS_STATUS_INVALID_VALUE) && is_fused(g)) {
     p.ok = false;  // this key keeps falling back to the caller's unfused kernels
     p.refused = std::string("cublasLtMatmul refused it (") + cublasLtGetStatusName(r) + ")";
     if (why) *why = p.refused;

@@ -46,6 +46,13 @@ void add_bias_grad(const Tensor& dbias, const Tensor& dout, int64_t N, int64_t O
   });
 }
 
+std::string fused_bias_problem(const Tensor& bias, const Tensor& out) {
+  if (reinterpret_cast<uintptr_t>(bias.raw()) % 16 != 0) return "bias is not 16-byte aligned";
+  if (bias.dtype() != out.dtype())
+    return std::string("bias is ") + dtype_name(bias.dtype()) + ", the output " + dtype_name(out.dtype());
+  return "";
+}
+
 void matmul_forward(const MatmulArgs& a, const Stream& s) {
   const char* op = "matmul_forward";
   int64_t OC = a.weight.size(0), C = a.weight.size(1);
@@ -64,11 +71,15 @@ void matmul_forward(const MatmulArgs& a, const Stream& s) {
   g.D = a.out.raw(); g.ldd = OC;
   g.ab_type = a.inp.dtype();
   g.d_type = a.out.dtype();
-  g.bias = a.bias.defined() ? a.bias.raw() : nullptr;
-  g.bias_type = a.bias.defined() ? a.bias.dtype() : DType::F32;
-  if (lt_gemm(g, s)) return;
-  g.bias = nullptr;  // no fused-bias algorithm: plain GEMM + bias kernel
-  lt_gemm(g, s);
+  const bool fuse_bias = a.bias.defined() && fused_bias_problem(a.bias, a.out).empty();
+  g.bias = fuse_bias ? a.bias.raw() : nullptr;
+  g.bias_type = fuse_bias ? a.bias.dtype() : DType::F32;
+  if (lt_gemm(g, s)) {  // a GEMM without epilogue always runs (or throws)
+    if (fuse_bias || !a.bias.defined()) return;
+  } else {  // the fused bias was refused: plain GEMM, then the bias kernel
+    g.bias = nullptr;
+    lt_gemm(g, s);
+  }
   dispatch_float(a.out.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     add_bias_kernel<T><<<grid_for(N * OC, 256), 256, 0, stream_of(s)>>>(
