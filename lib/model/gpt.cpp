@@ -811,14 +811,14 @@ float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, fl
   return loss;
 }
 
-float GptModel::forward_loss(const Tensor& tokens, const Tensor& targets) {
+float GptModel::forward_loss(const Tensor& tokens, const Tensor& targets, const Tensor& targets_host) {
   cur_ = 0;
   store_->begin_pass(forward_order());
   ensure_acts(tokens.size(0), tokens.size(1));
   S().key = DropoutKey{};  // evaluation: no dropout
   forward(tokens);
   store_->end_pass();
-  return loss_and_dlogits(targets, 0.f, false);
+  return loss_and_dlogits(targets, 0.f, false, targets_host);
 }
 
 void GptModel::set_activation_slots(int n) {

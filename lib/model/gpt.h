@@ -164,8 +164,9 @@ class GptModel {
   // Mean of the n per-row losses whose target is not ignored (>= 0), summed
   // in double: the loss every forward returns.
   static float mean_loss(const float* losses, const int32_t* targets, int64_t n);
-  // Forward only; returns the mean loss over non-ignored targets.
-  float forward_loss(const Tensor& tokens, const Tensor& targets);
+  // Forward only; returns the mean loss over non-ignored targets (targets_host:
+  // the same targets in host memory when the caller has them, else read back).
+  float forward_loss(const Tensor& tokens, const Tensor& targets, const Tensor& targets_host = Tensor());
 
   // ---- Pipeline stage (see lib/runtime/pipeline_executor.h) -----------------
   // Activation sets ("slots") kept at once, one per in-flight micro-batch.

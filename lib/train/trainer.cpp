@@ -520,8 +520,17 @@ bool Trainer::note_nan_iteration(float loss, double grad_norm) {
 
 bool Trainer::state_nonfinite(const Tensor& full_params) {
   Tensor flag = Tensor::zeros({1}, DType::F32, dev_);
-  for (const Tensor& t : {full_params, opt_->adam().m(), opt_->adam().v()})
-    if (t.defined() && t.numel() > 0) ops::nonfinite_check({.flag = flag, .x = t}, Stream{});
+  Tensor host_flag;  // for Adam's moments in host memory (offload_optimizer on a GPU run)
+  for (const Tensor& t : {full_params, opt_->adam().m(), opt_->adam().v()}) {
+    if (!t.defined() || t.numel() == 0) continue;
+    if (t.device() == dev_) {
+      ops::nonfinite_check({.flag = flag, .x = t}, Stream{});
+      continue;
+    }
+    if (!host_flag.defined()) host_flag = Tensor::zeros({1}, DType::F32, t.device());
+    ops::nonfinite_check({.flag = host_flag, .x = t}, Stream{});
+  }
+  if (host_flag.defined()) ops::add({.out = flag, .a = flag, .b = host_flag.to(dev_)}, Stream{});
   if (comms_.world->size() > 1) comms_.world->all_reduce(flag);
   const bool nonfinite = flag.to(Device::cpu()).data<float>()[0] != 0.f;
   comms_.world->raise_if_failed();  // NCCL: never decide on a value an aborted op left
@@ -552,7 +561,7 @@ double Trainer::evaluate() {
     } else {
       for (int micro = 0; micro < ga; ++micro) {
         MicroBatch mb = batch(micro);
-        sum += model_->forward_loss(mb.tokens, mb.targets);
+        sum += model_->forward_loss(mb.tokens, mb.targets, mb.targets_host);
       }
     }
     n += ga;

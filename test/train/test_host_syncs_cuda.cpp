@@ -8,12 +8,15 @@
 // residual add is fused with the next norm1 (GPT-2 and LLaMA blocks), and a
 // full recomputation (which re-runs those norms unfused) must repeat that
 // run's losses bit for bit. The bf16/fp16 steps must run the MLP's GELU in
-// the cuBLASLt epilogues (the fp32 curve runs them too where cuBLASLt offers
-// them). Skipped (exit 77) without a device.
+// the cuBLASLt epilogues (fp32 runs the separate kernels). A GPU run with
+// the optimizer offloaded to the host saves (its checkpoint check reads
+// Adam's moments in host memory) and resumes bit for bit. Skipped (exit 77)
+// without a device.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 
 #include "cuda/blas/lt_gemm.h"
 #include "cuda/cuda_api.h"
@@ -89,4 +92,28 @@ TEST_CASE("without dropout (norm1 fused across layers) the GPU follows the CPU; 
     }
     CHECK(std::memcmp(gpu.data(), gpu_rc.data(), gpu.size() * sizeof(float)) == 0);
   }
+}
+
+TEST_CASE("offload_optimizer on a GPU run: N steps + save + resume + N steps equal 2N steps", "[gpu]") {
+  if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
+  const fs::path cfg = fixture().dir / "offload_gpu.json";
+  std::ofstream(cfg) << R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}})";
+  const fs::path ck = fixture().dir / "offload_gpu_ckpt";
+  fs::remove_all(ck);
+  const std::vector<std::string> base = {"--device", "cuda", "--bf16", "--config", cfg.string(), "--train-iters", "6"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> f = base;
+    f.insert(f.end(), extra.begin(), extra.end());
+    return train(f);
+  };
+  const std::vector<float> full = with({});
+  const std::vector<float> first = with({"--exit-interval", "3", "--save", ck.string(), "--save-interval", "3"});
+  const std::vector<float> second = with({"--load", ck.string()});
+  REQUIRE(full.size() == 6);
+  REQUIRE(first.size() == 3);
+  REQUIRE(second.size() == 3);
+  std::vector<float> joined = first;
+  joined.insert(joined.end(), second.begin(), second.end());
+  for (float l : full) CHECK(std::isfinite(l));
+  CHECK(std::memcmp(joined.data(), full.data(), full.size() * sizeof(float)) == 0);
 }
