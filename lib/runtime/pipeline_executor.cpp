@@ -5,6 +5,8 @@
 // batches holding what it reads or frees.
 #include "lib/runtime/pipeline_executor.h"
 
+#include <set>
+
 #include "lib/core/error.h"
 
 namespace ds {
@@ -22,6 +24,36 @@ PipelineExecutor::PipelineExecutor(GptModel& model, Communicator& pp, int n_micr
   plan_ = make_p2p_plan(actions_, kind_, overlap_);
   max_live_ = max_live_activations(kind_, n_stages_, stage_, n_micro_, vp_);
   model_.set_activation_slots(max_live_);
+  // NCCL sets a point-to-point direction between two ranks up on its first
+  // use, and the host's ncclGroupEnd of that first use waits until the peer
+  // posts the opposite end. The schedule's first posts (receives posted
+  // early, on two communicators with overlap_comm) can then wait on each
+  // other across stages for good (1F1B with fewer micro-batches than
+  // stages, interleaved with as many). One symmetric exchange with every
+  // neighbour on each communicator sets every link up before the first step.
+  if (n_stages_ > 1) {
+    connect_links(pp_);
+    if (overlap_) connect_links(*pp_grad_);
+  }
+}
+
+void PipelineExecutor::connect_links(Communicator& comm) {
+  std::set<int> peers;  // symmetric: whoever this stage sends to or receives from
+  for (int c = 0; c < vp_; ++c) {
+    const int s = virtual_stage_index(n_stages_, stage_, c);
+    if (s + 1 < n_stages_ * vp_) peers.insert(forward_peer(n_stages_, vp_, stage_, c).rank);
+    if (s > 0) peers.insert(backward_peer(n_stages_, vp_, stage_, c).rank);
+  }
+  peers.erase(stage_);
+  if (peers.empty()) return;
+  Tensor buf = Tensor::zeros({2 * static_cast<int64_t>(peers.size())}, DType::F32, model_.device());
+  std::vector<P2POp> ops;
+  int64_t i = 0;
+  for (int peer : peers) {
+    ops.push_back({.is_send = true, .data = buf.view(i++, {1}).raw(), .count = 1, .dtype = DType::F32, .peer = peer});
+    ops.push_back({.is_send = false, .data = buf.view(i++, {1}).raw(), .count = 1, .dtype = DType::F32, .peer = peer});
+  }
+  comm.batch_send_recv(ops);
 }
 
 int PipelineExecutor::slot_of(int k, bool allocate) {

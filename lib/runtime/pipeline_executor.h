@@ -68,6 +68,9 @@ class PipelineExecutor {
   // their own (fwd_in_), copied into the slot by the forward: with early
   // receives a slot may still be in use when its next input arrives.
   CommHandle post(const P2PPlanStep& step);
+  // One blocking exchange of one element with every pipeline neighbour on
+  // `comm` (see the constructor).
+  void connect_links(Communicator& comm);
   void compute(const PipeAction& a);
   int key(const PipeAction& a) const { return a.micro * vp_ + a.chunk; }
   int slot_of(int key, bool allocate);

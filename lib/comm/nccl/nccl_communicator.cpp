@@ -103,6 +103,11 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create_world(std::shared_ptr
   std::string why;
   int n = cuda_device_count(&why);
   DS_USER_CHECK(n > 0, "rank {}: the NCCL backend needs a CUDA device ({})", rank, why);
+  // One GPU per rank: NCCL refuses two ranks on one device ("duplicate GPU").
+  DS_USER_CHECK(local_rank >= 0 && local_rank < n,
+                "rank {}: LOCAL_RANK {} but only {} CUDA device(s) are visible (CUDA_VISIBLE_DEVICES); the NCCL "
+                "backend runs one rank per GPU, so start at most {} rank(s) on this node",
+                rank, local_rank, n, n);
   std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
   c->store_ = std::move(store);
   c->rank_ = rank;
