@@ -79,8 +79,12 @@ for f in "$B"/lib/*.xz; do
 done
 LIBPATH="$B/lib:$XLIB"
 for d in "${libdirs[@]}"; do LIBPATH+=":$d"; done
+# The Python peers keep the environment's own library path: the bundle's
+# libz/libcrypto/libgomp must not stand in for Python's or torch's.
+PYRUN=(env "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" "$PY")
 export LD_LIBRARY_PATH="$LIBPATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-if ldd "$B/bin/bench_train" 2>&1 | grep -qE "version .(GLIBCXX|CXXABI)_[0-9.]+' not found" &&
+LDD_OUT="$(ldd "$B/bin/bench_train" 2>&1 || true)"  # not piped into grep -q (pipefail + SIGPIPE)
+if grep -qE "version .(GLIBCXX|CXXABI)_[0-9.]+' not found" <<<"$LDD_OUT" &&
    [[ -f "$B/lib/fallback/libstdc++.so.6.xz" ]]; then
   "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
     "$B/lib/fallback/libstdc++.so.6.xz" "$XLIB/libstdc++.so.6"
@@ -98,7 +102,7 @@ say "CPU: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed
 say "libraries dstrain resolves:"
 ldd "$B/bin/bench_train" 2>&1 | awk '/libcudart|libcublas|libcudnn|not found/ {print $1, $3}' |
   while read -r name path; do say "    $name -> $(readlink -f "$path" 2>/dev/null || echo "$path")"; done
-say "torch: $("$PY" -c '
+say "torch: $("${PYRUN[@]}" -c '
 import importlib.metadata as md
 import torch
 def ver(p):
@@ -160,7 +164,7 @@ LLAMA=(--family llama --layers 12 --hidden 1024 --heads 8 --vocab 32000 --seq 20
 
 # 1. GPT-2 124M side by side.
 train "gpt2-124M T1024 B16 bf16" dstrain 90 "$BT" --device cuda --dtype bf16 "${GPT2[@]}" "${W[@]}"
-train "gpt2-124M T1024 B16 bf16" torch.compile 200 "$PY" "$TR" --device cuda --dtype bf16 --compile "${GPT2[@]}" "${W[@]}"
+train "gpt2-124M T1024 B16 bf16" torch.compile 200 "${PYRUN[@]}" "$TR" --device cuda --dtype bf16 --compile "${GPT2[@]}" "${W[@]}"
 train "gpt2-124M T1024 B16 bf16" "dstrain cuda-graph" 90 "$BT" --device cuda --dtype bf16 --cuda-graph \
   "${GPT2[@]}" "${W[@]}"
 # 1b. A small model, where the launch overhead dominates: eager and replayed (--cuda-graph).
@@ -171,7 +175,7 @@ train "small-7M T256 B4 bf16" "dstrain cuda-graph" 60 "$BT" --device cuda --dtyp
 # 2. Our kernels against their floors (ceilings, memory-bound rows, attention).
 run_step bench_cuda_kernels 150 "$KERN" "$B/bin/bench_cuda_kernels"
 # 3. SDPA's flash and cuDNN backends at the same shapes, and torch's ceilings.
-run_step sdpa_ref 120 "$SDPA" "$PY" "$(pyfile sdpa_ref.py)" --ceilings
+run_step sdpa_ref 120 "$SDPA" "${PYRUN[@]}" "$(pyfile sdpa_ref.py)" --ceilings
 # 4. 1.3B on one GPU; GPT-2 with the flash2 attention backend.
 train "gpt-1.3B T2048 B2 bf16" dstrain 100 "$BT" --device cuda --dtype bf16 "${GPT13[@]}" "${W[@]}"
 train "gpt-1.3B T2048 B2 bf16" "dstrain recompute=full" 100 "$BT" --device cuda --dtype bf16 --recompute full \
@@ -180,10 +184,10 @@ train "gpt2-124M T1024 B16 bf16" "dstrain attn=flash2" 90 "$BT" --device cuda --
   --attention-backend flash2 "${GPT2[@]}" "${W[@]}"
 # 5. LLaMA-style small model side by side.
 train "llama-215M T2048 B8 bf16" dstrain 90 "$BT" --device cuda --dtype bf16 "${LLAMA[@]}" "${W[@]}"
-train "llama-215M T2048 B8 bf16" torch.compile 200 "$PY" "$TR" --device cuda --dtype bf16 --compile \
+train "llama-215M T2048 B8 bf16" torch.compile 200 "${PYRUN[@]}" "$TR" --device cuda --dtype bf16 --compile \
   "${LLAMA[@]}" "${W[@]}"
 # 6. The 1.3B torch peer, last: the longest compile.
-train "gpt-1.3B T2048 B2 bf16" "torch.compile(blocks)" 200 "$PY" "$TR" --device cuda --dtype bf16 \
+train "gpt-1.3B T2048 B2 bf16" "torch.compile(blocks)" 200 "${PYRUN[@]}" "$TR" --device cuda --dtype bf16 \
   --compile-blocks "${GPT13[@]}" "${W[@]}"
 
 # --- tables --------------------------------------------------------------------
@@ -192,7 +196,7 @@ train "gpt-1.3B T2048 B2 bf16" "torch.compile(blocks)" 200 "$PY" "$TR" --device 
   gpu="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1)"
   echo "=== gpu_bench summary: ${gpu:-no nvidia-smi}, $(( $(date +%s) - T0 ))s"
   printf '  %s\n' "${STATUS[@]}"
-  "$PY" "$(pyfile bench_table.py)" --train "$TRAIN" --kernels "$KERN" --sdpa "$SDPA" 2>&1
+  "${PYRUN[@]}" "$(pyfile bench_table.py)" --train "$TRAIN" --kernels "$KERN" --sdpa "$SDPA" 2>&1
 } > "$OUT/summary.txt"
 cat "$OUT/summary.txt" >> "$LOG"
 cat "$OUT/summary.txt"

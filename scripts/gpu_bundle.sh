@@ -149,7 +149,8 @@ mkdir -p "$xlib"
 for f in "$BUNDLE"/lib/*.xz; do
   [[ -e "$f" ]] && xz -dc "$f" > "$xlib/$(basename "${f%.xz}")"
 done
-if ! LD_LIBRARY_PATH="$BUNDLE/lib:$xlib:/usr/local/cuda/lib64:/usr/local/cuda/lib" ldd "$BUNDLE"/bin/* | grep -q "not found"; then
+ldd_out="$(LD_LIBRARY_PATH="$BUNDLE/lib:$xlib:/usr/local/cuda/lib64:/usr/local/cuda/lib" ldd "$BUNDLE"/bin/* 2>&1 || true)"
+if ! grep -q "not found" <<<"$ldd_out"; then
   log "ldd: every library resolves with gpu-bundle/lib + /usr/local/cuda"
 else
   die "ldd still reports missing libraries"

@@ -13,14 +13,17 @@
 #      test_flash2_ordered  flash2 attention's ordered-dQ backward ([flash2-ordered]), then
 #      test_cuda_cudnn      the cudnn attention backend against the CPU op ([cudnn])
 #   b) test_comm_nccl       NCCL communicator, world of one (2 ranks need 2 GPUs)
-#   c) bench_cuda_kernels   copy / bf16 GEMM ceilings, then every op vs its floor
 #   d) dstrain smoke runs   tiny GPT-2, 30 iterations: cuda bf16, fp16, fp32; cpu
 #   d2) compute-sanitizer   memcheck, racecheck, synccheck on small flash2 cases
+#   c) bench_cuda_kernels   (--quick) copy / bf16 GEMM ceilings, then every op vs its
+#                           floor: last, with the time left (bench.sh runs it in full)
 #   e) summary table        pass/fail counts, losses side by side
 # Logs go to $OUT (the device tool's output folder; ./gpu-out if unset): at most
 # 8 files, since the tool brings back no more. Exit code: non-zero if any step
-# failed. Env: BUDGET_S (whole-run time budget, default 510 s), BENCH_ARGS
-# (e.g. --quick), SMOKE_ITERS (default 30).
+# failed. Env: BUDGET_S (whole-run time budget, default 510 s, for a device
+# call's 600 s limit), BENCH_ARGS (default --quick; "" for all shapes),
+# SMOKE_ITERS (default 30). run.sh and bench.sh are two device calls: each
+# uses most of a call's 600 s and leaves its own files in $OUT.
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,7 +32,7 @@ OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 BUDGET_S="${BUDGET_S:-510}"
-BENCH_ARGS="${BENCH_ARGS:-}"
+BENCH_ARGS="${BENCH_ARGS---quick}"
 SMOKE_ITERS="${SMOKE_ITERS:-30}"
 T0=$(date +%s)
 SUMMARY="$OUT/summary.txt"
@@ -90,7 +93,10 @@ for d in "${cuda_dirs[@]}"; do LIBPATH+=":$d"; done
 export LD_LIBRARY_PATH="$LIBPATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # An older libstdc++ on the device: use the one carried in lib/fallback.
-if ldd "$B/bin/dstrain" 2>&1 | grep -qE "version .(GLIBCXX|CXXABI)_[0-9.]+' not found" &&
+# (ldd's output in a variable first: grep -q exiting early under pipefail
+# would turn ldd's SIGPIPE into a false answer.)
+LDD_OUT="$(ldd "$B/bin/dstrain" 2>&1 || true)"
+if grep -qE "version .(GLIBCXX|CXXABI)_[0-9.]+' not found" <<<"$LDD_OUT" &&
    [[ -f "$B/lib/fallback/libstdc++.so.6.xz" ]]; then
   python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
     "$B/lib/fallback/libstdc++.so.6.xz" "$XLIB/libstdc++.so.6"
@@ -103,7 +109,7 @@ say "--- nvidia-smi"
 HAVE_GPU=0
 if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$SUMMARY"
-  nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && HAVE_GPU=1
+  grep -q '^GPU ' <<<"$(nvidia-smi -L 2>/dev/null || true)" && HAVE_GPU=1
 else
   say "nvidia-smi: not found"
 fi
@@ -252,12 +258,6 @@ NCCL_DEBUG="${NCCL_DEBUG:-WARN}" run_step test_comm_nccl 90 "$OUT/test_comm_nccl
 DETAIL[-1]+="; $(catch_counts "$OUT/test_comm_nccl.log")"
 skip_on_gpu "$OUT/test_comm_nccl.log"
 
-# c) Kernel benchmark (ceilings first, then each op against its floor).
-# shellcheck disable=SC2086  # BENCH_ARGS is a word list
-run_step bench_cuda_kernels 120 "$OUT/bench_cuda_kernels.log" "$B/bin/bench_cuda_kernels" $BENCH_ARGS
-if grep -q '^SKIP' "$OUT/bench_cuda_kernels.log"; then DETAIL[-1]+="; SKIP (no device)"; fi
-skip_on_gpu "$OUT/bench_cuda_kernels.log"
-
 # d) dstrain smoke runs: same model, data and seed; bf16, fp16, fp32 on cuda, then cpu.
 D="$B/data"
 SMOKE=(--num-layers 2 --hidden-size 128 --num-attention-heads 2 --seq-length 128
@@ -285,6 +285,14 @@ if [[ -x "$SANITIZER" ]]; then
 else
   say "=== compute-sanitizer not found: flash2 sanitizer steps not run"
 fi
+
+# c) Kernel benchmark (ceilings first, then each op against its floor), last:
+# bench.sh runs it in full in its own call; here it is a quick first look
+# (BENCH_ARGS, default --quick) with whatever time the budget has left.
+# shellcheck disable=SC2086  # BENCH_ARGS is a word list
+run_step bench_cuda_kernels 120 "$OUT/bench_cuda_kernels.log" "$B/bin/bench_cuda_kernels" $BENCH_ARGS
+if grep -q '^SKIP' "$OUT/bench_cuda_kernels.log" 2>/dev/null; then DETAIL[-1]+="; SKIP (no device)"; fi
+skip_on_gpu "$OUT/bench_cuda_kernels.log"
 
 # --- e) summary ----------------------------------------------------------------
 field() {  # field LOG 'lm loss' -> value of that field on the last iteration line
