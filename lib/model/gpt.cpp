@@ -368,32 +368,26 @@ void GptModel::norm_backward(const std::string& prefix, const Tensor& dinp, cons
 // sp_rank * NHa + h, so every layout drops what the single process drops.
 // A key with a `step` tensor leaves the iteration and the first sample to the
 // ops, which read them from it (dropout_key below; DropoutSpec::step_key).
-DropoutSpec GptModel::hidden_dropout(int layer, DropoutSite site) {
+DropoutSpec GptModel::dropout_spec(float p, int layer, DropoutSite site, int64_t pos0, int64_t head0) {
   const DropoutKey& k = S().key;
-  if (!k.train || cfg_.hidden_dropout == 0.f) return {};
+  if (!k.train || p == 0.f) return {};
   const bool by_value = !k.step.defined();
-  return {.p = cfg_.hidden_dropout,
+  return {.p = p,
           .stream = by_value ? dropout_stream(k.seed, k.iteration, layer, site) : 0,
           .sample0 = by_value ? k.first_sample : 0,
-          .pos0 = sp_.rank * T_ + (tp_.sp() ? tp_.rank * local_seq(T_) : 0),
-          .head0 = 0,
+          .pos0 = pos0,
+          .head0 = head0,
           .seed = k.seed,
           .layer = layer,
           .site = site};
 }
 
+DropoutSpec GptModel::hidden_dropout(int layer, DropoutSite site) {
+  return dropout_spec(cfg_.hidden_dropout, layer, site, sp_.rank * T_ + (tp_.sp() ? tp_.rank * local_seq(T_) : 0), 0);
+}
+
 DropoutSpec GptModel::attention_dropout(int layer) {
-  const DropoutKey& k = S().key;
-  if (!k.train || cfg_.attention_dropout == 0.f) return {};
-  const bool by_value = !k.step.defined();
-  return {.p = cfg_.attention_dropout,
-          .stream = by_value ? dropout_stream(k.seed, k.iteration, layer, DropoutSite::AttentionProbs) : 0,
-          .sample0 = by_value ? k.first_sample : 0,
-          .pos0 = 0,
-          .head0 = tp_.rank * NHl_ + sp_.rank * NHa_,
-          .seed = k.seed,
-          .layer = layer,
-          .site = DropoutSite::AttentionProbs};
+  return dropout_spec(cfg_.attention_dropout, layer, DropoutSite::AttentionProbs, 0, tp_.rank * NHl_ + sp_.rank * NHa_);
 }
 
 Tensor GptModel::dropout_key(const DropoutSpec& d) { return d.p != 0.f ? S().key.step : Tensor(); }

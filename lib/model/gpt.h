@@ -269,6 +269,9 @@ class GptModel {
                         const Tensor& mean, const Tensor& rstd);
   ActSet& S() { return sets_[cur_]; }
   // Dropout of the current slot's micro-batch at a site (p = 0 unless training).
+  // The spec of one dropout site of the held micro-batch's key (off when not
+  // training or p is 0); pos0/head0: the global offsets of this rank's rows.
+  DropoutSpec dropout_spec(float p, int layer, DropoutSite site, int64_t pos0, int64_t head0);
   DropoutSpec hidden_dropout(int layer, DropoutSite site);
   DropoutSpec attention_dropout(int layer);
   Tensor dropout_key(const DropoutSpec& d);  // the ops' dropout_key for spec d

@@ -99,6 +99,23 @@ void expect_one_line(const std::string& err, const std::string& file, const std:
   CHECK_THAT(err, Contains(file) && Contains(what));
 }
 
+std::string dsconvert_exe() {
+  const char* bin = std::getenv("DS_BINARY_DIR");
+  return std::string(bin ? bin : ".") + "/apps/dsconvert/dsconvert";
+}
+
+// Runs dsconvert with `args`, its output in `out`: it must exit 1 with one
+// line of output, which is returned.
+std::string dsconvert_fails(const std::string& args, const fs::path& out) {
+  const int rc = std::system((dsconvert_exe() + " " + args + " > " + out.string() + " 2>&1").c_str());
+  const std::string text = slurp(out);
+  INFO(text);
+  REQUIRE(WIFEXITED(rc));
+  CHECK(WEXITSTATUS(rc) == 1);
+  CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+  return text;
+}
+
 }  // namespace
 
 TEST_CASE("crc32c matches the standard check value") {
@@ -312,20 +329,11 @@ TEST_CASE("deeply nested JSON is refused naming the file") {
 }
 
 TEST_CASE("dsconvert answers a broken checkpoint with one error line, exit 1", "[dsconvert]") {
-  const char* bin = std::getenv("DS_BINARY_DIR");
-  const std::string exe = std::string(bin ? bin : ".") + "/apps/dsconvert/dsconvert";
-  if (!fs::exists(exe)) DS_SKIP("dsconvert not built at " << exe);
+  if (!fs::exists(dsconvert_exe())) DS_SKIP("dsconvert not built at " << dsconvert_exe());
   Saved s("dsconvert");
   s.edit_state([](auto& j) { j["layout"][5] = nlohmann::json::array(); });
-  const fs::path out = s.dir / "out.txt";
-  const std::string cmd = exe + " --load " + s.dir.string() + " --export-hf " + (s.dir / "hf").string() + " > " +
-                          out.string() + " 2>&1";
-  const int rc = std::system(cmd.c_str());
-  const std::string text = slurp(out);
-  INFO(text);
-  REQUIRE(WIFEXITED(rc));
-  CHECK(WEXITSTATUS(rc) == 1);
-  CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+  const std::string text =
+      dsconvert_fails("--load " + s.dir.string() + " --export-hf " + (s.dir / "hf").string(), s.dir / "out.txt");
   CHECK_THAT(text, Contains("dsconvert: error:") && Contains("'layout[5]'"));
   CHECK_FALSE(fs::exists(s.dir / "hf"));
 }
@@ -341,9 +349,7 @@ TEST_CASE("a checkpoint of another head count (same shapes) is refused naming th
 }
 
 TEST_CASE("dsconvert never replaces a file or a directory that is not a previous export", "[dsconvert]") {
-  const char* bin = std::getenv("DS_BINARY_DIR");
-  const std::string exe = std::string(bin ? bin : ".") + "/apps/dsconvert/dsconvert";
-  if (!fs::exists(exe)) DS_SKIP("dsconvert not built at " << exe);
+  if (!fs::exists(dsconvert_exe())) DS_SKIP("dsconvert not built at " << dsconvert_exe());
   Saved s("export_target");
   const fs::path file = s.dir / "notes.txt", dir = s.dir / "mine", out = s.dir / "out.txt";
   spit(file, "keep me");
@@ -352,14 +358,7 @@ TEST_CASE("dsconvert never replaces a file or a directory that is not a previous
   for (const auto& [target, needle] : {std::pair{file.string(), "exists and is not a directory"},
                                        std::pair{dir.string() + "/", "already holds 'train.py'"},
                                        std::pair{(file / "sub").string(), "is not a directory, so nothing"}}) {
-    const std::string cmd =
-        exe + " --load " + s.dir.string() + " --export-hf " + target + " > " + out.string() + " 2>&1";
-    const int rc = std::system(cmd.c_str());
-    const std::string text = slurp(out);
-    INFO(text);
-    REQUIRE(WIFEXITED(rc));
-    CHECK(WEXITSTATUS(rc) == 1);
-    CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+    const std::string text = dsconvert_fails("--load " + s.dir.string() + " --export-hf " + target, out);
     CHECK_THAT(text, Contains("dsconvert: error: --export-hf '" + target + "'") && Contains(needle));
   }
   CHECK(slurp(file) == "keep me");
