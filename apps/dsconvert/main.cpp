@@ -1,9 +1,10 @@
 // dsconvert: rewrites a dstrain checkpoint offline, like Megatron-DeepSpeed's
 // deepspeed_to_megatron --target_tp / --target_pp.
 //   dsconvert --load DIR [--tag global_stepN] --save OUTDIR --target-tp N --target-dp M [--target-pp P]
-//             [--target-vp V] [--zero-stage S]
-//       -> OUTDIR/global_stepN laid out for TP N x PP P (V virtual stages per rank) x DP M, ZeRO stage S
-//          (defaults: the saved PP, virtual stages and ZeRO stage; V is 1 when P changes)
+//             [--target-vp V] [--target-ds-sequence-parallel-size U] [--zero-stage S]
+//       -> OUTDIR/global_stepN laid out for TP N x PP P (V virtual stages per rank) x Ulysses U x DP M,
+//          ZeRO stage S (defaults: the saved PP, virtual stages, Ulysses size and ZeRO stage; V is 1 when P
+//          changes)
 //   dsconvert --load DIR [--tag global_stepN] --export-hf OUTDIR
 //       -> Hugging Face model.safetensors + config.json from a checkpoint of any layout
 // User errors print one line naming the input and exit 1; nothing half-written is left.
@@ -24,52 +25,28 @@ namespace {
 
 struct Args {
   std::string load, tag, save, export_hf;
-  int target_tp = 0, target_dp = 0, target_pp = 0, target_vp = 0, zero_stage = -1;
+  int target_tp = 0, target_dp = 0, target_pp = 0, target_vp = 0, target_ulysses = 0, zero_stage = -1;
 };
 
-// An integer field of the saved config, in [1, hi].
-int64_t config_int(const nlohmann::json& obj, const char* key, int64_t hi, const std::string& where,
-                   const std::string& path) {
-  auto it = obj.find(key);
-  DS_USER_CHECK(it != obj.end() && it->is_number_integer() && it->get<int64_t>() >= 1 && it->get<int64_t>() <= hi,
-                "checkpoint file '{}/state.json': field 'config.{}{}' must be an integer in [1, {}]", where, path,
-                key, hi);
-  return it->get<int64_t>();
-}
-
-// The job size the saved config was resolved for (tp * pp * dp).
-int saved_world(const nlohmann::json& c, const std::string& step) {
-  constexpr int64_t kMax = 1 << 30;
-  const int64_t tbs = config_int(c, "train_batch_size", kMax, step, ""),
-                mbs = config_int(c, "train_micro_batch_size_per_gpu", kMax, step, ""),
-                gas = config_int(c, "gradient_accumulation_steps", kMax, step, "");
-  auto par = c.find("parallel");
-  DS_USER_CHECK(par != c.end() && par->is_object(), "checkpoint file '{}/state.json': field 'config.parallel' must "
-                "be an object", step);
-  const int64_t tp = par->contains("tensor_model_parallel_size")
-                         ? config_int(*par, "tensor_model_parallel_size", ds::kMaxParallelSize, step, "parallel.")
-                         : 1;
-  const int64_t pp = par->contains("pipeline_model_parallel_size")
-                         ? config_int(*par, "pipeline_model_parallel_size", ds::kMaxParallelSize, step, "parallel.")
-                         : 1;
-  DS_USER_CHECK(tbs % (mbs * gas) == 0 && tbs / (mbs * gas) * tp * pp <= kMax,
-                "checkpoint '{}': inconsistent batch sizes in its config", step);
-  return static_cast<int>(tbs / (mbs * gas) * tp * pp);
-}
-
-// The target config: the saved one with the new TP and PP sizes, virtual
-// stages, ZeRO stage and the gradient accumulation re-derived for the new DP
-// size (global batch kept). `a` has target_pp / target_vp resolved.
-ds::TrainConfig target_config(nlohmann::json c, const Args& a, int layers) {
-  c["parallel"]["tensor_model_parallel_size"] = a.target_tp;
-  c["parallel"]["pipeline_model_parallel_size"] = a.target_pp;
+// The target config: the saved one re-targeted to the new TP, PP, Ulysses
+// and virtual stages, with the new ZeRO stage and the gradient accumulation
+// re-derived for the new DP size (global batch kept). `a` has its defaults
+// resolved.
+ds::TrainConfig target_config(const nlohmann::json& saved, const Args& a, const ds::TrainConfig& src) {
+  const int layers = src.model.num_layers;
   DS_USER_CHECK(layers % (int64_t{a.target_pp} * a.target_vp) == 0,
                 "--target-pp {} --target-vp {}: num_layers {} is not divisible by {}", a.target_pp, a.target_vp,
                 layers, int64_t{a.target_pp} * a.target_vp);
-  c["parallel"]["num_layers_per_virtual_pipeline_stage"] = a.target_vp > 1 ? layers / (a.target_pp * a.target_vp) : 0;
+  const ds::ParallelRequest to{.tp = a.target_tp, .pp = a.target_pp, .ulysses = a.target_ulysses,
+                               .sequence_parallel = src.parallel.sequence_parallel,
+                               .layers_per_virtual_stage = a.target_vp > 1 ? layers / (a.target_pp * a.target_vp) : 0};
+  nlohmann::json c = ds::retarget_config(saved, to, ds::BatchOnRetarget::Keep);
   if (a.zero_stage >= 0) c["zero_optimization"]["stage"] = a.zero_stage;
-  c.erase("gradient_accumulation_steps");
-  return ds::train_config_from_json(c, a.target_tp * a.target_pp * a.target_dp);  // validates the layout
+  const int64_t world = int64_t{a.target_tp} * a.target_pp * a.target_ulysses * a.target_dp;
+  DS_USER_CHECK(world <= (1 << 30), "--target-tp {} x --target-pp {} x --target-ds-sequence-parallel-size {} x "
+                "--target-dp {} = {} ranks is more than dsconvert supports", a.target_tp, a.target_pp,
+                a.target_ulysses, a.target_dp, world);
+  return ds::train_config_from_json(c, static_cast<int>(world));  // validates the layout
 }
 
 int run(const Args& a) {
@@ -80,7 +57,8 @@ int run(const Args& a) {
   ds::StepState state = ds::read_step_state(step);
   DS_USER_CHECK(state.config.is_object(), "checkpoint file '{}/state.json': field 'config' is missing", step);
   const nlohmann::json config = state.config;
-  const ds::TrainConfig src = ds::train_config_from_json(config, saved_world(config, step));
+  const ds::ParallelLayout saved_layout = ds::saved_parallel_layout(config, step);
+  const ds::TrainConfig src = ds::train_config_from_json(config, saved_layout.world);
   ds::SavedStep saved = ds::open_saved_step(step, std::move(state), src.model);
   // Progress of the reading (bytes checksummed and read; the shards add to the total as they are reached).
   std::error_code size_ec;
@@ -99,14 +77,16 @@ int run(const Args& a) {
   Args r = a;  // defaults: the saved pipeline layout (no virtual stages when PP changes)
   if (r.target_pp == 0) r.target_pp = saved.sizes.pp;
   if (r.target_vp == 0) r.target_vp = r.target_pp == saved.sizes.pp ? saved.sizes.vp : 1;
+  if (r.target_ulysses == 0) r.target_ulysses = saved_layout.ulysses;
+  DS_USER_CHECK(r.target_ulysses >= 1, "--target-ds-sequence-parallel-size {} must be >= 1", r.target_ulysses);
   DS_USER_CHECK(r.target_pp >= 1 && r.target_vp >= 1 && (r.target_vp == 1 || r.target_pp > 1),
                 "--target-pp {} --target-vp {}: both must be >= 1, and virtual stages need --target-pp > 1",
                 r.target_pp, r.target_vp);
   ds::ReshapeTarget t;
-  const ds::TrainConfig tc = target_config(config, r, src.model.num_layers);
+  const ds::TrainConfig tc = target_config(config, r, src);
   t.model = tc.model;
   t.sizes = {.tp = r.target_tp, .pp = r.target_pp, .vp = r.target_vp};
-  t.dp = r.target_dp;
+  t.dp = tc.layout.sdp();  // ZeRO partitions over the sequence-data-parallel ranks (Ulysses x DP)
   t.zero_stage = tc.zero.stage;
   t.config = tc.resolved;
   const fs::path out(a.save);
@@ -122,8 +102,8 @@ int run(const Args& a) {
     else fs::remove_all(out / (".tmp-" + fs::path(step).filename().string()), ec);
     throw;
   }
-  std::printf("dsconvert: wrote %s for TP %d x PP %d (%d virtual stages) x DP %d (ZeRO stage %d)\n",
-              final_step.c_str(), t.sizes.tp, t.sizes.pp, t.sizes.vp, t.dp, t.zero_stage);
+  std::printf("dsconvert: wrote %s for %s (ZeRO stage %d)\n", final_step.c_str(), tc.layout.describe().c_str(),
+              t.zero_stage);
   return 0;
 }
 
@@ -144,6 +124,9 @@ int main(int argc, char** argv) {
       ->needs(save);
   app.add_option("--target-vp", a.target_vp,
                  "Target virtual pipeline stages per rank (default: the saved ones if PP is unchanged, else 1)")
+      ->needs(save);
+  app.add_option("--target-ds-sequence-parallel-size", a.target_ulysses,
+                 "Target DeepSpeed-Ulysses sequence parallel size (default: the saved one)")
       ->needs(save);
   app.add_option("--zero-stage", a.zero_stage, "Target ZeRO stage (default: the saved one)")->needs(save);
   try {

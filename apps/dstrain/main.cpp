@@ -33,7 +33,7 @@ int run(int argc, char** argv) {
   ds::log_set_rank(rv.rank);
   // NCCL between GPUs, Gloo between CPU processes (Megatron's --distributed-backend follows --device).
   auto world = ds::make_world_communicator(cfg.device == ds::DeviceType::CUDA ? ds::Backend::Nccl : ds::Backend::Gloo, rv);
-  ds::RankGrid grid = ds::make_rank_grid(rv.world_size, cfg.parallel.tp, cfg.parallel.pp, rv.rank, cfg.parallel.sp);
+  ds::RankGrid grid = ds::make_rank_grid(cfg.layout, rv.rank);
   ds::Comms comms = ds::build_comms(*world, grid);
   ds::Trainer trainer(cfg, comms, rv.local_rank);
   trainer.run();

@@ -20,18 +20,13 @@ namespace fs = std::filesystem;
 namespace ds::gen {
 namespace {
 
-// The saved resolved config, re-parsed for one process.
+// The saved resolved config, re-parsed for one process (every parallel size
+// 1, whatever layout trained it).
 TrainConfig saved_train_config(nlohmann::json c, const std::string& step) {
   DS_USER_CHECK(c.is_object() && c.contains("model") && c["model"].is_object(),
                 "checkpoint '{}': state.json has no model config ('config.model'); it was not written by dstrain",
                 step);
-  c["parallel"]["tensor_model_parallel_size"] = 1;
-  c["parallel"]["pipeline_model_parallel_size"] = 1;
-  c["parallel"]["num_layers_per_virtual_pipeline_stage"] = 0;
-  c["parallel"]["sequence_parallel"] = false;
-  c.erase("train_batch_size");
-  c.erase("gradient_accumulation_steps");
-  return train_config_from_json(c, 1);
+  return retargeted_train_config(c, ParallelRequest{}, 1, BatchOnRetarget::Drop);
 }
 
 LoadedModel load_checkpoint_model(const ModelSource& src, int tp) {

@@ -48,6 +48,10 @@ RankGrid make_rank_grid(int world_size, int tp, int pp, int rank, int sp) {
   return g;
 }
 
+RankGrid make_rank_grid(const ParallelLayout& l, int rank) {
+  return make_rank_grid(l.world, l.tp, l.pp, rank, l.ulysses);
+}
+
 std::string RankGrid::describe() const {
   return fmt::format("rank {}: tp {}/{} dp {}/{} pp {}/{}{}", rank, tp_rank, tp, dp_rank, dp, pp_rank, pp,
                      sp > 1 ? fmt::format(" sp {}/{}", sp_rank, sp) : std::string());

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "lib/parallel/axis_grid.h"
+#include "lib/parallel/parallel_layout.h"
 #include "lib/parallel/shard_coords.h"
 
 namespace ds {
@@ -62,5 +63,7 @@ struct RankGrid {
 // Throws ds::UserError naming the numbers when world is not divisible by
 // TP * SP * PP or a size is < 1, and ds::Error when rank is outside the world.
 RankGrid make_rank_grid(int world_size, int tp, int pp, int rank, int sp = 1);
+// The grid of a derived layout (its world, TP, PP and Ulysses sizes).
+RankGrid make_rank_grid(const ParallelLayout& layout, int rank);
 
 }  // namespace ds

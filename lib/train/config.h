@@ -15,6 +15,7 @@
 #include "lib/data/tokenizer.h"
 #include "lib/model/model_config.h"
 #include "lib/optim/optimizer_config.h"
+#include "lib/parallel/parallel_layout.h"
 #include "lib/runtime/zero_config.h"
 #include "lib/train/curriculum.h"
 
@@ -77,6 +78,8 @@ struct PrecisionConfig {
   DType grad_accum = DType::F32;
 };
 
+// The parallel sizes as configured; TrainConfig::layout is what they make of
+// the job's world (derive_config).
 struct ParallelConfig {
   int tp = 1, pp = 1;
   bool sequence_parallel = false;  // forced off when tp == 1 (as Megatron does)
@@ -107,6 +110,9 @@ struct TrainConfig {
   PrecisionConfig precision;
   ZeroConfig zero;
   ParallelConfig parallel;
+  // Derived once from `parallel` and the world size (derive_config): DP, the
+  // sequence-data-parallel size, virtual stages, positions per rank.
+  ParallelLayout layout;
   int64_t train_iters = 0;
   ScheduleLengths lengths;
   // DeepSpeed's legacy `curriculum_learning` section (sequence-length warmup).
@@ -147,6 +153,27 @@ TrainConfig parse_train_config(int argc, char** argv, int world_size);
 // The same from an already merged JSON document (a config file, or the
 // `resolved` JSON saved in a checkpoint). Re-parsing `resolved` gives it back.
 TrainConfig train_config_from_json(const nlohmann::json& j, int world_size);
+
+// The sizes of a parallel section as a layout request.
+ParallelRequest parallel_request(const ParallelConfig& p);
+
+// A checkpoint's saved (resolved) config re-targeted to another layout: its
+// parallel section is replaced by `to`'s sizes, the global batch is kept and
+// the gradient accumulation re-derived for the new data-parallel size
+// (BatchOnRetarget::Keep), or both batch keys are dropped
+// (BatchOnRetarget::Drop: a one-process tool such as dsgen, where the
+// global batch no longer has to divide). The one place that knows which
+// saved fields depend on the layout.
+enum class BatchOnRetarget { Keep, Drop };
+nlohmann::json retarget_config(nlohmann::json saved, const ParallelRequest& to, BatchOnRetarget batch);
+// The same, parsed for `world` processes (validates the new layout).
+TrainConfig retargeted_train_config(const nlohmann::json& saved, const ParallelRequest& to, int world,
+                                    BatchOnRetarget batch);
+// The layout a saved resolved config was trained with: its parallel sizes and
+// the world its batch triple implies (DP = global / (micro x accumulation)).
+// UserError naming `where` (the step directory) when a field is missing or
+// out of range.
+ParallelLayout saved_parallel_layout(const nlohmann::json& saved, const std::string& where);
 
 // DeepSpeed's batch-size rules in exactly one place: from any subset of
 // (train_batch_size, micro_batch_size, grad_accum_steps) and dp_size, fills

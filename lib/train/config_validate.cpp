@@ -48,18 +48,11 @@ void resolve_schedule_lengths(TrainConfig& cfg) {
 
 void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
   ParallelConfig& p = cfg.parallel;
-  DS_USER_CHECK(world_size > 0, "world size must be positive, got {}", world_size);
-  DS_USER_CHECK(p.tp > 0 && p.pp > 0 && p.sp > 0,
-                "parallel: tensor_model_parallel_size {}, pipeline_model_parallel_size {} and "
-                "ds_sequence_parallel_size {} must be positive", p.tp, p.pp, p.sp);
-  DS_USER_CHECK(world_size % (p.tp * p.pp * p.sp) == 0,
-                "world size {} is not divisible by tensor_model_parallel_size {} * pipeline_model_parallel_size {} "
-                "* ds_sequence_parallel_size {} (--tensor-model-parallel-size / --pipeline-model-parallel-size / "
-                "--ds-sequence-parallel-size)",
-                world_size, p.tp, p.pp, p.sp);
-  cfg.batch.dp_size = world_size / (p.tp * p.pp * p.sp);  // Ulysses ranks of one replica read the same samples
+  cfg.layout = make_parallel_layout(parallel_request(p), world_size, std::max(0, cfg.model.num_layers),
+                                    std::max(0, cfg.model.seq_length));
+  p.sequence_parallel = cfg.layout.sequence_parallel;  // as Megatron: off when tp == 1
+  cfg.batch.dp_size = cfg.layout.dp;  // Ulysses ranks of one replica read the same samples
   resolve_batch(cfg.batch);
-  if (p.tp == 1) p.sequence_parallel = false;  // as Megatron: nothing to split
 
   ModelConfig& m = cfg.model;
   if (m.ffn_hidden_size == 0) {
@@ -162,18 +155,7 @@ void validate_model(const ModelConfig& m, const ParallelConfig& p) {
 void validate_parallel(const TrainConfig& cfg) {
   const ParallelConfig& p = cfg.parallel;
   const ModelConfig& m = cfg.model;
-  DS_USER_CHECK(m.num_layers % p.pp == 0,
-                "model.num_layers {} is not divisible by pipeline_model_parallel_size {} (--num-layers / "
-                "--pipeline-model-parallel-size)", m.num_layers, p.pp);
-  if (p.num_layers_per_virtual_stage != 0) {
-    DS_USER_CHECK(p.num_layers_per_virtual_stage > 0 && p.pp > 1,
-                  "parallel.num_layers_per_virtual_pipeline_stage {} needs pipeline_model_parallel_size > 1 (got {})",
-                  p.num_layers_per_virtual_stage, p.pp);
-    DS_USER_CHECK((m.num_layers / p.pp) % p.num_layers_per_virtual_stage == 0,
-                  "layers per pipeline stage {} (num_layers {} / pp {}) is not divisible by "
-                  "num_layers_per_virtual_pipeline_stage {}",
-                  m.num_layers / p.pp, m.num_layers, p.pp, p.num_layers_per_virtual_stage);
-  }
+  // Layers per (virtual) stage were checked when the layout was derived (make_parallel_layout).
   if (p.sp > 1) {
     const int nkv = m.num_kv_heads;
     DS_USER_CHECK(m.seq_length % p.sp == 0,

@@ -51,12 +51,14 @@ std::vector<Range> layer_units(const ModelLayout& layout) {
 }
 
 // Activation bytes of one rank (see docs/zero.md for the per-token counts).
-ActivationBytes activation_bytes(const TrainConfig& cfg, const ModelDims& d) {
+ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& pl, const ModelDims& d) {
   const int64_t B = cfg.batch.micro_batch_size > 0 ? cfg.batch.micro_batch_size : 1;
-  const int64_t N = B * cfg.model.seq_length;  // tokens per micro-batch
+  // Tokens per micro-batch on this rank: a Ulysses rank holds T/U positions
+  // (inside attention all T with NH/U heads: the same element count).
+  const int64_t N = B * pl.local_seq();
   const int64_t a = cfg.precision.precision == Precision::FP32 ? 4 : 2;  // activation element
   const int64_t s = 4;                                                    // statistics are fp32
-  const int64_t tp = cfg.parallel.tp, sp = cfg.parallel.sequence_parallel ? tp : 1;
+  const int64_t tp = pl.tp, sp = pl.sequence_parallel ? tp : 1;
   const int64_t C = d.C, F = d.F, F_in = d.swiglu ? 2 * F : F;
   // Per token of one layer: parts split by TP, parts split only by sequence parallelism.
   // qkv widths of all tp ranks together: (NH + 2*NKV)*HS, kv heads replicated when NKV < TP
@@ -88,12 +90,12 @@ int64_t micro_batches(const TrainConfig& cfg, int dp) {
 }
 
 // One pipeline message (PipelineExecutor::activation_buffer): B x T x C in
-// the compute dtype, T split over tp with sequence parallelism.
-int64_t pipeline_buffer_bytes(const TrainConfig& cfg, int64_t C) {
+// the compute dtype, T split over the Ulysses ranks and, with sequence
+// parallelism, over tp.
+int64_t pipeline_buffer_bytes(const TrainConfig& cfg, const ParallelLayout& pl, int64_t C) {
   const int64_t B = cfg.batch.micro_batch_size > 0 ? cfg.batch.micro_batch_size : 1;
   const int64_t a = cfg.precision.precision == Precision::FP32 ? 4 : 2;
-  const int64_t sp = cfg.parallel.sequence_parallel ? cfg.parallel.tp : 1;
-  return B * (cfg.model.seq_length / sp) * C * a;
+  return B * pl.local_seq_sp() * C * a;
 }
 
 // One (stage, offload) row. `e` holds everything that does not depend on the row.
@@ -110,7 +112,7 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   // Gathered params in the compute dtype; a unit's full gradient is f32 while
   // its backward runs, whatever the accumulation dtype.
   const int64_t P = fp32 ? 4 : 2, G = 4;
-  r.states = zero_model_state_bytes(n, e.dp, stage, e.precision, offload);
+  r.states = zero_model_state_bytes(n, e.sdp, stage, e.precision, offload);
   if (stage == 3) {
     int64_t largest = 0, persistent = 0;
     for (size_t i = 0; i < units.size(); ++i) {
@@ -124,15 +126,15 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   r.device_total = r.states.total() + r.zero3_live + e.activations.total() + e.pipeline_bytes();
   // Host: the fp32 start-up copy of the rank's weights, plus with offload the
   // optimizer state and the fp32 master and gradient ranges the host Adam works on.
-  const int64_t shard = make_zero_partition(n, e.dp).shard;
+  const int64_t shard = make_zero_partition(n, e.sdp).shard;
   const int64_t opt_elems = stage >= 1 ? shard : n;
   r.host_per_rank = 4 * n;
   if (cfg.device == DeviceType::CPU) {
-    r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.dp, stage, e.precision) : 0);
+    r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.sdp, stage, e.precision) : 0);
   } else if (offload) {
     // Adam m, v, then what the offloaded step allocates (ZeroOptimizer): the
     // host copy of the master range and two gradient buckets.
-    r.host_per_rank += host_optimizer_bytes(n, e.dp, stage, e.precision) +
+    r.host_per_rank += host_optimizer_bytes(n, e.sdp, stage, e.precision) +
                        OffloadPipeline::host_bytes_for(opt_elems, ZeroOptimizer::offload_bucket(cfg.zero));
   }
   r.host_per_node = r.host_per_rank * e.gpus_per_node;
@@ -192,12 +194,17 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_p
   e.num_nodes = num_nodes;
   e.gpus_per_node = gpus_per_node;
   e.world = num_nodes * gpus_per_node;
-  e.tp = cfg.parallel.tp;
-  e.pp = cfg.parallel.pp;
-  DS_USER_CHECK(e.tp > 0 && e.pp > 0 && e.world % (e.tp * e.pp) == 0,
-                "--estimate-memory: world size {} ({} nodes x {} GPUs) is not divisible by TP {} * PP {}", e.world,
-                num_nodes, gpus_per_node, e.tp, e.pp);
-  e.dp = e.world / (e.tp * e.pp);
+  const ParallelRequest req = parallel_request(cfg.parallel);
+  DS_USER_CHECK(req.tp > 0 && req.pp > 0 && req.ulysses > 0 &&
+                    e.world % (int64_t{req.tp} * req.pp * req.ulysses) == 0,
+                "--estimate-memory: world size {} ({} nodes x {} GPUs) is not divisible by TP {} * PP {} * Ulysses {}",
+                e.world, num_nodes, gpus_per_node, req.tp, req.pp, req.ulysses);
+  e.layout = make_parallel_layout(req, e.world, cfg.model.num_layers, cfg.model.seq_length);
+  e.tp = e.layout.tp;
+  e.pp = e.layout.pp;
+  e.dp = e.layout.dp;
+  e.ulysses = e.layout.ulysses;
+  e.sdp = e.layout.sdp();
   e.approximate = e.tp * e.pp > 1;
   e.precision = cfg.precision.precision == Precision::FP32 ? StatePrecision::FP32
                 : cfg.precision.grad_accum == DType::F32     ? StatePrecision::Mixed
@@ -206,17 +213,16 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_p
   const ModelLayout layout = build_layout(m);
   e.n_params = layout.total;
   e.n_params_rank = ceil_div(e.n_params, e.tp * e.pp);
-  e.activations = activation_bytes(cfg, model_dims(m));
+  e.activations = activation_bytes(cfg, e.layout, model_dims(m));
   if (e.pp > 1) {
     const ModelDims d = model_dims(m);
-    const int per_virtual = cfg.parallel.num_layers_per_virtual_stage;
     const int n_micro = static_cast<int>(micro_batches(cfg, e.dp));
-    int vp = per_virtual > 0 ? d.L / e.pp / per_virtual : 1;
+    int vp = e.layout.vp;
     // A config the interleaved schedule cannot run (dstrain rejects it at
     // start-up, naming the problem) still gets an estimate: 1F1B's buffers.
     if (vp < 1 || (vp > 1 && n_micro % e.pp != 0)) vp = 1;
     e.pipeline_buffers = pipeline_message_buffers_max(e.pp, n_micro, vp, cfg.zero.overlap_comm);
-    e.pipeline_buffer_bytes = pipeline_buffer_bytes(cfg, d.C);
+    e.pipeline_buffer_bytes = pipeline_buffer_bytes(cfg, e.layout, d.C);
   }
   std::vector<Range> units = layer_units(layout);
   for (Range& u : units) u = {u.begin / e.tp, u.begin / e.tp + ceil_div(u.size(), e.tp)};  // TP shares a unit
@@ -241,8 +247,11 @@ void append_header(std::string& out, const TrainConfig& cfg, const MemoryEstimat
   if (e.vocab_assumed)
     out += fmt::format("note: vocab_size is not set (it comes from the vocab file at run time): assumed GPT-2's {}\n",
                        kAssumedVocab);
-  out += fmt::format("ranks: {} node(s) x {} GPU(s) = {}; TP={} PP={} DP={}\n", e.num_nodes, e.gpus_per_node, e.world,
-                     e.tp, e.pp, e.dp);
+  out += fmt::format("ranks: {} node(s) x {} GPU(s) = {}; TP={} PP={} DP={}{}\n", e.num_nodes, e.gpus_per_node,
+                     e.world, e.tp, e.pp, e.dp,
+                     e.ulysses > 1 ? fmt::format(" Ulysses={} (ZeRO partitions over Ulysses x DP = {} ranks)",
+                                                 e.ulysses, e.sdp)
+                                   : std::string());
   if (e.approximate)
     out += fmt::format("note: approximate: each rank holds about 1/(TP*PP) of the model ({} parameters)\n",
                        millions(e.n_params_rank));
@@ -256,7 +265,10 @@ void append_header(std::string& out, const TrainConfig& cfg, const MemoryEstimat
                                                                             : "2 (accumulated in the compute dtype)"));
   const std::string rc = recompute_granularity_name(cfg.parallel.recompute);
   out += fmt::format("activations per rank (micro batch {} x seq {}, recompute {}): {} GiB (saved {} + backward {})\n",
-                     cfg.batch.micro_batch_size, cfg.model.seq_length, rc.empty() ? "none" : rc,
+                     cfg.batch.micro_batch_size,
+                     e.ulysses > 1 ? fmt::format("{} of {}", e.layout.local_seq(), cfg.model.seq_length)
+                                   : std::to_string(cfg.model.seq_length),
+                     rc.empty() ? "none" : rc,
                      gib(e.activations.total()), gib(e.activations.saved), gib(e.activations.workspace));
   if (e.pp > 1)
     out += fmt::format("pipeline messages per rank: up to {} buffers of {} bytes live on a stage: {} GiB (received "

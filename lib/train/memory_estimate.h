@@ -47,6 +47,8 @@ struct MemoryEstimateRow {
 
 struct MemoryEstimate {
   int num_nodes = 1, gpus_per_node = 1, world = 1, tp = 1, pp = 1, dp = 1;
+  int ulysses = 1, sdp = 1;   // DeepSpeed-Ulysses size; ZeRO partitions over sdp = ulysses x dp ranks
+  ParallelLayout layout;      // the config's layout at this world size
   int64_t n_params = 0;       // whole model
   int64_t n_params_rank = 0;  // this rank's model part (n_params / (tp*pp), rounded up)
   bool vocab_assumed = false; // vocab_size was 0: GPT-2's 50257 was used
@@ -61,7 +63,7 @@ struct MemoryEstimate {
 };
 
 // Pure arithmetic on the config; throws UserError when world = num_nodes *
-// gpus_per_node is not a multiple of tp * pp or the model is invalid.
+// gpus_per_node is not a multiple of tp * pp * ulysses or the model is invalid.
 MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_per_node);
 
 // The estimate as the text dstrain prints (a few header lines and a table).

@@ -57,8 +57,11 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   DS_USER_CHECK(comms_.grid.pp == 1 || cfg_.zero.stage <= 2,
                 "zero_optimization.stage {} cannot be combined with pipeline_model_parallel_size {} yet; use ZeRO "
                 "stage 0, 1 or 2", cfg_.zero.stage, comms_.grid.pp);
-  const int per_virtual = cfg_.parallel.num_layers_per_virtual_stage;
-  shard_ = comms_.grid.shard_coords(per_virtual > 0 ? cfg_.model.num_layers / comms_.grid.pp / per_virtual : 1);
+  const ParallelLayout& pl = cfg_.layout;
+  DS_CHECK(pl.world == comms_.grid.world && pl.tp == comms_.grid.tp && pl.pp == comms_.grid.pp &&
+               pl.ulysses == comms_.grid.sp && pl.dp == comms_.grid.dp,
+           "the rank grid ({}) is not the config's layout ({})", comms_.grid.describe(), pl.describe());
+  shard_ = comms_.grid.shard_coords(pl.vp);
   dp_ = comms_.grid.dp;
   dp_rank_ = comms_.grid.dp_rank;
   sdp_ = comms_.grid.sdp;
@@ -67,8 +70,6 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   const TpComm tp{shard_.tp > 1 ? comms_.tp : nullptr, shard_.tp, shard_.tp_rank, cfg_.parallel.sequence_parallel};
   const PipeStage stage{shard_.pp, shard_.pp_rank, shard_.vp};
   const ModelLayout local = build_layout(cfg_.model, shard_);
-  DS_USER_CHECK(cfg_.batch.dp_size == dp_, "batch: the config was resolved for {} data-parallel ranks, the job has {}",
-                cfg_.batch.dp_size, dp_);
   // DeepSpeed folds Ulysses into data parallelism: gradients are reduced and
   // ZeRO partitions over the sequence-data-parallel group (SP x DP).
   ZeroPartition part = make_zero_partition(local.total, sdp_);

@@ -181,6 +181,22 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
     REQUIRE_NOTHROW(odd = estimate_memory(cfg, 1, 8));
     CHECK(odd.pipeline_buffers == pipeline_message_buffers_max(2, 3, 1, false));
   }
+  SECTION("Ulysses: DP is world / (TP x PP x U), ZeRO partitions over U x DP, each rank holds T/U positions") {
+    cfg.parallel.sp = 2;
+    const MemoryEstimate e = estimate_memory(cfg, 1, 8);
+    CHECK(e.dp == 4);
+    CHECK(e.ulysses == 2);
+    CHECK(e.sdp == 8);
+    for (int stage = 0; stage <= 3; ++stage)  // the same 8 ZeRO shards as DP 8
+      CHECK(row(e, stage, false).states.total() == row(base, stage, false).states.total());
+    CHECK(2 * e.activations.saved == base.activations.saved);
+    CHECK(2 * e.activations.workspace == base.activations.workspace);
+    const std::string rep = estimate_memory_report(cfg, 1, 8);
+    CHECK_THAT(rep, Contains("TP=1 PP=1 DP=4 Ulysses=2 (ZeRO partitions over Ulysses x DP = 8 ranks)"));
+    CHECK_THAT(rep, Contains("x seq 512 of 1024"));
+    cfg.parallel.sp = 3;
+    CHECK_THROWS_WITH(estimate_memory(cfg, 1, 8), Contains("not divisible by TP 1 * PP 1 * Ulysses 3"));
+  }
   SECTION("full recomputation keeps only layer inputs") {
     cfg.parallel.recompute = RecomputeKind::Full;
     MemoryEstimate e = estimate_memory(cfg, 1, 8);
