@@ -110,7 +110,7 @@ int run(const Options& o) {
   GptModel model(m, dev, 0, TpComm{}, PipeStage{}, compute, FlatStoreOptions{.part = part});
   model.set_recompute(RecomputeConfig{.kind = recompute_of(o.recompute)});
   model.init_weights(1, 0.02f);
-  ZeroOptimizer opt(model, nullptr, ZeroConfig{}, part, nullptr);
+  ZeroOptimizer opt(model, nullptr, ZeroConfig{}, part, nullptr, "AdamW");
 
   Tensor tgt_host, unused;
   const Tensor tok = random_tokens(o.B, o.T, o.V, 1, dev, &unused);
@@ -120,7 +120,7 @@ int run(const Options& o) {
   Tensor block = Tensor::zeros({3 + AdamWSlot::Count}, DType::F32, dev);
   Tensor stats = block.view(0, {3}), scalars = block.view(3, {AdamWSlot::Count});
   const double scale = prec == Precision::FP16 ? o.loss_scale : 1.0;
-  AdamWHyper h;
+  StepHyper h;
   h.lr = 1e-4f;
   h.weight_decay = 0.1f;
   // The host's step scalars, written before every step (pinned on CUDA: a
@@ -159,7 +159,7 @@ int run(const Options& o) {
   std::unique_ptr<cuda::StepGraph> graph;
 #endif
   auto step = [&] {
-    step_host_slots(opt.adam().next_terms(h), static_cast<float>(scale), terms);  // the previous read waited for the copy from here
+    step_host_slots(opt.optimizer().next_terms(h), static_cast<float>(scale), terms);  // the previous read waited for the copy from here
 #ifdef DS_WITH_CUDA
     if (graph) {
       if (!graph->ready()) {
@@ -177,7 +177,7 @@ int run(const Options& o) {
     const Tensor host = block.to(Device::cpu());  // the step's one read: statistics and the device's gate
     const float* v = host.data<float>();
     loss = v[2];
-    if (v[3 + AdamWSlot::Skip] == 0.f) opt.adam().count_step();
+    if (v[3 + AdamWSlot::Skip] == 0.f) opt.optimizer().count_step();
   };
   const float first_loss = [&] { step(); return loss; }();
   for (int s = 1; s < o.warmup; ++s) step();

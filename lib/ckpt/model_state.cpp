@@ -71,16 +71,16 @@ void scatter_full_params(const RankModel& r, const Tensor& full) {
   m.store().set_full_params(local);
 }
 
-CheckpointData rank_checkpoint(const RankModel& r, const Tensor& params, AdamW& adam, Range opt_range,
+CheckpointData rank_checkpoint(const RankModel& r, const Tensor& params, Optimizer& opt, Range opt_range,
                                int shard_index, int shards) {
   CheckpointData d;
   d.layout = r.full;
   d.params = params;
-  d.m = adam.m();
-  d.v = adam.v();
+  d.m = opt.state("exp_avg");
+  d.v = opt.state("exp_avg_sq");
   d.opt_begin = opt_range.begin;
   d.opt_end = opt_range.end;
-  d.opt_step = adam.step_count();
+  d.opt_step = opt.step_count();
   d.rank = shard_index;
   d.world = shards;
   d.opt_layout = &r.model->layout();

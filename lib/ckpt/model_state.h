@@ -6,7 +6,7 @@
 #pragma once
 #include "lib/ckpt/checkpoint.h"
 #include "lib/model/gpt.h"
-#include "lib/optim/adamw.h"
+#include "lib/optim/optimizer.h"
 #include "lib/parallel/comms.h"
 #include "lib/parallel/shard_coords.h"
 
@@ -32,9 +32,11 @@ Tensor gather_local_params(const RankModel& r, bool all_ranks);
 void scatter_full_params(const RankModel& r, const Tensor& full);
 
 // What this rank saves or restores: the full parameters `params` (undefined
-// on ranks that write no weights), the Adam state of `opt_range` of the local
-// layout, shard `shard_index` of `shards` optimizer files of this model shard.
-CheckpointData rank_checkpoint(const RankModel& r, const Tensor& params, AdamW& adam, Range opt_range,
+// on ranks that write no weights), the optimizer state of `opt_range` of the
+// local layout (Adam's "exp_avg" and "exp_avg_sq", the states the checkpoint
+// format holds today), shard `shard_index` of `shards` optimizer files of this
+// model shard.
+CheckpointData rank_checkpoint(const RankModel& r, const Tensor& params, Optimizer& opt, Range opt_range,
                                int shard_index, int shards);
 
 }  // namespace ds

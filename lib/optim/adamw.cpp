@@ -10,20 +10,14 @@
 #include <vector>
 
 #include "lib/core/error.h"
-#include "lib/core/mem_tag.h"
 #include "lib/ops/ops.h"
 
 namespace ds {
 
-AdamW::AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end)
-    : layout_(&layout), begin_(begin), end_(end) {
-  DS_CHECK(0 <= begin && begin <= end && end <= layout.total, "AdamW range [{}, {}) outside 0..{}", begin, end,
-           layout.total);
-  {
-    MemTagScope tag(MemTag::Optimizer);  // counted as model state (lib/core/mem_tag.h)
-    m_ = Tensor::zeros({end - begin}, DType::F32, dev);
-    v_ = Tensor::zeros({end - begin}, DType::F32, dev);
-  }
+AdamW::AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end) : Optimizer(layout, begin, end) {
+  allocate_state(dev);
+  m_ = state("exp_avg");
+  v_ = state("exp_avg_sq");
   // The segment table (24 bytes per parameter) is bookkeeping, not model state.
   std::vector<int64_t> seg;  // {begin, end, decay} relative to begin, sorted by offset
   std::vector<const ParamSpec*> specs;
@@ -40,14 +34,12 @@ AdamW::AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end)
   segments_ = dev.is_cpu() ? host : host.to(dev);
 }
 
-AdamWArgs AdamW::args(const Tensor& params, const Tensor& grads, const AdamWHyper& h,
-                       const Tensor& params_lowp) const {
-  DS_CHECK(params.numel() == end_ - begin_ && grads.numel() == end_ - begin_,
-           "AdamW: params {} / grads {} elements, expected {}", params.numel(), grads.numel(), end_ - begin_);
+AdamWArgs AdamW::args(const StepTensors& t, const StepHyper& h) const {
+  check_range(t, end() - begin(), "step");
   AdamWArgs a;
-  a.param = params;
-  a.grad = grads;
-  if (params_lowp.defined()) a.param_lowp = params_lowp;
+  a.param = t.params;
+  a.grad = t.grads;
+  if (t.params_lowp.defined()) a.param_lowp = t.params_lowp;
   a.m = m_;
   a.v = v_;
   a.lr = h.lr;
@@ -59,9 +51,8 @@ AdamWArgs AdamW::args(const Tensor& params, const Tensor& grads, const AdamWHype
   return a;
 }
 
-void AdamW::step(const Tensor& params, const Tensor& grads, const AdamWHyper& h, float grad_scale,
-                 const Stream& s, const Tensor& params_lowp) {
-  AdamWArgs a = args(params, grads, h, params_lowp);
+void AdamW::step(const StepTensors& t, const StepHyper& h, float grad_scale, const Stream& s) {
+  AdamWArgs a = args(t, h);
   ++step_;
   if (!segments_.defined()) return;  // no parameter in the range
   a.grad_scale = grad_scale;
@@ -69,9 +60,33 @@ void AdamW::step(const Tensor& params, const Tensor& grads, const AdamWHyper& h,
   ops::adamw_step(a, s);
 }
 
-void AdamW::step_gated(const Tensor& params, const Tensor& grads, const AdamWHyper& h, const Tensor& scalars,
-                       const Stream& s, const Tensor& params_lowp) {
-  AdamWArgs a = args(params, grads, h, params_lowp);
+bool AdamW::step_part(int64_t lo, int64_t hi, const StepTensors& t, const StepHyper& h, float grad_scale) {
+  DS_CHECK(0 <= lo && lo <= hi && hi <= end() - begin(), "AdamW part [{}, {}) of a range of {}", lo, hi,
+           end() - begin());
+  check_range(t, hi - lo, "part");
+  const int64_t first = begin() + lo, last = begin() + hi;
+  for (const ParamSpec& p : layout().params) {
+    const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, last);
+    if (a >= b) continue;
+    AdamWArgs args;
+    args.param = t.params.view(a - first, {b - a});
+    args.grad = t.grads.view(a - first, {b - a});
+    args.m = m_.view(a - begin(), {b - a});
+    args.v = v_.view(a - begin(), {b - a});
+    args.lr = h.lr;
+    args.beta1 = h.beta1;
+    args.beta2 = h.beta2;
+    args.eps = h.eps;
+    args.weight_decay = p.decay ? h.weight_decay : 0.f;
+    args.grad_scale = grad_scale;
+    args.step = step_;
+    ops::adamw_step(args, Stream{});
+  }
+  return true;
+}
+
+void AdamW::step_gated(const StepTensors& t, const StepHyper& h, const Tensor& scalars, const Stream& s) {
+  AdamWArgs a = args(t, h);
   if (!segments_.defined()) return;  // no parameter in the range
   a.scalars = scalars;
   ops::adamw_step(a, s);

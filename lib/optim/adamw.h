@@ -1,7 +1,9 @@
 // AdamW over a flat parameter buffer: fp32 master weights and Adam moments
-// laid out like the parameters (ModelLayout), no weight decay on biases and
-// norm weights. With ZeRO, a rank owns the sub-range [begin, end) of the flat
-// buffer and its moments cover only that range.
+// ("exp_avg", "exp_avg_sq") laid out like the parameters (ModelLayout), no
+// weight decay on biases and norm weights. With ZeRO, a rank owns the
+// sub-range [begin, end) of the flat buffer and its moments cover only that
+// range. DeepSpeed's "Adam" (adam_w_mode true) and "AdamW" in the registry
+// (lib/optim/optimizer.h).
 #pragma once
 #include <cstdint>
 
@@ -9,51 +11,38 @@
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
 #include "lib/ops/op_args.h"
-#include "lib/ops/step_scalars.h"
+#include "lib/optim/optimizer.h"
 
 namespace ds {
 
-struct AdamWHyper {
-  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
-};
-
-class AdamW {
+class AdamW final : public Optimizer {
  public:
   // Owns moments for elements [begin, end) of the layout's flat buffer.
   AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end);
 
-  // params/grads: tensors covering [begin, end) of the flat buffer.
-  // grad_scale multiplies every gradient first (clipping / unscaling).
-  // params_lowp (same range, bf16/f16, or undefined) receives the updated
-  // weights in the same pass (the fused op's low-precision copy).
-  void step(const Tensor& params, const Tensor& grads, const AdamWHyper& h, float grad_scale,
-            const Stream& s = Stream{}, const Tensor& params_lowp = Tensor());
-  // The same update with its per-step values in `scalars` ((AdamWSlot::Count)
-  // f32 on the moments' device, lib/ops/step_scalars.h), read when the kernel
-  // runs: nothing when its skip flag is set. h gives the betas and eps only.
-  // The step count does not move: the host learns whether the step was
-  // applied from its read after the step, then calls count_step().
-  void step_gated(const Tensor& params, const Tensor& grads, const AdamWHyper& h, const Tensor& scalars,
-                  const Stream& s = Stream{}, const Tensor& params_lowp = Tensor());
-  // The values the host writes into the block for the next step (step_count() + 1).
-  AdamWTerms next_terms(const AdamWHyper& h) const {
+  const char* type() const override { return "AdamW"; }
+  std::vector<OptimizerStateSpec> state_specs() const override {
+    return {{"exp_avg", DType::F32}, {"exp_avg_sq", DType::F32}};
+  }
+  // One fused op call over the range; t.params_lowp (bf16/f16) receives the
+  // updated weights in the same pass.
+  void step(const StepTensors& t, const StepHyper& h, float grad_scale, const Stream& s = Stream{}) override;
+  // One op call per parameter cut at the part's bounds: the update is
+  // element-wise, so the pieces give the bits of the whole.
+  bool step_part(int64_t lo, int64_t hi, const StepTensors& t, const StepHyper& h, float grad_scale) override;
+  bool has_gated_step() const override { return true; }
+  void step_gated(const StepTensors& t, const StepHyper& h, const Tensor& scalars,
+                  const Stream& s = Stream{}) override;
+  AdamWTerms next_terms(const StepHyper& h) const override {
     return adamw_terms(h.lr, h.weight_decay, h.beta1, h.beta2, step_ + 1);
   }
-  void count_step() { ++step_; }
 
   Tensor& m() { return m_; }
   Tensor& v() { return v_; }
-  int64_t step_count() const { return step_; }  // applied steps
-  void set_step_count(int64_t s) { step_ = s; }
-  int64_t begin() const { return begin_; }
-  int64_t end() const { return end_; }
 
  private:
-  AdamWArgs args(const Tensor& params, const Tensor& grads, const AdamWHyper& h, const Tensor& params_lowp) const;
-  const ModelLayout* layout_;
-  int64_t begin_, end_;
-  int64_t step_ = 0;
-  Tensor m_, v_;
+  AdamWArgs args(const StepTensors& t, const StepHyper& h) const;
+  Tensor m_, v_;     // the named states "exp_avg" and "exp_avg_sq"
   Tensor segments_;  // (S, 3) i64 {begin, end, decay} of the owned range, on the moments' device
 };
 

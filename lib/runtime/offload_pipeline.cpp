@@ -63,34 +63,6 @@ std::unique_ptr<OffloadCopier> make_offload_copier(Device dev) {
   return make_host_copier();
 }
 
-void adamw_update_part(AdamW& adam, const ModelLayout& layout, int64_t lo, int64_t hi, const Tensor& params,
-                       const Tensor& grads, const AdamWHyper& h, float grad_scale) {
-  DS_CHECK(0 <= lo && lo <= hi && hi <= adam.end() - adam.begin() && params.numel() == hi - lo &&
-               grads.numel() == hi - lo,
-           "AdamW part [{}, {}) of a range of {} (params {}, grads {})", lo, hi, adam.end() - adam.begin(),
-           params.numel(), grads.numel());
-  // The same op calls as AdamW::step, cut at the part's bounds: the update is
-  // element-wise, so the pieces give the same bits as the whole.
-  const int64_t begin = adam.begin() + lo, end = adam.begin() + hi;
-  for (const ParamSpec& p : layout.params) {
-    const int64_t a = std::max(p.offset, begin), b = std::min(p.offset + p.numel, end);
-    if (a >= b) continue;
-    AdamWArgs args;
-    args.param = params.view(a - begin, {b - a});
-    args.grad = grads.view(a - begin, {b - a});
-    args.m = adam.m().view(a - adam.begin(), {b - a});
-    args.v = adam.v().view(a - adam.begin(), {b - a});
-    args.lr = h.lr;
-    args.beta1 = h.beta1;
-    args.beta2 = h.beta2;
-    args.eps = h.eps;
-    args.weight_decay = p.decay ? h.weight_decay : 0.f;
-    args.grad_scale = grad_scale;
-    args.step = adam.step_count();
-    ops::adamw_step(args, Stream{});
-  }
-}
-
 OffloadPipeline::OffloadPipeline(std::unique_ptr<OffloadCopier> copier, int64_t bucket_numel, bool pinned)
     : copier_(std::move(copier)), bucket_numel_(bucket_numel), pinned_(pinned) {
   DS_CHECK(bucket_numel > 0, "offload pipeline: bucket of {} elements", bucket_numel);  // config_validate checks the key
@@ -127,10 +99,12 @@ int64_t OffloadPipeline::host_bytes() const {
   return b;
 }
 
-void OffloadPipeline::step(AdamW& adam, const ModelLayout& layout, const Tensor& params, const Tensor& grads,
-                           const Tensor& host_master, const AdamWHyper& h, float grad_scale) {
-  const int64_t n = adam.end() - adam.begin();
-  DS_CHECK(params.numel() == n && grads.numel() == n && host_master.numel() == n && adam.m().device().is_cpu(),
+void OffloadPipeline::step(Optimizer& opt, const Tensor& params, const Tensor& grads, const Tensor& host_master,
+                           const StepHyper& h, float grad_scale) {
+  const int64_t n = opt.end() - opt.begin();
+  const std::vector<Tensor> state = opt.states();
+  DS_CHECK(params.numel() == n && grads.numel() == n && host_master.numel() == n &&
+               std::all_of(state.begin(), state.end(), [](const Tensor& t) { return t.device().is_cpu(); }),
            "offload step: params {}, grads {}, host master {} for a range of {}", params.numel(), grads.numel(),
            host_master.numel(), n);
   DS_CHECK(grads.dtype() == DType::F32 && params.dtype() == DType::F32, "offload step: f32 params and grads expected");
@@ -144,7 +118,7 @@ void OffloadPipeline::step(AdamW& adam, const ModelLayout& layout, const Tensor&
     const int64_t lo = b * bucket;
     return std::pair<int64_t, int64_t>{lo, std::min(n, lo + bucket)};
   };
-  adam.set_step_count(adam.step_count() + 1);  // as AdamW::step: one step for the whole range
+  opt.count_step();  // as Optimizer::step: one step for the whole range
   copier_->begin();
   // Tickets: gradient copy of bucket b is 2b, its weights' copy 2b + 1.
   for (const OffloadOp& op : offload_schedule(n_buckets, n_buffers)) {
@@ -158,7 +132,8 @@ void OffloadPipeline::step(AdamW& adam, const ModelLayout& layout, const Tensor&
       case OffloadOpKind::GradToHost: copier_->to_host(buf, grads.view(lo, {hi - lo}), 2 * op.bucket); break;
       case OffloadOpKind::WaitGrad: copier_->wait(2 * op.bucket); break;
       case OffloadOpKind::Update:
-        adamw_update_part(adam, layout, lo, hi, host_master.view(lo, {hi - lo}), buf, h, grad_scale);
+        DS_CHECK(opt.step_part(lo, hi, {.params = host_master.view(lo, {hi - lo}), .grads = buf, .params_lowp = Tensor()}, h, grad_scale),
+                 "offload: optimizer {} does not update a range in parts", opt.type());
         break;
       case OffloadOpKind::ParamToDevice:
         copier_->to_device(params.view(lo, {hi - lo}), host_master.view(lo, {hi - lo}), 2 * op.bucket + 1);

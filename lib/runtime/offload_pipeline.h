@@ -18,7 +18,7 @@
 
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
-#include "lib/optim/adamw.h"
+#include "lib/optim/optimizer.h"
 
 namespace ds {
 
@@ -77,12 +77,13 @@ class OffloadPipeline {
   // of the copier (pinned if asked): the master the steps update.
   Tensor host_copy(const Tensor& device_master);
 
-  // One AdamW step: adam's moments and host_master are on the host and cover
-  // adam's range of `layout`; params and grads (device, f32) cover it too.
-  // Same result, bit for bit, as copying grads to the host, adam.step on the
-  // whole range and copying host_master to params.
-  void step(AdamW& adam, const ModelLayout& layout, const Tensor& params, const Tensor& grads,
-            const Tensor& host_master, const AdamWHyper& h, float grad_scale);
+  // One optimizer step: opt's state and host_master are on the host and cover
+  // opt's range; params and grads (device, f32) cover it too. opt must be
+  // element-wise (Optimizer::step_part). Same result, bit for bit, as copying
+  // grads to the host, opt.step on the whole range and copying host_master to
+  // params.
+  void step(Optimizer& opt, const Tensor& params, const Tensor& grads, const Tensor& host_master,
+            const StepHyper& h, float grad_scale);
 
   int64_t bucket_numel() const { return bucket_numel_; }
   // Host bytes a pipeline of `bucket_numel` allocates for a range of `numel`
@@ -100,10 +101,5 @@ class OffloadPipeline {
   std::vector<Tensor> grad_buffers_;  // 2 host buffers of bucket_numel_
   int64_t master_bytes_ = 0;          // host_copy's buffers
 };
-
-// AdamW's update on [lo, hi) of adam's range (offsets relative to its begin)
-// at its current step count; params/grads are views of exactly that part.
-void adamw_update_part(AdamW& adam, const ModelLayout& layout, int64_t lo, int64_t hi, const Tensor& params,
-                       const Tensor& grads, const AdamWHyper& h, float grad_scale);
 
 }  // namespace ds

@@ -10,7 +10,7 @@
 namespace ds {
 
 ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig& z, const ZeroPartition& part,
-                             ZeroParamStore* store)
+                             ZeroParamStore* store, std::string_view optimizer_type)
     : model_(model), dp_(dp), z_(z), part_(part), store_(store) {
   DS_USER_CHECK(z.stage >= 0 && z.stage <= 3, "zero_optimization.stage {} is not supported (0, 1, 2 or 3)", z.stage);
   DS_CHECK((z.stage >= 2) == (store != nullptr), "ZeRO stage {} with{} a sharded store", z.stage,
@@ -31,11 +31,11 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
              "ZeRO-1: the flat store's f32 master covers [{}, {}), the optimizer updates [{}, {})", m.begin, m.end,
              range_.begin, range_.end);
   }
-  // Mixed precision, flat store: the fused AdamW writes the updated range of
+  // Mixed precision, flat store: the fused update writes the updated range of
   // the compute copy itself (stage 1 then all-gathers the compute copy).
   fused_lowp_ = !store && !offload_ && mixed;
-  adam_ = std::make_unique<AdamW>(model.layout(), offload_ ? Device::cpu() : model.device(), range_.begin,
-                                  range_.end);
+  opt_ = make_optimizer(optimizer_type, model.layout(), offload_ ? Device::cpu() : model.device(), range_.begin,
+                        range_.end);
   overlap_ = z.overlap_comm && !store && dp && part.dp > 1;
   if (overlap_) {
     buckets_ = make_buckets(part.total, z.reduce_bucket_size);
@@ -164,7 +164,7 @@ void ZeroOptimizer::grads_nonfinite_into(const Tensor& flag) {
   if (g.numel() > 0) ops::nonfinite_check({.flag = flag, .x = g}, Stream{});
 }
 
-void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
+void ZeroOptimizer::step(const StepHyper& h, float grad_scale) {
   if (range_.size() > 0) {
     Tensor p = master_range();
     Tensor g = store_ ? store_->grad_shard() : model_.grads().view(range_.begin, {range_.size()});
@@ -174,23 +174,24 @@ void ZeroOptimizer::step(const AdamWHyper& h, float grad_scale) {
                                                           offload_bucket(z_),
                                                           z_.offload_pin_memory);
       if (!host_master_.defined()) host_master_ = offload_pipe_->host_copy(p);
-      offload_pipe_->step(*adam_, model_.layout(), p, g, host_master_, h, grad_scale);
+      offload_pipe_->step(*opt_, p, g, host_master_, h, grad_scale);
     } else {
       const Tensor lowp = fused_lowp_ ? model_.compute_params().view(range_.begin, {range_.size()}) : Tensor();
-      adam_->step(p, g, h, grad_scale, Stream{}, lowp);
+      opt_->step({.params = p, .grads = g, .params_lowp = lowp}, h, grad_scale);
     }
   } else {
-    adam_->set_step_count(adam_->step_count() + 1);
+    opt_->count_step();
   }
   after_update();
 }
 
-void ZeroOptimizer::step_gated(const AdamWHyper& h, const Tensor& scalars) {
+void ZeroOptimizer::step_gated(const StepHyper& h, const Tensor& scalars) {
   DS_CHECK(!offload_, "ZeroOptimizer::step_gated with offload_optimizer (the update runs on the host)");
+  DS_CHECK(opt_->has_gated_step(), "optimizer {} has no device-gated step", opt_->type());
   if (range_.size() > 0) {
     Tensor g = store_ ? store_->grad_shard() : model_.grads().view(range_.begin, {range_.size()});
     const Tensor lowp = fused_lowp_ ? model_.compute_params().view(range_.begin, {range_.size()}) : Tensor();
-    adam_->step_gated(master_range(), g, h, scalars, Stream{}, lowp);
+    opt_->step_gated({.params = master_range(), .grads = g, .params_lowp = lowp}, h, scalars);
   }
   // A skipped step leaves the master weights as they were, so this rewrites
   // the same values.
@@ -223,7 +224,7 @@ ModelStateBytes ZeroOptimizer::model_state_bytes() const {
   b.params = store_ ? store_->param_bytes() : flat->param_bytes();
   b.grads = store_ ? store_->grad_bytes() : flat->grad_bytes();
   // Offloaded optimizer state is host memory: not part of the device model state.
-  b.optimizer = offload_ ? 0 : 4 * (adam_->m().numel() + adam_->v().numel());
+  b.optimizer = offload_ ? 0 : opt_->state_bytes();
   return b;
 }
 

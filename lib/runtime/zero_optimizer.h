@@ -29,7 +29,7 @@
 
 #include "lib/comm/communicator.h"
 #include "lib/model/gpt.h"
-#include "lib/optim/adamw.h"
+#include "lib/optim/optimizer.h"
 #include "lib/parallel/zero_partition.h"
 #include "lib/runtime/offload_pipeline.h"
 #include "lib/runtime/timeline.h"
@@ -42,8 +42,9 @@ class ZeroOptimizer {
  public:
   // dp may be null for a single data-parallel rank. Stages 2 and 3 need the
   // model to be built on `store` (a ZeroParamStore of the same partition).
+  // optimizer_type: DeepSpeed's optimizer.type (make_optimizer's registry).
   ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig& z, const ZeroPartition& part,
-                ZeroParamStore* store);
+                ZeroParamStore* store, std::string_view optimizer_type);
 
   // Tensor / pipeline parallelism: this rank's share of the squared gradient
   // norm (reduce_gradients_into) sums squares over the flat ranges `counted`
@@ -85,17 +86,18 @@ class ZeroOptimizer {
   // flags over the world with the rest of the step's statistics).
   void grads_nonfinite_into(const Tensor& flag);
 
-  // AdamW on this rank's range, then the parameters the stage keeps whole are
-  // made current again (stage 1/2 all-gather, stage 3 persistent units).
-  void step(const AdamWHyper& h, float grad_scale);
-  // The same with the update gated on the device: AdamW reads its per-step
+  // The optimizer on this rank's range, then the parameters the stage keeps
+  // whole are made current again (stage 1/2 all-gather, stage 3 persistent units).
+  void step(const StepHyper& h, float grad_scale);
+  // The same with the update gated on the device: the optimizer reads its per-step
   // values from `scalars` (lib/ops/step_scalars.h; h gives the betas and eps)
   // and changes nothing when the block's skip flag is set, so nothing here
   // depends on the step's statistics on the host (a CUDA graph can hold it).
   // Not with offload (the update runs on the host there). Adam's step count
-  // is left to the caller (AdamW::count_step once the step is known applied).
-  void step_gated(const AdamWHyper& h, const Tensor& scalars);
-  AdamW& adam() { return *adam_; }
+  // is left to the caller (Optimizer::count_step once the step is known
+  // applied). The optimizer must have a gated step (Optimizer::has_gated_step).
+  void step_gated(const StepHyper& h, const Tensor& scalars);
+  Optimizer& optimizer() { return *opt_; }
   Range optimizer_range() const { return range_; }  // unpadded, may be empty
   // The fp32 master weights this rank updates (undefined when the range is empty).
   Tensor master_range();
@@ -121,9 +123,9 @@ class ZeroOptimizer {
   std::vector<Range> counted_;  // flat ranges this rank adds to the norm
   int rank_ = 0;
   Range range_;
-  std::unique_ptr<AdamW> adam_;
+  std::unique_ptr<Optimizer> opt_;
   bool offload_ = false;  // Adam state and the master range on the host (CUDA model)
-  bool fused_lowp_ = false;  // AdamW writes the bf16/f16 compute copy (no separate cast pass)
+  bool fused_lowp_ = false;  // the optimizer writes the bf16/f16 compute copy (no separate cast pass)
   // offload: (range) f32 host copy of the master range, read from the device
   // at the first step (after init or load), then the only one the update writes.
   Tensor host_master_;

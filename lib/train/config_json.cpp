@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "lib/core/log.h"
+#include "lib/optim/optimizer.h"
 #include "lib/train/config_internal.h"
 
 namespace ds {
@@ -60,9 +61,9 @@ void read_optimizer(DsSection& root, OptimizerConfig& o) {
   }
   DsSection s = root.section("optimizer");
   const std::string type = s.get<std::string>("type", "AdamW");
-  if (lower(type) == "adam") o.type = "Adam";
-  else if (lower(type) == "adamw") o.type = "AdamW";
-  else DS_USER_ERROR("config: optimizer.type '{}' is not supported (dstrain implements Adam and AdamW)", type);
+  o.type = canonical_optimizer_type(type);  // the registry's spelling (lib/optim/optimizer.h)
+  DS_USER_CHECK(!o.type.empty(), "config: optimizer.type '{}' is not supported (dstrain implements {})", type,
+                optimizer_types_text());
   DsSection p = s.section("params");
   o.lr = p.get<float>("lr", o.lr);
   if (p.has("betas")) {

@@ -88,7 +88,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   }
   if (comms_.grid.sp > 1) model_->set_ulysses({comms_.sp, comms_.grid.sp, comms_.grid.sp_rank});
   model_->set_recompute(recompute_config(cfg_.parallel));
-  opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get());
+  opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get(), cfg_.optim.type);
   opt_->set_timeline(&timeline_);
   if (shard_.tp > 1 || shard_.pp > 1)  // each parameter counted once over the model-parallel (tp x pp) ranks
     opt_->set_norm_counted(norm_counted_ranges(local));
@@ -316,12 +316,12 @@ void Trainer::load_or_init() {
                       shard_.pp == 1;
     Tensor full = flat ? model_->params().view(0, {full_layout_.total})
                        : Tensor::empty({full_layout_.total}, DType::F32, dev_);
-    CheckpointData d = rank_checkpoint(rank_model(), full, opt_->adam(), opt_->optimizer_range(), sdp_rank_, sdp_);
+    CheckpointData d = rank_checkpoint(rank_model(), full, opt_->optimizer(), opt_->optimizer_range(), sdp_rank_, sdp_);
     if (load_checkpoint(cfg_.ckpt.load_dir, state_, d)) {
       if (!flat) scatter_full_params(rank_model(), full);
       model_->store().params_updated();
       if (scaler_) scaler_->restore(state_.loss_scale, state_.good_steps, static_cast<int>(state_.hysteresis_left));
-      opt_->adam().set_step_count(d.opt_step);
+      opt_->optimizer().set_step_count(d.opt_step);
       fill_legacy_lr_clock(cfg_, state_);
       const std::string lr_note = reconcile_lr_schedule(cfg_, state_);
       if (!lr_note.empty()) DS_LOG("{}", lr_note);
@@ -383,7 +383,7 @@ float Trainer::train_step() {
   // Dropout masks are keyed by (seed, iteration) and each micro-batch's global
   // first sample, identical in every layout (docs/dropout.md).
   DropoutKey key{.train = true, .seed = cfg_.seed, .iteration = state_.iteration, .first_sample = 0};
-  const AdamWHyper h = step_hyper();
+  const StepHyper h = step_hyper();
   // The losses, the norm and the overflow flag stay on the device until one
   // read (read_step_block).
   if (graph_) {  // --cuda-graph: the same work, captured once and replayed
@@ -442,7 +442,7 @@ float Trainer::train_step() {
     return loss;
   }
   if (device_update_) {
-    opt_->adam().count_step();  // the device applied it (the read said so)
+    opt_->optimizer().count_step();  // the device applied it (the read said so)
   } else {
     opt_->step(h, gate.grad_scale);
     step_times_.optimizer += phase_ms();
@@ -522,7 +522,7 @@ bool Trainer::note_nan_iteration(float loss, double grad_norm) {
 bool Trainer::state_nonfinite(const Tensor& full_params) {
   Tensor flag = Tensor::zeros({1}, DType::F32, dev_);
   Tensor host_flag;  // for Adam's moments in host memory (offload_optimizer on a GPU run)
-  for (const Tensor& t : {full_params, opt_->adam().m(), opt_->adam().v()}) {
+  for (const Tensor& t : {full_params, opt_->optimizer().state("exp_avg"), opt_->optimizer().state("exp_avg_sq")}) {
     if (!t.defined() || t.numel() == 0) continue;
     if (t.device() == dev_) {
       ops::nonfinite_check({.flag = flag, .x = t}, Stream{});
@@ -627,7 +627,7 @@ void Trainer::save() {
     throw UserError(fmt::format("iteration {}: the weights or optimizer moments hold NaN/Inf; refusing to write a "
                                 "checkpoint to {} (the last one written stays 'latest')",
                                 state_.iteration, cfg_.ckpt.save_dir));
-  const CheckpointData d = rank_checkpoint(rank_model(), full, opt_->adam(), opt_->optimizer_range(),
+  const CheckpointData d = rank_checkpoint(rank_model(), full, opt_->optimizer(), opt_->optimizer_range(),
                                            sharded ? sdp_rank_ : 0, sharded ? sdp_ : 1);
   if (sharded || sdp_rank_ == 0) write_checkpoint_files(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
   comms_.world->barrier();

@@ -40,7 +40,7 @@ class Trainer {
   ModelStateBytes model_state_bytes() const { return opt_->model_state_bytes(); }
   const TrainState& state() const { return state_; }
   // Adam's step count: the updates applied so far (skipped steps excluded).
-  int64_t optimizer_steps() const { return opt_->adam().step_count(); }
+  int64_t optimizer_steps() const { return opt_->optimizer().step_count(); }
   // --profile: the host synchronisations of the profiled step (the run's
   // second), as its start-up log line reports them; -1 before it ran.
   int64_t profiled_host_syncs() const { return profiled_syncs_; }
@@ -84,16 +84,16 @@ class Trainer {
   // step scalars), before the read; otherwise after the read with the host's
   // gate. See train_step.
   bool device_update_ = false;
-  AdamWHyper step_hyper() const;  // the schedule's values for this step
+  StepHyper step_hyper() const;  // the schedule's values for this step
   // device_update_: the host's step scalars of this step (Adam's next step
   // count, the loss scale); on the CPU written into the step block, on the GPU into
   // pinned_terms_, which copy_update_terms then copies into the block inside
   // the step (a graph's copy node reads that fixed address).
-  void stage_update_terms(const AdamWHyper& h);
+  void stage_update_terms(const StepHyper& h);
   void copy_update_terms();
   // step_gate + the gated AdamW; scale_in_block: the gate reads the loss scale
   // from the step block (a captured fp16 step), not loss_scale.
-  void update_on_device(const AdamWHyper& h, double loss_scale, bool scale_in_block = false);
+  void update_on_device(const StepHyper& h, double loss_scale, bool scale_in_block = false);
   // (kStepHostSlots) f32 of page-locked memory (GPU, device_update_).
   // Declared before graph_: it outlives the graph that copies from it.
   struct PinnedDelete {
@@ -177,8 +177,8 @@ class Trainer {
   // The step from its start to just before the read (the step scalars'
   // copy, zeroing, the micro-batches, end_step_stats, the gated update):
   // eager during the warm-up, then captured once and replayed.
-  void graph_region(float loss_weight, DropoutKey key, const AdamWHyper& h);
-  void graph_region_eager(float loss_weight, DropoutKey key, const AdamWHyper& h);
+  void graph_region(float loss_weight, DropoutKey key, const StepHyper& h);
+  void graph_region_eager(float loss_weight, DropoutKey key, const StepHyper& h);
   // Eval, checkpoints: the next step captures again (see trainer_graph.cpp).
   void invalidate_graph(const char* why);
   int64_t graph_captured_at_ = 0, graph_captures_ = 0, graph_replays_ = 0;

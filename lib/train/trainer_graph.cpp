@@ -126,7 +126,7 @@ void Trainer::invalidate_graph(const char* why) {
 // scalars, the tokens and the dropout keys' per-step part come from the fixed
 // pinned buffers (the same work in the warm-up and in the capture, so the
 // capture finds the warm-up's blocks cached).
-void Trainer::graph_region_eager(float loss_weight, DropoutKey key, const AdamWHyper& h) {
+void Trainer::graph_region_eager(float loss_weight, DropoutKey key, const StepHyper& h) {
 #ifdef DS_WITH_CUDA
   GraphState& g = *graph_;
   const int64_t ga = cfg_.batch.grad_accum_steps;
@@ -157,7 +157,7 @@ void Trainer::graph_region_eager(float loss_weight, DropoutKey key, const AdamWH
 #endif
 }
 
-void Trainer::graph_region(float loss_weight, DropoutKey key, const AdamWHyper& h) {
+void Trainer::graph_region(float loss_weight, DropoutKey key, const StepHyper& h) {
 #ifdef DS_WITH_CUDA
   GraphState& g = *graph_;
   const int64_t ga = cfg_.batch.grad_accum_steps;

@@ -15,8 +15,8 @@
 
 namespace ds {
 
-AdamWHyper Trainer::step_hyper() const {
-  AdamWHyper h;
+StepHyper Trainer::step_hyper() const {
+  StepHyper h;
   h.lr = lr_at(cfg_.optim, state_.lr_clock);
   h.beta1 = cfg_.optim.beta1;
   h.beta2 = cfg_.optim.beta2;
@@ -25,9 +25,9 @@ AdamWHyper Trainer::step_hyper() const {
   return h;
 }
 
-void Trainer::stage_update_terms(const AdamWHyper& h) {
+void Trainer::stage_update_terms(const StepHyper& h) {
   float v[kStepHostSlots];
-  step_host_slots(opt_->adam().next_terms(h), scaler_ ? static_cast<float>(scaler_->scale()) : 1.f, v);
+  step_host_slots(opt_->optimizer().next_terms(h), scaler_ ? static_cast<float>(scaler_->scale()) : 1.f, v);
   // GPU: the previous step's read waited for the device, so no copy from
   // the pinned buffer is in flight.
   float* dst = pinned_terms_ ? pinned_terms_.get() : step_scalars().data<float>() + AdamWSlot::Lr;
@@ -45,7 +45,7 @@ void Trainer::copy_update_terms() {
 // The gate and the update, after end_step_stats, with no host read: the
 // graph holds them with --cuda-graph (with a dynamic fp16 loss scale the gate
 // then reads the scale from the step block).
-void Trainer::update_on_device(const AdamWHyper& h, double loss_scale, bool scale_in_block) {
+void Trainer::update_on_device(const StepHyper& h, double loss_scale, bool scale_in_block) {
   ops::step_gate({.scalars = step_scalars(), .stats = step_stats(), .loss_scale = loss_scale,
                   .scale_in_block = scale_in_block, .max_norm = cfg_.optim.grad_clip, .rule = skip_rule()});
   opt_->step_gated(h, step_scalars());

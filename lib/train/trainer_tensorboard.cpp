@@ -86,8 +86,8 @@ void Trainer::tensorboard_iteration(float loss, bool log_line, double ms) {
 // over tensor and pipeline parallelism.
 OptimizerStats Trainer::optimizer_stats() {
   OptimizerStats s;
-  accumulate(opt_->adam().v(), 0, s, true);
-  accumulate(opt_->adam().m(), 2, s, false);
+  accumulate(opt_->optimizer().state("exp_avg_sq"), 0, s, true);
+  accumulate(opt_->optimizer().state("exp_avg"), 2, s, false);
   accumulate(opt_->master_range(), 3, s, false);
   auto reduce = [&](Communicator* c) {
     if (!c || c->size() == 1) return;

@@ -147,7 +147,7 @@ TEST_CASE("AdamW::step_gated + count_step repeat AdamW::step; a skipped step kee
   const int64_t n = layout.total;
   AdamW host(layout, Device::cpu(), 0, n), gated(layout, Device::cpu(), 0, n);
   Tensor p_host = randn({n}, 150), p_gated = p_host.clone();
-  AdamWHyper h;
+  StepHyper h;
   h.lr = 1e-2f, h.weight_decay = 0.1f;
   Tensor block = Tensor::zeros({AdamWSlot::Count}, DType::F32);
   Tensor stats = Tensor::empty({3}, DType::F32);
@@ -162,12 +162,12 @@ TEST_CASE("AdamW::step_gated + count_step repeat AdamW::step; a skipped step kee
     h.lr = 1e-2f / static_cast<float>(it);  // a schedule
     step_host_slots(gated.next_terms(h), 1.f, block.data<float>());
     ops::step_gate({.scalars = block, .stats = stats, .max_norm = 1.5f});
-    gated.step_gated(p_gated, g, h, block);
+    gated.step_gated({.params = p_gated, .grads = g, .params_lowp = Tensor()}, h, block);
     const StepGate gate = gate_step(stats.data<float>()[0], 0.f, 2.5f, 1.0, 1.5f, SkipRule::NonFinite);
     CHECK(gate.skip == (it == 3));
     CHECK(block.data<float>()[AdamWSlot::Skip] == (gate.skip ? 1.f : 0.f));
     if (!gate.skip) {
-      host.step(p_host, g, h, gate.grad_scale);
+      host.step({.params = p_host, .grads = g, .params_lowp = Tensor()}, h, gate.grad_scale);
       gated.count_step();
     }
     CHECK(gated.step_count() == host.step_count());

@@ -52,7 +52,7 @@ OffloadCompare compare_offload_step(Device dev, int64_t bucket, bool pinned) {
   const ModelLayout layout = small_layout();
   const int64_t begin = 50, end = 640, n = end - begin;  // a rank's range, cutting parameters a and d
   AdamW blocking(layout, Device::cpu(), begin, end), piped(layout, Device::cpu(), begin, end);
-  AdamWHyper h;
+  StepHyper h;
   h.lr = 1e-2f;
   h.weight_decay = 0.1f;
 
@@ -64,9 +64,9 @@ OffloadCompare compare_offload_step(Device dev, int64_t bucket, bool pinned) {
   for (int step = 0; step < 3; ++step) {
     const Tensor grads = random_host(n, 100 + step).to(dev);
     const float scale = 0.5f + 0.25f * step;
-    blocking.step(host_a, grads.to(Device::cpu()), h, scale);
+    blocking.step({.params = host_a, .grads = grads.to(Device::cpu()), .params_lowp = Tensor()}, h, scale);
     dev_a.copy_from(host_a);
-    pipe.step(piped, layout, dev_b, grads, host_b, h, scale);
+    pipe.step(piped, dev_b, grads, host_b, h, scale);
   }
   OffloadCompare r;
   r.params_equal = same_bytes(dev_a, dev_b) && same_bytes(host_a, host_b);

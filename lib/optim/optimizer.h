@@ -1,0 +1,107 @@
+// The optimizer interface: an optimizer owns named state tensors over one
+// range [begin, end) of a flat parameter layout (a ZeRO shard, or all of it)
+// and updates that range from its gradients. Everything above it (ZeRO,
+// offload, checkpoints, TensorBoard's optimizer statistics) reaches the state
+// through its names, and an optimizer is made from DeepSpeed's
+// `optimizer.type` through one registry (make_optimizer). docs/ops.md lists
+// the files a new optimizer touches.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lib/core/stream.h"
+#include "lib/core/tensor.h"
+#include "lib/model/layout.h"
+#include "lib/ops/step_scalars.h"
+
+namespace ds {
+
+// The per-step values of an update: the schedule's learning rate and weight
+// decay, and the optimizer's coefficients (each optimizer reads the ones it
+// has).
+struct StepHyper {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
+};
+
+// One state tensor: its name (as checkpoints and DeepSpeed name it:
+// "exp_avg", "exp_avg_sq", ...) and dtype; it covers the owned range.
+struct OptimizerStateSpec {
+  std::string name;
+  DType dtype = DType::F32;
+};
+
+// The tensors of one update, each covering the owned range (or, for
+// step_part, the part): fp32 master weights and gradients, and optionally
+// the bf16/f16 compute copy the update also writes.
+struct StepTensors {
+  Tensor params, grads;
+  Tensor params_lowp;  // undefined: no low-precision copy to write
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // DeepSpeed's optimizer.type this class implements ("AdamW", ...).
+  virtual const char* type() const = 0;
+  // The state it keeps per element of the range, in checkpoint order.
+  virtual std::vector<OptimizerStateSpec> state_specs() const = 0;
+  // One update of the whole range; grad_scale multiplies every gradient
+  // first (clipping, loss-scale unscaling). Counts a step.
+  virtual void step(const StepTensors& t, const StepHyper& h, float grad_scale, const Stream& s = Stream{}) = 0;
+  // Element-wise optimizers: the update of [lo, hi) of the range alone, with
+  // the step count already advanced (offload updates bucket by bucket and
+  // gets the bits of one whole step). Others return false and do nothing.
+  virtual bool step_part(int64_t lo, int64_t hi, const StepTensors& t, const StepHyper& h, float grad_scale) = 0;
+  // The update gated on the device (CUDA graphs): its per-step values are
+  // read from `scalars` ((AdamWSlot::Count) f32 on the state's device,
+  // lib/ops/step_scalars.h) when it runs, nothing happens when the block's
+  // skip flag is set, and the step count does not move (count_step() once
+  // the host knows the step was applied). Optimizers without it return false
+  // from has_gated_step().
+  virtual bool has_gated_step() const { return false; }
+  virtual void step_gated(const StepTensors& t, const StepHyper& h, const Tensor& scalars, const Stream& s = Stream{});
+  // The values the host writes into the block for the next gated step.
+  virtual AdamWTerms next_terms(const StepHyper& h) const;
+
+  // The state tensor named `name`; ds::Error when there is none.
+  Tensor& state(std::string_view name);
+  bool has_state(std::string_view name) const;
+  // Every state tensor, in state_specs() order.
+  std::vector<Tensor> states() const;
+  int64_t state_bytes() const;
+
+  void count_step() { ++step_; }
+  int64_t step_count() const { return step_; }  // applied steps
+  void set_step_count(int64_t s) { step_ = s; }
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
+  const ModelLayout& layout() const { return *layout_; }
+
+ protected:
+  Optimizer(const ModelLayout& layout, int64_t begin, int64_t end);
+  // Allocates every state of state_specs() (zeros, counted as model state);
+  // called by the concrete class's constructor.
+  void allocate_state(Device dev);
+  void check_range(const StepTensors& t, int64_t n, const char* what) const;
+  int64_t step_ = 0;
+
+ private:
+  const ModelLayout* layout_;
+  int64_t begin_, end_;
+  std::vector<std::pair<std::string, Tensor>> state_;
+};
+
+// The registry: an optimizer of DeepSpeed's `optimizer.type` (case-insensitive,
+// "Adam" or "AdamW" today) for elements [begin, end) of `layout`, its state on
+// `dev`. UserError naming the type and the supported ones for anything else.
+std::unique_ptr<Optimizer> make_optimizer(std::string_view type, const ModelLayout& layout, Device dev,
+                                          int64_t begin, int64_t end);
+// The canonical spelling of a registered type ("adamw" -> "AdamW"), "" when
+// none; and the list a config error names ("Adam and AdamW").
+std::string canonical_optimizer_type(std::string_view type);
+std::string optimizer_types_text();
+
+}  // namespace ds

@@ -1,0 +1,72 @@
+// The optimizer interface and registry (lib/optim/optimizer.h): DeepSpeed's
+// optimizer.type spellings map to one class, its named state covers the owned
+// range, the update of a range in parts gives the bits of the whole, and an
+// unknown type is one error naming the supported ones.
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "lib/core/error.h"
+#include "lib/optim/adamw.h"
+#include "test/model/tiny_model.h"
+#include "test/ops_harness/op_test_util.h"
+
+using namespace ds;
+using namespace ds::test;
+using Catch::Matchers::Contains;
+
+namespace {
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("the registry makes DeepSpeed's Adam and AdamW, case-insensitive, and names what it supports") {
+  const ModelLayout layout = build_layout(tiny_model(false));
+  for (const char* type : {"Adam", "AdamW", "adamw", "ADAM"}) {
+    INFO(type);
+    std::unique_ptr<Optimizer> o = make_optimizer(type, layout, Device::cpu(), 10, 110);
+    CHECK(std::string(o->type()) == "AdamW");
+    REQUIRE(o->state_specs().size() == 2);
+    CHECK(o->state_specs()[0].name == "exp_avg");
+    CHECK(o->state_specs()[1].name == "exp_avg_sq");
+    CHECK(o->state("exp_avg").numel() == 100);
+    CHECK(o->has_state("exp_avg_sq"));
+    CHECK_FALSE(o->has_state("momentum"));
+    CHECK(o->state_bytes() == 2 * 4 * 100);
+    CHECK(o->has_gated_step());
+  }
+  CHECK(canonical_optimizer_type("adam") == "Adam");
+  CHECK(canonical_optimizer_type("Lamb").empty());
+  CHECK(optimizer_types_text() == "Adam and AdamW");
+  CHECK_THROWS_WITH(make_optimizer("OneBitAdam", layout, Device::cpu(), 0, 10),
+                    Contains("optimizer.type 'OneBitAdam' is not supported (dstrain implements Adam and AdamW)"));
+  CHECK_THROWS_AS(make_optimizer("Adam", layout, Device::cpu(), 0, 10)->state("momentum"), Error);
+}
+
+TEST_CASE("an element-wise optimizer updates its range in parts with the bits of one step") {
+  const ModelLayout layout = build_layout(tiny_model(false));  // weights that decay and biases that do not
+  const int64_t begin = 7, end = layout.total - 5, n = end - begin;
+  std::unique_ptr<Optimizer> whole = make_optimizer("AdamW", layout, Device::cpu(), begin, end);
+  std::unique_ptr<Optimizer> parts = make_optimizer("AdamW", layout, Device::cpu(), begin, end);
+  Tensor p_whole = randn({n}, 3), p_parts = p_whole.clone();
+  StepHyper h;
+  h.lr = 1e-2f;
+  h.weight_decay = 0.1f;
+  for (int step = 1; step <= 3; ++step) {
+    const Tensor g = randn({n}, 20 + step, 0.5);
+    whole->step({.params = p_whole, .grads = g, .params_lowp = Tensor()}, h, 0.75f);
+    parts->count_step();
+    for (int64_t lo = 0; lo < n; lo += 37) {  // parts that cut parameters anywhere
+      const int64_t hi = std::min(n, lo + 37);
+      REQUIRE(parts->step_part(lo, hi, {.params = p_parts.view(lo, {hi - lo}), .grads = g.view(lo, {hi - lo}),
+                                        .params_lowp = Tensor()},
+                               h, 0.75f));
+    }
+    CHECK(same_bits(p_whole, p_parts));
+    for (const OptimizerStateSpec& s : whole->state_specs())
+      CHECK(same_bits(whole->state(s.name), parts->state(s.name)));
+    CHECK(whole->step_count() == parts->step_count());
+  }
+}
