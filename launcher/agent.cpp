@@ -52,6 +52,44 @@ void write_all(int fd, const std::string& s, bool* broken) {
   }
 }
 
+// The --save_pid file /tmp/<pid>.deepspeed. /tmp is shared, so the file is
+// created with O_EXCL|O_NOFOLLOW: a file or symlink already at that path (left
+// behind, or planted to redirect the write) is refused, never written through.
+// Removal unlinks the path only while it is still the file we created.
+class PidFile {
+ public:
+  // Returns "" on success, else the one-line reason.
+  std::string create(const std::string& path, int pid) {
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == EEXIST)
+      return fmt::format("--save_pid: '{}' already exists (a file or link dsrun did not create); "
+                         "remove it or run without --save_pid", path);
+    if (fd < 0) return fmt::format("--save_pid: cannot create '{}': {}", path, std::strerror(errno));
+    bool broken = false;
+    write_all(fd, std::to_string(pid), &broken);
+    struct stat st {};
+    const bool ok = !broken && fstat(fd, &st) == 0;
+    close(fd);
+    if (!ok) {
+      unlink(path.c_str());
+      return fmt::format("--save_pid: cannot write '{}'", path);
+    }
+    path_ = path, dev_ = st.st_dev, ino_ = st.st_ino;
+    return "";
+  }
+  ~PidFile() {
+    struct stat st {};
+    if (!path_.empty() && lstat(path_.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == dev_ &&
+        st.st_ino == ino_)
+      unlink(path_.c_str());
+  }
+
+ private:
+  std::string path_;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+};
+
 class Agent {
  public:
   Agent(const AgentOptions& a, int node_rank, bool watch)
@@ -306,13 +344,13 @@ void Agent::loop_once() {
 }
 
 int Agent::run() {
-  std::string pid_file;
+  PidFile pid_file;
   if (a_.save_pid > 0) {
-    pid_file = fmt::format("/tmp/{}.deepspeed", a_.save_pid);
-    FILE* f = fopen(pid_file.c_str(), "w");
-    DS_USER_CHECK(f, "--save_pid: cannot write '{}'", pid_file);
-    fmt::print(f, "{}", guard_pid());
-    fclose(f);
+    const std::string why = pid_file.create(fmt::format("/tmp/{}.deepspeed", a_.save_pid), guard_pid());
+    if (!why.empty()) {  // before any rank starts
+      emit(2, fmt::format("dsrun: error: {}\n", why));
+      return 1;
+    }
   }
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   try {
@@ -337,7 +375,6 @@ int Agent::run() {
   }
   kill_all_adopted();
   prctl(PR_SET_CHILD_SUBREAPER, 0);
-  if (!pid_file.empty()) unlink(pid_file.c_str());
   return result_ < 0 ? 0 : result_;
 }
 

@@ -1,5 +1,6 @@
 // state.json validation: every field is checked for type, count and range,
-// and the document's own checksum (when present) for a flipped bit.
+// and the document's own checksum for a flipped bit (required in a state.json
+// with a format_version; only older, unversioned ones may lack it).
 #include "lib/ckpt/state_json.h"
 
 #include <algorithm>
@@ -99,9 +100,20 @@ void read_checksums(const Reader& r, StepState& s) {
 }
 
 // The document's own checksum: CRC-32C of its compact dump without the field.
+// Required from format_version 1 on (every writer of a versioned state.json
+// writes it, so a missing one was removed); only an unversioned (older)
+// state.json may lack it.
 void verify_self_checksum(const Reader& r, json& doc) {
+  const int64_t version = r.optional("format_version", 1, std::numeric_limits<int64_t>::max(), 0);
+  DS_USER_CHECK(version <= kStateFormatVersion, "checkpoint file '{}' has format_version {}, this build reads up "
+                "to {} (written by a newer dstrain?)", r.file, version, kStateFormatVersion);
   auto it = doc.find("state_checksum");
-  if (it == doc.end()) return;
+  if (it == doc.end()) {
+    DS_USER_CHECK(version == 0, "checkpoint file '{}' has no state_checksum, which every state.json of "
+                  "format_version {} carries (removed or hand-edited?); refusing to load it unverified", r.file,
+                  version);
+    return;
+  }
   uint32_t want = 0;
   if (!it->is_string() || !parse_crc32c_text(it->get<std::string>(), want))
     r.fail("state_checksum", "\"crc32c:<8 hex digits>\"", *it);
@@ -198,6 +210,8 @@ StepState parse_step_state(std::string_view text, const std::string& file) {
   s.sizes.vp = static_cast<int>(r.optional("virtual_pipeline_stages", 1, kMaxParallelSize, 1));
   read_layout(r, s);
   read_checksums(r, s);
+  DS_USER_CHECK(!s.checksums.empty() || !doc.contains("format_version"), "checkpoint file '{}' has no file "
+                "checksums, which every state.json with a format_version carries (removed or hand-edited?)", file);
   if (const json* c = r.find("config")) {
     if (!c->is_object()) r.fail("config", "an object", *c);
     s.config = *c;
@@ -209,6 +223,7 @@ StepState parse_step_state(std::string_view text, const std::string& file) {
 std::string step_state_text(const nlohmann::json& state) {
   DS_CHECK(state.is_object() && !state.contains("state_checksum"), "step_state_text: bad state object");
   json doc = state;
+  doc["format_version"] = kStateFormatVersion;
   const std::string compact = doc.dump();
   doc["state_checksum"] = crc32c_text(crc32c(compact.data(), compact.size()));
   return doc.dump(1);

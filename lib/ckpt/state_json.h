@@ -60,9 +60,14 @@ inline constexpr size_t kMaxStateJsonBytes = size_t(64) << 20;
 // Parses and validates state.json text; `file` names it in errors.
 StepState parse_step_state(std::string_view text, const std::string& file);
 
+// state.json's format_version, written since the state_checksum and the file
+// checksums became mandatory: a state.json that declares it must carry both.
+// An unversioned state.json (an older dstrain) loads without them.
+inline constexpr int64_t kStateFormatVersion = 1;
+
 // The state.json text for `state` (a JSON object without "state_checksum"):
-// the object plus "state_checksum", the CRC-32C of its compact dump, which
-// parse_step_state verifies when present.
+// the object plus "format_version" and "state_checksum", the CRC-32C of its
+// compact dump, which parse_step_state verifies.
 std::string step_state_text(const nlohmann::json& state);
 
 }  // namespace ds

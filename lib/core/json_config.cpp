@@ -62,7 +62,12 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& what) {
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
-    DS_USER_ERROR("{} is not valid JSON: {}", what, e.what());
+    // The parser's "; last read: '...'" quotes the file's text: cut it (the
+    // line and column before it say where). The file may not be JSON at all.
+    std::string msg = e.what();
+    const size_t quoted = msg.find("; last read: '");
+    if (quoted != std::string::npos) msg.resize(quoted);
+    DS_USER_ERROR("{} is not valid JSON: {}", what, msg);
   }
 }
 

@@ -160,12 +160,14 @@ namespace {
 int64_t vocab_json_size(const nlohmann::json& vocab, const std::string& path) {
   if (!vocab.is_object() || vocab.empty())
     DS_USER_ERROR("vocab file {} must be a JSON object mapping tokens to ids", path);
-  int64_t max_id = -1;
+  int64_t max_id = -1, entry = 0;
   for (auto& [name, id] : vocab.items()) {
+    ++entry;
     if (!id.is_number_integer() || (id.is_number_unsigned() && id.get<uint64_t>() > uint64_t(INT32_MAX)) ||
         id.get<int64_t>() < 0 || id.get<int64_t>() >= std::numeric_limits<int32_t>::max())
-      DS_USER_ERROR("vocab file {}: token {} has id {}, expected an integer in [0, 2147483646]", path,
-                    nlohmann::json(name).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), id.dump());
+      DS_USER_ERROR("vocab file {}: entry {} (in key order) has {} for its id, expected an integer in "
+                    "[0, 2147483646]", path, entry, id.is_number_integer() ? "an integer out of range"
+                                                        : std::string("a ") + id.type_name());
     max_id = std::max(max_id, id.get<int64_t>());
   }
   const int64_t n = static_cast<int64_t>(vocab.size());
@@ -215,13 +217,14 @@ BpeTokenizer BpeTokenizer::load(const std::string& vocab_path, const std::string
     const size_t sp = line.find(' ');
     if (sp == std::string::npos || sp == 0 || sp + 1 == line.size() ||
         line.find(' ', sp + 1) != std::string::npos)
-      DS_USER_ERROR("merges file {} line {}: expected two tokens separated by one space, got "
-                    "'{}'", merges_path, line_no, line);
+      DS_USER_ERROR("merges file {} line {}: expected two tokens separated by one space ({})", merges_path,
+                    line_no, sp == std::string::npos ? "no space" : sp == 0 || sp + 1 == line.size()
+                                                                         ? "an empty token" : "more than one space");
     const std::string left = line.substr(0, sp), right = line.substr(sp + 1);
     const int32_t a = t.token_id(left), b = t.token_id(right), c = t.token_id(left + right);
     if (a < 0 || b < 0 || c < 0)
-      DS_USER_ERROR("merges file {} line {}: '{}', '{}' or their merge is not in vocab file {} "
-                    "(do the two files belong together?)", merges_path, line_no, left, right,
+      DS_USER_ERROR("merges file {} line {}: {} is not in vocab file {} (do the two files belong together?)",
+                    merges_path, line_no, a < 0 ? "its first token" : b < 0 ? "its second token" : "the merged token",
                     vocab_path);
     t.merges_.emplace(bpe_pair_key(a, b), BpeMerge{rank++, c});  // a repeated pair keeps its first rank
   }

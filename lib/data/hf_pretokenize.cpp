@@ -105,8 +105,8 @@ SplitPattern parse_split_pattern(std::string_view regex, const std::string& wher
   if (regex == kGpt2Regex) return SplitPattern::Gpt2;
   if (regex == kCl100kRegex) return SplitPattern::Cl100k;
   if (regex == kQwen2Regex) return SplitPattern::Qwen2;
-  DS_USER_ERROR("{}: the Split pre-tokenizer pattern {} is not one we implement (the GPT-2, LLaMA-3/cl100k and "
-                "Qwen2 patterns are)", where, std::string(regex));
+  DS_USER_ERROR("{}: the Split pre-tokenizer pattern ({} bytes) is not one we implement (the GPT-2, LLaMA-3/cl100k "
+                "and Qwen2 patterns are)", where, regex.size());
 }
 
 const char* split_pattern_regex(SplitPattern p) {

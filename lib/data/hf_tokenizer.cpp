@@ -3,9 +3,12 @@
 // and Split (hf_pretokenize.cpp) alone or in a Sequence, added tokens matched
 // in the raw text before pre-tokenization (leftmost, longest; lstrip, rstrip,
 // single_word), the TemplateProcessing post-processor's bos, and decoding back
-// to bytes. Every unsupported part is a UserError naming the file and the part.
+// to bytes. Every unsupported part is a UserError naming the file and the part;
+// errors never echo the file's text (it may not be a tokenizer at all): they
+// name the field, the entry's position and the JSON type found.
 #include "lib/data/hf_tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -52,7 +55,24 @@ std::string read_text(const std::string& path) {
 // o[key], or null when o is not an object or has no such key.
 json get(const json& o, const char* key) { return o.is_object() && o.contains(key) ? o[key] : json(); }
 
-std::string dump(const json& v) { return v.dump(-1, ' ', false, json::error_handler_t::replace); }
+// What an error says about a value found in the file: its JSON type, never its text.
+std::string kind_of(const json& v) {
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "true/false";
+  if (v.is_number()) return "a number";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+// A type name from the file ("BPE", "WordPiece") for an error: shown when it is a
+// short identifier, else only described.
+std::string type_label(const std::string& t) {
+  const bool ident = !t.empty() && t.size() <= 32 && std::all_of(t.begin(), t.end(), [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+  return ident ? t : "(not a type name)";
+}
 
 bool is_ascii_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
@@ -83,13 +103,13 @@ class HfTokenizer final : public Tokenizer {
   std::string get_str(const json& o, const char* key, const std::string& dflt) const {
     const json v = get(o, key);
     if (v.is_null()) return dflt;
-    DS_USER_CHECK(v.is_string(), "{}: \"{}\" must be a string, got {}", file_, key, dump(v));
+    DS_USER_CHECK(v.is_string(), "{}: \"{}\" must be a string, got {}", file_, key, kind_of(v));
     return v.get<std::string>();
   }
   bool get_bool(const json& o, const char* key, bool dflt) const {
     const json v = get(o, key);
     if (v.is_null()) return dflt;
-    DS_USER_CHECK(v.is_boolean(), "{}: \"{}\" must be true or false, got {}", file_, key, dump(v));
+    DS_USER_CHECK(v.is_boolean(), "{}: \"{}\" must be true or false, got {}", file_, key, kind_of(v));
     return v.get<bool>();
   }
   void load_model(const json& m, const std::string& file);
@@ -131,22 +151,24 @@ class HfTokenizer final : public Tokenizer {
 void HfTokenizer::load_model(const json& m, const std::string& file) {
   DS_USER_CHECK(m.is_object(), "{}: no \"model\" object", file);
   const std::string type = get_str(m, "type", std::string("BPE"));
-  DS_USER_CHECK(type == "BPE", "{}: model type {} is not supported (only BPE)", file, type);
+  DS_USER_CHECK(type == "BPE", "{}: model type {} is not supported (only BPE)", file, type_label(type));
   DS_USER_CHECK(m.contains("vocab") && m["vocab"].is_object(), "{}: model.vocab must be an object", file);
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     const json v = get(m, k);
     DS_USER_CHECK(v.is_null() || (v.is_string() && v.get<std::string>().empty()),
-                  "{}: model.{} {} is not supported", file, k, dump(v));
+                  "{}: model.{} ({}) is not supported", file, k, kind_of(v));
   }
   const json dropout = get(m, "dropout");
   DS_USER_CHECK(dropout.is_null() || (dropout.is_number() && dropout.get<double>() == 0.0),
-                "{}: model.dropout {} is not supported (BPE dropout is for training-time sampling)", file,
-                dump(dropout));
+                "{}: model.dropout ({}) is not supported (BPE dropout is for training-time sampling)", file,
+                kind_of(dropout));
   int64_t max_id = -1;
+  int64_t entry = 0;
   for (auto& [tok, idj] : m["vocab"].items()) {
+    ++entry;
     DS_USER_CHECK(idj.is_number_integer() && idj.get<int64_t>() >= 0 && idj.get<int64_t>() < (int64_t{1} << 30),
-                  "{}: model.vocab: token {} has id {}, expected an integer in [0, 2^30)", file, dump(json(tok)),
-                  dump(idj));
+                  "{}: model.vocab entry {} (in key order) has {} for its id, expected an integer in [0, 2^30)",
+                  file, entry, idj.is_number_integer() ? "an integer out of range" : kind_of(idj));
     max_id = std::max(max_id, idj.get<int64_t>());
   }
   const int64_t n = static_cast<int64_t>(m["vocab"].size());
@@ -180,20 +202,18 @@ void HfTokenizer::load_merges(const json& merges) {
       const size_t sp = s.find(' ');
       DS_USER_CHECK(
           sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos,
-          "{}: merge {} is not two tokens separated by one space", file_,
-          mj.dump(-1, ' ', false, json::error_handler_t::replace));
+          "{}: model.merges entry {} is not two tokens separated by one space", file_, rank + 1);
       a = s.substr(0, sp), b = s.substr(sp + 1);
     } else {
       DS_USER_CHECK(mj.is_array() && mj.size() == 2 && mj[0].is_string() && mj[1].is_string(),
-                    "{}: merge {} is neither \"a b\" nor [\"a\", \"b\"]", file_,
-                    mj.dump(-1, ' ', false, json::error_handler_t::replace));
+                    "{}: model.merges entry {} is neither \"a b\" nor [\"a\", \"b\"] (found {})", file_,
+                    rank + 1, kind_of(mj));
       a = mj[0].get<std::string>(), b = mj[1].get<std::string>();
     }
     const int32_t ia = id_of(a), ib = id_of(b), ic = id_of(a + b);
     DS_USER_CHECK(ia >= 0 && ib >= 0 && ic >= 0,
-                  "{}: merge number {} ({} + {}) uses a token that is not in model.vocab", file_, rank + 1,
-                  json(a).dump(-1, ' ', false, json::error_handler_t::replace),
-                  json(b).dump(-1, ' ', false, json::error_handler_t::replace));
+                  "{}: model.merges entry {}: {} is not in model.vocab", file_, rank + 1,
+                  ia < 0 ? "its first token" : ib < 0 ? "its second token" : "the merged token");
     merges_.emplace(bpe_pair_key(ia, ib), BpeMerge{rank++, ic});
   }
 }
@@ -201,12 +221,13 @@ void HfTokenizer::load_merges(const json& merges) {
 void HfTokenizer::load_added(const json& added) {
   if (added.is_null()) return;
   DS_USER_CHECK(added.is_array(), "{}: added_tokens must be an array", file_);
+  int64_t entry = 0;
   for (const json& t : added) {
+    ++entry;
     DS_USER_CHECK(t.is_object() && t.contains("id") && t["id"].is_number_integer() && t.contains("content") &&
                       t["content"].is_string() && t["id"].get<int64_t>() >= 0 &&
                       t["id"].get<int64_t>() < static_cast<int64_t>(tokens_.size()) + kMaxUnusedVocabIds,
-                  "{}: added_tokens entry {} needs a string \"content\" and an id in range", file_,
-                  t.dump(-1, ' ', false, json::error_handler_t::replace));
+                  "{}: added_tokens entry {} needs a string \"content\" and an id in range", file_, entry);
     AddedToken a{t["content"].get<std::string>(), static_cast<int32_t>(t["id"].get<int64_t>()),
                  get_bool(t, "lstrip", false), get_bool(t, "rstrip", false), get_bool(t, "single_word", false)};
     DS_USER_CHECK(!a.content.empty(), "{}: added token {} has empty content", file_, a.id);
@@ -225,11 +246,12 @@ void HfTokenizer::load_normalizer(const json& n) {
   // NFC leaves text that is already composed unchanged (docs/tokenizers.md).
   if (type == "NFC") return;
   if (type == "Sequence" && get(n, "normalizers").empty()) return;
-  DS_USER_ERROR("{}: normalizer {} is not supported (byte-level BPE files have none or NFC)", file_, type);
+  DS_USER_ERROR("{}: normalizer {} is not supported (byte-level BPE files have none or NFC)", file_,
+                type_label(type));
 }
 
 void HfTokenizer::add_pre_step(const json& p) {
-  DS_USER_CHECK(p.is_object(), "{}: pre_tokenizer entry {} is not an object", file_, dump(p));
+  DS_USER_CHECK(p.is_object(), "{}: a pre_tokenizer entry is {}, not an object", file_, kind_of(p));
   const std::string type = get_str(p, "type", std::string("?"));
   PreStep s{};
   if (type == "ByteLevel") {
@@ -241,14 +263,15 @@ void HfTokenizer::add_pre_step(const json& p) {
     s.kind = PreStep::Kind::Split;
     const json pat = get(p, "pattern");
     DS_USER_CHECK(pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string(),
-                  "{}: Split pre-tokenizer pattern {} is not supported (only the known Regex patterns)", file_,
-                  dump(pat));
+                  "{}: Split pre-tokenizer pattern ({}) is not supported (only the known Regex patterns)", file_,
+                  kind_of(pat));
     s.pattern = parse_split_pattern(pat["Regex"].get<std::string>(), file_);
     DS_USER_CHECK(get_str(p, "behavior", std::string()) == "Isolated" && !get_bool(p, "invert", false),
-                  "{}: Split pre-tokenizer behavior {} invert {} is not supported (only Isolated, not inverted)",
-                  file_, dump(get(p, "behavior")), dump(get(p, "invert")));
+                  "{}: Split pre-tokenizer behavior/invert is not supported (only \"Isolated\", not inverted)",
+                  file_);
   } else {
-    DS_USER_ERROR("{}: pre_tokenizer {} is not supported (ByteLevel, Split or a Sequence of them)", file_, type);
+    DS_USER_ERROR("{}: pre_tokenizer {} is not supported (ByteLevel, Split or a Sequence of them)", file_,
+                  type_label(type));
   }
   pre_.push_back(s);
 }
@@ -270,7 +293,7 @@ void HfTokenizer::load_post(const json& p) {
     return;
   }
   if (type == "ByteLevel") return;  // only adjusts offsets
-  DS_USER_CHECK(type == "TemplateProcessing", "{}: post_processor {} is not supported", file_, type);
+  DS_USER_CHECK(type == "TemplateProcessing", "{}: post_processor {} is not supported", file_, type_label(type));
   const json single = get(p, "single");
   std::vector<int32_t> before, after;
   bool seen_a = false;
@@ -283,7 +306,7 @@ void HfTokenizer::load_post(const json& p) {
     const json ids = get(get(get(p, "special_tokens"), name.c_str()), "ids");
     DS_USER_CHECK(ids.is_array() && ids.size() == 1 && ids[0].is_number_integer() && ids[0].get<int64_t>() >= 0 &&
                       ids[0].get<int64_t>() < static_cast<int64_t>(tokens_.size()),
-                  "{}: post_processor special token {} has no single id in the vocabulary", file_, name);
+                  "{}: a post_processor special token has no single id in the vocabulary", file_);
     (seen_a ? after : before).push_back(ids[0].get<int32_t>());
   }
   DS_USER_CHECK(

@@ -2,9 +2,12 @@
 // re-read with dstrain's own parser (lib/train), with its parallel layout
 // and batch sizes reset to one process, so the model settings mean exactly
 // what they meant in training; the weights are read through the reshaping
-// loader (lib/ckpt/reshape.h), which assembles any saved TP / PP layout.
+// loader (lib/ckpt/reshape.h), which assembles any saved TP / PP layout. The
+// tokenizer paths the saved config names are used only inside the checkpoint
+// directory (a checkpoint from elsewhere must not make dsgen read any file).
 #include "lib/gen/model_source.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -29,6 +32,52 @@ TrainConfig saved_train_config(nlohmann::json c, const std::string& step) {
   return retargeted_train_config(c, ParallelRequest{}, 1, BatchOnRetarget::Drop);
 }
 
+// A path from the checkpoint, quoted and cut for an error line.
+std::string quoted(const std::string& path) {
+  const std::string q = nlohmann::json(path).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return q.size() > 120 ? q.substr(0, 117) + "..." : q;
+}
+
+// A tokenizer path stored in a checkpoint's config, used without the user
+// naming it only inside the checkpoint directory: a relative path resolves
+// against that directory, and the real path (links and ".." resolved) of the
+// file -- of a directory's tokenizer.json -- must lie inside it. "" otherwise.
+std::string inside_checkpoint(const std::string& stored, const fs::path& load_dir) {
+  std::error_code ec;
+  const fs::path root = fs::canonical(load_dir, ec);
+  if (ec || stored.empty()) return "";
+  fs::path p = fs::path(stored).is_relative() ? load_dir / stored : fs::path(stored);
+  fs::path real = fs::canonical(p, ec);
+  if (!ec && fs::is_directory(real)) real = fs::canonical(real / "tokenizer.json", ec);
+  if (ec || !fs::is_regular_file(real)) return "";
+  const auto [r, f] = std::mismatch(root.begin(), root.end(), real.begin(), real.end());
+  return r == root.end() && f != real.end() ? real.string() : "";
+}
+
+// The run's tokenizer files as the saved config names them, resolved by
+// inside_checkpoint; where one is not inside, m.tokenizer_refused says why.
+void saved_tokenizer(const DataConfig& d, const fs::path& load_dir, const std::string& step, LoadedModel& m) {
+  m.tokenizer.kind = d.tokenizer_type.empty() ? data::TokenizerKind::GPT2BPE
+                                              : data::parse_tokenizer_kind(d.tokenizer_type, "config tokenizer_type");
+  const std::pair<const char*, const std::string*> files[] = {
+      {"vocab_file", &d.vocab_file}, {"merge_file", &d.merge_file}, {"tokenizer_model", &d.tokenizer_model}};
+  std::string* out[] = {&m.tokenizer.vocab_file, &m.tokenizer.merge_file, &m.tokenizer.model_path};
+  for (int i = 0; i < 3; ++i) {
+    const std::string& stored = *files[i].second;
+    if (stored.empty()) continue;
+    *out[i] = inside_checkpoint(stored, load_dir);
+    if (!out[i]->empty()) continue;
+    m.tokenizer_refused = fmt::format(
+        "checkpoint '{}' names its run's tokenizer (config.data.{} {}), which is not a file inside the checkpoint "
+        "directory '{}'; dsgen does not open such paths on its own: pass --vocab-file/--merge-file or "
+        "--tokenizer-type/--tokenizer-model (the same files, if you trust this checkpoint)",
+        step, files[i].first, quoted(stored), load_dir.string());
+    m.has_tokenizer = false;
+    return;
+  }
+  m.has_tokenizer = true;
+}
+
 LoadedModel load_checkpoint_model(const ModelSource& src, int tp) {
   const std::string step = find_step_dir(src.load, src.tag);
   DS_USER_CHECK(!step.empty(), "--load {}: no checkpoint there ('latest' missing; give --tag global_stepN)", src.load);
@@ -48,14 +97,7 @@ LoadedModel load_checkpoint_model(const ModelSource& src, int tp) {
   m.params = read_full_params(saved, m.full);
   m.where = step;
   const DataConfig& d = tc.data;
-  m.has_tokenizer = !d.vocab_file.empty() || !d.tokenizer_model.empty();
-  if (m.has_tokenizer) {
-    m.tokenizer.kind = d.tokenizer_type.empty() ? data::TokenizerKind::GPT2BPE
-                                                : data::parse_tokenizer_kind(d.tokenizer_type, "config tokenizer_type");
-    m.tokenizer.vocab_file = d.vocab_file;
-    m.tokenizer.merge_file = d.merge_file;
-    m.tokenizer.model_path = d.tokenizer_model;
-  }
+  if (!d.vocab_file.empty() || !d.tokenizer_model.empty()) saved_tokenizer(d, src.load, step, m);
   m.device = tc.device == DeviceType::CUDA ? "cuda" : "cpu";
   return m;
 }

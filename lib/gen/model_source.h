@@ -25,10 +25,14 @@ struct LoadedModel {
   ModelLayout full;    // build_layout(model)
   Tensor params;       // (full.total) host f32
   std::string where;   // the step directory or HF directory, for messages
-  // Tokenizer files the source names (the run's flags, or files in the HF
-  // directory); kind GPT2BPE with no files when it names none.
+  // Tokenizer files the source names (the run's flags when they lie inside
+  // the checkpoint directory, or files in the HF directory); kind GPT2BPE with
+  // no files when it names none.
   data::TokenizerSpec tokenizer;
   bool has_tokenizer = false;
+  // Set when the checkpoint names tokenizer files outside its directory: the
+  // error to give unless the user names the tokenizer with flags.
+  std::string tokenizer_refused;
   std::string device = "cpu";   // the run's --device (checkpoints), "cpu" otherwise
   int eos_id = -1;              // config.json's eos_token_id (HF), -1 otherwise
 };

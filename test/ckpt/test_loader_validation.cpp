@@ -82,11 +82,13 @@ struct Saved {
     }
     return "";
   }
-  // state.json edited as JSON, its own checksum dropped so the field checks run.
+  // state.json edited as JSON, its own checksum and format_version dropped (as
+  // an older, unversioned file) so the field checks run.
   template <class Fn>
   void edit_state(Fn fn) const {
     nlohmann::json j = nlohmann::json::parse(slurp(step / "state.json"));
     j.erase("state_checksum");
+    j.erase("format_version");
     fn(j);
     spit(step / "state.json", j.dump(1));
   }
@@ -296,6 +298,33 @@ TEST_CASE("an older checkpoint without checksums loads") {
   });
   CHECK(s.load_error().empty());
   CHECK(read_step_state(s.step).checksums.empty());
+}
+
+// Deleting state_checksum (or the file checksums) must not turn the
+// self-check off: a state.json that declares a format_version carries both.
+TEST_CASE("a versioned state.json without its checksums is refused") {
+  Saved s("version");
+  const fs::path state = s.step / "state.json";
+  const std::string original = slurp(state);
+  const nlohmann::json saved = nlohmann::json::parse(original);
+  CHECK(saved.value("format_version", 0) == kStateFormatVersion);
+  nlohmann::json j = saved;
+  j.erase("state_checksum");
+  spit(state, j.dump(1));
+  expect_one_line(s.load_error(), state.string(), "no state_checksum");
+  CHECK_THAT(s.load_error(true), Contains("no state_checksum"));
+  j.erase("checksums");  // re-checksummed without the file checksums
+  spit(state, step_state_text(j));
+  expect_one_line(s.load_error(), state.string(), "no file checksums");
+  j = saved;  // a newer format, correctly checksummed
+  j.erase("state_checksum");
+  j["format_version"] = kStateFormatVersion + 1;
+  const std::string compact = j.dump();
+  j["state_checksum"] = crc32c_text(crc32c(compact.data(), compact.size()));
+  spit(state, j.dump(1));
+  expect_one_line(s.load_error(), state.string(), "format_version 2");
+  spit(state, original);
+  CHECK(s.load_error().empty());
 }
 
 TEST_CASE("'latest' may only name a global_stepN directory inside the load directory") {

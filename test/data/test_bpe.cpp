@@ -234,12 +234,12 @@ TEST_CASE("bad tokenizer files give one-line errors naming the file") {
          dir / "bad_merges.txt line 2");
   REQUIRE_THROWS_AS(train_bpe("abc", 100), UserError);
 
-  // Ids outside int32 are errors naming the token, never a wrapped size.
+  // Ids outside int32 are errors naming the entry, never a wrapped size.
   for (const char* id : {"4294967296", "2147483647", "18446744073709551615", "-1", "1.5"}) {
     INFO(id);
     test::spit(dir / "big.json", std::string("{\"a\": 0, \"b\": ") + id + "}");
-    expect([&] { BpeTokenizer::load(dir / "big.json", dir / "merges.txt"); }, "token \"b\" has id");
-    expect([&] { vocab_file_size(dir / "big.json"); }, "token \"b\" has id");
+    expect([&] { BpeTokenizer::load(dir / "big.json", dir / "merges.txt"); }, "entry 2 (in key order) has");
+    expect([&] { vocab_file_size(dir / "big.json"); }, "entry 2 (in key order) has");
   }
   // A sparse id would make the tokenizer allocate for every id below it.
   test::spit(dir / "sparse.json", "{\"a\": 0, \"b\": 2000000000}");

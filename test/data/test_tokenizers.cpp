@@ -10,6 +10,7 @@
 #include "lib/core/error.h"
 #include "lib/data/bpe.h"
 #include "lib/data/hf_tokenizer.h"
+#include "lib/data/synthetic_corpus.h"
 #include "lib/data/tokenizer.h"
 #include "test/data/test_util.h"
 #include "test/skip.h"
@@ -44,7 +45,7 @@ TEST_CASE("cl100k and Qwen2 split patterns match the regex on hand-checked cases
   CHECK(split(SplitPattern::Cl100k, "caf\xc3\xa9!") == V{"caf\xc3\xa9", "!"});
   CHECK(split(SplitPattern::Gpt2, "it's  ok") == V{"it", "'s", " ", " ok"});
   CHECK(parse_split_pattern(split_pattern_regex(SplitPattern::Cl100k), "f") == SplitPattern::Cl100k);
-  CHECK_THROWS_WITH(parse_split_pattern("\\w+", "tok.json"), Contains("tok.json") && Contains("\\w+"));
+  CHECK_THROWS_WITH(parse_split_pattern("\\w+", "tok.json"), Contains("tok.json") && Contains("pattern (3 bytes)"));
 }
 
 TEST_CASE("a tokenizer.json from GPT-2's files encodes as the GPT-2 BPE", "[shared_data]") {
@@ -98,11 +99,59 @@ TEST_CASE("tokenizer errors name the file or flag") {
   fails({TokenizerKind::HF, dir / "wp.json", "", ""}, "WordPiece");
   test::spit(dir / "re.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
     "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[a-z]+"}, "behavior": "Isolated", "invert": false}})");
-  fails({TokenizerKind::HF, dir / "re.json", "", ""}, "[a-z]+");
+  fails({TokenizerKind::HF, dir / "re.json", "", ""}, "pattern (6 bytes)");
   test::spit(dir / "merge.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}})");
-  fails({TokenizerKind::HF, dir / "merge.json", "", ""}, "merge number 1");
+  fails({TokenizerKind::HF, dir / "merge.json", "", ""}, "model.merges entry 1: its second token");
   test::spit(dir / "tokenizer.model", "this is not a protobuf");
   fails({TokenizerKind::GPTSentencePiece, dir / "tokenizer.model", "", ""}, "tokenizer.model");
   CHECK_THROWS_WITH(parse_tokenizer_kind("NullTokenizer"), Contains("--tokenizer-type NullTokenizer"));
   CHECK_THROWS_WITH(parse_tokenizer_kind("Bogus", "--x"), Contains("--x Bogus"));
+}
+
+// A tokenizer path may name a file that is no tokenizer at all (a key, a
+// password file): errors name the file and where it went wrong, never its text.
+TEST_CASE("tokenizer errors never echo the file's text") {
+  test::TempDir dir;
+  auto no_echo = [](const TokenizerSpec& s, const std::string& file) {
+    try {
+      load_tokenizer(s);
+      FAIL("expected UserError");
+    } catch (const UserError& e) {
+      const std::string msg = e.what();
+      INFO(msg);
+      CHECK(msg.find(file) != std::string::npos);
+      CHECK(msg.find("SECRET") == std::string::npos);
+      CHECK(msg.find("hunter2") == std::string::npos);
+    }
+  };
+  const TrainedBpe bpe = train_bpe(generate_corpus(1, 20000), 300);
+  write_bpe_files(bpe, dir / "vocab.json", dir / "merges.txt");
+  const std::string merges = dir / "merges.txt", vocab = dir / "vocab.json";
+  test::spit(dir / "passwd", "root:SECRET-hunter2:0:0:root:/root:/bin/bash\n");
+  no_echo({TokenizerKind::GPT2BPE, "", dir / "passwd", merges}, dir / "passwd");
+  no_echo({TokenizerKind::HF, dir / "passwd", "", ""}, dir / "passwd");
+  test::spit(dir / "notes.json", "{\"k\": \"SECRET-hunter2");  // the JSON parser quotes what it last read
+  no_echo({TokenizerKind::GPT2BPE, "", dir / "notes.json", merges}, dir / "notes.json");
+  no_echo({TokenizerKind::HF, dir / "notes.json", "", ""}, dir / "notes.json");
+  test::spit(dir / "key.json", R"({"type": "service_account", "private_key": "SECRET-hunter2"})");
+  no_echo({TokenizerKind::GPT2BPE, "", dir / "key.json", merges}, dir / "key.json");
+  test::spit(dir / "lines.txt", "SECRET-hunter2\n");
+  no_echo({TokenizerKind::GPT2BPE, "", vocab, dir / "lines.txt"}, dir / "lines.txt");
+  test::spit(dir / "pair.txt", "SECRET hunter2\n");
+  no_echo({TokenizerKind::GPT2BPE, "", vocab, dir / "pair.txt"}, dir / "pair.txt");
+  for (const char* doc : {
+           R"({"model": {"type": "SECRET-hunter2", "vocab": {}}})",
+           R"({"model": {"type": "BPE", "vocab": {"SECRET": "hunter2"}}})",
+           R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["SECRET hunter2"]}})",
+           R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [["SECRET", "hunter2"]]}})",
+           R"({"model": {"type": "BPE", "vocab": {"a": 0}, "dropout": "SECRET-hunter2"}})",
+           R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "added_tokens": [{"content": "SECRET-hunter2"}]})",
+           R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "normalizer": {"type": "SECRET-hunter2"}})",
+           R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "pre_tokenizer": {"type": "Split",
+               "pattern": {"Regex": "SECRET-hunter2"}, "behavior": "Isolated"}})",
+           R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "pre_tokenizer": {"type": "ByteLevel",
+               "use_regex": "SECRET-hunter2"}})"}) {
+    test::spit(dir / "tokenizer.json", doc);
+    no_echo({TokenizerKind::HF, dir / "tokenizer.json", "", ""}, dir / "tokenizer.json");
+  }
 }

@@ -67,6 +67,11 @@ def build_models(d):
             f.write(json.dumps({"prompt": p}) + "\n")
 
 
+def tok_flags(d):
+    """The run's tokenizer: dsgen does not open the paths a checkpoint's config names outside its directory."""
+    return ["--vocab-file", f"{d}/tok/vocab.json", "--merge-file", f"{d}/tok/merges.txt"]
+
+
 def gen_jsonl(d, args, launcher=()):
     out = f"{d}/out-{abs(hash(tuple(args)))}.jsonl"
     run(list(launcher) + [DSGEN] + args + ["--prompt-file", f"{d}/prompts.jsonl", "--output-file", out])
@@ -76,7 +81,7 @@ def gen_jsonl(d, args, launcher=()):
 
 def check_cli(d):
     for family in ("gpt2", "llama"):
-        load = ["--load", f"{d}/{family}/ckpt", "--max-new-tokens", "24"]
+        load = ["--load", f"{d}/{family}/ckpt", "--max-new-tokens", "24"] + tok_flags(d)
         rows = gen_jsonl(d, load)
         if len(rows) != len(PROMPTS) or any(r["prompt"] != p for r, p in zip(rows, PROMPTS)):
             fail(f"{family}: prompt file rows {rows}")
@@ -118,14 +123,16 @@ def check_cli(d):
     # User errors: one line naming the input, exit 1, no output file.
     ck = f"{d}/gpt2/ckpt"
     out = f"{d}/never.jsonl"
+    ckt = ["--load", ck] + tok_flags(d)
     for args, needle in [(["--load", f"{d}/nowhere"], "nowhere"),
-                         (["--load", ck, "--top-p", "0", "--prompt", "x"], "--top-p"),
-                         (["--load", ck, "--temperature", "0", "--prompt", "x"], "--temperature"),
-                         (["--load", ck, "--prompt-file", f"{d}/missing.jsonl", "--output-file", out], "missing.jsonl"),
-                         (["--load", ck, "--prompt", "word " * 200], "context"),
-                         (["--load", ck, "--init-from", f"{d}/gpt2/hf"], "excludes"),
+                         (["--load", ck, "--prompt", "x"], "--vocab-file/--merge-file"),
+                         (ckt + ["--top-p", "0", "--prompt", "x"], "--top-p"),
+                         (ckt + ["--temperature", "0", "--prompt", "x"], "--temperature"),
+                         (ckt + ["--prompt-file", f"{d}/missing.jsonl", "--output-file", out], "missing.jsonl"),
+                         (ckt + ["--prompt", "word " * 200], "context"),
+                         (ckt + ["--init-from", f"{d}/gpt2/hf"], "excludes"),
                          (["--init-from", f"{d}/gpt2/hf", "--prompt", "x"], "tokenizer"),
-                         (["--load", ck, "--tensor-model-parallel-size", "2", "--prompt", "x"], "dsrun"),
+                         (ckt + ["--tensor-model-parallel-size", "2", "--prompt", "x"], "dsrun"),
                          (["--load", ck, "--vocab-file", f"{d}/nope.json", "--merge-file", "m", "--prompt", "x"],
                           "nope.json")]:
         p = run([DSGEN] + args, expect=1)
@@ -134,7 +141,49 @@ def check_cli(d):
             fail(f"dsgen {' '.join(args)[:80]}: expected one error line naming {needle!r}, got {p.stderr!r}")
     if os.path.exists(out):
         fail("a failed run left its --output-file behind")
-    print("errors: 9 user errors, one line each, exit 1: ok")
+    print("errors: 10 user errors, one line each, exit 1: ok")
+    check_saved_tokenizer_paths(d)
+
+
+def check_saved_tokenizer_paths(d):
+    """A checkpoint's config names tokenizer files: dsgen uses them on its own only inside the checkpoint
+    directory. state.json is edited as an older, unversioned file (no checksum to update), the way a
+    crafted checkpoint would be."""
+    import shutil
+    ck = f"{d}/crafted/ckpt"
+    shutil.rmtree(f"{d}/crafted", ignore_errors=True)
+    shutil.copytree(f"{d}/gpt2/ckpt", ck)
+    shutil.copytree(f"{d}/tok", f"{ck}/tok")
+    with open(f"{d}/crafted/secret.txt", "w") as f:
+        f.write("SECRET-hunter2 not a tokenizer\n")
+    os.symlink(f"{d}/crafted/secret.txt", f"{ck}/tok/link.txt")
+    step = open(f"{ck}/latest").read().strip()
+    state_file = f"{ck}/{step}/state.json"
+    state = json.load(open(state_file))
+    for key in ("state_checksum", "format_version"):
+        state.pop(key, None)
+
+    def with_paths(vocab, merges):
+        state["config"]["data"]["vocab_file"], state["config"]["data"]["merge_file"] = vocab, merges
+        with open(state_file, "w") as f:
+            json.dump(state, f)
+
+    want = gen_jsonl(d, ["--load", f"{d}/gpt2/ckpt", "--max-new-tokens", "8"] + tok_flags(d))
+    with_paths("tok/vocab.json", "tok/merges.txt")  # relative to the checkpoint directory: used
+    if gen_jsonl(d, ["--load", ck, "--max-new-tokens", "8"]) != want:
+        fail("tokenizer files inside the checkpoint directory gave other text")
+    for vocab, merges in [(f"{d}/crafted/secret.txt", "tok/merges.txt"), ("../secret.txt", "tok/merges.txt"),
+                          ("tok/vocab.json", "tok/link.txt"), (f"{d}/tok/vocab.json", f"{d}/tok/merges.txt")]:
+        with_paths(vocab, merges)
+        p = run([DSGEN, "--load", ck, "--prompt", "x"], expect=1)
+        lines = p.stderr.strip().splitlines()
+        if len(lines) != 1 or "--vocab-file" not in lines[0] or "SECRET" in p.stderr or "hunter2" in p.stderr:
+            fail(f"stored tokenizer paths {vocab!r}, {merges!r}: expected one refusal line, got {p.stderr!r}")
+        # Naming the tokenizer explicitly still works.
+        if gen_jsonl(d, ["--load", ck, "--max-new-tokens", "8"] + tok_flags(d)) != want:
+            fail("explicit tokenizer flags on a checkpoint with outside paths gave other text")
+    print("saved tokenizer paths: used inside the checkpoint directory; outside, '..', a link out and an "
+          "absolute path elsewhere are refused without reading them; flags override: ok")
 
 
 def free_port():
@@ -147,7 +196,7 @@ def free_port():
 
 def check_tp(d):
     for family in ("gpt2", "llama"):
-        load = ["--load", f"{d}/{family}/ckpt", "--max-new-tokens", "24"]
+        load = ["--load", f"{d}/{family}/ckpt", "--max-new-tokens", "24"] + tok_flags(d)
         one = gen_jsonl(d, load)
         launcher = [DSRUN, "--include", "localhost:0,1", "--master_port", str(free_port()), "--no_local_rank"]
         two = gen_jsonl(d, load + ["--tensor-model-parallel-size", "2"], launcher)
@@ -165,9 +214,8 @@ def check_tp(d):
 def check_hf(d):
     for family, arch in (("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM")):
         hf = f"{d}/{family}/hf"
-        tok = ["--vocab-file", f"{d}/tok/vocab.json", "--merge-file", f"{d}/tok/merges.txt"]
-        ours = gen_jsonl(d, ["--init-from", hf, "--max-new-tokens", str(NEW)] + tok)
-        from_ckpt = gen_jsonl(d, ["--load", f"{d}/{family}/ckpt", "--max-new-tokens", str(NEW)])
+        ours = gen_jsonl(d, ["--init-from", hf, "--max-new-tokens", str(NEW)] + tok_flags(d))
+        from_ckpt = gen_jsonl(d, ["--load", f"{d}/{family}/ckpt", "--max-new-tokens", str(NEW)] + tok_flags(d))
         if ours != from_ckpt:
             fail(f"{family}: --init-from of the export differs from --load of the checkpoint")
         model = AutoModelForCausalLM.from_pretrained(hf, torch_dtype=torch.float32)

@@ -279,14 +279,61 @@ TEST_CASE("local: --dry_run prints the plan and starts nothing", "[launcher]") {
 TEST_CASE("local: --save_pid writes and removes /tmp/<pid>.deepspeed", "[launcher]") {
   LocalJob job;
   bool seen = false;
+  std::string f;
   auto r = job.run({"--save_pid", "--num_gpus", "1"}, {"hang"}, 30, [&](pid_t pid) {
     REQUIRE(wait_for_token_procs(job.token, 2, 10));
-    std::string f = "/tmp/" + std::to_string(pid) + ".deepspeed";
+    f = "/tmp/" + std::to_string(pid) + ".deepspeed";
     seen = read_file(f) == std::to_string(pid);
     kill(pid, SIGTERM);
   });
   CHECK(seen);
   CHECK(r.code == 143);
-  CHECK(!std::filesystem::exists("/tmp/" + std::to_string(getpid()) + ".deepspeed"));
+  CHECK(!std::filesystem::exists(f));
+  job.check_no_leftovers();
+}
+
+// /tmp is shared: a symlink planted at /tmp/<dsrun pid>.deepspeed must not
+// redirect the write (the target is untouched) and a file already there is not
+// overwritten; dsrun refuses before any rank starts. The shell plants the path
+// for its own pid, then execs dsrun, which keeps that pid.
+TEST_CASE("local: --save_pid refuses a file or symlink already at its path", "[launcher]") {
+  for (bool as_link : {true, false}) {
+    INFO("planted a " << (as_link ? "symlink" : "regular file"));
+    LocalJob job;
+    const std::string target = job.dir.path() + "/precious";
+    write_file(target, "keep me");
+    const std::string plant = as_link ? "ln -s \"$1\" /tmp/$$.deepspeed" : "cp \"$1\" /tmp/$$.deepspeed";
+    std::vector<std::string> argv = {"/bin/sh", "-c", plant + " && shift && exec \"$@\"", "sh", target};
+    for (auto& w : job.dsrun({"--save_pid", "--num_gpus", "1"}, {"env", job.dir.path()})) argv.push_back(w);
+    pid_t pid = 0;
+    auto r = run_cmd(argv, {{"DS_JOB_TOKEN", job.token}}, 30, [&](pid_t p) { pid = p; });
+    const std::string path = "/tmp/" + std::to_string(pid) + ".deepspeed";
+    INFO(r.err);
+    CHECK(r.code == 1);
+    CHECK_THAT(r.err, Catch::Contains("'" + path + "' already exists"));
+    CHECK(read_file(target) == "keep me");
+    CHECK(std::filesystem::is_symlink(path) == as_link);
+    CHECK(read_file(path) == "keep me");
+    CHECK(!std::filesystem::exists(job.dir.path() + "/rank_0.env"));
+    std::filesystem::remove(path);
+    job.check_no_leftovers();
+  }
+}
+
+// At exit only the file dsrun created is removed: one put in its place while
+// the job ran is left alone.
+TEST_CASE("local: --save_pid does not remove a file swapped in for its own", "[launcher]") {
+  LocalJob job;
+  std::string f;
+  auto r = job.run({"--save_pid", "--num_gpus", "1"}, {"hang"}, 30, [&](pid_t pid) {
+    REQUIRE(wait_for_token_procs(job.token, 2, 10));
+    f = "/tmp/" + std::to_string(pid) + ".deepspeed";
+    write_file(f + ".new", "someone else's");
+    std::filesystem::rename(f + ".new", f);
+    kill(pid, SIGTERM);
+  });
+  CHECK(r.code == 143);
+  CHECK(read_file(f) == "someone else's");
+  std::filesystem::remove(f);
   job.check_no_leftovers();
 }
