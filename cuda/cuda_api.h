@@ -6,7 +6,16 @@
 #include <memory>
 #include <string>
 
+namespace ds {
+class DeviceRuntime;
+}
+
 namespace ds::cuda {
+
+// This backend's DeviceRuntime (lib/core/device_runtime.h), for the op
+// dispatcher to register; code above lib/ops reaches it through
+// ds::device_runtime(DeviceType::CUDA).
+DeviceRuntime& device_runtime_instance();
 
 // True when the CUDA runtime sees at least one device. Never throws.
 bool device_available();

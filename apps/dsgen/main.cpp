@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lib/comm/communicator.h"
+#include "lib/core/device_runtime.h"
 #include "lib/core/error.h"
 #include "lib/data/tokenizer.h"
 #include "lib/gen/generator.h"
@@ -23,9 +24,6 @@
 #include "lib/model/tp_shard.h"
 #include "lib/parallel/comms.h"
 #include "lib/parallel/rank_grid.h"
-#ifdef DS_WITH_CUDA
-#include "cuda/cuda_api.h"
-#endif
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -206,13 +204,10 @@ int run(const Args& a) {
   DS_USER_CHECK(device == "cpu" || device == "cuda", "--device {}: expected cpu or cuda", device);
   ds::Device dev = ds::Device::cpu();
   if (device == "cuda") {
-#ifdef DS_WITH_CUDA
-    DS_USER_CHECK(ds::cuda::device_available(), "--device cuda: {}", ds::cuda::unavailable_reason());
-    ds::cuda::init_device(rv.local_rank % ds::cuda::device_count());
-    dev = ds::Device::cuda(rv.local_rank % ds::cuda::device_count());
-#else
-    DS_USER_ERROR("--device cuda: this dsgen was built without CUDA; use --device cpu");
-#endif
+    ds::DeviceRuntime& rt = ds::device_runtime(ds::DeviceType::CUDA);
+    DS_USER_CHECK(rt.available(), "--device cuda: {}", rt.unavailable_reason());
+    rt.init_device(rv.local_rank % rt.device_count());
+    dev = ds::Device::cuda(rv.local_rank % rt.device_count());
   }
   auto world = ds::make_world_communicator(dev.is_cuda() ? ds::Backend::Nccl : ds::Backend::Gloo, rv);
   ds::RankGrid grid = ds::make_rank_grid(rv.world_size, a.tp, 1, rv.rank);

@@ -6,9 +6,13 @@
 
 #include <optional>
 
+#include "lib/core/device_runtime.h"
 #include "lib/core/error.h"
 #include "lib/ops/lowp_emulation.h"
 #include "lib/ops/op_validate.h"
+#ifdef DS_WITH_CUDA
+#include "cuda/cuda_api.h"
+#endif
 
 namespace ds::ops {
 namespace {
@@ -73,5 +77,15 @@ const Args& bind_dropout_key(const Args& a, std::optional<Args>& bound) {
 #endif
 
 DS_OP_LIST(DS_DISPATCH_OP)
+
+#ifdef DS_WITH_CUDA
+namespace {
+// The CUDA runtime is registered with the ops that need it: every program that
+// runs an op links this file, so lib/core's device_runtime(CUDA) finds it
+// before main() runs.
+[[maybe_unused]] const bool kCudaRuntimeRegistered =
+    (register_device_runtime(DeviceType::CUDA, ::ds::cuda::device_runtime_instance()), true);
+}  // namespace
+#endif
 
 }  // namespace ds::ops

@@ -7,13 +7,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "lib/core/device_runtime.h"
 #include "lib/core/error.h"
 #include "lib/model/layout.h"
 #include "lib/train/memory_estimate.h"
 #include "lib/train/metrics.h"
-#ifdef DS_WITH_CUDA
-#include "cuda/cuda_api.h"
-#endif
 
 namespace ds {
 namespace {
@@ -68,9 +66,7 @@ bool ProfileWindow::record(double ms) {
 void ProfileWindow::write(Communicator& world, Device dev, const ProfileFacts& f) const {
   const int64_t rss = peak_rss_bytes();
   int64_t peak = rss;
-#ifdef DS_WITH_CUDA
-  if (dev.is_cuda()) peak = static_cast<int64_t>(cuda::max_allocated_bytes());
-#endif
+  if (dev.is_cuda()) peak = static_cast<int64_t>(device_runtime(dev).max_allocated_bytes());
   // Every rank takes part; the job's figure is the largest rank's (exact below 2^53 bytes).
   const double peak_max = world.size() > 1 ? world.all_reduce_scalar(double(peak), dev, ReduceOp::Max) : peak;
   const double rss_max = world.size() > 1 ? world.all_reduce_scalar(double(rss), dev, ReduceOp::Max) : rss;

@@ -3,13 +3,11 @@
 
 #include <algorithm>
 
+#include "lib/core/device_runtime.h"
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
 #include "lib/core/log.h"
 #include "lib/data/bpe.h"
-#ifdef DS_WITH_CUDA
-#include "cuda/cuda_api.h"
-#endif
 
 namespace ds {
 
@@ -108,13 +106,11 @@ int64_t DataPipeline::train_samples_per_epoch() const {
 // micro-batch does not wait for the device (docs/distributed.md, host
 // synchronisations per step).
 Tensor DataPipeline::upload(const Tensor& host) const {
-#ifdef DS_WITH_CUDA
-  if (dev_.is_cuda()) {
+  if (dev_.is_cuda()) {  // without blocking the host (a pageable copy would wait for the device)
     Tensor t = Tensor::empty(host.shape(), host.dtype(), dev_);
-    cuda::upload_async(t.raw(), host.raw(), host.nbytes());
+    device_runtime(dev_).upload_async(t.raw(), host.raw(), host.nbytes());
     return t;
   }
-#endif
   return host.to(dev_);
 }
 

@@ -1,6 +1,8 @@
 // Training loop implementation.
 #include "lib/train/trainer.h"
 
+#include "lib/core/device_runtime.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,9 +22,6 @@
 #include "lib/train/memory_estimate.h"
 #include "lib/train/schedule_resume.h"
 #include "lib/parallel/pipeline_schedule.h"
-#ifdef DS_WITH_CUDA
-#include "cuda/cuda_api.h"
-#endif
 
 namespace ds {
 namespace {
@@ -174,10 +173,8 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   // involves another process and it runs on the compute device.
   device_update_ = comms_.world->size() == 1 && cfg_.zero.offload_optimizer == OffloadDevice::None;
   step_block_ = Tensor::zeros({kStepStats + AdamWSlot::Count}, DType::F32, dev_);
-#ifdef DS_WITH_CUDA
   if (device_update_ && dev_.is_cuda())
-    pinned_terms_.reset(static_cast<float*>(cuda::alloc_pinned(kStepHostSlots * sizeof(float))));
-#endif
+    pinned_terms_.reset(static_cast<float*>(device_runtime(dev_).alloc_pinned(kStepHostSlots * sizeof(float))));
   setup_cuda_graph();
 }
 
@@ -185,22 +182,19 @@ void Trainer::setup_device_and_precision() {
   const Precision prec = cfg_.precision.precision;
   peak_tflops_ = cfg_.log.cpu_peak_tflops;
   if (cfg_.device == DeviceType::CUDA) {
-#ifdef DS_WITH_CUDA
-    DS_USER_CHECK(cuda::device_available(), "--device cuda: {}", cuda::unavailable_reason());
+    DeviceRuntime& rt = device_runtime(DeviceType::CUDA);
+    DS_USER_CHECK(rt.available(), "--device cuda: {}", rt.unavailable_reason());
     const int local = local_rank_;
-    DS_USER_CHECK(local < cuda::device_count(),
+    DS_USER_CHECK(local < rt.device_count(),
                   "--device cuda: LOCAL_RANK {} but only {} CUDA device(s) are visible (CUDA_VISIBLE_DEVICES)", local,
-                  cuda::device_count());
-    cuda::init_device(local);
-    cuda::set_attention_backend(cuda::attention_backend_from_name(cfg_.attention_backend));
+                  rt.device_count());
+    rt.init_device(local);
+    rt.set_attention_backend(cfg_.attention_backend);
     dev_ = Device::cuda(local);
     // MFU against the tensor-core peak applies to bf16/fp16 only.
-    if (prec != Precision::FP32) peak_tflops_ = cuda::peak_bf16_tflops();
+    if (prec != Precision::FP32) peak_tflops_ = rt.peak_bf16_tflops();
     DS_LOG("device: {} (cuda:{}), attention {}, peak {:.0f} TFLOP/s (bf16 dense; DS_PEAK_BF16_TFLOPS overrides)",
-           cuda::device_name(), local, cfg_.attention_backend, cuda::peak_bf16_tflops());
-#else
-    throw UserError("--device cuda: this dstrain was built without CUDA (no nvcc at configure time); use --device cpu");
-#endif
+           rt.device_name(), local, cfg_.attention_backend, rt.peak_bf16_tflops());
   } else {
     dev_ = Device::cpu();
     if (prec != Precision::FP32)
@@ -342,9 +336,7 @@ void Trainer::load_or_init() {
 
 double Trainer::phase_ms() {
   if (!cfg_.log.wall_clock_breakdown) return 0;
-#ifdef DS_WITH_CUDA
-  if (dev_.is_cuda()) cuda::synchronize();  // the phase's kernels have finished
-#endif
+  device_runtime(dev_).synchronize();  // the phase's kernels have finished
   const auto now = std::chrono::steady_clock::now();
   const double ms = std::chrono::duration<double, std::milli>(now - phase_start_).count();
   phase_start_ = now;
@@ -587,7 +579,6 @@ void Trainer::tied_embedding_all_reduce() {
 // same number of tokens (B x T/SP), so their mean is the global one.
 double Trainer::dp_mean(double local) {
   if (sdp_ == 1) return local;
-#ifdef DS_WITH_CUDA
   if (dev_.is_cuda()) {
     // all_reduce_scalar's f32 all-reduce with one host synchronisation
     // instead of two: the value goes up through pinned staging (no wait),
@@ -595,13 +586,12 @@ double Trainer::dp_mean(double local) {
     // with DS_NCCL_BLOCKING_WAIT=1), and the read of the sum is the wait.
     const float v = static_cast<float>(local);
     Tensor t = Tensor::empty({1}, DType::F32, dev_);
-    cuda::upload_async(t.raw(), &v, sizeof v);
+    device_runtime(dev_).upload_async(t.raw(), &v, sizeof v);
     comms_.sdp->all_reduce(t);
     const double sum = static_cast<double>(t.to(Device::cpu()).data<float>()[0]);
     comms_.sdp->raise_if_failed();
     return sum / sdp_;
   }
-#endif
   return comms_.sdp->all_reduce_scalar(local, dev_) / sdp_;
 }
 
@@ -655,9 +645,7 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
   s.tflops = s.tokens_per_s * flops_per_token_ / 1e12;
   s.mfu = peak_tflops_ > 0 ? s.tflops / peak_tflops_ : -1;
   s.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-#ifdef DS_WITH_CUDA
-  if (dev_.is_cuda()) s.max_mem_gb = static_cast<double>(cuda::max_allocated_bytes()) / 1e9;
-#endif
+  if (dev_.is_cuda()) s.max_mem_gb = static_cast<double>(device_runtime(dev_).max_allocated_bytes()) / 1e9;
   DS_LOG("{}", format_iteration(s));
   if (cfg_.log.wall_clock_breakdown) DS_LOG("{}", format_step_times(step_times_));
   step_times_ = StepTimes{};

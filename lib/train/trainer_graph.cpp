@@ -45,19 +45,17 @@
 
 #include <cstring>
 
+#include "lib/core/device_runtime.h"
 #include "lib/core/error.h"
 #include "lib/core/log.h"
 #include "lib/core/sync_counter.h"
-#ifdef DS_WITH_CUDA
-#include "cuda/cuda_api.h"
-#endif
 
 namespace ds {
 
 struct Trainer::GraphState {
-#ifdef DS_WITH_CUDA
-  std::unique_ptr<cuda::StepGraph> graph = std::make_unique<cuda::StepGraph>();
-#endif
+  explicit GraphState(Device dev) : rt(device_runtime(dev)), graph(rt.make_graph()) {}
+  DeviceRuntime& rt;
+  std::unique_ptr<DeviceGraph> graph;
   std::vector<void*> pinned_tok, pinned_tgt;  // per micro-batch: (B, T) i32, page-locked host memory
   std::vector<Tensor> tok, tgt;               // per micro-batch: (B, T) i32 on the device, fixed addresses
   std::vector<Tensor> tgt_host;               // the step's host targets (the model's checks while capturing)
@@ -66,12 +64,10 @@ struct Trainer::GraphState {
   int64_t eager_steps = 0;  // graph-mode steps run eagerly so far (the warm-up)
   int failures = 0;         // captures in a row that failed
   ~GraphState() {
-#ifdef DS_WITH_CUDA
     graph.reset();  // before the buffers it addresses
-    for (void* p : pinned_tok) cuda::free_pinned(p);
-    for (void* p : pinned_tgt) cuda::free_pinned(p);
-    for (void* p : pinned_key) cuda::free_pinned(p);
-#endif
+    for (void* p : pinned_tok) rt.free_pinned(p);
+    for (void* p : pinned_tgt) rt.free_pinned(p);
+    for (void* p : pinned_key) rt.free_pinned(p);
   }
 };
 
@@ -85,16 +81,15 @@ void Trainer::setup_cuda_graph() {
   // hold by construction.
   DS_CHECK(dev_.is_cuda() && !pipe_ && comms_.world->size() == 1 && !curriculum_ && pinned_terms_,
            "--cuda-graph: unsupported configuration reached the trainer");
-#ifdef DS_WITH_CUDA
-  std::unique_ptr<GraphState, GraphStateDelete> g(new GraphState);
+  std::unique_ptr<GraphState, GraphStateDelete> g(new GraphState(dev_));
   const int64_t ga = cfg_.batch.grad_accum_steps, B = cfg_.batch.micro_batch_size, T = cfg_.model.seq_length;
   const size_t bytes = static_cast<size_t>(B * T) * sizeof(int32_t);
   for (int64_t m = 0; m < ga; ++m) {
-    g->pinned_tok.push_back(cuda::alloc_pinned(bytes));
-    g->pinned_tgt.push_back(cuda::alloc_pinned(bytes));
+    g->pinned_tok.push_back(g->rt.alloc_pinned(bytes));
+    g->pinned_tgt.push_back(g->rt.alloc_pinned(bytes));
     g->tok.push_back(Tensor::empty({B, T}, DType::I32, dev_));
     g->tgt.push_back(Tensor::empty({B, T}, DType::I32, dev_));
-    g->pinned_key.push_back(cuda::alloc_pinned(2 * sizeof(int64_t)));
+    g->pinned_key.push_back(g->rt.alloc_pinned(2 * sizeof(int64_t)));
     g->key.push_back(Tensor::empty({2}, DType::I64, dev_));
   }
   g->tgt_host.resize(ga);
@@ -107,19 +102,12 @@ void Trainer::setup_cuda_graph() {
          "captured and replayed ({} micro-batches of {} x {} tokens, their dropout keys and the step scalars from "
          "fixed pinned buffers)",
          cfg_.cuda_graph_warmup, ga, B, T);
-#else
-  DS_USER_CHECK(false, "training.cuda_graph (--cuda-graph) needs a build with CUDA");
-#endif
 }
 
 void Trainer::invalidate_graph(const char* why) {
-#ifdef DS_WITH_CUDA
   if (!graph_ || !graph_->graph->ready()) return;
-  graph_->graph = std::make_unique<cuda::StepGraph>();  // the old one returns its pool to the cache
+  graph_->graph = graph_->rt.make_graph();  // the old one returns its pool to the cache
   DS_LOG("cuda graph: released for the {} at iteration {}; the next step captures again", why, state_.iteration);
-#else
-  (void)why;
-#endif
 }
 
 // The step as train_step runs it eagerly with device_update_, but the step
@@ -127,7 +115,6 @@ void Trainer::invalidate_graph(const char* why) {
 // pinned buffers (the same work in the warm-up and in the capture, so the
 // capture finds the warm-up's blocks cached).
 void Trainer::graph_region_eager(float loss_weight, DropoutKey key, const StepHyper& h) {
-#ifdef DS_WITH_CUDA
   GraphState& g = *graph_;
   const int64_t ga = cfg_.batch.grad_accum_steps;
   // fp16: a static loss scale is in loss_weight (a constant); a dynamic one
@@ -141,24 +128,18 @@ void Trainer::graph_region_eager(float loss_weight, DropoutKey key, const StepHy
   opt_->zero_grads();
   begin_step_stats();
   for (int64_t m = 0; m < ga; ++m) {
-    cuda::copy_pinned_async(g.tok[m].raw(), g.pinned_tok[m], g.tok[m].nbytes());
-    cuda::copy_pinned_async(g.tgt[m].raw(), g.pinned_tgt[m], g.tgt[m].nbytes());
-    cuda::copy_pinned_async(g.key[m].raw(), g.pinned_key[m], g.key[m].nbytes());
+    g.rt.copy_pinned_async(g.tok[m].raw(), g.pinned_tok[m], g.tok[m].nbytes());
+    g.rt.copy_pinned_async(g.tgt[m].raw(), g.pinned_tgt[m], g.tgt[m].nbytes());
+    g.rt.copy_pinned_async(g.key[m].raw(), g.pinned_key[m], g.key[m].nbytes());
     key.step = g.key[m];  // the ops read {iteration, first sample} from it
     if (m + 1 == ga) opt_->begin_last_micro_batch();
     model_->forward_backward(g.tok[m], g.tgt[m], w, key, g.tgt_host[m]);
   }
   end_step_stats();
   update_on_device(h, scale, block_scale);
-#else
-  (void)loss_weight;
-  (void)key;
-  (void)h;
-#endif
 }
 
 void Trainer::graph_region(float loss_weight, DropoutKey key, const StepHyper& h) {
-#ifdef DS_WITH_CUDA
   GraphState& g = *graph_;
   const int64_t ga = cfg_.batch.grad_accum_steps;
   stage_update_terms(h);  // Adam's step count and the loss scale as the previous read left them
@@ -194,7 +175,7 @@ void Trainer::graph_region(float loss_weight, DropoutKey key, const StepHyper& h
     // host's half of the interrupted step (units acquired, the overlap armed)
     // is forgotten first.
     g.graph->abort_capture();
-    g.graph = std::make_unique<cuda::StepGraph>();
+    g.graph = g.rt.make_graph();
     model_->abandon_pass();
     opt_->abandon_step();
     DS_USER_CHECK(++g.failures < 3, "--cuda-graph: capturing the step failed 3 times in a row (iteration {}): {}",
@@ -213,11 +194,6 @@ void Trainer::graph_region(float loss_weight, DropoutKey key, const StepHyper& h
          "replayed from now on", graph_captured_at_, nodes, static_cast<double>(g.graph->pool_bytes()) / (1 << 20));
   g.graph->replay();  // the captured step has not run yet
   ++graph_replays_;
-#else
-  (void)loss_weight;
-  (void)key;
-  (void)h;
-#endif
 }
 
 }  // namespace ds

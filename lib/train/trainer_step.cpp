@@ -6,12 +6,10 @@
 // before the read. train_step (trainer.cpp) puts them in order.
 #include <cstring>
 
+#include "lib/core/device_runtime.h"
 #include "lib/ops/ops.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/train/trainer.h"
-#ifdef DS_WITH_CUDA
-#include "cuda/cuda_api.h"
-#endif
 
 namespace ds {
 
@@ -35,11 +33,9 @@ void Trainer::stage_update_terms(const StepHyper& h) {
 }
 
 void Trainer::copy_update_terms() {
-#ifdef DS_WITH_CUDA
   if (pinned_terms_)
-    cuda::copy_pinned_async(step_scalars().view(AdamWSlot::Lr, {kStepHostSlots}).raw(), pinned_terms_.get(),
-                            kStepHostSlots * sizeof(float));
-#endif
+    device_runtime(dev_).copy_pinned_async(step_scalars().view(AdamWSlot::Lr, {kStepHostSlots}).raw(),
+                                           pinned_terms_.get(), kStepHostSlots * sizeof(float));
 }
 
 // The gate and the update, after end_step_stats, with no host read: the
@@ -99,11 +95,7 @@ Trainer::StepRead Trainer::read_step_block() {
 }
 
 void Trainer::PinnedDelete::operator()(float* p) const {
-#ifdef DS_WITH_CUDA
-  cuda::free_pinned(p);
-#else
-  (void)p;  // never allocated without CUDA
-#endif
+  device_runtime(DeviceType::CUDA).free_pinned(p);  // allocated for --device cuda only
 }
 
 }  // namespace ds
