@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "lib/core/error.h"
+#include "lib/core/run_main.h"
 #include "launcher/agent.h"
 #include "launcher/autotune/autotuner.h"
 #include "launcher/env_export.h"
@@ -410,7 +411,8 @@ PlanInputs gather_inputs(const Options& o) {
 }
 
 int dsrun_main(int argc, char** argv) {
-  try {
+  // A rank's own exit code is what dsrun returns; its own failures follow run_main.
+  return run_main("dsrun", [&] {
     if (argc > 1 && std::string(argv[1]) == "--agent") return agent_main(argc, argv);
     Options o;
     if (!parse_options(argc, argv, &o)) return 0;
@@ -426,13 +428,7 @@ int dsrun_main(int argc, char** argv) {
     if (p.transport == Transport::Local)
       return run_guarded([&] { return run_agent(p.agent, p.local_node_rank, false); });
     return run_attempt(p, in).code;
-  } catch (const UserError& e) {
-    fmt::print(stderr, "dsrun: error: {}\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "dsrun: internal error: {}\n", e.what());
-    return 1;
-  }
+  });
 }
 
 }  // namespace ds::launch

@@ -15,8 +15,9 @@
 #include "lib/ckpt/convert.h"
 #include "lib/ckpt/file_io.h"
 #include "lib/ckpt/hf.h"
-#include "lib/core/progress.h"
 #include "lib/core/error.h"
+#include "lib/core/progress.h"
+#include "lib/core/run_main.h"
 #include "lib/train/config.h"
 
 namespace fs = std::filesystem;
@@ -137,13 +138,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dsconvert: error: %s (see dsconvert --help)\n", e.what());
     return 1;
   }
-  try {
+  return ds::run_main("dsconvert", [&] {
     return run(a);
-  } catch (const ds::UserError& e) {
-    std::fprintf(stderr, "dsconvert: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dsconvert: internal error: %s\n", e.what());
-    return 2;
-  }
+  });
 }

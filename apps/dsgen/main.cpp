@@ -18,6 +18,7 @@
 #include "lib/comm/communicator.h"
 #include "lib/core/device_runtime.h"
 #include "lib/core/error.h"
+#include "lib/core/run_main.h"
 #include "lib/data/tokenizer.h"
 #include "lib/gen/generator.h"
 #include "lib/gen/model_source.h"
@@ -322,15 +323,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dsgen: error: %s (see dsgen --help)\n", e.what());
     return 1;
   }
-  try {
-    return run(a);
-  } catch (const ds::UserError& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "dsgen: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "dsgen: internal error: %s\n", e.what());
-    return 2;
-  }
+  return ds::run_main("dsgen", [&] { return run(a); });
 }

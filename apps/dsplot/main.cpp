@@ -14,6 +14,7 @@
 #include <set>
 
 #include "lib/core/error.h"
+#include "lib/core/run_main.h"
 #include "lib/plot/png.h"
 #include "lib/plot/runs.h"
 #include "lib/plot/svg.h"
@@ -131,13 +132,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dsplot: error: %s (see dsplot --help)\n", e.what());
     return 1;
   }
-  try {
+  return ds::run_main("dsplot", [&] {
     return run(a);
-  } catch (const ds::UserError& e) {
-    std::fprintf(stderr, "dsplot: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dsplot: internal error: %s\n", e.what());
-    return 2;
-  }
+  });
 }

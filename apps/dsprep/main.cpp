@@ -15,6 +15,7 @@
 #include "apps/dsprep/documents.h"
 #include "apps/dsprep/tokenize.h"
 #include "lib/core/error.h"
+#include "lib/core/run_main.h"
 #include "lib/data/bpe.h"
 #include "lib/data/indexed_dataset.h"
 #include "lib/data/synthetic_corpus.h"
@@ -257,15 +258,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dsprep: error: %s (see dsprep --help)\n", e.what());
     return 1;
   }
-  try {
+  return ds::run_main("dsprep", [&] {
     if (!a.generate_corpus.empty()) return run_generate(a);
     if (a.train_tokenizer) return run_train_tokenizer(a);
     return run_tokenize(a);
-  } catch (const ds::UserError& e) {
-    std::fprintf(stderr, "dsprep: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dsprep: internal error: %s\n", e.what());
-    return 2;
-  }
+  });
 }

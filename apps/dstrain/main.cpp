@@ -8,6 +8,7 @@
 #include "lib/comm/communicator.h"
 #include "lib/core/error.h"
 #include "lib/core/log.h"
+#include "lib/core/run_main.h"
 #include "lib/parallel/comms.h"
 #include "lib/parallel/rank_grid.h"
 #include "lib/train/autotune_hooks.h"
@@ -44,13 +45,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
+  return ds::run_main("dstrain", [&] {
     return run(argc, argv);
-  } catch (const ds::UserError& e) {
-    std::fprintf(stderr, "dstrain: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dstrain: internal error: %s\n", e.what());
-    return 2;
-  }
+  });
 }
