@@ -32,8 +32,10 @@ std::vector<RankInfo> ranks_of_node(const ActiveResources& active, int node_rank
 
 EnvList rank_env(const RankInfo& r, const Rendezvous& rv, int omp_threads) {
   std::string cvd;
-  for (size_t i = 0; i < r.node_slots.size(); ++i)
-    cvd += (i ? "," : "") + std::to_string(r.node_slots[i]);
+  for (size_t i = 0; i < r.node_slots.size(); ++i) {
+    if (i) cvd += ',';
+    cvd += std::to_string(r.node_slots[i]);
+  }
   EnvList env = {
       {"RANK", std::to_string(r.rank)},
       {"LOCAL_RANK", std::to_string(r.local_rank)},
