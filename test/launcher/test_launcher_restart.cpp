@@ -409,7 +409,10 @@ void check_curve_chain(const TrainJob& job, const std::string& err, int first_wo
       write_file(ref->ckpt() + "/latest", step + "\n");
     }
     std::string slots = "localhost:0";
-    for (int i = 1; i < attempts[a].first; ++i) slots += "," + std::to_string(i);
+    for (int i = 1; i < attempts[a].first; ++i) {
+      slots += ',';
+      slots += std::to_string(i);
+    }
     auto r = run_cmd(cat({dsrun_bin(), "--include", slots, "--master_port", std::to_string(free_port())},
                          ref->dstrain_args()),
                      {{"DS_JOB_TOKEN", ref->token}, {"OMP_NUM_THREADS", "1"}}, 120);
