@@ -17,9 +17,9 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <random>
 #include <thread>
 
+#include "lib/core/crypto.h"
 #include "lib/core/error.h"
 #include "lib/core/run_main.h"
 #include "launcher/agent.h"
@@ -55,10 +55,8 @@ std::vector<std::string> local_names() {
   return names;
 }
 
-std::string random_token() {
-  std::random_device rd;
-  return fmt::format("{:08x}{:08x}", rd(), rd());
-}
+// 128 bits from the system's CSPRNG, as 32 hex digits.
+std::string random_token() { return crypto::to_hex(crypto::random_bytes(16)); }
 
 std::string self_path() {
   if (const char* p = std::getenv("DSRUN_AGENT_PATH"); p && *p) return p;

@@ -179,9 +179,15 @@ LaunchPlan make_plan(const PlanInputs& in) {
   choose_transport(p, in);
   choose_master(p, in);
   p.master_port = o.master_port;
-  p.job_token = in.job_token;
+  // With restarts each attempt has its own token, so a token seen in one
+  // attempt cannot log in to the next one's store.
+  p.job_token = o.max_restarts > 0 ? attempt_token(in.job_token, in.attempt) : in.job_token;
   p.exports = exported_env(in.environ_entries);
   for (const auto& [k, v] : in.env_file_vars) env_set(p.exports, k, v);
+  // The token travels as itself (agent_env), never as a copy of dsrun's variable.
+  p.exports.erase(std::remove_if(p.exports.begin(), p.exports.end(),
+                                 [](const auto& kv) { return kv.first == "DS_JOB_TOKEN"; }),
+                  p.exports.end());
   build_commands(p, in);
   return p;
 }

@@ -30,7 +30,8 @@ struct PlanInputs {
   EnvList env_file_vars;                     // from .deepspeed_env files
   std::string cwd;
   std::string dsrun_path;                    // path of dsrun on every node
-  std::string job_token;
+  std::string job_token;                     // the job's secret (DS_JOB_TOKEN or random)
+  int attempt = 0;                           // --max_restarts: which attempt this plan launches
   std::vector<std::string> local_names;      // names and addresses of this machine
   std::string private_env_file;              // pdsh: base path of the agents' 0600 env files
   long head_pid = 0;
@@ -60,6 +61,8 @@ struct LaunchPlan {
   std::string master_addr;
   bool discover_master = false;  // master_addr is a placeholder until `hostname -I`
   int master_port = 29500;
+  // What the ranks get as DS_JOB_TOKEN: the job's secret, or with
+  // --max_restarts this attempt's own token (attempt_token).
   std::string job_token;
   EnvList exports;  // sent to remote nodes
   // What remote agents get outside any command line: the exports and

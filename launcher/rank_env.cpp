@@ -1,8 +1,10 @@
-// Rank environment, argv and core-share computation (pure).
+// Rank environment (and each restart attempt's job token), argv and
+// core-share computation (pure).
 #include "launcher/rank_env.h"
 
 #include <algorithm>
 
+#include "lib/core/crypto.h"
 #include "lib/core/error.h"
 #include "launcher/world_info.h"
 
@@ -30,10 +32,16 @@ std::vector<RankInfo> ranks_of_node(const ActiveResources& active, int node_rank
   return out;
 }
 
+std::string attempt_token(const std::string& job_token, int attempt) {
+  return crypto::to_hex(crypto::hmac_sha256(job_token, "dsrun attempt " + std::to_string(attempt)));
+}
+
 EnvList rank_env(const RankInfo& r, const Rendezvous& rv, int omp_threads) {
   std::string cvd;
-  for (size_t i = 0; i < r.node_slots.size(); ++i)
-    cvd += (i ? "," : "") + std::to_string(r.node_slots[i]);
+  for (size_t i = 0; i < r.node_slots.size(); ++i) {
+    if (i) cvd += ',';
+    cvd += std::to_string(r.node_slots[i]);
+  }
   EnvList env = {
       {"RANK", std::to_string(r.rank)},
       {"LOCAL_RANK", std::to_string(r.local_rank)},

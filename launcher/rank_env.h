@@ -28,6 +28,12 @@ struct Rendezvous {
   std::string job_token;
 };
 
+// The token of restart attempt `attempt` (0 = the first launch) of a job with
+// --max_restarts: hex of HMAC-SHA256(job_token, "dsrun attempt <attempt>").
+// Every rank of one attempt gets the same one; a token seen in one attempt
+// says nothing about another's, nor about the job's secret.
+std::string attempt_token(const std::string& job_token, int attempt);
+
 // The ranks that run on node `node_rank`.
 std::vector<RankInfo> ranks_of_node(const ActiveResources& active, int node_rank);
 

@@ -149,6 +149,7 @@ int RestartLoop::run() {
   for (int attempt = 0;; ++attempt) {
     std::vector<std::unique_ptr<SshConnection>> conns;
     PlanInputs in = in_;
+    in.attempt = attempt;  // a fresh job token for every attempt (make_plan)
     LaunchPlan p;
     try {
       if (o.elastic_training) {

@@ -8,7 +8,7 @@ set -euo pipefail
 pkgs=(
   # build
   build-essential cmake ninja-build pkg-config
-  libcli11-dev nlohmann-json3-dev libfmt-dev catch2 libssh-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev catch2 libssh-dev libssl-dev
   libopenblas-dev libgloo-dev
   # dsplot's PNG output: librsvg renders the SVG it writes (with cairo), in DejaVu Sans
   librsvg2-dev fonts-dejavu-core

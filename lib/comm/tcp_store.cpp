@@ -1,6 +1,7 @@
 // TCP store client (and start-up of the server on the hosting rank): connect
-// with retries, token hello, one blocking request at a time, and error
-// messages that say which rank, which address and what is missing.
+// with retries, the challenge-response handshake (the client trusts no store
+// that cannot prove it knows the token), one blocking request at a time, and
+// error messages that say which rank, which address and what is missing.
 #include "lib/comm/tcp_store.h"
 
 #include <unistd.h>
@@ -10,8 +11,10 @@
 #include <thread>
 
 #include "lib/comm/socket_util.h"
+#include "lib/comm/store_auth.h"
 #include "lib/comm/store_protocol.h"
 #include "lib/comm/tcp_store_server.h"
+#include "lib/core/crypto.h"
 #include "lib/core/error.h"
 
 namespace ds {
@@ -77,25 +80,69 @@ void TcpStore::connect_and_hello(const TcpStoreOptions& opt) {
     DS_USER_ERROR("rank {}: cannot reach the rendezvous store at {} within {} ({}); is rank 0 "
                   "running, and are MASTER_ADDR/MASTER_PORT right and reachable from this host?",
                   rank_, net::host_port(host_, port_), seconds_str(timeout_), err);
-  net::send_frame(fd_, net::Writer().u8(uint8_t(Op::Hello)).str(opt.token).i64(opt.rank).bytes());
-  std::string reply;
-  int rc = net::recv_frame(fd_, reply, deadline, net::kMaxHelloFrame, err);
-  if (rc != 1) {
+  handshake(opt.token, deadline);
+}
+
+// Challenge-response (store_auth.h): the server's challenge, our hello with
+// our nonce and proof, the server's reply with its proof. The token is never
+// sent, and nothing the peer says (not even a refusal's reason) is believed
+// before its proof checks out.
+void TcpStore::handshake(const std::string& token, Clock::time_point deadline) {
+  const std::string where = net::host_port(host_, port_);
+  auto fail = [&](const std::string& msg) {
     close(fd_);
     fd_ = -1;
-    DS_USER_ERROR("rank {}: no answer from the rendezvous store at {} ({}); is another program "
-                  "listening on MASTER_PORT?", rank_, net::host_port(host_, port_),
-                  rc == 0 ? "timed out" : err);
+    throw UserError(msg);
+  };
+  const std::string unproven = fmt::format(
+      "rank {}: rendezvous: the store at {} failed to prove it knows the job token (another process may hold "
+      "MASTER_PORT)", rank_, where);
+  std::string frame, err;
+  auto receive = [&] {
+    const int rc = net::recv_frame(fd_, frame, deadline, net::kMaxHelloFrame, err);
+    if (rc == 0)
+      fail(fmt::format("rank {}: no answer from the rendezvous store at {} (timed out); is another program "
+                       "listening on MASTER_PORT?", rank_, where));
+    if (rc < 0) fail(unproven + fmt::format(" ({})", err));
+  };
+  receive();
+  uint8_t code = 0;
+  std::string server_nonce;
+  try {
+    net::Reader r(frame);
+    code = r.u8();
+    server_nonce = r.str();
+  } catch (const Error&) {  // truncated: not our server
   }
-  net::Reader r(reply);
-  if (static_cast<Status>(r.u8()) != Status::Ok) {
-    std::string why = r.done() ? std::string("refused") : r.str();
-    close(fd_);
-    fd_ = -1;
-    DS_USER_ERROR("rank {}: the rendezvous store at {} refused the connection: {}; all ranks of a "
-                  "job must share DS_JOB_TOKEN (dsrun sets it)", rank_,
-                  net::host_port(host_, port_), why);
+  if (code != uint8_t(Op::Challenge) || server_nonce.size() != store_auth::kNonceBytes) fail(unproven);
+  const std::string client_nonce = crypto::random_bytes(store_auth::kNonceBytes);
+  net::send_frame(fd_, net::Writer()
+                           .u8(uint8_t(Op::Hello))
+                           .str(client_nonce)
+                           .i64(rank_)
+                           .str(store_auth::client_proof(token, server_nonce, client_nonce, rank_))
+                           .bytes());
+  receive();
+  uint8_t status = 0xff;
+  std::string reason, proof;
+  try {
+    net::Reader r(frame);
+    status = r.u8();
+    if (status == uint8_t(Status::Refused)) reason = r.str();
+    proof = r.str();
+  } catch (const Error&) {  // truncated: unproven
   }
+  const bool proven = (status == uint8_t(Status::Ok) || status == uint8_t(Status::Refused)) &&
+                      crypto::constant_time_equal(
+                          proof, store_auth::server_proof(token, server_nonce, client_nonce, rank_, status));
+  if (status == uint8_t(Status::Ok) && proven) return;
+  if (status == uint8_t(Status::Refused) && proven)
+    fail(fmt::format("rank {}: the rendezvous store at {} refused the connection: {}", rank_, where, reason));
+  if (status == uint8_t(Status::Refused))
+    fail(fmt::format("rank {}: the rendezvous store at {} refused this rank's proof of the job token: all ranks "
+                     "of a job must share DS_JOB_TOKEN (dsrun sets it, a fresh one for every restart attempt), "
+                     "or another process holds MASTER_PORT", rank_, where));
+  fail(unproven);
 }
 
 std::string TcpStore::request(const std::string& payload, milliseconds reply_within) {

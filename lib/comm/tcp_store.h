@@ -31,9 +31,10 @@ struct TcpStoreOptions {
 
 class TcpStore {
  public:
-  // Starts the server (is_server) and connects. Throws ds::UserError when the
-  // port is in use, the server cannot be reached within the timeout, or the
-  // server refuses our token.
+  // Starts the server (is_server), connects and runs the handshake (each side
+  // proves it knows the token; the token never travels). Throws ds::UserError
+  // when the port is in use, the server cannot be reached within the timeout,
+  // refuses our proof, or fails to prove itself (another process on the port).
   explicit TcpStore(const TcpStoreOptions& opt);
   // Says goodbye to the server (unless an exception is unwinding, which the
   // server then reports to waiters as a lost rank). The hosting rank waits,
@@ -76,6 +77,7 @@ class TcpStore {
  private:
   std::string request(const std::string& payload, std::chrono::milliseconds reply_within);
   void connect_and_hello(const TcpStoreOptions& opt);
+  void handshake(const std::string& token, std::chrono::steady_clock::time_point deadline);
   [[noreturn]] void throw_wait_failure(const std::string& what, const WaitResult& r,
                                        std::chrono::milliseconds timeout) const;
 

@@ -1,7 +1,8 @@
 // TCP store server: a poll loop over the listening socket, a wake pipe and the
-// client connections. Requests are answered in arrival order per connection;
-// blocking waits are parked as Waiters until their keys exist, they expire, or
-// a rank is lost (its connection closed without a Bye).
+// client connections. Every connection starts with the challenge-response
+// handshake (store_auth.h); requests are then answered in arrival order per
+// connection; blocking waits are parked as Waiters until their keys exist,
+// they expire, or a rank is lost (its connection closed without a Bye).
 #include "lib/comm/tcp_store_server.h"
 
 #include <fcntl.h>
@@ -12,8 +13,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <stdexcept>
 
+#include "lib/comm/store_auth.h"
 #include "lib/comm/store_protocol.h"
+#include "lib/core/crypto.h"
 #include "lib/core/error.h"
 
 namespace ds {
@@ -22,11 +26,27 @@ using namespace store_proto;
 using net::Clock;
 
 namespace {
-// Constant-time comparison, so the token cannot be guessed byte by byte.
-bool same_token(const std::string& a, const std::string& b) {
-  unsigned diff = a.size() == b.size() ? 0u : 1u;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned>(a[i] ^ b[i % (b.size() + 1)]);
-  return diff == 0;
+// The one answer to a client that has not proven it knows the token, whatever
+// went wrong: it tells such a client nothing about the job or this code.
+constexpr const char* kAuthFailed = "authentication failed";
+
+// A request an authenticated client got wrong; its text goes back in a Bad
+// reply. Other exceptions (ds::Error carries file:line and host) never do.
+class BadRequest : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+int64_t parse_counter(const std::string& key, const std::string& text) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) throw BadRequest(fmt::format("the value of '{}' is not an integer", key));
+  return v;
 }
 }  // namespace
 
@@ -139,6 +159,14 @@ void TcpStoreServer::accept_new() {
     Conn c;
     c.fd = fd;
     c.accepted = net::Clock::now();
+    try {
+      c.nonce = crypto::random_bytes(store_auth::kNonceBytes);
+    } catch (const std::exception&) {
+      close(fd);  // no random source: admit nobody rather than a guessable challenge
+      continue;
+    }
+    reply(c, net::Writer().u8(uint8_t(Op::Challenge)).str(c.nonce).bytes());
+    flush_conn(c);  // the rest goes out when poll says the socket is writable
     conns_[next_id_++] = std::move(c);
   }
 }
@@ -185,8 +213,13 @@ bool TcpStoreServer::read_conn(int id, Conn& c) {
     c.in.erase(0, 4 + static_cast<size_t>(len));
     try {
       handle(id, c, msg);
-    } catch (const std::exception& e) {  // framing is intact: answer and go on
+    } catch (const BadRequest& e) {  // framing is intact: answer and go on
       reply(c, net::Writer().u8(uint8_t(Status::Bad)).str(e.what()).bytes());
+    } catch (const std::exception&) {  // a truncated message: never echo its text
+      if (!c.authed)
+        refuse(c, kAuthFailed, "");
+      else
+        reply(c, net::Writer().u8(uint8_t(Status::Bad)).str("malformed request").bytes());
     }
     if (c.bye) return false;
   }
@@ -230,30 +263,36 @@ void TcpStoreServer::drop(int id) {
   }
 }
 
+void TcpStoreServer::refuse(Conn& c, const std::string& reason, const std::string& proof) {
+  reply(c, net::Writer().u8(uint8_t(Status::Refused)).str(reason).str(proof).bytes());
+  c.close_after_flush = true;
+}
+
+// The client's answer to the challenge: str client_nonce, i64 rank, str proof.
+// Only a valid proof earns a reason (and the server's own proof); anything
+// else gets kAuthFailed and the connection is closed.
+void TcpStoreServer::handle_hello(Conn& c, uint8_t op, net::Reader& r) {
+  if (op != uint8_t(Op::Hello)) return refuse(c, kAuthFailed, "");
+  const std::string client_nonce = r.str();
+  const int64_t rank = r.i64();
+  const std::string proof = r.str();
+  if (!r.done() || client_nonce.size() != store_auth::kNonceBytes ||
+      !crypto::constant_time_equal(proof, store_auth::client_proof(token_, c.nonce, client_nonce, rank)))
+    return refuse(c, kAuthFailed, "");
+  if (const std::string why = refuse_rank(rank); !why.empty())
+    return refuse(c, why, store_auth::server_proof(token_, c.nonce, client_nonce, rank, uint8_t(Status::Refused)));
+  c.rank = rank;
+  c.authed = true;
+  reply(c, net::Writer().u8(uint8_t(Status::Ok))
+               .str(store_auth::server_proof(token_, c.nonce, client_nonce, rank, uint8_t(Status::Ok)))
+               .bytes());
+}
+
 void TcpStoreServer::handle(int id, Conn& c, const std::string& msg) {
   net::Reader r(msg);
-  Op op = static_cast<Op>(r.u8());
-  if (!c.authed) {
-    std::string tok = op == Op::Hello ? r.str() : std::string();
-    if (op != Op::Hello || !same_token(tok, token_)) {
-      reply(c, net::Writer().u8(uint8_t(Status::Refused))
-                   .str(op != Op::Hello ? "expected a hello message first"
-                                        : "wrong job token (DS_JOB_TOKEN differs from rank 0's)")
-                   .bytes());
-      c.close_after_flush = true;
-      return;
-    }
-    const int64_t rank = r.i64();
-    if (const std::string why = refuse_rank(rank); !why.empty()) {
-      reply(c, net::Writer().u8(uint8_t(Status::Refused)).str(why).bytes());
-      c.close_after_flush = true;
-      return;
-    }
-    c.rank = rank;
-    c.authed = true;
-    reply(c, net::Writer().u8(uint8_t(Status::Ok)).bytes());
-    return;
-  }
+  const uint8_t code = r.u8();
+  if (!c.authed) return handle_hello(c, code, r);
+  const Op op = static_cast<Op>(code);
   switch (op) {
     case Op::Set: {
       std::string key = r.str();
@@ -266,7 +305,7 @@ void TcpStoreServer::handle(int id, Conn& c, const std::string& msg) {
       std::string key = r.str();
       int64_t delta = r.i64();
       auto it = data_.find(key);
-      int64_t v = (it == data_.end() ? 0 : std::stoll(it->second)) + delta;
+      int64_t v = (it == data_.end() ? 0 : parse_counter(key, it->second)) + delta;
       data_[key] = std::to_string(v);
       reply(c, net::Writer().u8(uint8_t(Status::Ok)).i64(v).bytes());
       answer_ready_waiters();
@@ -286,7 +325,7 @@ void TcpStoreServer::handle(int id, Conn& c, const std::string& msg) {
       c.bye = true;
       return;
     default:
-      DS_THROW("store: unknown request code {}", int(op));
+      throw BadRequest(fmt::format("unknown request code {}", int(code)));
   }
 }
 

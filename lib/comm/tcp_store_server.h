@@ -21,11 +21,13 @@ class TcpStoreServer {
   // it is an IP literal of this host (127.0.0.1 for a single local node), else
   // on all interfaces (net::listen_for). Throws ds::UserError when the port is in use.
   TcpStoreServer(int port, std::string token, const std::string& master_addr = "");
-  // Admission rules. world_size > 0: a hello must name rank -1 (a tool) or a
-  // rank in [0, world_size) not already connected, else it is refused (so a
-  // stray or forged client with the token cannot abort the rendezvous by
-  // leaving). At most kMaxPending connections wait for their hello (the oldest
-  // is closed to admit a new one), each for at most hello_timeout.
+  // Admission rules. Every connection first gets a challenge and must answer
+  // with a hello that proves it knows the token (store_auth.h); anything else
+  // gets one fixed refusal and is closed. world_size > 0: a hello must name
+  // rank -1 (a tool) or a rank in [0, world_size) not already connected, else
+  // it is refused (so a stray or forged client with the token cannot abort the
+  // rendezvous by leaving). At most kMaxPending connections wait for their
+  // hello (the oldest is closed to admit a new one), each for at most hello_timeout.
   void set_admission(int world_size, std::chrono::milliseconds hello_timeout);
   static constexpr size_t kMaxPending = 256;
   ~TcpStoreServer();  // stop(0)
@@ -44,6 +46,7 @@ class TcpStoreServer {
     std::string in, out;
     bool authed = false, bye = false, close_after_flush = false;
     int64_t rank = -1;
+    std::string nonce;  // this connection's challenge
     net::Clock::time_point accepted;
   };
   struct Waiter {
@@ -58,6 +61,8 @@ class TcpStoreServer {
   bool read_conn(int id, Conn& c);   // false: drop the connection
   bool flush_conn(Conn& c);          // false: drop the connection
   void handle(int id, Conn& c, const std::string& msg);
+  void handle_hello(Conn& c, uint8_t op, net::Reader& r);
+  void refuse(Conn& c, const std::string& reason, const std::string& proof);
   void handle_wait(int id, Conn& c, net::Reader& r);
   void drop(int id);
   void reply(Conn& c, const std::string& payload);

@@ -158,7 +158,7 @@ TEST_CASE("a rank with another job's token is refused", "[multiproc]") {
   INFO(r.summary());
   REQUIRE_FALSE(r.timed_out);
   CHECK(r.ranks[1].exit_code == 2);
-  CHECK(has(r.ranks[1], "refused the connection: wrong job token"));
+  CHECK(has(r.ranks[1], "refused this rank's proof of the job token"));
   CHECK(r.ranks[0].exit_code == 2);
   CHECK(has(r.ranks[0], "ranks never arrived: 1"));
 }

@@ -13,6 +13,7 @@
 #include "launcher/resources.h"
 #include "launcher/shell.h"
 #include "launcher/world_info.h"
+#include "lib/core/crypto.h"
 #include "lib/core/error.h"
 
 using namespace ds::launch;
@@ -350,6 +351,54 @@ TEST_CASE("plan: multi-node commands per transport", "[launcher]") {
 
   in.opts.launcher = "torchrun";
   CHECK_THAT(user_error([&] { make_plan(in); }), Catch::Contains("--launcher 'torchrun'"));
+}
+
+TEST_CASE("plan: with --max_restarts every attempt has its own job token", "[launcher]") {
+  PlanInputs in = base_inputs();
+  in.hostfile_pool = ResourcePool{{"w0", 2}, {"w1", 2}};
+  in.opts.master_addr = "10.0.0.1";
+  in.environ_entries = {"DS_JOB_TOKEN=tok123", "NCCL_DEBUG=INFO"};  // the job's secret, from dsrun's environment
+  in.opts.max_restarts = 3;
+  const std::string hex_secret = "746f6b313233";  // "tok123"
+  for (const char* launcher : {"ssh", "pdsh", "slurm", "openmpi"}) {
+    INFO(launcher);
+    in.opts.launcher = launcher;
+    std::vector<std::string> tokens;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      in.attempt = attempt;
+      const LaunchPlan p = make_plan(in);
+      CHECK(p.job_token == attempt_token("tok123", attempt));
+      CHECK(p.job_token.size() == 64);
+      CHECK(p.job_token.find("tok123") == std::string::npos);
+      // Every rank and agent of the attempt gets it; the secret goes nowhere.
+      for (const auto& r : p.ranks)
+        CHECK(std::find(r.env.begin(), r.env.end(), std::pair<std::string, std::string>{"DS_JOB_TOKEN", p.job_token}) !=
+              r.env.end());
+      CHECK(p.agent_env.back() == std::pair<std::string, std::string>{"DS_JOB_TOKEN", p.job_token});
+      for (const auto& [k, v] : p.agent_env) CHECK(v != "tok123");
+      for (const auto& [k, v] : p.head_env) CHECK(v != "tok123");
+      CHECK(p.agent_stdin.find(hex_secret) == std::string::npos);
+      if (p.transport == Transport::Ssh)
+        CHECK_THAT(p.agent_stdin, Catch::Contains("DS_JOB_TOKEN=" + ds::crypto::to_hex(p.job_token)));
+      if (p.transport == Transport::Slurm || p.transport == Transport::OpenMpi)
+        CHECK(std::find(p.head_env.begin(), p.head_env.end(),
+                        std::pair<std::string, std::string>{"DS_JOB_TOKEN", p.job_token}) != p.head_env.end());
+      CHECK(plan_to_json(p).find("tok123") == std::string::npos);
+      tokens.push_back(p.job_token);
+    }
+    CHECK(tokens[0] != tokens[1]);
+    CHECK(tokens[1] != tokens[2]);
+    CHECK(tokens[0] != tokens[2]);
+  }
+  // The same secret gives the same tokens (every node of an attempt agrees);
+  // another secret gives others.
+  CHECK(attempt_token("tok123", 1) == attempt_token("tok123", 1));
+  CHECK(attempt_token("tok124", 1) != attempt_token("tok123", 1));
+  // Without restarts the ranks get the job's token itself, as before.
+  in.opts.max_restarts = 0;
+  in.attempt = 0;
+  in.opts.launcher = "ssh";
+  CHECK(make_plan(in).job_token == "tok123");
 }
 
 TEST_CASE("plan: size is linear in ranks, with many hosts or many slots", "[launcher]") {

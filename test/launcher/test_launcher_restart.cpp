@@ -6,8 +6,10 @@
 // float) equals that of an uninterrupted run at the same layout. Elastic
 // cases run three network-namespace hosts over ssh (test_util.h's NetnsLab).
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <map>
@@ -15,6 +17,7 @@
 #include <regex>
 #include <sstream>
 
+#include "launcher/rank_env.h"
 #include "test/launcher/test_util.h"
 #include "test/skip.h"
 
@@ -100,10 +103,32 @@ std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::
   return a;
 }
 
+// With --max_restarts dsrun holds the job's secret and each attempt's agents
+// and ranks hold that attempt's token (ds::launch::attempt_token); the tests
+// here restart at most 5 times.
+constexpr int kMaxAttempts = 6;
+
+std::vector<pid_t> job_pids(const std::string& secret) {
+  std::vector<pid_t> out = pids_with_token(secret);
+  for (int a = 0; a < kMaxAttempts; ++a)
+    for (pid_t p : pids_with_token(ds::launch::attempt_token(secret, a)))
+      if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  return out;
+}
+
+// kill_leftovers for every token of the job.
+std::vector<pid_t> job_leftovers(const std::string& secret, double wait_s) {
+  for (double t = 0; t < wait_s && !job_pids(secret).empty(); t += 0.1) usleep(100000);
+  std::vector<pid_t> left = kill_leftovers(secret);
+  for (int a = 0; a < kMaxAttempts; ++a)
+    for (pid_t p : kill_leftovers(ds::launch::attempt_token(secret, a))) left.push_back(p);
+  return left;
+}
+
 // The pids of the job's dstrain ranks whose environment has NAME=value.
-std::vector<pid_t> ranks_with(const std::string& token, const std::string& name, const std::string& value) {
+std::vector<pid_t> ranks_with(const std::string& secret, const std::string& name, const std::string& value) {
   std::vector<pid_t> out;
-  for (pid_t p : pids_with_token(token)) {
+  for (pid_t p : job_pids(secret)) {
     const std::string base = "/proc/" + std::to_string(p);
     if (read_file(base + "/cmdline").find("dstrain") == std::string::npos) continue;
     std::string env = read_file(base + "/environ");
@@ -196,7 +221,7 @@ TEST_CASE("restart: kill -9 of a random rank at random iterations, three times; 
   const std::vector<Row> rows = csv_rows(job.csv());
   check_rows_match(rows, by_iteration(ref_rows), "restarted run");
   CHECK(by_iteration(rows).size() == static_cast<size_t>(iters));
-  CHECK(kill_leftovers(job.token, 5).empty());
+  CHECK(job_leftovers(job.token, 5).empty());
 }
 
 TEST_CASE("restart: the exit code is the last attempt's; flags and a missing checkpoint are one-line errors",
@@ -212,7 +237,7 @@ TEST_CASE("restart: the exit code is the last attempt's; flags and a missing che
   CHECK_THAT(r.err, Catch::Contains("dsrun: restart 2 of 2 after exit code 7"));
   CHECK_THAT(r.err, Catch::Contains("dsrun: attempt 3 ended with exit code 7; no restarts left (--max_restarts 2); "
                                     "exit code 7"));
-  CHECK(kill_leftovers(env[0].second, 5).empty());
+  CHECK(job_leftovers(env[0].second, 5).empty());
 
   // dstrain without --load could only start over: refused before anything starts.
   r = run_cmd({dsrun_bin(), "--max_restarts", "1", dstrain_bin(), "--train-iters", "3"}, env, 30);
@@ -226,13 +251,42 @@ TEST_CASE("restart: the exit code is the last attempt's; flags and a missing che
   // Ctrl-C is never restarted.
   r = run_cmd({dsrun_bin(), "--include", "localhost:0,1", "--max_restarts", "3", probe_bin(), "hang"}, env, 30,
               [&](pid_t pid) {
-                REQUIRE(wait_for_token_procs(env[0].second, 3, 15));
+                // Its two ranks, with the first attempt's token.
+                REQUIRE(wait_for_token_procs(ds::launch::attempt_token(env[0].second, 0), 2, 15));
                 usleep(200000);
                 kill(pid, SIGINT);
               });
   CHECK(r.code == 130);
   CHECK_THAT(r.err, !Catch::Contains("restart 1"));
-  CHECK(kill_leftovers(env[0].second, 5).empty());
+  CHECK(job_leftovers(env[0].second, 5).empty());
+}
+
+TEST_CASE("restart: each attempt's ranks share a fresh job token and never see the job's secret", "[restart]") {
+  TempDir dir;
+  // Each rank appends its DS_JOB_TOKEN to tokens.<RANK>; the first attempt
+  // fails once both ranks have written theirs, the second succeeds.
+  const std::string script = dir.path() + "/record_token.sh";
+  write_file(script,
+             "#!/bin/sh\n"
+             "d=\"$1\"\n"
+             "echo \"$DS_JOB_TOKEN\" >> \"$d/tokens.$RANK\"\n"
+             "[ \"$(wc -l < \"$d/tokens.$RANK\")\" -ge 2 ] && exit 0\n"
+             "while [ \"$(cat \"$d\"/tokens.* | wc -l)\" -lt \"$WORLD_SIZE\" ]; do sleep 0.05; done\n"
+             "exit 3\n");
+  REQUIRE(chmod(script.c_str(), 0755) == 0);
+  const std::string secret = new_token();
+  auto r = run_cmd({dsrun_bin(), "--include", "localhost:0,1", "--no_local_rank", "--max_restarts", "2",
+                    "--master_port", std::to_string(free_port()), script, dir.path()},
+                   {{"DS_JOB_TOKEN", secret}}, 60);
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.err, Catch::Contains("dsrun: the job finished after 1 restart(s)"));
+  const std::string t0 = read_file(dir.path() + "/tokens.0"), t1 = read_file(dir.path() + "/tokens.1");
+  const std::string want = ds::launch::attempt_token(secret, 0) + "\n" + ds::launch::attempt_token(secret, 1) + "\n";
+  CHECK(t0 == want);  // attempt 0's token, then attempt 1's: the same on both ranks
+  CHECK(t1 == want);
+  CHECK(t0.find(secret) == std::string::npos);
+  CHECK(job_leftovers(secret, 5).empty());
 }
 
 namespace {
@@ -355,7 +409,10 @@ void check_curve_chain(const TrainJob& job, const std::string& err, int first_wo
       write_file(ref->ckpt() + "/latest", step + "\n");
     }
     std::string slots = "localhost:0";
-    for (int i = 1; i < attempts[a].first; ++i) slots += "," + std::to_string(i);
+    for (int i = 1; i < attempts[a].first; ++i) {
+      slots += ',';
+      slots += std::to_string(i);
+    }
     auto r = run_cmd(cat({dsrun_bin(), "--include", slots, "--master_port", std::to_string(free_port())},
                          ref->dstrain_args()),
                      {{"DS_JOB_TOKEN", ref->token}, {"OMP_NUM_THREADS", "1"}}, 120);
@@ -416,7 +473,7 @@ TEST_CASE("elastic: a host whose ranks keep dying is dropped; the job finishes o
   CHECK_THAT(r.out + r.err, Catch::Contains("batch: global 12 = micro 2 x grad accum 2 x data parallel 3"));
   CHECK_THAT(r.out + r.err, Catch::Contains("batch: global 12 = micro 2 x grad accum 3 x data parallel 2"));
   check_elastic_curve(job, r.err);
-  CHECK(kill_leftovers(job.token, 10).empty());
+  CHECK(job_leftovers(job.token, 10).empty());
 }
 
 TEST_CASE("elastic: a host whose link is cut is dropped after the heartbeat timeout and taken back later",
@@ -455,5 +512,5 @@ TEST_CASE("elastic: a host whose link is cut is dropped after the heartbeat time
   CHECK_THAT(r.err, Catch::Contains("dsrun: restart 2 of 2 after node 10.200.0.2 (node rank 1) failed with exit "
                                     "code 137: hosts 10.200.0.1, 10.200.0.2, 10.200.0.3 (3 node(s)); layout: world 3"));
   check_curve_chain(job, r.err, 3);
-  CHECK(kill_leftovers(job.token, 30).empty());
+  CHECK(job_leftovers(job.token, 30).empty());
 }
