@@ -14,10 +14,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kTbs = "train_batch_size";
-constexpr const char* kMbs = "train_micro_batch_size_per_gpu";
-constexpr const char* kGas = "gradient_accumulation_steps";
-
 TrainConfig finish_config(const json& j, int world_size, Warnings w) {
   TrainConfig cfg;
   read_config_json(j, cfg, w);

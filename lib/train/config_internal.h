@@ -20,6 +20,11 @@ namespace ds {
 
 using Warnings = std::vector<std::string>;
 
+// DeepSpeed's batch-size keys (the batch triple).
+inline constexpr const char* kTbs = "train_batch_size";
+inline constexpr const char* kMbs = "train_micro_batch_size_per_gpu";
+inline constexpr const char* kGas = "gradient_accumulation_steps";
+
 // A DeepSpeed-owned JSON object: typed reads like JsonSection, but keys nobody
 // read become named warnings (collected in `w`) instead of errors.
 class DsSection {

@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "lib/core/error.h"
-#include "lib/train/config.h"
+#include "lib/train/config_internal.h"
 
 namespace ds {
 
@@ -14,9 +14,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kTbs = "train_batch_size";
-constexpr const char* kMbs = "train_micro_batch_size_per_gpu";
-constexpr const char* kGas = "gradient_accumulation_steps";
 constexpr int64_t kMaxBatch = int64_t{1} << 30;
 constexpr int kMaxSize = 1 << 16;
 

@@ -19,9 +19,11 @@
 #include "lib/comm/tcp_store.h"
 #include "lib/comm/tcp_store_server.h"
 #include "lib/core/error.h"
+#include "test/comm/store_test_util.h"
 
 using namespace ds;
 using namespace std::chrono_literals;
+using ds::test::client_opts;
 
 namespace {
 
@@ -31,17 +33,6 @@ TcpStoreOptions server_opts(const std::string& token = "tok", std::chrono::milli
   o.is_server = true;
   o.token = token;
   o.rank = 0;
-  o.timeout = t;
-  return o;
-}
-
-TcpStoreOptions client_opts(int port, int rank, const std::string& token = "tok",
-                            std::chrono::milliseconds t = 5000ms) {
-  TcpStoreOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
-  o.token = token;
-  o.rank = rank;
   o.timeout = t;
   return o;
 }

@@ -18,23 +18,15 @@
 #include "lib/comm/tcp_store.h"
 #include "lib/core/crypto.h"
 #include "lib/core/error.h"
+#include "test/comm/store_test_util.h"
 
 using namespace ds;
 using namespace std::chrono_literals;
+using ds::test::client_opts;
 using store_proto::Op;
 using store_proto::Status;
 
 namespace {
-
-TcpStoreOptions client_opts(int port, int rank, const std::string& token, std::chrono::milliseconds t) {
-  TcpStoreOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
-  o.token = token;
-  o.rank = rank;
-  o.timeout = t;
-  return o;
-}
 
 std::string frame(const std::string& payload) {
   return net::Writer().u32(static_cast<uint32_t>(payload.size())).bytes() + payload;
