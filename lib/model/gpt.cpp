@@ -10,18 +10,11 @@
 #include <cmath>
 
 #include "lib/core/error.h"
-#include "lib/core/rng.h"
-#include "lib/model/tp_shard.h"
+#include "lib/model/param_init.h"
 #include "lib/ops/ops.h"
 
 namespace ds {
 namespace {
-
-uint64_t name_hash(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 Tensor rows(const Tensor& t) { return t.reshape({t.numel() / t.size(-1), t.size(-1)}); }
 
@@ -174,33 +167,10 @@ std::vector<int> GptModel::backward_order(int chunk) const {
 }
 
 void GptModel::init_weights(uint64_t seed, float std) {
-  if (tp_.active() || stage_.pp > 1) {  // init the full model, keep this rank's slices / stage
-    GptModel full(cfg_, Device::cpu());  // f32: only its master weights are used
-    full.init_weights(seed, std);
-    Tensor local = Tensor::empty({layout_.total}, DType::F32);
-    slice_tp_params(layout_, full.layout(), full.params(), local);
-    store_->set_full_params(local);
-    return;
-  }
-  Tensor host = Tensor::zeros({layout_.total}, DType::F32);
-  float* w = host.data<float>();
-  const double scaled = std / std::sqrt(2.0 * d_.L);
-  for (const ParamSpec& p : layout_.params) {
-    uint64_t stream = name_hash(p.name);
-    float* dst = w + p.offset;
-    switch (p.init) {
-      case InitKind::Zeros: std::fill(dst, dst + p.numel, 0.f); break;
-      case InitKind::Ones: std::fill(dst, dst + p.numel, 1.f); break;
-      case InitKind::Normal:
-      case InitKind::ScaledNormal: {
-        double s = p.init == InitKind::Normal ? std : scaled;
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < p.numel; ++i) dst[i] = static_cast<float>(s * normal_at(seed, stream, i));
-        break;
-      }
-    }
-  }
-  store_->set_full_params(host.view(0, {layout_.total}));
+  // Only this rank's slices and stage, computed where they live (param_init.h).
+  Tensor host = Tensor::empty({layout_.total}, DType::F32);
+  init_params(cfg_, layout_, seed, std, host.data<float>());
+  store_->set_full_params(host);
 }
 
 // One activation set: this stage's residual streams and layers (and the

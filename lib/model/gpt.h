@@ -131,7 +131,7 @@ class GptModel {
   // Megatron-style init: N(0, std) for matrices and embeddings, std/sqrt(2L)
   // for the output projections of each block, zeros for biases, ones for norms.
   // Element i of a weight depends only on (seed, weight name, i) of the FULL
-  // weight: a tp rank inits the full model and keeps its slices.
+  // weight: each rank computes only its own slices and stage (param_init.h).
   void init_weights(uint64_t seed, float std);
 
   // Forward + backward of one micro-batch. tokens/targets: (B, T) i32 on the
