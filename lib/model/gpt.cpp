@@ -167,10 +167,11 @@ std::vector<int> GptModel::backward_order(int chunk) const {
 }
 
 void GptModel::init_weights(uint64_t seed, float std) {
-  // Only this rank's slices and stage, computed where they live (param_init.h).
-  Tensor host = Tensor::empty({layout_.total}, DType::F32);
-  init_params(cfg_, layout_, seed, std, host.data<float>());
-  store_->set_full_params(host);
+  // Only this rank's slices and stage (param_init.h), and of those only what
+  // the store keeps (a ZeRO-3 partition).
+  store_->init_params(layout_.total, [&](int64_t begin, int64_t end, float* out) {
+    init_params(cfg_, layout_, seed, std, out, begin, end);
+  });
 }
 
 // One activation set: this stage's residual streams and layers (and the

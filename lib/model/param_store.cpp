@@ -131,6 +131,12 @@ void FlatParamStore::grads_ready(int unit) {
   notify_grads(unit, true);
 }
 
+void ParamStore::init_params(int64_t total, const InitFill& fill) {
+  Tensor host = Tensor::empty({total}, DType::F32);
+  fill(0, total, host.data<float>());
+  set_full_params(host);
+}
+
 void FlatParamStore::set_full_params(const Tensor& full) {
   gather_.wait_all();
   DS_CHECK(full.numel() == total_, "set_full_params: {} elements, model has {}", full.numel(), total_);

@@ -50,6 +50,14 @@ class ParamStore {
   // for a sharded store (every rank calls; get_full fills `out` on every rank).
   virtual void set_full_params(const Tensor& full) = 0;
   virtual void get_full_params(const Tensor& out) = 0;
+  // The initial weights, computed where they are kept: fill(begin, end, out)
+  // writes the f32 values of [begin, end) of the flat layout (of `total`
+  // elements) to host memory `out`. A store asks only for what it holds (no
+  // collective): the whole buffer by default (then set_full_params), a
+  // ZeRO-3 store its partition and its persistent units (DeepSpeed's
+  // zero.Init), so no rank materialises what it does not keep.
+  using InitFill = std::function<void(int64_t begin, int64_t end, float* out)>;
+  virtual void init_params(int64_t total, const InitFill& fill);
   // Mixed precision: the f32 master weights changed outside the store (the
   // optimizer wrote them); refresh the compute-dtype copy the forward reads.
   virtual void params_updated() {}

@@ -328,6 +328,26 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
     }
 }
 
+void ZeroParamStore::init_params(int64_t total, const InitFill& fill) {
+  DS_CHECK(total == part_.total, "init_params: {} elements, model has {}", total, part_.total);
+  if (stage_ == 2) return ParamStore::init_params(total, fill);
+  param_gather_.wait_all();
+  shard_.zero_();
+  const Range own = part_.owned_real(rank_);
+  if (own.size() > 0) {
+    Tensor host = Tensor::empty({own.size()}, DType::F32);
+    fill(own.begin, own.end, host.data<float>());
+    shard_.view(0, {own.size()}).copy_from(host);
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!plan_.persistent[u] || units_[u].size() == 0) continue;
+    Tensor host = Tensor::empty({units_[u].size()}, DType::F32);
+    fill(units_[u].begin, units_[u].end, host.data<float>());
+    if (compute_dtype_ == DType::F32) gathered_[u].copy_from(host);
+    else ops::cast({.out = gathered_[u], .inp = host.device() == dev_ ? host : host.to(dev_)}, Stream{});
+  }
+}
+
 void ZeroParamStore::get_full_params(const Tensor& out) {
   param_gather_.wait_all();
   if (stage_ == 2) {

@@ -58,6 +58,9 @@ class ZeroParamStore : public ParamStore {
   Tensor acquire_grads(int unit) override;
   void grads_ready(int unit) override;
   void set_full_params(const Tensor& full) override;
+  // Stage 3: the partition and the persistent units only (stage 2 keeps the
+  // whole compute copy, so it takes the whole buffer).
+  void init_params(int64_t total, const InitFill& fill) override;
   // `out` may be undefined on ranks that do not need the result (they still take part).
   void get_full_params(const Tensor& out) override;
 
