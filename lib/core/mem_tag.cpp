@@ -1,6 +1,8 @@
 // Live bytes of tagged tensor allocations (see mem_tag.h).
 #include "lib/core/mem_tag.h"
 
+#include <sys/resource.h>
+
 #include <atomic>
 
 namespace ds {
@@ -14,6 +16,12 @@ std::atomic<int64_t>& counter(MemTag tag, DeviceType dev) {
 }
 
 }  // namespace
+
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
+}
 
 MemTagScope::MemTagScope(MemTag t) : prev_(t_tag) { t_tag = t; }
 MemTagScope::~MemTagScope() { t_tag = prev_; }

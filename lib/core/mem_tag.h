@@ -19,6 +19,9 @@ namespace ds {
 enum class MemTag : uint8_t { None, Params, Grads, Optimizer };
 inline constexpr int kMemTags = 4;
 
+// Peak resident set size of this process so far (getrusage), in bytes.
+int64_t peak_rss_bytes();
+
 // Tags the allocations of the calling thread until destroyed (scopes nest; the
 // innermost wins).
 class MemTagScope {

@@ -1,14 +1,13 @@
 // Experiment metrics and the memory estimate as JSON for dsrun's autotuner.
 #include "lib/train/autotune_hooks.h"
 
-#include <sys/resource.h>
-
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "lib/core/device_runtime.h"
 #include "lib/core/error.h"
+#include "lib/core/mem_tag.h"
 #include "lib/model/layout.h"
 #include "lib/train/memory_estimate.h"
 #include "lib/train/metrics.h"
@@ -23,13 +22,6 @@ int64_t env_step(const char* name, int64_t dflt) {
   const long long n = std::strtoll(v, &end, 10);
   DS_USER_CHECK(*end == 0 && n >= 0, "{}='{}' must be a non-negative integer", name, v);
   return n;
-}
-
-// Peak resident set of this process (bytes).
-int64_t peak_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
 // Writes `j` to `path` through a temporary name, so a reader never sees half a file.

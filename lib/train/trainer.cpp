@@ -753,6 +753,8 @@ std::vector<float> Trainer::run() {
   if (store_)
     DS_LOG("ZeRO-{} peak live (transient, elements): full unit gradients {}, gathered parameters {}",
            cfg_.zero.stage, store_->peak_live_grads(), cfg_.zero.stage == 3 ? store_->peak_live_params() : 0);
+  DS_LOG("peak resident memory of this rank: {} bytes (getrusage; start-up, training, evaluation, save and export)",
+         peak_rss_bytes());
   return losses;
 }
 

@@ -1,0 +1,66 @@
+// No rank holds more than its shard: real dstrain processes of a model whose
+// full f32 weights and gradients (400 MB) are twice a rank's model state at
+// TP4 (and at TP2 x PP2), trained 2 steps, report a peak
+// resident set (getrusage, the trainer's last log line) within the rank's
+// model state + its saved activations + a fixed allowance for the process
+// itself (libraries, OpenMP and OpenBLAS buffers, Gloo, the step's
+// transient buffers). A rank that built the full model at start-up, as
+// dstrain once did, exceeds it by the full model's 400 MB. (A save is not
+// part of it yet: rank 0 still gathers the full weights to write
+// model.safetensors, measured +384 MB here; streaming saves are the scale
+// issue's next step. `check` takes `save` to measure it.)
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+
+#include "test/dist/dist_util.h"
+
+using namespace ds::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The process itself: measured 66 MB above model state + activations (TP4,
+// 4 CPU processes); a rank that built the full model first was 400 MB above.
+constexpr int64_t kAllowance = 128ll << 20;
+
+int64_t logged(const std::string& log, const std::string& pattern) {
+  std::smatch m;
+  INFO(pattern);
+  REQUIRE(std::regex_search(log, m, std::regex(pattern)));
+  return std::stoll(m[1].str());
+}
+
+void check(const std::string& name, int tp, int pp, bool save) {
+  const DistData& d = dist_data();
+  const std::string ck = d.dir + "/" + name + "_ck";
+  fs::remove_all(ck);
+  const std::vector<std::string> args = {
+      "--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "32",
+      "--max-position-embeddings", "32", "--train-iters", "2", "--lr", "1e-4", "--log-interval", "1",
+      "--eval-interval", "1000", "--eval-iters", "1", "--tensor-model-parallel-size", std::to_string(tp),
+      "--pipeline-model-parallel-size", std::to_string(pp), "--data-path", d.data_prefix,
+      "--vocab-file", d.vocab, "--merge-file", d.merges};
+  std::vector<std::string> a = args;
+  if (save) a.insert(a.end(), {"--save", ck});
+  std::string log;
+  const std::string err = run_with_config(name, tp * pp, 2, -1, a, nullptr, &log);
+  INFO(name << ": " << err << log);
+  REQUIRE(err.empty());
+  const int64_t state = logged(log, R"(model state: (\d+) bytes per rank)");
+  const int64_t acts = logged(log, R"(activations: (\d+) bytes saved per micro-batch)");
+  const int64_t peak = logged(log, R"(peak resident memory of this rank: (\d+) bytes)");
+  const int64_t bound = state + 4 * acts + kAllowance;  // up to 4 micro-batches in flight (1F1B, PP 2)
+  std::printf("%s: peak %lld, model state %lld, activations %lld\n", name.c_str(), (long long)peak, (long long)state, (long long)acts);
+  INFO("peak " << peak << " bytes, bound " << bound << " (model state " << state << ", activations " << acts << ")");
+  CHECK(peak <= bound);
+  fs::remove_all(ck);
+}
+
+}  // namespace
+
+TEST_CASE("peak RSS per rank stays within its model state, activations and a fixed allowance at TP4 and TP2 x PP2") {
+  check("mem_tp4", 4, 1, false);
+  check("mem_tp2pp2", 2, 2, false);
+}
