@@ -47,10 +47,16 @@ void throw_write_error(const std::string& path, int err) {
 }
 
 void write_file_atomic(const std::string& path, std::string_view bytes, Progress* progress) {
+  write_file_atomic(path, std::vector<std::string_view>{bytes}, progress);
+}
+
+void write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces, Progress* progress) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw_write_error(tmp, errno);
-  int err = write_all(fd, bytes.data(), bytes.size(), progress);
+  int err = 0;
+  for (size_t i = 0; i < pieces.size() && err == 0; ++i)
+    err = write_all(fd, pieces[i].data(), pieces[i].size(), progress);
   if (err == 0 && ::fsync(fd) != 0) err = errno;
   if (::close(fd) != 0 && err == 0) err = errno;
   if (err != 0) {

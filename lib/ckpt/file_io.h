@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace ds {
 
@@ -20,6 +21,10 @@ class Progress;  // lib/core/progress.h
 // fsyncs the directory. On failure nothing is left at either name. The bytes
 // written are added to `progress` (when given) as they go.
 void write_file_atomic(const std::string& path, std::string_view bytes, Progress* progress = nullptr);
+// The same for a file made of `pieces` written one after the other (no copy
+// of the whole file in memory).
+void write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces,
+                       Progress* progress = nullptr);
 
 // CRC-32C of a whole file. UserError naming the file if it cannot be read.
 // The bytes read are added to `progress` (when given).

@@ -90,7 +90,7 @@ void SafetensorsWriter::add(const std::string& name, const Tensor& t) {
 
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
 
-std::string SafetensorsWriter::serialize() const {
+std::vector<const std::pair<std::string, Tensor>*> SafetensorsWriter::file_order() const {
   std::vector<const std::pair<std::string, Tensor>*> order;
   for (const auto& e : tensors_) order.push_back(&e);
   auto rank = [](DType t) { return find_st_dtype(safetensors_dtype_name(t))->rank; };
@@ -98,6 +98,10 @@ std::string SafetensorsWriter::serialize() const {
     const int ra = rank(a->second.dtype()), rb = rank(b->second.dtype());
     return ra != rb ? ra > rb : a->first < b->first;
   });
+  return order;
+}
+
+std::string SafetensorsWriter::header_bytes(const std::vector<const std::pair<std::string, Tensor>*>& order) const {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   uint64_t offset = 0;
@@ -112,15 +116,27 @@ std::string SafetensorsWriter::serialize() const {
   std::string json_text = header.dump();
   json_text.append((8 - json_text.size() % 8) % 8, ' ');
   std::string out;
-  out.reserve(8 + json_text.size() + offset);
+  out.reserve(8 + json_text.size());
   put_u64_le(out, json_text.size());
   out += json_text;
+  return out;
+}
+
+std::string SafetensorsWriter::serialize() const {
+  const auto order = file_order();
+  std::string out = header_bytes(order);
   for (const auto* e : order) out.append(static_cast<const char*>(e->second.raw()), e->second.nbytes());
   return out;
 }
 
 void SafetensorsWriter::write(const std::string& path, Progress* progress) const {
-  write_file_atomic(path, serialize(), progress);
+  // Header, then each tensor straight from its own memory: no copy of the file.
+  const auto order = file_order();
+  const std::string header = header_bytes(order);
+  std::vector<std::string_view> pieces{header};
+  for (const auto* e : order)
+    pieces.emplace_back(static_cast<const char*>(e->second.raw()), static_cast<size_t>(e->second.nbytes()));
+  write_file_atomic(path, pieces, progress);
 }
 
 // ---------------------------------------------------------------- reader

@@ -36,6 +36,10 @@ struct SafetensorsWriter {
   std::string serialize() const;
 
  private:
+  // The tensors in file order and the header (length + JSON) before them.
+  std::vector<const std::pair<std::string, Tensor>*> file_order() const;
+  std::string header_bytes(const std::vector<const std::pair<std::string, Tensor>*>& order) const;
+
   std::vector<std::pair<std::string, Tensor>> tensors_;
   std::map<std::string, std::string> metadata_;
 };
