@@ -12,6 +12,7 @@
 #include <string>
 
 #include "lib/ckpt/state_json.h"
+#include "lib/ckpt/step_tokenizer.h"
 #include "lib/ckpt/step_names.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
@@ -39,6 +40,9 @@ struct CheckpointData {
   // a checkpoint saved with another tp / pp (or padded vocabulary) is reshaped on
   // load (lib/ckpt/reshape.h); when null such a checkpoint is refused.
   const ModelConfig* model = nullptr;
+  // The run's tokenizer files, copied by the rank that writes the model into
+  // the step directory (state.json "tokenizer" names them). Null: none.
+  const StepTokenizer* tokenizer = nullptr;
 };
 
 // Saving is two phases so that several ranks can share one step directory:
