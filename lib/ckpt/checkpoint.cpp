@@ -165,6 +165,7 @@ void commit_checkpoint(const std::string& dir, int64_t iteration) {
 
 void save_checkpoint(const std::string& dir, const TrainState& st, const CheckpointData& d,
                      const nlohmann::json& config) {
+  remove_stale_temporaries(dir);  // a killed save's partial files never reach this step
   write_checkpoint_files(dir, st, d, config);
   commit_checkpoint(dir, st.iteration);
 }

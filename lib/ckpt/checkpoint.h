@@ -49,10 +49,13 @@ struct CheckpointData {
 // every rank calls write_checkpoint_files (rank 0 also writes the model and
 // state.json) into the temporary step directory, then after a barrier rank 0
 // calls commit_checkpoint, which renames it into place and updates `latest`.
+// Before the first phase one process removes what killed saves left in dir
+// (remove_stale_temporaries, lib/ckpt/file_io.h), so that no partial file of
+// theirs is committed with this step.
 void write_checkpoint_files(const std::string& dir, const TrainState& st, const CheckpointData& d,
                             const nlohmann::json& config);
 void commit_checkpoint(const std::string& dir, int64_t iteration);
-// Single process: both phases.
+// Single process: the stale temporaries, then both phases.
 void save_checkpoint(const std::string& dir, const TrainState& st, const CheckpointData& d,
                      const nlohmann::json& config);
 

@@ -4,6 +4,7 @@
 #include "lib/ckpt/convert.h"
 
 #include "lib/ckpt/checkpoint.h"
+#include "lib/ckpt/file_io.h"
 #include "lib/core/error.h"
 #include "lib/model/tp_shard.h"
 #include "lib/parallel/zero_partition.h"
@@ -45,6 +46,7 @@ void write_target_rank(const std::string& out_dir, const TrainState& st, const R
 
 void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::string& out_dir) {
   const StepTokenizer tok = read_step_tokenizer(s.dir, s.state);  // the saved copies, verified
+  remove_stale_temporaries(out_dir);  // a killed conversion's partial files never reach this step
   const ModelLayout full = build_layout(t.model);
   Tensor params = read_full_params(s, full);
   FullMoments fm = assemble_full_moments(s);

@@ -323,6 +323,7 @@ void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& 
   fs::path tmp = out;
   tmp += ".tmp-" + std::to_string(::getpid());
   std::error_code ec;
+  remove_stale_temporaries(out.parent_path(), out.filename());  // what killed exports left beside it
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) throw_write_error(tmp.string(), ec.value());

@@ -634,6 +634,9 @@ void Trainer::save() {
   CheckpointData d = rank_checkpoint(rank_model(), full, opt_->optimizer(), opt_->optimizer_range(),
                                      sharded ? sdp_rank_ : 0, sharded ? sdp_ : 1);
   d.tokenizer = &tokenizer_copy_;
+  // What killed saves left is removed before any rank writes (a pid names a process on rank 0's host only).
+  if (comms_.grid.rank == 0) remove_stale_temporaries(cfg_.ckpt.save_dir);
+  comms_.world->barrier();
   if (sharded || sdp_rank_ == 0) write_checkpoint_files(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
   comms_.world->barrier();
   if (comms_.grid.rank == 0) commit_checkpoint(cfg_.ckpt.save_dir, state_.iteration);

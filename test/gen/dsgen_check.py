@@ -6,6 +6,7 @@ dozen steps each, saved as checkpoints and exported to Hugging Face format).
   dsgen_check.py cli BUILD DIR      prompts, prompt files, stdin, sampling, errors, the checkpoint's tokenizer
   dsgen_check.py tp BUILD DIR       dsrun with 2 tensor-parallel ranks == 1 process
   dsgen_check.py hf BUILD DIR       greedy tokens == transformers' generate() (exit 77 without it)
+  dsgen_check.py temporaries BUILD DIR   saves and exports after killed ones: stale temporaries removed
 Each mode prints what it compared and exits non-zero on the first mismatch."""
 import json, os, socket, subprocess, sys, tempfile
 
@@ -322,6 +323,58 @@ def check_hf(d):
               f"({arch}, {len(ours)} prompts, {total} tokens): ok")
 
 
+def check_temporaries(d):
+    """Temporaries a killed dstrain / dsconvert leaves (NAME.tmp.<pid>, an export's OUT.tmp-<pid>) are removed by
+    the next save or export when their pid is dead and never committed into its step; a live process's stay."""
+    import shutil
+    p = subprocess.Popen(["true"])
+    p.wait()
+    dead, live = str(p.pid), str(os.getpid())  # this script is the parent of every tool it runs: alive
+    t = f"{d}/temps"
+    shutil.rmtree(t, ignore_errors=True)
+
+    def plant(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("partial")
+        return path
+
+    def check(out, stale, alive, what):
+        for root, dirs, files in os.walk(out):
+            for name in dirs + files:
+                if ".tmp" in name:
+                    fail(f"{what}: {os.path.join(root, name)} is in the output")
+        for path in stale:
+            if os.path.exists(path):
+                fail(f"{what}: the stale temporary {path} was left")
+        for path in alive:
+            if not os.path.exists(path):
+                fail(f"{what}: a live process's temporary {path} was removed")
+
+    # dstrain --save: a killed save of the same step left a partial file in its temporary step directory.
+    cfg = json.load(open(f"{d}/gpt2.json"))
+    cfg["training"].update({"train_iters": 4, "save_interval": 4, "lr_warmup_iters": 1, "save": f"{t}/ckpt",
+                            "export_hf": ""})
+    with open(f"{t}.json", "w") as f:
+        json.dump(cfg, f)
+    stale = [plant(f"{t}/ckpt/.tmp-global_step4/model.safetensors.tmp.{dead}"), plant(f"{t}/ckpt/latest.tmp.{dead}")]
+    alive = [plant(f"{t}/ckpt/latest.tmp.{live}")]
+    run([DSTRAIN, "--config", f"{t}.json"])
+    check(f"{t}/ckpt/global_step4", stale, alive, "dstrain --save")
+    # dsconvert --save into a directory a killed dsconvert left.
+    stale = [plant(f"{t}/conv/.tmp-global_step60/model.safetensors.tmp.{dead}"), plant(f"{t}/conv/latest.tmp.{dead}")]
+    alive = [plant(f"{t}/conv/latest.tmp.{live}")]
+    run([DSCONVERT, "--load", f"{d}/gpt2/ckpt", "--save", f"{t}/conv", "--target-tp", "2", "--target-dp", "1"])
+    check(f"{t}/conv/global_step60", stale, alive, "dsconvert --save")
+    # dsconvert --export-hf: a killed export's OUT.tmp-<pid> beside OUT.
+    stale = [plant(f"{t}/hf.tmp-{dead}/model.safetensors")]
+    alive = [plant(f"{t}/hf.tmp-{live}/model.safetensors"), plant(f"{t}/other.tmp-{dead}/x")]
+    run([DSCONVERT, "--load", f"{d}/gpt2/ckpt", "--export-hf", f"{t}/hf"])
+    check(f"{t}/hf", [os.path.dirname(stale[0])], alive, "dsconvert --export-hf")
+    print("stale temporaries: dstrain --save, dsconvert --save and --export-hf remove a dead pid's and commit none; "
+          "a live pid's (and another name's) stay: ok")
+
+
 if MODE == "models":
     import shutil
     shutil.rmtree(DIR, ignore_errors=True)
@@ -330,5 +383,5 @@ if MODE == "models":
 else:
     if not os.path.exists(f"{DIR}/prompts.jsonl"):
         fail(f"{DIR} has no models (run the test_dsgen_models fixture first)")
-    {"cli": check_cli, "tp": check_tp, "hf": check_hf}[MODE](DIR)
+    {"cli": check_cli, "tp": check_tp, "hf": check_hf, "temporaries": check_temporaries}[MODE](DIR)
 print(f"dsgen {MODE}: passed")
