@@ -35,7 +35,6 @@ fi
 echo
 echo "demo: a few generations from the trained model (dsgen, greedy, KV cache):"
 "$BUILD/apps/dsgen/dsgen" --load "$OUT/checkpoints" --max-new-tokens 48 \
-  --vocab-file "$OUT/tokenizer/vocab.json" --merge-file "$OUT/tokenizer/merges.txt" \
   --prompt "Before dawn, Hugo was in the" --prompt "At noon, Vera" --prompt "There were six"
 echo
 echo "demo: checkpoints in $OUT/checkpoints, Hugging Face export in $OUT/hf, CSV logs in $OUT/logs/demo, curves in $OUT/curves.svg and .png"

@@ -7,6 +7,7 @@
 //          changes)
 //   dsconvert --load DIR [--tag global_stepN] --export-hf OUTDIR
 //       -> Hugging Face model.safetensors + config.json from a checkpoint of any layout
+// Both carry the tokenizer files the checkpoint holds (verified by checksum).
 // User errors print one line naming the input and exit 1; nothing half-written is left.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -68,9 +69,10 @@ int run(const Args& a) {
                                            .total = size_ec ? 0 : static_cast<int64_t>(model_bytes)});
   saved.progress = &reading;
   if (!a.export_hf.empty()) {
+    const ds::StepTokenizer tok = ds::read_step_tokenizer(saved.dir, saved.state);  // the copies, verified
     ds::Tensor params = ds::read_full_params(saved, saved.full);
     reading.finish();
-    ds::export_hf(saved.model, saved.full, params, a.export_hf);
+    ds::export_hf(saved.model, saved.full, params, a.export_hf, {}, &tok);
     std::printf("dsconvert: exported %s as a Hugging Face model to %s\n", step.c_str(), a.export_hf.c_str());
     return 0;
   }

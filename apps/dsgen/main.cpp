@@ -54,9 +54,7 @@ std::unique_ptr<ds::data::Tokenizer> make_tokenizer(const Args& a, const ds::gen
     spec.vocab_file = a.vocab_file;
     spec.merge_file = a.merge_file;
   } else {
-    DS_USER_CHECK(m.tokenizer_refused.empty(), "{}", m.tokenizer_refused);
-    DS_USER_CHECK(m.has_tokenizer, "{} names no tokenizer: give --vocab-file/--merge-file or --tokenizer-type and "
-                  "--tokenizer-model", m.where);
+    ds::gen::check_model_tokenizer(m);
   }
   auto tok = ds::data::load_tokenizer(spec);
   DS_USER_CHECK(tok->info().vocab_size <= m.model.vocab_size, "the tokenizer has {} ids but the model only {}: "

@@ -126,6 +126,10 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
                           {"config", config}};
   // -1: converted from a checkpoint that predates the counter (the loader derives it).
   if (st.consumed_tokens >= 0) state["consumed_tokens"] = st.consumed_tokens;
+  if (d.tokenizer) {
+    nlohmann::json tok = write_step_tokenizer(*d.tokenizer, tmp);
+    if (!tok.is_null()) state["tokenizer"] = std::move(tok);
+  }
   write_file_atomic((tmp / "state.json").string(), step_state_text(state));
 }
 
@@ -161,6 +165,7 @@ void commit_checkpoint(const std::string& dir, int64_t iteration) {
 
 void save_checkpoint(const std::string& dir, const TrainState& st, const CheckpointData& d,
                      const nlohmann::json& config) {
+  remove_stale_temporaries(dir);  // a killed save's partial files never reach this step
   write_checkpoint_files(dir, st, d, config);
   commit_checkpoint(dir, st.iteration);
 }

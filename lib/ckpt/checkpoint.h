@@ -12,6 +12,7 @@
 #include <string>
 
 #include "lib/ckpt/state_json.h"
+#include "lib/ckpt/step_tokenizer.h"
 #include "lib/ckpt/step_names.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
@@ -39,16 +40,22 @@ struct CheckpointData {
   // a checkpoint saved with another tp / pp (or padded vocabulary) is reshaped on
   // load (lib/ckpt/reshape.h); when null such a checkpoint is refused.
   const ModelConfig* model = nullptr;
+  // The run's tokenizer files, copied by the rank that writes the model into
+  // the step directory (state.json "tokenizer" names them). Null: none.
+  const StepTokenizer* tokenizer = nullptr;
 };
 
 // Saving is two phases so that several ranks can share one step directory:
 // every rank calls write_checkpoint_files (rank 0 also writes the model and
 // state.json) into the temporary step directory, then after a barrier rank 0
 // calls commit_checkpoint, which renames it into place and updates `latest`.
+// Before the first phase one process removes what killed saves left in dir
+// (remove_stale_temporaries, lib/ckpt/file_io.h), so that no partial file of
+// theirs is committed with this step.
 void write_checkpoint_files(const std::string& dir, const TrainState& st, const CheckpointData& d,
                             const nlohmann::json& config);
 void commit_checkpoint(const std::string& dir, int64_t iteration);
-// Single process: both phases.
+// Single process: the stale temporaries, then both phases.
 void save_checkpoint(const std::string& dir, const TrainState& st, const CheckpointData& d,
                      const nlohmann::json& config);
 

@@ -1,8 +1,10 @@
 // Offline conversion: every target (stage, tp rank, ZeRO shard) written from
-// the saved full model and moments, then committed like a training save.
+// the saved full model and moments, with the saved tokenizer copies, then
+// committed like a training save.
 #include "lib/ckpt/convert.h"
 
 #include "lib/ckpt/checkpoint.h"
+#include "lib/ckpt/file_io.h"
 #include "lib/core/error.h"
 #include "lib/model/tp_shard.h"
 #include "lib/parallel/zero_partition.h"
@@ -15,7 +17,7 @@ namespace {
 // range of its local layout, cut from the full moments.
 void write_target_rank(const std::string& out_dir, const TrainState& st, const ReshapeTarget& t,
                        const ModelLayout& full, const Tensor& params, const Tensor& m_full, const Tensor& v_full,
-                       int64_t opt_step, int world, int pr, int tr) {
+                       int64_t opt_step, int world, int pr, int tr, const StepTokenizer& tok) {
   const ModelLayout local = build_layout(t.model, t.sizes.at(tr, pr));
   Tensor lm = Tensor::empty({local.total}, DType::F32), lv = Tensor::empty({local.total}, DType::F32);
   slice_tp_params(local, full, m_full, lm);
@@ -23,10 +25,19 @@ void write_target_rank(const std::string& out_dir, const TrainState& st, const R
   const ZeroPartition part = make_zero_partition(local.total, world);
   for (int r = 0; r < world; ++r) {
     const Range rg = world == 1 ? Range{0, local.total} : part.owned_real(r);
-    CheckpointData d{&full, params, lm.view(rg.begin, {rg.size()}), lv.view(rg.begin, {rg.size()}),
-                     rg.begin, rg.end, opt_step, r, world};
-    d.opt_layout = &local;
-    d.shard = t.sizes.at(tr, pr);
+    const CheckpointData d{.layout = &full,
+                           .params = params,
+                           .m = lm.view(rg.begin, {rg.size()}),
+                           .v = lv.view(rg.begin, {rg.size()}),
+                           .opt_begin = rg.begin,
+                           .opt_end = rg.end,
+                           .opt_step = opt_step,
+                           .rank = r,
+                           .world = world,
+                           .opt_layout = &local,
+                           .shard = t.sizes.at(tr, pr),
+                           .model = nullptr,
+                           .tokenizer = &tok};
     write_checkpoint_files(out_dir, st, d, t.config);
   }
 }
@@ -34,6 +45,8 @@ void write_target_rank(const std::string& out_dir, const TrainState& st, const R
 }  // namespace
 
 void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::string& out_dir) {
+  const StepTokenizer tok = read_step_tokenizer(s.dir, s.state);  // the saved copies, verified
+  remove_stale_temporaries(out_dir);  // a killed conversion's partial files never reach this step
   const ModelLayout full = build_layout(t.model);
   Tensor params = read_full_params(s, full);
   FullMoments fm = assemble_full_moments(s);
@@ -44,8 +57,8 @@ void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::strin
   const TrainState st = s.state.train;
   const int world = t.zero_stage >= 1 ? t.dp : 1;  // stage 0: one shard holds the whole (pp, tp) rank
   for (int pr = 0; pr < t.sizes.pp; ++pr)
-    for (int tr = 0; tr < t.sizes.tp; ++tr) write_target_rank(out_dir, st, t, full, params, m_full, v_full, opt_step,
-                                                        world, pr, tr);
+    for (int tr = 0; tr < t.sizes.tp; ++tr)
+      write_target_rank(out_dir, st, t, full, params, m_full, v_full, opt_step, world, pr, tr, tok);
   commit_checkpoint(out_dir, st.iteration);
 }
 

@@ -21,7 +21,8 @@ struct ReshapeTarget {
   nlohmann::json config;   // the resolved config to store in state.json
 };
 // Writes the step of `s` as a checkpoint for `t` under out_dir (its own
-// temporary step directory renamed into place, then `latest`).
+// temporary step directory renamed into place, then `latest`), carrying the
+// tokenizer files the step holds (verified by checksum first).
 void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::string& out_dir);
 
 }  // namespace ds

@@ -1,7 +1,9 @@
-// Atomic writes with named errors, file checksums and bounded reads.
+// Atomic writes with named errors, stale temporaries, file checksums and
+// bounded reads.
 #include "lib/ckpt/file_io.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,7 +40,44 @@ std::string parent_dir(const std::string& path) {
   return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
 }
 
+// The pid of a temporary's name NAME.tmp.<pid> / NAME.tmp-<pid> (NAME equal
+// to `stem` when one is given), or 0 when the name is not one.
+pid_t temporary_pid(const std::string& name, const std::string& stem) {
+  size_t at = name.rfind(".tmp");
+  if (at == std::string::npos || at + 5 >= name.size() || (name[at + 4] != '.' && name[at + 4] != '-')) return 0;
+  if (!stem.empty() && name.compare(0, at, stem) != 0) return 0;
+  if (stem.empty() && at == 0) return 0;
+  const std::string digits = name.substr(at + 5);
+  if (digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return 0;
+  return static_cast<pid_t>(std::stol(digits));
+}
+
+void remove_stale_in(const std::filesystem::path& dir, const std::string& stem, bool into_step_dirs,
+                     std::vector<std::string>& removed) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<fs::path> entries;
+  for (const auto& e : fs::directory_iterator(dir, ec)) entries.push_back(e.path());
+  for (const fs::path& p : entries) {
+    const std::string name = p.filename().string();
+    const pid_t pid = temporary_pid(name, stem);
+    if (pid > 0 && pid != ::getpid() && ::kill(pid, 0) == -1 && errno == ESRCH) {
+      if (fs::remove_all(p, ec) > 0 && !ec) removed.push_back(p.string());
+      continue;
+    }
+    if (into_step_dirs && pid == 0 && name.rfind(".tmp-", 0) == 0 && fs::is_directory(fs::symlink_status(p, ec)))
+      remove_stale_in(p, "", false, removed);
+  }
+}
+
 }  // namespace
+
+std::vector<std::string> remove_stale_temporaries(const std::string& dir, const std::string& stem) {
+  std::vector<std::string> removed;
+  remove_stale_in(dir, stem, stem.empty(), removed);
+  return removed;
+}
 
 void throw_write_error(const std::string& path, int err) {
   if (err == ENOSPC || err == EDQUOT)

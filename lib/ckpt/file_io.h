@@ -1,7 +1,8 @@
 // Small file helpers for checkpoint writing and verification: atomic writes
 // (temp file, fsync, rename, directory fsync) whose errors are one line naming
-// the path ("no space left on device" spelled out), whole-file CRC-32C, and
-// bounded reads of small text files (`latest`, state.json).
+// the path ("no space left on device" spelled out), removal of the temporaries
+// killed writers left, whole-file CRC-32C, and bounded reads of small text
+// files (`latest`, state.json).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -25,6 +26,19 @@ void write_file_atomic(const std::string& path, std::string_view bytes, Progress
 // of the whole file in memory).
 void write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces,
                        Progress* progress = nullptr);
+
+// Removes what killed writers left in `dir`: entries (files or directories)
+// named NAME.tmp.<pid> (write_file_atomic's temporary files) or
+// NAME.tmp-<pid> (export_hf's temporary directory) whose <pid> names no
+// process on this host (kill(pid, 0) fails with ESRCH). A live process's
+// temporaries are never touched. With a `stem`, only STEM.tmp.<pid> /
+// STEM.tmp-<pid> (for a directory that is not ours, such as an export's
+// parent); without one, every such entry, also inside the temporary step
+// directories (`.tmp-*`) of `dir`. Best effort: what cannot be removed stays.
+// Call it before a save writes, in one process only (dstrain: rank 0, then a
+// barrier): another host's pids cannot be checked here. Returns the paths
+// removed.
+std::vector<std::string> remove_stale_temporaries(const std::string& dir, const std::string& stem = "");
 
 // CRC-32C of a whole file. UserError naming the file if it cannot be read.
 // The bytes read are added to `progress` (when given).

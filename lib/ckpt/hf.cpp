@@ -306,7 +306,7 @@ void check_export_dir(const std::string& outdir, const char* what) {
   if (!fs::exists(out, ec)) return;
   for (const auto& e : fs::directory_iterator(out, ec)) {
     const std::string name = e.path().filename().string();
-    DS_USER_CHECK(name == "config.json" || name == "model.safetensors",
+    DS_USER_CHECK(name == "config.json" || name == "model.safetensors" || is_step_tokenizer_name(name),
                   "{} '{}' already holds '{}', so it is not a previous export to replace; give a new or empty "
                   "directory", what, outdir, name);
   }
@@ -314,7 +314,7 @@ void check_export_dir(const std::string& outdir, const char* what) {
 }
 
 void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir,
-               const HfTokenIds& tokens) {
+               const HfTokenIds& tokens, const StepTokenizer* tokenizer) {
   ModelDims d = model_dims(cfg);
   const nlohmann::json config = hf_config(cfg, d, tokens);  // refuses a model no architecture holds, first
   check_export_dir(outdir, "--export-hf");
@@ -323,6 +323,7 @@ void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& 
   fs::path tmp = out;
   tmp += ".tmp-" + std::to_string(::getpid());
   std::error_code ec;
+  remove_stale_temporaries(out.parent_path(), out.filename());  // what killed exports left beside it
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) throw_write_error(tmp.string(), ec.value());
@@ -335,6 +336,7 @@ void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& 
     w.set_metadata("format", "pt");
     w.write((tmp / "model.safetensors").string());
     write_file_atomic((tmp / "config.json").string(), config.dump(2) + "\n");
+    if (tokenizer) write_step_tokenizer(*tokenizer, tmp);  // transformers' names, beside the model
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "lib/ckpt/step_tokenizer.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
 #include "lib/model/model_config.h"
@@ -18,21 +19,23 @@ struct HfTokenIds {
   int bos = -1, eos = -1;
 };
 
-// params: (layout.total) f32 on any device. Writes OUTDIR/model.safetensors and
-// OUTDIR/config.json (into a temp dir renamed into place). The architecture
+// params: (layout.total) f32 on any device. Writes OUTDIR/model.safetensors,
+// OUTDIR/config.json and the tokenizer's files when given (vocab.json +
+// merges.txt, tokenizer.model or tokenizer.json), into a temp dir renamed
+// into place. The architecture
 // follows the model's blocks (learned positions: GPT2LMHeadModel; RoPE with
 // RMSNorm, SwiGLU, no biases, whole-head rotation, any NKV: LlamaForCausalLM;
 // RoPE, any rotary_percent, with LayerNorm, GELU, biases: GPTNeoXForCausalLM);
 // another combination is a UserError naming the block that does not map.
 void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir,
-               const HfTokenIds& tokens = {});
+               const HfTokenIds& tokens = {}, const StepTokenizer* tokenizer = nullptr);
 // The same check export_hf makes first, for a trainer to refuse at start-up
 // (`what` names the input in the error) rather than after training.
 void check_hf_exportable(const ModelConfig& cfg, const char* what);
 
 // Checks an export directory before any work: it may not exist yet, be an
-// empty directory or a previous export (config.json and model.safetensors
-// only), which export_hf replaces; anything else (a file, a directory with
+// empty directory or a previous export (config.json, model.safetensors and
+// tokenizer files only), which export_hf replaces; anything else (a file, a directory with
 // other files) is a UserError naming `what` ("--export-hf"), never removed.
 void check_export_dir(const std::string& outdir, const char* what);
 

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "lib/ckpt/crc32c.h"
+#include "lib/ckpt/step_tokenizer.h"
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
 
@@ -96,6 +97,34 @@ void read_checksums(const Reader& r, StepState& s) {
     if (!it.value().is_string() || !parse_crc32c_text(it.value().get<std::string>(), crc))
       r.fail(field, "\"crc32c:<8 hex digits>\"", it.value());
     s.checksums[name] = crc;
+  }
+}
+
+// "tokenizer": {"tokenizer_type": name, field: file, ...}. Each file is one of
+// the names a copy has and carries a checksum, so a crafted state.json can
+// name nothing but a verified file of its own step directory.
+void read_tokenizer(const Reader& r, StepState& s) {
+  const json* t = r.find("tokenizer");
+  if (!t) return;
+  const char* want = "an object {\"tokenizer_type\": name, \"vocab_file\" | \"merge_file\" | \"tokenizer_model\": "
+                     "file name}";
+  if (!t->is_object() || !t->contains("tokenizer_type") || t->size() < 2) r.fail("tokenizer", want, *t);
+  for (auto it = t->begin(); it != t->end(); ++it) {
+    const std::string field = "tokenizer." + it.key();
+    if (!it.value().is_string() || it.value().get_ref<const std::string&>().size() > 64)
+      r.fail(field, "a string of at most 64 characters", it.value());
+    const std::string& v = it.value().get_ref<const std::string&>();
+    if (it.key() == "tokenizer_type") {
+      s.tokenizer_type = v;
+      continue;
+    }
+    if (it.key() != "vocab_file" && it.key() != "merge_file" && it.key() != "tokenizer_model")
+      r.fail("tokenizer", want, json(it.key()));
+    if (!is_step_tokenizer_name(v))
+      r.fail(field, "vocab.json, merges.txt, tokenizer.model or tokenizer.json", it.value());
+    if (!s.checksums.count(v))
+      DS_USER_ERROR("checkpoint file '{}': field '{}' names '{}', which has no checksum", r.file, field, v);
+    s.tokenizer_files[it.key()] = v;
   }
 }
 
@@ -212,6 +241,7 @@ StepState parse_step_state(std::string_view text, const std::string& file) {
   read_checksums(r, s);
   DS_USER_CHECK(!s.checksums.empty() || !doc.contains("format_version"), "checkpoint file '{}' has no file "
                 "checksums, which every state.json with a format_version carries (removed or hand-edited?)", file);
+  read_tokenizer(r, s);
   if (const json* c = r.find("config")) {
     if (!c->is_object()) r.fail("config", "an object", *c);
     s.config = *c;

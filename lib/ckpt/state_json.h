@@ -48,6 +48,11 @@ struct StepState {
   std::vector<std::pair<std::string, Shape>> layout;  // the full (tp 1) model, in order
   nlohmann::json config;                              // the resolved config (null if absent)
   std::map<std::string, uint32_t> checksums;          // file name -> CRC-32C; empty: an older checkpoint
+  // "tokenizer": the run's tokenizer files copied into the step directory
+  // (lib/ckpt/step_tokenizer.h): config key (vocab_file, merge_file,
+  // tokenizer_model) -> file name, each with a checksum; empty: none saved.
+  std::string tokenizer_type;
+  std::map<std::string, std::string> tokenizer_files;
   nlohmann::json raw;                                 // the whole document
 };
 

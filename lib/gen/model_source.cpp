@@ -3,8 +3,10 @@
 // and batch sizes reset to one process, so the model settings mean exactly
 // what they meant in training; the weights are read through the reshaping
 // loader (lib/ckpt/reshape.h), which assembles any saved TP / PP layout. The
-// tokenizer paths the saved config names are used only inside the checkpoint
-// directory (a checkpoint from elsewhere must not make dsgen read any file).
+// tokenizer is the copy dstrain saved in the step directory (verified by its
+// checksum); a checkpoint without copies falls back to the paths the saved
+// config names, used only inside the checkpoint directory (a checkpoint from
+// elsewhere must not make dsgen read any file).
 #include "lib/gen/model_source.h"
 
 #include <algorithm>
@@ -13,6 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "lib/ckpt/crc32c.h"
+#include "lib/ckpt/file_io.h"
 #include "lib/ckpt/hf.h"
 #include "lib/ckpt/reshape.h"
 #include "lib/core/error.h"
@@ -78,6 +82,27 @@ void saved_tokenizer(const DataConfig& d, const fs::path& load_dir, const std::s
   m.has_tokenizer = true;
 }
 
+// The tokenizer files dstrain copied into the step directory (state.json
+// "tokenizer"), under the same rule: real files inside the step directory.
+// Their checksums are checked when they are used (check_model_tokenizer).
+void step_tokenizer(const StepState& st, const fs::path& step, LoadedModel& m) {
+  m.tokenizer.kind = data::parse_tokenizer_kind(st.tokenizer_type, "checkpoint state.json tokenizer.tokenizer_type");
+  for (const auto& [field, name] : st.tokenizer_files) {
+    const std::string path = inside_checkpoint(name, step);
+    if (path.empty()) {
+      m.tokenizer_refused = fmt::format("checkpoint file '{}' (its tokenizer's {}) is missing or not a file inside "
+                                        "the checkpoint; pass --vocab-file/--merge-file or "
+                                        "--tokenizer-type/--tokenizer-model", (step / name).string(), field);
+      return;
+    }
+    (field == "vocab_file"   ? m.tokenizer.vocab_file
+     : field == "merge_file" ? m.tokenizer.merge_file
+                             : m.tokenizer.model_path) = path;
+    m.tokenizer_checksums.emplace_back(path, st.checksums.at(name));
+  }
+  m.has_tokenizer = true;
+}
+
 LoadedModel load_checkpoint_model(const ModelSource& src, int tp) {
   const std::string step = find_step_dir(src.load, src.tag);
   DS_USER_CHECK(!step.empty(), "--load {}: no checkpoint there ('latest' missing; give --tag global_stepN)", src.load);
@@ -88,8 +113,10 @@ LoadedModel load_checkpoint_model(const ModelSource& src, int tp) {
   DS_USER_CHECK(saved_cfg.vocab_size > 0, "checkpoint '{}': its config has no vocab_size", step);
   saved_cfg.padded_vocab_size =
       padded_vocab(saved_cfg.vocab_size, saved_cfg.make_vocab_size_divisible_by, 1);  // replaced by the saved one
-  const SavedStep saved = open_saved_step(step, std::move(state), saved_cfg);
   LoadedModel m;
+  const bool copies = !state.tokenizer_files.empty();
+  if (copies) step_tokenizer(state, step, m);
+  const SavedStep saved = open_saved_step(step, std::move(state), saved_cfg);
   m.model = saved.model;
   m.model.padded_vocab_size = padded_vocab(m.model.vocab_size, m.model.make_vocab_size_divisible_by, tp);
   m.model.hidden_dropout = m.model.attention_dropout = 0.f;
@@ -97,7 +124,7 @@ LoadedModel load_checkpoint_model(const ModelSource& src, int tp) {
   m.params = read_full_params(saved, m.full);
   m.where = step;
   const DataConfig& d = tc.data;
-  if (!d.vocab_file.empty() || !d.tokenizer_model.empty()) saved_tokenizer(d, src.load, step, m);
+  if (!copies && (!d.vocab_file.empty() || !d.tokenizer_model.empty())) saved_tokenizer(d, src.load, step, m);
   m.device = tc.device == DeviceType::CUDA ? "cuda" : "cpu";
   return m;
 }
@@ -148,6 +175,17 @@ LoadedModel load_hf_model(const ModelSource& src, int tp) {
 }
 
 }  // namespace
+
+void check_model_tokenizer(const LoadedModel& m) {
+  DS_USER_CHECK(m.tokenizer_refused.empty(), "{}", m.tokenizer_refused);
+  DS_USER_CHECK(m.has_tokenizer, "{} names no tokenizer: give --vocab-file/--merge-file or --tokenizer-type and "
+                "--tokenizer-model", m.where);
+  for (const auto& [file, want] : m.tokenizer_checksums) {
+    const uint32_t got = file_crc32c(file);
+    DS_USER_CHECK(got == want, "checkpoint file '{}' is corrupt: its checksum is {}, state.json recorded {}", file,
+                  crc32c_text(got), crc32c_text(want));
+  }
+}
 
 LoadedModel load_model(const ModelSource& src, int tp) {
   DS_USER_CHECK(src.load.empty() != src.init_from.empty(), "give exactly one of --load CKPT_DIR and --init-from HF_DIR");

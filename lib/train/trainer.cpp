@@ -45,6 +45,10 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
     check_export_dir(cfg_.ckpt.export_hf, "--export-hf");
   }
   if (!cfg_.ckpt.save_dir.empty()) check_output_dir(cfg_.ckpt.save_dir, "--save");
+  if (comms_.grid.rank == 0 && (!cfg_.ckpt.save_dir.empty() || !cfg_.ckpt.export_hf.empty())) {
+    const DataConfig& dc = cfg_.data;
+    tokenizer_copy_ = read_run_tokenizer(dc.tokenizer_type, dc.vocab_file, dc.merge_file, dc.tokenizer_model);
+  }
   if (!cfg_.ckpt.load_dir.empty()) {
     std::error_code ec;
     namespace fs = std::filesystem;
@@ -617,8 +621,12 @@ void Trainer::save() {
     throw UserError(fmt::format("iteration {}: the weights or optimizer moments hold NaN/Inf; refusing to write a "
                                 "checkpoint to {} (the last one written stays 'latest')",
                                 state_.iteration, cfg_.ckpt.save_dir));
-  const CheckpointData d = rank_checkpoint(rank_model(), full, opt_->optimizer(), opt_->optimizer_range(),
-                                           sharded ? sdp_rank_ : 0, sharded ? sdp_ : 1);
+  CheckpointData d = rank_checkpoint(rank_model(), full, opt_->optimizer(), opt_->optimizer_range(),
+                                     sharded ? sdp_rank_ : 0, sharded ? sdp_ : 1);
+  d.tokenizer = &tokenizer_copy_;
+  // What killed saves left is removed before any rank writes (a pid names a process on rank 0's host only).
+  if (comms_.grid.rank == 0) remove_stale_temporaries(cfg_.ckpt.save_dir);
+  comms_.world->barrier();
   if (sharded || sdp_rank_ == 0) write_checkpoint_files(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
   comms_.world->barrier();
   if (comms_.grid.rank == 0) commit_checkpoint(cfg_.ckpt.save_dir, state_.iteration);
@@ -746,7 +754,8 @@ std::vector<float> Trainer::run() {
     if (comms_.grid.rank == 0) {
       // The tokenizer's ids where its files name them; otherwise the GPT-2 default (-1).
       const data::TokenizerInfo& tok = cfg_.data.tokenizer;
-      export_hf(cfg_.model, full_layout_, full, cfg_.ckpt.export_hf, HfTokenIds{.bos = tok.bos_id, .eos = tok.eos_id});
+      export_hf(cfg_.model, full_layout_, full, cfg_.ckpt.export_hf, HfTokenIds{.bos = tok.bos_id, .eos = tok.eos_id},
+                &tokenizer_copy_);
       DS_LOG("exported Hugging Face model to {}", cfg_.ckpt.export_hf);
     }
   }

@@ -146,6 +146,7 @@ class Trainer {
   ShardCoords shard_;  // this rank's model shard (tp, pp, virtual stages)
   std::unique_ptr<PipelineExecutor> pipe_;  // pp > 1
   ModelLayout full_layout_;  // the tp = 1 layout (checkpoints, HF import/export)
+  StepTokenizer tokenizer_copy_;  // rank 0: the run's tokenizer files, saved with checkpoints and exports
   std::unique_ptr<ZeroOptimizer> opt_;
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
   std::unique_ptr<DataPipeline> data_;

@@ -3,9 +3,10 @@
 tokenizer trained on it, two small models: GPT-2 and LLaMA blocks, a few
 dozen steps each, saved as checkpoints and exported to Hugging Face format).
   dsgen_check.py models BUILD DIR   trains the models into DIR (the ctest fixture)
-  dsgen_check.py cli BUILD DIR      prompts, prompt files, stdin, sampling, errors
+  dsgen_check.py cli BUILD DIR      prompts, prompt files, stdin, sampling, errors, the checkpoint's tokenizer
   dsgen_check.py tp BUILD DIR       dsrun with 2 tensor-parallel ranks == 1 process
   dsgen_check.py hf BUILD DIR       greedy tokens == transformers' generate() (exit 77 without it)
+  dsgen_check.py temporaries BUILD DIR   saves and exports after killed ones: stale temporaries removed
 Each mode prints what it compared and exits non-zero on the first mismatch."""
 import json, os, socket, subprocess, sys, tempfile
 
@@ -14,6 +15,7 @@ DSPREP = f"{BUILD}/apps/dsprep/dsprep"
 DSTRAIN = f"{BUILD}/apps/dstrain/dstrain"
 DSGEN = f"{BUILD}/apps/dsgen/dsgen"
 DSRUN = f"{BUILD}/apps/dsrun/dsrun"
+DSCONVERT = f"{BUILD}/apps/dsconvert/dsconvert"
 PROMPTS = ["The", "Once upon a time there was", "In the morning the", "A small village near the river had"]
 NEW = 64
 
@@ -68,7 +70,7 @@ def build_models(d):
 
 
 def tok_flags(d):
-    """The run's tokenizer: dsgen does not open the paths a checkpoint's config names outside its directory."""
+    """The run's tokenizer, named explicitly (flags win over the copy a checkpoint holds)."""
     return ["--vocab-file", f"{d}/tok/vocab.json", "--merge-file", f"{d}/tok/merges.txt"]
 
 
@@ -124,14 +126,19 @@ def check_cli(d):
     ck = f"{d}/gpt2/ckpt"
     out = f"{d}/never.jsonl"
     ckt = ["--load", ck] + tok_flags(d)
+    import shutil
+    notok = f"{d}/hf-notok"  # an export without tokenizer files
+    shutil.rmtree(notok, ignore_errors=True)
+    os.makedirs(notok)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(f"{d}/gpt2/hf/{name}", notok)
     for args, needle in [(["--load", f"{d}/nowhere"], "nowhere"),
-                         (["--load", ck, "--prompt", "x"], "--vocab-file/--merge-file"),
                          (ckt + ["--top-p", "0", "--prompt", "x"], "--top-p"),
                          (ckt + ["--temperature", "0", "--prompt", "x"], "--temperature"),
                          (ckt + ["--prompt-file", f"{d}/missing.jsonl", "--output-file", out], "missing.jsonl"),
                          (ckt + ["--prompt", "word " * 200], "context"),
                          (ckt + ["--init-from", f"{d}/gpt2/hf"], "excludes"),
-                         (["--init-from", f"{d}/gpt2/hf", "--prompt", "x"], "tokenizer"),
+                         (["--init-from", notok, "--prompt", "x"], "tokenizer"),
                          (ckt + ["--tensor-model-parallel-size", "2", "--prompt", "x"], "dsrun"),
                          (["--load", ck, "--vocab-file", f"{d}/nope.json", "--merge-file", "m", "--prompt", "x"],
                           "nope.json")]:
@@ -141,8 +148,9 @@ def check_cli(d):
             fail(f"dsgen {' '.join(args)[:80]}: expected one error line naming {needle!r}, got {p.stderr!r}")
     if os.path.exists(out):
         fail("a failed run left its --output-file behind")
-    print("errors: 10 user errors, one line each, exit 1: ok")
+    print("errors: 9 user errors, one line each, exit 1: ok")
     check_saved_tokenizer_paths(d)
+    check_tokenizer_copies(d)
 
 
 def check_saved_tokenizer_paths(d):
@@ -162,6 +170,7 @@ def check_saved_tokenizer_paths(d):
     state = json.load(open(state_file))
     for key in ("state_checksum", "format_version"):
         state.pop(key, None)
+    copies = state.pop("tokenizer")  # as a checkpoint from before the copies: the config's paths count
 
     def with_paths(vocab, merges):
         state["config"]["data"]["vocab_file"], state["config"]["data"]["merge_file"] = vocab, merges
@@ -182,8 +191,82 @@ def check_saved_tokenizer_paths(d):
         # Naming the tokenizer explicitly still works.
         if gen_jsonl(d, ["--load", ck, "--max-new-tokens", "8"] + tok_flags(d)) != want:
             fail("explicit tokenizer flags on a checkpoint with outside paths gave other text")
+    # The copies' names in state.json "tokenizer": only the copies' own names, and only real files inside.
+    state["tokenizer"] = dict(copies, vocab_file="../secret.txt")
+    with_paths("tok/vocab.json", "tok/merges.txt")
+    p = run([DSGEN, "--load", ck, "--prompt", "x"], expect=1)
+    if len(p.stderr.strip().splitlines()) != 1 or "tokenizer.vocab_file" not in p.stderr:
+        fail(f"state.json tokenizer naming '../secret.txt': expected one refusal line, got {p.stderr!r}")
+    state["tokenizer"] = copies
+    with_paths("tok/vocab.json", "tok/merges.txt")
+    os.remove(f"{ck}/{step}/vocab.json")
+    os.symlink(f"{d}/crafted/secret.txt", f"{ck}/{step}/vocab.json")
+    p = run([DSGEN, "--load", ck, "--prompt", "x"], expect=1)
+    if len(p.stderr.strip().splitlines()) != 1 or "vocab.json" not in p.stderr or "SECRET" in p.stderr:
+        fail(f"a copied vocab.json linking out of the checkpoint: expected one refusal line, got {p.stderr!r}")
     print("saved tokenizer paths: used inside the checkpoint directory; outside, '..', a link out and an "
-          "absolute path elsewhere are refused without reading them; flags override: ok")
+          "absolute path elsewhere are refused without reading them (the copies' names too); flags override: ok")
+
+
+def same_bytes(a, b):
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        return fa.read() == fb.read()
+
+
+def check_tokenizer_copies(d):
+    """dstrain copies the run's tokenizer into each step directory (state.json's checksums cover it): dsgen --load
+    needs no tokenizer flags, dsconvert carries the copies into its output and its HF export, and a corrupted copy
+    is refused by its checksum with one line naming the file."""
+    import shutil
+    for family in ("gpt2", "llama"):
+        ck = f"{d}/{family}/ckpt"
+        step = open(f"{ck}/latest").read().strip()
+        base = ["--max-new-tokens", "24"]
+        want = gen_jsonl(d, ["--load", ck] + base + tok_flags(d))
+        for name in ("vocab.json", "merges.txt"):
+            if not same_bytes(f"{ck}/{step}/{name}", f"{d}/tok/{name}"):
+                fail(f"{family}: {ck}/{step}/{name} is not the run's {name}")
+        if gen_jsonl(d, ["--load", ck] + base) != want:
+            fail(f"{family}: --load without tokenizer flags gave other text than with them")
+        conv, hf = f"{d}/conv/{family}", f"{d}/conv/{family}-hf"
+        shutil.rmtree(conv, ignore_errors=True)
+        shutil.rmtree(hf, ignore_errors=True)
+        run([DSCONVERT, "--load", ck, "--save", conv, "--target-tp", "2", "--target-dp", "1"])
+        run([DSCONVERT, "--load", ck, "--export-hf", hf])
+        for out in (f"{conv}/{step}", hf, f"{d}/{family}/hf"):
+            for name in ("vocab.json", "merges.txt"):
+                if not same_bytes(f"{out}/{name}", f"{d}/tok/{name}"):
+                    fail(f"{family}: {out}/{name} is not the run's {name}")
+        if gen_jsonl(d, ["--load", conv] + base) != want:
+            fail(f"{family}: --load of dsconvert's output without tokenizer flags gave other text")
+        for h in (hf, f"{d}/{family}/hf"):
+            if gen_jsonl(d, ["--init-from", h] + base) != want:
+                fail(f"{family}: --init-from {h} without tokenizer flags gave other text")
+    # A corrupted copy: one line naming it from dsgen and dsconvert, nothing written; flags still work.
+    bad = f"{d}/corrupt/ckpt"
+    shutil.rmtree(f"{d}/corrupt", ignore_errors=True)
+    shutil.copytree(f"{d}/gpt2/ckpt", bad)
+    step = open(f"{bad}/latest").read().strip()
+    with open(f"{bad}/{step}/vocab.json", "r+b") as f:
+        f.seek(10)
+        c = f.read(1)
+        f.seek(10)
+        f.write(bytes([c[0] ^ 0x20]))
+    for args in ([DSGEN, "--load", bad, "--prompt", "x"],
+                 [DSCONVERT, "--load", bad, "--save", f"{d}/corrupt/out", "--target-tp", "1", "--target-dp", "1"],
+                 [DSCONVERT, "--load", bad, "--export-hf", f"{d}/corrupt/hf"]):
+        p = run(args, expect=1)
+        lines = p.stderr.strip().splitlines()
+        if len(lines) != 1 or f"{bad}/{step}/vocab.json" not in lines[0] or "corrupt" not in lines[0]:
+            fail(f"{os.path.basename(args[0])} on a corrupted vocab.json copy: expected one line naming it, "
+                 f"got {p.stderr!r}")
+    if os.path.exists(f"{d}/corrupt/out") or os.path.exists(f"{d}/corrupt/hf"):
+        fail("dsconvert left output behind after refusing a corrupted tokenizer copy")
+    if gen_jsonl(d, ["--load", bad, "--max-new-tokens", "24"] + tok_flags(d)) != \
+            gen_jsonl(d, ["--load", f"{d}/gpt2/ckpt", "--max-new-tokens", "24"] + tok_flags(d)):
+        fail("explicit tokenizer flags on a checkpoint with a corrupted copy gave other text")
+    print("tokenizer copies: --load without flags == with flags (gpt2, llama), dsconvert --save and --export-hf "
+          "and dstrain's export carry them, a corrupted copy is refused naming the file: ok")
 
 
 def free_port():
@@ -240,6 +323,58 @@ def check_hf(d):
               f"({arch}, {len(ours)} prompts, {total} tokens): ok")
 
 
+def check_temporaries(d):
+    """Temporaries a killed dstrain / dsconvert leaves (NAME.tmp.<pid>, an export's OUT.tmp-<pid>) are removed by
+    the next save or export when their pid is dead and never committed into its step; a live process's stay."""
+    import shutil
+    p = subprocess.Popen(["true"])
+    p.wait()
+    dead, live = str(p.pid), str(os.getpid())  # this script is the parent of every tool it runs: alive
+    t = f"{d}/temps"
+    shutil.rmtree(t, ignore_errors=True)
+
+    def plant(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("partial")
+        return path
+
+    def check(out, stale, alive, what):
+        for root, dirs, files in os.walk(out):
+            for name in dirs + files:
+                if ".tmp" in name:
+                    fail(f"{what}: {os.path.join(root, name)} is in the output")
+        for path in stale:
+            if os.path.exists(path):
+                fail(f"{what}: the stale temporary {path} was left")
+        for path in alive:
+            if not os.path.exists(path):
+                fail(f"{what}: a live process's temporary {path} was removed")
+
+    # dstrain --save: a killed save of the same step left a partial file in its temporary step directory.
+    cfg = json.load(open(f"{d}/gpt2.json"))
+    cfg["training"].update({"train_iters": 4, "save_interval": 4, "lr_warmup_iters": 1, "save": f"{t}/ckpt",
+                            "export_hf": ""})
+    with open(f"{t}.json", "w") as f:
+        json.dump(cfg, f)
+    stale = [plant(f"{t}/ckpt/.tmp-global_step4/model.safetensors.tmp.{dead}"), plant(f"{t}/ckpt/latest.tmp.{dead}")]
+    alive = [plant(f"{t}/ckpt/latest.tmp.{live}")]
+    run([DSTRAIN, "--config", f"{t}.json"])
+    check(f"{t}/ckpt/global_step4", stale, alive, "dstrain --save")
+    # dsconvert --save into a directory a killed dsconvert left.
+    stale = [plant(f"{t}/conv/.tmp-global_step60/model.safetensors.tmp.{dead}"), plant(f"{t}/conv/latest.tmp.{dead}")]
+    alive = [plant(f"{t}/conv/latest.tmp.{live}")]
+    run([DSCONVERT, "--load", f"{d}/gpt2/ckpt", "--save", f"{t}/conv", "--target-tp", "2", "--target-dp", "1"])
+    check(f"{t}/conv/global_step60", stale, alive, "dsconvert --save")
+    # dsconvert --export-hf: a killed export's OUT.tmp-<pid> beside OUT.
+    stale = [plant(f"{t}/hf.tmp-{dead}/model.safetensors")]
+    alive = [plant(f"{t}/hf.tmp-{live}/model.safetensors"), plant(f"{t}/other.tmp-{dead}/x")]
+    run([DSCONVERT, "--load", f"{d}/gpt2/ckpt", "--export-hf", f"{t}/hf"])
+    check(f"{t}/hf", [os.path.dirname(stale[0])], alive, "dsconvert --export-hf")
+    print("stale temporaries: dstrain --save, dsconvert --save and --export-hf remove a dead pid's and commit none; "
+          "a live pid's (and another name's) stay: ok")
+
+
 if MODE == "models":
     import shutil
     shutil.rmtree(DIR, ignore_errors=True)
@@ -248,5 +383,5 @@ if MODE == "models":
 else:
     if not os.path.exists(f"{DIR}/prompts.jsonl"):
         fail(f"{DIR} has no models (run the test_dsgen_models fixture first)")
-    {"cli": check_cli, "tp": check_tp, "hf": check_hf}[MODE](DIR)
+    {"cli": check_cli, "tp": check_tp, "hf": check_hf, "temporaries": check_temporaries}[MODE](DIR)
 print(f"dsgen {MODE}: passed")
