@@ -7,7 +7,7 @@ dozen steps each, saved as checkpoints and exported to Hugging Face format).
   dsgen_check.py tp BUILD DIR       dsrun with 2 tensor-parallel ranks == 1 process
   dsgen_check.py hf BUILD DIR       greedy tokens == transformers' generate() (exit 77 without it)
 Each mode prints what it compared and exits non-zero on the first mismatch."""
-import json, os, socket, subprocess, sys, tempfile
+import json, os, socket, struct, subprocess, sys, tempfile
 
 MODE, BUILD, DIR = sys.argv[1], sys.argv[2], sys.argv[3]
 DSPREP = f"{BUILD}/apps/dsprep/dsprep"
@@ -143,6 +143,7 @@ def check_cli(d):
         fail("a failed run left its --output-file behind")
     print("errors: 10 user errors, one line each, exit 1: ok")
     check_saved_tokenizer_paths(d)
+    check_crafted_limits(d)
 
 
 def check_saved_tokenizer_paths(d):
@@ -184,6 +185,66 @@ def check_saved_tokenizer_paths(d):
             fail("explicit tokenizer flags on a checkpoint with outside paths gave other text")
     print("saved tokenizer paths: used inside the checkpoint directory; outside, '..', a link out and an "
           "absolute path elsewhere are refused without reading them; flags override: ok")
+
+
+def read_safetensors(path):
+    """(header dict, data bytes) of a safetensors file."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def write_safetensors(path, header, data, replace):
+    """The file of (header, data) with the tensors named in `replace` given new (shape, bytes)."""
+    out, blobs, off = {}, [], 0
+    for name, e in sorted(header.items()):
+        if name == "__metadata__":
+            out[name] = e
+            continue
+        shape, raw = replace.get(name, (e["shape"], data[e["data_offsets"][0]:e["data_offsets"][1]]))
+        out[name] = {"dtype": e["dtype"], "shape": shape, "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(out).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def crafted_hf(d, name, config_edit, replace=None):
+    """A copy of the GPT-2 HF export with config.json fields (and tensors) replaced."""
+    import shutil
+    out = f"{d}/crafted_hf/{name}"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(f"{d}/gpt2/hf", out)
+    cfg = json.load(open(f"{out}/config.json"))
+    cfg.update(config_edit)
+    with open(f"{out}/config.json", "w") as f:
+        json.dump(cfg, f)
+    if replace:
+        header, data = read_safetensors(f"{out}/model.safetensors")
+        write_safetensors(f"{out}/model.safetensors", header, data, replace(header, data))
+    return out
+
+
+def one_line(p, needle):
+    """The run's stderr is one user error line holding `needle`."""
+    return (len(p.stderr.strip().splitlines()) == 1 and needle in p.stderr and "error" in p.stderr
+            and "internal" not in p.stderr)
+
+
+def check_crafted_limits(d):
+    """A config.json with sizes past the model limits, or unlike the weights' header: one error line each."""
+    for edit, needle in [({"n_layer": 100000000}, "n_layer 100000000 is more than the 65536 layers"),
+                         ({"n_embd": 1000000000, "n_head": 1}, "n_embd 1000000000"),
+                         ({"n_layer": 3}, "tensor 'transformer.h.2.ln_1.weight' is missing"),
+                         ({"n_embd": 128}, "tensor 'transformer.wte.weight' is (")]:
+        hf = crafted_hf(d, "limits", edit)
+        p = run([DSGEN, "--init-from", hf, "--prompt", "x"] + tok_flags(d), expect=1)
+        if not one_line(p, needle) or ("transformer" in needle and "config.json" not in p.stderr):
+            fail(f"config.json {edit}: expected one error line naming {needle!r}, got {p.stderr!r}")
+    print("config.json past the model limits or unlike the weights' header: one error line each: ok")
 
 
 def free_port():
