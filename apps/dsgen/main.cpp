@@ -234,6 +234,11 @@ int run(const Args& a) {
   s.opt.sampling = a.sampling;
   s.opt.sampling.greedy = a.greedy || !a.sampling_given;
   s.opt.use_kv_cache = !a.no_kv_cache;
+  s.opt.vocab_limit = tok->info().vocab_size;
+  if (rv.rank == 0 && tok->info().vocab_size < lm.model.vocab_size)
+    std::fprintf(stderr, "dsgen: the model's vocabulary has %d ids, the tokenizer's %lld; ids %lld and up are "
+                 "never generated\n", lm.model.vocab_size, static_cast<long long>(tok->info().vocab_size),
+                 static_cast<long long>(tok->info().vocab_size));
   ds::gen::validate_sampling(s.opt.sampling);
   if (!a.ignore_eos) {
     for (int32_t id : {tok->info().eod_id, tok->info().eos_id, static_cast<int32_t>(lm.eos_id)})

@@ -7,7 +7,7 @@ dozen steps each, saved as checkpoints and exported to Hugging Face format).
   dsgen_check.py tp BUILD DIR       dsrun with 2 tensor-parallel ranks == 1 process
   dsgen_check.py hf BUILD DIR       greedy tokens == transformers' generate() (exit 77 without it)
 Each mode prints what it compared and exits non-zero on the first mismatch."""
-import json, os, socket, struct, subprocess, sys, tempfile
+import array, json, os, socket, struct, subprocess, sys, tempfile
 
 MODE, BUILD, DIR = sys.argv[1], sys.argv[2], sys.argv[3]
 DSPREP = f"{BUILD}/apps/dsprep/dsprep"
@@ -144,6 +144,7 @@ def check_cli(d):
     print("errors: 10 user errors, one line each, exit 1: ok")
     check_saved_tokenizer_paths(d)
     check_crafted_limits(d)
+    check_larger_vocab(d)
 
 
 def check_saved_tokenizer_paths(d):
@@ -245,6 +246,33 @@ def check_crafted_limits(d):
         if not one_line(p, needle) or ("transformer" in needle and "config.json" not in p.stderr):
             fail(f"config.json {edit}: expected one error line naming {needle!r}, got {p.stderr!r}")
     print("config.json past the model limits or unlike the weights' header: one error line each: ok")
+
+
+def check_larger_vocab(d):
+    """A model vocabulary larger than the tokenizer's (as Pythia and Qwen2 ship) never yields the ids past it."""
+    # A model vocabulary of twice the tokenizer's, the extra rows ten times the real ones (tied output), so
+    # that without the mask an extra id would win: the text equals the original model's.
+    def doubled(header, data):
+        e = header["transformer.wte.weight"]
+        rows = array.array("f", data[e["data_offsets"][0]:e["data_offsets"][1]])
+        extra = array.array("f", (10 * x for x in rows))
+        return {"transformer.wte.weight": ([2 * e["shape"][0], e["shape"][1]], (rows + extra).tobytes())}
+    V = json.load(open(f"{d}/gpt2/hf/config.json"))["vocab_size"]
+    big = crafted_hf(d, "bigvocab", {"vocab_size": 2 * V}, doubled)
+    args = ["--max-new-tokens", "24", "--prompt-file", f"{d}/prompts.jsonl"] + tok_flags(d)
+    out_big, out_ref = f"{d}/crafted_hf/big.jsonl", f"{d}/crafted_hf/ref.jsonl"
+    p = run([DSGEN, "--init-from", big, "--output-file", out_big] + args)
+    run([DSGEN, "--init-from", f"{d}/gpt2/hf", "--output-file", out_ref] + args)
+    rows_big, rows_ref = ([json.loads(line) for line in open(f)] for f in (out_big, out_ref))
+    if rows_big != rows_ref:
+        fail(f"a model vocabulary larger than the tokenizer's changed the greedy text: {rows_big} vs {rows_ref}")
+    note = f"the model's vocabulary has {2 * V} ids, the tokenizer's {V}; ids {V} and up are never generated"
+    if p.stderr.count(note) != 1:
+        fail(f"expected the note {note!r} once, got {p.stderr!r}")
+    sampled = gen_jsonl(d, ["--init-from", big, "--max-new-tokens", "24", "--temperature", "1.5"] + tok_flags(d))
+    if any(t >= V for r in sampled for t in r["tokens"]):
+        fail(f"sampling generated ids past the tokenizer's vocabulary {V}")
+    print(f"model vocabulary {2 * V} > tokenizer's {V}: greedy text unchanged, sampling within it, noted once: ok")
 
 
 def free_port():

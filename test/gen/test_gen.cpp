@@ -160,6 +160,37 @@ TEST_CASE("generate: stop ids, stop callback, context limit", "[gen]") {
   CHECK_THROWS_AS(generate(*model, {{}}, opt), UserError);
 }
 
+// A model whose vocabulary is larger than the tokenizer's (Pythia, Qwen2)
+// never generates the ids past the tokenizer's, greedy or sampled: their
+// logits are cut off as the padded rows are. The limit is set where the
+// unlimited greedy run generates some id above it, so the cut shows.
+TEST_CASE("generate: ids past vocab_limit are never generated", "[gen]") {
+  auto model = test::gen_model("gpt2");
+  const auto prompts = test::gen_prompts();
+  GenOptions opt;
+  opt.max_new_tokens = 24;
+  const auto free = generate(*model, prompts, opt);
+  std::vector<int32_t> all;
+  for (const auto& r : free) all.insert(all.end(), r.tokens.begin(), r.tokens.end());
+  std::sort(all.begin(), all.end());
+  const int32_t limit = all[all.size() / 2];  // half of the greedy tokens lie at or above it
+  REQUIRE(limit > 0);
+  opt.vocab_limit = limit;
+  for (bool greedy : {true, false}) {
+    INFO("greedy " << greedy);
+    opt.sampling.greedy = greedy;
+    opt.sampling.temperature = 1.5f;
+    for (const auto& r : generate(*model, prompts, opt)) {
+      CHECK(r.tokens.size() == 24);
+      for (int32_t t : r.tokens) CHECK(t < limit);
+    }
+  }
+  opt.sampling.greedy = true;
+  opt.vocab_limit = model->dims().V;  // the whole vocabulary: no change
+  const auto same = generate(*model, prompts, opt);
+  for (size_t b = 0; b < prompts.size(); ++b) CHECK(same[b].tokens == free[b].tokens);
+}
+
 TEST_CASE("generate: seeded sampling is reproducible and independent of batching", "[gen]") {
   auto model = test::gen_model("llama");
   const auto prompts = test::gen_prompts();
