@@ -145,6 +145,7 @@ def check_cli(d):
     check_saved_tokenizer_paths(d)
     check_crafted_limits(d)
     check_larger_vocab(d)
+    check_tokenizer_files(d)
 
 
 def check_saved_tokenizer_paths(d):
@@ -273,6 +274,19 @@ def check_larger_vocab(d):
     if any(t >= V for r in sampled for t in r["tokens"]):
         fail(f"sampling generated ids past the tokenizer's vocabulary {V}")
     print(f"model vocabulary {2 * V} > tokenizer's {V}: greedy text unchanged, sampling within it, noted once: ok")
+
+
+def check_tokenizer_files(d):
+    """Tokenizer paths that are a directory or a device are refused by name before any read."""
+    ck = ["--load", f"{d}/gpt2/ckpt", "--prompt", "x"]
+    for args, needle in [(["--vocab-file", f"{d}/tok", "--merge-file", f"{d}/tok/merges.txt"],
+                          f"vocab file '{d}/tok' is not a regular file (it is a directory)"),
+                         (["--vocab-file", f"{d}/tok/vocab.json", "--merge-file", "/dev/zero"],
+                          "merges file '/dev/zero' is not a regular file (it is a character device)")]:
+        p = run([DSGEN] + ck + args, expect=1)
+        if not one_line(p, needle):
+            fail(f"dsgen {' '.join(args)}: expected one error line naming {needle!r}, got {p.stderr!r}")
+    print("tokenizer files that are a directory or /dev/zero: one error line each: ok")
 
 
 def free_port():
