@@ -167,17 +167,21 @@ struct Session {
   }
 };
 
+// One JSON line. Sampled text may end inside a UTF-8 sequence (byte-level
+// BPE): such bytes are written as U+FFFD; the ids are in "tokens".
+std::string json_line(const json& r) { return r.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 // Writes JSON lines to `path` atomically (temporary name, then rename), or to stdout.
 void write_jsonl(const std::string& path, const std::vector<json>& rows) {
   if (path.empty()) {
-    for (const auto& r : rows) std::printf("%s\n", r.dump().c_str());
+    for (const auto& r : rows) std::printf("%s\n", json_line(r).c_str());
     return;
   }
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   {
     std::ofstream f(tmp);
     DS_USER_CHECK(f.good(), "--output-file {}: cannot write it", path);
-    for (const auto& r : rows) f << r.dump() << "\n";
+    for (const auto& r : rows) f << json_line(r) << "\n";
     f.flush();
     if (!f.good()) {
       std::error_code ec;
@@ -228,6 +232,11 @@ int run(const Args& a) {
   s.opt.sampling = a.sampling;
   s.opt.sampling.greedy = a.greedy || !a.sampling_given;
   s.opt.use_kv_cache = !a.no_kv_cache;
+  s.opt.vocab_limit = tok->info().vocab_size;
+  if (rv.rank == 0 && tok->info().vocab_size < lm.model.vocab_size)
+    std::fprintf(stderr, "dsgen: the model's vocabulary has %d ids, the tokenizer's %lld; ids %lld and up are "
+                 "never generated\n", lm.model.vocab_size, static_cast<long long>(tok->info().vocab_size),
+                 static_cast<long long>(tok->info().vocab_size));
   ds::gen::validate_sampling(s.opt.sampling);
   if (!a.ignore_eos) {
     for (int32_t id : {tok->info().eod_id, tok->info().eos_id, static_cast<int32_t>(lm.eos_id)})

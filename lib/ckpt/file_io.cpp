@@ -156,29 +156,4 @@ void check_output_dir(const std::string& path, const std::string& what) {
                 std::strerror(errno));
 }
 
-std::string read_small_file(const std::string& path, size_t max_bytes, const std::string& what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  DS_USER_CHECK(fd >= 0, "{} cannot be opened: {}", what, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    DS_USER_ERROR("{} is not a regular file", what);
-  }
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    ::close(fd);
-    DS_USER_ERROR("{} is {} bytes, more than the {} such a file can have", what, st.st_size, max_bytes);
-  }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < out.size()) {
-    const ssize_t k = ::read(fd, out.data() + got, out.size() - got);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) break;
-    got += static_cast<size_t>(k);
-  }
-  ::close(fd);
-  out.resize(got);
-  return out;
-}
-
 }  // namespace ds

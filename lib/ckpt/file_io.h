@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "lib/core/file_read.h"  // read_small_file: bounded reads of `latest`, state.json
+
 namespace ds {
 
 class Progress;  // lib/core/progress.h
@@ -43,10 +45,6 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir, const 
 // CRC-32C of a whole file. UserError naming the file if it cannot be read.
 // The bytes read are added to `progress` (when given).
 uint32_t file_crc32c(const std::string& path, Progress* progress = nullptr);
-
-// The contents of a regular file of at most max_bytes; a larger or unreadable
-// file is a UserError naming `what` (e.g. "checkpoint file 'DIR/latest'").
-std::string read_small_file(const std::string& path, size_t max_bytes, const std::string& what);
 
 // Checks, before any work, that an output directory (`--save DIR`,
 // `--export-hf DIR`) can be written: it is a directory, or the nearest

@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -164,6 +165,20 @@ std::vector<HfPiece> hf_map(const ModelDims& d, const char* what) {
   return neox_map(d);
 }
 
+// The shape of piece p's HF tensor, from the shape of our weight alone.
+Shape hf_shape(const HfPiece& p, const Shape& ours) {
+  int64_t rows = 0;
+  for (const auto& [r0, n] : row_runs(p, ours[0])) rows += n;
+  if (ours.size() != 2) return {rows};
+  return p.transpose ? Shape{ours[1], rows} : Shape{rows, ours[1]};
+}
+
+// The safetensors file of an HF path: the file itself or DIR/model.safetensors.
+std::string hf_weights_file(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) ? (fs::path(path) / "model.safetensors").string() : path;
+}
+
 // Rows [row0, row0+rows) of a (R, K) matrix (or a vector), optionally transposed.
 Tensor extract(const Tensor& w, const HfPiece& p) {
   const int64_t K = w.dim() == 2 ? w.size(1) : 1;
@@ -250,7 +265,9 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& fil
     m.hidden_size = integer("n_embd", 0, true);
     m.num_heads = integer("n_head", 0, true);
     m.max_position_embeddings = integer("n_positions", 1024, false);
-    m.ffn_hidden_size = integer("n_inner", 4 * m.hidden_size, false);
+    // 4 * n_embd, held to the int range: check_model_limits refuses such a model below.
+    m.ffn_hidden_size = integer("n_inner", static_cast<int>(std::min<int64_t>(4 * int64_t{m.hidden_size}, 1 << 30)),
+                                false);
     m.norm_eps = static_cast<float>(num("layer_norm_epsilon", 1e-5, false));
     const std::string act = text("activation_function");
     DS_USER_CHECK(act.empty() || act == "gelu_new" || act == "gelu_pytorch_tanh", "{}: '{}' activation_function "
@@ -271,7 +288,7 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& fil
                   "which is not implemented", what, file);
     DS_USER_CHECK(!flag("attention_bias", false) && !flag("mlp_bias", false), "{}: '{}': attention_bias / "
                   "mlp_bias are not supported for LLaMA models", what, file);
-    DS_USER_CHECK(integer("head_dim", m.hidden_size / m.num_heads, false) * m.num_heads == m.hidden_size,
+    DS_USER_CHECK(int64_t{integer("head_dim", m.hidden_size / m.num_heads, false)} * m.num_heads == m.hidden_size,
                   "{}: '{}': head_dim * num_attention_heads must equal hidden_size", what, file);
   } else if (type == "gpt_neox") {
     m.position = PositionKind::Rope;
@@ -294,6 +311,10 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& fil
   m.make_vocab_size_divisible_by = 1;
   m.padded_vocab_size = padded_vocab(m.vocab_size, 1, tp);
   m.hidden_dropout = m.attention_dropout = 0.f;
+  const bool gpt2 = type == "gpt2";
+  check_model_limits(m, fmt::format("{} '{}'", what, file),
+                     {.layers = gpt2 ? "n_layer" : "num_hidden_layers", .hidden = gpt2 ? "n_embd" : "hidden_size",
+                      .ffn = gpt2 ? "n_inner" : "intermediate_size"});
   return m;
 }
 
@@ -350,23 +371,40 @@ void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& 
   }
 }
 
+namespace {
+
+void check_hf_tensors(const ModelConfig& cfg, const ModelLayout& layout, const SafetensorsFile& sf,
+                      const std::string& config_from) {
+  const std::string& file = sf.path();
+  for (const HfPiece& p : hf_map(model_dims(cfg), "--init-from (Hugging Face weights)")) {
+    const Shape want = hf_shape(p, layout.find(p.our_name).shape);
+    DS_USER_CHECK(sf.has(p.hf_name), "--init-from '{}': tensor '{}' is missing, but {} needs it as {}; the weights "
+                  "are not of this model", file, p.hf_name, config_from, shape_str(want));
+    DS_USER_CHECK(sf.shape(p.hf_name) == want, "--init-from '{}': tensor '{}' is {}, but {} makes it {}; the "
+                  "weights are not of this model", file, p.hf_name, shape_str(sf.shape(p.hf_name)), config_from,
+                  shape_str(want));
+    const std::string dt = sf.dtype_string(p.hf_name);
+    DS_USER_CHECK(dt == "F32" || dt == "BF16" || dt == "F16", "--init-from '{}': tensor '{}' has dtype {}, "
+                  "expected F32, BF16 or F16", file, p.hf_name, dt);
+  }
+}
+
+}  // namespace
+
+void check_hf_weights(const ModelConfig& cfg, const ModelLayout& layout, const std::string& path,
+                      const std::string& config_from) {
+  check_hf_tensors(cfg, layout, SafetensorsFile::open(hf_weights_file(path)), config_from);
+}
+
 void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params, const std::string& path) {
   ModelDims d = model_dims(cfg);
-  fs::path file = fs::is_directory(path) ? fs::path(path) / "model.safetensors" : fs::path(path);
-  SafetensorsFile sf = SafetensorsFile::open(file.string());
+  const SafetensorsFile sf = SafetensorsFile::open(hf_weights_file(path));
+  check_hf_tensors(cfg, layout, sf, "the model config");  // every name, shape and dtype, before any allocation
   Tensor host = Tensor::zeros({layout.total}, DType::F32);
   for (const HfPiece& p : hf_map(d, "--init-from (Hugging Face weights)")) {
     const ParamSpec& s = layout.find(p.our_name);
     Tensor ours = host.view(s.offset, s.shape);
-    Tensor want = extract(ours, p);  // only for the expected shape
-    DS_USER_CHECK(sf.has(p.hf_name), "--init-from '{}': tensor '{}' is missing (model config differs?)",
-                  file.string(), p.hf_name);
-    DS_USER_CHECK(sf.shape(p.hf_name) == want.shape(), "--init-from '{}': '{}' is {}, the model expects {}",
-                  file.string(), p.hf_name, shape_str(sf.shape(p.hf_name)), shape_str(want.shape()));
     Tensor src = sf.get(p.hf_name);
-    DS_USER_CHECK(src.dtype() == DType::F32 || src.dtype() == DType::BF16 || src.dtype() == DType::F16,
-                  "--init-from {}: {} has dtype {}, expected F32, BF16 or F16", file.string(), p.hf_name,
-                  dtype_name(src.dtype()));
     if (src.dtype() != DType::F32) {
       Tensor f = Tensor::empty(src.shape(), DType::F32);
       for (int64_t i = 0; i < src.numel(); ++i) {
@@ -375,7 +413,8 @@ void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params
       }
       src = f;
     }
-    int64_t K = ours.dim() == 2 ? ours.size(1) : 1, rows = want.numel() / K, at = 0;
+    const int64_t K = ours.dim() == 2 ? ours.size(1) : 1, rows = src.numel() / K;
+    int64_t at = 0;
     for (const auto& [r0, n] : row_runs(p, ours.size(0))) {
       float* dst = ours.data<float>() + r0 * K;
       for (int64_t r = 0; r < n; ++r, ++at)

@@ -40,14 +40,25 @@ void check_hf_exportable(const ModelConfig& cfg, const char* what);
 void check_export_dir(const std::string& outdir, const char* what);
 
 // Fills params (layout.total, any device) from an HF safetensors file or a
-// directory holding model.safetensors. Mismatched names/shapes -> UserError.
+// directory holding model.safetensors. Mismatched names/shapes -> UserError,
+// from check_hf_weights before anything is allocated.
 void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params, const std::string& path);
+
+// Checks, from the safetensors header alone (nothing is read or allocated
+// for the tensors), that the HF weights at `path` (a file, or a directory
+// holding model.safetensors) declare every tensor of the model cfg / layout
+// (tp 1) describes, with the shape it gives and a dtype import_hf reads. One
+// UserError names the first missing or mismatching tensor, the file and
+// `config_from` (what gave the model's shape: "'DIR/config.json'").
+void check_hf_weights(const ModelConfig& cfg, const ModelLayout& layout, const std::string& path,
+                      const std::string& config_from);
 
 // ModelConfig of a Hugging Face config.json (model_type gpt2, llama,
 // gpt_neox): the inverse of the config.json export_hf writes. `file` and
 // `what` (the option that named it) appear in errors; a field missing or of
 // the wrong type, or a feature not implemented here, is a UserError. Dropout
 // is off and the vocabulary is padded to a multiple of tp only.
+// The model limits (check_model_limits) are applied here, naming the file.
 ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& file, int tp,
                                  const char* what = "--init-from");
 

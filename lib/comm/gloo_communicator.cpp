@@ -6,9 +6,12 @@
 // piece, receives its own chunk piece from every peer and reduces the pieces
 // in member order (reduce_in_order). all_reduce then sends its reduced piece
 // to every peer. Traffic per member equals a ring's; latency is one step.
+// A peer that does not answer within DS_COMM_TIMEOUT (stopped, hung) or
+// whose connection fails (exited) is a UserError naming the op and the peer.
 #include "lib/comm/gloo_communicator.h"
 
 #include <gloo/alltoall.h>
+#include <gloo/common/error.h>
 #include <gloo/context.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
@@ -20,6 +23,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 
 #include "lib/comm/group_util.h"
 #include "lib/comm/reduce_kernels.h"
@@ -56,6 +60,31 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   TcpStore& s_;
   std::string prefix_;
 };
+
+// A transfer with one peer that failed inside an exchange; guarded() turns
+// it into the one error line naming the op, the peer and, for an expired
+// wait, the timeout.
+struct PeerFailure : std::runtime_error {
+  PeerFailure(int p, bool r, const std::string& what) : std::runtime_error(what), peer(p), recv(r) {}
+  int peer;   // group rank
+  bool recv;  // this rank was receiving from it
+};
+
+// Gloo reports an expired wait as an IoException "Timed out waiting ...".
+bool is_timeout(const std::exception& e) { return std::strstr(e.what(), "Timed out") != nullptr; }
+
+// Waits for buffer b's transfer with `peer`; a Gloo I/O error (a timeout, a
+// closed connection) becomes a PeerFailure naming that peer.
+void wait_transfer(gloo::transport::UnboundBuffer& b, bool is_send, int peer, std::chrono::milliseconds timeout,
+                   const std::string& group) {
+  bool ok = false;
+  try {
+    ok = is_send ? b.waitSend(timeout) : b.waitRecv(timeout);
+  } catch (const gloo::IoException& e) {
+    throw PeerFailure(peer, !is_send, e.what());
+  }
+  DS_CHECK(ok, "gloo transfer aborted on group '{}'", group);
+}
 
 // Gloo's TCP pairs write with writev(), which raises SIGPIPE when the peer
 // has already closed its end. The default action would kill this rank with
@@ -164,20 +193,39 @@ void GlooCommunicator::guarded(const char* op, int64_t count, DType dtype, F&& b
     drain_async();
     count_host_sync();  // the caller blocks on communication
   }
+  const auto where = [&] {
+    return fmt::format("gloo {} of {} x {} on group '{}' (rank {} of {})", op, count, dtype_name(dtype), name_, rank_,
+                       size_);
+  };
+  const std::string timeout = fmt::format("{:g} s", opt_.op_timeout.count() / 1000.0);
+  // A stopped, hung or exited peer is the job's problem, not a bug: one user error line naming it.
   try {
     body();
   } catch (const Error&) {
     throw;
+  } catch (const UserError&) {
+    throw;
+  } catch (const PeerFailure& e) {
+    const int world = world_ranks_[e.peer];
+    if (is_timeout(e))
+      DS_USER_ERROR("{}: rank {} (world rank {}) did not {} within the {} timeout (DS_COMM_TIMEOUT); that rank is "
+                    "stopped, hung or far behind: check it", where(), e.peer, world,
+                    e.recv ? "send its part" : "take this rank's part", timeout);
+    DS_USER_ERROR("{}: the connection to rank {} (world rank {}) failed ({}); that rank probably exited, check its "
+                  "log", where(), e.peer, world, e.what());
+  } catch (const gloo::IoException& e) {
+    if (is_timeout(e))
+      DS_USER_ERROR("{}: a peer did not answer within the {} timeout (DS_COMM_TIMEOUT); a rank is stopped, hung or "
+                    "far behind: check the other ranks", where(), timeout);
+    DS_USER_ERROR("{} failed: {}; a peer probably exited, check the other ranks' logs", where(), e.what());
   } catch (const std::exception& e) {
-    DS_THROW("gloo {} of {} x {} on group '{}' (rank {} of {}) failed: {}; a peer probably exited, "
-             "check the other ranks' logs", op, count, dtype_name(dtype), name_, rank_, size_,
-             e.what());
+    DS_THROW("{} failed: {}; a peer probably exited, check the other ranks' logs", where(), e.what());
   }
 }
 
 void GlooCommunicator::exchange(const std::vector<Xfer>& xs, uint64_t slot) {
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
-  std::vector<bool> is_send;
+  std::vector<const Xfer*> posted;
   for (const Xfer& x : xs) {
     if (x.bytes == 0) continue;
     auto b = ctx_->createUnboundBuffer(x.ptr, x.bytes);
@@ -186,12 +234,10 @@ void GlooCommunicator::exchange(const std::vector<Xfer>& xs, uint64_t slot) {
     else
       b->recv(x.peer, slot);
     bufs.push_back(std::move(b));
-    is_send.push_back(x.is_send);
+    posted.push_back(&x);
   }
-  for (size_t i = 0; i < bufs.size(); ++i) {
-    bool ok = is_send[i] ? bufs[i]->waitSend(opt_.op_timeout) : bufs[i]->waitRecv(opt_.op_timeout);
-    DS_CHECK(ok, "gloo transfer aborted on group '{}'", name_);
-  }
+  for (size_t i = 0; i < bufs.size(); ++i)
+    wait_transfer(*bufs[i], posted[i]->is_send, posted[i]->peer, opt_.op_timeout, name_);
 }
 
 void GlooCommunicator::reduce_scatter_rounds(const void* in, void* out,
@@ -327,7 +373,7 @@ void GlooCommunicator::recv(void* data, int64_t count, DType dtype, int src) {
 // as send/recv do; all are posted before any is waited on.
 void GlooCommunicator::batch_send_recv(const std::vector<P2POp>& ops) {
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
-  std::vector<bool> is_send;
+  std::vector<const P2POp*> posted;
   guarded("batch_send_recv", static_cast<int64_t>(ops.size()), DType::U8, [&] {
     for (const P2POp& op : ops) {
       DS_CHECK(op.peer >= 0 && op.peer < size_ && op.peer != rank_ && (op.channel == 0 || op.channel == 1),
@@ -342,12 +388,10 @@ void GlooCommunicator::batch_send_recv(const std::vector<P2POp>& ops) {
       else
         b->recv(op.peer, base + recv_seq_[at]++);
       bufs.push_back(std::move(b));
-      is_send.push_back(op.is_send);
+      posted.push_back(&op);
     }
-    for (size_t i = 0; i < bufs.size(); ++i) {
-      bool ok = is_send[i] ? bufs[i]->waitSend(opt_.op_timeout) : bufs[i]->waitRecv(opt_.op_timeout);
-      DS_CHECK(ok, "gloo transfer aborted on group '{}'", name_);
-    }
+    for (size_t i = 0; i < bufs.size(); ++i)
+      wait_transfer(*bufs[i], posted[i]->is_send, posted[i]->peer, opt_.op_timeout, name_);
   });
 }
 

@@ -2,13 +2,13 @@
 // loading, and encode/decode with a per-word cache. Training lives in bpe_train.cpp.
 #include "lib/data/bpe.h"
 
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
+#include "lib/data/tokenizer.h"
 #include "lib/data/unicode_class.h"
 
 namespace ds::data {
@@ -65,13 +65,6 @@ size_t run_end(std::string_view s, size_t i, CharClass c) {
   return i;
 }
 
-std::string read_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) DS_USER_ERROR("{} {} not found or not readable", what, path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 }  // namespace
 
@@ -180,13 +173,13 @@ int64_t vocab_json_size(const nlohmann::json& vocab, const std::string& path) {
 }  // namespace
 
 int64_t vocab_file_size(const std::string& path) {
-  return vocab_json_size(parse_json_text(read_file(path, "vocab file"), "vocab file '" + path + "'"), path);
+  return vocab_json_size(parse_json_text(read_tokenizer_file(path, "vocab file"), "vocab file '" + path + "'"), path);
 }
 
 BpeTokenizer BpeTokenizer::load(const std::string& vocab_path, const std::string& merges_path) {
   BpeTokenizer t;
   const nlohmann::json vocab =
-      parse_json_text(read_file(vocab_path, "vocab file"), "vocab file '" + vocab_path + "'");
+      parse_json_text(read_tokenizer_file(vocab_path, "vocab file"), "vocab file '" + vocab_path + "'");
   t.tokens_.resize(static_cast<size_t>(vocab_json_size(vocab, vocab_path)));
   std::string bytes;
   for (auto& [name, idj] : vocab.items()) {
@@ -206,7 +199,7 @@ BpeTokenizer BpeTokenizer::load(const std::string& vocab_path, const std::string
   }
   t.eod_id_ = t.token_id(kEndOfText);
 
-  std::istringstream merges(read_file(merges_path, "merges file"));
+  std::istringstream merges(read_tokenizer_file(merges_path, "merges file"));
   std::string line;
   int64_t line_no = 0;
   int32_t rank = 0;

@@ -10,12 +10,10 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <unordered_map>
 
 #include "lib/core/error.h"
@@ -43,14 +41,6 @@ struct AddedToken {
   int32_t id;
   bool lstrip, rstrip, single_word;
 };
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) DS_USER_ERROR("--tokenizer-model {} not found or not readable", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // o[key], or null when o is not an object or has no such key.
 json get(const json& o, const char* key) { return o.is_object() && o.contains(key) ? o[key] : json(); }
@@ -329,7 +319,8 @@ void HfTokenizer::find_special_ids(const std::string& dir) {
   const std::filesystem::path cfg = std::filesystem::path(dir) / "tokenizer_config.json";
   std::error_code ec;
   if (!dir.empty() && std::filesystem::is_regular_file(cfg, ec)) {
-    const json c = parse_json_text(read_text(cfg.string()), "tokenizer config '" + cfg.string() + "'");
+    const json c =
+        parse_json_text(read_tokenizer_file(cfg.string(), "tokenizer config"), "tokenizer config '" + cfg.string() + "'");
     if (c.is_object()) {
       info_.bos_id = named(get(c, "bos_token"));
       info_.eos_id = named(get(c, "eos_token"));
@@ -478,7 +469,7 @@ std::string HfTokenizer::decode(std::span<const int32_t> ids) const {
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
   const std::string file = hf_tokenizer_json_path(path);
-  const json j = parse_json_text(read_text(file), "tokenizer file '" + file + "'");
+  const json j = parse_json_text(read_tokenizer_file(file, "tokenizer file"), "tokenizer file '" + file + "'");
   const std::filesystem::path dir = std::filesystem::path(file).parent_path();
   return std::make_unique<HfTokenizer>(j, file, dir.empty() ? std::string(".") : dir.string());
 }

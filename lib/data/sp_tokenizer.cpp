@@ -31,7 +31,8 @@ namespace {
 class SpTokenizer final : public Tokenizer {
  public:
   explicit SpTokenizer(const TokenizerSpec& spec) {
-    const auto st = sp_.Load(spec.model_path);
+    // Read here (a regular file of bounded size), so that a directory or a device is refused by name.
+    const auto st = sp_.LoadFromSerializedProto(read_tokenizer_file(spec.model_path, "--tokenizer-model"));
     if (!st.ok())
       DS_USER_ERROR("--tokenizer-model {}: not a readable SentencePiece model ({})", spec.model_path,
                     st.ToString());

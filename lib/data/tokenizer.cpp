@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "lib/core/error.h"
+#include "lib/core/file_read.h"
 #include "lib/data/bpe.h"
 
 namespace ds::data {
@@ -105,5 +106,9 @@ std::unique_ptr<Tokenizer> load_tokenizer(const TokenizerSpec& spec) {
 }
 
 TokenizerInfo tokenizer_info(const TokenizerSpec& spec) { return load_tokenizer(spec)->info(); }
+
+std::string read_tokenizer_file(const std::string& path, std::string_view what) {
+  return read_small_file(path, kMaxTokenizerFileBytes, fmt::format("{} '{}'", what, path));
+}
 
 }  // namespace ds::data

@@ -12,6 +12,7 @@
 // TokenizerInfo carries what the trainer and the Hugging Face export need (the
 // vocabulary size and the bos/eos/eod/pad ids); docs/tokenizers.md has the rules.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -69,6 +70,13 @@ class Tokenizer {
 std::unique_ptr<Tokenizer> load_tokenizer(const TokenizerSpec& spec);
 // load_tokenizer(spec)->info(), for the trainer and the export.
 TokenizerInfo tokenizer_info(const TokenizerSpec& spec);
+
+// Tokenizer files (vocab.json, merges.txt, tokenizer.model, tokenizer.json)
+// are read whole, and only when they are regular files of at most this size:
+// a directory, a FIFO, a device or a larger file is one UserError naming it.
+inline constexpr size_t kMaxTokenizerFileBytes = size_t(1) << 30;
+// The contents of such a file; `what` names it in errors ("vocab file").
+std::string read_tokenizer_file(const std::string& path, std::string_view what);
 
 // Internal constructors, one per family (each file defines its own).
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const TokenizerSpec& spec);

@@ -1,7 +1,8 @@
 // Batched generation (generator.h): prefill per prompt into its rows of one
 // cache, then one batched decode step per token. Samples that stopped keep a
 // slot in the batch (fed a dummy token at position 0 of their own rows, which
-// no live sample reads) so the batch shape stays fixed.
+// no live sample reads) so the batch shape stays fixed. Only the first
+// vocab_limit logits of a row are sampled from (ids the tokenizer has).
 #include "lib/gen/generator.h"
 
 #include <algorithm>
@@ -69,6 +70,9 @@ std::vector<GenResult> generate(GptModel& model, const std::vector<std::vector<i
     for (int32_t t : p) DS_USER_CHECK(t >= 0 && t < V, "prompt {}: token id {} outside the vocabulary of {}", b + 1, t, V);
     longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
   }
+  DS_USER_CHECK(opt.vocab_limit >= 0, "generation: vocabulary limit {} must be >= 0", opt.vocab_limit);
+  // The ids sampling may choose: the model's real vocabulary, cut to the tokenizer's.
+  const size_t Vs = static_cast<size_t>(opt.vocab_limit > 0 ? std::min(V, opt.vocab_limit) : V);
   const int64_t Tmax = std::min<int64_t>(maxT, longest + opt.max_new_tokens);
   GenStats st;
   std::vector<std::vector<int32_t>> seq = prompts;  // prompt + generated: penalty history and recompute input
@@ -97,7 +101,8 @@ std::vector<GenResult> generate(GptModel& model, const std::vector<std::vector<i
     std::vector<int32_t> next(static_cast<size_t>(B), 0);
     for (int64_t b = 0; b < B; ++b) {
       if (done[b]) continue;
-      const int32_t t = sample_next(logits[b], seq[b], opt.sampling, static_cast<uint64_t>(b), static_cast<uint64_t>(step));
+      const int32_t t = sample_next(std::span<float>(logits[b].data(), Vs), seq[b], opt.sampling,
+                                    static_cast<uint64_t>(b), static_cast<uint64_t>(step));
       if (std::find(opt.stop_ids.begin(), opt.stop_ids.end(), t) != opt.stop_ids.end()) {
         done[b] = 1;
         out[b].reason = StopReason::EndOfDocument;

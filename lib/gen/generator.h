@@ -23,6 +23,10 @@ struct GenOptions {
   SamplingConfig sampling;
   std::vector<int32_t> stop_ids;  // tokens that end a sample (end-of-document); not part of its output
   bool use_kv_cache = true;
+  // Ids >= this are never generated (the tokenizer's vocabulary, when the
+  // model's is larger, as Pythia's and Qwen2's are): their logits are cut off
+  // as the padded vocabulary rows are. 0: the model's whole vocabulary.
+  int64_t vocab_limit = 0;
 };
 
 struct GenResult {

@@ -152,6 +152,8 @@ LoadedModel load_hf_model(const ModelSource& src, int tp) {
   LoadedModel m;
   m.model = model_config_from_hf(j, cfg_file.string(), tp);
   m.full = build_layout(m.model);
+  // config.json against the shapes the safetensors header declares, before the model is allocated.
+  check_hf_weights(m.model, m.full, (dir / "model.safetensors").string(), "'" + cfg_file.string() + "'");
   m.params = Tensor::zeros({m.full.total}, DType::F32);
   import_hf(m.model, m.full, m.params, (dir / "model.safetensors").string());
   m.where = src.init_from;

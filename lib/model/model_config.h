@@ -3,6 +3,7 @@
 // them from JSON and flags and derives the resolved fields (ffn size, padded
 // vocabulary) before anything below it sees them.
 #pragma once
+#include <string>
 
 namespace ds {
 
@@ -55,5 +56,26 @@ enum class RecomputeKind { None, Full, Selective };
 int padded_vocab(int vocab, int divisible_by, int tp);
 
 const char* family_name(ModelFamily f);  // "gpt2" | "llama"
+
+// The sizes dstrain and dsgen build a model up to, checked before any layout
+// or tensor is sized: at most kMaxModelLayers layers, and at most
+// kMaxModelParams parameters by a lower bound computed in double (so that no
+// size overflows): the q and output projections and the MLP of every layer,
+// the embedding and, with learned positions, the position table.
+inline constexpr int kMaxModelLayers = 1 << 16;
+inline constexpr double kMaxModelParams = 1e13;
+
+// How the input spells the size fields, for check_model_limits' errors
+// (dstrain: config keys and flags; a config.json: its own keys).
+struct ModelSizeNames {
+  std::string layers = "model.num_layers (--num-layers)";
+  std::string hidden = "model.hidden_size (--hidden-size)";
+  std::string ffn = "model.ffn_hidden_size (--ffn-hidden-size)";
+};
+
+// UserError, prefixed with `where` when it is not empty ("--init-from
+// 'dir/config.json'"), when m has no layer, more than kMaxModelLayers, or
+// more than kMaxModelParams parameters. Call it before build_layout.
+void check_model_limits(const ModelConfig& m, const std::string& where, const ModelSizeNames& names = {});
 
 }  // namespace ds

@@ -84,13 +84,8 @@ void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
 
 namespace {
 
-constexpr int kMaxLayers = 1 << 16;
-constexpr double kMaxParams = 1e13;
-
 void validate_model(const ModelConfig& m, const ParallelConfig& p) {
   DS_USER_CHECK(m.num_layers > 0, "model.num_layers (--num-layers) must be positive, got {}", m.num_layers);
-  DS_USER_CHECK(m.num_layers <= kMaxLayers, "model.num_layers (--num-layers) {} is more than the {} layers dstrain "
-                "supports", m.num_layers, kMaxLayers);
   DS_USER_CHECK(m.hidden_size > 0, "model.hidden_size (--hidden-size) must be positive, got {}", m.hidden_size);
   DS_USER_CHECK(m.num_heads > 0, "model.num_heads (--num-attention-heads) must be positive, got {}", m.num_heads);
   DS_USER_CHECK(m.hidden_size % m.num_heads == 0,
@@ -137,15 +132,8 @@ void validate_model(const ModelConfig& m, const ParallelConfig& p) {
                 m.hidden_size, p.tp);
   DS_USER_CHECK(m.ffn_hidden_size % p.tp == 0,
                 "model.ffn_hidden_size {} is not divisible by tensor_model_parallel_size {}", m.ffn_hidden_size, p.tp);
-  // A lower bound of the parameter count (q and output projections, the MLP,
-  // the embedding), in double so that no size overflows: a model past any
-  // machine is refused here, before its layout is built.
-  const double C = m.hidden_size, F = m.ffn_hidden_size, V = std::max(m.vocab_size, m.padded_vocab_size);
-  const double params = m.num_layers * (2 * C * C + (m.activation == Activation::SwiGLU ? 3 : 2) * C * F) + V * C;
-  DS_USER_CHECK(params <= kMaxParams,
-                "model: num_layers {}, hidden_size {} and ffn_hidden_size {} (--num-layers / --hidden-size / "
-                "--ffn-hidden-size) make at least {:.3g} parameters, more than the {:.0e} dstrain supports",
-                m.num_layers, m.hidden_size, m.ffn_hidden_size, params, kMaxParams);
+  // A model past any machine is refused here, before its layout is built.
+  check_model_limits(m, "");
   DS_USER_CHECK(nkv == 0 || nkv % p.tp == 0 || p.tp % nkv == 0,
                 "model.num_key_value_heads {} (--num-key-value-heads / --num-query-groups) must divide or be a "
                 "multiple of tensor_model_parallel_size {}",

@@ -70,6 +70,8 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   sdp_ = comms_.grid.sdp;
   sdp_rank_ = comms_.grid.sdp_rank;
   full_layout_ = build_layout(cfg_.model);
+  if (!cfg_.ckpt.init_from.empty())  // the weights' header against the model, before the model is allocated
+    check_hf_weights(cfg_.model, full_layout_, cfg_.ckpt.init_from, "the model config");
   const TpComm tp{shard_.tp > 1 ? comms_.tp : nullptr, shard_.tp, shard_.tp_rank, cfg_.parallel.sequence_parallel};
   const PipeStage stage{shard_.pp, shard_.pp_rank, shard_.vp};
   const ModelLayout local = build_layout(cfg_.model, shard_);
@@ -378,7 +380,7 @@ float Trainer::train_step() {
       scale / static_cast<double>(b.micro_batch_size * seqlen_ * b.grad_accum_steps * dp_));
   // Dropout masks are keyed by (seed, iteration) and each micro-batch's global
   // first sample, identical in every layout (docs/dropout.md).
-  DropoutKey key{.train = true, .seed = cfg_.seed, .iteration = state_.iteration, .first_sample = 0};
+  DropoutKey key{.train = true, .seed = cfg_.seed, .iteration = state_.iteration, .first_sample = 0, .step = {}};
   const StepHyper h = step_hyper();
   // The losses, the norm and the overflow flag stay on the device until one
   // read (read_step_block).

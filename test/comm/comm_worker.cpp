@@ -1,7 +1,9 @@
 // ds_comm_worker: one rank of a multi-process communication test, started by
 // proc_harness with the dsrun rank environment. argv[1] names the scenario.
 // Exit 0 = all checks passed; 1 = a check failed; 2 = an exception (its
-// message is printed, the tests match on it); 3 = a deliberate death.
+// message is printed after "ERROR: ", or "USER ERROR: " for a ds::UserError;
+// the tests match on it); 3 = a deliberate death.
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -277,6 +279,31 @@ int scenario_die_in_collective() {
   return 0;
 }
 
+// A rank stops itself (SIGSTOP) after the barrier, as a rank frozen by a
+// debugger or a job scheduler: the others' all_reduce waits for its part
+// until DS_COMM_TIMEOUT and fails with a user error naming it. A helper
+// process continues the stopped rank a few seconds after the timeout, and
+// it exits.
+int scenario_stop_in_collective() {
+  RendezvousInfo info = RendezvousInfo::from_env();
+  auto world = make_world_communicator(Backend::Gloo, info);
+  world->barrier();
+  if (world->rank() == die_rank()) {
+    const pid_t me = getpid();
+    const pid_t helper = fork();
+    if (helper == 0) {
+      std::this_thread::sleep_for(info.op_timeout + std::chrono::seconds(3));
+      kill(me, SIGCONT);
+      _exit(0);
+    }
+    raise(SIGSTOP);
+    _exit(3);
+  }
+  Tensor t = filled(1, world->rank(), 1000);
+  world->all_reduce(t);
+  return 0;
+}
+
 // The receiver of a large message exits part-way through it, leaving unread
 // bytes in its socket: the kernel answers the sender's next write with a
 // reset, so the sender meets EPIPE in the middle of writev(). That must end
@@ -441,6 +468,7 @@ int main(int argc, char** argv) {
       {"die_in_join", scenario_die_in_join},
       {"die_in_collective", scenario_die_in_collective},
       {"die_mid_receive", scenario_die_mid_receive},
+      {"stop_in_collective", scenario_stop_in_collective},
       {"nccl", test::nccl_scenario},
       {"nccl_watchdog_timeout", test::nccl_watchdog_timeout_scenario},
       {"nccl_dead_peer", test::nccl_dead_peer_scenario},
@@ -459,6 +487,9 @@ int main(int argc, char** argv) {
   } catch (const std::logic_error& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;
+  } catch (const UserError& e) {
+    std::printf("USER ERROR: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::printf("ERROR: %s\n", e.what());
     return 2;

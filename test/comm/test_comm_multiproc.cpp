@@ -148,6 +148,23 @@ TEST_CASE("a receiver dying mid-message fails the sender with an error, not SIGP
   CHECK(has(r.ranks[0], "gloo send"));
 }
 
+// A stopped peer (SIGSTOP) keeps its connections open, so only the timeout
+// ends the wait: one user error line naming the op, the peer and the timeout.
+TEST_CASE("a stopped rank fails the others after DS_COMM_TIMEOUT with its name", "[multiproc]") {
+  JobSpec s;
+  s.scenario = "stop_in_collective";
+  s.world = 2;
+  s.env = {{"DS_TEST_DIE_RANK", "1"}, {"DS_COMM_TIMEOUT", "2"}};
+  JobResult r = run(s);
+  INFO(r.summary());
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.seconds < 15);
+  CHECK(r.ranks[1].exit_code == 3);  // continued by its helper after the others gave up
+  CHECK(r.ranks[0].exit_code == 2);
+  CHECK(has(r.ranks[0], "USER ERROR: gloo all_reduce of 1000 x f32 on group 'world' (rank 0 of 2): rank 1 (world "
+                        "rank 1) did not send its part within the 2 s timeout (DS_COMM_TIMEOUT)"));
+}
+
 TEST_CASE("a rank with another job's token is refused", "[multiproc]") {
   JobSpec s;
   s.scenario = "collectives";

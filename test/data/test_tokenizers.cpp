@@ -5,6 +5,9 @@
 // comparison is test_tokenizers_ref (tok_check.py).
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "lib/core/error.h"
@@ -106,6 +109,36 @@ TEST_CASE("tokenizer errors name the file or flag") {
   fails({TokenizerKind::GPTSentencePiece, dir / "tokenizer.model", "", ""}, "tokenizer.model");
   CHECK_THROWS_WITH(parse_tokenizer_kind("NullTokenizer"), Contains("--tokenizer-type NullTokenizer"));
   CHECK_THROWS_WITH(parse_tokenizer_kind("Bogus", "--x"), Contains("--x Bogus"));
+}
+
+// A tokenizer file that is a directory, a FIFO or a device (/dev/zero would
+// be an unbounded read) is refused by name before anything is read from it,
+// for every file of every kind: vocab.json, merges.txt, tokenizer.model,
+// tokenizer.json.
+TEST_CASE("tokenizer files must be regular files of bounded size") {
+  test::TempDir dir;
+  const TrainedBpe bpe = train_bpe(generate_corpus(1, 20000), 300);
+  write_bpe_files(bpe, dir / "vocab.json", dir / "merges.txt");
+  const std::string vocab = dir / "vocab.json", merges = dir / "merges.txt";
+  const std::string sub = dir / "sub", fifo = dir / "fifo";
+  std::filesystem::create_directory(sub);
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);  // no writer: reading would wait forever
+  auto refused = [](const TokenizerSpec& s, const std::string& file, const std::string& kind) {
+    INFO(file);
+    CHECK_THROWS_WITH(load_tokenizer(s), Contains("'" + file + "' is not a regular file (it is " + kind + ")"));
+  };
+  for (const auto& [bad, kind] : {std::pair<std::string, std::string>{sub, "a directory"}, {fifo, "a FIFO"},
+                                  {"/dev/zero", "a character device"}}) {
+    refused({TokenizerKind::GPT2BPE, "", bad, merges}, bad, kind);
+    refused({TokenizerKind::GPT2BPE, "", vocab, bad}, bad, kind);
+    if (bad != sub) refused({TokenizerKind::HF, bad, "", ""}, bad, kind);  // a directory: its tokenizer.json
+    if (have_sentencepiece()) refused({TokenizerKind::Llama2, bad, "", ""}, bad, kind);
+  }
+  const std::string hf = dir / "hf";
+  std::filesystem::create_directories(hf + "/tokenizer.json");
+  refused({TokenizerKind::HF, hf, "", ""}, hf + "/tokenizer.json", "a directory");
+  CHECK(kMaxTokenizerFileBytes == size_t(1) << 30);
+  CHECK(load_tokenizer({TokenizerKind::GPT2BPE, "", vocab, merges})->info().vocab_size > 256);
 }
 
 // A tokenizer path may name a file that is no tokenizer at all (a key, a

@@ -8,7 +8,7 @@ dozen steps each, saved as checkpoints and exported to Hugging Face format).
   dsgen_check.py hf BUILD DIR       greedy tokens == transformers' generate() (exit 77 without it)
   dsgen_check.py temporaries BUILD DIR   saves and exports after killed ones: stale temporaries removed
 Each mode prints what it compared and exits non-zero on the first mismatch."""
-import json, os, socket, subprocess, sys, tempfile
+import array, json, os, socket, struct, subprocess, sys, tempfile
 
 MODE, BUILD, DIR = sys.argv[1], sys.argv[2], sys.argv[3]
 DSPREP = f"{BUILD}/apps/dsprep/dsprep"
@@ -151,6 +151,9 @@ def check_cli(d):
     print("errors: 9 user errors, one line each, exit 1: ok")
     check_saved_tokenizer_paths(d)
     check_tokenizer_copies(d)
+    check_crafted_limits(d)
+    check_larger_vocab(d)
+    check_tokenizer_files(d)
 
 
 def check_saved_tokenizer_paths(d):
@@ -267,6 +270,106 @@ def check_tokenizer_copies(d):
         fail("explicit tokenizer flags on a checkpoint with a corrupted copy gave other text")
     print("tokenizer copies: --load without flags == with flags (gpt2, llama), dsconvert --save and --export-hf "
           "and dstrain's export carry them, a corrupted copy is refused naming the file: ok")
+
+
+def read_safetensors(path):
+    """(header dict, data bytes) of a safetensors file."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def write_safetensors(path, header, data, replace):
+    """The file of (header, data) with the tensors named in `replace` given new (shape, bytes)."""
+    out, blobs, off = {}, [], 0
+    for name, e in sorted(header.items()):
+        if name == "__metadata__":
+            out[name] = e
+            continue
+        shape, raw = replace.get(name, (e["shape"], data[e["data_offsets"][0]:e["data_offsets"][1]]))
+        out[name] = {"dtype": e["dtype"], "shape": shape, "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(out).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def crafted_hf(d, name, config_edit, replace=None):
+    """A copy of the GPT-2 HF export with config.json fields (and tensors) replaced."""
+    import shutil
+    out = f"{d}/crafted_hf/{name}"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(f"{d}/gpt2/hf", out)
+    cfg = json.load(open(f"{out}/config.json"))
+    cfg.update(config_edit)
+    with open(f"{out}/config.json", "w") as f:
+        json.dump(cfg, f)
+    if replace:
+        header, data = read_safetensors(f"{out}/model.safetensors")
+        write_safetensors(f"{out}/model.safetensors", header, data, replace(header, data))
+    return out
+
+
+def one_line(p, needle):
+    """The run's stderr is one user error line holding `needle`."""
+    return (len(p.stderr.strip().splitlines()) == 1 and needle in p.stderr and "error" in p.stderr
+            and "internal" not in p.stderr)
+
+
+def check_crafted_limits(d):
+    """A config.json with sizes past the model limits, or unlike the weights' header: one error line each."""
+    for edit, needle in [({"n_layer": 100000000}, "n_layer 100000000 is more than the 65536 layers"),
+                         ({"n_embd": 1000000000, "n_head": 1}, "n_embd 1000000000"),
+                         ({"n_layer": 3}, "tensor 'transformer.h.2.ln_1.weight' is missing"),
+                         ({"n_embd": 128}, "tensor 'transformer.wte.weight' is (")]:
+        hf = crafted_hf(d, "limits", edit)
+        p = run([DSGEN, "--init-from", hf, "--prompt", "x"] + tok_flags(d), expect=1)
+        if not one_line(p, needle) or ("transformer" in needle and "config.json" not in p.stderr):
+            fail(f"config.json {edit}: expected one error line naming {needle!r}, got {p.stderr!r}")
+    print("config.json past the model limits or unlike the weights' header: one error line each: ok")
+
+
+def check_larger_vocab(d):
+    """A model vocabulary larger than the tokenizer's (as Pythia and Qwen2 ship) never yields the ids past it."""
+    # A model vocabulary of twice the tokenizer's, the extra rows ten times the real ones (tied output), so
+    # that without the mask an extra id would win: the text equals the original model's.
+    def doubled(header, data):
+        e = header["transformer.wte.weight"]
+        rows = array.array("f", data[e["data_offsets"][0]:e["data_offsets"][1]])
+        extra = array.array("f", (10 * x for x in rows))
+        return {"transformer.wte.weight": ([2 * e["shape"][0], e["shape"][1]], (rows + extra).tobytes())}
+    V = json.load(open(f"{d}/gpt2/hf/config.json"))["vocab_size"]
+    big = crafted_hf(d, "bigvocab", {"vocab_size": 2 * V}, doubled)
+    args = ["--max-new-tokens", "24", "--prompt-file", f"{d}/prompts.jsonl"] + tok_flags(d)
+    out_big, out_ref = f"{d}/crafted_hf/big.jsonl", f"{d}/crafted_hf/ref.jsonl"
+    p = run([DSGEN, "--init-from", big, "--output-file", out_big] + args)
+    run([DSGEN, "--init-from", f"{d}/gpt2/hf", "--output-file", out_ref] + args)
+    rows_big, rows_ref = ([json.loads(line) for line in open(f)] for f in (out_big, out_ref))
+    if rows_big != rows_ref:
+        fail(f"a model vocabulary larger than the tokenizer's changed the greedy text: {rows_big} vs {rows_ref}")
+    note = f"the model's vocabulary has {2 * V} ids, the tokenizer's {V}; ids {V} and up are never generated"
+    if p.stderr.count(note) != 1:
+        fail(f"expected the note {note!r} once, got {p.stderr!r}")
+    sampled = gen_jsonl(d, ["--init-from", big, "--max-new-tokens", "24", "--temperature", "1.5"] + tok_flags(d))
+    if any(t >= V for r in sampled for t in r["tokens"]):
+        fail(f"sampling generated ids past the tokenizer's vocabulary {V}")
+    print(f"model vocabulary {2 * V} > tokenizer's {V}: greedy text unchanged, sampling within it, noted once: ok")
+
+
+def check_tokenizer_files(d):
+    """Tokenizer paths that are a directory or a device are refused by name before any read."""
+    ck = ["--load", f"{d}/gpt2/ckpt", "--prompt", "x"]
+    for args, needle in [(["--vocab-file", f"{d}/tok", "--merge-file", f"{d}/tok/merges.txt"],
+                          f"vocab file '{d}/tok' is not a regular file (it is a directory)"),
+                         (["--vocab-file", f"{d}/tok/vocab.json", "--merge-file", "/dev/zero"],
+                          "merges file '/dev/zero' is not a regular file (it is a character device)")]:
+        p = run([DSGEN] + ck + args, expect=1)
+        if not one_line(p, needle):
+            fail(f"dsgen {' '.join(args)}: expected one error line naming {needle!r}, got {p.stderr!r}")
+    print("tokenizer files that are a directory or /dev/zero: one error line each: ok")
 
 
 def free_port():

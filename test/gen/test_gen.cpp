@@ -160,6 +160,37 @@ TEST_CASE("generate: stop ids, stop callback, context limit", "[gen]") {
   CHECK_THROWS_AS(generate(*model, {{}}, opt), UserError);
 }
 
+// A model whose vocabulary is larger than the tokenizer's (Pythia, Qwen2)
+// never generates the ids past the tokenizer's, greedy or sampled: their
+// logits are cut off as the padded rows are. The limit is set where the
+// unlimited greedy run generates some id above it, so the cut shows.
+TEST_CASE("generate: ids past vocab_limit are never generated", "[gen]") {
+  auto model = test::gen_model("gpt2");
+  const auto prompts = test::gen_prompts();
+  GenOptions opt;
+  opt.max_new_tokens = 24;
+  const auto free = generate(*model, prompts, opt);
+  std::vector<int32_t> all;
+  for (const auto& r : free) all.insert(all.end(), r.tokens.begin(), r.tokens.end());
+  std::sort(all.begin(), all.end());
+  const int32_t limit = all[all.size() / 2];  // half of the greedy tokens lie at or above it
+  REQUIRE(limit > 0);
+  opt.vocab_limit = limit;
+  for (bool greedy : {true, false}) {
+    INFO("greedy " << greedy);
+    opt.sampling.greedy = greedy;
+    opt.sampling.temperature = 1.5f;
+    for (const auto& r : generate(*model, prompts, opt)) {
+      CHECK(r.tokens.size() == 24);
+      for (int32_t t : r.tokens) CHECK(t < limit);
+    }
+  }
+  opt.sampling.greedy = true;
+  opt.vocab_limit = model->dims().V;  // the whole vocabulary: no change
+  const auto same = generate(*model, prompts, opt);
+  for (size_t b = 0; b < prompts.size(); ++b) CHECK(same[b].tokens == free[b].tokens);
+}
+
 TEST_CASE("generate: seeded sampling is reproducible and independent of batching", "[gen]") {
   auto model = test::gen_model("llama");
   const auto prompts = test::gen_prompts();
@@ -269,4 +300,71 @@ TEST_CASE("model_config_from_hf names the option that gave the file", "[gen]") {
   } catch (const UserError& e) {
     CHECK(std::string(e.what()).find("--hf-config: 'x/config.json' has model_type 'bert'") != std::string::npos);
   }
+}
+
+// A config.json past the model limits is refused before any size is computed
+// from it: n_layer 1e8 would build a 20 GB layout, and 4 * n_embd 1e9 (the
+// default n_inner) does not fit an int.
+TEST_CASE("model_config_from_hf applies the model limits", "[gen]") {
+  using Catch::Matchers::Contains;
+  nlohmann::json g = {{"model_type", "gpt2"}, {"n_embd", 64}, {"n_head", 4}, {"n_layer", 100000000},
+                      {"vocab_size", 300}};
+  CHECK_THROWS_WITH(model_config_from_hf(g, "d/config.json", 1),
+                    Contains("--init-from 'd/config.json': n_layer 100000000 is more than the 65536 layers"));
+  g["n_layer"] = 2;
+  g["n_embd"] = 1000000000;
+  g["n_head"] = 1;
+  CHECK_THROWS_WITH(model_config_from_hf(g, "d/config.json", 1),
+                    Contains("n_embd 1000000000") && Contains("parameters, more than the 1e+13 dstrain supports"));
+  nlohmann::json l = {{"model_type", "llama"}, {"hidden_size", 1 << 20}, {"intermediate_size", 1 << 20},
+                      {"num_attention_heads", 8}, {"num_hidden_layers", 2}, {"vocab_size", 300}};
+  CHECK_THROWS_WITH(model_config_from_hf(l, "d/config.json", 1),
+                    Contains("num_hidden_layers 2, hidden_size 1048576 and intermediate_size 1048576 make at least"));
+  l["hidden_size"] = l["intermediate_size"] = 64;
+  CHECK(model_config_from_hf(l, "d/config.json", 1).hidden_size == 64);
+}
+
+namespace {
+
+// An HF directory (config.json + model.safetensors) of the small GPT-2 test
+// model, with config.json's fields then replaced by `edit`.
+std::filesystem::path hf_dir_with(const std::string& name, const nlohmann::json& edit) {
+  namespace fs = std::filesystem;
+  const ModelConfig c = test::gen_model_config("gpt2");
+  const ModelLayout layout = build_layout(c);
+  const fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  export_hf(c, layout, Tensor::zeros({layout.total}, DType::F32), dir.string());
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+  j.merge_patch(edit);
+  std::ofstream(dir / "config.json") << j.dump();
+  return dir;
+}
+
+}  // namespace
+
+// dsgen --init-from checks config.json against the tensors the safetensors
+// header declares before it allocates the model: a config of 3.4e12
+// parameters (within the limits) over a 2-layer file is one line naming the
+// first tensor that differs, not an allocation of 13 TB.
+TEST_CASE("load_model --init-from checks config.json against the safetensors header first", "[gen]") {
+  using Catch::Matchers::Contains;
+  namespace fs = std::filesystem;
+  const fs::path huge = hf_dir_with("ds_hf_huge", {{"n_layer", 5000}, {"n_embd", 8192}, {"n_head", 64},
+                                                   {"n_inner", nullptr}});
+  ModelSource src;
+  src.init_from = huge.string();
+  CHECK_THROWS_WITH(load_model(src, 1),
+                    Contains("tensor 'transformer.wte.weight' is (300, 64), but '" + (huge / "config.json").string() +
+                             "' makes it (300, 8192)"));
+  fs::remove_all(huge);
+  const fs::path deeper = hf_dir_with("ds_hf_deeper", {{"n_layer", 3}});
+  src.init_from = deeper.string();
+  CHECK_THROWS_WITH(load_model(src, 1), Contains("tensor 'transformer.h.2.ln_1.weight' is missing, but '" +
+                                                 (deeper / "config.json").string() + "' needs it"));
+  fs::remove_all(deeper);
+  const fs::path same = hf_dir_with("ds_hf_same", nlohmann::json::object());
+  src.init_from = same.string();
+  CHECK(load_model(src, 1).model.num_layers == 2);
+  fs::remove_all(same);
 }
