@@ -1,9 +1,8 @@
-// The optimizer base (named state over an owned range) and the registry of
-// DeepSpeed optimizer types. A new optimizer adds one row to kRegistry.
+// The optimizer base (named state over an owned range) and make_optimizer,
+// which builds the class of a type in the table of optimizer_types.cpp.
 #include "lib/optim/optimizer.h"
 
 #include <algorithm>
-#include <cctype>
 
 #include "lib/core/error.h"
 #include "lib/core/mem_tag.h"
@@ -60,52 +59,16 @@ int64_t Optimizer::state_bytes() const {
   return b;
 }
 
-namespace {
-
-using Factory = std::unique_ptr<Optimizer> (*)(const ModelLayout&, Device, int64_t, int64_t);
-
-template <class T>
-std::unique_ptr<Optimizer> make(const ModelLayout& layout, Device dev, int64_t begin, int64_t end) {
-  return std::make_unique<T>(layout, dev, begin, end);
-}
-
-struct Registered {
-  const char* type;  // DeepSpeed's spelling
-  Factory factory;
-};
-
-// DeepSpeed's "Adam" with its default adam_w_mode is AdamW (decoupled weight decay).
-constexpr Registered kRegistry[] = {
-    {"Adam", make<AdamW>},
-    {"AdamW", make<AdamW>},
-};
-
-bool same_type(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
-}  // namespace
-
-std::string canonical_optimizer_type(std::string_view type) {
-  for (const Registered& r : kRegistry)
-    if (same_type(r.type, type)) return r.type;
-  return "";
-}
-
-std::string optimizer_types_text() {
-  std::string s;
-  const size_t n = std::size(kRegistry);
-  for (size_t i = 0; i < n; ++i) s += std::string(i == 0 ? "" : i + 1 == n ? " and " : ", ") + kRegistry[i].type;
-  return s;
-}
-
 std::unique_ptr<Optimizer> make_optimizer(std::string_view type, const ModelLayout& layout, Device dev,
                                           int64_t begin, int64_t end) {
-  for (const Registered& r : kRegistry)
-    if (same_type(r.type, type)) return r.factory(layout, dev, begin, end);
-  DS_USER_ERROR("optimizer.type '{}' is not supported (dstrain implements {})", type, optimizer_types_text());
+  const std::optional<OptimizerKind> kind = optimizer_kind(type);
+  DS_USER_CHECK(kind.has_value(), "optimizer.type '{}' is not supported (dstrain implements {})", type,
+                optimizer_types_text());
+  switch (*kind) {
+    case OptimizerKind::AdamW: return std::make_unique<AdamW>(layout, dev, begin, end);
+  }
+  DS_CHECK(false, "optimizer kind {} has no class", static_cast<int>(*kind));
+  return nullptr;
 }
 
 }  // namespace ds

@@ -16,6 +16,7 @@
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
 #include "lib/ops/step_scalars.h"
+#include "lib/optim/optimizer_types.h"
 
 namespace ds {
 
@@ -95,13 +96,10 @@ class Optimizer {
 };
 
 // The registry: an optimizer of DeepSpeed's `optimizer.type` (case-insensitive,
-// "Adam" or "AdamW" today) for elements [begin, end) of `layout`, its state on
-// `dev`. UserError naming the type and the supported ones for anything else.
+// the table in optimizer_types.cpp: "Adam" or "AdamW" today) for elements
+// [begin, end) of `layout`, its state on `dev`. UserError naming the type and
+// the supported ones for anything else.
 std::unique_ptr<Optimizer> make_optimizer(std::string_view type, const ModelLayout& layout, Device dev,
                                           int64_t begin, int64_t end);
-// The canonical spelling of a registered type ("adamw" -> "AdamW"), "" when
-// none; and the list a config error names ("Adam and AdamW").
-std::string canonical_optimizer_type(std::string_view type);
-std::string optimizer_types_text();
 
 }  // namespace ds

@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "lib/core/log.h"
-#include "lib/optim/optimizer.h"
+#include "lib/optim/optimizer_types.h"
 #include "lib/train/config_internal.h"
 
 namespace ds {

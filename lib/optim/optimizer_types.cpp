@@ -1,0 +1,54 @@
+// The optimizer type table (optimizer_types.h). A new optimizer adds its
+// DeepSpeed name(s) here, an OptimizerKind and its case in make_optimizer.
+#include "lib/optim/optimizer_types.h"
+
+#include <algorithm>
+#include <cctype>
+#include <iterator>
+
+namespace ds {
+namespace {
+
+struct Registered {
+  const char* type;  // DeepSpeed's spelling
+  OptimizerKind kind;
+};
+
+// DeepSpeed's "Adam" with its default adam_w_mode is AdamW (decoupled weight decay).
+constexpr Registered kRegistry[] = {
+    {"Adam", OptimizerKind::AdamW},
+    {"AdamW", OptimizerKind::AdamW},
+};
+
+bool same_type(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+const Registered* find(std::string_view type) {
+  for (const Registered& r : kRegistry)
+    if (same_type(r.type, type)) return &r;
+  return nullptr;
+}
+
+}  // namespace
+
+std::optional<OptimizerKind> optimizer_kind(std::string_view type) {
+  const Registered* r = find(type);
+  return r ? std::optional<OptimizerKind>(r->kind) : std::nullopt;
+}
+
+std::string canonical_optimizer_type(std::string_view type) {
+  const Registered* r = find(type);
+  return r ? r->type : "";
+}
+
+std::string optimizer_types_text() {
+  std::string s;
+  const size_t n = std::size(kRegistry);
+  for (size_t i = 0; i < n; ++i) s += std::string(i == 0 ? "" : i + 1 == n ? " and " : ", ") + kRegistry[i].type;
+  return s;
+}
+
+}  // namespace ds
