@@ -1,25 +1,15 @@
 // Small file helpers for checkpoint writing and verification: atomic writes
-// (temp file, fsync, rename, directory fsync) whose errors are one line naming
-// the path ("no space left on device" spelled out), whole-file CRC-32C, and
-// bounded reads of small text files (`latest`, state.json).
+// (lib/core/atomic_file.h), whole-file CRC-32C, and bounded reads of small
+// text files (`latest`, state.json).
 #pragma once
 #include <cstdint>
 #include <string>
-#include <string_view>
+
+#include "lib/core/atomic_file.h"
 
 namespace ds {
 
 class Progress;  // lib/core/progress.h
-
-// Throws the UserError for a failed write of `path` with errno `err`:
-// "no space left on device writing 'PATH'" for ENOSPC / EDQUOT, else
-// "cannot write 'PATH': <strerror>".
-[[noreturn]] void throw_write_error(const std::string& path, int err);
-
-// Writes `bytes` to PATH.tmp.<pid>, fsyncs it, renames it to `path` and
-// fsyncs the directory. On failure nothing is left at either name. The bytes
-// written are added to `progress` (when given) as they go.
-void write_file_atomic(const std::string& path, std::string_view bytes, Progress* progress = nullptr);
 
 // CRC-32C of a whole file. UserError naming the file if it cannot be read.
 // The bytes read are added to `progress` (when given).

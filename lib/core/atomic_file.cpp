@@ -1,0 +1,78 @@
+// Atomic file writes with named errors.
+#include "lib/core/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "lib/core/error.h"
+#include "lib/core/progress.h"
+
+namespace ds {
+namespace {
+
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+void fsync_dir_of(const std::string& path) {
+  const int dfd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {  // make the rename durable; best effort
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+std::string tmp_name(const std::string& path) { return path + ".tmp." + std::to_string(::getpid()); }
+
+// Writes and fsyncs `tmp`; on failure removes it and throws naming `path`.
+void write_tmp(const std::string& tmp, const std::string& path, std::string_view bytes, Progress* progress) {
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_write_error(tmp, errno);
+  int err = write_all_fd(fd, bytes.data(), bytes.size(), progress);
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    throw_write_error(path, err);
+  }
+}
+
+}  // namespace
+
+void throw_write_error(const std::string& path, int err) {
+  if (err == ENOSPC || err == EDQUOT)
+    DS_USER_ERROR("no space left on device writing '{}' (free some space and retry)", path);
+  DS_USER_ERROR("cannot write '{}': {}", path, std::strerror(err));
+}
+
+// In pieces of at most 64 MiB so that a progress line can follow a large file.
+int write_all_fd(int fd, const char* p, size_t n, Progress* progress) {
+  while (n > 0) {
+    const ssize_t k = ::write(fd, p, std::min<size_t>(n, size_t(64) << 20));
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return errno;
+    if (k == 0) return EIO;
+    p += k;
+    n -= static_cast<size_t>(k);
+    if (progress) progress->add(k);
+  }
+  return 0;
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes, Progress* progress) {
+  const std::string tmp = tmp_name(path);
+  write_tmp(tmp, path, bytes, progress);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    DS_USER_ERROR("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(e));
+  }
+  fsync_dir_of(path);
+}
+
+}  // namespace ds
