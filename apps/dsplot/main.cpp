@@ -87,6 +87,7 @@ int run(const Args& a) {
   for (size_t i = 0; i < a.inputs.size(); ++i) {
     runs.push_back(ds::plot::load_run(a.inputs[i], lo));
     ds::plot::Run& r = runs.back();
+    for (const std::string& w : r.warnings) std::fprintf(stderr, "dsplot: warning: %s\n", w.c_str());
     if (!a.labels.empty()) r.label = a.labels[i];
     if (seen.count(r.label)) r.label = r.source;  // two runs named alike: their paths tell them apart
     seen.insert(r.label);

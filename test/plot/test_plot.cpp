@@ -214,8 +214,8 @@ TEST_CASE("the PNG renders the SVG's curves") {
     WARN("dsplot built without librsvg: no PNG output to check");
     return;
   }
-  Run a{.label = "single process", .source = "a", .curves = {{"train_loss", {{0, 100}, {6, 3}}}}};
-  Run b{.label = "TP2xPP2", .source = "b", .curves = {{"train_loss", {{0, 100}, {3, 6}}}}};
+  Run a{.label = "single process", .source = "a", .curves = {{"train_loss", {{0, 100}, {6, 3}}}}, .warnings = {}};
+  Run b{.label = "TP2xPP2", .source = "b", .curves = {{"train_loss", {{0, 100}, {3, 6}}}}, .warnings = {}};
   const std::string svg = render_svg({a, b}, PlotOptions{.metrics = {"loss"}, .x = XAxis::Iteration, .title = "", .width = 400});
   test::TempDir dir;
   write_png(svg, dir / "c.png", 1.0);
