@@ -1,4 +1,4 @@
-// Atomic file writes with named errors.
+// Atomic file writes: single files and sets of files renamed together.
 #include "lib/core/atomic_file.h"
 
 #include <fcntl.h>
@@ -46,7 +46,7 @@ void write_tmp(const std::string& tmp, const std::string& path, std::string_view
 
 void throw_write_error(const std::string& path, int err) {
   if (err == ENOSPC || err == EDQUOT)
-    DS_USER_ERROR("no space left on device writing '{}' (free some space and retry)", path);
+    DS_USER_ERROR("cannot write '{}': No space left on device (free some space and retry)", path);
   DS_USER_ERROR("cannot write '{}': {}", path, std::strerror(err));
 }
 
@@ -73,6 +73,78 @@ void write_file_atomic(const std::string& path, std::string_view bytes, Progress
     DS_USER_ERROR("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(e));
   }
   fsync_dir_of(path);
+}
+
+StagedFiles::~StagedFiles() { discard(); }
+
+void StagedFiles::discard() {
+  for (const Entry& f : files_) {
+    ::unlink(f.tmp.c_str());
+    if (!f.backup.empty()) ::unlink(f.backup.c_str());
+  }
+  files_.clear();
+}
+
+void StagedFiles::stage(const std::string& path, std::string_view bytes) {
+  Entry e{.path = path, .tmp = tmp_name(path), .backup = {}};
+  try {
+    write_tmp(e.tmp, path, bytes, nullptr);
+  } catch (const UserError& err) {
+    discard();
+    throw UserError(std::string(err.what()) + "; no file was replaced");
+  }
+  files_.push_back(std::move(e));
+}
+
+bool StagedFiles::restore(size_t renamed) {
+  bool ok = true;
+  for (size_t i = 0; i < renamed; ++i) {
+    const Entry& f = files_[i];
+    if (f.backup.empty())
+      ok = (::unlink(f.path.c_str()) == 0) && ok;
+    else
+      ok = (::rename(f.backup.c_str(), f.path.c_str()) == 0) && ok;
+    fsync_dir_of(f.path);
+  }
+  return ok;
+}
+
+void StagedFiles::commit() {
+  for (Entry& f : files_) {  // hard links: no data is copied, so a full disk does not stop them
+    const std::string backup = f.path + ".old." + std::to_string(::getpid());
+    ::unlink(backup.c_str());
+    if (::link(f.path.c_str(), backup.c_str()) == 0) {
+      f.backup = backup;
+    } else if (errno != ENOENT) {
+      const int e = errno;
+      discard();
+      DS_USER_ERROR("cannot keep a backup of '{}' while replacing it: {} (nothing was changed)", f.path,
+                    std::strerror(e));
+    }
+  }
+  for (size_t i = 0; i < files_.size(); ++i) {
+    if (::rename(files_[i].tmp.c_str(), files_[i].path.c_str()) == 0) continue;
+    const int e = errno;
+    std::string names;
+    for (const Entry& f : files_) names += (names.empty() ? "'" : ", '") + f.path + "'";
+    if (restore(i)) {
+      discard();
+      DS_USER_ERROR("cannot rename '{}' to '{}': {}; the old {} are kept", files_[i].tmp, files_[i].path,
+                    std::strerror(e), names);
+    }
+    const std::string tmp = files_[i].tmp, path = files_[i].path;
+    files_.clear();  // leave every file where it is: the line below says what is where
+    DS_USER_ERROR("cannot rename '{}' to '{}': {}, and the {} file(s) renamed before it could not be put back: "
+                  "{} no longer match (the old copies are the .old.{} files beside them)",
+                  tmp, path, std::strerror(e), i, names, ::getpid());
+  }
+  for (const Entry& f : files_) fsync_dir_of(f.path);
+  for (Entry& f : files_) {
+    if (!f.backup.empty()) ::unlink(f.backup.c_str());
+    f.tmp.clear();
+    f.backup.clear();
+  }
+  files_.clear();
 }
 
 }  // namespace ds

@@ -1,5 +1,5 @@
 // A checkpoint save that runs out of disk space: the error names the path and
-// says "no space left on device", and no partial .tmp-global_stepN directory
+// says "No space left on device", and no partial .tmp-global_stepN directory
 // (nor a `latest` pointing at one) is left. The full disk is a small tmpfs
 // mounted in a private mount namespace of a child process (as root, or in a
 // user namespace); where neither is allowed the test is skipped (exit 77).
@@ -39,7 +39,7 @@ int save_on_small_disk(const fs::path& dir, int kib) {
     save_checkpoint(dir.string(), st, d, nlohmann::json::object());
   } catch (const UserError& e) {
     const std::string msg = e.what();
-    const bool named = msg.find("no space left on device") != std::string::npos &&
+    const bool named = msg.find("No space left on device") != std::string::npos &&
                        msg.find(dir.string()) != std::string::npos && msg.find('\n') == std::string::npos;
     const bool clean = !fs::exists(dir / ".tmp-global_step3") && !fs::exists(dir / "latest") &&
                        !fs::exists(dir / "global_step3");
