@@ -4,15 +4,12 @@
 //          [--x iteration|samples|tokens] [--seq-length T] [--title TEXT] [--width PX] [--png-scale S]
 // Every run is drawn in its own colour on shared axes (training solid,
 // validation dashed). User errors print one line naming the input and exit 1;
-// outputs are written atomically (nothing half-written). docs/plotting.md.
-#include <unistd.h>
-
+// the outputs are written as a set: all of them whole, or none. docs/plotting.md.
 #include <CLI/CLI.hpp>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <set>
 
+#include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 #include "lib/core/run_main.h"
 #include "lib/plot/png.h"
@@ -56,18 +53,6 @@ std::vector<std::string> split_metrics(const std::string& s) {
   return out;
 }
 
-void write_svg(const std::string& svg, const std::string& path) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  DS_USER_CHECK(f != nullptr, "cannot write '{}': {}", path, std::strerror(errno));
-  const bool ok = std::fwrite(svg.data(), 1, svg.size(), f) == svg.size();
-  if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    DS_USER_ERROR("cannot write '{}': {}", path, std::strerror(e));
-  }
-}
-
 int run(const Args& a) {
   DS_USER_CHECK(!a.outputs.empty(), "-o is required (curves.svg and/or curves.png)");
   DS_USER_CHECK(a.labels.empty() || a.labels.size() == a.inputs.size(),
@@ -87,6 +72,7 @@ int run(const Args& a) {
   for (size_t i = 0; i < a.inputs.size(); ++i) {
     runs.push_back(ds::plot::load_run(a.inputs[i], lo));
     ds::plot::Run& r = runs.back();
+    for (const std::string& w : r.warnings) std::fprintf(stderr, "dsplot: warning: %s\n", w.c_str());
     if (!a.labels.empty()) r.label = a.labels[i];
     if (seen.count(r.label)) r.label = r.source;  // two runs named alike: their paths tell them apart
     seen.insert(r.label);
@@ -98,12 +84,14 @@ int run(const Args& a) {
                      r.source.c_str(), key, ds::plot::x_axis_name(po.x));
     }
   }
+  // Every output is rendered and written to its temporary before any is
+  // renamed into place: all are written, or none.
   const std::string svg = ds::plot::render_svg(runs, po);
+  ds::StagedFiles files;
+  for (const std::string& out : a.outputs)
+    files.stage(out, format_of(out) == Format::Svg ? svg : ds::plot::render_png(svg, out, a.png_scale));
+  files.commit();
   for (const std::string& out : a.outputs) {
-    if (format_of(out) == Format::Svg)
-      write_svg(svg, out);
-    else
-      ds::plot::write_png(svg, out, a.png_scale);
     std::printf("dsplot: wrote %s (%zu run%s: %s)\n", out.c_str(), runs.size(), runs.size() == 1 ? "" : "s",
                 a.metrics.c_str());
   }

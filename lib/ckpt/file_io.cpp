@@ -1,5 +1,4 @@
-// Atomic writes with named errors, stale temporaries, file checksums and
-// bounded reads.
+// Stale temporaries, file checksums, bounded reads and output-directory checks.
 #include "lib/ckpt/file_io.h"
 
 #include <fcntl.h>
@@ -19,26 +18,6 @@
 
 namespace ds {
 namespace {
-
-// Writes all n bytes or returns the errno of the failure (0 on success), in
-// pieces of at most 64 MiB so that a progress line can follow a large file.
-int write_all(int fd, const char* p, size_t n, Progress* progress) {
-  while (n > 0) {
-    const ssize_t k = ::write(fd, p, std::min<size_t>(n, size_t(64) << 20));
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0) return errno;
-    if (k == 0) return EIO;
-    p += k;
-    n -= static_cast<size_t>(k);
-    if (progress) progress->add(k);
-  }
-  return 0;
-}
-
-std::string parent_dir(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-}
 
 // The pid of a temporary's name NAME.tmp.<pid> / NAME.tmp-<pid> (NAME equal
 // to `stem` when one is given), or 0 when the name is not one.
@@ -79,40 +58,6 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir, const 
   return removed;
 }
 
-void throw_write_error(const std::string& path, int err) {
-  if (err == ENOSPC || err == EDQUOT)
-    DS_USER_ERROR("no space left on device writing '{}' (free some space and retry)", path);
-  DS_USER_ERROR("cannot write '{}': {}", path, std::strerror(err));
-}
-
-void write_file_atomic(const std::string& path, std::string_view bytes, Progress* progress) {
-  write_file_atomic(path, std::vector<std::string_view>{bytes}, progress);
-}
-
-void write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces, Progress* progress) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw_write_error(tmp, errno);
-  int err = 0;
-  for (size_t i = 0; i < pieces.size() && err == 0; ++i)
-    err = write_all(fd, pieces[i].data(), pieces[i].size(), progress);
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
-  if (::close(fd) != 0 && err == 0) err = errno;
-  if (err != 0) {
-    ::unlink(tmp.c_str());
-    throw_write_error(path, err);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    DS_USER_ERROR("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(e));
-  }
-  const int dfd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {  // make the rename durable; best effort
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
 
 uint32_t file_crc32c(const std::string& path, Progress* progress) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -1,33 +1,18 @@
 // Small file helpers for checkpoint writing and verification: atomic writes
-// (temp file, fsync, rename, directory fsync) whose errors are one line naming
-// the path ("no space left on device" spelled out), removal of the temporaries
-// killed writers left, whole-file CRC-32C, and bounded reads of small text
-// files (`latest`, state.json).
+// (lib/core/atomic_file.h), removal of the temporaries killed writers left,
+// whole-file CRC-32C, and bounded reads of small text files (`latest`,
+// state.json).
 #pragma once
 #include <cstdint>
 #include <string>
-#include <string_view>
 #include <vector>
 
+#include "lib/core/atomic_file.h"
 #include "lib/core/file_read.h"  // read_small_file: bounded reads of `latest`, state.json
 
 namespace ds {
 
 class Progress;  // lib/core/progress.h
-
-// Throws the UserError for a failed write of `path` with errno `err`:
-// "no space left on device writing 'PATH'" for ENOSPC / EDQUOT, else
-// "cannot write 'PATH': <strerror>".
-[[noreturn]] void throw_write_error(const std::string& path, int err);
-
-// Writes `bytes` to PATH.tmp.<pid>, fsyncs it, renames it to `path` and
-// fsyncs the directory. On failure nothing is left at either name. The bytes
-// written are added to `progress` (when given) as they go.
-void write_file_atomic(const std::string& path, std::string_view bytes, Progress* progress = nullptr);
-// The same for a file made of `pieces` written one after the other (no copy
-// of the whole file in memory).
-void write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces,
-                       Progress* progress = nullptr);
 
 // Removes what killed writers left in `dir`: entries (files or directories)
 // named NAME.tmp.<pid> (write_file_atomic's temporary files) or

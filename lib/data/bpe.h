@@ -102,8 +102,10 @@ TrainedBpe train_bpe(std::string_view corpus, int64_t vocab_size,
                      const BpeTrainOptions& options = {});
 
 // Writes vocab.json (token spelling -> id, in id order) and merges.txt
-// ("#version: 0.2" then one "left right" line per merge), each through a temp
-// file renamed into place.
+// ("#version: 0.2" then one "left right" line per merge) as a pair: both are
+// written in full to temporaries before either is renamed into place; on a
+// failure (a full disk) the old pair stays and no temporary is left
+// (StagedFiles, lib/core/atomic_file.h).
 void write_bpe_files(const TrainedBpe& bpe, const std::string& vocab_json_path,
                      const std::string& merges_path);
 

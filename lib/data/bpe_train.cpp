@@ -5,14 +5,13 @@
 // new ones. A max-heap with lazy invalidation yields the most frequent pair.
 #include <algorithm>
 #include <array>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <limits>
 #include <queue>
 #include <unordered_map>
 
+#include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 #include "lib/data/bpe.h"
 
@@ -121,28 +120,6 @@ class Trainer {
   std::vector<uint64_t> touched_;
 };
 
-void write_text_file(const std::string& path, const std::string& text) {
-  std::filesystem::path p(path);
-  std::error_code ec;
-  if (!p.parent_path().empty()) std::filesystem::create_directories(p.parent_path(), ec);
-  if (ec) DS_USER_ERROR("cannot create directory {}: {}", p.parent_path().string(), ec.message());
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      out.close();
-      std::remove(tmp.c_str());
-      DS_USER_ERROR("cannot write {}", tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    DS_USER_ERROR("cannot rename {} to {}", tmp, path);
-  }
-}
-
 }  // namespace
 
 TrainedBpe train_bpe(std::string_view corpus, int64_t vocab_size, const BpeTrainOptions& options) {
@@ -199,10 +176,20 @@ void write_bpe_files(const TrainedBpe& bpe, const std::string& vocab_path,
   std::string merges = "#version: 0.2\n";
   for (auto [a, b] : bpe.merges)
     merges += bytes_to_token_name(bpe.tokens[a]) + " " + bytes_to_token_name(bpe.tokens[b]) + "\n";
-  // merges first: a directory with a new vocab.json but an old merges.txt would
-  // load and silently tokenize wrongly; the reverse fails the consistency check.
-  write_text_file(merges_path, merges);
-  write_text_file(vocab_path, vocab.dump(1) + "\n");
+  for (const std::string& path : {vocab_path, merges_path}) {
+    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    if (ec) DS_USER_ERROR("cannot create directory '{}' for '{}': {}", parent.string(), path, ec.message());
+  }
+  // Both are written in full before either replaces an old file. merges.txt
+  // is renamed first: should a crash fall between the two renames, a new
+  // merges.txt beside the old vocab.json fails the consistency check on load,
+  // where the reverse would load and silently tokenize wrongly.
+  StagedFiles files;
+  files.stage(merges_path, merges);
+  files.stage(vocab_path, vocab.dump(1) + "\n");
+  files.commit();
 }
 
 }  // namespace ds::data

@@ -1,11 +1,10 @@
 // SVG -> PNG through librsvg's document renderer onto a cairo image surface.
 #include "lib/plot/png.h"
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdio>
 
+#include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 
 #ifdef DS_HAVE_RSVG
@@ -19,7 +18,16 @@ namespace ds::plot {
 
 bool png_supported() { return true; }
 
-void write_png(const std::string& svg, const std::string& path, double scale) {
+namespace {
+
+cairo_status_t append_bytes(void* out, const unsigned char* data, unsigned int n) {
+  static_cast<std::string*>(out)->append(reinterpret_cast<const char*>(data), n);
+  return CAIRO_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+std::string render_png(const std::string& svg, const std::string& path, double scale) {
   DS_USER_CHECK(scale > 0 && scale <= 8, "--png-scale must be in (0, 8], got {}", scale);
   GError* err = nullptr;
   RsvgHandle* h = rsvg_handle_new_from_data(reinterpret_cast<const guint8*>(svg.data()), svg.size(), &err);
@@ -46,29 +54,29 @@ void write_png(const std::string& svg, const std::string& path, double scale) {
     msg = err ? err->message : "unknown error";
     if (err) g_error_free(err);
   }
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  std::string png;
   cairo_status_t st = CAIRO_STATUS_SUCCESS;
-  if (ok) st = cairo_surface_write_to_png(surface, tmp.c_str());
+  if (ok) st = cairo_surface_write_to_png_stream(surface, append_bytes, &png);
   cairo_surface_destroy(surface);
   if (!ok) DS_USER_ERROR("cannot render '{}': {}", path, msg);
-  if (st != CAIRO_STATUS_SUCCESS) {
-    std::remove(tmp.c_str());
-    DS_USER_ERROR("cannot write '{}': {}", path, cairo_status_to_string(st));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    DS_USER_ERROR("cannot write '{}': rename from its temporary file failed", path);
-  }
+  if (st != CAIRO_STATUS_SUCCESS) DS_USER_ERROR("cannot render '{}': {}", path, cairo_status_to_string(st));
+  return png;
+}
+
+void write_png(const std::string& svg, const std::string& path, double scale) {
+  write_file_atomic(path, render_png(svg, path, scale));
 }
 
 #else
 
 bool png_supported() { return false; }
 
-void write_png(const std::string&, const std::string& path, double) {
+std::string render_png(const std::string&, const std::string& path, double) {
   DS_USER_ERROR("cannot write '{}': this dsplot was built without librsvg (Debian package librsvg2-dev), so it "
                 "writes SVG only; write .svg, or install librsvg2-dev and rebuild", path);
 }
+
+void write_png(const std::string& svg, const std::string& path, double) { render_png(svg, path, 1.0); }
 
 #endif
 

@@ -93,6 +93,16 @@ double samples_at(const Points& samples, double iteration, const std::string& fi
   return lo->second + (hi->second - lo->second) * (iteration - lo->first) / (hi->first - lo->first);
 }
 
+// False, with a warning, for an empty file (no header: its run could not write one).
+bool csv_to_read(const fs::path& file, Run& run) {
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return false;
+  if (!fs::is_regular_file(file, ec) || fs::file_size(file, ec) != 0 || ec) return true;
+  run.warnings.push_back(fmt::format("'{}' is empty (not even a header line: was the disk full?); "
+                                     "its curves are left out", file.string()));
+  return false;
+}
+
 void load_csv_dir(const fs::path& dir, const LoadOptions& o, Run& run) {
   const fs::path train = dir / "train.csv", valid = dir / "valid.csv";
   DS_USER_CHECK(o.x != XAxis::Tokens || o.seq_length > 0,
@@ -100,7 +110,7 @@ void load_csv_dir(const fs::path& dir, const LoadOptions& o, Run& run) {
                 dir.string());
   const double scale = o.x == XAxis::Tokens ? static_cast<double>(o.seq_length) : 1.0;
   Points samples;  // iteration -> consumed samples
-  if (fs::exists(train)) {
+  if (csv_to_read(train, run)) {
     const CsvTable t = read_csv(train.string());
     const int it = column(t, "iteration"), cs = column(t, "consumed_samples");
     DS_USER_CHECK(it >= 0 && cs >= 0 && column(t, "loss") >= 0,
@@ -118,7 +128,7 @@ void load_csv_dir(const fs::path& dir, const LoadOptions& o, Run& run) {
       run.curves[key] = to_curve(p);
     }
   }
-  if (fs::exists(valid)) {
+  if (csv_to_read(valid, run)) {
     const CsvTable t = read_csv(valid.string());
     const int it = column(t, "iteration"), l = column(t, "loss");
     DS_USER_CHECK(it >= 0 && l >= 0, "'{}' is not a dstrain valid.csv: its header needs iteration and loss",

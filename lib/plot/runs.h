@@ -23,6 +23,7 @@ struct Run {
   std::string label;   // legend text
   std::string source;  // the path it came from
   std::map<std::string, Curve> curves;
+  std::vector<std::string> warnings;  // what was left out and why (dsplot prints them)
 };
 
 struct LoadOptions {
@@ -34,7 +35,9 @@ struct LoadOptions {
 // too), a TensorBoard event file, or a directory holding train.csv, event
 // files, or one job directory with train.csv (csv_monitor's OUTPUT_PATH).
 // Any problem (missing file, bad header or row, a corrupt record) is a
-// UserError naming the file (and line or record).
+// UserError naming the file (and line or record), except an empty CSV file
+// (0 bytes: a run whose disk was full before its header): that is a warning
+// in Run::warnings, and the run's other file is still read.
 Run load_run(const std::string& path, const LoadOptions& o);
 
 // The pieces, for tests.

@@ -58,12 +58,46 @@ struct Range {
 
 std::string num(double v) { return fmt::format("{}", v); }  // shortest text that reads back as v
 
+// Where v lies in [lo, hi], as a fraction (0 at lo, 1 at hi). Halves first,
+// so that a range as wide as +-1e308 does not overflow to inf and nan.
+double fraction(double v, double lo, double hi) {
+  const double span = hi * 0.5 - lo * 0.5;
+  if (!(span > 0) || !std::isfinite(span)) return 0.5;
+  const double t = (v * 0.5 - lo * 0.5) / span;
+  return std::isfinite(t) ? std::clamp(t, -1.0, 2.0) : 0.5;
+}
+
 struct Box {
   double left, top, width, height;
   Axis x, y;
-  double px(double v) const { return left + (v - x.lo) / (x.hi - x.lo) * width; }
-  double py(double v) const { return top + height - (v - y.lo) / (y.hi - y.lo) * height; }
+  double px(double v) const { return left + fraction(v, x.lo, x.hi) * width; }
+  double py(double v) const { return top + height - fraction(v, y.lo, y.hi) * height; }
 };
+
+// The points of a series to draw: all of them while there are at most two per
+// pixel column, else the lowest and highest of each column, in x order (the
+// envelope a line at this width shows anyway).
+std::vector<size_t> points_to_draw(const Curve& c, const Box& b) {
+  std::vector<size_t> keep;
+  const auto columns = static_cast<size_t>(std::max(1.0, b.width));
+  if (c.x.size() <= 2 * columns) {
+    for (size_t i = 0; i < c.x.size(); ++i) keep.push_back(i);
+    return keep;
+  }
+  size_t i = 0;
+  while (i < c.x.size()) {
+    const double column = std::floor(b.px(c.x[i]));
+    size_t lo = i, hi = i, j = i;
+    for (; j < c.x.size() && std::floor(b.px(c.x[j])) == column; ++j) {
+      if (c.y[j] < c.y[lo]) lo = j;
+      if (c.y[j] > c.y[hi]) hi = j;
+    }
+    keep.push_back(std::min(lo, hi));
+    if (hi != lo) keep.push_back(std::max(lo, hi));
+    i = j;
+  }
+  return keep;
+}
 
 void draw_axes(std::string& svg, const Box& b, const MetricInfo& m) {
   for (double t : b.y.ticks) {
@@ -89,10 +123,12 @@ void draw_series(std::string& svg, const Box& b, const Run& run, const char* key
   auto it = run.curves.find(key);
   if (it == run.curves.end() || it->second.x.empty()) return;
   const Curve& c = it->second;
+  const std::vector<size_t> keep = points_to_draw(c, b);
   std::string points, xs, ys;
-  for (size_t i = 0; i < c.x.size(); ++i) {
-    points += fmt::format("{}{:.2f},{:.2f}", i ? " " : "", b.px(c.x[i]), b.py(c.y[i]));
-    if (i) {
+  for (size_t k = 0; k < keep.size(); ++k) {
+    const size_t i = keep[k];
+    points += fmt::format("{}{:.2f},{:.2f}", k ? " " : "", b.px(c.x[i]), b.py(c.y[i]));
+    if (k) {
       xs += ' ';
       ys += ' ';
     }
@@ -105,8 +141,8 @@ void draw_series(std::string& svg, const Box& b, const Run& run, const char* key
                      xs, ys);
   if (dashed || c.x.size() == 1) {  // validation points (and lone points) get markers
     svg += fmt::format(R"(<g class="markers" fill="{}">)", color(run_index));
-    for (size_t i = 0; i < c.x.size() && i < 400; ++i)
-      svg += fmt::format(R"(<circle cx="{:.2f}" cy="{:.2f}" r="2.8"/>)", b.px(c.x[i]), b.py(c.y[i]));
+    for (size_t k = 0; k < keep.size() && k < 400; ++k)
+      svg += fmt::format(R"(<circle cx="{:.2f}" cy="{:.2f}" r="2.8"/>)", b.px(c.x[keep[k]]), b.py(c.y[keep[k]]));
     svg += "</g>\n";
   }
 }
@@ -167,12 +203,14 @@ std::string xml_escape(const std::string& s) {
 }
 
 Axis nice_axis(double lo, double hi, int target) {
+  constexpr double kMax = std::numeric_limits<double>::max();
   if (!(hi > lo)) {
     const double d = lo != 0 ? std::fabs(lo) * 0.05 : 1.0;
-    lo -= d;
-    hi += d;
+    lo = std::max(lo - d, -kMax);
+    hi = std::min(hi + d, kMax);
   }
-  const double raw = (hi - lo) / std::max(target, 1);
+  // (hi - lo) overflows for ranges wider than DBL_MAX: halves first.
+  const double raw = (hi * 0.5 - lo * 0.5) / std::max(target, 1) * 2;
   const double mag = std::pow(10.0, std::floor(std::log10(raw)));
   double step = 10 * mag;
   for (double f : {1.0, 2.0, 2.5, 5.0})
@@ -181,10 +219,16 @@ Axis nice_axis(double lo, double hi, int target) {
       break;
     }
   Axis a;
-  a.step = step;
   const double first = std::floor(lo / step + 1e-9), last = std::ceil(hi / step - 1e-9);
+  // A range too narrow for its magnitude (the ticks would not count up) or
+  // underflowing: its two ends are the ticks.
+  if (!std::isfinite(step) || !(step > 0) || !(last - first <= 1000)) {
+    a.lo = lo, a.hi = hi, a.step = hi * 0.5 - lo * 0.5, a.ticks = {lo, hi};
+    return a;
+  }
+  a.step = step;
   for (double k = first; k <= last + 0.5; k += 1) {
-    const double t = k * step;
+    const double t = std::clamp(k * step, -kMax, kMax);
     a.ticks.push_back(std::fabs(t) < step * 1e-9 ? 0.0 : t);
   }
   a.lo = a.ticks.front();
@@ -194,7 +238,7 @@ Axis nice_axis(double lo, double hi, int target) {
 
 std::string tick_label(double v, double step) {
   if (v == 0) return "0";
-  if (step < 1e-4) return fmt::format("{:g}", v);
+  if (step < 1e-4 || step >= 1e15) return fmt::format("{:g}", v);
   double unit = 1;
   const char* suffix = "";
   if (step >= 1e9) unit = 1e9, suffix = "G";

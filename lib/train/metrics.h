@@ -5,7 +5,6 @@
 // causal attention (QK^T and PV, forward + backward, half the TxT square).
 #pragma once
 #include <cstdint>
-#include <fstream>
 #include <string>
 
 #include "lib/train/config.h"
@@ -40,17 +39,33 @@ double flops_per_token(const ModelConfig& m, int64_t n_params_matmul);
 std::string format_iteration(const IterStats& s);
 std::string format_validation(int64_t iteration, double loss);
 
+// csv_monitor: OUTPUT_PATH/JOB_NAME/{train,valid}.csv. Every row is one
+// write(); a write that fails (a full disk) is cut back off the file, so the
+// files hold whole rows only, and stops training with one line naming the
+// file (as the TensorBoard writer does): the run exits non-zero and resumes
+// from its last checkpoint. A file that ends in a partial row (a run killed
+// mid-write) has that row removed when it is opened again, so appended rows
+// start on a fresh line.
 class CsvMonitor {
  public:
   CsvMonitor() = default;
+  CsvMonitor(const CsvMonitor&) = delete;
+  CsvMonitor& operator=(const CsvMonitor&) = delete;
+  ~CsvMonitor();
   // Opens OUTPUT_PATH/JOB_NAME/{train,valid}.csv (appending on resume).
   void open(const std::string& output_path, const std::string& job_name);
   void train(const IterStats& s);
   void valid(int64_t iteration, double loss);
-  bool enabled() const { return train_.is_open(); }
+  bool enabled() const { return train_.fd >= 0; }
 
  private:
-  std::ofstream train_, valid_;
+  struct File {
+    int fd = -1;
+    std::string path;
+  };
+  static void open_file(File& f, const std::string& path, const std::string& header);
+  static void append(const File& f, const std::string& row);
+  File train_, valid_;
 };
 
 }  // namespace ds

@@ -1,6 +1,8 @@
 // End-to-end tests of the dsprep binary: generate the demo corpus, train a
 // tokenizer on it, tokenize it (plain text and JSON lines) into .bin/.idx, read
-// the result back; and bad input exits 1 with one line and no output files.
+// the result back; and bad input exits 1 with one line and no output files;
+// a tokenizer trained onto a full disk keeps the old pair (a small tmpfs,
+// test/small_disk.h; skipped where none can be mounted).
 #include <catch2/catch.hpp>
 #include <sys/wait.h>
 
@@ -14,6 +16,8 @@
 #include "lib/data/indexed_dataset.h"
 #include "lib/data/tokenizer.h"
 #include "test/data/test_util.h"
+#include "test/skip.h"
+#include "test/small_disk.h"
 
 using namespace ds;
 using namespace ds::data;
@@ -305,4 +309,58 @@ TEST_CASE("dsprep refuses Megatron flags it cannot honour, naming them") {
     CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
     CHECK(no_outputs(dir / "o"));
   }
+}
+
+namespace {
+
+// Child, with `disk` a `kib` KiB tmpfs: puts the old tokenizer pair there and
+// trains a larger one over it. 0: replaced by a new pair that loads; 1: the
+// expected clean failure (one line saying "No space left on device", the old
+// pair byte for byte, no other file); 2: anything else (printed).
+int train_over_old_pair(const fs::path& disk, int kib, const std::string& corpus, const std::string& old_vocab,
+                        const std::string& old_merges) {
+  const std::string vocab = (disk / "vocab.json").string(), merges = (disk / "merges.txt").string();
+  test::spit(vocab, old_vocab);
+  test::spit(merges, old_merges);
+  if (test::slurp(vocab) != old_vocab || test::slurp(merges) != old_merges) return 3;  // the old pair does not fit
+  const RunResult r = run("--train-tokenizer --input " + corpus + " --vocab-size 1000 --output-dir " + disk.string());
+  size_t entries = 0;
+  for (const auto& e : fs::directory_iterator(disk)) entries += e.path() == vocab || e.path() == merges ? 1 : 100;
+  if (r.code == 0 && entries == 2 && BpeTokenizer::load(vocab, merges).vocab_size() == 1000) return 0;
+  const bool one_line = r.output.find('\n') == r.output.size() - 1;
+  if (r.code != 0 && one_line && r.output.find("No space left on device") != std::string::npos &&
+      r.output.find(disk.string()) != std::string::npos && entries == 2 && test::slurp(vocab) == old_vocab &&
+      test::slurp(merges) == old_merges)
+    return 1;
+  std::fprintf(stderr, "tmpfs of %d KiB: exit %d, output '%s', %zu entries:\n", kib, r.code, r.output.c_str(),
+               entries);
+  for (const auto& e : fs::directory_iterator(disk))
+    std::fprintf(stderr, "  %s (%ju bytes)\n", e.path().c_str(), static_cast<uintmax_t>(e.file_size()));
+  return 2;
+}
+
+}  // namespace
+
+TEST_CASE("dsprep --train-tokenizer on a full disk keeps the old pair and leaves no temporaries",
+          "[small_disk]") {
+  REQUIRE(fs::exists(dsprep_path()));
+  test::TempDir dir;
+  const std::string corpus = dir / "corpus.txt";
+  REQUIRE(run("--generate-corpus " + corpus + " --size-mb 0.3 --seed 5").code == 0);
+  REQUIRE(run("--train-tokenizer --input " + corpus + " --vocab-size 300 --output-dir " + (dir / "old")).code == 0);
+  const std::string old_vocab = test::slurp(dir / "old/vocab.json"), old_merges = test::slurp(dir / "old/merges.txt");
+  const fs::path disk = dir / "disk";
+  fs::create_directories(disk);
+  int failed_cleanly = 0, replaced = 0;
+  for (int kib : {16, 24, 32, 40, 48, 56, 64, 4096}) {
+    INFO("tmpfs of " << kib << " KiB");
+    const int code =
+        test::run_on_small_disk(disk, kib, [&] { return train_over_old_pair(disk, kib, corpus, old_vocab, old_merges); });
+    if (code == test::kNoSmallDisk) DS_SKIP("cannot mount a small tmpfs here (not root, no user namespaces)");
+    CHECK((code <= 1 || code == 3));
+    failed_cleanly += code == 1;
+    replaced += code == 0;
+  }
+  CHECK(failed_cleanly >= 2);
+  CHECK(replaced >= 1);  // the 4 MiB disk holds it: the test trains a real pair
 }

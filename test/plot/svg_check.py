@@ -2,8 +2,9 @@
 """dsplot end to end: two runs of CSV monitor files -> one SVG. Checks that the
 SVG is well-formed XML (Python's expat parser), that every plotted series'
 data coordinates equal the CSV values, that its pixel points invert (through
-the panel's axis ranges and box) to those values, and that input errors exit 1
-with one line naming the input and leave no output behind.
+the panel's axis ranges and box) to those values, that input errors exit 1
+with one line naming the input and leave no output behind, and that the
+outputs are written all or none.
     svg_check.py DSPLOT"""
 import csv
 import math
@@ -108,6 +109,13 @@ def main():
             check(not os.path.exists(bad), "%s: nothing written" % args)
         code, _, stderr = run([dsplot, a, "-o", os.path.join(d, "curves.pdf")])
         check(code == 1 and "curves.pdf" in stderr, "an unknown output format is refused by name")
+        # All outputs or none: a second output that cannot be written leaves no first one.
+        first, second = os.path.join(d, "first.svg"), os.path.join(d, "no", "such", "dir", "second.svg")
+        code, _, stderr = run([dsplot, a, "-o", first, "-o", second])
+        check(code == 1 and "second.svg" in stderr and len(stderr.strip().splitlines()) == 1,
+              "an output that cannot be written is one error line naming it (%r)" % stderr)
+        check(not os.path.exists(first), "no output is written when another one fails")
+        check(not [f for f in os.listdir(d) if ".tmp." in f], "no temporary files are left")
     if failures:
         print("%d check(s) failed" % len(failures))
         sys.exit(1)

@@ -11,6 +11,7 @@
 #include <functional>
 #include <fstream>
 #include <regex>
+#include <sstream>
 
 #include "lib/ckpt/checkpoint.h"
 #include "lib/core/error.h"
@@ -214,8 +215,8 @@ TEST_CASE("the PNG renders the SVG's curves") {
     WARN("dsplot built without librsvg: no PNG output to check");
     return;
   }
-  Run a{.label = "single process", .source = "a", .curves = {{"train_loss", {{0, 100}, {6, 3}}}}};
-  Run b{.label = "TP2xPP2", .source = "b", .curves = {{"train_loss", {{0, 100}, {3, 6}}}}};
+  Run a{.label = "single process", .source = "a", .curves = {{"train_loss", {{0, 100}, {6, 3}}}}, .warnings = {}};
+  Run b{.label = "TP2xPP2", .source = "b", .curves = {{"train_loss", {{0, 100}, {3, 6}}}}, .warnings = {}};
   const std::string svg = render_svg({a, b}, PlotOptions{.metrics = {"loss"}, .x = XAxis::Iteration, .title = "", .width = 400});
   test::TempDir dir;
   write_png(svg, dir / "c.png", 1.0);
@@ -274,4 +275,57 @@ TEST_CASE("checkpoint saves and loads print byte progress lines") {
   CHECK(std::regex_search(text, std::regex("saving checkpoint .*/ckpt/global_step7" + fields)));
   CHECK(std::regex_search(text, std::regex("checksumming checkpoint .*" + fields)));
   CHECK(std::regex_search(text, std::regex("loading checkpoint .*/ckpt/global_step7" + fields)));
+}
+
+namespace {
+
+// Every number in the points="..." attributes of the SVG's polylines, and
+// how many points each polyline has.
+std::vector<double> polyline_coordinates(const std::string& svg, std::vector<size_t>* counts) {
+  std::vector<double> out;
+  for (size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) {
+    const size_t begin = svg.find(" points=\"", at) + 9, end = svg.find('"', begin);
+    std::istringstream in(svg.substr(begin, end - begin));
+    std::string pair;
+    size_t n = 0;
+    while (in >> pair) {
+      const size_t comma = pair.find(',');
+      out.push_back(std::strtod(pair.substr(0, comma).c_str(), nullptr));
+      out.push_back(comma == std::string::npos ? NAN : std::strtod(pair.substr(comma + 1).c_str(), nullptr));
+      ++n;
+    }
+    counts->push_back(n);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("huge finite values plot at finite coordinates; long runs are drawn per pixel column") {
+  Run huge{.label = "huge", .source = "a", .curves = {{"train_loss", {{0, 1e308, 1.7e308}, {-1e308, 1e308, 5}}}},
+           .warnings = {}};
+  std::vector<size_t> counts;
+  std::string svg = render_svg({huge}, PlotOptions{.metrics = {"loss"}, .x = XAxis::Iteration, .title = "", .width = 400});
+  CHECK(svg.find("nan") == std::string::npos);
+  CHECK(svg.find("inf") == std::string::npos);
+  for (double v : polyline_coordinates(svg, &counts)) CHECK(std::isfinite(v));
+  CHECK(counts == std::vector<size_t>{3});
+  const Axis flat = nice_axis(1e308, 1e308, 5);
+  CHECK((std::isfinite(flat.lo) && std::isfinite(flat.hi) && flat.hi > flat.lo));
+
+  Curve c;  // 300k iterations: a sawtooth whose extremes are at known places
+  for (int i = 0; i < 300000; ++i) {
+    c.x.push_back(i + 1);
+    c.y.push_back(i == 123456 ? 9.0 : i == 234567 ? -9.0 : (i % 7) * 0.1);
+  }
+  Run long_run{.label = "long", .source = "b", .curves = {{"train_loss", c}}, .warnings = {}};
+  svg = render_svg({long_run}, PlotOptions{.metrics = {"loss"}, .x = XAxis::Iteration, .title = "", .width = 900});
+  counts.clear();
+  const std::vector<double> xy = polyline_coordinates(svg, &counts);
+  REQUIRE(counts.size() == 1);
+  CHECK(counts[0] <= 2 * 900);  // at most two points per pixel column
+  CHECK(svg.size() < 200000);
+  CHECK(svg.find(" 9 ") != std::string::npos);   // both extremes are kept in data-y
+  CHECK(svg.find(" -9 ") != std::string::npos);
+  for (double v : xy) CHECK(std::isfinite(v));
 }
