@@ -11,7 +11,7 @@
 
 #include "lib/ckpt/checkpoint.h"
 #include "lib/core/error.h"
-#include "test/model/tiny_model.h"
+#include "test/ckpt/tiny_checkpoint.h"
 #include "test/skip.h"
 #include "test/small_disk.h"
 
@@ -23,16 +23,8 @@ namespace {
 // Child: saves a tiny checkpoint into the `kib` KiB tmpfs at `dir`. Exit 0:
 // saved whole; 1: the expected clean failure; 2: anything else (printed).
 int save_on_small_disk(const fs::path& dir, int kib) {
-  const ModelConfig cfg = test::tiny_model(false);
-  const ModelLayout layout = build_layout(cfg);
-  Tensor p = Tensor::zeros({layout.total}, DType::F32), m = p.clone(), v = p.clone();
-  CheckpointData d;
-  d.layout = &layout;
-  d.params = p;
-  d.m = m;
-  d.v = v;
-  d.opt_end = layout.total;
-  d.opt_step = 1;
+  const test::TinyCheckpoint ck;
+  const CheckpointData d = ck.data(1);
   TrainState st;
   st.iteration = 3;
   try {

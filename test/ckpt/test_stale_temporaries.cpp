@@ -15,7 +15,7 @@
 
 #include "lib/ckpt/checkpoint.h"
 #include "lib/ckpt/file_io.h"
-#include "test/model/tiny_model.h"
+#include "test/ckpt/tiny_checkpoint.h"
 
 using namespace ds;
 namespace fs = std::filesystem;
@@ -80,15 +80,8 @@ TEST_CASE("a save never commits a killed save's partial file", "[ckpt]") {
   touch(stale);
   touch(t.dir / ("latest.tmp." + dead));
   touch(t.dir / ("latest.tmp." + live));
-  const ModelConfig cfg = test::tiny_model(false);
-  const ModelLayout layout = build_layout(cfg);
-  Tensor p = Tensor::zeros({layout.total}, DType::F32), m = p.clone(), v = p.clone();
-  CheckpointData d;
-  d.layout = &layout;
-  d.params = p;
-  d.m = m;
-  d.v = v;
-  d.opt_end = layout.total;
+  const test::TinyCheckpoint ck;
+  CheckpointData d = ck.data(0);
   TrainState st;
   st.iteration = 3;
   save_checkpoint(t.dir.string(), st, d, nlohmann::json::object());
