@@ -104,23 +104,21 @@ Tensor GptModel::grad(const std::string& name) const {
   return flat_->grads().view(p.offset, p.shape);
 }
 
-Tensor GptModel::w(const std::string& name) const {
-  const ParamSpec& p = layout_.find(name);
-  const Tensor& u = unit_params_[unit_of(p)];
-  DS_CHECK(u.defined(), "parameter '{}' used while its unit {} is not acquired", name, unit_of(p));
-  return u.view(p.offset - units_[unit_of(p)].begin, p.shape);
+Tensor GptModel::unit_view(ParamRef r, const std::vector<Tensor>& acquired, const char* what) const {
+  DS_CHECK(r.defined(), "a {} the model does not hold was used", what);
+  const ParamSpec& p = layout_[r];
+  const Tensor& u = acquired[static_cast<size_t>(unit_of(p))];
+  DS_CHECK(u.defined(), "{} '{}' used while its unit {} is not acquired", what, p.name, unit_of(p));
+  return u.view(p.offset - units_[static_cast<size_t>(unit_of(p))].begin, p.shape);
 }
 
-Tensor GptModel::dw(const std::string& name) const {
-  const ParamSpec& p = layout_.find(name);
-  const Tensor& u = unit_grads_[unit_of(p)];
-  DS_CHECK(u.defined(), "gradient '{}' used while its unit {} is not acquired", name, unit_of(p));
-  return u.view(p.offset - units_[unit_of(p)].begin, p.shape);
-}
+Tensor GptModel::w(ParamRef r) const { return unit_view(r, unit_params_, "parameter"); }
 
-Tensor GptModel::opt(const std::string& name, bool grad) const {
-  if (!layout_.try_find(name)) return Tensor();
-  return grad ? dw(name) : w(name);
+Tensor GptModel::dw(ParamRef r) const { return unit_view(r, unit_grads_, "gradient"); }
+
+Tensor GptModel::opt(ParamRef r, bool grad) const {
+  if (!r.defined()) return Tensor();
+  return grad ? dw(r) : w(r);
 }
 
 void GptModel::use_params(int unit) {
@@ -266,29 +264,29 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
   dact_ = fused_gelu_mlp() ? Tensor() : act({N, Fl});  // the fused backward writes dfc_ directly
 }
 
-void GptModel::norm_forward(const std::string& prefix, const Tensor& out, const Tensor& mean,
+void GptModel::norm_forward(const NormParams& norm, const Tensor& out, const Tensor& mean,
                             const Tensor& rstd, const Tensor& inp) {
   if (d_.rmsnorm) {
     ops::rmsnorm_forward(
-        {.out = out, .rstd = rstd, .inp = rows(inp), .weight = w(prefix + ".weight"), .eps = cfg_.norm_eps}, stream_);
+        {.out = out, .rstd = rstd, .inp = rows(inp), .weight = w(norm.weight), .eps = cfg_.norm_eps}, stream_);
   } else {
     ops::layernorm_forward({.out = out,
                             .mean = mean,
                             .rstd = rstd,
                             .inp = rows(inp),
-                            .weight = w(prefix + ".weight"),
-                            .bias = w(prefix + ".bias"),
+                            .weight = w(norm.weight),
+                            .bias = w(norm.bias),
                             .eps = cfg_.norm_eps},
                            stream_);
   }
 }
 
-void GptModel::dropout_add_norm(const std::string& prefix, const Tensor& sum, const Tensor& inp,
+void GptModel::dropout_add_norm(const NormParams& norm, const Tensor& sum, const Tensor& inp,
                                 const Tensor& residual, const DropoutSpec& d, const Tensor& out,
                                 const Tensor& mean, const Tensor& rstd) {
   if (d.p != 0.f) {
     dropout_add(sum, inp, residual, d);
-    norm_forward(prefix, out, mean, rstd, sum);
+    norm_forward(norm, out, mean, rstd, sum);
     return;
   }
   // Same bits as add + norm on the CPU (the op's CPU version is that sequence).
@@ -299,33 +297,33 @@ void GptModel::dropout_add_norm(const std::string& prefix, const Tensor& sum, co
                          .rstd = rstd,
                          .a = rows(inp),
                          .b = rows(residual),
-                         .weight = w(prefix + ".weight"),
-                         .bias = d_.rmsnorm ? Tensor() : w(prefix + ".bias"),
+                         .weight = w(norm.weight),
+                         .bias = d_.rmsnorm ? Tensor() : w(norm.bias),
                          .norm = d_.rmsnorm ? NormType::RMSNorm : NormType::LayerNorm,
                          .eps = cfg_.norm_eps},
                         stream_);
 }
 
-void GptModel::norm_backward(const std::string& prefix, const Tensor& dinp, const Tensor& dout,
+void GptModel::norm_backward(const NormParams& norm, const Tensor& dinp, const Tensor& dout,
                              const Tensor& inp, const Tensor& mean, const Tensor& rstd) {
   if (tp_.sp()) {
-    sp_norm_backward(prefix, dinp, dout, inp, mean, rstd);
+    sp_norm_backward(norm, dinp, dout, inp, mean, rstd);
   } else if (d_.rmsnorm) {
     ops::rmsnorm_backward({.dinp = dinp,
-                           .dweight = dw(prefix + ".weight"),
+                           .dweight = dw(norm.weight),
                            .dout = dout,
                            .inp = rows(inp),
-                           .weight = w(prefix + ".weight"),
+                           .weight = w(norm.weight),
                            .rstd = rstd,
                            .accum = Accum::Add},
                           stream_);
   } else {
     ops::layernorm_backward({.dinp = dinp,
-                             .dweight = dw(prefix + ".weight"),
-                             .dbias = dw(prefix + ".bias"),
+                             .dweight = dw(norm.weight),
+                             .dbias = dw(norm.bias),
                              .dout = dout,
                              .inp = rows(inp),
-                             .weight = w(prefix + ".weight"),
+                             .weight = w(norm.weight),
                              .mean = mean,
                              .rstd = rstd,
                              .accum = Accum::Add},
@@ -392,17 +390,17 @@ Tensor GptModel::dropout_grad(const Tensor& dy, const DropoutSpec& d) {
 // added by tp rank 0 only, before the all-reduce, so the sum holds it once.
 void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tensor& x_residual, ResidualAdd add) {
   LayerActs& a = S().acts[l];
-  const std::string p = "layers." + std::to_string(l) + ".";
+  const LayerParams& P = lp(l);
   const bool row_bias = tp_.rank == 0;
   if (x_residual.defined())  // the previous layer's closing add, fused with this norm1
-    dropout_add_norm(p + "norm1", x, x, x_residual, DropoutSpec{}, a.norm1_out, a.norm1_mean, a.norm1_rstd);
+    dropout_add_norm(P.norm1, x, x, x_residual, DropoutSpec{}, a.norm1_out, a.norm1_mean, a.norm1_rstd);
   else
-    norm_forward(p + "norm1", a.norm1_out, a.norm1_mean, a.norm1_rstd, x);
+    norm_forward(P.norm1, a.norm1_out, a.norm1_mean, a.norm1_rstd, x);
   Tensor qkv_lin = d_.rope ? a.qkv_pre : a.qkv;  // (B, U*T, QKVa): the attention's heads
   ops::matmul_forward({.out = rows(sp_.active() ? uly_qkv_ : qkv_lin),
                        .inp = enter_tp(a.norm1_out),
-                       .weight = w(p + "attn.qkv.weight"),
-                       .bias = opt(p + "attn.qkv.bias", false)},
+                       .weight = w(P.attn.qkv.weight),
+                       .bias = opt(P.attn.qkv.bias, false)},
                       stream_);
   if (sp_.active()) ulysses_seq_to_heads(sp_, qkv_split_, B_, uly_qkv_, qkv_lin, uly_, stream_);
   const int nh = static_cast<int>(NHa_), nkv = static_cast<int>(NKVa_);
@@ -422,11 +420,11 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tens
   if (sp_.active()) ulysses_heads_to_seq(sp_, out_split_, B_, a.attn_out, a.attn_seq, uly_, stream_);
   ops::matmul_forward({.out = exit_tp_target(a.resid_mid),
                        .inp = rows(a.attn_seq),
-                       .weight = w(p + "attn.proj.weight"),
-                       .bias = row_bias ? opt(p + "attn.proj.bias", false) : Tensor()},
+                       .weight = w(P.attn.proj.weight),
+                       .bias = row_bias ? opt(P.attn.proj.bias, false) : Tensor()},
                       stream_);
   exit_tp(a.resid_mid);
-  dropout_add_norm(p + "norm2", a.resid_mid, a.resid_mid, rows(x), hidden_dropout(l, DropoutSite::AttentionOut),
+  dropout_add_norm(P.norm2, a.resid_mid, a.resid_mid, rows(x), hidden_dropout(l, DropoutSite::AttentionOut),
                    a.norm2_out, a.norm2_mean, a.norm2_rstd);
   mlp_forward(l, a, y, add);
 }
@@ -435,20 +433,20 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tens
 // y = proj(...) only: the next norm adds resid_mid). fc_out holds the
 // pre-activation either way (the fused op's `pre`), act_out the activation.
 void GptModel::mlp_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add) {
-  const std::string p = "layers." + std::to_string(l) + ".";
+  const LayerParams& P = lp(l);
   const bool row_bias = tp_.rank == 0;
   if (fused_gelu_mlp()) {
     ops::matmul_bias_gelu_forward({.out = a.act_out,
                                    .pre = a.fc_out,
                                    .inp = enter_tp(a.norm2_out),
-                                   .weight = w(p + "mlp.fc.weight"),
-                                   .bias = opt(p + "mlp.fc.bias", false)},
+                                   .weight = w(P.mlp.fc.weight),
+                                   .bias = opt(P.mlp.fc.bias, false)},
                                   stream_);
   } else {
     ops::matmul_forward({.out = a.fc_out,
                          .inp = enter_tp(a.norm2_out),
-                         .weight = w(p + "mlp.fc.weight"),
-                         .bias = opt(p + "mlp.fc.bias", false)},
+                         .weight = w(P.mlp.fc.weight),
+                         .bias = opt(P.mlp.fc.bias, false)},
                         stream_);
     if (d_.swiglu) {
       ops::swiglu_forward({.out = a.act_out, .inp = a.fc_out}, stream_);
@@ -459,8 +457,8 @@ void GptModel::mlp_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add
   Tensor y2 = rows(y);
   ops::matmul_forward({.out = exit_tp_target(y2),
                        .inp = a.act_out,
-                       .weight = w(p + "mlp.proj.weight"),
-                       .bias = row_bias ? opt(p + "mlp.proj.bias", false) : Tensor()},
+                       .weight = w(P.mlp.proj.weight),
+                       .bias = row_bias ? opt(P.mlp.proj.bias, false) : Tensor()},
                       stream_);
   exit_tp(y2);
   if (add == ResidualAdd::InLayer) dropout_add(y2, y2, a.resid_mid, hidden_dropout(l, DropoutSite::MlpOut));
@@ -477,22 +475,22 @@ ResidualAdd GptModel::closing_add(int l, int chunk) {
 // gelu'(fc_out) with fc's bias gradient in one op, then fc's weight gradient
 // and input gradient (fc's bias gradient already done).
 void GptModel::mlp_backward(int l, LayerActs& a, const Tensor& dresid) {
-  const std::string p = "layers." + std::to_string(l) + ".";
+  const LayerParams& P = lp(l);
   const bool fused = fused_gelu_mlp();
   const Tensor dy = exit_tp_backward(dropout_grad(dresid, hidden_dropout(l, DropoutSite::MlpOut)));
   ops::matmul_backward({.dinp = fused ? Tensor() : dact_,
-                        .dweight = dw(p + "mlp.proj.weight"),
-                        .dbias = opt(p + "mlp.proj.bias", true),
+                        .dweight = dw(P.mlp.proj.weight),
+                        .dbias = opt(P.mlp.proj.bias, true),
                         .dout = dy,
                         .inp = a.act_out,
-                        .weight = w(p + "mlp.proj.weight"),
+                        .weight = w(P.mlp.proj.weight),
                         .accum = Accum::Overwrite},
                        stream_);
   if (fused) {
     ops::matmul_dgelu_bgrad({.dinp = dfc_,
-                             .dbias = opt(p + "mlp.fc.bias", true),
+                             .dbias = opt(P.mlp.fc.bias, true),
                              .dout = dy,
-                             .weight = w(p + "mlp.proj.weight"),
+                             .weight = w(P.mlp.proj.weight),
                              .pre = a.fc_out},
                             stream_);
   } else if (d_.swiglu) {
@@ -501,27 +499,27 @@ void GptModel::mlp_backward(int l, LayerActs& a, const Tensor& dresid) {
     ops::gelu_backward({.out = dfc_, .inp = a.fc_out, .dout = dact_}, stream_);
   }
   ops::matmul_backward({.dinp = dnorm_,
-                        .dweight = dw(p + "mlp.fc.weight"),
-                        .dbias = fused ? Tensor() : opt(p + "mlp.fc.bias", true),
+                        .dweight = dw(P.mlp.fc.weight),
+                        .dbias = fused ? Tensor() : opt(P.mlp.fc.bias, true),
                         .dout = dfc_,
                         .inp = enter_tp(a.norm2_out),
-                        .weight = w(p + "mlp.fc.weight"),
+                        .weight = w(P.mlp.fc.weight),
                         .accum = Accum::Overwrite},
                        stream_);
 }
 
 void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
   LayerActs& a = S().acts[l];
-  const std::string p = "layers." + std::to_string(l) + ".";
+  const LayerParams& P = lp(l);
   mlp_backward(l, a, dresid);
-  norm_backward(p + "norm2", dresid, enter_tp_backward(dnorm_), a.resid_mid, a.norm2_mean, a.norm2_rstd);
+  norm_backward(P.norm2, dresid, enter_tp_backward(dnorm_), a.resid_mid, a.norm2_mean, a.norm2_rstd);
   // Attention branch.
   ops::matmul_backward({.dinp = rows(dattn_),
-                        .dweight = dw(p + "attn.proj.weight"),
-                        .dbias = opt(p + "attn.proj.bias", true),
+                        .dweight = dw(P.attn.proj.weight),
+                        .dbias = opt(P.attn.proj.bias, true),
                         .dout = exit_tp_backward(dropout_grad(dresid, hidden_dropout(l, DropoutSite::AttentionOut))),
                         .inp = rows(a.attn_seq),
-                        .weight = w(p + "attn.proj.weight"),
+                        .weight = w(P.attn.proj.weight),
                         .accum = Accum::Overwrite},
                        stream_);
   if (sp_.active()) ulysses_seq_to_heads(sp_, out_split_, B_, dattn_, dattn_a_, uly_, stream_);
@@ -551,15 +549,15 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
     if (kv_db_.defined()) kv_db_.zero_();
   }
   ops::matmul_backward({.dinp = dnorm_,
-                        .dweight = kv_shared ? kv_dw_ : dw(p + "attn.qkv.weight"),
-                        .dbias = kv_shared ? kv_db_ : opt(p + "attn.qkv.bias", true),
+                        .dweight = kv_shared ? kv_dw_ : dw(P.attn.qkv.weight),
+                        .dbias = kv_shared ? kv_db_ : opt(P.attn.qkv.bias, true),
                         .dout = rows(dqkv_),
                         .inp = enter_tp(a.norm1_out),
-                        .weight = w(p + "attn.qkv.weight"),
+                        .weight = w(P.attn.qkv.weight),
                         .accum = Accum::Overwrite},
                        stream_);
-  if (kv_shared) sum_shared_kv_grads(p);
-  norm_backward(p + "norm1", dresid, enter_tp_backward(dnorm_), x, a.norm1_mean, a.norm1_rstd);
+  if (kv_shared) sum_shared_kv_grads(P.attn);
+  norm_backward(P.norm1, dresid, enter_tp_backward(dnorm_), x, a.norm1_mean, a.norm1_rstd);
 }
 
 // A pipeline stage runs only its layers: the first embeds the tokens, the
@@ -572,12 +570,12 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
     use_params(0);
     // Vocab-parallel: each rank embeds the tokens it owns (zeros elsewhere);
     // the replicated wpe is added by tp rank 0 only; the all-reduce sums both.
-    Tensor wpe = tp_.rank == 0 ? opt("embed.wpe", false) : Tensor();
+    Tensor wpe = tp_.rank == 0 ? opt(layout_.embed.wpe, false) : Tensor();
     Tensor emb = exit_tp_target(rows(S().resid[0])).reshape({B_, T_, d_.C});
     ops::embedding_forward(
         {.out = emb,
          .tokens = tokens,
-         .wte = w("embed.wte"),
+         .wte = w(layout_.embed.wte),
          .wpe = wpe,
          .vocab_start = vocab_start_,
          .pos_offset = sp_.rank * T_},  // Ulysses: global positions
@@ -599,15 +597,15 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
   if (!has_head(chunk)) return;
   use_params(last);
   if (pending.defined())
-    dropout_add_norm("final_norm", S().resid[d_.L], S().resid[d_.L], pending, DropoutSpec{}, S().final_out,
+    dropout_add_norm(layout_.head.final_norm, S().resid[d_.L], S().resid[d_.L], pending, DropoutSpec{}, S().final_out,
                      S().final_mean, S().final_rstd);
   else
-    norm_forward("final_norm", S().final_out, S().final_mean, S().final_rstd, S().resid[d_.L]);
+    norm_forward(layout_.head.final_norm, S().final_out, S().final_mean, S().final_rstd, S().resid[d_.L]);
   if (!d_.untied) {
     drop_params(last);
     use_params(0);
   }
-  Tensor head = d_.untied ? w("head.weight") : w("embed.wte");  // this rank's vocab rows
+  Tensor head = d_.untied ? w(layout_.head.head) : w(layout_.embed.wte);  // this rank's vocab rows
   ops::matmul_forward({.out = S().logits, .inp = enter_tp(S().final_out), .weight = head, .bias = Tensor()}, stream_);
   drop_params(d_.untied ? last : 0);
 }
@@ -711,8 +709,8 @@ void GptModel::head_backward() {
   const int last = d_.L + 1, head_unit = d_.untied ? last : 0;
   use_params(head_unit);
   use_grads(head_unit);
-  Tensor head = d_.untied ? w("head.weight") : w("embed.wte");
-  Tensor dhead = d_.untied ? dw("head.weight") : dw("embed.wte");
+  Tensor head = d_.untied ? w(layout_.head.head) : w(layout_.embed.wte);
+  Tensor dhead = d_.untied ? dw(layout_.head.head) : dw(layout_.embed.wte);
   ops::matmul_backward({.dinp = dnorm_,
                         .dweight = dhead,
                         .dbias = Tensor(),
@@ -729,7 +727,7 @@ void GptModel::head_backward() {
     use_grads(last);
   }
   dresid_.zero_();
-  norm_backward("final_norm", dresid_, dfinal, S().resid[d_.L], S().final_mean, S().final_rstd);
+  norm_backward(layout_.head.final_norm, dresid_, dfinal, S().resid[d_.L], S().final_mean, S().final_rstd);
   drop_params(last);
   grads_done(last);
 }
@@ -751,8 +749,8 @@ void GptModel::backward(const Tensor& tokens, const Tensor& dout, int chunk) {
   use_grads(0);
   // Every rank: the same (replicated) wpe gradient (sequence parallel: gathered).
   Tensor demb = exit_tp_backward(dropout_grad(dresid_, hidden_dropout(-1, DropoutSite::Embedding))).reshape({B_, T_, d_.C});
-  ops::embedding_backward({.dwte = dw("embed.wte"),
-                           .dwpe = opt("embed.wpe", true),
+  ops::embedding_backward({.dwte = dw(layout_.embed.wte),
+                           .dwpe = opt(layout_.embed.wpe, true),
                            .dout = demb,
                            .tokens = tokens,
                            .vocab_start = vocab_start_,

@@ -264,8 +264,8 @@ class GptModel {
   // query group hold the same kv head, so its weight gradient is the sum of
   // their partial ones (full-NKV buffer, all-reduce over tp, own part back).
   void alloc_kv_grad_buffers();
-  void sum_shared_kv_grads(const std::string& prefix);
-  void sp_norm_backward(const std::string& prefix, const Tensor& dinp, const Tensor& dout, const Tensor& inp,
+  void sum_shared_kv_grads(const AttentionParams& attn);
+  void sp_norm_backward(const NormParams& norm, const Tensor& dinp, const Tensor& dout, const Tensor& inp,
                         const Tensor& mean, const Tensor& rstd);
   ActSet& S() { return sets_[cur_]; }
   // Dropout of the current slot's micro-batch at a site (p = 0 unless training).
@@ -296,18 +296,21 @@ class GptModel {
   // add: as layer_forward's (InNextNorm leaves y without resid_mid).
   void mlp_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add);
   void mlp_backward(int l, LayerActs& a, const Tensor& dresid);
-  void norm_forward(const std::string& prefix, const Tensor& out, const Tensor& mean,
+  void norm_forward(const NormParams& norm, const Tensor& out, const Tensor& mean,
                     const Tensor& rstd, const Tensor& inp);
-  // sum = residual + dropout(inp), then the norm `prefix` of sum into out: the
-  // fused add_norm_forward op without dropout, dropout_add + norm_forward with.
-  void dropout_add_norm(const std::string& prefix, const Tensor& sum, const Tensor& inp, const Tensor& residual,
+  // sum = residual + dropout(inp), then the norm of sum into out: the fused
+  // add_norm_forward op without dropout, dropout_add + norm_forward with.
+  void dropout_add_norm(const NormParams& norm, const Tensor& sum, const Tensor& inp, const Tensor& residual,
                         const DropoutSpec& d, const Tensor& out, const Tensor& mean, const Tensor& rstd);
-  void norm_backward(const std::string& prefix, const Tensor& dinp, const Tensor& dout,
+  void norm_backward(const NormParams& norm, const Tensor& dinp, const Tensor& dout,
                      const Tensor& inp, const Tensor& mean, const Tensor& rstd);
-  // Views into the acquired unit tensors (the unit must be acquired).
-  Tensor w(const std::string& name) const;   // parameter
-  Tensor dw(const std::string& name) const;  // gradient
-  Tensor opt(const std::string& name, bool grad) const;  // undefined if absent
+  // Views into the acquired unit tensors (the unit must be acquired), by the
+  // blocks' typed handles (layout().layers / embed / head).
+  Tensor w(ParamRef r) const;   // parameter
+  Tensor dw(ParamRef r) const;  // gradient
+  Tensor opt(ParamRef r, bool grad) const;  // undefined if the block has no such tensor
+  Tensor unit_view(ParamRef r, const std::vector<Tensor>& acquired, const char* what) const;
+  const LayerParams& lp(int l) const { return layout_.layers[static_cast<size_t>(l)]; }
   void use_params(int unit);
   void drop_params(int unit);
   void use_grads(int unit);

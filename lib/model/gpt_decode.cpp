@@ -88,18 +88,18 @@ void GptModel::decode_scratch(KvCache& c, int64_t N) {
 void GptModel::decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std::vector<int32_t>& pos,
                             ResidualAdd prev, ResidualAdd add) {
   const int64_t N = B * Tq;
-  const std::string p = "layers." + std::to_string(l) + ".";
+  const LayerParams& P = lp(l);
   const bool row_bias = tp_.rank == 0;
   const int nh = static_cast<int>(NHl_), nkv = static_cast<int>(NKVl_);
   Tensor x = c.x.view(0, {N, d_.C}), h = c.h.view(0, {N, d_.C}), mid = c.mid.view(0, {N, d_.C});
   Tensor s1 = c.stat1.view(0, {N}), s2 = c.stat2.view(0, {N});
   Tensor qkv = c.qkv.view(0, {B, Tq, QKVl_}), attn = c.attn.view(0, {B, Tq, Cl_});
   if (prev == ResidualAdd::InNextNorm)
-    dropout_add_norm(p + "norm1", x, x, mid, DropoutSpec{}, h, s1, s2);  // x += mid, fused with norm1
+    dropout_add_norm(P.norm1, x, x, mid, DropoutSpec{}, h, s1, s2);  // x += mid, fused with norm1
   else
-    norm_forward(p + "norm1", h, s1, s2, x);
+    norm_forward(P.norm1, h, s1, s2, x);
   ops::matmul_forward(
-      {.out = rows(qkv), .inp = h, .weight = w(p + "attn.qkv.weight"), .bias = opt(p + "attn.qkv.bias", false)},
+      {.out = rows(qkv), .inp = h, .weight = w(P.attn.qkv.weight), .bias = opt(P.attn.qkv.bias, false)},
       stream_);
   if (d_.rope)
     for (int64_t b = 0; b < B; ++b) {
@@ -113,22 +113,22 @@ void GptModel::decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std:
                     stream_);
   ops::matmul_forward({.out = mid,
                        .inp = rows(attn),
-                       .weight = w(p + "attn.proj.weight"),
-                       .bias = row_bias ? opt(p + "attn.proj.bias", false) : Tensor()},
+                       .weight = w(P.attn.proj.weight),
+                       .bias = row_bias ? opt(P.attn.proj.bias, false) : Tensor()},
                       stream_);
   reduce_from_tp_forward(tp_, mid);
-  dropout_add_norm(p + "norm2", mid, mid, x, DropoutSpec{}, h, s1, s2);  // fused add + norm
+  dropout_add_norm(P.norm2, mid, mid, x, DropoutSpec{}, h, s1, s2);  // fused add + norm
   Tensor fc = c.fc.view(0, {N, c.fc.size(1)}), act = c.act.view(0, {N, Fl_});
   ops::matmul_forward(
-      {.out = fc, .inp = h, .weight = w(p + "mlp.fc.weight"), .bias = opt(p + "mlp.fc.bias", false)}, stream_);
+      {.out = fc, .inp = h, .weight = w(P.mlp.fc.weight), .bias = opt(P.mlp.fc.bias, false)}, stream_);
   if (d_.swiglu)
     ops::swiglu_forward({.out = act, .inp = fc}, stream_);
   else
     ops::gelu_forward({.out = act, .inp = fc, .dout = Tensor()}, stream_);
   ops::matmul_forward({.out = x,
                        .inp = act,
-                       .weight = w(p + "mlp.proj.weight"),
-                       .bias = row_bias ? opt(p + "mlp.proj.bias", false) : Tensor()},
+                       .weight = w(P.mlp.proj.weight),
+                       .bias = row_bias ? opt(P.mlp.proj.bias, false) : Tensor()},
                       stream_);
   reduce_from_tp_forward(tp_, x);
   if (add == ResidualAdd::InLayer) ops::add({.out = x, .a = x, .b = mid}, stream_);
@@ -148,12 +148,12 @@ Tensor GptModel::decode_forward(const Tensor& tokens, const std::vector<int32_t>
   store_->begin_pass(forward_order());
   // Embedding: vocab-parallel rows, the position table added by tp rank 0, per sample at its offset.
   use_params(0);
-  Tensor wpe = tp_.rank == 0 ? opt("embed.wpe", false) : Tensor();
+  Tensor wpe = tp_.rank == 0 ? opt(layout_.embed.wpe, false) : Tensor();
   Tensor x = c.x.view(0, {N, d_.C});
   for (int64_t b = 0; b < B; ++b)
     ops::embedding_forward({.out = x.view(b * Tq * d_.C, {1, Tq, d_.C}),
                             .tokens = tokens.view(b * Tq, {1, Tq}),
-                            .wte = w("embed.wte"),
+                            .wte = w(layout_.embed.wte),
                             .wpe = wpe,
                             .vocab_start = vocab_start_,
                             .pos_offset = pos[b]},
@@ -174,12 +174,12 @@ Tensor GptModel::decode_forward(const Tensor& tokens, const std::vector<int32_t>
   for (int64_t b = 0; b < B; ++b)
     c.last.view(b * d_.C, {d_.C}).copy_from(x.view(((b + 1) * Tq - 1) * d_.C, {d_.C}));
   use_params(last);
-  norm_forward("final_norm", c.last_norm, c.last_mean, c.last_rstd, c.last);
+  norm_forward(layout_.head.final_norm, c.last_norm, c.last_mean, c.last_rstd, c.last);
   if (!d_.untied) {
     drop_params(last);
     use_params(0);
   }
-  Tensor head = d_.untied ? w("head.weight") : w("embed.wte");
+  Tensor head = d_.untied ? w(layout_.head.head) : w(layout_.embed.wte);
   ops::matmul_forward({.out = c.logits_local, .inp = head, .weight = c.last_norm, .bias = Tensor()}, stream_);
   drop_params(d_.untied ? last : 0);
   store_->end_pass();

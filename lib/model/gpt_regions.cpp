@@ -67,7 +67,7 @@ Tensor GptModel::exit_tp_backward(const Tensor& dy) {
 
 // Norm backward on this rank's rows; the weight (and bias) gradients of the
 // shard are summed over tp before they are added to the gradient buffers.
-void GptModel::sp_norm_backward(const std::string& prefix, const Tensor& dinp, const Tensor& dout,
+void GptModel::sp_norm_backward(const NormParams& norm, const Tensor& dinp, const Tensor& dout,
                                 const Tensor& inp, const Tensor& mean, const Tensor& rstd) {
   auto rows = [](const Tensor& t) { return t.reshape({t.numel() / t.size(-1), t.size(-1)}); };
   sp_dw_.zero_();
@@ -76,7 +76,7 @@ void GptModel::sp_norm_backward(const std::string& prefix, const Tensor& dinp, c
                            .dweight = sp_dw_,
                            .dout = dout,
                            .inp = rows(inp),
-                           .weight = w(prefix + ".weight"),
+                           .weight = w(norm.weight),
                            .rstd = rstd,
                            .accum = Accum::Add},
                           stream_);
@@ -87,17 +87,17 @@ void GptModel::sp_norm_backward(const std::string& prefix, const Tensor& dinp, c
                              .dbias = sp_db_,
                              .dout = dout,
                              .inp = rows(inp),
-                             .weight = w(prefix + ".weight"),
+                             .weight = w(norm.weight),
                              .mean = mean,
                              .rstd = rstd,
                              .accum = Accum::Add},
                             stream_);
     sp_all_reduce(tp_, sp_db_);
-    Tensor db = dw(prefix + ".bias");
+    Tensor db = dw(norm.bias);
     ops::add({.out = db, .a = db, .b = sp_db_}, stream_);
   }
   sp_all_reduce(tp_, sp_dw_);
-  Tensor dwt = dw(prefix + ".weight");
+  Tensor dwt = dw(norm.weight);
   ops::add({.out = dwt, .a = dwt, .b = sp_dw_}, stream_);
 }
 
@@ -121,7 +121,7 @@ void GptModel::alloc_kv_grad_buffers() {
 // buffer (the other groups' places stay zero), the all-reduce over tp sums the
 // partials of each group, and every rank takes its head's sums back; then the
 // whole scratch is added to the layer's gradients.
-void GptModel::sum_shared_kv_grads(const std::string& prefix) {
+void GptModel::sum_shared_kv_grads(const AttentionParams& attn) {
   const int64_t C = d_.C, HS = d_.HS, KV = int64_t{d_.NKV} * HS, q_rows = NHl_ * HS;
   const int64_t kh = tp_.rank / (tp_.size / d_.NKV);  // this rank's kv head (NKVl = 1)
   kv_full_.zero_();
@@ -138,10 +138,10 @@ void GptModel::sum_shared_kv_grads(const std::string& prefix) {
   for (const Part& p : parts) kv_full_.view(p.full_at, {p.n}).copy_from(p.local->view(p.local_at, {p.n}));
   tp_.comm->all_reduce(kv_full_, ReduceOp::Sum);
   for (const Part& p : parts) p.local->view(p.local_at, {p.n}).copy_from(kv_full_.view(p.full_at, {p.n}));
-  const Tensor dw_qkv = dw(prefix + "attn.qkv.weight");
+  const Tensor dw_qkv = dw(attn.qkv.weight);
   ops::add({.out = dw_qkv, .a = dw_qkv, .b = kv_dw_}, stream_);
   if (!d_.bias) return;
-  const Tensor db_qkv = dw(prefix + "attn.qkv.bias");
+  const Tensor db_qkv = dw(attn.qkv.bias);
   ops::add({.out = db_qkv, .a = db_qkv, .b = kv_db_}, stream_);
 }
 

@@ -1,10 +1,11 @@
-// Builds the flat parameter layout for GPT-2 and LLaMA style models.
-// Order: embeddings, then each layer's weights contiguous (so a layer is one
-// range: ZeRO-3 gathers and pipeline stages cut on layer boundaries), then the
-// final norm and (if untied) the output head.
+// Builds the flat parameter layout for GPT-2 and LLaMA style models from the
+// blocks (blocks.h). Order: embeddings, then each layer's weights contiguous
+// (so a layer is one range: ZeRO-3 gathers and pipeline stages cut on layer
+// boundaries), then the final norm and (if untied) the output head.
 #include "lib/model/layout.h"
 
 #include "lib/core/error.h"
+#include "lib/model/blocks.h"
 
 namespace ds {
 
@@ -42,34 +43,6 @@ ModelDims model_dims(const ModelConfig& m) {
 
 namespace {
 
-struct Builder {
-  ModelLayout out;
-  // shape: the FULL shape; the local one divides the split dim by
-  // out.shard.tp (Rows: each of `blocks`, by its parts; none: one block).
-  void add(const std::string& name, Shape shape, int layer, bool decay, InitKind init,
-           TpSplit split = TpSplit::Replicated, std::vector<RowBlock> blocks = {}) {
-    ParamSpec p;
-    p.name = name;
-    p.full_shape = shape;
-    p.split = split;
-    if (split == TpSplit::Rows) {
-      if (blocks.empty()) blocks.push_back({shape[0], out.shard.tp});
-      shape[0] = 0;
-      for (const RowBlock& b : blocks) shape[0] += b.rows / b.parts;
-      p.row_blocks = std::move(blocks);
-    }
-    if (split == TpSplit::Cols) shape[1] /= out.shard.tp;
-    p.shape = std::move(shape);
-    p.numel = shape_numel(p.shape);
-    p.offset = out.total;
-    p.layer = layer;
-    p.decay = decay;
-    p.init = init;
-    out.total += p.numel;
-    out.params.push_back(std::move(p));
-  }
-};
-
 // Tensor-parallel divisibility, one clear error naming the numbers.
 void check_tp(const ModelDims& d, int tp) {
   DS_USER_CHECK(tp >= 1, "tensor_model_parallel_size {} must be >= 1", tp);
@@ -96,45 +69,29 @@ ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
   DS_USER_CHECK(vp >= 1 && (d.L / pp) % vp == 0,
                 "layers per pipeline stage {} are not divisible into {} virtual stages", d.L / pp, vp);
   DS_CHECK(pp_rank >= 0 && pp_rank < pp, "pp_rank {} outside [0, {})", pp_rank, pp);
-  Builder b;
-  b.out.shard = s;
+  ModelLayout out;
+  out.shard = s;
   const int per_chunk = d.L / (pp * vp);
   for (int c = 0; c < vp; ++c) {
     const int v = c * pp + pp_rank;  // virtual stage of chunk c
-    b.out.chunks.push_back({v * per_chunk, (v + 1) * per_chunk});
+    out.chunks.push_back({v * per_chunk, (v + 1) * per_chunk});
   }
-  b.out.first_layer = b.out.chunks.front().begin;
-  b.out.end_layer = b.out.chunks.back().end;
+  out.first_layer = out.chunks.front().begin;
+  out.end_layer = out.chunks.back().end;
+  out.layers.resize(static_cast<size_t>(d.L));
   const bool first = pp_rank == 0, last = pp_rank == pp - 1;
-  const TpSplit R = TpSplit::Rows, K = TpSplit::Cols;
-  const int fc_groups = d.swiglu ? 2 : 1;
-  int64_t C = d.C, F = d.F, Q = int64_t{d.NH} * d.HS, KV = int64_t{d.NKV} * d.HS, QKV = d.qkv_rows();
-  const int kvp = kv_parts(d, tp);
-  const std::vector<RowBlock> qkv_blocks{{Q, tp}, {KV, kvp}, {KV, kvp}};
-  const std::vector<RowBlock> fc_blocks(fc_groups, RowBlock{F, tp});
-  if (first || (last && !d.untied)) b.add("embed.wte", {d.Vp, C}, -1, true, InitKind::Normal, R);
-  if (first && !d.rope) b.add("embed.wpe", {d.maxT, C}, -1, true, InitKind::Normal);
-  for (int l = b.out.first_layer; l < b.out.end_layer; ++l) {
-    if (!b.out.holds_layer(l)) continue;
-    std::string p = "layers." + std::to_string(l) + ".";
-    b.add(p + "norm1.weight", {C}, l, false, InitKind::Ones);
-    if (!d.rmsnorm) b.add(p + "norm1.bias", {C}, l, false, InitKind::Zeros);
-    b.add(p + "attn.qkv.weight", {QKV, C}, l, true, InitKind::Normal, R, qkv_blocks);
-    if (d.bias) b.add(p + "attn.qkv.bias", {QKV}, l, false, InitKind::Zeros, R, qkv_blocks);
-    b.add(p + "attn.proj.weight", {C, C}, l, true, InitKind::ScaledNormal, K);
-    if (d.bias) b.add(p + "attn.proj.bias", {C}, l, false, InitKind::Zeros);
-    b.add(p + "norm2.weight", {C}, l, false, InitKind::Ones);
-    if (!d.rmsnorm) b.add(p + "norm2.bias", {C}, l, false, InitKind::Zeros);
-    b.add(p + "mlp.fc.weight", {fc_groups * F, C}, l, true, InitKind::Normal, R, fc_blocks);
-    if (d.bias) b.add(p + "mlp.fc.bias", {fc_groups * F}, l, false, InitKind::Zeros, R, fc_blocks);
-    b.add(p + "mlp.proj.weight", {C, F}, l, true, InitKind::ScaledNormal, K);
-    if (d.bias) b.add(p + "mlp.proj.bias", {C}, l, false, InitKind::Zeros);
-  }
-  if (!last) return b.out;
-  b.add("final_norm.weight", {C}, d.L, false, InitKind::Ones);
-  if (!d.rmsnorm) b.add("final_norm.bias", {C}, d.L, false, InitKind::Zeros);
-  if (d.untied) b.add("head.weight", {d.Vp, C}, d.L, true, InitKind::Normal, R);
-  return b.out;
+  const LayerSpec spec = layer_spec(d, tp);
+  ParamDeclarer b(out);
+  b.begin_group(dense_param_group());
+  if (first || (last && !d.untied))
+    out.embed.wte = b.add("embed.wte", {d.Vp, d.C}, -1, InitKind::Normal, TpSplit::Rows);
+  if (first && !d.rope) out.embed.wpe = b.add("embed.wpe", {d.maxT, d.C}, -1, InitKind::Normal);
+  for (int l = out.first_layer; l < out.end_layer; ++l)
+    if (out.holds_layer(l)) out.layers[static_cast<size_t>(l)] = declare_layer(b, spec, l);
+  if (!last) return out;
+  out.head.final_norm = declare_norm(b, "final_norm", spec, d.L);
+  if (d.untied) out.head.head = b.add("head.weight", {d.Vp, d.C}, d.L, InitKind::Normal, TpSplit::Rows);
+  return out;
 }
 
 bool ModelLayout::holds_layer(int layer) const {

@@ -8,6 +8,8 @@
 
 #include "lib/core/tensor.h"
 #include "lib/model/model_config.h"
+#include "lib/model/param_group.h"
+#include "lib/model/param_ref.h"
 #include "lib/parallel/shard_coords.h"
 
 namespace ds {
@@ -39,7 +41,8 @@ struct ParamSpec {
   int64_t offset = 0; // elements from the start of the flat buffer
   int64_t numel = 0;
   int layer = -1;     // transformer layer index; -1 embeddings, num_layers for the final norm / head
-  bool decay = true;  // weight decay applies (matrices yes; biases, norms no)
+  int group = 0;      // index into ModelLayout::groups
+  bool decay = true;  // weight decay applies: the group's rule (param_group.h)
   InitKind init = InitKind::Normal;
   TpSplit split = TpSplit::Replicated;
   std::vector<RowBlock> row_blocks;  // Rows: the blocks of dim 0 (one block: all rows, parts tp)
@@ -49,6 +52,15 @@ struct ParamSpec {
 struct ModelLayout {
   std::vector<ParamSpec> params;
   int64_t total = 0;
+  std::vector<ParamGroupSpec> groups;  // every ParamSpec::group indexes one
+  // The blocks' typed handles (blocks.h): layers[l] for every layer this
+  // shard holds (undefined refs elsewhere), the embeddings on the first stage
+  // and with tied embeddings on the last (wte), the final norm and untied
+  // head on the last stage.
+  std::vector<LayerParams> layers;
+  EmbeddingParams embed;
+  HeadParams head;
+  const ParamSpec& operator[](ParamRef r) const { return params[static_cast<size_t>(r.index)]; }
   // The shard this layout describes (tp, pp, vp sizes and ranks). The
   // pipeline stage holds layers [first_layer, end_layer);
   // embeddings (wte, wpe) on the first stage, final norm (+ untied head) on the

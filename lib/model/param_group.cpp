@@ -1,0 +1,38 @@
+#include "lib/model/param_group.h"
+
+#include <algorithm>
+
+namespace ds {
+
+const char* parallel_axis_name(ParallelAxis a) {
+  switch (a) {
+    case ParallelAxis::Tensor: return "tensor";
+    case ParallelAxis::Pipeline: return "pipeline";
+    case ParallelAxis::Data: return "data";
+    case ParallelAxis::Ulysses: return "ulysses";
+  }
+  return "?";
+}
+
+bool ParamGroupSpec::decays(const std::string& name, const Shape& shape) const {
+  switch (decay) {
+    case DecayRule::All: return true;
+    case DecayRule::None: return false;
+    case DecayRule::Megatron: break;
+  }
+  const bool bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+  return !bias && shape.size() > 1;
+}
+
+bool ParamGroupSpec::reduces_over(ParallelAxis a) const {
+  return std::find(reduce.begin(), reduce.end(), a) != reduce.end();
+}
+
+ParamGroupSpec dense_param_group() {
+  return {.name = "dense",
+          .split = {ParallelAxis::Tensor, ParallelAxis::Pipeline},
+          .reduce = {ParallelAxis::Data, ParallelAxis::Ulysses},
+          .decay = DecayRule::Megatron};
+}
+
+}  // namespace ds

@@ -1,0 +1,42 @@
+// Typed handles to a layout's parameters: what a model block keeps instead of
+// looking its weights up by name. A ParamRef is the parameter's index in
+// ModelLayout::params; the structs group a block's handles (the layer spec's
+// blocks, lib/model/blocks.h, fill them when they declare their weights).
+// Header-only, no deps.
+#pragma once
+#include <cstdint>
+
+namespace ds {
+
+struct ParamRef {
+  int32_t index = -1;  // into ModelLayout::params; -1: the block has no such tensor
+  bool defined() const { return index >= 0; }
+};
+
+struct NormParams {
+  ParamRef weight, bias;  // RMSNorm: no bias
+};
+struct LinearParams {
+  ParamRef weight, bias;  // bias-free models: no bias
+};
+struct AttentionParams {
+  LinearParams qkv, proj;
+};
+struct MlpParams {
+  LinearParams fc, proj;  // SwiGLU: fc holds [gate | up]
+};
+struct LayerParams {
+  NormParams norm1;
+  AttentionParams attn;
+  NormParams norm2;
+  MlpParams mlp;
+};
+struct EmbeddingParams {
+  ParamRef wte, wpe;  // rope models: no wpe
+};
+struct HeadParams {
+  NormParams final_norm;
+  ParamRef head;  // untied embeddings only; tied models multiply by wte
+};
+
+}  // namespace ds
