@@ -19,6 +19,16 @@
 namespace fs = std::filesystem;
 
 namespace ds {
+OptimizerStates adam_states(const Tensor& m, const Tensor& v) {
+  return {{"exp_avg", m, false}, {"exp_avg_sq", v, true}};
+}
+
+std::string state_names(const OptimizerStates& s) {
+  std::string out;
+  for (const OptimizerStateTensor& t : s) out += (out.empty() ? "" : ", ") + t.name;
+  return out;
+}
+
 namespace {
 
 std::string tmp_dir_name(int64_t iteration) { return ".tmp-" + step_dir_name(iteration); }
@@ -95,8 +105,14 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
   // Optimizer shard of this rank.
   {
     SafetensorsWriter w;
-    w.add("exp_avg", host(d.m));
-    w.add("exp_avg_sq", host(d.v));
+    std::string names, non_negative;
+    for (const OptimizerStateTensor& s : d.opt_state) {
+      w.add(s.name, host(s.t));
+      names += (names.empty() ? "" : ",") + s.name;
+      if (s.non_negative) non_negative += (non_negative.empty() ? "" : ",") + s.name;
+    }
+    w.set_metadata("states", names);
+    w.set_metadata("non_negative", non_negative);
     w.set_metadata("begin", std::to_string(d.opt_begin));
     w.set_metadata("end", std::to_string(d.opt_end));
     w.set_metadata("step", std::to_string(d.opt_step));
@@ -140,7 +156,8 @@ void write_checkpoint_files(const std::string& dir, const TrainState& st, const 
   fs::path tmp = fs::path(dir) / tmp_dir_name(st.iteration);
   make_dirs(tmp);
   const bool model = d.rank == 0 && d.shard.tp_rank == 0 && d.shard.pp_rank == 0;
-  const int64_t bytes = 4 * (d.m.numel() + d.v.numel() + (model ? d.params.numel() : 0));
+  int64_t bytes = 4 * (model ? d.params.numel() : 0);
+  for (const OptimizerStateTensor& s : d.opt_state) bytes += 4 * s.t.numel();
   Progress progress(checkpoint_progress(fmt::format("saving checkpoint {}/{}", dir, step_dir_name(st.iteration)),
                                         bytes));
   or_remove(tmp, [&] { write_step_files(tmp, st, d, config, progress); });
@@ -195,11 +212,11 @@ bool same_layout(const SavedLayout& saved, const ModelLayout& l) {
 }
 
 // The same (TP, model) layout: reads only the shards overlapping d's range.
-void read_same_layout(const SavedStep& s, const CheckpointData& d, Tensor& params, Tensor& m, Tensor& v,
+void read_same_layout(const SavedStep& s, const CheckpointData& d, Tensor& params, OptimizerStates& state,
                       int64_t& opt_step) {
   params = read_full_params(s, *d.layout);
   const int64_t total = (d.opt_layout ? d.opt_layout : d.layout)->total;
-  opt_step = read_moment_range(s, d.shard.tp_rank, d.shard.pp_rank, total, d.opt_begin, d.opt_end, m, v);
+  opt_step = read_state_range(s, d.shard.tp_rank, d.shard.pp_rank, total, d.opt_begin, d.opt_end, state);
 }
 
 }  // namespace
@@ -230,7 +247,8 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   std::error_code ec;
   const auto model_bytes = fs::file_size(fs::path(step) / "model.safetensors", ec);
   Progress progress(checkpoint_progress("loading checkpoint " + step, ec ? 0 : static_cast<int64_t>(model_bytes)));
-  Tensor params, m, v;
+  Tensor params;
+  OptimizerStates opt_state = d.opt_state;  // the names to read; their tensors are replaced by host copies
   int64_t opt_step = 0;
   const TrainState train = state.train;
   if (same) {
@@ -241,16 +259,17 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
     s.state = std::move(state);
     s.full = *d.layout;
     s.progress = &progress;
-    read_same_layout(s, d, params, m, v, opt_step);
+    check_saved_states(s, opt_state);
+    read_same_layout(s, d, params, opt_state, opt_step);
   } else {
     SavedStep s = open_saved_step(step, std::move(state), *d.model);
     s.progress = &progress;
-    read_reshaped(s, d, params, m, v, opt_step);
+    check_saved_states(s, opt_state);
+    read_reshaped(s, d, params, opt_state, opt_step);
   }
   progress.finish();
   d.params.copy_from(params);
-  d.m.copy_from(m);
-  d.v.copy_from(v);
+  for (size_t i = 0; i < opt_state.size(); ++i) d.opt_state[i].t.copy_from(opt_state[i].t);
   d.opt_step = opt_step;
   st = train;
   return true;

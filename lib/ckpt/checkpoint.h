@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "lib/ckpt/state_json.h"
 #include "lib/ckpt/step_tokenizer.h"
@@ -21,13 +22,30 @@ namespace ds {
 
 // TrainState (iteration, consumed samples, loss scale...) is in lib/ckpt/state_json.h.
 
+// One optimizer state tensor of a rank's range, named as its optimizer
+// declares it (OptimizerStateSpec: Adam's "exp_avg" and "exp_avg_sq").
+// non_negative: a mean of squares, so a negative value means a corrupt file.
+struct OptimizerStateTensor {
+  std::string name;
+  Tensor t;
+  bool non_negative = false;
+};
+using OptimizerStates = std::vector<OptimizerStateTensor>;
+// Adam's two moments, as AdamW declares them.
+OptimizerStates adam_states(const Tensor& m, const Tensor& v);
+// "exp_avg, exp_avg_sq": the names, for messages.
+std::string state_names(const OptimizerStates& s);
+
 // What one rank saves / restores. Tensors may live on any device.
 struct CheckpointData {
   const ModelLayout* layout = nullptr;
   Tensor params;              // (layout.total) f32: the full model (rank 0 writes it)
-  Tensor m, v;                // this rank's optimizer moments over [opt_begin, opt_end)
+  // This rank's optimizer state over [opt_begin, opt_end), in the
+  // optimizer's order. Loading fills each tensor from the state of the same
+  // name (a checkpoint holding other state names is refused).
+  OptimizerStates opt_state;
   int64_t opt_begin = 0, opt_end = 0;
-  int64_t opt_step = 0;       // Adam step count
+  int64_t opt_step = 0;       // the optimizer's step count
   int rank = 0, world = 1;    // optimizer shard index and count
   // Model parallelism: `layout` / `params` are the FULL model (tp = 1, pp = 1
   // layout, as a single process saves it), the moments cover [opt_begin,

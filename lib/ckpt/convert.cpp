@@ -16,19 +16,22 @@ namespace {
 // Writes the optimizer shards of target (stage pr, tp rank tr): every ZeRO
 // range of its local layout, cut from the full moments.
 void write_target_rank(const std::string& out_dir, const TrainState& st, const ReshapeTarget& t,
-                       const ModelLayout& full, const Tensor& params, const Tensor& m_full, const Tensor& v_full,
+                       const ModelLayout& full, const Tensor& params, const OptimizerStates& full_state,
                        int64_t opt_step, int world, int pr, int tr, const StepTokenizer& tok) {
   const ModelLayout local = build_layout(t.model, t.sizes.at(tr, pr));
-  Tensor lm = Tensor::empty({local.total}, DType::F32), lv = Tensor::empty({local.total}, DType::F32);
-  slice_tp_params(local, full, m_full, lm);
-  slice_tp_params(local, full, v_full, lv);
+  OptimizerStates local_state = full_state;
+  for (OptimizerStateTensor& s : local_state) {
+    s.t = Tensor::empty({local.total}, DType::F32);
+    slice_tp_params(local, full, full_state[&s - local_state.data()].t, s.t);
+  }
   const ZeroPartition part = make_zero_partition(local.total, world);
   for (int r = 0; r < world; ++r) {
     const Range rg = world == 1 ? Range{0, local.total} : part.owned_real(r);
+    OptimizerStates range_state = local_state;
+    for (OptimizerStateTensor& s : range_state) s.t = s.t.view(rg.begin, {rg.size()});
     const CheckpointData d{.layout = &full,
                            .params = params,
-                           .m = lm.view(rg.begin, {rg.size()}),
-                           .v = lv.view(rg.begin, {rg.size()}),
+                           .opt_state = range_state,
                            .opt_begin = rg.begin,
                            .opt_end = rg.end,
                            .opt_step = opt_step,
@@ -49,16 +52,17 @@ void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::strin
   remove_stale_temporaries(out_dir);  // a killed conversion's partial files never reach this step
   const ModelLayout full = build_layout(t.model);
   Tensor params = read_full_params(s, full);
-  FullMoments fm = assemble_full_moments(s);
-  Tensor m_full = adapt_full(s.full, full, fm.m), v_full = adapt_full(s.full, full, fm.v);
-  const int64_t opt_step = fm.step;
-  fm = FullMoments{};  // release the saved-layout copies
+  FullOptimizerState fs = assemble_full_state(s);
+  OptimizerStates full_state = fs.states;
+  for (OptimizerStateTensor& st : full_state) st.t = adapt_full(s.full, full, st.t);
+  const int64_t opt_step = fs.step;
+  fs = FullOptimizerState{};  // release the saved-layout copies
   if (s.progress) s.progress->finish();  // everything is read; the saves print their own progress
   const TrainState st = s.state.train;
   const int world = t.zero_stage >= 1 ? t.dp : 1;  // stage 0: one shard holds the whole (pp, tp) rank
   for (int pr = 0; pr < t.sizes.pp; ++pr)
     for (int tr = 0; tr < t.sizes.tp; ++tr)
-      write_target_rank(out_dir, st, t, full, params, m_full, v_full, opt_step, world, pr, tr, tok);
+      write_target_rank(out_dir, st, t, full, params, full_state, opt_step, world, pr, tr, tok);
   commit_checkpoint(out_dir, st.iteration);
 }
 

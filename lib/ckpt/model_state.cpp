@@ -76,8 +76,8 @@ CheckpointData rank_checkpoint(const RankModel& r, const Tensor& params, Optimiz
   CheckpointData d;
   d.layout = r.full;
   d.params = params;
-  d.m = opt.state("exp_avg");
-  d.v = opt.state("exp_avg_sq");
+  for (const OptimizerStateSpec& s : opt.state_specs())
+    d.opt_state.push_back({s.name, opt.state(s.name), s.non_negative});
   d.opt_begin = opt_range.begin;
   d.opt_end = opt_range.end;
   d.opt_step = opt.step_count();

@@ -33,8 +33,7 @@ void scatter_full_params(const RankModel& r, const Tensor& full);
 
 // What this rank saves or restores: the full parameters `params` (undefined
 // on ranks that write no weights), the optimizer state of `opt_range` of the
-// local layout (Adam's "exp_avg" and "exp_avg_sq", the states the checkpoint
-// format holds today), shard `shard_index` of `shards` optimizer files of this
+// local layout (every state the optimizer declares, by name), shard `shard_index` of `shards` optimizer files of this
 // model shard.
 CheckpointData rank_checkpoint(const RankModel& r, const Tensor& params, Optimizer& opt, Range opt_range,
                                int shard_index, int shards);

@@ -133,39 +133,42 @@ Tensor read_full_params(const SavedStep& s, const ModelLayout& target_full) {
   return adapt_full(s.full, target_full, saved);
 }
 
-FullMoments assemble_full_moments(const SavedStep& s) {
-  FullMoments f;
-  f.m = Tensor::zeros({s.full.total}, DType::F32);
-  f.v = Tensor::zeros({s.full.total}, DType::F32);
+FullOptimizerState assemble_full_state(const SavedStep& s) {
+  FullOptimizerState f;
+  f.states = saved_state_names(s);
+  for (OptimizerStateTensor& t : f.states) t.t = Tensor::zeros({s.full.total}, DType::F32);
   for (int pr = 0; pr < s.sizes.pp; ++pr) {
-    for (int r = 0; r < s.sizes.tp; ++r) {  // one source (stage, tp rank)'s local moments at a time
+    for (int r = 0; r < s.sizes.tp; ++r) {  // one source (stage, tp rank)'s local state at a time
       const ModelLayout local = build_layout(s.model, s.sizes.at(r, pr));
-      Tensor m, v;
-      f.step = read_moment_range(s, r, pr, local.total, 0, local.total, m, v);
-      place_local(local, s.full, m.data<float>(), f.m.data<float>());
-      place_local(local, s.full, v.data<float>(), f.v.data<float>());
+      OptimizerStates part = f.states;
+      f.step = read_state_range(s, r, pr, local.total, 0, local.total, part);
+      for (size_t i = 0; i < part.size(); ++i)
+        place_local(local, s.full, part[i].t.data<float>(), f.states[i].t.data<float>());
     }
   }
   return f;
 }
 
-void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, Tensor& m, Tensor& v,
+void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, OptimizerStates& state,
                    int64_t& opt_step) {
   DS_CHECK(d.model != nullptr, "read_reshaped needs the model config");
   const ModelLayout& full = *d.layout;
   const ModelLayout& local = d.opt_layout ? *d.opt_layout : full;  // the target stage's tp-rank layout
   params = read_full_params(s, full);
-  FullMoments fm = assemble_full_moments(s);
-  opt_step = fm.step;
+  FullOptimizerState fs = assemble_full_state(s);
+  opt_step = fs.step;
   const int64_t n = d.opt_end - d.opt_begin;
-  m = Tensor::empty({n}, DType::F32);
-  v = Tensor::empty({n}, DType::F32);
   Tensor local_buf = Tensor::empty({local.total}, DType::F32);
-  for (auto [src, dst] : {std::pair{&fm.m, &m}, std::pair{&fm.v, &v}}) {
-    Tensor adapted = adapt_full(s.full, full, *src);
-    *src = Tensor();  // release the saved-layout copy early
+  for (OptimizerStateTensor& dst : state) {
+    OptimizerStateTensor* src = nullptr;
+    for (OptimizerStateTensor& t : fs.states)
+      if (t.name == dst.name) src = &t;
+    DS_CHECK(src, "optimizer state '{}' not assembled", dst.name);  // check_saved_states ran first
+    Tensor adapted = adapt_full(s.full, full, src->t);
+    src->t = Tensor();  // release the saved-layout copy early
     slice_tp_params(local, full, adapted, local_buf);
-    std::copy_n(local_buf.data<float>() + d.opt_begin, n, dst->data<float>());
+    dst.t = Tensor::empty({n}, DType::F32);
+    std::copy_n(local_buf.data<float>() + d.opt_begin, n, dst.t.data<float>());
   }
 }
 

@@ -1,7 +1,7 @@
 // Checkpoint reshaping across tensor-, pipeline- and data-parallel layouts. A
 // step directory saved with (TP a, PP b, virtual stages, DP/ZeRO any) is read
 // into any other: the optimizer shards of every source (pp, tp) rank are
-// assembled into the FULL Adam state (single-process layout, the one
+// assembled into the FULL optimizer state (single-process layout, the one
 // model.safetensors uses), then the target stage's tp-rank slice and optimizer
 // range are cut from it. A tied embedding's state lives on the first and the
 // last stage; it is taken from the first (the copies are identical: both take
@@ -74,30 +74,40 @@ void check_saved_vocab(const StepState& state, const ModelConfig& model, const s
 // zero-padded): out is a host f32 tensor of target_full.total.
 Tensor read_full_params(const SavedStep& s, const ModelLayout& target_full);
 
-// Adam state of the whole model in the saved full layout.
-struct FullMoments {
-  Tensor m, v;  // host f32 (s.full.total)
+// The optimizer state names the step's shards hold, in the saving
+// optimizer's order (shard metadata "states"; a shard written before it
+// holds Adam's exp_avg and exp_avg_sq). Tensors are undefined.
+OptimizerStates saved_state_names(const SavedStep& s);
+// UserError naming the step when the state names `want` (an optimizer's)
+// differ from saved_state_names(s) (saved with another optimizer).
+void check_saved_states(const SavedStep& s, const OptimizerStates& want);
+
+// Optimizer state of the whole model in the saved full layout.
+struct FullOptimizerState {
+  OptimizerStates states;  // host f32 (s.full.total) each, named as saved
   int64_t step = 0;
 };
-FullMoments assemble_full_moments(const SavedStep& s);
+FullOptimizerState assemble_full_state(const SavedStep& s);
 
 // A full-layout buffer copied from layout `from` to `to` (same model, padded
 // vocabulary may differ: rows are cut or zero-filled).
 Tensor adapt_full(const ModelLayout& from, const ModelLayout& to, const Tensor& buf);
 
-// Reads [begin, end) of (pp_rank, tp_rank)'s local moments (local_total
-// elements) from the s.shards optimizer files of that rank into m, v (host
-// f32, end - begin). Returns the Adam step count. UserError naming the shard
-// on a missing file, a checksum mismatch, malformed metadata, a tensor of
-// another dtype or shape, NaN/Inf (or a negative exp_avg_sq), ranges that
-// overlap or leave a gap.
-int64_t read_moment_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t local_total, int64_t begin,
-                          int64_t end, Tensor& m, Tensor& v);
+// Reads [begin, end) of (pp_rank, tp_rank)'s local optimizer state
+// (local_total elements) from the s.shards optimizer files of that rank:
+// each entry of `state` by its name, into its tensor (replaced by a host f32
+// of end - begin). Returns the optimizer step count. UserError naming the
+// shard on a missing file, a checksum mismatch, malformed metadata, a tensor
+// of another dtype or shape, NaN/Inf (or a negative value in a non_negative
+// state), ranges that overlap or leave a gap.
+int64_t read_state_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t local_total, int64_t begin,
+                         int64_t end, OptimizerStates& state);
 
 // The load path for a checkpoint saved with another TP / PP layout (or padded
-// vocabulary): fills host params (d.layout->total), m, v (d.opt_end -
-// d.opt_begin) and the step count for d's target layouts. d.model is required.
-void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, Tensor& m, Tensor& v,
+// vocabulary): fills host params (d.layout->total), every entry of `state`
+// by name (d.opt_end - d.opt_begin each) and the step count for d's target
+// layouts. d.model is required.
+void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, OptimizerStates& state,
                    int64_t& opt_step);
 
 }  // namespace ds

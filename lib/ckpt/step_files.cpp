@@ -60,19 +60,31 @@ void check_identity(const std::map<std::string, std::string>& meta, const std::s
   }
 }
 
-// exp_avg / exp_avg_sq of a shard must be F32 of shape (n).
-void check_moment_header(const SafetensorsFile& sf, const char* name, int64_t n) {
+// An optimizer state tensor of a shard must be F32 of shape (n).
+void check_state_header(const SafetensorsFile& sf, const std::string& name, int64_t n) {
   DS_USER_CHECK(sf.has(name), "checkpoint file '{}': optimizer shard has no tensor '{}'", sf.path(), name);
   DS_USER_CHECK(sf.dtype_string(name) == "F32" && sf.shape(name) == Shape{n},
                 "checkpoint file '{}': optimizer tensor '{}' is {} {}, expected F32 ({}) for its range", sf.path(),
                 name, sf.dtype_string(name), shape_str(sf.shape(name)), n);
 }
 
-Tensor read_moment(const SafetensorsFile& sf, const char* name, int64_t n, bool non_negative) {
-  check_moment_header(sf, name, n);
+Tensor read_state(const SafetensorsFile& sf, const std::string& name, int64_t n, bool non_negative) {
+  check_state_header(sf, name, n);
   Tensor t = sf.get(name);
   check_finite(t, sf.path(), name, non_negative);
   return t;
+}
+
+std::vector<std::string> split_names(const std::string& t) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= t.size() && !t.empty()) {
+    const size_t comma = t.find(',', at);
+    out.push_back(t.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
 }
 
 }  // namespace
@@ -130,10 +142,44 @@ void check_finite(const Tensor& t, const std::string& file, const std::string& t
   }
 }
 
-int64_t read_moment_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t local_total, int64_t begin,
-                          int64_t end, Tensor& m, Tensor& v) {
-  m = Tensor::zeros({end - begin}, DType::F32);
-  v = Tensor::zeros({end - begin}, DType::F32);
+OptimizerStates saved_state_names(const SavedStep& s) {
+  const std::string name = optimizer_shard_name(0, s.shards, s.sizes.at(0, 0));
+  const fs::path f = s.dir / name;
+  DS_USER_CHECK(fs::exists(f), "checkpoint '{}': optimizer shard '{}' is missing", s.dir.string(), name);
+  const auto meta = SafetensorsFile::open(f.string()).metadata();
+  auto it = meta.find("states");
+  if (it == meta.end()) return adam_states(Tensor(), Tensor());  // written before the names were recorded
+  constexpr size_t kMaxStates = 16;
+  const std::vector<std::string> names = split_names(it->second);
+  DS_USER_CHECK(!names.empty() && names.size() <= kMaxStates, "checkpoint file '{}': optimizer shard metadata "
+                "'states' must name 1 to {} tensors, got {}", f.string(), kMaxStates, shown(it->second));
+  auto nn = meta.find("non_negative");
+  const std::vector<std::string> non_negative = nn == meta.end() ? std::vector<std::string>{} : split_names(nn->second);
+  OptimizerStates out;
+  for (const std::string& n : names) {
+    DS_USER_CHECK(!n.empty() && n.size() <= 64, "checkpoint file '{}': optimizer shard metadata 'states' holds an "
+                  "empty or over-long name: {}", f.string(), shown(it->second));
+    for (const OptimizerStateTensor& o : out)
+      DS_USER_CHECK(o.name != n, "checkpoint file '{}': optimizer shard metadata 'states' names '{}' twice",
+                    f.string(), n);
+    const bool nonneg = std::find(non_negative.begin(), non_negative.end(), n) != non_negative.end();
+    out.push_back({n, Tensor(), nonneg});
+  }
+  return out;
+}
+
+void check_saved_states(const SavedStep& s, const OptimizerStates& want) {
+  const OptimizerStates saved = saved_state_names(s);
+  bool same = saved.size() == want.size();
+  for (size_t i = 0; same && i < want.size(); ++i) same = saved[i].name == want[i].name;
+  DS_USER_CHECK(same, "checkpoint '{}' holds the optimizer state {} (saved with another optimizer?), this run's "
+                "optimizer keeps {}", s.dir.string(),
+                state_names(saved), state_names(want));
+}
+
+int64_t read_state_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t local_total, int64_t begin,
+                         int64_t end, OptimizerStates& state) {
+  for (OptimizerStateTensor& t : state) t.t = Tensor::zeros({end - begin}, DType::F32);
   std::vector<std::pair<int64_t, int64_t>> ranges;  // every shard's [b, e), to check they tile [0, total)
   int64_t opt_step = 0;
   for (int r = 0; r < s.shards; ++r) {
@@ -152,14 +198,15 @@ int64_t read_moment_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t 
     ranges.emplace_back(b, e);
     const int64_t lo = std::max(b, begin), hi = std::min(e, end);
     if (lo >= hi) {  // not read: its header is checked, its data is left to the ranks that read it
-      for (const char* t : {"exp_avg", "exp_avg_sq"}) check_moment_header(sf, t, e - b);
+      for (const OptimizerStateTensor& t : state) check_state_header(sf, t.name, e - b);
       continue;
     }
     if (s.progress) s.progress->set_total(s.progress->total() + static_cast<int64_t>(fs::file_size(f)));
     verify_step_file(s.dir, s.state, name, s.progress);
-    Tensor sm = read_moment(sf, "exp_avg", e - b, false), sv = read_moment(sf, "exp_avg_sq", e - b, true);
-    std::copy_n(sm.data<float>() + (lo - b), hi - lo, m.data<float>() + (lo - begin));
-    std::copy_n(sv.data<float>() + (lo - b), hi - lo, v.data<float>() + (lo - begin));
+    for (OptimizerStateTensor& t : state) {
+      const Tensor saved = read_state(sf, t.name, e - b, t.non_negative);
+      std::copy_n(saved.data<float>() + (lo - b), hi - lo, t.t.data<float>() + (lo - begin));
+    }
   }
   std::sort(ranges.begin(), ranges.end());
   int64_t pos = 0;

@@ -22,7 +22,7 @@ class AdamW final : public Optimizer {
 
   const char* type() const override { return "AdamW"; }
   std::vector<OptimizerStateSpec> state_specs() const override {
-    return {{"exp_avg", DType::F32}, {"exp_avg_sq", DType::F32}};
+    return {{"exp_avg", DType::F32}, {"exp_avg_sq", DType::F32, true}};
   }
   // One fused op call over the range; t.params_lowp (bf16/f16) receives the
   // updated weights in the same pass.

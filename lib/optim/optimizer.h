@@ -32,6 +32,7 @@ struct StepHyper {
 struct OptimizerStateSpec {
   std::string name;
   DType dtype = DType::F32;
+  bool non_negative = false;  // a mean of squares: checkpoints refuse negative values
 };
 
 // The tensors of one update, each covering the owned range (or, for

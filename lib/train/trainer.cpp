@@ -519,8 +519,10 @@ bool Trainer::note_nan_iteration(float loss, double grad_norm) {
 
 bool Trainer::state_nonfinite(const Tensor& full_params) {
   Tensor flag = Tensor::zeros({1}, DType::F32, dev_);
-  Tensor host_flag;  // for Adam's moments in host memory (offload_optimizer on a GPU run)
-  for (const Tensor& t : {full_params, opt_->optimizer().state("exp_avg"), opt_->optimizer().state("exp_avg_sq")}) {
+  Tensor host_flag;  // for optimizer state in host memory (offload_optimizer on a GPU run)
+  std::vector<Tensor> checked = opt_->optimizer().states();  // every named optimizer state
+  checked.insert(checked.begin(), full_params);
+  for (const Tensor& t : checked) {
     if (!t.defined() || t.numel() == 0) continue;
     if (t.device() == dev_) {
       ops::nonfinite_check({.flag = flag, .x = t}, Stream{});

@@ -79,8 +79,7 @@ void save_fabricated(const fs::path& dir, const ModelConfig& cfg, int tp, int dp
       const ZeroPartition part = make_zero_partition(local.total, dp);
       for (int r = 0; r < dp; ++r) {
         Range g = part.owned_real(r);
-        CheckpointData d{&full, p, lm.view(g.begin, {g.size()}), lv.view(g.begin, {g.size()}), g.begin, g.end,
-                         kStep, r, dp};
+        CheckpointData d{&full, p, adam_states(lm.view(g.begin, {g.size()}), lv.view(g.begin, {g.size()})), g.begin, g.end, kStep, r, dp};
         d.opt_layout = &local;
         d.shard = {tp, tr, pipe.pp, pr, pipe.vp};
         write_checkpoint_files(dir.string(), st, d, nlohmann::json{{"note", "fabricated"}});
@@ -111,7 +110,7 @@ void check_load_rank(const fs::path& dir, const ModelConfig& cfg, const ModelLay
     Range g = part.owned_real(r);
     Tensor p = Tensor::zeros({full.total}, DType::F32);
     Tensor m = Tensor::zeros({g.size()}, DType::F32), v = Tensor::zeros({g.size()}, DType::F32);
-    CheckpointData d{&full, p, m, v, g.begin, g.end, 0, r, dp};
+    CheckpointData d{&full, p, adam_states(m, v), g.begin, g.end, 0, r, dp};
     d.opt_layout = &local;
     d.shard = {tp, tr, pipe.pp, pr, pipe.vp};
     d.model = &cfg;
@@ -241,11 +240,105 @@ TEST_CASE("reshaping refuses a checkpoint of another model with one clear line")
   const ModelLayout full = build_layout(model(false));
   Tensor p = Tensor::zeros({full.total}, DType::F32), m = Tensor::zeros({full.total}, DType::F32),
          v = Tensor::zeros({full.total}, DType::F32);
-  CheckpointData d{&full, p, m, v, 0, full.total, 0, 0, 1};
+  CheckpointData d{&full, p, adam_states(m, v), 0, full.total, 0, 0, 1};
   TrainState st;
   REQUIRE_THROWS_WITH(load_checkpoint(dir.string(), st, d),
                       Catch::Contains("saved with tensor_model_parallel_size 2, this job uses 1"));
   REQUIRE_THROWS_WITH(find_step_dir((dir / "missing").string()), Catch::Contains("is not a directory"));
   REQUIRE_THROWS_WITH(find_step_dir(dir.string(), "global_step99"), Catch::Contains("does not exist"));
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// Three named states of another optimizer: element i of state k of the full model.
+float state_value(int k, int64_t i) { return k == 0 ? 0.5f + i : k == 1 ? 2.0f * i : -1.0f - i; }
+OptimizerStates three_states(int64_t n, int64_t first, const ModelLayout* local = nullptr,
+                             const ModelLayout* full = nullptr) {
+  OptimizerStates s{{"momentum_buffer", {}, false}, {"sum", {}, true}, {"third", {}, false}};
+  for (int k = 0; k < 3; ++k) {
+    s[k].t = Tensor::empty({n}, DType::F32);
+    if (!local) {
+      for (int64_t i = 0; i < n; ++i) s[k].t.data<float>()[i] = state_value(k, first + i);
+      continue;
+    }
+    Tensor f = Tensor::empty({full->total}, DType::F32), l = Tensor::empty({local->total}, DType::F32);
+    for (int64_t i = 0; i < full->total; ++i) f.data<float>()[i] = state_value(k, i);
+    slice_tp_params(*local, *full, f, l);
+    s[k].t.copy_from(l.view(first, {n}));
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("optimizer state of any names is saved, loaded and reshaped by name; another optimizer's is refused") {
+  const ModelConfig cfg = model(false);
+  const ModelLayout full = build_layout(cfg);
+  const Tensor p = expected_full(0, full, full);
+  const fs::path dir = temp_dir("named_states");
+  TrainState st;
+  st.iteration = kIteration;
+  for (int tr = 0; tr < 2; ++tr) {  // TP2 x DP2
+    const ModelLayout local = build_layout(cfg, {2, tr, 1, 0, 1});
+    const ZeroPartition part = make_zero_partition(local.total, 2);
+    for (int r = 0; r < 2; ++r) {
+      const Range g = part.owned_real(r);
+      CheckpointData d{&full, p, three_states(g.size(), g.begin, &local, &full), g.begin, g.end, kStep, r, 2};
+      d.opt_layout = &local;
+      d.shard = {2, tr, 1, 0, 1};
+      write_checkpoint_files(dir.string(), st, d, nlohmann::json::object());
+    }
+  }
+  commit_checkpoint(dir.string(), kIteration);
+  auto load = [&](int tp, int tr, int dp, int r, OptimizerStates want) {
+    const ModelLayout local = build_layout(cfg, {tp, tr, 1, 0, 1});
+    const Range g = make_zero_partition(local.total, dp).owned_real(r);
+    Tensor lp = Tensor::zeros({full.total}, DType::F32);
+    for (OptimizerStateTensor& s : want) s.t = Tensor::zeros({g.size()}, DType::F32);
+    CheckpointData d{&full, lp, want, g.begin, g.end, 0, r, dp};
+    d.opt_layout = &local;
+    d.shard = {tp, tr, 1, 0, 1};
+    d.model = &cfg;
+    TrainState got;
+    REQUIRE(load_checkpoint(dir.string(), got, d));
+    CHECK(d.opt_step == kStep);
+    const OptimizerStates expect = three_states(g.size(), g.begin, &local, &full);
+    for (size_t k = 0; k < expect.size(); ++k) {
+      INFO(expect[k].name << " at tp " << tp << "/" << tr << " dp " << dp << "/" << r);
+      CHECK(equal(d.opt_state[k].t.data<float>(), expect[k].t.data<float>(), g.size()));
+    }
+  };
+  const OptimizerStates names = three_states(0, 0);
+  SECTION("same layout") { load(2, 1, 2, 1, names); }
+  SECTION("reshaped to one process") { load(1, 0, 1, 0, names); }
+  SECTION("reshaped to TP4 DP3 offline, the names carried") {
+    ReshapeTarget t;
+    t.model = cfg;
+    t.sizes.tp = 4;
+    t.dp = 3;
+    t.config = nlohmann::json::object();
+    const fs::path out = temp_dir("named_states_out");
+    write_reshaped(open_saved_step(find_step_dir(dir.string()), cfg), t, out.string());
+    const SavedStep s = open_saved_step(find_step_dir(out.string()), cfg);
+    const OptimizerStates saved = saved_state_names(s);
+    REQUIRE(state_names(saved) == "momentum_buffer, sum, third");
+    CHECK(saved[1].non_negative);
+    CHECK_FALSE(saved[0].non_negative);
+    fs::remove_all(out);
+  }
+  SECTION("an Adam run refuses it, naming both sets") {
+    const ModelLayout local = build_layout(cfg, {2, 0, 1, 0, 1});
+    Tensor lp = Tensor::zeros({full.total}, DType::F32), m = Tensor::zeros({10}, DType::F32), v = m.clone();
+    CheckpointData d{&full, lp, adam_states(m, v), 0, 10, 0, 0, 2};
+    d.opt_layout = &local;
+    d.shard = {2, 0, 1, 0, 1};
+    d.model = &cfg;
+    TrainState got;
+    REQUIRE_THROWS_WITH(load_checkpoint(dir.string(), got, d),
+                        Catch::Contains("holds the optimizer state momentum_buffer, sum, third") &&
+                            Catch::Contains("this run's optimizer keeps exp_avg, exp_avg_sq"));
+    CHECK(lp.data<float>()[0] == 0.f);  // nothing touched
+  }
   fs::remove_all(dir);
 }

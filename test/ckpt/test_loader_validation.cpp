@@ -59,7 +59,7 @@ struct Saved {
     st.consumed_samples = 24;
     for (int r = 0; r < 2; ++r) {
       const int64_t lo = r ? half : 0, hi = r ? n : half;
-      CheckpointData d{&layout, p, m.view(lo, {hi - lo}), v.view(lo, {hi - lo}), lo, hi, 3, r, 2};
+      CheckpointData d{&layout, p, adam_states(m.view(lo, {hi - lo}), v.view(lo, {hi - lo})), lo, hi, 3, r, 2};
       write_checkpoint_files(dir.string(), st, d, nlohmann::json{{"note", 1}});
     }
     commit_checkpoint(dir.string(), 3);
@@ -70,7 +70,7 @@ struct Saved {
   // Loads into a fresh single-rank destination; returns the error text ("" if none).
   std::string load_error(bool with_model = false) const {
     Tensor p = Tensor::zeros({layout.total}, DType::F32), m = p.clone(), v = p.clone();
-    CheckpointData d{&layout, p, m, v, 0, layout.total, 0, 0, 1, {}};
+    CheckpointData d{&layout, p, adam_states(m, v), 0, layout.total, 0, 0, 1, {}};
     if (with_model) d.model = &cfg;
     TrainState st;
     try {

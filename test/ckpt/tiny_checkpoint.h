@@ -15,8 +15,7 @@ struct TinyCheckpoint {
     CheckpointData d;
     d.layout = &layout;
     d.params = p;
-    d.m = m;
-    d.v = v;
+    d.opt_state = adam_states(m, v);
     d.opt_end = layout.total;
     d.opt_step = opt_step;
     return d;

@@ -174,7 +174,7 @@ TEST_CASE("checkpoints round-trip and re-partition optimizer shards") {
   int64_t cuts[4] = {0, total / 3, total / 2, total};
   for (int r = 0; r < 3; ++r) {
     int64_t lo = cuts[r], hi = cuts[r + 1];
-    CheckpointData d{&a.layout(), a.params(), m.view(lo, {hi - lo}), v.view(lo, {hi - lo}), lo, hi, 7, r, 3};
+    CheckpointData d{&a.layout(), a.params(), adam_states(m.view(lo, {hi - lo}), v.view(lo, {hi - lo})), lo, hi, 7, r, 3};
     write_checkpoint_files(dir.string(), st, d, nlohmann::json{{"k", 1}});
   }
   REQUIRE_FALSE(fs::exists(dir / "latest"));
@@ -186,7 +186,7 @@ TEST_CASE("checkpoints round-trip and re-partition optimizer shards") {
   for (int r = 0; r < 2; ++r) {
     int64_t lo = r * (total / 2), hi = r ? total : total / 2;
     Tensor mm = Tensor::zeros({hi - lo}, DType::F32), vv = Tensor::zeros({hi - lo}, DType::F32);
-    CheckpointData d{&b.layout(), b.params(), mm, vv, lo, hi, 0, r, 2};
+    CheckpointData d{&b.layout(), b.params(), adam_states(mm, vv), lo, hi, 0, r, 2};
     TrainState got;
     REQUIRE(load_checkpoint(dir.string(), got, d));
     REQUIRE(got.iteration == 7);
@@ -204,7 +204,7 @@ TEST_CASE("checkpoints round-trip and re-partition optimizer shards") {
     c.init_weights(1, 0.1f);
     Tensor before = c.params().clone();
     Tensor mm = Tensor::zeros({c.layout().total}, DType::F32), vv = mm.clone();
-    CheckpointData d{&c.layout(), c.params(), mm, vv, 0, c.layout().total, 0, 0, 1};
+    CheckpointData d{&c.layout(), c.params(), adam_states(mm, vv), 0, c.layout().total, 0, 0, 1};
     TrainState got;
     REQUIRE_THROWS_AS(load_checkpoint(dir.string(), got, d), UserError);
     REQUIRE(same(before, c.params()));
@@ -214,7 +214,7 @@ TEST_CASE("checkpoints round-trip and re-partition optimizer shards") {
     fs::resize_file(f, fs::file_size(f) / 2);
     Tensor mm = Tensor::zeros({total}, DType::F32), vv = mm.clone();
     Tensor before = b.params().clone();
-    CheckpointData d{&b.layout(), b.params(), mm, vv, 0, total, 0, 0, 1};
+    CheckpointData d{&b.layout(), b.params(), adam_states(mm, vv), 0, total, 0, 0, 1};
     TrainState got;
     REQUIRE_THROWS_AS(load_checkpoint(dir.string(), got, d), UserError);
     REQUIRE(same(before, b.params()));
@@ -222,7 +222,7 @@ TEST_CASE("checkpoints round-trip and re-partition optimizer shards") {
   SECTION("a missing optimizer shard is a clear error") {
     fs::remove(dir / "global_step7" / "optim_rank00001_of_00003.safetensors");
     Tensor mm = Tensor::zeros({total}, DType::F32), vv = mm.clone();
-    CheckpointData d{&b.layout(), b.params(), mm, vv, 0, total, 0, 0, 1};
+    CheckpointData d{&b.layout(), b.params(), adam_states(mm, vv), 0, total, 0, 0, 1};
     TrainState got;
     try {
       load_checkpoint(dir.string(), got, d);

@@ -259,7 +259,7 @@ TEST_CASE("checkpoint saves and loads print byte progress lines") {
   ::dup2(fd, 2);
   ::close(fd);
   {
-    CheckpointData d{&layout, p, m, v, 0, layout.total, 0, 0, 1, nullptr, {}, nullptr};
+    CheckpointData d{&layout, p, adam_states(m, v), 0, layout.total, 0, 0, 1, nullptr, {}, nullptr};
     save_checkpoint(dir / "ckpt", st, d, nlohmann::json::object());
     TrainState back;
     REQUIRE(load_checkpoint(dir / "ckpt", back, d));
