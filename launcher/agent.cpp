@@ -23,6 +23,8 @@
 #include "launcher/world_info.h"
 #include "launcher/env_export.h"
 #include "launcher/guard.h"
+#include "launcher/liveness.h"
+#include "lib/core/heartbeat.h"
 
 namespace ds::launch {
 namespace {
@@ -103,6 +105,7 @@ class Agent {
                   const std::vector<int>& cores);
   void loop_once();
   void reap();
+  void check_liveness();
   void on_signal(int sig);
   void pump(OutStream& s, int out_fd, const std::string& prefix);
   void begin_teardown(int code, const std::string& why);
@@ -122,9 +125,12 @@ class Agent {
   double kill_deadline_ = 0, drain_deadline_ = 0;
   double next_heartbeat_ = 0;
   bool interrupted_ = false;  // stopped by a signal (not by a rank's failure)
+  std::string cause_;         // why the teardown began
+  std::unique_ptr<LivenessWatch> liveness_;
 
  public:
   bool interrupted() const { return interrupted_; }
+  const std::string& cause() const { return cause_; }
 };
 
 int Agent::live() const {
@@ -162,12 +168,16 @@ void Agent::begin_teardown(int code, const std::string& why) {
   if (result_ < 0) result_ = code;
   if (teardown_) return;
   teardown_ = true;
+  cause_ = why;
   int n = live();
   std::string msg = fmt::format("dsrun: {}", why);
   if (n > 0) msg += fmt::format("; stopping {} rank(s) on {}", n, ranks_.empty() ? "" : ranks_[0].info.host);
   emit(2, msg + "\n");
   for (auto& r : ranks_)
-    if (r.pid > 0 && !r.done) kill_group(r.pid, SIGTERM);
+    if (r.pid > 0 && !r.done) {
+      kill_group(r.pid, SIGTERM);
+      kill_group(r.pid, SIGCONT);  // a stopped rank acts on its SIGTERM too
+    }
   kill_deadline_ = now_seconds() + a_.teardown_grace;
 }
 
@@ -175,7 +185,10 @@ void Agent::spawn_rank(RankProc& r, const std::vector<std::string>& base_env, in
                        const std::vector<int>& cores) {
   SpawnSpec spec;
   spec.argv = rank_argv(a_.program, a_.args, r.info.local_rank, a_.no_local_rank);
-  spec.env = merge_env(base_env, rank_env(r.info, {a_.master_addr, a_.master_port, a_.job_token}, omp));
+  EnvList env = rank_env(r.info, {a_.master_addr, a_.master_port, a_.job_token}, omp);
+  // Always set, so a DS_HEARTBEAT_FILE inherited by this agent never reaches a rank.
+  env.emplace_back(kHeartbeatFileEnv, liveness_->add_rank(r.info.rank));
+  spec.env = merge_env(base_env, env);
   if (!cores.empty()) spec.cpus = cores_for_rank(cores, r.info.local_size, r.info.local_rank);
   int log_fd = -1, out_p[2] = {-1, -1}, err_p[2] = {-1, -1};
   if (!a_.each_rank_log.empty()) {
@@ -197,6 +210,7 @@ void Agent::spawn_rank(RankProc& r, const std::vector<std::string>& base_env, in
   }
   try {
     r.pid = spawn_process(spec);
+    liveness_->started(&r - ranks_.data(), r.pid, now_seconds());
   } catch (...) {
     for (int fd : {log_fd, out_p[0], out_p[1], err_p[0], err_p[1]})
       if (fd >= 0) close(fd);
@@ -237,6 +251,7 @@ void Agent::start_ranks() {
                                          ec.message()));
   }
   std::vector<std::string> base_env = environ_entries();
+  liveness_ = std::make_unique<LivenessWatch>(a_.heartbeat_timeout);
   for (auto& r : ranks_) {
     if (teardown_) break;  // a signal arrived while starting
     try {
@@ -268,6 +283,7 @@ void Agent::reap() {
     for (auto& r : ranks_) {
       if (r.pid != pid) continue;
       r.done = true;
+      if (liveness_) liveness_->exited(&r - ranks_.data());
       int code = exit_code_of(st);
       if (code != 0 && !teardown_)
         begin_teardown(code, fmt::format("rank {} (host {}, local rank {}) {}", r.info.rank, r.info.host,
@@ -275,6 +291,18 @@ void Agent::reap() {
       kill_group(r.pid, SIGKILL);  // leftovers of a finished rank never outlive it
     }
   }
+}
+
+// A rank stalled: it is killed at once (a stopped or hung rank would not act
+// on SIGTERM), the others are stopped as after a failure.
+void Agent::check_liveness() {
+  if (!liveness_ || teardown_) return;
+  const std::optional<Stall> s = liveness_->check(now_seconds());
+  if (!s) return;
+  RankProc& r = ranks_.at(s->index);
+  begin_teardown(kStallExitCode,
+                 fmt::format("rank {} (host {}, local rank {}) {}", r.info.rank, r.info.host, r.info.local_rank, s->why));
+  kill_group(r.pid, SIGKILL);
 }
 
 void Agent::pump(OutStream& s, int out_fd, const std::string& prefix) {
@@ -324,6 +352,10 @@ void Agent::loop_once() {
     const int until = std::max(0, static_cast<int>(std::ceil((next_heartbeat_ - now) * 1000)));
     timeout = timeout < 0 ? until : std::min(timeout, until);
   }
+  if (liveness_ && liveness_->on() && !teardown_) {
+    const int until = liveness_->ms_to_next_check(now);
+    timeout = timeout < 0 ? until : std::min(timeout, until);
+  }
   int rc = poll(fds.data(), fds.size(), timeout);
   if (rc < 0 && errno != EINTR) DS_THROW("poll: {}", std::strerror(errno));
   if (rc > 0) {
@@ -336,6 +368,7 @@ void Agent::loop_once() {
       begin_teardown(128 + SIGHUP, "lost the connection to the dsrun head");
     }
   }
+  check_liveness();
   if (teardown_ && !hard_killed_ && now_seconds() >= kill_deadline_) {
     hard_killed_ = true;
     for (auto& r : ranks_)
@@ -374,6 +407,7 @@ int Agent::run() {
       if (s->fd >= 0) close(s->fd), s->fd = -1;
   }
   kill_all_adopted();
+  liveness_.reset();  // the heartbeat files go with the ranks
   prctl(PR_SET_CHILD_SUBREAPER, 0);
   return result_ < 0 ? 0 : result_;
 }
@@ -417,11 +451,11 @@ int resolve_node_rank(const AgentOptions& a, const ActiveResources& active) {
   return n;
 }
 
-int run_agent(const AgentOptions& a, int node_rank, bool watch_hangup, bool* interrupted) {
+int run_agent(const AgentOptions& a, int node_rank, bool watch_hangup, AgentEnd* end) {
   signal(SIGPIPE, SIG_IGN);
   Agent agent(a, node_rank, watch_hangup);
   const int code = agent.run();
-  if (interrupted) *interrupted = agent.interrupted();
+  if (end) *end = {agent.interrupted(), agent.cause()};
   return code;
 }
 

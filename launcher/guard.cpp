@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "launcher/liveness.h"
 #include "launcher/process.h"
 
 namespace ds::launch {
@@ -74,6 +75,7 @@ int run_guarded(const std::function<int()>& fn) {
     if (errno != EINTR) return 1;
   }
   kill_all_adopted();  // whatever the worker's ranks left behind
+  if (WIFSIGNALED(status)) remove_heartbeat_dirs_of(worker);  // it had no chance to
   return guard_exit_code(status);
 }
 

@@ -366,13 +366,17 @@ int run_external(LaunchPlan& p, const PlanInputs& in, bool* interrupted) {
 AttemptResult run_attempt(LaunchPlan& p, const PlanInputs& in, std::vector<std::unique_ptr<SshConnection>> conns) {
   if (p.transport == Transport::Ssh) return run_ssh(p, in, std::move(conns));
   AttemptResult r;
+  AgentEnd end;
   if (p.transport == Transport::Local) {
-    r.code = run_agent(p.agent, p.local_node_rank, false, &r.interrupted);
+    r.code = run_agent(p.agent, p.local_node_rank, false, &end);
+    r.interrupted = end.interrupted;
     r.failed_node = 0;
   } else {
     r.code = run_external(p, in, &r.interrupted);
   }
-  r.cause = r.interrupted ? "dsrun was interrupted" : fmt::format("exit code {}", r.code);
+  r.cause = r.interrupted ? "dsrun was interrupted"
+            : r.code == kStallExitCode && !end.cause.empty() ? end.cause
+                                                               : fmt::format("exit code {}", r.code);
   return r;
 }
 

@@ -35,8 +35,8 @@ bool run_parse(CLI::App& app, int argc, char** argv, std::string* program,
 void check_restart_options(const Options& o) {
   DS_USER_CHECK(o.max_restarts >= 0 && o.max_restarts <= 10000, "--max_restarts {} must be between 0 and 10000",
                 o.max_restarts);
-  DS_USER_CHECK(o.heartbeat_timeout >= 0 && o.heartbeat_timeout <= 86400,
-                "--heartbeat_timeout {} must be between 0 (off) and 86400 seconds", o.heartbeat_timeout);
+  DS_USER_CHECK(o.heartbeat_timeout == 0 || (o.heartbeat_timeout >= 1 && o.heartbeat_timeout <= 86400),
+                "--heartbeat_timeout {} must be 0 (off) or between 1 and 86400 seconds", o.heartbeat_timeout);
   DS_USER_CHECK(o.max_restarts == 0 || !o.no_ssh, "--max_restarts cannot be combined with --no_ssh (each node's "
                 "dsrun would restart on its own)");
   const bool bounds = o.min_elastic_nodes != -1 || o.max_elastic_nodes != -1;
@@ -110,7 +110,8 @@ bool parse_options(int argc, char** argv, Options* o) {
   app.add_option("--min_elastic_nodes", o->min_elastic_nodes, "fewest hosts an elastic job may run on (default 1)");
   app.add_option("--max_elastic_nodes", o->max_elastic_nodes, "most hosts an elastic job may run on (default all)");
   app.add_option("--heartbeat_timeout", o->heartbeat_timeout,
-                 "seconds of silence after which a node counts as lost (ssh, with restarts)")
+                 "seconds a rank may stay stopped or without a heartbeat, and a node silent (ssh, with restarts); "
+                 "0: off")
       ->capture_default_str();
   for (const char* bad : {"--module"}) {
     std::string name = bad;
@@ -159,6 +160,7 @@ bool parse_agent_options(int argc, char** argv, AgentOptions* a) {
   app.add_flag("--env_from_stdin", a->env_from_stdin);
   app.add_option("--env_file", a->env_file);
   app.add_option("--heartbeat", a->heartbeat);
+  app.add_option("--heartbeat_timeout", a->heartbeat_timeout);
   return run_parse(app, argc, argv, &a->program, &a->args);
 }
 
@@ -177,6 +179,7 @@ std::vector<std::string> agent_flags(const AgentOptions& a) {
   if (a.env_from_stdin) f.push_back("--env_from_stdin");
   if (!a.env_file.empty()) f.push_back("--env_file=" + a.env_file);
   if (a.heartbeat > 0) f.push_back(fmt::format("--heartbeat={}", a.heartbeat));
+  if (a.heartbeat_timeout > 0) f.push_back(fmt::format("--heartbeat_timeout={}", a.heartbeat_timeout));
   return f;
 }
 

@@ -43,7 +43,10 @@ struct Options {
   bool elastic_training = false;
   int min_elastic_nodes = -1;    // -1: 1
   int max_elastic_nodes = -1;    // -1: every active host
-  double heartbeat_timeout = 30;  // seconds without a word from a node's agent (ssh, with restarts)
+  // Seconds without a word from a node's agent (ssh, with restarts), and that a
+  // rank may stay stopped or, once it opted in, leave its heartbeat file
+  // untouched (every transport); 0: off.
+  double heartbeat_timeout = 30;
   std::string program;
   std::vector<std::string> args;
 };
@@ -76,6 +79,9 @@ struct AgentOptions {
   // Seconds between the heartbeat lines (kHeartbeatLine) the agent writes to
   // stdout for the head (0: none); set with restarts over the built-in ssh.
   double heartbeat = 0;
+  // Seconds a rank may stay stopped or leave its heartbeat file untouched
+  // (launcher/liveness.h); 0: not watched.
+  double heartbeat_timeout = 0;
   std::string program;
   std::vector<std::string> args;
 };

@@ -218,6 +218,8 @@ void build_commands(LaunchPlan& p, const PlanInputs& in) {
   a.heartbeat = p.transport == Transport::Ssh && o.max_restarts > 0 && o.heartbeat_timeout > 0
                     ? std::min(1.0, o.heartbeat_timeout / 4)
                     : 0;
+  // Every agent, whatever the transport, watches its own ranks (liveness.h).
+  a.heartbeat_timeout = o.heartbeat_timeout;
   p.agent_env = p.exports;
   env_set(p.agent_env, "DS_JOB_TOKEN", p.job_token);
   a.program = o.program;

@@ -176,6 +176,14 @@ std::vector<std::string> merge_env(const std::vector<std::string>& base,
   return out;
 }
 
+char process_state(pid_t pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(stat, line)) return 0;
+  const size_t rp = line.rfind(')');  // the name may hold spaces and parentheses
+  return rp == std::string::npos || rp + 2 >= line.size() ? 0 : line[rp + 2];
+}
+
 namespace {
 
 // (pid, ppid) of every process.

@@ -67,6 +67,8 @@ std::vector<std::string> environ_entries();
 // `base` with each NAME=value of `overrides` replacing or adding that variable.
 std::vector<std::string> merge_env(const std::vector<std::string>& base,
                                    const std::vector<std::pair<std::string, std::string>>& overrides);
+// The state letter of /proc/PID/stat (R, S, D, T stopped, t traced, Z...), 0 when gone.
+char process_state(pid_t pid);
 // Every live descendant of `root` (children, grandchildren, ...), found through /proc.
 std::vector<pid_t> descendants_of(pid_t root);
 // Sends SIGKILL to every process whose parent is this process (orphans that we

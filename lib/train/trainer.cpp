@@ -395,7 +395,8 @@ float Trainer::train_step() {
     opt_->zero_grads();
     begin_step_stats();
     if (pipe_) {
-      auto batch = [&](int micro) {
+      auto batch = [&](int micro) {  // called as each stage reaches the micro-batch
+        heartbeat_.beat_if_started();
         return local_batch(data_->train_batch(state_.consumed_samples, micro, dp_rank_, dp_, L));
       };
       pipe_->train(batch, loss_weight, key);  // the losses went to the step's statistics
@@ -459,6 +460,7 @@ float Trainer::train_step() {
 void Trainer::run_micro_batches(float loss_weight, DropoutKey key, int64_t L) {
   const int64_t ga = cfg_.batch.grad_accum_steps;
   for (int64_t micro = 0; micro < ga; ++micro) {
+    heartbeat_.beat_if_started();
     MicroBatch mb = local_batch(data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_, L));
     key.first_sample = mb.first_sample;
     if (micro + 1 == ga) opt_->begin_last_micro_batch();  // overlap_comm: reduce during it
@@ -555,6 +557,7 @@ double Trainer::evaluate() {
   const int64_t ga = cfg_.batch.grad_accum_steps;
   for (int64_t it = 0; it < cfg_.log.eval_iters; ++it) {
     auto batch = [&](int micro) {
+      heartbeat_.beat_if_started();
       return local_batch(data_->valid_batch((it * ga + micro) * cfg_.batch.micro_batch_size * dp_, dp_rank_, dp_));
     };
     if (pipe_) {  // forwards through the stages; the loss sum is on the last stage
@@ -614,6 +617,7 @@ MicroBatch Trainer::local_batch(MicroBatch mb) const {
 
 void Trainer::save() {
   if (cfg_.ckpt.save_dir.empty()) return;
+  const Heartbeat::Paused paused(heartbeat_);  // ranks wait for the writers
   invalidate_graph("checkpoint save");
   if (cfg_.optim.scheduler_type.empty()) state_.lr_schedule = lr_schedule_values(cfg_.optim);
   // Stage 0 keeps identical optimizer state on every rank: rank 0 writes one shard.
@@ -687,6 +691,10 @@ std::vector<float> Trainer::run() {
                 "(training.train_samples {}, at least one global batch of {}); with --export-hf, 0 iterations "
                 "exports the initial or loaded weights", cfg_.lengths.train_samples, cfg_.batch.train_batch_size);
   if (cfg_.exit_signal_handler) install_exit_signal_handler();
+  struct PauseAtEnd {  // the caller's final barrier waits for the slowest rank
+    Heartbeat& hb;
+    ~PauseAtEnd() { hb.pause(); }
+  } pause_at_end{heartbeat_};
   if (state_.iteration >= cfg_.train_iters || !tokens_left())
     DS_LOG("nothing left to train: iteration {} of {}, {} of {} tokens consumed", state_.iteration, cfg_.train_iters,
            state_.consumed_tokens, cfg_.lengths.train_tokens);
@@ -703,6 +711,7 @@ std::vector<float> Trainer::run() {
     const bool profile = cfg_.log.profile && (state_.iteration == profiled ||
                                               (state_.iteration == first_iteration && cfg_.train_iters - first_iteration == 1));
     float loss = profile ? profiled_step() : train_step();
+    heartbeat_.beat();  // the first one opts in: start-up and the first step are not judged
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     losses.push_back(loss);
     window_ms += ms;
@@ -754,6 +763,7 @@ std::vector<float> Trainer::run() {
   }
   if (cfg_.ckpt.save_interval <= 0 || state_.iteration % cfg_.ckpt.save_interval != 0) save();
   if (!cfg_.ckpt.export_hf.empty()) {
+    const Heartbeat::Paused paused(heartbeat_);
     Tensor full = full_params(false);  // collective with ZeRO-3
     if (comms_.grid.rank == 0) {
       // The tokenizer's ids where its files name them; otherwise the GPT-2 default (-1).

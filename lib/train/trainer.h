@@ -8,6 +8,7 @@
 
 #include "lib/ckpt/checkpoint.h"
 #include "lib/ckpt/model_state.h"
+#include "lib/core/heartbeat.h"
 #include "lib/model/gpt.h"
 #include "lib/optim/adamw.h"
 #include "lib/optim/loss_scaler.h"
@@ -141,6 +142,10 @@ class Trainer {
   Comms& comms_;
   int local_rank_ = 0;
   std::chrono::steady_clock::time_point start_;  // when this process started training
+  // dsrun's liveness watch (docs/dsrun.md, "Hung ranks"): beats once the first
+  // step is done and at every micro-batch after it; paused while saving,
+  // exporting and after training (a rank may wait for its peers there).
+  Heartbeat heartbeat_;
   int dp_ = 1, dp_rank_ = 0;    // data parallel: which samples this rank reads
   int sdp_ = 1, sdp_rank_ = 0;  // sequence x data parallel (Ulysses): gradient reduction, ZeRO
   ShardCoords shard_;  // this rank's model shard (tp, pp, virtual stages)

@@ -144,6 +144,7 @@ void Trainer::graph_region(float loss_weight, DropoutKey key, const StepHyper& h
   const int64_t ga = cfg_.batch.grad_accum_steps;
   stage_update_terms(h);  // Adam's step count and the loss scale as the previous read left them
   for (int64_t m = 0; m < ga; ++m) {
+    heartbeat_.beat_if_started();
     MicroBatch mb = data_->train_batch_host(state_.consumed_samples, static_cast<int>(m), 0, 1);
     DS_CHECK(mb.tokens.nbytes() == g.tok[m].nbytes(), "--cuda-graph: micro-batch shape changed");
     std::memcpy(g.pinned_tok[m], mb.tokens.raw(), mb.tokens.nbytes());

@@ -11,11 +11,21 @@
 //   hang_ignore_term   ignore SIGTERM, sleep until SIGKILL
 //   grandchild CODE RANK  fork a hanging grandchild, then like `exit CODE RANK`
 //   barrier            TCP barrier over MASTER_ADDR:MASTER_PORT, prints "barrier ok"
+// Liveness (DS_HEARTBEAT_FILE; each prints "heartbeat PATH" first):
+//   stop RANK [ONCE]   rank RANK stops itself (SIGSTOP), the others hang; with
+//                      ONCE: only while the file ONCE does not exist (RANK
+//                      creates it first), else every rank exits 0
+//   beat_then_hang     touch the heartbeat file once (opt in), then hang
+//   beat SECONDS       touch it every 0.2 s for SECONDS, exit 0
+//   pause SECONDS      touch it, remove it (pause) for SECONDS, touch it, exit 0
+//   sleep SECONDS      never touch it: sleep SECONDS, exit 0
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -127,6 +137,48 @@ int barrier() {
   return 0;
 }
 
+// The heartbeat protocol as any program may speak it: touch (or create) the file.
+void touch_heartbeat() {
+  const char* p = std::getenv("DS_HEARTBEAT_FILE");
+  if (!p || !*p) return;
+  if (utimensat(AT_FDCWD, p, nullptr, 0) != 0) {
+    const int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+  }
+}
+
+int liveness(const std::string& mode, const std::vector<std::string>& args, int rank) {
+  const char* hb = std::getenv("DS_HEARTBEAT_FILE");
+  std::printf("heartbeat %s\n", hb ? hb : "<unset>");
+  std::fflush(stdout);
+  const double seconds = args.size() > 1 ? std::atof(args[1].c_str()) : 0;
+  if (mode == "stop") {
+    if (args.size() > 2 && access(args[2].c_str(), F_OK) == 0) return 0;
+    if (std::atoi(args.at(1).c_str()) != rank) hang();
+    if (args.size() > 2) close(open(args[2].c_str(), O_WRONLY | O_CREAT, 0644));
+    raise(SIGSTOP);
+    return 0;  // continued (the watch is off)
+  }
+  if (mode == "beat_then_hang") {
+    touch_heartbeat();
+    hang();
+  }
+  if (mode == "beat") {
+    for (int i = 0; i < seconds * 5; ++i) {
+      touch_heartbeat();
+      usleep(200000);
+    }
+    return 0;
+  }
+  if (mode == "pause") {
+    touch_heartbeat();
+    if (hb) unlink(hb);
+  }
+  usleep(static_cast<useconds_t>(seconds * 1e6));  // pause, sleep
+  if (mode == "pause") touch_heartbeat();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -172,5 +224,7 @@ int main(int argc, char** argv) {
     raise(SIGSEGV);
   }
   if (mode == "barrier") return barrier();
+  for (const char* m : {"stop", "beat_then_hang", "beat", "pause", "sleep"})
+    if (mode == m) return liveness(mode, args, rank);
   return 64;
 }

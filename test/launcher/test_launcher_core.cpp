@@ -293,7 +293,8 @@ TEST_CASE("plan: multi-node commands per transport", "[launcher]") {
   CHECK(node_remote_command(ssh, 1) ==
         "cd '/work dir' && exec /opt/dsrun --agent "
         "--world_info=eyJ3MCI6IFswLCAxXSwgIncxIjogWzAsIDFdfQ== --master_addr=10.0.0.1 --master_port=29500 "
-        "--teardown_grace=5 --stop_on_stdin_eof --env_from_stdin --node_rank=1 -- /bin/train --config c.json");
+        "--teardown_grace=5 --stop_on_stdin_eof --env_from_stdin --heartbeat_timeout=30 --node_rank=1 -- /bin/train "
+        "--config c.json");
   // The exports and the token travel on stdin, hex-encoded ("a b" = 612062).
   CHECK(ssh.agent_stdin == "NCCL_DEBUG=494e464f\nFOO=612062\nDS_JOB_TOKEN=746f6b313233\n\n");
   CHECK(ssh.ranks[3].env[0] == std::pair<std::string, std::string>{"RANK", "3"});

@@ -277,7 +277,7 @@ TEST_CASE("restart: flag errors name the flag", "[elastic]") {
              Catch::Contains("--num_nodes cannot be combined with --elastic_training"));
   CHECK_THAT(parse_flags({"--max_restarts", "2", "--no_ssh", "--node_rank", "0"}),
              Catch::Contains("--max_restarts cannot be combined with --no_ssh"));
-  CHECK_THAT(parse_flags({"--heartbeat_timeout", "-3"}), Catch::Contains("--heartbeat_timeout -3 must be between"));
+  CHECK_THAT(parse_flags({"--heartbeat_timeout", "-3"}), Catch::Contains("--heartbeat_timeout -3 must be 0 (off) or between 1 and 86400"));
   CHECK_THAT(parse_flags({"--module", "pkg.main"}), Catch::Contains("--module is a DeepSpeed (Python) feature"));
   CHECK(parse_flags({"--elastic_training", "--max_restarts", "3", "--min_elastic_nodes", "1"}) == "(no error)");
 }

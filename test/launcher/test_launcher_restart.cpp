@@ -224,6 +224,51 @@ TEST_CASE("restart: kill -9 of a random rank at random iterations, three times; 
   CHECK(job_leftovers(job.token, 5).empty());
 }
 
+// dstrain's side of the liveness watch: it touches DS_HEARTBEAT_FILE as it
+// trains, is not stopped by a short --heartbeat_timeout while it starts,
+// saves and finishes, and a rank stopped mid-run is found and restarted.
+TEST_CASE("restart: a dstrain rank stopped mid-run is found by the heartbeat watch and the job resumes", "[restart]") {
+  REQUIRE_DATA();
+  const int iters = 30;
+  TrainJob job(iters, kBatch);
+  long long mtime_first = -1, mtime_later = -1;
+  bool stopped = false;
+  auto stopper = [&](pid_t) {
+    if (!wait_rows(job.csv(), 3, 60)) return;
+    std::vector<pid_t> rank0 = ranks_with(job.token, "RANK", "0");
+    if (rank0.size() != 1) return;
+    std::string env = read_file("/proc/" + std::to_string(rank0[0]) + "/environ");
+    const size_t at = env.find("DS_HEARTBEAT_FILE=");
+    if (at == std::string::npos) return;
+    const std::string hb = env.substr(at + 18, env.find('\0', at) - at - 18);
+    auto mtime = [&] {
+      struct stat st {};
+      return stat(hb.c_str(), &st) == 0 ? st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec : -1LL;
+    };
+    for (int i = 0; i < 500 && mtime_later <= mtime_first; ++i, usleep(10000)) {  // absent while it saves
+      const long long m = mtime();
+      if (mtime_first < 0) mtime_first = m;
+      else mtime_later = m;
+    }
+    std::vector<pid_t> rank1 = ranks_with(job.token, "RANK", "1");
+    stopped = rank1.size() == 1 && kill(rank1[0], SIGSTOP) == 0;
+  };
+  auto r = run_cmd(cat({dsrun_bin(), "--include", "localhost:0,1", "--teardown_grace", "1", "--heartbeat_timeout", "1",
+                        "--max_restarts", "1", "--master_port", std::to_string(free_port())},
+                       job.dstrain_args()),
+                   job.env(), 120, stopper);
+  INFO(r.err);
+  CHECK(mtime_first > 0);
+  CHECK(mtime_later > mtime_first);  // rank 0 beats while it trains
+  REQUIRE(stopped);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.err, Catch::Contains("dsrun: restart 1 of 1 after rank 1 (host localhost, local rank 1) has been stopped "
+                                    "(process state T: SIGSTOP or SIGTSTP) for "));
+  CHECK_THAT(r.err, Catch::Contains("dsrun: the job finished after 1 restart(s)"));
+  CHECK(by_iteration(csv_rows(job.csv())).size() == static_cast<size_t>(iters));
+  CHECK(job_leftovers(job.token, 5).empty());
+}
+
 TEST_CASE("restart: the exit code is the last attempt's; flags and a missing checkpoint are one-line errors",
           "[restart]") {
   Env env = {{"DS_JOB_TOKEN", new_token()}};
