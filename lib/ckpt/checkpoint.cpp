@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "lib/ckpt/crc32c.h"
@@ -213,8 +214,8 @@ bool same_layout(const SavedLayout& saved, const ModelLayout& l) {
 
 // The same (TP, model) layout: reads only the shards overlapping d's range.
 void read_same_layout(const SavedStep& s, const CheckpointData& d, Tensor& params, OptimizerStates& state,
-                      int64_t& opt_step) {
-  params = read_full_params(s, *d.layout);
+                      int64_t& opt_step, bool with_params) {
+  if (with_params) params = read_full_params(s, *d.layout);
   const int64_t total = (d.opt_layout ? d.opt_layout : d.layout)->total;
   opt_step = read_state_range(s, d.shard.tp_rank, d.shard.pp_rank, total, d.opt_begin, d.opt_end, state);
 }
@@ -251,24 +252,32 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   OptimizerStates opt_state = d.opt_state;  // the names to read; their tensors are replaced by host copies
   int64_t opt_step = 0;
   const TrainState train = state.train;
+  SavedStep s;
   if (same) {
-    SavedStep s;
     s.dir = step;
     s.sizes = saved;
     s.shards = state.shards;
     s.state = std::move(state);
     s.full = *d.layout;
-    s.progress = &progress;
-    check_saved_states(s, opt_state);
-    read_same_layout(s, d, params, opt_state, opt_step);
   } else {
-    SavedStep s = open_saved_step(step, std::move(state), *d.model);
-    s.progress = &progress;
-    check_saved_states(s, opt_state);
-    read_reshaped(s, d, params, opt_state, opt_step);
+    s = open_saved_step(step, std::move(state), *d.model);
   }
+  s.progress = &progress;
+  check_saved_states(s, opt_state);
+  // A receiving rank reads its shard of the weights later; the others the full model now.
+  std::optional<SafetensorsFile> model;
+  if (d.receive_params) model = open_saved_model(s);
+  if (same)
+    read_same_layout(s, d, params, opt_state, opt_step, !d.receive_params);
+  else
+    read_reshaped(s, d, params, opt_state, opt_step, !d.receive_params);
   progress.finish();
-  d.params.copy_from(params);
+  if (d.receive_params) {
+    const ModelLayout& local = d.opt_layout ? *d.opt_layout : *d.layout;
+    d.receive_params([&](int64_t begin, int64_t end, float* out) { read_local_params(s, *model, local, begin, end, out); });
+  } else {
+    d.params.copy_from(params);
+  }
   for (size_t i = 0; i < opt_state.size(); ++i) d.opt_state[i].t.copy_from(opt_state[i].t);
   d.opt_step = opt_step;
   st = train;

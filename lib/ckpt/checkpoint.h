@@ -8,6 +8,7 @@
 // and refuses weights or moments holding NaN/Inf (docs/formats.md).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -61,6 +62,12 @@ struct CheckpointData {
   // The run's tokenizer files, copied by the rank that writes the model into
   // the step directory (state.json "tokenizer" names them). Null: none.
   const StepTokenizer* tokenizer = nullptr;
+  // Loading only, instead of `params`: called once, after every check
+  // passed, with a reader of any range [begin, end) of this rank's shard
+  // layout (`opt_layout`, else `layout`) from the saved model, so that a rank
+  // reads what it keeps (ParamStore::init_params) and never the whole model.
+  using ParamsReader = std::function<void(int64_t begin, int64_t end, float* out)>;
+  std::function<void(const ParamsReader&)> receive_params;
 };
 
 // Saving is two phases so that several ranks can share one step directory:

@@ -114,7 +114,7 @@ Tensor adapt_full(const ModelLayout& from, const ModelLayout& to, const Tensor& 
   return out;
 }
 
-Tensor read_full_params(const SavedStep& s, const ModelLayout& target_full) {
+SafetensorsFile open_saved_model(const SavedStep& s) {
   const fs::path file = s.dir / "model.safetensors";
   verify_step_file(s.dir, s.state, "model.safetensors", s.progress);
   SafetensorsFile model = SafetensorsFile::open(file.string());
@@ -124,13 +124,44 @@ Tensor read_full_params(const SavedStep& s, const ModelLayout& target_full) {
                   model.has(p.name) ? fmt::format(" (it holds {} {})", model.dtype_string(p.name),
                                                   shape_str(model.shape(p.name)))
                                     : std::string());
+  return model;
+}
+
+Tensor read_full_params(const SavedStep& s, const ModelLayout& target_full) {
+  const SafetensorsFile model = open_saved_model(s);
   Tensor saved = Tensor::empty({s.full.total}, DType::F32);
   for (const ParamSpec& p : s.full.params) {
     Tensor w = saved.view(p.offset, p.shape);
     w.copy_from(model.get(p.name));
-    check_finite(w, file.string(), p.name);
+    check_finite(w, model.path(), p.name);
   }
   return adapt_full(s.full, target_full, saved);
+}
+
+void read_local_params(const SavedStep& s, const SafetensorsFile& model, const ModelLayout& local, int64_t begin,
+                       int64_t end, float* out) {
+  DS_CHECK(begin >= 0 && begin <= end && end <= local.total, "read_local_params: [{}, {}) outside {} elements",
+           begin, end, local.total);
+  for (const ParamSpec& p : local.params) {
+    if (p.offset + p.numel <= begin || p.offset >= end) continue;
+    const ParamSpec* f = s.full.try_find(p.name);
+    const ParamSpec target{.name = p.name, .shape = p.full_shape, .numel = shape_numel(p.full_shape)};
+    DS_USER_CHECK(f && same_but_vocab(*f, target), "checkpoint: weight '{}' is {}, the configured model expects {}",
+                  p.name, f ? shape_str(f->shape) : std::string("missing"), shape_str(p.full_shape));
+    // Each run of this shard's weight in the full weight; elements past the
+    // saved ones (vocabulary rows the saved model lacks) are zero.
+    for_each_tp_run(p, local.shard.tp, local.shard.tp_rank, [&](int64_t full_off, int64_t local_off, int64_t n) {
+      const int64_t lo = std::max(begin, p.offset + local_off), hi = std::min(end, p.offset + local_off + n);
+      if (lo >= hi) return;
+      const int64_t src = full_off + (lo - p.offset - local_off);  // element of the full weight at lo
+      const int64_t saved_n = std::clamp(f->numel - src, int64_t{0}, hi - lo);
+      float* dst = out + (lo - begin);
+      model.read_f32(p.name, src, saved_n, dst);
+      std::fill(dst + saved_n, dst + (hi - lo), 0.0f);
+      const Tensor got = Tensor::from_blob(dst, {saved_n}, DType::F32);
+      check_finite(got, model.path(), p.name);
+    });
+  }
 }
 
 FullOptimizerState assemble_full_state(const SavedStep& s) {
@@ -150,11 +181,11 @@ FullOptimizerState assemble_full_state(const SavedStep& s) {
 }
 
 void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, OptimizerStates& state,
-                   int64_t& opt_step) {
+                   int64_t& opt_step, bool with_params) {
   DS_CHECK(d.model != nullptr, "read_reshaped needs the model config");
   const ModelLayout& full = *d.layout;
   const ModelLayout& local = d.opt_layout ? *d.opt_layout : full;  // the target stage's tp-rank layout
-  params = read_full_params(s, full);
+  if (with_params) params = read_full_params(s, full);
   FullOptimizerState fs = assemble_full_state(s);
   opt_step = fs.step;
   const int64_t n = d.opt_end - d.opt_begin;

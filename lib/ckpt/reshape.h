@@ -20,6 +20,7 @@
 #include <string>
 
 #include "lib/ckpt/checkpoint.h"
+#include "lib/ckpt/safetensors.h"
 #include "lib/ckpt/state_json.h"
 #include "lib/core/progress.h"
 #include "lib/core/tensor.h"
@@ -73,6 +74,17 @@ void check_saved_vocab(const StepState& state, const ModelConfig& model, const s
 // The saved full model, adapted to `target_full` (vocabulary rows cut or
 // zero-padded): out is a host f32 tensor of target_full.total.
 Tensor read_full_params(const SavedStep& s, const ModelLayout& target_full);
+// model.safetensors of the step, its checksum verified and every weight of
+// s.full checked present as F32 of its saved shape (nothing read yet).
+SafetensorsFile open_saved_model(const SavedStep& s);
+// Elements [begin, end) of the shard layout `local` (a tp rank and stage of
+// the target model) read from the saved model into host `out`: each element
+// from its place in the saved full weight, vocabulary rows the saved model
+// lacks as zero. Reads only those elements (a rank loads its shard, or its
+// ZeRO-3 partition, without the whole model in memory). UserError naming the
+// file and weight on NaN/Inf, or a weight of another shape.
+void read_local_params(const SavedStep& s, const SafetensorsFile& model, const ModelLayout& local, int64_t begin,
+                       int64_t end, float* out);
 
 // The optimizer state names the step's shards hold, in the saving
 // optimizer's order (shard metadata "states"; a shard written before it
@@ -104,10 +116,10 @@ int64_t read_state_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t l
                          int64_t end, OptimizerStates& state);
 
 // The load path for a checkpoint saved with another TP / PP layout (or padded
-// vocabulary): fills host params (d.layout->total), every entry of `state`
+// vocabulary): fills host params (d.layout->total; unless !with_params), every entry of `state`
 // by name (d.opt_end - d.opt_begin each) and the step count for d's target
 // layouts. d.model is required.
 void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, OptimizerStates& state,
-                   int64_t& opt_step);
+                   int64_t& opt_step, bool with_params = true);
 
 }  // namespace ds

@@ -282,6 +282,24 @@ Shape SafetensorsFile::shape(const std::string& name) const { return entry(name)
 
 std::string SafetensorsFile::dtype_string(const std::string& name) const { return entry(name).dtype; }
 
+void SafetensorsFile::read_f32(const std::string& name, int64_t first, int64_t count, float* out) const {
+  const Entry& e = entry(name);
+  DS_CHECK(e.dtype == "F32", "read_f32('{}'): the tensor is {}", name, e.dtype);
+  DS_CHECK(first >= 0 && count >= 0 && static_cast<uint64_t>(first + count) * 4 <= e.end - e.begin,
+           "read_f32('{}'): elements [{}, {}) outside the tensor", name, first, first + count);
+  if (count <= 0) return;
+  const uint8_t* src = data_ + e.begin + static_cast<uint64_t>(first) * 4;
+  const size_t bytes = static_cast<size_t>(count) * 4;
+  std::memcpy(out, src, bytes);
+  // The copied pages of the mapping leave this process's resident set (the
+  // file stays in the page cache): a rank reading its shard of a large
+  // checkpoint holds its copy only, not the mapped file as well.
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(src) + page - 1) / page * page;
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(src) + bytes) / page * page;
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
 Tensor SafetensorsFile::get(const std::string& name) const {
   const Entry& e = entry(name);
   Tensor t = Tensor::empty(e.shape, dtype(name));

@@ -57,6 +57,9 @@ class SafetensorsFile {
   // A CPU copy of the tensor. Throws UserError for an unknown name or a dtype
   // dstrain has no DType for (e.g. F64).
   Tensor get(const std::string& name) const;
+  // Elements [first, first + count) of an F32 tensor (flattened) into out:
+  // only those bytes of the file are read.
+  void read_f32(const std::string& name, int64_t first, int64_t count, float* out) const;
   DType dtype(const std::string& name) const;
   Shape shape(const std::string& name) const;
   std::string dtype_string(const std::string& name) const;  // as in the file: "F32", "BF16", ...

@@ -68,13 +68,6 @@ void check_state_header(const SafetensorsFile& sf, const std::string& name, int6
                 name, sf.dtype_string(name), shape_str(sf.shape(name)), n);
 }
 
-Tensor read_state(const SafetensorsFile& sf, const std::string& name, int64_t n, bool non_negative) {
-  check_state_header(sf, name, n);
-  Tensor t = sf.get(name);
-  check_finite(t, sf.path(), name, non_negative);
-  return t;
-}
-
 std::vector<std::string> split_names(const std::string& t) {
   std::vector<std::string> out;
   size_t at = 0;
@@ -203,9 +196,11 @@ int64_t read_state_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t l
     }
     if (s.progress) s.progress->set_total(s.progress->total() + static_cast<int64_t>(fs::file_size(f)));
     verify_step_file(s.dir, s.state, name, s.progress);
-    for (OptimizerStateTensor& t : state) {
-      const Tensor saved = read_state(sf, t.name, e - b, t.non_negative);
-      std::copy_n(saved.data<float>() + (lo - b), hi - lo, t.t.data<float>() + (lo - begin));
+    for (OptimizerStateTensor& t : state) {  // only the overlap is read, straight into place
+      check_state_header(sf, t.name, e - b);
+      float* dst = t.t.data<float>() + (lo - begin);
+      sf.read_f32(t.name, lo - b, hi - lo, dst);
+      check_finite(Tensor::from_blob(dst, {hi - lo}, DType::F32), sf.path(), t.name, t.non_negative);
     }
   }
   std::sort(ranges.begin(), ranges.end());

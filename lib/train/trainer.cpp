@@ -312,13 +312,14 @@ Tensor Trainer::full_params(bool all_ranks) { return gather_full_params(rank_mod
 
 void Trainer::load_or_init() {
   if (!cfg_.ckpt.load_dir.empty()) {
-    const bool flat = model_->has_flat_buffers() && model_->flat_store().full_master() && shard_.tp == 1 &&
-                      shard_.pp == 1;
-    Tensor full = flat ? model_->params().view(0, {full_layout_.total})
-                       : Tensor::empty({full_layout_.total}, DType::F32, dev_);
-    CheckpointData d = rank_checkpoint(rank_model(), full, opt_->optimizer(), opt_->optimizer_range(), sdp_rank_, sdp_);
+    // Each rank reads only the weights its store keeps (its tp slices and
+    // stage; with ZeRO-3 its partition), never the whole model.
+    CheckpointData d = rank_checkpoint(rank_model(), Tensor(), opt_->optimizer(), opt_->optimizer_range(), sdp_rank_,
+                                       sdp_);
+    d.receive_params = [&](const CheckpointData::ParamsReader& read) {
+      model_->store().init_params(model_->layout().total, read);
+    };
     if (load_checkpoint(cfg_.ckpt.load_dir, state_, d)) {
-      if (!flat) scatter_full_params(rank_model(), full);
       model_->store().params_updated();
       if (scaler_) scaler_->restore(state_.loss_scale, state_.good_steps, static_cast<int>(state_.hysteresis_left));
       opt_->optimizer().set_step_count(d.opt_step);
