@@ -6,7 +6,10 @@
 #   gpu-bundle/bin/   test_cuda_ops, test_gen_cuda, test_offload_cuda, test_host_syncs_cuda, test_comm_nccl (+ ds_comm_worker, which it
 #                     starts from its own folder), bench_cuda_kernels, dstrain,
 #                     dsprep, dsrun (stripped copies)
-#   gpu-bundle/lib/   every shared library they need (ldd), our libds_*.so
+#   gpu-bundle/lib/   libds_cuda_backend.so, the CUDA backend module the programs
+#                     load for --device cuda (they look in ../lib from their own
+#                     folder, then LD_LIBRARY_PATH: lib/core/cuda_module.h), and
+#                     every shared library they and the module need (ldd), our libds_*.so
 #                     included, that is neither a
 #                     CUDA/NVIDIA library (found on the device) nor a base glibc /
 #                     libstdc++ / libgcc_s library
@@ -30,6 +33,7 @@ CPU_ARCH="${DS_CPU_ARCH:-x86-64-v3}"
 MAX_MB="${MAX_MB:-40}"
 BUNDLE="$ROOT/gpu-bundle"
 TARGETS=(test_cuda_ops test_gen_cuda test_offload_cuda test_host_syncs_cuda test_comm_nccl ds_comm_worker bench_cuda_kernels bench_train dstrain dsprep dsrun)
+MODULE=libds_cuda_backend.so  # built by target ds_cuda_backend into $BUILD_DIR/cuda/
 
 log() { printf '[gpu_bundle] %s\n' "$*"; }
 die() { printf '[gpu_bundle] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -59,7 +63,7 @@ fi
 
 # --- build -----------------------------------------------------------------
 log "building ${TARGETS[*]} (ninja -j$JOBS)"
-ninja -C "$BUILD_DIR" -j"$JOBS" "${TARGETS[@]}"
+ninja -C "$BUILD_DIR" -j"$JOBS" "${TARGETS[@]}" ds_cuda_backend
 
 # --- assemble --------------------------------------------------------------
 rm -rf "$BUNDLE"
@@ -70,6 +74,11 @@ for t in "${TARGETS[@]}"; do
   cp "$src" "$BUNDLE/bin/$t"
   strip --strip-unneeded "$BUNDLE/bin/$t" 2>/dev/null || log "could not strip $t (kept as is)"
 done
+# The CUDA backend module: no program links it (dlopen), so ldd of bin/ does
+# not see it or its libds_cuda.so; it is carried and scanned by ldd itself.
+[[ -f "$BUILD_DIR/cuda/$MODULE" ]] || die "$BUILD_DIR/cuda/$MODULE not built"
+cp "$BUILD_DIR/cuda/$MODULE" "$BUNDLE/lib/$MODULE"
+strip --strip-unneeded "$BUNDLE/lib/$MODULE" 2>/dev/null || true
 
 # Shared libraries: everything ldd resolves except CUDA/NVIDIA (the device has
 # its own, matching its driver) and the base system libraries every glibc Linux
@@ -85,7 +94,7 @@ is_skipped() {
 }
 declare -A carried=()
 missing=0
-for b in "$BUNDLE"/bin/*; do
+for b in "$BUNDLE"/bin/* "$BUNDLE/lib/$MODULE"; do
   while read -r line; do
     name="$(awk '{print $1}' <<<"$line")"
     path="$(awk '$2=="=>"{print $3}' <<<"$line")"
@@ -149,7 +158,7 @@ mkdir -p "$xlib"
 for f in "$BUNDLE"/lib/*.xz; do
   [[ -e "$f" ]] && xz -dc "$f" > "$xlib/$(basename "${f%.xz}")"
 done
-ldd_out="$(LD_LIBRARY_PATH="$BUNDLE/lib:$xlib:/usr/local/cuda/lib64:/usr/local/cuda/lib" ldd "$BUNDLE"/bin/* 2>&1 || true)"
+ldd_out="$(LD_LIBRARY_PATH="$BUNDLE/lib:$xlib:/usr/local/cuda/lib64:/usr/local/cuda/lib" ldd "$BUNDLE"/bin/* "$xlib/$MODULE" "$BUNDLE/lib/$MODULE" 2>&1 | grep -v "No such file" || true)"
 if ! grep -q "not found" <<<"$ldd_out"; then
   log "ldd: every library resolves with gpu-bundle/lib + /usr/local/cuda"
 else

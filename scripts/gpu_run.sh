@@ -129,6 +129,23 @@ for b in "$B"/bin/*; do
   fi
   resolved+="$(grep -E '=>' <<<"$out" | grep -vE 'not found' | grep -E 'libcu|libnccl|libnv|gpu-bundle' | awk '{print $1, $3}')"$'\n'
 done
+# The CUDA backend module (dlopen'ed for --device cuda, lib/core/cuda_module.h):
+# the programs find it in ../lib from bin/ or, unpacked, on LD_LIBRARY_PATH.
+MODULE="$B/lib/libds_cuda_backend.so"
+[[ -f "$MODULE" ]] || MODULE="$XLIB/libds_cuda_backend.so"
+if [[ -f "$MODULE" ]]; then
+  out="$(ldd "$MODULE" 2>&1)"
+  if grep -q "not found" <<<"$out"; then
+    ldd_missing=1
+    say "  CUDA backend module $MODULE: MISSING: $(grep 'not found' <<<"$out" | awk '{print $1}' | tr '\n' ' ')"
+  else
+    say "  CUDA backend module $MODULE: ok"
+  fi
+  resolved+="$(grep -E '=>' <<<"$out" | grep -vE 'not found' | grep -E 'libcu|libnccl|libnv|gpu-bundle' | awk '{print $1, $3}')"$'\n'
+else
+  ldd_missing=1
+  say "  CUDA backend module libds_cuda_backend.so: NOT IN THE BUNDLE (--device cuda will fail)"
+fi
 say "  resolved to:"
 sort -u <<<"$resolved" | sed '/^$/d; s/^/    /' | tee -a "$SUMMARY"
 # NCCL is not linked (dstrain dlopens it, lib/comm/nccl/nccl_api.h): name the

@@ -6,11 +6,10 @@
 #include <cstdlib>
 
 #include "lib/comm/gloo_communicator.h"
+#include "lib/comm/nccl_module.h"
 #include "lib/comm/tcp_store.h"
+#include "lib/core/cuda_module.h"
 #include "lib/core/error.h"
-#ifdef DS_WITH_NCCL
-#include "lib/comm/nccl/nccl_communicator.h"
-#endif
 
 namespace ds {
 
@@ -154,10 +153,16 @@ RendezvousInfo RendezvousInfo::from_env() {
 std::unique_ptr<Communicator> make_world_communicator(Backend backend, const RendezvousInfo& info) {
   DS_USER_CHECK(info.world_size >= 1 && info.rank >= 0 && info.rank < info.world_size,
                 "RANK={} is outside WORLD_SIZE={}", info.rank, info.world_size);
-#ifndef DS_WITH_NCCL
-  DS_USER_CHECK(backend != Backend::Nccl, "this build has no CUDA/NCCL support; use the gloo "
-                "backend (CPU) or rebuild with the CUDA toolkit");
-#endif
+  // NCCL comes from the CUDA backend module (nccl_module.h), loaded here
+  // before the rendezvous so that a missing module fails alone, not the job.
+  const NcclModuleApi* nccl = nullptr;
+  if (backend == Backend::Nccl) {
+    DS_USER_CHECK(cuda_module_built(), "this build has no CUDA/NCCL support; use the gloo "
+                  "backend (CPU) or rebuild with the CUDA toolkit");
+    nccl = static_cast<const NcclModuleApi*>(cuda_module_part(CudaModulePart::Nccl));
+    DS_USER_CHECK(nccl && nccl->create_world, "this build's CUDA backend has no NCCL support (nccl.h was not "
+                  "found at configure time); use the gloo backend or rebuild with NCCL's headers");
+  }
   std::shared_ptr<TcpStore> store;
   if (info.world_size > 1) {
     TcpStoreOptions o;
@@ -176,11 +181,7 @@ std::unique_ptr<Communicator> make_world_communicator(Backend backend, const Ren
     go.op_timeout = info.op_timeout;
     return GlooCommunicator::create_world(store, info.rank, info.world_size, info.master_addr, go);
   }
-#ifdef DS_WITH_NCCL
-  return NcclCommunicator::create_world(store, info.rank, info.world_size, info.local_rank, info.op_timeout);
-#else
-  return nullptr;  // unreachable: rejected above
-#endif
+  return nccl->create_world(store, info.rank, info.world_size, info.local_rank, info.op_timeout);
 }
 
 // ---- Asynchronous forms (the generic part; NcclCommunicator overrides submit) ----

@@ -1,11 +1,15 @@
-// The CPU runtime, the stand-in for a device type this build has no backend
-// for, and the registry (device_runtime.h).
+// The CPU runtime, the stand-in for a device type whose backend is missing,
+// and the registry (device_runtime.h). The CUDA runtime comes from the CUDA
+// backend module (cuda_module.h), loaded the first time it is asked for.
 #include "lib/core/device_runtime.h"
 
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <utility>
 
+#include "lib/core/cuda_module.h"
 #include "lib/core/error.h"
 
 namespace ds {
@@ -37,15 +41,14 @@ class CpuRuntime final : public DeviceRuntime {
   }
 };
 
-// A device type this build has no backend for: every use is a user error.
+// A device type whose backend is missing (a build without CUDA, a module
+// that does not load): every use is a user error naming the reason.
 class MissingRuntime final : public DeviceRuntime {
  public:
-  explicit MissingRuntime(DeviceType t) : type_(t) {}
+  MissingRuntime(DeviceType t, std::string reason) : type_(t), reason_(std::move(reason)) {}
   DeviceType type() const override { return type_; }
   bool available() const override { return false; }
-  std::string unavailable_reason() const override {
-    return "this build has no CUDA backend (nvcc was not found at configure time); use --device cpu";
-  }
+  std::string unavailable_reason() const override { return reason_; }
   int device_count() const override { return 0; }
   void init_device(int) override { fail(); }
   std::string device_name() const override { return "none"; }
@@ -60,16 +63,34 @@ class MissingRuntime final : public DeviceRuntime {
   std::unique_ptr<DeviceGraph> make_graph() override { fail(); }
 
  private:
-  [[noreturn]] void fail() const { throw UserError("--device cuda: " + unavailable_reason()); }
+  [[noreturn]] void fail() const { throw UserError("--device cuda: " + reason_); }
   DeviceType type_;
+  std::string reason_;
 };
 
 constexpr size_t kTypes = 2;  // DeviceType::CPU, DeviceType::CUDA
 
-std::array<DeviceRuntime*, kTypes>& registry() {
+// The CUDA module's runtime, or a MissingRuntime saying why it did not load.
+DeviceRuntime* load_cuda_runtime() {
+  if (cuda_module_error().empty())
+    if (auto* rt = static_cast<DeviceRuntime*>(cuda_module_part(CudaModulePart::Runtime)))
+      return rt;
+  static MissingRuntime missing(DeviceType::CUDA, cuda_module_error().empty()
+                                                      ? "the CUDA backend module has no device runtime"
+                                                      : cuda_module_error());
+  return &missing;
+}
+
+struct Registry {
+  std::mutex mu;
+  std::array<DeviceRuntime*, kTypes> rt{};
+};
+
+Registry& registry() {
   static CpuRuntime cpu;
-  static MissingRuntime cuda(DeviceType::CUDA);
-  static std::array<DeviceRuntime*, kTypes> r{&cpu, &cuda};
+  static Registry r;
+  static const bool init = (r.rt[0] = &cpu, true);
+  (void)init;
   return r;
 }
 
@@ -78,13 +99,25 @@ std::array<DeviceRuntime*, kTypes>& registry() {
 DeviceRuntime& device_runtime(DeviceType type) {
   const auto i = static_cast<size_t>(type);
   DS_CHECK(i < kTypes, "device type {} has no runtime", i);
-  return *registry()[i];
+  Registry& r = registry();
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (r.rt[i]) return *r.rt[i];
+  }
+  // Only CUDA starts unset. The module loads outside the lock: its static
+  // initializers run during dlopen.
+  DeviceRuntime* rt = load_cuda_runtime();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (!r.rt[i]) r.rt[i] = rt;
+  return *r.rt[i];
 }
 
 void register_device_runtime(DeviceType type, DeviceRuntime& rt) {
   const auto i = static_cast<size_t>(type);
   DS_CHECK(i < kTypes && rt.type() == type, "registering a runtime for device type {}", i);
-  registry()[i] = &rt;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.rt[i] = &rt;
 }
 
 }  // namespace ds

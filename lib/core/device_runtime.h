@@ -2,10 +2,11 @@
 // a device beyond its ops (lib/ops): start-up, page-locked host buffers,
 // asynchronous uploads, synchronisation, allocator statistics and captured
 // step graphs. The CPU runtime lives here; the CUDA one (cuda/core/
-// device_runtime_cuda.cpp) is registered by the op dispatcher when the build
-// has CUDA, so nothing above lib/ops needs `#ifdef DS_WITH_CUDA`. A device
-// type without a registered runtime answers available() == false with the
-// reason (a build without CUDA).
+// device_runtime_cuda.cpp) comes from the CUDA backend module, loaded the
+// first time device_runtime(CUDA) is called (lib/core/cuda_module.h), so
+// nothing above lib/core needs `#ifdef DS_WITH_CUDA` and a CPU process never
+// loads it. Where the module is missing (a build without CUDA, a module that
+// does not load) the runtime answers available() == false with the reason.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -64,11 +65,11 @@ class DeviceRuntime {
   virtual std::unique_ptr<DeviceGraph> make_graph() = 0;
 };
 
-// The runtime of `type`: the CPU's, the registered CUDA one, or one that is
-// not available (a build without CUDA).
+// The runtime of `type`: the CPU's, the CUDA module's (loaded on the first
+// call for CUDA), or one that is not available and says why.
 DeviceRuntime& device_runtime(DeviceType type);
 inline DeviceRuntime& device_runtime(Device d) { return device_runtime(d.type); }
-// Called once by a backend at start-up (lib/ops); `rt` must outlive the process.
+// Installs `rt` for `type` in place of the module's (tests); `rt` must outlive the process.
 void register_device_runtime(DeviceType type, DeviceRuntime& rt);
 
 }  // namespace ds

@@ -1,18 +1,19 @@
 // Dispatcher: validates each op's arguments once (lib/ops/op_validate.cpp),
-// then routes the call to the CPU or CUDA implementation by device.
+// then routes the call to the CPU implementation or, for CUDA tensors, to the
+// CUDA backend module's op table (lib/ops/cuda_op_table.h; the module is
+// loaded by then: a CUDA tensor needs its allocator, which the module's device
+// runtime installs).
 // CPU calls with bf16/f16 tensors are emulated in f32 (lib/ops/lowp_emulation.h).
 // Ops with a `dropout_key` tensor get their spec's step_key pointed into it.
 #include "lib/ops/ops.h"
 
 #include <optional>
 
-#include "lib/core/device_runtime.h"
+#include "lib/core/cuda_module.h"
 #include "lib/core/error.h"
+#include "lib/ops/cuda_op_table.h"
 #include "lib/ops/lowp_emulation.h"
 #include "lib/ops/op_validate.h"
-#ifdef DS_WITH_CUDA
-#include "cuda/cuda_api.h"
-#endif
 
 namespace ds::ops {
 namespace {
@@ -51,41 +52,33 @@ const Args& bind_dropout_key(const Args& a, std::optional<Args>& bound) {
   }
 }
 
+// The module's op table, checked once (UserError when the module does not load).
+const CudaOpTable& cuda_ops() {
+  static const CudaOpTable* t = [] {
+    const auto* ops = static_cast<const CudaOpTable*>(cuda_module_part(CudaModulePart::Ops));
+    DS_USER_CHECK(ops && ops->n_ops == kCudaOpCount,
+                  "--device cuda: the CUDA backend module has {} ops, this program {} (a module from another "
+                  "build; set DS_CUDA_BACKEND to this build's)", ops ? ops->n_ops : 0, kCudaOpCount);
+    return ops;
+  }();
+  return *t;
+}
+
 }  // namespace
 
 // The f32 CPU kernel of op `name` as a callable for run_cpu.
 #define DS_CPU_KERNEL(name, Args) [](const Args& x, const Stream& st) { ::ds::cpu::name(x, st); }
-#ifdef DS_WITH_CUDA
 #define DS_DISPATCH_OP(name, Args)                                   \
   void name(const Args& args, const Stream& s) {                     \
     std::optional<Args> bound;                                       \
     const Args& a = bind_dropout_key(args, bound);                   \
     if (key(a).device().is_cuda()) {                                 \
       validate_##name(a);                                            \
-      return ::ds::cuda::name(a, s);                                 \
+      return cuda_ops().name(a, s);                                  \
     }                                                                \
     run_cpu(#name, a, s, validate_##name, DS_CPU_KERNEL(name, Args)); \
   }
-#else
-#define DS_DISPATCH_OP(name, Args)                                   \
-  void name(const Args& args, const Stream& s) {                     \
-    std::optional<Args> bound;                                       \
-    const Args& a = bind_dropout_key(args, bound);                   \
-    DS_CHECK(!key(a).device().is_cuda(), #name ": this build has no CUDA backend"); \
-    run_cpu(#name, a, s, validate_##name, DS_CPU_KERNEL(name, Args)); \
-  }
-#endif
 
 DS_OP_LIST(DS_DISPATCH_OP)
-
-#ifdef DS_WITH_CUDA
-namespace {
-// The CUDA runtime is registered with the ops that need it: every program that
-// runs an op links this file, so lib/core's device_runtime(CUDA) finds it
-// before main() runs.
-[[maybe_unused]] const bool kCudaRuntimeRegistered =
-    (register_device_runtime(DeviceType::CUDA, ::ds::cuda::device_runtime_instance()), true);
-}  // namespace
-#endif
 
 }  // namespace ds::ops

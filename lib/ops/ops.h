@@ -1,5 +1,7 @@
 // Device-neutral op API: the model calls only these. Each dispatches on the
-// device of the op's first output tensor to lib/cpu or cuda/.
+// device of the op's first output tensor to lib/cpu or cuda/ (through the
+// CUDA backend module's op table). The ds::cuda declarations are seen only by
+// code built with ds_cuda (DS_WITH_CUDA): the module and GPU tests.
 #pragma once
 #include "lib/ops/op_list.h"
 

@@ -6,15 +6,11 @@
 #include <utility>
 #include <cstring>
 
+#include "lib/core/cuda_module.h"
 #include "lib/core/error.h"
 #include "lib/ops/ops.h"
 
 namespace ds {
-
-#ifdef DS_WITH_CUDA
-// lib/runtime/cuda/offload_copier_cuda.cpp
-std::unique_ptr<OffloadCopier> make_cuda_offload_copier();
-#endif
 
 std::vector<OffloadOp> offload_schedule(int n_buckets, int n_buffers) {
   DS_CHECK(n_buckets >= 0 && n_buffers >= 1, "offload schedule: {} buckets, {} buffers", n_buckets, n_buffers);
@@ -56,9 +52,11 @@ class HostCopier : public OffloadCopier {
 std::unique_ptr<OffloadCopier> make_host_copier() { return std::make_unique<HostCopier>(); }
 
 std::unique_ptr<OffloadCopier> make_offload_copier(Device dev) {
-#ifdef DS_WITH_CUDA
-  if (dev.is_cuda()) return make_cuda_offload_copier();
-#endif
+  if (dev.is_cuda()) {
+    const auto* api = static_cast<const OffloadModuleApi*>(cuda_module_part(CudaModulePart::Offload));
+    DS_CHECK(api && api->make_copier, "the CUDA backend module has no offload copier");
+    return api->make_copier();
+  }
   DS_CHECK(dev.is_cpu(), "offload copier: no copy engine for this device");
   return make_host_copier();
 }

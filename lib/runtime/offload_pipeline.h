@@ -63,9 +63,16 @@ class OffloadCopier {
 
 // memcpy (CPU tensors); every copy is done when issued.
 std::unique_ptr<OffloadCopier> make_host_copier();
-// The copier for `dev`: CUDA streams and events for a CUDA device (when the
-// CUDA backend is built), else make_host_copier().
+// The copier for `dev`: CUDA streams and events for a CUDA device (from the
+// CUDA backend module), else make_host_copier().
 std::unique_ptr<OffloadCopier> make_offload_copier(Device dev);
+
+// The CUDA copier as the CUDA backend module hands it over (part Offload of
+// lib/core/cuda_module.h; lib/runtime/cuda/offload_copier_cuda.cpp is built
+// into the module, so ds_runtime never links the CUDA runtime).
+struct OffloadModuleApi {
+  std::unique_ptr<OffloadCopier> (*make_copier)() = nullptr;
+};
 
 class OffloadPipeline {
  public:

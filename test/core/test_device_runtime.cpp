@@ -1,13 +1,18 @@
 // DeviceRuntime (lib/core/device_runtime.h): the CPU runtime's buffers and
-// copies, its refusal of step graphs, and a device type with no registered
-// backend (this binary links no op dispatcher, so CUDA has none here):
-// unavailable with a reason, every use one user error naming --device cuda.
+// copies, its refusal of step graphs, and a device type whose backend is
+// missing (no CUDA in the build, or a CUDA backend module that does not
+// load): unavailable with a reason, every use one user error naming --device
+// cuda; where the module is looked for (lib/core/cuda_module.h).
 // Also the programs' shared exit policy (run_main).
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
+#include "lib/core/cuda_module.h"
 #include "lib/core/device_runtime.h"
 #include "lib/core/error.h"
 #include "lib/core/run_main.h"
@@ -33,14 +38,31 @@ TEST_CASE("the CPU runtime: host buffers, copies in order, no step graphs") {
   CHECK_THROWS_AS(rt.make_graph(), UserError);
 }
 
-TEST_CASE("a device type without a registered backend is unavailable, and using it is a user error") {
+TEST_CASE("a device type whose backend is missing is unavailable, and using it is a user error") {
+  // A CUDA build loads its backend module here: point it at one that is not there.
+  const std::string missing = "/nonexistent/libds_cuda_backend.so";
+  ::setenv("DS_CUDA_BACKEND", missing.c_str(), 1);
+  const std::string why =
+      cuda_module_built() ? "cannot load the CUDA backend " + missing + ": " : "this build has no CUDA backend";
   DeviceRuntime& rt = device_runtime(DeviceType::CUDA);
   CHECK_FALSE(rt.available());
   CHECK(rt.device_count() == 0);
-  CHECK_THAT(rt.unavailable_reason(), Contains("no CUDA backend"));
-  CHECK_THROWS_WITH(rt.init_device(0), Contains("--device cuda: this build has no CUDA backend"));
+  CHECK_THAT(rt.unavailable_reason(), Contains(why));
+  CHECK_THROWS_WITH(rt.init_device(0), Contains("--device cuda: " + why));
   CHECK_THROWS_AS(rt.alloc_pinned(16), UserError);
   CHECK_THROWS_AS(rt.make_graph(), UserError);
+  CHECK_THROWS_WITH(cuda_module_part(CudaModulePart::Ops), Contains("--device cuda: " + why));
+  CHECK(cuda_module_loaded_path().empty());
+}
+
+TEST_CASE("the CUDA backend module is looked for in $DS_CUDA_BACKEND alone, else beside the program") {
+  CHECK(cuda_module_candidates("/x/m.so") == std::vector<std::string>{"/x/m.so"});
+  const std::vector<std::string> c = cuda_module_candidates("");
+  REQUIRE(c.size() >= 3);
+  CHECK(c.front().ends_with("/test/core/libds_cuda_backend.so"));
+  CHECK(c[1].ends_with("/test/core/../lib/libds_cuda_backend.so"));
+  CHECK(c.back() == "libds_cuda_backend.so");  // the loader's own search last
+  CHECK(c.size() == (cuda_module_built() ? 4u : 3u));
 }
 
 TEST_CASE("run_main: 0/body's code, 1 for user errors and out of memory, 2 for internal errors") {

@@ -2,8 +2,9 @@
 // full f32 weights and gradients (400 MB) are twice a rank's model state at
 // TP4 (and at TP2 x PP2), trained 2 steps (TP4 also with a save), report a peak
 // resident set (getrusage, the trainer's last log line) within the peak of
-// the same job with a 64-wide model (the process itself: its libraries, a
-// CUDA build's ~150 MB of them included) + the rank's model state + its saved
+// the same job with a 64-wide model (the process itself: its libraries,
+// OpenMP and OpenBLAS buffers, Gloo; a CPU rank of a CUDA build no longer maps
+// the CUDA libraries, test_cpu_process_memory) + the rank's model state + its saved
 // activations + a fixed allowance for the step's transient buffers. A rank that built the full model at start-up, as
 // dstrain once did, exceeds it by the full model's 400 MB. With a save,
 // rank 0 may also hold the full f32 weights once (it gathers them to write
@@ -24,8 +25,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Above the baseline (the same job with a 32-wide model: the process's
-// libraries, a CUDA build's included, OpenMP and OpenBLAS buffers, Gloo):
+// Above the baseline (the same job with a 64-wide model: the process's
+// libraries, OpenMP and OpenBLAS buffers, Gloo):
 // the step's transient buffers. Measured 66 MB above model state +
 // activations with the 1024-wide model at TP4 on a CPU-only build; a rank
 // that built the full model first was 400 MB above.
