@@ -24,6 +24,12 @@ OptimizerStates adam_states(const Tensor& m, const Tensor& v) {
   return {{"exp_avg", m, false}, {"exp_avg_sq", v, true}};
 }
 
+std::vector<std::string> model_file_order(const ModelLayout& full) {
+  SafetensorsWriter w;
+  for (const ParamSpec& s : full.params) w.declare_f32(s.name, s.shape);
+  return w.streamed_order();
+}
+
 std::string state_names(const OptimizerStates& s) {
   std::string out;
   for (const OptimizerStateTensor& t : s) out += (out.empty() ? "" : ", ") + t.name;
@@ -125,7 +131,12 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     w.write((tmp / optimizer_shard_name(d.rank, d.world, d.shard)).string(), &progress);
   }
   if (d.rank != 0 || d.shard.tp_rank != 0 || d.shard.pp_rank != 0) return;
-  {
+  if (d.stream_params) {
+    SafetensorsWriter w;
+    for (const ParamSpec& s : d.layout->params) w.declare_f32(s.name, s.shape);
+    w.set_metadata("format", "dstrain");
+    w.write_streamed((tmp / "model.safetensors").string(), d.stream_params, &progress);
+  } else {
     Tensor p = host(d.params);
     SafetensorsWriter w;
     for (const ParamSpec& s : d.layout->params) w.add(s.name, p.view(s.offset, s.shape));
@@ -157,7 +168,7 @@ void write_checkpoint_files(const std::string& dir, const TrainState& st, const 
   fs::path tmp = fs::path(dir) / tmp_dir_name(st.iteration);
   make_dirs(tmp);
   const bool model = d.rank == 0 && d.shard.tp_rank == 0 && d.shard.pp_rank == 0;
-  int64_t bytes = 4 * (model ? d.params.numel() : 0);
+  int64_t bytes = 4 * (model ? d.layout->total : 0);
   for (const OptimizerStateTensor& s : d.opt_state) bytes += 4 * s.t.numel();
   Progress progress(checkpoint_progress(fmt::format("saving checkpoint {}/{}", dir, step_dir_name(st.iteration)),
                                         bytes));

@@ -68,7 +68,16 @@ struct CheckpointData {
   // reads what it keeps (ParamStore::init_params) and never the whole model.
   using ParamsReader = std::function<void(int64_t begin, int64_t end, float* out)>;
   std::function<void(const ParamsReader&)> receive_params;
+  // Saving only, instead of `params` on the rank that writes the model:
+  // the full f32 weight `name` (host), asked for once per weight in the
+  // order of model_file_order(*layout), so that the file is written one
+  // weight at a time (FullTensorStream, model_state.h) and the whole model
+  // never sits on one rank.
+  std::function<Tensor(const std::string& name)> stream_params;
 };
+
+// The weights of `full` in the order model.safetensors holds them.
+std::vector<std::string> model_file_order(const ModelLayout& full);
 
 // Saving is two phases so that several ranks can share one step directory:
 // every rank calls write_checkpoint_files (rank 0 also writes the model and

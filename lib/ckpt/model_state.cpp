@@ -2,6 +2,8 @@
 // shards for checkpoints and exports (model_state.h).
 #include "lib/ckpt/model_state.h"
 
+#include <cstring>
+
 #include "lib/model/tp_shard.h"
 
 namespace ds {
@@ -69,6 +71,49 @@ void scatter_full_params(const RankModel& r, const Tensor& full) {
   Tensor local = Tensor::empty({m.layout().total}, DType::F32, m.device());
   slice_tp_params(m.layout(), *r.full, full, local);
   m.store().set_full_params(local);
+}
+
+FullTensorStream::FullTensorStream(const RankModel& r, Tensor local) : r_(r), local_(std::move(local)) {
+  for (int s = r.shard.pp - 1; s >= 0; --s)  // the first stage holding a weight wins (the tied wte: stage 0)
+    for (const ParamSpec& p : build_layout(*r.config, r.shard.tp_gathered().at(0, s)).params) owner_[p.name] = s;
+}
+
+Tensor FullTensorStream::next(const std::string& name) {
+  auto it = owner_.find(name);
+  DS_CHECK(it != owner_.end(), "FullTensorStream: no stage holds '{}'", name);
+  const int owner = it->second, tp = r_.shard.tp, tp_rank = r_.shard.tp_rank;
+  const bool root = r_.shard.pp_rank == 0 && tp_rank == 0;  // global rank 0 among the streaming ranks
+  const ParamSpec& f = r_.full->find(name);
+  const Device dev = local_.device();
+  auto to_host = [](const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); };
+  Tensor out;
+  if (r_.shard.pp_rank == owner) {
+    const ParamSpec& p = r_.model->layout().find(name);
+    const Tensor mine = local_.view(p.offset, {p.numel});
+    Tensor full;
+    if (p.split == TpSplit::Replicated || tp == 1) {
+      if (tp_rank == 0) full = to_host(mine).clone().reshape(f.shape);
+    } else {
+      Tensor all = Tensor::empty({tp * p.numel}, DType::F32, dev);
+      r_.comms->tp->all_gather(mine, all);
+      if (tp_rank == 0) {
+        const Tensor all_h = to_host(all);
+        full = Tensor::empty(f.shape, DType::F32);
+        for (int k = 0; k < tp; ++k)
+          for_each_tp_run(p, tp, k, [&](int64_t fo, int64_t lo, int64_t n) {
+            std::memcpy(full.data<float>() + fo, all_h.data<float>() + k * p.numel + lo, n * sizeof(float));
+          });
+      }
+    }
+    if (tp_rank == 0 && owner == 0) out = full;
+    if (tp_rank == 0 && owner != 0) r_.comms->pp->send(dev.is_cpu() ? full : full.to(dev), 0);
+  }
+  if (root && owner != 0) {
+    Tensor recv = Tensor::empty(f.shape, DType::F32, dev);
+    r_.comms->pp->recv(recv, owner);
+    out = to_host(recv);
+  }
+  return root ? out : Tensor();
 }
 
 CheckpointData rank_checkpoint(const RankModel& r, const Tensor& params, Optimizer& opt, Range opt_range,

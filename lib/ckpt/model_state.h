@@ -4,6 +4,9 @@
 // rank's optimizer range and place in the grid. The gathers are collective
 // over the tensor-, pipeline- and (ZeRO-3) data-parallel groups.
 #pragma once
+#include <map>
+#include <string>
+
 #include "lib/ckpt/checkpoint.h"
 #include "lib/model/gpt.h"
 #include "lib/optim/optimizer.h"
@@ -30,6 +33,25 @@ Tensor gather_full_params(const RankModel& r, bool all_ranks);
 Tensor gather_local_params(const RankModel& r, bool all_ranks);
 // full (the full layout) -> this rank's shard of the weights.
 void scatter_full_params(const RankModel& r, const Tensor& full);
+
+// The full model one weight at a time, for a save that never holds the
+// whole model on one rank: every rank of data-parallel index 0 makes one
+// with its tp / pp shard's f32 weights `local` (gather_local_params), then
+// calls next() with the same names in the same order (model_file_order).
+// next(name) gathers that weight over the tensor-parallel ranks of the
+// stage that holds it (a tied wte: the first stage's) and sends it to
+// global rank 0, which gets the full f32 weight in host memory (undefined
+// elsewhere). Each rank holds at most two copies of one full weight at once.
+class FullTensorStream {
+ public:
+  FullTensorStream(const RankModel& r, Tensor local);
+  Tensor next(const std::string& name);
+
+ private:
+  RankModel r_;
+  Tensor local_;
+  std::map<std::string, int> owner_;  // weight -> the first pipeline stage holding it
+};
 
 // What this rank saves or restores: the full parameters `params` (undefined
 // on ranks that write no weights), the optimizer state of `opt_range` of the

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lib/ckpt/file_io.h"
+#include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
 
@@ -90,27 +91,42 @@ void SafetensorsWriter::add(const std::string& name, const Tensor& t) {
 
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
 
-std::vector<const std::pair<std::string, Tensor>*> SafetensorsWriter::file_order() const {
-  std::vector<const std::pair<std::string, Tensor>*> order;
-  for (const auto& e : tensors_) order.push_back(&e);
+uint64_t SafetensorsWriter::Entry::nbytes() const {
+  return static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype);
+}
+
+void SafetensorsWriter::declare_f32(const std::string& name, const Shape& shape) {
+  declared_.emplace_back(name, shape);
+}
+
+std::vector<SafetensorsWriter::Entry> SafetensorsWriter::file_order() const {
+  std::vector<Entry> order;
+  for (const auto& e : tensors_) order.push_back({e.first, e.second.dtype(), e.second.shape(), &e.second});
+  for (const auto& [name, shape] : declared_) order.push_back({name, DType::F32, shape, nullptr});
   auto rank = [](DType t) { return find_st_dtype(safetensors_dtype_name(t))->rank; };
-  std::sort(order.begin(), order.end(), [&](const auto* a, const auto* b) {
-    const int ra = rank(a->second.dtype()), rb = rank(b->second.dtype());
-    return ra != rb ? ra > rb : a->first < b->first;
+  std::sort(order.begin(), order.end(), [&](const Entry& a, const Entry& b) {
+    const int ra = rank(a.dtype), rb = rank(b.dtype);
+    return ra != rb ? ra > rb : a.name < b.name;
   });
   return order;
 }
 
-std::string SafetensorsWriter::header_bytes(const std::vector<const std::pair<std::string, Tensor>*>& order) const {
+std::vector<std::string> SafetensorsWriter::streamed_order() const {
+  std::vector<std::string> out;
+  for (const Entry& e : file_order())
+    if (!e.data) out.push_back(e.name);
+  return out;
+}
+
+std::string SafetensorsWriter::header_bytes(const std::vector<Entry>& order) const {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   uint64_t offset = 0;
-  for (const auto* e : order) {
-    const Tensor& t = e->second;
-    const uint64_t n = t.nbytes();
-    header[e->first] = {{"dtype", safetensors_dtype_name(t.dtype())},
-                        {"shape", t.shape()},
-                        {"data_offsets", {offset, offset + n}}};
+  for (const Entry& e : order) {
+    const uint64_t n = e.nbytes();
+    header[e.name] = {{"dtype", safetensors_dtype_name(e.dtype)},
+                      {"shape", e.shape},
+                      {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string json_text = header.dump();
@@ -123,20 +139,46 @@ std::string SafetensorsWriter::header_bytes(const std::vector<const std::pair<st
 }
 
 std::string SafetensorsWriter::serialize() const {
+  DS_CHECK(declared_.empty(), "SafetensorsWriter::serialize: declared tensors are written by write_streamed");
   const auto order = file_order();
   std::string out = header_bytes(order);
-  for (const auto* e : order) out.append(static_cast<const char*>(e->second.raw()), e->second.nbytes());
+  for (const Entry& e : order) out.append(static_cast<const char*>(e.data->raw()), e.nbytes());
   return out;
 }
 
 void SafetensorsWriter::write(const std::string& path, Progress* progress) const {
+  DS_CHECK(declared_.empty(), "SafetensorsWriter::write: declared tensors are written by write_streamed");
   // Header, then each tensor straight from its own memory: no copy of the file.
   const auto order = file_order();
   const std::string header = header_bytes(order);
   std::vector<std::string_view> pieces{header};
-  for (const auto* e : order)
-    pieces.emplace_back(static_cast<const char*>(e->second.raw()), static_cast<size_t>(e->second.nbytes()));
+  for (const Entry& e : order)
+    pieces.emplace_back(static_cast<const char*>(e.data->raw()), static_cast<size_t>(e.nbytes()));
   write_file_atomic(path, pieces, progress);
+}
+
+void SafetensorsWriter::write_streamed(const std::string& path,
+                                       const std::function<Tensor(const std::string& name)>& next,
+                                       Progress* progress) const {
+  const auto order = file_order();
+  const std::string header = header_bytes(order);
+  write_file_atomic_stream(
+      path,
+      [&](const ByteSink& sink) {
+        sink(header);
+        for (const Entry& e : order) {
+          if (e.data) {
+            sink({static_cast<const char*>(e.data->raw()), static_cast<size_t>(e.nbytes())});
+            continue;
+          }
+          const Tensor t = next(e.name);
+          DS_CHECK(t.dtype() == DType::F32 && t.shape() == e.shape && t.device().is_cpu(),
+                   "write_streamed: tensor '{}' came as {} {}, declared F32 {}", e.name, dtype_name(t.dtype()),
+                   shape_str(t.shape()), shape_str(e.shape));
+          sink({static_cast<const char*>(t.raw()), static_cast<size_t>(t.nbytes())});
+        }
+      },
+      progress);
 }
 
 // ---------------------------------------------------------------- reader

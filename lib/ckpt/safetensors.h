@@ -5,6 +5,7 @@
 // multiple of 8, then the tensor bytes. Offsets are relative to the data start.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
@@ -35,10 +36,27 @@ struct SafetensorsWriter {
   // The complete file contents (what write() puts on disk).
   std::string serialize() const;
 
+  // Streaming: a file of F32 tensors declared by name and shape (no data
+  // yet); write_streamed asks `next` for each one in file order
+  // (streamed_order) and writes it at once, so only one tensor need exist
+  // at a time. The file is the one add() of the same tensors would write.
+  void declare_f32(const std::string& name, const Shape& shape);
+  std::vector<std::string> streamed_order() const;
+  void write_streamed(const std::string& path, const std::function<Tensor(const std::string& name)>& next,
+                      Progress* progress = nullptr) const;
+
  private:
-  // The tensors in file order and the header (length + JSON) before them.
-  std::vector<const std::pair<std::string, Tensor>*> file_order() const;
-  std::string header_bytes(const std::vector<const std::pair<std::string, Tensor>*>& order) const;
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    const Tensor* data = nullptr;  // null: declared (streamed)
+    uint64_t nbytes() const;
+  };
+  // The entries in file order and the header (length + JSON) before them.
+  std::vector<Entry> file_order() const;
+  std::string header_bytes(const std::vector<Entry>& order) const;
+  std::vector<std::pair<std::string, Shape>> declared_;
 
   std::vector<std::pair<std::string, Tensor>> tensors_;
   std::map<std::string, std::string> metadata_;

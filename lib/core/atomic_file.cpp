@@ -82,6 +82,31 @@ void write_file_atomic(const std::string& path, const std::vector<std::string_vi
   fsync_dir_of(path);
 }
 
+void write_file_atomic_stream(const std::string& path, const std::function<void(const ByteSink&)>& produce,
+                              Progress* progress) {
+  const std::string tmp = tmp_name(path);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_write_error(tmp, errno);
+  int err = 0;
+  try {
+    produce([&](std::string_view bytes) {
+      if (err == 0) err = write_all_fd(fd, bytes.data(), bytes.size(), progress);
+    });
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    throw_write_error(path, err);
+  }
+  fsync_dir_of(path);
+}
+
 StagedFiles::~StagedFiles() { discard(); }
 
 void StagedFiles::discard() {

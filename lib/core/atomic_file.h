@@ -6,6 +6,7 @@
 // back. Used by checkpoints (lib/ckpt/file_io.h), dsprep's tokenizer files,
 // dsplot's outputs and the CSV monitor.
 #pragma once
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +32,14 @@ void write_file_atomic(const std::string& path, std::string_view bytes, Progress
 // of the whole file in memory: safetensors header, then each tensor).
 void write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces,
                        Progress* progress = nullptr);
+// The same for a file whose bytes `produce` hands to its sink in order, as
+// they are made (a checkpoint's weights gathered one tensor at a time). A
+// write error stops the writing but not `produce`, which runs to its end
+// (its collectives stay in step with the other ranks'); then the error is
+// thrown and nothing is left at either name.
+using ByteSink = std::function<void(std::string_view)>;
+void write_file_atomic_stream(const std::string& path, const std::function<void(const ByteSink&)>& produce,
+                              Progress* progress = nullptr);
 
 // Several files put in place together. stage() writes and fsyncs each
 // PATH.tmp.<pid> (a failure removes every temporary and throws); commit()

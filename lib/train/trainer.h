@@ -106,9 +106,10 @@ class Trainer {
   // is NaN/Inf; returns true if so (the update must be skipped). Throws
   // UserError after cfg.max_nan_iterations such iterations in a row.
   bool note_nan_iteration(float loss, double grad_norm);
-  // Do the parameters (full_params may be undefined on ranks other than 0)
-  // or this rank's Adam moments hold NaN/Inf on any rank? Collective (world).
-  bool state_nonfinite(const Tensor& full_params);
+  // Do the parameters (this rank's shard of them; undefined on ranks that
+  // hold none) or this rank's optimizer state hold NaN/Inf on any rank?
+  // Collective (world).
+  bool state_nonfinite(const Tensor& params);
   // --exit-duration-in-mins: has training run longer, on any rank? Collective.
   bool out_of_time();
   // --train-tokens: are tokens left to train (always, without the flag)?
