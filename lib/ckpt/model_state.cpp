@@ -73,7 +73,7 @@ void scatter_full_params(const RankModel& r, const Tensor& full) {
   m.store().set_full_params(local);
 }
 
-FullTensorStream::FullTensorStream(const RankModel& r, Tensor local) : r_(r), local_(std::move(local)) {
+FullTensorStream::FullTensorStream(const RankModel& r) : r_(r) {
   for (int s = r.shard.pp - 1; s >= 0; --s)  // the first stage holding a weight wins (the tied wte: stage 0)
     for (const ParamSpec& p : build_layout(*r.config, r.shard.tp_gathered().at(0, s)).params) owner_[p.name] = s;
 }
@@ -84,12 +84,14 @@ Tensor FullTensorStream::next(const std::string& name) {
   const int owner = it->second, tp = r_.shard.tp, tp_rank = r_.shard.tp_rank;
   const bool root = r_.shard.pp_rank == 0 && tp_rank == 0;  // global rank 0 among the streaming ranks
   const ParamSpec& f = r_.full->find(name);
-  const Device dev = local_.device();
+  const Device dev = r_.model->device();
   auto to_host = [](const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); };
   Tensor out;
   if (r_.shard.pp_rank == owner) {
     const ParamSpec& p = r_.model->layout().find(name);
-    const Tensor mine = local_.view(p.offset, {p.numel});
+    const Tensor mine = Tensor::empty({p.numel}, DType::F32, dev);
+    r_.model->store().gather_f32({p.offset, p.offset + p.numel}, mine);  // collective over dp where sharded
+    if (r_.dp_rank != 0) return Tensor();  // the first replica gathers over tp and sends
     Tensor full;
     if (p.split == TpSplit::Replicated || tp == 1) {
       if (tp_rank == 0) full = to_host(mine).clone().reshape(f.shape);
@@ -108,12 +110,13 @@ Tensor FullTensorStream::next(const std::string& name) {
     if (tp_rank == 0 && owner == 0) out = full;
     if (tp_rank == 0 && owner != 0) r_.comms->pp->send(dev.is_cpu() ? full : full.to(dev), 0);
   }
+  if (r_.dp_rank != 0) return Tensor();
   if (root && owner != 0) {
     Tensor recv = Tensor::empty(f.shape, DType::F32, dev);
     r_.comms->pp->recv(recv, owner);
     out = to_host(recv);
   }
-  return root ? out : Tensor();
+  return root && r_.dp_rank == 0 ? out : Tensor();
 }
 
 CheckpointData rank_checkpoint(const RankModel& r, const Tensor& params, Optimizer& opt, Range opt_range,

@@ -35,21 +35,21 @@ Tensor gather_local_params(const RankModel& r, bool all_ranks);
 void scatter_full_params(const RankModel& r, const Tensor& full);
 
 // The full model one weight at a time, for a save that never holds the
-// whole model on one rank: every rank of data-parallel index 0 makes one
-// with its tp / pp shard's f32 weights `local` (gather_local_params), then
-// calls next() with the same names in the same order (model_file_order).
-// next(name) gathers that weight over the tensor-parallel ranks of the
-// stage that holds it (a tied wte: the first stage's) and sends it to
+// whole model on one rank: every rank makes one and calls next() with the
+// same names in the same order (model_file_order). next(name) gathers that
+// weight on the stage that holds it (a tied wte: the first stage's): its
+// f32 values from the data-parallel shards where the store keeps only a
+// shard (ZeRO-3, sharded masters; ParamStore::gather_f32), then over the
+// tensor-parallel ranks of the first data-parallel replica, and sends it to
 // global rank 0, which gets the full f32 weight in host memory (undefined
-// elsewhere). Each rank holds at most two copies of one full weight at once.
+// elsewhere). Each rank holds at most two copies of one weight at once.
 class FullTensorStream {
  public:
-  FullTensorStream(const RankModel& r, Tensor local);
+  explicit FullTensorStream(const RankModel& r);
   Tensor next(const std::string& name);
 
  private:
   RankModel r_;
-  Tensor local_;
   std::map<std::string, int> owner_;  // weight -> the first pipeline stage holding it
 };
 

@@ -164,4 +164,24 @@ void FlatParamStore::get_full_params(const Tensor& out) {
   o.copy_from(f);
 }
 
+void FlatParamStore::gather_f32(Range r, const Tensor& out) {
+  gather_.wait_all();
+  if (full_master()) return Tensor(out).copy_from(params_.view(r.begin, {r.size()}));
+  // ZeRO-1 in mixed precision: each rank's master covers its own range.
+  gather_from_shards(opts_.dp, opts_.part, opts_.dp->rank(), params_, r, out);
+}
+
+void gather_from_shards(Communicator* dp, const ZeroPartition& part, int rank, const Tensor& shard, Range r,
+                        const Tensor& out) {
+  const int n = dp ? dp->size() : 1;
+  for (int q = 0; q < n; ++q) {
+    const Range own = part.owned(q);
+    const Range piece{std::max(r.begin, own.begin), std::min(r.end, own.end)};
+    if (piece.begin >= piece.end) continue;
+    Tensor dst = out.view(piece.begin - r.begin, {piece.size()});
+    if (q == rank) dst.copy_from(shard.view(piece.begin - own.begin, {piece.size()}));
+    if (n > 1) dp->broadcast(dst, q);
+  }
+}
+
 }  // namespace ds

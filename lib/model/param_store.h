@@ -58,6 +58,12 @@ class ParamStore {
   // zero.Init), so no rank materialises what it does not keep.
   using InitFill = std::function<void(int64_t begin, int64_t end, float* out)>;
   virtual void init_params(int64_t total, const InitFill& fill);
+  // The f32 weights of flat range r into `out` (r.size(), on the store's
+  // device), on every rank: a store that keeps only a data-parallel shard of
+  // them gathers the range from its owners (collective over that group:
+  // every rank calls with the same ranges). A checkpoint save streams the
+  // model this way, one weight at a time.
+  virtual void gather_f32(Range r, const Tensor& out) = 0;
   // Mixed precision: the f32 master weights changed outside the store (the
   // optimizer wrote them); refresh the compute-dtype copy the forward reads.
   virtual void params_updated() {}
@@ -126,6 +132,7 @@ class FlatParamStore : public ParamStore {
   void get_full_params(const Tensor& out) override;
   void params_updated() override;
   void abandon_pass() override;
+  void gather_f32(Range r, const Tensor& out) override;
 
   // ZeRO-1, after the owners updated their ranges of the weights the forward
   // reads (the compute copy, or the f32 weights in fp32): all-gathers them
@@ -156,5 +163,12 @@ class FlatParamStore : public ParamStore {
   std::vector<Tensor> unit_f32_;  // compute-dtype accumulation: the running units' f32 gradients
   FlatGather gather_;  // overlap_param_gather: the all-gather issued by gather_owned()
 };
+
+// Range r of a flat buffer whose owned part (part.owned(rank), padded
+// coordinates) each rank of `dp` keeps in `shard` (starting at that part's
+// begin): each owner broadcasts its piece of r into `out` (r.size()) on
+// every rank. dp may be null for one rank.
+void gather_from_shards(Communicator* dp, const ZeroPartition& part, int rank, const Tensor& shard, Range r,
+                        const Tensor& out);
 
 }  // namespace ds

@@ -348,6 +348,13 @@ void ZeroParamStore::init_params(int64_t total, const InitFill& fill) {
   }
 }
 
+void ZeroParamStore::gather_f32(Range r, const Tensor& out) {
+  param_gather_.wait_all();
+  if (stage_ == 2 && full_.defined()) return Tensor(out).copy_from(full_.view(r.begin, {r.size()}));
+  // Stage 2 in mixed precision keeps an f32 master shard, stage 3 a parameter shard.
+  gather_from_shards(dp_, part_, rank_, stage_ == 2 ? master_ : shard_, r, out);
+}
+
 void ZeroParamStore::get_full_params(const Tensor& out) {
   param_gather_.wait_all();
   if (stage_ == 2) {

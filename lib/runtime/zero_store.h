@@ -63,6 +63,7 @@ class ZeroParamStore : public ParamStore {
   void init_params(int64_t total, const InitFill& fill) override;
   // `out` may be undefined on ranks that do not need the result (they still take part).
   void get_full_params(const Tensor& out) override;
+  void gather_f32(Range r, const Tensor& out) override;
 
   // Optimizer side. Both views cover this rank's real range owned_real(rank).
   Tensor master_params();

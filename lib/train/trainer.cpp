@@ -623,29 +623,26 @@ void Trainer::save() {
   if (cfg_.optim.scheduler_type.empty()) state_.lr_schedule = lr_schedule_values(cfg_.optim);
   // Stage 0 keeps identical optimizer state on every rank: rank 0 writes one shard.
   const bool sharded = cfg_.zero.stage >= 1;
-  // This rank's tp / pp shard of the f32 weights (ZeRO-3: gathered over the
-  // data-parallel group, kept by its first rank only).
-  const Tensor local = gather_local_params(rank_model(), false);
-  // Collective: a checkpoint (and `latest`) never points at non-finite weights.
-  if (state_nonfinite(local))
+  // Collective: a checkpoint (and `latest`) never points at non-finite
+  // weights (each rank checks the f32 weights it updates).
+  if (state_nonfinite(opt_->master_range()))
     throw UserError(fmt::format("iteration {}: the weights or optimizer moments hold NaN/Inf; refusing to write a "
                                 "checkpoint to {} (the last one written stays 'latest')",
                                 state_.iteration, cfg_.ckpt.save_dir));
   CheckpointData d = rank_checkpoint(rank_model(), Tensor(), opt_->optimizer(), opt_->optimizer_range(),
                                      sharded ? sdp_rank_ : 0, sharded ? sdp_ : 1);
   d.tokenizer = &tokenizer_copy_;
-  // model.safetensors is written one weight at a time as the first data-
-  // parallel replica gathers it to rank 0 (FullTensorStream): rank 0 inside
-  // its write_checkpoint_files, the others right after theirs, in the same order.
-  std::unique_ptr<FullTensorStream> stream;
-  if (sdp_rank_ == 0) stream = std::make_unique<FullTensorStream>(rank_model(), local);
-  if (comms_.grid.rank == 0) d.stream_params = [&](const std::string& name) { return stream->next(name); };
+  // model.safetensors is written one weight at a time as it is gathered to
+  // rank 0 (FullTensorStream): rank 0 inside its write_checkpoint_files, the
+  // others right after theirs, in the same order.
+  FullTensorStream stream(rank_model());
+  if (comms_.grid.rank == 0) d.stream_params = [&](const std::string& name) { return stream.next(name); };
   // What killed saves left is removed before any rank writes (a pid names a process on rank 0's host only).
   if (comms_.grid.rank == 0) remove_stale_temporaries(cfg_.ckpt.save_dir);
   comms_.world->barrier();
   if (sharded || sdp_rank_ == 0) write_checkpoint_files(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
-  if (stream && comms_.grid.rank != 0)
-    for (const std::string& name : model_file_order(full_layout_)) stream->next(name);
+  if (comms_.grid.rank != 0)
+    for (const std::string& name : model_file_order(full_layout_)) stream.next(name);
   comms_.world->barrier();
   if (comms_.grid.rank == 0) commit_checkpoint(cfg_.ckpt.save_dir, state_.iteration);
   comms_.world->barrier();
