@@ -328,6 +328,10 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
   CHECK_THROWS_WITH(parse_json(with(base(), {{"training", {{"train_iters", 100}, {"attention_backend", "flash3"}}}})),
                     Contains("training.attention_backend (--attention-backend) 'flash3' must be flash, flash2, plain or cudnn"));
   CHECK_THROWS_WITH(parse_json(base(), {"--split", "90,x"}), Contains("data.split '90,x'"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--split", "0x10,1"}),
+                    Contains("data.split '0x10,1': '0x10' is not a non-negative number"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--split", "1, 2"}), Contains("' 2' is not a non-negative number"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--data-path", "0x10", "a", "1", "b"}), Contains("'0x10' is not a weight"));
   CHECK_THROWS_WITH(parse_json(base(), {"--data-path", "0.5", "a", "0.5"}), Contains("needs pairs"));
   CHECK_THROWS_WITH(parse_json(base(), {"--vocab-file", "v.json"}), Contains("data.merge_file ''"));
   CHECK_THROWS_WITH(parse_json(base(), {"--lr-warmup-iters", "200"}),
