@@ -56,10 +56,13 @@ void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
   resolve_batch(cfg.batch);
 
   ModelConfig& m = cfg.model;
-  if (m.ffn_hidden_size == 0) {
-    m.ffn_hidden_size = m.activation == Activation::SwiGLU
-                            ? static_cast<int>(4.0 * m.hidden_size * 2.0 / 3.0 / 64.0) * 64
-                            : 4 * m.hidden_size;
+  if (m.ffn_hidden_size == 0 && m.hidden_size > 0) {  // a bad hidden size is reported as itself below
+    const bool swiglu = m.activation == Activation::SwiGLU;
+    const double ffn = swiglu ? std::floor(4.0 * m.hidden_size * 2.0 / 3.0 / 64.0) * 64 : 4.0 * m.hidden_size;
+    DS_USER_CHECK(ffn <= std::numeric_limits<int>::max(), "model.hidden_size (--hidden-size) {} is too large: the "
+                  "MLP size derived from it ({}, {}) is more than {}", m.hidden_size, ffn,
+                  swiglu ? "8/3 x hidden rounded down to 64" : "4 x hidden", std::numeric_limits<int>::max());
+    m.ffn_hidden_size = static_cast<int>(ffn);
   }
   if (m.vocab_size > 0 && m.make_vocab_size_divisible_by > 0)
     m.padded_vocab_size = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, p.tp);
