@@ -262,6 +262,32 @@ TEST_CASE("dsprep names the SentencePiece document it cannot encode in bounded p
   CHECK(no_outputs(out));
 }
 
+// A file size limit (ulimit -f) stops the .bin write with EFBIG (SIGXFSZ is
+// caught): one error line, exit 1, and no .bin.tmp left behind.
+TEST_CASE("dsprep under a file size limit leaves no temporaries") {
+  test::TempDir dir;
+  REQUIRE(run("--generate-corpus " + (dir / "c.txt") + " --size-mb 0.2 --seed 4").code == 0);
+  REQUIRE(run("--train-tokenizer --input " + (dir / "c.txt") + " --vocab-size 300 --output-dir " + dir.path()).code ==
+          0);
+  const std::string out = dir / "out";
+  // /bin/sh counts ulimit -f in blocks of 512 (dash) or 1024 bytes: 16 KiB at most, the .bin is ~100 KB.
+  const std::string cmd = "sh -c 'ulimit -f 16 && exec " + dsprep_path() + " --input " + (dir / "c.txt") +
+                          " --output-prefix " + out + " --vocab-file " + (dir / "vocab.json") + " --merge-file " +
+                          (dir / "merges.txt") + "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string output;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) output.append(buf, n);
+  const int status = pclose(p);
+  INFO(output);
+  REQUIRE(WIFEXITED(status));  // not killed by SIGXFSZ
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(output.find("File too large") != std::string::npos);
+  CHECK(std::count(output.begin(), output.end(), '\n') == 1);
+  CHECK(no_outputs(out));
+}
+
 TEST_CASE("dsprep --workers N writes the same bytes as one worker, with progress lines") {
   test::TempDir dir;
   REQUIRE(run("--generate-corpus " + (dir / "c.txt") + " --size-mb 0.3 --seed 3").code == 0);
