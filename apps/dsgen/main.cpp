@@ -26,6 +26,7 @@
 #include "lib/data/tokenizer.h"
 #include "lib/gen/generator.h"
 #include "lib/gen/model_source.h"
+#include "lib/gen/prompts.h"
 #include "lib/model/tp_shard.h"
 #include "lib/parallel/comms.h"
 #include "lib/parallel/rank_grid.h"
@@ -84,31 +85,6 @@ std::unique_ptr<ds::data::Tokenizer> make_tokenizer(const Args& a, const ds::gen
   return tok;
 }
 
-// One prompt per line of a JSONL file: {"prompt": ...} or {"text": ...}.
-std::vector<std::string> read_prompt_file(const std::string& path) {
-  std::ifstream f(path);
-  DS_USER_CHECK(f.good(), "--prompt-file {}: cannot read it", path);
-  std::vector<std::string> out;
-  std::string line;
-  for (int n = 1; std::getline(f, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const std::exception&) {
-      DS_USER_ERROR("--prompt-file {}: line {} is not JSON (one {{\"prompt\": \"...\"}} object per line)", path, n);
-    }
-    const char* key = j.is_object() && j.contains("prompt") ? "prompt" : "text";
-    DS_USER_CHECK(j.is_object() && j.contains(key) && j[key].is_string(),
-                  "--prompt-file {}: line {} has no string field 'prompt' (or 'text')", path, n);
-    out.push_back(j[key].get<std::string>());
-    DS_USER_CHECK(out.back().find('\0') == std::string::npos, "--prompt-file {}: line {} holds a NUL character "
-                  "(\\u0000), which a prompt cannot hold", path, n);
-  }
-  DS_USER_CHECK(!out.empty(), "--prompt-file {}: no prompts in it", path);
-  return out;
-}
-
 // Rank 0's string on every rank of `c` (stdin prompts under tensor parallelism).
 std::string broadcast_text(ds::Communicator* c, std::string s, ds::Device dev) {
   if (!c || c->size() == 1) return s;
@@ -153,13 +129,7 @@ struct Session {
     std::vector<std::vector<int32_t>> ids;
     for (const auto& p : prompts) {
       const int64_t index = first + static_cast<int64_t>(ids.size());
-      DS_USER_CHECK(p.find('\0') == std::string::npos, "prompt {} holds a NUL byte, which a prompt cannot hold",
-                    index);
-      std::vector<int32_t> t;
-      if (tok.info().add_bos && tok.info().bos_id >= 0) t.push_back(tok.info().bos_id);
-      tok.encode(p, t);
-      ds::gen::check_prompt(t, model.dims().maxT, model.dims().V, index);
-      ids.push_back(std::move(t));
+      ids.push_back(ds::gen::encode_prompt(tok, p, index, model.dims().maxT, model.dims().V));
     }
     return ids;
   }
@@ -319,7 +289,7 @@ int run(const Args& a) {
   }
   if (a.prompts.empty() && a.prompt_file.empty()) return run_stdin(s, comms.world, dev);
   const bool jsonl = !a.prompt_file.empty();
-  const std::vector<std::string> prompts = jsonl ? read_prompt_file(a.prompt_file) : a.prompts;
+  const std::vector<std::string> prompts = jsonl ? ds::gen::read_prompt_file(a.prompt_file) : a.prompts;
   std::vector<json> rows;
   for (size_t b0 = 0; b0 < prompts.size(); b0 += static_cast<size_t>(a.batch_size)) {
     std::vector<std::string> batch(prompts.begin() + b0,

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "lib/core/error.h"
+#include "lib/gen/prompts.h"
 #include "lib/ops/ops.h"
 
 namespace ds::gen {
@@ -44,13 +45,6 @@ std::vector<float> full_row(GptModel& model, const Tensor& logits, int64_t row) 
 }
 
 }  // namespace
-
-void check_prompt(const std::vector<int32_t>& p, int64_t maxT, int64_t V, int64_t index) {
-  DS_USER_CHECK(!p.empty(), "prompt {} is empty (it encodes to no tokens)", index);
-  DS_USER_CHECK(static_cast<int64_t>(p.size()) < maxT, "prompt {} has {} tokens; the model's context is {} "
-                "positions, so it must be shorter", index, p.size(), maxT);
-  for (int32_t t : p) DS_USER_CHECK(t >= 0 && t < V, "prompt {}: token id {} outside the vocabulary of {}", index, t, V);
-}
 
 const char* stop_reason_name(StopReason r) {
   switch (r) {

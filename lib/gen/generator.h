@@ -44,12 +44,7 @@ struct GenStats {
   double prefill_s = 0, decode_s = 0;
 };
 
-// A UserError unless prompt `index` (1-based, for the message) is non-empty,
-// shorter than the model's context maxT and within its vocabulary of V ids.
-void check_prompt(const std::vector<int32_t>& ids, int64_t maxT, int64_t V, int64_t index);
-
-// Generates for every prompt (each non-empty, shorter than the model's
-// context). Logits that are not finite (NaN or inf: weights holding them, an
+// Generates for every prompt (each passing check_prompt(), lib/gen/prompts.h). Logits that are not finite (NaN or inf: weights holding them, an
 // fp16 overflow) are a UserError naming the prompt and step. Collective with tensor parallelism: every tp rank calls it with
 // the same prompts and options and gets the same tokens.
 std::vector<GenResult> generate(GptModel& model, const std::vector<std::vector<int32_t>>& prompts,
