@@ -62,7 +62,13 @@ class SpTokenizer final : public Tokenizer {
  public:
   explicit SpTokenizer(const TokenizerSpec& spec) {
     // Read here (a regular file of bounded size), so that a directory or a device is refused by name.
-    const auto st = sp_.LoadFromSerializedProto(read_tokenizer_file(spec.model_path, "--tokenizer-model"));
+    const std::string bytes = read_tokenizer_file(spec.model_path, "--tokenizer-model");
+    sentencepiece::util::Status st;
+    try {  // the library throws on some malformed models (a piece of zero length: Darts' exception)
+      st = sp_.LoadFromSerializedProto(bytes);
+    } catch (const std::exception& e) {
+      DS_USER_ERROR("--tokenizer-model {}: not a readable SentencePiece model ({})", spec.model_path, e.what());
+    }
     if (!st.ok())
       DS_USER_ERROR("--tokenizer-model {}: not a readable SentencePiece model ({})", spec.model_path,
                     st.ToString());

@@ -108,6 +108,11 @@ TEST_CASE("tokenizer errors name the file or flag") {
   fails({TokenizerKind::HF, dir / "merge.json", "", ""}, "model.merges entry 1: its second token");
   test::spit(dir / "tokenizer.model", "this is not a protobuf");
   fails({TokenizerKind::GPTSentencePiece, dir / "tokenizer.model", "", ""}, "tokenizer.model");
+  if (have_sentencepiece()) {  // a model with a zero-length piece made the library throw its own exception
+    const char* src = std::getenv("DS_SOURCE_DIR");
+    const std::string crash = std::string(src ? src : ".") + "/fuzz/corpus/sp_model/crash-zero-length-piece";
+    fails({TokenizerKind::GPTSentencePiece, crash, "", ""}, "crash-zero-length-piece: not a readable SentencePiece");
+  }
   CHECK_THROWS_WITH(parse_tokenizer_kind("NullTokenizer"), Contains("--tokenizer-type NullTokenizer"));
   CHECK_THROWS_WITH(parse_tokenizer_kind("Bogus", "--x"), Contains("--x Bogus"));
 }
