@@ -9,19 +9,24 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "lib/comm/communicator.h"
+#include "lib/core/decimal.h"
 #include "lib/core/device_runtime.h"
 #include "lib/core/error.h"
 #include "lib/core/run_main.h"
 #include "lib/data/tokenizer.h"
 #include "lib/gen/generator.h"
 #include "lib/gen/model_source.h"
+#include "lib/gen/prompts.h"
 #include "lib/model/tp_shard.h"
 #include "lib/parallel/comms.h"
 #include "lib/parallel/rank_grid.h"
@@ -39,8 +44,26 @@ struct Args {
   int max_new_tokens = 64, batch_size = 8, tp = 1;
   bool greedy = false, ignore_eos = false, bf16 = false, fp16 = false, no_kv_cache = false, timing = false;
   ds::gen::SamplingConfig sampling;
+  std::string temperature, top_p, repetition_penalty;  // as given; parsed by sampling_floats()
   bool sampling_given = false;
 };
+
+// The float sampling flags, from their text: plain decimals within float range
+// (1e300 would be inf), so that an error echoes the value as given.
+void sampling_floats(const Args& a, ds::gen::SamplingConfig& s) {
+  auto one = [](const char* flag, const std::string& text, float& out) {
+    if (text.empty()) return;
+    const std::optional<double> v = ds::parse_decimal(text);
+    const bool in_range = v && std::fabs(*v) <= std::numeric_limits<float>::max() &&
+                          (*v == 0 || std::fabs(*v) >= std::numeric_limits<float>::min());
+    DS_USER_CHECK(in_range, "{} '{}' is not a decimal number within float range (magnitude {:g} to {:g}, or 0)", flag,
+                  text, std::numeric_limits<float>::min(), std::numeric_limits<float>::max());
+    out = static_cast<float>(*v);
+  };
+  one("--temperature", a.temperature, s.temperature);
+  one("--top-p", a.top_p, s.top_p);
+  one("--repetition-penalty", a.repetition_penalty, s.repetition_penalty);
+}
 
 // The tokenizer: flags first, else what the checkpoint / HF directory names.
 std::unique_ptr<ds::data::Tokenizer> make_tokenizer(const Args& a, const ds::gen::LoadedModel& m) {
@@ -60,29 +83,6 @@ std::unique_ptr<ds::data::Tokenizer> make_tokenizer(const Args& a, const ds::gen
   DS_USER_CHECK(tok->info().vocab_size <= m.model.vocab_size, "the tokenizer has {} ids but the model only {}: "
                 "not the tokenizer it was trained with", tok->info().vocab_size, m.model.vocab_size);
   return tok;
-}
-
-// One prompt per line of a JSONL file: {"prompt": ...} or {"text": ...}.
-std::vector<std::string> read_prompt_file(const std::string& path) {
-  std::ifstream f(path);
-  DS_USER_CHECK(f.good(), "--prompt-file {}: cannot read it", path);
-  std::vector<std::string> out;
-  std::string line;
-  for (int n = 1; std::getline(f, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const std::exception&) {
-      DS_USER_ERROR("--prompt-file {}: line {} is not JSON (one {{\"prompt\": \"...\"}} object per line)", path, n);
-    }
-    const char* key = j.is_object() && j.contains("prompt") ? "prompt" : "text";
-    DS_USER_CHECK(j.is_object() && j.contains(key) && j[key].is_string(),
-                  "--prompt-file {}: line {} has no string field 'prompt' (or 'text')", path, n);
-    out.push_back(j[key].get<std::string>());
-  }
-  DS_USER_CHECK(!out.empty(), "--prompt-file {}: no prompts in it", path);
-  return out;
 }
 
 // Rank 0's string on every rank of `c` (stdin prompts under tensor parallelism).
@@ -122,20 +122,25 @@ struct Session {
   ds::gen::GenOptions opt;
   bool rank0 = true;
 
-  // Generates for a batch of prompts; `stream` prints sample 0's text as it is produced.
-  std::vector<std::string> run(const std::vector<std::string>& prompts, bool stream,
-                               std::vector<ds::gen::GenResult>* results = nullptr,
-                               std::vector<std::vector<int32_t>>* prompt_ids = nullptr) {
+  // The ids of prompts number first, first + 1, ...: a UserError naming the
+  // prompt for one that holds a NUL byte, encodes to nothing or is too long,
+  // before anything about it is printed.
+  std::vector<std::vector<int32_t>> encode(const std::vector<std::string>& prompts, int64_t first) const {
     std::vector<std::vector<int32_t>> ids;
     for (const auto& p : prompts) {
-      std::vector<int32_t> t;
-      if (tok.info().add_bos && tok.info().bos_id >= 0) t.push_back(tok.info().bos_id);
-      tok.encode(p, t);
-      ids.push_back(std::move(t));
+      const int64_t index = first + static_cast<int64_t>(ids.size());
+      ids.push_back(ds::gen::encode_prompt(tok, p, index, model.dims().maxT, model.dims().V));
     }
+    return ids;
+  }
+
+  // Generates for a batch of encoded prompts; `stream` prints sample 0's text as it is produced.
+  std::vector<std::string> run(std::vector<std::vector<int32_t>> ids, bool stream,
+                               std::vector<ds::gen::GenResult>* results = nullptr,
+                               std::vector<std::vector<int32_t>>* prompt_ids = nullptr) {
     size_t hold = 0;  // bytes held back while they might start a stop string
     for (const auto& s : a.stops) hold = std::max(hold, s.empty() ? 0 : s.size() - 1);
-    std::vector<std::vector<int32_t>> gen(prompts.size());
+    std::vector<std::vector<int32_t>> gen(ids.size());
     size_t printed = 0;
     auto on_token = [&](int64_t b, int32_t t) {
       gen[b].push_back(t);
@@ -192,11 +197,50 @@ void write_jsonl(const std::string& path, const std::vector<json>& rows) {
   fs::rename(tmp, path);
 }
 
+// Interactive mode: one prompt per stdin line, streamed. A prompt that cannot
+// be generated for (a NUL byte, too long for the context, no tokens) is one
+// error line naming its line, not echoed, and the next line is read; the exit
+// code is 1 when any prompt failed.
+int run_stdin(Session& s, ds::Communicator* world, ds::Device dev) {
+  const bool rank0 = s.rank0;
+  const bool tty = rank0 && ::isatty(0);
+  int64_t line_no = 0, failed = 0;
+  for (;;) {
+    if (tty) std::fprintf(stderr, "prompt> ");
+    std::string line;
+    bool ok = rank0 && static_cast<bool>(std::getline(std::cin, line));
+    std::string msg = broadcast_text(world, ok ? "1" + line : "0", dev);
+    if (msg[0] == '0') break;
+    ++line_no;
+    line = msg.substr(1);
+    if (line.empty()) continue;
+    std::vector<std::vector<int32_t>> ids;
+    try {
+      ids = s.encode({line}, line_no);
+    } catch (const ds::UserError& e) {  // every rank sees the same line and skips it
+      ++failed;
+      if (rank0) std::fprintf(stderr, "dsgen: error: stdin line %lld: %s; skipped\n", static_cast<long long>(line_no),
+                              e.what());
+      continue;
+    }
+    if (rank0) std::fwrite(line.data(), 1, line.size(), stdout);
+    s.run(std::move(ids), true);
+    if (rank0) std::printf("\n");
+    std::fflush(stdout);
+  }
+  if (failed > 0 && rank0)
+    std::fprintf(stderr, "dsgen: %lld stdin prompt%s failed (see above)\n", static_cast<long long>(failed),
+                 failed == 1 ? "" : "s");
+  return failed > 0 ? 1 : 0;
+}
+
 int run(const Args& a) {
   DS_USER_CHECK(a.max_new_tokens >= 0, "--max-new-tokens {} must be >= 0", a.max_new_tokens);
   DS_USER_CHECK(a.batch_size >= 1, "--batch-size {} must be >= 1", a.batch_size);
   DS_USER_CHECK(!(a.bf16 && a.fp16), "--bf16 and --fp16 exclude each other");
   DS_USER_CHECK(a.prompts.empty() || a.prompt_file.empty(), "give --prompt or --prompt-file, not both");
+  ds::gen::SamplingConfig sampling = a.sampling;
+  sampling_floats(a, sampling);
   ds::RendezvousInfo rv = ds::RendezvousInfo::from_env();
   DS_USER_CHECK(a.tp >= 1 && rv.world_size == a.tp, "--tensor-model-parallel-size {}: dsgen runs one model "
                 "replica, so the job must have exactly that many processes (it has {}; launch with dsrun)", a.tp,
@@ -229,7 +273,7 @@ int run(const Args& a) {
   }
   Session s{a, model, *tok, {}, rv.rank == 0};
   s.opt.max_new_tokens = a.max_new_tokens;
-  s.opt.sampling = a.sampling;
+  s.opt.sampling = sampling;
   s.opt.sampling.greedy = a.greedy || !a.sampling_given;
   s.opt.use_kv_cache = !a.no_kv_cache;
   s.opt.vocab_limit = tok->info().vocab_size;
@@ -243,25 +287,9 @@ int run(const Args& a) {
       if (id >= 0 && std::find(s.opt.stop_ids.begin(), s.opt.stop_ids.end(), id) == s.opt.stop_ids.end())
         s.opt.stop_ids.push_back(id);
   }
-  if (a.prompts.empty() && a.prompt_file.empty()) {  // interactive: one prompt per stdin line, streamed
-    const bool tty = rv.rank == 0 && ::isatty(0);
-    for (;;) {
-      if (tty) std::fprintf(stderr, "prompt> ");
-      std::string line;
-      bool ok = rv.rank == 0 && static_cast<bool>(std::getline(std::cin, line));
-      std::string msg = broadcast_text(comms.world, ok ? "1" + line : "0", dev);
-      if (msg[0] == '0') break;
-      line = msg.substr(1);
-      if (line.empty()) continue;
-      if (rv.rank == 0) std::printf("%s", line.c_str());
-      s.run({line}, true);
-      if (rv.rank == 0) std::printf("\n");
-      std::fflush(stdout);
-    }
-    return 0;
-  }
+  if (a.prompts.empty() && a.prompt_file.empty()) return run_stdin(s, comms.world, dev);
   const bool jsonl = !a.prompt_file.empty();
-  const std::vector<std::string> prompts = jsonl ? read_prompt_file(a.prompt_file) : a.prompts;
+  const std::vector<std::string> prompts = jsonl ? ds::gen::read_prompt_file(a.prompt_file) : a.prompts;
   std::vector<json> rows;
   for (size_t b0 = 0; b0 < prompts.size(); b0 += static_cast<size_t>(a.batch_size)) {
     std::vector<std::string> batch(prompts.begin() + b0,
@@ -269,14 +297,15 @@ int run(const Args& a) {
     std::vector<ds::gen::GenResult> res;
     std::vector<std::vector<int32_t>> ids;
     const bool stream = batch.size() == 1 && !jsonl;
-    if (stream && rv.rank == 0) std::printf("%s", batch[0].c_str());
-    auto texts = s.run(batch, stream, &res, &ids);
+    std::vector<std::vector<int32_t>> encoded = s.encode(batch, static_cast<int64_t>(b0) + 1);
+    if (stream && rv.rank == 0) std::fwrite(batch[0].data(), 1, batch[0].size(), stdout);
+    auto texts = s.run(std::move(encoded), stream, &res, &ids);
     for (size_t i = 0; i < batch.size(); ++i) {
       if (jsonl) {
         rows.push_back({{"prompt", batch[i]}, {"text", texts[i]}, {"tokens", res[i].tokens}, {"prompt_tokens", ids[i]},
                         {"stop_reason", ds::gen::stop_reason_name(res[i].reason)}});
       } else if (rv.rank == 0) {
-        if (!stream) std::printf("%s%s", batch[i].c_str(), texts[i].c_str());
+        if (!stream) std::printf("%s%s", batch[i].c_str(), texts[i].c_str());  // no NUL: encode() refused it
         std::printf("\n");
         if (b0 + i + 1 < prompts.size()) std::printf("----\n");
       }
@@ -307,10 +336,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-new-tokens,--out-seq-length", a.max_new_tokens, "Tokens to generate per prompt (default 64)");
   app.add_option("--batch-size", a.batch_size, "Prompts generated together (default 8)");
   app.add_flag("--greedy", a.greedy, "Argmax decoding (the default unless a sampling flag is given)");
-  auto* temp = app.add_option("--temperature", a.sampling.temperature, "Sampling temperature (> 0)");
+  auto* temp = app.add_option("--temperature", a.temperature, "Sampling temperature (> 0)");
   auto* topk = app.add_option("--top-k", a.sampling.top_k, "Sample from the k most likely tokens (0: all)");
-  auto* topp = app.add_option("--top-p", a.sampling.top_p, "Nucleus sampling threshold in (0, 1]");
-  app.add_option("--repetition-penalty", a.sampling.repetition_penalty, "Penalty > 1 discourages repeats (1: none)");
+  auto* topp = app.add_option("--top-p", a.top_p, "Nucleus sampling threshold in (0, 1]");
+  app.add_option("--repetition-penalty", a.repetition_penalty, "Penalty > 1 discourages repeats (1: none)");
   app.add_option("--seed", a.sampling.seed, "Sampling seed (default 1234)");
   app.add_option("--stop", a.stops, "Stop a sample when its text contains this string (repeatable)")
       ->expected(1)->take_all();

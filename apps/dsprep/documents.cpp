@@ -29,25 +29,31 @@ std::ifstream open_input(const std::string& path) {
   return in;
 }
 
-void read_paragraphs(const std::string& path,
-                     const std::function<void(std::string_view)>& on_doc) {
+void read_paragraphs(const std::string& path, const DocumentFn& on_doc) {
   std::ifstream in = open_input(path);
   std::string line, doc;
+  int64_t line_no = 0, first = 0;
   while (std::getline(in, line)) {
+    ++line_no;
     if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF input
     if (is_blank(line)) {
-      if (!doc.empty()) on_doc(doc);
+      if (!doc.empty()) on_doc(doc, first);
       doc.clear();
       continue;
     }
-    if (!doc.empty()) doc += '\n';
+    if (doc.empty()) {
+      first = line_no;
+      doc.swap(line);  // a long one-line document is not copied
+      continue;
+    }
+    doc += '\n';
     doc += line;
   }
   if (in.bad()) DS_USER_ERROR("read error in input file {}", path);
-  if (!doc.empty()) on_doc(doc);
+  if (!doc.empty()) on_doc(doc, first);
 }
 
-void read_jsonl(const DocumentSource& src, const std::function<void(std::string_view)>& on_doc) {
+void read_jsonl(const DocumentSource& src, const DocumentFn& on_doc) {
   std::ifstream in = open_input(src.path);
   std::string line;
   int64_t line_no = 0;
@@ -59,7 +65,7 @@ void read_jsonl(const DocumentSource& src, const std::function<void(std::string_
       DS_USER_ERROR("input file {} line {}: expected an object with a string field \"{}\"",
                     src.path, line_no, src.json_key);
     const std::string& text = j[src.json_key].get_ref<const std::string&>();
-    if (!text.empty()) on_doc(text);
+    if (!text.empty()) on_doc(text, line_no);
   }
   if (in.bad()) DS_USER_ERROR("read error in input file {}", src.path);
 }
@@ -80,12 +86,11 @@ std::string read_whole_file(const std::string& path) {
   return ss.str();
 }
 
-void read_documents(const DocumentSource& src,
-                    const std::function<void(std::string_view)>& on_doc) {
+void read_documents(const DocumentSource& src, const DocumentFn& on_doc) {
   if (resolve_format(src) == InputFormat::Jsonl) return read_jsonl(src, on_doc);
   if (src.text_split == TextSplit::Paragraph) return read_paragraphs(src.path, on_doc);
   std::string all = read_whole_file(src.path);
-  if (!all.empty()) on_doc(all);
+  if (!all.empty()) on_doc(all, 1);
 }
 
 }  // namespace ds::prep

@@ -156,7 +156,7 @@ int run_train_tokenizer(const Args& a) {
     if (ds::prep::resolve_format(src) == ds::prep::InputFormat::Text) {
       corpus += ds::prep::read_whole_file(src.path);
     } else {
-      ds::prep::read_documents(src, [&](std::string_view doc) {
+      ds::prep::read_documents(src, [&](std::string_view doc, int64_t) {
         corpus.append(doc);
         corpus += '\n';
       });

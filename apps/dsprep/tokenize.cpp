@@ -25,14 +25,26 @@ namespace {
 constexpr size_t kBatchDocs = 512;
 constexpr size_t kBatchBytes = size_t{4} << 20;
 
-// Tokenizes docs[i] into ids[i] on `tokenizers.size()` threads.
+// Where a document starts, for errors about it.
+struct DocPlace {
+  const std::string* path;
+  int64_t line;
+};
+
+// Tokenizes docs[i] into ids[i] on `tokenizers.size()` threads. A document the
+// tokenizer refuses is a UserError naming its file and line.
 void encode_batch(const std::vector<std::unique_ptr<data::Tokenizer>>& tokenizers, bool append_eod,
-                  const std::vector<std::string>& docs, std::vector<std::vector<int32_t>>& ids) {
+                  const std::vector<std::string>& docs, const std::vector<DocPlace>& places,
+                  std::vector<std::vector<int32_t>>& ids) {
   ids.resize(docs.size());
   auto work = [&](size_t w) {
     for (size_t i = w; i < docs.size(); i += tokenizers.size()) {
       ids[i].clear();
-      tokenizers[w]->encode_document(docs[i], append_eod, ids[i]);
+      try {
+        tokenizers[w]->encode_document(docs[i], append_eod, ids[i]);
+      } catch (const UserError& e) {
+        DS_USER_ERROR("input file {} line {}: {}", *places[i].path, places[i].line, e.what());
+      }
     }
   };
   if (tokenizers.size() == 1 || docs.size() < 2) return work(0);
@@ -88,10 +100,11 @@ TokenizeStats tokenize_to_dataset(const std::vector<DocumentSource>& sources, co
   data::IndexedDatasetWriter writer(opt.output_prefix, dtype);
   TokenizeStats st;
   std::vector<std::string> docs;
+  std::vector<DocPlace> places;
   std::vector<std::vector<int32_t>> ids;
   size_t batch_bytes = 0;
   auto flush = [&] {
-    encode_batch(toks, opt.append_eod, docs, ids);
+    encode_batch(toks, opt.append_eod, docs, places, ids);
     for (size_t i = 0; i < docs.size(); ++i) {
       st.bytes += static_cast<int64_t>(docs[i].size());
       if (ids[i].empty()) {
@@ -103,11 +116,13 @@ TokenizeStats tokenize_to_dataset(const std::vector<DocumentSource>& sources, co
       progress.update(st.bytes, st.documents + st.empty_documents);
     }
     docs.clear();
+    places.clear();
     batch_bytes = 0;
   };
   for (const DocumentSource& src : sources)
-    read_documents(src, [&](std::string_view doc) {
+    read_documents(src, [&](std::string_view doc, int64_t line) {
       docs.emplace_back(doc);
+      places.push_back({&src.path, line});
       batch_bytes += doc.size();
       if (docs.size() >= kBatchDocs || batch_bytes >= kBatchBytes) flush();
     });

@@ -385,7 +385,13 @@ int session(const Options& o, int argc, char** argv) {
   fmt::print(stderr, "dsrun: autotuning: world {}, {} parameters, memory limit {} per process ({})\n", s.world,
              s.facts.n_params, s.limit_bytes > 0 ? gib(int64_t(s.limit_bytes)) + " GiB" : "none", how);
   const int mbs_upper = micro_batch_upper(s, batch);
-  Tuner tuner(s.cfg.tuner, make_space(s.cfg, s.facts, batch, mbs_upper), s.facts, s.cfg.metric, s.cfg.seed);
+  SpaceReport report;
+  std::vector<Point> space = make_space(s.cfg, s.facts, batch, mbs_upper, &report);
+  // Only the default would run: "BEST" would name it without anything to compare.
+  DS_USER_CHECK(report.candidates > 0, "dsrun --autotuning: every candidate of autotuning.tuning_space was dropped "
+                "({}); only the default configuration is left, so there is nothing to tune: widen the space",
+                report.dropped_text());
+  Tuner tuner(s.cfg.tuner, std::move(space), s.facts, s.cfg.metric, s.cfg.seed);
   fmt::print(stderr, "dsrun: autotuning: {} candidate configurations, {} tuner, metric {}\n", tuner.space().size(),
              tuner_name(s.cfg.tuner), metric_name(s.cfg.metric));
   tune(s, tuner);

@@ -28,8 +28,10 @@ std::vector<int> spread(const std::vector<int>& v, int k) {
   return {pick.begin(), pick.end()};
 }
 
-// Micro-batch sizes for a data-parallel size `dp`, with their gas and global batch.
-std::vector<Point> batch_choices(const AutotuneConfig& c, const BatchRule& b, int dp, int mbs_upper) {
+// Micro-batch sizes for a data-parallel size `dp`, with their gas and global batch;
+// the sizes left out are counted in `dropped` by reason.
+std::vector<Point> batch_choices(const AutotuneConfig& c, const BatchRule& b, int dp, int mbs_upper,
+                                 std::map<std::string, int>& dropped) {
   std::vector<int> mbs;
   if (!c.space.micro_batch_size.empty()) {
     mbs = c.space.micro_batch_size;
@@ -44,19 +46,27 @@ std::vector<Point> batch_choices(const AutotuneConfig& c, const BatchRule& b, in
       for (int m = c.min_micro_batch; m <= hi; m *= 2) all.push_back(m);
     }
     mbs = spread(all, c.num_tuning_micro_batch_sizes);
+    if (mbs.empty()) ++dropped["no micro batch size fits min/max_train_micro_batch_size_per_gpu, the memory limit "
+                                 "and the global batch"];
   }
   std::vector<Point> out;
   for (int m : mbs) {
     Point p;
     p.mbs = m;
     if (b.tbs_fixed) {
-      if (b.tbs % (int64_t{m} * dp) != 0) continue;  // gas would not be whole
+      if (b.tbs % (int64_t{m} * dp) != 0) {  // gas would not be whole
+        ++dropped[fmt::format("micro batch x data parallel does not divide train_batch_size {}", b.tbs)];
+        continue;
+      }
       p.tbs = b.tbs;
       p.gas = static_cast<int>(b.tbs / (int64_t{m} * dp));
     } else {
       p.gas = b.gas;
       p.tbs = int64_t{m} * b.gas * dp;
-      if (p.tbs < c.min_train_batch_size || (c.max_train_batch_size && p.tbs > *c.max_train_batch_size)) continue;
+      if (p.tbs < c.min_train_batch_size || (c.max_train_batch_size && p.tbs > *c.max_train_batch_size)) {
+        ++dropped["global batch outside min_train_batch_size / max_train_batch_size"];
+        continue;
+      }
     }
     out.push_back(p);
   }
@@ -161,7 +171,16 @@ Point default_point(const ModelFacts& f, const BatchRule& b) {
   return p;
 }
 
-std::vector<Point> make_space(const AutotuneConfig& c, const ModelFacts& f, const BatchRule& b, int mbs_upper) {
+std::string SpaceReport::dropped_text() const {
+  std::string t;
+  for (const auto& [why, n] : dropped) t += fmt::format("{}{}: {}", t.empty() ? "" : "; ", why, n);
+  return t.empty() ? "none" : t;
+}
+
+std::vector<Point> make_space(const AutotuneConfig& c, const ModelFacts& f, const BatchRule& b, int mbs_upper,
+                              SpaceReport* report) {
+  SpaceReport local;
+  SpaceReport& r = report ? *report : local;
   const TuningSpace& s = c.space;
   const int W = f.world;
   std::vector<int> stages = s.zero_stage.empty() ? std::vector<int>{0, 1, 2, 3} : s.zero_stage;
@@ -184,27 +203,42 @@ std::vector<Point> make_space(const AutotuneConfig& c, const ModelFacts& f, cons
   add(default_point(f, b));
   for (int z : stages)
     for (bool off : offloads) {
-      if (off && z == 0) continue;  // offload needs ZeRO >= 1
+      if (off && z == 0) {
+        ++r.dropped["optimizer offload needs ZeRO stage >= 1"];
+        continue;
+      }
       for (int tp : tps) {
-        if (W % tp != 0) continue;
+        if (W % tp != 0) {
+          ++r.dropped[fmt::format("tensor parallel size does not divide the world of {}", W)];
+          continue;
+        }
         std::vector<int> pps = s.pp;
         if (pps.empty() && c.fast) pps = {f.pp};
         if (pps.empty())
           for (int pp : divisors(W / tp))
             if (f.num_layers % pp == 0) pps.push_back(pp);
         for (int pp : pps) {
-          if (W % (tp * pp) != 0) continue;
+          if (W % (tp * pp) != 0) {
+            ++r.dropped[fmt::format("tensor x pipeline parallel size does not divide the world of {}", W)];
+            continue;
+          }
           std::vector<int> vps = s.virtual_stages;
           if (vps.empty()) vps = c.fast || pp == 1 ? std::vector<int>{default_point(f, b).vp} : std::vector<int>{1, 2};
           std::vector<bool> sps = !s.sequence_parallel.empty() ? s.sequence_parallel
                                   : c.fast                     ? std::vector<bool>{f.sp}
                                                                : std::vector<bool>{false, true};
           for (int vp : vps) {
-            if (vp > 1 && (pp == 1 || (f.num_layers / pp) % vp != 0)) continue;
+            if (vp > 1 && (pp == 1 || (f.num_layers / pp) % vp != 0)) {
+              ++r.dropped["virtual stages need pipeline parallelism and a divisible layer count"];
+              continue;
+            }
             for (const std::string& rc : recomputes)
               for (bool sp : sps) {
-                if (sp && tp == 1) continue;
-                for (Point p : batch_choices(c, b, W / (tp * pp), mbs_upper)) {
+                if (sp && tp == 1) {
+                  ++r.dropped["sequence parallelism needs tensor parallel size > 1"];
+                  continue;
+                }
+                for (Point p : batch_choices(c, b, W / (tp * pp), mbs_upper, r.dropped)) {
                   p.zero_stage = z;
                   p.offload = off;
                   p.tp = tp;
@@ -212,6 +246,7 @@ std::vector<Point> make_space(const AutotuneConfig& c, const ModelFacts& f, cons
                   p.vp = vp;
                   p.recompute = rc;
                   p.sp = sp;
+                  ++r.candidates;
                   add(p);
                 }
               }

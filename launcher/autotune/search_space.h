@@ -60,10 +60,20 @@ struct BatchRule {
 // The user's configuration as a Point (the "default" the best is compared with).
 Point default_point(const ModelFacts& f, const BatchRule& b);
 
+// What make_space() made of the tuning space: the candidates it produced
+// (before removing those equal to the default or to each other) and the
+// combinations it dropped, counted by reason.
+struct SpaceReport {
+  int candidates = 0;
+  std::map<std::string, int> dropped;
+  std::string dropped_text() const;  // "reason: N; reason: M" ("none" when empty)
+};
+
 // Every candidate, the default first, then in grid order (ZeRO stage outermost,
 // then offload, TP, PP, virtual stages, recompute, SP, micro batch). mbs_upper
 // bounds derived micro-batch sizes (the largest the memory estimate allows; 0: none).
-std::vector<Point> make_space(const AutotuneConfig& c, const ModelFacts& f, const BatchRule& b, int mbs_upper);
+std::vector<Point> make_space(const AutotuneConfig& c, const ModelFacts& f, const BatchRule& b, int mbs_upper,
+                              SpaceReport* report = nullptr);
 
 // The experiment's ds_config.json: the user's config without `autotuning`,
 // with the point's batch triple, ZeRO stage/offload and `parallel` keys.

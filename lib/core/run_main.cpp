@@ -1,6 +1,8 @@
 // The shared exit policy of the programs (run_main.h).
 #include "lib/core/run_main.h"
 
+#include <signal.h>
+
 #include <cstdio>
 #include <exception>
 #include <new>
@@ -9,7 +11,21 @@
 
 namespace ds {
 
+namespace {
+
+void on_file_size_limit(int) {}  // the write that crossed the limit fails with EFBIG instead
+
+}  // namespace
+
 int run_main(const char* prog, const std::function<int()>& body) {
+  // A file size limit (ulimit -f) would kill the process with SIGXFSZ in the
+  // middle of a write, leaving its temporaries behind. With a handler the write
+  // fails with EFBIG and the usual error path removes them. A handler (not
+  // SIG_IGN) is reset by exec, so programs dsrun starts keep the default.
+  struct sigaction sa {};
+  sa.sa_handler = on_file_size_limit;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGXFSZ, &sa, nullptr);
   try {
     return body();
   } catch (...) {

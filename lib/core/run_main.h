@@ -4,6 +4,8 @@
 // (ds::UserError, or host memory running out: std::bad_alloc); 2 with
 // "PROG: internal error: ..." for anything else (a bug). Command-line parse
 // errors are the apps' own (CLI11 prints --help), exit 1 as user errors.
+// It also catches SIGXFSZ, so a write past a file size limit (ulimit -f)
+// fails with EFBIG and takes the error path that removes temporaries.
 #pragma once
 #include <functional>
 

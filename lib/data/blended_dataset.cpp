@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "lib/core/decimal.h"
 #include "lib/core/error.h"
 
 namespace ds::data {
@@ -19,15 +20,13 @@ BlendSpec parse_blend(const std::vector<std::string>& items, const std::string& 
   double sum = 0;
   for (size_t i = 0; i < items.size(); i += 2) {
     const std::string& w = items[i];
-    char* end = nullptr;
-    errno = 0;
-    const double v = std::strtod(w.c_str(), &end);
-    DS_USER_CHECK(!w.empty() && end && *end == '\0' && errno == 0 && std::isfinite(v) && v >= 0,
-                  "{}: '{}' is not a weight (item {}; the form is WEIGHT PREFIX WEIGHT PREFIX ...)", what, w, i);
+    const std::optional<double> v = parse_decimal(w);  // plain decimals: no hex, inf, nan or spaces
+    DS_USER_CHECK(v && *v >= 0, "{}: '{}' is not a weight (item {}; the form is WEIGHT PREFIX WEIGHT PREFIX ...)",
+                  what, w, i);
     DS_USER_CHECK(!items[i + 1].empty(), "{}: empty dataset prefix after weight '{}'", what, w);
-    b.weights.push_back(v);
+    b.weights.push_back(*v);
     b.prefixes.push_back(items[i + 1]);
-    sum += v;
+    sum += *v;
   }
   DS_USER_CHECK(sum > 0, "{}: the weights are all 0", what);
   return b;

@@ -7,14 +7,13 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "lib/core/decimal.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 
 namespace ds::data {
 
-namespace {
-
-std::vector<double> parse_split_weights(const std::string& split) {
+std::vector<double> parse_split_weights(const std::string& split, std::string_view what) {
   const char sep = split.find(',') != std::string::npos ? ',' : '/';
   std::vector<double> w;
   size_t start = 0;
@@ -22,26 +21,22 @@ std::vector<double> parse_split_weights(const std::string& split) {
     size_t end = split.find(sep, start);
     std::string part = split.substr(start, end == std::string::npos ? std::string::npos
                                                                     : end - start);
-    char* rest = nullptr;
-    // Plain decimals only ("949", "0.5", "1e2"): strtod alone would also take
-    // "0x10", "inf", "nan" and leading spaces.
-    const bool decimal = !part.empty() && part.find_first_not_of("0123456789.eE+-") == std::string::npos &&
-                         (std::isdigit(static_cast<unsigned char>(part[0])) || part[0] == '.');
-    double v = decimal ? std::strtod(part.c_str(), &rest) : 0.0;
-    if (!decimal || rest == part.c_str() || *rest != '\0' || !std::isfinite(v) || v < 0)
-      DS_USER_ERROR("--split '{}': '{}' is not a non-negative number (expected e.g. 949,50,1)",
-                    split, part);
-    w.push_back(v);
+    const std::optional<double> v = parse_decimal(part);  // plain decimals: no hex, inf, nan or spaces
+    if (!v || *v < 0)
+      DS_USER_ERROR("{} '{}': '{}' is not a non-negative number (expected e.g. 949,50,1)", what, split, part);
+    w.push_back(*v);
     if (end == std::string::npos) break;
     start = end + 1;
   }
   if (w.size() > 3)
-    DS_USER_ERROR("--split '{}' has {} parts; at most 3 (train,valid,test)", split, w.size());
+    DS_USER_ERROR("{} '{}' has {} parts; at most 3 (train,valid,test)", what, split, w.size());
   w.resize(3, 0.0);
   if (!(w[0] + w[1] + w[2] > 0) || !std::isfinite(w[0] + w[1] + w[2]))
-    DS_USER_ERROR("--split '{}' must have a positive, finite sum", split);
+    DS_USER_ERROR("{} '{}' must have a positive, finite sum", what, split);
   return w;
 }
+
+namespace {
 
 // Python's round(): nearest integer, ties to even.
 int64_t round_half_even(double x) {

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lib/data/indexed_dataset.h"
@@ -36,6 +37,8 @@ struct SplitRanges {
 // ones are 0), normalized, boundaries b[i+1] = b[i] + round_half_even(w_i * size),
 // then all boundaries shifted so the last equals size. Returns {b0, b1, b2, b3}.
 // A malformed string throws UserError naming --split.
+// The three weights of a --split string (missing ones 0); errors name `what`.
+std::vector<double> parse_split_weights(const std::string& split, std::string_view what = "--split");
 std::array<int64_t, 4> split_boundaries(const std::string& split, int64_t size);
 SplitRanges split_documents(const std::string& split, int64_t num_documents);
 

@@ -9,6 +9,13 @@
 //     between are encoded separately; eod = <EOD>.
 // Without the library (DS_HAVE_SENTENCEPIECE undefined) loading one of these is
 // a UserError saying how to get it.
+// Long text is encoded in pieces of about kSpPieceBytes (the library needs some
+// 100-200 bytes of memory per input byte): cut at a single space between two
+// printable ASCII characters, the space dropped (the next piece's dummy prefix
+// stands for it). That gives the ids of encoding the text whole when the model
+// adds a dummy prefix and none of its pieces holds a character followed by a
+// space (checked at load); otherwise, or where a stretch longer than
+// kSpMaxPieceBytes has no such space, text that long is refused.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -28,11 +35,40 @@ bool have_sentencepiece() { return true; }
 
 namespace {
 
+constexpr std::string_view kSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's whitespace
+
+bool printable_ascii(char c) { return c > ' ' && c < 0x7f; }
+
+// A single space between two printable ASCII characters.
+bool split_point(std::string_view t, size_t i) {
+  return t[i] == ' ' && i > 0 && i + 1 < t.size() && printable_ascii(t[i - 1]) && printable_ascii(t[i + 1]);
+}
+
+// The last split point in [lo, hi), or npos.
+size_t last_split_point(std::string_view t, size_t lo, size_t hi) {
+  for (size_t i = hi; i-- > lo;)
+    if (split_point(t, i)) return i;
+  return std::string_view::npos;
+}
+
+// The first split point in [lo, hi), or npos.
+size_t first_split_point(std::string_view t, size_t lo, size_t hi) {
+  for (size_t i = lo; i < hi; ++i)
+    if (split_point(t, i)) return i;
+  return std::string_view::npos;
+}
+
 class SpTokenizer final : public Tokenizer {
  public:
   explicit SpTokenizer(const TokenizerSpec& spec) {
     // Read here (a regular file of bounded size), so that a directory or a device is refused by name.
-    const auto st = sp_.LoadFromSerializedProto(read_tokenizer_file(spec.model_path, "--tokenizer-model"));
+    const std::string bytes = read_tokenizer_file(spec.model_path, "--tokenizer-model");
+    sentencepiece::util::Status st;
+    try {  // the library throws on some malformed models (a piece of zero length: Darts' exception)
+      st = sp_.LoadFromSerializedProto(bytes);
+    } catch (const std::exception& e) {
+      DS_USER_ERROR("--tokenizer-model {}: not a readable SentencePiece model ({})", spec.model_path, e.what());
+    }
     if (!st.ok())
       DS_USER_ERROR("--tokenizer-model {}: not a readable SentencePiece model ({})", spec.model_path,
                     st.ToString());
@@ -52,6 +88,7 @@ class SpTokenizer final : public Tokenizer {
     if (need)
       DS_USER_ERROR("--tokenizer-model {}: the SentencePiece model has no {}, which --tokenizer-type {} needs",
                     spec.model_path, need, tokenizer_kind_name(spec.kind));
+    split_exact_ = splits_exactly();
   }
 
   const TokenizerInfo& info() const override { return info_; }
@@ -103,12 +140,58 @@ class SpTokenizer final : public Tokenizer {
     int32_t id;
   };
 
+  // Long text in pieces cut at split points (the file's opening comment).
   void encode_plain(std::string_view text, std::vector<int32_t>& out) const {
+    if (text.size() <= kSpPieceBytes) return encode_piece(text, out);
+    DS_USER_CHECK(split_exact_ || text.size() <= kSpMaxPieceBytes,
+                  "SentencePiece: a text of {} bytes is more than the {} MiB this model encodes at once (its pieces "
+                  "span spaces, so the text cannot be cut exactly); split it into smaller documents",
+                  text.size(), kSpMaxPieceBytes >> 20);
+    size_t pos = 0;
+    while (text.size() - pos > kSpPieceBytes) {
+      size_t cut = last_split_point(text, pos + 1, pos + kSpPieceBytes);
+      if (cut == std::string_view::npos)
+        cut = first_split_point(text, pos + kSpPieceBytes, std::min(text.size(), pos + kSpMaxPieceBytes));
+      if (cut == std::string_view::npos) {
+        DS_USER_CHECK(text.size() - pos <= kSpMaxPieceBytes,
+                      "SentencePiece: {} bytes from byte {} hold no single space between printable ASCII "
+                      "characters, where the text can be cut exactly; at most {} MiB are encoded at once; split "
+                      "it into smaller documents", text.size() - pos, pos, kSpMaxPieceBytes >> 20);
+        break;
+      }
+      encode_piece(text.substr(pos, cut - pos), out);
+      pos = cut + 1;  // the space: the next piece's dummy prefix
+    }
+    encode_piece(text.substr(pos), out);
+  }
+
+  void encode_piece(std::string_view text, std::vector<int32_t>& out) const {
     if (text.empty()) return;
     std::vector<int> ids;
     const auto st = sp_.Encode(text, &ids);
     DS_CHECK(st.ok(), "SentencePiece encode failed: {}", st.ToString());
     out.insert(out.end(), ids.begin(), ids.end());
+  }
+
+  // Whether cutting at a split point keeps the ids of the whole text: "a b"
+  // normalizes to "a"'s pieces followed by "b"'s, the latter starting with the
+  // dummy prefix, and no piece could cross such a cut (no piece holds a
+  // non-space character followed by the whitespace mark).
+  bool splits_exactly() const {
+    auto joined = [&](std::string_view t) {
+      std::string s;
+      for (const std::string& p : sp_.EncodeAsPieces(t)) s += p;
+      return s;
+    };
+    const std::string b = joined("b");
+    if (joined("a b") != joined("a") + b || b.rfind(kSpace, 0) != 0) return false;
+    for (int id = 0; id < sp_.GetPieceSize(); ++id) {
+      if (sp_.IsControl(id) || sp_.IsUnknown(id) || sp_.IsByte(id)) continue;
+      const std::string p = sp_.IdToPiece(id);
+      for (size_t at = p.find(kSpace, 1); at != std::string::npos; at = p.find(kSpace, at + 1))
+        if (at < kSpace.size() || p.compare(at - kSpace.size(), kSpace.size(), kSpace) != 0) return false;
+    }
+    return true;
   }
 
   // Megatron's _SentencePieceTokenizer._initalize (without extra ids).
@@ -141,6 +224,7 @@ class SpTokenizer final : public Tokenizer {
   TokenizerInfo info_;
   std::vector<Special> specials_;         // SentencePieceTokenizer only, in Megatron's order
   std::map<int32_t, std::string> added_;  // ids past the model's pieces -> their text
+  bool split_exact_ = false;              // long text may be cut at split points
 };
 
 }  // namespace

@@ -71,6 +71,12 @@ std::unique_ptr<Tokenizer> load_tokenizer(const TokenizerSpec& spec);
 // load_tokenizer(spec)->info(), for the trainer and the export.
 TokenizerInfo tokenizer_info(const TokenizerSpec& spec);
 
+// SentencePiece text longer than kSpPieceBytes is encoded in pieces of about
+// that size, cut where the ids stay those of the whole text; a stretch longer
+// than kSpMaxPieceBytes without such a cut is refused (lib/data/sp_tokenizer.cpp).
+inline constexpr size_t kSpPieceBytes = size_t(1) << 20;
+inline constexpr size_t kSpMaxPieceBytes = size_t(4) << 20;
+
 // Tokenizer files (vocab.json, merges.txt, tokenizer.model, tokenizer.json)
 // are read whole, and only when they are regular files of at most this size:
 // a directory, a FIFO, a device or a larger file is one UserError naming it.

@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "lib/core/error.h"
+#include "lib/gen/prompts.h"
 #include "lib/ops/ops.h"
 
 namespace ds::gen {
@@ -63,12 +65,8 @@ std::vector<GenResult> generate(GptModel& model, const std::vector<std::vector<i
   if (B == 0) return out;
   int64_t longest = 0;
   for (int64_t b = 0; b < B; ++b) {
-    const auto& p = prompts[b];
-    DS_USER_CHECK(!p.empty(), "prompt {} is empty (it encodes to no tokens)", b + 1);
-    DS_USER_CHECK(static_cast<int64_t>(p.size()) < maxT, "prompt {} has {} tokens; the model's context is {} "
-                  "positions, so it must be shorter", b + 1, p.size(), maxT);
-    for (int32_t t : p) DS_USER_CHECK(t >= 0 && t < V, "prompt {}: token id {} outside the vocabulary of {}", b + 1, t, V);
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+    check_prompt(prompts[b], maxT, V, b + 1);
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(prompts[b].size()));
   }
   DS_USER_CHECK(opt.vocab_limit >= 0, "generation: vocabulary limit {} must be >= 0", opt.vocab_limit);
   // The ids sampling may choose: the model's real vocabulary, cut to the tokenizer's.
@@ -101,6 +99,10 @@ std::vector<GenResult> generate(GptModel& model, const std::vector<std::vector<i
     std::vector<int32_t> next(static_cast<size_t>(B), 0);
     for (int64_t b = 0; b < B; ++b) {
       if (done[b]) continue;
+      const float* l = logits[b].data();
+      DS_USER_CHECK(std::all_of(l, l + Vs, [](float x) { return std::isfinite(x); }), "prompt {}, generated token "
+                    "{}: the model's logits are not finite (NaN or inf); its weights may hold NaN/inf, or fp16 "
+                    "overflowed (try --bf16 or f32)", b + 1, step + 1);
       const int32_t t = sample_next(std::span<float>(logits[b].data(), Vs), seq[b], opt.sampling,
                                     static_cast<uint64_t>(b), static_cast<uint64_t>(step));
       if (std::find(opt.stop_ids.begin(), opt.stop_ids.end(), t) != opt.stop_ids.end()) {

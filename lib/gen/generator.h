@@ -44,8 +44,8 @@ struct GenStats {
   double prefill_s = 0, decode_s = 0;
 };
 
-// Generates for every prompt (each non-empty, shorter than the model's
-// context). Collective with tensor parallelism: every tp rank calls it with
+// Generates for every prompt (each passing check_prompt(), lib/gen/prompts.h). Logits that are not finite (NaN or inf: weights holding them, an
+// fp16 overflow) are a UserError naming the prompt and step. Collective with tensor parallelism: every tp rank calls it with
 // the same prompts and options and gets the same tokens.
 std::vector<GenResult> generate(GptModel& model, const std::vector<std::vector<int32_t>>& prompts,
                                 const GenOptions& opt, const TokenCallback& on_token = {}, GenStats* stats = nullptr);

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "lib/ckpt/crc32c.h"
+#include "lib/core/decimal.h"
 #include "lib/core/error.h"
 
 namespace fs = std::filesystem;
@@ -55,12 +56,23 @@ std::vector<std::string> split(const std::string& line, char sep) {
   }
 }
 
-bool parse_double(const std::string& t, double& v) {
-  if (t.empty()) return false;
-  char* end = nullptr;
-  v = std::strtod(t.c_str(), &end);
-  return end == t.c_str() + t.size();
+// A CSV monitor value: a plain decimal, or nan / inf as the monitor writes a
+// non-finite loss; the count columns (iteration, consumed_samples) are
+// non-negative integers. No hex, no spaces.
+bool parse_csv_value(const std::string& t, bool count, double& v) {
+  if (count) {
+    const std::optional<int64_t> n = parse_decimal_int(t);
+    v = n ? static_cast<double>(*n) : 0.0;
+    return n && *n >= 0;
+  }
+  if (t == "nan" || t == "-nan") v = std::nan("");
+  else if (t == "inf" || t == "-inf") v = t[0] == '-' ? -HUGE_VAL : HUGE_VAL;
+  else if (const std::optional<double> d = parse_decimal(t)) v = *d;
+  else return false;
+  return true;
 }
+
+bool count_column(const std::string& name) { return name == "iteration" || name == "consumed_samples"; }
 
 // Points keyed by x: a later value for the same x (a resumed run repeating
 // iterations) replaces the earlier one.
@@ -221,13 +233,14 @@ CsvTable read_csv(const std::string& path) {
     }
     std::vector<double> row(fields.size());
     bool ok = fields.size() == t.columns.size();
-    for (size_t i = 0; ok && i < fields.size(); ++i) ok = parse_double(fields[i], row[i]);
+    for (size_t i = 0; ok && i < fields.size(); ++i) ok = parse_csv_value(fields[i], count_column(t.columns[i]), row[i]);
     if (!ok && !complete) break;  // a last line still being written by a live run
     DS_USER_CHECK(fields.size() == t.columns.size(), "'{}' line {}: {} values, the header has {} columns", path,
                   line_no, fields.size(), t.columns.size());
     for (size_t i = 0; i < fields.size(); ++i)
-      DS_USER_CHECK(parse_double(fields[i], row[i]), "'{}' line {}: column '{}' holds '{}', not a number", path,
-                    line_no, t.columns[i], fields[i]);
+      DS_USER_CHECK(parse_csv_value(fields[i], count_column(t.columns[i]), row[i]),
+                    "'{}' line {}: column '{}' holds '{}', not {}", path, line_no, t.columns[i], fields[i],
+                    count_column(t.columns[i]) ? "a non-negative decimal integer" : "a decimal number");
     t.rows.push_back(std::move(row));
   }
   DS_USER_CHECK(!t.columns.empty(), "CSV file '{}' is empty (no header line)", path);

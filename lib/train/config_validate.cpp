@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "lib/data/blended_dataset.h"
+#include "lib/data/gpt_dataset.h"
 #include "lib/train/config_internal.h"
 
 namespace ds {
@@ -55,10 +56,13 @@ void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
   resolve_batch(cfg.batch);
 
   ModelConfig& m = cfg.model;
-  if (m.ffn_hidden_size == 0) {
-    m.ffn_hidden_size = m.activation == Activation::SwiGLU
-                            ? static_cast<int>(4.0 * m.hidden_size * 2.0 / 3.0 / 64.0) * 64
-                            : 4 * m.hidden_size;
+  if (m.ffn_hidden_size == 0 && m.hidden_size > 0) {  // a bad hidden size is reported as itself below
+    const bool swiglu = m.activation == Activation::SwiGLU;
+    const double ffn = swiglu ? std::floor(4.0 * m.hidden_size * 2.0 / 3.0 / 64.0) * 64 : 4.0 * m.hidden_size;
+    DS_USER_CHECK(ffn <= std::numeric_limits<int>::max(), "model.hidden_size (--hidden-size) {} is too large: the "
+                  "MLP size derived from it ({}, {}) is more than {}", m.hidden_size, ffn,
+                  swiglu ? "8/3 x hidden rounded down to 64" : "4 x hidden", std::numeric_limits<int>::max());
+    m.ffn_hidden_size = static_cast<int>(ffn);
   }
   if (m.vocab_size > 0 && m.make_vocab_size_divisible_by > 0)
     m.padded_vocab_size = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, p.tp);
@@ -223,28 +227,8 @@ void validate_optimizer(const OptimizerConfig& o) {
                   "--lr-decay-samples, default: train samples)", o.warmup_samples, o.decay_samples);
 }
 
-// "949,50,1" or "90/5/5": one to three non-negative weights, not all zero.
-void validate_split(const std::string& split) {
-  double sum = 0;
-  int n = 0;
-  const char* p = split.c_str();
-  while (*p) {
-    char* end = nullptr;
-    const double v = std::strtod(p, &end);
-    DS_USER_CHECK(end != p && v >= 0 && std::isfinite(v),
-                  "data.split '{}' (--split) must be up to three non-negative numbers like 949,50,1", split);
-    sum += v;
-    ++n;
-    p = end;
-    if (*p == ',' || *p == '/') ++p;
-    else DS_USER_CHECK(*p == '\0', "data.split '{}' (--split): unexpected '{}'", split, *p);
-  }
-  DS_USER_CHECK(n >= 1 && n <= 3 && sum > 0, "data.split '{}' (--split) must be 1-3 weights with a positive sum",
-                split);
-}
-
 void validate_data(const DataConfig& d) {
-  validate_split(d.split);
+  (void)data::parse_split_weights(d.split, "data.split");  // the one --split parser (lib/data)
   DS_USER_CHECK(d.vocab_file.empty() == d.merge_file.empty(),
                 "data.vocab_file '{}' and data.merge_file '{}' (--vocab-file / --merge-file) go together",
                 d.vocab_file, d.merge_file);

@@ -108,6 +108,21 @@ TEST_CASE("search space: the default first, the global batch held, valid combina
   }
 }
 
+// A tuning space whose every combination is invalid leaves only the default:
+// the report says so and why (the session then stops with one line).
+TEST_CASE("search space: every candidate dropped is reported with the reasons") {
+  AutotuneConfig c = parse_autotune_config(with_section(
+      {{"enabled", true}, {"tuning_space", {{"micro_batch_size", {3, 5}}, {"zero_stage", {0}}}}}));
+  SpaceReport r;
+  std::vector<Point> space = make_space(c, tiny_facts(4), BatchRule{true, 32, 1}, 0, &r);
+  CHECK(space.size() == 1);  // the default only
+  CHECK(r.candidates == 0);
+  CHECK_THAT(r.dropped_text(), Catch::Contains("micro batch x data parallel does not divide train_batch_size 32"));
+  SpaceReport ok;
+  make_space(parse_autotune_config(with_section({{"enabled", true}})), tiny_facts(4), BatchRule{true, 32, 1}, 0, &ok);
+  CHECK(ok.candidates > 0);
+}
+
 TEST_CASE("experiment config and arguments") {
   Point p;
   p.zero_stage = 2;

@@ -178,4 +178,15 @@ TEST_CASE("user errors are one line naming the input") {
   CHECK_THAT(r.err, Catch::Contains("--config FILE"));
   std::string lines = r.err;
   CHECK(std::count(lines.begin(), lines.end(), '\n') == 1);
+  // A space whose every candidate is invalid (micro batches 5 and 7 never divide 24 over DP 2): no BEST
+  // default, no experiment run, one line saying why.
+  json none = session_config(dir, true);
+  none["autotuning"]["tuning_space"] = {{"micro_batch_size", {5, 7}}};
+  write_file(dir + "/none.json", none.dump());
+  r = autotune("tune", dir + "/none.json", port);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.err, Catch::Contains("every candidate of autotuning.tuning_space was dropped") &&
+                        Catch::Contains("does not divide train_batch_size 24"));
+  CHECK_THAT(r.out, !Catch::Contains("BEST"));
+  CHECK_FALSE(fs::exists(dir + "/results/summary.txt"));
 }

@@ -328,6 +328,18 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
   CHECK_THROWS_WITH(parse_json(with(base(), {{"training", {{"train_iters", 100}, {"attention_backend", "flash3"}}}})),
                     Contains("training.attention_backend (--attention-backend) 'flash3' must be flash, flash2, plain or cudnn"));
   CHECK_THROWS_WITH(parse_json(base(), {"--split", "90,x"}), Contains("data.split '90,x'"));
+  // An over-large hidden size is reported against --hidden-size, never as a wrapped derived size.
+  for (const char* act : {"gelu", "swiglu"}) {
+    INFO(act);
+    std::vector<std::string> f = {"--hidden-size", "2000000000", "--num-attention-heads", "1"};
+    if (std::string(act) == "swiglu") f.push_back("--swiglu");
+    CHECK_THROWS_WITH(parse_json(base(), f), Contains("model.hidden_size (--hidden-size) 2000000000 is too large") &&
+                                                 !Contains("ffn_hidden_size") && !Contains(" -"));
+  }
+  CHECK_THROWS_WITH(parse_json(base(), {"--split", "0x10,1"}),
+                    Contains("data.split '0x10,1': '0x10' is not a non-negative number"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--split", "1, 2"}), Contains("' 2' is not a non-negative number"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--data-path", "0x10", "a", "1", "b"}), Contains("'0x10' is not a weight"));
   CHECK_THROWS_WITH(parse_json(base(), {"--data-path", "0.5", "a", "0.5"}), Contains("needs pairs"));
   CHECK_THROWS_WITH(parse_json(base(), {"--vocab-file", "v.json"}), Contains("data.merge_file ''"));
   CHECK_THROWS_WITH(parse_json(base(), {"--lr-warmup-iters", "200"}),

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "lib/core/dtype.h"
+#include "lib/core/decimal.h"
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
 #include "lib/core/mem_tag.h"
@@ -97,4 +98,25 @@ TEST_CASE("tagged allocations are counted while their storage lives", "[core][me
   b = ds::Tensor();
   CHECK(ds::live_tagged_bytes(ds::MemTag::Params, ds::DeviceType::CPU) == p0);
   CHECK(ds::live_tagged_bytes(ds::MemTag::Grads, ds::DeviceType::CPU) == g0);
+}
+
+TEST_CASE("strict decimals: no hex, inf, nan, spaces or partial parses", "[core][decimal]") {
+  CHECK(ds::parse_decimal("949") == 949.0);
+  CHECK(ds::parse_decimal("-0.5") == -0.5);
+  CHECK(ds::parse_decimal(".5") == 0.5);
+  CHECK(ds::parse_decimal("1e2") == 100.0);
+  CHECK(ds::parse_decimal("2.5E-1") == 0.25);
+  for (const char* bad : {"", "0x10", "0X1p3", "inf", "-inf", "nan", "NAN", " 1", "1 ", "\t1", "+1", "1e", "1e+",
+                          ".", "-", "1.5x", "1e400", "1,5", "--1"}) {
+    INFO(bad);
+    CHECK_FALSE(ds::parse_decimal(bad).has_value());
+  }
+  CHECK(ds::parse_decimal_int("12") == 12);
+  CHECK(ds::parse_decimal_int("-3") == -3);
+  CHECK(ds::parse_decimal_int("9223372036854775807") == INT64_MAX);
+  CHECK(ds::parse_decimal_int("-9223372036854775808") == INT64_MIN);
+  for (const char* bad : {"", "0x10", "1.0", "1e2", " 5", "5 ", "+4", "-", "9223372036854775808", "inf"}) {
+    INFO(bad);
+    CHECK_FALSE(ds::parse_decimal_int(bad).has_value());
+  }
 }

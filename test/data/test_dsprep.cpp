@@ -240,6 +240,54 @@ TEST_CASE("dsprep errors: one line naming the input, exit 1, no output") {
               dir / "huge.txt");
 }
 
+// A SentencePiece document too long to encode at once (no space to cut it at
+// within 4 MiB) is one error naming its file and line; nothing is written.
+TEST_CASE("dsprep names the SentencePiece document it cannot encode in bounded pieces", "[sentencepiece]") {
+  if (!have_sentencepiece()) DS_SKIP("this build has no SentencePiece library");
+  test::TempDir dir;
+  REQUIRE(run("--generate-corpus " + (dir / "c.txt") + " --size-mb 0.05 --seed 2").code == 0);
+  if (std::system(("spm_train --input=" + (dir / "c.txt") + " --model_prefix=" + (dir / "sp") +
+                   " --vocab_size=300 --model_type=bpe --minloglevel=2 >/dev/null 2>&1").c_str()) != 0)
+    DS_SKIP("spm_train not found (Debian package sentencepiece)");
+  const std::string solid(kSpMaxPieceBytes + 1, 'z');
+  test::spit(dir / "docs.jsonl", "{\"text\": \"a short one\"}\n\n{\"text\": \"" + solid + "\"}\n");
+  const std::string out = dir / "out";
+  RunResult r = run("--input " + (dir / "docs.jsonl") + " --output-prefix " + out +
+                    " --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model " + (dir / "sp.model"));
+  INFO(r.output);
+  CHECK(r.code == 1);
+  CHECK(r.output.find("input file " + (dir / "docs.jsonl") + " line 3: SentencePiece: " +
+                      std::to_string(solid.size()) + " bytes from byte 0 hold no single space") != std::string::npos);
+  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  CHECK(no_outputs(out));
+}
+
+// A file size limit (ulimit -f) stops the .bin write with EFBIG (SIGXFSZ is
+// caught): one error line, exit 1, and no .bin.tmp left behind.
+TEST_CASE("dsprep under a file size limit leaves no temporaries") {
+  test::TempDir dir;
+  REQUIRE(run("--generate-corpus " + (dir / "c.txt") + " --size-mb 0.2 --seed 4").code == 0);
+  REQUIRE(run("--train-tokenizer --input " + (dir / "c.txt") + " --vocab-size 300 --output-dir " + dir.path()).code ==
+          0);
+  const std::string out = dir / "out";
+  // /bin/sh counts ulimit -f in blocks of 512 (dash) or 1024 bytes: 16 KiB at most, the .bin is ~100 KB.
+  const std::string cmd = "sh -c 'ulimit -f 16 && exec " + dsprep_path() + " --input " + (dir / "c.txt") +
+                          " --output-prefix " + out + " --vocab-file " + (dir / "vocab.json") + " --merge-file " +
+                          (dir / "merges.txt") + "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string output;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) output.append(buf, n);
+  const int status = pclose(p);
+  INFO(output);
+  REQUIRE(WIFEXITED(status));  // not killed by SIGXFSZ
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(output.find("File too large") != std::string::npos);
+  CHECK(std::count(output.begin(), output.end(), '\n') == 1);
+  CHECK(no_outputs(out));
+}
+
 TEST_CASE("dsprep --workers N writes the same bytes as one worker, with progress lines") {
   test::TempDir dir;
   REQUIRE(run("--generate-corpus " + (dir / "c.txt") + " --size-mb 0.3 --seed 3").code == 0);

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "lib/core/error.h"
@@ -107,6 +108,11 @@ TEST_CASE("tokenizer errors name the file or flag") {
   fails({TokenizerKind::HF, dir / "merge.json", "", ""}, "model.merges entry 1: its second token");
   test::spit(dir / "tokenizer.model", "this is not a protobuf");
   fails({TokenizerKind::GPTSentencePiece, dir / "tokenizer.model", "", ""}, "tokenizer.model");
+  if (have_sentencepiece()) {  // a model with a zero-length piece made the library throw its own exception
+    const char* src = std::getenv("DS_SOURCE_DIR");
+    const std::string crash = std::string(src ? src : ".") + "/fuzz/corpus/sp_model/crash-zero-length-piece";
+    fails({TokenizerKind::GPTSentencePiece, crash, "", ""}, "crash-zero-length-piece: not a readable SentencePiece");
+  }
   CHECK_THROWS_WITH(parse_tokenizer_kind("NullTokenizer"), Contains("--tokenizer-type NullTokenizer"));
   CHECK_THROWS_WITH(parse_tokenizer_kind("Bogus", "--x"), Contains("--x Bogus"));
 }
@@ -187,4 +193,77 @@ TEST_CASE("tokenizer errors never echo the file's text") {
     test::spit(dir / "tokenizer.json", doc);
     no_echo({TokenizerKind::HF, dir / "tokenizer.json", "", ""}, dir / "tokenizer.json");
   }
+}
+
+namespace {
+
+// A SentencePiece model trained by spm_train on `corpus`; "" where it cannot be.
+std::string train_sp(const test::TempDir& dir, const std::string& corpus, const std::string& name,
+                     const std::string& flags) {
+  const std::string cmd = "spm_train --input=" + corpus + " --model_prefix=" + (dir / name) +
+                          " --vocab_size=400 --minloglevel=2 " + flags + " >/dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0 ? dir / (name + ".model") : std::string();
+}
+
+// spm_encode's ids for `text` encoded whole (one line, no newline in it).
+std::vector<int32_t> spm_encode_whole(const test::TempDir& dir, const std::string& model, const std::string& text) {
+  test::spit(dir / "whole.txt", text + "\n");
+  const std::string cmd = "spm_encode --model=" + model + " --output_format=id < " + (dir / "whole.txt") + " > " +
+                          (dir / "whole.ids");
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::istringstream in(test::slurp(dir / "whole.ids"));
+  std::vector<int32_t> ids;
+  for (int32_t id; in >> id;) ids.push_back(id);
+  return ids;
+}
+
+}  // namespace
+
+// Long SentencePiece text is encoded in pieces (bounded memory): for a BPE
+// model the ids equal encoding the text whole; a unigram model's round-trip;
+// a stretch without a cut, or a model whose pieces span spaces, is refused
+// above kSpMaxPieceBytes with one line.
+TEST_CASE("SentencePiece encodes long text in exact pieces and refuses what it cannot cut", "[sentencepiece]") {
+  if (!have_sentencepiece()) DS_SKIP("this build has no SentencePiece library");
+  if (std::system("command -v spm_train >/dev/null && command -v spm_encode >/dev/null") != 0)
+    DS_SKIP("spm_train / spm_encode not found (Debian package sentencepiece)");
+  test::TempDir dir;
+  std::string corpus = generate_corpus(5, 300000);
+  test::spit(dir / "c.txt", corpus);
+  const std::string bpe = train_sp(dir, dir / "c.txt", "bpe", "--model_type=bpe");
+  const std::string uni = train_sp(dir, dir / "c.txt", "uni", "--model_type=unigram");
+  const std::string span = train_sp(dir, dir / "c.txt", "span", "--model_type=bpe --split_by_whitespace=false");
+  REQUIRE(!bpe.empty());
+  REQUIRE(!uni.empty());
+  REQUIRE(!span.empty());
+  std::string line;  // one line of about 2.5 pieces: the corpus' words joined by single spaces
+  for (char c : corpus) {
+    const bool space = c == ' ' || c == '\n';
+    if (!space) line += c;
+    else if (!line.empty() && line.back() != ' ') line += ' ';
+  }
+  std::string doc;
+  while (doc.size() < kSpPieceBytes * 5 / 2) doc += line;
+  auto tok = [](const std::string& m) { return load_tokenizer({TokenizerKind::GPTSentencePiece, m, "", ""}); };
+  const auto b = tok(bpe);
+  // (Compared as bools: Catch would print megabytes on a failure.)
+  const bool bpe_exact = b->encode(doc) == spm_encode_whole(dir, bpe, doc);
+  CHECK(bpe_exact);
+  // Unigram: the same text back as from the whole-text ids (the ids themselves may differ
+  // at near-ties, where the whole text's float path scores decide; docs/tokenizers.md).
+  const auto u = tok(uni);
+  const bool uni_text = u->decode(u->encode(doc)) == u->decode(spm_encode_whole(dir, uni, doc));
+  CHECK(uni_text);
+  // No space to cut at over more than the limit: one line naming the stretch and the limit.
+  const std::string solid(kSpMaxPieceBytes + 10, 'x');
+  CHECK_THROWS_WITH(b->encode("a b " + solid), Contains(fmt::format("{} bytes from byte 4 hold no single space",
+                                                                    solid.size())) && Contains("at most 4 MiB"));
+  // Pieces that span spaces: encoded whole up to the limit, refused above it.
+  const auto s = tok(span);
+  const std::string mid = doc.substr(0, kSpPieceBytes * 3 / 2);
+  const bool span_whole = s->encode(mid) == spm_encode_whole(dir, span, mid);
+  CHECK(span_whole);
+  std::string big = doc;
+  while (big.size() <= kSpMaxPieceBytes) big += line;
+  CHECK_THROWS_WITH(s->encode(big), Contains("its pieces span spaces") && Contains(std::to_string(big.size())));
 }

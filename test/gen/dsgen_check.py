@@ -149,11 +149,51 @@ def check_cli(d):
     if os.path.exists(out):
         fail("a failed run left its --output-file behind")
     print("errors: 9 user errors, one line each, exit 1: ok")
+    check_prompt_faults(d)
     check_saved_tokenizer_paths(d)
     check_tokenizer_copies(d)
     check_crafted_limits(d)
     check_larger_vocab(d)
     check_tokenizer_files(d)
+
+
+def check_prompt_faults(d):
+    """Prompts that cannot be generated for, out-of-range sampling values and NaN weights."""
+    load = ["--load", f"{d}/gpt2/ckpt", "--max-new-tokens", "8"] + tok_flags(d)
+    good = run([DSGEN] + load, stdin=PROMPTS[1] + "\n").stdout
+    # stdin: a too-long prompt and one with a NUL are an error line each, not echoed; the next line still runs.
+    p = subprocess.run([DSGEN] + load, input=("word " * 200 + "\n" + "a\0b\n" + PROMPTS[1] + "\n").encode(),
+                       capture_output=True)
+    err = p.stderr.decode(errors="replace")
+    lines = err.strip().splitlines()
+    if (p.returncode != 1 or p.stdout.decode() != good or len(lines) != 3 or "stdin line 1: prompt 1 has" not in lines[0]
+            or "stdin line 2: prompt 2 holds a NUL byte" not in lines[1] or "2 stdin prompts failed" not in lines[2]):
+        fail(f"stdin faults: exit {p.returncode}, stdout {p.stdout[:200]!r} (expected {good!r}), stderr {err!r}")
+    # --prompt: a too-long prompt is refused before it is echoed.
+    p = run([DSGEN] + load + ["--prompt", "word " * 200], expect=1)
+    if p.stdout or not one_line(p, "prompt 1 has"):
+        fail(f"--prompt too long: stdout {p.stdout[:100]!r}, stderr {p.stderr!r}")
+    with open(f"{d}/nul.jsonl", "w") as f:
+        f.write(json.dumps({"prompt": "fine"}) + "\n" + json.dumps({"prompt": "a\u0000b"}) + "\n")
+    p = run([DSGEN] + load + ["--prompt-file", f"{d}/nul.jsonl"], expect=1)
+    if not one_line(p, "nul.jsonl: line 2 holds a NUL character"):
+        fail(f"--prompt-file with a NUL: {p.stderr!r}")
+    # Sampling values echoed as given, never as inf.
+    for flag, value in [("--temperature", "1e300"), ("--top-p", "0x1p-1"), ("--repetition-penalty", "1e-60")]:
+        p = run([DSGEN] + load + [flag, value, "--prompt", "x"], expect=1)
+        if not one_line(p, f"{flag} '{value}' is not a decimal number within float range") or "inf" in p.stderr:
+            fail(f"{flag} {value}: {p.stderr!r}")
+    # NaN weights: an error naming the prompt and step, exit 1 (not token 0 with exit 0).
+    def nan_bias(header, data):
+        e = header["transformer.ln_f.bias"]
+        n = (e["data_offsets"][1] - e["data_offsets"][0]) // 4
+        return {"transformer.ln_f.bias": (e["shape"], array.array("f", [float("nan")] * n).tobytes())}
+    nan = crafted_hf(d, "nan", {}, nan_bias)
+    p = run([DSGEN, "--init-from", nan, "--prompt", "x"] + tok_flags(d), expect=1)
+    if not one_line(p, "prompt 1, generated token 1: the model's logits are not finite"):
+        fail(f"NaN weights: {p.stderr!r}")
+    print("prompt faults: stdin goes on past a too-long or NUL prompt (exit 1), --prompt refused before its echo, "
+          "NUL in a prompt file, sampling values echoed as given, NaN weights: one error line each: ok")
 
 
 def check_saved_tokenizer_paths(d):

@@ -160,6 +160,23 @@ TEST_CASE("generate: stop ids, stop callback, context limit", "[gen]") {
   CHECK_THROWS_AS(generate(*model, {{}}, opt), UserError);
 }
 
+// Weights holding NaN make NaN logits: an error naming the prompt and step,
+// greedy or sampled, never token 0.
+TEST_CASE("generate: non-finite logits are an error naming the prompt and step", "[gen]") {
+  auto model = test::gen_model("gpt2");
+  Tensor p = model->params().clone();
+  p.data<float>()[p.numel() - 1] = std::nanf("");  // one parameter: every logit turns NaN
+  model->store().set_full_params(p);
+  const auto prompts = test::gen_prompts();
+  for (bool greedy : {true, false}) {
+    GenOptions opt;
+    opt.max_new_tokens = 4;
+    opt.sampling.greedy = greedy;
+    CHECK_THROWS_WITH(generate(*model, {prompts[0], prompts[1]}, opt),
+                      Catch::Contains("prompt 1, generated token 1: the model's logits are not finite"));
+  }
+}
+
 // A model whose vocabulary is larger than the tokenizer's (Pythia, Qwen2)
 // never generates the ids past the tokenizer's, greedy or sampled: their
 // logits are cut off as the padded rows are. The limit is set where the

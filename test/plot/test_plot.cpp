@@ -158,6 +158,16 @@ TEST_CASE("CSV monitor files read back against iterations, samples and tokens") 
   // A live run's last line still being written is left out; a bad line elsewhere is an error naming it.
   write_text(dir / "logs/job/train.csv", std::string(kTrainCsv) + "40,6");
   CHECK(load_run(dir / "logs/job", LoadOptions{}).curves.at("lr").x.size() == 3);
+  // Decimal only: a hex, spaced or fractional iteration is an error naming the line and column.
+  for (const char* it : {"0x28", " 40", "40.5", "4e1"}) {
+    write_text(dir / "logs/job/train.csv", std::string(kTrainCsv) + it + ",640,1,1,1,1,1,1,1\n");
+    CHECK(error_of([&] { load_run(dir / "logs/job", LoadOptions{}); })
+              .find(fmt::format("line 5: column 'iteration' holds '{}', not a non-negative decimal integer", it)) !=
+          std::string::npos);
+  }
+  write_text(dir / "logs/job/train.csv", std::string(kTrainCsv) + "40,640,0x1p3,1,1,1,1,1,1\n");
+  CHECK(error_of([&] { load_run(dir / "logs/job", LoadOptions{}); }).find("column 'lr' holds '0x1p3'") !=
+        std::string::npos);
   write_text(dir / "logs/job/train.csv", std::string(kTrainCsv) + "40,x,1,1,1,1,1,1,1\n");
   CHECK(error_of([&] { load_run(dir / "logs/job", LoadOptions{}); }).find("line 5: column 'consumed_samples' holds 'x'") !=
         std::string::npos);

@@ -66,6 +66,10 @@ TEST_CASE("--data-path forms: PREFIX, or WEIGHT PREFIX pairs") {
   CHECK_THROWS_WITH(data::parse_blend({"-1", "a", "2", "b"}, "--data-path"), Contains("'-1' is not a weight"));
   CHECK_THROWS_WITH(data::parse_blend({"0", "a", "0", "b"}, "--data-path"), Contains("all 0"));
   CHECK_THROWS_WITH(data::parse_blend({"nan", "a"}, "--data-path"), Contains("'nan' is not a weight"));
+  // Decimal only: strtod would take hex, inf and leading spaces.
+  for (const char* w : {"0x10", "inf", " 1", "1e400", "+1"})
+    CHECK_THROWS_WITH(data::parse_blend({w, "a", "1", "b"}, "--data-path"),
+                      Contains(fmt::format("'{}' is not a weight", w)));
 }
 
 TEST_CASE("training on blends and on separate train/valid datasets") {
