@@ -113,6 +113,7 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     }
     w.set_metadata("states", names);
     w.set_metadata("non_negative", non_negative);
+    if (!d.opt_type.empty()) w.set_metadata("optimizer", d.opt_type);
     w.set_metadata("begin", std::to_string(d.opt_begin));
     w.set_metadata("end", std::to_string(d.opt_end));
     w.set_metadata("step", std::to_string(d.opt_step));
@@ -259,12 +260,12 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
     s.state = std::move(state);
     s.full = *d.layout;
     s.progress = &progress;
-    check_saved_states(s, opt_state);
+    check_saved_states(s, opt_state, d.opt_type);
     read_same_layout(s, d, params, opt_state, opt_step);
   } else {
     SavedStep s = open_saved_step(step, std::move(state), *d.model);
     s.progress = &progress;
-    check_saved_states(s, opt_state);
+    check_saved_states(s, opt_state, d.opt_type);
     read_reshaped(s, d, params, opt_state, opt_step);
   }
   progress.finish();

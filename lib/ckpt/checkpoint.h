@@ -61,6 +61,10 @@ struct CheckpointData {
   // The run's tokenizer files, copied by the rank that writes the model into
   // the step directory (state.json "tokenizer" names them). Null: none.
   const StepTokenizer* tokenizer = nullptr;
+  // The optimizer's type (Optimizer::type(): "AdamW", "Lamb", ...), recorded in
+  // each shard; loading refuses a checkpoint of another type. Empty: not
+  // recorded (saving) / not checked (loading).
+  std::string opt_type;
 };
 
 // Saving is two phases so that several ranks can share one step directory:

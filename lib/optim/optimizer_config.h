@@ -5,13 +5,15 @@
 #include <cstdint>
 #include <string>
 
+#include "lib/optim/optimizer_types.h"
+
 namespace ds {
 
 enum class LrDecay { Constant, Linear, Cosine };
 enum class WarmupKind { Linear, Log };  // DeepSpeed warmup_type "linear" | "log"
 
 struct OptimizerConfig {
-  std::string type = "AdamW";  // "Adam" | "AdamW" (both: decoupled weight decay)
+  OptimizerSpec spec;  // optimizer.type and the keys of that optimizer alone
   float lr = 6e-4f, min_lr = 0.f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
   float grad_clip = 1.0f;  // 0 = off
   LrDecay decay = LrDecay::Cosine;

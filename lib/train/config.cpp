@@ -226,6 +226,37 @@ json training_json(const TrainConfig& c) {
   return t;
 }
 
+// optimizer.params: the shared keys and those of the optimizer's type.
+json optimizer_json(const OptimizerConfig& o) {
+  const OptimizerSpec& s = o.spec;
+  json p = {{"lr", num(o.lr)}, {"betas", {num(o.beta1), num(o.beta2)}}, {"eps", num(o.eps)},
+            {"weight_decay", num(o.weight_decay)}};
+  switch (optimizer_kind(s.type).value_or(OptimizerKind::AdamW)) {
+    case OptimizerKind::AdamW:
+    case OptimizerKind::AdamL2:
+      if (s.type == "Adam") p["adam_w_mode"] = s.adam_w_mode;
+      p["bias_correction"] = s.bias_correction;
+      break;
+    case OptimizerKind::SGD:
+      p["momentum"] = num(s.momentum);
+      p["dampening"] = num(s.dampening);
+      p["nesterov"] = s.nesterov;
+      break;
+    case OptimizerKind::Adagrad:
+      p["lr_decay"] = num(s.lr_decay);
+      p["initial_accumulator_value"] = num(s.initial_accumulator_value);
+      break;
+    case OptimizerKind::Lion: break;
+    case OptimizerKind::Lamb:
+      p["bias_correction"] = s.bias_correction;
+      p["max_coeff"] = num(s.max_coeff);
+      p["min_coeff"] = num(s.min_coeff);
+      p["eps_inside_sqrt"] = s.eps_inside_sqrt;
+      break;
+  }
+  return {{"type", s.type}, {"params", p}};
+}
+
 json scheduler_json(const OptimizerConfig& o) {
   json p = {{"warmup_num_steps", o.warmup_iters},
             {"warmup_type", o.warmup_type == WarmupKind::Log ? "log" : "linear"}};
@@ -278,9 +309,7 @@ json config_to_json(const TrainConfig& c) {
             {kGas, c.batch.grad_accum_steps},
             {"gradient_clipping", num(o.grad_clip)},
             {"steps_per_print", c.log.steps_per_print},
-            {"optimizer",
-             {{"type", o.type},
-              {"params", {{"lr", num(o.lr)}, {"betas", {num(o.beta1), num(o.beta2)}}, {"eps", num(o.eps)}, {"weight_decay", num(o.weight_decay)}}}}},
+            {"optimizer", optimizer_json(o)},
             {"fp16",
              {{"enabled", pc.precision == Precision::FP16},
               {"loss_scale", num(pc.loss_scale)},

@@ -54,6 +54,52 @@ int64_t batch_key(DsSection& root, const std::string& key) {
   return v;
 }
 
+// The keys of one optimizer type alone (DeepSpeed's / torch.optim's names and
+// defaults). Keys of another type are warned about as not implemented.
+void read_optimizer_keys(DsSection& p, OptimizerKind kind, OptimizerSpec& sp, Warnings& w) {
+  if (kind == OptimizerKind::AdamW) {
+    sp.adam_w_mode = p.get<bool>("adam_w_mode", true);
+    if (!sp.adam_w_mode && sp.type == "AdamW")
+      add_warning(w, fmt::format("config: '{}' = false has no effect with optimizer.type AdamW (DeepSpeed keeps "
+                                 "decoupled weight decay for AdamW); use type Adam for L2 weight decay",
+                                 p.full("adam_w_mode")));
+    for (const char* k : {"torch_adam", "fused"})
+      if (p.has(k)) {
+        p.mark(k);
+        add_warning(w, fmt::format("config: '{}' picks an implementation in DeepSpeed (torch.optim or fused); "
+                                   "dstrain's Adam computes the same update, so it is accepted and has no effect",
+                                   p.full(k)));
+      }
+  }
+  if (kind == OptimizerKind::AdamW || kind == OptimizerKind::Lamb)
+    sp.bias_correction = p.get<bool>("bias_correction", sp.bias_correction);
+  if (kind == OptimizerKind::SGD) {
+    sp.momentum = p.get<float>("momentum", sp.momentum);
+    sp.dampening = p.get<float>("dampening", sp.dampening);
+    sp.nesterov = p.get<bool>("nesterov", sp.nesterov);
+    DS_USER_CHECK(sp.momentum >= 0 && sp.momentum < 1, "config: '{}' must be in [0, 1), got {}", p.full("momentum"),
+                  sp.momentum);
+    DS_USER_CHECK(!sp.nesterov || (sp.momentum > 0 && sp.dampening == 0),
+                  "config: '{}' = true needs a momentum > 0 and zero dampening (torch.optim.SGD), got momentum {} and "
+                  "dampening {}", p.full("nesterov"), sp.momentum, sp.dampening);
+  }
+  if (kind == OptimizerKind::Adagrad) {
+    sp.lr_decay = p.get<float>("lr_decay", sp.lr_decay);
+    sp.initial_accumulator_value = p.get<float>("initial_accumulator_value", sp.initial_accumulator_value);
+    DS_USER_CHECK(sp.lr_decay >= 0, "config: '{}' must be >= 0, got {}", p.full("lr_decay"), sp.lr_decay);
+    DS_USER_CHECK(sp.initial_accumulator_value >= 0, "config: '{}' must be >= 0, got {}",
+                  p.full("initial_accumulator_value"), sp.initial_accumulator_value);
+  }
+  if (kind == OptimizerKind::Lamb) {
+    sp.max_coeff = p.get<float>("max_coeff", sp.max_coeff);
+    sp.min_coeff = p.get<float>("min_coeff", sp.min_coeff);
+    sp.eps_inside_sqrt = p.get<bool>("eps_inside_sqrt", sp.eps_inside_sqrt);
+    DS_USER_CHECK(0 < sp.min_coeff && sp.min_coeff <= sp.max_coeff,
+                  "config: '{}' {} and '{}' {} must satisfy 0 < min_coeff <= max_coeff", p.full("min_coeff"),
+                  sp.min_coeff, p.full("max_coeff"), sp.max_coeff);
+  }
+}
+
 void read_optimizer(DsSection& root, OptimizerConfig& o) {
   if (!root.has("optimizer")) {
     root.mark("optimizer");
@@ -61,11 +107,17 @@ void read_optimizer(DsSection& root, OptimizerConfig& o) {
   }
   DsSection s = root.section("optimizer");
   const std::string type = s.get<std::string>("type", "AdamW");
-  o.type = canonical_optimizer_type(type);  // the registry's spelling (lib/optim/optimizer.h)
-  DS_USER_CHECK(!o.type.empty(), "config: optimizer.type '{}' is not supported (dstrain implements {})", type,
+  OptimizerSpec& sp = o.spec;
+  sp.type = canonical_optimizer_type(type);  // the registry's spelling (lib/optim/optimizer_types.h)
+  DS_USER_CHECK(!sp.type.empty(), "config: optimizer.type '{}' is not supported (dstrain implements {})", type,
                 optimizer_types_text());
+  const OptimizerKind kind = *optimizer_kind(sp.type);
   DsSection p = s.section("params");
   o.lr = p.get<float>("lr", o.lr);
+  // Absent betas / eps: the optimizer's own defaults where DeepSpeed's class
+  // differs from Adam's (FusedLamb and FusedLion (0.9, 0.999); Adagrad eps 1e-10).
+  if (kind == OptimizerKind::Lamb || kind == OptimizerKind::Lion) o.beta1 = 0.9f, o.beta2 = 0.999f;
+  if (kind == OptimizerKind::Adagrad) o.eps = 1e-10f;
   if (p.has("betas")) {
     const auto b = p.get<std::vector<float>>("betas", {});
     DS_USER_CHECK(b.size() == 2, "config: optimizer.params.betas must be [beta1, beta2], got {}",
@@ -76,12 +128,11 @@ void read_optimizer(DsSection& root, OptimizerConfig& o) {
   p.mark("betas");
   o.eps = p.get<float>("eps", o.eps);
   o.weight_decay = p.get<float>("weight_decay", o.weight_decay);
-  DS_USER_CHECK(p.get<bool>("adam_w_mode", true),
-                "config: optimizer.params.adam_w_mode = false (L2-coupled Adam) is not supported; "
-                "dstrain's Adam always decouples weight decay");
-  p.accept_if("bias_correction", true);
-  p.accept_if("amsgrad", false);
-  p.mark("torch_adam");  // an implementation choice in DeepSpeed; same math here
+  DS_USER_CHECK(!p.has("max_grad_norm"), "config: 'optimizer.params.max_grad_norm' is not supported (as in "
+                "DeepSpeed): use gradient_clipping (--clip-grad)");
+  DS_USER_CHECK(!p.get<bool>("amsgrad", false), "config: 'optimizer.params.amsgrad' = true is not implemented by "
+                "dstrain; remove it or set it to false");
+  read_optimizer_keys(p, kind, sp, root.warnings());
   p.finish();
   s.finish();
 }

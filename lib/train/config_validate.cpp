@@ -368,6 +368,13 @@ void validate_cuda_graph(const TrainConfig& cfg, int world_size) {
                 "process on one GPU, this job has {} processes", world_size);
   refuse(cfg.zero.stage != 0, "zero_optimization.stage > 0 (use stage 0)");
   refuse(cfg.zero.offload_optimizer != OffloadDevice::None, "zero_optimization.offload_optimizer");
+  const OptimizerSpec& os = cfg.optim.spec;
+  DS_USER_CHECK(optimizer_kind(os) == OptimizerKind::AdamW && os.bias_correction,
+                "training.cuda_graph (--cuda-graph) captures the fused AdamW update; optimizer.type {}{} has no "
+                "device-gated step: use AdamW or drop --cuda-graph", os.type,
+                optimizer_kind(os) == OptimizerKind::AdamL2 ? " with adam_w_mode false"
+                : !os.bias_correction                      ? " with bias_correction false"
+                                                           : "");
   // A dynamic fp16 loss scale is read from the step block inside the graph
   // and multiplies 1 / (B x T x ga) there: a power of two keeps that product
   // the eager step's loss weight bit for bit. 2^initial_scale_power doubled
@@ -389,6 +396,11 @@ void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
   validate_parallel(cfg);
   validate_training(cfg);  // before the optimizer: its schedule lengths follow train_iters
   validate_optimizer(cfg.optim);
+  DS_USER_CHECK(optimizer_kind(cfg.optim.spec) != OptimizerKind::Lamb ||
+                    cfg.zero.offload_optimizer == OffloadDevice::None,
+                "optimizer.type Lamb cannot be combined with zero_optimization.offload_optimizer: the offloaded step "
+                "updates its range bucket by bucket and Lamb needs whole-tensor norms (DeepSpeed's ZeRO-Offload has "
+                "no Lamb either); drop offload_optimizer");
   validate_data(cfg.data);
   validate_curriculum(cfg);
   validate_cuda_graph(cfg, world_size);
