@@ -258,6 +258,24 @@ json optimizer_json(const OptimizerConfig& o) {
 }
 
 json scheduler_json(const OptimizerConfig& o) {
+  if (o.scheduler_type == "LRRangeTest") {
+    const LrRangeTestParams& r = o.range_test;
+    return {{"type", o.scheduler_type},
+            {"params", {{"lr_range_test_min_lr", num(r.min_lr)}, {"lr_range_test_step_size", r.step_size},
+                        {"lr_range_test_step_rate", num(r.step_rate)}, {"lr_range_test_staircase", r.staircase}}}};
+  }
+  if (o.scheduler_type == "OneCycle") {
+    const OneCycleParams& c = o.one_cycle;
+    return {{"type", o.scheduler_type},
+            {"params", {{"cycle_min_lr", num(c.cycle_min_lr)}, {"cycle_max_lr", num(c.cycle_max_lr)},
+                        {"decay_lr_rate", num(c.decay_lr_rate)}, {"cycle_first_step_size", c.cycle_first_step_size},
+                        {"cycle_second_step_size", c.cycle_second_step_size},
+                        {"cycle_first_stair_count", c.cycle_first_stair_count},
+                        {"cycle_second_stair_count", c.cycle_second_stair_count},
+                        {"decay_step_size", c.decay_step_size}, {"cycle_momentum", c.cycle_momentum},
+                        {"cycle_min_mom", num(c.cycle_min_mom)}, {"cycle_max_mom", num(c.cycle_max_mom)},
+                        {"decay_mom_rate", num(c.decay_mom_rate)}}}};
+  }
   json p = {{"warmup_num_steps", o.warmup_iters},
             {"warmup_type", o.warmup_type == WarmupKind::Log ? "log" : "linear"}};
   if (o.scheduler_type == "WarmupCosineLR") {

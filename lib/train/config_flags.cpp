@@ -203,7 +203,7 @@ void add_special_flags(CLI::App& app, ParsedFlags& out) {
   app.add_option_function<std::string>(
          "--lr-decay-style", [&out](const std::string& v) { out.special["--lr-decay-style"] = v; },
          "constant, linear or cosine (replaces a config 'scheduler')")
-      ->check(CLI::IsMember({"constant", "linear", "cosine"}));
+      ->check(CLI::IsMember({"constant", "linear", "cosine", "inverse-square-root"}));
   app.add_option_function<std::string>(
          "--position-embedding-type",
          [&out](const std::string& v) { out.special["--position-embedding-type"] = v == "rope" ? "rope" : "learned"; },
@@ -257,6 +257,10 @@ void apply_schedule_flags(json& j, const std::map<std::string, json>& sp, Warnin
   for (const char* k : {"--min-lr", "--lr-warmup-fraction"})
     DS_USER_CHECK(!(ds && has(k)), "{} does not apply to the config's scheduler {}; add --lr-decay-style to "
                   "use the Megatron schedule instead", k, st);
+  for (const char* k : {"--lr-warmup-iters", "--lr-decay-iters", "--lr-warmup-init"})
+    DS_USER_CHECK(!((st == "OneCycle" || st == "LRRangeTest") && has(k)), "{} does not apply to the config's "
+                  "scheduler {} (set its own scheduler.params); add --lr-decay-style to use the Megatron schedule "
+                  "instead", k, st);
   DS_USER_CHECK(!(st == "WarmupLR" && has("--lr-decay-iters")), "--lr-decay-iters: the config's scheduler WarmupLR "
                 "does not decay; add --lr-decay-style to use the Megatron schedule");
   DS_USER_CHECK(!(st == "WarmupCosineLR" && has("--lr-warmup-init")), "--lr-warmup-init: the config's scheduler "

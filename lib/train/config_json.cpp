@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "lib/core/log.h"
+#include "lib/optim/lr_schedule.h"
 #include "lib/optim/optimizer_types.h"
 #include "lib/train/config_internal.h"
 
@@ -144,6 +145,57 @@ WarmupKind read_warmup_type(DsSection& p) {
   DS_USER_ERROR("config: scheduler.params.warmup_type '{}' is not supported (use \"linear\" or \"log\")", t);
 }
 
+// OneCycle / LRRangeTest params (DeepSpeed's keys and defaults; OneCycle's
+// cycle_min_lr and cycle_max_lr have none there, so they are required).
+void read_cycle_scheduler(DsSection& p, OptimizerConfig& o, const std::string& type, Warnings& w) {
+  auto positive = [&](const char* key, int64_t v, bool zero_ok) {
+    DS_USER_CHECK(zero_ok ? v >= 0 : v > 0, "config: '{}' must be {}, got {}", p.full(key),
+                  zero_ok ? ">= 0" : "a positive integer", v);
+  };
+  o.warmup_iters = 0;
+  if (type == "LRRangeTest") {
+    LrRangeTestParams& r = o.range_test;
+    r.min_lr = p.get<float>("lr_range_test_min_lr", r.min_lr);
+    r.step_size = p.get<int64_t>("lr_range_test_step_size", r.step_size);
+    r.step_rate = p.get<float>("lr_range_test_step_rate", r.step_rate);
+    r.staircase = p.get<bool>("lr_range_test_staircase", r.staircase);
+    positive("lr_range_test_step_size", r.step_size, false);
+    DS_USER_CHECK(r.min_lr >= 0 && r.step_rate >= 0, "config: '{}' {} and '{}' {} must be >= 0",
+                  p.full("lr_range_test_min_lr"), r.min_lr, p.full("lr_range_test_step_rate"), r.step_rate);
+    o.lr = r.min_lr;  // what the optimizer starts with
+    return;
+  }
+  OneCycleParams& c = o.one_cycle;
+  for (const char* key : {"cycle_min_lr", "cycle_max_lr"})
+    DS_USER_CHECK(p.has(key), "config: '{}' is required by scheduler.type OneCycle", p.full(key));
+  c.cycle_min_lr = p.get<float>("cycle_min_lr", 0.f);
+  c.cycle_max_lr = p.get<float>("cycle_max_lr", 0.f);
+  c.decay_lr_rate = p.get<float>("decay_lr_rate", c.decay_lr_rate);
+  c.cycle_first_step_size = p.get<int64_t>("cycle_first_step_size", c.cycle_first_step_size);
+  c.cycle_second_step_size = p.get<int64_t>("cycle_second_step_size", c.cycle_first_step_size);
+  c.cycle_first_stair_count = p.get<int64_t>("cycle_first_stair_count", c.cycle_first_stair_count);
+  c.cycle_second_stair_count = p.get<int64_t>("cycle_second_stair_count", c.cycle_first_stair_count);
+  c.decay_step_size = p.get<int64_t>("decay_step_size", c.decay_step_size);
+  c.cycle_momentum = p.get<bool>("cycle_momentum", c.cycle_momentum);
+  c.cycle_min_mom = p.get<float>("cycle_min_mom", c.cycle_min_mom);
+  c.cycle_max_mom = p.get<float>("cycle_max_mom", c.cycle_max_mom);
+  c.decay_mom_rate = p.get<float>("decay_mom_rate", c.decay_mom_rate);
+  positive("cycle_first_step_size", c.cycle_first_step_size, false);
+  positive("cycle_second_step_size", c.cycle_second_step_size, true);
+  positive("cycle_first_stair_count", c.cycle_first_stair_count, true);
+  positive("cycle_second_stair_count", c.cycle_second_stair_count, true);
+  positive("decay_step_size", c.decay_step_size, true);
+  DS_USER_CHECK(0 <= c.cycle_min_lr && c.cycle_min_lr <= c.cycle_max_lr,
+                "config: '{}' {} and '{}' {} must satisfy 0 <= cycle_min_lr <= cycle_max_lr", p.full("cycle_min_lr"),
+                c.cycle_min_lr, p.full("cycle_max_lr"), c.cycle_max_lr);
+  DS_USER_CHECK(0 <= c.cycle_min_mom && c.cycle_max_mom < 1, "config: '{}' {} and '{}' {} must be in [0, 1)",
+                p.full("cycle_min_mom"), c.cycle_min_mom, p.full("cycle_max_mom"), c.cycle_max_mom);
+  o.lr = std::max(c.cycle_max_lr, c.cycle_min_lr);  // the peak, for the lr checks
+  if (c.cycle_momentum && !cycles_momentum(o))
+    add_warning(w, fmt::format("config: '{}' is true but optimizer.type {} has no betas: its momentum is not cycled "
+                               "(as in DeepSpeed)", p.full("cycle_momentum"), o.spec.type));
+}
+
 // Maps a DeepSpeed scheduler onto OptimizerConfig; defaults are DeepSpeed's.
 void read_scheduler(DsSection& root, TrainConfig& cfg) {
   OptimizerConfig& o = cfg.optim;
@@ -153,11 +205,19 @@ void read_scheduler(DsSection& root, TrainConfig& cfg) {
   }
   DsSection s = root.section("scheduler");
   const std::string type = s.get<std::string>("type", "");
-  DS_USER_CHECK(type == "WarmupLR" || type == "WarmupDecayLR" || type == "WarmupCosineLR",
-                "config: scheduler.type '{}' is not supported (use WarmupLR, WarmupDecayLR or "
-                "WarmupCosineLR, or drop 'scheduler' for the Megatron schedule)", type);
+  DS_USER_CHECK(type == "WarmupLR" || type == "WarmupDecayLR" || type == "WarmupCosineLR" || type == "OneCycle" ||
+                    type == "LRRangeTest",
+                "config: scheduler.type '{}' is not supported (use WarmupLR, WarmupDecayLR, WarmupCosineLR, "
+                "OneCycle or LRRangeTest, or drop 'scheduler' for the Megatron schedule)", type);
   o.scheduler_type = type;
   DsSection p = s.section("params");
+  if (type == "OneCycle" || type == "LRRangeTest") {
+    read_cycle_scheduler(p, o, type, root.warnings());
+    p.mark("last_batch_iteration");
+    p.finish();
+    s.finish();
+    return;
+  }
   o.warmup_iters = p.get<int64_t>("warmup_num_steps", 1000);
   o.warmup_type = read_warmup_type(p);
   o.decay_iters = type == "WarmupLR" ? 0 : p.get<int64_t>("total_num_steps", 0);  // 0: train_iters

@@ -15,7 +15,8 @@ constexpr Choice<NormKind> kNorms[] = {{"layernorm", NormKind::LayerNorm}, {"rms
 constexpr Choice<Activation> kActs[] = {{"gelu", Activation::GELU}, {"swiglu", Activation::SwiGLU}};
 constexpr Choice<PositionKind> kPositions[] = {{"learned", PositionKind::Learned}, {"rope", PositionKind::Rope}};
 constexpr Choice<LrDecay> kDecays[] = {
-    {"constant", LrDecay::Constant}, {"linear", LrDecay::Linear}, {"cosine", LrDecay::Cosine}};
+    {"constant", LrDecay::Constant}, {"linear", LrDecay::Linear}, {"cosine", LrDecay::Cosine},
+    {"inverse-square-root", LrDecay::InverseSqrt}};
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "lib/data/blended_dataset.h"
+#include "lib/optim/lr_schedule.h"
 #include "lib/train/config_internal.h"
 
 namespace ds {
@@ -375,6 +376,8 @@ void validate_cuda_graph(const TrainConfig& cfg, int world_size) {
                 optimizer_kind(os) == OptimizerKind::AdamL2 ? " with adam_w_mode false"
                 : !os.bias_correction                      ? " with bias_correction false"
                                                            : "");
+  refuse(cycles_momentum(cfg.optim), "scheduler OneCycle with cycle_momentum (the captured update has fixed betas); "
+         "set scheduler.params.cycle_momentum false");
   // A dynamic fp16 loss scale is read from the step block inside the graph
   // and multiplies 1 / (B x T x ga) there: a power of two keeps that product
   // the eager step's loss weight bit for bit. 2^initial_scale_power doubled

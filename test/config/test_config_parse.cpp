@@ -425,8 +425,8 @@ TEST_CASE("schedule keys and flags", "[config][lr]") {
   CHECK(has_warning(f, "--lr-decay-style replaces the config's scheduler (WarmupLR)"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "WarmupLR"}}}}), {"--min-lr", "1e-5"}),
                     Contains("--min-lr does not apply to the config's scheduler WarmupLR"));
-  CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "OneCycle"}}}})),
-                    Contains("scheduler.type 'OneCycle' is not supported"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "OneBitLambSchedule"}}}})),
+                    Contains("scheduler.type 'OneBitLambSchedule' is not supported"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_type", "exp"}}}}}})),
                     Contains("warmup_type 'exp' is not supported"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "WarmupLR"}}}, {"training", {{"min_lr", 0.0}}}})),
@@ -658,4 +658,39 @@ TEST_CASE("DeepSpeed's optimizers: their keys, defaults, Megatron's --optimizer 
   offload["zero_optimization"] = {{"stage", 1}, {"offload_optimizer", {{"device", "cpu"}}}};
   CHECK_THROWS_WITH(parse_json(offload), Contains("optimizer.type Lamb cannot be combined with "
                                                   "zero_optimization.offload_optimizer"));
+}
+
+TEST_CASE("DeepSpeed's OneCycle and LRRangeTest schedulers and Megatron's inverse-square-root decay") {
+  auto sched = [&](json s, std::vector<std::string> flags = {}, json optimizer = nullptr) {
+    json j = with(base(), {{"scheduler", s}});
+    if (!optimizer.is_null()) j["optimizer"] = optimizer;
+    return parse_json(j, flags);
+  };
+  TrainConfig c = sched({{"type", "OneCycle"}, {"params", {{"cycle_min_lr", 1e-4}, {"cycle_max_lr", 1e-3},
+                                                          {"cycle_first_step_size", 30}, {"decay_step_size", 5},
+                                                          {"decay_lr_rate", 0.1}}}});
+  CHECK(c.optim.scheduler_type == "OneCycle");
+  CHECK(c.optim.one_cycle.cycle_second_step_size == 30);  // defaults to the first
+  CHECK(c.optim.one_cycle.cycle_momentum);
+  CHECK(c.optim.one_cycle.cycle_min_mom == Approx(0.8));
+  CHECK(parse_json(c.resolved).resolved == c.resolved);
+  c = sched({{"type", "LRRangeTest"}, {"params", {{"lr_range_test_min_lr", 1e-5}, {"lr_range_test_staircase", true}}}});
+  CHECK(c.optim.range_test.min_lr == Approx(1e-5));
+  CHECK(c.optim.range_test.step_size == 2000);
+  CHECK(c.optim.range_test.staircase);
+  CHECK(parse_json(c.resolved).resolved == c.resolved);
+  // SGD has no betas: the momentum cycle is off, with a warning as in DeepSpeed.
+  c = sched({{"type", "OneCycle"}, {"params", {{"cycle_min_lr", 1e-4}, {"cycle_max_lr", 1e-3}}}}, {},
+            {{"type", "SGD"}, {"params", {{"momentum", 0.9}}}});
+  CHECK(c.warnings.size() == 1);
+  CHECK_THROWS_WITH(sched({{"type", "OneCycle"}, {"params", {{"cycle_max_lr", 1e-3}}}}),
+                    Contains("'scheduler.params.cycle_min_lr' is required by scheduler.type OneCycle"));
+  CHECK_THROWS_WITH(sched({{"type", "LRRangeTest"}, {"params", {{"lr_range_test_step_size", 0}}}}),
+                    Contains("'scheduler.params.lr_range_test_step_size' must be a positive integer"));
+  CHECK_THROWS_WITH(sched({{"type", "OneCycle"}, {"params", {{"cycle_min_lr", 1e-4}, {"cycle_max_lr", 1e-3}}}},
+                          {"--lr-warmup-iters", "5"}),
+                    Contains("--lr-warmup-iters does not apply to the config's scheduler OneCycle"));
+  c = parse_json(base(), {"--lr-decay-style", "inverse-square-root", "--lr-warmup-iters", "10"});
+  CHECK(c.optim.decay == LrDecay::InverseSqrt);
+  CHECK(c.resolved["training"]["lr_decay_style"] == "inverse-square-root");
 }

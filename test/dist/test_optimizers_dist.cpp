@@ -23,7 +23,8 @@ constexpr int kIters = 8;
 
 struct Opt {
   const char* name;
-  const char* json;  // the optimizer section
+  const char* json;          // the optimizer section
+  const char* more = "";     // more top-level keys (", \"scheduler\": ...")
 };
 const Opt kOpts[] = {
     {"adam_l2", R"({"type": "Adam", "params": {"lr": 3e-3, "weight_decay": 0.1, "adam_w_mode": false}})"},
@@ -41,11 +42,18 @@ std::vector<double> run(const std::string& name, const Opt& opt, int world, int 
   {
     std::ofstream f(cfg);
     f << "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": " << 8 / (world / tp) / 2
-      << ", \"optimizer\": " << opt.json << ", \"zero_optimization\": {\"stage\": " << zero_stage
+      << ", \"optimizer\": " << opt.json << opt.more << ", \"zero_optimization\": {\"stage\": " << zero_stage
       << ", \"reduce_bucket_size\": 5000}, \"csv_monitor\": {\"enabled\": true, \"output_path\": \"" << d.dir
       << "/csv\", \"job_name\": \"" << name << "\"}}";
   }
   std::vector<std::string> args = small_model_args({.layers = 2, .tp = tp, .pp = 1, .iters = kIters});
+  if (*opt.more)  // a DeepSpeed scheduler: drop the Megatron schedule's flags
+    for (const char* flag : {"--min-lr", "--lr-warmup-iters"})
+      for (auto it = args.begin(); it != args.end(); ++it)
+        if (*it == flag) {
+          args.erase(it, it + 2);
+          break;
+        }
   args.insert(args.end(), {"--config", cfg});
   args.insert(args.end(), extra.begin(), extra.end());
   std::string log;
@@ -105,4 +113,31 @@ TEST_CASE("each optimizer resumes bit-exact, and a checkpoint of another optimiz
   std::string err;
   run("lamb_as_adam", kOpts[0], 2, 1, 1, {"--load", dist_data().dir + "/ckpt_opt_lamb"}, &err);
   CHECK(err.find("was saved by the optimizer Lamb, this run's optimizer is Adam") != std::string::npos);
+}
+
+TEST_CASE("OneCycle (cycling Lamb's beta1) and LRRangeTest: DP2 ZeRO-1 equals one process, and resumes bit-exact") {
+  const Opt scheds[] = {
+      {"onecycle_lamb", R"({"type": "Lamb", "params": {"weight_decay": 0.1}})",
+       R"(, "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-3, "cycle_max_lr": 4e-3,
+          "cycle_first_step_size": 3, "cycle_second_step_size": 2, "decay_step_size": 1, "decay_lr_rate": 0.2,
+          "decay_mom_rate": 0.01}})"},
+      {"rangetest_adamw", R"({"type": "AdamW"})",
+       R"(, "scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 1e-3,
+          "lr_range_test_step_size": 2, "lr_range_test_staircase": true}})"},
+  };
+  for (const Opt& o : scheds) {
+    const std::string n = o.name;
+    INFO(n);
+    const std::vector<double> single = run(n + "_single", o, 1, 0, 1, {});
+    REQUIRE(single.size() == kIters);
+    REQUIRE(single.back() < single.front());
+    const std::vector<double> dp2 = run(n + "_dp2", o, 2, 1, 1, {});
+    require_same_curve(single, dp2);
+    const std::string ck = dist_data().dir + "/ckpt_sched_" + n;
+    fs::remove_all(ck);
+    run(n + "_first", o, 2, 1, 1, {"--save", ck, "--save-interval", "4", "--exit-interval", "4"});
+    const std::vector<double> second = run(n + "_second", o, 2, 1, 1, {"--load", ck});
+    REQUIRE(second.size() == kIters - 4);
+    for (size_t i = 0; i < second.size(); ++i) REQUIRE(second[i] == dp2[i + 4]);
+  }
 }
