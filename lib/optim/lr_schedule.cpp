@@ -21,12 +21,38 @@ const char* lr_decay_name(LrDecay d) {
     case LrDecay::Linear: return "linear";
     case LrDecay::Cosine: return "cosine";
     case LrDecay::InverseSqrt: return "inverse-square-root";
+    case LrDecay::WSD: return "WSD";
+  }
+  return "?";
+}
+
+const char* wsd_decay_name(WsdDecay d) {
+  switch (d) {
+    case WsdDecay::Exponential: return "exponential";
+    case WsdDecay::Linear: return "linear";
+    case WsdDecay::Cosine: return "cosine";
+    case WsdDecay::MinusSqrt: return "minus_sqrt";
   }
   return "?";
 }
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
+
+// Megatron-LM's WSD coefficient at `done` of a decay of `length` (either unit):
+// 1 during the stable phase, then the final decay over the last `wsd` of it.
+double wsd_coeff(const OptimizerConfig& o, double done, double length, double wsd) {
+  const double start = length - wsd;
+  if (done <= start) return 1.0;
+  const double r = (done - start) / wsd;
+  switch (o.wsd_style) {
+    case WsdDecay::Linear: return 1.0 - r;
+    case WsdDecay::Cosine: return 0.5 * (std::cos(kPi * r) + 1.0);
+    case WsdDecay::Exponential: return 2.0 * std::pow(0.5, r) - 1.0;
+    case WsdDecay::MinusSqrt: return 1.0 - std::sqrt(r);
+  }
+  return 1.0;
+}
 
 double megatron_lr(const OptimizerConfig& o, int64_t step, int64_t train_iters) {
   const double max_lr = o.lr, min_lr = o.min_lr, init_lr = o.warmup_min_lr;
@@ -40,6 +66,9 @@ double megatron_lr(const OptimizerConfig& o, int64_t step, int64_t train_iters) 
     return std::max(min_lr, max_lr * std::sqrt(static_cast<double>(std::max<int64_t>(warmup, 1))) /
                                 std::sqrt(static_cast<double>(std::max<int64_t>(step, 1))));
   if (decay <= warmup) return min_lr;
+  if (o.decay == LrDecay::WSD)
+    return min_lr + wsd_coeff(o, static_cast<double>(step), static_cast<double>(decay),
+                              static_cast<double>(o.wsd_decay_iters)) * (max_lr - min_lr);
   const double ratio = static_cast<double>(step - warmup) / static_cast<double>(decay - warmup);
   const double coeff = o.decay == LrDecay::Linear ? 1.0 - ratio : 0.5 * (std::cos(kPi * ratio) + 1.0);
   return min_lr + coeff * (max_lr - min_lr);
@@ -174,6 +203,9 @@ double megatron_clock_lr(const OptimizerConfig& o, const LrClock& c) {
     return std::max(min_lr, max_lr * std::sqrt(w) / std::sqrt(n));
   }
   if (length <= 0) return min_lr;
+  if (o.decay == LrDecay::WSD)  // sample-wise (the config refuses a token-wise WSD decay)
+    return min_lr + wsd_coeff(o, static_cast<double>(c.samples), static_cast<double>(o.decay_samples),
+                              static_cast<double>(o.wsd_decay_samples)) * (max_lr - min_lr);
   const double ratio = std::clamp(done / length, 0.0, 1.0);
   const double coeff = o.decay == LrDecay::Linear ? 1.0 - ratio : 0.5 * (std::cos(kPi * ratio) + 1.0);
   return min_lr + coeff * (max_lr - min_lr);

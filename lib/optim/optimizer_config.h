@@ -9,7 +9,9 @@
 
 namespace ds {
 
-enum class LrDecay { Constant, Linear, Cosine, InverseSqrt };  // Megatron's --lr-decay-style
+enum class LrDecay { Constant, Linear, Cosine, InverseSqrt, WSD };  // Megatron's --lr-decay-style
+// Megatron-LM's --lr-wsd-decay-style: the shape of WSD's final decay.
+enum class WsdDecay { Exponential, Linear, Cosine, MinusSqrt };
 enum class WarmupKind { Linear, Log };  // DeepSpeed warmup_type "linear" | "log"
 
 // DeepSpeed's OneCycle (deepspeed/runtime/lr_schedules.py): keys and defaults.
@@ -52,9 +54,13 @@ struct OptimizerConfig {
   // decay lengths in samples, and optionally in tokens (Megatron-DeepSpeed's
   // --lr-warmup-tokens / --lr-decay-tokens; -1 = not token-based).
   int64_t warmup_samples = 0, decay_samples = 0;
+  // WSD: the final decay's length in samples (and iterations, iteration-based), and its shape.
+  int64_t wsd_decay_samples = 0, wsd_decay_iters = 0;
+  WsdDecay wsd_style = WsdDecay::Exponential;
   int64_t warmup_tokens = -1, decay_tokens = -1;
 };
 
-const char* lr_decay_name(LrDecay d);  // "constant" | "linear" | "cosine" | "inverse-square-root"
+const char* lr_decay_name(LrDecay d);  // "constant" | "linear" | "cosine" | "inverse-square-root" | "WSD"
+const char* wsd_decay_name(WsdDecay d);  // "exponential" | "linear" | "cosine" | "minus_sqrt"
 
 }  // namespace ds

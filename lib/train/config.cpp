@@ -220,6 +220,13 @@ json training_json(const TrainConfig& c) {
     }
     if (L.lr_warmup_tokens >= 0) t["lr_warmup_tokens"] = L.lr_warmup_tokens;
     if (L.lr_decay_tokens >= 0) t["lr_decay_tokens"] = L.lr_decay_tokens;
+    if (c.optim.decay == LrDecay::WSD) {
+      t["lr_wsd_decay_style"] = wsd_decay_name(c.optim.wsd_style);
+      if (L.sample_based())
+        t["lr_wsd_decay_samples"] = L.lr_wsd_decay_samples;
+      else
+        t["lr_wsd_decay_iters"] = L.lr_wsd_decay_iters;
+    }
     t["min_lr"] = num(c.optim.min_lr);
     t["lr_warmup_init"] = num(c.optim.warmup_min_lr);
   }

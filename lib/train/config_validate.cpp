@@ -16,6 +16,34 @@ namespace {
 // train_iters from --train-samples, and the Megatron schedule's lengths in
 // Megatron's own units: samples (iterations x global batch when training is
 // iteration-based) and tokens.
+// Megatron-LM's WSD: the final decay's length, in the unit of the run
+// (iterations x global batch, or samples), required with lr_decay_style WSD.
+void resolve_wsd(TrainConfig& cfg) {
+  const ScheduleLengths& L = cfg.lengths;
+  OptimizerConfig& o = cfg.optim;
+  const bool wsd = o.decay == LrDecay::WSD;
+  DS_USER_CHECK(L.lr_wsd_decay_iters >= 0 && L.lr_wsd_decay_samples >= 0,
+                "training.lr_wsd_decay_iters {} and lr_wsd_decay_samples {} must be >= 0", L.lr_wsd_decay_iters,
+                L.lr_wsd_decay_samples);
+  DS_USER_CHECK(L.sample_based() ? L.lr_wsd_decay_iters == 0 : L.lr_wsd_decay_samples == 0,
+                "training.{} with {}-based training: use {} ({})",
+                L.sample_based() ? "lr_wsd_decay_iters" : "lr_wsd_decay_samples",
+                L.sample_based() ? "sample" : "iteration",
+                L.sample_based() ? "lr_wsd_decay_samples" : "lr_wsd_decay_iters",
+                L.sample_based() ? "--lr-wsd-decay-samples" : "--lr-wsd-decay-iters");
+  if (!wsd) return;
+  o.wsd_decay_iters = L.lr_wsd_decay_iters;
+  o.wsd_decay_samples = L.sample_based() ? L.lr_wsd_decay_samples : L.lr_wsd_decay_iters * cfg.batch.train_batch_size;
+  DS_USER_CHECK(o.wsd_decay_samples > 0 && o.wsd_decay_samples <= o.decay_samples,
+                "training.lr_decay_style WSD needs a final decay of 1 to {} {} (the decay length; "
+                "training.lr_wsd_decay_iters / --lr-wsd-decay-iters, or lr_wsd_decay_samples / "
+                "--lr-wsd-decay-samples), got {}", L.sample_based() ? o.decay_samples : o.decay_iters,
+                L.sample_based() ? "samples" : "iterations",
+                L.sample_based() ? o.wsd_decay_samples : o.wsd_decay_iters);
+  DS_USER_CHECK(o.decay_tokens < 0, "training.lr_decay_style WSD with a token-wise decay (lr_decay_tokens / "
+                "--lr-decay-tokens) is not supported (Megatron-DeepSpeed has no WSD; Megatron-LM counts samples)");
+}
+
 void resolve_schedule_lengths(TrainConfig& cfg) {
   const ScheduleLengths& L = cfg.lengths;
   OptimizerConfig& o = cfg.optim;
@@ -43,6 +71,7 @@ void resolve_schedule_lengths(TrainConfig& cfg) {
   }
   o.warmup_tokens = L.lr_warmup_tokens;
   o.decay_tokens = L.lr_decay_tokens;
+  resolve_wsd(cfg);
 }
 
 }  // namespace

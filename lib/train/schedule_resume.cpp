@@ -33,6 +33,7 @@ LrDecay decay_from_name(const std::string& s) {
   return s == "constant"              ? LrDecay::Constant
          : s == "linear"              ? LrDecay::Linear
          : s == "inverse-square-root" ? LrDecay::InverseSqrt
+         : s == "WSD"                 ? LrDecay::WSD
                                       : LrDecay::Cosine;
 }
 

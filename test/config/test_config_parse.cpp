@@ -694,3 +694,16 @@ TEST_CASE("DeepSpeed's OneCycle and LRRangeTest schedulers and Megatron's invers
   CHECK(c.optim.decay == LrDecay::InverseSqrt);
   CHECK(c.resolved["training"]["lr_decay_style"] == "inverse-square-root");
 }
+
+TEST_CASE("Megatron-LM's WSD decay: flags, keys, lengths and refusals") {
+  TrainConfig c = parse_json(base(), {"--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "10",
+                                      "--lr-wsd-decay-style", "minus_sqrt", "--global-batch-size", "4"});
+  CHECK(c.optim.decay == LrDecay::WSD);
+  CHECK(c.optim.wsd_style == WsdDecay::MinusSqrt);
+  CHECK(c.optim.wsd_decay_samples == 40);
+  CHECK(parse_json(c.resolved).resolved == c.resolved);
+  CHECK_THROWS_WITH(parse_json(base(), {"--lr-decay-style", "WSD"}),
+                    Contains("training.lr_decay_style WSD needs a final decay of 1 to 100 iterations"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--lr-decay-style", "WSD", "--lr-wsd-decay-samples", "10"}),
+                    Contains("training.lr_wsd_decay_samples with iteration-based training"));
+}

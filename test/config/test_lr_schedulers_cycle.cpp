@@ -156,3 +156,41 @@ TEST_CASE("Megatron inverse-square-root: warmup, then lr sqrt(warmup / step), fl
   i.decay_iters = 100;
   CHECK(lr_at(i, 40, 100) == Approx(std::max(0.2, 0.5 * std::sqrt(10.0 / 40))));
 }
+
+TEST_CASE("Megatron-LM WSD: warmup, stable at lr, then the final decay of each style to min_lr", "[lr]") {
+  OptimizerConfig o;
+  o.lr = 1.0f;
+  o.min_lr = 0.1f;
+  o.decay = LrDecay::WSD;
+  o.warmup_samples = 10;
+  o.decay_samples = 100;
+  o.wsd_decay_samples = 20;  // the decay runs over samples 80..100
+  LrClock c;
+  c.samples = 5;
+  CHECK(lr_at(o, c) == Approx(0.5));  // warmup
+  for (int64_t s : {10, 40, 80}) {
+    c.samples = s;
+    CHECK(lr_at(o, c) == Approx(1.0));  // stable
+  }
+  struct Want {
+    WsdDecay style;
+    double at90, at100;  // coefficient halfway and at the end
+  };
+  for (const Want& w : {Want{WsdDecay::Linear, 0.5, 0.0}, Want{WsdDecay::Cosine, 0.5, 0.0},
+                        Want{WsdDecay::Exponential, 2 * std::sqrt(0.5) - 1, 0.0},
+                        Want{WsdDecay::MinusSqrt, 1 - std::sqrt(0.5), 0.0}}) {
+    o.wsd_style = w.style;
+    c.samples = 90;
+    CHECK(lr_at(o, c) == Approx(0.1 + 0.9 * w.at90));
+    c.samples = 100;
+    CHECK(lr_at(o, c) == Approx(0.1 + 0.9 * w.at100).margin(1e-7));
+    c.samples = 101;
+    CHECK(lr_at(o, c) == Approx(0.1));
+  }
+  // The iteration form agrees (lengths in iterations).
+  o.wsd_style = WsdDecay::Linear;
+  o.warmup_iters = 1;
+  o.decay_iters = 10;
+  o.wsd_decay_iters = 2;
+  CHECK(lr_at(o, 9, 10) == Approx(0.55));
+}
