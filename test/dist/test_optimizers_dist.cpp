@@ -36,17 +36,17 @@ const Opt kOpts[] = {
 
 // One run of `opt` (config written here), rank 0's CSV losses; "" or the failure in `err`.
 std::vector<double> run(const std::string& name, const Opt& opt, int world, int zero_stage, int tp,
-                        std::vector<std::string> extra, std::string* err_out = nullptr) {
+                        std::vector<std::string> extra, std::string* err_out = nullptr, int pp = 1) {
   const DistData& d = dist_data();
   const std::string cfg = d.dir + "/" + name + ".json";
   {
     std::ofstream f(cfg);
-    f << "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": " << 8 / (world / tp) / 2
+    f << "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": " << 8 / (world / tp / pp) / 2
       << ", \"optimizer\": " << opt.json << opt.more << ", \"zero_optimization\": {\"stage\": " << zero_stage
       << ", \"reduce_bucket_size\": 5000}, \"csv_monitor\": {\"enabled\": true, \"output_path\": \"" << d.dir
       << "/csv\", \"job_name\": \"" << name << "\"}}";
   }
-  std::vector<std::string> args = small_model_args({.layers = 2, .tp = tp, .pp = 1, .iters = kIters});
+  std::vector<std::string> args = small_model_args({.layers = 2, .tp = tp, .pp = pp, .iters = kIters});
   if (*opt.more)  // a DeepSpeed scheduler: drop the Megatron schedule's flags
     for (const char* flag : {"--min-lr", "--lr-warmup-iters"})
       for (auto it = args.begin(); it != args.end(); ++it)
@@ -139,5 +139,24 @@ TEST_CASE("OneCycle (cycling Lamb's beta1) and LRRangeTest: DP2 ZeRO-1 equals on
     const std::vector<double> second = run(n + "_second", o, 2, 1, 1, {"--load", ck});
     REQUIRE(second.size() == kIters - 4);
     for (size_t i = 0; i < second.size(); ++i) REQUIRE(second[i] == dp2[i + 4]);
+  }
+}
+
+TEST_CASE("bf16 and fp16: Lamb and Lion at PP2 give the single-process bf16 curve, SGD and Adagrad train in fp16") {
+  for (const Opt* o : {&kOpts[4], &kOpts[3]}) {
+    const std::string n = o->name;
+    INFO(n);
+    const std::vector<double> single = run(n + "_bf16", *o, 1, 0, 1, {"--bf16"});
+    REQUIRE(single.size() == kIters);
+    REQUIRE(single.back() < single.front());
+    require_same_curve(single, run(n + "_bf16_pp2", *o, 2, 0, 1, {"--bf16"}, nullptr, 2));
+  }
+  for (const Opt* o : {&kOpts[1], &kOpts[2]}) {
+    const std::string n = o->name;
+    INFO(n);
+    const std::vector<double> l = run(n + "_fp16", *o, 2, 2, 1, {"--fp16"});
+    REQUIRE(l.size() == kIters);
+    for (double x : l) REQUIRE(std::isfinite(x));
+    REQUIRE(l.back() < l.front());
   }
 }
