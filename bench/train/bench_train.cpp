@@ -110,7 +110,7 @@ int run(const Options& o) {
   GptModel model(m, dev, 0, TpComm{}, PipeStage{}, compute, FlatStoreOptions{.part = part});
   model.set_recompute(RecomputeConfig{.kind = recompute_of(o.recompute)});
   model.init_weights(1, 0.02f);
-  ZeroOptimizer opt(model, nullptr, ZeroConfig{}, part, nullptr, "AdamW");
+  ZeroOptimizer opt(model, nullptr, ZeroConfig{}, part, nullptr, OptimizerSpec{});
 
   Tensor tgt_host, unused;
   const Tensor tok = random_tokens(o.B, o.T, o.V, 1, dev, &unused);

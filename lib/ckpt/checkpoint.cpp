@@ -120,6 +120,7 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     }
     w.set_metadata("states", names);
     w.set_metadata("non_negative", non_negative);
+    if (!d.opt_type.empty()) w.set_metadata("optimizer", d.opt_type);
     w.set_metadata("begin", std::to_string(d.opt_begin));
     w.set_metadata("end", std::to_string(d.opt_end));
     w.set_metadata("step", std::to_string(d.opt_step));
@@ -274,7 +275,7 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
     s = open_saved_step(step, std::move(state), *d.model);
   }
   s.progress = &progress;
-  check_saved_states(s, opt_state);
+  check_saved_states(s, opt_state, d.opt_type);
   // A receiving rank reads its shard of the weights later; the others the full model now.
   std::optional<SafetensorsFile> model;
   if (d.receive_params) model = open_saved_model(s);

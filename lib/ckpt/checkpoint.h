@@ -62,6 +62,10 @@ struct CheckpointData {
   // The run's tokenizer files, copied by the rank that writes the model into
   // the step directory (state.json "tokenizer" names them). Null: none.
   const StepTokenizer* tokenizer = nullptr;
+  // The optimizer's type (Optimizer::type(): "AdamW", "Lamb", ...), recorded in
+  // each shard; loading refuses a checkpoint of another type. Empty: not
+  // recorded (saving) / not checked (loading).
+  std::string opt_type;
   // Loading only, instead of `params`: called once, after every check
   // passed, with a reader of any range [begin, end) of this rank's shard
   // layout (`opt_layout`, else `layout`) from the saved model, so that a rank

@@ -17,7 +17,8 @@ namespace {
 // range of its local layout, cut from the full moments.
 void write_target_rank(const std::string& out_dir, const TrainState& st, const ReshapeTarget& t,
                        const ModelLayout& full, const Tensor& params, const OptimizerStates& full_state,
-                       int64_t opt_step, int world, int pr, int tr, const StepTokenizer& tok) {
+                       int64_t opt_step, const std::string& opt_type, int world, int pr, int tr,
+                       const StepTokenizer& tok) {
   const ModelLayout local = build_layout(t.model, t.sizes.at(tr, pr));
   OptimizerStates local_state = full_state;
   for (OptimizerStateTensor& s : local_state) {
@@ -40,7 +41,8 @@ void write_target_rank(const std::string& out_dir, const TrainState& st, const R
                            .opt_layout = &local,
                            .shard = t.sizes.at(tr, pr),
                            .model = nullptr,
-                           .tokenizer = &tok};
+                           .tokenizer = &tok,
+                           .opt_type = opt_type};
     write_checkpoint_files(out_dir, st, d, t.config);
   }
 }
@@ -56,13 +58,14 @@ void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::strin
   OptimizerStates full_state = fs.states;
   for (OptimizerStateTensor& st : full_state) st.t = adapt_full(s.full, full, st.t);
   const int64_t opt_step = fs.step;
+  const std::string opt_type = saved_optimizer_type(s);
   fs = FullOptimizerState{};  // release the saved-layout copies
   if (s.progress) s.progress->finish();  // everything is read; the saves print their own progress
   const TrainState st = s.state.train;
   const int world = t.zero_stage >= 1 ? t.dp : 1;  // stage 0: one shard holds the whole (pp, tp) rank
   for (int pr = 0; pr < t.sizes.pp; ++pr)
     for (int tr = 0; tr < t.sizes.tp; ++tr)
-      write_target_rank(out_dir, st, t, full, params, full_state, opt_step, world, pr, tr, tok);
+      write_target_rank(out_dir, st, t, full, params, full_state, opt_step, opt_type, world, pr, tr, tok);
   commit_checkpoint(out_dir, st.iteration);
 }
 

@@ -90,9 +90,13 @@ void read_local_params(const SavedStep& s, const SafetensorsFile& model, const M
 // optimizer's order (shard metadata "states"; a shard written before it
 // holds Adam's exp_avg and exp_avg_sq). Tensors are undefined.
 OptimizerStates saved_state_names(const SavedStep& s);
-// UserError naming the step when the state names `want` (an optimizer's)
-// differ from saved_state_names(s) (saved with another optimizer).
-void check_saved_states(const SavedStep& s, const OptimizerStates& want);
+// The optimizer type the step's shards record (metadata "optimizer"; a shard
+// written before it was recorded: "AdamW", the only optimizer then).
+std::string saved_optimizer_type(const SavedStep& s);
+// UserError naming the step when the optimizer type `type` (unless empty)
+// differs from saved_optimizer_type(s), or the state names `want` (an
+// optimizer's) differ from saved_state_names(s): saved with another optimizer.
+void check_saved_states(const SavedStep& s, const OptimizerStates& want, const std::string& type = "");
 
 // Optimizer state of the whole model in the saved full layout.
 struct FullOptimizerState {

@@ -135,17 +135,37 @@ void check_finite(const Tensor& t, const std::string& file, const std::string& t
   }
 }
 
-OptimizerStates saved_state_names(const SavedStep& s) {
+namespace {
+
+std::map<std::string, std::string> first_shard_metadata(const SavedStep& s, fs::path& f) {
   const std::string name = optimizer_shard_name(0, s.shards, s.sizes.at(0, 0));
-  const fs::path f = s.dir / name;
+  f = s.dir / name;
   DS_USER_CHECK(fs::exists(f), "checkpoint '{}': optimizer shard '{}' is missing", s.dir.string(), name);
-  const auto meta = SafetensorsFile::open(f.string()).metadata();
+  return SafetensorsFile::open(f.string()).metadata();
+}
+
+}  // namespace
+
+std::string saved_optimizer_type(const SavedStep& s) {
+  fs::path f;
+  const auto meta = first_shard_metadata(s, f);
+  auto it = meta.find("optimizer");
+  if (it == meta.end()) return "AdamW";  // written before the type was recorded
+  DS_USER_CHECK(!it->second.empty() && it->second.size() <= 64, "checkpoint file '{}': optimizer shard metadata "
+                "'optimizer' must name the optimizer type, got {}", f.string(), shown(it->second));
+  return it->second;
+}
+
+OptimizerStates saved_state_names(const SavedStep& s) {
+  fs::path f;
+  const auto meta = first_shard_metadata(s, f);
   auto it = meta.find("states");
   if (it == meta.end()) return adam_states(Tensor(), Tensor());  // written before the names were recorded
   constexpr size_t kMaxStates = 16;
   const std::vector<std::string> names = split_names(it->second);
-  DS_USER_CHECK(!names.empty() && names.size() <= kMaxStates, "checkpoint file '{}': optimizer shard metadata "
-                "'states' must name 1 to {} tensors, got {}", f.string(), kMaxStates, shown(it->second));
+  // SGD without momentum keeps no state: an empty list.
+  DS_USER_CHECK(names.size() <= kMaxStates, "checkpoint file '{}': optimizer shard metadata "
+                "'states' must name at most {} tensors, got {}", f.string(), kMaxStates, shown(it->second));
   auto nn = meta.find("non_negative");
   const std::vector<std::string> non_negative = nn == meta.end() ? std::vector<std::string>{} : split_names(nn->second);
   OptimizerStates out;
@@ -161,7 +181,12 @@ OptimizerStates saved_state_names(const SavedStep& s) {
   return out;
 }
 
-void check_saved_states(const SavedStep& s, const OptimizerStates& want) {
+void check_saved_states(const SavedStep& s, const OptimizerStates& want, const std::string& type) {
+  if (!type.empty()) {
+    const std::string saved_type = saved_optimizer_type(s);
+    DS_USER_CHECK(saved_type == type, "checkpoint '{}' was saved by the optimizer {}, this run's optimizer is {} "
+                  "(optimizer.type); resume with the optimizer that saved it", s.dir.string(), saved_type, type);
+  }
   const OptimizerStates saved = saved_state_names(s);
   bool same = saved.size() == want.size();
   for (size_t i = 0; same && i < want.size(); ++i) same = saved[i].name == want[i].name;

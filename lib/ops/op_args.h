@@ -20,6 +20,7 @@
 
 #include "lib/core/tensor.h"
 #include "lib/ops/dropout_mask.h"
+#include "lib/ops/optim_rules.h"
 #include "lib/ops/step_scalars.h"
 
 namespace ds {
@@ -492,6 +493,33 @@ template <class A, class F> IfArgs<A, AdamWArgs> fields(A& a, F&& f) {
   f(a.param_lowp, "param_lowp", Role::Native);
   f(a.segments, "segments", Role::Native);
   f(a.scalars, "scalars", Role::Native);
+}
+
+// One step of an element-wise optimizer rule (lib/ops/optim_rules.h: L2
+// Adam, AdamW without bias correction, SGD, Adagrad, Lion, Lamb's two passes)
+// over the segments of a range: elements outside every segment are left as
+// they are, and each segment's decay flag picks t.weight_decay or 0. Lamb:
+// LambMoments updates m and v and writes each segment's {sum p^2, sum u^2};
+// LambApply reads each segment's trust ratio and updates p (and param_lowp).
+struct OptimStepArgs {
+  Tensor param;       // (n) f32 master weights
+  Tensor grad;        // (n) gradient (f32, or bf16/f16 on CUDA); undefined for LambApply
+  Tensor s1;          // (n) f32 exp_avg / momentum_buffer / sum, or undefined (SGD without momentum)
+  Tensor s2;          // (n) f32 exp_avg_sq (Adam, Lamb) or undefined
+  Tensor param_lowp;  // (n) bf16/f16 model weights or undefined (never with LambMoments)
+  Tensor segments;    // (S, 3) i64 {begin, end, decay}, sorted and disjoint; on the op's device
+  Tensor seg_stats;   // LambMoments: (S, 2) f32 written; LambApply: (S) f32 read; else undefined
+  OptimRule rule = OptimRule::Sgd;
+  OptimTerms t;
+};
+template <class A, class F> IfArgs<A, OptimStepArgs> fields(A& a, F&& f) {
+  f(a.param, "param", Role::Native);
+  f(a.grad, "grad", Role::In);
+  f(a.s1, "s1", Role::Native);
+  f(a.s2, "s2", Role::Native);
+  f(a.param_lowp, "param_lowp", Role::Native);
+  f(a.segments, "segments", Role::Native);
+  f(a.seg_stats, "seg_stats", Role::Native);
 }
 
 // The update's gate, on the op's device and without a host read: from the

@@ -32,6 +32,7 @@
   X(cross_entropy, CrossEntropyArgs)         \
   X(vocab_parallel_cross_entropy, VocabParallelCEArgs) \
   X(adamw_step, AdamWArgs)                   \
+  X(optim_step, OptimStepArgs)               \
   X(step_gate, StepGateArgs)                 \
   X(sum_squares, SumSquaresArgs)             \
   X(nonfinite_check, NonFiniteArgs)          \

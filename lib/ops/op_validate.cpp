@@ -499,6 +499,51 @@ void validate_adamw_step(const AdamWArgs& a) {
   c.numel(a.param_lowp, n, "param_lowp", "numel(param)");
 }
 
+void validate_optim_step(const OptimStepArgs& a) {
+  const Check c("optim_step");
+  c.devices(a);
+  c.dtype(a.param, DType::F32, "param");
+  const int64_t n = a.param.numel();
+  const OptimRule r = a.rule;
+  if (r == OptimRule::LambApply) {
+    DS_CHECK(!a.grad.defined(), "{}: LambApply takes no gradient", c.op());
+  } else {
+    c.floating(a.grad, "grad");
+    c.numel(a.grad, n, "grad", "numel(param)");
+  }
+  const bool two = r == OptimRule::AdamL2 || r == OptimRule::AdamW || r == OptimRule::LambMoments ||
+                   r == OptimRule::LambApply;
+  const bool one = two || r == OptimRule::Adagrad || r == OptimRule::Lion || (r == OptimRule::Sgd && a.t.momentum != 0.f);
+  DS_CHECK(one == a.s1.defined() && two == a.s2.defined(), "{}: rule {} takes {} state tensors", c.op(),
+           static_cast<int>(r), two ? 2 : one ? 1 : 0);
+  if (one) c.stat(a.s1, n, "s1", "numel(param)");
+  if (two) c.stat(a.s2, n, "s2", "numel(param)");
+  DS_CHECK(a.segments.defined() && a.segments.dtype() == DType::I64 && a.segments.dim() == 2 &&
+               a.segments.size(1) == 3,
+           "{}: segments must be i64 (S, 3) rows {{begin, end, decay}}", c.op());
+  const int64_t S = a.segments.size(0);
+  if (a.segments.device().is_cpu()) {
+    const int64_t* s = a.segments.data<int64_t>();
+    for (int64_t i = 0, prev = 0; i < S; prev = s[3 * i + 1], ++i)
+      DS_CHECK(prev <= s[3 * i] && s[3 * i] <= s[3 * i + 1] && s[3 * i + 1] <= n,
+               "{}: segment {} [{}, {}) is not sorted, disjoint and inside [0, {})", c.op(), i, s[3 * i],
+               s[3 * i + 1], n);
+  }
+  if (r == OptimRule::LambMoments) {
+    DS_CHECK(a.seg_stats.defined() && a.seg_stats.dtype() == DType::F32 && a.seg_stats.numel() == 2 * S,
+             "{}: LambMoments writes seg_stats (S, 2) f32, S = {}", c.op(), S);
+    DS_CHECK(!a.param_lowp.defined(), "{}: LambMoments does not write param_lowp", c.op());
+  } else if (r == OptimRule::LambApply) {
+    DS_CHECK(a.seg_stats.defined() && a.seg_stats.dtype() == DType::F32 && a.seg_stats.numel() == S,
+             "{}: LambApply reads seg_stats (S) f32, S = {}", c.op(), S);
+  } else {
+    DS_CHECK(!a.seg_stats.defined(), "{}: seg_stats is for Lamb only", c.op());
+  }
+  if (!a.param_lowp.defined()) return;
+  c.floating(a.param_lowp, "param_lowp");
+  c.numel(a.param_lowp, n, "param_lowp", "numel(param)");
+}
+
 void validate_step_gate(const StepGateArgs& a) {
   const Check c("step_gate");
   c.devices(a);

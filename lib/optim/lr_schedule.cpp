@@ -16,11 +16,43 @@
 namespace ds {
 
 const char* lr_decay_name(LrDecay d) {
-  return d == LrDecay::Constant ? "constant" : d == LrDecay::Linear ? "linear" : "cosine";
+  switch (d) {
+    case LrDecay::Constant: return "constant";
+    case LrDecay::Linear: return "linear";
+    case LrDecay::Cosine: return "cosine";
+    case LrDecay::InverseSqrt: return "inverse-square-root";
+    case LrDecay::WSD: return "WSD";
+  }
+  return "?";
+}
+
+const char* wsd_decay_name(WsdDecay d) {
+  switch (d) {
+    case WsdDecay::Exponential: return "exponential";
+    case WsdDecay::Linear: return "linear";
+    case WsdDecay::Cosine: return "cosine";
+    case WsdDecay::MinusSqrt: return "minus_sqrt";
+  }
+  return "?";
 }
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
+
+// Megatron-LM's WSD coefficient at `done` of a decay of `length` (either unit):
+// 1 during the stable phase, then the final decay over the last `wsd` of it.
+double wsd_coeff(const OptimizerConfig& o, double done, double length, double wsd) {
+  const double start = length - wsd;
+  if (done <= start) return 1.0;
+  const double r = (done - start) / wsd;
+  switch (o.wsd_style) {
+    case WsdDecay::Linear: return 1.0 - r;
+    case WsdDecay::Cosine: return 0.5 * (std::cos(kPi * r) + 1.0);
+    case WsdDecay::Exponential: return 2.0 * std::pow(0.5, r) - 1.0;
+    case WsdDecay::MinusSqrt: return 1.0 - std::sqrt(r);
+  }
+  return 1.0;
+}
 
 double megatron_lr(const OptimizerConfig& o, int64_t step, int64_t train_iters) {
   const double max_lr = o.lr, min_lr = o.min_lr, init_lr = o.warmup_min_lr;
@@ -29,7 +61,14 @@ double megatron_lr(const OptimizerConfig& o, int64_t step, int64_t train_iters) 
   if (warmup > 0 && step <= warmup)
     return init_lr + (max_lr - init_lr) * static_cast<double>(step) / static_cast<double>(warmup);
   if (o.decay == LrDecay::Constant) return max_lr;
-  if (step > decay || decay <= warmup) return min_lr;
+  if (step > decay) return min_lr;
+  if (o.decay == LrDecay::InverseSqrt)  // Megatron: max_lr sqrt(warmup / step), at least min_lr
+    return std::max(min_lr, max_lr * std::sqrt(static_cast<double>(std::max<int64_t>(warmup, 1))) /
+                                std::sqrt(static_cast<double>(std::max<int64_t>(step, 1))));
+  if (decay <= warmup) return min_lr;
+  if (o.decay == LrDecay::WSD)
+    return min_lr + wsd_coeff(o, static_cast<double>(step), static_cast<double>(decay),
+                              static_cast<double>(o.wsd_decay_iters)) * (max_lr - min_lr);
   const double ratio = static_cast<double>(step - warmup) / static_cast<double>(decay - warmup);
   const double coeff = o.decay == LrDecay::Linear ? 1.0 - ratio : 0.5 * (std::cos(kPi * ratio) + 1.0);
   return min_lr + coeff * (max_lr - min_lr);
@@ -42,7 +81,68 @@ double ds_warmup_gamma(const OptimizerConfig& o, int64_t it, int64_t warmup) {
   return static_cast<double>(it) / static_cast<double>(warmup);
 }
 
+// OneCycle's position in the cycle for scheduler iteration it >= 0 (DeepSpeed's
+// _get_scale_factor, in double as Python computes it).
+double one_cycle_scale(const OneCycleParams& p, int64_t it) {
+  const double first = static_cast<double>(p.cycle_first_step_size);
+  const double second = static_cast<double>(p.cycle_second_step_size < 0 ? p.cycle_first_step_size
+                                                                            : p.cycle_second_step_size);
+  const double total = first + second, ratio = first / total;
+  const int64_t stairs1 = p.cycle_first_stair_count;
+  const int64_t stairs2 = p.cycle_second_stair_count < 0 ? stairs1 : p.cycle_second_stair_count;
+  const double b = static_cast<double>(it + 1);
+  const double cycle = std::floor(1.0 + b / total);
+  const double x = 1.0 + b / total - cycle;
+  double scale;
+  int64_t stairs;
+  if (x <= ratio) {
+    scale = x / ratio;
+    stairs = stairs1;
+  } else {
+    scale = (x - 1.0) / (ratio - 1.0);
+    stairs = stairs2;
+  }
+  if (stairs > 0) {
+    const double ci = std::fmod(b, total);
+    const double pos = ci <= first ? ci * static_cast<double>(stairs) / first
+                                   : (total - ci) * static_cast<double>(stairs) / second;
+    scale = std::floor(pos) / static_cast<double>(stairs);
+  }
+  return scale;
+}
+
+double one_cycle_total(const OneCycleParams& p) {
+  return static_cast<double>(p.cycle_first_step_size) +
+         static_cast<double>(p.cycle_second_step_size < 0 ? p.cycle_first_step_size : p.cycle_second_step_size);
+}
+
+double one_cycle_lr(const OneCycleParams& p, int64_t it) {
+  if (it < 0) return p.cycle_min_lr;  // set when the scheduler is built
+  if (static_cast<double>(it) < one_cycle_total(p))
+    return p.cycle_min_lr + (static_cast<double>(p.cycle_max_lr) - p.cycle_min_lr) * one_cycle_scale(p, it);
+  if (p.decay_step_size == 0 || p.decay_lr_rate == 0) return p.cycle_min_lr;
+  const double interval = (static_cast<double>(it) - one_cycle_total(p) + 1.0) / static_cast<double>(p.decay_step_size);
+  return p.cycle_min_lr / (1.0 + p.decay_lr_rate * interval);
+}
+
+double one_cycle_mom(const OneCycleParams& p, int64_t it) {
+  if (it < 0) return p.cycle_min_mom;
+  if (static_cast<double>(it) < one_cycle_total(p))
+    return p.cycle_max_mom - (static_cast<double>(p.cycle_max_mom) - p.cycle_min_mom) * one_cycle_scale(p, it);
+  if (p.decay_step_size == 0 || p.decay_mom_rate == 0) return p.cycle_max_mom;
+  const double interval = (static_cast<double>(it) - one_cycle_total(p) + 1.0) / static_cast<double>(p.decay_step_size);
+  return p.cycle_max_mom * (1.0 + p.decay_mom_rate * interval);
+}
+
+double range_test_lr(const LrRangeTestParams& p, int64_t it) {
+  if (it < 0) return p.min_lr;
+  const double b = static_cast<double>(it + 1) / static_cast<double>(p.step_size);
+  return p.min_lr * (1.0 + p.step_rate * (p.staircase ? std::floor(b) : b));
+}
+
 double deepspeed_lr(const OptimizerConfig& o, int64_t it, int64_t train_iters) {
+  if (o.scheduler_type == "OneCycle") return one_cycle_lr(o.one_cycle, it);
+  if (o.scheduler_type == "LRRangeTest") return range_test_lr(o.range_test, it);
   const bool cosine = o.scheduler_type == "WarmupCosineLR";
   if (it < 0) return cosine ? 0.0 : o.warmup_min_lr;
   const int64_t warmup = std::max<int64_t>(2, o.warmup_iters);  // DeepSpeed clamps to >= 2
@@ -96,7 +196,16 @@ double megatron_clock_lr(const OptimizerConfig& o, const LrClock& c) {
     length = static_cast<double>(o.decay_tokens - start);
     if (c.tokens > o.decay_tokens) return min_lr;
   }
+  if (o.decay == LrDecay::InverseSqrt) {  // Megatron-DeepSpeed: in tokens with a token-wise warmup
+    const bool tok = o.warmup_tokens >= 0;
+    const double w = static_cast<double>(std::max<int64_t>(tok ? o.warmup_tokens : o.warmup_samples, 1));
+    const double n = static_cast<double>(std::max<int64_t>(tok ? c.tokens : c.samples, 1));
+    return std::max(min_lr, max_lr * std::sqrt(w) / std::sqrt(n));
+  }
   if (length <= 0) return min_lr;
+  if (o.decay == LrDecay::WSD)  // sample-wise (the config refuses a token-wise WSD decay)
+    return min_lr + wsd_coeff(o, static_cast<double>(c.samples), static_cast<double>(o.decay_samples),
+                              static_cast<double>(o.wsd_decay_samples)) * (max_lr - min_lr);
   const double ratio = std::clamp(done / length, 0.0, 1.0);
   const double coeff = o.decay == LrDecay::Linear ? 1.0 - ratio : 0.5 * (std::cos(kPi * ratio) + 1.0);
   return min_lr + coeff * (max_lr - min_lr);
@@ -125,9 +234,21 @@ void advance_lr_clock(const OptimizerConfig& o, LrClock& clock, int64_t samples,
 float lr_at(const OptimizerConfig& o, int64_t iteration, int64_t train_iters) {
   if (o.scheduler_type.empty()) return static_cast<float>(megatron_lr(o, iteration, train_iters));
   DS_CHECK(o.scheduler_type == "WarmupLR" || o.scheduler_type == "WarmupDecayLR" ||
-               o.scheduler_type == "WarmupCosineLR",
+               o.scheduler_type == "WarmupCosineLR" || o.scheduler_type == "OneCycle" ||
+               o.scheduler_type == "LRRangeTest",
            "unknown scheduler_type '{}'", o.scheduler_type);
   return static_cast<float>(deepspeed_lr(o, iteration - 1, train_iters));
+}
+
+bool cycles_momentum(const OptimizerConfig& o) {
+  if (o.scheduler_type != "OneCycle" || !o.one_cycle.cycle_momentum) return false;
+  const OptimizerKind k = optimizer_kind(o.spec).value_or(OptimizerKind::AdamW);
+  return k != OptimizerKind::SGD && k != OptimizerKind::Adagrad;  // DeepSpeed: optimizers with betas only
+}
+
+std::optional<std::pair<float, float>> betas_at(const OptimizerConfig& o, const LrClock& clock) {
+  if (!cycles_momentum(o)) return std::nullopt;
+  return std::pair<float, float>{static_cast<float>(one_cycle_mom(o.one_cycle, clock.steps - 1)), 0.99f};
 }
 
 }  // namespace ds

@@ -1,10 +1,13 @@
 // Learning-rate schedules: Megatron's (linear warmup, then constant / linear /
-// cosine decay to min_lr) and DeepSpeed's WarmupLR, WarmupDecayLR and
-// WarmupCosineLR, as pure functions of a few counters, so that resuming from a
+// cosine / inverse-square-root decay to min_lr) and DeepSpeed's WarmupLR,
+// WarmupDecayLR, WarmupCosineLR, OneCycle (with its momentum cycle) and
+// LRRangeTest, as pure functions of a few counters, so that resuming from a
 // checkpoint needs only those counters (LrClock, saved in state.json).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "lib/optim/optimizer_config.h"
 
@@ -38,6 +41,15 @@ float lr_at(const OptimizerConfig& o, const LrClock& clock);
 // Advances the clock after an applied step of `samples` samples taken in an
 // iteration that started with `tokens_before` tokens consumed.
 void advance_lr_clock(const OptimizerConfig& o, LrClock& clock, int64_t samples, int64_t tokens_before);
+
+// OneCycle with cycle_momentum on an optimizer with betas (Adam, AdamW, Lamb,
+// Lion; DeepSpeed leaves SGD's and Adagrad's momentum alone, with a warning).
+bool cycles_momentum(const OptimizerConfig& o);
+// The (beta1, beta2) OneCycle sets for the next step when cycles_momentum(o):
+// beta1 cycles inversely to the learning rate between cycle_min_mom and
+// cycle_max_mom and beta2 is 0.99, as DeepSpeed writes (momentum, 0.99) into
+// the optimizer's betas; none otherwise.
+std::optional<std::pair<float, float>> betas_at(const OptimizerConfig& o, const LrClock& clock);
 
 // The schedule values Megatron's OptimizerParamScheduler compares with the
 // command line when it resumes (its state_dict, lengths in samples / tokens).

@@ -7,6 +7,8 @@
 #include "lib/core/error.h"
 #include "lib/core/mem_tag.h"
 #include "lib/optim/adamw.h"
+#include "lib/optim/elementwise.h"
+#include "lib/optim/lamb.h"
 
 namespace ds {
 
@@ -36,6 +38,29 @@ AdamWTerms Optimizer::next_terms(const StepHyper&) const {
   return {};
 }
 
+std::vector<Optimizer::Segment> Optimizer::segments_in(int64_t first, int64_t last) const {
+  std::vector<Segment> out;
+  const std::vector<ParamSpec>& ps = layout_->params;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const int64_t lo = std::max(ps[i].offset, first), hi = std::min(ps[i].offset + ps[i].numel, last);
+    if (lo < hi) out.push_back({lo - first, hi - first, ps[i].decay, static_cast<int>(i)});
+  }
+  std::sort(out.begin(), out.end(), [](const Segment& a, const Segment& b) { return a.begin < b.begin; });
+  return out;
+}
+
+Tensor Optimizer::segment_table(const std::vector<Segment>& segs, Device dev) {
+  if (segs.empty()) return Tensor();
+  Tensor host = Tensor::empty({static_cast<int64_t>(segs.size()), 3}, DType::I64);
+  int64_t* t = host.data<int64_t>();
+  for (size_t i = 0; i < segs.size(); ++i) {
+    t[3 * i] = segs[i].begin;
+    t[3 * i + 1] = segs[i].end;
+    t[3 * i + 2] = segs[i].decay ? 1 : 0;
+  }
+  return dev.is_cpu() ? host : host.to(dev);
+}
+
 Tensor& Optimizer::state(std::string_view name) {
   for (auto& [n, t] : state_)
     if (n == name) return t;
@@ -59,13 +84,21 @@ int64_t Optimizer::state_bytes() const {
   return b;
 }
 
-std::unique_ptr<Optimizer> make_optimizer(std::string_view type, const ModelLayout& layout, Device dev,
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, const ModelLayout& layout, Device dev,
                                           int64_t begin, int64_t end) {
-  const std::optional<OptimizerKind> kind = optimizer_kind(type);
-  DS_USER_CHECK(kind.has_value(), "optimizer.type '{}' is not supported (dstrain implements {})", type,
+  const std::optional<OptimizerKind> kind = optimizer_kind(spec);
+  DS_USER_CHECK(kind.has_value(), "optimizer.type '{}' is not supported (dstrain implements {})", spec.type,
                 optimizer_types_text());
   switch (*kind) {
-    case OptimizerKind::AdamW: return std::make_unique<AdamW>(layout, dev, begin, end);
+    case OptimizerKind::AdamW:
+      // The fused AdamW op (with its device-gated step) has bias correction built in.
+      if (spec.bias_correction) return std::make_unique<AdamW>(layout, dev, begin, end);
+      return std::make_unique<ElementwiseOptimizer>(*kind, spec, layout, dev, begin, end);
+    case OptimizerKind::AdamL2:
+    case OptimizerKind::SGD:
+    case OptimizerKind::Adagrad:
+    case OptimizerKind::Lion: return std::make_unique<ElementwiseOptimizer>(*kind, spec, layout, dev, begin, end);
+    case OptimizerKind::Lamb: return std::make_unique<Lamb>(spec, layout, dev, begin, end);
   }
   DS_CHECK(false, "optimizer kind {} has no class", static_cast<int>(*kind));
   return nullptr;

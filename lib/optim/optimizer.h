@@ -7,6 +7,7 @@
 // the files a new optimizer touches.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -22,7 +23,7 @@ namespace ds {
 
 // The per-step values of an update: the schedule's learning rate and weight
 // decay, and the optimizer's coefficients (each optimizer reads the ones it
-// has).
+// has; OneCycle's cycle_momentum moves beta1 and beta2 every step).
 struct StepHyper {
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
 };
@@ -68,6 +69,16 @@ class Optimizer {
   // The values the host writes into the block for the next gated step.
   virtual AdamWTerms next_terms(const StepHyper& h) const;
 
+  // A rank whose range is empty (a ZeRO shard of padding only) calls this
+  // instead of step: it counts the step and joins the collectives the step
+  // of the others makes (Lamb's per-tensor norms).
+  virtual void step_empty_range() { count_step(); }
+  // ZeRO: the range is one shard of a data-parallel group; `sum` adds a
+  // small f32 tensor on the state's device over that group in place. An
+  // optimizer whose update needs whole-tensor values (Lamb's norms) sums its
+  // per-tensor partial sums with it; element-wise ones ignore it.
+  void set_shard_sum(std::function<void(const Tensor&)> sum) { shard_sum_ = std::move(sum); }
+
   // The state tensor named `name`; ds::Error when there is none.
   Tensor& state(std::string_view name);
   bool has_state(std::string_view name) const;
@@ -88,7 +99,19 @@ class Optimizer {
   // called by the concrete class's constructor.
   void allocate_state(Device dev);
   void check_range(const StepTensors& t, int64_t n, const char* what) const;
+  // The parameters' parts in [first, last) of the flat layout, sorted by
+  // offset, relative to `first`, each with its decay flag and its index in
+  // layout().params.
+  struct Segment {
+    int64_t begin, end;
+    bool decay;
+    int param;
+  };
+  std::vector<Segment> segments_in(int64_t first, int64_t last) const;
+  // (S, 3) i64 {begin, end, decay} rows of `segs` on `dev` (undefined when empty).
+  static Tensor segment_table(const std::vector<Segment>& segs, Device dev);
   int64_t step_ = 0;
+  std::function<void(const Tensor&)> shard_sum_;  // empty: the range is not a shard
 
  private:
   const ModelLayout* layout_;
@@ -97,10 +120,14 @@ class Optimizer {
 };
 
 // The registry: an optimizer of DeepSpeed's `optimizer.type` (case-insensitive,
-// the table in optimizer_types.cpp: "Adam" or "AdamW" today) for elements
+// the table in optimizer_types.cpp, with its own keys in `spec`) for elements
 // [begin, end) of `layout`, its state on `dev`. UserError naming the type and
 // the supported ones for anything else.
-std::unique_ptr<Optimizer> make_optimizer(std::string_view type, const ModelLayout& layout, Device dev,
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, const ModelLayout& layout, Device dev,
                                           int64_t begin, int64_t end);
+inline std::unique_ptr<Optimizer> make_optimizer(std::string_view type, const ModelLayout& layout, Device dev,
+                                                 int64_t begin, int64_t end) {
+  return make_optimizer(OptimizerSpec{.type = std::string(type)}, layout, dev, begin, end);
+}
 
 }  // namespace ds

@@ -113,7 +113,7 @@ Zero3Plan make_zero3_plan(const std::vector<Range>& units, int64_t prefetch_buck
 bool is_mixed(StatePrecision p) { return p != StatePrecision::FP32; }
 
 ModelStateBytes zero_model_state_bytes(int64_t n_params, int dp, int stage, StatePrecision prec,
-                                       bool offload_optimizer) {
+                                       bool offload_optimizer, int optimizer_bytes) {
   DS_CHECK(stage >= 0 && stage <= 3, "ZeRO stage must be 0..3, got {}", stage);
   const int64_t n = n_params, shard = make_zero_partition(n_params, dp).shard;
   const int64_t s = std::min(n, shard);  // rank 0's real range (shard > n only for DP 1)
@@ -126,12 +126,12 @@ ModelStateBytes zero_model_state_bytes(int64_t n_params, int dp, int stage, Stat
   else  // the compute copy of every weight + the f32 master of what this rank updates
     b.params = 2 * n + 4 * (stage == 0 ? n : stage == 1 ? s : shard);
   b.grads = grad * (stage >= 2 ? shard : n);
-  b.optimizer = offload_optimizer ? 0 : 8 * (stage >= 1 ? s : n);
+  b.optimizer = offload_optimizer ? 0 : optimizer_bytes * (stage >= 1 ? s : n);
   return b;
 }
 
-int64_t host_optimizer_bytes(int64_t n_params, int dp, int stage, StatePrecision prec) {
-  return zero_model_state_bytes(n_params, dp, stage, prec, false).optimizer;
+int64_t host_optimizer_bytes(int64_t n_params, int dp, int stage, StatePrecision prec, int optimizer_bytes) {
+  return zero_model_state_bytes(n_params, dp, stage, prec, false, optimizer_bytes).optimizer;
 }
 
 }  // namespace ds

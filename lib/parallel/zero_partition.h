@@ -98,11 +98,13 @@ struct ModelStateBytes {
 //                    copies are transient)
 // offload_optimizer: the optimizer state lives in host memory, so it is
 // reported as 0 here (device bytes); see host_optimizer_bytes for the host side.
+// optimizer_bytes: the optimizer's state bytes per element of its range
+// (Adam 8: m and v; Adagrad, Lion, SGD with momentum 4; SGD without 0).
 ModelStateBytes zero_model_state_bytes(int64_t n_params, int dp, int stage, StatePrecision prec,
-                                       bool offload_optimizer);
+                                       bool offload_optimizer, int optimizer_bytes = 8);
 
 // Host bytes per rank of the optimizer state when offload_optimizer is on
 // (what zero_model_state_bytes leaves out of the device figure).
-int64_t host_optimizer_bytes(int64_t n_params, int dp, int stage, StatePrecision prec);
+int64_t host_optimizer_bytes(int64_t n_params, int dp, int stage, StatePrecision prec, int optimizer_bytes = 8);
 
 }  // namespace ds

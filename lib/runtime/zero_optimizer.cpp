@@ -10,7 +10,7 @@
 namespace ds {
 
 ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig& z, const ZeroPartition& part,
-                             ZeroParamStore* store, std::string_view optimizer_type)
+                             ZeroParamStore* store, const OptimizerSpec& optimizer)
     : model_(model), dp_(dp), z_(z), part_(part), store_(store) {
   DS_USER_CHECK(z.stage >= 0 && z.stage <= 3, "zero_optimization.stage {} is not supported (0, 1, 2 or 3)", z.stage);
   DS_CHECK((z.stage >= 2) == (store != nullptr), "ZeRO stage {} with{} a sharded store", z.stage,
@@ -34,8 +34,11 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   // Mixed precision, flat store: the fused update writes the updated range of
   // the compute copy itself (stage 1 then all-gathers the compute copy).
   fused_lowp_ = !store && !offload_ && mixed;
-  opt_ = make_optimizer(optimizer_type, model.layout(), offload_ ? Device::cpu() : model.device(), range_.begin,
+  opt_ = make_optimizer(optimizer, model.layout(), offload_ ? Device::cpu() : model.device(), range_.begin,
                         range_.end);
+  // ZeRO 1-3 over several ranks: the range is a shard of the data-parallel
+  // group (Lamb adds its per-tensor sums over it).
+  if (z.stage >= 1 && dp && part.dp > 1) opt_->set_shard_sum([dp](const Tensor& t) { dp->all_reduce(t); });
   overlap_ = z.overlap_comm && !store && dp && part.dp > 1;
   if (overlap_) {
     buckets_ = make_buckets(part.total, z.reduce_bucket_size);
@@ -180,7 +183,7 @@ void ZeroOptimizer::step(const StepHyper& h, float grad_scale) {
       opt_->step({.params = p, .grads = g, .params_lowp = lowp}, h, grad_scale);
     }
   } else {
-    opt_->count_step();
+    opt_->step_empty_range();
   }
   after_update();
 }

@@ -42,9 +42,9 @@ class ZeroOptimizer {
  public:
   // dp may be null for a single data-parallel rank. Stages 2 and 3 need the
   // model to be built on `store` (a ZeroParamStore of the same partition).
-  // optimizer_type: DeepSpeed's optimizer.type (make_optimizer's registry).
+  // optimizer: DeepSpeed's optimizer.type and its keys (make_optimizer's registry).
   ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig& z, const ZeroPartition& part,
-                ZeroParamStore* store, std::string_view optimizer_type);
+                ZeroParamStore* store, const OptimizerSpec& optimizer);
 
   // Tensor / pipeline parallelism: this rank's share of the squared gradient
   // norm (reduce_gradients_into) sums squares over the flat ranges `counted`

@@ -220,13 +220,69 @@ json training_json(const TrainConfig& c) {
     }
     if (L.lr_warmup_tokens >= 0) t["lr_warmup_tokens"] = L.lr_warmup_tokens;
     if (L.lr_decay_tokens >= 0) t["lr_decay_tokens"] = L.lr_decay_tokens;
+    if (c.optim.decay == LrDecay::WSD) {
+      t["lr_wsd_decay_style"] = wsd_decay_name(c.optim.wsd_style);
+      if (L.sample_based())
+        t["lr_wsd_decay_samples"] = L.lr_wsd_decay_samples;
+      else
+        t["lr_wsd_decay_iters"] = L.lr_wsd_decay_iters;
+    }
     t["min_lr"] = num(c.optim.min_lr);
     t["lr_warmup_init"] = num(c.optim.warmup_min_lr);
   }
   return t;
 }
 
+// optimizer.params: the shared keys and those of the optimizer's type.
+json optimizer_json(const OptimizerConfig& o) {
+  const OptimizerSpec& s = o.spec;
+  json p = {{"lr", num(o.lr)}, {"betas", {num(o.beta1), num(o.beta2)}}, {"eps", num(o.eps)},
+            {"weight_decay", num(o.weight_decay)}};
+  switch (optimizer_kind(s.type).value_or(OptimizerKind::AdamW)) {
+    case OptimizerKind::AdamW:
+    case OptimizerKind::AdamL2:
+      if (s.type == "Adam") p["adam_w_mode"] = s.adam_w_mode;
+      p["bias_correction"] = s.bias_correction;
+      break;
+    case OptimizerKind::SGD:
+      p["momentum"] = num(s.momentum);
+      p["dampening"] = num(s.dampening);
+      p["nesterov"] = s.nesterov;
+      break;
+    case OptimizerKind::Adagrad:
+      p["lr_decay"] = num(s.lr_decay);
+      p["initial_accumulator_value"] = num(s.initial_accumulator_value);
+      break;
+    case OptimizerKind::Lion: break;
+    case OptimizerKind::Lamb:
+      p["bias_correction"] = s.bias_correction;
+      p["max_coeff"] = num(s.max_coeff);
+      p["min_coeff"] = num(s.min_coeff);
+      p["eps_inside_sqrt"] = s.eps_inside_sqrt;
+      break;
+  }
+  return {{"type", s.type}, {"params", p}};
+}
+
 json scheduler_json(const OptimizerConfig& o) {
+  if (o.scheduler_type == "LRRangeTest") {
+    const LrRangeTestParams& r = o.range_test;
+    return {{"type", o.scheduler_type},
+            {"params", {{"lr_range_test_min_lr", num(r.min_lr)}, {"lr_range_test_step_size", r.step_size},
+                        {"lr_range_test_step_rate", num(r.step_rate)}, {"lr_range_test_staircase", r.staircase}}}};
+  }
+  if (o.scheduler_type == "OneCycle") {
+    const OneCycleParams& c = o.one_cycle;
+    return {{"type", o.scheduler_type},
+            {"params", {{"cycle_min_lr", num(c.cycle_min_lr)}, {"cycle_max_lr", num(c.cycle_max_lr)},
+                        {"decay_lr_rate", num(c.decay_lr_rate)}, {"cycle_first_step_size", c.cycle_first_step_size},
+                        {"cycle_second_step_size", c.cycle_second_step_size},
+                        {"cycle_first_stair_count", c.cycle_first_stair_count},
+                        {"cycle_second_stair_count", c.cycle_second_stair_count},
+                        {"decay_step_size", c.decay_step_size}, {"cycle_momentum", c.cycle_momentum},
+                        {"cycle_min_mom", num(c.cycle_min_mom)}, {"cycle_max_mom", num(c.cycle_max_mom)},
+                        {"decay_mom_rate", num(c.decay_mom_rate)}}}};
+  }
   json p = {{"warmup_num_steps", o.warmup_iters},
             {"warmup_type", o.warmup_type == WarmupKind::Log ? "log" : "linear"}};
   if (o.scheduler_type == "WarmupCosineLR") {
@@ -278,9 +334,7 @@ json config_to_json(const TrainConfig& c) {
             {kGas, c.batch.grad_accum_steps},
             {"gradient_clipping", num(o.grad_clip)},
             {"steps_per_print", c.log.steps_per_print},
-            {"optimizer",
-             {{"type", o.type},
-              {"params", {{"lr", num(o.lr)}, {"betas", {num(o.beta1), num(o.beta2)}}, {"eps", num(o.eps)}, {"weight_decay", num(o.weight_decay)}}}}},
+            {"optimizer", optimizer_json(o)},
             {"fp16",
              {{"enabled", pc.precision == Precision::FP16},
               {"loss_scale", num(pc.loss_scale)},

@@ -97,6 +97,7 @@ struct ScheduleLengths {
   int64_t train_tokens = 0;        // --train-tokens: also stop once this many tokens were consumed
   int64_t lr_warmup_samples = 0, lr_decay_samples = 0;  // sample-based training only
   int64_t lr_warmup_tokens = -1, lr_decay_tokens = -1;  // Megatron-DeepSpeed token-wise schedule
+  int64_t lr_wsd_decay_iters = 0, lr_wsd_decay_samples = 0;  // Megatron-LM's WSD final decay
   bool sample_based() const { return train_samples > 0; }
 };
 

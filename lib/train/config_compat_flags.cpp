@@ -7,6 +7,7 @@
 // error naming the flag and what to use instead; never a silent no-op.
 #include <CLI/CLI.hpp>
 
+#include "lib/optim/optimizer_types.h"
 #include "lib/train/config_internal.h"
 
 namespace ds {
@@ -69,7 +70,9 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
                                   "save (with --save) and stop once training has run this many minutes");
   text("--data-impl", "mmap or infer: datasets are memory-mapped .bin/.idx files, checked from their header",
        {"mmap", "infer", "lazy", "cached"});
-  text("--optimizer", "adam (AdamW with decoupled weight decay, dstrain's optimizer)", {"adam", "sgd"});
+  text("--optimizer", "adam (AdamW, decoupled weight decay) or sgd (SGD with --sgd-momentum); a DeepSpeed config's "
+       "optimizer section wins", {"adam", "sgd"});
+  numeric(app, out, "--sgd-momentum", "SGD momentum with --optimizer sgd (Megatron's default 0.9)");
   flag("--group-query-attention", "Megatron-Core grouped-query attention: --num-query-groups kv heads (default 1)");
   numeric(app, out, "--num-query-groups", "kv heads with --group-query-attention (ignored without it, as in Megatron)");
   no_op_flag(app, "--deepspeed-activation-checkpointing",
@@ -113,6 +116,35 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
   flag("--ds-sequence-parallel-fpdt-offloading", "FPDT host offloading (with --ds-sequence-parallel-fpdt)");
 }
 
+// Megatron's --optimizer adam|sgd and --sgd-momentum. As in Megatron-DeepSpeed,
+// a DeepSpeed config's optimizer section builds the optimizer: with one, a
+// flag that disagrees with its type, and --sgd-momentum, are warned about and
+// the file's optimizer kept.
+static void apply_optimizer_flags(json& j, const std::map<std::string, json>& sp, Warnings& w) {
+  auto has = [&](const char* k) { return sp.count(k) > 0; };
+  const json file_type = j.value(json::json_pointer("/optimizer/type"), json());
+  const bool sgd = has("--optimizer") && sp.at("--optimizer") == "sgd";
+  if (!file_type.is_null()) {
+    const std::string ours = file_type.is_string() ? canonical_optimizer_type(file_type.get<std::string>()) : "";
+    const bool agrees = sgd ? ours == "SGD" : ours == "Adam" || ours == "AdamW";
+    if (has("--optimizer") && !agrees)
+      add_warning(w, fmt::format("--optimizer {} disagrees with the config's optimizer.type {}; the config's is used "
+                                 "(DeepSpeed builds the optimizer)", sp.at("--optimizer").get<std::string>(),
+                                 file_type.dump()));
+    if (has("--sgd-momentum"))
+      add_warning(w, "--sgd-momentum is ignored: the config's optimizer section sets the optimizer (use "
+                     "optimizer.params.momentum)");
+    return;
+  }
+  if (sgd) {
+    set_at(j, "/optimizer/type", "SGD", "--optimizer");
+    set_at(j, "/optimizer/params/momentum", has("--sgd-momentum") ? sp.at("--sgd-momentum") : json(0.9),
+           "--sgd-momentum");
+  } else if (has("--sgd-momentum")) {
+    add_warning(w, "--sgd-momentum is ignored without --optimizer sgd (as in Megatron)");
+  }
+}
+
 void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings& w) {
   auto has = [&](const char* k) { return sp.count(k) > 0; };
   auto at = [&](const char* p) { return j.value(json::json_pointer(p), json()); };
@@ -121,8 +153,7 @@ void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings
     DS_USER_CHECK(v == "mmap" || v == "infer", "--data-impl {}: the pre-mmap IndexedDataset format is not read by "
                   "dstrain; prepare the data with dsprep (mmap .bin/.idx) and pass --data-impl mmap", v);
   }
-  DS_USER_CHECK(!has("--optimizer") || sp.at("--optimizer") == "adam",
-                "--optimizer sgd: dstrain trains with AdamW only; use --optimizer adam");
+  apply_optimizer_flags(j, sp, w);
   if (has("--no-pipeline-parallel")) {
     const json pp = at("/parallel/pipeline_model_parallel_size");
     DS_USER_CHECK(pp.is_null() || pp == 1, "--no-pipeline-parallel with pipeline_model_parallel_size {}: "

@@ -62,6 +62,10 @@ constexpr FlagSpec kTable[] = {
     {"--lr-decay-samples", "/training/lr_decay_samples", FlagKind::Int,
      "decay length in samples (sample-based training; default: train samples)"},
     {"--lr-warmup-tokens", "/training/lr_warmup_tokens", FlagKind::Int, "linear warmup over this many tokens"},
+    {"--lr-wsd-decay-iters", "/training/lr_wsd_decay_iters", FlagKind::Int,
+     "WSD: iterations of the final decay (the last ones of the decay length)"},
+    {"--lr-wsd-decay-samples", "/training/lr_wsd_decay_samples", FlagKind::Int,
+     "WSD: samples of the final decay (sample-based training)"},
     {"--lr-decay-tokens", "/training/lr_decay_tokens", FlagKind::Int,
      "decay over this many tokens (instead of iterations or samples)"},
     {"--override-opt_param-scheduler", "/training/override_opt_param_scheduler", FlagKind::Const,
@@ -202,8 +206,12 @@ void add_special_flags(CLI::App& app, ParsedFlags& out) {
   num("--min-lr", "learning rate at the end of the decay");
   app.add_option_function<std::string>(
          "--lr-decay-style", [&out](const std::string& v) { out.special["--lr-decay-style"] = v; },
-         "constant, linear or cosine (replaces a config 'scheduler')")
-      ->check(CLI::IsMember({"constant", "linear", "cosine"}));
+         "constant, linear, cosine, inverse-square-root or WSD (replaces a config 'scheduler')")
+      ->check(CLI::IsMember({"constant", "linear", "cosine", "inverse-square-root", "WSD"}));
+  app.add_option_function<std::string>(
+         "--lr-wsd-decay-style", [&out](const std::string& v) { out.special["--lr-wsd-decay-style"] = v; },
+         "WSD's final decay: exponential (Megatron's default), linear, cosine or minus_sqrt")
+      ->check(CLI::IsMember({"exponential", "linear", "cosine", "minus_sqrt"}));
   app.add_option_function<std::string>(
          "--position-embedding-type",
          [&out](const std::string& v) { out.special["--position-embedding-type"] = v == "rope" ? "rope" : "learned"; },
@@ -257,6 +265,10 @@ void apply_schedule_flags(json& j, const std::map<std::string, json>& sp, Warnin
   for (const char* k : {"--min-lr", "--lr-warmup-fraction"})
     DS_USER_CHECK(!(ds && has(k)), "{} does not apply to the config's scheduler {}; add --lr-decay-style to "
                   "use the Megatron schedule instead", k, st);
+  for (const char* k : {"--lr-warmup-iters", "--lr-decay-iters", "--lr-warmup-init"})
+    DS_USER_CHECK(!((st == "OneCycle" || st == "LRRangeTest") && has(k)), "{} does not apply to the config's "
+                  "scheduler {} (set its own scheduler.params); add --lr-decay-style to use the Megatron schedule "
+                  "instead", k, st);
   DS_USER_CHECK(!(st == "WarmupLR" && has("--lr-decay-iters")), "--lr-decay-iters: the config's scheduler WarmupLR "
                 "does not decay; add --lr-decay-style to use the Megatron schedule");
   DS_USER_CHECK(!(st == "WarmupCosineLR" && has("--lr-warmup-init")), "--lr-warmup-init: the config's scheduler "
@@ -270,6 +282,8 @@ void apply_schedule_flags(json& j, const std::map<std::string, json>& sp, Warnin
   if (has("--min-lr")) set_at(j, "/training/min_lr", sp.at("--min-lr"), "--min-lr");
   if (has("--lr-warmup-fraction"))
     set_at(j, "/training/lr_warmup_fraction", sp.at("--lr-warmup-fraction"), "--lr-warmup-fraction");
+  if (has("--lr-wsd-decay-style"))
+    set_at(j, "/training/lr_wsd_decay_style", sp.at("--lr-wsd-decay-style"), "--lr-wsd-decay-style");
 }
 
 void apply_other_flags(json& j, const std::map<std::string, json>& sp) {

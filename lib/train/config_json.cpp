@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "lib/core/log.h"
+#include "lib/optim/lr_schedule.h"
 #include "lib/optim/optimizer_types.h"
 #include "lib/train/config_internal.h"
 
@@ -54,6 +55,52 @@ int64_t batch_key(DsSection& root, const std::string& key) {
   return v;
 }
 
+// The keys of one optimizer type alone (DeepSpeed's / torch.optim's names and
+// defaults). Keys of another type are warned about as not implemented.
+void read_optimizer_keys(DsSection& p, OptimizerKind kind, OptimizerSpec& sp, Warnings& w) {
+  if (kind == OptimizerKind::AdamW) {
+    sp.adam_w_mode = p.get<bool>("adam_w_mode", true);
+    if (!sp.adam_w_mode && sp.type == "AdamW")
+      add_warning(w, fmt::format("config: '{}' = false has no effect with optimizer.type AdamW (DeepSpeed keeps "
+                                 "decoupled weight decay for AdamW); use type Adam for L2 weight decay",
+                                 p.full("adam_w_mode")));
+    for (const char* k : {"torch_adam", "fused"})
+      if (p.has(k)) {
+        p.mark(k);
+        add_warning(w, fmt::format("config: '{}' picks an implementation in DeepSpeed (torch.optim or fused); "
+                                   "dstrain's Adam computes the same update, so it is accepted and has no effect",
+                                   p.full(k)));
+      }
+  }
+  if (kind == OptimizerKind::AdamW || kind == OptimizerKind::Lamb)
+    sp.bias_correction = p.get<bool>("bias_correction", sp.bias_correction);
+  if (kind == OptimizerKind::SGD) {
+    sp.momentum = p.get<float>("momentum", sp.momentum);
+    sp.dampening = p.get<float>("dampening", sp.dampening);
+    sp.nesterov = p.get<bool>("nesterov", sp.nesterov);
+    DS_USER_CHECK(sp.momentum >= 0 && sp.momentum < 1, "config: '{}' must be in [0, 1), got {}", p.full("momentum"),
+                  sp.momentum);
+    DS_USER_CHECK(!sp.nesterov || (sp.momentum > 0 && sp.dampening == 0),
+                  "config: '{}' = true needs a momentum > 0 and zero dampening (torch.optim.SGD), got momentum {} and "
+                  "dampening {}", p.full("nesterov"), sp.momentum, sp.dampening);
+  }
+  if (kind == OptimizerKind::Adagrad) {
+    sp.lr_decay = p.get<float>("lr_decay", sp.lr_decay);
+    sp.initial_accumulator_value = p.get<float>("initial_accumulator_value", sp.initial_accumulator_value);
+    DS_USER_CHECK(sp.lr_decay >= 0, "config: '{}' must be >= 0, got {}", p.full("lr_decay"), sp.lr_decay);
+    DS_USER_CHECK(sp.initial_accumulator_value >= 0, "config: '{}' must be >= 0, got {}",
+                  p.full("initial_accumulator_value"), sp.initial_accumulator_value);
+  }
+  if (kind == OptimizerKind::Lamb) {
+    sp.max_coeff = p.get<float>("max_coeff", sp.max_coeff);
+    sp.min_coeff = p.get<float>("min_coeff", sp.min_coeff);
+    sp.eps_inside_sqrt = p.get<bool>("eps_inside_sqrt", sp.eps_inside_sqrt);
+    DS_USER_CHECK(0 < sp.min_coeff && sp.min_coeff <= sp.max_coeff,
+                  "config: '{}' {} and '{}' {} must satisfy 0 < min_coeff <= max_coeff", p.full("min_coeff"),
+                  sp.min_coeff, p.full("max_coeff"), sp.max_coeff);
+  }
+}
+
 void read_optimizer(DsSection& root, OptimizerConfig& o) {
   if (!root.has("optimizer")) {
     root.mark("optimizer");
@@ -61,11 +108,17 @@ void read_optimizer(DsSection& root, OptimizerConfig& o) {
   }
   DsSection s = root.section("optimizer");
   const std::string type = s.get<std::string>("type", "AdamW");
-  o.type = canonical_optimizer_type(type);  // the registry's spelling (lib/optim/optimizer.h)
-  DS_USER_CHECK(!o.type.empty(), "config: optimizer.type '{}' is not supported (dstrain implements {})", type,
+  OptimizerSpec& sp = o.spec;
+  sp.type = canonical_optimizer_type(type);  // the registry's spelling (lib/optim/optimizer_types.h)
+  DS_USER_CHECK(!sp.type.empty(), "config: optimizer.type '{}' is not supported (dstrain implements {})", type,
                 optimizer_types_text());
+  const OptimizerKind kind = *optimizer_kind(sp.type);
   DsSection p = s.section("params");
   o.lr = p.get<float>("lr", o.lr);
+  // Absent betas / eps: the optimizer's own defaults where DeepSpeed's class
+  // differs from Adam's (FusedLamb and FusedLion (0.9, 0.999); Adagrad eps 1e-10).
+  if (kind == OptimizerKind::Lamb || kind == OptimizerKind::Lion) o.beta1 = 0.9f, o.beta2 = 0.999f;
+  if (kind == OptimizerKind::Adagrad) o.eps = 1e-10f;
   if (p.has("betas")) {
     const auto b = p.get<std::vector<float>>("betas", {});
     DS_USER_CHECK(b.size() == 2, "config: optimizer.params.betas must be [beta1, beta2], got {}",
@@ -76,12 +129,11 @@ void read_optimizer(DsSection& root, OptimizerConfig& o) {
   p.mark("betas");
   o.eps = p.get<float>("eps", o.eps);
   o.weight_decay = p.get<float>("weight_decay", o.weight_decay);
-  DS_USER_CHECK(p.get<bool>("adam_w_mode", true),
-                "config: optimizer.params.adam_w_mode = false (L2-coupled Adam) is not supported; "
-                "dstrain's Adam always decouples weight decay");
-  p.accept_if("bias_correction", true);
-  p.accept_if("amsgrad", false);
-  p.mark("torch_adam");  // an implementation choice in DeepSpeed; same math here
+  DS_USER_CHECK(!p.has("max_grad_norm"), "config: 'optimizer.params.max_grad_norm' is not supported (as in "
+                "DeepSpeed): use gradient_clipping (--clip-grad)");
+  DS_USER_CHECK(!p.get<bool>("amsgrad", false), "config: 'optimizer.params.amsgrad' = true is not implemented by "
+                "dstrain; remove it or set it to false");
+  read_optimizer_keys(p, kind, sp, root.warnings());
   p.finish();
   s.finish();
 }
@@ -93,6 +145,57 @@ WarmupKind read_warmup_type(DsSection& p) {
   DS_USER_ERROR("config: scheduler.params.warmup_type '{}' is not supported (use \"linear\" or \"log\")", t);
 }
 
+// OneCycle / LRRangeTest params (DeepSpeed's keys and defaults; OneCycle's
+// cycle_min_lr and cycle_max_lr have none there, so they are required).
+void read_cycle_scheduler(DsSection& p, OptimizerConfig& o, const std::string& type, Warnings& w) {
+  auto positive = [&](const char* key, int64_t v, bool zero_ok) {
+    DS_USER_CHECK(zero_ok ? v >= 0 : v > 0, "config: '{}' must be {}, got {}", p.full(key),
+                  zero_ok ? ">= 0" : "a positive integer", v);
+  };
+  o.warmup_iters = 0;
+  if (type == "LRRangeTest") {
+    LrRangeTestParams& r = o.range_test;
+    r.min_lr = p.get<float>("lr_range_test_min_lr", r.min_lr);
+    r.step_size = p.get<int64_t>("lr_range_test_step_size", r.step_size);
+    r.step_rate = p.get<float>("lr_range_test_step_rate", r.step_rate);
+    r.staircase = p.get<bool>("lr_range_test_staircase", r.staircase);
+    positive("lr_range_test_step_size", r.step_size, false);
+    DS_USER_CHECK(r.min_lr >= 0 && r.step_rate >= 0, "config: '{}' {} and '{}' {} must be >= 0",
+                  p.full("lr_range_test_min_lr"), r.min_lr, p.full("lr_range_test_step_rate"), r.step_rate);
+    o.lr = r.min_lr;  // what the optimizer starts with
+    return;
+  }
+  OneCycleParams& c = o.one_cycle;
+  for (const char* key : {"cycle_min_lr", "cycle_max_lr"})
+    DS_USER_CHECK(p.has(key), "config: '{}' is required by scheduler.type OneCycle", p.full(key));
+  c.cycle_min_lr = p.get<float>("cycle_min_lr", 0.f);
+  c.cycle_max_lr = p.get<float>("cycle_max_lr", 0.f);
+  c.decay_lr_rate = p.get<float>("decay_lr_rate", c.decay_lr_rate);
+  c.cycle_first_step_size = p.get<int64_t>("cycle_first_step_size", c.cycle_first_step_size);
+  c.cycle_second_step_size = p.get<int64_t>("cycle_second_step_size", c.cycle_first_step_size);
+  c.cycle_first_stair_count = p.get<int64_t>("cycle_first_stair_count", c.cycle_first_stair_count);
+  c.cycle_second_stair_count = p.get<int64_t>("cycle_second_stair_count", c.cycle_first_stair_count);
+  c.decay_step_size = p.get<int64_t>("decay_step_size", c.decay_step_size);
+  c.cycle_momentum = p.get<bool>("cycle_momentum", c.cycle_momentum);
+  c.cycle_min_mom = p.get<float>("cycle_min_mom", c.cycle_min_mom);
+  c.cycle_max_mom = p.get<float>("cycle_max_mom", c.cycle_max_mom);
+  c.decay_mom_rate = p.get<float>("decay_mom_rate", c.decay_mom_rate);
+  positive("cycle_first_step_size", c.cycle_first_step_size, false);
+  positive("cycle_second_step_size", c.cycle_second_step_size, true);
+  positive("cycle_first_stair_count", c.cycle_first_stair_count, true);
+  positive("cycle_second_stair_count", c.cycle_second_stair_count, true);
+  positive("decay_step_size", c.decay_step_size, true);
+  DS_USER_CHECK(0 <= c.cycle_min_lr && c.cycle_min_lr <= c.cycle_max_lr,
+                "config: '{}' {} and '{}' {} must satisfy 0 <= cycle_min_lr <= cycle_max_lr", p.full("cycle_min_lr"),
+                c.cycle_min_lr, p.full("cycle_max_lr"), c.cycle_max_lr);
+  DS_USER_CHECK(0 <= c.cycle_min_mom && c.cycle_max_mom < 1, "config: '{}' {} and '{}' {} must be in [0, 1)",
+                p.full("cycle_min_mom"), c.cycle_min_mom, p.full("cycle_max_mom"), c.cycle_max_mom);
+  o.lr = std::max(c.cycle_max_lr, c.cycle_min_lr);  // the peak, for the lr checks
+  if (c.cycle_momentum && !cycles_momentum(o))
+    add_warning(w, fmt::format("config: '{}' is true but optimizer.type {} has no betas: its momentum is not cycled "
+                               "(as in DeepSpeed)", p.full("cycle_momentum"), o.spec.type));
+}
+
 // Maps a DeepSpeed scheduler onto OptimizerConfig; defaults are DeepSpeed's.
 void read_scheduler(DsSection& root, TrainConfig& cfg) {
   OptimizerConfig& o = cfg.optim;
@@ -102,11 +205,19 @@ void read_scheduler(DsSection& root, TrainConfig& cfg) {
   }
   DsSection s = root.section("scheduler");
   const std::string type = s.get<std::string>("type", "");
-  DS_USER_CHECK(type == "WarmupLR" || type == "WarmupDecayLR" || type == "WarmupCosineLR",
-                "config: scheduler.type '{}' is not supported (use WarmupLR, WarmupDecayLR or "
-                "WarmupCosineLR, or drop 'scheduler' for the Megatron schedule)", type);
+  DS_USER_CHECK(type == "WarmupLR" || type == "WarmupDecayLR" || type == "WarmupCosineLR" || type == "OneCycle" ||
+                    type == "LRRangeTest",
+                "config: scheduler.type '{}' is not supported (use WarmupLR, WarmupDecayLR, WarmupCosineLR, "
+                "OneCycle or LRRangeTest, or drop 'scheduler' for the Megatron schedule)", type);
   o.scheduler_type = type;
   DsSection p = s.section("params");
+  if (type == "OneCycle" || type == "LRRangeTest") {
+    read_cycle_scheduler(p, o, type, root.warnings());
+    p.mark("last_batch_iteration");
+    p.finish();
+    s.finish();
+    return;
+  }
   o.warmup_iters = p.get<int64_t>("warmup_num_steps", 1000);
   o.warmup_type = read_warmup_type(p);
   o.decay_iters = type == "WarmupLR" ? 0 : p.get<int64_t>("total_num_steps", 0);  // 0: train_iters

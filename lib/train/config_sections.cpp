@@ -15,7 +15,12 @@ constexpr Choice<NormKind> kNorms[] = {{"layernorm", NormKind::LayerNorm}, {"rms
 constexpr Choice<Activation> kActs[] = {{"gelu", Activation::GELU}, {"swiglu", Activation::SwiGLU}};
 constexpr Choice<PositionKind> kPositions[] = {{"learned", PositionKind::Learned}, {"rope", PositionKind::Rope}};
 constexpr Choice<LrDecay> kDecays[] = {
-    {"constant", LrDecay::Constant}, {"linear", LrDecay::Linear}, {"cosine", LrDecay::Cosine}};
+    {"constant", LrDecay::Constant}, {"linear", LrDecay::Linear}, {"cosine", LrDecay::Cosine},
+    {"inverse-square-root", LrDecay::InverseSqrt}, {"wsd", LrDecay::WSD}};
+constexpr Choice<WsdDecay> kWsdStyles[] = {{"exponential", WsdDecay::Exponential},
+                                           {"linear", WsdDecay::Linear},
+                                           {"cosine", WsdDecay::Cosine},
+                                           {"minus_sqrt", WsdDecay::MinusSqrt}};
 
 }  // namespace
 
@@ -70,7 +75,8 @@ namespace {
 constexpr const char* kMegatronScheduleKeys[] = {"lr_decay_style",    "lr_warmup_iters",   "lr_warmup_fraction",
                                                  "lr_decay_iters",    "min_lr",            "lr_warmup_init",
                                                  "lr_warmup_samples", "lr_decay_samples",  "lr_warmup_tokens",
-                                                 "lr_decay_tokens"};
+                                                 "lr_decay_tokens",   "lr_wsd_decay_style", "lr_wsd_decay_iters",
+                                                 "lr_wsd_decay_samples"};
 
 // Megatron's rules: iteration- and sample-based lengths do not mix (a warmup
 // length of 0 is the default and mixes with either).
@@ -119,6 +125,9 @@ void read_training_schedule(JsonSection& s, TrainConfig& cfg, bool has_ds_schedu
   L.lr_decay_samples = s.get<int64_t>("lr_decay_samples", L.lr_decay_samples);
   L.lr_warmup_tokens = s.get<int64_t>("lr_warmup_tokens", L.lr_warmup_tokens);
   L.lr_decay_tokens = s.get<int64_t>("lr_decay_tokens", L.lr_decay_tokens);
+  o.wsd_style = read_choice(s, "lr_wsd_decay_style", kWsdStyles, o.wsd_style);
+  L.lr_wsd_decay_iters = s.get<int64_t>("lr_wsd_decay_iters", L.lr_wsd_decay_iters);
+  L.lr_wsd_decay_samples = s.get<int64_t>("lr_wsd_decay_samples", L.lr_wsd_decay_samples);
   const double frac = s.get<double>("lr_warmup_fraction", 0.0);
   DS_USER_CHECK(frac >= 0.0 && frac <= 1.0, "config: training.lr_warmup_fraction must be in [0, 1], got {}", frac);
   if (frac > 0 && L.sample_based()) {  // Megatron: warmup = fraction of the decay length (rounded down here)

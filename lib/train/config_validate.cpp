@@ -7,6 +7,7 @@
 
 #include "lib/data/blended_dataset.h"
 #include "lib/data/gpt_dataset.h"
+#include "lib/optim/lr_schedule.h"
 #include "lib/train/config_internal.h"
 
 namespace ds {
@@ -16,6 +17,34 @@ namespace {
 // train_iters from --train-samples, and the Megatron schedule's lengths in
 // Megatron's own units: samples (iterations x global batch when training is
 // iteration-based) and tokens.
+// Megatron-LM's WSD: the final decay's length, in the unit of the run
+// (iterations x global batch, or samples), required with lr_decay_style WSD.
+void resolve_wsd(TrainConfig& cfg) {
+  const ScheduleLengths& L = cfg.lengths;
+  OptimizerConfig& o = cfg.optim;
+  const bool wsd = o.decay == LrDecay::WSD;
+  DS_USER_CHECK(L.lr_wsd_decay_iters >= 0 && L.lr_wsd_decay_samples >= 0,
+                "training.lr_wsd_decay_iters {} and lr_wsd_decay_samples {} must be >= 0", L.lr_wsd_decay_iters,
+                L.lr_wsd_decay_samples);
+  DS_USER_CHECK(L.sample_based() ? L.lr_wsd_decay_iters == 0 : L.lr_wsd_decay_samples == 0,
+                "training.{} with {}-based training: use {} ({})",
+                L.sample_based() ? "lr_wsd_decay_iters" : "lr_wsd_decay_samples",
+                L.sample_based() ? "sample" : "iteration",
+                L.sample_based() ? "lr_wsd_decay_samples" : "lr_wsd_decay_iters",
+                L.sample_based() ? "--lr-wsd-decay-samples" : "--lr-wsd-decay-iters");
+  if (!wsd) return;
+  o.wsd_decay_iters = L.lr_wsd_decay_iters;
+  o.wsd_decay_samples = L.sample_based() ? L.lr_wsd_decay_samples : L.lr_wsd_decay_iters * cfg.batch.train_batch_size;
+  DS_USER_CHECK(o.wsd_decay_samples > 0 && o.wsd_decay_samples <= o.decay_samples,
+                "training.lr_decay_style WSD needs a final decay of 1 to {} {} (the decay length; "
+                "training.lr_wsd_decay_iters / --lr-wsd-decay-iters, or lr_wsd_decay_samples / "
+                "--lr-wsd-decay-samples), got {}", L.sample_based() ? o.decay_samples : o.decay_iters,
+                L.sample_based() ? "samples" : "iterations",
+                L.sample_based() ? o.wsd_decay_samples : o.wsd_decay_iters);
+  DS_USER_CHECK(o.decay_tokens < 0, "training.lr_decay_style WSD with a token-wise decay (lr_decay_tokens / "
+                "--lr-decay-tokens) is not supported (Megatron-DeepSpeed has no WSD; Megatron-LM counts samples)");
+}
+
 void resolve_schedule_lengths(TrainConfig& cfg) {
   const ScheduleLengths& L = cfg.lengths;
   OptimizerConfig& o = cfg.optim;
@@ -43,6 +72,7 @@ void resolve_schedule_lengths(TrainConfig& cfg) {
   }
   o.warmup_tokens = L.lr_warmup_tokens;
   o.decay_tokens = L.lr_decay_tokens;
+  resolve_wsd(cfg);
 }
 
 }  // namespace
@@ -352,6 +382,15 @@ void validate_cuda_graph(const TrainConfig& cfg, int world_size) {
                 "process on one GPU, this job has {} processes", world_size);
   refuse(cfg.zero.stage != 0, "zero_optimization.stage > 0 (use stage 0)");
   refuse(cfg.zero.offload_optimizer != OffloadDevice::None, "zero_optimization.offload_optimizer");
+  const OptimizerSpec& os = cfg.optim.spec;
+  DS_USER_CHECK(optimizer_kind(os) == OptimizerKind::AdamW && os.bias_correction,
+                "training.cuda_graph (--cuda-graph) captures the fused AdamW update; optimizer.type {}{} has no "
+                "device-gated step: use AdamW or drop --cuda-graph", os.type,
+                optimizer_kind(os) == OptimizerKind::AdamL2 ? " with adam_w_mode false"
+                : !os.bias_correction                      ? " with bias_correction false"
+                                                           : "");
+  refuse(cycles_momentum(cfg.optim), "scheduler OneCycle with cycle_momentum (the captured update has fixed betas); "
+         "set scheduler.params.cycle_momentum false");
   // A dynamic fp16 loss scale is read from the step block inside the graph
   // and multiplies 1 / (B x T x ga) there: a power of two keeps that product
   // the eager step's loss weight bit for bit. 2^initial_scale_power doubled
@@ -373,6 +412,11 @@ void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
   validate_parallel(cfg);
   validate_training(cfg);  // before the optimizer: its schedule lengths follow train_iters
   validate_optimizer(cfg.optim);
+  DS_USER_CHECK(optimizer_kind(cfg.optim.spec) != OptimizerKind::Lamb ||
+                    cfg.zero.offload_optimizer == OffloadDevice::None,
+                "optimizer.type Lamb cannot be combined with zero_optimization.offload_optimizer: the offloaded step "
+                "updates its range bucket by bucket and Lamb needs whole-tensor norms (DeepSpeed's ZeRO-Offload has "
+                "no Lamb either); drop offload_optimizer");
   validate_data(cfg.data);
   validate_curriculum(cfg);
   validate_cuda_graph(cfg, world_size);

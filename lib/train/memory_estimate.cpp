@@ -98,6 +98,18 @@ int64_t pipeline_buffer_bytes(const TrainConfig& cfg, const ParallelLayout& pl, 
   return B * pl.local_seq_sp() * C * a;
 }
 
+// "8 (AdamW: exp_avg, exp_avg_sq)": the optimizer's state bytes per parameter.
+std::string optimizer_bytes_text(const OptimizerSpec& spec) {
+  const OptimizerKind k = optimizer_kind(spec).value_or(OptimizerKind::AdamW);
+  const int n = optimizer_state_count(spec);
+  const char* names = n == 0                        ? "no state"
+                      : k == OptimizerKind::SGD     ? "momentum_buffer"
+                      : k == OptimizerKind::Adagrad ? "sum"
+                      : k == OptimizerKind::Lion    ? "exp_avg"
+                                                    : "exp_avg, exp_avg_sq";
+  return fmt::format("{} ({}: {})", 4 * n, optimizer_kind_name(k), names);
+}
+
 // One (stage, offload) row. `e` holds everything that does not depend on the row.
 MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, const std::vector<Range>& units, int stage,
                            bool offload) {
@@ -112,7 +124,8 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   // Gathered params in the compute dtype; a unit's full gradient is f32 while
   // its backward runs, whatever the accumulation dtype.
   const int64_t P = fp32 ? 4 : 2, G = 4;
-  r.states = zero_model_state_bytes(n, e.sdp, stage, e.precision, offload);
+  const int ob = 4 * optimizer_state_count(cfg.optim.spec);  // the optimizer's state bytes per element
+  r.states = zero_model_state_bytes(n, e.sdp, stage, e.precision, offload, ob);
   if (stage == 3) {
     int64_t largest = 0, persistent = 0;
     for (size_t i = 0; i < units.size(); ++i) {
@@ -130,11 +143,11 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   const int64_t opt_elems = stage >= 1 ? shard : n;
   r.host_per_rank = 4 * n;
   if (cfg.device == DeviceType::CPU) {
-    r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.sdp, stage, e.precision) : 0);
+    r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.sdp, stage, e.precision, ob) : 0);
   } else if (offload) {
     // Adam m, v, then what the offloaded step allocates (ZeroOptimizer): the
     // host copy of the master range and two gradient buckets.
-    r.host_per_rank += host_optimizer_bytes(n, e.sdp, stage, e.precision) +
+    r.host_per_rank += host_optimizer_bytes(n, e.sdp, stage, e.precision, ob) +
                        OffloadPipeline::host_bytes_for(opt_elems, ZeroOptimizer::offload_bucket(cfg.zero));
   }
   r.host_per_node = r.host_per_rank * e.gpus_per_node;
@@ -257,12 +270,13 @@ void append_header(std::string& out, const TrainConfig& cfg, const MemoryEstimat
                        millions(e.n_params_rank));
   out += fmt::format("precision: {} -> bytes per parameter: {}\n", precision_name(cfg.precision.precision),
                      e.precision == StatePrecision::FP32
-                         ? "params 4, grads 4, optimizer 8 (Adam m, v)"
+                         ? fmt::format("params 4, grads 4, optimizer {}", optimizer_bytes_text(cfg.optim.spec))
                          : fmt::format("params 2 (bf16/fp16 copy) + 4 (fp32 master: all of it at ZeRO-0, the rank's "
                                        "range from ZeRO-1 on; ZeRO-3 keeps only the fp32 shard), grads {}, optimizer "
-                                       "8 (Adam m, v)",
+                                       "{}",
                                        e.precision == StatePrecision::Mixed ? "4 (fp32 accumulation)"
-                                                                            : "2 (accumulated in the compute dtype)"));
+                                                                            : "2 (accumulated in the compute dtype)",
+                                       optimizer_bytes_text(cfg.optim.spec)));
   const std::string rc = recompute_granularity_name(cfg.parallel.recompute);
   out += fmt::format("activations per rank (micro batch {} x seq {}, recompute {}): {} GiB (saved {} + backward {})\n",
                      cfg.batch.micro_batch_size,

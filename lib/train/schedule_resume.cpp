@@ -30,7 +30,11 @@ std::vector<std::string> differences(const LrScheduleValues& flags, const LrSche
 }
 
 LrDecay decay_from_name(const std::string& s) {
-  return s == "constant" ? LrDecay::Constant : s == "linear" ? LrDecay::Linear : LrDecay::Cosine;
+  return s == "constant"              ? LrDecay::Constant
+         : s == "linear"              ? LrDecay::Linear
+         : s == "inverse-square-root" ? LrDecay::InverseSqrt
+         : s == "WSD"                 ? LrDecay::WSD
+                                      : LrDecay::Cosine;
 }
 
 }  // namespace

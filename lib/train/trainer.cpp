@@ -93,7 +93,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   }
   if (comms_.grid.sp > 1) model_->set_ulysses({comms_.sp, comms_.grid.sp, comms_.grid.sp_rank});
   model_->set_recompute(recompute_config(cfg_.parallel));
-  opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get(), cfg_.optim.type);
+  opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get(), cfg_.optim.spec);
   opt_->set_timeline(&timeline_);
   if (shard_.tp > 1 || shard_.pp > 1)  // each parameter counted once over the model-parallel (tp x pp) ranks
     opt_->set_norm_counted(norm_counted_ranges(local));
@@ -177,7 +177,8 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   log_model_state();
   // The update is gated on the device (train_step) where nothing after it
   // involves another process and it runs on the compute device.
-  device_update_ = comms_.world->size() == 1 && cfg_.zero.offload_optimizer == OffloadDevice::None;
+  device_update_ = comms_.world->size() == 1 && cfg_.zero.offload_optimizer == OffloadDevice::None &&
+                   opt_->optimizer().has_gated_step();
   step_block_ = Tensor::zeros({kStepStats + AdamWSlot::Count}, DType::F32, dev_);
   if (device_update_ && dev_.is_cuda())
     pinned_terms_.reset(static_cast<float*>(device_runtime(dev_).alloc_pinned(kStepHostSlots * sizeof(float))));

@@ -5,6 +5,7 @@
 // AdamW reading the step block) that one-process steps and --cuda-graph run
 // before the read. train_step (trainer.cpp) puts them in order.
 #include <cstring>
+#include <tuple>
 
 #include "lib/core/device_runtime.h"
 #include "lib/ops/ops.h"
@@ -18,6 +19,7 @@ StepHyper Trainer::step_hyper() const {
   h.lr = lr_at(cfg_.optim, state_.lr_clock);
   h.beta1 = cfg_.optim.beta1;
   h.beta2 = cfg_.optim.beta2;
+  if (const auto betas = betas_at(cfg_.optim, state_.lr_clock)) std::tie(h.beta1, h.beta2) = *betas;
   h.eps = cfg_.optim.eps;
   h.weight_decay = cfg_.optim.weight_decay;
   return h;

@@ -86,8 +86,11 @@ void Trainer::tensorboard_iteration(float loss, bool log_line, double ms) {
 // over tensor and pipeline parallelism.
 OptimizerStats Trainer::optimizer_stats() {
   OptimizerStats s;
-  accumulate(opt_->optimizer().state("exp_avg_sq"), 0, s, true);
-  accumulate(opt_->optimizer().state("exp_avg"), 2, s, false);
+  // Optimizers without Adam's moments (SGD, Adagrad) report 0 for them; Lion's
+  // exp_avg is its momentum.
+  Optimizer& o = opt_->optimizer();
+  if (o.has_state("exp_avg_sq")) accumulate(o.state("exp_avg_sq"), 0, s, true);
+  if (o.has_state("exp_avg")) accumulate(o.state("exp_avg"), 2, s, false);
   accumulate(opt_->master_range(), 3, s, false);
   auto reduce = [&](Communicator* c) {
     if (!c || c->size() == 1) return;

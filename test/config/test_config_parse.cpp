@@ -110,7 +110,7 @@ TEST_CASE("DeepSpeed keys map onto the config", "[config]") {
             {"training", {{"train_iters", 50}}}};
   auto c = parse_json(j, {}, 4);
   CHECK(c.batch.micro_batch_size == 4);
-  CHECK(c.optim.type == "Adam");
+  CHECK(c.optim.spec.type == "Adam");
   CHECK(c.optim.lr == Approx(3e-4));
   CHECK(c.optim.beta1 == Approx(0.8));
   CHECK(c.optim.beta2 == Approx(0.99));
@@ -346,8 +346,8 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
                     Contains("lr warmup iterations 200 must be fewer than lr decay iterations 100"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"offload_optimizer", {{"device", "nvme"}}}}}})),
                     Contains("offload_optimizer.device 'nvme' is not supported"));
-  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "Lamb"}}}})),
-                    Contains("optimizer.type 'Lamb' is not supported"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "OneBitAdam"}}}})),
+                    Contains("optimizer.type 'OneBitAdam' is not supported"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"train_batch_size", 0}})),
                     Contains("'train_batch_size' must be a positive integer, got 0"));
   CHECK_THROWS_WITH(parse_json(base(), {"--device", "tpu"}), Contains("--device"));
@@ -437,8 +437,8 @@ TEST_CASE("schedule keys and flags", "[config][lr]") {
   CHECK(has_warning(f, "--lr-decay-style replaces the config's scheduler (WarmupLR)"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "WarmupLR"}}}}), {"--min-lr", "1e-5"}),
                     Contains("--min-lr does not apply to the config's scheduler WarmupLR"));
-  CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "OneCycle"}}}})),
-                    Contains("scheduler.type 'OneCycle' is not supported"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "OneBitLambSchedule"}}}})),
+                    Contains("scheduler.type 'OneBitLambSchedule' is not supported"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_type", "exp"}}}}}})),
                     Contains("warmup_type 'exp' is not supported"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "WarmupLR"}}}, {"training", {{"min_lr", 0.0}}}})),
@@ -487,7 +487,6 @@ TEST_CASE("Megatron-DeepSpeed script flags: mappings, exact no-ops and refusals"
   err({"--cpu_torch_adam"}, "--cpu_torch_adam needs --cpu-optimizer");
   const json offload = with(base(), {{"zero_optimization", {{"stage", 1}, {"offload_optimizer", {{"device", "cpu"}}}}}});
   CHECK(parse_json(offload, {"--cpu-optimizer", "--cpu_torch_adam"}).resolved == parse_json(offload).resolved);
-  err({"--optimizer", "sgd"}, "--optimizer sgd");
   err({"--use-checkpoint-opt_param-scheduler", "--override-opt_param-scheduler"}, "give at most one");
   err({"--no-pipeline-parallel", "--pipeline-model-parallel-size", "2"}, "--no-pipeline-parallel");
   err({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"},
@@ -615,4 +614,108 @@ TEST_CASE("--overlap-param-gather: ZeRO stages 1 and 2 only", "[config][flags]")
   for (const char* stage : {"0", "3"})
     CHECK_THROWS_WITH(parse_json(base(), {"--zero-stage", stage, "--overlap-param-gather"}),
                       Contains("parallel.overlap_param_gather (--overlap-param-gather)"));
+}
+
+TEST_CASE("DeepSpeed's optimizers: their keys, defaults, Megatron's --optimizer sgd and the refusals") {
+  auto opt = [&](json o, std::vector<std::string> flags = {}) {
+    return parse_json(with(base(), {{"optimizer", o}}), flags);
+  };
+  // Adam with adam_w_mode false is L2 Adam; AdamW ignores the key with a warning, as DeepSpeed does.
+  TrainConfig c = opt({{"type", "adam"}, {"params", {{"adam_w_mode", false}, {"bias_correction", false}}}});
+  CHECK(optimizer_kind(c.optim.spec) == OptimizerKind::AdamL2);
+  CHECK_FALSE(c.optim.spec.bias_correction);
+  CHECK(c.resolved["optimizer"]["params"]["adam_w_mode"] == false);
+  c = opt({{"type", "AdamW"}, {"params", {{"adam_w_mode", false}, {"torch_adam", true}}}});
+  CHECK(optimizer_kind(c.optim.spec) == OptimizerKind::AdamW);
+  CHECK(c.warnings.size() == 2);
+  // SGD, Adagrad, Lion, Lamb with their keys and DeepSpeed's / torch's defaults.
+  c = opt({{"type", "SGD"}, {"params", {{"lr", 0.1}, {"momentum", 0.9}, {"nesterov", true}}}});
+  CHECK(c.optim.spec.type == "SGD");
+  CHECK(c.optim.spec.momentum == Approx(0.9));
+  CHECK(c.optim.spec.nesterov);
+  c = opt({{"type", "adagrad"}, {"params", {{"lr_decay", 0.01}, {"initial_accumulator_value", 0.1}}}});
+  CHECK(c.optim.spec.type == "Adagrad");
+  CHECK(c.optim.eps == Approx(1e-10));
+  CHECK(c.optim.spec.initial_accumulator_value == Approx(0.1));
+  c = opt({{"type", "Lion"}});
+  CHECK(c.optim.beta2 == Approx(0.999));
+  c = opt({{"type", "LAMB"}, {"params", {{"max_coeff", 5.0}, {"min_coeff", 0.1}, {"eps_inside_sqrt", true}}}});
+  CHECK(c.optim.spec.type == "Lamb");
+  CHECK(c.optim.spec.max_coeff == Approx(5.0));
+  CHECK(c.optim.spec.eps_inside_sqrt);
+  // The resolved config reads back to itself.
+  for (const char* t : {"SGD", "Adagrad", "Lion", "Lamb", "Adam"}) {
+    INFO(t);
+    const TrainConfig a = opt({{"type", t}});
+    CHECK(parse_json(a.resolved).resolved == a.resolved);
+  }
+  CHECK(opt({{"type", "Lamb"}}).warnings.empty());
+  // Megatron's --optimizer sgd: SGD with --sgd-momentum (default 0.9).
+  c = parse_json(base(), {"--optimizer", "sgd"});
+  CHECK(c.optim.spec.type == "SGD");
+  CHECK(c.optim.spec.momentum == Approx(0.9));
+  c = parse_json(base(), {"--optimizer", "sgd", "--sgd-momentum", "0.5"});
+  CHECK(c.optim.spec.momentum == Approx(0.5));
+  c = opt({{"type", "Lamb"}}, {"--optimizer", "sgd"});  // the DeepSpeed config's optimizer wins, with a warning
+  CHECK(c.optim.spec.type == "Lamb");
+  CHECK(c.warnings.size() == 1);
+  // Refusals, one line naming the key.
+  CHECK_THROWS_WITH(opt({{"type", "SGD"}, {"params", {{"nesterov", true}}}}),
+                    Contains("'optimizer.params.nesterov' = true needs a momentum > 0"));
+  CHECK_THROWS_WITH(opt({{"type", "Lamb"}, {"params", {{"min_coeff", 2.0}, {"max_coeff", 1.0}}}}),
+                    Contains("must satisfy 0 < min_coeff <= max_coeff"));
+  CHECK_THROWS_WITH(opt({{"type", "Adam"}, {"params", {{"max_grad_norm", 1.0}}}}), Contains("use gradient_clipping"));
+  CHECK_THROWS_WITH(opt({{"type", "Adam"}, {"params", {{"amsgrad", true}}}}), Contains("'optimizer.params.amsgrad'"));
+  json offload = with(base(), {{"optimizer", {{"type", "Lamb"}}}});
+  offload["zero_optimization"] = {{"stage", 1}, {"offload_optimizer", {{"device", "cpu"}}}};
+  CHECK_THROWS_WITH(parse_json(offload), Contains("optimizer.type Lamb cannot be combined with "
+                                                  "zero_optimization.offload_optimizer"));
+}
+
+TEST_CASE("DeepSpeed's OneCycle and LRRangeTest schedulers and Megatron's inverse-square-root decay") {
+  auto sched = [&](json s, std::vector<std::string> flags = {}, json optimizer = nullptr) {
+    json j = with(base(), {{"scheduler", s}});
+    if (!optimizer.is_null()) j["optimizer"] = optimizer;
+    return parse_json(j, flags);
+  };
+  TrainConfig c = sched({{"type", "OneCycle"}, {"params", {{"cycle_min_lr", 1e-4}, {"cycle_max_lr", 1e-3},
+                                                          {"cycle_first_step_size", 30}, {"decay_step_size", 5},
+                                                          {"decay_lr_rate", 0.1}}}});
+  CHECK(c.optim.scheduler_type == "OneCycle");
+  CHECK(c.optim.one_cycle.cycle_second_step_size == 30);  // defaults to the first
+  CHECK(c.optim.one_cycle.cycle_momentum);
+  CHECK(c.optim.one_cycle.cycle_min_mom == Approx(0.8));
+  CHECK(parse_json(c.resolved).resolved == c.resolved);
+  c = sched({{"type", "LRRangeTest"}, {"params", {{"lr_range_test_min_lr", 1e-5}, {"lr_range_test_staircase", true}}}});
+  CHECK(c.optim.range_test.min_lr == Approx(1e-5));
+  CHECK(c.optim.range_test.step_size == 2000);
+  CHECK(c.optim.range_test.staircase);
+  CHECK(parse_json(c.resolved).resolved == c.resolved);
+  // SGD has no betas: the momentum cycle is off, with a warning as in DeepSpeed.
+  c = sched({{"type", "OneCycle"}, {"params", {{"cycle_min_lr", 1e-4}, {"cycle_max_lr", 1e-3}}}}, {},
+            {{"type", "SGD"}, {"params", {{"momentum", 0.9}}}});
+  CHECK(c.warnings.size() == 1);
+  CHECK_THROWS_WITH(sched({{"type", "OneCycle"}, {"params", {{"cycle_max_lr", 1e-3}}}}),
+                    Contains("'scheduler.params.cycle_min_lr' is required by scheduler.type OneCycle"));
+  CHECK_THROWS_WITH(sched({{"type", "LRRangeTest"}, {"params", {{"lr_range_test_step_size", 0}}}}),
+                    Contains("'scheduler.params.lr_range_test_step_size' must be a positive integer"));
+  CHECK_THROWS_WITH(sched({{"type", "OneCycle"}, {"params", {{"cycle_min_lr", 1e-4}, {"cycle_max_lr", 1e-3}}}},
+                          {"--lr-warmup-iters", "5"}),
+                    Contains("--lr-warmup-iters does not apply to the config's scheduler OneCycle"));
+  c = parse_json(base(), {"--lr-decay-style", "inverse-square-root", "--lr-warmup-iters", "10"});
+  CHECK(c.optim.decay == LrDecay::InverseSqrt);
+  CHECK(c.resolved["training"]["lr_decay_style"] == "inverse-square-root");
+}
+
+TEST_CASE("Megatron-LM's WSD decay: flags, keys, lengths and refusals") {
+  TrainConfig c = parse_json(base(), {"--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "10",
+                                      "--lr-wsd-decay-style", "minus_sqrt", "--global-batch-size", "4"});
+  CHECK(c.optim.decay == LrDecay::WSD);
+  CHECK(c.optim.wsd_style == WsdDecay::MinusSqrt);
+  CHECK(c.optim.wsd_decay_samples == 40);
+  CHECK(parse_json(c.resolved).resolved == c.resolved);
+  CHECK_THROWS_WITH(parse_json(base(), {"--lr-decay-style", "WSD"}),
+                    Contains("training.lr_decay_style WSD needs a final decay of 1 to 100 iterations"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--lr-decay-style", "WSD", "--lr-wsd-decay-samples", "10"}),
+                    Contains("training.lr_wsd_decay_samples with iteration-based training"));
 }

@@ -541,6 +541,39 @@ TEST_CASE("cuda adamw step") {
   }
 }
 
+TEST_CASE("cuda optim_step rules (L2 Adam, AdamW, SGD, Adagrad, Lion, Lamb's passes) match the CPU") {
+  if (!gpu_or_skip()) return;
+  const int64_t n = 5003;
+  Tensor seg = Tensor::empty({4, 3}, DType::I64);
+  const int64_t rows[4][3] = {{0, 1, 1}, {5, 700, 0}, {700, 4000, 1}, {4001, n, 0}};
+  std::memcpy(seg.data<int64_t>(), rows, sizeof(rows));
+  Tensor v = randn({n}, 94);
+  for (int64_t i = 0; i < n; ++i) v.data<float>()[i] = std::fabs(v.data<float>()[i]) * 1e-3f;
+  OptimTerms t{.lr = 1e-3f, .weight_decay = 0.1f, .grad_scale = 0.5f, .step_size = 2e-3f, .inv_sqrt_bc2 = 1.5f,
+               .momentum = 0.9f, .dampening = 0.1f};
+  const OptimRule rules[] = {OptimRule::AdamL2, OptimRule::AdamW, OptimRule::Sgd, OptimRule::Adagrad,
+                             OptimRule::Lion, OptimRule::LambMoments, OptimRule::LambApply};
+  for (OptimRule r : rules) {
+    for (DType dt : kAllTypes) {
+      const bool two = r == OptimRule::AdamL2 || r == OptimRule::AdamW || r == OptimRule::LambMoments ||
+                       r == OptimRule::LambApply;
+      OptimStepArgs a{.param = randn({n}, 91), .grad = r == OptimRule::LambApply ? Tensor() : randn({n}, 92, 0.01f),
+                      .s1 = randn({n}, 93, 1e-3f), .s2 = two ? v.clone() : Tensor(), .segments = seg, .rule = r, .t = t};
+      if (r == OptimRule::Adagrad) a.s1 = v.clone();
+      if (r == OptimRule::LambMoments) a.seg_stats = zeros_f32({4, 2});
+      if (r == OptimRule::LambApply) a.seg_stats = randn({4}, 95, 1.f);
+      if (dt != DType::F32 && r != OptimRule::LambMoments) a.param_lowp = zeros_f32({n});
+      OpCase c = make_case("optim_step", a, ops::optim_step);
+      c.fields.at("segments").output = false;
+      std::vector<std::string> f32 = {"param", "s1"};
+      if (two) f32.push_back("s2");
+      if (r == OptimRule::LambMoments) f32.push_back("seg_stats");
+      if (r == OptimRule::LambApply) c.fields.at("seg_stats").output = false;
+      check_cuda_vs_cpu(set_kind(c, f32, Kind::F32), dt);
+    }
+  }
+}
+
 TEST_CASE("cuda cast between float dtypes") {
   if (!gpu_or_skip()) return;
   const int64_t n = 1031;

@@ -38,18 +38,56 @@ TEST_CASE("the registry makes DeepSpeed's Adam and AdamW, case-insensitive, and 
     CHECK(o->has_gated_step());
   }
   CHECK(canonical_optimizer_type("adam") == "Adam");
-  CHECK(canonical_optimizer_type("Lamb").empty());
-  CHECK(optimizer_types_text() == "Adam and AdamW");
+  CHECK(canonical_optimizer_type("lamb") == "Lamb");
+  CHECK(canonical_optimizer_type("OneBitAdam").empty());
+  CHECK(optimizer_types_text() == "Adam, AdamW, SGD, Adagrad, Lion and Lamb");
   CHECK_THROWS_WITH(make_optimizer("OneBitAdam", layout, Device::cpu(), 0, 10),
-                    Contains("optimizer.type 'OneBitAdam' is not supported (dstrain implements Adam and AdamW)"));
+                    Contains("optimizer.type 'OneBitAdam' is not supported (dstrain implements Adam, AdamW, SGD, "
+                             "Adagrad, Lion and Lamb)"));
   CHECK_THROWS_AS(make_optimizer("Adam", layout, Device::cpu(), 0, 10)->state("momentum"), Error);
+}
+
+TEST_CASE("the other optimizers: their names, state and what they support") {
+  const ModelLayout layout = build_layout(tiny_model(false));
+  struct Want {
+    OptimizerSpec spec;
+    const char* type;
+    std::vector<std::string> states;
+    bool parts;
+  };
+  const Want wants[] = {
+      {{.type = "Adam", .adam_w_mode = false}, "Adam", {"exp_avg", "exp_avg_sq"}, true},
+      {{.type = "AdamW", .bias_correction = false}, "AdamW", {"exp_avg", "exp_avg_sq"}, true},
+      {{.type = "SGD"}, "SGD", {}, true},
+      {{.type = "SGD", .momentum = 0.9f}, "SGD", {"momentum_buffer"}, true},
+      {{.type = "Adagrad"}, "Adagrad", {"sum"}, true},
+      {{.type = "Lion"}, "Lion", {"exp_avg"}, true},
+      {{.type = "Lamb"}, "Lamb", {"exp_avg", "exp_avg_sq"}, false},
+  };
+  for (const Want& w : wants) {
+    INFO(w.type);
+    std::unique_ptr<Optimizer> o = make_optimizer(w.spec, layout, Device::cpu(), 10, 110);
+    CHECK(std::string(o->type()) == w.type);
+    REQUIRE(o->state_specs().size() == w.states.size());
+    for (size_t i = 0; i < w.states.size(); ++i) CHECK(o->state_specs()[i].name == w.states[i]);
+    CHECK(o->state_bytes() == int64_t(4 * 100 * w.states.size()));
+    CHECK(optimizer_state_count(w.spec) == int(w.states.size()));
+    CHECK_FALSE(o->has_gated_step());
+    const Tensor p = randn({100}, 1), g = randn({100}, 2);
+    CHECK(o->step_part(0, 50, {.params = p.view(0, {50}), .grads = g.view(0, {50}), .params_lowp = Tensor()},
+                       StepHyper{}, 1.f) == w.parts);
+  }
 }
 
 TEST_CASE("an element-wise optimizer updates its range in parts with the bits of one step") {
   const ModelLayout layout = build_layout(tiny_model(false));  // weights that decay and biases that do not
   const int64_t begin = 7, end = layout.total - 5, n = end - begin;
-  std::unique_ptr<Optimizer> whole = make_optimizer("AdamW", layout, Device::cpu(), begin, end);
-  std::unique_ptr<Optimizer> parts = make_optimizer("AdamW", layout, Device::cpu(), begin, end);
+  for (const OptimizerSpec spec : {OptimizerSpec{.type = "AdamW"}, OptimizerSpec{.type = "Adam", .adam_w_mode = false},
+                                   OptimizerSpec{.type = "SGD", .momentum = 0.9f, .nesterov = true},
+                                   OptimizerSpec{.type = "Adagrad", .lr_decay = 0.1f}, OptimizerSpec{.type = "Lion"}}) {
+  INFO(spec.type);
+  std::unique_ptr<Optimizer> whole = make_optimizer(spec, layout, Device::cpu(), begin, end);
+  std::unique_ptr<Optimizer> parts = make_optimizer(spec, layout, Device::cpu(), begin, end);
   Tensor p_whole = randn({n}, 3), p_parts = p_whole.clone();
   StepHyper h;
   h.lr = 1e-2f;
@@ -68,5 +106,6 @@ TEST_CASE("an element-wise optimizer updates its range in parts with the bits of
     for (const OptimizerStateSpec& s : whole->state_specs())
       CHECK(same_bits(whole->state(s.name), parts->state(s.name)));
     CHECK(whole->step_count() == parts->step_count());
+  }
   }
 }

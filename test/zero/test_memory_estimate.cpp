@@ -242,3 +242,22 @@ TEST_CASE("pipeline message buffers per stage follow the p2p plan", "[zero][esti
       CHECK(pipeline_message_buffers_max(pp, 4 * pp, 1, overlap) == pipeline_message_buffers_max(pp, 2 * pp, 1, overlap));
     }
 }
+
+TEST_CASE("memory estimate: each optimizer's state bytes", "[zero][estimate]") {
+  struct Want {
+    OptimizerSpec spec;
+    int64_t bytes;  // per element of the optimizer's range
+  };
+  for (const Want& w : {Want{{.type = "AdamW"}, 8}, Want{{.type = "Adam", .adam_w_mode = false}, 8},
+                        Want{{.type = "Lamb"}, 8}, Want{{.type = "Lion"}, 4}, Want{{.type = "Adagrad"}, 4},
+                        Want{{.type = "SGD", .momentum = 0.9f}, 4}, Want{{.type = "SGD"}, 0}}) {
+    INFO(w.spec.type << " momentum " << w.spec.momentum);
+    TrainConfig cfg = gpt2_124m();
+    cfg.device = DeviceType::CUDA;
+    cfg.optim.spec = w.spec;
+    const MemoryEstimate e = estimate_memory(cfg, 1, 8);
+    CHECK(row(e, 0, false).states.optimizer == w.bytes * kN);
+    CHECK(row(e, 3, false).states.optimizer == w.bytes * (kN / 8));
+    CHECK(row(e, 2, true).states.optimizer == 0);  // offloaded: host memory
+  }
+}

@@ -1,0 +1,98 @@
+// The element-wise optimizer rules (lib/ops/optim_rules.h, shared with the
+// CPU kernel) on the GPU: one launch per call, blockIdx.y picks the segment
+// (a parameter's part of the range) and the blocks along x stride over it.
+// Lamb's first pass adds each segment's {sum p^2, sum u^2} into seg_stats
+// (block sums, then float atomics: the order of the additions varies from run
+// to run); its second pass reads each segment's trust ratio from seg_stats.
+#include "cuda/core/common.cuh"
+#include "lib/ops/ops.h"
+
+namespace ds::cuda {
+namespace {
+
+struct OptimStepParams {
+  float* param;        // (n) f32 master
+  AnyPtr grad;         // (n) or null (LambApply)
+  float* s1;           // (n) f32 or null
+  float* s2;           // (n) f32 or null
+  AnyPtr param_lowp;   // (n) or null
+  const int64_t* seg;  // (S, 3) {begin, end, decay}
+  float* stats;        // LambMoments (S, 2) +=; LambApply (S); else null
+  OptimRule rule;
+  OptimTerms t;
+};
+
+__device__ __forceinline__ float block_sum(float v, float* shared) {  // shared: (32)
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < (blockDim.x >> 5) ? shared[lane] : 0.f;
+  if (warp == 0) v = warp_sum(v);
+  return v;  // valid in thread 0
+}
+
+__global__ void optim_step_kernel(OptimStepParams p) {
+  namespace R = optim_rule;
+  const int64_t s = blockIdx.y;
+  const int64_t lo = p.seg[3 * s], hi = p.seg[3 * s + 1];
+  const float wd = p.seg[3 * s + 2] ? p.t.weight_decay : 0.f;
+  const OptimTerms& t = p.t;
+  float sp = 0.f, su = 0.f;
+  float unused = 0.f;
+  for (int64_t i = lo + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < hi; i += int64_t(gridDim.x) * blockDim.x) {
+    float w = p.param[i];
+    const float g = p.grad.p ? load(p.grad, i) : 0.f;
+    switch (p.rule) {
+      case OptimRule::AdamL2:
+      case OptimRule::AdamW: R::adam(t, p.rule == OptimRule::AdamL2, g, p.s1[i], p.s2[i], w, wd); break;
+      case OptimRule::Sgd: R::sgd(t, g, p.s1 ? p.s1[i] : unused, w, wd); break;
+      case OptimRule::Adagrad: R::adagrad(t, g, p.s1[i], w, wd); break;
+      case OptimRule::Lion: R::lion(t, g, p.s1[i], w, wd); break;
+      case OptimRule::LambMoments: {
+        const float u = R::lamb_moments(t, g, p.s1[i], p.s2[i], w, wd);
+        sp += w * w;
+        su += u * u;
+        break;
+      }
+      case OptimRule::LambApply: R::lamb_apply(t, p.s1[i], p.s2[i], w, wd, p.stats[s]); break;
+    }
+    p.param[i] = w;
+    if (p.param_lowp.p) store(p.param_lowp, i, w);
+  }
+  if (p.rule != OptimRule::LambMoments) return;
+  __shared__ float shared[32];
+  sp = block_sum(sp, shared);
+  __syncthreads();
+  su = block_sum(su, shared);
+  if (threadIdx.x == 0) {
+    atomicAdd(&p.stats[2 * s], sp);
+    atomicAdd(&p.stats[2 * s + 1], su);
+  }
+}
+
+}  // namespace
+
+void optim_step(const OptimStepArgs& a, const Stream& s) {
+  const int64_t S = a.segments.size(0);
+  if (S == 0 || a.param.numel() == 0) return;
+  DS_CUDA_REQUIRE(S <= 65535, "optim_step: " + std::to_string(S) + " segments, at most 65535 per call");
+  if (a.rule == OptimRule::LambMoments)
+    DS_CUDA_CHECK(cudaMemsetAsync(a.seg_stats.raw(), 0, a.seg_stats.nbytes(), stream_of(s)));
+  OptimStepParams p{a.param.data<float>(),
+                    any_ptr(a.grad),
+                    a.s1.defined() ? a.s1.data<float>() : nullptr,
+                    a.s2.defined() ? a.s2.data<float>() : nullptr,
+                    any_ptr(a.param_lowp),
+                    a.segments.data<int64_t>(),
+                    a.seg_stats.defined() ? a.seg_stats.data<float>() : nullptr,
+                    a.rule,
+                    a.t};
+  // Enough blocks along x for the largest parameter of a typical range; the
+  // blocks stride over longer segments.
+  const unsigned bx = grid_for(a.param.numel() / S + 1, 256, 1024);
+  optim_step_kernel<<<dim3(bx, unsigned(S)), 256, 0, stream_of(s)>>>(p);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ds::cuda

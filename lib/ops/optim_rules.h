@@ -1,0 +1,124 @@
+// The element-wise update rules of the optimizers besides the fused AdamW op
+// (lib/optim: Adam with L2 decay, AdamW without bias correction, SGD, Adagrad,
+// Lion, and Lamb's two passes), once for the host and the device: the CPU
+// kernel (lib/cpu/optim_step.cpp) and the CUDA kernel (cuda/ops/optim_step.cu)
+// call these functions, so both apply the same arithmetic. Formulas follow
+// DeepSpeed's kernels and torch.optim (docs/config.md, "Optimizer"):
+//   AdamL2     g += wd p; m, v as Adam; p -= step_size m / (sqrt(v) inv_sqrt_bc2 + eps)   (torch.optim.Adam)
+//   AdamW      p -= lr wd p; then the same Adam step                                  (FusedAdam, adam_w_mode)
+//   Sgd        g += wd p; buf = first ? g : mu buf + (1 - dampening) g;
+//              g = nesterov ? g + mu buf : buf; p -= lr g                              (torch.optim.SGD)
+//   Adagrad    g += wd p; sum += g^2; p -= lr g / (sqrt(sum) + eps)   (lr decayed)    (torch.optim.Adagrad)
+//   Lion       c = b1 m + (1 - b1) g; p = p (1 - lr wd) + (c > 0 ? -lr : lr);
+//              m = b2 m + (1 - b2) g                                                  (FusedLion)
+//   LambMoments m, v as Adam; u = m / (sqrt(v) + eps) + wd p; returns u (for ||u||)   (FusedLamb, pass 1)
+//   LambApply   u again from m, v, p; p -= step_size coeff u                         (FusedLamb, pass 2)
+// g is the gradient times grad_scale (clip coefficient / loss scale) in every rule.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "lib/ops/host_device.h"
+
+namespace ds {
+
+enum class OptimRule : uint8_t { AdamL2, AdamW, Sgd, Adagrad, Lion, LambMoments, LambApply };
+
+// The per-call values of a rule (the host derives them once per step).
+struct OptimTerms {
+  float lr = 0;            // the step's learning rate (Adagrad: already decayed)
+  float weight_decay = 0;  // of the parameters that decay (segments say which)
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float grad_scale = 1;    // every gradient is multiplied by it first
+  float step_size = 0;     // Adam: lr / (1 - beta1^t); Lamb: lr sqrt(1 - beta2^t) / (1 - beta1^t); lr without
+                           // bias correction
+  float inv_sqrt_bc2 = 1;  // Adam: 1 / sqrt(1 - beta2^t); 1 without bias correction
+  float momentum = 0, dampening = 0;  // SGD
+  bool nesterov = false;              // SGD
+  bool first = false;                 // SGD: the first step (the buffer starts as the gradient)
+  bool eps_inside_sqrt = false;       // Lamb: sqrt(v + eps)
+};
+
+namespace optim_rule {
+
+DS_HOST_DEVICE float sqrt_f(float x) {
+#if defined(__CUDA_ARCH__)
+  return sqrtf(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+DS_HOST_DEVICE void adam(const OptimTerms& t, bool l2, float g, float& m, float& v, float& p, float wd) {
+  g *= t.grad_scale;
+  if (l2) g += wd * p;
+  else p -= t.lr * wd * p;
+  m = t.beta1 * m + (1.f - t.beta1) * g;
+  v = t.beta2 * v + (1.f - t.beta2) * g * g;
+  p -= t.step_size * m / (sqrt_f(v) * t.inv_sqrt_bc2 + t.eps);
+}
+
+// buf is unused (and may alias anything) when t.momentum is 0.
+DS_HOST_DEVICE void sgd(const OptimTerms& t, float g, float& buf, float& p, float wd) {
+  g = g * t.grad_scale + wd * p;
+  if (t.momentum != 0.f) {
+    buf = t.first ? g : t.momentum * buf + (1.f - t.dampening) * g;
+    g = t.nesterov ? g + t.momentum * buf : buf;
+  }
+  p -= t.lr * g;
+}
+
+DS_HOST_DEVICE void adagrad(const OptimTerms& t, float g, float& sum, float& p, float wd) {
+  g = g * t.grad_scale + wd * p;
+  sum += g * g;
+  p -= t.lr * g / (sqrt_f(sum) + t.eps);
+}
+
+DS_HOST_DEVICE float fma_f(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return fmaf(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+// The step's sign is chosen first and the decayed weight and the step are
+// fused explicitly, so every code path (vector body, scalar remainder) rounds
+// alike.
+DS_HOST_DEVICE void lion(const OptimTerms& t, float g, float& m, float& p, float wd) {
+  g *= t.grad_scale;
+  const float c = t.beta1 * m + (1.f - t.beta1) * g;
+  const float step = c > 0.f ? -t.lr : t.lr;
+  p = fma_f(p, 1.f - t.lr * wd, step);
+  m = t.beta2 * m + (1.f - t.beta2) * g;
+}
+
+DS_HOST_DEVICE float lamb_update(const OptimTerms& t, float m, float v, float p, float wd) {
+  const float denom = t.eps_inside_sqrt ? sqrt_f(v + t.eps) : sqrt_f(v) + t.eps;
+  return m / denom + wd * p;
+}
+
+DS_HOST_DEVICE float lamb_moments(const OptimTerms& t, float g, float& m, float& v, float p, float wd) {
+  g *= t.grad_scale;
+  m = t.beta1 * m + (1.f - t.beta1) * g;
+  v = t.beta2 * v + (1.f - t.beta2) * g * g;
+  return lamb_update(t, m, v, p, wd);
+}
+
+DS_HOST_DEVICE void lamb_apply(const OptimTerms& t, float m, float v, float& p, float wd, float coeff) {
+  p -= t.step_size * coeff * lamb_update(t, m, v, p, wd);
+}
+
+// Lamb's trust ratio of one tensor from its squared norms (FusedLamb): 1 when
+// either norm is 0, else ||p|| / ||u|| clamped to [min_coeff, max_coeff].
+DS_HOST_DEVICE float lamb_coeff(double p_sumsq, double u_sumsq, float min_coeff, float max_coeff) {
+  const float w = sqrt_f(static_cast<float>(p_sumsq)), u = sqrt_f(static_cast<float>(u_sumsq));
+  if (w == 0.f || u == 0.f) return 1.f;
+  float c = w / u;
+  if (c > max_coeff) c = max_coeff;
+  if (c < min_coeff) c = min_coeff;
+  return c;
+}
+
+}  // namespace optim_rule
+}  // namespace ds
