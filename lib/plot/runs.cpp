@@ -204,8 +204,10 @@ std::vector<fs::path> event_files_in(const fs::path& dir) {
   return out;
 }
 
+// The run's label: the directory's name (p empty: the current directory,
+// the parent of a bare file name).
 std::string name_of(const fs::path& p) {
-  const fs::path a = fs::absolute(p).lexically_normal();
+  const fs::path a = fs::absolute(p.empty() ? fs::path(".") : p).lexically_normal();
   const std::string n = a.filename().string();
   return n.empty() ? a.parent_path().filename().string() : n;
 }

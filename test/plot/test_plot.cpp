@@ -178,6 +178,35 @@ TEST_CASE("CSV monitor files read back against iterations, samples and tokens") 
   CHECK(error_of([&] { load_run(dir / "other.txt", LoadOptions{}); }).find("neither") != std::string::npos);
 }
 
+TEST_CASE("a bare file name in the current directory is labelled by that directory") {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir / "job");
+  write_text(dir / "job/train.csv", kTrainCsv);
+  {
+    TensorBoardMonitor tb;
+    tb.open(dir / "job", TensorBoardOptions{});
+    tb.train(TrainPoint{.iteration = 1, .samples = 8, .tokens = 512, .lr = 1e-3, .loss = 5, .loss_scale = 1});
+    tb.flush();
+  }
+  std::string events;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "job"))
+    if (e.path().filename().string().starts_with("events.out.tfevents")) events = e.path().filename().string();
+  REQUIRE(!events.empty());
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir / "job");
+  std::string csv_label, events_label;
+  try {
+    csv_label = load_run("train.csv", LoadOptions{}).label;
+    events_label = load_run(events, LoadOptions{}).label;
+  } catch (...) {
+    std::filesystem::current_path(cwd);
+    throw;
+  }
+  std::filesystem::current_path(cwd);
+  CHECK(csv_label == "job");
+  CHECK(events_label == "job");
+}
+
 TEST_CASE("TensorBoard event files written by dstrain read back, corruption named") {
   test::TempDir dir;
   {
