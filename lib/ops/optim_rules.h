@@ -39,6 +39,20 @@ struct OptimTerms {
   bool eps_inside_sqrt = false;       // Lamb: sqrt(v + eps)
 };
 
+// The terms every rule shares, from the step's values (the StepHyper fields
+// passed one by one, so that this header stays free of lib/optim).
+inline OptimTerms base_optim_terms(float lr, float weight_decay, float beta1, float beta2, float eps,
+                                   float grad_scale) {
+  OptimTerms t;
+  t.lr = lr;
+  t.weight_decay = weight_decay;
+  t.beta1 = beta1;
+  t.beta2 = beta2;
+  t.eps = eps;
+  t.grad_scale = grad_scale;
+  return t;
+}
+
 namespace optim_rule {
 
 DS_HOST_DEVICE float sqrt_f(float x) {

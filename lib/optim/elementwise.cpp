@@ -49,13 +49,7 @@ std::vector<OptimizerStateSpec> ElementwiseOptimizer::state_specs() const {
 }
 
 OptimTerms ElementwiseOptimizer::terms(const StepHyper& h, float grad_scale) const {
-  OptimTerms t;
-  t.lr = h.lr;
-  t.weight_decay = h.weight_decay;
-  t.beta1 = h.beta1;
-  t.beta2 = h.beta2;
-  t.eps = h.eps;
-  t.grad_scale = grad_scale;
+  OptimTerms t = base_optim_terms(h.lr, h.weight_decay, h.beta1, h.beta2, h.eps, grad_scale);
   const int64_t n = step_;  // 1-based: the step being taken
   if (rule_ == OptimRule::AdamL2 || rule_ == OptimRule::AdamW) {
     const AdamWTerms a = adamw_terms(h.lr, h.weight_decay, h.beta1, h.beta2, n);

@@ -19,13 +19,7 @@ Lamb::Lamb(const OptimizerSpec& spec, const ModelLayout& layout, Device dev, int
 }
 
 OptimTerms Lamb::terms(const StepHyper& h, float grad_scale) const {
-  OptimTerms t;
-  t.lr = h.lr;
-  t.weight_decay = h.weight_decay;
-  t.beta1 = h.beta1;
-  t.beta2 = h.beta2;
-  t.eps = h.eps;
-  t.grad_scale = grad_scale;
+  OptimTerms t = base_optim_terms(h.lr, h.weight_decay, h.beta1, h.beta2, h.eps, grad_scale);
   t.eps_inside_sqrt = spec_.eps_inside_sqrt;
   t.step_size = h.lr;
   if (spec_.bias_correction) {  // FusedLamb: lr * sqrt(1 - beta2^t) / (1 - beta1^t), in f32
