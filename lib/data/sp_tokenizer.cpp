@@ -9,13 +9,15 @@
 //     between are encoded separately; eod = <EOD>.
 // Without the library (DS_HAVE_SENTENCEPIECE undefined) loading one of these is
 // a UserError saying how to get it.
-// Long text is encoded in pieces of about kSpPieceBytes (the library needs some
-// 100-200 bytes of memory per input byte): cut at a single space between two
-// printable ASCII characters, the space dropped (the next piece's dummy prefix
-// stands for it). That gives the ids of encoding the text whole when the model
-// adds a dummy prefix and none of its pieces holds a character followed by a
-// space (checked at load); otherwise, or where a stretch longer than
-// kSpMaxPieceBytes has no such space, text that long is refused.
+// Text longer than kSpWholeBytes is encoded in pieces of about kSpPieceBytes
+// (the library needs some 100-200 bytes of memory per input byte): cut at a
+// single space between two printable ASCII characters, the space dropped (the
+// next piece's dummy prefix stands for it). That gives the ids of encoding the
+// text whole when the model adds a dummy prefix and none of its pieces holds a
+// character followed by a space (checked at load; a unigram model may still
+// differ at float near-ties, docs/tokenizers.md); a model that fails the check
+// encodes up to kSpMaxPieceBytes whole and refuses longer text, as does a
+// stretch longer than kSpMaxPieceBytes without such a space.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -142,8 +144,9 @@ class SpTokenizer final : public Tokenizer {
 
   // Long text in pieces cut at split points (the file's opening comment).
   void encode_plain(std::string_view text, std::vector<int32_t>& out) const {
-    if (text.size() <= kSpPieceBytes) return encode_piece(text, out);
-    DS_USER_CHECK(split_exact_ || text.size() <= kSpMaxPieceBytes,
+    if (text.size() <= kSpWholeBytes || (!split_exact_ && text.size() <= kSpMaxPieceBytes))
+      return encode_piece(text, out);
+    DS_USER_CHECK(split_exact_,
                   "SentencePiece: a text of {} bytes is more than the {} MiB this model encodes at once (its pieces "
                   "span spaces, so the text cannot be cut exactly); split it into smaller documents",
                   text.size(), kSpMaxPieceBytes >> 20);

@@ -71,9 +71,11 @@ std::unique_ptr<Tokenizer> load_tokenizer(const TokenizerSpec& spec);
 // load_tokenizer(spec)->info(), for the trainer and the export.
 TokenizerInfo tokenizer_info(const TokenizerSpec& spec);
 
-// SentencePiece text longer than kSpPieceBytes is encoded in pieces of about
-// that size, cut where the ids stay those of the whole text; a stretch longer
-// than kSpMaxPieceBytes without such a cut is refused (lib/data/sp_tokenizer.cpp).
+// SentencePiece text up to kSpWholeBytes is encoded whole (the library's
+// ids, for any model); longer text in pieces of about kSpPieceBytes, cut
+// where the ids stay those of the whole text; a stretch longer than
+// kSpMaxPieceBytes without such a cut is refused (lib/data/sp_tokenizer.cpp).
+inline constexpr size_t kSpWholeBytes = size_t(2) << 20;
 inline constexpr size_t kSpPieceBytes = size_t(1) << 20;
 inline constexpr size_t kSpMaxPieceBytes = size_t(4) << 20;
 
