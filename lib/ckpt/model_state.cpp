@@ -2,8 +2,6 @@
 // shards for checkpoints and exports (model_state.h).
 #include "lib/ckpt/model_state.h"
 
-#include <cstring>
-
 #include "lib/model/tp_shard.h"
 
 namespace ds {
@@ -101,10 +99,7 @@ Tensor FullTensorStream::next(const std::string& name) {
       if (tp_rank == 0) {
         const Tensor all_h = to_host(all);
         full = Tensor::empty(f.shape, DType::F32);
-        for (int k = 0; k < tp; ++k)
-          for_each_tp_run(p, tp, k, [&](int64_t fo, int64_t lo, int64_t n) {
-            std::memcpy(full.data<float>() + fo, all_h.data<float>() + k * p.numel + lo, n * sizeof(float));
-          });
+        place_tp_slices(p, tp, all_h.data<float>(), p.numel, full.data<float>());
       }
     }
     if (tp_rank == 0 && owner == 0) out = full;

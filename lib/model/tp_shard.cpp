@@ -29,6 +29,13 @@ void slice_tp_params(const ModelLayout& local, const ModelLayout& full, const Te
   if (!local_out.device().is_cpu()) Tensor(local_out).copy_from(dst_h);
 }
 
+void place_tp_slices(const ParamSpec& p, int tp, const float* all, int64_t stride, float* full) {
+  for (int r = 0; r < tp; ++r)
+    for_each_tp_run(p, tp, r, [&](int64_t fo, int64_t lo, int64_t n) {
+      std::memcpy(full + fo, all + r * stride + lo, n * sizeof(float));
+    });
+}
+
 void gather_tp_params(Communicator* tp, const ModelLayout& local, const ModelLayout& full, int num_layers,
                       const Tensor& local_buf, const Tensor& full_out) {
   if (local.shard.tp == 1) {
@@ -50,12 +57,7 @@ void gather_tp_params(Communicator* tp, const ModelLayout& local, const ModelLay
     for (const ParamSpec& p : local.params) {
       if (p.offset < u.begin || p.offset >= u.end) continue;
       const ParamSpec& f = full.find(p.name);
-      for (int r = 0; r < local.shard.tp; ++r) {
-        const float* src = all_h.data<float>() + r * u.size() + (p.offset - u.begin);
-        for_each_tp_run(p, local.shard.tp, r, [&](int64_t fo, int64_t lo, int64_t n) {
-          std::memcpy(dst + f.offset + fo, src + lo, n * sizeof(float));
-        });
-      }
+      place_tp_slices(p, local.shard.tp, all_h.data<float>() + (p.offset - u.begin), u.size(), dst + f.offset);
     }
   }
   if (!host_out) Tensor(full_out).copy_from(out_h);

@@ -18,6 +18,10 @@ void slice_tp_params(const ModelLayout& local, const ModelLayout& full, const Te
 // Collective over tp (every member calls, unit by unit): full_out (full.total)
 // <- all ranks' local_buf (local.total). full_out may be undefined on ranks
 // that do not need the result. tp may be null when local.tp == 1.
+// Places every tp rank's slice of weight p into the full weight `full`
+// (host f32): rank r's slice (p.numel elements, local layout order) starts
+// at all + r * stride.
+void place_tp_slices(const ParamSpec& p, int tp, const float* all, int64_t stride, float* full);
 void gather_tp_params(Communicator* tp, const ModelLayout& local, const ModelLayout& full, int num_layers,
                       const Tensor& local_buf, const Tensor& full_out);
 // Flat ranges of this rank's weights that a lower tp rank holds too (every
