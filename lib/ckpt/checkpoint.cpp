@@ -132,17 +132,19 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     w.write((tmp / optimizer_shard_name(d.rank, d.world, d.shard)).string(), &progress);
   }
   if (d.rank != 0 || d.shard.tp_rank != 0 || d.shard.pp_rank != 0) return;
-  if (d.stream_params) {
+  {
+    // One weight at a time, from the stream or from the full params.
+    const Tensor p = d.stream_params ? Tensor() : host(d.params);
+    auto from_params = [&](const std::string& name) {
+      const ParamSpec& s = d.layout->find(name);
+      return p.view(s.offset, s.shape);
+    };
     SafetensorsWriter w;
     for (const ParamSpec& s : d.layout->params) w.declare_f32(s.name, s.shape);
     w.set_metadata("format", "dstrain");
-    w.write_streamed((tmp / "model.safetensors").string(), d.stream_params, &progress);
-  } else {
-    Tensor p = host(d.params);
-    SafetensorsWriter w;
-    for (const ParamSpec& s : d.layout->params) w.add(s.name, p.view(s.offset, s.shape));
-    w.set_metadata("format", "dstrain");
-    w.write((tmp / "model.safetensors").string(), &progress);
+    w.write_streamed((tmp / "model.safetensors").string(),
+                     d.stream_params ? d.stream_params : std::function<Tensor(const std::string&)>(from_params),
+                     &progress);
   }
   nlohmann::json state = {{"iteration", st.iteration},       {"consumed_samples", st.consumed_samples},
                           {"skipped_steps", st.skipped_steps}, {"loss_scale", st.loss_scale},
