@@ -588,4 +588,136 @@ template <class A, class F> IfArgs<A, CastArgs> fields(A& a, F&& f) {
   f(a.inp, "inp", Role::Native);
 }
 
+// Mixture of Experts (docs/moe.md). DeepSpeed's gating (top1gating,
+// top2gating, topkgating in deepspeed/moe/sharded_moe.py) in a compact form:
+// instead of the (N, E, C) combine and dispatch tensors, each token's K
+// choices as (expert, slot, weight). N tokens, E experts, K choices per token,
+// C rows per expert buffer, D the model width.
+//   gates = softmax(logits) over E.
+//   Choices (expert, always written, kept or dropped):
+//     K = 1: argmax of gates (of logits + Gumbel noise with `rsample`);
+//     K = 2: first = argmax of gates; second = argmax of logits (+ Gumbel
+//            noise with `second_sampling`) over the other experts;
+//     K > 2: the top K of logits.
+//   counts[e]: choices of e before dropping (DeepSpeed's exp_counts).
+//   Slots: choices take rows of their expert's buffer in token order, every
+//     first choice before any second one (K = 2); capacity > 0 keeps at most
+//     `capacity` per expert (K = 1 with `rts`: the kept tokens are those with
+//     the largest uniform random numbers, else the first by position; K > 2
+//     as DeepSpeed's drop policy "probs"); dropped choices get slot -1.
+//     capacity 0: dropless (every choice kept; slots < max counts).
+//   weight: K = 1: gates[n, e] (not renormalised); K >= 2: the kept choices'
+//     gates divided by their sum (clamped at f32 epsilon); 0 where dropped.
+//   aux: l_aux, DeepSpeed's load-balancing loss (top-1/2: E * sum_e me_e *
+//     ce_e, top-k: the same / K; me = mean gate, ce = fraction of first
+//     choices (K <= 2) or of all choices (K > 2), before dropping).
+// Random values are a counter-based function of (noise_seed, noise_stream,
+// token, expert), the same on every backend.
+struct MoeGateArgs {
+  Tensor gates;    // (N, E) f32, softmax(logits)
+  Tensor expert;   // (N, K) i32
+  Tensor slot;     // (N, K) i32, row in the expert's buffer or -1 (dropped)
+  Tensor weight;   // (N, K) f32 combine weights, 0 where dropped
+  Tensor counts;   // (E) i32
+  Tensor aux;      // (1) f32 l_aux
+  Tensor logits;   // (N, E) f32
+  int64_t capacity = 0;          // rows per expert; 0: dropless
+  bool rts = false;              // K = 1: random token selection (use_rts)
+  bool rsample = false;          // K = 1: noisy gate policy RSample
+  bool second_sampling = false;  // K = 2: Gumbel noise on the second choice
+  uint64_t noise_seed = 0, noise_stream = 0;
+};
+template <class A, class F> IfArgs<A, MoeGateArgs> fields(A& a, F&& f) {
+  f(a.gates, "gates", Role::Stat);
+  f(a.expert, "expert", Role::Out);
+  f(a.slot, "slot", Role::Out);
+  f(a.weight, "weight", Role::Stat);
+  f(a.counts, "counts", Role::Out);
+  f(a.aux, "aux", Role::Stat);
+  f(a.logits, "logits", Role::Native);
+}
+// The gate's backward: dlogits (overwritten) from the combine weights'
+// gradient and daux (the loss's gradient w.r.t. aux) through the softmax;
+// the choices and the drop mask carry no gradient.
+struct MoeGateBwdArgs {
+  Tensor dlogits;  // (N, E) f32
+  Tensor dweight;  // (N, K) f32
+  Tensor gates;    // (N, E) f32, the forward's
+  Tensor expert;   // (N, K) i32
+  Tensor slot;     // (N, K) i32
+  float daux = 0.f;
+};
+template <class A, class F> IfArgs<A, MoeGateBwdArgs> fields(A& a, F&& f) {
+  f(a.dlogits, "dlogits", Role::Native);
+  f(a.dweight, "dweight", Role::Native);
+  f(a.gates, "gates", Role::Native);
+  f(a.expert, "expert", Role::In);
+  f(a.slot, "slot", Role::In);
+}
+// Dispatch: out[e, s] = inp[n] for each kept choice (expert[n, j] = e,
+// slot[n, j] = s); rows no choice fills are zero.
+struct MoeDispatchArgs {
+  Tensor out;      // (E, C, D)
+  Tensor inp;      // (N, D)
+  Tensor expert;   // (N, K) i32
+  Tensor slot;     // (N, K) i32
+};
+template <class A, class F> IfArgs<A, MoeDispatchArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.inp, "inp", Role::In);
+  f(a.expert, "expert", Role::In);
+  f(a.slot, "slot", Role::In);
+}
+// dinp[n] = sum of dout[expert[n, j], slot[n, j]] over n's kept choices
+// (overwritten; 0 for a token with none).
+struct MoeDispatchBwdArgs {
+  Tensor dinp;     // (N, D)
+  Tensor dout;     // (E, C, D)
+  Tensor expert;   // (N, K) i32
+  Tensor slot;     // (N, K) i32
+};
+template <class A, class F> IfArgs<A, MoeDispatchBwdArgs> fields(A& a, F&& f) {
+  f(a.dinp, "dinp", Role::Out);
+  f(a.dout, "dout", Role::In);
+  f(a.expert, "expert", Role::In);
+  f(a.slot, "slot", Role::In);
+}
+// Combine: out[n] = sum over n's kept choices of weight[n, j] * inp[e, s]
+// (overwritten; 0 for a token with none).
+struct MoeCombineArgs {
+  Tensor out;      // (N, D)
+  Tensor inp;      // (E, C, D) the experts' outputs
+  Tensor weight;   // (N, K) f32
+  Tensor expert;   // (N, K) i32
+  Tensor slot;     // (N, K) i32
+};
+template <class A, class F> IfArgs<A, MoeCombineArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.inp, "inp", Role::In);
+  f(a.weight, "weight", Role::Native);
+  f(a.expert, "expert", Role::In);
+  f(a.slot, "slot", Role::In);
+}
+// dinp[e, s] = weight[n, j] * dout[n] for the choice that fills row (e, s),
+// 0 for rows none fills; dweight[n, j] = dot(dout[n], inp[e, s]), 0 where
+// dropped (both overwritten).
+struct MoeCombineBwdArgs {
+  Tensor dinp;     // (E, C, D)
+  Tensor dweight;  // (N, K) f32
+  Tensor dout;     // (N, D)
+  Tensor inp;      // (E, C, D) the forward's experts' outputs
+  Tensor weight;   // (N, K) f32
+  Tensor expert;   // (N, K) i32
+  Tensor slot;     // (N, K) i32
+};
+template <class A, class F> IfArgs<A, MoeCombineBwdArgs> fields(A& a, F&& f) {
+  f(a.dinp, "dinp", Role::Out);
+  f(a.dweight, "dweight", Role::Native);
+  f(a.dout, "dout", Role::In);
+  f(a.inp, "inp", Role::In);
+  f(a.weight, "weight", Role::Native);
+  f(a.expert, "expert", Role::In);
+  f(a.slot, "slot", Role::In);
+}
+
 }  // namespace ds

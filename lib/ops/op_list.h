@@ -38,7 +38,13 @@
   X(nonfinite_check, NonFiniteArgs)          \
   X(masked_mean, MaskedMeanArgs)             \
   X(scale, ScaleArgs)                        \
-  X(cast, CastArgs)
+  X(cast, CastArgs)                          \
+  X(moe_gate_forward, MoeGateArgs)           \
+  X(moe_gate_backward, MoeGateBwdArgs)       \
+  X(moe_dispatch_forward, MoeDispatchArgs)   \
+  X(moe_dispatch_backward, MoeDispatchBwdArgs) \
+  X(moe_combine_forward, MoeCombineArgs)     \
+  X(moe_combine_backward, MoeCombineBwdArgs)
 
 // Declares `void name(const Args&, const Stream&)` for every op in namespace NS.
 #define DS_DECLARE_OP(name, Args) void name(const Args& a, const Stream& s);
