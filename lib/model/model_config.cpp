@@ -17,6 +17,20 @@ int padded_vocab(int vocab, int divisible_by, int tp) {
   return static_cast<int>((vocab + multiple - 1) / multiple * multiple);
 }
 
+int MoeConfig::experts(int layer, int num_layers) const {
+  if (expert_interval <= 0 || num_experts.empty() || (layer + 1) % expert_interval != 0) return 1;
+  const size_t k = num_experts.size() == 1 ? 0 : static_cast<size_t>(layer / expert_interval);
+  DS_CHECK(k < num_experts.size(), "layer {}: {} expert counts for {} layers at interval {}", layer,
+           num_experts.size(), num_layers, expert_interval);
+  return std::max(1, num_experts[k]);
+}
+
+bool MoeConfig::enabled(int num_layers) const {
+  for (int l = 0; l < num_layers; ++l)
+    if (experts(l, num_layers) > 1) return true;
+  return false;
+}
+
 const char* family_name(ModelFamily f) { return f == ModelFamily::LLaMA ? "llama" : "gpt2"; }
 
 void check_model_limits(const ModelConfig& m, const std::string& where, const ModelSizeNames& names) {
@@ -26,8 +40,12 @@ void check_model_limits(const ModelConfig& m, const std::string& where, const Mo
                 names.layers, m.num_layers, kMaxModelLayers);
   const double C = m.hidden_size, F = m.ffn_hidden_size, V = std::max(m.vocab_size, m.padded_vocab_size);
   const double positions = m.position == PositionKind::Learned ? double(m.max_position_embeddings) * C : 0.0;
+  // Each MoE layer holds its experts' MLPs (the expert count is checked
+  // against kMaxExperts before this).
+  double mlps = 0;
+  for (int l = 0; l < m.num_layers; ++l) mlps += m.moe.experts(l, m.num_layers);
   const double params =
-      m.num_layers * (2 * C * C + (m.activation == Activation::SwiGLU ? 3 : 2) * C * F) + V * C + positions;
+      m.num_layers * 2 * C * C + mlps * (m.activation == Activation::SwiGLU ? 3 : 2) * C * F + V * C + positions;
   DS_USER_CHECK(params <= kMaxModelParams, "{}{} {}, {} {} and {} {} make at least {:.3g} parameters, more than "
                 "the {:.0e} dstrain supports", at, names.layers, m.num_layers, names.hidden, m.hidden_size,
                 names.ffn, m.ffn_hidden_size, params, kMaxModelParams);

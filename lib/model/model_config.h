@@ -4,6 +4,7 @@
 // vocabulary) before anything below it sees them.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace ds {
 
@@ -11,6 +12,33 @@ enum class ModelFamily { GPT2, LLaMA };
 enum class NormKind { LayerNorm, RMSNorm };
 enum class Activation { GELU, SwiGLU };
 enum class PositionKind { Learned, Rope };
+
+// DeepSpeed-MoE noisy gate policies (deepspeed/moe/sharded_moe.py).
+enum class NoisyGatePolicy { None, Jitter, RSample };
+
+// Mixture of Experts, as Megatron-DeepSpeed builds DeepSpeed-MoE layers
+// (docs/moe.md). Layer l (0-based) is an MoE layer when (l + 1) %
+// expert_interval == 0 and its expert count (num_experts: one value for
+// every MoE layer, or one per MoE layer) is > 1; other layers are dense.
+struct MoeConfig {
+  std::vector<int> num_experts{1};  // --num-experts
+  int expert_interval = 2;          // --expert-interval (Megatron-DeepSpeed's default)
+  int topk = 1;                     // --topk
+  bool residual = false;            // --mlp-type residual (PR-MoE)
+  int expert_parallel_size = 1;     // --moe-expert-parallel-size
+  float train_capacity_factor = 1.f, eval_capacity_factor = 1.f;  // --moe-{train,eval}-capacity-factor
+  int min_capacity = 4;             // --moe-min-capacity
+  float loss_coeff = 0.1f;          // --moe-loss-coeff
+  bool drop_tokens = true;          // --disable-moe-token-dropping: false
+  bool top2_2nd_expert_sampling = true;  // --disable-moe-top2-2nd-expert-sampling: false
+  bool use_rts = true;              // DeepSpeed MoE(use_rts=True): random token selection (top-1)
+  NoisyGatePolicy noisy_gate_policy = NoisyGatePolicy::None;
+  bool expert_tensor_parallelism = false;  // --enable-expert-tensor-parallelism
+
+  // Experts of layer l of a num_layers-layer model (1: a dense layer).
+  int experts(int layer, int num_layers) const;
+  bool enabled(int num_layers) const;  // any MoE layer
+};
 
 struct ModelConfig {
   ModelFamily family = ModelFamily::GPT2;
@@ -32,6 +60,7 @@ struct ModelConfig {
   // the embedding and on each attention / MLP output before its residual add,
   // attention on the softmax probabilities. Evaluation never drops.
   float hidden_dropout = 0.1f, attention_dropout = 0.1f;
+  MoeConfig moe;
 };
 
 // Sets the family and its standard blocks. GPT-2: LayerNorm, GELU, learned
@@ -64,6 +93,7 @@ const char* family_name(ModelFamily f);  // "gpt2" | "llama"
 // the embedding and, with learned positions, the position table.
 inline constexpr int kMaxModelLayers = 1 << 16;
 inline constexpr double kMaxModelParams = 1e13;
+inline constexpr int kMaxExperts = 1 << 16;  // experts per MoE layer
 
 // How the input spells the size fields, for check_model_limits' errors
 // (dstrain: config keys and flags; a config.json: its own keys).

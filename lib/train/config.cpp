@@ -176,7 +176,8 @@ json model_json(const ModelConfig& m) {
           {"norm_eps", num(m.norm_eps)},
           {"init_method_std", num(m.init_method_std)},
           {"hidden_dropout", num(m.hidden_dropout)},
-          {"attention_dropout", num(m.attention_dropout)}};
+          {"attention_dropout", num(m.attention_dropout)},
+          {"moe", moe_json(m.moe)}};
 }
 
 json training_json(const TrainConfig& c) {

@@ -396,6 +396,7 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
   add_ignored_flags(app, deepspeed);
   std::map<std::string, json> compat;
   add_compat_flags(app, compat);
+  add_moe_flags(app, compat);
   std::vector<std::string> args = drop_repeated_list_flags(argc, argv);
   try {
     std::vector<std::string> rest(args.rbegin(), args.rend() - 1);  // CLI11 parses a reversed list without argv[0]
@@ -428,6 +429,7 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
   apply_schedule_flags(j, f.special, w);
   apply_other_flags(j, f.special);
   apply_compat_flags(j, compat, w);
+  apply_moe_flags(j, compat, w);
   // Megatron's own fp16 optimizer (no DeepSpeed engine, no config file) starts
   // dynamic loss scaling at --initial-loss-scale's default, 2^32.
   if (!deepspeed && f.config_path.empty() && f.special.count("--fp16") &&

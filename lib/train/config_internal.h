@@ -60,6 +60,14 @@ void set_at(nlohmann::json& j, const std::string& pointer, const nlohmann::json&
 // `out` (flag name -> value), then applied over the merged config.
 void add_compat_flags(CLI::App& app, std::map<std::string, nlohmann::json>& out);
 void apply_compat_flags(nlohmann::json& j, const std::map<std::string, nlohmann::json>& sp, Warnings& w);
+// Mixture of Experts (config_moe.cpp): Megatron-DeepSpeed's MoE flags, the
+// "model.moe" section, and the checks of the model and of the layout.
+void add_moe_flags(CLI::App& app, std::map<std::string, nlohmann::json>& out);
+void apply_moe_flags(nlohmann::json& j, const std::map<std::string, nlohmann::json>& sp, Warnings& w);
+void read_moe_section(JsonSection s, MoeConfig& m);
+nlohmann::json moe_json(const MoeConfig& m);
+void validate_moe_model(const ModelConfig& m);
+void validate_moe_parallel(const TrainConfig& cfg);
 
 // Parses argv; on --help fills help_text. Returns the merged JSON: the config
 // file (if any) with every flag applied over it.

@@ -47,6 +47,8 @@ void read_model_section(JsonSection s, ModelConfig& m) {
   m.init_method_std = s.get<float>("init_method_std", m.init_method_std);
   m.hidden_dropout = s.get<float>("hidden_dropout", m.hidden_dropout);
   m.attention_dropout = s.get<float>("attention_dropout", m.attention_dropout);
+  if (s.has("moe")) read_moe_section(s.section("moe"), m.moe);
+  s.mark("moe");
   s.finish(UnknownKeys::Error);
 }
 

@@ -166,6 +166,7 @@ void validate_model(const ModelConfig& m, const ParallelConfig& p) {
                 m.hidden_size, p.tp);
   DS_USER_CHECK(m.ffn_hidden_size % p.tp == 0,
                 "model.ffn_hidden_size {} is not divisible by tensor_model_parallel_size {}", m.ffn_hidden_size, p.tp);
+  validate_moe_model(m);
   // A model past any machine is refused here, before its layout is built.
   check_model_limits(m, "");
   DS_USER_CHECK(nkv == 0 || nkv % p.tp == 0 || p.tp % nkv == 0,
@@ -410,6 +411,7 @@ void validate_cuda_graph(const TrainConfig& cfg, int world_size) {
 void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
   validate_model(cfg.model, cfg.parallel);
   validate_parallel(cfg);
+  validate_moe_parallel(cfg);
   validate_training(cfg);  // before the optimizer: its schedule lengths follow train_iters
   validate_optimizer(cfg.optim);
   DS_USER_CHECK(optimizer_kind(cfg.optim.spec) != OptimizerKind::Lamb ||
