@@ -131,6 +131,10 @@ HfArch hf_arch(const ModelDims& d, const char* what) {
                   "architecture holds this combination",
                   what, block, arch, needs);
   };
+  for (int e : d.experts)
+    if (e > 1)
+      DS_USER_ERROR("{}: Mixture-of-Experts models do not map onto a Hugging Face architecture yet (Mixtral export "
+                    "is planned; docs/moe.md)", what);
   if (!d.rope) {  // GPT-2: LayerNorm, GELU, biases, multi-head attention
     const char* arch = "GPT2LMHeadModel", *needs = "learned positions need LayerNorm, GELU, biases and NKV = NH";
     if (d.rmsnorm) refuse("RMSNorm with learned positions", arch, needs);

@@ -28,6 +28,12 @@ int ParamDeclarer::begin_group(ParamGroupSpec g) {
   return group_;
 }
 
+int ParamDeclarer::use_group(const ParamGroupSpec& g) {
+  for (size_t i = 0; i < out_.groups.size(); ++i)
+    if (out_.groups[i].name == g.name) return group_ = static_cast<int>(i);
+  return begin_group(g);
+}
+
 ParamRef ParamDeclarer::add(const std::string& name, Shape shape, int layer, InitKind init, TpSplit split,
                             std::vector<RowBlock> blocks) {
   DS_CHECK(group_ >= 0, "parameter '{}' declared outside a parameter group", name);
@@ -89,13 +95,29 @@ MlpParams declare_mlp(ParamDeclarer& p, const std::string& prefix, const LayerSp
   return m;
 }
 
+MoeParams declare_moe(ParamDeclarer& p, const std::string& prefix, const LayerSpec& s, int layer) {
+  const int64_t E = s.experts, rows = s.fc_blocks() * s.F;
+  MoeParams m;
+  m.gate = p.add(prefix + "mlp.gate.weight", {E, s.C}, layer, InitKind::Normal);
+  const int was = p.group();
+  p.use_group(expert_param_group());
+  m.fc.weight = p.add(prefix + "mlp.experts.fc.weight", {E, rows, s.C}, layer, InitKind::Normal);
+  if (s.bias) m.fc.bias = p.add(prefix + "mlp.experts.fc.bias", {E, rows}, layer, InitKind::Zeros);
+  m.proj = p.add(prefix + "mlp.experts.proj.weight", {E, s.C, s.F}, layer, InitKind::ScaledNormal);
+  p.set_group(was);
+  return m;
+}
+
 LayerParams declare_layer(ParamDeclarer& p, const LayerSpec& s, int layer) {
   const std::string prefix = "layers." + std::to_string(layer) + ".";
   LayerParams l;
   l.norm1 = declare_norm(p, prefix + "norm1", s, layer);
   l.attn = declare_attention(p, prefix, s, layer);
   l.norm2 = declare_norm(p, prefix + "norm2", s, layer);
-  l.mlp = declare_mlp(p, prefix, s, layer);
+  if (s.experts > 1)
+    l.moe = declare_moe(p, prefix, s, layer);
+  else
+    l.mlp = declare_mlp(p, prefix, s, layer);
   return l;
 }
 

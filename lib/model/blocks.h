@@ -29,6 +29,7 @@ struct LayerSpec {
   int64_t Q = 0, KV = 0;  // q rows (NH*HS), k and v rows each (NKV*HS)
   int64_t F = 0;      // FFN hidden size (per fc block)
   int kv_parts = 1;   // distinct kv parts over the tp ranks (kv_parts())
+  int experts = 1;    // > 1: a Mixture-of-Experts layer of that many `mlp` experts
   int fc_blocks() const { return mlp == MlpKind::SwiGLU ? 2 : 1; }
 };
 LayerSpec layer_spec(const ModelDims& d, int tp);
@@ -40,6 +41,10 @@ class ParamDeclarer {
   int tp() const { return out_.shard.tp; }
   // Adds a group; later add() calls declare into it. Returns its index.
   int begin_group(ParamGroupSpec g);
+  // Declares into the group named g.name from now on, adding it if new.
+  int use_group(const ParamGroupSpec& g);
+  int group() const { return group_; }
+  void set_group(int g) { group_ = g; }
   // shape: the FULL shape; the local one divides the split dim by the
   // layout's tp (Rows: each of `blocks` by its parts; none: one block). Weight
   // decay follows the current group's rule.
@@ -56,6 +61,9 @@ class ParamDeclarer {
 NormParams declare_norm(ParamDeclarer& p, const std::string& name, const LayerSpec& s, int layer);
 AttentionParams declare_attention(ParamDeclarer& p, const std::string& prefix, const LayerSpec& s, int layer);
 MlpParams declare_mlp(ParamDeclarer& p, const std::string& prefix, const LayerSpec& s, int layer);
+// The router (dense group) and the stacked experts (experts group), replicated
+// over tensor-parallel ranks.
+MoeParams declare_moe(ParamDeclarer& p, const std::string& prefix, const LayerSpec& s, int layer);
 LayerParams declare_layer(ParamDeclarer& p, const LayerSpec& s, int layer);
 
 }  // namespace ds

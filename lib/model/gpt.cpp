@@ -426,7 +426,10 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tens
   exit_tp(a.resid_mid);
   dropout_add_norm(P.norm2, a.resid_mid, a.resid_mid, rows(x), hidden_dropout(l, DropoutSite::AttentionOut),
                    a.norm2_out, a.norm2_mean, a.norm2_rstd);
-  mlp_forward(l, a, y, add);
+  if (P.is_moe())
+    moe_forward(l, a, y, add);
+  else
+    mlp_forward(l, a, y, add);
 }
 
 // y = resid_mid + dropout(proj(act(fc(norm2_out)))) (with add InNextNorm,
@@ -511,8 +514,13 @@ void GptModel::mlp_backward(int l, LayerActs& a, const Tensor& dresid) {
 void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
   LayerActs& a = S().acts[l];
   const LayerParams& P = lp(l);
-  mlp_backward(l, a, dresid);
-  norm_backward(P.norm2, dresid, enter_tp_backward(dnorm_), a.resid_mid, a.norm2_mean, a.norm2_rstd);
+  if (P.is_moe()) {
+    moe_backward(l, a, dresid);
+    norm_backward(P.norm2, dresid, dnorm_, a.resid_mid, a.norm2_mean, a.norm2_rstd);
+  } else {
+    mlp_backward(l, a, dresid);
+    norm_backward(P.norm2, dresid, enter_tp_backward(dnorm_), a.resid_mid, a.norm2_mean, a.norm2_rstd);
+  }
   // Attention branch.
   ops::matmul_backward({.dinp = rows(dattn_),
                         .dweight = dw(P.attn.proj.weight),
@@ -769,6 +777,7 @@ float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, fl
   S().key = key;
   forward(tokens);
   float loss = loss_and_dlogits(targets, loss_weight, true, targets_host, /*to_sink=*/true);
+  aux_grad_ = cfg_.moe.loss_coeff * loss_weight * static_cast<float>(tokens.numel());
   backward(tokens);
   store_->end_pass();
   return loss;
@@ -807,6 +816,7 @@ float GptModel::stage_forward(int slot, int chunk, const Tensor& tokens, const T
   DS_CHECK(slot >= 0 && slot < n_slots_, "activation slot {} outside [0, {})", slot, n_slots_);
   cur_ = slot;
   S().key = key;
+  if (backward) aux_grad_ = cfg_.moe.loss_coeff * loss_weight * static_cast<float>(tokens.numel());
   store_->begin_pass(forward_order(chunk));
   forward(tokens, chunk);
   store_->end_pass();

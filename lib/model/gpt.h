@@ -33,6 +33,22 @@ namespace ds {
 // the attention tensors (qkv, qkv_pre, attn_out, lse) hold the full sequence
 // U*T with this rank's NHl/U query heads and their kv heads (QKVa, Ca); the
 // attention output back in sequence shards, the input of attn.proj, is attn_seq.
+// A Mixture-of-Experts MLP's saved activations for one micro-batch
+// (lib/model/moe_layer.cpp), sized by each forward: the experts' buffers hold
+// Cb rows each (the capacity, or the largest expert load when dropless).
+struct MoeActs {
+  Tensor logits;        // (N, E) f32 router logits
+  Tensor gates;         // (N, E) f32 softmax of the logits
+  Tensor expert, slot;  // (N, K) i32 each token's choices and their rows (-1: dropped)
+  Tensor weight;        // (N, K) f32 combine weights
+  Tensor counts;        // (E) i32 choices per expert before dropping
+  Tensor aux;           // (1) f32 load-balancing loss l_aux
+  Tensor xin;           // (E, Cb, C) the experts' inputs
+  Tensor fc_out;        // (E, Cb, Fin) fc output (pre-activation)
+  Tensor act_out;       // (E, Cb, F)
+  Tensor xout;          // (E, Cb, C) the experts' outputs
+};
+
 struct LayerActs {
   Tensor norm1_out, norm1_mean, norm1_rstd;  // (B,T,C), (B,T), (B,T)
   Tensor qkv;                                // (B,T,QKVl) after bias (and rope if any)
@@ -43,6 +59,7 @@ struct LayerActs {
   Tensor norm2_out, norm2_mean, norm2_rstd;  // (B,T,C), (B,T), (B,T)
   Tensor fc_out;                             // (B,T,Fl) or (B,T,2Fl) for swiglu
   Tensor act_out;                            // (B,T,Fl)
+  MoeActs moe;                               // MoE layers only (fc_out / act_out above unused)
 };
 
 // Where a training micro-batch is: the key of its dropout masks
@@ -156,6 +173,16 @@ class GptModel {
   // block, not in a kernel argument (docs/cuda.md, "CUDA graphs"). Not with
   // the vocab-parallel loss. Undefined: loss_weight alone.
   void set_dloss_scale(const Tensor& scale);
+  // Mixture of Experts: while a sink is set, every training forward adds
+  // `weight` times each MoE layer's load-balancing loss l_aux to sink[0] (a
+  // (1) f32 on the model's device; the step's "moe loss" statistic). The
+  // gradient of l_aux is loss_coeff times the micro-batch's loss weight
+  // times its tokens (the loss is lm loss + loss_coeff * sum of l_aux, as
+  // Megatron-DeepSpeed's loss_func), whether or not a sink is set.
+  void set_moe_loss_sink(const Tensor& sink, float weight = 1.0f);
+  bool has_moe() const;
+  // The sum of the MoE layers' l_aux in the last forward (host read; tests).
+  double moe_aux_loss() const;
   // Forgets a forward/backward that an exception interrupted (a CUDA graph
   // capture that failed midway; none of its device work ran): the units it
   // acquired are dropped without adding their gradients, so the next pass
@@ -296,6 +323,11 @@ class GptModel {
   // add: as layer_forward's (InNextNorm leaves y without resid_mid).
   void mlp_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add);
   void mlp_backward(int l, LayerActs& a, const Tensor& dresid);
+  // Mixture-of-Experts MLP (lib/model/moe_layer.cpp): the same contract as
+  // mlp_forward / mlp_backward; the experts are replicated over tp ranks, so
+  // no tp region is entered and the input gradient in dnorm_ is complete.
+  void moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add);
+  void moe_backward(int l, LayerActs& a, const Tensor& dresid);
   void norm_forward(const NormParams& norm, const Tensor& out, const Tensor& mean,
                     const Tensor& rstd, const Tensor& inp);
   // sum = residual + dropout(inp), then the norm of sum into out: the fused
@@ -349,6 +381,9 @@ class GptModel {
   Tensor loss_sink_;  // see set_loss_sink
   Tensor dloss_scale_;  // see set_dloss_scale
   float loss_sink_weight_ = 1.0f;
+  Tensor moe_sink_;  // see set_moe_loss_sink
+  float moe_sink_weight_ = 1.0f;
+  float aux_grad_ = 0.f;  // gradient of the loss w.r.t. each l_aux in the running backward
   Tensor ce_max_, ce_stats_;        // (B*T), (2, B*T) f32: vocab-parallel softmax statistics
   // Backward scratch.
   Tensor dresid_, dnorm_, dqkv_, dqkv2_, dattn_, dfc_, dact_;

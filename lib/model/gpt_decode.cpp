@@ -36,6 +36,7 @@ KvCache kv_cache_rows(const KvCache& c, int64_t b0, int64_t n) {
 KvCache GptModel::make_kv_cache(int64_t B, int64_t Tmax) const {
   DS_CHECK(layout_.first_stage() && layout_.last_stage() && layout_.shard.vp == 1,
            "make_kv_cache: generation needs the whole model on each rank (pipeline size 1)");
+  DS_USER_CHECK(!has_moe(), "generation from a Mixture-of-Experts model is not implemented yet");
   DS_CHECK(!tp_.sp(), "make_kv_cache: generation runs without sequence parallelism");
   DS_CHECK(!sp_.active(), "make_kv_cache: generation runs without Ulysses sequence parallelism");
   DS_USER_CHECK(B >= 1 && Tmax >= 1, "generation: batch {} and context {} must be >= 1", B, Tmax);

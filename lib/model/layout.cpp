@@ -4,6 +4,8 @@
 // boundaries), then the final norm and (if untied) the output head.
 #include "lib/model/layout.h"
 
+#include <algorithm>
+
 #include "lib/core/error.h"
 #include "lib/model/blocks.h"
 
@@ -30,6 +32,9 @@ ModelDims model_dims(const ModelConfig& m) {
   d.rope = m.position == PositionKind::Rope;
   d.rmsnorm = m.norm == NormKind::RMSNorm;
   d.gpt2 = m.family == ModelFamily::GPT2;
+  d.experts.resize(static_cast<size_t>(std::max(d.L, 0)), 1);
+  for (int l = 0; l < d.L; ++l) d.experts[static_cast<size_t>(l)] = m.moe.experts(l, d.L);
+  d.topk = m.moe.topk;
   DS_USER_CHECK(d.V > 0 && d.Vp >= d.V, "model: vocab size {} / padded {} invalid", d.V, d.Vp);
   DS_USER_CHECK(!d.rope || d.HS % 2 == 0, "model: rope needs an even head size, got {}", d.HS);
   DS_USER_CHECK(m.rotary_percent > 0.f && m.rotary_percent <= 1.f, "model: rotary_percent {} must be in (0, 1]",
@@ -80,14 +85,17 @@ ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
   out.end_layer = out.chunks.back().end;
   out.layers.resize(static_cast<size_t>(d.L));
   const bool first = pp_rank == 0, last = pp_rank == pp - 1;
-  const LayerSpec spec = layer_spec(d, tp);
+  LayerSpec spec = layer_spec(d, tp);
   ParamDeclarer b(out);
   b.begin_group(dense_param_group());
   if (first || (last && !d.untied))
     out.embed.wte = b.add("embed.wte", {d.Vp, d.C}, -1, InitKind::Normal, TpSplit::Rows);
   if (first && !d.rope) out.embed.wpe = b.add("embed.wpe", {d.maxT, d.C}, -1, InitKind::Normal);
   for (int l = out.first_layer; l < out.end_layer; ++l)
-    if (out.holds_layer(l)) out.layers[static_cast<size_t>(l)] = declare_layer(b, spec, l);
+    if (out.holds_layer(l)) {
+      spec.experts = d.layer_experts(l);
+      out.layers[static_cast<size_t>(l)] = declare_layer(b, spec, l);
+    }
   if (!last) return out;
   out.head.final_norm = declare_norm(b, "final_norm", spec, d.L);
   if (d.untied) out.head.head = b.add("head.weight", {d.Vp, d.C}, d.L, InitKind::Normal, TpSplit::Rows);
@@ -101,6 +109,16 @@ bool ModelLayout::holds_layer(int layer) const {
 }
 
 int64_t count_parameters(const ModelConfig& m) { return build_layout(m).total; }
+
+int64_t inactive_expert_params(const ModelLayout& layout, int topk) {
+  int64_t n = 0;
+  for (const ParamSpec& p : layout.params) {
+    if (p.group < 0 || layout.groups[static_cast<size_t>(p.group)].name != "experts") continue;
+    const int64_t E = p.full_shape[0];
+    n += p.numel / E * std::max<int64_t>(E - topk, 0);
+  }
+  return n;
+}
 
 const ParamSpec* ModelLayout::try_find(const std::string& name) const {
   for (const auto& p : params)

@@ -91,6 +91,9 @@ struct ModelDims {
   int V = 0, Vp = 0, maxT = 0;              // real vocab, padded vocab, max positions
   bool gpt2 = true;                         // LayerNorm/GELU/learned pos/bias family
   bool bias = true, untied = false, rope = false, rmsnorm = false, swiglu = false;
+  std::vector<int> experts;                 // per layer: > 1 a Mixture-of-Experts layer, else 1
+  int topk = 1;                             // experts per token (MoE layers)
+  int layer_experts(int l) const { return experts.empty() ? 1 : experts[static_cast<size_t>(l)]; }
 };
 ModelDims model_dims(const ModelConfig& m);
 
@@ -103,6 +106,10 @@ ModelDims model_dims(const ModelConfig& m);
 // shard is the whole model.
 ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s = {});
 int64_t count_parameters(const ModelConfig& m);
+// Parameters of the experts a token does not run through: for each MoE
+// layer, (experts - topk) / experts of its expert weights (the router and
+// the dense layers all run). 0 without MoE layers.
+int64_t inactive_expert_params(const ModelLayout& layout, int topk);
 
 // Distinct kv-head parts of the fused qkv weight over tp ranks: tp when the
 // kv heads split (NKV % tp == 0), NKV when each rank holds one replicated kv

@@ -35,4 +35,11 @@ ParamGroupSpec dense_param_group() {
           .decay = DecayRule::Megatron};
 }
 
+ParamGroupSpec expert_param_group() {
+  return {.name = "experts",
+          .split = {ParallelAxis::Pipeline},
+          .reduce = {ParallelAxis::Data, ParallelAxis::Ulysses},
+          .decay = DecayRule::Megatron};
+}
+
 }  // namespace ds

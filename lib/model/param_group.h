@@ -40,7 +40,12 @@ struct ParamGroupSpec {
   bool reduces_over(ParallelAxis a) const;
 };
 
-// The group every GPT weight belongs to today.
+// The group every GPT weight belongs to, experts aside.
 ParamGroupSpec dense_param_group();
+// The experts of MoE layers. With expert parallelism (not yet) they split
+// over the expert-parallel ranks and reduce over the expert-data-parallel
+// ones; today every rank holds every expert, so they reduce over the same
+// ranks as the dense group, and are replicated over tensor-parallel ranks.
+ParamGroupSpec expert_param_group();
 
 }  // namespace ds

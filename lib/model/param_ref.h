@@ -25,11 +25,22 @@ struct AttentionParams {
 struct MlpParams {
   LinearParams fc, proj;  // SwiGLU: fc holds [gate | up]
 };
+// A Mixture-of-Experts MLP: the router (gate, in the dense group) and the
+// experts' MLPs stacked along a leading expert dimension (the experts group):
+// fc (E, Fin, C) with bias (E, Fin), proj (E, C, F) without a bias
+// (DeepSpeed's experts drop their output bias; docs/moe.md).
+struct MoeParams {
+  ParamRef gate;  // (E, C)
+  LinearParams fc;
+  ParamRef proj;
+};
 struct LayerParams {
   NormParams norm1;
   AttentionParams attn;
   NormParams norm2;
-  MlpParams mlp;
+  MlpParams mlp;  // dense layers
+  MoeParams moe;  // MoE layers (LayerSpec::experts > 1)
+  bool is_moe() const { return moe.gate.defined(); }
 };
 struct EmbeddingParams {
   ParamRef wte, wpe;  // rope models: no wpe

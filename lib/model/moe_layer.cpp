@@ -1,0 +1,205 @@
+// The Mixture-of-Experts MLP of a GptModel layer (docs/moe.md), DeepSpeed-MoE
+// as Megatron-DeepSpeed uses it:
+//   logits = norm2_out @ gate^T                      (N, E), f32
+//   choices, rows, weights, l_aux = gate(logits)     (ops::moe_gate_forward)
+//   xin[e] = the tokens routed to expert e           (ops::moe_dispatch_forward)
+//   xout[e] = proj_e(act(fc_e(xin[e])))              (one GEMM pair per expert)
+//   y = sum over a token's kept choices of weight * xout[e, row]   (ops::moe_combine_forward)
+// Experts have no output bias (DeepSpeed's experts drop the bias their
+// Megatron MLP returns). Every rank holds every expert (no expert
+// parallelism yet) and tensor-parallel ranks compute the same MoE output on
+// the same (replicated) input, so no tp region is entered.
+#include <algorithm>
+#include <cmath>
+
+#include "lib/core/error.h"
+#include "lib/model/gpt.h"
+#include "lib/ops/ops.h"
+
+namespace ds {
+namespace {
+
+// DeepSpeed's _capacity: ceil(tokens / experts * factor), with the factor
+// times k for top-2 and top-k, at least min_capacity. The product is taken
+// in f32, as DeepSpeed multiplies by a float32 tensor.
+int64_t moe_capacity(int64_t tokens, int64_t experts, int k, float factor, int min_capacity) {
+  const float f = static_cast<float>(static_cast<double>(factor) * (k >= 2 ? k : 1));
+  const float per = static_cast<float>(static_cast<double>(tokens) / static_cast<double>(experts));
+  const auto c = static_cast<int64_t>(std::ceil(per * f));
+  return std::max<int64_t>(c, min_capacity);
+}
+
+// The key of one MoE layer's random draws (RTS, Gumbel noise) in one
+// micro-batch: training draws follow the dropout key (iteration, first
+// sample), so every layout draws the same values for the same micro-batch.
+uint64_t moe_noise_stream(const DropoutKey& key, int layer) {
+  uint64_t h = dropout_mix(0x6d6f65ull ^ (key.train ? 1u : 0u));  // "moe"
+  h = dropout_mix(h ^ static_cast<uint64_t>(key.iteration));
+  h = dropout_mix(h ^ static_cast<uint64_t>(key.first_sample));
+  return dropout_mix(h ^ static_cast<uint64_t>(layer));
+}
+
+Tensor row(const Tensor& t, int64_t i) {  // t[i] of a (n, ...) tensor
+  Shape s(t.shape().begin() + 1, t.shape().end());
+  return t.view(i * shape_numel(s), s);
+}
+
+}  // namespace
+
+bool GptModel::has_moe() const {
+  for (const LayerParams& p : layout_.layers)
+    if (p.is_moe()) return true;
+  return false;
+}
+
+double GptModel::moe_aux_loss() const {
+  double sum = 0;
+  for (const LayerActs& a : sets_[static_cast<size_t>(cur_)].acts)
+    if (a.moe.aux.defined()) sum += a.moe.aux.to(Device::cpu()).data<float>()[0];
+  return sum;
+}
+
+void GptModel::set_moe_loss_sink(const Tensor& sink, float weight) {
+  DS_CHECK(!sink.defined() || (sink.dtype() == DType::F32 && sink.device() == dev_ && sink.numel() == 1),
+           "moe loss sink: expected one f32 element on the model's device, got {} {}", dtype_name(sink.dtype()),
+           shape_str(sink.shape()));
+  moe_sink_ = sink;
+  moe_sink_weight_ = weight;
+}
+
+void GptModel::moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add) {
+  const MoeParams& P = lp(l).moe;
+  const MoeConfig& mc = cfg_.moe;
+  MoeActs& m = a.moe;
+  const DropoutKey& key = S().key;
+  const int64_t N = a.norm2_out.size(0), C = d_.C, E = d_.layer_experts(l), K = d_.topk;
+  const int64_t Fin = (d_.swiglu ? 2 : 1) * d_.F;
+  auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
+  auto act = [&](Shape s) { return Tensor::empty(s, compute_, dev_); };
+  auto i32 = [&](Shape s) { return Tensor::empty(s, DType::I32, dev_); };
+  // Router logits in f32 (DeepSpeed's gate runs in f32; here the GEMM runs in
+  // the compute dtype and its output is widened).
+  m.logits = f32({N, E});
+  const Tensor lg = compute_ == DType::F32 ? m.logits : act({N, E});
+  ops::matmul_forward({.out = lg, .inp = a.norm2_out, .weight = w(P.gate), .bias = Tensor()}, stream_);
+  if (compute_ != DType::F32) ops::cast({.out = m.logits, .inp = lg}, stream_);
+  const int64_t capacity =
+      mc.drop_tokens ? moe_capacity(N, E, static_cast<int>(K), key.train ? mc.train_capacity_factor
+                                                                         : mc.eval_capacity_factor, mc.min_capacity)
+                     : 0;
+  m.gates = f32({N, E});
+  m.expert = i32({N, K});
+  m.slot = i32({N, K});
+  m.weight = f32({N, K});
+  m.counts = i32({E});
+  m.aux = f32({1});
+  ops::moe_gate_forward({.gates = m.gates,
+                         .expert = m.expert,
+                         .slot = m.slot,
+                         .weight = m.weight,
+                         .counts = m.counts,
+                         .aux = m.aux,
+                         .logits = m.logits,
+                         .capacity = capacity,
+                         .rts = K == 1 && mc.use_rts,
+                         .rsample = K == 1 && key.train && mc.noisy_gate_policy == NoisyGatePolicy::RSample,
+                         .second_sampling = K == 2 && mc.top2_2nd_expert_sampling,
+                         .noise_seed = key.seed,
+                         .noise_stream = moe_noise_stream(key, l)},
+                        stream_);
+  // Rows per expert buffer: the capacity (no more than there are tokens), or
+  // dropless the largest expert load (read back, as DeepSpeed does).
+  int64_t rows = std::min(capacity, N);
+  if (capacity == 0) {
+    const Tensor counts = m.counts.device().is_cpu() ? m.counts : m.counts.to(Device::cpu());
+    rows = *std::max_element(counts.data<int32_t>(), counts.data<int32_t>() + E);
+  }
+  rows = std::max<int64_t>(rows, 1);
+  m.xin = act({E, rows, C});
+  m.fc_out = act({E, rows, Fin});
+  m.act_out = act({E, rows, d_.F});
+  m.xout = act({E, rows, C});
+  ops::moe_dispatch_forward({.out = m.xin, .inp = a.norm2_out, .expert = m.expert, .slot = m.slot}, stream_);
+  const Tensor wfc = w(P.fc.weight), wproj = w(P.proj);
+  const Tensor bfc = opt(P.fc.bias, false);
+  for (int64_t e = 0; e < E; ++e) {
+    const Tensor pre = row(m.fc_out, e), out = row(m.act_out, e);
+    ops::matmul_forward({.out = pre, .inp = row(m.xin, e), .weight = row(wfc, e),
+                         .bias = bfc.defined() ? row(bfc, e) : Tensor()},
+                        stream_);
+    if (d_.swiglu)
+      ops::swiglu_forward({.out = out, .inp = pre}, stream_);
+    else
+      ops::gelu_forward({.out = out, .inp = pre, .dout = Tensor()}, stream_);
+    ops::matmul_forward({.out = row(m.xout, e), .inp = out, .weight = row(wproj, e), .bias = Tensor()}, stream_);
+  }
+  const Tensor y2 = y.reshape({N, C});
+  ops::moe_combine_forward({.out = y2, .inp = m.xout, .weight = m.weight, .expert = m.expert, .slot = m.slot},
+                           stream_);
+  if (add == ResidualAdd::InLayer) dropout_add(y2, y2, a.resid_mid, hidden_dropout(l, DropoutSite::MlpOut));
+  if (key.train && moe_sink_.defined() && moe_sink_weight_ != 0.f) {  // the step's "moe loss" statistic
+    ops::scale({.x = m.aux, .s = moe_sink_weight_}, stream_);
+    ops::add({.out = moe_sink_, .a = moe_sink_, .b = m.aux}, stream_);
+  }
+}
+
+// Down to dnorm_ (the gradient of norm2_out, complete on every tp rank).
+void GptModel::moe_backward(int l, LayerActs& a, const Tensor& dresid) {
+  const MoeParams& P = lp(l).moe;
+  MoeActs& m = a.moe;
+  const int64_t N = a.norm2_out.size(0), C = d_.C, E = d_.layer_experts(l), K = d_.topk;
+  const int64_t rows = m.xin.size(1), Fin = m.fc_out.size(2);
+  auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
+  auto act = [&](Shape s) { return Tensor::empty(s, compute_, dev_); };
+  const Tensor dy = dropout_grad(dresid, hidden_dropout(l, DropoutSite::MlpOut)).reshape({N, C});
+  const Tensor dxout = act({E, rows, C}), dweight = f32({N, K});
+  ops::moe_combine_backward({.dinp = dxout, .dweight = dweight, .dout = dy, .inp = m.xout, .weight = m.weight,
+                             .expert = m.expert, .slot = m.slot},
+                            stream_);
+  const Tensor wfc = w(P.fc.weight), wproj = w(P.proj), dwfc = dw(P.fc.weight), dwproj = dw(P.proj);
+  const Tensor dbfc = opt(P.fc.bias, true);
+  const Tensor dxin = act({E, rows, C}), dact = act({rows, d_.F}), dfc = act({rows, Fin});
+  for (int64_t e = 0; e < E; ++e) {
+    ops::matmul_backward({.dinp = dact,
+                          .dweight = row(dwproj, e),
+                          .dbias = Tensor(),
+                          .dout = row(dxout, e),
+                          .inp = row(m.act_out, e),
+                          .weight = row(wproj, e),
+                          .accum = Accum::Overwrite},
+                         stream_);
+    if (d_.swiglu)
+      ops::swiglu_backward({.dinp = dfc, .dout = dact, .inp = row(m.fc_out, e)}, stream_);
+    else
+      ops::gelu_backward({.out = dfc, .inp = row(m.fc_out, e), .dout = dact}, stream_);
+    ops::matmul_backward({.dinp = row(dxin, e),
+                          .dweight = row(dwfc, e),
+                          .dbias = dbfc.defined() ? row(dbfc, e) : Tensor(),
+                          .dout = dfc,
+                          .inp = row(m.xin, e),
+                          .weight = row(wfc, e),
+                          .accum = Accum::Overwrite},
+                         stream_);
+  }
+  ops::moe_dispatch_backward({.dinp = dnorm_, .dout = dxin, .expert = m.expert, .slot = m.slot}, stream_);
+  // The router: through the combine weights and l_aux to the logits, then the gate GEMM.
+  const Tensor dlogits = f32({N, E});
+  ops::moe_gate_backward(
+      {.dlogits = dlogits, .dweight = dweight, .gates = m.gates, .expert = m.expert, .slot = m.slot, .daux = aux_grad_},
+      stream_);
+  Tensor dlg = dlogits;
+  if (compute_ != DType::F32) {
+    dlg = act({N, E});
+    ops::cast({.out = dlg, .inp = dlogits}, stream_);
+  }
+  ops::matmul_backward({.dinp = dnorm_,
+                        .dweight = dw(P.gate),
+                        .dbias = Tensor(),
+                        .dout = dlg,
+                        .inp = a.norm2_out,
+                        .weight = w(P.gate),
+                        .accum = Accum::Add},
+                       stream_);
+}
+
+}  // namespace ds
