@@ -26,10 +26,11 @@ double flops_per_token(const ModelConfig& m, int64_t n) {
 std::string format_iteration(const IterStats& s) {
   std::string line = fmt::format(
       " iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} | "
-      "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | loss scale: {:.1f} | "
+      "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} |{} loss scale: {:.1f} | "
       "grad norm: {:.3f} |{} number of skipped iterations: {:>3} | number of nan iterations: {:>3} | "
       "tokens/s: {:.0f} | TFLOP/s: {:.3f} |",
-      s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iter, s.lr, s.global_batch, s.loss, s.loss_scale,
+      s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iter, s.lr, s.global_batch, s.loss,
+      s.moe_loss >= 0 ? fmt::format(" moe loss: {:.6E} |", s.moe_loss) : std::string(), s.loss_scale,
       s.grad_norm,
       s.curriculum_seqlen > 0 ? fmt::format(" curriculum seqlen: {:5d} |", s.curriculum_seqlen) : std::string(),
       s.skipped, s.nan_iters, s.tokens_per_s, s.tflops);

@@ -16,6 +16,7 @@ struct IterStats {
   double ms_per_iter = 0, lr = 0, loss = 0, loss_scale = 1, grad_norm = 0;
   int64_t skipped = 0, nan_iters = 0;
   int64_t curriculum_seqlen = 0;  // > 0: the step's curriculum sequence length (logged)
+  double moe_loss = -1;           // >= 0: Mixture of Experts, loss_coeff x sum of l_aux (logged after lm loss)
   double tokens_per_s = 0, tflops = 0, mfu = -1;  // mfu < 0: not reported
   double max_mem_gb = -1;                          // < 0: not reported
   double elapsed_s = -1;  // since the trainer started; < 0: not reported (nor the ETA)

@@ -140,6 +140,7 @@ void TensorBoardMonitor::train(const TrainPoint& p) {
   if (o_.learning_rate) triple("learning-rate/learning-rate", p.lr, p);
   if (o_.batch_size) triple("batch-size/batch-size", p.batch_size, p);
   triple("lm-loss-training/lm loss", p.loss, p);
+  if (!std::isnan(p.moe_loss)) triple("lm-loss-training/moe loss", p.moe_loss, p);
   if (p.fp16 && o_.loss_scale) triple("loss-scale/loss-scale", p.loss_scale, p);
   if (o_.world_size) triple("world-size/world-size", p.world_size, p);
   if (std::isfinite(p.grad_norm)) triple("grad-norm/grad-norm", p.grad_norm, p);

@@ -5,6 +5,7 @@
 // own reader; test/train/tensorboard_check.py does so in the suite.
 // TensorBoardMonitor writes Megatron-DeepSpeed's scalar tags.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -50,6 +51,7 @@ struct TrainPoint {
   int64_t iteration = 0, samples = 0, tokens = 0;
   double lr = 0, loss = 0, loss_scale = 1, grad_norm = 0, batch_size = 0, seq_length = 0, world_size = 1;
   double curriculum_seqlen = 0;  // > 0 with a sequence-length curriculum
+  double moe_loss = NAN;         // Mixture of Experts: loss_coeff x sum of l_aux; NaN without MoE
   bool fp16 = false;
 };
 

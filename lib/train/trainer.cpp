@@ -93,6 +93,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   }
   if (comms_.grid.sp > 1) model_->set_ulysses({comms_.sp, comms_.grid.sp, comms_.grid.sp_rank});
   model_->set_recompute(recompute_config(cfg_.parallel));
+  moe_ = model_->has_moe();
   opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get(), cfg_.optim.spec);
   opt_->set_timeline(&timeline_);
   if (shard_.tp > 1 || shard_.pp > 1)  // each parameter counted once over the model-parallel (tp x pp) ranks
@@ -116,6 +117,8 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
            "AdamW runs on the CPU");
   int64_t n_matmul = full_layout_.total;
   if (const ParamSpec* p = full_layout_.try_find("embed.wpe")) n_matmul -= p->numel;
+  // Mixture of Experts: a token runs through topk of each MoE layer's experts.
+  n_matmul -= inactive_expert_params(full_layout_, cfg_.model.moe.topk);
   flops_per_token_ = flops_per_token(cfg_.model, n_matmul);
   load_or_init();
   if (state_.consumed_tokens < 0) state_.consumed_tokens = state_.consumed_samples * cfg_.model.seq_length;
@@ -421,6 +424,7 @@ float Trainer::train_step() {
   step_times_.grads_reduce += phase_ms();
   step_times_.steps += 1;
   const float loss = r.loss;
+  last_moe_loss_ = r.moe_loss;
   // The schedule counts applied steps only (DeepSpeed and Megatron do not
   // advance the learning rate on a skipped step).
   const int64_t tokens_before = state_.consumed_tokens;
@@ -661,6 +665,7 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
   s.loss = loss;
   s.loss_scale = state_.loss_scale;
   s.grad_norm = grad_norm;
+  if (moe_) s.moe_loss = last_moe_loss_;
   s.skipped = state_.skipped_steps;
   s.nan_iters = nan_iters_;
   if (curriculum_) s.curriculum_seqlen = seqlen_;

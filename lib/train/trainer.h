@@ -68,14 +68,16 @@ class Trainer {
   void begin_step_stats();
   void end_step_stats();  // the device work that completes the step's statistics (no host read)
   // The step's block on the device, (kStepStats + AdamWSlot::Count) f32: the
-  // statistics (gradient sum of squares, overflow flag, loss) and the step
-  // scalars of the gated update (lib/ops/step_scalars.h). One read returns both.
-  static constexpr int64_t kStepStats = 3;
+  // statistics (gradient sum of squares, overflow flag, loss, MoE loss) and
+  // the step scalars of the gated update (lib/ops/step_scalars.h). One read
+  // returns both; the gate reads the first three statistics.
+  static constexpr int64_t kStepStats = 4;
   Tensor step_block_;
   Tensor step_stats() const { return step_block_.view(0, {kStepStats}); }
   Tensor step_scalars() const { return step_block_.view(kStepStats, {AdamWSlot::Count}); }
   struct StepRead {
     float sumsq = 0, overflow = 0, loss = 0;  // the world's sums (the loss scale still in sumsq)
+    float moe_loss = 0;                       // loss_coeff x sum of l_aux, averaged like the loss
     float grad_scale = 1;                     // device_update_: what the device's gate decided
     bool skipped = false;
   };
@@ -168,6 +170,8 @@ class Trainer {
   double flops_per_token_ = 0;
   double peak_tflops_ = 0;
   double last_grad_norm_ = 0, last_lr_ = 0;
+  bool moe_ = false;  // the model has Mixture-of-Experts layers
+  double last_moe_loss_ = 0;  // the last step's "moe loss"
   int64_t nan_iters_ = 0, nan_streak_ = 0;  // non-finite iterations: in this run, in a row
   StepTimes step_times_;  // wall_clock_breakdown: phases since the last log line
   double phase_ms();      // milliseconds since the previous call (device synchronized)

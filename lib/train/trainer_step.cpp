@@ -44,12 +44,12 @@ void Trainer::copy_update_terms() {
 // graph holds them with --cuda-graph (with a dynamic fp16 loss scale the gate
 // then reads the scale from the step block).
 void Trainer::update_on_device(const StepHyper& h, double loss_scale, bool scale_in_block) {
-  ops::step_gate({.scalars = step_scalars(), .stats = step_stats(), .loss_scale = loss_scale,
+  ops::step_gate({.scalars = step_scalars(), .stats = step_stats().view(0, {3}), .loss_scale = loss_scale,
                   .scale_in_block = scale_in_block, .max_norm = cfg_.optim.grad_clip, .rule = skip_rule()});
   opt_->step_gated(h, step_scalars());
 }
 
-// step_stats() = [gradient sum of squares, overflow flag, loss]: each rank's
+// step_stats() = [gradient sum of squares, overflow flag, loss, MoE loss]: each rank's
 // share, zeroed (asynchronously); the model adds its micro-batches' mean
 // losses to the loss slot. Every loss is computed by each tp rank of the last
 // pipeline stage: tp rank 0 reports it, weighted so that the sum over the
@@ -61,6 +61,9 @@ void Trainer::begin_step_stats() {
   stats.zero_();
   const double share = 1.0 / static_cast<double>(cfg_.batch.grad_accum_steps * sdp_);
   model_->set_loss_sink(stats.view(2, {1}), shard_.tp_rank == 0 ? static_cast<float>(share) : 0.f);
+  // Megatron-DeepSpeed's "moe loss": loss_coeff x the sum of the layers' l_aux.
+  model_->set_moe_loss_sink(stats.view(3, {1}),
+                            shard_.tp_rank == 0 ? static_cast<float>(share * cfg_.model.moe.loss_coeff) : 0.f);
 }
 
 // end_step_stats: reduces the gradients, adds this rank's share of their sum
@@ -75,6 +78,7 @@ void Trainer::end_step_stats() {
   opt_->reduce_gradients_into(stats.view(0, {1}));
   if (scaler_) opt_->grads_nonfinite_into(stats.view(1, {1}));
   model_->set_loss_sink(Tensor());
+  model_->set_moe_loss_sink(Tensor());
   Communicator& world = *comms_.world;
   if (world.size() > 1) world.all_reduce(stats);
 }
@@ -92,7 +96,7 @@ Trainer::StepRead Trainer::read_step_block() {
   world.raise_if_failed();  // values from an aborted operation (on any group) are never used
   const float* v = host.data<float>();
   const float* sc = v + kStepStats;
-  return StepRead{.sumsq = v[0], .overflow = v[1], .loss = v[2], .grad_scale = sc[AdamWSlot::GradScale],
+  return StepRead{.sumsq = v[0], .overflow = v[1], .loss = v[2], .moe_loss = v[3], .grad_scale = sc[AdamWSlot::GradScale],
                   .skipped = sc[AdamWSlot::Skip] != 0.f};
 }
 

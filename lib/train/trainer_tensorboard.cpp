@@ -61,6 +61,7 @@ TrainPoint Trainer::train_point(float loss) const {
                     .seq_length = static_cast<double>(seqlen_),
                     .world_size = static_cast<double>(comms_.world->size()),
                     .curriculum_seqlen = curriculum_ ? static_cast<double>(seqlen_) : 0.0,
+                    .moe_loss = moe_ && !std::isnan(loss) ? last_moe_loss_ : NAN,
                     .fp16 = cfg_.precision.precision == Precision::FP16};
 }
 

@@ -19,6 +19,8 @@ using namespace ds;
 
 namespace {
 
+// The loss the gradient is of: the mean loss (rescaled) plus, with MoE
+// layers, loss_coeff times the sum of their l_aux (Megatron-DeepSpeed's).
 void check_gradients(const ModelConfig& cfg) {
   GptModel model(cfg, Device::cpu());
   model.init_weights(7, 0.2f);
@@ -42,10 +44,11 @@ void check_gradients(const ModelConfig& cfg) {
         i = s.offset + static_cast<int64_t>(pick.below(cfg.vocab_size * cfg.hidden_size));
       }
       const float h = 1e-2f, orig = p[i];
+      const double coeff = cfg.moe.loss_coeff;
       p[i] = orig + h;
-      double lp = model.forward_loss(tok, tgt) * scale;
+      double lp = model.forward_loss(tok, tgt) * scale + coeff * model.moe_aux_loss();
       p[i] = orig - h;
-      double lm = model.forward_loss(tok, tgt) * scale;
+      double lm = model.forward_loss(tok, tgt) * scale + coeff * model.moe_aux_loss();
       p[i] = orig;
       double fd = (lp - lm) / (2.0 * h);
       INFO(s.name << " element " << i - s.offset << " analytic " << g[i] << " fd " << fd);
@@ -112,6 +115,29 @@ TEST_CASE("grouped-query attention and partial RoPE gradients match finite diffe
     cfg.rope_theta = 500000.f;
     check_gradients(cfg);
   }
+}
+
+// Mixture of Experts (docs/moe.md): the router, the experts and the load-
+// balancing loss, with tokens dropped at capacity (top-2: 14 tokens, 4
+// experts, factor 1 gives 7 rows per expert for 28 choices), dropless, and
+// top-1 on a LLaMA (SwiGLU experts, no biases). No random draws: RTS and
+// second-expert sampling off, so forward_loss routes as the training pass.
+TEST_CASE("Mixture-of-Experts gradients match finite differences, l_aux included") {
+  auto moe = [](bool llama, int experts, int k, bool drop) {
+    ModelConfig m = test::tiny_model(llama);
+    m.moe.num_experts = {experts};
+    m.moe.expert_interval = 1;
+    m.moe.topk = k;
+    m.moe.drop_tokens = drop;
+    m.moe.use_rts = false;
+    m.moe.top2_2nd_expert_sampling = false;
+    m.moe.min_capacity = 0;
+    m.moe.loss_coeff = 0.5f;  // large, so that l_aux's gradient shows
+    return m;
+  };
+  SECTION("GPT-2, top-2, capacity drops") { check_gradients(moe(false, 4, 2, true)); }
+  SECTION("GPT-2, top-3, dropless") { check_gradients(moe(false, 4, 3, false)); }
+  SECTION("LLaMA, top-1, capacity drops") { check_gradients(moe(true, 3, 1, true)); }
 }
 
 TEST_CASE("init is deterministic and layer-local") {

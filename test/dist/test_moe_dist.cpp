@@ -1,0 +1,112 @@
+// Mixture of Experts in real dstrain processes (docs/moe.md): Megatron-
+// DeepSpeed's MoE flags on the small model, every layer an MoE layer of 4
+// experts. DP2 with ZeRO-1 and ZeRO-2 and TP2 reproduce the single-process
+// curve (relative 1e-5), lm loss and moe loss, with tokens dropped at
+// capacity: the gate sees one micro-batch's tokens, so every layout runs the
+// same micro-batches (2 samples each). Top-1 keeps DeepSpeed's random token
+// selection on: its draws are keyed by the micro-batch's first sample, so the
+// layouts draw the same. A run saved and resumed is the uninterrupted curve;
+// bad flag combinations are one line naming the flags.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <regex>
+
+#include "test/dist/curve_check.h"
+#include "test/dist/dist_util.h"
+
+using namespace ds::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kIters = 8;
+
+struct Run {
+  std::vector<double> lm, moe;  // per iteration: lm loss (CSV), moe loss (log line)
+};
+
+std::vector<std::string> moe_args(int tp, std::vector<std::string> extra) {
+  std::vector<std::string> a = small_model_args({.layers = 2, .tp = tp, .iters = kIters});
+  a.insert(a.end(), {"--num-experts", "4", "--expert-interval", "1", "--moe-loss-coeff", "0.05"});
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+Run run(const std::string& name, int world, int zero_stage, int tp, const std::vector<std::string>& extra) {
+  Run r;
+  std::string log;
+  const std::string err = run_with_config(name, world, 2, zero_stage, moe_args(tp, extra), &r.lm, &log);
+  INFO(err);
+  REQUIRE(err.empty());
+  const std::regex moe(R"(\| moe loss: ([-+0-9.Ee]+) \|)");
+  for (std::sregex_iterator it(log.begin(), log.end(), moe), end; it != end; ++it)
+    r.moe.push_back(std::stod((*it)[1]));
+  REQUIRE(r.lm.size() == kIters);
+  REQUIRE(r.moe.size() == kIters);
+  return r;
+}
+
+void same_run(const Run& ref, const Run& got) {
+  require_same_curve(ref.lm, got.lm);
+  INFO("moe loss");
+  require_same_curve(ref.moe, got.moe);
+}
+
+std::string fail(int world, int tp, const std::vector<std::string>& extra) {
+  std::string log;
+  const std::string err = run_with_config("moe_bad", world, 2, 0, moe_args(tp, extra), nullptr, &log);
+  REQUIRE(!err.empty());
+  return err;
+}
+
+}  // namespace
+
+TEST_CASE("MoE top-2 with dropped tokens: DP2 ZeRO-1/2 and TP2 reproduce the single-process curve") {
+  const std::vector<std::string> top2 = {"--topk", "2", "--disable-moe-top2-2nd-expert-sampling"};
+  const Run single = run("moe_top2_single", 1, 0, 1, top2);
+  for (double l : single.lm) REQUIRE(std::isfinite(l));
+  REQUIRE(single.lm.back() < single.lm.front());  // it trains
+  for (double m : single.moe) REQUIRE(m > 0.f);    // loss_coeff x the layers' l_aux, which is positive
+  for (int stage : {1, 2}) {
+    INFO("DP2 ZeRO-" << stage);
+    same_run(single, run("moe_top2_dp2_z" + std::to_string(stage), 2, stage, 1, top2));
+  }
+  INFO("TP2");
+  same_run(single, run("moe_top2_tp2", 2, 0, 2, top2));
+}
+
+TEST_CASE("MoE top-1 with random token selection and dropless top-2: DP2 equals one process; resume is bit-exact") {
+  const Run single = run("moe_top1_single", 1, 0, 1, {"--moe-train-capacity-factor", "0.5", "--moe-min-capacity", "0"});
+  REQUIRE(single.lm.back() < single.lm.front());
+  same_run(single, run("moe_top1_dp2", 2, 1, 1, {"--moe-train-capacity-factor", "0.5", "--moe-min-capacity", "0"}));
+  const std::vector<std::string> dropless = {"--topk", "2", "--disable-moe-token-dropping"};
+  const Run d1 = run("moe_dropless_single", 1, 0, 1, dropless);
+  same_run(d1, run("moe_dropless_dp2", 2, 2, 1, dropless));
+  // Resume: the first half saved, the second loaded, against the whole run.
+  const std::string ck = dist_data().dir + "/ckpt_moe";
+  fs::remove_all(ck);
+  std::vector<std::string> first = dropless;
+  first.insert(first.end(), {"--save", ck, "--save-interval", "4", "--exit-interval", "4"});
+  std::vector<double> lm;
+  std::string log;
+  REQUIRE(run_with_config("moe_first", 2, 2, 2, moe_args(1, first), &lm, &log).empty());
+  REQUIRE(lm.size() == 4);
+  std::vector<std::string> second = dropless;
+  second.insert(second.end(), {"--load", ck});
+  REQUIRE(run_with_config("moe_second", 2, 2, 2, moe_args(1, second), &lm, &log).empty());
+  REQUIRE(lm.size() == kIters - 4);
+  const Run whole = run("moe_whole", 2, 2, 1, dropless);
+  for (size_t i = 0; i < lm.size(); ++i) REQUIRE(lm[i] == whole.lm[i + 4]);  // bit-exact
+}
+
+TEST_CASE("MoE flags that do not fit are one line naming them") {
+  CHECK(fail(1, 1, {"--topk", "5"}).find("model.moe.topk 5 (--topk) must be in [1, 4]") != std::string::npos);
+  CHECK(fail(1, 1, {"--num-experts", "4", "2", "2"}).find("model.moe.num_experts (--num-experts) has 3 values") !=
+        std::string::npos);
+  CHECK(fail(2, 1, {"--moe-expert-parallel-size", "2"}).find("expert parallelism is not implemented yet") !=
+        std::string::npos);
+  CHECK(fail(1, 1, {"--moe-expert-parallel-size", "3"}).find("not divisible by the expert-parallel size 3") !=
+        std::string::npos);
+  CHECK(fail(1, 1, {"--mlp-type", "residual"}).find("PR-MoE) is not implemented yet") != std::string::npos);
+}
