@@ -593,4 +593,116 @@ void validate_cast(const CastArgs& a) {
            "same-dtype copies)", c.op(), dtype_name(din), dtype_name(dout));
 }
 
+// ---- Mixture of Experts ------------------------------------------------------
+
+namespace {
+
+// The (N, K) choice tensors (expert, slot: i32) of a MoE op; returns {N, K}.
+struct MoeChoices {
+  int64_t N, K;
+};
+MoeChoices check_moe_choices(const Check& c, const Tensor& expert, const Tensor& slot) {
+  c.dtype(expert, DType::I32, "expert");
+  DS_CHECK(expert.dim() == 2 && expert.size(1) >= 1, "{}: tensor 'expert' must be (N, K) with K >= 1, got {}",
+           c.op(), shape_str(expert.shape()));
+  const MoeChoices d{expert.size(0), expert.size(1)};
+  DS_CHECK(d.N < (int64_t{1} << 31), "{}: N={} tokens exceed the i32 slot range", c.op(), d.N);
+  c.dtype(slot, DType::I32, "slot");
+  c.same_shape(slot, expert, "slot", "expert");
+  return d;
+}
+// An (E, C, D) expert buffer with D = `D`; returns E.
+int64_t check_moe_buffer(const Check& c, const Tensor& t, const char* name, int64_t D) {
+  c.floating(t, name);
+  DS_CHECK(t.dim() == 3 && t.size(2) == D, "{}: tensor '{}' has shape {}, expected (E, C, D={})", c.op(), name,
+           shape_str(t.shape()), D);
+  return t.size(0);
+}
+// An (N, D) token tensor with N rows; returns D.
+int64_t check_moe_tokens(const Check& c, const Tensor& t, const char* name, int64_t N) {
+  c.floating(t, name);
+  DS_CHECK(t.dim() == 2 && t.size(0) == N, "{}: tensor '{}' has shape {}, expected (N={}, D)", c.op(), name,
+           shape_str(t.shape()), N);
+  return t.size(1);
+}
+// An (N, K) f32 tensor of combine weights or their gradient.
+void check_moe_weight(const Check& c, const Tensor& t, const char* name, const Tensor& expert) {
+  c.dtype(t, DType::F32, name);
+  c.same_shape(t, expert, name, "expert");
+}
+
+}  // namespace
+
+void validate_moe_gate_forward(const MoeGateArgs& a) {
+  const Check c("moe_gate_forward");
+  c.devices(a);
+  c.dtype(a.logits, DType::F32, "logits");
+  DS_CHECK(a.logits.dim() == 2 && a.logits.size(1) >= 1, "{}: tensor 'logits' must be (N, E), got {}", c.op(),
+           shape_str(a.logits.shape()));
+  const int64_t N = a.logits.size(0), E = a.logits.size(1);
+  c.dtype(a.gates, DType::F32, "gates");
+  c.same_shape(a.gates, a.logits, "gates", "logits");
+  const MoeChoices d = check_moe_choices(c, a.expert, a.slot);
+  DS_CHECK(d.N == N, "{}: tensor 'expert' has {} rows but 'logits' has N={}", c.op(), d.N, N);
+  DS_CHECK(d.K <= E, "{}: K={} choices per token exceed E={} experts", c.op(), d.K, E);
+  check_moe_weight(c, a.weight, "weight", a.expert);
+  c.dtype(a.counts, DType::I32, "counts");
+  c.numel(a.counts, E, "counts", "E");
+  c.stat(a.aux, 1, "aux", "1");
+  DS_CHECK(a.capacity >= 0, "{}: capacity={} must be >= 0 (0: dropless)", c.op(), a.capacity);
+}
+
+void validate_moe_gate_backward(const MoeGateBwdArgs& a) {
+  const Check c("moe_gate_backward");
+  c.devices(a);
+  c.dtype(a.gates, DType::F32, "gates");
+  DS_CHECK(a.gates.dim() == 2 && a.gates.size(1) >= 1, "{}: tensor 'gates' must be (N, E), got {}", c.op(),
+           shape_str(a.gates.shape()));
+  c.dtype(a.dlogits, DType::F32, "dlogits");
+  c.same_shape(a.dlogits, a.gates, "dlogits", "gates");
+  const MoeChoices d = check_moe_choices(c, a.expert, a.slot);
+  DS_CHECK(d.N == a.gates.size(0), "{}: tensor 'expert' has {} rows but 'gates' has N={}", c.op(), d.N,
+           a.gates.size(0));
+  DS_CHECK(d.K <= a.gates.size(1), "{}: K={} choices per token exceed E={} experts", c.op(), d.K,
+           a.gates.size(1));
+  check_moe_weight(c, a.dweight, "dweight", a.expert);
+}
+
+void validate_moe_dispatch_forward(const MoeDispatchArgs& a) {
+  const Check c("moe_dispatch_forward");
+  c.devices(a);
+  const MoeChoices d = check_moe_choices(c, a.expert, a.slot);
+  const int64_t D = check_moe_tokens(c, a.inp, "inp", d.N);
+  check_moe_buffer(c, a.out, "out", D);
+}
+
+void validate_moe_dispatch_backward(const MoeDispatchBwdArgs& a) {
+  const Check c("moe_dispatch_backward");
+  c.devices(a);
+  const MoeChoices d = check_moe_choices(c, a.expert, a.slot);
+  const int64_t D = check_moe_tokens(c, a.dinp, "dinp", d.N);
+  check_moe_buffer(c, a.dout, "dout", D);
+}
+
+void validate_moe_combine_forward(const MoeCombineArgs& a) {
+  const Check c("moe_combine_forward");
+  c.devices(a);
+  const MoeChoices d = check_moe_choices(c, a.expert, a.slot);
+  const int64_t D = check_moe_tokens(c, a.out, "out", d.N);
+  check_moe_buffer(c, a.inp, "inp", D);
+  check_moe_weight(c, a.weight, "weight", a.expert);
+}
+
+void validate_moe_combine_backward(const MoeCombineBwdArgs& a) {
+  const Check c("moe_combine_backward");
+  c.devices(a);
+  const MoeChoices d = check_moe_choices(c, a.expert, a.slot);
+  const int64_t D = check_moe_tokens(c, a.dout, "dout", d.N);
+  check_moe_buffer(c, a.inp, "inp", D);
+  check_moe_buffer(c, a.dinp, "dinp", D);
+  c.same_shape(a.dinp, a.inp, "dinp", "inp");
+  check_moe_weight(c, a.weight, "weight", a.expert);
+  check_moe_weight(c, a.dweight, "dweight", a.expert);
+}
+
 }  // namespace ds::ops

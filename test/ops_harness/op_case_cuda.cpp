@@ -86,9 +86,13 @@ Tensor download_f32(const Tensor& dev) {
 
 double rel_err(const Tensor& a, const Tensor& ref) {
   REQUIRE(a.numel() == ref.numel());
+  // f32, or i32 outputs (ids, slots, counts) compared as their values.
+  auto value = [](const Tensor& t, int64_t i) {
+    return t.dtype() == DType::I32 ? double(t.data<int32_t>()[i]) : double(t.data<float>()[i]);
+  };
   double num = 0, den = 0;
   for (int64_t i = 0; i < a.numel(); ++i) {
-    double x = a.data<float>()[i], y = ref.data<float>()[i];
+    double x = value(a, i), y = value(ref, i);
     if (!std::isfinite(x)) return INFINITY;
     num = std::max(num, std::fabs(x - y));
     den = std::max(den, std::fabs(y));

@@ -45,9 +45,11 @@ inline Tensor tokens_tensor(const Shape& shape, const std::vector<int32_t>& v) {
   return t;
 }
 
+// f32 or i32 (ids, slots, counts: compared as their values) host tensor in double.
 inline Vec to_f64(const Tensor& t) {
   Vec v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[i] = t.data<float>()[i];
+  for (int64_t i = 0; i < t.numel(); ++i)
+    v[i] = t.dtype() == DType::I32 ? t.data<int32_t>()[i] : t.data<float>()[i];
   return v;
 }
 

@@ -1,0 +1,62 @@
+// Random numbers and selection keys of the Mixture-of-Experts gate
+// (moe_gate_forward, lib/ops/op_args.h), shared by the CPU and CUDA backends
+// so that both draw the same noise and keep the same tokens. Every draw is a
+// pure function of (noise_seed, noise_stream, purpose, token, expert), hashed
+// with the dropout masks' splitmix64 finaliser (lib/ops/dropout_mask.h): no
+// generator state, any thread order. The drop decisions compare 64-bit
+// integer keys, never floats computed by a backend's own math library.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "lib/ops/dropout_mask.h"
+#include "lib/ops/host_device.h"
+
+namespace ds {
+
+// What a draw is for: the two never share values.
+enum class MoeNoise : uint64_t { Gumbel = 1, Rts = 2 };
+
+// The key of one gate call's draws of one purpose.
+DS_HOST_DEVICE uint64_t moe_noise_key(uint64_t seed, uint64_t stream, MoeNoise what) {
+  uint64_t h = dropout_mix(seed ^ 0x6d6f652d67617465ull);  // "moe-gate"
+  h = dropout_mix(h ^ stream);
+  return dropout_mix(h ^ static_cast<uint64_t>(what));
+}
+
+// 64 random bits of (token, expert).
+DS_HOST_DEVICE uint64_t moe_noise_bits(uint64_t key, int64_t token, int64_t expert) {
+  return dropout_mix(dropout_mix(key ^ static_cast<uint64_t>(token)) ^ static_cast<uint64_t>(expert));
+}
+
+// Uniform in (0, 1) strictly: the top 53 bits, centred in their interval.
+DS_HOST_DEVICE double moe_uniform(uint64_t bits) {
+  return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53;
+}
+
+// A standard Gumbel sample, -log(-log(u)), in double (finite: u is never 0 or 1).
+DS_HOST_DEVICE double moe_gumbel(uint64_t bits) { return -log(-log(moe_uniform(bits))); }
+
+// Selection keys: a strict total order on (value descending, token ascending),
+// as one unsigned integer, larger = kept first. The token index fills the
+// low 32 bits (N < 2^32), inverted so that the lower token wins a tie.
+DS_HOST_DEVICE uint64_t moe_key(uint32_t value_order, int64_t token) {
+  return (static_cast<uint64_t>(value_order) << 32) | (0xffffffffull - static_cast<uint64_t>(token));
+}
+
+// A float's bits mapped to an unsigned integer of the same order (-0 as +0).
+DS_HOST_DEVICE uint32_t moe_float_order(float v) {
+  if (v == 0.f) v = 0.f;
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The key of random token selection (top-1 `rts`): the uniform's top 32 bits
+// (the uniform is monotone in them; ties go to the lower token).
+DS_HOST_DEVICE uint64_t moe_rts_key(uint64_t rts_key, int64_t token, int64_t expert) {
+  return moe_key(static_cast<uint32_t>(moe_noise_bits(rts_key, token, expert) >> 32), token);
+}
+
+}  // namespace ds
