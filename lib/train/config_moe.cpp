@@ -31,7 +31,7 @@ void add_moe_flags(CLI::App& app, std::map<std::string, json>& out) {
   app.add_option_function<std::vector<int64_t>>(
          "--num-experts", [&out](const std::vector<int64_t>& v) { out["--num-experts"] = v; },
          "experts per MoE layer: one value, or one per MoE layer (PR-MoE); 1 = dense (default)")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+      ->trigger_on_parse();  // given twice: the last list wins (argparse's nargs='+')
   app.add_option_function<std::string>(
          "--mlp-type", [&out](const std::string& v) { out["--mlp-type"] = v; },
          "standard (experts only) or residual (PR-MoE: a dense MLP plus the experts)")

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fmt/ranges.h>
 
 #include "lib/ckpt/file_io.h"
 #include "lib/ckpt/hf.h"
@@ -140,6 +141,16 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   DS_LOG("model: {} layers, hidden {}, heads {}, ffn {}, vocab {} (padded {}), {} parameters",
          model_->dims().L, model_->dims().C, model_->dims().NH, model_->dims().F, model_->dims().V,
          model_->dims().Vp, model_->layout().total);
+  if (moe_) {
+    const MoeConfig& m = cfg_.model.moe;
+    int moe_layers = 0;
+    for (int e : model_->dims().experts) moe_layers += e > 1 ? 1 : 0;
+    DS_LOG("mixture of experts: {} MoE layers (every {}), experts {}, top-{}, {} parameters active per token; "
+           "capacity factor {} (eval {}), min capacity {}, {}; loss coefficient {}",
+           moe_layers, m.expert_interval, fmt::join(m.num_experts, ","), m.topk,
+           full_layout_.total - inactive_expert_params(full_layout_, m.topk), m.train_capacity_factor,
+           m.eval_capacity_factor, m.min_capacity, m.drop_tokens ? "dropping tokens" : "dropless", m.loss_coeff);
+  }
   if (shard_.tp > 1)
     DS_LOG("tensor parallel: {} ranks, this rank holds {} of the model's {} parameters ({} heads, vocab rows "
            "[{}, {}))",

@@ -43,7 +43,9 @@ void check_gradients(const ModelConfig& cfg) {
         // Padded vocab rows never get gradient; sample real rows.
         i = s.offset + static_cast<int64_t>(pick.below(cfg.vocab_size * cfg.hidden_size));
       }
-      const float h = 1e-2f, orig = p[i];
+      // MoE: a smaller step, so that no token changes its experts or loses
+      // its row between the two evaluations (the loss jumps there).
+      const float h = cfg.moe.enabled(cfg.num_layers) ? 1e-3f : 1e-2f, orig = p[i];
       const double coeff = cfg.moe.loss_coeff;
       p[i] = orig + h;
       double lp = model.forward_loss(tok, tgt) * scale + coeff * model.moe_aux_loss();
