@@ -611,8 +611,11 @@ template <class A, class F> IfArgs<A, CastArgs> fields(A& a, F&& f) {
 //   aux: l_aux, DeepSpeed's load-balancing loss (top-1/2: E * sum_e me_e *
 //     ce_e, top-k: the same / K; me = mean gate, ce = fraction of first
 //     choices (K <= 2) or of all choices (K > 2), before dropping).
-// Random values are a counter-based function of (noise_seed, noise_stream,
-// token, expert), the same on every backend.
+// Ties go to the lower index: expert (argmax, top K) or token (which are
+// kept). Random values are a counter-based function of (noise_seed,
+// noise_stream, token, expert), the same on every backend
+// (lib/ops/moe_noise.h). rts and rsample act for K = 1 only,
+// second_sampling for K = 2 only, as in DeepSpeed.
 struct MoeGateArgs {
   Tensor gates;    // (N, E) f32, softmax(logits)
   Tensor expert;   // (N, K) i32
