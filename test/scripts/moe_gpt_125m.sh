@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# Megatron-DeepSpeed's examples_deepspeed/MoE/ds_pretrain_gpt_125M_MoE64.sh run
+# through dsrun + dstrain. Its variables, the expert-parallel rule and the
+# option strings are kept as the script has them; only the launcher line
+# (deepspeed pretrain_gpt.py -> dsrun dstrain), the model size (2 layers,
+# hidden 64, seq 64, 8 experts instead of 64), the duration (tokens,
+# intervals) and the paths (a generated corpus and its BPE tokenizer) differ.
+# The cluster discovery (nvidia-smi, ds_ssh) becomes one local CPU rank, so
+# the script's EP_PARALLEL_SIZE = min(EP_SIZE, NUM_GPUS) is 1 (expert
+# parallelism is not implemented yet, docs/moe.md).
+#   moe_gpt_125m.sh BUILD_DIR
+# Checks: the run trains the expected iterations (MoE on every second layer,
+# fp16 with the dynamic loss scale, activation checkpointing) with falling
+# lm loss and a logged moe loss, writes TensorBoard events with the moe loss
+# and a checkpoint, and a second run of the same script resumes from it.
+set -euo pipefail
+source "$(dirname "$0")/script_util.sh"
+setup_run "$1" moe_gpt_125m
+
+SEQ_LEN=64
+MODEL_SIZE=0.125
+NUM_LAYERS=2
+HIDDEN_SIZE=64
+NUM_ATTN_HEADS=4
+GLOBAL_BATCH_SIZE=16
+TRAIN_TOKENS=$((40 * GLOBAL_BATCH_SIZE * SEQ_LEN))
+TRAIN_ITERS=$(( ${TRAIN_TOKENS} * 3 / ${GLOBAL_BATCH_SIZE} / ${SEQ_LEN} ))
+EXIT_DURATION=30000000
+WARMUP_TOKENS=$((4 * GLOBAL_BATCH_SIZE * SEQ_LEN))
+LR_DECAY_TOKENS=${TRAIN_TOKENS}
+BATCH_SIZE=4
+MP_SIZE=1
+PP_SIZE=1
+NUM_GPUS=1
+NUM_GPUS_PERNODE=1
+NUM_NODE=$(( ${NUM_GPUS} / ${NUM_GPUS_PERNODE} ))
+EP_SIZE=8
+if [[ $EP_SIZE -gt $NUM_GPUS ]]; then
+    EP_PARALLEL_SIZE=$NUM_GPUS
+else
+    EP_PARALLEL_SIZE=$EP_SIZE
+fi
+LR=4.5e-3
+MIN_LR=4.5e-05
+MLC=0.01
+MOE_TRAIN_CAP_FACTOR=1.0
+MOE_EVAL_CAP_FACTOR=1.0
+MOE_MIN_CAP=4
+MOE_DROP_TOKEN="true"
+CL_ENABLED="false"
+LOG_INTERVAL=4
+EVAL_ITERS=2
+EVAL_INTERVAL=20
+SAVE_INTERVAL=10000
+INIT_STD=0.014
+ACTIVATION_CHECKPOINT="true"
+host="${HOSTNAME:-localhost}"
+NAME="gpt-${MODEL_SIZE}B-lr-${LR}-minlr-${MIN_LR}-bs-${GLOBAL_BATCH_SIZE}-gpus-${NUM_GPUS}-mp-${MP_SIZE}-pp-${PP_SIZE}"
+if [[ $EP_SIZE -gt 1 ]]; then
+    NAME="${NAME}-ep-${EP_SIZE}-mlc-${MLC}-cap-${MOE_TRAIN_CAP_FACTOR}-drop-${MOE_DROP_TOKEN}"
+fi
+OUTPUT_BASEPATH=${WORK}/output
+mkdir -p "${OUTPUT_BASEPATH}/tensorboard/"
+mkdir -p "${OUTPUT_BASEPATH}/checkpoint/"
+mkdir -p "${OUTPUT_BASEPATH}/log/"
+TENSORBOARD_DIR="${OUTPUT_BASEPATH}/tensorboard/${NAME}_${host}"
+mkdir -p ${TENSORBOARD_DIR}
+CHECKPOINT_PATH="${OUTPUT_BASEPATH}/checkpoint/${NAME}"
+VOCAB_PATH=${TOK}/vocab.json
+MERGE_PATH=${TOK}/merges.txt
+DATA_PATH=${DATA}/corpus
+
+data_options=" \
+         --vocab-file ${VOCAB_PATH} \
+         --merge-file ${MERGE_PATH} \
+         --data-path ${DATA_PATH} \
+         --data-impl mmap"
+
+megatron_options=" \
+        --override-opt_param-scheduler \
+        --adam-beta1 0.9 \
+        --adam-beta2 0.95 \
+        --tensor-model-parallel-size ${MP_SIZE} \
+        --moe-expert-parallel-size ${EP_PARALLEL_SIZE} \
+        --num-experts ${EP_SIZE} \
+        --moe-loss-coeff ${MLC} \
+        --moe-train-capacity-factor ${MOE_TRAIN_CAP_FACTOR} \
+        --moe-eval-capacity-factor ${MOE_EVAL_CAP_FACTOR} \
+        --moe-min-capacity ${MOE_MIN_CAP} \
+        --init-method-std ${INIT_STD} \
+        --lr-decay-tokens ${LR_DECAY_TOKENS} \
+        --lr-warmup-tokens ${WARMUP_TOKENS} \
+        --micro-batch-size ${BATCH_SIZE} \
+        --exit-duration-in-mins ${EXIT_DURATION} \
+        --global-batch-size ${GLOBAL_BATCH_SIZE} \
+        --num-layers ${NUM_LAYERS} \
+        --hidden-size ${HIDDEN_SIZE} \
+        --num-attention-heads ${NUM_ATTN_HEADS} \
+        --seq-length ${SEQ_LEN} \
+        --max-position-embeddings ${SEQ_LEN} \
+        --train-tokens ${TRAIN_TOKENS} \
+        --train-iters ${TRAIN_ITERS} \
+        --lr ${LR} \
+        --min-lr ${MIN_LR} \
+        --lr-decay-style cosine \
+        --split 98,2,0 \
+        --log-interval ${LOG_INTERVAL} \
+        --eval-interval ${EVAL_INTERVAL} \
+        --eval-iters ${EVAL_ITERS} \
+        --save-interval ${SAVE_INTERVAL} \
+        --weight-decay 0.1 \
+        --clip-grad 1.0 \
+        --hysteresis 2 \
+        --num-workers 0 \
+        --fp16 \
+        --load ${CHECKPOINT_PATH} \
+        --save ${CHECKPOINT_PATH} \
+        --tensorboard-queue-size 1 \
+        --log-timers-to-tensorboard \
+        --log-batch-size-to-tensorboard \
+        --log-validation-ppl-to-tensorboard \
+        --tensorboard-dir ${TENSORBOARD_DIR}"
+
+if [ "${ACTIVATION_CHECKPOINT}" = "true" ]; then
+megatron_options="${megatron_options} \
+        --checkpoint-activations"
+fi
+
+if [[ $EP_SIZE -gt 1 ]]; then
+megatron_options="${megatron_options} \
+        --create-moe-param-group"
+fi
+
+if [ "${MOE_DROP_TOKEN}" = "false" ]; then
+megatron_options="${megatron_options} \
+        --disable-moe-token-dropping"
+fi
+
+# The repository's ds_config_gpt_TEMPLATE.json (MoE folder), filled in by the same sed lines.
+template_json="${WORK}/ds_config_gpt_TEMPLATE.json"
+cat > "${template_json}" <<'JSON'
+{
+  "train_batch_size" : CONFIG_BATCH_SIZE,
+  "train_micro_batch_size_per_gpu": CONFIG_MBSIZE,
+  "steps_per_print": LOG_INTERVAL,
+
+  "zero_optimization": {
+    "stage": ZERO_STAGE
+  },
+
+  "gradient_clipping": 1.0,
+  "prescale_gradients": PRESCALE_GRAD,
+
+  "fp16": {
+    "enabled": CONFIG_FP16_ENABLED,
+    "loss_scale": 0,
+    "loss_scale_window": 500,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+    "initial_scale_power": 11
+  },
+
+  "bf16": {
+    "enabled": CONFIG_BF16_ENABLED
+  },
+  "curriculum_learning": {
+    "enabled": CONFIG_CL_ENABLED,
+    "curriculum_type": "seqlen",
+    "min_difficulty": CONFIG_CL_MIN,
+    "max_difficulty": CONFIG_CL_MAX,
+    "schedule_type": "fixed_linear",
+    "schedule_config": {
+      "total_curriculum_step": CONFIG_CL_DURATION,
+      "difficulty_step": 8
+    }
+  },
+
+  "wall_clock_breakdown" : false
+}
+JSON
+CL_START_SEQLEN=16
+CL_STEP=10
+config_json="${WORK}/ds_config_gpt_${NAME}.json"
+sed "s/CONFIG_BATCH_SIZE/${GLOBAL_BATCH_SIZE}/" ${template_json} \
+    | sed "s/CONFIG_MBSIZE/${BATCH_SIZE}/" \
+    | sed "s/LOG_INTERVAL/${LOG_INTERVAL}/" \
+    | sed "s/ZERO_STAGE/0/" \
+    | sed "s/PRESCALE_GRAD/true/" \
+    | sed "s/CONFIG_FP16_ENABLED/true/" \
+    | sed "s/CONFIG_BF16_ENABLED/false/" \
+    | sed "s/CONFIG_CL_ENABLED/${CL_ENABLED}/" \
+    | sed "s/CONFIG_CL_MIN/${CL_START_SEQLEN}/" \
+    | sed "s/CONFIG_CL_MAX/${SEQ_LEN}/" \
+    | sed "s/CONFIG_CL_DURATION/${CL_STEP}/" \
+      > ${config_json}
+
+deepspeed_options=" \
+		    --deepspeed \
+		    --deepspeed_config ${config_json} \
+		    --pipeline-model-parallel-size ${PP_SIZE}"
+
+if [[ $EP_SIZE -gt 1 ]]; then
+deepspeed_options="${deepspeed_options} \
+        --no-pipeline-parallel"
+fi
+
+if [ "${ACTIVATION_CHECKPOINT}" = "true" ]; then
+deepspeed_options="${deepspeed_options} \
+        --deepspeed-activation-checkpointing"
+fi
+
+log1="${OUTPUT_BASEPATH}/log/${NAME}_run1.log"
+${DSRUN} --num_gpus ${NUM_GPUS} ${DSTRAIN} ${megatron_options} ${data_options} ${deepspeed_options} &>> ${log1} ||
+  fail "first run exited $?" "${log1}"
+iters=$(( TRAIN_TOKENS / GLOBAL_BATCH_SIZE / SEQ_LEN ))
+check_trained "${log1}" ${iters} ${iters}
+check_loss_falls "${log1}"
+grep -q "mixture of experts: 1 MoE layers (every 2), experts 8, top-1" "${log1}" || fail "no MoE start-up line" "${log1}"
+grep -qE "moe loss: [0-9.]+E[-+][0-9]+" "${log1}" || fail "no moe loss in the iteration lines" "${log1}"
+ls "${TENSORBOARD_DIR}"/events.out.tfevents.* >/dev/null 2>&1 || fail "no TensorBoard event file in ${TENSORBOARD_DIR}" "${log1}"
+grep -qa "moe loss" "${TENSORBOARD_DIR}"/events.out.tfevents.* || fail "no moe loss in the TensorBoard events" "${log1}"
+[[ "$(cat "${CHECKPOINT_PATH}/latest")" == "global_step${iters}" ]] || fail "latest is not global_step${iters}" "${log1}"
+
+# The same script again with twice the tokens: it resumes from the checkpoint.
+TRAIN_TOKENS=$(( 2 * TRAIN_TOKENS ))
+megatron_options="${megatron_options/--train-tokens ${LR_DECAY_TOKENS}/--train-tokens ${TRAIN_TOKENS}}"
+log2="${OUTPUT_BASEPATH}/log/${NAME}_run2.log"
+${DSRUN} --num_gpus ${NUM_GPUS} ${DSTRAIN} ${megatron_options} ${data_options} ${deepspeed_options} &>> ${log2} ||
+  fail "resumed run exited $?" "${log2}"
+check_trained "${log2}" $(( iters + LOG_INTERVAL )) $(( 2 * iters ))
+echo "PASS: 125M-MoE64 flags: ${iters} iterations, loss falls, moe loss logged, resumed to $(( 2 * iters ))"
