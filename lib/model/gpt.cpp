@@ -643,18 +643,14 @@ float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool 
     return NAN;
   }
   Tensor l = losses_.device().is_cpu() ? losses_ : losses_.to(Device::cpu());
-  return mean_loss(l.data<float>(), tg.data<int32_t>(), n);
+  return mean_loss(l.view(0, {n}), tg);
 }
 
-float GptModel::mean_loss(const float* losses, const int32_t* targets, int64_t n) {
-  double sum = 0;
-  int64_t count = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (targets[i] < 0) continue;
-    sum += losses[i];
-    ++count;
-  }
-  return count ? static_cast<float>(sum / count) : 0.f;
+float GptModel::mean_loss(const Tensor& losses, const Tensor& targets) {
+  float mean = 0.f;  // out += 1 * mean: exactly the mean, 0 when no row counts
+  ops::masked_mean({.out = Tensor::from_blob(&mean, {1}, DType::F32), .losses = losses, .targets = targets},
+                   Stream{});
+  return mean;
 }
 
 void GptModel::set_loss_sink(const Tensor& sink, float weight) {

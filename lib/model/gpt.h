@@ -161,9 +161,10 @@ class GptModel {
   // acquired are dropped without adding their gradients, so the next pass
   // starts clean (ParamStore::abandon_pass).
   void abandon_pass();
-  // Mean of the n per-row losses whose target is not ignored (>= 0), summed
-  // in double: the loss every forward returns.
-  static float mean_loss(const float* losses, const int32_t* targets, int64_t n);
+  // Mean of the per-row losses (N) f32 whose target (N) i32 is not ignored
+  // (>= 0), summed in double: the loss every forward returns. Host tensors;
+  // the masked_mean op computes it, the one the loss sink runs on the device.
+  static float mean_loss(const Tensor& losses, const Tensor& targets);
   // Forward only; returns the mean loss over non-ignored targets (targets_host:
   // the same targets in host memory when the caller has them, else read back).
   float forward_loss(const Tensor& tokens, const Tensor& targets, const Tensor& targets_host = Tensor());

@@ -559,7 +559,7 @@ template <class A, class F> IfArgs<A, NonFiniteArgs> fields(A& a, F&& f) {
 // The training loss of one micro-batch without a host read:
 // out[0] += weight * (mean of losses[i] over the rows with targets[i] >= 0),
 // nothing when no row counts. The mean sums in double and rounds to f32 before
-// it is weighted, as GptModel::mean_loss does on the host.
+// it is weighted; GptModel::mean_loss runs it on host tensors for the host loss.
 struct MaskedMeanArgs {
   Tensor out;      // (1) f32, +=
   Tensor losses;   // (N) f32
