@@ -306,11 +306,17 @@ void GptModel::dropout_add_norm(const NormParams& norm, const Tensor& sum, const
 
 void GptModel::norm_backward(const NormParams& norm, const Tensor& dinp, const Tensor& dout,
                              const Tensor& inp, const Tensor& mean, const Tensor& rstd) {
-  if (tp_.sp()) {
+  if (tp_.sp())
     sp_norm_backward(norm, dinp, dout, inp, mean, rstd);
-  } else if (d_.rmsnorm) {
+  else
+    norm_backward_op(norm, dinp, dout, inp, mean, rstd, dw(norm.weight), d_.rmsnorm ? Tensor() : dw(norm.bias));
+}
+
+void GptModel::norm_backward_op(const NormParams& norm, const Tensor& dinp, const Tensor& dout, const Tensor& inp,
+                                const Tensor& mean, const Tensor& rstd, const Tensor& dweight, const Tensor& dbias) {
+  if (d_.rmsnorm) {
     ops::rmsnorm_backward({.dinp = dinp,
-                           .dweight = dw(norm.weight),
+                           .dweight = dweight,
                            .dout = dout,
                            .inp = rows(inp),
                            .weight = w(norm.weight),
@@ -319,8 +325,8 @@ void GptModel::norm_backward(const NormParams& norm, const Tensor& dinp, const T
                           stream_);
   } else {
     ops::layernorm_backward({.dinp = dinp,
-                             .dweight = dw(norm.weight),
-                             .dbias = dw(norm.bias),
+                             .dweight = dweight,
+                             .dbias = dbias,
                              .dout = dout,
                              .inp = rows(inp),
                              .weight = w(norm.weight),

@@ -305,6 +305,12 @@ class GptModel {
                         const DropoutSpec& d, const Tensor& out, const Tensor& mean, const Tensor& rstd);
   void norm_backward(const NormParams& norm, const Tensor& dinp, const Tensor& dout,
                      const Tensor& inp, const Tensor& mean, const Tensor& rstd);
+  // The norm's backward op with its weight (and, for LayerNorm, bias)
+  // gradients added into dweight / dbias: the parameters' own gradients
+  // (norm_backward) or the shard sums sequence parallelism reduces first
+  // (sp_norm_backward).
+  void norm_backward_op(const NormParams& norm, const Tensor& dinp, const Tensor& dout, const Tensor& inp,
+                        const Tensor& mean, const Tensor& rstd, const Tensor& dweight, const Tensor& dbias);
   // Views into the acquired unit tensors (the unit must be acquired), by the
   // blocks' typed handles (layout().layers / embed / head).
   Tensor w(ParamRef r) const;   // parameter
