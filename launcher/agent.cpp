@@ -120,9 +120,10 @@ class Agent {
   SignalPipe sig_;
   std::vector<RankProc> ranks_;
   int result_ = -1;
-  bool teardown_ = false, hard_killed_ = false, head_lost_ = false;
+  bool teardown_ = false, head_lost_ = false;
   bool stdin_open_ = true;  // with a_.stop_on_stdin_eof: stdin not yet at end of input
-  double kill_deadline_ = 0, drain_deadline_ = 0;
+  KillDeadline kill_at_;  // armed by begin_teardown; kills the ranks once
+  double drain_deadline_ = 0;
   double next_heartbeat_ = 0;
   bool interrupted_ = false;  // stopped by a signal (not by a rank's failure)
   std::string cause_;         // why the teardown began
@@ -178,7 +179,7 @@ void Agent::begin_teardown(int code, const std::string& why) {
       kill_group(r.pid, SIGTERM);
       kill_group(r.pid, SIGCONT);  // a stopped rank acts on its SIGTERM too
     }
-  kill_deadline_ = now_seconds() + a_.teardown_grace;
+  kill_at_.arm(a_.teardown_grace);
 }
 
 void Agent::spawn_rank(RankProc& r, const std::vector<std::string>& base_env, int omp,
@@ -269,7 +270,7 @@ void Agent::on_signal(int sig) {
     return;
   }
   if (teardown_ && (sig == SIGINT || sig == SIGTERM)) {
-    kill_deadline_ = now_seconds();  // asked twice: kill now
+    kill_at_.hurry();  // asked twice: kill now
     return;
   }
   if (!teardown_) interrupted_ = true;
@@ -342,7 +343,7 @@ void Agent::loop_once() {
   if (watching) fds.push_back({1, 0, 0});
   int timeout = -1;
   double now = now_seconds();
-  if (teardown_ && !hard_killed_) timeout = std::max(0, static_cast<int>(std::ceil((kill_deadline_ - now) * 1000)));
+  if (teardown_) timeout = kill_at_.poll_ms();
   if (live() == 0) timeout = std::max(0, static_cast<int>((drain_deadline_ - now) * 1000));
   if (a_.heartbeat > 0 && watching) {
     if (now >= next_heartbeat_) {
@@ -369,8 +370,7 @@ void Agent::loop_once() {
     }
   }
   check_liveness();
-  if (teardown_ && !hard_killed_ && now_seconds() >= kill_deadline_) {
-    hard_killed_ = true;
+  if (kill_at_.due(-1)) {
     for (auto& r : ranks_)
       if (r.pid > 0 && !r.done) kill_group(r.pid, SIGKILL);
   }

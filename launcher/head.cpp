@@ -221,13 +221,6 @@ AttemptResult run_ssh(LaunchPlan& p, const PlanInputs& in, std::vector<std::uniq
   return result;
 }
 
-// Stops the launcher process and everything under it (pdsh puts each ssh
-// in its own process group, so the group kill alone is not enough).
-void stop_launcher_tree(pid_t pid, int sig) {
-  for (pid_t d : descendants_of(pid)) kill(d, sig);
-  kill_group(pid, sig);
-}
-
 // pdsh reports "pdsh@head: HOST: ssh exited with exit code N" for a failed node.
 bool parse_pdsh_failure(const std::string& line, std::string* host, int* code) {
   size_t k = line.find(": ssh exited with exit code ");
@@ -253,18 +246,18 @@ int supervise_launcher(LaunchPlan& p, const PlanInputs& in, bool* interrupted) {
   int err_fd = err_p[0];
   std::string err_buf;
   int status = 0, result = -1;
-  double deadline = -1;
+  KillDeadline kill_at;
   bool exited = false;
   auto begin_stop = [&](int code, const std::string& why) {
     if (result >= 0) return;
     result = code;
     fmt::print(stderr, "dsrun: {}; stopping all nodes\n", why);
-    stop_launcher_tree(pid, SIGTERM);
-    deadline = now_seconds() + in.opts.teardown_grace + 2.0;
+    kill_tree(pid, SIGTERM);  // the launcher and everything under it
+    kill_at.arm(in.opts.teardown_grace + 2.0);
   };
   while (!exited || err_fd >= 0) {
     pollfd fds[2] = {{sig.fd(), POLLIN, 0}, {err_fd, POLLIN, 0}};
-    int timeout = deadline < 0 ? -1 : std::max(0, static_cast<int>(std::ceil((deadline - now_seconds()) * 1000)));
+    int timeout = kill_at.poll_ms();
     if (exited) timeout = 1000;  // launcher gone: finish reading its stderr
     int rc = poll(fds, err_fd >= 0 ? 2 : 1, timeout);
     if (exited && rc == 0) break;
@@ -287,14 +280,11 @@ int supervise_launcher(LaunchPlan& p, const PlanInputs& in, bool* interrupted) {
     for (int s : sig.drain()) {
       if (s == SIGCHLD) continue;
       if (result < 0) *interrupted = true;
-      if (result >= 0) deadline = now_seconds();
+      if (result >= 0) kill_at.hurry();
       begin_stop(128 + s, fmt::format("received {}", signal_name(s)));
     }
     if (!exited && waitpid(pid, &status, WNOHANG) == pid) exited = true;
-    if (!exited && deadline >= 0 && now_seconds() >= deadline) {
-      stop_launcher_tree(pid, SIGKILL);
-      deadline = now_seconds() + 60;
-    }
+    if (!exited && kill_at.due(60)) kill_tree(pid, SIGKILL);
   }
   if (err_fd >= 0) close(err_fd);
   if (!err_buf.empty()) (void)!write(2, err_buf.data(), err_buf.size());

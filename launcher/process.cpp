@@ -10,7 +10,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
@@ -148,6 +150,30 @@ std::string describe_status(int wstatus) {
 
 void kill_group(pid_t pgid, int sig) {
   if (pgid > 1) kill(-pgid, sig);
+}
+
+void kill_tree(pid_t pid, int sig) {
+  for (pid_t d : descendants_of(pid)) kill(d, sig);
+  kill_group(pid, sig);
+}
+
+void KillDeadline::arm(double grace) {
+  if (at_ < 0) at_ = now_seconds() + grace;
+}
+
+void KillDeadline::hurry() {
+  if (at_ >= 0) at_ = now_seconds();
+}
+
+int KillDeadline::poll_ms() const {
+  return at_ < 0 ? -1 : std::max(0, static_cast<int>(std::ceil((at_ - now_seconds()) * 1000)));
+}
+
+bool KillDeadline::due(double again) {
+  const double now = now_seconds();
+  if (at_ < 0 || now < at_) return false;
+  at_ = again < 0 ? -1 : now + again;
+  return true;
 }
 
 double now_seconds() {

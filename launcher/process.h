@@ -60,8 +60,33 @@ std::string signal_name(int sig);
 
 // kill(-pgid, sig), ignoring groups that are already gone.
 void kill_group(pid_t pgid, int sig);
+// `sig` to every live descendant of `pid`, then to its process group: a
+// launcher (pdsh runs each ssh in a group of its own) or a dsrun with all it started.
+void kill_tree(pid_t pid, int sig);
 // Monotonic seconds.
 double now_seconds();
+
+// The kill deadline of a teardown, the one rule the agent (its ranks), the
+// head (the launcher process tree) and the autotuner (one dsrun) supervise
+// by: once the processes were asked to stop, they are killed when the grace
+// runs out, and at once when the stop is asked for again. Each loop polls
+// with poll_ms() and kills when due() says so.
+class KillDeadline {
+ public:
+  bool armed() const { return at_ >= 0; }
+  // The kill is due `grace` seconds from now (nothing when already armed).
+  void arm(double grace);
+  // A second request to stop: the kill is due now (when armed).
+  void hurry();
+  // Milliseconds until the kill is due, rounded up: a poll() timeout; -1 when not armed.
+  int poll_ms() const;
+  // Whether the kill is due; if so, the next one is due `again` seconds
+  // later, or never (again < 0).
+  bool due(double again);
+
+ private:
+  double at_ = -1;
+};
 // The current environment as NAME=value strings.
 std::vector<std::string> environ_entries();
 // `base` with each NAME=value of `overrides` replacing or adding that variable.

@@ -16,10 +16,10 @@
 #include "lib/ckpt/convert.h"
 #include "lib/ckpt/file_io.h"
 #include "lib/ckpt/hf.h"
+#include "lib/config/config.h"
 #include "lib/core/error.h"
 #include "lib/core/progress.h"
 #include "lib/core/run_main.h"
-#include "lib/train/config.h"
 
 namespace fs = std::filesystem;
 

@@ -6,13 +6,13 @@
 #include <exception>
 
 #include "lib/comm/communicator.h"
+#include "lib/config/config.h"
 #include "lib/core/error.h"
 #include "lib/core/log.h"
 #include "lib/core/run_main.h"
 #include "lib/parallel/comms.h"
 #include "lib/parallel/rank_grid.h"
 #include "lib/train/autotune_hooks.h"
-#include "lib/train/config.h"
 #include "lib/train/memory_estimate.h"
 #include "lib/train/trainer.h"
 

@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 
+#include "lib/config/config.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 #include "lib/core/sync_counter.h"
@@ -30,7 +31,6 @@
 #include "lib/ops/ops.h"
 #include "lib/parallel/zero_partition.h"
 #include "lib/runtime/zero_optimizer.h"
-#include "lib/train/config.h"
 #include "lib/train/metrics.h"
 #ifdef DS_WITH_CUDA
 #include "cuda/cuda_api.h"

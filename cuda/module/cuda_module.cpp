@@ -10,7 +10,7 @@
 #include "cuda/cuda_api.h"
 #include "lib/core/cuda_module.h"
 #include "lib/core/device_runtime.h"
-#include "lib/ops/cuda_op_table.h"
+#include "lib/ops/op_table.h"
 #include "lib/ops/ops.h"
 #include "lib/runtime/offload_pipeline.h"
 #ifdef DS_WITH_NCCL
@@ -25,11 +25,11 @@ std::unique_ptr<OffloadCopier> make_cuda_offload_copier();
 
 namespace {
 
-const ds::ops::CudaOpTable kOps = {
-    .n_ops = ds::ops::kCudaOpCount,
-#define DS_CUDA_OP_ENTRY(name, Args) .name = &::ds::cuda::name,
-    DS_OP_LIST(DS_CUDA_OP_ENTRY)
-#undef DS_CUDA_OP_ENTRY
+const ds::ops::OpTable kOps = {
+    .n_ops = ds::ops::kOpCount,
+#define DS_OP_TABLE_ENTRY(name, Args) .name = &::ds::cuda::name,
+    DS_OP_LIST(DS_OP_TABLE_ENTRY)
+#undef DS_OP_TABLE_ENTRY
 };
 
 const ds::OffloadModuleApi kOffload = {.make_copier = &ds::make_cuda_offload_copier};

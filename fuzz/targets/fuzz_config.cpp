@@ -1,8 +1,8 @@
 // Fuzz target: the training config parser (lib/train config*): JSON text ->
 // strict sections -> derived and validated TrainConfig, for a few job sizes.
 #include "fuzz/targets/fuzz_common.h"
+#include "lib/config/config.h"
 #include "lib/core/json_config.h"
-#include "lib/train/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ds::fuzz::quiet();

@@ -23,11 +23,6 @@ int open_log(const std::string& path) {
   return fd;
 }
 
-void kill_tree(pid_t pid, int sig) {
-  for (pid_t d : descendants_of(pid)) kill(d, sig);
-  kill_group(pid, sig);
-}
-
 }  // namespace
 
 std::string slurp(const std::string& path) {
@@ -75,28 +70,24 @@ ProcessResult run_logged(const std::vector<std::string>& argv, const EnvPairs& e
   close(out_fd);
   close(err_fd);
   const double t0 = now_seconds();
-  double kill_at = -1;
+  KillDeadline kill_at;
   int status = 0;
   for (;;) {
     pid_t w = waitpid(pid, &status, WNOHANG);
     if (w == pid) break;
-    const double now = now_seconds();
-    if (!r.timed_out && !r.interrupted && now - t0 > timeout_s) {
+    if (!r.timed_out && !r.interrupted && now_seconds() - t0 > timeout_s) {
       r.timed_out = true;
       kill(pid, SIGTERM);  // dsrun tears its ranks down
-      kill_at = now + grace + 5;
+      kill_at.arm(grace + 5);
     }
-    if (kill_at > 0 && now > kill_at) {
-      kill_tree(pid, SIGKILL);
-      kill_at = now + 5;
-    }
+    if (kill_at.due(5)) kill_tree(pid, SIGKILL);
     pollfd fd{sig.fd(), POLLIN, 0};
     if (poll(&fd, 1, 100) > 0)
       for (int s : sig.drain()) {
         if (!r.interrupted) kill(pid, s);
         else kill_tree(pid, SIGKILL);  // a second signal: stop at once
         r.interrupted = s;
-        if (kill_at < 0) kill_at = now_seconds() + grace + 5;
+        kill_at.arm(grace + 5);
       }
   }
   r.code = exit_code_of(status);

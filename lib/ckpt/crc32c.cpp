@@ -49,6 +49,11 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   return ~c;
 }
 
+uint32_t masked_crc32c(const void* data, size_t n) {
+  const uint32_t c = crc32c(data, n);
+  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
+}
+
 std::string crc32c_text(uint32_t crc) { return fmt::format("crc32c:{:08x}", crc); }
 
 bool parse_crc32c_text(const std::string& s, uint32_t& crc) {

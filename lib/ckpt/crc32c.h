@@ -1,7 +1,8 @@
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum every
-// checkpoint file carries in state.json. A table-driven software version
-// (slicing by 8 bytes): about a GB/s, so verifying a checkpoint costs about
-// as much as reading it once more from the page cache.
+// checkpoint file carries in state.json and, masked, every TensorBoard
+// record. A table-driven software version (slicing by 8 bytes): about a
+// GB/s, so verifying a checkpoint costs about as much as reading it once more
+// from the page cache.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +13,11 @@ namespace ds {
 // CRC-32C of n bytes, continuing from `crc` (the value returned for the bytes
 // before; 0 to start). crc32c("123456789") == 0xE3069283.
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+
+// The masked CRC-32C of n bytes that TFRecord framing stores (TensorBoard
+// event files: lib/train/tensorboard.cpp writes it, lib/plot/events.cpp
+// checks it): the CRC rotated right by 15 bits, plus 0xa282ead8.
+uint32_t masked_crc32c(const void* data, size_t n);
 
 // "crc32c:1a2b3c4d", the spelling state.json uses; parse_crc32c_text returns
 // false for anything else.

@@ -25,7 +25,7 @@ inline constexpr const char* kCudaModuleEntry = "ds_cuda_module_init";
 
 enum class CudaModulePart : uint32_t {
   Runtime = 0,  // DeviceRuntime* (lib/core/device_runtime.h)
-  Ops,          // const CudaOpTable* (lib/ops/cuda_op_table.h)
+  Ops,          // const OpTable* (lib/ops/op_table.h)
   Nccl,         // const NcclModuleApi* (lib/comm/nccl_module.h); null in a module built without NCCL
   Offload,      // const OffloadModuleApi* (lib/runtime/offload_pipeline.h)
   Count

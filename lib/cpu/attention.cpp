@@ -16,9 +16,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "lib/cpu/cpu_ops.h"
 #include "lib/cpu/cpu_util.h"
 #include "lib/cpu/tile_gemm.h"
-#include "lib/ops/ops.h"
 
 namespace ds::cpu {
 namespace {

@@ -3,8 +3,8 @@
 // channel (lib/ops/dropout_mask.h), so the backward redraws it instead of
 // storing it. One row at a time, rows in parallel. A spec with a per-step key
 // in memory (step_key) is resolved first.
+#include "lib/cpu/cpu_ops.h"
 #include "lib/cpu/cpu_util.h"
-#include "lib/ops/ops.h"
 
 namespace ds::cpu {
 namespace {

@@ -9,8 +9,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "lib/cpu/cpu_ops.h"
 #include "lib/cpu/cpu_util.h"
-#include "lib/ops/ops.h"
 
 namespace ds::cpu {
 

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "lib/cpu/cpu_ops.h"
 #include "lib/cpu/cpu_util.h"
-#include "lib/ops/ops.h"
 
 namespace ds::cpu {
 
@@ -46,7 +46,7 @@ void cross_entropy(const CrossEntropyArgs& a, const Stream&) {
   }
 }
 
-// In row order, in double: the host loss's formula (GptModel::mean_loss).
+// In row order, in double. Also the host loss (GptModel::mean_loss).
 void masked_mean(const MaskedMeanArgs& a, const Stream&) {
   const float* losses = a.losses.data<float>();     // (N)
   const int32_t* targets = a.targets.data<int32_t>();  // (N)

@@ -12,9 +12,9 @@
 #include <climits>
 #include <cstring>
 
+#include "lib/cpu/cpu_ops.h"
 #include "lib/cpu/cpu_util.h"
 #include "lib/cpu/matmul.h"
-#include "lib/ops/ops.h"
 
 namespace ds::cpu {
 namespace {

@@ -1,6 +1,6 @@
 // CPU matmul pieces other code shares with lib/cpu/matmul.cpp: the bias
 // gradient's column sum, so that the fused GELU backward's CPU version
-// (lib/ops/matmul_gelu.cpp) sums in the same order as matmul_backward.
+// (lib/cpu/matmul_gelu.cpp) sums in the same order as matmul_backward.
 #pragma once
 #include <cstdint>
 

@@ -12,7 +12,7 @@
 
 #include "lib/cpu/cpu_util.h"
 #include "lib/ops/moe_noise.h"
-#include "lib/ops/ops.h"
+#include "lib/cpu/cpu_ops.h"
 
 namespace ds::cpu {
 namespace {

@@ -4,8 +4,8 @@
 // order, so results do not depend on the OpenMP thread count.
 #include <cmath>
 
+#include "lib/cpu/cpu_ops.h"
 #include "lib/cpu/cpu_util.h"
-#include "lib/ops/ops.h"
 
 namespace ds::cpu {
 namespace {

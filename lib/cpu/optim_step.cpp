@@ -5,8 +5,8 @@
 // bit-identical for any thread count.
 #include <cstring>
 
+#include "lib/cpu/cpu_ops.h"
 #include "lib/cpu/cpu_util.h"
-#include "lib/ops/ops.h"
 
 namespace ds::cpu {
 namespace {

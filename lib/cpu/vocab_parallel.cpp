@@ -6,8 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "lib/cpu/cpu_ops.h"
 #include "lib/cpu/cpu_util.h"
-#include "lib/ops/ops.h"
 
 namespace ds::cpu {
 namespace {

@@ -1,5 +1,5 @@
 // Loading dsgen's model (model_source.h). A checkpoint's saved config is
-// re-read with dstrain's own parser (lib/train), with its parallel layout
+// re-read with dstrain's own parser (lib/config), with its parallel layout
 // and batch sizes reset to one process, so the model settings mean exactly
 // what they meant in training; the weights are read through the reshaping
 // loader (lib/ckpt/reshape.h), which assembles any saved TP / PP layout. The
@@ -19,8 +19,8 @@
 #include "lib/ckpt/file_io.h"
 #include "lib/ckpt/hf.h"
 #include "lib/ckpt/reshape.h"
+#include "lib/config/config.h"
 #include "lib/core/error.h"
-#include "lib/train/config.h"
 
 namespace fs = std::filesystem;
 

@@ -306,11 +306,17 @@ void GptModel::dropout_add_norm(const NormParams& norm, const Tensor& sum, const
 
 void GptModel::norm_backward(const NormParams& norm, const Tensor& dinp, const Tensor& dout,
                              const Tensor& inp, const Tensor& mean, const Tensor& rstd) {
-  if (tp_.sp()) {
+  if (tp_.sp())
     sp_norm_backward(norm, dinp, dout, inp, mean, rstd);
-  } else if (d_.rmsnorm) {
+  else
+    norm_backward_op(norm, dinp, dout, inp, mean, rstd, dw(norm.weight), d_.rmsnorm ? Tensor() : dw(norm.bias));
+}
+
+void GptModel::norm_backward_op(const NormParams& norm, const Tensor& dinp, const Tensor& dout, const Tensor& inp,
+                                const Tensor& mean, const Tensor& rstd, const Tensor& dweight, const Tensor& dbias) {
+  if (d_.rmsnorm) {
     ops::rmsnorm_backward({.dinp = dinp,
-                           .dweight = dw(norm.weight),
+                           .dweight = dweight,
                            .dout = dout,
                            .inp = rows(inp),
                            .weight = w(norm.weight),
@@ -319,8 +325,8 @@ void GptModel::norm_backward(const NormParams& norm, const Tensor& dinp, const T
                           stream_);
   } else {
     ops::layernorm_backward({.dinp = dinp,
-                             .dweight = dw(norm.weight),
-                             .dbias = dw(norm.bias),
+                             .dweight = dweight,
+                             .dbias = dbias,
                              .dout = dout,
                              .inp = rows(inp),
                              .weight = w(norm.weight),
@@ -651,18 +657,14 @@ float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool 
     return NAN;
   }
   Tensor l = losses_.device().is_cpu() ? losses_ : losses_.to(Device::cpu());
-  return mean_loss(l.data<float>(), tg.data<int32_t>(), n);
+  return mean_loss(l.view(0, {n}), tg);
 }
 
-float GptModel::mean_loss(const float* losses, const int32_t* targets, int64_t n) {
-  double sum = 0;
-  int64_t count = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (targets[i] < 0) continue;
-    sum += losses[i];
-    ++count;
-  }
-  return count ? static_cast<float>(sum / count) : 0.f;
+float GptModel::mean_loss(const Tensor& losses, const Tensor& targets) {
+  float mean = 0.f;  // out += 1 * mean: exactly the mean, 0 when no row counts
+  ops::masked_mean({.out = Tensor::from_blob(&mean, {1}, DType::F32), .losses = losses, .targets = targets},
+                   Stream{});
+  return mean;
 }
 
 void GptModel::set_loss_sink(const Tensor& sink, float weight) {

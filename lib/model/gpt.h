@@ -188,9 +188,10 @@ class GptModel {
   // acquired are dropped without adding their gradients, so the next pass
   // starts clean (ParamStore::abandon_pass).
   void abandon_pass();
-  // Mean of the n per-row losses whose target is not ignored (>= 0), summed
-  // in double: the loss every forward returns.
-  static float mean_loss(const float* losses, const int32_t* targets, int64_t n);
+  // Mean of the per-row losses (N) f32 whose target (N) i32 is not ignored
+  // (>= 0), summed in double: the loss every forward returns. Host tensors;
+  // the masked_mean op computes it, the one the loss sink runs on the device.
+  static float mean_loss(const Tensor& losses, const Tensor& targets);
   // Forward only; returns the mean loss over non-ignored targets (targets_host:
   // the same targets in host memory when the caller has them, else read back).
   float forward_loss(const Tensor& tokens, const Tensor& targets, const Tensor& targets_host = Tensor());
@@ -336,6 +337,12 @@ class GptModel {
                         const DropoutSpec& d, const Tensor& out, const Tensor& mean, const Tensor& rstd);
   void norm_backward(const NormParams& norm, const Tensor& dinp, const Tensor& dout,
                      const Tensor& inp, const Tensor& mean, const Tensor& rstd);
+  // The norm's backward op with its weight (and, for LayerNorm, bias)
+  // gradients added into dweight / dbias: the parameters' own gradients
+  // (norm_backward) or the shard sums sequence parallelism reduces first
+  // (sp_norm_backward).
+  void norm_backward_op(const NormParams& norm, const Tensor& dinp, const Tensor& dout, const Tensor& inp,
+                        const Tensor& mean, const Tensor& rstd, const Tensor& dweight, const Tensor& dbias);
   // Views into the acquired unit tensors (the unit must be acquired), by the
   // blocks' typed handles (layout().layers / embed / head).
   Tensor w(ParamRef r) const;   // parameter

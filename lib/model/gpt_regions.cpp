@@ -69,29 +69,10 @@ Tensor GptModel::exit_tp_backward(const Tensor& dy) {
 // shard are summed over tp before they are added to the gradient buffers.
 void GptModel::sp_norm_backward(const NormParams& norm, const Tensor& dinp, const Tensor& dout,
                                 const Tensor& inp, const Tensor& mean, const Tensor& rstd) {
-  auto rows = [](const Tensor& t) { return t.reshape({t.numel() / t.size(-1), t.size(-1)}); };
   sp_dw_.zero_();
-  if (d_.rmsnorm) {
-    ops::rmsnorm_backward({.dinp = dinp,
-                           .dweight = sp_dw_,
-                           .dout = dout,
-                           .inp = rows(inp),
-                           .weight = w(norm.weight),
-                           .rstd = rstd,
-                           .accum = Accum::Add},
-                          stream_);
-  } else {
-    sp_db_.zero_();
-    ops::layernorm_backward({.dinp = dinp,
-                             .dweight = sp_dw_,
-                             .dbias = sp_db_,
-                             .dout = dout,
-                             .inp = rows(inp),
-                             .weight = w(norm.weight),
-                             .mean = mean,
-                             .rstd = rstd,
-                             .accum = Accum::Add},
-                            stream_);
+  if (!d_.rmsnorm) sp_db_.zero_();
+  norm_backward_op(norm, dinp, dout, inp, mean, rstd, sp_dw_, d_.rmsnorm ? Tensor() : sp_db_);
+  if (!d_.rmsnorm) {
     sp_all_reduce(tp_, sp_db_);
     Tensor db = dw(norm.bias);
     ops::add({.out = db, .a = db, .b = sp_db_}, stream_);

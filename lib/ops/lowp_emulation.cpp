@@ -1,12 +1,13 @@
 // bf16 / f16 emulation for the CPU backend: grouping of aliased fields,
 // exact upcast into per-thread f32 scratch and round-to-nearest-even write-back,
-// both through the CPU cast op (fixed chunks: independent of the thread count).
+// both through the CPU backend's cast op (fixed chunks: independent of the
+// thread count).
 #include "lib/ops/lowp_emulation.h"
 
 #include <cstdint>
 
 #include "lib/core/error.h"
-#include "lib/ops/ops.h"
+#include "lib/ops/op_table.h"
 
 namespace ds::ops {
 namespace {
@@ -59,7 +60,7 @@ void LowpEmulation::upcast() {
     Group& gr = groups_[g];
     const int64_t n = gr.orig.numel();
     float* dst = group_scratch(g, static_cast<size_t>(n));  // (n)
-    cpu::cast({Tensor::from_blob(dst, {n}, DType::F32), gr.orig.reshape({n})}, Stream{});  // exact
+    cpu_op_table().cast({Tensor::from_blob(dst, {n}, DType::F32), gr.orig.reshape({n})}, Stream{});  // exact
     gr.f32 = dst;
   }
   for (const Field& f : fields_)
@@ -70,7 +71,8 @@ void LowpEmulation::write_back() {
   for (const Group& gr : groups_) {
     if (!gr.out) continue;
     const int64_t n = gr.orig.numel();
-    cpu::cast({gr.orig.reshape({n}), Tensor::from_blob(gr.f32, {n}, DType::F32)}, Stream{});  // nearest even
+    cpu_op_table().cast({gr.orig.reshape({n}), Tensor::from_blob(gr.f32, {n}, DType::F32)},
+                        Stream{});  // nearest even
   }
 }
 

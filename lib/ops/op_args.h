@@ -145,7 +145,7 @@ template <class A, class F> IfArgs<A, RMSNormBwdArgs> fields(A& a, F&& f) {
 // "x + attn(x)" then norm2): sum = a + b, stored in the dtype of sum, then
 // out = LayerNorm or RMSNorm of sum as stored (as add then norm would read
 // it). sum may alias a or b. Roles are Native: the CPU version IS add then
-// the norm (lib/ops/add_norm.cpp), each with its own low-precision
+// the norm (lib/cpu/add_norm.cpp), each with its own low-precision
 // emulation, so its bits equal the unfused sequence; the CUDA kernel reads
 // a and b once and writes sum and out in one pass.
 enum class NormType : uint8_t { LayerNorm, RMSNorm };
@@ -209,7 +209,7 @@ template <class A, class F> IfArgs<A, MatmulBwdArgs> fields(A& a, F&& f) {
 // GELU is the tanh approximation (as gelu_forward). The pre-activation `pre`
 // is what cuBLASLt calls the aux matrix: the forward writes it, the backward
 // reads it. Roles are Native: the CPU versions ARE the unfused ops through
-// the dispatcher (lib/ops/matmul_gelu.cpp), so their bits equal
+// the dispatcher (lib/cpu/matmul_gelu.cpp), so their bits equal
 // matmul_forward + gelu_forward and matmul_backward (dinp) + gelu_backward +
 // the bias-gradient column sum.
 struct MatmulGeluArgs {
@@ -559,7 +559,7 @@ template <class A, class F> IfArgs<A, NonFiniteArgs> fields(A& a, F&& f) {
 // The training loss of one micro-batch without a host read:
 // out[0] += weight * (mean of losses[i] over the rows with targets[i] >= 0),
 // nothing when no row counts. The mean sums in double and rounds to f32 before
-// it is weighted, as GptModel::mean_loss does on the host.
+// it is weighted; GptModel::mean_loss runs it on host tensors for the host loss.
 struct MaskedMeanArgs {
   Tensor out;      // (1) f32, +=
   Tensor losses;   // (N) f32

@@ -1,8 +1,8 @@
 // Dispatcher: validates each op's arguments once (lib/ops/op_validate.cpp),
-// then routes the call to the CPU implementation or, for CUDA tensors, to the
-// CUDA backend module's op table (lib/ops/cuda_op_table.h; the module is
-// loaded by then: a CUDA tensor needs its allocator, which the module's device
-// runtime installs).
+// then routes the call through a backend's op table (lib/ops/op_table.h): the
+// one lib/cpu registered or, for CUDA tensors, the CUDA backend module's (the
+// module is loaded by then: a CUDA tensor needs its allocator, which the
+// module's device runtime installs).
 // CPU calls with bf16/f16 tensors are emulated in f32 (lib/ops/lowp_emulation.h).
 // Ops with a `dropout_key` tensor get their spec's step_key pointed into it.
 #include "lib/ops/ops.h"
@@ -11,8 +11,8 @@
 
 #include "lib/core/cuda_module.h"
 #include "lib/core/error.h"
-#include "lib/ops/cuda_op_table.h"
 #include "lib/ops/lowp_emulation.h"
+#include "lib/ops/op_table.h"
 #include "lib/ops/op_validate.h"
 
 namespace ds::ops {
@@ -53,21 +53,36 @@ const Args& bind_dropout_key(const Args& a, std::optional<Args>& bound) {
 }
 
 // The module's op table, checked once (UserError when the module does not load).
-const CudaOpTable& cuda_ops() {
-  static const CudaOpTable* t = [] {
-    const auto* ops = static_cast<const CudaOpTable*>(cuda_module_part(CudaModulePart::Ops));
-    DS_USER_CHECK(ops && ops->n_ops == kCudaOpCount,
+const OpTable& cuda_ops() {
+  static const OpTable* t = [] {
+    const auto* ops = static_cast<const OpTable*>(cuda_module_part(CudaModulePart::Ops));
+    DS_USER_CHECK(ops && ops->n_ops == kOpCount,
                   "--device cuda: the CUDA backend module has {} ops, this program {} (a module from another "
-                  "build; set DS_CUDA_BACKEND to this build's)", ops ? ops->n_ops : 0, kCudaOpCount);
+                  "build; set DS_CUDA_BACKEND to this build's)", ops ? ops->n_ops : 0, kOpCount);
     return ops;
   }();
   return *t;
 }
 
+// Set once, before main, by lib/cpu's static initializer; zero until then
+// (constant-initialized, so no initialization order to depend on).
+const OpTable* g_cpu_ops = nullptr;
+
 }  // namespace
 
+void register_cpu_ops(const OpTable& t) {
+  DS_CHECK(t.n_ops == kOpCount && !g_cpu_ops, "CPU op table: {} ops, expected {}; registered before: {}", t.n_ops,
+           kOpCount, g_cpu_ops != nullptr);
+  g_cpu_ops = &t;
+}
+
+const OpTable& cpu_op_table() {
+  DS_CHECK(g_cpu_ops, "no CPU op table: the program does not link the CPU backend (CMake target ds_ops_cpu)");
+  return *g_cpu_ops;
+}
+
 // The f32 CPU kernel of op `name` as a callable for run_cpu.
-#define DS_CPU_KERNEL(name, Args) [](const Args& x, const Stream& st) { ::ds::cpu::name(x, st); }
+#define DS_CPU_KERNEL(name, Args) [](const Args& x, const Stream& st) { cpu_op_table().name(x, st); }
 #define DS_DISPATCH_OP(name, Args)                                   \
   void name(const Args& args, const Stream& s) {                     \
     std::optional<Args> bound;                                       \

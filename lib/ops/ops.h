@@ -1,6 +1,7 @@
 // Device-neutral op API: the model calls only these. Each dispatches on the
-// device of the op's first output tensor to lib/cpu or cuda/ (through the
-// CUDA backend module's op table). The ds::cuda declarations are seen only by
+// device of the op's first output tensor to lib/cpu or cuda/, through the op
+// table each backend hands the dispatcher (lib/ops/op_table.h). The ds::cpu
+// declarations are lib/cpu/cpu_ops.h; the ds::cuda ones are seen only by
 // code built with ds_cuda (DS_WITH_CUDA): the module and GPU tests.
 #pragma once
 #include "lib/ops/op_list.h"
@@ -10,10 +11,6 @@ namespace ds::ops {
 DS_OP_LIST(DS_DECLARE_OP_DEFAULT)
 #undef DS_DECLARE_OP_DEFAULT
 }  // namespace ds::ops
-
-namespace ds::cpu {
-DS_OP_LIST(DS_DECLARE_OP)
-}  // namespace ds::cpu
 
 #ifdef DS_WITH_CUDA
 namespace ds::cuda {

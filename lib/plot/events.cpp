@@ -12,11 +12,6 @@
 namespace ds::plot {
 namespace {
 
-uint32_t masked_crc(const char* p, size_t n) {
-  const uint32_t c = crc32c(p, n);
-  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
-}
-
 template <typename T>
 T load_le(const char* p) {
   T v;
@@ -125,12 +120,12 @@ std::vector<Scalar> read_event_file(const std::string& path) {
   for (int64_t record = 0; pos < data.size(); ++record) {
     if (data.size() - pos < 12) break;  // a record still being written by a live run
     const uint64_t n = load_le<uint64_t>(data.data() + pos);
-    DS_USER_CHECK(load_le<uint32_t>(data.data() + pos + 8) == masked_crc(data.data() + pos, 8),
+    DS_USER_CHECK(load_le<uint32_t>(data.data() + pos + 8) == masked_crc32c(data.data() + pos, 8),
                   "TensorBoard file '{}' record {} (byte {}): the length's checksum does not match (not an event "
                   "file, or corrupt)", path, record, pos);
     if (data.size() - pos < 16 || n > data.size() - pos - 16) break;  // a truncated last record
     const char* payload = data.data() + pos + 12;
-    DS_USER_CHECK(load_le<uint32_t>(payload + n) == masked_crc(payload, n),
+    DS_USER_CHECK(load_le<uint32_t>(payload + n) == masked_crc32c(payload, n),
                   "TensorBoard file '{}' record {} (byte {}): the payload's checksum does not match (corrupt)", path,
                   record, pos);
     parse_event(Wire{payload, payload + n, path, record}, out);

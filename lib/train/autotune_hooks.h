@@ -9,7 +9,7 @@
 #include <string>
 
 #include "lib/comm/communicator.h"
-#include "lib/train/config.h"
+#include "lib/config/config.h"
 
 namespace ds {
 

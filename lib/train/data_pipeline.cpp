@@ -7,11 +7,8 @@
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
 #include "lib/core/log.h"
-#include "lib/data/bpe.h"
 
 namespace ds {
-
-int64_t vocab_size_from_file(const std::string& vocab_json) { return data::vocab_file_size(vocab_json); }
 
 namespace {
 

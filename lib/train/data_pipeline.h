@@ -8,12 +8,12 @@
 #include <cstdint>
 #include <memory>
 
+#include "lib/config/config.h"
 #include "lib/core/tensor.h"
 #include "lib/data/blended_dataset.h"
 #include "lib/data/gpt_dataset.h"
 #include "lib/data/indexed_dataset.h"
 #include "lib/runtime/micro_batch.h"
-#include "lib/train/config.h"
 
 namespace ds {
 
@@ -57,8 +57,5 @@ class DataPipeline {
   int64_t max_token_ = -1;
   Tensor host_;  // (B, T+1) staging
 };
-
-// Real vocabulary size from a GPT-2 style vocab.json (number of entries).
-int64_t vocab_size_from_file(const std::string& vocab_json);
 
 }  // namespace ds

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "lib/config/config.h"
 #include "lib/parallel/zero_partition.h"
-#include "lib/train/config.h"
 
 namespace ds {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "lib/train/config.h"
+#include "lib/config/config.h"
 
 namespace ds {
 

@@ -5,7 +5,7 @@
 // --use-checkpoint-opt_param-scheduler (take the checkpoint) picks a side.
 #pragma once
 #include "lib/ckpt/state_json.h"
-#include "lib/train/config.h"
+#include "lib/config/config.h"
 
 namespace ds {
 

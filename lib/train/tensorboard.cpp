@@ -71,11 +71,6 @@ std::string version_event(double wall_time) {
   return e;
 }
 
-uint32_t masked_crc32c(const std::string& bytes) {
-  const uint32_t c = crc32c(bytes.data(), bytes.size());
-  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
-}
-
 }  // namespace tensorboard
 
 EventFileWriter::~EventFileWriter() {
@@ -101,10 +96,10 @@ void EventFileWriter::write_record(const std::string& payload) {
   std::string rec;
   const uint64_t n = payload.size();
   rec.append(reinterpret_cast<const char*>(&n), 8);
-  const uint32_t len_crc = tensorboard::masked_crc32c(rec);
+  const uint32_t len_crc = masked_crc32c(rec.data(), rec.size());
   rec.append(reinterpret_cast<const char*>(&len_crc), 4);
   rec += payload;
-  const uint32_t crc = tensorboard::masked_crc32c(payload);
+  const uint32_t crc = masked_crc32c(payload.data(), payload.size());
   rec.append(reinterpret_cast<const char*>(&crc), 4);
   DS_USER_CHECK(std::fwrite(rec.data(), 1, rec.size(), f_) == rec.size(), "cannot write TensorBoard file '{}': {}",
                 path_, std::strerror(errno));

@@ -33,11 +33,10 @@ class EventFileWriter {
   std::string path_;
 };
 
-// Protocol-buffer and TFRecord pieces, exposed for tests.
+// Protocol-buffer pieces, exposed for tests.
 namespace tensorboard {
 std::string scalar_event(double wall_time, int64_t step, const std::string& tag, float value);
 std::string version_event(double wall_time);
-uint32_t masked_crc32c(const std::string& bytes);
 }  // namespace tensorboard
 
 // What a training run reports (Megatron-DeepSpeed's tags: the value against

@@ -8,20 +8,20 @@
 
 #include "lib/ckpt/checkpoint.h"
 #include "lib/ckpt/model_state.h"
+#include "lib/config/config.h"
+#include "lib/config/curriculum.h"
 #include "lib/core/heartbeat.h"
 #include "lib/model/gpt.h"
 #include "lib/optim/adamw.h"
 #include "lib/optim/loss_scaler.h"
 #include "lib/parallel/comms.h"
+#include "lib/runtime/pipeline_executor.h"
+#include "lib/runtime/timeline.h"
+#include "lib/runtime/zero_optimizer.h"
 #include "lib/train/autotune_hooks.h"
-#include "lib/train/config.h"
-#include "lib/train/curriculum.h"
 #include "lib/train/data_pipeline.h"
 #include "lib/train/metrics.h"
 #include "lib/train/tensorboard.h"
-#include "lib/runtime/timeline.h"
-#include "lib/runtime/pipeline_executor.h"
-#include "lib/runtime/zero_optimizer.h"
 
 namespace ds {
 

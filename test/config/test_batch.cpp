@@ -1,8 +1,8 @@
 // DeepSpeed's batch-size triple rules (resolve_batch) and Megatron's vocabulary padding.
 #include <catch2/catch.hpp>
 
+#include "lib/config/config.h"
 #include "lib/core/error.h"
-#include "lib/train/config.h"
 
 using namespace ds;
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "lib/config/config.h"
 #include "lib/core/error.h"
-#include "lib/train/config.h"
 #include "test/config/temp_dir.h"
 
 using namespace ds;

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "lib/config/config.h"
 #include "lib/core/error.h"
 #include "lib/optim/lr_schedule.h"
-#include "lib/train/config.h"
 #include "test/config/temp_dir.h"
 
 using namespace ds;

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "lib/config/config.h"
 #include "lib/core/error.h"
-#include "lib/train/config.h"
 #include "test/config/temp_dir.h"
 
 using namespace ds;

@@ -4,8 +4,8 @@
 // layout (retarget_config), the one function dsgen and dsconvert use.
 #include <catch2/catch.hpp>
 
+#include "lib/config/config.h"
 #include "lib/core/error.h"
-#include "lib/train/config.h"
 
 using namespace ds;
 using nlohmann::json;

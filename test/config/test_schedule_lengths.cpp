@@ -8,9 +8,9 @@
 #include <fstream>
 #include <unistd.h>
 
+#include "lib/config/config.h"
 #include "lib/core/error.h"
 #include "lib/optim/lr_schedule.h"
-#include "lib/train/config.h"
 
 using namespace ds;
 using Catch::Matchers::Contains;

@@ -24,6 +24,7 @@
 #include "cuda/attn/cudnn_sdpa.h"
 #include "cuda/cuda_api.h"
 #include "lib/core/error.h"
+#include "lib/cpu/cpu_ops.h"
 #include "lib/ops/ops.h"
 #include "test/ops_harness/op_case_cuda.h"
 #include "test/skip.h"

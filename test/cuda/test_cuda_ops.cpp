@@ -8,6 +8,7 @@
 
 #include "cuda/core/check.h"
 #include "cuda/cuda_api.h"
+#include "lib/cpu/cpu_ops.h"
 #include "lib/ops/ops.h"
 #include "test/ops_harness/op_case_cuda.h"
 #include "test/cuda/norm_stats.h"

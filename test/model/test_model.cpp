@@ -9,11 +9,11 @@
 #include <stdexcept>
 #include <vector>
 
+#include "lib/config/config.h"
 #include "lib/core/rng.h"
 #include "lib/model/gpt.h"
 #include "lib/model/tp_shard.h"
 #include "test/model/tiny_model.h"
-#include "lib/train/config.h"
 
 using namespace ds;
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <utility>
 
+#include "lib/cpu/cpu_ops.h"
 #include "test/ops_harness/op_test_util.h"
 
 using namespace ds;

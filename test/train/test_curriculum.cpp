@@ -9,8 +9,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "lib/config/curriculum.h"
 #include "lib/core/error.h"
-#include "lib/train/curriculum.h"
 #include "lib/train/data_pipeline.h"
 #include "test/train/train_fixture.h"
 

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "lib/comm/communicator.h"
+#include "lib/config/config.h"
 #include "lib/parallel/comms.h"
-#include "lib/train/config.h"
 #include "lib/train/trainer.h"
 
 namespace ds::test {

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "lib/config/config.h"
 #include "lib/core/error.h"
-#include "lib/train/config.h"
 #include "lib/runtime/zero_optimizer.h"
 #include "lib/train/memory_estimate.h"
 

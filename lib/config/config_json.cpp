@@ -7,10 +7,10 @@
 #include <cctype>
 #include <cmath>
 
+#include "lib/config/config_internal.h"
 #include "lib/core/log.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/optim/optimizer_types.h"
-#include "lib/train/config_internal.h"
 
 namespace ds {
 

@@ -1,7 +1,7 @@
 // Sequence-length curriculum: DeepSpeed's fixed_linear / fixed_root /
 // fixed_discrete schedules, the hold-at-max scheduler, and the start-up checks
 // that every length the schedule can produce fits the parallel layout.
-#include "lib/train/curriculum.h"
+#include "lib/config/curriculum.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,12 +1,12 @@
 // Entry points of the config layer, the batch-size rules, vocabulary padding,
 // and the `resolved` JSON (the effective config, saved with checkpoints).
-#include "lib/train/config.h"
+#include "lib/config/config.h"
 
 #include <string>
 
+#include "lib/config/config_internal.h"
 #include "lib/core/log.h"
-#include "lib/train/config_internal.h"
-#include "lib/train/data_pipeline.h"
+#include "lib/data/bpe.h"
 
 namespace ds {
 
@@ -129,7 +129,7 @@ void resolve_vocab(TrainConfig& cfg) {
   const bool gpt2 = d.tokenizer_type.empty() ||
                     data::parse_tokenizer_kind(d.tokenizer_type, "--tokenizer-type") == data::TokenizerKind::GPT2BPE;
   if (gpt2 && !d.vocab_file.empty()) {
-    int64_t v = vocab_size_from_file(d.vocab_file);
+    int64_t v = data::vocab_file_size(d.vocab_file);
     DS_USER_CHECK(m.vocab_size == 0 || m.vocab_size == v,
                   "model.vocab_size {} does not match --vocab-file '{}' ({} entries)", m.vocab_size,
                   d.vocab_file, v);

@@ -4,11 +4,12 @@
 // dtype before GELU reads it, dout @ weight before GELU's gradient scales
 // it). Bit-identical to the unfused sequence by construction; the fusion is
 // a GPU saving only (cuBLASLt epilogues, cuda/blas/matmul_gelu.cu).
+#include "lib/cpu/cpu_ops.h"
 #include "lib/cpu/matmul.h"
 #include "lib/ops/lowp_emulation.h"
 #include "lib/ops/ops.h"
 
-namespace ds::ops {
+namespace ds::cpu {
 namespace {
 
 // The bias-gradient column sum as a one-off op of its own, so that run_cpu
@@ -26,16 +27,13 @@ template <class A, class F> IfArgs<A, BiasGradArgs> fields(A& a, F&& f) {
 void bias_grad(const Tensor& dbias, const Tensor& dout, const Stream& s) {
   const int64_t C = dbias.numel();
   if (C == 0) return;
-  run_cpu("matmul_dgelu_bgrad", BiasGradArgs{.dbias = dbias, .dout = dout}, s, [](const BiasGradArgs&) {},
-          [C](const BiasGradArgs& x, const Stream&) {
-            cpu::matmul_bias_grad(x.dbias.data<float>(), x.dout.data<float>(), x.dout.numel() / C, C);
-          });
+  ops::run_cpu("matmul_dgelu_bgrad", BiasGradArgs{.dbias = dbias, .dout = dout}, s, [](const BiasGradArgs&) {},
+               [C](const BiasGradArgs& x, const Stream&) {
+                 matmul_bias_grad(x.dbias.data<float>(), x.dout.data<float>(), x.dout.numel() / C, C);
+               });
 }
 
 }  // namespace
-}  // namespace ds::ops
-
-namespace ds::cpu {
 
 void matmul_bias_gelu_forward(const MatmulGeluArgs& a, const Stream& s) {
   ops::matmul_forward({.out = a.pre, .inp = a.inp, .weight = a.weight, .bias = a.bias}, s);
@@ -48,7 +46,7 @@ void matmul_dgelu_bgrad(const MatmulDgeluArgs& a, const Stream& s) {
   ops::matmul_backward(
       {.dinp = a.dinp, .dweight = Tensor(), .dbias = Tensor(), .dout = a.dout, .inp = a.pre, .weight = a.weight}, s);
   ops::gelu_backward({.out = a.dinp, .inp = a.pre, .dout = a.dinp}, s);
-  if (a.dbias.defined()) ops::bias_grad(a.dbias, a.dinp, s);
+  if (a.dbias.defined()) bias_grad(a.dbias, a.dinp, s);
 }
 
 }  // namespace ds::cpu

@@ -9,7 +9,7 @@
 #include <map>
 #include <optional>
 
-#include "lib/train/config_internal.h"
+#include "lib/config/config_internal.h"
 
 namespace ds {
 

@@ -5,10 +5,10 @@
 #include <cstdlib>
 #include <limits>
 
+#include "lib/config/config_internal.h"
 #include "lib/data/blended_dataset.h"
 #include "lib/data/gpt_dataset.h"
 #include "lib/optim/lr_schedule.h"
-#include "lib/train/config_internal.h"
 
 namespace ds {
 

@@ -4,7 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 
-#include "lib/train/config_internal.h"
+#include "lib/config/config_internal.h"
 
 namespace ds {
 

@@ -1,7 +1,7 @@
 // Our own config sections: "model", "data", "training", "parallel".
 // These are strict (an unknown key is an error naming it) and are documented
 // key by key in docs/config.md; keep the two in step.
-#include "lib/train/config_internal.h"
+#include "lib/config/config_internal.h"
 
 namespace ds {
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/config/curriculum.h"
 #include "lib/core/dtype.h"
 #include "lib/core/elasticity.h"
 #include "lib/data/tokenizer.h"
@@ -17,7 +18,6 @@
 #include "lib/optim/optimizer_config.h"
 #include "lib/parallel/parallel_layout.h"
 #include "lib/runtime/zero_config.h"
-#include "lib/train/curriculum.h"
 
 namespace ds {
 

@@ -5,8 +5,8 @@
 #include <limits>
 #include <optional>
 
+#include "lib/config/config_internal.h"
 #include "lib/core/error.h"
-#include "lib/train/config_internal.h"
 
 namespace ds {
 

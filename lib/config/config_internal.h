@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "lib/config/config.h"
 #include "lib/core/json_config.h"
-#include "lib/train/config.h"
 
 namespace CLI {
 class App;

@@ -7,8 +7,8 @@
 // error naming the flag and what to use instead; never a silent no-op.
 #include <CLI/CLI.hpp>
 
+#include "lib/config/config_internal.h"
 #include "lib/optim/optimizer_types.h"
-#include "lib/train/config_internal.h"
 
 namespace ds {
 

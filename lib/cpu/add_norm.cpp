@@ -2,6 +2,7 @@
 // two ops they fuse, each through the dispatcher (so each keeps its own
 // low-precision emulation and rounding). Bit-identical to the unfused
 // sequence by construction; the fusion is a GPU memory-traffic saving only.
+#include "lib/cpu/cpu_ops.h"
 #include "lib/ops/ops.h"
 
 namespace ds::cpu {
