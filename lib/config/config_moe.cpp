@@ -166,8 +166,8 @@ void validate_moe_model(const ModelConfig& cfg) {
 }
 
 // The layouts MoE runs in today (docs/moe.md): experts on every data-
-// parallel rank (expert parallel size 1), with DP, ZeRO 0-2 and TP without
-// sequence parallelism.
+// parallel rank (expert parallel size 1), with DP, ZeRO 0-3, pipeline
+// parallelism and TP without sequence parallelism.
 void validate_moe_parallel(const TrainConfig& cfg) {
   const MoeConfig& m = cfg.model.moe;
   if (!m.enabled(cfg.model.num_layers)) return;
@@ -175,14 +175,10 @@ void validate_moe_parallel(const TrainConfig& cfg) {
   DS_USER_CHECK(m.expert_parallel_size == 1,
                 "--moe-expert-parallel-size {}: expert parallelism is not implemented yet; every rank holds every "
                 "expert with --moe-expert-parallel-size 1", m.expert_parallel_size);
-  DS_USER_CHECK(p.pp == 1, "Mixture of Experts with pipeline_model_parallel_size {} is not implemented yet",
-                p.pp);
   DS_USER_CHECK(p.sp == 1, "Mixture of Experts with DeepSpeed-Ulysses (ds_sequence_parallel_size {}) is not "
                 "implemented yet", p.sp);
   DS_USER_CHECK(!p.sequence_parallel || p.tp == 1, "Mixture of Experts with --sequence-parallel is not "
                 "implemented yet");
-  DS_USER_CHECK(cfg.zero.stage <= 2, "Mixture of Experts with ZeRO stage {} is not implemented yet (stages 0-2 are)",
-                cfg.zero.stage);
   DS_USER_CHECK(!cfg.cuda_graph, "Mixture of Experts with --cuda-graph is not implemented yet");
 }
 

@@ -1,6 +1,6 @@
 // Mixture of Experts in real dstrain processes (docs/moe.md): Megatron-
 // DeepSpeed's MoE flags on the small model, every layer an MoE layer of 4
-// experts. DP2 with ZeRO-1 and ZeRO-2 and TP2 reproduce the single-process
+// experts. DP2 with ZeRO-1, 2 and 3, TP2 and PP2 reproduce the single-process
 // curve (relative 1e-5), lm loss and moe loss, with tokens dropped at
 // capacity: the gate sees one micro-batch's tokens, so every layout runs the
 // same micro-batches (2 samples each). Top-1 keeps DeepSpeed's random token
@@ -26,17 +26,18 @@ struct Run {
   std::vector<double> lm, moe;  // per iteration: lm loss (CSV), moe loss (log line)
 };
 
-std::vector<std::string> moe_args(int tp, std::vector<std::string> extra) {
-  std::vector<std::string> a = small_model_args({.layers = 2, .tp = tp, .iters = kIters});
+std::vector<std::string> moe_args(int tp, std::vector<std::string> extra, int pp = 1) {
+  std::vector<std::string> a = small_model_args({.layers = 2, .tp = tp, .pp = pp, .iters = kIters});
   a.insert(a.end(), {"--num-experts", "4", "--expert-interval", "1", "--moe-loss-coeff", "0.05"});
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
 
-Run run(const std::string& name, int world, int zero_stage, int tp, const std::vector<std::string>& extra) {
+Run run(const std::string& name, int world, int zero_stage, int tp, const std::vector<std::string>& extra,
+        int pp = 1) {
   Run r;
   std::string log;
-  const std::string err = run_with_config(name, world, 2, zero_stage, moe_args(tp, extra), &r.lm, &log);
+  const std::string err = run_with_config(name, world, 2, zero_stage, moe_args(tp, extra, pp), &r.lm, &log);
   INFO(err);
   REQUIRE(err.empty());
   const std::regex moe(R"(\| moe loss: ([-+0-9.Ee]+) \|)");
@@ -62,7 +63,7 @@ std::string fail(int world, int tp, const std::vector<std::string>& extra) {
 
 }  // namespace
 
-TEST_CASE("MoE top-2 with dropped tokens: DP2 ZeRO-1/2 and TP2 reproduce the single-process curve") {
+TEST_CASE("MoE top-2 with dropped tokens: DP2 ZeRO-1/2/3, TP2 and PP2 reproduce the single-process curve") {
   const std::vector<std::string> top2 = {"--topk", "2", "--disable-moe-top2-2nd-expert-sampling"};
   const Run single = run("moe_top2_single", 1, 0, 1, top2);
   for (double l : single.lm) REQUIRE(std::isfinite(l));
@@ -74,6 +75,11 @@ TEST_CASE("MoE top-2 with dropped tokens: DP2 ZeRO-1/2 and TP2 reproduce the sin
   }
   INFO("TP2");
   same_run(single, run("moe_top2_tp2", 2, 0, 2, top2));
+  // Beyond DeepSpeed and Megatron-DeepSpeed, which refuse these with MoE.
+  INFO("DP2 ZeRO-3");
+  same_run(single, run("moe_top2_dp2_z3", 2, 3, 1, top2));
+  INFO("PP2 (1F1B; each stage adds its layers' l_aux)");
+  same_run(single, run("moe_top2_pp2", 2, 0, 1, top2, 2));
 }
 
 TEST_CASE("MoE top-1 with random token selection and dropless top-2: DP2 equals one process; resume is bit-exact") {
