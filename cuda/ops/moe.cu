@@ -39,6 +39,7 @@ struct GateParams {
   int32_t* counts;       // (E)
   const float* logits;   // (N, E)
   int64_t N, E, K, capacity;
+  int64_t seq;  // the token order (moe_token_row)
   bool rts, rsample, second_sampling;
   uint64_t gumbel_key, rts_key;
 };
@@ -49,7 +50,8 @@ __device__ int32_t argmax_logits(const GateParams& p, const float* l, int64_t n,
   double bv = 0;
   for (int64_t e = 0; e < p.E; ++e) {
     if (e == skip) continue;
-    const double v = noise ? double(l[e]) + moe_gumbel(moe_noise_bits(p.gumbel_key, n, e)) : double(l[e]);
+    const double v =
+        noise ? double(l[e]) + moe_gumbel(moe_noise_bits(p.gumbel_key, moe_token_order(n, p.N, p.seq), e)) : double(l[e]);
     if (best < 0 || v > bv) best = e, bv = v;
   }
   return int32_t(best);
@@ -97,10 +99,10 @@ __device__ int64_t choice_of(const GateParams& p, int64_t n, int64_t e, int64_t 
 __device__ bool select_key(const GateParams& p, int64_t n, int64_t e, uint64_t& key) {
   const bool chose = choice_of(p, n, e, 0) >= 0;
   if (p.K == 1) {
-    key = moe_rts_key(p.rts_key, n, e);
+    key = moe_rts_key(p.rts_key, moe_token_order(n, p.N, p.seq), e);
     return chose;
   }
-  key = moe_key(moe_float_order(chose ? p.logits[n * p.E + e] : 0.f), n);
+  key = moe_key(moe_float_order(chose ? p.logits[n * p.E + e] : 0.f), moe_token_order(n, p.N, p.seq));
   return true;
 }
 
@@ -139,7 +141,7 @@ __global__ void gate_expert_kernel(GateParams p, double* me_ce /* (E) */) {
   int64_t run = 0;
   for (int64_t pass = 0; pass < (p.K == 2 ? 2 : 1); ++pass) {
     for (int64_t base = 0; base < p.N; base += kExpertThreads) {
-      const int64_t n = base + tid;
+      const int64_t n = base + tid < p.N ? moe_token_row(base + tid, p.N, p.seq) : p.N;
       const int64_t j = n < p.N ? choice_of(p, n, e, pass) : -1;
       int flag = 0;
       if (j >= 0) {
@@ -286,7 +288,7 @@ __global__ void combine_backward_kernel(T* dinp /* (E, C, D) */, float* dweight 
 GateParams gate_params(const MoeGateArgs& a) {
   return {a.gates.data<float>(), a.expert.data<int32_t>(), a.slot.data<int32_t>(), a.weight.data<float>(),
           a.counts.data<int32_t>(), a.logits.data<float>(), a.logits.size(0), a.logits.size(1),
-          a.expert.size(1), a.capacity, a.rts, a.rsample, a.second_sampling,
+          a.expert.size(1), a.capacity, a.seq, a.rts, a.rsample, a.second_sampling,
           moe_noise_key(a.noise_seed, a.noise_stream, MoeNoise::Gumbel),
           moe_noise_key(a.noise_seed, a.noise_stream, MoeNoise::Rts)};
 }

@@ -37,7 +37,8 @@ void gate_token(const MoeGateArgs& a, const GateDims& d, int64_t n, uint64_t gum
     double bv = 0;
     for (int64_t e = 0; e < d.E; ++e) {
       if (e == skip) continue;
-      const double v = noise ? double(l[e]) + moe_gumbel(moe_noise_bits(gumbel_key, n, e)) : double(l[e]);
+      const double v =
+          noise ? double(l[e]) + moe_gumbel(moe_noise_bits(gumbel_key, moe_token_order(n, d.N, a.seq), e)) : double(l[e]);
       if (best < 0 || v > bv) best = e, bv = v;
     }
     return static_cast<int32_t>(best);
@@ -75,9 +76,12 @@ int64_t gate_expert(const MoeGateArgs& a, const GateDims& d, int64_t e, uint64_t
   int32_t* slot = a.slot.data<int32_t>();
   const int64_t cap = a.capacity;
   std::vector<int64_t> idx;  // flat (n * K + j) of e's choices, token order
-  for (int64_t n = 0; n < d.N; ++n)
+  for (int64_t t = 0; t < d.N; ++t) {
+    const int64_t n = moe_token_row(t, d.N, a.seq);
     for (int64_t j = 0; j < d.K; ++j)
       if (ex[n * d.K + j] == e) idx.push_back(n * d.K + j);
+  }
+  auto order = [&](int64_t n) { return moe_token_order(n, d.N, a.seq); };
   a.counts.data<int32_t>()[e] = static_cast<int32_t>(idx.size());
   const int64_t count = static_cast<int64_t>(idx.size());
   if (d.K == 2) {
@@ -97,7 +101,7 @@ int64_t gate_expert(const MoeGateArgs& a, const GateDims& d, int64_t e, uint64_t
   if (cap > 0 && d.K == 1 && count > cap) {
     if (a.rts) {  // the `cap` largest uniform draws
       std::vector<uint64_t> keys(idx.size());
-      for (size_t i = 0; i < idx.size(); ++i) keys[i] = moe_rts_key(rts_key, idx[i], e);
+      for (size_t i = 0; i < idx.size(); ++i) keys[i] = moe_rts_key(rts_key, order(idx[i]), e);
       const uint64_t t = kth_largest(keys, cap);
       for (size_t i = 0; i < idx.size(); ++i) keep[i] = keys[i] >= t;
     } else {  // the first `cap` by position
@@ -112,8 +116,8 @@ int64_t gate_expert(const MoeGateArgs& a, const GateDims& d, int64_t e, uint64_t
     // chose e. Ties go to the lower token.
     const float* logits = a.logits.data<float>();
     std::vector<uint64_t> keys(d.N);
-    for (int64_t n = 0; n < d.N; ++n) keys[n] = moe_key(moe_float_order(0.f), n);
-    for (int64_t i : idx) keys[i / d.K] = moe_key(moe_float_order(logits[(i / d.K) * d.E + e]), i / d.K);
+    for (int64_t n = 0; n < d.N; ++n) keys[n] = moe_key(moe_float_order(0.f), order(n));
+    for (int64_t i : idx) keys[i / d.K] = moe_key(moe_float_order(logits[(i / d.K) * d.E + e]), order(i / d.K));
     const uint64_t t = kth_largest(keys, cap);
     for (size_t i = 0; i < idx.size(); ++i) keep[i] = keys[idx[i] / d.K] >= t;
   }

@@ -105,7 +105,8 @@ void GptModel::moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add
                          .rsample = K == 1 && key.train && mc.noisy_gate_policy == NoisyGatePolicy::RSample,
                          .second_sampling = K == 2 && mc.top2_2nd_expert_sampling,
                          .noise_seed = key.seed,
-                         .noise_stream = moe_noise_stream(key, l)},
+                         .noise_stream = moe_noise_stream(key, l),
+                         .seq = T_},
                         stream_);
   // Rows per expert buffer: the capacity (no more than there are tokens), or
   // dropless the largest expert load (read back, as DeepSpeed does).

@@ -38,6 +38,21 @@ DS_HOST_DEVICE double moe_uniform(uint64_t bits) {
 // A standard Gumbel sample, -log(-log(u)), in double (finite: u is never 0 or 1).
 DS_HOST_DEVICE double moe_gumbel(uint64_t bits) { return -log(-log(moe_uniform(bits))); }
 
+// The gate's token order. With seq > 0 the N rows are (N / seq samples, seq
+// positions) and the i-th token is position i / B of sample i % B (B = N /
+// seq): Megatron's [s, b, h] order; else the i-th token is row i.
+DS_HOST_DEVICE int64_t moe_token_row(int64_t i, int64_t N, int64_t seq) {
+  if (seq <= 0) return i;
+  const int64_t B = N / seq;
+  return (i % B) * seq + i / B;
+}
+// The inverse: the order index of row n.
+DS_HOST_DEVICE int64_t moe_token_order(int64_t n, int64_t N, int64_t seq) {
+  if (seq <= 0) return n;
+  const int64_t B = N / seq;
+  return (n % seq) * B + n / seq;
+}
+
 // Selection keys: a strict total order on (value descending, token ascending),
 // as one unsigned integer, larger = kept first. The token index fills the
 // low 32 bits (N < 2^32), inverted so that the lower token wins a tie.

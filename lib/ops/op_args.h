@@ -629,6 +629,10 @@ struct MoeGateArgs {
   bool rsample = false;          // K = 1: noisy gate policy RSample
   bool second_sampling = false;  // K = 2: Gumbel noise on the second choice
   uint64_t noise_seed = 0, noise_stream = 0;
+  // The token order (slots, ties, draws): 0: row order; > 0: the rows are
+  // (N / seq samples, seq positions) and the order is Megatron's (position,
+  // sample), the rows of its [s, b, h] activations (moe_token_row).
+  int64_t seq = 0;
 };
 template <class A, class F> IfArgs<A, MoeGateArgs> fields(A& a, F&& f) {
   f(a.gates, "gates", Role::Stat);

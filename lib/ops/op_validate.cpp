@@ -650,6 +650,8 @@ void validate_moe_gate_forward(const MoeGateArgs& a) {
   c.numel(a.counts, E, "counts", "E");
   c.stat(a.aux, 1, "aux", "1");
   DS_CHECK(a.capacity >= 0, "{}: capacity={} must be >= 0 (0: dropless)", c.op(), a.capacity);
+  DS_CHECK(a.seq >= 0 && (a.seq == 0 || a.logits.size(0) % a.seq == 0),
+           "{}: seq={} must be 0 or divide the {} tokens", c.op(), a.seq, a.logits.size(0));
 }
 
 void validate_moe_gate_backward(const MoeGateBwdArgs& a) {

@@ -35,29 +35,52 @@ void check_gradients(const ModelConfig& cfg) {
   Rng pick(3);
   float* p = model.params().data<float>();
   const float* g = model.grads().data<float>();
-  int checked = 0;
+  int checked = 0, jumps = 0;
+  const bool moe = cfg.moe.enabled(cfg.num_layers);
+  const double coeff = cfg.moe.loss_coeff;
   for (const ParamSpec& s : model.layout().params) {
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0, retries = 0; k < 4; ++k) {
       int64_t i = s.offset + static_cast<int64_t>(pick.below(s.numel));
       if (s.name == "embed.wte" || s.name == "head.weight") {
         // Padded vocab rows never get gradient; sample real rows.
         i = s.offset + static_cast<int64_t>(pick.below(cfg.vocab_size * cfg.hidden_size));
       }
-      // MoE: a smaller step, so that no token changes its experts or loses
-      // its row between the two evaluations (the loss jumps there).
-      const float h = cfg.moe.enabled(cfg.num_layers) ? 1e-3f : 1e-2f, orig = p[i];
-      const double coeff = cfg.moe.loss_coeff;
-      p[i] = orig + h;
-      double lp = model.forward_loss(tok, tgt) * scale + coeff * model.moe_aux_loss();
-      p[i] = orig - h;
-      double lm = model.forward_loss(tok, tgt) * scale + coeff * model.moe_aux_loss();
-      p[i] = orig;
-      double fd = (lp - lm) / (2.0 * h);
+      const float orig = p[i];
+      auto central = [&](float h) {
+        p[i] = orig + h;
+        const double lp = model.forward_loss(tok, tgt) * scale + coeff * model.moe_aux_loss();
+        p[i] = orig - h;
+        const double lm = model.forward_loss(tok, tgt) * scale + coeff * model.moe_aux_loss();
+        p[i] = orig;
+        return (lp - lm) / (2.0 * h);
+      };
+      // MoE: a token that changes its experts or loses its row between the
+      // two evaluations makes the loss jump. A jump shows as a difference
+      // quotient that does not settle when the step shrinks: take the largest
+      // step (1e-3 down to 1e-4) whose quotient agrees with the one at a
+      // quarter of it, or another element when none does (at most 3 per tensor).
+      double fd = moe ? 0.0 : central(1e-2f);
+      if (moe) {
+        bool settled = false;
+        for (float h : {1e-3f, 2.5e-4f, 1e-4f}) {
+          fd = central(h);
+          if (std::abs(fd - central(h / 4)) <= 1e-2 + 0.05 * std::abs(fd)) {
+            settled = true;
+            break;
+          }
+        }
+        if (!settled && retries < 3) {
+          ++retries, ++jumps, --k;
+          continue;
+        }
+      }
       INFO(s.name << " element " << i - s.offset << " analytic " << g[i] << " fd " << fd);
       REQUIRE(std::abs(fd - g[i]) <= 2e-3 + 3e-2 * std::abs(fd));
       ++checked;
     }
   }
+  INFO(jumps << " elements skipped at a routing change");
+  REQUIRE(jumps <= static_cast<int>(model.layout().params.size()) / 4);
   REQUIRE(checked == 4 * static_cast<int>(model.layout().params.size()));
   // Padded rows of the output embedding get exactly zero gradient.
   const ParamSpec& wte = model.layout().find("embed.wte");

@@ -432,6 +432,48 @@ TEST_CASE("moe gate forward: random token selection, RSample and second-expert s
   }
 }
 
+// Megatron's activations are [s, b, h]: DeepSpeed's gate sees the tokens
+// position-major. With seq > 0 the op takes (sample, position) rows in that
+// order: the same as the row-order op on the rows permuted into it, in
+// every mode (drops by position, RTS, Gumbel sampling, "probs", dropless).
+TEST_CASE("moe gate forward: seq > 0 orders the tokens as Megatron's [s, b, h] rows") {
+  const int64_t B = 3, T = 7, N = B * T, E = 4;
+  const Tensor logits = randn({N, E}, 31, 1.0);
+  Tensor perm = Tensor::empty({N, E}, DType::F32);
+  for (int64_t i = 0; i < N; ++i)
+    std::copy_n(logits.data<float>() + moe_token_row(i, N, T) * E, E, perm.data<float>() + i * E);
+  struct Mode {
+    int K;
+    int64_t cap;
+    bool rts, rsample, second;
+  };
+  for (const Mode m : {Mode{1, 3, false, false, false}, Mode{1, 3, true, true, false}, Mode{2, 5, false, false, true},
+                       Mode{3, 9, false, false, false}, Mode{2, 0, false, false, true}}) {
+    INFO("K " << m.K << " capacity " << m.cap << " rts " << m.rts);
+    auto gate = [&](const Tensor& l, int64_t seq) {
+      MoeGateArgs a = moe_gate_args(l, m.K, m.cap);
+      a.rts = m.rts, a.rsample = m.rsample, a.second_sampling = m.second;
+      a.noise_seed = 99, a.noise_stream = 5, a.seq = seq;
+      ops::moe_gate_forward(a, Stream{});
+      return a;
+    };
+    const MoeGateArgs a = gate(logits, T), b = gate(perm, 0);
+    const auto ae = ids(a.expert), as = ids(a.slot), be = ids(b.expert), bs = ids(b.slot);
+    int64_t drops = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < m.K; ++j) {
+        const int64_t i = moe_token_order(n, N, T);
+        CHECK(ae[n * m.K + j] == be[i * m.K + j]);
+        CHECK(as[n * m.K + j] == bs[i * m.K + j]);
+        CHECK(a.weight.data<float>()[n * m.K + j] == b.weight.data<float>()[i * m.K + j]);
+        drops += as[n * m.K + j] < 0;
+      }
+    CHECK(ids(a.counts) == ids(b.counts));
+    CHECK(std::abs(a.aux.data<float>()[0] - b.aux.data<float>()[0]) <= 1e-6f * b.aux.data<float>()[0]);
+    if (m.cap > 0) CHECK(drops > 0);  // the order decided something
+  }
+}
+
 TEST_CASE("moe gate forward: RSample picks experts with the softmax's frequencies") {
   // The Gumbel-max trick: argmax(l + G) is distributed as softmax(l). One
   // row of logits repeated; each frequency within 5 standard deviations.
