@@ -188,7 +188,7 @@ void GptModel::alloc_act_set(ActSet& s, int64_t B, int64_t T) {
       s.acts[l] = scratch_;  // views of the shared scratch: nothing saved
       continue;
     }
-    alloc_layer_acts(s.acts[l], B, T);
+    alloc_layer_acts(s.acts[l], B, T, !lp(l).is_moe());
     if (recompute_.kind == RecomputeConfig::Kind::Selective) s.acts[l].attn_out = scratch_.attn_out;
     if (!sp_.active()) s.acts[l].attn_seq = s.acts[l].attn_out;
   }
@@ -199,7 +199,7 @@ void GptModel::alloc_act_set(ActSet& s, int64_t B, int64_t T) {
   s.logits = act({N, Vl_});
 }
 
-void GptModel::alloc_layer_acts(LayerActs& a, int64_t B, int64_t T) {
+void GptModel::alloc_layer_acts(LayerActs& a, int64_t B, int64_t T, bool dense_mlp) {
   // Sequence parallel: the norms and the residual hold this rank's Nl rows.
   const int64_t C = d_.C, Cl = Cl_, Fl = Fl_, N = B * T, Nl = B * local_seq(T), F_in = d_.swiglu ? 2 * Fl : Fl;
   auto f32 = [&](Shape sh) { return Tensor::empty(sh, DType::F32, dev_); };
@@ -217,6 +217,7 @@ void GptModel::alloc_layer_acts(LayerActs& a, int64_t B, int64_t T) {
   a.norm2_out = act({Nl, C});
   a.norm2_mean = f32({Nl});
   a.norm2_rstd = f32({Nl});
+  if (!dense_mlp) return;  // an MoE layer sizes its own (MoeActs) in each forward
   a.fc_out = act({N, F_in});
   a.act_out = act({N, Fl});
 }

@@ -276,7 +276,7 @@ class GptModel {
   bool has_head(int chunk) const { return chunk == layout_.shard.vp - 1 && layout_.last_stage(); }
   void head_backward();
   bool full_recompute(int l) const;  // layer l keeps only its input
-  void alloc_layer_acts(LayerActs& a, int64_t B, int64_t T);
+  void alloc_layer_acts(LayerActs& a, int64_t B, int64_t T, bool dense_mlp = true);
   void alloc_recompute_scratch(int64_t B, int64_t T);
   void recompute_before_backward(int l);
   // Tensor-parallel regions (lib/model/gpt_regions.cpp); with sequence
