@@ -328,6 +328,9 @@ class GptModel {
   // mlp_forward / mlp_backward; the experts are replicated over tp ranks, so
   // no tp region is entered and the input gradient in dnorm_ is complete.
   void moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add);
+  // The MoE MLP itself: y (N, C) = experts(x (N, C)), its activations in m;
+  // seq: the positions per sample of x's rows (the gate's token order).
+  void moe_mlp(int l, const Tensor& x, const Tensor& y, MoeActs& m, const DropoutKey& key, int64_t seq);
   void moe_backward(int l, LayerActs& a, const Tensor& dresid);
   void norm_forward(const NormParams& norm, const Tensor& out, const Tensor& mean,
                     const Tensor& rstd, const Tensor& inp);

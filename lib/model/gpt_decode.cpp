@@ -36,7 +36,6 @@ KvCache kv_cache_rows(const KvCache& c, int64_t b0, int64_t n) {
 KvCache GptModel::make_kv_cache(int64_t B, int64_t Tmax) const {
   DS_CHECK(layout_.first_stage() && layout_.last_stage() && layout_.shard.vp == 1,
            "make_kv_cache: generation needs the whole model on each rank (pipeline size 1)");
-  DS_USER_CHECK(!has_moe(), "generation from a Mixture-of-Experts model is not implemented yet");
   DS_CHECK(!tp_.sp(), "make_kv_cache: generation runs without sequence parallelism");
   DS_CHECK(!sp_.active(), "make_kv_cache: generation runs without Ulysses sequence parallelism");
   DS_USER_CHECK(B >= 1 && Tmax >= 1, "generation: batch {} and context {} must be >= 1", B, Tmax);
@@ -119,6 +118,12 @@ void GptModel::decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std:
                       stream_);
   reduce_from_tp_forward(tp_, mid);
   dropout_add_norm(P.norm2, mid, mid, x, DropoutSpec{}, h, s1, s2);  // fused add + norm
+  if (P.is_moe()) {  // replicated experts: every tp rank computes the whole output
+    MoeActs m;
+    moe_mlp(l, h, x, m, DropoutKey{}, Tq);
+    if (add == ResidualAdd::InLayer) ops::add({.out = x, .a = x, .b = mid}, stream_);
+    return;
+  }
   Tensor fc = c.fc.view(0, {N, c.fc.size(1)}), act = c.act.view(0, {N, Fl_});
   ops::matmul_forward(
       {.out = fc, .inp = h, .weight = w(P.mlp.fc.weight), .bias = opt(P.mlp.fc.bias, false)}, stream_);

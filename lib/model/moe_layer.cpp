@@ -67,12 +67,10 @@ void GptModel::set_moe_loss_sink(const Tensor& sink, float weight) {
   moe_sink_weight_ = weight;
 }
 
-void GptModel::moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add) {
+void GptModel::moe_mlp(int l, const Tensor& x, const Tensor& y, MoeActs& m, const DropoutKey& key, int64_t seq) {
   const MoeParams& P = lp(l).moe;
   const MoeConfig& mc = cfg_.moe;
-  MoeActs& m = a.moe;
-  const DropoutKey& key = S().key;
-  const int64_t N = a.norm2_out.size(0), C = d_.C, E = d_.layer_experts(l), K = d_.topk;
+  const int64_t N = x.size(0), C = d_.C, E = d_.layer_experts(l), K = d_.topk;
   const int64_t Fin = (d_.swiglu ? 2 : 1) * d_.F;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
   auto act = [&](Shape s) { return Tensor::empty(s, compute_, dev_); };
@@ -81,7 +79,7 @@ void GptModel::moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add
   // the compute dtype and its output is widened).
   m.logits = f32({N, E});
   const Tensor lg = compute_ == DType::F32 ? m.logits : act({N, E});
-  ops::matmul_forward({.out = lg, .inp = a.norm2_out, .weight = w(P.gate), .bias = Tensor()}, stream_);
+  ops::matmul_forward({.out = lg, .inp = x, .weight = w(P.gate), .bias = Tensor()}, stream_);
   if (compute_ != DType::F32) ops::cast({.out = m.logits, .inp = lg}, stream_);
   const int64_t capacity =
       mc.drop_tokens ? moe_capacity(N, E, static_cast<int>(K), key.train ? mc.train_capacity_factor
@@ -106,7 +104,7 @@ void GptModel::moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add
                          .second_sampling = K == 2 && mc.top2_2nd_expert_sampling,
                          .noise_seed = key.seed,
                          .noise_stream = moe_noise_stream(key, l),
-                         .seq = T_},
+                         .seq = seq},
                         stream_);
   // Rows per expert buffer: the capacity (no more than there are tokens), or
   // dropless the largest expert load (read back, as DeepSpeed does).
@@ -120,7 +118,7 @@ void GptModel::moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add
   m.fc_out = act({E, rows, Fin});
   m.act_out = act({E, rows, d_.F});
   m.xout = act({E, rows, C});
-  ops::moe_dispatch_forward({.out = m.xin, .inp = a.norm2_out, .expert = m.expert, .slot = m.slot}, stream_);
+  ops::moe_dispatch_forward({.out = m.xin, .inp = x, .expert = m.expert, .slot = m.slot}, stream_);
   const Tensor wfc = w(P.fc.weight), wproj = w(P.proj);
   const Tensor bfc = opt(P.fc.bias, false);
   for (int64_t e = 0; e < E; ++e) {
@@ -134,9 +132,15 @@ void GptModel::moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add
       ops::gelu_forward({.out = out, .inp = pre, .dout = Tensor()}, stream_);
     ops::matmul_forward({.out = row(m.xout, e), .inp = out, .weight = row(wproj, e), .bias = Tensor()}, stream_);
   }
-  const Tensor y2 = y.reshape({N, C});
-  ops::moe_combine_forward({.out = y2, .inp = m.xout, .weight = m.weight, .expert = m.expert, .slot = m.slot},
+  ops::moe_combine_forward({.out = y, .inp = m.xout, .weight = m.weight, .expert = m.expert, .slot = m.slot},
                            stream_);
+}
+
+void GptModel::moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add) {
+  MoeActs& m = a.moe;
+  const DropoutKey& key = S().key;
+  const Tensor y2 = y.reshape({a.norm2_out.size(0), d_.C});
+  moe_mlp(l, a.norm2_out, y2, m, key, T_);
   if (add == ResidualAdd::InLayer) dropout_add(y2, y2, a.resid_mid, hidden_dropout(l, DropoutSite::MlpOut));
   if (key.train && moe_sink_.defined() && moe_sink_weight_ != 0.f) {  // the step's "moe loss" statistic
     ops::scale({.x = m.aux, .s = moe_sink_weight_}, stream_);

@@ -21,11 +21,18 @@ inline ModelConfig gen_model_config(const std::string& kind) {
   m.vocab_size = 300;
   m.padded_vocab_size = 384;
   m.hidden_dropout = m.attention_dropout = 0.f;
-  if (kind == "llama") {
+  if (kind == "llama" || kind == "mixtral") {
     set_model_family(m, ModelFamily::LLaMA);
     m.ffn_hidden_size = 96;
     m.num_kv_heads = 2;
     m.rope_theta = 10000.f;
+  }
+  if (kind == "mixtral") {  // LLaMA blocks with 4 SwiGLU experts, top-2, no capacity limit
+    m.moe.num_experts = {4};
+    m.moe.expert_interval = 1;
+    m.moe.topk = 2;
+    m.moe.drop_tokens = false;
+    m.moe.top2_2nd_expert_sampling = false;
   }
   return m;
 }
