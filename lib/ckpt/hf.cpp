@@ -92,6 +92,38 @@ std::vector<HfPiece> llama_map(const ModelDims& d) {
   return m;
 }
 
+// Mixtral: LLaMA blocks whose MLP is a router and SwiGLU experts. Our
+// stacked expert weights are read as matrices (matrix_shape): expert e's w1
+// and w3 are the gate and up rows of fc (E * 2F rows), its w2 the rows
+// [e * C, (e + 1) * C) of proj (E * C rows).
+std::vector<HfPiece> mixtral_map(const ModelDims& d) {
+  std::vector<HfPiece> m = {{"model.embed_tokens.weight", "embed.wte", 0, d.V, false}};
+  const int64_t C = d.C, F = d.F, KV = int64_t{d.NKV} * d.HS;
+  for (int l = 0; l < d.L; ++l) {
+    std::string h = "model.layers." + std::to_string(l) + ".", o = "layers." + std::to_string(l) + ".";
+    m.push_back({h + "input_layernorm.weight", o + "norm1.weight"});
+    m.push_back({h + "self_attn.q_proj.weight", o + "attn.qkv.weight", 0, C});
+    m.push_back({h + "self_attn.k_proj.weight", o + "attn.qkv.weight", C, KV});
+    m.push_back({h + "self_attn.v_proj.weight", o + "attn.qkv.weight", C + KV, KV});
+    m.push_back({h + "self_attn.o_proj.weight", o + "attn.proj.weight"});
+    m.push_back({h + "post_attention_layernorm.weight", o + "norm2.weight"});
+    m.push_back({h + "block_sparse_moe.gate.weight", o + "mlp.gate.weight"});
+    for (int64_t e = 0; e < d.layer_experts(l); ++e) {
+      const std::string x = h + "block_sparse_moe.experts." + std::to_string(e) + ".";
+      m.push_back({x + "w1.weight", o + "mlp.experts.fc.weight", e * 2 * F, F});
+      m.push_back({x + "w3.weight", o + "mlp.experts.fc.weight", e * 2 * F + F, F});
+      m.push_back({x + "w2.weight", o + "mlp.experts.proj.weight", e * C, C});
+    }
+  }
+  m.push_back({"model.norm.weight", "final_norm.weight"});
+  if (d.untied) m.push_back({"lm_head.weight", "head.weight", 0, d.V, false});
+  return m;
+}
+
+// A weight as the matrix the pieces cut rows from: stacked expert weights
+// (E, R, K) are (E * R, K); others as they are.
+Shape matrix_shape(const Shape& s) { return s.size() == 3 ? Shape{s[0] * s[1], s[2]} : s; }
+
 // GPT-NeoX (LayerNorm, GELU, biases, RoPE on rotary_pct of each head; the
 // sequential residual of use_parallel_residual = false). Its fused qkv holds
 // each head's q, k, v rows together; the output layer is always embed_out.
@@ -118,7 +150,7 @@ std::vector<HfPiece> neox_map(const ModelDims& d) {
   return m;
 }
 
-enum class HfArch { GPT2, LLaMA, GPTNeoX };
+enum class HfArch { GPT2, LLaMA, GPTNeoX, Mixtral };
 
 // The Hugging Face architecture the model's blocks make, whatever flags built
 // it: learned positions -> GPT2LMHeadModel; RoPE with RMSNorm and SwiGLU ->
@@ -131,10 +163,19 @@ HfArch hf_arch(const ModelDims& d, const char* what) {
                   "architecture holds this combination",
                   what, block, arch, needs);
   };
-  for (int e : d.experts)
-    if (e > 1)
-      DS_USER_ERROR("{}: Mixture-of-Experts models do not map onto a Hugging Face architecture yet (Mixtral export "
-                    "is planned; docs/moe.md)", what);
+  int moe_layers = 0;
+  for (int e : d.experts) moe_layers += e > 1 ? 1 : 0;
+  if (moe_layers > 0) {  // Mixtral: LLaMA blocks, an MoE MLP in every layer, top-k >= 2 renormalised
+    const char* arch = "MixtralForCausalLM",
+                *needs = "LLaMA blocks (RoPE, RMSNorm, SwiGLU experts, no biases), experts in every layer "
+                         "(--expert-interval 1) and --topk of at least 2 (Mixtral renormalises the top-k gates)";
+    if (moe_layers != d.L) refuse(fmt::format("dense layers between MoE layers ({} of {} are MoE)", moe_layers, d.L),
+                                  arch, needs);
+    if (!d.rope || !d.rmsnorm || !d.swiglu || d.bias || d.rot != d.HS)
+      refuse("Mixture of Experts on blocks other than LLaMA's", arch, needs);
+    if (d.topk < 2) refuse("top-1 routing (its weight is the gate itself, not renormalised)", arch, needs);
+    return HfArch::Mixtral;
+  }
   if (!d.rope) {  // GPT-2: LayerNorm, GELU, biases, multi-head attention
     const char* arch = "GPT2LMHeadModel", *needs = "learned positions need LayerNorm, GELU, biases and NKV = NH";
     if (d.rmsnorm) refuse("RMSNorm with learned positions", arch, needs);
@@ -164,6 +205,7 @@ std::vector<HfPiece> hf_map(const ModelDims& d, const char* what) {
   switch (hf_arch(d, what)) {
     case HfArch::GPT2: return gpt2_map(d);
     case HfArch::LLaMA: return llama_map(d);
+    case HfArch::Mixtral: return mixtral_map(d);
     case HfArch::GPTNeoX: break;
   }
   return neox_map(d);
@@ -225,6 +267,16 @@ nlohmann::json hf_config(const ModelConfig& c, const ModelDims& d, const HfToken
             {"tie_word_embeddings", !d.untied}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0},
             {"bos_token_id", bos}, {"eos_token_id", eos}, {"torch_dtype", "float32"}};
   }
+  if (arch == HfArch::Mixtral) {
+    return {{"architectures", {"MixtralForCausalLM"}}, {"model_type", "mixtral"}, {"hidden_size", d.C},
+            {"intermediate_size", d.F}, {"num_attention_heads", d.NH}, {"num_key_value_heads", d.NKV},
+            {"num_hidden_layers", d.L}, {"max_position_embeddings", d.maxT}, {"rms_norm_eps", c.norm_eps},
+            {"rope_theta", c.rope_theta}, {"vocab_size", d.V}, {"hidden_act", "silu"},
+            {"tie_word_embeddings", !d.untied}, {"num_local_experts", d.layer_experts(0)},
+            {"num_experts_per_tok", d.topk}, {"router_aux_loss_coef", c.moe.loss_coeff},
+            {"output_router_logits", false}, {"sliding_window", nullptr}, {"attention_dropout", 0.0},
+            {"bos_token_id", bos}, {"eos_token_id", eos}, {"torch_dtype", "float32"}};
+  }
   return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", d.C},
           {"intermediate_size", d.F}, {"num_attention_heads", d.NH}, {"num_key_value_heads", d.NKV},
           {"num_hidden_layers", d.L}, {"max_position_embeddings", d.maxT}, {"rms_norm_eps", c.norm_eps},
@@ -277,7 +329,7 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& fil
     DS_USER_CHECK(act.empty() || act == "gelu_new" || act == "gelu_pytorch_tanh", "{}: '{}' activation_function "
                   "'{}' is not supported (the GELU here is the tanh approximation: gelu_new)", what, file, act);
     m.untie_embeddings = !flag("tie_word_embeddings", true);
-  } else if (type == "llama") {
+  } else if (type == "llama" || type == "mixtral") {
     set_model_family(m, ModelFamily::LLaMA);
     m.num_layers = integer("num_hidden_layers", 0, true);
     m.hidden_size = integer("hidden_size", 0, true);
@@ -294,6 +346,22 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& fil
                   "mlp_bias are not supported for LLaMA models", what, file);
     DS_USER_CHECK(int64_t{integer("head_dim", m.hidden_size / m.num_heads, false)} * m.num_heads == m.hidden_size,
                   "{}: '{}': head_dim * num_attention_heads must equal hidden_size", what, file);
+    if (type == "mixtral") {  // every layer MoE, top-k renormalised, no capacity limit (docs/moe.md)
+      const int E = integer("num_local_experts", 8, false), k = integer("num_experts_per_tok", 2, false);
+      DS_USER_CHECK(E >= 2 && E <= kMaxExperts && k >= 2 && k <= E, "{}: '{}': num_local_experts {} and "
+                    "num_experts_per_tok {} must satisfy 2 <= num_experts_per_tok <= num_local_experts <= {}", what,
+                    file, E, k, kMaxExperts);
+      DS_USER_CHECK(!j.contains("sliding_window") || j["sliding_window"].is_null() ||
+                        (j["sliding_window"].is_number() &&
+                         j["sliding_window"].get<double>() >= num("max_position_embeddings", 2048, false)),
+                    "{}: '{}' uses a sliding attention window, which is not implemented", what, file);
+      m.moe.num_experts = {E};
+      m.moe.expert_interval = 1;
+      m.moe.topk = k;
+      m.moe.drop_tokens = false;
+      m.moe.top2_2nd_expert_sampling = false;
+      m.moe.loss_coeff = static_cast<float>(num("router_aux_loss_coef", 0.001, false));
+    }
   } else if (type == "gpt_neox") {
     m.position = PositionKind::Rope;
     m.num_layers = integer("num_hidden_layers", 0, true);
@@ -308,7 +376,7 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& fil
     DS_USER_CHECK(!flag("use_parallel_residual", true), "{}: '{}': use_parallel_residual true is not "
                   "supported (GPT-NeoX blocks here are sequential)", what, file);
   } else {
-    DS_USER_ERROR("{}: '{}' has model_type '{}'; gpt2, llama and gpt_neox are read", what, file, type);
+    DS_USER_ERROR("{}: '{}' has model_type '{}'; gpt2, llama, mixtral and gpt_neox are read", what, file, type);
   }
   m.seq_length = m.max_position_embeddings;
   m.vocab_size = integer("vocab_size", 0, true);
@@ -356,7 +424,7 @@ void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& 
     SafetensorsWriter w;
     for (const HfPiece& p : hf_map(d, "HF export")) {
       const ParamSpec& s = layout.find(p.our_name);
-      w.add(p.hf_name, extract(host.view(s.offset, s.shape), p));
+      w.add(p.hf_name, extract(host.view(s.offset, matrix_shape(s.shape)), p));
     }
     w.set_metadata("format", "pt");
     w.write((tmp / "model.safetensors").string());
@@ -381,7 +449,7 @@ void check_hf_tensors(const ModelConfig& cfg, const ModelLayout& layout, const S
                       const std::string& config_from) {
   const std::string& file = sf.path();
   for (const HfPiece& p : hf_map(model_dims(cfg), "--init-from (Hugging Face weights)")) {
-    const Shape want = hf_shape(p, layout.find(p.our_name).shape);
+    const Shape want = hf_shape(p, matrix_shape(layout.find(p.our_name).shape));
     DS_USER_CHECK(sf.has(p.hf_name), "--init-from '{}': tensor '{}' is missing, but {} needs it as {}; the weights "
                   "are not of this model", file, p.hf_name, config_from, shape_str(want));
     DS_USER_CHECK(sf.shape(p.hf_name) == want, "--init-from '{}': tensor '{}' is {}, but {} makes it {}; the "
@@ -407,7 +475,7 @@ void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params
   Tensor host = Tensor::zeros({layout.total}, DType::F32);
   for (const HfPiece& p : hf_map(d, "--init-from (Hugging Face weights)")) {
     const ParamSpec& s = layout.find(p.our_name);
-    Tensor ours = host.view(s.offset, s.shape);
+    Tensor ours = host.view(s.offset, matrix_shape(s.shape));
     Tensor src = sf.get(p.hf_name);
     if (src.dtype() != DType::F32) {
       Tensor f = Tensor::empty(src.shape(), DType::F32);

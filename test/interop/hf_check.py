@@ -15,7 +15,7 @@ except Exception as e:  # pragma: no cover - environment dependent
 probe = sys.argv[1]
 # kind -> (architecture, key-value heads); gqa / mqa are built from block flags without a family
 kinds = {"gpt2": ("GPT2LMHeadModel", 4), "llama": ("LlamaForCausalLM", 4), "gqa": ("LlamaForCausalLM", 2),
-         "mqa": ("LlamaForCausalLM", 1), "neox": ("GPTNeoXForCausalLM", 4)}
+         "mqa": ("LlamaForCausalLM", 1), "neox": ("GPTNeoXForCausalLM", 4), "mixtral": ("MixtralForCausalLM", 4)}
 for family, (arch, kv_heads) in kinds.items():
     with tempfile.TemporaryDirectory() as d:
         ours = float(subprocess.check_output([probe, family, d + "/hf"]).decode())
@@ -36,4 +36,22 @@ for family, (arch, kv_heads) in kinds.items():
         if rel > 1e-4:
             print(f"FAIL: {family} export does not reproduce dstrain's loss")
             sys.exit(1)
-print(f"hf interop: {len(kinds)} passed, 0 failed")
+# The other way: a tiny random Mixtral written by transformers, read by dstrain.
+from transformers import MixtralConfig, MixtralForCausalLM
+torch.manual_seed(3)
+cfg = MixtralConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2,
+                    rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False, sliding_window=None)
+model = MixtralForCausalLM(cfg).eval()
+with tempfile.TemporaryDirectory() as d:
+    model.save_pretrained(d + "/hf", safe_serialization=True)
+    ours = float(subprocess.check_output([probe, "import", d + "/hf"]).decode())
+    ids = torch.tensor([[(t * 7919 + 13) % cfg.vocab_size for t in range(32)]])
+    with torch.no_grad():
+        theirs = float(model(ids, labels=ids).loss)
+    rel = abs(ours - theirs) / abs(theirs)
+    print(f"mixtral import: dstrain {ours:.7f} transformers {theirs:.7f} rel {rel:.2e}")
+    if rel > 1e-4:
+        print("FAIL: a transformers Mixtral read by dstrain does not reproduce its loss")
+        sys.exit(1)
+print(f"hf interop: {len(kinds) + 1} passed, 0 failed")

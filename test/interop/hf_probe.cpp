@@ -1,11 +1,16 @@
 // Interop probe: builds a small random GPT-2 or LLaMA model, exports it in
 // Hugging Face format to DIR, and prints the model's mean next-token loss on a
 // fixed token sequence, for hf_check.py to compare with transformers.
-//   hf_probe gpt2|llama|gqa|mqa|neox DIR
+//   hf_probe gpt2|llama|gqa|mqa|neox|mixtral DIR
+//   hf_probe import DIR     (reads DIR's config.json and weights instead)
 // gqa / mqa: a LLaMA-shaped model assembled block by block as Megatron's flags
 // build it (no family set), with 2 / 1 key-value heads for 4 query heads.
 // neox: GPT-2 blocks with RoPE on a quarter of each head (exports as GPT-NeoX).
+// mixtral: LLaMA blocks with 4 SwiGLU experts per layer, top-2, no capacity
+// limit (exports as Mixtral).
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "lib/ckpt/hf.h"
@@ -15,11 +20,27 @@ using namespace ds;
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: hf_probe gpt2|llama|gqa|mqa|neox DIR\n");
+    std::fprintf(stderr, "usage: hf_probe gpt2|llama|gqa|mqa|neox|mixtral|import DIR\n");
     return 2;
   }
   const std::string kind = argv[1];
-  const bool llama = kind == "llama", flag_built = kind == "gqa" || kind == "mqa";
+  auto probe_loss = [](GptModel& model, int vocab) {
+    const int64_t T = 32;
+    Tensor tok = Tensor::empty({1, T}, DType::I32), tgt = Tensor::empty({1, T}, DType::I32);
+    for (int64_t t = 0; t < T; ++t) tok.data<int32_t>()[t] = static_cast<int32_t>((t * 7919 + 13) % vocab);
+    for (int64_t t = 0; t < T; ++t) tgt.data<int32_t>()[t] = t + 1 < T ? tok.data<int32_t>()[t + 1] : -1;
+    std::printf("%.9g\n", model.forward_loss(tok, tgt));
+  };
+  if (kind == "import") {  // a model transformers wrote: config.json and model.safetensors
+    const std::string dir = argv[2], file = dir + "/config.json";
+    std::ifstream f(file);
+    const ModelConfig m = model_config_from_hf(nlohmann::json::parse(f), file, 1, "hf_probe");
+    GptModel model(m, Device::cpu());
+    import_hf(m, model.layout(), model.params(), dir);
+    probe_loss(model, m.vocab_size);
+    return 0;
+  }
+  const bool llama = kind == "llama" || kind == "mixtral", flag_built = kind == "gqa" || kind == "mqa";
   ModelConfig m;
   m.num_layers = 2;
   m.hidden_size = 64;
@@ -44,6 +65,13 @@ int main(int argc, char** argv) {
     m.num_kv_heads = kind == "gqa" ? 2 : 1;
     m.rope_theta = 10000.f;
   }
+  if (kind == "mixtral") {
+    m.moe.num_experts = {4};
+    m.moe.expert_interval = 1;
+    m.moe.topk = 2;
+    m.moe.drop_tokens = false;
+    m.moe.top2_2nd_expert_sampling = false;
+  }
   if (kind == "neox") {  // --position-embedding-type rope --rotary-percent 0.25 on GPT-2 blocks
     m.position = PositionKind::Rope;
     m.rotary_percent = 0.25f;
@@ -58,10 +86,6 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < p.numel; ++i) w[i] += 0.05f * static_cast<float>((i * 37 + p.offset) % 11) - 0.25f;
   }
   export_hf(m, model.layout(), model.params(), argv[2]);
-  const int64_t T = 32;
-  Tensor tok = Tensor::empty({1, T}, DType::I32), tgt = Tensor::empty({1, T}, DType::I32);
-  for (int64_t t = 0; t < T; ++t) tok.data<int32_t>()[t] = static_cast<int32_t>((t * 7919 + 13) % m.vocab_size);
-  for (int64_t t = 0; t < T; ++t) tgt.data<int32_t>()[t] = t + 1 < T ? tok.data<int32_t>()[t + 1] : -1;
-  std::printf("%.9g\n", model.forward_loss(tok, tgt));
+  probe_loss(model, m.vocab_size);
   return 0;
 }
