@@ -389,4 +389,73 @@ void moe_combine_backward(const MoeCombineBwdArgs& a, const Stream& s) {
   });
 }
 
+// ---- PR-MoE mix: one block per token, threads over D ------------------------
+
+__device__ void mix_weights(const float* coef, double& c0, double& c1) {
+  const double m = fmax(double(coef[0]), double(coef[1]));
+  const double e0 = exp(double(coef[0]) - m), e1 = exp(double(coef[1]) - m);
+  c0 = e0 / (e0 + e1);
+  c1 = e1 / (e0 + e1);
+}
+
+template <class T>
+__global__ void mix_kernel(T* out, const T* moe, const T* mlp, const float* coef, int64_t D) {
+  const int64_t n = blockIdx.x;
+  double c0, c1;
+  mix_weights(coef + 2 * n, c0, c1);
+  for (int64_t d = threadIdx.x; d < D; d += kRowThreads)
+    out[n * D + d] = from_f<T>(float(c0 * double(to_f(moe[n * D + d])) + c1 * double(to_f(mlp[n * D + d]))));
+}
+
+template <class T>
+__global__ void mix_backward_kernel(T* dmoe, T* dmlp, float* dcoef, const T* dout, const T* moe, const T* mlp,
+                                    const float* coef, int64_t D) {
+  const int64_t n = blockIdx.x;
+  double c0, c1;
+  mix_weights(coef + 2 * n, c0, c1);
+  double g0 = 0, g1 = 0;
+  for (int64_t d = threadIdx.x; d < D; d += kRowThreads) {
+    const double g = to_f(dout[n * D + d]);
+    g0 += g * double(to_f(moe[n * D + d]));
+    g1 += g * double(to_f(mlp[n * D + d]));
+    dmoe[n * D + d] = from_f<T>(float(c0 * g));
+    dmlp[n * D + d] = from_f<T>(float(c1 * g));
+  }
+  g0 = block_sum(g0);
+  g1 = block_sum(g1);
+  if (threadIdx.x == 0) {
+    const double dot = c0 * g0 + c1 * g1;
+    dcoef[2 * n] = float(c0 * (g0 - dot));
+    dcoef[2 * n + 1] = float(c1 * (g1 - dot));
+  }
+}
+
+void moe_mix_forward(const MoeMixArgs& a, const Stream& s) {
+  const char* op = "moe_mix_forward";
+  expect_compute(a.moe, a.out.dtype(), op, "moe", "out");
+  expect_compute(a.mlp, a.out.dtype(), op, "mlp", "out");
+  const int64_t N = a.out.size(0), D = a.out.size(1);
+  if (N == 0 || D == 0) return;
+  dispatch_float(a.out.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    mix_kernel<T><<<unsigned(N), kRowThreads, 0, stream_of(s)>>>(a.out.data<T>(), a.moe.data<T>(), a.mlp.data<T>(),
+                                                                 a.coef.data<float>(), D);
+    DS_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void moe_mix_backward(const MoeMixBwdArgs& a, const Stream& s) {
+  const char* op = "moe_mix_backward";
+  for (const Tensor* t : {&a.dmoe, &a.dmlp, &a.moe, &a.mlp}) expect_compute(*t, a.dout.dtype(), op, "grad", "dout");
+  const int64_t N = a.dout.size(0), D = a.dout.size(1);
+  if (N == 0) return;
+  dispatch_float(a.dout.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    mix_backward_kernel<T><<<unsigned(N), kRowThreads, 0, stream_of(s)>>>(
+        a.dmoe.data<T>(), a.dmlp.data<T>(), a.dcoef.data<float>(), a.dout.data<T>(), a.moe.data<T>(),
+        a.mlp.data<T>(), a.coef.data<float>(), D);
+    DS_CUDA_CHECK_LAUNCH();
+  });
+}
+
 }  // namespace ds::cuda

@@ -313,4 +313,49 @@ void moe_combine_backward(const MoeCombineBwdArgs& a, const Stream&) {
   }
 }
 
+namespace {
+
+// softmax of a row's two coefficient logits, in double.
+std::pair<double, double> mix_weights(const float* coef) {
+  const double m = std::max(coef[0], coef[1]);
+  const double e0 = std::exp(double(coef[0]) - m), e1 = std::exp(double(coef[1]) - m);
+  return {e0 / (e0 + e1), e1 / (e0 + e1)};
+}
+
+}  // namespace
+
+void moe_mix_forward(const MoeMixArgs& a, const Stream&) {
+  const int64_t N = a.out.size(0), D = a.out.size(1);
+  const float *moe = a.moe.data<float>(), *mlp = a.mlp.data<float>(), *coef = a.coef.data<float>();
+  float* out = a.out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const auto [c0, c1] = mix_weights(coef + 2 * n);
+    for (int64_t d = 0; d < D; ++d)
+      out[n * D + d] = float(c0 * double(moe[n * D + d]) + c1 * double(mlp[n * D + d]));
+  }
+}
+
+void moe_mix_backward(const MoeMixBwdArgs& a, const Stream&) {
+  const int64_t N = a.dout.size(0), D = a.dout.size(1);
+  const float *dout = a.dout.data<float>(), *moe = a.moe.data<float>(), *mlp = a.mlp.data<float>();
+  const float* coef = a.coef.data<float>();
+  float *dmoe = a.dmoe.data<float>(), *dmlp = a.dmlp.data<float>(), *dcoef = a.dcoef.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const auto [c0, c1] = mix_weights(coef + 2 * n);
+    double g0 = 0, g1 = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const double g = dout[n * D + d];
+      g0 += g * double(moe[n * D + d]);
+      g1 += g * double(mlp[n * D + d]);
+      dmoe[n * D + d] = float(c0 * g);
+      dmlp[n * D + d] = float(c1 * g);
+    }
+    const double dot = c0 * g0 + c1 * g1;
+    dcoef[2 * n] = float(c0 * (g0 - dot));
+    dcoef[2 * n + 1] = float(c1 * (g1 - dot));
+  }
+}
+
 }  // namespace ds::cpu

@@ -727,4 +727,41 @@ template <class A, class F> IfArgs<A, MoeCombineBwdArgs> fields(A& a, F&& f) {
   f(a.slot, "slot", Role::In);
 }
 
+// PR-MoE (DeepSpeed's use_residual): the experts' output mixed with a dense
+// MLP's by a learned per-token coefficient:
+//   (c0, c1) = softmax(coef[n]),  out[n] = c0 * moe[n] + c1 * mlp[n].
+struct MoeMixArgs {
+  Tensor out;      // (N, D)
+  Tensor moe;      // (N, D) the experts' output
+  Tensor mlp;      // (N, D) the dense MLP's output
+  Tensor coef;     // (N, 2) f32 logits
+};
+template <class A, class F> IfArgs<A, MoeMixArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.moe, "moe", Role::In);
+  f(a.mlp, "mlp", Role::In);
+  f(a.coef, "coef", Role::Native);
+}
+// dmoe = c0 * dout, dmlp = c1 * dout, and through the softmax
+// dcoef[n, i] = c_i * (g_i - c0 g0 - c1 g1), g0 = dot(dout, moe), g1 =
+// dot(dout, mlp) (all overwritten).
+struct MoeMixBwdArgs {
+  Tensor dmoe;     // (N, D)
+  Tensor dmlp;     // (N, D)
+  Tensor dcoef;    // (N, 2) f32
+  Tensor dout;     // (N, D)
+  Tensor moe;      // (N, D)
+  Tensor mlp;      // (N, D)
+  Tensor coef;     // (N, 2) f32
+};
+template <class A, class F> IfArgs<A, MoeMixBwdArgs> fields(A& a, F&& f) {
+  f(a.dmoe, "dmoe", Role::Out);
+  f(a.dmlp, "dmlp", Role::Out);
+  f(a.dcoef, "dcoef", Role::Native);
+  f(a.dout, "dout", Role::In);
+  f(a.moe, "moe", Role::In);
+  f(a.mlp, "mlp", Role::In);
+  f(a.coef, "coef", Role::Native);
+}
+
 }  // namespace ds

@@ -44,7 +44,9 @@
   X(moe_dispatch_forward, MoeDispatchArgs)   \
   X(moe_dispatch_backward, MoeDispatchBwdArgs) \
   X(moe_combine_forward, MoeCombineArgs)     \
-  X(moe_combine_backward, MoeCombineBwdArgs)
+  X(moe_combine_backward, MoeCombineBwdArgs) \
+  X(moe_mix_forward, MoeMixArgs)             \
+  X(moe_mix_backward, MoeMixBwdArgs)
 
 // Declares `void name(const Args&, const Stream&)` for every op in namespace NS.
 #define DS_DECLARE_OP(name, Args) void name(const Args& a, const Stream& s);

@@ -707,4 +707,34 @@ void validate_moe_combine_backward(const MoeCombineBwdArgs& a) {
   check_moe_weight(c, a.dweight, "dweight", a.expert);
 }
 
+void validate_moe_mix_forward(const MoeMixArgs& a) {
+  const Check c("moe_mix_forward");
+  c.devices(a);
+  const int64_t N = a.out.dim() == 2 ? a.out.size(0) : -1;
+  check_moe_tokens(c, a.out, "out", N);
+  c.same_shape(a.moe, a.out, "moe", "out");
+  c.same_shape(a.mlp, a.out, "mlp", "out");
+  c.floating(a.moe, "moe");
+  c.floating(a.mlp, "mlp");
+  c.dtype(a.coef, DType::F32, "coef");
+  DS_CHECK(a.coef.dim() == 2 && a.coef.size(0) == N && a.coef.size(1) == 2,
+           "{}: tensor 'coef' has shape {}, expected (N={}, 2)", c.op(), shape_str(a.coef.shape()), N);
+}
+
+void validate_moe_mix_backward(const MoeMixBwdArgs& a) {
+  const Check c("moe_mix_backward");
+  c.devices(a);
+  const int64_t N = a.dout.dim() == 2 ? a.dout.size(0) : -1;
+  check_moe_tokens(c, a.dout, "dout", N);
+  for (const auto& [t, name] : {std::pair{&a.dmoe, "dmoe"}, {&a.dmlp, "dmlp"}, {&a.moe, "moe"}, {&a.mlp, "mlp"}}) {
+    c.floating(*t, name);
+    c.same_shape(*t, a.dout, name, "dout");
+  }
+  for (const auto& [t, name] : {std::pair{&a.coef, "coef"}, {&a.dcoef, "dcoef"}}) {
+    c.dtype(*t, DType::F32, name);
+    DS_CHECK(t->dim() == 2 && t->size(0) == N && t->size(1) == 2, "{}: tensor '{}' has shape {}, expected (N={}, 2)",
+             c.op(), name, shape_str(t->shape()), N);
+  }
+}
+
 }  // namespace ds::ops

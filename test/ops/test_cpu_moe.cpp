@@ -577,3 +577,54 @@ TEST_CASE("moe ops: argument errors name the op and the field") {
                                              Stream{}),
                     Catch::Contains("'inp'") && Catch::Contains("D=2"));
 }
+
+// PR-MoE's mix: the forward against a double reference, the backward against
+// central differences of sum(r * out) in double.
+TEST_CASE("moe mix (PR-MoE): reference forward and finite-difference backward") {
+  const int64_t N = 9, D = 13;
+  const Tensor moe = randn({N, D}, 41), mlp = randn({N, D}, 42), coef = randn({N, 2}, 43, 2.0), r = randn({N, D}, 44);
+  Tensor out = Tensor::empty({N, D}, DType::F32);
+  ops::moe_mix_forward({.out = out, .moe = moe, .mlp = mlp, .coef = coef}, Stream{});
+  auto loss = [&](const Tensor& mo, const Tensor& ml, const Tensor& co) {  // sum(r * out) in double
+    double l = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      const double a = co.data<float>()[2 * n], b = co.data<float>()[2 * n + 1], m = std::max(a, b);
+      const double c0 = std::exp(a - m) / (std::exp(a - m) + std::exp(b - m)), c1 = 1 - c0;
+      for (int64_t d = 0; d < D; ++d)
+        l += double(r.data<float>()[n * D + d]) *
+             (c0 * mo.data<float>()[n * D + d] + c1 * ml.data<float>()[n * D + d]);
+    }
+    return l;
+  };
+  for (int64_t n = 0; n < N; ++n) {
+    const double a = coef.data<float>()[2 * n], b = coef.data<float>()[2 * n + 1];
+    const double c0 = 1 / (1 + std::exp(b - a));
+    for (int64_t d = 0; d < D; ++d) {
+      const double want = c0 * moe.data<float>()[n * D + d] + (1 - c0) * mlp.data<float>()[n * D + d];
+      CHECK(std::abs(out.data<float>()[n * D + d] - want) <= 1e-6 * (1 + std::abs(want)));
+    }
+  }
+  Tensor dmoe = Tensor::empty({N, D}, DType::F32), dmlp = Tensor::empty({N, D}, DType::F32),
+         dcoef = Tensor::empty({N, 2}, DType::F32);
+  ops::moe_mix_backward({.dmoe = dmoe, .dmlp = dmlp, .dcoef = dcoef, .dout = r, .moe = moe, .mlp = mlp, .coef = coef},
+                        Stream{});
+  for (auto [t, g] : {std::pair{moe, dmoe}, {mlp, dmlp}, {coef, dcoef}}) {
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      Tensor tp = t.clone(), tm = t.clone();
+      const float h = 1e-2f;
+      tp.data<float>()[i] += h;
+      tm.data<float>()[i] -= h;
+      const bool is_moe = t.raw() == moe.raw(), is_mlp = t.raw() == mlp.raw();
+      const double lp = loss(is_moe ? tp : moe, is_mlp ? tp : mlp, !is_moe && !is_mlp ? tp : coef);
+      const double lm = loss(is_moe ? tm : moe, is_mlp ? tm : mlp, !is_moe && !is_mlp ? tm : coef);
+      const double fd = (lp - lm) / (2.0 * h);
+      worst = std::max(worst, std::abs(fd - double(g.data<float>()[i])));
+      scale = std::max(scale, std::abs(fd));
+    }
+    CHECK(worst <= 1e-4 * scale);
+  }
+  // Arguments: coef must be (N, 2) f32.
+  CHECK_THROWS_WITH(ops::moe_mix_forward({.out = out, .moe = moe, .mlp = mlp, .coef = randn({N, 3}, 1)}, Stream{}),
+                    Catch::Contains("moe_mix_forward: tensor 'coef' has shape"));
+}
