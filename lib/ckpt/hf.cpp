@@ -174,6 +174,7 @@ HfArch hf_arch(const ModelDims& d, const char* what) {
     if (!d.rope || !d.rmsnorm || !d.swiglu || d.bias || d.rot != d.HS)
       refuse("Mixture of Experts on blocks other than LLaMA's", arch, needs);
     if (d.topk < 2) refuse("top-1 routing (its weight is the gate itself, not renormalised)", arch, needs);
+    if (d.moe_residual) refuse("PR-MoE's dense MLP beside the experts (--mlp-type residual)", arch, needs);
     return HfArch::Mixtral;
   }
   if (!d.rope) {  // GPT-2: LayerNorm, GELU, biases, multi-head attention

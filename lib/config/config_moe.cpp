@@ -157,7 +157,6 @@ void validate_moe_model(const ModelConfig& cfg) {
                   "(--moe-expert-parallel-size)", l + 1, e, m.expert_parallel_size);
   }
   // Not implemented yet: refused, never approximated (docs/moe.md).
-  DS_USER_CHECK(!m.residual, "--mlp-type residual (PR-MoE) is not implemented yet; use --mlp-type standard");
   DS_USER_CHECK(m.noisy_gate_policy != NoisyGatePolicy::Jitter,
                 "model.moe.noisy_gate_policy Jitter is not implemented yet; use RSample or none");
   DS_USER_CHECK(!m.expert_tensor_parallelism,

@@ -99,6 +99,13 @@ MoeParams declare_moe(ParamDeclarer& p, const std::string& prefix, const LayerSp
   const int64_t E = s.experts, rows = s.fc_blocks() * s.F;
   MoeParams m;
   m.gate = p.add(prefix + "mlp.gate.weight", {E, s.C}, layer, InitKind::Normal);
+  if (s.moe_residual) {
+    m.coef.weight = p.add(prefix + "mlp.coefficient.weight", {2, s.C}, layer, InitKind::Normal);
+    m.coef.bias = p.add(prefix + "mlp.coefficient.bias", {2}, layer, InitKind::Zeros);  // always (nn.Linear)
+    m.res_fc.weight = p.add(prefix + "mlp.residual.fc.weight", {rows, s.C}, layer, InitKind::Normal);
+    if (s.bias) m.res_fc.bias = p.add(prefix + "mlp.residual.fc.bias", {rows}, layer, InitKind::Zeros);
+    m.res_proj = p.add(prefix + "mlp.residual.proj.weight", {s.C, s.F}, layer, InitKind::ScaledNormal);
+  }
   const int was = p.group();
   p.use_group(expert_param_group());
   m.fc.weight = p.add(prefix + "mlp.experts.fc.weight", {E, rows, s.C}, layer, InitKind::Normal);

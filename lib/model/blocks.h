@@ -30,6 +30,7 @@ struct LayerSpec {
   int64_t F = 0;      // FFN hidden size (per fc block)
   int kv_parts = 1;   // distinct kv parts over the tp ranks (kv_parts())
   int experts = 1;    // > 1: a Mixture-of-Experts layer of that many `mlp` experts
+  bool moe_residual = false;  // PR-MoE: the MoE layer has a dense MLP beside its experts
   int fc_blocks() const { return mlp == MlpKind::SwiGLU ? 2 : 1; }
 };
 LayerSpec layer_spec(const ModelDims& d, int tp);

@@ -47,6 +47,10 @@ struct MoeActs {
   Tensor fc_out;        // (E, Cb, Fin) fc output (pre-activation)
   Tensor act_out;       // (E, Cb, F)
   Tensor xout;          // (E, Cb, C) the experts' outputs
+  // PR-MoE: the experts' combined output, the dense MLP's activations and
+  // output, and the mixing coefficients' logits.
+  Tensor y_moe, res_fc, res_act, y_res;  // (N, C), (N, Fin), (N, F), (N, C)
+  Tensor coef;                           // (N, 2) f32
 };
 
 struct LayerActs {

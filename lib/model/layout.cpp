@@ -35,6 +35,7 @@ ModelDims model_dims(const ModelConfig& m) {
   d.experts.resize(static_cast<size_t>(std::max(d.L, 0)), 1);
   for (int l = 0; l < d.L; ++l) d.experts[static_cast<size_t>(l)] = m.moe.experts(l, d.L);
   d.topk = m.moe.topk;
+  d.moe_residual = m.moe.residual;
   DS_USER_CHECK(d.V > 0 && d.Vp >= d.V, "model: vocab size {} / padded {} invalid", d.V, d.Vp);
   DS_USER_CHECK(!d.rope || d.HS % 2 == 0, "model: rope needs an even head size, got {}", d.HS);
   DS_USER_CHECK(m.rotary_percent > 0.f && m.rotary_percent <= 1.f, "model: rotary_percent {} must be in (0, 1]",
@@ -94,6 +95,7 @@ ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
   for (int l = out.first_layer; l < out.end_layer; ++l)
     if (out.holds_layer(l)) {
       spec.experts = d.layer_experts(l);
+      spec.moe_residual = d.moe_residual;
       out.layers[static_cast<size_t>(l)] = declare_layer(b, spec, l);
     }
   if (!last) return out;

@@ -93,6 +93,7 @@ struct ModelDims {
   bool bias = true, untied = false, rope = false, rmsnorm = false, swiglu = false;
   std::vector<int> experts;                 // per layer: > 1 a Mixture-of-Experts layer, else 1
   int topk = 1;                             // experts per token (MoE layers)
+  bool moe_residual = false;                // PR-MoE: a dense MLP beside each MoE layer's experts
   int layer_experts(int l) const { return experts.empty() ? 1 : experts[static_cast<size_t>(l)]; }
 };
 ModelDims model_dims(const ModelConfig& m);

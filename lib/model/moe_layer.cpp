@@ -132,8 +132,30 @@ void GptModel::moe_mlp(int l, const Tensor& x, const Tensor& y, MoeActs& m, cons
       ops::gelu_forward({.out = out, .inp = pre, .dout = Tensor()}, stream_);
     ops::matmul_forward({.out = row(m.xout, e), .inp = out, .weight = row(wproj, e), .bias = Tensor()}, stream_);
   }
-  ops::moe_combine_forward({.out = y, .inp = m.xout, .weight = m.weight, .expert = m.expert, .slot = m.slot},
+  if (!P.coef.weight.defined()) {
+    ops::moe_combine_forward({.out = y, .inp = m.xout, .weight = m.weight, .expert = m.expert, .slot = m.slot},
+                             stream_);
+    return;
+  }
+  // PR-MoE: y = c0 * experts(x) + c1 * mlp(x), (c0, c1) = softmax(coefficient(x)).
+  m.y_moe = act({N, C});
+  ops::moe_combine_forward({.out = m.y_moe, .inp = m.xout, .weight = m.weight, .expert = m.expert, .slot = m.slot},
                            stream_);
+  m.res_fc = act({N, Fin});
+  m.res_act = act({N, d_.F});
+  m.y_res = act({N, C});
+  ops::matmul_forward({.out = m.res_fc, .inp = x, .weight = w(P.res_fc.weight), .bias = opt(P.res_fc.bias, false)},
+                      stream_);
+  if (d_.swiglu)
+    ops::swiglu_forward({.out = m.res_act, .inp = m.res_fc}, stream_);
+  else
+    ops::gelu_forward({.out = m.res_act, .inp = m.res_fc, .dout = Tensor()}, stream_);
+  ops::matmul_forward({.out = m.y_res, .inp = m.res_act, .weight = w(P.res_proj), .bias = Tensor()}, stream_);
+  m.coef = f32({N, 2});
+  const Tensor cl = compute_ == DType::F32 ? m.coef : act({N, 2});
+  ops::matmul_forward({.out = cl, .inp = x, .weight = w(P.coef.weight), .bias = w(P.coef.bias)}, stream_);
+  if (compute_ != DType::F32) ops::cast({.out = m.coef, .inp = cl}, stream_);
+  ops::moe_mix_forward({.out = y, .moe = m.y_moe, .mlp = m.y_res, .coef = m.coef}, stream_);
 }
 
 void GptModel::moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add) {
@@ -157,8 +179,18 @@ void GptModel::moe_backward(int l, LayerActs& a, const Tensor& dresid) {
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
   auto act = [&](Shape s) { return Tensor::empty(s, compute_, dev_); };
   const Tensor dy = dropout_grad(dresid, hidden_dropout(l, DropoutSite::MlpOut)).reshape({N, C});
+  const bool residual = P.coef.weight.defined();
+  Tensor dy_moe = dy, dy_res, dcoef;
+  if (residual) {  // PR-MoE: the mix's gradients to both branches and the coefficients
+    dy_moe = act({N, C});
+    dy_res = act({N, C});
+    dcoef = f32({N, 2});
+    ops::moe_mix_backward({.dmoe = dy_moe, .dmlp = dy_res, .dcoef = dcoef, .dout = dy, .moe = m.y_moe, .mlp = m.y_res,
+                           .coef = m.coef},
+                          stream_);
+  }
   const Tensor dxout = act({E, rows, C}), dweight = f32({N, K});
-  ops::moe_combine_backward({.dinp = dxout, .dweight = dweight, .dout = dy, .inp = m.xout, .weight = m.weight,
+  ops::moe_combine_backward({.dinp = dxout, .dweight = dweight, .dout = dy_moe, .inp = m.xout, .weight = m.weight,
                              .expert = m.expert, .slot = m.slot},
                             stream_);
   const Tensor wfc = w(P.fc.weight), wproj = w(P.proj), dwfc = dw(P.fc.weight), dwproj = dw(P.proj);
@@ -203,6 +235,42 @@ void GptModel::moe_backward(int l, LayerActs& a, const Tensor& dresid) {
                         .dout = dlg,
                         .inp = a.norm2_out,
                         .weight = w(P.gate),
+                        .accum = Accum::Add},
+                       stream_);
+  if (!residual) return;
+  // PR-MoE: the dense MLP and the coefficient linear, both adding into dnorm_.
+  const Tensor rdact = act({N, d_.F}), rdfc = act({N, Fin});
+  ops::matmul_backward({.dinp = rdact,
+                        .dweight = dw(P.res_proj),
+                        .dbias = Tensor(),
+                        .dout = dy_res,
+                        .inp = m.res_act,
+                        .weight = w(P.res_proj),
+                        .accum = Accum::Overwrite},
+                       stream_);
+  if (d_.swiglu)
+    ops::swiglu_backward({.dinp = rdfc, .dout = rdact, .inp = m.res_fc}, stream_);
+  else
+    ops::gelu_backward({.out = rdfc, .inp = m.res_fc, .dout = rdact}, stream_);
+  ops::matmul_backward({.dinp = dnorm_,
+                        .dweight = dw(P.res_fc.weight),
+                        .dbias = opt(P.res_fc.bias, true),
+                        .dout = rdfc,
+                        .inp = a.norm2_out,
+                        .weight = w(P.res_fc.weight),
+                        .accum = Accum::Add},
+                       stream_);
+  Tensor dcl = dcoef;
+  if (compute_ != DType::F32) {
+    dcl = act({N, 2});
+    ops::cast({.out = dcl, .inp = dcoef}, stream_);
+  }
+  ops::matmul_backward({.dinp = dnorm_,
+                        .dweight = dw(P.coef.weight),
+                        .dbias = dw(P.coef.bias),
+                        .dout = dcl,
+                        .inp = a.norm2_out,
+                        .weight = w(P.coef.weight),
                         .accum = Accum::Add},
                        stream_);
 }

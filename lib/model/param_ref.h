@@ -33,6 +33,12 @@ struct MoeParams {
   ParamRef gate;  // (E, C)
   LinearParams fc;
   ParamRef proj;
+  // PR-MoE (--mlp-type residual): a dense MLP beside the experts (fc (Fin, C)
+  // with bias, proj (C, F) without, like an expert) and the coefficient
+  // linear (2, C) + bias that mixes the two per token. Dense group.
+  LinearParams res_fc;
+  ParamRef res_proj;
+  LinearParams coef;
 };
 struct LayerParams {
   NormParams norm1;

@@ -106,6 +106,18 @@ TEST_CASE("MoE top-1 with random token selection and dropless top-2: DP2 equals 
   for (size_t i = 0; i < lm.size(); ++i) REQUIRE(lm[i] == whole.lm[i + 4]);  // bit-exact
 }
 
+// PR-MoE (--mlp-type residual) with a different expert count per MoE layer,
+// as Megatron-DeepSpeed's PR-MoE scripts: DP2 ZeRO-2 and TP2 give the
+// single-process curve.
+TEST_CASE("PR-MoE with per-layer expert counts: DP2 ZeRO-2 and TP2 reproduce the single-process curve") {
+  const std::vector<std::string> pr = {"--mlp-type", "residual", "--num-experts", "2", "4", "--topk", "1",
+                                       "--moe-min-capacity", "0"};
+  const Run single = run("prmoe_single", 1, 0, 1, pr);
+  REQUIRE(single.lm.back() < single.lm.front());
+  same_run(single, run("prmoe_dp2_z2", 2, 2, 1, pr));
+  same_run(single, run("prmoe_tp2", 2, 0, 2, pr));
+}
+
 TEST_CASE("MoE flags that do not fit are one line naming them") {
   CHECK(fail(1, 1, {"--topk", "5"}).find("model.moe.topk 5 (--topk) must be in [1, 4]") != std::string::npos);
   CHECK(fail(1, 1, {"--num-experts", "4", "2", "2"}).find("model.moe.num_experts (--num-experts) has 3 values") !=
@@ -114,5 +126,6 @@ TEST_CASE("MoE flags that do not fit are one line naming them") {
         std::string::npos);
   CHECK(fail(1, 1, {"--moe-expert-parallel-size", "3"}).find("not divisible by the expert-parallel size 3") !=
         std::string::npos);
-  CHECK(fail(1, 1, {"--mlp-type", "residual"}).find("PR-MoE) is not implemented yet") != std::string::npos);
+  CHECK(fail(1, 1, {"--enable-expert-tensor-parallelism"}).find("--enable-expert-tensor-parallelism is not "
+                                                                "implemented yet") != std::string::npos);
 }

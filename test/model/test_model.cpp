@@ -163,6 +163,12 @@ TEST_CASE("Mixture-of-Experts gradients match finite differences, l_aux included
   SECTION("GPT-2, top-2, capacity drops") { check_gradients(moe(false, 4, 2, true)); }
   SECTION("GPT-2, top-3, dropless") { check_gradients(moe(false, 4, 3, false)); }
   SECTION("LLaMA, top-1, capacity drops") { check_gradients(moe(true, 3, 1, true)); }
+  SECTION("PR-MoE (a dense MLP beside the experts), GPT-2 top-1 and LLaMA top-2") {
+    ModelConfig gpt = moe(false, 4, 1, true), llama = moe(true, 4, 2, false);
+    gpt.moe.residual = llama.moe.residual = true;
+    check_gradients(gpt);
+    check_gradients(llama);
+  }
 }
 
 TEST_CASE("init is deterministic and layer-local") {
