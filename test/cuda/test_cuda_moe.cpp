@@ -78,3 +78,19 @@ TEST_CASE("cuda moe dispatch and combine match the CPU") {
     }
   }
 }
+
+TEST_CASE("cuda moe mix (PR-MoE) matches the CPU") {
+  if (!gpu_or_skip()) return;
+  const int64_t N = 301, D = 129;
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    INFO("dtype " << dtype_name(dt));
+    check_cuda_vs_cpu_offsets(moe_mix_forward_case({.out = randn({N, D}, 1), .moe = randn({N, D}, 2),
+                                                    .mlp = randn({N, D}, 3), .coef = randn({N, 2}, 4, 2.f)}),
+                              dt);
+    check_cuda_vs_cpu_offsets(moe_mix_backward_case({.dmoe = randn({N, D}, 5), .dmlp = randn({N, D}, 6),
+                                                     .dcoef = randn({N, 2}, 7), .dout = randn({N, D}, 8),
+                                                     .moe = randn({N, D}, 2), .mlp = randn({N, D}, 3),
+                                                     .coef = randn({N, 2}, 4, 2.f)}),
+                              dt);
+  }
+}

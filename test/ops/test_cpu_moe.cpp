@@ -624,6 +624,12 @@ TEST_CASE("moe mix (PR-MoE): reference forward and finite-difference backward") 
     }
     CHECK(worst <= 1e-4 * scale);
   }
+  // The same through the op-test harness (the cases the GPU test runs).
+  const Tensor zeros = Tensor::zeros({N, D}, DType::F32);
+  check_reference(moe_mix_forward_case({.out = zeros.clone(), .moe = moe, .mlp = mlp, .coef = coef}));
+  check_finite_diff(moe_mix_backward_case({.dmoe = zeros.clone(), .dmlp = zeros.clone(),
+                                           .dcoef = Tensor::zeros({N, 2}, DType::F32), .dout = r, .moe = moe,
+                                           .mlp = mlp, .coef = coef}));
   // Arguments: coef must be (N, 2) f32.
   CHECK_THROWS_WITH(ops::moe_mix_forward({.out = out, .moe = moe, .mlp = mlp, .coef = randn({N, 3}, 1)}, Stream{}),
                     Catch::Contains("moe_mix_forward: tensor 'coef' has shape"));

@@ -154,4 +154,35 @@ OpCase moe_combine_backward_case(const MoeCombineBwdArgs& a) {
   return c;
 }
 
+namespace {
+
+// out = c0 * moe + c1 * mlp, (c0, c1) = softmax(coef[n]), in double.
+Vec mix_ref(const VecMap& v) {
+  const Vec &moe = v.at("moe"), &mlp = v.at("mlp"), &coef = v.at("coef");
+  const int64_t N = static_cast<int64_t>(coef.size()) / 2, D = static_cast<int64_t>(moe.size()) / N;
+  Vec out(moe.size());
+  for (int64_t n = 0; n < N; ++n) {
+    const double c0 = 1.0 / (1.0 + std::exp(coef[2 * n + 1] - coef[2 * n]));
+    for (int64_t d = 0; d < D; ++d) out[n * D + d] = c0 * moe[n * D + d] + (1.0 - c0) * mlp[n * D + d];
+  }
+  return out;
+}
+
+}  // namespace
+
+OpCase moe_mix_forward_case(const MoeMixArgs& a) {
+  OpCase c = make_case("moe_mix_forward", a, ops::moe_mix_forward);
+  read_only(set_kind(c, {"coef"}, Kind::F32), {"coef"});
+  c.reference = [](const VecMap& v) { return VecMap{{"out", mix_ref(v)}}; };
+  return c;
+}
+
+OpCase moe_mix_backward_case(const MoeMixBwdArgs& a) {
+  OpCase c = make_case("moe_mix_backward", a, ops::moe_mix_backward);
+  read_only(set_kind(c, {"coef", "dcoef"}, Kind::F32), {"coef"});
+  c.loss = [](const VecMap& v) { return dot(mix_ref(v), v.at("dout")); };
+  c.grads = {FdGrad{"dmoe", "moe"}, FdGrad{"dmlp", "mlp"}, FdGrad{"dcoef", "coef"}};
+  return c;
+}
+
 }  // namespace ds::test

@@ -25,5 +25,9 @@ OpCase moe_dispatch_forward_case(const MoeDispatchArgs& a);
 OpCase moe_dispatch_backward_case(const MoeDispatchBwdArgs& a, const Tensor& inp);
 OpCase moe_combine_forward_case(const MoeCombineArgs& a);
 OpCase moe_combine_backward_case(const MoeCombineBwdArgs& a);
+// PR-MoE's mix with its double reference; the backward with the loss
+// sum(dout * mix(moe, mlp, coef)).
+OpCase moe_mix_forward_case(const MoeMixArgs& a);
+OpCase moe_mix_backward_case(const MoeMixBwdArgs& a);
 
 }  // namespace ds::test
