@@ -72,17 +72,23 @@ std::vector<HfPiece> gpt2_map(const ModelDims& d) {
   return m;
 }
 
+// A LLaMA layer's norms and attention (LLaMA and Mixtral): HF prefix h, ours o.
+void push_llama_attention(std::vector<HfPiece>& m, const std::string& h, const std::string& o, const ModelDims& d) {
+  const int64_t C = d.C, KV = int64_t{d.NKV} * d.HS;
+  m.push_back({h + "input_layernorm.weight", o + "norm1.weight"});
+  m.push_back({h + "self_attn.q_proj.weight", o + "attn.qkv.weight", 0, C});
+  m.push_back({h + "self_attn.k_proj.weight", o + "attn.qkv.weight", C, KV});
+  m.push_back({h + "self_attn.v_proj.weight", o + "attn.qkv.weight", C + KV, KV});
+  m.push_back({h + "self_attn.o_proj.weight", o + "attn.proj.weight"});
+  m.push_back({h + "post_attention_layernorm.weight", o + "norm2.weight"});
+}
+
 std::vector<HfPiece> llama_map(const ModelDims& d) {
   std::vector<HfPiece> m = {{"model.embed_tokens.weight", "embed.wte", 0, d.V, false}};
-  const int64_t C = d.C, F = d.F, KV = int64_t{d.NKV} * d.HS;
+  const int64_t F = d.F;
   for (int l = 0; l < d.L; ++l) {
     std::string h = "model.layers." + std::to_string(l) + ".", o = "layers." + std::to_string(l) + ".";
-    m.push_back({h + "input_layernorm.weight", o + "norm1.weight"});
-    m.push_back({h + "self_attn.q_proj.weight", o + "attn.qkv.weight", 0, C});
-    m.push_back({h + "self_attn.k_proj.weight", o + "attn.qkv.weight", C, KV});
-    m.push_back({h + "self_attn.v_proj.weight", o + "attn.qkv.weight", C + KV, KV});
-    m.push_back({h + "self_attn.o_proj.weight", o + "attn.proj.weight"});
-    m.push_back({h + "post_attention_layernorm.weight", o + "norm2.weight"});
+    push_llama_attention(m, h, o, d);
     m.push_back({h + "mlp.gate_proj.weight", o + "mlp.fc.weight", 0, F});
     m.push_back({h + "mlp.up_proj.weight", o + "mlp.fc.weight", F, F});
     m.push_back({h + "mlp.down_proj.weight", o + "mlp.proj.weight"});
@@ -98,15 +104,10 @@ std::vector<HfPiece> llama_map(const ModelDims& d) {
 // [e * C, (e + 1) * C) of proj (E * C rows).
 std::vector<HfPiece> mixtral_map(const ModelDims& d) {
   std::vector<HfPiece> m = {{"model.embed_tokens.weight", "embed.wte", 0, d.V, false}};
-  const int64_t C = d.C, F = d.F, KV = int64_t{d.NKV} * d.HS;
+  const int64_t C = d.C, F = d.F;
   for (int l = 0; l < d.L; ++l) {
     std::string h = "model.layers." + std::to_string(l) + ".", o = "layers." + std::to_string(l) + ".";
-    m.push_back({h + "input_layernorm.weight", o + "norm1.weight"});
-    m.push_back({h + "self_attn.q_proj.weight", o + "attn.qkv.weight", 0, C});
-    m.push_back({h + "self_attn.k_proj.weight", o + "attn.qkv.weight", C, KV});
-    m.push_back({h + "self_attn.v_proj.weight", o + "attn.qkv.weight", C + KV, KV});
-    m.push_back({h + "self_attn.o_proj.weight", o + "attn.proj.weight"});
-    m.push_back({h + "post_attention_layernorm.weight", o + "norm2.weight"});
+    push_llama_attention(m, h, o, d);
     m.push_back({h + "block_sparse_moe.gate.weight", o + "mlp.gate.weight"});
     for (int64_t e = 0; e < d.layer_experts(l); ++e) {
       const std::string x = h + "block_sparse_moe.experts." + std::to_string(e) + ".";
