@@ -606,6 +606,7 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
     use_params(l + 1);
     const ResidualAdd add = closing_add(l, chunk);
     layer_forward(l, S().resid[l], S().resid[l + 1], pending, add);
+    if (full_recompute(l)) S().acts[l].moe = MoeActs{};  // an MoE layer's too are recomputed before its backward
     pending = add == ResidualAdd::InNextNorm ? S().acts[l].resid_mid : Tensor();
     drop_params(l + 1);
   }

@@ -398,6 +398,7 @@ class GptModel {
   Tensor moe_sink_;  // see set_moe_loss_sink
   float moe_sink_weight_ = 1.0f;
   float aux_grad_ = 0.f;  // gradient of the loss w.r.t. each l_aux in the running backward
+  bool recomputing_ = false;  // a fully recomputed layer's second forward runs (recompute.cpp)
   Tensor ce_max_, ce_stats_;        // (B*T), (2, B*T) f32: vocab-parallel softmax statistics
   // Backward scratch.
   Tensor dresid_, dnorm_, dqkv_, dqkv2_, dattn_, dfc_, dact_;

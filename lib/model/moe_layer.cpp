@@ -164,7 +164,7 @@ void GptModel::moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add
   const Tensor y2 = y.reshape({a.norm2_out.size(0), d_.C});
   moe_mlp(l, a.norm2_out, y2, m, key, T_);
   if (add == ResidualAdd::InLayer) dropout_add(y2, y2, a.resid_mid, hidden_dropout(l, DropoutSite::MlpOut));
-  if (key.train && moe_sink_.defined() && moe_sink_weight_ != 0.f) {  // the step's "moe loss" statistic
+  if (key.train && !recomputing_ && moe_sink_.defined() && moe_sink_weight_ != 0.f) {  // the step's "moe loss"
     ops::scale({.x = m.aux, .s = moe_sink_weight_}, stream_);
     ops::add({.out = moe_sink_, .a = moe_sink_, .b = m.aux}, stream_);
   }

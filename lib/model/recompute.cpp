@@ -47,7 +47,9 @@ void GptModel::alloc_recompute_scratch(int64_t B, int64_t T) {
 // recompute rewrites resid[l + 1] with the same values it already holds.
 void GptModel::recompute_before_backward(int l) {
   if (full_recompute(l)) {
+    recomputing_ = true;  // the forward's statistics (the MoE loss) were counted already
     layer_forward(l, S().resid[l], S().resid[l + 1]);
+    recomputing_ = false;
   } else if (recompute_.kind == RecomputeConfig::Kind::Selective) {
     LayerActs& a = S().acts[l];
     // Same key as the forward: the same attention-dropout mask is redrawn.

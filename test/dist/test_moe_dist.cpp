@@ -69,6 +69,11 @@ TEST_CASE("MoE top-2 with dropped tokens: DP2 ZeRO-1/2/3, TP2 and PP2 reproduce 
   for (double l : single.lm) REQUIRE(std::isfinite(l));
   REQUIRE(single.lm.back() < single.lm.front());  // it trains
   for (double m : single.moe) REQUIRE(m > 0.f);    // loss_coeff x the layers' l_aux, which is positive
+  // Full recomputation re-runs each layer's forward before its backward: the
+  // same curve, and each l_aux counted once.
+  std::vector<std::string> rc = top2;
+  rc.insert(rc.end(), {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"});
+  same_run(single, run("moe_top2_recompute", 1, 0, 1, rc));
   for (int stage : {1, 2}) {
     INFO("DP2 ZeRO-" << stage);
     same_run(single, run("moe_top2_dp2_z" + std::to_string(stage), 2, stage, 1, top2));
