@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <utility>
 
@@ -72,8 +73,30 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& p
   const int64_t per_layer = full_recompute ? layer_input : layer_full;
   const int64_t layers = ceil_div(d.L, cfg.parallel.pp);
   const int64_t in_flight = cfg.parallel.pp;  // 1F1B: the first stage holds PP micro-batches
+  // Mixture of Experts (docs/moe.md): an MoE layer keeps, instead of the dense
+  // fc / act, the router's (N, E) logits and gates and (N, K) choices, and its
+  // experts' buffers, E x rows x (input, fc, act, output), rows the capacity
+  // (dropless: N K / E, the balanced load); PR-MoE adds a dense MLP's and the
+  // mix's tensors. Experts are replicated over tp ranks (not divided by tp).
+  int64_t moe_layers = 0, moe_extra = 0;
+  for (int l = 0; l < d.L; ++l) {
+    const int64_t E = d.layer_experts(l);
+    if (E <= 1) continue;
+    const MoeConfig& mc = cfg.model.moe;
+    const int64_t K = d.topk, kf = K >= 2 ? K : 1;
+    const int64_t cap = std::max<int64_t>(
+        static_cast<int64_t>(std::ceil(static_cast<double>(N) / E * mc.train_capacity_factor * kf)), mc.min_capacity);
+    const int64_t rows = mc.drop_tokens ? std::min(cap, N) : ceil_div(N * K, E);
+    int64_t b = N * s * (2 * E + 3 * K) + E * rows * a * (2 * C + F_in + F) - N * a * (F_in + F) / tp;
+    if (d.moe_residual) b += N * a * (2 * C + F_in + F) + N * s * 2;
+    moe_layers += 1;
+    moe_extra = std::max(moe_extra, b);
+  }
+  const int64_t stage_moe = ceil_div(moe_layers, cfg.parallel.pp);  // MoE layers of the fullest stage
   ActivationBytes out;
   out.saved = in_flight * layers * per_layer + (full_recompute ? layer_full : 0);
+  if (!full_recompute) out.saved += in_flight * stage_moe * moe_extra;
+  else if (moe_layers > 0) out.saved += moe_extra;  // the one recomputed layer's
   out.saved += N * a * 2 * C / sp + N * s * 2 / sp;  // final norm out + last residual, final norm stats
   out.saved += N * a * d.Vp / tp + N * s;            // logits (reused as dlogits) + per-token loss
   out.workspace = N * a * 2 * C / sp + N * a * (QKV + C + F_in + F) / tp;  // dresid, dnorm | dqkv, dattn, dfc, dact
