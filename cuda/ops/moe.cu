@@ -458,4 +458,24 @@ void moe_mix_backward(const MoeMixBwdArgs& a, const Stream& s) {
   });
 }
 
+template <class T>
+__global__ void jitter_kernel(T* out, const T* inp, uint64_t key, float eps, int64_t D) {
+  const int64_t n = blockIdx.x;
+  for (int64_t d = threadIdx.x; d < D; d += kRowThreads)
+    out[n * D + d] = from_f<T>(to_f(inp[n * D + d]) * moe_jitter_factor(key, n, d, eps));
+}
+
+void moe_jitter(const MoeJitterArgs& a, const Stream& s) {
+  const char* op = "moe_jitter";
+  expect_compute(a.out, a.inp.dtype(), op, "out", "inp");
+  const int64_t N = a.inp.size(0), D = a.inp.size(1);
+  if (N == 0 || D == 0) return;
+  const uint64_t key = moe_noise_key(a.noise_seed, a.noise_stream, MoeNoise::Jitter);
+  dispatch_float(a.inp.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    jitter_kernel<T><<<unsigned(N), kRowThreads, 0, stream_of(s)>>>(a.out.data<T>(), a.inp.data<T>(), key, a.eps, D);
+    DS_CUDA_CHECK_LAUNCH();
+  });
+}
+
 }  // namespace ds::cuda

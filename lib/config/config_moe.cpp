@@ -48,6 +48,10 @@ void add_moe_flags(CLI::App& app, std::map<std::string, json>& out) {
   flag("--create-moe-param-group", "accepted: expert weights always form their own parameter group in dstrain");
   flag("--enable-expert-tensor-parallelism", "split each expert over the tensor-parallel ranks");
   flag("--use-tutel", "accepted with a warning: Tutel is a kernel choice; dstrain uses its own MoE kernels");
+  app.add_option_function<std::string>(
+         "--noisy-gate-policy", [&out](const std::string& v) { out["--noisy-gate-policy"] = v; },
+         "DeepSpeed MoE's noisy_gate_policy: None, Jitter or RSample (training only; DeepSpeed-MoE examples' flag)")
+      ->check(CLI::IsMember({"None", "Jitter", "RSample"}, CLI::ignore_case));
 }
 
 void apply_moe_flags(json& j, const std::map<std::string, json>& sp, Warnings& w) {
@@ -67,6 +71,7 @@ void apply_moe_flags(json& j, const std::map<std::string, json>& sp, Warnings& w
   put("--disable-moe-token-dropping", "drop_tokens", false);
   put("--disable-moe-top2-2nd-expert-sampling", "top2_2nd_expert_sampling", false);
   put("--enable-expert-tensor-parallelism", "expert_tensor_parallelism", true);
+  put("--noisy-gate-policy", "noisy_gate_policy", given("--noisy-gate-policy"));
   if (sp.count("--use-tutel"))
     add_warning(w, "--use-tutel: Tutel is a choice of MoE kernels; dstrain runs its own (same gating and results)");
 }
@@ -157,8 +162,6 @@ void validate_moe_model(const ModelConfig& cfg) {
                   "(--moe-expert-parallel-size)", l + 1, e, m.expert_parallel_size);
   }
   // Not implemented yet: refused, never approximated (docs/moe.md).
-  DS_USER_CHECK(m.noisy_gate_policy != NoisyGatePolicy::Jitter,
-                "model.moe.noisy_gate_policy Jitter is not implemented yet; use RSample or none");
   DS_USER_CHECK(!m.expert_tensor_parallelism,
                 "--enable-expert-tensor-parallelism is not implemented yet: experts are replicated over the "
                 "tensor-parallel ranks; drop the flag");

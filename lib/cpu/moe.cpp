@@ -358,4 +358,14 @@ void moe_mix_backward(const MoeMixBwdArgs& a, const Stream&) {
   }
 }
 
+void moe_jitter(const MoeJitterArgs& a, const Stream&) {
+  const int64_t N = a.inp.size(0), D = a.inp.size(1);
+  const uint64_t key = moe_noise_key(a.noise_seed, a.noise_stream, MoeNoise::Jitter);
+  const float* x = a.inp.data<float>();
+  float* y = a.out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t d = 0; d < D; ++d) y[n * D + d] = x[n * D + d] * moe_jitter_factor(key, n, d, a.eps);
+}
+
 }  // namespace ds::cpu

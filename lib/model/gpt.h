@@ -51,6 +51,8 @@ struct MoeActs {
   // output, and the mixing coefficients' logits.
   Tensor y_moe, res_fc, res_act, y_res;  // (N, C), (N, Fin), (N, F), (N, C)
   Tensor coef;                           // (N, 2) f32
+  Tensor gate_in;  // (N, C) noisy gate policy Jitter: the router's jittered input
+  uint64_t jitter_stream = 0;
 };
 
 struct LayerActs {

@@ -79,7 +79,19 @@ void GptModel::moe_mlp(int l, const Tensor& x, const Tensor& y, MoeActs& m, cons
   // the compute dtype and its output is widened).
   m.logits = f32({N, E});
   const Tensor lg = compute_ == DType::F32 ? m.logits : act({N, E});
-  ops::matmul_forward({.out = lg, .inp = x, .weight = w(P.gate), .bias = Tensor()}, stream_);
+  // Noisy gate policy Jitter (training): the router reads its input scaled
+  // element-wise by uniforms in (1 - 1e-2, 1 + 1e-2), DeepSpeed's
+  // multiplicative_jitter; the experts read it unscaled.
+  m.gate_in = Tensor();
+  if (key.train && mc.noisy_gate_policy == NoisyGatePolicy::Jitter) {
+    m.gate_in = act({N, C});
+    m.jitter_stream = moe_noise_stream(key, l) ^ 0x6a6974746572ull;  // "jitter"
+    ops::moe_jitter({.out = m.gate_in, .inp = x, .eps = 1e-2f, .noise_seed = key.seed,
+                     .noise_stream = m.jitter_stream},
+                    stream_);
+  }
+  ops::matmul_forward({.out = lg, .inp = m.gate_in.defined() ? m.gate_in : x, .weight = w(P.gate), .bias = Tensor()},
+                      stream_);
   if (compute_ != DType::F32) ops::cast({.out = m.logits, .inp = lg}, stream_);
   const int64_t capacity =
       mc.drop_tokens ? moe_capacity(N, E, static_cast<int>(K), key.train ? mc.train_capacity_factor
@@ -229,14 +241,30 @@ void GptModel::moe_backward(int l, LayerActs& a, const Tensor& dresid) {
     dlg = act({N, E});
     ops::cast({.out = dlg, .inp = dlogits}, stream_);
   }
-  ops::matmul_backward({.dinp = dnorm_,
-                        .dweight = dw(P.gate),
-                        .dbias = Tensor(),
-                        .dout = dlg,
-                        .inp = a.norm2_out,
-                        .weight = w(P.gate),
-                        .accum = Accum::Add},
-                       stream_);
+  if (m.gate_in.defined()) {  // Jitter: through the router to its scaled input, then the same scaling
+    const Tensor dgi = act({N, C});
+    ops::matmul_backward({.dinp = dgi,
+                          .dweight = dw(P.gate),
+                          .dbias = Tensor(),
+                          .dout = dlg,
+                          .inp = m.gate_in,
+                          .weight = w(P.gate),
+                          .accum = Accum::Overwrite},
+                         stream_);
+    ops::moe_jitter({.out = dgi, .inp = dgi, .eps = 1e-2f, .noise_seed = S().key.seed,
+                     .noise_stream = m.jitter_stream},
+                    stream_);
+    ops::add({.out = dnorm_, .a = dnorm_, .b = dgi}, stream_);
+  } else {
+    ops::matmul_backward({.dinp = dnorm_,
+                          .dweight = dw(P.gate),
+                          .dbias = Tensor(),
+                          .dout = dlg,
+                          .inp = a.norm2_out,
+                          .weight = w(P.gate),
+                          .accum = Accum::Add},
+                         stream_);
+  }
   if (!residual) return;
   // PR-MoE: the dense MLP and the coefficient linear, both adding into dnorm_.
   const Tensor rdact = act({N, d_.F}), rdfc = act({N, Fin});

@@ -16,7 +16,11 @@
 namespace ds {
 
 // What a draw is for: the two never share values.
-enum class MoeNoise : uint64_t { Gumbel = 1, Rts = 2 };
+enum class MoeNoise : uint64_t { Gumbel = 1, Rts = 2, Jitter = 3 };
+
+// DeepSpeed's multiplicative jitter (noisy gate policy "Jitter"): element
+// (row, col) of the gate's input is scaled by a uniform in (1 - eps, 1 + eps).
+DS_HOST_DEVICE float moe_jitter_factor(uint64_t key, int64_t row, int64_t col, float eps);
 
 // The key of one gate call's draws of one purpose.
 DS_HOST_DEVICE uint64_t moe_noise_key(uint64_t seed, uint64_t stream, MoeNoise what) {
@@ -72,6 +76,10 @@ DS_HOST_DEVICE uint32_t moe_float_order(float v) {
 // (the uniform is monotone in them; ties go to the lower token).
 DS_HOST_DEVICE uint64_t moe_rts_key(uint64_t rts_key, int64_t token, int64_t expert) {
   return moe_key(static_cast<uint32_t>(moe_noise_bits(rts_key, token, expert) >> 32), token);
+}
+
+DS_HOST_DEVICE float moe_jitter_factor(uint64_t key, int64_t row, int64_t col, float eps) {
+  return static_cast<float>(1.0 - eps + 2.0 * eps * moe_uniform(moe_noise_bits(key, row, col)));
 }
 
 }  // namespace ds

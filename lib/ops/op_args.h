@@ -764,4 +764,18 @@ template <class A, class F> IfArgs<A, MoeMixBwdArgs> fields(A& a, F&& f) {
   f(a.coef, "coef", Role::Native);
 }
 
+// DeepSpeed's noisy gate policy "Jitter" (multiplicative_jitter): out = inp
+// times a uniform in (1 - eps, 1 + eps) per element, keyed by (noise_seed,
+// noise_stream, row, column). Its backward is the same op on the gradient.
+struct MoeJitterArgs {
+  Tensor out;      // (N, D), may alias inp
+  Tensor inp;      // (N, D)
+  float eps = 1e-2f;
+  uint64_t noise_seed = 0, noise_stream = 0;
+};
+template <class A, class F> IfArgs<A, MoeJitterArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Out);
+  f(a.inp, "inp", Role::In);
+}
+
 }  // namespace ds

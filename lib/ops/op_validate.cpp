@@ -737,4 +737,13 @@ void validate_moe_mix_backward(const MoeMixBwdArgs& a) {
   }
 }
 
+void validate_moe_jitter(const MoeJitterArgs& a) {
+  const Check c("moe_jitter");
+  c.devices(a);
+  check_moe_tokens(c, a.inp, "inp", a.inp.dim() == 2 ? a.inp.size(0) : -1);
+  c.floating(a.out, "out");
+  c.same_shape(a.out, a.inp, "out", "inp");
+  DS_CHECK(a.eps >= 0.f && a.eps < 1.f, "{}: eps={} must be in [0, 1)", c.op(), a.eps);
+}
+
 }  // namespace ds::ops

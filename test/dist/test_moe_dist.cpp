@@ -91,6 +91,13 @@ TEST_CASE("MoE top-1 with random token selection and dropless top-2: DP2 equals 
   const Run single = run("moe_top1_single", 1, 0, 1, {"--moe-train-capacity-factor", "0.5", "--moe-min-capacity", "0"});
   REQUIRE(single.lm.back() < single.lm.front());
   same_run(single, run("moe_top1_dp2", 2, 1, 1, {"--moe-train-capacity-factor", "0.5", "--moe-min-capacity", "0"}));
+  // Noisy gate policy Jitter (the DeepSpeed config knob, here in model.moe):
+  // keyed by the micro-batch too, so DP2 still equals one process.
+  const std::vector<std::string> jit = {"--moe-train-capacity-factor", "0.5", "--moe-min-capacity", "0",
+                                        "--noisy-gate-policy", "Jitter"};
+  const Run j1 = run("moe_jitter_single", 1, 0, 1, jit);
+  REQUIRE(j1.lm[1] != single.lm[1]);  // the jitter changes what is trained
+  same_run(j1, run("moe_jitter_dp2", 2, 2, 1, jit));
   const std::vector<std::string> dropless = {"--topk", "2", "--disable-moe-token-dropping"};
   const Run d1 = run("moe_dropless_single", 1, 0, 1, dropless);
   same_run(d1, run("moe_dropless_dp2", 2, 2, 1, dropless));

@@ -634,3 +634,33 @@ TEST_CASE("moe mix (PR-MoE): reference forward and finite-difference backward") 
   CHECK_THROWS_WITH(ops::moe_mix_forward({.out = out, .moe = moe, .mlp = mlp, .coef = randn({N, 3}, 1)}, Stream{}),
                     Catch::Contains("moe_mix_forward: tensor 'coef' has shape"));
 }
+
+// Noisy gate policy Jitter: each element scaled by a uniform in (1 - eps,
+// 1 + eps), the same for the same key, other for another stream, centred on 1.
+TEST_CASE("moe jitter: keyed uniform scaling in (1 - eps, 1 + eps)") {
+  const int64_t N = 64, D = 48;
+  const Tensor x = randn({N, D}, 71);
+  auto jitter = [&](uint64_t stream) {
+    Tensor y = Tensor::empty({N, D}, DType::F32);
+    ops::moe_jitter({.out = y, .inp = x, .eps = 0.01f, .noise_seed = 5, .noise_stream = stream}, Stream{});
+    return y;
+  };
+  const Tensor a = jitter(1), b = jitter(1), c = jitter(2);
+  double sum = 0, lo = 2, hi = 0;
+  int64_t differ = 0;
+  for (int64_t i = 0; i < N * D; ++i) {
+    CHECK(a.data<float>()[i] == b.data<float>()[i]);
+    const double f = double(a.data<float>()[i]) / x.data<float>()[i];
+    lo = std::min(lo, f), hi = std::max(hi, f), sum += f;
+    differ += a.data<float>()[i] != c.data<float>()[i];
+  }
+  CHECK(lo > 0.99 - 1e-6);
+  CHECK(hi < 1.01 + 1e-6);
+  CHECK(hi - lo > 0.019);  // the whole interval is used
+  CHECK(std::abs(sum / double(N * D) - 1.0) < 1e-3);
+  CHECK(differ > N * D * 9 / 10);
+  // In place (the backward scales the gradient the same way).
+  Tensor z = x.clone();
+  ops::moe_jitter({.out = z, .inp = z, .eps = 0.01f, .noise_seed = 5, .noise_stream = 1}, Stream{});
+  for (int64_t i = 0; i < N * D; ++i) CHECK(z.data<float>()[i] == a.data<float>()[i]);
+}
