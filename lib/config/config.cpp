@@ -156,28 +156,15 @@ namespace {
 double num(float f) { return std::stod(fmt::format("{}", f)); }
 
 json model_json(const ModelConfig& m) {
-  return {{"family", family_name(m.family)},
-          {"num_layers", m.num_layers},
-          {"hidden_size", m.hidden_size},
-          {"num_heads", m.num_heads},
-          {"num_key_value_heads", m.num_kv_heads > 0 ? m.num_kv_heads : m.num_heads},
-          {"ffn_hidden_size", m.ffn_hidden_size},
-          {"seq_length", m.seq_length},
-          {"max_position_embeddings", m.max_position_embeddings},
-          {"vocab_size", m.vocab_size},
-          {"make_vocab_size_divisible_by", m.make_vocab_size_divisible_by},
-          {"untie_embeddings", m.untie_embeddings},
-          {"norm", m.norm == NormKind::RMSNorm ? "rmsnorm" : "layernorm"},
-          {"activation", m.activation == Activation::SwiGLU ? "swiglu" : "gelu"},
-          {"position", m.position == PositionKind::Rope ? "rope" : "learned"},
-          {"bias", m.bias},
-          {"rope_theta", num(m.rope_theta)},
-          {"rotary_percent", num(m.rotary_percent)},
-          {"norm_eps", num(m.norm_eps)},
-          {"init_method_std", num(m.init_method_std)},
-          {"hidden_dropout", num(m.hidden_dropout)},
-          {"attention_dropout", num(m.attention_dropout)},
-          {"moe", moe_json(m.moe)}};
+  json j = model_fields_json(m);
+  j.update({{"family", family_name(m.family)},
+            {"num_key_value_heads", m.num_kv_heads > 0 ? m.num_kv_heads : m.num_heads},
+            {"max_position_embeddings", m.max_position_embeddings},
+            {"norm", m.norm == NormKind::RMSNorm ? "rmsnorm" : "layernorm"},
+            {"activation", m.activation == Activation::SwiGLU ? "swiglu" : "gelu"},
+            {"position", m.position == PositionKind::Rope ? "rope" : "learned"},
+            {"moe", moe_json(m.moe)}});
+  return j;
 }
 
 json training_json(const TrainConfig& c) {

@@ -60,6 +60,9 @@ void set_at(nlohmann::json& j, const std::string& pointer, const nlohmann::json&
 // `out` (flag name -> value), then applied over the merged config.
 void add_compat_flags(CLI::App& app, std::map<std::string, nlohmann::json>& out);
 void apply_compat_flags(nlohmann::json& j, const std::map<std::string, nlohmann::json>& sp, Warnings& w);
+// The model section's plain keys (config_sections.cpp's field table) as
+// JSON; model_json adds the keys with logic.
+nlohmann::json model_fields_json(const ModelConfig& m);
 // Mixture of Experts (config_moe.cpp): Megatron-DeepSpeed's MoE flags, the
 // "model.moe" section, and the checks of the model and of the layout.
 void add_moe_flags(CLI::App& app, std::map<std::string, nlohmann::json>& out);

@@ -1,6 +1,9 @@
 // Our own config sections: "model", "data", "training", "parallel".
 // These are strict (an unknown key is an error naming it) and are documented
 // key by key in docs/config.md; keep the two in step.
+#include <type_traits>
+#include <variant>
+
 #include "lib/config/config_internal.h"
 
 namespace ds {
@@ -24,32 +27,67 @@ constexpr Choice<WsdDecay> kWsdStyles[] = {{"exponential", WsdDecay::Exponential
 
 }  // namespace
 
+namespace {
+
+// The model section's plain keys, declared once: read_model_section and
+// model_json (config.cpp) both walk this table. Keys with logic are written
+// out in both places: family (applied first, so that explicit keys win),
+// max_position_embeddings (defaults to seq_length), num_key_value_heads
+// (saved as num_heads when 0), the enums norm, activation and position, and
+// the moe subsection.
+struct ModelField {
+  const char* key;
+  std::variant<int ModelConfig::*, float ModelConfig::*, bool ModelConfig::*> member;
+};
+
+const ModelField kModelFields[] = {
+    {"num_layers", &ModelConfig::num_layers},
+    {"hidden_size", &ModelConfig::hidden_size},
+    {"num_heads", &ModelConfig::num_heads},
+    {"ffn_hidden_size", &ModelConfig::ffn_hidden_size},
+    {"seq_length", &ModelConfig::seq_length},
+    {"vocab_size", &ModelConfig::vocab_size},
+    {"make_vocab_size_divisible_by", &ModelConfig::make_vocab_size_divisible_by},
+    {"untie_embeddings", &ModelConfig::untie_embeddings},
+    {"bias", &ModelConfig::bias},
+    {"rope_theta", &ModelConfig::rope_theta},
+    {"rotary_percent", &ModelConfig::rotary_percent},
+    {"norm_eps", &ModelConfig::norm_eps},
+    {"init_method_std", &ModelConfig::init_method_std},
+    {"hidden_dropout", &ModelConfig::hidden_dropout},
+    {"attention_dropout", &ModelConfig::attention_dropout},
+};
+
+}  // namespace
+
 void read_model_section(JsonSection s, ModelConfig& m) {
   set_model_family(m, read_choice(s, "family", kFamilies, m.family));
-  m.num_layers = s.get<int>("num_layers", m.num_layers);
-  m.hidden_size = s.get<int>("hidden_size", m.hidden_size);
-  m.num_heads = s.get<int>("num_heads", m.num_heads);
+  for (const auto& f : kModelFields)
+    std::visit([&](auto member) { m.*member = s.get<std::decay_t<decltype(m.*member)>>(f.key, m.*member); },
+               f.member);
   m.num_kv_heads = s.get<int>("num_key_value_heads", m.num_kv_heads);
-  m.ffn_hidden_size = s.get<int>("ffn_hidden_size", m.ffn_hidden_size);
-  m.seq_length = s.get<int>("seq_length", m.seq_length);
   // Not given: as long as the sequence (Megatron does the same).
   m.max_position_embeddings = s.get<int>("max_position_embeddings", m.seq_length);
-  m.vocab_size = s.get<int>("vocab_size", m.vocab_size);
-  m.make_vocab_size_divisible_by = s.get<int>("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
-  m.untie_embeddings = s.get<bool>("untie_embeddings", m.untie_embeddings);
   m.norm = read_choice(s, "norm", kNorms, m.norm);
   m.activation = read_choice(s, "activation", kActs, m.activation);
   m.position = read_choice(s, "position", kPositions, m.position);
-  m.bias = s.get<bool>("bias", m.bias);
-  m.rope_theta = s.get<float>("rope_theta", m.rope_theta);
-  m.rotary_percent = s.get<float>("rotary_percent", m.rotary_percent);
-  m.norm_eps = s.get<float>("norm_eps", m.norm_eps);
-  m.init_method_std = s.get<float>("init_method_std", m.init_method_std);
-  m.hidden_dropout = s.get<float>("hidden_dropout", m.hidden_dropout);
-  m.attention_dropout = s.get<float>("attention_dropout", m.attention_dropout);
   if (s.has("moe")) read_moe_section(s.section("moe"), m.moe);
   s.mark("moe");
   s.finish(UnknownKeys::Error);
+}
+
+json model_fields_json(const ModelConfig& m) {
+  json j = json::object();
+  for (const auto& f : kModelFields)
+    std::visit(
+        [&](auto member) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(m.*member)>, float>)
+            j[f.key] = std::stod(fmt::format("{}", m.*member));  // shortest decimal that reads back
+          else
+            j[f.key] = m.*member;
+        },
+        f.member);
+  return j;
 }
 
 void read_data_section(JsonSection s, DataConfig& d) {
