@@ -151,9 +151,7 @@ void resolve_vocab(TrainConfig& cfg) {
 
 namespace {
 
-// Floats as the shortest decimal that reads back to the same float ("0.0006",
-// not "0.0006000000284984708"), so the saved config stays readable.
-double num(float f) { return std::stod(fmt::format("{}", f)); }
+double num(float f) { return shortest_decimal(f); }
 
 json model_json(const ModelConfig& m) {
   json j = model_fields_json(m);

@@ -86,6 +86,10 @@ void validate_config(const TrainConfig& cfg, int world_size, Warnings& w);
 // The effective config in the input layout (re-parsable).
 nlohmann::json config_to_json(const TrainConfig& cfg);
 
+// A float as the shortest decimal that reads back to the same float ("0.0006",
+// not "0.0006000000284984708"), so a saved config stays readable.
+inline double shortest_decimal(float f) { return std::stod(fmt::format("{}", f)); }
+
 // Case-insensitive lookup of a string value among named choices.
 template <class E>
 struct Choice {

@@ -110,7 +110,7 @@ void read_moe_section(JsonSection s, MoeConfig& m) {
 }
 
 json moe_json(const MoeConfig& m) {
-  auto num = [](float f) { return std::stod(fmt::format("{}", f)); };
+  auto num = shortest_decimal;
   return {{"num_experts", m.num_experts},
           {"mlp_type", m.residual ? "residual" : "standard"},
           {"expert_interval", m.expert_interval},

@@ -82,7 +82,7 @@ json model_fields_json(const ModelConfig& m) {
     std::visit(
         [&](auto member) {
           if constexpr (std::is_same_v<std::decay_t<decltype(m.*member)>, float>)
-            j[f.key] = std::stod(fmt::format("{}", m.*member));  // shortest decimal that reads back
+            j[f.key] = shortest_decimal(m.*member);
           else
             j[f.key] = m.*member;
         },
