@@ -1,4 +1,4 @@
-// make_parallel_layout: the world split into TP x Ulysses x DP x PP, with the
+// make_parallel_layout: the world split into TP x Ulysses x DP x PP (DP = EP x EDP), with the
 // size checks every tool shares (messages name the config key and the flag).
 #include "lib/parallel/parallel_layout.h"
 
@@ -34,6 +34,12 @@ ParallelLayout make_parallel_layout(const ParallelRequest& r, int world, int num
   l.pp = r.pp;
   l.ulysses = r.ulysses;
   l.dp = static_cast<int>(world / replica);
+  DS_USER_CHECK(r.ep >= 1, "--moe-expert-parallel-size (model.moe.expert_parallel_size) must be positive, got {}",
+                r.ep);
+  DS_USER_CHECK(l.dp % r.ep == 0,
+                "--moe-expert-parallel-size {} does not divide the data-parallel size {} (world {} / (TP {} x PP {} "
+                "x Ulysses {})) (model.moe.expert_parallel_size)", r.ep, l.dp, world, r.tp, r.pp, r.ulysses);
+  l.ep = r.ep;
   l.sequence_parallel = r.sequence_parallel && r.tp > 1;  // as Megatron: nothing to split with one tp rank
   l.layers_per_virtual_stage = r.layers_per_virtual_stage;
   l.seq_length = seq_length;
@@ -61,6 +67,7 @@ std::string ParallelLayout::describe() const {
   if (ulysses > 1) s += fmt::format(" Ulysses={} (sequence-data-parallel {})", ulysses, sdp());
   if (sequence_parallel) s += " SP";
   if (vp > 1) s += fmt::format(" VP={}", vp);
+  if (ep > 1) s += fmt::format(" EP={}", ep);
   return s;
 }
 

@@ -49,6 +49,21 @@ TEST_CASE("make_parallel_layout derives DP, the sequence-data-parallel size, vir
                              "num_layers_per_virtual_pipeline_stage 3"));
 }
 
+TEST_CASE("make_parallel_layout splits DP into expert-parallel x expert-data-parallel") {
+  const ParallelLayout l = make_parallel_layout({.tp = 2, .ep = 2}, 8);
+  CHECK(l.dp == 4);
+  CHECK(l.ep == 2);
+  CHECK(l.edp() == 2);
+  CHECK(l.describe() == "TP=2 PP=1 DP=4 EP=2");
+  CHECK(l.shard(1) == ShardCoords{2, 1, 1, 0, 1, 2, 0});
+  CHECK(make_parallel_layout(l.request(), 8) == l);
+  CHECK(make_parallel_layout({}, 4).edp() == 4);
+  CHECK_THROWS_WITH(make_parallel_layout({.ep = 4}, 2),
+                    Contains("--moe-expert-parallel-size 4 does not divide the data-parallel size 2 (world 2 / "
+                             "(TP 1 x PP 1 x Ulysses 1))"));
+  CHECK_THROWS_WITH(make_parallel_layout({.ep = 0}, 2), Contains("model.moe.expert_parallel_size"));
+}
+
 TEST_CASE("the config's layout is the one derive_config computes (DP excludes the Ulysses ranks)") {
   const TrainConfig c = resolved({{"ds_sequence_parallel_size", 2}, {"tensor_model_parallel_size", 2}}, 8);
   CHECK(c.layout.dp == 2);
