@@ -86,6 +86,52 @@ TEST_CASE("rank grid: DeepSpeed-Ulysses sequence axis (tp-sp-dp-pp)", "[rank_gri
   }
 }
 
+TEST_CASE("rank grid: DeepSpeed's expert-parallel split of data parallelism (tp-sp-ep-dp-pp)", "[rank_grid]") {
+  // World 8, TP 2, EP 2, DP 4: ep groups are EP consecutive members of a dp group,
+  // edp groups the members at the same place in theirs.
+  RankGrid a = make_rank_grid(8, 2, 1, 6, 1, 2);
+  CHECK(std::tie(a.dp, a.ep, a.edp) == std::make_tuple(4, 2, 2));
+  CHECK(a.dp_groups == Groups{{0, 2, 4, 6}, {1, 3, 5, 7}});
+  CHECK(a.ep_groups == Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+  CHECK(a.edp_groups == Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+  CHECK(std::tie(a.tp_rank, a.ep_rank, a.edp_rank, a.dp_rank) == std::make_tuple(0, 1, 1, 3));
+  CHECK(a.my_ep_group() == std::vector<int>{4, 6});
+  CHECK(a.my_edp_group() == std::vector<int>{2, 6});
+  CHECK(a.shard_coords() == ShardCoords{2, 0, 1, 0, 1, 2, 1});
+  CHECK(a.describe() == "rank 6: tp 0/2 dp 3/4 pp 0/1 ep 1/2");
+  // World 16, TP 2, PP 2, EP 2 (DP 4): rank 13 = tp 1, ep 0, edp 1, stage 1.
+  RankGrid b = make_rank_grid(16, 2, 2, 13, 1, 2);
+  CHECK(b.ep_groups == Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}});
+  CHECK(b.edp_groups == Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}});
+  CHECK(std::tie(b.tp_rank, b.ep_rank, b.edp_rank, b.dp_rank, b.pp_rank) == std::make_tuple(1, 0, 1, 2, 1));
+  CHECK(b.my_ep_group() == std::vector<int>{13, 15});
+  CHECK(b.my_edp_group() == std::vector<int>{9, 13});
+  CHECK(b.describe() == "rank 13: tp 1/2 dp 2/4 pp 1/2 ep 0/2");
+  // Every rank keeps its dp/sdp/pp/mp placement; EP 1 makes ep groups of one rank.
+  for (auto [world, tp, pp, ep] : {std::tuple{8, 2, 1, 2}, {16, 2, 2, 2}, {16, 1, 1, 4}, {24, 3, 2, 2}}) {
+    INFO("world " << world << " tp " << tp << " pp " << pp << " ep " << ep);
+    for (int r = 0; r < world; ++r) {
+      const RankGrid e = make_rank_grid(world, tp, pp, r, 1, ep), d = make_rank_grid(world, tp, pp, r);
+      CHECK(e.dp_groups == d.dp_groups);
+      CHECK(e.sdp_groups == d.sdp_groups);
+      CHECK(e.pp_groups == d.pp_groups);
+      CHECK(e.mp_groups == d.mp_groups);
+      CHECK(std::tie(e.tp_rank, e.dp_rank, e.pp_rank, e.dp_index) ==
+            std::tie(d.tp_rank, d.dp_rank, d.pp_rank, d.dp_index));
+      CHECK(e.rank_of(e.tp_rank, e.dp_rank, e.pp_rank) == r);
+      CHECK(e.my_ep_group()[e.ep_rank] == r);
+      CHECK(e.my_edp_group()[e.edp_rank] == r);
+      CHECK(e.dp_rank == e.ep_rank + ep * e.edp_rank);
+      CHECK(d.my_ep_group() == std::vector<int>{r});
+      CHECK(d.my_edp_group() == d.my_dp_group());
+    }
+  }
+  CHECK_THROWS_WITH(make_rank_grid(8, 2, 1, 0, 1, 3),
+                    Catch::Contains("moe-expert-parallel-size 3 does not divide the data-parallel size 4"));
+  const ParallelLayout l = make_parallel_layout({.tp = 2, .ep = 2}, 8);
+  CHECK(make_rank_grid(l, 6).describe() == a.describe());
+}
+
 // Groups defined by coordinates: members share every coordinate but `free`.
 static Groups by_coordinates(const RankGrid& g, int free) {
   std::map<std::tuple<int, int>, std::vector<int>> m;
