@@ -32,6 +32,14 @@ Comms build_comms(Communicator& world, const RankGrid& grid) {
     c.sdp = c.dp;
   }
   c.pp_grad = grid.pp > 1 ? make(grid.my_pp_group(), "pp-grad", grid.pp_index) : c.pp;
+  // Last, so that the groups above keep their order and tags without EP.
+  if (grid.ep > 1) {
+    c.ep = make(grid.my_ep_group(), "ep", grid.ep_index);
+    c.edp = make(grid.my_edp_group(), "edp", grid.edp_index);
+  } else {
+    c.ep = make({grid.rank}, "ep-self", grid.rank);
+    c.edp = c.dp;
+  }
   return c;
 }
 

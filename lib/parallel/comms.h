@@ -28,12 +28,18 @@ struct Comms {
   // pipeline's gradient messages queue apart from its activations when
   // overlapping (PipelineExecutor); with PP = 1 it is `pp`.
   Communicator* pp_grad = nullptr;
+  // Expert parallelism (DeepSpeed's MoE groups): ep holds the ranks that split
+  // each MoE layer's experts (token all-to-alls), edp the ranks holding the
+  // same experts (their gradient reduction). With EP = 1, ep is this rank
+  // alone and edp is the dp communicator.
+  Communicator* ep = nullptr;     // grid.my_ep_group()
+  Communicator* edp = nullptr;    // grid.my_edp_group()
   std::vector<std::unique_ptr<Communicator>> owned;  // keeps the groups alive
 };
 
 // Every rank calls it once (collective over the world). Each rank creates only
 // its own groups, in the fixed order tp, dp, pp, embedding, then (SP > 1)
-// sp and sdp, then (PP > 1) pp-grad; group tags are
+// sp and sdp, then (PP > 1) pp-grad, then (EP > 1) ep and edp; group tags are
 // "tp/<index>" etc. Checks that world's rank and size match the grid.
 Comms build_comms(Communicator& world, const RankGrid& grid);
 

@@ -240,6 +240,28 @@ int scenario_groups() {
   return 0;
 }
 
+// World of 4, EP 2 (DP 4): ep groups {0, 1}, {2, 3}; edp groups {0, 2}, {1, 3}.
+int scenario_expert_groups() {
+  auto world = make_world_communicator(Backend::Gloo, RendezvousInfo::from_env());
+  const int me = world->rank();
+  WCHECK(world->size() == 4, "needs 4 ranks");
+  const RankGrid grid = make_rank_grid(4, 1, 1, me, 1, 2);
+  Comms comms = build_comms(*world, grid);
+  WCHECK(comms.ep->world_ranks() == grid.my_ep_group() && comms.edp->world_ranks() == grid.my_edp_group(),
+         "ep/edp groups");
+  WCHECK(comms.ep->rank() == grid.ep_rank && comms.edp->rank() == grid.edp_rank, "ep/edp group ranks");
+  // Each rank contributes rank + 1: the sums name the members.
+  const int ep_sum = me / 2 == 0 ? 1 + 2 : 3 + 4, edp_sum = me % 2 == 0 ? 1 + 3 : 2 + 4;
+  for (auto [g, want] : {std::pair{comms.ep, ep_sum}, {comms.edp, edp_sum}, {comms.dp, 10}}) {
+    Tensor t = Tensor::empty({3}, DType::F32);
+    for (int i = 0; i < 3; ++i) t.data<float>()[i] = float(me + 1);
+    g->all_reduce(t);
+    for (int i = 0; i < 3; ++i) WCHECK(t.data<float>()[i] == float(want), "{} sum", g->name());
+  }
+  world->barrier();
+  return 0;
+}
+
 int die_rank() {
   const char* v = std::getenv("DS_TEST_DIE_RANK");
   return v ? std::atoi(v) : -1;
@@ -464,6 +486,7 @@ int main(int argc, char** argv) {
   std::map<std::string, std::function<int()>> scenarios = {
       {"collectives", scenario_collectives},
       {"groups", scenario_groups},
+      {"expert_groups", scenario_expert_groups},
       {"die_before_join", scenario_die_before_join},
       {"die_in_join", scenario_die_in_join},
       {"die_in_collective", scenario_die_in_collective},

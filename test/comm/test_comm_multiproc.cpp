@@ -71,6 +71,13 @@ TEST_CASE("sub-groups and build_comms on 4 processes", "[multiproc]") {
   expect_all_ok(run(s));
 }
 
+TEST_CASE("build_comms with expert parallelism (EP 2) on 4 processes", "[multiproc]") {
+  JobSpec s;
+  s.scenario = "expert_groups";
+  s.world = 4;
+  expect_all_ok(run(s));
+}
+
 TEST_CASE("a rank that never arrives is named in the rendezvous error", "[multiproc]") {
   JobSpec s;
   s.scenario = "die_before_join";
