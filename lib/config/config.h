@@ -155,8 +155,10 @@ TrainConfig parse_train_config(int argc, char** argv, int world_size);
 // `resolved` JSON saved in a checkpoint). Re-parsing `resolved` gives it back.
 TrainConfig train_config_from_json(const nlohmann::json& j, int world_size);
 
-// The sizes of a parallel section as a layout request.
-ParallelRequest parallel_request(const ParallelConfig& p);
+// The sizes of a parallel section as a layout request; the expert-parallel
+// size is the model's model.moe.expert_parallel_size when it has MoE layers,
+// else 1 (as Megatron-DeepSpeed, a dense model ignores it).
+ParallelRequest parallel_request(const ParallelConfig& p, const ModelConfig& m);
 
 // A checkpoint's saved (resolved) config re-targeted to another layout: its
 // parallel section is replaced by `to`'s sizes, the global batch is kept and

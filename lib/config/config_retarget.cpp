@@ -2,6 +2,7 @@
 // layout a checkpoint's resolved config was trained with, and that config
 // re-targeted to another layout (dsgen, dsconvert). Every saved field that
 // depends on the layout is named here and nowhere else.
+#include <algorithm>
 #include <limits>
 #include <optional>
 
@@ -29,11 +30,35 @@ int64_t saved_int(const json& obj, const char* key, int64_t lo, int64_t hi, cons
   return it->get<int64_t>();
 }
 
+// Whether the model has an MoE layer, as MoeConfig::enabled for a valid
+// config, but safe before validate_moe_model has checked the expert list
+// against the layers (the layout is derived first).
+bool has_moe_layers(const ModelConfig& m) {
+  const MoeConfig& moe = m.moe;
+  return moe.expert_interval >= 1 && m.num_layers >= moe.expert_interval &&
+         std::any_of(moe.num_experts.begin(), moe.num_experts.end(), [](int e) { return e > 1; });
+}
+
+// The expert-parallel size of a saved model.moe section (1 without MoE layers).
+int saved_ep(const json& moe, int num_layers, const std::string& where) {
+  ModelConfig m;
+  m.num_layers = num_layers;
+  m.moe.expert_interval = static_cast<int>(saved_int(moe, "expert_interval", 1, 1 << 16, where, "model.moe.", 2));
+  if (auto e = moe.find("num_experts"); e != moe.end()) {
+    m.moe.num_experts.clear();
+    for (const json& v : e->is_array() ? *e : json::array({*e}))
+      m.moe.num_experts.push_back(v.is_number_integer() ? static_cast<int>(v.get<int64_t>()) : 1);
+  }
+  if (!has_moe_layers(m)) return 1;
+  return static_cast<int>(saved_int(moe, "expert_parallel_size", 1, kMaxSize, where, "model.moe.", 1));
+}
+
 }  // namespace
 
-ParallelRequest parallel_request(const ParallelConfig& p) {
+ParallelRequest parallel_request(const ParallelConfig& p, const ModelConfig& m) {
   return {.tp = p.tp, .pp = p.pp, .ulysses = p.sp, .sequence_parallel = p.sequence_parallel,
-          .layers_per_virtual_stage = p.num_layers_per_virtual_stage};
+          .layers_per_virtual_stage = p.num_layers_per_virtual_stage,
+          .ep = has_moe_layers(m) ? m.moe.expert_parallel_size : 1};
 }
 
 json retarget_config(json c, const ParallelRequest& to, BatchOnRetarget batch) {
@@ -45,6 +70,8 @@ json retarget_config(json c, const ParallelRequest& to, BatchOnRetarget batch) {
   par["ds_sequence_parallel_size"] = to.ulysses;
   par["sequence_parallel"] = to.sequence_parallel;
   par["num_layers_per_virtual_pipeline_stage"] = to.layers_per_virtual_stage;
+  if (auto m = c.find("model"); m != c.end() && m->is_object() && m->contains("moe") && (*m)["moe"].is_object())
+    (*m)["moe"]["expert_parallel_size"] = to.ep;
   c.erase("sequence_parallel_size");  // DeepSpeed's spelling of the Ulysses degree (never in a resolved config)
   c.erase(kGas);  // re-derived for the new data-parallel size
   if (batch == BatchOnRetarget::Drop) c.erase(kTbs);
@@ -80,6 +107,7 @@ ParallelLayout saved_parallel_layout(const json& c, const std::string& where) {
   if (auto m = c.find("model"); m != c.end() && m->is_object()) {
     layers = static_cast<int>(saved_int(*m, "num_layers", 0, 1 << 16, where, "model.", 0));
     seq = saved_int(*m, "seq_length", 0, int64_t{1} << 40, where, "model.", 0);
+    if (auto moe = m->find("moe"); moe != m->end() && moe->is_object()) r.ep = saved_ep(*moe, layers, where);
   }
   return make_parallel_layout(r, world, layers, seq);
 }

@@ -79,7 +79,7 @@ void resolve_schedule_lengths(TrainConfig& cfg) {
 
 void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
   ParallelConfig& p = cfg.parallel;
-  cfg.layout = make_parallel_layout(parallel_request(p), world_size, std::max(0, cfg.model.num_layers),
+  cfg.layout = make_parallel_layout(parallel_request(p, cfg.model), world_size, std::max(0, cfg.model.num_layers),
                                     std::max(0, cfg.model.seq_length));
   p.sequence_parallel = cfg.layout.sequence_parallel;  // as Megatron: off when tp == 1
   cfg.batch.dp_size = cfg.layout.dp;  // Ulysses ranks of one replica read the same samples

@@ -230,7 +230,7 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_p
   e.num_nodes = num_nodes;
   e.gpus_per_node = gpus_per_node;
   e.world = num_nodes * gpus_per_node;
-  const ParallelRequest req = parallel_request(cfg.parallel);
+  const ParallelRequest req = parallel_request(cfg.parallel, cfg.model);
   DS_USER_CHECK(req.tp > 0 && req.pp > 0 && req.ulysses > 0 &&
                     e.world % (int64_t{req.tp} * req.pp * req.ulysses) == 0,
                 "--estimate-memory: world size {} ({} nodes x {} GPUs) is not divisible by TP {} * PP {} * Ulysses {}",

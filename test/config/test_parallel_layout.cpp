@@ -24,7 +24,46 @@ TrainConfig resolved(const json& parallel, int world) {
   return train_config_from_json(j, world);
 }
 
+// The same with MoE (4 experts on layers 2 and 4) at expert-parallel size ep.
+TrainConfig moe_config(int ep, int world, int zero_stage = 0, int experts = 4) {
+  json j = {{"train_batch_size", 16},
+            {"train_micro_batch_size_per_gpu", 2},
+            {"zero_optimization", {{"stage", zero_stage}}},
+            {"model", {{"num_layers", 4}, {"hidden_size", 64}, {"num_heads", 4}, {"seq_length", 64},
+                       {"max_position_embeddings", 64}, {"vocab_size", 100},
+                       {"moe", {{"num_experts", experts}, {"expert_parallel_size", ep}}}}},
+            {"training", {{"train_iters", 10}}}};
+  return train_config_from_json(j, world);
+}
+
 }  // namespace
+
+TEST_CASE("model.moe.expert_parallel_size gives the layout's EP for a model with MoE layers") {
+  const TrainConfig c = moe_config(2, 4);
+  CHECK(c.layout.dp == 4);
+  CHECK(c.layout.ep == 2);
+  CHECK(c.layout.edp() == 2);
+  CHECK(c.layout.describe() == "TP=1 PP=1 DP=4 EP=2");
+  CHECK(c.batch.grad_accum_steps == 2);  // EP splits experts, not the batch: 16 / (2 x DP 4)
+  CHECK(saved_parallel_layout(c.resolved, "x") == c.layout);
+  // A dense model ignores the size (Megatron-DeepSpeed).
+  CHECK(moe_config(2, 1, 0, 1).layout.ep == 1);
+  CHECK_THROWS_WITH(moe_config(4, 2),
+                    Contains("--moe-expert-parallel-size 4 does not divide the data-parallel size 2 (world 2 / "
+                             "(TP 1 x PP 1 x Ulysses 1))"));
+  CHECK_THROWS_WITH(moe_config(2, 4, 1),
+                    Contains("--moe-expert-parallel-size 2 with zero_optimization.stage 1: expert parallelism runs "
+                             "with ZeRO stage 0 so far (docs/moe.md)"));
+  CHECK_THROWS_WITH(moe_config(4, 4, 0, 2), Contains("not divisible by the expert-parallel size 4"));
+  SECTION("retarget_config sets the target's EP (1 for ParallelRequest{})") {
+    const TrainConfig one = retargeted_train_config(c.resolved, ParallelRequest{}, 1, BatchOnRetarget::Drop);
+    CHECK(one.layout.ep == 1);
+    CHECK(one.model.moe.expert_parallel_size == 1);
+    const TrainConfig ep4 = retargeted_train_config(c.resolved, {.ep = 4}, 4, BatchOnRetarget::Keep);
+    CHECK(ep4.layout.ep == 4);
+    CHECK(ep4.model.moe.expert_parallel_size == 4);
+  }
+}
 
 TEST_CASE("make_parallel_layout derives DP, the sequence-data-parallel size, virtual stages and local T") {
   const ParallelLayout l = make_parallel_layout({.tp = 2, .pp = 2, .ulysses = 2, .sequence_parallel = true,

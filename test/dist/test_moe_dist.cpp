@@ -134,10 +134,10 @@ TEST_CASE("MoE flags that do not fit are one line naming them") {
   CHECK(fail(1, 1, {"--topk", "5"}).find("model.moe.topk 5 (--topk) must be in [1, 4]") != std::string::npos);
   CHECK(fail(1, 1, {"--num-experts", "4", "2", "2"}).find("model.moe.num_experts (--num-experts) has 3 values") !=
         std::string::npos);
-  CHECK(fail(2, 1, {"--moe-expert-parallel-size", "2"}).find("expert parallelism is not implemented yet") !=
-        std::string::npos);
-  CHECK(fail(1, 1, {"--moe-expert-parallel-size", "3"}).find("not divisible by the expert-parallel size 3") !=
-        std::string::npos);
+  CHECK(fail(2, 1, {"--moe-expert-parallel-size", "4"}).find("--moe-expert-parallel-size 4 does not divide the "
+                                                             "data-parallel size 2") != std::string::npos);
+  CHECK(fail(2, 1, {"--moe-expert-parallel-size", "2", "--num-experts", "3"})
+            .find("not divisible by the expert-parallel size 2") != std::string::npos);
   CHECK(fail(1, 1, {"--enable-expert-tensor-parallelism"}).find("--enable-expert-tensor-parallelism is not "
                                                                 "implemented yet") != std::string::npos);
 }
