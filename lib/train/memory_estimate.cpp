@@ -51,6 +51,18 @@ std::vector<Range> layer_units(const ModelLayout& layout) {
   return units;
 }
 
+// Expert parallelism: the expert weights of the whole model's layout that
+// one of `ep` expert-parallel ranks holds. Each MoE layer's experts are
+// stacked tensors (E, ...) named "layers.L.mlp.experts.*", of which a rank
+// holds E / EP rows; the router and a PR-MoE dense MLP are not split. Counted
+// here from the tensor names while the layout itself does not know EP.
+int64_t expert_params_per_rank(const ModelLayout& whole, int ep) {
+  int64_t n = 0;
+  for (const ParamSpec& p : whole.params)
+    if (p.name.find(".mlp.experts.") != std::string::npos) n += p.numel / ep;
+  return n;
+}
+
 // Activation bytes of one rank (see docs/zero.md for the per-token counts).
 ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& pl, const ModelDims& d) {
   const int64_t B = cfg.batch.micro_batch_size > 0 ? cfg.batch.micro_batch_size : 1;
@@ -141,6 +153,8 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   r.offload_optimizer = offload;
   // The host AdamW reads f32 gradients: offload needs fp32 accumulation too.
   r.supported = !offload || (stage >= 1 && e.precision != StatePrecision::MixedLowp);
+  // Expert parallelism runs with ZeRO stage 0 and no offload so far (docs/moe.md).
+  r.supported = r.supported && (e.layout.ep == 1 || (stage == 0 && !offload));
   r.configured = cfg.zero.stage == stage && (cfg.zero.offload_optimizer == OffloadDevice::CPU) == offload;
   const int64_t n = e.n_params_rank;
   const bool fp32 = e.precision == StatePrecision::FP32;
@@ -248,7 +262,9 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_p
   const ModelConfig m = resolved_model(cfg, e.vocab_assumed);
   const ModelLayout layout = build_layout(m);
   e.n_params = layout.total;
-  e.n_params_rank = ceil_div(e.n_params, e.tp * e.pp);
+  // A rank holds E / EP of each MoE layer's experts; the rest is split over TP x PP.
+  const int64_t off_rank = expert_params_per_rank(layout, 1) - expert_params_per_rank(layout, e.layout.ep);
+  e.n_params_rank = ceil_div(e.n_params - off_rank, e.tp * e.pp);
   e.activations = activation_bytes(cfg, e.layout, model_dims(m));
   if (e.pp > 1) {
     const ModelDims d = model_dims(m);
@@ -283,11 +299,14 @@ void append_header(std::string& out, const TrainConfig& cfg, const MemoryEstimat
   if (e.vocab_assumed)
     out += fmt::format("note: vocab_size is not set (it comes from the vocab file at run time): assumed GPT-2's {}\n",
                        kAssumedVocab);
-  out += fmt::format("ranks: {} node(s) x {} GPU(s) = {}; TP={} PP={} DP={}{}\n", e.num_nodes, e.gpus_per_node,
+  out += fmt::format("ranks: {} node(s) x {} GPU(s) = {}; TP={} PP={} DP={}{}{}\n", e.num_nodes, e.gpus_per_node,
                      e.world, e.tp, e.pp, e.dp,
                      e.ulysses > 1 ? fmt::format(" Ulysses={} (ZeRO partitions over Ulysses x DP = {} ranks)",
                                                  e.ulysses, e.sdp)
-                                   : std::string());
+                                   : std::string(),
+                     e.layout.ep > 1 ? fmt::format(" EP={} (each rank holds 1/{} of every MoE layer's experts)",
+                                                   e.layout.ep, e.layout.ep)
+                                     : std::string());
   if (e.approximate)
     out += fmt::format("note: approximate: each rank holds about 1/(TP*PP) of the model ({} parameters)\n",
                        millions(e.n_params_rank));
@@ -333,8 +352,9 @@ std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gp
     std::string head = fmt::format("{} ZeRO {}     | {:<17} |", r.configured ? '*' : ' ', r.stage,
                                    r.offload_optimizer ? "cpu" : "none");
     if (!r.supported) {
-      out += head + (r.stage >= 1 ? "  not supported: offload_optimizer needs fp32 gradient accumulation\n"
-                                  : "  not supported: offload_optimizer needs ZeRO stage >= 1\n");
+      out += head + (e.layout.ep > 1 ? "  not supported: expert parallelism runs with ZeRO stage 0, no offload\n"
+                     : r.stage >= 1  ? "  not supported: offload_optimizer needs fp32 gradient accumulation\n"
+                                     : "  not supported: offload_optimizer needs ZeRO stage >= 1\n");
       continue;
     }
     out += fmt::format("{} {:>7} {:>7} {:>6} {:>6} | {:>15} | {:>13}\n", head, gib(r.states.params),

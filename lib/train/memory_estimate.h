@@ -37,7 +37,8 @@ int pipeline_message_buffers_max(int pp, int n_micro, int vp, bool overlap);
 struct MemoryEstimateRow {
   int stage = 0;
   bool offload_optimizer = false;
-  bool supported = true;     // offload_optimizer needs ZeRO stage >= 1 and fp32 gradient accumulation
+  bool supported = true;     // offload_optimizer needs ZeRO stage >= 1 and fp32 gradient accumulation;
+                             // expert parallelism (EP > 1) ZeRO stage 0 without offload
   bool configured = false;   // the stage/offload the config asks for
   ModelStateBytes states;    // device-resident model states (zero_model_state_bytes)
   int64_t zero3_live = 0;    // stage 3: gathered parameters + the running unit's full gradient
@@ -50,7 +51,9 @@ struct MemoryEstimate {
   int ulysses = 1, sdp = 1;   // DeepSpeed-Ulysses size; ZeRO partitions over sdp = ulysses x dp ranks
   ParallelLayout layout;      // the config's layout at this world size
   int64_t n_params = 0;       // whole model
-  int64_t n_params_rank = 0;  // this rank's model part (n_params / (tp*pp), rounded up)
+  // This rank's model part: n_params less the experts on other expert-parallel
+  // ranks, over tp*pp (rounded up).
+  int64_t n_params_rank = 0;
   bool vocab_assumed = false; // vocab_size was 0: GPT-2's 50257 was used
   bool approximate = false;   // tp*pp > 1: the model split is approximate
   StatePrecision precision = StatePrecision::FP32;

@@ -197,6 +197,21 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
     cfg.parallel.sp = 3;
     CHECK_THROWS_WITH(estimate_memory(cfg, 1, 8), Contains("not divisible by TP 1 * PP 1 * Ulysses 3"));
   }
+  SECTION("expert parallelism: a rank holds E / EP of each MoE layer's experts") {
+    cfg.model.moe.num_experts = {8};  // MoE on layers 2, 4, ..., 12
+    cfg.model.moe.expert_parallel_size = 2;
+    cfg.zero.stage = 0;
+    const MemoryEstimate e = estimate_memory(cfg, 1, 8);
+    CHECK(e.layout.ep == 2);
+    CHECK(e.dp == 8);
+    const int64_t per_expert = 2 * 768 * 3072 + 3072;  // fc weight and bias, proj weight (no bias)
+    CHECK(e.n_params_rank == e.n_params - 6 * 4 * per_expert);
+    CHECK(row(e, 0, false).supported);
+    CHECK_FALSE(row(e, 1, false).supported);
+    const std::string rep = estimate_memory_report(cfg, 1, 8);
+    CHECK_THAT(rep, Contains("TP=1 PP=1 DP=8 EP=2 (each rank holds 1/2 of every MoE layer's experts)"));
+    CHECK_THAT(rep, Contains("not supported: expert parallelism runs with ZeRO stage 0"));
+  }
   SECTION("full recomputation keeps only layer inputs") {
     cfg.parallel.recompute = RecomputeKind::Full;
     MemoryEstimate e = estimate_memory(cfg, 1, 8);
