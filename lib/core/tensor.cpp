@@ -138,4 +138,21 @@ void Tensor::copy_from(const Tensor& src) {
   }
 }
 
+void copy_rows(const Tensor& dst, int64_t doff, int64_t ds, const Tensor& src, int64_t soff, int64_t ss, int64_t rows,
+               int64_t row) {
+  if (ds == row && ss == row) {  // contiguous: one copy
+    row *= rows;
+    rows = 1;
+    ds = ss = row;
+  }
+  const size_t es = dtype_size(dst.dtype()), bytes = static_cast<size_t>(row) * es;
+  char* d = static_cast<char*>(dst.raw()) + doff * es;
+  const char* s = static_cast<const char*>(src.raw()) + soff * es;
+  if (dst.device().is_cpu()) {
+    for (int64_t i = 0; i < rows; ++i) std::memcpy(d + i * ds * es, s + i * ss * es, bytes);
+    return;
+  }
+  allocator_for(dst.device()).copy_2d(d, ds * es, s, ss * es, bytes, rows, dst.device().index);  // one strided copy
+}
+
 }  // namespace ds

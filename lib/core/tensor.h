@@ -76,4 +76,10 @@ class Tensor {
   Device device_;
 };
 
+// `rows` rows of `row` elements from src (element offset soff, row stride ss)
+// to dst (doff, stride ds), on one device, both of one dtype: memcpy per row
+// on the CPU, one strided copy on a GPU (packing for all-to-alls).
+void copy_rows(const Tensor& dst, int64_t doff, int64_t ds, const Tensor& src, int64_t soff, int64_t ss, int64_t rows,
+               int64_t row);
+
 }  // namespace ds

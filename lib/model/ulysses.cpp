@@ -5,33 +5,10 @@
 // device copy per head block on a GPU, see docs/parallel.md).
 #include "lib/model/ulysses.h"
 
-#include <cstring>
-
 #include "lib/core/error.h"
 #include "lib/ops/ops.h"
 
 namespace ds {
-namespace {
-
-// `rows` rows of `row` elements from src (stride ss) to dst (stride ds), in elements.
-void copy_rows(const Tensor& dst, int64_t doff, int64_t ds, const Tensor& src, int64_t soff, int64_t ss, int64_t rows,
-               int64_t row) {
-  if (ds == row && ss == row) {  // contiguous: one copy
-    row *= rows;
-    rows = 1;
-    ds = ss = row;
-  }
-  const size_t es = dtype_size(dst.dtype()), bytes = static_cast<size_t>(row) * es;
-  char* d = static_cast<char*>(dst.raw()) + doff * es;
-  const char* s = static_cast<const char*>(src.raw()) + soff * es;
-  if (dst.device().is_cpu()) {
-    for (int64_t i = 0; i < rows; ++i) std::memcpy(d + i * ds * es, s + i * ss * es, bytes);
-    return;
-  }
-  allocator_for(dst.device()).copy_2d(d, ds * es, s, ss * es, bytes, rows, dst.device().index);  // one strided copy
-}
-
-}  // namespace
 
 int64_t HeadSplit::width() const {
   int64_t w = 0;
