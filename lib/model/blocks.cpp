@@ -42,8 +42,18 @@ ParamRef ParamDeclarer::add(const std::string& name, Shape shape, int layer, Ini
   p.name = name;
   p.full_shape = shape;
   p.split = split;
+  DS_CHECK(split == TpSplit::Replicated || !out_.groups[group_].splits_over(ParallelAxis::Expert),
+           "parameter '{}' split over both tensor- and expert-parallel ranks", name);
   p.group = group_;
   p.decay = out_.groups[group_].decays(name, shape);
+  p.ep_split = out_.groups[group_].splits_over(ParallelAxis::Expert);
+  if (p.ep_split) {
+    const int ep = out_.shard.ep;
+    DS_USER_CHECK(!shape.empty() && shape[0] % ep == 0,
+                  "{}: {} experts do not split over --moe-expert-parallel-size {}", name,
+                  shape.empty() ? 0 : shape[0], ep);
+    shape[0] /= ep;
+  }
   if (split == TpSplit::Rows) {
     if (blocks.empty()) blocks.push_back({shape[0], tp});
     shape[0] = 0;

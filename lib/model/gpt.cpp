@@ -18,12 +18,16 @@ namespace {
 
 Tensor rows(const Tensor& t) { return t.reshape({t.numel() / t.size(-1), t.size(-1)}); }
 
+ShardCoords shard_of(const TpComm& tp, const PipeStage& s) {
+  return {tp.size, tp.rank, s.pp, s.rank, s.vp, s.ep.size, s.ep.rank};
+}
+
 }  // namespace
 
 GptModel::GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems, TpComm tp, PipeStage stage,
                    DType compute, FlatStoreOptions flat)
     : cfg_(cfg), compute_(compute), d_(model_dims(cfg)), tp_(tp), stage_(stage),
-      layout_(build_layout(cfg, {tp.size, tp.rank, stage.pp, stage.rank, stage.vp})), dev_(dev) {
+      layout_(build_layout(cfg, shard_of(tp, stage))), dev_(dev) {
   flat_ = std::make_unique<FlatParamStore>(layout_, d_.L, dev_, alloc_elems, compute_, flat);
   store_ = flat_.get();
   init_local();
@@ -32,13 +36,16 @@ GptModel::GptModel(const ModelConfig& cfg, Device dev, int64_t alloc_elems, TpCo
 GptModel::GptModel(const ModelConfig& cfg, Device dev, ParamStore& store, TpComm tp, PipeStage stage,
                    DType compute)
     : cfg_(cfg), compute_(compute), d_(model_dims(cfg)), tp_(tp), stage_(stage),
-      layout_(build_layout(cfg, {tp.size, tp.rank, stage.pp, stage.rank, stage.vp})), dev_(dev), store_(&store) {
+      layout_(build_layout(cfg, shard_of(tp, stage))), dev_(dev), store_(&store) {
   init_local();
 }
 
 void GptModel::init_local() {
   DS_CHECK(!tp_.active() || (tp_.comm && tp_.comm->size() == tp_.size && tp_.comm->rank() == tp_.rank),
            "GptModel: tp {} rank {} without a matching tp communicator", tp_.size, tp_.rank);
+  const EpComm& ep = stage_.ep;
+  DS_CHECK(!ep.active() || (ep.comm && ep.comm->size() == ep.size && ep.comm->rank() == ep.rank),
+           "GptModel: ep {} rank {} without a matching expert-parallel communicator", ep.size, ep.rank);
   Cl_ = d_.C / tp_.size;
   NHl_ = d_.NH / tp_.size;
   NKVl_ = d_.NKV / kv_parts(d_, tp_.size);

@@ -13,6 +13,7 @@
 
 #include "lib/core/stream.h"
 #include "lib/core/tensor.h"
+#include "lib/model/expert_comm.h"
 #include "lib/model/kv_cache.h"
 #include "lib/model/layout.h"
 #include "lib/model/param_store.h"
@@ -43,10 +44,13 @@ struct MoeActs {
   Tensor weight;        // (N, K) f32 combine weights
   Tensor counts;        // (E) i32 choices per expert before dropping
   Tensor aux;           // (1) f32 load-balancing loss l_aux
-  Tensor xin;           // (E, Cb, C) the experts' inputs
-  Tensor fc_out;        // (E, Cb, Fin) fc output (pre-activation)
-  Tensor act_out;       // (E, Cb, F)
-  Tensor xout;          // (E, Cb, C) the experts' outputs
+  // The experts' inputs and activations: (El, Rl, ...) for this rank's El
+  // experts with Rl rows each; without expert parallelism El = E, Rl = Cb;
+  // with EP ranks El = E / EP and Rl = EP * Cb (every group rank's rows).
+  Tensor xin;           // (El, Rl, C) the experts' inputs
+  Tensor fc_out;        // (El, Rl, Fin) fc output (pre-activation)
+  Tensor act_out;       // (El, Rl, F)
+  Tensor xout;          // (E, Cb, C) the experts' outputs for this rank's tokens
   // PR-MoE: the experts' combined output, the dense MLP's activations and
   // output, and the mixing coefficients' logits.
   Tensor y_moe, res_fc, res_act, y_res;  // (N, C), (N, Fin), (N, F), (N, C)
@@ -103,9 +107,12 @@ struct ActSet {
 // add then norm, so CPU results are bit-identical either way.
 enum class ResidualAdd : uint8_t { InLayer, InNextNorm };
 
-// Which pipeline stage a model is (pp = 1: the whole model).
+// Which pipeline stage a model is (pp = 1: the whole model), and with
+// expert parallelism which block of each MoE layer's experts it holds (the
+// expert-parallel group's rank) and the group its tokens are exchanged over.
 struct PipeStage {
   int pp = 1, rank = 0, vp = 1;  // vp: model chunks (virtual stages) per stage
+  EpComm ep;
 };
 
 // Activation recomputation (lib/model/recompute.cpp). Full: the first

@@ -70,6 +70,7 @@ ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
   ModelDims d = model_dims(m);
   check_tp(d, tp);
   DS_CHECK(tp_rank >= 0 && tp_rank < tp, "tp_rank {} outside [0, {})", tp_rank, tp);
+  DS_CHECK(s.ep >= 1 && s.ep_rank >= 0 && s.ep_rank < s.ep, "ep_rank {} outside [0, {})", s.ep_rank, s.ep);
   DS_USER_CHECK(pp >= 1 && d.L % pp == 0,
                 "model.num_layers {} is not divisible by pipeline_model_parallel_size {}", d.L, pp);
   DS_USER_CHECK(vp >= 1 && (d.L / pp) % vp == 0,

@@ -46,7 +46,11 @@ struct ParamSpec {
   InitKind init = InitKind::Normal;
   TpSplit split = TpSplit::Replicated;
   std::vector<RowBlock> row_blocks;  // Rows: the blocks of dim 0 (one block: all rows, parts tp)
-  Shape full_shape;   // shape of the whole (unsplit) weight; == shape when tp = 1
+  Shape full_shape;   // shape of the whole (unsplit) weight; == shape when tp = 1 and ep = 1
+  // Its group splits over the expert-parallel ranks: dim 0 (the expert) is
+  // cut into shard.ep contiguous blocks, block ep_rank held (experts are
+  // replicated over tensor-parallel ranks).
+  bool ep_split = false;
 };
 
 struct ModelLayout {
@@ -137,6 +141,14 @@ void for_each_tp_run(const ParamSpec& p, int tp, int r, Fn fn) {
   }
   const int64_t cols = p.full_shape[1], lc = cols / tp;  // Cols: (rows, cols) -> (rows, lc)
   for (int64_t i = 0; i < rows; ++i) fn(i * cols + r * lc, i * lc, lc);
+}
+
+// The same for the local weight p of a layout's shard `s`, every parallel
+// axis included: an expert weight is one run at its block of experts.
+template <class Fn>
+void for_each_shard_run(const ParamSpec& p, const ShardCoords& s, Fn fn) {
+  if (p.ep_split && s.ep > 1) return fn(int64_t{s.ep_rank} * p.numel, int64_t{0}, p.numel);
+  for_each_tp_run(p, s.tp, s.tp_rank, fn);
 }
 
 }  // namespace ds

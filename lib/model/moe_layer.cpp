@@ -6,9 +6,12 @@
 //   xout[e] = proj_e(act(fc_e(xin[e])))              (one GEMM pair per expert)
 //   y = sum over a token's kept choices of weight * xout[e, row]   (ops::moe_combine_forward)
 // Experts have no output bias (DeepSpeed's experts drop the bias their
-// Megatron MLP returns). Every rank holds every expert (no expert
-// parallelism yet) and tensor-parallel ranks compute the same MoE output on
-// the same (replicated) input, so no tp region is entered.
+// Megatron MLP returns). With expert parallelism (EP ranks, E / EP experts
+// each) xin is exchanged between dispatch and the experts and xout back
+// before the combine (expert_comm.h); an expert's GEMMs then run over the
+// rows of every rank of its group at once. Tensor-parallel ranks compute the
+// same MoE output on the same (replicated) input, each with its own
+// expert-parallel group, so no tp region is entered.
 #include <algorithm>
 #include <cmath>
 
@@ -126,14 +129,30 @@ void GptModel::moe_mlp(int l, const Tensor& x, const Tensor& y, MoeActs& m, cons
     rows = *std::max_element(counts.data<int32_t>(), counts.data<int32_t>() + E);
   }
   rows = std::max<int64_t>(rows, 1);
-  m.xin = act({E, rows, C});
-  m.fc_out = act({E, rows, Fin});
-  m.act_out = act({E, rows, d_.F});
-  m.xout = act({E, rows, C});
-  ops::moe_dispatch_forward({.out = m.xin, .inp = x, .expert = m.expert, .slot = m.slot}, stream_);
+  // Expert parallelism: every rank of the group sends and receives the same
+  // number of rows per expert (dropless: the group's largest load).
+  const EpComm& ep = stage_.ep;
+  if (ep.active() && capacity == 0)
+    rows = static_cast<int64_t>(ep.comm->all_reduce_scalar(static_cast<double>(rows), dev_, ReduceOp::Max));
   const Tensor wfc = w(P.fc.weight), wproj = w(P.proj);
+  const int64_t El = wfc.size(0), Rl = rows * ep.size;  // local experts, rows each
+  m.xout = act({E, rows, C});  // the experts' outputs, by this rank's tokens' experts
+  Tensor xloc = m.xout, scratch;
+  if (ep.active()) {
+    const Tensor xtok = act({E, rows, C});
+    scratch = act({E, rows, C});
+    m.xin = act({El, Rl, C});
+    ops::moe_dispatch_forward({.out = xtok, .inp = x, .expert = m.expert, .slot = m.slot}, stream_);
+    experts_scatter(ep, xtok, scratch, m.xin);
+    xloc = act({El, Rl, C});
+  } else {
+    m.xin = act({E, rows, C});
+    ops::moe_dispatch_forward({.out = m.xin, .inp = x, .expert = m.expert, .slot = m.slot}, stream_);
+  }
+  m.fc_out = act({El, Rl, Fin});
+  m.act_out = act({El, Rl, d_.F});
   const Tensor bfc = opt(P.fc.bias, false);
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = 0; e < El; ++e) {
     const Tensor pre = row(m.fc_out, e), out = row(m.act_out, e);
     ops::matmul_forward({.out = pre, .inp = row(m.xin, e), .weight = row(wfc, e),
                          .bias = bfc.defined() ? row(bfc, e) : Tensor()},
@@ -142,8 +161,9 @@ void GptModel::moe_mlp(int l, const Tensor& x, const Tensor& y, MoeActs& m, cons
       ops::swiglu_forward({.out = out, .inp = pre}, stream_);
     else
       ops::gelu_forward({.out = out, .inp = pre, .dout = Tensor()}, stream_);
-    ops::matmul_forward({.out = row(m.xout, e), .inp = out, .weight = row(wproj, e), .bias = Tensor()}, stream_);
+    ops::matmul_forward({.out = row(xloc, e), .inp = out, .weight = row(wproj, e), .bias = Tensor()}, stream_);
   }
+  if (ep.active()) experts_gather(ep, xloc, scratch, m.xout);
   if (!P.coef.weight.defined()) {
     ops::moe_combine_forward({.out = y, .inp = m.xout, .weight = m.weight, .expert = m.expert, .slot = m.slot},
                              stream_);
@@ -187,7 +207,10 @@ void GptModel::moe_backward(int l, LayerActs& a, const Tensor& dresid) {
   const MoeParams& P = lp(l).moe;
   MoeActs& m = a.moe;
   const int64_t N = a.norm2_out.size(0), C = d_.C, E = d_.layer_experts(l), K = d_.topk;
-  const int64_t rows = m.xin.size(1), Fin = m.fc_out.size(2);
+  // rows: per expert buffer on the token side; Rl, El: of this rank's experts
+  // (all of them without expert parallelism, then Rl == rows).
+  const int64_t rows = m.xout.size(1), El = m.xin.size(0), Rl = m.xin.size(1), Fin = m.fc_out.size(2);
+  const EpComm& ep = stage_.ep;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
   auto act = [&](Shape s) { return Tensor::empty(s, compute_, dev_); };
   const Tensor dy = dropout_grad(dresid, hidden_dropout(l, DropoutSite::MlpOut)).reshape({N, C});
@@ -207,12 +230,18 @@ void GptModel::moe_backward(int l, LayerActs& a, const Tensor& dresid) {
                             stream_);
   const Tensor wfc = w(P.fc.weight), wproj = w(P.proj), dwfc = dw(P.fc.weight), dwproj = dw(P.proj);
   const Tensor dbfc = opt(P.fc.bias, true);
-  const Tensor dxin = act({E, rows, C}), dact = act({rows, d_.F}), dfc = act({rows, Fin});
-  for (int64_t e = 0; e < E; ++e) {
+  Tensor dloc = dxout, scratch;
+  if (ep.active()) {  // the outputs' gradients to the experts' ranks
+    scratch = act({E, rows, C});
+    dloc = act({El, Rl, C});
+    experts_scatter(ep, dxout, scratch, dloc);
+  }
+  const Tensor dxin = act({El, Rl, C}), dact = act({Rl, d_.F}), dfc = act({Rl, Fin});
+  for (int64_t e = 0; e < El; ++e) {
     ops::matmul_backward({.dinp = dact,
                           .dweight = row(dwproj, e),
                           .dbias = Tensor(),
-                          .dout = row(dxout, e),
+                          .dout = row(dloc, e),
                           .inp = row(m.act_out, e),
                           .weight = row(wproj, e),
                           .accum = Accum::Overwrite},
@@ -230,7 +259,12 @@ void GptModel::moe_backward(int l, LayerActs& a, const Tensor& dresid) {
                           .accum = Accum::Overwrite},
                          stream_);
   }
-  ops::moe_dispatch_backward({.dinp = dnorm_, .dout = dxin, .expert = m.expert, .slot = m.slot}, stream_);
+  Tensor dtok = dxin;
+  if (ep.active()) {  // the inputs' gradients back to the tokens' ranks
+    dtok = act({E, rows, C});
+    experts_gather(ep, dxin, scratch, dtok);
+  }
+  ops::moe_dispatch_backward({.dinp = dnorm_, .dout = dtok, .expert = m.expert, .slot = m.slot}, stream_);
   // The router: through the combine weights and l_aux to the logits, then the gate GEMM.
   const Tensor dlogits = f32({N, E});
   ops::moe_gate_backward(

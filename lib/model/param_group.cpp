@@ -10,6 +10,8 @@ const char* parallel_axis_name(ParallelAxis a) {
     case ParallelAxis::Pipeline: return "pipeline";
     case ParallelAxis::Data: return "data";
     case ParallelAxis::Ulysses: return "ulysses";
+    case ParallelAxis::Expert: return "expert";
+    case ParallelAxis::ExpertData: return "expert-data";
   }
   return "?";
 }
@@ -28,6 +30,10 @@ bool ParamGroupSpec::reduces_over(ParallelAxis a) const {
   return std::find(reduce.begin(), reduce.end(), a) != reduce.end();
 }
 
+bool ParamGroupSpec::splits_over(ParallelAxis a) const {
+  return std::find(split.begin(), split.end(), a) != split.end();
+}
+
 ParamGroupSpec dense_param_group() {
   return {.name = "dense",
           .split = {ParallelAxis::Tensor, ParallelAxis::Pipeline},
@@ -37,8 +43,8 @@ ParamGroupSpec dense_param_group() {
 
 ParamGroupSpec expert_param_group() {
   return {.name = "experts",
-          .split = {ParallelAxis::Pipeline},
-          .reduce = {ParallelAxis::Data, ParallelAxis::Ulysses},
+          .split = {ParallelAxis::Pipeline, ParallelAxis::Expert},
+          .reduce = {ParallelAxis::ExpertData, ParallelAxis::Ulysses},
           .decay = DecayRule::Megatron};
 }
 

@@ -4,12 +4,12 @@
 // split, over which axes its gradients are summed (and ZeRO partitions its
 // state: the same ranks), and which of its tensors take weight decay.
 //
-// Today a GPT model has one group, "dense": every weight, split over tensor
-// and pipeline ranks, reduced over the sequence-data-parallel ranks (Ulysses x
-// DP). Mixture-of-Experts adds an "experts" group split over the expert-
-// parallel ranks and reduced over the expert-data-parallel ones; a group's
-// flat layout, ZeRO partition, optimizer and storage tier hang off the group
-// (docs/ops.md, "A new parameter group").
+// A GPT model has the group "dense": every weight but the experts, split over
+// tensor and pipeline ranks, reduced over the sequence-data-parallel ranks
+// (Ulysses x DP). Mixture-of-Experts adds the "experts" group: split over the
+// pipeline and the expert-parallel ranks, reduced over the expert-data-
+// parallel ones. A group's flat layout, ZeRO partition, optimizer and storage
+// tier hang off the group (docs/ops.md, "A new parameter group").
 #pragma once
 #include <cstdint>
 #include <string>
@@ -20,7 +20,10 @@
 namespace ds {
 
 // The parallel axes of a job (ParallelLayout's sizes).
-enum class ParallelAxis : uint8_t { Tensor, Pipeline, Data, Ulysses };
+// Expert: the expert-parallel ranks (EP consecutive data-parallel ranks);
+// ExpertData: the data-parallel ranks holding the same experts (DP / EP of
+// them; with EP = 1 the data-parallel ranks themselves).
+enum class ParallelAxis : uint8_t { Tensor, Pipeline, Data, Ulysses, Expert, ExpertData };
 const char* parallel_axis_name(ParallelAxis a);
 
 // Which tensors of a group take weight decay.
@@ -38,14 +41,14 @@ struct ParamGroupSpec {
   // Does a tensor of this group named `name` with `shape` take weight decay?
   bool decays(const std::string& name, const Shape& shape) const;
   bool reduces_over(ParallelAxis a) const;
+  bool splits_over(ParallelAxis a) const;
 };
 
 // The group every GPT weight belongs to, experts aside.
 ParamGroupSpec dense_param_group();
-// The experts of MoE layers. With expert parallelism (not yet) they split
-// over the expert-parallel ranks and reduce over the expert-data-parallel
-// ones; today every rank holds every expert, so they reduce over the same
-// ranks as the dense group, and are replicated over tensor-parallel ranks.
+// The experts of MoE layers: dim 0 of each stacked expert weight (the
+// expert) is split over the expert-parallel ranks, gradients are summed over
+// the expert-data-parallel ones; replicated over tensor-parallel ranks.
 ParamGroupSpec expert_param_group();
 
 }  // namespace ds

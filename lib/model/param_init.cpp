@@ -47,7 +47,7 @@ void init_params(const ModelConfig& cfg, const ModelLayout& local, uint64_t seed
   for (const ParamSpec& p : local.params) {
     if (p.offset >= end || p.offset + p.numel <= begin) continue;
     // Each contiguous run of the local weight sits at full_off in the full one.
-    for_each_tp_run(p, local.shard.tp, local.shard.tp_rank, [&](int64_t full_off, int64_t local_off, int64_t n) {
+    for_each_shard_run(p, local.shard, [&](int64_t full_off, int64_t local_off, int64_t n) {
       const int64_t lo = std::max(p.offset + local_off, begin), hi = std::min(p.offset + local_off + n, end);
       if (lo >= hi) return;
       const int64_t skip = lo - (p.offset + local_off);

@@ -22,7 +22,7 @@ void slice_tp_params(const ModelLayout& local, const ModelLayout& full, const Te
   float* dst = dst_h.data<float>();        // (local.total)
   for (const ParamSpec& p : local.params) {
     const ParamSpec& f = full.find(p.name);
-    for_each_tp_run(p, local.shard.tp, local.shard.tp_rank, [&](int64_t fo, int64_t lo, int64_t n) {
+    for_each_shard_run(p, local.shard, [&](int64_t fo, int64_t lo, int64_t n) {
       std::memcpy(dst + p.offset + lo, src + f.offset + fo, n * sizeof(float));
     });
   }

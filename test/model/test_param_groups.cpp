@@ -6,9 +6,11 @@
 // promise, on the shards that hold them, and nothing else.
 #include <catch2/catch.hpp>
 #include <set>
+#include <vector>
 #include <string>
 
 #include "lib/model/blocks.h"
+#include "lib/model/param_init.h"
 #include "test/model/tiny_model.h"
 
 using namespace ds;
@@ -101,4 +103,54 @@ TEST_CASE("decay rules of a parameter group") {
   REQUIRE(g.decays("layers.0.norm1.weight", {4}));
   g.decay = DecayRule::None;
   REQUIRE_FALSE(g.decays("embed.wte", {50, 4}));
+}
+
+// Expert parallelism: a rank holds block ep_rank of each MoE layer's experts
+// (dim 0 of the stacked weights), the dense weights whole; initialised
+// in place, its values are that block of the single-process initialization.
+TEST_CASE("expert-parallel shards hold their block of experts, initialised as the full model's") {
+  ModelConfig cfg = test::tiny_model(false);
+  cfg.num_layers = 2;
+  cfg.moe.num_experts = {4};
+  cfg.moe.expert_interval = 1;
+  const ModelLayout full = build_layout(cfg);
+  std::vector<float> want(static_cast<size_t>(full.total));
+  init_params(cfg, full, 7, 0.02f, want.data(), 0, full.total);
+  for (int ep : {2, 4}) {
+    for (int r = 0; r < ep; ++r) {
+      INFO("ep " << ep << " rank " << r);
+      ShardCoords s;
+      s.ep = ep;
+      s.ep_rank = r;
+      const ModelLayout l = build_layout(cfg, s);
+      REQUIRE(l.groups.size() == 2);
+      REQUIRE(l.groups[1].splits_over(ParallelAxis::Expert));
+      REQUIRE(l.groups[1].reduces_over(ParallelAxis::ExpertData));
+      REQUIRE_FALSE(l.groups[1].reduces_over(ParallelAxis::Data));
+      std::vector<float> got(static_cast<size_t>(l.total));
+      init_params(cfg, l, 7, 0.02f, got.data(), 0, l.total);
+      int experts = 0;
+      for (const ParamSpec& p : l.params) {
+        INFO(p.name);
+        const ParamSpec& f = full.find(p.name);
+        REQUIRE(p.full_shape == f.shape);
+        REQUIRE(p.ep_split == (p.name.find(".experts.") != std::string::npos));
+        int64_t from = 0;
+        if (p.ep_split) {
+          ++experts;
+          REQUIRE(p.shape[0] == 4 / ep);
+          REQUIRE(p.numel * ep == f.numel);
+          from = r * p.numel;
+        } else {
+          REQUIRE(p.shape == f.shape);
+        }
+        for (int64_t i = 0; i < p.numel; ++i) REQUIRE(got[p.offset + i] == want[f.offset + from + i]);
+      }
+      REQUIRE(experts == 2 * 3);  // fc.weight, fc.bias, proj.weight per layer
+    }
+  }
+  ShardCoords bad;
+  bad.ep = 3;
+  REQUIRE_THROWS_WITH(build_layout(cfg, bad),
+                      Catch::Contains("4 experts do not split over --moe-expert-parallel-size 3"));
 }
