@@ -74,8 +74,47 @@ void ZeroOptimizer::abandon_step() {
   armed_ = false;
 }
 
+void ZeroOptimizer::set_expert_reduce(std::vector<Range> ranges, Communicator* edp) {
+  DS_CHECK(z_.stage == 0 && !store_, "expert parallelism with ZeRO stage {}: only stage 0 reduces the experts "
+           "group apart", z_.stage);
+  DS_CHECK(edp != nullptr, "set_expert_reduce without an expert-data-parallel group");
+  DS_CHECK(std::is_sorted(ranges.begin(), ranges.end(),
+                          [](const Range& a, const Range& b) { return a.end <= b.begin; }),
+           "expert ranges are not sorted and disjoint");
+  expert_ranges_ = std::move(ranges);
+  edp_ = edp;
+}
+
+template <class Fn>
+void ZeroOptimizer::for_each_group_piece(Range r, Fn fn) const {
+  int64_t at = r.begin;
+  for (const Range& e : expert_ranges_) {
+    if (e.end <= at) continue;
+    if (e.begin >= r.end) break;
+    if (e.begin > at) fn(Range{at, e.begin}, false);
+    const int64_t end = std::min(e.end, r.end);
+    fn(Range{std::max(at, e.begin), end}, true);
+    at = end;
+  }
+  if (at < r.end) fn(Range{at, r.end}, false);
+}
+
+void ZeroOptimizer::all_reduce_range(Range r, std::vector<CommHandle>* async) {
+  Tensor g = model_.grads();
+  for_each_group_piece(r, [&](Range piece, bool expert) {
+    Communicator* c = expert ? edp_ : dp_;
+    if (!c || c->size() == 1) return;
+    const Tensor v = g.view(piece.begin, {piece.size()});
+    if (async)
+      async->push_back(c->iall_reduce(v));
+    else
+      c->all_reduce(v);
+  });
+}
+
 // Issues bucket `b`'s all-reduce (asynchronous; the timeline gets its times).
 void ZeroOptimizer::issue_bucket(int b) {
+  if (edp_) return all_reduce_range(buckets_[b], &pending_);  // expert parallelism: one collective per group piece
   Tensor g = model_.grads().view(buckets_[b].begin, {buckets_[b].size()});
   if (!timeline_ || !timeline_->enabled()) {
     pending_.push_back(dp_->iall_reduce(g));
@@ -137,6 +176,12 @@ void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
     for (CommHandle& h : pending_) h.wait();
     pending_.clear();
     armed_ = false;
+  } else if (edp_) {
+    Tensor g = model_.grads();
+    std::vector<CommHandle> hs;
+    for (const Range& b : make_buckets(part_.total, z_.reduce_bucket_size))
+      all_reduce_range(b, g.device().is_cpu() ? nullptr : &hs);
+    for (CommHandle& h : hs) h.wait();
   } else if (part_.dp > 1) {
     Tensor g = model_.grads();
     std::vector<CommHandle> hs;
@@ -147,6 +192,18 @@ void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
         hs.push_back(dp_->iall_reduce(g.view(b.begin, {b.size()})));
     }
     for (CommHandle& h : hs) h.wait();
+  }
+  if (edp_) {  // stage 0, expert parallelism: the dense share on rank 0, the experts' on each edp group's first
+    const bool dense = rank_ == 0, experts = edp_->rank() == 0;
+    if (!dense && !experts) return;
+    const Tensor g = model_.grads();
+    const std::vector<Range> all{{0, part_.total}};
+    for (const Range& r : counted_only_ ? counted_ : all)
+      for_each_group_piece(r, [&](Range piece, bool expert) {
+        if ((expert ? experts : dense) && piece.size() > 0)
+          ops::sum_squares({.out = sumsq, .x = g.view(piece.begin, {piece.size()})}, Stream{});
+      });
+    return;
   }
   // Stages 0/1: the data-parallel ranks hold identical sums; one counts them.
   if (!store_ && rank_ != 0) return;

@@ -52,6 +52,12 @@ class ZeroOptimizer {
   // split weights count once per shard and replicated ones (and a tied wte
   // held by two stages) once in all.
   void set_norm_counted(std::vector<Range> counted);
+  // Expert parallelism (ZeRO stage 0): the flat ranges of the experts group
+  // (sorted, disjoint) are summed over `edp`, the expert-data-parallel group,
+  // instead of the data-parallel group, and their norm share is counted on
+  // the first rank of edp (each data-parallel rank of the first expert-
+  // parallel group holds other experts); the dense rest as before.
+  void set_expert_reduce(std::vector<Range> ranges, Communicator* edp);
 
   // Clears the gradients before the first micro-batch of a step.
   void zero_grads();
@@ -132,6 +138,15 @@ class ZeroOptimizer {
   std::unique_ptr<OffloadPipeline> offload_pipe_;
 
   void after_update();  // the parameters the stage keeps whole made current again
+
+  // Expert parallelism (set_expert_reduce)
+  std::vector<Range> expert_ranges_;
+  Communicator* edp_ = nullptr;
+  // Calls fn(piece, expert) for the pieces of r inside and outside the expert ranges, in order.
+  template <class Fn>
+  void for_each_group_piece(Range r, Fn fn) const;
+  // Issues the all-reduces of flat range r over the groups its pieces reduce over.
+  void all_reduce_range(Range r, std::vector<CommHandle>* async);
 
   // overlap_comm, stages 0/1 (see above)
   void on_grads(int unit, bool ready);
