@@ -129,9 +129,10 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     w.set_metadata("world", std::to_string(d.world));
     w.set_metadata("tp_rank", std::to_string(d.shard.tp_rank));
     w.set_metadata("pp_rank", std::to_string(d.shard.pp_rank));
+    if (d.shard.ep > 1) w.set_metadata("ep_rank", std::to_string(d.shard.ep_rank));
     w.write((tmp / optimizer_shard_name(d.rank, d.world, d.shard)).string(), &progress);
   }
-  if (d.rank != 0 || d.shard.tp_rank != 0 || d.shard.pp_rank != 0) return;
+  if (d.rank != 0 || d.shard.tp_rank != 0 || d.shard.pp_rank != 0 || d.shard.ep_rank != 0) return;
   {
     // One weight at a time, from the stream or from the full params.
     const Tensor p = d.stream_params ? Tensor() : host(d.params);
@@ -155,6 +156,7 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
                           {"pipeline_model_parallel_size", d.shard.pp},
                           {"virtual_pipeline_stages", d.shard.vp},
                           {"config", config}};
+  if (d.shard.ep > 1) state["expert_parallel_size"] = d.shard.ep;
   // -1: converted from a checkpoint that predates the counter (the loader derives it).
   if (st.consumed_tokens >= 0) state["consumed_tokens"] = st.consumed_tokens;
   if (d.tokenizer) {
@@ -170,7 +172,7 @@ void write_checkpoint_files(const std::string& dir, const TrainState& st, const 
                             const nlohmann::json& config) {
   fs::path tmp = fs::path(dir) / tmp_dir_name(st.iteration);
   make_dirs(tmp);
-  const bool model = d.rank == 0 && d.shard.tp_rank == 0 && d.shard.pp_rank == 0;
+  const bool model = d.rank == 0 && d.shard.tp_rank == 0 && d.shard.pp_rank == 0 && d.shard.ep_rank == 0;
   int64_t bytes = 4 * (model ? d.layout->total : 0);
   for (const OptimizerStateTensor& s : d.opt_state) bytes += 4 * s.t.numel();
   Progress progress(checkpoint_progress(fmt::format("saving checkpoint {}/{}", dir, step_dir_name(st.iteration)),
@@ -231,7 +233,8 @@ void read_same_layout(const SavedStep& s, const CheckpointData& d, Tensor& param
                       int64_t& opt_step, bool with_params) {
   if (with_params) params = read_full_params(s, *d.layout);
   const int64_t total = (d.opt_layout ? d.opt_layout : d.layout)->total;
-  opt_step = read_state_range(s, d.shard.tp_rank, d.shard.pp_rank, total, d.opt_begin, d.opt_end, state);
+  opt_step = read_state_range(s, s.sizes.at(d.shard.tp_rank, d.shard.pp_rank).at_ep(d.shard.ep_rank), total,
+                              d.opt_begin, d.opt_end, state);
 }
 
 }  // namespace
@@ -244,7 +247,7 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   const ShardCoords saved = state.sizes;
   const int saved_tp = saved.tp, saved_pp = saved.pp, saved_vp = saved.vp;
   const ShardCoords& dst = d.shard;
-  const bool same_split = saved_tp == dst.tp && saved_pp == dst.pp && saved_vp == dst.vp;
+  const bool same_split = saved_tp == dst.tp && saved_pp == dst.pp && saved_vp == dst.vp && saved.ep == dst.ep;
   const bool same = same_split && same_layout(state.layout, *d.layout);
   if (!same && d.model == nullptr) {  // no model config: no reshaping
     DS_USER_CHECK(saved_tp == dst.tp,
@@ -256,6 +259,9 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
                   "job uses {} (tensor {}, {} virtual stages), and this loader cannot reshape it (use dsconvert "
                   "--target-pp {})",
                   step, saved_pp, saved_tp, saved_vp, dst.pp, dst.tp, dst.vp, dst.pp);
+    DS_USER_CHECK(saved.ep == dst.ep,
+                  "checkpoint '{}' was saved with --moe-expert-parallel-size {}, this job uses {}, and this loader "
+                  "cannot reshape it", step, saved.ep, dst.ep);
     check_layout(state.layout, *d.layout, step);
   }
   // Everything is read and checked before the destination is touched.

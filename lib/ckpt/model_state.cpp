@@ -34,6 +34,31 @@ Tensor gather_stages(const RankModel& r, const ModelLayout& stage, const Tensor&
   return all_ranks || r.comms->grid.rank == 0 ? out : Tensor();
 }
 
+// Expert parallelism: this rank's weights `local_buf` (its layout, E / EP
+// experts of each MoE layer) -> the same tp rank and stage's weights with
+// every expert (`out`, layout `gathered`). Collective over the expert-
+// parallel group.
+void gather_experts(const RankModel& r, const ModelLayout& gathered, const Tensor& local_buf, const Tensor& out) {
+  const ModelLayout& local = r.model->layout();
+  Communicator& ep = *r.comms->ep;
+  for (const ParamSpec& p : local.params) {
+    const ParamSpec& g = gathered.find(p.name);
+    const Tensor mine = local_buf.view(p.offset, {p.numel});
+    Tensor to = out.view(g.offset, {g.numel});
+    if (p.ep_split)
+      ep.all_gather(mine, to);  // block i of the experts from expert-parallel rank i
+    else
+      to.copy_from(mine);
+  }
+}
+
+// This rank's shard coordinates with the experts gathered.
+ShardCoords experts_gathered(ShardCoords s) {
+  s.ep = 1;
+  s.ep_rank = 0;
+  return s;
+}
+
 }  // namespace
 
 Tensor gather_local_params(const RankModel& r, bool all_ranks) {
@@ -47,25 +72,34 @@ Tensor gather_local_params(const RankModel& r, bool all_ranks) {
 }
 
 Tensor gather_full_params(const RankModel& r, bool all_ranks) {
-  if (r.shard.tp == 1 && r.shard.pp == 1) return gather_local_params(r, all_ranks);
+  if (r.shard.tp == 1 && r.shard.pp == 1 && r.shard.ep == 1) return gather_local_params(r, all_ranks);
   GptModel& m = *r.model;
   Tensor local = gather_local_params(r, true);
+  ModelLayout with_experts;  // expert parallelism: this tp rank and stage's weights, every expert
+  const ModelLayout* mine = &m.layout();
+  if (r.shard.ep > 1) {
+    with_experts = build_layout(*r.config, experts_gathered(r.shard));
+    Tensor all = Tensor::empty({with_experts.total}, DType::F32, m.device());
+    gather_experts(r, with_experts, local, all);
+    local = all;
+    mine = &with_experts;
+  }
   Communicator* tp = r.shard.tp > 1 ? r.comms->tp : nullptr;
   if (r.shard.pp > 1) {
     const ModelLayout stage = build_layout(*r.config, r.shard.tp_gathered());
     Tensor st = Tensor::empty({stage.total}, DType::F32, m.device());
-    gather_tp_params(tp, m.layout(), stage, r.config->num_layers, local, st);
+    gather_tp_params(tp, *mine, stage, r.config->num_layers, local, st);
     return gather_stages(r, stage, st, all_ranks);
   }
   Tensor out;
   if (all_ranks || r.comms->grid.rank == 0) out = Tensor::empty({r.full->total}, DType::F32, m.device());
-  gather_tp_params(tp, m.layout(), *r.full, r.config->num_layers, local, out);
+  gather_tp_params(tp, *mine, *r.full, r.config->num_layers, local, out);
   return out;
 }
 
 void scatter_full_params(const RankModel& r, const Tensor& full) {
   GptModel& m = *r.model;
-  if (r.shard.tp == 1 && r.shard.pp == 1) return m.store().set_full_params(full);
+  if (r.shard.tp == 1 && r.shard.pp == 1 && r.shard.ep == 1) return m.store().set_full_params(full);
   Tensor local = Tensor::empty({m.layout().total}, DType::F32, m.device());
   slice_tp_params(m.layout(), *r.full, full, local);
   m.store().set_full_params(local);
@@ -89,10 +123,16 @@ Tensor FullTensorStream::next(const std::string& name) {
     const ParamSpec& p = r_.model->layout().find(name);
     const Tensor mine = Tensor::empty({p.numel}, DType::F32, dev);
     r_.model->store().gather_f32({p.offset, p.offset + p.numel}, mine);  // collective over dp where sharded
+    Tensor whole = mine;
+    if (p.ep_split && r_.shard.ep > 1) {  // the first expert-parallel group gathers the experts
+      if (r_.comms->grid.edp_rank != 0) return Tensor();
+      whole = Tensor::empty({r_.shard.ep * p.numel}, DType::F32, dev);
+      r_.comms->ep->all_gather(mine, whole);
+    }
     if (r_.dp_rank != 0) return Tensor();  // the first replica gathers over tp and sends
     Tensor full;
     if (p.split == TpSplit::Replicated || tp == 1) {
-      if (tp_rank == 0) full = to_host(mine).clone().reshape(f.shape);
+      if (tp_rank == 0) full = to_host(whole).clone().reshape(f.shape);
     } else {
       Tensor all = Tensor::empty({tp * p.numel}, DType::F32, dev);
       r_.comms->tp->all_gather(mine, all);

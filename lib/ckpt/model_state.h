@@ -2,7 +2,7 @@
 // (the tp = 1, pp = 1 layout a single process saves) gathered from this
 // rank's shard, scattered back into it, and the CheckpointData that names the
 // rank's optimizer range and place in the grid. The gathers are collective
-// over the tensor-, pipeline- and (ZeRO-3) data-parallel groups.
+// over the tensor-, pipeline-, expert- and (ZeRO-3) data-parallel groups.
 #pragma once
 #include <map>
 #include <string>
@@ -40,7 +40,8 @@ void scatter_full_params(const RankModel& r, const Tensor& full);
 // weight on the stage that holds it (a tied wte: the first stage's): its
 // f32 values from the data-parallel shards where the store keeps only a
 // shard (ZeRO-3, sharded masters; ParamStore::gather_f32), then over the
-// tensor-parallel ranks of the first data-parallel replica, and sends it to
+// tensor-parallel ranks of the first data-parallel replica (an expert weight:
+// over the expert-parallel ranks of the first expert-parallel group), and sends it to
 // global rank 0, which gets the full f32 weight in host memory (undefined
 // elsewhere). Each rank holds at most two copies of one weight at once.
 class FullTensorStream {

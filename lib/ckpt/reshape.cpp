@@ -22,7 +22,7 @@ void place_local(const ModelLayout& local, const ModelLayout& full, const float*
   for (const ParamSpec& p : local.params) {
     if (!local.first_stage() && p.name == "embed.wte") continue;
     const ParamSpec& f = full.find(p.name);
-    for_each_tp_run(p, local.shard.tp, local.shard.tp_rank, [&](int64_t fo, int64_t lo, int64_t n) {
+    for_each_shard_run(p, local.shard, [&](int64_t fo, int64_t lo, int64_t n) {
       std::memcpy(dst + f.offset + fo, src + p.offset + lo, n * sizeof(float));
     });
   }
@@ -150,7 +150,7 @@ void read_local_params(const SavedStep& s, const SafetensorsFile& model, const M
                   p.name, f ? shape_str(f->shape) : std::string("missing"), shape_str(p.full_shape));
     // Each run of this shard's weight in the full weight; elements past the
     // saved ones (vocabulary rows the saved model lacks) are zero.
-    for_each_tp_run(p, local.shard.tp, local.shard.tp_rank, [&](int64_t full_off, int64_t local_off, int64_t n) {
+    for_each_shard_run(p, local.shard, [&](int64_t full_off, int64_t local_off, int64_t n) {
       const int64_t lo = std::max(begin, p.offset + local_off), hi = std::min(end, p.offset + local_off + n);
       if (lo >= hi) return;
       const int64_t src = full_off + (lo - p.offset - local_off);  // element of the full weight at lo
@@ -169,12 +169,15 @@ FullOptimizerState assemble_full_state(const SavedStep& s) {
   f.states = saved_state_names(s);
   for (OptimizerStateTensor& t : f.states) t.t = Tensor::zeros({s.full.total}, DType::F32);
   for (int pr = 0; pr < s.sizes.pp; ++pr) {
-    for (int r = 0; r < s.sizes.tp; ++r) {  // one source (stage, tp rank)'s local state at a time
-      const ModelLayout local = build_layout(s.model, s.sizes.at(r, pr));
-      OptimizerStates part = f.states;
-      f.step = read_state_range(s, r, pr, local.total, 0, local.total, part);
-      for (size_t i = 0; i < part.size(); ++i)
-        place_local(local, s.full, part[i].t.data<float>(), f.states[i].t.data<float>());
+    for (int r = 0; r < s.sizes.tp; ++r) {
+      for (int e = 0; e < s.sizes.ep; ++e) {  // one source (stage, tp rank, ep rank)'s local state at a time
+        const ShardCoords at = s.sizes.at(r, pr).at_ep(e);
+        const ModelLayout local = build_layout(s.model, at);
+        OptimizerStates part = f.states;
+        f.step = read_state_range(s, at, local.total, 0, local.total, part);
+        for (size_t i = 0; i < part.size(); ++i)
+          place_local(local, s.full, part[i].t.data<float>(), f.states[i].t.data<float>());
+      }
     }
   }
   return f;

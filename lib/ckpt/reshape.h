@@ -109,15 +109,15 @@ FullOptimizerState assemble_full_state(const SavedStep& s);
 // vocabulary may differ: rows are cut or zero-filled).
 Tensor adapt_full(const ModelLayout& from, const ModelLayout& to, const Tensor& buf);
 
-// Reads [begin, end) of (pp_rank, tp_rank)'s local optimizer state
+// Reads [begin, end) of shard `at`'s (s.sizes at a pp, tp and ep rank) local optimizer state
 // (local_total elements) from the s.shards optimizer files of that rank:
 // each entry of `state` by its name, into its tensor (replaced by a host f32
 // of end - begin). Returns the optimizer step count. UserError naming the
 // shard on a missing file, a checksum mismatch, malformed metadata, a tensor
 // of another dtype or shape, NaN/Inf (or a negative value in a non_negative
 // state), ranges that overlap or leave a gap.
-int64_t read_state_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t local_total, int64_t begin,
-                         int64_t end, OptimizerStates& state);
+int64_t read_state_range(const SavedStep& s, const ShardCoords& at, int64_t local_total, int64_t begin, int64_t end,
+                         OptimizerStates& state);
 
 // The load path for a checkpoint saved with another TP / PP layout (or padded
 // vocabulary): fills host params (d.layout->total; unless !with_params), every entry of `state`

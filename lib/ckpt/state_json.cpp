@@ -237,6 +237,7 @@ StepState parse_step_state(std::string_view text, const std::string& file) {
   s.sizes.tp = static_cast<int>(r.optional("tensor_model_parallel_size", 1, kMaxParallelSize, 1));
   s.sizes.pp = static_cast<int>(r.optional("pipeline_model_parallel_size", 1, kMaxParallelSize, 1));
   s.sizes.vp = static_cast<int>(r.optional("virtual_pipeline_stages", 1, kMaxParallelSize, 1));
+  s.sizes.ep = static_cast<int>(r.optional("expert_parallel_size", 1, kMaxParallelSize, 1));
   read_layout(r, s);
   read_checksums(r, s);
   DS_USER_CHECK(!s.checksums.empty() || !doc.contains("format_version"), "checkpoint file '{}' has no file "

@@ -43,7 +43,7 @@ nlohmann::json lr_scheduler_json(const TrainState& st);
 // The validated contents of one state.json.
 struct StepState {
   TrainState train;
-  ShardCoords sizes;  // tensor / pipeline sizes and virtual stages per rank it was saved with (ranks 0)
+  ShardCoords sizes;  // tensor / pipeline / expert sizes and virtual stages per rank it was saved with (ranks 0)
   int shards = 1;              // optimizer shards per (pp, tp) rank
   std::vector<std::pair<std::string, Shape>> layout;  // the full (tp 1) model, in order
   nlohmann::json config;                              // the resolved config (null if absent)

@@ -49,9 +49,12 @@ int64_t meta_int(const std::map<std::string, std::string>& meta, const char* key
 // Optional identity fields (written since checksums were added): a shard
 // renamed or copied to another rank's name is refused.
 void check_identity(const std::map<std::string, std::string>& meta, const std::string& file, int rank, int world,
-                    int tp_rank, int pp_rank) {
-  const std::pair<const char*, int> want[] = {{"rank", rank}, {"world", world}, {"tp_rank", tp_rank},
-                                              {"pp_rank", pp_rank}};
+                    const ShardCoords& at) {
+  const std::pair<const char*, int> want[] = {{"rank", rank},
+                                              {"world", world},
+                                              {"tp_rank", at.tp_rank},
+                                              {"pp_rank", at.pp_rank},
+                                              {"ep_rank", at.ep_rank}};
   for (const auto& [key, value] : want) {
     if (!meta.count(key)) continue;
     const int64_t got = meta_int(meta, key, 0, kMaxParallelSize, file);
@@ -195,13 +198,14 @@ void check_saved_states(const SavedStep& s, const OptimizerStates& want, const s
                 state_names(saved), state_names(want));
 }
 
-int64_t read_state_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t local_total, int64_t begin,
-                         int64_t end, OptimizerStates& state) {
+int64_t read_state_range(const SavedStep& s, const ShardCoords& at, int64_t local_total, int64_t begin, int64_t end,
+                         OptimizerStates& state) {
+  const int tp_rank = at.tp_rank, pp_rank = at.pp_rank;
   for (OptimizerStateTensor& t : state) t.t = Tensor::zeros({end - begin}, DType::F32);
   std::vector<std::pair<int64_t, int64_t>> ranges;  // every shard's [b, e), to check they tile [0, total)
   int64_t opt_step = 0;
   for (int r = 0; r < s.shards; ++r) {
-    const std::string name = optimizer_shard_name(r, s.shards, s.sizes.at(tp_rank, pp_rank));
+    const std::string name = optimizer_shard_name(r, s.shards, at);
     const fs::path f = s.dir / name;
     DS_USER_CHECK(fs::exists(f), "checkpoint '{}': optimizer shard '{}' is missing", s.dir.string(), name);
     SafetensorsFile sf = SafetensorsFile::open(f.string());
@@ -212,7 +216,7 @@ int64_t read_state_range(const SavedStep& s, int tp_rank, int pp_rank, int64_t l
     const int64_t b = meta_int(meta, "begin", 0, total, f.string());
     const int64_t e = meta_int(meta, "end", b, total, f.string());
     opt_step = meta_int(meta, "step", 0, INT64_MAX, f.string());
-    check_identity(meta, f.string(), r, s.shards, tp_rank, pp_rank);
+    check_identity(meta, f.string(), r, s.shards, at);
     ranges.emplace_back(b, e);
     const int64_t lo = std::max(b, begin), hi = std::min(e, end);
     if (lo >= hi) {  // not read: its header is checked, its data is left to the ranks that read it

@@ -13,7 +13,9 @@ std::string step_dir_name(int64_t iteration);
 // Optimizer shard file name of ZeRO shard `rank` of `world` of model shard s:
 // optim_rankRRRRR_of_WWWWW.safetensors (tp 1) or
 // optim_tpTT_rankRRRRR_of_WWWWW.safetensors; with pp > 1
-// optim_ppPP_tpTT_rankRRRRR_of_WWWWW.safetensors.
+// optim_ppPP_tpTT_rankRRRRR_of_WWWWW.safetensors; with expert parallelism
+// (ep > 1: each expert-parallel rank's state holds its own experts)
+// optim_ppPP_tpTT_epEE_rankRRRRR_of_WWWWW.safetensors.
 std::string optimizer_shard_name(int rank, int world, const ShardCoords& s = {});
 
 }  // namespace ds
