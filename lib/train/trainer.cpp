@@ -34,6 +34,14 @@ RecomputeConfig recompute_config(const ParallelConfig& p) {
   return r;
 }
 
+// Experts each expert-parallel rank holds, per MoE layer (the layers' counts / EP).
+std::vector<int> expert_blocks(const std::vector<int>& experts_per_layer, int ep) {
+  std::vector<int> out;
+  for (int e : experts_per_layer)
+    if (e > 1) out.push_back(e / ep);
+  return out;
+}
+
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
@@ -74,7 +82,8 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   if (!cfg_.ckpt.init_from.empty())  // the weights' header against the model, before the model is allocated
     check_hf_weights(cfg_.model, full_layout_, cfg_.ckpt.init_from, "the model config");
   const TpComm tp{shard_.tp > 1 ? comms_.tp : nullptr, shard_.tp, shard_.tp_rank, cfg_.parallel.sequence_parallel};
-  const PipeStage stage{shard_.pp, shard_.pp_rank, shard_.vp};
+  const PipeStage stage{shard_.pp, shard_.pp_rank, shard_.vp,
+                        EpComm{shard_.ep > 1 ? comms_.ep : nullptr, shard_.ep, shard_.ep_rank}};
   const ModelLayout local = build_layout(cfg_.model, shard_);
   // DeepSpeed folds Ulysses into data parallelism: gradients are reduced and
   // ZeRO partitions over the sequence-data-parallel group (SP x DP).
@@ -99,6 +108,17 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   opt_->set_timeline(&timeline_);
   if (shard_.tp > 1 || shard_.pp > 1)  // each parameter counted once over the model-parallel (tp x pp) ranks
     opt_->set_norm_counted(norm_counted_ranges(local));
+  if (shard_.ep > 1) {  // the experts group's gradients are summed over the expert-data-parallel ranks
+    std::vector<Range> experts;
+    for (const ParamSpec& p : local.params) {
+      if (!local.groups[static_cast<size_t>(p.group)].reduces_over(ParallelAxis::ExpertData)) continue;
+      if (!experts.empty() && experts.back().end == p.offset)
+        experts.back().end += p.numel;
+      else
+        experts.push_back({p.offset, p.offset + p.numel});
+    }
+    opt_->set_expert_reduce(std::move(experts), comms_.edp);
+  }
   if (shard_.pp > 1) {
     pipe_ = std::make_unique<PipelineExecutor>(*model_, *comms_.pp, static_cast<int>(cfg_.batch.grad_accum_steps),
                                                comms_.pp_grad, cfg_.zero.overlap_comm);
@@ -151,6 +171,11 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
            full_layout_.total - inactive_expert_params(full_layout_, m.topk), m.train_capacity_factor,
            m.eval_capacity_factor, m.min_capacity, m.drop_tokens ? "dropping tokens" : "dropless", m.loss_coeff);
   }
+  if (moe_ && shard_.ep > 1)
+    DS_LOG("expert parallel: {} ranks, this rank holds block {} of each MoE layer's experts ({} per MoE "
+           "layer); expert gradients reduce over {} expert-data-parallel ranks",
+           shard_.ep, shard_.ep_rank, fmt::join(expert_blocks(model_->dims().experts, shard_.ep), ","),
+           comms_.grid.edp);
   if (shard_.tp > 1)
     DS_LOG("tensor parallel: {} ranks, this rank holds {} of the model's {} parameters ({} heads, vocab rows "
            "[{}, {}))",
@@ -656,7 +681,10 @@ void Trainer::save() {
   // What killed saves left is removed before any rank writes (a pid names a process on rank 0's host only).
   if (comms_.grid.rank == 0) remove_stale_temporaries(cfg_.ckpt.save_dir);
   comms_.world->barrier();
-  if (sharded || sdp_rank_ == 0) write_checkpoint_files(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
+  // Expert parallelism (stage 0): each rank of the first expert-parallel
+  // group writes its experts' state.
+  const bool writes = sharded || sdp_rank_ == 0 || (shard_.ep > 1 && comms_.grid.edp_rank == 0);
+  if (writes) write_checkpoint_files(cfg_.ckpt.save_dir, state_, d, cfg_.resolved);
   if (comms_.grid.rank != 0)
     for (const std::string& name : model_file_order(full_layout_)) stream.next(name);
   comms_.world->barrier();

@@ -6,7 +6,9 @@
 // same micro-batches (2 samples each). Top-1 keeps DeepSpeed's random token
 // selection on: its draws are keyed by the micro-batch's first sample, so the
 // layouts draw the same. A run saved and resumed is the uninterrupted curve;
-// bad flag combinations are one line naming the flags.
+// bad flag combinations are one line naming the flags. Expert parallelism
+// (EP2, EP4; with TP2 and PP2) reproduces the same curve, and its
+// checkpoints load into other expert-parallel sizes.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -116,6 +118,82 @@ TEST_CASE("MoE top-1 with random token selection and dropless top-2: DP2 equals 
   REQUIRE(lm.size() == kIters - 4);
   const Run whole = run("moe_whole", 2, 2, 1, dropless);
   for (size_t i = 0; i < lm.size(); ++i) REQUIRE(lm[i] == whole.lm[i + 4]);  // bit-exact
+}
+
+// Expert parallelism: the experts of each layer split over EP data-parallel
+// ranks, tokens exchanged by all-to-all, expert gradients summed over the
+// expert-data-parallel ranks. Every layout runs micro-batches of 2 samples
+// (the gate sees the same tokens), so all reproduce the single-process curve.
+TEST_CASE("Expert parallelism: EP2 and EP4, with TP2 and PP2, reproduce the single-process curve") {
+  const std::vector<std::string> top2 = {"--topk", "2", "--disable-moe-top2-2nd-expert-sampling"};
+  auto ep = [&](const char* n) {
+    std::vector<std::string> a = top2;
+    a.insert(a.end(), {"--moe-expert-parallel-size", n});
+    return a;
+  };
+  const Run single = run("ep_single", 1, 0, 1, top2);
+  {
+    INFO("DP2 EP2");
+    same_run(single, run("ep_dp2_ep2", 2, 0, 1, ep("2")));
+  }
+  {
+    INFO("DP4 EP2 (two expert-data-parallel ranks per expert)");
+    same_run(single, run("ep_dp4_ep2", 4, 0, 1, ep("2")));
+  }
+  {
+    INFO("DP4 EP4 (one expert per rank)");
+    same_run(single, run("ep_dp4_ep4", 4, 0, 1, ep("4")));
+  }
+  {
+    INFO("TP2 DP2 EP2");
+    same_run(single, run("ep_tp2_ep2", 4, 0, 2, ep("2")));
+  }
+  {
+    INFO("PP2 DP2 EP2");
+    same_run(single, run("ep_pp2_ep2", 4, 0, 1, ep("2"), 2));
+  }
+  // Dropless: the expert-parallel ranks agree on the largest load.
+  const std::vector<std::string> dropless = {"--topk", "2", "--disable-moe-token-dropping"};
+  std::vector<std::string> dropless_ep = dropless;
+  dropless_ep.insert(dropless_ep.end(), {"--moe-expert-parallel-size", "2"});
+  const Run d1 = run("ep_dropless_single", 1, 0, 1, dropless);
+  same_run(d1, run("ep_dropless_dp2_ep2", 2, 0, 1, dropless_ep));
+}
+
+// A checkpoint written with EP2 holds the full model and one optimizer file
+// per expert-parallel rank; it resumes at EP2, and loads (reshaped) at EP1
+// and EP4, each continuing the uninterrupted curve.
+TEST_CASE("Expert-parallel checkpoints resume and load into other expert-parallel sizes") {
+  const std::vector<std::string> top2 = {"--topk", "2", "--disable-moe-top2-2nd-expert-sampling"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = top2;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const Run whole = run("epck_whole", 2, 0, 1, with({"--moe-expert-parallel-size", "2"}));
+  const std::string ck = dist_data().dir + "/ckpt_moe_ep";
+  fs::remove_all(ck);
+  std::vector<double> lm;
+  std::string log;
+  REQUIRE(run_with_config("epck_first", 2, 2, 0,
+                          moe_args(1, with({"--moe-expert-parallel-size", "2", "--save", ck, "--save-interval", "4",
+                                            "--exit-interval", "4"})),
+                          &lm, &log)
+              .empty());
+  REQUIRE(lm.size() == 4);
+  REQUIRE(fs::exists(ck + "/global_step4/optim_pp00_tp00_ep01_rank00000_of_00001.safetensors"));
+  struct Target {
+    const char* name;
+    int world;
+    const char* ep;
+  };
+  for (const Target& t : {Target{"epck_ep2", 2, "2"}, Target{"epck_ep1", 2, "1"}, Target{"epck_ep4", 4, "4"}}) {
+    INFO(t.name);
+    const auto args = moe_args(1, with({"--moe-expert-parallel-size", t.ep, "--load", ck}));
+    REQUIRE(run_with_config(t.name, t.world, 2, 0, args, &lm, &log).empty());
+    REQUIRE(lm.size() == kIters - 4);
+    require_same_curve(whole.lm, lm, 4);
+  }
 }
 
 // PR-MoE (--mlp-type residual) with a different expert count per MoE layer,

@@ -5,14 +5,16 @@
 # (deepspeed pretrain_gpt.py -> dsrun dstrain), the model size (2 layers,
 # hidden 64, seq 64, 8 experts instead of 64), the duration (tokens,
 # intervals) and the paths (a generated corpus and its BPE tokenizer) differ.
-# The cluster discovery (nvidia-smi, ds_ssh) becomes one local CPU rank, so
-# the script's EP_PARALLEL_SIZE = min(EP_SIZE, NUM_GPUS) is 1 (expert
-# parallelism is not implemented yet, docs/moe.md).
+# The cluster discovery (nvidia-smi, ds_ssh) becomes two local CPU ranks, so
+# the script's EP_PARALLEL_SIZE = min(EP_SIZE, NUM_GPUS) is 2: each rank holds
+# 4 of the 8 experts (docs/moe.md).
 #   moe_gpt_125m.sh BUILD_DIR
 # Checks: the run trains the expected iterations (MoE on every second layer,
-# fp16 with the dynamic loss scale, activation checkpointing) with falling
-# lm loss and a logged moe loss, writes TensorBoard events with the moe loss
-# and a checkpoint, and a second run of the same script resumes from it.
+# expert parallelism over both ranks, fp16 with the dynamic loss scale,
+# activation checkpointing) with falling lm loss and a logged moe loss, writes
+# TensorBoard events with the moe loss and a checkpoint with one optimizer
+# shard per expert-parallel rank, and a second run of the same script resumes
+# from it.
 set -euo pipefail
 source "$(dirname "$0")/script_util.sh"
 setup_run "$1" moe_gpt_125m
@@ -31,8 +33,8 @@ LR_DECAY_TOKENS=${TRAIN_TOKENS}
 BATCH_SIZE=4
 MP_SIZE=1
 PP_SIZE=1
-NUM_GPUS=1
-NUM_GPUS_PERNODE=1
+NUM_GPUS=2
+NUM_GPUS_PERNODE=2
 NUM_NODE=$(( ${NUM_GPUS} / ${NUM_GPUS_PERNODE} ))
 EP_SIZE=8
 if [[ $EP_SIZE -gt $NUM_GPUS ]]; then
@@ -216,10 +218,16 @@ iters=$(( TRAIN_TOKENS / GLOBAL_BATCH_SIZE / SEQ_LEN ))
 check_trained "${log1}" ${iters} ${iters}
 check_loss_falls "${log1}"
 grep -q "mixture of experts: 1 MoE layers (every 2), experts 8, top-1" "${log1}" || fail "no MoE start-up line" "${log1}"
+grep -q "expert parallel: 2 ranks, this rank holds block 0 of each MoE layer's experts (4 per MoE layer)" "${log1}" ||
+  fail "no expert-parallel start-up line" "${log1}"
 grep -qE "moe loss: [0-9.]+E[-+][0-9]+" "${log1}" || fail "no moe loss in the iteration lines" "${log1}"
 ls "${TENSORBOARD_DIR}"/events.out.tfevents.* >/dev/null 2>&1 || fail "no TensorBoard event file in ${TENSORBOARD_DIR}" "${log1}"
 grep -qa "moe loss" "${TENSORBOARD_DIR}"/events.out.tfevents.* || fail "no moe loss in the TensorBoard events" "${log1}"
 [[ "$(cat "${CHECKPOINT_PATH}/latest")" == "global_step${iters}" ]] || fail "latest is not global_step${iters}" "${log1}"
+for ep in 00 01; do
+  ls "${CHECKPOINT_PATH}/global_step${iters}/"optim_pp00_tp00_ep${ep}_rank00000_of_00001.* >/dev/null 2>&1 ||
+    fail "no optimizer shard of expert-parallel rank ${ep} in global_step${iters}" "${log1}"
+done
 
 # The same script again with twice the tokens: it resumes from the checkpoint.
 TRAIN_TOKENS=$(( 2 * TRAIN_TOKENS ))
@@ -228,4 +236,4 @@ log2="${OUTPUT_BASEPATH}/log/${NAME}_run2.log"
 ${DSRUN} --num_gpus ${NUM_GPUS} ${DSTRAIN} ${megatron_options} ${data_options} ${deepspeed_options} &>> ${log2} ||
   fail "resumed run exited $?" "${log2}"
 check_trained "${log2}" $(( iters + LOG_INTERVAL )) $(( 2 * iters ))
-echo "PASS: 125M-MoE64 flags: ${iters} iterations, loss falls, moe loss logged, resumed to $(( 2 * iters ))"
+echo "PASS: 125M-MoE64 flags on 2 ranks with EP2: ${iters} iterations, loss falls, moe loss logged, resumed to $(( 2 * iters ))"
