@@ -165,9 +165,10 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
     const MoeConfig& m = cfg_.model.moe;
     int moe_layers = 0;
     for (int e : model_->dims().experts) moe_layers += e > 1 ? 1 : 0;
-    DS_LOG("mixture of experts: {} MoE layers (every {}), experts {}, top-{}, {} parameters active per token; "
+    DS_LOG("mixture of experts: {} MoE layers (every {}{}), experts {}, top-{}, {} parameters active per token; "
            "capacity factor {} (eval {}), min capacity {}, {}; loss coefficient {}",
-           moe_layers, m.expert_interval, fmt::join(m.num_experts, ","), m.topk,
+           moe_layers, m.expert_interval, m.residual ? ", PR-MoE: a dense MLP beside the experts" : "",
+           fmt::join(m.num_experts, ","), m.topk,
            full_layout_.total - inactive_expert_params(full_layout_, m.topk), m.train_capacity_factor,
            m.eval_capacity_factor, m.min_capacity, m.drop_tokens ? "dropping tokens" : "dropless", m.loss_coeff);
   }

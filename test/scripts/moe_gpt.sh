@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Megatron-DeepSpeed's examples_deepspeed/MoE/ds_pretrain_gpt_125M_MoE64.sh run
-# through dsrun + dstrain. Its variables, the expert-parallel rule and the
-# option strings are kept as the script has them; only the launcher line
-# (deepspeed pretrain_gpt.py -> dsrun dstrain), the model size (2 layers,
-# hidden 64, seq 64, 8 experts instead of 64), the duration (tokens,
-# intervals) and the paths (a generated corpus and its BPE tokenizer) differ.
-# The cluster discovery (nvidia-smi, ds_ssh) becomes two local CPU ranks, so
-# the script's EP_PARALLEL_SIZE = min(EP_SIZE, NUM_GPUS) is 2: each rank holds
-# 4 of the 8 experts (docs/moe.md).
-#   moe_gpt_125m.sh BUILD_DIR
+# Megatron-DeepSpeed's examples_deepspeed/MoE/ scripts run through dsrun +
+# dstrain. Their variables, the expert-parallel rule and the option strings
+# are kept as the scripts have them; only the launcher line (deepspeed
+# pretrain_gpt.py -> dsrun dstrain), the model size (hidden 64, seq 64, 2 or 4
+# layers, fewer experts), the duration (tokens, intervals), the learning rates
+# (x10, and x30 for the 1.3B one's smaller rate, for the short run) and the paths (a generated corpus and its BPE
+# tokenizer) differ. The cluster discovery (nvidia-smi, ds_ssh, NUM_GPUS=64)
+# becomes two local CPU ranks, so each script's expert-parallel size
+# (min(EP_SIZE, NUM_GPUS), or NUM_GPUS for PR-MoE) is 2 (docs/moe.md).
+#   moe_gpt.sh BUILD_DIR SCRIPT
+# SCRIPT: 125M_MoE64 (ds_pretrain_gpt_125M_MoE64.sh, 8 experts for 64),
+# 1.3B_MoE128 (the same script with other sizes: micro-batch 8, 16 experts
+# for 128) or 350M_PR-MoE32or64 (PR-MoE: --mlp-type residual, per-layer
+# expert counts "4 8" for ten 32s and two 64s; its "EP_SIZE -gt 1" tests read
+# the first count).
 # Checks: the run trains the expected iterations (MoE on every second layer,
 # expert parallelism over both ranks, fp16 with the dynamic loss scale,
 # activation checkpointing) with falling lm loss and a logged moe loss, writes
@@ -17,11 +22,14 @@
 # from it.
 set -euo pipefail
 source "$(dirname "$0")/script_util.sh"
-setup_run "$1" moe_gpt_125m
+VARIANT="$2"
+case "$VARIANT" in 125M_MoE64 | 1.3B_MoE128 | 350M_PR-MoE32or64) ;; *) fail "unknown script $VARIANT" ;; esac
+setup_run "$1" "moe_gpt_${VARIANT}"
 
 SEQ_LEN=64
 MODEL_SIZE=0.125
 NUM_LAYERS=2
+[[ $VARIANT == 350M_PR-MoE32or64 ]] && NUM_LAYERS=4
 HIDDEN_SIZE=64
 NUM_ATTN_HEADS=4
 GLOBAL_BATCH_SIZE=16
@@ -37,14 +45,32 @@ NUM_GPUS=2
 NUM_GPUS_PERNODE=2
 NUM_NODE=$(( ${NUM_GPUS} / ${NUM_GPUS_PERNODE} ))
 EP_SIZE=8
-if [[ $EP_SIZE -gt $NUM_GPUS ]]; then
+if [[ $VARIANT == 1.3B_MoE128 ]]; then
+    MODEL_SIZE=1.3
+    BATCH_SIZE=8
+    EP_SIZE=16
+fi
+if [[ $VARIANT == 350M_PR-MoE32or64 ]]; then
+    MODEL_SIZE=0.35
+    EP_SIZE="4 8"
+    EP_PARALLEL_SIZE=$NUM_GPUS
+elif [[ $EP_SIZE -gt $NUM_GPUS ]]; then
     EP_PARALLEL_SIZE=$NUM_GPUS
 else
     EP_PARALLEL_SIZE=$EP_SIZE
 fi
 LR=4.5e-3
 MIN_LR=4.5e-05
+if [[ $VARIANT == 1.3B_MoE128 ]]; then
+    LR=3.6e-3
+    MIN_LR=3.0e-5
+elif [[ $VARIANT == 350M_PR-MoE32or64 ]]; then
+    LR=3.0e-3
+    MIN_LR=1.0e-05
+fi
 MLC=0.01
+MLP_TYPE=""
+[[ $VARIANT == 350M_PR-MoE32or64 ]] && MLP_TYPE="--mlp-type residual"
 MOE_TRAIN_CAP_FACTOR=1.0
 MOE_EVAL_CAP_FACTOR=1.0
 MOE_MIN_CAP=4
@@ -58,7 +84,9 @@ INIT_STD=0.014
 ACTIVATION_CHECKPOINT="true"
 host="${HOSTNAME:-localhost}"
 NAME="gpt-${MODEL_SIZE}B-lr-${LR}-minlr-${MIN_LR}-bs-${GLOBAL_BATCH_SIZE}-gpus-${NUM_GPUS}-mp-${MP_SIZE}-pp-${PP_SIZE}"
-if [[ $EP_SIZE -gt 1 ]]; then
+if [[ $VARIANT == 350M_PR-MoE32or64 ]]; then
+    NAME="${NAME}-ep-pyramid-4+8-mlc-${MLC}-cap-${MOE_TRAIN_CAP_FACTOR}-drop-${MOE_DROP_TOKEN}"
+elif [[ ${EP_SIZE%% *} -gt 1 ]]; then
     NAME="${NAME}-ep-${EP_SIZE}-mlc-${MLC}-cap-${MOE_TRAIN_CAP_FACTOR}-drop-${MOE_DROP_TOKEN}"
 fi
 OUTPUT_BASEPATH=${WORK}/output
@@ -86,6 +114,7 @@ megatron_options=" \
         --moe-expert-parallel-size ${EP_PARALLEL_SIZE} \
         --num-experts ${EP_SIZE} \
         --moe-loss-coeff ${MLC} \
+        ${MLP_TYPE} \
         --moe-train-capacity-factor ${MOE_TRAIN_CAP_FACTOR} \
         --moe-eval-capacity-factor ${MOE_EVAL_CAP_FACTOR} \
         --moe-min-capacity ${MOE_MIN_CAP} \
@@ -128,7 +157,7 @@ megatron_options="${megatron_options} \
         --checkpoint-activations"
 fi
 
-if [[ $EP_SIZE -gt 1 ]]; then
+if [[ ${EP_SIZE%% *} -gt 1 ]]; then
 megatron_options="${megatron_options} \
         --create-moe-param-group"
 fi
@@ -140,46 +169,7 @@ fi
 
 # The repository's ds_config_gpt_TEMPLATE.json (MoE folder), filled in by the same sed lines.
 template_json="${WORK}/ds_config_gpt_TEMPLATE.json"
-cat > "${template_json}" <<'JSON'
-{
-  "train_batch_size" : CONFIG_BATCH_SIZE,
-  "train_micro_batch_size_per_gpu": CONFIG_MBSIZE,
-  "steps_per_print": LOG_INTERVAL,
-
-  "zero_optimization": {
-    "stage": ZERO_STAGE
-  },
-
-  "gradient_clipping": 1.0,
-  "prescale_gradients": PRESCALE_GRAD,
-
-  "fp16": {
-    "enabled": CONFIG_FP16_ENABLED,
-    "loss_scale": 0,
-    "loss_scale_window": 500,
-    "hysteresis": 2,
-    "min_loss_scale": 1,
-    "initial_scale_power": 11
-  },
-
-  "bf16": {
-    "enabled": CONFIG_BF16_ENABLED
-  },
-  "curriculum_learning": {
-    "enabled": CONFIG_CL_ENABLED,
-    "curriculum_type": "seqlen",
-    "min_difficulty": CONFIG_CL_MIN,
-    "max_difficulty": CONFIG_CL_MAX,
-    "schedule_type": "fixed_linear",
-    "schedule_config": {
-      "total_curriculum_step": CONFIG_CL_DURATION,
-      "difficulty_step": 8
-    }
-  },
-
-  "wall_clock_breakdown" : false
-}
-JSON
+write_moe_config_template "${template_json}"
 CL_START_SEQLEN=16
 CL_STEP=10
 config_json="${WORK}/ds_config_gpt_${NAME}.json"
@@ -201,7 +191,7 @@ deepspeed_options=" \
 		    --deepspeed_config ${config_json} \
 		    --pipeline-model-parallel-size ${PP_SIZE}"
 
-if [[ $EP_SIZE -gt 1 ]]; then
+if [[ ${EP_SIZE%% *} -gt 1 ]]; then
 deepspeed_options="${deepspeed_options} \
         --no-pipeline-parallel"
 fi
@@ -217,9 +207,15 @@ ${DSRUN} --num_gpus ${NUM_GPUS} ${DSTRAIN} ${megatron_options} ${data_options} $
 iters=$(( TRAIN_TOKENS / GLOBAL_BATCH_SIZE / SEQ_LEN ))
 check_trained "${log1}" ${iters} ${iters}
 check_loss_falls "${log1}"
-grep -q "mixture of experts: 1 MoE layers (every 2), experts 8, top-1" "${log1}" || fail "no MoE start-up line" "${log1}"
-grep -q "expert parallel: 2 ranks, this rank holds block 0 of each MoE layer's experts (4 per MoE layer)" "${log1}" ||
-  fail "no expert-parallel start-up line" "${log1}"
+if [[ $VARIANT == 350M_PR-MoE32or64 ]]; then
+  moe_line="mixture of experts: 2 MoE layers (every 2, PR-MoE: a dense MLP beside the experts), experts 4,8, top-1"
+  ep_line="expert parallel: 2 ranks, this rank holds block 0 of each MoE layer's experts (2,4 per MoE layer)"
+else
+  moe_line="mixture of experts: 1 MoE layers (every 2), experts ${EP_SIZE}, top-1"
+  ep_line="expert parallel: 2 ranks, this rank holds block 0 of each MoE layer's experts ($(( EP_SIZE / 2 )) per MoE layer)"
+fi
+grep -qF "${moe_line}" "${log1}" || fail "no MoE start-up line" "${log1}"
+grep -qF "${ep_line}" "${log1}" || fail "no expert-parallel start-up line" "${log1}"
 grep -qE "moe loss: [0-9.]+E[-+][0-9]+" "${log1}" || fail "no moe loss in the iteration lines" "${log1}"
 ls "${TENSORBOARD_DIR}"/events.out.tfevents.* >/dev/null 2>&1 || fail "no TensorBoard event file in ${TENSORBOARD_DIR}" "${log1}"
 grep -qa "moe loss" "${TENSORBOARD_DIR}"/events.out.tfevents.* || fail "no moe loss in the TensorBoard events" "${log1}"
@@ -236,4 +232,4 @@ log2="${OUTPUT_BASEPATH}/log/${NAME}_run2.log"
 ${DSRUN} --num_gpus ${NUM_GPUS} ${DSTRAIN} ${megatron_options} ${data_options} ${deepspeed_options} &>> ${log2} ||
   fail "resumed run exited $?" "${log2}"
 check_trained "${log2}" $(( iters + LOG_INTERVAL )) $(( 2 * iters ))
-echo "PASS: 125M-MoE64 flags on 2 ranks with EP2: ${iters} iterations, loss falls, moe loss logged, resumed to $(( 2 * iters ))"
+echo "PASS: ${VARIANT} flags on 2 ranks with EP2: ${iters} iterations, loss falls, moe loss logged, resumed to $(( 2 * iters ))"
