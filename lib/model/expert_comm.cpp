@@ -38,12 +38,18 @@ void pack(const Dims& d, int ep, const Tensor& from_ranks, const Tensor& by_loca
   }
 }
 
+void all_to_all(const EpComm& ep, const char* what, const Tensor& send, const Tensor& recv) {
+  const EpComm::Clock::time_point t0 = EpComm::Clock::now();
+  ep.comm->all_to_all(send, recv);
+  if (ep.trace) ep.trace(what, t0, EpComm::Clock::now());
+}
+
 }  // namespace
 
 void experts_scatter(const EpComm& ep, const Tensor& by_expert, const Tensor& scratch, const Tensor& by_local) {
   const Dims d = dims_of(ep, by_expert, scratch, by_local);
   const Tensor recv = scratch.view(0, {by_expert.numel()});
-  ep.comm->all_to_all(by_expert.view(0, {by_expert.numel()}), recv);
+  all_to_all(ep, "expert all_to_all (to the experts)", by_expert.view(0, {by_expert.numel()}), recv);
   pack(d, ep.size, recv, by_local, true);
 }
 
@@ -51,7 +57,7 @@ void experts_gather(const EpComm& ep, const Tensor& by_local, const Tensor& scra
   const Dims d = dims_of(ep, by_expert, scratch, by_local);
   const Tensor send = scratch.view(0, {by_expert.numel()});
   pack(d, ep.size, send, by_local, false);
-  ep.comm->all_to_all(send, by_expert.view(0, {by_expert.numel()}));
+  all_to_all(ep, "expert all_to_all (from the experts)", send, by_expert.view(0, {by_expert.numel()}));
 }
 
 }  // namespace ds

@@ -8,6 +8,9 @@
 // outputs to the ranks the tokens came from, in the (E, R, C) order the
 // combine reads. With EP = 1 nothing moves (the caller uses one buffer).
 #pragma once
+#include <chrono>
+#include <functional>
+
 #include "lib/comm/communicator.h"
 #include "lib/core/tensor.h"
 
@@ -16,6 +19,10 @@ namespace ds {
 struct EpComm {
   Communicator* comm = nullptr;  // not owned; null when size == 1
   int size = 1, rank = 0;
+  // Called after each all-to-all with its name and host times (the trainer's
+  // --profile timeline); may be empty. On a GPU the times are the enqueue's.
+  using Clock = std::chrono::steady_clock;
+  std::function<void(const char* what, Clock::time_point begin, Clock::time_point end)> trace;
   bool active() const { return size > 1; }
 };
 

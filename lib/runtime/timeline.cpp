@@ -1,14 +1,17 @@
 // Timeline of compute and communication spans (see timeline.h).
 #include "lib/runtime/timeline.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include "lib/core/error.h"
 
 namespace ds {
 
-double Timeline::now_us() const {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - epoch_).count();
+double Timeline::now_us() const { return us(std::chrono::steady_clock::now()); }
+
+double Timeline::us(std::chrono::steady_clock::time_point t) const {
+  return std::chrono::duration<double, std::micro>(t - epoch_).count();
 }
 
 void Timeline::add(Event e) {
@@ -29,6 +32,9 @@ void Timeline::clear() {
 
 void Timeline::write_chrome_trace(const std::string& path, int rank) {
   std::vector<Event> ev = events();
+  std::error_code ec;  // the folder is made if missing; a failure shows as the open's
+  if (const std::filesystem::path dir = std::filesystem::path(path).parent_path(); !dir.empty())
+    std::filesystem::create_directories(dir, ec);
   std::ofstream f(path);
   DS_USER_CHECK(f.good(), "--profile: cannot write the timeline file '{}'", path);
   f << "{\"traceEvents\": [\n";

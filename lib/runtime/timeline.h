@@ -26,6 +26,7 @@ class Timeline {
   void enable(bool on) { on_ = on; }
   bool enabled() const { return on_; }
   double now_us() const;
+  double us(std::chrono::steady_clock::time_point t) const;  // t since the epoch
   void add(Event e);
   std::vector<Event> events();
   void clear();

@@ -82,8 +82,11 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   if (!cfg_.ckpt.init_from.empty())  // the weights' header against the model, before the model is allocated
     check_hf_weights(cfg_.model, full_layout_, cfg_.ckpt.init_from, "the model config");
   const TpComm tp{shard_.tp > 1 ? comms_.tp : nullptr, shard_.tp, shard_.tp_rank, cfg_.parallel.sequence_parallel};
-  const PipeStage stage{shard_.pp, shard_.pp_rank, shard_.vp,
-                        EpComm{shard_.ep > 1 ? comms_.ep : nullptr, shard_.ep, shard_.ep_rank}};
+  EpComm ep{shard_.ep > 1 ? comms_.ep : nullptr, shard_.ep, shard_.ep_rank};
+  ep.trace = [this](const char* what, EpComm::Clock::time_point b, EpComm::Clock::time_point e) {
+    if (timeline_.enabled()) timeline_.add({what, "comm", 0, timeline_.us(b), timeline_.us(b), timeline_.us(e)});
+  };
+  const PipeStage stage{shard_.pp, shard_.pp_rank, shard_.vp, ep};
   const ModelLayout local = build_layout(cfg_.model, shard_);
   // DeepSpeed folds Ulysses into data parallelism: gradients are reduced and
   // ZeRO partitions over the sequence-data-parallel group (SP x DP).
@@ -529,8 +532,19 @@ float Trainer::profiled_step() {
   timeline_.enable(false);
   const std::string path = fmt::format("{}/timeline_rank{}.json", cfg_.log.profile_dir, comms_.grid.rank);
   timeline_.write_chrome_trace(path, comms_.grid.rank);
-  int n_comm = 0;
-  for (const Timeline::Event& e : timeline_.events()) n_comm += e.cat == "comm" ? 1 : 0;
+  int n_comm = 0, n_a2a = 0;
+  double a2a_us = 0;
+  for (const Timeline::Event& e : timeline_.events()) {
+    if (e.name.starts_with("expert all_to_all")) {
+      n_a2a += 1;
+      a2a_us += e.end_us - e.begin_us;
+    } else {
+      n_comm += e.cat == "comm" ? 1 : 0;
+    }
+  }
+  if (n_a2a > 0)
+    DS_LOG("profile: iteration {}: {} expert all-to-alls took {:.1f} ms of the step's {:.1f} ms ({:.1f}%)",
+           state_.iteration, n_a2a, a2a_us / 1e3, (t1 - t0) / 1e3, 100.0 * a2a_us / (t1 - t0));
   DS_LOG("profile: iteration {}: {} host synchronisations in the step{} ({}), {} overlapped gradient collectives "
          "(overlap_comm {}); timeline in {}", state_.iteration, n, graph_replays_ > replays ? " (a CUDA graph replay)" : "",
          dev_.is_cuda() ? "device/stream synchronisations, blocking copies and communication polls"

@@ -137,6 +137,23 @@ TEST_CASE("Expert parallelism: EP2 and EP4, with TP2 and PP2, reproduce the sing
     same_run(single, run("ep_dp2_ep2", 2, 0, 1, ep("2")));
   }
   {
+    INFO("DP2 EP2 with --profile: the same curve, and the step's all-to-alls are timed");
+    std::vector<std::string> a = ep("2");
+    a.insert(a.end(), {"--profile", "--profile-dir", dist_data().dir + "/ep_profile"});
+    std::vector<double> lm;
+    std::string log;
+    const std::string err = run_with_config("ep_dp2_ep2_profile", 2, 2, 0, moe_args(1, a), &lm, &log);
+    INFO(err);
+    REQUIRE(err.empty());
+    require_same_curve(single.lm, lm);
+    // 2 micro-batches (8 samples, 2 per micro-batch, 2 ranks) x 2 MoE layers x one
+    // all-to-all each way in the forward and in the backward
+    const std::regex line(R"(profile: iteration \d+: (\d+) expert all-to-alls took [0-9.]+ ms of the step)");
+    std::smatch m;
+    REQUIRE(std::regex_search(log, m, line));
+    CHECK(std::stoi(m[1]) == 16);
+  }
+  {
     INFO("DP4 EP2 (two expert-data-parallel ranks per expert)");
     same_run(single, run("ep_dp4_ep2", 4, 0, 1, ep("2")));
   }
