@@ -168,7 +168,7 @@ void validate_moe_model(const ModelConfig& cfg) {
 }
 
 // The layouts MoE runs in today (docs/moe.md): DP, ZeRO 0-3, pipeline
-// parallelism and TP without sequence parallelism; expert parallelism (EP >
+// parallelism, TP with and without sequence parallelism; expert parallelism (EP >
 // 1) with ZeRO stage 0 and no optimizer offload so far. The EP size was
 // checked against DP when the layout was derived (make_parallel_layout).
 void validate_moe_parallel(const TrainConfig& cfg) {
@@ -184,8 +184,6 @@ void validate_moe_parallel(const TrainConfig& cfg) {
                 "without optimizer offload so far (docs/moe.md)", ep);
   DS_USER_CHECK(p.sp == 1, "Mixture of Experts with DeepSpeed-Ulysses (ds_sequence_parallel_size {}) is not "
                 "implemented yet", p.sp);
-  DS_USER_CHECK(!p.sequence_parallel || p.tp == 1, "Mixture of Experts with --sequence-parallel is not "
-                "implemented yet");
   DS_USER_CHECK(!cfg.cuda_graph, "Mixture of Experts with --cuda-graph is not implemented yet");
 }
 

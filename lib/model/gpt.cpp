@@ -529,8 +529,7 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
   LayerActs& a = S().acts[l];
   const LayerParams& P = lp(l);
   if (P.is_moe()) {
-    moe_backward(l, a, dresid);
-    norm_backward(P.norm2, dresid, dnorm_, a.resid_mid, a.norm2_mean, a.norm2_rstd);
+    norm_backward(P.norm2, dresid, moe_backward(l, a, dresid), a.resid_mid, a.norm2_mean, a.norm2_rstd);
   } else {
     mlp_backward(l, a, dresid);
     norm_backward(P.norm2, dresid, enter_tp_backward(dnorm_), a.resid_mid, a.norm2_mean, a.norm2_rstd);

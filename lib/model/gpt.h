@@ -338,13 +338,20 @@ class GptModel {
   void mlp_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add);
   void mlp_backward(int l, LayerActs& a, const Tensor& dresid);
   // Mixture-of-Experts MLP (lib/model/moe_layer.cpp): the same contract as
-  // mlp_forward / mlp_backward; the experts are replicated over tp ranks, so
-  // no tp region is entered and the input gradient in dnorm_ is complete.
+  // mlp_forward; the experts are replicated over tp ranks, so no tp region is
+  // entered. With sequence parallelism every tp rank gathers the whole
+  // sequence, runs the MoE on all of it (the gate sees the micro-batch's
+  // tokens, as without SP) and keeps its shard of the output.
   void moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add);
   // The MoE MLP itself: y (N, C) = experts(x (N, C)), its activations in m;
   // seq: the positions per sample of x's rows (the gate's token order).
   void moe_mlp(int l, const Tensor& x, const Tensor& y, MoeActs& m, const DropoutKey& key, int64_t seq);
-  void moe_backward(int l, LayerActs& a, const Tensor& dresid);
+  // Returns the gradient of norm2_out (this rank's rows), complete: dnorm_,
+  // or with sequence parallelism this rank's shard of it (dnorm_sh_).
+  Tensor moe_backward(int l, LayerActs& a, const Tensor& dresid);
+  // The backward of moe_mlp: x, dy (N, C) its input and output gradient;
+  // writes the input gradient to dnorm_ (N, C).
+  void moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tensor& dy);
   void norm_forward(const NormParams& norm, const Tensor& out, const Tensor& mean,
                     const Tensor& rstd, const Tensor& inp);
   // sum = residual + dropout(inp), then the norm of sum into out: the fused
@@ -414,6 +421,7 @@ class GptModel {
   // Sequence-parallel scratch: full-sequence (N,C) tensor and permute buffer,
   // the sharded norm input gradient, per-rank norm weight gradients.
   Tensor sp_full_, sp_tmp_, dnorm_sh_, sp_dw_, sp_db_;
+  Tensor moe_full_;  // MoE layers: the full-sequence output (forward) / output gradient (backward)
   // Replicated kv heads (NKV < TP): this rank's qkv weight / bias gradient
   // (QKVl, C), (QKVl); the full-NKV k and v gradient exchange buffer.
   Tensor kv_dw_, kv_db_, kv_full_;

@@ -16,7 +16,7 @@
 namespace ds {
 
 void GptModel::alloc_sp_buffers(int64_t B, int64_t T) {
-  sp_full_ = sp_tmp_ = dnorm_sh_ = sp_dw_ = sp_db_ = Tensor();
+  sp_full_ = sp_tmp_ = dnorm_sh_ = sp_dw_ = sp_db_ = moe_full_ = Tensor();
   if (!tp_.sp()) return;
   const int64_t C = d_.C, N = B * T;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
@@ -26,6 +26,7 @@ void GptModel::alloc_sp_buffers(int64_t B, int64_t T) {
   dnorm_sh_ = act({B * local_seq(T), C});
   sp_dw_ = f32({C});
   sp_db_ = f32({C});
+  if (has_moe()) moe_full_ = act({N, C});
 }
 
 Tensor GptModel::enter_tp(const Tensor& x) {

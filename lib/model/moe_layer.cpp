@@ -17,6 +17,7 @@
 
 #include "lib/core/error.h"
 #include "lib/model/gpt.h"
+#include "lib/model/sequence_parallel.h"
 #include "lib/ops/ops.h"
 
 namespace ds {
@@ -194,7 +195,12 @@ void GptModel::moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add
   MoeActs& m = a.moe;
   const DropoutKey& key = S().key;
   const Tensor y2 = y.reshape({a.norm2_out.size(0), d_.C});
-  moe_mlp(l, a.norm2_out, y2, m, key, T_);
+  if (tp_.sp()) {  // the whole sequence through the MoE, then this rank's rows
+    moe_mlp(l, enter_tp(a.norm2_out), moe_full_, m, key, T_);
+    sp_take_shard(tp_, B_, moe_full_, y2);
+  } else {
+    moe_mlp(l, a.norm2_out, y2, m, key, T_);
+  }
   if (add == ResidualAdd::InLayer) dropout_add(y2, y2, a.resid_mid, hidden_dropout(l, DropoutSite::MlpOut));
   if (key.train && !recomputing_ && moe_sink_.defined() && moe_sink_weight_ != 0.f) {  // the step's "moe loss"
     ops::scale({.x = m.aux, .s = moe_sink_weight_}, stream_);
@@ -202,18 +208,33 @@ void GptModel::moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add
   }
 }
 
-// Down to dnorm_ (the gradient of norm2_out, complete on every tp rank).
-void GptModel::moe_backward(int l, LayerActs& a, const Tensor& dresid) {
+Tensor GptModel::moe_backward(int l, LayerActs& a, const Tensor& dresid) {
+  const Tensor dy = dropout_grad(dresid, hidden_dropout(l, DropoutSite::MlpOut));
+  if (!tp_.sp()) {
+    moe_mlp_backward(l, a, a.norm2_out, dy.reshape({a.norm2_out.size(0), d_.C}));
+    return dnorm_;
+  }
+  // Sequence parallelism: the whole sequence's output gradient and input
+  // again, the MoE backward on all of it (every tp rank the same), this
+  // rank's rows of the input gradient. The weights' gradients are complete
+  // on every rank (replicated, like the forward).
+  sp_gather(tp_, B_, dy, moe_full_, sp_tmp_);
+  moe_mlp_backward(l, a, enter_tp(a.norm2_out), moe_full_);
+  sp_take_shard(tp_, B_, dnorm_, dnorm_sh_);
+  return dnorm_sh_;
+}
+
+// Down to dnorm_ (the gradient of x, complete on every tp rank).
+void GptModel::moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tensor& dy) {
   const MoeParams& P = lp(l).moe;
   MoeActs& m = a.moe;
-  const int64_t N = a.norm2_out.size(0), C = d_.C, E = d_.layer_experts(l), K = d_.topk;
+  const int64_t N = x.size(0), C = d_.C, E = d_.layer_experts(l), K = d_.topk;
   // rows: per expert buffer on the token side; Rl, El: of this rank's experts
   // (all of them without expert parallelism, then Rl == rows).
   const int64_t rows = m.xout.size(1), El = m.xin.size(0), Rl = m.xin.size(1), Fin = m.fc_out.size(2);
   const EpComm& ep = stage_.ep;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
   auto act = [&](Shape s) { return Tensor::empty(s, compute_, dev_); };
-  const Tensor dy = dropout_grad(dresid, hidden_dropout(l, DropoutSite::MlpOut)).reshape({N, C});
   const bool residual = P.coef.weight.defined();
   Tensor dy_moe = dy, dy_res, dcoef;
   if (residual) {  // PR-MoE: the mix's gradients to both branches and the coefficients
@@ -294,7 +315,7 @@ void GptModel::moe_backward(int l, LayerActs& a, const Tensor& dresid) {
                           .dweight = dw(P.gate),
                           .dbias = Tensor(),
                           .dout = dlg,
-                          .inp = a.norm2_out,
+                          .inp = x,
                           .weight = w(P.gate),
                           .accum = Accum::Add},
                          stream_);
@@ -318,7 +339,7 @@ void GptModel::moe_backward(int l, LayerActs& a, const Tensor& dresid) {
                         .dweight = dw(P.res_fc.weight),
                         .dbias = opt(P.res_fc.bias, true),
                         .dout = rdfc,
-                        .inp = a.norm2_out,
+                        .inp = x,
                         .weight = w(P.res_fc.weight),
                         .accum = Accum::Add},
                        stream_);
@@ -331,7 +352,7 @@ void GptModel::moe_backward(int l, LayerActs& a, const Tensor& dresid) {
                         .dweight = dw(P.coef.weight),
                         .dbias = dw(P.coef.bias),
                         .dout = dcl,
-                        .inp = a.norm2_out,
+                        .inp = x,
                         .weight = w(P.coef.weight),
                         .accum = Accum::Add},
                        stream_);

@@ -37,6 +37,13 @@ void sp_gather(const TpComm& tp, int64_t B, const Tensor& shard, const Tensor& f
   permute_blocks(B, tp.size, t, full.view(0, {full.numel()}), false);
 }
 
+void sp_take_shard(const TpComm& tp, int64_t B, const Tensor& full, const Tensor& shard) {
+  DS_CHECK(shard.numel() * tp.size == full.numel() && full.numel() % B == 0, "sp_take_shard: shard {} x tp {} != full {}",
+           shard.numel(), tp.size, full.numel());
+  const int64_t per_sample = full.numel() / B, row = per_sample / tp.size;
+  copy_rows(shard, 0, row, full, tp.rank * row, per_sample, B, row);
+}
+
 void sp_reduce_scatter(const TpComm& tp, int64_t B, const Tensor& full, const Tensor& shard, const Tensor& tmp) {
   DS_CHECK(shard.numel() * tp.size == full.numel() && tmp.numel() >= full.numel(),
            "sp_reduce_scatter: shard {} x tp {} != full {}", shard.numel(), tp.size, full.numel());

@@ -17,6 +17,9 @@ namespace ds {
 void sp_gather(const TpComm& tp, int64_t B, const Tensor& shard, const Tensor& full, const Tensor& tmp);
 // full is not modified; tmp receives the permuted copy.
 void sp_reduce_scatter(const TpComm& tp, int64_t B, const Tensor& full, const Tensor& shard, const Tensor& tmp);
+// This rank's (B, T/TP, C) shard of a full (B, T, C) tensor that every tp
+// rank holds the same (no communication).
+void sp_take_shard(const TpComm& tp, int64_t B, const Tensor& full, const Tensor& shard);
 // x: in-place sum over the tp ranks (gradients of replicated weights that
 // differ per rank under sequence parallelism).
 void sp_all_reduce(const TpComm& tp, const Tensor& x);

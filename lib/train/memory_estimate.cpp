@@ -89,7 +89,8 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& p
   // fc / act, the router's (N, E) logits and gates and (N, K) choices, and its
   // experts' buffers, E x rows x (input, fc, act, output), rows the capacity
   // (dropless: N K / E, the balanced load); PR-MoE adds a dense MLP's and the
-  // mix's tensors. Experts are replicated over tp ranks (not divided by tp).
+  // mix's tensors. Experts are replicated over tp ranks (not divided by tp);
+  // with sequence parallelism each tp rank runs them on the whole sequence.
   int64_t moe_layers = 0, moe_extra = 0;
   for (int l = 0; l < d.L; ++l) {
     const int64_t E = d.layer_experts(l);
@@ -112,6 +113,7 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& p
   out.saved += N * a * 2 * C / sp + N * s * 2 / sp;  // final norm out + last residual, final norm stats
   out.saved += N * a * d.Vp / tp + N * s;            // logits (reused as dlogits) + per-token loss
   out.workspace = N * a * 2 * C / sp + N * a * (QKV + C + F_in + F) / tp;  // dresid, dnorm | dqkv, dattn, dfc, dact
+  if (sp > 1 && moe_layers > 0) out.workspace += N * a * C;  // an MoE layer's full-sequence output (gradient)
   return out;
 }
 

@@ -65,7 +65,7 @@ std::string fail(int world, int tp, const std::vector<std::string>& extra) {
 
 }  // namespace
 
-TEST_CASE("MoE top-2 with dropped tokens: DP2 ZeRO-1/2/3, TP2 and PP2 reproduce the single-process curve") {
+TEST_CASE("MoE top-2 with dropped tokens: DP2 ZeRO-1/2/3, TP2 (with SP) and PP2 reproduce the single-process curve") {
   const std::vector<std::string> top2 = {"--topk", "2", "--disable-moe-top2-2nd-expert-sampling"};
   const Run single = run("moe_top2_single", 1, 0, 1, top2);
   for (double l : single.lm) REQUIRE(std::isfinite(l));
@@ -82,6 +82,15 @@ TEST_CASE("MoE top-2 with dropped tokens: DP2 ZeRO-1/2/3, TP2 and PP2 reproduce 
   }
   INFO("TP2");
   same_run(single, run("moe_top2_tp2", 2, 0, 2, top2));
+  // Sequence parallelism: each tp rank gathers the sequence, so the gate
+  // sees the same tokens; with full recomputation too.
+  std::vector<std::string> sp = top2;
+  sp.push_back("--sequence-parallel");
+  INFO("TP2 with --sequence-parallel");
+  same_run(single, run("moe_top2_tp2_sp", 2, 0, 2, sp));
+  sp.insert(sp.end(), {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"});
+  INFO("TP2 with --sequence-parallel and full recomputation");
+  same_run(single, run("moe_top2_tp2_sp_rc", 2, 1, 2, sp));
   // Beyond DeepSpeed and Megatron-DeepSpeed, which refuse these with MoE.
   INFO("DP2 ZeRO-3");
   same_run(single, run("moe_top2_dp2_z3", 2, 3, 1, top2));
@@ -124,7 +133,7 @@ TEST_CASE("MoE top-1 with random token selection and dropless top-2: DP2 equals 
 // ranks, tokens exchanged by all-to-all, expert gradients summed over the
 // expert-data-parallel ranks. Every layout runs micro-batches of 2 samples
 // (the gate sees the same tokens), so all reproduce the single-process curve.
-TEST_CASE("Expert parallelism: EP2 and EP4, with TP2 and PP2, reproduce the single-process curve") {
+TEST_CASE("Expert parallelism: EP2 and EP4, with TP2 (and SP) and PP2, reproduce the single-process curve") {
   const std::vector<std::string> top2 = {"--topk", "2", "--disable-moe-top2-2nd-expert-sampling"};
   auto ep = [&](const char* n) {
     std::vector<std::string> a = top2;
@@ -164,6 +173,12 @@ TEST_CASE("Expert parallelism: EP2 and EP4, with TP2 and PP2, reproduce the sing
   {
     INFO("TP2 DP2 EP2");
     same_run(single, run("ep_tp2_ep2", 4, 0, 2, ep("2")));
+  }
+  {
+    INFO("TP2 with --sequence-parallel, DP2 EP2");
+    std::vector<std::string> a = ep("2");
+    a.push_back("--sequence-parallel");
+    same_run(single, run("ep_tp2_sp_ep2", 4, 0, 2, a));
   }
   {
     INFO("PP2 DP2 EP2");
@@ -214,15 +229,19 @@ TEST_CASE("Expert-parallel checkpoints resume and load into other expert-paralle
 }
 
 // PR-MoE (--mlp-type residual) with a different expert count per MoE layer,
-// as Megatron-DeepSpeed's PR-MoE scripts: DP2 ZeRO-2 and TP2 give the
+// as Megatron-DeepSpeed's PR-MoE scripts: DP2 ZeRO-2, TP2 and TP2 + SP give the
 // single-process curve.
-TEST_CASE("PR-MoE with per-layer expert counts: DP2 ZeRO-2 and TP2 reproduce the single-process curve") {
+TEST_CASE("PR-MoE with per-layer expert counts: DP2 ZeRO-2, TP2 and TP2 with SP reproduce the single-process curve") {
   const std::vector<std::string> pr = {"--mlp-type", "residual", "--num-experts", "2", "4", "--topk", "1",
                                        "--moe-min-capacity", "0"};
   const Run single = run("prmoe_single", 1, 0, 1, pr);
   REQUIRE(single.lm.back() < single.lm.front());
   same_run(single, run("prmoe_dp2_z2", 2, 2, 1, pr));
   same_run(single, run("prmoe_tp2", 2, 0, 2, pr));
+  std::vector<std::string> sp = pr;
+  sp.push_back("--sequence-parallel");
+  INFO("TP2 with --sequence-parallel");
+  same_run(single, run("prmoe_tp2_sp", 2, 0, 2, sp));
 }
 
 TEST_CASE("MoE flags that do not fit are one line naming them") {
