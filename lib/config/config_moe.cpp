@@ -169,16 +169,13 @@ void validate_moe_model(const ModelConfig& cfg) {
 
 // The layouts MoE runs in today (docs/moe.md): DP, ZeRO 0-3, pipeline
 // parallelism, TP with and without sequence parallelism; expert parallelism (EP >
-// 1) with ZeRO stage 0 and no optimizer offload so far. The EP size was
+// 1) with ZeRO 0-3 and no optimizer offload so far. The EP size was
 // checked against DP when the layout was derived (make_parallel_layout).
 void validate_moe_parallel(const TrainConfig& cfg) {
   const MoeConfig& m = cfg.model.moe;
   if (!m.enabled(cfg.model.num_layers)) return;
   const ParallelConfig& p = cfg.parallel;
   const int ep = m.expert_parallel_size;
-  DS_USER_CHECK(ep == 1 || cfg.zero.stage == 0,
-                "--moe-expert-parallel-size {} with zero_optimization.stage {}: expert parallelism runs with ZeRO "
-                "stage 0 so far (docs/moe.md)", ep, cfg.zero.stage);
   DS_USER_CHECK(ep == 1 || cfg.zero.offload_optimizer == OffloadDevice::None,
                 "--moe-expert-parallel-size {} with zero_optimization.offload_optimizer: expert parallelism runs "
                 "without optimizer offload so far (docs/moe.md)", ep);

@@ -74,15 +74,14 @@ void ZeroOptimizer::abandon_step() {
   armed_ = false;
 }
 
-void ZeroOptimizer::set_expert_reduce(std::vector<Range> ranges, Communicator* edp) {
-  DS_CHECK(z_.stage == 0 && !store_, "expert parallelism with ZeRO stage {}: only stage 0 reduces the experts "
-           "group apart", z_.stage);
-  DS_CHECK(edp != nullptr, "set_expert_reduce without an expert-data-parallel group");
+void ZeroOptimizer::set_expert_reduce(std::vector<Range> ranges, Communicator* dense_dp, Communicator* ep) {
   DS_CHECK(std::is_sorted(ranges.begin(), ranges.end(),
                           [](const Range& a, const Range& b) { return a.end <= b.begin; }),
            "expert ranges are not sorted and disjoint");
+  experts_apart_ = true;
   expert_ranges_ = std::move(ranges);
-  edp_ = edp;
+  dense_dp_ = dense_dp;
+  ep_ = ep;
 }
 
 template <class Fn>
@@ -102,7 +101,7 @@ void ZeroOptimizer::for_each_group_piece(Range r, Fn fn) const {
 void ZeroOptimizer::all_reduce_range(Range r, std::vector<CommHandle>* async) {
   Tensor g = model_.grads();
   for_each_group_piece(r, [&](Range piece, bool expert) {
-    Communicator* c = expert ? edp_ : dp_;
+    Communicator* c = expert ? dp_ : dense_dp_;
     if (!c || c->size() == 1) return;
     const Tensor v = g.view(piece.begin, {piece.size()});
     if (async)
@@ -114,7 +113,7 @@ void ZeroOptimizer::all_reduce_range(Range r, std::vector<CommHandle>* async) {
 
 // Issues bucket `b`'s all-reduce (asynchronous; the timeline gets its times).
 void ZeroOptimizer::issue_bucket(int b) {
-  if (edp_) return all_reduce_range(buckets_[b], &pending_);  // expert parallelism: one collective per group piece
+  if (experts_apart_) return all_reduce_range(buckets_[b], &pending_);  // expert parallelism: one per group piece
   Tensor g = model_.grads().view(buckets_[b].begin, {buckets_[b].size()});
   if (!timeline_ || !timeline_->enabled()) {
     pending_.push_back(dp_->iall_reduce(g));
@@ -171,12 +170,19 @@ void ZeroOptimizer::zero_grads() {
 void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
   if (store_) {
     store_->finish_reductions();  // reduce-scattered during the backward pass
+    if (experts_apart_ && ep_ && ep_->size() > 1) {  // the dense pieces of the shard, summed over ep
+      const Range own = part_.owned_real(rank_);
+      const Tensor g = store_->grad_shard();
+      for_each_group_piece(own, [&](Range piece, bool expert) {
+        if (!expert && piece.size() > 0) ep_->all_reduce(g.view(piece.begin - own.begin, {piece.size()}));
+      });
+    }
   } else if (armed_) {  // overlap: what the backward did not issue, then wait for all
     while (next_bucket_ >= 0) issue_bucket(next_bucket_--);
     for (CommHandle& h : pending_) h.wait();
     pending_.clear();
     armed_ = false;
-  } else if (edp_) {
+  } else if (experts_apart_) {
     Tensor g = model_.grads();
     std::vector<CommHandle> hs;
     for (const Range& b : make_buckets(part_.total, z_.reduce_bucket_size))
@@ -193,18 +199,7 @@ void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
     }
     for (CommHandle& h : hs) h.wait();
   }
-  if (edp_) {  // stage 0, expert parallelism: the dense share on rank 0, the experts' on each edp group's first
-    const bool dense = rank_ == 0, experts = edp_->rank() == 0;
-    if (!dense && !experts) return;
-    const Tensor g = model_.grads();
-    const std::vector<Range> all{{0, part_.total}};
-    for (const Range& r : counted_only_ ? counted_ : all)
-      for_each_group_piece(r, [&](Range piece, bool expert) {
-        if ((expert ? experts : dense) && piece.size() > 0)
-          ops::sum_squares({.out = sumsq, .x = g.view(piece.begin, {piece.size()})}, Stream{});
-      });
-    return;
-  }
+  if (experts_apart_) return expert_norm_share(sumsq);
   // Stages 0/1: the data-parallel ranks hold identical sums; one counts them.
   if (!store_ && rank_ != 0) return;
   Tensor g = store_ ? store_->grad_shard() : model_.grads();
@@ -216,6 +211,28 @@ void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
   for (const Range& r : counted_) {
     const int64_t b = std::max(r.begin, base), e = std::min(r.end, base + g.numel());
     if (e > b) ops::sum_squares({.out = sumsq, .x = g.view(b - base, {e - b})}, Stream{});
+  }
+}
+
+// Each expert counts once: its expert-data-parallel group holds it summed
+// (stages 0/1: on every rank, counted on the group's first; stages 2/3: in
+// the ranks' shards, each counted). Each dense weight counts once: stages
+// 0/1 on the first data-parallel rank; stages 2/3 in the shards of the ranks
+// of the first expert-parallel index (the others hold the same sums).
+void ZeroOptimizer::expert_norm_share(const Tensor& sumsq) {
+  const bool dense = store_ ? (!ep_ || ep_->rank() == 0) : (!dense_dp_ || dense_dp_->rank() == 0);
+  const bool experts = store_ || rank_ == 0;
+  if (!dense && !experts) return;
+  const Range held = store_ ? part_.owned_real(rank_) : Range{0, part_.total};
+  const Tensor g = store_ ? store_->grad_shard() : model_.grads();
+  const std::vector<Range> all{{0, part_.total}};
+  for (const Range& c : counted_only_ ? counted_ : all) {
+    const Range r{std::max(c.begin, held.begin), std::min(c.end, held.end)};
+    if (r.size() <= 0) continue;
+    for_each_group_piece(r, [&](Range piece, bool expert) {
+      if ((expert ? experts : dense) && piece.size() > 0)
+        ops::sum_squares({.out = sumsq, .x = g.view(piece.begin - held.begin, {piece.size()})}, Stream{});
+    });
   }
 }
 

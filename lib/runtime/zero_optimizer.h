@@ -52,12 +52,16 @@ class ZeroOptimizer {
   // split weights count once per shard and replicated ones (and a tied wte
   // held by two stages) once in all.
   void set_norm_counted(std::vector<Range> counted);
-  // Expert parallelism (ZeRO stage 0): the flat ranges of the experts group
-  // (sorted, disjoint) are summed over `edp`, the expert-data-parallel group,
-  // instead of the data-parallel group, and their norm share is counted on
-  // the first rank of edp (each data-parallel rank of the first expert-
-  // parallel group holds other experts); the dense rest as before.
-  void set_expert_reduce(std::vector<Range> ranges, Communicator* edp);
+  // Expert parallelism: the optimizer's group `dp` (its ZeRO partition) is
+  // then the expert-data-parallel group, the ranks that hold the same
+  // experts, and so the same flat layout. The flat ranges of the experts
+  // group (sorted, disjoint) are summed over it; the dense rest over all the
+  // data-parallel ranks, `dense_dp`: stages 0/1 all-reduce the dense pieces
+  // over it, stages 2/3 reduce-scatter over dp and then all-reduce the dense
+  // pieces of the shard over `ep` (ranks of the same expert-data-parallel
+  // index: together with dp, all of dense_dp). The norm counts every expert
+  // and every dense weight once. May be null: dense_dp / ep of one rank.
+  void set_expert_reduce(std::vector<Range> ranges, Communicator* dense_dp, Communicator* ep);
 
   // Clears the gradients before the first micro-batch of a step.
   void zero_grads();
@@ -140,8 +144,12 @@ class ZeroOptimizer {
   void after_update();  // the parameters the stage keeps whole made current again
 
   // Expert parallelism (set_expert_reduce)
+  bool experts_apart_ = false;
   std::vector<Range> expert_ranges_;
-  Communicator* edp_ = nullptr;
+  Communicator* dense_dp_ = nullptr;  // the dense weights' reduction group (all data-parallel ranks)
+  Communicator* ep_ = nullptr;        // stages 2/3: the dense shard pieces' all-reduce group
+  // Squared-norm share of this rank under expert parallelism (see set_expert_reduce).
+  void expert_norm_share(const Tensor& sumsq);
   // Calls fn(piece, expert) for the pieces of r inside and outside the expert ranges, in order.
   template <class Fn>
   void for_each_group_piece(Range r, Fn fn) const;

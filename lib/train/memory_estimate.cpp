@@ -155,8 +155,8 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   r.offload_optimizer = offload;
   // The host AdamW reads f32 gradients: offload needs fp32 accumulation too.
   r.supported = !offload || (stage >= 1 && e.precision != StatePrecision::MixedLowp);
-  // Expert parallelism runs with ZeRO stage 0 and no offload so far (docs/moe.md).
-  r.supported = r.supported && (e.layout.ep == 1 || (stage == 0 && !offload));
+  // Expert parallelism runs without optimizer offload so far (docs/moe.md).
+  r.supported = r.supported && (e.layout.ep == 1 || !offload);
   r.configured = cfg.zero.stage == stage && (cfg.zero.offload_optimizer == OffloadDevice::CPU) == offload;
   const int64_t n = e.n_params_rank;
   const bool fp32 = e.precision == StatePrecision::FP32;
@@ -164,7 +164,10 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   // its backward runs, whatever the accumulation dtype.
   const int64_t P = fp32 ? 4 : 2, G = 4;
   const int ob = 4 * optimizer_state_count(cfg.optim.spec);  // the optimizer's state bytes per element
-  r.states = zero_model_state_bytes(n, e.sdp, stage, e.precision, offload, ob);
+  // ZeRO partitions over the ranks that hold the same weights: with expert
+  // parallelism the expert-data-parallel ranks (DP / EP), dense weights too.
+  const int zero_ranks = e.layout.ep > 1 ? e.layout.edp() : e.sdp;
+  r.states = zero_model_state_bytes(n, zero_ranks, stage, e.precision, offload, ob);
   if (stage == 3) {
     int64_t largest = 0, persistent = 0;
     for (size_t i = 0; i < units.size(); ++i) {
@@ -354,7 +357,7 @@ std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gp
     std::string head = fmt::format("{} ZeRO {}     | {:<17} |", r.configured ? '*' : ' ', r.stage,
                                    r.offload_optimizer ? "cpu" : "none");
     if (!r.supported) {
-      out += head + (e.layout.ep > 1 ? "  not supported: expert parallelism runs with ZeRO stage 0, no offload\n"
+      out += head + (e.layout.ep > 1 ? "  not supported: expert parallelism runs without optimizer offload\n"
                      : r.stage >= 1  ? "  not supported: offload_optimizer needs fp32 gradient accumulation\n"
                                      : "  not supported: offload_optimizer needs ZeRO stage >= 1\n");
       continue;

@@ -89,10 +89,16 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   const PipeStage stage{shard_.pp, shard_.pp_rank, shard_.vp, ep};
   const ModelLayout local = build_layout(cfg_.model, shard_);
   // DeepSpeed folds Ulysses into data parallelism: gradients are reduced and
-  // ZeRO partitions over the sequence-data-parallel group (SP x DP).
-  ZeroPartition part = make_zero_partition(local.total, sdp_);
+  // ZeRO partitions over the sequence-data-parallel group (SP x DP). With
+  // expert parallelism ZeRO partitions over the ranks that hold the same
+  // experts (the expert-data-parallel group), dense weights included
+  // (ZeroOptimizer::set_expert_reduce).
+  const bool experts_apart = shard_.ep > 1;
+  zero_ranks_ = experts_apart ? comms_.grid.edp : sdp_;
+  zero_rank_ = experts_apart ? comms_.grid.edp_rank : sdp_rank_;
+  ZeroPartition part = make_zero_partition(local.total, zero_ranks_);
   const DType compute = compute_dtype(cfg_.precision.precision);
-  Communicator* dp_comm = sdp_ > 1 ? comms_.sdp : nullptr;
+  Communicator* dp_comm = zero_ranks_ > 1 ? (experts_apart ? comms_.edp : comms_.sdp) : nullptr;
   if (cfg_.zero.stage >= 2) {
     store_ = std::make_unique<ZeroParamStore>(local, cfg_.model.num_layers, dev_, dp_comm, cfg_.zero, part,
                                               compute, cfg_.precision.grad_accum);
@@ -111,7 +117,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   opt_->set_timeline(&timeline_);
   if (shard_.tp > 1 || shard_.pp > 1)  // each parameter counted once over the model-parallel (tp x pp) ranks
     opt_->set_norm_counted(norm_counted_ranges(local));
-  if (shard_.ep > 1) {  // the experts group's gradients are summed over the expert-data-parallel ranks
+  if (experts_apart) {  // the experts group's gradients are summed over the expert-data-parallel ranks
     std::vector<Range> experts;
     for (const ParamSpec& p : local.params) {
       if (!local.groups[static_cast<size_t>(p.group)].reduces_over(ParallelAxis::ExpertData)) continue;
@@ -120,7 +126,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
       else
         experts.push_back({p.offset, p.offset + p.numel});
     }
-    opt_->set_expert_reduce(std::move(experts), comms_.edp);
+    opt_->set_expert_reduce(std::move(experts), sdp_ > 1 ? comms_.sdp : nullptr, comms_.ep);
   }
   if (shard_.pp > 1) {
     pipe_ = std::make_unique<PipelineExecutor>(*model_, *comms_.pp, static_cast<int>(cfg_.batch.grad_accum_steps),
@@ -294,9 +300,13 @@ void Trainer::log_model_state() {
   b.params = live_tagged_bytes(MemTag::Params, dev_.type);
   b.grads = live_tagged_bytes(MemTag::Grads, dev_.type);
   b.optimizer = live_tagged_bytes(MemTag::Optimizer, dev_.type);
-  DS_LOG("model state: {} bytes per rank (ZeRO stage {}, {} data-parallel ranks; params {} + grads {} ({}) + Adam "
+  DS_LOG("model state: {} bytes per rank (ZeRO stage {}, {} data-parallel ranks{}; params {} + grads {} ({}) + Adam "
          "m, v {})",
-         b.total(), cfg_.zero.stage, sdp_, b.params, b.grads, dtype_name(cfg_.precision.grad_accum), b.optimizer);
+         b.total(), cfg_.zero.stage, sdp_,
+         shard_.ep > 1 && cfg_.zero.stage >= 1
+             ? fmt::format(", partitioned over the {} expert-data-parallel ranks", zero_ranks_)
+             : std::string(),
+         b.params, b.grads, dtype_name(cfg_.precision.grad_accum), b.optimizer);
   if (pipe_) {
     // Transient, allocated by the executor as the schedule runs: the count
     // follows the same p2p plan (lib/train/memory_estimate.h).
@@ -358,8 +368,8 @@ void Trainer::load_or_init() {
   if (!cfg_.ckpt.load_dir.empty()) {
     // Each rank reads only the weights its store keeps (its tp slices and
     // stage; with ZeRO-3 its partition), never the whole model.
-    CheckpointData d = rank_checkpoint(rank_model(), Tensor(), opt_->optimizer(), opt_->optimizer_range(), sdp_rank_,
-                                       sdp_);
+    CheckpointData d = rank_checkpoint(rank_model(), Tensor(), opt_->optimizer(), opt_->optimizer_range(),
+                                       zero_rank_, zero_ranks_);
     d.receive_params = [&](const CheckpointData::ParamsReader& read) {
       model_->store().init_params(model_->layout().total, read);
     };
@@ -686,7 +696,7 @@ void Trainer::save() {
                                 "checkpoint to {} (the last one written stays 'latest')",
                                 state_.iteration, cfg_.ckpt.save_dir));
   CheckpointData d = rank_checkpoint(rank_model(), Tensor(), opt_->optimizer(), opt_->optimizer_range(),
-                                     sharded ? sdp_rank_ : 0, sharded ? sdp_ : 1);
+                                     sharded ? zero_rank_ : 0, sharded ? zero_ranks_ : 1);
   d.tokenizer = &tokenizer_copy_;
   // model.safetensors is written one weight at a time as it is gathered to
   // rank 0 (FullTensorStream): rank 0 inside its write_checkpoint_files, the

@@ -151,6 +151,8 @@ class Trainer {
   Heartbeat heartbeat_;
   int dp_ = 1, dp_rank_ = 0;    // data parallel: which samples this rank reads
   int sdp_ = 1, sdp_rank_ = 0;  // sequence x data parallel (Ulysses): gradient reduction, ZeRO
+  // The ZeRO partition's ranks: sdp, or with expert parallelism the expert-data-parallel group.
+  int zero_ranks_ = 1, zero_rank_ = 0;
   ShardCoords shard_;  // this rank's model shard (tp, pp, virtual stages)
   std::unique_ptr<PipelineExecutor> pipe_;  // pp > 1
   ModelLayout full_layout_;  // the tp = 1 layout (checkpoints, HF import/export)

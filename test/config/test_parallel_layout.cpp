@@ -51,9 +51,7 @@ TEST_CASE("model.moe.expert_parallel_size gives the layout's EP for a model with
   CHECK_THROWS_WITH(moe_config(4, 2),
                     Contains("--moe-expert-parallel-size 4 does not divide the data-parallel size 2 (world 2 / "
                              "(TP 1 x PP 1 x Ulysses 1))"));
-  CHECK_THROWS_WITH(moe_config(2, 4, 1),
-                    Contains("--moe-expert-parallel-size 2 with zero_optimization.stage 1: expert parallelism runs "
-                             "with ZeRO stage 0 so far (docs/moe.md)"));
+  CHECK(moe_config(2, 4, 2).layout.edp() == 2);  // ZeRO partitions over the expert-data-parallel ranks
   CHECK_THROWS_WITH(moe_config(4, 4, 0, 2), Contains("not divisible by the expert-parallel size 4"));
   SECTION("retarget_config sets the target's EP (1 for ParallelRequest{})") {
     const TrainConfig one = retargeted_train_config(c.resolved, ParallelRequest{}, 1, BatchOnRetarget::Drop);

@@ -133,7 +133,7 @@ TEST_CASE("MoE top-1 with random token selection and dropless top-2: DP2 equals 
 // ranks, tokens exchanged by all-to-all, expert gradients summed over the
 // expert-data-parallel ranks. Every layout runs micro-batches of 2 samples
 // (the gate sees the same tokens), so all reproduce the single-process curve.
-TEST_CASE("Expert parallelism: EP2 and EP4, with TP2 (and SP) and PP2, reproduce the single-process curve") {
+TEST_CASE("Expert parallelism: EP2 and EP4, with TP2 (and SP), PP2 and ZeRO 0-3, reproduce the single-process curve") {
   const std::vector<std::string> top2 = {"--topk", "2", "--disable-moe-top2-2nd-expert-sampling"};
   auto ep = [&](const char* n) {
     std::vector<std::string> a = top2;
@@ -184,6 +184,24 @@ TEST_CASE("Expert parallelism: EP2 and EP4, with TP2 (and SP) and PP2, reproduce
     INFO("PP2 DP2 EP2");
     same_run(single, run("ep_pp2_ep2", 4, 0, 1, ep("2"), 2));
   }
+  // ZeRO 1-3: the partition is over the expert-data-parallel ranks (DP4
+  // EP2: two; DP2 EP2: one, so only the dense weights are summed, over ep).
+  for (int stage : {1, 2, 3}) {
+    INFO("DP4 EP2 ZeRO-" << stage);
+    same_run(single, run("ep_dp4_ep2_z" + std::to_string(stage), 4, stage, 1, ep("2")));
+  }
+  {
+    INFO("DP2 EP2 ZeRO-2");
+    same_run(single, run("ep_dp2_ep2_z2", 2, 2, 1, ep("2")));
+  }
+  {
+    INFO("TP2 DP2 EP2 ZeRO-1");
+    same_run(single, run("ep_tp2_ep2_z1", 4, 1, 2, ep("2")));
+  }
+  {
+    INFO("PP2 DP2 EP2 ZeRO-2 (the tied embedding's gradient deferred)");
+    same_run(single, run("ep_pp2_ep2_z2", 4, 2, 1, ep("2"), 2));
+  }
   // Dropless: the expert-parallel ranks agree on the largest load.
   const std::vector<std::string> dropless = {"--topk", "2", "--disable-moe-token-dropping"};
   std::vector<std::string> dropless_ep = dropless;
@@ -193,8 +211,9 @@ TEST_CASE("Expert parallelism: EP2 and EP4, with TP2 (and SP) and PP2, reproduce
 }
 
 // A checkpoint written with EP2 holds the full model and one optimizer file
-// per expert-parallel rank; it resumes at EP2, and loads (reshaped) at EP1
-// and EP4, each continuing the uninterrupted curve.
+// per expert-parallel rank (per rank with ZeRO 1-3); it resumes at EP2, and
+// loads (reshaped) at EP1 and EP4 and other ZeRO stages, each continuing the
+// uninterrupted curve.
 TEST_CASE("Expert-parallel checkpoints resume and load into other expert-parallel sizes") {
   const std::vector<std::string> top2 = {"--topk", "2", "--disable-moe-top2-2nd-expert-sampling"};
   auto with = [&](std::vector<std::string> extra) {
@@ -223,6 +242,31 @@ TEST_CASE("Expert-parallel checkpoints resume and load into other expert-paralle
     INFO(t.name);
     const auto args = moe_args(1, with({"--moe-expert-parallel-size", t.ep, "--load", ck}));
     REQUIRE(run_with_config(t.name, t.world, 2, 0, args, &lm, &log).empty());
+    REQUIRE(lm.size() == kIters - 4);
+    require_same_curve(whole.lm, lm, 4);
+  }
+  // ZeRO-2 over the expert-data-parallel ranks (DP4 EP2: two per expert-
+  // parallel rank): one optimizer shard per rank, named by both; it resumes
+  // as saved and loads into other EP sizes and ZeRO stages.
+  const std::string ck2 = dist_data().dir + "/ckpt_moe_ep_z2";
+  fs::remove_all(ck2);
+  const auto first = moe_args(1, with({"--moe-expert-parallel-size", "2", "--save", ck2, "--save-interval", "4",
+                                       "--exit-interval", "4"}));
+  REQUIRE(run_with_config("epck_z2_first", 4, 2, 2, first, &lm, &log).empty());
+  REQUIRE(lm.size() == 4);
+  for (const char* f : {"optim_pp00_tp00_ep00_rank00000_of_00002", "optim_pp00_tp00_ep00_rank00001_of_00002",
+                        "optim_pp00_tp00_ep01_rank00000_of_00002", "optim_pp00_tp00_ep01_rank00001_of_00002"})
+    CHECK(fs::exists(ck2 + "/global_step4/" + f + ".safetensors"));
+  struct StageTarget {
+    const char* name;
+    int world, zero;
+    const char* ep;
+  };
+  for (const StageTarget& t : {StageTarget{"epck_z2_same", 4, 2, "2"}, StageTarget{"epck_z2_ep1_z1", 2, 1, "1"},
+                               StageTarget{"epck_z2_ep4_z3", 4, 3, "4"}, StageTarget{"epck_z2_ep2_z0", 2, 0, "2"}}) {
+    INFO(t.name);
+    const auto args = moe_args(1, with({"--moe-expert-parallel-size", t.ep, "--load", ck2}));
+    REQUIRE(run_with_config(t.name, t.world, 2, t.zero, args, &lm, &log).empty());
     REQUIRE(lm.size() == kIters - 4);
     require_same_curve(whole.lm, lm, 4);
   }

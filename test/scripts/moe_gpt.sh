@@ -11,9 +11,12 @@
 #   moe_gpt.sh BUILD_DIR SCRIPT
 # SCRIPT: 125M_MoE64 (ds_pretrain_gpt_125M_MoE64.sh, 8 experts for 64),
 # 1.3B_MoE128 (the same script with other sizes: micro-batch 8, 16 experts
-# for 128) or 350M_PR-MoE32or64 (PR-MoE: --mlp-type residual, per-layer
+# for 128), 350M_PR-MoE32or64 (PR-MoE: --mlp-type residual, per-layer
 # expert counts "4 8" for ten 32s and two 64s; its "EP_SIZE -gt 1" tests read
-# the first count).
+# the first count) or 1.3B_PR-MoE64or128 (the same with micro-batch 8 and the
+# repository's ds_config_gpt_Zero2_TEMPLATE.json: ZeRO stage 2 with expert
+# parallelism, prescale_gradients false; the sed lines for ZERO_STAGE and
+# PRESCALE_GRAD find nothing to replace in it).
 # Checks: the run trains the expected iterations (MoE on every second layer,
 # expert parallelism over both ranks, fp16 with the dynamic loss scale,
 # activation checkpointing) with falling lm loss and a logged moe loss, writes
@@ -23,13 +26,15 @@
 set -euo pipefail
 source "$(dirname "$0")/script_util.sh"
 VARIANT="$2"
-case "$VARIANT" in 125M_MoE64 | 1.3B_MoE128 | 350M_PR-MoE32or64) ;; *) fail "unknown script $VARIANT" ;; esac
+case "$VARIANT" in 125M_MoE64 | 1.3B_MoE128 | 350M_PR-MoE32or64 | 1.3B_PR-MoE64or128) ;;
+  *) fail "unknown script $VARIANT" ;;
+esac
 setup_run "$1" "moe_gpt_${VARIANT}"
 
 SEQ_LEN=64
 MODEL_SIZE=0.125
 NUM_LAYERS=2
-[[ $VARIANT == 350M_PR-MoE32or64 ]] && NUM_LAYERS=4
+[[ $VARIANT == *PR-MoE* ]] && NUM_LAYERS=4
 HIDDEN_SIZE=64
 NUM_ATTN_HEADS=4
 GLOBAL_BATCH_SIZE=16
@@ -50,8 +55,12 @@ if [[ $VARIANT == 1.3B_MoE128 ]]; then
     BATCH_SIZE=8
     EP_SIZE=16
 fi
-if [[ $VARIANT == 350M_PR-MoE32or64 ]]; then
-    MODEL_SIZE=0.35
+if [[ $VARIANT == 1.3B_PR-MoE64or128 ]]; then
+    MODEL_SIZE=1.3
+    BATCH_SIZE=8
+fi
+if [[ $VARIANT == *PR-MoE* ]]; then
+    [[ $VARIANT == 350M_PR-MoE32or64 ]] && MODEL_SIZE=0.35
     EP_SIZE="4 8"
     EP_PARALLEL_SIZE=$NUM_GPUS
 elif [[ $EP_SIZE -gt $NUM_GPUS ]]; then
@@ -64,13 +73,16 @@ MIN_LR=4.5e-05
 if [[ $VARIANT == 1.3B_MoE128 ]]; then
     LR=3.6e-3
     MIN_LR=3.0e-5
+elif [[ $VARIANT == 1.3B_PR-MoE64or128 ]]; then
+    LR=3.6e-3
+    MIN_LR=3.0e-05
 elif [[ $VARIANT == 350M_PR-MoE32or64 ]]; then
     LR=3.0e-3
     MIN_LR=1.0e-05
 fi
 MLC=0.01
 MLP_TYPE=""
-[[ $VARIANT == 350M_PR-MoE32or64 ]] && MLP_TYPE="--mlp-type residual"
+[[ $VARIANT == *PR-MoE* ]] && MLP_TYPE="--mlp-type residual"
 MOE_TRAIN_CAP_FACTOR=1.0
 MOE_EVAL_CAP_FACTOR=1.0
 MOE_MIN_CAP=4
@@ -84,7 +96,7 @@ INIT_STD=0.014
 ACTIVATION_CHECKPOINT="true"
 host="${HOSTNAME:-localhost}"
 NAME="gpt-${MODEL_SIZE}B-lr-${LR}-minlr-${MIN_LR}-bs-${GLOBAL_BATCH_SIZE}-gpus-${NUM_GPUS}-mp-${MP_SIZE}-pp-${PP_SIZE}"
-if [[ $VARIANT == 350M_PR-MoE32or64 ]]; then
+if [[ $VARIANT == *PR-MoE* ]]; then
     NAME="${NAME}-ep-pyramid-4+8-mlc-${MLC}-cap-${MOE_TRAIN_CAP_FACTOR}-drop-${MOE_DROP_TOKEN}"
 elif [[ ${EP_SIZE%% *} -gt 1 ]]; then
     NAME="${NAME}-ep-${EP_SIZE}-mlc-${MLC}-cap-${MOE_TRAIN_CAP_FACTOR}-drop-${MOE_DROP_TOKEN}"
@@ -170,6 +182,10 @@ fi
 # The repository's ds_config_gpt_TEMPLATE.json (MoE folder), filled in by the same sed lines.
 template_json="${WORK}/ds_config_gpt_TEMPLATE.json"
 write_moe_config_template "${template_json}"
+if [[ $VARIANT == 1.3B_PR-MoE64or128 ]]; then
+    template_json="${WORK}/ds_config_gpt_Zero2_TEMPLATE.json"
+    write_moe_config_template "${template_json}" zero2
+fi
 CL_START_SEQLEN=16
 CL_STEP=10
 config_json="${WORK}/ds_config_gpt_${NAME}.json"
@@ -207,7 +223,7 @@ ${DSRUN} --num_gpus ${NUM_GPUS} ${DSTRAIN} ${megatron_options} ${data_options} $
 iters=$(( TRAIN_TOKENS / GLOBAL_BATCH_SIZE / SEQ_LEN ))
 check_trained "${log1}" ${iters} ${iters}
 check_loss_falls "${log1}"
-if [[ $VARIANT == 350M_PR-MoE32or64 ]]; then
+if [[ $VARIANT == *PR-MoE* ]]; then
   moe_line="mixture of experts: 2 MoE layers (every 2, PR-MoE: a dense MLP beside the experts), experts 4,8, top-1"
   ep_line="expert parallel: 2 ranks, this rank holds block 0 of each MoE layer's experts (2,4 per MoE layer)"
 else
@@ -216,6 +232,10 @@ else
 fi
 grep -qF "${moe_line}" "${log1}" || fail "no MoE start-up line" "${log1}"
 grep -qF "${ep_line}" "${log1}" || fail "no expert-parallel start-up line" "${log1}"
+if [[ $VARIANT == 1.3B_PR-MoE64or128 ]]; then
+  grep -q "model state: .*(ZeRO stage 2, 2 data-parallel ranks, partitioned over the 1 expert-data-parallel ranks" \
+    "${log1}" || fail "not ZeRO stage 2 over the expert-data-parallel ranks" "${log1}"
+fi
 grep -qE "moe loss: [0-9.]+E[-+][0-9]+" "${log1}" || fail "no moe loss in the iteration lines" "${log1}"
 ls "${TENSORBOARD_DIR}"/events.out.tfevents.* >/dev/null 2>&1 || fail "no TensorBoard event file in ${TENSORBOARD_DIR}" "${log1}"
 grep -qa "moe loss" "${TENSORBOARD_DIR}"/events.out.tfevents.* || fail "no moe loss in the TensorBoard events" "${log1}"

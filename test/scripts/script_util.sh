@@ -51,10 +51,14 @@ check_loss_falls() {
     'BEGIN { exit !(b < 0.8 * a) }' || fail "loss did not fall: $(echo $losses)" "$log"
 }
 
-# write_moe_config_template PATH: Megatron-DeepSpeed's examples_deepspeed/MoE/
-# ds_config_gpt_TEMPLATE.json, which the MoE scripts fill in with sed.
+# write_moe_config_template PATH [zero2]: Megatron-DeepSpeed's
+# examples_deepspeed/MoE/ds_config_gpt_TEMPLATE.json, which the MoE scripts
+# fill in with sed; with zero2 its ds_config_gpt_Zero2_TEMPLATE.json (the
+# same with "stage": 2 and "prescale_gradients": false written in).
 write_moe_config_template() {
-  cat > "$1" <<'JSON'
+  local stage=ZERO_STAGE prescale=PRESCALE_GRAD
+  [[ "${2:-}" == zero2 ]] && { stage=2; prescale=false; }
+  sed -e "s/\"stage\": ZERO_STAGE/\"stage\": ${stage}/" -e "s/PRESCALE_GRAD,/${prescale},/" > "$1" <<'JSON'
 {
   "train_batch_size" : CONFIG_BATCH_SIZE,
   "train_micro_batch_size_per_gpu": CONFIG_MBSIZE,

@@ -207,10 +207,14 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
     const int64_t per_expert = 2 * 768 * 3072 + 3072;  // fc weight and bias, proj weight (no bias)
     CHECK(e.n_params_rank == e.n_params - 6 * 4 * per_expert);
     CHECK(row(e, 0, false).supported);
-    CHECK_FALSE(row(e, 1, false).supported);
+    CHECK(row(e, 2, false).supported);
+    CHECK_FALSE(row(e, 1, true).supported);
+    // ZeRO partitions over the DP / EP = 4 ranks that hold the same experts.
+    CHECK(row(e, 1, false).states.optimizer ==
+          zero_model_state_bytes(e.n_params_rank, 4, 1, e.precision, false).optimizer);
     const std::string rep = estimate_memory_report(cfg, 1, 8);
     CHECK_THAT(rep, Contains("TP=1 PP=1 DP=8 EP=2 (each rank holds 1/2 of every MoE layer's experts)"));
-    CHECK_THAT(rep, Contains("not supported: expert parallelism runs with ZeRO stage 0"));
+    CHECK_THAT(rep, Contains("not supported: expert parallelism runs without optimizer offload"));
   }
   SECTION("full recomputation keeps only layer inputs") {
     cfg.parallel.recompute = RecomputeKind::Full;
