@@ -283,14 +283,17 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
     s = open_saved_step(step, std::move(state), *d.model);
   }
   s.progress = &progress;
-  check_saved_states(s, opt_state, d.opt_type);
+  if (!d.weights_only) check_saved_states(s, opt_state, d.opt_type);
   // A receiving rank reads its shard of the weights later; the others the full model now.
   std::optional<SafetensorsFile> model;
   if (d.receive_params) model = open_saved_model(s);
-  if (same)
+  if (d.weights_only) {
+    if (!d.receive_params) params = read_full_params(s, *d.layout);
+  } else if (same) {
     read_same_layout(s, d, params, opt_state, opt_step, !d.receive_params);
-  else
+  } else {
     read_reshaped(s, d, params, opt_state, opt_step, !d.receive_params);
+  }
   progress.finish();
   if (d.receive_params) {
     const ModelLayout& local = d.opt_layout ? *d.opt_layout : *d.layout;
@@ -298,8 +301,10 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   } else {
     d.params.copy_from(params);
   }
-  for (size_t i = 0; i < opt_state.size(); ++i) d.opt_state[i].t.copy_from(opt_state[i].t);
-  d.opt_step = opt_step;
+  if (!d.weights_only) {
+    for (size_t i = 0; i < opt_state.size(); ++i) d.opt_state[i].t.copy_from(opt_state[i].t);
+    d.opt_step = opt_step;
+  }
   st = train;
   return true;
 }

@@ -72,6 +72,10 @@ struct CheckpointData {
   // reads what it keeps (ParamStore::init_params) and never the whole model.
   using ParamsReader = std::function<void(int64_t begin, int64_t end, float* out)>;
   std::function<void(const ParamsReader&)> receive_params;
+  // Loading only: read the weights and the training state, not the optimizer
+  // state (opt_state and opt_step are left as they are; the shards are not
+  // opened, so a checkpoint of another optimizer loads too).
+  bool weights_only = false;
   // Saving only, instead of `params` on the rank that writes the model:
   // the full f32 weight `name` (host), asked for once per weight in the
   // order of model_file_order(*layout), so that the file is written one

@@ -173,6 +173,7 @@ json training_json(const TrainConfig& c) {
             {"cuda_graph", c.cuda_graph},       {"cuda_graph_warmup", c.cuda_graph_warmup},
             {"save", c.ckpt.save_dir},          {"load", c.ckpt.load_dir},
             {"save_interval", c.ckpt.save_interval}, {"init_from", c.ckpt.init_from},
+            {"finetune", c.ckpt.finetune},      {"no_load_optim", c.ckpt.no_load_optim},
             {"export_hf", c.ckpt.export_hf},    {"log_interval", c.log.log_interval},
             {"eval_interval", c.log.eval_interval}, {"eval_iters", c.log.eval_iters},
             {"cpu_peak_tflops", c.log.cpu_peak_tflops},

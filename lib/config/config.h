@@ -43,6 +43,11 @@ struct DataConfig {
 struct CheckpointConfig {
   std::string save_dir, load_dir, init_from, export_hf;
   int64_t save_interval = 0;
+  // --finetune: load only the weights; the iteration, data position,
+  // optimizer, learning-rate schedule and loss scale start fresh.
+  // --no-load-optim (without --deepspeed): the weights and the iteration and
+  // data position; the optimizer, learning-rate schedule and loss scale fresh.
+  bool finetune = false, no_load_optim = false;
 };
 
 struct LoggingConfig {

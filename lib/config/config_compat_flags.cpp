@@ -46,6 +46,33 @@ void apply_gqa_flags(json& j, const std::map<std::string, json>& sp, Warnings& w
   set_at(j, "/model/num_key_value_heads", static_cast<int>(g), "--num-query-groups");
 }
 
+// What --load reads (Megatron's load_checkpoint). With --deepspeed
+// (sp["--deepspeed"]) the engine loads the optimizer state whatever
+// --no-load-optim says; --finetune loads the weights only on either path.
+void apply_load_flags(json& j, const std::map<std::string, json>& sp, Warnings& w) {
+  auto has = [&](const char* k) { return sp.count(k) > 0; };
+  if (has("--finetune")) set_at(j, "/training/finetune", true, "--finetune");
+  if (has("--no-load-optim")) {
+    if (has("--deepspeed"))
+      add_warning(w, "--no-load-optim is ignored with --deepspeed, as in Megatron-DeepSpeed (the engine loads the "
+                     "optimizer state); --finetune loads the weights only");
+    else
+      set_at(j, "/training/no_load_optim", true, "--no-load-optim");
+  }
+  if (has("--no-load-rng"))
+    add_warning(w, "--no-load-rng: nothing to skip: dstrain saves no random state (dropout, token selection and the "
+                   "data order are keyed by the seed, the iteration and the sample)");
+  if (has("--no-load-lr-state"))
+    add_warning(w, "--no-load-lr-state is ignored, as in Megatron-DeepSpeed (which reads it nowhere)");
+  if (has("--timing-log-level"))
+    add_warning(w, fmt::format("--timing-log-level {}: dstrain's timers have no levels; the iteration line carries "
+                               "the step time, wall_clock_breakdown the phases, --log-timers-to-tensorboard both",
+                               sp.at("--timing-log-level").dump()));
+  if (has("--repeated-dataloader"))
+    add_warning(w, "--repeated-dataloader: nothing to change: the training sampler runs through as many epochs as "
+                   "the run needs, so the loader is never exhausted");
+}
+
 }  // namespace
 
 void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
@@ -114,6 +141,18 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
        "attention is computed in tiles without the score matrix anyway, Ulysses without FPDT's chunking");
   numeric(app, out, "--ds-sequence-parallel-fpdt-chunk-size", "FPDT chunk size (with --ds-sequence-parallel-fpdt)");
   flag("--ds-sequence-parallel-fpdt-offloading", "FPDT host offloading (with --ds-sequence-parallel-fpdt)");
+  // Loading (Megatron's checkpointing.py; docs/config.md "Loading a checkpoint").
+  flag("--finetune", "load only the weights of --load: the iteration, data position, optimizer state, learning-rate "
+       "schedule and loss scale start fresh");
+  flag("--no-load-optim", "without --deepspeed: load the weights and the iteration, not the optimizer state, "
+       "learning-rate schedule or loss scale; with --deepspeed ignored, as in Megatron-DeepSpeed");
+  flag("--no-load-rng", "accepted: no random state is saved (the streams are keyed by seed, iteration and sample)");
+  flag("--no-load-lr-state", "accepted: read nowhere in Megatron-DeepSpeed, so ignored as there");
+  app.add_option_function<int>("--timing-log-level", [&out](const int& v) { out["--timing-log-level"] = v; },
+                               "accepted: dstrain's timers have no levels (wall_clock_breakdown, "
+                               "--log-timers-to-tensorboard)")
+      ->check(CLI::Range(0, 2));
+  flag("--repeated-dataloader", "accepted: the training sampler runs through as many epochs as the run needs");
 }
 
 // Megatron's --optimizer adam|sgd and --sgd-momentum. As in Megatron-DeepSpeed,
@@ -159,6 +198,7 @@ void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings
     DS_USER_CHECK(pp.is_null() || pp == 1, "--no-pipeline-parallel with pipeline_model_parallel_size {}: "
                   "drop one of them", pp.dump());
   }
+  apply_load_flags(j, sp, w);
   for (const char* name : {"--wandb-project", "--wandb-exp-name", "--wandb-save-dir"})
     if (has(name)) add_warning(w, fmt::format("{} {}: Weights & Biases logging is not implemented; metrics go to the "
                                               "log, the CSV monitor and --tensorboard-dir", name, sp.at(name).get<std::string>()));

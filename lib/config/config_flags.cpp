@@ -428,6 +428,7 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
     j.erase("gradient_accumulation_steps");
   apply_schedule_flags(j, f.special, w);
   apply_other_flags(j, f.special);
+  if (deepspeed) compat["--deepspeed"] = true;  // what some compatibility flags mean depends on the engine
   apply_compat_flags(j, compat, w);
   apply_moe_flags(j, compat, w);
   // Megatron's own fp16 optimizer (no DeepSpeed engine, no config file) starts

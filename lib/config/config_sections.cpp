@@ -208,6 +208,8 @@ void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_schedule
   c.load_dir = s.get<std::string>("load", c.load_dir);
   c.save_interval = s.get<int64_t>("save_interval", c.save_interval);
   c.init_from = s.get<std::string>("init_from", c.init_from);
+  c.finetune = s.get<bool>("finetune", c.finetune);
+  c.no_load_optim = s.get<bool>("no_load_optim", c.no_load_optim);
   c.export_hf = s.get<std::string>("export_hf", c.export_hf);
   LoggingConfig& l = cfg.log;
   // DeepSpeed's steps_per_print is the default for the iteration log line.

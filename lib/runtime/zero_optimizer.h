@@ -20,8 +20,8 @@
 // copy of this rank's master range live in host memory and the AdamW update
 // runs there (the OpenMP CPU kernel); each step copies the gradient range to
 // the host and the updated master range back, in buckets that overlap the
-// update (OffloadPipeline, offload_pipeline.h). On the CPU backend the trainer
-// rejects the flag (it would move nothing).
+// update (OffloadPipeline, offload_pipeline.h). On the CPU backend nothing
+// moves: the optimizer runs as without offload (the trainer says so).
 #pragma once
 #include <algorithm>
 #include <memory>

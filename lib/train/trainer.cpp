@@ -139,10 +139,10 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
     if (comms_.embedding->size() > 1 && !model_->dims().untied) opt_->hold_unit(0);
     if (store_ && comms_.embedding->size() > 1 && !model_->dims().untied) store_->defer_unit(0);
   }
-  DS_USER_CHECK(cfg_.zero.offload_optimizer != OffloadDevice::CPU || dev_.is_cuda(),
-                "zero_optimization.offload_optimizer.device = cpu moves nothing on the CPU backend (the optimizer "
-                "state is already in host memory); remove it or train with --device cuda");
-  if (cfg_.zero.offload_optimizer == OffloadDevice::CPU)
+  if (cfg_.zero.offload_optimizer == OffloadDevice::CPU && !dev_.is_cuda())
+    DS_LOG("offload_optimizer.device = cpu on the CPU backend: the optimizer state is in host memory already, so "
+           "nothing moves and the run is the one without it");
+  else if (cfg_.zero.offload_optimizer == OffloadDevice::CPU)
     DS_LOG("offload_optimizer.device = cpu: Adam m, v and the fp32 master range of this rank live in host memory; "
            "AdamW runs on the CPU");
   int64_t n_matmul = full_layout_.total;
@@ -373,8 +373,10 @@ void Trainer::load_or_init() {
     d.receive_params = [&](const CheckpointData::ParamsReader& read) {
       model_->store().init_params(model_->layout().total, read);
     };
+    d.weights_only = cfg_.ckpt.finetune || cfg_.ckpt.no_load_optim;
     if (load_checkpoint(cfg_.ckpt.load_dir, state_, d)) {
       model_->store().params_updated();
+      if (d.weights_only) return start_after_weights_only_load();
       if (scaler_) scaler_->restore(state_.loss_scale, state_.good_steps, static_cast<int>(state_.hysteresis_left));
       opt_->optimizer().set_step_count(d.opt_step);
       fill_legacy_lr_clock(cfg_, state_);
@@ -393,6 +395,28 @@ void Trainer::load_or_init() {
     return;
   }
   model_->init_weights(cfg_.seed, cfg_.model.init_method_std);
+}
+
+// --finetune / --no-load-optim (Megatron's load_checkpoint): the weights are
+// loaded; the optimizer starts fresh, and so do the learning-rate schedule and
+// the loss scale (Megatron keeps both with the optimizer). --finetune also
+// starts the iteration and the data position over.
+void Trainer::start_after_weights_only_load() {
+  const TrainState saved = state_;
+  state_ = TrainState{};
+  if (cfg_.ckpt.finetune) {
+    DS_LOG("--finetune: loaded the weights from {} (saved at iteration {}); the iteration, data position, optimizer "
+           "state, learning-rate schedule and loss scale start fresh",
+           cfg_.ckpt.load_dir, saved.iteration);
+    return;
+  }
+  state_.iteration = saved.iteration;
+  state_.consumed_samples = saved.consumed_samples;
+  state_.consumed_tokens = saved.consumed_tokens;
+  state_.skipped_steps = saved.skipped_steps;
+  DS_LOG("--no-load-optim: loaded the weights from {} at iteration {}; the optimizer state, learning-rate schedule "
+         "and loss scale start fresh",
+         cfg_.ckpt.load_dir, state_.iteration);
 }
 
 double Trainer::phase_ms() {

@@ -56,6 +56,7 @@ class Trainer {
   float train_step();
   void save();
   void load_or_init();
+  void start_after_weights_only_load();
   void log_iteration(float loss, double grad_norm, double ms);
   void log_model_state();
   void setup_device_and_precision();  // device, compute dtype, loss scaler, MFU peak

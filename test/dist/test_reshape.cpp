@@ -202,3 +202,24 @@ TEST_CASE("a grouped-query TP2 checkpoint rewritten by dsconvert for TP4 (replic
   REQUIRE(rc == 0);
   require_same_curve(ref, run({"reshape_gqa_conv_tp4", 4, 4, 1, with({"--load", conv})}), 10);
 }
+
+// Megatron's load switches on the single-process checkpoint of step 10:
+// --no-load-optim (without --deepspeed) continues at iteration 11 from the
+// saved weights with a fresh optimizer, so its first loss is the resumed
+// run's and the next ones differ; with --deepspeed the engine loads the
+// optimizer anyway (as upstream), so it is the resumed curve. --finetune
+// trains all 20 iterations again from the saved weights.
+TEST_CASE("--finetune loads the weights only; --no-load-optim the weights and the iteration") {
+  const std::vector<double>& ref = reference(dist_data().dir + "/reshape_tp2dp2");
+  const std::string single_ck = dist_data().dir + "/reshape_single_ck";
+  const std::vector<double> nlo = run({"no_load_optim", 1, 1, 0, {"--load", single_ck, "--no-load-optim"}});
+  REQUIRE(nlo.size() == 10);
+  CHECK(nlo[0] == Approx(ref[10]).epsilon(1e-6));
+  CHECK(std::abs(nlo[1] - ref[11]) > 1e-4 * ref[11]);
+  const std::vector<double> ds =
+      run({"no_load_optim_ds", 1, 1, 0, {"--load", single_ck, "--no-load-optim", "--deepspeed"}});
+  require_same_curve(ref, ds, 10);
+  const std::vector<double> ft = run({"finetune", 1, 1, 0, {"--load", single_ck, "--finetune"}});
+  REQUIRE(ft.size() == 20);
+  CHECK(ft[0] < 0.98 * ref[0]);  // the trained weights on the first batch
+}
