@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/config/batch_rampup.h"
 #include "lib/config/curriculum.h"
 #include "lib/core/dtype.h"
 #include "lib/core/elasticity.h"
@@ -103,6 +104,7 @@ struct ScheduleLengths {
   int64_t lr_warmup_samples = 0, lr_decay_samples = 0;  // sample-based training only
   int64_t lr_warmup_tokens = -1, lr_decay_tokens = -1;  // Megatron-DeepSpeed token-wise schedule
   int64_t lr_wsd_decay_iters = 0, lr_wsd_decay_samples = 0;  // Megatron-LM's WSD final decay
+  BatchRampup rampup;  // --rampup-batch-size (sample-based training only)
   bool sample_based() const { return train_samples > 0; }
 };
 

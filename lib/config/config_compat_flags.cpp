@@ -141,7 +141,12 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
        "attention is computed in tiles without the score matrix anyway, Ulysses without FPDT's chunking");
   numeric(app, out, "--ds-sequence-parallel-fpdt-chunk-size", "FPDT chunk size (with --ds-sequence-parallel-fpdt)");
   flag("--ds-sequence-parallel-fpdt-offloading", "FPDT host offloading (with --ds-sequence-parallel-fpdt)");
-  // Loading (Megatron's checkpointing.py; docs/config.md "Loading a checkpoint").
+  app.add_option_function<std::vector<int64_t>>(
+         "--rampup-batch-size", [&out](const std::vector<int64_t>& v) { out["--rampup-batch-size"] = v; },
+         "START INCREMENT SAMPLES: Megatron's batch-size ramp-up from START to the global batch (sample-based "
+         "training)")
+      ->expected(3);
+  // Loading (Megatron's checkpointing.py).
   flag("--finetune", "load only the weights of --load: the iteration, data position, optimizer state, learning-rate "
        "schedule and loss scale start fresh");
   flag("--no-load-optim", "without --deepspeed: load the weights and the iteration, not the optimizer state, "
@@ -199,6 +204,8 @@ void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings
                   "drop one of them", pp.dump());
   }
   apply_load_flags(j, sp, w);
+  if (has("--rampup-batch-size")) set_at(j, "/training/rampup_batch_size", sp.at("--rampup-batch-size"),
+                                         "--rampup-batch-size");
   for (const char* name : {"--wandb-project", "--wandb-exp-name", "--wandb-save-dir"})
     if (has(name)) add_warning(w, fmt::format("{} {}: Weights & Biases logging is not implemented; metrics go to the "
                                               "log, the CSV monitor and --tensorboard-dir", name, sp.at(name).get<std::string>()));

@@ -185,6 +185,14 @@ void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_schedule
   cfg.train_iters = s.get<int64_t>("train_iters", cfg.train_iters);
   cfg.lengths.train_samples = s.get<int64_t>("train_samples", cfg.lengths.train_samples);
   cfg.lengths.train_tokens = s.get<int64_t>("train_tokens", cfg.lengths.train_tokens);
+  if (s.has("rampup_batch_size")) {
+    const std::vector<int64_t> r = s.get<std::vector<int64_t>>("rampup_batch_size", {});
+    DS_USER_CHECK(r.size() == 3, "training.rampup_batch_size (--rampup-batch-size) needs 3 values: start batch, "
+                  "increment, ramp-up samples; got {}", r.size());
+    cfg.lengths.rampup = {.start = r[0], .increment = r[1], .samples = r[2]};
+    DS_USER_CHECK(r[0] > 0, "training.rampup_batch_size (--rampup-batch-size): the start batch must be positive, "
+                  "got {}", r[0]);
+  }
   cfg.override_lr_scheduler = s.get<bool>("override_opt_param_scheduler", cfg.override_lr_scheduler);
   cfg.use_checkpoint_lr_scheduler =
       s.get<bool>("use_checkpoint_opt_param_scheduler", cfg.use_checkpoint_lr_scheduler);

@@ -55,7 +55,17 @@ void resolve_schedule_lengths(TrainConfig& cfg) {
   DS_USER_CHECK(L.lr_warmup_tokens >= -1 && L.lr_decay_tokens >= -1,
                 "training.lr_warmup_tokens {} and lr_decay_tokens {} (--lr-warmup-tokens / --lr-decay-tokens) must "
                 "be >= 0", L.lr_warmup_tokens, L.lr_decay_tokens);
-  if (L.sample_based()) cfg.train_iters = L.train_samples / gbs;  // Megatron drops a partial last batch
+  if (L.rampup.enabled()) {  // Megatron's batch-size ramp-up (batch_rampup.h)
+    DS_USER_CHECK(L.sample_based(), "--rampup-batch-size needs sample-based training (--train-samples instead of "
+                  "--train-iters), as in Megatron");
+    check_batch_rampup(L.rampup, gbs, int64_t{cfg.batch.micro_batch_size} * cfg.batch.dp_size);
+    DS_USER_CHECK(cfg.parallel.pp == 1, "--rampup-batch-size with pipeline parallelism (pipeline_model_parallel_size "
+                  "{}) is not implemented yet: the pipeline schedule is built for a fixed number of micro-batches",
+                  cfg.parallel.pp);
+    DS_USER_CHECK(!cfg.cuda_graph, "--rampup-batch-size with --cuda-graph is not implemented yet (the captured step "
+                  "has a fixed number of micro-batches)");
+  }
+  if (L.sample_based()) cfg.train_iters = L.rampup.iterations(L.train_samples, gbs);  // partial last batch dropped
   if (o.decay_iters == 0 && o.scheduler_type != "WarmupLR") o.decay_iters = cfg.train_iters;
   if (!o.scheduler_type.empty()) return;
   const int64_t lim = gbs > 0 ? std::numeric_limits<int64_t>::max() / gbs : 0;

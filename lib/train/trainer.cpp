@@ -204,6 +204,12 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   DS_LOG("batch: global {} = micro {} x grad accum {} x data parallel {}; {} train samples per epoch",
          cfg_.batch.train_batch_size, cfg_.batch.micro_batch_size, cfg_.batch.grad_accum_steps, cfg_.batch.dp_size,
          data_->train_samples_per_epoch());
+  if (const BatchRampup& r = cfg_.lengths.rampup; r.enabled())
+    DS_LOG("batch size ramp-up: the global batch grows from {} by {} over the first {} samples to {} (now {}); {} "
+           "iterations for {} training samples",
+           r.start, r.increment, r.samples, cfg_.batch.train_batch_size,
+           r.batch_at(state_.consumed_samples, cfg_.batch.train_batch_size), cfg_.train_iters,
+           cfg_.lengths.train_samples);
   if (comms_.grid.sp > 1)
     DS_LOG("DeepSpeed-Ulysses sequence parallel: {} ranks, this rank holds positions [{}, {}) of every sample and "
            "attends over all {} with {} of the {} heads; gradients reduced over {} sequence-data-parallel ranks",
@@ -419,6 +425,15 @@ void Trainer::start_after_weights_only_load() {
          cfg_.ckpt.load_dir, state_.iteration);
 }
 
+// The global batch and micro-batches of the step that begins now: the
+// configured ones, or on Megatron's batch-size ramp-up those of the consumed
+// samples (lib/config/batch_rampup.h).
+void Trainer::set_step_batch() {
+  const BatchConfig& b = cfg_.batch;
+  step_batch_ = cfg_.lengths.rampup.batch_at(state_.consumed_samples, b.train_batch_size);
+  step_ga_ = step_batch_ / (b.micro_batch_size * dp_);
+}
+
 double Trainer::phase_ms() {
   if (!cfg_.log.wall_clock_breakdown) return 0;
   device_runtime(dev_).synchronize();  // the phase's kernels have finished
@@ -450,13 +465,14 @@ int64_t Trainer::next_seqlen() {
 //   update runs on any rank).
 float Trainer::train_step() {
   const auto& b = cfg_.batch;
+  set_step_batch();
   phase_ms();
   seqlen_ = next_seqlen();  // every sample keeps its first seqlen_ positions
   const int64_t L = curriculum_ ? seqlen_ : 0;  // 0: the whole sample
   // fp16: the loss (hence every gradient) is multiplied by the loss scale.
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   const float loss_weight = static_cast<float>(
-      scale / static_cast<double>(b.micro_batch_size * seqlen_ * b.grad_accum_steps * dp_));
+      scale / static_cast<double>(b.micro_batch_size * seqlen_ * step_ga_ * dp_));
   // Dropout masks are keyed by (seed, iteration) and each micro-batch's global
   // first sample, identical in every layout (docs/dropout.md).
   DropoutKey key{.train = true, .seed = cfg_.seed, .iteration = state_.iteration, .first_sample = 0, .step = {}};
@@ -515,8 +531,8 @@ float Trainer::train_step() {
   if (skip) {
     if (!overflow) state_.skipped_steps += 1;  // no update: the schedule does not advance either
     state_.iteration += 1;
-    state_.consumed_samples += b.train_batch_size;
-    state_.consumed_tokens += b.train_batch_size * seqlen_;
+    state_.consumed_samples += step_batch_;
+    state_.consumed_tokens += step_batch_ * seqlen_;
     last_grad_norm_ = NAN;
     return loss;
   }
@@ -526,10 +542,10 @@ float Trainer::train_step() {
     opt_->step(h, gate.grad_scale);
     step_times_.optimizer += phase_ms();
   }
-  advance_lr_clock(cfg_.optim, state_.lr_clock, b.train_batch_size, tokens_before);
+  advance_lr_clock(cfg_.optim, state_.lr_clock, step_batch_, tokens_before);
   state_.iteration += 1;
-  state_.consumed_samples += b.train_batch_size;
-  state_.consumed_tokens += b.train_batch_size * seqlen_;
+  state_.consumed_samples += step_batch_;
+  state_.consumed_tokens += step_batch_ * seqlen_;
   last_grad_norm_ = gate.norm;
   last_lr_ = h.lr;
   return loss;
@@ -538,7 +554,7 @@ float Trainer::train_step() {
 // The step's micro-batches without a pipeline: forward and backward of
 // each; their losses go to the step's statistics (begin_step_stats).
 void Trainer::run_micro_batches(float loss_weight, DropoutKey key, int64_t L) {
-  const int64_t ga = cfg_.batch.grad_accum_steps;
+  const int64_t ga = step_ga_;
   for (int64_t micro = 0; micro < ga; ++micro) {
     heartbeat_.beat_if_started();
     MicroBatch mb = local_batch(data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_, L));
@@ -645,7 +661,9 @@ double Trainer::evaluate() {
   invalidate_graph("evaluation");
   double sum = 0;
   int64_t n = 0;
-  const int64_t ga = cfg_.batch.grad_accum_steps;
+  // Megatron evaluates with the current number of micro-batches.
+  const int64_t ga = cfg_.lengths.rampup.batch_at(state_.consumed_samples, cfg_.batch.train_batch_size) /
+                     (cfg_.batch.micro_batch_size * dp_);
   for (int64_t it = 0; it < cfg_.log.eval_iters; ++it) {
     auto batch = [&](int micro) {
       heartbeat_.beat_if_started();
@@ -747,7 +765,7 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
   s.iteration = state_.iteration;
   s.train_iters = cfg_.train_iters;
   s.consumed_samples = state_.consumed_samples;
-  s.global_batch = cfg_.batch.train_batch_size;
+  s.global_batch = step_batch_;
   s.ms_per_iter = ms;
   s.lr = last_lr_;
   s.loss = loss;
@@ -757,7 +775,7 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
   s.skipped = state_.skipped_steps;
   s.nan_iters = nan_iters_;
   if (curriculum_) s.curriculum_seqlen = seqlen_;
-  double tokens = static_cast<double>(cfg_.batch.train_batch_size) * seqlen_;
+  double tokens = static_cast<double>(step_batch_) * seqlen_;
   s.tokens_per_s = tokens / (ms / 1000.0);
   s.tflops = s.tokens_per_s * flops_per_token_ / 1e12;
   s.mfu = peak_tflops_ > 0 ? s.tflops / peak_tflops_ : -1;

@@ -57,6 +57,7 @@ class Trainer {
   void save();
   void load_or_init();
   void start_after_weights_only_load();
+  void set_step_batch();
   void log_iteration(float loss, double grad_norm, double ms);
   void log_model_state();
   void setup_device_and_precision();  // device, compute dtype, loss scaler, MFU peak
@@ -151,6 +152,8 @@ class Trainer {
   // exporting and after training (a rank may wait for its peers there).
   Heartbeat heartbeat_;
   int dp_ = 1, dp_rank_ = 0;    // data parallel: which samples this rank reads
+  // The current step's global batch and micro-batches per rank (set_step_batch).
+  int64_t step_batch_ = 0, step_ga_ = 0;
   int sdp_ = 1, sdp_rank_ = 0;  // sequence x data parallel (Ulysses): gradient reduction, ZeRO
   // The ZeRO partition's ranks: sdp, or with expert parallelism the expert-data-parallel group.
   int zero_ranks_ = 1, zero_rank_ = 0;

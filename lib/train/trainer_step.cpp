@@ -59,7 +59,7 @@ void Trainer::update_on_device(const StepHyper& h, double loss_scale, bool scale
 void Trainer::begin_step_stats() {
   Tensor stats = step_stats();
   stats.zero_();
-  const double share = 1.0 / static_cast<double>(cfg_.batch.grad_accum_steps * sdp_);
+  const double share = 1.0 / static_cast<double>(step_ga_ * sdp_);
   model_->set_loss_sink(stats.view(2, {1}), shard_.tp_rank == 0 ? static_cast<float>(share) : 0.f);
   // Megatron-DeepSpeed's "moe loss": loss_coeff x the sum of the layers' l_aux.
   model_->set_moe_loss_sink(stats.view(3, {1}),

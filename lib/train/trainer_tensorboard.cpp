@@ -57,7 +57,7 @@ TrainPoint Trainer::train_point(float loss) const {
                     .loss = loss,
                     .loss_scale = state_.loss_scale,
                     .grad_norm = last_grad_norm_,
-                    .batch_size = static_cast<double>(cfg_.batch.train_batch_size),
+                    .batch_size = static_cast<double>(step_batch_),
                     .seq_length = static_cast<double>(seqlen_),
                     .world_size = static_cast<double>(comms_.world->size()),
                     .curriculum_seqlen = curriculum_ ? static_cast<double>(seqlen_) : 0.0,

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <tuple>
 #include <unistd.h>
 
 #include "lib/config/config.h"
@@ -226,4 +227,53 @@ TEST_CASE("fp16 without the DeepSpeed engine starts at Megatron's initial loss s
   // With --deepspeed (or a config file) DeepSpeed's default, 2^16, holds.
   CHECK(parse_flags({"--fp16", "--train-iters", "5", "--micro-batch-size", "2", "--deepspeed"})
             .precision.initial_scale_power == 16);
+}
+
+namespace {
+
+// Megatron's RampupBatchsizeNumMicroBatches.update and update_train_iters,
+// transcribed (float division as in Python).
+struct MegatronRampup {
+  int64_t start, increment, samples, global;
+  int64_t current(int64_t consumed) const {
+    if (consumed > samples) return global;
+    const double per_increment = static_cast<double>(samples) / static_cast<double>((global - start) / increment);
+    return start + static_cast<int64_t>(static_cast<double>(consumed) / per_increment) * increment;
+  }
+  int64_t train_iters(int64_t train_samples) const {
+    int64_t iterations = 0, consumed = 0;
+    while (consumed <= samples) {
+      consumed += current(consumed);
+      iterations += 1;
+    }
+    return iterations + (train_samples - consumed) / global;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("--rampup-batch-size follows Megatron's ramp-up and iteration count") {
+  for (const auto& [start, inc, samples, global, train] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>>{
+           {8, 8, 200, 32, 1000}, {16, 16, 1000, 64, 5000}, {32, 32, 4882812, 1024, 40000000}, {8, 8, 0, 16, 400}}) {
+    INFO(start << " " << inc << " " << samples << " -> " << global);
+    const MegatronRampup ref{start, inc, samples, global};
+    const BatchRampup r{.start = start, .increment = inc, .samples = samples};
+    for (int64_t consumed = 0; consumed <= samples + 3 * global; consumed += std::max<int64_t>(1, samples / 97))
+      REQUIRE(r.batch_at(consumed, global) == ref.current(consumed));
+    CHECK(r.iterations(train, global) == ref.train_iters(train));
+  }
+  // Parsed: the iteration count is derived, and the ramp lives in the training section.
+  const TrainConfig c = parse_flags({"--train-samples", "400", "--rampup-batch-size", "4", "4", "40"});
+  CHECK(c.lengths.rampup.enabled());
+  CHECK(c.train_iters == MegatronRampup{4, 4, 40, 8}.train_iters(400));
+  CHECK(c.resolved.at("training").at("rampup_batch_size") == nlohmann::json::array({4, 4, 40}));
+  CHECK_THROWS_WITH(parse_flags({"--train-iters", "10", "--rampup-batch-size", "4", "4", "40"}),
+                    Contains("--rampup-batch-size needs sample-based training"));
+  CHECK_THROWS_WITH(parse_flags({"--train-samples", "400", "--rampup-batch-size", "3", "5", "40"}),
+                    Contains("must be multiples of the micro batch x data-parallel size 2"));
+  CHECK_THROWS_WITH(parse_flags({"--train-samples", "400", "--rampup-batch-size", "4", "3", "40"}),
+                    Contains("must be a non-negative multiple of the increment 3"));
+  CHECK_THROWS_WITH(parse_flags({"--train-samples", "400", "--rampup-batch-size", "4", "4"}),
+                    Contains("--rampup-batch-size"));
 }

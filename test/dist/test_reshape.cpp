@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sys/wait.h>
 
 #include "test/dist/curve_check.h"
@@ -222,4 +223,49 @@ TEST_CASE("--finetune loads the weights only; --no-load-optim the weights and th
   const std::vector<double> ft = run({"finetune", 1, 1, 0, {"--load", single_ck, "--finetune"}});
   REQUIRE(ft.size() == 20);
   CHECK(ft[0] < 0.98 * ref[0]);  // the trained weights on the first batch
+}
+
+// Megatron's batch-size ramp-up: 4 samples per step for the first 40 samples,
+// then the global batch of 8 (25 iterations for 160 samples). One process
+// (2 then 4 micro-batches) and DP2 (1 then 2) train the same curve with the
+// same logged batch sizes; a run stopped mid-ramp resumes on it.
+TEST_CASE("--rampup-batch-size: DP2 and a mid-ramp resume give the single-process curve") {
+  auto args = [](std::vector<std::string> extra) {
+    std::vector<std::string> a = small_model_args({.iters = 20});
+    for (size_t i = 0; i + 1 < a.size(); ++i) {
+      if (a[i] == "--train-iters") a[i] = "--train-samples", a[i + 1] = "160";
+      if (a[i] == "--lr-warmup-iters") a[i] = "--lr-warmup-samples", a[i + 1] = "24";
+    }
+    a.insert(a.end(), {"--rampup-batch-size", "4", "4", "40"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  auto batches = [](const std::string& log) {
+    std::vector<int> out;
+    const std::regex re(R"(global batch size: +([0-9]+))");
+    for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it) out.push_back(std::stoi((*it)[1]));
+    return out;
+  };
+  std::vector<double> single, dp2, first, second;
+  std::string log;
+  REQUIRE(run_with_config("rampup_single", 1, 2, 0, args({}), &single, &log).empty());
+  REQUIRE(single.size() == 25);
+  std::vector<int> want(10, 4);
+  want.resize(25, 8);
+  CHECK(batches(log) == want);
+  CHECK(log.find("batch size ramp-up: the global batch grows from 4 by 4 over the first 40 samples to 8") !=
+        std::string::npos);
+  REQUIRE(run_with_config("rampup_dp2", 2, 2, 1, args({}), &dp2, &log).empty());
+  CHECK(batches(log) == want);
+  require_same_curve(single, dp2, 0);
+  const std::string ck = dist_data().dir + "/rampup_ck";
+  fs::remove_all(ck);
+  REQUIRE(run_with_config("rampup_first", 2, 2, 1,
+                          args({"--save", ck, "--save-interval", "6", "--exit-interval", "6"}), &first, &log)
+              .empty());
+  REQUIRE(first.size() == 6);
+  REQUIRE(run_with_config("rampup_second", 2, 2, 1, args({"--load", ck}), &second, &log).empty());
+  REQUIRE(second.size() == 19);
+  first.insert(first.end(), second.begin(), second.end());
+  require_same_curve(single, first, 0);
 }
