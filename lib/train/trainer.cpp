@@ -429,9 +429,13 @@ void Trainer::start_after_weights_only_load() {
 // configured ones, or on Megatron's batch-size ramp-up those of the consumed
 // samples (lib/config/batch_rampup.h).
 void Trainer::set_step_batch() {
+  step_batch_ = cfg_.lengths.rampup.batch_at(state_.consumed_samples, cfg_.batch.train_batch_size);
+  step_ga_ = micro_batches_at(state_.consumed_samples);
+}
+
+int64_t Trainer::micro_batches_at(int64_t consumed) const {
   const BatchConfig& b = cfg_.batch;
-  step_batch_ = cfg_.lengths.rampup.batch_at(state_.consumed_samples, b.train_batch_size);
-  step_ga_ = step_batch_ / (b.micro_batch_size * dp_);
+  return cfg_.lengths.rampup.batch_at(consumed, b.train_batch_size) / (b.micro_batch_size * dp_);
 }
 
 double Trainer::phase_ms() {
@@ -661,9 +665,7 @@ double Trainer::evaluate() {
   invalidate_graph("evaluation");
   double sum = 0;
   int64_t n = 0;
-  // Megatron evaluates with the current number of micro-batches.
-  const int64_t ga = cfg_.lengths.rampup.batch_at(state_.consumed_samples, cfg_.batch.train_batch_size) /
-                     (cfg_.batch.micro_batch_size * dp_);
+  const int64_t ga = micro_batches_at(state_.consumed_samples);  // Megatron: the current count
   for (int64_t it = 0; it < cfg_.log.eval_iters; ++it) {
     auto batch = [&](int micro) {
       heartbeat_.beat_if_started();

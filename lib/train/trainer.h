@@ -58,6 +58,7 @@ class Trainer {
   void load_or_init();
   void start_after_weights_only_load();
   void set_step_batch();
+  int64_t micro_batches_at(int64_t consumed) const;  // per rank, for the step after `consumed` samples
   void log_iteration(float loss, double grad_norm, double ms);
   void log_model_state();
   void setup_device_and_precision();  // device, compute dtype, loss scaler, MFU peak
