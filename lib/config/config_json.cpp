@@ -338,6 +338,52 @@ void read_optional_features(DsSection& root, LoggingConfig& log) {
   root.accept_if("memory_breakdown", false);
 }
 
+// DeepSpeed Compression and Data Efficiency: not implemented, so a technique
+// that would change what is trained is refused; what upstream leaves inert is
+// accepted with one line.
+//   compression_training: Megatron-DeepSpeed runs init_compression whenever the
+//     section is present; a technique acts when its shared_parameters.enabled
+//     (layer_reduction: its own enabled) is true.
+//   data_efficiency.data_routing.random_ltd.enabled: the engine then looks for
+//     random-LTD layers (Megatron's --random-ltd, which dstrain does not have).
+//   data_efficiency.data_sampling: used only through Megatron's
+//     --data-efficiency-curriculum-learning (not a dstrain flag); inert otherwise.
+void read_compression_and_data_efficiency(DsSection& root, Warnings& w) {
+  root.mark("compression_training");
+  if (root.has("compression_training")) {
+    DsSection c = root.section("compression_training");
+    for (const char* tech : {"weight_quantization", "activation_quantization", "sparse_pruning", "row_pruning",
+                             "head_pruning", "channel_pruning"}) {
+      DsSection t = c.section(tech);
+      if (!t.raw().is_object()) continue;
+      DsSection sp = t.section("shared_parameters");
+      const bool on = sp.raw().is_object() && sp.get<bool>("enabled", false);
+      DS_USER_CHECK(!on, "config: 'compression_training.{}.shared_parameters.enabled' is true: DeepSpeed Compression "
+                    "is not implemented by dstrain (it would train an uncompressed model); remove the section or "
+                    "disable the technique", tech);
+    }
+    DsSection lr = c.section("layer_reduction");
+    DS_USER_CHECK(!(lr.raw().is_object() && lr.get<bool>("enabled", false)),
+                  "config: 'compression_training.layer_reduction.enabled' is true: layer reduction is not "
+                  "implemented by dstrain; remove the section or disable it");
+    add_warning(w, "config: 'compression_training' enables no technique; nothing is compressed (as upstream)");
+  }
+  root.mark("data_efficiency");
+  if (!root.has("data_efficiency")) return;
+  DsSection d = root.section("data_efficiency");
+  DsSection routing = d.section("data_routing");
+  if (routing.raw().is_object()) {
+    DsSection ltd = routing.section("random_ltd");
+    DS_USER_CHECK(!(ltd.raw().is_object() && ltd.get<bool>("enabled", false)),
+                  "config: 'data_efficiency.data_routing.random_ltd.enabled' is true: random layer-wise token "
+                  "dropping (random-LTD) is not implemented by dstrain");
+  }
+  DsSection sampling = d.section("data_sampling");
+  if (d.get<bool>("enabled", false) && sampling.raw().is_object() && sampling.get<bool>("enabled", false))
+    add_warning(w, "config: 'data_efficiency.data_sampling' is used only with Megatron's "
+                   "--data-efficiency-curriculum-learning, which this run does not give; ignored (as upstream)");
+}
+
 // A list of positive integers at `key` of `s` (curriculum_learning's
 // fixed_discrete schedule); anything else is an error naming the key.
 std::vector<int64_t> positive_list(DsSection& s, const std::string& key, const std::string& what) {
@@ -439,6 +485,7 @@ void read_config_json(const json& j, TrainConfig& cfg, Warnings& w) {
   read_zero(root, cfg.zero);
   read_optional_features(root, cfg.log);
   read_curriculum(root, cfg.curriculum);
+  read_compression_and_data_efficiency(root, w);
   for (const char* k : {"model", "data", "training", "parallel"}) root.mark(k);
   read_model_section(JsonSection(j.value("model", json::object()), "model"), cfg.model);
   read_data_section(JsonSection(j.value("data", json::object()), "data"), cfg.data);

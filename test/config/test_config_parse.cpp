@@ -185,6 +185,37 @@ TEST_CASE("DeepSpeed keys we do not implement are warned about by name", "[confi
   CHECK_THROWS_WITH(parse_json(with(base(), {{"prescale_gradients", 2}})), Contains("prescale_gradients"));
 }
 
+TEST_CASE("Compression and data efficiency: refused when they would act, noted when inert", "[config]") {
+  auto quant = [](bool on) {
+    return json{{"weight_quantization",
+                 {{"shared_parameters", {{"enabled", on}, {"quantizer_kernel", false}}},
+                  {"different_groups", {{"wq1", {{"params", {{"start_bits", 12}, {"target_bits", 4}}}}}}}}}};
+  };
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"compression_training", quant(true)}})),
+                    Contains("'compression_training.weight_quantization.shared_parameters.enabled' is true"));
+  json act = {{"activation_quantization", {{"shared_parameters", {{"enabled", true}}}}}};
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"compression_training", act}})),
+                    Contains("compression_training.activation_quantization"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"compression_training", {{"layer_reduction", {{"enabled", true}}}}}})),
+                    Contains("'compression_training.layer_reduction.enabled' is true"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"compression_training", 3}})),
+                    Contains("'compression_training' must be a JSON object"));
+  const TrainConfig inert = parse_json(with(base(), {{"compression_training", quant(false)}}));
+  CHECK(has_warning(inert, "'compression_training' enables no technique"));
+  CHECK(inert.warnings.size() == 1);  // no "key not implemented" line besides it
+
+  json ltd = {{"enabled", true}, {"data_routing", {{"enabled", true}, {"random_ltd", {{"enabled", true}}}}}};
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"data_efficiency", ltd}})),
+                    Contains("'data_efficiency.data_routing.random_ltd.enabled' is true"));
+  json sampling = {{"enabled", true},
+                   {"data_sampling", {{"enabled", true}, {"curriculum_learning", {{"enabled", true}}}}}};
+  const TrainConfig s = parse_json(with(base(), {{"data_efficiency", sampling}}));
+  CHECK(has_warning(s, "--data-efficiency-curriculum-learning"));
+  CHECK(s.warnings.size() == 1);
+  sampling["enabled"] = false;  // the whole library off: nothing to say
+  CHECK(parse_json(with(base(), {{"data_efficiency", sampling}})).warnings.empty());
+}
+
 TEST_CASE("data_types.grad_accum_dtype: fp32 or the compute dtype", "[config]") {
   auto types = [](const std::string& acc, const std::string& precision) {
     json j = with(base(), {{"data_types", {{"grad_accum_dtype", acc}}}});
