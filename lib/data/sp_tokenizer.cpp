@@ -90,6 +90,7 @@ class SpTokenizer final : public Tokenizer {
     if (need)
       DS_USER_ERROR("--tokenizer-model {}: the SentencePiece model has no {}, which --tokenizer-type {} needs",
                     spec.model_path, need, tokenizer_kind_name(spec.kind));
+    model_path_ = spec.model_path;
     split_exact_ = splits_exactly();
   }
 
@@ -172,7 +173,10 @@ class SpTokenizer final : public Tokenizer {
     if (text.empty()) return;
     std::vector<int> ids;
     const auto st = sp_.Encode(text, &ids);
-    DS_CHECK(st.ok(), "SentencePiece encode failed: {}", st.ToString());
+    // A malformed model (its normalizer rules inconsistent with its pieces) loads but fails here.
+    if (!st.ok())
+      DS_USER_ERROR("--tokenizer-model {}: the SentencePiece model cannot encode a text of {} bytes ({})",
+                    model_path_, text.size(), st.ToString());
     out.insert(out.end(), ids.begin(), ids.end());
   }
 
@@ -225,6 +229,7 @@ class SpTokenizer final : public Tokenizer {
 
   sentencepiece::SentencePieceProcessor sp_;
   TokenizerInfo info_;
+  std::string model_path_;
   std::vector<Special> specials_;         // SentencePieceTokenizer only, in Megatron's order
   std::map<int32_t, std::string> added_;  // ids past the model's pieces -> their text
   bool split_exact_ = false;              // long text may be cut at split points
