@@ -2,6 +2,7 @@
 // Columns >= V are padding: excluded from the softmax, zero gradient. Rows whose
 // target is < 0 are ignored (loss 0, zero gradient). dlogits may alias logits:
 // each row is fully read for its statistics before it is overwritten.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -62,6 +63,49 @@ void masked_mean(const MaskedMeanArgs& a, const Stream&) {
   const float mean = static_cast<float>(sum / static_cast<double>(count));
   float* out = a.out.data<float>();
   out[0] = static_cast<float>(static_cast<double>(out[0]) + static_cast<double>(a.weight) * mean);
+}
+
+}  // namespace ds::cpu
+
+namespace ds::cpu {
+
+// Knowledge distillation: per row, the log-sum-exps of both scaled rows
+// first (every read of `teacher` before dlogits, which may alias it, is
+// written), then KL(p_t || p_s) in double and the gradient.
+void kd_loss(const KdLossArgs& a, const Stream&) {
+  const int64_t Vp = a.logits.size(-1), N = rows_of(a.logits), V = a.V;
+  const float* xs = a.logits.data<float>();   // (N, Vp)
+  const float* xt = a.teacher.data<float>();  // (N, Vp)
+  float* losses = a.losses.data<float>();     // (N)
+  float* dlogits = a.dlogits.defined() ? a.dlogits.data<float>() : nullptr;  // (N, Vp)
+  const float inv = 1.0f / a.temp;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* s = xs + n * Vp;
+    const float* t = xt + n * Vp;
+    float ms = -INFINITY, mt = -INFINITY;
+    for (int64_t j = 0; j < V; ++j) {
+      ms = std::max(ms, s[j] * inv);
+      mt = std::max(mt, t[j] * inv);
+    }
+    double ss = 0, st = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      ss += std::exp(static_cast<double>(s[j] * inv - ms));
+      st += std::exp(static_cast<double>(t[j] * inv - mt));
+    }
+    const double lse_s = ms + std::log(ss), lse_t = mt + std::log(st);
+    double kl = 0;
+    float* d = dlogits ? dlogits + n * Vp : nullptr;
+    for (int64_t j = 0; j < V; ++j) {
+      const double lt = t[j] * inv - lse_t, ls = s[j] * inv - lse_s;
+      const double pt = std::exp(lt);
+      if (pt > 0) kl += pt * (lt - ls);  // xlogy: a zero probability adds 0
+      if (d) d[j] = static_cast<float>(a.dscale * (std::exp(ls) - pt));
+    }
+    if (d)
+      for (int64_t j = V; j < Vp; ++j) d[j] = 0.f;
+    losses[n] = static_cast<float>(kl);
+  }
 }
 
 }  // namespace ds::cpu

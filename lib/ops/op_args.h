@@ -423,6 +423,27 @@ template <class A, class F> IfArgs<A, CrossEntropyArgs> fields(A& a, F&& f) {
   f(a.dloss_scale, "dloss_scale", Role::Native);
 }
 
+// Knowledge distillation (Megatron-DeepSpeed's --kd / --mos), per row over the
+// real vocabulary [0, V) at temperature `temp`: p_s = softmax(logits / temp),
+// p_t = softmax(teacher / temp);
+//   losses[n] = KL(p_t || p_s) = sum_j p_t,j (log p_t,j - log p_s,j)
+//   dlogits   = dscale * (p_s - p_t); columns >= V get 0.
+// dlogits may alias teacher (each row is read before it is written), not logits.
+struct KdLossArgs {
+  Tensor losses;   // (N) f32
+  Tensor dlogits;  // (N, Vp) or undefined
+  Tensor logits;   // (N, Vp) the student's
+  Tensor teacher;  // (N, Vp) the teacher's
+  int64_t V = 0;   // real vocab size
+  float temp = 1.0f, dscale = 0.0f;
+};
+template <class A, class F> IfArgs<A, KdLossArgs> fields(A& a, F&& f) {
+  f(a.losses, "losses", Role::Stat);
+  f(a.dlogits, "dlogits", Role::Out);
+  f(a.logits, "logits", Role::In);
+  f(a.teacher, "teacher", Role::In);
+}
+
 // Vocab-parallel softmax cross-entropy (the full logits are never gathered).
 // This rank holds logit columns [vocab_start, vocab_start + Vl) of the padded
 // vocab; global columns >= V are padding (excluded, gradient 0); targets < 0

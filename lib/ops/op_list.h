@@ -31,6 +31,7 @@
   X(dropout_backward, DropoutArgs)           \
   X(cross_entropy, CrossEntropyArgs)         \
   X(vocab_parallel_cross_entropy, VocabParallelCEArgs) \
+  X(kd_loss, KdLossArgs)                     \
   X(adamw_step, AdamWArgs)                   \
   X(optim_step, OptimStepArgs)               \
   X(step_gate, StepGateArgs)                 \

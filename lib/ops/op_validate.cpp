@@ -8,6 +8,8 @@
 // needs them (lib/cpu says so itself).
 #include "lib/ops/op_validate.h"
 
+#include <cmath>
+
 #include "lib/core/error.h"
 
 namespace ds::ops {
@@ -449,6 +451,24 @@ void validate_cross_entropy(const CrossEntropyArgs& a) {
   if (!a.dlogits.defined()) return;
   c.floating(a.dlogits, "dlogits");
   c.same_shape(a.dlogits, a.logits, "dlogits", "logits");
+}
+
+void validate_kd_loss(const KdLossArgs& a) {
+  const Check c("kd_loss");
+  c.devices(a);
+  c.floating(a.logits, "logits");
+  DS_CHECK(a.logits.dim() >= 1, "{}: logits must be (N, Vp), got {}", c.op(), shape_str(a.logits.shape()));
+  const int64_t Vp = a.logits.size(-1), N = rows_of(a.logits);
+  DS_CHECK(a.V > 0 && a.V <= Vp, "{}: V={} must be in [1, Vp={}] for logits {}", c.op(), a.V, Vp,
+           shape_str(a.logits.shape()));
+  DS_CHECK(std::isfinite(a.temp) && a.temp > 0, "{}: temp must be positive, got {}", c.op(), a.temp);
+  c.floating(a.teacher, "teacher");
+  c.same_shape(a.teacher, a.logits, "teacher", "logits");
+  c.stat(a.losses, N, "losses");
+  if (!a.dlogits.defined()) return;
+  c.floating(a.dlogits, "dlogits");
+  c.same_shape(a.dlogits, a.logits, "dlogits", "logits");
+  DS_CHECK(a.dlogits.raw() != a.logits.raw(), "{}: dlogits may alias teacher, not logits", c.op());
 }
 
 void validate_vocab_parallel_cross_entropy(const VocabParallelCEArgs& a) {

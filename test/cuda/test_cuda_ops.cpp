@@ -489,6 +489,18 @@ TEST_CASE("cuda cross entropy") {
   }
 }
 
+TEST_CASE("cuda kd loss vs cpu") {
+  if (!gpu_or_skip()) return;
+  for (DType dt : kAllTypes)
+    for (bool grad : {false, true}) {
+      const int64_t N = 13, V = 1001, Vp = 1024;
+      KdLossArgs a{.losses = zeros_f32({N}), .logits = randn({N, Vp}, 83, 3.0f), .teacher = randn({N, Vp}, 84, 3.0f),
+                   .V = V, .temp = 2.0f, .dscale = 1.0f / 7};
+      if (grad) a.dlogits = zeros_f32({N, Vp});
+      check_cuda_vs_cpu_offsets(make_case("kd_loss", a, ops::kd_loss), dt);
+    }
+}
+
 TEST_CASE("cuda cross entropy: a loss scale read from the device gives the by-value bits") {
   if (!gpu_or_skip()) return;
   // dloss x *dloss_scale (a power of two, as the fp16 loss scale of a

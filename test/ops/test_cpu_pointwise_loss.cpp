@@ -211,6 +211,72 @@ TEST_CASE("cross-entropy: padded vocab, ignored targets, aliasing") {
   REQUIRE_THROWS(ops::cross_entropy(loss_only));
 }
 
+namespace {
+
+// KL(p_t || p_s) per row at temperature tau over [0, V), in double.
+Vec ref_kd(const Vec& xs, const Vec& xt, int64_t N, int64_t Vp, int64_t V, double tau) {
+  Vec kl(N, 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    auto lse = [&](const Vec& x) {
+      double mx = -1e300, s = 0;
+      for (int64_t j = 0; j < V; ++j) mx = std::max(mx, x[n * Vp + j] / tau);
+      for (int64_t j = 0; j < V; ++j) s += std::exp(x[n * Vp + j] / tau - mx);
+      return mx + std::log(s);
+    };
+    const double ls = lse(xs), lt = lse(xt);
+    for (int64_t j = 0; j < V; ++j) {
+      const double a = xt[n * Vp + j] / tau - lt, b = xs[n * Vp + j] / tau - ls;
+      kl[n] += std::exp(a) * (a - b);
+    }
+  }
+  return kl;
+}
+
+}  // namespace
+
+TEST_CASE("kd loss: KL at a temperature, its gradient, padding and aliasing") {
+  const int64_t N = 9, V = 29, Vp = 32;
+  for (float temp : {1.0f, 2.5f}) {
+    const float dscale = 0.37f;
+    Tensor student = randn({N, Vp}, 120, 2.0), teacher = randn({N, Vp}, 121, 2.0);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = V; j < Vp; ++j) student.data<float>()[n * Vp + j] = teacher.data<float>()[n * Vp + j] = 50.f;
+    KdLossArgs a{.losses = Tensor::empty({N}, DType::F32), .dlogits = Tensor::empty({N, Vp}, DType::F32),
+                 .logits = student, .teacher = teacher, .V = V, .temp = temp, .dscale = dscale};
+    ops::kd_loss(a);
+    const Vec xs = to_f64(student), xt = to_f64(teacher);
+    check_close(a.losses, ref_kd(xs, xt, N, Vp, V, temp), kFwdTol, "losses");
+    // d/dx_s of dscale * temp * sum_n KL_n is dscale * (p_s - p_t): the op's gradient.
+    const Vec fd = fd_grad(xs, [&](const Vec& v) {
+      double s = 0;
+      for (double l : ref_kd(v, xt, N, Vp, V, temp)) s += dscale * temp * l;
+      return s;
+    });
+    check_close(a.dlogits, fd, kBwdTol, "dlogits");
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = V; j < Vp; ++j) CHECK(a.dlogits.data<float>()[n * Vp + j] == 0.f);
+    KdLossArgs in_place = a;  // the gradient written over the teacher's logits
+    in_place.teacher = teacher.clone();
+    in_place.dlogits = in_place.teacher;
+    in_place.losses = Tensor::empty({N}, DType::F32);
+    ops::kd_loss(in_place);
+    CHECK(bit_equal(in_place.losses, a.losses));
+    CHECK(bit_equal(in_place.dlogits, a.dlogits));
+  }
+  // The same distribution: no loss, no gradient.
+  Tensor x = randn({N, Vp}, 122, 2.0);
+  KdLossArgs same{.losses = Tensor::empty({N}, DType::F32), .dlogits = Tensor::empty({N, Vp}, DType::F32),
+                  .logits = x, .teacher = x.clone(), .V = V, .temp = 1.5f, .dscale = 1.0f};
+  ops::kd_loss(same);
+  for (int64_t n = 0; n < N; ++n) CHECK(std::abs(same.losses.data<float>()[n]) < 1e-6f);
+  KdLossArgs alias_student = same;
+  alias_student.dlogits = same.logits;
+  CHECK_THROWS_WITH(ops::kd_loss(alias_student), Catch::Contains("alias"));
+  KdLossArgs bad_temp = same;
+  bad_temp.temp = 0.f;
+  CHECK_THROWS_WITH(ops::kd_loss(bad_temp), Catch::Contains("temp"));
+}
+
 // ---- optimizer ops ---------------------------------------------------------------
 
 TEST_CASE("adamw: hand-computed scalar steps") {
