@@ -786,7 +786,9 @@ float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, fl
   ensure_acts(tokens.size(0), tokens.size(1));
   S().key = key;
   forward(tokens);
+  if (distill_.teacher) distill_into_dlogits(tokens, loss_weight, key);
   float loss = loss_and_dlogits(targets, loss_weight, true, targets_host, /*to_sink=*/true);
+  if (distill_.teacher) add_distill_grad();
   aux_grad_ = cfg_.moe.loss_coeff * loss_weight * static_cast<float>(tokens.numel());
   backward(tokens);
   store_->end_pass();
@@ -801,6 +803,77 @@ float GptModel::forward_loss(const Tensor& tokens, const Tensor& targets, const 
   forward(tokens);
   store_->end_pass();
   return loss_and_dlogits(targets, 0.f, false, targets_host);
+}
+
+Tensor GptModel::forward_logits(const Tensor& tokens, const DropoutKey& key) {
+  DS_CHECK(layout_.first_stage() && layout_.last_stage(), "forward_logits: needs the whole model on this rank");
+  cur_ = 0;
+  store_->begin_pass(forward_order());
+  ensure_acts(tokens.size(0), tokens.size(1));
+  S().key = key;
+  forward(tokens);
+  store_->end_pass();
+  return S().logits;
+}
+
+void GptModel::set_distillation(const Distill& d) {
+  if (d.teacher) {
+    DS_CHECK(!tp_.active() && layout_.first_stage() && layout_.last_stage() && sp_.size == 1,
+             "distillation: the student must be whole on its rank (tensor, pipeline and Ulysses size 1)");
+    DS_CHECK(d.teacher->dims().V == d_.V && d.teacher->Vl_ == Vl_ && d.teacher->device() == dev_ &&
+                 d.teacher->compute_dtype() == compute_ && d.seq_length > 0,
+             "distillation: the teacher's padded vocabulary {}, device and dtype must be the student's ({})",
+             d.teacher->Vl_, Vl_);
+  }
+  distill_ = d;
+}
+
+void GptModel::set_kd_loss_sink(const Tensor& sink, float weight) {
+  DS_CHECK(!sink.defined() || (sink.dtype() == DType::F32 && sink.device() == dev_ && sink.numel() == 1),
+           "kd loss sink: expected one f32 element on the model's device, got {} {}", dtype_name(sink.dtype()),
+           shape_str(sink.shape()));
+  kd_sink_ = sink;
+  kd_sink_weight_ = weight;
+}
+
+// Megatron-DeepSpeed's calculate_mos_loss, per micro-batch of B samples of
+// T positions (T < seq_length under a curriculum):
+//   kd = beta * temp^2 * sum_rows KL(p_t || p_s) / (B * seq_length)
+// added to the micro-batch's loss. The lm loss's per-token weight loss_weight
+// is the micro-batch mean's weight / (B * T), so d kd / d logits, with that
+// weight, is loss_weight * T / seq_length * beta * temp * (p_s - p_t). The
+// gradient goes into the teacher's logits buffer (add_distill_grad adds it
+// once the lm loss has written dlogits over the student's logits).
+void GptModel::distill_into_dlogits(const Tensor& tokens, float loss_weight, const DropoutKey& key) {
+  const Distill& d = distill_;
+  DropoutKey tkey = key;
+  tkey.seed = d.seed;
+  Tensor tl = d.teacher->forward_logits(tokens, tkey);
+  const int64_t N = tokens.numel();
+  if (!kd_losses_.defined() || kd_losses_.numel() != N) {
+    kd_losses_ = Tensor::empty({N}, DType::F32, dev_);
+    kd_rows_ = Tensor::zeros({N}, DType::I32, dev_);
+  }
+  const double t_over_s = static_cast<double>(tokens.size(1)) / static_cast<double>(d.seq_length);
+  ops::kd_loss({.losses = kd_losses_,
+                .dlogits = tl,
+                .logits = S().logits,
+                .teacher = tl,
+                .V = d_.V,
+                .temp = d.temp,
+                .dscale = static_cast<float>(loss_weight * t_over_s * d.beta * d.temp)},
+               stream_);
+  if (kd_sink_.defined() && kd_sink_weight_ != 0.f)  // the mean over every row times B*T / (B*seq_length)
+    ops::masked_mean({.out = kd_sink_,
+                      .losses = kd_losses_,
+                      .targets = kd_rows_,
+                      .weight = static_cast<float>(kd_sink_weight_ * d.beta * d.temp * d.temp * t_over_s)},
+                     stream_);
+}
+
+void GptModel::add_distill_grad() {
+  const Tensor& g = distill_.teacher->S().logits;
+  ops::add({.out = S().logits, .a = S().logits, .b = g}, stream_);
 }
 
 void GptModel::set_activation_slots(int n) {

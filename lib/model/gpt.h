@@ -208,6 +208,28 @@ class GptModel {
   // Forward only; returns the mean loss over non-ignored targets (targets_host:
   // the same targets in host memory when the caller has them, else read back).
   float forward_loss(const Tensor& tokens, const Tensor& targets, const Tensor& targets_host = Tensor());
+  // Forward only, to the logits: (B*T, Vl) in the compute dtype, the model's
+  // own activation buffer (valid until its next forward). A distillation
+  // teacher's pass: `key` as in training (upstream's teacher runs in training
+  // mode: dropout, the training capacity of MoE layers).
+  Tensor forward_logits(const Tensor& tokens, const DropoutKey& key);
+
+  // Knowledge distillation (docs/distillation.md): while a teacher is set,
+  // forward_backward runs it on the micro-batch and adds Megatron-DeepSpeed's
+  // KD loss, beta * temp^2 * KL(p_t || p_s) summed over the rows / (B x
+  // seq_length), to the loss the backward starts from (with the micro-batch's
+  // weight, as the lm loss). The teacher (not owned) must have the same padded
+  // vocabulary and device and outlive the model; null: none.
+  struct Distill {
+    GptModel* teacher = nullptr;
+    float beta = 1.0f, temp = 1.0f;
+    int64_t seq_length = 0;  // Megatron's --seq-length: the divisor, also when a curriculum shortens T
+    uint64_t seed = 0;       // the teacher's dropout stream
+  };
+  void set_distillation(const Distill& d);
+  // While a sink is set, every training forward with a teacher adds `weight`
+  // times its micro-batch's KD loss to sink[0] (a (1) f32 on the model's device).
+  void set_kd_loss_sink(const Tensor& sink, float weight = 1.0f);
 
   // ---- Pipeline stage (see lib/runtime/pipeline_executor.h) -----------------
   // Activation sets ("slots") kept at once, one per in-flight micro-batch.
@@ -414,6 +436,12 @@ class GptModel {
   Tensor moe_sink_;  // see set_moe_loss_sink
   float moe_sink_weight_ = 1.0f;
   float aux_grad_ = 0.f;  // gradient of the loss w.r.t. each l_aux in the running backward
+  Distill distill_;       // see set_distillation
+  Tensor kd_losses_, kd_rows_;  // (B*T) f32 per-row KL; (B*T) i32 zeros (every row counts in the mean)
+  Tensor kd_sink_;        // see set_kd_loss_sink
+  float kd_sink_weight_ = 1.0f;
+  void distill_into_dlogits(const Tensor& tokens, float loss_weight, const DropoutKey& key);  // before the lm loss
+  void add_distill_grad();  // after it: the KD gradient into dlogits
   bool recomputing_ = false;  // a fully recomputed layer's second forward runs (recompute.cpp)
   Tensor ce_max_, ce_stats_;        // (B*T), (2, B*T) f32: vocab-parallel softmax statistics
   // Backward scratch.

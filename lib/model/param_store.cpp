@@ -48,7 +48,7 @@ FlatParamStore::FlatParamStore(const ModelLayout& layout, int num_layers, Device
     if (compute != DType::F32) compute_ = Tensor::zeros({total_}, compute, dev);
   }
   MemTagScope tag(MemTag::Grads);
-  grads_ = Tensor::zeros({n}, opts.grad, dev);
+  if (!opts.forward_only) grads_ = Tensor::zeros({n}, opts.grad, dev);
   unit_f32_.resize(units_.size());
 }
 
@@ -103,6 +103,7 @@ void FlatParamStore::params_updated() {
 
 Tensor FlatParamStore::acquire_grads(int unit) {
   const Range& r = units_.at(unit);
+  DS_CHECK(grads_.defined(), "unit {}: gradients acquired on a forward-only model", unit);
   notify_grads(unit, false);
   if (grads_.dtype() == DType::F32) return grads_.view(r.begin, {r.size()});
   DS_CHECK(!unit_f32_[unit].defined(), "unit {}: gradient acquired twice", unit);

@@ -109,6 +109,9 @@ struct FlatStoreOptions {
   // gather_owned() only issues the all-gather; acquire_params(u) completes the
   // chunks that write into unit u (Megatron's --overlap-param-gather).
   bool overlap_param_gather = false;
+  // A model that never runs a backward (a distillation teacher): no gradient
+  // buffer is allocated; acquiring gradients is then an error.
+  bool forward_only = false;
 };
 
 // One flat params buffer and one flat grads buffer; acquire returns views and

@@ -3,6 +3,7 @@
 // attention and partial RoPE) against central finite differences of the loss
 // (every op is also checked alone in test/ops), and the deferred loss sink.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -169,6 +170,84 @@ TEST_CASE("Mixture-of-Experts gradients match finite differences, l_aux included
     check_gradients(gpt);
     check_gradients(llama);
   }
+}
+
+// Knowledge distillation (docs/distillation.md): the student's gradient is
+// that of its lm loss plus Megatron-DeepSpeed's KD loss, beta * temp^2 *
+// sum_rows KL(p_t || p_s) / (B * seq_length), here computed from the two
+// models' logits in double on the host (T = 7 < seq_length 8: the divisor is
+// the configured length, as under a curriculum). The sink gets that value.
+TEST_CASE("distillation: the student's gradients are those of lm loss + KD loss") {
+  const ModelConfig cfg = test::tiny_model(false);
+  ModelConfig tcfg = cfg;
+  tcfg.num_layers = 3;
+  GptModel model(cfg, Device::cpu()), teacher(tcfg, Device::cpu());
+  model.init_weights(7, 0.2f);
+  teacher.init_weights(8, 0.4f);
+  const float beta = 1.7f, temp = 2.0f;
+  model.set_distillation({.teacher = &teacher, .beta = beta, .temp = temp, .seq_length = 8, .seed = 5});
+  const int64_t B = 2, T = 7, Vp = cfg.padded_vocab_size, V = cfg.vocab_size;
+  Tensor tok = test::random_tokens(B, T, V, 1), tgt = test::random_tokens(B, T, V, 2);
+  auto kd_ref = [&] {
+    const Tensor t = teacher.forward_logits(tok, {}).clone(), s = model.forward_logits(tok, {});
+    double sum = 0;
+    for (int64_t n = 0; n < B * T; ++n) {
+      auto lse = [&](const float* x) {
+        double mx = -1e300, e = 0;
+        for (int64_t j = 0; j < V; ++j) mx = std::max(mx, x[j] / double(temp));
+        for (int64_t j = 0; j < V; ++j) e += std::exp(x[j] / double(temp) - mx);
+        return mx + std::log(e);
+      };
+      const float* xs = s.data<float>() + n * Vp;
+      const float* xt = t.data<float>() + n * Vp;
+      const double ls = lse(xs), lt = lse(xt);
+      for (int64_t j = 0; j < V; ++j) {
+        const double a = xt[j] / double(temp) - lt, b = xs[j] / double(temp) - ls;
+        sum += std::exp(a) * (a - b);
+      }
+    }
+    return beta * double(temp) * temp * sum / double(B * 8);
+  };
+  Tensor sink = Tensor::zeros({1}, DType::F32);
+  model.set_kd_loss_sink(sink);
+  model.grads().zero_();
+  model.forward_backward(tok, tgt, 1.0f / (B * T));
+  model.set_kd_loss_sink(Tensor());
+  const double kd0 = kd_ref();
+  REQUIRE(kd0 > 1e-3);
+  CHECK(std::abs(sink.data<float>()[0] - kd0) <= 1e-5 * kd0);
+  Rng pick(4);
+  float* p = model.params().data<float>();
+  const float* g = model.grads().data<float>();
+  for (const ParamSpec& sp : model.layout().params) {
+    for (int k = 0; k < 3; ++k) {
+      int64_t i = sp.offset + static_cast<int64_t>(pick.below(sp.numel));
+      if (sp.name == "embed.wte") i = sp.offset + static_cast<int64_t>(pick.below(V * cfg.hidden_size));
+      const float orig = p[i], h = 1e-2f;
+      p[i] = orig + h;
+      const double lp = model.forward_loss(tok, tgt) + kd_ref();
+      p[i] = orig - h;
+      const double lm = model.forward_loss(tok, tgt) + kd_ref();
+      p[i] = orig;
+      const double fd = (lp - lm) / (2.0 * h);
+      INFO(sp.name << " element " << i - sp.offset << " analytic " << g[i] << " fd " << fd);
+      REQUIRE(std::abs(fd - g[i]) <= 2e-3 + 3e-2 * std::abs(fd));
+    }
+  }
+  // beta 0: exactly the gradients without a teacher.
+  GptModel plain(cfg, Device::cpu());
+  plain.init_weights(7, 0.2f);
+  plain.grads().zero_();
+  plain.forward_backward(tok, tgt, 1.0f / (B * T));
+  model.set_distillation({.teacher = &teacher, .beta = 0.f, .temp = temp, .seq_length = 8, .seed = 5});
+  model.grads().zero_();
+  model.forward_backward(tok, tgt, 1.0f / (B * T));
+  REQUIRE(std::memcmp(model.grads().data<float>(), plain.grads().data<float>(),
+                      static_cast<size_t>(model.layout().total) * 4) == 0);
+  ModelConfig other = cfg;
+  other.vocab_size = 30;
+  GptModel wrong(other, Device::cpu());
+  REQUIRE_THROWS(model.set_distillation({.teacher = &wrong, .seq_length = 8}));
 }
 
 TEST_CASE("init is deterministic and layer-local") {
