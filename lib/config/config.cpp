@@ -192,6 +192,7 @@ json training_json(const TrainConfig& c) {
   t["use_checkpoint_opt_param_scheduler"] = c.use_checkpoint_lr_scheduler;
   t["exit_signal_handler"] = c.exit_signal_handler;
   if (L.train_tokens > 0) t["train_tokens"] = L.train_tokens;
+  if (c.distill.enabled) t["distillation"] = distill_json(c.distill);
   if (L.rampup.enabled()) t["rampup_batch_size"] = {L.rampup.start, L.rampup.increment, L.rampup.samples};
   if (L.sample_based()) {  // train_iters is derived from the samples, not an input
     t.erase("train_iters");

@@ -108,6 +108,21 @@ struct ScheduleLengths {
   bool sample_based() const { return train_samples > 0; }
 };
 
+// Knowledge distillation as Megatron-DeepSpeed's --kd / --mos (docs/distillation.md):
+// a frozen teacher GPT from one of our checkpoints runs forward on each
+// micro-batch, and beta_ce * temperature^2 * KL(teacher || student) at that
+// temperature, over batchmean and the sequence length, is added to the loss.
+struct DistillConfig {
+  bool enabled = false;  // --kd or --mos
+  bool mos = false;      // --mos: the same loss, logged as "mos loss"
+  float alpha_ce = 1.0f, beta_ce = 1.0f, temperature = 1.0f;  // --kd-alpha-ce (unused, as upstream), --kd-beta-ce, --kd-temp
+  std::string load_teacher;  // --load-teacher: a dstrain checkpoint directory
+  // The teacher's size as the flags state it (0 / empty: not given); the
+  // checkpoint's saved config is the teacher, and a flag that disagrees is an error.
+  int num_layers = 0, hidden_size = 0, num_attention_heads = 0;
+  std::vector<int> num_experts;
+};
+
 struct TrainConfig {
   ModelConfig model;
   OptimizerConfig optim;
@@ -125,6 +140,7 @@ struct TrainConfig {
   ScheduleLengths lengths;
   // DeepSpeed's legacy `curriculum_learning` section (sequence-length warmup).
   CurriculumConfig curriculum;
+  DistillConfig distill;
   // On resume, a Megatron schedule that differs from the checkpoint's is an
   // error unless one of these picks a side (Megatron's two flags).
   bool override_lr_scheduler = false, use_checkpoint_lr_scheduler = false;

@@ -397,6 +397,7 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
   std::map<std::string, json> compat;
   add_compat_flags(app, compat);
   add_moe_flags(app, compat);
+  add_distill_flags(app, compat);
   std::vector<std::string> args = drop_repeated_list_flags(argc, argv);
   try {
     std::vector<std::string> rest(args.rbegin(), args.rend() - 1);  // CLI11 parses a reversed list without argv[0]
@@ -431,6 +432,7 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
   if (deepspeed) compat["--deepspeed"] = true;  // what some compatibility flags mean depends on the engine
   apply_compat_flags(j, compat, w);
   apply_moe_flags(j, compat, w);
+  apply_distill_flags(j, compat);
   // Megatron's own fp16 optimizer (no DeepSpeed engine, no config file) starts
   // dynamic loss scaling at --initial-loss-scale's default, 2^32.
   if (!deepspeed && f.config_path.empty() && f.special.count("--fp16") &&

@@ -71,6 +71,13 @@ void read_moe_section(JsonSection s, MoeConfig& m);
 nlohmann::json moe_json(const MoeConfig& m);
 void validate_moe_model(const ModelConfig& m);
 void validate_moe_parallel(const TrainConfig& cfg);
+// Knowledge distillation (config_distill.cpp): Megatron-DeepSpeed's --kd/--mos
+// flags, the "training.distillation" section and the checks.
+void add_distill_flags(CLI::App& app, std::map<std::string, nlohmann::json>& out);
+void apply_distill_flags(nlohmann::json& j, const std::map<std::string, nlohmann::json>& sp);
+void read_distill_section(JsonSection s, DistillConfig& d);
+nlohmann::json distill_json(const DistillConfig& d);
+void validate_distill(const TrainConfig& cfg);
 
 // Parses argv; on --help fills help_text. Returns the merged JSON: the config
 // file (if any) with every flag applied over it.

@@ -72,6 +72,8 @@ json retarget_config(json c, const ParallelRequest& to, BatchOnRetarget batch) {
   par["num_layers_per_virtual_pipeline_stage"] = to.layers_per_virtual_stage;
   if (auto m = c.find("model"); m != c.end() && m->is_object() && m->contains("moe") && (*m)["moe"].is_object())
     (*m)["moe"]["expert_parallel_size"] = to.ep;
+  // A distilled student read back (dsgen, dsconvert, a teacher) runs without its teacher.
+  if (auto t = c.find("training"); t != c.end() && t->is_object()) t->erase("distillation");
   c.erase("sequence_parallel_size");  // DeepSpeed's spelling of the Ulysses degree (never in a resolved config)
   c.erase(kGas);  // re-derived for the new data-parallel size
   if (batch == BatchOnRetarget::Drop) c.erase(kTbs);

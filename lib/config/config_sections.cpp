@@ -183,6 +183,7 @@ void read_training_schedule(JsonSection& s, TrainConfig& cfg, bool has_ds_schedu
 
 void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_scheduler, bool has_steps_per_print) {
   cfg.train_iters = s.get<int64_t>("train_iters", cfg.train_iters);
+  if (s.has("distillation")) read_distill_section(s.section("distillation"), cfg.distill);
   cfg.lengths.train_samples = s.get<int64_t>("train_samples", cfg.lengths.train_samples);
   cfg.lengths.train_tokens = s.get<int64_t>("train_tokens", cfg.lengths.train_tokens);
   if (s.has("rampup_batch_size")) {

@@ -422,6 +422,7 @@ void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
   validate_model(cfg.model, cfg.parallel);
   validate_parallel(cfg);
   validate_moe_parallel(cfg);
+  validate_distill(cfg);
   validate_training(cfg);  // before the optimizer: its schedule lengths follow train_iters
   validate_optimizer(cfg.optim);
   DS_USER_CHECK(optimizer_kind(cfg.optim.spec) != OptimizerKind::Lamb ||

@@ -178,12 +178,13 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
     }
     r.zero3_live = e.zero3.peak_live * P + (largest + persistent) * G;
   }
-  r.device_total = r.states.total() + r.zero3_live + e.activations.total() + e.pipeline_bytes();
+  r.device_total =
+      r.states.total() + r.zero3_live + e.activations.total() + e.pipeline_bytes() + e.teacher_bytes;
   // Host: the fp32 start-up copy of the rank's weights, plus with offload the
   // optimizer state and the fp32 master and gradient ranges the host Adam works on.
   const int64_t shard = make_zero_partition(n, e.sdp).shard;
   const int64_t opt_elems = stage >= 1 ? shard : n;
-  r.host_per_rank = 4 * n;
+  r.host_per_rank = 4 * n + 4 * e.teacher_params;  // the teacher is read whole in f32 too
   if (cfg.device == DeviceType::CPU) {
     r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.sdp, stage, e.precision, ob) : 0);
   } else if (offload) {
@@ -281,6 +282,25 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_p
     e.pipeline_buffers = pipeline_message_buffers_max(e.pp, n_micro, vp, cfg.zero.overlap_comm);
     e.pipeline_buffer_bytes = pipeline_buffer_bytes(cfg, e.layout, d.C);
   }
+  if (cfg.distill.enabled && cfg.distill.num_layers > 0) {
+    const DistillConfig& kd = cfg.distill;
+    ModelConfig tm = m;
+    tm.num_layers = kd.num_layers;
+    if (kd.hidden_size > 0 && kd.hidden_size != m.hidden_size) {  // the FFN keeps its ratio to the width
+      tm.ffn_hidden_size = static_cast<int>(int64_t{m.ffn_hidden_size} * kd.hidden_size / m.hidden_size);
+      tm.hidden_size = kd.hidden_size;
+    }
+    if (kd.num_attention_heads > 0) tm.num_heads = kd.num_attention_heads;
+    if (tm.num_kv_heads > 0 && tm.num_heads % tm.num_kv_heads != 0) tm.num_kv_heads = 0;
+    if (!kd.num_experts.empty()) tm.moe.num_experts = kd.num_experts;
+    tm.moe.expert_parallel_size = 1;
+    e.teacher_params = build_layout(tm).total;
+    TrainConfig tc = cfg;
+    tc.model = tm;
+    tc.parallel.recompute = RecomputeKind::None;
+    e.teacher_bytes = e.teacher_params * (e.precision == StatePrecision::FP32 ? 4 : 6) +
+                      activation_bytes(tc, e.layout, model_dims(tm)).saved;
+  }
   std::vector<Range> units = layer_units(layout);
   for (Range& u : units) u = {u.begin / e.tp, u.begin / e.tp + ceil_div(u.size(), e.tp)};  // TP shares a unit
   e.zero3 = make_zero3_plan(units, cfg.zero.stage3_prefetch_bucket_size, cfg.zero.stage3_max_live_parameters,
@@ -324,6 +344,13 @@ void append_header(std::string& out, const TrainConfig& cfg, const MemoryEstimat
                                        e.precision == StatePrecision::Mixed ? "4 (fp32 accumulation)"
                                                                             : "2 (accumulated in the compute dtype)",
                                        optimizer_bytes_text(cfg.optim.spec)));
+  if (cfg.distill.enabled)
+    out += e.teacher_params > 0
+               ? fmt::format("distillation teacher on every rank: {} parameters, {} GiB (f32 weights{} and its "
+                             "forward's activations; in per-rank device)\n",
+                             millions(e.teacher_params), gib(e.teacher_bytes),
+                             e.precision == StatePrecision::FP32 ? "" : " + the compute copy")
+               : "note: distillation teacher not counted: --num-layers-teacher does not give its size\n";
   const std::string rc = recompute_granularity_name(cfg.parallel.recompute);
   out += fmt::format("activations per rank (micro batch {} x seq {}, recompute {}): {} GiB (saved {} + backward {})\n",
                      cfg.batch.micro_batch_size,

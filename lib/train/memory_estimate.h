@@ -62,6 +62,11 @@ struct MemoryEstimate {
   int64_t pipeline_buffer_bytes = 0;  // each of them
   int64_t pipeline_bytes() const { return pipeline_buffers * pipeline_buffer_bytes; }
   Zero3Plan zero3;            // fetch plan over the rank's units (embedding, layers, head)
+  // Distillation (--kd / --mos): the teacher, whole on every rank. Sized from
+  // the --*-teacher flags over the student's config; 0 when they do not give
+  // its layers (its checkpoint is not read here).
+  int64_t teacher_params = 0;
+  int64_t teacher_bytes = 0;  // f32 weights (+ the compute copy) and its forward's activations
   std::vector<MemoryEstimateRow> rows;  // stages 0..3 x offload none/cpu
 };
 

@@ -30,7 +30,9 @@ std::string format_iteration(const IterStats& s) {
       "grad norm: {:.3f} |{} number of skipped iterations: {:>3} | number of nan iterations: {:>3} | "
       "tokens/s: {:.0f} | TFLOP/s: {:.3f} |",
       s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iter, s.lr, s.global_batch, s.loss,
-      s.moe_loss >= 0 ? fmt::format(" moe loss: {:.6E} |", s.moe_loss) : std::string(), s.loss_scale,
+      (s.moe_loss >= 0 ? fmt::format(" moe loss: {:.6E} |", s.moe_loss) : std::string()) +
+          (std::isnan(s.kd_loss) ? std::string() : fmt::format(" {}: {:.6E} |", s.kd_label, s.kd_loss)),
+      s.loss_scale,
       s.grad_norm,
       s.curriculum_seqlen > 0 ? fmt::format(" curriculum seqlen: {:5d} |", s.curriculum_seqlen) : std::string(),
       s.skipped, s.nan_iters, s.tokens_per_s, s.tflops);

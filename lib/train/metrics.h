@@ -4,6 +4,7 @@
 // in matrix multiplies (all but learned position embeddings); the second term is
 // causal attention (QK^T and PV, forward + backward, half the TxT square).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -17,6 +18,8 @@ struct IterStats {
   int64_t skipped = 0, nan_iters = 0;
   int64_t curriculum_seqlen = 0;  // > 0: the step's curriculum sequence length (logged)
   double moe_loss = -1;           // >= 0: Mixture of Experts, loss_coeff x sum of l_aux (logged after lm loss)
+  double kd_loss = NAN;           // distillation (not NaN): the KD loss, logged after them as kd_label
+  const char* kd_label = "kd loss";
   double tokens_per_s = 0, tflops = 0, mfu = -1;  // mfu < 0: not reported
   double max_mem_gb = -1;                          // < 0: not reported
   double elapsed_s = -1;  // since the trainer started; < 0: not reported (nor the ETA)

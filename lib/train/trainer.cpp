@@ -19,6 +19,7 @@
 #include "lib/model/tp_shard.h"
 #include "lib/ops/ops.h"
 #include "lib/optim/lr_schedule.h"
+#include "lib/train/distill.h"
 #include "lib/train/exit_signal.h"
 #include "lib/train/memory_estimate.h"
 #include "lib/train/schedule_resume.h"
@@ -113,6 +114,10 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   if (comms_.grid.sp > 1) model_->set_ulysses({comms_.sp, comms_.grid.sp, comms_.grid.sp_rank});
   model_->set_recompute(recompute_config(cfg_.parallel));
   moe_ = model_->has_moe();
+  if (cfg_.distill.enabled) {
+    teacher_ = load_teacher(cfg_, dev_, compute);
+    model_->set_distillation(distill_settings(cfg_, *teacher_));
+  }
   opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get(), cfg_.optim.spec);
   opt_->set_timeline(&timeline_);
   if (shard_.tp > 1 || shard_.pp > 1)  // each parameter counted once over the model-parallel (tp x pp) ranks
@@ -519,6 +524,7 @@ float Trainer::train_step() {
   step_times_.steps += 1;
   const float loss = r.loss;
   last_moe_loss_ = r.moe_loss;
+  last_kd_loss_ = r.kd_loss;
   // The schedule counts applied steps only (DeepSpeed and Megatron do not
   // advance the learning rate on a skipped step).
   const int64_t tokens_before = state_.consumed_tokens;
@@ -774,6 +780,10 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
   s.loss_scale = state_.loss_scale;
   s.grad_norm = grad_norm;
   if (moe_) s.moe_loss = last_moe_loss_;
+  if (teacher_) {
+    s.kd_loss = last_kd_loss_;
+    s.kd_label = cfg_.distill.mos ? "mos loss" : "kd loss";
+  }
   s.skipped = state_.skipped_steps;
   s.nan_iters = nan_iters_;
   if (curriculum_) s.curriculum_seqlen = seqlen_;

@@ -71,16 +71,17 @@ class Trainer {
   void begin_step_stats();
   void end_step_stats();  // the device work that completes the step's statistics (no host read)
   // The step's block on the device, (kStepStats + AdamWSlot::Count) f32: the
-  // statistics (gradient sum of squares, overflow flag, loss, MoE loss) and
+  // statistics (gradient sum of squares, overflow flag, loss, MoE loss, KD loss) and
   // the step scalars of the gated update (lib/ops/step_scalars.h). One read
   // returns both; the gate reads the first three statistics.
-  static constexpr int64_t kStepStats = 4;
+  static constexpr int64_t kStepStats = 5;
   Tensor step_block_;
   Tensor step_stats() const { return step_block_.view(0, {kStepStats}); }
   Tensor step_scalars() const { return step_block_.view(kStepStats, {AdamWSlot::Count}); }
   struct StepRead {
     float sumsq = 0, overflow = 0, loss = 0;  // the world's sums (the loss scale still in sumsq)
     float moe_loss = 0;                       // loss_coeff x sum of l_aux, averaged like the loss
+    float kd_loss = 0;                        // distillation's loss, averaged like the loss
     float grad_scale = 1;                     // device_update_: what the device's gate decided
     bool skipped = false;
   };
@@ -145,6 +146,7 @@ class Trainer {
   Device dev_;
   std::unique_ptr<ZeroParamStore> store_;  // ZeRO-2/3 (else the model's flat buffers)
   std::unique_ptr<GptModel> model_;
+  std::unique_ptr<GptModel> teacher_;  // --kd / --mos: the frozen teacher (lib/train/distill.h)
   Comms& comms_;
   int local_rank_ = 0;
   std::chrono::steady_clock::time_point start_;  // when this process started training
@@ -179,6 +181,7 @@ class Trainer {
   double last_grad_norm_ = 0, last_lr_ = 0;
   bool moe_ = false;  // the model has Mixture-of-Experts layers
   double last_moe_loss_ = 0;  // the last step's "moe loss"
+  double last_kd_loss_ = 0;   // the last step's "kd loss" / "mos loss"
   int64_t nan_iters_ = 0, nan_streak_ = 0;  // non-finite iterations: in this run, in a row
   StepTimes step_times_;  // wall_clock_breakdown: phases since the last log line
   double phase_ms();      // milliseconds since the previous call (device synchronized)

@@ -49,7 +49,7 @@ void Trainer::update_on_device(const StepHyper& h, double loss_scale, bool scale
   opt_->step_gated(h, step_scalars());
 }
 
-// step_stats() = [gradient sum of squares, overflow flag, loss, MoE loss]: each rank's
+// step_stats() = [gradient sum of squares, overflow flag, loss, MoE loss, KD loss]: each rank's
 // share, zeroed (asynchronously); the model adds its micro-batches' mean
 // losses to the loss slot. Every loss is computed by each tp rank of the last
 // pipeline stage: tp rank 0 reports it, weighted so that the sum over the
@@ -64,6 +64,7 @@ void Trainer::begin_step_stats() {
   // Megatron-DeepSpeed's "moe loss": loss_coeff x the sum of the layers' l_aux.
   model_->set_moe_loss_sink(stats.view(3, {1}),
                             shard_.tp_rank == 0 ? static_cast<float>(share * cfg_.model.moe.loss_coeff) : 0.f);
+  if (teacher_) model_->set_kd_loss_sink(stats.view(4, {1}), static_cast<float>(share));
 }
 
 // end_step_stats: reduces the gradients, adds this rank's share of their sum
@@ -79,6 +80,7 @@ void Trainer::end_step_stats() {
   if (scaler_) opt_->grads_nonfinite_into(stats.view(1, {1}));
   model_->set_loss_sink(Tensor());
   model_->set_moe_loss_sink(Tensor());
+  if (teacher_) model_->set_kd_loss_sink(Tensor());
   Communicator& world = *comms_.world;
   if (world.size() > 1) world.all_reduce(stats);
 }
@@ -96,7 +98,7 @@ Trainer::StepRead Trainer::read_step_block() {
   world.raise_if_failed();  // values from an aborted operation (on any group) are never used
   const float* v = host.data<float>();
   const float* sc = v + kStepStats;
-  return StepRead{.sumsq = v[0], .overflow = v[1], .loss = v[2], .moe_loss = v[3], .grad_scale = sc[AdamWSlot::GradScale],
+  return StepRead{.sumsq = v[0], .overflow = v[1], .loss = v[2], .moe_loss = v[3], .kd_loss = v[4], .grad_scale = sc[AdamWSlot::GradScale],
                   .skipped = sc[AdamWSlot::Skip] != 0.f};
 }
 

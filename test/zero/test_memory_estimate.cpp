@@ -280,3 +280,32 @@ TEST_CASE("memory estimate: each optimizer's state bytes", "[zero][estimate]") {
     CHECK(row(e, 2, true).states.optimizer == 0);  // offloaded: host memory
   }
 }
+
+TEST_CASE("memory estimate: a distillation teacher on every rank", "[zero][estimate]") {
+  TrainConfig plain = gpt2_124m();
+  plain.device = DeviceType::CUDA;
+  const MemoryEstimate base = estimate_memory(plain, 1, 8);
+  TrainConfig kd = plain;
+  kd.distill.enabled = true;
+  kd.distill.load_teacher = "teacher";
+  SECTION("sized from the flags: 24 layers of the student's width") {
+    kd.distill.num_layers = 24;
+    const MemoryEstimate e = estimate_memory(kd, 1, 8);
+    TrainConfig t = kd;
+    t.model.num_layers = 24;
+    t.model.vocab_size = 50257;
+    t.model.padded_vocab_size = 50304;
+    const int64_t n = count_parameters(t.model);
+    CHECK(e.teacher_params == n);
+    CHECK(e.teacher_bytes > 6 * n);  // bf16: f32 weights + the bf16 copy, plus activations
+    for (size_t i = 0; i < e.rows.size(); ++i)
+      if (e.rows[i].supported) CHECK(e.rows[i].device_total == base.rows[i].device_total + e.teacher_bytes);
+    CHECK_THAT(estimate_memory_report(kd, 1, 8), Contains("distillation teacher on every rank"));
+  }
+  SECTION("not given: not counted, and the report says so") {
+    const MemoryEstimate e = estimate_memory(kd, 1, 8);
+    CHECK(e.teacher_params == 0);
+    CHECK(e.rows[0].device_total == base.rows[0].device_total);
+    CHECK_THAT(estimate_memory_report(kd, 1, 8), Contains("teacher not counted"));
+  }
+}
