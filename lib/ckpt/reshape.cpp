@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <set>
 
 #include "lib/ckpt/safetensors.h"
 #include "lib/core/error.h"
@@ -183,27 +185,99 @@ FullOptimizerState assemble_full_state(const SavedStep& s) {
   return f;
 }
 
+namespace {
+
+// What a target range wants of one saved weight: elements [full, full + n)
+// of the (saved) full weight, into the range's buffer at `dst`.
+struct Want {
+  int64_t full = 0, n = 0, dst = 0;
+};
+
+// One read: elements [src, src + n) of a saved shard's local state into dst.
+struct Piece {
+  int64_t src = 0, n = 0, dst = 0;
+};
+
+}  // namespace
+
+int64_t read_reshaped_state(const SavedStep& s, const ModelLayout& full, const ModelLayout& local, int64_t begin,
+                            int64_t end, OptimizerStates& state) {
+  for (OptimizerStateTensor& t : state) t.t = Tensor::zeros({end - begin}, DType::F32);
+  // What [begin, end) of the target's local layout holds, per saved weight, in
+  // the saved full weight's element order (a padded vocabulary row the saved
+  // model lacks stays zero, as adapt_full leaves it).
+  std::map<std::string, std::vector<Want>> wants;
+  for (const ParamSpec& p : local.params) {
+    if (p.offset + p.numel <= begin || p.offset >= end) continue;
+    const ParamSpec* f = s.full.try_find(p.name);
+    const ParamSpec& t = full.find(p.name);
+    DS_USER_CHECK(f && same_but_vocab(*f, t), "checkpoint: weight '{}' is {}, the configured model expects {}",
+                  p.name, f ? shape_str(f->shape) : std::string("missing"), shape_str(t.shape));
+    std::vector<Want>& w = wants[p.name];
+    for_each_shard_run(p, local.shard, [&](int64_t fo, int64_t lo, int64_t n) {
+      const int64_t a = std::max(begin, p.offset + lo), b = std::min(end, p.offset + lo + n);
+      const int64_t from = fo + (a - p.offset - lo), count = std::min(b - a, f->numel - from);
+      if (count > 0) w.push_back({from, count, a - begin});
+    });
+    std::sort(w.begin(), w.end(), [](const Want& x, const Want& y) { return x.full < y.full; });
+  }
+  // Each saved (pp, tp, ep) shard in turn: the overlap of its runs with the
+  // wants, read from its files, then the files are closed. A weight a shard
+  // holds whole (replicated over tp, or not split) is read from the first
+  // shard that holds it; a tied wte from the first stage (as place_local).
+  std::set<std::string> whole_done;
+  int64_t step = -1;
+  for (int pr = 0; pr < s.sizes.pp; ++pr) {
+    for (int r = 0; r < s.sizes.tp; ++r) {
+      for (int e = 0; e < s.sizes.ep; ++e) {
+        const ShardCoords at = s.sizes.at(r, pr).at_ep(e);
+        const ModelLayout src = build_layout(s.model, at);
+        std::vector<Piece> pieces;
+        std::vector<std::string> whole;
+        for (const ParamSpec& q : src.params) {
+          if (!src.first_stage() && q.name == "embed.wte") continue;
+          auto it = wants.find(q.name);
+          if (it == wants.end() || whole_done.count(q.name)) continue;
+          if (q.shape == q.full_shape) whole.push_back(q.name);
+          const std::vector<Want>& w = it->second;
+          for_each_shard_run(q, src.shard, [&](int64_t fo, int64_t lo, int64_t n) {
+            // The wants overlapping [fo, fo + n): from the last one starting before fo.
+            auto k = std::upper_bound(w.begin(), w.end(), fo, [](int64_t x, const Want& y) { return x < y.full; });
+            if (k != w.begin()) --k;
+            for (; k != w.end() && k->full < fo + n; ++k) {
+              const int64_t a = std::max(fo, k->full), b = std::min(fo + n, k->full + k->n);
+              if (a < b) pieces.push_back({q.offset + lo + (a - fo), b - a, k->dst + (a - k->full)});
+            }
+          });
+        }
+        whole_done.insert(whole.begin(), whole.end());
+        if (pieces.empty() && step >= 0) continue;
+        SavedStateFiles files(s, at, src.total, state);
+        step = files.step();
+        std::sort(pieces.begin(), pieces.end(), [](const Piece& x, const Piece& y) { return x.src < y.src; });
+        std::vector<Piece> merged;  // neighbours in both the source and the destination: one read
+        for (const Piece& p : pieces) {
+          if (!merged.empty() && merged.back().src + merged.back().n == p.src &&
+              merged.back().dst + merged.back().n == p.dst)
+            merged.back().n += p.n;
+          else
+            merged.push_back(p);
+        }
+        for (size_t i = 0; i < state.size(); ++i)
+          for (const Piece& p : merged) files.read(i, p.src, p.src + p.n, state[i].t.data<float>() + p.dst);
+      }
+    }
+  }
+  return step;
+}
+
 void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, OptimizerStates& state,
                    int64_t& opt_step, bool with_params) {
   DS_CHECK(d.model != nullptr, "read_reshaped needs the model config");
   const ModelLayout& full = *d.layout;
   const ModelLayout& local = d.opt_layout ? *d.opt_layout : full;  // the target stage's tp-rank layout
   if (with_params) params = read_full_params(s, full);
-  FullOptimizerState fs = assemble_full_state(s);
-  opt_step = fs.step;
-  const int64_t n = d.opt_end - d.opt_begin;
-  Tensor local_buf = Tensor::empty({local.total}, DType::F32);
-  for (OptimizerStateTensor& dst : state) {
-    OptimizerStateTensor* src = nullptr;
-    for (OptimizerStateTensor& t : fs.states)
-      if (t.name == dst.name) src = &t;
-    DS_CHECK(src, "optimizer state '{}' not assembled", dst.name);  // check_saved_states ran first
-    Tensor adapted = adapt_full(s.full, full, src->t);
-    src->t = Tensor();  // release the saved-layout copy early
-    slice_tp_params(local, full, adapted, local_buf);
-    dst.t = Tensor::empty({n}, DType::F32);
-    std::copy_n(local_buf.data<float>() + d.opt_begin, n, dst.t.data<float>());
-  }
+  opt_step = read_reshaped_state(s, full, local, d.opt_begin, d.opt_end, state);
 }
 
 }  // namespace ds

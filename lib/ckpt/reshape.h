@@ -109,6 +109,30 @@ FullOptimizerState assemble_full_state(const SavedStep& s);
 // vocabulary may differ: rows are cut or zero-filled).
 Tensor adapt_full(const ModelLayout& from, const ModelLayout& to, const Tensor& buf);
 
+// One saved (pp, tp, ep) shard's optimizer files, opened and checked (every
+// file's metadata and state headers; the ranks' ranges tile the shard's
+// local layout of local_total elements). read() reads a range of one state,
+// verifying each file's checksum the first time it reads from it.
+class SavedStateFiles {
+ public:
+  SavedStateFiles(const SavedStep& s, const ShardCoords& at, int64_t local_total, const OptimizerStates& names);
+  // Elements [lo, hi) of the shard's local state names[state] into dst.
+  void read(size_t state, int64_t lo, int64_t hi, float* dst);
+  int64_t step() const { return step_; }  // the optimizer step count
+
+ private:
+  struct File {
+    SafetensorsFile sf;
+    std::string name;
+    int64_t b = 0, e = 0;  // the local range it holds
+    bool verified = false;
+  };
+  const SavedStep& s_;
+  OptimizerStates names_;
+  std::vector<File> files_;  // sorted by range
+  int64_t step_ = 0;
+};
+
 // Reads [begin, end) of shard `at`'s (s.sizes at a pp, tp and ep rank) local optimizer state
 // (local_total elements) from the s.shards optimizer files of that rank:
 // each entry of `state` by its name, into its tensor (replaced by a host f32
@@ -118,6 +142,16 @@ Tensor adapt_full(const ModelLayout& from, const ModelLayout& to, const Tensor& 
 // state), ranges that overlap or leave a gap.
 int64_t read_state_range(const SavedStep& s, const ShardCoords& at, int64_t local_total, int64_t begin, int64_t end,
                          OptimizerStates& state);
+
+// [begin, end) of a target shard's local optimizer state (layout `local`,
+// whose full layout `full` may pad the vocabulary otherwise than the saved
+// one) from a checkpoint of any layout: only the byte ranges of the saved
+// shards' files that hold those elements are read, one saved shard's files
+// open at a time, so a rank holds its range and never the whole model's
+// state. Every entry of `state` by its name (host f32 of end - begin).
+// Returns the optimizer step count.
+int64_t read_reshaped_state(const SavedStep& s, const ModelLayout& full, const ModelLayout& local, int64_t begin,
+                            int64_t end, OptimizerStates& state);
 
 // The load path for a checkpoint saved with another TP / PP layout (or padded
 // vocabulary): fills host params (d.layout->total; unless !with_params), every entry of `state`

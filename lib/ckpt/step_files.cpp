@@ -198,51 +198,63 @@ void check_saved_states(const SavedStep& s, const OptimizerStates& want, const s
                 state_names(saved), state_names(want));
 }
 
-int64_t read_state_range(const SavedStep& s, const ShardCoords& at, int64_t local_total, int64_t begin, int64_t end,
-                         OptimizerStates& state) {
-  const int tp_rank = at.tp_rank, pp_rank = at.pp_rank;
-  for (OptimizerStateTensor& t : state) t.t = Tensor::zeros({end - begin}, DType::F32);
-  std::vector<std::pair<int64_t, int64_t>> ranges;  // every shard's [b, e), to check they tile [0, total)
-  int64_t opt_step = 0;
+SavedStateFiles::SavedStateFiles(const SavedStep& s, const ShardCoords& at, int64_t local_total,
+                                 const OptimizerStates& names)
+    : s_(s), names_(names) {
+  files_.reserve(static_cast<size_t>(s.shards));
   for (int r = 0; r < s.shards; ++r) {
     const std::string name = optimizer_shard_name(r, s.shards, at);
     const fs::path f = s.dir / name;
     DS_USER_CHECK(fs::exists(f), "checkpoint '{}': optimizer shard '{}' is missing", s.dir.string(), name);
-    SafetensorsFile sf = SafetensorsFile::open(f.string());
-    const auto meta = sf.metadata();
+    File file{SafetensorsFile::open(f.string()), name, 0, 0, false};
+    const auto meta = file.sf.metadata();
     const int64_t total = meta_int(meta, "total", 0, INT64_MAX, f.string());
     DS_USER_CHECK(total == local_total, "checkpoint file '{}': optimizer shard for {} parameters, the model has {}",
                   f.string(), total, local_total);
-    const int64_t b = meta_int(meta, "begin", 0, total, f.string());
-    const int64_t e = meta_int(meta, "end", b, total, f.string());
-    opt_step = meta_int(meta, "step", 0, INT64_MAX, f.string());
+    file.b = meta_int(meta, "begin", 0, total, f.string());
+    file.e = meta_int(meta, "end", file.b, total, f.string());
+    step_ = meta_int(meta, "step", 0, INT64_MAX, f.string());
     check_identity(meta, f.string(), r, s.shards, at);
-    ranges.emplace_back(b, e);
-    const int64_t lo = std::max(b, begin), hi = std::min(e, end);
-    if (lo >= hi) {  // not read: its header is checked, its data is left to the ranks that read it
-      for (const OptimizerStateTensor& t : state) check_state_header(sf, t.name, e - b);
-      continue;
-    }
-    if (s.progress) s.progress->set_total(s.progress->total() + static_cast<int64_t>(fs::file_size(f)));
-    verify_step_file(s.dir, s.state, name, s.progress);
-    for (OptimizerStateTensor& t : state) {  // only the overlap is read, straight into place
-      check_state_header(sf, t.name, e - b);
-      float* dst = t.t.data<float>() + (lo - begin);
-      sf.read_f32(t.name, lo - b, hi - lo, dst);
-      check_finite(Tensor::from_blob(dst, {hi - lo}, DType::F32), sf.path(), t.name, t.non_negative);
-    }
+    for (const OptimizerStateTensor& t : names_) check_state_header(file.sf, t.name, file.e - file.b);
+    files_.push_back(std::move(file));
   }
-  std::sort(ranges.begin(), ranges.end());
+  std::sort(files_.begin(), files_.end(), [](const File& a, const File& b) { return a.b < b.b; });
   int64_t pos = 0;
-  for (const auto& [b, e] : ranges) {
-    if (b == e) continue;  // an empty shard (more ranks than elements)
-    DS_USER_CHECK(b == pos, "checkpoint '{}': optimizer shards of tp rank {} / pp rank {} {} at element {}",
-                  s.dir.string(), tp_rank, pp_rank, b < pos ? "overlap" : "leave a gap", std::min(b, pos));
-    pos = e;
+  for (const File& f : files_) {
+    if (f.b == f.e) continue;  // an empty shard (more ranks than elements)
+    DS_USER_CHECK(f.b == pos, "checkpoint '{}': optimizer shards of tp rank {} / pp rank {} {} at element {}",
+                  s.dir.string(), at.tp_rank, at.pp_rank, f.b < pos ? "overlap" : "leave a gap", std::min(f.b, pos));
+    pos = f.e;
   }
   DS_USER_CHECK(pos == local_total, "checkpoint '{}': optimizer shards of tp rank {} / pp rank {} cover {} of {} "
-                "elements", s.dir.string(), tp_rank, pp_rank, pos, local_total);
-  return opt_step;
+                "elements", s.dir.string(), at.tp_rank, at.pp_rank, pos, local_total);
+}
+
+void SavedStateFiles::read(size_t state, int64_t lo, int64_t hi, float* dst) {
+  const OptimizerStateTensor& t = names_.at(state);
+  for (File& f : files_) {  // only the overlap of each file is read, straight into place
+    const int64_t a = std::max(f.b, lo), b = std::min(f.e, hi);
+    if (a >= b) continue;
+    if (!f.verified) {
+      if (s_.progress)
+        s_.progress->set_total(s_.progress->total() + static_cast<int64_t>(fs::file_size(s_.dir / f.name)));
+      verify_step_file(s_.dir, s_.state, f.name, s_.progress);
+      f.verified = true;
+    }
+    float* out = dst + (a - lo);
+    f.sf.read_f32(t.name, a - f.b, b - a, out);
+    check_finite(Tensor::from_blob(out, {b - a}, DType::F32), f.sf.path(), t.name, t.non_negative);
+  }
+}
+
+int64_t read_state_range(const SavedStep& s, const ShardCoords& at, int64_t local_total, int64_t begin, int64_t end,
+                         OptimizerStates& state) {
+  SavedStateFiles files(s, at, local_total, state);
+  for (size_t i = 0; i < state.size(); ++i) {
+    state[i].t = Tensor::zeros({end - begin}, DType::F32);
+    if (end > begin) files.read(i, begin, end, state[i].t.data<float>());
+  }
+  return files.step();
 }
 
 }  // namespace ds

@@ -13,7 +13,10 @@
 // writer still built the whole file in memory). Resuming from that checkpoint, each rank
 // reads only its shard of the weights and its optimizer range: at most one
 // transient copy of its optimizer state above the bound (dstrain once read
-// the whole model on every rank, three times over: +1.2 GB here).
+// the whole model on every rank, three times over: +1.2 GB here). Loading it
+// into another layout (TP2 x PP2) reads only the byte ranges of the saved
+// shards that hold the rank's range: the same bound at that layout (dstrain
+// once assembled the whole model's optimizer state on every rank for it).
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -89,6 +92,18 @@ void check(const std::string& name, int tp, int pp, bool save) {
     const int64_t load_bound = base + state + 4 * acts + kAllowance + state;  // + one copy of the read state
     std::printf("%s resumed: peak %lld, bound %lld\n", name.c_str(), (long long)load_peak, (long long)load_bound);
     CHECK(load_peak <= load_bound);
+    // Reshaped: the same checkpoint into TP2 x PP2, against that layout's baseline and state.
+    const int64_t base22 = logged(run_job(name + "_base22", 2, 2, 64, ""), peak_line);
+    const std::string reshaped = run_job(name + "_load22", 2, 2, 1024, "", ck);
+    INFO(reshaped);
+    REQUIRE(reshaped.find("loaded checkpoint from") != std::string::npos);
+    const int64_t state22 = logged(reshaped, R"(model state: (\d+) bytes per rank)");
+    const int64_t acts22 = logged(reshaped, R"(activations: (\d+) bytes saved per micro-batch)");
+    const int64_t reshape_peak = logged(reshaped, peak_line);
+    const int64_t reshape_bound = base22 + state22 + 4 * acts22 + kAllowance + state22;
+    std::printf("%s reshaped to TP2 x PP2: peak %lld, bound %lld\n", name.c_str(), (long long)reshape_peak,
+                (long long)reshape_bound);
+    CHECK(reshape_peak <= reshape_bound);
   }
   fs::remove_all(ck);
 }
