@@ -1,5 +1,7 @@
-// Checkpoint reshaping: full optimizer state from any (TP, PP, DP/ZeRO)
-// layout's shards, sliced for any other; offline rewriting for dsconvert.
+// Checkpoint reshaping: a rank's optimizer range of any (TP, PP, EP, DP/ZeRO)
+// layout read from the shards of any other, byte range by byte range; the
+// full weights adapted to another padded vocabulary; offline rewriting for
+// dsconvert (convert.cpp).
 #include "lib/ckpt/reshape.h"
 
 #include <algorithm>
@@ -17,18 +19,6 @@ namespace fs = std::filesystem;
 
 namespace ds {
 namespace {
-
-// full (full.total) <- local (local.total) at local's tp rank and stage. A
-// tied wte on a later stage is skipped: the first stage's copy is the one.
-void place_local(const ModelLayout& local, const ModelLayout& full, const float* src, float* dst) {
-  for (const ParamSpec& p : local.params) {
-    if (!local.first_stage() && p.name == "embed.wte") continue;
-    const ParamSpec& f = full.find(p.name);
-    for_each_shard_run(p, local.shard, [&](int64_t fo, int64_t lo, int64_t n) {
-      std::memcpy(dst + f.offset + fo, src + p.offset + lo, n * sizeof(float));
-    });
-  }
-}
 
 // Only dim 0 of the vocabulary-parallel weights may differ between two full
 // layouts of the same model (Megatron pads the vocabulary per TP size).
@@ -147,7 +137,10 @@ void read_local_params(const SavedStep& s, const SafetensorsFile& model, const M
   for (const ParamSpec& p : local.params) {
     if (p.offset + p.numel <= begin || p.offset >= end) continue;
     const ParamSpec* f = s.full.try_find(p.name);
-    const ParamSpec target{.name = p.name, .shape = p.full_shape, .numel = shape_numel(p.full_shape)};
+    ParamSpec target;
+    target.name = p.name;
+    target.shape = p.full_shape;
+    target.numel = shape_numel(p.full_shape);
     DS_USER_CHECK(f && same_but_vocab(*f, target), "checkpoint: weight '{}' is {}, the configured model expects {}",
                   p.name, f ? shape_str(f->shape) : std::string("missing"), shape_str(p.full_shape));
     // Each run of this shard's weight in the full weight; elements past the
@@ -164,25 +157,6 @@ void read_local_params(const SavedStep& s, const SafetensorsFile& model, const M
       check_finite(got, model.path(), p.name);
     });
   }
-}
-
-FullOptimizerState assemble_full_state(const SavedStep& s) {
-  FullOptimizerState f;
-  f.states = saved_state_names(s);
-  for (OptimizerStateTensor& t : f.states) t.t = Tensor::zeros({s.full.total}, DType::F32);
-  for (int pr = 0; pr < s.sizes.pp; ++pr) {
-    for (int r = 0; r < s.sizes.tp; ++r) {
-      for (int e = 0; e < s.sizes.ep; ++e) {  // one source (stage, tp rank, ep rank)'s local state at a time
-        const ShardCoords at = s.sizes.at(r, pr).at_ep(e);
-        const ModelLayout local = build_layout(s.model, at);
-        OptimizerStates part = f.states;
-        f.step = read_state_range(s, at, local.total, 0, local.total, part);
-        for (size_t i = 0; i < part.size(); ++i)
-          place_local(local, s.full, part[i].t.data<float>(), f.states[i].t.data<float>());
-      }
-    }
-  }
-  return f;
 }
 
 namespace {
@@ -224,7 +198,7 @@ int64_t read_reshaped_state(const SavedStep& s, const ModelLayout& full, const M
   // Each saved (pp, tp, ep) shard in turn: the overlap of its runs with the
   // wants, read from its files, then the files are closed. A weight a shard
   // holds whole (replicated over tp, or not split) is read from the first
-  // shard that holds it; a tied wte from the first stage (as place_local).
+  // shard that holds it; a tied wte from the first stage (the later stage's copy is the same).
   std::set<std::string> whole_done;
   int64_t step = -1;
   for (int pr = 0; pr < s.sizes.pp; ++pr) {

@@ -17,6 +17,8 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <memory>
+#include <set>
 #include <string>
 
 #include "lib/ckpt/checkpoint.h"
@@ -40,6 +42,9 @@ struct SavedStep {
   // When set, the bytes of the files read (checksummed) are counted here, and
   // each optimizer shard's size is added to its total when the shard is read.
   Progress* progress = nullptr;
+  // The files whose checksums were verified (shared by copies): each is
+  // verified once however many ranges are read from it (dsconvert).
+  std::shared_ptr<std::set<std::string>> verified = std::make_shared<std::set<std::string>>();
 };
 
 // DIR/global_stepN: `tag` if given, else the one DIR/latest names. "" when
@@ -97,13 +102,6 @@ std::string saved_optimizer_type(const SavedStep& s);
 // differs from saved_optimizer_type(s), or the state names `want` (an
 // optimizer's) differ from saved_state_names(s): saved with another optimizer.
 void check_saved_states(const SavedStep& s, const OptimizerStates& want, const std::string& type = "");
-
-// Optimizer state of the whole model in the saved full layout.
-struct FullOptimizerState {
-  OptimizerStates states;  // host f32 (s.full.total) each, named as saved
-  int64_t step = 0;
-};
-FullOptimizerState assemble_full_state(const SavedStep& s);
 
 // A full-layout buffer copied from layout `from` to `to` (same model, padded
 // vocabulary may differ: rows are cut or zero-filled).

@@ -235,12 +235,13 @@ void SavedStateFiles::read(size_t state, int64_t lo, int64_t hi, float* dst) {
   for (File& f : files_) {  // only the overlap of each file is read, straight into place
     const int64_t a = std::max(f.b, lo), b = std::min(f.e, hi);
     if (a >= b) continue;
-    if (!f.verified) {
+    if (!f.verified && !(s_.verified && s_.verified->count(f.name))) {
       if (s_.progress)
         s_.progress->set_total(s_.progress->total() + static_cast<int64_t>(fs::file_size(s_.dir / f.name)));
       verify_step_file(s_.dir, s_.state, f.name, s_.progress);
-      f.verified = true;
+      if (s_.verified) s_.verified->insert(f.name);
     }
+    f.verified = true;
     float* out = dst + (a - lo);
     f.sf.read_f32(t.name, a - f.b, b - a, out);
     check_finite(Tensor::from_blob(out, {b - a}, DType::F32), f.sf.path(), t.name, t.non_negative);
