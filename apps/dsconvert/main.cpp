@@ -70,9 +70,15 @@ int run(const Args& a) {
   saved.progress = &reading;
   if (!a.export_hf.empty()) {
     const ds::StepTokenizer tok = ds::read_step_tokenizer(saved.dir, saved.state);  // the copies, verified
-    ds::Tensor params = ds::read_full_params(saved, saved.full);
+    const ds::SafetensorsFile model = ds::open_saved_model(saved);  // checksum, every weight present as F32
     reading.finish();
-    ds::export_hf(saved.model, saved.full, params, a.export_hf, {}, &tok);
+    // One weight at a time from the checkpoint: the whole model is never in memory.
+    auto weight = [&](const std::string& name) {
+      ds::Tensor w = ds::Tensor::empty(saved.full.find(name).shape, ds::DType::F32);
+      ds::read_full_weight(saved, model, saved.full, name, w.data<float>());
+      return w;
+    };
+    ds::export_hf_streamed(saved.model, saved.full, weight, a.export_hf, {}, &tok);
     std::printf("dsconvert: exported %s as a Hugging Face model to %s\n", step.c_str(), a.export_hf.c_str());
     return 0;
   }

@@ -1,8 +1,12 @@
 // Offline conversion: every target (stage, tp rank, ZeRO shard) written from
-// the saved full model and, range by range, the saved moments that range
-// needs (read_reshaped_state: never the whole model's optimizer state), with
-// the saved tokenizer copies, then committed like a training save.
+// the saved model, one weight at a time, and range by range from the saved
+// moments that range needs (read_reshaped_state), so that neither the whole
+// model nor its optimizer state is ever in memory; with the saved tokenizer
+// copies, then committed like a training save. A failure midway leaves only
+// the temporary step directory, which dsconvert removes.
 #include "lib/ckpt/convert.h"
+
+#include <functional>
 
 #include "lib/ckpt/checkpoint.h"
 #include "lib/ckpt/file_io.h"
@@ -17,7 +21,8 @@ namespace {
 // Writes the optimizer shards of target (stage pr, tp rank tr): every ZeRO
 // range of its local layout, each read from the saved shards on its own.
 void write_target_rank(const std::string& out_dir, const TrainState& st, const ReshapeTarget& t,
-                       const ModelLayout& full, const Tensor& params, const SavedStep& s,
+                       const ModelLayout& full, const std::function<Tensor(const std::string&)>& weights,
+                       const SavedStep& s,
                        const OptimizerStates& names, const std::string& opt_type, int world, int pr, int tr,
                        const StepTokenizer& tok) {
   const ModelLayout local = build_layout(t.model, t.sizes.at(tr, pr));
@@ -26,19 +31,19 @@ void write_target_rank(const std::string& out_dir, const TrainState& st, const R
     const Range rg = world == 1 ? Range{0, local.total} : part.owned_real(r);
     OptimizerStates range_state = names;
     const int64_t opt_step = read_reshaped_state(s, full, local, rg.begin, rg.end, range_state);
-    const CheckpointData d{.layout = &full,
-                           .params = params,
-                           .opt_state = range_state,
-                           .opt_begin = rg.begin,
-                           .opt_end = rg.end,
-                           .opt_step = opt_step,
-                           .rank = r,
-                           .world = world,
-                           .opt_layout = &local,
-                           .shard = t.sizes.at(tr, pr),
-                           .model = nullptr,
-                           .tokenizer = &tok,
-                           .opt_type = opt_type};
+    CheckpointData d;
+    d.layout = &full;
+    d.opt_state = range_state;
+    d.opt_begin = rg.begin;
+    d.opt_end = rg.end;
+    d.opt_step = opt_step;
+    d.rank = r;
+    d.world = world;
+    d.opt_layout = &local;
+    d.shard = t.sizes.at(tr, pr);
+    d.tokenizer = &tok;
+    d.opt_type = opt_type;
+    d.stream_params = weights;  // asked for by the writer of model.safetensors only
     write_checkpoint_files(out_dir, st, d, t.config);
   }
 }
@@ -49,17 +54,22 @@ void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::strin
   const StepTokenizer tok = read_step_tokenizer(s.dir, s.state);  // the saved copies, verified
   remove_stale_temporaries(out_dir);  // a killed conversion's partial files never reach this step
   const ModelLayout full = build_layout(t.model);
-  Tensor params = read_full_params(s, full);
+  const SafetensorsFile model = open_saved_model(s);  // checksum, and every weight present as F32
   const OptimizerStates names = saved_state_names(s);
   const std::string opt_type = saved_optimizer_type(s);
-  if (s.progress) s.progress->finish();  // the weights are read; the saves print their own progress
+  if (s.progress) s.progress->finish();  // the saves print their own progress
   SavedStep src = s;
   src.progress = nullptr;
+  const auto weights = [&](const std::string& name) {
+    Tensor w = Tensor::empty(full.find(name).shape, DType::F32);
+    read_full_weight(src, model, full, name, w.data<float>());
+    return w;
+  };
   const TrainState st = s.state.train;
   const int world = t.zero_stage >= 1 ? t.dp : 1;  // stage 0: one shard holds the whole (pp, tp) rank
   for (int pr = 0; pr < t.sizes.pp; ++pr)
     for (int tr = 0; tr < t.sizes.tp; ++tr)
-      write_target_rank(out_dir, st, t, full, params, src, names, opt_type, world, pr, tr, tok);
+      write_target_rank(out_dir, st, t, full, weights, src, names, opt_type, world, pr, tr, tok);
   commit_checkpoint(out_dir, st.iteration);
 }
 

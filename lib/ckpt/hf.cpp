@@ -16,6 +16,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "lib/ckpt/file_io.h"
@@ -410,10 +411,20 @@ void check_export_dir(const std::string& outdir, const char* what) {
 
 void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir,
                const HfTokenIds& tokens, const StepTokenizer* tokenizer) {
+  Tensor host;
+  auto weight = [&](const std::string& name) {
+    if (!host.defined()) host = params.device().is_cpu() ? params : params.to(Device::cpu());
+    const ParamSpec& s = layout.find(name);
+    return host.view(s.offset, s.shape);
+  };
+  export_hf_streamed(cfg, layout, weight, outdir, tokens, tokenizer);
+}
+
+void export_hf_streamed(const ModelConfig& cfg, const ModelLayout& layout, const HfWeightSource& weight,
+                        const std::string& outdir, const HfTokenIds& tokens, const StepTokenizer* tokenizer) {
   ModelDims d = model_dims(cfg);
   const nlohmann::json config = hf_config(cfg, d, tokens);  // refuses a model no architecture holds, first
   check_export_dir(outdir, "--export-hf");
-  Tensor host = params.device().is_cpu() ? params : params.to(Device::cpu());
   const fs::path out = output_dir_path(outdir);  // "out/" is "out"; the temporary is its sibling
   fs::path tmp = out;
   tmp += ".tmp-" + std::to_string(::getpid());
@@ -423,13 +434,30 @@ void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& 
   fs::create_directories(tmp, ec);
   if (ec) throw_write_error(tmp.string(), ec.value());
   try {  // a failed write (a full disk) leaves no temporary directory behind
+    // Each HF tensor is cut from our weight as the file asks for it: one of
+    // our weights (the last one asked for) and one HF tensor in memory at a time.
     SafetensorsWriter w;
+    std::map<std::string, HfPiece> pieces;
     for (const HfPiece& p : hf_map(d, "HF export")) {
-      const ParamSpec& s = layout.find(p.our_name);
-      w.add(p.hf_name, extract(host.view(s.offset, matrix_shape(s.shape)), p));
+      const Shape m = matrix_shape(layout.find(p.our_name).shape);
+      int64_t rows = 0;
+      for (const auto& [r0, n] : row_runs(p, m[0])) rows += n;
+      const int64_t K = m.size() == 2 ? m[1] : 1;
+      w.declare_f32(p.hf_name, m.size() != 2 ? Shape{rows} : p.transpose ? Shape{K, rows} : Shape{rows, K});
+      pieces.emplace(p.hf_name, p);
     }
     w.set_metadata("format", "pt");
-    w.write((tmp / "model.safetensors").string());
+    std::string held_name;
+    Tensor held;
+    w.write_streamed((tmp / "model.safetensors").string(), [&](const std::string& hf_name) {
+      const HfPiece& p = pieces.at(hf_name);
+      if (held_name != p.our_name) {
+        held = Tensor();
+        held = weight(p.our_name);
+        held_name = p.our_name;
+      }
+      return extract(held.reshape(matrix_shape(held.shape())), p);
+    });
     write_file_atomic((tmp / "config.json").string(), config.dump(2) + "\n");
     if (tokenizer) write_step_tokenizer(*tokenizer, tmp);  // transformers' names, beside the model
   } catch (...) {

@@ -3,6 +3,7 @@
 // GPTNeoXForCausalLM), and import such a file as initial weights. Export
 // writes the real vocabulary rows only; import zero-fills the padded rows.
 #pragma once
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -29,6 +30,14 @@ struct HfTokenIds {
 // another combination is a UserError naming the block that does not map.
 void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& params, const std::string& outdir,
                const HfTokenIds& tokens = {}, const StepTokenizer* tokenizer = nullptr);
+// The same export with the weights asked for one at a time: weight(name)
+// returns our full f32 host weight `name` of `layout` (its shape), so that
+// the exporter holds one of our weights and one HF tensor at a time
+// (dsconvert reads each from the checkpoint).
+using HfWeightSource = std::function<Tensor(const std::string& name)>;
+void export_hf_streamed(const ModelConfig& cfg, const ModelLayout& layout, const HfWeightSource& weight,
+                        const std::string& outdir, const HfTokenIds& tokens = {},
+                        const StepTokenizer* tokenizer = nullptr);
 // The same check export_hf makes first, for a trainer to refuse at start-up
 // (`what` names the input in the error) rather than after training.
 void check_hf_exportable(const ModelConfig& cfg, const char* what);

@@ -93,19 +93,6 @@ SavedStep open_saved_step(const std::string& step_dir, StepState state, const Mo
   return s;
 }
 
-Tensor adapt_full(const ModelLayout& from, const ModelLayout& to, const Tensor& buf) {
-  Tensor out = Tensor::zeros({to.total}, DType::F32);
-  const float* src = buf.data<float>();  // (from.total)
-  float* dst = out.data<float>();        // (to.total)
-  for (const ParamSpec& t : to.params) {
-    const ParamSpec* f = from.try_find(t.name);
-    DS_USER_CHECK(f && same_but_vocab(*f, t), "checkpoint: weight '{}' is {}, the configured model expects {}",
-                  t.name, f ? shape_str(f->shape) : std::string("missing"), shape_str(t.shape));
-    std::memcpy(dst + t.offset, src + f->offset, std::min(f->numel, t.numel) * sizeof(float));
-  }
-  return out;
-}
-
 SafetensorsFile open_saved_model(const SavedStep& s) {
   const fs::path file = s.dir / "model.safetensors";
   verify_step_file(s.dir, s.state, "model.safetensors", s.progress);
@@ -119,15 +106,23 @@ SafetensorsFile open_saved_model(const SavedStep& s) {
   return model;
 }
 
+void read_full_weight(const SavedStep& s, const SafetensorsFile& model, const ModelLayout& target_full,
+                      const std::string& name, float* out) {
+  const ParamSpec& t = target_full.find(name);
+  const ParamSpec* f = s.full.try_find(name);
+  DS_USER_CHECK(f && same_but_vocab(*f, t), "checkpoint: weight '{}' is {}, the configured model expects {}", name,
+                f ? shape_str(f->shape) : std::string("missing"), shape_str(t.shape));
+  const int64_t n = std::min(f->numel, t.numel);
+  model.read_f32(name, 0, n, out);
+  check_finite(Tensor::from_blob(out, {n}, DType::F32), model.path(), name);
+  std::fill(out + n, out + t.numel, 0.0f);
+}
+
 Tensor read_full_params(const SavedStep& s, const ModelLayout& target_full) {
   const SafetensorsFile model = open_saved_model(s);
-  Tensor saved = Tensor::empty({s.full.total}, DType::F32);
-  for (const ParamSpec& p : s.full.params) {
-    Tensor w = saved.view(p.offset, p.shape);
-    w.copy_from(model.get(p.name));
-    check_finite(w, model.path(), p.name);
-  }
-  return adapt_full(s.full, target_full, saved);
+  Tensor out = Tensor::empty({target_full.total}, DType::F32);
+  for (const ParamSpec& t : target_full.params) read_full_weight(s, model, target_full, t.name, out.data<float>() + t.offset);
+  return out;
 }
 
 void read_local_params(const SavedStep& s, const SafetensorsFile& model, const ModelLayout& local, int64_t begin,
@@ -179,7 +174,7 @@ int64_t read_reshaped_state(const SavedStep& s, const ModelLayout& full, const M
   for (OptimizerStateTensor& t : state) t.t = Tensor::zeros({end - begin}, DType::F32);
   // What [begin, end) of the target's local layout holds, per saved weight, in
   // the saved full weight's element order (a padded vocabulary row the saved
-  // model lacks stays zero, as adapt_full leaves it).
+  // model lacks stays zero, as read_full_weight leaves it).
   std::map<std::string, std::vector<Want>> wants;
   for (const ParamSpec& p : local.params) {
     if (p.offset + p.numel <= begin || p.offset >= end) continue;

@@ -79,6 +79,10 @@ void check_saved_vocab(const StepState& state, const ModelConfig& model, const s
 // The saved full model, adapted to `target_full` (vocabulary rows cut or
 // zero-padded): out is a host f32 tensor of target_full.total.
 Tensor read_full_params(const SavedStep& s, const ModelLayout& target_full);
+// One weight of target_full (target_full.find(name).numel elements) into
+// out: the saved weight, its vocabulary rows cut or zero-filled.
+void read_full_weight(const SavedStep& s, const SafetensorsFile& model, const ModelLayout& target_full,
+                      const std::string& name, float* out);
 // model.safetensors of the step, its checksum verified and every weight of
 // s.full checked present as F32 of its saved shape (nothing read yet).
 SafetensorsFile open_saved_model(const SavedStep& s);
@@ -102,10 +106,6 @@ std::string saved_optimizer_type(const SavedStep& s);
 // differs from saved_optimizer_type(s), or the state names `want` (an
 // optimizer's) differ from saved_state_names(s): saved with another optimizer.
 void check_saved_states(const SavedStep& s, const OptimizerStates& want, const std::string& type = "");
-
-// A full-layout buffer copied from layout `from` to `to` (same model, padded
-// vocabulary may differ: rows are cut or zero-filled).
-Tensor adapt_full(const ModelLayout& from, const ModelLayout& to, const Tensor& buf);
 
 // One saved (pp, tp, ep) shard's optimizer files, opened and checked (every
 // file's metadata and state headers; the ranks' ranges tile the shard's
