@@ -17,8 +17,13 @@
 // into another layout (TP2 x PP2) reads only the byte ranges of the saved
 // shards that hold the rank's range: the same bound at that layout (dstrain
 // once assembled the whole model's optimizer state on every rank for it).
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <regex>
 
@@ -41,6 +46,30 @@ int64_t logged(const std::string& log, const std::string& pattern) {
   INFO(pattern);
   REQUIRE(std::regex_search(log, m, std::regex(pattern)));
   return std::stoll(m[1].str());
+}
+
+// dsconvert with `args`: its peak resident set in bytes (wait4), after a successful exit.
+int64_t dsconvert_peak(std::vector<std::string> args) {
+  const char* bin_dir = std::getenv("DS_BINARY_DIR");
+  REQUIRE(bin_dir);
+  args.insert(args.begin(), std::string(bin_dir) + "/apps/dsconvert/dsconvert");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(nullptr);  // nothing buffered is written twice by the child
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    std::freopen("/dev/null", "w", stdout);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  rusage ru{};
+  REQUIRE(wait4(pid, &status, 0, &ru) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
 }
 
 // The job at `hidden` size; its rank 0 log.
@@ -104,6 +133,22 @@ void check(const std::string& name, int tp, int pp, bool save) {
     std::printf("%s reshaped to TP2 x PP2: peak %lld, bound %lld\n", name.c_str(), (long long)reshape_peak,
                 (long long)reshape_bound);
     CHECK(reshape_peak <= reshape_bound);
+    // dsconvert reads a weight and a target range at a time: it stays below
+    // the whole model's f32 weights (the TP4 rank's model state, 4 + 4 + 8
+    // bytes for a quarter of the parameters). It once held the weights twice
+    // and the whole optimizer state twice (1 GB for this model).
+    const std::string out = ck + "_converted", hf = ck + "_hf";
+    fs::remove_all(out);
+    fs::remove_all(hf);
+    const int64_t convert_peak = dsconvert_peak({"--load", ck, "--save", out, "--target-tp", "2", "--target-pp", "2",
+                                                 "--target-dp", "2", "--zero-stage", "1"});
+    const int64_t export_peak = dsconvert_peak({"--load", ck, "--export-hf", hf});
+    std::printf("%s dsconvert: reshape peak %lld, export peak %lld, model f32 weights %lld\n", name.c_str(),
+                (long long)convert_peak, (long long)export_peak, (long long)state);
+    CHECK(convert_peak < state);
+    CHECK(export_peak < state);
+    fs::remove_all(out);
+    fs::remove_all(hf);
   }
   fs::remove_all(ck);
 }
