@@ -420,6 +420,46 @@ void export_hf(const ModelConfig& cfg, const ModelLayout& layout, const Tensor& 
   export_hf_streamed(cfg, layout, weight, outdir, tokens, tokenizer);
 }
 
+namespace {
+
+// The export's model.safetensors declared (names and shapes, no data) and the
+// piece of our weight each HF tensor is cut from.
+struct HfExportPlan {
+  SafetensorsWriter writer;
+  std::map<std::string, HfPiece> pieces;
+};
+
+HfExportPlan hf_export_plan(const ModelDims& d, const ModelLayout& layout) {
+  HfExportPlan plan;
+  for (const HfPiece& p : hf_map(d, "HF export")) {
+    const Shape m = matrix_shape(layout.find(p.our_name).shape);
+    int64_t rows = 0;
+    for (const auto& [r0, n] : row_runs(p, m[0])) rows += n;
+    const int64_t K = m.size() == 2 ? m[1] : 1;
+    plan.writer.declare_f32(p.hf_name, m.size() != 2 ? Shape{rows} : p.transpose ? Shape{K, rows} : Shape{rows, K});
+    plan.pieces.emplace(p.hf_name, p);
+  }
+  plan.writer.set_metadata("format", "pt");
+  return plan;
+}
+
+// Our weights in the order the streamed export asks for them: each HF tensor
+// in file order, one of ours fetched when it is not the one held.
+std::vector<std::string> hf_requests(const HfExportPlan& plan) {
+  std::vector<std::string> out;
+  for (const std::string& hf_name : plan.writer.streamed_order()) {
+    const std::string& ours = plan.pieces.at(hf_name).our_name;
+    if (out.empty() || out.back() != ours) out.push_back(ours);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> hf_export_requests(const ModelConfig& cfg, const ModelLayout& layout) {
+  return hf_requests(hf_export_plan(model_dims(cfg), layout));
+}
+
 void export_hf_streamed(const ModelConfig& cfg, const ModelLayout& layout, const HfWeightSource& weight,
                         const std::string& outdir, const HfTokenIds& tokens, const StepTokenizer* tokenizer) {
   ModelDims d = model_dims(cfg);
@@ -435,22 +475,13 @@ void export_hf_streamed(const ModelConfig& cfg, const ModelLayout& layout, const
   if (ec) throw_write_error(tmp.string(), ec.value());
   try {  // a failed write (a full disk) leaves no temporary directory behind
     // Each HF tensor is cut from our weight as the file asks for it: one of
-    // our weights (the last one asked for) and one HF tensor in memory at a time.
-    SafetensorsWriter w;
-    std::map<std::string, HfPiece> pieces;
-    for (const HfPiece& p : hf_map(d, "HF export")) {
-      const Shape m = matrix_shape(layout.find(p.our_name).shape);
-      int64_t rows = 0;
-      for (const auto& [r0, n] : row_runs(p, m[0])) rows += n;
-      const int64_t K = m.size() == 2 ? m[1] : 1;
-      w.declare_f32(p.hf_name, m.size() != 2 ? Shape{rows} : p.transpose ? Shape{K, rows} : Shape{rows, K});
-      pieces.emplace(p.hf_name, p);
-    }
-    w.set_metadata("format", "pt");
+    // our weights (the last one asked for, hf_requests) and one HF tensor in
+    // memory at a time.
+    const HfExportPlan plan = hf_export_plan(d, layout);
     std::string held_name;
     Tensor held;
-    w.write_streamed((tmp / "model.safetensors").string(), [&](const std::string& hf_name) {
-      const HfPiece& p = pieces.at(hf_name);
+    plan.writer.write_streamed((tmp / "model.safetensors").string(), [&](const std::string& hf_name) {
+      const HfPiece& p = plan.pieces.at(hf_name);
       if (held_name != p.our_name) {
         held = Tensor();
         held = weight(p.our_name);

@@ -6,6 +6,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "lib/ckpt/step_tokenizer.h"
 #include "lib/core/tensor.h"
@@ -38,6 +39,10 @@ using HfWeightSource = std::function<Tensor(const std::string& name)>;
 void export_hf_streamed(const ModelConfig& cfg, const ModelLayout& layout, const HfWeightSource& weight,
                         const std::string& outdir, const HfTokenIds& tokens = {},
                         const StepTokenizer* tokenizer = nullptr);
+// The names export_hf_streamed asks its weight source for, in order (a
+// collective source, such as a gather to the writing rank, runs the same
+// sequence on the ranks that do not write).
+std::vector<std::string> hf_export_requests(const ModelConfig& cfg, const ModelLayout& layout);
 // The same check export_hf makes first, for a trainer to refuse at start-up
 // (`what` names the input in the error) rather than after training.
 void check_hf_exportable(const ModelConfig& cfg, const char* what);

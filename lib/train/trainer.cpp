@@ -83,7 +83,7 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   if (!cfg_.ckpt.init_from.empty())  // the weights' header against the model, before the model is allocated
     check_hf_weights(cfg_.model, full_layout_, cfg_.ckpt.init_from, "the model config");
   const TpComm tp{shard_.tp > 1 ? comms_.tp : nullptr, shard_.tp, shard_.tp_rank, cfg_.parallel.sequence_parallel};
-  EpComm ep{shard_.ep > 1 ? comms_.ep : nullptr, shard_.ep, shard_.ep_rank};
+  EpComm ep{shard_.ep > 1 ? comms_.ep : nullptr, shard_.ep, shard_.ep_rank, {}};
   ep.trace = [this](const char* what, EpComm::Clock::time_point b, EpComm::Clock::time_point e) {
     if (timeline_.enabled()) timeline_.add({what, "comm", 0, timeline_.us(b), timeline_.us(b), timeline_.us(e)});
   };
@@ -895,13 +895,17 @@ std::vector<float> Trainer::run() {
   if (cfg_.ckpt.save_interval <= 0 || state_.iteration % cfg_.ckpt.save_interval != 0) save();
   if (!cfg_.ckpt.export_hf.empty()) {
     const Heartbeat::Paused paused(heartbeat_);
-    Tensor full = full_params(false);  // collective with ZeRO-3
+    // One weight at a time, gathered to rank 0 as it writes (as a save
+    // does): the others take part in the same gathers in the same order.
+    FullTensorStream stream(rank_model());
     if (comms_.grid.rank == 0) {
       // The tokenizer's ids where its files name them; otherwise the GPT-2 default (-1).
       const data::TokenizerInfo& tok = cfg_.data.tokenizer;
-      export_hf(cfg_.model, full_layout_, full, cfg_.ckpt.export_hf, HfTokenIds{.bos = tok.bos_id, .eos = tok.eos_id},
-                &tokenizer_copy_);
+      export_hf_streamed(cfg_.model, full_layout_, [&](const std::string& name) { return stream.next(name); },
+                         cfg_.ckpt.export_hf, HfTokenIds{.bos = tok.bos_id, .eos = tok.eos_id}, &tokenizer_copy_);
       DS_LOG("exported Hugging Face model to {}", cfg_.ckpt.export_hf);
+    } else {
+      for (const std::string& name : hf_export_requests(cfg_.model, full_layout_)) stream.next(name);
     }
   }
   if (store_)

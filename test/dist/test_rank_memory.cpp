@@ -10,7 +10,10 @@
 // rank may also hold two copies of the largest full weight (model.safetensors
 // is written one weight at a time as it is gathered: measured +22 MB here;
 // rank 0 once gathered the whole model first, +230 MB, and +384 MB while the
-// writer still built the whole file in memory). Resuming from that checkpoint, each rank
+// writer still built the whole file in memory). The same job also exports to
+// Hugging Face, one weight at a time as it is gathered (the export once
+// gathered the whole model to rank 0 and built every HF tensor: +400 MB).
+// Resuming from that checkpoint, each rank
 // reads only its shard of the weights and its optimizer range: at most one
 // transient copy of its optimizer state above the bound (dstrain once read
 // the whole model on every rank, three times over: +1.2 GB here). Loading it
@@ -84,7 +87,7 @@ std::string run_job(const std::string& name, int tp, int pp, int hidden, const s
       "--pipeline-model-parallel-size", std::to_string(pp), "--data-path", d.data_prefix,
       "--vocab-file", d.vocab, "--merge-file", d.merges};
   std::vector<std::string> a = args;
-  if (!save_dir.empty()) a.insert(a.end(), {"--save", save_dir});
+  if (!save_dir.empty()) a.insert(a.end(), {"--save", save_dir, "--export-hf", save_dir + "_hf"});
   if (!load_dir.empty()) a.insert(a.end(), {"--load", load_dir});
   std::string log;
   const std::string err = run_with_config(name, tp * pp, 2, -1, a, nullptr, &log);
@@ -105,9 +108,10 @@ void check(const std::string& name, int tp, int pp, bool save) {
   const int64_t acts = logged(log, R"(activations: (\d+) bytes saved per micro-batch)");
   const int64_t peak = logged(log, peak_line);
   int64_t bound = base + state + 4 * acts + kAllowance;  // up to 4 micro-batches in flight (1F1B, PP 2)
-  // A save: the weight being gathered and the assembled copy (the largest:
-  // mlp.fc, 4 x hidden rows of hidden f32; the vocabulary here is smaller).
-  if (save) bound += 2 * (4ll * 4 * 1024 * 1024);
+  // A save and an export: the weight being gathered and the assembled copy
+  // (the largest: mlp.fc, 4 x hidden rows of hidden f32; the vocabulary here
+  // is smaller), and the export's HF tensor cut from it.
+  if (save) bound += 3 * (4ll * 4 * 1024 * 1024);
   std::printf("%s: peak %lld, baseline %lld, model state %lld, activations %lld\n", name.c_str(), (long long)peak,
               (long long)base, (long long)state, (long long)acts);
   INFO("peak " << peak << " bytes, bound " << bound << " (baseline " << base << ", model state " << state
@@ -137,7 +141,7 @@ void check(const std::string& name, int tp, int pp, bool save) {
     // the whole model's f32 weights (the TP4 rank's model state, 4 + 4 + 8
     // bytes for a quarter of the parameters). It once held the weights twice
     // and the whole optimizer state twice (1 GB for this model).
-    const std::string out = ck + "_converted", hf = ck + "_hf";
+    const std::string out = ck + "_converted", hf = ck + "_dsconvert_hf";
     fs::remove_all(out);
     fs::remove_all(hf);
     const int64_t convert_peak = dsconvert_peak({"--load", ck, "--save", out, "--target-tp", "2", "--target-pp", "2",
@@ -149,6 +153,7 @@ void check(const std::string& name, int tp, int pp, bool save) {
     CHECK(export_peak < state);
     fs::remove_all(out);
     fs::remove_all(hf);
+    fs::remove_all(ck + "_hf");
   }
   fs::remove_all(ck);
 }
