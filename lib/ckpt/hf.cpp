@@ -28,16 +28,6 @@ namespace fs = std::filesystem;
 namespace ds {
 namespace {
 
-// One HF tensor = rows [row0, row0 + rows) of our weight, optionally
-// transposed; or, with head_interleave = HS, our whole [q | k | v] weight with
-// its rows regrouped per head as [q_h | k_h | v_h] (GPT-NeoX's fused qkv).
-struct HfPiece {
-  std::string hf_name, our_name;
-  int64_t row0 = 0, rows = -1;  // rows of our weight (-1 = all; vocab rows for embeddings)
-  bool transpose = false;
-  int64_t head_interleave = 0;
-};
-
 // The (first row, row count) runs of our weight (R rows) that make the HF
 // tensor, in its row order.
 std::vector<std::pair<int64_t, int64_t>> row_runs(const HfPiece& p, int64_t R) {
@@ -529,32 +519,75 @@ void check_hf_weights(const ModelConfig& cfg, const ModelLayout& layout, const s
   check_hf_tensors(cfg, layout, SafetensorsFile::open(hf_weights_file(path)), config_from);
 }
 
-void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params, const std::string& path) {
-  ModelDims d = model_dims(cfg);
-  const SafetensorsFile sf = SafetensorsFile::open(hf_weights_file(path));
-  check_hf_tensors(cfg, layout, sf, "the model config");  // every name, shape and dtype, before any allocation
-  Tensor host = Tensor::zeros({layout.total}, DType::F32);
-  for (const HfPiece& p : hf_map(d, "--init-from (Hugging Face weights)")) {
-    const ParamSpec& s = layout.find(p.our_name);
-    Tensor ours = host.view(s.offset, matrix_shape(s.shape));
-    Tensor src = sf.get(p.hf_name);
-    if (src.dtype() != DType::F32) {
-      Tensor f = Tensor::empty(src.shape(), DType::F32);
-      for (int64_t i = 0; i < src.numel(); ++i) {
-        uint16_t h = src.data<uint16_t>()[i];
-        f.data<float>()[i] = src.dtype() == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+HfShardReader::HfShardReader(const ModelConfig& cfg, const ModelLayout& full, const std::string& path)
+    : sf_(SafetensorsFile::open(hf_weights_file(path))),
+      pieces_(hf_map(model_dims(cfg), "--init-from (Hugging Face weights)")) {
+  check_hf_tensors(cfg, full, sf_, "the model config");  // every name, shape and dtype, before any allocation
+}
+
+void HfShardReader::read(const ModelLayout& local, int64_t begin, int64_t end, float* out) const {
+  DS_CHECK(begin >= 0 && begin <= end && end <= local.total, "HfShardReader: [{}, {}) outside {} elements", begin,
+           end, local.total);
+  std::fill(out, out + (end - begin), 0.0f);  // padded vocabulary rows stay zero
+  for (const ParamSpec& p : local.params) {
+    if (p.offset + p.numel <= begin || p.offset >= end) continue;
+    // The elements of our full weight this range holds: runs of the full
+    // weight (row-major over its matrix shape), sorted, each with its place in out.
+    struct Need {
+      int64_t lo, hi, dst;
+    };
+    std::vector<Need> need;
+    for_each_shard_run(p, local.shard, [&](int64_t fo, int64_t lo, int64_t n) {
+      const int64_t a = std::max(begin, p.offset + lo), b = std::min(end, p.offset + lo + n);
+      if (a < b) need.push_back({fo + (a - p.offset - lo), fo + (b - p.offset - lo), a - begin});
+    });
+    std::sort(need.begin(), need.end(), [](const Need& x, const Need& y) { return x.lo < y.lo; });
+    const Shape m = matrix_shape(p.full_shape);
+    const int64_t R = m[0], K = m.size() == 2 ? m[1] : 1;
+    for (const HfPiece& piece : pieces_) {
+      if (piece.our_name != p.name) continue;
+      const auto runs = row_runs(piece, R);
+      auto overlaps = [&](int64_t lo, int64_t hi) {  // any needed element in our full elements [lo, hi)
+        auto k = std::upper_bound(need.begin(), need.end(), lo, [](int64_t x, const Need& y) { return x < y.lo; });
+        if (k != need.begin() && std::prev(k)->hi > lo) return true;
+        return k != need.end() && k->lo < hi;
+      };
+      bool used = false;
+      for (const auto& [r0, n] : runs) used = used || overlaps(r0 * K, (r0 + n) * K);
+      if (!used) continue;  // none of this HF tensor's rows lives in the range: not read
+      // One HF tensor at a time, in f32.
+      Tensor src = sf_.get(piece.hf_name);
+      if (src.dtype() != DType::F32) {
+        Tensor f = Tensor::empty(src.shape(), DType::F32);
+        for (int64_t i = 0; i < src.numel(); ++i) {
+          const uint16_t h = src.data<uint16_t>()[i];
+          f.data<float>()[i] = src.dtype() == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+        }
+        src = f;
       }
-      src = f;
-    }
-    const int64_t K = ours.dim() == 2 ? ours.size(1) : 1, rows = src.numel() / K;
-    int64_t at = 0;
-    for (const auto& [r0, n] : row_runs(p, ours.size(0))) {
-      float* dst = ours.data<float>() + r0 * K;
-      for (int64_t r = 0; r < n; ++r, ++at)
-        for (int64_t k = 0; k < K; ++k)
-          dst[r * K + k] = p.transpose ? src.data<float>()[k * rows + at] : src.data<float>()[at * K + k];
+      const float* sv = src.data<float>();
+      const int64_t rows = src.numel() / K;
+      int64_t at = 0;  // the HF tensor's row (or column, transposed) of our row r
+      for (const auto& [r0, n] : runs) {
+        for (int64_t r = r0; r < r0 + n; ++r, ++at) {
+          const int64_t lo = r * K, hi = lo + K;
+          auto k = std::upper_bound(need.begin(), need.end(), lo, [](int64_t x, const Need& y) { return x < y.lo; });
+          if (k != need.begin()) --k;
+          for (; k != need.end() && k->lo < hi; ++k) {
+            const int64_t a = std::max(lo, k->lo), b = std::min(hi, k->hi);
+            for (int64_t j = a; j < b; ++j)
+              out[k->dst + (j - k->lo)] = piece.transpose ? sv[(j - lo) * rows + at] : sv[at * K + (j - lo)];
+          }
+        }
+      }
     }
   }
+}
+
+void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params, const std::string& path) {
+  const HfShardReader reader(cfg, layout, path);
+  Tensor host = Tensor::empty({layout.total}, DType::F32);
+  reader.read(layout, 0, layout.total, host.data<float>());
   params.copy_from(host);
 }
 

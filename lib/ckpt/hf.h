@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/ckpt/safetensors.h"
 #include "lib/ckpt/step_tokenizer.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
@@ -52,6 +53,32 @@ void check_hf_exportable(const ModelConfig& cfg, const char* what);
 // tokenizer files only), which export_hf replaces; anything else (a file, a directory with
 // other files) is a UserError naming `what` ("--export-hf"), never removed.
 void check_export_dir(const std::string& outdir, const char* what);
+
+// One HF tensor = rows [row0, row0 + rows) of our weight, optionally
+// transposed; or, with head_interleave = HS, our whole [q | k | v] weight with
+// its rows regrouped per head as [q_h | k_h | v_h] (GPT-NeoX's fused qkv).
+struct HfPiece {
+  std::string hf_name, our_name;
+  int64_t row0 = 0, rows = -1;  // rows of our weight (-1 = all; vocab rows for embeddings)
+  bool transpose = false;
+  int64_t head_interleave = 0;
+};
+
+// Hugging Face weights read a rank's shard at a time (--init-from): the
+// file (or directory's model.safetensors) is opened and every tensor checked
+// against the model once; read() fills any range [begin, end) of a shard
+// layout `local` of that model (its tp rank, stage, expert-parallel rank),
+// reading only the HF tensors that hold some of its elements, one at a time
+// (converted to f32), so that a rank never holds the whole model.
+class HfShardReader {
+ public:
+  HfShardReader(const ModelConfig& cfg, const ModelLayout& full, const std::string& path);
+  void read(const ModelLayout& local, int64_t begin, int64_t end, float* out) const;
+
+ private:
+  SafetensorsFile sf_;
+  std::vector<HfPiece> pieces_;
+};
 
 // Fills params (layout.total, any device) from an HF safetensors file or a
 // directory holding model.safetensors. Mismatched names/shapes -> UserError,

@@ -333,9 +333,14 @@ void SafetensorsFile::read_f32(const std::string& name, int64_t first, int64_t c
   const uint8_t* src = data_ + e.begin + static_cast<uint64_t>(first) * 4;
   const size_t bytes = static_cast<size_t>(count) * 4;
   std::memcpy(out, src, bytes);
-  // The copied pages of the mapping leave this process's resident set (the
-  // file stays in the page cache): a rank reading its shard of a large
-  // checkpoint holds its copy only, not the mapped file as well.
+  release_pages(src, bytes);
+}
+
+// The copied pages of the mapping leave this process's resident set (the
+// file stays in the page cache): a rank reading its shard of a large
+// checkpoint, or HF weights tensor by tensor, holds its copy only, not the
+// mapped file as well. Only whole pages inside the copied bytes.
+void SafetensorsFile::release_pages(const uint8_t* src, size_t bytes) {
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t lo = (reinterpret_cast<uintptr_t>(src) + page - 1) / page * page;
   const uintptr_t hi = (reinterpret_cast<uintptr_t>(src) + bytes) / page * page;
@@ -345,7 +350,10 @@ void SafetensorsFile::read_f32(const std::string& name, int64_t first, int64_t c
 Tensor SafetensorsFile::get(const std::string& name) const {
   const Entry& e = entry(name);
   Tensor t = Tensor::empty(e.shape, dtype(name));
-  if (e.end > e.begin) std::memcpy(t.raw(), data_ + e.begin, e.end - e.begin);
+  if (e.end > e.begin) {
+    std::memcpy(t.raw(), data_ + e.begin, e.end - e.begin);
+    release_pages(data_ + e.begin, e.end - e.begin);
+  }
   return t;
 }
 

@@ -91,6 +91,7 @@ class SafetensorsFile {
     uint64_t begin = 0, end = 0;  // relative to data_
   };
   const Entry& entry(const std::string& name) const;
+  static void release_pages(const uint8_t* src, size_t bytes);
   void parse_header(const nlohmann::json& header, uint64_t data_size);
   void check_layout(uint64_t data_size) const;
 

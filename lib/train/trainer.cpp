@@ -399,9 +399,14 @@ void Trainer::load_or_init() {
     DS_WARN("--load {}: no checkpoint found ('latest' missing); starting from scratch", cfg_.ckpt.load_dir);
   }
   if (!cfg_.ckpt.init_from.empty()) {
-    Tensor p = Tensor::empty({full_layout_.total}, DType::F32, dev_);
-    import_hf(cfg_.model, full_layout_, p, cfg_.ckpt.init_from);
-    scatter_full_params(rank_model(), p);
+    // Each rank reads the HF tensors that hold some of what its store keeps,
+    // one at a time, never the whole model.
+    const HfShardReader reader(cfg_.model, full_layout_, cfg_.ckpt.init_from);
+    const ModelLayout& local = model_->layout();
+    model_->store().init_params(local.total, [&](int64_t begin, int64_t end, float* out) {
+      reader.read(local, begin, end, out);
+    });
+    model_->store().params_updated();
     DS_LOG("initialised weights from {}", cfg_.ckpt.init_from);
     return;
   }

@@ -173,3 +173,48 @@ TEST_CASE("--estimate-memory of a Ulysses job: DP 1, ZeRO over Ulysses x DP, T/U
   CHECK(log.find("TP=1 PP=1 DP=1 Ulysses=2 (ZeRO partitions over Ulysses x DP = 2 ranks)") != std::string::npos);
   CHECK(log.find("micro batch 2 x seq 16 of 32") != std::string::npos);
 }
+
+// --init-from a Hugging Face export (the weights a one-process run trained
+// for 4 steps, exported as LLaMA with grouped-query attention): each rank
+// reads only the HF tensors it needs, and every layout starts from the same
+// weights, so TP2 with sequence parallelism, PP2 and ZeRO-3 DP2 reproduce
+// the one-process curve from them (relative 1e-5).
+TEST_CASE("--init-from a Hugging Face export: TP2 + SP, PP2 and ZeRO-3 DP2 start where one process does") {
+  const std::string hf = dist_data().dir + "/lt_init_hf";
+  fs::remove_all(hf);
+  auto args = [](int tp, int iters, std::vector<std::string> extra) {
+    SmallModel m;
+    m.iters = iters;
+    m.tp = tp;
+    m.llama = true;
+    std::vector<std::string> a = small_model_args(m);
+    a.insert(a.end(), {"--num-key-value-heads", "2"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  REQUIRE(run_with_config("lt_init_export", 1, 2, 0, args(1, 4, {"--export-hf", hf}), nullptr, nullptr).empty());
+  auto run = [&](const std::string& name, int world, int zero, int tp, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--init-from", hf});
+    std::vector<double> losses;
+    const std::string err = run_with_config(name, world, 2, zero, args(tp, 8, extra), &losses, nullptr);
+    INFO(name << ": " << err);
+    REQUIRE(err.empty());
+    REQUIRE(losses.size() == 8);
+    return losses;
+  };
+  const std::vector<double> single = run("lt_init_single", 1, 0, 1, {});
+  SmallModel fresh;
+  fresh.iters = 8;
+  fresh.llama = true;
+  std::vector<std::string> fa = small_model_args(fresh);
+  fa.insert(fa.end(), {"--num-key-value-heads", "2"});
+  std::vector<double> scratch;
+  REQUIRE(run_with_config("lt_init_scratch", 1, 2, 0, fa, &scratch, nullptr).empty());
+  REQUIRE(single.front() < scratch.front());  // it starts from the trained weights
+  INFO("TP2 + SP");
+  require_same_curve(single, run("lt_init_tp2_sp", 2, 1, 2, {"--sequence-parallel"}));
+  INFO("PP2");
+  require_same_curve(single, run("lt_init_pp2", 2, 0, 1, {"--pipeline-model-parallel-size", "2"}));
+  INFO("ZeRO-3 DP2");
+  require_same_curve(single, run("lt_init_z3_dp2", 2, 3, 1, {}));
+}

@@ -13,7 +13,8 @@
 // writer still built the whole file in memory). The same job also exports to
 // Hugging Face, one weight at a time as it is gathered (the export once
 // gathered the whole model to rank 0 and built every HF tensor: +400 MB).
-// Resuming from that checkpoint, each rank
+// A job initialised from that export (--init-from) reads only the HF tensors
+// holding its slices. Resuming from that checkpoint, each rank
 // reads only its shard of the weights and its optimizer range: at most one
 // transient copy of its optimizer state above the bound (dstrain once read
 // the whole model on every rank, three times over: +1.2 GB here). Loading it
@@ -77,7 +78,7 @@ int64_t dsconvert_peak(std::vector<std::string> args) {
 
 // The job at `hidden` size; its rank 0 log.
 std::string run_job(const std::string& name, int tp, int pp, int hidden, const std::string& save_dir,
-                    const std::string& load_dir = "") {
+                    const std::string& load_dir = "", const std::string& init_from = "") {
   const DistData& d = dist_data();
   const std::vector<std::string> args = {
       "--num-layers", "4", "--hidden-size", std::to_string(hidden), "--num-attention-heads", "16",
@@ -89,6 +90,7 @@ std::string run_job(const std::string& name, int tp, int pp, int hidden, const s
   std::vector<std::string> a = args;
   if (!save_dir.empty()) a.insert(a.end(), {"--save", save_dir, "--export-hf", save_dir + "_hf"});
   if (!load_dir.empty()) a.insert(a.end(), {"--load", load_dir});
+  if (!init_from.empty()) a.insert(a.end(), {"--init-from", init_from});
   std::string log;
   const std::string err = run_with_config(name, tp * pp, 2, -1, a, nullptr, &log);
   INFO(name << ": " << err << log);
@@ -137,6 +139,16 @@ void check(const std::string& name, int tp, int pp, bool save) {
     std::printf("%s reshaped to TP2 x PP2: peak %lld, bound %lld\n", name.c_str(), (long long)reshape_peak,
                 (long long)reshape_bound);
     CHECK(reshape_peak <= reshape_bound);
+    // --init-from the job's HF export: each rank reads the HF tensors that
+    // hold its slices, one at a time (two of the largest weight: the tensor
+    // in f32 and its mapped pages). It once read the whole model twice.
+    const std::string imported = run_job(name + "_init", tp, pp, 1024, "", "", ck + "_hf");
+    INFO(imported);
+    REQUIRE(imported.find("initialised weights from") != std::string::npos);
+    const int64_t init_peak = logged(imported, peak_line);
+    const int64_t init_bound = base + state + 4 * acts + kAllowance + 2 * (4ll * 4 * 1024 * 1024);
+    std::printf("%s --init-from: peak %lld, bound %lld\n", name.c_str(), (long long)init_peak, (long long)init_bound);
+    CHECK(init_peak <= init_bound);
     // dsconvert reads a weight and a target range at a time: it stays below
     // the whole model's f32 weights (the TP4 rank's model state, 4 + 4 + 8
     // bytes for a quarter of the parameters). It once held the weights twice
