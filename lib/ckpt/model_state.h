@@ -1,6 +1,6 @@
 // One rank's model state as checkpoints and exports see it: the full model
 // (the tp = 1, pp = 1 layout a single process saves) gathered from this
-// rank's shard, scattered back into it, and the CheckpointData that names the
+// rank's shard one weight at a time, and the CheckpointData that names the
 // rank's optimizer range and place in the grid. The gathers are collective
 // over the tensor-, pipeline-, expert- and (ZeRO-3) data-parallel groups.
 #pragma once
@@ -23,16 +23,6 @@ struct RankModel {
   int dp_rank = 0;
   const ModelLayout* full = nullptr;  // build_layout(*config)
 };
-
-// The full f32 parameters. Every rank of the job must call it (ZeRO-3, tp and
-// pp gather); ranks other than 0 get an undefined tensor unless all_ranks.
-Tensor gather_full_params(const RankModel& r, bool all_ranks);
-// This tp rank's (and pipeline stage's) f32 parameters; with ZeRO-3 gathered
-// over the data-parallel group (collective), undefined off dp rank 0 unless
-// all_ranks.
-Tensor gather_local_params(const RankModel& r, bool all_ranks);
-// full (the full layout) -> this rank's shard of the weights.
-void scatter_full_params(const RankModel& r, const Tensor& full);
 
 // The full model one weight at a time, for a save that never holds the
 // whole model on one rank: every rank makes one and calls next() with the

@@ -36,33 +36,6 @@ void place_tp_slices(const ParamSpec& p, int tp, const float* all, int64_t strid
     });
 }
 
-void gather_tp_params(Communicator* tp, const ModelLayout& local, const ModelLayout& full, int num_layers,
-                      const Tensor& local_buf, const Tensor& full_out) {
-  if (local.shard.tp == 1) {
-    if (full_out.defined()) Tensor(full_out).copy_from(local_buf.view(0, {local.total}));
-    return;
-  }
-  DS_CHECK(tp && tp->size() == local.shard.tp, "gather_tp_params: tp communicator of size {} for a tp {} layout",
-           tp ? tp->size() : 0, local.shard.tp);
-  const std::vector<Range> units = unit_ranges(local, num_layers);
-  const bool host_out = !full_out.defined() || full_out.device().is_cpu();
-  Tensor out_h = host_out ? full_out : Tensor::empty(full_out.shape(), DType::F32);
-  for (const Range& u : units) {
-    // (tp, unit) rank-major, where the communicator works (the GPU for NCCL)
-    Tensor all = Tensor::empty({local.shard.tp * u.size()}, DType::F32, local_buf.device());
-    tp->all_gather(local_buf.view(u.begin, {u.size()}), all);
-    if (!full_out.defined()) continue;
-    const Tensor all_h = on_host(all);
-    float* dst = out_h.data<float>();
-    for (const ParamSpec& p : local.params) {
-      if (p.offset < u.begin || p.offset >= u.end) continue;
-      const ParamSpec& f = full.find(p.name);
-      place_tp_slices(p, local.shard.tp, all_h.data<float>() + (p.offset - u.begin), u.size(), dst + f.offset);
-    }
-  }
-  if (!host_out) Tensor(full_out).copy_from(out_h);
-}
-
 std::vector<Range> duplicate_ranges(const ModelLayout& local) {
   std::vector<Range> out;
   const int tp = local.shard.tp, r = local.shard.tp_rank;

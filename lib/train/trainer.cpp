@@ -373,7 +373,6 @@ RankModel Trainer::rank_model() {
                    .dp_rank = sdp_rank_, .full = &full_layout_};
 }
 
-Tensor Trainer::full_params(bool all_ranks) { return gather_full_params(rank_model(), all_ranks); }
 
 void Trainer::load_or_init() {
   if (!cfg_.ckpt.load_dir.empty()) {

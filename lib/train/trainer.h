@@ -124,9 +124,6 @@ class Trainer {
   bool signalled();
   // This rank's model for the gathers and checkpoints of lib/ckpt/model_state.h.
   RankModel rank_model();
-  // The full fp32 parameters (tp = 1, pp = 1 layout); collective (ZeRO-3, tp,
-  // pp): every rank calls, ranks other than 0 get an undefined tensor unless all_ranks.
-  Tensor full_params(bool all_ranks);
   // Evaluation: the average of a scalar over the data-parallel group, and
   // (pipeline parallel) the last stage's value on every stage (broadcast over pp).
   double dp_mean(double local);
