@@ -241,13 +241,20 @@ void TcpStore::barrier(const std::string& name, int rank, int world_size) {
   barrier(name, rank, world_size, timeout_);
 }
 
+// Each rank marks its arrival (for the error message), counts itself in, and
+// the last to arrive sets the done key every rank waits for: O(1) keys per
+// rank, so a barrier of N ranks costs the store O(N) work and bytes (waiting on
+// all N arrival keys costs O(N^2) bytes). Only on a failure does a rank ask
+// which arrival keys are missing.
 void TcpStore::barrier(const std::string& name, int rank, int world_size, milliseconds timeout) {
   std::string prefix = "barrier/" + name + "/";
   set(prefix + std::to_string(rank), "1");
+  if (add(prefix + "count", 1) == world_size) set(prefix + "done", "1");
+  if (try_wait({prefix + "done"}, timeout, false).ok) return;
   std::vector<std::string> keys;
   for (int r = 0; r < world_size; ++r) keys.push_back(prefix + std::to_string(r));
-  WaitResult res = try_wait(keys, timeout, false);
-  if (res.ok) return;
+  WaitResult res = try_wait(keys, milliseconds(0), false);
+  if (res.ok) return;  // everybody arrived just now
   std::vector<int> missing;
   for (const auto& k : res.missing) missing.push_back(std::stoi(k.substr(prefix.size())));
   std::sort(missing.begin(), missing.end());

@@ -88,19 +88,12 @@ void TcpStoreServer::stop(std::chrono::milliseconds grace, std::chrono::millisec
 }
 
 int TcpStoreServer::poll_timeout_ms() const {
-  int64_t t = -1;
-  for (const Waiter& w : waiters_) {
-    int64_t left = net::ms_left(w.deadline);
-    if (t < 0 || left < t) t = left;
-  }
+  int64_t t = deadlines_.empty() ? -1 : net::ms_left(deadlines_.begin()->first);
   if (draining_.load(std::memory_order_acquire)) {
     int64_t left = net::ms_left(conns_.empty() ? linger_until_ : drain_deadline_);
     if (t < 0 || left < t) t = left;
   }
-  if (t < 0 || t > 100) {  // pending hellos are checked at least this often
-    for (const auto& [id, c] : conns_)
-      if (!c.authed) t = 100;
-  }
+  if ((t < 0 || t > 100) && !pending_.empty()) t = 100;  // pending hellos are checked at least this often
   return t < 0 ? 1000 : static_cast<int>(std::min<int64_t>(t + 1, 1000));
 }
 
@@ -110,7 +103,9 @@ void TcpStoreServer::run() {
       auto now = Clock::now();
       if (now >= drain_deadline_ || (conns_.empty() && now >= linger_until_)) return;
     }
-    std::vector<pollfd> fds{{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    // The listening socket only while a connection can be admitted (else
+    // they wait in the kernel's queue; pending hellos wake the loop every 100 ms).
+    std::vector<pollfd> fds{{wake_[0], POLLIN, 0}, {listen_fd_, static_cast<short>(can_accept() ? POLLIN : 0), 0}};
     std::vector<int> ids;
     for (auto& [id, c] : conns_) {
       fds.push_back({c.fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
@@ -143,19 +138,25 @@ void TcpStoreServer::set_admission(int world_size, std::chrono::milliseconds hel
   hello_timeout_ms_.store(hello_timeout.count());
 }
 
+// At most kMaxPending connections wait for their hello. Beyond that, the
+// oldest is closed to admit a new one only once it has waited kEvictAfter
+// (an idle connection, not a rank whose hello is on its way); until then new
+// connections stay in the kernel's listen queue. A burst of thousands of ranks
+// is so admitted in turn, none turned away, and idle connections delay
+// admission by at most kEvictAfter.
+bool TcpStoreServer::can_accept() const {
+  if (pending_.size() < kMaxPending) return true;
+  const auto evict_after =
+      std::min<std::chrono::milliseconds>(kEvictAfter, std::chrono::milliseconds(hello_timeout_ms_.load()));
+  return net::Clock::now() - pending_.begin()->second >= evict_after;
+}
+
 void TcpStoreServer::accept_new() {
-  while (true) {
+  while (can_accept()) {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
     net::set_nodelay(fd);
-    size_t pending = 0;
-    int oldest = -1;
-    for (const auto& [id, c] : conns_)
-      if (!c.authed) {
-        ++pending;
-        if (oldest < 0) oldest = id;  // ids grow with time: the first is the oldest
-      }
-    if (pending >= kMaxPending) drop(oldest);
+    if (pending_.size() >= kMaxPending) drop(pending_.begin()->first);  // ids grow with time: the oldest
     Conn c;
     c.fd = fd;
     c.accepted = net::Clock::now();
@@ -167,6 +168,7 @@ void TcpStoreServer::accept_new() {
     }
     reply(c, net::Writer().u8(uint8_t(Op::Challenge)).str(c.nonce).bytes());
     flush_conn(c);  // the rest goes out when poll says the socket is writable
+    pending_[next_id_] = c.accepted;
     conns_[next_id_++] = std::move(c);
   }
 }
@@ -175,8 +177,10 @@ void TcpStoreServer::drop_stale_pending() {
   const auto limit = std::chrono::milliseconds(hello_timeout_ms_.load());
   const auto now = net::Clock::now();
   std::vector<int> stale;
-  for (const auto& [id, c] : conns_)
-    if (!c.authed && !c.close_after_flush && now - c.accepted > limit) stale.push_back(id);
+  for (const auto& [id, accepted] : pending_) {  // oldest first
+    if (now - accepted <= limit) break;
+    if (!conns_.at(id).close_after_flush) stale.push_back(id);
+  }
   for (int id : stale) drop(id);
 }
 
@@ -184,8 +188,7 @@ std::string TcpStoreServer::refuse_rank(int64_t rank) const {
   const int world = world_size_.load();
   if (world <= 0 || rank == -1) return "";
   if (rank < 0 || rank >= world) return fmt::format("rank {} is not one of this job's {} ranks", rank, world);
-  for (const auto& [id, c] : conns_)
-    if (c.authed && !c.bye && c.rank == rank) return fmt::format("rank {} is already connected", rank);
+  if (connected_ranks_.count(rank)) return fmt::format("rank {} is already connected", rank);
   return "";
 }
 
@@ -252,11 +255,11 @@ void TcpStoreServer::drop(int id) {
   if (it == conns_.end()) return;
   Conn& c = it->second;
   bool lost = c.authed && !c.bye && c.rank >= 0;
+  if (c.authed && c.rank >= 0) connected_ranks_.erase(c.rank);
+  pending_.erase(id);
+  if (c.waiter) erase_waiter(c.waiter);
   close(c.fd);
   conns_.erase(it);
-  waiters_.erase(std::remove_if(waiters_.begin(), waiters_.end(),
-                                [id](const Waiter& w) { return w.conn == id; }),
-                 waiters_.end());
   if (lost) {
     lost_ranks_.insert(c.rank);
     fail_all_waiters();
@@ -271,7 +274,7 @@ void TcpStoreServer::refuse(Conn& c, const std::string& reason, const std::strin
 // The client's answer to the challenge: str client_nonce, i64 rank, str proof.
 // Only a valid proof earns a reason (and the server's own proof); anything
 // else gets kAuthFailed and the connection is closed.
-void TcpStoreServer::handle_hello(Conn& c, uint8_t op, net::Reader& r) {
+void TcpStoreServer::handle_hello(int id, Conn& c, uint8_t op, net::Reader& r) {
   if (op != uint8_t(Op::Hello)) return refuse(c, kAuthFailed, "");
   const std::string client_nonce = r.str();
   const int64_t rank = r.i64();
@@ -283,6 +286,8 @@ void TcpStoreServer::handle_hello(Conn& c, uint8_t op, net::Reader& r) {
     return refuse(c, why, store_auth::server_proof(token_, c.nonce, client_nonce, rank, uint8_t(Status::Refused)));
   c.rank = rank;
   c.authed = true;
+  pending_.erase(id);
+  if (rank >= 0) connected_ranks_.insert(rank);
   reply(c, net::Writer().u8(uint8_t(Status::Ok))
                .str(store_auth::server_proof(token_, c.nonce, client_nonce, rank, uint8_t(Status::Ok)))
                .bytes());
@@ -291,24 +296,26 @@ void TcpStoreServer::handle_hello(Conn& c, uint8_t op, net::Reader& r) {
 void TcpStoreServer::handle(int id, Conn& c, const std::string& msg) {
   net::Reader r(msg);
   const uint8_t code = r.u8();
-  if (!c.authed) return handle_hello(c, code, r);
+  if (!c.authed) return handle_hello(id, c, code, r);
   const Op op = static_cast<Op>(code);
   switch (op) {
     case Op::Set: {
       std::string key = r.str();
+      const bool is_new = !data_.count(key);
       data_[key] = r.str();
       reply(c, net::Writer().u8(uint8_t(Status::Ok)).bytes());
-      answer_ready_waiters();
+      if (is_new) key_set(key);
       return;
     }
     case Op::Add: {
       std::string key = r.str();
       int64_t delta = r.i64();
       auto it = data_.find(key);
-      int64_t v = (it == data_.end() ? 0 : parse_counter(key, it->second)) + delta;
+      const bool is_new = it == data_.end();
+      int64_t v = (is_new ? 0 : parse_counter(key, it->second)) + delta;
       data_[key] = std::to_string(v);
       reply(c, net::Writer().u8(uint8_t(Status::Ok)).i64(v).bytes());
-      answer_ready_waiters();
+      if (is_new) key_set(key);
       return;
     }
     case Op::Check: {
@@ -345,7 +352,14 @@ void TcpStoreServer::handle_wait(int id, Conn& c, net::Reader& r) {
   } else if (!lost_ranks_.empty()) {
     reply(c, failure(uint8_t(Status::PeerLost), missing));
   } else {
-    waiters_.push_back(std::move(w));
+    std::sort(missing.begin(), missing.end());
+    missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+    const int wid = next_waiter_++;
+    w.missing = missing.size();
+    for (const std::string& k : missing) waiting_on_[k].push_back(wid);
+    w.by_deadline = deadlines_.emplace(w.deadline, wid);
+    c.waiter = wid;
+    waiters_.emplace(wid, std::move(w));
   }
 }
 
@@ -365,48 +379,70 @@ std::string TcpStoreServer::failure(uint8_t status, const std::vector<std::strin
   return w.bytes();
 }
 
-void TcpStoreServer::answer_ready_waiters() {
-  std::vector<Waiter> keep;
-  for (Waiter& w : waiters_) {
-    auto it = conns_.find(w.conn);
-    if (it == conns_.end()) continue;
-    if (!missing_keys(w.keys).empty()) {
-      keep.push_back(std::move(w));
+void TcpStoreServer::key_set(const std::string& key) {
+  auto it = waiting_on_.find(key);
+  if (it == waiting_on_.end()) return;
+  const std::vector<int> ids = std::move(it->second);
+  waiting_on_.erase(it);
+  for (int wid : ids) {
+    auto w = waiters_.find(wid);
+    if (w == waiters_.end() || --w->second.missing > 0) continue;
+    auto c = conns_.find(w->second.conn);
+    if (c == conns_.end()) {
+      erase_waiter(wid);
       continue;
     }
-    net::Writer out;
-    out.u8(uint8_t(Status::Ok));
-    if (w.want_value && !w.keys.empty()) out.str(data_[w.keys[0]]);
-    reply(it->second, out.bytes());
-    flush_conn(it->second);
+    answer_waiter(wid, c->second);
   }
-  waiters_ = std::move(keep);
+}
+
+void TcpStoreServer::answer_waiter(int wid, Conn& c) {
+  const Waiter& w = waiters_.at(wid);
+  net::Writer out;
+  out.u8(uint8_t(Status::Ok));
+  if (w.want_value && !w.keys.empty()) out.str(data_[w.keys[0]]);
+  reply(c, out.bytes());
+  flush_conn(c);
+  erase_waiter(wid);
+}
+
+void TcpStoreServer::erase_waiter(int wid) {
+  auto it = waiters_.find(wid);
+  if (it == waiters_.end()) return;
+  Waiter& w = it->second;
+  deadlines_.erase(w.by_deadline);
+  // Its entries in waiting_on_ are skipped when their key arrives (the wait is
+  // gone by then) or dropped with the key's list: nothing to search here.
+  auto c = conns_.find(w.conn);
+  if (c != conns_.end() && c->second.waiter == wid) c->second.waiter = 0;
+  waiters_.erase(it);
 }
 
 void TcpStoreServer::answer_expired_waiters() {
-  std::vector<Waiter> keep;
-  auto now = Clock::now();
-  for (Waiter& w : waiters_) {
-    auto it = conns_.find(w.conn);
-    if (it == conns_.end()) continue;
-    if (now < w.deadline) {
-      keep.push_back(std::move(w));
-      continue;
+  const auto now = Clock::now();
+  while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+    const int wid = deadlines_.begin()->second;
+    const Waiter& w = waiters_.at(wid);
+    auto c = conns_.find(w.conn);
+    if (c != conns_.end()) {
+      reply(c->second, failure(uint8_t(Status::Timeout), missing_keys(w.keys)));
+      flush_conn(c->second);
     }
-    reply(it->second, failure(uint8_t(Status::Timeout), missing_keys(w.keys)));
-    flush_conn(it->second);
+    erase_waiter(wid);
   }
-  waiters_ = std::move(keep);
 }
 
 void TcpStoreServer::fail_all_waiters() {
-  for (Waiter& w : waiters_) {
+  for (auto& [wid, w] : waiters_) {
     auto it = conns_.find(w.conn);
     if (it == conns_.end()) continue;
     reply(it->second, failure(uint8_t(Status::PeerLost), missing_keys(w.keys)));
     flush_conn(it->second);
+    it->second.waiter = 0;
   }
   waiters_.clear();
+  deadlines_.clear();
+  waiting_on_.clear();
 }
 
 }  // namespace ds

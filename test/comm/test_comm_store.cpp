@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <cstdlib>
 #include <future>
 #include <thread>
@@ -349,4 +351,76 @@ TEST_CASE("store: idle connections cannot starve the rendezvous", "[store]") {
   CHECK(n == 0);  // EOF from the server
   CHECK(got == 4 + 1 + 4 + 32);  // the challenge frame, nothing else
   for (int fd : idle) close(fd);
+}
+
+// A job of more ranks than the server keeps waiting for a hello, all starting
+// at once (thousands at scale): each is admitted in turn, none is turned away
+// (it once closed the oldest pending connections, hellos already on their
+// way, and those ranks failed to start), and the barrier and waits complete.
+TEST_CASE("store: a burst of ranks beyond the pending-hello limit is admitted; barrier and waits at 768 ranks",
+          "[store]") {
+  constexpr int kWorld = 768;
+  static_assert(kWorld > static_cast<int>(TcpStoreServer::kMaxPending));
+  TcpStoreOptions so = server_opts("tok", 60000ms);
+  so.world_size = kWorld;
+  TcpStore server(so);
+  std::vector<std::thread> ranks;
+  std::atomic<int> failed{0};
+  auto body = [&](TcpStore& s, int r) {
+    s.set("addr/" + std::to_string(r), std::to_string(r));
+    s.barrier("join", r, kWorld);
+    const int peer = (r + 7) % kWorld;
+    if (s.get("addr/" + std::to_string(peer)) != std::to_string(peer)) ++failed;
+  };
+  for (int r = 1; r < kWorld; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        TcpStore s(client_opts(server.port(), r, "tok", 60000ms));
+        body(s, r);
+      } catch (const std::exception& e) {
+        UNSCOPED_INFO("rank " << r << ": " << e.what());
+        ++failed;
+      }
+    });
+  body(server, 0);
+  for (auto& t : ranks) t.join();
+  CHECK(failed == 0);
+}
+
+// Parked waits, indexed by the keys they still miss: each completes when its
+// last key is set, whatever the order and with repeated keys; one on a key
+// that never comes times out naming that key only.
+TEST_CASE("store: parked waits complete when their last key arrives, in any order", "[store]") {
+  TcpStore server(server_opts());
+  TcpStore setter(client_opts(server.port(), 1));
+  const std::vector<std::vector<std::string>> waits = {
+      {"a"}, {"a", "b"}, {"c", "b", "a"}, {"d", "d", "a"}, {"e"}, {"b", "e", "c", "d"}, {"a", "never"}};
+  std::vector<std::future<TcpStore::WaitResult>> results;
+  std::vector<std::unique_ptr<TcpStore>> clients;
+  for (size_t i = 0; i < waits.size(); ++i) {
+    clients.push_back(std::make_unique<TcpStore>(client_opts(server.port(), -1)));
+    TcpStore* c = clients.back().get();
+    const auto keys = waits[i];
+    results.push_back(std::async(std::launch::async, [c, keys] { return c->try_wait(keys, 3000ms, false); }));
+  }
+  std::this_thread::sleep_for(100ms);  // all parked
+  for (const char* k : {"d", "b", "e", "a", "c"}) {
+    setter.set(k, "1");
+    std::this_thread::sleep_for(20ms);
+  }
+  for (size_t i = 0; i + 1 < waits.size(); ++i) {
+    INFO("wait " << i);
+    CHECK(results[i].get().ok);
+  }
+  const TcpStore::WaitResult never = results.back().get();
+  CHECK_FALSE(never.ok);
+  CHECK(never.missing == std::vector<std::string>{"never"});
+  // A wait on keys that exist answers at once; an add that creates a key completes a wait too.
+  CHECK(setter.try_wait({"a", "e"}, 100ms, false).ok);
+  auto counter = std::async(std::launch::async, [&] { return clients[0]->try_wait({"n"}, 3000ms, true); });
+  std::this_thread::sleep_for(50ms);
+  CHECK(setter.add("n", 5) == 5);
+  const TcpStore::WaitResult n = counter.get();
+  CHECK(n.ok);
+  CHECK(n.value == "5");
 }
