@@ -60,18 +60,7 @@ void read_distill_section(JsonSection s, DistillConfig& d) {
   d.num_layers = s.get<int>("num_layers", d.num_layers);
   d.hidden_size = s.get<int>("hidden_size", d.hidden_size);
   d.num_attention_heads = s.get<int>("num_attention_heads", d.num_attention_heads);
-  if (s.has("num_experts")) {
-    const json& v = s.raw().at("num_experts");
-    const json list = v.is_array() ? v : json::array({v});
-    d.num_experts.clear();
-    for (const json& e : list) {
-      DS_USER_CHECK(e.is_number_integer() && e.get<int64_t>() >= 1 && e.get<int64_t>() <= kMaxExperts,
-                    "config: '{}' must be an integer or a list of integers in [1, {}] (--num-experts-teacher), got {}",
-                    s.full("num_experts"), kMaxExperts, v.dump());
-      d.num_experts.push_back(static_cast<int>(e.get<int64_t>()));
-    }
-  }
-  s.mark("num_experts");
+  read_expert_counts(s, "--num-experts-teacher", true, d.num_experts);  // []: not given
   s.finish(UnknownKeys::Error);
 }
 

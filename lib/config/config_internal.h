@@ -68,6 +68,9 @@ nlohmann::json model_fields_json(const ModelConfig& m);
 void add_moe_flags(CLI::App& app, std::map<std::string, nlohmann::json>& out);
 void apply_moe_flags(nlohmann::json& j, const std::map<std::string, nlohmann::json>& sp, Warnings& w);
 void read_moe_section(JsonSection s, MoeConfig& m);
+// "num_experts" of `s` into out when present: one integer or a list (empty
+// only with allow_empty), each in [1, kMaxExperts]; `flag` names the flag.
+void read_expert_counts(JsonSection& s, const char* flag, bool allow_empty, std::vector<int>& out);
 nlohmann::json moe_json(const MoeConfig& m);
 void validate_moe_model(const ModelConfig& m);
 void validate_moe_parallel(const TrainConfig& cfg);

@@ -76,20 +76,23 @@ void apply_moe_flags(json& j, const std::map<std::string, json>& sp, Warnings& w
     add_warning(w, "--use-tutel: Tutel is a choice of MoE kernels; dstrain runs its own (same gating and results)");
 }
 
-void read_moe_section(JsonSection s, MoeConfig& m) {
-  if (s.has("num_experts")) {
-    const json& v = s.raw().at("num_experts");
-    const json list = v.is_array() ? v : json::array({v});
-    DS_USER_CHECK(!list.empty(), "config: '{}' is an empty list", s.full("num_experts"));
-    m.num_experts.clear();
-    for (const json& e : list) {
-      DS_USER_CHECK(e.is_number_integer() && e.get<int64_t>() >= 1 && e.get<int64_t>() <= kMaxExperts,
-                    "config: '{}' must be an integer or a list of integers in [1, {}] (--num-experts), got {}",
-                    s.full("num_experts"), kMaxExperts, v.dump());
-      m.num_experts.push_back(static_cast<int>(e.get<int64_t>()));
-    }
-  }
+void read_expert_counts(JsonSection& s, const char* flag, bool allow_empty, std::vector<int>& out) {
   s.mark("num_experts");
+  if (!s.has("num_experts")) return;
+  const json& v = s.raw().at("num_experts");
+  const json list = v.is_array() ? v : json::array({v});
+  DS_USER_CHECK(allow_empty || !list.empty(), "config: '{}' is an empty list", s.full("num_experts"));
+  out.clear();
+  for (const json& e : list) {
+    DS_USER_CHECK(e.is_number_integer() && e.get<int64_t>() >= 1 && e.get<int64_t>() <= kMaxExperts,
+                  "config: '{}' must be an integer or a list of integers in [1, {}] ({}), got {}",
+                  s.full("num_experts"), kMaxExperts, flag, v.dump());
+    out.push_back(static_cast<int>(e.get<int64_t>()));
+  }
+}
+
+void read_moe_section(JsonSection s, MoeConfig& m) {
+  read_expert_counts(s, "--num-experts", false, m.num_experts);
   const std::string mlp = lower(s.get<std::string>("mlp_type", m.residual ? "residual" : "standard"));
   DS_USER_CHECK(mlp == "standard" || mlp == "residual", "config: '{}' is \"{}\"; expected standard or residual",
                 s.full("mlp_type"), mlp);
