@@ -11,6 +11,7 @@
 
 #include "lib/comm/communicator.h"
 #include "lib/core/tensor.h"
+#include "lib/parallel/group_space.h"
 #include "lib/parallel/zero_partition.h"
 
 namespace ds {
@@ -18,7 +19,11 @@ namespace ds {
 // `buf` has p.total elements (any dtype); rank r's owned_real(r) is current
 // on rank r. Afterwards every rank holds every range. One all-gather per
 // shard chunk (make_shard_chunks(p, bucket_elems)).
-void all_gather_flat(Communicator& dp, const ZeroPartition& p, const Tensor& buf, int64_t bucket_elems);
+// With a group space (group_space.h; p partitions space->total()), `buf` is
+// the whole flat buffer and the partition's positions are the space's: the
+// pieces are packed into and out of the chunks (null: the identity space).
+void all_gather_flat(Communicator& dp, const ZeroPartition& p, const Tensor& buf, int64_t bucket_elems,
+                     const GroupSpace* space = nullptr);
 
 // all_gather_flat split into issue and completion. Every chunk is the same
 // all-gather on the same bytes, issued in the same order, and a chunk's
@@ -27,11 +32,12 @@ void all_gather_flat(Communicator& dp, const ZeroPartition& p, const Tensor& buf
 class FlatGather {
  public:
   // Issues every chunk (asynchronous: the group's communication thread or stream).
-  void start(Communicator& dp, const ZeroPartition& p, const Tensor& buf, int64_t bucket_elems);
+  void start(Communicator& dp, const ZeroPartition& p, const Tensor& buf, int64_t bucket_elems,
+             const GroupSpace* space = nullptr);
   // Completes the chunks that write into flat range r (any order is fine:
   // the group runs them in issue order anyway).
   void wait(Range r);
-  void wait_all() { wait({0, p_.total}); }
+  void wait_all();
   bool pending() const { return open_ > 0; }
 
  private:
@@ -44,6 +50,7 @@ class FlatGather {
   void finish(Chunk& ch);
   Communicator* dp_ = nullptr;
   ZeroPartition p_;
+  GroupSpace space_;  // identity of p_.total without a group space
   Tensor buf_;
   std::vector<Chunk> chunks_;
   int open_ = 0;
