@@ -113,16 +113,32 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
   {
     SafetensorsWriter w;
     std::string names, non_negative;
-    for (const OptimizerStateTensor& s : d.opt_state) {
-      w.add(s.name, host(s.t));
+    const OptimizerStates& specs = d.opt_parts.empty() ? d.opt_state : d.opt_parts[0].states;
+    for (const OptimizerStateTensor& s : specs) {
       names += (names.empty() ? "" : ",") + s.name;
       if (s.non_negative) non_negative += (non_negative.empty() ? "" : ",") + s.name;
     }
     w.set_metadata("states", names);
     w.set_metadata("non_negative", non_negative);
     if (!d.opt_type.empty()) w.set_metadata("optimizer", d.opt_type);
-    w.set_metadata("begin", std::to_string(d.opt_begin));
-    w.set_metadata("end", std::to_string(d.opt_end));
+    if (d.opt_parts.empty()) {
+      for (const OptimizerStateTensor& s : d.opt_state) w.add(s.name, host(s.t));
+      w.set_metadata("begin", std::to_string(d.opt_begin));
+      w.set_metadata("end", std::to_string(d.opt_end));
+    } else {
+      std::string groups, shared;
+      for (const CheckpointData::StatePart& part : d.opt_parts) {
+        for (const OptimizerStateTensor& s : part.states) w.add(part.group + "/" + s.name, host(s.t));
+        std::string pieces;
+        for (const Range& r : part.pieces)
+          if (r.size() > 0) pieces += fmt::format("{}{}:{}", pieces.empty() ? "" : ",", r.begin, r.end);
+        w.set_metadata("pieces." + part.group, pieces);
+        groups += (groups.empty() ? "" : ",") + part.group;
+        if (part.ep_shared) shared += (shared.empty() ? "" : ",") + part.group;
+      }
+      w.set_metadata("groups", groups);
+      w.set_metadata("shared_groups", shared);
+    }
     w.set_metadata("step", std::to_string(d.opt_step));
     w.set_metadata("total", std::to_string((d.opt_layout ? d.opt_layout : d.layout)->total));
     w.set_metadata("rank", std::to_string(d.rank));
@@ -175,6 +191,8 @@ void write_checkpoint_files(const std::string& dir, const TrainState& st, const 
   const bool model = d.rank == 0 && d.shard.tp_rank == 0 && d.shard.pp_rank == 0 && d.shard.ep_rank == 0;
   int64_t bytes = 4 * (model ? d.layout->total : 0);
   for (const OptimizerStateTensor& s : d.opt_state) bytes += 4 * s.t.numel();
+  for (const CheckpointData::StatePart& part : d.opt_parts)
+    for (const OptimizerStateTensor& s : part.states) bytes += 4 * s.t.numel();
   Progress progress(checkpoint_progress(fmt::format("saving checkpoint {}/{}", dir, step_dir_name(st.iteration)),
                                         bytes));
   or_remove(tmp, [&] { write_step_files(tmp, st, d, config, progress); });
@@ -228,13 +246,39 @@ bool same_layout(const SavedLayout& saved, const ModelLayout& l) {
   return true;
 }
 
-// The same (TP, model) layout: reads only the shards overlapping d's range.
-void read_same_layout(const SavedStep& s, const CheckpointData& d, Tensor& params, OptimizerStates& state,
-                      int64_t& opt_step, bool with_params) {
-  if (with_params) params = read_full_params(s, *d.layout);
-  const int64_t total = (d.opt_layout ? d.opt_layout : d.layout)->total;
-  opt_step = read_state_range(s, s.sizes.at(d.shard.tp_rank, d.shard.pp_rank).at_ep(d.shard.ep_rank), total,
-                              d.opt_begin, d.opt_end, state);
+// The optimizer state of d's range (or of each of d.opt_parts' pieces) into
+// host tensors: from the shards of the same layout, or reshaped from another.
+// Returns the optimizer step count.
+int64_t read_opt_state(const SavedStep& s, const CheckpointData& d, bool same, OptimizerStates& state,
+                       std::vector<OptimizerStates>& parts) {
+  const ModelLayout& local = d.opt_layout ? *d.opt_layout : *d.layout;
+  auto read = [&](int64_t b, int64_t e, OptimizerStates& st) {
+    return same ? read_state_range(s, s.sizes.at(d.shard.tp_rank, d.shard.pp_rank).at_ep(d.shard.ep_rank),
+                                   local.total, b, e, st)
+                : read_reshaped_state(s, *d.layout, local, b, e, st);
+  };
+  if (d.opt_parts.empty()) return read(d.opt_begin, d.opt_end, state);
+  int64_t step = 0;
+  for (const CheckpointData::StatePart& part : d.opt_parts) {
+    int64_t n = 0;
+    for (const Range& r : part.pieces) n += r.size();
+    OptimizerStates out = state;  // the names
+    for (OptimizerStateTensor& t : out) t.t = Tensor::zeros({n}, DType::F32);
+    int64_t at = 0;
+    for (const Range& r : part.pieces) {
+      if (r.size() == 0) continue;
+      OptimizerStates piece = state;
+      step = read(r.begin, r.end, piece);
+      for (size_t i = 0; i < out.size(); ++i) out[i].t.view(at, {r.size()}).copy_from(piece[i].t);
+      at += r.size();
+    }
+    parts.push_back(std::move(out));
+  }
+  if (parts.empty() || step == 0) {  // no piece to read: the step count from an empty read
+    OptimizerStates none = state;
+    step = read(0, 0, none);
+  }
+  return step;
 }
 
 }  // namespace
@@ -269,7 +313,9 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   const auto model_bytes = fs::file_size(fs::path(step) / "model.safetensors", ec);
   Progress progress(checkpoint_progress("loading checkpoint " + step, ec ? 0 : static_cast<int64_t>(model_bytes)));
   Tensor params;
-  OptimizerStates opt_state = d.opt_state;  // the names to read; their tensors are replaced by host copies
+  // The names to read (each sharding group's, with d.opt_parts); their tensors are replaced by host copies.
+  OptimizerStates opt_state = d.opt_parts.empty() ? d.opt_state : d.opt_parts[0].states;
+  std::vector<OptimizerStates> part_state;
   int64_t opt_step = 0;
   const TrainState train = state.train;
   SavedStep s;
@@ -289,10 +335,9 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   if (d.receive_params) model = open_saved_model(s);
   if (d.weights_only) {
     if (!d.receive_params) params = read_full_params(s, *d.layout);
-  } else if (same) {
-    read_same_layout(s, d, params, opt_state, opt_step, !d.receive_params);
   } else {
-    read_reshaped(s, d, params, opt_state, opt_step, !d.receive_params);
+    if (!d.receive_params) params = read_full_params(s, *d.layout);
+    opt_step = read_opt_state(s, d, same, opt_state, part_state);
   }
   progress.finish();
   if (d.receive_params) {
@@ -302,7 +347,10 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
     d.params.copy_from(params);
   }
   if (!d.weights_only) {
-    for (size_t i = 0; i < opt_state.size(); ++i) d.opt_state[i].t.copy_from(opt_state[i].t);
+    if (d.opt_parts.empty())
+      for (size_t i = 0; i < opt_state.size(); ++i) d.opt_state[i].t.copy_from(opt_state[i].t);
+    for (size_t p = 0; p < part_state.size(); ++p)
+      for (size_t i = 0; i < part_state[p].size(); ++i) d.opt_parts[p].states[i].t.copy_from(part_state[p][i].t);
     d.opt_step = opt_step;
   }
   st = train;

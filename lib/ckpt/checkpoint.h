@@ -82,6 +82,18 @@ struct CheckpointData {
   // weight at a time (FullTensorStream, model_state.h) and the whole model
   // never sits on one rank.
   std::function<Tensor(const std::string& name)> stream_params;
+  // Several sharding groups (ZeRO-1 with expert parallelism), instead of
+  // opt_state / opt_begin / opt_end: per group its name, the flat pieces of
+  // the local layout its state tensors hold one after the other, and those
+  // tensors by name; ep_shared: the group's weights are the same on every
+  // expert-parallel rank (its partition spans them). docs/formats.md.
+  struct StatePart {
+    std::string group;
+    bool ep_shared = false;
+    std::vector<Range> pieces;
+    OptimizerStates states;
+  };
+  std::vector<StatePart> opt_parts;
 };
 
 // The weights of `full` in the order model.safetensors holds them.

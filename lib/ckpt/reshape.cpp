@@ -240,13 +240,4 @@ int64_t read_reshaped_state(const SavedStep& s, const ModelLayout& full, const M
   return step;
 }
 
-void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, OptimizerStates& state,
-                   int64_t& opt_step, bool with_params) {
-  DS_CHECK(d.model != nullptr, "read_reshaped needs the model config");
-  const ModelLayout& full = *d.layout;
-  const ModelLayout& local = d.opt_layout ? *d.opt_layout : full;  // the target stage's tp-rank layout
-  if (with_params) params = read_full_params(s, full);
-  opt_step = read_reshaped_state(s, full, local, d.opt_begin, d.opt_end, state);
-}
-
 }  // namespace ds

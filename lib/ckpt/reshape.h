@@ -108,9 +108,15 @@ std::string saved_optimizer_type(const SavedStep& s);
 void check_saved_states(const SavedStep& s, const OptimizerStates& want, const std::string& type = "");
 
 // One saved (pp, tp, ep) shard's optimizer files, opened and checked (every
-// file's metadata and state headers; the ranks' ranges tile the shard's
+// file's metadata and state headers; the files' pieces tile the shard's
 // local layout of local_total elements). read() reads a range of one state,
 // verifying each file's checksum the first time it reads from it.
+// A file holds one range [begin, end) of the local layout (one sharding
+// group), or, saved with several sharding groups (ZeRO-1 with expert
+// parallelism, docs/formats.md), per group a list of pieces whose state is
+// the tensor "<group>/<state>"; a group the file lists as shared (the dense
+// weights: the same for every expert-parallel rank) is partitioned over the
+// files of every expert-parallel rank, so those are opened too.
 class SavedStateFiles {
  public:
   SavedStateFiles(const SavedStep& s, const ShardCoords& at, int64_t local_total, const OptimizerStates& names);
@@ -122,12 +128,19 @@ class SavedStateFiles {
   struct File {
     SafetensorsFile sf;
     std::string name;
-    int64_t b = 0, e = 0;  // the local range it holds
     bool verified = false;
   };
+  struct Piece {
+    size_t file = 0;
+    std::string prefix;    // "" or "<group>/": the state tensors' name prefix
+    int64_t b = 0, e = 0;  // the local range it holds
+    int64_t at = 0;        // its first element's offset in the state tensor
+  };
+  void open_file(const ShardCoords& at, int r, int64_t local_total, bool own_ep);
   const SavedStep& s_;
   OptimizerStates names_;
-  std::vector<File> files_;  // sorted by range
+  std::vector<File> files_;
+  std::vector<Piece> pieces_;  // sorted by range
   int64_t step_ = 0;
 };
 
@@ -150,12 +163,5 @@ int64_t read_state_range(const SavedStep& s, const ShardCoords& at, int64_t loca
 // Returns the optimizer step count.
 int64_t read_reshaped_state(const SavedStep& s, const ModelLayout& full, const ModelLayout& local, int64_t begin,
                             int64_t end, OptimizerStates& state);
-
-// The load path for a checkpoint saved with another TP / PP layout (or padded
-// vocabulary): fills host params (d.layout->total; unless !with_params), every entry of `state`
-// by name (d.opt_end - d.opt_begin each) and the step count for d's target
-// layouts. d.model is required.
-void read_reshaped(const SavedStep& s, const CheckpointData& d, Tensor& params, OptimizerStates& state,
-                   int64_t& opt_step, bool with_params = true);
 
 }  // namespace ds

@@ -198,33 +198,100 @@ void check_saved_states(const SavedStep& s, const OptimizerStates& want, const s
                 state_names(saved), state_names(want));
 }
 
+namespace {
+
+// "b:e,b:e,..." (pieces.<group> metadata): sorted disjoint ranges in [0, total].
+std::vector<Range> parse_pieces(const std::string& t, int64_t total, const std::string& file, const std::string& key) {
+  std::vector<Range> out;
+  for (const std::string& item : split_names(t)) {
+    const size_t colon = item.find(':');
+    int64_t b = -1, e = -1;
+    bool ok = colon != std::string::npos;
+    if (ok) {
+      const auto r1 = std::from_chars(item.data(), item.data() + colon, b);
+      const auto r2 = std::from_chars(item.data() + colon + 1, item.data() + item.size(), e);
+      ok = r1.ec == std::errc() && r1.ptr == item.data() + colon && r2.ec == std::errc() &&
+           r2.ptr == item.data() + item.size() && colon > 0 && colon + 1 < item.size();
+    }
+    DS_USER_CHECK(ok && b >= 0 && b < e && e <= total && (out.empty() || out.back().end <= b),
+                  "checkpoint file '{}': optimizer shard metadata '{}' must list sorted ranges b:e inside [0, {}], "
+                  "got {}", file, key, total, shown(t));
+    out.push_back({b, e});
+  }
+  return out;
+}
+
+}  // namespace
+
+void SavedStateFiles::open_file(const ShardCoords& at, int r, int64_t local_total, bool own_ep) {
+  const std::string name = optimizer_shard_name(r, s_.shards, at);
+  const fs::path f = s_.dir / name;
+  DS_USER_CHECK(fs::exists(f), "checkpoint '{}': optimizer shard '{}' is missing", s_.dir.string(), name);
+  File file{SafetensorsFile::open(f.string()), name, false};
+  const auto meta = file.sf.metadata();
+  const int64_t total = meta_int(meta, "total", 0, INT64_MAX, f.string());
+  DS_USER_CHECK(total == local_total, "checkpoint file '{}': optimizer shard for {} parameters, the model has {}",
+                f.string(), total, local_total);
+  step_ = meta_int(meta, "step", 0, INT64_MAX, f.string());
+  check_identity(meta, f.string(), r, s_.shards, at);
+  const size_t index = files_.size();
+  auto groups = meta.find("groups");
+  if (groups == meta.end()) {  // one range
+    if (!own_ep) return;
+    const int64_t b = meta_int(meta, "begin", 0, total, f.string());
+    const int64_t e = meta_int(meta, "end", b, total, f.string());
+    for (const OptimizerStateTensor& t : names_) check_state_header(file.sf, t.name, e - b);
+    files_.push_back(std::move(file));
+    if (e > b) pieces_.push_back({index, "", b, e, 0});
+    return;
+  }
+  auto sh = meta.find("shared_groups");
+  const std::vector<std::string> shared = sh == meta.end() ? std::vector<std::string>{} : split_names(sh->second);
+  constexpr size_t kMaxGroups = 16;
+  const std::vector<std::string> names = split_names(groups->second);
+  DS_USER_CHECK(!names.empty() && names.size() <= kMaxGroups, "checkpoint file '{}': optimizer shard metadata "
+                "'groups' must name 1 to {} groups, got {}", f.string(), kMaxGroups, shown(groups->second));
+  bool used = false;
+  for (const std::string& g : names) {
+    DS_USER_CHECK(!g.empty() && g.size() <= 64 && g.find('/') == std::string::npos, "checkpoint file '{}': "
+                  "optimizer shard metadata 'groups' holds a malformed name: {}", f.string(), shown(groups->second));
+    const std::string key = "pieces." + g;
+    auto it = meta.find(key);
+    DS_USER_CHECK(it != meta.end(), "checkpoint file '{}': optimizer shard metadata '{}' is missing", f.string(), key);
+    const std::vector<Range> ranges = it->second.empty() ? std::vector<Range>{}
+                                                         : parse_pieces(it->second, total, f.string(), key);
+    int64_t n = 0;
+    for (const Range& q : ranges) n += q.size();
+    for (const OptimizerStateTensor& t : names_) check_state_header(file.sf, g + "/" + t.name, n);
+    // Another expert-parallel rank's file: only its groups shared by every rank.
+    if (!own_ep && std::find(shared.begin(), shared.end(), g) == shared.end()) continue;
+    int64_t at_elem = 0;
+    for (const Range& q : ranges) {
+      pieces_.push_back({index, g + "/", q.begin, q.end, at_elem});
+      at_elem += q.size();
+    }
+    used = true;
+  }
+  if (used || own_ep) files_.push_back(std::move(file));
+}
+
 SavedStateFiles::SavedStateFiles(const SavedStep& s, const ShardCoords& at, int64_t local_total,
                                  const OptimizerStates& names)
     : s_(s), names_(names) {
-  files_.reserve(static_cast<size_t>(s.shards));
-  for (int r = 0; r < s.shards; ++r) {
-    const std::string name = optimizer_shard_name(r, s.shards, at);
-    const fs::path f = s.dir / name;
-    DS_USER_CHECK(fs::exists(f), "checkpoint '{}': optimizer shard '{}' is missing", s.dir.string(), name);
-    File file{SafetensorsFile::open(f.string()), name, 0, 0, false};
-    const auto meta = file.sf.metadata();
-    const int64_t total = meta_int(meta, "total", 0, INT64_MAX, f.string());
-    DS_USER_CHECK(total == local_total, "checkpoint file '{}': optimizer shard for {} parameters, the model has {}",
-                  f.string(), total, local_total);
-    file.b = meta_int(meta, "begin", 0, total, f.string());
-    file.e = meta_int(meta, "end", file.b, total, f.string());
-    step_ = meta_int(meta, "step", 0, INT64_MAX, f.string());
-    check_identity(meta, f.string(), r, s.shards, at);
-    for (const OptimizerStateTensor& t : names_) check_state_header(file.sf, t.name, file.e - file.b);
-    files_.push_back(std::move(file));
-  }
-  std::sort(files_.begin(), files_.end(), [](const File& a, const File& b) { return a.b < b.b; });
+  for (int r = 0; r < s.shards; ++r) open_file(at, r, local_total, true);
+  // Pieces of groups shared over the expert-parallel ranks live in every one's files.
+  bool grouped = false;
+  for (const File& f : files_) grouped = grouped || f.sf.metadata().count("shared_groups");
+  if (grouped)
+    for (int e = 0; e < s.sizes.ep; ++e)
+      if (e != at.ep_rank)
+        for (int r = 0; r < s.shards; ++r) open_file(at.at_ep(e), r, local_total, false);
+  std::sort(pieces_.begin(), pieces_.end(), [](const Piece& a, const Piece& b) { return a.b < b.b; });
   int64_t pos = 0;
-  for (const File& f : files_) {
-    if (f.b == f.e) continue;  // an empty shard (more ranks than elements)
-    DS_USER_CHECK(f.b == pos, "checkpoint '{}': optimizer shards of tp rank {} / pp rank {} {} at element {}",
-                  s.dir.string(), at.tp_rank, at.pp_rank, f.b < pos ? "overlap" : "leave a gap", std::min(f.b, pos));
-    pos = f.e;
+  for (const Piece& q : pieces_) {
+    DS_USER_CHECK(q.b == pos, "checkpoint '{}': optimizer shards of tp rank {} / pp rank {} {} at element {}",
+                  s.dir.string(), at.tp_rank, at.pp_rank, q.b < pos ? "overlap" : "leave a gap", std::min(q.b, pos));
+    pos = q.e;
   }
   DS_USER_CHECK(pos == local_total, "checkpoint '{}': optimizer shards of tp rank {} / pp rank {} cover {} of {} "
                 "elements", s.dir.string(), at.tp_rank, at.pp_rank, pos, local_total);
@@ -232,9 +299,10 @@ SavedStateFiles::SavedStateFiles(const SavedStep& s, const ShardCoords& at, int6
 
 void SavedStateFiles::read(size_t state, int64_t lo, int64_t hi, float* dst) {
   const OptimizerStateTensor& t = names_.at(state);
-  for (File& f : files_) {  // only the overlap of each file is read, straight into place
-    const int64_t a = std::max(f.b, lo), b = std::min(f.e, hi);
+  for (const Piece& q : pieces_) {  // only the overlap of each piece is read, straight into place
+    const int64_t a = std::max(q.b, lo), b = std::min(q.e, hi);
     if (a >= b) continue;
+    File& f = files_[q.file];
     if (!f.verified && !(s_.verified && s_.verified->count(f.name))) {
       if (s_.progress)
         s_.progress->set_total(s_.progress->total() + static_cast<int64_t>(fs::file_size(s_.dir / f.name)));
@@ -243,8 +311,8 @@ void SavedStateFiles::read(size_t state, int64_t lo, int64_t hi, float* dst) {
     }
     f.verified = true;
     float* out = dst + (a - lo);
-    f.sf.read_f32(t.name, a - f.b, b - a, out);
-    check_finite(Tensor::from_blob(out, {b - a}, DType::F32), f.sf.path(), t.name, t.non_negative);
+    f.sf.read_f32(q.prefix + t.name, q.at + (a - q.b), b - a, out);
+    check_finite(Tensor::from_blob(out, {b - a}, DType::F32), f.sf.path(), q.prefix + t.name, t.non_negative);
   }
 }
 

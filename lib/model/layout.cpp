@@ -135,4 +135,33 @@ const ParamSpec& ModelLayout::find(const std::string& name) const {
   return *p;
 }
 
+std::vector<Range> group_ranges(const ModelLayout& l, const std::function<bool(const ParamGroupSpec&)>& in) {
+  std::vector<Range> r;
+  for (const ParamSpec& p : l.params)
+    if (in(l.groups[static_cast<size_t>(p.group)])) r.push_back({p.offset, p.offset + p.numel});
+  std::sort(r.begin(), r.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  return merge_adjacent(std::move(r));
+}
+
+ModelLayout packed_layout(const ModelLayout& l, const GroupSpace& s) {
+  ModelLayout out;
+  out.groups = l.groups;
+  out.shard = l.shard;
+  out.first_layer = l.first_layer;
+  out.end_layer = l.end_layer;
+  out.chunks = l.chunks;
+  out.total = s.total();
+  for (const ParamSpec& p : l.params) {
+    const std::vector<GroupSpace::Piece> in = s.within({p.offset, p.offset + p.numel});
+    if (in.empty()) continue;
+    DS_CHECK(in.size() == 1 && in[0].flat.size() == p.numel, "tensor '{}' is split by a group space", p.name);
+    ParamSpec q = p;
+    q.offset = in[0].at;
+    out.params.push_back(std::move(q));
+  }
+  std::sort(out.params.begin(), out.params.end(),
+            [](const ParamSpec& a, const ParamSpec& b) { return a.offset < b.offset; });
+  return out;
+}
+
 }  // namespace ds

@@ -3,6 +3,7 @@
 // partitions, checkpoints and HF export are all expressed as ranges and names.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "lib/model/model_config.h"
 #include "lib/model/param_group.h"
 #include "lib/model/param_ref.h"
+#include "lib/parallel/group_space.h"
 #include "lib/parallel/shard_coords.h"
 
 namespace ds {
@@ -115,6 +117,14 @@ int64_t count_parameters(const ModelConfig& m);
 // layer, (experts - topk) / experts of its expert weights (the router and
 // the dense layers all run). 0 without MoE layers.
 int64_t inactive_expert_params(const ModelLayout& layout, int topk);
+
+// The flat extents of the layout's tensors whose group satisfies `in`,
+// adjacent ones merged (a group space's ranges, group_space.h).
+std::vector<Range> group_ranges(const ModelLayout& l, const std::function<bool(const ParamGroupSpec&)>& in);
+// The tensors of group space s (each wholly inside or outside it) packed at
+// their positions in s: the layout an optimizer of that group's owned range
+// works on (names, shapes and decay flags kept; total = s.total()).
+ModelLayout packed_layout(const ModelLayout& l, const GroupSpace& s);
 
 // Distinct kv-head parts of the fused qkv weight over tp ranks: tp when the
 // kv heads split (NKV % tp == 0), NKV when each rank holds one replicated kv

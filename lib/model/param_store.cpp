@@ -36,15 +36,38 @@ FlatParamStore::FlatParamStore(const ModelLayout& layout, int num_layers, Device
   DS_CHECK(opts.grad == DType::F32 || opts.grad == compute, "gradients in {} with compute dtype {}",
            dtype_name(opts.grad), dtype_name(compute));
   const int64_t n = std::max(alloc_elems, layout.total);
-  const bool shard_master = compute != DType::F32 && opts.dp;
-  if (shard_master)
-    DS_CHECK(opts.part.total == total_ && opts.part.dp == opts.dp->size(),
-             "master partition of {} elements over {} ranks for a model of {} on {} ranks", opts.part.total,
-             opts.part.dp, total_, opts.dp->size());
-  master_ = shard_master ? opts.part.owned_real(opts.dp->rank()) : Range{0, n};
+  groups_ = opts.groups;
+  if (groups_.empty() && opts.dp)
+    groups_.push_back(ShardGroup{.name = "", .ep_shared = false, .dp = opts.dp, .space = GroupSpace::identity(total_), .part = opts.part});
+  int64_t covered = 0;
+  for (const ShardGroup& g : groups_) {
+    DS_CHECK(g.part.total == g.space.total() && g.part.dp == (g.dp ? g.dp->size() : 1),
+             "sharding group '{}': partition of {} elements over {} ranks for a space of {} on {} ranks", g.name,
+             g.part.total, g.part.dp, g.space.total(), g.dp ? g.dp->size() : 1);
+    covered += g.space.total();
+  }
+  DS_CHECK(groups_.empty() || covered == total_, "the sharding groups cover {} of the model's {} elements", covered,
+           total_);
+  gather_.resize(groups_.size());
+  // Mixed precision with sharding groups: the f32 master is each group's owned range.
+  full_master_ = compute == DType::F32 || groups_.empty();
+  int64_t held = 0;
+  if (full_master_) {
+    master_.push_back({{0, n}, 0});
+    held = n;
+  } else {
+    for (const ShardGroup& g : groups_) {
+      group_off_.push_back(held);
+      for (GroupSpace::Piece q : g.space.pieces(g.owned())) {
+        q.at = held + (q.at - g.owned().begin);
+        master_.push_back(q);
+      }
+      held += g.owned().size();
+    }
+  }
   {
     MemTagScope tag(MemTag::Params);
-    params_ = Tensor::zeros({master_.size()}, DType::F32, dev);
+    params_ = Tensor::zeros({held}, DType::F32, dev);
     if (compute != DType::F32) compute_ = Tensor::zeros({total_}, compute, dev);
   }
   MemTagScope tag(MemTag::Grads);
@@ -56,37 +79,58 @@ int64_t FlatParamStore::param_bytes() const {
   return static_cast<int64_t>(params_.nbytes() + (compute_.defined() ? compute_.nbytes() : 0));
 }
 
+void FlatParamStore::wait_gathers() {
+  for (FlatGather& g : gather_) g.wait_all();
+}
+
 Tensor& FlatParamStore::params() {
-  gather_.wait_all();
-  DS_CHECK(full_master(), "FlatParamStore::params(): this rank keeps the f32 master of [{}, {}) only",
-           master_.begin, master_.end);
+  wait_gathers();
+  DS_CHECK(full_master(), "FlatParamStore::params(): this rank keeps the f32 master of its owned ranges only");
   return params_;
 }
 
+Range FlatParamStore::master_range() const {
+  DS_CHECK(master_.size() <= 1 && groups_.size() <= 1, "FlatParamStore::master_range with {} sharding groups",
+           groups_.size());
+  return master_.empty() ? Range{0, 0} : master_[0].flat;
+}
+
 Tensor FlatParamStore::master(Range r) {
-  DS_CHECK(master_.begin <= r.begin && r.end <= master_.end, "master range [{}, {}) outside [{}, {})", r.begin,
-           r.end, master_.begin, master_.end);
-  return params_.view(r.begin - master_.begin, {r.size()});
+  for (const GroupSpace::Piece& q : master_)
+    if (q.flat.begin <= r.begin && r.end <= q.flat.end) return params_.view(q.at + r.begin - q.flat.begin, {r.size()});
+  DS_CHECK(r.size() == 0, "master range [{}, {}) is not inside one owned piece", r.begin, r.end);
+  return params_.view(0, {0});
+}
+
+Tensor FlatParamStore::group_master(size_t g) {
+  DS_CHECK(!full_master() && g < groups_.size(), "FlatParamStore::group_master({}) without a sharded master", g);
+  return params_.view(group_off_[g], {groups_[g].owned().size()});
 }
 
 Tensor& FlatParamStore::compute_params() {
-  gather_.wait_all();
+  wait_gathers();
   return compute_;
 }
 
 void FlatParamStore::gather_owned() {
-  DS_CHECK(opts_.dp, "FlatParamStore::gather_owned without a data-parallel group");
-  if (opts_.part.dp == 1) return;
+  DS_CHECK(gathers(), "FlatParamStore::gather_owned without a data-parallel group");
   const Tensor& buf = compute_.defined() ? compute_ : params_;
-  if (opts_.overlap_param_gather)
-    gather_.start(*opts_.dp, opts_.part, buf.view(0, {total_}), opts_.allgather_bucket);
-  else
-    all_gather_flat(*opts_.dp, opts_.part, buf.view(0, {total_}), opts_.allgather_bucket);
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const ShardGroup& g = groups_[i];
+    if (g.part.dp == 1) continue;
+    const GroupSpace* space = g.space.is_identity() ? nullptr : &g.space;
+    const Tensor b = buf.view(0, {total_});
+    if (opts_.overlap_param_gather)
+      gather_[i].start(*g.dp, g.part, b, opts_.allgather_bucket, space);
+    else
+      all_gather_flat(*g.dp, g.part, b, opts_.allgather_bucket, space);
+  }
 }
 
 Tensor FlatParamStore::acquire_params(int unit) {
   const Range& r = units_.at(unit);
-  if (gather_.pending()) gather_.wait(r);  // overlap_param_gather: this unit's chunks only
+  for (FlatGather& g : gather_)
+    if (g.pending()) g.wait(r);  // overlap_param_gather: this unit's chunks only
   return (compute_.defined() ? compute_ : params_).view(r.begin, {r.size()});
 }
 
@@ -94,10 +138,12 @@ Tensor FlatParamStore::acquire_params(int unit) {
 // master the owners' ranges are then all-gathered in the compute dtype (half
 // the bytes of gathering f32, and the same bits as casting after it).
 void FlatParamStore::params_updated() {
-  gather_.wait_all();
+  wait_gathers();
   if (!compute_.defined() || total_ == 0) return;
-  const Range own{master_.begin, std::min(master_.end, total_)};
-  if (own.size() > 0) ops::cast({.out = compute_.view(own.begin, {own.size()}), .inp = master(own)}, Stream{});
+  for (const GroupSpace::Piece& q : master_) {
+    const Range own{q.flat.begin, std::min(q.flat.end, total_)};
+    if (own.size() > 0) ops::cast({.out = compute_.view(own.begin, {own.size()}), .inp = master(own)}, Stream{});
+  }
   if (!full_master()) gather_owned();
 }
 
@@ -139,37 +185,47 @@ void ParamStore::init_params(int64_t total, const InitFill& fill) {
 }
 
 void FlatParamStore::set_full_params(const Tensor& full) {
-  gather_.wait_all();
+  wait_gathers();
   DS_CHECK(full.numel() == total_, "set_full_params: {} elements, model has {}", full.numel(), total_);
-  const Range own{master_.begin, std::min(master_.end, total_)};
-  if (own.size() > 0) master(own).copy_from(full.view(own.begin, {own.size()}));
+  for (const GroupSpace::Piece& q : master_) {
+    const Range own{q.flat.begin, std::min(q.flat.end, total_)};
+    if (own.size() > 0) master(own).copy_from(full.view(own.begin, {own.size()}));
+  }
   if (compute_.defined() && total_ > 0)
     ops::cast({.out = compute_, .inp = full.device() == compute_.device() ? full : full.to(compute_.device())},
               Stream{});
 }
 
 void FlatParamStore::get_full_params(const Tensor& out) {
-  gather_.wait_all();
+  wait_gathers();
   if (full_master()) {
     if (!out.defined()) return;
     Tensor o = out;
     o.copy_from(params_.view(0, {total_}));
     return;
   }
-  // Sharded master: each rank contributes its range (collective).
+  // Sharded master: each rank contributes its ranges (collective).
   Tensor f = Tensor::zeros({total_}, DType::F32, params_.device());
-  if (master_.size() > 0) f.view(master_.begin, {master_.size()}).copy_from(params_);
-  if (opts_.part.dp > 1) all_gather_flat(*opts_.dp, opts_.part, f, opts_.allgather_bucket);
+  for (const GroupSpace::Piece& q : master_)
+    f.view(q.flat.begin, {q.flat.size()}).copy_from(params_.view(q.at, {q.flat.size()}));
+  for (const ShardGroup& g : groups_)
+    if (g.part.dp > 1)
+      all_gather_flat(*g.dp, g.part, f, opts_.allgather_bucket, g.space.is_identity() ? nullptr : &g.space);
   if (!out.defined()) return;
   Tensor o = out;
   o.copy_from(f);
 }
 
 void FlatParamStore::gather_f32(Range r, const Tensor& out) {
-  gather_.wait_all();
+  wait_gathers();
   if (full_master()) return Tensor(out).copy_from(params_.view(r.begin, {r.size()}));
-  // ZeRO-1 in mixed precision: each rank's master covers its own range.
-  gather_from_shards(opts_.dp, opts_.part, opts_.dp->rank(), params_, r, out);
+  // ZeRO-1 in mixed precision: each rank's master covers its owned range of each group.
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const ShardGroup& g = groups_[i];
+    for (const GroupSpace::Piece& q : g.space.within(r))
+      gather_from_shards(g.dp, g.part, g.rank(), group_master(i), {q.at, q.at + q.flat.size()},
+                         out.view(q.flat.begin - r.begin, {q.flat.size()}));
+  }
 }
 
 void gather_from_shards(Communicator* dp, const ZeroPartition& part, int rank, const Tensor& shard, Range r,

@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "lib/comm/communicator.h"
@@ -22,6 +23,7 @@
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
 #include "lib/parallel/flat_gather.h"
+#include "lib/parallel/group_space.h"
 #include "lib/parallel/zero_partition.h"
 
 namespace ds {
@@ -89,6 +91,23 @@ class ParamStore {
   GradsHook grads_hook_;
 };
 
+// A ZeRO-1 sharding group: the part of the flat layout (its group space,
+// group_space.h) whose weights are partitioned over one data-parallel group.
+// One identity group covers the whole model; with expert parallelism the
+// dense weights are one group over every data-parallel rank and the experts
+// another over the expert-data-parallel ranks (DeepSpeed's partitioning).
+struct ShardGroup {
+  std::string name;            // the parameter group(s) it holds ("dense", "experts"; "" for all)
+  // The same tensors on every expert-parallel rank (the dense weights): its
+  // partition spans them, so a checkpoint reads its state from all of their files.
+  bool ep_shared = false;
+  Communicator* dp = nullptr;  // null: one rank
+  GroupSpace space;
+  ZeroPartition part;  // over space.total()
+  int rank() const { return dp ? dp->rank() : 0; }
+  Range owned() const { return part.owned_real(rank()); }  // group-space positions
+};
+
 // How a FlatParamStore keeps the weights and gradients beyond the compute
 // dtype. The defaults are one f32 gradient buffer and, in mixed precision, a
 // full f32 master.
@@ -105,6 +124,11 @@ struct FlatStoreOptions {
   // ZeRO-1 (any precision): the data-parallel group gather_owned() all-gathers over.
   Communicator* dp = nullptr;
   ZeroPartition part;
+  // Instead of dp / part: several sharding groups covering the layout
+  // together; each rank's f32 master (mixed precision) is its owned range of
+  // every group, packed group after group, and gather_owned() all-gathers
+  // each group over its own ranks.
+  std::vector<ShardGroup> groups;
   int64_t allgather_bucket = 0;
   // gather_owned() only issues the all-gather; acquire_params(u) completes the
   // chunks that write into unit u (Megatron's --overlap-param-gather).
@@ -141,14 +165,19 @@ class FlatParamStore : public ParamStore {
   // reads (the compute copy, or the f32 weights in fp32): all-gathers them
   // over FlatStoreOptions::dp (asynchronously with overlap_param_gather).
   void gather_owned();
-  bool gathers() const { return opts_.dp != nullptr; }
+  bool gathers() const { return !groups_.empty(); }
+  // The sharding groups (empty without ZeRO-1 over several ranks).
+  const std::vector<ShardGroup>& shard_groups() const { return groups_; }
 
   // Is the f32 buffer the whole model (fp32, or a full master)?
-  bool full_master() const { return master_.begin == 0 && master_.end >= total_; }
+  bool full_master() const { return full_master_; }
   // The accessors below complete a pending parameter all-gather first.
   Tensor& params();  // (alloc) f32, layout total first; full_master() only
-  Range master_range() const { return master_; }
-  Tensor master(Range r);  // f32 master of the flat range r (inside master_range())
+  // One sharding group: the flat range the f32 master covers.
+  Range master_range() const;
+  Tensor master(Range r);  // f32 master of the flat range r (inside one owned piece)
+  // Sharded master: group g's owned range (ShardGroup::owned), packed.
+  Tensor group_master(size_t g);
   Tensor& grads() { return grads_; }    // (alloc) in the gradient dtype
   Tensor& compute_params();  // (total) bf16/f16 copy; undefined in fp32
   // Persistent bytes of the buffers (what their allocation counted).
@@ -159,12 +188,18 @@ class FlatParamStore : public ParamStore {
   std::vector<Range> units_;
   int64_t total_ = 0;
   FlatStoreOptions opts_;
-  Range master_;    // flat range the f32 buffer params_ holds
-  Tensor params_;   // (alloc) f32 weights / full master, or (master_.size()) master range
+  std::vector<ShardGroup> groups_;
+  bool full_master_ = true;
+  // The flat pieces the f32 buffer holds: [0, alloc) for a full master, else
+  // each group's owned pieces (Piece::at = the offset in params_).
+  std::vector<GroupSpace::Piece> master_;
+  std::vector<int64_t> group_off_;  // sharded master: group g's offset in params_
+  Tensor params_;   // (alloc) f32 weights / full master, or the owned pieces packed
   Tensor grads_;    // (alloc) gradient accumulator, f32 or the compute dtype
   Tensor compute_;  // (total) bf16/f16 copy of the weights, or undefined in fp32
   std::vector<Tensor> unit_f32_;  // compute-dtype accumulation: the running units' f32 gradients
-  FlatGather gather_;  // overlap_param_gather: the all-gather issued by gather_owned()
+  std::vector<FlatGather> gather_;  // per group, overlap_param_gather: the all-gathers gather_owned() issued
+  void wait_gathers();
 };
 
 // Range r of a flat buffer whose owned part (part.owned(rank), padded

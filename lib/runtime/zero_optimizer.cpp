@@ -23,7 +23,7 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   const bool mixed = model.compute_dtype() != DType::F32;
   // ZeRO-1: the flat store all-gathers the updated weights, and in mixed
   // precision it keeps the f32 master of exactly the range the optimizer updates.
-  if (!store && z.stage == 1 && part.dp > 1) {
+  if (!store && z.stage == 1 && part.dp > 1 && model.flat_store().shard_groups().size() == 1) {
     DS_CHECK(model.flat_store().gathers(), "ZeRO-1 over {} ranks with a flat store that has no data-parallel group",
              part.dp);
     const Range m = mixed ? model.flat_store().master_range() : range_;
@@ -34,11 +34,28 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   // Mixed precision, flat store: the fused update writes the updated range of
   // the compute copy itself (stage 1 then all-gathers the compute copy).
   fused_lowp_ = !store && !offload_ && mixed;
-  opt_ = make_optimizer(optimizer, model.layout(), offload_ ? Device::cpu() : model.device(), range_.begin,
-                        range_.end);
+  if (!store && z.stage == 1 && model.flat_store().shard_groups().size() > 1) {
+    DS_USER_CHECK(!offload_, "offload_optimizer with expert parallelism at ZeRO stage 1 is not supported yet; use "
+                             "stage 2 or no offload");
+    range_ = {0, 0};
+    for (const ShardGroup& g : model.flat_store().shard_groups()) {
+      GroupOpt o{.g = g, .layout = packed_layout(model.layout(), g.space), .owned = g.owned(), .pieces = {},
+                 .opt = nullptr};
+      o.pieces = g.space.pieces(o.owned);
+      o.opt = make_optimizer(optimizer, o.layout, model.device(), o.owned.begin, o.owned.end);
+      if (g.dp && g.part.dp > 1) {
+        Communicator* c = g.dp;
+        o.opt->set_shard_sum([c](const Tensor& t) { c->all_reduce(t); });
+      }
+      groups_.push_back(std::move(o));
+    }
+  } else {
+    opt_ = make_optimizer(optimizer, model.layout(), offload_ ? Device::cpu() : model.device(), range_.begin,
+                          range_.end);
+  }
   // ZeRO 1-3 over several ranks: the range is a shard of the data-parallel
   // group (Lamb adds its per-tensor sums over it).
-  if (z.stage >= 1 && dp && part.dp > 1) opt_->set_shard_sum([dp](const Tensor& t) { dp->all_reduce(t); });
+  if (opt_ && z.stage >= 1 && dp && part.dp > 1) opt_->set_shard_sum([dp](const Tensor& t) { dp->all_reduce(t); });
   overlap_ = z.overlap_comm && !store && dp && part.dp > 1;
   if (overlap_) {
     buckets_ = make_buckets(part.total, z.reduce_bucket_size);
@@ -241,7 +258,48 @@ void ZeroOptimizer::grads_nonfinite_into(const Tensor& flag) {
   if (g.numel() > 0) ops::nonfinite_check({.flag = flag, .x = g}, Stream{});
 }
 
+// Each group's owned pieces are packed (gradients; in fp32 the weights
+// themselves), updated by the group's optimizer and written back; the
+// gather_owned after it all-gathers every group over its ranks. The update
+// is element-wise per element as with one group, so the values are the
+// same; only which rank computes them moves.
+void ZeroOptimizer::step_groups(const StepHyper& h, float grad_scale) {
+  FlatParamStore& flat = model_.flat_store();
+  const bool mixed = model_.compute_dtype() != DType::F32;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    GroupOpt& o = groups_[i];
+    const int64_t n = o.owned.size();
+    if (n == 0) {
+      o.opt->step_empty_range();
+      continue;
+    }
+    const Device dev = model_.device();
+    auto packed = [&](const Tensor& flat_buf, DType dt) {
+      Tensor t = Tensor::empty({n}, dt, dev);
+      for (const GroupSpace::Piece& q : o.pieces)
+        t.view(q.at - o.owned.begin, {q.flat.size()}).copy_from(flat_buf.view(q.flat.begin, {q.flat.size()}));
+      return t;
+    };
+    auto unpack = [&](const Tensor& t, const Tensor& flat_buf) {
+      for (const GroupSpace::Piece& q : o.pieces)
+        Tensor(flat_buf.view(q.flat.begin, {q.flat.size()})).copy_from(t.view(q.at - o.owned.begin, {q.flat.size()}));
+    };
+    const Tensor g = packed(model_.grads(), model_.grads().dtype());
+    if (mixed) {
+      const Tensor lowp = Tensor::empty({n}, model_.compute_dtype(), dev);
+      o.opt->step({.params = flat.group_master(i), .grads = g, .params_lowp = lowp}, h, grad_scale);
+      unpack(lowp, model_.compute_params());
+    } else {
+      const Tensor p = packed(flat.params(), DType::F32);
+      o.opt->step({.params = p, .grads = g}, h, grad_scale);
+      unpack(p, flat.params());
+    }
+  }
+  flat.gather_owned();
+}
+
 void ZeroOptimizer::step(const StepHyper& h, float grad_scale) {
+  if (grouped()) return step_groups(h, grad_scale);
   if (range_.size() > 0) {
     Tensor p = master_range();
     Tensor g = store_ ? store_->grad_shard() : model_.grads().view(range_.begin, {range_.size()});
@@ -263,6 +321,7 @@ void ZeroOptimizer::step(const StepHyper& h, float grad_scale) {
 }
 
 void ZeroOptimizer::step_gated(const StepHyper& h, const Tensor& scalars) {
+  DS_CHECK(!grouped(), "ZeroOptimizer::step_gated with several sharding groups");
   DS_CHECK(!offload_, "ZeroOptimizer::step_gated with offload_optimizer (the update runs on the host)");
   DS_CHECK(opt_->has_gated_step(), "optimizer {} has no device-gated step", opt_->type());
   if (range_.size() > 0) {
@@ -291,6 +350,51 @@ Tensor ZeroOptimizer::master_range() {
   return store_ ? store_->master_params() : model_.flat_store().master(range_);
 }
 
+std::vector<Tensor> ZeroOptimizer::master_ranges() {
+  if (!grouped()) return {master_range()};
+  std::vector<Tensor> out;
+  FlatParamStore& flat = model_.flat_store();
+  const bool mixed = model_.compute_dtype() != DType::F32;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    if (mixed) {
+      out.push_back(flat.group_master(i));
+      continue;
+    }
+    for (const GroupSpace::Piece& q : groups_[i].pieces)  // fp32: the weights' owned pieces
+      out.push_back(flat.params().view(q.flat.begin, {q.flat.size()}));
+  }
+  return out;
+}
+
+std::vector<Tensor> ZeroOptimizer::optimizer_states() {
+  if (!grouped()) return opt_->states();
+  std::vector<Tensor> out;
+  for (const GroupOpt& o : groups_)
+    for (const Tensor& t : o.opt->states()) out.push_back(t);
+  return out;
+}
+
+void ZeroOptimizer::set_step_count(int64_t n) {
+  if (!grouped()) return opt_->set_step_count(n);
+  for (GroupOpt& o : groups_) o.opt->set_step_count(n);
+}
+
+void ZeroOptimizer::count_step() {
+  if (!grouped()) return opt_->count_step();
+  for (GroupOpt& o : groups_) o.opt->count_step();
+}
+
+std::vector<ZeroOptimizer::StatePart> ZeroOptimizer::state_parts() {
+  if (!grouped()) return {StatePart{.group = "", .ep_shared = false, .pieces = {range_}, .opt = opt_.get()}};
+  std::vector<StatePart> out;
+  for (GroupOpt& o : groups_) {
+    StatePart p{.group = o.g.name, .ep_shared = o.g.ep_shared, .pieces = {}, .opt = o.opt.get()};
+    for (const GroupSpace::Piece& q : o.pieces) p.pieces.push_back(q.flat);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 int64_t ZeroOptimizer::offload_host_bytes() const {
   return offload_ ? OffloadPipeline::host_bytes_for(range_.size(), offload_bucket(z_)) : 0;
 }
@@ -301,7 +405,8 @@ ModelStateBytes ZeroOptimizer::model_state_bytes() const {
   b.params = store_ ? store_->param_bytes() : flat->param_bytes();
   b.grads = store_ ? store_->grad_bytes() : flat->grad_bytes();
   // Offloaded optimizer state is host memory: not part of the device model state.
-  b.optimizer = offload_ ? 0 : opt_->state_bytes();
+  b.optimizer = offload_ || !opt_ ? 0 : opt_->state_bytes();
+  for (const GroupOpt& o : groups_) b.optimizer += o.opt->state_bytes();
   return b;
 }
 

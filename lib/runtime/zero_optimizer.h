@@ -107,10 +107,31 @@ class ZeroOptimizer {
   // is left to the caller (Optimizer::count_step once the step is known
   // applied). The optimizer must have a gated step (Optimizer::has_gated_step).
   void step_gated(const StepHyper& h, const Tensor& scalars);
-  Optimizer& optimizer() { return *opt_; }
-  Range optimizer_range() const { return range_; }  // unpadded, may be empty
-  // The fp32 master weights this rank updates (undefined when the range is empty).
-  Tensor master_range();
+  // The optimizer (with several sharding groups: the first group's; every
+  // group's optimizer has the same type, hyper-parameters and step count).
+  Optimizer& optimizer() { return grouped() ? *groups_[0].opt : *opt_; }
+  Range optimizer_range() const { return range_; }  // unpadded, may be empty (one sharding group)
+  // The fp32 master weights this rank updates (undefined when the range is
+  // empty); with several sharding groups, one tensor per group.
+  std::vector<Tensor> master_ranges();
+  // Every optimizer state tensor this rank holds (every group's).
+  std::vector<Tensor> optimizer_states();
+  void set_step_count(int64_t n);
+  void count_step();
+  // What this rank's optimizer state covers, per optimizer: the sharding
+  // group's name ("" for one group), the flat pieces of the local layout
+  // its state tensors hold one after the other, and the optimizer.
+  struct StatePart {
+    std::string group;
+    bool ep_shared = false;  // ShardGroup::ep_shared
+    std::vector<Range> pieces;
+    Optimizer* opt = nullptr;
+  };
+  std::vector<StatePart> state_parts();
+  // ZeRO-1 with several sharding groups (FlatParamStore::shard_groups: the
+  // dense weights over every data-parallel rank, the experts over the
+  // expert-data-parallel ones): one optimizer per group.
+  bool grouped() const { return !groups_.empty(); }
   // Bytes of model state this rank holds (params, grads, Adam m and v);
   // persistent buffers only, not the transient per-unit ones.
   ModelStateBytes model_state_bytes() const;
@@ -142,6 +163,22 @@ class ZeroOptimizer {
   std::unique_ptr<OffloadPipeline> offload_pipe_;
 
   void after_update();  // the parameters the stage keeps whole made current again
+  Tensor master_range();  // one sharding group: the f32 master of range_ (undefined when empty)
+
+  // Sharding groups (grouped()): each group's optimizer works on its packed
+  // layout (packed_layout) over the group-space range the rank owns; its
+  // master is the flat store's group_master, its gradients and (mixed
+  // precision) compute copy are the flat buffers' owned pieces, packed for
+  // the update and written back.
+  struct GroupOpt {
+    ShardGroup g;
+    ModelLayout layout;
+    Range owned;                            // group-space positions
+    std::vector<GroupSpace::Piece> pieces;  // flat pieces of owned (at: group space)
+    std::unique_ptr<Optimizer> opt;
+  };
+  std::vector<GroupOpt> groups_;
+  void step_groups(const StepHyper& h, float grad_scale);
 
   // Expert parallelism (set_expert_reduce)
   bool experts_apart_ = false;

@@ -165,9 +165,17 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   const int64_t P = fp32 ? 4 : 2, G = 4;
   const int ob = 4 * optimizer_state_count(cfg.optim.spec);  // the optimizer's state bytes per element
   // ZeRO partitions over the ranks that hold the same weights: with expert
-  // parallelism the expert-data-parallel ranks (DP / EP), dense weights too.
-  const int zero_ranks = e.layout.ep > 1 ? e.layout.edp() : e.sdp;
-  r.states = zero_model_state_bytes(n, zero_ranks, stage, e.precision, offload, ob);
+  // parallelism the expert-data-parallel ranks (DP / EP), dense weights too,
+  // except at stage 1, which partitions the dense weights over every
+  // data-parallel rank and the experts over the expert-data-parallel ones.
+  if (e.layout.ep > 1 && stage == 1 && e.sdp > 1) {
+    const ModelStateBytes d = zero_model_state_bytes(n - e.n_experts_rank, e.sdp, 1, e.precision, offload, ob);
+    const ModelStateBytes x = zero_model_state_bytes(e.n_experts_rank, e.layout.edp(), 1, e.precision, offload, ob);
+    r.states = {.params = d.params + x.params, .grads = d.grads + x.grads, .optimizer = d.optimizer + x.optimizer};
+  } else {
+    const int zero_ranks = e.layout.ep > 1 ? e.layout.edp() : e.sdp;
+    r.states = zero_model_state_bytes(n, zero_ranks, stage, e.precision, offload, ob);
+  }
   if (stage == 3) {
     int64_t largest = 0, persistent = 0;
     for (size_t i = 0; i < units.size(); ++i) {
@@ -271,6 +279,7 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_p
   // A rank holds E / EP of each MoE layer's experts; the rest is split over TP x PP.
   const int64_t off_rank = expert_params_per_rank(layout, 1) - expert_params_per_rank(layout, e.layout.ep);
   e.n_params_rank = ceil_div(e.n_params - off_rank, e.tp * e.pp);
+  e.n_experts_rank = std::min(e.n_params_rank, ceil_div(expert_params_per_rank(layout, e.layout.ep), e.pp));
   e.activations = activation_bytes(cfg, e.layout, model_dims(m));
   if (e.pp > 1) {
     const ModelDims d = model_dims(m);

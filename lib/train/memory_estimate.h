@@ -54,6 +54,7 @@ struct MemoryEstimate {
   // This rank's model part: n_params less the experts on other expert-parallel
   // ranks, over tp*pp (rounded up).
   int64_t n_params_rank = 0;
+  int64_t n_experts_rank = 0;  // of which expert weights (their E / EP share, over pp)
   bool vocab_assumed = false; // vocab_size was 0: GPT-2's 50257 was used
   bool approximate = false;   // tp*pp > 1: the model split is approximate
   StatePrecision precision = StatePrecision::FP32;

@@ -106,9 +106,25 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
     model_ = std::make_unique<GptModel>(cfg_.model, dev_, *store_, tp, stage, compute);
   } else {  // ZeRO-1: the store all-gathers the updated weights (mixed: f32 master of this rank's range only)
     const bool zero1 = cfg_.zero.stage == 1 && dp_comm;
-    const FlatStoreOptions flat{.grad = cfg_.precision.grad_accum, .dp = zero1 ? dp_comm : nullptr, .part = part,
-                                .allgather_bucket = cfg_.zero.allgather_bucket_size,
-                                .overlap_param_gather = cfg_.zero.overlap_param_gather};
+    FlatStoreOptions flat{.grad = cfg_.precision.grad_accum, .dp = zero1 ? dp_comm : nullptr, .part = part,
+                          .groups = {}, .allgather_bucket = cfg_.zero.allgather_bucket_size,
+                          .overlap_param_gather = cfg_.zero.overlap_param_gather};
+    // ZeRO-1 with expert parallelism: as DeepSpeed, the dense weights'
+    // state is partitioned over every data-parallel rank, the experts' over
+    // the expert-data-parallel ones (each group in its own space).
+    if (cfg_.zero.stage == 1 && experts_apart && sdp_ > 1) {
+      flat.dp = nullptr;
+      for (const bool experts : {false, true}) {
+        GroupSpace space(group_ranges(local, [&](const ParamGroupSpec& g) {
+          return g.reduces_over(ParallelAxis::ExpertData) == experts;
+        }));
+        const int ranks = experts ? comms_.grid.edp : sdp_;
+        Communicator* c = ranks > 1 ? (experts ? comms_.edp : comms_.sdp) : nullptr;
+        const ZeroPartition gp = make_zero_partition(space.total(), ranks);
+        flat.groups.push_back(ShardGroup{.name = experts ? "experts" : "dense", .ep_shared = !experts, .dp = c,
+                                         .space = std::move(space), .part = gp});
+      }
+    }
     model_ = std::make_unique<GptModel>(cfg_.model, dev_, 0, tp, stage, compute, flat);
   }
   if (comms_.grid.sp > 1) model_->set_ulysses({comms_.sp, comms_.grid.sp, comms_.grid.sp_rank});
@@ -314,7 +330,10 @@ void Trainer::log_model_state() {
   DS_LOG("model state: {} bytes per rank (ZeRO stage {}, {} data-parallel ranks{}; params {} + grads {} ({}) + Adam "
          "m, v {})",
          b.total(), cfg_.zero.stage, sdp_,
-         shard_.ep > 1 && cfg_.zero.stage >= 1
+         opt_->grouped()
+             ? fmt::format(", the dense weights' state partitioned over the {} data-parallel ranks, the experts' "
+                           "over the {} expert-data-parallel ranks", sdp_, zero_ranks_)
+         : shard_.ep > 1 && cfg_.zero.stage >= 1
              ? fmt::format(", partitioned over the {} expert-data-parallel ranks", zero_ranks_)
              : std::string(),
          b.params, b.grads, dtype_name(cfg_.precision.grad_accum), b.optimizer);
@@ -368,6 +387,20 @@ std::vector<Range> Trainer::norm_counted_ranges(const ModelLayout& local) const 
   return counted;
 }
 
+CheckpointData Trainer::checkpoint_data(int shard_index, int shards) {
+  CheckpointData d = rank_checkpoint(rank_model(), Tensor(), opt_->optimizer(), opt_->optimizer_range(),
+                                     shard_index, shards);
+  if (!opt_->grouped()) return d;
+  d.opt_state.clear();
+  for (const ZeroOptimizer::StatePart& p : opt_->state_parts()) {
+    CheckpointData::StatePart part{.group = p.group, .ep_shared = p.ep_shared, .pieces = p.pieces, .states = {}};
+    for (const OptimizerStateSpec& s : p.opt->state_specs())
+      part.states.push_back({s.name, p.opt->state(s.name), s.non_negative});
+    d.opt_parts.push_back(std::move(part));
+  }
+  return d;
+}
+
 RankModel Trainer::rank_model() {
   return RankModel{.config = &cfg_.model, .model = model_.get(), .comms = &comms_, .shard = shard_,
                    .dp_rank = sdp_rank_, .full = &full_layout_};
@@ -378,8 +411,7 @@ void Trainer::load_or_init() {
   if (!cfg_.ckpt.load_dir.empty()) {
     // Each rank reads only the weights its store keeps (its tp slices and
     // stage; with ZeRO-3 its partition), never the whole model.
-    CheckpointData d = rank_checkpoint(rank_model(), Tensor(), opt_->optimizer(), opt_->optimizer_range(),
-                                       zero_rank_, zero_ranks_);
+    CheckpointData d = checkpoint_data(zero_rank_, zero_ranks_);
     d.receive_params = [&](const CheckpointData::ParamsReader& read) {
       model_->store().init_params(model_->layout().total, read);
     };
@@ -388,7 +420,7 @@ void Trainer::load_or_init() {
       model_->store().params_updated();
       if (d.weights_only) return start_after_weights_only_load();
       if (scaler_) scaler_->restore(state_.loss_scale, state_.good_steps, static_cast<int>(state_.hysteresis_left));
-      opt_->optimizer().set_step_count(d.opt_step);
+      opt_->set_step_count(d.opt_step);
       fill_legacy_lr_clock(cfg_, state_);
       const std::string lr_note = reconcile_lr_schedule(cfg_, state_);
       if (!lr_note.empty()) DS_LOG("{}", lr_note);
@@ -551,7 +583,7 @@ float Trainer::train_step() {
     return loss;
   }
   if (device_update_) {
-    opt_->optimizer().count_step();  // the device applied it (the read said so)
+    opt_->count_step();  // the device applied it (the read said so)
   } else {
     opt_->step(h, gate.grad_scale);
     step_times_.optimizer += phase_ms();
@@ -640,11 +672,11 @@ bool Trainer::note_nan_iteration(float loss, double grad_norm) {
   return true;
 }
 
-bool Trainer::state_nonfinite(const Tensor& params) {
+bool Trainer::state_nonfinite(const std::vector<Tensor>& params) {
   Tensor flag = Tensor::zeros({1}, DType::F32, dev_);
   Tensor host_flag;  // for optimizer state in host memory (offload_optimizer on a GPU run)
-  std::vector<Tensor> checked = opt_->optimizer().states();  // every named optimizer state
-  checked.insert(checked.begin(), params);
+  std::vector<Tensor> checked = opt_->optimizer_states();  // every named optimizer state
+  checked.insert(checked.begin(), params.begin(), params.end());
   for (const Tensor& t : checked) {
     if (!t.defined() || t.numel() == 0) continue;
     if (t.device() == dev_) {
@@ -745,12 +777,11 @@ void Trainer::save() {
   const bool sharded = cfg_.zero.stage >= 1;
   // Collective: a checkpoint (and `latest`) never points at non-finite
   // weights (each rank checks the f32 weights it updates).
-  if (state_nonfinite(opt_->master_range()))
+  if (state_nonfinite(opt_->master_ranges()))
     throw UserError(fmt::format("iteration {}: the weights or optimizer moments hold NaN/Inf; refusing to write a "
                                 "checkpoint to {} (the last one written stays 'latest')",
                                 state_.iteration, cfg_.ckpt.save_dir));
-  CheckpointData d = rank_checkpoint(rank_model(), Tensor(), opt_->optimizer(), opt_->optimizer_range(),
-                                     sharded ? zero_rank_ : 0, sharded ? zero_ranks_ : 1);
+  CheckpointData d = checkpoint_data(sharded ? zero_rank_ : 0, sharded ? zero_ranks_ : 1);
   d.tokenizer = &tokenizer_copy_;
   // model.safetensors is written one weight at a time as it is gathered to
   // rank 0 (FullTensorStream): rank 0 inside its write_checkpoint_files, the

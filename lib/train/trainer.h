@@ -115,7 +115,7 @@ class Trainer {
   // Do the parameters (this rank's shard of them; undefined on ranks that
   // hold none) or this rank's optimizer state hold NaN/Inf on any rank?
   // Collective (world).
-  bool state_nonfinite(const Tensor& params);
+  bool state_nonfinite(const std::vector<Tensor>& params);
   // --exit-duration-in-mins: has training run longer, on any rank? Collective.
   bool out_of_time();
   // --train-tokens: are tokens left to train (always, without the flag)?
@@ -124,6 +124,9 @@ class Trainer {
   bool signalled();
   // This rank's model for the gathers and checkpoints of lib/ckpt/model_state.h.
   RankModel rank_model();
+  // This rank's checkpoint: shard `shard_index` of `shards` optimizer files
+  // (rank_checkpoint, with every sharding group's state when there are several).
+  CheckpointData checkpoint_data(int shard_index, int shards);
   // Evaluation: the average of a scalar over the data-parallel group, and
   // (pipeline parallel) the last stage's value on every stage (broadcast over pp).
   double dp_mean(double local);

@@ -89,10 +89,12 @@ OptimizerStats Trainer::optimizer_stats() {
   OptimizerStats s;
   // Optimizers without Adam's moments (SGD, Adagrad) report 0 for them; Lion's
   // exp_avg is its momentum.
-  Optimizer& o = opt_->optimizer();
-  if (o.has_state("exp_avg_sq")) accumulate(o.state("exp_avg_sq"), 0, s, true);
-  if (o.has_state("exp_avg")) accumulate(o.state("exp_avg"), 2, s, false);
-  accumulate(opt_->master_range(), 3, s, false);
+  for (const ZeroOptimizer::StatePart& p : opt_->state_parts()) {  // every sharding group's optimizer
+    Optimizer& o = *p.opt;
+    if (o.has_state("exp_avg_sq")) accumulate(o.state("exp_avg_sq"), 0, s, true);
+    if (o.has_state("exp_avg")) accumulate(o.state("exp_avg"), 2, s, false);
+  }
+  for (const Tensor& m : opt_->master_ranges()) accumulate(m, 3, s, false);
   auto reduce = [&](Communicator* c) {
     if (!c || c->size() == 1) return;
     Tensor sums = Tensor::empty({8}, DType::F32), maxima = Tensor::empty({4}, DType::F32);

@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "test/dist/curve_check.h"
@@ -263,9 +264,64 @@ TEST_CASE("Expert-parallel checkpoints resume and load into other expert-paralle
     const char* ep;
   };
   for (const StageTarget& t : {StageTarget{"epck_z2_same", 4, 2, "2"}, StageTarget{"epck_z2_ep1_z1", 2, 1, "1"},
-                               StageTarget{"epck_z2_ep4_z3", 4, 3, "4"}, StageTarget{"epck_z2_ep2_z0", 2, 0, "2"}}) {
+                               StageTarget{"epck_z2_ep4_z3", 4, 3, "4"}, StageTarget{"epck_z2_ep2_z0", 2, 0, "2"},
+                               StageTarget{"epck_z2_ep2_z1", 4, 1, "2"}}) {
     INFO(t.name);
     const auto args = moe_args(1, with({"--moe-expert-parallel-size", t.ep, "--load", ck2}));
+    REQUIRE(run_with_config(t.name, t.world, 2, t.zero, args, &lm, &log).empty());
+    REQUIRE(lm.size() == kIters - 4);
+    require_same_curve(whole.lm, lm, 4);
+  }
+  // ZeRO-1 at DP4 EP2 partitions as DeepSpeed: the dense weights' state over
+  // all four data-parallel ranks, the experts' over the two that hold the
+  // same experts. Each rank's file lists its pieces per group; the dense
+  // pieces of all four files tile the dense weights. It resumes as saved and
+  // loads into other EP sizes and stages.
+  const std::string ck1 = dist_data().dir + "/ckpt_moe_ep_z1";
+  fs::remove_all(ck1);
+  const auto first1 = moe_args(1, with({"--moe-expert-parallel-size", "2", "--save", ck1, "--save-interval", "4",
+                                        "--exit-interval", "4"}));
+  REQUIRE(run_with_config("epck_z1_first", 4, 2, 1, first1, &lm, &log).empty());
+  REQUIRE(lm.size() == 4);
+  CHECK_THAT(log, Catch::Contains("the dense weights' state partitioned over the 4 data-parallel ranks, the "
+                                  "experts' over the 2 expert-data-parallel ranks"));
+  // Per file: the elements of its dense and expert state (the tensors' shapes).
+  auto state_elems = [&](const std::string& f, const char* group) {
+    std::ifstream in(ck1 + "/global_step4/" + f + ".safetensors", std::ios::binary);
+    uint64_t n = 0;
+    in.read(reinterpret_cast<char*>(&n), 8);
+    std::string header(n, '\0');
+    in.read(header.data(), static_cast<std::streamsize>(n));
+    CHECK_THAT(header, Catch::Contains("\"groups\":\"dense,experts\"") &&
+                           Catch::Contains("\"shared_groups\":\"dense\""));
+    std::smatch m;
+    const std::regex shape("\"" + std::string(group) + R"(/exp_avg":\{"dtype":"F32","shape":\[(\d+)\])");
+    REQUIRE(std::regex_search(header, m, shape));
+    return std::stoll(m[1]);
+  };
+  int64_t dense = 0, experts0 = 0;
+  std::vector<int64_t> dense_of;
+  for (const char* f : {"optim_pp00_tp00_ep00_rank00000_of_00002", "optim_pp00_tp00_ep00_rank00001_of_00002",
+                        "optim_pp00_tp00_ep01_rank00000_of_00002", "optim_pp00_tp00_ep01_rank00001_of_00002"}) {
+    dense_of.push_back(state_elems(f, "dense"));
+    dense += dense_of.back();
+  }
+  experts0 = state_elems("optim_pp00_tp00_ep00_rank00000_of_00002", "experts") +
+             state_elems("optim_pp00_tp00_ep00_rank00001_of_00002", "experts");
+  // Rank 0 holds a quarter of the dense state (a 256-byte-aligned shard) and
+  // half of its expert-parallel rank's experts.
+  const int64_t dense_shard = (dense + 4 * 64 - 1) / (4 * 64) * 64, expert_shard = (experts0 + 2 * 64 - 1) / 128 * 64;
+  CHECK(dense_of[0] == std::min(dense, dense_shard));
+  CHECK(state_elems("optim_pp00_tp00_ep00_rank00000_of_00002", "experts") == std::min(experts0, expert_shard));
+  // The start-up line's Adam bytes are rank 0's: 8 per element of both.
+  const std::regex adam(R"(Adam m, v (\d+)\))");
+  std::smatch am;
+  REQUIRE(std::regex_search(log, am, adam));
+  CHECK(std::stoll(am[1]) == 8 * (dense_of[0] + std::min(experts0, expert_shard)));
+  for (const StageTarget& t : {StageTarget{"epck_z1_same", 4, 1, "2"}, StageTarget{"epck_z1_ep1_z1", 2, 1, "1"},
+                               StageTarget{"epck_z1_ep4_z2", 4, 2, "4"}, StageTarget{"epck_z1_ep2_z0", 2, 0, "2"}}) {
+    INFO(t.name);
+    const auto args = moe_args(1, with({"--moe-expert-parallel-size", t.ep, "--load", ck1}));
     REQUIRE(run_with_config(t.name, t.world, 2, t.zero, args, &lm, &log).empty());
     REQUIRE(lm.size() == kIters - 4);
     require_same_curve(whole.lm, lm, 4);

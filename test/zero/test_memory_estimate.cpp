@@ -209,9 +209,19 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
     CHECK(row(e, 0, false).supported);
     CHECK(row(e, 2, false).supported);
     CHECK_FALSE(row(e, 1, true).supported);
-    // ZeRO partitions over the DP / EP = 4 ranks that hold the same experts.
+    // Stage 1 partitions as DeepSpeed: the dense weights' state over all 8
+    // data-parallel ranks, the experts' over the DP / EP = 4 ranks that hold
+    // the same experts (a rank's experts: 6 MoE layers x 4 experts).
+    const int64_t experts = 6 * 4 * per_expert, dense = e.n_params_rank - experts;
+    CHECK(e.n_experts_rank == experts);
     CHECK(row(e, 1, false).states.optimizer ==
-          zero_model_state_bytes(e.n_params_rank, 4, 1, e.precision, false).optimizer);
+          zero_model_state_bytes(dense, 8, 1, e.precision, false).optimizer +
+              zero_model_state_bytes(experts, 4, 1, e.precision, false).optimizer);
+    CHECK(row(e, 1, false).states.params == zero_model_state_bytes(dense, 8, 1, e.precision, false).params +
+                                                zero_model_state_bytes(experts, 4, 1, e.precision, false).params);
+    // Stages 2 and 3 still partition everything over the 4 ranks.
+    CHECK(row(e, 2, false).states.optimizer ==
+          zero_model_state_bytes(e.n_params_rank, 4, 2, e.precision, false).optimizer);
     const std::string rep = estimate_memory_report(cfg, 1, 8);
     CHECK_THAT(rep, Contains("TP=1 PP=1 DP=8 EP=2 (each rank holds 1/2 of every MoE layer's experts)"));
     CHECK_THAT(rep, Contains("not supported: expert parallelism runs without optimizer offload"));
