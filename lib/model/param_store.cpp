@@ -118,7 +118,7 @@ void FlatParamStore::gather_owned() {
   for (size_t i = 0; i < groups_.size(); ++i) {
     const ShardGroup& g = groups_[i];
     if (g.part.dp == 1) continue;
-    const GroupSpace* space = g.space.is_identity() ? nullptr : &g.space;
+    const GroupSpace* space = &g.space;
     const Tensor b = buf.view(0, {total_});
     if (opts_.overlap_param_gather)
       gather_[i].start(*g.dp, g.part, b, opts_.allgather_bucket, space);
@@ -210,7 +210,7 @@ void FlatParamStore::get_full_params(const Tensor& out) {
     f.view(q.flat.begin, {q.flat.size()}).copy_from(params_.view(q.at, {q.flat.size()}));
   for (const ShardGroup& g : groups_)
     if (g.part.dp > 1)
-      all_gather_flat(*g.dp, g.part, f, opts_.allgather_bucket, g.space.is_identity() ? nullptr : &g.space);
+      all_gather_flat(*g.dp, g.part, f, opts_.allgather_bucket, &g.space);
   if (!out.defined()) return;
   Tensor o = out;
   o.copy_from(f);

@@ -24,8 +24,6 @@ class GroupSpace {
 
   int64_t total() const { return total_; }
   const std::vector<Range>& ranges() const { return ranges_; }
-  // One flat range [0, total) (or nothing): group space = flat space.
-  bool is_identity() const { return ranges_.empty() || (ranges_.size() == 1 && ranges_[0].begin == 0); }
 
   // A flat piece of a group-space range: flat elements [flat.begin,
   // flat.end) are group-space elements [at, at + flat.size()).

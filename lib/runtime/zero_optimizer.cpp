@@ -34,11 +34,13 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   // Mixed precision, flat store: the fused update writes the updated range of
   // the compute copy itself (stage 1 then all-gathers the compute copy).
   fused_lowp_ = !store && !offload_ && mixed;
-  if (!store && z.stage == 1 && model.flat_store().shard_groups().size() > 1) {
-    DS_USER_CHECK(!offload_, "offload_optimizer with expert parallelism at ZeRO stage 1 is not supported yet; use "
-                             "stage 2 or no offload");
+  const std::vector<ShardGroup>* sharding =
+      store ? &store->groups() : (z.stage == 1 ? &model.flat_store().shard_groups() : nullptr);
+  if (sharding && sharding->size() > 1) {
+    DS_USER_CHECK(!offload_, "offload_optimizer with expert parallelism at ZeRO stages 1 and 2 is not supported "
+                             "yet; use no offload");
     range_ = {0, 0};
-    for (const ShardGroup& g : model.flat_store().shard_groups()) {
+    for (const ShardGroup& g : *sharding) {
       GroupOpt o{.g = g, .layout = packed_layout(model.layout(), g.space), .owned = g.owned(), .pieces = {},
                  .opt = nullptr};
       o.pieces = g.space.pieces(o.owned);
@@ -187,6 +189,7 @@ void ZeroOptimizer::zero_grads() {
 void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
   if (store_) {
     store_->finish_reductions();  // reduce-scattered during the backward pass
+    if (grouped()) return group_norm_share(sumsq);  // each group reduce-scattered over its own ranks
     if (experts_apart_ && ep_ && ep_->size() > 1) {  // the dense pieces of the shard, summed over ep
       const Range own = part_.owned_real(rank_);
       const Tensor g = store_->grad_shard();
@@ -254,18 +257,27 @@ void ZeroOptimizer::expert_norm_share(const Tensor& sumsq) {
 }
 
 void ZeroOptimizer::grads_nonfinite_into(const Tensor& flag) {
+  if (store_ && grouped()) {
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      const Tensor g = store_->grad_shard(i);
+      if (g.numel() > 0) ops::nonfinite_check({.flag = flag, .x = g}, Stream{});
+    }
+    return;
+  }
   Tensor g = store_ ? store_->grad_shard() : model_.grads().view(0, {model_.layout().total});
   if (g.numel() > 0) ops::nonfinite_check({.flag = flag, .x = g}, Stream{});
 }
 
-// Each group's owned pieces are packed (gradients; in fp32 the weights
-// themselves), updated by the group's optimizer and written back; the
-// gather_owned after it all-gathers every group over its ranks. The update
-// is element-wise per element as with one group, so the values are the
-// same; only which rank computes them moves.
+// ZeRO-1: each group's owned pieces are packed (gradients; in fp32 the
+// weights themselves), updated by the group's optimizer and written back;
+// the gather_owned after it all-gathers every group over its ranks. ZeRO-2:
+// the store keeps each group's gradient (and, mixed, master) shard packed
+// already; fp32 weights are packed as for ZeRO-1. The update is element-wise
+// per element as with one group, so the values are the same; only which
+// rank computes them moves.
 void ZeroOptimizer::step_groups(const StepHyper& h, float grad_scale) {
-  FlatParamStore& flat = model_.flat_store();
   const bool mixed = model_.compute_dtype() != DType::F32;
+  const Device dev = model_.device();
   for (size_t i = 0; i < groups_.size(); ++i) {
     GroupOpt& o = groups_[i];
     const int64_t n = o.owned.size();
@@ -273,7 +285,6 @@ void ZeroOptimizer::step_groups(const StepHyper& h, float grad_scale) {
       o.opt->step_empty_range();
       continue;
     }
-    const Device dev = model_.device();
     auto packed = [&](const Tensor& flat_buf, DType dt) {
       Tensor t = Tensor::empty({n}, dt, dev);
       for (const GroupSpace::Piece& q : o.pieces)
@@ -284,18 +295,44 @@ void ZeroOptimizer::step_groups(const StepHyper& h, float grad_scale) {
       for (const GroupSpace::Piece& q : o.pieces)
         Tensor(flat_buf.view(q.flat.begin, {q.flat.size()})).copy_from(t.view(q.at - o.owned.begin, {q.flat.size()}));
     };
-    const Tensor g = packed(model_.grads(), model_.grads().dtype());
-    if (mixed) {
+    const Tensor g = store_ ? store_->grad_shard(i) : packed(model_.grads(), model_.grads().dtype());
+    if (mixed && store_) {
+      o.opt->step({.params = store_->master_params(i), .grads = g}, h, grad_scale);
+    } else if (mixed) {
       const Tensor lowp = Tensor::empty({n}, model_.compute_dtype(), dev);
-      o.opt->step({.params = flat.group_master(i), .grads = g, .params_lowp = lowp}, h, grad_scale);
+      o.opt->step({.params = model_.flat_store().group_master(i), .grads = g, .params_lowp = lowp}, h, grad_scale);
       unpack(lowp, model_.compute_params());
     } else {
-      const Tensor p = packed(flat.params(), DType::F32);
+      const Tensor w = store_ ? store_->full_params() : model_.flat_store().params();
+      const Tensor p = packed(w, DType::F32);
       o.opt->step({.params = p, .grads = g}, h, grad_scale);
-      unpack(p, flat.params());
+      unpack(p, w);
     }
   }
-  flat.gather_owned();
+  if (store_)
+    store_->after_step();
+  else
+    model_.flat_store().gather_owned();
+}
+
+// Sharding groups: each group's gradient shard (or, ZeRO-1, the full
+// gradients' owned pieces) counts the pieces this rank owns, within the
+// counted ranges under tp / pp. Every element of a group is owned by one
+// rank of its group, so each counts once.
+void ZeroOptimizer::group_norm_share(const Tensor& sumsq) {
+  const std::vector<Range> all{{0, model_.layout().total}};
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const GroupOpt& o = groups_[i];
+    const Tensor shard = store_ ? store_->grad_shard(i) : Tensor();
+    for (const GroupSpace::Piece& q : o.pieces)
+      for (const Range& c : counted_only_ ? counted_ : all) {
+        const int64_t b = std::max(c.begin, q.flat.begin), e = std::min(c.end, q.flat.end);
+        if (e <= b) continue;
+        const Tensor x = store_ ? shard.view(q.at - o.owned.begin + (b - q.flat.begin), {e - b})
+                                : model_.grads().view(b, {e - b});
+        ops::sum_squares({.out = sumsq, .x = x}, Stream{});
+      }
+  }
 }
 
 void ZeroOptimizer::step(const StepHyper& h, float grad_scale) {
@@ -353,15 +390,15 @@ Tensor ZeroOptimizer::master_range() {
 std::vector<Tensor> ZeroOptimizer::master_ranges() {
   if (!grouped()) return {master_range()};
   std::vector<Tensor> out;
-  FlatParamStore& flat = model_.flat_store();
   const bool mixed = model_.compute_dtype() != DType::F32;
   for (size_t i = 0; i < groups_.size(); ++i) {
     if (mixed) {
-      out.push_back(flat.group_master(i));
+      out.push_back(store_ ? store_->master_params(i) : model_.flat_store().group_master(i));
       continue;
     }
+    const Tensor w = store_ ? store_->full_params() : model_.flat_store().params();
     for (const GroupSpace::Piece& q : groups_[i].pieces)  // fp32: the weights' owned pieces
-      out.push_back(flat.params().view(q.flat.begin, {q.flat.size()}));
+      out.push_back(w.view(q.flat.begin, {q.flat.size()}));
   }
   return out;
 }

@@ -128,9 +128,9 @@ class ZeroOptimizer {
     Optimizer* opt = nullptr;
   };
   std::vector<StatePart> state_parts();
-  // ZeRO-1 with several sharding groups (FlatParamStore::shard_groups: the
-  // dense weights over every data-parallel rank, the experts over the
-  // expert-data-parallel ones): one optimizer per group.
+  // ZeRO-1/2 with several sharding groups (FlatParamStore::shard_groups,
+  // ZeroParamStore::groups: the dense weights over every data-parallel
+  // rank, the experts over the expert-data-parallel ones): one optimizer per group.
   bool grouped() const { return !groups_.empty(); }
   // Bytes of model state this rank holds (params, grads, Adam m and v);
   // persistent buffers only, not the transient per-unit ones.
@@ -179,6 +179,7 @@ class ZeroOptimizer {
   };
   std::vector<GroupOpt> groups_;
   void step_groups(const StepHyper& h, float grad_scale);
+  void group_norm_share(const Tensor& sumsq);
 
   // Expert parallelism (set_expert_reduce)
   bool experts_apart_ = false;

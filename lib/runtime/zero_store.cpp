@@ -13,29 +13,52 @@
 namespace ds {
 
 ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device dev, Communicator* dp,
-                               const ZeroConfig& z, const ZeroPartition& part, DType compute, DType grad)
-    : dp_(dp), z_(z), part_(part), stage_(z.stage), dev_(dev), compute_dtype_(compute) {
+                               const ZeroConfig& z, const ZeroPartition& part, DType compute, DType grad,
+                               std::vector<ShardGroup> groups)
+    : sgroups_(std::move(groups)), dp_(dp), z_(z), part_(part), stage_(z.stage), dev_(dev), compute_dtype_(compute) {
   DS_CHECK(grad == DType::F32 || grad == compute, "gradients in {} with compute dtype {}", dtype_name(grad),
            dtype_name(compute));
   DS_CHECK(stage_ == 2 || stage_ == 3, "ZeroParamStore is for ZeRO stages 2 and 3, got {}", stage_);
   DS_CHECK(part.total == layout.total, "partition of {} elements for a model of {}", part.total, layout.total);
+  if (sgroups_.empty())
+    sgroups_.push_back(ShardGroup{.name = "", .ep_shared = false, .dp = dp, .space = GroupSpace::identity(layout.total),
+                                  .part = part});
+  DS_CHECK(stage_ == 2 || sgroups_.size() == 1, "ZeRO-3 with {} sharding groups", sgroups_.size());
   rank_ = dp ? dp->rank() : 0;
   units_ = unit_ranges(layout, num_layers);
   gathered_.resize(units_.size());
   in_flight_.resize(units_.size());
   unit_grads_.resize(units_.size());
   deferred_.resize(units_.size());
-  {
+  g_.resize(sgroups_.size());
+  int64_t covered = 0;
+  for (size_t i = 0; i < sgroups_.size(); ++i) {
+    const ShardGroup& sg = sgroups_[i];
+    DS_CHECK(sg.part.total == sg.space.total(), "sharding group '{}': partition of {} for a space of {}", sg.name,
+             sg.part.total, sg.space.total());
+    covered += sg.space.total();
+    Group& g = g_[i];
+    g.rank = sg.rank();
+    for (const Range& u : units_) {  // a unit's elements are one range of every group's space
+      const std::vector<GroupSpace::Piece> in = sg.space.within(u);
+      Range span{0, 0};
+      if (!in.empty()) span = {in.front().at, in.back().at + in.back().flat.size()};
+      int64_t n = 0;
+      for (const GroupSpace::Piece& q : in) n += q.flat.size();
+      DS_CHECK(n == span.size(), "sharding group '{}': a unit's elements are not contiguous in its space", sg.name);
+      g.unit_span.push_back(span);
+    }
     MemTagScope tag(MemTag::Grads);
-    gshard_ = Tensor::zeros({part.shard}, grad, dev);
+    g.gshard = Tensor::zeros({sg.part.shard}, grad, dev);
   }
+  DS_CHECK(covered == layout.total, "the sharding groups cover {} of the model's {} elements", covered, layout.total);
   MemTagScope tag(MemTag::Params);
   if (stage_ == 2) {
     if (compute == DType::F32) {
       full_ = Tensor::zeros({part.total}, DType::F32, dev);
-    } else {  // the f32 master only for this rank's shard (DeepSpeed's layout)
+    } else {  // the f32 master only for this rank's shard of each group (DeepSpeed's layout)
       compute_ = Tensor::zeros({part.total}, compute, dev);
-      master_ = Tensor::zeros({part.shard}, DType::F32, dev);
+      for (size_t i = 0; i < g_.size(); ++i) g_[i].master = Tensor::zeros({sgroups_[i].part.shard}, DType::F32, dev);
     }
     return;
   }
@@ -53,11 +76,27 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
   peak_params_ = live_params_;
 }
 
-Range ZeroParamStore::piece(int unit, int rank) const {
-  const Range& u = units_[unit];
-  Range own = part_.owned(rank);
+Range ZeroParamStore::piece(int unit, int rank, size_t gi) const {
+  const Range& u = g_[gi].unit_span[static_cast<size_t>(unit)];
+  Range own = sgroups_[gi].part.owned(rank);
   Range r{std::max(u.begin, own.begin), std::min(u.end, own.end)};
   return r.begin < r.end ? r : Range{0, 0};
+}
+
+void ZeroParamStore::pack_unit(size_t gi, int unit, Range q, const Tensor& u, const Tensor& dst) const {
+  const int64_t ub = units_[static_cast<size_t>(unit)].begin;
+  for (const GroupSpace::Piece& p : sgroups_[gi].space.pieces(q)) {
+    const Tensor src = u.view(p.flat.begin - ub, {p.flat.size()});
+    const Tensor d = dst.view(p.at - q.begin, {p.flat.size()});
+    if (d.dtype() == src.dtype())
+      Tensor(d).copy_from(src);
+    else  // compute-dtype accumulation: the reduction runs in that dtype
+      ops::cast({.out = d, .inp = src}, Stream{});
+  }
+}
+
+void ZeroParamStore::wait_gathers() {
+  for (Group& g : g_) g.gather.wait_all();
 }
 
 int64_t ZeroParamStore::persistent_elems() const {
@@ -91,18 +130,26 @@ void ZeroParamStore::gather_unit_compute(int unit, const Tensor& out) {
 // from its master shard, then the compute copy is all-gathered (in the compute
 // dtype: half the bytes of gathering f32, and the same bits as casting after).
 void ZeroParamStore::refresh_compute() {
-  Range own = part_.owned_real(rank_);
-  if (own.size() > 0)
-    ops::cast({.out = compute_.view(own.begin, {own.size()}), .inp = master_.view(0, {own.size()})}, Stream{});
+  for (size_t i = 0; i < g_.size(); ++i) {
+    const Range own = sgroups_[i].owned();
+    for (const GroupSpace::Piece& q : sgroups_[i].space.pieces(own))
+      ops::cast({.out = compute_.view(q.flat.begin, {q.flat.size()}),
+                 .inp = g_[i].master.view(q.at - own.begin, {q.flat.size()})},
+                Stream{});
+  }
   gather_params(compute_);
 }
 
 void ZeroParamStore::gather_params(const Tensor& buf) {
-  if (part_.dp == 1) return;
-  if (z_.overlap_param_gather)
-    param_gather_.start(*dp_, part_, buf, z_.allgather_bucket_size);
-  else
-    all_gather_flat(*dp_, part_, buf, z_.allgather_bucket_size);
+  for (size_t i = 0; i < g_.size(); ++i) {
+    const ShardGroup& sg = sgroups_[i];
+    if (sg.part.dp == 1) continue;
+    const GroupSpace* space = &sg.space;
+    if (z_.overlap_param_gather)
+      g_[i].gather.start(*sg.dp, sg.part, buf, z_.allgather_bucket_size, space);
+    else
+      all_gather_flat(*sg.dp, sg.part, buf, z_.allgather_bucket_size, space);
+  }
 }
 
 // Issues the unit's gather asynchronously (one broadcast per owning rank, in
@@ -186,7 +233,8 @@ bool ZeroParamStore::needed_soon(int unit) const {
 
 Tensor ZeroParamStore::acquire_params(int unit) {
   if (stage_ == 2) {
-    if (param_gather_.pending()) param_gather_.wait(units_[unit]);  // this unit's chunks only
+    for (Group& g : g_)
+      if (g.gather.pending()) g.gather.wait(units_[unit]);  // this unit's chunks only
     return (compute_.defined() ? compute_ : full_).view(units_[unit].begin, {units_[unit].size()});
   }
   DS_CHECK(cursor_ < order_.size() && order_[cursor_] == unit,
@@ -235,57 +283,57 @@ void ZeroParamStore::grads_ready(int unit) {
 // Sums the unit's gradient over the ranks and adds each rank's piece into its
 // shard: reduce-scatters of dp equal slots (piece r padded to the largest
 // piece), in rounds of at most reduce_bucket_size elements, issued
-// asynchronously (see zero_store.h).
+// asynchronously (see zero_store.h). With several sharding groups, once per
+// group over its ranks, the pieces packed from the unit's gradient.
 void ZeroParamStore::reduce_unit(int unit, const Tensor& g) {
-  const int64_t ub = units_[unit].begin;
-  const int dp = part_.dp;
-  Range mine = piece(unit, rank_);
-  const DType gt = gshard_.dtype();
-  if (dp == 1) {
-    if (mine.size() == 0) return;
-    Tensor dst = gshard_.view(mine.begin, {mine.size()});
-    Tensor src = g;
-    if (gt != DType::F32) {  // rounded to the accumulator's dtype, then added
-      src = Tensor::empty({g.numel()}, gt, dev_);
-      ops::cast({.out = src, .inp = g}, Stream{});
-    }
-    ops::add({.out = dst, .a = dst, .b = src}, Stream{});
-    return;
-  }
   retire(false);
-  int64_t m = 0;
-  for (int r = 0; r < dp; ++r) m = std::max(m, piece(unit, r).size());
-  const int64_t len = z_.reduce_bucket_size <= 0 ? m : std::max<int64_t>(1, z_.reduce_bucket_size / dp);
-  for (int64_t off = 0; off < m; off += len) {
-    const int64_t k = std::min(len, m - off);
-    Tensor send = Tensor::zeros({dp * k}, gt, dev_);
-    for (int r = 0; r < dp; ++r) {
-      Range p = piece(unit, r);
-      const int64_t c = std::clamp<int64_t>(p.size() - off, 0, k);
-      if (c <= 0) continue;
-      if (gt == DType::F32)
-        send.view(r * k, {c}).copy_from(g.view(p.begin + off - ub, {c}));
-      else  // compute-dtype accumulation: the reduction runs in that dtype
-        ops::cast({.out = send.view(r * k, {c}), .inp = g.view(p.begin + off - ub, {c})}, Stream{});
+  for (size_t gi = 0; gi < g_.size(); ++gi) {
+    Group& G = g_[gi];
+    const ShardGroup& sg = sgroups_[gi];
+    const int dp = sg.part.dp;
+    const Range mine = piece(unit, G.rank, gi);
+    const DType gt = G.gshard.dtype();
+    const int64_t base = G.rank * sg.part.shard;  // group-space position of the shard's first element
+    if (dp == 1) {
+      if (mine.size() == 0) continue;
+      Tensor dst = G.gshard.view(mine.begin - base, {mine.size()});
+      Tensor src = Tensor::empty({mine.size()}, gt, dev_);
+      pack_unit(gi, unit, mine, g, src);  // rounded to the accumulator's dtype, then added
+      ops::add({.out = dst, .a = dst, .b = src}, Stream{});
+      continue;
     }
-    Tensor recv = Tensor::empty({k}, gt, dev_);
-    PendingReduce pr;
-    pr.recv = recv;
-    pr.count = std::clamp<int64_t>(mine.size() - off, 0, k);
-    pr.offset = mine.begin - rank_ * part_.shard + off;
-    if (timeline_ && timeline_->enabled()) {
-      Timeline* tl = timeline_;
-      Communicator* c = dp_;
-      const double issued = tl->now_us();
-      pr.h = c->submit("reduce_scatter", [tl, c, send, recv, unit, issued] {
-        const double t0 = tl->now_us();
-        c->reduce_scatter(send, recv);
-        tl->add({fmt::format("reduce_scatter unit {}", unit), "comm", 1, issued, t0, tl->now_us()});
-      }, {send, recv});
-    } else {
-      pr.h = dp_->ireduce_scatter(send, recv);
+    int64_t m = 0;
+    for (int r = 0; r < dp; ++r) m = std::max(m, piece(unit, r, gi).size());
+    const int64_t len = z_.reduce_bucket_size <= 0 ? m : std::max<int64_t>(1, z_.reduce_bucket_size / dp);
+    for (int64_t off = 0; off < m; off += len) {
+      const int64_t k = std::min(len, m - off);
+      Tensor send = Tensor::zeros({dp * k}, gt, dev_);
+      for (int r = 0; r < dp; ++r) {
+        Range p = piece(unit, r, gi);
+        const int64_t c = std::clamp<int64_t>(p.size() - off, 0, k);
+        if (c <= 0) continue;
+        pack_unit(gi, unit, {p.begin + off, p.begin + off + c}, g, send.view(r * k, {c}));
+      }
+      Tensor recv = Tensor::empty({k}, gt, dev_);
+      PendingReduce pr;
+      pr.recv = recv;
+      pr.count = std::clamp<int64_t>(mine.size() - off, 0, k);
+      pr.offset = mine.begin - base + off;
+      pr.group = gi;
+      Communicator* c = sg.dp;
+      if (timeline_ && timeline_->enabled()) {
+        Timeline* tl = timeline_;
+        const double issued = tl->now_us();
+        pr.h = c->submit("reduce_scatter", [tl, c, send, recv, unit, issued] {
+          const double t0 = tl->now_us();
+          c->reduce_scatter(send, recv);
+          tl->add({fmt::format("reduce_scatter unit {}", unit), "comm", 1, issued, t0, tl->now_us()});
+        }, {send, recv});
+      } else {
+        pr.h = c->ireduce_scatter(send, recv);
+      }
+      pending_.push_back(std::move(pr));
     }
-    pending_.push_back(std::move(pr));
   }
   if (!z_.overlap_comm) retire(true);
 }
@@ -295,7 +343,7 @@ void ZeroParamStore::retire(bool all) {
     PendingReduce& p = pending_.front();
     p.h.wait();
     if (p.count > 0) {
-      Tensor dst = gshard_.view(p.offset, {p.count});
+      Tensor dst = g_[p.group].gshard.view(p.offset, {p.count});
       ops::add({.out = dst, .a = dst, .b = p.recv.view(0, {p.count})}, Stream{});
     }
     pending_.pop_front();
@@ -304,15 +352,18 @@ void ZeroParamStore::retire(bool all) {
 
 void ZeroParamStore::set_full_params(const Tensor& full) {
   DS_CHECK(full.numel() == part_.total, "set_full_params: {} elements, model has {}", full.numel(), part_.total);
-  param_gather_.wait_all();
+  wait_gathers();
   if (stage_ == 2) {
     if (full_.defined()) {
       full_.copy_from(full);
       return;
     }
-    Range own = part_.owned_real(rank_);
-    master_.zero_();
-    if (own.size() > 0) master_.view(0, {own.size()}).copy_from(full.view(own.begin, {own.size()}));
+    for (size_t i = 0; i < g_.size(); ++i) {
+      const Range own = sgroups_[i].owned();
+      g_[i].master.zero_();
+      for (const GroupSpace::Piece& q : sgroups_[i].space.pieces(own))
+        g_[i].master.view(q.at - own.begin, {q.flat.size()}).copy_from(full.view(q.flat.begin, {q.flat.size()}));
+    }
     if (part_.total > 0) ops::cast({.out = compute_, .inp = full.device() == dev_ ? full : full.to(dev_)}, Stream{});
     return;
   }
@@ -331,7 +382,7 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
 void ZeroParamStore::init_params(int64_t total, const InitFill& fill) {
   DS_CHECK(total == part_.total, "init_params: {} elements, model has {}", total, part_.total);
   if (stage_ == 2) return ParamStore::init_params(total, fill);
-  param_gather_.wait_all();
+  wait_gathers();
   shard_.zero_();
   const Range own = part_.owned_real(rank_);
   if (own.size() > 0) {
@@ -349,14 +400,20 @@ void ZeroParamStore::init_params(int64_t total, const InitFill& fill) {
 }
 
 void ZeroParamStore::gather_f32(Range r, const Tensor& out) {
-  param_gather_.wait_all();
+  wait_gathers();
   if (stage_ == 2 && full_.defined()) return Tensor(out).copy_from(full_.view(r.begin, {r.size()}));
-  // Stage 2 in mixed precision keeps an f32 master shard, stage 3 a parameter shard.
-  gather_from_shards(dp_, part_, rank_, stage_ == 2 ? master_ : shard_, r, out);
+  if (stage_ == 3) return gather_from_shards(dp_, part_, rank_, shard_, r, out);
+  // Stage 2 in mixed precision keeps an f32 master shard per group.
+  for (size_t i = 0; i < g_.size(); ++i) {
+    const ShardGroup& sg = sgroups_[i];
+    for (const GroupSpace::Piece& q : sg.space.within(r))
+      gather_from_shards(sg.dp, sg.part, g_[i].rank, g_[i].master, {q.at, q.at + q.flat.size()},
+                         out.view(q.flat.begin - r.begin, {q.flat.size()}));
+  }
 }
 
 void ZeroParamStore::get_full_params(const Tensor& out) {
-  param_gather_.wait_all();
+  wait_gathers();
   if (stage_ == 2) {
     Tensor o = out;
     if (full_.defined()) {
@@ -365,9 +422,14 @@ void ZeroParamStore::get_full_params(const Tensor& out) {
     }
     // Mixed precision: the f32 masters are shards; gather them (collective).
     Tensor f = Tensor::zeros({part_.total}, DType::F32, dev_);
-    Range own = part_.owned_real(rank_);
-    if (own.size() > 0) f.view(own.begin, {own.size()}).copy_from(master_.view(0, {own.size()}));
-    if (part_.dp > 1) all_gather_flat(*dp_, part_, f, z_.allgather_bucket_size);
+    for (size_t i = 0; i < g_.size(); ++i) {
+      const ShardGroup& sg = sgroups_[i];
+      const Range own = sg.owned();
+      for (const GroupSpace::Piece& q : sg.space.pieces(own))
+        f.view(q.flat.begin, {q.flat.size()}).copy_from(g_[i].master.view(q.at - own.begin, {q.flat.size()}));
+      if (sg.part.dp > 1)
+        all_gather_flat(*sg.dp, sg.part, f, z_.allgather_bucket_size, &sg.space);
+    }
     if (o.defined()) o.copy_from(f);
     return;
   }
@@ -378,17 +440,23 @@ void ZeroParamStore::get_full_params(const Tensor& out) {
   }
 }
 
-Tensor ZeroParamStore::master_params() {
-  Range own = part_.owned_real(rank_);
-  if (stage_ == 2) return full_.defined() ? full_.view(own.begin, {own.size()}) : master_.view(0, {own.size()});
+Tensor ZeroParamStore::master_params(size_t g) {
+  const Range own = sgroups_.at(g).owned();
+  if (stage_ == 2) {
+    if (full_.defined()) {
+      DS_CHECK(sgroups_.size() == 1, "ZeRO-2 fp32 with sharding groups: the master is full_params' pieces");
+      return full_.view(own.begin, {own.size()});
+    }
+    return g_[g].master.view(0, {own.size()});
+  }
   return shard_.view(0, {own.size()});
 }
 
-Tensor ZeroParamStore::grad_shard() { return gshard_.view(0, {part_.owned_real(rank_).size()}); }
+Tensor ZeroParamStore::grad_shard(size_t g) { return g_.at(g).gshard.view(0, {sgroups_[g].owned().size()}); }
 
 void ZeroParamStore::zero_grads() {
   DS_CHECK(pending_.empty(), "ZeRO: gradient reductions still pending when the next step zeroes the gradients");
-  gshard_.zero_();
+  for (Group& g : g_) g.gshard.zero_();
   for (Tensor& d : deferred_)
     if (d.defined()) d.zero_();
 }

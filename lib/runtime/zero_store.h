@@ -24,6 +24,13 @@
 // waits for the rest. Without overlap_comm each one is waited for at once.
 // overlap_param_gather (stage 2): the all-gather after the step is issued and
 // acquire_params(u) completes the chunks that write into unit u (FlatGather).
+// Sharding groups (stage 2 with expert parallelism): the dense weights are
+// partitioned over every data-parallel rank and the experts over the
+// expert-data-parallel ones, each in its group space (ShardGroup,
+// lib/model/param_store.h): every group has its own gradient shard (and
+// master shard), a unit's reduce-scatter runs once per group over that
+// group's ranks with the pieces packed from the unit's gradient, and the
+// post-step all-gather runs per group. Stage 3 keeps one group.
 // Mixed precision (compute dtype bf16/f16): the f32 parameters above are the
 // master weights; what acquire_params returns is a compute-dtype copy (stage
 // 2: one full copy; after each step the owner casts its updated master range
@@ -48,8 +55,10 @@ namespace ds {
 class ZeroParamStore : public ParamStore {
  public:
   // dp may be null for a single data-parallel rank.
+  // groups: the sharding groups (stage 2); empty: one group, `part` over `dp`.
   ZeroParamStore(const ModelLayout& layout, int num_layers, Device dev, Communicator* dp, const ZeroConfig& z,
-                 const ZeroPartition& part, DType compute = DType::F32, DType grad = DType::F32);
+                 const ZeroPartition& part, DType compute = DType::F32, DType grad = DType::F32,
+                 std::vector<ShardGroup> groups = {});
 
   void begin_pass(const std::vector<int>& order) override;
   void end_pass() override;
@@ -65,9 +74,13 @@ class ZeroParamStore : public ParamStore {
   void get_full_params(const Tensor& out) override;
   void gather_f32(Range r, const Tensor& out) override;
 
-  // Optimizer side. Both views cover this rank's real range owned_real(rank).
-  Tensor master_params();
-  Tensor grad_shard();
+  // Optimizer side. Both views cover this rank's real range owned_real(rank)
+  // (of group g's space with several sharding groups). In fp32 at stage 2
+  // with several groups the master is full_params()' owned pieces (no view).
+  Tensor master_params(size_t g = 0);
+  Tensor grad_shard(size_t g = 0);
+  const std::vector<ShardGroup>& groups() const { return sgroups_; }
+  Tensor full_params() { return full_; }  // stage 2 in fp32: the whole f32 weights
   void zero_grads();
   // Waits for every issued gradient reduce-scatter and adds it into the shard.
   void finish_reductions() { retire(true); }
@@ -87,9 +100,15 @@ class ZeroParamStore : public ParamStore {
   // Persistent bytes this rank holds (not the transient unit buffers).
   int64_t param_bytes() const {
     auto n = [](const Tensor& t) { return t.defined() ? t.numel() : int64_t(0); };
-    return 4 * (n(shard_) + n(full_) + n(master_)) + 2 * n(compute_);
+    int64_t b = 4 * (n(shard_) + n(full_)) + 2 * n(compute_);
+    for (const Group& g : g_) b += 4 * n(g.master);
+    return b;
   }
-  int64_t grad_bytes() const { return static_cast<int64_t>(gshard_.nbytes()); }
+  int64_t grad_bytes() const {
+    int64_t b = 0;
+    for (const Group& g : g_) b += static_cast<int64_t>(g.gshard.nbytes());
+    return b;
+  }
   const Zero3Plan& plan() const { return plan_; }
   int64_t persistent_elems() const;
   // Most elements held at once in gathered parameter units (incl. persistent)
@@ -98,7 +117,23 @@ class ZeroParamStore : public ParamStore {
   int64_t peak_live_grads() const { return peak_grads_; }
 
  private:
-  Range piece(int unit, int rank) const;  // flat range of `unit` owned by `rank` (may be empty)
+  // One sharding group's state (g_[0] is the only one at stage 3).
+  struct Group {
+    int rank = 0;
+    Tensor gshard;  // (shard) summed gradient shard, f32 or the compute dtype (grad_accum_dtype)
+    Tensor master;  // stage 2 with bf16/f16: (shard) f32 master of this rank's range, zero padded
+    FlatGather gather;  // stage 2 with overlap_param_gather: the post-step all-gather in flight
+    std::vector<Range> unit_span;  // per unit: the group-space range of its elements
+  };
+  std::vector<ShardGroup> sgroups_;
+  std::vector<Group> g_;
+  // Group-space range of `unit` owned by `rank` in group gi (may be empty);
+  // with one group the flat range.
+  Range piece(int unit, int rank, size_t gi = 0) const;
+  // Group-space range q of `unit`'s elements (inside unit_span) between the
+  // unit buffer u (flat unit order) and a packed buffer.
+  void pack_unit(size_t gi, int unit, Range q, const Tensor& u, const Tensor& dst) const;
+  void wait_gathers();
   void gather_unit(int unit, const Tensor& out);
   void gather_unit_compute(int unit, const Tensor& out);  // gather_unit, then cast to the compute dtype
   void refresh_compute();  // stage 2, mixed: compute_ <- master_ (own range), then all-gathered
@@ -119,11 +154,11 @@ class ZeroParamStore : public ParamStore {
     CommHandle h;
     Tensor recv;
     int64_t offset = 0, count = 0;
+    size_t group = 0;
   };
   void retire(bool all);  // all: wait for every one; else only the completed front
   std::deque<PendingReduce> pending_;
-  FlatGather param_gather_;  // stage 2 with overlap_param_gather: the post-step all-gather in flight
-  void gather_params(const Tensor& buf);  // stage 2: all-gathers buf (n), asynchronously if so configured
+  void gather_params(const Tensor& buf);  // stage 2: all-gathers buf (n) per group, asynchronously if so configured
   Timeline* timeline_ = nullptr;
 
   Communicator* dp_;
@@ -136,9 +171,7 @@ class ZeroParamStore : public ParamStore {
   DType compute_dtype_ = DType::F32;
   Tensor full_;    // stage 2 in fp32: (n) full parameters (the master is its own range)
   Tensor compute_; // stage 2 with bf16/f16: (n) the compute-dtype weights the forward reads
-  Tensor master_;  // stage 2 with bf16/f16: (shard) f32 master of this rank's range, zero padded
   Tensor shard_;   // stage 3: (shard) this rank's parameters, zero padded
-  Tensor gshard_;  // (shard) summed gradient shard, f32 or the compute dtype (grad_accum_dtype)
   std::vector<Tensor> gathered_;  // stage 3: gathered or persistent full units (compute dtype)
   std::vector<Tensor> unit_grads_;
   std::vector<Tensor> deferred_;  // per unit: persistent full gradient (defer_unit) or undefined

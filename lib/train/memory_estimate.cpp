@@ -166,11 +166,12 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   const int ob = 4 * optimizer_state_count(cfg.optim.spec);  // the optimizer's state bytes per element
   // ZeRO partitions over the ranks that hold the same weights: with expert
   // parallelism the expert-data-parallel ranks (DP / EP), dense weights too,
-  // except at stage 1, which partitions the dense weights over every
+  // except at stages 1 and 2, which partition the dense weights over every
   // data-parallel rank and the experts over the expert-data-parallel ones.
-  if (e.layout.ep > 1 && stage == 1 && e.sdp > 1) {
-    const ModelStateBytes d = zero_model_state_bytes(n - e.n_experts_rank, e.sdp, 1, e.precision, offload, ob);
-    const ModelStateBytes x = zero_model_state_bytes(e.n_experts_rank, e.layout.edp(), 1, e.precision, offload, ob);
+  if (e.layout.ep > 1 && (stage == 1 || stage == 2) && e.sdp > 1) {
+    const ModelStateBytes d = zero_model_state_bytes(n - e.n_experts_rank, e.sdp, stage, e.precision, offload, ob);
+    const ModelStateBytes x =
+        zero_model_state_bytes(e.n_experts_rank, e.layout.edp(), stage, e.precision, offload, ob);
     r.states = {.params = d.params + x.params, .grads = d.grads + x.grads, .optimizer = d.optimizer + x.optimizer};
   } else {
     const int zero_ranks = e.layout.ep > 1 ? e.layout.edp() : e.sdp;

@@ -100,31 +100,31 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   ZeroPartition part = make_zero_partition(local.total, zero_ranks_);
   const DType compute = compute_dtype(cfg_.precision.precision);
   Communicator* dp_comm = zero_ranks_ > 1 ? (experts_apart ? comms_.edp : comms_.sdp) : nullptr;
+  // ZeRO-1/2 with expert parallelism: as DeepSpeed, the dense weights' state
+  // is partitioned over every data-parallel rank, the experts' over the
+  // expert-data-parallel ones (each group in its own space, ShardGroup).
+  std::vector<ShardGroup> sharding;
+  if ((cfg_.zero.stage == 1 || cfg_.zero.stage == 2) && experts_apart && sdp_ > 1) {
+    for (const bool experts : {false, true}) {
+      GroupSpace space(group_ranges(local, [&](const ParamGroupSpec& g) {
+        return g.reduces_over(ParallelAxis::ExpertData) == experts;
+      }));
+      const int ranks = experts ? comms_.grid.edp : sdp_;
+      Communicator* c = ranks > 1 ? (experts ? comms_.edp : comms_.sdp) : nullptr;
+      const ZeroPartition gp = make_zero_partition(space.total(), ranks);
+      sharding.push_back(ShardGroup{.name = experts ? "experts" : "dense", .ep_shared = !experts, .dp = c,
+                                    .space = std::move(space), .part = gp});
+    }
+  }
   if (cfg_.zero.stage >= 2) {
     store_ = std::make_unique<ZeroParamStore>(local, cfg_.model.num_layers, dev_, dp_comm, cfg_.zero, part,
-                                              compute, cfg_.precision.grad_accum);
+                                              compute, cfg_.precision.grad_accum, sharding);
     model_ = std::make_unique<GptModel>(cfg_.model, dev_, *store_, tp, stage, compute);
   } else {  // ZeRO-1: the store all-gathers the updated weights (mixed: f32 master of this rank's range only)
     const bool zero1 = cfg_.zero.stage == 1 && dp_comm;
-    FlatStoreOptions flat{.grad = cfg_.precision.grad_accum, .dp = zero1 ? dp_comm : nullptr, .part = part,
-                          .groups = {}, .allgather_bucket = cfg_.zero.allgather_bucket_size,
+    FlatStoreOptions flat{.grad = cfg_.precision.grad_accum, .dp = zero1 && sharding.empty() ? dp_comm : nullptr,
+                          .part = part, .groups = sharding, .allgather_bucket = cfg_.zero.allgather_bucket_size,
                           .overlap_param_gather = cfg_.zero.overlap_param_gather};
-    // ZeRO-1 with expert parallelism: as DeepSpeed, the dense weights'
-    // state is partitioned over every data-parallel rank, the experts' over
-    // the expert-data-parallel ones (each group in its own space).
-    if (cfg_.zero.stage == 1 && experts_apart && sdp_ > 1) {
-      flat.dp = nullptr;
-      for (const bool experts : {false, true}) {
-        GroupSpace space(group_ranges(local, [&](const ParamGroupSpec& g) {
-          return g.reduces_over(ParallelAxis::ExpertData) == experts;
-        }));
-        const int ranks = experts ? comms_.grid.edp : sdp_;
-        Communicator* c = ranks > 1 ? (experts ? comms_.edp : comms_.sdp) : nullptr;
-        const ZeroPartition gp = make_zero_partition(space.total(), ranks);
-        flat.groups.push_back(ShardGroup{.name = experts ? "experts" : "dense", .ep_shared = !experts, .dp = c,
-                                         .space = std::move(space), .part = gp});
-      }
-    }
     model_ = std::make_unique<GptModel>(cfg_.model, dev_, 0, tp, stage, compute, flat);
   }
   if (comms_.grid.sp > 1) model_->set_ulysses({comms_.sp, comms_.grid.sp, comms_.grid.sp_rank});

@@ -185,8 +185,10 @@ TEST_CASE("Expert parallelism: EP2 and EP4, with TP2 (and SP), PP2 and ZeRO 0-3,
     INFO("PP2 DP2 EP2");
     same_run(single, run("ep_pp2_ep2", 4, 0, 1, ep("2"), 2));
   }
-  // ZeRO 1-3: the partition is over the expert-data-parallel ranks (DP4
-  // EP2: two; DP2 EP2: one, so only the dense weights are summed, over ep).
+  // ZeRO 1 and 2 partition the dense weights over all data-parallel ranks
+  // and the experts over the expert-data-parallel ones (DP4 EP2: two; DP2
+  // EP2: one); ZeRO 3 partitions both over the latter (the dense gradients
+  // then summed over ep too).
   for (int stage : {1, 2, 3}) {
     INFO("DP4 EP2 ZeRO-" << stage);
     same_run(single, run("ep_dp4_ep2_z" + std::to_string(stage), 4, stage, 1, ep("2")));
@@ -202,6 +204,14 @@ TEST_CASE("Expert parallelism: EP2 and EP4, with TP2 (and SP), PP2 and ZeRO 0-3,
   {
     INFO("PP2 DP2 EP2 ZeRO-2 (the tied embedding's gradient deferred)");
     same_run(single, run("ep_pp2_ep2_z2", 4, 2, 1, ep("2"), 2));
+  }
+  {
+    INFO("PP2 DP2 EP2 ZeRO-1 (a stage's dense weights one range, not the whole stage)");
+    same_run(single, run("ep_pp2_ep2_z1", 4, 1, 1, ep("2"), 2));
+  }
+  {
+    INFO("TP2 DP2 EP2 ZeRO-2");
+    same_run(single, run("ep_tp2_ep2_z2", 4, 2, 2, ep("2")));
   }
   // Dropless: the expert-parallel ranks agree on the largest load.
   const std::vector<std::string> dropless = {"--topk", "2", "--disable-moe-token-dropping"};

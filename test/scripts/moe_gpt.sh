@@ -233,8 +233,8 @@ fi
 grep -qF "${moe_line}" "${log1}" || fail "no MoE start-up line" "${log1}"
 grep -qF "${ep_line}" "${log1}" || fail "no expert-parallel start-up line" "${log1}"
 if [[ $VARIANT == 1.3B_PR-MoE64or128 ]]; then
-  grep -q "model state: .*(ZeRO stage 2, 2 data-parallel ranks, partitioned over the 1 expert-data-parallel ranks" \
-    "${log1}" || fail "not ZeRO stage 2 over the expert-data-parallel ranks" "${log1}"
+  grep -q "model state: .*(ZeRO stage 2, 2 data-parallel ranks, the dense weights' state partitioned over the 2 data-parallel ranks, the experts' over the 1 expert-data-parallel ranks" \
+    "${log1}" || fail "not ZeRO stage 2 with the dense weights over the data-parallel ranks, the experts over the expert-data-parallel ones" "${log1}"
 fi
 grep -qE "moe loss: [0-9.]+E[-+][0-9]+" "${log1}" || fail "no moe loss in the iteration lines" "${log1}"
 ls "${TENSORBOARD_DIR}"/events.out.tfevents.* >/dev/null 2>&1 || fail "no TensorBoard event file in ${TENSORBOARD_DIR}" "${log1}"
