@@ -93,14 +93,14 @@ void ZeroOptimizer::abandon_step() {
   armed_ = false;
 }
 
-void ZeroOptimizer::set_expert_reduce(std::vector<Range> ranges, Communicator* dense_dp, Communicator* ep) {
+void ZeroOptimizer::set_expert_reduce(std::vector<Range> ranges, Communicator* dense_dp) {
   DS_CHECK(std::is_sorted(ranges.begin(), ranges.end(),
                           [](const Range& a, const Range& b) { return a.end <= b.begin; }),
            "expert ranges are not sorted and disjoint");
+  DS_CHECK(!store_ || grouped(), "expert parallelism at ZeRO stage {} without sharding groups", z_.stage);
   experts_apart_ = true;
   expert_ranges_ = std::move(ranges);
   dense_dp_ = dense_dp;
-  ep_ = ep;
 }
 
 template <class Fn>
@@ -190,13 +190,6 @@ void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
   if (store_) {
     store_->finish_reductions();  // reduce-scattered during the backward pass
     if (grouped()) return group_norm_share(sumsq);  // each group reduce-scattered over its own ranks
-    if (experts_apart_ && ep_ && ep_->size() > 1) {  // the dense pieces of the shard, summed over ep
-      const Range own = part_.owned_real(rank_);
-      const Tensor g = store_->grad_shard();
-      for_each_group_piece(own, [&](Range piece, bool expert) {
-        if (!expert && piece.size() > 0) ep_->all_reduce(g.view(piece.begin - own.begin, {piece.size()}));
-      });
-    }
   } else if (armed_) {  // overlap: what the backward did not issue, then wait for all
     while (next_bucket_ >= 0) issue_bucket(next_bucket_--);
     for (CommHandle& h : pending_) h.wait();
@@ -234,17 +227,15 @@ void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
   }
 }
 
-// Each expert counts once: its expert-data-parallel group holds it summed
-// (stages 0/1: on every rank, counted on the group's first; stages 2/3: in
-// the ranks' shards, each counted). Each dense weight counts once: stages
-// 0/1 on the first data-parallel rank; stages 2/3 in the shards of the ranks
-// of the first expert-parallel index (the others hold the same sums).
+// Stages 0/1 (every rank holds its summed gradients whole): each expert
+// counts once, on the first rank of its expert-data-parallel group; each
+// dense weight once, on the first data-parallel rank.
 void ZeroOptimizer::expert_norm_share(const Tensor& sumsq) {
-  const bool dense = store_ ? (!ep_ || ep_->rank() == 0) : (!dense_dp_ || dense_dp_->rank() == 0);
-  const bool experts = store_ || rank_ == 0;
+  const bool dense = !dense_dp_ || dense_dp_->rank() == 0;
+  const bool experts = rank_ == 0;
   if (!dense && !experts) return;
-  const Range held = store_ ? part_.owned_real(rank_) : Range{0, part_.total};
-  const Tensor g = store_ ? store_->grad_shard() : model_.grads();
+  const Range held{0, part_.total};
+  const Tensor g = model_.grads();
   const std::vector<Range> all{{0, part_.total}};
   for (const Range& c : counted_only_ ? counted_ : all) {
     const Range r{std::max(c.begin, held.begin), std::min(c.end, held.end)};
@@ -272,7 +263,8 @@ void ZeroOptimizer::grads_nonfinite_into(const Tensor& flag) {
 // weights themselves), updated by the group's optimizer and written back;
 // the gather_owned after it all-gathers every group over its ranks. ZeRO-2:
 // the store keeps each group's gradient (and, mixed, master) shard packed
-// already; fp32 weights are packed as for ZeRO-1. The update is element-wise
+// already; fp32 weights are packed as for ZeRO-1. ZeRO-3: the store's
+// parameter shards are the masters. The update is element-wise
 // per element as with one group, so the values are the same; only which
 // rank computes them moves.
 void ZeroOptimizer::step_groups(const StepHyper& h, float grad_scale) {
@@ -296,7 +288,7 @@ void ZeroOptimizer::step_groups(const StepHyper& h, float grad_scale) {
         Tensor(flat_buf.view(q.flat.begin, {q.flat.size()})).copy_from(t.view(q.at - o.owned.begin, {q.flat.size()}));
     };
     const Tensor g = store_ ? store_->grad_shard(i) : packed(model_.grads(), model_.grads().dtype());
-    if (mixed && store_) {
+    if (store_ && (mixed || z_.stage == 3)) {  // the store's master (stage 3: parameter) shard
       o.opt->step({.params = store_->master_params(i), .grads = g}, h, grad_scale);
     } else if (mixed) {
       const Tensor lowp = Tensor::empty({n}, model_.compute_dtype(), dev);
@@ -392,7 +384,7 @@ std::vector<Tensor> ZeroOptimizer::master_ranges() {
   std::vector<Tensor> out;
   const bool mixed = model_.compute_dtype() != DType::F32;
   for (size_t i = 0; i < groups_.size(); ++i) {
-    if (mixed) {
+    if (mixed || (store_ && z_.stage == 3)) {
       out.push_back(store_ ? store_->master_params(i) : model_.flat_store().group_master(i));
       continue;
     }

@@ -52,16 +52,13 @@ class ZeroOptimizer {
   // split weights count once per shard and replicated ones (and a tied wte
   // held by two stages) once in all.
   void set_norm_counted(std::vector<Range> counted);
-  // Expert parallelism: the optimizer's group `dp` (its ZeRO partition) is
-  // then the expert-data-parallel group, the ranks that hold the same
-  // experts, and so the same flat layout. The flat ranges of the experts
-  // group (sorted, disjoint) are summed over it; the dense rest over all the
-  // data-parallel ranks, `dense_dp`: stages 0/1 all-reduce the dense pieces
-  // over it, stages 2/3 reduce-scatter over dp and then all-reduce the dense
-  // pieces of the shard over `ep` (ranks of the same expert-data-parallel
-  // index: together with dp, all of dense_dp). The norm counts every expert
-  // and every dense weight once. May be null: dense_dp / ep of one rank.
-  void set_expert_reduce(std::vector<Range> ranges, Communicator* dense_dp, Communicator* ep);
+  // Expert parallelism, stages 0 and 1: `dp` is the expert-data-parallel
+  // group (the ranks holding the same experts). The flat ranges of the
+  // experts group (sorted, disjoint) are all-reduced over it, the dense rest
+  // over all the data-parallel ranks, `dense_dp` (may be null: one rank).
+  // The norm counts every expert and every dense weight once. Stages 2 and 3
+  // reduce each sharding group over its own ranks in the store instead.
+  void set_expert_reduce(std::vector<Range> ranges, Communicator* dense_dp);
 
   // Clears the gradients before the first micro-batch of a step.
   void zero_grads();
@@ -128,7 +125,7 @@ class ZeroOptimizer {
     Optimizer* opt = nullptr;
   };
   std::vector<StatePart> state_parts();
-  // ZeRO-1/2 with several sharding groups (FlatParamStore::shard_groups,
+  // ZeRO 1-3 with several sharding groups (FlatParamStore::shard_groups,
   // ZeroParamStore::groups: the dense weights over every data-parallel
   // rank, the experts over the expert-data-parallel ones): one optimizer per group.
   bool grouped() const { return !groups_.empty(); }
@@ -185,7 +182,6 @@ class ZeroOptimizer {
   bool experts_apart_ = false;
   std::vector<Range> expert_ranges_;
   Communicator* dense_dp_ = nullptr;  // the dense weights' reduction group (all data-parallel ranks)
-  Communicator* ep_ = nullptr;        // stages 2/3: the dense shard pieces' all-reduce group
   // Squared-norm share of this rank under expert parallelism (see set_expert_reduce).
   void expert_norm_share(const Tensor& sumsq);
   // Calls fn(piece, expert) for the pieces of r inside and outside the expert ranges, in order.

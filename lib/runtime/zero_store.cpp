@@ -15,7 +15,7 @@ namespace ds {
 ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device dev, Communicator* dp,
                                const ZeroConfig& z, const ZeroPartition& part, DType compute, DType grad,
                                std::vector<ShardGroup> groups)
-    : sgroups_(std::move(groups)), dp_(dp), z_(z), part_(part), stage_(z.stage), dev_(dev), compute_dtype_(compute) {
+    : sgroups_(std::move(groups)), z_(z), part_(part), stage_(z.stage), dev_(dev), compute_dtype_(compute) {
   DS_CHECK(grad == DType::F32 || grad == compute, "gradients in {} with compute dtype {}", dtype_name(grad),
            dtype_name(compute));
   DS_CHECK(stage_ == 2 || stage_ == 3, "ZeroParamStore is for ZeRO stages 2 and 3, got {}", stage_);
@@ -23,8 +23,6 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
   if (sgroups_.empty())
     sgroups_.push_back(ShardGroup{.name = "", .ep_shared = false, .dp = dp, .space = GroupSpace::identity(layout.total),
                                   .part = part});
-  DS_CHECK(stage_ == 2 || sgroups_.size() == 1, "ZeRO-3 with {} sharding groups", sgroups_.size());
-  rank_ = dp ? dp->rank() : 0;
   units_ = unit_ranges(layout, num_layers);
   gathered_.resize(units_.size());
   in_flight_.resize(units_.size());
@@ -62,7 +60,7 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
     }
     return;
   }
-  shard_ = Tensor::zeros({part.shard}, DType::F32, dev);
+  for (size_t i = 0; i < g_.size(); ++i) g_[i].shard = Tensor::zeros({sgroups_[i].part.shard}, DType::F32, dev);
   // The persistent units below are gathered copies (reported with the
   // ZeRO-3 plan, not as model state).
   MemTagScope untagged(MemTag::None);
@@ -106,16 +104,31 @@ int64_t ZeroParamStore::persistent_elems() const {
   return n;
 }
 
-// The unit's full parameters into `out` (unit size): each owner broadcasts its piece.
+void ZeroParamStore::unpack_unit(size_t gi, int unit, Range q, const Tensor& src, const Tensor& u) const {
+  const int64_t ub = units_[static_cast<size_t>(unit)].begin;
+  for (const GroupSpace::Piece& p : sgroups_[gi].space.pieces(q))
+    Tensor(u.view(p.flat.begin - ub, {p.flat.size()})).copy_from(src.view(p.at - q.begin, {p.flat.size()}));
+}
+
+// The unit's full parameters into `out` (unit size): for each group, each
+// owner broadcasts its piece (straight into place when the piece is one flat
+// range, else through a packed buffer).
 void ZeroParamStore::gather_unit(int unit, const Tensor& out) {
   const int64_t ub = units_[unit].begin;
-  const int dp = part_.dp;
-  for (int r = 0; r < dp; ++r) {
-    Range p = piece(unit, r);
-    if (p.size() == 0) continue;
-    Tensor dst = out.view(p.begin - ub, {p.size()});
-    if (r == rank_) dst.copy_from(shard_.view(p.begin - rank_ * part_.shard, {p.size()}));
-    if (dp > 1) dp_->broadcast(dst, r);
+  for (size_t gi = 0; gi < g_.size(); ++gi) {
+    const ShardGroup& sg = sgroups_[gi];
+    const Group& G = g_[gi];
+    const int dp = sg.part.dp;
+    for (int r = 0; r < dp; ++r) {
+      const Range p = piece(unit, r, gi);
+      if (p.size() == 0) continue;
+      const std::vector<GroupSpace::Piece> flat = sg.space.pieces(p);
+      const bool direct = flat.size() == 1;
+      Tensor dst = direct ? out.view(flat[0].flat.begin - ub, {p.size()}) : Tensor::empty({p.size()}, DType::F32, dev_);
+      if (r == G.rank) dst.copy_from(G.shard.view(p.begin - G.rank * sg.part.shard, {p.size()}));
+      if (dp > 1) sg.dp->broadcast(dst, r);
+      if (!direct) unpack_unit(gi, unit, p, dst, out);
+    }
   }
 }
 
@@ -164,22 +177,33 @@ void ZeroParamStore::fetch(int unit) {
   const int64_t ub = units_[unit].begin;
   const bool timed = timeline_ && timeline_->enabled();
   const double issued = timed ? timeline_->now_us() : 0;
-  for (int r = 0; r < part_.dp; ++r) {
-    Range p = piece(unit, r);
-    if (p.size() == 0) continue;
-    Tensor dst = g.f32.view(p.begin - ub, {p.size()});
-    if (r == rank_) dst.copy_from(shard_.view(p.begin - rank_ * part_.shard, {p.size()}));
-    if (part_.dp == 1) continue;
-    if (timed) {
-      Timeline* tl = timeline_;
-      Communicator* c = dp_;
-      g.hs.push_back(c->submit("broadcast", [tl, c, dst, r, unit, issued] {
-        const double t0 = tl->now_us();
-        c->broadcast(dst, r);
-        tl->add({fmt::format("gather unit {} from rank {}", unit, r), "comm", 1, issued, t0, tl->now_us()});
-      }, {dst}));
-    } else {
-      g.hs.push_back(dp_->ibroadcast(dst, r));
+  for (size_t gi = 0; gi < g_.size(); ++gi) {
+    const ShardGroup& sg = sgroups_[gi];
+    const Group& G = g_[gi];
+    for (int r = 0; r < sg.part.dp; ++r) {
+      Range p = piece(unit, r, gi);
+      if (p.size() == 0) continue;
+      const std::vector<GroupSpace::Piece> flat = sg.space.pieces(p);
+      Tensor dst;
+      if (flat.size() == 1) {
+        dst = g.f32.view(flat[0].flat.begin - ub, {p.size()});
+      } else {
+        dst = Tensor::empty({p.size()}, DType::F32, dev_);
+        g.packed.push_back({gi, p, dst});
+      }
+      if (r == G.rank) dst.copy_from(G.shard.view(p.begin - G.rank * sg.part.shard, {p.size()}));
+      if (sg.part.dp == 1) continue;
+      Communicator* c = sg.dp;
+      if (timed) {
+        Timeline* tl = timeline_;
+        g.hs.push_back(c->submit("broadcast", [tl, c, dst, r, unit, issued] {
+          const double t0 = tl->now_us();
+          c->broadcast(dst, r);
+          tl->add({fmt::format("gather unit {} from rank {}", unit, r), "comm", 1, issued, t0, tl->now_us()});
+        }, {dst}));
+      } else {
+        g.hs.push_back(c->ibroadcast(dst, r));
+      }
     }
   }
   g.pending = true;
@@ -193,6 +217,7 @@ void ZeroParamStore::complete(int unit) {
   InFlight& g = in_flight_[unit];
   if (!g.pending) return;
   for (CommHandle& h : g.hs) h.wait();
+  for (const InFlight::Packed& p : g.packed) unpack_unit(p.group, unit, p.q, p.buf, g.f32);
   if (compute_dtype_ != DType::F32 && g.f32.numel() > 0)
     ops::cast({.out = gathered_[unit], .inp = g.f32}, Stream{});
   g = InFlight{};
@@ -367,9 +392,12 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
     if (part_.total > 0) ops::cast({.out = compute_, .inp = full.device() == dev_ ? full : full.to(dev_)}, Stream{});
     return;
   }
-  shard_.zero_();
-  Range own = part_.owned_real(rank_);
-  if (own.size() > 0) shard_.view(0, {own.size()}).copy_from(full.view(own.begin, {own.size()}));
+  for (size_t i = 0; i < g_.size(); ++i) {
+    const Range own = sgroups_[i].owned();
+    g_[i].shard.zero_();
+    for (const GroupSpace::Piece& q : sgroups_[i].space.pieces(own))
+      g_[i].shard.view(q.at - own.begin, {q.flat.size()}).copy_from(full.view(q.flat.begin, {q.flat.size()}));
+  }
   for (size_t u = 0; u < units_.size(); ++u)
     if (plan_.persistent[u] && units_[u].size() > 0) {
       const Tensor src = full.view(units_[u].begin, {units_[u].size()});
@@ -383,12 +411,14 @@ void ZeroParamStore::init_params(int64_t total, const InitFill& fill) {
   DS_CHECK(total == part_.total, "init_params: {} elements, model has {}", total, part_.total);
   if (stage_ == 2) return ParamStore::init_params(total, fill);
   wait_gathers();
-  shard_.zero_();
-  const Range own = part_.owned_real(rank_);
-  if (own.size() > 0) {
-    Tensor host = Tensor::empty({own.size()}, DType::F32);
-    fill(own.begin, own.end, host.data<float>());
-    shard_.view(0, {own.size()}).copy_from(host);
+  for (size_t i = 0; i < g_.size(); ++i) {
+    const Range own = sgroups_[i].owned();
+    g_[i].shard.zero_();
+    for (const GroupSpace::Piece& q : sgroups_[i].space.pieces(own)) {
+      Tensor host = Tensor::empty({q.flat.size()}, DType::F32);
+      fill(q.flat.begin, q.flat.end, host.data<float>());
+      g_[i].shard.view(q.at - own.begin, {q.flat.size()}).copy_from(host);
+    }
   }
   for (size_t u = 0; u < units_.size(); ++u) {
     if (!plan_.persistent[u] || units_[u].size() == 0) continue;
@@ -402,13 +432,12 @@ void ZeroParamStore::init_params(int64_t total, const InitFill& fill) {
 void ZeroParamStore::gather_f32(Range r, const Tensor& out) {
   wait_gathers();
   if (stage_ == 2 && full_.defined()) return Tensor(out).copy_from(full_.view(r.begin, {r.size()}));
-  if (stage_ == 3) return gather_from_shards(dp_, part_, rank_, shard_, r, out);
-  // Stage 2 in mixed precision keeps an f32 master shard per group.
+  // Stage 2 in mixed precision keeps an f32 master shard per group, stage 3 a parameter shard.
   for (size_t i = 0; i < g_.size(); ++i) {
     const ShardGroup& sg = sgroups_[i];
     for (const GroupSpace::Piece& q : sg.space.within(r))
-      gather_from_shards(sg.dp, sg.part, g_[i].rank, g_[i].master, {q.at, q.at + q.flat.size()},
-                         out.view(q.flat.begin - r.begin, {q.flat.size()}));
+      gather_from_shards(sg.dp, sg.part, g_[i].rank, stage_ == 2 ? g_[i].master : g_[i].shard,
+                         {q.at, q.at + q.flat.size()}, out.view(q.flat.begin - r.begin, {q.flat.size()}));
   }
 }
 
@@ -449,7 +478,7 @@ Tensor ZeroParamStore::master_params(size_t g) {
     }
     return g_[g].master.view(0, {own.size()});
   }
-  return shard_.view(0, {own.size()});
+  return g_[g].shard.view(0, {own.size()});
 }
 
 Tensor ZeroParamStore::grad_shard(size_t g) { return g_.at(g).gshard.view(0, {sgroups_[g].owned().size()}); }

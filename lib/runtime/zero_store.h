@@ -30,7 +30,9 @@
 // lib/model/param_store.h): every group has its own gradient shard (and
 // master shard), a unit's reduce-scatter runs once per group over that
 // group's ranks with the pieces packed from the unit's gradient, and the
-// post-step all-gather runs per group. Stage 3 keeps one group.
+// post-step all-gather runs per group. Stage 3 keeps a parameter shard per
+// group too, and gathers a unit once per group (a unit's pieces of a group
+// that are not one flat range go through a packed buffer).
 // Mixed precision (compute dtype bf16/f16): the f32 parameters above are the
 // master weights; what acquire_params returns is a compute-dtype copy (stage
 // 2: one full copy; after each step the owner casts its updated master range
@@ -55,7 +57,7 @@ namespace ds {
 class ZeroParamStore : public ParamStore {
  public:
   // dp may be null for a single data-parallel rank.
-  // groups: the sharding groups (stage 2); empty: one group, `part` over `dp`.
+  // groups: the sharding groups; empty: one group, `part` over `dp`.
   ZeroParamStore(const ModelLayout& layout, int num_layers, Device dev, Communicator* dp, const ZeroConfig& z,
                  const ZeroPartition& part, DType compute = DType::F32, DType grad = DType::F32,
                  std::vector<ShardGroup> groups = {});
@@ -100,8 +102,8 @@ class ZeroParamStore : public ParamStore {
   // Persistent bytes this rank holds (not the transient unit buffers).
   int64_t param_bytes() const {
     auto n = [](const Tensor& t) { return t.defined() ? t.numel() : int64_t(0); };
-    int64_t b = 4 * (n(shard_) + n(full_)) + 2 * n(compute_);
-    for (const Group& g : g_) b += 4 * n(g.master);
+    int64_t b = 4 * n(full_) + 2 * n(compute_);
+    for (const Group& g : g_) b += 4 * (n(g.master) + n(g.shard));
     return b;
   }
   int64_t grad_bytes() const {
@@ -117,11 +119,12 @@ class ZeroParamStore : public ParamStore {
   int64_t peak_live_grads() const { return peak_grads_; }
 
  private:
-  // One sharding group's state (g_[0] is the only one at stage 3).
+  // One sharding group's state.
   struct Group {
     int rank = 0;
     Tensor gshard;  // (shard) summed gradient shard, f32 or the compute dtype (grad_accum_dtype)
     Tensor master;  // stage 2 with bf16/f16: (shard) f32 master of this rank's range, zero padded
+    Tensor shard;   // stage 3: (shard) this rank's parameters, zero padded
     FlatGather gather;  // stage 2 with overlap_param_gather: the post-step all-gather in flight
     std::vector<Range> unit_span;  // per unit: the group-space range of its elements
   };
@@ -142,14 +145,24 @@ class ZeroParamStore : public ParamStore {
   struct InFlight {  // a unit's issued gather
     std::vector<CommHandle> hs;
     Tensor f32;  // (unit) the gathered f32 values (the unit buffer itself in fp32)
+    // Pieces of a group that are not one flat range: received into a packed
+    // buffer, unpacked into f32 once the broadcasts completed.
+    struct Packed {
+      size_t group = 0;
+      Range q;  // group-space range
+      Tensor buf;
+    };
+    std::vector<Packed> packed;
     bool pending = false;
   };
+  // Group-space range q of `unit`'s elements from a packed buffer into the unit buffer u.
+  void unpack_unit(size_t gi, int unit, Range q, const Tensor& src, const Tensor& u) const;
   std::vector<InFlight> in_flight_;
   void free_gathered(int unit);
   bool needed_soon(int unit) const;
   void reduce_unit(int unit, const Tensor& g);
   // Pending reduce-scatters, oldest first: `recv`'s first `count` elements
-  // are added at gshard_[offset] once `h` completed.
+  // are added at g_[group].gshard[offset] once `h` completed.
   struct PendingReduce {
     CommHandle h;
     Tensor recv;
@@ -161,17 +174,15 @@ class ZeroParamStore : public ParamStore {
   void gather_params(const Tensor& buf);  // stage 2: all-gathers buf (n) per group, asynchronously if so configured
   Timeline* timeline_ = nullptr;
 
-  Communicator* dp_;
   ZeroConfig z_;
   ZeroPartition part_;
-  int rank_ = 0, stage_ = 2;
+  int stage_ = 2;
   Device dev_;
   std::vector<Range> units_;
   Zero3Plan plan_;
   DType compute_dtype_ = DType::F32;
   Tensor full_;    // stage 2 in fp32: (n) full parameters (the master is its own range)
   Tensor compute_; // stage 2 with bf16/f16: (n) the compute-dtype weights the forward reads
-  Tensor shard_;   // stage 3: (shard) this rank's parameters, zero padded
   std::vector<Tensor> gathered_;  // stage 3: gathered or persistent full units (compute dtype)
   std::vector<Tensor> unit_grads_;
   std::vector<Tensor> deferred_;  // per unit: persistent full gradient (defer_unit) or undefined

@@ -164,18 +164,16 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   // its backward runs, whatever the accumulation dtype.
   const int64_t P = fp32 ? 4 : 2, G = 4;
   const int ob = 4 * optimizer_state_count(cfg.optim.spec);  // the optimizer's state bytes per element
-  // ZeRO partitions over the ranks that hold the same weights: with expert
-  // parallelism the expert-data-parallel ranks (DP / EP), dense weights too,
-  // except at stages 1 and 2, which partition the dense weights over every
-  // data-parallel rank and the experts over the expert-data-parallel ones.
-  if (e.layout.ep > 1 && (stage == 1 || stage == 2) && e.sdp > 1) {
+  // ZeRO partitions each parameter group over the ranks that hold it: with
+  // expert parallelism the dense weights over every data-parallel rank, the
+  // experts over the expert-data-parallel ones (DP / EP).
+  if (e.layout.ep > 1 && stage >= 1) {
     const ModelStateBytes d = zero_model_state_bytes(n - e.n_experts_rank, e.sdp, stage, e.precision, offload, ob);
     const ModelStateBytes x =
         zero_model_state_bytes(e.n_experts_rank, e.layout.edp(), stage, e.precision, offload, ob);
     r.states = {.params = d.params + x.params, .grads = d.grads + x.grads, .optimizer = d.optimizer + x.optimizer};
   } else {
-    const int zero_ranks = e.layout.ep > 1 ? e.layout.edp() : e.sdp;
-    r.states = zero_model_state_bytes(n, zero_ranks, stage, e.precision, offload, ob);
+    r.states = zero_model_state_bytes(n, e.sdp, stage, e.precision, offload, ob);
   }
   if (stage == 3) {
     int64_t largest = 0, persistent = 0;

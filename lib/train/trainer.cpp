@@ -91,20 +91,20 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   const ModelLayout local = build_layout(cfg_.model, shard_);
   // DeepSpeed folds Ulysses into data parallelism: gradients are reduced and
   // ZeRO partitions over the sequence-data-parallel group (SP x DP). With
-  // expert parallelism ZeRO partitions over the ranks that hold the same
-  // experts (the expert-data-parallel group), dense weights included
-  // (ZeroOptimizer::set_expert_reduce).
+  // expert parallelism each parameter group is partitioned over its own ranks
+  // (the sharding groups below); the optimizer files are then counted and
+  // named by the expert-data-parallel rank (one set per expert-parallel rank).
   const bool experts_apart = shard_.ep > 1;
   zero_ranks_ = experts_apart ? comms_.grid.edp : sdp_;
   zero_rank_ = experts_apart ? comms_.grid.edp_rank : sdp_rank_;
   ZeroPartition part = make_zero_partition(local.total, zero_ranks_);
   const DType compute = compute_dtype(cfg_.precision.precision);
   Communicator* dp_comm = zero_ranks_ > 1 ? (experts_apart ? comms_.edp : comms_.sdp) : nullptr;
-  // ZeRO-1/2 with expert parallelism: as DeepSpeed, the dense weights' state
+  // ZeRO 1-3 with expert parallelism: as DeepSpeed, the dense weights' state
   // is partitioned over every data-parallel rank, the experts' over the
   // expert-data-parallel ones (each group in its own space, ShardGroup).
   std::vector<ShardGroup> sharding;
-  if ((cfg_.zero.stage == 1 || cfg_.zero.stage == 2) && experts_apart && sdp_ > 1) {
+  if (cfg_.zero.stage >= 1 && experts_apart) {
     for (const bool experts : {false, true}) {
       GroupSpace space(group_ranges(local, [&](const ParamGroupSpec& g) {
         return g.reduces_over(ParallelAxis::ExpertData) == experts;
@@ -138,17 +138,13 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   opt_->set_timeline(&timeline_);
   if (shard_.tp > 1 || shard_.pp > 1)  // each parameter counted once over the model-parallel (tp x pp) ranks
     opt_->set_norm_counted(norm_counted_ranges(local));
-  if (experts_apart) {  // the experts group's gradients are summed over the expert-data-parallel ranks
-    std::vector<Range> experts;
-    for (const ParamSpec& p : local.params) {
-      if (!local.groups[static_cast<size_t>(p.group)].reduces_over(ParallelAxis::ExpertData)) continue;
-      if (!experts.empty() && experts.back().end == p.offset)
-        experts.back().end += p.numel;
-      else
-        experts.push_back({p.offset, p.offset + p.numel});
-    }
-    opt_->set_expert_reduce(std::move(experts), sdp_ > 1 ? comms_.sdp : nullptr, comms_.ep);
-  }
+  // Stages 0/1: the experts group's gradients are all-reduced over the
+  // expert-data-parallel ranks, the dense ones over all (stages 2/3: the
+  // store reduces each sharding group over its ranks).
+  if (experts_apart && !store_)
+    opt_->set_expert_reduce(
+        group_ranges(local, [](const ParamGroupSpec& g) { return g.reduces_over(ParallelAxis::ExpertData); }),
+        sdp_ > 1 ? comms_.sdp : nullptr);
   if (shard_.pp > 1) {
     pipe_ = std::make_unique<PipelineExecutor>(*model_, *comms_.pp, static_cast<int>(cfg_.batch.grad_accum_steps),
                                                comms_.pp_grad, cfg_.zero.overlap_comm);

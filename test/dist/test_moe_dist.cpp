@@ -185,10 +185,9 @@ TEST_CASE("Expert parallelism: EP2 and EP4, with TP2 (and SP), PP2 and ZeRO 0-3,
     INFO("PP2 DP2 EP2");
     same_run(single, run("ep_pp2_ep2", 4, 0, 1, ep("2"), 2));
   }
-  // ZeRO 1 and 2 partition the dense weights over all data-parallel ranks
-  // and the experts over the expert-data-parallel ones (DP4 EP2: two; DP2
-  // EP2: one); ZeRO 3 partitions both over the latter (the dense gradients
-  // then summed over ep too).
+  // ZeRO 1-3 partition the dense weights over all data-parallel ranks and
+  // the experts over the expert-data-parallel ones (DP4 EP2: two; DP2 EP2:
+  // one, so the experts are not partitioned).
   for (int stage : {1, 2, 3}) {
     INFO("DP4 EP2 ZeRO-" << stage);
     same_run(single, run("ep_dp4_ep2_z" + std::to_string(stage), 4, stage, 1, ep("2")));
@@ -341,7 +340,7 @@ TEST_CASE("Expert-parallel checkpoints resume and load into other expert-paralle
 // PR-MoE (--mlp-type residual) with a different expert count per MoE layer,
 // as Megatron-DeepSpeed's PR-MoE scripts: DP2 ZeRO-2, TP2 and TP2 + SP give the
 // single-process curve.
-TEST_CASE("PR-MoE with per-layer expert counts: DP2 ZeRO-2, TP2 and TP2 with SP reproduce the single-process curve") {
+TEST_CASE("PR-MoE with per-layer expert counts: DP2 ZeRO-2, TP2, TP2 with SP and DP4 EP2 ZeRO-1/3 reproduce the single-process curve") {
   const std::vector<std::string> pr = {"--mlp-type", "residual", "--num-experts", "2", "4", "--topk", "1",
                                        "--moe-min-capacity", "0"};
   const Run single = run("prmoe_single", 1, 0, 1, pr);
@@ -350,8 +349,19 @@ TEST_CASE("PR-MoE with per-layer expert counts: DP2 ZeRO-2, TP2 and TP2 with SP 
   same_run(single, run("prmoe_tp2", 2, 0, 2, pr));
   std::vector<std::string> sp = pr;
   sp.push_back("--sequence-parallel");
-  INFO("TP2 with --sequence-parallel");
-  same_run(single, run("prmoe_tp2_sp", 2, 0, 2, sp));
+  {
+    INFO("TP2 with --sequence-parallel");
+    same_run(single, run("prmoe_tp2_sp", 2, 0, 2, sp));
+  }
+  // Expert parallelism: a PR-MoE layer's dense weights (router, residual MLP,
+  // coefficient) lie on both sides of its experts, so a unit's dense pieces
+  // are not one flat range: ZeRO-3 gathers them through a packed buffer.
+  std::vector<std::string> ep = pr;
+  ep.insert(ep.end(), {"--moe-expert-parallel-size", "2"});
+  for (int stage : {1, 3}) {
+    INFO("DP4 EP2 ZeRO-" << stage);
+    same_run(single, run("prmoe_dp4_ep2_z" + std::to_string(stage), 4, stage, 1, ep));
+  }
 }
 
 TEST_CASE("MoE flags that do not fit are one line naming them") {
