@@ -242,6 +242,103 @@ TEST_CASE("optimizer shards: metadata, dtype, shape and ranges are checked") {
   }
 }
 
+// A shard written with sharding groups (ZeRO 1-3 with expert parallelism,
+// docs/formats.md): per group a list of pieces and the tensors
+// "<group>/<state>". Shard 1 of the tiny checkpoint is rewritten so: loaded,
+// its values land where the pieces say; malformed, one line naming the file.
+TEST_CASE("optimizer shards with sharding groups: pieces are read and checked") {
+  Saved s("groups");
+  const fs::path shard = s.step / "optim_rank00001_of_00002.safetensors";
+  const SafetensorsFile sf = SafetensorsFile::open(shard.string());
+  const Tensor m = sf.get("exp_avg"), v = sf.get("exp_avg_sq");
+  const auto meta = sf.metadata();
+  const int64_t b = std::stoll(meta.at("begin")), e = std::stoll(meta.at("end")), n = e - b, k = n / 3;
+  s.edit_state([](auto& j) { j.erase("checksums"); });
+  // Group "x" holds [b, b + k) and [b + 2k, e); group "y" [b + k, b + 2k).
+  auto cat = [](const Tensor& t, int64_t k1, int64_t k2) {
+    Tensor out = Tensor::empty({t.numel() - (k2 - k1)}, DType::F32);
+    out.view(0, {k1}).copy_from(t.view(0, {k1}));
+    out.view(k1, {t.numel() - k2}).copy_from(t.view(k2, {t.numel() - k2}));
+    return out;
+  };
+  const Tensor xm = cat(m, k, 2 * k), xv = cat(v, k, 2 * k), ym = m.view(k, {k}), yv = v.view(k, {k});
+  auto rewrite = [&](const std::function<void(SafetensorsWriter&, std::map<std::string, std::string>&)>& fn) {
+    SafetensorsWriter w;
+    auto md = meta;
+    md.erase("begin");
+    md.erase("end");
+    md["groups"] = "x,y";
+    md["shared_groups"] = "x";
+    md["pieces.x"] = fmt::format("{}:{},{}:{}", b, b + k, b + 2 * k, e);
+    md["pieces.y"] = fmt::format("{}:{}", b + k, b + 2 * k);
+    fn(w, md);
+    for (const auto& [key, val] : md) w.set_metadata(key, val);
+    w.write(shard.string());
+  };
+  auto tensors = [&](SafetensorsWriter& w) {
+    w.add("x/exp_avg", xm), w.add("x/exp_avg_sq", xv), w.add("y/exp_avg", ym), w.add("y/exp_avg_sq", yv);
+  };
+  const std::string f = shard.string();
+  SECTION("a well-formed grouped shard loads into the same values") {
+    rewrite([&](auto& w, auto&) { tensors(w); });
+    Tensor p = Tensor::zeros({s.layout.total}, DType::F32), lm = p.clone(), lv = p.clone();
+    CheckpointData d{&s.layout, p, adam_states(lm, lv), 0, s.layout.total, 0, 0, 1, {}};
+    TrainState st;
+    REQUIRE(load_checkpoint(s.dir.string(), st, d));
+    for (int64_t i = 0; i < n; ++i) {
+      CHECK(lm.data<float>()[b + i] == m.data<float>()[i]);
+      CHECK(lv.data<float>()[b + i] == v.data<float>()[i]);
+    }
+  }
+  SECTION("malformed pieces") {
+    rewrite([&](auto& w, auto& md) { tensors(w), md["pieces.y"] = "12-40"; });
+    expect_one_line(s.load_error(), f, "metadata 'pieces.y' must list sorted ranges");
+  }
+  SECTION("pieces past the end of the layout") {
+    rewrite([&](auto& w, auto& md) { tensors(w), md["pieces.y"] = fmt::format("{}:{}", e, e + k); });
+    expect_one_line(s.load_error(), f, "metadata 'pieces.y' must list sorted ranges");
+  }
+  SECTION("unsorted pieces") {
+    rewrite([&](auto& w, auto& md) {
+      tensors(w), md["pieces.x"] = fmt::format("{}:{},{}:{}", b + 2 * k, e, b, b + k);
+    });
+    expect_one_line(s.load_error(), f, "metadata 'pieces.x' must list sorted ranges");
+  }
+  SECTION("a group without its pieces") {
+    rewrite([&](auto& w, auto& md) { tensors(w), md.erase("pieces.y"); });
+    expect_one_line(s.load_error(), f, "metadata 'pieces.y' is missing");
+  }
+  SECTION("a malformed group name") {
+    rewrite([&](auto& w, auto& md) { tensors(w), md["groups"] = "x,y/z"; });
+    expect_one_line(s.load_error(), f, "'groups' holds a malformed name");
+  }
+  SECTION("a group's state tensor missing") {
+    rewrite([&](auto& w, auto&) { w.add("x/exp_avg", xm), w.add("x/exp_avg_sq", xv), w.add("y/exp_avg", ym); });
+    expect_one_line(s.load_error(), f, "no tensor 'y/exp_avg_sq'");
+  }
+  SECTION("a state tensor shorter than its pieces") {
+    rewrite([&](auto& w, auto&) {
+      w.add("x/exp_avg", xm.view(0, {xm.numel() - 1})), w.add("x/exp_avg_sq", xv), w.add("y/exp_avg", ym),
+          w.add("y/exp_avg_sq", yv);
+    });
+    expect_one_line(s.load_error(), f, "'x/exp_avg' is F32");
+  }
+  SECTION("pieces that overlap the other shard") {
+    rewrite([&](auto& w, auto& md) {
+      tensors(w), md["pieces.x"] = fmt::format("{}:{},{}:{}", b - 1, b + k - 1, b + 2 * k, e);
+    });
+    expect_one_line(s.load_error(), s.step.string(), "overlap");
+  }
+  SECTION("a negative second moment in a group") {
+    Tensor bad = yv.clone();
+    bad.data<float>()[0] = -1.0f;
+    rewrite([&](auto& w, auto&) {
+      w.add("x/exp_avg", xm), w.add("x/exp_avg_sq", xv), w.add("y/exp_avg", ym), w.add("y/exp_avg_sq", bad);
+    });
+    expect_one_line(s.load_error(), f, "'y/exp_avg_sq' holds the negative value");
+  }
+}
+
 TEST_CASE("NaN or Inf in the weights is refused naming the file and tensor") {
   Saved s("nan");
   const fs::path model = s.step / "model.safetensors";
