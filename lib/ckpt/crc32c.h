@@ -1,8 +1,9 @@
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum every
 // checkpoint file carries in state.json and, masked, every TensorBoard
-// record. A table-driven software version (slicing by 8 bytes): about a
-// GB/s, so verifying a checkpoint costs about as much as reading it once more
-// from the page cache.
+// record. On x86-64 CPUs with SSE4.2 (every one since 2008) the CRC32
+// instruction computes it, three independent streams at a time (about 10x the
+// table's speed); elsewhere a table-driven version (slicing by 8 bytes, about
+// a GB/s). Both give the same value.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +14,10 @@ namespace ds {
 // CRC-32C of n bytes, continuing from `crc` (the value returned for the bytes
 // before; 0 to start). crc32c("123456789") == 0xE3069283.
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+// The table-driven version alone (tests compare the two).
+uint32_t crc32c_portable(const void* data, size_t n, uint32_t crc = 0);
+// Which one crc32c uses: "sse4.2" or "table".
+const char* crc32c_method();
 
 // The masked CRC-32C of n bytes that TFRecord framing stores (TensorBoard
 // event files: lib/train/tensorboard.cpp writes it, lib/plot/events.cpp
