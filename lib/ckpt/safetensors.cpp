@@ -185,7 +185,7 @@ void SafetensorsWriter::write_streamed(const std::string& path,
 
 namespace {
 
-std::shared_ptr<const uint8_t> map_file(const std::string& path, uint64_t& size) {
+std::shared_ptr<const uint8_t> map_file(const std::string& path, uint64_t& size, std::shared_ptr<const int>& fd_out) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   DS_USER_CHECK(fd >= 0, "safetensors file '{}' cannot be opened: {}", path, std::strerror(errno));
   struct stat st {};
@@ -204,8 +204,14 @@ std::shared_ptr<const uint8_t> map_file(const std::string& path, uint64_t& size)
   }
   void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int err = errno;
-  ::close(fd);
+  if (p == MAP_FAILED) ::close(fd);
   DS_USER_CHECK(p != MAP_FAILED, "safetensors file '{}' cannot be mapped: {}", path, std::strerror(err));
+  // Tensor data is read with pread (read_f32, get): one copy from the page
+  // cache, no page faults on the mapping, which serves the header only.
+  fd_out = std::shared_ptr<const int>(new int(fd), [](const int* q) {
+    ::close(*q);
+    delete q;
+  });
   return std::shared_ptr<const uint8_t>(static_cast<const uint8_t*>(p),
                                         [size](const uint8_t* q) { ::munmap(const_cast<uint8_t*>(q), size); });
 }
@@ -222,7 +228,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
   f.path_ = path;
   uint64_t size = 0;
-  f.mapping_ = map_file(path, size);
+  f.mapping_ = map_file(path, size, f.fd_);
   const uint64_t n = get_u64_le(f.mapping_.get());
   DS_USER_CHECK(n <= size - 8, "safetensors file '{}': header length {} runs past the end of the file ({} bytes); "
                 "truncated or not a safetensors file", path, n, size);
@@ -232,6 +238,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   const nlohmann::json header = parse_json_text(std::string_view(h, n), "safetensors file '" + path + "' header");
   DS_USER_CHECK(header.is_object(), "safetensors file '{}': header is not a JSON object", path);
   f.data_ = f.mapping_.get() + 8 + n;
+  f.data_offset_ = 8 + n;
   f.parse_header(header, size - 8 - n);
   return f;
 }
@@ -330,30 +337,32 @@ void SafetensorsFile::read_f32(const std::string& name, int64_t first, int64_t c
   DS_CHECK(first >= 0 && count >= 0 && static_cast<uint64_t>(first + count) * 4 <= e.end - e.begin,
            "read_f32('{}'): elements [{}, {}) outside the tensor", name, first, first + count);
   if (count <= 0) return;
-  const uint8_t* src = data_ + e.begin + static_cast<uint64_t>(first) * 4;
-  const size_t bytes = static_cast<size_t>(count) * 4;
-  std::memcpy(out, src, bytes);
-  release_pages(src, bytes);
+  copy_out(e.begin + static_cast<uint64_t>(first) * 4, static_cast<size_t>(count) * 4, out);
 }
 
-// The copied pages of the mapping leave this process's resident set (the
-// file stays in the page cache): a rank reading its shard of a large
-// checkpoint, or HF weights tensor by tensor, holds its copy only, not the
-// mapped file as well. Only whole pages inside the copied bytes.
-void SafetensorsFile::release_pages(const uint8_t* src, size_t bytes) {
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t lo = (reinterpret_cast<uintptr_t>(src) + page - 1) / page * page;
-  const uintptr_t hi = (reinterpret_cast<uintptr_t>(src) + bytes) / page * page;
-  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+// pread of data-section bytes [at, at + bytes) into dst. The mapping is not
+// touched, so what a rank reads of a large checkpoint (or HF weights, tensor
+// by tensor) is its copy alone in its resident set, and the kernel copies
+// straight from the page cache without a fault per page. A file cut short
+// since it was opened is an error naming it.
+void SafetensorsFile::copy_out(uint64_t at, size_t bytes, void* dst) const {
+  auto* out = static_cast<char*>(dst);
+  uint64_t off = data_offset_ + at;
+  while (bytes > 0) {
+    const ssize_t k = ::pread(*fd_, out, std::min<size_t>(bytes, size_t(1) << 30), static_cast<off_t>(off));
+    if (k < 0 && errno == EINTR) continue;
+    DS_USER_CHECK(k > 0, "safetensors file '{}' cannot be read at byte {}: {}", path_, off,
+                  k == 0 ? "the file is shorter than its header says (truncated while open?)" : std::strerror(errno));
+    out += k;
+    off += static_cast<uint64_t>(k);
+    bytes -= static_cast<size_t>(k);
+  }
 }
 
 Tensor SafetensorsFile::get(const std::string& name) const {
   const Entry& e = entry(name);
   Tensor t = Tensor::empty(e.shape, dtype(name));
-  if (e.end > e.begin) {
-    std::memcpy(t.raw(), data_ + e.begin, e.end - e.begin);
-    release_pages(data_ + e.begin, e.end - e.begin);
-  }
+  if (e.end > e.begin) copy_out(e.begin, e.end - e.begin, t.raw());
   return t;
 }
 

@@ -91,13 +91,15 @@ class SafetensorsFile {
     uint64_t begin = 0, end = 0;  // relative to data_
   };
   const Entry& entry(const std::string& name) const;
-  static void release_pages(const uint8_t* src, size_t bytes);
+  void copy_out(uint64_t at, size_t bytes, void* dst) const;
   void parse_header(const nlohmann::json& header, uint64_t data_size);
   void check_layout(uint64_t data_size) const;
 
   std::string path_;
-  std::shared_ptr<const uint8_t> mapping_;  // the whole file
+  std::shared_ptr<const uint8_t> mapping_;  // the whole file (headers are read from it)
+  std::shared_ptr<const int> fd_;           // tensor data is read with pread
   const uint8_t* data_ = nullptr;           // start of the data section
+  uint64_t data_offset_ = 0;                // its offset in the file
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;
 };
