@@ -258,7 +258,7 @@ int64_t read_opt_state(const SavedStep& s, const CheckpointData& d, bool same, O
                 : read_reshaped_state(s, *d.layout, local, b, e, st);
   };
   if (d.opt_parts.empty()) return read(d.opt_begin, d.opt_end, state);
-  int64_t step = 0;
+  int64_t step = -1;
   for (const CheckpointData::StatePart& part : d.opt_parts) {
     int64_t n = 0;
     for (const Range& r : part.pieces) n += r.size();
@@ -274,7 +274,7 @@ int64_t read_opt_state(const SavedStep& s, const CheckpointData& d, bool same, O
     }
     parts.push_back(std::move(out));
   }
-  if (parts.empty() || step == 0) {  // no piece to read: the step count from an empty read
+  if (step < 0) {  // this rank owns no piece: the step count from an empty read
     OptimizerStates none = state;
     step = read(0, 0, none);
   }

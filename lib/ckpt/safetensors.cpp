@@ -237,7 +237,6 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   DS_USER_CHECK(n > 0 && h[0] == '{', "safetensors file '{}': header does not start with '{{'", path);
   const nlohmann::json header = parse_json_text(std::string_view(h, n), "safetensors file '" + path + "' header");
   DS_USER_CHECK(header.is_object(), "safetensors file '{}': header is not a JSON object", path);
-  f.data_ = f.mapping_.get() + 8 + n;
   f.data_offset_ = 8 + n;
   f.parse_header(header, size - 8 - n);
   return f;

@@ -88,7 +88,7 @@ class SafetensorsFile {
   struct Entry {
     std::string dtype;  // safetensors spelling
     Shape shape;
-    uint64_t begin = 0, end = 0;  // relative to data_
+    uint64_t begin = 0, end = 0;  // relative to the data section (data_offset_)
   };
   const Entry& entry(const std::string& name) const;
   void copy_out(uint64_t at, size_t bytes, void* dst) const;
@@ -98,7 +98,6 @@ class SafetensorsFile {
   std::string path_;
   std::shared_ptr<const uint8_t> mapping_;  // the whole file (headers are read from it)
   std::shared_ptr<const int> fd_;           // tensor data is read with pread
-  const uint8_t* data_ = nullptr;           // start of the data section
   uint64_t data_offset_ = 0;                // its offset in the file
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;

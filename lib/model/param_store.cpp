@@ -38,7 +38,8 @@ FlatParamStore::FlatParamStore(const ModelLayout& layout, int num_layers, Device
   const int64_t n = std::max(alloc_elems, layout.total);
   groups_ = opts.groups;
   if (groups_.empty() && opts.dp)
-    groups_.push_back(ShardGroup{.name = "", .ep_shared = false, .dp = opts.dp, .space = GroupSpace::identity(total_), .part = opts.part});
+    groups_.push_back(ShardGroup{.name = "", .ep_shared = false, .dp = opts.dp, .space = GroupSpace::identity(total_),
+                                 .part = opts.part});
   int64_t covered = 0;
   for (const ShardGroup& g : groups_) {
     DS_CHECK(g.part.total == g.space.total() && g.part.dp == (g.dp ? g.dp->size() : 1),
@@ -141,8 +142,8 @@ void FlatParamStore::params_updated() {
   wait_gathers();
   if (!compute_.defined() || total_ == 0) return;
   for (const GroupSpace::Piece& q : master_) {
-    const Range own{q.flat.begin, std::min(q.flat.end, total_)};
-    if (own.size() > 0) ops::cast({.out = compute_.view(own.begin, {own.size()}), .inp = master(own)}, Stream{});
+    const int64_t k = std::min(q.flat.end, total_) - q.flat.begin;  // a full master may run past total_
+    if (k > 0) ops::cast({.out = compute_.view(q.flat.begin, {k}), .inp = params_.view(q.at, {k})}, Stream{});
   }
   if (!full_master()) gather_owned();
 }
@@ -188,8 +189,8 @@ void FlatParamStore::set_full_params(const Tensor& full) {
   wait_gathers();
   DS_CHECK(full.numel() == total_, "set_full_params: {} elements, model has {}", full.numel(), total_);
   for (const GroupSpace::Piece& q : master_) {
-    const Range own{q.flat.begin, std::min(q.flat.end, total_)};
-    if (own.size() > 0) master(own).copy_from(full.view(own.begin, {own.size()}));
+    const int64_t k = std::min(q.flat.end, total_) - q.flat.begin;  // a full master may run past total_
+    if (k > 0) params_.view(q.at, {k}).copy_from(full.view(q.flat.begin, {k}));
   }
   if (compute_.defined() && total_ > 0)
     ops::cast({.out = compute_, .inp = full.device() == compute_.device() ? full : full.to(compute_.device())},
@@ -206,8 +207,7 @@ void FlatParamStore::get_full_params(const Tensor& out) {
   }
   // Sharded master: each rank contributes its ranges (collective).
   Tensor f = Tensor::zeros({total_}, DType::F32, params_.device());
-  for (const GroupSpace::Piece& q : master_)
-    f.view(q.flat.begin, {q.flat.size()}).copy_from(params_.view(q.at, {q.flat.size()}));
+  unpack_pieces(master_, params_, 0, f, 0);
   for (const ShardGroup& g : groups_)
     if (g.part.dp > 1)
       all_gather_flat(*g.dp, g.part, f, opts_.allgather_bucket, &g.space);

@@ -16,21 +16,11 @@ Range real_piece(const ZeroPartition& p, const Range& c, int r) {
   return Range{std::min(b, p.total), std::min(b + c.size(), p.total)};
 }
 
-// Group-space range g of the flat buffer into packed `dst` (g.size()), or back.
-void pack(const GroupSpace& space, Range g, const Tensor& buf, const Tensor& dst) {
-  for (const GroupSpace::Piece& q : space.pieces(g))
-    dst.view(q.at - g.begin, {q.flat.size()}).copy_from(buf.view(q.flat.begin, {q.flat.size()}));
-}
-void unpack(const GroupSpace& space, Range g, const Tensor& src, const Tensor& buf) {
-  for (const GroupSpace::Piece& q : space.pieces(g))
-    buf.view(q.flat.begin, {q.flat.size()}).copy_from(src.view(q.at - g.begin, {q.flat.size()}));
-}
-
 // The chunk's send buffer: this rank's piece, zero padded to the chunk length.
 Tensor send_piece(const ZeroPartition& p, const GroupSpace& space, const Range& c, int me, const Tensor& buf) {
   Tensor send = Tensor::zeros({c.size()}, buf.dtype(), buf.device());
   const Range mine = real_piece(p, c, me);
-  if (mine.size() > 0) pack(space, mine, buf, send.view(0, {mine.size()}));
+  if (mine.size() > 0) pack_pieces(space.pieces(mine), buf, 0, send, mine.begin);
   return send;
 }
 
@@ -39,7 +29,7 @@ void place_pieces(const ZeroPartition& p, const GroupSpace& space, const Range& 
                   const Tensor& buf) {
   for (int r = 0; r < p.dp; ++r) {
     const Range rr = real_piece(p, c, r);
-    if (r != me && rr.size() > 0) unpack(space, rr, recv.view(r * c.size(), {rr.size()}), buf);
+    if (r != me && rr.size() > 0) unpack_pieces(space.pieces(rr), recv.view(r * c.size(), {rr.size()}), rr.begin, buf, 0);
   }
 }
 
@@ -50,6 +40,20 @@ GroupSpace space_of(const ZeroPartition& p, const GroupSpace* space) {
 }
 
 }  // namespace
+
+void pack_pieces(const std::vector<GroupSpace::Piece>& pieces, const Tensor& flat, int64_t flat_base,
+                 const Tensor& packed, int64_t packed_base) {
+  for (const GroupSpace::Piece& q : pieces)
+    Tensor(packed.view(q.at - packed_base, {q.flat.size()}))
+        .copy_from(flat.view(q.flat.begin - flat_base, {q.flat.size()}));
+}
+
+void unpack_pieces(const std::vector<GroupSpace::Piece>& pieces, const Tensor& packed, int64_t packed_base,
+                   const Tensor& flat, int64_t flat_base) {
+  for (const GroupSpace::Piece& q : pieces)
+    Tensor(flat.view(q.flat.begin - flat_base, {q.flat.size()}))
+        .copy_from(packed.view(q.at - packed_base, {q.flat.size()}));
+}
 
 void all_gather_flat(Communicator& dp, const ZeroPartition& p, const Tensor& buf, int64_t bucket_elems,
                      const GroupSpace* space) {

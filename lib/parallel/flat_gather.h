@@ -16,6 +16,15 @@
 
 namespace ds {
 
+// Copies between a flat buffer and a packed one over `pieces` (a group
+// space's pieces: the flat elements of a piece sit at packed positions from
+// its `at`). Indices are positions less the base: flat[pos - flat_base],
+// packed[at - packed_base]. Both tensors have the same dtype.
+void pack_pieces(const std::vector<GroupSpace::Piece>& pieces, const Tensor& flat, int64_t flat_base,
+                 const Tensor& packed, int64_t packed_base);
+void unpack_pieces(const std::vector<GroupSpace::Piece>& pieces, const Tensor& packed, int64_t packed_base,
+                   const Tensor& flat, int64_t flat_base);
+
 // `buf` has p.total elements (any dtype); rank r's owned_real(r) is current
 // on rank r. Afterwards every rank holds every range. One all-gather per
 // shard chunk (make_shard_chunks(p, bucket_elems)).

@@ -234,15 +234,13 @@ void ZeroOptimizer::expert_norm_share(const Tensor& sumsq) {
   const bool dense = !dense_dp_ || dense_dp_->rank() == 0;
   const bool experts = rank_ == 0;
   if (!dense && !experts) return;
-  const Range held{0, part_.total};
   const Tensor g = model_.grads();
   const std::vector<Range> all{{0, part_.total}};
-  for (const Range& c : counted_only_ ? counted_ : all) {
-    const Range r{std::max(c.begin, held.begin), std::min(c.end, held.end)};
+  for (const Range& r : counted_only_ ? counted_ : all) {
     if (r.size() <= 0) continue;
     for_each_group_piece(r, [&](Range piece, bool expert) {
       if ((expert ? experts : dense) && piece.size() > 0)
-        ops::sum_squares({.out = sumsq, .x = g.view(piece.begin - held.begin, {piece.size()})}, Stream{});
+        ops::sum_squares({.out = sumsq, .x = g.view(piece.begin, {piece.size()})}, Stream{});
     });
   }
 }
@@ -277,17 +275,13 @@ void ZeroOptimizer::step_groups(const StepHyper& h, float grad_scale) {
       o.opt->step_empty_range();
       continue;
     }
-    auto packed = [&](const Tensor& flat_buf, DType dt) {
-      Tensor t = Tensor::empty({n}, dt, dev);
-      for (const GroupSpace::Piece& q : o.pieces)
-        t.view(q.at - o.owned.begin, {q.flat.size()}).copy_from(flat_buf.view(q.flat.begin, {q.flat.size()}));
+    auto packed = [&](const Tensor& flat_buf) {
+      Tensor t = Tensor::empty({n}, flat_buf.dtype(), dev);
+      pack_pieces(o.pieces, flat_buf, 0, t, o.owned.begin);
       return t;
     };
-    auto unpack = [&](const Tensor& t, const Tensor& flat_buf) {
-      for (const GroupSpace::Piece& q : o.pieces)
-        Tensor(flat_buf.view(q.flat.begin, {q.flat.size()})).copy_from(t.view(q.at - o.owned.begin, {q.flat.size()}));
-    };
-    const Tensor g = store_ ? store_->grad_shard(i) : packed(model_.grads(), model_.grads().dtype());
+    auto unpack = [&](const Tensor& t, const Tensor& flat_buf) { unpack_pieces(o.pieces, t, o.owned.begin, flat_buf, 0); };
+    const Tensor g = store_ ? store_->grad_shard(i) : packed(model_.grads());
     if (store_ && (mixed || z_.stage == 3)) {  // the store's master (stage 3: parameter) shard
       o.opt->step({.params = store_->master_params(i), .grads = g}, h, grad_scale);
     } else if (mixed) {
@@ -296,7 +290,7 @@ void ZeroOptimizer::step_groups(const StepHyper& h, float grad_scale) {
       unpack(lowp, model_.compute_params());
     } else {
       const Tensor w = store_ ? store_->full_params() : model_.flat_store().params();
-      const Tensor p = packed(w, DType::F32);
+      const Tensor p = packed(w);
       o.opt->step({.params = p, .grads = g}, h, grad_scale);
       unpack(p, w);
     }

@@ -105,9 +105,7 @@ int64_t ZeroParamStore::persistent_elems() const {
 }
 
 void ZeroParamStore::unpack_unit(size_t gi, int unit, Range q, const Tensor& src, const Tensor& u) const {
-  const int64_t ub = units_[static_cast<size_t>(unit)].begin;
-  for (const GroupSpace::Piece& p : sgroups_[gi].space.pieces(q))
-    Tensor(u.view(p.flat.begin - ub, {p.flat.size()})).copy_from(src.view(p.at - q.begin, {p.flat.size()}));
+  unpack_pieces(sgroups_[gi].space.pieces(q), src, q.begin, u, units_[static_cast<size_t>(unit)].begin);
 }
 
 // The unit's full parameters into `out` (unit size): for each group, each
@@ -386,8 +384,7 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
     for (size_t i = 0; i < g_.size(); ++i) {
       const Range own = sgroups_[i].owned();
       g_[i].master.zero_();
-      for (const GroupSpace::Piece& q : sgroups_[i].space.pieces(own))
-        g_[i].master.view(q.at - own.begin, {q.flat.size()}).copy_from(full.view(q.flat.begin, {q.flat.size()}));
+      pack_pieces(sgroups_[i].space.pieces(own), full, 0, g_[i].master, own.begin);
     }
     if (part_.total > 0) ops::cast({.out = compute_, .inp = full.device() == dev_ ? full : full.to(dev_)}, Stream{});
     return;
@@ -395,8 +392,7 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
   for (size_t i = 0; i < g_.size(); ++i) {
     const Range own = sgroups_[i].owned();
     g_[i].shard.zero_();
-    for (const GroupSpace::Piece& q : sgroups_[i].space.pieces(own))
-      g_[i].shard.view(q.at - own.begin, {q.flat.size()}).copy_from(full.view(q.flat.begin, {q.flat.size()}));
+    pack_pieces(sgroups_[i].space.pieces(own), full, 0, g_[i].shard, own.begin);
   }
   for (size_t u = 0; u < units_.size(); ++u)
     if (plan_.persistent[u] && units_[u].size() > 0) {
@@ -454,8 +450,7 @@ void ZeroParamStore::get_full_params(const Tensor& out) {
     for (size_t i = 0; i < g_.size(); ++i) {
       const ShardGroup& sg = sgroups_[i];
       const Range own = sg.owned();
-      for (const GroupSpace::Piece& q : sg.space.pieces(own))
-        f.view(q.flat.begin, {q.flat.size()}).copy_from(g_[i].master.view(q.at - own.begin, {q.flat.size()}));
+      unpack_pieces(sg.space.pieces(own), g_[i].master, own.begin, f, 0);
       if (sg.part.dp > 1)
         all_gather_flat(*sg.dp, sg.part, f, z_.allgather_bucket_size, &sg.space);
     }
