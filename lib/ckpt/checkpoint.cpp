@@ -252,31 +252,37 @@ bool same_layout(const SavedLayout& saved, const ModelLayout& l) {
 int64_t read_opt_state(const SavedStep& s, const CheckpointData& d, bool same, OptimizerStates& state,
                        std::vector<OptimizerStates>& parts) {
   const ModelLayout& local = d.opt_layout ? *d.opt_layout : *d.layout;
-  auto read = [&](int64_t b, int64_t e, OptimizerStates& st) {
-    return same ? read_state_range(s, s.sizes.at(d.shard.tp_rank, d.shard.pp_rank).at_ep(d.shard.ep_rank),
-                                   local.total, b, e, st)
-                : read_reshaped_state(s, *d.layout, local, b, e, st);
-  };
-  if (d.opt_parts.empty()) return read(d.opt_begin, d.opt_end, state);
-  int64_t step = -1;
+  const ShardCoords at = s.sizes.at(d.shard.tp_rank, d.shard.pp_rank).at_ep(d.shard.ep_rank);
+  if (d.opt_parts.empty())
+    return same ? read_state_range(s, at, local.total, d.opt_begin, d.opt_end, state)
+                : read_reshaped_state(s, *d.layout, local, d.opt_begin, d.opt_end, state);
+  // The same layout: the shard's files are opened once and each piece read
+  // straight into place; another layout: each piece reshaped.
+  std::optional<SavedStateFiles> files;
+  if (same) files.emplace(s, at, local.total, state);
+  int64_t step = same ? files->step() : -1;
   for (const CheckpointData::StatePart& part : d.opt_parts) {
     int64_t n = 0;
     for (const Range& r : part.pieces) n += r.size();
     OptimizerStates out = state;  // the names
     for (OptimizerStateTensor& t : out) t.t = Tensor::zeros({n}, DType::F32);
-    int64_t at = 0;
+    int64_t pos = 0;
     for (const Range& r : part.pieces) {
       if (r.size() == 0) continue;
-      OptimizerStates piece = state;
-      step = read(r.begin, r.end, piece);
-      for (size_t i = 0; i < out.size(); ++i) out[i].t.view(at, {r.size()}).copy_from(piece[i].t);
-      at += r.size();
+      if (same) {
+        for (size_t i = 0; i < out.size(); ++i) files->read(i, r.begin, r.end, out[i].t.data<float>() + pos);
+      } else {
+        OptimizerStates piece = state;
+        step = read_reshaped_state(s, *d.layout, local, r.begin, r.end, piece);
+        for (size_t i = 0; i < out.size(); ++i) out[i].t.view(pos, {r.size()}).copy_from(piece[i].t);
+      }
+      pos += r.size();
     }
     parts.push_back(std::move(out));
   }
-  if (step < 0) {  // this rank owns no piece: the step count from an empty read
+  if (step < 0) {  // another layout and this rank owns no piece: the step count from an empty read
     OptimizerStates none = state;
-    step = read(0, 0, none);
+    step = read_reshaped_state(s, *d.layout, local, 0, 0, none);
   }
   return step;
 }
