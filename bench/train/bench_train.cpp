@@ -80,12 +80,11 @@ void synchronize(Device dev) {
 #endif
 }
 
-// Random (B, T) token ids below V: a host copy and one on `dev`.
-Tensor random_tokens(int B, int T, int V, uint64_t seed, Device dev, Tensor* host_out) {
+// Random (B, T) token ids below V on `dev`.
+Tensor random_tokens(int B, int T, int V, uint64_t seed, Device dev) {
   Tensor h = Tensor::empty({B, T}, DType::I32);
   Rng r(seed);
   for (int64_t i = 0; i < h.numel(); ++i) h.data<int32_t>()[i] = static_cast<int32_t>(r.below(V));
-  *host_out = h;
   return dev.is_cuda() ? h.to(dev) : h;
 }
 
@@ -112,9 +111,8 @@ int run(const Options& o) {
   model.init_weights(1, 0.02f);
   ZeroOptimizer opt(model, nullptr, ZeroConfig{}, part, nullptr, OptimizerSpec{});
 
-  Tensor tgt_host, unused;
-  const Tensor tok = random_tokens(o.B, o.T, o.V, 1, dev, &unused);
-  const Tensor tgt = random_tokens(o.B, o.T, o.V, 2, dev, &tgt_host);
+  const Tensor tok = random_tokens(o.B, o.T, o.V, 1, dev);
+  const Tensor tgt = random_tokens(o.B, o.T, o.V, 2, dev);
   const int64_t rows = int64_t(o.B) * o.T;
   // The trainer's step block: [grad sum of squares, overflow flag, loss | the update's step scalars].
   Tensor block = Tensor::zeros({3 + AdamWSlot::Count}, DType::F32, dev);
@@ -147,7 +145,7 @@ int run(const Options& o) {
     stats.zero_();
     model.set_loss_sink(stats.view(2, {1}));
     opt.begin_last_micro_batch();  // one micro-batch per step (a no-op without overlap_comm)
-    model.forward_backward(tok, tgt, static_cast<float>(scale / rows), DropoutKey{}, tgt_host);
+    model.forward_backward(tok, tgt, static_cast<float>(scale / rows), DropoutKey{});
     opt.reduce_gradients_into(stats.view(0, {1}));
     if (prec == Precision::FP16) opt.grads_nonfinite_into(stats.view(1, {1}));
     model.set_loss_sink(Tensor());

@@ -632,21 +632,21 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
   drop_params(d_.untied ? last : 0);
 }
 
-float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward,
-                                 const Tensor& targets_host, bool to_sink) {
+float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward, bool to_sink) {
   Tensor t = targets.reshape({targets.numel()});
   const int64_t n = t.numel();
-  // One rule on every backend and layout: a target < 0 is ignored, one >= V is
-  // an error (the CPU op checks it too; a kernel cannot throw, so the check is
-  // here, on a host copy of the targets: the caller's, else read back).
-  DS_CHECK(!targets_host.defined() || (targets_host.numel() == n && targets_host.device().is_cpu() &&
-                                       targets_host.dtype() == DType::I32),
-           "loss: the host targets ({} {}) do not match the targets ({})", dtype_name(targets_host.dtype()),
-           shape_str(targets_host.shape()), shape_str(targets.shape()));
-  Tensor tg = targets_host.defined() ? targets_host : t.device().is_cpu() ? t : t.to(Device::cpu());
-  for (int64_t i = 0; i < n; ++i)
-    DS_CHECK(tg.data<int32_t>()[i] < d_.V, "cross_entropy: target {} at row {} is >= V={}", tg.data<int32_t>()[i], i,
-             d_.V);
+  // One rule on every backend and layout: a target < 0 is ignored, one >= V
+  // is an error. The CPU op checks it; a kernel cannot throw, so a loss that
+  // is read back (no sink) checks the targets on the host, and a sink's
+  // producer guarantees it (forward_backward).
+  const bool deferred = to_sink && loss_sink_.defined();
+  Tensor tg;
+  if (!deferred) {
+    tg = t.device().is_cpu() ? t : t.to(Device::cpu());
+    for (int64_t i = 0; i < n; ++i)
+      DS_CHECK(tg.data<int32_t>()[i] < d_.V, "cross_entropy: target {} at row {} is >= V={}", tg.data<int32_t>()[i],
+               i, d_.V);
+  }
   if (tp_.active())
     vocab_parallel_loss(t, loss_weight, backward);
   else
@@ -658,7 +658,7 @@ float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool 
                         .dloss = loss_weight,
                         .dloss_scale = dloss_scale_},
                        stream_);
-  if (to_sink && loss_sink_.defined()) {  // stream-ordered, no host wait
+  if (deferred) {  // stream-ordered, no host wait
     if (loss_sink_weight_ != 0.f)
       ops::masked_mean({.out = loss_sink_, .losses = losses_.view(0, {n}), .targets = t, .weight = loss_sink_weight_},
                        stream_);
@@ -778,7 +778,7 @@ void GptModel::backward(const Tensor& tokens, const Tensor& dout, int chunk) {
 }
 
 float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, float loss_weight,
-                                 const DropoutKey& key, const Tensor& targets_host) {
+                                 const DropoutKey& key) {
   cur_ = 0;
   std::vector<int> order = forward_order(), bwd = backward_order();
   order.insert(order.end(), bwd.begin(), bwd.end());
@@ -787,7 +787,7 @@ float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, fl
   S().key = key;
   forward(tokens);
   if (distill_.teacher) distill_into_dlogits(tokens, loss_weight, key);
-  float loss = loss_and_dlogits(targets, loss_weight, true, targets_host, /*to_sink=*/true);
+  float loss = loss_and_dlogits(targets, loss_weight, true, /*to_sink=*/true);
   if (distill_.teacher) add_distill_grad();
   aux_grad_ = cfg_.moe.loss_coeff * loss_weight * static_cast<float>(tokens.numel());
   backward(tokens);
@@ -795,14 +795,14 @@ float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, fl
   return loss;
 }
 
-float GptModel::forward_loss(const Tensor& tokens, const Tensor& targets, const Tensor& targets_host) {
+float GptModel::forward_loss(const Tensor& tokens, const Tensor& targets) {
   cur_ = 0;
   store_->begin_pass(forward_order());
   ensure_acts(tokens.size(0), tokens.size(1));
   S().key = DropoutKey{};  // evaluation: no dropout
   forward(tokens);
   store_->end_pass();
-  return loss_and_dlogits(targets, 0.f, false, targets_host);
+  return loss_and_dlogits(targets, 0.f, false);
 }
 
 Tensor GptModel::forward_logits(const Tensor& tokens, const DropoutKey& key) {
@@ -894,7 +894,7 @@ Tensor GptModel::stage_output(int slot, int chunk) {
 }
 
 float GptModel::stage_forward(int slot, int chunk, const Tensor& tokens, const Tensor& targets, float loss_weight,
-                              bool backward, const DropoutKey& key, const Tensor& targets_host) {
+                              bool backward, const DropoutKey& key) {
   ensure_acts(tokens.size(0), tokens.size(1));
   DS_CHECK(slot >= 0 && slot < n_slots_, "activation slot {} outside [0, {})", slot, n_slots_);
   cur_ = slot;
@@ -903,7 +903,7 @@ float GptModel::stage_forward(int slot, int chunk, const Tensor& tokens, const T
   store_->begin_pass(forward_order(chunk));
   forward(tokens, chunk);
   store_->end_pass();
-  return has_head(chunk) ? loss_and_dlogits(targets, loss_weight, backward, targets_host, /*to_sink=*/backward) : 0.f;
+  return has_head(chunk) ? loss_and_dlogits(targets, loss_weight, backward, /*to_sink=*/backward) : 0.f;
 }
 
 void GptModel::stage_backward(int slot, int chunk, const Tensor& tokens, const Tensor& dout) {

@@ -78,7 +78,7 @@ struct LayerActs {
 // With `step` defined the ops read the iteration and the first sample from it
 // (on the model's device) and the two fields beside it are unused: a captured
 // CUDA graph replays the same kernel arguments while the host writes each
-// step's values into that buffer (lib/train/trainer_graph.cpp). The masks are
+// step's values into that buffer (lib/train/graph_step.cpp). The masks are
 // those of the by-value key with the same values.
 struct DropoutKey {
   bool train = false;
@@ -168,10 +168,13 @@ class GptModel {
   // model's device. Gradients are ADDED to grads(); each token's loss gets
   // weight `loss_weight` (e.g. 1 / (B*T*grad_accum)). Returns the mean loss.
   // Dropout (the config's probabilities) only with a training `key`.
-  // `targets_host`: the same targets in host memory, if the caller has them
-  // (the loss then reads no targets back from the device).
+  // Targets: < 0 is ignored, >= V an error. While a loss sink is set the
+  // targets stay on the device and only the CPU op checks their range (a
+  // kernel cannot throw): the producer guarantees it there, as the training
+  // data does (DataPipeline checks every dataset's largest id when it opens).
+  // Without a sink the loss is read back and the targets checked on the host.
   float forward_backward(const Tensor& tokens, const Tensor& targets, float loss_weight,
-                         const DropoutKey& key = {}, const Tensor& targets_host = Tensor());
+                         const DropoutKey& key = {});
   // Deferred loss, so that a GPU step needs no device-to-host read per
   // micro-batch: while a sink is set, every training forward (forward_backward,
   // and stage_forward with backward on the last stage) adds `weight` times its
@@ -205,9 +208,9 @@ class GptModel {
   // (>= 0), summed in double: the loss every forward returns. Host tensors;
   // the masked_mean op computes it, the one the loss sink runs on the device.
   static float mean_loss(const Tensor& losses, const Tensor& targets);
-  // Forward only; returns the mean loss over non-ignored targets (targets_host:
-  // the same targets in host memory when the caller has them, else read back).
-  float forward_loss(const Tensor& tokens, const Tensor& targets, const Tensor& targets_host = Tensor());
+  // Forward only; returns the mean loss over non-ignored targets (read back
+  // and range-checked on the host).
+  float forward_loss(const Tensor& tokens, const Tensor& targets);
   // Forward only, to the logits: (B*T, Vl) in the compute dtype, the model's
   // own activation buffer (valid until its next forward). A distillation
   // teacher's pass: `key` as in training (upstream's teacher runs in training
@@ -244,10 +247,9 @@ class GptModel {
   // the loss (and, if backward, dlogits with weight loss_weight) and returns
   // the mean loss (NaN with backward while a loss sink is set: the mean went
   // to the sink); others return 0. Dropout only with a training `key`.
-  // targets_host: the same targets on the host, when the caller has them
-  // (the loss checks the targets there; without them it reads them back).
+  // Targets as for forward_backward.
   float stage_forward(int slot, int chunk, const Tensor& tokens, const Tensor& targets, float loss_weight,
-                      bool backward, const DropoutKey& key = {}, const Tensor& targets_host = Tensor());
+                      bool backward, const DropoutKey& key = {});
   // Backward of slot's micro-batch through the chunk; dout (B,T,C) is the
   // gradient of its output (ignored on the last virtual stage). Gradients are ADDED.
   void stage_backward(int slot, int chunk, const Tensor& tokens, const Tensor& dout);
@@ -302,8 +304,7 @@ class GptModel {
   void ensure_acts(int64_t B, int64_t T);
   void alloc_act_set(ActSet& s, int64_t B, int64_t T);
   void forward(const Tensor& tokens, int chunk = 0);  // fills acts, logits
-  float loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward,
-                         const Tensor& targets_host = Tensor(), bool to_sink = false);
+  float loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward, bool to_sink = false);
   void vocab_parallel_loss(const Tensor& targets, float loss_weight, bool backward);
   void init_local();  // local dims and units after layout_ is built
   void backward(const Tensor& tokens, const Tensor& dout = Tensor(), int chunk = 0);

@@ -148,12 +148,13 @@ void PipelineExecutor::compute(const PipeAction& a) {
   if (a.kind == ActionKind::Forward) {
     DropoutKey key = key_;
     key.first_sample = mb.first_sample;
+    if (mb.step_key.defined()) key.step = mb.step_key;
     const int slot = slot_of(k, true);
     if (auto in = fwd_in_.find(k); in != fwd_in_.end()) {
       model_.stage_input(slot, a.chunk, mb.tokens.size(0), mb.tokens.size(1)).copy_from(in->second);
       fwd_in_.erase(in);
     }
-    loss_sum_ += model_.stage_forward(slot, a.chunk, mb.tokens, mb.targets, loss_weight_, true, key, mb.targets_host);
+    loss_sum_ += model_.stage_forward(slot, a.chunk, mb.tokens, mb.targets, loss_weight_, true, key);
     return;
   }
   auto g = grad_in_.find(k);
@@ -167,8 +168,12 @@ void PipelineExecutor::compute(const PipeAction& a) {
   }
 }
 
-double PipelineExecutor::train(const std::function<MicroBatch(int)>& batch, float loss_weight,
-                               const DropoutKey& key) {
+void PipelineExecutor::train(const MicroBatchFeed& feed, int n, float loss_weight, const DropoutKey& key) {
+  DS_CHECK(n == n_micro_, "pipeline: {} micro-batches in a step scheduled for {}", n, n_micro_);
+  train(feed, loss_weight, key);
+}
+
+double PipelineExecutor::train(const MicroBatchFeed& batch, float loss_weight, const DropoutKey& key) {
   batch_fn_ = &batch;
   loss_weight_ = loss_weight;
   key_ = key;
@@ -208,7 +213,7 @@ double PipelineExecutor::train(const std::function<MicroBatch(int)>& batch, floa
 
 // Micro-batch after micro-batch, chunk after chunk: each virtual stage
 // receives, runs and passes on (a chain of blocking send/recv).
-double PipelineExecutor::forward_only(const std::function<MicroBatch(int)>& batch, int n) {
+double PipelineExecutor::forward_only(const MicroBatchFeed& batch, int n) {
   double sum = 0;
   const int last_virtual = n_stages_ * vp_ - 1;
   for (int m = 0; m < n; ++m) {
@@ -217,7 +222,7 @@ double PipelineExecutor::forward_only(const std::function<MicroBatch(int)>& batc
     for (int c = 0; c < vp_; ++c) {
       const int v = virtual_stage_index(n_stages_, stage_, c);
       if (v > 0) pp_.recv(model_.stage_input(0, c, B, T), backward_peer(n_stages_, vp_, stage_, c).rank);
-      sum += model_.stage_forward(0, c, mb.tokens, mb.targets, 0.f, false, {}, mb.targets_host);
+      sum += model_.stage_forward(0, c, mb.tokens, mb.targets, 0.f, false, {});
       if (v < last_virtual) pp_.send(model_.stage_output(0, c), forward_peer(n_stages_, vp_, stage_, c).rank);
     }
   }

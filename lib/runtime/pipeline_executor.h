@@ -22,11 +22,12 @@
 #include "lib/parallel/pipeline_schedule.h"
 #include "lib/parallel/pipeline_p2p_plan.h"
 #include "lib/runtime/micro_batch.h"
+#include "lib/runtime/passes.h"
 #include "lib/runtime/timeline.h"
 
 namespace ds {
 
-class PipelineExecutor {
+class PipelineExecutor final : public Passes {
  public:
   // pp: this pipeline's communicator (group rank = stage). n_micro: the
   // micro-batches of one global batch (gradient accumulation steps). The
@@ -52,10 +53,12 @@ class PipelineExecutor {
   // Gradients are ADDED to the model's. Returns the sum of the micro-batch
   // losses on the last stage, 0 elsewhere. `key` (seed, iteration) keys the
   // dropout masks, each micro-batch at its first_sample.
-  double train(const std::function<MicroBatch(int)>& batch, float loss_weight, const DropoutKey& key = {});
+  double train(const MicroBatchFeed& batch, float loss_weight, const DropoutKey& key = {});
+  // Passes: the same, for n = the constructor's n_micro.
+  void train(const MicroBatchFeed& feed, int n, float loss_weight, const DropoutKey& key) override;
   // Forward only over n micro-batches (evaluation), one after another.
   // Returns the sum of the losses on the last stage, 0 elsewhere.
-  double forward_only(const std::function<MicroBatch(int)>& batch, int n);
+  double forward_only(const MicroBatchFeed& batch, int n) override;
 
   int max_live() const { return max_live_; }
   const std::vector<PipeAction>& actions() const { return actions_; }

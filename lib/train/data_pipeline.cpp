@@ -111,7 +111,7 @@ Tensor DataPipeline::upload(const Tensor& host) const {
   return host.to(dev_);
 }
 
-MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen, bool to_device) {
+MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen) {
   DS_CHECK(seqlen >= 0 && seqlen <= T_, "train_batch: seqlen {} outside [0, {}]", seqlen, T_);
   const int64_t L = seqlen > 0 ? seqlen : T_;  // positions kept per sample
   for (int64_t b = 0; b < B_; ++b) ds.get(first + b, host_.data<int32_t>() + b * (T_ + 1));
@@ -121,16 +121,18 @@ MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, in
     std::copy_n(row, L, tok.data<int32_t>() + b * L);
     std::copy_n(row + 1, L, tgt.data<int32_t>() + b * L);
   }
-  if (dev_.is_cpu() || !to_device) return {tok, tgt, first, tgt};
-  return {upload(tok), upload(tgt), first, tgt};
+  return {.tokens = tok, .targets = tgt, .first_sample = first, .step_key = {}};
+}
+
+MicroBatch DataPipeline::to_device(MicroBatch mb) const {
+  if (dev_.is_cpu()) return mb;
+  mb.tokens = upload(mb.tokens);
+  mb.targets = upload(mb.targets);
+  return mb;
 }
 
 MicroBatch DataPipeline::train_batch(int64_t consumed, int micro, int dp_rank, int dp, int64_t seqlen) {
   return fetch(*train_, consumed + (static_cast<int64_t>(micro) * dp + dp_rank) * B_, seqlen);
-}
-
-MicroBatch DataPipeline::train_batch_host(int64_t consumed, int micro, int dp_rank, int dp) {
-  return fetch(*train_, consumed + (static_cast<int64_t>(micro) * dp + dp_rank) * B_, 0, false);
 }
 
 MicroBatch DataPipeline::valid_batch(int64_t first_sample, int dp_rank, int dp) {

@@ -25,16 +25,16 @@ class DataPipeline {
   DataPipeline(const TrainConfig& cfg, Device dev);
 
   // Micro-batch `micro` (0..grad_accum-1) of the global batch that starts at
-  // training sample `consumed`, for data-parallel rank `dp_rank` of `dp`.
-  // seqlen (1..seq_length; 0 = all): keep the first seqlen tokens and targets
-  // of every sample (a sequence-length curriculum, as Megatron's get_batch).
+  // training sample `consumed`, for data-parallel rank `dp_rank` of `dp`, in
+  // host memory. seqlen (1..seq_length; 0 = all): keep the first seqlen
+  // tokens and targets of every sample (a sequence-length curriculum, as
+  // Megatron's get_batch).
   MicroBatch train_batch(int64_t consumed, int micro, int dp_rank, int dp, int64_t seqlen = 0);
-  // The same micro-batch with host tensors only (tokens, targets and
-  // targets_host on the CPU): --cuda-graph copies them into its fixed pinned
-  // buffers itself (Trainer::graph_step).
-  MicroBatch train_batch_host(int64_t consumed, int micro, int dp_rank, int dp);
   // Validation batches are taken from the start of the valid split each time.
   MicroBatch valid_batch(int64_t first_sample, int dp_rank, int dp);
+  // A host micro-batch on the model's device; on a GPU through pinned
+  // staging, without blocking the host.
+  MicroBatch to_device(MicroBatch mb) const;
   bool has_valid() const { return valid_ != nullptr; }
   // Samples per epoch summed over the blended training datasets.
   int64_t train_samples_per_epoch() const;
@@ -45,7 +45,7 @@ class DataPipeline {
   const data::IndexedDataset& open(const std::string& prefix, int64_t vocab_size);
   // A GptDataset over `range` of `file`, kept alive by this object.
   const data::GptDataset* part(const data::IndexedDataset& file, data::DocRange range, const std::string& name);
-  MicroBatch fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen, bool to_device = true);
+  MicroBatch fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen);
   Tensor upload(const Tensor& host) const;  // host (B, L) -> the device, without blocking the host
 
   int64_t B_, T_;

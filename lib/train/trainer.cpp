@@ -49,6 +49,33 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
     : cfg_(cfg), comms_(comms), local_rank_(local_rank), start_(std::chrono::steady_clock::now()) {
   setup_device_and_precision();
   resolve_vocab(cfg_);
+  check_inputs_and_outputs();
+  data_ = std::make_unique<DataPipeline>(cfg_, dev_);
+  build_model_and_optimizer();
+  load_or_init();
+  if (state_.consumed_tokens < 0) state_.consumed_tokens = state_.consumed_samples * cfg_.model.seq_length;
+  seqlen_ = cfg_.model.seq_length;
+  if (cfg_.curriculum.enabled) {
+    const CurriculumConfig& c = cfg_.curriculum;
+    curriculum_ = std::make_unique<CurriculumScheduler>(c);
+    curriculum_->replay(state_.iteration);  // a resumed run continues the schedule exactly
+    DS_LOG("curriculum learning (sequence length): {} from {} to {} tokens{}; each training sample keeps its first "
+           "curriculum seqlen tokens (validation uses all {})",
+           curriculum_schedule_name(c.schedule), c.min_difficulty, c.max_difficulty,
+           c.schedule == CurriculumSchedule::FixedDiscrete
+               ? std::string()
+               : fmt::format(" over {} steps in multiples of {}", c.total_curriculum_step, c.difficulty_step),
+           cfg_.model.seq_length);
+  }
+  if (cfg_.log.csv_enabled && comms_.grid.rank == 0) csv_.open(cfg_.log.csv_path, cfg_.log.csv_job_name);
+  open_tensorboard();
+  log_setup();
+  setup_step_runner();
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::check_inputs_and_outputs() {
   // Outputs and inputs that would fail only after training are refused before it.
   if (!cfg_.ckpt.export_hf.empty()) {
     check_hf_exportable(cfg_.model, "--export-hf");
@@ -66,7 +93,11 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
                   "--load '{}' is a file, not a checkpoint directory (for Hugging Face weights use --init-from)",
                   cfg_.ckpt.load_dir);
   }
-  data_ = std::make_unique<DataPipeline>(cfg_, dev_);
+}
+
+// The grid's views of this rank, its sharding groups, the model, the
+// optimizer and the passes (eager or pipeline).
+void Trainer::build_model_and_optimizer() {
   DS_USER_CHECK(comms_.grid.pp == 1 || cfg_.zero.stage <= 2,
                 "zero_optimization.stage {} cannot be combined with pipeline_model_parallel_size {} yet; use ZeRO "
                 "stage 0, 1 or 2", cfg_.zero.stage, comms_.grid.pp);
@@ -155,6 +186,10 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
     pipe_->set_last_backward_hook([this] { opt_->begin_last_micro_batch(); });
     if (comms_.embedding->size() > 1 && !model_->dims().untied) opt_->hold_unit(0);
     if (store_ && comms_.embedding->size() > 1 && !model_->dims().untied) store_->defer_unit(0);
+    passes_ = pipe_.get();
+  } else {
+    eager_ = std::make_unique<EagerPasses>(*model_, [this] { opt_->begin_last_micro_batch(); });
+    passes_ = eager_.get();
   }
   if (cfg_.zero.offload_optimizer == OffloadDevice::CPU && !dev_.is_cuda())
     DS_LOG("offload_optimizer.device = cpu on the CPU backend: the optimizer state is in host memory already, so "
@@ -167,23 +202,9 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   // Mixture of Experts: a token runs through topk of each MoE layer's experts.
   n_matmul -= inactive_expert_params(full_layout_, cfg_.model.moe.topk);
   flops_per_token_ = flops_per_token(cfg_.model, n_matmul);
-  load_or_init();
-  if (state_.consumed_tokens < 0) state_.consumed_tokens = state_.consumed_samples * cfg_.model.seq_length;
-  seqlen_ = cfg_.model.seq_length;
-  if (cfg_.curriculum.enabled) {
-    const CurriculumConfig& c = cfg_.curriculum;
-    curriculum_ = std::make_unique<CurriculumScheduler>(c);
-    curriculum_->replay(state_.iteration);  // a resumed run continues the schedule exactly
-    DS_LOG("curriculum learning (sequence length): {} from {} to {} tokens{}; each training sample keeps its first "
-           "curriculum seqlen tokens (validation uses all {})",
-           curriculum_schedule_name(c.schedule), c.min_difficulty, c.max_difficulty,
-           c.schedule == CurriculumSchedule::FixedDiscrete
-               ? std::string()
-               : fmt::format(" over {} steps in multiples of {}", c.total_curriculum_step, c.difficulty_step),
-           cfg_.model.seq_length);
-  }
-  if (cfg_.log.csv_enabled && comms_.grid.rank == 0) csv_.open(cfg_.log.csv_path, cfg_.log.csv_job_name);
-  open_tensorboard();
+}
+
+void Trainer::log_setup() {
   DS_LOG("model: {} layers, hidden {}, heads {}, ffn {}, vocab {} (padded {}), {} parameters",
          model_->dims().L, model_->dims().C, model_->dims().NH, model_->dims().F, model_->dims().V,
          model_->dims().Vp, model_->layout().total);
@@ -247,6 +268,9 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
              ? ", " + std::to_string(cfg_.parallel.recompute_num_layers) + " layers per chunk (0: all)"
              : std::string());
   log_model_state();
+}
+
+void Trainer::setup_step_runner() {
   // The update is gated on the device (train_step) where nothing after it
   // involves another process and it runs on the compute device.
   device_update_ = comms_.world->size() == 1 && cfg_.zero.offload_optimizer == OffloadDevice::None &&
@@ -254,7 +278,39 @@ Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
   step_block_ = Tensor::zeros({kStepStats + AdamWSlot::Count}, DType::F32, dev_);
   if (device_update_ && dev_.is_cuda())
     pinned_terms_.reset(static_cast<float*>(device_runtime(dev_).alloc_pinned(kStepHostSlots * sizeof(float))));
-  setup_cuda_graph();
+  StepBody body = [this](const StepPlan& p, const MicroBatchFeed& feed) { step_body(p, feed); };
+  if (!cfg_.cuda_graph) {
+    runner_ = std::make_unique<DirectStep>(std::move(body),
+                                           [this](int m) { return data_->to_device(host_train_batch(m)); });
+    return;
+  }
+  // validate_cuda_graph refused every other layout and device already; these
+  // hold by construction.
+  DS_CHECK(dev_.is_cuda() && !pipe_ && comms_.world->size() == 1 && !curriculum_ && pinned_terms_,
+           "--cuda-graph: unsupported configuration reached the trainer");
+  const bool dynamic_scale = scaler_ && scaler_->dynamic();
+  // A dynamic fp16 loss scale enters the loss gradient from the step block
+  // (every graph-mode step, eager warm-up included; an evaluation computes no
+  // gradient, so it is unaffected).
+  if (dynamic_scale) model_->set_dloss_scale(step_scalars().view(AdamWSlot::LossScale, {1}));
+  const int64_t ga = cfg_.batch.grad_accum_steps, B = cfg_.batch.micro_batch_size, T = cfg_.model.seq_length;
+  runner_ = make_graph_step({.dev = dev_,
+                             .micro_batch = B,
+                             .seq_length = T,
+                             .micro_batches = ga,
+                             .warmup = cfg_.cuda_graph_warmup,
+                             .dynamic_scale = dynamic_scale,
+                             .body = std::move(body),
+                             .host_feed = [this](int m) { return host_train_batch(m); },
+                             .abandon =
+                                 [this] {
+                                   model_->abandon_pass();
+                                   opt_->abandon_step();
+                                 }});
+  DS_LOG("cuda graph: {} eager warm-up steps, then the step up to its host read, AdamW update included, is "
+         "captured and replayed ({} micro-batches of {} x {} tokens, their dropout keys and the step scalars from "
+         "fixed pinned buffers)",
+         cfg_.cuda_graph_warmup, ga, B, T);
 }
 
 void Trainer::setup_device_and_precision() {
@@ -509,45 +565,24 @@ float Trainer::train_step() {
   set_step_batch();
   phase_ms();
   seqlen_ = next_seqlen();  // every sample keeps its first seqlen_ positions
-  const int64_t L = curriculum_ ? seqlen_ : 0;  // 0: the whole sample
   // fp16: the loss (hence every gradient) is multiplied by the loss scale.
   const double scale = scaler_ ? scaler_->scale() : 1.0;
-  const float loss_weight = static_cast<float>(
-      scale / static_cast<double>(b.micro_batch_size * seqlen_ * step_ga_ * dp_));
-  // Dropout masks are keyed by (seed, iteration) and each micro-batch's global
-  // first sample, identical in every layout (docs/dropout.md).
-  DropoutKey key{.train = true, .seed = cfg_.seed, .iteration = state_.iteration, .first_sample = 0, .step = {}};
-  const StepHyper h = step_hyper();
+  StepPlan plan{
+      .loss_weight = static_cast<float>(scale / static_cast<double>(b.micro_batch_size * seqlen_ * step_ga_ * dp_)),
+      // Dropout masks are keyed by (seed, iteration) and each micro-batch's
+      // global first sample, identical in every layout (docs/dropout.md).
+      .key = {.train = true, .seed = cfg_.seed, .iteration = state_.iteration, .first_sample = 0, .step = {}},
+      .hyper = step_hyper(),
+      .loss_scale = scale,
+      .scale_in_block = false,
+      .micro_batches = static_cast<int>(step_ga_),
+      .phases = cfg_.log.wall_clock_breakdown};
+  const StepHyper& h = plan.hyper;
+  if (device_update_) stage_update_terms(h);
   // The losses, the norm and the overflow flag stay on the device until one
   // read (read_step_block).
-  if (graph_) {  // --cuda-graph: the same work, captured once and replayed
-    graph_region(loss_weight, key, h);
-    step_times_.forward_backward += phase_ms();
-  } else {
-    if (device_update_) {
-      stage_update_terms(h);
-      copy_update_terms();
-    }
-    opt_->zero_grads();
-    begin_step_stats();
-    if (pipe_) {
-      auto batch = [&](int micro) {  // called as each stage reaches the micro-batch
-        heartbeat_.beat_if_started();
-        return local_batch(data_->train_batch(state_.consumed_samples, micro, dp_rank_, dp_, L));
-      };
-      pipe_->train(batch, loss_weight, key);  // the losses went to the step's statistics
-      tied_embedding_all_reduce();
-    } else {
-      run_micro_batches(loss_weight, key, L);
-    }
-    step_times_.forward_backward += phase_ms();
-    end_step_stats();
-    if (device_update_) {
-      step_times_.grads_reduce += phase_ms();
-      update_on_device(h, scale);
-      step_times_.optimizer += phase_ms();
-    }
-  }
+  runner_->run(plan);
+  if (!runner_->body_marks_phases()) step_times_.forward_backward += phase_ms();
   const StepRead r = read_step_block();
   // The host's gate on what it read: the device applied the same function to
   // the same values (device_update_), the update below uses it otherwise.
@@ -593,17 +628,27 @@ float Trainer::train_step() {
   return loss;
 }
 
-// The step's micro-batches without a pipeline: forward and backward of
-// each; their losses go to the step's statistics (begin_step_stats).
-void Trainer::run_micro_batches(float loss_weight, DropoutKey key, int64_t L) {
-  const int64_t ga = step_ga_;
-  for (int64_t micro = 0; micro < ga; ++micro) {
-    heartbeat_.beat_if_started();
-    MicroBatch mb = local_batch(data_->train_batch(state_.consumed_samples, static_cast<int>(micro), dp_rank_, dp_, L));
-    key.first_sample = mb.first_sample;
-    if (micro + 1 == ga) opt_->begin_last_micro_batch();  // overlap_comm: reduce during it
-    model_->forward_backward(mb.tokens, mb.targets, loss_weight, key, mb.targets_host);
+// The step's work up to its read, whichever runner runs it and whatever
+// feeds it (step_runner.h).
+void Trainer::step_body(const StepPlan& p, const MicroBatchFeed& feed) {
+  if (device_update_) copy_update_terms();
+  opt_->zero_grads();
+  begin_step_stats();
+  passes_->train(feed, p.micro_batches, p.loss_weight, p.key);  // the losses went to the step's statistics
+  tied_embedding_all_reduce();
+  if (p.phases) step_times_.forward_backward += phase_ms();
+  end_step_stats();
+  if (device_update_) {
+    if (p.phases) step_times_.grads_reduce += phase_ms();
+    update_on_device(p.hyper, p.loss_scale, p.scale_in_block);
+    if (p.phases) step_times_.optimizer += phase_ms();
   }
+}
+
+MicroBatch Trainer::host_train_batch(int m) {
+  heartbeat_.beat_if_started();
+  const int64_t L = curriculum_ ? seqlen_ : 0;  // 0: the whole sample
+  return local_batch(data_->train_batch(state_.consumed_samples, m, dp_rank_, dp_, L));
 }
 
 // One step with the timeline on; logs its host synchronisations (GPU: device
@@ -614,7 +659,7 @@ float Trainer::profiled_step() {
   timeline_.clear();
   timeline_.enable(true);
   const int64_t syncs = host_sync_count();
-  const int64_t replays = graph_replays_;
+  const int64_t replays = runner_->graph_counters().replays;
   const double t0 = timeline_.now_us();
   float loss = train_step();
   const double t1 = timeline_.now_us();
@@ -638,7 +683,7 @@ float Trainer::profiled_step() {
     DS_LOG("profile: iteration {}: {} expert all-to-alls took {:.1f} ms of the step's {:.1f} ms ({:.1f}%)",
            state_.iteration, n_a2a, a2a_us / 1e3, (t1 - t0) / 1e3, 100.0 * a2a_us / (t1 - t0));
   DS_LOG("profile: iteration {}: {} host synchronisations in the step{} ({}), {} overlapped gradient collectives "
-         "(overlap_comm {}); timeline in {}", state_.iteration, n, graph_replays_ > replays ? " (a CUDA graph replay)" : "",
+         "(overlap_comm {}); timeline in {}", state_.iteration, n, runner_->graph_counters().replays > replays ? " (a CUDA graph replay)" : "",
          dev_.is_cuda() ? "device/stream synchronisations, blocking copies and communication polls"
                         : "blocking collectives and waits for a communication thread",
          n_comm, cfg_.zero.overlap_comm ? "on" : "off", path);
@@ -700,23 +745,19 @@ bool Trainer::out_of_time() {
 
 double Trainer::evaluate() {
   if (!data_->has_valid() || cfg_.log.eval_iters <= 0) return NAN;
-  invalidate_graph("evaluation");
+  runner_->release("evaluation", state_.iteration);
   double sum = 0;
   int64_t n = 0;
   const int64_t ga = micro_batches_at(state_.consumed_samples);  // Megatron: the current count
   for (int64_t it = 0; it < cfg_.log.eval_iters; ++it) {
-    auto batch = [&](int micro) {
-      heartbeat_.beat_if_started();
-      return local_batch(data_->valid_batch((it * ga + micro) * cfg_.batch.micro_batch_size * dp_, dp_rank_, dp_));
-    };
-    if (pipe_) {  // forwards through the stages; the loss sum is on the last stage
-      sum += pipe_->forward_only(batch, static_cast<int>(ga));
-    } else {
-      for (int micro = 0; micro < ga; ++micro) {
-        MicroBatch mb = batch(micro);
-        sum += model_->forward_loss(mb.tokens, mb.targets, mb.targets_host);
-      }
-    }
+    // pipeline: forwards through the stages; the loss sum is on the last stage
+    sum += passes_->forward_only(
+        [&](int micro) {
+          heartbeat_.beat_if_started();
+          return data_->to_device(
+              local_batch(data_->valid_batch((it * ga + micro) * cfg_.batch.micro_batch_size * dp_, dp_rank_, dp_)));
+        },
+        static_cast<int>(ga));
     n += ga;
   }
   return from_last_stage(dp_mean(sum / static_cast<double>(n)));
@@ -760,14 +801,13 @@ MicroBatch Trainer::local_batch(MicroBatch mb) const {
   if (sp == 1) return mb;
   mb.tokens = sequence_shard(mb.tokens, sp, comms_.grid.sp_rank);
   mb.targets = sequence_shard(mb.targets, sp, comms_.grid.sp_rank);
-  if (mb.targets_host.defined()) mb.targets_host = sequence_shard(mb.targets_host, sp, comms_.grid.sp_rank);
   return mb;
 }
 
 void Trainer::save() {
   if (cfg_.ckpt.save_dir.empty()) return;
   const Heartbeat::Paused paused(heartbeat_);  // ranks wait for the writers
-  invalidate_graph("checkpoint save");
+  runner_->release("checkpoint save", state_.iteration);
   if (cfg_.optim.scheduler_type.empty()) state_.lr_schedule = lr_schedule_values(cfg_.optim);
   // Stage 0 keeps identical optimizer state on every rank: rank 0 writes one shard.
   const bool sharded = cfg_.zero.stage >= 1;

@@ -21,6 +21,7 @@
 #include "lib/train/autotune_hooks.h"
 #include "lib/train/data_pipeline.h"
 #include "lib/train/metrics.h"
+#include "lib/train/step_runner.h"
 #include "lib/train/tensorboard.h"
 
 namespace ds {
@@ -45,12 +46,12 @@ class Trainer {
   // --profile: the host synchronisations of the profiled step (the run's
   // second), as its start-up log line reports them; -1 before it ran.
   int64_t profiled_host_syncs() const { return profiled_syncs_; }
-  // --cuda-graph (trainer_graph.cpp): the iteration (1-based, as the log
+  // --cuda-graph (graph_step.cpp): the iteration (1-based, as the log
   // counts) whose step was last captured, 0 before a capture; the number of
   // captures (one more after every evaluation or checkpoint) and replays.
-  int64_t graph_captured_at() const { return graph_captured_at_; }
-  int64_t graph_captures() const { return graph_captures_; }
-  int64_t graph_replays() const { return graph_replays_; }
+  int64_t graph_captured_at() const { return runner_->graph_counters().captured_at; }
+  int64_t graph_captures() const { return runner_->graph_counters().captures; }
+  int64_t graph_replays() const { return runner_->graph_counters().replays; }
 
  private:
   float train_step();
@@ -65,9 +66,21 @@ class Trainer {
   // fp16: records the step's overflow (the flag read with the step's
   // statistics) in the scaler (and TrainState); true if the step must be skipped.
   bool skip_for_overflow(bool overflow);
-  // The step without host reads until one (docs/distributed.md, host
-  // synchronisations per step): see trainer.cpp.
-  void run_micro_batches(float loss_weight, DropoutKey key, int64_t L);
+  // Setup (trainer.cpp): the checks of inputs and outputs that would fail
+  // only after training; the grid's views, sharding groups, model, optimizer
+  // and passes; the step runner; the start-up log.
+  void check_inputs_and_outputs();
+  void build_model_and_optimizer();
+  void setup_step_runner();
+  void log_setup();
+  // The step up to its one host read (docs/distributed.md, host
+  // synchronisations per step; step_runner.h): what every runner runs.
+  void step_body(const StepPlan& plan, const MicroBatchFeed& feed);
+  // The one micro-batch feed path: micro-batch m of the current step (its
+  // global batch starts at consumed_samples; a curriculum keeps the first
+  // seqlen_ positions of each sample), this rank's samples (data parallel)
+  // and positions (Ulysses), in host memory.
+  MicroBatch host_train_batch(int m);
   void begin_step_stats();
   void end_step_stats();  // the device work that completes the step's statistics (no host read)
   // The step's block on the device, (kStepStats + AdamWSlot::Count) f32: the
@@ -102,7 +115,7 @@ class Trainer {
   // from the step block (a captured fp16 step), not loss_scale.
   void update_on_device(const StepHyper& h, double loss_scale, bool scale_in_block = false);
   // (kStepHostSlots) f32 of page-locked memory (GPU, device_update_).
-  // Declared before graph_: it outlives the graph that copies from it.
+  // Declared before runner_: it outlives the graph that copies from it.
   struct PinnedDelete {
     void operator()(float* p) const;
   };
@@ -162,6 +175,8 @@ class Trainer {
   int zero_ranks_ = 1, zero_rank_ = 0;
   ShardCoords shard_;  // this rank's model shard (tp, pp, virtual stages)
   std::unique_ptr<PipelineExecutor> pipe_;  // pp > 1
+  std::unique_ptr<EagerPasses> eager_;      // pp = 1
+  Passes* passes_ = nullptr;                // the one of the two this rank has
   ModelLayout full_layout_;  // the tp = 1 layout (checkpoints, HF import/export)
   StepTokenizer tokenizer_copy_;  // rank 0: the run's tokenizer files, saved with checkpoints and exports
   std::unique_ptr<ZeroOptimizer> opt_;
@@ -190,23 +205,10 @@ class Trainer {
   Timeline timeline_;
   float profiled_step();
   int64_t profiled_syncs_ = -1;
-  // --cuda-graph (trainer_graph.cpp, docs/cuda.md "CUDA graphs"). Declared
-  // last: destroyed first, so the graph's memory pool goes back to the cache
-  // while everything it addresses is still alive.
-  struct GraphState;
-  void setup_cuda_graph();
-  // The step from its start to just before the read (the step scalars'
-  // copy, zeroing, the micro-batches, end_step_stats, the gated update):
-  // eager during the warm-up, then captured once and replayed.
-  void graph_region(float loss_weight, DropoutKey key, const StepHyper& h);
-  void graph_region_eager(float loss_weight, DropoutKey key, const StepHyper& h);
-  // Eval, checkpoints: the next step captures again (see trainer_graph.cpp).
-  void invalidate_graph(const char* why);
-  int64_t graph_captured_at_ = 0, graph_captures_ = 0, graph_replays_ = 0;
-  struct GraphStateDelete {  // defined beside GraphState (trainer_graph.cpp)
-    void operator()(GraphState* g) const;
-  };
-  std::unique_ptr<GraphState, GraphStateDelete> graph_;
+  // How each step runs (step_runner.h; --cuda-graph: graph_step.cpp).
+  // Declared last: destroyed first, so a graph's memory pool goes back to the
+  // cache while everything it addresses is still alive.
+  std::unique_ptr<StepRunner> runner_;
 };
 
 }  // namespace ds

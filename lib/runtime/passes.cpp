@@ -1,0 +1,26 @@
+// One process's passes over a step's micro-batches (passes.h).
+#include "lib/runtime/passes.h"
+
+namespace ds {
+
+void EagerPasses::train(const MicroBatchFeed& feed, int n, float loss_weight, const DropoutKey& key) {
+  for (int m = 0; m < n; ++m) {
+    const MicroBatch mb = feed(m);
+    DropoutKey k = key;
+    k.first_sample = mb.first_sample;
+    if (mb.step_key.defined()) k.step = mb.step_key;
+    if (m + 1 == n && before_last_) before_last_();
+    model_.forward_backward(mb.tokens, mb.targets, loss_weight, k);
+  }
+}
+
+double EagerPasses::forward_only(const MicroBatchFeed& feed, int n) {
+  double sum = 0;
+  for (int m = 0; m < n; ++m) {
+    const MicroBatch mb = feed(m);
+    sum += model_.forward_loss(mb.tokens, mb.targets);
+  }
+  return sum;
+}
+
+}  // namespace ds
