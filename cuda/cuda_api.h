@@ -2,6 +2,7 @@
 // A plain C++ header (no CUDA includes) so the trainer, tests and benchmarks can
 // use it from .cpp files. The ops themselves are declared in lib/ops/ops.h.
 #pragma once
+#include "lib/core/attention_backend.h"
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -106,7 +107,7 @@ void copy_pinned_async(void* dst, const void* pinned_src, size_t bytes);
 //  Cudnn: cuDNN's fused SDPA graphs (cuda/attn/cudnn_sdpa.cpp; cuDNN 9 loaded
 //         at run time, a missing one is an error); unsupported cases (f32,
 //         head dim, attention dropout, no engine) fall back to Flash, then Plain.
-enum class AttentionBackend { Flash, Plain, Cudnn, Flash2 };
+using ds::AttentionBackend;  // lib/core/attention_backend.h
 void set_attention_backend(AttentionBackend b);
 AttentionBackend attention_backend();
 // "flash" | "flash2" | "plain" | "cudnn" -> backend; throws UserError on anything else.

@@ -122,10 +122,7 @@ AttentionBackend attention_backend() {
   return static_cast<AttentionBackend>(g_attn_backend.load());
 }
 AttentionBackend attention_backend_from_name(const std::string& name) {
-  if (name == "flash") return AttentionBackend::Flash;
-  if (name == "flash2") return AttentionBackend::Flash2;
-  if (name == "plain") return AttentionBackend::Plain;
-  if (name == "cudnn") return AttentionBackend::Cudnn;
+  if (const auto b = ds::attention_backend_from_name(name)) return *b;
   DS_USER_ERROR("attention_backend: unknown value '{}' (expected flash, flash2, plain or cudnn)", name);
 }
 

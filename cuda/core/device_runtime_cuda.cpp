@@ -30,8 +30,8 @@ class CudaRuntime final : public DeviceRuntime {
   void init_device(int index) override { cuda::init_device(index); }
   std::string device_name() const override { return cuda::device_name(); }
   double peak_bf16_tflops() const override { return cuda::peak_bf16_tflops(); }
-  void set_attention_backend(const std::string& name) override {
-    cuda::set_attention_backend(attention_backend_from_name(name));
+  void set_attention_backend(AttentionBackend b) override {
+    cuda::set_attention_backend(b);
   }
   void* alloc_pinned(size_t bytes) override { return cuda::alloc_pinned(bytes); }
   void free_pinned(void* p) override { cuda::free_pinned(p); }

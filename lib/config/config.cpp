@@ -168,7 +168,7 @@ json model_json(const ModelConfig& m) {
 json training_json(const TrainConfig& c) {
   json t = {{"train_iters", c.train_iters},     {"exit_interval", c.exit_interval}, {"seed", c.seed},
             {"max_nan_iterations", c.max_nan_iterations}, {"exit_duration_in_mins", c.exit_duration_in_mins},
-            {"device", c.device == DeviceType::CUDA ? "cuda" : "cpu"},               {"attention_backend", c.attention_backend},
+            {"device", c.device == DeviceType::CUDA ? "cuda" : "cpu"},               {"attention_backend", attention_backend_name(c.attention_backend)},
             {"estimate_memory", c.estimate_memory},
             {"cuda_graph", c.cuda_graph},       {"cuda_graph_warmup", c.cuda_graph_warmup},
             {"save", c.ckpt.save_dir},          {"load", c.ckpt.load_dir},
@@ -198,7 +198,7 @@ json training_json(const TrainConfig& c) {
     t.erase("train_iters");
     t["train_samples"] = L.train_samples;
   }
-  if (c.optim.scheduler_type.empty()) {
+  if (c.optim.scheduler == LrScheduler::Megatron) {
     t["lr_decay_style"] = lr_decay_name(c.optim.decay);
     if (L.sample_based()) {
       t["lr_warmup_samples"] = L.lr_warmup_samples;
@@ -254,15 +254,15 @@ json optimizer_json(const OptimizerConfig& o) {
 }
 
 json scheduler_json(const OptimizerConfig& o) {
-  if (o.scheduler_type == "LRRangeTest") {
+  if (o.scheduler == LrScheduler::LRRangeTest) {
     const LrRangeTestParams& r = o.range_test;
-    return {{"type", o.scheduler_type},
+    return {{"type", lr_scheduler_name(o.scheduler)},
             {"params", {{"lr_range_test_min_lr", num(r.min_lr)}, {"lr_range_test_step_size", r.step_size},
                         {"lr_range_test_step_rate", num(r.step_rate)}, {"lr_range_test_staircase", r.staircase}}}};
   }
-  if (o.scheduler_type == "OneCycle") {
+  if (o.scheduler == LrScheduler::OneCycle) {
     const OneCycleParams& c = o.one_cycle;
-    return {{"type", o.scheduler_type},
+    return {{"type", lr_scheduler_name(o.scheduler)},
             {"params", {{"cycle_min_lr", num(c.cycle_min_lr)}, {"cycle_max_lr", num(c.cycle_max_lr)},
                         {"decay_lr_rate", num(c.decay_lr_rate)}, {"cycle_first_step_size", c.cycle_first_step_size},
                         {"cycle_second_step_size", c.cycle_second_step_size},
@@ -274,15 +274,15 @@ json scheduler_json(const OptimizerConfig& o) {
   }
   json p = {{"warmup_num_steps", o.warmup_iters},
             {"warmup_type", o.warmup_type == WarmupKind::Log ? "log" : "linear"}};
-  if (o.scheduler_type == "WarmupCosineLR") {
+  if (o.scheduler == LrScheduler::WarmupCosineLR) {
     p["warmup_min_ratio"] = num(o.warmup_min_ratio);
     p["cos_min_ratio"] = num(o.cos_min_ratio);
   } else {
     p["warmup_min_lr"] = num(o.warmup_min_lr);
     p["warmup_max_lr"] = num(o.lr);
   }
-  if (o.scheduler_type != "WarmupLR") p["total_num_steps"] = o.decay_iters;
-  return {{"type", o.scheduler_type}, {"params", p}};
+  if (o.scheduler != LrScheduler::WarmupLR) p["total_num_steps"] = o.decay_iters;
+  return {{"type", lr_scheduler_name(o.scheduler)}, {"params", p}};
 }
 
 json zero_json(const ZeroConfig& z) {
@@ -355,7 +355,7 @@ json config_to_json(const TrainConfig& c) {
               {"recompute_granularity", recompute_granularity_name(c.parallel.recompute)},
               {"recompute_num_layers", c.parallel.recompute_num_layers},
               {"overlap_param_gather", c.zero.overlap_param_gather}}}};
-  if (!o.scheduler_type.empty()) j["scheduler"] = scheduler_json(o);
+  if (o.scheduler != LrScheduler::Megatron) j["scheduler"] = scheduler_json(o);
   if (c.curriculum.enabled) j["curriculum_learning"] = curriculum_json(c.curriculum);
   return j;
 }

@@ -12,6 +12,7 @@
 
 #include "lib/config/batch_rampup.h"
 #include "lib/config/curriculum.h"
+#include "lib/core/attention_backend.h"
 #include "lib/core/dtype.h"
 #include "lib/core/elasticity.h"
 #include "lib/data/tokenizer.h"
@@ -155,7 +156,7 @@ struct TrainConfig {
   double exit_duration_in_mins = 0;
   uint64_t seed = 1234;
   DeviceType device = DeviceType::CPU;  // "cpu" | "cuda"
-  std::string attention_backend = "flash";  // flash | flash2 | plain | cudnn (CUDA only)
+  AttentionBackend attention_backend = AttentionBackend::Flash;  // CUDA only
   std::string config_path;
   bool estimate_memory = false;
   // --cuda-graph: after cuda_graph_warmup eager steps, the step up to its one

@@ -205,11 +205,12 @@ void read_scheduler(DsSection& root, TrainConfig& cfg) {
   }
   DsSection s = root.section("scheduler");
   const std::string type = s.get<std::string>("type", "");
-  DS_USER_CHECK(type == "WarmupLR" || type == "WarmupDecayLR" || type == "WarmupCosineLR" || type == "OneCycle" ||
-                    type == "LRRangeTest",
+  o.scheduler = LrScheduler::Megatron;
+  for (const auto& [k, name] : kLrSchedulerNames)
+    if (type == name) o.scheduler = k;
+  DS_USER_CHECK(o.scheduler != LrScheduler::Megatron,
                 "config: scheduler.type '{}' is not supported (use WarmupLR, WarmupDecayLR, WarmupCosineLR, "
                 "OneCycle or LRRangeTest, or drop 'scheduler' for the Megatron schedule)", type);
-  o.scheduler_type = type;
   DsSection p = s.section("params");
   if (type == "OneCycle" || type == "LRRangeTest") {
     read_cycle_scheduler(p, o, type, root.warnings());
@@ -490,7 +491,7 @@ void read_config_json(const json& j, TrainConfig& cfg, Warnings& w) {
   read_model_section(JsonSection(j.value("model", json::object()), "model"), cfg.model);
   read_data_section(JsonSection(j.value("data", json::object()), "data"), cfg.data);
   read_training_section(JsonSection(j.value("training", json::object()), "training"), cfg,
-                        !cfg.optim.scheduler_type.empty(), root.has("steps_per_print"));
+                        cfg.optim.scheduler != LrScheduler::Megatron, root.has("steps_per_print"));
   read_parallel_section(JsonSection(j.value("parallel", json::object()), "parallel"), cfg.parallel, cfg.zero);
   if (root.has("sequence_parallel_size")) {  // DeepSpeed's key for the Ulysses degree
     const int v = root.get<int>("sequence_parallel_size", 1);

@@ -149,7 +149,7 @@ void read_training_schedule(JsonSection& s, TrainConfig& cfg, bool has_ds_schedu
   for (const char* k : kMegatronScheduleKeys) {
     DS_USER_CHECK(!(has_ds_scheduler && s.has(k)),
                   "config: 'training.{}' conflicts with the DeepSpeed 'scheduler' section ({}); use one of them",
-                  k, o.scheduler_type);
+                  k, lr_scheduler_name(o.scheduler));
   }
   if (has_ds_scheduler) {
     for (const char* k : kMegatronScheduleKeys) s.mark(k);
@@ -208,7 +208,11 @@ void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_schedule
   const std::string device = s.get<std::string>("device", cfg.device == DeviceType::CUDA ? "cuda" : "cpu");
   DS_USER_CHECK(device == "cpu" || device == "cuda", "training.device (--device) '{}' must be cpu or cuda", device);
   cfg.device = device == "cuda" ? DeviceType::CUDA : DeviceType::CPU;
-  cfg.attention_backend = s.get<std::string>("attention_backend", cfg.attention_backend);
+  const std::string attn = s.get<std::string>("attention_backend", attention_backend_name(cfg.attention_backend));
+  const auto backend = attention_backend_from_name(attn);
+  DS_USER_CHECK(backend.has_value(),
+                "training.attention_backend (--attention-backend) '{}' must be flash, flash2, plain or cudnn", attn);
+  cfg.attention_backend = *backend;
   cfg.estimate_memory = s.get<bool>("estimate_memory", cfg.estimate_memory);
   cfg.cuda_graph = s.get<bool>("cuda_graph", cfg.cuda_graph);
   cfg.cuda_graph_warmup = s.get<int64_t>("cuda_graph_warmup", cfg.cuda_graph_warmup);

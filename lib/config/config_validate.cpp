@@ -66,8 +66,8 @@ void resolve_schedule_lengths(TrainConfig& cfg) {
                   "has a fixed number of micro-batches)");
   }
   if (L.sample_based()) cfg.train_iters = L.rampup.iterations(L.train_samples, gbs);  // partial last batch dropped
-  if (o.decay_iters == 0 && o.scheduler_type != "WarmupLR") o.decay_iters = cfg.train_iters;
-  if (!o.scheduler_type.empty()) return;
+  if (o.decay_iters == 0 && o.scheduler != LrScheduler::WarmupLR) o.decay_iters = cfg.train_iters;
+  if (o.scheduler != LrScheduler::Megatron) return;
   const int64_t lim = gbs > 0 ? std::numeric_limits<int64_t>::max() / gbs : 0;
   const auto overflow = [&](int64_t iters) { return gbs > 0 && (iters > lim || iters < -lim); };
   DS_USER_CHECK(!overflow(o.decay_iters) && !overflow(o.warmup_iters),
@@ -109,11 +109,11 @@ void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
 
   OptimizerConfig& o = cfg.optim;
   resolve_schedule_lengths(cfg);
-  if (o.scheduler_type == "WarmupCosineLR") {
+  if (o.scheduler == LrScheduler::WarmupCosineLR) {
     o.min_lr = o.cos_min_ratio * o.lr;
     o.warmup_min_lr = o.warmup_min_ratio * o.lr;
   }
-  if (!o.scheduler_type.empty() && o.scheduler_type != "WarmupLR" && o.decay_iters < o.warmup_iters)
+  if (o.scheduler != LrScheduler::Megatron && o.scheduler != LrScheduler::WarmupLR && o.decay_iters < o.warmup_iters)
     add_warning(w, fmt::format("scheduler.params.total_num_steps {} is less than warmup_num_steps {}", o.decay_iters,
                                o.warmup_iters));
   const LoggingConfig& l = cfg.log;
@@ -258,11 +258,11 @@ void validate_optimizer(const OptimizerConfig& o) {
   DS_USER_CHECK(o.warmup_iters >= 0 && o.decay_iters >= 0,
                 "lr warmup iterations {} and decay iterations {} must be >= 0 (--lr-warmup-iters / "
                 "--lr-decay-iters)", o.warmup_iters, o.decay_iters);
-  if (o.scheduler_type.empty() && o.decay != LrDecay::Constant && o.warmup_iters > 0 && o.decay_iters > 0)
+  if (o.scheduler == LrScheduler::Megatron && o.decay != LrDecay::Constant && o.warmup_iters > 0 && o.decay_iters > 0)
     DS_USER_CHECK(o.warmup_iters < o.decay_iters,
                   "lr warmup iterations {} must be fewer than lr decay iterations {} (--lr-warmup-iters / "
                   "--lr-decay-iters, default: train iters)", o.warmup_iters, o.decay_iters);
-  if (o.scheduler_type.empty() && o.decay != LrDecay::Constant && o.warmup_samples > 0 && o.decay_samples > 0)
+  if (o.scheduler == LrScheduler::Megatron && o.decay != LrDecay::Constant && o.warmup_samples > 0 && o.decay_samples > 0)
     DS_USER_CHECK(o.warmup_samples < o.decay_samples,
                   "lr warmup samples {} must be fewer than lr decay samples {} (--lr-warmup-samples / "
                   "--lr-decay-samples, default: train samples)", o.warmup_samples, o.decay_samples);
@@ -309,10 +309,6 @@ void validate_training(const TrainConfig& cfg) {
   DS_USER_CHECK(!(cfg.override_lr_scheduler && cfg.use_checkpoint_lr_scheduler),
                 "training.override_opt_param_scheduler and use_checkpoint_opt_param_scheduler "
                 "(--override-opt_param-scheduler / --use-checkpoint-opt_param-scheduler): give at most one");
-  DS_USER_CHECK(cfg.attention_backend == "flash" || cfg.attention_backend == "flash2" ||
-                    cfg.attention_backend == "plain" || cfg.attention_backend == "cudnn",
-                "training.attention_backend (--attention-backend) '{}' must be flash, flash2, plain or cudnn",
-                cfg.attention_backend);
   const LoggingConfig& l = cfg.log;
   DS_USER_CHECK(l.log_interval > 0, "training.log_interval (--log-interval) must be positive, got {}", l.log_interval);
   DS_USER_CHECK(l.steps_per_print > 0, "steps_per_print must be positive, got {}", l.steps_per_print);
@@ -412,7 +408,7 @@ void validate_cuda_graph(const TrainConfig& cfg, int world_size) {
                 "training.cuda_graph (--cuda-graph) with a dynamic fp16 loss scale needs fp16.min_loss_scale "
                 "(--min-loss-scale) to be a power of two, got {}", pc.min_loss_scale);
   refuse(cfg.curriculum.enabled, "curriculum_learning (the sequence length changes between steps)");
-  refuse(cfg.attention_backend == "cudnn", "training.attention_backend cudnn (--attention-backend; not verified "
+  refuse(cfg.attention_backend == AttentionBackend::Cudnn, "training.attention_backend cudnn (--attention-backend; not verified "
          "under capture): use flash, flash2 or plain");
 }
 

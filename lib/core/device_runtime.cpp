@@ -25,7 +25,7 @@ class CpuRuntime final : public DeviceRuntime {
   void init_device(int) override {}
   std::string device_name() const override { return "cpu"; }
   double peak_bf16_tflops() const override { return 0; }
-  void set_attention_backend(const std::string&) override {}
+  void set_attention_backend(AttentionBackend) override {}
   void* alloc_pinned(size_t bytes) override {
     void* p = std::malloc(bytes > 0 ? bytes : 1);
     if (!p) throw std::bad_alloc();
@@ -53,7 +53,7 @@ class MissingRuntime final : public DeviceRuntime {
   void init_device(int) override { fail(); }
   std::string device_name() const override { return "none"; }
   double peak_bf16_tflops() const override { return 0; }
-  void set_attention_backend(const std::string&) override { fail(); }
+  void set_attention_backend(AttentionBackend) override { fail(); }
   void* alloc_pinned(size_t) override { fail(); }
   void free_pinned(void*) override {}
   void upload_async(void*, const void*, size_t) override { fail(); }

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "lib/core/attention_backend.h"
 #include "lib/core/dtype.h"
 
 namespace ds {
@@ -45,9 +46,9 @@ class DeviceRuntime {
   virtual std::string device_name() const = 0;
   // Dense bf16 peak in TFLOP/s for MFU (0: unknown).
   virtual double peak_bf16_tflops() const = 0;
-  // Attention kernels by the config's name (flash, flash2, plain, cudnn); a
-  // no-op where the device has one implementation.
-  virtual void set_attention_backend(const std::string& name) = 0;
+  // The attention kernels a run asks for; a no-op where the device has one
+  // implementation.
+  virtual void set_attention_backend(AttentionBackend b) = 0;
 
   // Page-locked host memory (plain host memory on the CPU).
   virtual void* alloc_pinned(size_t bytes) = 0;

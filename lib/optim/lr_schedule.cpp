@@ -141,9 +141,9 @@ double range_test_lr(const LrRangeTestParams& p, int64_t it) {
 }
 
 double deepspeed_lr(const OptimizerConfig& o, int64_t it, int64_t train_iters) {
-  if (o.scheduler_type == "OneCycle") return one_cycle_lr(o.one_cycle, it);
-  if (o.scheduler_type == "LRRangeTest") return range_test_lr(o.range_test, it);
-  const bool cosine = o.scheduler_type == "WarmupCosineLR";
+  if (o.scheduler == LrScheduler::OneCycle) return one_cycle_lr(o.one_cycle, it);
+  if (o.scheduler == LrScheduler::LRRangeTest) return range_test_lr(o.range_test, it);
+  const bool cosine = o.scheduler == LrScheduler::WarmupCosineLR;
   if (it < 0) return cosine ? 0.0 : o.warmup_min_lr;
   const int64_t warmup = std::max<int64_t>(2, o.warmup_iters);  // DeepSpeed clamps to >= 2
   const int64_t total = o.decay_iters > 0 ? o.decay_iters : train_iters;
@@ -164,7 +164,7 @@ double deepspeed_lr(const OptimizerConfig& o, int64_t it, int64_t train_iters) {
   double gamma = 1.0;
   if (it < warmup) {
     gamma = ds_warmup_gamma(o, it, warmup);
-  } else if (o.scheduler_type == "WarmupDecayLR") {
+  } else if (o.scheduler == LrScheduler::WarmupDecayLR) {
     gamma = std::max(0.0, static_cast<double>(total - it) /
                               std::max(1.0, static_cast<double>(total - warmup)));
   }
@@ -214,7 +214,7 @@ double megatron_clock_lr(const OptimizerConfig& o, const LrClock& c) {
 }  // namespace
 
 float lr_at(const OptimizerConfig& o, const LrClock& clock) {
-  if (!o.scheduler_type.empty()) return lr_at(o, clock.steps, o.decay_iters);
+  if (o.scheduler != LrScheduler::Megatron) return lr_at(o, clock.steps, o.decay_iters);
   return static_cast<float>(megatron_clock_lr(o, clock));
 }
 
@@ -232,16 +232,12 @@ void advance_lr_clock(const OptimizerConfig& o, LrClock& clock, int64_t samples,
 }
 
 float lr_at(const OptimizerConfig& o, int64_t iteration, int64_t train_iters) {
-  if (o.scheduler_type.empty()) return static_cast<float>(megatron_lr(o, iteration, train_iters));
-  DS_CHECK(o.scheduler_type == "WarmupLR" || o.scheduler_type == "WarmupDecayLR" ||
-               o.scheduler_type == "WarmupCosineLR" || o.scheduler_type == "OneCycle" ||
-               o.scheduler_type == "LRRangeTest",
-           "unknown scheduler_type '{}'", o.scheduler_type);
+  if (o.scheduler == LrScheduler::Megatron) return static_cast<float>(megatron_lr(o, iteration, train_iters));
   return static_cast<float>(deepspeed_lr(o, iteration - 1, train_iters));
 }
 
 bool cycles_momentum(const OptimizerConfig& o) {
-  if (o.scheduler_type != "OneCycle" || !o.one_cycle.cycle_momentum) return false;
+  if (o.scheduler != LrScheduler::OneCycle || !o.one_cycle.cycle_momentum) return false;
   const OptimizerKind k = optimizer_kind(o.spec).value_or(OptimizerKind::AdamW);
   return k != OptimizerKind::SGD && k != OptimizerKind::Adagrad;  // DeepSpeed: optimizers with betas only
 }

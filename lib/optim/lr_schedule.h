@@ -15,8 +15,8 @@ namespace ds {
 
 // The learning rate for the optimizer step `iteration` (0-based: the step about
 // to be taken), with warmup and decay counted in iterations (o.warmup_iters,
-// o.decay_iters). o.scheduler_type picks the family: "" = Megatron style, else
-// the named DeepSpeed scheduler. train_iters stands in for o.decay_iters when 0.
+// o.decay_iters). o.scheduler picks the family: Megatron's or the named DeepSpeed
+// scheduler. train_iters stands in for o.decay_iters when 0.
 float lr_at(const OptimizerConfig& o, int64_t iteration, int64_t train_iters);
 
 // The counters of Megatron-DeepSpeed's OptimizerParamScheduler, advanced once
@@ -60,7 +60,7 @@ struct LrScheduleValues {
   bool operator==(const LrScheduleValues&) const = default;
 };
 
-// The values of the Megatron schedule `o` (o.scheduler_type must be empty).
+// The values of the Megatron schedule `o` (o.scheduler must be LrScheduler::Megatron).
 LrScheduleValues lr_schedule_values(const OptimizerConfig& o);
 
 }  // namespace ds

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "lib/optim/optimizer_types.h"
 
@@ -34,14 +35,27 @@ struct LrRangeTestParams {
   bool staircase = false;
 };
 
+// The learning-rate schedule: Megatron's (the training.lr_* keys, no
+// DeepSpeed "scheduler" section) or one of DeepSpeed's scheduler types.
+enum class LrScheduler : uint8_t { Megatron, WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest };
+// DeepSpeed's type names, as scheduler.type spells them (Megatron: "").
+inline constexpr std::pair<LrScheduler, const char*> kLrSchedulerNames[] = {
+    {LrScheduler::WarmupLR, "WarmupLR"},       {LrScheduler::WarmupDecayLR, "WarmupDecayLR"},
+    {LrScheduler::WarmupCosineLR, "WarmupCosineLR"}, {LrScheduler::OneCycle, "OneCycle"},
+    {LrScheduler::LRRangeTest, "LRRangeTest"}};
+inline const char* lr_scheduler_name(LrScheduler s) {
+  for (const auto& [k, name] : kLrSchedulerNames)
+    if (k == s) return name;
+  return "";
+}
+
 struct OptimizerConfig {
   OptimizerSpec spec;  // optimizer.type and the keys of that optimizer alone
   float lr = 6e-4f, min_lr = 0.f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
   float grad_clip = 1.0f;  // 0 = off
   LrDecay decay = LrDecay::Cosine;
   int64_t warmup_iters = 0, decay_iters = 0;  // decay_iters: resolved (0 in file = train_iters)
-  // "" (Megatron schedule) | WarmupLR | WarmupDecayLR | WarmupCosineLR | OneCycle | LRRangeTest
-  std::string scheduler_type;
+  LrScheduler scheduler = LrScheduler::Megatron;
   float warmup_min_lr = 0.f;   // Megatron --lr-warmup-init / DeepSpeed warmup_min_lr
   // DeepSpeed schedulers only:
   WarmupKind warmup_type = WarmupKind::Linear;  // DeepSpeed's own default is "log"

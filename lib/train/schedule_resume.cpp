@@ -41,7 +41,7 @@ LrDecay decay_from_name(const std::string& s) {
 
 std::string reconcile_lr_schedule(TrainConfig& cfg, const TrainState& loaded) {
   OptimizerConfig& o = cfg.optim;
-  if (!o.scheduler_type.empty() || !loaded.lr_schedule) return "";
+  if (o.scheduler != LrScheduler::Megatron || !loaded.lr_schedule) return "";
   const LrScheduleValues& ckpt = *loaded.lr_schedule;
   const std::vector<std::string> diff = differences(lr_schedule_values(o), ckpt);
   if (diff.empty()) return "";

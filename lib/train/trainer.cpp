@@ -329,7 +329,7 @@ void Trainer::setup_device_and_precision() {
     // MFU against the tensor-core peak applies to bf16/fp16 only.
     if (prec != Precision::FP32) peak_tflops_ = rt.peak_bf16_tflops();
     DS_LOG("device: {} (cuda:{}), attention {}, peak {:.0f} TFLOP/s (bf16 dense; DS_PEAK_BF16_TFLOPS overrides)",
-           rt.device_name(), local, cfg_.attention_backend, rt.peak_bf16_tflops());
+           rt.device_name(), local, attention_backend_name(cfg_.attention_backend), rt.peak_bf16_tflops());
   } else {
     dev_ = Device::cpu();
     if (prec != Precision::FP32)
@@ -808,7 +808,7 @@ void Trainer::save() {
   if (cfg_.ckpt.save_dir.empty()) return;
   const Heartbeat::Paused paused(heartbeat_);  // ranks wait for the writers
   runner_->release("checkpoint save", state_.iteration);
-  if (cfg_.optim.scheduler_type.empty()) state_.lr_schedule = lr_schedule_values(cfg_.optim);
+  if (cfg_.optim.scheduler == LrScheduler::Megatron) state_.lr_schedule = lr_schedule_values(cfg_.optim);
   // Stage 0 keeps identical optimizer state on every rank: rank 0 writes one shard.
   const bool sharded = cfg_.zero.stage >= 1;
   // Collective: a checkpoint (and `latest`) never points at non-finite

@@ -353,7 +353,7 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
   CHECK_THROWS_WITH(parse_json(model({{"num_layers", 4}}), {"--pipeline-model-parallel-size", "2", "--zero-stage", "3"}, 2),
                     Contains("zero_optimization.stage 3 cannot be combined with pipeline_model_parallel_size 2"));
   CHECK_THROWS_WITH(parse_json(base(), {"--zero-stage", "4"}), Contains("zero_optimization.stage (--zero-stage) must be 0-3, got 4"));
-  CHECK(parse_json(base(), {"--attention-backend", "flash2"}).attention_backend == "flash2");
+  CHECK(parse_json(base(), {"--attention-backend", "flash2"}).attention_backend == AttentionBackend::Flash2);
   CHECK_THROWS_WITH(parse_json(base(), {"--attention-backend", "flash3"}),
                     Contains("flash3 not in {flash,flash2,plain,cudnn}"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"training", {{"train_iters", 100}, {"attention_backend", "flash3"}}}})),
@@ -443,14 +443,14 @@ TEST_CASE("the resolved config parses back to itself", "[config][resolved]") {
 TEST_CASE("schedule keys and flags", "[config][lr]") {
   auto c = parse_json(with(base(), {{"training", {{"lr_decay_style", "linear"}, {"lr_warmup_iters", 5},
                                                   {"min_lr", 1e-5}, {"lr_decay_iters", 80}}}}));
-  CHECK(c.optim.scheduler_type.empty());
+  CHECK(c.optim.scheduler == LrScheduler::Megatron);
   CHECK(c.optim.decay == LrDecay::Linear);
   CHECK(c.optim.warmup_iters == 5);
   CHECK(c.optim.decay_iters == 80);
   CHECK(c.optim.min_lr == Approx(1e-5));
   // DeepSpeed scheduler defaults: warmup_type log, WarmupDecayLR peak 0.001.
   auto d = parse_json(with(base(), {{"scheduler", {{"type", "WarmupDecayLR"}, {"params", {{"total_num_steps", 90}}}}}}));
-  CHECK(d.optim.scheduler_type == "WarmupDecayLR");
+  CHECK(d.optim.scheduler == LrScheduler::WarmupDecayLR);
   CHECK(d.optim.warmup_type == WarmupKind::Log);
   CHECK(d.optim.warmup_iters == 1000);
   CHECK(d.optim.decay_iters == 90);
@@ -464,7 +464,7 @@ TEST_CASE("schedule keys and flags", "[config][lr]") {
   CHECK(lr_at(e.optim, 1000, e.train_iters) == Approx(5e-4));
   // --lr-decay-style replaces the DeepSpeed scheduler (with a warning).
   auto f = parse_json(with(base(), {{"scheduler", {{"type", "WarmupLR"}}}}), {"--lr-decay-style", "cosine"});
-  CHECK(f.optim.scheduler_type.empty());
+  CHECK(f.optim.scheduler == LrScheduler::Megatron);
   CHECK(has_warning(f, "--lr-decay-style replaces the config's scheduler (WarmupLR)"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"scheduler", {{"type", "WarmupLR"}}}}), {"--min-lr", "1e-5"}),
                     Contains("--min-lr does not apply to the config's scheduler WarmupLR"));
@@ -712,7 +712,7 @@ TEST_CASE("DeepSpeed's OneCycle and LRRangeTest schedulers and Megatron's invers
   TrainConfig c = sched({{"type", "OneCycle"}, {"params", {{"cycle_min_lr", 1e-4}, {"cycle_max_lr", 1e-3},
                                                           {"cycle_first_step_size", 30}, {"decay_step_size", 5},
                                                           {"decay_lr_rate", 0.1}}}});
-  CHECK(c.optim.scheduler_type == "OneCycle");
+  CHECK(c.optim.scheduler == LrScheduler::OneCycle);
   CHECK(c.optim.one_cycle.cycle_second_step_size == 30);  // defaults to the first
   CHECK(c.optim.one_cycle.cycle_momentum);
   CHECK(c.optim.one_cycle.cycle_min_mom == Approx(0.8));

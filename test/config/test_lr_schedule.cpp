@@ -19,9 +19,9 @@ OptimizerConfig megatron(LrDecay decay, int64_t warmup, int64_t decay_iters) {
   return o;
 }
 
-OptimizerConfig deepspeed(const char* type, WarmupKind kind, int64_t warmup, int64_t total) {
+OptimizerConfig deepspeed(LrScheduler type, WarmupKind kind, int64_t warmup, int64_t total) {
   OptimizerConfig o;
-  o.scheduler_type = type;
+  o.scheduler = type;
   o.lr = 1.0f;
   o.warmup_min_lr = 0.1f;
   o.warmup_type = kind;
@@ -70,24 +70,24 @@ TEST_CASE("Megatron: warmup start value, no warmup, decay length from train_iter
 }
 
 TEST_CASE("DeepSpeed WarmupLR, linear and log warmup", "[lr]") {
-  auto o = deepspeed("WarmupLR", WarmupKind::Linear, 10, 0);
+  auto o = deepspeed(LrScheduler::WarmupLR, WarmupKind::Linear, 10, 0);
   CHECK(lr_at(o, 0, 100) == Approx(0.1));   // scheduler not started: warmup_min_lr
   CHECK(lr_at(o, 1, 100) == Approx(0.1));   // iteration 0
   CHECK(lr_at(o, 6, 100) == Approx(0.55));  // iteration 5: 0.1 + 0.9 * 5/10
   CHECK(lr_at(o, 11, 100) == 1.0f);
   CHECK(lr_at(o, 100000, 100) == 1.0f);
-  auto g = deepspeed("WarmupLR", WarmupKind::Log, 100, 0);
+  auto g = deepspeed(LrScheduler::WarmupLR, WarmupKind::Log, 100, 0);
   CHECK(lr_at(g, 1, 0) == Approx(0.1));  // log(1) = 0
   CHECK(lr_at(g, 11, 0) == Approx(0.1 + 0.9 * std::log(11.0) / std::log(100.0)));
   CHECK(lr_at(g, 11, 0) == Approx(0.568627).epsilon(1e-5));
   CHECK(lr_at(g, 101, 0) == 1.0f);
-  auto one = deepspeed("WarmupLR", WarmupKind::Linear, 1, 0);  // clamped to 2 steps
+  auto one = deepspeed(LrScheduler::WarmupLR, WarmupKind::Linear, 1, 0);  // clamped to 2 steps
   CHECK(lr_at(one, 2, 0) == Approx(0.55));
   CHECK(lr_at(one, 3, 0) == 1.0f);
 }
 
 TEST_CASE("DeepSpeed WarmupDecayLR decays linearly to warmup_min_lr", "[lr]") {
-  auto o = deepspeed("WarmupDecayLR", WarmupKind::Linear, 10, 110);
+  auto o = deepspeed(LrScheduler::WarmupDecayLR, WarmupKind::Linear, 10, 110);
   CHECK(lr_at(o, 6, 0) == Approx(0.55));
   CHECK(lr_at(o, 11, 0) == 1.0f);            // iteration 10: (110-10)/100
   CHECK(lr_at(o, 61, 0) == Approx(0.55));    // iteration 60: 0.5
@@ -98,7 +98,7 @@ TEST_CASE("DeepSpeed WarmupDecayLR decays linearly to warmup_min_lr", "[lr]") {
 }
 
 TEST_CASE("DeepSpeed WarmupCosineLR uses ratios of the optimizer lr", "[lr]") {
-  auto o = deepspeed("WarmupCosineLR", WarmupKind::Linear, 10, 110);
+  auto o = deepspeed(LrScheduler::WarmupCosineLR, WarmupKind::Linear, 10, 110);
   o.lr = 2.0f;
   o.warmup_min_ratio = 0.0f;
   o.cos_min_ratio = 0.1f;

@@ -53,7 +53,7 @@ struct OneCycleSim {
 
 void check_one_cycle(const OneCycleParams& p, OptimizerSpec spec = {}, int steps = 40) {
   OptimizerConfig o;
-  o.scheduler_type = "OneCycle";
+  o.scheduler = LrScheduler::OneCycle;
   o.one_cycle = p;
   o.spec = spec;
   OneCycleSim sim(p);
@@ -93,7 +93,7 @@ TEST_CASE("OneCycle: the cycle, staircases, the decay after it, and the momentum
   // Hand values (first 10, second 10, min 0.01, max 0.1): step 0 runs at min lr and min momentum;
   // step 1 (iteration 0, position 1/10 of the rise) at 0.019 with momentum 0.89; step 10 at the peak.
   OptimizerConfig o;
-  o.scheduler_type = "OneCycle";
+  o.scheduler = LrScheduler::OneCycle;
   o.one_cycle.cycle_min_lr = 0.01f;
   o.one_cycle.cycle_max_lr = 0.1f;
   o.one_cycle.cycle_first_step_size = 10;
@@ -116,7 +116,7 @@ TEST_CASE("OneCycle: the cycle, staircases, the decay after it, and the momentum
 TEST_CASE("LRRangeTest: continuous and staircase growth from lr_range_test_min_lr", "[lr]") {
   for (bool stairs : {false, true}) {
     OptimizerConfig o;
-    o.scheduler_type = "LRRangeTest";
+    o.scheduler = LrScheduler::LRRangeTest;
     o.range_test = {.min_lr = 1e-4f, .step_size = 5, .step_rate = 2.f, .staircase = stairs};
     LrClock c;
     CHECK(lr_at(o, c) == Approx(1e-4));  // built with min_lr
