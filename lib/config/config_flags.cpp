@@ -368,6 +368,12 @@ std::vector<std::string> drop_repeated_list_flags(int argc, char** argv) {
 
 }  // namespace
 
+std::vector<std::pair<std::string, std::string>> table_flags() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const FlagSpec& f : kTable) out.emplace_back(f.name, f.pointer);
+  return out;
+}
+
 void set_at(json& j, const std::string& pointer, const json& v, const std::string& flag) {
   // Every parent on the way must be an object (a config with "model": [1]
   // is the file's error, not the flag's).

@@ -58,6 +58,10 @@ void add_warning(Warnings& w, std::string msg);
 void set_at(nlohmann::json& j, const std::string& pointer, const nlohmann::json& v, const std::string& flag);
 // Megatron-DeepSpeed compatibility flags (config_compat_flags.cpp): parsed into
 // `out` (flag name -> value), then applied over the merged config.
+// The flag table (config_flags.cpp): each plain flag and the JSON pointer it
+// sets, in table order.
+std::vector<std::pair<std::string, std::string>> table_flags();
+
 void add_compat_flags(CLI::App& app, std::map<std::string, nlohmann::json>& out);
 void apply_compat_flags(nlohmann::json& j, const std::map<std::string, nlohmann::json>& sp, Warnings& w);
 // The model section's plain keys (config_sections.cpp's field table) as

@@ -183,9 +183,11 @@ void read_training_schedule(JsonSection& s, TrainConfig& cfg, bool has_ds_schedu
 
 void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_scheduler, bool has_steps_per_print) {
   cfg.train_iters = s.get<int64_t>("train_iters", cfg.train_iters);
+  s.mark("distillation");
   if (s.has("distillation")) read_distill_section(s.section("distillation"), cfg.distill);
   cfg.lengths.train_samples = s.get<int64_t>("train_samples", cfg.lengths.train_samples);
   cfg.lengths.train_tokens = s.get<int64_t>("train_tokens", cfg.lengths.train_tokens);
+  s.mark("rampup_batch_size");
   if (s.has("rampup_batch_size")) {
     const std::vector<int64_t> r = s.get<std::vector<int64_t>>("rampup_batch_size", {});
     DS_USER_CHECK(r.size() == 3, "training.rampup_batch_size (--rampup-batch-size) needs 3 values: start batch, "

@@ -17,8 +17,19 @@ JsonSection::JsonSection(const nlohmann::json& obj, std::string path)
 
 bool JsonSection::has(const std::string& key) const { return obj_.contains(key) && !obj_.at(key).is_null(); }
 
-JsonSection JsonSection::section(const std::string& key) {
+namespace {
+std::set<std::string>* g_key_log = nullptr;
+}  // namespace
+
+void JsonSection::set_key_log(std::set<std::string>* log) { g_key_log = log; }
+
+void JsonSection::note(const std::string& key) {
   seen_.insert(key);
+  if (g_key_log) g_key_log->insert(full(key));
+}
+
+JsonSection JsonSection::section(const std::string& key) {
+  note(key);
   if (!obj_.contains(key)) return JsonSection(nlohmann::json::object(), full(key));
   return JsonSection(obj_.at(key), full(key));
 }

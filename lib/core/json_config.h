@@ -23,17 +23,22 @@ class JsonSection {
 
   bool has(const std::string& key) const;
   // Marks the key as known without reading it.
-  void mark(const std::string& key) { seen_.insert(key); }
+  void mark(const std::string& key) { note(key); }
+
+  // While set, every key a section reads, marks or opens is added to `log`
+  // as its dotted path ("model.moe.topk"): the readers declare the keys they
+  // accept, and test/config/test_config_docs.cpp holds docs/config.md to them.
+  static void set_key_log(std::set<std::string>* log);
 
   template <class T>
   T get(const std::string& key, const T& fallback) {
-    seen_.insert(key);
+    note(key);
     if (!obj_.contains(key) || obj_.at(key).is_null()) return fallback;
     return convert<T>(key);
   }
   template <class T>
   T require(const std::string& key) {
-    seen_.insert(key);
+    note(key);
     DS_USER_CHECK(obj_.contains(key), "config: missing required key '{}'", full(key));
     return convert<T>(key);
   }
@@ -46,6 +51,7 @@ class JsonSection {
   const nlohmann::json& raw() const { return obj_; }
 
  private:
+  void note(const std::string& key);
   template <class T>
   T convert(const std::string& key) {
     const auto& v = obj_.at(key);
