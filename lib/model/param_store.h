@@ -157,6 +157,11 @@ class FlatParamStore : public ParamStore {
   // over the data-parallel group.
   void set_full_params(const Tensor& full) override;
   void get_full_params(const Tensor& out) override;
+  // Chunk by chunk, straight into the f32 weights where they are host
+  // memory, else through a staging buffer of at most kInitChunk elements:
+  // never a host copy of the rank's whole model.
+  void init_params(int64_t total, const InitFill& fill) override;
+  static constexpr int64_t kInitChunk = int64_t(4) << 20;
   void params_updated() override;
   void abandon_pass() override;
   void gather_f32(Range r, const Tensor& out) override;
