@@ -185,37 +185,39 @@ void ParamStore::init_params(int64_t total, const InitFill& fill) {
   set_full_params(host);
 }
 
+void init_fill_into(const ParamStore::InitFill& fill, Range r, const Tensor& dst, Tensor& staging) {
+  DS_CHECK(dst.numel() == r.size(), "init_fill_into: {} elements for a range of {}", dst.numel(), r.size());
+  if (dst.device().is_cpu() && dst.dtype() == DType::F32) {
+    for (int64_t b = r.begin; b < r.end; b += kInitChunk)
+      fill(b, std::min(r.end, b + kInitChunk), dst.data<float>() + (b - r.begin));
+    return;
+  }
+  if (!staging.defined()) staging = Tensor::empty({kInitChunk}, DType::F32);
+  for (int64_t b = r.begin; b < r.end; b += kInitChunk) {
+    const int64_t e = std::min(r.end, b + kInitChunk);
+    fill(b, e, staging.data<float>());
+    const Tensor v = staging.view(0, {e - b});
+    Tensor out = dst.view(b - r.begin, {e - b});
+    if (dst.dtype() == DType::F32)
+      out.copy_from(v);
+    else
+      ops::cast({.out = out, .inp = v.device() == dst.device() ? v : v.to(dst.device())}, Stream{});
+  }
+}
+
 void FlatParamStore::init_params(int64_t total, const InitFill& fill) {
   DS_CHECK(total == total_, "init_params: {} elements, the store has {}", total, total_);
   wait_gathers();
-  const bool direct = params_.device().is_cpu() && params_.dtype() == DType::F32;
   Tensor staging;
-  auto staged = [&](int64_t b, int64_t e) {  // fill(b, e) in host staging memory
-    if (!staging.defined()) staging = Tensor::empty({kInitChunk}, DType::F32);
-    fill(b, e, staging.data<float>());
-    return staging.view(0, {e - b});
-  };
   for (const GroupSpace::Piece& q : master_) {  // the f32 buffer: each flat piece it holds
     const int64_t end = std::min(q.flat.end, total_);  // a full master may run past total_
-    for (int64_t b = q.flat.begin; b < end; b += kInitChunk) {
-      const int64_t e = std::min(end, b + kInitChunk), at = q.at + (b - q.flat.begin);
-      if (direct)
-        fill(b, e, params_.data<float>() + at);
-      else
-        params_.view(at, {e - b}).copy_from(staged(b, e));
-    }
+    if (end > q.flat.begin) init_fill_into(fill, {q.flat.begin, end}, params_.view(q.at, {end - q.flat.begin}), staging);
   }
   if (!compute_.defined() || total_ == 0) return;
-  if (full_master_) {  // the compute copy of every weight, cast from the f32 ones
+  if (full_master_)  // the compute copy of every weight, cast from the f32 ones
     ops::cast({.out = compute_, .inp = params_.view(0, {total_})}, Stream{});
-    return;
-  }
-  for (int64_t b = 0; b < total_; b += kInitChunk) {  // a sharded master holds only its pieces
-    const int64_t e = std::min(total_, b + kInitChunk);
-    const Tensor v = staged(b, e);
-    ops::cast({.out = compute_.view(b, {e - b}), .inp = v.device() == compute_.device() ? v : v.to(compute_.device())},
-              Stream{});
-  }
+  else  // a sharded master holds only its pieces
+    init_fill_into(fill, {0, total_}, compute_, staging);
 }
 
 void FlatParamStore::set_full_params(const Tensor& full) {

@@ -138,6 +138,14 @@ struct FlatStoreOptions {
   bool forward_only = false;
 };
 
+// init_params without a host copy of the whole model: the init values of
+// flat range r written into `dst` (r.size() elements on any device) chunk by
+// chunk, straight where dst is f32 host memory, else through `staging` (host,
+// at most kInitChunk f32 elements, allocated on first use), cast to dst's
+// dtype where it is bf16/f16.
+inline constexpr int64_t kInitChunk = int64_t(4) << 20;
+void init_fill_into(const ParamStore::InitFill& fill, Range r, const Tensor& dst, Tensor& staging);
+
 // One flat params buffer and one flat grads buffer; acquire returns views and
 // nothing moves. Gradients accumulate until zero_grads(). With a bf16/f16
 // compute dtype a second flat buffer holds the weights in that dtype (what
@@ -157,11 +165,8 @@ class FlatParamStore : public ParamStore {
   // over the data-parallel group.
   void set_full_params(const Tensor& full) override;
   void get_full_params(const Tensor& out) override;
-  // Chunk by chunk, straight into the f32 weights where they are host
-  // memory, else through a staging buffer of at most kInitChunk elements:
-  // never a host copy of the rank's whole model.
+  // Through init_fill_into: never a host copy of the rank's whole model.
   void init_params(int64_t total, const InitFill& fill) override;
-  static constexpr int64_t kInitChunk = int64_t(4) << 20;
   void params_updated() override;
   void abandon_pass() override;
   void gather_f32(Range r, const Tensor& out) override;

@@ -405,24 +405,27 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
 
 void ZeroParamStore::init_params(int64_t total, const InitFill& fill) {
   DS_CHECK(total == part_.total, "init_params: {} elements, model has {}", total, part_.total);
-  if (stage_ == 2) return ParamStore::init_params(total, fill);
   wait_gathers();
+  Tensor staging;  // init_fill_into: chunk by chunk, never the rank's whole model on the host
+  if (stage_ == 2 && full_.defined()) {  // fp32: the weights themselves
+    init_fill_into(fill, {0, part_.total}, full_, staging);
+    return;
+  }
+  // Stage 2 in mixed precision: each group's f32 master shard and the whole
+  // compute copy; stage 3: each group's parameter shard and the persistent units.
   for (size_t i = 0; i < g_.size(); ++i) {
     const Range own = sgroups_[i].owned();
-    g_[i].shard.zero_();
-    for (const GroupSpace::Piece& q : sgroups_[i].space.pieces(own)) {
-      Tensor host = Tensor::empty({q.flat.size()}, DType::F32);
-      fill(q.flat.begin, q.flat.end, host.data<float>());
-      g_[i].shard.view(q.at - own.begin, {q.flat.size()}).copy_from(host);
-    }
+    Tensor& dst = stage_ == 2 ? g_[i].master : g_[i].shard;
+    dst.zero_();
+    for (const GroupSpace::Piece& q : sgroups_[i].space.pieces(own))
+      init_fill_into(fill, q.flat, dst.view(q.at - own.begin, {q.flat.size()}), staging);
   }
-  for (size_t u = 0; u < units_.size(); ++u) {
-    if (!plan_.persistent[u] || units_[u].size() == 0) continue;
-    Tensor host = Tensor::empty({units_[u].size()}, DType::F32);
-    fill(units_[u].begin, units_[u].end, host.data<float>());
-    if (compute_dtype_ == DType::F32) gathered_[u].copy_from(host);
-    else ops::cast({.out = gathered_[u], .inp = host.device() == dev_ ? host : host.to(dev_)}, Stream{});
+  if (stage_ == 2) {
+    if (part_.total > 0) init_fill_into(fill, {0, part_.total}, compute_, staging);
+    return;
   }
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (plan_.persistent[u] && units_[u].size() > 0) init_fill_into(fill, units_[u], gathered_[u], staging);
 }
 
 void ZeroParamStore::gather_f32(Range r, const Tensor& out) {

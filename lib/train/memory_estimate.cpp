@@ -13,6 +13,7 @@
 
 #include "lib/core/error.h"
 #include "lib/model/layout.h"
+#include "lib/model/param_store.h"
 #include "lib/parallel/pipeline_p2p_plan.h"
 #include "lib/runtime/offload_pipeline.h"
 #include "lib/runtime/zero_optimizer.h"
@@ -187,11 +188,14 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   }
   r.device_total =
       r.states.total() + r.zero3_live + e.activations.total() + e.pipeline_bytes() + e.teacher_bytes;
-  // Host: the fp32 start-up copy of the rank's weights, plus with offload the
-  // optimizer state and the fp32 master and gradient ranges the host Adam works on.
+  // Host: the start-up staging chunk through which initialisation, --load and
+  // --init-from fill the rank's weights (init_fill_into: at most kInitChunk
+  // f32 elements, none where the weights are f32 host memory), plus with
+  // offload the optimizer state and the fp32 master and gradient ranges the
+  // host Adam works on.
   const int64_t shard = make_zero_partition(n, e.sdp).shard;
   const int64_t opt_elems = stage >= 1 ? shard : n;
-  r.host_per_rank = 4 * n + 4 * e.teacher_params;  // the teacher is read whole in f32 too
+  r.host_per_rank = 4 * std::min(n, kInitChunk) + 4 * e.teacher_params;  // the teacher is read whole in f32
   if (cfg.device == DeviceType::CPU) {
     r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.sdp, stage, e.precision, ob) : 0);
   } else if (offload) {
@@ -402,7 +406,7 @@ std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gp
                        gib(r.host_per_node));
   }
   out += "\n* = the configured stage. per-rank device = model states + ZeRO-3 working set + activations\n"
-         "(+ pipeline messages); per-node host = fp32 start-up copy of the weights (+ offloaded optimizer state,\n"
+         "(+ pipeline messages); per-node host = start-up staging of the weights, at most 16 MiB (+ offloaded optimizer state,\n"
          "its fp32 master copy and two gradient buckets, pinned with pin_memory)\n"
          "x ranks per node. Framework buffers (communication buckets, allocator slack) come on top:\n"
          "see docs/zero.md.\n";

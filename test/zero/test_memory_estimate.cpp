@@ -84,11 +84,11 @@ TEST_CASE("memory estimate: GPT-2 124M on one node of 8 GPUs", "[zero][estimate]
   for (int s = 1; s <= 2; ++s) CHECK(row(e, s, false).device_total < row(e, s - 1, false).device_total);
   CHECK(row(e, 3, false).zero3_live > 0);
   CHECK(row(e, 2, false).zero3_live == 0);
-  CHECK(row(e, 2, false).host_per_rank == 4 * kN);  // fp32 start-up copy only
+  CHECK(row(e, 2, false).host_per_rank == 4 * kInitChunk);  // the start-up staging chunk only
   // Adam m, v (8 per element) + the host master copy (4) + the gradient
   // buckets: the 15.6M-element shard fits one bucket of the 16M cap (4).
   REQUIRE(shard < ZeroOptimizer::kOffloadBucketMax);
-  CHECK(row(e, 2, true).host_per_rank == 4 * kN + 16 * shard);
+  CHECK(row(e, 2, true).host_per_rank == 4 * kInitChunk + 16 * shard);
   CHECK(row(e, 2, true).host_per_node == 8 * row(e, 2, true).host_per_rank);
   CHECK(row(e, 1, true).device_total < row(e, 1, false).device_total);
 
@@ -158,7 +158,7 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
     cfg.zero.reduce_bucket_size = 1 << 20;
     const MemoryEstimate e = estimate_memory(cfg, 1, 8);
     const int64_t shard = kN / 8;
-    CHECK(row(e, 2, true).host_per_rank == 4 * kN + 12 * shard + 2 * 4 * (1 << 20));
+    CHECK(row(e, 2, true).host_per_rank == 4 * kInitChunk + 12 * shard + 2 * 4 * (1 << 20));
     CHECK(row(e, 2, true).device_total == row(base, 2, true).device_total);  // host memory only
   }
   SECTION("pipeline messages count in the device total") {
