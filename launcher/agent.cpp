@@ -189,6 +189,9 @@ void Agent::spawn_rank(RankProc& r, const std::vector<std::string>& base_env, in
   EnvList env = rank_env(r.info, {a_.master_addr, a_.master_port, a_.job_token}, omp);
   // Always set, so a DS_HEARTBEAT_FILE inherited by this agent never reaches a rank.
   env.emplace_back(kHeartbeatFileEnv, liveness_->add_rank(r.info.rank));
+  // Every line of the rank's output gets "[rank N] " here (unless it goes to a
+  // file of its own), so its warnings leave their own rank prefix out.
+  if (a_.each_rank_log.empty()) env.emplace_back("DS_OUTPUT_RANK_PREFIXED", "1");
   spec.env = merge_env(base_env, env);
   if (!cores.empty()) spec.cpus = cores_for_rank(cores, r.info.local_size, r.info.local_rank);
   int log_fd = -1, out_p[2] = {-1, -1}, err_p[2] = {-1, -1};

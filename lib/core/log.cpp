@@ -31,7 +31,13 @@ void log_line(bool all_ranks, const std::string& s) {
 
 void warn_line(const std::string& s) {
   std::lock_guard<std::mutex> lk(g_mu);
-  std::string line = fmt::format("[rank {}] warning: {}\n", log_rank(), s);
+  // Under dsrun the agent prefixes each line with the rank already.
+  static const bool prefixed = [] {
+    const char* v = std::getenv("DS_OUTPUT_RANK_PREFIXED");
+    return v && std::string(v) == "1";
+  }();
+  std::string line =
+      prefixed ? fmt::format("warning: {}\n", s) : fmt::format("[rank {}] warning: {}\n", log_rank(), s);
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
 }

@@ -62,7 +62,7 @@ int write_env(const std::string& dir, const std::vector<std::string>& argv) {
   std::ofstream f(dir + "/rank_" + std::to_string(rank) + ".env");
   for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
                         "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "DS_JOB_TOKEN",
-                        "OMP_NUM_THREADS", "DS_TEST_EXPORT", "NCCL_TEST_VAR", "FROM_ENV_FILE", "SLURMD_NODENAME",
+                        "OMP_NUM_THREADS", "DS_OUTPUT_RANK_PREFIXED", "DS_TEST_EXPORT", "NCCL_TEST_VAR", "FROM_ENV_FILE", "SLURMD_NODENAME",
                         "SLURM_STEP_ID"}) {
     const char* v = std::getenv(k);
     f << k << "=" << (v ? v : "<unset>") << "\n";

@@ -70,6 +70,7 @@ TEST_CASE("local: every rank gets its rendezvous environment", "[launcher]") {
     CHECK(env_value(env, "MASTER_PORT") == "31234");
     CHECK(env_value(env, "CUDA_VISIBLE_DEVICES") == "1,3");
     CHECK(env_value(env, "DS_JOB_TOKEN") == job.token);
+    CHECK(env_value(env, "DS_OUTPUT_RANK_PREFIXED") == "1");  // the agent prefixes its lines
     CHECK(env_value(env, "argv1") == "--local_rank=" + std::to_string(rank));
     CHECK(env_value(env, "argv2") == "env");
     CHECK(env_value(env, "argv4") == "--flag");
@@ -87,6 +88,8 @@ TEST_CASE("local: --no_local_rank and --enable_each_rank_log", "[launcher]") {
   auto r = job.run({"--num_gpus", "2", "--no_local_rank", "--enable_each_rank_log", logs}, {"env", job.dir.path()});
   REQUIRE(r.code == 0);
   CHECK(env_value(read_file(job.dir.path() + "/rank_1.env"), "argv1") == "env");
+  // Each rank's output goes to its own file, unprefixed: its warnings name the rank.
+  CHECK(env_value(read_file(job.dir.path() + "/rank_1.env"), "DS_OUTPUT_RANK_PREFIXED") == "<unset>");
   CHECK(r.out.find("hello") == std::string::npos);
   std::string log1 = read_file(logs + "/rank_1.log");
   CHECK_THAT(log1, Catch::Contains("hello from rank 1"));

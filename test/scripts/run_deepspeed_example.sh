@@ -101,6 +101,8 @@ grep -q "batch: global 32 = micro 4 x grad accum 4 x data parallel 2" $log || fa
 grep -q "loss scale: 4096.0" $log || fail "initial_scale_power 12 not in effect" $log
 grep -q "warning: --loss-scale 12.0 differs from the DeepSpeed config's fp16/loss_scale 0.0" $log ||
   fail "no warning naming --loss-scale and the config's value" $log
+# Through dsrun a rank's warning carries the agent's "[rank N] " once.
+grep -q "^\[rank 0\] warning: --loss-scale 12.0" $log || fail "warning lines: not one [rank 0] prefix" $log
 grep -q "warning: --clip-grad 1.0 differs from the DeepSpeed config's gradient_clipping 0.0" $log ||
   fail "no warning naming --clip-grad and the config's value" $log
 grep -q "warning: --global-batch-size 32 differs from the DeepSpeed config's train_batch_size 64" $log ||
