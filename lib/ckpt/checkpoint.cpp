@@ -264,15 +264,15 @@ int64_t read_opt_state(const SavedStep& s, const CheckpointData& d, bool same, O
   for (const CheckpointData::StatePart& part : d.opt_parts) {
     int64_t n = 0;
     for (const Range& r : part.pieces) n += r.size();
-    OptimizerStates out = state;  // the names
-    for (OptimizerStateTensor& t : out) t.t = Tensor::zeros({n}, DType::F32);
+    OptimizerStates out = part.states;  // the optimizer's own buffers where they are host f32
+    prepare_host_states(out, n);
     int64_t pos = 0;
     for (const Range& r : part.pieces) {
       if (r.size() == 0) continue;
       if (same) {
         for (size_t i = 0; i < out.size(); ++i) files->read(i, r.begin, r.end, out[i].t.data<float>() + pos);
       } else {
-        OptimizerStates piece = state;
+        OptimizerStates piece = state_names_only(state);
         step = read_reshaped_state(s, *d.layout, local, r.begin, r.end, piece);
         for (size_t i = 0; i < out.size(); ++i) out[i].t.view(pos, {r.size()}).copy_from(piece[i].t);
       }
@@ -281,7 +281,7 @@ int64_t read_opt_state(const SavedStep& s, const CheckpointData& d, bool same, O
     parts.push_back(std::move(out));
   }
   if (step < 0) {  // another layout and this rank owns no piece: the step count from an empty read
-    OptimizerStates none = state;
+    OptimizerStates none = state_names_only(state);
     step = read_reshaped_state(s, *d.layout, local, 0, 0, none);
   }
   return step;
@@ -353,10 +353,14 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
     d.params.copy_from(params);
   }
   if (!d.weights_only) {
+    // Read in place where the optimizer's state is host f32 (prepare_host_states).
+    auto place = [](Tensor& dst, const Tensor& src) {
+      if (dst.raw() != src.raw()) dst.copy_from(src);
+    };
     if (d.opt_parts.empty())
-      for (size_t i = 0; i < opt_state.size(); ++i) d.opt_state[i].t.copy_from(opt_state[i].t);
+      for (size_t i = 0; i < opt_state.size(); ++i) place(d.opt_state[i].t, opt_state[i].t);
     for (size_t p = 0; p < part_state.size(); ++p)
-      for (size_t i = 0; i < part_state[p].size(); ++i) d.opt_parts[p].states[i].t.copy_from(part_state[p][i].t);
+      for (size_t i = 0; i < part_state[p].size(); ++i) place(d.opt_parts[p].states[i].t, part_state[p][i].t);
     d.opt_step = opt_step;
   }
   st = train;

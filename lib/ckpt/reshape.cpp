@@ -171,7 +171,7 @@ struct Piece {
 
 int64_t read_reshaped_state(const SavedStep& s, const ModelLayout& full, const ModelLayout& local, int64_t begin,
                             int64_t end, OptimizerStates& state) {
-  for (OptimizerStateTensor& t : state) t.t = Tensor::zeros({end - begin}, DType::F32);
+  prepare_host_states(state, end - begin);
   // What [begin, end) of the target's local layout holds, per saved weight, in
   // the saved full weight's element order (a padded vocabulary row the saved
   // model lacks stays zero, as read_full_weight leaves it).

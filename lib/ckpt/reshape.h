@@ -146,20 +146,31 @@ class SavedStateFiles {
 
 // Reads [begin, end) of shard `at`'s (s.sizes at a pp, tp and ep rank) local optimizer state
 // (local_total elements) from the s.shards optimizer files of that rank:
-// each entry of `state` by its name, into its tensor (replaced by a host f32
-// of end - begin). Returns the optimizer step count. UserError naming the
+// each entry of `state` by its name, into its tensor (a host f32 of
+// end - begin, prepare_host_states). Returns the optimizer step count. UserError naming the
 // shard on a missing file, a checksum mismatch, malformed metadata, a tensor
 // of another dtype or shape, NaN/Inf (or a negative value in a non_negative
 // state), ranges that overlap or leave a gap.
 int64_t read_state_range(const SavedStep& s, const ShardCoords& at, int64_t local_total, int64_t begin, int64_t end,
                          OptimizerStates& state);
 
+// The host buffers the two readers fill, n f32 elements per state, zeroed:
+// a tensor of `state` that already is one (contiguous host f32 of n
+// elements, such as the optimizer's own state on the CPU backend; tensors
+// are contiguous) is read
+// into in place, so loading holds no second copy of the rank's state; any
+// other is replaced by a new one.
+void prepare_host_states(OptimizerStates& state, int64_t n);
+// The names of `state` with no tensors (nothing to read into in place).
+OptimizerStates state_names_only(const OptimizerStates& state);
+
 // [begin, end) of a target shard's local optimizer state (layout `local`,
 // whose full layout `full` may pad the vocabulary otherwise than the saved
 // one) from a checkpoint of any layout: only the byte ranges of the saved
 // shards' files that hold those elements are read, one saved shard's files
 // open at a time, so a rank holds its range and never the whole model's
-// state. Every entry of `state` by its name (host f32 of end - begin).
+// state. Every entry of `state` by its name (host f32 of end - begin,
+// prepare_host_states).
 // Returns the optimizer step count.
 int64_t read_reshaped_state(const SavedStep& s, const ModelLayout& full, const ModelLayout& local, int64_t begin,
                             int64_t end, OptimizerStates& state);

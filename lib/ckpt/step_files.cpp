@@ -316,13 +316,27 @@ void SavedStateFiles::read(size_t state, int64_t lo, int64_t hi, float* dst) {
   }
 }
 
+void prepare_host_states(OptimizerStates& state, int64_t n) {
+  for (OptimizerStateTensor& t : state) {
+    if (t.t.defined() && t.t.device().is_cpu() && t.t.dtype() == DType::F32 && t.t.numel() == n)
+      t.t.zero_();
+    else
+      t.t = Tensor::zeros({n}, DType::F32);
+  }
+}
+
+OptimizerStates state_names_only(const OptimizerStates& state) {
+  OptimizerStates out = state;
+  for (OptimizerStateTensor& t : out) t.t = Tensor();
+  return out;
+}
+
 int64_t read_state_range(const SavedStep& s, const ShardCoords& at, int64_t local_total, int64_t begin, int64_t end,
                          OptimizerStates& state) {
   SavedStateFiles files(s, at, local_total, state);
-  for (size_t i = 0; i < state.size(); ++i) {
-    state[i].t = Tensor::zeros({end - begin}, DType::F32);
+  prepare_host_states(state, end - begin);
+  for (size_t i = 0; i < state.size(); ++i)
     if (end > begin) files.read(i, begin, end, state[i].t.data<float>());
-  }
   return files.step();
 }
 
