@@ -40,7 +40,10 @@ class DsSection {
   // The key is honoured silently when its value is `ours` (what dstrain always
   // does); any other value is warned about by name.
   void accept_if(const std::string& key, const nlohmann::json& ours);
-  void mark(const std::string& key) { read_.insert(key); }
+  void mark(const std::string& key) {
+    read_.insert(key);
+    s_.mark(key);  // JsonSection's key log (test_config_docs)
+  }
   void finish();  // warns about every key not read
   std::string full(const std::string& key) const { return s_.full(key); }
   const nlohmann::json& raw() const { return s_.raw(); }

@@ -26,13 +26,13 @@ void add_warning(Warnings& w, std::string msg) { w.push_back(std::move(msg)); }
 DsSection::DsSection(const json& obj, std::string path, Warnings& w) : s_(obj, std::move(path)), w_(w) {}
 
 DsSection DsSection::section(const std::string& key) {
-  read_.insert(key);
+  mark(key);
   const json& r = s_.raw();
   return DsSection(r.contains(key) ? r.at(key) : json::object(), s_.full(key), w_);
 }
 
 void DsSection::accept_if(const std::string& key, const json& ours) {
-  read_.insert(key);
+  mark(key);
   if (!s_.has(key) || s_.raw().at(key) == ours) return;
   add_warning(w_, fmt::format("config: '{}' = {} is not implemented by dstrain (it always uses {}); ignored",
                               full(key), s_.raw().at(key).dump(), ours.dump()));
@@ -129,6 +129,7 @@ void read_optimizer(DsSection& root, OptimizerConfig& o) {
   p.mark("betas");
   o.eps = p.get<float>("eps", o.eps);
   o.weight_decay = p.get<float>("weight_decay", o.weight_decay);
+  p.mark("max_grad_norm");
   DS_USER_CHECK(!p.has("max_grad_norm"), "config: 'optimizer.params.max_grad_norm' is not supported (as in "
                 "DeepSpeed): use gradient_clipping (--clip-grad)");
   DS_USER_CHECK(!p.get<bool>("amsgrad", false), "config: 'optimizer.params.amsgrad' = true is not implemented by "

@@ -2,8 +2,11 @@
 // (model, model.moe, data, training, parallel) name exactly the keys the
 // section readers accept (recorded through JsonSection::set_key_log while a
 // config is read), and every flag of the flag table that sets one of those
-// keys is named in that key's row.
+// keys is named in that key's row. The same for DeepSpeed's keys: the tables
+// under "DeepSpeed keys honoured" name exactly the keys the DeepSpeed readers
+// read (every optimizer, scheduler, precision and curriculum branch taken).
 #include <catch2/catch.hpp>
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -16,6 +19,7 @@
 #include "lib/config/config.h"
 #include "lib/config/config_internal.h"
 #include "lib/core/json_config.h"
+#include "lib/optim/optimizer_config.h"
 
 using namespace ds;
 using nlohmann::json;
@@ -126,6 +130,111 @@ std::set<std::string> accepted_keys() {
   return ours;
 }
 
+
+bool identifier(const std::string& s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '_'))
+      return false;
+  return true;
+}
+
+// The DeepSpeed keys docs/config.md documents: between "## DeepSpeed keys
+// honoured" and the next "## " heading, the first cells of "| key |" tables
+// (full dotted paths; "`a.b.x`, `y`" names a.b.x and a.b.y), the first cells
+// of the scheduler's "| param |" tables (scheduler.params.<name>) and the
+// "own keys" cells of the optimizer's "| type |" table (optimizer.params.<name>).
+// Each key maps to its row's text.
+std::map<std::string, std::string> documented_ds_keys(const std::string& path) {
+  std::ifstream f(path);
+  REQUIRE(f.good());
+  std::map<std::string, std::string> keys;
+  std::string line;
+  bool in_ds = false;
+  enum class Table { None, Key, Param, Type } table = Table::None;
+  while (std::getline(f, line)) {
+    if (line.rfind("## ", 0) == 0) in_ds = line.find("DeepSpeed keys honoured") != std::string::npos;
+    if (!in_ds) continue;
+    if (line.rfind("|", 0) != 0) table = Table::None;
+    if (line.rfind("| key |", 0) == 0) table = Table::Key;
+    if (line.rfind("| param |", 0) == 0) table = Table::Param;
+    if (line.rfind("| type |", 0) == 0) table = Table::Type;
+    if (table == Table::None || line.rfind("| `", 0) != 0) continue;
+    const std::vector<std::string> cells = split_cells(line);
+    if (table == Table::Type) {
+      REQUIRE(cells.size() >= 3);
+      for (const std::string& name : code_spans(cells[2]))
+        if (identifier(name)) keys["optimizer.params." + name] = line;
+      continue;
+    }
+    std::string prefix = table == Table::Param ? "scheduler.params." : "";
+    for (const std::string& name : code_spans(cells[0])) {
+      if (table == Table::Param) {
+        keys[prefix + name] = line;
+        continue;
+      }
+      std::string key = name;
+      if (const size_t dot = name.rfind('.'); dot != std::string::npos) prefix = name.substr(0, dot + 1);
+      else key = prefix + name;
+      keys[key] = line;
+    }
+  }
+  return keys;
+}
+
+// Every key the DeepSpeed readers read: the configs below take each branch
+// (every optimizer and scheduler type, fp16 and bf16, CPU offload, the three
+// curriculum schedules); a reader notes a key when it asks for it, present or not.
+std::set<std::string> accepted_ds_keys() {
+  std::vector<json> configs;
+  auto with = [&](json extra) {
+    json j = full_config();
+    j.merge_patch(extra);
+    configs.push_back(j);
+  };
+  for (const char* type : {"Adam", "AdamW", "SGD", "Adagrad", "Lion", "Lamb"})
+    with({{"optimizer", {{"type", type}, {"params", {{"torch_adam", false}, {"fused", true}}}}}});
+  for (const auto& [kind, name] : kLrSchedulerNames)
+    if (kind != LrScheduler::Megatron)
+      with({{"scheduler", {{"type", name}, {"params", {{"cycle_min_lr", 0.0}, {"cycle_max_lr", 0.1}}}}}});
+  with({{"fp16", {{"enabled", true}}}});
+  with({{"bf16", {{"enabled", true}}}});
+  with({{"bfloat16", {{"enabled", true}}}});
+  with({{"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}}});
+  with({{"sequence_parallel_size", 1}});
+  json curriculum = {{"enabled", true},         {"curriculum_type", "seqlen"}, {"min_difficulty", 8},
+                     {"max_difficulty", 64},    {"schedule_type", "fixed_linear"},
+                     {"schedule_config", {{"total_curriculum_step", 10}, {"difficulty_step", 8}, {"root_degree", 2}}}};
+  with({{"curriculum_learning", curriculum}});
+  curriculum["schedule_type"] = "fixed_root";
+  with({{"curriculum_learning", curriculum}});
+  curriculum["schedule_type"] = "fixed_discrete";
+  curriculum["schedule_config"] = {{"difficulty", {8, 64}}, {"max_step", {5}}};
+  with({{"curriculum_learning", curriculum}});
+
+  std::set<std::string> log;
+  JsonSection::set_key_log(&log);
+  for (const json& j : configs) {
+    TrainConfig cfg;
+    Warnings w;
+    try {
+      read_config_json(j, cfg, w);
+    } catch (...) {
+      JsonSection::set_key_log(nullptr);
+      throw;
+    }
+  }
+  JsonSection::set_key_log(nullptr);
+  std::set<std::string> ds;
+  for (const std::string& k : log) {
+    bool ours = false;
+    for (const std::string& s : {"model", "data", "training", "parallel"})
+      ours = ours || k == s || k.rfind(s + ".", 0) == 0;
+    if (!ours) ds.insert(k);
+  }
+  return ds;
+}
+
 }  // namespace
 
 TEST_CASE("docs/config.md names exactly the keys of our sections, each with its flags") {
@@ -186,4 +295,50 @@ TEST_CASE("docs/config.md names exactly the keys of our sections, each with its 
   }
   INFO("keys the resolved config writes that no reader accepts:" << written);
   CHECK(written.empty());
+}
+
+TEST_CASE("docs/config.md names exactly the DeepSpeed keys the readers read") {
+  const char* src = std::getenv("DS_SOURCE_DIR");
+  REQUIRE(src != nullptr);
+  const std::map<std::string, std::string> docs = documented_ds_keys(std::string(src) + "/docs/config.md");
+  const std::set<std::string> keys = accepted_ds_keys();
+  REQUIRE(docs.size() > 40);
+  REQUIRE(keys.size() > 40);
+  REQUIRE(keys.count("optimizer.params.max_coeff"));  // the optimizer branches were taken
+  REQUIRE(keys.count("scheduler.params.cycle_momentum"));
+  REQUIRE(keys.count("curriculum_learning.schedule_config.max_step"));
+
+  // A section read as a whole (its keys elsewhere, as elasticity's in
+  // docs/dsrun.md) is documented by its own row; a section is documented by
+  // the rows of its keys.
+  auto documented = [&](const std::string& k) {
+    if (docs.count(k)) return true;
+    const auto it = docs.lower_bound(k + ".");
+    return it != docs.end() && it->first.rfind(k + ".", 0) == 0;
+  };
+  std::string undocumented, unknown;
+  for (const std::string& k : keys)
+    if (!documented(k)) undocumented += " " + k;
+  for (const auto& [k, row] : docs)
+    if (!keys.count(k)) unknown += " " + k;
+  INFO("DeepSpeed keys the readers read without a row in docs/config.md:" << undocumented);
+  INFO("rows in docs/config.md for DeepSpeed keys no reader reads:" << unknown);
+  CHECK(undocumented.empty());
+  CHECK(unknown.empty());
+
+  // Each flag of the table that sets a DeepSpeed key appears in that key's row.
+  std::string missing;
+  int ds_flags = 0;
+  for (const auto& [flag, pointer] : table_flags()) {
+    std::string key = pointer.substr(1);
+    for (char& c : key)
+      if (c == '/') c = '.';
+    if (!keys.count(key)) continue;  // one of our sections' keys (the test above)
+    ++ds_flags;
+    const auto it = docs.find(key);
+    if (it == docs.end() || it->second.find(flag) == std::string::npos) missing += " " + flag + " (" + key + ")";
+  }
+  REQUIRE(ds_flags >= 10);
+  INFO("flags not named in their DeepSpeed key's row:" << missing);
+  CHECK(missing.empty());
 }
