@@ -113,8 +113,7 @@ namespace {
 // or --vocab-file + --merge-file): vocabulary size and bos/eos/eod/pad ids.
 data::TokenizerInfo tokenizer_info_from_files(const DataConfig& d) {
   data::TokenizerSpec spec;
-  spec.kind = d.tokenizer_type.empty() ? data::TokenizerKind::GPT2BPE
-                                       : data::parse_tokenizer_kind(d.tokenizer_type, "--tokenizer-type");
+  spec.kind = d.tokenizer_kind();
   spec.model_path = d.tokenizer_model;
   spec.vocab_file = d.vocab_file;
   spec.merge_file = d.merge_file;
@@ -126,8 +125,7 @@ data::TokenizerInfo tokenizer_info_from_files(const DataConfig& d) {
 void resolve_vocab(TrainConfig& cfg) {
   ModelConfig& m = cfg.model;
   const DataConfig& d = cfg.data;
-  const bool gpt2 = d.tokenizer_type.empty() ||
-                    data::parse_tokenizer_kind(d.tokenizer_type, "--tokenizer-type") == data::TokenizerKind::GPT2BPE;
+  const bool gpt2 = d.tokenizer_kind() == data::TokenizerKind::GPT2BPE;
   if (gpt2 && !d.vocab_file.empty()) {
     int64_t v = data::vocab_file_size(d.vocab_file);
     DS_USER_CHECK(m.vocab_size == 0 || m.vocab_size == v,
@@ -140,7 +138,7 @@ void resolve_vocab(TrainConfig& cfg) {
     const int64_t v = cfg.data.tokenizer.vocab_size;
     DS_USER_CHECK(m.vocab_size == 0 || m.vocab_size == v,
                   "model.vocab_size {} does not match --tokenizer-model '{}' ({} with --tokenizer-type {})",
-                  m.vocab_size, d.tokenizer_model, v, d.tokenizer_type);
+                  m.vocab_size, d.tokenizer_model, v, data::tokenizer_kind_name(d.tokenizer_kind()));
     m.vocab_size = static_cast<int>(v);
   }
   DS_USER_CHECK(m.vocab_size > 0, "the vocabulary size is unknown: give --vocab-file, --tokenizer-type with "
@@ -343,7 +341,7 @@ json config_to_json(const TrainConfig& c) {
             {"data", {{"data_path", c.data.data_path}, {"train_data_path", c.data.train_data_path},
                       {"valid_data_path", c.data.valid_data_path}, {"test_data_path", c.data.test_data_path},
                       {"split", c.data.split}, {"vocab_file", c.data.vocab_file},
-                      {"merge_file", c.data.merge_file}, {"tokenizer_type", c.data.tokenizer_type},
+                      {"merge_file", c.data.merge_file}, {"tokenizer_type", c.data.tokenizer_type ? data::tokenizer_kind_name(*c.data.tokenizer_type) : ""},
                       {"tokenizer_model", c.data.tokenizer_model}}},
             {"training", training_json(c)},
             {"parallel",

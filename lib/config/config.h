@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,9 +37,12 @@ struct DataConfig {
   // Megatron's separate datasets per split (same forms), instead of data_path + split.
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   std::string split = "949,50,1", vocab_file, merge_file;
-  // Megatron's --tokenizer-type / --tokenizer-model ("" type: GPT2BPETokenizer
+  // Megatron's --tokenizer-type / --tokenizer-model (no type: GPT2BPETokenizer
   // when vocab_file is given). resolve_vocab fills `tokenizer` from them.
-  std::string tokenizer_type, tokenizer_model;
+  std::optional<data::TokenizerKind> tokenizer_type;
+  std::string tokenizer_model;
+  // The tokenizer the files are read with: the type, or GPT2BPETokenizer.
+  data::TokenizerKind tokenizer_kind() const { return tokenizer_type.value_or(data::TokenizerKind::GPT2BPE); }
   data::TokenizerInfo tokenizer;  // vocab size and bos/eos/eod/pad ids; kind GPT2BPE, size 0 when no files
 };
 

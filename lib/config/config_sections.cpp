@@ -104,7 +104,8 @@ void read_data_section(JsonSection s, DataConfig& d) {
   d.split = s.get<std::string>("split", d.split);
   d.vocab_file = s.get<std::string>("vocab_file", d.vocab_file);
   d.merge_file = s.get<std::string>("merge_file", d.merge_file);
-  d.tokenizer_type = s.get<std::string>("tokenizer_type", d.tokenizer_type);
+  if (const std::string t = s.get<std::string>("tokenizer_type", ""); !t.empty())
+    d.tokenizer_type = data::parse_tokenizer_kind(t, "data.tokenizer_type (--tokenizer-type)");
   d.tokenizer_model = s.get<std::string>("tokenizer_model", d.tokenizer_model);
   s.finish(UnknownKeys::Error);
 }

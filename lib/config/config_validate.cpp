@@ -273,12 +273,11 @@ void validate_data(const DataConfig& d) {
   DS_USER_CHECK(d.vocab_file.empty() == d.merge_file.empty(),
                 "data.vocab_file '{}' and data.merge_file '{}' (--vocab-file / --merge-file) go together",
                 d.vocab_file, d.merge_file);
-  if (!d.tokenizer_type.empty()) {
-    const auto kind = data::parse_tokenizer_kind(d.tokenizer_type, "data.tokenizer_type (--tokenizer-type)");
-    const bool gpt2 = kind == data::TokenizerKind::GPT2BPE;
+  if (d.tokenizer_type) {
+    const bool gpt2 = *d.tokenizer_type == data::TokenizerKind::GPT2BPE;
     DS_USER_CHECK(gpt2 || !d.tokenizer_model.empty(),
                   "data.tokenizer_type {} (--tokenizer-type) needs data.tokenizer_model (--tokenizer-model)",
-                  d.tokenizer_type);
+                  data::tokenizer_kind_name(*d.tokenizer_type));
     DS_USER_CHECK(!gpt2 || d.tokenizer_model.empty(),
                   "data.tokenizer_model (--tokenizer-model) '{}' is not used by GPT2BPETokenizer, which reads "
                   "--vocab-file and --merge-file", d.tokenizer_model);

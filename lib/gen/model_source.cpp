@@ -61,8 +61,7 @@ std::string inside_checkpoint(const std::string& stored, const fs::path& load_di
 // The run's tokenizer files as the saved config names them, resolved by
 // inside_checkpoint; where one is not inside, m.tokenizer_refused says why.
 void saved_tokenizer(const DataConfig& d, const fs::path& load_dir, const std::string& step, LoadedModel& m) {
-  m.tokenizer.kind = d.tokenizer_type.empty() ? data::TokenizerKind::GPT2BPE
-                                              : data::parse_tokenizer_kind(d.tokenizer_type, "config tokenizer_type");
+  m.tokenizer.kind = d.tokenizer_kind();
   const std::pair<const char*, const std::string*> files[] = {
       {"vocab_file", &d.vocab_file}, {"merge_file", &d.merge_file}, {"tokenizer_model", &d.tokenizer_model}};
   std::string* out[] = {&m.tokenizer.vocab_file, &m.tokenizer.merge_file, &m.tokenizer.model_path};

@@ -84,7 +84,8 @@ void Trainer::check_inputs_and_outputs() {
   if (!cfg_.ckpt.save_dir.empty()) check_output_dir(cfg_.ckpt.save_dir, "--save");
   if (comms_.grid.rank == 0 && (!cfg_.ckpt.save_dir.empty() || !cfg_.ckpt.export_hf.empty())) {
     const DataConfig& dc = cfg_.data;
-    tokenizer_copy_ = read_run_tokenizer(dc.tokenizer_type, dc.vocab_file, dc.merge_file, dc.tokenizer_model);
+    tokenizer_copy_ = read_run_tokenizer(data::tokenizer_kind_name(dc.tokenizer_kind()), dc.vocab_file, dc.merge_file,
+                                         dc.tokenizer_model);
   }
   if (!cfg_.ckpt.load_dir.empty()) {
     std::error_code ec;

@@ -46,7 +46,7 @@ TEST_CASE("--tokenizer-type and --tokenizer-model give the vocabulary and specia
   write_tokenizer_json(d.path);
   TrainConfig c = parse({"--tokenizer-type", "HFTokenizer", "--tokenizer-model", d.path,
                          "--make-vocab-size-divisible-by", "128"});
-  CHECK(c.data.tokenizer_type == "HFTokenizer");
+  CHECK(c.data.tokenizer_type == data::TokenizerKind::HF);
   CHECK(c.data.tokenizer_model == d.path);
   resolve_vocab(c);
   CHECK(c.model.vocab_size == 259);
@@ -55,6 +55,12 @@ TEST_CASE("--tokenizer-type and --tokenizer-model give the vocabulary and specia
   CHECK(c.data.tokenizer.eos_id == 258);
   CHECK(c.data.tokenizer.eod_id == 258);
   CHECK(c.resolved["data"]["tokenizer_type"] == "HFTokenizer");
+  // The type is read once into its kind, whatever its case; the resolved
+  // config (saved in checkpoints) writes the canonical name.
+  TrainConfig lower = parse({"--tokenizer-type", "hftokenizer", "--tokenizer-model", d.path});
+  CHECK(lower.data.tokenizer_type == data::TokenizerKind::HF);
+  CHECK(lower.resolved["data"]["tokenizer_type"] == "HFTokenizer");
+  CHECK(parse({}).resolved["data"]["tokenizer_type"] == "");
 
   TrainConfig wrong = parse({"--tokenizer-type", "HFTokenizer", "--tokenizer-model", d.path});
   wrong.model.vocab_size = 1000;
