@@ -7,8 +7,8 @@
 // vocabulary 50304): model.safetensors (f32 weights) and its optimizer shard
 // (Adam m and v), written the way dstrain writes them (each file to a
 // temporary name, fsynced, renamed; then the CRC-32C pass and the commit of
-// the step directory and `latest`), then loaded back (checksums verified,
-// every value checked finite). The same byte counts are then written and read
+// the step directory and `latest`), then loaded back (each file read once,
+// checksummed as it is read; every value checked finite). The same byte counts are then written and read
 // by `dd` (conv=fsync) and, when installed, `fio` (sequential 4 MiB blocks,
 // end_fsync). Before each read the page cache is dropped when this process
 // may (root); otherwise every read, ours and the peers', comes from a warm
@@ -175,7 +175,8 @@ int main(int argc, char** argv) {
   }
   fs::remove_all(dir);
   auto ok = [](double t) { return t < 1e29 ? t : -1.0; };
-  std::printf("best of %d; ours: save = write + fsync + CRC-32C pass + commit, load = checksum pass + read + checks\n",
+  std::printf("best of %d; ours: save = write + fsync + CRC-32C pass + commit, load = read (checksummed as read) + "
+              "checks\n",
               repeat);
   row("save", bytes, best_save, ok(dd_w), "dd");
   row("load", bytes, best_load, ok(dd_r), "dd");

@@ -265,7 +265,7 @@ int64_t read_opt_state(const SavedStep& s, const CheckpointData& d, bool same, O
     int64_t n = 0;
     for (const Range& r : part.pieces) n += r.size();
     OptimizerStates out = part.states;  // the optimizer's own buffers where they are host f32
-    prepare_host_states(out, n);
+    prepare_host_states(out, n, false);  // the pieces cover every element
     int64_t pos = 0;
     for (const Range& r : part.pieces) {
       if (r.size() == 0) continue;
@@ -280,6 +280,7 @@ int64_t read_opt_state(const SavedStep& s, const CheckpointData& d, bool same, O
     }
     parts.push_back(std::move(out));
   }
+  if (files) files->verify();
   if (step < 0) {  // another layout and this rank owns no piece: the step count from an empty read
     OptimizerStates none = state_names_only(state);
     step = read_reshaped_state(s, *d.layout, local, 0, 0, none);
@@ -314,7 +315,8 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
                   "cannot reshape it", step, saved.ep, dst.ep);
     check_layout(state.layout, *d.layout, step);
   }
-  // Everything is read and checked before the destination is touched.
+  // Everything is read and checked before the weights are touched (host f32
+  // optimizer state is read into in place: prepare_host_states).
   std::error_code ec;
   const auto model_bytes = fs::file_size(fs::path(step) / "model.safetensors", ec);
   Progress progress(checkpoint_progress("loading checkpoint " + step, ec ? 0 : static_cast<int64_t>(model_bytes)));
@@ -336,15 +338,12 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   }
   s.progress = &progress;
   if (!d.weights_only) check_saved_states(s, opt_state, d.opt_type);
-  // A receiving rank reads its shard of the weights later; the others the full model now.
+  // A receiving rank reads its shard of the weights later (the file verified
+  // first); the others the full model now, checksummed as it is read.
   std::optional<SafetensorsFile> model;
   if (d.receive_params) model = open_saved_model(s);
-  if (d.weights_only) {
-    if (!d.receive_params) params = read_full_params(s, *d.layout);
-  } else {
-    if (!d.receive_params) params = read_full_params(s, *d.layout);
-    opt_step = read_opt_state(s, d, same, opt_state, part_state);
-  }
+  if (!d.receive_params) params = read_full_params(s, *d.layout);
+  if (!d.weights_only) opt_step = read_opt_state(s, d, same, opt_state, part_state);
   progress.finish();
   if (d.receive_params) {
     const ModelLayout& local = d.opt_layout ? *d.opt_layout : *d.layout;

@@ -116,7 +116,9 @@ void save_checkpoint(const std::string& dir, const TrainState& st, const Checkpo
 // Reads `latest` under dir; returns false if dir has no checkpoint. On any
 // mismatch (layout, shapes, missing shard, truncated or corrupt file, checksum,
 // NaN/Inf) throws UserError naming the file before touching the destination
-// tensors. A write error (e.g. a full disk) while saving is a UserError naming
+// weights (host f32 optimizer state is read into in place, so a failed load
+// may leave it partly written; the run stops with the error). Each file is
+// read once, checksummed as it is read. A write error (e.g. a full disk) while saving is a UserError naming
 // the path, and the temporary step directory is removed.
 bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d);
 

@@ -54,7 +54,6 @@ uint32_t crc32c_portable(const void* data, size_t n, uint32_t crc) {
   return ~c;
 }
 
-#if defined(__x86_64__)
 namespace {
 
 // CRC-32C of `len` zero bytes appended to a stream whose CRC register is c:
@@ -87,6 +86,17 @@ uint32_t shift_zeros(uint32_t c, size_t len) {
   } while (len);
   return c;
 }
+
+}  // namespace
+
+uint32_t crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2) {
+  // The register conditioning (~ before and after) cancels out: shifting
+  // crc1 by len2 zero bytes and adding crc2 gives the CRC of both.
+  return len2 == 0 ? crc1 : shift_zeros(crc1, len2) ^ crc2;
+}
+
+#if defined(__x86_64__)
+namespace {
 
 constexpr size_t kBlock = 8192;  // bytes per stream per round (three streams)
 

@@ -14,6 +14,9 @@ namespace ds {
 // CRC-32C of n bytes, continuing from `crc` (the value returned for the bytes
 // before; 0 to start). crc32c("123456789") == 0xE3069283.
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+// The CRC-32C of A followed by B from crc1 = crc32c(A), crc2 = crc32c(B) and
+// B's length: parts checksummed apart (in any order) give the whole's.
+uint32_t crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
 // The table-driven version alone (tests compare the two).
 uint32_t crc32c_portable(const void* data, size_t n, uint32_t crc = 0);
 // Which one crc32c uses: "sse4.2" or "table".

@@ -93,9 +93,11 @@ SavedStep open_saved_step(const std::string& step_dir, StepState state, const Mo
   return s;
 }
 
-SafetensorsFile open_saved_model(const SavedStep& s) {
+namespace {
+
+// model.safetensors of the step with every weight of s.full checked present.
+SafetensorsFile open_model_file(const SavedStep& s) {
   const fs::path file = s.dir / "model.safetensors";
-  verify_step_file(s.dir, s.state, "model.safetensors", s.progress);
   SafetensorsFile model = SafetensorsFile::open(file.string());
   for (const ParamSpec& p : s.full.params)  // every weight is in the file before anything is allocated
     DS_USER_CHECK(model.has(p.name) && model.shape(p.name) == p.shape && model.dtype_string(p.name) == "F32",
@@ -104,6 +106,23 @@ SafetensorsFile open_saved_model(const SavedStep& s) {
                                                   shape_str(model.shape(p.name)))
                                     : std::string());
   return model;
+}
+
+}  // namespace
+
+SafetensorsFile open_saved_model(const SavedStep& s) {
+  verify_step_file(s.dir, s.state, "model.safetensors", s.progress);
+  return open_model_file(s);
+}
+
+SafetensorsFile open_saved_model_tracked(const SavedStep& s) {
+  SafetensorsFile model = open_model_file(s);
+  track_step_file(s.dir, s.state, "model.safetensors", model, s.progress);
+  return model;
+}
+
+void verify_saved_model(const SavedStep& s, const SafetensorsFile& model) {
+  verify_step_reads(s.dir, s.state, "model.safetensors", model);
 }
 
 void read_full_weight(const SavedStep& s, const SafetensorsFile& model, const ModelLayout& target_full,
@@ -118,10 +137,27 @@ void read_full_weight(const SavedStep& s, const SafetensorsFile& model, const Mo
   std::fill(out + n, out + t.numel, 0.0f);
 }
 
+void read_full_params_into(const SavedStep& s, const ModelLayout& target_full, float* out) {
+  const SafetensorsFile model = open_saved_model_tracked(s);
+  // In the file's order (safetensors sorts by name), so that the file is read
+  // front to back and the kernel's readahead keeps up.
+  std::vector<const ParamSpec*> order;
+  for (const ParamSpec& t : target_full.params) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [&](const ParamSpec* a, const ParamSpec* b) {
+    return model.data_begin(a->name) < model.data_begin(b->name);
+  });
+  try {
+    for (const ParamSpec* t : order) read_full_weight(s, model, target_full, t->name, out + t->offset);
+  } catch (const UserError&) {
+    verify_saved_model(s, model);  // a corrupt file is named as such, not by the value it turned into
+    throw;
+  }
+  verify_saved_model(s, model);
+}
+
 Tensor read_full_params(const SavedStep& s, const ModelLayout& target_full) {
-  const SafetensorsFile model = open_saved_model(s);
   Tensor out = Tensor::empty({target_full.total}, DType::F32);
-  for (const ParamSpec& t : target_full.params) read_full_weight(s, model, target_full, t.name, out.data<float>() + t.offset);
+  read_full_params_into(s, target_full, out.data<float>());
   return out;
 }
 
@@ -234,6 +270,7 @@ int64_t read_reshaped_state(const SavedStep& s, const ModelLayout& full, const M
         }
         for (size_t i = 0; i < state.size(); ++i)
           for (const Piece& p : merged) files.read(i, p.src, p.src + p.n, state[i].t.data<float>() + p.dst);
+        files.verify();
       }
     }
   }

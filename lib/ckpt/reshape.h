@@ -61,6 +61,15 @@ StepState read_step_state(const std::filesystem::path& step);
 // naming the file on a mismatch.
 void verify_step_file(const std::filesystem::path& step, const StepState& st, const std::string& name,
                       Progress* progress = nullptr);
+// The single-pass form for files read as safetensors (checkpoint loads):
+// track_step_file makes f checksum its reads as they arrive (nothing for an
+// older checkpoint without checksums); verify_step_reads, once the reads are
+// done, checksums what they did not cover and compares the whole file's
+// CRC-32C with state.json's, with verify_step_file's error.
+void track_step_file(const std::filesystem::path& step, const StepState& st, const std::string& name,
+                     SafetensorsFile& f, Progress* progress = nullptr);
+void verify_step_reads(const std::filesystem::path& step, const StepState& st, const std::string& name,
+                       const SafetensorsFile& f);
 // UserError naming the file and tensor if t (host f32) holds NaN or Inf, or,
 // with non_negative, a negative value.
 void check_finite(const Tensor& t, const std::string& file, const std::string& tensor, bool non_negative = false);
@@ -77,8 +86,11 @@ SavedStep open_saved_step(const std::string& step_dir, StepState state, const Mo
 void check_saved_vocab(const StepState& state, const ModelConfig& model, const std::string& where);
 
 // The saved full model, adapted to `target_full` (vocabulary rows cut or
-// zero-padded): out is a host f32 tensor of target_full.total.
+// zero-padded): out is a host f32 tensor of target_full.total. The file is
+// read once, checksummed as it is read and verified at the end.
 Tensor read_full_params(const SavedStep& s, const ModelLayout& target_full);
+// The same into `out` (target_full.total host f32 elements).
+void read_full_params_into(const SavedStep& s, const ModelLayout& target_full, float* out);
 // One weight of target_full (target_full.find(name).numel elements) into
 // out: the saved weight, its vocabulary rows cut or zero-filled.
 void read_full_weight(const SavedStep& s, const SafetensorsFile& model, const ModelLayout& target_full,
@@ -86,6 +98,10 @@ void read_full_weight(const SavedStep& s, const SafetensorsFile& model, const Mo
 // model.safetensors of the step, its checksum verified and every weight of
 // s.full checked present as F32 of its saved shape (nothing read yet).
 SafetensorsFile open_saved_model(const SavedStep& s);
+// The same without the checksum pass: the reads are checksummed as they
+// arrive, and verify_saved_model checks the whole file once they are done.
+SafetensorsFile open_saved_model_tracked(const SavedStep& s);
+void verify_saved_model(const SavedStep& s, const SafetensorsFile& model);
 // Elements [begin, end) of the shard layout `local` (a tp rank and stage of
 // the target model) read from the saved model into host `out`: each element
 // from its place in the saved full weight, vocabulary rows the saved model
@@ -110,7 +126,10 @@ void check_saved_states(const SavedStep& s, const OptimizerStates& want, const s
 // One saved (pp, tp, ep) shard's optimizer files, opened and checked (every
 // file's metadata and state headers; the files' pieces tile the shard's
 // local layout of local_total elements). read() reads a range of one state,
-// verifying each file's checksum the first time it reads from it.
+// checksumming the bytes as they arrive (SafetensorsFile::track_reads);
+// verify() then checks the checksum of every file read from (reading what
+// the reads did not cover), so each file is read once. Call it when the reads
+// are done: a value read is trusted only after it.
 // A file holds one range [begin, end) of the local layout (one sharding
 // group), or, saved with several sharding groups (ZeRO-1 with expert
 // parallelism, docs/formats.md), per group a list of pieces whose state is
@@ -122,14 +141,18 @@ class SavedStateFiles {
   SavedStateFiles(const SavedStep& s, const ShardCoords& at, int64_t local_total, const OptimizerStates& names);
   // Elements [lo, hi) of the shard's local state names[state] into dst.
   void read(size_t state, int64_t lo, int64_t hi, float* dst);
+  // The checksums of the files read from; UserError naming a corrupt one.
+  void verify();
   int64_t step() const { return step_; }  // the optimizer step count
 
  private:
   struct File {
     SafetensorsFile sf;
     std::string name;
-    bool verified = false;
+    bool verified = false;  // its checksum was checked (or need not be: s_.verified)
+    bool tracked = false;   // its reads are being checksummed
   };
+  void verify(File& f);
   struct Piece {
     size_t file = 0;
     std::string prefix;    // "" or "<group>/": the state tensors' name prefix
@@ -159,8 +182,9 @@ int64_t read_state_range(const SavedStep& s, const ShardCoords& at, int64_t loca
 // elements, such as the optimizer's own state on the CPU backend; tensors
 // are contiguous) is read
 // into in place, so loading holds no second copy of the rank's state; any
-// other is replaced by a new one.
-void prepare_host_states(OptimizerStates& state, int64_t n);
+// other is replaced by a new one. zero false: the caller writes every
+// element (the buffers are left as they are).
+void prepare_host_states(OptimizerStates& state, int64_t n, bool zero = true);
 // The names of `state` with no tensors (nothing to read into in place).
 OptimizerStates state_names_only(const OptimizerStates& state);
 

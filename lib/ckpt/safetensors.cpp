@@ -15,7 +15,9 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "lib/ckpt/crc32c.h"
 #include "lib/ckpt/file_io.h"
+#include "lib/core/progress.h"
 #include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
@@ -229,6 +231,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   f.path_ = path;
   uint64_t size = 0;
   f.mapping_ = map_file(path, size, f.fd_);
+  f.size_ = size;
   const uint64_t n = get_u64_le(f.mapping_.get());
   DS_USER_CHECK(n <= size - 8, "safetensors file '{}': header length {} runs past the end of the file ({} bytes); "
                 "truncated or not a safetensors file", path, n, size);
@@ -339,14 +342,48 @@ void SafetensorsFile::read_f32(const std::string& name, int64_t first, int64_t c
   copy_out(e.begin + static_cast<uint64_t>(first) * 4, static_cast<size_t>(count) * 4, out);
 }
 
+struct SafetensorsFile::ReadRecord {
+  struct Span {
+    uint64_t begin, end;
+    uint32_t crc;
+  };
+  std::vector<Span> spans;  // in read order; a read continuing the last one extends it
+  Progress* progress = nullptr;
+  void add(uint64_t off, size_t n, uint32_t crc) {
+    if (!spans.empty() && spans.back().end == off) {
+      spans.back().crc = crc32c_combine(spans.back().crc, crc, n);
+      spans.back().end += n;
+    } else {
+      spans.push_back({off, off + n, crc});
+    }
+    if (progress) progress->add(static_cast<int64_t>(n));
+  }
+};
+
 // pread of data-section bytes [at, at + bytes) into dst. The mapping is not
 // touched, so what a rank reads of a large checkpoint (or HF weights, tensor
 // by tensor) is its copy alone in its resident set, and the kernel copies
 // straight from the page cache without a fault per page. A file cut short
 // since it was opened is an error naming it.
 void SafetensorsFile::copy_out(uint64_t at, size_t bytes, void* dst) const {
+  if (!reads_) return pread_exact(data_offset_ + at, bytes, dst);
+  // Tracked: read in chunks and checksum each while it is in the cache; the
+  // kernel's readahead keeps the disk busy meanwhile.
+  constexpr size_t kChunk = size_t(8) << 20;
   auto* out = static_cast<char*>(dst);
   uint64_t off = data_offset_ + at;
+  while (bytes > 0) {
+    const size_t k = std::min(bytes, kChunk);
+    pread_exact(off, k, out);
+    reads_->add(off, k, crc32c(out, k));
+    out += k;
+    off += k;
+    bytes -= k;
+  }
+}
+
+void SafetensorsFile::pread_exact(uint64_t off, size_t bytes, void* dst) const {
+  auto* out = static_cast<char*>(dst);
   while (bytes > 0) {
     const ssize_t k = ::pread(*fd_, out, std::min<size_t>(bytes, size_t(1) << 30), static_cast<off_t>(off));
     if (k < 0 && errno == EINTR) continue;
@@ -356,6 +393,42 @@ void SafetensorsFile::copy_out(uint64_t at, size_t bytes, void* dst) const {
     off += static_cast<uint64_t>(k);
     bytes -= static_cast<size_t>(k);
   }
+}
+
+void SafetensorsFile::track_reads(Progress* progress) {
+  reads_ = std::make_shared<ReadRecord>();
+  reads_->progress = progress;
+  ::posix_fadvise(*fd_, 0, 0, POSIX_FADV_SEQUENTIAL);  // the largest readahead, as file_crc32c asks
+}
+
+uint32_t SafetensorsFile::checksum() const {
+  DS_CHECK(reads_ != nullptr, "SafetensorsFile::checksum: '{}' does not track its reads", path_);
+  std::vector<ReadRecord::Span> spans = reads_->spans;
+  std::sort(spans.begin(), spans.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  uint32_t crc = 0;
+  uint64_t pos = 0;  // the CRC covers [0, pos)
+  std::vector<char> buf;
+  auto read_to = [&](uint64_t end) {  // bytes no read covered: read and checksum them now
+    if (buf.empty() && end > pos) buf.resize(size_t(4) << 20);
+    while (pos < end) {
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(end - pos, buf.size()));
+      pread_exact(pos, k, buf.data());
+      crc = crc32c(buf.data(), k, crc);
+      if (reads_->progress) reads_->progress->add(static_cast<int64_t>(k));
+      pos += k;
+    }
+  };
+  for (const auto& s : spans) {
+    if (s.begin > pos) read_to(s.begin);
+    if (s.begin == pos) {
+      crc = crc32c_combine(crc, s.crc, s.end - s.begin);
+      pos = s.end;
+    } else if (s.end > pos) {  // overlaps what is covered: checksum its rest from the file
+      read_to(s.end);
+    }
+  }
+  read_to(size_);
+  return crc;
 }
 
 Tensor SafetensorsFile::get(const std::string& name) const {

@@ -81,8 +81,22 @@ class SafetensorsFile {
   DType dtype(const std::string& name) const;
   Shape shape(const std::string& name) const;
   std::string dtype_string(const std::string& name) const;  // as in the file: "F32", "BF16", ...
+  // Where the tensor's bytes start in the data section (reading tensors in
+  // this order reads the file front to back).
+  uint64_t data_begin(const std::string& name) const { return entry(name).begin; }
   std::map<std::string, std::string> metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
+
+  // Checksumming as the data is read, so that a checkpoint load reads each
+  // file once instead of a checksum pass and then the tensors. After
+  // track_reads, the bytes of every read (read_f32, get) are CRC-32C'd as
+  // they arrive (and counted in `progress`), whatever the order; checksum()
+  // then reads what no read covered (the header, other ranks' parts) and
+  // returns the whole file's CRC-32C, the value file_crc32c gives. Copies of
+  // this object share the record.
+  void track_reads(Progress* progress = nullptr);
+  bool tracks_reads() const { return reads_ != nullptr; }
+  uint32_t checksum() const;
 
  private:
   struct Entry {
@@ -98,7 +112,12 @@ class SafetensorsFile {
   std::string path_;
   std::shared_ptr<const uint8_t> mapping_;  // the whole file (headers are read from it)
   std::shared_ptr<const int> fd_;           // tensor data is read with pread
+  uint64_t size_ = 0;                       // the file's bytes
   uint64_t data_offset_ = 0;                // its offset in the file
+  struct ReadRecord;                        // track_reads: the checksummed spans read so far
+  std::shared_ptr<ReadRecord> reads_;
+  // pread of file bytes [off, off + bytes) into dst; UserError naming the file.
+  void pread_exact(uint64_t off, size_t bytes, void* dst) const;
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;
 };

@@ -115,16 +115,42 @@ StepState read_step_state(const fs::path& step) {
   return s;
 }
 
-void verify_step_file(const fs::path& step, const StepState& st, const std::string& name, Progress* progress) {
-  if (st.checksums.empty()) return;  // an older checkpoint: read_step_state warned
+namespace {
+
+// The checksum state.json records for file `name` of the step; UserError
+// naming the file when it has none or is missing.
+uint32_t recorded_checksum(const fs::path& step, const StepState& st, const std::string& name) {
   const std::string file = (step / name).string();
   auto it = st.checksums.find(name);
   DS_USER_CHECK(it != st.checksums.end(), "checkpoint file '{}' has no checksum in state.json (not written with "
                 "this checkpoint?)", file);
   DS_USER_CHECK(fs::exists(file), "checkpoint file '{}' is missing", file);
-  const uint32_t got = file_crc32c(file, progress);
-  DS_USER_CHECK(got == it->second, "checkpoint file '{}' is corrupt: its checksum is {}, state.json recorded {}", file,
-                crc32c_text(got), crc32c_text(it->second));
+  return it->second;
+}
+
+void check_checksum(const fs::path& step, const std::string& name, uint32_t got, uint32_t want) {
+  DS_USER_CHECK(got == want, "checkpoint file '{}' is corrupt: its checksum is {}, state.json recorded {}",
+                (step / name).string(), crc32c_text(got), crc32c_text(want));
+}
+
+}  // namespace
+
+void verify_step_file(const fs::path& step, const StepState& st, const std::string& name, Progress* progress) {
+  if (st.checksums.empty()) return;  // an older checkpoint: read_step_state warned
+  const uint32_t want = recorded_checksum(step, st, name);
+  check_checksum(step, name, file_crc32c((step / name).string(), progress), want);
+}
+
+void track_step_file(const fs::path& step, const StepState& st, const std::string& name, SafetensorsFile& f,
+                     Progress* progress) {
+  if (st.checksums.empty()) return;  // an older checkpoint: nothing to check
+  (void)recorded_checksum(step, st, name);  // no checksum recorded: an error before anything is read
+  f.track_reads(progress);
+}
+
+void verify_step_reads(const fs::path& step, const StepState& st, const std::string& name, const SafetensorsFile& f) {
+  if (!f.tracks_reads()) return;
+  check_checksum(step, name, f.checksum(), recorded_checksum(step, st, name));
 }
 
 void check_finite(const Tensor& t, const std::string& file, const std::string& tensor, bool non_negative) {
@@ -303,25 +329,42 @@ void SavedStateFiles::read(size_t state, int64_t lo, int64_t hi, float* dst) {
     const int64_t a = std::max(q.b, lo), b = std::min(q.e, hi);
     if (a >= b) continue;
     File& f = files_[q.file];
-    if (!f.verified && !(s_.verified && s_.verified->count(f.name))) {
+    if (!f.verified && s_.verified && s_.verified->count(f.name)) f.verified = true;
+    if (!f.verified && !f.tracked) {
       if (s_.progress)
         s_.progress->set_total(s_.progress->total() + static_cast<int64_t>(fs::file_size(s_.dir / f.name)));
-      verify_step_file(s_.dir, s_.state, f.name, s_.progress);
-      if (s_.verified) s_.verified->insert(f.name);
+      track_step_file(s_.dir, s_.state, f.name, f.sf, s_.progress);
+      f.tracked = true;
     }
-    f.verified = true;
     float* out = dst + (a - lo);
     f.sf.read_f32(q.prefix + t.name, q.at + (a - q.b), b - a, out);
-    check_finite(Tensor::from_blob(out, {b - a}, DType::F32), f.sf.path(), q.prefix + t.name, t.non_negative);
+    try {
+      check_finite(Tensor::from_blob(out, {b - a}, DType::F32), f.sf.path(), q.prefix + t.name, t.non_negative);
+    } catch (const UserError&) {
+      if (f.tracked) verify(f);  // a corrupt file is named as such, not by the value it turned into
+      throw;
+    }
   }
 }
 
-void prepare_host_states(OptimizerStates& state, int64_t n) {
+void SavedStateFiles::verify(File& f) {
+  if (f.verified || !f.tracked) return;
+  verify_step_reads(s_.dir, s_.state, f.name, f.sf);
+  f.verified = true;
+  if (s_.verified) s_.verified->insert(f.name);
+}
+
+void SavedStateFiles::verify() {
+  for (File& f : files_) verify(f);
+}
+
+void prepare_host_states(OptimizerStates& state, int64_t n, bool zero) {
   for (OptimizerStateTensor& t : state) {
-    if (t.t.defined() && t.t.device().is_cpu() && t.t.dtype() == DType::F32 && t.t.numel() == n)
-      t.t.zero_();
-    else
-      t.t = Tensor::zeros({n}, DType::F32);
+    if (t.t.defined() && t.t.device().is_cpu() && t.t.dtype() == DType::F32 && t.t.numel() == n) {
+      if (zero) t.t.zero_();
+    } else {
+      t.t = zero ? Tensor::zeros({n}, DType::F32) : Tensor::empty({n}, DType::F32);
+    }
   }
 }
 
@@ -334,9 +377,10 @@ OptimizerStates state_names_only(const OptimizerStates& state) {
 int64_t read_state_range(const SavedStep& s, const ShardCoords& at, int64_t local_total, int64_t begin, int64_t end,
                          OptimizerStates& state) {
   SavedStateFiles files(s, at, local_total, state);
-  prepare_host_states(state, end - begin);
+  prepare_host_states(state, end - begin, false);  // the shard's files cover every element (checked)
   for (size_t i = 0; i < state.size(); ++i)
     if (end > begin) files.read(i, begin, end, state[i].t.data<float>());
+  files.verify();
   return files.step();
 }
 

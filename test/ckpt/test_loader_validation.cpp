@@ -13,6 +13,7 @@
 
 #include "lib/ckpt/checkpoint.h"
 #include "lib/ckpt/crc32c.h"
+#include "lib/ckpt/file_io.h"
 #include "lib/ckpt/reshape.h"
 #include "lib/ckpt/safetensors.h"
 #include "lib/core/error.h"
@@ -150,6 +151,60 @@ TEST_CASE("crc32c: the CRC32-instruction path equals the table on every length a
   // Continuing a CRC in pieces gives the whole buffer's.
   const size_t total = buf.size() - 8;
   CHECK(crc32c(buf.data() + 30000, total - 30000, crc32c(buf.data(), 30000)) == crc32c_portable(buf.data(), total));
+}
+
+TEST_CASE("crc32c_combine joins the CRCs of two parts") {
+  std::vector<unsigned char> buf(100000);
+  uint64_t x = 1234567;
+  for (unsigned char& b : buf) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = static_cast<unsigned char>(x);
+  }
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{8}, size_t{4097}, size_t{50000}, buf.size() - 1, buf.size()}) {
+    CAPTURE(cut);
+    const uint32_t a = crc32c(buf.data(), cut), b = crc32c(buf.data() + cut, buf.size() - cut);
+    CHECK(crc32c_combine(a, b, buf.size() - cut) == crc32c(buf.data(), buf.size()));
+  }
+}
+
+TEST_CASE("a safetensors file checksums its reads in any order; checksum() equals the file's CRC-32C") {
+  const fs::path f = fs::temp_directory_path() / ("dstrain_tracked_" + std::to_string(::getpid()) + ".safetensors");
+  SafetensorsWriter w;
+  for (int k = 0; k < 3; ++k) {
+    Tensor t = Tensor::empty({1000 + 37 * k}, DType::F32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = 0.25f * static_cast<float>(i * (k + 3) % 101);
+    w.add("t" + std::to_string(k), t);
+  }
+  w.write(f.string());
+  const uint32_t want = file_crc32c(f.string());
+  std::vector<float> out(2000);
+  SECTION("nothing read: the whole file") {
+    SafetensorsFile sf = SafetensorsFile::open(f.string());
+    sf.track_reads();
+    CHECK(sf.checksum() == want);
+  }
+  SECTION("parts, backwards, overlapping, one twice") {
+    SafetensorsFile sf = SafetensorsFile::open(f.string());
+    sf.track_reads();
+    sf.read_f32("t2", 500, 574, out.data());
+    sf.read_f32("t1", 0, 1037, out.data());
+    sf.read_f32("t0", 10, 20, out.data());
+    sf.read_f32("t0", 15, 100, out.data());  // overlaps the read before
+    sf.read_f32("t2", 500, 574, out.data());  // read again
+    const SafetensorsFile copy = sf;          // copies share the record
+    CHECK(copy.checksum() == want);
+    CHECK(sf.checksum() == want);
+  }
+  SECTION("a byte changed on disk after the reads is caught by the rest") {
+    SafetensorsFile sf = SafetensorsFile::open(f.string());
+    sf.track_reads();
+    sf.read_f32("t0", 0, 1000, out.data());
+    std::string bytes = slurp(f);
+    bytes[bytes.size() - 2] ^= 0x01;  // in t2, not read
+    spit(f, bytes);
+    CHECK(sf.checksum() != want);
+  }
+  fs::remove(f);
 }
 
 TEST_CASE("a saved checkpoint records checksums and loads") {
@@ -392,6 +447,19 @@ TEST_CASE("a flipped bit in any checkpoint file is caught before loading") {
       CHECK_THAT(s.load_error(), Contains("corrupt") || Contains("safetensors file"));
       if (at != 3) CHECK_THAT(s.load_error(true), Contains(f.string()) && Contains("checksum"));
     }
+    spit(f, original);
+  }
+  // A flip that turns a value into NaN: the file is named corrupt (its
+  // checksum), not by the value it turned into.
+  for (const char* name : {"model.safetensors", "optim_rank00001_of_00002.safetensors"}) {
+    INFO(name);
+    const fs::path f = s.step / name;
+    const std::string original = slurp(f);
+    std::string bytes = original;
+    bytes[bytes.size() - 1] = 0x7f;  // the last f32: exponent all ones, a quiet NaN
+    bytes[bytes.size() - 2] = static_cast<char>(0xc0);
+    spit(f, bytes);
+    expect_one_line(s.load_error(), f.string(), "corrupt");
     spit(f, original);
   }
   // state.json: a changed digit still parses, its own checksum catches it.
