@@ -125,13 +125,24 @@ void verify_saved_model(const SavedStep& s, const SafetensorsFile& model) {
   verify_step_reads(s.dir, s.state, "model.safetensors", model);
 }
 
-void read_full_weight(const SavedStep& s, const SafetensorsFile& model, const ModelLayout& target_full,
-                      const std::string& name, float* out) {
+namespace {
+
+// How many elements of target_full's weight `name` the saved model holds (the
+// rest are vocabulary rows it lacks); UserError when the shapes differ otherwise.
+int64_t saved_elements(const SavedStep& s, const ModelLayout& target_full, const std::string& name) {
   const ParamSpec& t = target_full.find(name);
   const ParamSpec* f = s.full.try_find(name);
   DS_USER_CHECK(f && same_but_vocab(*f, t), "checkpoint: weight '{}' is {}, the configured model expects {}", name,
                 f ? shape_str(f->shape) : std::string("missing"), shape_str(t.shape));
-  const int64_t n = std::min(f->numel, t.numel);
+  return std::min(f->numel, t.numel);
+}
+
+}  // namespace
+
+void read_full_weight(const SavedStep& s, const SafetensorsFile& model, const ModelLayout& target_full,
+                      const std::string& name, float* out) {
+  const ParamSpec& t = target_full.find(name);
+  const int64_t n = saved_elements(s, target_full, name);
   model.read_f32(name, 0, n, out);
   check_finite(Tensor::from_blob(out, {n}, DType::F32), model.path(), name);
   std::fill(out + n, out + t.numel, 0.0f);
@@ -139,15 +150,20 @@ void read_full_weight(const SavedStep& s, const SafetensorsFile& model, const Mo
 
 void read_full_params_into(const SavedStep& s, const ModelLayout& target_full, float* out) {
   const SafetensorsFile model = open_saved_model_tracked(s);
-  // In the file's order (safetensors sorts by name), so that the file is read
-  // front to back and the kernel's readahead keeps up.
-  std::vector<const ParamSpec*> order;
-  for (const ParamSpec& t : target_full.params) order.push_back(&t);
-  std::sort(order.begin(), order.end(), [&](const ParamSpec* a, const ParamSpec* b) {
-    return model.data_begin(a->name) < model.data_begin(b->name);
-  });
+  // Every weight in one batch: the file is read front to back as one stream.
+  std::vector<SafetensorsFile::F32Read> reads;
+  std::vector<int64_t> saved;
+  for (const ParamSpec& t : target_full.params) {
+    saved.push_back(saved_elements(s, target_full, t.name));
+    reads.push_back({t.name, 0, saved.back(), out + t.offset});
+  }
   try {
-    for (const ParamSpec* t : order) read_full_weight(s, model, target_full, t->name, out + t->offset);
+    model.read_f32(std::move(reads));
+    for (size_t i = 0; i < target_full.params.size(); ++i) {
+      const ParamSpec& t = target_full.params[i];
+      check_finite(Tensor::from_blob(out + t.offset, {saved[i]}, DType::F32), model.path(), t.name);
+      std::fill(out + t.offset + saved[i], out + t.offset + t.numel, 0.0f);  // vocabulary rows the saved model lacks
+    }
   } catch (const UserError&) {
     verify_saved_model(s, model);  // a corrupt file is named as such, not by the value it turned into
     throw;

@@ -18,6 +18,7 @@
 #include "lib/ckpt/crc32c.h"
 #include "lib/ckpt/file_io.h"
 #include "lib/core/progress.h"
+#include "lib/io/aio.h"
 #include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
@@ -349,16 +350,60 @@ struct SafetensorsFile::ReadRecord {
   };
   std::vector<Span> spans;  // in read order; a read continuing the last one extends it
   Progress* progress = nullptr;
-  void add(uint64_t off, size_t n, uint32_t crc) {
+  std::unique_ptr<DirectReader> direct;  // O_DIRECT reads where the file system allows them
+  // Bytes [off, off + n) of the file, just read into `data`.
+  void add(uint64_t off, const char* data, size_t n) {
     if (!spans.empty() && spans.back().end == off) {
-      spans.back().crc = crc32c_combine(spans.back().crc, crc, n);
+      spans.back().crc = crc32c(data, n, spans.back().crc);
       spans.back().end += n;
     } else {
-      spans.push_back({off, off + n, crc});
+      spans.push_back({off, off + n, crc32c(data, n)});
     }
     if (progress) progress->add(static_cast<int64_t>(n));
   }
 };
+
+void SafetensorsFile::read_f32(std::vector<F32Read> reads) const {
+  struct Piece {
+    uint64_t at;  // data-section offset
+    size_t bytes;
+    char* out;
+  };
+  std::vector<Piece> pieces;
+  for (const F32Read& r : reads) {
+    const Entry& e = entry(r.name);
+    DS_CHECK(e.dtype == "F32", "read_f32('{}'): the tensor is {}", r.name, e.dtype);
+    DS_CHECK(r.first >= 0 && r.count >= 0 && static_cast<uint64_t>(r.first + r.count) * 4 <= e.end - e.begin,
+             "read_f32('{}'): elements [{}, {}) outside the tensor", r.name, r.first, r.first + r.count);
+    if (r.count > 0)
+      pieces.push_back({e.begin + static_cast<uint64_t>(r.first) * 4, static_cast<size_t>(r.count) * 4,
+                        reinterpret_cast<char*>(r.out)});
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.at < b.at; });
+  for (size_t i = 0; i < pieces.size();) {
+    size_t j = i + 1;  // [i, j): pieces that follow each other in the file
+    while (j < pieces.size() && pieces[j].at == pieces[j - 1].at + pieces[j - 1].bytes) ++j;
+    if (!reads_ || !reads_->direct || j == i + 1) {
+      for (; i < j; ++i) copy_out(pieces[i].at, pieces[i].bytes, pieces[i].out);
+      continue;
+    }
+    // One stream over the run; each arriving window is split among its pieces.
+    const uint64_t begin = data_offset_ + pieces[i].at;
+    const uint64_t end = data_offset_ + pieces[j - 1].at + pieces[j - 1].bytes;
+    size_t k = i;
+    reads_->direct->read(begin, end - begin, [&](uint64_t pos, const char* data, size_t n) {
+      reads_->add(pos, data, n);
+      while (n > 0) {
+        const uint64_t at = pos - data_offset_;
+        while (at >= pieces[k].at + pieces[k].bytes) ++k;
+        const size_t m = std::min<size_t>(n, pieces[k].at + pieces[k].bytes - at);
+        std::memcpy(pieces[k].out + (at - pieces[k].at), data, m);
+        pos += m, data += m, n -= m;
+      }
+    });
+    i = j;
+  }
+}
 
 // pread of data-section bytes [at, at + bytes) into dst. The mapping is not
 // touched, so what a rank reads of a large checkpoint (or HF weights, tensor
@@ -367,15 +412,24 @@ struct SafetensorsFile::ReadRecord {
 // since it was opened is an error naming it.
 void SafetensorsFile::copy_out(uint64_t at, size_t bytes, void* dst) const {
   if (!reads_) return pread_exact(data_offset_ + at, bytes, dst);
-  // Tracked: read in chunks and checksum each while it is in the cache; the
-  // kernel's readahead keeps the disk busy meanwhile.
-  constexpr size_t kChunk = size_t(8) << 20;
   auto* out = static_cast<char*>(dst);
   uint64_t off = data_offset_ + at;
+  if (reads_->direct) {
+    // O_DIRECT, several requests in flight: each arriving window is
+    // checksummed while it is in the cache and copied into place.
+    reads_->direct->read(off, bytes, [&](uint64_t pos, const char* data, size_t n) {
+      std::memcpy(out + (pos - off), data, n);
+      reads_->add(pos, data, n);
+    });
+    return;
+  }
+  // Through the page cache: read in chunks and checksum each while it is in
+  // the cache; the kernel's readahead keeps the disk busy meanwhile.
+  constexpr size_t kChunk = size_t(8) << 20;
   while (bytes > 0) {
     const size_t k = std::min(bytes, kChunk);
     pread_exact(off, k, out);
-    reads_->add(off, k, crc32c(out, k));
+    reads_->add(off, out, k);
     out += k;
     off += k;
     bytes -= k;
@@ -398,6 +452,10 @@ void SafetensorsFile::pread_exact(uint64_t off, size_t bytes, void* dst) const {
 void SafetensorsFile::track_reads(Progress* progress) {
   reads_ = std::make_shared<ReadRecord>();
   reads_->progress = progress;
+  AioConfig cfg;
+  cfg.block_size = 4 << 20;
+  cfg.queue_depth = 8;
+  reads_->direct = DirectReader::open(path_, cfg);
   ::posix_fadvise(*fd_, 0, 0, POSIX_FADV_SEQUENTIAL);  // the largest readahead, as file_crc32c asks
 }
 

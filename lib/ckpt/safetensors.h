@@ -78,12 +78,19 @@ class SafetensorsFile {
   // Elements [first, first + count) of an F32 tensor (flattened) into out:
   // only those bytes of the file are read.
   void read_f32(const std::string& name, int64_t first, int64_t count, float* out) const;
+  // Several such reads at once, in the file's order: reads whose bytes follow
+  // each other in the file go to the disk as one stream (a whole model's
+  // tensors are one read front to back), so a tracked O_DIRECT read keeps
+  // its requests in flight across tensor boundaries.
+  struct F32Read {
+    std::string name;
+    int64_t first = 0, count = 0;
+    float* out = nullptr;
+  };
+  void read_f32(std::vector<F32Read> reads) const;
   DType dtype(const std::string& name) const;
   Shape shape(const std::string& name) const;
   std::string dtype_string(const std::string& name) const;  // as in the file: "F32", "BF16", ...
-  // Where the tensor's bytes start in the data section (reading tensors in
-  // this order reads the file front to back).
-  uint64_t data_begin(const std::string& name) const { return entry(name).begin; }
   std::map<std::string, std::string> metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
 

@@ -15,8 +15,10 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace ds {
 
@@ -56,6 +58,9 @@ class AlignedBuffer {
 // kernel, kernel.io_uring_disabled, a sandbox, or a build without liburing).
 std::string aio_unavailable_reason();
 
+// The io_uring queue one file's requests go through (aio.cpp).
+class AioQueue;
+
 class SwapFile {
  public:
   using Ticket = int64_t;
@@ -84,12 +89,32 @@ class SwapFile {
   int64_t bytes_read() const { return read_; }
 
  private:
-  struct Ring;
-  std::unique_ptr<Ring> ring_;
-  std::string dir_, path_;
-  int fd_ = -1;
+  std::unique_ptr<AioQueue> q_;
+  std::string dir_;
   int64_t written_ = 0, read_ = 0;
-  Ticket submit(bool is_write, int64_t offset, void* buf, int64_t bytes);
+};
+
+// Reading an existing file front to back with O_DIRECT (checkpoint loads):
+// aligned windows of block_size, queue_depth x intra_op_parallelism of them
+// in flight into their own aligned buffers, each handed over in file order.
+// open() returns null where the file system refuses O_DIRECT or io_uring is
+// unavailable (the caller reads through the page cache instead).
+class DirectReader {
+ public:
+  static std::unique_ptr<DirectReader> open(const std::string& path, const AioConfig& cfg);
+  ~DirectReader();
+  // Reads bytes [offset, offset + n) of the file and calls fn(at, data, len)
+  // for consecutive pieces of it, in order (at: the piece's file offset).
+  // UserError naming the file when it ends early or a read fails.
+  void read(uint64_t offset, uint64_t n, const std::function<void(uint64_t, const char*, size_t)>& fn);
+
+ private:
+  DirectReader() = default;
+  std::unique_ptr<AioQueue> q_;
+  std::string path_;
+  uint64_t size_ = 0;
+  AioConfig cfg_;
+  std::vector<AlignedBuffer> bufs_;
 };
 
 }  // namespace ds

@@ -179,3 +179,49 @@ TEST_CASE("swap file: a full disk is an error naming the directory", "[disk_full
   CHECK((rc == 1 || rc == 3));
   if (rc == 3) WARN("this kernel's tmpfs refuses O_DIRECT: the full-disk path was not reached");
 }
+
+TEST_CASE("direct reader: any byte range of a file, in order, as the page cache would give it") {
+  const std::string why = aio_unavailable_reason();
+  if (!why.empty()) DS_SKIP(why);
+  TempDir d("direct");
+  const fs::path f = d.path / "data.bin";
+  std::string bytes(3 * (1 << 20) + 12345, '\0');  // not a multiple of the page size
+  uint64_t x = 42;
+  for (char& c : bytes) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  {
+    FILE* out = std::fopen(f.c_str(), "wb");
+    REQUIRE(out);
+    REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), out) == bytes.size());
+    std::fclose(out);
+  }
+  AioConfig cfg;
+  cfg.block_size = 256 << 10;
+  cfg.queue_depth = 3;
+  std::unique_ptr<DirectReader> r = DirectReader::open(f.string(), cfg);
+  REQUIRE(r);
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = {
+      {0, bytes.size()}, {1, 100}, {4095, 2}, {777, 1 << 20}, {bytes.size() - 5, 5}, {bytes.size() - 300000, 300000}};
+  for (const auto& [off, n] : ranges) {
+    CAPTURE(off, n);
+    std::string got;
+    uint64_t expect_at = off;
+    bool in_order = true;
+    r->read(off, n, [&](uint64_t at, const char* p, size_t len) {
+      in_order = in_order && at == expect_at;
+      expect_at = at + len;
+      got.append(p, len);
+    });
+    CHECK(in_order);
+    CHECK(got == bytes.substr(off, n));
+  }
+  std::string e;
+  try {
+    r->read(bytes.size() - 10, 20, [](uint64_t, const char*, size_t) {});
+  } catch (const UserError& err) {
+    e = err.what();
+  }
+  CHECK_THAT(e, Contains(f.string()) && Contains("shorter"));
+}
