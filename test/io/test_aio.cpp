@@ -18,6 +18,7 @@
 
 #include "lib/core/error.h"
 #include "lib/io/aio.h"
+#include "test/data/test_util.h"
 #include "test/skip.h"
 #include "test/small_disk.h"
 
@@ -26,19 +27,6 @@ namespace fs = std::filesystem;
 using Catch::Contains;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("dstrain_aio_" + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 // Deterministic bytes, different for each seed.
 void fill(AlignedBuffer& b, uint64_t seed) {
@@ -66,7 +54,8 @@ std::string error_of(const std::function<void()>& fn) {
 TEST_CASE("swap file: what is written is read back, in every submission mode") {
   const std::string why = aio_unavailable_reason();
   if (!why.empty()) DS_SKIP(why);
-  TempDir d("rt");
+  const test::TempDir tmp;
+  const fs::path dpath = tmp.path();
   AioConfig base;
   base.block_size = 64 << 10;
   AioConfig single = base, no_overlap = base, one = base, wide = base;
@@ -76,8 +65,8 @@ TEST_CASE("swap file: what is written is read back, in every submission mode") {
   wide.intra_op_parallelism = 4;
   for (const AioConfig& cfg : {base, single, no_overlap, one, wide}) {
     CAPTURE(cfg.queue_depth, cfg.intra_op_parallelism, cfg.single_submit, cfg.overlap_events);
-    SwapFile f(d.path.string(), "swap_rank0", cfg);
-    CHECK(fs::is_empty(d.path));  // unlinked at once
+    SwapFile f(dpath.string(), "swap_rank0", cfg);
+    CHECK(fs::is_empty(dpath));  // unlinked at once
     // Three operations in flight at once: 1.5 requests, 40 requests (more than
     // the ring holds), one page.
     const std::vector<int64_t> sizes = {96 << 10, 40 * (64 << 10), kAioAlign};
@@ -108,19 +97,20 @@ TEST_CASE("swap file: what is written is read back, in every submission mode") {
     f.wait(f.read(offsets[1], again.data(), sizes[1]));
     CHECK(same(out[1], again, sizes[1]));
   }
-  CHECK(fs::is_empty(d.path));
+  CHECK(fs::is_empty(dpath));
 }
 
 TEST_CASE("swap file: the directory removed mid-run changes nothing") {
   const std::string why = aio_unavailable_reason();
   if (!why.empty()) DS_SKIP(why);
-  TempDir d("gone");
-  SwapFile f(d.path.string(), "swap_rank0", AioConfig{});
+  const test::TempDir tmp;
+  const fs::path dpath = tmp.path();
+  SwapFile f(dpath.string(), "swap_rank0", AioConfig{});
   AlignedBuffer a(1 << 20), b(1 << 20);
   fill(a, 7);
   f.wait(f.write(0, a.data(), a.size()));
-  fs::remove(d.path);  // empty: the file was unlinked
-  REQUIRE_FALSE(fs::exists(d.path));
+  fs::remove(dpath);  // empty: the file was unlinked
+  REQUIRE_FALSE(fs::exists(dpath));
   f.wait(f.read(0, b.data(), b.size()));
   CHECK(same(a, b, a.size()));
 }
@@ -128,35 +118,37 @@ TEST_CASE("swap file: the directory removed mid-run changes nothing") {
 TEST_CASE("swap file: a missing directory and a short read are one line naming the directory") {
   const std::string why = aio_unavailable_reason();
   if (!why.empty()) DS_SKIP(why);
-  TempDir d("err");
-  const std::string missing = (d.path / "nope").string();
+  const test::TempDir tmp;
+  const fs::path dpath = tmp.path();
+  const std::string missing = (dpath / "nope").string();
   const std::string e1 = error_of([&] { SwapFile f(missing, "swap_rank0", AioConfig{}); });
   CHECK_THAT(e1, Contains(missing) && Contains("does not exist"));
   AioConfig bad;
   bad.block_size = 1000;
-  CHECK_THAT(error_of([&] { SwapFile f(d.path.string(), "s", bad); }), Contains("aio.block_size 1000"));
+  CHECK_THAT(error_of([&] { SwapFile f(dpath.string(), "s", bad); }), Contains("aio.block_size 1000"));
 
-  SwapFile f(d.path.string(), "swap_rank0", AioConfig{});
+  SwapFile f(dpath.string(), "swap_rank0", AioConfig{});
   AlignedBuffer a(64 << 10);
   fill(a, 3);
   f.wait(f.write(0, a.data(), a.size()));
   AlignedBuffer b(128 << 10);
   const SwapFile::Ticket t = f.read(0, b.data(), b.size());  // half of it was never written
   const std::string e2 = error_of([&] { f.wait(t); });
-  CHECK_THAT(e2, Contains(d.path.string()) && Contains("short read"));
+  CHECK_THAT(e2, Contains(dpath.string()) && Contains("short read"));
   CHECK(e2.find('\n') == std::string::npos);
 }
 
 TEST_CASE("swap file: a full disk is an error naming the directory", "[disk_full]") {
   const std::string why = aio_unavailable_reason();
   if (!why.empty()) DS_SKIP(why);
-  TempDir d("full");
+  const test::TempDir tmp;
+  const fs::path dpath = tmp.path();
   // Child exit codes: 1 the disk-full error, 3 the O_DIRECT refusal (a tmpfs
   // without O_DIRECT: that fault's message instead), 2 anything else.
-  const int rc = test::run_on_small_disk(d.path, 256, [&] {
+  const int rc = test::run_on_small_disk(dpath, 256, [&] {
     std::string e;
     try {
-      SwapFile f(d.path.string(), "swap_rank0", AioConfig{});
+      SwapFile f(dpath.string(), "swap_rank0", AioConfig{});
       AlignedBuffer a(4 << 20);
       fill(a, 5);
       f.wait(f.write(0, a.data(), a.size()));
@@ -165,7 +157,7 @@ TEST_CASE("swap file: a full disk is an error naming the directory", "[disk_full
     } catch (const UserError& err) {
       e = err.what();
     }
-    if (e.find(d.path.string()) == std::string::npos || e.find('\n') != std::string::npos) {
+    if (e.find(dpath.string()) == std::string::npos || e.find('\n') != std::string::npos) {
       std::fprintf(stderr, "unexpected message: %s\n", e.c_str());
       return 2;
     }
@@ -183,8 +175,9 @@ TEST_CASE("swap file: a full disk is an error naming the directory", "[disk_full
 TEST_CASE("direct reader: any byte range of a file, in order, as the page cache would give it") {
   const std::string why = aio_unavailable_reason();
   if (!why.empty()) DS_SKIP(why);
-  TempDir d("direct");
-  const fs::path f = d.path / "data.bin";
+  const test::TempDir tmp;
+  const fs::path dpath = tmp.path();
+  const fs::path f = dpath / "data.bin";
   std::string bytes(3 * (1 << 20) + 12345, '\0');  // not a multiple of the page size
   uint64_t x = 42;
   for (char& c : bytes) {
