@@ -160,10 +160,11 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
   flag("--repeated-dataloader", "accepted: the training sampler runs through as many epochs as the run needs");
 }
 
-// Megatron's --optimizer adam|sgd and --sgd-momentum. As in Megatron-DeepSpeed,
-// a DeepSpeed config's optimizer section builds the optimizer: with one, a
-// flag that disagrees with its type, and --sgd-momentum, are warned about and
-// the file's optimizer kept.
+// Megatron's --optimizer adam|sgd and --sgd-momentum. Without --deepspeed a
+// config's optimizer section builds the optimizer: with one, a flag that
+// disagrees with its type, and --sgd-momentum, are warned about and the
+// file's optimizer kept. With --deepspeed the section is gone by now
+// (use_megatron_optimizer) and the flags decide, as in Megatron-DeepSpeed.
 static void apply_optimizer_flags(json& j, const std::map<std::string, json>& sp, Warnings& w) {
   auto has = [&](const char* k) { return sp.count(k) > 0; };
   const json file_type = j.value(json::json_pointer("/optimizer/type"), json());

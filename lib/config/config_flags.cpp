@@ -233,8 +233,10 @@ void add_ignored_flags(CLI::App& app, bool& deepspeed) {
   app.add_option_function<int>("--local_rank", [](const int&) {},
                                "set by launchers; dstrain reads LOCAL_RANK from the environment");
   app.add_flag("--deepspeed", deepspeed)
-      ->description("the DeepSpeed engine's settings (ZeRO stage, clipping, fp16 loss scaling) come from the config "
-                    "file, with DeepSpeed's defaults where it is silent, as in Megatron-DeepSpeed");
+      ->description("the DeepSpeed engine's settings (ZeRO stage, clipping, fp16 loss scaling, the precision) come "
+                    "from the config file, with DeepSpeed's defaults where it is silent, and the optimizer is "
+                    "Megatron's from its flags (the config's optimizer section is not used), as in "
+                    "Megatron-DeepSpeed");
   app.add_flag("--use-flash-attn")->description("accepted; flash attention is used on CUDA whenever it applies");
   app.add_option("--distributed-backend", "accepted; the backend follows --device (NCCL on cuda, Gloo on cpu)")
       ->check(CLI::IsMember({"nccl", "gloo"}));
@@ -286,7 +288,30 @@ void apply_schedule_flags(json& j, const std::map<std::string, json>& sp, Warnin
     set_at(j, "/training/lr_wsd_decay_style", sp.at("--lr-wsd-decay-style"), "--lr-wsd-decay-style");
 }
 
-void apply_other_flags(json& j, const std::map<std::string, json>& sp) {
+// Whether the config enables section `sec` ("fp16", "bf16", "bfloat16").
+bool enables(const json& j, const char* sec) {
+  const json::json_pointer p(std::string("/") + sec + "/enabled");
+  return j.contains(p) && j.at(p) == true;
+}
+
+// Megatron-DeepSpeed (--deepspeed) builds Megatron's own optimizer from its
+// flags and hands it to deepspeed.initialize, whose engine then uses it and
+// never reads the config's `optimizer` section (megatron/optimizer and
+// training.py). So the section is dropped with one line, and the optimizer
+// starts from Megatron's defaults (AdamW, betas (0.9, 0.999), eps 1e-8,
+// weight decay 0.01) for the flags to override; --lr keeps dstrain's default
+// where Megatron has none. The config's scheduler section still replaces
+// Megatron's schedule (the engine prefers its configured scheduler).
+void use_megatron_optimizer(json& j, Warnings& w) {
+  if (j.contains("optimizer"))
+    add_warning(w, "config: the 'optimizer' section is not used with --deepspeed: as in Megatron-DeepSpeed the "
+                   "optimizer is Megatron's, from --optimizer, --lr, --adam-beta1/--adam-beta2, --adam-eps, "
+                   "--weight-decay and --sgd-momentum (Megatron's defaults where a flag is absent)");
+  j["optimizer"] = {{"params", {{"betas", {0.9, 0.999}}, {"eps", 1e-8}, {"weight_decay", 0.01}}}};
+}
+
+// engine_config: --deepspeed with a config file (the DeepSpeed engine reads it).
+void apply_other_flags(json& j, const std::map<std::string, json>& sp, bool engine_config, Warnings& w) {
   auto has = [&](const char* k) { return sp.count(k) > 0; };
   if (has("--adam-beta1") || has("--adam-beta2")) {
     json betas = j.value(json::json_pointer("/optimizer/params/betas"), json());
@@ -297,11 +322,24 @@ void apply_other_flags(json& j, const std::map<std::string, json>& sp) {
   }
   if (has("--position-embedding-type"))
     set_at(j, "/model/position", sp.at("--position-embedding-type"), "--position-embedding-type");
-  // A precision flag wins over the file; both flags together are an error later.
-  if (has("--bf16")) set_at(j, "/bf16/enabled", true, "--bf16");
-  if (has("--fp16")) set_at(j, "/fp16/enabled", true, "--fp16");
-  if (has("--bf16") && !has("--fp16") && j.contains("fp16")) set_at(j, "/fp16/enabled", false, "--bf16");
-  if (has("--fp16") && !has("--bf16") && j.contains("bf16")) set_at(j, "/bf16/enabled", false, "--fp16");
+  // A precision flag wins over the file; both flags together are an error
+  // later. Under --deepspeed with a config file the engine trains in the
+  // dtype its config enables (it casts the model whatever Megatron's flag
+  // made of it): a flag for the other dtype is overruled, with a warning.
+  const bool file_bf16 = enables(j, "bf16") || enables(j, "bfloat16"), file_fp16 = enables(j, "fp16");
+  const bool one_flag = has("--bf16") != has("--fp16");
+  if (engine_config && one_flag && (has("--fp16") ? file_bf16 : file_fp16)) {
+    add_warning(w, fmt::format("{} is overruled by the DeepSpeed config, which enables {}: with --deepspeed the "
+                               "engine trains in the config's precision, as in Megatron-DeepSpeed",
+                               has("--fp16") ? "--fp16" : "--bf16", has("--fp16") ? "bf16" : "fp16"));
+  } else {
+    if (has("--bf16")) set_at(j, "/bf16/enabled", true, "--bf16");
+    if (has("--fp16")) set_at(j, "/fp16/enabled", true, "--fp16");
+    if (has("--bf16") && !has("--fp16") && j.contains("fp16")) set_at(j, "/fp16/enabled", false, "--bf16");
+    if (has("--fp16") && !has("--bf16"))
+      for (const char* b : {"bf16", "bfloat16"})
+        if (j.contains(b)) set_at(j, std::string("/") + b + "/enabled", false, "--fp16");
+  }
   if (has("--initial-loss-scale")) {  // Megatron gives the scale, DeepSpeed its power of two
     const double s = sp.at("--initial-loss-scale").get<double>();
     int e = 0;
@@ -417,6 +455,7 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
   config_path = f.config_path;
   json j = f.config_path.empty() ? json::object() : load_json_file(f.config_path);
   DS_USER_CHECK(j.is_object(), "config file '{}' must hold a JSON object", f.config_path);
+  if (deepspeed) use_megatron_optimizer(j, w);
   for (const auto& [spec, v] : f.table) {
     if (deepspeed_config_wins(j, *spec, v, deepspeed && !f.config_path.empty(), w)) continue;
     // Megatron-DeepSpeed resets the engine's batch size from --global-batch-size every step.
@@ -434,7 +473,7 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
   if (batch_flag && j.contains("train_batch_size") && j.contains("train_micro_batch_size_per_gpu"))
     j.erase("gradient_accumulation_steps");
   apply_schedule_flags(j, f.special, w);
-  apply_other_flags(j, f.special);
+  apply_other_flags(j, f.special, deepspeed && !f.config_path.empty(), w);
   if (deepspeed) compat["--deepspeed"] = true;  // what some compatibility flags mean depends on the engine
   apply_compat_flags(j, compat, w);
   apply_moe_flags(j, compat, w);

@@ -750,3 +750,45 @@ TEST_CASE("Megatron-LM's WSD decay: flags, keys, lengths and refusals") {
   CHECK_THROWS_WITH(parse_json(base(), {"--lr-decay-style", "WSD", "--lr-wsd-decay-samples", "10"}),
                     Contains("training.lr_wsd_decay_samples with iteration-based training"));
 }
+
+TEST_CASE("with --deepspeed the optimizer is Megatron's and the precision the config's", "[config][megatron]") {
+  // Megatron-DeepSpeed builds its own optimizer and hands it to the engine:
+  // the config's optimizer section is not used, Megatron's defaults fill in.
+  const json cfg = with(base(), {{"optimizer", {{"type", "Lamb"}, {"params", {{"lr", 1e-3}, {"betas", {0.8, 0.95}},
+                                                                             {"weight_decay", 0.2}}}}}});
+  TrainConfig c = parse_json(cfg, {"--deepspeed", "--lr", "3e-4"});
+  CHECK(c.optim.spec.type == "AdamW");
+  CHECK(c.optim.lr == Approx(3e-4f));
+  CHECK(c.optim.beta1 == Approx(0.9f));
+  CHECK(c.optim.beta2 == Approx(0.999f));
+  CHECK(c.optim.weight_decay == Approx(0.01f));
+  CHECK(c.optim.eps == Approx(1e-8f));
+  CHECK(has_warning(c, "the 'optimizer' section is not used with --deepspeed"));
+  c = parse_json(cfg, {"--deepspeed", "--adam-beta2", "0.95", "--weight-decay", "0.1", "--adam-eps", "1e-6"});
+  CHECK(c.optim.beta2 == Approx(0.95f));
+  CHECK(c.optim.weight_decay == Approx(0.1f));
+  CHECK(c.optim.eps == Approx(1e-6f));
+  c = parse_json(base(), {"--deepspeed", "--optimizer", "sgd"});
+  CHECK(c.optim.spec.type == "SGD");
+  CHECK(c.optim.spec.momentum == Approx(0.9f));
+  CHECK_FALSE(has_warning(c, "the 'optimizer' section"));  // the file had none
+  // Without --deepspeed the config's section builds the optimizer.
+  c = parse_json(cfg, {"--lr", "3e-4"});
+  CHECK(c.optim.spec.type == "Lamb");
+  CHECK(c.optim.beta1 == Approx(0.8f));
+  CHECK(c.optim.weight_decay == Approx(0.2f));
+
+  // The engine trains in the precision its config enables.
+  c = parse_json(with(base(), {{"bf16", {{"enabled", true}}}}), {"--deepspeed", "--fp16"});
+  CHECK(c.precision.precision == Precision::BF16);
+  CHECK(has_warning(c, "--fp16 is overruled by the DeepSpeed config, which enables bf16"));
+  c = parse_json(with(base(), {{"fp16", {{"enabled", true}}}}), {"--deepspeed", "--bf16"});
+  CHECK(c.precision.precision == Precision::FP16);
+  c = parse_json(with(base(), {{"bf16", {{"enabled", false}}}}), {"--deepspeed", "--fp16"});
+  CHECK(c.precision.precision == Precision::FP16);  // the config enables nothing: the flag decides
+  // Without --deepspeed the flag wins, over either spelling of bf16.
+  c = parse_json(with(base(), {{"bf16", {{"enabled", true}}}}), {"--fp16"});
+  CHECK(c.precision.precision == Precision::FP16);
+  c = parse_json(with(base(), {{"bfloat16", {{"enabled", true}}}}), {"--fp16"});
+  CHECK(c.precision.precision == Precision::FP16);
+}

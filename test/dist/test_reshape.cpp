@@ -208,7 +208,9 @@ TEST_CASE("a grouped-query TP2 checkpoint rewritten by dsconvert for TP4 (replic
 // --no-load-optim (without --deepspeed) continues at iteration 11 from the
 // saved weights with a fresh optimizer, so its first loss is the resumed
 // run's and the next ones differ; with --deepspeed the engine loads the
-// optimizer anyway (as upstream), so it is the resumed curve. --finetune
+// optimizer anyway (as upstream), so it is the resumed curve (given the
+// saving run's betas and weight decay: with --deepspeed the optimizer is
+// Megatron's, whose defaults are 0.999 and 0.01). --finetune
 // trains all 20 iterations again from the saved weights.
 TEST_CASE("--finetune loads the weights only; --no-load-optim the weights and the iteration") {
   const std::vector<double>& ref = reference(dist_data().dir + "/reshape_tp2dp2");
@@ -218,7 +220,8 @@ TEST_CASE("--finetune loads the weights only; --no-load-optim the weights and th
   CHECK(nlo[0] == Approx(ref[10]).epsilon(1e-6));
   CHECK(std::abs(nlo[1] - ref[11]) > 1e-4 * ref[11]);
   const std::vector<double> ds =
-      run({"no_load_optim_ds", 1, 1, 0, {"--load", single_ck, "--no-load-optim", "--deepspeed"}});
+      run({"no_load_optim_ds", 1, 1, 0, {"--load", single_ck, "--no-load-optim", "--deepspeed", "--adam-beta2", "0.95",
+                                         "--weight-decay", "0.1"}});
   require_same_curve(ref, ds, 10);
   const std::vector<double> ft = run({"finetune", 1, 1, 0, {"--load", single_ck, "--finetune"}});
   REQUIRE(ft.size() == 20);
