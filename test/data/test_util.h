@@ -1,10 +1,13 @@
-// Helpers shared by the data tests: scratch directories and file access.
+// Helpers shared by tests: scratch directories, file access, error messages.
 #pragma once
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
+
+#include "lib/core/error.h"
 
 namespace ds::test {
 
@@ -44,6 +47,16 @@ inline std::string shared_data_dir() {
   const char* src = std::getenv("DS_SOURCE_DIR");
   std::string dir = std::string(src ? src : ".") + "/../shared/data";
   return std::filesystem::is_directory(dir) ? dir : std::string();
+}
+
+// The message of the UserError fn() throws; "" when it throws none.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace ds::test

@@ -40,14 +40,7 @@ void fill(AlignedBuffer& b, uint64_t seed) {
 
 bool same(const AlignedBuffer& a, const AlignedBuffer& b, int64_t n) { return std::memcmp(a.data(), b.data(), n) == 0; }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 }  // namespace
 

@@ -50,14 +50,7 @@ struct Captured {
 
 void write_text(const std::string& path, const std::string& text) { test::spit(path, text); }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 const char* kTrainCsv =
     "iteration,consumed_samples,lr,loss,grad_norm,loss_scale,ms_per_iter,tokens_per_s,tflops\n"
