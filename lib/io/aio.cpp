@@ -68,7 +68,10 @@ class AioQueue {
   AioQueue(int fd, std::string where, const AioConfig& cfg) : fd_(fd), where_(std::move(where)), cfg_(cfg) {
     const int capacity = cfg.queue_depth * cfg.intra_op_parallelism;
     const int rc = io_uring_queue_init(static_cast<unsigned>(capacity), &ring_, 0);
-    DS_USER_CHECK(rc >= 0, "{}: io_uring with {} entries cannot be set up: {}", where_, capacity, std::strerror(-rc));
+    if (rc < 0) {
+      ::close(fd_);  // the queue owns the descriptor from here on
+      DS_USER_ERROR("{}: io_uring with {} entries cannot be set up: {}", where_, capacity, std::strerror(-rc));
+    }
     slots_.resize(static_cast<size_t>(capacity));
     for (int i = capacity - 1; i >= 0; --i) free_.push_back(i);
   }
@@ -279,7 +282,11 @@ std::unique_ptr<DirectReader> DirectReader::open(const std::string& path, const 
   r->path_ = path;
   r->size_ = static_cast<uint64_t>(st.st_size);
   r->cfg_ = cfg;
-  r->q_ = std::make_unique<AioQueue>(fd, fmt::format("file '{}'", path), cfg);
+  try {
+    r->q_ = std::make_unique<AioQueue>(fd, fmt::format("file '{}'", path), cfg);
+  } catch (const UserError&) {
+    return nullptr;  // a ring this size is refused here (a memlock limit): the page cache path reads the file
+  }
   return r;
 }
 
