@@ -63,17 +63,13 @@ std::vector<std::string> code_spans(const std::string& cell) {
   return out;
 }
 
-struct DocRow {
-  std::string flags;  // the flag column's text
-};
-
-// "section.key" -> its row, for the tables under the headings "### `model`",
+// "section.key" -> its row's flag column, for the tables under the headings "### `model`",
 // "#### `model.moe`", ... A first cell may name several keys
 // ("`a`, `b`"); "`distillation.x`, `y`" names distillation.x and distillation.y.
-std::map<std::string, DocRow> documented_keys(const std::string& path) {
+std::map<std::string, std::string> documented_keys(const std::string& path) {
   std::ifstream f(path);
   REQUIRE(f.good());
-  std::map<std::string, DocRow> rows;
+  std::map<std::string, std::string> rows;
   std::string line, section;
   bool key_table = false;  // inside a table whose first column is "key"
   while (std::getline(f, line)) {
@@ -94,7 +90,7 @@ std::map<std::string, DocRow> documented_keys(const std::string& path) {
       std::string key = name;
       if (const size_t dot = name.rfind('.'); dot != std::string::npos) prefix = name.substr(0, dot + 1);
       else key = prefix + name;
-      rows[section + "." + key] = DocRow{cells[3]};
+      rows[section + "." + key] = cells[3];
     }
   }
   return rows;
@@ -235,48 +231,53 @@ std::set<std::string> accepted_ds_keys() {
   return ds;
 }
 
+// `keys` (what the readers read) against `docs` (documented key -> the row
+// text its flags must appear in), both ways: a key is documented by its own
+// row or by rows of keys under it (a subsection, or a section read whole);
+// and every flag of the flag table that sets one of `keys` is named in that
+// key's row. Returns how many table flags set one of `keys`.
+int check_documented(const std::map<std::string, std::string>& docs, const std::set<std::string>& keys,
+                     const std::string& what) {
+  auto documented = [&](const std::string& k) {
+    if (docs.count(k)) return true;
+    const auto it = docs.lower_bound(k + ".");
+    return it != docs.end() && it->first.rfind(k + ".", 0) == 0;
+  };
+  std::string undocumented, unknown, missing;
+  for (const std::string& k : keys)
+    if (!documented(k)) undocumented += " " + k;
+  for (const auto& [k, row] : docs)
+    if (!keys.count(k)) unknown += " " + k;
+  int flags = 0;
+  for (const auto& [flag, pointer] : table_flags()) {
+    std::string key = pointer.substr(1);
+    for (char& c : key)
+      if (c == '/') c = '.';
+    if (!keys.count(key)) continue;  // a key of the other test's kind
+    ++flags;
+    const auto it = docs.find(key);
+    if (it == docs.end() || it->second.find(flag) == std::string::npos) missing += " " + flag + " (" + key + ")";
+  }
+  INFO(what << " keys the readers read without a row in docs/config.md:" << undocumented);
+  INFO("rows in docs/config.md for " << what << " keys no reader reads:" << unknown);
+  INFO("flags not named in their " << what << " key's row:" << missing);
+  CHECK(undocumented.empty());
+  CHECK(unknown.empty());
+  CHECK(missing.empty());
+  return flags;
+}
+
 }  // namespace
 
 TEST_CASE("docs/config.md names exactly the keys of our sections, each with its flags") {
   const char* src = std::getenv("DS_SOURCE_DIR");
   REQUIRE(src != nullptr);
-  const std::map<std::string, DocRow> docs = documented_keys(std::string(src) + "/docs/config.md");
+  const std::map<std::string, std::string> docs = documented_keys(std::string(src) + "/docs/config.md");
   const std::set<std::string> keys = accepted_keys();
   REQUIRE(docs.size() > 50);
   REQUIRE(keys.size() > 50);
 
-  // A subsection (model.moe, training.distillation) is documented by its own rows.
-  auto documented = [&](const std::string& k) {
-    if (docs.count(k)) return true;
-    for (const auto& [d, row] : docs)
-      if (d.rfind(k + ".", 0) == 0) return true;
-    return false;
-  };
-  std::string undocumented, unknown;
-  for (const std::string& k : keys)
-    if (!documented(k)) undocumented += " " + k;
-  for (const auto& [k, row] : docs)
-    if (!keys.count(k)) unknown += " " + k;
-  INFO("keys the readers accept without a row in docs/config.md:" << undocumented);
-  INFO("rows in docs/config.md for keys no reader accepts:" << unknown);
-  CHECK(undocumented.empty());
-  CHECK(unknown.empty());
-
-  // Each flag of the table that sets a key of ours appears in that key's row.
-  std::string missing;
-  for (const auto& [flag, pointer] : table_flags()) {
-    std::string key = pointer.substr(1);
-    for (char& c : key)
-      if (c == '/') c = '.';
-    bool ours = false;  // else a DeepSpeed key, documented in its own tables
-    for (const std::string& s : {"model.", "data.", "training.", "parallel."}) ours = ours || key.rfind(s, 0) == 0;
-    if (!ours) continue;
-    const auto it = docs.find(key);
-    if (it == docs.end() || it->second.flags.find(flag) == std::string::npos)
-      missing += " " + flag + " (" + key + ")";
-  }
-  INFO("flags not named in their key's row:" << missing);
-  CHECK(missing.empty());
+  REQUIRE(check_documented(docs, keys, "our sections'") >= 20);
 
   // The resolved config (the writer, saved in every checkpoint) writes only
   // keys the readers accept.
@@ -308,37 +309,6 @@ TEST_CASE("docs/config.md names exactly the DeepSpeed keys the readers read") {
   REQUIRE(keys.count("scheduler.params.cycle_momentum"));
   REQUIRE(keys.count("curriculum_learning.schedule_config.max_step"));
 
-  // A section read as a whole (its keys elsewhere, as elasticity's in
-  // docs/dsrun.md) is documented by its own row; a section is documented by
-  // the rows of its keys.
-  auto documented = [&](const std::string& k) {
-    if (docs.count(k)) return true;
-    const auto it = docs.lower_bound(k + ".");
-    return it != docs.end() && it->first.rfind(k + ".", 0) == 0;
-  };
-  std::string undocumented, unknown;
-  for (const std::string& k : keys)
-    if (!documented(k)) undocumented += " " + k;
-  for (const auto& [k, row] : docs)
-    if (!keys.count(k)) unknown += " " + k;
-  INFO("DeepSpeed keys the readers read without a row in docs/config.md:" << undocumented);
-  INFO("rows in docs/config.md for DeepSpeed keys no reader reads:" << unknown);
-  CHECK(undocumented.empty());
-  CHECK(unknown.empty());
-
-  // Each flag of the table that sets a DeepSpeed key appears in that key's row.
-  std::string missing;
-  int ds_flags = 0;
-  for (const auto& [flag, pointer] : table_flags()) {
-    std::string key = pointer.substr(1);
-    for (char& c : key)
-      if (c == '/') c = '.';
-    if (!keys.count(key)) continue;  // one of our sections' keys (the test above)
-    ++ds_flags;
-    const auto it = docs.find(key);
-    if (it == docs.end() || it->second.find(flag) == std::string::npos) missing += " " + flag + " (" + key + ")";
-  }
-  REQUIRE(ds_flags >= 10);
-  INFO("flags not named in their DeepSpeed key's row:" << missing);
-  CHECK(missing.empty());
+  REQUIRE(check_documented(docs, keys, "DeepSpeed") >= 10);
 }
+
