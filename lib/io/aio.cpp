@@ -300,8 +300,9 @@ void DirectReader::read(uint64_t offset, uint64_t n, const std::function<void(ui
   const uint64_t start = offset / kAioAlign * kAioAlign;
   const uint64_t end = (offset + n + kAioAlign - 1) / kAioAlign * kAioAlign;  // may pass the file's end
   const size_t depth = static_cast<size_t>(cfg_.queue_depth * cfg_.intra_op_parallelism);
-  if (bufs_.size() < depth) bufs_.resize(depth);
-  for (AlignedBuffer& b : bufs_)
+  static thread_local std::vector<AlignedBuffer> bufs;  // one set per thread, whatever the files
+  if (bufs.size() < depth) bufs.resize(depth);
+  for (AlignedBuffer& b : bufs)
     if (b.size() < cfg_.block_size) b = AlignedBuffer(cfg_.block_size);
   struct Window {
     uint64_t at, len;
@@ -315,11 +316,23 @@ void DirectReader::read(uint64_t offset, uint64_t n, const std::function<void(ui
     while (next < end && flight.size() < depth) {
       const uint64_t len = std::min(block, end - next);
       const size_t b = next_buf++ % depth;
-      flight.push_back({next, len, q_->submit(false, static_cast<int64_t>(next), bufs_[b].data(),
+      flight.push_back({next, len, q_->submit(false, static_cast<int64_t>(next), bufs[b].data(),
                                                static_cast<int64_t>(len)), b});
       next += len;
     }
   };
+  // On a failure the windows still in flight are waited for before the
+  // error leaves: they write into this thread's buffers.
+  struct Drain {
+    std::deque<Window>& flight;
+    AioQueue& q;
+    ~Drain() {
+      try {
+        for (const Window& w : flight) q.finish(w.t);
+      } catch (...) {  // the ring itself failed: its destructor drains what is left
+      }
+    }
+  } drain{flight, *q_};
   issue();
   while (!flight.empty()) {
     const Window w = flight.front();
@@ -333,7 +346,7 @@ void DirectReader::read(uint64_t offset, uint64_t n, const std::function<void(ui
     const uint64_t got = r.short_at >= 0 ? static_cast<uint64_t>(r.short_at) : w.at + w.len;
     DS_USER_CHECK(got >= hi, "file '{}' ended at byte {} while reading up to byte {} (truncated while open?)", path_,
                   got, hi);
-    fn(lo, static_cast<const char*>(bufs_[w.buf].data()) + (lo - w.at), static_cast<size_t>(hi - lo));
+    fn(lo, static_cast<const char*>(bufs[w.buf].data()) + (lo - w.at), static_cast<size_t>(hi - lo));
     issue();  // the window's buffer is free again
   }
 }

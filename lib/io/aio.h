@@ -96,7 +96,9 @@ class SwapFile {
 
 // Reading an existing file front to back with O_DIRECT (checkpoint loads):
 // aligned windows of block_size, queue_depth x intra_op_parallelism of them
-// in flight into their own aligned buffers, each handed over in file order.
+// in flight, each handed over in file order. The windows' aligned buffers
+// belong to the calling thread, not to the reader, so a load with many files
+// open holds one set (32 MiB for 8 x 4 MiB) however many it reads.
 // open() returns null where the file system refuses O_DIRECT or io_uring is
 // unavailable (the caller reads through the page cache instead).
 class DirectReader {
@@ -105,6 +107,7 @@ class DirectReader {
   ~DirectReader();
   // Reads bytes [offset, offset + n) of the file and calls fn(at, data, len)
   // for consecutive pieces of it, in order (at: the piece's file offset).
+  // fn must not read through another DirectReader (the buffers are shared).
   // UserError naming the file when it ends early or a read fails.
   void read(uint64_t offset, uint64_t n, const std::function<void(uint64_t, const char*, size_t)>& fn);
 
@@ -114,7 +117,6 @@ class DirectReader {
   std::string path_;
   uint64_t size_ = 0;
   AioConfig cfg_;
-  std::vector<AlignedBuffer> bufs_;
 };
 
 }  // namespace ds
