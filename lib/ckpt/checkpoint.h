@@ -118,8 +118,9 @@ void save_checkpoint(const std::string& dir, const TrainState& st, const Checkpo
 // NaN/Inf) throws UserError naming the file before touching the destination
 // weights (host f32 optimizer state is read into in place, so a failed load
 // may leave it partly written; the run stops with the error). Each file is
-// read once, checksummed as it is read. A write error (e.g. a full disk) while saving is a UserError naming
-// the path, and the temporary step directory is removed.
+// read once, checksummed as it is read. A write error (e.g. a full disk)
+// while saving is a UserError naming the path, and the temporary step
+// directory is removed.
 bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d);
 
 }  // namespace ds
