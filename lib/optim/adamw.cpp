@@ -14,10 +14,13 @@
 
 namespace ds {
 
-AdamW::AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end) : Optimizer(layout, begin, end) {
-  allocate_state(dev);
-  m_ = state("exp_avg");
-  v_ = state("exp_avg_sq");
+AdamW::AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end, StateHome home)
+    : Optimizer(layout, begin, end) {
+  allocate_state(dev, home);
+  if (home == StateHome::Own) {
+    m_ = state("exp_avg");
+    v_ = state("exp_avg_sq");
+  }
   // The segment table (24 bytes per parameter) is bookkeeping, not model state.
   std::vector<int64_t> seg;  // {begin, end, decay} relative to begin, sorted by offset
   std::vector<const ParamSpec*> specs;
@@ -35,6 +38,7 @@ AdamW::AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end) 
 }
 
 AdamWArgs AdamW::args(const StepTensors& t, const StepHyper& h) const {
+  DS_CHECK(!state_elsewhere(), "AdamW: a whole-range step with the moments elsewhere (step_part only)");
   check_range(t, end() - begin(), "step");
   AdamWArgs a;
   a.param = t.params;
@@ -65,14 +69,15 @@ bool AdamW::step_part(int64_t lo, int64_t hi, const StepTensors& t, const StepHy
            end() - begin());
   check_range(t, hi - lo, "part");
   const int64_t first = begin() + lo, last = begin() + hi;
+  const Tensor m = part_state(t, 0, lo, hi), v = part_state(t, 1, lo, hi);
   for (const ParamSpec& p : layout().params) {
     const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, last);
     if (a >= b) continue;
     AdamWArgs args;
     args.param = t.params.view(a - first, {b - a});
     args.grad = t.grads.view(a - first, {b - a});
-    args.m = m_.view(a - begin(), {b - a});
-    args.v = v_.view(a - begin(), {b - a});
+    args.m = m.view(a - first, {b - a});
+    args.v = v.view(a - first, {b - a});
     args.lr = h.lr;
     args.beta1 = h.beta1;
     args.beta2 = h.beta2;

@@ -18,7 +18,8 @@ namespace ds {
 class AdamW final : public Optimizer {
  public:
   // Owns moments for elements [begin, end) of the layout's flat buffer.
-  AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end);
+  // StateHome::Elsewhere: no moments here; only step_part, with them handed in.
+  AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end, StateHome home = StateHome::Own);
 
   const char* type() const override { return "AdamW"; }
   std::vector<OptimizerStateSpec> state_specs() const override {

@@ -26,15 +26,19 @@ OptimRule rule_of(OptimizerKind k) {
 }  // namespace
 
 ElementwiseOptimizer::ElementwiseOptimizer(OptimizerKind kind, const OptimizerSpec& spec, const ModelLayout& layout,
-                                           Device dev, int64_t begin, int64_t end)
+                                           Device dev, int64_t begin, int64_t end, StateHome home)
     : Optimizer(layout, begin, end), kind_(kind), spec_(spec), rule_(rule_of(kind)) {
-  allocate_state(dev);
-  if (kind == OptimizerKind::Adagrad && spec.initial_accumulator_value != 0.f && end > begin) {
+  allocate_state(dev, home);
+  if (home == StateHome::Own && initial_state_value(0) != 0.f && end > begin) {
     Tensor host = Tensor::empty({end - begin}, DType::F32);
     std::fill(host.data<float>(), host.data<float>() + host.numel(), spec.initial_accumulator_value);
     state("sum").copy_from(host);
   }
   segments_ = segment_table(segments_in(begin, end), dev);
+}
+
+float ElementwiseOptimizer::initial_state_value(size_t i) const {
+  return kind_ == OptimizerKind::Adagrad && i == 0 ? spec_.initial_accumulator_value : 0.f;
 }
 
 std::vector<OptimizerStateSpec> ElementwiseOptimizer::state_specs() const {
@@ -76,6 +80,7 @@ void ElementwiseOptimizer::run(const StepTensors& t, const Tensor& s1, const Ten
 }
 
 void ElementwiseOptimizer::step(const StepTensors& t, const StepHyper& h, float grad_scale, const Stream& s) {
+  DS_CHECK(!state_elsewhere(), "{}: a whole-range step with the state elsewhere (step_part only)", type());
   check_range(t, end() - begin(), "step");
   ++step_;
   const std::vector<OptimizerStateSpec> specs = state_specs();
@@ -90,8 +95,8 @@ bool ElementwiseOptimizer::step_part(int64_t lo, int64_t hi, const StepTensors& 
            end() - begin());
   check_range(t, hi - lo, "part");
   const std::vector<OptimizerStateSpec> specs = state_specs();
-  const Tensor s1 = specs.size() > 0 ? state(specs[0].name).view(lo, {hi - lo}) : Tensor();
-  const Tensor s2 = specs.size() > 1 ? state(specs[1].name).view(lo, {hi - lo}) : Tensor();
+  const Tensor s1 = specs.size() > 0 ? part_state(t, 0, lo, hi) : Tensor();
+  const Tensor s2 = specs.size() > 1 ? part_state(t, 1, lo, hi) : Tensor();
   run(t, s1, s2, segment_table(segments_in(begin() + lo, begin() + hi), t.params.device()), h, grad_scale,
       Stream{});
   return true;

@@ -18,12 +18,13 @@ namespace ds {
 class ElementwiseOptimizer final : public Optimizer {
  public:
   ElementwiseOptimizer(OptimizerKind kind, const OptimizerSpec& spec, const ModelLayout& layout, Device dev,
-                       int64_t begin, int64_t end);
+                       int64_t begin, int64_t end, StateHome home = StateHome::Own);
 
   const char* type() const override { return optimizer_kind_name(kind_); }
   std::vector<OptimizerStateSpec> state_specs() const override;
   void step(const StepTensors& t, const StepHyper& h, float grad_scale, const Stream& s = Stream{}) override;
   bool step_part(int64_t lo, int64_t hi, const StepTensors& t, const StepHyper& h, float grad_scale) override;
+  float initial_state_value(size_t i) const override;
 
   // The rule's values for the step count step_count() (already advanced).
   OptimTerms terms(const StepHyper& h, float grad_scale) const;

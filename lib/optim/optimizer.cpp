@@ -18,7 +18,9 @@ Optimizer::Optimizer(const ModelLayout& layout, int64_t begin, int64_t end)
            layout.total);
 }
 
-void Optimizer::allocate_state(Device dev) {
+void Optimizer::allocate_state(Device dev, StateHome home) {
+  elsewhere_ = home == StateHome::Elsewhere;
+  if (elsewhere_) return;
   MemTagScope tag(MemTag::Optimizer);  // counted as model state (lib/core/mem_tag.h)
   for (const OptimizerStateSpec& s : state_specs())
     state_.emplace_back(s.name, Tensor::zeros({end_ - begin_}, s.dtype, dev));
@@ -27,6 +29,13 @@ void Optimizer::allocate_state(Device dev) {
 void Optimizer::check_range(const StepTensors& t, int64_t n, const char* what) const {
   DS_CHECK(t.params.numel() == n && t.grads.numel() == n && (!t.params_lowp.defined() || t.params_lowp.numel() == n),
            "{} {}: params {} / grads {} elements, expected {}", type(), what, t.params.numel(), t.grads.numel(), n);
+}
+
+Tensor Optimizer::part_state(const StepTensors& t, size_t i, int64_t lo, int64_t hi) {
+  if (!elsewhere_) return state_.at(i).second.view(lo, {hi - lo});
+  DS_CHECK(i < t.states.size() && t.states[i].numel() == hi - lo && t.states[i].dtype() == DType::F32,
+           "{} part [{}, {}): state {} of {} handed in", type(), lo, hi, i, t.states.size());
+  return t.states[i];
 }
 
 void Optimizer::step_gated(const StepTensors&, const StepHyper&, const Tensor&, const Stream&) {
@@ -64,7 +73,7 @@ Tensor Optimizer::segment_table(const std::vector<Segment>& segs, Device dev) {
 Tensor& Optimizer::state(std::string_view name) {
   for (auto& [n, t] : state_)
     if (n == name) return t;
-  DS_CHECK(false, "optimizer {} has no state '{}'", type(), name);
+  DS_CHECK(false, "optimizer {} has no state '{}'{}", type(), name, elsewhere_ ? " (its state lives elsewhere)" : "");
   return state_.front().second;  // not reached
 }
 
@@ -85,20 +94,23 @@ int64_t Optimizer::state_bytes() const {
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, const ModelLayout& layout, Device dev,
-                                          int64_t begin, int64_t end) {
+                                          int64_t begin, int64_t end, StateHome home) {
   const std::optional<OptimizerKind> kind = optimizer_kind(spec);
   DS_USER_CHECK(kind.has_value(), "optimizer.type '{}' is not supported (dstrain implements {})", spec.type,
                 optimizer_types_text());
   switch (*kind) {
     case OptimizerKind::AdamW:
       // The fused AdamW op (with its device-gated step) has bias correction built in.
-      if (spec.bias_correction) return std::make_unique<AdamW>(layout, dev, begin, end);
-      return std::make_unique<ElementwiseOptimizer>(*kind, spec, layout, dev, begin, end);
+      if (spec.bias_correction) return std::make_unique<AdamW>(layout, dev, begin, end, home);
+      return std::make_unique<ElementwiseOptimizer>(*kind, spec, layout, dev, begin, end, home);
     case OptimizerKind::AdamL2:
     case OptimizerKind::SGD:
     case OptimizerKind::Adagrad:
-    case OptimizerKind::Lion: return std::make_unique<ElementwiseOptimizer>(*kind, spec, layout, dev, begin, end);
-    case OptimizerKind::Lamb: return std::make_unique<Lamb>(spec, layout, dev, begin, end);
+    case OptimizerKind::Lion:
+      return std::make_unique<ElementwiseOptimizer>(*kind, spec, layout, dev, begin, end, home);
+    case OptimizerKind::Lamb:
+      DS_CHECK(home == StateHome::Own, "Lamb keeps its own state (its update is not element-wise)");
+      return std::make_unique<Lamb>(spec, layout, dev, begin, end);
   }
   DS_CHECK(false, "optimizer kind {} has no class", static_cast<int>(*kind));
   return nullptr;

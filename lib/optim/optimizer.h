@@ -42,7 +42,16 @@ struct OptimizerStateSpec {
 struct StepTensors {
   Tensor params, grads;
   Tensor params_lowp;  // undefined: no low-precision copy to write
+  // step_part of an optimizer whose state lives elsewhere (StateHome::Elsewhere):
+  // the part's state tensors, host f32, in state_specs() order.
+  std::vector<Tensor> states;
 };
+
+// Where an optimizer's state tensors live: its own (allocated with it), or
+// elsewhere (the NVMe tier, lib/runtime/nvme_tier.h): then it allocates
+// nothing, has no named state, and updates only in parts (step_part) with
+// the part's state handed in.
+enum class StateHome { Own, Elsewhere };
 
 class Optimizer {
  public:
@@ -79,6 +88,12 @@ class Optimizer {
   // per-tensor partial sums with it; element-wise ones ignore it.
   void set_shard_sum(std::function<void(const Tensor&)> sum) { shard_sum_ = std::move(sum); }
 
+  // The value every element of state i starts at (Adagrad's
+  // initial_accumulator_value; 0 for the rest).
+  virtual float initial_state_value(size_t) const { return 0.f; }
+  // The state lives elsewhere (StateHome::Elsewhere): states() is empty.
+  bool state_elsewhere() const { return elsewhere_; }
+
   // The state tensor named `name`; ds::Error when there is none.
   Tensor& state(std::string_view name);
   bool has_state(std::string_view name) const;
@@ -96,8 +111,11 @@ class Optimizer {
  protected:
   Optimizer(const ModelLayout& layout, int64_t begin, int64_t end);
   // Allocates every state of state_specs() (zeros, counted as model state);
-  // called by the concrete class's constructor.
-  void allocate_state(Device dev);
+  // called by the concrete class's constructor. StateHome::Elsewhere: nothing.
+  void allocate_state(Device dev, StateHome home = StateHome::Own);
+  // State i over the part [lo, hi) of the range for step_part: the handed-in
+  // t.states[i] (state elsewhere) or a view of the own tensor.
+  Tensor part_state(const StepTensors& t, size_t i, int64_t lo, int64_t hi);
   void check_range(const StepTensors& t, int64_t n, const char* what) const;
   // The parameters' parts in [first, last) of the flat layout, sorted by
   // offset, relative to `first`, each with its decay flag and its index in
@@ -117,14 +135,16 @@ class Optimizer {
   const ModelLayout* layout_;
   int64_t begin_, end_;
   std::vector<std::pair<std::string, Tensor>> state_;
+  bool elsewhere_ = false;
 };
 
 // The registry: an optimizer of DeepSpeed's `optimizer.type` (case-insensitive,
 // the table in optimizer_types.cpp, with its own keys in `spec`) for elements
-// [begin, end) of `layout`, its state on `dev`. UserError naming the type and
-// the supported ones for anything else.
+// [begin, end) of `layout`, its state on `dev` (or elsewhere: then the
+// optimizer must update in parts; DS_CHECK for Lamb). UserError naming the
+// type and the supported ones for anything else.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, const ModelLayout& layout, Device dev,
-                                          int64_t begin, int64_t end);
+                                          int64_t begin, int64_t end, StateHome home = StateHome::Own);
 inline std::unique_ptr<Optimizer> make_optimizer(std::string_view type, const ModelLayout& layout, Device dev,
                                                  int64_t begin, int64_t end) {
   return make_optimizer(OptimizerSpec{.type = std::string(type)}, layout, dev, begin, end);
