@@ -98,6 +98,9 @@ void record_checksums(const fs::path& tmp) {
   write_file_atomic(state_file.string(), step_state_text(state));
 }
 
+// Elements per piece moved between a storage tier and a checkpoint file (16 MiB).
+constexpr int64_t kTierPiece = 4 << 20;
+
 Tensor host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
 
 
@@ -122,7 +125,12 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     w.set_metadata("non_negative", non_negative);
     if (!d.opt_type.empty()) w.set_metadata("optimizer", d.opt_type);
     if (d.opt_parts.empty()) {
-      for (const OptimizerStateTensor& s : d.opt_state) w.add(s.name, host(s.t));
+      for (const OptimizerStateTensor& s : d.opt_state) {
+        if (d.tier_read)
+          w.declare_f32(s.name, {d.opt_end - d.opt_begin});
+        else
+          w.add(s.name, host(s.t));
+      }
       w.set_metadata("begin", std::to_string(d.opt_begin));
       w.set_metadata("end", std::to_string(d.opt_end));
     } else {
@@ -146,7 +154,22 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     w.set_metadata("tp_rank", std::to_string(d.shard.tp_rank));
     w.set_metadata("pp_rank", std::to_string(d.shard.pp_rank));
     if (d.shard.ep > 1) w.set_metadata("ep_rank", std::to_string(d.shard.ep_rank));
-    w.write((tmp / optimizer_shard_name(d.rank, d.world, d.shard)).string(), &progress);
+    const std::string path = (tmp / optimizer_shard_name(d.rank, d.world, d.shard)).string();
+    if (d.tier_read)
+      w.write_streamed_bytes(path, [&](const std::string& name, const std::function<void(std::string_view)>& sink) {
+        const size_t i = static_cast<size_t>(std::find_if(d.opt_state.begin(), d.opt_state.end(), [&](const auto& t) {
+                                               return t.name == name;
+                                             }) - d.opt_state.begin());
+        std::vector<float> buf;
+        for (int64_t lo = 0, n = d.opt_end - d.opt_begin; lo < n; lo += kTierPiece) {
+          const int64_t hi = std::min(n, lo + kTierPiece);
+          buf.resize(static_cast<size_t>(hi - lo));
+          d.tier_read(i, lo, hi, buf.data());
+          sink({reinterpret_cast<const char*>(buf.data()), buf.size() * sizeof(float)});
+        }
+      }, &progress);
+    else
+      w.write(path, &progress);
   }
   if (d.rank != 0 || d.shard.tp_rank != 0 || d.shard.pp_rank != 0 || d.shard.ep_rank != 0) return;
   {
@@ -190,7 +213,7 @@ void write_checkpoint_files(const std::string& dir, const TrainState& st, const 
   make_dirs(tmp);
   const bool model = d.rank == 0 && d.shard.tp_rank == 0 && d.shard.pp_rank == 0 && d.shard.ep_rank == 0;
   int64_t bytes = 4 * (model ? d.layout->total : 0);
-  for (const OptimizerStateTensor& s : d.opt_state) bytes += 4 * s.t.numel();
+  for (const OptimizerStateTensor& s : d.opt_state) bytes += 4 * (d.tier_read ? d.opt_end - d.opt_begin : s.t.numel());
   for (const CheckpointData::StatePart& part : d.opt_parts)
     for (const OptimizerStateTensor& s : part.states) bytes += 4 * s.t.numel();
   Progress progress(checkpoint_progress(fmt::format("saving checkpoint {}/{}", dir, step_dir_name(st.iteration)),
@@ -253,6 +276,26 @@ int64_t read_opt_state(const SavedStep& s, const CheckpointData& d, bool same, O
                        std::vector<OptimizerStates>& parts) {
   const ModelLayout& local = d.opt_layout ? *d.opt_layout : *d.layout;
   const ShardCoords at = s.sizes.at(d.shard.tp_rank, d.shard.pp_rank).at_ep(d.shard.ep_rank);
+  if (d.opt_parts.empty() && d.tier_write) {  // into the tier a piece at a time (reshaped: assembled first)
+    const int64_t n = d.opt_end - d.opt_begin;
+    if (!same) {
+      const int64_t step = read_reshaped_state(s, *d.layout, local, d.opt_begin, d.opt_end, state);
+      for (size_t i = 0; i < state.size(); ++i) d.tier_write(i, 0, n, state[i].t.data<float>());
+      state = state_names_only(state);
+      return step;
+    }
+    SavedStateFiles files(s, at, local.total, state);
+    std::vector<float> buf;
+    for (size_t i = 0; i < state.size(); ++i)
+      for (int64_t lo = 0; lo < n; lo += kTierPiece) {
+        const int64_t hi = std::min(n, lo + kTierPiece);
+        buf.resize(static_cast<size_t>(hi - lo));
+        files.read(i, d.opt_begin + lo, d.opt_begin + hi, buf.data());
+        d.tier_write(i, lo, hi, buf.data());
+      }
+    files.verify();
+    return files.step();
+  }
   if (d.opt_parts.empty())
     return same ? read_state_range(s, at, local.total, d.opt_begin, d.opt_end, state)
                 : read_reshaped_state(s, *d.layout, local, d.opt_begin, d.opt_end, state);
@@ -356,7 +399,7 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
     auto place = [](Tensor& dst, const Tensor& src) {
       if (dst.raw() != src.raw()) dst.copy_from(src);
     };
-    if (d.opt_parts.empty())
+    if (d.opt_parts.empty() && !d.tier_write)  // (a tier was written as it was read)
       for (size_t i = 0; i < opt_state.size(); ++i) place(d.opt_state[i].t, opt_state[i].t);
     for (size_t p = 0; p < part_state.size(); ++p)
       for (size_t i = 0; i < part_state[p].size(); ++i) place(d.opt_parts[p].states[i].t, part_state[p][i].t);

@@ -94,6 +94,14 @@ struct CheckpointData {
     OptimizerStates states;
   };
   std::vector<StatePart> opt_parts;
+  // The optimizer state lives in a storage tier (offload_optimizer nvme)
+  // instead of opt_state's tensors (left undefined): saving reads elements
+  // [lo, hi) of state i (relative to opt_begin) through tier_read, loading
+  // writes them through tier_write, a bounded piece at a time, so the
+  // rank's state is never whole in memory (a reshaping load excepted: it
+  // assembles the range first, reshape.h). Not with opt_parts.
+  std::function<void(size_t i, int64_t lo, int64_t hi, float* out)> tier_read;
+  std::function<void(size_t i, int64_t lo, int64_t hi, const float* in)> tier_write;
 };
 
 // The weights of `full` in the order model.safetensors holds them.

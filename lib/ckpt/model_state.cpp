@@ -60,7 +60,9 @@ CheckpointData rank_checkpoint(const RankModel& r, const Tensor& params, Optimiz
   d.layout = r.full;
   d.params = params;
   for (const OptimizerStateSpec& s : opt.state_specs())
-    d.opt_state.push_back({s.name, opt.state(s.name), s.non_negative});
+    // State elsewhere (a tier): a placeholder; the caller sets tier_read / tier_write.
+    d.opt_state.push_back({s.name, opt.state_elsewhere() ? Tensor::zeros({0}, DType::F32) : opt.state(s.name),
+                           s.non_negative});
   d.opt_begin = opt_range.begin;
   d.opt_end = opt_range.end;
   d.opt_step = opt.step_count();

@@ -163,6 +163,23 @@ void SafetensorsWriter::write(const std::string& path, Progress* progress) const
 void SafetensorsWriter::write_streamed(const std::string& path,
                                        const std::function<Tensor(const std::string& name)>& next,
                                        Progress* progress) const {
+  write_streamed_bytes(
+      path,
+      [&](const std::string& name, const std::function<void(std::string_view)>& sink) {
+        const Tensor t = next(name);
+        const Shape& shape = std::find_if(declared_.begin(), declared_.end(), [&](const auto& d) {
+                               return d.first == name;
+                             })->second;
+        DS_CHECK(t.dtype() == DType::F32 && t.shape() == shape && t.device().is_cpu(),
+                 "write_streamed: tensor '{}' came as {} {}, declared F32 {}", name, dtype_name(t.dtype()),
+                 shape_str(t.shape()), shape_str(shape));
+        sink({static_cast<const char*>(t.raw()), static_cast<size_t>(t.nbytes())});
+      },
+      progress);
+}
+
+void SafetensorsWriter::write_streamed_bytes(const std::string& path, const EmitBytes& emit,
+                                             Progress* progress) const {
   const auto order = file_order();
   const std::string header = header_bytes(order);
   write_file_atomic_stream(
@@ -174,11 +191,13 @@ void SafetensorsWriter::write_streamed(const std::string& path,
             sink({static_cast<const char*>(e.data->raw()), static_cast<size_t>(e.nbytes())});
             continue;
           }
-          const Tensor t = next(e.name);
-          DS_CHECK(t.dtype() == DType::F32 && t.shape() == e.shape && t.device().is_cpu(),
-                   "write_streamed: tensor '{}' came as {} {}, declared F32 {}", e.name, dtype_name(t.dtype()),
-                   shape_str(t.shape()), shape_str(e.shape));
-          sink({static_cast<const char*>(t.raw()), static_cast<size_t>(t.nbytes())});
+          uint64_t n = 0;
+          emit(e.name, [&](std::string_view piece) {
+            n += piece.size();
+            DS_CHECK(n <= e.nbytes(), "write_streamed: tensor '{}' got more than its {} bytes", e.name, e.nbytes());
+            sink(piece);
+          });
+          DS_CHECK(n == e.nbytes(), "write_streamed: tensor '{}' got {} of its {} bytes", e.name, n, e.nbytes());
         }
       },
       progress);

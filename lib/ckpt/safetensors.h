@@ -44,6 +44,11 @@ struct SafetensorsWriter {
   std::vector<std::string> streamed_order() const;
   void write_streamed(const std::string& path, const std::function<Tensor(const std::string& name)>& next,
                       Progress* progress = nullptr) const;
+  // The same with each declared tensor's bytes produced in pieces:
+  // emit(name, sink) passes exactly its bytes to sink, in order, in as many
+  // pieces as it likes (a tensor larger than memory streams from its tier).
+  using EmitBytes = std::function<void(const std::string& name, const std::function<void(std::string_view)>& sink)>;
+  void write_streamed_bytes(const std::string& path, const EmitBytes& emit, Progress* progress = nullptr) const;
 
  private:
   struct Entry {

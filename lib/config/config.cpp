@@ -283,6 +283,19 @@ json scheduler_json(const OptimizerConfig& o) {
   return {{"type", lr_scheduler_name(o.scheduler)}, {"params", p}};
 }
 
+json offload_optimizer_json(const ZeroConfig& z) {
+  if (z.offload_optimizer == OffloadDevice::None) return {{"device", "none"}};
+  if (z.offload_optimizer == OffloadDevice::CPU) return {{"device", "cpu"}, {"pin_memory", z.offload_pin_memory}};
+  const NvmeOffloadConfig& n = z.nvme;
+  return {{"device", "nvme"},
+          {"nvme_path", n.nvme_path},
+          {"pin_memory", z.offload_pin_memory},
+          {"buffer_count", n.buffer_count},
+          {"pipeline_read", n.pipeline_read},
+          {"pipeline_write", n.pipeline_write},
+          {"fast_init", n.fast_init}};
+}
+
 json zero_json(const ZeroConfig& z) {
   return {{"stage", z.stage},
           {"reduce_bucket_size", z.reduce_bucket_size},
@@ -292,7 +305,14 @@ json zero_json(const ZeroConfig& z) {
           {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size},
           {"stage3_max_live_parameters", z.stage3_max_live_parameters},
           {"stage3_param_persistence_threshold", z.stage3_param_persistence_threshold},
-          {"offload_optimizer", {{"device", z.offload_optimizer == OffloadDevice::CPU ? "cpu" : "none"}}}};
+          {"sub_group_size", z.sub_group_size},
+          {"offload_optimizer", offload_optimizer_json(z)}};
+}
+
+json aio_json(const AioConfig& a) {
+  return {{"block_size", a.block_size}, {"queue_depth", a.queue_depth},
+          {"intra_op_parallelism", a.intra_op_parallelism}, {"single_submit", a.single_submit},
+          {"overlap_events", a.overlap_events}};
 }
 
 json curriculum_json(const CurriculumConfig& c) {
@@ -355,6 +375,7 @@ json config_to_json(const TrainConfig& c) {
               {"overlap_param_gather", c.zero.overlap_param_gather}}}};
   if (o.scheduler != LrScheduler::Megatron) j["scheduler"] = scheduler_json(o);
   if (c.curriculum.enabled) j["curriculum_learning"] = curriculum_json(c.curriculum);
+  if (c.zero.offload_optimizer == OffloadDevice::NVMe) j["aio"] = aio_json(c.zero.nvme.aio);
   return j;
 }
 

@@ -301,12 +301,37 @@ void read_zero(DsSection& root, ZeroConfig& z) {
   s.accept_if("reduce_scatter", true);
   s.accept_if("round_robin_gradients", false);
   DsSection off = s.section("offload_optimizer");
-  const std::string offload = off.get<std::string>("device", z.offload_optimizer == OffloadDevice::CPU ? "cpu" : "none");
-  DS_USER_CHECK(offload == "none" || offload == "cpu",
-                "zero_optimization.offload_optimizer.device '{}' is not supported (use \"none\" or \"cpu\")", offload);
-  z.offload_optimizer = offload == "cpu" ? OffloadDevice::CPU : OffloadDevice::None;
+  const char* was = z.offload_optimizer == OffloadDevice::CPU ? "cpu" : z.offload_optimizer == OffloadDevice::NVMe ? "nvme" : "none";
+  const std::string offload = off.get<std::string>("device", was);
+  DS_USER_CHECK(offload == "none" || offload == "cpu" || offload == "nvme",
+                "zero_optimization.offload_optimizer.device '{}' is not supported (use \"none\", \"cpu\" or \"nvme\")",
+                offload);
+  z.offload_optimizer = offload == "cpu" ? OffloadDevice::CPU : offload == "nvme" ? OffloadDevice::NVMe : OffloadDevice::None;
   z.offload_pin_memory = off.get<bool>("pin_memory", z.offload_pin_memory);
+  NvmeOffloadConfig& nv = z.nvme;
+  if (z.offload_optimizer == OffloadDevice::NVMe) {
+    nv.nvme_path = off.get<std::string>("nvme_path", nv.nvme_path);
+    nv.buffer_count = off.get<int>("buffer_count", nv.buffer_count);
+    nv.pipeline_read = off.get<bool>("pipeline_read", nv.pipeline_read);
+    nv.pipeline_write = off.get<bool>("pipeline_write", nv.pipeline_write);
+    nv.fast_init = off.get<bool>("fast_init", nv.fast_init);
+  }
   if (z.offload_optimizer != OffloadDevice::None) off.finish();
+  z.sub_group_size = s.get<int64_t>("sub_group_size", z.sub_group_size);
+  // The aio section (root level) shapes the NVMe swap files' requests.
+  DsSection aio = root.section("aio");
+  AioConfig& a = nv.aio;
+  a.block_size = aio.get<int64_t>("block_size", a.block_size);
+  a.queue_depth = aio.get<int>("queue_depth", a.queue_depth);
+  // thread_count: the older name of intra_op_parallelism.
+  a.intra_op_parallelism = aio.get<int>("thread_count", a.intra_op_parallelism);
+  a.intra_op_parallelism = aio.get<int>("intra_op_parallelism", a.intra_op_parallelism);
+  a.single_submit = aio.get<bool>("single_submit", a.single_submit);
+  a.overlap_events = aio.get<bool>("overlap_events", a.overlap_events);
+  if (aio.get<bool>("use_gds", false))
+    add_warning(root.warnings(), "config: aio.use_gds (GPUDirect Storage) is not implemented; the NVMe tier reads "
+                                 "and writes through host buffers");
+  aio.finish();
   DsSection offp = s.section("offload_param");
   offp.accept_if("device", "none");  // parameter offload: not implemented
   if (offp.has("device") && offp.raw().at("device") != "none") offp.finish();

@@ -128,6 +128,8 @@ void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
 
 namespace {
 
+void validate_nvme_offload(const TrainConfig& cfg);
+
 void validate_model(const ModelConfig& m, const ParallelConfig& p) {
   DS_USER_CHECK(m.num_layers > 0, "model.num_layers (--num-layers) must be positive, got {}", m.num_layers);
   DS_USER_CHECK(m.hidden_size > 0, "model.hidden_size (--hidden-size) must be positive, got {}", m.hidden_size);
@@ -229,13 +231,39 @@ void validate_parallel(const TrainConfig& cfg) {
                 "stage3_param_persistence_threshold {} must be >= 0", z.stage3_prefetch_bucket_size,
                 z.stage3_max_live_parameters, z.stage3_param_persistence_threshold);
   DS_USER_CHECK(cfg.precision.grad_accum == DType::F32 || z.offload_optimizer == OffloadDevice::None,
-                "data_types.grad_accum_dtype '{}' with zero_optimization.offload_optimizer.device cpu is not "
+                "data_types.grad_accum_dtype '{}' with zero_optimization.offload_optimizer.device {} is not "
                 "supported (the host AdamW reads f32 gradients); use \"fp32\"",
-                cfg.precision.grad_accum == DType::BF16 ? "bf16" : "fp16");
+                cfg.precision.grad_accum == DType::BF16 ? "bf16" : "fp16",
+                z.offload_optimizer == OffloadDevice::CPU ? "cpu" : "nvme");
+  if (z.offload_optimizer == OffloadDevice::NVMe) validate_nvme_offload(cfg);
   DS_USER_CHECK(!z.overlap_param_gather || z.stage == 1 || z.stage == 2,
                 "parallel.overlap_param_gather (--overlap-param-gather) overlaps the parameter all-gather after the "
                 "step of ZeRO stages 1 and 2; zero_optimization.stage is {} (stage 3 prefetches its gathers already)",
                 z.stage);
+}
+
+// offload_optimizer.device nvme: DeepSpeed swaps optimizer state to NVMe in
+// its stage-3 optimizer only (stages 1 and 2 take "cpu" alone), and the tier
+// here runs the host optimizer of the CPU backend.
+void validate_nvme_offload(const TrainConfig& cfg) {
+  const ZeroConfig& z = cfg.zero;
+  DS_USER_CHECK(z.stage == 3, "zero_optimization.offload_optimizer.device nvme needs zero_optimization.stage 3 "
+                "(as in DeepSpeed, which swaps optimizer state to NVMe in its stage-3 optimizer only); stage is {}",
+                z.stage);
+  DS_USER_CHECK(!z.nvme.nvme_path.empty(), "zero_optimization.offload_optimizer.nvme_path must name a directory "
+                "on the NVMe device when offload_optimizer.device is nvme");
+  DS_USER_CHECK(z.nvme.buffer_count >= 0, "zero_optimization.offload_optimizer.buffer_count must be >= 0, got {}",
+                z.nvme.buffer_count);
+  DS_USER_CHECK(z.sub_group_size > 0, "zero_optimization.sub_group_size must be > 0, got {}", z.sub_group_size);
+  const AioConfig& a = z.nvme.aio;
+  DS_USER_CHECK(a.block_size > 0 && a.block_size % kAioAlign == 0,
+                "aio.block_size {} must be a positive multiple of {} (O_DIRECT requests)", a.block_size, kAioAlign);
+  DS_USER_CHECK(a.queue_depth >= 1 && a.intra_op_parallelism >= 1,
+                "aio.queue_depth {} and aio.intra_op_parallelism (thread_count) {} must be >= 1", a.queue_depth,
+                a.intra_op_parallelism);
+  DS_USER_CHECK(cfg.device != DeviceType::CUDA,
+                "zero_optimization.offload_optimizer.device nvme with a GPU (--device cuda) is not supported yet: the "
+                "NVMe tier serves the CPU backend's optimizer; use offload_optimizer.device cpu on a GPU");
 }
 
 void validate_optimizer(const OptimizerConfig& o) {

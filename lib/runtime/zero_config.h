@@ -2,11 +2,25 @@
 // parameter store and optimizer in this folder.
 #pragma once
 #include <cstdint>
+#include <string>
+
+#include "lib/io/aio.h"
 
 namespace ds {
 
 // offload_optimizer.device: where Adam state and the fp32 master range live.
-enum class OffloadDevice { None, CPU };
+// NVMe: the optimizer state in a swap file per rank (lib/runtime/nvme_tier.h).
+enum class OffloadDevice { None, CPU, NVMe };
+
+// offload_optimizer's NVMe keys (DeepSpeed's names and defaults) and the
+// zero_optimization keys that shape the tier.
+struct NvmeOffloadConfig {
+  std::string nvme_path;
+  int buffer_count = 4;
+  bool pipeline_read = false, pipeline_write = false;
+  bool fast_init = false;  // accepted: DeepSpeed's faster start-up; the state starts the same either way
+  AioConfig aio;           // the `aio` section
+};
 
 struct ZeroConfig {
   int stage = 0;
@@ -18,10 +32,14 @@ struct ZeroConfig {
   bool overlap_param_gather = false;
   int64_t stage3_prefetch_bucket_size = 50000000, stage3_max_live_parameters = 1000000000,
           stage3_param_persistence_threshold = 100000;
-  OffloadDevice offload_optimizer = OffloadDevice::None;  // "none" | "cpu"
+  OffloadDevice offload_optimizer = OffloadDevice::None;  // "none" | "cpu" | "nvme"
   // offload_optimizer.pin_memory (DeepSpeed's default false): page-lock the
   // host master and gradient buffers so the copies overlap the CPU update.
   bool offload_pin_memory = false;
+  NvmeOffloadConfig nvme;
+  // sub_group_size: elements of the optimizer step's tile with NVMe offload
+  // (each sub-group's state is read, updated and written in turn).
+  int64_t sub_group_size = 1000000000;
 };
 
 }  // namespace ds

@@ -1,6 +1,8 @@
 // ZeRO stage 0-3 gradient reduction and sharded optimizer step.
 #include "lib/runtime/zero_optimizer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -20,6 +22,10 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   rank_ = dp ? dp->rank() : 0;
   range_ = z.stage == 0 ? Range{0, part.total} : part.owned_real(rank_);
   offload_ = z.offload_optimizer == OffloadDevice::CPU && model.device().is_cuda();
+  nvme_ = z.offload_optimizer == OffloadDevice::NVMe;
+  DS_USER_CHECK(!nvme_ || (z.stage == 3 && model.device().is_cpu()),
+                "offload_optimizer.device nvme needs ZeRO stage 3 on the CPU backend (stage {}, device {})", z.stage,
+                model.device().is_cpu() ? "cpu" : "cuda");
   const bool mixed = model.compute_dtype() != DType::F32;
   // ZeRO-1: the flat store all-gathers the updated weights, and in mixed
   // precision it keeps the f32 master of exactly the range the optimizer updates.
@@ -37,8 +43,8 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   const std::vector<ShardGroup>* sharding =
       store ? &store->groups() : (z.stage == 1 ? &model.flat_store().shard_groups() : nullptr);
   if (sharding && sharding->size() > 1) {
-    DS_USER_CHECK(!offload_, "offload_optimizer with expert parallelism at ZeRO stages 1 and 2 is not supported "
-                             "yet; use no offload");
+    DS_USER_CHECK(!offload_ && !nvme_, "offload_optimizer with expert parallelism is not supported yet; use no "
+                                       "offload");
     range_ = {0, 0};
     for (const ShardGroup& g : *sharding) {
       GroupOpt o{.g = g, .layout = packed_layout(model.layout(), g.space), .owned = g.owned(), .pieces = {},
@@ -53,7 +59,20 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
     }
   } else {
     opt_ = make_optimizer(optimizer, model.layout(), offload_ ? Device::cpu() : model.device(), range_.begin,
-                          range_.end);
+                          range_.end, nvme_ ? StateHome::Elsewhere : StateHome::Own);
+    const std::vector<OptimizerStateSpec> specs = opt_->state_specs();
+    if (nvme_ && !specs.empty() && range_.size() > 0) {
+      NvmeTierOptions o{.dir = z.nvme.nvme_path,
+                        .name = fmt::format("dstrain-optimizer-{}-{}.swp", ::getpid(), rank_),
+                        .aio = z.nvme.aio,
+                        .sub_group_size = z.sub_group_size,
+                        .buffer_count = z.nvme.buffer_count,
+                        .pipeline_read = z.nvme.pipeline_read,
+                        .pipeline_write = z.nvme.pipeline_write};
+      std::vector<float> initial;
+      for (size_t i = 0; i < specs.size(); ++i) initial.push_back(opt_->initial_state_value(i));
+      tier_ = std::make_unique<NvmeStateTier>(o, std::move(initial), range_.size());
+    }
   }
   // ZeRO 1-3 over several ranks: the range is a shard of the data-parallel
   // group (Lamb adds its per-tensor sums over it).
@@ -326,7 +345,19 @@ void ZeroOptimizer::step(const StepHyper& h, float grad_scale) {
   if (range_.size() > 0) {
     Tensor p = master_range();
     Tensor g = store_ ? store_->grad_shard() : model_.grads().view(range_.begin, {range_.size()});
-    if (offload_) {  // bucket by bucket, copies overlapping the CPU update (offload_pipeline.h)
+    if (nvme_) {  // sub-group by sub-group through the NVMe tier (nvme_tier.h)
+      opt_->count_step();  // as Optimizer::step: one step for the whole range
+      auto update = [&](int64_t lo, int64_t hi, const std::vector<Tensor>& states) {
+        DS_CHECK(opt_->step_part(lo, hi, {.params = p.view(lo, {hi - lo}), .grads = g.view(lo, {hi - lo}),
+                                          .params_lowp = Tensor(), .states = states},
+                                 h, grad_scale),
+                 "offload_optimizer nvme: optimizer {} does not update a range in parts", opt_->type());
+      };
+      if (tier_)
+        tier_->for_each(update, true);
+      else
+        update(0, range_.size(), {});  // an optimizer without state (SGD without momentum)
+    } else if (offload_) {  // bucket by bucket, copies overlapping the CPU update (offload_pipeline.h)
       if (!offload_pipe_)
         offload_pipe_ = std::make_unique<OffloadPipeline>(make_offload_copier(model_.device()),
                                                           offload_bucket(z_),
@@ -419,7 +450,19 @@ std::vector<ZeroOptimizer::StatePart> ZeroOptimizer::state_parts() {
 }
 
 int64_t ZeroOptimizer::offload_host_bytes() const {
+  if (tier_) return tier_->host_bytes();
   return offload_ ? OffloadPipeline::host_bytes_for(range_.size(), offload_bucket(z_)) : 0;
+}
+
+bool ZeroOptimizer::offloaded_state_nonfinite() {
+  if (!tier_) return false;
+  Tensor flag = Tensor::zeros({1}, DType::F32);
+  tier_->for_each(
+      [&](int64_t, int64_t, const std::vector<Tensor>& states) {
+        for (const Tensor& t : states) ops::nonfinite_check({.flag = flag, .x = t}, Stream{});
+      },
+      false);
+  return flag.data<float>()[0] != 0.f;
 }
 
 ModelStateBytes ZeroOptimizer::model_state_bytes() const {

@@ -22,6 +22,10 @@
 // the host and the updated master range back, in buckets that overlap the
 // update (OffloadPipeline, offload_pipeline.h). On the CPU backend nothing
 // moves: the optimizer runs as without offload (the trainer says so).
+// offload_optimizer.device = nvme (stage 3, CPU backend): the optimizer's
+// state lives in a swap file (NvmeStateTier) and the step updates the range
+// one sub-group at a time, reading each sub-group's state in and writing it
+// back; Optimizer::step_part makes it the same bits as the whole update.
 #pragma once
 #include <algorithm>
 #include <memory>
@@ -31,6 +35,7 @@
 #include "lib/model/gpt.h"
 #include "lib/optim/optimizer.h"
 #include "lib/parallel/zero_partition.h"
+#include "lib/runtime/nvme_tier.h"
 #include "lib/runtime/offload_pipeline.h"
 #include "lib/runtime/timeline.h"
 #include "lib/runtime/zero_config.h"
@@ -140,6 +145,14 @@ class ZeroOptimizer {
   // fp32 master copy and the gradient buckets; OffloadPipeline::host_bytes_for),
   // allocated at the first step; 0 without offload.
   int64_t offload_host_bytes() const;
+  // offload_optimizer.device nvme (stage 3, CPU backend): the optimizer's
+  // state lives in the NVMe tier, the step runs sub-group by sub-group
+  // through it (sub_group_size), and optimizer_states() is empty; null
+  // otherwise, or when this rank's range is empty.
+  NvmeStateTier* nvme_tier() { return tier_.get(); }
+  // Whether the NVMe tier's state holds NaN/Inf (reads it through; false
+  // without a tier). No collective.
+  bool offloaded_state_nonfinite();
 
  private:
   GptModel& model_;
@@ -153,6 +166,8 @@ class ZeroOptimizer {
   Range range_;
   std::unique_ptr<Optimizer> opt_;
   bool offload_ = false;  // Adam state and the master range on the host (CUDA model)
+  bool nvme_ = false;     // offload_optimizer.device nvme: the state in tier_
+  std::unique_ptr<NvmeStateTier> tier_;
   bool fused_lowp_ = false;  // the optimizer writes the bf16/f16 compute copy (no separate cast pass)
   // offload: (range) f32 host copy of the master range, read from the device
   // at the first step (after init or load), then the only one the update writes.

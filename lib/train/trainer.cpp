@@ -410,6 +410,20 @@ void Trainer::log_model_state() {
            live_tagged_bytes(MemTag::Optimizer, DeviceType::CPU) + opt_->offload_host_bytes(),
            live_tagged_bytes(MemTag::Optimizer, DeviceType::CPU), opt_->offload_host_bytes(),
            cfg_.zero.offload_pin_memory ? "pinned" : "pageable");
+  if (NvmeStateTier* t = opt_->nvme_tier())
+    DS_LOG("offload_optimizer.device = nvme: the optimizer state ({} states x {} elements, {} bytes) lives in a swap "
+           "file under {} (unlinked: removed however the run ends); the step updates {} sub-groups of {} elements; "
+           "host buffers {} bytes ({} set{} of sub-group buffers; reads {}, writes {})",
+           t->n_states(), t->numel(), t->file_bytes(), cfg_.zero.nvme.nvme_path, t->n_sub_groups(), t->sub_group(),
+           t->host_bytes(), t->buffer_sets(), t->buffer_sets() == 1 ? "" : "s",
+           t->pipelined_read() ? "ahead of the update" : "in turn",
+           t->pipelined_write() ? "behind the update" : "in turn");
+  if ((cfg_.zero.nvme.pipeline_read || cfg_.zero.nvme.pipeline_write) && opt_->nvme_tier() &&
+      opt_->nvme_tier()->buffer_sets() < 2 && opt_->nvme_tier()->n_sub_groups() > 1)
+    DS_WARN("offload_optimizer.pipeline_read/pipeline_write need two sets of sub-group buffers: buffer_count {} holds "
+            "{} for {} optimizer states; the sub-groups are read and written in turn (raise buffer_count to {})",
+            cfg_.zero.nvme.buffer_count, cfg_.zero.nvme.buffer_count, opt_->nvme_tier()->n_states(),
+            2 * opt_->nvme_tier()->n_states());
   if (cfg_.zero.stage == 3) {
     const Zero3Plan& p = store_->plan();
     int n_persistent = 0;
@@ -443,6 +457,12 @@ std::vector<Range> Trainer::norm_counted_ranges(const ModelLayout& local) const 
 CheckpointData Trainer::checkpoint_data(int shard_index, int shards) {
   CheckpointData d = rank_checkpoint(rank_model(), Tensor(), opt_->optimizer(), opt_->optimizer_range(),
                                      shard_index, shards);
+  if (NvmeStateTier* t = opt_->nvme_tier()) {  // offload_optimizer nvme: saved and loaded through the tier
+    d.tier_read = [t](size_t i, int64_t lo, int64_t hi, float* out) { t->read(static_cast<int>(i), lo, hi, out); };
+    d.tier_write = [t](size_t i, int64_t lo, int64_t hi, const float* in) {
+      t->write(static_cast<int>(i), lo, hi, in);
+    };
+  }
   if (!opt_->grouped()) return d;
   d.opt_state.clear();
   for (const ZeroOptimizer::StatePart& p : opt_->state_parts()) {
@@ -727,6 +747,10 @@ bool Trainer::state_nonfinite(const std::vector<Tensor>& params) {
     }
     if (!host_flag.defined()) host_flag = Tensor::zeros({1}, DType::F32, t.device());
     ops::nonfinite_check({.flag = host_flag, .x = t}, Stream{});
+  }
+  if (opt_->offloaded_state_nonfinite()) {  // the NVMe tier's state, read through a sub-group at a time
+    if (!host_flag.defined()) host_flag = Tensor::zeros({1}, DType::F32);
+    host_flag.data<float>()[0] += 1.f;
   }
   if (host_flag.defined()) ops::add({.out = flag, .a = flag, .b = host_flag.to(dev_)}, Stream{});
   if (comms_.world->size() > 1) comms_.world->all_reduce(flag);

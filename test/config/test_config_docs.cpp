@@ -179,7 +179,7 @@ std::map<std::string, std::string> documented_ds_keys(const std::string& path) {
 }
 
 // Every key the DeepSpeed readers read: the configs below take each branch
-// (every optimizer and scheduler type, fp16 and bf16, CPU offload, the three
+// (every optimizer and scheduler type, fp16 and bf16, CPU and NVMe offload, the three
 // curriculum schedules); a reader notes a key when it asks for it, present or not.
 std::set<std::string> accepted_ds_keys() {
   std::vector<json> configs;
@@ -197,6 +197,7 @@ std::set<std::string> accepted_ds_keys() {
   with({{"bf16", {{"enabled", true}}}});
   with({{"bfloat16", {{"enabled", true}}}});
   with({{"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}}});
+  with({{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}});
   with({{"sequence_parallel_size", 1}});
   json curriculum = {{"enabled", true},         {"curriculum_type", "seqlen"}, {"min_difficulty", 8},
                      {"max_difficulty", 64},    {"schedule_type", "fixed_linear"},

@@ -152,7 +152,7 @@ TEST_CASE("unknown keys in our sections are errors naming the key", "[config][st
 TEST_CASE("DeepSpeed keys we do not implement are warned about by name", "[config][warn]") {
   json j = with(base(), {{"communication_data_type", "fp32"},
                          {"prescale_gradients", true},
-                         {"zero_optimization", {{"stage", 1}, {"sub_group_size", 1000}, {"reduce_scatter", true}}},
+                         {"zero_optimization", {{"stage", 1}, {"mics_shard_size", 2}, {"reduce_scatter", true}}},
                          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"foo", 1}}}}},
                          {"tensorboard", {{"enabled", false}, {"output_path", "x"}}},
                          {"wandb", {{"enabled", true}}},
@@ -169,7 +169,7 @@ TEST_CASE("DeepSpeed keys we do not implement are warned about by name", "[confi
   const std::string err = cap.finish();
   CHECK(has_warning(c, "DeepSpeed key 'communication_data_type' is not implemented"));
   CHECK_FALSE(has_warning(c, "prescale_gradients"));  // f32 reduction: either value is the same
-  CHECK(has_warning(c, "'zero_optimization.sub_group_size'"));
+  CHECK(has_warning(c, "'zero_optimization.mics_shard_size'"));
   CHECK(has_warning(c, "'optimizer.params.foo'"));
   CHECK(has_warning(c, "'wandb' (enabled)"));
   CHECK(has_warning(c, "'memory_breakdown' = true"));
@@ -375,8 +375,16 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
   CHECK_THROWS_WITH(parse_json(base(), {"--vocab-file", "v.json"}), Contains("data.merge_file ''"));
   CHECK_THROWS_WITH(parse_json(base(), {"--lr-warmup-iters", "200"}),
                     Contains("lr warmup iterations 200 must be fewer than lr decay iterations 100"));
-  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"offload_optimizer", {{"device", "nvme"}}}}}})),
-                    Contains("offload_optimizer.device 'nvme' is not supported"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"offload_optimizer", {{"device", "disk"}}}}}})),
+                    Contains("offload_optimizer.device 'disk' is not supported"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}})),
+                    Contains("offload_optimizer.device nvme needs zero_optimization.stage 3"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}}}}}})),
+                    Contains("offload_optimizer.nvme_path must name a directory"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"sub_group_size", 0}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}})),
+                    Contains("zero_optimization.sub_group_size must be > 0, got 0"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"aio", {{"block_size", 1000}}}, {"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}})),
+                    Contains("aio.block_size 1000 must be a positive multiple of 4096"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "OneBitAdam"}}}})),
                     Contains("optimizer.type 'OneBitAdam' is not supported"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"train_batch_size", 0}})),
