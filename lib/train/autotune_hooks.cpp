@@ -109,6 +109,8 @@ void write_estimate_json_if_asked(const TrainConfig& cfg, int world_size) {
       {"gradient_accumulation_steps", cfg.batch.grad_accum_steps},
       {"zero_stage", row->stage},
       {"offload_optimizer", row->offload_optimizer},
+      {"offload_device", row->nvme ? "nvme" : row->offload_optimizer ? "cpu" : "none"},
+      {"nvme_bytes_per_rank", row->nvme_per_rank},
       {"activation_bytes", e.activations.total()},
       {"device_bytes_per_rank", row->device_total},
       {"host_bytes_per_rank", row->host_per_rank},

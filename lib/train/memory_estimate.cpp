@@ -15,6 +15,7 @@
 #include "lib/model/layout.h"
 #include "lib/model/param_store.h"
 #include "lib/parallel/pipeline_p2p_plan.h"
+#include "lib/runtime/nvme_tier.h"
 #include "lib/runtime/offload_pipeline.h"
 #include "lib/runtime/zero_optimizer.h"
 
@@ -150,15 +151,19 @@ std::string optimizer_bytes_text(const OptimizerSpec& spec) {
 
 // One (stage, offload) row. `e` holds everything that does not depend on the row.
 MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, const std::vector<Range>& units, int stage,
-                           bool offload) {
+                           OffloadDevice where) {
   MemoryEstimateRow r;
   r.stage = stage;
+  const bool offload = where != OffloadDevice::None;
   r.offload_optimizer = offload;
+  r.nvme = where == OffloadDevice::NVMe;
   // The host AdamW reads f32 gradients: offload needs fp32 accumulation too.
   r.supported = !offload || (stage >= 1 && e.precision != StatePrecision::MixedLowp);
   // Expert parallelism runs without optimizer offload so far (docs/moe.md).
   r.supported = r.supported && (e.layout.ep == 1 || !offload);
-  r.configured = cfg.zero.stage == stage && (cfg.zero.offload_optimizer == OffloadDevice::CPU) == offload;
+  // The NVMe tier: ZeRO-3 on the CPU backend (config_validate).
+  r.supported = r.supported && (!r.nvme || (stage == 3 && cfg.device == DeviceType::CPU));
+  r.configured = cfg.zero.stage == stage && cfg.zero.offload_optimizer == where;
   const int64_t n = e.n_params_rank;
   const bool fp32 = e.precision == StatePrecision::FP32;
   // Gathered params in the compute dtype; a unit's full gradient is f32 while
@@ -174,7 +179,16 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
         zero_model_state_bytes(e.n_experts_rank, e.layout.edp(), stage, e.precision, offload, ob);
     r.states = {.params = d.params + x.params, .grads = d.grads + x.grads, .optimizer = d.optimizer + x.optimizer};
   } else {
-    r.states = zero_model_state_bytes(n, e.sdp, stage, e.precision, offload, ob);
+    r.states = zero_model_state_bytes(n, e.sdp, stage, e.precision, offload && !r.nvme, ob);
+  }
+  NvmeTierOptions tier;  // the NVMe row: the optimizer's state leaves memory for the swap file
+  if (r.nvme) {
+    tier = {.dir = "", .name = "", .aio = cfg.zero.nvme.aio, .sub_group_size = cfg.zero.sub_group_size,
+            .buffer_count = cfg.zero.nvme.buffer_count, .pipeline_read = false, .pipeline_write = false};
+    const int states = optimizer_state_count(cfg.optim.spec);
+    const int64_t shard = make_zero_partition(n, e.sdp).shard;
+    r.states.optimizer = 0;
+    r.nvme_per_rank = NvmeStateTier::file_bytes_for(tier, states, shard);
   }
   if (stage == 3) {
     int64_t largest = 0, persistent = 0;
@@ -197,7 +211,11 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   const int64_t opt_elems = stage >= 1 ? shard : n;
   r.host_per_rank = 4 * std::min(n, kInitChunk) + 4 * e.teacher_params;  // the teacher is read whole in f32
   if (cfg.device == DeviceType::CPU) {
-    r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.sdp, stage, e.precision, ob) : 0);
+    if (r.nvme)
+      r.host_per_rank += r.device_total + NvmeStateTier::host_bytes_for(tier, optimizer_state_count(cfg.optim.spec),
+                                                                          make_zero_partition(n, e.sdp).shard);
+    else
+      r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.sdp, stage, e.precision, ob) : 0);
   } else if (offload) {
     // Adam m, v, then what the offloaded step allocates (ZeroOptimizer): the
     // host copy of the master range and two gradient buckets.
@@ -318,7 +336,9 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_p
   e.zero3 = make_zero3_plan(units, cfg.zero.stage3_prefetch_bucket_size, cfg.zero.stage3_max_live_parameters,
                             cfg.zero.stage3_param_persistence_threshold);
   for (int stage = 0; stage <= 3; ++stage)
-    for (bool offload : {false, true}) e.rows.push_back(make_row(e, cfg, units, stage, offload));
+    for (OffloadDevice where : {OffloadDevice::None, OffloadDevice::CPU})
+      e.rows.push_back(make_row(e, cfg, units, stage, where));
+  e.rows.push_back(make_row(e, cfg, units, 3, OffloadDevice::NVMe));
   return e;
 }
 
@@ -391,24 +411,27 @@ std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gp
   std::string out;
   append_header(out, cfg, e);
   out += "\n  ZeRO stage | offload_optimizer |  params   grads  optim  zero3 | per-rank device | per-node host"
-         "   (GiB)\n";
+         " | per-rank NVMe   (GiB)\n";
   for (const MemoryEstimateRow& r : e.rows) {
     std::string head = fmt::format("{} ZeRO {}     | {:<17} |", r.configured ? '*' : ' ', r.stage,
-                                   r.offload_optimizer ? "cpu" : "none");
+                                   r.nvme ? "nvme" : r.offload_optimizer ? "cpu" : "none");
     if (!r.supported) {
-      out += head + (e.layout.ep > 1 ? "  not supported: expert parallelism runs without optimizer offload\n"
-                     : r.stage >= 1  ? "  not supported: offload_optimizer needs fp32 gradient accumulation\n"
-                                     : "  not supported: offload_optimizer needs ZeRO stage >= 1\n");
+      out += head + (e.layout.ep > 1                    ? "  not supported: expert parallelism runs without optimizer offload\n"
+                     : r.nvme && cfg.device != DeviceType::CPU ? "  not supported: the NVMe tier serves the CPU backend so far\n"
+                     : r.stage >= 1                     ? "  not supported: offload_optimizer needs fp32 gradient accumulation\n"
+                                                        : "  not supported: offload_optimizer needs ZeRO stage >= 1\n");
       continue;
     }
-    out += fmt::format("{} {:>7} {:>7} {:>6} {:>6} | {:>15} | {:>13}\n", head, gib(r.states.params),
+    out += fmt::format("{} {:>7} {:>7} {:>6} {:>6} | {:>15} | {:>13}", head, gib(r.states.params),
                        gib(r.states.grads), gib(r.states.optimizer), gib(r.zero3_live), gib(r.device_total),
                        gib(r.host_per_node));
+    out += r.nvme ? fmt::format(" | {:>13}\n", gib(r.nvme_per_rank)) : "\n";
   }
   out += "\n* = the configured stage. per-rank device = model states + ZeRO-3 working set + activations\n"
          "(+ pipeline messages); per-node host = start-up staging of the weights, at most 16 MiB (+ offloaded optimizer state,\n"
-         "its fp32 master copy and two gradient buckets, pinned with pin_memory)\n"
-         "x ranks per node. Framework buffers (communication buckets, allocator slack) come on top:\n"
+         "its fp32 master copy and two gradient buckets, pinned with pin_memory; with nvme the sub-group buffers)\n"
+         "x ranks per node; per-rank NVMe = the optimizer state in the swap file (sub-groups block aligned).\n"
+         "Framework buffers (communication buckets, allocator slack) come on top:\n"
          "see docs/zero.md.\n";
   return out;
 }

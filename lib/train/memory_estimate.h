@@ -37,6 +37,11 @@ int pipeline_message_buffers_max(int pp, int n_micro, int vp, bool overlap);
 struct MemoryEstimateRow {
   int stage = 0;
   bool offload_optimizer = false;
+  // offload_optimizer.device nvme (stage 3, CPU backend): the optimizer
+  // state in the swap file (nvme_per_rank bytes), host memory holds the
+  // sub-group buffers; offload_optimizer is true too.
+  bool nvme = false;
+  int64_t nvme_per_rank = 0;
   bool supported = true;     // offload_optimizer needs ZeRO stage >= 1 and fp32 gradient accumulation;
                              // expert parallelism (EP > 1) ZeRO stage 0 without offload
   bool configured = false;   // the stage/offload the config asks for
@@ -68,7 +73,7 @@ struct MemoryEstimate {
   // its layers (its checkpoint is not read here).
   int64_t teacher_params = 0;
   int64_t teacher_bytes = 0;  // f32 weights (+ the compute copy) and its forward's activations
-  std::vector<MemoryEstimateRow> rows;  // stages 0..3 x offload none/cpu
+  std::vector<MemoryEstimateRow> rows;  // stages 0..3 x offload none/cpu, then stage 3 with nvme
 };
 
 // Pure arithmetic on the config; throws UserError when world = num_nodes *

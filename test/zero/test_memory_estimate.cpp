@@ -54,7 +54,8 @@ TEST_CASE("memory estimate: GPT-2 124M on one node of 8 GPUs", "[zero][estimate]
   CHECK(e.dp == 8);
   CHECK_FALSE(e.approximate);
   CHECK(e.precision == StatePrecision::Mixed);
-  REQUIRE(e.rows.size() == 8);
+  REQUIRE(e.rows.size() == 9);
+  CHECK_FALSE(e.rows.back().supported);  // nvme: the CPU backend only so far
 
   // kN is a multiple of 8 * 64: shard = kN / 8 exactly.
   const int64_t shard = kN / 8;
@@ -323,4 +324,36 @@ TEST_CASE("memory estimate: a distillation teacher on every rank", "[zero][estim
     CHECK(e.rows[0].device_total == base.rows[0].device_total);
     CHECK_THAT(estimate_memory_report(kd, 1, 8), Contains("teacher not counted"));
   }
+}
+
+TEST_CASE("memory estimate: the optimizer state on NVMe (ZeRO-3, CPU backend)", "[zero][estimate]") {
+  TrainConfig cfg = gpt2_124m();
+  cfg.device = DeviceType::CPU;
+  cfg.zero.stage = 3;
+  cfg.zero.offload_optimizer = OffloadDevice::NVMe;
+  cfg.zero.nvme.nvme_path = "/nvme";
+  cfg.zero.sub_group_size = 1000000;
+  cfg.zero.nvme.buffer_count = 4;
+  const MemoryEstimate e = estimate_memory(cfg, 1, 8);
+  const MemoryEstimateRow& nv = e.rows.back();
+  REQUIRE(nv.nvme);
+  CHECK(nv.supported);
+  CHECK(nv.configured);
+  const MemoryEstimateRow& mem = row(e, 3, false);
+  CHECK_FALSE(mem.configured);
+  const int64_t shard = kN / 8;
+  // Adam's two states leave memory: exp_avg and exp_avg_sq, 8 bytes per element of the shard.
+  CHECK(mem.states.optimizer == 8 * shard);
+  CHECK(nv.states.optimizer == 0);
+  CHECK(nv.states.params == mem.states.params);
+  CHECK(nv.states.grads == mem.states.grads);
+  // Sub-groups of 1e6 elements, each state's tile rounded up to 4 KiB.
+  const int64_t tile = (4 * 1000000 + 4095) / 4096 * 4096, groups = (shard + 999999) / 1000000;
+  CHECK(nv.nvme_per_rank == groups * 2 * tile);
+  // Host: what the rank holds in memory plus two buffer sets (buffer_count 4 / 2 states).
+  CHECK(nv.host_per_rank - nv.device_total == mem.host_per_rank - mem.device_total + 2 * 2 * tile);
+  CHECK(nv.device_total == mem.device_total - 8 * shard);
+  const std::string rep = estimate_memory_report(cfg, 1, 8);
+  CHECK_THAT(rep, Contains("* ZeRO 3     | nvme"));
+  CHECK_THAT(rep, Contains("per-rank NVMe"));
 }
