@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -188,6 +189,19 @@ std::vector<double> read_losses(const std::string& csv_file) {
     out.push_back(std::stod(cell));
   }
   return out;
+}
+
+int run_tool(const std::string& name, const std::string& args, std::string* out) {
+  const char* bin = std::getenv("DS_BINARY_DIR");
+  if (!bin) throw std::runtime_error("DS_BINARY_DIR is not set (ctest sets it)");
+  const std::string cmd = std::string(bin) + "/apps/" + name + "/" + name + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) throw std::runtime_error("cannot start " + cmd);
+  char buf[4096];
+  out->clear();
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out->append(buf, n);
+  const int st = ::pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
 }  // namespace ds::test

@@ -41,6 +41,10 @@ std::string run_with_config(const std::string& name, int world, int micro, int z
                             const std::vector<std::string>& args, std::vector<double>* losses,
                             std::string* rank0_log);
 
+// Runs one of the project's programs (DS_BINARY_DIR/apps/<name>/<name>) with
+// `args` (shell words); returns its exit code, its stdout and stderr in *out.
+int run_tool(const std::string& name, const std::string& args, std::string* out);
+
 // Losses (column "loss") of OUTPUT_PATH/JOB/train.csv, by iteration order.
 std::vector<double> read_losses(const std::string& csv_file);
 

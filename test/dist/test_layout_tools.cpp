@@ -23,21 +23,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Runs one of the project's programs (apps/<name>/<name>) with args; returns
-// its exit code, stdout and stderr in *out.
-int run_tool(const std::string& name, const std::string& args, std::string* out) {
-  const char* bin = std::getenv("DS_BINARY_DIR");
-  REQUIRE(bin != nullptr);
-  const std::string cmd = std::string(bin) + "/apps/" + name + "/" + name + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  out->clear();
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out->append(buf, n);
-  const int st = ::pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
 struct Layout {
   std::string name;
   int world = 1;

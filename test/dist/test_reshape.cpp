@@ -52,19 +52,7 @@ std::vector<double> run(const Run& r) {
   return read_losses(d.dir + "/csv/" + r.name + "/train.csv");
 }
 
-// Runs dsconvert with args; returns its exit code, output in *out.
-int dsconvert(const std::string& args, std::string* out) {
-  const char* bin = std::getenv("DS_BINARY_DIR");
-  REQUIRE(bin != nullptr);
-  std::string cmd = std::string(bin) + "/apps/dsconvert/dsconvert " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  out->clear();
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out->append(buf, n);
-  int st = ::pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
+int dsconvert(const std::string& args, std::string* out) { return run_tool("dsconvert", args, out); }
 
 // The single-process curve and the TP2 x DP2 checkpoint, made once (Catch
 // re-enters the test case for every section).
