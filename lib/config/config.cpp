@@ -306,7 +306,11 @@ json zero_json(const ZeroConfig& z) {
           {"stage3_max_live_parameters", z.stage3_max_live_parameters},
           {"stage3_param_persistence_threshold", z.stage3_param_persistence_threshold},
           {"sub_group_size", z.sub_group_size},
-          {"offload_optimizer", offload_optimizer_json(z)}};
+          {"offload_optimizer", offload_optimizer_json(z)},
+          {"offload_param", z.offload_param == OffloadDevice::None ? json{{"device", "none"}}
+                            : z.offload_param == OffloadDevice::CPU
+                                ? json{{"device", "cpu"}}
+                                : json{{"device", "nvme"}, {"nvme_path", z.param_nvme_path}}}};
 }
 
 json aio_json(const AioConfig& a) {

@@ -333,8 +333,20 @@ void read_zero(DsSection& root, ZeroConfig& z) {
                                  "and writes through host buffers");
   aio.finish();
   DsSection offp = s.section("offload_param");
-  offp.accept_if("device", "none");  // parameter offload: not implemented
-  if (offp.has("device") && offp.raw().at("device") != "none") offp.finish();
+  const std::string pdev = offp.get<std::string>(
+      "device", z.offload_param == OffloadDevice::CPU ? "cpu" : z.offload_param == OffloadDevice::NVMe ? "nvme" : "none");
+  DS_USER_CHECK(pdev == "none" || pdev == "cpu" || pdev == "nvme",
+                "zero_optimization.offload_param.device '{}' is not supported (use \"none\", \"cpu\" or \"nvme\")",
+                pdev);
+  z.offload_param = pdev == "cpu" ? OffloadDevice::CPU : pdev == "nvme" ? OffloadDevice::NVMe : OffloadDevice::None;
+  if (z.offload_param != OffloadDevice::None) {
+    z.param_nvme_path = offp.get<std::string>("nvme_path", z.param_nvme_path);
+    // DeepSpeed's parameter swap buffers and its CPU cache of swapped
+    // parameters: here a gathered piece is read straight into the gather
+    // buffer, so they size nothing (accepted, as memory-only settings).
+    for (const char* k : {"buffer_count", "buffer_size", "max_in_cpu", "pin_memory"}) offp.mark(k);
+    offp.finish();
+  }
   s.finish();
 }
 

@@ -74,6 +74,10 @@ json retarget_config(json c, const ParallelRequest& to, BatchOnRetarget batch) {
     (*m)["moe"]["expert_parallel_size"] = to.ep;
   // A distilled student read back (dsgen, dsconvert, a teacher) runs without its teacher.
   if (auto t = c.find("training"); t != c.end() && t->is_object()) t->erase("distillation");
+  // Where the saving job kept its optimizer state (host, an NVMe path of its
+  // machines) is that job's placement: the re-targeted config keeps it in memory.
+  if (auto z = c.find("zero_optimization"); z != c.end() && z->is_object()) z->erase("offload_optimizer");
+  c.erase("aio");
   c.erase("sequence_parallel_size");  // DeepSpeed's spelling of the Ulysses degree (never in a resolved config)
   c.erase(kGas);  // re-derived for the new data-parallel size
   if (batch == BatchOnRetarget::Drop) c.erase(kTbs);

@@ -129,6 +129,7 @@ void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
 namespace {
 
 void validate_nvme_offload(const TrainConfig& cfg);
+void validate_param_offload(const TrainConfig& cfg);
 
 void validate_model(const ModelConfig& m, const ParallelConfig& p) {
   DS_USER_CHECK(m.num_layers > 0, "model.num_layers (--num-layers) must be positive, got {}", m.num_layers);
@@ -236,6 +237,7 @@ void validate_parallel(const TrainConfig& cfg) {
                 cfg.precision.grad_accum == DType::BF16 ? "bf16" : "fp16",
                 z.offload_optimizer == OffloadDevice::CPU ? "cpu" : "nvme");
   if (z.offload_optimizer == OffloadDevice::NVMe) validate_nvme_offload(cfg);
+  if (z.offload_param != OffloadDevice::None) validate_param_offload(cfg);
   DS_USER_CHECK(!z.overlap_param_gather || z.stage == 1 || z.stage == 2,
                 "parallel.overlap_param_gather (--overlap-param-gather) overlaps the parameter all-gather after the "
                 "step of ZeRO stages 1 and 2; zero_optimization.stage is {} (stage 3 prefetches its gathers already)",
@@ -264,6 +266,24 @@ void validate_nvme_offload(const TrainConfig& cfg) {
   DS_USER_CHECK(cfg.device != DeviceType::CUDA,
                 "zero_optimization.offload_optimizer.device nvme with a GPU (--device cuda) is not supported yet: the "
                 "NVMe tier serves the CPU backend's optimizer; use offload_optimizer.device cpu on a GPU");
+}
+
+// offload_param: DeepSpeed's rule (stage 3 only); nvme here lives in the
+// optimizer's swap file, so it needs offload_optimizer nvme on the same path.
+void validate_param_offload(const TrainConfig& cfg) {
+  const ZeroConfig& z = cfg.zero;
+  DS_USER_CHECK(z.stage == 3, "zero_optimization.offload_param needs zero_optimization.stage 3 (as in DeepSpeed: "
+                "parameters are partitioned at stage 3 only); stage is {}", z.stage);
+  DS_USER_CHECK(cfg.device == DeviceType::CPU, "zero_optimization.offload_param with a GPU (--device cuda) is not "
+                "supported yet: parameter offload serves the CPU backend so far");
+  if (z.offload_param != OffloadDevice::NVMe) return;
+  DS_USER_CHECK(z.offload_optimizer == OffloadDevice::NVMe,
+                "zero_optimization.offload_param.device nvme needs offload_optimizer.device nvme too: dstrain keeps a "
+                "rank's parameter shard in its optimizer swap file, updated in the same sub-groups");
+  DS_USER_CHECK(z.param_nvme_path.empty() || z.param_nvme_path == z.nvme.nvme_path,
+                "zero_optimization.offload_param.nvme_path '{}' differs from offload_optimizer.nvme_path '{}': dstrain "
+                "keeps parameters and optimizer state in one swap file per rank; give the same directory",
+                z.param_nvme_path, z.nvme.nvme_path);
 }
 
 void validate_optimizer(const OptimizerConfig& o) {

@@ -108,15 +108,26 @@ void NvmeStateTier::for_each(const SubGroupFn& fn, bool write_back) {
   }
 }
 
+// The 4 KiB-aligned byte span of state i's tile in sub-group g that holds
+// elements [a, b) of the range (inside the sub-group): its file offset, its
+// length, and where element a sits in it.
+NvmeStateTier::Span NvmeStateTier::span(int i, int g, int64_t a, int64_t b) const {
+  const int64_t g_lo = static_cast<int64_t>(g) * sub_;
+  const int64_t first = (a - g_lo) * 4, last = (b - g_lo) * 4;
+  const int64_t from = first / kAioAlign * kAioAlign, to = (last + kAioAlign - 1) / kAioAlign * kAioAlign;
+  return {offset(g) + i * tile_bytes() + from, to - from, first - from};
+}
+
 void NvmeStateTier::read(int i, int64_t lo, int64_t hi, float* out) {
   DS_CHECK(i >= 0 && i < n_states() && 0 <= lo && lo <= hi && hi <= numel_, "NVMe tier read of state {} [{}, {})",
            i, lo, hi);
-  char* buf = set(0);
   for (int64_t at = lo; at < hi;) {
     const int g = static_cast<int>(at / sub_);
-    const int64_t g_lo = g * sub_, end = std::min({hi, g_lo + sub_, numel_});
-    file_->wait(file_->read(offset(g) + i * tile_bytes(), buf, tile_bytes()));
-    std::memcpy(out + (at - lo), reinterpret_cast<const float*>(buf) + (at - g_lo), (end - at) * 4);
+    const int64_t end = std::min({hi, (g + 1) * sub_, numel_});
+    const Span sp = span(i, g, at, end);
+    char* buf = bounce(sp.bytes);
+    file_->wait(file_->read(sp.offset, buf, sp.bytes));
+    std::memcpy(out + (at - lo), buf + sp.skip, (end - at) * 4);
     at = end;
   }
 }
@@ -124,16 +135,24 @@ void NvmeStateTier::read(int i, int64_t lo, int64_t hi, float* out) {
 void NvmeStateTier::write(int i, int64_t lo, int64_t hi, const float* in) {
   DS_CHECK(i >= 0 && i < n_states() && 0 <= lo && lo <= hi && hi <= numel_, "NVMe tier write of state {} [{}, {})",
            i, lo, hi);
-  char* buf = set(0);
   for (int64_t at = lo; at < hi;) {
     const int g = static_cast<int>(at / sub_);
-    const int64_t g_lo = g * sub_, g_hi = std::min(numel_, g_lo + sub_), end = std::min(hi, g_hi);
-    const int64_t where = offset(g) + i * tile_bytes();
-    if (at != g_lo || end != g_hi) file_->wait(file_->read(where, buf, tile_bytes()));  // part of a sub-group
-    std::memcpy(reinterpret_cast<float*>(buf) + (at - g_lo), in + (at - lo), (end - at) * 4);
-    file_->wait(file_->write(where, buf, tile_bytes()));
+    const int64_t end = std::min({hi, (g + 1) * sub_, numel_});
+    const Span sp = span(i, g, at, end);
+    char* buf = bounce(sp.bytes);
+    if (sp.skip != 0 || (end - at) * 4 != sp.bytes)  // the span's other elements are kept: read them first
+      file_->wait(file_->read(sp.offset, buf, sp.bytes));
+    std::memcpy(buf + sp.skip, in + (at - lo), (end - at) * 4);
+    file_->wait(file_->write(sp.offset, buf, sp.bytes));
     at = end;
   }
+}
+
+// read() and write() go through buffer set 0 (at least one tile of every
+// state, so any span fits); for_each is not running then.
+char* NvmeStateTier::bounce(int64_t bytes) const {
+  DS_CHECK(bytes <= stride(), "NVMe tier: a span of {} bytes in a buffer set of {}", bytes, stride());
+  return set(0);
 }
 
 }  // namespace ds

@@ -62,8 +62,10 @@ class NvmeStateTier {
   // afterwards when write_back.
   using SubGroupFn = std::function<void(int64_t lo, int64_t hi, const std::vector<Tensor>& states)>;
   void for_each(const SubGroupFn& fn, bool write_back);
-  // Elements [lo, hi) of state i to / from caller memory (checkpoints), a
-  // sub-group at a time. Not during for_each.
+  // Elements [lo, hi) of state i to / from caller memory (checkpoints, the
+  // parameter pieces of ZeRO-3 gathers): per sub-group one read (and, for a
+  // write that covers part of a 4 KiB block, one read first) of the aligned
+  // span that holds them. Synchronous; not during for_each.
   void read(int i, int64_t lo, int64_t hi, float* out);
   void write(int i, int64_t lo, int64_t hi, const float* in);
 
@@ -80,6 +82,11 @@ class NvmeStateTier {
   int64_t stride() const { return tile_bytes() * n_states(); }
   int64_t offset(int g) const { return static_cast<int64_t>(g) * stride(); }
   char* set(int s) const;
+  struct Span {
+    int64_t offset, bytes, skip;
+  };
+  Span span(int i, int g, int64_t a, int64_t b) const;
+  char* bounce(int64_t bytes) const;
   NvmeTierOptions opt_;
   std::vector<float> initial_;
   int64_t numel_ = 0, sub_ = 1;

@@ -37,6 +37,11 @@ struct ZeroConfig {
   // host master and gradient buffers so the copies overlap the CPU update.
   bool offload_pin_memory = false;
   NvmeOffloadConfig nvme;
+  // offload_param.device (stage 3): nvme keeps the rank's parameter shard in
+  // its optimizer swap file (with offload_optimizer nvme, the same
+  // nvme_path); cpu on the CPU backend: where it already is.
+  OffloadDevice offload_param = OffloadDevice::None;
+  std::string param_nvme_path;
   // sub_group_size: elements of the optimizer step's tile with NVMe offload
   // (each sub-group's state is read, updated and written in turn).
   int64_t sub_group_size = 1000000000;

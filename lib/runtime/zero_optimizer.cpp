@@ -61,7 +61,10 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
     opt_ = make_optimizer(optimizer, model.layout(), offload_ ? Device::cpu() : model.device(), range_.begin,
                           range_.end, nvme_ ? StateHome::Elsewhere : StateHome::Own);
     const std::vector<OptimizerStateSpec> specs = opt_->state_specs();
-    if (nvme_ && !specs.empty() && range_.size() > 0) {
+    params_in_tier_ = nvme_ && z.offload_param == OffloadDevice::NVMe;
+    DS_CHECK(!params_in_tier_ || (store_ && store_->params_elsewhere()),
+             "offload_param nvme with a store that keeps its parameter shard");
+    if (nvme_ && (!specs.empty() || params_in_tier_) && range_.size() > 0) {
       NvmeTierOptions o{.dir = z.nvme.nvme_path,
                         .name = fmt::format("dstrain-optimizer-{}-{}.swp", ::getpid(), rank_),
                         .aio = z.nvme.aio,
@@ -70,8 +73,10 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
                         .pipeline_read = z.nvme.pipeline_read,
                         .pipeline_write = z.nvme.pipeline_write};
       std::vector<float> initial;
+      if (params_in_tier_) initial.push_back(0.f);  // state 0: the parameter shard (written by init / load)
       for (size_t i = 0; i < specs.size(); ++i) initial.push_back(opt_->initial_state_value(i));
       tier_ = std::make_unique<NvmeStateTier>(o, std::move(initial), range_.size());
+      if (params_in_tier_) store_->set_param_tier(tier_.get());
     }
   }
   // ZeRO 1-3 over several ranks: the range is a shard of the data-parallel
@@ -348,8 +353,11 @@ void ZeroOptimizer::step(const StepHyper& h, float grad_scale) {
     if (nvme_) {  // sub-group by sub-group through the NVMe tier (nvme_tier.h)
       opt_->count_step();  // as Optimizer::step: one step for the whole range
       auto update = [&](int64_t lo, int64_t hi, const std::vector<Tensor>& states) {
-        DS_CHECK(opt_->step_part(lo, hi, {.params = p.view(lo, {hi - lo}), .grads = g.view(lo, {hi - lo}),
-                                          .params_lowp = Tensor(), .states = states},
+        // offload_param nvme: the sub-group's parameters are the tier's state 0.
+        const Tensor params = params_in_tier_ ? states[0] : p.view(lo, {hi - lo});
+        const std::vector<Tensor> opt_states(states.begin() + tier_state_offset(), states.end());
+        DS_CHECK(opt_->step_part(lo, hi, {.params = params, .grads = g.view(lo, {hi - lo}),
+                                          .params_lowp = Tensor(), .states = opt_states},
                                  h, grad_scale),
                  "offload_optimizer nvme: optimizer {} does not update a range in parts", opt_->type());
       };

@@ -150,6 +150,9 @@ class ZeroOptimizer {
   // through it (sub_group_size), and optimizer_states() is empty; null
   // otherwise, or when this rank's range is empty.
   NvmeStateTier* nvme_tier() { return tier_.get(); }
+  // The tier's first optimizer state: 1 when state 0 is the parameter shard
+  // (offload_param nvme), else 0.
+  int tier_state_offset() const { return params_in_tier_ ? 1 : 0; }
   // Whether the NVMe tier's state holds NaN/Inf (reads it through; false
   // without a tier). No collective.
   bool offloaded_state_nonfinite();
@@ -167,6 +170,7 @@ class ZeroOptimizer {
   std::unique_ptr<Optimizer> opt_;
   bool offload_ = false;  // Adam state and the master range on the host (CUDA model)
   bool nvme_ = false;     // offload_optimizer.device nvme: the state in tier_
+  bool params_in_tier_ = false;  // offload_param nvme: the parameter shard is tier_'s state 0
   std::unique_ptr<NvmeStateTier> tier_;
   bool fused_lowp_ = false;  // the optimizer writes the bf16/f16 compute copy (no separate cast pass)
   // offload: (range) f32 host copy of the master range, read from the device

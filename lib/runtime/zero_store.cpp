@@ -60,7 +60,13 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
     }
     return;
   }
-  for (size_t i = 0; i < g_.size(); ++i) g_[i].shard = Tensor::zeros({sgroups_[i].part.shard}, DType::F32, dev);
+  // offload_param nvme: the shard lives in the optimizer's swap file
+  // (set_param_tier), never in memory.
+  param_elsewhere_ = z.offload_param == OffloadDevice::NVMe;
+  DS_USER_CHECK(!param_elsewhere_ || g_.size() == 1,
+                "offload_param nvme with expert parallelism is not supported yet; use offload_param none");
+  if (!param_elsewhere_)
+    for (size_t i = 0; i < g_.size(); ++i) g_[i].shard = Tensor::zeros({sgroups_[i].part.shard}, DType::F32, dev);
   // The persistent units below are gathered copies (reported with the
   // ZeRO-3 plan, not as model state).
   MemTagScope untagged(MemTag::None);
@@ -123,7 +129,7 @@ void ZeroParamStore::gather_unit(int unit, const Tensor& out) {
       const std::vector<GroupSpace::Piece> flat = sg.space.pieces(p);
       const bool direct = flat.size() == 1;
       Tensor dst = direct ? out.view(flat[0].flat.begin - ub, {p.size()}) : Tensor::empty({p.size()}, DType::F32, dev_);
-      if (r == G.rank) dst.copy_from(G.shard.view(p.begin - G.rank * sg.part.shard, {p.size()}));
+      if (r == G.rank) read_own(gi, p.begin - G.rank * sg.part.shard, dst);
       if (dp > 1) sg.dp->broadcast(dst, r);
       if (!direct) unpack_unit(gi, unit, p, dst, out);
     }
@@ -189,7 +195,7 @@ void ZeroParamStore::fetch(int unit) {
         dst = Tensor::empty({p.size()}, DType::F32, dev_);
         g.packed.push_back({gi, p, dst});
       }
-      if (r == G.rank) dst.copy_from(G.shard.view(p.begin - G.rank * sg.part.shard, {p.size()}));
+      if (r == G.rank) read_own(gi, p.begin - G.rank * sg.part.shard, dst);
       if (sg.part.dp == 1) continue;
       Communicator* c = sg.dp;
       if (timed) {
@@ -391,8 +397,10 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
   }
   for (size_t i = 0; i < g_.size(); ++i) {
     const Range own = sgroups_[i].owned();
-    g_[i].shard.zero_();
-    pack_pieces(sgroups_[i].space.pieces(own), full, 0, g_[i].shard, own.begin);
+    Tensor shard = param_elsewhere_ ? Tensor::zeros({own.size()}, DType::F32, dev_) : g_[i].shard;
+    shard.zero_();
+    pack_pieces(sgroups_[i].space.pieces(own), full, 0, shard, own.begin);
+    if (param_elsewhere_) write_own(0, shard);
   }
   for (size_t u = 0; u < units_.size(); ++u)
     if (plan_.persistent[u] && units_[u].size() > 0) {
@@ -415,6 +423,17 @@ void ZeroParamStore::init_params(int64_t total, const InitFill& fill) {
   // compute copy; stage 3: each group's parameter shard and the persistent units.
   for (size_t i = 0; i < g_.size(); ++i) {
     const Range own = sgroups_[i].owned();
+    if (stage_ == 3 && param_elsewhere_) {  // into the tier a bounded chunk at a time
+      Tensor chunk;
+      for (const GroupSpace::Piece& q : sgroups_[i].space.pieces(own))
+        for (int64_t at = 0; at < q.flat.size(); at += kTierChunk) {
+          const int64_t n = std::min(kTierChunk, q.flat.size() - at);
+          if (chunk.numel() != n) chunk = Tensor::empty({n}, DType::F32, dev_);
+          init_fill_into(fill, {q.flat.begin + at, q.flat.begin + at + n}, chunk, staging);
+          param_tier_->write(0, q.at - own.begin + at, q.at - own.begin + at + n, chunk.data<float>());
+        }
+      continue;
+    }
     Tensor& dst = stage_ == 2 ? g_[i].master : g_[i].shard;
     dst.zero_();
     for (const GroupSpace::Piece& q : sgroups_[i].space.pieces(own))
@@ -434,9 +453,22 @@ void ZeroParamStore::gather_f32(Range r, const Tensor& out) {
   // Stage 2 in mixed precision keeps an f32 master shard per group, stage 3 a parameter shard.
   for (size_t i = 0; i < g_.size(); ++i) {
     const ShardGroup& sg = sgroups_[i];
-    for (const GroupSpace::Piece& q : sg.space.within(r))
-      gather_from_shards(sg.dp, sg.part, g_[i].rank, stage_ == 2 ? g_[i].master : g_[i].shard,
-                         {q.at, q.at + q.flat.size()}, out.view(q.flat.begin - r.begin, {q.flat.size()}));
+    for (const GroupSpace::Piece& q : sg.space.within(r)) {
+      const Range want{q.at, q.at + q.flat.size()};
+      const Tensor dst = out.view(q.flat.begin - r.begin, {q.flat.size()});
+      if (!param_elsewhere_ || stage_ == 2) {
+        gather_from_shards(sg.dp, sg.part, g_[i].rank, stage_ == 2 ? g_[i].master : g_[i].shard, want, dst);
+        continue;
+      }
+      for (int o = 0; o < sg.part.dp; ++o) {  // as gather_from_shards, the owner's piece read from the tier
+        const Range own = sg.part.owned(o);
+        const Range p{std::max(want.begin, own.begin), std::min(want.end, own.end)};
+        if (p.begin >= p.end) continue;
+        const Tensor d = dst.view(p.begin - want.begin, {p.size()});
+        if (o == g_[i].rank) read_own(i, p.begin - own.begin, d);
+        if (sg.part.dp > 1) sg.dp->broadcast(d, o);
+      }
+    }
   }
 }
 
@@ -476,7 +508,29 @@ Tensor ZeroParamStore::master_params(size_t g) {
     }
     return g_[g].master.view(0, {own.size()});
   }
+  if (param_elsewhere_) return Tensor();  // in the tier: the optimizer updates it there
   return g_[g].shard.view(0, {own.size()});
+}
+
+void ZeroParamStore::set_param_tier(NvmeStateTier* tier) {
+  DS_CHECK(param_elsewhere_ && stage_ == 3, "set_param_tier without offload_param nvme at stage 3");
+  DS_CHECK(!tier || tier->numel() == sgroups_[0].owned().size(), "parameter tier of {} elements for a range of {}",
+           tier ? tier->numel() : 0, sgroups_[0].owned().size());
+  param_tier_ = tier;
+}
+
+// This rank's shard elements [lo, lo + dst.numel()) (shard positions) into dst.
+void ZeroParamStore::read_own(size_t gi, int64_t lo, const Tensor& dst) {
+  if (!param_elsewhere_) return Tensor(dst).copy_from(g_[gi].shard.view(lo, {dst.numel()}));
+  DS_CHECK(param_tier_ && dst.dtype() == DType::F32 && dst.device().is_cpu(),
+           "ZeRO-3: a parameter read before the tier is set");
+  param_tier_->read(0, lo, lo + dst.numel(), Tensor(dst).data<float>());
+}
+
+void ZeroParamStore::write_own(size_t gi, const Tensor& shard) {
+  DS_CHECK(param_tier_ && gi == 0, "ZeRO-3: a parameter write before the tier is set");
+  const int64_t n = sgroups_[gi].owned().size();
+  if (n > 0) param_tier_->write(0, 0, n, shard.data<float>());
 }
 
 Tensor ZeroParamStore::grad_shard(size_t g) { return g_.at(g).gshard.view(0, {sgroups_[g].owned().size()}); }

@@ -49,6 +49,7 @@
 #include "lib/model/param_store.h"
 #include "lib/parallel/flat_gather.h"
 #include "lib/parallel/zero_partition.h"
+#include "lib/runtime/nvme_tier.h"
 #include "lib/runtime/timeline.h"
 #include "lib/runtime/zero_config.h"
 
@@ -79,7 +80,13 @@ class ZeroParamStore : public ParamStore {
   // Optimizer side. Both views cover this rank's real range owned_real(rank)
   // (of group g's space with several sharding groups). In fp32 at stage 2
   // with several groups the master is full_params()' owned pieces (no view).
+  // (undefined with offload_param nvme: the shard is state 0 of the tier)
   Tensor master_params(size_t g = 0);
+  // offload_param nvme (one sharding group): the tier whose state 0 holds
+  // this rank's parameter shard (its owned real range); gathers, loads and
+  // saves read and write it there. Null: this rank owns no element.
+  void set_param_tier(NvmeStateTier* tier);
+  bool params_elsewhere() const { return param_elsewhere_; }
   Tensor grad_shard(size_t g = 0);
   const std::vector<ShardGroup>& groups() const { return sgroups_; }
   Tensor full_params() { return full_; }  // stage 2 in fp32: the whole f32 weights
@@ -137,6 +144,11 @@ class ZeroParamStore : public ParamStore {
   // unit buffer u (flat unit order) and a packed buffer.
   void pack_unit(size_t gi, int unit, Range q, const Tensor& u, const Tensor& dst) const;
   void wait_gathers();
+  bool param_elsewhere_ = false;
+  NvmeStateTier* param_tier_ = nullptr;
+  static constexpr int64_t kTierChunk = 4 << 20;  // elements per piece written into the tier at init
+  void read_own(size_t gi, int64_t lo, const Tensor& dst);  // shard positions [lo, lo + n) into dst
+  void write_own(size_t gi, const Tensor& shard);           // the whole owned range
   void gather_unit(int unit, const Tensor& out);
   void gather_unit_compute(int unit, const Tensor& out);  // gather_unit, then cast to the compute dtype
   void refresh_compute();  // stage 2, mixed: compute_ <- master_ (own range), then all-gathered

@@ -149,6 +149,12 @@ std::string optimizer_bytes_text(const OptimizerSpec& spec) {
   return fmt::format("{} ({}: {})", 4 * n, optimizer_kind_name(k), names);
 }
 
+// The NVMe row's tensors per element in the swap file: the optimizer's
+// states, and the parameter shard with offload_param nvme.
+int nvme_states(const TrainConfig& cfg, const MemoryEstimateRow& r) {
+  return optimizer_state_count(cfg.optim.spec) + (r.nvme_params ? 1 : 0);
+}
+
 // One (stage, offload) row. `e` holds everything that does not depend on the row.
 MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, const std::vector<Range>& units, int stage,
                            OffloadDevice where) {
@@ -157,6 +163,7 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   const bool offload = where != OffloadDevice::None;
   r.offload_optimizer = offload;
   r.nvme = where == OffloadDevice::NVMe;
+  r.nvme_params = r.nvme && cfg.zero.offload_param == OffloadDevice::NVMe;
   // The host AdamW reads f32 gradients: offload needs fp32 accumulation too.
   r.supported = !offload || (stage >= 1 && e.precision != StatePrecision::MixedLowp);
   // Expert parallelism runs without optimizer offload so far (docs/moe.md).
@@ -185,10 +192,10 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   if (r.nvme) {
     tier = {.dir = "", .name = "", .aio = cfg.zero.nvme.aio, .sub_group_size = cfg.zero.sub_group_size,
             .buffer_count = cfg.zero.nvme.buffer_count, .pipeline_read = false, .pipeline_write = false};
-    const int states = optimizer_state_count(cfg.optim.spec);
     const int64_t shard = make_zero_partition(n, e.sdp).shard;
     r.states.optimizer = 0;
-    r.nvme_per_rank = NvmeStateTier::file_bytes_for(tier, states, shard);
+    if (r.nvme_params) r.states.params = 0;  // offload_param nvme: the parameter shard joins the swap file
+    r.nvme_per_rank = NvmeStateTier::file_bytes_for(tier, nvme_states(cfg, r), shard);
   }
   if (stage == 3) {
     int64_t largest = 0, persistent = 0;
@@ -212,7 +219,7 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   r.host_per_rank = 4 * std::min(n, kInitChunk) + 4 * e.teacher_params;  // the teacher is read whole in f32
   if (cfg.device == DeviceType::CPU) {
     if (r.nvme)
-      r.host_per_rank += r.device_total + NvmeStateTier::host_bytes_for(tier, optimizer_state_count(cfg.optim.spec),
+      r.host_per_rank += r.device_total + NvmeStateTier::host_bytes_for(tier, nvme_states(cfg, r),
                                                                           make_zero_partition(n, e.sdp).shard);
     else
       r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.sdp, stage, e.precision, ob) : 0);
@@ -414,7 +421,7 @@ std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gp
          " | per-rank NVMe   (GiB)\n";
   for (const MemoryEstimateRow& r : e.rows) {
     std::string head = fmt::format("{} ZeRO {}     | {:<17} |", r.configured ? '*' : ' ', r.stage,
-                                   r.nvme ? "nvme" : r.offload_optimizer ? "cpu" : "none");
+                                   r.nvme_params ? "nvme (+ params)" : r.nvme ? "nvme" : r.offload_optimizer ? "cpu" : "none");
     if (!r.supported) {
       out += head + (e.layout.ep > 1                    ? "  not supported: expert parallelism runs without optimizer offload\n"
                      : r.nvme && cfg.device != DeviceType::CPU ? "  not supported: the NVMe tier serves the CPU backend so far\n"

@@ -192,6 +192,9 @@ void Trainer::build_model_and_optimizer() {
     eager_ = std::make_unique<EagerPasses>(*model_, [this] { opt_->begin_last_micro_batch(); });
     passes_ = eager_.get();
   }
+  if (cfg_.zero.offload_param == OffloadDevice::CPU)
+    DS_LOG("offload_param.device = cpu on the CPU backend: the parameters are in host memory already, so nothing "
+           "moves");
   if (cfg_.zero.offload_optimizer == OffloadDevice::CPU && !dev_.is_cuda())
     DS_LOG("offload_optimizer.device = cpu on the CPU backend: the optimizer state is in host memory already, so "
            "nothing moves and the run is the one without it");
@@ -411,9 +414,11 @@ void Trainer::log_model_state() {
            live_tagged_bytes(MemTag::Optimizer, DeviceType::CPU), opt_->offload_host_bytes(),
            cfg_.zero.offload_pin_memory ? "pinned" : "pageable");
   if (NvmeStateTier* t = opt_->nvme_tier())
-    DS_LOG("offload_optimizer.device = nvme: the optimizer state ({} states x {} elements, {} bytes) lives in a swap "
-           "file under {} (unlinked: removed however the run ends); the step updates {} sub-groups of {} elements; "
-           "host buffers {} bytes ({} set{} of sub-group buffers; reads {}, writes {})",
+    DS_LOG("offload_optimizer.device = nvme: the optimizer state{} ({} states x {} elements, {} bytes) lives in a "
+           "swap file under {} (unlinked: removed however the run ends); the step updates {} sub-groups of {} "
+           "elements; host buffers {} bytes ({} set{} of sub-group buffers; reads {}, writes {})",
+           opt_->tier_state_offset() ? " and the parameter shard (offload_param nvme; ZeRO-3 gathers read their "
+                                       "pieces from it)" : "",
            t->n_states(), t->numel(), t->file_bytes(), cfg_.zero.nvme.nvme_path, t->n_sub_groups(), t->sub_group(),
            t->host_bytes(), t->buffer_sets(), t->buffer_sets() == 1 ? "" : "s",
            t->pipelined_read() ? "ahead of the update" : "in turn",
@@ -458,9 +463,12 @@ CheckpointData Trainer::checkpoint_data(int shard_index, int shards) {
   CheckpointData d = rank_checkpoint(rank_model(), Tensor(), opt_->optimizer(), opt_->optimizer_range(),
                                      shard_index, shards);
   if (NvmeStateTier* t = opt_->nvme_tier()) {  // offload_optimizer nvme: saved and loaded through the tier
-    d.tier_read = [t](size_t i, int64_t lo, int64_t hi, float* out) { t->read(static_cast<int>(i), lo, hi, out); };
-    d.tier_write = [t](size_t i, int64_t lo, int64_t hi, const float* in) {
-      t->write(static_cast<int>(i), lo, hi, in);
+    const int off = opt_->tier_state_offset();  // (state 0 is the parameter shard with offload_param nvme)
+    d.tier_read = [t, off](size_t i, int64_t lo, int64_t hi, float* out) {
+      t->read(static_cast<int>(i) + off, lo, hi, out);
+    };
+    d.tier_write = [t, off](size_t i, int64_t lo, int64_t hi, const float* in) {
+      t->write(static_cast<int>(i) + off, lo, hi, in);
     };
   }
   if (!opt_->grouped()) return d;

@@ -95,6 +95,19 @@ OptimizerStats Trainer::optimizer_stats() {
     if (o.has_state("exp_avg")) accumulate(o.state("exp_avg"), 2, s, false);
   }
   for (const Tensor& m : opt_->master_ranges()) accumulate(m, 3, s, false);
+  if (NvmeStateTier* t = opt_->nvme_tier()) {  // the state on NVMe, a sub-group at a time
+    const std::vector<OptimizerStateSpec> specs = opt_->optimizer().state_specs();
+    const int off = opt_->tier_state_offset();
+    t->for_each(
+        [&](int64_t, int64_t, const std::vector<Tensor>& states) {
+          for (size_t i = 0; i < specs.size(); ++i) {
+            if (specs[i].name == "exp_avg_sq") accumulate(states[off + i], 0, s, true);
+            if (specs[i].name == "exp_avg") accumulate(states[off + i], 2, s, false);
+          }
+          if (off) accumulate(states[0], 3, s, false);  // the parameter shard
+        },
+        false);
+  }
   auto reduce = [&](Communicator* c) {
     if (!c || c->size() == 1) return;
     Tensor sums = Tensor::empty({8}, DType::F32), maxima = Tensor::empty({4}, DType::F32);

@@ -197,7 +197,8 @@ std::set<std::string> accepted_ds_keys() {
   with({{"bf16", {{"enabled", true}}}});
   with({{"bfloat16", {{"enabled", true}}}});
   with({{"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}}});
-  with({{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}});
+  with({{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}},
+                               {"offload_param", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}});
   with({{"sequence_parallel_size", 1}});
   json curriculum = {{"enabled", true},         {"curriculum_type", "seqlen"}, {"min_difficulty", 8},
                      {"max_difficulty", 64},    {"schedule_type", "fixed_linear"},

@@ -46,6 +46,10 @@ struct Run {
   int world = 1;
   bool nvme = false, bf16 = false;
   std::vector<std::string> extra;
+  bool params = false;  // offload_param nvme too
+  std::string* log = nullptr;  // rank 0's output
+  std::vector<std::string> model;  // replaces the small model's shape flags when set
+  int64_t sub_group = 3000;         // zero_optimization.sub_group_size
 };
 
 // Runs the job and returns its CSV numbers; its checkpoint (if saved) is DIR/NAME/ck.
@@ -57,18 +61,23 @@ std::string run(const Run& r) {
   std::ofstream(out / "cfg.json")
       << "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": " << 4 / r.world
       << ", \"zero_optimization\": {\"stage\": 3, \"reduce_bucket_size\": 5000, \"overlap_comm\": true, "
-         "\"stage3_param_persistence_threshold\": 100, \"sub_group_size\": 3000"
+         "\"stage3_param_persistence_threshold\": 100, \"stage3_prefetch_bucket_size\": 4000000, "
+         "\"stage3_max_live_parameters\": 8000000, \"sub_group_size\": " << r.sub_group
       << (r.nvme ? ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + (out / "swap").string() +
                        "\", \"pipeline_read\": true, \"pipeline_write\": true, \"buffer_count\": 6}"
                  : std::string())
+      << (r.params ? ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" + (out / "swap").string() + "\"}"
+                   : std::string())
       << "}" << (r.bf16 ? ", \"bf16\": {\"enabled\": true}" : "")
       << ", \"csv_monitor\": {\"enabled\": true, \"output_path\": \"" << out.string() << "\", \"job_name\": \"j\"}}";
   SmallModel m;
   m.iters = kIters;
   std::vector<std::string> args = {"--config", (out / "cfg.json").string()};
   for (const std::string& a : small_model_args(m)) args.push_back(a);
+  args.insert(args.end(), r.model.begin(), r.model.end());  // later flags win
   args.insert(args.end(), r.extra.begin(), r.extra.end());
-  std::string log;
+  std::string own_log;
+  std::string& log = r.log ? *r.log : own_log;
   DstrainJob job{r.world, args};
   job.rank0_output = &log;
   const std::string err = run_dstrain(job);
@@ -77,6 +86,7 @@ std::string run(const Run& r) {
   if (r.nvme) {
     CHECK(log.find("offload_optimizer.device = nvme") != std::string::npos);
     CHECK(log.find("reads ahead of the update, writes behind the update") != std::string::npos);
+    CHECK((log.find("and the parameter shard (offload_param nvme") != std::string::npos) == r.params);
   }
   CHECK(fs::is_empty(out / "swap"));  // unlinked at creation: nothing left behind
   return numbers((out / "j" / "train.csv").string());
@@ -84,7 +94,7 @@ std::string run(const Run& r) {
 
 }  // namespace
 
-TEST_CASE("optimizer state on NVMe: ZeRO-3 DP=1 and DP=2 train and save bit for bit as in memory") {
+TEST_CASE("optimizer state (and parameters) on NVMe: ZeRO-3 DP=1 and DP=2 train and save bit for bit as in memory") {
   const std::string why = ds::aio_unavailable_reason();
   if (!why.empty()) DS_SKIP(why);
   for (int world : {1, 2}) {
@@ -92,23 +102,29 @@ TEST_CASE("optimizer state on NVMe: ZeRO-3 DP=1 and DP=2 train and save bit for 
       const std::string tag = "dp" + std::to_string(world) + (bf16 ? "_bf16" : "_fp32");
       INFO(tag);
       const std::vector<std::string> save = {"--save", "", "--save-interval", std::to_string(kIters)};
-      Run mem{"mem_" + tag, world, false, bf16, save}, nv{"nvme_" + tag, world, true, bf16, save};
-      const fs::path mem_ck = fs::path(dist_data().dir) / mem.name / "ck", nv_ck = fs::path(dist_data().dir) / nv.name / "ck";
-      mem.extra[1] = mem_ck.string();
-      nv.extra[1] = nv_ck.string();
-      const std::string a = run(mem), b = run(nv);
+      Run mem{"mem_" + tag, world, false, bf16, save}, nv{"nvme_" + tag, world, true, bf16, save},
+          nvp{"nvme_params_" + tag, world, true, bf16, save};
+      nvp.params = true;
+      auto ck_of = [](const Run& r) { return fs::path(dist_data().dir) / r.name / "ck"; };
+      mem.extra[1] = ck_of(mem).string();
+      nv.extra[1] = ck_of(nv).string();
+      nvp.extra[1] = ck_of(nvp).string();
+      const std::string a = run(mem);
       REQUIRE(std::count(a.begin(), a.end(), '\n') == kIters + 1);
-      CHECK(a == b);
-      const fs::path step = "global_step" + std::to_string(kIters);
-      int compared = 0;
-      for (const auto& e : fs::directory_iterator(mem_ck / step)) {
-        const std::string name = e.path().filename().string();
-        if (name == "state.json") continue;
-        INFO(name);
-        CHECK(slurp(e.path()) == slurp(nv_ck / step / name));
-        ++compared;
+      for (const Run* r : {&nv, &nvp}) {
+        INFO(r->name);
+        CHECK(run(*r) == a);
+        const fs::path step = "global_step" + std::to_string(kIters);
+        int compared = 0;
+        for (const auto& e : fs::directory_iterator(ck_of(mem) / step)) {
+          const std::string name = e.path().filename().string();
+          if (name == "state.json") continue;
+          INFO(name);
+          CHECK(slurp(e.path()) == slurp(ck_of(*r) / step / name));
+          ++compared;
+        }
+        CHECK(compared >= 2 + world);  // the model, the optimizer shards, the tokenizer files
       }
-      CHECK(compared >= 2 + world);  // the model, the optimizer shards, the tokenizer files
     }
   }
 }
@@ -139,5 +155,65 @@ TEST_CASE("checkpoints move between the NVMe tier and memory on the same curve")
   REQUIRE(std::count(want.begin(), want.end(), '\n') == kIters - 3);
   CHECK(rows(run({"resume_nv_nv", 2, true, false, {"--load", ck_nv}})) == want);
   CHECK(rows(run({"resume_mem_nv", 2, true, false, {"--load", ck_mem}})) == want);
+  Run with_params{"resume_nv_nvp", 2, true, false, {"--load", ck_nv}};
+  with_params.params = true;
+  CHECK(rows(run(with_params)) == want);
   CHECK(rows(run({"resume_nv_mem", 1, false, false, {"--load", ck_nv}})) == rows(run({"resume_mem_mem1", 1, false, false, {"--load", ck_mem}})));
+  // The tools read a checkpoint saved through the tier as any other: the
+  // saving job's offload (its nvme_path) is not carried into their config.
+  std::string out;
+  const std::string z1 = dir + "/ck_nv_z1";
+  fs::remove_all(z1);
+  const int rc = run_tool("dsconvert", "--load " + ck_nv + " --save " + z1 + " --target-tp 1 --target-dp 1 --zero-stage 1", &out);
+  INFO(out);
+  REQUIRE(rc == 0);
+  REQUIRE(run_tool("dsgen", "--load " + ck_nv + " --vocab-file " + dist_data().vocab + " --merge-file " +
+                                dist_data().merges + " --prompt 'To be' --max-new-tokens 2 --greedy",
+                   &out) == 0);
+  CHECK(out.find("To be") != std::string::npos);
+}
+
+namespace {
+
+// The peak RSS dstrain reports for rank 0 (getrusage), and its model-state bytes.
+int64_t logged(const std::string& log, const std::string& before) {
+  const size_t at = log.find(before);
+  REQUIRE(at != std::string::npos);
+  return std::stoll(log.substr(at + before.size()));
+}
+
+}  // namespace
+
+TEST_CASE("with parameters and optimizer state on NVMe a rank's whole peak RSS is below its model states") {
+  const std::string why = ds::aio_unavailable_reason();
+  if (!why.empty()) DS_SKIP(why);
+  // 12 layers of hidden 512: 38M parameters, 16 bytes each of model state
+  // in memory (0.6 GB) at ZeRO-3 DP=1; on NVMe only the gradient shard (a
+  // quarter) stays, with the working set (two gathered layers and a layer's
+  // gradient), one micro-batch's activations, two sub-group buffer sets and
+  // the process itself.
+  const std::vector<std::string> shape = {"--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8",
+                                          "--train-iters", "4", "--micro-batch-size", "1"};
+  std::string log_mem, log_nv;
+  Run mem{"big_mem", 1, false, false, {}};
+  mem.model = shape;
+  mem.log = &log_mem;
+  Run nv{"big_nvme", 1, true, false, {}};
+  nv.model = shape;
+  nv.params = true;
+  nv.log = &log_nv;
+  mem.sub_group = nv.sub_group = 1000000;
+  const std::string a = run(mem), b = run(nv);
+  CHECK(a == b);  // the same curve, bit for bit
+  const int64_t states = logged(log_mem, "model state: ");
+  const int64_t rss_mem = logged(log_mem, "peak resident memory of this rank: ");
+  const int64_t rss_nv = logged(log_nv, "peak resident memory of this rank: ");
+  INFO("model state " << states << " B, peak RSS in memory " << rss_mem << " B, on NVMe " << rss_nv << " B");
+  REQUIRE(states > 550000000);
+  CHECK(rss_mem > states);
+  // The model's states do not fit in what this rank used: the gradient
+  // shard is a quarter of them, the fixed rest (libraries, arenas, the
+  // working set) about 0.15 GB here (docs/benchmarks.md has larger models).
+  CHECK(rss_nv < states * 6 / 10);
+  CHECK(rss_mem - rss_nv > states / 2);  // more than half of them left memory (three quarters are on disk)
 }

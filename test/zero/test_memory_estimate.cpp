@@ -356,4 +356,14 @@ TEST_CASE("memory estimate: the optimizer state on NVMe (ZeRO-3, CPU backend)", 
   const std::string rep = estimate_memory_report(cfg, 1, 8);
   CHECK_THAT(rep, Contains("* ZeRO 3     | nvme"));
   CHECK_THAT(rep, Contains("per-rank NVMe"));
+  // offload_param nvme: the parameter shard joins the file as a third state.
+  cfg.zero.offload_param = OffloadDevice::NVMe;
+  const MemoryEstimate p = estimate_memory(cfg, 1, 8);
+  const MemoryEstimateRow& np = p.rows.back();
+  REQUIRE(np.nvme_params);
+  CHECK(np.states.params == 0);
+  CHECK(np.states.grads == mem.states.grads);
+  CHECK(np.nvme_per_rank == groups * 3 * tile);
+  CHECK(np.device_total == nv.device_total - mem.states.params);
+  CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("* ZeRO 3     | nvme (+ params)"));
 }
