@@ -73,4 +73,21 @@ inline int run_on_small_disk(const std::filesystem::path& dir, int kib, const st
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// What a swap file's error on a full small tmpfs says, as a child exit code
+// for run_on_small_disk: kDiskFull (one line naming `dir`, the disk full),
+// kNoDirectIo (this kernel's tmpfs refuses O_DIRECT: that fault's message
+// instead), 2 anything else (printed).
+inline constexpr int kDiskFull = 1, kNoDirectIo = 3;
+inline int classify_swap_error(const std::string& e, const std::string& dir) {
+  if (e.find(dir) == std::string::npos || e.find('\n') != std::string::npos) {
+    std::fprintf(stderr, "unexpected message: %s\n", e.c_str());
+    return 2;
+  }
+  if (e.find("No space left on device") != std::string::npos || e.find("disk is full") != std::string::npos)
+    return kDiskFull;
+  if (e.find("without O_DIRECT") != std::string::npos) return kNoDirectIo;
+  std::fprintf(stderr, "unexpected message: %s\n", e.c_str());
+  return 2;
+}
+
 }  // namespace ds::test

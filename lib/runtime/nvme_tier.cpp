@@ -118,34 +118,32 @@ NvmeStateTier::Span NvmeStateTier::span(int i, int g, int64_t a, int64_t b) cons
   return {offset(g) + i * tile_bytes() + from, to - from, first - from};
 }
 
-void NvmeStateTier::read(int i, int64_t lo, int64_t hi, float* out) {
-  DS_CHECK(i >= 0 && i < n_states() && 0 <= lo && lo <= hi && hi <= numel_, "NVMe tier read of state {} [{}, {})",
+void NvmeStateTier::for_each_span(const char* what, int i, int64_t lo, int64_t hi, const SpanFn& fn) {
+  DS_CHECK(i >= 0 && i < n_states() && 0 <= lo && lo <= hi && hi <= numel_, "NVMe tier {} of state {} [{}, {})", what,
            i, lo, hi);
   for (int64_t at = lo; at < hi;) {
     const int g = static_cast<int>(at / sub_);
     const int64_t end = std::min({hi, (g + 1) * sub_, numel_});
     const Span sp = span(i, g, at, end);
-    char* buf = bounce(sp.bytes);
-    file_->wait(file_->read(sp.offset, buf, sp.bytes));
-    std::memcpy(out + (at - lo), buf + sp.skip, (end - at) * 4);
+    fn(at - lo, end - at, sp, bounce(sp.bytes));
     at = end;
   }
 }
 
+void NvmeStateTier::read(int i, int64_t lo, int64_t hi, float* out) {
+  for_each_span("read", i, lo, hi, [&](int64_t pos, int64_t n, const Span& sp, char* buf) {
+    file_->wait(file_->read(sp.offset, buf, sp.bytes));
+    std::memcpy(out + pos, buf + sp.skip, n * 4);
+  });
+}
+
 void NvmeStateTier::write(int i, int64_t lo, int64_t hi, const float* in) {
-  DS_CHECK(i >= 0 && i < n_states() && 0 <= lo && lo <= hi && hi <= numel_, "NVMe tier write of state {} [{}, {})",
-           i, lo, hi);
-  for (int64_t at = lo; at < hi;) {
-    const int g = static_cast<int>(at / sub_);
-    const int64_t end = std::min({hi, (g + 1) * sub_, numel_});
-    const Span sp = span(i, g, at, end);
-    char* buf = bounce(sp.bytes);
-    if (sp.skip != 0 || (end - at) * 4 != sp.bytes)  // the span's other elements are kept: read them first
+  for_each_span("write", i, lo, hi, [&](int64_t pos, int64_t n, const Span& sp, char* buf) {
+    if (sp.skip != 0 || n * 4 != sp.bytes)  // the span's other elements are kept: read them first
       file_->wait(file_->read(sp.offset, buf, sp.bytes));
-    std::memcpy(buf + sp.skip, in + (at - lo), (end - at) * 4);
+    std::memcpy(buf + sp.skip, in + pos, n * 4);
     file_->wait(file_->write(sp.offset, buf, sp.bytes));
-    at = end;
-  }
+  });
 }
 
 // read() and write() go through buffer set 0 (at least one tile of every

@@ -86,6 +86,10 @@ class NvmeStateTier {
     int64_t offset, bytes, skip;
   };
   Span span(int i, int g, int64_t a, int64_t b) const;
+  // fn(position in [lo, hi), elements, span, bounce buffer) for the span of
+  // each sub-group [lo, hi) of state i touches.
+  using SpanFn = std::function<void(int64_t pos, int64_t n, const Span& sp, char* buf)>;
+  void for_each_span(const char* what, int i, int64_t lo, int64_t hi, const SpanFn& fn);
   char* bounce(int64_t bytes) const;
   NvmeTierOptions opt_;
   std::vector<float> initial_;

@@ -136,8 +136,7 @@ TEST_CASE("swap file: a full disk is an error naming the directory", "[disk_full
   if (!why.empty()) DS_SKIP(why);
   const test::TempDir tmp;
   const fs::path dpath = tmp.path();
-  // Child exit codes: 1 the disk-full error, 3 the O_DIRECT refusal (a tmpfs
-  // without O_DIRECT: that fault's message instead), 2 anything else.
+  // The child's exit code: test::classify_swap_error of the message.
   const int rc = test::run_on_small_disk(dpath, 256, [&] {
     std::string e;
     try {
@@ -150,19 +149,11 @@ TEST_CASE("swap file: a full disk is an error naming the directory", "[disk_full
     } catch (const UserError& err) {
       e = err.what();
     }
-    if (e.find(dpath.string()) == std::string::npos || e.find('\n') != std::string::npos) {
-      std::fprintf(stderr, "unexpected message: %s\n", e.c_str());
-      return 2;
-    }
-    if (e.find("No space left on device") != std::string::npos || e.find("disk is full") != std::string::npos)
-      return 1;
-    if (e.find("without O_DIRECT") != std::string::npos) return 3;
-    std::fprintf(stderr, "unexpected message: %s\n", e.c_str());
-    return 2;
+    return test::classify_swap_error(e, dpath.string());
   });
   if (rc == test::kNoSmallDisk) DS_SKIP("no mount namespace for a small tmpfs here");
-  CHECK((rc == 1 || rc == 3));
-  if (rc == 3) WARN("this kernel's tmpfs refuses O_DIRECT: the full-disk path was not reached");
+  CHECK((rc == test::kDiskFull || rc == test::kNoDirectIo));
+  if (rc == test::kNoDirectIo) WARN("this kernel's tmpfs refuses O_DIRECT: the full-disk path was not reached");
 }
 
 TEST_CASE("direct reader: any byte range of a file, in order, as the page cache would give it") {
