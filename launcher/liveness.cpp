@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include <fmt/format.h>
 
@@ -50,6 +52,7 @@ long long mtime_ns(const struct stat& st) { return st.st_mtim.tv_sec * 100000000
 
 LivenessWatch::LivenessWatch(double timeout_s) : timeout_(timeout_s), period_(std::min(1.0, timeout_s / 4)) {
   if (!on()) return;
+  remove_stale_heartbeat_dirs(600);
   std::string last_error;
   for (const auto& base : base_dirs()) {
     std::string templ = fmt::format("{}/{}XXXXXX", base, prefix_of(getpid()));
@@ -152,6 +155,38 @@ std::optional<Stall> LivenessWatch::check(double now) {
                         now - silent->last_beat, timeout_);
   }
   return s;
+}
+
+void remove_stale_heartbeat_dirs(double quiet_s) {
+  const std::string prefix = "dsrun-hb-";
+  const long long now = static_cast<long long>(time(nullptr)) * 1000000000LL;
+  for (const auto& base : base_dirs()) {
+    DIR* d = opendir(base.c_str());
+    if (!d) continue;
+    std::vector<std::string> stale;
+    while (dirent* e = readdir(d)) {
+      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) != 0) continue;
+      char* end = nullptr;
+      const long pid = std::strtol(e->d_name + prefix.size(), &end, 10);
+      if (pid <= 0 || !end || *end != '-') continue;
+      if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+      const std::string dir = base + "/" + e->d_name;
+      struct stat st {};
+      if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid()) continue;
+      long long newest = mtime_ns(st);
+      if (DIR* h = opendir(dir.c_str())) {
+        while (dirent* f = readdir(h)) {
+          struct stat fs {};
+          if (std::strncmp(f->d_name, "rank_", 5) == 0 && lstat((dir + "/" + f->d_name).c_str(), &fs) == 0)
+            newest = std::max(newest, mtime_ns(fs));
+        }
+        closedir(h);
+      }
+      if (static_cast<double>(now - newest) / 1e9 >= quiet_s) stale.push_back(dir);
+    }
+    closedir(d);
+    for (const auto& dir : stale) remove_dir(dir);
+  }
 }
 
 void remove_heartbeat_dirs_of(pid_t pid) {

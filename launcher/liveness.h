@@ -62,5 +62,11 @@ class LivenessWatch {
 // Removes what a LivenessWatch of process `pid` left when that process was
 // killed outright (called by the guard after its worker died).
 void remove_heartbeat_dirs_of(pid_t pid);
+// The heartbeat directories (ours) of dsrun processes that no longer exist
+// and whose files nobody touched for `quiet_s` seconds: what an agent killed
+// together with its guard (SIGKILL to the process group) left behind.
+// LivenessWatch removes them when it starts (quiet_s 600; a live job in
+// another pid namespace sharing /dev/shm touches its files far more often).
+void remove_stale_heartbeat_dirs(double quiet_s);
 
 }  // namespace ds::launch

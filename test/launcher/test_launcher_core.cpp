@@ -1,13 +1,19 @@
 // Table-driven tests of dsrun's pure core: hostfile parsing, include/exclude,
-// world info encoding, rank env, core shares, quoting, env files and the plan.
+// world info encoding, rank env, core shares, quoting, env files, the plan and
+// the sweep of heartbeat directories that killed agents left.
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "launcher/env_export.h"
 #include "launcher/hostfile.h"
+#include "launcher/liveness.h"
 #include "launcher/plan.h"
 #include "launcher/rank_env.h"
 #include "launcher/resources.h"
@@ -484,3 +490,42 @@ TEST_CASE("host names: RFC 1123 names and IP addresses only, everywhere", "[laun
   CHECK_THAT(user_error([&] { make_plan(in); }), Catch::Contains("--master_addr: '-oProxyCommand=x'"));
 }
 
+
+TEST_CASE("heartbeat directories of dead agents untouched for long are swept, nothing else", "[launcher]") {
+  namespace fs = std::filesystem;
+  char templ[] = "/tmp/hb_sweep_XXXXXX";
+  REQUIRE(mkdtemp(templ) != nullptr);
+  const fs::path base = templ;
+  const char* old_tmpdir = std::getenv("TMPDIR");
+  const std::string saved = old_tmpdir ? old_tmpdir : "";
+  setenv("TMPDIR", base.c_str(), 1);  // one of the bases the sweep looks in
+  const pid_t child = fork();  // a pid that exists no more once reaped
+  if (child == 0) _exit(0);
+  REQUIRE(child > 0);
+  waitpid(child, nullptr, 0);
+  auto make = [&](pid_t pid, const std::string& tag, bool old) {
+    const fs::path d = base / ("dsrun-hb-" + std::to_string(pid) + "-" + tag);
+    fs::create_directories(d);
+    std::ofstream(d / "rank_0") << "";
+    if (old) {
+      const auto then = fs::file_time_type::clock::now() - std::chrono::hours(2);
+      fs::last_write_time(d / "rank_0", then);
+      fs::last_write_time(d, then);
+    }
+    return d;
+  };
+  const fs::path dead_old = make(child, "a", true), dead_recent = make(child, "b", false),
+                 live_old = make(getpid(), "c", true);
+  const fs::path other = base / "dsrun-hb-notapid";
+  fs::create_directories(other);
+  remove_stale_heartbeat_dirs(600);
+  CHECK_FALSE(fs::exists(dead_old));  // its agent is gone and nobody touched it for 2 hours
+  CHECK(fs::exists(dead_recent));     // touched within the quiet time
+  CHECK(fs::exists(live_old));        // its agent lives
+  CHECK(fs::exists(other));           // not a heartbeat directory name
+  if (old_tmpdir)
+    setenv("TMPDIR", saved.c_str(), 1);
+  else
+    unsetenv("TMPDIR");
+  fs::remove_all(base);
+}
