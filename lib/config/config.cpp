@@ -285,7 +285,8 @@ json scheduler_json(const OptimizerConfig& o) {
 
 json offload_optimizer_json(const ZeroConfig& z) {
   if (z.offload_optimizer == OffloadDevice::None) return {{"device", "none"}};
-  if (z.offload_optimizer == OffloadDevice::CPU) return {{"device", "cpu"}, {"pin_memory", z.offload_pin_memory}};
+  if (z.offload_optimizer == OffloadDevice::CPU)
+    return {{"device", "cpu"}, {"pin_memory", z.offload_pin_memory}, {"ratio", z.offload_ratio}};
   const NvmeOffloadConfig& n = z.nvme;
   return {{"device", "nvme"},
           {"nvme_path", n.nvme_path},
@@ -293,7 +294,8 @@ json offload_optimizer_json(const ZeroConfig& z) {
           {"buffer_count", n.buffer_count},
           {"pipeline_read", n.pipeline_read},
           {"pipeline_write", n.pipeline_write},
-          {"fast_init", n.fast_init}};
+          {"fast_init", n.fast_init},
+          {"ratio", z.offload_ratio}};
 }
 
 json zero_json(const ZeroConfig& z) {

@@ -308,6 +308,9 @@ void read_zero(DsSection& root, ZeroConfig& z) {
                 offload);
   z.offload_optimizer = offload == "cpu" ? OffloadDevice::CPU : offload == "nvme" ? OffloadDevice::NVMe : OffloadDevice::None;
   z.offload_pin_memory = off.get<bool>("pin_memory", z.offload_pin_memory);
+  // DeepSpeed's partial offload: the share of the optimizer state offloaded
+  // (placement only: the update's values are the same either way).
+  if (z.offload_optimizer != OffloadDevice::None) z.offload_ratio = off.get<double>("ratio", z.offload_ratio);
   NvmeOffloadConfig& nv = z.nvme;
   if (z.offload_optimizer == OffloadDevice::NVMe) {
     nv.nvme_path = off.get<std::string>("nvme_path", nv.nvme_path);

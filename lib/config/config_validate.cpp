@@ -236,6 +236,15 @@ void validate_parallel(const TrainConfig& cfg) {
                 "supported (the host AdamW reads f32 gradients); use \"fp32\"",
                 cfg.precision.grad_accum == DType::BF16 ? "bf16" : "fp16",
                 z.offload_optimizer == OffloadDevice::CPU ? "cpu" : "nvme");
+  DS_USER_CHECK(z.offload_ratio >= 0 && z.offload_ratio <= 1,
+                "zero_optimization.offload_optimizer.ratio {} must be in [0, 1]", z.offload_ratio);
+  DS_USER_CHECK(z.offload_ratio == 1 || z.stage == 3, "zero_optimization.offload_optimizer.ratio {}: partial "
+                "offloading is only supported with zero_optimization.stage 3 (as in DeepSpeed); stage is {}",
+                z.offload_ratio, z.stage);
+  DS_USER_CHECK(z.offload_ratio == 1 || cfg.device == DeviceType::CPU,
+                "zero_optimization.offload_optimizer.ratio {}: partial offload (part of the optimizer state on the "
+                "GPU) is not implemented; use ratio 1 (the whole state offloaded: the same values, more host memory)",
+                z.offload_ratio);
   if (z.offload_optimizer == OffloadDevice::NVMe) validate_nvme_offload(cfg);
   if (z.offload_param != OffloadDevice::None) validate_param_offload(cfg);
   DS_USER_CHECK(!z.overlap_param_gather || z.stage == 1 || z.stage == 2,

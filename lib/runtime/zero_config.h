@@ -36,6 +36,10 @@ struct ZeroConfig {
   // offload_optimizer.pin_memory (DeepSpeed's default false): page-lock the
   // host master and gradient buffers so the copies overlap the CPU update.
   bool offload_pin_memory = false;
+  // offload_optimizer.ratio (DeepSpeed's partial offload, stage 3): the share
+  // of the optimizer state that is offloaded. The CPU backend has nothing to
+  // move, so any ratio trains the same; a GPU run takes 1 only (validated).
+  double offload_ratio = 1.0;
   NvmeOffloadConfig nvme;
   // offload_param.device (stage 3): nvme keeps the rank's parameter shard in
   // its optimizer swap file (with offload_optimizer nvme, the same

@@ -192,6 +192,10 @@ void Trainer::build_model_and_optimizer() {
     eager_ = std::make_unique<EagerPasses>(*model_, [this] { opt_->begin_last_micro_batch(); });
     passes_ = eager_.get();
   }
+  if (cfg_.zero.offload_ratio < 1)  // (config_validate: the CPU backend only)
+    DS_LOG("offload_optimizer.ratio {}: the whole optimizer state is offloaded here (partial offload places part of "
+           "it on a GPU; on the CPU backend that changes nothing, the values are the same)",
+           cfg_.zero.offload_ratio);
   if (cfg_.zero.offload_param == OffloadDevice::CPU)
     DS_LOG("offload_param.device = cpu on the CPU backend: the parameters are in host memory already, so nothing "
            "moves");

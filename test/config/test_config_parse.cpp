@@ -383,6 +383,20 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
                     Contains("offload_optimizer.nvme_path must name a directory"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"sub_group_size", 0}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}})),
                     Contains("zero_optimization.sub_group_size must be > 0, got 0"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}, {"ratio", 1.5}}}}}})),
+                    Contains("offload_optimizer.ratio 1.5 must be in [0, 1]"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.3}}}}}})),
+                    Contains("partial offloading is only supported with zero_optimization.stage 3"));
+  CHECK(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.3}}}}}}))
+            .zero.offload_ratio == 0.3);  // the CPU backend: nothing to place, any ratio trains the same
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.3}}}}}}),
+                               {"--device", "cuda"}),
+                    Contains("partial offload (part of the optimizer state on the GPU) is not implemented"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}}),
+                               {"--device", "cuda"}),
+                    Contains("offload_optimizer.device nvme with a GPU (--device cuda) is not supported yet"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}}}, {"offload_param", {{"device", "nvme"}}}}}})),
+                    Contains("offload_param.device nvme needs offload_optimizer.device nvme too"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"aio", {{"block_size", 1000}}}, {"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}})),
                     Contains("aio.block_size 1000 must be a positive multiple of 4096"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "OneBitAdam"}}}})),
