@@ -298,6 +298,12 @@ json offload_optimizer_json(const ZeroConfig& z) {
           {"ratio", z.offload_ratio}};
 }
 
+json offload_param_json(const ZeroConfig& z) {
+  json j = {{"device", offload_device_name(z.offload_param)}};
+  if (z.offload_param == OffloadDevice::NVMe) j["nvme_path"] = z.param_nvme_path;
+  return j;
+}
+
 json zero_json(const ZeroConfig& z) {
   return {{"stage", z.stage},
           {"reduce_bucket_size", z.reduce_bucket_size},
@@ -309,10 +315,7 @@ json zero_json(const ZeroConfig& z) {
           {"stage3_param_persistence_threshold", z.stage3_param_persistence_threshold},
           {"sub_group_size", z.sub_group_size},
           {"offload_optimizer", offload_optimizer_json(z)},
-          {"offload_param", z.offload_param == OffloadDevice::None ? json{{"device", "none"}}
-                            : z.offload_param == OffloadDevice::CPU
-                                ? json{{"device", "cpu"}}
-                                : json{{"device", "nvme"}, {"nvme_path", z.param_nvme_path}}}};
+          {"offload_param", offload_param_json(z)}};
 }
 
 json aio_json(const AioConfig& a) {

@@ -286,6 +286,14 @@ void read_precision(DsSection& root, PrecisionConfig& pc) {
   read_grad_accum_dtype(root, pc);
 }
 
+// An offload section's "device" (what = "offload_optimizer" / "offload_param").
+OffloadDevice read_offload_device(DsSection& sec, const char* what, OffloadDevice current) {
+  const std::string d = sec.get<std::string>("device", offload_device_name(current));
+  for (OffloadDevice v : {OffloadDevice::None, OffloadDevice::CPU, OffloadDevice::NVMe})
+    if (d == offload_device_name(v)) return v;
+  DS_USER_ERROR("zero_optimization.{}.device '{}' is not supported (use \"none\", \"cpu\" or \"nvme\")", what, d);
+}
+
 void read_zero(DsSection& root, ZeroConfig& z) {
   DsSection s = root.section("zero_optimization");
   z.stage = s.get<int>("stage", z.stage);
@@ -301,12 +309,7 @@ void read_zero(DsSection& root, ZeroConfig& z) {
   s.accept_if("reduce_scatter", true);
   s.accept_if("round_robin_gradients", false);
   DsSection off = s.section("offload_optimizer");
-  const char* was = z.offload_optimizer == OffloadDevice::CPU ? "cpu" : z.offload_optimizer == OffloadDevice::NVMe ? "nvme" : "none";
-  const std::string offload = off.get<std::string>("device", was);
-  DS_USER_CHECK(offload == "none" || offload == "cpu" || offload == "nvme",
-                "zero_optimization.offload_optimizer.device '{}' is not supported (use \"none\", \"cpu\" or \"nvme\")",
-                offload);
-  z.offload_optimizer = offload == "cpu" ? OffloadDevice::CPU : offload == "nvme" ? OffloadDevice::NVMe : OffloadDevice::None;
+  z.offload_optimizer = read_offload_device(off, "offload_optimizer", z.offload_optimizer);
   z.offload_pin_memory = off.get<bool>("pin_memory", z.offload_pin_memory);
   // DeepSpeed's partial offload: the share of the optimizer state offloaded
   // (placement only: the update's values are the same either way).
@@ -336,12 +339,7 @@ void read_zero(DsSection& root, ZeroConfig& z) {
                                  "and writes through host buffers");
   aio.finish();
   DsSection offp = s.section("offload_param");
-  const std::string pdev = offp.get<std::string>(
-      "device", z.offload_param == OffloadDevice::CPU ? "cpu" : z.offload_param == OffloadDevice::NVMe ? "nvme" : "none");
-  DS_USER_CHECK(pdev == "none" || pdev == "cpu" || pdev == "nvme",
-                "zero_optimization.offload_param.device '{}' is not supported (use \"none\", \"cpu\" or \"nvme\")",
-                pdev);
-  z.offload_param = pdev == "cpu" ? OffloadDevice::CPU : pdev == "nvme" ? OffloadDevice::NVMe : OffloadDevice::None;
+  z.offload_param = read_offload_device(offp, "offload_param", z.offload_param);
   if (z.offload_param != OffloadDevice::None) {
     z.param_nvme_path = offp.get<std::string>("nvme_path", z.param_nvme_path);
     // DeepSpeed's parameter swap buffers and its CPU cache of swapped

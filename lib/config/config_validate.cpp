@@ -234,8 +234,7 @@ void validate_parallel(const TrainConfig& cfg) {
   DS_USER_CHECK(cfg.precision.grad_accum == DType::F32 || z.offload_optimizer == OffloadDevice::None,
                 "data_types.grad_accum_dtype '{}' with zero_optimization.offload_optimizer.device {} is not "
                 "supported (the host AdamW reads f32 gradients); use \"fp32\"",
-                cfg.precision.grad_accum == DType::BF16 ? "bf16" : "fp16",
-                z.offload_optimizer == OffloadDevice::CPU ? "cpu" : "nvme");
+                cfg.precision.grad_accum == DType::BF16 ? "bf16" : "fp16", offload_device_name(z.offload_optimizer));
   DS_USER_CHECK(z.offload_ratio >= 0 && z.offload_ratio <= 1,
                 "zero_optimization.offload_optimizer.ratio {} must be in [0, 1]", z.offload_ratio);
   DS_USER_CHECK(z.offload_ratio == 1 || z.stage == 3, "zero_optimization.offload_optimizer.ratio {}: partial "

@@ -265,13 +265,20 @@ void FlatParamStore::gather_f32(Range r, const Tensor& out) {
 
 void gather_from_shards(Communicator* dp, const ZeroPartition& part, int rank, const Tensor& shard, Range r,
                         const Tensor& out) {
+  gather_from_shards(dp, part, rank, r, out, [&](int64_t lo, const Tensor& dst) {
+    Tensor(dst).copy_from(shard.view(lo, {dst.numel()}));
+  });
+}
+
+void gather_from_shards(Communicator* dp, const ZeroPartition& part, int rank, Range r, const Tensor& out,
+                        const std::function<void(int64_t lo, const Tensor& dst)>& own_piece) {
   const int n = dp ? dp->size() : 1;
   for (int q = 0; q < n; ++q) {
     const Range own = part.owned(q);
     const Range piece{std::max(r.begin, own.begin), std::min(r.end, own.end)};
     if (piece.begin >= piece.end) continue;
     Tensor dst = out.view(piece.begin - r.begin, {piece.size()});
-    if (q == rank) dst.copy_from(shard.view(piece.begin - own.begin, {piece.size()}));
+    if (q == rank) own_piece(piece.begin - own.begin, dst);
     if (n > 1) dp->broadcast(dst, q);
   }
 }

@@ -218,5 +218,10 @@ class FlatParamStore : public ParamStore {
 // every rank. dp may be null for one rank.
 void gather_from_shards(Communicator* dp, const ZeroPartition& part, int rank, const Tensor& shard, Range r,
                         const Tensor& out);
+// The same with this rank's piece read by own(lo, dst) (lo: the piece's
+// offset in the rank's part) instead of from a tensor (a shard kept in a
+// storage tier).
+void gather_from_shards(Communicator* dp, const ZeroPartition& part, int rank, Range r, const Tensor& out,
+                        const std::function<void(int64_t lo, const Tensor& dst)>& own);
 
 }  // namespace ds

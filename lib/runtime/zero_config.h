@@ -11,6 +11,10 @@ namespace ds {
 // offload_optimizer.device: where Adam state and the fp32 master range live.
 // NVMe: the optimizer state in a swap file per rank (lib/runtime/nvme_tier.h).
 enum class OffloadDevice { None, CPU, NVMe };
+// DeepSpeed's spelling: "none", "cpu", "nvme".
+inline const char* offload_device_name(OffloadDevice d) {
+  return d == OffloadDevice::CPU ? "cpu" : d == OffloadDevice::NVMe ? "nvme" : "none";
+}
 
 // offload_optimizer's NVMe keys (DeepSpeed's names and defaults) and the
 // zero_optimization keys that shape the tier.

@@ -397,7 +397,7 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
   }
   for (size_t i = 0; i < g_.size(); ++i) {
     const Range own = sgroups_[i].owned();
-    Tensor shard = param_elsewhere_ ? Tensor::zeros({own.size()}, DType::F32, dev_) : g_[i].shard;
+    Tensor shard = param_elsewhere_ ? Tensor::empty({own.size()}, DType::F32, dev_) : g_[i].shard;
     shard.zero_();
     pack_pieces(sgroups_[i].space.pieces(own), full, 0, shard, own.begin);
     if (param_elsewhere_) write_own(0, shard);
@@ -456,18 +456,11 @@ void ZeroParamStore::gather_f32(Range r, const Tensor& out) {
     for (const GroupSpace::Piece& q : sg.space.within(r)) {
       const Range want{q.at, q.at + q.flat.size()};
       const Tensor dst = out.view(q.flat.begin - r.begin, {q.flat.size()});
-      if (!param_elsewhere_ || stage_ == 2) {
-        gather_from_shards(sg.dp, sg.part, g_[i].rank, stage_ == 2 ? g_[i].master : g_[i].shard, want, dst);
-        continue;
-      }
-      for (int o = 0; o < sg.part.dp; ++o) {  // as gather_from_shards, the owner's piece read from the tier
-        const Range own = sg.part.owned(o);
-        const Range p{std::max(want.begin, own.begin), std::min(want.end, own.end)};
-        if (p.begin >= p.end) continue;
-        const Tensor d = dst.view(p.begin - want.begin, {p.size()});
-        if (o == g_[i].rank) read_own(i, p.begin - own.begin, d);
-        if (sg.part.dp > 1) sg.dp->broadcast(d, o);
-      }
+      if (stage_ == 2)
+        gather_from_shards(sg.dp, sg.part, g_[i].rank, g_[i].master, want, dst);
+      else  // the parameter shard, in memory or in the tier (read_own)
+        gather_from_shards(sg.dp, sg.part, g_[i].rank, want, dst,
+                           [&](int64_t lo, const Tensor& d) { read_own(i, lo, d); });
     }
   }
 }

@@ -172,6 +172,7 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   r.supported = r.supported && (!r.nvme || (stage == 3 && cfg.device == DeviceType::CPU));
   r.configured = cfg.zero.stage == stage && cfg.zero.offload_optimizer == where;
   const int64_t n = e.n_params_rank;
+  const int64_t shard = make_zero_partition(n, e.sdp).shard;
   const bool fp32 = e.precision == StatePrecision::FP32;
   // Gathered params in the compute dtype; a unit's full gradient is f32 while
   // its backward runs, whatever the accumulation dtype.
@@ -192,7 +193,6 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   if (r.nvme) {
     tier = {.dir = "", .name = "", .aio = cfg.zero.nvme.aio, .sub_group_size = cfg.zero.sub_group_size,
             .buffer_count = cfg.zero.nvme.buffer_count, .pipeline_read = false, .pipeline_write = false};
-    const int64_t shard = make_zero_partition(n, e.sdp).shard;
     r.states.optimizer = 0;
     if (r.nvme_params) r.states.params = 0;  // offload_param nvme: the parameter shard joins the swap file
     r.nvme_per_rank = NvmeStateTier::file_bytes_for(tier, nvme_states(cfg, r), shard);
@@ -214,13 +214,11 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   // f32 elements, none where the weights are f32 host memory), plus with
   // offload the optimizer state and the fp32 master and gradient ranges the
   // host Adam works on.
-  const int64_t shard = make_zero_partition(n, e.sdp).shard;
   const int64_t opt_elems = stage >= 1 ? shard : n;
   r.host_per_rank = 4 * std::min(n, kInitChunk) + 4 * e.teacher_params;  // the teacher is read whole in f32
   if (cfg.device == DeviceType::CPU) {
     if (r.nvme)
-      r.host_per_rank += r.device_total + NvmeStateTier::host_bytes_for(tier, nvme_states(cfg, r),
-                                                                          make_zero_partition(n, e.sdp).shard);
+      r.host_per_rank += r.device_total + NvmeStateTier::host_bytes_for(tier, nvme_states(cfg, r), shard);
     else
       r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.sdp, stage, e.precision, ob) : 0);
   } else if (offload) {
