@@ -47,10 +47,10 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
                                        "offload");
     range_ = {0, 0};
     for (const ShardGroup& g : *sharding) {
-      GroupOpt o{.g = g, .layout = packed_layout(model.layout(), g.space), .owned = g.owned(), .pieces = {},
+      GroupOpt o{.g = g, .layout = std::make_unique<const ModelLayout>(packed_layout(model.layout(), g.space)), .owned = g.owned(), .pieces = {},
                  .opt = nullptr};
       o.pieces = g.space.pieces(o.owned);
-      o.opt = make_optimizer(optimizer, o.layout, model.device(), o.owned.begin, o.owned.end);
+      o.opt = make_optimizer(optimizer, *o.layout, model.device(), o.owned.begin, o.owned.end);
       if (g.dp && g.part.dp > 1) {
         Communicator* c = g.dp;
         o.opt->set_shard_sum([c](const Tensor& t) { c->all_reduce(t); });

@@ -188,7 +188,9 @@ class ZeroOptimizer {
   // the update and written back.
   struct GroupOpt {
     ShardGroup g;
-    ModelLayout layout;
+    // The optimizer keeps a reference to its layout: held apart so that it
+    // stays put when the GroupOpt moves.
+    std::unique_ptr<const ModelLayout> layout;
     Range owned;                            // group-space positions
     std::vector<GroupSpace::Piece> pieces;  // flat pieces of owned (at: group space)
     std::unique_ptr<Optimizer> opt;

@@ -5,7 +5,9 @@
 // and resuming with another optimizer (Lamb's checkpoint under Adam: the same
 // state names) is refused with one line. Lamb under TP2 computes each rank's
 // trust ratios on its own slices (DeepSpeed and Megatron's semantics): a
-// different curve by design, checked to train.
+// different curve by design, checked to train. Under expert parallelism
+// each sharding group has its own optimizer: Lamb and Adagrad give the curve
+// of one group there.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -158,5 +160,29 @@ TEST_CASE("bf16 and fp16: Lamb and Lion at PP2 give the single-process bf16 curv
     REQUIRE(l.size() == kIters);
     for (double x : l) REQUIRE(std::isfinite(x));
     REQUIRE(l.back() < l.front());
+  }
+}
+
+// Expert parallelism at ZeRO 1-2: the dense weights and the experts are two
+// sharding groups, each with an optimizer of its own on its packed layout
+// (Lamb's per-tensor norms summed over the group's ranks). DP2 x EP2 gives
+// the DP2 curve of one sharding group (the same micro-batches: the routing's
+// capacity and l_aux depend on them), which is the single-process one.
+TEST_CASE("Lamb and Adagrad with expert parallelism (an optimizer per sharding group) give the one-group curve") {
+  const std::vector<std::string> moe = {"--num-experts", "4", "--expert-interval", "1"};
+  std::vector<std::string> ep = moe;
+  ep.insert(ep.end(), {"--moe-expert-parallel-size", "2"});
+  for (const Opt& o : kOpts) {
+    const std::string n = o.name;
+    if (n != "lamb" && n != "adagrad") continue;
+    INFO(n);
+    for (int stage : {1, 2}) {
+      INFO("DP2 x EP2 ZeRO-" << stage);
+      const std::string z = "_z" + std::to_string(stage);
+      const std::vector<double> one = run(n + "_moe_dp2" + z, o, 2, stage, 1, moe);
+      REQUIRE(one.size() == kIters);
+      REQUIRE(one.back() < one.front());
+      require_same_curve(one, run(n + "_moe_ep2" + z, o, 2, stage, 1, ep));
+    }
   }
 }
