@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -103,6 +104,13 @@ constexpr int64_t kTierPiece = 4 << 20;
 
 Tensor host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
 
+// Elements of a sharding group's state: its pieces laid one after the other.
+int64_t part_size(const CheckpointData::StatePart& part) {
+  int64_t n = 0;
+  for (const Range& r : part.pieces) n += r.size();
+  return n;
+}
+
 
 nlohmann::json layout_json(const ModelLayout& l) {
   nlohmann::json j = nlohmann::json::array();
@@ -115,6 +123,12 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
   // Optimizer shard of this rank.
   {
     SafetensorsWriter w;
+    struct TierState {
+      const CheckpointData::TierRead* read;
+      size_t i;
+      int64_t n;
+    };
+    std::map<std::string, TierState> tiered;  // the declared (streamed) tensors
     std::string names, non_negative;
     const OptimizerStates& specs = d.opt_parts.empty() ? d.opt_state : d.opt_parts[0].states;
     for (const OptimizerStateTensor& s : specs) {
@@ -125,18 +139,29 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     w.set_metadata("non_negative", non_negative);
     if (!d.opt_type.empty()) w.set_metadata("optimizer", d.opt_type);
     if (d.opt_parts.empty()) {
-      for (const OptimizerStateTensor& s : d.opt_state) {
-        if (d.tier_read)
+      for (size_t i = 0; i < d.opt_state.size(); ++i) {
+        const OptimizerStateTensor& s = d.opt_state[i];
+        if (d.tier_read) {
           w.declare_f32(s.name, {d.opt_end - d.opt_begin});
-        else
+          tiered[s.name] = {&d.tier_read, i, d.opt_end - d.opt_begin};
+        } else {
           w.add(s.name, host(s.t));
+        }
       }
       w.set_metadata("begin", std::to_string(d.opt_begin));
       w.set_metadata("end", std::to_string(d.opt_end));
     } else {
       std::string groups, shared;
       for (const CheckpointData::StatePart& part : d.opt_parts) {
-        for (const OptimizerStateTensor& s : part.states) w.add(part.group + "/" + s.name, host(s.t));
+        for (size_t i = 0; i < part.states.size(); ++i) {
+          const std::string name = part.group + "/" + part.states[i].name;
+          if (part.tier_read) {
+            w.declare_f32(name, {part_size(part)});
+            tiered[name] = {&part.tier_read, i, part_size(part)};
+          } else {
+            w.add(name, host(part.states[i].t));
+          }
+        }
         std::string pieces;
         for (const Range& r : part.pieces)
           if (r.size() > 0) pieces += fmt::format("{}{}:{}", pieces.empty() ? "" : ",", r.begin, r.end);
@@ -155,16 +180,14 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     w.set_metadata("pp_rank", std::to_string(d.shard.pp_rank));
     if (d.shard.ep > 1) w.set_metadata("ep_rank", std::to_string(d.shard.ep_rank));
     const std::string path = (tmp / optimizer_shard_name(d.rank, d.world, d.shard)).string();
-    if (d.tier_read)
+    if (!tiered.empty())  // the tiers' state streamed a bounded piece at a time
       w.write_streamed_bytes(path, [&](const std::string& name, const std::function<void(std::string_view)>& sink) {
-        const size_t i = static_cast<size_t>(std::find_if(d.opt_state.begin(), d.opt_state.end(), [&](const auto& t) {
-                                               return t.name == name;
-                                             }) - d.opt_state.begin());
+        const TierState& t = tiered.at(name);
         std::vector<float> buf;
-        for (int64_t lo = 0, n = d.opt_end - d.opt_begin; lo < n; lo += kTierPiece) {
-          const int64_t hi = std::min(n, lo + kTierPiece);
+        for (int64_t lo = 0; lo < t.n; lo += kTierPiece) {
+          const int64_t hi = std::min(t.n, lo + kTierPiece);
           buf.resize(static_cast<size_t>(hi - lo));
-          d.tier_read(i, lo, hi, buf.data());
+          (*t.read)(t.i, lo, hi, buf.data());
           sink({reinterpret_cast<const char*>(buf.data()), buf.size() * sizeof(float)});
         }
       }, &progress);
@@ -215,7 +238,7 @@ void write_checkpoint_files(const std::string& dir, const TrainState& st, const 
   int64_t bytes = 4 * (model ? d.layout->total : 0);
   for (const OptimizerStateTensor& s : d.opt_state) bytes += 4 * (d.tier_read ? d.opt_end - d.opt_begin : s.t.numel());
   for (const CheckpointData::StatePart& part : d.opt_parts)
-    for (const OptimizerStateTensor& s : part.states) bytes += 4 * s.t.numel();
+    for (const OptimizerStateTensor& s : part.states) bytes += 4 * (part.tier_read ? part_size(part) : s.t.numel());
   Progress progress(checkpoint_progress(fmt::format("saving checkpoint {}/{}", dir, step_dir_name(st.iteration)),
                                         bytes));
   or_remove(tmp, [&] { write_step_files(tmp, st, d, config, progress); });
@@ -305,23 +328,37 @@ int64_t read_opt_state(const SavedStep& s, const CheckpointData& d, bool same, O
   if (same) files.emplace(s, at, local.total, state);
   int64_t step = same ? files->step() : -1;
   for (const CheckpointData::StatePart& part : d.opt_parts) {
-    int64_t n = 0;
-    for (const Range& r : part.pieces) n += r.size();
+    const int64_t n = part_size(part);
+    const bool tier = static_cast<bool>(part.tier_write);  // written into the tier as it is read
     OptimizerStates out = part.states;  // the optimizer's own buffers where they are host f32
-    prepare_host_states(out, n, false);  // the pieces cover every element
+    if (!tier) prepare_host_states(out, n, false);  // the pieces cover every element
+    std::vector<float> buf;
     int64_t pos = 0;
     for (const Range& r : part.pieces) {
       if (r.size() == 0) continue;
-      if (same) {
+      if (same && tier) {
+        for (size_t i = 0; i < part.states.size(); ++i)
+          for (int64_t lo = 0; lo < r.size(); lo += kTierPiece) {
+            const int64_t hi = std::min(r.size(), lo + kTierPiece);
+            buf.resize(static_cast<size_t>(hi - lo));
+            files->read(i, r.begin + lo, r.begin + hi, buf.data());
+            part.tier_write(i, pos + lo, pos + hi, buf.data());
+          }
+      } else if (same) {
         for (size_t i = 0; i < out.size(); ++i) files->read(i, r.begin, r.end, out[i].t.data<float>() + pos);
       } else {
         OptimizerStates piece = state_names_only(state);
         step = read_reshaped_state(s, *d.layout, local, r.begin, r.end, piece);
-        for (size_t i = 0; i < out.size(); ++i) out[i].t.view(pos, {r.size()}).copy_from(piece[i].t);
+        for (size_t i = 0; i < part.states.size(); ++i) {
+          if (tier)
+            part.tier_write(i, pos, pos + r.size(), piece[i].t.data<float>());
+          else
+            out[i].t.view(pos, {r.size()}).copy_from(piece[i].t);
+        }
       }
       pos += r.size();
     }
-    parts.push_back(std::move(out));
+    parts.push_back(tier ? OptimizerStates{} : std::move(out));  // (a tier holds its state already)
   }
   if (files) files->verify();
   if (step < 0) {  // another layout and this rank owns no piece: the step count from an empty read

@@ -87,11 +87,18 @@ struct CheckpointData {
   // the local layout its state tensors hold one after the other, and those
   // tensors by name; ep_shared: the group's weights are the same on every
   // expert-parallel rank (its partition spans them). docs/formats.md.
+  // A storage tier's state (see tier_read below): elements [lo, hi) of state i.
+  using TierRead = std::function<void(size_t i, int64_t lo, int64_t hi, float* out)>;
+  using TierWrite = std::function<void(size_t i, int64_t lo, int64_t hi, const float* in)>;
   struct StatePart {
     std::string group;
     bool ep_shared = false;
     std::vector<Range> pieces;
     OptimizerStates states;
+    // The group's state in a storage tier (positions relative to the
+    // pieces laid one after the other), as tier_read / tier_write below.
+    TierRead tier_read;
+    TierWrite tier_write;
   };
   std::vector<StatePart> opt_parts;
   // The optimizer state lives in a storage tier (offload_optimizer nvme)
@@ -99,9 +106,9 @@ struct CheckpointData {
   // [lo, hi) of state i (relative to opt_begin) through tier_read, loading
   // writes them through tier_write, a bounded piece at a time, so the
   // rank's state is never whole in memory (a reshaping load excepted: it
-  // assembles the range first, reshape.h). Not with opt_parts.
-  std::function<void(size_t i, int64_t lo, int64_t hi, float* out)> tier_read;
-  std::function<void(size_t i, int64_t lo, int64_t hi, const float* in)> tier_write;
+  // assembles the range first, reshape.h). With opt_parts: each part's own.
+  TierRead tier_read;
+  TierWrite tier_write;
 };
 
 // The weights of `full` in the order model.safetensors holds them.

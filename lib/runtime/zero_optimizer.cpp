@@ -42,42 +42,33 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   fused_lowp_ = !store && !offload_ && mixed;
   const std::vector<ShardGroup>* sharding =
       store ? &store->groups() : (z.stage == 1 ? &model.flat_store().shard_groups() : nullptr);
+  params_in_tier_ = nvme_ && z.offload_param == OffloadDevice::NVMe;
+  DS_CHECK(!params_in_tier_ || (store_ && store_->params_elsewhere()),
+           "offload_param nvme with a store that keeps its parameter shard");
+  const StateHome home = nvme_ ? StateHome::Elsewhere : StateHome::Own;
   if (sharding && sharding->size() > 1) {
-    DS_USER_CHECK(!offload_ && !nvme_, "offload_optimizer with expert parallelism is not supported yet; use no "
-                                       "offload");
+    DS_USER_CHECK(!offload_, "offload_optimizer.device cpu with expert parallelism on a GPU is not supported yet; "
+                             "use no offload (or offload_optimizer nvme at stage 3 on the CPU backend)");
     range_ = {0, 0};
-    for (const ShardGroup& g : *sharding) {
+    for (size_t i = 0; i < sharding->size(); ++i) {
+      const ShardGroup& g = (*sharding)[i];
       GroupOpt o{.g = g, .layout = std::make_unique<const ModelLayout>(packed_layout(model.layout(), g.space)), .owned = g.owned(), .pieces = {},
-                 .opt = nullptr};
+                 .opt = nullptr, .tier = nullptr};
       o.pieces = g.space.pieces(o.owned);
-      o.opt = make_optimizer(optimizer, *o.layout, model.device(), o.owned.begin, o.owned.end);
+      o.opt = make_optimizer(optimizer, *o.layout, model.device(), o.owned.begin, o.owned.end, home);
       if (g.dp && g.part.dp > 1) {
         Communicator* c = g.dp;
         o.opt->set_shard_sum([c](const Tensor& t) { c->all_reduce(t); });
       }
+      o.tier = make_tier(*o.opt, o.owned.size(), g.name);
+      if (params_in_tier_) store_->set_param_tier(i, o.tier.get());
       groups_.push_back(std::move(o));
     }
   } else {
     opt_ = make_optimizer(optimizer, model.layout(), offload_ ? Device::cpu() : model.device(), range_.begin,
-                          range_.end, nvme_ ? StateHome::Elsewhere : StateHome::Own);
-    const std::vector<OptimizerStateSpec> specs = opt_->state_specs();
-    params_in_tier_ = nvme_ && z.offload_param == OffloadDevice::NVMe;
-    DS_CHECK(!params_in_tier_ || (store_ && store_->params_elsewhere()),
-             "offload_param nvme with a store that keeps its parameter shard");
-    if (nvme_ && (!specs.empty() || params_in_tier_) && range_.size() > 0) {
-      NvmeTierOptions o{.dir = z.nvme.nvme_path,
-                        .name = fmt::format("dstrain-optimizer-{}-{}.swp", ::getpid(), rank_),
-                        .aio = z.nvme.aio,
-                        .sub_group_size = z.sub_group_size,
-                        .buffer_count = z.nvme.buffer_count,
-                        .pipeline_read = z.nvme.pipeline_read,
-                        .pipeline_write = z.nvme.pipeline_write};
-      std::vector<float> initial;
-      if (params_in_tier_) initial.push_back(0.f);  // state 0: the parameter shard (written by init / load)
-      for (size_t i = 0; i < specs.size(); ++i) initial.push_back(opt_->initial_state_value(i));
-      tier_ = std::make_unique<NvmeStateTier>(o, std::move(initial), range_.size());
-      if (params_in_tier_) store_->set_param_tier(tier_.get());
-    }
+                          range_.end, home);
+    tier_ = make_tier(*opt_, range_.size(), "");
+    if (params_in_tier_) store_->set_param_tier(0, tier_.get());
   }
   // ZeRO 1-3 over several ranks: the range is a shard of the data-parallel
   // group (Lamb adds its per-tensor sums over it).
@@ -96,6 +87,43 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   }
   unit_begin_us_.assign(model.units().size(), 0.0);
   model.store().set_grads_hook([this](int unit, bool ready) { on_grads(unit, ready); });
+}
+
+std::unique_ptr<NvmeStateTier> ZeroOptimizer::make_tier(const Optimizer& opt, int64_t n, const std::string& group) {
+  const std::vector<OptimizerStateSpec> specs = opt.state_specs();
+  if (!nvme_ || n == 0 || (specs.empty() && !params_in_tier_)) return nullptr;
+  NvmeTierOptions o{.dir = z_.nvme.nvme_path,
+                    .name = group.empty() ? fmt::format("dstrain-optimizer-{}-{}.swp", ::getpid(), rank_)
+                                          : fmt::format("dstrain-optimizer-{}-{}-{}.swp", ::getpid(), rank_, group),
+                    .aio = z_.nvme.aio,
+                    .sub_group_size = z_.sub_group_size,
+                    .buffer_count = z_.nvme.buffer_count,
+                    .pipeline_read = z_.nvme.pipeline_read,
+                    .pipeline_write = z_.nvme.pipeline_write};
+  std::vector<float> initial;
+  if (params_in_tier_) initial.push_back(0.f);  // state 0: the parameter shard (written by init / load)
+  for (size_t i = 0; i < specs.size(); ++i) initial.push_back(opt.initial_state_value(i));
+  return std::make_unique<NvmeStateTier>(o, std::move(initial), n);
+}
+
+// Sub-group by sub-group through the NVMe tier (nvme_tier.h): the same bits
+// as the whole update (Optimizer::step_part).
+void ZeroOptimizer::step_through_tier(Optimizer& opt, NvmeStateTier* tier, const Tensor& params, const Tensor& grads,
+                                      int64_t n, const StepHyper& h, float grad_scale) {
+  opt.count_step();  // as Optimizer::step: one step for the whole range
+  auto update = [&](int64_t lo, int64_t hi, const std::vector<Tensor>& states) {
+    // offload_param nvme: the sub-group's parameters are the tier's state 0.
+    const Tensor p = params_in_tier_ ? states[0] : params.view(lo, {hi - lo});
+    const std::vector<Tensor> opt_states(states.begin() + tier_state_offset(), states.end());
+    DS_CHECK(opt.step_part(lo, hi, {.params = p, .grads = grads.view(lo, {hi - lo}), .params_lowp = Tensor(),
+                                    .states = opt_states},
+                           h, grad_scale),
+             "offload_optimizer nvme: optimizer {} does not update a range in parts", opt.type());
+  };
+  if (tier)
+    tier->for_each(update, true);
+  else
+    update(0, n, {});  // an optimizer without state (SGD without momentum)
 }
 
 void ZeroOptimizer::set_timeline(Timeline* t) {
@@ -306,7 +334,9 @@ void ZeroOptimizer::step_groups(const StepHyper& h, float grad_scale) {
     };
     auto unpack = [&](const Tensor& t, const Tensor& flat_buf) { unpack_pieces(o.pieces, t, o.owned.begin, flat_buf, 0); };
     const Tensor g = store_ ? store_->grad_shard(i) : packed(model_.grads());
-    if (store_ && (mixed || z_.stage == 3)) {  // the store's master (stage 3: parameter) shard
+    if (nvme_) {  // stage 3: the store's parameter shard (or the tier's state 0)
+      step_through_tier(*o.opt, o.tier.get(), store_->master_params(i), g, n, h, grad_scale);
+    } else if (store_ && (mixed || z_.stage == 3)) {  // the store's master (stage 3: parameter) shard
       o.opt->step({.params = store_->master_params(i), .grads = g}, h, grad_scale);
     } else if (mixed) {
       const Tensor lowp = Tensor::empty({n}, model_.compute_dtype(), dev);
@@ -350,21 +380,8 @@ void ZeroOptimizer::step(const StepHyper& h, float grad_scale) {
   if (range_.size() > 0) {
     Tensor p = master_range();
     Tensor g = store_ ? store_->grad_shard() : model_.grads().view(range_.begin, {range_.size()});
-    if (nvme_) {  // sub-group by sub-group through the NVMe tier (nvme_tier.h)
-      opt_->count_step();  // as Optimizer::step: one step for the whole range
-      auto update = [&](int64_t lo, int64_t hi, const std::vector<Tensor>& states) {
-        // offload_param nvme: the sub-group's parameters are the tier's state 0.
-        const Tensor params = params_in_tier_ ? states[0] : p.view(lo, {hi - lo});
-        const std::vector<Tensor> opt_states(states.begin() + tier_state_offset(), states.end());
-        DS_CHECK(opt_->step_part(lo, hi, {.params = params, .grads = g.view(lo, {hi - lo}),
-                                          .params_lowp = Tensor(), .states = opt_states},
-                                 h, grad_scale),
-                 "offload_optimizer nvme: optimizer {} does not update a range in parts", opt_->type());
-      };
-      if (tier_)
-        tier_->for_each(update, true);
-      else
-        update(0, range_.size(), {});  // an optimizer without state (SGD without momentum)
+    if (nvme_) {
+      step_through_tier(*opt_, tier_.get(), p, g, range_.size(), h, grad_scale);
     } else if (offload_) {  // bucket by bucket, copies overlapping the CPU update (offload_pipeline.h)
       if (!offload_pipe_)
         offload_pipe_ = std::make_unique<OffloadPipeline>(make_offload_copier(model_.device()),
@@ -447,10 +464,11 @@ void ZeroOptimizer::count_step() {
 }
 
 std::vector<ZeroOptimizer::StatePart> ZeroOptimizer::state_parts() {
-  if (!grouped()) return {StatePart{.group = "", .ep_shared = false, .pieces = {range_}, .opt = opt_.get()}};
+  if (!grouped())
+    return {StatePart{.group = "", .ep_shared = false, .pieces = {range_}, .opt = opt_.get(), .tier = tier_.get()}};
   std::vector<StatePart> out;
   for (GroupOpt& o : groups_) {
-    StatePart p{.group = o.g.name, .ep_shared = o.g.ep_shared, .pieces = {}, .opt = o.opt.get()};
+    StatePart p{.group = o.g.name, .ep_shared = o.g.ep_shared, .pieces = {}, .opt = o.opt.get(), .tier = o.tier.get()};
     for (const GroupSpace::Piece& q : o.pieces) p.pieces.push_back(q.flat);
     out.push_back(std::move(p));
   }
@@ -458,18 +476,30 @@ std::vector<ZeroOptimizer::StatePart> ZeroOptimizer::state_parts() {
 }
 
 int64_t ZeroOptimizer::offload_host_bytes() const {
-  if (tier_) return tier_->host_bytes();
+  if (nvme_) {
+    int64_t b = 0;
+    for (const NvmeStateTier* t : nvme_tiers()) b += t->host_bytes();
+    return b;
+  }
   return offload_ ? OffloadPipeline::host_bytes_for(range_.size(), offload_bucket(z_)) : 0;
 }
 
+std::vector<NvmeStateTier*> ZeroOptimizer::nvme_tiers() const {
+  std::vector<NvmeStateTier*> out;
+  if (tier_) out.push_back(tier_.get());
+  for (const GroupOpt& o : groups_)
+    if (o.tier) out.push_back(o.tier.get());
+  return out;
+}
+
 bool ZeroOptimizer::offloaded_state_nonfinite() {
-  if (!tier_) return false;
   Tensor flag = Tensor::zeros({1}, DType::F32);
-  tier_->for_each(
-      [&](int64_t, int64_t, const std::vector<Tensor>& states) {
-        for (const Tensor& t : states) ops::nonfinite_check({.flag = flag, .x = t}, Stream{});
-      },
-      false);
+  for (NvmeStateTier* tier : nvme_tiers())
+    tier->for_each(
+        [&](int64_t, int64_t, const std::vector<Tensor>& states) {
+          for (const Tensor& t : states) ops::nonfinite_check({.flag = flag, .x = t}, Stream{});
+        },
+        false);
   return flag.data<float>()[0] != 0.f;
 }
 

@@ -128,6 +128,10 @@ class ZeroOptimizer {
     bool ep_shared = false;  // ShardGroup::ep_shared
     std::vector<Range> pieces;
     Optimizer* opt = nullptr;
+    // offload_optimizer nvme: the state lives here (from state
+    // tier_state_offset() on), not in opt's tensors; null otherwise or when
+    // the rank owns none of the group.
+    NvmeStateTier* tier = nullptr;
   };
   std::vector<StatePart> state_parts();
   // ZeRO 1-3 with several sharding groups (FlatParamStore::shard_groups,
@@ -145,11 +149,12 @@ class ZeroOptimizer {
   // fp32 master copy and the gradient buckets; OffloadPipeline::host_bytes_for),
   // allocated at the first step; 0 without offload.
   int64_t offload_host_bytes() const;
-  // offload_optimizer.device nvme (stage 3, CPU backend): the optimizer's
-  // state lives in the NVMe tier, the step runs sub-group by sub-group
-  // through it (sub_group_size), and optimizer_states() is empty; null
-  // otherwise, or when this rank's range is empty.
-  NvmeStateTier* nvme_tier() { return tier_.get(); }
+  // offload_optimizer.device nvme (stage 3, CPU backend): each optimizer's
+  // state (one per sharding group) lives in an NVMe tier of its own, the step
+  // runs sub-group by sub-group through it (sub_group_size), and
+  // optimizer_states() is empty. The tiers of this rank (none where it owns
+  // no element; state_parts() says which part each one holds).
+  std::vector<NvmeStateTier*> nvme_tiers() const;
   // The tier's first optimizer state: 1 when state 0 is the parameter shard
   // (offload_param nvme), else 0.
   int tier_state_offset() const { return params_in_tier_ ? 1 : 0; }
@@ -194,8 +199,17 @@ class ZeroOptimizer {
     Range owned;                            // group-space positions
     std::vector<GroupSpace::Piece> pieces;  // flat pieces of owned (at: group space)
     std::unique_ptr<Optimizer> opt;
+    std::unique_ptr<NvmeStateTier> tier;  // offload_optimizer nvme (make_tier)
   };
   std::vector<GroupOpt> groups_;
+  // offload_optimizer nvme: the tier of an optimizer's range of n elements
+  // (swap file named after the group), state 0 the parameter shard with
+  // offload_param nvme; null when n is 0 or nothing is to be held.
+  std::unique_ptr<NvmeStateTier> make_tier(const Optimizer& opt, int64_t n, const std::string& group);
+  // The update of [0, n) one sub-group at a time through `tier` (null: a
+  // stateless optimizer in one part); params undefined when they live in the tier.
+  void step_through_tier(Optimizer& opt, NvmeStateTier* tier, const Tensor& params, const Tensor& grads, int64_t n,
+                         const StepHyper& h, float grad_scale);
   void step_groups(const StepHyper& h, float grad_scale);
   void group_norm_share(const Tensor& sumsq);
 

@@ -63,8 +63,7 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
   // offload_param nvme: the shard lives in the optimizer's swap file
   // (set_param_tier), never in memory.
   param_elsewhere_ = z.offload_param == OffloadDevice::NVMe;
-  DS_USER_CHECK(!param_elsewhere_ || g_.size() == 1,
-                "offload_param nvme with expert parallelism is not supported yet; use offload_param none");
+  param_tiers_.assign(g_.size(), nullptr);
   if (!param_elsewhere_)
     for (size_t i = 0; i < g_.size(); ++i) g_[i].shard = Tensor::zeros({sgroups_[i].part.shard}, DType::F32, dev);
   // The persistent units below are gathered copies (reported with the
@@ -400,7 +399,7 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
     Tensor shard = param_elsewhere_ ? Tensor::empty({own.size()}, DType::F32, dev_) : g_[i].shard;
     shard.zero_();
     pack_pieces(sgroups_[i].space.pieces(own), full, 0, shard, own.begin);
-    if (param_elsewhere_) write_own(0, shard);
+    if (param_elsewhere_) write_own(i, shard);
   }
   for (size_t u = 0; u < units_.size(); ++u)
     if (plan_.persistent[u] && units_[u].size() > 0) {
@@ -430,7 +429,7 @@ void ZeroParamStore::init_params(int64_t total, const InitFill& fill) {
           const int64_t n = std::min(kTierChunk, q.flat.size() - at);
           if (chunk.numel() != n) chunk = Tensor::empty({n}, DType::F32, dev_);
           init_fill_into(fill, {q.flat.begin + at, q.flat.begin + at + n}, chunk, staging);
-          param_tier_->write(0, q.at - own.begin + at, q.at - own.begin + at + n, chunk.data<float>());
+          param_tiers_[i]->write(0, q.at - own.begin + at, q.at - own.begin + at + n, chunk.data<float>());
         }
       continue;
     }
@@ -505,25 +504,26 @@ Tensor ZeroParamStore::master_params(size_t g) {
   return g_[g].shard.view(0, {own.size()});
 }
 
-void ZeroParamStore::set_param_tier(NvmeStateTier* tier) {
+void ZeroParamStore::set_param_tier(size_t g, NvmeStateTier* tier) {
   DS_CHECK(param_elsewhere_ && stage_ == 3, "set_param_tier without offload_param nvme at stage 3");
-  DS_CHECK(!tier || tier->numel() == sgroups_[0].owned().size(), "parameter tier of {} elements for a range of {}",
-           tier ? tier->numel() : 0, sgroups_[0].owned().size());
-  param_tier_ = tier;
+  DS_CHECK(!tier || tier->numel() == sgroups_.at(g).owned().size(),
+           "parameter tier of {} elements for a range of {}", tier ? tier->numel() : 0, sgroups_[g].owned().size());
+  param_tiers_[g] = tier;
 }
 
 // This rank's shard elements [lo, lo + dst.numel()) (shard positions) into dst.
 void ZeroParamStore::read_own(size_t gi, int64_t lo, const Tensor& dst) {
   if (!param_elsewhere_) return Tensor(dst).copy_from(g_[gi].shard.view(lo, {dst.numel()}));
-  DS_CHECK(param_tier_ && dst.dtype() == DType::F32 && dst.device().is_cpu(),
+  DS_CHECK(param_tiers_[gi] && dst.dtype() == DType::F32 && dst.device().is_cpu(),
            "ZeRO-3: a parameter read before the tier is set");
-  param_tier_->read(0, lo, lo + dst.numel(), Tensor(dst).data<float>());
+  param_tiers_[gi]->read(0, lo, lo + dst.numel(), Tensor(dst).data<float>());
 }
 
 void ZeroParamStore::write_own(size_t gi, const Tensor& shard) {
-  DS_CHECK(param_tier_ && gi == 0, "ZeRO-3: a parameter write before the tier is set");
   const int64_t n = sgroups_[gi].owned().size();
-  if (n > 0) param_tier_->write(0, 0, n, shard.data<float>());
+  if (n == 0) return;
+  DS_CHECK(param_tiers_[gi], "ZeRO-3: a parameter write before the tier is set");
+  param_tiers_[gi]->write(0, 0, n, shard.data<float>());
 }
 
 Tensor ZeroParamStore::grad_shard(size_t g) { return g_.at(g).gshard.view(0, {sgroups_[g].owned().size()}); }

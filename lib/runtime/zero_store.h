@@ -82,10 +82,11 @@ class ZeroParamStore : public ParamStore {
   // with several groups the master is full_params()' owned pieces (no view).
   // (undefined with offload_param nvme: the shard is state 0 of the tier)
   Tensor master_params(size_t g = 0);
-  // offload_param nvme (one sharding group): the tier whose state 0 holds
-  // this rank's parameter shard (its owned real range); gathers, loads and
-  // saves read and write it there. Null: this rank owns no element.
-  void set_param_tier(NvmeStateTier* tier);
+  // offload_param nvme: the tier whose state 0 holds this rank's parameter
+  // shard of sharding group g (its owned real range of the group's space);
+  // gathers, loads and saves read and write it there. Null: this rank owns
+  // no element of the group.
+  void set_param_tier(size_t g, NvmeStateTier* tier);
   bool params_elsewhere() const { return param_elsewhere_; }
   Tensor grad_shard(size_t g = 0);
   const std::vector<ShardGroup>& groups() const { return sgroups_; }
@@ -145,7 +146,7 @@ class ZeroParamStore : public ParamStore {
   void pack_unit(size_t gi, int unit, Range q, const Tensor& u, const Tensor& dst) const;
   void wait_gathers();
   bool param_elsewhere_ = false;
-  NvmeStateTier* param_tier_ = nullptr;
+  std::vector<NvmeStateTier*> param_tiers_;  // per sharding group (offload_param nvme)
   static constexpr int64_t kTierChunk = 4 << 20;  // elements per piece written into the tier at init
   void read_own(size_t gi, int64_t lo, const Tensor& dst);  // shard positions [lo, lo + n) into dst
   void write_own(size_t gi, const Tensor& shard);           // the whole owned range

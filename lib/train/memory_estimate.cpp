@@ -166,8 +166,9 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   r.nvme_params = r.nvme && cfg.zero.offload_param == OffloadDevice::NVMe;
   // The host AdamW reads f32 gradients: offload needs fp32 accumulation too.
   r.supported = !offload || (stage >= 1 && e.precision != StatePrecision::MixedLowp);
-  // Expert parallelism runs without optimizer offload so far (docs/moe.md).
-  r.supported = r.supported && (e.layout.ep == 1 || !offload);
+  // Expert parallelism with offload: the NVMe tier (a swap file per sharding
+  // group), or cpu on the CPU backend (nothing moves); not on a GPU so far.
+  r.supported = r.supported && (e.layout.ep == 1 || r.nvme || !offload || cfg.device == DeviceType::CPU);
   // The NVMe tier: ZeRO-3 on the CPU backend (config_validate).
   r.supported = r.supported && (!r.nvme || (stage == 3 && cfg.device == DeviceType::CPU));
   r.configured = cfg.zero.stage == stage && cfg.zero.offload_optimizer == where;
@@ -180,23 +181,32 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   const int ob = 4 * optimizer_state_count(cfg.optim.spec);  // the optimizer's state bytes per element
   // ZeRO partitions each parameter group over the ranks that hold it: with
   // expert parallelism the dense weights over every data-parallel rank, the
-  // experts over the expert-data-parallel ones (DP / EP).
-  if (e.layout.ep > 1 && stage >= 1) {
-    const ModelStateBytes d = zero_model_state_bytes(n - e.n_experts_rank, e.sdp, stage, e.precision, offload, ob);
-    const ModelStateBytes x =
-        zero_model_state_bytes(e.n_experts_rank, e.layout.edp(), stage, e.precision, offload, ob);
-    r.states = {.params = d.params + x.params, .grads = d.grads + x.grads, .optimizer = d.optimizer + x.optimizer};
-  } else {
-    r.states = zero_model_state_bytes(n, e.sdp, stage, e.precision, offload && !r.nvme, ob);
-  }
-  NvmeTierOptions tier;  // the NVMe row: the optimizer's state leaves memory for the swap file
-  if (r.nvme) {
+  // experts over the expert-data-parallel ones (DP / EP). Each sharding
+  // group has its own optimizer state (and with nvme its own swap file).
+  struct Part {
+    int64_t n;
+    int ranks;
+  };
+  const std::vector<Part> parts = e.layout.ep > 1 && stage >= 1
+                                      ? std::vector<Part>{{n - e.n_experts_rank, e.sdp},
+                                                          {e.n_experts_rank, e.layout.edp()}}
+                                      : std::vector<Part>{{n, e.sdp}};
+  NvmeTierOptions tier;  // the NVMe row: the optimizer's state leaves memory for the swap files
+  if (r.nvme)
     tier = {.dir = "", .name = "", .aio = cfg.zero.nvme.aio, .sub_group_size = cfg.zero.sub_group_size,
             .buffer_count = cfg.zero.nvme.buffer_count, .pipeline_read = false, .pipeline_write = false};
-    r.states.optimizer = 0;
-    if (r.nvme_params) r.states.params = 0;  // offload_param nvme: the parameter shard joins the swap file
-    r.nvme_per_rank = NvmeStateTier::file_bytes_for(tier, nvme_states(cfg, r), shard);
+  int64_t host_optimizer = 0, tier_host = 0;
+  for (const Part& p : parts) {
+    const ModelStateBytes b = zero_model_state_bytes(p.n, p.ranks, stage, e.precision, offload, ob);
+    r.states = {.params = r.states.params + b.params, .grads = r.states.grads + b.grads,
+                .optimizer = r.states.optimizer + b.optimizer};
+    if (offload && !r.nvme) host_optimizer += host_optimizer_bytes(p.n, p.ranks, stage, e.precision, ob);
+    if (!r.nvme) continue;
+    const int64_t part_shard = make_zero_partition(p.n, p.ranks).shard;
+    r.nvme_per_rank += NvmeStateTier::file_bytes_for(tier, nvme_states(cfg, r), part_shard);
+    tier_host += NvmeStateTier::host_bytes_for(tier, nvme_states(cfg, r), part_shard);
   }
+  if (r.nvme_params) r.states.params = 0;  // offload_param nvme: the parameter shard joins the swap file
   if (stage == 3) {
     int64_t largest = 0, persistent = 0;
     for (size_t i = 0; i < units.size(); ++i) {
@@ -217,15 +227,12 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   const int64_t opt_elems = stage >= 1 ? shard : n;
   r.host_per_rank = 4 * std::min(n, kInitChunk) + 4 * e.teacher_params;  // the teacher is read whole in f32
   if (cfg.device == DeviceType::CPU) {
-    if (r.nvme)
-      r.host_per_rank += r.device_total + NvmeStateTier::host_bytes_for(tier, nvme_states(cfg, r), shard);
-    else
-      r.host_per_rank += r.device_total + (offload ? host_optimizer_bytes(n, e.sdp, stage, e.precision, ob) : 0);
+    r.host_per_rank += r.device_total + (r.nvme ? tier_host : host_optimizer);
   } else if (offload) {
     // Adam m, v, then what the offloaded step allocates (ZeroOptimizer): the
     // host copy of the master range and two gradient buckets.
-    r.host_per_rank += host_optimizer_bytes(n, e.sdp, stage, e.precision, ob) +
-                       OffloadPipeline::host_bytes_for(opt_elems, ZeroOptimizer::offload_bucket(cfg.zero));
+    r.host_per_rank +=
+        host_optimizer + OffloadPipeline::host_bytes_for(opt_elems, ZeroOptimizer::offload_bucket(cfg.zero));
   }
   r.host_per_node = r.host_per_rank * e.gpus_per_node;
   return r;
@@ -421,8 +428,9 @@ std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gp
     std::string head = fmt::format("{} ZeRO {}     | {:<17} |", r.configured ? '*' : ' ', r.stage,
                                    r.nvme_params ? "nvme (+ params)" : r.nvme ? "nvme" : r.offload_optimizer ? "cpu" : "none");
     if (!r.supported) {
-      out += head + (e.layout.ep > 1                    ? "  not supported: expert parallelism runs without optimizer offload\n"
-                     : r.nvme && cfg.device != DeviceType::CPU ? "  not supported: the NVMe tier serves the CPU backend so far\n"
+      out += head + (r.nvme && cfg.device != DeviceType::CPU ? "  not supported: the NVMe tier serves the CPU backend so far\n"
+                     : e.layout.ep > 1 && r.stage >= 1 && r.offload_optimizer && !r.nvme
+                         ? "  not supported: expert parallelism on a GPU runs without optimizer offload so far\n"
                      : r.stage >= 1                     ? "  not supported: offload_optimizer needs fp32 gradient accumulation\n"
                                                         : "  not supported: offload_optimizer needs ZeRO stage >= 1\n");
       continue;

@@ -417,22 +417,26 @@ void Trainer::log_model_state() {
            live_tagged_bytes(MemTag::Optimizer, DeviceType::CPU) + opt_->offload_host_bytes(),
            live_tagged_bytes(MemTag::Optimizer, DeviceType::CPU), opt_->offload_host_bytes(),
            cfg_.zero.offload_pin_memory ? "pinned" : "pageable");
-  if (NvmeStateTier* t = opt_->nvme_tier())
-    DS_LOG("offload_optimizer.device = nvme: the optimizer state{} ({} states x {} elements, {} bytes) lives in a "
+  for (const ZeroOptimizer::StatePart& part : opt_->state_parts()) {
+    const NvmeStateTier* t = part.tier;
+    if (!t) continue;
+    DS_LOG("offload_optimizer.device = nvme: the optimizer state{}{} ({} states x {} elements, {} bytes) lives in a "
            "swap file under {} (unlinked: removed however the run ends); the step updates {} sub-groups of {} "
            "elements; host buffers {} bytes ({} set{} of sub-group buffers; reads {}, writes {})",
+           part.group.empty() ? "" : " of the " + part.group + " group",
            opt_->tier_state_offset() ? " and the parameter shard (offload_param nvme; ZeRO-3 gathers read their "
                                        "pieces from it)" : "",
            t->n_states(), t->numel(), t->file_bytes(), cfg_.zero.nvme.nvme_path, t->n_sub_groups(), t->sub_group(),
            t->host_bytes(), t->buffer_sets(), t->buffer_sets() == 1 ? "" : "s",
            t->pipelined_read() ? "ahead of the update" : "in turn",
            t->pipelined_write() ? "behind the update" : "in turn");
-  if ((cfg_.zero.nvme.pipeline_read || cfg_.zero.nvme.pipeline_write) && opt_->nvme_tier() &&
-      opt_->nvme_tier()->buffer_sets() < 2 && opt_->nvme_tier()->n_sub_groups() > 1)
-    DS_WARN("offload_optimizer.pipeline_read/pipeline_write need two sets of sub-group buffers: buffer_count {} holds "
-            "{} for {} optimizer states; the sub-groups are read and written in turn (raise buffer_count to {})",
-            cfg_.zero.nvme.buffer_count, cfg_.zero.nvme.buffer_count, opt_->nvme_tier()->n_states(),
-            2 * opt_->nvme_tier()->n_states());
+    if ((cfg_.zero.nvme.pipeline_read || cfg_.zero.nvme.pipeline_write) && t->buffer_sets() < 2 &&
+        t->n_sub_groups() > 1)
+      DS_WARN("offload_optimizer.pipeline_read/pipeline_write need two sets of sub-group buffers: buffer_count {} "
+              "holds {} for {} optimizer states; the sub-groups are read and written in turn (raise buffer_count to "
+              "{})",
+              cfg_.zero.nvme.buffer_count, cfg_.zero.nvme.buffer_count, t->n_states(), 2 * t->n_states());
+  }
   if (cfg_.zero.stage == 3) {
     const Zero3Plan& p = store_->plan();
     int n_persistent = 0;
@@ -466,21 +470,29 @@ std::vector<Range> Trainer::norm_counted_ranges(const ModelLayout& local) const 
 CheckpointData Trainer::checkpoint_data(int shard_index, int shards) {
   CheckpointData d = rank_checkpoint(rank_model(), Tensor(), opt_->optimizer(), opt_->optimizer_range(),
                                      shard_index, shards);
-  if (NvmeStateTier* t = opt_->nvme_tier()) {  // offload_optimizer nvme: saved and loaded through the tier
-    const int off = opt_->tier_state_offset();  // (state 0 is the parameter shard with offload_param nvme)
-    d.tier_read = [t, off](size_t i, int64_t lo, int64_t hi, float* out) {
-      t->read(static_cast<int>(i) + off, lo, hi, out);
-    };
-    d.tier_write = [t, off](size_t i, int64_t lo, int64_t hi, const float* in) {
+  // offload_optimizer nvme: the state is saved and loaded through the tier
+  // (state 0 is the parameter shard with offload_param nvme).
+  const int off = opt_->tier_state_offset();
+  auto tier_io = [off](NvmeStateTier* t, CheckpointData::TierRead& read, CheckpointData::TierWrite& write) {
+    if (!t) return;
+    read = [t, off](size_t i, int64_t lo, int64_t hi, float* out) { t->read(static_cast<int>(i) + off, lo, hi, out); };
+    write = [t, off](size_t i, int64_t lo, int64_t hi, const float* in) {
       t->write(static_cast<int>(i) + off, lo, hi, in);
     };
+  };
+  if (!opt_->grouped()) {
+    tier_io(opt_->state_parts()[0].tier, d.tier_read, d.tier_write);
+    return d;
   }
-  if (!opt_->grouped()) return d;
   d.opt_state.clear();
   for (const ZeroOptimizer::StatePart& p : opt_->state_parts()) {
-    CheckpointData::StatePart part{.group = p.group, .ep_shared = p.ep_shared, .pieces = p.pieces, .states = {}};
+    CheckpointData::StatePart part{.group = p.group, .ep_shared = p.ep_shared, .pieces = p.pieces, .states = {},
+                                   .tier_read = {}, .tier_write = {}};
     for (const OptimizerStateSpec& s : p.opt->state_specs())
-      part.states.push_back({s.name, p.opt->state(s.name), s.non_negative});
+      // State elsewhere (a tier): a placeholder, read and written through tier_read / tier_write.
+      part.states.push_back({s.name, p.opt->state_elsewhere() ? Tensor::zeros({0}, DType::F32) : p.opt->state(s.name),
+                             s.non_negative});
+    tier_io(p.tier, part.tier_read, part.tier_write);
     d.opt_parts.push_back(std::move(part));
   }
   return d;

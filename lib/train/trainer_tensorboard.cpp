@@ -89,16 +89,16 @@ OptimizerStats Trainer::optimizer_stats() {
   OptimizerStats s;
   // Optimizers without Adam's moments (SGD, Adagrad) report 0 for them; Lion's
   // exp_avg is its momentum.
+  const int off = opt_->tier_state_offset();
   for (const ZeroOptimizer::StatePart& p : opt_->state_parts()) {  // every sharding group's optimizer
     Optimizer& o = *p.opt;
-    if (o.has_state("exp_avg_sq")) accumulate(o.state("exp_avg_sq"), 0, s, true);
-    if (o.has_state("exp_avg")) accumulate(o.state("exp_avg"), 2, s, false);
-  }
-  for (const Tensor& m : opt_->master_ranges()) accumulate(m, 3, s, false);
-  if (NvmeStateTier* t = opt_->nvme_tier()) {  // the state on NVMe, a sub-group at a time
-    const std::vector<OptimizerStateSpec> specs = opt_->optimizer().state_specs();
-    const int off = opt_->tier_state_offset();
-    t->for_each(
+    if (!p.tier) {
+      if (o.has_state("exp_avg_sq")) accumulate(o.state("exp_avg_sq"), 0, s, true);
+      if (o.has_state("exp_avg")) accumulate(o.state("exp_avg"), 2, s, false);
+      continue;
+    }
+    const std::vector<OptimizerStateSpec> specs = o.state_specs();  // the state on NVMe, a sub-group at a time
+    p.tier->for_each(
         [&](int64_t, int64_t, const std::vector<Tensor>& states) {
           for (size_t i = 0; i < specs.size(); ++i) {
             if (specs[i].name == "exp_avg_sq") accumulate(states[off + i], 0, s, true);
@@ -108,6 +108,7 @@ OptimizerStats Trainer::optimizer_stats() {
         },
         false);
   }
+  for (const Tensor& m : opt_->master_ranges()) accumulate(m, 3, s, false);
   auto reduce = [&](Communicator* c) {
     if (!c || c->size() == 1) return;
     Tensor sums = Tensor::empty({8}, DType::F32), maxima = Tensor::empty({4}, DType::F32);

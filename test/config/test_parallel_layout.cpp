@@ -63,6 +63,24 @@ TEST_CASE("model.moe.expert_parallel_size gives the layout's EP for a model with
   }
 }
 
+TEST_CASE("expert parallelism with optimizer offload: NVMe and the CPU backend's cpu accepted, cpu on a GPU refused") {
+  auto with_offload = [](const std::string& where, int stage, const std::string& device) {
+    json j = {{"train_batch_size", 16},
+              {"train_micro_batch_size_per_gpu", 2},
+              {"zero_optimization", {{"stage", stage}, {"offload_optimizer", {{"device", where}, {"nvme_path", "/tmp"}}}}},
+              {"model", {{"num_layers", 4}, {"hidden_size", 64}, {"num_heads", 4}, {"seq_length", 64},
+                         {"max_position_embeddings", 64}, {"vocab_size", 100},
+                         {"moe", {{"num_experts", 4}, {"expert_parallel_size", 2}}}}},
+              {"training", {{"train_iters", 10}, {"device", device}}}};
+    return train_config_from_json(j, 4);
+  };
+  CHECK(with_offload("nvme", 3, "cpu").layout.ep == 2);
+  CHECK(with_offload("cpu", 1, "cpu").layout.ep == 2);
+  CHECK_THROWS_WITH(with_offload("cpu", 1, "cuda"),
+                    Contains("--moe-expert-parallel-size 2 with zero_optimization.offload_optimizer.device cpu on a "
+                             "GPU: expert parallelism runs without optimizer offload there so far"));
+}
+
 TEST_CASE("make_parallel_layout derives DP, the sequence-data-parallel size, virtual stages and local T") {
   const ParallelLayout l = make_parallel_layout({.tp = 2, .pp = 2, .ulysses = 2, .sequence_parallel = true,
                                                  .layers_per_virtual_stage = 2},

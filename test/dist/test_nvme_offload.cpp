@@ -175,6 +175,83 @@ TEST_CASE("checkpoints move between the NVMe tier and memory on the same curve")
 
 namespace {
 
+// Every file of step directory `step` of two checkpoints but state.json is the same; returns how many.
+int same_files(const fs::path& a, const fs::path& b) {
+  int compared = 0;
+  for (const auto& e : fs::directory_iterator(a)) {
+    const std::string name = e.path().filename().string();
+    if (name == "state.json") continue;
+    INFO(name);
+    CHECK(slurp(e.path()) == slurp(b / name));
+    ++compared;
+  }
+  return compared;
+}
+
+}  // namespace
+
+// Expert parallelism: the dense weights are sharded over every data-parallel
+// rank, the experts over the expert-data-parallel ones; each sharding group
+// has an optimizer and a swap file (and with offload_param its parameter
+// shard) of its own. At DP2 x EP2 the experts' group is one rank, at DP4 x
+// EP2 two. Checkpoints load into the tiers from the same layout and from
+// another expert-parallel size (reshaped).
+TEST_CASE("expert parallelism: each sharding group's state in a tier of its own, bit for bit as in memory") {
+  const std::string why = ds::aio_unavailable_reason();
+  if (!why.empty()) DS_SKIP(why);
+  const std::string dir = dist_data().dir;
+  auto moe = [](const std::string& ep, std::vector<std::string> more) {
+    std::vector<std::string> a = {"--num-experts", "4", "--expert-interval", "1", "--moe-expert-parallel-size", ep};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  const fs::path step = "global_step" + std::to_string(kIters);
+  std::string mem4;
+  for (int world : {2, 4}) {
+    const std::string tag = "ep2_dp" + std::to_string(world);
+    INFO(tag);
+    auto saving = [&](const std::string& name) {
+      return moe("2", {"--save", dir + "/" + name + "/ck", "--save-interval", std::to_string(kIters)});
+    };
+    std::string log;
+    const std::string a = run({"mem_" + tag, world, false, world == 4, saving("mem_" + tag)});
+    REQUIRE(std::count(a.begin(), a.end(), '\n') == kIters + 1);
+    if (world == 4) mem4 = a;
+    Run nv{"nvme_" + tag, world, true, world == 4, saving("nvme_" + tag)},
+        nvp{"nvme_params_" + tag, world, true, world == 4, saving("nvme_params_" + tag)};
+    nv.log = &log;
+    nvp.params = true;
+    for (const Run* r : {&nv, &nvp}) {
+      INFO(r->name);
+      CHECK(run(*r) == a);
+      CHECK(same_files(fs::path(dir) / ("mem_" + tag) / "ck" / step, fs::path(dir) / r->name / "ck" / step) >=
+            2 + world);
+    }
+    CHECK(log.find("the optimizer state of the dense group") != std::string::npos);
+    CHECK(log.find("the optimizer state of the experts group") != std::string::npos);
+  }
+  // Saved at iteration 3 at EP1 (one sharding group) and at EP2 through the
+  // tiers; resumed at DP4 x EP2 through the tiers: reshaped from EP1, and
+  // from the same layout, on the in-memory curve.
+  const std::string ck1 = dir + "/ep_ck1", ck2 = dir + "/ep_ck2";
+  fs::remove_all(ck1);
+  fs::remove_all(ck2);
+  run({"first_ep1", 4, false, true, moe("1", {"--save", ck1, "--save-interval", "3", "--exit-interval", "3"})});
+  run({"first_ep2", 4, true, true, moe("2", {"--save", ck2, "--save-interval", "3", "--exit-interval", "3"})});
+  auto rows = [](const std::string& s) { return s.substr(s.find('\n') + 1); };
+  const std::string from_ep1 = rows(run({"resume_ep1_mem", 4, false, true, moe("2", {"--load", ck1})}));
+  REQUIRE(std::count(from_ep1.begin(), from_ep1.end(), '\n') == kIters - 3);
+  CHECK(rows(run({"resume_ep1_nvme", 4, true, true, moe("2", {"--load", ck1})})) == from_ep1);
+  Run with_params{"resume_ep1_nvp", 4, true, true, moe("2", {"--load", ck1})};
+  with_params.params = true;
+  CHECK(rows(run(with_params)) == from_ep1);
+  size_t at = 0;  // the in-memory run's rows after iteration 3
+  for (int i = 0; i < 4; ++i) at = mem4.find('\n', at) + 1;
+  CHECK(rows(run({"resume_ep2_nvme", 4, true, true, moe("2", {"--load", ck2})})) == mem4.substr(at));
+}
+
+namespace {
+
 // The peak RSS dstrain reports for rank 0 (getrusage), and its model-state bytes.
 int64_t logged(const std::string& log, const std::string& before) {
   const size_t at = log.find(before);

@@ -230,7 +230,15 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
                                                 zero_model_state_bytes(experts, 4, 3, e.precision, false).params);
     const std::string rep = estimate_memory_report(cfg, 1, 8);
     CHECK_THAT(rep, Contains("TP=1 PP=1 DP=8 EP=2 (each rank holds 1/2 of every MoE layer's experts)"));
-    CHECK_THAT(rep, Contains("not supported: expert parallelism runs without optimizer offload"));
+    CHECK_THAT(rep, Contains("not supported: expert parallelism on a GPU runs without optimizer offload so far"));
+    // On the CPU backend offload_optimizer cpu moves nothing: supported, the
+    // host holding each group's state shard.
+    cfg.device = DeviceType::CPU;
+    const MemoryEstimate c = estimate_memory(cfg, 1, 8);
+    REQUIRE(row(c, 1, true).supported);
+    CHECK(row(c, 1, true).states.optimizer == 0);
+    CHECK(row(c, 1, true).host_per_rank - row(c, 1, true).device_total ==
+          row(c, 1, false).host_per_rank - row(c, 1, false).device_total + row(c, 1, false).states.optimizer);
   }
   SECTION("full recomputation keeps only layer inputs") {
     cfg.parallel.recompute = RecomputeKind::Full;
@@ -366,4 +374,21 @@ TEST_CASE("memory estimate: the optimizer state on NVMe (ZeRO-3, CPU backend)", 
   CHECK(np.nvme_per_rank == groups * 3 * tile);
   CHECK(np.device_total == nv.device_total - mem.states.params);
   CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("* ZeRO 3     | nvme (+ params)"));
+  // Expert parallelism: a swap file per sharding group, the dense weights'
+  // shard over the 8 data-parallel ranks, the experts' over DP / EP = 4.
+  cfg.zero.offload_param = OffloadDevice::None;
+  cfg.model.moe.num_experts = {8};
+  cfg.model.moe.expert_parallel_size = 2;
+  const MemoryEstimate x = estimate_memory(cfg, 1, 8);
+  const MemoryEstimateRow& xn = x.rows.back();
+  REQUIRE(xn.nvme);
+  CHECK(xn.supported);
+  const int64_t dense = make_zero_partition(x.n_params_rank - x.n_experts_rank, 8).shard,
+                experts = make_zero_partition(x.n_experts_rank, 4).shard;
+  auto file = [&](int64_t n) { return (n + 999999) / 1000000 * 2 * tile; };
+  CHECK(xn.nvme_per_rank == file(dense) + file(experts));
+  CHECK(xn.states.optimizer == 0);
+  // Two tiers, each with its two buffer sets.
+  CHECK(xn.host_per_rank - xn.device_total ==
+        row(x, 3, false).host_per_rank - row(x, 3, false).device_total + 2 * 2 * 2 * tile);
 }
