@@ -152,7 +152,8 @@ namespace {
 double num(float f) { return shortest_decimal(f); }
 
 json model_json(const ModelConfig& m) {
-  json j = model_fields_json(m);
+  json j = json::object();
+  write_fields(j, m, model_fields());
   j.update({{"family", family_name(m.family)},
             {"num_key_value_heads", m.num_kv_heads > 0 ? m.num_kv_heads : m.num_heads},
             {"max_position_embeddings", m.max_position_embeddings},
@@ -163,32 +164,31 @@ json model_json(const ModelConfig& m) {
   return j;
 }
 
+json data_json(const DataConfig& d) {
+  json j = {{"data_path", d.data_path},
+            {"train_data_path", d.train_data_path},
+            {"valid_data_path", d.valid_data_path},
+            {"test_data_path", d.test_data_path},
+            {"tokenizer_type", d.tokenizer_type ? data::tokenizer_kind_name(*d.tokenizer_type) : ""}};
+  write_fields(j, d, data_fields());
+  return j;
+}
+
+json parallel_json(const TrainConfig& c) {
+  json j = {{"recompute_granularity", recompute_granularity_name(c.parallel.recompute)},
+            {"overlap_param_gather", c.zero.overlap_param_gather}};
+  write_fields(j, c.parallel, parallel_fields());
+  return j;
+}
+
 json training_json(const TrainConfig& c) {
-  json t = {{"train_iters", c.train_iters},     {"exit_interval", c.exit_interval}, {"seed", c.seed},
-            {"max_nan_iterations", c.max_nan_iterations}, {"exit_duration_in_mins", c.exit_duration_in_mins},
-            {"device", c.device == DeviceType::CUDA ? "cuda" : "cpu"},               {"attention_backend", attention_backend_name(c.attention_backend)},
-            {"estimate_memory", c.estimate_memory},
-            {"cuda_graph", c.cuda_graph},       {"cuda_graph_warmup", c.cuda_graph_warmup},
-            {"save", c.ckpt.save_dir},          {"load", c.ckpt.load_dir},
-            {"save_interval", c.ckpt.save_interval}, {"init_from", c.ckpt.init_from},
-            {"finetune", c.ckpt.finetune},      {"no_load_optim", c.ckpt.no_load_optim},
-            {"export_hf", c.ckpt.export_hf},    {"log_interval", c.log.log_interval},
-            {"eval_interval", c.log.eval_interval}, {"eval_iters", c.log.eval_iters},
-            {"cpu_peak_tflops", c.log.cpu_peak_tflops},
-            {"profile", c.log.profile}, {"profile_dir", c.log.profile_dir},
-            {"tensorboard_dir", c.log.tensorboard_dir},
-            {"tensorboard_log_interval", c.log.tensorboard_log_interval},
-            {"log_learning_rate_to_tensorboard", c.log.tb_learning_rate},
-            {"log_loss_scale_to_tensorboard", c.log.tb_loss_scale},
-            {"log_batch_size_to_tensorboard", c.log.tb_batch_size},
-            {"log_timers_to_tensorboard", c.log.tb_timers},
-            {"log_validation_ppl_to_tensorboard", c.log.tb_validation_ppl},
-            {"log_optimizer_states_to_tensorboard", c.log.tb_optimizer_states},
-            {"log_world_size_to_tensorboard", c.log.tb_world_size}};
+  json t = {{"train_iters", c.train_iters},
+            {"seed", c.seed},
+            {"device", c.device == DeviceType::CUDA ? "cuda" : "cpu"},
+            {"attention_backend", attention_backend_name(c.attention_backend)},
+            {"log_interval", c.log.log_interval}};
+  write_fields(t, c, training_fields());
   const ScheduleLengths& L = c.lengths;
-  t["override_opt_param_scheduler"] = c.override_lr_scheduler;
-  t["use_checkpoint_opt_param_scheduler"] = c.use_checkpoint_lr_scheduler;
-  t["exit_signal_handler"] = c.exit_signal_handler;
   if (L.train_tokens > 0) t["train_tokens"] = L.train_tokens;
   if (c.distill.enabled) t["distillation"] = distill_json(c.distill);
   if (L.rampup.enabled()) t["rampup_batch_size"] = {L.rampup.start, L.rampup.increment, L.rampup.samples};
@@ -285,17 +285,11 @@ json scheduler_json(const OptimizerConfig& o) {
 
 json offload_optimizer_json(const ZeroConfig& z) {
   if (z.offload_optimizer == OffloadDevice::None) return {{"device", "none"}};
-  if (z.offload_optimizer == OffloadDevice::CPU)
-    return {{"device", "cpu"}, {"pin_memory", z.offload_pin_memory}, {"ratio", z.offload_ratio}};
-  const NvmeOffloadConfig& n = z.nvme;
-  return {{"device", "nvme"},
-          {"nvme_path", n.nvme_path},
-          {"pin_memory", z.offload_pin_memory},
-          {"buffer_count", n.buffer_count},
-          {"pipeline_read", n.pipeline_read},
-          {"pipeline_write", n.pipeline_write},
-          {"fast_init", n.fast_init},
-          {"ratio", z.offload_ratio}};
+  json j = {{"device", offload_device_name(z.offload_optimizer)},
+            {"pin_memory", z.offload_pin_memory},
+            {"ratio", z.offload_ratio}};
+  if (z.offload_optimizer == OffloadDevice::NVMe) write_fields(j, z.nvme, nvme_fields());
+  return j;
 }
 
 json offload_param_json(const ZeroConfig& z) {
@@ -305,23 +299,17 @@ json offload_param_json(const ZeroConfig& z) {
 }
 
 json zero_json(const ZeroConfig& z) {
-  return {{"stage", z.stage},
-          {"reduce_bucket_size", z.reduce_bucket_size},
-          {"allgather_bucket_size", z.allgather_bucket_size},
-          {"overlap_comm", z.overlap_comm},
-          {"contiguous_gradients", z.contiguous_gradients},
-          {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size},
-          {"stage3_max_live_parameters", z.stage3_max_live_parameters},
-          {"stage3_param_persistence_threshold", z.stage3_param_persistence_threshold},
-          {"sub_group_size", z.sub_group_size},
-          {"offload_optimizer", offload_optimizer_json(z)},
-          {"offload_param", offload_param_json(z)}};
+  json j = {{"offload_optimizer", offload_optimizer_json(z)}, {"offload_param", offload_param_json(z)}};
+  write_fields(j, z, zero_fields());
+  return j;
 }
 
-json aio_json(const AioConfig& a) {
-  return {{"block_size", a.block_size}, {"queue_depth", a.queue_depth},
-          {"intra_op_parallelism", a.intra_op_parallelism}, {"single_submit", a.single_submit},
-          {"overlap_events", a.overlap_events}};
+// The fields of one table as a JSON object.
+template <class Root>
+json fields_json(const Root& r, std::span<const ConfigField<Root>> table) {
+  json j = json::object();
+  write_fields(j, r, table);
+  return j;
 }
 
 json curriculum_json(const CurriculumConfig& c) {
@@ -351,40 +339,19 @@ json config_to_json(const TrainConfig& c) {
             {"gradient_clipping", num(o.grad_clip)},
             {"steps_per_print", c.log.steps_per_print},
             {"optimizer", optimizer_json(o)},
-            {"fp16",
-             {{"enabled", pc.precision == Precision::FP16},
-              {"loss_scale", num(pc.loss_scale)},
-              {"initial_scale_power", pc.initial_scale_power},
-              {"loss_scale_window", pc.loss_scale_window},
-              {"hysteresis", pc.hysteresis},
-              {"min_loss_scale", num(pc.min_loss_scale)},
-              {"consecutive_hysteresis", pc.consecutive_hysteresis}}},
+            {"fp16", fields_json(pc, fp16_fields())},
             {"bf16", {{"enabled", pc.precision == Precision::BF16}}},
             {"zero_optimization", zero_json(c.zero)},
-            {"tensorboard",
-             {{"enabled", c.log.ds_tensorboard}, {"output_path", c.log.ds_tensorboard_path},
-              {"job_name", c.log.ds_tensorboard_job}}},
-            {"csv_monitor",
-             {{"enabled", c.log.csv_enabled}, {"output_path", c.log.csv_path}, {"job_name", c.log.csv_job_name}}},
+            {"tensorboard", fields_json(c.log, tensorboard_fields())},
+            {"csv_monitor", fields_json(c.log, csv_monitor_fields())},
             {"model", model_json(c.model)},
-            {"data", {{"data_path", c.data.data_path}, {"train_data_path", c.data.train_data_path},
-                      {"valid_data_path", c.data.valid_data_path}, {"test_data_path", c.data.test_data_path},
-                      {"split", c.data.split}, {"vocab_file", c.data.vocab_file},
-                      {"merge_file", c.data.merge_file}, {"tokenizer_type", c.data.tokenizer_type ? data::tokenizer_kind_name(*c.data.tokenizer_type) : ""},
-                      {"tokenizer_model", c.data.tokenizer_model}}},
+            {"data", data_json(c.data)},
             {"training", training_json(c)},
-            {"parallel",
-             {{"tensor_model_parallel_size", c.parallel.tp},
-              {"pipeline_model_parallel_size", c.parallel.pp},
-              {"sequence_parallel", c.parallel.sequence_parallel},
-              {"ds_sequence_parallel_size", c.parallel.sp},
-              {"num_layers_per_virtual_pipeline_stage", c.parallel.num_layers_per_virtual_stage},
-              {"recompute_granularity", recompute_granularity_name(c.parallel.recompute)},
-              {"recompute_num_layers", c.parallel.recompute_num_layers},
-              {"overlap_param_gather", c.zero.overlap_param_gather}}}};
+            {"parallel", parallel_json(c)}};
+  j["fp16"]["enabled"] = pc.precision == Precision::FP16;
   if (o.scheduler != LrScheduler::Megatron) j["scheduler"] = scheduler_json(o);
   if (c.curriculum.enabled) j["curriculum_learning"] = curriculum_json(c.curriculum);
-  if (c.zero.offload_optimizer == OffloadDevice::NVMe) j["aio"] = aio_json(c.zero.nvme.aio);
+  if (c.zero.offload_optimizer == OffloadDevice::NVMe) j["aio"] = fields_json(c.zero.nvme.aio, aio_fields());
   return j;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lib/config/config.h"
+#include "lib/config/config_fields.h"
 #include "lib/core/json_config.h"
 
 namespace CLI {
@@ -69,7 +70,6 @@ void add_compat_flags(CLI::App& app, std::map<std::string, nlohmann::json>& out)
 void apply_compat_flags(nlohmann::json& j, const std::map<std::string, nlohmann::json>& sp, Warnings& w);
 // The model section's plain keys (config_sections.cpp's field table) as
 // JSON; model_json adds the keys with logic.
-nlohmann::json model_fields_json(const ModelConfig& m);
 // Mixture of Experts (config_moe.cpp): Megatron-DeepSpeed's MoE flags, the
 // "model.moe" section, and the checks of the model and of the layout.
 void add_moe_flags(CLI::App& app, std::map<std::string, nlohmann::json>& out);
@@ -102,10 +102,6 @@ void derive_config(TrainConfig& cfg, int world_size, Warnings& w);
 void validate_config(const TrainConfig& cfg, int world_size, Warnings& w);
 // The effective config in the input layout (re-parsable).
 nlohmann::json config_to_json(const TrainConfig& cfg);
-
-// A float as the shortest decimal that reads back to the same float ("0.0006",
-// not "0.0006000000284984708"), so a saved config stays readable.
-inline double shortest_decimal(float f) { return std::stod(fmt::format("{}", f)); }
 
 // Case-insensitive lookup of a string value among named choices.
 template <class E>

@@ -275,12 +275,7 @@ void read_precision(DsSection& root, PrecisionConfig& pc) {
   const bool fp16 = f.get<bool>("enabled", false), bf16 = b.get<bool>("enabled", false);
   DS_USER_CHECK(!(fp16 && bf16), "config: fp16.enabled and bf16.enabled are both true; choose one (or --fp16 / --bf16)");
   pc.precision = fp16 ? Precision::FP16 : bf16 ? Precision::BF16 : Precision::FP32;
-  pc.loss_scale = f.get<float>("loss_scale", pc.loss_scale);
-  pc.initial_scale_power = f.get<int>("initial_scale_power", pc.initial_scale_power);
-  pc.loss_scale_window = f.get<int>("loss_scale_window", pc.loss_scale_window);
-  pc.hysteresis = f.get<int>("hysteresis", pc.hysteresis);
-  pc.min_loss_scale = f.get<float>("min_loss_scale", pc.min_loss_scale);
-  pc.consecutive_hysteresis = f.get<bool>("consecutive_hysteresis", pc.consecutive_hysteresis);
+  read_fields(f, pc, fp16_fields());
   if (fp16) f.finish();  // a disabled section changes nothing: no warnings for it
   if (bf16) b.finish();
   read_grad_accum_dtype(root, pc);
@@ -296,15 +291,7 @@ OffloadDevice read_offload_device(DsSection& sec, const char* what, OffloadDevic
 
 void read_zero(DsSection& root, ZeroConfig& z) {
   DsSection s = root.section("zero_optimization");
-  z.stage = s.get<int>("stage", z.stage);
-  z.reduce_bucket_size = s.get<int64_t>("reduce_bucket_size", z.reduce_bucket_size);
-  z.allgather_bucket_size = s.get<int64_t>("allgather_bucket_size", z.allgather_bucket_size);
-  z.overlap_comm = s.get<bool>("overlap_comm", z.overlap_comm);
-  z.contiguous_gradients = s.get<bool>("contiguous_gradients", z.contiguous_gradients);
-  z.stage3_prefetch_bucket_size = s.get<int64_t>("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size);
-  z.stage3_max_live_parameters = s.get<int64_t>("stage3_max_live_parameters", z.stage3_max_live_parameters);
-  z.stage3_param_persistence_threshold =
-      s.get<int64_t>("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold);
+  read_fields(s, z, zero_fields());
   s.accept_if("allgather_partitions", true);
   s.accept_if("reduce_scatter", true);
   s.accept_if("round_robin_gradients", false);
@@ -315,25 +302,14 @@ void read_zero(DsSection& root, ZeroConfig& z) {
   // (placement only: the update's values are the same either way).
   if (z.offload_optimizer != OffloadDevice::None) z.offload_ratio = off.get<double>("ratio", z.offload_ratio);
   NvmeOffloadConfig& nv = z.nvme;
-  if (z.offload_optimizer == OffloadDevice::NVMe) {
-    nv.nvme_path = off.get<std::string>("nvme_path", nv.nvme_path);
-    nv.buffer_count = off.get<int>("buffer_count", nv.buffer_count);
-    nv.pipeline_read = off.get<bool>("pipeline_read", nv.pipeline_read);
-    nv.pipeline_write = off.get<bool>("pipeline_write", nv.pipeline_write);
-    nv.fast_init = off.get<bool>("fast_init", nv.fast_init);
-  }
+  if (z.offload_optimizer == OffloadDevice::NVMe) read_fields(off, nv, nvme_fields());
   if (z.offload_optimizer != OffloadDevice::None) off.finish();
-  z.sub_group_size = s.get<int64_t>("sub_group_size", z.sub_group_size);
   // The aio section (root level) shapes the NVMe swap files' requests.
   DsSection aio = root.section("aio");
   AioConfig& a = nv.aio;
-  a.block_size = aio.get<int64_t>("block_size", a.block_size);
-  a.queue_depth = aio.get<int>("queue_depth", a.queue_depth);
-  // thread_count: the older name of intra_op_parallelism.
+  // thread_count: the older name of intra_op_parallelism (the table's key wins).
   a.intra_op_parallelism = aio.get<int>("thread_count", a.intra_op_parallelism);
-  a.intra_op_parallelism = aio.get<int>("intra_op_parallelism", a.intra_op_parallelism);
-  a.single_submit = aio.get<bool>("single_submit", a.single_submit);
-  a.overlap_events = aio.get<bool>("overlap_events", a.overlap_events);
+  read_fields(aio, a, aio_fields());
   if (aio.get<bool>("use_gds", false))
     add_warning(root.warnings(), "config: aio.use_gds (GPUDirect Storage) is not implemented; the NVMe tier reads "
                                  "and writes through host buffers");
@@ -354,14 +330,10 @@ void read_zero(DsSection& root, ZeroConfig& z) {
 // Monitoring / profiling sections: silent when disabled, a warning when enabled.
 void read_optional_features(DsSection& root, LoggingConfig& log) {
   DsSection csv = root.section("csv_monitor");
-  log.csv_enabled = csv.get<bool>("enabled", log.csv_enabled);
-  log.csv_path = csv.get<std::string>("output_path", log.csv_path);
-  log.csv_job_name = csv.get<std::string>("job_name", log.csv_job_name);
+  read_fields(csv, log, csv_monitor_fields());
   csv.finish();
   DsSection tb = root.section("tensorboard");
-  log.ds_tensorboard = tb.get<bool>("enabled", log.ds_tensorboard);
-  log.ds_tensorboard_path = tb.get<std::string>("output_path", log.ds_tensorboard_path);
-  log.ds_tensorboard_job = tb.get<std::string>("job_name", log.ds_tensorboard_job);
+  read_fields(tb, log, tensorboard_fields());
   tb.finish();
   for (const char* key : {"wandb", "comet", "flops_profiler", "comms_logger"}) {
     root.mark(key);

@@ -27,44 +27,9 @@ constexpr Choice<WsdDecay> kWsdStyles[] = {{"exponential", WsdDecay::Exponential
 
 }  // namespace
 
-namespace {
-
-// The model section's plain keys, declared once: read_model_section and
-// model_json (config.cpp) both walk this table. Keys with logic are written
-// out in both places: family (applied first, so that explicit keys win),
-// max_position_embeddings (defaults to seq_length), num_key_value_heads
-// (saved as num_heads when 0), the enums norm, activation and position, and
-// the moe subsection.
-struct ModelField {
-  const char* key;
-  std::variant<int ModelConfig::*, float ModelConfig::*, bool ModelConfig::*> member;
-};
-
-const ModelField kModelFields[] = {
-    {"num_layers", &ModelConfig::num_layers},
-    {"hidden_size", &ModelConfig::hidden_size},
-    {"num_heads", &ModelConfig::num_heads},
-    {"ffn_hidden_size", &ModelConfig::ffn_hidden_size},
-    {"seq_length", &ModelConfig::seq_length},
-    {"vocab_size", &ModelConfig::vocab_size},
-    {"make_vocab_size_divisible_by", &ModelConfig::make_vocab_size_divisible_by},
-    {"untie_embeddings", &ModelConfig::untie_embeddings},
-    {"bias", &ModelConfig::bias},
-    {"rope_theta", &ModelConfig::rope_theta},
-    {"rotary_percent", &ModelConfig::rotary_percent},
-    {"norm_eps", &ModelConfig::norm_eps},
-    {"init_method_std", &ModelConfig::init_method_std},
-    {"hidden_dropout", &ModelConfig::hidden_dropout},
-    {"attention_dropout", &ModelConfig::attention_dropout},
-};
-
-}  // namespace
-
 void read_model_section(JsonSection s, ModelConfig& m) {
   set_model_family(m, read_choice(s, "family", kFamilies, m.family));
-  for (const auto& f : kModelFields)
-    std::visit([&](auto member) { m.*member = s.get<std::decay_t<decltype(m.*member)>>(f.key, m.*member); },
-               f.member);
+  read_fields(s, m, model_fields());
   m.num_kv_heads = s.get<int>("num_key_value_heads", m.num_kv_heads);
   // Not given: as long as the sequence (Megatron does the same).
   m.max_position_embeddings = s.get<int>("max_position_embeddings", m.seq_length);
@@ -74,20 +39,6 @@ void read_model_section(JsonSection s, ModelConfig& m) {
   if (s.has("moe")) read_moe_section(s.section("moe"), m.moe);
   s.mark("moe");
   s.finish(UnknownKeys::Error);
-}
-
-json model_fields_json(const ModelConfig& m) {
-  json j = json::object();
-  for (const auto& f : kModelFields)
-    std::visit(
-        [&](auto member) {
-          if constexpr (std::is_same_v<std::decay_t<decltype(m.*member)>, float>)
-            j[f.key] = shortest_decimal(m.*member);
-          else
-            j[f.key] = m.*member;
-        },
-        f.member);
-  return j;
 }
 
 void read_data_section(JsonSection s, DataConfig& d) {
@@ -101,12 +52,9 @@ void read_data_section(JsonSection s, DataConfig& d) {
   paths("train_data_path", d.train_data_path);
   paths("valid_data_path", d.valid_data_path);
   paths("test_data_path", d.test_data_path);
-  d.split = s.get<std::string>("split", d.split);
-  d.vocab_file = s.get<std::string>("vocab_file", d.vocab_file);
-  d.merge_file = s.get<std::string>("merge_file", d.merge_file);
+  read_fields(s, d, data_fields());
   if (const std::string t = s.get<std::string>("tokenizer_type", ""); !t.empty())
     d.tokenizer_type = data::parse_tokenizer_kind(t, "data.tokenizer_type (--tokenizer-type)");
-  d.tokenizer_model = s.get<std::string>("tokenizer_model", d.tokenizer_model);
   s.finish(UnknownKeys::Error);
 }
 
@@ -197,13 +145,7 @@ void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_schedule
     DS_USER_CHECK(r[0] > 0, "training.rampup_batch_size (--rampup-batch-size): the start batch must be positive, "
                   "got {}", r[0]);
   }
-  cfg.override_lr_scheduler = s.get<bool>("override_opt_param_scheduler", cfg.override_lr_scheduler);
-  cfg.use_checkpoint_lr_scheduler =
-      s.get<bool>("use_checkpoint_opt_param_scheduler", cfg.use_checkpoint_lr_scheduler);
-  cfg.exit_signal_handler = s.get<bool>("exit_signal_handler", cfg.exit_signal_handler);
-  cfg.exit_interval = s.get<int64_t>("exit_interval", cfg.exit_interval);
-  cfg.max_nan_iterations = s.get<int64_t>("max_nan_iterations", cfg.max_nan_iterations);
-  cfg.exit_duration_in_mins = s.get<double>("exit_duration_in_mins", cfg.exit_duration_in_mins);
+  read_fields(s, cfg, training_fields());
   DS_USER_CHECK(!s.has("seed") || s.raw().at("seed").is_number_unsigned() ||
                     (s.raw().at("seed").is_number_integer() && s.raw().at("seed").get<int64_t>() >= 0),
                 "config: 'training.seed' (--seed) must be a non-negative integer, got {}", s.raw().value("seed", json()).dump());
@@ -216,52 +158,22 @@ void read_training_section(JsonSection s, TrainConfig& cfg, bool has_ds_schedule
   DS_USER_CHECK(backend.has_value(),
                 "training.attention_backend (--attention-backend) '{}' must be flash, flash2, plain or cudnn", attn);
   cfg.attention_backend = *backend;
-  cfg.estimate_memory = s.get<bool>("estimate_memory", cfg.estimate_memory);
-  cfg.cuda_graph = s.get<bool>("cuda_graph", cfg.cuda_graph);
-  cfg.cuda_graph_warmup = s.get<int64_t>("cuda_graph_warmup", cfg.cuda_graph_warmup);
-  CheckpointConfig& c = cfg.ckpt;
-  c.save_dir = s.get<std::string>("save", c.save_dir);
-  c.load_dir = s.get<std::string>("load", c.load_dir);
-  c.save_interval = s.get<int64_t>("save_interval", c.save_interval);
-  c.init_from = s.get<std::string>("init_from", c.init_from);
-  c.finetune = s.get<bool>("finetune", c.finetune);
-  c.no_load_optim = s.get<bool>("no_load_optim", c.no_load_optim);
-  c.export_hf = s.get<std::string>("export_hf", c.export_hf);
   LoggingConfig& l = cfg.log;
   // DeepSpeed's steps_per_print is the default for the iteration log line.
   l.log_interval = s.get<int64_t>("log_interval", has_steps_per_print ? l.steps_per_print : l.log_interval);
-  l.eval_interval = s.get<int64_t>("eval_interval", l.eval_interval);
-  l.eval_iters = s.get<int64_t>("eval_iters", l.eval_iters);
-  l.cpu_peak_tflops = s.get<double>("cpu_peak_tflops", l.cpu_peak_tflops);
-  l.profile = s.get<bool>("profile", l.profile);
-  l.profile_dir = s.get<std::string>("profile_dir", l.profile_dir);
   DS_USER_CHECK(!l.profile_dir.empty(), "training.profile_dir (--profile-dir) must not be empty");
-  l.tensorboard_dir = s.get<std::string>("tensorboard_dir", l.tensorboard_dir);
-  l.tensorboard_log_interval = s.get<int64_t>("tensorboard_log_interval", l.tensorboard_log_interval);
   DS_USER_CHECK(l.tensorboard_log_interval > 0, "training.tensorboard_log_interval (--tensorboard-log-interval) must "
                 "be positive, got {}", l.tensorboard_log_interval);
-  l.tb_learning_rate = s.get<bool>("log_learning_rate_to_tensorboard", l.tb_learning_rate);
-  l.tb_loss_scale = s.get<bool>("log_loss_scale_to_tensorboard", l.tb_loss_scale);
-  l.tb_batch_size = s.get<bool>("log_batch_size_to_tensorboard", l.tb_batch_size);
-  l.tb_timers = s.get<bool>("log_timers_to_tensorboard", l.tb_timers);
-  l.tb_validation_ppl = s.get<bool>("log_validation_ppl_to_tensorboard", l.tb_validation_ppl);
-  l.tb_optimizer_states = s.get<bool>("log_optimizer_states_to_tensorboard", l.tb_optimizer_states);
-  l.tb_world_size = s.get<bool>("log_world_size_to_tensorboard", l.tb_world_size);
   read_training_schedule(s, cfg, has_ds_scheduler);
   s.finish(UnknownKeys::Error);
 }
 
 void read_parallel_section(JsonSection s, ParallelConfig& p, ZeroConfig& z) {
-  p.tp = s.get<int>("tensor_model_parallel_size", p.tp);
-  p.pp = s.get<int>("pipeline_model_parallel_size", p.pp);
-  p.sequence_parallel = s.get<bool>("sequence_parallel", p.sequence_parallel);
-  p.sp = s.get<int>("ds_sequence_parallel_size", p.sp);
-  p.num_layers_per_virtual_stage = s.get<int>("num_layers_per_virtual_pipeline_stage", p.num_layers_per_virtual_stage);
+  read_fields(s, p, parallel_fields());
   const std::string g = s.get<std::string>("recompute_granularity", recompute_granularity_name(p.recompute));
   DS_USER_CHECK(g.empty() || g == "full" || g == "selective",
                 "parallel.recompute_granularity '{}' must be \"full\" or \"selective\" (or absent)", g);
   p.recompute = g == "full" ? RecomputeKind::Full : g == "selective" ? RecomputeKind::Selective : RecomputeKind::None;
-  p.recompute_num_layers = s.get<int>("recompute_num_layers", p.recompute_num_layers);
   // Megatron's flag, not a DeepSpeed key: it lives in our section and drives the ZeRO code.
   z.overlap_param_gather = s.get<bool>("overlap_param_gather", z.overlap_param_gather);
   s.finish(UnknownKeys::Error);
