@@ -185,8 +185,11 @@ void validate_moe_parallel(const TrainConfig& cfg) {
   DS_USER_CHECK(ep == 1 || cfg.zero.offload_optimizer != OffloadDevice::CPU || cfg.device == DeviceType::CPU,
                 "--moe-expert-parallel-size {} with zero_optimization.offload_optimizer.device cpu on a GPU: expert "
                 "parallelism runs without optimizer offload there so far (docs/moe.md)", ep);
-  DS_USER_CHECK(p.sp == 1, "Mixture of Experts with DeepSpeed-Ulysses (ds_sequence_parallel_size {}) is not "
-                "implemented yet", p.sp);
+  // Ulysses: every rank of the group runs the MoE on the whole sequence
+  // (moe_layer.cpp); the experts' groups are not split over it yet.
+  DS_USER_CHECK(p.sp == 1 || ep == 1, "Mixture of Experts with DeepSpeed-Ulysses (ds_sequence_parallel_size {}) "
+                "and --moe-expert-parallel-size {}: expert parallelism with Ulysses is not implemented yet (use "
+                "--moe-expert-parallel-size 1)", p.sp, ep);
   DS_USER_CHECK(!cfg.cuda_graph, "Mixture of Experts with --cuda-graph is not implemented yet");
 }
 

@@ -364,7 +364,8 @@ class GptModel {
   // mlp_forward; the experts are replicated over tp ranks, so no tp region is
   // entered. With sequence parallelism every tp rank gathers the whole
   // sequence, runs the MoE on all of it (the gate sees the micro-batch's
-  // tokens, as without SP) and keeps its shard of the output.
+  // tokens, as without SP) and keeps its shard of the output; the same over
+  // the Ulysses group (each rank then computes the whole sequence's MoE).
   void moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add);
   // The MoE MLP itself: y (N, C) = experts(x (N, C)), its activations in m;
   // seq: the positions per sample of x's rows (the gate's token order).
@@ -373,8 +374,8 @@ class GptModel {
   // or with sequence parallelism this rank's shard of it (dnorm_sh_).
   Tensor moe_backward(int l, LayerActs& a, const Tensor& dresid);
   // The backward of moe_mlp: x, dy (N, C) its input and output gradient;
-  // writes the input gradient to dnorm_ (N, C).
-  void moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tensor& dy);
+  // writes the input gradient to dx (N, C).
+  void moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tensor& dy, const Tensor& dx);
   void norm_forward(const NormParams& norm, const Tensor& out, const Tensor& mean,
                     const Tensor& rstd, const Tensor& inp);
   // sum = residual + dropout(inp), then the norm of sum into out: the fused
@@ -451,6 +452,9 @@ class GptModel {
   // the sharded norm input gradient, per-rank norm weight gradients.
   Tensor sp_full_, sp_tmp_, dnorm_sh_, sp_dw_, sp_db_;
   Tensor moe_full_;  // MoE layers: the full-sequence output (forward) / output gradient (backward)
+  // MoE layers under DeepSpeed-Ulysses (moe_layer.cpp): the whole sequence's
+  // input, output (or output gradient), input gradient and gather scratch.
+  Tensor moe_ux_, moe_uy_, moe_udx_, moe_utmp_;
   // Replicated kv heads (NKV < TP): this rank's qkv weight / bias gradient
   // (QKVl, C), (QKVl); the full-NKV k and v gradient exchange buffer.
   Tensor kv_dw_, kv_db_, kv_full_;

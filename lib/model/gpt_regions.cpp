@@ -17,6 +17,11 @@ namespace ds {
 
 void GptModel::alloc_sp_buffers(int64_t B, int64_t T) {
   sp_full_ = sp_tmp_ = dnorm_sh_ = sp_dw_ = sp_db_ = moe_full_ = Tensor();
+  moe_ux_ = moe_uy_ = moe_udx_ = moe_utmp_ = Tensor();
+  if (sp_.active() && has_moe()) {  // MoE layers see the whole sequence (moe_layer.cpp)
+    const Shape whole{B * T * sp_.size, d_.C};
+    for (Tensor* t : {&moe_ux_, &moe_uy_, &moe_udx_, &moe_utmp_}) *t = Tensor::empty(whole, compute_, dev_);
+  }
   if (!tp_.sp()) return;
   const int64_t C = d_.C, N = B * T;
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };

@@ -12,6 +12,17 @@
 // rows of every rank of its group at once. Tensor-parallel ranks compute the
 // same MoE output on the same (replicated) input, each with its own
 // expert-parallel group, so no tp region is entered.
+// DeepSpeed-Ulysses (U ranks, each holding T/U positions of every sequence):
+// an MoE layer runs on the whole sequence, so that the gate sees the tokens
+// a single process sees (capacity, dropping, l_aux): the input is
+// all-gathered over the Ulysses group, every Ulysses rank computes the same
+// output and keeps its positions. The backward gathers the output gradient
+// the same way, scaled by 1/U: the MoE weights' gradients, complete on every
+// Ulysses rank, then sum to the single-process ones over the
+// sequence-data-parallel reduction, and the rank's rows of the input
+// gradient are scaled back by U (the l_aux gradient is 1/U per rank
+// already: its weight counts the rank's own tokens). U a power of two keeps
+// both scalings exact.
 #include <algorithm>
 #include <cmath>
 
@@ -191,16 +202,33 @@ void GptModel::moe_mlp(int l, const Tensor& x, const Tensor& y, MoeActs& m, cons
   ops::moe_mix_forward({.out = y, .moe = m.y_moe, .mlp = m.y_res, .coef = m.coef}, stream_);
 }
 
+namespace {
+
+// The Ulysses group as the sequence-parallel helpers' communicator: both
+// shard the sequence in contiguous (B, T/P) blocks.
+TpComm sequence_group(const SpComm& sp) {
+  return TpComm{.comm = sp.comm, .size = sp.size, .rank = sp.rank, .sequence_parallel = true};
+}
+
+}  // namespace
+
 void GptModel::moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add) {
   MoeActs& m = a.moe;
   const DropoutKey& key = S().key;
   const Tensor y2 = y.reshape({a.norm2_out.size(0), d_.C});
-  if (tp_.sp()) {  // the whole sequence through the MoE, then this rank's rows
-    moe_mlp(l, enter_tp(a.norm2_out), moe_full_, m, key, T_);
-    sp_take_shard(tp_, B_, moe_full_, y2);
+  // Sequence parallelism: the tp ranks' sequence first (every tp rank then
+  // computes the same MoE output and keeps its rows).
+  const Tensor x = tp_.sp() ? enter_tp(a.norm2_out) : a.norm2_out;
+  const Tensor out = tp_.sp() ? moe_full_ : y2;
+  if (sp_.active()) {  // Ulysses: the whole sequence through the MoE, then this rank's positions
+    const TpComm u = sequence_group(sp_);
+    sp_gather(u, B_, x, moe_ux_, moe_utmp_);
+    moe_mlp(l, moe_ux_, moe_uy_, m, key, T_ * sp_.size);
+    sp_take_shard(u, B_, moe_uy_, out);
   } else {
-    moe_mlp(l, a.norm2_out, y2, m, key, T_);
+    moe_mlp(l, x, out, m, key, T_);
   }
+  if (tp_.sp()) sp_take_shard(tp_, B_, moe_full_, y2);
   if (add == ResidualAdd::InLayer) dropout_add(y2, y2, a.resid_mid, hidden_dropout(l, DropoutSite::MlpOut));
   if (key.train && !recomputing_ && moe_sink_.defined() && moe_sink_weight_ != 0.f) {  // the step's "moe loss"
     ops::scale({.x = m.aux, .s = moe_sink_weight_}, stream_);
@@ -210,22 +238,34 @@ void GptModel::moe_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add
 
 Tensor GptModel::moe_backward(int l, LayerActs& a, const Tensor& dresid) {
   const Tensor dy = dropout_grad(dresid, hidden_dropout(l, DropoutSite::MlpOut));
-  if (!tp_.sp()) {
-    moe_mlp_backward(l, a, a.norm2_out, dy.reshape({a.norm2_out.size(0), d_.C}));
-    return dnorm_;
-  }
   // Sequence parallelism: the whole sequence's output gradient and input
   // again, the MoE backward on all of it (every tp rank the same), this
   // rank's rows of the input gradient. The weights' gradients are complete
   // on every rank (replicated, like the forward).
-  sp_gather(tp_, B_, dy, moe_full_, sp_tmp_);
-  moe_mlp_backward(l, a, enter_tp(a.norm2_out), moe_full_);
+  Tensor dyl = dy.reshape({a.norm2_out.size(0), d_.C});
+  if (tp_.sp()) {
+    sp_gather(tp_, B_, dy, moe_full_, sp_tmp_);
+    dyl = moe_full_;
+  }
+  if (sp_.active()) {  // Ulysses: the whole sequence again, the gradients scaled (see the top)
+    const TpComm u = sequence_group(sp_);
+    const float U = static_cast<float>(sp_.size);
+    sp_gather(u, B_, dyl, moe_uy_, moe_utmp_);
+    ops::scale({.x = moe_uy_, .s = 1.f / U}, stream_);
+    sp_gather(u, B_, tp_.sp() ? enter_tp(a.norm2_out) : a.norm2_out, moe_ux_, moe_utmp_);
+    moe_mlp_backward(l, a, moe_ux_, moe_uy_, moe_udx_);
+    sp_take_shard(u, B_, moe_udx_, dnorm_);
+    ops::scale({.x = dnorm_, .s = U}, stream_);
+  } else {
+    moe_mlp_backward(l, a, tp_.sp() ? enter_tp(a.norm2_out) : a.norm2_out, dyl, dnorm_);
+  }
+  if (!tp_.sp()) return dnorm_;
   sp_take_shard(tp_, B_, dnorm_, dnorm_sh_);
   return dnorm_sh_;
 }
 
-// Down to dnorm_ (the gradient of x, complete on every tp rank).
-void GptModel::moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tensor& dy) {
+// Down to dx (the gradient of x, complete on every tp rank).
+void GptModel::moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const MoeParams& P = lp(l).moe;
   MoeActs& m = a.moe;
   const int64_t N = x.size(0), C = d_.C, E = d_.layer_experts(l), K = d_.topk;
@@ -285,7 +325,7 @@ void GptModel::moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tens
     dtok = act({E, rows, C});
     experts_gather(ep, dxin, scratch, dtok);
   }
-  ops::moe_dispatch_backward({.dinp = dnorm_, .dout = dtok, .expert = m.expert, .slot = m.slot}, stream_);
+  ops::moe_dispatch_backward({.dinp = dx, .dout = dtok, .expert = m.expert, .slot = m.slot}, stream_);
   // The router: through the combine weights and l_aux to the logits, then the gate GEMM.
   const Tensor dlogits = f32({N, E});
   ops::moe_gate_backward(
@@ -309,9 +349,9 @@ void GptModel::moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tens
     ops::moe_jitter({.out = dgi, .inp = dgi, .eps = 1e-2f, .noise_seed = S().key.seed,
                      .noise_stream = m.jitter_stream},
                     stream_);
-    ops::add({.out = dnorm_, .a = dnorm_, .b = dgi}, stream_);
+    ops::add({.out = dx, .a = dx, .b = dgi}, stream_);
   } else {
-    ops::matmul_backward({.dinp = dnorm_,
+    ops::matmul_backward({.dinp = dx,
                           .dweight = dw(P.gate),
                           .dbias = Tensor(),
                           .dout = dlg,
@@ -321,7 +361,7 @@ void GptModel::moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tens
                          stream_);
   }
   if (!residual) return;
-  // PR-MoE: the dense MLP and the coefficient linear, both adding into dnorm_.
+  // PR-MoE: the dense MLP and the coefficient linear, both adding into dx.
   const Tensor rdact = act({N, d_.F}), rdfc = act({N, Fin});
   ops::matmul_backward({.dinp = rdact,
                         .dweight = dw(P.res_proj),
@@ -335,7 +375,7 @@ void GptModel::moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tens
     ops::swiglu_backward({.dinp = rdfc, .dout = rdact, .inp = m.res_fc}, stream_);
   else
     ops::gelu_backward({.out = rdfc, .inp = m.res_fc, .dout = rdact}, stream_);
-  ops::matmul_backward({.dinp = dnorm_,
+  ops::matmul_backward({.dinp = dx,
                         .dweight = dw(P.res_fc.weight),
                         .dbias = opt(P.res_fc.bias, true),
                         .dout = rdfc,
@@ -348,7 +388,7 @@ void GptModel::moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tens
     dcl = act({N, 2});
     ops::cast({.out = dcl, .inp = dcoef}, stream_);
   }
-  ops::matmul_backward({.dinp = dnorm_,
+  ops::matmul_backward({.dinp = dx,
                         .dweight = dw(P.coef.weight),
                         .dbias = dw(P.coef.bias),
                         .dout = dcl,

@@ -92,7 +92,9 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& p
   // experts' buffers, E x rows x (input, fc, act, output), rows the capacity
   // (dropless: N K / E, the balanced load); PR-MoE adds a dense MLP's and the
   // mix's tensors. Experts are replicated over tp ranks (not divided by tp);
-  // with sequence parallelism each tp rank runs them on the whole sequence.
+  // with sequence parallelism each tp rank runs them on the whole sequence,
+  // and under Ulysses each Ulysses rank on all T positions (Nm tokens).
+  const int64_t Nm = N * pl.ulysses;
   int64_t moe_layers = 0, moe_extra = 0;
   for (int l = 0; l < d.L; ++l) {
     const int64_t E = d.layer_experts(l);
@@ -100,10 +102,10 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& p
     const MoeConfig& mc = cfg.model.moe;
     const int64_t K = d.topk, kf = K >= 2 ? K : 1;
     const int64_t cap = std::max<int64_t>(
-        static_cast<int64_t>(std::ceil(static_cast<double>(N) / E * mc.train_capacity_factor * kf)), mc.min_capacity);
-    const int64_t rows = mc.drop_tokens ? std::min(cap, N) : ceil_div(N * K, E);
-    int64_t b = N * s * (2 * E + 3 * K) + E * rows * a * (2 * C + F_in + F) - N * a * (F_in + F) / tp;
-    if (d.moe_residual) b += N * a * (2 * C + F_in + F) + N * s * 2;
+        static_cast<int64_t>(std::ceil(static_cast<double>(Nm) / E * mc.train_capacity_factor * kf)), mc.min_capacity);
+    const int64_t rows = mc.drop_tokens ? std::min(cap, Nm) : ceil_div(Nm * K, E);
+    int64_t b = Nm * s * (2 * E + 3 * K) + E * rows * a * (2 * C + F_in + F) - N * a * (F_in + F) / tp;
+    if (d.moe_residual) b += Nm * a * (2 * C + F_in + F) + Nm * s * 2;
     moe_layers += 1;
     moe_extra = std::max(moe_extra, b);
   }
@@ -116,6 +118,8 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& p
   out.saved += N * a * d.Vp / tp + N * s;            // logits (reused as dlogits) + per-token loss
   out.workspace = N * a * 2 * C / sp + N * a * (QKV + C + F_in + F) / tp;  // dresid, dnorm | dqkv, dattn, dfc, dact
   if (sp > 1 && moe_layers > 0) out.workspace += N * a * C;  // an MoE layer's full-sequence output (gradient)
+  // Ulysses: the whole sequence's MoE input, output (gradient), input gradient and gather scratch.
+  if (pl.ulysses > 1 && moe_layers > 0) out.workspace += 4 * Nm * a * C;
   return out;
 }
 

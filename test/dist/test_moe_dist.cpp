@@ -8,7 +8,8 @@
 // layouts draw the same. A run saved and resumed is the uninterrupted curve;
 // bad flag combinations are one line naming the flags. Expert parallelism
 // (EP2, EP4; with TP2 and PP2) reproduces the same curve, and its
-// checkpoints load into other expert-parallel sizes.
+// checkpoints load into other expert-parallel sizes. So does DeepSpeed-Ulysses
+// (each of its ranks runs the MoE on the whole sequence).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -364,6 +365,29 @@ TEST_CASE("PR-MoE with per-layer expert counts: DP2 ZeRO-2, TP2, TP2 with SP and
   }
 }
 
+// DeepSpeed-Ulysses: every rank of the group runs the MoE on the whole
+// sequence and keeps its positions, so the gate sees what one process sees:
+// U2 (ZeRO 0 and 2, top-1 with RTS and dropping, PR-MoE top-2), and U2 x
+// TP2 with sequence parallelism, give the single-process curve.
+TEST_CASE("MoE with DeepSpeed-Ulysses reproduces the single-process curve") {
+  const std::vector<std::string> u2 = {"--ds-sequence-parallel-size", "2"};
+  const Run single = run("moe_u_single", 1, 0, 1, {});
+  for (int stage : {0, 2}) {
+    INFO("U2 ZeRO-" << stage);
+    same_run(single, run("moe_u2_z" + std::to_string(stage), 2, stage, 1, u2));
+  }
+  INFO("U2 x TP2 with sequence parallelism");
+  std::vector<std::string> tp_sp = u2;
+  tp_sp.push_back("--sequence-parallel");
+  same_run(single, run("moe_u2_tp2_sp", 4, 0, 2, tp_sp));
+  const std::vector<std::string> pr = {"--mlp-type", "residual", "--topk", "2",
+                                       "--disable-moe-top2-2nd-expert-sampling"};
+  std::vector<std::string> pr_u2 = pr;
+  pr_u2.insert(pr_u2.end(), u2.begin(), u2.end());
+  INFO("PR-MoE top-2, U2 ZeRO-1");
+  same_run(run("moe_u_pr_single", 1, 0, 1, pr), run("moe_u2_pr", 2, 1, 1, pr_u2));
+}
+
 TEST_CASE("MoE flags that do not fit are one line naming them") {
   CHECK(fail(1, 1, {"--topk", "5"}).find("model.moe.topk 5 (--topk) must be in [1, 4]") != std::string::npos);
   CHECK(fail(1, 1, {"--num-experts", "4", "2", "2"}).find("model.moe.num_experts (--num-experts) has 3 values") !=
@@ -374,4 +398,6 @@ TEST_CASE("MoE flags that do not fit are one line naming them") {
             .find("not divisible by the expert-parallel size 2") != std::string::npos);
   CHECK(fail(1, 1, {"--enable-expert-tensor-parallelism"}).find("--enable-expert-tensor-parallelism is not "
                                                                 "implemented yet") != std::string::npos);
+  CHECK(fail(4, 1, {"--ds-sequence-parallel-size", "2", "--moe-expert-parallel-size", "2"})
+            .find("expert parallelism with Ulysses is not implemented yet") != std::string::npos);
 }

@@ -195,6 +195,17 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
     const std::string rep = estimate_memory_report(cfg, 1, 8);
     CHECK_THAT(rep, Contains("TP=1 PP=1 DP=4 Ulysses=2 (ZeRO partitions over Ulysses x DP = 8 ranks)"));
     CHECK_THAT(rep, Contains("x seq 512 of 1024"));
+    // MoE layers run on the whole sequence on each Ulysses rank: their
+    // buffers are those of one process's T positions, plus the four whole
+    // (B T, C) buffers of the gathers.
+    TrainConfig moe = cfg, moe1 = cfg;
+    moe.model.moe.num_experts = {8};
+    moe1.model.moe.num_experts = {8};
+    moe1.parallel.sp = 1;
+    const MemoryEstimate mu = estimate_memory(moe, 1, 8), m1 = estimate_memory(moe1, 1, 8);
+    const int64_t BTC2 = int64_t{8} * 1024 * 768 * 2;  // B T C in bf16
+    CHECK(mu.activations.workspace == m1.activations.workspace / 2 + 4 * BTC2);
+    CHECK(mu.activations.saved > m1.activations.saved / 2);  // the MoE buffers are not halved
     cfg.parallel.sp = 3;
     CHECK_THROWS_WITH(estimate_memory(cfg, 1, 8), Contains("not divisible by TP 1 * PP 1 * Ulysses 3"));
   }
