@@ -291,7 +291,11 @@ OffloadDevice read_offload_device(DsSection& sec, const char* what, OffloadDevic
 
 void read_zero(DsSection& root, ZeroConfig& z) {
   DsSection s = root.section("zero_optimization");
+  const bool overlap_given = s.has("overlap_comm");
   read_fields(s, z, zero_fields());
+  // DeepSpeed's dynamic default: overlap_comm is on at stage 3 unless the
+  // config says otherwise (the same values either way; see docs/zero.md).
+  if (!overlap_given) z.overlap_comm = z.stage == 3;
   s.accept_if("allgather_partitions", true);
   s.accept_if("reduce_scatter", true);
   s.accept_if("round_robin_gradients", false);

@@ -137,6 +137,20 @@ TEST_CASE("DeepSpeed keys map onto the config", "[config]") {
   CHECK(c.warnings.empty());
 }
 
+TEST_CASE("zero_optimization.overlap_comm defaults as DeepSpeed's: on at stage 3 only", "[config]") {
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    json j = base();
+    j["zero_optimization"] = {{"stage", stage}};
+    CHECK(parse_json(j, {}, 2).zero.overlap_comm == (stage == 3));
+    j["zero_optimization"]["overlap_comm"] = stage != 3;  // said explicitly: as said
+    CHECK(parse_json(j, {}, 2).zero.overlap_comm == (stage != 3));
+  }
+  json j = base();
+  j["zero_optimization"] = {{"stage", 1}};
+  CHECK(parse_json(j, {"--overlap-grad-reduce"}, 2).zero.overlap_comm);
+}
+
 TEST_CASE("unknown keys in our sections are errors naming the key", "[config][strict]") {
   CHECK_THROWS_WITH(parse_json(with(base(), {{"model", {{"nmu_layers", 4}}}})), Contains("'model.nmu_layers'"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"training", {{"trian_iters", 4}}}})), Contains("'training.trian_iters'"));
