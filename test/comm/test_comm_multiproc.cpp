@@ -64,6 +64,16 @@ TEST_CASE("gloo collectives are exact on 2, 3 and 4 processes", "[multiproc]") {
   }
 }
 
+TEST_CASE("the 1-bit all-reduce equals a simulation of its formulas on 2, 3 and 4 processes", "[multiproc]") {
+  for (int world : {2, 3, 4}) {
+    JobSpec s;
+    s.scenario = "onebit";
+    s.world = world;
+    INFO("world " << world);
+    expect_all_ok(run(s));
+  }
+}
+
 TEST_CASE("sub-groups and build_comms on 4 processes", "[multiproc]") {
   JobSpec s;
   s.scenario = "groups";
