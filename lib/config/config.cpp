@@ -241,6 +241,7 @@ json optimizer_json(const OptimizerConfig& o) {
       p["initial_accumulator_value"] = num(s.initial_accumulator_value);
       break;
     case OptimizerKind::Lion: break;
+    case OptimizerKind::OneBitAdam: p["freeze_step"] = s.freeze_step; break;
     case OptimizerKind::Lamb:
       p["bias_correction"] = s.bias_correction;
       p["max_coeff"] = num(s.max_coeff);

@@ -91,6 +91,18 @@ void read_optimizer_keys(DsSection& p, OptimizerKind kind, OptimizerSpec& sp, Wa
     DS_USER_CHECK(sp.initial_accumulator_value >= 0, "config: '{}' must be >= 0, got {}",
                   p.full("initial_accumulator_value"), sp.initial_accumulator_value);
   }
+  if (kind == OptimizerKind::OneBitAdam) {
+    sp.freeze_step = p.get<int64_t>("freeze_step", sp.freeze_step);
+    DS_USER_CHECK(sp.freeze_step >= 1, "config: '{}' must be >= 1, got {}", p.full("freeze_step"), sp.freeze_step);
+    // Upstream's update has no bias correction and no use for eps_inside_sqrt
+    // whatever they say; cuda_aware and comm_backend_name pick DeepSpeed's
+    // transport (MPI, NCCL, the compressed backend): here the data-parallel
+    // group's own backend carries the exchange.
+    for (const char* k : {"bias_correction", "eps_inside_sqrt", "cuda_aware"}) (void)p.get<bool>(k, false);
+    const std::string backend = p.get<std::string>("comm_backend_name", "nccl");
+    DS_USER_CHECK(backend == "nccl" || backend == "mpi" || backend == "compressed" || backend == "hccl",
+                  "config: '{}' '{}' must be nccl, mpi, compressed or hccl", p.full("comm_backend_name"), backend);
+  }
   if (kind == OptimizerKind::Lamb) {
     sp.max_coeff = p.get<float>("max_coeff", sp.max_coeff);
     sp.min_coeff = p.get<float>("min_coeff", sp.min_coeff);

@@ -481,6 +481,14 @@ void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
                 "optimizer.type Lamb cannot be combined with zero_optimization.offload_optimizer: the offloaded step "
                 "updates its range bucket by bucket and Lamb needs whole-tensor norms (DeepSpeed's ZeRO-Offload has "
                 "no Lamb either); drop offload_optimizer");
+  if (optimizer_kind(cfg.optim.spec) == OptimizerKind::OneBitAdam) {
+    DS_USER_CHECK(cfg.zero.stage == 0, "optimizer.type OneBitAdam: 1bit-Adam is not compatible with ZeRO (as in "
+                  "DeepSpeed); set zero_optimization.stage 0 (it is {})", cfg.zero.stage);
+    DS_USER_CHECK(cfg.device == DeviceType::CPU, "optimizer.type OneBitAdam runs on the CPU backend only so far");
+    DS_USER_CHECK(!cfg.cuda_graph, "optimizer.type OneBitAdam cannot be combined with --cuda-graph");
+    DS_USER_CHECK(cfg.model.moe.expert_parallel_size == 1 || !cfg.model.moe.enabled(cfg.model.num_layers),
+                  "optimizer.type OneBitAdam with expert parallelism is not implemented yet");
+  }
   validate_data(cfg.data);
   validate_curriculum(cfg);
   validate_cuda_graph(cfg, world_size);

@@ -17,7 +17,8 @@ OptimRule rule_of(OptimizerKind k) {
     case OptimizerKind::SGD: return OptimRule::Sgd;
     case OptimizerKind::Adagrad: return OptimRule::Adagrad;
     case OptimizerKind::Lion: return OptimRule::Lion;
-    case OptimizerKind::Lamb: break;
+    case OptimizerKind::Lamb:
+    case OptimizerKind::OneBitAdam: break;
   }
   DS_CHECK(false, "optimizer kind {} is not element-wise", optimizer_kind_name(k));
   return OptimRule::Sgd;

@@ -9,6 +9,7 @@
 #include "lib/optim/adamw.h"
 #include "lib/optim/elementwise.h"
 #include "lib/optim/lamb.h"
+#include "lib/optim/onebit_adam.h"
 
 namespace ds {
 
@@ -111,6 +112,9 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, const Model
     case OptimizerKind::Lamb:
       DS_CHECK(home == StateHome::Own, "Lamb keeps its own state (its update is not element-wise)");
       return std::make_unique<Lamb>(spec, layout, dev, begin, end);
+    case OptimizerKind::OneBitAdam:
+      DS_CHECK(home == StateHome::Own, "OneBitAdam keeps its own state (ZeRO stage 0 only)");
+      return std::make_unique<OneBitAdam>(spec, layout, dev, begin, end);
   }
   DS_CHECK(false, "optimizer kind {} has no class", static_cast<int>(*kind));
   return nullptr;

@@ -21,6 +21,8 @@
 
 namespace ds {
 
+class Communicator;
+
 // The per-step values of an update: the schedule's learning rate and weight
 // decay, and the optimizer's coefficients (each optimizer reads the ones it
 // has; OneCycle's cycle_momentum moves beta1 and beta2 every step).
@@ -103,7 +105,13 @@ class Optimizer {
 
   void count_step() { ++step_; }
   int64_t step_count() const { return step_; }  // applied steps
-  void set_step_count(int64_t s) { step_ = s; }
+  // A loaded checkpoint's step count (the 1-bit family picks its phase from it).
+  virtual void set_step_count(int64_t s) { step_ = s; }
+  // The 1-bit family (ZeRO stage 0): after the warm-up the gradients stay
+  // local, not all-reduced (the optimizer exchanges its compressed momentum
+  // over the data-parallel group set here instead).
+  virtual bool gradients_stay_local() const { return false; }
+  virtual void set_data_parallel(Communicator*) {}
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }
   const ModelLayout& layout() const { return *layout_; }

@@ -19,6 +19,7 @@ struct Registered {
 constexpr Registered kRegistry[] = {
     {"Adam", OptimizerKind::AdamW},      {"AdamW", OptimizerKind::AdamW}, {"SGD", OptimizerKind::SGD},
     {"Adagrad", OptimizerKind::Adagrad}, {"Lion", OptimizerKind::Lion},   {"Lamb", OptimizerKind::Lamb},
+    {"OneBitAdam", OptimizerKind::OneBitAdam},
 };
 
 bool same_type(std::string_view a, std::string_view b) {
@@ -67,6 +68,7 @@ const char* optimizer_kind_name(OptimizerKind k) {
     case OptimizerKind::Adagrad: return "Adagrad";
     case OptimizerKind::Lion: return "Lion";
     case OptimizerKind::Lamb: return "Lamb";
+    case OptimizerKind::OneBitAdam: return "OneBitAdam";
   }
   return "?";
 }

@@ -13,7 +13,7 @@ namespace ds {
 // AdamW: decoupled weight decay (DeepSpeed's "AdamW", and "Adam" with its
 // default adam_w_mode true). AdamL2: "Adam" with adam_w_mode false (the decay
 // is added to the gradient, torch.optim.Adam). The rest: DeepSpeed's names.
-enum class OptimizerKind { AdamW, AdamL2, SGD, Adagrad, Lion, Lamb };
+enum class OptimizerKind { AdamW, AdamL2, SGD, Adagrad, Lion, Lamb, OneBitAdam };
 
 // The optimizer and its own hyper-parameters (the shared ones, lr, betas,
 // eps and weight_decay, are per step: StepHyper, optimizer.h). Defaults are
@@ -27,6 +27,7 @@ struct OptimizerSpec {
   float lr_decay = 0, initial_accumulator_value = 0;  // Adagrad
   float max_coeff = 10.f, min_coeff = 0.01f;          // Lamb: the trust ratio's clamp
   bool eps_inside_sqrt = false;                       // Lamb: sqrt(v + eps) instead of sqrt(v) + eps
+  int64_t freeze_step = 100000;  // OneBitAdam: warm-up steps before the compressed exchange
 };
 
 // The kind of a registered type (case-insensitive), none for anything else.
@@ -38,10 +39,10 @@ std::optional<OptimizerKind> optimizer_kind(const OptimizerSpec& spec);
 std::string canonical_optimizer_type(std::string_view type);
 std::string optimizer_types_text();
 // The name a checkpoint records for a kind (Optimizer::type()): "AdamW",
-// "Adam" (L2), "SGD", "Adagrad", "Lion", "Lamb".
+// "Adam" (L2), "SGD", "Adagrad", "Lion", "Lamb", "OneBitAdam".
 const char* optimizer_kind_name(OptimizerKind k);
 // f32 state tensors the optimizer keeps per parameter element (the memory
-// estimate): AdamW, Adam, Lamb 2; Adagrad, Lion 1; SGD 1 with momentum, else 0.
+// estimate): AdamW, Adam, Lamb, OneBitAdam 2; Adagrad, Lion 1; SGD 1 with momentum, else 0.
 int optimizer_state_count(const OptimizerSpec& spec);
 
 }  // namespace ds

@@ -73,6 +73,8 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   // ZeRO 1-3 over several ranks: the range is a shard of the data-parallel
   // group (Lamb adds its per-tensor sums over it).
   if (opt_ && z.stage >= 1 && dp && part.dp > 1) opt_->set_shard_sum([dp](const Tensor& t) { dp->all_reduce(t); });
+  // The 1-bit family (stage 0) exchanges its compressed momentum over the group.
+  if (opt_ && z.stage == 0) opt_->set_data_parallel(dp);
   overlap_ = z.overlap_comm && !store && dp && part.dp > 1;
   if (overlap_) {
     buckets_ = make_buckets(part.total, z.reduce_bucket_size);
@@ -132,7 +134,7 @@ void ZeroOptimizer::set_timeline(Timeline* t) {
 }
 
 void ZeroOptimizer::begin_last_micro_batch() {
-  if (!overlap_) return;
+  if (!overlap_ || gradients_stay_local()) return;
   DS_CHECK(pending_.empty(), "gradient reductions of the previous step still pending");
   armed_ = true;
   std::fill(unit_ready_.begin(), unit_ready_.end(), 0);
@@ -247,6 +249,8 @@ void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
     for (CommHandle& h : pending_) h.wait();
     pending_.clear();
     armed_ = false;
+  } else if (gradients_stay_local()) {
+    // 1-bit Adam after its warm-up: no all-reduce; the norm below is rank 0's own gradients'.
   } else if (experts_apart_) {
     Tensor g = model_.grads();
     std::vector<CommHandle> hs;

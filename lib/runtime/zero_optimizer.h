@@ -79,6 +79,8 @@ class ZeroOptimizer {
   // pipeline, all-reduced across its first and last stage in between).
   void hold_unit(int unit) { held_units_.push_back(unit); }
   bool overlaps_grad_reduce() const { return overlap_; }
+  // This step's gradients are not all-reduced (1-bit Adam after its warm-up).
+  bool gradients_stay_local() const { return opt_ && opt_->gradients_stay_local(); }
   // Records backward unit spans and the gradient collectives (may be null).
   void set_timeline(Timeline* t);
   // After the backward passes of a step: sums the gradients over the

@@ -413,8 +413,16 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
                     Contains("offload_param.device nvme needs offload_optimizer.device nvme too"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"aio", {{"block_size", 1000}}}, {"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}})),
                     Contains("aio.block_size 1000 must be a positive multiple of 4096"));
-  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "OneBitAdam"}}}})),
-                    Contains("optimizer.type 'OneBitAdam' is not supported"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "ZeroOneAdam"}}}})),
+                    Contains("optimizer.type 'ZeroOneAdam' is not supported"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "OneBitAdam"}}}, {"zero_optimization", {{"stage", 1}}}})),
+                    Contains("1bit-Adam is not compatible with ZeRO (as in DeepSpeed); set zero_optimization.stage 0"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "OneBitAdam"}, {"params", {{"freeze_step", 0}}}}}})),
+                    Contains("'optimizer.params.freeze_step' must be >= 1, got 0"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "OneBitAdam"}, {"params", {{"comm_backend_name", "gloo"}}}}}})),
+                    Contains("'optimizer.params.comm_backend_name' 'gloo' must be nccl, mpi, compressed or hccl"));
+  CHECK(parse_json(with(base(), {{"optimizer", {{"type", "onebitadam"}, {"params", {{"freeze_step", 7}}}}}})).optim.spec
+            .freeze_step == 7);
   CHECK_THROWS_WITH(parse_json(with(base(), {{"train_batch_size", 0}})),
                     Contains("'train_batch_size' must be a positive integer, got 0"));
   CHECK_THROWS_WITH(parse_json(base(), {"--device", "tpu"}), Contains("--device"));

@@ -186,3 +186,32 @@ TEST_CASE("Lamb and Adagrad with expert parallelism (an optimizer per sharding g
     }
   }
 }
+
+// DeepSpeed's 1-bit Adam at ZeRO stage 0: during the warm-up the gradients
+// are all-reduced, so DP2 is the single-process curve (a freeze_step beyond
+// the run); with freeze_step 3 the first four losses are still that curve
+// (the initialising step, two warm-up steps, and the loss before the first
+// compressed update), then each rank's momentum goes through the 1-bit
+// exchange and the run trains on its own curve. A ZeRO stage is refused.
+TEST_CASE("OneBitAdam: the warm-up is the single-process curve at DP2, the compressed phase trains") {
+  const Opt warm{"onebit_warm", R"({"type": "OneBitAdam", "params": {"lr": 3e-3, "weight_decay": 0.1, "freeze_step": 100}})"};
+  const std::vector<double> single = run("onebit_single", warm, 1, 0, 1, {});
+  REQUIRE(single.size() == kIters);
+  REQUIRE(single.back() < single.front());
+  require_same_curve(single, run("onebit_dp2_warm", warm, 2, 0, 1, {}));
+  const Opt frozen{"onebit_frozen", R"({"type": "OneBitAdam", "params": {"lr": 3e-3, "weight_decay": 0.1, "freeze_step": 3}})"};
+  const std::vector<double> one = run("onebit_single3", frozen, 1, 0, 1, {});
+  const std::vector<double> dp2 = run("onebit_dp2_frozen", frozen, 2, 0, 1, {});
+  REQUIRE(dp2.size() == kIters);
+  for (int i = 0; i < 4; ++i) CHECK(std::abs(dp2[i] - one[i]) <= 1e-5 * std::abs(one[i]));
+  bool differs = false;
+  for (size_t i = 4; i < dp2.size(); ++i) {
+    REQUIRE(std::isfinite(dp2[i]));
+    differs = differs || std::abs(dp2[i] - one[i]) > 1e-5 * std::abs(one[i]);
+  }
+  CHECK(differs);  // the compressed momentum is not the all-reduced one
+  CHECK(dp2.back() < dp2.front() - 0.2);
+  std::string err;
+  run("onebit_z1", frozen, 2, 1, 1, {}, &err);
+  CHECK(err.find("1bit-Adam is not compatible with ZeRO") != std::string::npos);
+}

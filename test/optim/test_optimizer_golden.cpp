@@ -5,7 +5,7 @@
 // from the published update rules: torch.optim.Adam (L2), FusedAdam without
 // bias correction, torch.optim.SGD (momentum, dampening, nesterov),
 // torch.optim.Adagrad (lr_decay, initial_accumulator_value), DeepSpeed's
-// FusedLion and FusedLamb (per-tensor trust ratio). Lamb over two ZeRO shards
+// FusedLion and FusedLamb (per-tensor trust ratio), OnebitAdam on one rank. Lamb over two ZeRO shards
 // (two threads summing their per-tensor norms) equals Lamb over the whole range.
 #include <barrier>
 #include <catch2/catch.hpp>
@@ -93,6 +93,18 @@ struct Reference {
             p -= clr * g / (std::sqrt(r.m[i]) + eps);
             break;
           }
+          case OptimizerKind::OneBitAdam: {
+            // DeepSpeed's OnebitAdam on one rank: the first call only
+            // initialises; then Adam without bias correction, the decay
+            // added to the update; the variance is frozen after the step
+            // that reaches freeze_step, the first update step (2) at the
+            // earliest (with one rank the momentum is not compressed).
+            if (t == 1) break;
+            r.m[i] = b1 * r.m[i] + (1 - b1) * g;
+            if (t <= std::max<int64_t>(2, spec.freeze_step)) r.v[i] = b2 * r.v[i] + (1 - b2) * g * g;
+            p -= lr * (r.m[i] / (std::sqrt(r.v[i]) + eps) + r.wd * p);
+            break;
+          }
           case OptimizerKind::Lion: {
             const double c = b1 * r.m[i] + (1 - b1) * g;
             p = p * (1 - lr * r.wd) + (c > 0 ? -lr : lr);
@@ -178,6 +190,11 @@ TEST_CASE("Lion follows DeepSpeed's FusedLion") {
 TEST_CASE("Lamb follows DeepSpeed's FusedLamb: per-tensor trust ratio, clamped, with and without bias correction") {
   run_case({{.type = "Lamb"}});
   run_case({{.type = "Lamb", .bias_correction = false, .max_coeff = 2.f, .min_coeff = 0.5f, .eps_inside_sqrt = true}});
+}
+
+TEST_CASE("OneBitAdam on one rank follows DeepSpeed's OnebitAdam: initialising step, warm-up, frozen variance") {
+  run_case({{.type = "OneBitAdam", .freeze_step = 5}});
+  run_case({{.type = "onebitadam", .freeze_step = 1}});
 }
 
 TEST_CASE("Lamb over two ZeRO shards sums each tensor's norms across them: the whole range's trajectory") {

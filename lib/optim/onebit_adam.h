@@ -1,0 +1,57 @@
+// DeepSpeed's "OneBitAdam" (runtime/fp16/onebit/adam.py, with the engine's
+// switch of the gradient all-reduce), on the CPU backend at ZeRO stage 0:
+//   - the first step of a process (and of a resumed one) only initialises:
+//     it counts the step and, with several data-parallel ranks, replaces
+//     exp_avg by its 1-bit compressed mean (zeros on a fresh start), as
+//     DeepSpeed's initialisation call does; the weights do not move;
+//   - warm-up (until the step count reaches freeze_step): the gradients are
+//     all-reduced as for Adam, m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
+//     u = m / (sqrt(v) + eps) (no bias correction, whatever bias_correction
+//     says), u += wd p where the parameter decays, p -= lr u;
+//   - compressed (from the step after the one that reached freeze_step): v is
+//     frozen, the gradients stay local (the trainer skips their all-reduce:
+//     gradients_stay_local()), m = b1 m + (1 - b1) g with the rank's own g,
+//     then each parameter tensor's m is replaced by its 1-bit compressed mean
+//     over the data-parallel ranks (lib/comm/onebit.h, error feedback kept per
+//     tensor), u and p as in warm-up.
+// The compression errors live with the optimizer only: a checkpoint holds
+// exp_avg and exp_avg_sq, and a resumed run starts with fresh errors (as
+// DeepSpeed resets them on load). Compression is per parameter tensor of the
+// rank's layout (DeepSpeed's fp32 path; its fp16 wrapper flattens each
+// parameter group into one tensor, so its scales cover a group).
+#pragma once
+#include "lib/comm/onebit.h"
+#include "lib/optim/optimizer.h"
+
+namespace ds {
+
+class OneBitAdam final : public Optimizer {
+ public:
+  OneBitAdam(const OptimizerSpec& spec, const ModelLayout& layout, Device dev, int64_t begin, int64_t end);
+
+  const char* type() const override { return "OneBitAdam"; }
+  std::vector<OptimizerStateSpec> state_specs() const override {
+    return {{"exp_avg", DType::F32}, {"exp_avg_sq", DType::F32, true}};
+  }
+  void step(const StepTensors& t, const StepHyper& h, float grad_scale, const Stream& s = Stream{}) override;
+  bool step_part(int64_t, int64_t, const StepTensors&, const StepHyper&, float) override { return false; }
+  void set_step_count(int64_t n) override;
+  bool gradients_stay_local() const override { return compressing_; }
+  void set_data_parallel(Communicator* dp) override { dp_ = dp; }
+
+  bool compressing() const { return compressing_; }
+  // Bytes this rank sent in compressed exchanges so far (onebit_bytes_sent).
+  int64_t compressed_bytes_sent() const { return bytes_sent_; }
+
+ private:
+  // Each parameter tensor's exp_avg replaced by its compressed mean.
+  void compress_moments();
+  OptimizerSpec spec_;
+  std::vector<Segment> segs_;
+  std::vector<OneBitErrors> errors_;  // per segment
+  Communicator* dp_ = nullptr;
+  bool initialized_ = false, compressing_ = false;
+  int64_t bytes_sent_ = 0;
+};
+
+}  // namespace ds
