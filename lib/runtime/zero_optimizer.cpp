@@ -52,8 +52,12 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
     range_ = {0, 0};
     for (size_t i = 0; i < sharding->size(); ++i) {
       const ShardGroup& g = (*sharding)[i];
-      GroupOpt o{.g = g, .layout = std::make_unique<const ModelLayout>(packed_layout(model.layout(), g.space)), .owned = g.owned(), .pieces = {},
-                 .opt = nullptr, .tier = nullptr};
+      GroupOpt o{.g = g,
+                 .layout = std::make_unique<const ModelLayout>(packed_layout(model.layout(), g.space)),
+                 .owned = g.owned(),
+                 .pieces = {},
+                 .opt = nullptr,
+                 .tier = nullptr};
       o.pieces = g.space.pieces(o.owned);
       o.opt = make_optimizer(optimizer, *o.layout, model.device(), o.owned.begin, o.owned.end, home);
       if (g.dp && g.part.dp > 1) {

@@ -194,12 +194,14 @@ TEST_CASE("Lamb and Adagrad with expert parallelism (an optimizer per sharding g
 // compressed update), then each rank's momentum goes through the 1-bit
 // exchange and the run trains on its own curve. A ZeRO stage is refused.
 TEST_CASE("OneBitAdam: the warm-up is the single-process curve at DP2, the compressed phase trains") {
-  const Opt warm{"onebit_warm", R"({"type": "OneBitAdam", "params": {"lr": 3e-3, "weight_decay": 0.1, "freeze_step": 100}})"};
+  const Opt warm{"onebit_warm",
+                 R"({"type": "OneBitAdam", "params": {"lr": 3e-3, "weight_decay": 0.1, "freeze_step": 100}})"};
   const std::vector<double> single = run("onebit_single", warm, 1, 0, 1, {});
   REQUIRE(single.size() == kIters);
   REQUIRE(single.back() < single.front());
   require_same_curve(single, run("onebit_dp2_warm", warm, 2, 0, 1, {}));
-  const Opt frozen{"onebit_frozen", R"({"type": "OneBitAdam", "params": {"lr": 3e-3, "weight_decay": 0.1, "freeze_step": 3}})"};
+  const Opt frozen{"onebit_frozen",
+                   R"({"type": "OneBitAdam", "params": {"lr": 3e-3, "weight_decay": 0.1, "freeze_step": 3}})"};
   const std::vector<double> one = run("onebit_single3", frozen, 1, 0, 1, {});
   const std::vector<double> dp2 = run("onebit_dp2_frozen", frozen, 2, 0, 1, {});
   REQUIRE(dp2.size() == kIters);
