@@ -12,6 +12,7 @@
 
 #include "lib/ckpt/file_io.h"
 #include "lib/ckpt/hf.h"
+#include "lib/comm/onebit.h"
 #include "lib/core/error.h"
 #include "lib/core/log.h"
 #include "lib/core/mem_tag.h"
@@ -226,6 +227,16 @@ void Trainer::log_setup() {
            fmt::join(m.num_experts, ","), m.topk,
            full_layout_.total - inactive_expert_params(full_layout_, m.topk), m.train_capacity_factor,
            m.eval_capacity_factor, m.min_capacity, m.drop_tokens ? "dropping tokens" : "dropless", m.loss_coeff);
+  }
+  if (optimizer_kind(cfg_.optim.spec) == OptimizerKind::OneBitAdam) {  // the bytes a rank sends per step
+    int64_t compressed = 0;
+    for (const ParamSpec& p : model_->layout().params) compressed += onebit_bytes_sent(p.numel, sdp_);
+    const int64_t ring = sdp_ > 1 ? 2 * (sdp_ - 1) * 4 * model_->layout().total / sdp_ : 0;
+    DS_LOG("OneBitAdam: an initialising step, then the warm-up with all-reduced gradients until step {} "
+           "(freeze_step), then the variance frozen and each tensor's momentum exchanged in 1-bit form over {} "
+           "data-parallel rank{}: about {} bytes sent per rank per step, against {} for a ring all-reduce of the "
+           "f32 gradients",
+           cfg_.optim.spec.freeze_step, sdp_, sdp_ == 1 ? "" : "s", compressed, ring);
   }
   if (moe_ && shard_.ep > 1)
     DS_LOG("expert parallel: {} ranks, this rank holds block {} of each MoE layer's experts ({} per MoE "

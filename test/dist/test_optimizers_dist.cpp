@@ -213,6 +213,15 @@ TEST_CASE("OneBitAdam: the warm-up is the single-process curve at DP2, the compr
   }
   CHECK(differs);  // the compressed momentum is not the all-reduced one
   CHECK(dp2.back() < dp2.front() - 0.2);
+  // Saved in the compressed phase and resumed: the resumed process starts
+  // with an initialising step again (as DeepSpeed) and goes on compressing.
+  const std::string ck = dist_data().dir + "/onebit_ck";
+  fs::remove_all(ck);
+  run("onebit_first", frozen, 2, 0, 1, {"--save", ck, "--save-interval", "4", "--exit-interval", "4"});
+  const std::vector<double> resumed = run("onebit_resumed", frozen, 2, 0, 1, {"--load", ck});
+  REQUIRE(resumed.size() == kIters - 4);
+  for (double l : resumed) REQUIRE(std::isfinite(l));
+  CHECK(resumed.front() == dp2[4]);  // the loss before the first update after the load: the same weights
   std::string err;
   run("onebit_z1", frozen, 2, 1, 1, {}, &err);
   CHECK(err.find("1bit-Adam is not compatible with ZeRO") != std::string::npos);
