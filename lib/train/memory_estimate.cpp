@@ -211,6 +211,10 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
     tier_host += NvmeStateTier::host_bytes_for(tier, nvme_states(cfg, r), part_shard);
   }
   if (r.nvme_params) r.states.params = 0;  // offload_param nvme: the parameter shard joins the swap file
+  // OneBitAdam (stage 0): the compression errors of every tensor, the
+  // worker's (n, padded) and the server's (n / DP), besides its moments.
+  if (stage == 0 && e.sdp > 1 && optimizer_kind(cfg.optim.spec) == OptimizerKind::OneBitAdam)
+    r.states.optimizer += 4 * n + 4 * n / e.sdp;
   if (stage == 3) {
     int64_t largest = 0, persistent = 0;
     for (size_t i = 0; i < units.size(); ++i) {

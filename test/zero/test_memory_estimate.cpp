@@ -251,6 +251,13 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
     CHECK(row(c, 1, true).host_per_rank - row(c, 1, true).device_total ==
           row(c, 1, false).host_per_rank - row(c, 1, false).device_total + row(c, 1, false).states.optimizer);
   }
+  SECTION("OneBitAdam at stage 0: its compression errors beside the moments") {
+    const MemoryEstimate adam = estimate_memory(cfg, 1, 8);
+    cfg.optim.spec.type = "OneBitAdam";
+    const MemoryEstimate ob = estimate_memory(cfg, 1, 8);
+    CHECK(row(ob, 0, false).states.optimizer == row(adam, 0, false).states.optimizer + 4 * kN + 4 * kN / 8);
+    CHECK(row(ob, 1, false).states.optimizer == row(adam, 1, false).states.optimizer);  // (refused with ZeRO)
+  }
   SECTION("full recomputation keeps only layer inputs") {
     cfg.parallel.recompute = RecomputeKind::Full;
     MemoryEstimate e = estimate_memory(cfg, 1, 8);
