@@ -57,28 +57,28 @@ void onebit_all_reduce(Communicator& c, float* x, int64_t n, OneBitErrors& e) {
   const int64_t np = onebit_padded_size(n, W), chunk = np / W, chunk_bytes = chunk / 8;
   if (static_cast<int64_t>(e.worker.size()) != np) e.worker.assign(static_cast<size_t>(np), 0.f);
   if (static_cast<int64_t>(e.server.size()) != chunk) e.server.assign(static_cast<size_t>(chunk), 0.f);
-  // Worker: the input plus its last error, compressed; the new error kept.
-  std::vector<float> buf(static_cast<size_t>(np));
-  for (int64_t i = 0; i < np; ++i) buf[i] = (i < n ? x[i] : 0.f) + e.worker[i];
-  const float worker_scale = rms(buf.data(), np);
+  // Worker: the input plus its last error (the padding adds nothing),
+  // compressed; the buffer is left holding the new error b - s sign(b).
+  float* b = e.worker.data();
+  for (int64_t i = 0; i < n; ++i) b[i] += x[i];
+  const float worker_scale = rms(b, np);
   std::vector<uint8_t> signs(static_cast<size_t>(np / 8)), recv(static_cast<size_t>(np / 8));
-  compress(buf.data(), np, worker_scale, signs.data());
-  e.worker = std::move(buf);  // b - s sign(b)
+  compress(b, np, worker_scale, signs.data());
   c.all_to_all(signs.data(), recv.data(), chunk_bytes, DType::U8);
   std::vector<float> scales(static_cast<size_t>(W));
   c.all_gather(&worker_scale, scales.data(), 1, DType::F32);
-  // Server: this rank's chunk, the mean of the ranks' compressed values plus its error.
+  // Server: this rank's chunk, the mean of the ranks' compressed values plus
+  // its error, compressed in place (leaving the new error).
   const float inv_w = 1.f / static_cast<float>(W);
-  std::vector<float> comp(static_cast<size_t>(chunk));
+  float* comp = e.server.data();
   for (int64_t k = 0; k < chunk; ++k) {
     float s = 0.f;
     for (int r = 0; r < W; ++r) s += sign_at(recv.data() + r * chunk_bytes, k) * (scales[r] * inv_w);
-    comp[k] = s + e.server[k];
+    comp[k] = s + comp[k];
   }
-  const float server_scale = rms(comp.data(), chunk);
+  const float server_scale = rms(comp, chunk);
   std::vector<uint8_t> server_signs(static_cast<size_t>(chunk_bytes));
-  compress(comp.data(), chunk, server_scale, server_signs.data());
-  e.server = std::move(comp);
+  compress(comp, chunk, server_scale, server_signs.data());
   // Every chunk's signs and scale to every rank.
   std::vector<uint8_t> all_signs(static_cast<size_t>(np / 8));
   c.all_gather(server_signs.data(), all_signs.data(), chunk_bytes, DType::U8);

@@ -24,11 +24,8 @@ void OneBitAdam::compress_moments() {
   if (!dp_ || dp_->size() <= 1) return;
   float* m = state("exp_avg").data<float>();
   errors_.resize(segs_.size());
-  for (size_t k = 0; k < segs_.size(); ++k) {
-    const Segment& s = segs_[k];
-    onebit_all_reduce(*dp_, m + s.begin, s.end - s.begin, errors_[k]);
-    bytes_sent_ += onebit_bytes_sent(s.end - s.begin, dp_->size());
-  }
+  for (size_t k = 0; k < segs_.size(); ++k)
+    onebit_all_reduce(*dp_, m + segs_[k].begin, segs_[k].end - segs_[k].begin, errors_[k]);
 }
 
 void OneBitAdam::step(const StepTensors& t, const StepHyper& h, float grad_scale, const Stream&) {

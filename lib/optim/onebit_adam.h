@@ -39,10 +39,6 @@ class OneBitAdam final : public Optimizer {
   bool gradients_stay_local() const override { return compressing_; }
   void set_data_parallel(Communicator* dp) override { dp_ = dp; }
 
-  bool compressing() const { return compressing_; }
-  // Bytes this rank sent in compressed exchanges so far (onebit_bytes_sent).
-  int64_t compressed_bytes_sent() const { return bytes_sent_; }
-
  private:
   // Each parameter tensor's exp_avg replaced by its compressed mean.
   void compress_moments();
@@ -51,7 +47,6 @@ class OneBitAdam final : public Optimizer {
   std::vector<OneBitErrors> errors_;  // per segment
   Communicator* dp_ = nullptr;
   bool initialized_ = false, compressing_ = false;
-  int64_t bytes_sent_ = 0;
 };
 
 }  // namespace ds
