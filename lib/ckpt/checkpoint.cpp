@@ -292,6 +292,18 @@ bool same_layout(const SavedLayout& saved, const ModelLayout& l) {
   return true;
 }
 
+// Elements `r` of saved state i into a storage tier at position `pos` on,
+// a bounded piece at a time.
+void files_into_tier(SavedStateFiles& files, size_t i, Range r, const CheckpointData::TierWrite& write, int64_t pos) {
+  std::vector<float> buf;
+  for (int64_t lo = 0; lo < r.size(); lo += kTierPiece) {
+    const int64_t hi = std::min(r.size(), lo + kTierPiece);
+    buf.resize(static_cast<size_t>(hi - lo));
+    files.read(i, r.begin + lo, r.begin + hi, buf.data());
+    write(i, pos + lo, pos + hi, buf.data());
+  }
+}
+
 // The optimizer state of d's range (or of each of d.opt_parts' pieces) into
 // host tensors: from the shards of the same layout, or reshaped from another.
 // Returns the optimizer step count.
@@ -308,14 +320,7 @@ int64_t read_opt_state(const SavedStep& s, const CheckpointData& d, bool same, O
       return step;
     }
     SavedStateFiles files(s, at, local.total, state);
-    std::vector<float> buf;
-    for (size_t i = 0; i < state.size(); ++i)
-      for (int64_t lo = 0; lo < n; lo += kTierPiece) {
-        const int64_t hi = std::min(n, lo + kTierPiece);
-        buf.resize(static_cast<size_t>(hi - lo));
-        files.read(i, d.opt_begin + lo, d.opt_begin + hi, buf.data());
-        d.tier_write(i, lo, hi, buf.data());
-      }
+    for (size_t i = 0; i < state.size(); ++i) files_into_tier(files, i, {d.opt_begin, d.opt_end}, d.tier_write, 0);
     files.verify();
     return files.step();
   }
@@ -332,18 +337,11 @@ int64_t read_opt_state(const SavedStep& s, const CheckpointData& d, bool same, O
     const bool tier = static_cast<bool>(part.tier_write);  // written into the tier as it is read
     OptimizerStates out = part.states;  // the optimizer's own buffers where they are host f32
     if (!tier) prepare_host_states(out, n, false);  // the pieces cover every element
-    std::vector<float> buf;
     int64_t pos = 0;
     for (const Range& r : part.pieces) {
       if (r.size() == 0) continue;
       if (same && tier) {
-        for (size_t i = 0; i < part.states.size(); ++i)
-          for (int64_t lo = 0; lo < r.size(); lo += kTierPiece) {
-            const int64_t hi = std::min(r.size(), lo + kTierPiece);
-            buf.resize(static_cast<size_t>(hi - lo));
-            files->read(i, r.begin + lo, r.begin + hi, buf.data());
-            part.tier_write(i, pos + lo, pos + hi, buf.data());
-          }
+        for (size_t i = 0; i < part.states.size(); ++i) files_into_tier(*files, i, r, part.tier_write, pos);
       } else if (same) {
         for (size_t i = 0; i < out.size(); ++i) files->read(i, r.begin, r.end, out[i].t.data<float>() + pos);
       } else {
