@@ -14,14 +14,7 @@
 # (default: ../shared/data beside the repository). Nothing else may use
 # loopback meanwhile.
 set -euo pipefail
-B=$(realpath "$1")
-W=$2
-D=${3:-$(dirname "$0")/../../../shared/data}
-D=$(realpath "$D")
-mkdir -p "$W"
-W=$(realpath "$W")
-[ -f "$W/shake.bin" ] || "$B/apps/dsprep/dsprep" --input "$D/tinyshakespeare.txt" --output-prefix "$W/shake" \
-  --vocab-file "$D/gpt2-vocab.json" --merge-file "$D/gpt2-merges.txt" > /dev/null
+. "$(dirname "$0")/../shake_gpt2.sh" "$@"
 M=(--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128
    --micro-batch-size 1 --global-batch-size 4 --lr 1e-3 --log-interval 1 --eval-interval 0
    --data-path "$W/shake" --vocab-file "$D/gpt2-vocab.json" --merge-file "$D/gpt2-merges.txt"

@@ -16,16 +16,9 @@
 # (default: ../shared/data beside the repository); NVME_DIR (default
 # WORK_DIR/swap) must be on a file system with O_DIRECT.
 set -euo pipefail
-B=$(realpath "$1")
-W=$2
-D=${3:-$(dirname "$0")/../../../shared/data}
-D=$(realpath "$D")
-mkdir -p "$W"
-W=$(realpath "$W")
+. "$(dirname "$0")/../shake_gpt2.sh" "$@"
 S=${4:-$W/swap}
 mkdir -p "$S"
-[ -f "$W/shake.bin" ] || "$B/apps/dsprep/dsprep" --input "$D/tinyshakespeare.txt" --output-prefix "$W/shake" \
-  --vocab-file "$D/gpt2-vocab.json" --merge-file "$D/gpt2-merges.txt" > /dev/null
 M=(--num-layers 16 --hidden-size 768 --num-attention-heads 12 --seq-length 256 --max-position-embeddings 256
    --micro-batch-size 1 --global-batch-size 1 --lr 1e-4 --log-interval 1 --eval-interval 0 --train-iters 5
    --data-path "$W/shake" --vocab-file "$D/gpt2-vocab.json" --merge-file "$D/gpt2-merges.txt"

@@ -15,15 +15,8 @@
 # DATA_DIR holds tinyshakespeare.txt, gpt2-vocab.json, gpt2-merges.txt
 # (default: ../shared/data beside the repository).
 set -euo pipefail
-B=$(realpath "$1")
-W=$2
-D=${3:-$(dirname "$0")/../../../shared/data}
-D=$(realpath "$D")
-mkdir -p "$W"
-W=$(realpath "$W")
+. "$(dirname "$0")/../shake_gpt2.sh" "$@"
 rm -rf "$W/ck" "$W/hf"
-[ -f "$W/shake.bin" ] || "$B/apps/dsprep/dsprep" --input "$D/tinyshakespeare.txt" --output-prefix "$W/shake" \
-  --vocab-file "$D/gpt2-vocab.json" --merge-file "$D/gpt2-merges.txt" > /dev/null
 M=(--num-layers 24 --hidden-size 1536 --num-attention-heads 16 --seq-length 256 --max-position-embeddings 256
    --micro-batch-size 1 --global-batch-size 2 --lr 1e-4 --log-interval 1 --eval-interval 0
    --data-path "$W/shake" --vocab-file "$D/gpt2-vocab.json" --merge-file "$D/gpt2-merges.txt"
