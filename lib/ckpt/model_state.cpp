@@ -54,15 +54,20 @@ Tensor FullTensorStream::next(const std::string& name) {
   return root && r_.dp_rank == 0 ? out : Tensor();
 }
 
+OptimizerStates checkpoint_states(Optimizer& opt) {
+  OptimizerStates out;
+  for (const OptimizerStateSpec& s : opt.state_specs())
+    out.push_back({s.name, opt.state_elsewhere() ? Tensor::zeros({0}, DType::F32) : opt.state(s.name),
+                   s.non_negative});
+  return out;
+}
+
 CheckpointData rank_checkpoint(const RankModel& r, const Tensor& params, Optimizer& opt, Range opt_range,
                                int shard_index, int shards) {
   CheckpointData d;
   d.layout = r.full;
   d.params = params;
-  for (const OptimizerStateSpec& s : opt.state_specs())
-    // State elsewhere (a tier): a placeholder; the caller sets tier_read / tier_write.
-    d.opt_state.push_back({s.name, opt.state_elsewhere() ? Tensor::zeros({0}, DType::F32) : opt.state(s.name),
-                           s.non_negative});
+  d.opt_state = checkpoint_states(opt);  // (state in a tier: the caller sets tier_read / tier_write)
   d.opt_begin = opt_range.begin;
   d.opt_end = opt_range.end;
   d.opt_step = opt.step_count();

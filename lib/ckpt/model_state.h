@@ -44,6 +44,11 @@ class FullTensorStream {
   std::map<std::string, int> owner_;  // weight -> the first pipeline stage holding it
 };
 
+// The optimizer's state tensors by name, as a checkpoint saves them; a state
+// that lives elsewhere (a storage tier) is an empty placeholder, read and
+// written through CheckpointData's tier_read / tier_write.
+OptimizerStates checkpoint_states(Optimizer& opt);
+
 // What this rank saves or restores: the full parameters `params` (undefined
 // on ranks that write no weights), the optimizer state of `opt_range` of the
 // local layout (every state the optimizer declares, by name), shard `shard_index` of `shards` optimizer files of this

@@ -497,12 +497,8 @@ CheckpointData Trainer::checkpoint_data(int shard_index, int shards) {
   }
   d.opt_state.clear();
   for (const ZeroOptimizer::StatePart& p : opt_->state_parts()) {
-    CheckpointData::StatePart part{.group = p.group, .ep_shared = p.ep_shared, .pieces = p.pieces, .states = {},
-                                   .tier_read = {}, .tier_write = {}};
-    for (const OptimizerStateSpec& s : p.opt->state_specs())
-      // State elsewhere (a tier): a placeholder, read and written through tier_read / tier_write.
-      part.states.push_back({s.name, p.opt->state_elsewhere() ? Tensor::zeros({0}, DType::F32) : p.opt->state(s.name),
-                             s.non_negative});
+    CheckpointData::StatePart part{.group = p.group, .ep_shared = p.ep_shared, .pieces = p.pieces,
+                                   .states = checkpoint_states(*p.opt), .tier_read = {}, .tier_write = {}};
     tier_io(p.tier, part.tier_read, part.tier_write);
     d.opt_parts.push_back(std::move(part));
   }
