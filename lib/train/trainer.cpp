@@ -619,8 +619,14 @@ float Trainer::train_step() {
   seqlen_ = next_seqlen();  // every sample keeps its first seqlen_ positions
   // fp16: the loss (hence every gradient) is multiplied by the loss scale.
   const double scale = scaler_ ? scaler_->scale() : 1.0;
+  // All-reduced gradients are the mean over the data-parallel ranks (each
+  // rank's share divided by dp); gradients that stay local (the 1-bit
+  // family's compressed phase) are the rank's own mean, as DeepSpeed's
+  // engine leaves them when it skips the all-reduce.
+  const int64_t grad_ranks = opt_->gradients_stay_local() ? 1 : dp_;
   StepPlan plan{
-      .loss_weight = static_cast<float>(scale / static_cast<double>(b.micro_batch_size * seqlen_ * step_ga_ * dp_)),
+      .loss_weight =
+          static_cast<float>(scale / static_cast<double>(b.micro_batch_size * seqlen_ * step_ga_ * grad_ranks)),
       // Dropout masks are keyed by (seed, iteration) and each micro-batch's
       // global first sample, identical in every layout (docs/dropout.md).
       .key = {.train = true, .seed = cfg_.seed, .iteration = state_.iteration, .first_sample = 0, .step = {}},

@@ -175,16 +175,24 @@ std::string run_with_config(const std::string& name, int world, int micro, int z
   return err;
 }
 
-std::vector<double> read_losses(const std::string& csv_file) {
+std::vector<double> read_losses(const std::string& csv_file) { return read_csv_column(csv_file, "loss"); }
+
+std::vector<double> read_csv_column(const std::string& csv_file, const std::string& column) {
   std::ifstream f(csv_file);
   if (!f.good()) throw std::runtime_error("cannot read " + csv_file);
-  std::string line;
-  std::getline(f, line);  // header: iteration,consumed_samples,lr,loss,...
+  std::string line, cell;
+  std::getline(f, line);  // header: iteration,consumed_samples,lr,loss,grad_norm,...
+  int at = -1;
+  {
+    std::stringstream ss(line);
+    for (int i = 0; std::getline(ss, cell, ','); ++i)
+      if (cell == column) at = i;
+  }
+  if (at < 0) throw std::runtime_error(csv_file + " has no column " + column);
   std::vector<double> out;
   while (std::getline(f, line)) {
     std::stringstream ss(line);
-    std::string cell;
-    for (int i = 0; i < 4 && std::getline(ss, cell, ','); ++i) {
+    for (int i = 0; i <= at && std::getline(ss, cell, ','); ++i) {
     }
     out.push_back(std::stod(cell));
   }

@@ -47,5 +47,7 @@ int run_tool(const std::string& name, const std::string& args, std::string* out)
 
 // Losses (column "loss") of OUTPUT_PATH/JOB/train.csv, by iteration order.
 std::vector<double> read_losses(const std::string& csv_file);
+// Column `column` (by its header name) of such a file.
+std::vector<double> read_csv_column(const std::string& csv_file, const std::string& column);
 
 }  // namespace ds::test

@@ -212,6 +212,15 @@ TEST_CASE("OneBitAdam: the warm-up is the single-process curve at DP2, the compr
     differs = differs || std::abs(dp2[i] - one[i]) > 1e-5 * std::abs(one[i]);
   }
   CHECK(differs);  // the compressed momentum is not the all-reduced one
+  // The first compressed step (row 3, the single-process weights) clips by
+  // rank 0's local gradient: the mean over its own half of the batch, not
+  // that divided by the data-parallel size (DeepSpeed's engine leaves the
+  // local gradients unscaled when it skips the all-reduce).
+  const std::vector<double> norm_one = read_csv_column(dist_data().dir + "/csv/onebit_single3/train.csv", "grad_norm");
+  const std::vector<double> norm_dp2 = read_csv_column(dist_data().dir + "/csv/onebit_dp2_frozen/train.csv", "grad_norm");
+  CHECK(std::abs(norm_dp2[2] - norm_one[2]) <= 1e-5 * norm_one[2]);  // warm-up: the all-reduced gradient's
+  INFO("local " << norm_dp2[3] << ", whole batch " << norm_one[3]);
+  CHECK(norm_dp2[3] > 0.8 * norm_one[3]);
   CHECK(dp2.back() < dp2.front() - 0.2);
   // Saved in the compressed phase and resumed: the resumed process starts
   // with an initialising step again (as DeepSpeed) and goes on compressing.
