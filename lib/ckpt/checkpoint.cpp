@@ -138,6 +138,7 @@ void write_step_files(const fs::path& tmp, const TrainState& st, const Checkpoin
     w.set_metadata("states", names);
     w.set_metadata("non_negative", non_negative);
     if (!d.opt_type.empty()) w.set_metadata("optimizer", d.opt_type);
+    if (!d.opt_scalars.empty()) w.set_metadata("optimizer_scalars", d.opt_scalars);
     if (d.opt_parts.empty()) {
       for (size_t i = 0; i < d.opt_state.size(); ++i) {
         const OptimizerStateTensor& s = d.opt_state[i];
@@ -421,7 +422,18 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   std::optional<SafetensorsFile> model;
   if (d.receive_params) model = open_saved_model(s);
   if (!d.receive_params) params = read_full_params(s, *d.layout);
-  if (!d.weights_only) opt_step = read_opt_state(s, d, same, opt_state, part_state);
+  std::string opt_scalars;
+  if (!d.weights_only) {
+    opt_step = read_opt_state(s, d, same, opt_state, part_state);
+    // (another layout: the saved shards' coordinates are not this rank's; the first one tells)
+    opt_scalars = same ? saved_optimizer_scalars(s, s.sizes.at(d.shard.tp_rank, d.shard.pp_rank).at_ep(d.shard.ep_rank))
+                       : saved_optimizer_scalars(s, s.sizes.at(0, 0));
+    DS_USER_CHECK(same || opt_scalars.empty(),
+                  "checkpoint '{}' holds {}'s per-tensor values of its compression stage, which load into the layout "
+                  "it was saved with only (tensor {}, pipeline {}; this job: tensor {}, pipeline {}); load it with "
+                  "that layout, or load the weights alone (--finetune)",
+                  step, d.opt_type, saved_tp, saved_pp, dst.tp, dst.pp);
+  }
   progress.finish();
   if (d.receive_params) {
     const ModelLayout& local = d.opt_layout ? *d.opt_layout : *d.layout;
@@ -439,6 +451,7 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
     for (size_t p = 0; p < part_state.size(); ++p)
       for (size_t i = 0; i < part_state[p].size(); ++i) place(d.opt_parts[p].states[i].t, part_state[p][i].t);
     d.opt_step = opt_step;
+    d.opt_scalars = opt_scalars;
   }
   st = train;
   return true;

@@ -66,6 +66,11 @@ struct CheckpointData {
   // each shard; loading refuses a checkpoint of another type. Empty: not
   // recorded (saving) / not checked (loading).
   std::string opt_type;
+  // The optimizer's per-tensor values beside its state tensors
+  // (Optimizer::saved_scalars: 1-bit Lamb's compression stage), "" for none.
+  // Saved as shard metadata; loading fills it from this rank's shard, and
+  // refuses a reshaped load of a checkpoint that has them.
+  std::string opt_scalars;
   // Loading only, instead of `params`: called once, after every check
   // passed, with a reader of any range [begin, end) of this rank's shard
   // layout (`opt_layout`, else `layout`) from the saved model, so that a rank

@@ -57,6 +57,9 @@ void write_reshaped(const SavedStep& s, const ReshapeTarget& t, const std::strin
   const SafetensorsFile model = open_saved_model(s);  // checksum, and every weight present as F32
   const OptimizerStates names = saved_state_names(s);
   const std::string opt_type = saved_optimizer_type(s);
+  DS_USER_CHECK(saved_optimizer_scalars(s, s.sizes.at(0, 0)).empty(),
+                "checkpoint '{}' holds {}'s per-tensor values of its compression stage, which dsconvert cannot carry "
+                "into another layout; convert a checkpoint saved before its freeze_step", s.dir.string(), opt_type);
   if (s.progress) s.progress->finish();  // the saves print their own progress
   SavedStep src = s;
   src.progress = nullptr;

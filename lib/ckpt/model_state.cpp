@@ -72,6 +72,7 @@ CheckpointData rank_checkpoint(const RankModel& r, const Tensor& params, Optimiz
   d.opt_end = opt_range.end;
   d.opt_step = opt.step_count();
   d.opt_type = opt.type();
+  d.opt_scalars = opt.saved_scalars();
   d.rank = shard_index;
   d.world = shards;
   d.opt_layout = &r.model->layout();

@@ -118,6 +118,10 @@ OptimizerStates saved_state_names(const SavedStep& s);
 // The optimizer type the step's shards record (metadata "optimizer"; a shard
 // written before it was recorded: "AdamW", the only optimizer then).
 std::string saved_optimizer_type(const SavedStep& s);
+// The optimizer's per-tensor values (Optimizer::saved_scalars) that the first
+// optimizer file of shard `at` records (metadata "optimizer_scalars"), ""
+// when it records none.
+std::string saved_optimizer_scalars(const SavedStep& s, const ShardCoords& at);
 // UserError naming the step when the optimizer type `type` (unless empty)
 // differs from saved_optimizer_type(s), or the state names `want` (an
 // optimizer's) differ from saved_state_names(s): saved with another optimizer.

@@ -185,6 +185,14 @@ std::string saved_optimizer_type(const SavedStep& s) {
   return it->second;
 }
 
+std::string saved_optimizer_scalars(const SavedStep& s, const ShardCoords& at) {
+  const std::string name = optimizer_shard_name(0, s.shards, at);
+  DS_USER_CHECK(fs::exists(s.dir / name), "checkpoint '{}': optimizer shard '{}' is missing", s.dir.string(), name);
+  const auto meta = SafetensorsFile::open((s.dir / name).string()).metadata();
+  auto it = meta.find("optimizer_scalars");
+  return it == meta.end() ? "" : it->second;
+}
+
 OptimizerStates saved_state_names(const SavedStep& s) {
   fs::path f;
   const auto meta = first_shard_metadata(s, f);

@@ -242,6 +242,21 @@ json optimizer_json(const OptimizerConfig& o) {
       break;
     case OptimizerKind::Lion: break;
     case OptimizerKind::OneBitAdam: p["freeze_step"] = s.freeze_step; break;
+    case OptimizerKind::ZeroOneAdam:
+      p["var_freeze_step"] = s.var_freeze_step;
+      p["var_update_scaler"] = s.var_update_scaler;
+      p["local_step_scaler"] = s.local_step_scaler;
+      p["local_step_clipper"] = s.local_step_clipper;
+      break;
+    case OptimizerKind::OneBitLamb:
+      p["freeze_step"] = s.freeze_step;
+      p["max_coeff"] = num(s.max_coeff);
+      p["min_coeff"] = num(s.min_coeff);
+      p["coeff_beta"] = num(s.coeff_beta);
+      p["factor_max"] = num(s.factor_max);
+      p["factor_min"] = num(s.factor_min);
+      p["factor_threshold"] = num(s.factor_threshold);
+      break;
     case OptimizerKind::Lamb:
       p["bias_correction"] = s.bias_correction;
       p["max_coeff"] = num(s.max_coeff);

@@ -91,22 +91,44 @@ void read_optimizer_keys(DsSection& p, OptimizerKind kind, OptimizerSpec& sp, Wa
     DS_USER_CHECK(sp.initial_accumulator_value >= 0, "config: '{}' must be >= 0, got {}",
                   p.full("initial_accumulator_value"), sp.initial_accumulator_value);
   }
-  if (kind == OptimizerKind::OneBitAdam) {
-    sp.freeze_step = p.get<int64_t>("freeze_step", sp.freeze_step);
-    DS_USER_CHECK(sp.freeze_step >= 1, "config: '{}' must be >= 1, got {}", p.full("freeze_step"), sp.freeze_step);
-    // Upstream's update has no bias correction and no use for eps_inside_sqrt
-    // whatever they say; cuda_aware and comm_backend_name pick DeepSpeed's
-    // transport (MPI, NCCL, the compressed backend): here the data-parallel
-    // group's own backend carries the exchange.
+  if (is_onebit(kind)) {
+    auto at_least_1 = [&](const char* key, int64_t& v) {
+      v = p.get<int64_t>(key, v);
+      DS_USER_CHECK(v >= 1, "config: '{}' must be >= 1, got {}", p.full(key), v);
+    };
+    if (kind != OptimizerKind::ZeroOneAdam) at_least_1("freeze_step", sp.freeze_step);
+    if (kind == OptimizerKind::ZeroOneAdam)
+      for (auto [key, v] : {std::pair<const char*, int64_t*>{"var_freeze_step", &sp.var_freeze_step},
+                            {"var_update_scaler", &sp.var_update_scaler},
+                            {"local_step_scaler", &sp.local_step_scaler},
+                            {"local_step_clipper", &sp.local_step_clipper}})
+        at_least_1(key, *v);
+    if (kind == OptimizerKind::OneBitLamb) {
+      sp.coeff_beta = p.get<float>("coeff_beta", sp.coeff_beta);
+      sp.factor_max = p.get<float>("factor_max", sp.factor_max);
+      sp.factor_min = p.get<float>("factor_min", sp.factor_min);
+      sp.factor_threshold = p.get<float>("factor_threshold", sp.factor_threshold);
+      DS_USER_CHECK(0 <= sp.coeff_beta && sp.coeff_beta < 1, "config: '{}' must be in [0, 1), got {}",
+                    p.full("coeff_beta"), sp.coeff_beta);
+      DS_USER_CHECK(0 < sp.factor_min && sp.factor_min <= sp.factor_max,
+                    "config: '{}' {} and '{}' {} must satisfy 0 < factor_min <= factor_max", p.full("factor_min"),
+                    sp.factor_min, p.full("factor_max"), sp.factor_max);
+      DS_USER_CHECK(0 <= sp.factor_threshold && sp.factor_threshold < 1, "config: '{}' must be in [0, 1), got {}",
+                    p.full("factor_threshold"), sp.factor_threshold);
+    }
+    // Upstream's updates have no bias correction and no use for
+    // eps_inside_sqrt whatever they say; cuda_aware and comm_backend_name
+    // pick DeepSpeed's transport (MPI, NCCL, the compressed backend): here
+    // the data-parallel group's own backend carries the exchange.
     for (const char* k : {"bias_correction", "eps_inside_sqrt", "cuda_aware"}) (void)p.get<bool>(k, false);
     const std::string backend = p.get<std::string>("comm_backend_name", "nccl");
     DS_USER_CHECK(backend == "nccl" || backend == "mpi" || backend == "compressed" || backend == "hccl",
                   "config: '{}' '{}' must be nccl, mpi, compressed or hccl", p.full("comm_backend_name"), backend);
   }
-  if (kind == OptimizerKind::Lamb) {
+  if (kind == OptimizerKind::Lamb || kind == OptimizerKind::OneBitLamb) {
     sp.max_coeff = p.get<float>("max_coeff", sp.max_coeff);
     sp.min_coeff = p.get<float>("min_coeff", sp.min_coeff);
-    sp.eps_inside_sqrt = p.get<bool>("eps_inside_sqrt", sp.eps_inside_sqrt);
+    if (kind == OptimizerKind::Lamb) sp.eps_inside_sqrt = p.get<bool>("eps_inside_sqrt", sp.eps_inside_sqrt);
     DS_USER_CHECK(0 < sp.min_coeff && sp.min_coeff <= sp.max_coeff,
                   "config: '{}' {} and '{}' {} must satisfy 0 < min_coeff <= max_coeff", p.full("min_coeff"),
                   sp.min_coeff, p.full("max_coeff"), sp.max_coeff);

@@ -481,13 +481,26 @@ void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
                 "optimizer.type Lamb cannot be combined with zero_optimization.offload_optimizer: the offloaded step "
                 "updates its range bucket by bucket and Lamb needs whole-tensor norms (DeepSpeed's ZeRO-Offload has "
                 "no Lamb either); drop offload_optimizer");
-  if (optimizer_kind(cfg.optim.spec) == OptimizerKind::OneBitAdam) {
-    DS_USER_CHECK(cfg.zero.stage == 0, "optimizer.type OneBitAdam: 1bit-Adam is not compatible with ZeRO (as in "
-                  "DeepSpeed); set zero_optimization.stage 0 (it is {})", cfg.zero.stage);
-    DS_USER_CHECK(cfg.device == DeviceType::CPU, "optimizer.type OneBitAdam runs on the CPU backend only so far");
-    DS_USER_CHECK(!cfg.cuda_graph, "optimizer.type OneBitAdam cannot be combined with --cuda-graph");
+  // DeepSpeed's engine: "DeepSpeed {Lamb, OneBitLamb} optimizer requires dynamic loss scaling".
+  DS_USER_CHECK((optimizer_kind(cfg.optim.spec) != OptimizerKind::Lamb &&
+                 optimizer_kind(cfg.optim.spec) != OptimizerKind::OneBitLamb) ||
+                    cfg.precision.precision != Precision::FP16 || cfg.precision.loss_scale == 0,
+                "optimizer.type {} requires dynamic loss scaling with fp16 (as in DeepSpeed): set fp16.loss_scale to "
+                "0 (it is {})", cfg.optim.spec.type, cfg.precision.loss_scale);
+  if (const OptimizerKind k = *optimizer_kind(cfg.optim.spec); is_onebit(k)) {
+    const std::string& t = cfg.optim.spec.type;
+    // DeepSpeed's engine asserts these names.
+    const char* upstream = k == OptimizerKind::OneBitAdam ? "1bit-Adam" : k == OptimizerKind::ZeroOneAdam ? "0/1 Adam"
+                                                                                                          : "1bit-Lamb";
+    DS_USER_CHECK(cfg.zero.stage == 0, "optimizer.type {}: {} is not compatible with ZeRO (as in DeepSpeed); set "
+                  "zero_optimization.stage 0 (it is {})", t, upstream, cfg.zero.stage);
+    DS_USER_CHECK(cfg.device == DeviceType::CPU, "optimizer.type {} runs on the CPU backend only so far", t);
+    DS_USER_CHECK(!cfg.cuda_graph, "optimizer.type {} cannot be combined with --cuda-graph", t);
     DS_USER_CHECK(cfg.model.moe.expert_parallel_size == 1 || !cfg.model.moe.enabled(cfg.model.num_layers),
-                  "optimizer.type OneBitAdam with expert parallelism is not implemented yet");
+                  "optimizer.type {} with expert parallelism is not implemented yet", t);
+    DS_USER_CHECK(cfg.parallel.sp == 1, "optimizer.type {} with DeepSpeed-Ulysses (ds_sequence_parallel_size {}) is "
+                  "not implemented yet: its compressed exchange would stand in for the sequence ranks' gradient sum",
+                  t, cfg.parallel.sp);
   }
   validate_data(cfg.data);
   validate_curriculum(cfg);

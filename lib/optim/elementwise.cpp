@@ -18,7 +18,9 @@ OptimRule rule_of(OptimizerKind k) {
     case OptimizerKind::Adagrad: return OptimRule::Adagrad;
     case OptimizerKind::Lion: return OptimRule::Lion;
     case OptimizerKind::Lamb:
-    case OptimizerKind::OneBitAdam: break;
+    case OptimizerKind::OneBitAdam:
+    case OptimizerKind::ZeroOneAdam:
+    case OptimizerKind::OneBitLamb: break;
   }
   DS_CHECK(false, "optimizer kind {} is not element-wise", optimizer_kind_name(k));
   return OptimRule::Sgd;

@@ -14,18 +14,15 @@
 //     then each parameter tensor's m is replaced by its 1-bit compressed mean
 //     over the data-parallel ranks (lib/comm/onebit.h, error feedback kept per
 //     tensor), u and p as in warm-up.
-// The compression errors live with the optimizer only: a checkpoint holds
-// exp_avg and exp_avg_sq, and a resumed run starts with fresh errors (as
-// DeepSpeed resets them on load). Compression is per parameter tensor of the
-// rank's layout (DeepSpeed's fp32 path; its fp16 wrapper flattens each
-// parameter group into one tensor, so its scales cover a group).
+// Compression is per parameter tensor of the rank's layout (DeepSpeed's fp32
+// path; its fp16 wrapper flattens each parameter group into one tensor, so
+// its scales cover a group). The shared part: onebit_family.h.
 #pragma once
-#include "lib/comm/onebit.h"
-#include "lib/optim/optimizer.h"
+#include "lib/optim/onebit_family.h"
 
 namespace ds {
 
-class OneBitAdam final : public Optimizer {
+class OneBitAdam final : public OneBitFamily {
  public:
   OneBitAdam(const OptimizerSpec& spec, const ModelLayout& layout, Device dev, int64_t begin, int64_t end);
 
@@ -34,19 +31,10 @@ class OneBitAdam final : public Optimizer {
     return {{"exp_avg", DType::F32}, {"exp_avg_sq", DType::F32, true}};
   }
   void step(const StepTensors& t, const StepHyper& h, float grad_scale, const Stream& s = Stream{}) override;
-  bool step_part(int64_t, int64_t, const StepTensors&, const StepHyper&, float) override { return false; }
   void set_step_count(int64_t n) override;
-  bool gradients_stay_local() const override { return compressing_; }
-  void set_data_parallel(Communicator* dp) override { dp_ = dp; }
 
  private:
-  // Each parameter tensor's exp_avg replaced by its compressed mean.
-  void compress_moments();
   OptimizerSpec spec_;
-  std::vector<Segment> segs_;
-  std::vector<OneBitErrors> errors_;  // per segment
-  Communicator* dp_ = nullptr;
-  bool initialized_ = false, compressing_ = false;
 };
 
 }  // namespace ds

@@ -10,6 +10,8 @@
 #include "lib/optim/elementwise.h"
 #include "lib/optim/lamb.h"
 #include "lib/optim/onebit_adam.h"
+#include "lib/optim/onebit_lamb.h"
+#include "lib/optim/zero_one_adam.h"
 
 namespace ds {
 
@@ -113,7 +115,11 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, const Model
       DS_CHECK(home == StateHome::Own, "Lamb keeps its own state (its update is not element-wise)");
       return std::make_unique<Lamb>(spec, layout, dev, begin, end);
     case OptimizerKind::OneBitAdam:
-      DS_CHECK(home == StateHome::Own, "OneBitAdam keeps its own state (ZeRO stage 0 only)");
+    case OptimizerKind::ZeroOneAdam:
+    case OptimizerKind::OneBitLamb:
+      DS_CHECK(home == StateHome::Own, "{} keeps its own state (ZeRO stage 0 only)", spec.type);
+      if (*kind == OptimizerKind::ZeroOneAdam) return std::make_unique<ZeroOneAdam>(spec, layout, dev, begin, end);
+      if (*kind == OptimizerKind::OneBitLamb) return std::make_unique<OneBitLamb>(spec, layout, dev, begin, end);
       return std::make_unique<OneBitAdam>(spec, layout, dev, begin, end);
   }
   DS_CHECK(false, "optimizer kind {} has no class", static_cast<int>(*kind));

@@ -112,6 +112,13 @@ class Optimizer {
   // over the data-parallel group set here instead).
   virtual bool gradients_stay_local() const { return false; }
   virtual void set_data_parallel(Communicator*) {}
+  // Per-tensor values a checkpoint keeps beside the state tensors (1-bit
+  // Lamb's frozen trust ratios in its compression stage): a JSON text, ""
+  // when there are none. load_scalars gets that text back after the states
+  // and the step count were loaded (the same tensor and pipeline layout only:
+  // a reshaped load with such values is refused).
+  virtual std::string saved_scalars() const { return ""; }
+  virtual void load_scalars(const std::string&) {}
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }
   const ModelLayout& layout() const { return *layout_; }

@@ -19,7 +19,8 @@ struct Registered {
 constexpr Registered kRegistry[] = {
     {"Adam", OptimizerKind::AdamW},      {"AdamW", OptimizerKind::AdamW}, {"SGD", OptimizerKind::SGD},
     {"Adagrad", OptimizerKind::Adagrad}, {"Lion", OptimizerKind::Lion},   {"Lamb", OptimizerKind::Lamb},
-    {"OneBitAdam", OptimizerKind::OneBitAdam},
+    {"OneBitAdam", OptimizerKind::OneBitAdam}, {"ZeroOneAdam", OptimizerKind::ZeroOneAdam},
+    {"OneBitLamb", OptimizerKind::OneBitLamb},
 };
 
 bool same_type(std::string_view a, std::string_view b) {
@@ -69,6 +70,8 @@ const char* optimizer_kind_name(OptimizerKind k) {
     case OptimizerKind::Lion: return "Lion";
     case OptimizerKind::Lamb: return "Lamb";
     case OptimizerKind::OneBitAdam: return "OneBitAdam";
+    case OptimizerKind::ZeroOneAdam: return "ZeroOneAdam";
+    case OptimizerKind::OneBitLamb: return "OneBitLamb";
   }
   return "?";
 }
@@ -78,6 +81,7 @@ int optimizer_state_count(const OptimizerSpec& spec) {
     case OptimizerKind::SGD: return spec.momentum != 0 ? 1 : 0;
     case OptimizerKind::Adagrad:
     case OptimizerKind::Lion: return 1;
+    case OptimizerKind::OneBitLamb: return 3;
     default: return 2;
   }
 }

@@ -13,7 +13,11 @@ namespace ds {
 // AdamW: decoupled weight decay (DeepSpeed's "AdamW", and "Adam" with its
 // default adam_w_mode true). AdamL2: "Adam" with adam_w_mode false (the decay
 // is added to the gradient, torch.optim.Adam). The rest: DeepSpeed's names.
-enum class OptimizerKind { AdamW, AdamL2, SGD, Adagrad, Lion, Lamb, OneBitAdam };
+enum class OptimizerKind { AdamW, AdamL2, SGD, Adagrad, Lion, Lamb, OneBitAdam, ZeroOneAdam, OneBitLamb };
+// The 1-bit family: DeepSpeed's optimizers with compressed communication (ZeRO stage 0).
+inline bool is_onebit(OptimizerKind k) {
+  return k == OptimizerKind::OneBitAdam || k == OptimizerKind::ZeroOneAdam || k == OptimizerKind::OneBitLamb;
+}
 
 // The optimizer and its own hyper-parameters (the shared ones, lr, betas,
 // eps and weight_decay, are per step: StepHyper, optimizer.h). Defaults are
@@ -25,9 +29,15 @@ struct OptimizerSpec {
   float momentum = 0, dampening = 0;  // SGD
   bool nesterov = false;              // SGD
   float lr_decay = 0, initial_accumulator_value = 0;  // Adagrad
-  float max_coeff = 10.f, min_coeff = 0.01f;          // Lamb: the trust ratio's clamp
+  float max_coeff = 10.f, min_coeff = 0.01f;          // Lamb, OneBitLamb: the trust ratio's clamp
   bool eps_inside_sqrt = false;                       // Lamb: sqrt(v + eps) instead of sqrt(v) + eps
-  int64_t freeze_step = 100000;  // OneBitAdam: warm-up steps before the compressed exchange
+  int64_t freeze_step = 100000;  // OneBitAdam, OneBitLamb: warm-up steps before the compressed exchange
+  // ZeroOneAdam: the last step that updates the variance, the variance
+  // interval's doubling period, the local-step interval's doubling period and cap.
+  int64_t var_freeze_step = 100000, var_update_scaler = 16, local_step_scaler = 32678, local_step_clipper = 16;
+  // OneBitLamb: the frozen trust ratio's moving-average coefficient and the
+  // compression stage's factor bounds.
+  float coeff_beta = 0.9f, factor_max = 4.0f, factor_min = 0.5f, factor_threshold = 0.1f;
 };
 
 // The kind of a registered type (case-insensitive), none for anything else.
@@ -39,10 +49,12 @@ std::optional<OptimizerKind> optimizer_kind(const OptimizerSpec& spec);
 std::string canonical_optimizer_type(std::string_view type);
 std::string optimizer_types_text();
 // The name a checkpoint records for a kind (Optimizer::type()): "AdamW",
-// "Adam" (L2), "SGD", "Adagrad", "Lion", "Lamb", "OneBitAdam".
+// "Adam" (L2), "SGD", "Adagrad", "Lion", "Lamb", "OneBitAdam",
+// "ZeroOneAdam", "OneBitLamb".
 const char* optimizer_kind_name(OptimizerKind k);
 // f32 state tensors the optimizer keeps per parameter element (the memory
-// estimate): AdamW, Adam, Lamb, OneBitAdam 2; Adagrad, Lion 1; SGD 1 with momentum, else 0.
+// estimate): AdamW, Adam, Lamb, OneBitAdam, ZeroOneAdam 2; OneBitLamb 3; Adagrad, Lion 1;
+// SGD 1 with momentum, else 0.
 int optimizer_state_count(const OptimizerSpec& spec);
 
 }  // namespace ds

@@ -211,10 +211,14 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
     tier_host += NvmeStateTier::host_bytes_for(tier, nvme_states(cfg, r), part_shard);
   }
   if (r.nvme_params) r.states.params = 0;  // offload_param nvme: the parameter shard joins the swap file
-  // OneBitAdam (stage 0): the compression errors of every tensor, the
-  // worker's (n, padded) and the server's (n / DP), besides its moments.
-  if (stage == 0 && e.sdp > 1 && optimizer_kind(cfg.optim.spec) == OptimizerKind::OneBitAdam)
-    r.states.optimizer += 4 * n + 4 * n / e.sdp;
+  // The 1-bit family (stage 0), besides its state tensors: with several
+  // ranks the compression errors, the worker's (n, padded) and the server's
+  // (n / DP); 0/1 Adam's update accumulator and 1-bit Lamb's copy of the
+  // momentum before a compressed step (n each), with one rank too.
+  if (const OptimizerKind k = *optimizer_kind(cfg.optim.spec); stage == 0 && is_onebit(k)) {
+    if (e.sdp > 1) r.states.optimizer += 4 * n + 4 * n / e.sdp;
+    if (k != OptimizerKind::OneBitAdam) r.states.optimizer += 4 * n;
+  }
   if (stage == 3) {
     int64_t largest = 0, persistent = 0;
     for (size_t i = 0; i < units.size(); ++i) {

@@ -228,15 +228,28 @@ void Trainer::log_setup() {
            full_layout_.total - inactive_expert_params(full_layout_, m.topk), m.train_capacity_factor,
            m.eval_capacity_factor, m.min_capacity, m.drop_tokens ? "dropping tokens" : "dropless", m.loss_coeff);
   }
-  if (optimizer_kind(cfg_.optim.spec) == OptimizerKind::OneBitAdam) {  // the bytes a rank sends per step
+  if (const OptimizerKind k = *optimizer_kind(cfg_.optim.spec); is_onebit(k)) {  // the bytes a rank sends per step
+    const OptimizerSpec& sp = cfg_.optim.spec;
     int64_t compressed = 0;
-    for (const ParamSpec& p : model_->layout().params) compressed += onebit_bytes_sent(p.numel, sdp_);
+    if (k == OptimizerKind::OneBitLamb)  // one tensor: the whole momentum
+      compressed = onebit_bytes_sent(model_->layout().total, sdp_);
+    else
+      for (const ParamSpec& p : model_->layout().params) compressed += onebit_bytes_sent(p.numel, sdp_);
     const int64_t ring = sdp_ > 1 ? 2 * (sdp_ - 1) * 4 * model_->layout().total / sdp_ : 0;
-    DS_LOG("OneBitAdam: an initialising step, then the warm-up with all-reduced gradients until step {} "
-           "(freeze_step), then the variance frozen and each tensor's momentum exchanged in 1-bit form over {} "
-           "data-parallel rank{}: about {} bytes sent per rank per step, against {} for a ring all-reduce of the "
-           "f32 gradients",
-           cfg_.optim.spec.freeze_step, sdp_, sdp_ == 1 ? "" : "s", compressed, ring);
+    const std::string phases =
+        k == OptimizerKind::ZeroOneAdam
+            ? fmt::format("variance steps on all-reduced gradients at intervals doubling every {} of them "
+                          "(var_update_scaler), the gradients between them exchanged in 1-bit form; after step {} "
+                          "(var_freeze_step) local steps, the ranks synchronising their accumulated updates in "
+                          "1-bit form at intervals doubling every {} steps up to {} (local_step_scaler, "
+                          "local_step_clipper)",
+                          sp.var_update_scaler, sp.var_freeze_step, sp.local_step_scaler, sp.local_step_clipper)
+            : fmt::format("the warm-up with all-reduced gradients until step {} (freeze_step), then the variance "
+                          "frozen and {} momentum exchanged in 1-bit form",
+                          sp.freeze_step, k == OptimizerKind::OneBitLamb ? "the whole" : "each tensor's");
+    DS_LOG("{}: an initialising step, then {}, over {} data-parallel rank{}: at most about {} bytes sent per rank "
+           "per compressed exchange, against {} for a ring all-reduce of the f32 gradients",
+           sp.type, phases, sdp_, sdp_ == 1 ? "" : "s", compressed, ring);
   }
   if (moe_ && shard_.ep > 1)
     DS_LOG("expert parallel: {} ranks, this rank holds block {} of each MoE layer's experts ({} per MoE "
@@ -525,6 +538,7 @@ void Trainer::load_or_init() {
       if (d.weights_only) return start_after_weights_only_load();
       if (scaler_) scaler_->restore(state_.loss_scale, state_.good_steps, static_cast<int>(state_.hysteresis_left));
       opt_->set_step_count(d.opt_step);
+      opt_->optimizer().load_scalars(d.opt_scalars);
       fill_legacy_lr_clock(cfg_, state_);
       const std::string lr_note = reconcile_lr_schedule(cfg_, state_);
       if (!lr_note.empty()) DS_LOG("{}", lr_note);

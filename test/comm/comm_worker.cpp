@@ -27,8 +27,12 @@
 #include "lib/core/rng.h"
 #include "lib/parallel/comms.h"
 #include "test/comm/nccl_scenario.h"
+#include "test/comm/onebit_ref.h"
 
 namespace ds {
+namespace test {
+int onebit_optimizers_scenario();  // onebit_optim_scenario.cpp
+}
 namespace {
 
 #define WCHECK(cond, ...)                                                          \
@@ -420,60 +424,13 @@ float input(int rank, int round, int64_t i, int64_t n) {
   return static_cast<float>(i == n / 2 ? 0.0 : u);  // one exact zero: its sign counts as +1
 }
 
-// All ranks' errors and one call for all of them; returns the common result.
-struct Sim {
-  int W;
-  int64_t n, np;
-  std::vector<std::vector<float>> worker, server;  // per rank
-  Sim(int w, int64_t n_) : W(w), n(n_), np(ds::onebit_padded_size(n_, w)) {
-    worker.assign(W, std::vector<float>(np, 0.f));
-    server.assign(W, std::vector<float>(np / W, 0.f));
-  }
-  static float scale_of(const std::vector<float>& v) {
-    double s = 0;
-    for (float a : v) s += static_cast<double>(a) * a;
-    return static_cast<float>(std::sqrt(s) / std::sqrt(static_cast<double>(v.size())));
-  }
-  static float sgn(float v) { return v < 0.f ? -1.f : 1.f; }
-  std::vector<float> call(int round) {
-    const int64_t chunk = np / W;
-    std::vector<std::vector<float>> signs(W, std::vector<float>(np));
-    std::vector<float> scale(W);
-    for (int r = 0; r < W; ++r) {
-      std::vector<float> b(np);
-      for (int64_t i = 0; i < np; ++i) b[i] = (i < n ? input(r, round, i, n) : 0.f) + worker[r][i];
-      scale[r] = scale_of(b);
-      for (int64_t i = 0; i < np; ++i) {
-        signs[r][i] = sgn(b[i]);
-        worker[r][i] = b[i] - scale[r] * signs[r][i];
-      }
-    }
-    std::vector<float> out(n);
-    for (int j = 0; j < W; ++j) {  // server j: chunk j
-      std::vector<float> c(chunk);
-      for (int64_t k = 0; k < chunk; ++k) {
-        float acc = 0.f;
-        for (int r = 0; r < W; ++r) acc += signs[r][j * chunk + k] * (scale[r] * (1.f / static_cast<float>(W)));
-        c[k] = acc + server[j][k];
-      }
-      const float t = scale_of(c);
-      for (int64_t k = 0; k < chunk; ++k) {
-        const float sg = sgn(c[k]);
-        server[j][k] = c[k] - t * sg;
-        if (j * chunk + k < n) out[j * chunk + k] = t * sg;
-      }
-    }
-    return out;
-  }
-};
-
 }  // namespace onebit_ref
 
 int scenario_onebit() {
   auto world = make_world_communicator(Backend::Gloo, RendezvousInfo::from_env());
   const int W = world->size(), me = world->rank();
   for (int64_t n : {int64_t{1}, int64_t{37}, int64_t{1000}, int64_t{4096}}) {
-    onebit_ref::Sim sim(W, n);
+    test::OneBitSim sim(W, n);
     OneBitErrors e;
     for (int round = 0; round < 3; ++round) {
       std::vector<float> x(n);
@@ -482,7 +439,10 @@ int scenario_onebit() {
       for (int r = 0; r < W; ++r)
         for (int64_t i = 0; i < n; ++i) mean[i] += onebit_ref::input(r, round, i, n) / static_cast<float>(W);
       onebit_all_reduce(*world, x.data(), n, e);
-      const std::vector<float> want = sim.call(round);
+      std::vector<std::vector<float>> inputs(W, std::vector<float>(n));
+      for (int r = 0; r < W; ++r)
+        for (int64_t i = 0; i < n; ++i) inputs[r][i] = onebit_ref::input(r, round, i, n);
+      const std::vector<float> want = sim.reduce(inputs);
       for (int64_t i = 0; i < n; ++i)
         WCHECK(std::fabs(x[i] - want[i]) <= 1e-6f * std::fabs(want[i]), "n {} round {} element {}: {} vs {}", n,
                round, i, x[i], want[i]);
@@ -607,6 +567,7 @@ int main(int argc, char** argv) {
       {"bench", scenario_bench},
       {"async", scenario_async},
       {"onebit", scenario_onebit},
+      {"onebit_optimizers", test::onebit_optimizers_scenario},
       {"async_fail", scenario_async_fail},
   };
   if (argc < 2 || !scenarios.count(argv[1])) {

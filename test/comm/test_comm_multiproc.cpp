@@ -74,6 +74,19 @@ TEST_CASE("the 1-bit all-reduce equals a simulation of its formulas on 2, 3 and 
   }
 }
 
+// OneBitAdam, ZeroOneAdam and OneBitLamb on real ranks equal a simulation
+// of all ranks written from DeepSpeed's rules (onebit_optim_scenario.cpp).
+TEST_CASE("the 1-bit optimizers on 1, 2 and 4 processes equal a simulation of DeepSpeed's rules", "[multiproc]") {
+  for (int world : {1, 2, 4}) {
+    JobSpec s;
+    s.scenario = "onebit_optimizers";
+    s.world = world;
+    s.timeout_s = 120;
+    INFO("world " << world);
+    expect_all_ok(run(s));
+  }
+}
+
 TEST_CASE("sub-groups and build_comms on 4 processes", "[multiproc]") {
   JobSpec s;
   s.scenario = "groups";

@@ -190,7 +190,8 @@ std::set<std::string> accepted_ds_keys() {
   };
   for (const char* type : {"Adam", "AdamW", "SGD", "Adagrad", "Lion", "Lamb"})
     with({{"optimizer", {{"type", type}, {"params", {{"torch_adam", false}, {"fused", true}}}}}});
-  with({{"optimizer", {{"type", "OneBitAdam"}}}, {"zero_optimization", {{"stage", 0}}}});
+  for (const char* type : {"OneBitAdam", "ZeroOneAdam", "OneBitLamb"})
+    with({{"optimizer", {{"type", type}}}, {"zero_optimization", {{"stage", 0}}}});
   for (const auto& [kind, name] : kLrSchedulerNames)
     if (kind != LrScheduler::Megatron)
       with({{"scheduler", {{"type", name}, {"params", {{"cycle_min_lr", 0.0}, {"cycle_max_lr", 0.1}}}}}});

@@ -413,8 +413,33 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
                     Contains("offload_param.device nvme needs offload_optimizer.device nvme too"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"aio", {{"block_size", 1000}}}, {"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}})),
                     Contains("aio.block_size 1000 must be a positive multiple of 4096"));
-  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "ZeroOneAdam"}}}})),
-                    Contains("optimizer.type 'ZeroOneAdam' is not supported"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "MuAdam"}}}})),
+                    Contains("optimizer.type 'MuAdam' is not supported"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "ZeroOneAdam"}}}, {"zero_optimization", {{"stage", 2}}}})),
+                    Contains("0/1 Adam is not compatible with ZeRO (as in DeepSpeed); set zero_optimization.stage 0"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "OneBitLamb"}}}, {"zero_optimization", {{"stage", 1}}}})),
+                    Contains("1bit-Lamb is not compatible with ZeRO"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "ZeroOneAdam"}, {"params", {{"var_update_scaler", 0}}}}}})),
+                    Contains("'optimizer.params.var_update_scaler' must be >= 1, got 0"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "OneBitLamb"}, {"params", {{"factor_min", 5.0}}}}}})),
+                    Contains("must satisfy 0 < factor_min <= factor_max"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "OneBitLamb"}}}}), {"--ds-sequence-parallel-size", "2"}, 2),
+                    Contains("optimizer.type OneBitLamb with DeepSpeed-Ulysses"));
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "Lamb"}}}, {"fp16", {{"enabled", true}, {"loss_scale", 128}}}})),
+                    Contains("optimizer.type Lamb requires dynamic loss scaling with fp16 (as in DeepSpeed)"));
+  {
+    const TrainConfig z = parse_json(with(base(), {{"optimizer", {{"type", "zerooneadam"}, {"params", {{"var_freeze_step", 7}, {"local_step_clipper", 8}}}}}}));
+    CHECK(z.optim.spec.type == "ZeroOneAdam");
+    CHECK(z.optim.spec.var_freeze_step == 7);
+    CHECK(z.optim.spec.local_step_clipper == 8);
+    CHECK(z.optim.spec.var_update_scaler == 16);  // DeepSpeed's defaults
+    CHECK(z.optim.spec.local_step_scaler == 32678);
+    const TrainConfig l = parse_json(with(base(), {{"optimizer", {{"type", "OneBitLamb"}, {"params", {{"freeze_step", 9}, {"coeff_beta", 0.8}}}}}}));
+    CHECK(l.optim.spec.freeze_step == 9);
+    CHECK(l.optim.spec.coeff_beta == 0.8f);
+    CHECK(l.optim.spec.factor_max == 4.0f);
+    CHECK(l.optim.spec.factor_threshold == 0.1f);
+  }
   CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "OneBitAdam"}}}, {"zero_optimization", {{"stage", 1}}}})),
                     Contains("1bit-Adam is not compatible with ZeRO (as in DeepSpeed); set zero_optimization.stage 0"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"optimizer", {{"type", "OneBitAdam"}, {"params", {{"freeze_step", 0}}}}}})),

@@ -1,4 +1,5 @@
-// DeepSpeed's other optimizers (Adam with L2 decay, SGD, Adagrad, Lion, Lamb)
+// DeepSpeed's other optimizers (Adam with L2 decay, SGD, Adagrad, Lion, Lamb, and the
+// 1-bit family: OneBitAdam, ZeroOneAdam, OneBitLamb)
 // in real dstrain processes: DP2 with ZeRO-1 and ZeRO-2 and TP2 reproduce the
 // single-process loss curve (relative 1e-5; Lamb's per-tensor norms summed
 // over the ZeRO shards), a run saved and resumed is the uninterrupted curve,
@@ -234,4 +235,66 @@ TEST_CASE("OneBitAdam: the warm-up is the single-process curve at DP2, the compr
   std::string err;
   run("onebit_z1", frozen, 2, 1, 1, {}, &err);
   CHECK(err.find("1bit-Adam is not compatible with ZeRO") != std::string::npos);
+}
+
+// 0/1 Adam: with a variance interval that never grows (var_update_scaler
+// beyond the run) every step is a variance step on all-reduced gradients, so
+// DP2 is the single-process curve. With small intervals the run goes
+// through compressed gradients between variance steps and then local steps
+// with synchronisations: it trains, and resumes from a checkpoint.
+TEST_CASE("ZeroOneAdam: variance steps are the single-process curve at DP2, the local steps train and resume") {
+  const Opt dense{"zoadam_dense", R"({"type": "ZeroOneAdam", "params": {"lr": 3e-3, "weight_decay": 0.1,
+      "var_freeze_step": 100, "var_update_scaler": 100}})"};
+  const std::vector<double> single = run("zoadam_single", dense, 1, 0, 1, {});
+  REQUIRE(single.size() == kIters);
+  REQUIRE(single.back() < single.front());
+  require_same_curve(single, run("zoadam_dp2_dense", dense, 2, 0, 1, {}));
+  const Opt local{"zoadam_local", R"({"type": "ZeroOneAdam", "params": {"lr": 3e-3, "weight_decay": 0.1,
+      "var_freeze_step": 3, "var_update_scaler": 1, "local_step_scaler": 2, "local_step_clipper": 4}})"};
+  const std::vector<double> dp2 = run("zoadam_dp2_local", local, 2, 0, 1, {});
+  REQUIRE(dp2.size() == kIters);
+  for (double l : dp2) REQUIRE(std::isfinite(l));
+  CHECK(dp2.back() < dp2.front() - 0.2);
+  const std::string ck = dist_data().dir + "/zoadam_ck";
+  fs::remove_all(ck);
+  run("zoadam_first", local, 2, 0, 1, {"--save", ck, "--save-interval", "4", "--exit-interval", "4"});
+  const std::vector<double> resumed = run("zoadam_resumed", local, 2, 0, 1, {"--load", ck});
+  REQUIRE(resumed.size() == kIters - 4);
+  CHECK(resumed.front() == dp2[4]);  // rank 0's weights (a synchronisation step: every rank's)
+  for (double l : resumed) REQUIRE(std::isfinite(l));
+}
+
+// 1-bit Lamb: the warm-up (a freeze_step beyond the run) is the
+// single-process curve at DP2; with freeze_step 3 the compression stage
+// trains, its checkpoint keeps the per-tensor values (frozen trust ratios,
+// factors, momentum scales) and resumes in the compression stage, and a
+// load into another tensor-parallel layout is refused with one line.
+TEST_CASE("OneBitLamb: the warm-up is the single-process curve at DP2, the compression stage trains and resumes") {
+  const Opt warm{"olamb_warm", R"({"type": "OneBitLamb", "params": {"weight_decay": 0.1,
+      "freeze_step": 100}})"};
+  const std::vector<double> single = run("olamb_single", warm, 1, 0, 1, {"--lr", "3e-2"});
+  REQUIRE(single.size() == kIters);
+  REQUIRE(single.back() < single.front());
+  require_same_curve(single, run("olamb_dp2_warm", warm, 2, 0, 1, {"--lr", "3e-2"}));
+  const Opt frozen{"olamb_frozen", R"({"type": "OneBitLamb", "params": {"weight_decay": 0.1,
+      "freeze_step": 3}})"};
+  const std::vector<double> one = run("olamb_single3", frozen, 1, 0, 1, {"--lr", "3e-2"});
+  const std::vector<double> dp2 = run("olamb_dp2_frozen", frozen, 2, 0, 1, {"--lr", "3e-2"});
+  REQUIRE(dp2.size() == kIters);
+  for (int i = 0; i < 4; ++i) CHECK(std::abs(dp2[i] - one[i]) <= 1e-5 * std::abs(one[i]));
+  for (double l : dp2) REQUIRE(std::isfinite(l));
+  CHECK(dp2.back() < dp2.front() - 0.1);
+  CHECK(std::abs(dp2.back() - one.back()) < 0.02);  // the compression costs little against one process
+  const std::string ck = dist_data().dir + "/olamb_ck";
+  fs::remove_all(ck);
+  run("olamb_first", frozen, 2, 0, 1, {"--lr", "3e-2", "--save", ck, "--save-interval", "4", "--exit-interval", "4"});
+  const std::vector<double> resumed = run("olamb_resumed", frozen, 2, 0, 1, {"--lr", "3e-2", "--load", ck});
+  REQUIRE(resumed.size() == kIters - 4);
+  CHECK(resumed.front() == dp2[4]);
+  for (double l : resumed) REQUIRE(std::isfinite(l));
+  CHECK(resumed.back() < resumed.front());
+  std::string err;
+  run("olamb_tp2", frozen, 2, 0, 2, {"--lr", "3e-2", "--load", ck}, &err);
+  CHECK(err.find("holds OneBitLamb's per-tensor values of its compression stage, which load into the layout it was "
+                 "saved with only (tensor 1, pipeline 1; this job: tensor 2, pipeline 1)") != std::string::npos);
 }

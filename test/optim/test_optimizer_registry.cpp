@@ -40,10 +40,12 @@ TEST_CASE("the registry makes DeepSpeed's Adam and AdamW, case-insensitive, and 
   CHECK(canonical_optimizer_type("adam") == "Adam");
   CHECK(canonical_optimizer_type("lamb") == "Lamb");
   CHECK(canonical_optimizer_type("onebitadam") == "OneBitAdam");
-  CHECK(optimizer_types_text() == "Adam, AdamW, SGD, Adagrad, Lion, Lamb and OneBitAdam");
-  CHECK_THROWS_WITH(make_optimizer("ZeroOneAdam", layout, Device::cpu(), 0, 10),
-                    Contains("optimizer.type 'ZeroOneAdam' is not supported (dstrain implements Adam, AdamW, SGD, "
-                             "Adagrad, Lion, Lamb and OneBitAdam)"));
+  CHECK(optimizer_types_text() == "Adam, AdamW, SGD, Adagrad, Lion, Lamb, OneBitAdam, ZeroOneAdam and OneBitLamb");
+  CHECK(canonical_optimizer_type("zerooneadam") == "ZeroOneAdam");
+  CHECK(canonical_optimizer_type("ONEBITLAMB") == "OneBitLamb");
+  CHECK_THROWS_WITH(make_optimizer("Muon", layout, Device::cpu(), 0, 10),
+                    Contains("optimizer.type 'Muon' is not supported (dstrain implements Adam, AdamW, SGD, "
+                             "Adagrad, Lion, Lamb, OneBitAdam, ZeroOneAdam and OneBitLamb)"));
   CHECK_THROWS_AS(make_optimizer("Adam", layout, Device::cpu(), 0, 10)->state("momentum"), Error);
 }
 

@@ -257,6 +257,13 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
     const MemoryEstimate ob = estimate_memory(cfg, 1, 8);
     CHECK(row(ob, 0, false).states.optimizer == row(adam, 0, false).states.optimizer + 4 * kN + 4 * kN / 8);
     CHECK(row(ob, 1, false).states.optimizer == row(adam, 1, false).states.optimizer);  // (refused with ZeRO)
+    // 0/1 Adam: its update accumulator too; 1-bit Lamb: a third state
+    // (exp_avg_sq_fresh) and the momentum's copy during a compressed step.
+    cfg.optim.spec.type = "ZeroOneAdam";
+    CHECK(row(estimate_memory(cfg, 1, 8), 0, false).states.optimizer == row(ob, 0, false).states.optimizer + 4 * kN);
+    cfg.optim.spec.type = "OneBitLamb";
+    CHECK(row(estimate_memory(cfg, 1, 8), 0, false).states.optimizer ==
+          row(ob, 0, false).states.optimizer + 4 * kN + 4 * kN);
   }
   SECTION("full recomputation keeps only layer inputs") {
     cfg.parallel.recompute = RecomputeKind::Full;

@@ -1,0 +1,50 @@
+// What DeepSpeed's three optimizers with compressed communication (1-bit
+// Adam, 0/1 Adam and 1-bit Lamb; runtime/fp16/onebit/) share on dstrain's
+// CPU backend at ZeRO stage 0: the data-parallel group their exchange runs
+// over, the switch that keeps a step's gradients local (the trainer then
+// skips their all-reduce and leaves them the rank's own mean, as DeepSpeed's
+// engine does), the first step of a process that only initialises, and the
+// error-feedback buffers of the 1-bit exchange (lib/comm/onebit.h). Those
+// buffers live with the optimizer only: a checkpoint holds the moments, and
+// a resumed run starts with fresh errors, as DeepSpeed resets them on load.
+#pragma once
+#include <vector>
+
+#include "lib/comm/onebit.h"
+#include "lib/optim/optimizer.h"
+
+namespace ds {
+
+class OneBitFamily : public Optimizer {
+ public:
+  bool step_part(int64_t, int64_t, const StepTensors&, const StepHyper&, float) override { return false; }
+  bool gradients_stay_local() const override { return local_; }
+  void set_data_parallel(Communicator* dp) override { dp_ = dp; }
+
+ protected:
+  OneBitFamily(const ModelLayout& layout, Device dev, int64_t begin, int64_t end, const char* type);
+  int ranks() const { return dp_ ? dp_->size() : 1; }
+  // x (the range's elements) <- each parameter tensor's part replaced by its
+  // compressed mean over the data-parallel ranks, with the errors of that
+  // tensor (DeepSpeed's per-parameter exchange). One rank: unchanged.
+  void exchange_per_tensor(float* x);
+  // x <- the compressed mean of the whole range as one tensor (1-bit Lamb's
+  // flattened momentum).
+  void exchange_whole(float* x);
+  // Fresh (zero) errors for the next exchange.
+  void reset_errors() { errors_.clear(); }
+  // Adam's update without bias correction over the range:
+  // p += -lr (m / (sqrt(v) + eps) + wd p), wd where the parameter decays;
+  // `acc`, when set, collects the same terms (0/1 Adam's local steps).
+  void adam_update(float* p, const float* m, const float* v, float* acc, const StepHyper& h) const;
+
+  std::vector<Segment> segs_;  // the parameter tensors of the range
+  bool local_ = false;         // this step's gradients stay local
+  bool initialized_ = false;   // the process's first step (the initialising one) is done
+
+ private:
+  std::vector<OneBitErrors> errors_;
+  Communicator* dp_ = nullptr;
+};
+
+}  // namespace ds
