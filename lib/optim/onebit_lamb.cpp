@@ -59,14 +59,12 @@ void OneBitLamb::set_step_count(int64_t n) {
 }
 
 std::string OneBitLamb::saved_scalars() const {
-  if (!frozen_ || !have_scaling_) return "";
+  if (!frozen_) return "";
   nlohmann::json names = nlohmann::json::array();
   for (const Segment& s : segs_) names.push_back(layout().params[static_cast<size_t>(s.param)].name);
-  return nlohmann::json{{"params", names},
-                        {"lamb_coeff_freeze", coeff_freeze_},
-                        {"last_factor", last_factor_},
-                        {"scaling_coeff", scaling_}}
-      .dump();
+  nlohmann::json j{{"params", names}, {"lamb_coeff_freeze", coeff_freeze_}, {"last_factor", last_factor_}};
+  if (have_scaling_) j["scaling_coeff"] = scaling_;  // (saved at the step that reached freeze_step: not yet)
+  return j.dump();
 }
 
 void OneBitLamb::load_scalars(const std::string& text) {
@@ -95,8 +93,8 @@ void OneBitLamb::load_scalars(const std::string& text) {
   }
   coeff_freeze_ = list("lamb_coeff_freeze");
   last_factor_ = list("last_factor");
-  scaling_ = list("scaling_coeff");
-  have_scaling_ = true;
+  have_scaling_ = j.contains("scaling_coeff");
+  if (have_scaling_) scaling_ = list("scaling_coeff");
 }
 
 void OneBitLamb::warmup_step(const StepTensors& t, const StepHyper& h, float grad_scale) {

@@ -25,7 +25,8 @@
 //     [factor_min, factor_max], then to within factor_threshold of f_k;
 //     f_k = f; p -= lr c_k f u.
 // States exp_avg, exp_avg_sq, exp_avg_sq_fresh. A checkpoint of the
-// compression stage also keeps c_k, f_k and s_k (saved_scalars; it resumes
+// compression stage also keeps c_k, f_k and s_k (s_k once computed;
+// saved_scalars; it resumes
 // into the same tensor and pipeline layout only); one of the warm-up resets
 // them, as DeepSpeed's load does. A resumed process initialises again, then
 // continues in the stage its step count says (DeepSpeed's resumed process

@@ -293,6 +293,16 @@ TEST_CASE("OneBitLamb: the warm-up is the single-process curve at DP2, the compr
   CHECK(resumed.front() == dp2[4]);
   for (double l : resumed) REQUIRE(std::isfinite(l));
   CHECK(resumed.back() < resumed.front());
+  // Saved at the step that reached freeze_step (the frozen ratios kept, the
+  // momentum scales not yet computed): the resumed run goes on training on
+  // the curve (frozen ratios lost would stop the weights).
+  const std::string ck3 = dist_data().dir + "/olamb_ck3";
+  fs::remove_all(ck3);
+  run("olamb_first3", frozen, 2, 0, 1, {"--lr", "3e-2", "--save", ck3, "--save-interval", "3", "--exit-interval", "3"});
+  const std::vector<double> resumed3 = run("olamb_resumed3", frozen, 2, 0, 1, {"--lr", "3e-2", "--load", ck3});
+  REQUIRE(resumed3.size() == kIters - 3);
+  CHECK(resumed3.front() == dp2[3]);
+  CHECK(resumed3.back() < resumed3.front() - 0.03);  // (its first iteration initialises: one update fewer)
   std::string err;
   run("olamb_tp2", frozen, 2, 0, 2, {"--lr", "3e-2", "--load", ck}, &err);
   CHECK(err.find("holds OneBitLamb's per-tensor values of its compression stage, which load into the layout it was "
