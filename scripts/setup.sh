@@ -10,6 +10,8 @@ pkgs=(
   build-essential cmake ninja-build pkg-config
   libcli11-dev nlohmann-json3-dev libfmt-dev catch2 libssh-dev libssl-dev
   libopenblas-dev libgloo-dev
+  # oneDNN: the CPU backend's bf16 GEMM source (bench/cpu/bench_gemm_sources measures it)
+  libdnnl-dev
   # io_uring for the NVMe offload tier (lib/io), and fio, its bandwidth peer
   liburing-dev fio
   # dsplot's PNG output: librsvg renders the SVG it writes (with cairo), in DejaVu Sans
