@@ -275,6 +275,15 @@ void ZeroOptimizer::reduce_gradients_into(const Tensor& sumsq) {
   if (experts_apart_) return expert_norm_share(sumsq);
   // Stages 0/1: the data-parallel ranks hold identical sums; one counts them.
   if (!store_ && rank_ != 0) return;
+  add_own_sumsq(sumsq);
+}
+
+void ZeroOptimizer::local_norm_into(const Tensor& sumsq) {
+  DS_CHECK(!store_ && !experts_apart_, "local gradient norms are for stage 0 without expert parallelism");
+  add_own_sumsq(sumsq);
+}
+
+void ZeroOptimizer::add_own_sumsq(const Tensor& sumsq) {
   Tensor g = store_ ? store_->grad_shard() : model_.grads();
   if (!counted_only_) {
     if (g.numel() > 0) ops::sum_squares({.out = sumsq, .x = g}, Stream{});

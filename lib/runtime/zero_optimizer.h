@@ -95,6 +95,10 @@ class ZeroOptimizer {
   // by the compute stream: poll (Communicator::synchronize) before reading
   // anything back.
   void reduce_gradients_into(const Tensor& sumsq);
+  // Gradients that stay local (the 1-bit family, stage 0): this rank's own
+  // share of their sum of squares (what reduce_gradients_into adds on the
+  // first data-parallel rank only), for the rank's own clipping.
+  void local_norm_into(const Tensor& sumsq);
   // Sets `flag` ((1) f32) nonzero if a gradient this rank holds (all of them,
   // or its ZeRO-2/3 shard) is inf/nan; no collective (the caller sums the
   // flags over the world with the rest of the step's statistics).
@@ -221,6 +225,7 @@ class ZeroOptimizer {
   Communicator* dense_dp_ = nullptr;  // the dense weights' reduction group (all data-parallel ranks)
   // Squared-norm share of this rank under expert parallelism (see set_expert_reduce).
   void expert_norm_share(const Tensor& sumsq);
+  void add_own_sumsq(const Tensor& sumsq);  // this rank's (counted) gradients' sum of squares
   // Calls fn(piece, expert) for the pieces of r inside and outside the expert ranges, in order.
   template <class Fn>
   void for_each_group_piece(Range r, Fn fn) const;

@@ -658,7 +658,10 @@ float Trainer::train_step() {
   const StepRead r = read_step_block();
   // The host's gate on what it read: the device applied the same function to
   // the same values (device_update_), the update below uses it otherwise.
-  const StepGate gate = gate_step(r.sumsq, r.overflow, r.loss, scale, cfg_.optim.grad_clip, skip_rule());
+  // A rank that keeps its gradients local clips by its own norm; the world's
+  // sum is NaN/Inf when any rank's is, so every rank still skips together.
+  const float sumsq = own_sumsq_ >= 0 && std::isfinite(r.sumsq) ? own_sumsq_ : r.sumsq;
+  const StepGate gate = gate_step(sumsq, r.overflow, r.loss, scale, cfg_.optim.grad_clip, skip_rule());
   step_times_.grads_reduce += phase_ms();
   step_times_.steps += 1;
   const float loss = r.loss;

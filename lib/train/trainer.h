@@ -194,6 +194,7 @@ class Trainer {
   double flops_per_token_ = 0;
   double peak_tflops_ = 0;
   double last_grad_norm_ = 0, last_lr_ = 0;
+  float own_sumsq_ = -1;  // this rank's own gradient sum of squares when they stay local (else < 0)
   bool moe_ = false;  // the model has Mixture-of-Experts layers
   double last_moe_loss_ = 0;  // the last step's "moe loss"
   double last_kd_loss_ = 0;   // the last step's "kd loss" / "mos loss"

@@ -78,6 +78,18 @@ void Trainer::end_step_stats() {
   const Tensor stats = step_stats();
   opt_->reduce_gradients_into(stats.view(0, {1}));
   if (scaler_) opt_->grads_nonfinite_into(stats.view(1, {1}));
+  // Gradients that stay local (the 1-bit family's compressed phases): each
+  // rank clips its own by their own norm over its model-parallel ranks, as
+  // DeepSpeed's optimizer wrapper does on every data-parallel rank (the
+  // world's sum above, rank 0's, is what the log shows and decides a skip).
+  own_sumsq_ = -1;
+  if (opt_->gradients_stay_local() && sdp_ > 1) {
+    Tensor own = Tensor::zeros({1}, DType::F32, Device::cpu());  // (the 1-bit family runs on the CPU backend)
+    opt_->local_norm_into(own);
+    if (comms_.tp->size() > 1) comms_.tp->all_reduce(own);
+    if (comms_.pp->size() > 1) comms_.pp->all_reduce(own);
+    own_sumsq_ = own.data<float>()[0];
+  }
   model_->set_loss_sink(Tensor());
   model_->set_moe_loss_sink(Tensor());
   if (teacher_) model_->set_kd_loss_sink(Tensor());

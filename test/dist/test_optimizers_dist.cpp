@@ -222,6 +222,17 @@ TEST_CASE("OneBitAdam: the warm-up is the single-process curve at DP2, the compr
   CHECK(std::abs(norm_dp2[2] - norm_one[2]) <= 1e-5 * norm_one[2]);  // warm-up: the all-reduced gradient's
   INFO("local " << norm_dp2[3] << ", whole batch " << norm_one[3]);
   CHECK(norm_dp2[3] > 0.8 * norm_one[3]);
+  // Each rank clips by its own local norm, summed over its tensor-parallel
+  // ranks (each replicated weight counted once): at DP2 x TP2 rank 0's
+  // first one is the DP2 run's rank 0's (the same samples and weights), and
+  // the run trains.
+  const std::vector<double> tp2 = run("onebit_dp2_tp2", frozen, 4, 0, 2, {});
+  REQUIRE(tp2.size() == kIters);
+  const std::vector<double> norm_tp2 = read_csv_column(dist_data().dir + "/csv/onebit_dp2_tp2/train.csv", "grad_norm");
+  // (rows 0-3 share their weights; row 3 is the first local norm; after it
+  // the tensor-parallel slices are compressed as tensors of their own)
+  for (int i = 0; i < 4; ++i) CHECK(std::abs(norm_tp2[i] - norm_dp2[i]) <= 1e-5 * norm_dp2[i]);
+  CHECK(tp2.back() < tp2.front() - 0.2);
   CHECK(dp2.back() < dp2.front() - 0.2);
   // Saved in the compressed phase and resumed: the resumed process starts
   // with an initialising step again (as DeepSpeed) and goes on compressing.
