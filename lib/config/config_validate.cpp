@@ -124,6 +124,12 @@ void derive_config(TrainConfig& cfg, int world_size, Warnings& w) {
   if (cfg.ckpt.save_interval > 0 && cfg.ckpt.save_dir.empty())
     add_warning(w, fmt::format("training.save_interval {} is set but there is no save directory (--save); "
                                "no checkpoints will be written", cfg.ckpt.save_interval));
+  // DeepSpeed's fp16 wrapper hands the optimizer one flat tensor per parameter
+  // group: under fp16 1-bit Adam and 0/1 Adam compress per group.
+  const std::optional<OptimizerKind> k = optimizer_kind(cfg.optim.spec);
+  cfg.optim.spec.compress_param_groups =
+      k && (*k == OptimizerKind::OneBitAdam || *k == OptimizerKind::ZeroOneAdam) &&
+      cfg.precision.precision == Precision::FP16;
 }
 
 namespace {

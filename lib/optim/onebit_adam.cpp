@@ -9,7 +9,7 @@
 namespace ds {
 
 OneBitAdam::OneBitAdam(const OptimizerSpec& spec, const ModelLayout& layout, Device dev, int64_t begin, int64_t end)
-    : OneBitFamily(layout, dev, begin, end, "OneBitAdam"), spec_(spec) {
+    : OneBitFamily(layout, dev, begin, end, "OneBitAdam", spec.compress_param_groups), spec_(spec) {
   allocate_state(dev);
 }
 
@@ -23,7 +23,7 @@ void OneBitAdam::step(const StepTensors& t, const StepHyper& h, float grad_scale
   ++step_;
   if (!initialized_) {  // DeepSpeed's initialisation call: exp_avg through a compression with fresh errors
     initialized_ = true;
-    exchange_per_tensor(state("exp_avg").data<float>());
+    exchange_units(state("exp_avg").data<float>());
     reset_errors();
     return;
   }
@@ -44,7 +44,7 @@ void OneBitAdam::step(const StepTensors& t, const StepHyper& h, float grad_scale
   } else {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) m[i] = m[i] * b1 + c1 * (g[i] * grad_scale);
-    exchange_per_tensor(m);
+    exchange_units(m);
   }
   adam_update(p, m, v, nullptr, h);
   if (t.params_lowp.defined()) ops::cast({.out = t.params_lowp, .inp = t.params}, Stream{});

@@ -1,23 +1,49 @@
 // The 1-bit optimizers' shared part (onebit_family.h).
 #include "lib/optim/onebit_family.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "lib/core/error.h"
 
 namespace ds {
 
-OneBitFamily::OneBitFamily(const ModelLayout& layout, Device dev, int64_t begin, int64_t end, const char* type)
+OneBitFamily::OneBitFamily(const ModelLayout& layout, Device dev, int64_t begin, int64_t end, const char* type,
+                           bool per_group)
     : Optimizer(layout, begin, end) {
   DS_USER_CHECK(dev.is_cpu(), "optimizer.type {} runs on the CPU backend only so far", type);
   segs_ = segments_in(begin, end);
+  if (!per_group) {
+    for (const Segment& s : segs_) units_.push_back({s});
+    return;
+  }
+  // Megatron's parameter groups: the tensors that decay first, then the rest.
+  for (bool decay : {true, false}) {
+    std::vector<Segment> unit;
+    for (const Segment& s : segs_)
+      if (s.decay == decay) unit.push_back(s);
+    if (!unit.empty()) units_.push_back(std::move(unit));
+  }
 }
 
-void OneBitFamily::exchange_per_tensor(float* x) {
+void OneBitFamily::exchange_units(float* x) {
   if (ranks() <= 1) return;
-  errors_.resize(segs_.size());
-  for (size_t k = 0; k < segs_.size(); ++k)
-    onebit_all_reduce(*dp_, x + segs_[k].begin, segs_[k].end - segs_[k].begin, errors_[k]);
+  errors_.resize(units_.size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const std::vector<Segment>& unit = units_[u];
+    if (unit.size() == 1) {  // contiguous: in place
+      onebit_all_reduce(*dp_, x + unit[0].begin, unit[0].end - unit[0].begin, errors_[u]);
+      continue;
+    }
+    gathered_.clear();
+    for (const Segment& s : unit) gathered_.insert(gathered_.end(), x + s.begin, x + s.end);
+    onebit_all_reduce(*dp_, gathered_.data(), static_cast<int64_t>(gathered_.size()), errors_[u]);
+    const float* from = gathered_.data();
+    for (const Segment& s : unit) {
+      std::copy(from, from + (s.end - s.begin), x + s.begin);
+      from += s.end - s.begin;
+    }
+  }
 }
 
 void OneBitFamily::adam_update(float* p, const float* m, const float* v, float* acc, const StepHyper& h) const {

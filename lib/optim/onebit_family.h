@@ -22,12 +22,17 @@ class OneBitFamily : public Optimizer {
   void set_data_parallel(Communicator* dp) override { dp_ = dp; }
 
  protected:
-  OneBitFamily(const ModelLayout& layout, Device dev, int64_t begin, int64_t end, const char* type);
+  // per_group: the compression units are the parameter groups (decay, no
+  // decay) rather than the tensors (OptimizerSpec::compress_param_groups).
+  OneBitFamily(const ModelLayout& layout, Device dev, int64_t begin, int64_t end, const char* type,
+               bool per_group = false);
   int ranks() const { return dp_ ? dp_->size() : 1; }
-  // x (the range's elements) <- each parameter tensor's part replaced by its
-  // compressed mean over the data-parallel ranks, with the errors of that
-  // tensor (DeepSpeed's per-parameter exchange). One rank: unchanged.
-  void exchange_per_tensor(float* x);
+  // x (the range's elements) <- each compression unit's elements replaced by
+  // their compressed mean over the data-parallel ranks, with the errors of
+  // that unit: each parameter tensor (DeepSpeed's per-parameter exchange), or
+  // each parameter group's tensors one after the other (per_group). One
+  // rank: unchanged.
+  void exchange_units(float* x);
   // x <- the compressed mean of the whole range as one tensor (1-bit Lamb's
   // flattened momentum).
   void exchange_whole(float* x);
@@ -43,6 +48,8 @@ class OneBitFamily : public Optimizer {
   bool initialized_ = false;   // the process's first step (the initialising one) is done
 
  private:
+  std::vector<std::vector<Segment>> units_;  // each unit's segments, in order
+  std::vector<float> gathered_;              // a group unit's elements, one after the other
   std::vector<OneBitErrors> errors_;
   Communicator* dp_ = nullptr;
 };

@@ -38,6 +38,11 @@ struct OptimizerSpec {
   // OneBitLamb: the frozen trust ratio's moving-average coefficient and the
   // compression stage's factor bounds.
   float coeff_beta = 0.9f, factor_max = 4.0f, factor_min = 0.5f, factor_threshold = 0.1f;
+  // OneBitAdam, ZeroOneAdam: one compression unit per Megatron parameter
+  // group (the tensors that decay, then those that do not, each group's
+  // tensors one after the other) instead of one per tensor. Derived, not a
+  // key: fp16 sets it, as DeepSpeed's fp16 wrapper flattens each group.
+  bool compress_param_groups = false;
 };
 
 // The kind of a registered type (case-insensitive), none for anything else.

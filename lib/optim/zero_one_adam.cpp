@@ -10,7 +10,7 @@ namespace ds {
 
 ZeroOneAdam::ZeroOneAdam(const OptimizerSpec& spec, const ModelLayout& layout, Device dev, int64_t begin,
                          int64_t end)
-    : OneBitFamily(layout, dev, begin, end, "ZeroOneAdam"), spec_(spec) {
+    : OneBitFamily(layout, dev, begin, end, "ZeroOneAdam", spec.compress_param_groups), spec_(spec) {
   allocate_state(dev);
   acc_.assign(static_cast<size_t>(end - begin), 0.f);
 }
@@ -36,7 +36,7 @@ void ZeroOneAdam::variance_step(const StepTensors& t, const StepHyper& h, float 
     float* c = acc_.data();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) c[i] = g[i] * grad_scale;
-    exchange_per_tensor(c);
+    exchange_units(c);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) m[i] = m[i] * b1 + c1 * c[i];
   }
@@ -66,7 +66,7 @@ void ZeroOneAdam::local_step(const StepTensors& t, const StepHyper& h, float gra
       p[i] -= a[i];
       a[i] *= std::sqrt(v[i]) + h.eps;
     }
-    exchange_per_tensor(a);
+    exchange_units(a);
     // DeepSpeed divides by the learning rates' sum; a run whose rates were
     // all 0 since the last synchronisation keeps its momentum instead of 0/0.
     const float lr_sum = static_cast<float>(lrs_);

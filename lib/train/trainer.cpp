@@ -231,10 +231,15 @@ void Trainer::log_setup() {
   if (const OptimizerKind k = *optimizer_kind(cfg_.optim.spec); is_onebit(k)) {  // the bytes a rank sends per step
     const OptimizerSpec& sp = cfg_.optim.spec;
     int64_t compressed = 0;
-    if (k == OptimizerKind::OneBitLamb)  // one tensor: the whole momentum
+    if (k == OptimizerKind::OneBitLamb) {  // one tensor: the whole momentum
       compressed = onebit_bytes_sent(model_->layout().total, sdp_);
-    else
+    } else if (sp.compress_param_groups) {  // fp16: one unit per parameter group (decay, no decay)
+      int64_t decay = 0, rest = 0;
+      for (const ParamSpec& p : model_->layout().params) (p.decay ? decay : rest) += p.numel;
+      compressed = onebit_bytes_sent(decay, sdp_) + onebit_bytes_sent(rest, sdp_);
+    } else {
       for (const ParamSpec& p : model_->layout().params) compressed += onebit_bytes_sent(p.numel, sdp_);
+    }
     const int64_t ring = sdp_ > 1 ? 2 * (sdp_ - 1) * 4 * model_->layout().total / sdp_ : 0;
     const std::string phases =
         k == OptimizerKind::ZeroOneAdam
@@ -246,7 +251,10 @@ void Trainer::log_setup() {
                           sp.var_update_scaler, sp.var_freeze_step, sp.local_step_scaler, sp.local_step_clipper)
             : fmt::format("the warm-up with all-reduced gradients until step {} (freeze_step), then the variance "
                           "frozen and {} momentum exchanged in 1-bit form",
-                          sp.freeze_step, k == OptimizerKind::OneBitLamb ? "the whole" : "each tensor's");
+                          sp.freeze_step,
+                          k == OptimizerKind::OneBitLamb ? "the whole"
+                          : sp.compress_param_groups     ? "each parameter group's (fp16, as DeepSpeed's)"
+                                                         : "each tensor's");
     DS_LOG("{}: an initialising step, then {}, over {} data-parallel rank{}: at most about {} bytes sent per rank "
            "per compressed exchange, against {} for a ring all-reduce of the f32 gradients",
            sp.type, phases, sdp_, sdp_ == 1 ? "" : "s", compressed, ring);

@@ -434,6 +434,11 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
     CHECK(z.optim.spec.local_step_clipper == 8);
     CHECK(z.optim.spec.var_update_scaler == 16);  // DeepSpeed's defaults
     CHECK(z.optim.spec.local_step_scaler == 32678);
+    CHECK_FALSE(z.optim.spec.compress_param_groups);  // fp32: one compression unit per tensor
+    CHECK(parse_json(with(base(), {{"optimizer", {{"type", "OneBitAdam"}}}, {"fp16", {{"enabled", true}}}}))
+              .optim.spec.compress_param_groups);  // fp16: per parameter group, as DeepSpeed's fp16 wrapper
+    CHECK_FALSE(parse_json(with(base(), {{"optimizer", {{"type", "OneBitLamb"}}}, {"fp16", {{"enabled", true}}}}))
+                    .optim.spec.compress_param_groups);  // (1-bit Lamb flattens everything anyway)
     const TrainConfig l = parse_json(with(base(), {{"optimizer", {{"type", "OneBitLamb"}, {"params", {{"freeze_step", 9}, {"coeff_beta", 0.8}}}}}}));
     CHECK(l.optim.spec.freeze_step == 9);
     CHECK(l.optim.spec.coeff_beta == 0.8f);

@@ -233,6 +233,18 @@ TEST_CASE("OneBitAdam: the warm-up is the single-process curve at DP2, the compr
   // the tensor-parallel slices are compressed as tensors of their own)
   for (int i = 0; i < 4; ++i) CHECK(std::abs(norm_tp2[i] - norm_dp2[i]) <= 1e-5 * norm_dp2[i]);
   CHECK(tp2.back() < tp2.front() - 0.2);
+  // fp16: one compression unit per parameter group (DeepSpeed's fp16 wrapper); it trains.
+  std::string log16;
+  {
+    DstrainJob job{2, small_model_args({.layers = 2, .iters = kIters})};
+    const std::string cfg = dist_data().dir + "/onebit_fp16.json";
+    std::ofstream(cfg) << R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 0},
+        "optimizer": {"type": "OneBitAdam", "params": {"lr": 3e-3, "weight_decay": 0.1, "freeze_step": 3}}})";
+    job.args.insert(job.args.end(), {"--config", cfg, "--fp16"});
+    job.rank0_output = &log16;
+    REQUIRE(run_dstrain(job).empty());
+  }
+  CHECK(log16.find("each parameter group's (fp16, as DeepSpeed's) momentum exchanged in 1-bit form") != std::string::npos);
   CHECK(dp2.back() < dp2.front() - 0.2);
   // Saved in the compressed phase and resumed: the resumed process starts
   // with an initialising step again (as DeepSpeed) and goes on compressing.
