@@ -15,8 +15,9 @@
 //     over the data-parallel ranks (lib/comm/onebit.h, error feedback kept per
 //     tensor), u and p as in warm-up.
 // Compression is per parameter tensor of the rank's layout (DeepSpeed's fp32
-// path; its fp16 wrapper flattens each parameter group into one tensor, so
-// its scales cover a group). The shared part: onebit_family.h.
+// path), or per parameter group under fp16 (OptimizerSpec::
+// compress_param_groups: DeepSpeed's fp16 wrapper flattens each group into
+// one tensor). The shared part: onebit_family.h.
 #pragma once
 #include "lib/optim/onebit_family.h"
 

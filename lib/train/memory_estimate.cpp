@@ -215,9 +215,11 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   // ranks the compression errors, the worker's (n, padded) and the server's
   // (n / DP); 0/1 Adam's update accumulator and 1-bit Lamb's copy of the
   // momentum before a compressed step (n each), with one rank too.
-  if (const OptimizerKind k = *optimizer_kind(cfg.optim.spec); stage == 0 && is_onebit(k)) {
+  if (const OptimizerKind k = optimizer_kind(cfg.optim.spec).value_or(OptimizerKind::AdamW); stage == 0 && is_onebit(k)) {
     if (e.sdp > 1) r.states.optimizer += 4 * n + 4 * n / e.sdp;
     if (k != OptimizerKind::OneBitAdam) r.states.optimizer += 4 * n;
+    // fp16's group units: a group's tensors gathered into one buffer (at most n).
+    if (e.sdp > 1 && cfg.optim.spec.compress_param_groups) r.states.optimizer += 4 * n;
   }
   if (stage == 3) {
     int64_t largest = 0, persistent = 0;

@@ -228,7 +228,7 @@ void Trainer::log_setup() {
            full_layout_.total - inactive_expert_params(full_layout_, m.topk), m.train_capacity_factor,
            m.eval_capacity_factor, m.min_capacity, m.drop_tokens ? "dropping tokens" : "dropless", m.loss_coeff);
   }
-  if (const OptimizerKind k = *optimizer_kind(cfg_.optim.spec); is_onebit(k)) {  // the bytes a rank sends per step
+  if (const OptimizerKind k = optimizer_kind(cfg_.optim.spec).value_or(OptimizerKind::AdamW); is_onebit(k)) {  // the bytes a rank sends per step
     const OptimizerSpec& sp = cfg_.optim.spec;
     int64_t compressed = 0;
     if (k == OptimizerKind::OneBitLamb) {  // one tensor: the whole momentum

@@ -264,6 +264,9 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
     cfg.optim.spec.type = "OneBitLamb";
     CHECK(row(estimate_memory(cfg, 1, 8), 0, false).states.optimizer ==
           row(ob, 0, false).states.optimizer + 4 * kN + 4 * kN);
+    cfg.optim.spec.type = "OneBitAdam";  // fp16's group units: the gather buffer
+    cfg.optim.spec.compress_param_groups = true;
+    CHECK(row(estimate_memory(cfg, 1, 8), 0, false).states.optimizer == row(ob, 0, false).states.optimizer + 4 * kN);
   }
   SECTION("full recomputation keeps only layer inputs") {
     cfg.parallel.recompute = RecomputeKind::Full;
