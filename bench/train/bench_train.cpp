@@ -106,7 +106,9 @@ int run(const Options& o) {
   // As Trainer builds a single rank: flat store (f32 gradients), ZeRO stage 0.
   const ModelLayout layout = build_layout(m);
   const ZeroPartition part = make_zero_partition(layout.total, 1);
-  GptModel model(m, dev, 0, TpComm{}, PipeStage{}, compute, FlatStoreOptions{.part = part});
+  FlatStoreOptions store;
+  store.part = part;
+  GptModel model(m, dev, 0, TpComm{}, PipeStage{}, compute, store);
   model.set_recompute(RecomputeConfig{.kind = recompute_of(o.recompute)});
   model.init_weights(1, 0.02f);
   ZeroOptimizer opt(model, nullptr, ZeroConfig{}, part, nullptr, OptimizerSpec{});

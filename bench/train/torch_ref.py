@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """PyTorch peer of bench_train: the same GPT training step (forward, backward,
 gradient clipping at 1.0, AdamW) on the same shapes, for side-by-side
-throughput. CPU: plain modules, same thread count (OMP_NUM_THREADS). CUDA:
---dtype bf16|fp16 is autocast over fp32 master weights (fp16 with a static
-loss scale, as bench_train), F.scaled_dot_product_attention(is_causal=True),
-torch.optim.AdamW(fused=True), and with --compile torch.compile of the model.
+throughput. CPU: plain modules, same thread count (OMP_NUM_THREADS). --dtype bf16|fp16 is autocast over fp32 master weights (fp16 with a static
+loss scale, as bench_train; bf16 only on the CPU),
+F.scaled_dot_product_attention(is_causal=True) where torch has it,
+torch.optim.AdamW(fused=True) where torch has it for the device (CUDA; CPU
+from torch 2.4), and with --compile torch.compile of the model.
 Weights are initialised as dstrain does (N(0, 0.02), output projections
 0.02/sqrt(2L), zero biases). Prints one JSON line with bench_train's keys.
 FLOPs per token: 6*N + 6*L*C*T (N: parameters in matrix multiplies, i.e. all
@@ -115,6 +116,10 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))  # f32 under autocast
 
 
+def torch_version():
+    return tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+
+
 def die(msg):
     print(f"torch_ref.py: {msg}", file=sys.stderr)
     sys.exit(1)
@@ -129,8 +134,8 @@ def parse():
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--recompute", default="none", choices=["none", "full"])
     p.add_argument("--attention", default="auto", choices=["auto", "sdpa", "math"],
-                   help="auto: SDPA on cuda, the explicit softmax(QK^T)V on cpu")
-    p.add_argument("--compile", action="store_true", help="torch.compile the whole model (cuda)")
+                   help="auto: SDPA where torch has it (>= 2.0), else the explicit softmax(QK^T)V")
+    p.add_argument("--compile", action="store_true", help="torch.compile the whole model")
     p.add_argument("--compile-blocks", action="store_true",
                    help="torch.compile each transformer block instead (regional: one compile for identical blocks)")
     p.add_argument("--loss-scale", type=float, default=1024.0, help="fp16: static loss scale")
@@ -148,8 +153,10 @@ def parse():
         die(f"--compile: torch {torch.__version__} has no torch.compile (needs >= 2.0)")
     if a.compile and a.compile_blocks:
         die("--compile and --compile-blocks: choose one")
-    if a.device == "cpu" and a.dtype != "fp32":
-        die(f"--dtype {a.dtype}: the CPU peer runs fp32 only")
+    if a.device == "cpu" and a.dtype == "fp16":
+        die("--dtype fp16: the CPU peer runs fp32 or bf16")
+    if a.device == "cpu" and a.dtype == "bf16" and torch_version() < (2, 0):
+        die(f"--dtype bf16: torch {torch.__version__} has no CPU bf16 autocast worth measuring (needs >= 2.0)")
     return a
 
 
@@ -162,11 +169,12 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(1)
-    sdpa = a.attention == "sdpa" or (a.attention == "auto" and a.device == "cuda")
+    sdpa = a.attention == "sdpa" or (a.attention == "auto" and hasattr(F, "scaled_dot_product_attention"))
     m = GPT(a.layers, a.hidden, a.heads, a.vocab, a.seq, a.family == "llama", sdpa, a.recompute).to(dev)
     n = sum(p.numel() for p in m.parameters())
     n_matmul = n - (m.wpe.weight.numel() if m.wpe is not None else 0)
-    fused = dict(fused=True) if a.device == "cuda" else {}  # fused= is torch >= 2.0; the CPU peer may be older
+    # fused= is torch >= 2.0 on CUDA, >= 2.4 on the CPU
+    fused = dict(fused=True) if a.device == "cuda" or torch_version() >= (2, 4) else {}
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.1, **fused)
     fwd = torch.compile(m) if a.compile else m
     if a.compile_blocks:
@@ -213,7 +221,7 @@ def main():
         family=a.family, dtype=a.dtype, recompute=a.recompute, attention="sdpa" if sdpa else "math",
         params=n, L=a.layers, C=a.hidden, NH=a.heads, V=a.vocab, B=a.batch, T=a.seq, steps=a.steps,
         ms_per_step=round(ms, 2), tokens_per_s=round(tps, 1), flops_per_token=fpt,
-        flops_formula="6*N_matmul + 6*L*C*T", tflops=round(tflops, 2), peak_tflops_nominal=peak,
+        flops_formula="6*N_matmul + 6*L*C*T", tflops=round(tflops, 4), peak_tflops_nominal=peak,
         mfu_nominal=round(tflops / peak, 4) if peak else 0.0, host_syncs_per_step=None,
         max_alloc_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2) if a.device == "cuda" else -1,
         loss_first=round(loss_first, 4), loss_last=round(loss, 4), warmup_s=round(warm_s, 1))))

@@ -1,5 +1,7 @@
 // The CPU backend's ops: ds::cpu::<op> for every op of DS_OP_LIST, f32 only
-// (the dispatcher emulates bf16/f16 around them, lib/ops/lowp_emulation.h).
+// (the dispatcher emulates bf16/f16 around them, lib/ops/lowp_emulation.h),
+// and the few that also take bf16 as it is (ds::cpu::lowp::<op>, returning
+// false to decline a call; lib/ops/op_table.h, LowpOpTable).
 // lib/cpu depends on lib/ops and not the other way: the dispatcher reaches
 // these through the op table lib/cpu/cpu_backend.cpp registers. Code above
 // lib/ops calls ds::ops; tests that check a backend directly include this.
@@ -8,4 +10,10 @@
 
 namespace ds::cpu {
 DS_OP_LIST(DS_DECLARE_OP)
+
+namespace lowp {
+bool matmul_forward(const MatmulArgs& a, const Stream& s);    // lib/cpu/matmul.cpp
+bool matmul_backward(const MatmulBwdArgs& a, const Stream& s);
+const char* description();  // lib/cpu/bf16_gemm.cpp
+}  // namespace lowp
 }  // namespace ds::cpu

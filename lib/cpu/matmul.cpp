@@ -1,10 +1,12 @@
-// Linear layer (out = inp @ weight^T + bias) on the CPU via OpenBLAS sgemm.
+// Linear layer (out = inp @ weight^T + bias) on the CPU via OpenBLAS sgemm,
+// and in bf16 (bf16 inputs, f32 accumulation) via lib/cpu/bf16_gemm.h.
 // All CPU parallelism comes from one OpenMP pool: OpenBLAS is switched to one
-// thread and each gemm is cut into tiles of its output, one sgemm call per
-// tile, spread over the OpenMP threads. This avoids two thread pools spinning
-// against each other between ops. Tiles are chosen from the shape alone (never
-// the thread count), so results do not depend on the thread count. The bias
-// gradient is a column sum done per column block in row order.
+// thread and each gemm is cut into tiles of its output, one single-threaded
+// gemm call per tile, spread over the OpenMP threads. This avoids two thread
+// pools spinning against each other between ops. Tiles are chosen from the
+// shape alone (never the thread count), so results do not depend on the
+// thread count. The bias gradient is a column sum done per column block in
+// row order.
 #include <cblas.h>
 
 #include <mutex>
@@ -12,6 +14,9 @@
 #include <climits>
 #include <cstring>
 
+#include <exception>
+
+#include "lib/cpu/bf16_gemm.h"
 #include "lib/cpu/cpu_ops.h"
 #include "lib/cpu/cpu_util.h"
 #include "lib/cpu/matmul.h"
@@ -98,21 +103,105 @@ void blas_single_threaded() {
   std::call_once(once, [] { openblas_set_num_threads(1); });
 }
 
-void parallel_sgemm(const Gemm& g) {
-  if (g.M == 0 || g.N == 0) return;
-  blas_single_threaded();
-  const Tiling tl = choose_tiles(g.M, g.N, g.K);
+// Calls tile(i0, j0, mi, nj) for each output tile of an (M, N) x K gemm, on
+// the OpenMP threads. An exception in a tile is rethrown after the loop.
+template <class Tile>
+void parallel_tiles(int64_t M, int64_t N, int64_t K, Tile&& tile) {
+  if (M == 0 || N == 0) return;
+  const Tiling tl = choose_tiles(M, N, K);
+  std::exception_ptr err;
 #pragma omp parallel for schedule(dynamic, 1) if (tl.tm * tl.tn > 1)
   for (int64_t t = 0; t < tl.tm * tl.tn; ++t) {
     const int64_t i0 = (t / tl.tn) * tl.bm, j0 = (t % tl.tn) * tl.bn;
-    const int64_t mi = std::min(tl.bm, g.M - i0), nj = std::min(tl.bn, g.N - j0);
+    try {
+      tile(i0, j0, std::min(tl.bm, M - i0), std::min(tl.bn, N - j0));
+    } catch (...) {
+#pragma omp critical(ds_matmul_tile_error)
+      if (!err) err = std::current_exception();
+    }
+  }
+  if (err) std::rethrow_exception(err);
+}
+
+void parallel_sgemm(const Gemm& g) {
+  blas_single_threaded();
+  parallel_tiles(g.M, g.N, g.K, [&](int64_t i0, int64_t j0, int64_t mi, int64_t nj) {
     const float* a = g.A + (g.ta == CblasNoTrans ? i0 * g.lda : i0);  // rows i0.. of op(A)
     const float* b = g.B + (g.tb == CblasNoTrans ? j0 : j0 * g.ldb);  // cols j0.. of op(B)
     cblas_sgemm(CblasRowMajor, g.ta, g.tb, static_cast<int>(mi), static_cast<int>(nj),
                 static_cast<int>(g.K), 1.f, a, static_cast<int>(g.lda), b,
                 static_cast<int>(g.ldb), g.beta, g.C + i0 * g.ldc + j0, static_cast<int>(g.ldc));
-  }
+  });
 }
+
+// ---- bf16: bf16 inputs, f32 accumulation, f32 or bf16 output ----
+
+// Where a bf16 gemm's (M, N) result goes: f32 or bf16 `out` (leading
+// dimension ld), which it overwrites, or adds onto (add), or which it sets to
+// bias[j] + the product (bias: f32, N values). A bf16 out is computed in an
+// f32 tile (its old values or the bias first, when asked) and rounded to
+// nearest even, as the emulation and the GPU kernels round what they write.
+struct Bf16Out {
+  void* out = nullptr;
+  DType dtype = DType::F32;
+  int64_t ld = 0;
+  bool add = false;
+  const float* bias = nullptr;
+};
+
+// f32 scratch of the calling thread, n floats.
+float* tile_scratch(int64_t n) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
+// g: the whole gemm's operands (c, ldc and accumulate are set per tile).
+void parallel_bf16_gemm(const Bf16Gemm& g, const Bf16Out& o) {
+  parallel_tiles(g.M, g.N, g.K, [&](int64_t i0, int64_t j0, int64_t mi, int64_t nj) {
+    Bf16Gemm t = g;
+    t.M = mi, t.N = nj;
+    t.a = g.a + i0 * g.a_rs;
+    t.b = g.b + j0 * g.b_cs;
+    t.accumulate = o.add || o.bias;
+    float* f32_out = o.dtype == DType::F32 ? static_cast<float*>(o.out) + i0 * o.ld + j0 : nullptr;
+    uint16_t* bf16_out = o.dtype == DType::BF16 ? static_cast<uint16_t*>(o.out) + i0 * o.ld + j0 : nullptr;
+    if (f32_out) {
+      t.c = f32_out, t.ldc = o.ld;
+    } else {
+      t.c = tile_scratch(mi * nj), t.ldc = nj;
+      if (o.add)
+        for (int64_t i = 0; i < mi; ++i)
+          for (int64_t j = 0; j < nj; ++j) t.c[i * nj + j] = bf16_to_f32(bf16_out[i * o.ld + j]);
+    }
+    if (o.bias)
+      for (int64_t i = 0; i < mi; ++i) std::memcpy(t.c + i * t.ldc, o.bias + j0, nj * sizeof(float));
+    bf16_gemm(t);
+    if (bf16_out)
+      for (int64_t i = 0; i < mi; ++i)
+        for (int64_t j = 0; j < nj; ++j) bf16_out[i * o.ld + j] = f32_to_bf16(t.c[i * nj + j]);
+  });
+}
+
+bool is_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::BF16; }
+bool is_f32_or_bf16(const Tensor& t) {
+  return t.defined() && (t.dtype() == DType::F32 || t.dtype() == DType::BF16);
+}
+bool bf16_gemm_on() { return bf16_gemm_mode().isa != Bf16GemmIsa::None; }
+
+// An f32 copy of a bias vector (f32 or bf16).
+std::vector<float> f32_vector(const Tensor& t) {
+  std::vector<float> v(t.numel());
+  if (t.dtype() == DType::F32) {
+    std::memcpy(v.data(), t.data<float>(), v.size() * sizeof(float));
+  } else {
+    const uint16_t* p = t.data<uint16_t>();
+    for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_to_f32(p[i]);
+  }
+  return v;
+}
+
+const uint16_t* bf16_data(const Tensor& t) { return t.data<uint16_t>(); }
 
 }  // namespace
 
@@ -135,7 +224,16 @@ void matmul_forward(const MatmulArgs& a, const Stream&) {
   parallel_sgemm(g);
 }
 
-void matmul_bias_grad(float* dbias /* (OC) += */, const float* dout /* (N, OC) */, int64_t N, int64_t OC) {
+namespace {
+
+float to_f32(float x) { return x; }
+float to_f32(uint16_t x) { return bf16_to_f32(x); }
+
+// Sums of each column of dout (N, OC) in double, per block of 64 columns in
+// row order (f32 or bf16 dout: the same sums of the same values); done(c, sum)
+// receives each.
+template <class T, class Done>
+void column_sums(const T* dout, int64_t N, int64_t OC, Done&& done) {
   constexpr int64_t kCols = 64;
   const int64_t nblocks = (OC + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static)
@@ -143,12 +241,18 @@ void matmul_bias_grad(float* dbias /* (OC) += */, const float* dout /* (N, OC) *
     const int64_t c0 = blk * kCols, nc = std::min(kCols, OC - c0);
     double acc[kCols] = {};
     for (int64_t n = 0; n < N; ++n) {
-      const float* g = dout + n * OC + c0;
+      const T* g = dout + n * OC + c0;
 #pragma omp simd
-      for (int64_t c = 0; c < nc; ++c) acc[c] += g[c];
+      for (int64_t c = 0; c < nc; ++c) acc[c] += to_f32(g[c]);
     }
-    for (int64_t c = 0; c < nc; ++c) dbias[c0 + c] = static_cast<float>(dbias[c0 + c] + acc[c]);
+    for (int64_t c = 0; c < nc; ++c) done(c0 + c, acc[c]);
   }
+}
+
+}  // namespace
+
+void matmul_bias_grad(float* dbias /* (OC) += */, const float* dout /* (N, OC) */, int64_t N, int64_t OC) {
+  column_sums(dout, N, OC, [&](int64_t c, double sum) { dbias[c] = static_cast<float>(dbias[c] + sum); });
 }
 
 // dweight may be undefined (the fused GELU backward asks for dinp only).
@@ -172,6 +276,62 @@ void matmul_backward(const MatmulBwdArgs& a, const Stream&) {
     parallel_sgemm(g);
   }
   if (a.dbias.defined()) matmul_bias_grad(a.dbias.data<float>(), dout, d.N, d.OC);
+}
+
+// ---- bf16 without emulation (ds::cpu::lowp, lib/ops/op_table.h) ----
+// Taken when the bf16 GEMM is on (bf16_gemm_mode) and the GEMM operands are
+// bf16; outputs may be f32 or bf16 (as the emulation: f32 sums rounded once).
+// Anything else (f16, mixed operands) declines and runs emulated.
+
+bool lowp::matmul_forward(const MatmulArgs& a, const Stream&) {
+  if (!bf16_gemm_on() || !is_bf16(a.inp) || !is_bf16(a.weight) || !is_f32_or_bf16(a.out) ||
+      (a.bias.defined() && !is_f32_or_bf16(a.bias)))
+    return false;
+  const MatmulDims d = matmul_dims("matmul_forward", a.inp, a.weight);
+  const std::vector<float> bias = a.bias.defined() ? f32_vector(a.bias) : std::vector<float>();
+  Bf16Gemm g;  // out (N, OC) = inp (N, C) @ w^T
+  g.M = d.N, g.N = d.OC, g.K = d.C;
+  g.a = bf16_data(a.inp), g.a_rs = d.C, g.a_cs = 1;
+  g.b = bf16_data(a.weight), g.b_rs = 1, g.b_cs = d.C;
+  parallel_bf16_gemm(g, {.out = a.out.raw(), .dtype = a.out.dtype(), .ld = d.OC,
+                         .bias = a.bias.defined() ? bias.data() : nullptr});
+  return true;
+}
+
+bool lowp::matmul_backward(const MatmulBwdArgs& a, const Stream&) {
+  if (!bf16_gemm_on() || !is_bf16(a.dout) || (a.dinp.defined() && (!is_bf16(a.weight) || !is_f32_or_bf16(a.dinp))) ||
+      (a.dweight.defined() && (!is_bf16(a.inp) || !is_f32_or_bf16(a.dweight))) ||
+      (a.dbias.defined() && !is_f32_or_bf16(a.dbias)))
+    return false;
+  const MatmulDims d = matmul_dims("matmul_backward", a.inp, a.weight);
+  if (d.N == 0) return true;
+  const uint16_t* dout = bf16_data(a.dout);  // (N, OC)
+  if (a.dinp.defined()) {
+    Bf16Gemm g;  // dinp (N, C) (+)= dout (N, OC) @ w (OC, C)
+    g.M = d.N, g.N = d.C, g.K = d.OC;
+    g.a = dout, g.a_rs = d.OC, g.a_cs = 1;
+    g.b = bf16_data(a.weight), g.b_rs = d.C, g.b_cs = 1;
+    parallel_bf16_gemm(g, {.out = a.dinp.raw(), .dtype = a.dinp.dtype(), .ld = d.C, .add = a.accum == Accum::Add});
+  }
+  if (a.dweight.defined()) {
+    Bf16Gemm g;  // dweight (OC, C) += dout^T (OC, N) @ inp (N, C)
+    g.M = d.OC, g.N = d.C, g.K = d.N;
+    g.a = dout, g.a_rs = 1, g.a_cs = d.OC;
+    g.b = bf16_data(a.inp), g.b_rs = d.C, g.b_cs = 1;
+    parallel_bf16_gemm(g, {.out = a.dweight.raw(), .dtype = a.dweight.dtype(), .ld = d.C, .add = true});
+  }
+  if (a.dbias.defined()) {
+    if (a.dbias.dtype() == DType::F32) {
+      float* db = a.dbias.data<float>();
+      column_sums(dout, d.N, d.OC, [&](int64_t c, double sum) { db[c] = static_cast<float>(db[c] + sum); });
+    } else {
+      uint16_t* db = a.dbias.data<uint16_t>();
+      column_sums(dout, d.N, d.OC, [&](int64_t c, double sum) {
+        db[c] = f32_to_bf16(static_cast<float>(bf16_to_f32(db[c]) + sum));
+      });
+    }
+  }
+  return true;
 }
 
 }  // namespace ds::cpu

@@ -55,9 +55,12 @@ class LowpEmulation {
 // Runs `kernel` (an f32 CPU kernel) on `a`, emulating bf16/f16 fields, after
 // `validate(a)` (the op's argument checks). With low-precision fields, the
 // alias grouping (a partial overlap is an error) comes before the validation,
-// as it did when the kernels checked their own arguments.
-template <class Args, class Validate, class Kernel>
-void run_cpu(const char* op, const Args& a, const Stream& s, Validate&& validate, Kernel&& kernel) {
+// as it did when the kernels checked their own arguments, and `lowp_kernel(a, s)`
+// (the backend's own low-precision kernel, lib/ops/op_table.h) runs the call
+// instead of the emulation unless it returns false.
+template <class Args, class Validate, class Kernel, class LowpKernel>
+void run_cpu(const char* op, const Args& a, const Stream& s, Validate&& validate, Kernel&& kernel,
+             LowpKernel&& lowp_kernel) {
   bool lowp = false;
   fields(a, [&](const Tensor& t, const char*, Role r) { lowp |= r != Role::Native && is_lowp(t); });
   if (!lowp) {
@@ -70,9 +73,17 @@ void run_cpu(const char* op, const Args& a, const Stream& s, Validate&& validate
     if (r != Role::Native && is_lowp(t)) em.add(t, name, r);
   });
   validate(a);
+  if (lowp_kernel(a, s)) return;
   em.upcast();
   kernel(c, s);
   em.write_back();
+}
+
+// The same without a low-precision kernel: always emulated.
+template <class Args, class Validate, class Kernel>
+void run_cpu(const char* op, const Args& a, const Stream& s, Validate&& validate, Kernel&& kernel) {
+  run_cpu(op, a, s, std::forward<Validate>(validate), std::forward<Kernel>(kernel),
+          [](const Args&, const Stream&) { return false; });
 }
 
 }  // namespace ds::ops

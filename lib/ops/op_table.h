@@ -13,11 +13,25 @@
 
 namespace ds::ops {
 
+// Kernels of the CPU backend that take an op's bf16 / f16 fields as they are
+// (its bf16 matmuls) instead of the dispatcher's f32 emulation
+// (lib/ops/lowp_emulation.h). Optional per op; a kernel returns false to
+// decline a call (other dtypes, the f32 mode forced), which then runs
+// emulated.
+struct LowpOpTable {
+#define DS_LOWP_TABLE_SLOT(name, Args) bool (*name)(const Args&, const Stream&) = nullptr;
+  DS_OP_LIST(DS_LOWP_TABLE_SLOT)
+#undef DS_LOWP_TABLE_SLOT
+};
+
 struct OpTable {
   uint32_t n_ops = 0;  // kOpCount: a table from another op list is refused
 #define DS_OP_TABLE_SLOT(name, Args) void (*name)(const Args&, const Stream&) = nullptr;
   DS_OP_LIST(DS_OP_TABLE_SLOT)
 #undef DS_OP_TABLE_SLOT
+  LowpOpTable lowp;  // CPU only
+  // One line for the start-up log: how this backend computes bf16 (CPU only).
+  const char* (*lowp_description)() = nullptr;
 };
 
 #define DS_OP_TABLE_COUNT(name, Args) +1

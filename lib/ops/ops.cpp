@@ -81,8 +81,19 @@ const OpTable& cpu_op_table() {
   return *g_cpu_ops;
 }
 
-// The f32 CPU kernel of op `name` as a callable for run_cpu.
+const char* cpu_lowp_description() {
+  const auto f = cpu_op_table().lowp_description;
+  return f ? f() : "";
+}
+
+// The f32 CPU kernel of op `name` and its optional low-precision kernel as
+// callables for run_cpu.
 #define DS_CPU_KERNEL(name, Args) [](const Args& x, const Stream& st) { cpu_op_table().name(x, st); }
+#define DS_CPU_LOWP_KERNEL(name, Args)                  \
+  [](const Args& x, const Stream& st) {                 \
+    const auto f = cpu_op_table().lowp.name;            \
+    return f != nullptr && f(x, st);                    \
+  }
 #define DS_DISPATCH_OP(name, Args)                                   \
   void name(const Args& args, const Stream& s) {                     \
     std::optional<Args> bound;                                       \
@@ -91,7 +102,8 @@ const OpTable& cpu_op_table() {
       validate_##name(a);                                            \
       return cuda_ops().name(a, s);                                  \
     }                                                                \
-    run_cpu(#name, a, s, validate_##name, DS_CPU_KERNEL(name, Args)); \
+    run_cpu(#name, a, s, validate_##name, DS_CPU_KERNEL(name, Args),  \
+            DS_CPU_LOWP_KERNEL(name, Args));                        \
   }
 
 DS_OP_LIST(DS_DISPATCH_OP)

@@ -10,6 +10,9 @@ namespace ds::ops {
 #define DS_DECLARE_OP_DEFAULT(name, Args) void name(const Args& a, const Stream& s = Stream{});
 DS_OP_LIST(DS_DECLARE_OP_DEFAULT)
 #undef DS_DECLARE_OP_DEFAULT
+
+// How the CPU backend computes bf16 (one line for the start-up log).
+const char* cpu_lowp_description();
 }  // namespace ds::ops
 
 #ifdef DS_WITH_CUDA

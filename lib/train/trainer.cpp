@@ -372,7 +372,10 @@ void Trainer::setup_device_and_precision() {
            rt.device_name(), local, attention_backend_name(cfg_.attention_backend), rt.peak_bf16_tflops());
   } else {
     dev_ = Device::cpu();
-    if (prec != Precision::FP32)
+    const char* bf16_matmuls = ops::cpu_lowp_description();  // also checks DS_CPU_BF16_GEMM
+    if (prec == Precision::BF16)
+      DS_LOG("{}; the other ops read bf16 tensors, compute in f32 and round what they write", bf16_matmuls);
+    else if (prec != Precision::FP32)
       DS_LOG("{} on cpu: every op reads {} tensors, computes in f32 and rounds what it writes, as the GPU "
              "kernels do (slower than fp32 on cpu; for checking numerics)",
              precision_name(prec), precision_name(prec));

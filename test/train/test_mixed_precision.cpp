@@ -45,7 +45,7 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 
 }  // namespace
 
-TEST_CASE("bf16 and fp16 loss curves track fp32 (gpt2 and llama)") {
+TEST_CASE("bf16 and fp16 loss curves track fp32 (gpt2 and llama)", "[bf16]") {
   for (bool llama : {false, true}) {
     std::vector<std::string> base = {"--train-iters", "30"};
     if (llama) base = with(base, llama_flags());
@@ -62,6 +62,20 @@ TEST_CASE("bf16 and fp16 loss curves track fp32 (gpt2 and llama)") {
     CHECK(max_rel_diff(f32.losses, fp.losses) < 0.01);
     REQUIRE(bf.losses.back() < bf.losses.front() - 0.5f);
   }
+}
+
+TEST_CASE("a bf16 curve stays within 2% of fp32 over 300 steps", "[bf16]") {
+  // The issue's bar for the CPU's bf16 (native bf16 matmuls where the CPU has
+  // them; test_train_bf16_f32 runs this with the emulated fallback).
+  const std::vector<std::string> base = {"--train-iters", "300"};
+  const Run f32 = run(base);
+  const Run bf = run(with(base, {"--bf16"}));
+  const double d = max_rel_diff(f32.losses, bf.losses);
+  INFO("fp32 " << f32.losses.front() << " -> " << f32.losses.back() << ", bf16 " << bf.losses.back()
+               << ", largest relative difference " << d);
+  REQUIRE(bf.losses != f32.losses);
+  CHECK(d < 0.02);
+  REQUIRE(bf.losses.back() < bf.losses.front() - 1.0f);
 }
 
 TEST_CASE("fp16 dynamic loss scaling skips overflowing steps and lowers the scale") {
@@ -92,7 +106,7 @@ TEST_CASE("fp16 loss scale rises after a window of good steps") {
   REQUIRE(r.state.good_steps == 1);
 }
 
-TEST_CASE("fp16 and bf16 resume continue bit for bit, loss scaler state included") {
+TEST_CASE("fp16 and bf16 resume continue bit for bit, loss scaler state included", "[bf16]") {
   for (const char* prec : {"--fp16", "--bf16"}) {
     fs::path ck = fixture().dir / (std::string("ckpt_mp") + prec);
     fs::remove_all(ck);
@@ -114,7 +128,7 @@ TEST_CASE("fp16 and bf16 resume continue bit for bit, loss scaler state included
   }
 }
 
-TEST_CASE("bf16 with ZeRO stages 1-3 on one rank equals the flat store bit for bit") {
+TEST_CASE("bf16 with ZeRO stages 1-3 on one rank equals the flat store bit for bit", "[bf16]") {
   const std::vector<std::string> base = {"--train-iters", "6", "--bf16"};
   const Run flat = run(base);
   for (const char* stage : {"1", "2", "3"}) {
