@@ -120,6 +120,11 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& p
   if (sp > 1 && moe_layers > 0) out.workspace += N * a * C;  // an MoE layer's full-sequence output (gradient)
   // Ulysses: the whole sequence's MoE input, output (gradient), input gradient and gather scratch.
   if (pl.ulysses > 1 && moe_layers > 0) out.workspace += 4 * Nm * a * C;
+  // CPU backend in bf16/fp16: the dispatcher's f32 copies of an emulated op's
+  // low-precision fields (lib/ops/lowp_emulation.h; kept for reuse), the
+  // largest being the cross-entropy's logits or the attention backward's
+  // qkv, its gradient, out and dout.
+  if (cfg.device == DeviceType::CPU && a == 2) out.workspace += s * std::max(N * d.Vp / tp, N * (2 * QKV + 2 * C) / tp);
   return out;
 }
 
