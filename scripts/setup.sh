@@ -2,7 +2,8 @@
 # Installs everything dsrun/dstrain need to build and test, from Debian packages.
 # Idempotent: packages already present are skipped by apt-get.
 #   scripts/setup.sh          build + test dependencies
-#   scripts/setup.sh --bench  also the peers used by bench/ (python3-torch, openmpi)
+#   scripts/setup.sh --bench  also the peers used by bench/ (PyTorch 2.x from PyPI in
+#                             .deps/torch-bench, openmpi, hyperfine)
 set -euo pipefail
 
 pkgs=(
@@ -27,7 +28,7 @@ pkgs=(
   python3-torch python3-numpy python3-pip
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  pkgs+=(openmpi-bin hyperfine)
+  pkgs+=(openmpi-bin hyperfine python3-venv)
 fi
 
 missing=()
@@ -70,5 +71,15 @@ if ! PYTHONPATH="$TOK_DIR" /usr/bin/python3 -c "import sentencepiece, tokenizers
   /usr/bin/python3 -m pip install -q --disable-pip-version-check --break-system-packages \
       --target "$TOK_DIR" "sentencepiece==0.2.0" "tokenizers==0.20.3" >/dev/null 2>&1 ||
     echo "setup: warning: could not install sentencepiece/tokenizers from PyPI; test_tokenizers_ref will skip"
+fi
+# The benchmarks' PyTorch peer (bench/train/run.sh): PyTorch 2.x from PyPI in
+# its own virtual environment (Debian's python3-torch is 1.13: no SDPA, no
+# torch.compile, no CPU bf16 autocast worth measuring).
+if [[ "${1:-}" == "--bench" ]]; then
+  BENCH_PY="$(cd "$(dirname "$0")/.." && pwd)/.deps/torch-bench"
+  if ! "$BENCH_PY/bin/python" -c 'import torch, sys; sys.exit(int(torch.__version__.split(".")[0]) < 2)' 2>/dev/null; then
+    python3 -m venv "$BENCH_PY"
+    "$BENCH_PY/bin/pip" install -q --disable-pip-version-check torch numpy
+  fi
 fi
 echo "setup: all dependencies present"

@@ -227,6 +227,37 @@ int run(const Options& o) {
   return 0;
 }
 
+// The GEMM ceiling the CPU step is judged against: matmul_forward (the op the
+// model's linear layers run) on an N x N x N problem in bf16 and fp32, on the
+// same threads, best of 3 after one warm-up. One JSON line.
+int gemm_peak(int64_t n) {
+  auto rate = [n](DType dt) {
+    auto make = [&](const Shape& shape) {
+      Tensor f = Tensor::empty(shape, DType::F32);
+      for (int64_t i = 0; i < f.numel(); ++i) f.data<float>()[i] = static_cast<float>(normal_at(3, 0, i) * 0.05);
+      if (dt == DType::F32) return f;
+      Tensor t = Tensor::empty(shape, dt);
+      ops::cast({.out = t, .inp = f});
+      return t;
+    };
+    const MatmulArgs a{.out = Tensor::empty({n, n}, dt), .inp = make({n, n}), .weight = make({n, n}), .bias = Tensor()};
+    double best = 1e30;
+    for (int r = 0; r < 4; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      ops::matmul_forward(a);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r > 0) best = std::min(best, s);
+    }
+    return 2.0 * n * n * n / best / 1e12;
+  };
+  const double bf16 = rate(DType::BF16), fp32 = rate(DType::F32);
+  std::printf("{\"impl\": \"dstrain\", \"gemm\": \"matmul_forward %lldx%lldx%lld\", \"bf16_tflops\": %.4f, "
+              "\"fp32_tflops\": %.4f, \"bf16_matmuls\": \"%s\"}\n",
+              static_cast<long long>(n), static_cast<long long>(n), static_cast<long long>(n), bf16, fp32,
+              ops::cpu_lowp_description());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -250,8 +281,12 @@ int main(int argc, char** argv) {
   app.add_option("--attention-backend", o.attention)->check(CLI::IsMember({"flash", "flash2", "plain", "cudnn"}));
   app.add_option("--loss-scale", o.loss_scale, "fp16: static loss scale")->check(CLI::PositiveNumber);
   app.add_flag("--cuda-graph", o.cuda_graph, "capture the step up to its read once and replay it (CUDA only)");
+  int64_t peak_n = 0;
+  app.add_option("--gemm-peak", peak_n, "instead of a step: the CPU's bf16 and fp32 matmul_forward rate at N^3")
+      ->check(CLI::Range(int64_t{64}, int64_t{16384}));
   CLI11_PARSE(app, argc, argv);
   try {
+    if (peak_n > 0) return gemm_peak(peak_n);
     return run(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_train: %s\n", e.what());
