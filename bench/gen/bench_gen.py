@@ -1,20 +1,30 @@
 #!/usr/bin/env python3
 """Generation throughput: dsgen (KV cache) against transformers on the same
-model and CPU threads. Builds a GPT-2-style model with dstrain (demo shape:
-6 layers, 256 hidden, 8 heads, 512 positions; one training step, exported to
-Hugging Face format), then times a prefill of P prompt tokens and greedy
-decoding of N new tokens, batch 1, in fp32:
-  - dsgen --init-from HF --timing (its prefill and decode tokens/s);
-  - transformers: one forward of the prompt with use_cache, then N single-token
-    forwards with past_key_values (what generate() runs), torch.set_num_threads.
-  bench_gen.py BUILD_DIR [THREADS] [P] [N]     (needs python3-torch + transformers)
-Prints one table row per engine."""
-import json, os, statistics, subprocess, sys, tempfile, time
+model, dtype and CPU threads. Builds a GPT-2-style model with dstrain (one
+training step, exported to Hugging Face format), then times a prefill of P
+prompt tokens and greedy decoding of N new tokens, batch 1:
+  - dsgen --init-from HF --timing (its prefill and decode tokens/s), with
+    --bf16 for --dtype bf16;
+  - transformers loaded with torch_dtype float32 or bfloat16: one forward of
+    the prompt with use_cache, then N single-token forwards with
+    past_key_values (what generate() runs), torch.set_num_threads.
+Sizes: small = the demo shape (6 layers, 256 hidden, 8 heads), base = GPT-2
+124M's blocks (12 layers, 768 hidden, 12 heads); vocabulary 1024, 512 positions.
+  bench_gen.py BUILD_DIR [--threads 2] [--prompt 128] [--new 128] [--dtype fp32|bf16] [--size small|base]
+Needs torch + transformers (TORCH_PYTHON in bench/train/run.sh's sense: any
+interpreter that has both). Prints one table row per engine."""
+import argparse, json, os, statistics, subprocess, sys, tempfile, time
 
-BUILD = sys.argv[1]
-THREADS = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-P = int(sys.argv[3]) if len(sys.argv) > 3 else 128
-N = int(sys.argv[4]) if len(sys.argv) > 4 else 128
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+ap.add_argument("build")
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--prompt", type=int, default=128)
+ap.add_argument("--new", type=int, default=128)
+ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+ap.add_argument("--size", default="small", choices=["small", "base"])
+args = ap.parse_args()
+BUILD, THREADS, P, N = args.build, args.threads, args.prompt, args.new
+L, C, NH = (6, 256, 8) if args.size == "small" else (12, 768, 12)
 REPS = 3
 os.environ["OMP_NUM_THREADS"] = str(THREADS)
 import torch
@@ -35,14 +45,15 @@ with tempfile.TemporaryDirectory() as d:
         "--vocab-file", f"{d}/tok/vocab.json", "--merge-file", f"{d}/tok/merges.txt"])
     cfg = {"train_batch_size": 2, "train_micro_batch_size_per_gpu": 2,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-           "model": {"family": "gpt2", "num_layers": 6, "hidden_size": 256, "num_heads": 8, "seq_length": 128,
+           "model": {"family": "gpt2", "num_layers": L, "hidden_size": C, "num_heads": NH, "seq_length": 128,
                      "max_position_embeddings": 512},
            "data": {"data_path": f"{d}/data", "split": "100,0,0", "vocab_file": f"{d}/tok/vocab.json",
                     "merge_file": f"{d}/tok/merges.txt"},
            "training": {"train_iters": 1, "export_hf": f"{d}/hf", "eval_interval": 1000}}
     json.dump(cfg, open(f"{d}/cfg.json", "w"))
     sh([f"{BUILD}/apps/dstrain/dstrain", "--config", f"{d}/cfg.json"])
-    model = AutoModelForCausalLM.from_pretrained(f"{d}/hf", torch_dtype=torch.float32).eval()
+    tdtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(f"{d}/hf", torch_dtype=tdtype).eval()
     # dsgen reads text: a prompt of P words (about P tokens; both engines get the ids dsgen encoded).
     prompt = " ".join(["the"] * P)
     json.dump({"prompt": prompt}, open(f"{d}/p.jsonl", "w"))
@@ -50,7 +61,7 @@ with tempfile.TemporaryDirectory() as d:
     for _ in range(REPS):
         r = sh([f"{BUILD}/apps/dsgen/dsgen", "--init-from", f"{d}/hf", "--vocab-file", f"{d}/tok/vocab.json",
                 "--merge-file", f"{d}/tok/merges.txt", "--prompt-file", f"{d}/p.jsonl", "--output-file",
-                f"{d}/o.jsonl", "--max-new-tokens", str(N), "--ignore-eos", "--timing"])
+                f"{d}/o.jsonl", "--max-new-tokens", str(N), "--ignore-eos", "--timing"] + (["--bf16"] if args.dtype == "bf16" else []))
         line = [l for l in r.stderr.splitlines() if "prefill" in l][-1].split()
         # dsgen: prefill T tokens in S s (R tokens/s), decode T tokens in S s (R tokens/s)
         pre.append(float(line[7].strip("(")))
@@ -73,8 +84,8 @@ with tempfile.TemporaryDirectory() as d:
             tp.append(len(ptoks) / (t1 - t0))
             td.append((N - 1) / (t2 - t1))
     import transformers
-    print(f"model: GPT-2 6x256, 8 heads, vocab {model.config.vocab_size}; prompt {len(ptoks)} tokens, {N} new, "
-          f"batch 1, fp32, {THREADS} threads, median of {REPS}")
+    print(f"model: GPT-2 {L}x{C}, {NH} heads, vocab {model.config.vocab_size}; prompt {len(ptoks)} tokens, {N} new, "
+          f"batch 1, {args.dtype}, {THREADS} threads, median of {REPS}")
     print("| engine | prefill tokens/s | decode tokens/s |")
     print("|---|---|---|")
     print(f"| dsgen (KV cache) | {statistics.median(pre):.0f} | {statistics.median(dec):.1f} |")

@@ -10,12 +10,16 @@
 // (b, kv head), since the key/value gradients of one kv head gather
 // contributions from all query blocks of all the query heads that share it (in
 // a fixed order, so results do not depend on the thread count).
+// In bf16 with the bf16 GEMM on (lib/cpu/bf16_gemm.h), lowp::attention_*
+// run the same blocks with their products as bf16 GEMMs (end of this file).
 // Attention dropout drops probabilities after the softmax with the hashed mask
 // of lib/ops/dropout_mask.h; the backward redraws it. A spec with a per-step
 // key in memory (step_key) is resolved once per call.
 #include <cmath>
 #include <cstring>
+#include <exception>
 
+#include "lib/cpu/bf16_gemm.h"
 #include "lib/cpu/cpu_ops.h"
 #include "lib/cpu/cpu_util.h"
 #include "lib/cpu/tile_gemm.h"
@@ -24,6 +28,9 @@ namespace ds::cpu {
 namespace {
 
 constexpr int64_t kBq = 64;  // query rows per block
+
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t x) { return bf16_to_f32(x); }  // bf16 bits
 
 struct AttnDims {
   int64_t B, T, NH, HS, C;  // C = NH * HS
@@ -220,18 +227,26 @@ HeadScratch head_scratch(const AttnDims& d) {
 // With attention dropout (mask factor m = 0 or 1/(1-p)) the output used
 // P~ = P * m: dS = P * (m * dP~ - D) * scale, and P becomes P~ for dV; D =
 // dO . O holds either way (O is the dropped output).
-void block_probs_and_ds(const HeadScratch& s, int64_t ld, int64_t M, int64_t q0, int64_t kend,
-                        const float* lse, const float* dO, const float* O, int64_t ldo,
-                        int64_t HS, float scale, const DropoutSpec& drop, int64_t b, int64_t h) {
+// D[i] = sum_e dO[i][e] * O[i][e] (f32, in e order) for the M rows of a block.
+template <class T>
+void row_dots(float* D, const T* dO, const T* O, int64_t ldo, int64_t M, int64_t HS) {
+  for (int64_t i = 0; i < M; ++i) {
+    float s = 0.f;
+    for (int64_t e = 0; e < HS; ++e) s += to_float(dO[i * ldo + e]) * to_float(O[i * ldo + e]);
+    D[i] = s;
+  }
+}
+
+void block_probs_and_ds(float* P, float* dS, int64_t ld, int64_t M, int64_t q0, int64_t kend, const float* lse,
+                        const float* Dv, float scale, const DropoutSpec& drop, int64_t b, int64_t h) {
   const uint32_t threshold = dropout_threshold(drop.p);
   const float dscale = dropout_scale(drop.p);
   for (int64_t i = 0; i < M; ++i) {
-    float* p = s.P + i * ld;
-    float* ds = s.dS + i * ld;
+    float* p = P + i * ld;
+    float* ds = dS + i * ld;
     const int64_t nv = q0 + i + 1;
     const float l = lse[i];
-    float D = 0.f;  // sum_e dO[i][e] * O[i][e]
-    for (int64_t e = 0; e < HS; ++e) D += dO[i * ldo + e] * O[i * ldo + e];
+    const float D = Dv[i];
     if (drop.p == 0.f) {
 #pragma omp simd
       for (int64_t j = 0; j < nv; ++j) {
@@ -265,7 +280,9 @@ void backward_block(const AttentionBwdArgs& a, const AttnDims& d, const HeadScra
   tile_gemm(g);
   g.a = dO, g.a_rs = d.C, g.b = s.vt, g.c = s.dS;  // dP = dO V^T
   tile_gemm(g);
-  block_probs_and_ds(s, ldT, M, q0, kend, lse, dO, O, d.C, d.HS, d.scale, a.dropout, b, h);
+  float D[kBq];
+  row_dots(D, dO, O, d.C, M, d.HS);
+  block_probs_and_ds(s.P, s.dS, ldT, M, q0, kend, lse, D, d.scale, a.dropout, b, h);
   TileGemm dq;  // dQ = dS K
   dq.M = M, dq.N = d.HSp, dq.K = kend, dq.a = s.dS, dq.a_rs = ldT, dq.a_cs = 1;
   dq.b = s.krows, dq.ldb = d.HSp, dq.c = s.dq, dq.ldc = d.HSp;
@@ -310,6 +327,151 @@ void attention_backward(const AttentionBwdArgs& args, const Stream&) {
   const AttnDims d = attn_dims(a.qkv, a.NH, a.NKV);
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t bk = 0; bk < d.B * d.NKV; ++bk) backward_kv_head(a, d, bk / d.NKV, bk % d.NKV);
+}
+
+// ---- bf16 without emulation (ds::cpu::lowp, lib/ops/op_table.h) -----------
+// The same blocks and task split as above, with every product a bf16 GEMM
+// (bf16 inputs, f32 sums) read straight from the strided rows of qkv, out and
+// dout (nothing packed): Q K^T and P V in the forward; Q K^T, dO V^T, dS K,
+// dS^T Q and P^T dO in the backward. The scores, softmax, log-sum-exp, dS and
+// the dK / dV accumulators stay f32; P and dS are rounded to bf16 before they
+// enter a product (as flash attention does on a GPU), and each output once.
+
+namespace {
+
+using Bf16 = uint16_t;
+
+Bf16* bf16_scratch(size_t n, int slot) { return reinterpret_cast<Bf16*>(thread_scratch((n + 1) / 2, slot)); }
+
+// dst (M rows, ldd) = bf16 of the first n columns of src (M rows, lds).
+void round_rows(Bf16* dst, int64_t ldd, const float* src, int64_t lds, int64_t M, int64_t n) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < n; ++j) dst[i * ldd + j] = f32_to_bf16(src[i * lds + j]);
+}
+
+bool bf16_attention_on() { return bf16_gemm_mode().isa != Bf16GemmIsa::None; }
+bool is_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::BF16; }
+
+// Forward of one query block [q0, q0 + M) of head h in batch b.
+void forward_block_bf16(const AttentionArgs& a, const AttnDims& d, int64_t b, int64_t h, int64_t q0) {
+  const int64_t M = std::min(kBq, d.T - q0), kend = q0 + M, ld = padded_ld(kend), W = d.W, kh = h / d.G;
+  const Bf16* rows = a.qkv.data<Bf16>() + b * d.T * W;  // (T, W) of batch b
+  float* S = thread_scratch(static_cast<size_t>(kBq * ld), 0);      // (M, ld)
+  float* ob = thread_scratch(static_cast<size_t>(kBq * d.HS), 1);   // (M, HS)
+  Bf16* P = bf16_scratch(static_cast<size_t>(kBq * ld), 2);         // (M, ld)
+  Bf16Gemm qk;  // S = Q K^T
+  qk.M = M, qk.N = kend, qk.K = d.HS;
+  qk.a = rows + q0 * W + h * d.HS, qk.a_rs = W, qk.a_cs = 1;
+  qk.b = rows + d.koff + kh * d.HS, qk.b_rs = 1, qk.b_cs = W;
+  qk.c = S, qk.ldc = ld;
+  bf16_gemm(qk);
+  float* lse = a.lse.data<float>() + (b * d.NH + h) * d.T + q0;  // (M) of (B, NH, T)
+  softmax_block(S, ld, M, q0, kend, d.scale, lse);
+  drop_probs(S, ld, M, q0, a.dropout, b, h);
+  round_rows(P, ld, S, ld, M, kend);
+  Bf16Gemm pv;  // O = P V
+  pv.M = M, pv.N = d.HS, pv.K = kend;
+  pv.a = P, pv.a_rs = ld, pv.a_cs = 1;
+  pv.b = rows + d.voff + kh * d.HS, pv.b_rs = W, pv.b_cs = 1;
+  pv.c = ob, pv.ldc = d.HS;
+  bf16_gemm(pv);
+  round_rows(a.out.data<Bf16>() + (b * d.T + q0) * d.C + h * d.HS, d.C, ob, d.HS, M, d.HS);
+}
+
+// Kv head kh of batch b: the query heads of its group in order, each block
+// by block, accumulating dK and dV in f32.
+void backward_kv_head_bf16(const AttentionBwdArgs& a, const AttnDims& d, int64_t b, int64_t kh) {
+  const int64_t ldT = padded_ld(d.T), W = d.W, HS = d.HS;
+  const Bf16* rows = a.qkv.data<Bf16>() + b * d.T * W;     // (T, W)
+  const Bf16* douts = a.dout.data<Bf16>() + b * d.T * d.C;  // (T, C)
+  const Bf16* outs = a.out.data<Bf16>() + b * d.T * d.C;    // (T, C)
+  Bf16* drows = a.dqkv.data<Bf16>() + b * d.T * W;          // (T, W)
+  float* dk = thread_scratch(static_cast<size_t>(2 * d.T * HS), 0);  // (T, HS) dK, then dV
+  float* dv = dk + d.T * HS;
+  float* P = thread_scratch(static_cast<size_t>(kBq * ldT), 1);   // (M, ldT)
+  float* dS = thread_scratch(static_cast<size_t>(kBq * ldT), 2);  // (M, ldT)
+  float* dq = thread_scratch(static_cast<size_t>(kBq * HS), 3);   // (M, HS)
+  Bf16* P16 = bf16_scratch(static_cast<size_t>(kBq * ldT), 4);
+  Bf16* dS16 = bf16_scratch(static_cast<size_t>(kBq * ldT), 5);
+  std::memset(dk, 0, 2 * d.T * HS * sizeof(float));
+  const Bf16* K = rows + d.koff + kh * HS;  // (T, W) at kv head kh
+  const Bf16* V = rows + d.voff + kh * HS;
+  for (int64_t h = kh * d.G; h < (kh + 1) * d.G; ++h) {
+    for (int64_t q0 = 0; q0 < d.T; q0 += kBq) {
+      const int64_t M = std::min(kBq, d.T - q0), kend = q0 + M;
+      const Bf16* Q = rows + q0 * W + h * HS;          // (M, W)
+      const Bf16* dO = douts + q0 * d.C + h * HS;      // (M, C)
+      Bf16Gemm g;  // S = Q K^T -> P
+      g.M = M, g.N = kend, g.K = HS;
+      g.a = Q, g.a_rs = W, g.a_cs = 1, g.b = K, g.b_rs = 1, g.b_cs = W, g.c = P, g.ldc = ldT;
+      bf16_gemm(g);
+      g.a = dO, g.a_rs = d.C, g.b = V, g.c = dS;  // dP = dO V^T
+      bf16_gemm(g);
+      float D[kBq];
+      row_dots(D, dO, outs + q0 * d.C + h * HS, d.C, M, HS);
+      const float* lse = a.lse.data<float>() + (b * d.NH + h) * d.T + q0;
+      block_probs_and_ds(P, dS, ldT, M, q0, kend, lse, D, d.scale, a.dropout, b, h);
+      round_rows(P16, ldT, P, ldT, M, kend);
+      round_rows(dS16, ldT, dS, ldT, M, kend);
+      Bf16Gemm gq;  // dQ = dS K
+      gq.M = M, gq.N = HS, gq.K = kend;
+      gq.a = dS16, gq.a_rs = ldT, gq.a_cs = 1, gq.b = K, gq.b_rs = W, gq.b_cs = 1, gq.c = dq, gq.ldc = HS;
+      bf16_gemm(gq);
+      round_rows(drows + q0 * W + h * HS, W, dq, HS, M, HS);
+      Bf16Gemm gkv;  // dK += dS^T Q, dV += P^T dO (keys [0, kend))
+      gkv.M = kend, gkv.N = HS, gkv.K = M, gkv.accumulate = true;
+      gkv.a = dS16, gkv.a_rs = 1, gkv.a_cs = ldT, gkv.b = Q, gkv.b_rs = W, gkv.b_cs = 1, gkv.c = dk, gkv.ldc = HS;
+      bf16_gemm(gkv);
+      gkv.a = P16, gkv.b = dO, gkv.b_rs = d.C, gkv.c = dv;
+      bf16_gemm(gkv);
+    }
+  }
+  round_rows(drows + d.koff + kh * HS, W, dk, HS, d.T, HS);
+  round_rows(drows + d.voff + kh * HS, W, dv, HS, d.T, HS);
+}
+
+}  // namespace
+
+bool lowp::attention_forward(const AttentionArgs& args, const Stream&) {
+  if (!bf16_attention_on() || !is_bf16(args.qkv) || !is_bf16(args.out)) return false;
+  AttentionArgs a = args;
+  a.dropout = dropout_resolve(args.dropout);
+  const AttnDims d = attn_dims(a.qkv, a.NH, a.NKV);
+  const int64_t nq = (d.T + kBq - 1) / kBq, ntasks = d.B * d.NH * nq;
+  std::exception_ptr err;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t task = 0; task < ntasks; ++task) {
+    const int64_t qb = nq - 1 - task / (d.B * d.NH), bh = task % (d.B * d.NH);
+    try {
+      forward_block_bf16(a, d, bh / d.NH, bh % d.NH, qb * kBq);
+    } catch (...) {
+#pragma omp critical(ds_attention_bf16_error)
+      if (!err) err = std::current_exception();
+    }
+  }
+  if (err) std::rethrow_exception(err);
+  return true;
+}
+
+bool lowp::attention_backward(const AttentionBwdArgs& args, const Stream&) {
+  if (!bf16_attention_on() || !is_bf16(args.qkv) || !is_bf16(args.dqkv) || !is_bf16(args.dout) ||
+      !is_bf16(args.out))
+    return false;
+  AttentionBwdArgs a = args;
+  a.dropout = dropout_resolve(args.dropout);
+  const AttnDims d = attn_dims(a.qkv, a.NH, a.NKV);
+  std::exception_ptr err;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bk = 0; bk < d.B * d.NKV; ++bk) {
+    try {
+      backward_kv_head_bf16(a, d, bk / d.NKV, bk % d.NKV);
+    } catch (...) {
+#pragma omp critical(ds_attention_bf16_error)
+      if (!err) err = std::current_exception();
+    }
+  }
+  if (err) std::rethrow_exception(err);
+  return true;
 }
 
 }  // namespace ds::cpu

@@ -14,6 +14,8 @@ DS_OP_LIST(DS_DECLARE_OP)
 namespace lowp {
 bool matmul_forward(const MatmulArgs& a, const Stream& s);    // lib/cpu/matmul.cpp
 bool matmul_backward(const MatmulBwdArgs& a, const Stream& s);
+bool attention_forward(const AttentionArgs& a, const Stream& s);  // lib/cpu/attention.cpp
+bool attention_backward(const AttentionBwdArgs& a, const Stream& s);
 const char* description();  // lib/cpu/bf16_gemm.cpp
 }  // namespace lowp
 }  // namespace ds::cpu

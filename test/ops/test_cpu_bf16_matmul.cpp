@@ -1,8 +1,10 @@
-// The CPU backend's native bf16 matmuls (lib/cpu/bf16_gemm.h: oneDNN on
-// AVX512-BF16 or AMX) against a double reference computed from the same bf16
-// inputs: forward with and without bias, backward with every output dtype and
-// accumulation, odd shapes that leave partial tiles, shapes of both tilings,
-// and thread-count independence. Registered twice: as the CPU decides, and
+// The CPU backend's native bf16 matmuls and attention (lib/cpu/bf16_gemm.h:
+// oneDNN on AVX512-BF16 or AMX) against double references computed from the
+// same bf16 inputs: matmul forward with and without bias, backward with every
+// output dtype and accumulation, odd shapes that leave partial tiles, shapes
+// of both tilings; attention forward and backward (multi-head and grouped-
+// query, T not a multiple of the 64-row block, with dropout against the f32
+// op); thread-count independence. Registered twice: as the CPU decides, and
 // with DS_CPU_BF16_GEMM=f32 (the f32 fallback every CPU without bf16
 // instructions takes), where the same tolerances must hold.
 #include <fmt/format.h>
@@ -12,6 +14,7 @@
 
 #include "lib/cpu/bf16_gemm.h"
 #include "lib/cpu/cpu_ops.h"
+#include "test/ops_harness/attn_ref.h"
 #include "test/ops_harness/op_test_util.h"
 
 using namespace ds;
@@ -186,6 +189,77 @@ TEST_CASE("bf16 matmul results do not depend on the thread count") {
     INFO("output " << i % 4 << ", run " << i / 4);
     CHECK(bit_equal(outs[i], outs[i % 4]));
   }
+}
+
+namespace {
+
+struct AttnBf16 {
+  Tensor out, lse, dqkv;
+};
+
+// Attention forward and backward with qkv, out, dout and dqkv in dtype dt
+// (lse f32).
+AttnBf16 run_attention(const Tensor& qkv, const Tensor& dout, const AttnShape& s, float p_drop = 0.f) {
+  const DType dt = qkv.dtype();
+  AttentionArgs f;
+  f.qkv = qkv;
+  f.out = Tensor::empty({s.B, s.T, s.NH * s.HS}, dt);
+  f.lse = Tensor::empty({s.B, s.NH, s.T}, DType::F32);
+  f.NH = static_cast<int>(s.NH);
+  f.NKV = static_cast<int>(s.NKV);
+  if (p_drop > 0.f) f.dropout = DropoutSpec{.p = p_drop, .stream = 17, .sample0 = 3, .head0 = 1};
+  ops::attention_forward(f);
+  AttentionBwdArgs g;
+  g.dqkv = to_dtype(randn(qkv.shape(), 99), dt);  // garbage: must be overwritten
+  g.dout = dout, g.out = f.out, g.lse = f.lse, g.qkv = qkv, g.NH = f.NH, g.NKV = f.NKV, g.dropout = f.dropout;
+  ops::attention_backward(g);
+  return {f.out, f.lse, g.dqkv};
+}
+
+}  // namespace
+
+TEST_CASE("bf16 attention forward and backward against double references") {
+  // Errors relative to each tensor's largest value: bf16 outputs (2^-9), and
+  // natively P and dS rounded to bf16 before their products.
+  for (AttnShape s : {AttnShape{2, 7, 3, 16}, AttnShape{1, 133, 2, 64}, AttnShape{2, 65, 4, 32, 2},
+                      AttnShape{1, 200, 6, 64, 3}}) {
+    DYNAMIC_SECTION("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " NKV=" << s.kv() << " HS=" << s.HS) {
+      const Tensor qkv = to_dtype(randn({s.B, s.T, s.width()}, 60), DType::BF16);
+      const Tensor dout = to_dtype(randn({s.B, s.T, s.NH * s.HS}, 61), DType::BF16);
+      const AttnBf16 r = run_attention(qkv, dout, s);
+      REQUIRE(r.out.dtype() == DType::BF16);
+      Vec lse;
+      const Vec ref = ref_attention(as_f64(qkv), s, &lse);
+      CHECK(rel_err(as_f64(r.out), ref) < 8e-3);
+      CHECK(rel_err(to_f64(r.lse), lse) < 1e-5);
+      CHECK(rel_err(as_f64(r.dqkv), ref_attention_backward(as_f64(qkv), as_f64(dout), s)) < 1.5e-2);
+    }
+  }
+}
+
+TEST_CASE("bf16 attention with dropout follows the f32 op's mask") {
+  const AttnShape s{2, 70, 4, 32, 2};
+  const Tensor qkv = to_dtype(randn({s.B, s.T, s.width()}, 70), DType::BF16);
+  const Tensor dout = to_dtype(randn({s.B, s.T, s.NH * s.HS}, 71), DType::BF16);
+  const AttnBf16 lo = run_attention(qkv, dout, s, 0.3f);
+  const AttnBf16 hi = run_attention(to_dtype(qkv, DType::F32), to_dtype(dout, DType::F32), s, 0.3f);
+  CHECK(rel_err(as_f64(lo.out), to_f64(hi.out)) < 8e-3);
+  CHECK(rel_err(as_f64(lo.dqkv), to_f64(hi.dqkv)) < 1.5e-2);
+  // Without the same mask the difference would be of the order of the values.
+  const AttnBf16 other = run_attention(to_dtype(qkv, DType::F32), to_dtype(dout, DType::F32), s, 0.5f);
+  CHECK(rel_err(to_f64(other.out), to_f64(hi.out)) > 0.1);
+}
+
+TEST_CASE("bf16 attention results do not depend on the thread count") {
+  const AttnShape s{2, 130, 4, 64, 2};
+  const Tensor qkv = to_dtype(randn({s.B, s.T, s.width()}, 80), DType::BF16);
+  const Tensor dout = to_dtype(randn({s.B, s.T, s.NH * s.HS}, 81), DType::BF16);
+  AttnBf16 r1, r3;
+  with_threads(1, [&] { r1 = run_attention(qkv, dout, s); });
+  with_threads(3, [&] { r3 = run_attention(qkv, dout, s); });
+  CHECK(bit_equal(r1.out, r3.out));
+  CHECK(bit_equal(r1.lse, r3.lse));
+  CHECK(bit_equal(r1.dqkv, r3.dqkv));
 }
 
 TEST_CASE("bf16 matmul speed against the f32 kernel", "[.][bench]") {
