@@ -140,10 +140,13 @@ void sum_squares(const SumSquaresArgs& a, const Stream&) {
   const float* x = a.x.data<float>();  // (n)
   const int64_t n = a.x.numel(), nchunks = (n + kChunk - 1) / kChunk;
   double* part = thread_scratch_f64(static_cast<size_t>(nchunks));  // (nchunks)
-  parallel_chunks(n, [&](int64_t b, int64_t e) {
+  parallel_chunks(n, [x, part](int64_t b, int64_t e) {
+    // By value and from 0: with the pointer read through the closure GCC
+    // vectorised this loop as gathers (about 10x slower).
+    const float* p = x + b;
     double s = 0.0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = b; i < e; ++i) s += static_cast<double>(x[i]) * x[i];
+    for (int64_t i = 0; i < e - b; ++i) s += static_cast<double>(p[i]) * p[i];
     part[b / kChunk] = s;
   });
   double total = 0.0;
