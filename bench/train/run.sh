@@ -10,6 +10,8 @@
 # another interpreter).
 #   bench/train/run.sh           GPT-2 124M and a LLaMA shape of similar size, T 256, B 4
 #   bench/train/run.sh --small   a 2-layer model of each family (a quick check of the script)
+# ROUNDS=n (default 1) repeats the interleaved sequence n times; each
+# configuration's best round counts.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BUILD_DIR:-build}/bench/train/bench_train
@@ -24,11 +26,13 @@ trap 'rm -rf "$OUT"' EXIT
 shape() {  # LABEL ARGS...: every configuration of both sides, one JSON line each into $OUT/LABEL
   local label=$1; shift
   local f="$OUT/$label"
-  "$BIN" "$@" --dtype fp32 >> "$f"
-  "$PY" bench/train/torch_ref.py "$@" --dtype fp32 >> "$f"
-  "$BIN" "$@" --dtype bf16 >> "$f"
-  "$PY" bench/train/torch_ref.py "$@" --dtype bf16 >> "$f"
-  "$PY" bench/train/torch_ref.py "$@" --dtype bf16 --compile --warmup 2 >> "$f"
+  for ((r = 0; r < ${ROUNDS:-1}; r++)); do
+    "$BIN" "$@" --dtype fp32 >> "$f"
+    "$PY" bench/train/torch_ref.py "$@" --dtype fp32 2>/dev/null >> "$f"
+    "$BIN" "$@" --dtype bf16 >> "$f"
+    "$PY" bench/train/torch_ref.py "$@" --dtype bf16 2>/dev/null >> "$f"
+    "$PY" bench/train/torch_ref.py "$@" --dtype bf16 --compile --warmup 2 2>/dev/null >> "$f"
+  done
   echo "$f"
 }
 
@@ -47,10 +51,16 @@ fi
 import json, os, sys
 peak = json.loads(sys.argv[1])
 for path in sys.argv[2:]:
-    rows = [json.loads(l) for l in open(path) if l.strip()]
-    print(f"\n{os.path.basename(path)}")
     def name(r):
         return f"{r['impl']} {r['dtype']}"
+    best = {}
+    for l in open(path):
+        if l.strip():
+            r = json.loads(l)
+            if name(r) not in best or r["ms_per_step"] < best[name(r)]["ms_per_step"]:
+                best[name(r)] = r
+    rows = list(best.values())
+    print(f"\n{os.path.basename(path)}")
     for r in rows:
         print(f"  {name(r):<44} {r['ms_per_step']:>9.1f} ms/step {r['tokens_per_s']:>8.1f} tok/s "
               f"{r['tflops']:.4f} TFLOP/s")
