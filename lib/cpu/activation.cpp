@@ -4,6 +4,7 @@
 // every element is the same for any thread count.
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 
 #include "lib/cpu/cpu_ops.h"
 #include "lib/cpu/cpu_util.h"
@@ -20,34 +21,70 @@ constexpr float kGeluCube = 0.044715f;
 
 }  // namespace
 
-void gelu_forward(const GeluArgs& a, const Stream&) {
-  const float* inp = a.inp.data<float>();  // (N)
-  float* out = a.out.data<float>();        // (N)
-  parallel_chunks(a.inp.numel(), [&](int64_t b, int64_t e) {
+namespace {
+
+// f32 or bf16 elements (bf16: exact upcast, nearest-even rounding).
+inline float load(float x) { return x; }
+inline float load(uint16_t x) { return bf16_to_f32(x); }
+inline void store(float* p, float v) { *p = v; }
+inline void store(uint16_t* p, float v) { *p = f32_to_bf16(v); }
+
+template <class T, class O>
+void gelu_forward_impl(const T* inp, O* out, int64_t n) {  // (n) each
+  parallel_chunks(n, [inp, out](int64_t b, int64_t e) {
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
-      const float x = inp[i];
+      const float x = load(inp[i]);
       const float u = kGeluScale * (x + kGeluCube * x * x * x);
-      out[i] = 0.5f * x * (1.f + tanh_approx(u));
+      store(out + i, 0.5f * x * (1.f + tanh_approx(u)));
     }
   });
 }
 
-void gelu_backward(const GeluArgs& a, const Stream&) {
-  const float* inp = a.inp.data<float>();    // (N)
-  const float* dout = a.dout.data<float>();  // (N)
-  float* dinp = a.out.data<float>();         // (N)
-  parallel_chunks(a.inp.numel(), [&](int64_t b, int64_t e) {
+// dinp may be dout (in place).
+template <class T>
+void gelu_backward_impl(const T* inp, const T* dout, T* dinp, int64_t n) {  // (n) each
+  parallel_chunks(n, [inp, dout, dinp](int64_t b, int64_t e) {
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
-      const float x = inp[i];
+      const float x = load(inp[i]);
       const float u = kGeluScale * (x + kGeluCube * x * x * x);
       const float th = tanh_approx(u);
       const float du = kGeluScale * (1.f + 3.f * kGeluCube * x * x);
       const float g = 0.5f * (1.f + th) + 0.5f * x * (1.f - th * th) * du;
-      dinp[i] = dout[i] * g;
+      store(dinp + i, load(dout[i]) * g);
     }
   });
+}
+
+bool all_bf16(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->dtype() != DType::BF16) return false;
+  return true;
+}
+
+}  // namespace
+
+void gelu_forward(const GeluArgs& a, const Stream&) {
+  gelu_forward_impl(a.inp.data<float>(), a.out.data<float>(), a.inp.numel());
+}
+
+void gelu_backward(const GeluArgs& a, const Stream&) {
+  gelu_backward_impl(a.inp.data<float>(), a.dout.data<float>(), a.out.data<float>(), a.inp.numel());
+}
+
+// bf16 as it is: the f32 kernel's arithmetic per element, bit-identical to the
+// emulation without its copies.
+bool lowp::gelu_forward(const GeluArgs& a, const Stream&) {
+  if (!all_bf16({&a.inp, &a.out})) return false;
+  gelu_forward_impl(a.inp.data<uint16_t>(), a.out.data<uint16_t>(), a.inp.numel());
+  return true;
+}
+
+bool lowp::gelu_backward(const GeluArgs& a, const Stream&) {
+  if (!all_bf16({&a.inp, &a.dout, &a.out})) return false;
+  gelu_backward_impl(a.inp.data<uint16_t>(), a.dout.data<uint16_t>(), a.out.data<uint16_t>(), a.inp.numel());
+  return true;
 }
 
 void swiglu_forward(const SwigluArgs& a, const Stream&) {

@@ -16,7 +16,10 @@ const ops::OpTable kOps = {
     .lowp = {.matmul_forward = &lowp::matmul_forward,
              .matmul_backward = &lowp::matmul_backward,
              .attention_forward = &lowp::attention_forward,
-             .attention_backward = &lowp::attention_backward},
+             .attention_backward = &lowp::attention_backward,
+             .gelu_forward = &lowp::gelu_forward,
+             .gelu_backward = &lowp::gelu_backward,
+             .cross_entropy = &lowp::cross_entropy},
     .lowp_description = &lowp::description,
 };
 

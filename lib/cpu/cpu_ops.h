@@ -16,6 +16,9 @@ bool matmul_forward(const MatmulArgs& a, const Stream& s);    // lib/cpu/matmul.
 bool matmul_backward(const MatmulBwdArgs& a, const Stream& s);
 bool attention_forward(const AttentionArgs& a, const Stream& s);  // lib/cpu/attention.cpp
 bool attention_backward(const AttentionBwdArgs& a, const Stream& s);
+bool gelu_forward(const GeluArgs& a, const Stream& s);  // lib/cpu/activation.cpp
+bool gelu_backward(const GeluArgs& a, const Stream& s);
+bool cross_entropy(const CrossEntropyArgs& a, const Stream& s);  // lib/cpu/loss.cpp
 const char* description();  // lib/cpu/bf16_gemm.cpp
 }  // namespace lowp
 }  // namespace ds::cpu

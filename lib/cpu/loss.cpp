@@ -11,40 +11,79 @@
 
 namespace ds::cpu {
 
-void cross_entropy(const CrossEntropyArgs& a, const Stream&) {
-  const char* op = "cross_entropy";
-  const int64_t Vp = a.logits.size(-1), N = rows_of(a.logits), V = a.V;
-  const bool with_grad = a.dlogits.defined();
+namespace {
+
+struct CeDims {
+  int64_t Vp, N, V;
+  float dloss;
+};
+
+CeDims ce_dims(const CrossEntropyArgs& a) {
+  const CeDims d{a.logits.size(-1), rows_of(a.logits), a.V,
+                 a.dloss_scale.defined() ? a.dloss * a.dloss_scale.data<float>()[0] : a.dloss};
   const int32_t* targets = a.targets.data<int32_t>();  // (N)
-  for (int64_t n = 0; n < N; ++n)
-    DS_CHECK(targets[n] < V, "{}: target {} at row {} is >= V={}", op, targets[n], n, V);
-  const float* logits = a.logits.data<float>();  // (N, Vp)
-  float* losses = a.losses.data<float>();        // (N)
-  float* dlogits = with_grad ? a.dlogits.data<float>() : nullptr;  // (N, Vp)
-  const float dloss = a.dloss_scale.defined() ? a.dloss * a.dloss_scale.data<float>()[0] : a.dloss;
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* x = logits + n * Vp;
-    const int32_t tgt = targets[n];
-    float* dx = with_grad ? dlogits + n * Vp : nullptr;
-    if (tgt < 0) {
-      losses[n] = 0.f;
-      if (dx) std::memset(dx, 0, Vp * sizeof(float));
-      continue;
-    }
-    const float mx = row_max(x, V);
-    const double sum = sum_exp(x, V, mx);
-    const double lse = mx + std::log(sum);
-    losses[n] = static_cast<float>(lse - x[tgt]);
-    if (!dx) continue;
-    const float lse_f = static_cast<float>(lse);
-#pragma omp simd
-    for (int64_t j = 0; j < V; ++j) {
-      const float p = fast_exp(x[j] - lse_f);
-      dx[j] = dloss * (p - (j == tgt ? 1.f : 0.f));
-    }
-    for (int64_t j = V; j < Vp; ++j) dx[j] = 0.f;
+  for (int64_t n = 0; n < d.N; ++n)
+    DS_CHECK(targets[n] < d.V, "cross_entropy: target {} at row {} is >= V={}", targets[n], n, d.V);
+  return d;
+}
+
+// One row: its loss, and with dx its gradient (dx may be x).
+float ce_row(const float* x, float* dx, int32_t tgt, const CeDims& d) {
+  if (tgt < 0) {
+    if (dx) std::memset(dx, 0, d.Vp * sizeof(float));
+    return 0.f;
   }
+  const float mx = row_max(x, d.V);
+  const double sum = sum_exp(x, d.V, mx);
+  const double lse = mx + std::log(sum);
+  const float loss = static_cast<float>(lse - x[tgt]);
+  if (!dx) return loss;
+  const float lse_f = static_cast<float>(lse), dloss = d.dloss;
+#pragma omp simd
+  for (int64_t j = 0; j < d.V; ++j) {
+    const float p = fast_exp(x[j] - lse_f);
+    dx[j] = dloss * (p - (j == tgt ? 1.f : 0.f));
+  }
+  for (int64_t j = d.V; j < d.Vp; ++j) dx[j] = 0.f;
+  return loss;
+}
+
+}  // namespace
+
+void cross_entropy(const CrossEntropyArgs& a, const Stream&) {
+  const CeDims d = ce_dims(a);
+  const int32_t* targets = a.targets.data<int32_t>();  // (N)
+  const float* logits = a.logits.data<float>();        // (N, Vp)
+  float* losses = a.losses.data<float>();              // (N)
+  float* dlogits = a.dlogits.defined() ? a.dlogits.data<float>() : nullptr;  // (N, Vp)
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < d.N; ++n)
+    losses[n] = ce_row(logits + n * d.Vp, dlogits ? dlogits + n * d.Vp : nullptr, targets[n], d);
+}
+
+// bf16 logits (and dlogits) as they are: each row upcast into a per-thread f32
+// row, the f32 row computation, the gradient rounded back. Bit-identical to
+// the emulation, without its whole-tensor f32 copy (N x Vp floats).
+bool lowp::cross_entropy(const CrossEntropyArgs& a, const Stream&) {
+  if (a.logits.dtype() != DType::BF16 || (a.dlogits.defined() && a.dlogits.dtype() != DType::BF16)) return false;
+  const CeDims d = ce_dims(a);
+  const int32_t* targets = a.targets.data<int32_t>();  // (N)
+  const uint16_t* logits = a.logits.data<uint16_t>();  // (N, Vp)
+  float* losses = a.losses.data<float>();              // (N)
+  uint16_t* dlogits = a.dlogits.defined() ? a.dlogits.data<uint16_t>() : nullptr;  // (N, Vp)
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < d.N; ++n) {
+    float* row = thread_scratch(static_cast<size_t>(d.Vp), 0);
+    const uint16_t* x = logits + n * d.Vp;
+#pragma omp simd
+    for (int64_t j = 0; j < d.Vp; ++j) row[j] = bf16_to_f32(x[j]);
+    losses[n] = ce_row(row, dlogits ? row : nullptr, targets[n], d);
+    if (!dlogits) continue;
+    uint16_t* dx = dlogits + n * d.Vp;
+#pragma omp simd
+    for (int64_t j = 0; j < d.Vp; ++j) dx[j] = f32_to_bf16(row[j]);
+  }
+  return true;
 }
 
 // In row order, in double. Also the host loss (GptModel::mean_loss).

@@ -122,9 +122,13 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& p
   if (pl.ulysses > 1 && moe_layers > 0) out.workspace += 4 * Nm * a * C;
   // CPU backend in bf16/fp16: the dispatcher's f32 copies of an emulated op's
   // low-precision fields (lib/ops/lowp_emulation.h; kept for reuse), the
-  // largest being the cross-entropy's logits or the attention backward's
-  // qkv, its gradient, out and dout.
-  if (cfg.device == DeviceType::CPU && a == 2) out.workspace += s * std::max(N * d.Vp / tp, N * (2 * QKV + 2 * C) / tp);
+  // largest being the attention backward's qkv, its gradient, out and dout
+  // (emulated where the CPU has no bf16 GEMM) or in fp16 the cross-entropy's
+  // logits (bf16 logits are read row by row).
+  if (cfg.device == DeviceType::CPU && a == 2) {
+    const int64_t logits = cfg.precision.precision == Precision::FP16 ? N * d.Vp / tp : 0;
+    out.workspace += s * std::max(logits, N * (2 * QKV + 2 * C) / tp);
+  }
   return out;
 }
 

@@ -78,12 +78,15 @@ TEST_CASE("memory estimate: GPT-2 124M on one node of 8 GPUs", "[zero][estimate]
   const int64_t saved = 12 * N * (2 * 9216 + 2 * 3072 + 4 * 16) + N * (2 * 1536 + 8) + N * (2 * 50304 + 4);
   CHECK(e.activations.saved == saved);
   CHECK(e.activations.workspace == N * 2 * (1536 + 9216));
-  // The CPU backend's emulation copies (f32) of the largest emulated op: here the logits.
+  // The CPU backend's emulation copies (f32) of the largest emulated op: the
+  // attention backward's qkv, dqkv, out and dout in bf16, the logits in fp16.
   TrainConfig on_cpu = cfg;
   on_cpu.device = DeviceType::CPU;
   const MemoryEstimate ec = estimate_memory(on_cpu, 1, 8);
   CHECK(ec.activations.saved == saved);
-  CHECK(ec.activations.workspace == e.activations.workspace + N * 4 * 50304);
+  CHECK(ec.activations.workspace == e.activations.workspace + N * 4 * (2 * 2304 + 2 * 768));
+  on_cpu.precision.precision = Precision::FP16;
+  CHECK(estimate_memory(on_cpu, 1, 8).activations.workspace == e.activations.workspace + N * 4 * 50304);
   CHECK(e.activations.total() > 3LL << 30);  // ~3.2 GiB: logits dominate at this size
   CHECK(e.activations.total() < 4LL << 30);
 
