@@ -203,6 +203,42 @@ std::vector<float> f32_vector(const Tensor& t) {
 
 const uint16_t* bf16_data(const Tensor& t) { return t.data<uint16_t>(); }
 
+// A forward with fewer rows than this (decoding: one row per sequence) runs
+// as dot products of the rows with the weight rows: a GEMM kernel would copy
+// (reorder) each weight slice for a handful of rows, and the forward is bound
+// by reading the weight once.
+constexpr int64_t kFewRows = 8;
+
+// out (N, OC) = inp (N, C) @ w^T (+ bias), N < kFewRows: per block of 64
+// outputs (in parallel), each row's dot product in f32 with 16 lanes.
+void few_rows_forward(const uint16_t* inp, const uint16_t* w, const float* bias, const Tensor& out,
+                      const MatmulDims& d) {
+  constexpr int64_t kCols = 64;
+  const int64_t nblocks = (d.OC + kCols - 1) / kCols, C = d.C;
+  const bool out_bf16 = out.dtype() == DType::BF16;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    for (int64_t j = blk * kCols; j < std::min(d.OC, (blk + 1) * kCols); ++j) {
+      const uint16_t* wj = w + j * C;
+      for (int64_t n = 0; n < d.N; ++n) {
+        const uint16_t* x = inp + n * C;
+        float lanes[16] = {};
+        int64_t k = 0;
+        for (; k + 16 <= C; k += 16) {
+#pragma omp simd
+          for (int l = 0; l < 16; ++l) lanes[l] += bf16_to_f32(x[k + l]) * bf16_to_f32(wj[k + l]);
+        }
+        for (; k < C; ++k) lanes[k % 16] += bf16_to_f32(x[k]) * bf16_to_f32(wj[k]);
+        float s = 0.f;
+        for (int l = 0; l < 16; ++l) s += lanes[l];
+        if (bias) s = bias[j] + s;
+        if (out_bf16) out.data<uint16_t>()[n * d.OC + j] = f32_to_bf16(s);
+        else out.data<float>()[n * d.OC + j] = s;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void matmul_forward(const MatmulArgs& a, const Stream&) {
@@ -289,6 +325,10 @@ bool lowp::matmul_forward(const MatmulArgs& a, const Stream&) {
     return false;
   const MatmulDims d = matmul_dims("matmul_forward", a.inp, a.weight);
   const std::vector<float> bias = a.bias.defined() ? f32_vector(a.bias) : std::vector<float>();
+  if (d.N < kFewRows) {
+    few_rows_forward(bf16_data(a.inp), bf16_data(a.weight), bias.empty() ? nullptr : bias.data(), a.out, d);
+    return true;
+  }
   Bf16Gemm g;  // out (N, OC) = inp (N, C) @ w^T
   g.M = d.N, g.N = d.OC, g.K = d.C;
   g.a = bf16_data(a.inp), g.a_rs = d.C, g.a_cs = 1;

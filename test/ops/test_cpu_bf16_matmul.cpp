@@ -84,9 +84,9 @@ Vec broadcast_rows(const Vec& row, int64_t M) {
 struct Shape3 {
   int64_t N, C, OC;  // tokens, input and output features
 };
-// Small, odd (partial tiles of the small-gemm tiling) and large (the split
-// tiling with an edge piece).
-const Shape3 kShapes[] = {{1, 1, 1}, {5, 12, 7}, {257, 129, 67}, {1029, 300, 771}};
+// Small, odd (partial tiles of the small-gemm tiling; fewer than 8 rows: the
+// dot-product forward), and large (the split tiling with an edge piece).
+const Shape3 kShapes[] = {{1, 1, 1}, {5, 12, 7}, {3, 70, 200}, {257, 129, 67}, {1029, 300, 771}};
 
 void check_forward(const Shape3& s, DType out_dt, bool bias, DType bias_dt, uint64_t seed) {
   MatmulArgs f;
@@ -165,29 +165,31 @@ TEST_CASE("bf16 matmul backward against a double reference") {
 }
 
 TEST_CASE("bf16 matmul results do not depend on the thread count") {
-  const Shape3 s{1029, 300, 771};
-  MatmulArgs f;
-  f.inp = to_dtype(randn({s.N, s.C}, 1), DType::BF16);
-  f.weight = to_dtype(randn({s.OC, s.C}, 2, 0.3), DType::BF16);
-  f.bias = to_dtype(randn({s.OC}, 3), DType::BF16);
-  MatmulBwdArgs g;
-  g.dout = to_dtype(randn({s.N, s.OC}, 4), DType::BF16);
-  g.inp = f.inp, g.weight = f.weight;
-  std::vector<Tensor> outs;
-  for (int threads : {1, 2, 3}) {
-    f.out = Tensor::empty({s.N, s.OC}, DType::BF16);
-    g.dinp = Tensor::empty({s.N, s.C}, DType::BF16);
-    g.dweight = Tensor::zeros({s.OC, s.C}, DType::F32);
-    g.dbias = Tensor::zeros({s.OC}, DType::F32);
-    with_threads(threads, [&] {
-      ops::matmul_forward(f);
-      ops::matmul_backward(g);
-    });
-    for (const Tensor& t : {f.out, g.dinp, g.dweight, g.dbias}) outs.push_back(t);
-  }
-  for (size_t i = 4; i < outs.size(); ++i) {
-    INFO("output " << i % 4 << ", run " << i / 4);
-    CHECK(bit_equal(outs[i], outs[i % 4]));
+  // A training-sized GEMM and a decoding step's few rows (dot products).
+  for (const Shape3 s : {Shape3{1029, 300, 771}, Shape3{3, 300, 771}}) {
+    MatmulArgs f;
+    f.inp = to_dtype(randn({s.N, s.C}, 1), DType::BF16);
+    f.weight = to_dtype(randn({s.OC, s.C}, 2, 0.3), DType::BF16);
+    f.bias = to_dtype(randn({s.OC}, 3), DType::BF16);
+    MatmulBwdArgs g;
+    g.dout = to_dtype(randn({s.N, s.OC}, 4), DType::BF16);
+    g.inp = f.inp, g.weight = f.weight;
+    std::vector<Tensor> outs;
+    for (int threads : {1, 2, 3}) {
+      f.out = Tensor::empty({s.N, s.OC}, DType::BF16);
+      g.dinp = Tensor::empty({s.N, s.C}, DType::BF16);
+      g.dweight = Tensor::zeros({s.OC, s.C}, DType::F32);
+      g.dbias = Tensor::zeros({s.OC}, DType::F32);
+      with_threads(threads, [&] {
+        ops::matmul_forward(f);
+        ops::matmul_backward(g);
+      });
+      for (const Tensor& t : {f.out, g.dinp, g.dweight, g.dbias}) outs.push_back(t);
+    }
+    for (size_t i = 4; i < outs.size(); ++i) {
+      INFO("rows " << s.N << ", output " << i % 4 << ", run " << i / 4);
+      CHECK(bit_equal(outs[i], outs[i % 4]));
+    }
   }
 }
 
