@@ -5,6 +5,12 @@
 // plans and runs the same single-threaded kernel however many threads the
 // program has. Primitives are cached per thread and per shape (a training
 // step has a few dozen tile shapes); each thread owns its scratchpad.
+//
+// Callers pass strided views (tiles of larger matrices, heads inside qkv
+// rows); oneDNN 2.6 runs those on its gemm kernels (`gemm:jit`, AVX512-BF16),
+// and only dense operands on its brgemm kernels, the ones that use AMX.
+// Copying operands dense here measured no faster on AVX512-BF16 (brgemm 6-8%
+// faster per GEMM, the copies eat it); to revisit on an AMX CPU.
 #include "lib/cpu/bf16_gemm.h"
 
 #include <omp.h>
@@ -72,15 +78,16 @@ std::string dnnl_version_string() {
   return fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
 }
 
-// The implementation oneDNN picks for a small bf16 matmul, e.g.
-// "brg:avx512_core_bf16"; empty when it has none.
+// The implementation oneDNN picks for a bf16 matmul on a tile of a larger
+// output (strided, as matmul.cpp passes them), e.g. "gemm:jit"; empty when it
+// has none.
 std::string probe_impl() {
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
   try {
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
     const dnnl::memory::desc a({64, 64}, dt::bf16, tag::ab), b({64, 64}, dt::bf16, tag::ab),
-        c({64, 64}, dt::f32, tag::ab);
+        c({64, 64}, dt::f32, dnnl::memory::dims{128, 1});
 #if DNNL_VERSION_MAJOR >= 3
     const dnnl::matmul::primitive_desc pd(eng, a, b, c);
 #else
@@ -109,6 +116,15 @@ Bf16GemmMode decide_mode() {
   if (!amx && !f.avx512_bf16) {
     m.description = fmt::format("{} (the CPU has neither AMX-BF16{} nor AVX512-BF16)", emulated,
                                 f.amx_bf16 ? " permitted by the kernel" : "");
+    return m;
+  }
+  // oneDNN may be held below the CPU (ONEDNN_MAX_CPU_ISA): then its bf16
+  // kernels convert to f32 and are slower than our f32 path.
+  const unsigned eff = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const unsigned need = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+  if ((eff & need) != need) {
+    m.description = fmt::format("{} ({} is limited to an ISA without bf16 dot products: ONEDNN_MAX_CPU_ISA)",
+                                emulated, dnnl_version_string());
     return m;
   }
   const std::string impl = probe_impl();
@@ -150,7 +166,9 @@ struct Prim {
   size_t scratch = 0;
 };
 
-// One thread's oneDNN objects: engine, stream, primitives by shape, scratchpad.
+// One thread's oneDNN objects: engine, stream, primitives by shape (at most
+// kMaxPrims), scratchpad.
+constexpr size_t kMaxPrims = 1024;
 struct ThreadDnnl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream st{eng};
@@ -161,6 +179,10 @@ struct ThreadDnnl {
     const Key k{g.M, g.N, g.K, g.a_rs, g.a_cs, g.b_rs, g.b_cs, g.ldc, g.accumulate};
     auto it = prims.find(k);
     if (it != prims.end()) return *it->second;
+    // Shapes that keep changing (curriculum sequence lengths, prompts) would
+    // grow the cache without end: past kMaxPrims (about 30 KB each) it starts
+    // over. A step at T 8192 needs about 950 (attention: 7 per 64-row block).
+    if (prims.size() >= kMaxPrims) prims.clear();
     using dt = dnnl::memory::data_type;
     auto p = std::make_unique<Prim>();
     p->a = dnnl::memory::desc({g.M, g.K}, dt::bf16, {g.a_rs, g.a_cs});

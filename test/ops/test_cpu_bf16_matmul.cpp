@@ -22,14 +22,6 @@ using namespace ds::test;
 
 namespace {
 
-// bf16 copy of an f32 tensor (nearest even) and the exact f32 of a bf16 one.
-Tensor to_dtype(const Tensor& t, DType dt) {
-  CastArgs c;
-  c.out = Tensor::empty(t.shape(), dt);
-  c.inp = t;
-  ops::cast(c);
-  return c.out;
-}
 Vec as_f64(const Tensor& t) { return to_f64(t.dtype() == DType::F32 ? t : to_dtype(t, DType::F32)); }
 
 bool native_on() { return cpu::bf16_gemm_mode().isa != cpu::Bf16GemmIsa::None; }

@@ -22,14 +22,6 @@ namespace {
 
 constexpr int64_t B = 2, T = 5, C = 12, NH = 3, V = 37, Vp = 40, N = B * T;
 
-Tensor to_dtype(const Tensor& t, DType dt) {
-  CastArgs c;
-  c.out = Tensor::empty(t.shape(), dt);
-  c.inp = t;
-  ops::cast(c);
-  return c.out;
-}
-
 template <class A>
 struct Field {
   Tensor A::*member;

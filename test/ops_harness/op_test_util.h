@@ -32,6 +32,16 @@ inline Tensor randn(const Shape& shape, uint64_t seed, double scale = 1.0) {
   return t;
 }
 
+// A copy of host tensor t in dtype dt through the cast op (to bf16/f16:
+// nearest even; to f32: exact).
+inline Tensor to_dtype(const Tensor& t, DType dt) {
+  CastArgs c;
+  c.out = Tensor::empty(t.shape(), dt);
+  c.inp = t;
+  ops::cast(c);
+  return c.out;
+}
+
 inline Tensor full(const Shape& shape, float v) {
   Tensor t = Tensor::empty(shape, DType::F32);
   for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = v;
