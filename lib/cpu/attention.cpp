@@ -345,8 +345,12 @@ Bf16* bf16_scratch(size_t n, int slot) { return reinterpret_cast<Bf16*>(thread_s
 
 // dst (M rows, ldd) = bf16 of the first n columns of src (M rows, lds).
 void round_rows(Bf16* dst, int64_t ldd, const float* src, int64_t lds, int64_t M, int64_t n) {
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t j = 0; j < n; ++j) dst[i * ldd + j] = f32_to_bf16(src[i * lds + j]);
+  for (int64_t i = 0; i < M; ++i) {
+    Bf16* d = dst + i * ldd;
+    const float* s = src + i * lds;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) d[j] = f32_to_bf16(s[j]);
+  }
 }
 
 bool bf16_attention_on() { return bf16_gemm_mode().isa != Bf16GemmIsa::None; }

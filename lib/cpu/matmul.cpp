@@ -171,15 +171,23 @@ void parallel_bf16_gemm(const Bf16Gemm& g, const Bf16Out& o) {
     } else {
       t.c = tile_scratch(mi * nj), t.ldc = nj;
       if (o.add)
-        for (int64_t i = 0; i < mi; ++i)
-          for (int64_t j = 0; j < nj; ++j) t.c[i * nj + j] = bf16_to_f32(bf16_out[i * o.ld + j]);
+        for (int64_t i = 0; i < mi; ++i) {
+          float* c = t.c + i * nj;
+          const uint16_t* src = bf16_out + i * o.ld;
+#pragma omp simd
+          for (int64_t j = 0; j < nj; ++j) c[j] = bf16_to_f32(src[j]);
+        }
     }
     if (o.bias)
       for (int64_t i = 0; i < mi; ++i) std::memcpy(t.c + i * t.ldc, o.bias + j0, nj * sizeof(float));
     bf16_gemm(t);
     if (bf16_out)
-      for (int64_t i = 0; i < mi; ++i)
-        for (int64_t j = 0; j < nj; ++j) bf16_out[i * o.ld + j] = f32_to_bf16(t.c[i * nj + j]);
+      for (int64_t i = 0; i < mi; ++i) {
+        const float* c = t.c + i * nj;
+        uint16_t* dst = bf16_out + i * o.ld;
+#pragma omp simd
+        for (int64_t j = 0; j < nj; ++j) dst[j] = f32_to_bf16(c[j]);
+      }
   });
 }
 
