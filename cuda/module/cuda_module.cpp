@@ -30,6 +30,8 @@ const ds::ops::OpTable kOps = {
 #define DS_OP_TABLE_ENTRY(name, Args) .name = &::ds::cuda::name,
     DS_OP_LIST(DS_OP_TABLE_ENTRY)
 #undef DS_OP_TABLE_ENTRY
+    .lowp = {},                  // the CPU backend's (CUDA kernels take bf16 as it is)
+    .lowp_description = nullptr,
 };
 
 const ds::OffloadModuleApi kOffload = {.make_copier = &ds::make_cuda_offload_copier};

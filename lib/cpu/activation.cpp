@@ -123,14 +123,26 @@ void swiglu_backward(const SwigluBwdArgs& a, const Stream&) {
   }
 }
 
-void add(const AddArgs& a, const Stream&) {
-  const float* x = a.a.data<float>();  // (n)
-  const float* y = a.b.data<float>();  // (n)
-  float* out = a.out.data<float>();    // (n)
-  parallel_chunks(a.out.numel(), [&](int64_t b, int64_t e) {
+namespace {
+
+template <class T>
+void add_impl(const T* x, const T* y, T* out, int64_t n) {  // (n) each; out may be x or y
+  parallel_chunks(n, [x, y, out](int64_t b, int64_t e) {
 #pragma omp simd
-    for (int64_t i = b; i < e; ++i) out[i] = x[i] + y[i];
+    for (int64_t i = b; i < e; ++i) store(out + i, load(x[i]) + load(y[i]));
   });
+}
+
+}  // namespace
+
+void add(const AddArgs& a, const Stream&) {
+  add_impl(a.a.data<float>(), a.b.data<float>(), a.out.data<float>(), a.out.numel());
+}
+
+bool lowp::add(const AddArgs& a, const Stream&) {
+  if (!all_bf16({&a.a, &a.b, &a.out})) return false;
+  add_impl(a.a.data<uint16_t>(), a.b.data<uint16_t>(), a.out.data<uint16_t>(), a.out.numel());
+  return true;
 }
 
 // ---- RoPE ------------------------------------------------------------------

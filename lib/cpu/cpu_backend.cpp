@@ -19,6 +19,7 @@ const ops::OpTable kOps = {
              .attention_backward = &lowp::attention_backward,
              .gelu_forward = &lowp::gelu_forward,
              .gelu_backward = &lowp::gelu_backward,
+             .add = &lowp::add,
              .cross_entropy = &lowp::cross_entropy},
     .lowp_description = &lowp::description,
 };

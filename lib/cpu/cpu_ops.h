@@ -18,6 +18,7 @@ bool attention_forward(const AttentionArgs& a, const Stream& s);  // lib/cpu/att
 bool attention_backward(const AttentionBwdArgs& a, const Stream& s);
 bool gelu_forward(const GeluArgs& a, const Stream& s);  // lib/cpu/activation.cpp
 bool gelu_backward(const GeluArgs& a, const Stream& s);
+bool add(const AddArgs& a, const Stream& s);
 bool cross_entropy(const CrossEntropyArgs& a, const Stream& s);  // lib/cpu/loss.cpp
 const char* description();  // lib/cpu/bf16_gemm.cpp
 }  // namespace lowp

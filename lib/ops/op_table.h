@@ -14,9 +14,10 @@
 namespace ds::ops {
 
 // Kernels of the CPU backend that take an op's bf16 / f16 fields as they are
-// (its bf16 matmuls) instead of the dispatcher's f32 emulation
+// (its bf16 matmuls and attention; GELU, add and the cross-entropy, bit-
+// identical to the emulation) instead of the dispatcher's f32 emulation
 // (lib/ops/lowp_emulation.h). Optional per op; a kernel returns false to
-// decline a call (other dtypes, the f32 mode forced), which then runs
+// decline a call (other dtypes, the f32 GEMM mode forced), which then runs
 // emulated.
 struct LowpOpTable {
 #define DS_LOWP_TABLE_SLOT(name, Args) bool (*name)(const Args&, const Stream&) = nullptr;
