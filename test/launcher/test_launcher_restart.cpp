@@ -490,10 +490,21 @@ TEST_CASE("elastic: a host whose ranks keep dying is dropped; the job finishes o
   TrainJob job(24, kElastic);
   int kills = 0;
   auto killer = [&](pid_t) {
+    std::vector<pid_t> killed;
     for (size_t at : {4, 9}) {  // rows written so far: one kill per three-host attempt
       if (!wait_rows(job.csv(), at, 90)) return;
-      std::vector<pid_t> pids = ranks_with(job.token, "CROSS_RANK", "2");
-      if (pids.size() != 1 || kill(pids[0], SIGKILL) != 0) return;
+      // The rank of this attempt: under load the rows can run ahead of the
+      // restart (the killed attempt wrote some), so wait until the new rank
+      // is the only one on the third host.
+      pid_t target = 0;
+      for (double t = 0; t < 60 && target == 0; t += 0.02) {
+        std::vector<pid_t> pids = ranks_with(job.token, "CROSS_RANK", "2");
+        std::erase_if(pids, [&](pid_t p) { return std::find(killed.begin(), killed.end(), p) != killed.end(); });
+        if (pids.size() == 1) target = pids[0];
+        else usleep(20000);
+      }
+      if (target == 0 || kill(target, SIGKILL) != 0) return;
+      killed.push_back(target);
       ++kills;
     }
   };
