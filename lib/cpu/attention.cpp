@@ -353,9 +353,6 @@ void round_rows(Bf16* dst, int64_t ldd, const float* src, int64_t lds, int64_t M
   }
 }
 
-bool bf16_attention_on() { return bf16_gemm_mode().isa != Bf16GemmIsa::None; }
-bool is_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::BF16; }
-
 // Forward of one query block [q0, q0 + M) of head h in batch b.
 void forward_block_bf16(const AttentionArgs& a, const AttnDims& d, int64_t b, int64_t h, int64_t q0) {
   const int64_t M = std::min(kBq, d.T - q0), kend = q0 + M, ld = padded_ld(kend), W = d.W, kh = h / d.G;
@@ -437,7 +434,7 @@ void backward_kv_head_bf16(const AttentionBwdArgs& a, const AttnDims& d, int64_t
 }  // namespace
 
 bool lowp::attention_forward(const AttentionArgs& args, const Stream&) {
-  if (!bf16_attention_on() || !is_bf16(args.qkv) || !is_bf16(args.out)) return false;
+  if (!bf16_gemm_available() || !is_bf16(args.qkv) || !is_bf16(args.out)) return false;
   AttentionArgs a = args;
   a.dropout = dropout_resolve(args.dropout);
   const AttnDims d = attn_dims(a.qkv, a.NH, a.NKV);
@@ -458,7 +455,7 @@ bool lowp::attention_forward(const AttentionArgs& args, const Stream&) {
 }
 
 bool lowp::attention_backward(const AttentionBwdArgs& args, const Stream&) {
-  if (!bf16_attention_on() || !is_bf16(args.qkv) || !is_bf16(args.dqkv) || !is_bf16(args.dout) ||
+  if (!bf16_gemm_available() || !is_bf16(args.qkv) || !is_bf16(args.dqkv) || !is_bf16(args.dout) ||
       !is_bf16(args.out))
     return false;
   AttentionBwdArgs a = args;

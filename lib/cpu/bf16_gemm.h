@@ -26,6 +26,9 @@ struct Bf16GemmMode {
 // ds::UserError naming it.
 const Bf16GemmMode& bf16_gemm_mode();
 
+// True where bf16 operands run as bf16 GEMMs (not emulated in f32).
+inline bool bf16_gemm_available() { return bf16_gemm_mode().isa != Bf16GemmIsa::None; }
+
 // C (M, N) [+]= op(A) (M, K) @ op(B) (K, N), single-threaded. A(i, k) =
 // a[i * a_rs + k * a_cs] and B(k, j) = b[k * b_rs + j * b_cs] (bf16 bits; one
 // of each pair of strides is 1), C row-major f32 with leading dimension ldc.

@@ -24,6 +24,8 @@ inline void require_defined(const Tensor& t, const char* op, const char* name) {
 }
 
 // Leading rows and trailing width of a (..., C) tensor.
+inline bool is_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::BF16; }
+
 inline int64_t rows_of(const Tensor& t) { return t.dim() == 0 ? 1 : t.numel() / t.size(-1); }
 
 // Elements per chunk for elementwise loops and reductions. Fixed (not derived

@@ -191,11 +191,9 @@ void parallel_bf16_gemm(const Bf16Gemm& g, const Bf16Out& o) {
   });
 }
 
-bool is_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::BF16; }
 bool is_f32_or_bf16(const Tensor& t) {
   return t.defined() && (t.dtype() == DType::F32 || t.dtype() == DType::BF16);
 }
-bool bf16_gemm_on() { return bf16_gemm_mode().isa != Bf16GemmIsa::None; }
 
 // An f32 copy of a bias vector (f32 or bf16).
 std::vector<float> f32_vector(const Tensor& t) {
@@ -328,7 +326,7 @@ void matmul_backward(const MatmulBwdArgs& a, const Stream&) {
 // Anything else (f16, mixed operands) declines and runs emulated.
 
 bool lowp::matmul_forward(const MatmulArgs& a, const Stream&) {
-  if (!bf16_gemm_on() || !is_bf16(a.inp) || !is_bf16(a.weight) || !is_f32_or_bf16(a.out) ||
+  if (!bf16_gemm_available() || !is_bf16(a.inp) || !is_bf16(a.weight) || !is_f32_or_bf16(a.out) ||
       (a.bias.defined() && !is_f32_or_bf16(a.bias)))
     return false;
   const MatmulDims d = matmul_dims("matmul_forward", a.inp, a.weight);
@@ -347,7 +345,7 @@ bool lowp::matmul_forward(const MatmulArgs& a, const Stream&) {
 }
 
 bool lowp::matmul_backward(const MatmulBwdArgs& a, const Stream&) {
-  if (!bf16_gemm_on() || !is_bf16(a.dout) || (a.dinp.defined() && (!is_bf16(a.weight) || !is_f32_or_bf16(a.dinp))) ||
+  if (!bf16_gemm_available() || !is_bf16(a.dout) || (a.dinp.defined() && (!is_bf16(a.weight) || !is_f32_or_bf16(a.dinp))) ||
       (a.dweight.defined() && (!is_bf16(a.inp) || !is_f32_or_bf16(a.dweight))) ||
       (a.dbias.defined() && !is_f32_or_bf16(a.dbias)))
     return false;
