@@ -139,7 +139,9 @@ int main(int argc, char** argv) {
     Tensor lp = Tensor::zeros({n}, DType::F32), lm = lp.clone(), lv = lp.clone();
     CheckpointData r;
     r.layout = &layout;
-    r.params = lp;
+    // As the trainer loads (Trainer::load_or_init): the weights through
+    // receive_params into the rank's own store, here the whole of it.
+    r.receive_params = [&](const CheckpointData::ParamsReader& read) { read(0, n, lp.data<float>()); };
     r.opt_state = adam_states(lm, lv);
     r.opt_end = n;
     TrainState got;

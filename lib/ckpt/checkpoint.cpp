@@ -417,10 +417,11 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   }
   s.progress = &progress;
   if (!d.weights_only) check_saved_states(s, opt_state, d.opt_type);
-  // A receiving rank reads its shard of the weights later (the file verified
-  // first); the others the full model now, checksummed as it is read.
+  // A receiving rank reads its shard of the weights last, checksummed as it
+  // is read (what it skips is read for the checksum after); the others the
+  // full model now, the same way.
   std::optional<SafetensorsFile> model;
-  if (d.receive_params) model = open_saved_model(s);
+  if (d.receive_params) model = open_saved_model_tracked(s);
   if (!d.receive_params) params = read_full_params(s, *d.layout);
   std::string opt_scalars;
   if (!d.weights_only) {
@@ -437,7 +438,14 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   progress.finish();
   if (d.receive_params) {
     const ModelLayout& local = d.opt_layout ? *d.opt_layout : *d.layout;
-    d.receive_params([&](int64_t begin, int64_t end, float* out) { read_local_params(s, *model, local, begin, end, out); });
+    try {
+      d.receive_params(
+          [&](int64_t begin, int64_t end, float* out) { read_local_params(s, *model, local, begin, end, out); });
+    } catch (const UserError&) {
+      verify_saved_model(s, *model);  // a corrupt file is named as such, not by the value it turned into
+      throw;
+    }
+    verify_saved_model(s, *model);
   } else {
     d.params.copy_from(params);
   }

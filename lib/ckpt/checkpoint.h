@@ -71,10 +71,14 @@ struct CheckpointData {
   // Saved as shard metadata; loading fills it from this rank's shard, and
   // refuses a reshaped load of a checkpoint that has them.
   std::string opt_scalars;
-  // Loading only, instead of `params`: called once, after every check
-  // passed, with a reader of any range [begin, end) of this rank's shard
-  // layout (`opt_layout`, else `layout`) from the saved model, so that a rank
-  // reads what it keeps (ParamStore::init_params) and never the whole model.
+  // Loading only, instead of `params`: called once, after the training and
+  // optimizer state passed their checks, with a reader of any range
+  // [begin, end) of this rank's shard layout (`opt_layout`, else `layout`)
+  // from the saved model, so that a rank reads what it keeps
+  // (ParamStore::init_params) and never the whole model. The model file is
+  // checksummed as it is read and verified after (one pass over the disk):
+  // when the load then fails, the receiver may hold part of the values (the
+  // trainer stops on a failed load); `params` is staged and never is.
   using ParamsReader = std::function<void(int64_t begin, int64_t end, float* out)>;
   std::function<void(const ParamsReader&)> receive_params;
   // Loading only: read the weights and the training state, not the optimizer

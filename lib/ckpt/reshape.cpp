@@ -181,6 +181,7 @@ void read_local_params(const SavedStep& s, const SafetensorsFile& model, const M
                        int64_t end, float* out) {
   DS_CHECK(begin >= 0 && begin <= end && end <= local.total, "read_local_params: [{}, {}) outside {} elements",
            begin, end, local.total);
+  std::vector<SafetensorsFile::F32Read> reads;
   for (const ParamSpec& p : local.params) {
     if (p.offset + p.numel <= begin || p.offset >= end) continue;
     const ParamSpec* f = s.full.try_find(p.name);
@@ -198,12 +199,14 @@ void read_local_params(const SavedStep& s, const SafetensorsFile& model, const M
       const int64_t src = full_off + (lo - p.offset - local_off);  // element of the full weight at lo
       const int64_t saved_n = std::clamp(f->numel - src, int64_t{0}, hi - lo);
       float* dst = out + (lo - begin);
-      model.read_f32(p.name, src, saved_n, dst);
+      reads.push_back({p.name, src, saved_n, dst});
       std::fill(dst + saved_n, dst + (hi - lo), 0.0f);
-      const Tensor got = Tensor::from_blob(dst, {saved_n}, DType::F32);
-      check_finite(got, model.path(), p.name);
     });
   }
+  // One batch: the runs are read in file order, scattered slices as one stream.
+  model.read_f32(reads);
+  for (const SafetensorsFile::F32Read& r : reads)
+    check_finite(Tensor::from_blob(r.out, {r.count}, DType::F32), model.path(), r.name);
 }
 
 namespace {

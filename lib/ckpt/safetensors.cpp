@@ -399,14 +399,21 @@ void SafetensorsFile::read_f32(std::vector<F32Read> reads) const {
                         reinterpret_cast<char*>(r.out)});
   }
   std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.at < b.at; });
+  // A tracked O_DIRECT read streams across gaps of up to one window: the
+  // checksum needs those bytes anyway, and a TP rank's rows of a weight
+  // (a slice of each row) would otherwise be one small request each.
+  const uint64_t max_gap = reads_ && reads_->direct ? kStreamGap : 0;
   for (size_t i = 0; i < pieces.size();) {
-    size_t j = i + 1;  // [i, j): pieces that follow each other in the file
-    while (j < pieces.size() && pieces[j].at == pieces[j - 1].at + pieces[j - 1].bytes) ++j;
+    size_t j = i + 1;  // [i, j): pieces that follow each other in the file, at most max_gap apart
+    while (j < pieces.size() && pieces[j].at >= pieces[j - 1].at + pieces[j - 1].bytes &&
+           pieces[j].at - (pieces[j - 1].at + pieces[j - 1].bytes) <= max_gap)
+      ++j;
     if (!reads_ || !reads_->direct || j == i + 1) {
       for (; i < j; ++i) copy_out(pieces[i].at, pieces[i].bytes, pieces[i].out);
       continue;
     }
-    // One stream over the run; each arriving window is split among its pieces.
+    // One stream over the run; each arriving window is checksummed whole and
+    // split among its pieces (bytes between pieces are not copied).
     const uint64_t begin = data_offset_ + pieces[i].at;
     const uint64_t end = data_offset_ + pieces[j - 1].at + pieces[j - 1].bytes;
     size_t k = i;
@@ -415,8 +422,13 @@ void SafetensorsFile::read_f32(std::vector<F32Read> reads) const {
       while (n > 0) {
         const uint64_t at = pos - data_offset_;
         while (at >= pieces[k].at + pieces[k].bytes) ++k;
-        const size_t m = std::min<size_t>(n, pieces[k].at + pieces[k].bytes - at);
-        std::memcpy(pieces[k].out + (at - pieces[k].at), data, m);
+        size_t m;
+        if (at < pieces[k].at) {  // a gap before piece k
+          m = static_cast<size_t>(std::min<uint64_t>(n, pieces[k].at - at));
+        } else {
+          m = static_cast<size_t>(std::min<uint64_t>(n, pieces[k].at + pieces[k].bytes - at));
+          std::memcpy(pieces[k].out + (at - pieces[k].at), data, m);
+        }
         pos += m, data += m, n -= m;
       }
     });

@@ -86,7 +86,10 @@ class SafetensorsFile {
   // Several such reads at once, in the file's order: reads whose bytes follow
   // each other in the file go to the disk as one stream (a whole model's
   // tensors are one read front to back), so a tracked O_DIRECT read keeps
-  // its requests in flight across tensor boundaries.
+  // its requests in flight across tensor boundaries. A tracked O_DIRECT
+  // stream also runs across gaps of up to kStreamGap bytes between reads
+  // (checksummed, not copied), so scattered slices cost one stream.
+  static constexpr uint64_t kStreamGap = uint64_t(4) << 20;
   struct F32Read {
     std::string name;
     int64_t first = 0, count = 0;

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -69,15 +70,21 @@ struct Saved {
   ~Saved() { fs::remove_all(dir); }
 
   // Loads into a fresh single-rank destination; returns the error text ("" if none).
-  std::string load_error(bool with_model = false) const {
+  // receive: the weights through receive_params, as the trainer loads them
+  // (read in one pass and verified after; the destination may be written).
+  std::string load_error(bool with_model = false, bool receive = false) const {
     Tensor p = Tensor::zeros({layout.total}, DType::F32), m = p.clone(), v = p.clone();
     CheckpointData d{&layout, p, adam_states(m, v), 0, layout.total, 0, 0, 1, {}};
     if (with_model) d.model = &cfg;
+    if (receive) {
+      d.params = Tensor();
+      d.receive_params = [&](const CheckpointData::ParamsReader& read) { read(0, layout.total, p.data<float>()); };
+    }
     TrainState st;
     try {
       load_checkpoint(dir.string(), st, d);
     } catch (const UserError& e) {
-      for (int64_t i = 0; i < layout.total; ++i)
+      for (int64_t i = 0; i < layout.total && !receive; ++i)
         if (p.data<float>()[i] != 0.0f) return "destination touched";
       return e.what();
     }
@@ -195,6 +202,35 @@ TEST_CASE("a safetensors file checksums its reads in any order; checksum() equal
     CHECK(copy.checksum() == want);
     CHECK(sf.checksum() == want);
   }
+  SECTION("a batch of scattered slices (gaps streamed over) reads the right values") {
+    SafetensorsFile sf = SafetensorsFile::open(f.string());
+    sf.track_reads();
+    // Every third run of 7 elements of each tensor, as a TP rank's row slices,
+    // plus one read that starts a tensor and one that ends the file.
+    std::vector<SafetensorsFile::F32Read> reads;
+    std::vector<std::pair<int, int64_t>> where;  // (tensor, first) of each read
+    int64_t at = 0;
+    for (int k = 0; k < 3; ++k)
+      for (int64_t first = (k == 1 ? 0 : 5); first + 7 <= 1000 + 37 * k; first += 21) {
+        reads.push_back({"t" + std::to_string(k), first, 7, out.data() + at});
+        where.push_back({k, first});
+        at += 7;
+      }
+    reads.push_back({"t2", 1074 - 3, 3, out.data() + at});
+    where.push_back({2, 1074 - 3});
+    std::reverse(reads.begin(), reads.end());  // any order in
+    std::reverse(where.begin(), where.end());
+    std::fill(out.begin(), out.end(), -1.0f);
+    sf.read_f32(reads);
+    for (size_t r = 0; r < reads.size(); ++r)
+      for (int64_t i = 0; i < reads[r].count; ++i) {
+        const int k = where[r].first;
+        const int64_t e = where[r].second + i;
+        INFO("t" << k << "[" << e << "]");
+        REQUIRE(reads[r].out[i] == 0.25f * static_cast<float>(e * (k + 3) % 101));
+      }
+    CHECK(sf.checksum() == want);
+  }
   SECTION("a byte changed on disk after the reads is caught by the rest") {
     SafetensorsFile sf = SafetensorsFile::open(f.string());
     sf.track_reads();
@@ -214,6 +250,7 @@ TEST_CASE("a saved checkpoint records checksums and loads") {
   CHECK(st.checksums.count("model.safetensors"));
   CHECK(s.load_error().empty());
   CHECK(s.load_error(true).empty());
+  CHECK(s.load_error(false, true).empty());
 }
 
 TEST_CASE("malformed state.json fields are one line naming the file and field") {
@@ -430,6 +467,7 @@ TEST_CASE("NaN or Inf in the weights is refused naming the file and tensor") {
   s.edit_state([](auto& j) { j.erase("checksums"); });
   expect_one_line(s.load_error(), model.string(), "'layers.1.attn.proj.weight' holds inf");
   expect_one_line(s.load_error(true), model.string(), "'layers.1.attn.proj.weight' holds inf");
+  expect_one_line(s.load_error(false, true), model.string(), "'layers.1.attn.proj.weight' holds inf");
 }
 
 TEST_CASE("a flipped bit in any checkpoint file is caught before loading") {
@@ -446,6 +484,8 @@ TEST_CASE("a flipped bit in any checkpoint file is caught before loading") {
       expect_one_line(s.load_error(), f.string(), "");
       CHECK_THAT(s.load_error(), Contains("corrupt") || Contains("safetensors file"));
       if (at != 3) CHECK_THAT(s.load_error(true), Contains(f.string()) && Contains("checksum"));
+      expect_one_line(s.load_error(false, true), f.string(), "");
+      CHECK_THAT(s.load_error(false, true), Contains("corrupt") || Contains("safetensors file"));
     }
     spit(f, original);
   }
@@ -460,6 +500,7 @@ TEST_CASE("a flipped bit in any checkpoint file is caught before loading") {
     bytes[bytes.size() - 2] = static_cast<char>(0xc0);
     spit(f, bytes);
     expect_one_line(s.load_error(), f.string(), "corrupt");
+    expect_one_line(s.load_error(false, true), f.string(), "corrupt");
     spit(f, original);
   }
   // state.json: a changed digit still parses, its own checksum catches it.
