@@ -377,7 +377,11 @@ bool load_checkpoint(const std::string& dir, TrainState& st, CheckpointData& d) 
   const ShardCoords saved = state.sizes;
   const int saved_tp = saved.tp, saved_pp = saved.pp, saved_vp = saved.vp;
   const ShardCoords& dst = d.shard;
-  const bool same_split = saved_tp == dst.tp && saved_pp == dst.pp && saved_vp == dst.vp && saved.ep == dst.ep;
+  // (experts split over tp or not: another shard layout at the same sizes)
+  const bool saved_etp = saved_tp > 1 && saved_expert_tp(state);
+  const bool dst_etp = dst.tp > 1 && (d.model ? d.model->moe.expert_tensor_parallelism : saved_etp);
+  const bool same_split = saved_tp == dst.tp && saved_pp == dst.pp && saved_vp == dst.vp && saved.ep == dst.ep &&
+                          saved_etp == dst_etp;
   const bool same = same_split && same_layout(state.layout, *d.layout);
   if (!same && d.model == nullptr) {  // no model config: no reshaping
     DS_USER_CHECK(saved_tp == dst.tp,

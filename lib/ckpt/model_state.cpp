@@ -34,12 +34,13 @@ Tensor FullTensorStream::next(const std::string& name) {
     if (p.split == TpSplit::Replicated || tp == 1) {
       if (tp_rank == 0) full = to_host(whole).clone().reshape(f.shape);
     } else {
-      Tensor all = Tensor::empty({tp * p.numel}, DType::F32, dev);
-      r_.comms->tp->all_gather(mine, all);
+      // (an expert weight split over tp too: every tp rank's slices of all experts)
+      Tensor all = Tensor::empty({tp * whole.numel()}, DType::F32, dev);
+      r_.comms->tp->all_gather(whole, all);
       if (tp_rank == 0) {
         const Tensor all_h = to_host(all);
         full = Tensor::empty(f.shape, DType::F32);
-        place_tp_slices(p, tp, all_h.data<float>(), p.numel, full.data<float>());
+        place_tp_slices(p, tp, all_h.data<float>(), whole.numel(), full.data<float>());
       }
     }
     if (tp_rank == 0 && owner == 0) out = full;

@@ -59,6 +59,13 @@ void check_saved_vocab(const StepState& state, const ModelConfig& model, const s
                 kv);
 }
 
+bool saved_expert_tp(const StepState& state) {
+  if (!state.config.is_object()) return false;
+  const nlohmann::json v =
+      state.config.value(nlohmann::json::json_pointer("/model/moe/expert_tensor_parallelism"), nlohmann::json());
+  return v.is_boolean() && v.get<bool>();
+}
+
 SavedStep open_saved_step(const std::string& step_dir, StepState state, const ModelConfig& model) {
   SavedStep s;
   s.dir = step_dir;
@@ -67,6 +74,7 @@ SavedStep open_saved_step(const std::string& step_dir, StepState state, const Mo
   s.sizes = s.state.sizes;
   s.shards = s.state.shards;
   s.model = model;
+  s.model.moe.expert_tensor_parallelism = saved_expert_tp(s.state);  // the saved shards' layouts
   check_saved_vocab(s.state, model, where);
   for (const auto& [name, shape] : s.state.layout) {  // the saved padded vocabulary: rows of embed.wte
     if (name != "embed.wte") continue;

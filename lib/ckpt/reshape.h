@@ -84,6 +84,10 @@ SavedStep open_saved_step(const std::string& step_dir, StepState state, const Mo
 // attention or key-value head count differs from the model's (same shapes,
 // different model).
 void check_saved_vocab(const StepState& state, const ModelConfig& model, const std::string& where);
+// Whether the run that saved `state` split its experts over tp
+// (--enable-expert-tensor-parallelism, recorded in its model config; false
+// when not recorded): its shards' layouts depend on it.
+bool saved_expert_tp(const StepState& state);
 
 // The saved full model, adapted to `target_full` (vocabulary rows cut or
 // zero-padded): out is a host f32 tensor of target_full.total. The file is

@@ -164,10 +164,6 @@ void validate_moe_model(const ModelConfig& cfg) {
                   "layer {} has {} experts (--num-experts), not divisible by the expert-parallel size {} "
                   "(--moe-expert-parallel-size)", l + 1, e, m.expert_parallel_size);
   }
-  // Not implemented yet: refused, never approximated (docs/moe.md).
-  DS_USER_CHECK(!m.expert_tensor_parallelism,
-                "--enable-expert-tensor-parallelism is not implemented yet: experts are replicated over the "
-                "tensor-parallel ranks; drop the flag");
 }
 
 // The layouts MoE runs in today (docs/moe.md): DP, ZeRO 0-3, pipeline

@@ -42,8 +42,6 @@ ParamRef ParamDeclarer::add(const std::string& name, Shape shape, int layer, Ini
   p.name = name;
   p.full_shape = shape;
   p.split = split;
-  DS_CHECK(split == TpSplit::Replicated || !out_.groups[group_].splits_over(ParallelAxis::Expert),
-           "parameter '{}' split over both tensor- and expert-parallel ranks", name);
   p.group = group_;
   p.decay = out_.groups[group_].decays(name, shape);
   p.ep_split = out_.groups[group_].splits_over(ParallelAxis::Expert);
@@ -54,13 +52,16 @@ ParamRef ParamDeclarer::add(const std::string& name, Shape shape, int layer, Ini
                   shape.empty() ? 0 : shape[0], ep);
     shape[0] /= ep;
   }
+  const size_t rows = p.ep_split ? 1 : 0;  // the split matrix's first dim
+  DS_CHECK(split == TpSplit::Replicated || shape.size() >= rows + (split == TpSplit::Cols ? 2 : 1),
+           "parameter '{}': shape {} cannot split over tp", name, shape_str(shape));
   if (split == TpSplit::Rows) {
-    if (blocks.empty()) blocks.push_back({shape[0], tp});
-    shape[0] = 0;
-    for (const RowBlock& b : blocks) shape[0] += b.rows / b.parts;
+    if (blocks.empty()) blocks.push_back({shape[rows], tp});
+    shape[rows] = 0;
+    for (const RowBlock& b : blocks) shape[rows] += b.rows / b.parts;
     p.row_blocks = std::move(blocks);
   }
-  if (split == TpSplit::Cols) shape[1] /= tp;
+  if (split == TpSplit::Cols) shape.back() /= tp;
   p.shape = std::move(shape);
   p.numel = shape_numel(p.shape);
   p.offset = out_.total;
@@ -117,10 +118,17 @@ MoeParams declare_moe(ParamDeclarer& p, const std::string& prefix, const LayerSp
     m.res_proj = p.add(prefix + "mlp.residual.proj.weight", {s.C, s.F}, layer, InitKind::ScaledNormal);
   }
   const int was = p.group();
-  p.use_group(expert_param_group());
-  m.fc.weight = p.add(prefix + "mlp.experts.fc.weight", {E, rows, s.C}, layer, InitKind::Normal);
-  if (s.bias) m.fc.bias = p.add(prefix + "mlp.experts.fc.bias", {E, rows}, layer, InitKind::Zeros);
-  m.proj = p.add(prefix + "mlp.experts.proj.weight", {E, s.C, s.F}, layer, InitKind::ScaledNormal);
+  p.use_group(expert_param_group(s.expert_tp));
+  // Expert tensor parallelism: each expert's fc column-parallel (SwiGLU:
+  // [gate | up], each split) and proj row-parallel, as the dense MLP;
+  // otherwise every tp rank holds whole experts.
+  const TpSplit col = s.expert_tp ? TpSplit::Rows : TpSplit::Replicated;
+  const TpSplit row = s.expert_tp ? TpSplit::Cols : TpSplit::Replicated;
+  std::vector<RowBlock> blocks;
+  if (s.expert_tp) blocks.assign(static_cast<size_t>(s.fc_blocks()), RowBlock{s.F, p.tp()});
+  m.fc.weight = p.add(prefix + "mlp.experts.fc.weight", {E, rows, s.C}, layer, InitKind::Normal, col, blocks);
+  if (s.bias) m.fc.bias = p.add(prefix + "mlp.experts.fc.bias", {E, rows}, layer, InitKind::Zeros, col, blocks);
+  m.proj = p.add(prefix + "mlp.experts.proj.weight", {E, s.C, s.F}, layer, InitKind::ScaledNormal, row);
   p.set_group(was);
   return m;
 }

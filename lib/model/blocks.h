@@ -31,6 +31,7 @@ struct LayerSpec {
   int kv_parts = 1;   // distinct kv parts over the tp ranks (kv_parts())
   int experts = 1;    // > 1: a Mixture-of-Experts layer of that many `mlp` experts
   bool moe_residual = false;  // PR-MoE: the MoE layer has a dense MLP beside its experts
+  bool expert_tp = false;     // each expert's fc column-parallel and proj row-parallel over tp
   int fc_blocks() const { return mlp == MlpKind::SwiGLU ? 2 : 1; }
 };
 LayerSpec layer_spec(const ModelDims& d, int tp);
@@ -48,7 +49,9 @@ class ParamDeclarer {
   void set_group(int g) { group_ = g; }
   // shape: the FULL shape; the local one divides the split dim by the
   // layout's tp (Rows: each of `blocks` by its parts; none: one block). Weight
-  // decay follows the current group's rule.
+  // decay follows the current group's rule. In a group split over the
+  // expert-parallel ranks dim 0 is the expert, divided by the ep size, and
+  // the tp split applies to each expert's matrix (blocks: one expert's rows).
   ParamRef add(const std::string& name, Shape shape, int layer, InitKind init, TpSplit split = TpSplit::Replicated,
                std::vector<RowBlock> blocks = {});
 

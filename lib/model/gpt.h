@@ -145,6 +145,8 @@ class GptModel {
   const ModelLayout& layout() const { return layout_; }
   const ModelDims& dims() const { return d_; }  // full (unsplit) dimensions
   const TpComm& tp() const { return tp_; }
+  // Each expert split over the tp ranks (--enable-expert-tensor-parallelism).
+  bool expert_tp() const { return d_.expert_tp && tp_.active(); }
   Device device() const { return dev_; }
   DType compute_dtype() const { return compute_; }  // weights the forward reads, activations
   ParamStore& store() { return *store_; }

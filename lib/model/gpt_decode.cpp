@@ -118,7 +118,7 @@ void GptModel::decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std:
                       stream_);
   reduce_from_tp_forward(tp_, mid);
   dropout_add_norm(P.norm2, mid, mid, x, DropoutSpec{}, h, s1, s2);  // fused add + norm
-  if (P.is_moe()) {  // replicated experts: every tp rank computes the whole output
+  if (P.is_moe()) {  // every tp rank computes the whole output (expert tp: summed over tp inside)
     MoeActs m;
     moe_mlp(l, h, x, m, DropoutKey{}, Tq);
     if (add == ResidualAdd::InLayer) ops::add({.out = x, .a = x, .b = mid}, stream_);

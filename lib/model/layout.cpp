@@ -36,6 +36,7 @@ ModelDims model_dims(const ModelConfig& m) {
   for (int l = 0; l < d.L; ++l) d.experts[static_cast<size_t>(l)] = m.moe.experts(l, d.L);
   d.topk = m.moe.topk;
   d.moe_residual = m.moe.residual;
+  d.expert_tp = m.moe.expert_tensor_parallelism;
   DS_USER_CHECK(d.V > 0 && d.Vp >= d.V, "model: vocab size {} / padded {} invalid", d.V, d.Vp);
   DS_USER_CHECK(!d.rope || d.HS % 2 == 0, "model: rope needs an even head size, got {}", d.HS);
   DS_USER_CHECK(m.rotary_percent > 0.f && m.rotary_percent <= 1.f, "model: rotary_percent {} must be in (0, 1]",
@@ -97,6 +98,7 @@ ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
     if (out.holds_layer(l)) {
       spec.experts = d.layer_experts(l);
       spec.moe_residual = d.moe_residual;
+      spec.expert_tp = d.expert_tp;
       out.layers[static_cast<size_t>(l)] = declare_layer(b, spec, l);
     }
   if (!last) return out;

@@ -50,8 +50,10 @@ struct ParamSpec {
   std::vector<RowBlock> row_blocks;  // Rows: the blocks of dim 0 (one block: all rows, parts tp)
   Shape full_shape;   // shape of the whole (unsplit) weight; == shape when tp = 1 and ep = 1
   // Its group splits over the expert-parallel ranks: dim 0 (the expert) is
-  // cut into shard.ep contiguous blocks, block ep_rank held (experts are
-  // replicated over tensor-parallel ranks).
+  // cut into shard.ep contiguous blocks, block ep_rank held. `split` then
+  // applies to each expert's matrix (dims 1 on; row_blocks: one expert's
+  // rows): expert tensor parallelism, else the experts are replicated over
+  // the tensor-parallel ranks.
   bool ep_split = false;
 };
 
@@ -100,6 +102,7 @@ struct ModelDims {
   std::vector<int> experts;                 // per layer: > 1 a Mixture-of-Experts layer, else 1
   int topk = 1;                             // experts per token (MoE layers)
   bool moe_residual = false;                // PR-MoE: a dense MLP beside each MoE layer's experts
+  bool expert_tp = false;                   // experts split over the tp ranks (--enable-expert-tensor-parallelism)
   int layer_experts(int l) const { return experts.empty() ? 1 : experts[static_cast<size_t>(l)]; }
 };
 ModelDims model_dims(const ModelConfig& m);
@@ -133,32 +136,44 @@ inline int kv_parts(const ModelDims& d, int tp) { return d.NKV >= tp ? tp : d.NK
 
 // Calls fn(full_off, local_off, count) (element offsets within the weight)
 // for each contiguous run of local weight p of tp rank r: how a rank's shard
-// sits in the full weight (slicing, gathering, checkpoint reshape).
+// sits in the full weight (slicing, gathering, checkpoint reshape). An expert
+// weight (ep_split: dim 0 the expert) splits each expert's matrix, dim 1 on:
+// `experts` is how many experts the full buffer holds (-1: all of them).
 template <class Fn>
-void for_each_tp_run(const ParamSpec& p, int tp, int r, Fn fn) {
-  if (p.split == TpSplit::Replicated || tp == 1) return fn(int64_t{0}, int64_t{0}, p.numel);
-  const int64_t rows = p.full_shape[0];
-  const int64_t inner = shape_numel(p.full_shape) / rows;
-  if (p.split == TpSplit::Rows) {
-    int64_t full_at = 0, local_at = 0;  // rows
-    for (const RowBlock& b : p.row_blocks) {
-      const int64_t local = b.rows / b.parts, part = r / (tp / b.parts);
-      fn((full_at + part * local) * inner, local_at * inner, local * inner);
-      full_at += b.rows;
-      local_at += local;
+void for_each_tp_run(const ParamSpec& p, int tp, int r, Fn fn, int64_t experts = -1) {
+  const int64_t n_exp = experts >= 0 ? experts : (p.ep_split ? p.full_shape[0] : 1);
+  const int64_t full_per = shape_numel(p.full_shape) / (p.ep_split ? p.full_shape[0] : 1);
+  if (p.split == TpSplit::Replicated || tp == 1) return fn(int64_t{0}, int64_t{0}, n_exp * full_per);
+  const int64_t local_per = p.numel / (p.ep_split ? p.shape[0] : 1);
+  for (int64_t e = 0; e < n_exp; ++e) {
+    const int64_t fb = e * full_per, lb = e * local_per;
+    if (p.split == TpSplit::Rows) {
+      int64_t rows = 0;
+      for (const RowBlock& b : p.row_blocks) rows += b.rows;
+      const int64_t inner = full_per / rows;
+      int64_t full_at = 0, local_at = 0;  // rows
+      for (const RowBlock& b : p.row_blocks) {
+        const int64_t local = b.rows / b.parts, part = r / (tp / b.parts);
+        fn(fb + (full_at + part * local) * inner, lb + local_at * inner, local * inner);
+        full_at += b.rows;
+        local_at += local;
+      }
+      continue;
     }
-    return;
+    const int64_t cols = p.full_shape.back(), lc = cols / tp;  // Cols: (rows, cols) -> (rows, lc)
+    for (int64_t i = 0; i < full_per / cols; ++i) fn(fb + i * cols + r * lc, lb + i * lc, lc);
   }
-  const int64_t cols = p.full_shape[1], lc = cols / tp;  // Cols: (rows, cols) -> (rows, lc)
-  for (int64_t i = 0; i < rows; ++i) fn(i * cols + r * lc, i * lc, lc);
 }
 
 // The same for the local weight p of a layout's shard `s`, every parallel
-// axis included: an expert weight is one run at its block of experts.
+// axis included: an expert weight's runs lie in its block of experts.
 template <class Fn>
 void for_each_shard_run(const ParamSpec& p, const ShardCoords& s, Fn fn) {
-  if (p.ep_split && s.ep > 1) return fn(int64_t{s.ep_rank} * p.numel, int64_t{0}, p.numel);
-  for_each_tp_run(p, s.tp, s.tp_rank, fn);
+  if (!(p.ep_split && s.ep > 1)) return for_each_tp_run(p, s.tp, s.tp_rank, fn);
+  const int64_t local_experts = p.shape[0];
+  const int64_t base = int64_t{s.ep_rank} * local_experts * (shape_numel(p.full_shape) / p.full_shape[0]);
+  for_each_tp_run(
+      p, s.tp, s.tp_rank, [&](int64_t fo, int64_t lo, int64_t n) { fn(base + fo, lo, n); }, local_experts);
 }
 
 }  // namespace ds

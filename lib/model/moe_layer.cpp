@@ -11,7 +11,13 @@
 // before the combine (expert_comm.h); an expert's GEMMs then run over the
 // rows of every rank of its group at once. Tensor-parallel ranks compute the
 // same MoE output on the same (replicated) input, each with its own
-// expert-parallel group, so no tp region is entered.
+// expert-parallel group, so no tp region is entered. With expert tensor
+// parallelism (--enable-expert-tensor-parallelism) each expert's fc is
+// column-parallel and its proj row-parallel, as in the dense MLP: the ranks
+// route alike, each computes its slice of every expert and a partial output,
+// and the combined output is summed over tp (so is the combine weights'
+// gradient, a dot with that output, and the experts' input gradient after the
+// dispatch's backward). The PR-MoE dense branch stays replicated.
 // DeepSpeed-Ulysses (U ranks, each holding T/U positions of every sequence):
 // an MoE layer runs on the whole sequence, so that the gate sees the tokens
 // a single process sees (capacity, dropping, l_aux): the input is
@@ -86,7 +92,8 @@ void GptModel::moe_mlp(int l, const Tensor& x, const Tensor& y, MoeActs& m, cons
   const MoeParams& P = lp(l).moe;
   const MoeConfig& mc = cfg_.moe;
   const int64_t N = x.size(0), C = d_.C, E = d_.layer_experts(l), K = d_.topk;
-  const int64_t Fin = (d_.swiglu ? 2 : 1) * d_.F;
+  const int64_t Fin = (d_.swiglu ? 2 : 1) * d_.F;  // the PR-MoE dense branch's (replicated)
+  const bool split = expert_tp();
   auto f32 = [&](Shape s) { return Tensor::empty(s, DType::F32, dev_); };
   auto act = [&](Shape s) { return Tensor::empty(s, compute_, dev_); };
   auto i32 = [&](Shape s) { return Tensor::empty(s, DType::I32, dev_); };
@@ -161,8 +168,8 @@ void GptModel::moe_mlp(int l, const Tensor& x, const Tensor& y, MoeActs& m, cons
     m.xin = act({E, rows, C});
     ops::moe_dispatch_forward({.out = m.xin, .inp = x, .expert = m.expert, .slot = m.slot}, stream_);
   }
-  m.fc_out = act({El, Rl, Fin});
-  m.act_out = act({El, Rl, d_.F});
+  m.fc_out = act({El, Rl, wfc.size(1)});  // (this rank's slice with expert tensor parallelism)
+  m.act_out = act({El, Rl, wproj.size(2)});
   const Tensor bfc = opt(P.fc.bias, false);
   for (int64_t e = 0; e < El; ++e) {
     const Tensor pre = row(m.fc_out, e), out = row(m.act_out, e);
@@ -179,12 +186,14 @@ void GptModel::moe_mlp(int l, const Tensor& x, const Tensor& y, MoeActs& m, cons
   if (!P.coef.weight.defined()) {
     ops::moe_combine_forward({.out = y, .inp = m.xout, .weight = m.weight, .expert = m.expert, .slot = m.slot},
                              stream_);
+    if (split) reduce_from_tp_forward(tp_, y);
     return;
   }
   // PR-MoE: y = c0 * experts(x) + c1 * mlp(x), (c0, c1) = softmax(coefficient(x)).
   m.y_moe = act({N, C});
   ops::moe_combine_forward({.out = m.y_moe, .inp = m.xout, .weight = m.weight, .expert = m.expert, .slot = m.slot},
                            stream_);
+  if (split) reduce_from_tp_forward(tp_, m.y_moe);
   m.res_fc = act({N, Fin});
   m.res_act = act({N, d_.F});
   m.y_res = act({N, C});
@@ -289,6 +298,8 @@ void GptModel::moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tens
   ops::moe_combine_backward({.dinp = dxout, .dweight = dweight, .dout = dy_moe, .inp = m.xout, .weight = m.weight,
                              .expert = m.expert, .slot = m.slot},
                             stream_);
+  const bool split = expert_tp();
+  if (split) reduce_from_tp_forward(tp_, dweight);  // m.xout holds this rank's partial sums
   const Tensor wfc = w(P.fc.weight), wproj = w(P.proj), dwfc = dw(P.fc.weight), dwproj = dw(P.proj);
   const Tensor dbfc = opt(P.fc.bias, true);
   Tensor dloc = dxout, scratch;
@@ -297,7 +308,7 @@ void GptModel::moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tens
     dloc = act({El, Rl, C});
     experts_scatter(ep, dxout, scratch, dloc);
   }
-  const Tensor dxin = act({El, Rl, C}), dact = act({Rl, d_.F}), dfc = act({Rl, Fin});
+  const Tensor dxin = act({El, Rl, C}), dact = act({Rl, m.act_out.size(2)}), dfc = act({Rl, Fin});
   for (int64_t e = 0; e < El; ++e) {
     ops::matmul_backward({.dinp = dact,
                           .dweight = row(dwproj, e),
@@ -326,6 +337,7 @@ void GptModel::moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tens
     experts_gather(ep, dxin, scratch, dtok);
   }
   ops::moe_dispatch_backward({.dinp = dx, .dout = dtok, .expert = m.expert, .slot = m.slot}, stream_);
+  if (split) reduce_from_tp_forward(tp_, dx);  // each rank's experts' slices gave part of it
   // The router: through the combine weights and l_aux to the logits, then the gate GEMM.
   const Tensor dlogits = f32({N, E});
   ops::moe_gate_backward(
@@ -362,7 +374,7 @@ void GptModel::moe_mlp_backward(int l, LayerActs& a, const Tensor& x, const Tens
   }
   if (!residual) return;
   // PR-MoE: the dense MLP and the coefficient linear, both adding into dx.
-  const Tensor rdact = act({N, d_.F}), rdfc = act({N, Fin});
+  const Tensor rdact = act({N, m.res_act.size(1)}), rdfc = act({N, m.res_fc.size(1)});
   ops::matmul_backward({.dinp = rdact,
                         .dweight = dw(P.res_proj),
                         .dbias = Tensor(),

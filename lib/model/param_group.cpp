@@ -41,9 +41,11 @@ ParamGroupSpec dense_param_group() {
           .decay = DecayRule::Megatron};
 }
 
-ParamGroupSpec expert_param_group() {
+ParamGroupSpec expert_param_group(bool tensor_split) {
+  std::vector<ParallelAxis> split{ParallelAxis::Pipeline, ParallelAxis::Expert};
+  if (tensor_split) split.insert(split.begin(), ParallelAxis::Tensor);
   return {.name = "experts",
-          .split = {ParallelAxis::Pipeline, ParallelAxis::Expert},
+          .split = std::move(split),
           .reduce = {ParallelAxis::ExpertData, ParallelAxis::Ulysses},
           .decay = DecayRule::Megatron};
 }

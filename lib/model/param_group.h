@@ -48,7 +48,9 @@ struct ParamGroupSpec {
 ParamGroupSpec dense_param_group();
 // The experts of MoE layers: dim 0 of each stacked expert weight (the
 // expert) is split over the expert-parallel ranks, gradients are summed over
-// the expert-data-parallel ones; replicated over tensor-parallel ranks.
-ParamGroupSpec expert_param_group();
+// the expert-data-parallel ones; with tensor_split (expert tensor
+// parallelism) each expert's matrix is split over the tensor-parallel ranks,
+// else replicated over them.
+ParamGroupSpec expert_param_group(bool tensor_split = false);
 
 }  // namespace ds

@@ -48,12 +48,18 @@ std::vector<Range> duplicate_ranges(const ModelLayout& local) {
   for (const ParamSpec& p : local.params) {
     if (p.split == TpSplit::Replicated && r != 0) add(p.offset, p.numel);
     if (p.split != TpSplit::Rows || tp == 1) continue;
-    const int64_t inner = p.numel / p.shape[0];
-    int64_t local_at = 0;
-    for (const RowBlock& b : p.row_blocks) {
-      const int64_t rows = b.rows / b.parts;
-      if (r % (tp / b.parts) != 0) add(p.offset + local_at * inner, rows * inner);
-      local_at += rows;
+    // Rows: the row blocks of each expert's matrix (one matrix unless ep_split).
+    const int64_t matrices = p.ep_split ? p.shape[0] : 1, per = p.numel / matrices;
+    int64_t local_rows = 0;
+    for (const RowBlock& b : p.row_blocks) local_rows += b.rows / b.parts;
+    const int64_t inner = per / local_rows;
+    for (int64_t e = 0; e < matrices; ++e) {
+      int64_t local_at = 0;
+      for (const RowBlock& b : p.row_blocks) {
+        const int64_t rows = b.rows / b.parts;
+        if (r % (tp / b.parts) != 0) add(p.offset + e * per + local_at * inner, rows * inner);
+        local_at += rows;
+      }
     }
   }
   return out;

@@ -91,9 +91,11 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& p
   // fc / act, the router's (N, E) logits and gates and (N, K) choices, and its
   // experts' buffers, E x rows x (input, fc, act, output), rows the capacity
   // (dropless: N K / E, the balanced load); PR-MoE adds a dense MLP's and the
-  // mix's tensors. Experts are replicated over tp ranks (not divided by tp);
-  // with sequence parallelism each tp rank runs them on the whole sequence,
-  // and under Ulysses each Ulysses rank on all T positions (Nm tokens).
+  // mix's tensors. Every tp rank runs the experts on the same tokens (with
+  // expert tensor parallelism each on its slice of fc / act); with sequence
+  // parallelism each tp rank runs them on the whole sequence, and under
+  // Ulysses each Ulysses rank on all T positions (Nm tokens).
+  const int64_t etp = d.expert_tp ? tp : 1;
   const int64_t Nm = N * pl.ulysses;
   int64_t moe_layers = 0, moe_extra = 0;
   for (int l = 0; l < d.L; ++l) {
@@ -104,7 +106,7 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& p
     const int64_t cap = std::max<int64_t>(
         static_cast<int64_t>(std::ceil(static_cast<double>(Nm) / E * mc.train_capacity_factor * kf)), mc.min_capacity);
     const int64_t rows = mc.drop_tokens ? std::min(cap, Nm) : ceil_div(Nm * K, E);
-    int64_t b = Nm * s * (2 * E + 3 * K) + E * rows * a * (2 * C + F_in + F) - N * a * (F_in + F) / tp;
+    int64_t b = Nm * s * (2 * E + 3 * K) + E * rows * a * (2 * C + (F_in + F) / etp) - N * a * (F_in + F) / tp;
     if (d.moe_residual) b += Nm * a * (2 * C + F_in + F) + Nm * s * 2;
     moe_layers += 1;
     moe_extra = std::max(moe_extra, b);
@@ -332,10 +334,13 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_p
   const ModelConfig m = resolved_model(cfg, e.vocab_assumed);
   const ModelLayout layout = build_layout(m);
   e.n_params = layout.total;
-  // A rank holds E / EP of each MoE layer's experts; the rest is split over TP x PP.
-  const int64_t off_rank = expert_params_per_rank(layout, 1) - expert_params_per_rank(layout, e.layout.ep);
-  e.n_params_rank = ceil_div(e.n_params - off_rank, e.tp * e.pp);
-  e.n_experts_rank = std::min(e.n_params_rank, ceil_div(expert_params_per_rank(layout, e.layout.ep), e.pp));
+  // A rank holds E / EP of each MoE layer's experts, split over PP (and over
+  // TP with expert tensor parallelism, else replicated there); the rest is
+  // split over TP x PP.
+  const int64_t experts_rank =
+      ceil_div(expert_params_per_rank(layout, e.layout.ep), e.pp * (m.moe.expert_tensor_parallelism ? e.tp : 1));
+  e.n_params_rank = ceil_div(e.n_params - expert_params_per_rank(layout, 1), e.tp * e.pp) + experts_rank;
+  e.n_experts_rank = experts_rank;
   e.activations = activation_bytes(cfg, e.layout, model_dims(m));
   if (e.pp > 1) {
     const ModelDims d = model_dims(m);

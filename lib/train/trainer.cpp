@@ -269,6 +269,10 @@ void Trainer::log_setup() {
            "[{}, {}))",
            shard_.tp, model_->layout().total, full_layout_.total, model_->dims().NH / shard_.tp,
            shard_.tp_rank * (model_->dims().Vp / shard_.tp), (shard_.tp_rank + 1) * (model_->dims().Vp / shard_.tp));
+  if (moe_ && model_->expert_tp())
+    DS_LOG("expert tensor parallel: each expert's fc and proj split over the {} tp ranks ({} of the ffn's {} "
+           "columns per rank); the experts' output summed over tp",
+           shard_.tp, model_->dims().F / shard_.tp, model_->dims().F);
   if (shard_.pp > 1)
     DS_LOG(
         "pipeline parallel: {} stages ({}), this is stage {} with layers [{}, {}); {} micro-batches per step, "

@@ -30,18 +30,18 @@ struct Run {
   std::vector<double> lm, moe;  // per iteration: lm loss (CSV), moe loss (log line)
 };
 
-std::vector<std::string> moe_args(int tp, std::vector<std::string> extra, int pp = 1) {
-  std::vector<std::string> a = small_model_args({.layers = 2, .tp = tp, .pp = pp, .iters = kIters});
+std::vector<std::string> moe_args(int tp, std::vector<std::string> extra, int pp = 1, bool llama = false) {
+  std::vector<std::string> a = small_model_args({.layers = 2, .tp = tp, .pp = pp, .iters = kIters, .llama = llama});
   a.insert(a.end(), {"--num-experts", "4", "--expert-interval", "1", "--moe-loss-coeff", "0.05"});
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
 
 Run run(const std::string& name, int world, int zero_stage, int tp, const std::vector<std::string>& extra,
-        int pp = 1) {
+        int pp = 1, bool llama = false) {
   Run r;
   std::string log;
-  const std::string err = run_with_config(name, world, 2, zero_stage, moe_args(tp, extra, pp), &r.lm, &log);
+  const std::string err = run_with_config(name, world, 2, zero_stage, moe_args(tp, extra, pp, llama), &r.lm, &log);
   INFO(err);
   REQUIRE(err.empty());
   const std::regex moe(R"(\| moe loss: ([-+0-9.Ee]+) \|)");
@@ -388,6 +388,86 @@ TEST_CASE("MoE with DeepSpeed-Ulysses reproduces the single-process curve") {
   same_run(run("moe_u_pr_single", 1, 0, 1, pr), run("moe_u2_pr", 2, 1, 1, pr_u2));
 }
 
+TEST_CASE("Expert tensor parallelism: TP2 (with SP, EP2, PR-MoE, SwiGLU) reproduces the single-process curve; "
+          "its checkpoints load into other layouts") {
+  const std::vector<std::string> top2 = {"--topk", "2", "--disable-moe-top2-2nd-expert-sampling"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = top2;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const std::string etp = "--enable-expert-tensor-parallelism";
+  const Run single = run("etp_single", 1, 0, 1, top2);
+  {
+    INFO("TP2, experts split over tp: the same curve, and a rank holds half of each expert");
+    auto held = [&](const std::string& name, const std::vector<std::string>& extra) {
+      std::vector<double> lm;
+      std::string log;
+      REQUIRE(run_with_config(name, 2, 2, 0, moe_args(2, with(extra)), &lm, &log).empty());
+      require_same_curve(single.lm, lm);
+      std::smatch m;
+      const std::regex line(R"(tensor parallel: 2 ranks, this rank holds (\d+) of the model's (\d+) parameters)");
+      REQUIRE(std::regex_search(log, m, line));
+      return std::make_pair(std::stoll(m[1]), log);
+    };
+    const auto [replicated, log_rep] = held("etp_tp2_replicated", {});
+    const auto [split, log_split] = held("etp_tp2", {etp});
+    CHECK(split < replicated);
+    CHECK_THAT(log_split, Catch::Contains("expert tensor parallel: each expert's fc and proj split over the 2 tp "
+                                          "ranks"));
+    CHECK_THAT(log_rep, !Catch::Contains("expert tensor parallel"));
+  }
+  {
+    INFO("TP2 with --sequence-parallel, ZeRO-1");
+    same_run(single, run("etp_tp2_sp", 2, 1, 2, with({etp, "--sequence-parallel"})));
+  }
+  {
+    INFO("TP2 DP2 EP2, ZeRO-2");
+    same_run(single, run("etp_tp2_ep2", 4, 2, 2, with({etp, "--moe-expert-parallel-size", "2"})));
+  }
+  {
+    INFO("PR-MoE (the dense branch replicated), TP2");
+    const std::vector<std::string> pr = {"--mlp-type", "residual", "--topk", "1"};
+    std::vector<std::string> pr_etp = pr;
+    pr_etp.push_back(etp);
+    same_run(run("etp_pr_single", 1, 0, 1, pr), run("etp_pr_tp2", 2, 0, 2, pr_etp));
+  }
+  {
+    INFO("SwiGLU experts ([gate | up] rows, each split), TP2 DP2 EP2");
+    same_run(run("etp_llama_single", 1, 0, 1, top2, 1, true),
+             run("etp_llama_tp2_ep2", 4, 0, 2, with({etp, "--moe-expert-parallel-size", "2"}), 1, true));
+  }
+  // Saved with the experts split over tp and ep; loaded into one process, and
+  // into TP2 with replicated experts.
+  const std::string ck = dist_data().dir + "/ckpt_moe_etp";
+  fs::remove_all(ck);
+  std::vector<double> lm;
+  std::string log;
+  REQUIRE(run_with_config("etp_ck_first", 4, 2, 1,
+                          moe_args(2, with({etp, "--moe-expert-parallel-size", "2", "--save", ck, "--save-interval",
+                                            "4", "--exit-interval", "4"})),
+                          &lm, &log)
+              .empty());
+  REQUIRE(lm.size() == 4);
+  require_same_curve(single.lm, lm);
+  struct Target {
+    const char* name;
+    int world, tp;
+    std::vector<std::string> extra;
+  };
+  for (const Target& t : {Target{"etp_ck_single", 1, 1, {}}, Target{"etp_ck_tp2_replicated", 2, 2, {}},
+                          Target{"etp_ck_tp2_ep2", 4, 2, {etp, "--moe-expert-parallel-size", "2"}}}) {
+    INFO(t.name);
+    std::vector<std::string> extra = t.extra;
+    extra.insert(extra.end(), {"--load", ck});
+    const std::string err = run_with_config(t.name, t.world, 2, 1, moe_args(t.tp, with(extra)), &lm, &log);
+    INFO(err);
+    REQUIRE(err.empty());
+    REQUIRE(lm.size() == kIters - 4);
+    require_same_curve(single.lm, lm, 4);
+  }
+}
+
 TEST_CASE("MoE flags that do not fit are one line naming them") {
   CHECK(fail(1, 1, {"--topk", "5"}).find("model.moe.topk 5 (--topk) must be in [1, 4]") != std::string::npos);
   CHECK(fail(1, 1, {"--num-experts", "4", "2", "2"}).find("model.moe.num_experts (--num-experts) has 3 values") !=
@@ -396,8 +476,6 @@ TEST_CASE("MoE flags that do not fit are one line naming them") {
                                                              "data-parallel size 2") != std::string::npos);
   CHECK(fail(2, 1, {"--moe-expert-parallel-size", "2", "--num-experts", "3"})
             .find("not divisible by the expert-parallel size 2") != std::string::npos);
-  CHECK(fail(1, 1, {"--enable-expert-tensor-parallelism"}).find("--enable-expert-tensor-parallelism is not "
-                                                                "implemented yet") != std::string::npos);
   CHECK(fail(4, 1, {"--ds-sequence-parallel-size", "2", "--moe-expert-parallel-size", "2"})
             .find("expert parallelism with Ulysses is not implemented yet") != std::string::npos);
 }

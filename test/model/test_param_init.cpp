@@ -63,6 +63,60 @@ TEST_CASE("a shard's initial weights are the full model's slices, bit for bit") 
   }
 }
 
+TEST_CASE("expert tensor parallelism: each expert's fc rows and proj columns split over tp, experts over ep") {
+  for (bool llama : {false, true}) {
+    INFO((llama ? "llama (SwiGLU: [gate | up] rows, each split)" : "gpt2"));
+    ModelConfig cfg = test::tiny_model(llama);
+    cfg.moe.num_experts = {4};
+    cfg.moe.expert_interval = 1;
+    cfg.moe.expert_tensor_parallelism = true;
+    const ModelLayout full = build_layout(cfg);
+    const Tensor full_w = init(cfg, full);
+    const int64_t E = 4, C = cfg.hidden_size, F = model_dims(cfg).F, blocks = llama ? 2 : 1;
+    for (int ep : {1, 2})
+      for (int er = 0; er < ep; ++er)
+        for (int tr = 0; tr < 2; ++tr) {
+          const ShardCoords s{.tp = 2, .tp_rank = tr, .ep = ep, .ep_rank = er};
+          INFO("ep " << ep << " rank " << er << ", tp rank " << tr);
+          check_layout(cfg, s);
+          const ModelLayout local = build_layout(cfg, s);
+          const Tensor w = init(cfg, local);
+          const int64_t El = E / ep, Fl = F / 2;
+          // Each element by index arithmetic: local (e, i, c) of fc is full
+          // (er * El + e, block * F + tr * Fl + i', c); proj (e, c, j) is full
+          // (er * El + e, c, tr * Fl + j).
+          const ParamSpec& fc = local.find("layers.0.mlp.experts.fc.weight");
+          const ParamSpec& ffc = full.find("layers.0.mlp.experts.fc.weight");
+          REQUIRE(fc.shape == Shape{El, blocks * Fl, C});
+          for (int64_t e = 0; e < El; ++e)
+            for (int64_t i = 0; i < blocks * Fl; ++i)
+              for (int64_t c = 0; c < C; c += 7) {
+                const int64_t row = (i / Fl) * F + tr * Fl + i % Fl;
+                REQUIRE(w.data<float>()[fc.offset + (e * blocks * Fl + i) * C + c] ==
+                        full_w.data<float>()[ffc.offset + ((er * El + e) * blocks * F + row) * C + c]);
+              }
+          const ParamSpec& pj = local.find("layers.0.mlp.experts.proj.weight");
+          const ParamSpec& fpj = full.find("layers.0.mlp.experts.proj.weight");
+          REQUIRE(pj.shape == Shape{El, C, Fl});
+          for (int64_t e = 0; e < El; ++e)
+            for (int64_t c = 0; c < C; c += 5)
+              for (int64_t j = 0; j < Fl; ++j)
+                REQUIRE(w.data<float>()[pj.offset + (e * C + c) * Fl + j] ==
+                        full_w.data<float>()[fpj.offset + ((er * El + e) * C + c) * F + tr * Fl + j]);
+          // Split weights are no gradient-norm duplicates; the replicated router is, on tp rank 1.
+          const std::vector<Range> dup = duplicate_ranges(local);
+          auto in_dup = [&](int64_t at) {
+            for (const Range& r : dup)
+              if (at >= r.begin && at < r.end) return true;
+            return false;
+          };
+          CHECK_FALSE(in_dup(fc.offset));
+          CHECK_FALSE(in_dup(pj.offset + pj.numel - 1));
+          CHECK(in_dup(local.find("layers.0.mlp.gate.weight").offset) == (tr == 1));
+        }
+  }
+}
+
 TEST_CASE("init values depend on the seed, the weight and the element only") {
   const ModelConfig cfg = test::tiny_model(false);
   const ModelLayout full = build_layout(cfg);
