@@ -60,6 +60,12 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir, const 
 
 
 uint32_t file_crc32c(const std::string& path, Progress* progress) {
+  std::vector<uint32_t> none;
+  return file_crc32c(path, 0, none, progress);
+}
+
+uint32_t file_crc32c(const std::string& path, uint64_t chunk, std::vector<uint32_t>& chunks, Progress* progress) {
+  chunks.clear();
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   DS_USER_CHECK(fd >= 0, "checkpoint file '{}' cannot be opened: {}", path, std::strerror(errno));
   // One pass front to back: ask for the kernel's largest readahead, and read
@@ -67,7 +73,8 @@ uint32_t file_crc32c(const std::string& path, Progress* progress) {
   // speed on the development VM; docs/benchmarks.md, "Checkpoint I/O").
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   std::vector<char> buf(size_t(4) << 20);
-  uint32_t crc = 0;
+  uint32_t crc = 0, part = 0;  // the whole file's, the current chunk's
+  uint64_t in_part = 0;        // bytes of the current chunk so far
   while (true) {
     const ssize_t k = ::read(fd, buf.data(), buf.size());
     if (k < 0 && errno == EINTR) continue;
@@ -78,9 +85,21 @@ uint32_t file_crc32c(const std::string& path, Progress* progress) {
     }
     if (k == 0) break;
     crc = crc32c(buf.data(), static_cast<size_t>(k), crc);
+    for (size_t at = 0; chunk > 0 && at < static_cast<size_t>(k);) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(static_cast<uint64_t>(k) - at, chunk - in_part));
+      part = crc32c(buf.data() + at, n, part);
+      at += n;
+      in_part += n;
+      if (in_part == chunk) {
+        chunks.push_back(part);
+        part = 0;
+        in_part = 0;
+      }
+    }
     if (progress) progress->add(k);
   }
   ::close(fd);
+  if (in_part > 0) chunks.push_back(part);
   return crc;
 }
 

@@ -30,6 +30,10 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir, const 
 // CRC-32C of a whole file. UserError naming the file if it cannot be read.
 // The bytes read are added to `progress` (when given).
 uint32_t file_crc32c(const std::string& path, Progress* progress = nullptr);
+// The same pass, with the CRC-32C of each `chunk` bytes of the file as well
+// (the last chunk may be shorter): chunks[i] covers [i * chunk, (i + 1) * chunk).
+uint32_t file_crc32c(const std::string& path, uint64_t chunk, std::vector<uint32_t>& chunks,
+                     Progress* progress = nullptr);
 
 // Checks, before any work, that an output directory (`--save DIR`,
 // `--export-hf DIR`) can be written: it is a directory, or the nearest

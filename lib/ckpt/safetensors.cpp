@@ -370,15 +370,23 @@ struct SafetensorsFile::ReadRecord {
   std::vector<Span> spans;  // in read order; a read continuing the last one extends it
   Progress* progress = nullptr;
   std::unique_ptr<DirectReader> direct;  // O_DIRECT reads where the file system allows them
+  uint64_t chunk = 0;                    // > 0: no span crosses a multiple of it
+  uint64_t bytes = 0;                    // checksummed so far (reads and gap reads)
   // Bytes [off, off + n) of the file, just read into `data`.
   void add(uint64_t off, const char* data, size_t n) {
-    if (!spans.empty() && spans.back().end == off) {
-      spans.back().crc = crc32c(data, n, spans.back().crc);
-      spans.back().end += n;
-    } else {
-      spans.push_back({off, off + n, crc32c(data, n)});
-    }
+    bytes += n;
     if (progress) progress->add(static_cast<int64_t>(n));
+    while (n > 0) {
+      const size_t k = chunk ? static_cast<size_t>(std::min<uint64_t>(n, chunk - off % chunk)) : n;
+      const bool at_start = chunk && off % chunk == 0;  // a new chunk starts a new span
+      if (!spans.empty() && spans.back().end == off && !at_start) {
+        spans.back().crc = crc32c(data, k, spans.back().crc);
+        spans.back().end += k;
+      } else {
+        spans.push_back({off, off + k, crc32c(data, k)});
+      }
+      off += k, data += k, n -= k;
+    }
   }
 };
 
@@ -480,9 +488,10 @@ void SafetensorsFile::pread_exact(uint64_t off, size_t bytes, void* dst) const {
   }
 }
 
-void SafetensorsFile::track_reads(Progress* progress) {
+void SafetensorsFile::track_reads(Progress* progress, uint64_t chunk) {
   reads_ = std::make_shared<ReadRecord>();
   reads_->progress = progress;
+  reads_->chunk = chunk;
   AioConfig cfg;
   cfg.block_size = 4 << 20;
   cfg.queue_depth = 8;
@@ -490,19 +499,23 @@ void SafetensorsFile::track_reads(Progress* progress) {
   ::posix_fadvise(*fd_, 0, 0, POSIX_FADV_SEQUENTIAL);  // the largest readahead, as file_crc32c asks
 }
 
-uint32_t SafetensorsFile::checksum() const {
-  DS_CHECK(reads_ != nullptr, "SafetensorsFile::checksum: '{}' does not track its reads", path_);
-  std::vector<ReadRecord::Span> spans = reads_->spans;
+uint32_t SafetensorsFile::range_crc(uint64_t lo, uint64_t hi) const {
+  // The spans inside [lo, hi) in file order, joined with crc32c_combine;
+  // what they leave out (or cover twice) is read from the file now.
+  std::vector<ReadRecord::Span> spans;
+  for (const auto& s : reads_->spans)
+    if (s.begin >= lo && s.end <= hi) spans.push_back(s);
   std::sort(spans.begin(), spans.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
   uint32_t crc = 0;
-  uint64_t pos = 0;  // the CRC covers [0, pos)
+  uint64_t pos = lo;  // the CRC covers [lo, pos)
   std::vector<char> buf;
-  auto read_to = [&](uint64_t end) {  // bytes no read covered: read and checksum them now
+  auto read_to = [&](uint64_t end) {
     if (buf.empty() && end > pos) buf.resize(size_t(4) << 20);
     while (pos < end) {
       const size_t k = static_cast<size_t>(std::min<uint64_t>(end - pos, buf.size()));
       pread_exact(pos, k, buf.data());
       crc = crc32c(buf.data(), k, crc);
+      reads_->bytes += k;
       if (reads_->progress) reads_->progress->add(static_cast<int64_t>(k));
       pos += k;
     }
@@ -516,9 +529,33 @@ uint32_t SafetensorsFile::checksum() const {
       read_to(s.end);
     }
   }
-  read_to(size_);
+  read_to(hi);
   return crc;
 }
+
+uint32_t SafetensorsFile::checksum() const {
+  DS_CHECK(reads_ != nullptr, "SafetensorsFile::checksum: '{}' does not track its reads", path_);
+  DS_CHECK(reads_->chunk == 0, "SafetensorsFile::checksum: '{}' tracks chunks; use bad_chunk", path_);
+  return range_crc(0, size_);
+}
+
+int64_t SafetensorsFile::bad_chunk(const std::vector<uint32_t>& crcs) const {
+  DS_CHECK(reads_ != nullptr && reads_->chunk > 0, "SafetensorsFile::bad_chunk: '{}' does not track chunks", path_);
+  const uint64_t chunk = reads_->chunk;
+  DS_CHECK(crcs.size() == (size_ + chunk - 1) / chunk, "SafetensorsFile::bad_chunk: {} checksums for {} chunks",
+           crcs.size(), (size_ + chunk - 1) / chunk);
+  std::vector<bool> touched(crcs.size(), false);
+  for (uint64_t c = 0; c * chunk < data_offset_; ++c) touched[c] = true;  // the header: what every read relies on
+  for (const auto& s : reads_->spans) touched[s.begin / chunk] = true;  // (a span lies in one chunk)
+  for (size_t c = 0; c < crcs.size(); ++c)
+    if (touched[c] && range_crc(c * chunk, std::min<uint64_t>(size_, (c + 1) * chunk)) != crcs[c])
+      return static_cast<int64_t>(c);
+  return -1;
+}
+
+uint64_t SafetensorsFile::file_offset(const std::string& name) const { return data_offset_ + entry(name).begin; }
+
+uint64_t SafetensorsFile::checksummed_bytes() const { return reads_ ? reads_->bytes : 0; }
 
 Tensor SafetensorsFile::get(const std::string& name) const {
   const Entry& e = entry(name);

@@ -109,9 +109,22 @@ class SafetensorsFile {
   // then reads what no read covered (the header, other ranks' parts) and
   // returns the whole file's CRC-32C, the value file_crc32c gives. Copies of
   // this object share the record.
-  void track_reads(Progress* progress = nullptr);
+  // chunk > 0: the record also keeps each chunk's bytes apart, for
+  // bad_chunk().
+  void track_reads(Progress* progress = nullptr, uint64_t chunk = 0);
   bool tracks_reads() const { return reads_ != nullptr; }
   uint32_t checksum() const;
+  // With per-chunk checksums (crcs[i]: bytes [i * chunk, (i + 1) * chunk) of
+  // the file, the chunk given to track_reads): checks only the chunks a read
+  // touched, and those holding the header, reading what the reads left out
+  // of them; the rest of the file is never read. Returns the first chunk
+  // whose CRC-32C differs, or -1. crcs must number the file's chunks.
+  int64_t bad_chunk(const std::vector<uint32_t>& crcs) const;
+  // Bytes checksummed so far: read, and read for checksum() / bad_chunk().
+  uint64_t checksummed_bytes() const;
+  uint64_t file_size() const { return size_; }
+  // Where tensor `name`'s bytes start in the file.
+  uint64_t file_offset(const std::string& name) const;
 
  private:
   struct Entry {
@@ -133,6 +146,7 @@ class SafetensorsFile {
   std::shared_ptr<ReadRecord> reads_;
   // pread of file bytes [off, off + bytes) into dst; UserError naming the file.
   void pread_exact(uint64_t off, size_t bytes, void* dst) const;
+  uint32_t range_crc(uint64_t lo, uint64_t hi) const;  // CRC-32C of file bytes [lo, hi), from the reads
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;
 };

@@ -100,6 +100,37 @@ void read_checksums(const Reader& r, StepState& s) {
   }
 }
 
+// "chunk_checksums": {file: {"chunk_bytes": N, "crc32c": ["crc32c:<hex>", ...]}},
+// each file one with a whole-file checksum.
+void read_chunk_checksums(const Reader& r, StepState& s) {
+  const json* c = r.find("chunk_checksums");
+  if (!c) return;
+  const char* want = "an object of file name -> {\"chunk_bytes\": N, \"crc32c\": [\"crc32c:<8 hex digits>\", ...]}";
+  if (!c->is_object()) r.fail("chunk_checksums", want, *c);
+  for (auto it = c->begin(); it != c->end(); ++it) {
+    const std::string field = "chunk_checksums." + it.key();
+    if (!s.checksums.count(it.key())) r.fail(field, "a file that has an entry in checksums", json(it.key()));
+    const json& e = it.value();
+    if (!e.is_object() || e.size() != 2 || !e.contains("chunk_bytes") || !e.contains("crc32c")) r.fail(field, want, e);
+    const json& cb = e["chunk_bytes"];
+    if (!cb.is_number_unsigned() || cb.get<uint64_t>() < 4096 || cb.get<uint64_t>() > (uint64_t(1) << 40) ||
+        cb.get<uint64_t>() % 4096 != 0)
+      r.fail(field + ".chunk_bytes", "a multiple of 4096 in [4096, 2^40]", cb);
+    const json& list = e["crc32c"];
+    if (!list.is_array() || list.empty() || list.size() > (size_t(1) << 24))
+      r.fail(field + ".crc32c", "a non-empty array of at most 2^24 checksums", list.is_array() ? json(list.size()) : list);
+    StepState::ChunkSums sums;
+    sums.chunk_bytes = cb.get<uint64_t>();
+    for (const json& v : list) {
+      uint32_t crc = 0;
+      if (!v.is_string() || !parse_crc32c_text(v.get<std::string>(), crc))
+        r.fail(field + ".crc32c", "\"crc32c:<8 hex digits>\" entries", v);
+      sums.crcs.push_back(crc);
+    }
+    s.chunk_checksums[it.key()] = std::move(sums);
+  }
+}
+
 // "tokenizer": {"tokenizer_type": name, field: file, ...}. Each file is one of
 // the names a copy has and carries a checksum, so a crafted state.json can
 // name nothing but a verified file of its own step directory.
@@ -240,6 +271,7 @@ StepState parse_step_state(std::string_view text, const std::string& file) {
   s.sizes.ep = static_cast<int>(r.optional("expert_parallel_size", 1, kMaxParallelSize, 1));
   read_layout(r, s);
   read_checksums(r, s);
+  read_chunk_checksums(r, s);
   DS_USER_CHECK(!s.checksums.empty() || !doc.contains("format_version"), "checkpoint file '{}' has no file "
                 "checksums, which every state.json with a format_version carries (removed or hand-edited?)", file);
   read_tokenizer(r, s);

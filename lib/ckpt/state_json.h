@@ -48,6 +48,14 @@ struct StepState {
   std::vector<std::pair<std::string, Shape>> layout;  // the full (tp 1) model, in order
   nlohmann::json config;                              // the resolved config (null if absent)
   std::map<std::string, uint32_t> checksums;          // file name -> CRC-32C; empty: an older checkpoint
+  // Files larger than one chunk: the CRC-32C of each kChecksumChunk bytes, so
+  // that a rank reading part of a file verifies the chunks it read and never
+  // reads the rest (absent in older checkpoints: the whole file is verified).
+  struct ChunkSums {
+    uint64_t chunk_bytes = 0;
+    std::vector<uint32_t> crcs;
+  };
+  std::map<std::string, ChunkSums> chunk_checksums;
   // "tokenizer": the run's tokenizer files copied into the step directory
   // (lib/ckpt/step_tokenizer.h): config key (vocab_file, merge_file,
   // tokenizer_model) -> file name, each with a checksum; empty: none saved.
@@ -55,6 +63,9 @@ struct StepState {
   std::map<std::string, std::string> tokenizer_files;
   nlohmann::json raw;                                 // the whole document
 };
+
+// The chunk of "chunk_checksums" a save records (16 MiB).
+inline constexpr uint64_t kChecksumChunk = uint64_t(16) << 20;
 
 // Limits on what a state.json may say (far above any real model).
 inline constexpr int kMaxParallelSize = 1 << 16;  // tp, pp, vp, optimizer shards

@@ -144,13 +144,34 @@ void verify_step_file(const fs::path& step, const StepState& st, const std::stri
 void track_step_file(const fs::path& step, const StepState& st, const std::string& name, SafetensorsFile& f,
                      Progress* progress) {
   if (st.checksums.empty()) return;  // an older checkpoint: nothing to check
-  (void)recorded_checksum(step, st, name);  // no checksum recorded: an error before anything is read
-  f.track_reads(progress);
+  const uint32_t whole = recorded_checksum(step, st, name);  // none recorded: an error before anything is read
+  auto it = st.chunk_checksums.find(name);
+  if (it == st.chunk_checksums.end()) return f.track_reads(progress);
+  // Chunk checksums: they must number the file's chunks and join to its checksum
+  // (a state.json that says otherwise was not written with these files).
+  const StepState::ChunkSums& c = it->second;
+  const std::string file = (step / name).string();
+  const uint64_t size = f.file_size();
+  DS_USER_CHECK(c.crcs.size() == (size + c.chunk_bytes - 1) / c.chunk_bytes,
+                "checkpoint file '{}' is corrupt: it is {} bytes, state.json has checksums of {} chunks of {} bytes",
+                file, size, c.crcs.size(), c.chunk_bytes);
+  uint32_t joined = 0;
+  for (size_t i = 0; i < c.crcs.size(); ++i)
+    joined = crc32c_combine(joined, c.crcs[i], std::min<uint64_t>(c.chunk_bytes, size - i * c.chunk_bytes));
+  DS_USER_CHECK(joined == whole, "checkpoint '{}': state.json's chunk checksums of '{}' do not join to its "
+                "checksum {} (state.json edited?)", step.string(), name, crc32c_text(whole));
+  f.track_reads(progress, c.chunk_bytes);
 }
 
 void verify_step_reads(const fs::path& step, const StepState& st, const std::string& name, const SafetensorsFile& f) {
   if (!f.tracks_reads()) return;
-  check_checksum(step, name, f.checksum(), recorded_checksum(step, st, name));
+  auto it = st.chunk_checksums.find(name);
+  if (it == st.chunk_checksums.end()) return check_checksum(step, name, f.checksum(), recorded_checksum(step, st, name));
+  const int64_t bad = f.bad_chunk(it->second.crcs);
+  const uint64_t cb = it->second.chunk_bytes;
+  DS_USER_CHECK(bad < 0, "checkpoint file '{}' is corrupt: the checksum of its bytes [{}, {}) differs from the one "
+                "state.json recorded", (step / name).string(), bad * cb,
+                std::min<uint64_t>(f.file_size(), (bad + 1) * cb));
 }
 
 void check_finite(const Tensor& t, const std::string& file, const std::string& tensor, bool non_negative) {

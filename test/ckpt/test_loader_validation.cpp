@@ -19,6 +19,7 @@
 #include "lib/ckpt/safetensors.h"
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
+#include "lib/model/tp_shard.h"
 #include "test/model/tiny_model.h"
 #include "test/skip.h"
 
@@ -632,4 +633,98 @@ TEST_CASE("JSON config integers outside their type are errors naming the key") {
   CHECK_THROWS_WITH(s.get<int64_t>("u64", 0), Contains("'model.u64'"));
   CHECK(s.get<uint64_t>("u64", 0) == 18446744073709551615ull);
   CHECK_THROWS_WITH(s.get<uint32_t>("neg", 0), Contains("'model.neg'"));
+}
+
+TEST_CASE("a rank reading part of a large checkpoint verifies the chunks it reads and reads nothing else") {
+  // GPT-2 blocks of hidden 768, 4 layers: a 113 MB model file, 7 chunks of
+  // 16 MiB. Pipeline stage 1 of 2 holds layers 2-3 and the tied wte.
+  ModelConfig cfg = test::tiny_model(false);
+  cfg.num_layers = 4;
+  cfg.hidden_size = 768;
+  cfg.num_heads = 4;
+  const ModelLayout full = build_layout(cfg);
+  const int64_t n = full.total;
+  const fs::path dir = fs::temp_directory_path() / ("dstrain_chunks_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  Tensor p = Tensor::empty({n}, DType::F32), m = Tensor::zeros({n}, DType::F32), v = m.clone();
+  for (int64_t i = 0; i < n; ++i) p.data<float>()[i] = 1e-3f * static_cast<float>(i % 1013) - 0.4f;
+  TrainState st;
+  st.iteration = 1;
+  CheckpointData d{&full, p, adam_states(m, v), 0, n, 1, 0, 1, {}};
+  write_checkpoint_files(dir.string(), st, d, nlohmann::json::object());
+  commit_checkpoint(dir.string(), 1);
+  const fs::path step = dir / "global_step1", file = step / "model.safetensors";
+  const uint64_t size = fs::file_size(file);
+  const StepState state = read_step_state(step);
+  REQUIRE(state.chunk_checksums.count("model.safetensors"));
+  const StepState::ChunkSums& sums = state.chunk_checksums.at("model.safetensors");
+  CHECK(sums.chunk_bytes == kChecksumChunk);
+  REQUIRE(sums.crcs.size() == (size + kChecksumChunk - 1) / kChecksumChunk);
+  REQUIRE(sums.crcs.size() >= 6);
+
+  // Stage 1 reads its weights, verifies the chunks they lie in (and the
+  // header's), and reads less than the file.
+  auto load_stage = [&](int stage, std::vector<float>& out) {
+    const ModelLayout local = build_layout(cfg, {.pp = 2, .pp_rank = stage});
+    const SavedStep s = open_saved_step(step.string(), cfg);
+    const SafetensorsFile model = open_saved_model_tracked(s);
+    out.assign(static_cast<size_t>(local.total), 0.f);
+    read_local_params(s, model, local, 0, local.total, out.data());
+    verify_saved_model(s, model);
+    return model.checksummed_bytes();
+  };
+  const ModelLayout stage1 = build_layout(cfg, {.pp = 2, .pp_rank = 1});
+  std::vector<float> got;
+  const uint64_t read1 = load_stage(1, got);
+  INFO("stage 1 checksummed " << read1 << " of " << size << " bytes");
+  CHECK(read1 < size * 3 / 4);
+  Tensor want = Tensor::empty({stage1.total}, DType::F32);
+  slice_tp_params(stage1, full, p, want);
+  REQUIRE(std::memcmp(got.data(), want.raw(), want.nbytes()) == 0);
+
+  // A chunk that holds only stage 0's weights (layers 0-1): a flipped byte
+  // there fails stage 0's load, naming the file and the chunk, and not stage
+  // 1's, which never reads it. A flip in stage 1's weights fails stage 1.
+  const SafetensorsFile sf = SafetensorsFile::open(file.string());
+  uint64_t lo = size, hi = 0;  // the file bytes of layers 0 and 1
+  for (const ParamSpec& q : full.params)
+    if (q.layer == 0 || q.layer == 1) {
+      lo = std::min(lo, sf.file_offset(q.name));
+      hi = std::max(hi, sf.file_offset(q.name) + static_cast<uint64_t>(q.numel) * 4);
+    }
+  const uint64_t chunk = (lo + kChecksumChunk - 1) / kChecksumChunk;  // the first whole chunk inside [lo, hi)
+  REQUIRE((chunk + 1) * kChecksumChunk <= hi);
+  const std::string original = slurp(file);
+  auto flip_at = [&](uint64_t at) {
+    std::string bytes = original;
+    bytes[at] ^= 0x04;
+    spit(file, bytes);
+  };
+  flip_at(chunk * kChecksumChunk + 4097);
+  CHECK_NOTHROW(load_stage(1, got));
+  try {
+    load_stage(0, got);
+    FAIL("stage 0 loaded a corrupt chunk");
+  } catch (const UserError& e) {
+    expect_one_line(e.what(), file.string(), "corrupt");
+    CHECK_THAT(e.what(), Contains("bytes [" + std::to_string(chunk * kChecksumChunk) + ", "));
+  }
+  flip_at(sf.file_offset("layers.3.mlp.fc.weight") + 8);
+  CHECK_THROWS_WITH(load_stage(1, got), Contains("corrupt"));
+  // The header's chunk is always verified: a flip there (in any tensor) fails
+  // every rank's load.
+  flip_at(sf.file_offset(sf.names().front()) < kChecksumChunk ? sf.file_offset(sf.names().front()) : 100);
+  CHECK_THROWS(load_stage(1, got));
+  spit(file, original);
+  // A state.json whose chunk checksums do not join to the file's checksum is refused.
+  {
+    nlohmann::json j = nlohmann::json::parse(slurp(step / "state.json"));
+    j.erase("state_checksum");
+    j.erase("format_version");
+    j["chunk_checksums"]["model.safetensors"]["crc32c"][0] = "crc32c:00000000";
+    spit(step / "state.json", j.dump(1));
+    std::vector<float> out;
+    CHECK_THROWS_WITH(load_stage(1, out), Contains("do not join"));
+  }
+  fs::remove_all(dir);
 }
