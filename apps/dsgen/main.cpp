@@ -323,7 +323,7 @@ int main(int argc, char** argv) {
   Args a;
   auto* load = app.add_option("--load", a.src.load, "Checkpoint directory (holds 'latest' and global_stepN/)");
   app.add_option("--tag", a.src.tag, "Step directory to read (default: the one 'latest' names)")->needs(load);
-  auto* hf = app.add_option("--init-from", a.src.init_from, "Hugging Face directory (config.json + model.safetensors)");
+  auto* hf = app.add_option("--init-from", a.src.init_from, "Hugging Face directory (config.json + model.safetensors or pytorch_model.bin)");
   load->excludes(hf);
   app.add_option("--tokenizer-type", a.tokenizer_type, "GPT2BPETokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, "
                  "SentencePieceTokenizer, HFTokenizer (default: the checkpoint's)");

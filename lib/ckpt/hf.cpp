@@ -14,7 +14,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -212,10 +214,14 @@ Shape hf_shape(const HfPiece& p, const Shape& ours) {
   return p.transpose ? Shape{ours[1], rows} : Shape{rows, ours[1]};
 }
 
-// The safetensors file of an HF path: the file itself or DIR/model.safetensors.
+// The weights file of an HF path: the file itself, or DIR/model.safetensors,
+// else DIR/pytorch_model.bin.
 std::string hf_weights_file(const std::string& path) {
   std::error_code ec;
-  return fs::is_directory(path, ec) ? (fs::path(path) / "model.safetensors").string() : path;
+  if (!fs::is_directory(path, ec)) return path;
+  const fs::path st = fs::path(path) / "model.safetensors", pt = fs::path(path) / "pytorch_model.bin";
+  if (fs::exists(st, ec) || !fs::exists(pt, ec)) return st.string();
+  return pt.string();
 }
 
 // Rows [row0, row0+rows) of a (R, K) matrix (or a vector), optionally transposed.
@@ -494,9 +500,43 @@ void export_hf_streamed(const ModelConfig& cfg, const ModelLayout& layout, const
   }
 }
 
+HfWeightsFile HfWeightsFile::open(const std::string& path) {
+  HfWeightsFile f;
+  f.path_ = hf_weights_file(path);
+  char magic[4] = {0, 0, 0, 0};
+  std::ifstream in(f.path_, std::ios::binary);
+  in.read(magic, 4);
+  if (in.gcount() == 4 && std::memcmp(magic, "PK\x03\x04", 4) == 0)  // a zip: torch.save's format
+    f.pt_ = std::make_shared<TorchFile>(TorchFile::open(f.path_));
+  else
+    f.st_ = std::make_shared<SafetensorsFile>(SafetensorsFile::open(f.path_));
+  return f;
+}
+
+bool HfWeightsFile::has(const std::string& name) const { return st_ ? st_->has(name) : pt_->has(name); }
+
+Shape HfWeightsFile::shape(const std::string& name) const {
+  if (st_) return st_->shape(name);
+  DS_USER_CHECK(pt_->has(name), "PyTorch file '{}' has no tensor '{}'", path_, name);
+  return pt_->tensors().at(name).shape;
+}
+
+std::string HfWeightsFile::dtype_string(const std::string& name) const {
+  if (st_) return st_->dtype_string(name);
+  DS_USER_CHECK(pt_->has(name), "PyTorch file '{}' has no tensor '{}'", path_, name);
+  static const std::map<std::string, std::string> kNames = {
+      {"Float", "F32"}, {"BFloat16", "BF16"}, {"Half", "F16"}, {"Double", "F64"}, {"Long", "I64"},
+      {"Int", "I32"},   {"Short", "I16"},     {"Char", "I8"},  {"Byte", "U8"},    {"Bool", "BOOL"}};
+  const std::string& t = pt_->tensors().at(name).dtype_name;
+  const auto it = kNames.find(t);
+  return it == kNames.end() ? t : it->second;
+}
+
+Tensor HfWeightsFile::get(const std::string& name) const { return st_ ? st_->get(name) : pt_->get(name); }
+
 namespace {
 
-void check_hf_tensors(const ModelConfig& cfg, const ModelLayout& layout, const SafetensorsFile& sf,
+void check_hf_tensors(const ModelConfig& cfg, const ModelLayout& layout, const HfWeightsFile& sf,
                       const std::string& config_from) {
   const std::string& file = sf.path();
   for (const HfPiece& p : hf_map(model_dims(cfg), "--init-from (Hugging Face weights)")) {
@@ -516,11 +556,11 @@ void check_hf_tensors(const ModelConfig& cfg, const ModelLayout& layout, const S
 
 void check_hf_weights(const ModelConfig& cfg, const ModelLayout& layout, const std::string& path,
                       const std::string& config_from) {
-  check_hf_tensors(cfg, layout, SafetensorsFile::open(hf_weights_file(path)), config_from);
+  check_hf_tensors(cfg, layout, HfWeightsFile::open(path), config_from);
 }
 
 HfShardReader::HfShardReader(const ModelConfig& cfg, const ModelLayout& full, const std::string& path)
-    : sf_(SafetensorsFile::open(hf_weights_file(path))),
+    : sf_(HfWeightsFile::open(path)),
       pieces_(hf_map(model_dims(cfg), "--init-from (Hugging Face weights)")) {
   check_hf_tensors(cfg, full, sf_, "the model config");  // every name, shape and dtype, before any allocation
 }

@@ -4,12 +4,14 @@
 // writes the real vocabulary rows only; import zero-fills the padded rows.
 #pragma once
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "lib/ckpt/safetensors.h"
 #include "lib/ckpt/step_tokenizer.h"
+#include "lib/ckpt/torch_file.h"
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
 #include "lib/model/model_config.h"
@@ -70,13 +72,32 @@ struct HfPiece {
 // layout `local` of that model (its tp rank, stage, expert-parallel rank),
 // reading only the HF tensors that hold some of its elements, one at a time
 // (converted to f32), so that a rank never holds the whole model.
+// Hugging Face weights in either format transformers saves: model.safetensors,
+// or pytorch_model.bin (PyTorch's zip format, read without executing
+// anything: torch_file.h). open() takes a file (told apart by its first
+// bytes) or a directory holding one of the two (model.safetensors first).
+class HfWeightsFile {
+ public:
+  static HfWeightsFile open(const std::string& path);
+  bool has(const std::string& name) const;
+  Shape shape(const std::string& name) const;
+  std::string dtype_string(const std::string& name) const;  // safetensors' spelling: "F32", "BF16", "F16", ...
+  Tensor get(const std::string& name) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::shared_ptr<SafetensorsFile> st_;
+  std::shared_ptr<TorchFile> pt_;
+  std::string path_;
+};
+
 class HfShardReader {
  public:
   HfShardReader(const ModelConfig& cfg, const ModelLayout& full, const std::string& path);
   void read(const ModelLayout& local, int64_t begin, int64_t end, float* out) const;
 
  private:
-  SafetensorsFile sf_;
+  HfWeightsFile sf_;
   std::vector<HfPiece> pieces_;
 };
 

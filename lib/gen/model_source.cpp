@@ -142,19 +142,20 @@ nlohmann::json read_json_file(const fs::path& p, const std::string& flag) {
 
 LoadedModel load_hf_model(const ModelSource& src, int tp) {
   const fs::path dir(src.init_from);
-  DS_USER_CHECK(fs::is_directory(dir), "--init-from {}: not a directory (expected config.json + model.safetensors)",
-                src.init_from);
-  DS_USER_CHECK(fs::exists(dir / "model.safetensors"), "--init-from {}: no model.safetensors there (sharded "
-                "checkpoints with model.safetensors.index.json are not supported)", src.init_from);
+  DS_USER_CHECK(fs::is_directory(dir), "--init-from {}: not a directory (expected config.json + model.safetensors "
+                "or pytorch_model.bin)", src.init_from);
+  DS_USER_CHECK(fs::exists(dir / "model.safetensors") || fs::exists(dir / "pytorch_model.bin"),
+                "--init-from {}: no model.safetensors or pytorch_model.bin there (sharded checkpoints with an "
+                "index.json are not supported)", src.init_from);
   const fs::path cfg_file = dir / "config.json";
   const nlohmann::json j = read_json_file(cfg_file, "--init-from");
   LoadedModel m;
   m.model = model_config_from_hf(j, cfg_file.string(), tp);
   m.full = build_layout(m.model);
   // config.json against the shapes the safetensors header declares, before the model is allocated.
-  check_hf_weights(m.model, m.full, (dir / "model.safetensors").string(), "'" + cfg_file.string() + "'");
+  check_hf_weights(m.model, m.full, dir.string(), "'" + cfg_file.string() + "'");
   m.params = Tensor::zeros({m.full.total}, DType::F32);
-  import_hf(m.model, m.full, m.params, (dir / "model.safetensors").string());
+  import_hf(m.model, m.full, m.params, dir.string());
   m.where = src.init_from;
   if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) m.eos_id = j["eos_token_id"].get<int>();
   // Tokenizer files saved beside the model (transformers' save_pretrained).

@@ -2,7 +2,7 @@
 """Loads a dstrain Hugging Face export with transformers and checks that its
 next-token loss on the probe's token sequence equals dstrain's (hf_probe).
 Exit 77 (skip) when transformers is not importable."""
-import subprocess, sys, tempfile
+import os, subprocess, sys, tempfile
 
 try:
     import torch
@@ -54,4 +54,27 @@ with tempfile.TemporaryDirectory() as d:
     if rel > 1e-4:
         print("FAIL: a transformers Mixtral read by dstrain does not reproduce its loss")
         sys.exit(1)
-print(f"hf interop: {len(kinds) + 1} passed, 0 failed")
+# pytorch_model.bin (PyTorch's zip format): a tiny LLaMA and a GPT-2 saved by
+# transformers without safetensors, read by dstrain's restricted reader.
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+torch.manual_seed(4)
+bins = {"llama": LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                              tie_word_embeddings=False)).eval(),
+        "gpt2": GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=64)).eval()}
+for name, model in bins.items():
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d + "/hf", safe_serialization=False)
+        if not os.path.exists(d + "/hf/pytorch_model.bin"):
+            print(f"FAIL: {name}: transformers wrote no pytorch_model.bin")
+            sys.exit(1)
+        ours = float(subprocess.check_output([probe, "import", d + "/hf"]).decode())
+        ids = torch.tensor([[(t * 7919 + 13) % 300 for t in range(32)]])
+        with torch.no_grad():
+            theirs = float(model(ids, labels=ids).loss)
+        rel = abs(ours - theirs) / abs(theirs)
+        print(f"{name} pytorch_model.bin import: dstrain {ours:.7f} transformers {theirs:.7f} rel {rel:.2e}")
+        if rel > 1e-4:
+            print(f"FAIL: a transformers {name} saved as pytorch_model.bin, read by dstrain, does not reproduce its loss")
+            sys.exit(1)
+print(f"hf interop: {len(kinds) + 1 + len(bins)} passed, 0 failed")
