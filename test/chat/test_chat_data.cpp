@@ -1,0 +1,95 @@
+// DeepSpeed-Chat's data phases (lib/chat/data_split.h) against numpy and
+// Python themselves: test/chat/split_ref.py runs DeepSpeed-Chat's split
+// arithmetic and numpy's legacy RandomState(seed).shuffle for many seeds,
+// sizes (including the sizes where Python's round() meets a half and the
+// boundaries shift) and splits, and every phase's indices must be the same,
+// in the same order. Bad --data_split values are one line. Skips when
+// /usr/bin/python3 cannot import numpy.
+#include <catch2/catch.hpp>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "lib/chat/data_split.h"
+#include "lib/core/error.h"
+#include "test/skip.h"
+
+using namespace ds;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// Runs split_ref.py on `cases`; returns its exit code, and its lines in `out`.
+int reference(const std::vector<std::string>& cases, std::vector<std::string>& out) {
+  const char* src = std::getenv("DS_SOURCE_DIR");
+  std::string cmd = "/usr/bin/python3 " + std::string(src ? src : ".") + "/test/chat/split_ref.py";
+  for (const std::string& c : cases) cmd += " '" + c + "'";
+  std::unique_ptr<FILE, int (*)(FILE*)> p(::popen((cmd + " 2>&1").c_str(), "r"), ::pclose);
+  REQUIRE(p);
+  std::string text;
+  char buf[65536];
+  for (size_t k; (k = std::fread(buf, 1, sizeof buf, p.get())) > 0;) text.append(buf, k);
+  const int st = ::pclose(p.release());
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+}  // namespace
+
+TEST_CASE("DeepSpeed-Chat's phases: the same examples, in the same order, as numpy and Python give") {
+  struct Case {
+    uint32_t seed;
+    int64_t n;
+    std::string split;
+  };
+  std::vector<Case> cases;
+  for (uint32_t seed : {0u, 1u, 42u, 1234u, 4294967295u})
+    for (int64_t n : {1, 2, 3, 10, 17, 100, 1001, 50000})
+      for (const char* split : {"2,4,4", "10,0,0", "6,2,2", "1,1,1", "0.5,0.25,0.25"}) cases.push_back({seed, n, split});
+  cases.push_back({7, 5, "1,1"});        // 2.5 rounds to 2, the other to 2: shifted by one
+  cases.push_back({7, 7, "1,1,1,1"});    // quarters of 7: 1.75 each, rounded up, shifted back
+  cases.push_back({9, 300000, "3,3,4"});  // a larger permutation (rejection sampling over wider masks)
+  std::vector<std::string> args;
+  for (const Case& c : cases) {
+    std::string s = c.split;
+    for (char& ch : s)
+      if (ch == ',') ch = ';';
+    const int parts = static_cast<int>(chat::parse_data_split(c.split, "--data_split").size());
+    for (int phase = 0; phase < parts; ++phase)
+      args.push_back(std::to_string(c.seed) + ":" + std::to_string(c.n) + ":" + s + ":" + std::to_string(phase));
+  }
+  std::vector<std::string> want;
+  const int rc = reference(args, want);
+  if (rc == 77) DS_SKIP((want.empty() ? std::string("no numpy") : want[0]));
+  REQUIRE(rc == 0);
+  REQUIRE(want.size() == args.size());
+  size_t k = 0;
+  for (const Case& c : cases) {
+    const std::vector<double> w = chat::parse_data_split(c.split, "--data_split");
+    for (int phase = 0; phase < static_cast<int>(w.size()); ++phase, ++k) {
+      INFO(args[k]);
+      std::ostringstream got;
+      const std::vector<int64_t> idx = chat::phase_indices(w, phase, c.seed, c.n);
+      for (size_t i = 0; i < idx.size(); ++i) got << (i ? " " : "") << idx[i];
+      REQUIRE(got.str() == want[k]);
+    }
+  }
+}
+
+TEST_CASE("--data_split values that are not weights are one line naming them") {
+  for (const char* bad : {"", "2,,4", "2,4,x", "-1,2", "0,0,0", "nan,1", "inf,1", "2;4;4"}) {
+    INFO(bad);
+    try {
+      chat::parse_data_split(bad, "--data_split");
+      FAIL("accepted");
+    } catch (const UserError& e) {
+      CHECK_THAT(e.what(), Contains("--data_split '" + std::string(bad) + "'"));
+      CHECK(std::string(e.what()).find('\n') == std::string::npos);
+    }
+  }
+  CHECK(chat::parse_data_split("2,4,4", "x") == std::vector<double>{2, 4, 4});
+  CHECK(chat::split_boundaries({2, 4, 4}, 10) == std::vector<int64_t>{0, 2, 6, 10});
+}
