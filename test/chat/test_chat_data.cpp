@@ -9,10 +9,13 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <sstream>
 
 #include "lib/chat/data_split.h"
+#include "lib/chat/pairs.h"
 #include "lib/core/error.h"
 #include "test/skip.h"
 
@@ -92,4 +95,52 @@ TEST_CASE("--data_split values that are not weights are one line naming them") {
   }
   CHECK(chat::parse_data_split("2,4,4", "x") == std::vector<double>{2, 4, 4});
   CHECK(chat::split_boundaries({2, 4, 4}, 10) == std::vector<int64_t>{0, 2, 6, 10});
+}
+
+TEST_CASE("local/jsonfile examples: JSON Lines or an array; texts as DeepSpeed-Chat builds them") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dstrain_chatpairs_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto write = [&](const char* name, const std::string& text) {
+    std::ofstream(dir / name, std::ios::binary) << text;
+    return (dir / name).string();
+  };
+  const std::string lines = write("train.json",
+                                  "{\"prompt\": \"Human: hi Assistant:\", \"chosen\": \"hello\", \"rejected\": \"go away\"}\n"
+                                  "\n"
+                                  "{\"prompt\": \"Human: q\", \"chosen\": null, \"rejected\": \"r\", \"extra\": [1, 2]}\r\n"
+                                  "{\"chosen\": \"only\"}");
+  const std::vector<chat::ChatExample> ex = chat::read_pair_file(lines);
+  REQUIRE(ex.size() == 3);
+  CHECK(chat::prompt_text(ex[0]) == std::optional<std::string>(" Human: hi Assistant:"));
+  CHECK(chat::chosen_text(ex[0]) == std::optional<std::string>(" hello"));
+  CHECK(chat::rejected_text(ex[0]) == std::optional<std::string>(" go away"));
+  CHECK(chat::prompt_and_chosen(ex[0]) == std::optional<std::string>(" Human: hi Assistant: hello"));
+  CHECK(chat::prompt_and_rejected(ex[0]) == std::optional<std::string>(" Human: hi Assistant: go away"));
+  CHECK_FALSE(chat::prompt_and_chosen(ex[1]).has_value());  // chosen null: DeepSpeed-Chat skips it
+  CHECK(chat::prompt_and_rejected(ex[1]) == std::optional<std::string>(" Human: q r"));
+  CHECK_FALSE(chat::prompt_text(ex[2]).has_value());
+  const std::string array = write("eval.json", "  [{\"prompt\": \"a\", \"chosen\": \"b\"}, {\"prompt\": \"c\"}]");
+  const std::vector<chat::ChatExample> ev = chat::read_pair_file(array);
+  REQUIRE(ev.size() == 2);
+  CHECK(chat::prompt_and_chosen(ev[0]) == std::optional<std::string>(" a b"));
+  struct Bad {
+    const char* text;
+    const char* says;
+  };
+  for (const Bad& b : {Bad{"{\"prompt\": 3}", "line 1: field 'prompt' is number"},
+                       Bad{"{\"prompt\": \"a\"}\n[1]", "line 2: expected a JSON object"},
+                       Bad{"{\"prompt\": \"a\"\n", "line 1"}, Bad{"[{\"chosen\": {}}]", "element 0: field 'chosen'"}}) {
+    INFO(b.text);
+    const std::string f = write("bad.json", b.text);
+    try {
+      chat::read_pair_file(f);
+      FAIL("accepted");
+    } catch (const UserError& e) {
+      CHECK_THAT(e.what(), Contains(f) && Contains(b.says));
+      CHECK(std::string(e.what()).find('\n') == std::string::npos);
+    }
+  }
+  CHECK_THROWS_WITH(chat::read_pair_file((dir / "missing.json").string()), Contains("missing.json"));
+  fs::remove_all(dir);
 }
