@@ -10,7 +10,37 @@ except ImportError:
     print("SKIP: numpy is not importable by", sys.executable)
     sys.exit(77)
 
+def split_index(seed, size, data_split, phase):
+    splits = [float(s) for s in data_split.split(",")]
+    splits_sum = sum(splits)
+    splits = [split / splits_sum for split in splits]
+    splits_index = [0]
+    for index, split in enumerate(splits):
+        splits_index.append(splits_index[index] + int(round(split * float(size))))
+    diff = splits_index[-1] - size
+    for index in range(1, len(splits_index)):
+        splits_index[index] -= diff
+    rng = np.random.RandomState(seed=seed)
+    idx = np.arange(start=0, stop=size, step=1, dtype=np.uint32)
+    rng.shuffle(idx)
+    return idx[splits_index[phase]:splits_index[phase + 1]].tolist()
+
+
 for case in sys.argv[1:]:
+    if case.startswith("blend:"):  # blend:seed:split:phase(1-based):n1;n2;... -> "d.i" of the blended order
+        _, seed, data_split, phase, sizes = case.split(":")
+        seed, phase = int(seed), int(phase)
+        data_split = data_split.replace(";", ",")
+        parts = []
+        for d, n in enumerate(int(v) for v in sizes.split(";")):
+            parts += [f"{d}.{i}" for i in split_index(seed, n, data_split, phase - 1)]
+        if len(sizes.split(";")) > 1:  # create_prompt_dataset shuffles only a blend
+            rng = np.random.RandomState(seed=seed)
+            order = np.arange(start=0, stop=len(parts), step=1, dtype=np.uint32)
+            rng.shuffle(order)
+            parts = [parts[int(k)] for k in order]
+        print(" ".join(parts))
+        continue
     seed, size, data_split, phase = case.split(":")
     seed, size, phase = int(seed), int(size), int(phase)
     data_split = data_split.replace(";", ",")

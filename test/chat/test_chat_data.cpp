@@ -16,6 +16,7 @@
 
 #include "lib/chat/data_split.h"
 #include "lib/chat/pairs.h"
+#include "lib/chat/phase_data.h"
 #include "lib/core/error.h"
 #include "test/skip.h"
 
@@ -143,4 +144,65 @@ TEST_CASE("local/jsonfile examples: JSON Lines or an array; texts as DeepSpeed-C
   }
   CHECK_THROWS_WITH(chat::read_pair_file((dir / "missing.json").string()), Contains("missing.json"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("a step's examples: each dataset split, several blended, as DeepSpeed-Chat's create_prompt_dataset") {
+  struct Case {
+    uint32_t seed;
+    std::string split;
+    int phase;
+    std::vector<int64_t> sizes;
+  };
+  const std::vector<Case> cases = {{1234, "2,4,4", 1, {50}},          {1234, "2,4,4", 2, {50, 31}},
+                                   {7, "10,0,0", 1, {13, 200, 9}},    {42, "6,2,2", 3, {1000, 1}},
+                                   {4294967295u, "1,1", 2, {17, 17}}};
+  std::vector<std::string> args;
+  for (const Case& c : cases) {
+    std::string split = c.split, sizes;
+    for (char& ch : split)
+      if (ch == ',') ch = ';';
+    for (int64_t n : c.sizes) {
+      if (!sizes.empty()) sizes += ';';
+      sizes += std::to_string(n);
+    }
+    args.push_back("blend:" + std::to_string(c.seed) + ":" + split + ":" + std::to_string(c.phase) + ":" + sizes);
+  }
+  std::vector<std::string> want;
+  const int rc = reference(args, want);
+  if (rc == 77) DS_SKIP((want.empty() ? std::string("no numpy") : want[0]));
+  REQUIRE(rc == 0);
+  REQUIRE(want.size() == cases.size());
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    INFO(args[k]);
+    std::vector<chat::PhaseExamples> parts;
+    for (size_t d = 0; d < c.sizes.size(); ++d) {
+      std::vector<chat::ChatExample> train(static_cast<size_t>(c.sizes[d]));
+      for (size_t i = 0; i < train.size(); ++i) train[i].prompt = std::to_string(d) + "." + std::to_string(i);
+      parts.push_back(chat::phase_examples(train, train, chat::parse_data_split(c.split, "x"), c.phase, c.seed));
+    }
+    const chat::PhaseExamples got = chat::blend(parts, c.seed);
+    std::string line;
+    for (const chat::ChatExample& e : got.train) line += (line.empty() ? "" : " ") + *e.prompt;
+    CHECK(line == want[k]);
+    std::string eval_line;  // eval is split and blended the same way (here the same examples)
+    for (const chat::ChatExample& e : got.eval) eval_line += (eval_line.empty() ? "" : " ") + *e.prompt;
+    CHECK(eval_line == want[k]);
+  }
+}
+
+TEST_CASE("local/jsonfile is found in data/ of the working directory, its parent or grandparent") {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("dstrain_chatroot_" + std::to_string(::getpid()));
+  const fs::path step = root / "training" / "step1_supervised_finetuning";
+  fs::create_directories(step);
+  CHECK_THROWS_WITH(chat::find_local_jsonfile_dir(step.string()),
+                    Contains("no data/train.json and data/eval.json in " + (step / "data").string()));
+  fs::create_directories(root / "data");
+  std::ofstream(root / "data" / "train.json") << "{}\n";
+  CHECK_THROWS(chat::find_local_jsonfile_dir(step.string()));  // eval.json missing
+  std::ofstream(root / "data" / "eval.json") << "{}\n";
+  CHECK(chat::find_local_jsonfile_dir(step.string()) == root.string());
+  CHECK(chat::find_local_jsonfile_dir(root.string()) == root.string());
+  fs::remove_all(root);
 }
