@@ -35,11 +35,19 @@ SavedStep open_saved_step(const std::string& step_dir, const ModelConfig& model)
   return open_saved_step(step_dir, read_step_state(step_dir), model);
 }
 
+namespace {
+
+// The value at `pointer` of the config a checkpoint was saved with (null when
+// it is absent or no config was saved).
+nlohmann::json saved_config(const StepState& state, const char* pointer) {
+  return state.config.is_object() ? state.config.value(nlohmann::json::json_pointer(pointer), nlohmann::json())
+                                  : nlohmann::json();
+}
+
+}  // namespace
+
 void check_saved_vocab(const StepState& state, const ModelConfig& model, const std::string& where) {
-  auto saved = [&](const char* pointer) {
-    return state.config.is_object() ? state.config.value(nlohmann::json::json_pointer(pointer), nlohmann::json())
-                                    : nlohmann::json();
-  };
+  auto saved = [&](const char* pointer) { return saved_config(state, pointer); };
   const nlohmann::json v = saved("/model/vocab_size");
   DS_USER_CHECK(!(v.is_number_integer() && model.vocab_size > 0 && v.get<int64_t>() != model.vocab_size),
                 "checkpoint '{}' was trained with a vocabulary of {} tokens, the configured tokenizer has {} "
@@ -60,9 +68,7 @@ void check_saved_vocab(const StepState& state, const ModelConfig& model, const s
 }
 
 bool saved_expert_tp(const StepState& state) {
-  if (!state.config.is_object()) return false;
-  const nlohmann::json v =
-      state.config.value(nlohmann::json::json_pointer("/model/moe/expert_tensor_parallelism"), nlohmann::json());
+  const nlohmann::json v = saved_config(state, "/model/moe/expert_tensor_parallelism");
   return v.is_boolean() && v.get<bool>();
 }
 
