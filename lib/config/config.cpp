@@ -268,6 +268,13 @@ json optimizer_json(const OptimizerConfig& o) {
 }
 
 json scheduler_json(const OptimizerConfig& o) {
+  if (o.scheduler == LrScheduler::Transformers) {  // dschat's (not a DeepSpeed type: never read back)
+    const char* name = "";
+    for (const auto& [k, n] : kHfScheduleNames)
+      if (k == o.hf_schedule) name = n;
+    return {{"type", "transformers"},
+            {"params", {{"name", name}, {"num_warmup_steps", o.warmup_iters}, {"num_training_steps", o.decay_iters}}}};
+  }
   if (o.scheduler == LrScheduler::LRRangeTest) {
     const LrRangeTestParams& r = o.range_test;
     return {{"type", lr_scheduler_name(o.scheduler)},

@@ -171,6 +171,37 @@ double deepspeed_lr(const OptimizerConfig& o, int64_t it, int64_t train_iters) {
   return min_lr + (max_lr - min_lr) * gamma;
 }
 
+// transformers' get_scheduler lambdas (optimization.py) at LambdaLR step
+// `step` (the applied optimizer steps so far).
+double hf_lambda(const OptimizerConfig& o, int64_t step) {
+  const double s = static_cast<double>(step), warmup = static_cast<double>(o.warmup_iters),
+               total = static_cast<double>(o.decay_iters);
+  const bool warming = step < o.warmup_iters;
+  const double warm = s / std::max(1.0, warmup);
+  const double progress = (s - warmup) / std::max(1.0, total - warmup);
+  switch (o.hf_schedule) {
+    case HfSchedule::Constant: return 1.0;
+    case HfSchedule::ConstantWithWarmup: return warming ? warm : 1.0;
+    case HfSchedule::Linear: return warming ? warm : std::max(0.0, (total - s) / std::max(1.0, total - warmup));
+    case HfSchedule::Cosine: return warming ? warm : std::max(0.0, 0.5 * (1.0 + std::cos(kPi * 0.5 * 2.0 * progress)));
+    case HfSchedule::CosineWithRestarts:
+      if (warming) return warm;
+      if (progress >= 1.0) return 0.0;
+      return std::max(0.0, 0.5 * (1.0 + std::cos(kPi * std::fmod(1.0 * progress, 1.0))));
+    case HfSchedule::Polynomial: {
+      constexpr double kLrEnd = 1e-7, kPower = 1.0;
+      const double lr_init = o.lr;
+      if (warming) return warm;
+      // (transformers divides by zero at step == total when warmup == total;
+      // dschat refuses that schedule)
+      if (step > o.decay_iters || o.decay_iters <= o.warmup_iters) return kLrEnd / lr_init;
+      const double remaining = 1.0 - (s - warmup) / (total - warmup);
+      return ((lr_init - kLrEnd) * std::pow(remaining, kPower) + kLrEnd) / lr_init;
+    }
+  }
+  return 1.0;
+}
+
 // Megatron-DeepSpeed's OptimizerParamScheduler.get_lr on the clock: warmup
 // and decay each count samples, or tokens where a token length is given.
 double megatron_clock_lr(const OptimizerConfig& o, const LrClock& c) {
@@ -214,6 +245,7 @@ double megatron_clock_lr(const OptimizerConfig& o, const LrClock& c) {
 }  // namespace
 
 float lr_at(const OptimizerConfig& o, const LrClock& clock) {
+  if (o.scheduler == LrScheduler::Transformers) return static_cast<float>(o.lr * hf_lambda(o, clock.steps));
   if (o.scheduler != LrScheduler::Megatron) return lr_at(o, clock.steps, o.decay_iters);
   return static_cast<float>(megatron_clock_lr(o, clock));
 }
@@ -233,6 +265,7 @@ void advance_lr_clock(const OptimizerConfig& o, LrClock& clock, int64_t samples,
 
 float lr_at(const OptimizerConfig& o, int64_t iteration, int64_t train_iters) {
   if (o.scheduler == LrScheduler::Megatron) return static_cast<float>(megatron_lr(o, iteration, train_iters));
+  if (o.scheduler == LrScheduler::Transformers) return static_cast<float>(o.lr * hf_lambda(o, iteration));
   return static_cast<float>(deepspeed_lr(o, iteration - 1, train_iters));
 }
 

@@ -37,7 +37,11 @@ struct LrRangeTestParams {
 
 // The learning-rate schedule: Megatron's (the training.lr_* keys, no
 // DeepSpeed "scheduler" section) or one of DeepSpeed's scheduler types.
-enum class LrScheduler : uint8_t { Megatron, WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest };
+// Transformers: transformers' get_scheduler (DeepSpeed-Chat's
+// --lr_scheduler_type), a LambdaLR stepped once per applied optimizer step.
+enum class LrScheduler : uint8_t {
+  Megatron, WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest, Transformers
+};
 // DeepSpeed's type names, as scheduler.type spells them (Megatron: "").
 inline constexpr std::pair<LrScheduler, const char*> kLrSchedulerNames[] = {
     {LrScheduler::WarmupLR, "WarmupLR"},       {LrScheduler::WarmupDecayLR, "WarmupDecayLR"},
@@ -48,6 +52,17 @@ inline const char* lr_scheduler_name(LrScheduler s) {
     if (k == s) return name;
   return "";
 }
+
+// transformers' schedule names: lr x lambda(step), warmup_iters of linear
+// warmup from 0, then over decay_iters (num_training_steps) in total:
+// linear to 0, half a cosine to 0, one cosine cycle restarting (num_cycles
+// 1), polynomial to lr_end 1e-7 (power 1), or constant (with or without the
+// warmup).
+enum class HfSchedule : uint8_t { Linear, Cosine, CosineWithRestarts, Polynomial, Constant, ConstantWithWarmup };
+inline constexpr std::pair<HfSchedule, const char*> kHfScheduleNames[] = {
+    {HfSchedule::Linear, "linear"},     {HfSchedule::Cosine, "cosine"},
+    {HfSchedule::CosineWithRestarts, "cosine_with_restarts"}, {HfSchedule::Polynomial, "polynomial"},
+    {HfSchedule::Constant, "constant"}, {HfSchedule::ConstantWithWarmup, "constant_with_warmup"}};
 
 struct OptimizerConfig {
   OptimizerSpec spec;  // optimizer.type and the keys of that optimizer alone
@@ -63,6 +78,7 @@ struct OptimizerConfig {
   float cos_min_ratio = 0.0001f;    // WarmupCosineLR: cosine ends at ratio * lr
   OneCycleParams one_cycle;
   LrRangeTestParams range_test;
+  HfSchedule hf_schedule = HfSchedule::Cosine;  // LrScheduler::Transformers
   // Megatron's schedule in the units Megatron counts (resolved by lib/train
   // from iterations x global batch, or from sample / token counts): warmup and
   // decay lengths in samples, and optionally in tokens (Megatron-DeepSpeed's
