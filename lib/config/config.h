@@ -179,6 +179,10 @@ struct TrainConfig {
 // (DP = world / (tp * pp)). Throws ds::UserError with one clear line on any bad input.
 TrainConfig parse_train_config(int argc, char** argv, int world_size);
 
+// The effective config in the input layout (re-parsable by
+// train_config_from_json; what checkpoints save as `resolved`).
+nlohmann::json config_to_json(const TrainConfig& cfg);
+
 // The same from an already merged JSON document (a config file, or the
 // `resolved` JSON saved in a checkpoint). Re-parsing `resolved` gives it back.
 TrainConfig train_config_from_json(const nlohmann::json& j, int world_size);

@@ -100,8 +100,6 @@ void read_config_json(const nlohmann::json& j, TrainConfig& cfg, Warnings& w);
 void derive_config(TrainConfig& cfg, int world_size, Warnings& w);
 // Cross-field checks; each failure is one UserError naming fields and values.
 void validate_config(const TrainConfig& cfg, int world_size, Warnings& w);
-// The effective config in the input layout (re-parsable).
-nlohmann::json config_to_json(const TrainConfig& cfg);
 
 // Case-insensitive lookup of a string value among named choices.
 template <class E>

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "lib/core/device_runtime.h"
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
 #include "lib/core/log.h"
@@ -30,7 +29,7 @@ std::unique_ptr<data::BlendedDataset> blend(const std::vector<const data::GptDat
 }  // namespace
 
 DataPipeline::DataPipeline(const TrainConfig& cfg, Device dev)
-    : B_(cfg.batch.micro_batch_size), T_(cfg.model.seq_length), seed_(cfg.seed), dev_(dev) {
+    : BatchSource(dev), B_(cfg.batch.micro_batch_size), T_(cfg.model.seq_length), seed_(cfg.seed) {
   const DataConfig& d = cfg.data;
   const int64_t V = cfg.model.vocab_size;
   DS_USER_CHECK(!d.data_path.empty() || !d.train_data_path.empty(),
@@ -99,18 +98,6 @@ int64_t DataPipeline::train_samples_per_epoch() const {
   return n;
 }
 
-// GPU: an asynchronous copy through pinned staging memory, so feeding a
-// micro-batch does not wait for the device (docs/distributed.md, host
-// synchronisations per step).
-Tensor DataPipeline::upload(const Tensor& host) const {
-  if (dev_.is_cuda()) {  // without blocking the host (a pageable copy would wait for the device)
-    Tensor t = Tensor::empty(host.shape(), host.dtype(), dev_);
-    device_runtime(dev_).upload_async(t.raw(), host.raw(), host.nbytes());
-    return t;
-  }
-  return host.to(dev_);
-}
-
 MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen) {
   DS_CHECK(seqlen >= 0 && seqlen <= T_, "train_batch: seqlen {} outside [0, {}]", seqlen, T_);
   const int64_t L = seqlen > 0 ? seqlen : T_;  // positions kept per sample
@@ -122,13 +109,6 @@ MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, in
     std::copy_n(row + 1, L, tgt.data<int32_t>() + b * L);
   }
   return {.tokens = tok, .targets = tgt, .first_sample = first, .step_key = {}};
-}
-
-MicroBatch DataPipeline::to_device(MicroBatch mb) const {
-  if (dev_.is_cpu()) return mb;
-  mb.tokens = upload(mb.tokens);
-  mb.targets = upload(mb.targets);
-  return mb;
 }
 
 MicroBatch DataPipeline::train_batch(int64_t consumed, int micro, int dp_rank, int dp, int64_t seqlen) {

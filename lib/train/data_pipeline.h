@@ -14,11 +14,12 @@
 #include "lib/data/gpt_dataset.h"
 #include "lib/data/indexed_dataset.h"
 #include "lib/runtime/micro_batch.h"
+#include "lib/train/batch_source.h"
 
 namespace ds {
 
 
-class DataPipeline {
+class DataPipeline final : public BatchSource {
  public:
   // Throws UserError for a missing/corrupt dataset, a split too small to hold
   // one sample, or tokens outside the vocabulary.
@@ -29,15 +30,12 @@ class DataPipeline {
   // host memory. seqlen (1..seq_length; 0 = all): keep the first seqlen
   // tokens and targets of every sample (a sequence-length curriculum, as
   // Megatron's get_batch).
-  MicroBatch train_batch(int64_t consumed, int micro, int dp_rank, int dp, int64_t seqlen = 0);
+  MicroBatch train_batch(int64_t consumed, int micro, int dp_rank, int dp, int64_t seqlen = 0) override;
   // Validation batches are taken from the start of the valid split each time.
-  MicroBatch valid_batch(int64_t first_sample, int dp_rank, int dp);
-  // A host micro-batch on the model's device; on a GPU through pinned
-  // staging, without blocking the host.
-  MicroBatch to_device(MicroBatch mb) const;
-  bool has_valid() const { return valid_ != nullptr; }
+  MicroBatch valid_batch(int64_t first_sample, int dp_rank, int dp) override;
+  bool has_valid() const override { return valid_ != nullptr; }
   // Samples per epoch summed over the blended training datasets.
-  int64_t train_samples_per_epoch() const;
+  int64_t train_samples_per_epoch() const override;
   int64_t max_token() const { return max_token_; }
 
  private:
@@ -46,11 +44,9 @@ class DataPipeline {
   // A GptDataset over `range` of `file`, kept alive by this object.
   const data::GptDataset* part(const data::IndexedDataset& file, data::DocRange range, const std::string& name);
   MicroBatch fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen);
-  Tensor upload(const Tensor& host) const;  // host (B, L) -> the device, without blocking the host
 
   int64_t B_, T_;
   uint64_t seed_;
-  Device dev_;
   std::vector<std::pair<std::string, std::unique_ptr<data::IndexedDataset>>> files_;
   std::vector<std::unique_ptr<data::GptDataset>> parts_;
   std::unique_ptr<data::BlendedDataset> train_, valid_;

@@ -46,14 +46,15 @@ std::vector<int> expert_blocks(const std::vector<int>& experts_per_layer, int ep
 
 }  // namespace
 
-Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank)
+Trainer::Trainer(const TrainConfig& cfg, Comms& comms, int local_rank, std::unique_ptr<BatchSource> data)
     : cfg_(cfg), comms_(comms), local_rank_(local_rank), start_(std::chrono::steady_clock::now()) {
   setup_device_and_precision();
   resolve_vocab(cfg_);
   check_inputs_and_outputs();
-  data_ = std::make_unique<DataPipeline>(cfg_, dev_);
+  data_ = data ? std::move(data) : std::make_unique<DataPipeline>(cfg_, dev_);
   build_model_and_optimizer();
   load_or_init();
+  first_iteration_ = state_.iteration;
   if (state_.consumed_tokens < 0) state_.consumed_tokens = state_.consumed_samples * cfg_.model.seq_length;
   seqlen_ = cfg_.model.seq_length;
   if (cfg_.curriculum.enabled) {
@@ -857,6 +858,12 @@ double Trainer::evaluate() {
   return from_last_stage(dp_mean(sum / static_cast<double>(n)));
 }
 
+double Trainer::forward_loss(const MicroBatch& host) {
+  runner_->release("evaluation", state_.iteration);
+  heartbeat_.beat_if_started();
+  return from_last_stage(passes_->forward_only([&](int) { return data_->to_device(local_batch(host)); }, 1));
+}
+
 double Trainer::from_last_stage(double v) {
   if (shard_.pp == 1) return v;
   return comms_.pp->broadcast_scalar(v, dev_, shard_.pp - 1);
@@ -977,10 +984,41 @@ bool Trainer::signalled() {
   return got > 0;
 }
 
+float Trainer::iterate() {
+  auto t0 = std::chrono::steady_clock::now();
+  // --profile: the run's second step (the first allocates and warms up), or
+  // its only one.
+  // --cuda-graph: the first replay after the capture (warm-up steps, then
+  // the captured one), if the run is that long.
+  const int64_t first = first_iteration_;
+  const int64_t profiled = cfg_.cuda_graph && cfg_.train_iters - first > cfg_.cuda_graph_warmup + 1
+                               ? first + cfg_.cuda_graph_warmup + 1
+                               : first + 1;
+  const bool profile = cfg_.log.profile && (state_.iteration == profiled ||
+                                            (state_.iteration == first && cfg_.train_iters - first == 1));
+  float loss = profile ? profiled_step() : train_step();
+  heartbeat_.beat();  // the first one opts in: start-up and the first step are not judged
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  window_ms_ += ms;
+  ++window_n_;
+  if (profile_.record(ms)) {  // an autotuning experiment ends at its last profile step
+    profile_.write(*comms_.world, dev_, {cfg_.batch.train_batch_size, cfg_.model.seq_length, flops_per_token_});
+    autotune_done_ = true;
+    return loss;
+  }
+  const bool log_line =
+      state_.iteration % cfg_.log.log_interval == 0 || state_.iteration == cfg_.train_iters || !tokens_left();
+  tensorboard_iteration(loss, log_line, window_ms_ / window_n_);
+  if (log_line) {
+    log_iteration(loss, last_grad_norm_, window_ms_ / window_n_);
+    window_ms_ = 0;
+    window_n_ = 0;
+  }
+  return loss;
+}
+
 std::vector<float> Trainer::run() {
   std::vector<float> losses;
-  double window_ms = 0;
-  int64_t window_n = 0;
   // 0 iterations is only meaningful as an export of the initial or loaded weights.
   DS_USER_CHECK(cfg_.train_iters > 0 || !cfg_.ckpt.export_hf.empty(),
                 "training would run 0 iterations: give --train-iters (training.train_iters) or --train-samples "
@@ -994,36 +1032,9 @@ std::vector<float> Trainer::run() {
   if (state_.iteration >= cfg_.train_iters || !tokens_left())
     DS_LOG("nothing left to train: iteration {} of {}, {} of {} tokens consumed", state_.iteration, cfg_.train_iters,
            state_.consumed_tokens, cfg_.lengths.train_tokens);
-  const int64_t first_iteration = state_.iteration;
   while (state_.iteration < cfg_.train_iters && tokens_left()) {
-    auto t0 = std::chrono::steady_clock::now();
-    // --profile: the run's second step (the first allocates and warms up), or
-    // its only one.
-    // --cuda-graph: the first replay after the capture (warm-up steps, then
-    // the captured one), if the run is that long.
-    const int64_t profiled = cfg_.cuda_graph && cfg_.train_iters - first_iteration > cfg_.cuda_graph_warmup + 1
-                                 ? first_iteration + cfg_.cuda_graph_warmup + 1
-                                 : first_iteration + 1;
-    const bool profile = cfg_.log.profile && (state_.iteration == profiled ||
-                                              (state_.iteration == first_iteration && cfg_.train_iters - first_iteration == 1));
-    float loss = profile ? profiled_step() : train_step();
-    heartbeat_.beat();  // the first one opts in: start-up and the first step are not judged
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    losses.push_back(loss);
-    window_ms += ms;
-    ++window_n;
-    if (profile_.record(ms)) {  // an autotuning experiment ends at its last profile step
-      profile_.write(*comms_.world, dev_, {cfg_.batch.train_batch_size, cfg_.model.seq_length, flops_per_token_});
-      return losses;
-    }
-    const bool log_line =
-        state_.iteration % cfg_.log.log_interval == 0 || state_.iteration == cfg_.train_iters || !tokens_left();
-    tensorboard_iteration(loss, log_line, window_ms / window_n);
-    if (log_line) {
-      log_iteration(loss, last_grad_norm_, window_ms / window_n);
-      window_ms = 0;
-      window_n = 0;
-    }
+    losses.push_back(iterate());
+    if (autotune_done_) return losses;
     if (cfg_.log.eval_interval > 0 && state_.iteration % cfg_.log.eval_interval == 0 &&
         state_.iteration != cfg_.train_iters) {
       double v = evaluate();
@@ -1059,19 +1070,8 @@ std::vector<float> Trainer::run() {
   }
   if (cfg_.ckpt.save_interval <= 0 || state_.iteration % cfg_.ckpt.save_interval != 0) save();
   if (!cfg_.ckpt.export_hf.empty()) {
-    const Heartbeat::Paused paused(heartbeat_);
-    // One weight at a time, gathered to rank 0 as it writes (as a save
-    // does): the others take part in the same gathers in the same order.
-    FullTensorStream stream(rank_model());
-    if (comms_.grid.rank == 0) {
-      // The tokenizer's ids where its files name them; otherwise the GPT-2 default (-1).
-      const data::TokenizerInfo& tok = cfg_.data.tokenizer;
-      export_hf_streamed(cfg_.model, full_layout_, [&](const std::string& name) { return stream.next(name); },
-                         cfg_.ckpt.export_hf, HfTokenIds{.bos = tok.bos_id, .eos = tok.eos_id}, &tokenizer_copy_);
-      DS_LOG("exported Hugging Face model to {}", cfg_.ckpt.export_hf);
-    } else {
-      for (const std::string& name : hf_export_requests(cfg_.model, full_layout_)) stream.next(name);
-    }
+    export_hf(cfg_.ckpt.export_hf);
+    DS_LOG("exported Hugging Face model to {}", cfg_.ckpt.export_hf);
   }
   if (store_)
     DS_LOG("ZeRO-{} peak live (transient, elements): full unit gradients {}, gathered parameters {}",
@@ -1079,6 +1079,21 @@ std::vector<float> Trainer::run() {
   DS_LOG("peak resident memory of this rank: {} bytes (getrusage; start-up, training, evaluation, save and export)",
          peak_rss_bytes());
   return losses;
+}
+
+void Trainer::export_hf(const std::string& dir) {
+  const Heartbeat::Paused paused(heartbeat_);
+  // One weight at a time, gathered to rank 0 as it writes (as a save
+  // does): the others take part in the same gathers in the same order.
+  FullTensorStream stream(rank_model());
+  if (comms_.grid.rank == 0) {
+    // The tokenizer's ids where its files name them; otherwise the GPT-2 default (-1).
+    const data::TokenizerInfo& tok = cfg_.data.tokenizer;
+    export_hf_streamed(cfg_.model, full_layout_, [&](const std::string& name) { return stream.next(name); }, dir,
+                       HfTokenIds{.bos = tok.bos_id, .eos = tok.eos_id}, &tokenizer_copy_);
+  } else {
+    for (const std::string& name : hf_export_requests(cfg_.model, full_layout_)) stream.next(name);
+  }
 }
 
 }  // namespace ds

@@ -30,13 +30,27 @@ class Trainer {
  public:
   // comms: this rank's communicators (a world of 1 for a single process).
   // local_rank: this process's index on its node (the launcher's LOCAL_RANK),
-  // which picks the GPU with --device cuda.
-  Trainer(const TrainConfig& cfg, Comms& comms, int local_rank = 0);
+  // which picks the GPU with --device cuda. data: where the batches come
+  // from; null = the datasets cfg.data names (DataPipeline).
+  Trainer(const TrainConfig& cfg, Comms& comms, int local_rank = 0, std::unique_ptr<BatchSource> data = nullptr);
   ~Trainer();
   // Runs until train_iters; returns the per-iteration training losses of this run.
   std::vector<float> run();
+  // One training iteration (the step, its log line at the log interval, its
+  // TensorBoard and CSV points); returns its loss. For a front end with its
+  // own loop (dschat); run() is built on it.
+  float iterate();
   // Validation loss over eval_iters global batches of the valid split.
   double evaluate();
+  // The mean loss of one host micro-batch of B x T (forward only, no
+  // dropout; a target < 0 is ignored), on every pipeline stage; this rank's
+  // value (dp_mean averages it). Collective over the model's groups.
+  double forward_loss(const MicroBatch& host);
+  // The average of a scalar over the (sequence-)data-parallel group. Collective.
+  double dp_mean(double local);
+  // Writes the model as a Hugging Face directory (gathered to rank 0 one
+  // weight at a time, as --export-hf). Collective.
+  void export_hf(const std::string& dir);
   GptModel& model() { return *model_; }
   // This rank's persistent model-state bytes (what the start-up log reports).
   ModelStateBytes model_state_bytes() const { return opt_->model_state_bytes(); }
@@ -140,9 +154,7 @@ class Trainer {
   // This rank's checkpoint: shard `shard_index` of `shards` optimizer files
   // (rank_checkpoint, with every sharding group's state when there are several).
   CheckpointData checkpoint_data(int shard_index, int shards);
-  // Evaluation: the average of a scalar over the data-parallel group, and
   // (pipeline parallel) the last stage's value on every stage (broadcast over pp).
-  double dp_mean(double local);
   double from_last_stage(double v);
   // Tied embeddings with pp > 1: sums the wte gradient of the first and last
   // stage over the embedding group (Megatron's embedding all-reduce).
@@ -181,8 +193,12 @@ class Trainer {
   StepTokenizer tokenizer_copy_;  // rank 0: the run's tokenizer files, saved with checkpoints and exports
   std::unique_ptr<ZeroOptimizer> opt_;
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
-  std::unique_ptr<DataPipeline> data_;
+  std::unique_ptr<BatchSource> data_;
   TrainState state_;
+  int64_t first_iteration_ = 0;  // the iteration this run started at (after a load)
+  double window_ms_ = 0;         // iterations since the last log line: their time and count
+  int64_t window_n_ = 0;
+  bool autotune_done_ = false;   // an autotuning experiment recorded its last profiled step
   // Sequence-length curriculum (DeepSpeed's curriculum_learning), when enabled.
   std::unique_ptr<CurriculumScheduler> curriculum_;
   int64_t seqlen_ = 0;  // positions per sample of the latest training step

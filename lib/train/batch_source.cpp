@@ -1,0 +1,27 @@
+// BatchSource: the device copy every source shares.
+#include "lib/train/batch_source.h"
+
+#include "lib/core/device_runtime.h"
+
+namespace ds {
+
+// GPU: an asynchronous copy through pinned staging memory, so feeding a
+// micro-batch does not wait for the device (docs/distributed.md, host
+// synchronisations per step).
+Tensor BatchSource::upload(const Tensor& host) const {
+  if (dev_.is_cuda()) {  // without blocking the host (a pageable copy would wait for the device)
+    Tensor t = Tensor::empty(host.shape(), host.dtype(), dev_);
+    device_runtime(dev_).upload_async(t.raw(), host.raw(), host.nbytes());
+    return t;
+  }
+  return host.to(dev_);
+}
+
+MicroBatch BatchSource::to_device(MicroBatch mb) const {
+  if (dev_.is_cpu()) return mb;
+  mb.tokens = upload(mb.tokens);
+  mb.targets = upload(mb.targets);
+  return mb;
+}
+
+}  // namespace ds
