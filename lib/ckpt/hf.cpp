@@ -536,10 +536,23 @@ Tensor HfWeightsFile::get(const std::string& name) const { return st_ ? st_->get
 
 namespace {
 
+// The pieces of the model's map; with file_vocab > 0, the vocabulary pieces
+// (the embedding, an untied output layer) cover the file's rows only.
+std::vector<HfPiece> import_pieces(const ModelConfig& cfg, int64_t file_vocab) {
+  const ModelDims d = model_dims(cfg);
+  std::vector<HfPiece> pieces = hf_map(d, "--init-from (Hugging Face weights)");
+  DS_CHECK(file_vocab <= d.V, "import: file vocabulary {} > the model's {}", file_vocab, d.V);
+  if (file_vocab > 0)
+    for (HfPiece& p : pieces)
+      if ((p.our_name == "embed.wte" || p.our_name == "head.weight") && p.row0 == 0 && p.rows == d.V)
+        p.rows = file_vocab;
+  return pieces;
+}
+
 void check_hf_tensors(const ModelConfig& cfg, const ModelLayout& layout, const HfWeightsFile& sf,
-                      const std::string& config_from) {
+                      const std::string& config_from, int64_t file_vocab) {
   const std::string& file = sf.path();
-  for (const HfPiece& p : hf_map(model_dims(cfg), "--init-from (Hugging Face weights)")) {
+  for (const HfPiece& p : import_pieces(cfg, file_vocab)) {
     const Shape want = hf_shape(p, matrix_shape(layout.find(p.our_name).shape));
     DS_USER_CHECK(sf.has(p.hf_name), "--init-from '{}': tensor '{}' is missing, but {} needs it as {}; the weights "
                   "are not of this model", file, p.hf_name, config_from, shape_str(want));
@@ -555,14 +568,16 @@ void check_hf_tensors(const ModelConfig& cfg, const ModelLayout& layout, const H
 }  // namespace
 
 void check_hf_weights(const ModelConfig& cfg, const ModelLayout& layout, const std::string& path,
-                      const std::string& config_from) {
-  check_hf_tensors(cfg, layout, HfWeightsFile::open(path), config_from);
+                      const std::string& config_from, int64_t file_vocab) {
+  check_hf_tensors(cfg, layout, HfWeightsFile::open(path), config_from, file_vocab);
 }
 
-HfShardReader::HfShardReader(const ModelConfig& cfg, const ModelLayout& full, const std::string& path)
-    : sf_(HfWeightsFile::open(path)),
-      pieces_(hf_map(model_dims(cfg), "--init-from (Hugging Face weights)")) {
-  check_hf_tensors(cfg, full, sf_, "the model config");  // every name, shape and dtype, before any allocation
+HfShardReader::HfShardReader(const ModelConfig& cfg, const ModelLayout& full, const std::string& path,
+                             int64_t file_vocab)
+    : sf_(HfWeightsFile::open(path)), pieces_(import_pieces(cfg, file_vocab)),
+      file_vocab_(file_vocab), vocab_(model_dims(cfg).V) {
+  // every name, shape and dtype, before any allocation
+  check_hf_tensors(cfg, full, sf_, "the model config", file_vocab);
 }
 
 void HfShardReader::read(const ModelLayout& local, int64_t begin, int64_t end, float* out) const {
@@ -592,7 +607,11 @@ void HfShardReader::read(const ModelLayout& local, int64_t begin, int64_t end, f
         if (k != need.begin() && std::prev(k)->hi > lo) return true;
         return k != need.end() && k->lo < hi;
       };
-      bool used = false;
+      // A resized vocabulary piece: rows [file_vocab_, vocab_) are the mean of the file's.
+      const bool resized = file_vocab_ > 0 && piece.row0 == 0 && piece.rows == file_vocab_ && !piece.transpose &&
+                           (p.name == "embed.wte" || p.name == "head.weight") &&
+                           overlaps(file_vocab_ * K, vocab_ * K);
+      bool used = resized;
       for (const auto& [r0, n] : runs) used = used || overlaps(r0 * K, (r0 + n) * K);
       if (!used) continue;  // none of this HF tensor's rows lives in the range: not read
       // One HF tensor at a time, in f32.
@@ -607,18 +626,29 @@ void HfShardReader::read(const ModelLayout& local, int64_t begin, int64_t end, f
       }
       const float* sv = src.data<float>();
       const int64_t rows = src.numel() / K;
+      // Our row r's needed elements, column c's value from value(c).
+      auto fill_row = [&](int64_t r, const auto& value) {
+        const int64_t lo = r * K, hi = lo + K;
+        auto k = std::upper_bound(need.begin(), need.end(), lo, [](int64_t x, const Need& y) { return x < y.lo; });
+        if (k != need.begin()) --k;
+        for (; k != need.end() && k->lo < hi; ++k) {
+          const int64_t a = std::max(lo, k->lo), b = std::min(hi, k->hi);
+          for (int64_t j = a; j < b; ++j) out[k->dst + (j - k->lo)] = value(j - lo);
+        }
+      };
       int64_t at = 0;  // the HF tensor's row (or column, transposed) of our row r
       for (const auto& [r0, n] : runs) {
-        for (int64_t r = r0; r < r0 + n; ++r, ++at) {
-          const int64_t lo = r * K, hi = lo + K;
-          auto k = std::upper_bound(need.begin(), need.end(), lo, [](int64_t x, const Need& y) { return x < y.lo; });
-          if (k != need.begin()) --k;
-          for (; k != need.end() && k->lo < hi; ++k) {
-            const int64_t a = std::max(lo, k->lo), b = std::min(hi, k->hi);
-            for (int64_t j = a; j < b; ++j)
-              out[k->dst + (j - k->lo)] = piece.transpose ? sv[(j - lo) * rows + at] : sv[at * K + (j - lo)];
-          }
-        }
+        for (int64_t r = r0; r < r0 + n; ++r, ++at)
+          fill_row(r, [&](int64_t c) { return piece.transpose ? sv[c * rows + at] : sv[at * K + c]; });
+      }
+      if (resized) {
+        std::vector<double> sum(static_cast<size_t>(K), 0.0);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < K; ++c) sum[static_cast<size_t>(c)] += sv[r * K + c];
+        std::vector<float> mean(static_cast<size_t>(K));
+        for (int64_t c = 0; c < K; ++c)
+          mean[static_cast<size_t>(c)] = static_cast<float>(sum[static_cast<size_t>(c)] / static_cast<double>(rows));
+        for (int64_t r = file_vocab_; r < vocab_; ++r) fill_row(r, [&](int64_t c) { return mean[static_cast<size_t>(c)]; });
       }
     }
   }

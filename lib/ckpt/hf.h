@@ -91,14 +91,21 @@ class HfWeightsFile {
   std::string path_;
 };
 
+//
+// file_vocab > 0: the file's embedding (and untied output layer) has that
+// many rows, fewer than the model's vocabulary (DeepSpeed-Chat resizes the
+// embedding to len(tokenizer) rounded up to 8): rows [file_vocab, V) start as
+// the mean of the file's rows, as transformers' resize_token_embeddings
+// (mean_resizing, without its 1e-9-scaled noise).
 class HfShardReader {
  public:
-  HfShardReader(const ModelConfig& cfg, const ModelLayout& full, const std::string& path);
+  HfShardReader(const ModelConfig& cfg, const ModelLayout& full, const std::string& path, int64_t file_vocab = 0);
   void read(const ModelLayout& local, int64_t begin, int64_t end, float* out) const;
 
  private:
   HfWeightsFile sf_;
   std::vector<HfPiece> pieces_;
+  int64_t file_vocab_ = 0, vocab_ = 0;  // rows [file_vocab_, vocab_) of the vocabulary pieces: the mean
 };
 
 // Fills params (layout.total, any device) from an HF safetensors file or a
@@ -113,7 +120,7 @@ void import_hf(const ModelConfig& cfg, const ModelLayout& layout, Tensor& params
 // UserError names the first missing or mismatching tensor, the file and
 // `config_from` (what gave the model's shape: "'DIR/config.json'").
 void check_hf_weights(const ModelConfig& cfg, const ModelLayout& layout, const std::string& path,
-                      const std::string& config_from);
+                      const std::string& config_from, int64_t file_vocab = 0);
 
 // ModelConfig of a Hugging Face config.json (model_type gpt2, llama,
 // gpt_neox): the inverse of the config.json export_hf writes. `file` and

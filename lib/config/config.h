@@ -48,6 +48,10 @@ struct DataConfig {
 
 struct CheckpointConfig {
   std::string save_dir, load_dir, init_from, export_hf;
+  // The --init-from file's vocabulary rows when the model's vocabulary is
+  // larger (dschat's resized embedding; the added rows start as the mean of
+  // the file's: lib/ckpt/hf.h). 0: the model's own.
+  int64_t init_from_vocab = 0;
   int64_t save_interval = 0;
   // --finetune: load only the weights; the iteration, data position,
   // optimizer, learning-rate schedule and loss scale start fresh.

@@ -115,7 +115,7 @@ void Trainer::build_model_and_optimizer() {
   sdp_rank_ = comms_.grid.sdp_rank;
   full_layout_ = build_layout(cfg_.model);
   if (!cfg_.ckpt.init_from.empty())  // the weights' header against the model, before the model is allocated
-    check_hf_weights(cfg_.model, full_layout_, cfg_.ckpt.init_from, "the model config");
+    check_hf_weights(cfg_.model, full_layout_, cfg_.ckpt.init_from, "the model config", cfg_.ckpt.init_from_vocab);
   const TpComm tp{shard_.tp > 1 ? comms_.tp : nullptr, shard_.tp, shard_.tp_rank, cfg_.parallel.sequence_parallel};
   EpComm ep{shard_.ep > 1 ? comms_.ep : nullptr, shard_.ep, shard_.ep_rank, {}};
   ep.trace = [this](const char* what, EpComm::Clock::time_point b, EpComm::Clock::time_point e) {
@@ -566,7 +566,7 @@ void Trainer::load_or_init() {
   if (!cfg_.ckpt.init_from.empty()) {
     // Each rank reads the HF tensors that hold some of what its store keeps,
     // one at a time, never the whole model.
-    const HfShardReader reader(cfg_.model, full_layout_, cfg_.ckpt.init_from);
+    const HfShardReader reader(cfg_.model, full_layout_, cfg_.ckpt.init_from, cfg_.ckpt.init_from_vocab);
     const ModelLayout& local = model_->layout();
     model_->store().init_params(local.total, [&](int64_t begin, int64_t end, float* out) {
       reader.read(local, begin, end, out);
