@@ -15,6 +15,11 @@ struct MicroBatch {
   // the dropout and attention kernels read instead of the host's values
   // (DropoutKey::step; first_sample is then 0). Undefined otherwise.
   Tensor step_key;
+  // Multiplies the step's per-token loss weight (loss scale / (B x T x
+  // micro-batches x dp)) for this micro-batch: B x T / (its targets >= 0)
+  // makes its gradient that of the mean over the tokens it counts
+  // (DeepSpeed-Chat's per-batch loss); 1 for pretraining data.
+  float loss_weight_scale = 1.f;
 };
 
 // Micro-batch m of the current step.

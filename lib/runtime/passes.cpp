@@ -10,7 +10,7 @@ void EagerPasses::train(const MicroBatchFeed& feed, int n, float loss_weight, co
     k.first_sample = mb.first_sample;
     if (mb.step_key.defined()) k.step = mb.step_key;
     if (m + 1 == n && before_last_) before_last_();
-    model_.forward_backward(mb.tokens, mb.targets, loss_weight, k);
+    model_.forward_backward(mb.tokens, mb.targets, loss_weight * mb.loss_weight_scale, k);
   }
 }
 

@@ -154,7 +154,8 @@ void PipelineExecutor::compute(const PipeAction& a) {
       model_.stage_input(slot, a.chunk, mb.tokens.size(0), mb.tokens.size(1)).copy_from(in->second);
       fwd_in_.erase(in);
     }
-    loss_sum_ += model_.stage_forward(slot, a.chunk, mb.tokens, mb.targets, loss_weight_, true, key);
+    loss_sum_ += model_.stage_forward(slot, a.chunk, mb.tokens, mb.targets, loss_weight_ * mb.loss_weight_scale, true,
+                                     key);
     return;
   }
   auto g = grad_in_.find(k);
