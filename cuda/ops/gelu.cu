@@ -1,6 +1,6 @@
-// GELU (tanh approximation) forward and backward, elementwise, vectorised
-// (cuda/core/vec.cuh: 16 bytes per array per thread, scalar head/tail).
-// Backward: dinp = dout * gelu'(inp) (GeluArgs.out is dinp).
+// GELU (tanh approximation) and ReLU forward and backward, elementwise,
+// vectorised (cuda/core/vec.cuh: 16 bytes per array per thread, scalar
+// head/tail). Backward: dinp = dout * act'(inp) (GeluArgs.out is dinp).
 #include "cuda/core/vec.cuh"
 #include "lib/ops/ops.h"
 
@@ -31,6 +31,19 @@ __global__ void gelu_backward_kernel(T* dinp /* (n) */, const T* inp /* (n) */,
                                      const T* dout /* (n) */, VecPlan pl) {
   constexpr int N = vec_width(sizeof(T));
   vec_map<N>(pl, dinp, inp, dout, [](float x, float d) { return d * gelu_grad(x); });
+}
+
+template <class T>
+__global__ void relu_forward_kernel(T* out /* (n) */, const T* inp /* (n) */, VecPlan pl) {
+  constexpr int N = vec_width(sizeof(T));
+  vec_map<N>(pl, out, inp, [](float x) { return x > 0.f ? x : 0.f; });
+}
+
+template <class T>
+__global__ void relu_backward_kernel(T* dinp /* (n) */, const T* inp /* (n) */,
+                                     const T* dout /* (n) */, VecPlan pl) {
+  constexpr int N = vec_width(sizeof(T));
+  vec_map<N>(pl, dinp, inp, dout, [](float x, float d) { return x > 0.f ? d : 0.f; });
 }
 
 void check_same(const Tensor& a, const Tensor& ref, const char* op, const char* name) {
@@ -65,6 +78,37 @@ void gelu_backward(const GeluArgs& a, const Stream& s) {
     constexpr int E = sizeof(T);
     VecPlan pl = plan_vec(n, vec_width(E), {{a.out.raw(), E}, {a.inp.raw(), E}, {a.dout.raw(), E}});
     gelu_backward_kernel<T><<<grid_for_plan(pl, 256), 256, 0, stream_of(s)>>>(
+        a.out.data<T>(), a.inp.data<T>(), a.dout.data<T>(), pl);
+    DS_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void relu_forward(const GeluArgs& a, const Stream& s) {
+  const char* op = "relu_forward";
+  check_same(a.out, a.inp, op, "out");
+  int64_t n = a.inp.numel();
+  if (n == 0) return;
+  dispatch_float(a.inp.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int E = sizeof(T);
+    VecPlan pl = plan_vec(n, vec_width(E), {{a.out.raw(), E}, {a.inp.raw(), E}});
+    relu_forward_kernel<T><<<grid_for_plan(pl, 256), 256, 0, stream_of(s)>>>(a.out.data<T>(),
+                                                                             a.inp.data<T>(), pl);
+    DS_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void relu_backward(const GeluArgs& a, const Stream& s) {
+  const char* op = "relu_backward";
+  check_same(a.out, a.inp, op, "out (dinp)");
+  check_same(a.dout, a.inp, op, "dout");
+  int64_t n = a.inp.numel();
+  if (n == 0) return;
+  dispatch_float(a.inp.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int E = sizeof(T);
+    VecPlan pl = plan_vec(n, vec_width(E), {{a.out.raw(), E}, {a.inp.raw(), E}, {a.dout.raw(), E}});
+    relu_backward_kernel<T><<<grid_for_plan(pl, 256), 256, 0, stream_of(s)>>>(
         a.out.data<T>(), a.inp.data<T>(), a.dout.data<T>(), pl);
     DS_CUDA_CHECK_LAUNCH();
   });

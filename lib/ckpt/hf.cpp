@@ -65,6 +65,38 @@ std::vector<HfPiece> gpt2_map(const ModelDims& d) {
   return m;
 }
 
+// OPT (OPTForCausalLM, pre-LN: do_layer_norm_before): LayerNorm, ReLU,
+// biases, separate q/k/v projections (our qkv rows [q|k|v]), learned
+// positions whose first 2 rows ours has no use for (OPT offsets positions by 2).
+std::vector<HfPiece> opt_map(const ModelDims& d) {
+  const std::string dec = "model.decoder.";
+  std::vector<HfPiece> m = {{dec + "embed_tokens.weight", "embed.wte", 0, d.V, false},
+                            {dec + "embed_positions.weight", "embed.wpe", 0, -1, false, 0, 2}};
+  const int64_t C = d.C;
+  for (int l = 0; l < d.L; ++l) {
+    std::string h = dec + "layers." + std::to_string(l) + ".", o = "layers." + std::to_string(l) + ".";
+    m.push_back({h + "self_attn_layer_norm.weight", o + "norm1.weight"});
+    m.push_back({h + "self_attn_layer_norm.bias", o + "norm1.bias"});
+    const char* qkv[] = {"q_proj", "k_proj", "v_proj"};
+    for (int k = 0; k < 3; ++k) {
+      m.push_back({h + "self_attn." + qkv[k] + ".weight", o + "attn.qkv.weight", k * C, C});
+      m.push_back({h + "self_attn." + qkv[k] + ".bias", o + "attn.qkv.bias", k * C, C});
+    }
+    m.push_back({h + "self_attn.out_proj.weight", o + "attn.proj.weight"});
+    m.push_back({h + "self_attn.out_proj.bias", o + "attn.proj.bias"});
+    m.push_back({h + "final_layer_norm.weight", o + "norm2.weight"});
+    m.push_back({h + "final_layer_norm.bias", o + "norm2.bias"});
+    m.push_back({h + "fc1.weight", o + "mlp.fc.weight"});
+    m.push_back({h + "fc1.bias", o + "mlp.fc.bias"});
+    m.push_back({h + "fc2.weight", o + "mlp.proj.weight"});
+    m.push_back({h + "fc2.bias", o + "mlp.proj.bias"});
+  }
+  m.push_back({dec + "final_layer_norm.weight", "final_norm.weight"});
+  m.push_back({dec + "final_layer_norm.bias", "final_norm.bias"});
+  if (d.untied) m.push_back({"lm_head.weight", "head.weight", 0, d.V, false});
+  return m;
+}
+
 // A LLaMA layer's norms and attention (LLaMA and Mixtral): HF prefix h, ours o.
 void push_llama_attention(std::vector<HfPiece>& m, const std::string& h, const std::string& o, const ModelDims& d) {
   const int64_t C = d.C, KV = int64_t{d.NKV} * d.HS;
@@ -144,7 +176,7 @@ std::vector<HfPiece> neox_map(const ModelDims& d) {
   return m;
 }
 
-enum class HfArch { GPT2, LLaMA, GPTNeoX, Mixtral };
+enum class HfArch { GPT2, LLaMA, GPTNeoX, Mixtral, OPT };
 
 // The Hugging Face architecture the model's blocks make, whatever flags built
 // it: learned positions -> GPT2LMHeadModel; RoPE with RMSNorm and SwiGLU ->
@@ -170,6 +202,14 @@ HfArch hf_arch(const ModelDims& d, const char* what) {
     if (d.topk < 2) refuse("top-1 routing (its weight is the gate itself, not renormalised)", arch, needs);
     if (d.moe_residual) refuse("PR-MoE's dense MLP beside the experts (--mlp-type residual)", arch, needs);
     return HfArch::Mixtral;
+  }
+  if (d.relu) {  // OPT: learned positions, LayerNorm, ReLU, biases, multi-head attention
+    const char* arch = "OPTForCausalLM", *needs = "ReLU needs learned positions, LayerNorm, biases and NKV = NH";
+    if (d.rope) refuse("ReLU with RoPE", arch, needs);
+    if (d.rmsnorm) refuse("RMSNorm with ReLU", arch, needs);
+    if (!d.bias) refuse("linear layers without biases with ReLU", arch, needs);
+    if (d.NKV != d.NH) refuse("grouped-query attention with ReLU", arch, needs);
+    return HfArch::OPT;
   }
   if (!d.rope) {  // GPT-2: LayerNorm, GELU, biases, multi-head attention
     const char* arch = "GPT2LMHeadModel", *needs = "learned positions need LayerNorm, GELU, biases and NKV = NH";
@@ -201,6 +241,7 @@ std::vector<HfPiece> hf_map(const ModelDims& d, const char* what) {
     case HfArch::GPT2: return gpt2_map(d);
     case HfArch::LLaMA: return llama_map(d);
     case HfArch::Mixtral: return mixtral_map(d);
+    case HfArch::OPT: return opt_map(d);
     case HfArch::GPTNeoX: break;
   }
   return neox_map(d);
@@ -208,7 +249,7 @@ std::vector<HfPiece> hf_map(const ModelDims& d, const char* what) {
 
 // The shape of piece p's HF tensor, from the shape of our weight alone.
 Shape hf_shape(const HfPiece& p, const Shape& ours) {
-  int64_t rows = 0;
+  int64_t rows = p.hf_pad_rows;
   for (const auto& [r0, n] : row_runs(p, ours[0])) rows += n;
   if (ours.size() != 2) return {rows};
   return p.transpose ? Shape{ours[1], rows} : Shape{rows, ours[1]};
@@ -227,10 +268,10 @@ std::string hf_weights_file(const std::string& path) {
 // Rows [row0, row0+rows) of a (R, K) matrix (or a vector), optionally transposed.
 Tensor extract(const Tensor& w, const HfPiece& p) {
   const int64_t K = w.dim() == 2 ? w.size(1) : 1;
-  int64_t rows = 0;
+  int64_t rows = p.hf_pad_rows;
   for (const auto& [r0, n] : row_runs(p, w.size(0))) rows += n;
-  Tensor part = w.dim() == 2 ? Tensor::empty({rows, K}, DType::F32) : Tensor::empty({rows}, DType::F32);
-  int64_t at = 0;
+  Tensor part = w.dim() == 2 ? Tensor::zeros({rows, K}, DType::F32) : Tensor::zeros({rows}, DType::F32);
+  int64_t at = p.hf_pad_rows;
   for (const auto& [r0, n] : row_runs(p, w.size(0))) {
     part.view(at * K, {n * K}).copy_from(w.view(r0 * K, {n * K}));
     at += n;
@@ -258,6 +299,15 @@ nlohmann::json hf_config(const ModelConfig& c, const ModelDims& d, const HfToken
             {"use_parallel_residual", false}, {"tie_word_embeddings", !d.untied}, {"vocab_size", d.V},
             {"attention_dropout", 0.0}, {"hidden_dropout", 0.0}, {"bos_token_id", bos}, {"eos_token_id", eos},
             {"torch_dtype", "float32"}};
+  }
+  if (arch == HfArch::OPT) {
+    return {{"architectures", {"OPTForCausalLM"}}, {"model_type", "opt"}, {"hidden_size", d.C},
+            {"word_embed_proj_dim", d.C}, {"num_attention_heads", d.NH}, {"num_hidden_layers", d.L},
+            {"ffn_dim", d.F}, {"max_position_embeddings", d.maxT}, {"vocab_size", d.V},
+            {"activation_function", "relu"}, {"do_layer_norm_before", true}, {"enable_bias", true},
+            {"layer_norm_elementwise_affine", true}, {"tie_word_embeddings", !d.untied}, {"dropout", 0.0},
+            {"attention_dropout", 0.0}, {"activation_dropout", 0.0}, {"layerdrop", 0.0},
+            {"bos_token_id", bos}, {"eos_token_id", eos}, {"torch_dtype", "float32"}};
   }
   if (arch == HfArch::GPT2) {
     return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"n_embd", d.C}, {"n_head", d.NH},
@@ -361,6 +411,26 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& fil
       m.moe.top2_2nd_expert_sampling = false;
       m.moe.loss_coeff = static_cast<float>(num("router_aux_loss_coef", 0.001, false));
     }
+  } else if (type == "opt") {
+    m.num_layers = integer("num_hidden_layers", 0, true);
+    m.hidden_size = integer("hidden_size", 0, true);
+    m.num_heads = integer("num_attention_heads", 0, true);
+    m.ffn_hidden_size = integer("ffn_dim", 0, true);
+    m.max_position_embeddings = integer("max_position_embeddings", 2048, false);
+    m.activation = Activation::ReLU;
+    m.untie_embeddings = !flag("tie_word_embeddings", true);
+    const std::string act = text("activation_function");
+    DS_USER_CHECK(act.empty() || act == "relu", "{}: '{}': OPT with activation_function '{}' is not supported "
+                  "(relu is)", what, file, act);
+    DS_USER_CHECK(flag("do_layer_norm_before", true), "{}: '{}': do_layer_norm_before false (OPT-350m's "
+                  "post-LayerNorm blocks) is not supported", what, file);
+    DS_USER_CHECK(integer("word_embed_proj_dim", m.hidden_size, false) == m.hidden_size, "{}: '{}': "
+                  "word_embed_proj_dim differs from hidden_size (OPT-350m's project_in/project_out) and is not "
+                  "supported", what, file);
+    DS_USER_CHECK(flag("enable_bias", true) && flag("layer_norm_elementwise_affine", true) &&
+                      !flag("_remove_final_layer_norm", false),
+                  "{}: '{}': OPT without biases, without LayerNorm weights or without the final LayerNorm is not "
+                  "supported", what, file);
   } else if (type == "gpt_neox") {
     m.position = PositionKind::Rope;
     m.num_layers = integer("num_hidden_layers", 0, true);
@@ -375,7 +445,8 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& fil
     DS_USER_CHECK(!flag("use_parallel_residual", true), "{}: '{}': use_parallel_residual true is not "
                   "supported (GPT-NeoX blocks here are sequential)", what, file);
   } else {
-    DS_USER_ERROR("{}: '{}' has model_type '{}'; gpt2, llama, mixtral and gpt_neox are read", what, file, type);
+    DS_USER_ERROR("{}: '{}' has model_type '{}'; gpt2, llama, mixtral, gpt_neox and opt are read", what, file,
+                  type);
   }
   m.seq_length = m.max_position_embeddings;
   m.vocab_size = integer("vocab_size", 0, true);
@@ -429,7 +500,7 @@ HfExportPlan hf_export_plan(const ModelDims& d, const ModelLayout& layout) {
   HfExportPlan plan;
   for (const HfPiece& p : hf_map(d, "HF export")) {
     const Shape m = matrix_shape(layout.find(p.our_name).shape);
-    int64_t rows = 0;
+    int64_t rows = p.hf_pad_rows;
     for (const auto& [r0, n] : row_runs(p, m[0])) rows += n;
     const int64_t K = m.size() == 2 ? m[1] : 1;
     plan.writer.declare_f32(p.hf_name, m.size() != 2 ? Shape{rows} : p.transpose ? Shape{K, rows} : Shape{rows, K});
@@ -636,7 +707,7 @@ void HfShardReader::read(const ModelLayout& local, int64_t begin, int64_t end, f
           for (int64_t j = a; j < b; ++j) out[k->dst + (j - k->lo)] = value(j - lo);
         }
       };
-      int64_t at = 0;  // the HF tensor's row (or column, transposed) of our row r
+      int64_t at = piece.hf_pad_rows;  // the HF tensor's row (or column, transposed) of our row r
       for (const auto& [r0, n] : runs) {
         for (int64_t r = r0; r < r0 + n; ++r, ++at)
           fill_row(r, [&](int64_t c) { return piece.transpose ? sv[c * rows + at] : sv[at * K + c]; });
@@ -648,7 +719,8 @@ void HfShardReader::read(const ModelLayout& local, int64_t begin, int64_t end, f
         std::vector<float> mean(static_cast<size_t>(K));
         for (int64_t c = 0; c < K; ++c)
           mean[static_cast<size_t>(c)] = static_cast<float>(sum[static_cast<size_t>(c)] / static_cast<double>(rows));
-        for (int64_t r = file_vocab_; r < vocab_; ++r) fill_row(r, [&](int64_t c) { return mean[static_cast<size_t>(c)]; });
+        for (int64_t r = file_vocab_; r < vocab_; ++r)
+          fill_row(r, [&](int64_t c) { return mean[static_cast<size_t>(c)]; });
       }
     }
   }

@@ -1,6 +1,7 @@
 // Hugging Face interop: export a model as model.safetensors + config.json in
 // transformers' naming and layout (GPT2LMHeadModel, LlamaForCausalLM,
-// GPTNeoXForCausalLM), and import such a file as initial weights. Export
+// GPTNeoXForCausalLM, MixtralForCausalLM, OPTForCausalLM), and import such a
+// file as initial weights. Export
 // writes the real vocabulary rows only; import zero-fills the padded rows.
 #pragma once
 #include <functional>
@@ -64,6 +65,9 @@ struct HfPiece {
   int64_t row0 = 0, rows = -1;  // rows of our weight (-1 = all; vocab rows for embeddings)
   bool transpose = false;
   int64_t head_interleave = 0;
+  // Leading rows of the HF tensor with no counterpart here (OPT's learned
+  // positions start at row 2): skipped on import, written as zeros on export.
+  int64_t hf_pad_rows = 0;
 };
 
 // Hugging Face weights read a rank's shard at a time (--init-from): the
@@ -123,7 +127,7 @@ void check_hf_weights(const ModelConfig& cfg, const ModelLayout& layout, const s
                       const std::string& config_from, int64_t file_vocab = 0);
 
 // ModelConfig of a Hugging Face config.json (model_type gpt2, llama,
-// gpt_neox): the inverse of the config.json export_hf writes. `file` and
+// mixtral, gpt_neox, opt): the inverse of the config.json export_hf writes. `file` and
 // `what` (the option that named it) appear in errors; a field missing or of
 // the wrong type, or a feature not implemented here, is a UserError. Dropout
 // is off and the vocabulary is padded to a multiple of tp only.

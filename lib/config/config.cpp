@@ -158,9 +158,13 @@ json model_json(const ModelConfig& m) {
             {"num_key_value_heads", m.num_kv_heads > 0 ? m.num_kv_heads : m.num_heads},
             {"max_position_embeddings", m.max_position_embeddings},
             {"norm", m.norm == NormKind::RMSNorm ? "rmsnorm" : "layernorm"},
-            {"activation", m.activation == Activation::SwiGLU ? "swiglu" : "gelu"},
+            {"activation", m.activation == Activation::SwiGLU ? "swiglu"
+                           : m.activation == Activation::ReLU ? "relu"
+                                                              : "gelu"},
             {"position", m.position == PositionKind::Rope ? "rope" : "learned"},
             {"moe", moe_json(m.moe)}});
+  // Written only when set (OPT's 0): configs that never set it stay as they were.
+  if (m.embedding_dropout >= 0) j["embedding_dropout"] = num(m.embedding_dropout);
   return j;
 }
 

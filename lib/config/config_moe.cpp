@@ -134,6 +134,8 @@ json moe_json(const MoeConfig& m) {
 // the expert list against the layers, top-k against the experts, sizes.
 void validate_moe_model(const ModelConfig& cfg) {
   const MoeConfig& m = cfg.moe;
+  DS_USER_CHECK(!m.enabled(cfg.num_layers) || cfg.activation != Activation::ReLU,
+                "model.activation relu (OPT's MLP) with Mixture-of-Experts layers is not implemented");
   DS_USER_CHECK(m.expert_interval >= 1, "model.moe.expert_interval {} (--expert-interval) must be >= 1",
                 m.expert_interval);
   const int moe_layers = cfg.num_layers / m.expert_interval;

@@ -15,7 +15,8 @@ namespace {
 
 constexpr Choice<ModelFamily> kFamilies[] = {{"gpt2", ModelFamily::GPT2}, {"llama", ModelFamily::LLaMA}};
 constexpr Choice<NormKind> kNorms[] = {{"layernorm", NormKind::LayerNorm}, {"rmsnorm", NormKind::RMSNorm}};
-constexpr Choice<Activation> kActs[] = {{"gelu", Activation::GELU}, {"swiglu", Activation::SwiGLU}};
+constexpr Choice<Activation> kActs[] = {
+    {"gelu", Activation::GELU}, {"swiglu", Activation::SwiGLU}, {"relu", Activation::ReLU}};
 constexpr Choice<PositionKind> kPositions[] = {{"learned", PositionKind::Learned}, {"rope", PositionKind::Rope}};
 constexpr Choice<LrDecay> kDecays[] = {
     {"constant", LrDecay::Constant}, {"linear", LrDecay::Linear}, {"cosine", LrDecay::Cosine},
@@ -35,6 +36,7 @@ void read_model_section(JsonSection s, ModelConfig& m) {
   m.max_position_embeddings = s.get<int>("max_position_embeddings", m.seq_length);
   m.norm = read_choice(s, "norm", kNorms, m.norm);
   m.activation = read_choice(s, "activation", kActs, m.activation);
+  m.embedding_dropout = s.get<float>("embedding_dropout", m.embedding_dropout);
   m.position = read_choice(s, "position", kPositions, m.position);
   if (s.has("moe")) read_moe_section(s.section("moe"), m.moe);
   s.mark("moe");

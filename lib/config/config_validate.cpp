@@ -178,6 +178,8 @@ void validate_model(const ModelConfig& m, const ParallelConfig& p) {
                 "model.hidden_dropout (--hidden-dropout) must be in [0, 1), got {}", m.hidden_dropout);
   DS_USER_CHECK(m.attention_dropout >= 0 && m.attention_dropout < 1,
                 "model.attention_dropout (--attention-dropout) must be in [0, 1), got {}", m.attention_dropout);
+  DS_USER_CHECK(m.embedding_dropout < 1, "model.embedding_dropout must be in [0, 1) (or < 0: as hidden_dropout), "
+                "got {}", m.embedding_dropout);
   DS_USER_CHECK(m.num_heads % p.tp == 0,
                 "model.num_heads {} is not divisible by tensor_model_parallel_size {} (--tensor-model-parallel-size)",
                 m.num_heads, p.tp);

@@ -1,4 +1,4 @@
-// Pointwise ops on the CPU: GELU (tanh approximation, as GPT-2), SwiGLU,
+// Pointwise ops on the CPU: GELU (tanh approximation, as GPT-2), ReLU (OPT), SwiGLU,
 // rotary position embedding (rotate-half pairs, q and k only) and add.
 // Elementwise loops run in fixed-size chunks so the vector/scalar split of
 // every element is the same for any thread count.
@@ -67,6 +67,25 @@ bool all_bf16(std::initializer_list<const Tensor*> ts) {
 
 void gelu_forward(const GeluArgs& a, const Stream&) {
   gelu_forward_impl(a.inp.data<float>(), a.out.data<float>(), a.inp.numel());
+}
+
+void relu_forward(const GeluArgs& a, const Stream&) {
+  const float* inp = a.inp.data<float>();
+  float* out = a.out.data<float>();
+  parallel_chunks(a.inp.numel(), [inp, out](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) out[i] = inp[i] > 0.f ? inp[i] : 0.f;
+  });
+}
+
+// dinp may be dout (in place).
+void relu_backward(const GeluArgs& a, const Stream&) {
+  const float *inp = a.inp.data<float>(), *dout = a.dout.data<float>();
+  float* dinp = a.out.data<float>();
+  parallel_chunks(a.inp.numel(), [inp, dout, dinp](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) dinp[i] = inp[i] > 0.f ? dout[i] : 0.f;
+  });
 }
 
 void gelu_backward(const GeluArgs& a, const Stream&) {

@@ -366,7 +366,9 @@ DropoutSpec GptModel::dropout_spec(float p, int layer, DropoutSite site, int64_t
 }
 
 DropoutSpec GptModel::hidden_dropout(int layer, DropoutSite site) {
-  return dropout_spec(cfg_.hidden_dropout, layer, site, sp_.rank * T_ + (tp_.sp() ? tp_.rank * local_seq(T_) : 0), 0);
+  const float p = site == DropoutSite::Embedding && cfg_.embedding_dropout >= 0 ? cfg_.embedding_dropout
+                                                                                 : cfg_.hidden_dropout;
+  return dropout_spec(p, layer, site, sp_.rank * T_ + (tp_.sp() ? tp_.rank * local_seq(T_) : 0), 0);
 }
 
 DropoutSpec GptModel::attention_dropout(int layer) {
@@ -467,6 +469,8 @@ void GptModel::mlp_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add
                         stream_);
     if (d_.swiglu) {
       ops::swiglu_forward({.out = a.act_out, .inp = a.fc_out}, stream_);
+    } else if (d_.relu) {
+      ops::relu_forward({.out = a.act_out, .inp = a.fc_out, .dout = Tensor()}, stream_);
     } else {
       ops::gelu_forward({.out = a.act_out, .inp = a.fc_out, .dout = Tensor()}, stream_);
     }
@@ -512,6 +516,8 @@ void GptModel::mlp_backward(int l, LayerActs& a, const Tensor& dresid) {
                             stream_);
   } else if (d_.swiglu) {
     ops::swiglu_backward({.dinp = dfc_, .dout = dact_, .inp = a.fc_out}, stream_);
+  } else if (d_.relu) {
+    ops::relu_backward({.out = dfc_, .inp = a.fc_out, .dout = dact_}, stream_);
   } else {
     ops::gelu_backward({.out = dfc_, .inp = a.fc_out, .dout = dact_}, stream_);
   }

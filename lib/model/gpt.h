@@ -358,7 +358,7 @@ class GptModel {
   // Whether layer l of `chunk` may leave its closing add to the next norm.
   ResidualAdd closing_add(int l, int chunk);
   void layer_backward(int l, const Tensor& x_in, const Tensor& dresid);
-  bool fused_gelu_mlp() const { return !d_.swiglu && mlp_fusion_ == MlpFusion::Fused; }
+  bool fused_gelu_mlp() const { return !d_.swiglu && !d_.relu && mlp_fusion_ == MlpFusion::Fused; }
   // add: as layer_forward's (InNextNorm leaves y without resid_mid).
   void mlp_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add);
   void mlp_backward(int l, LayerActs& a, const Tensor& dresid);

@@ -129,6 +129,8 @@ void GptModel::decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std:
       {.out = fc, .inp = h, .weight = w(P.mlp.fc.weight), .bias = opt(P.mlp.fc.bias, false)}, stream_);
   if (d_.swiglu)
     ops::swiglu_forward({.out = act, .inp = fc}, stream_);
+  else if (d_.relu)
+    ops::relu_forward({.out = act, .inp = fc, .dout = Tensor()}, stream_);
   else
     ops::gelu_forward({.out = act, .inp = fc, .dout = Tensor()}, stream_);
   ops::matmul_forward({.out = x,

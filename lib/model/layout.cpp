@@ -23,6 +23,7 @@ ModelDims model_dims(const ModelConfig& m) {
   DS_USER_CHECK(d.NH % d.NKV == 0, "model: num_attention_heads {} must be divisible by num_key_value_heads {}",
                 d.NH, d.NKV);
   d.swiglu = m.activation == Activation::SwiGLU;
+  d.relu = m.activation == Activation::ReLU;
   d.F = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : (d.swiglu ? (4 * d.C * 2 / 3) / 64 * 64 : 4 * d.C);
   d.V = m.vocab_size;
   d.Vp = m.padded_vocab_size > 0 ? m.padded_vocab_size : m.vocab_size;

@@ -98,7 +98,7 @@ struct ModelDims {
   int qkv_rows() const { return (NH + 2 * NKV) * HS; }  // rows of the fused qkv weight
   int V = 0, Vp = 0, maxT = 0;              // real vocab, padded vocab, max positions
   bool gpt2 = true;                         // LayerNorm/GELU/learned pos/bias family
-  bool bias = true, untied = false, rope = false, rmsnorm = false, swiglu = false;
+  bool bias = true, untied = false, rope = false, rmsnorm = false, swiglu = false, relu = false;
   std::vector<int> experts;                 // per layer: > 1 a Mixture-of-Experts layer, else 1
   int topk = 1;                             // experts per token (MoE layers)
   bool moe_residual = false;                // PR-MoE: a dense MLP beside each MoE layer's experts

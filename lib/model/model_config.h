@@ -10,7 +10,7 @@ namespace ds {
 
 enum class ModelFamily { GPT2, LLaMA };
 enum class NormKind { LayerNorm, RMSNorm };
-enum class Activation { GELU, SwiGLU };
+enum class Activation { GELU, SwiGLU, ReLU };  // ReLU: OPT
 enum class PositionKind { Learned, Rope };
 
 // DeepSpeed-MoE noisy gate policies (deepspeed/moe/sharded_moe.py).
@@ -60,6 +60,9 @@ struct ModelConfig {
   // the embedding and on each attention / MLP output before its residual add,
   // attention on the softmax probabilities. Evaluation never drops.
   float hidden_dropout = 0.1f, attention_dropout = 0.1f;
+  // The embedding output's dropout; < 0: hidden_dropout (Megatron's). OPT
+  // has none there (0) while its residual branches use `dropout`.
+  float embedding_dropout = -1.f;
   MoeConfig moe;
 };
 

@@ -337,7 +337,9 @@ template <class A, class F> IfArgs<A, RopeArgs> fields(A& a, F&& f) {
   f(a.inp, "inp", Role::In);
 }
 
-struct GeluArgs {      // tanh approximation; backward: dinp = dout * gelu'(inp)
+// GELU (tanh approximation) and ReLU (OPT's MLP) take the same fields;
+// backward: dinp = dout * act'(inp) (relu' = 1 where inp > 0, else 0).
+struct GeluArgs {
   Tensor out;      // (N) any shape; in backward: dinp
   Tensor inp;      // same shape
   Tensor dout;     // backward only

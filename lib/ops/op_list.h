@@ -24,6 +24,8 @@
   X(rope_backward, RopeArgs)                 \
   X(gelu_forward, GeluArgs)                  \
   X(gelu_backward, GeluArgs)                 \
+  X(relu_forward, GeluArgs)                  \
+  X(relu_backward, GeluArgs)                 \
   X(swiglu_forward, SwigluArgs)              \
   X(swiglu_backward, SwigluBwdArgs)          \
   X(add, AddArgs)                            \

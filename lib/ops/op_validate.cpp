@@ -389,6 +389,8 @@ void validate_rope_backward(const RopeArgs& a) { check_rope(Check("rope_backward
 
 void validate_gelu_forward(const GeluArgs& a) { check_gelu(Check("gelu_forward"), a, false); }
 void validate_gelu_backward(const GeluArgs& a) { check_gelu(Check("gelu_backward"), a, true); }
+void validate_relu_forward(const GeluArgs& a) { check_gelu(Check("relu_forward"), a, false); }
+void validate_relu_backward(const GeluArgs& a) { check_gelu(Check("relu_backward"), a, true); }
 
 void validate_swiglu_forward(const SwigluArgs& a) {
   const Check c("swiglu_forward");

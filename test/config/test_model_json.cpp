@@ -44,3 +44,14 @@ TEST_CASE("the saved model section keeps its bytes", "[config][resolved]") {
                        "--moe-loss-coeff", "0.01", "--hidden-dropout", "0"}) ==
         R"({"activation":"gelu","attention_dropout":0.1,"bias":true,"family":"gpt2","ffn_hidden_size":512,"hidden_dropout":0.0,"hidden_size":128,"init_method_std":0.02,"make_vocab_size_divisible_by":128,"max_position_embeddings":1024,"moe":{"drop_tokens":true,"eval_capacity_factor":1.0,"expert_interval":2,"expert_parallel_size":1,"expert_tensor_parallelism":false,"loss_coeff":0.01,"min_capacity":4,"mlp_type":"standard","noisy_gate_policy":"none","num_experts":[4],"top2_2nd_expert_sampling":true,"topk":2,"train_capacity_factor":1.25,"use_rts":true},"norm":"layernorm","norm_eps":1e-05,"num_heads":4,"num_key_value_heads":4,"num_layers":4,"position":"learned","rope_theta":10000.0,"rotary_percent":1.0,"seq_length":1024,"untie_embeddings":false,"vocab_size":1000})");
 }
+
+TEST_CASE("OPT's model keys: relu and the embedding dropout, written only when set", "[config][resolved]") {
+  const std::string opt = model_section({{"vocab_size", 1000}, {"activation", "relu"}, {"embedding_dropout", 0.0}});
+  CHECK(opt.find(R"("activation":"relu")") != std::string::npos);
+  CHECK(opt.find(R"("embedding_dropout":0.0)") != std::string::npos);
+  CHECK(model_section({{"vocab_size", 1000}}).find("embedding_dropout") == std::string::npos);
+  CHECK_THROWS_WITH(model_section({{"vocab_size", 1000}, {"embedding_dropout", 1.5}}),
+                    Catch::Matchers::Contains("model.embedding_dropout must be in [0, 1)"));
+  CHECK_THROWS_WITH(model_section({{"vocab_size", 1000}, {"activation", "relu"}}, {"--num-experts", "4"}),
+                    Catch::Matchers::Contains("relu (OPT's MLP) with Mixture-of-Experts"));
+}

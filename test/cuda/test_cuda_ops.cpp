@@ -380,7 +380,7 @@ TEST_CASE("cuda add_norm_forward equals add then the norm bit for bit") {
         }
 }
 
-TEST_CASE("cuda gelu and swiglu forward and backward") {
+TEST_CASE("cuda gelu, relu and swiglu forward and backward") {
   if (!gpu_or_skip()) return;
   // F = 157: odd sizes (vector body plus a scalar tail for gelu, all scalar
   // for swiglu); F = 256: whole vectors. Each at aligned and odd offsets.
@@ -391,6 +391,10 @@ TEST_CASE("cuda gelu and swiglu forward and backward") {
     check_cuda_vs_cpu_offsets(make_case("gelu_forward", g, ops::gelu_forward), dt);
     g.dout = randn({N, F}, 62);
     check_cuda_vs_cpu_offsets(make_case("gelu_backward", g, ops::gelu_backward), dt);
+    check_cuda_vs_cpu_offsets(make_case("relu_forward", GeluArgs{.out = zeros_f32({N, F}), .inp = g.inp},
+                                        ops::relu_forward),
+                              dt);
+    check_cuda_vs_cpu_offsets(make_case("relu_backward", g, ops::relu_backward), dt);
     check_cuda_vs_cpu_offsets(make_case("swiglu_forward",
                                 SwigluArgs{.out = zeros_f32({N, F}), .inp = randn({N, 2 * F}, 63, 2.0f)},
                                 ops::swiglu_forward),

@@ -48,11 +48,13 @@ def build_models(d):
     run([DSPREP, "--train-tokenizer", "--input", f"{d}/corpus.txt", "--vocab-size", "512", "--output-dir", f"{d}/tok"])
     run([DSPREP, "--input", f"{d}/corpus.txt", "--output-prefix", f"{d}/data/corpus",
          "--vocab-file", f"{d}/tok/vocab.json", "--merge-file", f"{d}/tok/merges.txt"])
-    for family in ("gpt2", "llama"):
-        model = {"family": family, "num_layers": 2, "hidden_size": 64, "num_heads": 4, "seq_length": 64,
+    for family in ("gpt2", "llama", "opt"):
+        model = {"family": "gpt2" if family == "opt" else family, "num_layers": 2, "hidden_size": 64, "num_heads": 4, "seq_length": 64,
                  "max_position_embeddings": 128, "make_vocab_size_divisible_by": 128}
         if family == "llama":
             model["num_key_value_heads"] = 2
+        if family == "opt":  # GPT-2 blocks with ReLU: exported as OPTForCausalLM
+            model.update({"activation": "relu", "embedding_dropout": 0.0})
         cfg = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8,
                "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
                "model": model,
@@ -438,7 +440,7 @@ def check_tp(d):
 
 
 def check_hf(d):
-    for family, arch in (("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM")):
+    for family, arch in (("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM"), ("opt", "OPTForCausalLM")):
         hf = f"{d}/{family}/hf"
         ours = gen_jsonl(d, ["--init-from", hf, "--max-new-tokens", str(NEW)] + tok_flags(d))
         from_ckpt = gen_jsonl(d, ["--load", f"{d}/{family}/ckpt", "--max-new-tokens", str(NEW)] + tok_flags(d))

@@ -15,7 +15,8 @@ except Exception as e:  # pragma: no cover - environment dependent
 probe = sys.argv[1]
 # kind -> (architecture, key-value heads); gqa / mqa are built from block flags without a family
 kinds = {"gpt2": ("GPT2LMHeadModel", 4), "llama": ("LlamaForCausalLM", 4), "gqa": ("LlamaForCausalLM", 2),
-         "mqa": ("LlamaForCausalLM", 1), "neox": ("GPTNeoXForCausalLM", 4), "mixtral": ("MixtralForCausalLM", 4)}
+         "mqa": ("LlamaForCausalLM", 1), "neox": ("GPTNeoXForCausalLM", 4), "mixtral": ("MixtralForCausalLM", 4),
+         "opt": ("OPTForCausalLM", 4)}
 for family, (arch, kv_heads) in kinds.items():
     with tempfile.TemporaryDirectory() as d:
         ours = float(subprocess.check_output([probe, family, d + "/hf"]).decode())
@@ -54,14 +55,17 @@ with tempfile.TemporaryDirectory() as d:
     if rel > 1e-4:
         print("FAIL: a transformers Mixtral read by dstrain does not reproduce its loss")
         sys.exit(1)
-# pytorch_model.bin (PyTorch's zip format): a tiny LLaMA and a GPT-2 saved by
+# pytorch_model.bin (PyTorch's zip format): a tiny LLaMA, a GPT-2 and an OPT saved by
 # transformers without safetensors, read by dstrain's restricted reader.
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 torch.manual_seed(4)
 bins = {"llama": LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                               tie_word_embeddings=False)).eval(),
-        "gpt2": GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=64)).eval()}
+        "gpt2": GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=64)).eval(),
+        "opt": OPTForCausalLM(OPTConfig(vocab_size=300, hidden_size=64, word_embed_proj_dim=64, num_hidden_layers=2,
+                                        ffn_dim=96, num_attention_heads=4, max_position_embeddings=64,
+                                        dropout=0.0)).eval()}
 for name, model in bins.items():
     with tempfile.TemporaryDirectory() as d:
         model.save_pretrained(d + "/hf", safe_serialization=False)

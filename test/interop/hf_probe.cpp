@@ -1,7 +1,7 @@
 // Interop probe: builds a small random GPT-2 or LLaMA model, exports it in
 // Hugging Face format to DIR, and prints the model's mean next-token loss on a
 // fixed token sequence, for hf_check.py to compare with transformers.
-//   hf_probe gpt2|llama|gqa|mqa|neox|mixtral DIR
+//   hf_probe gpt2|llama|gqa|mqa|neox|mixtral|opt DIR
 //   hf_probe import DIR     (reads DIR's config.json and weights instead)
 // gqa / mqa: a LLaMA-shaped model assembled block by block as Megatron's flags
 // build it (no family set), with 2 / 1 key-value heads for 4 query heads.
@@ -20,7 +20,7 @@ using namespace ds;
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: hf_probe gpt2|llama|gqa|mqa|neox|mixtral|import DIR\n");
+    std::fprintf(stderr, "usage: hf_probe gpt2|llama|gqa|mqa|neox|mixtral|opt|import DIR\n");
     return 2;
   }
   const std::string kind = argv[1];
@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
     m.moe.drop_tokens = false;
     m.moe.top2_2nd_expert_sampling = false;
   }
+  if (kind == "opt") m.activation = Activation::ReLU;  // GPT-2 blocks with ReLU: OPT
   if (kind == "neox") {  // --position-embedding-type rope --rotary-percent 0.25 on GPT-2 blocks
     m.position = PositionKind::Rope;
     m.rotary_percent = 0.25f;

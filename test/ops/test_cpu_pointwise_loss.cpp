@@ -51,6 +51,30 @@ TEST_CASE("gelu forward and backward") {
   }
 }
 
+TEST_CASE("relu forward and backward") {
+  const int64_t n = 3 * 4096 + 5;
+  Tensor x = randn({n}, 82, 3.0);
+  x.data<float>()[7] = 0.f;  // relu'(0) = 0, as torch's threshold_backward
+  const Tensor dout = randn({n}, 83);
+  GeluArgs f{.out = Tensor::empty({n}, DType::F32), .inp = x, .dout = Tensor()};
+  ops::relu_forward(f);
+  check_close(f.out, map(to_f64(x), [](double v) { return v > 0 ? v : 0.0; }), 0.0, "relu");
+  GeluArgs g{.out = Tensor::empty({n}, DType::F32), .inp = x, .dout = dout};
+  ops::relu_backward(g);
+  const Vec xv = to_f64(x), dv = to_f64(dout);
+  Vec want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = xv[i] > 0 ? dv[i] : 0.0;
+  check_close(g.out, want, 0.0, "relu backward");
+  CHECK(g.out.data<float>()[7] == 0.f);
+  // bf16 (emulated through f32): exact, as max(x, 0) of a bf16 value is one.
+  GeluArgs h{.out = Tensor::empty({n}, DType::BF16), .inp = to_dtype(x, DType::BF16), .dout = Tensor()};
+  ops::relu_forward(h);
+  const Tensor back = to_dtype(h.out, DType::F32), xin = to_dtype(h.inp, DType::F32);
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad += back.data<float>()[i] != std::max(xin.data<float>()[i], 0.f);
+  CHECK(bad == 0);
+}
+
 namespace {
 
 Vec ref_swiglu(const Vec& x, int64_t N, int64_t F) {
