@@ -28,21 +28,27 @@ def split_index(seed, size, data_split, phase):
     return idx[splits_index[phase]:splits_index[phase + 1]].tolist()
 
 
-for case in sys.argv[1:]:
-    if case.startswith("blend:"):  # blend:seed:split:phase(1-based):n1;n2;... -> "d.i" of the blended order
-        _, seed, data_split, phase, sizes = case.split(":")
-        seed, phase = int(seed), int(phase)
-        data_split = data_split.replace(";", ",")
-        parts = []
-        for d, n in enumerate(int(v) for v in sizes.split(";")):
-            parts += [f"{d}.{i}" for i in split_index(seed, n, data_split, phase - 1)]
-        if len(sizes.split(";")) > 1:  # create_prompt_dataset shuffles only a blend
-            rng = np.random.RandomState(seed=seed)
-            order = np.arange(start=0, stop=len(parts), step=1, dtype=np.uint32)
-            rng.shuffle(order)
-            parts = [parts[int(k)] for k in order]
-        print(" ".join(parts))
-        continue
-    seed, size, data_split, phase = case.split(":")
-    part = split_index(int(seed), int(size), data_split.replace(";", ","), int(phase))
-    print(" ".join(str(int(v)) for v in part))
+
+def main():
+    for case in sys.argv[1:]:
+        if case.startswith("blend:"):  # blend:seed:split:phase(1-based):n1;n2;... -> "d.i" of the blended order
+            _, seed, data_split, phase, sizes = case.split(":")
+            seed, phase = int(seed), int(phase)
+            data_split = data_split.replace(";", ",")
+            parts = []
+            for d, n in enumerate(int(v) for v in sizes.split(";")):
+                parts += [f"{d}.{i}" for i in split_index(seed, n, data_split, phase - 1)]
+            if len(sizes.split(";")) > 1:  # create_prompt_dataset shuffles only a blend
+                rng = np.random.RandomState(seed=seed)
+                order = np.arange(start=0, stop=len(parts), step=1, dtype=np.uint32)
+                rng.shuffle(order)
+                parts = [parts[int(k)] for k in order]
+            print(" ".join(parts))
+            continue
+        seed, size, data_split, phase = case.split(":")
+        part = split_index(int(seed), int(size), data_split.replace(";", ","), int(phase))
+        print(" ".join(str(int(v)) for v in part))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+// dschat: DeepSpeed-Chat's three steps with the flags of their main.py
+// scripts. A script's `deepspeed main.py FLAGS` becomes
+// `dsrun dschat sft FLAGS` (step 1; reward and ppo to follow).
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "lib/chat/sft.h"
+#include "lib/core/error.h"
+#include "lib/core/run_main.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: dschat sft [DeepSpeed-Chat step-1 flags]\n"
+    "  sft     supervised fine-tuning (training/step1_supervised_finetuning/main.py)\n"
+    "  reward  reward model (step 2; not implemented yet)\n"
+    "  ppo     RLHF with PPO (step 3; not implemented yet)\n"
+    "docs/dschat.md lists the flags and what each does.";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return ds::run_main("dschat", [&] {
+    // The launcher's --local_rank=N (DeepSpeed's runner puts it right after
+    // the program) goes to the step with the other flags.
+    std::vector<std::string> rest;
+    std::string step;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (step.empty() && a.rfind("--local_rank", 0) != 0) step = a;
+      else rest.push_back(a);
+    }
+    if (step.empty() || step == "--help" || step == "-h") {
+      std::printf("%s\n", kUsage);
+      return step.empty() ? 1 : 0;
+    }
+    if (step == "sft") return ds::chat::run_sft(rest);
+    DS_USER_CHECK(step != "reward" && step != "ppo", "dschat {}: step {} is not implemented yet", step,
+                  step == "reward" ? 2 : 3);
+    throw ds::UserError("unknown step '" + step + "': expected sft, reward or ppo");
+  });
+}

@@ -1,0 +1,493 @@
+// dschat sft: DeepSpeed-Chat's step 1 (sft.h).
+#include "lib/chat/sft.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "lib/chat/chat_args.h"
+#include "lib/chat/chat_tokenizer.h"
+#include "lib/chat/data_split.h"
+#include "lib/chat/hf_cache.h"
+#include "lib/chat/pairs.h"
+#include "lib/chat/phase_data.h"
+#include "lib/chat/torch_sampler.h"
+#include "lib/ckpt/file_io.h"
+#include "lib/ckpt/hf.h"
+#include "lib/comm/communicator.h"
+#include "lib/config/config.h"
+#include "lib/core/error.h"
+#include "lib/core/file_read.h"
+#include "lib/core/json_config.h"
+#include "lib/core/log.h"
+#include "lib/optim/lr_schedule.h"
+#include "lib/parallel/comms.h"
+#include "lib/parallel/rank_grid.h"
+#include "lib/train/batch_source.h"
+#include "lib/train/trainer.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace ds::chat {
+
+namespace {
+
+constexpr const char* kProg = "dschat sft";
+
+// step1_supervised_finetuning/main.py's arguments, defaults included, and
+// deepspeed.add_config_arguments'.
+std::vector<ArgSpec> step1_specs() {
+  using K = ArgKind;
+  return {
+      {"--data_path", K::List, {}, {}, false, {"Dahoas/rm-static"}},
+      {"--data_split", K::Str, "2,4,4"},
+      {"--sft_only_data_path", K::List},
+      {"--data_output_path", K::Str, "/tmp/data_files/"},
+      {"--model_name_or_path", K::Str, std::nullopt, {}, true},
+      {"--per_device_train_batch_size", K::Int, "16"},
+      {"--per_device_eval_batch_size", K::Int, "16"},
+      {"--max_seq_len", K::Int, "512"},
+      {"--learning_rate", K::Float, "1e-3"},
+      {"--weight_decay", K::Float, "0."},
+      {"--num_train_epochs", K::Int, "1"},
+      {"--gradient_accumulation_steps", K::Int, "1"},
+      {"--lr_scheduler_type", K::Str, "cosine",
+       {"linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"}},
+      {"--num_warmup_steps", K::Int, "0"},
+      {"--output_dir", K::Str, std::nullopt},
+      {"--seed", K::Int, "1234"},
+      {"--local_rank", K::Int, "-1"},
+      {"--gradient_checkpointing", K::Flag},
+      {"--dropout", K::Float, std::nullopt},
+      {"--offload", K::Flag},
+      {"--dtype", K::Str, "fp16", {"fp16", "bf16", "fp32"}},  // fp32: dschat's own (no mixed precision)
+      {"--zero_stage", K::Int, "0"},
+      {"--lora_dim", K::Int, "0"},
+      {"--lora_module_name", K::Str, "decoder.layers."},
+      {"--only_optimize_lora", K::Flag},
+      {"--lora_learning_rate", K::Float, "5e-4"},
+      {"--compute_fp32_loss", K::Flag},
+      {"--enable_tensorboard", K::Flag},
+      {"--tensorboard_path", K::Str, "step1_tensorboard"},
+      {"--add_eot_token", K::Flag},
+      {"--eot_token", K::Str, "<|endoftext|>"},
+      {"--print_loss", K::Flag},
+      {"--deepspeed", K::Flag},
+      {"--deepspeed_config", K::Str, std::nullopt},
+      {"--deepscale", K::Flag},
+      {"--deepscale_config", K::Str, std::nullopt},
+  };
+}
+
+// One dataset of --data_path / --sft_only_data_path: its train and eval examples.
+struct RawDataset {
+  std::vector<ChatExample> train, eval;
+};
+
+std::string first_existing(const fs::path& dir, std::initializer_list<const char*> names) {
+  std::error_code ec;
+  for (const char* n : names)
+    if (fs::is_regular_file(dir / n, ec)) return (dir / n).string();
+  return "";
+}
+
+RawDataset read_dataset(const std::string& path, const std::string& flag) {
+  std::error_code ec;
+  fs::path dir;
+  if (path.find("local/jsonfile") != std::string::npos) {  // DeepSpeed-Chat's test: a substring
+    dir = fs::path(find_local_jsonfile_dir(fs::current_path().string())) / "data";
+  } else {
+    DS_USER_CHECK(fs::is_directory(path, ec),
+                  "{} '{}': dschat reads local/jsonfile or a directory holding train.json and eval.json (JSON Lines "
+                  "or a JSON array of objects with prompt, chosen and rejected); Hugging Face Hub datasets are not "
+                  "downloaded",
+                  flag, path);
+    dir = path;
+  }
+  const std::string train = first_existing(dir, {"train.json", "train.jsonl"});
+  const std::string eval = first_existing(dir, {"eval.json", "eval.jsonl"});
+  DS_USER_CHECK(!train.empty() && !eval.empty(), "{} '{}': {} needs both train.json and eval.json (or .jsonl)", flag,
+                path, dir.string());
+  return {read_pair_file(train), read_pair_file(eval)};
+}
+
+// The examples step 1 can use (prompt and chosen present).
+std::vector<ChatExample> usable(std::vector<ChatExample> v) {
+  std::erase_if(v, [](const ChatExample& e) { return !prompt_and_chosen(e); });
+  return v;
+}
+
+std::vector<ChatExample> shuffled_concat(const std::vector<ChatExample>& a, const std::vector<ChatExample>& b,
+                                         uint32_t seed) {
+  std::vector<ChatExample> all = a;
+  all.insert(all.end(), b.begin(), b.end());
+  std::vector<ChatExample> out;
+  for (int64_t i : numpy_shuffled_range(seed, static_cast<int64_t>(all.size())))
+    out.push_back(all[static_cast<size_t>(i)]);
+  return out;
+}
+
+// create_prompt_dataset for phase 1: each --data_path dataset's phase-1
+// part (blended when several), then the --sft_only_data_path datasets whole
+// ("10,0,0"), appended and shuffled.
+PhaseExamples step1_examples(const ParsedArgs& a, uint32_t seed) {
+  const std::vector<double> split = parse_data_split(*a.str("--data_split"), "--data_split");
+  DS_USER_CHECK(!a.list("--data_path").empty(), "--data_path: give at least one dataset");
+  std::vector<PhaseExamples> parts;
+  for (const std::string& p : a.list("--data_path")) {
+    const RawDataset d = read_dataset(p, "--data_path");
+    PhaseExamples pe = phase_examples(d.train, d.eval, split, 1, seed);
+    parts.push_back({usable(std::move(pe.train)), usable(std::move(pe.eval))});
+  }
+  PhaseExamples out = blend(parts, seed);
+  if (!a.list("--sft_only_data_path").empty()) {
+    PhaseExamples sft;
+    for (const std::string& p : a.list("--sft_only_data_path")) {
+      const RawDataset d = read_dataset(p, "--sft_only_data_path");
+      PhaseExamples pe = phase_examples(d.train, d.eval, {10, 0, 0}, 1, seed);
+      for (ChatExample& e : usable(std::move(pe.train))) sft.train.push_back(std::move(e));
+      for (ChatExample& e : usable(std::move(pe.eval))) sft.eval.push_back(std::move(e));
+    }
+    out.train = shuffled_concat(out.train, sft.train, seed);
+    out.eval = shuffled_concat(out.eval, sft.eval, seed);
+  }
+  return out;
+}
+
+// This rank's samples of `examples`, in the order its DistributedSampler
+// visits them.
+std::vector<SftSample> rank_samples(const std::vector<ChatExample>& examples, int world, int rank,
+                                    const ChatTokenizer& tok, int64_t max_seq_len) {
+  std::vector<SftSample> out;
+  for (int64_t i : distributed_sampler_indices(static_cast<int64_t>(examples.size()), world, rank))
+    out.push_back(sft_sample(tok, *prompt_and_chosen(examples[static_cast<size_t>(i)]), max_seq_len));
+  return out;
+}
+
+// Rows [first, first + count) of `samples` as a (B, T) host micro-batch; the
+// rows past count are padding whose targets are all ignored (the mean loss
+// over the batch's tokens is then that of the count rows alone).
+MicroBatch rows_batch(const std::vector<SftSample>& samples, size_t first, size_t count, int64_t B, int64_t T,
+                      int32_t pad) {
+  Tensor tok = Tensor::empty({B, T}, DType::I32), tgt = Tensor::empty({B, T}, DType::I32);
+  int64_t counted = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t* tr = tok.data<int32_t>() + b * T;
+    int32_t* gr = tgt.data<int32_t>() + b * T;
+    if (static_cast<size_t>(b) < count) {
+      const SftSample& s = samples[first + static_cast<size_t>(b)];
+      std::copy(s.tokens.begin(), s.tokens.end(), tr);
+      std::copy(s.targets.begin(), s.targets.end(), gr);
+      for (int32_t v : s.targets) counted += v >= 0;
+    } else {
+      std::fill(tr, tr + T, pad);
+      std::fill(gr, gr + T, -1);
+    }
+  }
+  // The gradient of this batch's mean loss over the tokens it counts (HF's).
+  const float scale = counted > 0 ? static_cast<float>(static_cast<double>(B * T) / static_cast<double>(counted)) : 1.f;
+  return {.tokens = tok, .targets = tgt, .first_sample = 0, .step_key = {}, .loss_weight_scale = scale};
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The training micro-batches: this rank's samples in sampler order, B at a
+// time, the last batch of an epoch shorter (DataLoader's drop_last=False);
+// every epoch in the same order (DeepSpeed-Chat never calls set_epoch).
+class SftBatches final : public BatchSource {
+ public:
+  SftBatches(Device dev, std::vector<SftSample> samples, int64_t B, int64_t T, int32_t pad, int64_t total)
+      : BatchSource(dev), samples_(std::move(samples)), B_(B), T_(T), pad_(pad), total_(total) {}
+  int64_t batches_per_epoch() const { return ceil_div(static_cast<int64_t>(samples_.size()), B_); }
+  MicroBatch train_batch(int64_t consumed, int micro, int dp_rank, int dp, int64_t seqlen) override {
+    DS_CHECK(seqlen == 0 || seqlen == T_, "dschat: no sequence-length curriculum (seqlen {})", seqlen);
+    (void)dp_rank;
+    const int64_t k = consumed / (B_ * dp) + micro;  // the global micro-step
+    const int64_t i = k % batches_per_epoch();
+    const size_t first = static_cast<size_t>(i * B_);
+    const size_t count = std::min(samples_.size() - first, static_cast<size_t>(B_));
+    return rows_batch(samples_, first, count, B_, T_, pad_);
+  }
+  MicroBatch valid_batch(int64_t, int, int) override {
+    DS_CHECK(false, "dschat: evaluation does not go through valid_batch");
+    return {};
+  }
+  bool has_valid() const override { return false; }
+  int64_t train_samples_per_epoch() const override { return total_; }
+
+ private:
+  std::vector<SftSample> samples_;
+  int64_t B_, T_;
+  int32_t pad_;
+  int64_t total_;
+};
+
+// DeepSpeed-Chat's evaluation(): the mean of each eval batch's loss (over its
+// non-pad tokens), averaged over the batches and then over the ranks.
+// Batches of eval_b rows run as micro-batches of B rows; their means are
+// combined by token counts.
+double eval_loss(Trainer& t, const std::vector<SftSample>& samples, int64_t eval_b, int64_t B, int64_t T,
+                 int32_t pad) {
+  const int64_t n = static_cast<int64_t>(samples.size()), batches = ceil_div(n, eval_b);
+  double sum = 0;
+  for (int64_t j = 0; j < batches; ++j) {
+    const int64_t first = j * eval_b, rows = std::min(eval_b, n - first);
+    double weighted = 0, tokens = 0;
+    for (int64_t c = 0; c < rows; c += B) {
+      const int64_t count = std::min(B, rows - c);
+      int64_t counted = 0;
+      for (int64_t r = 0; r < count; ++r)
+        for (int32_t v : samples[static_cast<size_t>(first + c + r)].targets) counted += v >= 0;
+      const double mean = t.forward_loss(rows_batch(samples, static_cast<size_t>(first + c),
+                                                    static_cast<size_t>(count), B, T, pad));
+      weighted += mean * static_cast<double>(counted);
+      tokens += static_cast<double>(counted);
+    }
+    sum += tokens > 0 ? weighted / tokens : NAN;
+  }
+  return t.dp_mean(sum / static_cast<double>(batches));
+}
+
+void say(const std::string& s) {  // DeepSpeed-Chat's print_rank_0
+  if (log_rank() != 0) return;
+  std::printf("%s\n", s.c_str());
+  std::fflush(stdout);
+}
+
+HfSchedule hf_schedule(const std::string& name) {
+  for (const auto& [k, n] : kHfScheduleNames)
+    if (name == n) return k;
+  return HfSchedule::Cosine;  // parse_args checked the choices
+}
+
+// The model's dropout as DeepSpeed-Chat trains it: the config's (GPT-2:
+// resid_pdrop after the attention and MLP and embd_pdrop on the embeddings,
+// attn_pdrop on the attention probabilities; OPT: dropout after the
+// attention and MLP, attention_dropout; LLaMA: attention_dropout), with
+// --dropout replacing the keys the config has of 'dropout',
+// 'attention_dropout', 'hidden_dropout', 'activation_dropout'.
+void set_dropout(ModelConfig& m, json& hf, const std::optional<double>& dropout, const std::string& file) {
+  if (dropout)
+    for (const char* k : {"dropout", "attention_dropout", "hidden_dropout", "activation_dropout"})
+      if (hf.contains(k)) hf[k] = *dropout;
+  auto value = [&](const char* key, double dflt) {
+    if (!hf.contains(key) || hf[key].is_null()) return dflt;
+    DS_USER_CHECK(hf[key].is_number(), "'{}': '{}' must be a number", file, key);
+    return hf[key].get<double>();
+  };
+  const std::string type = hf.value("model_type", "");
+  if (type == "opt") {  // none on the embeddings; activation_dropout is unused upstream
+    m.hidden_dropout = static_cast<float>(value("dropout", 0.1));
+    m.attention_dropout = static_cast<float>(value("attention_dropout", 0.0));
+    m.embedding_dropout = 0.f;
+  } else if (type == "gpt2") {
+    const double resid = value("resid_pdrop", 0.1), embd = value("embd_pdrop", 0.1);
+    DS_USER_CHECK(resid == embd, "'{}': embd_pdrop {} differs from resid_pdrop {}; dstrain applies one hidden "
+                  "dropout to the embeddings and the residual branches", file, embd, resid);
+    m.hidden_dropout = static_cast<float>(resid);
+    m.attention_dropout = static_cast<float>(value("attn_pdrop", 0.1));
+  } else {
+    m.hidden_dropout = static_cast<float>(value("hidden_dropout", 0.0));
+    m.attention_dropout = static_cast<float>(value("attention_dropout", 0.0));
+  }
+}
+
+// Copies the tokenizer files of the model directory beside the exported model.
+void copy_tokenizer_files(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  for (const char* n : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
+                        "special_tokens_map.json", "added_tokens.json", "tokenizer.model"})
+    if (fs::is_regular_file(from / n, ec) && !fs::exists(to / n, ec))
+      fs::copy_file(from / n, to / n, ec);
+}
+
+// The model and its tokenizer files into `out`, which may hold other files
+// (DeepSpeed-Chat's scripts send their log there): written complete into a
+// temporary directory inside it, then each file renamed into place, so that
+// an interrupted save leaves no partial file under a model file's name.
+void export_into(Trainer& trainer, const fs::path& out, const fs::path& model_dir, int rank) {
+  std::error_code ec;
+  const fs::path tmp = out / ".dschat_export.tmp";
+  if (rank == 0) {
+    fs::create_directories(out, ec);
+    DS_USER_CHECK(!ec, "--output_dir '{}': cannot create it: {}", out.string(), ec.message());
+    fs::remove_all(tmp, ec);  // what an interrupted save left
+  }
+  trainer.export_hf(tmp.string());  // collective; rank 0 writes
+  if (rank != 0) return;
+  copy_tokenizer_files(model_dir, tmp);
+  for (const auto& e : fs::directory_iterator(tmp, ec)) {
+    fs::rename(e.path(), out / e.path().filename(), ec);
+    DS_USER_CHECK(!ec, "--output_dir '{}': cannot move '{}' into it: {}", out.string(), e.path().string(),
+                  ec.message());
+  }
+  fs::remove_all(tmp, ec);
+}
+
+}  // namespace
+
+int run_sft(const std::vector<std::string>& argv) {
+  const ParsedArgs a = parse_args(step1_specs(), argv, kProg);
+  // What dschat does not implement yet, or what DeepSpeed itself refuses.
+  DS_USER_CHECK(!a.str("--deepspeed_config") && !a.str("--deepscale_config"),
+                "{}: DeepSpeed-Chat builds its DeepSpeed config from the flags and deepspeed.initialize refuses a "
+                "second one ('Not sure how to proceed, we were given deepspeed configs in the deepspeed arguments "
+                "and deepspeed.initialize() function call'); drop --deepspeed_config", kProg);
+  DS_USER_CHECK(*a.integer("--lora_dim") <= 0 && !a.flag("--only_optimize_lora"),
+                "{}: LoRA (--lora_dim, --only_optimize_lora) is not implemented yet", kProg);
+  const int64_t B = *a.integer("--per_device_train_batch_size"), eval_b = *a.integer("--per_device_eval_batch_size");
+  const int64_t T = *a.integer("--max_seq_len"), epochs = *a.integer("--num_train_epochs");
+  const int64_t ga = *a.integer("--gradient_accumulation_steps"), warmup = *a.integer("--num_warmup_steps");
+  DS_USER_CHECK(B >= 1 && eval_b >= 1, "{}: --per_device_train_batch_size {} and --per_device_eval_batch_size {} "
+                "must be at least 1", kProg, B, eval_b);
+  DS_USER_CHECK(T >= 2, "{}: --max_seq_len {} must be at least 2", kProg, T);
+  DS_USER_CHECK(epochs >= 0 && ga >= 1 && warmup >= 0, "{}: --num_train_epochs {} must be >= 0, "
+                "--gradient_accumulation_steps {} >= 1 and --num_warmup_steps {} >= 0", kProg, epochs, ga, warmup);
+  const int64_t seed = *a.integer("--seed");
+  DS_USER_CHECK(seed >= 0 && seed <= 0xffffffffLL, "{}: --seed {} must be between 0 and 2**32 - 1 (numpy's "
+                "RandomState splits the data with it)", kProg, seed);
+  const int64_t zero_stage = *a.integer("--zero_stage");
+  DS_USER_CHECK(zero_stage >= 0 && zero_stage <= 3, "{}: --zero_stage {} must be 0, 1, 2 or 3", kProg, zero_stage);
+
+  const RendezvousInfo rv = RendezvousInfo::from_env();
+  log_set_rank(rv.rank);
+  // The model, its tokenizer and the vocabulary DeepSpeed-Chat resizes to.
+  const std::string arg_model = *a.str("--model_name_or_path");
+  const fs::path dir = resolve_model_dir(arg_model);
+  const fs::path cfg_file = dir / "config.json";
+  json hf = parse_json_text(read_small_file(cfg_file.string(), size_t(64) << 20, "model config"),
+                            "'" + cfg_file.string() + "'");
+  DS_USER_CHECK(hf.is_object(), "'{}' is not a JSON object", cfg_file.string());
+  const std::string name = hf.contains("_name_or_path") && hf["_name_or_path"].is_string()
+                               ? hf["_name_or_path"].get<std::string>()
+                               : arg_model;
+  const std::optional<std::string> eot =
+      a.flag("--add_eot_token") ? std::optional<std::string>(*a.str("--eot_token")) : std::nullopt;
+  const ChatTokenizer tok = ChatTokenizer::load(dir.string(), name, eot);
+  ModelConfig m = model_config_from_hf(hf, cfg_file.string(), 1, "--model_name_or_path");
+  set_dropout(m, hf, a.real("--dropout"), cfg_file.string());
+  DS_USER_CHECK(hf.value("model_type", "") != "gpt2" || *a.real("--weight_decay") == 0.0,
+                "{}: --weight_decay {} on a GPT-2 model: DeepSpeed-Chat's no-decay names miss GPT-2's ln_1 and ln_2 "
+                "weights, so it decays them, and dschat does not reproduce that yet; use --weight_decay 0 or a "
+                "LLaMA or GPT-NeoX model", kProg, *a.str("--weight_decay"));
+  const int64_t file_vocab = m.vocab_size, vocab = 8 * ceil_div(tok.size(), 8);
+  DS_USER_CHECK(vocab >= file_vocab, "{}: the tokenizer has {} tokens, so DeepSpeed-Chat would shrink the model's "
+                "{}-row embedding to {}; dschat only grows it", kProg, tok.size(), file_vocab, vocab);
+  DS_USER_CHECK(T <= m.max_position_embeddings, "{}: --max_seq_len {} is longer than the model's {} positions",
+                kProg, T, m.max_position_embeddings);
+  m.vocab_size = static_cast<int>(vocab);
+  m.padded_vocab_size = static_cast<int>(vocab);
+  m.make_vocab_size_divisible_by = 1;
+  m.seq_length = static_cast<int>(T);
+
+  // The examples, and this rank's share of them in sampler order.
+  const PhaseExamples ex = step1_examples(a, static_cast<uint32_t>(seed));
+  DS_USER_CHECK(!ex.train.empty(), "{}: phase 1 of --data_split {} leaves no training examples", kProg,
+                *a.str("--data_split"));
+  DS_USER_CHECK(!ex.eval.empty(), "{}: phase 1 of --data_split {} leaves no evaluation examples (DeepSpeed-Chat "
+                "evaluates before training)", kProg, *a.str("--data_split"));
+  const int world = rv.world_size;
+  std::vector<SftSample> train = rank_samples(ex.train, world, rv.rank, tok, T);
+  const std::vector<SftSample> eval = rank_samples(ex.eval, world, rv.rank, tok, T);
+  const int64_t per_epoch = ceil_div(static_cast<int64_t>(train.size()), B);  // micro-batches
+  const int64_t steps = epochs * per_epoch / ga, sched_total = epochs * ceil_div(per_epoch, ga);
+  const std::string sched = *a.str("--lr_scheduler_type");
+  DS_USER_CHECK(sched != "polynomial" || warmup != sched_total,
+                "{}: --lr_scheduler_type polynomial with --num_warmup_steps {} equal to the {} training steps "
+                "divides by zero in transformers", kProg, warmup, sched_total);
+  const double lr = *a.real("--learning_rate");
+  DS_USER_CHECK(sched != "polynomial" || lr > 1e-7, "{}: --lr_scheduler_type polynomial needs --learning_rate above "
+                "its end value 1e-7 (transformers raises ValueError)", kProg);
+
+  // The training config: the DeepSpeed config get_train_ds_config builds,
+  // the model, and the client optimizer (FusedAdam, betas 0.9 / 0.95).
+  TrainConfig base;
+  base.model = m;
+  json j = config_to_json(base);
+  const char* offload = a.flag("--offload") ? "cpu" : "none";
+  j["train_batch_size"] = B * world * ga;
+  j["train_micro_batch_size_per_gpu"] = B;
+  j["gradient_accumulation_steps"] = ga;
+  j["steps_per_print"] = 10;
+  j["gradient_clipping"] = 1.0;
+  j["prescale_gradients"] = false;
+  j["wall_clock_breakdown"] = false;
+  j["zero_optimization"] = {{"stage", zero_stage},
+                            {"overlap_comm", true},
+                            // DeepSpeed uses offload_param at stage 3 only (dstrain refuses it elsewhere)
+                            {"offload_param", {{"device", zero_stage == 3 ? offload : "none"}}},
+                            {"offload_optimizer", {{"device", offload}}},
+                            {"stage3_param_persistence_threshold", 1e4},
+                            {"stage3_max_live_parameters", 3e7},
+                            {"stage3_prefetch_bucket_size", 3e7}};
+  const std::string dtype = *a.str("--dtype");
+  j["fp16"] = {{"enabled", dtype == "fp16"}, {"loss_scale_window", 100}};
+  j["bf16"] = {{"enabled", dtype == "bf16"}};
+  j["optimizer"] = {{"type", "AdamW"},
+                    {"params", {{"lr", lr}, {"betas", {0.9, 0.95}}, {"eps", 1e-8},
+                                {"weight_decay", *a.real("--weight_decay")}}}};
+  j.erase("scheduler");
+  j["tensorboard"] = {{"enabled", a.flag("--enable_tensorboard")},
+                      {"output_path", *a.str("--tensorboard_path") + "/ds_tensorboard_logs/"},
+                      {"job_name", "step1_model_tensorboard"}};
+  j["training"]["train_iters"] = steps;
+  j["training"]["seed"] = seed;
+  j["training"]["init_from"] = dir.string();
+  j["training"]["log_interval"] = 1;
+  j["training"]["eval_interval"] = 0;
+  if (a.flag("--gradient_checkpointing")) j["parallel"]["recompute_granularity"] = "full";
+  TrainConfig cfg = train_config_from_json(j, world);
+  cfg.optim.scheduler = LrScheduler::Transformers;
+  cfg.optim.hf_schedule = hf_schedule(sched);
+  cfg.optim.warmup_iters = warmup;
+  cfg.optim.decay_iters = sched_total;
+  cfg.ckpt.init_from_vocab = file_vocab < vocab ? file_vocab : 0;
+  cfg.data.tokenizer.vocab_size = tok.size();
+  cfg.data.tokenizer.bos_id = tok.bos_id();
+  cfg.data.tokenizer.eos_id = tok.eos_id();
+  cfg.data.tokenizer.pad_id = tok.pad_id();
+
+  auto world_comm = make_world_communicator(Backend::Gloo, rv);
+  RankGrid grid = make_rank_grid(cfg.layout, rv.rank);
+  Comms comms = build_comms(*world_comm, grid);
+  if (!a.str("--output_dir")) DS_LOG("no --output_dir: the fine-tuned model is not saved (as DeepSpeed-Chat)");
+  const std::optional<std::string> out = a.str("--output_dir");
+  if (out) check_output_dir(*out, "--output_dir");  // may hold other files (the scripts log into it)
+  const int32_t pad = tok.pad_id();
+  Trainer trainer(cfg, comms, rv.local_rank,
+                  std::make_unique<SftBatches>(Device::cpu(), std::move(train), B, T, pad,
+                                               static_cast<int64_t>(ex.train.size())));
+  auto evaluate = [&](int64_t epoch) {
+    say(fmt::format("***** Evaluating perplexity, Epoch {}/{} *****", epoch, epochs));
+    const float loss = static_cast<float>(eval_loss(trainer, eval, eval_b, B, T, pad));
+    const float ppl = std::exp(loss);
+    say(fmt::format("ppl: {}, loss: {}", python_repr(ppl), python_repr(loss)));
+  };
+  say("***** Running training *****");
+  evaluate(0);
+  int64_t done = 0;
+  for (int64_t e = 0; e < epochs; ++e) {
+    say(fmt::format("Beginning of Epoch {}/{}, Total Micro Batches {}", e + 1, epochs, per_epoch));
+    // The optimizer steps whose last micro-batch falls in this epoch.
+    for (const int64_t end = (e + 1) * per_epoch / ga; done < end; ++done) {
+      const float loss = trainer.iterate();
+      if (a.flag("--print_loss"))
+        say(fmt::format("Epoch: {}, Step: {}, Rank: 0, loss = {}", e, ((done + 1) * ga - 1) % per_epoch,
+                        python_repr(loss)));
+    }
+    evaluate(e + 1);
+  }
+  if (out) {
+    say("saving the final model ...");
+    export_into(trainer, *out, dir, rv.rank);
+  }
+  world_comm->barrier();
+  return 0;
+}
+
+}  // namespace ds::chat
