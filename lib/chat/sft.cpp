@@ -371,10 +371,10 @@ int run_sft(const std::vector<std::string>& argv) {
   const ChatTokenizer tok = ChatTokenizer::load(dir.string(), name, eot);
   ModelConfig m = model_config_from_hf(hf, cfg_file.string(), 1, "--model_name_or_path");
   set_dropout(m, hf, a.real("--dropout"), cfg_file.string());
-  DS_USER_CHECK(hf.value("model_type", "") != "gpt2" || *a.real("--weight_decay") == 0.0,
-                "{}: --weight_decay {} on a GPT-2 model: DeepSpeed-Chat's no-decay names miss GPT-2's ln_1 and ln_2 "
-                "weights, so it decays them, and dschat does not reproduce that yet; use --weight_decay 0 or a "
-                "LLaMA or GPT-NeoX model", kProg, *a.str("--weight_decay"));
+  // DeepSpeed-Chat's no-decay names ("bias", "layer_norm.weight", "layernorm.weight", "norm.weight",
+  // "ln_f.weight") match every family's norms and biases as Megatron's rule does, except GPT-2's
+  // ln_1 / ln_2 weights, which it decays.
+  m.decay_block_norms = hf.value("model_type", "") == "gpt2";
   const int64_t file_vocab = m.vocab_size, vocab = 8 * ceil_div(tok.size(), 8);
   DS_USER_CHECK(vocab >= file_vocab, "{}: the tokenizer has {} tokens, so DeepSpeed-Chat would shrink the model's "
                 "{}-row embedding to {}; dschat only grows it", kProg, tok.size(), file_vocab, vocab);

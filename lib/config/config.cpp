@@ -165,6 +165,7 @@ json model_json(const ModelConfig& m) {
             {"moe", moe_json(m.moe)}});
   // Written only when set (OPT's 0): configs that never set it stay as they were.
   if (m.embedding_dropout >= 0) j["embedding_dropout"] = num(m.embedding_dropout);
+  if (m.decay_block_norms) j["decay_block_norms"] = true;
   return j;
 }
 

@@ -91,7 +91,9 @@ ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
   const bool first = pp_rank == 0, last = pp_rank == pp - 1;
   LayerSpec spec = layer_spec(d, tp);
   ParamDeclarer b(out);
-  b.begin_group(dense_param_group());
+  ParamGroupSpec dense = dense_param_group();
+  if (m.decay_block_norms) dense.decay = DecayRule::MegatronBlockNorms;
+  b.begin_group(dense);
   if (first || (last && !d.untied))
     out.embed.wte = b.add("embed.wte", {d.Vp, d.C}, -1, InitKind::Normal, TpSplit::Rows);
   if (first && !d.rope) out.embed.wpe = b.add("embed.wpe", {d.maxT, d.C}, -1, InitKind::Normal);

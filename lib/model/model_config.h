@@ -50,6 +50,9 @@ struct ModelConfig {
   int make_vocab_size_divisible_by = 128;
   int padded_vocab_size = 0;  // padded_vocab(vocab_size, ...) when vocab_size > 0
   bool untie_embeddings = false;
+  // The blocks' norm weights take weight decay (DecayRule::MegatronBlockNorms:
+  // DeepSpeed-Chat's rule on GPT-2); off: Megatron's rule.
+  bool decay_block_norms = false;
   NormKind norm = NormKind::LayerNorm;
   Activation activation = Activation::GELU;
   PositionKind position = PositionKind::Learned;

@@ -21,6 +21,10 @@ bool ParamGroupSpec::decays(const std::string& name, const Shape& shape) const {
     case DecayRule::All: return true;
     case DecayRule::None: return false;
     case DecayRule::Megatron: break;
+    case DecayRule::MegatronBlockNorms:
+      if (name.rfind("layers.", 0) == 0 && (name.ends_with(".norm1.weight") || name.ends_with(".norm2.weight")))
+        return true;
+      break;
   }
   const bool bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
   return !bias && shape.size() > 1;

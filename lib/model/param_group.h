@@ -29,8 +29,12 @@ const char* parallel_axis_name(ParallelAxis a);
 // Which tensors of a group take weight decay.
 //   Megatron: all but biases and 1-D tensors (norm weights); Megatron-LM's
 //             and Megatron-DeepSpeed's no_weight_decay rule, and dstrain's.
+//   MegatronBlockNorms: Megatron's, but the blocks' norm weights
+//             (layers.N.norm1/norm2.weight) decay too: DeepSpeed-Chat's
+//             no-decay names miss GPT-2's ln_1 / ln_2 (ModelConfig::
+//             decay_block_norms).
 //   All / None: every tensor / none.
-enum class DecayRule : uint8_t { Megatron, All, None };
+enum class DecayRule : uint8_t { Megatron, All, None, MegatronBlockNorms };
 
 struct ParamGroupSpec {
   std::string name;                   // "dense"

@@ -50,6 +50,9 @@ TEST_CASE("OPT's model keys: relu and the embedding dropout, written only when s
   CHECK(opt.find(R"("activation":"relu")") != std::string::npos);
   CHECK(opt.find(R"("embedding_dropout":0.0)") != std::string::npos);
   CHECK(model_section({{"vocab_size", 1000}}).find("embedding_dropout") == std::string::npos);
+  CHECK(model_section({{"vocab_size", 1000}}).find("decay_block_norms") == std::string::npos);
+  CHECK(model_section({{"vocab_size", 1000}, {"decay_block_norms", true}}).find(R"("decay_block_norms":true)") !=
+        std::string::npos);
   CHECK_THROWS_WITH(model_section({{"vocab_size", 1000}, {"embedding_dropout", 1.5}}),
                     Catch::Matchers::Contains("model.embedding_dropout must be in [0, 1)"));
   CHECK_THROWS_WITH(model_section({{"vocab_size", 1000}, {"activation", "relu"}}, {"--num-experts", "4"}),
