@@ -201,12 +201,16 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // every epoch in the same order (DeepSpeed-Chat never calls set_epoch).
 class SftBatches final : public BatchSource {
  public:
-  SftBatches(Device dev, std::vector<SftSample> samples, int64_t B, int64_t T, int32_t pad, int64_t total)
-      : BatchSource(dev), samples_(std::move(samples)), B_(B), T_(T), pad_(pad), total_(total) {}
+  // samples: those of data-parallel rank `rank` of `world`.
+  SftBatches(Device dev, std::vector<SftSample> samples, int64_t B, int64_t T, int32_t pad, int64_t total, int rank,
+             int world)
+      : BatchSource(dev), samples_(std::move(samples)), B_(B), T_(T), pad_(pad), total_(total), rank_(rank),
+        world_(world) {}
   int64_t batches_per_epoch() const { return ceil_div(static_cast<int64_t>(samples_.size()), B_); }
   MicroBatch train_batch(int64_t consumed, int micro, int dp_rank, int dp, int64_t seqlen) override {
     DS_CHECK(seqlen == 0 || seqlen == T_, "dschat: no sequence-length curriculum (seqlen {})", seqlen);
-    (void)dp_rank;
+    DS_CHECK(dp_rank == rank_ && dp == world_, "dschat: batches of rank {} of {} asked for rank {} of {}", rank_,
+             world_, dp_rank, dp);
     const int64_t k = consumed / (B_ * dp) + micro;  // the global micro-step
     const int64_t i = k % batches_per_epoch();
     const size_t first = static_cast<size_t>(i * B_);
@@ -225,6 +229,7 @@ class SftBatches final : public BatchSource {
   int64_t B_, T_;
   int32_t pad_;
   int64_t total_;
+  int rank_, world_;
 };
 
 // DeepSpeed-Chat's evaluation(): the mean of each eval batch's loss (over its
@@ -461,7 +466,7 @@ int run_sft(const std::vector<std::string>& argv) {
   const int32_t pad = tok.pad_id();
   Trainer trainer(cfg, comms, rv.local_rank,
                   std::make_unique<SftBatches>(Device::cpu(), std::move(train), B, T, pad,
-                                               static_cast<int64_t>(ex.train.size())));
+                                               static_cast<int64_t>(ex.train.size()), rv.rank, world));
   auto evaluate = [&](int64_t epoch) {
     say(fmt::format("***** Evaluating perplexity, Epoch {}/{} *****", epoch, epochs));
     const float loss = static_cast<float>(eval_loss(trainer, eval, eval_b, B, T, pad));

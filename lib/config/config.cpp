@@ -100,7 +100,10 @@ const char* precision_name(Precision p) {
 std::string LoggingConfig::tensorboard_dir_in_effect() const {
   if (!tensorboard_dir.empty()) return tensorboard_dir;
   if (!ds_tensorboard) return "";
-  return ds_tensorboard_path.empty() ? ds_tensorboard_job : ds_tensorboard_path + "/" + ds_tensorboard_job;
+  if (ds_tensorboard_path.empty()) return ds_tensorboard_job;
+  // os.path.join(output_path, job_name), as DeepSpeed's monitor: one '/' between them
+  const bool slash = ds_tensorboard_path.back() == '/';
+  return ds_tensorboard_path + (slash ? "" : "/") + ds_tensorboard_job;
 }
 
 DType compute_dtype(Precision p) {
