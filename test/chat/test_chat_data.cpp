@@ -6,7 +6,6 @@
 // in the same order. Bad --data_split values are one line. Skips when
 // /usr/bin/python3 cannot import numpy.
 #include <catch2/catch.hpp>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +17,7 @@
 #include "lib/chat/pairs.h"
 #include "lib/chat/phase_data.h"
 #include "lib/core/error.h"
+#include "test/popen_lines.h"
 #include "test/skip.h"
 
 using namespace ds;
@@ -30,15 +30,7 @@ int reference(const std::vector<std::string>& cases, std::vector<std::string>& o
   const char* src = std::getenv("DS_SOURCE_DIR");
   std::string cmd = "/usr/bin/python3 " + std::string(src ? src : ".") + "/test/chat/split_ref.py";
   for (const std::string& c : cases) cmd += " '" + c + "'";
-  std::unique_ptr<FILE, int (*)(FILE*)> p(::popen((cmd + " 2>&1").c_str(), "r"), ::pclose);
-  REQUIRE(p);
-  std::string text;
-  char buf[65536];
-  for (size_t k; (k = std::fread(buf, 1, sizeof buf, p.get())) > 0;) text.append(buf, k);
-  const int st = ::pclose(p.release());
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return test::popen_lines(cmd + " 2>&1", out);
 }
 
 }  // namespace

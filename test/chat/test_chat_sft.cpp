@@ -7,7 +7,6 @@
 // targets must be the next ids where the mask is 1. Skips without
 // transformers (/usr/bin/python3 with .deps/python) or ../shared/data.
 #include <catch2/catch.hpp>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +18,7 @@
 
 #include "lib/chat/chat_tokenizer.h"
 #include "lib/core/error.h"
+#include "test/popen_lines.h"
 #include "test/skip.h"
 
 using namespace ds;
@@ -35,17 +35,9 @@ std::string shared_data() {
 
 int reference(const std::string& out_dir, std::vector<std::string>& lines) {
   const char* src = std::getenv("DS_SOURCE_DIR");
-  const std::string cmd = "/usr/bin/python3 " + std::string(src ? src : ".") + "/test/chat/sft_ref.py " + out_dir +
-                          " " + shared_data() + " 2>/dev/null";
-  std::unique_ptr<FILE, int (*)(FILE*)> p(::popen(cmd.c_str(), "r"), ::pclose);
-  REQUIRE(p);
-  std::string text;
-  char buf[65536];
-  for (size_t k; (k = std::fread(buf, 1, sizeof buf, p.get())) > 0;) text.append(buf, k);
-  const int st = ::pclose(p.release());
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return test::popen_lines("/usr/bin/python3 " + std::string(src ? src : ".") + "/test/chat/sft_ref.py " + out_dir +
+                               " " + shared_data() + " 2>/dev/null",
+                           lines);
 }
 
 struct TempDir {

@@ -4,13 +4,13 @@
 // long as training), totals, and steps past the total. Skips without torch
 // and transformers (/usr/bin/python3 with .deps/python).
 #include <catch2/catch.hpp>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <memory>
 #include <sstream>
 
 #include "lib/optim/lr_schedule.h"
+#include "test/popen_lines.h"
 #include "test/skip.h"
 
 using namespace ds;
@@ -36,21 +36,15 @@ TEST_CASE("transformers' schedules: the lr of every step, as get_scheduler gives
     o << " " << c.name << ":" << c.lr << ":" << c.warmup << ":" << c.total << ":" << c.steps;
     cmd += o.str();
   }
-  std::unique_ptr<FILE, int (*)(FILE*)> p(::popen((cmd + " 2>/dev/null").c_str(), "r"), ::pclose);
-  REQUIRE(p);
-  std::string text;
-  char buf[65536];
-  for (size_t k; (k = std::fread(buf, 1, sizeof buf, p.get())) > 0;) text.append(buf, k);
-  const int st = ::pclose(p.release());
-  const int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::vector<std::string> lines;
+  const int rc = test::popen_lines(cmd + " 2>/dev/null", lines);
   if (rc == 77) DS_SKIP("torch/transformers not importable by /usr/bin/python3 (PYTHONPATH .deps/python)");
   REQUIRE(rc == 0);
-  std::istringstream in(text);
+  REQUIRE(lines.size() == cases.size());
   int nonzero_changes = 0;
-  for (const Case& c : cases) {
-    std::string line;
-    REQUIRE(std::getline(in, line));
-    std::istringstream vals(line);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    std::istringstream vals(lines[i]);
     OptimizerConfig o;
     o.scheduler = LrScheduler::Transformers;
     o.hf_schedule = c.s;
