@@ -128,6 +128,40 @@ std::optional<double> ParsedArgs::real(const std::string& name) const {
 
 const std::vector<std::string>& ParsedArgs::list(const std::string& name) const { return lists_.at(name); }
 
+bool wants_help(const std::vector<std::string>& argv) {
+  for (const std::string& a : argv)
+    if (a == "-h" || a == "--help") return true;
+  return false;
+}
+
+std::string usage(const std::vector<ArgSpec>& specs, const std::string& prog) {
+  std::string out = "usage: " + prog + " [flags], as DeepSpeed-Chat's main.py takes them:\n";
+  for (const ArgSpec& s : specs) {
+    std::string what;
+    switch (s.kind) {
+      case ArgKind::Flag: what = "(flag)"; break;
+      case ArgKind::List: {
+        what = "[VALUE ...]";
+        std::string d;
+        for (const std::string& v : s.list_default) d += (d.empty() ? "" : " ") + v;
+        if (!d.empty()) what += " (default: " + d + ")";
+        break;
+      }
+      default: {
+        what = s.kind == ArgKind::Int ? "INT" : s.kind == ArgKind::Float ? "FLOAT" : "VALUE";
+        if (!s.choices.empty()) {
+          what = "{";
+          for (const std::string& c : s.choices) what += (what.size() > 1 ? "," : "") + c;
+          what += "}";
+        }
+        what += s.required ? " (required)" : " (default: " + (s.dflt ? *s.dflt : std::string("None")) + ")";
+      }
+    }
+    out += "  " + s.name + " " + what + "\n";
+  }
+  return out;
+}
+
 ParsedArgs parse_args(const std::vector<ArgSpec>& specs, const std::vector<std::string>& argv,
                       const std::string& prog) {
   auto fail = [&](const std::string& msg) { throw UserError(fmt::format("{}: {}", prog, msg)); };

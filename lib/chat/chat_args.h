@@ -43,6 +43,11 @@ class ParsedArgs {
   std::vector<std::string> given_;
 };
 
+// -h / --help anywhere in argv (argparse then prints the usage and exits 0).
+bool wants_help(const std::vector<std::string>& argv);
+// The flags with their kinds and defaults, one per line, for --help.
+std::string usage(const std::vector<ArgSpec>& specs, const std::string& prog);
+
 // argv without the program name. UserError ("PROG: argument ...") on a bad line.
 ParsedArgs parse_args(const std::vector<ArgSpec>& specs, const std::vector<std::string>& argv,
                       const std::string& prog);

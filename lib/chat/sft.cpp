@@ -337,6 +337,10 @@ void export_into(Trainer& trainer, const fs::path& out, const fs::path& model_di
 }  // namespace
 
 int run_sft(const std::vector<std::string>& argv) {
+  if (wants_help(argv)) {
+    std::printf("%s", usage(step1_specs(), kProg).c_str());
+    return 0;
+  }
   const ParsedArgs a = parse_args(step1_specs(), argv, kProg);
   // What dschat does not implement yet, or what DeepSpeed itself refuses.
   DS_USER_CHECK(!a.str("--deepspeed_config") && !a.str("--deepscale_config"),

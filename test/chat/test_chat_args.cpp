@@ -65,6 +65,19 @@ TEST_CASE("argparse's errors, one line each") {
                     Contains("argument --offload: ignored explicit argument '1'"));
 }
 
+TEST_CASE("--help lists every flag with its default") {
+  CHECK(wants_help({"--model_name_or_path", "m", "--help"}));
+  CHECK(wants_help({"-h"}));
+  CHECK(!wants_help({"--model_name_or_path", "m"}));
+  const std::string u = usage(specs(), "dschat sft");
+  CHECK_THAT(u, Contains("--per_device_train_batch_size INT (default: 16)"));
+  CHECK_THAT(u, Contains("--dtype {fp16,bf16} (default: fp16)"));
+  CHECK_THAT(u, Contains("--model_name_or_path VALUE (required)"));
+  CHECK_THAT(u, Contains("--data_path [VALUE ...] (default: Dahoas/rm-static)"));
+  CHECK_THAT(u, Contains("--offload (flag)"));
+  CHECK_THAT(u, Contains("--output_dir VALUE (default: None)"));
+}
+
 TEST_CASE("Python's int(), float() and repr()") {
   CHECK(python_int(" 7 ") == 7);
   CHECK(python_int("+3") == 3);
