@@ -48,4 +48,19 @@ PhaseExamples blend(const std::vector<PhaseExamples>& parts, uint32_t seed) {
   return out;
 }
 
+PhaseExamples append_sft_only(const PhaseExamples& base, const std::vector<PhaseExamples>& sft_only, uint32_t seed) {
+  auto shuffled = [seed](std::vector<ChatExample> all, const std::vector<PhaseExamples>& extra, bool train) {
+    for (const PhaseExamples& p : extra) {
+      const std::vector<ChatExample>& v = train ? p.train : p.eval;
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    std::vector<ChatExample> out;
+    out.reserve(all.size());
+    for (int64_t i : numpy_shuffled_range(seed, static_cast<int64_t>(all.size())))
+      out.push_back(all[static_cast<size_t>(i)]);
+    return out;
+  };
+  return {shuffled(base.train, sft_only, true), shuffled(base.eval, sft_only, false)};
+}
+
 }  // namespace ds::chat

@@ -33,4 +33,10 @@ PhaseExamples phase_examples(const std::vector<ChatExample>& train, const std::v
 // shuffles only a blend).
 PhaseExamples blend(const std::vector<PhaseExamples>& parts, uint32_t seed);
 
+// Step 1's --sft_only_data_path: the step's examples with every SFT-only
+// dataset's examples (each its "10,0,0" split, usable ones) appended in
+// order, then permuted by numpy_shuffled_range(seed, total), train and eval
+// each (DeepSpeed-Chat shuffles even when base is one dataset).
+PhaseExamples append_sft_only(const PhaseExamples& base, const std::vector<PhaseExamples>& sft_only, uint32_t seed);
+
 }  // namespace ds::chat

@@ -122,15 +122,6 @@ std::vector<ChatExample> usable(std::vector<ChatExample> v) {
   return v;
 }
 
-std::vector<ChatExample> shuffled_concat(const std::vector<ChatExample>& a, const std::vector<ChatExample>& b,
-                                         uint32_t seed) {
-  std::vector<ChatExample> all = a;
-  all.insert(all.end(), b.begin(), b.end());
-  std::vector<ChatExample> out;
-  for (int64_t i : numpy_shuffled_range(seed, static_cast<int64_t>(all.size())))
-    out.push_back(all[static_cast<size_t>(i)]);
-  return out;
-}
 
 // create_prompt_dataset for phase 1: each --data_path dataset's phase-1
 // part (blended when several), then the --sft_only_data_path datasets whole
@@ -144,19 +135,15 @@ PhaseExamples step1_examples(const ParsedArgs& a, uint32_t seed) {
     PhaseExamples pe = phase_examples(d.train, d.eval, split, 1, seed);
     parts.push_back({usable(std::move(pe.train)), usable(std::move(pe.eval))});
   }
-  PhaseExamples out = blend(parts, seed);
-  if (!a.list("--sft_only_data_path").empty()) {
-    PhaseExamples sft;
-    for (const std::string& p : a.list("--sft_only_data_path")) {
-      const RawDataset d = read_dataset(p, "--sft_only_data_path");
-      PhaseExamples pe = phase_examples(d.train, d.eval, {10, 0, 0}, 1, seed);
-      for (ChatExample& e : usable(std::move(pe.train))) sft.train.push_back(std::move(e));
-      for (ChatExample& e : usable(std::move(pe.eval))) sft.eval.push_back(std::move(e));
-    }
-    out.train = shuffled_concat(out.train, sft.train, seed);
-    out.eval = shuffled_concat(out.eval, sft.eval, seed);
+  const PhaseExamples out = blend(parts, seed);
+  if (a.list("--sft_only_data_path").empty()) return out;
+  std::vector<PhaseExamples> sft;
+  for (const std::string& p : a.list("--sft_only_data_path")) {
+    const RawDataset d = read_dataset(p, "--sft_only_data_path");
+    PhaseExamples pe = phase_examples(d.train, d.eval, {10, 0, 0}, 1, seed);
+    sft.push_back({usable(std::move(pe.train)), usable(std::move(pe.eval))});
   }
-  return out;
+  return append_sft_only(out, sft, seed);
 }
 
 // This rank's samples of `examples`, in the order its DistributedSampler

@@ -183,6 +183,51 @@ TEST_CASE("a step's examples: each dataset split, several blended, as DeepSpeed-
   }
 }
 
+TEST_CASE("--sft_only_data_path: appended to the step's examples and shuffled, as create_prompt_dataset") {
+  struct Case {
+    uint32_t seed;
+    std::vector<int64_t> sizes, sft;
+  };
+  const std::vector<Case> cases = {{1234, {50}, {7, 3}}, {7, {13, 20}, {5}}, {4294967295u, {9}, {0, 4}}};
+  std::vector<std::string> args;
+  auto joined = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (int64_t n : v) s += (s.empty() ? "" : ";") + std::to_string(n);
+    return s;
+  };
+  for (const Case& c : cases)
+    args.push_back("sftonly:" + std::to_string(c.seed) + ":2;4;4:1:" + joined(c.sizes) + ":" + joined(c.sft));
+  std::vector<std::string> want;
+  const int rc = reference(args, want);
+  if (rc == 77) DS_SKIP((want.empty() ? std::string("no numpy") : want[0]));
+  REQUIRE(rc == 0);
+  REQUIRE(want.size() == cases.size());
+  auto named = [](const std::string& prefix, int64_t n) {
+    std::vector<chat::ChatExample> v(static_cast<size_t>(n));
+    for (size_t i = 0; i < v.size(); ++i) v[i].prompt = prefix + std::to_string(i);
+    return v;
+  };
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    INFO(args[k]);
+    std::vector<chat::PhaseExamples> parts, sft;
+    for (size_t d = 0; d < c.sizes.size(); ++d) {
+      const auto v = named(std::to_string(d) + ".", c.sizes[d]);
+      parts.push_back(chat::phase_examples(v, v, {2, 4, 4}, 1, c.seed));
+    }
+    for (size_t d = 0; d < c.sft.size(); ++d) {
+      const auto v = named("s" + std::to_string(d) + ".", c.sft[d]);
+      sft.push_back(chat::phase_examples(v, v, {10, 0, 0}, 1, c.seed));
+    }
+    const chat::PhaseExamples got = chat::append_sft_only(chat::blend(parts, c.seed), sft, c.seed);
+    for (const auto* v : {&got.train, &got.eval}) {
+      std::string line;
+      for (const chat::ChatExample& e : *v) line += (line.empty() ? "" : " ") + *e.prompt;
+      CHECK(line == want[k]);
+    }
+  }
+}
+
 TEST_CASE("local/jsonfile is found in data/ of the working directory, its parent or grandparent") {
   namespace fs = std::filesystem;
   const fs::path root = fs::temp_directory_path() / ("dstrain_chatroot_" + std::to_string(::getpid()));
