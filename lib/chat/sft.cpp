@@ -356,7 +356,8 @@ int run_sft(const std::vector<std::string>& argv) {
   const std::string arg_model = *a.str("--model_name_or_path");
   const fs::path dir = resolve_model_dir(arg_model);
   const fs::path cfg_file = dir / "config.json";
-  json hf = parse_json_text(read_small_file(cfg_file.string(), size_t(64) << 20, "model config"),
+  json hf = parse_json_text(read_small_file(cfg_file.string(), size_t(64) << 20,
+                                            "--model_name_or_path: the model's config '" + cfg_file.string() + "'"),
                             "'" + cfg_file.string() + "'");
   DS_USER_CHECK(hf.is_object(), "'{}' is not a JSON object", cfg_file.string());
   const std::string name = hf.contains("_name_or_path") && hf["_name_or_path"].is_string()

@@ -298,6 +298,11 @@ for extra, want in bad:
 p = dschat_run([], model="tiny/missing")
 check(p.returncode == 1 and "never downloads" in p.stderr and "models--tiny--missing" in p.stderr,
       f"a hub name not in the cache: {p.stderr!r}")
+empty_model = os.path.join(work, "hub", "empty")
+os.makedirs(empty_model)
+p = dschat_run([], model=empty_model)
+check(p.returncode == 1 and "config.json" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+      f"a model directory without config.json: {p.stderr!r}")
 check(sorted(os.listdir(work)) == ["a_file", "app", "hub", "model", "model_opt", "out1", "out1_opt", "out2",
                                    "out2_opt"],
       f"nothing else written: {sorted(os.listdir(work))}")
