@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"

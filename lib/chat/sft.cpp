@@ -156,13 +156,20 @@ std::vector<SftSample> rank_samples(const std::vector<ChatExample>& examples, in
   return out;
 }
 
+// The targets that rows [first, first + count) count: each sample's ids but the
+// first (sft_sample's targets are the next ids, -1 past them).
+int64_t counted_targets(const std::vector<SftSample>& samples, size_t first, size_t count) {
+  int64_t n = 0;
+  for (size_t r = first; r < first + count; ++r) n += std::max<int64_t>(samples[r].length - 1, 0);
+  return n;
+}
+
 // Rows [first, first + count) of `samples` as a (B, T) host micro-batch; the
 // rows past count are padding whose targets are all ignored (the mean loss
 // over the batch's tokens is then that of the count rows alone).
 MicroBatch rows_batch(const std::vector<SftSample>& samples, size_t first, size_t count, int64_t B, int64_t T,
                       int32_t pad) {
   Tensor tok = Tensor::empty({B, T}, DType::I32), tgt = Tensor::empty({B, T}, DType::I32);
-  int64_t counted = 0;
   for (int64_t b = 0; b < B; ++b) {
     int32_t* tr = tok.data<int32_t>() + b * T;
     int32_t* gr = tgt.data<int32_t>() + b * T;
@@ -170,13 +177,13 @@ MicroBatch rows_batch(const std::vector<SftSample>& samples, size_t first, size_
       const SftSample& s = samples[first + static_cast<size_t>(b)];
       std::copy(s.tokens.begin(), s.tokens.end(), tr);
       std::copy(s.targets.begin(), s.targets.end(), gr);
-      for (int32_t v : s.targets) counted += v >= 0;
     } else {
       std::fill(tr, tr + T, pad);
       std::fill(gr, gr + T, -1);
     }
   }
   // The gradient of this batch's mean loss over the tokens it counts (HF's).
+  const int64_t counted = counted_targets(samples, first, count);
   const float scale = counted > 0 ? static_cast<float>(static_cast<double>(B * T) / static_cast<double>(counted)) : 1.f;
   return {.tokens = tok, .targets = tgt, .first_sample = 0, .step_key = {}, .loss_weight_scale = scale};
 }
@@ -232,9 +239,7 @@ double eval_loss(Trainer& t, const std::vector<SftSample>& samples, int64_t eval
     double weighted = 0, tokens = 0;
     for (int64_t c = 0; c < rows; c += B) {
       const int64_t count = std::min(B, rows - c);
-      int64_t counted = 0;
-      for (int64_t r = 0; r < count; ++r)
-        for (int32_t v : samples[static_cast<size_t>(first + c + r)].targets) counted += v >= 0;
+      const int64_t counted = counted_targets(samples, static_cast<size_t>(first + c), static_cast<size_t>(count));
       const double mean = t.forward_loss(rows_batch(samples, static_cast<size_t>(first + c),
                                                     static_cast<size_t>(count), B, T, pad));
       weighted += mean * static_cast<double>(counted);
