@@ -24,6 +24,7 @@
 #include "lib/core/file_read.h"
 #include "lib/core/json_config.h"
 #include "lib/core/log.h"
+#include "lib/core/mem_tag.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/parallel/comms.h"
 #include "lib/parallel/rank_grid.h"
@@ -488,6 +489,8 @@ int run_sft(const std::vector<std::string>& argv) {
     say("saving the final model ...");
     export_into(trainer, *out, dir, rv.rank);
   }
+  DS_LOG("peak resident memory of this rank: {} bytes (getrusage; start-up, training, evaluation and export)",
+         peak_rss_bytes());
   world_comm->barrier();
   return 0;
 }
