@@ -12,6 +12,8 @@
 // a fixed order, so results do not depend on the thread count).
 // In bf16 with the bf16 GEMM on (lib/cpu/bf16_gemm.h), lowp::attention_*
 // run the same blocks with their products as bf16 GEMMs (end of this file).
+// With per-sample lengths (right padding) a query also sees no key at or
+// beyond its sample's length.
 // Attention dropout drops probabilities after the softmax with the hashed mask
 // of lib/ops/dropout_mask.h; the backward redraws it. A spec with a per-step
 // key in memory (step_key) is resolved once per call.
@@ -88,14 +90,21 @@ void pack_rows(float* dst, int64_t HSp, const float* src, int64_t ld_src, int64_
   }
 }
 
+// Keys a query of sample b may see at most: its length with right padding
+// (AttentionArgs::lengths), else all T.
+int64_t key_limit(const Tensor& lengths, int64_t b, int64_t T) {
+  return lengths.defined() ? lengths.data<int32_t>()[b] : T;
+}
+
 // Row-wise causal softmax of the score block in place. Row i (query q0 + i)
-// sees keys [0, q0 + i]; on return S holds probabilities with zeros for
-// masked keys up to kend, and lse[i] the log-sum-exp of the scaled scores.
-void softmax_block(float* S, int64_t lds, int64_t M, int64_t q0, int64_t kend, float scale,
+// sees keys [0, min(q0 + i + 1, klen)); on return S holds probabilities with
+// zeros for masked keys up to kend, and lse[i] the log-sum-exp of the scaled
+// scores.
+void softmax_block(float* S, int64_t lds, int64_t M, int64_t q0, int64_t kend, int64_t klen, float scale,
                    float* lse) {
   for (int64_t i = 0; i < M; ++i) {
     float* row = S + i * lds;
-    const int64_t nv = q0 + i + 1;
+    const int64_t nv = std::min(q0 + i + 1, klen);
     const float mx = row_max(row, nv) * scale;  // scale > 0
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
@@ -162,7 +171,7 @@ void forward_block(const AttentionArgs& a, const AttnDims& d, const PackedKV& kv
   qk.b = kv.kt + bk * d.HS * kv.ldT, qk.ldb = kv.ldT, qk.c = S, qk.ldc = ld;
   tile_gemm(qk);
   float* lse = a.lse.data<float>() + bh * d.T + q0;  // (M) of (B, NH, T)
-  softmax_block(S, ld, M, q0, kend, d.scale, lse);
+  softmax_block(S, ld, M, q0, kend, key_limit(a.lengths, b, d.T), d.scale, lse);
   drop_probs(S, ld, M, q0, a.dropout, b, h);
   TileGemm pv;  // O = P V
   pv.M = M, pv.N = d.HSp, pv.K = kend;
@@ -237,14 +246,15 @@ void row_dots(float* D, const T* dO, const T* O, int64_t ldo, int64_t M, int64_t
   }
 }
 
-void block_probs_and_ds(float* P, float* dS, int64_t ld, int64_t M, int64_t q0, int64_t kend, const float* lse,
-                        const float* Dv, float scale, const DropoutSpec& drop, int64_t b, int64_t h) {
+void block_probs_and_ds(float* P, float* dS, int64_t ld, int64_t M, int64_t q0, int64_t kend, int64_t klen,
+                        const float* lse, const float* Dv, float scale, const DropoutSpec& drop, int64_t b,
+                        int64_t h) {
   const uint32_t threshold = dropout_threshold(drop.p);
   const float dscale = dropout_scale(drop.p);
   for (int64_t i = 0; i < M; ++i) {
     float* p = P + i * ld;
     float* ds = dS + i * ld;
-    const int64_t nv = q0 + i + 1;
+    const int64_t nv = std::min(q0 + i + 1, klen);
     const float l = lse[i];
     const float D = Dv[i];
     if (drop.p == 0.f) {
@@ -282,7 +292,7 @@ void backward_block(const AttentionBwdArgs& a, const AttnDims& d, const HeadScra
   tile_gemm(g);
   float D[kBq];
   row_dots(D, dO, O, d.C, M, d.HS);
-  block_probs_and_ds(s.P, s.dS, ldT, M, q0, kend, lse, D, d.scale, a.dropout, b, h);
+  block_probs_and_ds(s.P, s.dS, ldT, M, q0, kend, key_limit(a.lengths, b, d.T), lse, D, d.scale, a.dropout, b, h);
   TileGemm dq;  // dQ = dS K
   dq.M = M, dq.N = d.HSp, dq.K = kend, dq.a = s.dS, dq.a_rs = ldT, dq.a_cs = 1;
   dq.b = s.krows, dq.ldb = d.HSp, dq.c = s.dq, dq.ldc = d.HSp;
@@ -367,7 +377,7 @@ void forward_block_bf16(const AttentionArgs& a, const AttnDims& d, int64_t b, in
   qk.c = S, qk.ldc = ld;
   bf16_gemm(qk);
   float* lse = a.lse.data<float>() + (b * d.NH + h) * d.T + q0;  // (M) of (B, NH, T)
-  softmax_block(S, ld, M, q0, kend, d.scale, lse);
+  softmax_block(S, ld, M, q0, kend, key_limit(a.lengths, b, d.T), d.scale, lse);
   drop_probs(S, ld, M, q0, a.dropout, b, h);
   round_rows(P, ld, S, ld, M, kend);
   Bf16Gemm pv;  // O = P V
@@ -411,7 +421,7 @@ void backward_kv_head_bf16(const AttentionBwdArgs& a, const AttnDims& d, int64_t
       float D[kBq];
       row_dots(D, dO, outs + q0 * d.C + h * HS, d.C, M, HS);
       const float* lse = a.lse.data<float>() + (b * d.NH + h) * d.T + q0;
-      block_probs_and_ds(P, dS, ldT, M, q0, kend, lse, D, d.scale, a.dropout, b, h);
+      block_probs_and_ds(P, dS, ldT, M, q0, kend, key_limit(a.lengths, b, d.T), lse, D, d.scale, a.dropout, b, h);
       round_rows(P16, ldT, P, ldT, M, kend);
       round_rows(dS16, ldT, dS, ldT, M, kend);
       Bf16Gemm gq;  // dQ = dS K

@@ -265,12 +265,18 @@ struct AttentionArgs {
   int NKV = 0;     // kv heads; 0: NH
   DropoutSpec dropout;  // p = 0: none (pos0 unused: attention sees the whole sequence)
   Tensor dropout_key;   // (2) i64 {iteration, first sample} or undefined
+  // (B) i32 or undefined: right padding, sample b's real tokens are its first
+  // lengths[b] (1..T) and no query sees a key at or beyond them (a padding
+  // query attends to the whole real sequence: an attention mask of ones then
+  // zeros, as transformers applies it). CPU backend only so far.
+  Tensor lengths;
 };
 template <class A, class F> IfArgs<A, AttentionArgs> fields(A& a, F&& f) {
   f(a.out, "out", Role::Out);
   f(a.lse, "lse", Role::Stat);
   f(a.qkv, "qkv", Role::In);
   f(a.dropout_key, "dropout_key", Role::In);
+  f(a.lengths, "lengths", Role::In);
 }
 struct AttentionBwdArgs {
   Tensor dqkv;     // (B, T, (NH+2*NKV)*HS) overwritten
@@ -282,6 +288,7 @@ struct AttentionBwdArgs {
   int NKV = 0;     // kv heads; 0: NH
   DropoutSpec dropout;  // the forward's
   Tensor dropout_key;   // (2) i64 {iteration, first sample} or undefined: the forward's
+  Tensor lengths;       // the forward's (AttentionArgs::lengths)
 };
 template <class A, class F> IfArgs<A, AttentionBwdArgs> fields(A& a, F&& f) {
   f(a.dqkv, "dqkv", Role::Out);
@@ -290,6 +297,7 @@ template <class A, class F> IfArgs<A, AttentionBwdArgs> fields(A& a, F&& f) {
   f(a.lse, "lse", Role::In);
   f(a.qkv, "qkv", Role::In);
   f(a.dropout_key, "dropout_key", Role::In);
+  f(a.lengths, "lengths", Role::In);
 }
 
 // Attention of new rows against a key/value cache (incremental decoding with

@@ -193,6 +193,19 @@ void check_attention(const Check& c, const QkvDims& d, const Tensor& out, const 
   DS_CHECK(lse.shape() == want_lse, "{}: lse has shape {}, expected (B, NH, T) = {}", c.op(),
            shape_str(lse.shape()), shape_str(want_lse));
 }
+// Right-padding lengths (AttentionArgs::lengths): (B) i32, each in [1, T]
+// (read where the host can: a CPU tensor).
+void check_lengths(const Check& c, const QkvDims& d, const Tensor& lengths) {
+  if (!lengths.defined()) return;
+  c.dtype(lengths, DType::I32, "lengths");
+  c.numel(lengths, d.B, "lengths", "(B)");
+  if (!lengths.device().is_cpu()) return;
+  for (int64_t b = 0; b < d.B; ++b) {
+    const int32_t n = lengths.data<int32_t>()[b];
+    DS_CHECK(n >= 1 && n <= d.T, "{}: lengths[{}] = {} is outside [1, T = {}]", c.op(), b, n, d.T);
+  }
+}
+
 void check_rope(const Check& c, const RopeArgs& a) {
   c.devices(a);
   const QkvDims d = check_qkv(c, a.inp, "inp", a.NH, a.NKV);
@@ -350,14 +363,18 @@ void validate_matmul_dgelu_bgrad(const MatmulDgeluArgs& a) {
 void validate_attention_forward(const AttentionArgs& a) {
   const Check c("attention_forward");
   c.devices(a);
-  check_attention(c, check_qkv(c, a.qkv, "qkv", a.NH, a.NKV), a.out, a.lse);
+  const QkvDims d = check_qkv(c, a.qkv, "qkv", a.NH, a.NKV);
+  check_attention(c, d, a.out, a.lse);
+  check_lengths(c, d, a.lengths);
   check_dropout(c, a.dropout, a.dropout_key);
 }
 
 void validate_attention_backward(const AttentionBwdArgs& a) {
   const Check c("attention_backward");
   c.devices(a);
-  check_attention(c, check_qkv(c, a.qkv, "qkv", a.NH, a.NKV), a.out, a.lse);
+  const QkvDims d = check_qkv(c, a.qkv, "qkv", a.NH, a.NKV);
+  check_attention(c, d, a.out, a.lse);
+  check_lengths(c, d, a.lengths);
   check_dropout(c, a.dropout, a.dropout_key);
   c.floating(a.dout, "dout");
   c.floating(a.dqkv, "dqkv");

@@ -202,10 +202,15 @@ AttnBf16 run_attention(const Tensor& qkv, const Tensor& dout, const AttnShape& s
   f.NH = static_cast<int>(s.NH);
   f.NKV = static_cast<int>(s.NKV);
   if (p_drop > 0.f) f.dropout = DropoutSpec{.p = p_drop, .stream = 17, .sample0 = 3, .head0 = 1};
+  if (!s.len.empty()) {
+    f.lengths = Tensor::empty({s.B}, DType::I32);
+    for (int64_t b = 0; b < s.B; ++b) f.lengths.data<int32_t>()[b] = s.len[static_cast<size_t>(b)];
+  }
   ops::attention_forward(f);
   AttentionBwdArgs g;
   g.dqkv = to_dtype(randn(qkv.shape(), 99), dt);  // garbage: must be overwritten
   g.dout = dout, g.out = f.out, g.lse = f.lse, g.qkv = qkv, g.NH = f.NH, g.NKV = f.NKV, g.dropout = f.dropout;
+  g.lengths = f.lengths;
   ops::attention_backward(g);
   return {f.out, f.lse, g.dqkv};
 }
@@ -215,8 +220,10 @@ AttnBf16 run_attention(const Tensor& qkv, const Tensor& dout, const AttnShape& s
 TEST_CASE("bf16 attention forward and backward against double references") {
   // Errors relative to each tensor's largest value: bf16 outputs (2^-9), and
   // natively P and dS rounded to bf16 before their products.
+  // (the last two with right padding: per-sample lengths)
   for (AttnShape s : {AttnShape{2, 7, 3, 16}, AttnShape{1, 133, 2, 64}, AttnShape{2, 65, 4, 32, 2},
-                      AttnShape{1, 200, 6, 64, 3}}) {
+                      AttnShape{1, 200, 6, 64, 3}, AttnShape{2, 7, 3, 16, 0, {3, 7}},
+                      AttnShape{2, 133, 4, 32, 2, {100, 1}}}) {
     DYNAMIC_SECTION("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " NKV=" << s.kv() << " HS=" << s.HS) {
       const Tensor qkv = to_dtype(randn({s.B, s.T, s.width()}, 60), DType::BF16);
       const Tensor dout = to_dtype(randn({s.B, s.T, s.NH * s.HS}, 61), DType::BF16);

@@ -63,10 +63,14 @@ AttnRun run_attention(const Tensor& qkv, const Tensor& dout, const AttnShape& s)
   f.lse = Tensor::empty({s.B, s.NH, s.T}, DType::F32);
   f.NH = static_cast<int>(s.NH);
   f.NKV = static_cast<int>(s.NKV);
+  if (!s.len.empty()) {
+    f.lengths = Tensor::empty({s.B}, DType::I32);
+    std::memcpy(f.lengths.data<int32_t>(), s.len.data(), s.len.size() * sizeof(int32_t));
+  }
   ops::attention_forward(f);
   AttentionBwdArgs g;
   g.dqkv = randn(qkv.shape(), 99);  // garbage: must be overwritten
-  g.dout = dout, g.out = f.out, g.lse = f.lse, g.qkv = qkv, g.NH = f.NH, g.NKV = f.NKV;
+  g.dout = dout, g.out = f.out, g.lse = f.lse, g.qkv = qkv, g.NH = f.NH, g.NKV = f.NKV, g.lengths = f.lengths;
   ops::attention_backward(g);
   return {f.out, f.lse, g.dqkv};
 }
@@ -85,6 +89,40 @@ TEST_CASE("attention forward and backward match double references") {
       check_close(r.lse, lse, kFwdTol, "lse");
       check_close(r.dqkv, ref_attention_backward(to_f64(qkv), to_f64(dout), s), kBwdTol, "dqkv");
     }
+  }
+}
+
+// Right padding: the queries of sample b see no key at or beyond len[b]
+// (padding queries attend to the whole real sequence), forward and backward,
+// with blocks of 64 queries cut by the lengths; then the lengths checked.
+TEST_CASE("attention with per-sample lengths (right padding) matches the references") {
+  for (AttnShape s : {AttnShape{3, 7, 3, 4, 0, {7, 1, 4}}, AttnShape{2, 133, 4, 20, 2, {70, 129}},
+                      AttnShape{2, 65, 2, 8, 1, {64, 65}}}) {
+    DYNAMIC_SECTION("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " NKV=" << s.kv()) {
+      const Tensor qkv = randn({s.B, s.T, s.width()}, 64);
+      const Tensor dout = randn({s.B, s.T, s.NH * s.HS}, 65);
+      const AttnRun r = run_attention(qkv, dout, s);
+      Vec lse;
+      check_close(r.out, ref_attention(to_f64(qkv), s, &lse), kFwdTol, "out");
+      check_close(r.lse, lse, kFwdTol, "lse");
+      check_close(r.dqkv, ref_attention_backward(to_f64(qkv), to_f64(dout), s), kBwdTol, "dqkv");
+      if (s.T == 7) {  // and against finite differences
+        const Vec dv = to_f64(dout);
+        const Vec fd = fd_grad(to_f64(qkv), [&](const Vec& x) { return dot(ref_attention(x, s, nullptr), dv); });
+        check_close(r.dqkv, fd, kBwdTol, "dqkv vs finite differences");
+      }
+    }
+  }
+  // A length of T is plain causal attention, bit for bit.
+  AttnShape full{2, 9, 2, 4, 0, {9, 9}}, plain{2, 9, 2, 4};
+  const Tensor qkv = randn({2, 9, full.width()}, 66), dout = randn({2, 9, 8}, 67);
+  const AttnRun a = run_attention(qkv, dout, full), b = run_attention(qkv, dout, plain);
+  REQUIRE(std::memcmp(a.out.data<float>(), b.out.data<float>(), a.out.nbytes()) == 0);
+  REQUIRE(std::memcmp(a.dqkv.data<float>(), b.dqkv.data<float>(), a.dqkv.nbytes()) == 0);
+  for (int32_t bad : {0, 10}) {
+    AttnShape s{2, 9, 2, 4, 0, {9, bad}};
+    REQUIRE_THROWS_WITH(run_attention(qkv, dout, s), Catch::Contains("lengths[1] = " + std::to_string(bad) +
+                                                                     " is outside [1, T = 9]"));
   }
 }
 

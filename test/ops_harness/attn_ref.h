@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "test/ops_harness/op_test_util.h"
 
@@ -11,6 +12,10 @@ namespace ds::test {
 struct AttnShape {
   int64_t B, T, NH, HS;
   int64_t NKV = 0;  // kv heads; 0: NH
+  // Right padding (AttentionArgs::lengths): sample b's queries see keys
+  // [0, min(t + 1, len[b])); empty: plain causal.
+  std::vector<int32_t> len = {};
+  int64_t visible(int64_t b, int64_t t) const { return len.empty() ? t + 1 : std::min<int64_t>(t + 1, len[b]); }
   int64_t kv() const { return NKV == 0 ? NH : NKV; }
   int64_t width() const { return (NH + 2 * kv()) * HS; }  // packed qkv row
   // Column of head h of part 0 (q), 1 (k) or 2 (v; h a kv head) in a row.
@@ -29,17 +34,18 @@ Vec ref_attention(const Vec& qkv, const AttnShape& s, Vec* lse) {
       for (int64_t t = 0; t < s.T; ++t) {
         const double* q = qkv.data() + (b * s.T + t) * C3 + s.col(0, h);
         double mx = -1e300, sum = 0;
-        for (int64_t j = 0; j <= t; ++j) {
+        const int64_t nv = s.visible(b, t);
+        for (int64_t j = 0; j < nv; ++j) {
           const double* k = qkv.data() + (b * s.T + j) * C3 + s.col(1, h / G);
           double d = 0;
           for (int64_t e = 0; e < s.HS; ++e) d += q[e] * k[e];
           p[j] = d * scale;
           mx = std::max(mx, p[j]);
         }
-        for (int64_t j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int64_t j = 0; j < nv; ++j) sum += (p[j] = std::exp(p[j] - mx));
         if (lse) (*lse)[(b * s.NH + h) * s.T + t] = mx + std::log(sum);
         double* o = out.data() + (b * s.T + t) * C + h * s.HS;
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = 0; j < nv; ++j) {
           const double* v = qkv.data() + (b * s.T + j) * C3 + s.col(2, h / G);
           for (int64_t e = 0; e < s.HS; ++e) o[e] += p[j] / sum * v[e];
         }
@@ -64,7 +70,8 @@ Vec ref_attention_backward(const Vec& qkv, const Vec& dout, const AttnShape& s) 
         const double* q = qkv.data() + at(b, t, 0, h);
         const double* dO = dout.data() + (b * s.T + t) * C + h * s.HS;
         double D = 0;
-        for (int64_t j = 0; j <= t; ++j) {
+        const int64_t nv = s.visible(b, t);
+        for (int64_t j = 0; j < nv; ++j) {
           const double* k = qkv.data() + at(b, j, 1, h);
           const double* v = qkv.data() + at(b, j, 2, h);
           double d = 0, g = 0;
@@ -73,7 +80,7 @@ Vec ref_attention_backward(const Vec& qkv, const Vec& dout, const AttnShape& s) 
           dp[j] = g;
           D += p[j] * g;
         }
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = 0; j < nv; ++j) {
           const double ds = p[j] * (dp[j] - D) * scale;
           double* dq = dqkv.data() + at(b, t, 0, h);
           double* dk = dqkv.data() + at(b, j, 1, h);
