@@ -24,6 +24,7 @@
 #include "lib/ckpt/file_io.h"
 #include "lib/ckpt/safetensors.h"
 #include "lib/core/error.h"
+#include "lib/model/param_init.h"
 
 namespace fs = std::filesystem;
 
@@ -236,8 +237,21 @@ HfArch hf_arch(const ModelDims& d, const char* what) {
   return HfArch::LLaMA;
 }
 
-std::vector<HfPiece> hf_map(const ModelDims& d, const char* what) {
-  switch (hf_arch(d, what)) {
+// The prefix of the causal-LM class's backbone (its base model, what
+// AutoModel loads: GPT2Model, OPTModel, LlamaModel, ...) in its names.
+const char* backbone_prefix(HfArch a) {
+  switch (a) {
+    case HfArch::GPT2: return "transformer.";
+    case HfArch::GPTNeoX: return "gpt_neox.";
+    case HfArch::LLaMA:
+    case HfArch::Mixtral:
+    case HfArch::OPT: break;
+  }
+  return "model.";
+}
+
+std::vector<HfPiece> causal_lm_map(const ModelDims& d, HfArch a) {
+  switch (a) {
     case HfArch::GPT2: return gpt2_map(d);
     case HfArch::LLaMA: return llama_map(d);
     case HfArch::Mixtral: return mixtral_map(d);
@@ -245,6 +259,28 @@ std::vector<HfPiece> hf_map(const ModelDims& d, const char* what) {
     case HfArch::GPTNeoX: break;
   }
   return neox_map(d);
+}
+
+// A value-head model in DeepSpeed-Chat's RewardModel naming: the backbone's
+// tensors under "rwtransformer." (the base model's names) and "v_head.weight".
+// `backbone`: the prefix the backbone's names get instead ("" for a base
+// model's own file, the causal-LM prefix for a causal LM's).
+std::vector<HfPiece> value_head_map(const ModelDims& d, HfArch a, const std::string& backbone = "rwtransformer.") {
+  const std::string base = backbone_prefix(a);
+  std::vector<HfPiece> out;
+  for (HfPiece p : causal_lm_map(d, a)) {
+    if (p.our_name == "head.weight") continue;  // the causal LM's output layer
+    DS_CHECK(p.hf_name.starts_with(base), "value head: '{}' is not under '{}'", p.hf_name, base);
+    p.hf_name = backbone + p.hf_name.substr(base.size());
+    out.push_back(std::move(p));
+  }
+  out.push_back({"v_head.weight", "head.weight", 0, 1, false});
+  return out;
+}
+
+std::vector<HfPiece> hf_map(const ModelDims& d, const char* what) {
+  const HfArch a = hf_arch(d, what);
+  return d.value_head ? value_head_map(d, a) : causal_lm_map(d, a);
 }
 
 // The shape of piece p's HF tensor, from the shape of our weight alone.
@@ -609,9 +645,32 @@ namespace {
 
 // The pieces of the model's map; with file_vocab > 0, the vocabulary pieces
 // (the embedding, an untied output layer) cover the file's rows only.
-std::vector<HfPiece> import_pieces(const ModelConfig& cfg, int64_t file_vocab) {
+// A value-head model reads its backbone from a reward / critic model's file
+// (DeepSpeed-Chat's RewardModel names), a causal LM's or a base model's,
+// whichever spelling of the embedding the file holds; v_head.weight where the
+// file has it (fresh_head false), else nothing (fresh_head true: the caller
+// initialises it).
+std::vector<HfPiece> import_map(const ModelDims& d, const HfWeightsFile& sf, bool* fresh_head) {
+  const char* what = "--init-from (Hugging Face weights)";
+  *fresh_head = false;
+  if (!d.value_head) return hf_map(d, what);
+  const HfArch a = hf_arch(d, what);
+  std::vector<HfPiece> pieces = value_head_map(d, a);
+  for (const std::string& prefix : {std::string("rwtransformer."), std::string(backbone_prefix(a)), std::string()}) {
+    pieces = value_head_map(d, a, prefix);
+    if (sf.has(pieces.front().hf_name)) break;
+  }
+  if (!sf.has("v_head.weight")) {
+    pieces.pop_back();
+    *fresh_head = true;
+  }
+  return pieces;
+}
+
+std::vector<HfPiece> import_pieces(const ModelConfig& cfg, const HfWeightsFile& sf, int64_t file_vocab,
+                                   bool* fresh_head) {
   const ModelDims d = model_dims(cfg);
-  std::vector<HfPiece> pieces = hf_map(d, "--init-from (Hugging Face weights)");
+  std::vector<HfPiece> pieces = import_map(d, sf, fresh_head);
   DS_CHECK(file_vocab <= d.V, "import: file vocabulary {} > the model's {}", file_vocab, d.V);
   if (file_vocab > 0)
     for (HfPiece& p : pieces)
@@ -623,7 +682,8 @@ std::vector<HfPiece> import_pieces(const ModelConfig& cfg, int64_t file_vocab) {
 void check_hf_tensors(const ModelConfig& cfg, const ModelLayout& layout, const HfWeightsFile& sf,
                       const std::string& config_from, int64_t file_vocab) {
   const std::string& file = sf.path();
-  for (const HfPiece& p : import_pieces(cfg, file_vocab)) {
+  bool fresh_head = false;
+  for (const HfPiece& p : import_pieces(cfg, sf, file_vocab, &fresh_head)) {
     const Shape want = hf_shape(p, matrix_shape(layout.find(p.our_name).shape));
     DS_USER_CHECK(sf.has(p.hf_name), "--init-from '{}': tensor '{}' is missing, but {} needs it as {}; the weights "
                   "are not of this model", file, p.hf_name, config_from, shape_str(want));
@@ -644,9 +704,9 @@ void check_hf_weights(const ModelConfig& cfg, const ModelLayout& layout, const s
 }
 
 HfShardReader::HfShardReader(const ModelConfig& cfg, const ModelLayout& full, const std::string& path,
-                             int64_t file_vocab)
-    : sf_(HfWeightsFile::open(path)), pieces_(import_pieces(cfg, file_vocab)),
-      file_vocab_(file_vocab), vocab_(model_dims(cfg).V) {
+                             int64_t file_vocab, uint64_t seed)
+    : sf_(HfWeightsFile::open(path)), pieces_(import_pieces(cfg, sf_, file_vocab, &fresh_head_)), cfg_(cfg),
+      seed_(seed), file_vocab_(file_vocab), vocab_(model_dims(cfg).V) {
   // every name, shape and dtype, before any allocation
   check_hf_tensors(cfg, full, sf_, "the model config", file_vocab);
 }
@@ -657,6 +717,11 @@ void HfShardReader::read(const ModelLayout& local, int64_t begin, int64_t end, f
   std::fill(out, out + (end - begin), 0.0f);  // padded vocabulary rows stay zero
   for (const ParamSpec& p : local.params) {
     if (p.offset + p.numel <= begin || p.offset >= end) continue;
+    if (fresh_head_ && p.name == "head.weight") {  // a value head the file does not hold: a fresh one
+      const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+      init_params(cfg_, local, seed_, cfg_.init_method_std, out + (lo - begin), lo, hi);
+      continue;
+    }
     // The elements of our full weight this range holds: runs of the full
     // weight (row-major over its matrix shape), sorted, each with its place in out.
     struct Need {

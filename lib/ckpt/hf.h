@@ -101,14 +101,24 @@ class HfWeightsFile {
 // embedding to len(tokenizer) rounded up to 8): rows [file_vocab, V) start as
 // the mean of the file's rows, as transformers' resize_token_embeddings
 // (mean_resizing, without its 1e-9-scaled noise).
+//
+// A value-head model (ModelConfig::value_head) reads DeepSpeed-Chat's
+// reward / critic files ("rwtransformer." + the base model's names,
+// "v_head.weight"), a causal LM's or a base model's file; a file without
+// v_head.weight leaves the head to init_params with `seed` (fresh_head()).
 class HfShardReader {
  public:
-  HfShardReader(const ModelConfig& cfg, const ModelLayout& full, const std::string& path, int64_t file_vocab = 0);
+  HfShardReader(const ModelConfig& cfg, const ModelLayout& full, const std::string& path, int64_t file_vocab = 0,
+                uint64_t seed = 0);
   void read(const ModelLayout& local, int64_t begin, int64_t end, float* out) const;
+  bool fresh_head() const { return fresh_head_; }
 
  private:
   HfWeightsFile sf_;
+  bool fresh_head_ = false;
   std::vector<HfPiece> pieces_;
+  ModelConfig cfg_;
+  uint64_t seed_ = 0;
   int64_t file_vocab_ = 0, vocab_ = 0;  // rows [file_vocab_, vocab_) of the vocabulary pieces: the mean
 };
 

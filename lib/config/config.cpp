@@ -169,6 +169,7 @@ json model_json(const ModelConfig& m) {
   // Written only when set (OPT's 0): configs that never set it stay as they were.
   if (m.embedding_dropout >= 0) j["embedding_dropout"] = num(m.embedding_dropout);
   if (m.decay_block_norms) j["decay_block_norms"] = true;
+  if (m.value_head) j["value_head"] = true;
   return j;
 }
 

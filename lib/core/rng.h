@@ -20,6 +20,11 @@ inline double uniform_from_key(uint64_t key) {
   return (static_cast<double>(splitmix64(key) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
+// Uniform in (0, 1) for element `index` of stream (seed, stream).
+inline double uniform_at(uint64_t seed, uint64_t stream, uint64_t index) {
+  return uniform_from_key(splitmix64(seed ^ splitmix64(stream + 0x9e3779b97f4a7c15ull)) + index);
+}
+
 // Standard normal for element `index` of stream (seed, stream).
 inline double normal_at(uint64_t seed, uint64_t stream, uint64_t index) {
   uint64_t base = splitmix64(seed ^ splitmix64(stream + 0x632be59bd9b4e019ull)) + 2 * index;

@@ -51,7 +51,7 @@ void GptModel::init_local() {
   NKVl_ = d_.NKV / kv_parts(d_, tp_.size);
   QKVl_ = (NHl_ + 2 * NKVl_) * d_.HS;
   Fl_ = d_.F / tp_.size;
-  Vl_ = d_.Vp / tp_.size;
+  Vl_ = d_.value_head ? 1 : d_.Vp / tp_.size;  // a value head: one output per row
   vocab_start_ = tp_.rank * Vl_;
   NHa_ = NHl_;
   NKVa_ = NKVl_;
@@ -431,7 +431,8 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tens
                           .NH = nh,
                           .NKV = nkv,
                           .dropout = drop,
-                          .dropout_key = dropout_key(drop)},
+                          .dropout_key = dropout_key(drop),
+                          .lengths = S().lengths},
                          stream_);
   if (sp_.active()) ulysses_heads_to_seq(sp_, out_split_, B_, a.attn_out, a.attn_seq, uly_, stream_);
   ops::matmul_forward({.out = exit_tp_target(a.resid_mid),
@@ -560,7 +561,8 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
                            .NH = nh,
                            .NKV = nkv,
                            .dropout = drop,
-                           .dropout_key = dropout_key(drop)},
+                           .dropout_key = dropout_key(drop),
+                           .lengths = S().lengths},
                           stream_);
   if (d_.rope)
     ops::rope_backward({.out = dqkv_a_, .inp = dqkv_a_, .NH = nh, .pos_offset = 0, .theta = cfg_.rope_theta,
@@ -638,7 +640,20 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
   drop_params(d_.untied ? last : 0);
 }
 
-float GptModel::loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward, bool to_sink) {
+float GptModel::loss_and_dlogits(const Tensor& tokens, const Tensor& targets, float loss_weight, bool backward,
+                                 bool to_sink) {
+  if (head_loss_) {
+    DS_CHECK(!dloss_scale_.defined(), "a head loss with a device-side loss scale (a captured fp16 step)");
+    const double loss = head_loss_->apply(S().logits, tokens, targets, loss_weight, backward);
+    if (!(to_sink && loss_sink_.defined())) return static_cast<float>(loss);
+    if (loss_sink_weight_ != 0.f) {
+      float v = static_cast<float>(loss_sink_weight_ * loss);
+      const Tensor h = Tensor::from_blob(&v, {1}, DType::F32);
+      ops::add({.out = loss_sink_, .a = loss_sink_, .b = dev_.is_cpu() ? h : h.to(dev_)}, stream_);
+    }
+    return NAN;
+  }
+  DS_CHECK(!d_.value_head, "a value-head model has no loss of its own; set a head loss (GptModel::set_head_loss)");
   Tensor t = targets.reshape({targets.numel()});
   const int64_t n = t.numel();
   // One rule on every backend and layout: a target < 0 is ignored, one >= V
@@ -791,9 +806,10 @@ float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, fl
   store_->begin_pass(order);
   ensure_acts(tokens.size(0), tokens.size(1));
   S().key = key;
+  S().lengths = lengths_;
   forward(tokens);
   if (distill_.teacher) distill_into_dlogits(tokens, loss_weight, key);
-  float loss = loss_and_dlogits(targets, loss_weight, true, /*to_sink=*/true);
+  float loss = loss_and_dlogits(tokens, targets, loss_weight, true, /*to_sink=*/true);
   if (distill_.teacher) add_distill_grad();
   aux_grad_ = cfg_.moe.loss_coeff * loss_weight * static_cast<float>(tokens.numel());
   backward(tokens);
@@ -806,9 +822,10 @@ float GptModel::forward_loss(const Tensor& tokens, const Tensor& targets) {
   store_->begin_pass(forward_order());
   ensure_acts(tokens.size(0), tokens.size(1));
   S().key = DropoutKey{};  // evaluation: no dropout
+  S().lengths = lengths_;
   forward(tokens);
   store_->end_pass();
-  return loss_and_dlogits(targets, 0.f, false);
+  return loss_and_dlogits(tokens, targets, 0.f, false);
 }
 
 Tensor GptModel::forward_logits(const Tensor& tokens, const DropoutKey& key) {
@@ -817,6 +834,7 @@ Tensor GptModel::forward_logits(const Tensor& tokens, const DropoutKey& key) {
   store_->begin_pass(forward_order());
   ensure_acts(tokens.size(0), tokens.size(1));
   S().key = key;
+  S().lengths = lengths_;
   forward(tokens);
   store_->end_pass();
   return S().logits;
@@ -905,11 +923,12 @@ float GptModel::stage_forward(int slot, int chunk, const Tensor& tokens, const T
   DS_CHECK(slot >= 0 && slot < n_slots_, "activation slot {} outside [0, {})", slot, n_slots_);
   cur_ = slot;
   S().key = key;
+  S().lengths = lengths_;
   if (backward) aux_grad_ = cfg_.moe.loss_coeff * loss_weight * static_cast<float>(tokens.numel());
   store_->begin_pass(forward_order(chunk));
   forward(tokens, chunk);
   store_->end_pass();
-  return has_head(chunk) ? loss_and_dlogits(targets, loss_weight, backward, /*to_sink=*/backward) : 0.f;
+  return has_head(chunk) ? loss_and_dlogits(tokens, targets, loss_weight, backward, /*to_sink=*/backward) : 0.f;
 }
 
 void GptModel::stage_backward(int slot, int chunk, const Tensor& tokens, const Tensor& dout) {

@@ -97,6 +97,7 @@ struct ActSet {
   Tensor final_out, final_mean, final_rstd;   // (B,T,C), (B,T), (B,T); last stage
   Tensor logits;                              // (B*T, Vl), dlogits after the loss; last stage
   DropoutKey key;                             // of the micro-batch held (recomputation redraws with it)
+  Tensor lengths;                             // its right-padding lengths (GptModel::set_lengths) or undefined
 };
 
 // Where a layer's closing residual add (x_out = MLP output + resid_mid) runs:
@@ -125,6 +126,22 @@ struct RecomputeConfig {
   using Kind = RecomputeKind;
   Kind kind = Kind::None;
   int num_layers = 0;
+};
+
+// A loss the caller computes from the model's outputs in place of the
+// vocabulary cross-entropy (DeepSpeed-Chat's reward-model loss on a value
+// head, lib/chat). While one is set (GptModel::set_head_loss), every forward
+// that computes a loss hands it the outputs.
+class HeadLoss {
+ public:
+  virtual ~HeadLoss() = default;
+  // out: the micro-batch's (B*T, Vl) outputs (logits, or one value per row
+  // with a value head) in the compute dtype on the model's device; tokens,
+  // targets: its (B, T) i32. Returns the micro-batch's loss; with backward,
+  // overwrites out with `weight` times that loss's gradient with respect to
+  // it (the model's backward starts from there).
+  virtual double apply(const Tensor& out, const Tensor& tokens, const Tensor& targets, float weight,
+                       bool backward) = 0;
 };
 
 class GptModel {
@@ -177,6 +194,17 @@ class GptModel {
   // Without a sink the loss is read back and the targets checked on the host.
   float forward_backward(const Tensor& tokens, const Tensor& targets, float loss_weight,
                          const DropoutKey& key = {});
+  // While set (not owned; null: the cross-entropy), every loss is h's: a
+  // forward_backward's loss_weight then multiplies the micro-batch's loss
+  // h returns (the cross-entropy's multiplies each token's), and a loss sink
+  // receives it as the cross-entropy's mean. A value-head model
+  // (ModelConfig::value_head) has no loss without one. Not with a dloss scale.
+  void set_head_loss(HeadLoss* h) { head_loss_ = h; }
+  // Right padding of the micro-batches of the following passes: (B) i32 on
+  // the model's device, sample b's attention mask lengths[b] ones then zeros
+  // (AttentionArgs::lengths: no query sees a padding key; DeepSpeed-Chat's
+  // batches); undefined: none. The CPU backend's attention only so far.
+  void set_lengths(const Tensor& lengths) { lengths_ = lengths; }
   // Deferred loss, so that a GPU step needs no device-to-host read per
   // micro-batch: while a sink is set, every training forward (forward_backward,
   // and stage_forward with backward on the last stage) adds `weight` times its
@@ -306,7 +334,8 @@ class GptModel {
   void ensure_acts(int64_t B, int64_t T);
   void alloc_act_set(ActSet& s, int64_t B, int64_t T);
   void forward(const Tensor& tokens, int chunk = 0);  // fills acts, logits
-  float loss_and_dlogits(const Tensor& targets, float loss_weight, bool backward, bool to_sink = false);
+  float loss_and_dlogits(const Tensor& tokens, const Tensor& targets, float loss_weight, bool backward,
+                         bool to_sink = false);
   void vocab_parallel_loss(const Tensor& targets, float loss_weight, bool backward);
   void init_local();  // local dims and units after layout_ is built
   void backward(const Tensor& tokens, const Tensor& dout = Tensor(), int chunk = 0);
@@ -434,6 +463,8 @@ class GptModel {
   LayerActs scratch_;               // shared by recomputed layers (or attn_out when selective)
   int n_slots_ = 1, cur_ = 0;
   Tensor losses_;                   // (B*T) f32
+  HeadLoss* head_loss_ = nullptr;   // set_head_loss
+  Tensor lengths_;                  // set_lengths
   Tensor loss_sink_;  // see set_loss_sink
   Tensor dloss_scale_;  // see set_dloss_scale
   float loss_sink_weight_ = 1.0f;

@@ -38,6 +38,7 @@ KvCache GptModel::make_kv_cache(int64_t B, int64_t Tmax) const {
            "make_kv_cache: generation needs the whole model on each rank (pipeline size 1)");
   DS_CHECK(!tp_.sp(), "make_kv_cache: generation runs without sequence parallelism");
   DS_CHECK(!sp_.active(), "make_kv_cache: generation runs without Ulysses sequence parallelism");
+  DS_CHECK(!d_.value_head, "make_kv_cache: a value-head model has no vocabulary to generate from");
   DS_USER_CHECK(B >= 1 && Tmax >= 1, "generation: batch {} and context {} must be >= 1", B, Tmax);
   DS_USER_CHECK(Tmax <= d_.maxT, "generation: {} positions exceed the model's max_position_embeddings {}", Tmax,
                 d_.maxT);
@@ -215,6 +216,7 @@ const Tensor& GptModel::forward_logits(const Tensor& tokens) {
   store_->begin_pass(forward_order());
   ensure_acts(tokens.size(0), tokens.size(1));
   S().key = DropoutKey{};
+  S().lengths = lengths_;
   forward(tokens);
   store_->end_pass();
   return S().logits;

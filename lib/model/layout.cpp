@@ -29,7 +29,8 @@ ModelDims model_dims(const ModelConfig& m) {
   d.Vp = m.padded_vocab_size > 0 ? m.padded_vocab_size : m.vocab_size;
   d.maxT = m.max_position_embeddings;
   d.bias = m.bias;
-  d.untied = m.untie_embeddings;
+  d.value_head = m.value_head;
+  d.untied = m.untie_embeddings || m.value_head;  // a value head is never the embedding
   d.rope = m.position == PositionKind::Rope;
   d.rmsnorm = m.norm == NormKind::RMSNorm;
   d.gpt2 = m.family == ModelFamily::GPT2;
@@ -55,6 +56,8 @@ namespace {
 void check_tp(const ModelDims& d, int tp) {
   DS_USER_CHECK(tp >= 1, "tensor_model_parallel_size {} must be >= 1", tp);
   if (tp == 1) return;
+  DS_USER_CHECK(!d.value_head, "tensor parallelism: a value-head model (reward / critic) runs on one "
+                "tensor-parallel rank; tensor_model_parallel_size is {}", tp);
   DS_USER_CHECK(d.NH % tp == 0 && d.C % tp == 0 && d.F % tp == 0 && d.Vp % tp == 0,
                 "tensor parallelism: num_heads {}, hidden_size {}, ffn_hidden_size {} and padded vocab {} must "
                 "all be divisible by tensor_model_parallel_size {}",
@@ -106,7 +109,9 @@ ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
     }
   if (!last) return out;
   out.head.final_norm = declare_norm(b, "final_norm", spec, d.L);
-  if (d.untied) out.head.head = b.add("head.weight", {d.Vp, d.C}, d.L, InitKind::Normal, TpSplit::Rows);
+  if (d.untied)
+    out.head.head = b.add("head.weight", {d.head_rows(), d.C}, d.L,
+                          d.value_head ? InitKind::LinearUniform : InitKind::Normal, TpSplit::Rows);
   return out;
 }
 

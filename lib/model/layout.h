@@ -17,7 +17,9 @@
 namespace ds {
 
 // How a weight is initialised.
-enum class InitKind { Normal, ScaledNormal, Zeros, Ones };
+// LinearUniform: U(-1/sqrt(in), 1/sqrt(in)) for an (out, in) weight,
+// PyTorch's nn.Linear default (DeepSpeed-Chat's v_head).
+enum class InitKind { Normal, ScaledNormal, Zeros, Ones, LinearUniform };
 
 // How a weight is split over the tensor-parallel ranks (Megatron style).
 //   Replicated: every rank holds the whole weight (norms, row-parallel biases, wpe).
@@ -99,6 +101,8 @@ struct ModelDims {
   int V = 0, Vp = 0, maxT = 0;              // real vocab, padded vocab, max positions
   bool gpt2 = true;                         // LayerNorm/GELU/learned pos/bias family
   bool bias = true, untied = false, rope = false, rmsnorm = false, swiglu = false, relu = false;
+  bool value_head = false;                  // head.weight is (1, C) and untied (ModelConfig::value_head)
+  int head_rows() const { return value_head ? 1 : Vp; }  // rows of head.weight (untied heads)
   std::vector<int> experts;                 // per layer: > 1 a Mixture-of-Experts layer, else 1
   int topk = 1;                             // experts per token (MoE layers)
   bool moe_residual = false;                // PR-MoE: a dense MLP beside each MoE layer's experts

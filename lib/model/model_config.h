@@ -66,6 +66,12 @@ struct ModelConfig {
   // The embedding output's dropout; < 0: hidden_dropout (Megatron's). OPT
   // has none there (0) while its residual branches use `dropout`.
   float embedding_dropout = -1.f;
+  // The last stage's output: the vocabulary's logits (false), or one value
+  // per position from a bias-free (1, hidden_size) head on the final norm's
+  // output and no language-model head (DeepSpeed-Chat's reward and critic
+  // models: its v_head on the backbone). Its loss is the caller's
+  // (GptModel::HeadLoss); one tensor-parallel rank only.
+  bool value_head = false;
   MoeConfig moe;
 };
 

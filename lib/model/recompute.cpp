@@ -60,7 +60,8 @@ void GptModel::recompute_before_backward(int l) {
                             .NH = static_cast<int>(NHa_),
                             .NKV = static_cast<int>(NKVa_),
                             .dropout = drop,
-                            .dropout_key = dropout_key(drop)},
+                            .dropout_key = dropout_key(drop),
+                            .lengths = S().lengths},
         stream_);
   }
 }

@@ -20,6 +20,9 @@ struct MicroBatch {
   // makes its gradient that of the mean over the tokens it counts
   // (DeepSpeed-Chat's per-batch loss); 1 for pretraining data.
   float loss_weight_scale = 1.f;
+  // (B) i32 or undefined: right padding, sample b's attention mask is
+  // lengths[b] ones then zeros (GptModel::set_lengths; dschat's batches).
+  Tensor lengths;
 };
 
 // Micro-batch m of the current step.

@@ -75,6 +75,7 @@ void PipelineExecutor::free_slot(int k) {
 const MicroBatch& PipelineExecutor::micro_batch(int micro) {
   auto it = batches_.find(micro);
   if (it == batches_.end()) it = batches_.emplace(micro, (*batch_fn_)(micro)).first;
+  DS_CHECK(!it->second.lengths.defined(), "pipeline parallelism: micro-batches with right-padding lengths");
   return it->second;
 }
 
@@ -219,6 +220,7 @@ double PipelineExecutor::forward_only(const MicroBatchFeed& batch, int n) {
   const int last_virtual = n_stages_ * vp_ - 1;
   for (int m = 0; m < n; ++m) {
     MicroBatch mb = batch(m);
+    DS_CHECK(!mb.lengths.defined(), "pipeline parallelism: micro-batches with right-padding lengths");
     const int64_t B = mb.tokens.size(0), T = mb.tokens.size(1);
     for (int c = 0; c < vp_; ++c) {
       const int v = virtual_stage_index(n_stages_, stage_, c);

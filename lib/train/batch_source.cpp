@@ -21,6 +21,7 @@ MicroBatch BatchSource::to_device(MicroBatch mb) const {
   if (dev_.is_cpu()) return mb;
   mb.tokens = upload(mb.tokens);
   mb.targets = upload(mb.targets);
+  if (mb.lengths.defined()) mb.lengths = upload(mb.lengths);
   return mb;
 }
 

@@ -117,7 +117,7 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& p
   if (!full_recompute) out.saved += in_flight * stage_moe * moe_extra;
   else if (moe_layers > 0) out.saved += moe_extra;  // the one recomputed layer's
   out.saved += N * a * 2 * C / sp + N * s * 2 / sp;  // final norm out + last residual, final norm stats
-  out.saved += N * a * d.Vp / tp + N * s;            // logits (reused as dlogits) + per-token loss
+  out.saved += N * a * (d.value_head ? 1 : d.Vp / tp) + N * s;  // logits / values (reused as their gradient) + per-token loss
   out.workspace = N * a * 2 * C / sp + N * a * (QKV + C + F_in + F) / tp;  // dresid, dnorm | dqkv, dattn, dfc, dact
   if (sp > 1 && moe_layers > 0) out.workspace += N * a * C;  // an MoE layer's full-sequence output (gradient)
   // Ulysses: the whole sequence's MoE input, output (gradient), input gradient and gather scratch.
@@ -128,7 +128,7 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& p
   // (emulated where the CPU has no bf16 GEMM) or in fp16 the cross-entropy's
   // logits (bf16 logits are read row by row).
   if (cfg.device == DeviceType::CPU && a == 2) {
-    const int64_t logits = cfg.precision.precision == Precision::FP16 ? N * d.Vp / tp : 0;
+    const int64_t logits = cfg.precision.precision == Precision::FP16 && !d.value_head ? N * d.Vp / tp : 0;
     out.workspace += s * std::max(logits, N * (2 * QKV + 2 * C) / tp);
   }
   return out;

@@ -566,7 +566,10 @@ void Trainer::load_or_init() {
   if (!cfg_.ckpt.init_from.empty()) {
     // Each rank reads the HF tensors that hold some of what its store keeps,
     // one at a time, never the whole model.
-    const HfShardReader reader(cfg_.model, full_layout_, cfg_.ckpt.init_from, cfg_.ckpt.init_from_vocab);
+    const HfShardReader reader(cfg_.model, full_layout_, cfg_.ckpt.init_from, cfg_.ckpt.init_from_vocab, cfg_.seed);
+    if (reader.fresh_head())
+      DS_LOG("{} has no v_head.weight: the value head starts as nn.Linear's default, U(-1/sqrt({}), 1/sqrt({}))",
+             cfg_.ckpt.init_from, cfg_.model.hidden_size, cfg_.model.hidden_size);
     const ModelLayout& local = model_->layout();
     model_->store().init_params(local.total, [&](int64_t begin, int64_t end, float* out) {
       reader.read(local, begin, end, out);

@@ -465,3 +465,132 @@ TEST_CASE("a loss sink receives the weighted mean loss forward_backward would re
   CHECK(std::isfinite(model.forward_backward(tok, test::random_tokens(B, T, cfg.vocab_size, 4), 1.0f / (B * T))));
   CHECK_THROWS_WITH(model.set_loss_sink(Tensor::zeros({2}, DType::F32)), Catch::Contains("loss sink"));
 }
+
+namespace {
+
+// A head loss of the values alone: sum over rows of c_r * (v_r - y_r)^2 / 2
+// with c_r, y_r from the row's token, so that every value (and the tokens'
+// use) shows in the gradient.
+struct QuadraticHeadLoss final : HeadLoss {
+  int calls = 0;
+  double apply(const Tensor& out, const Tensor& tokens, const Tensor&, float weight, bool backward) override {
+    ++calls;
+    REQUIRE(out.size(1) == 1);
+    REQUIRE(out.size(0) == tokens.numel());
+    double loss = 0;
+    for (int64_t r = 0; r < tokens.numel(); ++r) {
+      const int32_t t = tokens.data<int32_t>()[r];
+      const double c = 1 + t % 3, y = 0.1 * (t % 5) - 0.2, v = out.data<float>()[r];
+      loss += 0.5 * c * (v - y) * (v - y);
+      if (backward) out.data<float>()[r] = static_cast<float>(weight * c * (v - y));
+    }
+    return loss;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a value head with a head loss: its gradients match finite differences") {
+  for (bool llama : {false, true}) {
+    ModelConfig cfg = test::tiny_model(llama);
+    cfg.value_head = true;
+    GptModel model(cfg, Device::cpu());
+    model.init_weights(7, 0.2f);
+    const ParamSpec& head = model.layout().find("head.weight");
+    REQUIRE(head.shape == Shape{1, cfg.hidden_size});
+    // nn.Linear's default: U(-1/sqrt(in), 1/sqrt(in)), not the N(0, std) of the other weights.
+    const float bound = 1.0f / std::sqrt(static_cast<float>(cfg.hidden_size));
+    float lo = 1, hi = -1;
+    for (int64_t i = 0; i < head.numel; ++i) {
+      lo = std::min(lo, model.params().data<float>()[head.offset + i]);
+      hi = std::max(hi, model.params().data<float>()[head.offset + i]);
+    }
+    REQUIRE(lo >= -bound);
+    REQUIRE(hi <= bound);
+    REQUIRE(hi - lo > bound / 2);
+    const int64_t B = 2, T = 7;
+    Tensor tok = test::random_tokens(B, T, cfg.vocab_size, 1), tgt = test::random_tokens(B, T, cfg.vocab_size, 2);
+    REQUIRE_THROWS_WITH(model.forward_loss(tok, tgt), Catch::Contains("value-head model has no loss of its own"));
+    QuadraticHeadLoss h;
+    model.set_head_loss(&h);
+    model.grads().zero_();
+    const float w = 0.75f;  // the micro-batch loss's weight
+    model.forward_backward(tok, tgt, w);
+    float* p = model.params().data<float>();
+    const float* g = model.grads().data<float>();
+    Rng pick(3);
+    for (const ParamSpec& s : model.layout().params) {
+      for (int k = 0; k < 4; ++k) {
+        const int64_t i = s.offset + static_cast<int64_t>(
+                                         pick.below(s.name == "embed.wte" ? cfg.vocab_size * cfg.hidden_size : s.numel));
+        const float orig = p[i], step = 1e-2f;
+        p[i] = orig + step;
+        const double lp = model.forward_loss(tok, tgt);
+        p[i] = orig - step;
+        const double lm = model.forward_loss(tok, tgt);
+        p[i] = orig;
+        const double fd = w * (lp - lm) / (2.0 * step);
+        INFO((llama ? "llama " : "gpt2 ") << s.name << " element " << i - s.offset << " analytic " << g[i] << " fd "
+                                          << fd);
+        REQUIRE(std::abs(fd - g[i]) <= 2e-3 + 3e-2 * std::abs(fd));
+      }
+    }
+    REQUIRE(h.calls > 1);
+  }
+}
+
+TEST_CASE("a value-head model refuses tensor parallelism with one line") {
+  ModelConfig cfg = test::tiny_model(false);
+  cfg.value_head = true;
+  REQUIRE_THROWS_WITH(build_layout(cfg, ShardCoords{.tp = 2, .tp_rank = 0}),
+                      Catch::Contains("value-head model (reward / critic) runs on one tensor-parallel rank"));
+}
+
+// Right padding (GptModel::set_lengths): a real token attends only to real
+// tokens before it whatever the mask, so its logits are those without
+// lengths, bit for bit; a padding row attends to its sample's real tokens
+// only, so its logits change; gradients still match finite differences.
+TEST_CASE("right-padding lengths change only the padding rows") {
+  ModelConfig cfg = test::tiny_model(false);
+  GptModel model(cfg, Device::cpu());
+  model.init_weights(7, 0.2f);
+  const int64_t B = 2, T = 7;
+  const Tensor tok = test::random_tokens(B, T, cfg.vocab_size, 1);
+  const Tensor plain = model.forward_logits(tok).to(Device::cpu());  // a copy
+  Tensor len = Tensor::empty({B}, DType::I32);
+  len.data<int32_t>()[0] = 4;
+  len.data<int32_t>()[1] = 7;
+  model.set_lengths(len);
+  const Tensor& masked = model.forward_logits(tok);
+  const int64_t V = masked.size(1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* x = plain.data<float>() + (b * T + t) * V;
+      const float* y = masked.data<float>() + (b * T + t) * V;
+      const bool same = std::memcmp(x, y, static_cast<size_t>(V) * sizeof(float)) == 0;
+      INFO("sample " << b << " row " << t);
+      REQUIRE(same == (t < len.data<int32_t>()[b]));
+    }
+  // Gradients with lengths: every target counted, finite differences.
+  Tensor tgt = test::random_tokens(B, T, cfg.vocab_size, 2);
+  model.grads().zero_();
+  model.forward_backward(tok, tgt, 1.0f / (B * T));
+  float* p = model.params().data<float>();
+  const float* g = model.grads().data<float>();
+  Rng pick(5);
+  for (const ParamSpec& s : model.layout().params) {
+    if (s.name.find("attn.qkv.weight") == std::string::npos) continue;
+    for (int k = 0; k < 6; ++k) {
+      const int64_t i = s.offset + static_cast<int64_t>(pick.below(s.numel));
+      const float orig = p[i], h = 1e-2f;
+      p[i] = orig + h;
+      const double lp = model.forward_loss(tok, tgt);
+      p[i] = orig - h;
+      const double lm = model.forward_loss(tok, tgt);
+      p[i] = orig;
+      const double fd = (lp - lm) / (2.0 * h);
+      INFO(s.name << " element " << i - s.offset << " analytic " << g[i] << " fd " << fd);
+      REQUIRE(std::abs(fd - g[i]) <= 2e-3 + 3e-2 * std::abs(fd));
+    }
+  }
+}
