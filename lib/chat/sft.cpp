@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lib/chat/chat_args.h"
+#include "lib/chat/chat_common.h"
 #include "lib/chat/chat_tokenizer.h"
 #include "lib/chat/data_split.h"
 #include "lib/chat/hf_cache.h"
@@ -85,38 +86,6 @@ std::vector<ArgSpec> step1_specs() {
   };
 }
 
-// One dataset of --data_path / --sft_only_data_path: its train and eval examples.
-struct RawDataset {
-  std::vector<ChatExample> train, eval;
-};
-
-std::string first_existing(const fs::path& dir, std::initializer_list<const char*> names) {
-  std::error_code ec;
-  for (const char* n : names)
-    if (fs::is_regular_file(dir / n, ec)) return (dir / n).string();
-  return "";
-}
-
-RawDataset read_dataset(const std::string& path, const std::string& flag) {
-  std::error_code ec;
-  fs::path dir;
-  if (path.find("local/jsonfile") != std::string::npos) {  // DeepSpeed-Chat's test: a substring
-    dir = fs::path(find_local_jsonfile_dir(fs::current_path().string())) / "data";
-  } else {
-    DS_USER_CHECK(fs::is_directory(path, ec),
-                  "{} '{}': dschat reads local/jsonfile or a directory holding train.json and eval.json (JSON Lines "
-                  "or a JSON array of objects with prompt, chosen and rejected); Hugging Face Hub datasets are not "
-                  "downloaded",
-                  flag, path);
-    dir = path;
-  }
-  const std::string train = first_existing(dir, {"train.json", "train.jsonl"});
-  const std::string eval = first_existing(dir, {"eval.json", "eval.jsonl"});
-  DS_USER_CHECK(!train.empty() && !eval.empty(), "{} '{}': {} needs both train.json and eval.json (or .jsonl)", flag,
-                path, dir.string());
-  return {read_pair_file(train), read_pair_file(eval)};
-}
-
 // The examples step 1 can use (prompt and chosen present).
 std::vector<ChatExample> usable(std::vector<ChatExample> v) {
   std::erase_if(v, [](const ChatExample& e) { return !prompt_and_chosen(e); });
@@ -189,8 +158,6 @@ MicroBatch rows_batch(const std::vector<SftSample>& samples, size_t first, size_
   return {.tokens = tok, .targets = tgt, .first_sample = 0, .step_key = {}, .loss_weight_scale = scale};
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // The training micro-batches: this rank's samples in sampler order, B at a
 // time, the last batch of an epoch shorter (DataLoader's drop_last=False);
 // every epoch in the same order (DeepSpeed-Chat never calls set_epoch).
@@ -251,82 +218,6 @@ double eval_loss(Trainer& t, const std::vector<SftSample>& samples, int64_t eval
   return t.dp_mean(sum / static_cast<double>(batches));
 }
 
-void say(const std::string& s) {  // DeepSpeed-Chat's print_rank_0
-  if (log_rank() != 0) return;
-  std::printf("%s\n", s.c_str());
-  std::fflush(stdout);
-}
-
-HfSchedule hf_schedule(const std::string& name) {
-  for (const auto& [k, n] : kHfScheduleNames)
-    if (name == n) return k;
-  return HfSchedule::Cosine;  // parse_args checked the choices
-}
-
-// The model's dropout as DeepSpeed-Chat trains it: the config's (GPT-2:
-// resid_pdrop after the attention and MLP and embd_pdrop on the embeddings,
-// attn_pdrop on the attention probabilities; OPT: dropout after the
-// attention and MLP, attention_dropout; LLaMA: attention_dropout), with
-// --dropout replacing the keys the config has of 'dropout',
-// 'attention_dropout', 'hidden_dropout', 'activation_dropout'.
-void set_dropout(ModelConfig& m, json& hf, const std::optional<double>& dropout, const std::string& file) {
-  if (dropout)
-    for (const char* k : {"dropout", "attention_dropout", "hidden_dropout", "activation_dropout"})
-      if (hf.contains(k)) hf[k] = *dropout;
-  auto value = [&](const char* key, double dflt) {
-    if (!hf.contains(key) || hf[key].is_null()) return dflt;
-    DS_USER_CHECK(hf[key].is_number(), "'{}': '{}' must be a number", file, key);
-    return hf[key].get<double>();
-  };
-  const std::string type = hf.value("model_type", "");
-  if (type == "opt") {  // none on the embeddings; activation_dropout is unused upstream
-    m.hidden_dropout = static_cast<float>(value("dropout", 0.1));
-    m.attention_dropout = static_cast<float>(value("attention_dropout", 0.0));
-    m.embedding_dropout = 0.f;
-  } else if (type == "gpt2") {
-    const double resid = value("resid_pdrop", 0.1), embd = value("embd_pdrop", 0.1);
-    DS_USER_CHECK(resid == embd, "'{}': embd_pdrop {} differs from resid_pdrop {}; dstrain applies one hidden "
-                  "dropout to the embeddings and the residual branches", file, embd, resid);
-    m.hidden_dropout = static_cast<float>(resid);
-    m.attention_dropout = static_cast<float>(value("attn_pdrop", 0.1));
-  } else {
-    m.hidden_dropout = static_cast<float>(value("hidden_dropout", 0.0));
-    m.attention_dropout = static_cast<float>(value("attention_dropout", 0.0));
-  }
-}
-
-// Copies the tokenizer files of the model directory beside the exported model.
-void copy_tokenizer_files(const fs::path& from, const fs::path& to) {
-  std::error_code ec;
-  for (const char* n : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
-                        "special_tokens_map.json", "added_tokens.json", "tokenizer.model"})
-    if (fs::is_regular_file(from / n, ec) && !fs::exists(to / n, ec))
-      fs::copy_file(from / n, to / n, ec);
-}
-
-// The model and its tokenizer files into `out`, which may hold other files
-// (DeepSpeed-Chat's scripts send their log there): written complete into a
-// temporary directory inside it, then each file renamed into place, so that
-// an interrupted save leaves no partial file under a model file's name.
-void export_into(Trainer& trainer, const fs::path& out, const fs::path& model_dir, int rank) {
-  std::error_code ec;
-  const fs::path tmp = out / ".dschat_export.tmp";
-  if (rank == 0) {
-    fs::create_directories(out, ec);
-    DS_USER_CHECK(!ec, "--output_dir '{}': cannot create it: {}", out.string(), ec.message());
-    fs::remove_all(tmp, ec);  // what an interrupted save left
-  }
-  trainer.export_hf(tmp.string());  // collective; rank 0 writes
-  if (rank != 0) return;
-  copy_tokenizer_files(model_dir, tmp);
-  for (const auto& e : fs::directory_iterator(tmp, ec)) {
-    fs::rename(e.path(), out / e.path().filename(), ec);
-    DS_USER_CHECK(!ec, "--output_dir '{}': cannot move '{}' into it: {}", out.string(), e.path().string(),
-                  ec.message());
-  }
-  fs::remove_all(tmp, ec);
-}
-
 }  // namespace
 
 int run_sft(const std::vector<std::string>& argv) {
@@ -342,51 +233,17 @@ int run_sft(const std::vector<std::string>& argv) {
                 "and deepspeed.initialize() function call'); drop --deepspeed_config", kProg);
   DS_USER_CHECK(*a.integer("--lora_dim") <= 0 && !a.flag("--only_optimize_lora"),
                 "{}: LoRA (--lora_dim, --only_optimize_lora) is not implemented yet", kProg);
-  const int64_t B = *a.integer("--per_device_train_batch_size"), eval_b = *a.integer("--per_device_eval_batch_size");
-  const int64_t T = *a.integer("--max_seq_len"), epochs = *a.integer("--num_train_epochs");
-  const int64_t ga = *a.integer("--gradient_accumulation_steps"), warmup = *a.integer("--num_warmup_steps");
-  DS_USER_CHECK(B >= 1 && eval_b >= 1, "{}: --per_device_train_batch_size {} and --per_device_eval_batch_size {} "
-                "must be at least 1", kProg, B, eval_b);
-  DS_USER_CHECK(T >= 2, "{}: --max_seq_len {} must be at least 2", kProg, T);
-  DS_USER_CHECK(epochs >= 0 && ga >= 1 && warmup >= 0, "{}: --num_train_epochs {} must be >= 0, "
-                "--gradient_accumulation_steps {} >= 1 and --num_warmup_steps {} >= 0", kProg, epochs, ga, warmup);
-  const int64_t seed = *a.integer("--seed");
-  DS_USER_CHECK(seed >= 0 && seed <= 0xffffffffLL, "{}: --seed {} must be between 0 and 2**32 - 1 (numpy's "
-                "RandomState splits the data with it)", kProg, seed);
-  const int64_t zero_stage = *a.integer("--zero_stage");
-  DS_USER_CHECK(zero_stage >= 0 && zero_stage <= 3, "{}: --zero_stage {} must be 0, 1, 2 or 3", kProg, zero_stage);
+  const CommonArgs c = common_args(a, kProg);
+  const int64_t B = c.B, eval_b = c.eval_b, T = c.T, epochs = c.epochs, ga = c.ga, seed = c.seed;
 
   const RendezvousInfo rv = RendezvousInfo::from_env();
   log_set_rank(rv.rank);
   // The model, its tokenizer and the vocabulary DeepSpeed-Chat resizes to.
-  const std::string arg_model = *a.str("--model_name_or_path");
-  const fs::path dir = resolve_model_dir(arg_model);
-  const fs::path cfg_file = dir / "config.json";
-  json hf = parse_json_text(read_small_file(cfg_file.string(), size_t(64) << 20,
-                                            "--model_name_or_path: the model's config '" + cfg_file.string() + "'"),
-                            "'" + cfg_file.string() + "'");
-  DS_USER_CHECK(hf.is_object(), "'{}' is not a JSON object", cfg_file.string());
-  const std::string name = hf.contains("_name_or_path") && hf["_name_or_path"].is_string()
-                               ? hf["_name_or_path"].get<std::string>()
-                               : arg_model;
   const std::optional<std::string> eot =
       a.flag("--add_eot_token") ? std::optional<std::string>(*a.str("--eot_token")) : std::nullopt;
-  const ChatTokenizer tok = ChatTokenizer::load(dir.string(), name, eot);
-  ModelConfig m = model_config_from_hf(hf, cfg_file.string(), 1, "--model_name_or_path");
-  set_dropout(m, hf, a.real("--dropout"), cfg_file.string());
-  // DeepSpeed-Chat's no-decay names ("bias", "layer_norm.weight", "layernorm.weight", "norm.weight",
-  // "ln_f.weight") match every family's norms and biases as Megatron's rule does, except GPT-2's
-  // ln_1 / ln_2 weights, which it decays.
-  m.decay_block_norms = hf.value("model_type", "") == "gpt2";
-  const int64_t file_vocab = m.vocab_size, vocab = 8 * ceil_div(tok.size(), 8);
-  DS_USER_CHECK(vocab >= file_vocab, "{}: the tokenizer has {} tokens, so DeepSpeed-Chat would shrink the model's "
-                "{}-row embedding to {}; dschat only grows it", kProg, tok.size(), file_vocab, vocab);
-  DS_USER_CHECK(T <= m.max_position_embeddings, "{}: --max_seq_len {} is longer than the model's {} positions",
-                kProg, T, m.max_position_embeddings);
-  m.vocab_size = static_cast<int>(vocab);
-  m.padded_vocab_size = static_cast<int>(vocab);
-  m.make_vocab_size_divisible_by = 1;
-  m.seq_length = static_cast<int>(T);
+  const ChatModel cm = load_chat_model(a, kProg, eot);
+  const ChatTokenizer& tok = cm.tok;
+  const fs::path& dir = cm.dir;
 
   // The examples, and this rank's share of them in sampler order.
   const PhaseExamples ex = step1_examples(a, static_cast<uint32_t>(seed));
@@ -399,61 +256,7 @@ int run_sft(const std::vector<std::string>& argv) {
   const std::vector<SftSample> eval = rank_samples(ex.eval, world, rv.rank, tok, T);
   const int64_t per_epoch = ceil_div(static_cast<int64_t>(train.size()), B);  // micro-batches
   const int64_t steps = epochs * per_epoch / ga, sched_total = epochs * ceil_div(per_epoch, ga);
-  const std::string sched = *a.str("--lr_scheduler_type");
-  DS_USER_CHECK(sched != "polynomial" || warmup != sched_total,
-                "{}: --lr_scheduler_type polynomial with --num_warmup_steps {} equal to the {} training steps "
-                "divides by zero in transformers", kProg, warmup, sched_total);
-  const double lr = *a.real("--learning_rate");
-  DS_USER_CHECK(sched != "polynomial" || lr > 1e-7, "{}: --lr_scheduler_type polynomial needs --learning_rate above "
-                "its end value 1e-7 (transformers raises ValueError)", kProg);
-
-  // The training config: the DeepSpeed config get_train_ds_config builds,
-  // the model, and the client optimizer (FusedAdam, betas 0.9 / 0.95).
-  TrainConfig base;
-  base.model = m;
-  json j = config_to_json(base);
-  const char* offload = a.flag("--offload") ? "cpu" : "none";
-  j["train_batch_size"] = B * world * ga;
-  j["train_micro_batch_size_per_gpu"] = B;
-  j["gradient_accumulation_steps"] = ga;
-  j["steps_per_print"] = 10;
-  j["gradient_clipping"] = 1.0;
-  j["prescale_gradients"] = false;
-  j["wall_clock_breakdown"] = false;
-  j["zero_optimization"] = {{"stage", zero_stage},
-                            {"overlap_comm", true},
-                            // DeepSpeed uses offload_param at stage 3 only (dstrain refuses it elsewhere)
-                            {"offload_param", {{"device", zero_stage == 3 ? offload : "none"}}},
-                            {"offload_optimizer", {{"device", offload}}},
-                            {"stage3_param_persistence_threshold", 1e4},
-                            {"stage3_max_live_parameters", 3e7},
-                            {"stage3_prefetch_bucket_size", 3e7}};
-  const std::string dtype = *a.str("--dtype");
-  j["fp16"] = {{"enabled", dtype == "fp16"}, {"loss_scale_window", 100}};
-  j["bf16"] = {{"enabled", dtype == "bf16"}};
-  j["optimizer"] = {{"type", "AdamW"},
-                    {"params", {{"lr", lr}, {"betas", {0.9, 0.95}}, {"eps", 1e-8},
-                                {"weight_decay", *a.real("--weight_decay")}}}};
-  j.erase("scheduler");
-  j["tensorboard"] = {{"enabled", a.flag("--enable_tensorboard")},
-                      {"output_path", *a.str("--tensorboard_path") + "/ds_tensorboard_logs/"},
-                      {"job_name", "step1_model_tensorboard"}};
-  j["training"]["train_iters"] = steps;
-  j["training"]["seed"] = seed;
-  j["training"]["init_from"] = dir.string();
-  j["training"]["log_interval"] = 1;
-  j["training"]["eval_interval"] = 0;
-  if (a.flag("--gradient_checkpointing")) j["parallel"]["recompute_granularity"] = "full";
-  TrainConfig cfg = train_config_from_json(j, world);
-  cfg.optim.scheduler = LrScheduler::Transformers;
-  cfg.optim.hf_schedule = hf_schedule(sched);
-  cfg.optim.warmup_iters = warmup;
-  cfg.optim.decay_iters = sched_total;
-  cfg.ckpt.init_from_vocab = file_vocab < vocab ? file_vocab : 0;
-  cfg.data.tokenizer.vocab_size = tok.size();
-  cfg.data.tokenizer.bos_id = tok.bos_id();
-  cfg.data.tokenizer.eos_id = tok.eos_id();
-  cfg.data.tokenizer.pad_id = tok.pad_id();
+  const TrainConfig cfg = chat_train_config(a, cm, c, world, steps, sched_total, "step1_model", kProg);
 
   auto world_comm = make_world_communicator(Backend::Gloo, rv);
   RankGrid grid = make_rank_grid(cfg.layout, rv.rank);

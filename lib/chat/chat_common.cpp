@@ -1,0 +1,238 @@
+// What DeepSpeed-Chat's training steps share (chat_common.h).
+#include "lib/chat/chat_common.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "lib/chat/hf_cache.h"
+#include "lib/chat/phase_data.h"
+#include "lib/ckpt/hf.h"
+#include "lib/core/error.h"
+#include "lib/core/file_read.h"
+#include "lib/core/json_config.h"
+#include "lib/core/log.h"
+#include "lib/optim/lr_schedule.h"
+#include "lib/train/trainer.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace ds::chat {
+
+namespace {
+
+std::string first_existing(const fs::path& dir, std::initializer_list<const char*> names) {
+  std::error_code ec;
+  for (const char* n : names)
+    if (fs::is_regular_file(dir / n, ec)) return (dir / n).string();
+  return "";
+}
+
+HfSchedule hf_schedule(const std::string& name) {
+  for (const auto& [k, n] : kHfScheduleNames)
+    if (name == n) return k;
+  return HfSchedule::Cosine;  // parse_args checked the choices
+}
+
+// The model's dropout as DeepSpeed-Chat trains it: the config's (GPT-2:
+// resid_pdrop after the attention and MLP and embd_pdrop on the embeddings,
+// attn_pdrop on the attention probabilities; OPT: dropout after the
+// attention and MLP, attention_dropout; LLaMA: attention_dropout), with
+// --dropout replacing the keys the config has of 'dropout',
+// 'attention_dropout', 'hidden_dropout', 'activation_dropout'.
+void set_dropout(ModelConfig& m, json& hf, const std::optional<double>& dropout, const std::string& file) {
+  if (dropout)
+    for (const char* k : {"dropout", "attention_dropout", "hidden_dropout", "activation_dropout"})
+      if (hf.contains(k)) hf[k] = *dropout;
+  auto value = [&](const char* key, double dflt) {
+    if (!hf.contains(key) || hf[key].is_null()) return dflt;
+    DS_USER_CHECK(hf[key].is_number(), "'{}': '{}' must be a number", file, key);
+    return hf[key].get<double>();
+  };
+  const std::string type = hf.value("model_type", "");
+  if (type == "opt") {  // none on the embeddings; activation_dropout is unused upstream
+    m.hidden_dropout = static_cast<float>(value("dropout", 0.1));
+    m.attention_dropout = static_cast<float>(value("attention_dropout", 0.0));
+    m.embedding_dropout = 0.f;
+  } else if (type == "gpt2") {
+    const double resid = value("resid_pdrop", 0.1), embd = value("embd_pdrop", 0.1);
+    DS_USER_CHECK(resid == embd, "'{}': embd_pdrop {} differs from resid_pdrop {}; dstrain applies one hidden "
+                  "dropout to the embeddings and the residual branches", file, embd, resid);
+    m.hidden_dropout = static_cast<float>(resid);
+    m.attention_dropout = static_cast<float>(value("attn_pdrop", 0.1));
+  } else {
+    m.hidden_dropout = static_cast<float>(value("hidden_dropout", 0.0));
+    m.attention_dropout = static_cast<float>(value("attention_dropout", 0.0));
+  }
+}
+
+// Copies the tokenizer files of the model directory beside the exported model.
+void copy_tokenizer_files(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  for (const char* n : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
+                        "special_tokens_map.json", "added_tokens.json", "tokenizer.model"})
+    if (fs::is_regular_file(from / n, ec) && !fs::exists(to / n, ec))
+      fs::copy_file(from / n, to / n, ec);
+}
+
+}  // namespace
+
+RawDataset read_dataset(const std::string& path, const std::string& flag) {
+  std::error_code ec;
+  fs::path dir;
+  if (path.find("local/jsonfile") != std::string::npos) {  // DeepSpeed-Chat's test: a substring
+    dir = fs::path(find_local_jsonfile_dir(fs::current_path().string())) / "data";
+  } else {
+    DS_USER_CHECK(fs::is_directory(path, ec),
+                  "{} '{}': dschat reads local/jsonfile or a directory holding train.json and eval.json (JSON Lines "
+                  "or a JSON array of objects with prompt, chosen and rejected); Hugging Face Hub datasets are not "
+                  "downloaded",
+                  flag, path);
+    dir = path;
+  }
+  const std::string train = first_existing(dir, {"train.json", "train.jsonl"});
+  const std::string eval = first_existing(dir, {"eval.json", "eval.jsonl"});
+  DS_USER_CHECK(!train.empty() && !eval.empty(), "{} '{}': {} needs both train.json and eval.json (or .jsonl)", flag,
+                path, dir.string());
+  return {read_pair_file(train), read_pair_file(eval)};
+}
+
+void say(const std::string& s) {  // DeepSpeed-Chat's print_rank_0
+  if (log_rank() != 0) return;
+  std::printf("%s\n", s.c_str());
+  std::fflush(stdout);
+}
+
+CommonArgs common_args(const ParsedArgs& a, const char* prog) {
+  CommonArgs c;
+  c.B = *a.integer("--per_device_train_batch_size");
+  c.eval_b = *a.integer("--per_device_eval_batch_size");
+  c.T = *a.integer("--max_seq_len");
+  c.epochs = *a.integer("--num_train_epochs");
+  c.ga = *a.integer("--gradient_accumulation_steps");
+  c.warmup = *a.integer("--num_warmup_steps");
+  DS_USER_CHECK(c.B >= 1 && c.eval_b >= 1, "{}: --per_device_train_batch_size {} and --per_device_eval_batch_size "
+                "{} must be at least 1", prog, c.B, c.eval_b);
+  DS_USER_CHECK(c.T >= 2, "{}: --max_seq_len {} must be at least 2", prog, c.T);
+  DS_USER_CHECK(c.epochs >= 0 && c.ga >= 1 && c.warmup >= 0, "{}: --num_train_epochs {} must be >= 0, "
+                "--gradient_accumulation_steps {} >= 1 and --num_warmup_steps {} >= 0", prog, c.epochs, c.ga,
+                c.warmup);
+  c.seed = *a.integer("--seed");
+  DS_USER_CHECK(c.seed >= 0 && c.seed <= 0xffffffffLL, "{}: --seed {} must be between 0 and 2**32 - 1 (numpy's "
+                "RandomState splits the data with it)", prog, c.seed);
+  c.zero_stage = *a.integer("--zero_stage");
+  DS_USER_CHECK(c.zero_stage >= 0 && c.zero_stage <= 3, "{}: --zero_stage {} must be 0, 1, 2 or 3", prog,
+                c.zero_stage);
+  return c;
+}
+
+ChatModel load_chat_model(const ParsedArgs& a, const char* prog, const std::optional<std::string>& eot_token) {
+  const std::string arg_model = *a.str("--model_name_or_path");
+  const fs::path dir = resolve_model_dir(arg_model);
+  const fs::path cfg_file = dir / "config.json";
+  json hf = parse_json_text(read_small_file(cfg_file.string(), size_t(64) << 20,
+                                            "--model_name_or_path: the model's config '" + cfg_file.string() + "'"),
+                            "'" + cfg_file.string() + "'");
+  DS_USER_CHECK(hf.is_object(), "'{}' is not a JSON object", cfg_file.string());
+  const std::string name = hf.contains("_name_or_path") && hf["_name_or_path"].is_string()
+                               ? hf["_name_or_path"].get<std::string>()
+                               : arg_model;
+  ChatModel cm{dir, ChatTokenizer::load(dir.string(), name, eot_token), {}, 0};
+  ModelConfig& m = cm.model;
+  m = model_config_from_hf(hf, cfg_file.string(), 1, "--model_name_or_path");
+  set_dropout(m, hf, a.real("--dropout"), cfg_file.string());
+  // DeepSpeed-Chat's no-decay names ("bias", "layer_norm.weight", "layernorm.weight", "norm.weight",
+  // "ln_f.weight") match every family's norms and biases as Megatron's rule does, except GPT-2's
+  // ln_1 / ln_2 weights, which it decays.
+  m.decay_block_norms = hf.value("model_type", "") == "gpt2";
+  const int64_t T = *a.integer("--max_seq_len"), vocab = 8 * ceil_div(cm.tok.size(), 8);
+  cm.file_vocab = m.vocab_size;
+  DS_USER_CHECK(vocab >= cm.file_vocab, "{}: the tokenizer has {} tokens, so DeepSpeed-Chat would shrink the "
+                "model's {}-row embedding to {}; dschat only grows it", prog, cm.tok.size(), cm.file_vocab, vocab);
+  DS_USER_CHECK(T <= m.max_position_embeddings, "{}: --max_seq_len {} is longer than the model's {} positions",
+                prog, T, m.max_position_embeddings);
+  m.vocab_size = static_cast<int>(vocab);
+  m.padded_vocab_size = static_cast<int>(vocab);
+  m.make_vocab_size_divisible_by = 1;
+  m.seq_length = static_cast<int>(T);
+  return cm;
+}
+
+TrainConfig chat_train_config(const ParsedArgs& a, const ChatModel& cm, const CommonArgs& c, int world,
+                              int64_t steps, int64_t sched_total, const char* tb_job, const char* prog) {
+  const std::string sched = *a.str("--lr_scheduler_type");
+  DS_USER_CHECK(sched != "polynomial" || c.warmup != sched_total,
+                "{}: --lr_scheduler_type polynomial with --num_warmup_steps {} equal to the {} training steps "
+                "divides by zero in transformers", prog, c.warmup, sched_total);
+  const double lr = *a.real("--learning_rate");
+  DS_USER_CHECK(sched != "polynomial" || lr > 1e-7, "{}: --lr_scheduler_type polynomial needs --learning_rate above "
+                "its end value 1e-7 (transformers raises ValueError)", prog);
+  TrainConfig base;
+  base.model = cm.model;
+  json j = config_to_json(base);
+  const char* offload = a.flag("--offload") ? "cpu" : "none";
+  j["train_batch_size"] = c.B * world * c.ga;
+  j["train_micro_batch_size_per_gpu"] = c.B;
+  j["gradient_accumulation_steps"] = c.ga;
+  j["steps_per_print"] = 10;
+  j["gradient_clipping"] = 1.0;
+  j["prescale_gradients"] = false;
+  j["wall_clock_breakdown"] = false;
+  j["zero_optimization"] = {{"stage", c.zero_stage},
+                            {"overlap_comm", true},
+                            // DeepSpeed uses offload_param at stage 3 only (dstrain refuses it elsewhere)
+                            {"offload_param", {{"device", c.zero_stage == 3 ? offload : "none"}}},
+                            {"offload_optimizer", {{"device", offload}}},
+                            {"stage3_param_persistence_threshold", 1e4},
+                            {"stage3_max_live_parameters", 3e7},
+                            {"stage3_prefetch_bucket_size", 3e7}};
+  const std::string dtype = *a.str("--dtype");
+  j["fp16"] = {{"enabled", dtype == "fp16"}, {"loss_scale_window", 100}};
+  j["bf16"] = {{"enabled", dtype == "bf16"}};
+  j["optimizer"] = {{"type", "AdamW"},
+                    {"params", {{"lr", lr}, {"betas", {0.9, 0.95}}, {"eps", 1e-8},
+                                {"weight_decay", *a.real("--weight_decay")}}}};
+  j.erase("scheduler");
+  j["tensorboard"] = {{"enabled", a.flag("--enable_tensorboard")},
+                      {"output_path", *a.str("--tensorboard_path") + "/ds_tensorboard_logs/"},
+                      {"job_name", std::string(tb_job) + "_tensorboard"}};
+  j["training"]["train_iters"] = steps;
+  j["training"]["seed"] = c.seed;
+  j["training"]["init_from"] = cm.dir.string();
+  j["training"]["log_interval"] = 1;
+  j["training"]["eval_interval"] = 0;
+  if (a.flag("--gradient_checkpointing")) j["parallel"]["recompute_granularity"] = "full";
+  TrainConfig cfg = train_config_from_json(j, world);
+  cfg.optim.scheduler = LrScheduler::Transformers;
+  cfg.optim.hf_schedule = hf_schedule(sched);
+  cfg.optim.warmup_iters = c.warmup;
+  cfg.optim.decay_iters = sched_total;
+  cfg.ckpt.init_from_vocab = cm.file_vocab < cm.model.vocab_size ? cm.file_vocab : 0;
+  cfg.data.tokenizer.vocab_size = cm.tok.size();
+  cfg.data.tokenizer.bos_id = cm.tok.bos_id();
+  cfg.data.tokenizer.eos_id = cm.tok.eos_id();
+  cfg.data.tokenizer.pad_id = cm.tok.pad_id();
+  return cfg;
+}
+
+void export_into(Trainer& trainer, const fs::path& out, const fs::path& model_dir, int rank) {
+  std::error_code ec;
+  const fs::path tmp = out / ".dschat_export.tmp";
+  if (rank == 0) {
+    fs::create_directories(out, ec);
+    DS_USER_CHECK(!ec, "--output_dir '{}': cannot create it: {}", out.string(), ec.message());
+    fs::remove_all(tmp, ec);  // what an interrupted save left
+  }
+  trainer.export_hf(tmp.string());  // collective; rank 0 writes
+  if (rank != 0) return;
+  copy_tokenizer_files(model_dir, tmp);
+  for (const auto& e : fs::directory_iterator(tmp, ec)) {
+    fs::rename(e.path(), out / e.path().filename(), ec);
+    DS_USER_CHECK(!ec, "--output_dir '{}': cannot move '{}' into it: {}", out.string(), e.path().string(),
+                  ec.message());
+  }
+  fs::remove_all(tmp, ec);
+}
+
+
+}  // namespace ds::chat

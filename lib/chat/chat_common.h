@@ -1,0 +1,68 @@
+// What DeepSpeed-Chat's training steps share (dschat sft, dschat reward):
+// the datasets of --data_path, the model directory with its tokenizer and
+// the vocabulary the steps resize to, the DeepSpeed config
+// get_train_ds_config builds with the client optimizer and transformers'
+// schedule, print_rank_0, and the model written into --output_dir.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lib/chat/chat_args.h"
+#include "lib/chat/chat_tokenizer.h"
+#include "lib/chat/pairs.h"
+#include "lib/config/config.h"
+#include "lib/model/model_config.h"
+
+namespace ds {
+class Trainer;
+}
+
+namespace ds::chat {
+
+// One dataset of --data_path / --sft_only_data_path: its train and eval examples.
+struct RawDataset {
+  std::vector<ChatExample> train, eval;
+};
+// local/jsonfile (DeepSpeed-Chat's test: a substring of the path) or a
+// directory holding train.json and eval.json (or .jsonl); `flag` names it.
+RawDataset read_dataset(const std::string& path, const std::string& flag);
+
+// The flags every step checks the same way.
+struct CommonArgs {
+  int64_t B = 0, eval_b = 0, T = 0, epochs = 0, ga = 0, warmup = 0, seed = 0, zero_stage = 0;
+};
+CommonArgs common_args(const ParsedArgs& a, const char* prog);
+
+// --model_name_or_path resolved (a directory or a hub-cache name), its
+// tokenizer as load_hf_tokenizer gives it, and the model: dropout as the
+// step trains it (--dropout), the vocabulary resized to len(tokenizer)
+// rounded up to 8, --max_seq_len positions.
+struct ChatModel {
+  std::filesystem::path dir;
+  ChatTokenizer tok;
+  ModelConfig model;
+  int64_t file_vocab = 0;  // the file's embedding rows (< model.vocab_size: resized)
+};
+ChatModel load_chat_model(const ParsedArgs& a, const char* prog, const std::optional<std::string>& eot_token);
+
+// The training config: get_train_ds_config's DeepSpeed config (tensorboard
+// job `tb_job`), the client optimizer (AdamW, betas 0.9 / 0.95), `steps`
+// optimizer steps, and transformers' --lr_scheduler_type over sched_total.
+TrainConfig chat_train_config(const ParsedArgs& a, const ChatModel& cm, const CommonArgs& c, int world,
+                              int64_t steps, int64_t sched_total, const char* tb_job, const char* prog);
+
+void say(const std::string& s);  // DeepSpeed-Chat's print_rank_0: rank 0 prints, flushed
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The model and its tokenizer files into `out`, which may hold other files
+// (DeepSpeed-Chat's scripts send their log there): written complete into a
+// temporary directory inside it, then each file renamed into place.
+// Collective (rank 0 writes).
+void export_into(Trainer& trainer, const std::filesystem::path& out, const std::filesystem::path& model_dir,
+                 int rank);
+
+}  // namespace ds::chat
