@@ -1,11 +1,13 @@
 // dschat: DeepSpeed-Chat's three steps with the flags of their main.py
 // scripts. A script's `deepspeed main.py FLAGS` becomes
-// `dsrun dschat sft FLAGS` (step 1; reward and ppo to follow).
+// `dsrun dschat sft FLAGS` (step 1) or `dsrun dschat reward FLAGS` (step 2;
+// ppo to follow).
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "lib/chat/reward.h"
 #include "lib/chat/sft.h"
 #include "lib/core/error.h"
 #include "lib/core/run_main.h"
@@ -13,9 +15,9 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: dschat sft [DeepSpeed-Chat step-1 flags]\n"
+    "usage: dschat sft|reward [DeepSpeed-Chat step-1 or step-2 flags]\n"
     "  sft     supervised fine-tuning (training/step1_supervised_finetuning/main.py)\n"
-    "  reward  reward model (step 2; not implemented yet)\n"
+    "  reward  reward model (training/step2_reward_model_finetuning/main.py)\n"
     "  ppo     RLHF with PPO (step 3; not implemented yet)\n"
     "docs/dschat.md lists the flags and what each does.";
 
@@ -37,8 +39,8 @@ int main(int argc, char** argv) {
       return step.empty() ? 1 : 0;
     }
     if (step == "sft") return ds::chat::run_sft(rest);
-    DS_USER_CHECK(step != "reward" && step != "ppo", "dschat {}: step {} is not implemented yet", step,
-                  step == "reward" ? 2 : 3);
+    if (step == "reward") return ds::chat::run_reward(rest);
+    DS_USER_CHECK(step != "ppo", "dschat ppo: step 3 is not implemented yet");
     throw ds::UserError("unknown step '" + step + "': expected sft, reward or ppo");
   });
 }

@@ -187,17 +187,24 @@ std::string ChatTokenizer::decode(const std::vector<int32_t>& ids) const {
   return s;
 }
 
-SftSample sft_sample(const ChatTokenizer& tok, std::string_view prompt_and_chosen, int64_t max_seq_len) {
-  DS_CHECK(max_seq_len >= 1, "sft_sample: max_seq_len {}", max_seq_len);
-  std::vector<int32_t> ids = tok.encode(std::string(prompt_and_chosen) + tok.eos_text());
+PaddedIds padded_ids(const ChatTokenizer& tok, const std::string& text, int64_t max_seq_len) {
+  DS_CHECK(max_seq_len >= 1, "padded_ids: max_seq_len {}", max_seq_len);
+  std::vector<int32_t> ids = tok.encode(text);
   if (static_cast<int64_t>(ids.size()) > max_seq_len) ids.resize(static_cast<size_t>(max_seq_len));
+  PaddedIds p;
+  p.length = static_cast<int64_t>(ids.size());
+  p.ids = std::move(ids);
+  p.ids.resize(static_cast<size_t>(max_seq_len), tok.pad_id());
+  return p;
+}
+
+SftSample sft_sample(const ChatTokenizer& tok, std::string_view prompt_and_chosen, int64_t max_seq_len) {
+  PaddedIds p = padded_ids(tok, std::string(prompt_and_chosen) + tok.eos_text(), max_seq_len);
   SftSample s;
-  s.length = static_cast<int64_t>(ids.size());
-  const auto L = static_cast<size_t>(max_seq_len);
-  s.tokens.assign(L, tok.pad_id());
-  std::copy(ids.begin(), ids.end(), s.tokens.begin());
-  s.targets.assign(L, -1);
-  for (int64_t t = 0; t + 1 < s.length; ++t) s.targets[static_cast<size_t>(t)] = ids[static_cast<size_t>(t + 1)];
+  s.length = p.length;
+  s.targets.assign(static_cast<size_t>(max_seq_len), -1);
+  for (int64_t t = 0; t + 1 < s.length; ++t) s.targets[static_cast<size_t>(t)] = p.ids[static_cast<size_t>(t + 1)];
+  s.tokens = std::move(p.ids);
   return s;
 }
 

@@ -71,4 +71,13 @@ struct SftSample {
 };
 SftSample sft_sample(const ChatTokenizer& tok, std::string_view prompt_and_chosen, int64_t max_seq_len);
 
+// tokenizer(text, max_length=max_seq_len, padding="max_length",
+// truncation=True): the ids, truncated, padded on the right with the pad
+// id; length = the attention mask's ones.
+struct PaddedIds {
+  std::vector<int32_t> ids;  // max_seq_len entries
+  int64_t length = 0;
+};
+PaddedIds padded_ids(const ChatTokenizer& tok, const std::string& text, int64_t max_seq_len);
+
 }  // namespace ds::chat

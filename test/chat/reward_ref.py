@@ -43,13 +43,14 @@ def forward(chosen_ids, rejected_ids, chosen_rewards, rejected_rewards, pad_id, 
     return loss / bs, torch.stack(chosen_mean_scores), torch.stack(rejected_mean_scores)
 
 
-for case in json.load(open(sys.argv[1])):
-    c = torch.tensor(case["chosen_rewards"], dtype=torch.float64, requires_grad=True)
-    r = torch.tensor(case["rejected_rewards"], dtype=torch.float64, requires_grad=True)
-    loss, cs, rs = forward(torch.tensor(case["chosen_ids"]), torch.tensor(case["rejected_ids"]), c, r,
-                           case["pad_id"], case["npb"])
-    if torch.isfinite(loss):
-        loss.backward()
-    grad = lambda t: (t.grad if t.grad is not None else torch.zeros_like(t)).tolist()
-    print(json.dumps({"loss": loss.item() if torch.isfinite(loss) else None, "chosen_scores": cs.tolist(),
-                      "rejected_scores": rs.tolist(), "dchosen": grad(c), "drejected": grad(r)}))
+if __name__ == "__main__":
+    for case in json.load(open(sys.argv[1])):
+        c = torch.tensor(case["chosen_rewards"], dtype=torch.float64, requires_grad=True)
+        r = torch.tensor(case["rejected_rewards"], dtype=torch.float64, requires_grad=True)
+        loss, cs, rs = forward(torch.tensor(case["chosen_ids"]), torch.tensor(case["rejected_ids"]), c, r,
+                               case["pad_id"], case["npb"])
+        if torch.isfinite(loss):
+            loss.backward()
+        grad = lambda t: (t.grad if t.grad is not None else torch.zeros_like(t)).tolist()
+        print(json.dumps({"loss": loss.item() if torch.isfinite(loss) else None, "chosen_scores": cs.tolist(),
+                          "rejected_scores": rs.tolist(), "dchosen": grad(c), "drejected": grad(r)}))
