@@ -71,7 +71,7 @@ void attention_forward(const AttentionArgs& a, const Stream& s) {
   AttnShape sh = attn_shape(a.qkv, a.NH, a.NKV, op);
   int64_t rows = sh.B * sh.T;
   check_act(a.out, a.qkv, op, "out");
-  DS_CHECK(!a.lengths.defined(), "{}: per-sample lengths (right-padding masks) run on the CPU backend only", op);
+  DS_CUDA_REQUIRE(!a.lengths.defined(), std::string(op) + ": per-sample lengths (right-padding masks) run on the CPU backend only");
   if (rows == 0) return;
   const AttentionBackend be = attention_backend();
   if (be == AttentionBackend::Cudnn) {
@@ -109,7 +109,7 @@ void attention_backward(const AttentionBwdArgs& a, const Stream& s) {
   check_act(a.dqkv, a.qkv, op, "dqkv");
   check_act(a.dout, a.qkv, op, "dout");
   check_act(a.out, a.qkv, op, "out");
-  DS_CHECK(!a.lengths.defined(), "{}: per-sample lengths (right-padding masks) run on the CPU backend only", op);
+  DS_CUDA_REQUIRE(!a.lengths.defined(), std::string(op) + ": per-sample lengths (right-padding masks) run on the CPU backend only");
   if (rows == 0) return;
   const AttentionBackend be = attention_backend();
   if (be == AttentionBackend::Cudnn) {

@@ -458,11 +458,12 @@ void embedding_forward(const EmbeddingArgs& a, const Stream& s) {
   const char* op = "embedding_forward";
   int64_t Bn = a.tokens.size(0), Tn = a.tokens.size(1), N = Bn * Tn;
   int64_t V = a.wte.size(0), C = a.wte.size(1);
+  DS_CUDA_REQUIRE(a.pad_row < 0 || !a.lengths.defined(), std::string(op) + ": padding positions (lengths) run on the CPU backend only");
   if (N * C == 0) return;
   dispatch_float(a.out.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     EmbFwdParams<T> p{a.out.data<T>(), a.tokens.data<int32_t>(), any_ptr(a.wte), any_ptr(a.wpe),
-                      N, Tn, C, V, a.vocab_start, a.pos_offset};
+                      N, Tn, C, V, a.vocab_start, a.row_offset + a.pos_offset};
     // Vectors when every row of out, wte and wpe starts aligned (the tables
     // may be views into a flat parameter buffer at any offset).
     constexpr int W = vec_width(sizeof(T));
@@ -482,6 +483,7 @@ void embedding_backward(const EmbeddingBwdArgs& a, const Stream& s) {
   int64_t Bn = a.tokens.size(0), Tn = a.tokens.size(1), N = Bn * Tn;
   int64_t V = a.dwte.size(0), C = a.dwte.size(1);
   // Mixed precision: bf16/f16 dout with f32 dwte/dwpe (AnyPtr).
+  DS_CUDA_REQUIRE(a.pad_row < 0 || !a.lengths.defined(), std::string(op) + ": padding positions (lengths) run on the CPU backend only");
   expect_grad(a.dwte, a.dout.dtype(), op, "dwte");
   if (a.dwpe.defined()) expect_grad(a.dwpe, a.dout.dtype(), op, "dwpe");
   DS_CUDA_REQUIRE(N < (int64_t(1) << 31) && V < (int64_t(1) << 31) - 1, std::string(op) + ": too many tokens or rows");
@@ -497,10 +499,10 @@ void embedding_backward(const EmbeddingBwdArgs& a, const Stream& s) {
       const AnyPtr dwpe = any_ptr(a.dwpe);
       if (rows_vectorisable(a.dout.raw(), sizeof(T), C, W) && rows_vectorisable(a.dwpe.raw(), elem_bytes(dwpe), C, W))
         wpe_backward_kernel<T, W><<<grid_for(Tn * C / W, 256), 256, 0, stream_of(s)>>>(
-            dwpe, a.dout.data<T>(), Bn, Tn, C, a.pos_offset);
+            dwpe, a.dout.data<T>(), Bn, Tn, C, a.row_offset + a.pos_offset);
       else
         wpe_backward_kernel<T, 1><<<grid_for(Tn * C, 256), 256, 0, stream_of(s)>>>(
-            dwpe, a.dout.data<T>(), Bn, Tn, C, a.pos_offset);
+            dwpe, a.dout.data<T>(), Bn, Tn, C, a.row_offset + a.pos_offset);
       DS_CUDA_CHECK_LAUNCH();
     }
   });

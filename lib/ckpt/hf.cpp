@@ -68,11 +68,13 @@ std::vector<HfPiece> gpt2_map(const ModelDims& d) {
 
 // OPT (OPTForCausalLM, pre-LN: do_layer_norm_before): LayerNorm, ReLU,
 // biases, separate q/k/v projections (our qkv rows [q|k|v]), learned
-// positions whose first 2 rows ours has no use for (OPT offsets positions by 2).
+// positions offset by 2: an imported OPT keeps the whole table
+// (model.position_offset 2, row 1 is the padding tokens' position); a ReLU
+// model without the offset writes 2 zero rows first.
 std::vector<HfPiece> opt_map(const ModelDims& d) {
   const std::string dec = "model.decoder.";
   std::vector<HfPiece> m = {{dec + "embed_tokens.weight", "embed.wte", 0, d.V, false},
-                            {dec + "embed_positions.weight", "embed.wpe", 0, -1, false, 0, 2}};
+                            {dec + "embed_positions.weight", "embed.wpe", 0, -1, false, 0, 2 - d.pos_offset}};
   const int64_t C = d.C;
   for (int l = 0; l < d.L; ++l) {
     std::string h = dec + "layers." + std::to_string(l) + ".", o = "layers." + std::to_string(l) + ".";
@@ -210,6 +212,7 @@ HfArch hf_arch(const ModelDims& d, const char* what) {
     if (d.rmsnorm) refuse("RMSNorm with ReLU", arch, needs);
     if (!d.bias) refuse("linear layers without biases with ReLU", arch, needs);
     if (d.NKV != d.NH) refuse("grouped-query attention with ReLU", arch, needs);
+    if (d.pos_offset == 1) refuse("model.position_offset 1", arch, "OPT's positions start at row 2 (or 0)");
     return HfArch::OPT;
   }
   if (!d.rope) {  // GPT-2: LayerNorm, GELU, biases, multi-head attention
@@ -218,6 +221,8 @@ HfArch hf_arch(const ModelDims& d, const char* what) {
     if (d.swiglu) refuse("SwiGLU MLP with learned positions", arch, needs);
     if (!d.bias) refuse("linear layers without biases (--disable-bias-linear) with learned positions", arch, needs);
     if (d.NKV != d.NH) refuse("grouped-query attention with learned positions", arch, needs);
+    if (d.pos_offset != 0) refuse("model.position_offset " + std::to_string(d.pos_offset), arch,
+                                  "GPT-2's positions start at row 0");
     return HfArch::GPT2;
   }
   if (!d.rmsnorm && !d.swiglu) {  // GPT-NeoX
@@ -453,6 +458,7 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& fil
     m.num_heads = integer("num_attention_heads", 0, true);
     m.ffn_hidden_size = integer("ffn_dim", 0, true);
     m.max_position_embeddings = integer("max_position_embeddings", 2048, false);
+    m.position_offset = 2;  // embed_positions has 2 more rows; row 1 is padding's mask-derived position
     m.activation = Activation::ReLU;
     m.untie_embeddings = !flag("tie_word_embeddings", true);
     const std::string act = text("activation_function");

@@ -170,6 +170,7 @@ json model_json(const ModelConfig& m) {
   if (m.embedding_dropout >= 0) j["embedding_dropout"] = num(m.embedding_dropout);
   if (m.decay_block_norms) j["decay_block_norms"] = true;
   if (m.value_head) j["value_head"] = true;
+  if (m.position_offset != 0) j["position_offset"] = m.position_offset;
   return j;
 }
 

@@ -39,6 +39,7 @@ void read_model_section(JsonSection s, ModelConfig& m) {
   m.embedding_dropout = s.get<float>("embedding_dropout", m.embedding_dropout);
   m.decay_block_norms = s.get<bool>("decay_block_norms", m.decay_block_norms);
   m.value_head = s.get<bool>("value_head", m.value_head);
+  m.position_offset = s.get<int>("position_offset", m.position_offset);
   m.position = read_choice(s, "position", kPositions, m.position);
   if (s.has("moe")) read_moe_section(s.section("moe"), m.moe);
   s.mark("moe");

@@ -21,6 +21,15 @@ EmbedDims embed_dims(const Tensor& tokens, const Tensor& wte, const Tensor& wpe)
           wpe.defined() ? wpe.size(0) : 0};
 }
 
+// The wpe row of position t of sample b: row_offset + pos_offset + t, or
+// pad_row for a padding position (lengths, pad_row >= 0).
+template <class A>
+int64_t wpe_row(const A& a, int64_t b, int64_t t) {
+  if (a.pad_row >= 0 && a.lengths.defined() && a.pos_offset + t >= a.lengths.template data<int32_t>()[b])
+    return a.pad_row;
+  return a.row_offset + a.pos_offset + t;
+}
+
 }  // namespace
 
 void embedding_forward(const EmbeddingArgs& a, const Stream&) {
@@ -36,7 +45,7 @@ void embedding_forward(const EmbeddingArgs& a, const Stream&) {
     const int64_t row = static_cast<int64_t>(tokens[n]) - a.vocab_start;
     const bool local = row >= 0 && row < d.V;
     const float* w = local ? wte + row * C : nullptr;
-    const float* p = wpe ? wpe + (a.pos_offset + t) * C : nullptr;
+    const float* p = wpe ? wpe + wpe_row(a, n / d.T, t) * C : nullptr;
     float* o = out + n * C;
     if (w && p) {
 #pragma omp simd
@@ -75,7 +84,7 @@ void embedding_backward(const EmbeddingBwdArgs& a, const Stream&) {
     for (int64_t b = 0; b < d.B; ++b) {
       for (int64_t t = 0; t < d.T; ++t) {
         const float* g = dout + (b * d.T + t) * C;
-        float* p = dwpe + (a.pos_offset + t) * C;
+        float* p = dwpe + wpe_row(a, b, t) * C;
         for (int64_t c = c0; c < c1; ++c) p[c] += g[c];
       }
     }

@@ -607,7 +607,10 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
          .wte = w(layout_.embed.wte),
          .wpe = wpe,
          .vocab_start = vocab_start_,
-         .pos_offset = sp_.rank * T_},  // Ulysses: global positions
+         .pos_offset = sp_.rank * T_,  // Ulysses: global positions
+         .row_offset = d_.pos_offset,
+         .lengths = S().lengths,
+         .pad_row = d_.pos_offset - 1},
         stream_);
     exit_tp(rows(S().resid[0]));
     const DropoutSpec d = hidden_dropout(-1, DropoutSite::Embedding);
@@ -793,7 +796,10 @@ void GptModel::backward(const Tensor& tokens, const Tensor& dout, int chunk) {
                            .dout = demb,
                            .tokens = tokens,
                            .vocab_start = vocab_start_,
-                           .pos_offset = sp_.rank * T_},
+                           .pos_offset = sp_.rank * T_,
+                           .row_offset = d_.pos_offset,
+                           .lengths = S().lengths,
+                           .pad_row = d_.pos_offset - 1},
                           stream_);
   grads_done(0);
 }

@@ -165,7 +165,8 @@ Tensor GptModel::decode_forward(const Tensor& tokens, const std::vector<int32_t>
                             .wte = w(layout_.embed.wte),
                             .wpe = wpe,
                             .vocab_start = vocab_start_,
-                            .pos_offset = pos[b]},
+                            .pos_offset = pos[b],
+                            .row_offset = d_.pos_offset},
                            stream_);
   reduce_from_tp_forward(tp_, x);
   drop_params(0);

@@ -30,6 +30,8 @@ ModelDims model_dims(const ModelConfig& m) {
   d.maxT = m.max_position_embeddings;
   d.bias = m.bias;
   d.value_head = m.value_head;
+  d.pos_offset = m.position_offset;
+  DS_USER_CHECK(d.pos_offset >= 0 && d.pos_offset <= 2, "model.position_offset {} must be 0, 1 or 2", d.pos_offset);
   d.untied = m.untie_embeddings || m.value_head;  // a value head is never the embedding
   d.rope = m.position == PositionKind::Rope;
   d.rmsnorm = m.norm == NormKind::RMSNorm;
@@ -99,7 +101,7 @@ ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
   b.begin_group(dense);
   if (first || (last && !d.untied))
     out.embed.wte = b.add("embed.wte", {d.Vp, d.C}, -1, InitKind::Normal, TpSplit::Rows);
-  if (first && !d.rope) out.embed.wpe = b.add("embed.wpe", {d.maxT, d.C}, -1, InitKind::Normal);
+  if (first && !d.rope) out.embed.wpe = b.add("embed.wpe", {d.maxT + d.pos_offset, d.C}, -1, InitKind::Normal);
   for (int l = out.first_layer; l < out.end_layer; ++l)
     if (out.holds_layer(l)) {
       spec.experts = d.layer_experts(l);

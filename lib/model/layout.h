@@ -102,6 +102,7 @@ struct ModelDims {
   bool gpt2 = true;                         // LayerNorm/GELU/learned pos/bias family
   bool bias = true, untied = false, rope = false, rmsnorm = false, swiglu = false, relu = false;
   bool value_head = false;                  // head.weight is (1, C) and untied (ModelConfig::value_head)
+  int pos_offset = 0;                       // ModelConfig::position_offset (wpe has maxT + pos_offset rows)
   int head_rows() const { return value_head ? 1 : Vp; }  // rows of head.weight (untied heads)
   std::vector<int> experts;                 // per layer: > 1 a Mixture-of-Experts layer, else 1
   int topk = 1;                             // experts per token (MoE layers)

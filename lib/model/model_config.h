@@ -72,6 +72,11 @@ struct ModelConfig {
   // models: its v_head on the backbone). Its loss is the caller's
   // (GptModel::HeadLoss); one tensor-parallel rank only.
   bool value_head = false;
+  // Learned positions: position t reads row t + position_offset of a table
+  // of max_position_embeddings + position_offset rows (OPT: 2, the rows
+  // before belong to padding: with right-padding lengths a padding token
+  // reads row position_offset - 1, as OPT's mask-derived position -1 does).
+  int position_offset = 0;
   MoeConfig moe;
 };
 

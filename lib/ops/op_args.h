@@ -46,29 +46,40 @@ struct EmbeddingArgs {
   Tensor out;      // (B, T, C)
   Tensor tokens;   // (B, T) i32
   Tensor wte;      // (Vlocal, C)
-  Tensor wpe;      // (maxT, C) or undefined (RoPE models)
+  Tensor wpe;      // (rows, C) or undefined (RoPE models)
   int64_t vocab_start = 0;
   int64_t pos_offset = 0;  // position of token 0 (sequence-parallel shards)
+  int64_t row_offset = 0;  // the wpe row of position 0 (OPT: 2)
+  // (B) i32 or undefined: right padding (AttentionArgs::lengths); with
+  // pad_row >= 0 the positions at or beyond lengths[b] read wpe row pad_row
+  // (OPT's mask-derived position of padding, -1, is row 1). CPU backend only.
+  Tensor lengths;
+  int64_t pad_row = -1;
 };
 template <class A, class F> IfArgs<A, EmbeddingArgs> fields(A& a, F&& f) {
   f(a.out, "out", Role::Out);
   f(a.tokens, "tokens", Role::In);
   f(a.wte, "wte", Role::In);
   f(a.wpe, "wpe", Role::In);
+  f(a.lengths, "lengths", Role::In);
 }
 struct EmbeddingBwdArgs {
   Tensor dwte;     // (Vlocal, C) +=
-  Tensor dwpe;     // (maxT, C) += or undefined
+  Tensor dwpe;     // (rows, C) += or undefined
   Tensor dout;     // (B, T, C)
   Tensor tokens;   // (B, T) i32
   int64_t vocab_start = 0;
   int64_t pos_offset = 0;
+  int64_t row_offset = 0;  // as EmbeddingArgs
+  Tensor lengths;
+  int64_t pad_row = -1;
 };
 template <class A, class F> IfArgs<A, EmbeddingBwdArgs> fields(A& a, F&& f) {
   f(a.dwte, "dwte", Role::Accum);
   f(a.dwpe, "dwpe", Role::Accum);
   f(a.dout, "dout", Role::In);
   f(a.tokens, "tokens", Role::In);
+  f(a.lengths, "lengths", Role::In);
 }
 
 struct LayerNormArgs {

@@ -82,7 +82,8 @@ struct EmbedDims {
 };
 EmbedDims check_embedding(const Check& c, const Tensor& x, const char* x_name, const Tensor& tokens,
                           const Tensor& wte, const char* wte_name, const Tensor& wpe,
-                          const char* wpe_name, int64_t pos_offset) {
+                          const char* wpe_name, int64_t pos_offset, int64_t row_offset, const Tensor& lengths,
+                          int64_t pad_row) {
   c.dtype(tokens, DType::I32, "tokens");
   c.floating(wte, wte_name);
   c.floating(x, x_name);
@@ -92,13 +93,18 @@ EmbedDims check_embedding(const Check& c, const Tensor& x, const char* x_name, c
   const EmbedDims d{tokens.size(0), tokens.size(1), wte.size(1)};
   DS_CHECK(x.shape() == Shape({d.B, d.T, d.C}), "{}: {} has shape {}, expected (B, T, C) = {}",
            c.op(), x_name, shape_str(x.shape()), shape_str({d.B, d.T, d.C}));
+  if (lengths.defined()) {
+    c.dtype(lengths, DType::I32, "lengths");
+    c.numel(lengths, d.B, "lengths", "(B)");
+  }
   if (!wpe.defined()) return d;
   c.floating(wpe, wpe_name);
   DS_CHECK(wpe.dim() == 2 && wpe.size(1) == d.C, "{}: {} has shape {}, expected (maxT, {})",
            c.op(), wpe_name, shape_str(wpe.shape()), d.C);
-  DS_CHECK(pos_offset >= 0 && pos_offset + d.T <= wpe.size(0),
-           "{}: positions [{}, {}) exceed {} rows {}", c.op(), pos_offset, pos_offset + d.T,
+  DS_CHECK(pos_offset >= 0 && row_offset >= 0 && row_offset + pos_offset + d.T <= wpe.size(0),
+           "{}: positions [{}, {}) from row {} exceed {} rows {}", c.op(), pos_offset, pos_offset + d.T, row_offset,
            wpe_name, wpe.size(0));
+  DS_CHECK(pad_row < wpe.size(0), "{}: pad_row {} outside {} rows {}", c.op(), pad_row, wpe_name, wpe.size(0));
   return d;
 }
 
@@ -243,13 +249,15 @@ void check_swiglu(const Check& c, const Tensor& half, const char* half_name, con
 void validate_embedding_forward(const EmbeddingArgs& a) {
   const Check c("embedding_forward");
   c.devices(a);
-  check_embedding(c, a.out, "out", a.tokens, a.wte, "wte", a.wpe, "wpe", a.pos_offset);
+  check_embedding(c, a.out, "out", a.tokens, a.wte, "wte", a.wpe, "wpe", a.pos_offset, a.row_offset, a.lengths,
+                  a.pad_row);
 }
 
 void validate_embedding_backward(const EmbeddingBwdArgs& a) {
   const Check c("embedding_backward");
   c.devices(a);
-  check_embedding(c, a.dout, "dout", a.tokens, a.dwte, "dwte", a.dwpe, "dwpe", a.pos_offset);
+  check_embedding(c, a.dout, "dout", a.tokens, a.dwte, "dwte", a.dwpe, "dwpe", a.pos_offset, a.row_offset,
+                  a.lengths, a.pad_row);
 }
 
 void validate_layernorm_forward(const LayerNormArgs& a) {

@@ -36,7 +36,8 @@ try:
     import torch
     from safetensors.torch import load_file
     from torch.utils.data.distributed import DistributedSampler
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, GPT2Model, get_scheduler
+    from transformers import (AutoModel, AutoTokenizer, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM,
+                              get_scheduler)
 except ImportError as e:
     print("SKIP: torch/transformers not importable by", sys.executable, e)
     sys.exit(77)
@@ -64,22 +65,12 @@ def close(a, b, rel, floor=1e-12):
 
 
 # The reward model DeepSpeed-Chat's step 2 would start from, saved as it saves one.
-step1 = os.path.join(work, "step1")
-GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-                           attn_pdrop=0.0)).save_pretrained(step1)
-shutil.copy(os.path.join(shared, "gpt2-vocab.json"), os.path.join(step1, "vocab.json"))
-shutil.copy(os.path.join(shared, "gpt2-merges.txt"), os.path.join(step1, "merges.txt"))
-tok = AutoTokenizer.from_pretrained(step1)
-tok.pad_token = tok.eos_token  # DeepSpeed-Chat's get_tokenizer
-tok.padding_side = "right"
-PAD = tok.pad_token_id
-
-
 class RewardModel(torch.nn.Module):  # DeepSpeed-Chat's: the backbone and a bias-free v_head
     def __init__(self, base):
         super().__init__()
         self.config = base.config
-        self.v_head = torch.nn.Linear(base.config.n_embd, 1, bias=False)
+        width = getattr(base.config, "word_embed_proj_dim", None) or base.config.hidden_size
+        self.v_head = torch.nn.Linear(width, 1, bias=False)
         self.rwtransformer = base
 
     def forward(self, input_ids, attention_mask):
@@ -89,15 +80,46 @@ class RewardModel(torch.nn.Module):  # DeepSpeed-Chat's: the backbone and a bias
         return reward_forward(input_ids[:bs], input_ids[bs:], rewards[:bs], rewards[bs:], PAD, NPB)
 
 
-base = GPT2Model.from_pretrained(step1)
-base.resize_token_embeddings(8 * math.ceil(len(tok) / 8))
-rm_dir = os.path.join(work, "rm")
-os.makedirs(rm_dir)
-start = RewardModel(base)
-torch.save(start.state_dict(), os.path.join(rm_dir, "pytorch_model.bin"))
-start.config.save_pretrained(rm_dir)
-for f in ("vocab.json", "merges.txt"):
-    shutil.copy(os.path.join(step1, f), os.path.join(rm_dir, f))
+def make_reward_model(family):
+    """A tiny causal LM of `family` (OPT's tokenizer: GPT-2's with "</s>" and "<pad>", a bos first) turned
+    into DeepSpeed-Chat's RewardModel and saved as step 2 saves one."""
+    step1 = os.path.join(work, "step1_" + family)
+    os.makedirs(step1)
+    vocab = json.load(open(os.path.join(shared, "gpt2-vocab.json"), encoding="utf-8"))
+    if family == "gpt2":
+        GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, resid_pdrop=0.0,
+                                   embd_pdrop=0.0, attn_pdrop=0.0)).save_pretrained(step1)
+    else:
+        vocab["</s>"], vocab["<pad>"] = len(vocab), len(vocab) + 1
+        with open(os.path.join(step1, "tokenizer_config.json"), "w") as f:
+            json.dump({"add_bos_token": True, "bos_token": "</s>", "eos_token": "</s>", "unk_token": "</s>",
+                       "pad_token": "<pad>", "tokenizer_class": "GPT2Tokenizer"}, f)
+        OPTForCausalLM(OPTConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, ffn_dim=64,
+                                 num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
+                                 dropout=0.0, attention_dropout=0.0, pad_token_id=vocab["<pad>"],
+                                 bos_token_id=vocab["</s>"], eos_token_id=vocab["</s>"])).save_pretrained(step1)
+    with open(os.path.join(step1, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+    shutil.copy(os.path.join(shared, "gpt2-merges.txt"), os.path.join(step1, "merges.txt"))
+    tk = AutoTokenizer.from_pretrained(step1)
+    tk.pad_token = tk.eos_token  # DeepSpeed-Chat's get_tokenizer
+    tk.padding_side = "right"
+    base = AutoModel.from_pretrained(step1)
+    old = base.get_input_embeddings().weight.data.clone()
+    base.resize_token_embeddings(8 * math.ceil(len(tk) / 8))
+    base.get_input_embeddings().weight.data[old.shape[0]:] = old.mean(dim=0)  # dschat's resize: the rows' mean
+    if family == "opt":  # a trained OPT's padding position is not zero: make row 1 show
+        base.decoder.embed_positions.weight.data[1].normal_(0, 0.5)
+    rm = os.path.join(work, "rm_" + family)
+    os.makedirs(rm)
+    model = RewardModel(base)
+    torch.save(model.state_dict(), os.path.join(rm, "pytorch_model.bin"))
+    model.config.save_pretrained(rm)
+    for f in os.listdir(step1):
+        if f.endswith((".json", ".txt")) and f not in ("config.json", "generation_config.json"):
+            shutil.copy(os.path.join(step1, f), os.path.join(rm, f))
+    return rm, tk, model.config
+
 
 app = os.path.join(work, "app")
 os.makedirs(os.path.join(app, "data"))
@@ -122,12 +144,18 @@ for split, rows in raw.items():
 
 SEED, SPLIT, B, EB, T, LR, WD, EPOCHS, GA, WARMUP, SCHED = 1234, "2,6,2", 3, 4, 40, 2e-3, 5.0, 2, 2, 1, "linear"
 NPB, EVAL_ITERS, EVAL_INTERVAL = 1, 3, 2
-flags = ["--data_path", "local/jsonfile", "--data_split", SPLIT, "--seed", str(SEED), "--model_name_or_path", rm_dir,
-         "--per_device_train_batch_size", str(B), "--per_device_eval_batch_size", str(EB), "--max_seq_len", str(T),
-         "--learning_rate", str(LR), "--weight_decay", str(WD), "--num_train_epochs", str(EPOCHS),
-         "--gradient_accumulation_steps", str(GA), "--lr_scheduler_type", SCHED, "--num_warmup_steps", str(WARMUP),
-         "--num_padding_at_beginning", str(NPB), "--eval_iters", str(EVAL_ITERS), "--eval_interval",
-         str(EVAL_INTERVAL), "--dtype", "fp32", "--deepspeed"]
+
+
+def flags_for(model):
+    return ["--data_path", "local/jsonfile", "--data_split", SPLIT, "--seed", str(SEED), "--model_name_or_path",
+            model, "--per_device_train_batch_size", str(B), "--per_device_eval_batch_size", str(EB), "--max_seq_len",
+            str(T), "--learning_rate", str(LR), "--weight_decay", str(WD), "--num_train_epochs", str(EPOCHS),
+            "--gradient_accumulation_steps", str(GA), "--lr_scheduler_type", SCHED, "--num_warmup_steps",
+            str(WARMUP), "--num_padding_at_beginning", str(NPB), "--eval_iters", str(EVAL_ITERS), "--eval_interval",
+            str(EVAL_INTERVAL), "--dtype", "fp32", "--deepspeed"]
+
+
+
 SCORES = re.compile(r"^(?:\[rank 0\] )?chosen_last_scores \(higher is better\) : (\S+), rejected_last_scores "
                     r"\(lower is better\) : (\S+), acc \(higher is better\) : (\S+)$", re.M)
 ITER = re.compile(r"^(?:\[rank 0\] )?Iter (\d+): c_scores: (\S+), r_scores: (\S+), diff: (\S+), acc: (\S+)$", re.M)
@@ -196,7 +224,7 @@ def evaluation(model, world):
 
 
 def reference(world):
-    model = RewardModel(GPT2Model(start.config))
+    model = RewardModel(AutoModel.from_config(rm_config))
     model.load_state_dict(torch.load(os.path.join(rm_dir, "pytorch_model.bin")))
     model.train()
     no_decay = ["bias", "layer_norm.weight", "layernorm.weight", "norm.weight", "ln_f.weight"]
@@ -234,38 +262,47 @@ def reference(world):
     return evals, iters, steps, model
 
 
-train, evals_ds = phase2(raw["train"]), phase2(raw["eval"])
-for world, cmd in ((1, [dschat, "reward"]), (2, [dsrun, "--num_gpus", "2", dschat, "reward", "--zero_stage", "3"])):
-    out_dir = os.path.join(work, f"out{world}")
-    got_evals, got_iters, got_steps = run(cmd, out_dir)
-    ref_evals, ref_iters, ref_steps, ref_model = reference(world)
-    print(f"world {world}: {len(got_steps)} steps; evaluations {got_evals} (reference {ref_evals})")
-    check(len(got_evals) == EPOCHS + 1 and len(got_steps) == len(ref_steps) > 0 and len(got_iters) == len(ref_iters),
-          f"world {world}: {len(got_evals)} evaluations, {len(got_iters)} interval evaluations, {len(got_steps)} "
-          f"steps (reference {len(ref_iters)}, {len(ref_steps)})")
-    for k, (g, r) in enumerate(zip(got_steps, ref_steps)):
-        check(close(g[0], r[0], 1e-5), f"world {world} step {k + 1}: lr {g[0]} vs {r[0]}")
-        check(close(g[1], r[1], 2e-5), f"world {world} step {k + 1}: loss {g[1]} vs {r[1]}")
-    # The loss depends on chosen - rejected only, so ln_f.bias (a shift of every reward by v_head . bias) has
-    # no gradient but rounding noise, which Adam turns into steps of about lr: the scores themselves drift
-    # apart by up to lr x steps x |v_head|; their differences and the accuracy must agree.
-    def same_eval(g, r):
-        return (close(g[0] - g[1], r[0] - r[1], 1e-4, 1e-2) and abs(g[2] - r[2]) < 1e-6
-                and abs(g[0] - r[0]) < 5e-3 and abs(g[1] - r[1]) < 5e-3)
-    for k, (g, r) in enumerate(zip(got_evals, ref_evals)):
-        check(same_eval(g, r), f"world {world} evaluation {k}: {g} vs {r}")
-    for g, r in zip(got_iters, ref_iters):
-        check(g[0] == r[0] and same_eval(g[1:], r[1:]), f"world {world} interval evaluation: {g} vs {r}")
-    # The export: RewardModel's names, the trained weights.
-    files = sorted(os.listdir(out_dir))
-    check(files == ["config.json", "merges.txt", "model.safetensors", "training.log", "vocab.json"],
-          f"--output_dir holds {files}")
-    got = load_file(os.path.join(out_dir, "model.safetensors"))
-    want = {k: v for k, v in ref_model.state_dict().items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
-    check(sorted(got) == sorted(want), f"exported names {sorted(set(got) ^ set(want))}")
-    worst = max(((got[k] - want[k]).abs().max().item() / (want[k].abs().max().item() + 1e-6), k)
-                for k in want if k in got and k != "rwtransformer.ln_f.bias")  # noise-driven, see above
-    check(worst[0] < 1e-3, f"world {world}: exported weights differ by {worst}")
+# Weights the loss does not depend on: the final norm's bias shifts every reward (the loss sees differences) and
+# a key bias shifts every score of a query row (softmax ignores it); their gradients are rounding noise, which
+# Adam turns into steps of about lr in either direction, so they are not compared.
+NULL_DIRECTIONS = ("ln_f.bias", "decoder.final_layer_norm.bias", "k_proj.bias")
+for family in ("gpt2", "opt"):
+    rm_dir, tok, rm_config = make_reward_model(family)
+    PAD = tok.pad_token_id
+    flags = flags_for(rm_dir)
+    train, evals_ds = phase2(raw["train"]), phase2(raw["eval"])
+    for world, cmd in ((1, [dschat, "reward"]), (2, [dsrun, "--num_gpus", "2", dschat, "reward", "--zero_stage", "3"])):
+        out_dir = os.path.join(work, f"out{world}_{family}")
+        got_evals, got_iters, got_steps = run(cmd, out_dir)
+        ref_evals, ref_iters, ref_steps, ref_model = reference(world)
+        print(f"{family} world {world}: {len(got_steps)} steps; evaluations {got_evals} (reference {ref_evals})")
+        check(len(got_evals) == EPOCHS + 1 and len(got_steps) == len(ref_steps) > 0 and len(got_iters) == len(ref_iters),
+              f"{family} world {world}: {len(got_evals)} evaluations, {len(got_iters)} interval evaluations, {len(got_steps)} "
+              f"steps (reference {len(ref_iters)}, {len(ref_steps)})")
+        for k, (g, r) in enumerate(zip(got_steps, ref_steps)):
+            check(close(g[0], r[0], 1e-5), f"{family} world {world} step {k + 1}: lr {g[0]} vs {r[0]}")
+            check(close(g[1], r[1], 2e-5), f"{family} world {world} step {k + 1}: loss {g[1]} vs {r[1]}")
+        # The loss depends on chosen - rejected only, so ln_f.bias (a shift of every reward by v_head . bias) has
+        # no gradient but rounding noise, which Adam turns into steps of about lr: the scores themselves drift
+        # apart by up to lr x steps x |v_head|; their differences and the accuracy must agree.
+        def same_eval(g, r):
+            return (close(g[0] - g[1], r[0] - r[1], 1e-4, 1e-2) and abs(g[2] - r[2]) < 1e-6
+                    and abs(g[0] - r[0]) < 5e-3 and abs(g[1] - r[1]) < 5e-3)
+        for k, (g, r) in enumerate(zip(got_evals, ref_evals)):
+            check(same_eval(g, r), f"{family} world {world} evaluation {k}: {g} vs {r}")
+        for g, r in zip(got_iters, ref_iters):
+            check(g[0] == r[0] and same_eval(g[1:], r[1:]), f"{family} world {world} interval evaluation: {g} vs {r}")
+        # The export: RewardModel's names, the trained weights.
+        files = sorted(os.listdir(out_dir))
+        check(files == sorted(["config.json", "merges.txt", "model.safetensors", "training.log", "vocab.json"]
+                              + ([] if family == "gpt2" else ["tokenizer_config.json"])),
+              f"--output_dir holds {files}")
+        got = load_file(os.path.join(out_dir, "model.safetensors"))
+        want = {k: v for k, v in ref_model.state_dict().items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+        check(sorted(got) == sorted(want), f"exported names {sorted(set(got) ^ set(want))}")
+        worst = max(((got[k] - want[k]).abs().max().item() / (want[k].abs().max().item() + 1e-6), k)
+                    for k in want if k in got and not k.endswith(NULL_DIRECTIONS))  # noise-driven, see above
+        check(worst[0] < 1e-3, f"{family} world {world}: exported weights differ by {worst}")
 
 # Inputs a user can get wrong: one error line, exit 1.
 step_dir = os.path.join(app, "training", "step2_reward_model_finetuning")

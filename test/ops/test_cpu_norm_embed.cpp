@@ -76,6 +76,54 @@ TEST_CASE("embedding forward/backward with vocab range and position offset") {
   }
 }
 
+// OPT's table: position t at row t + row_offset, and with right padding
+// (lengths) every padding position at pad_row; forward against the formula,
+// backward against finite differences of it.
+TEST_CASE("embedding with a row offset and padding positions (OPT)") {
+  const int64_t B = 2, T = 5, C = 4, V = 6, rows = 9, ro = 2, pad = 1, po = 1;
+  const std::vector<int32_t> tok = {1, 2, 3, 0, 0, 5, 4, 3, 2, 1}, len = {3, 6};  // sample 0: positions 1.. pad from 3
+  EmbeddingArgs f;
+  f.out = Tensor::empty({B, T, C}, DType::F32);
+  f.tokens = tokens_tensor({B, T}, tok);
+  f.wte = randn({V, C}, 11);
+  f.wpe = randn({rows, C}, 12);
+  f.pos_offset = po;
+  f.row_offset = ro;
+  f.pad_row = pad;
+  f.lengths = Tensor::empty({B}, DType::I32);
+  for (int64_t b = 0; b < B; ++b) f.lengths.data<int32_t>()[b] = len[static_cast<size_t>(b)];
+  auto ref = [&](const Vec& wte, const Vec& wpe) {
+    Vec out(B * T * C);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t r = po + t >= len[static_cast<size_t>(b)] ? pad : ro + po + t;
+        for (int64_t c = 0; c < C; ++c)
+          out[(b * T + t) * C + c] = wte[tok[static_cast<size_t>(b * T + t)] * C + c] + wpe[r * C + c];
+      }
+    return out;
+  };
+  ops::embedding_forward(f);
+  const Vec wte = to_f64(f.wte), wpe = to_f64(f.wpe);
+  check_close(f.out, ref(wte, wpe), kFwdTol, "out");
+  EmbeddingBwdArgs g;
+  g.dwte = Tensor::zeros({V, C}, DType::F32);
+  g.dwpe = Tensor::zeros({rows, C}, DType::F32);
+  g.dout = randn({B, T, C}, 13);
+  g.tokens = f.tokens;
+  g.pos_offset = po;
+  g.row_offset = ro;
+  g.pad_row = pad;
+  g.lengths = f.lengths;
+  ops::embedding_backward(g);
+  const Vec w = to_f64(g.dout);
+  check_close(g.dwpe, fd_grad(wpe, [&](const Vec& x) { return dot(ref(wte, x), w); }), kBwdTol, "dwpe");
+  check_close(g.dwte, fd_grad(wte, [&](const Vec& x) { return dot(ref(x, wpe), w); }), kBwdTol, "dwte");
+  // Rows 0 (unused) and 8 (beyond the positions used) get no gradient.
+  for (int64_t c = 0; c < C; ++c) REQUIRE(g.dwpe.data<float>()[c] == 0.f);
+  f.row_offset = 4;  // positions [1, 6) from row 4 need 10 rows
+  REQUIRE_THROWS_WITH(ops::embedding_forward(f), Catch::Contains("from row 4 exceed wpe rows 9"));
+}
+
 TEST_CASE("embedding rejects positions beyond wpe") {
   EmbeddingArgs f;
   f.out = Tensor::empty({1, 4, 3}, DType::F32);
