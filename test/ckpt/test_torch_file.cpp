@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -146,4 +147,97 @@ TEST_CASE("PyTorch zip files read as PyTorch wrote them; nothing else is execute
     }
     CHECK(errors > 0);
   }
+}
+
+// ---- writing: TorchSaveWriter (lib/ckpt/torch_save.h) ------------------------
+
+#include "lib/ckpt/torch_save.h"
+
+TEST_CASE("crc32_zip is zip's CRC-32") {
+  REQUIRE(crc32_zip("123456789", 9) == 0xCBF43926u);
+  REQUIRE(crc32_zip("", 0) == 0u);
+  const std::string s(1000, 'x');
+  REQUIRE(crc32_zip(s.data() + 3, 997, crc32_zip(s.data(), 3)) == crc32_zip(s.data(), 1000));
+}
+
+// A state dict written by TorchSaveWriter reads back through TorchFile and
+// through torch.load(weights_only=True) with the same values, also with
+// every member's size and offset in zip64 fields.
+TEST_CASE("TorchSaveWriter: read back by TorchFile and by torch.load") {
+  const fs::path dir = fs::temp_directory_path() / ("dstrain_torchsave_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::vector<std::pair<std::string, Shape>> decl = {
+      {"rwtransformer.h.0.attn.c_attn.weight", {3, 4}}, {"v_head.weight", {1, 5}}, {"scale", {}},
+      {"x.bias", {7}}, {"three", {2, 3, 2}}};
+  auto value = [](size_t k, int64_t i) { return static_cast<float>(k) * 100.f + static_cast<float>(i) * 0.25f - 1.f; };
+  for (uint64_t zip64_from : {uint64_t{0xffffffffull}, uint64_t{64}}) {
+    DYNAMIC_SECTION("zip64 from " << zip64_from) {
+      TorchSaveWriter w;
+      for (const auto& [n, s] : decl) w.declare_f32(n, s);
+      const fs::path path = dir / "pytorch_model.bin";
+      size_t asked = 0;
+      w.write_streamed(
+          path.string(),
+          [&](const std::string& name) {
+            REQUIRE(name == decl[asked].first);  // in declaration order, once each
+            Tensor t = Tensor::empty(decl[asked].second, DType::F32);
+            for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = value(asked, i);
+            ++asked;
+            return t;
+          },
+          nullptr, zip64_from);
+      REQUIRE(asked == decl.size());
+      const TorchFile f = TorchFile::open(path.string());
+      REQUIRE(f.tensors().size() == decl.size());
+      for (size_t k = 0; k < decl.size(); ++k) {
+        const Tensor t = f.get(decl[k].first);
+        REQUIRE(t.shape() == decl[k].second);
+        for (int64_t i = 0; i < t.numel(); ++i) REQUIRE(t.data<float>()[i] == value(k, i));
+      }
+      // torch.load, restricted to tensors: each tensor's shape and values. With
+      // zip64 fields in a small file Python's zipfile checks the archive and
+      // every member's CRC instead: PyTorch's zip reader (miniz) checks a
+      // zip64 offset's member against the file's size as if the offset were
+      // 0xffffffff, which only a file over 4 GiB satisfies.
+      const bool small64 = zip64_from < 0xffffffffull;
+      const std::string py =
+          small64 ? "import sys, zipfile\nz = zipfile.ZipFile(sys.argv[1])\nassert z.testzip() is None\n"
+                    "print(' '.join(i.filename for i in z.infolist()))\n"
+                  : "import sys\ntry:\n    import torch\nexcept ImportError:\n    sys.exit(77)\n"
+                    "sd = torch.load(sys.argv[1], weights_only=True)\n"
+                    "for k, v in sd.items():\n"
+                    "    print(k, list(v.shape), ' '.join('%.9g' % x for x in v.reshape(-1).tolist()))\n";
+      spit(dir / "load.py", py);
+      const int s = std::system(("/usr/bin/python3 " + (dir / "load.py").string() + " " + path.string() + " > " +
+                                 (dir / "load.out").string() + " 2>&1").c_str());
+      const int rc = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
+      if (rc == 77) {
+        WARN("torch is not importable by /usr/bin/python3: torch.load not checked");
+      } else {
+        INFO(slurp(dir / "load.out"));
+        REQUIRE(rc == 0);
+        std::string want;  // the same lines, built here
+        if (small64) {
+          want = "archive/data.pkl archive/byteorder";
+          for (size_t k = 0; k < decl.size(); ++k) want += " archive/data/" + std::to_string(k);
+          want += " archive/version\n";
+        }
+        for (size_t k = 0; k < decl.size() && !small64; ++k) {
+          want += decl[k].first + " [";
+          for (size_t d = 0; d < decl[k].second.size(); ++d)
+            want += (d ? ", " : "") + std::to_string(decl[k].second[d]);
+          want += "] ";
+          for (int64_t i = 0; i < shape_numel(decl[k].second); ++i) {
+            char b[32];
+            std::snprintf(b, sizeof b, "%s%.9g", i ? " " : "", static_cast<double>(value(k, i)));
+            want += b;
+          }
+          want += "\n";
+        }
+        REQUIRE(slurp(dir / "load.out") == want);
+      }
+    }
+  }
+  fs::remove_all(dir);
 }
