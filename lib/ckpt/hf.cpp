@@ -23,6 +23,7 @@
 
 #include "lib/ckpt/file_io.h"
 #include "lib/ckpt/safetensors.h"
+#include "lib/ckpt/torch_save.h"
 #include "lib/core/error.h"
 #include "lib/model/param_init.h"
 
@@ -511,7 +512,8 @@ void check_export_dir(const std::string& outdir, const char* what) {
   if (!fs::exists(out, ec)) return;
   for (const auto& e : fs::directory_iterator(out, ec)) {
     const std::string name = e.path().filename().string();
-    DS_USER_CHECK(name == "config.json" || name == "model.safetensors" || is_step_tokenizer_name(name),
+    DS_USER_CHECK(name == "config.json" || name == "model.safetensors" || name == "pytorch_model.bin" ||
+                      is_step_tokenizer_name(name),
                   "{} '{}' already holds '{}', so it is not a previous export to replace; give a new or empty "
                   "directory", what, outdir, name);
   }
@@ -533,19 +535,30 @@ namespace {
 
 // The export's model.safetensors declared (names and shapes, no data) and the
 // piece of our weight each HF tensor is cut from.
+// A value-head model is written as DeepSpeed-Chat's steps write theirs:
+// pytorch_model.bin (torch.save's format, torch_save.h).
 struct HfExportPlan {
   SafetensorsWriter writer;
+  TorchSaveWriter torch;  // value-head models
+  bool torch_format = false;
   std::map<std::string, HfPiece> pieces;
+  std::vector<std::string> order() const { return torch_format ? torch.streamed_order() : writer.streamed_order(); }
+  const char* file() const { return torch_format ? "pytorch_model.bin" : "model.safetensors"; }
 };
 
 HfExportPlan hf_export_plan(const ModelDims& d, const ModelLayout& layout) {
   HfExportPlan plan;
+  plan.torch_format = d.value_head;
   for (const HfPiece& p : hf_map(d, "HF export")) {
     const Shape m = matrix_shape(layout.find(p.our_name).shape);
     int64_t rows = p.hf_pad_rows;
     for (const auto& [r0, n] : row_runs(p, m[0])) rows += n;
     const int64_t K = m.size() == 2 ? m[1] : 1;
-    plan.writer.declare_f32(p.hf_name, m.size() != 2 ? Shape{rows} : p.transpose ? Shape{K, rows} : Shape{rows, K});
+    const Shape shape = m.size() != 2 ? Shape{rows} : p.transpose ? Shape{K, rows} : Shape{rows, K};
+    if (plan.torch_format)
+      plan.torch.declare_f32(p.hf_name, shape);
+    else
+      plan.writer.declare_f32(p.hf_name, shape);
     plan.pieces.emplace(p.hf_name, p);
   }
   plan.writer.set_metadata("format", "pt");
@@ -556,7 +569,7 @@ HfExportPlan hf_export_plan(const ModelDims& d, const ModelLayout& layout) {
 // in file order, one of ours fetched when it is not the one held.
 std::vector<std::string> hf_requests(const HfExportPlan& plan) {
   std::vector<std::string> out;
-  for (const std::string& hf_name : plan.writer.streamed_order()) {
+  for (const std::string& hf_name : plan.order()) {
     const std::string& ours = plan.pieces.at(hf_name).our_name;
     if (out.empty() || out.back() != ours) out.push_back(ours);
   }
@@ -589,7 +602,7 @@ void export_hf_streamed(const ModelConfig& cfg, const ModelLayout& layout, const
     const HfExportPlan plan = hf_export_plan(d, layout);
     std::string held_name;
     Tensor held;
-    plan.writer.write_streamed((tmp / "model.safetensors").string(), [&](const std::string& hf_name) {
+    auto next = [&](const std::string& hf_name) {
       const HfPiece& p = plan.pieces.at(hf_name);
       if (held_name != p.our_name) {
         held = Tensor();
@@ -597,7 +610,11 @@ void export_hf_streamed(const ModelConfig& cfg, const ModelLayout& layout, const
         held_name = p.our_name;
       }
       return extract(held.reshape(matrix_shape(held.shape())), p);
-    });
+    };
+    if (plan.torch_format)
+      plan.torch.write_streamed((tmp / plan.file()).string(), next);
+    else
+      plan.writer.write_streamed((tmp / plan.file()).string(), next);
     write_file_atomic((tmp / "config.json").string(), config.dump(2) + "\n");
     if (tokenizer) write_step_tokenizer(*tokenizer, tmp);  // transformers' names, beside the model
   } catch (...) {

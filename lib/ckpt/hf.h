@@ -25,7 +25,9 @@ struct HfTokenIds {
   int bos = -1, eos = -1;
 };
 
-// params: (layout.total) f32 on any device. Writes OUTDIR/model.safetensors,
+// params: (layout.total) f32 on any device. Writes OUTDIR/model.safetensors
+// (a value-head model: OUTDIR/pytorch_model.bin in DeepSpeed-Chat's
+// RewardModel names, as its steps save one),
 // OUTDIR/config.json and the tokenizer's files when given (vocab.json +
 // merges.txt, tokenizer.model or tokenizer.json), into a temp dir renamed
 // into place. The architecture
@@ -52,7 +54,7 @@ std::vector<std::string> hf_export_requests(const ModelConfig& cfg, const ModelL
 void check_hf_exportable(const ModelConfig& cfg, const char* what);
 
 // Checks an export directory before any work: it may not exist yet, be an
-// empty directory or a previous export (config.json, model.safetensors and
+// empty directory or a previous export (config.json, model.safetensors or pytorch_model.bin and
 // tokenizer files only), which export_hf replaces; anything else (a file, a directory with
 // other files) is a UserError naming `what` ("--export-hf"), never removed.
 void check_export_dir(const std::string& outdir, const char* what);

@@ -19,8 +19,9 @@ main.py: the phase-2 split, DistributedSampler, DataCollatorReward's
 loss (reward_ref.py) averaged over ranks and accumulation steps, DeepSpeed's
 clipping, torch AdamW (betas 0.9 / 0.95, weight decay 5 on DeepSpeed-Chat's
 decay group), get_scheduler, and evaluation_reward. Every step's loss and
-learning rate and every evaluation must agree, and the export must hold the
-trained weights under RewardModel's names. Exits 77 when torch or
+learning rate and every evaluation must agree, and the export
+(pytorch_model.bin) must load into RewardModel as step 3 loads its critic and
+hold the trained weights. Exits 77 when torch or
 transformers is missing, or without the shared GPT-2 vocabulary."""
 import json
 import math
@@ -34,9 +35,8 @@ import tempfile
 
 try:
     import torch
-    from safetensors.torch import load_file
     from torch.utils.data.distributed import DistributedSampler
-    from transformers import (AutoModel, AutoTokenizer, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM,
+    from transformers import (AutoConfig, AutoModel, AutoTokenizer, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM,
                               get_scheduler)
 except ImportError as e:
     print("SKIP: torch/transformers not importable by", sys.executable, e)
@@ -271,7 +271,8 @@ for family in ("gpt2", "opt"):
     PAD = tok.pad_token_id
     flags = flags_for(rm_dir)
     train, evals_ds = phase2(raw["train"]), phase2(raw["eval"])
-    for world, cmd in ((1, [dschat, "reward"]), (2, [dsrun, "--num_gpus", "2", dschat, "reward", "--zero_stage", "3"])):
+    for world, cmd in ((1, [dschat, "reward"]), (2, [dsrun, "--num_gpus", "2", "--master_port", "29612", dschat, "reward",
+                        "--zero_stage", "3"])):
         out_dir = os.path.join(work, f"out{world}_{family}")
         got_evals, got_iters, got_steps = run(cmd, out_dir)
         ref_evals, ref_iters, ref_steps, ref_model = reference(world)
@@ -292,13 +293,16 @@ for family in ("gpt2", "opt"):
             check(same_eval(g, r), f"{family} world {world} evaluation {k}: {g} vs {r}")
         for g, r in zip(got_iters, ref_iters):
             check(g[0] == r[0] and same_eval(g[1:], r[1:]), f"{family} world {world} interval evaluation: {g} vs {r}")
-        # The export: RewardModel's names, the trained weights.
+        # The export: pytorch_model.bin in RewardModel's names, as step 2 saves it, loaded the way step 3 loads
+        # its critic (AutoModel.from_config, RewardModel, the state dict: strictly here), the trained weights.
         files = sorted(os.listdir(out_dir))
-        check(files == sorted(["config.json", "merges.txt", "model.safetensors", "training.log", "vocab.json"]
+        check(files == sorted(["config.json", "merges.txt", "pytorch_model.bin", "training.log", "vocab.json"]
                               + ([] if family == "gpt2" else ["tokenizer_config.json"])),
               f"--output_dir holds {files}")
-        got = load_file(os.path.join(out_dir, "model.safetensors"))
-        want = {k: v for k, v in ref_model.state_dict().items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+        got = torch.load(os.path.join(out_dir, "pytorch_model.bin"), weights_only=True)
+        critic = RewardModel(AutoModel.from_config(AutoConfig.from_pretrained(out_dir)))
+        critic.load_state_dict(got, strict=True)
+        want = ref_model.state_dict()
         check(sorted(got) == sorted(want), f"exported names {sorted(set(got) ^ set(want))}")
         worst = max(((got[k] - want[k]).abs().max().item() / (want[k].abs().max().item() + 1e-6), k)
                     for k in want if k in got and not k.endswith(NULL_DIRECTIONS))  # noise-driven, see above
