@@ -226,7 +226,8 @@ for family, model_cls in FAMILIES.items():
     tok.pad_token = tok.eos_token  # DeepSpeed-Chat's get_tokenizer
     tok.padding_side = "right"
     train, evals_ds = phase1(raw["train"]), phase1(raw["eval"])
-    for world, cmd in ((1, [dschat, "sft"]), (2, [dsrun, "--num_gpus", "2", dschat, "sft", "--zero_stage", "3"])):
+    for world, cmd in ((1, [dschat, "sft"]), (2, [dsrun, "--num_gpus", "2", "--master_port", "29611", dschat, "sft",
+                        "--zero_stage", "3"])):
         out_dir = os.path.join(work, f"out{world}" + ("" if family == "gpt2" else "_" + family))
         got_evals, got_steps = run(cmd, out_dir)
         ref_evals, ref_steps = reference(world)
