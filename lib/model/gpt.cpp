@@ -60,6 +60,7 @@ void GptModel::init_local() {
   units_ = unit_ranges(layout_, d_.L);
   unit_params_.resize(units_.size());
   unit_grads_.resize(units_.size());
+  init_lora();
 }
 
 void GptModel::set_ulysses(SpComm sp) {
@@ -119,9 +120,17 @@ Tensor GptModel::unit_view(ParamRef r, const std::vector<Tensor>& acquired, cons
   return u.view(p.offset - units_[static_cast<size_t>(unit_of(p))].begin, p.shape);
 }
 
-Tensor GptModel::w(ParamRef r) const { return unit_view(r, unit_params_, "parameter"); }
+Tensor GptModel::w(ParamRef r) const {
+  if (!lora_w_.empty())
+    if (auto it = lora_w_.find(r.index); it != lora_w_.end()) return it->second;
+  return unit_view(r, unit_params_, "parameter");
+}
 
-Tensor GptModel::dw(ParamRef r) const { return unit_view(r, unit_grads_, "gradient"); }
+Tensor GptModel::dw(ParamRef r) const {
+  if (!lora_dw_.empty())
+    if (auto it = lora_dw_.find(r.index); it != lora_dw_.end()) return it->second;
+  return unit_view(r, unit_grads_, "gradient");
+}
 
 Tensor GptModel::opt(ParamRef r, bool grad) const {
   if (!r.defined()) return Tensor();
@@ -129,19 +138,30 @@ Tensor GptModel::opt(ParamRef r, bool grad) const {
 }
 
 void GptModel::use_params(int unit) {
-  if (!unit_params_[unit].defined()) unit_params_[unit] = store_->acquire_params(unit);
+  if (unit_params_[unit].defined()) return;
+  unit_params_[unit] = store_->acquire_params(unit);
+  if (!lora_slots_.empty() && !lora_slots_[unit].empty()) lora_acquire(unit);
 }
 
 void GptModel::drop_params(int unit) {
+  if (!lora_dw_.empty()) lora_fold_grads(unit);  // a backward: the LoRA gradients need the unit's weights
   store_->release_params(unit);
   unit_params_[unit] = Tensor();
+  if (!lora_slots_.empty())
+    for (const LoraSlot& s : lora_slots_[unit]) lora_w_.erase(s.base);
 }
 
 void GptModel::use_grads(int unit) {
-  if (!unit_grads_[unit].defined()) unit_grads_[unit] = store_->acquire_grads(unit);
+  if (unit_grads_[unit].defined()) return;
+  unit_grads_[unit] = store_->acquire_grads(unit);
+  if (!lora_slots_.empty() && !lora_slots_[unit].empty()) lora_grads_begin(unit);
 }
 
 void GptModel::grads_done(int unit) {
+  if (!frozen_.empty()) {
+    if (!lora_dw_.empty()) lora_fold_grads(unit);
+    zero_frozen_grads(unit);
+  }
   store_->grads_ready(unit);
   unit_grads_[unit] = Tensor();
 }
@@ -710,6 +730,8 @@ void GptModel::set_loss_sink(const Tensor& sink, float weight) {
 void GptModel::abandon_pass() {
   for (Tensor& t : unit_params_) t = Tensor();
   for (Tensor& t : unit_grads_) t = Tensor();
+  lora_w_.clear();
+  lora_dw_.clear();
   store_->abandon_pass();
 }
 

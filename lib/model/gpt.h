@@ -8,6 +8,7 @@
 // The model calls only the device-neutral op API (lib/ops), never a backend.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -456,6 +457,25 @@ class GptModel {
   ParamStore* store_ = nullptr;
   std::vector<Range> units_;
   std::vector<Tensor> unit_params_, unit_grads_;  // acquired units (else undefined)
+  // LoRA (lib/model/lora.cpp, ModelConfig::lora): each target's base weight,
+  // left (dim, rows) and right (dim, in) tensors and row block, per unit.
+  // While a unit is held, w() of an adapted weight is its effective weight
+  // (W + s left^T right per block, s = scaling / dim) and dw() a scratch
+  // whose blocks become the left and right gradients in grads_done; the
+  // weight's own gradient stays zero (frozen).
+  struct LoraSlot {
+    int32_t base = -1, left = -1, right = -1;
+    int64_t row0 = 0, rows = 0;
+  };
+  std::vector<std::vector<LoraSlot>> lora_slots_;       // per unit
+  std::vector<std::vector<int32_t>> frozen_;            // per unit: lr_scale 0 tensors that are not adapted
+  std::map<int32_t, Tensor> lora_w_, lora_dw_;          // by base param index, while held
+  float lora_s_ = 0.f;
+  void init_lora();
+  void lora_acquire(int unit);        // the effective weights of the unit's adapted weights
+  void lora_grads_begin(int unit);    // zeroed scratch gradients for them
+  void lora_fold_grads(int unit);     // left / right gradients from the scratch (while the unit's weights are held)
+  void zero_frozen_grads(int unit);   // the gradients of frozen tensors that are not adapted
   int64_t B_ = 0, T_ = 0;
   std::vector<ActSet> sets_;        // activation slots (one unless pipelined)
   RecomputeConfig recompute_;

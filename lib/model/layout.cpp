@@ -5,6 +5,7 @@
 #include "lib/model/layout.h"
 
 #include <algorithm>
+#include <map>
 
 #include "lib/core/error.h"
 #include "lib/model/blocks.h"
@@ -72,10 +73,54 @@ void check_tp(const ModelDims& d, int tp) {
 
 }  // namespace
 
+namespace {
+
+// LoRA (ModelConfig::lora): layer l's targets' left and right tensors, right
+// after its own weights (so in its unit); the weights they adapt frozen.
+void declare_lora(ParamDeclarer& b, ModelLayout& out, const LoraConfig& lora, int l) {
+  if (!lora.enabled()) return;
+  std::map<std::string, int64_t> covered;  // rows of each adapted weight
+  for (size_t k = 0; k < lora.targets.size(); ++k) {
+    const LoraTarget& t = lora.targets[k];
+    if (t.layer != l) continue;
+    const std::string name = "layers." + std::to_string(l) + "." + t.weight;
+    const ParamSpec* base = out.try_find(name);
+    DS_USER_CHECK(base && base->full_shape.size() == 2, "LoRA: layer {} has no weight '{}' to adapt (a dense "
+                  "layer's attn.qkv, attn.proj, mlp.fc or mlp.proj)", l, t.weight);
+    DS_USER_CHECK(t.rows > 0 && t.row0 >= 0 && t.row0 + t.rows <= base->full_shape[0], "LoRA: rows [{}, {}) of {} "
+                  "outside its {}", t.row0, t.row0 + t.rows, name, shape_str(base->full_shape));
+    covered[name] += t.rows;
+    const int64_t in = base->full_shape[1];
+    const std::string p = "layers." + std::to_string(l) + ".lora." + std::to_string(k) + ".";
+    b.add(p + "left", {lora.dim, t.rows}, l, InitKind::Zeros);
+    out.params.back().lr_scale = lora.lr_scale;
+    b.add(p + "right", {lora.dim, in}, l, InitKind::LoraRight);
+    out.params.back().lr_scale = lora.lr_scale;
+  }
+  for (const auto& [name, rows] : covered) {
+    ParamSpec& base = out.params[static_cast<size_t>(&out.find(name) - out.params.data())];
+    DS_USER_CHECK(rows == base.full_shape[0], "LoRA: the targets of {} cover {} of its {} rows; its Hugging Face "
+                  "linears (q/k/v, gate/up) are fused here, so adapt all of them or none", name, rows,
+                  base.full_shape[0]);
+    base.lr_scale = 0.f;  // frozen
+  }
+}
+
+// --only_optimize_lora: everything but the LoRA tensors and a value head frozen.
+void freeze_for_lora(ModelLayout& out, const ModelConfig& m) {
+  if (!m.lora.enabled() || !m.lora.only_lora) return;
+  for (ParamSpec& p : out.params)
+    if (p.name.find(".lora.") == std::string::npos && !(m.value_head && p.name == "head.weight")) p.lr_scale = 0.f;
+}
+
+}  // namespace
+
 ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
   const int tp = s.tp, tp_rank = s.tp_rank, pp = s.pp, pp_rank = s.pp_rank, vp = s.vp;
   ModelDims d = model_dims(m);
   check_tp(d, tp);
+  DS_USER_CHECK(!m.lora.enabled() || tp == 1, "LoRA runs on one tensor-parallel rank; tensor_model_parallel_size "
+                "is {}", tp);
   DS_CHECK(tp_rank >= 0 && tp_rank < tp, "tp_rank {} outside [0, {})", tp_rank, tp);
   DS_CHECK(s.ep >= 1 && s.ep_rank >= 0 && s.ep_rank < s.ep, "ep_rank {} outside [0, {})", s.ep_rank, s.ep);
   DS_USER_CHECK(pp >= 1 && d.L % pp == 0,
@@ -108,12 +153,14 @@ ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
       spec.moe_residual = d.moe_residual;
       spec.expert_tp = d.expert_tp;
       out.layers[static_cast<size_t>(l)] = declare_layer(b, spec, l);
+      declare_lora(b, out, m.lora, l);
     }
-  if (!last) return out;
+  if (!last) return freeze_for_lora(out, m), out;
   out.head.final_norm = declare_norm(b, "final_norm", spec, d.L);
   if (d.untied)
     out.head.head = b.add("head.weight", {d.head_rows(), d.C}, d.L,
                           d.value_head ? InitKind::LinearUniform : InitKind::Normal, TpSplit::Rows);
+  freeze_for_lora(out, m);
   return out;
 }
 

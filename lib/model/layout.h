@@ -19,7 +19,9 @@ namespace ds {
 // How a weight is initialised.
 // LinearUniform: U(-1/sqrt(in), 1/sqrt(in)) for an (out, in) weight,
 // PyTorch's nn.Linear default (DeepSpeed-Chat's v_head).
-enum class InitKind { Normal, ScaledNormal, Zeros, Ones, LinearUniform };
+// LoraRight: U(-1/sqrt(dim), 1/sqrt(dim)) for a (dim, in) tensor: PyTorch's
+// kaiming_uniform(a=sqrt(5)) of DeepSpeed-Chat's (in, dim) lora_right_weight.
+enum class InitKind { Normal, ScaledNormal, Zeros, Ones, LinearUniform, LoraRight };
 
 // How a weight is split over the tensor-parallel ranks (Megatron style).
 //   Replicated: every rank holds the whole weight (norms, row-parallel biases, wpe).
@@ -47,6 +49,10 @@ struct ParamSpec {
   int layer = -1;     // transformer layer index; -1 embeddings, num_layers for the final norm / head
   int group = 0;      // index into ModelLayout::groups
   bool decay = true;  // weight decay applies: the group's rule (param_group.h)
+  // Multiplies the step's learning rate for this tensor (LoRA's
+  // --lora_learning_rate); 0: frozen (its gradient is zero and the update
+  // leaves it as it is: LoRA's base weights).
+  float lr_scale = 1.f;
   InitKind init = InitKind::Normal;
   TpSplit split = TpSplit::Replicated;
   std::vector<RowBlock> row_blocks;  // Rows: the blocks of dim 0 (one block: all rows, parts tp)

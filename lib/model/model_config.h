@@ -40,6 +40,28 @@ struct MoeConfig {
   bool enabled(int num_layers) const;  // any MoE layer
 };
 
+// LoRA (DeepSpeed-Chat's LinearLayer_LoRA; set by dschat's --lora_dim, not
+// a config key). Each target is a row block [row0, row0 + rows) of a layer's
+// weight, one Hugging Face nn.Linear (OPT's q_proj: rows [0, C) of
+// attn.qkv.weight), and gets layers.L.lora.K.left (dim, rows), zeros, and
+// layers.L.lora.K.right (dim, in), U(-1/sqrt(dim), 1/sqrt(dim)) (HF's
+// lora_right_weight, transposed). The block computes with W + scaling / dim *
+// left^T right, and W itself is frozen: the targets of a weight must cover
+// all its rows.
+struct LoraTarget {
+  int layer = 0;
+  std::string weight;  // within the layer: "attn.qkv.weight", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight"
+  int64_t row0 = 0, rows = 0;
+};
+struct LoraConfig {
+  int dim = 0;             // 0: none
+  float scaling = 1.f;     // DeepSpeed-Chat's lora_scaling (the delta is scaled by scaling / dim)
+  float lr_scale = 1.f;    // the LoRA tensors' learning rate / the base one (--lora_learning_rate)
+  bool only_lora = false;  // --only_optimize_lora: every other tensor frozen too, but a value head
+  std::vector<LoraTarget> targets;
+  bool enabled() const { return dim > 0 && !targets.empty(); }
+};
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::GPT2;
   int num_layers = 12, hidden_size = 768, num_heads = 12;
@@ -78,6 +100,7 @@ struct ModelConfig {
   // reads row position_offset - 1, as OPT's mask-derived position -1 does).
   int position_offset = 0;
   MoeConfig moe;
+  LoraConfig lora;
 };
 
 // Sets the family and its standard blocks. GPT-2: LayerNorm, GELU, learned

@@ -33,8 +33,10 @@ void fill_run(const ParamSpec& p, uint64_t seed, double normal_std, double scale
         dst[i] = static_cast<float>(s * normal_at(seed, stream, static_cast<uint64_t>(full_at + i)));
       return;
     }
-    case InitKind::LinearUniform: {
-      const double bound = 1.0 / std::sqrt(static_cast<double>(p.full_shape.back()));
+    case InitKind::LinearUniform:
+    case InitKind::LoraRight: {
+      const double fan_in = static_cast<double>(p.init == InitKind::LoraRight ? p.full_shape[0] : p.full_shape.back());
+      const double bound = 1.0 / std::sqrt(fan_in);
       const uint64_t stream = name_hash(p.name);
       for (int64_t i = 0; i < n; ++i)
         dst[i] = static_cast<float>(bound * (2.0 * uniform_at(seed, stream, static_cast<uint64_t>(full_at + i)) - 1.0));

@@ -30,6 +30,7 @@ AdamW::AdamW(const ModelLayout& layout, Device dev, int64_t begin, int64_t end, 
     const int64_t lo = std::max(p->offset, begin), hi = std::min(p->offset + p->numel, end);
     if (lo >= hi) continue;
     seg.insert(seg.end(), {lo - begin, hi - begin, p->decay ? 1 : 0});
+    scaled_ = scaled_ || p->lr_scale != 1.f;
   }
   if (seg.empty()) return;
   Tensor host = Tensor::empty({int64_t(seg.size() / 3), 3}, DType::I64);
@@ -59,6 +60,7 @@ void AdamW::step(const StepTensors& t, const StepHyper& h, float grad_scale, con
   AdamWArgs a = args(t, h);
   ++step_;
   if (!segments_.defined()) return;  // no parameter in the range
+  if (scaled_) return step_params(0, end() - begin(), t, m_, v_, h, grad_scale);
   a.grad_scale = grad_scale;
   a.step = step_;
   ops::adamw_step(a, s);
@@ -68,17 +70,23 @@ bool AdamW::step_part(int64_t lo, int64_t hi, const StepTensors& t, const StepHy
   DS_CHECK(0 <= lo && lo <= hi && hi <= end() - begin(), "AdamW part [{}, {}) of a range of {}", lo, hi,
            end() - begin());
   check_range(t, hi - lo, "part");
+  step_params(lo, hi, t, part_state(t, 0, lo, hi), part_state(t, 1, lo, hi), h, grad_scale);
+  return true;
+}
+
+void AdamW::step_params(int64_t lo, int64_t hi, const StepTensors& t, const Tensor& m, const Tensor& v,
+                        const StepHyper& h, float grad_scale) {
   const int64_t first = begin() + lo, last = begin() + hi;
-  const Tensor m = part_state(t, 0, lo, hi), v = part_state(t, 1, lo, hi);
   for (const ParamSpec& p : layout().params) {
     const int64_t a = std::max(p.offset, first), b = std::min(p.offset + p.numel, last);
-    if (a >= b) continue;
+    if (a >= b || p.lr_scale == 0.f) continue;  // frozen: no update, no moments
     AdamWArgs args;
     args.param = t.params.view(a - first, {b - a});
     args.grad = t.grads.view(a - first, {b - a});
+    if (t.params_lowp.defined()) args.param_lowp = t.params_lowp.view(a - first, {b - a});
     args.m = m.view(a - first, {b - a});
     args.v = v.view(a - first, {b - a});
-    args.lr = h.lr;
+    args.lr = h.lr * p.lr_scale;
     args.beta1 = h.beta1;
     args.beta2 = h.beta2;
     args.eps = h.eps;
@@ -87,7 +95,6 @@ bool AdamW::step_part(int64_t lo, int64_t hi, const StepTensors& t, const StepHy
     args.step = step_;
     ops::adamw_step(args, Stream{});
   }
-  return true;
 }
 
 void AdamW::step_gated(const StepTensors& t, const StepHyper& h, const Tensor& scalars, const Stream& s) {

@@ -31,7 +31,9 @@ class AdamW final : public Optimizer {
   // One op call per parameter cut at the part's bounds: the update is
   // element-wise, so the pieces give the bits of the whole.
   bool step_part(int64_t lo, int64_t hi, const StepTensors& t, const StepHyper& h, float grad_scale) override;
-  bool has_gated_step() const override { return true; }
+  // Tensors with a learning-rate scale (ParamSpec::lr_scale, LoRA) update one
+  // op call each, at lr x scale (0: not at all); no device-gated step then.
+  bool has_gated_step() const override { return !scaled_; }
   void step_gated(const StepTensors& t, const StepHyper& h, const Tensor& scalars,
                   const Stream& s = Stream{}) override;
   AdamWTerms next_terms(const StepHyper& h) const override {
@@ -45,6 +47,10 @@ class AdamW final : public Optimizer {
   AdamWArgs args(const StepTensors& t, const StepHyper& h) const;
   Tensor m_, v_;     // the named states "exp_avg" and "exp_avg_sq"
   Tensor segments_;  // (S, 3) i64 {begin, end, decay} of the owned range, on the moments' device
+  bool scaled_ = false;  // some tensor's lr_scale is not 1
+  // The per-parameter update of [lo, hi) of the range (t: that part's tensors).
+  void step_params(int64_t lo, int64_t hi, const StepTensors& t, const Tensor& m, const Tensor& v,
+                   const StepHyper& h, float grad_scale);
 };
 
 // Global L2 norm of a gradient buffer (sum of squares on the device, one sync).

@@ -101,6 +101,10 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, const Model
   const std::optional<OptimizerKind> kind = optimizer_kind(spec);
   DS_USER_CHECK(kind.has_value(), "optimizer.type '{}' is not supported (dstrain implements {})", spec.type,
                 optimizer_types_text());
+  const bool scaled = std::any_of(layout.params.begin(), layout.params.end(),
+                                  [](const ParamSpec& p) { return p.lr_scale != 1.f; });
+  DS_USER_CHECK(!scaled || (*kind == OptimizerKind::AdamW && spec.bias_correction),
+                "per-tensor learning rates (LoRA) run with AdamW only; optimizer.type is '{}'", spec.type);
   switch (*kind) {
     case OptimizerKind::AdamW:
       // The fused AdamW op (with its device-gated step) has bias correction built in.

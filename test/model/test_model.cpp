@@ -594,3 +594,103 @@ TEST_CASE("right-padding lengths change only the padding rows") {
     }
   }
 }
+
+// LoRA (ModelConfig::lora, lib/model/lora.cpp): the adapted weights compute
+// with W + s L^T R (s = scaling / dim) per target block, their own gradient
+// is zero, the left and right gradients match finite differences, and a
+// zero left (the initialisation) leaves the model's outputs as they were.
+TEST_CASE("LoRA: effective weights, frozen bases and finite-difference gradients") {
+  for (bool llama : {false, true}) {
+    ModelConfig cfg = test::tiny_model(llama);
+    const int64_t C = cfg.hidden_size, F = llama ? 24 : 4 * C, QKV = 3 * C;
+    cfg.lora.dim = 3;
+    cfg.lora.scaling = 1.5f;
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      for (int k = 0; k < 3; ++k) cfg.lora.targets.push_back({l, "attn.qkv.weight", k * C, C});  // q, k, v
+      cfg.lora.targets.push_back({l, "attn.proj.weight", 0, C});
+      if (llama) {  // gate and up
+        cfg.lora.targets.push_back({l, "mlp.fc.weight", 0, F});
+        cfg.lora.targets.push_back({l, "mlp.fc.weight", F, F});
+      } else {
+        cfg.lora.targets.push_back({l, "mlp.fc.weight", 0, F});
+      }
+      cfg.lora.targets.push_back({l, "mlp.proj.weight", 0, C});
+    }
+    ModelConfig plain_cfg = test::tiny_model(llama);
+    GptModel model(cfg, Device::cpu()), plain(plain_cfg, Device::cpu());
+    model.init_weights(7, 0.2f);
+    // The same base weights in the model without LoRA.
+    for (const ParamSpec& p : plain.layout().params) plain.param(p.name).copy_from(model.param(p.name));
+    const ParamSpec& right = model.layout().find("layers.0.lora.0.right");
+    REQUIRE(right.shape == Shape{3, C});
+    REQUIRE(model.layout().find("layers.0.lora.0.left").shape == Shape{3, C});
+    REQUIRE(model.layout().find("layers.0.attn.qkv.weight").lr_scale == 0.f);
+    if (!llama) REQUIRE(model.layout().find("layers.0.attn.qkv.bias").lr_scale == 1.f);
+    const int64_t B = 2, T = 7;
+    const Tensor tok = test::random_tokens(B, T, cfg.vocab_size, 1), tgt = test::random_tokens(B, T, cfg.vocab_size, 2);
+    {
+      const Tensor a = model.forward_logits(tok).to(Device::cpu()), b = plain.forward_logits(tok).to(Device::cpu());
+      REQUIRE(std::memcmp(a.data<float>(), b.data<float>(), static_cast<size_t>(a.nbytes())) == 0);
+    }
+    // Non-zero left tensors, then the fused weights in the plain model give the same loss.
+    Rng r(9);
+    const float s = cfg.lora.scaling / cfg.lora.dim;
+    for (const ParamSpec& p : model.layout().params)
+      if (p.name.ends_with(".left"))
+        for (int64_t i = 0; i < p.numel; ++i) model.params().data<float>()[p.offset + i] = static_cast<float>(0.3 * (r.uniform() - 0.5));
+    for (size_t k = 0; k < cfg.lora.targets.size(); ++k) {
+      const LoraTarget& t = cfg.lora.targets[k];
+      const std::string pre = "layers." + std::to_string(t.layer) + ".";
+      const Tensor L = model.param(pre + "lora." + std::to_string(k) + ".left");
+      const Tensor R = model.param(pre + "lora." + std::to_string(k) + ".right");
+      Tensor W = plain.param(pre + t.weight);
+      const int64_t K = W.size(1);
+      for (int64_t o = 0; o < t.rows; ++o)
+        for (int64_t i = 0; i < K; ++i) {
+          double d = 0;
+          for (int64_t j = 0; j < 3; ++j) d += L.data<float>()[j * t.rows + o] * R.data<float>()[j * K + i];
+          W.data<float>()[(t.row0 + o) * K + i] += static_cast<float>(s * d);
+        }
+    }
+    INFO((llama ? "llama" : "gpt2"));
+    REQUIRE(std::abs(model.forward_loss(tok, tgt) - plain.forward_loss(tok, tgt)) < 1e-5);
+    model.grads().zero_();
+    model.forward_backward(tok, tgt, 1.0f / (B * T));
+    float* p = model.params().data<float>();
+    const float* g = model.grads().data<float>();
+    Rng pick(4);
+    int checked = 0;
+    for (const ParamSpec& sp : model.layout().params) {
+      if (sp.lr_scale == 0.f) {  // frozen: exactly zero gradient
+        for (int64_t i = 0; i < sp.numel; ++i) REQUIRE(g[sp.offset + i] == 0.f);
+        continue;
+      }
+      if (sp.name.find(".lora.") == std::string::npos && sp.name.find("bias") == std::string::npos) continue;
+      for (int k = 0; k < 2; ++k) {
+        const int64_t i = sp.offset + static_cast<int64_t>(pick.below(sp.numel));
+        const float orig = p[i], h = 1e-2f;
+        p[i] = orig + h;
+        const double lp = model.forward_loss(tok, tgt);
+        p[i] = orig - h;
+        const double lm = model.forward_loss(tok, tgt);
+        p[i] = orig;
+        const double fd = (lp - lm) / (2.0 * h);
+        INFO(sp.name << " element " << i - sp.offset << " analytic " << g[i] << " fd " << fd);
+        REQUIRE(std::abs(fd - g[i]) <= 2e-3 + 3e-2 * std::abs(fd));
+        ++checked;
+      }
+    }
+    REQUIRE(checked >= 2 * static_cast<int>(2 * cfg.lora.targets.size()));
+  }
+}
+
+TEST_CASE("LoRA: the targets of a fused weight must cover it; tensor parallelism refused") {
+  ModelConfig cfg = test::tiny_model(false);
+  cfg.lora.dim = 2;
+  cfg.lora.targets = {{0, "attn.qkv.weight", 0, cfg.hidden_size}};  // q_proj alone
+  REQUIRE_THROWS_WITH(build_layout(cfg), Catch::Contains("cover 16 of its 48 rows"));
+  cfg.lora.targets = {{0, "attn.nope.weight", 0, 4}};
+  REQUIRE_THROWS_WITH(build_layout(cfg), Catch::Contains("layer 0 has no weight 'attn.nope.weight'"));
+  cfg.lora.targets = {{0, "attn.proj.weight", 0, cfg.hidden_size}};
+  REQUIRE_THROWS_WITH(build_layout(cfg, ShardCoords{.tp = 2, .tp_rank = 0}), Catch::Contains("LoRA runs on one"));
+}

@@ -111,3 +111,52 @@ TEST_CASE("an element-wise optimizer updates its range in parts with the bits of
   }
   }
 }
+
+// Per-tensor learning rates (ParamSpec::lr_scale, LoRA): AdamW updates a
+// tensor at lr x its scale, leaves a frozen one (0) and its moments exactly
+// as they were, gives the same bits whole or in parts, and has no
+// device-gated step then; the other optimizers refuse such a layout.
+TEST_CASE("AdamW with per-tensor learning-rate scales; frozen tensors stay as they are") {
+  ModelLayout layout = build_layout(tiny_model(false));
+  ModelLayout unscaled = layout;
+  const ParamSpec& frozen = layout.find("layers.0.attn.qkv.weight");
+  const ParamSpec& fast = layout.find("layers.1.mlp.fc.weight");
+  layout.params[static_cast<size_t>(&frozen - layout.params.data())].lr_scale = 0.f;
+  layout.params[static_cast<size_t>(&fast - layout.params.data())].lr_scale = 2.5f;
+  const int64_t n = layout.total;
+  std::unique_ptr<Optimizer> scaled = make_optimizer("AdamW", layout, Device::cpu(), 0, n);
+  std::unique_ptr<Optimizer> parts = make_optimizer("AdamW", layout, Device::cpu(), 0, n);
+  std::unique_ptr<Optimizer> base = make_optimizer("AdamW", unscaled, Device::cpu(), 0, n);
+  std::unique_ptr<Optimizer> fast_ref = make_optimizer("AdamW", unscaled, Device::cpu(), 0, n);
+  CHECK_FALSE(scaled->has_gated_step());
+  CHECK(base->has_gated_step());
+  const Tensor p0 = randn({n}, 3);
+  Tensor p = p0.clone(), pp = p0.clone(), pb = p0.clone(), pf = p0.clone();
+  StepHyper h;
+  h.lr = 1e-2f;
+  h.weight_decay = 0.1f;
+  StepHyper hf = h;
+  hf.lr = 2.5f * h.lr;
+  for (int step = 1; step <= 3; ++step) {
+    const Tensor g = randn({n}, 30 + step, 0.5);
+    scaled->step({.params = p, .grads = g, .params_lowp = Tensor()}, h, 1.f);
+    parts->count_step();
+    for (int64_t lo = 0; lo < n; lo += 101) {
+      const int64_t hi = std::min(n, lo + 101);
+      REQUIRE(parts->step_part(lo, hi, {.params = pp.view(lo, {hi - lo}), .grads = g.view(lo, {hi - lo}),
+                                        .params_lowp = Tensor()}, h, 1.f));
+    }
+    base->step({.params = pb, .grads = g, .params_lowp = Tensor()}, h, 1.f);
+    fast_ref->step({.params = pf, .grads = g, .params_lowp = Tensor()}, hf, 1.f);
+  }
+  CHECK(same_bits(p, pp));
+  auto view = [](const Tensor& t, const ParamSpec& s) { return t.view(s.offset, {s.numel}); };
+  CHECK(same_bits(view(p, frozen), view(p0, frozen)));                            // untouched
+  CHECK(same_bits(view(scaled->state("exp_avg"), frozen), view(Tensor::zeros({n}, DType::F32), frozen)));
+  CHECK(same_bits(view(p, fast), view(pf, fast)));                                // at 2.5 x lr
+  const ParamSpec& other = layout.find("layers.1.attn.proj.weight");
+  CHECK(same_bits(view(p, other), view(pb, other)));                              // at lr
+  CHECK_FALSE(same_bits(view(p, fast), view(pb, fast)));
+  CHECK_THROWS_WITH(make_optimizer("Lamb", layout, Device::cpu(), 0, n),
+                    Contains("per-tensor learning rates (LoRA) run with AdamW only"));
+}
