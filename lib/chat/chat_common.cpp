@@ -158,6 +158,34 @@ ChatModel load_chat_model(const ParsedArgs& a, const char* prog, const std::opti
   return cm;
 }
 
+void apply_lora(const ParsedArgs& a, ModelConfig& m, const char* prog) {
+  const int64_t dim = *a.integer("--lora_dim");
+  if (dim <= 0) {
+    if (a.flag("--only_optimize_lora"))
+      DS_LOG("--only_optimize_lora without --lora_dim: ignored, as DeepSpeed-Chat ignores it");
+    return;
+  }
+  DS_USER_CHECK(dim <= 65536, "{}: --lora_dim {} is larger than any layer", prog, dim);
+  const std::string module = *a.str("--lora_module_name");
+  m.lora.dim = static_cast<int>(dim);
+  m.lora.targets = lora_targets_for(m, module);
+  if (m.lora.targets.empty()) {
+    DS_USER_CHECK(!a.flag("--only_optimize_lora"), "{}: --lora_module_name '{}' selects no nn.Linear of the model "
+                  "(GPT-2's layers are Conv1D), so --only_optimize_lora would leave nothing to train", prog, module);
+    DS_LOG("--lora_module_name '{}' selects no nn.Linear of the model (GPT-2's layers are Conv1D): as in "
+           "DeepSpeed-Chat, LoRA adapts nothing", module);
+    m.lora = {};
+    return;
+  }
+  const double lr = *a.real("--learning_rate"), lora_lr = *a.real("--lora_learning_rate");
+  DS_USER_CHECK(lr > 0 && lora_lr >= 0, "{}: with LoRA, --learning_rate {} must be > 0 and --lora_learning_rate {} "
+                ">= 0 (the LoRA tensors' rate is kept as a multiple of the base one)", prog, lr, lora_lr);
+  m.lora.lr_scale = static_cast<float>(lora_lr / lr);
+  m.lora.only_lora = a.flag("--only_optimize_lora");
+  DS_LOG("LoRA: dimension {} on {} linear layers ('{}'), learning rate {}{}", dim, m.lora.targets.size(), module,
+         python_repr(lora_lr), m.lora.only_lora ? "; every other weight frozen (--only_optimize_lora)" : "");
+}
+
 TrainConfig chat_train_config(const ParsedArgs& a, const ChatModel& cm, const CommonArgs& c, int world,
                               int64_t steps, int64_t sched_total, const char* tb_job, const char* prog) {
   const std::string sched = *a.str("--lr_scheduler_type");
@@ -208,6 +236,7 @@ TrainConfig chat_train_config(const ParsedArgs& a, const ChatModel& cm, const Co
   cfg.optim.warmup_iters = c.warmup;
   cfg.optim.decay_iters = sched_total;
   cfg.ckpt.init_from_vocab = cm.file_vocab < cm.model.vocab_size ? cm.file_vocab : 0;
+  cfg.model.lora = cm.model.lora;  // not a config key
   cfg.data.tokenizer.vocab_size = cm.tok.size();
   cfg.data.tokenizer.bos_id = cm.tok.bos_id();
   cfg.data.tokenizer.eos_id = cm.tok.eos_id();

@@ -48,6 +48,12 @@ struct ChatModel {
 };
 ChatModel load_chat_model(const ParsedArgs& a, const char* prog, const std::optional<std::string>& eot_token);
 
+// --lora_dim, --lora_module_name, --only_optimize_lora, --lora_learning_rate
+// as DeepSpeed-Chat applies them (convert_linear_layer_to_lora,
+// only_optimize_lora_parameters, get_optimizer_grouped_parameters' LoRA group)
+// onto m (after its head is decided: the module names depend on it).
+void apply_lora(const ParsedArgs& a, ModelConfig& m, const char* prog);
+
 // The training config: get_train_ds_config's DeepSpeed config (tensorboard
 // job `tb_job`), the client optimizer (AdamW, betas 0.9 / 0.95), `steps`
 // optimizer steps, and transformers' --lr_scheduler_type over sched_total.

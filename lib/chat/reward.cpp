@@ -263,8 +263,6 @@ int run_reward(const std::vector<std::string>& argv) {
                 "{}: DeepSpeed-Chat builds its DeepSpeed config from the flags and deepspeed.initialize refuses a "
                 "second one ('Not sure how to proceed, we were given deepspeed configs in the deepspeed arguments "
                 "and deepspeed.initialize() function call'); drop --deepspeed_config", kProg);
-  DS_USER_CHECK(*a.integer("--lora_dim") <= 0 && !a.flag("--only_optimize_lora"),
-                "{}: LoRA (--lora_dim, --only_optimize_lora) is not implemented yet", kProg);
   const CommonArgs c = common_args(a, kProg);
   const int64_t npad = *a.integer("--num_padding_at_beginning"), eval_iters = *a.integer("--eval_iters");
   const int64_t eval_interval = *a.integer("--eval_interval");
@@ -279,6 +277,7 @@ int run_reward(const std::vector<std::string>& argv) {
       a.flag("--add_eot_token") ? std::optional<std::string>(kEndOfConversation) : std::nullopt;
   ChatModel cm = load_chat_model(a, kProg, eot);
   cm.model.value_head = true;  // AutoModel + RewardModel's v_head
+  apply_lora(a, cm.model, kProg);
 
   const PhaseExamples ex = step2_examples(a, static_cast<uint32_t>(c.seed));
   DS_USER_CHECK(!ex.train.empty(), "{}: phase 2 of --data_split {} leaves no training pairs", kProg,

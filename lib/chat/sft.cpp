@@ -231,8 +231,6 @@ int run_sft(const std::vector<std::string>& argv) {
                 "{}: DeepSpeed-Chat builds its DeepSpeed config from the flags and deepspeed.initialize refuses a "
                 "second one ('Not sure how to proceed, we were given deepspeed configs in the deepspeed arguments "
                 "and deepspeed.initialize() function call'); drop --deepspeed_config", kProg);
-  DS_USER_CHECK(*a.integer("--lora_dim") <= 0 && !a.flag("--only_optimize_lora"),
-                "{}: LoRA (--lora_dim, --only_optimize_lora) is not implemented yet", kProg);
   const CommonArgs c = common_args(a, kProg);
   const int64_t B = c.B, eval_b = c.eval_b, T = c.T, epochs = c.epochs, ga = c.ga, seed = c.seed;
 
@@ -241,7 +239,8 @@ int run_sft(const std::vector<std::string>& argv) {
   // The model, its tokenizer and the vocabulary DeepSpeed-Chat resizes to.
   const std::optional<std::string> eot =
       a.flag("--add_eot_token") ? std::optional<std::string>(*a.str("--eot_token")) : std::nullopt;
-  const ChatModel cm = load_chat_model(a, kProg, eot);
+  ChatModel cm = load_chat_model(a, kProg, eot);
+  apply_lora(a, cm.model, kProg);
   const ChatTokenizer& tok = cm.tok;
   const fs::path& dir = cm.dir;
 

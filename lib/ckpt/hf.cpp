@@ -26,6 +26,7 @@
 #include "lib/ckpt/torch_save.h"
 #include "lib/core/error.h"
 #include "lib/model/param_init.h"
+#include "lib/ops/ops.h"
 
 namespace fs = std::filesystem;
 
@@ -287,6 +288,23 @@ std::vector<HfPiece> value_head_map(const ModelDims& d, HfArch a, const std::str
 std::vector<HfPiece> hf_map(const ModelDims& d, const char* what) {
   const HfArch a = hf_arch(d, what);
   return d.value_head ? value_head_map(d, a) : causal_lm_map(d, a);
+}
+
+// The Hugging Face nn.Linear of each LoRA target: the map's piece of that
+// row block, its name without ".weight".
+std::vector<std::string> lora_modules(const ModelConfig& cfg, const std::vector<HfPiece>& map) {
+  std::vector<std::string> out;
+  for (const LoraTarget& t : cfg.lora.targets) {
+    const std::string ours = "layers." + std::to_string(t.layer) + "." + t.weight;
+    const auto it = std::find_if(map.begin(), map.end(), [&](const HfPiece& p) {
+      return p.our_name == ours && p.row0 == t.row0 && (p.rows == t.rows || (p.rows < 0 && t.row0 == 0)) &&
+             !p.transpose && p.head_interleave == 0 && p.hf_name.ends_with(".weight");
+    });
+    DS_USER_CHECK(it != map.end(), "LoRA: rows [{}, {}) of {} are not one Hugging Face linear layer", t.row0,
+                  t.row0 + t.rows, ours);
+    out.push_back(it->hf_name.substr(0, it->hf_name.size() - 7));
+  }
+  return out;
 }
 
 // The shape of piece p's HF tensor, from the shape of our weight alone.
@@ -567,19 +585,95 @@ HfExportPlan hf_export_plan(const ModelDims& d, const ModelLayout& layout) {
 
 // Our weights in the order the streamed export asks for them: each HF tensor
 // in file order, one of ours fetched when it is not the one held.
-std::vector<std::string> hf_requests(const HfExportPlan& plan) {
+// The LoRA targets (index, target) that adapt our weight `name`.
+std::vector<std::pair<size_t, const LoraTarget*>> lora_targets_of(const ModelConfig& cfg, const std::string& name) {
+  std::vector<std::pair<size_t, const LoraTarget*>> out;
+  if (!cfg.lora.enabled()) return out;
+  for (size_t k = 0; k < cfg.lora.targets.size(); ++k) {
+    const LoraTarget& t = cfg.lora.targets[k];
+    if (name == "layers." + std::to_string(t.layer) + "." + t.weight) out.emplace_back(k, &t);
+  }
+  return out;
+}
+
+std::string lora_name(const LoraTarget& t, size_t k, const char* part) {
+  return "layers." + std::to_string(t.layer) + ".lora." + std::to_string(k) + "." + part;
+}
+
+// Our weight `name` as the export writes it: an adapted weight with its LoRA
+// deltas fused in (W + scaling / dim * left^T right per block; DeepSpeed-Chat's
+// convert_lora_to_linear_layer), its left and right fetched right after it.
+Tensor fused_weight(const ModelConfig& cfg, const HfWeightSource& weight, const std::string& name) {
+  Tensor w = weight(name);
+  const auto targets = lora_targets_of(cfg, name);
+  if (targets.empty()) return w;
+  w = w.device().is_cpu() ? w.clone() : w.to(Device::cpu());
+  const int64_t K = w.size(1);
+  const float s = cfg.lora.scaling / static_cast<float>(cfg.lora.dim);
+  for (const auto& [k, t] : targets) {
+    const Tensor L = weight(lora_name(*t, k, "left")), R = weight(lora_name(*t, k, "right"));
+    Tensor delta = Tensor::zeros({t->rows, K}, DType::F32);
+    const Tensor block = w.view(t->row0 * K, {t->rows, K});
+    ops::matmul_backward({.dinp = Tensor(), .dweight = delta, .dbias = Tensor(), .dout = L.to(Device::cpu()),
+                          .inp = R.to(Device::cpu()), .weight = block},
+                         Stream{});
+    ops::scale({.x = delta, .s = s}, Stream{});
+    ops::add({.out = block, .a = block, .b = delta}, Stream{});
+  }
+  return w;
+}
+
+std::vector<std::string> hf_requests(const HfExportPlan& plan, const ModelConfig& cfg) {
   std::vector<std::string> out;
+  std::string last;
   for (const std::string& hf_name : plan.order()) {
     const std::string& ours = plan.pieces.at(hf_name).our_name;
-    if (out.empty() || out.back() != ours) out.push_back(ours);
+    if (ours == last) continue;
+    last = ours;
+    out.push_back(ours);
+    for (const auto& [k, t] : lora_targets_of(cfg, ours)) {  // what fused_weight asks for next
+      out.push_back(lora_name(*t, k, "left"));
+      out.push_back(lora_name(*t, k, "right"));
+    }
   }
   return out;
 }
 
 }  // namespace
 
+std::vector<LoraTarget> lora_targets_for(const ModelConfig& cfg, const std::string& module_substring) {
+  const ModelDims d = model_dims(cfg);
+  const std::vector<HfPiece> map = hf_map(d, "LoRA");
+  const ModelLayout layout = build_layout(cfg);
+  std::vector<LoraTarget> out;
+  // The causal LM's output layer is an nn.Linear (tied or not), and so is a value head.
+  for (const char* head : {"lm_head", "v_head"}) {
+    const bool present = std::string(head) == (d.value_head ? "v_head" : "lm_head");
+    DS_USER_CHECK(!present || std::string(head).find(module_substring) == std::string::npos,
+                  "--lora_module_name '{}' selects {}, which dschat does not adapt (its weight is {}); name the "
+                  "transformer blocks' linears", module_substring, head,
+                  d.value_head ? "the value head" : "the embedding's, when tied");
+  }
+  for (const HfPiece& p : map) {
+    if (!p.hf_name.ends_with(".weight") || p.transpose || p.head_interleave != 0) continue;  // not an nn.Linear
+    const std::string module = p.hf_name.substr(0, p.hf_name.size() - 7);
+    if (module.find(module_substring) == std::string::npos || !p.our_name.starts_with("layers.")) continue;
+    const size_t dot = p.our_name.find('.', 7);
+    const std::string weight = p.our_name.substr(dot + 1);
+    const ParamSpec& spec = layout.find(p.our_name);
+    if (spec.full_shape.size() != 2 || weight.find("norm") != std::string::npos) continue;
+    DS_USER_CHECK(weight == "attn.qkv.weight" || weight == "attn.proj.weight" || weight == "mlp.fc.weight" ||
+                      weight == "mlp.proj.weight",
+                  "--lora_module_name '{}' selects {}, which dschat does not adapt (attention and MLP projections "
+                  "of dense layers only)", module_substring, module);
+    out.push_back({std::stoi(p.our_name.substr(7, dot - 7)), weight, p.row0,
+                   p.rows < 0 ? spec.full_shape[0] - p.row0 : p.rows});
+  }
+  return out;
+}
+
 std::vector<std::string> hf_export_requests(const ModelConfig& cfg, const ModelLayout& layout) {
-  return hf_requests(hf_export_plan(model_dims(cfg), layout));
+  return hf_requests(hf_export_plan(model_dims(cfg), layout), cfg);
 }
 
 void export_hf_streamed(const ModelConfig& cfg, const ModelLayout& layout, const HfWeightSource& weight,
@@ -606,7 +700,7 @@ void export_hf_streamed(const ModelConfig& cfg, const ModelLayout& layout, const
       const HfPiece& p = plan.pieces.at(hf_name);
       if (held_name != p.our_name) {
         held = Tensor();
-        held = weight(p.our_name);
+        held = fused_weight(cfg, weight, p.our_name);
         held_name = p.our_name;
       }
       return extract(held.reshape(matrix_shape(held.shape())), p);
@@ -690,10 +784,26 @@ std::vector<HfPiece> import_map(const ModelDims& d, const HfWeightsFile& sf, boo
   return pieces;
 }
 
+// LoRA tensors a file may hold beside its linears (MODULE.lora_left_weight
+// (dim, out) and MODULE.lora_right_weight (in, dim), DeepSpeed-Chat's names
+// before it fuses them): read where present, else initialised.
+void add_lora_pieces(const ModelConfig& cfg, const HfWeightsFile& sf, std::vector<HfPiece>& pieces) {
+  if (!cfg.lora.enabled()) return;
+  const std::vector<std::string> modules = lora_modules(cfg, pieces);
+  for (size_t k = 0; k < modules.size(); ++k) {
+    const std::string left = modules[k] + ".lora_left_weight", right = modules[k] + ".lora_right_weight";
+    if (!sf.has(left) || !sf.has(right)) continue;
+    const std::string ours = "layers." + std::to_string(cfg.lora.targets[k].layer) + ".lora." + std::to_string(k);
+    pieces.push_back({left, ours + ".left"});
+    pieces.push_back({right, ours + ".right", 0, -1, true});
+  }
+}
+
 std::vector<HfPiece> import_pieces(const ModelConfig& cfg, const HfWeightsFile& sf, int64_t file_vocab,
                                    bool* fresh_head) {
   const ModelDims d = model_dims(cfg);
   std::vector<HfPiece> pieces = import_map(d, sf, fresh_head);
+  add_lora_pieces(cfg, sf, pieces);
   DS_CHECK(file_vocab <= d.V, "import: file vocabulary {} > the model's {}", file_vocab, d.V);
   if (file_vocab > 0)
     for (HfPiece& p : pieces)
@@ -740,7 +850,8 @@ void HfShardReader::read(const ModelLayout& local, int64_t begin, int64_t end, f
   std::fill(out, out + (end - begin), 0.0f);  // padded vocabulary rows stay zero
   for (const ParamSpec& p : local.params) {
     if (p.offset + p.numel <= begin || p.offset >= end) continue;
-    if (fresh_head_ && p.name == "head.weight") {  // a value head the file does not hold: a fresh one
+    const bool mapped = std::any_of(pieces_.begin(), pieces_.end(), [&](const HfPiece& q) { return q.our_name == p.name; });
+    if (!mapped) {  // what the file does not hold (a fresh value head, LoRA tensors): initialised
       const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
       init_params(cfg_, local, seed_, cfg_.init_method_std, out + (lo - begin), lo, hi);
       continue;

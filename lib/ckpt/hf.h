@@ -49,6 +49,18 @@ void export_hf_streamed(const ModelConfig& cfg, const ModelLayout& layout, const
 // collective source, such as a gather to the writing rank, runs the same
 // sequence on the ranks that do not write).
 std::vector<std::string> hf_export_requests(const ModelConfig& cfg, const ModelLayout& layout);
+
+// LoRA targets as DeepSpeed-Chat's convert_linear_layer_to_lora picks them:
+// every Hugging Face nn.Linear of the transformer blocks (attention and MLP
+// projections) whose module name (transformers' naming of cfg's export:
+// "model.decoder.layers.0.self_attn.q_proj", a value-head model's
+// "rwtransformer.decoder...") contains `module_substring`. GPT-2's Conv1D
+// layers are not nn.Linear, so they are never adapted, as there. A matching
+// linear dschat does not adapt (lm_head, v_head, the experts) is a UserError.
+// The export fuses each target's delta into its weight (no LoRA tensors in
+// the file); an import reads MODULE.lora_left_weight / lora_right_weight
+// where the file holds them (unfused LoRA weights), else initialises them.
+std::vector<LoraTarget> lora_targets_for(const ModelConfig& cfg, const std::string& module_substring);
 // The same check export_hf makes first, for a trainer to refuse at start-up
 // (`what` names the input in the error) rather than after training.
 void check_hf_exportable(const ModelConfig& cfg, const char* what);

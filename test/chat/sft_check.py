@@ -181,15 +181,22 @@ def evaluation(model, world):
     return math.exp(loss.item()), loss.item()
 
 
-def reference(world):
-    model = reference_model()
-    model.train()
-    # get_optimizer_grouped_parameters: no decay where a name holds one of these (GPT-2's ln_1 / ln_2 escape it)
+def grouped_parameters(model, lora_lr):  # DeepSpeed-Chat's get_optimizer_grouped_parameters
     no_decay = ["bias", "layer_norm.weight", "layernorm.weight", "norm.weight", "ln_f.weight"]
-    named = list(model.named_parameters())
-    groups = [{"params": [p for n, p in named if not any(nd in n.lower() for nd in no_decay)], "weight_decay": WD},
+    lora = ["lora_right_weight", "lora_left_weight"]
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [{"params": [p for n, p in named if not any(nd in n.lower() for nd in no_decay + lora)],
+               "weight_decay": WD},
+              {"params": [p for n, p in named if not any(nd in n.lower() for nd in no_decay)
+                          and any(nd in n.lower() for nd in lora)], "weight_decay": WD, "lr": lora_lr},
               {"params": [p for n, p in named if any(nd in n.lower() for nd in no_decay)], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.95), eps=1e-8)
+    return [g for g in groups if g["params"]]
+
+
+def reference(world, model=None, lora_lr=None):
+    model = model or reference_model()
+    model.train()
+    opt = torch.optim.AdamW(grouped_parameters(model, lora_lr), lr=LR, betas=(0.9, 0.95), eps=1e-8)
     per_rank = [batches(train, world, r, B) for r in range(world)]
     per_epoch = len(per_rank[0])
     sched = get_scheduler(SCHED, optimizer=opt, num_warmup_steps=WARMUP,
@@ -203,7 +210,7 @@ def reference(world):
             window.append(loss.item())
             micro += 1
             if micro % GA == 0:
-                lr = opt.param_groups[0]["lr"]
+                lr = opt.param_groups[0]["lr"] / opt.param_groups[0]["initial_lr"] * LR  # the base rate
                 params = [p for p in model.parameters() if p.grad is not None]
                 norm = torch.norm(torch.stack([p.grad.detach().norm(2) for p in params]), 2).item()
                 coef = 1.0 / (norm + 1e-6)  # DeepSpeed's clip_grad_norm_ at gradient_clipping 1.0
@@ -257,6 +264,82 @@ for family, model_cls in FAMILIES.items():
     if family == "gpt2":
         gpt2_dir, gpt2_flags = model_dir, flags
 
+
+# LoRA on the OPT: DeepSpeed-Chat's LinearLayer_LoRA and convert_linear_layer_to_lora written out. Both sides
+# start from a file holding the LoRA tensors unfused (dschat reads MODULE.lora_*_weight where a file has them),
+# so that torch's draw of lora_right_weight is the one dschat trains; the export holds the fused weights.
+class LinearLayer_LoRA(torch.nn.Module):
+    def __init__(self, weight, lora_dim, bias):
+        super().__init__()
+        self.weight, self.bias = weight, bias
+        rows, columns = weight.shape
+        self.lora_right_weight = torch.nn.Parameter(torch.zeros(columns, lora_dim))
+        self.lora_left_weight = torch.nn.Parameter(torch.zeros(lora_dim, rows))
+        self.lora_scaling = 1 / lora_dim
+        torch.nn.init.kaiming_uniform_(self.lora_right_weight, a=math.sqrt(5))
+        self.weight.requires_grad = False
+
+    def forward(self, x):
+        return (torch.nn.functional.linear(x, self.weight, self.bias) +
+                (x @ self.lora_right_weight @ self.lora_left_weight) * self.lora_scaling)
+
+
+def convert_to_lora(model, part, dim, only_lora):
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and part in n]
+    for n in names:
+        parent, child = model.get_submodule(n.rsplit(".", 1)[0]), n.rsplit(".", 1)[1]
+        old = getattr(parent, child)
+        setattr(parent, child, LinearLayer_LoRA(old.weight, dim, old.bias))
+    if only_lora:
+        for n, p in model.named_parameters():
+            p.requires_grad = "lora_right_weight" in n or "lora_left_weight" in n
+    return model, len(names)
+
+
+LORA_DIM, LORA_LR = 4, 2e-2
+lora_dir = os.path.join(work, "model_opt_lora")
+os.makedirs(lora_dir)
+for f in os.listdir(model_dir):
+    if f.endswith((".json", ".txt")):
+        shutil.copy(os.path.join(model_dir, f), os.path.join(lora_dir, f))
+start, wrapped = convert_to_lora(reference_model(), "decoder.layers.", LORA_DIM, False)
+check(wrapped == 12, f"{wrapped} linears wrapped")
+torch.save(start.state_dict(), os.path.join(lora_dir, "pytorch_model.bin"))
+start.config.save_pretrained(lora_dir)
+for only_lora in (False, True):
+    extra = ["--lora_dim", str(LORA_DIM), "--lora_module_name", "decoder.layers.", "--lora_learning_rate",
+             str(LORA_LR)] + (["--only_optimize_lora"] if only_lora else [])
+    for world, cmd in ((1, [dschat, "sft"]),) + (((2, [dsrun, "--num_gpus", "2", "--master_port", "29611", dschat,
+                                                        "sft", "--zero_stage", "3"]),) if not only_lora else ()):
+        flags = flags_for(lora_dir) + extra
+        out_dir = os.path.join(work, f"out{world}_lora" + ("_only" if only_lora else ""))
+        got_evals, got_steps = run(cmd, out_dir)
+        ref = convert_to_lora(model_cls(start.config), "decoder.layers.", LORA_DIM, only_lora)[0]
+        ref.load_state_dict(torch.load(os.path.join(lora_dir, "pytorch_model.bin")), strict=True)
+        ref_evals, ref_steps = reference(world, ref, LORA_LR)
+        what = f"LoRA{' only' if only_lora else ''} world {world}"
+        print(f"{what}: {len(got_steps)} steps, eval losses {[e[1] for e in got_evals]} "
+              f"(reference {[e[1] for e in ref_evals]})")
+        check(len(got_steps) == len(ref_steps) > 0 and len(got_evals) == len(ref_evals),
+              f"{what}: {len(got_steps)} steps, {len(got_evals)} evaluations")
+        for k, (g, r) in enumerate(zip(got_steps, ref_steps)):
+            check(close(g[0], r[0], 1e-5) and close(g[1], r[1], 2e-5), f"{what} step {k + 1}: {g} vs {r}")
+        for k, (g, r) in enumerate(zip(got_evals, ref_evals)):
+            check(close(g[1], r[1], 2e-5), f"{what} evaluation {k}: {g} vs {r}")
+        # The export: fused (no LoRA tensors), transformers' OPT with the reference's fused weights.
+        exported = model_cls.from_pretrained(out_dir)
+        with torch.no_grad():
+            for m in ref.modules():
+                if isinstance(m, LinearLayer_LoRA):
+                    m.weight += m.lora_scaling * (m.lora_left_weight.t() @ m.lora_right_weight.t())
+        want = {k: v for k, v in ref.state_dict().items() if "lora_" not in k}
+        got = exported.state_dict()
+        check(sorted(got) == sorted(want), f"{what}: exported names {sorted(set(got) ^ set(want))}")
+        # (a key bias has no gradient but rounding noise, which Adam turns into steps of about lr: not compared)
+        worst = max(((got[k] - want[k]).abs().max().item() / (want[k].abs().max().item() + 1e-6), k)
+                    for k in want if k in got and not k.endswith("k_proj.bias"))
+        check(worst[0] < 1e-4, f"{what}: exported weights differ by {worst}")
+
 # A hub name through the local Hugging Face cache (never the network), and
 # inputs a user can get wrong: one error line, exit 1, nothing written.
 cache = os.path.join(work, "hub")
@@ -283,7 +366,8 @@ with open(os.path.join(work, "a_file"), "w") as f:
 bad = [
     (["--bogus", "1"], "unrecognized arguments: --bogus 1"),
     (["--per_device_train_batch_size", "x"], "argument --per_device_train_batch_size: invalid int value: 'x'"),
-    (["--lora_dim", "8"], "LoRA"),
+    (["--lora_dim", "8", "--only_optimize_lora"], "selects no nn.Linear of the model (GPT-2's layers are Conv1D)"),
+    (["--lora_dim", "8", "--lora_module_name", "head"], "selects lm_head, which dschat does not adapt"),
     (["--deepspeed_config", "ds.json"], "drop --deepspeed_config"),
     (["--data_path", "Dahoas/rm-static"], "Hugging Face Hub datasets are not downloaded"),
     (["--max_seq_len", "100"], "longer than the model's 64 positions"),
@@ -304,8 +388,8 @@ os.makedirs(empty_model)
 p = dschat_run([], model=empty_model)
 check(p.returncode == 1 and "config.json" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
       f"a model directory without config.json: {p.stderr!r}")
-check(sorted(os.listdir(work)) == ["a_file", "app", "hub", "model", "model_opt", "out1", "out1_opt", "out2",
-                                   "out2_opt"],
+check(sorted(os.listdir(work)) == ["a_file", "app", "hub", "model", "model_opt", "model_opt_lora", "out1",
+                                   "out1_lora", "out1_lora_only", "out1_opt", "out2", "out2_lora", "out2_opt"],
       f"nothing else written: {sorted(os.listdir(work))}")
 
 shutil.rmtree(work, ignore_errors=True)
