@@ -308,11 +308,90 @@ for family in ("gpt2", "opt"):
                     for k in want if k in got and not k.endswith(NULL_DIRECTIONS))  # noise-driven, see above
         check(worst[0] < 1e-3, f"{family} world {world}: exported weights differ by {worst}")
 
+# LoRA with --only_optimize_lora on the OPT reward model: DeepSpeed-Chat's LinearLayer_LoRA on every
+# "decoder.layers." linear, everything else frozen but v_head (force_optimize_params), from a file holding the
+# LoRA tensors unfused, so that both start from torch's draw.
+class LinearLayer_LoRA(torch.nn.Module):
+    def __init__(self, weight, lora_dim, bias):
+        super().__init__()
+        self.weight, self.bias = weight, bias
+        rows, columns = weight.shape
+        self.lora_right_weight = torch.nn.Parameter(torch.zeros(columns, lora_dim))
+        self.lora_left_weight = torch.nn.Parameter(torch.zeros(lora_dim, rows))
+        self.lora_scaling = 1 / lora_dim
+        torch.nn.init.kaiming_uniform_(self.lora_right_weight, a=math.sqrt(5))
+        self.weight.requires_grad = False
+
+    def forward(self, x):
+        return (torch.nn.functional.linear(x, self.weight, self.bias) +
+                (x @ self.lora_right_weight @ self.lora_left_weight) * self.lora_scaling)
+
+
+def convert_to_lora(model, part, dim):
+    for n in [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and part in n]:
+        parent, child = model.get_submodule(n.rsplit(".", 1)[0]), n.rsplit(".", 1)[1]
+        old = getattr(parent, child)
+        setattr(parent, child, LinearLayer_LoRA(old.weight, dim, old.bias))
+    for n, p in model.named_parameters():  # only_optimize_lora_parameters with force_optimize_params
+        p.requires_grad = "lora_right_weight" in n or "lora_left_weight" in n or n == "v_head.weight"
+    return model
+
+
+lora_rm = os.path.join(work, "rm_opt_lora")
+shutil.copytree(rm_dir, lora_rm)
+os.remove(os.path.join(lora_rm, "pytorch_model.bin"))
+lora_start = convert_to_lora(RewardModel(AutoModel.from_config(rm_config)), "decoder.layers.", 4)
+lora_start.load_state_dict(torch.load(os.path.join(rm_dir, "pytorch_model.bin")), strict=False)
+torch.save(lora_start.state_dict(), os.path.join(lora_rm, "pytorch_model.bin"))
+flags = flags_for(lora_rm) + ["--lora_dim", "4", "--only_optimize_lora", "--lora_learning_rate", "2e-2"]
+got_evals, got_iters, got_steps = run([dschat, "reward"], os.path.join(work, "out1_opt_lora"))
+ref = convert_to_lora(RewardModel(AutoModel.from_config(rm_config)), "decoder.layers.", 4)
+ref.load_state_dict(torch.load(os.path.join(lora_rm, "pytorch_model.bin")), strict=True)
+
+
+def reference_lora(model):
+    model.train()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    lora = [p for n, p in named if "lora_" in n]
+    opt = torch.optim.AdamW([{"params": [p for n, p in named if "lora_" not in n], "weight_decay": WD},
+                             {"params": lora, "weight_decay": WD, "lr": 2e-2}], lr=LR, betas=(0.9, 0.95), eps=1e-8)
+    batches_ = batches(train, 1, 0, B)
+    sched = get_scheduler(SCHED, optimizer=opt, num_warmup_steps=WARMUP,
+                          num_training_steps=EPOCHS * math.ceil(len(batches_) / GA))
+    steps, window, micro = [], [], 0
+    for _ in range(EPOCHS):
+        for b in batches_:
+            loss = model(*collate(b))[0]
+            (loss / GA).backward()
+            window.append(loss.item())
+            micro += 1
+            if micro % GA == 0:
+                params = [p for p in model.parameters() if p.grad is not None]
+                norm = torch.norm(torch.stack([p.grad.detach().norm(2) for p in params]), 2).item()
+                if 1.0 / (norm + 1e-6) < 1:
+                    for p in params:
+                        p.grad.mul_(1.0 / (norm + 1e-6))
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+                steps.append(sum(window) / GA)
+                window = []
+    return steps
+
+
+ref_losses = reference_lora(ref)
+check(len(got_steps) == len(ref_losses) > 0, f"LoRA reward: {len(got_steps)} steps vs {len(ref_losses)}")
+for k, (g, r) in enumerate(zip(got_steps, ref_losses)):
+    check(close(g[1], r, 2e-5), f"LoRA reward step {k + 1}: loss {g[1]} vs {r}")
+print(f"opt LoRA (--only_optimize_lora): {len(got_steps)} steps, losses {[g[1] for g in got_steps][:4]} ... "
+      f"(reference {ref_losses[:4]} ...)")
+
 # Inputs a user can get wrong: one error line, exit 1.
+flags = flags_for(rm_dir)
 step_dir = os.path.join(app, "training", "step2_reward_model_finetuning")
 for extra, want in [(["--num_padding_at_beginning", "-1"], "--num_padding_at_beginning -1"),
                     (["--eval_iters", "0"], "--eval_iters 0"), (["--data_split", "10,0,0"], "no training pairs"),
-                    (["--lora_dim", "4"], "LoRA")]:
+                    (["--lora_dim", "4", "--lora_module_name", "head"], "selects v_head, which dschat does not adapt")]:
     p = subprocess.run([dschat, "reward"] + flags + extra, cwd=step_dir, capture_output=True, text=True, timeout=300)
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     check(p.returncode == 1 and len(lines) == 1 and lines[0].startswith("dschat: error: ") and want in lines[0],
