@@ -72,6 +72,15 @@ if ! PYTHONPATH="$TOK_DIR" /usr/bin/python3 -c "import sentencepiece, tokenizers
       --target "$TOK_DIR" "sentencepiece==0.2.0" "tokenizers==0.20.3" >/dev/null 2>&1 ||
     echo "setup: warning: could not install sentencepiece/tokenizers from PyPI; test_tokenizers_ref will skip"
 fi
+# transformers' LlamaTokenizer needs sentencepiece and (legacy false) protobuf:
+# the reference of test_chat_sft's LLaMA case, from PyPI into .deps/llamaref.
+# Best effort: without them, that case skips.
+LLAMA_DIR="$(cd "$(dirname "$0")/.." && pwd)/.deps/llamaref"
+if ! PYTHONPATH="$LLAMA_DIR" /usr/bin/python3 -c "import sentencepiece, google.protobuf" 2>/dev/null; then
+  /usr/bin/python3 -m pip install -q --disable-pip-version-check --break-system-packages \
+      --target "$LLAMA_DIR" "sentencepiece==0.2.0" "protobuf==4.25.3" >/dev/null 2>&1 ||
+    echo "setup: warning: could not install sentencepiece/protobuf from PyPI; test_chat_sft's LLaMA case will skip"
+fi
 # The benchmarks' PyTorch peer (bench/train/run.sh): PyTorch 2.x from PyPI in
 # its own virtual environment (Debian's python3-torch is 1.13: no SDPA, no
 # torch.compile, no CPU bf16 autocast worth measuring).

@@ -9,6 +9,7 @@
 #include "lib/core/error.h"
 #include "lib/core/json_config.h"
 #include "lib/data/bpe.h"
+#include "lib/data/tokenizer.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -66,7 +67,11 @@ ChatTokenizer ChatTokenizer::load(const std::string& model_dir, const std::strin
   // The special tokens' texts: GPT2Tokenizer's defaults, then
   // tokenizer_config.json, then special_tokens_map.json (which wins, as in
   // transformers' from_pretrained).
-  std::string bos = "<|endoftext|>", eos = bos, unk = bos, pad;
+  // DeepSpeed-Chat loads a model named "llama" with LlamaTokenizer (tokenizer.model): its defaults.
+  const bool llama_sp = name.find("llama") != std::string::npos && !fs::exists(dir / "tokenizer.json", ec) &&
+                        fs::exists(dir / "tokenizer.model", ec);
+  std::string bos = llama_sp ? "<s>" : "<|endoftext|>", eos = llama_sp ? "</s>" : bos, unk = llama_sp ? "<unk>" : bos,
+              pad;
   std::vector<std::string> additional;
   auto take = [&](const json& j, const std::string& where) {
     auto one = [&](const char* key, std::string& out) {
@@ -82,7 +87,21 @@ ChatTokenizer ChatTokenizer::load(const std::string& model_dir, const std::strin
   take(cfg, (dir / "tokenizer_config.json").string());
   take(map, (dir / "special_tokens_map.json").string());
   std::function<int32_t(const std::string&)> id_of;
-  if (fs::exists(dir / "tokenizer.json", ec)) {
+  auto flag = [&](const char* key, bool dflt) {
+    if (!cfg.contains(key) || cfg[key].is_null()) return dflt;
+    DS_USER_CHECK(cfg[key].is_boolean(), "{}: {} must be true or false", (dir / "tokenizer_config.json").string(), key);
+    return cfg[key].get<bool>();
+  };
+  if (llama_sp) {  // LlamaTokenizer (transformers 4.36): legacy unless the config says otherwise
+    auto sp = data::load_llama_sp_tokenizer((dir / "tokenizer.model").string(), flag("legacy", true), unk);
+    const data::LlamaSpTokenizer* raw = sp.get();
+    t.base_ = std::move(sp);
+    t.add_bos_ = flag("add_bos_token", true);
+    t.add_eos_ = flag("add_eos_token", false);
+    t.sp_prefix_ = !raw->legacy();
+    t.underline_id_ = raw->piece_id("\xe2\x96\x81");
+    id_of = [raw](const std::string& s) { return raw->piece_id(s); };
+  } else if (fs::exists(dir / "tokenizer.json", ec)) {
     t.base_ = data::load_hf_tokenizer(model_dir);
     const data::TokenizerInfo& info = t.base_->info();
     t.add_bos_ = info.add_bos;
@@ -107,9 +126,9 @@ ChatTokenizer ChatTokenizer::load(const std::string& model_dir, const std::strin
       additional.push_back(text);
     }
   } else if (fs::exists(dir / "tokenizer.model", ec)) {
-    throw UserError(fmt::format("{}: SentencePiece tokenizers (tokenizer.model) are not supported by dschat yet; "
-                                "a byte-level BPE tokenizer.json or vocab.json + merges.txt is",
-                                model_dir));
+    throw UserError(fmt::format("{}: a SentencePiece tokenizer (tokenizer.model) without tokenizer.json is read as "
+                                "LlamaTokenizer, which DeepSpeed-Chat uses for models named \"llama\" only ('{}')",
+                                model_dir, name));
   } else {
     throw UserError(fmt::format("{}: no tokenizer found (looked for tokenizer.json, vocab.json + merges.txt, "
                                 "tokenizer.model)",
@@ -145,9 +164,24 @@ ChatTokenizer ChatTokenizer::load(const std::string& model_dir, const std::strin
   return t;
 }
 
-std::vector<int32_t> ChatTokenizer::encode(std::string_view text) const {
+std::vector<int32_t> ChatTokenizer::encode(std::string_view input) const {
   std::vector<int32_t> out;
   if (add_bos_) out.push_back(bos_id_);
+  const size_t first = out.size();
+  // LlamaTokenizer without legacy: U+2581 first, and every U+2581 of the text a space.
+  std::string prefixed;
+  if (sp_prefix_ && !input.empty()) {
+    prefixed = "\xe2\x96\x81";
+    for (size_t i = 0; i < input.size();) {
+      if (input.substr(i, 3) == "\xe2\x96\x81") {
+        prefixed += ' ';
+        i += 3;
+      } else {
+        prefixed += input[i++];
+      }
+    }
+  }
+  const std::string_view text = sp_prefix_ && !input.empty() ? std::string_view(prefixed) : input;
   size_t from = 0;
   while (from < text.size()) {
     size_t best = std::string_view::npos;
@@ -164,6 +198,11 @@ std::vector<int32_t> ChatTokenizer::encode(std::string_view text) const {
     out.push_back(hit->second);
     from = best + hit->first.size();
   }
+  // ... and the U+2581 piece dropped again when a special token follows it.
+  if (sp_prefix_ && out.size() > first + 1 && out[first] == underline_id_ &&
+      std::any_of(specials_.begin(), specials_.end(), [&](const auto& s) { return s.second == out[first + 1]; }))
+    out.erase(out.begin() + static_cast<std::ptrdiff_t>(first));
+  if (add_eos_) out.push_back(eos_id_);
   return out;
 }
 

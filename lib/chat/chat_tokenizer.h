@@ -15,7 +15,10 @@
 // hf_tokenizer.h; its added tokens and bos template), or vocab.json +
 // merges.txt with the special tokens of special_tokens_map.json and
 // tokenizer_config.json (GPT2Tokenizer's defaults: "<|endoftext|>";
-// add_bos_token as OPT sets it). SentencePiece (tokenizer.model) is refused.
+// add_bos_token as OPT sets it), or for a model named "llama" without
+// tokenizer.json, tokenizer.model as transformers' LlamaTokenizer reads it
+// (legacy or not, as tokenizer_config.json says; add_bos_token /
+// add_eos_token; "<s>", "</s>", "<unk>").
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -57,7 +60,9 @@ class ChatTokenizer {
   std::vector<std::pair<std::string, int32_t>> specials_;  // split out of text before encoding
   std::string eos_text_;
   int32_t bos_id_ = -1, eos_id_ = -1, pad_id_ = -1;
-  bool add_bos_ = false;
+  bool add_bos_ = false, add_eos_ = false;
+  bool sp_prefix_ = false;    // LlamaTokenizer without legacy: tokenize()'s U+2581 prefix
+  int32_t underline_id_ = -1;  // its U+2581 piece
   int64_t size_ = 0;
 };
 

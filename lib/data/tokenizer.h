@@ -86,6 +86,21 @@ inline constexpr size_t kMaxTokenizerFileBytes = size_t(1) << 30;
 // The contents of such a file; `what` names it in errors ("vocab file").
 std::string read_tokenizer_file(const std::string& path, std::string_view what);
 
+// Hugging Face's LlamaTokenizer (transformers' SentencePiece tokenizer, the
+// one DeepSpeed-Chat loads for models named "llama") on text between its
+// special tokens: encode() is its _tokenize. legacy (tokenizer_config.json's
+// "legacy", transformers' default true): the model's ids as the library
+// gives them (with its dummy prefix). Not legacy: the model without its dummy
+// prefix, and a text starting with a space or U+2581 is encoded after
+// `unk_text`, whose pieces are then dropped (so it keeps its leading space).
+class LlamaSpTokenizer : public Tokenizer {
+ public:
+  virtual int32_t piece_id(const std::string& piece) const = 0;  // -1: not a piece
+  virtual bool legacy() const = 0;
+};
+std::unique_ptr<LlamaSpTokenizer> load_llama_sp_tokenizer(const std::string& model_path, bool legacy,
+                                                          const std::string& unk_text);
+
 // Internal constructors, one per family (each file defines its own).
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const TokenizerSpec& spec);
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path);

@@ -128,3 +128,42 @@ TEST_CASE("the LLaMA rule, unknown special tokens, and missing tokenizers") {
   std::ofstream(d / "tokenizer_config.json") << R"({"eos_token": 5})";
   CHECK_THROWS_WITH(chat::ChatTokenizer::load(d.string(), "x"), Contains("a special token must be a string"));
 }
+
+// LlamaTokenizer (a model named "llama" with tokenizer.model only): a tiny
+// SentencePiece BPE model with byte fallback, legacy and not, against
+// transformers' LlamaTokenizer with DeepSpeed-Chat's "[PAD]"
+// (test/chat/llama_tok_ref.py).
+TEST_CASE("LLaMA's SentencePiece tokenizer: the ids transformers' LlamaTokenizer gives, legacy or not") {
+  TempDir tmp;
+  std::vector<std::string> lines;
+  const char* src = std::getenv("DS_SOURCE_DIR");
+  const int rc = test::popen_lines("/usr/bin/python3 " + std::string(src ? src : ".") +
+                                       "/test/chat/llama_tok_ref.py " + tmp.path.string() + " 2>/dev/null",
+                                   lines);
+  if (rc == 77) DS_SKIP("transformers, sentencepiece or protobuf is not importable (PYTHONPATH .deps/python, .deps/llamaref)");
+  REQUIRE(rc == 0);
+  REQUIRE(lines.size() == 24);  // 2 directories x 6 texts x 2 lengths
+  std::map<std::string, std::unique_ptr<chat::ChatTokenizer>> loaded;
+  int padded = 0, truncated = 0;
+  for (const std::string& line : lines) {
+    const json r = json::parse(line);
+    const std::string dir = r["dir"];
+    if (!loaded.count(dir))
+      loaded[dir] = std::make_unique<chat::ChatTokenizer>(chat::ChatTokenizer::load(dir, "meta-llama/Llama-2-7b-hf"));
+    const chat::ChatTokenizer& tok = *loaded[dir];
+    const int64_t L = r["max_len"];
+    INFO(dir << " max_len " << L << " text '" << r["text"].get<std::string>() << "'");
+    CHECK(tok.size() == r["size"].get<int64_t>());
+    CHECK(tok.eos_id() == r["eos"].get<int32_t>());
+    CHECK(tok.pad_id() == r["pad"].get<int32_t>());
+    const chat::SftSample s = chat::sft_sample(tok, r["text"].get<std::string>(), L);
+    CHECK(s.tokens == r["ids"].get<std::vector<int32_t>>());
+    int64_t ones = 0;
+    for (int m : r["mask"].get<std::vector<int>>()) ones += m;
+    CHECK(s.length == ones);
+    padded += ones < L;
+    truncated += ones == L;
+  }
+  CHECK(padded >= 6);
+  CHECK(truncated >= 2);
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# DeepSpeed-Chat's training/step1_supervised_finetuning/training_scripts/
+# llama2/run_llama2_7b_lora.sh run through dsrun + dschat with only the
+# launcher line changed ("deepspeed main.py" -> "dsrun dschat sft"): its flags
+# as the script has them (ZeRO-3, gradient checkpointing, LoRA dimension 128
+# on "layers."), --model_name_or_path meta-llama/Llama-2-7b-hf found in a
+# Hugging Face cache layout that holds a tiny stand-in LLaMA exported by
+# dstrain with a SentencePiece BPE tokenizer.model (spm_train, byte
+# fallback), which dschat reads as transformers' LlamaTokenizer, and
+# --data_path substituted by local/jsonfile. Checks: exit 0, LoRA on the 7
+# linears of each of the 2 layers, the perplexity lines before training and
+# after each of the 4 epochs, and the fused model (no LoRA tensors) beside
+# the log. Skips (77) without spm_train.
+#   step1_llama2_lora_script.sh BUILD_DIR
+set -euo pipefail
+source "$(dirname "$0")/../scripts/script_util.sh"
+command -v spm_train > /dev/null || { echo "SKIP: no spm_train (Debian's sentencepiece)"; exit 77; }
+setup_run "$1" dschat_step1_llama2
+DSCHAT="$1/apps/dschat/dschat"
+[[ -x $DSCHAT ]] || fail "missing binary $DSCHAT"
+export PATH="$1/apps/dschat:$PATH"
+
+# The stand-in: a SentencePiece BPE model of the corpus, then dstrain's export of a tiny LLaMA with it.
+spm_train --input="$WORK/corpus.txt" --model_prefix="$WORK/sp" --vocab_size=500 --model_type=bpe --byte_fallback=true \
+  --split_digits=true --remove_extra_whitespaces=false --normalization_rule_name=identity --character_coverage=1.0 \
+  --input_sentence_size=20000 --shuffle_input_sentence=true --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 \
+  --minloglevel=2 > "$WORK/spm.log" 2>&1 || fail "spm_train failed" "$WORK/spm.log"
+"$DSPREP" --input "$WORK/corpus.txt" --output-prefix "$WORK/sp_corpus" --tokenizer-type Llama2Tokenizer \
+  --tokenizer-model "$WORK/sp.model" > "$WORK/prep.log" 2>&1 || fail "tokenizing the corpus failed" "$WORK/prep.log"
+SNAP="$WORK/hub/models--meta-llama--Llama-2-7b-hf/snapshots/0123abc"
+mkdir -p "$WORK/hub/models--meta-llama--Llama-2-7b-hf/refs" "$(dirname "$SNAP")"
+echo -n 0123abc > "$WORK/hub/models--meta-llama--Llama-2-7b-hf/refs/main"
+cat > "$WORK/standin.json" <<EOT
+{"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1,
+ "model": {"family": "llama", "num_layers": 2, "hidden_size": 32, "num_heads": 4, "ffn_hidden_size": 64,
+           "seq_length": 64, "max_position_embeddings": 512, "make_vocab_size_divisible_by": 1},
+ "data": {"data_path": "$WORK/sp_corpus", "tokenizer_type": "Llama2Tokenizer", "tokenizer_model": "$WORK/sp.model"},
+ "training": {"train_iters": 0, "export_hf": "$SNAP"}}
+EOT
+"$DSTRAIN" --config "$WORK/standin.json" > "$WORK/standin.log" 2>&1 || fail "exporting the stand-in failed" "$WORK/standin.log"
+[[ -f $SNAP/tokenizer.model ]] || fail "the stand-in has no tokenizer.model" "$WORK/standin.log"
+grep -q '"model_type": "llama"' "$SNAP/config.json" || fail "the stand-in is not a LLaMA" "$SNAP/config.json"
+export HF_HUB_CACHE="$WORK/hub"
+
+APP="$WORK/DeepSpeed-Chat"
+mkdir -p "$APP/data" "$APP/training/step1_supervised_finetuning"
+for split in train eval; do
+  n=$([[ $split == train ]] && echo 40 || echo 20)
+  for ((i = 0; i < n; i++)); do
+    echo "{\"prompt\": \"Human: tell me story $i of the old town. Assistant:\", \"chosen\": \"It was a quiet evening in the town, number $i.\", \"rejected\": \"No.\"}"
+  done > "$APP/data/$split.json"
+done
+cd "$APP/training/step1_supervised_finetuning"
+
+# The script from here on, with "deepspeed main.py" replaced and --data_path substituted.
+OUTPUT=""
+ZERO_STAGE=""
+if [ "$OUTPUT" == "" ]; then
+    OUTPUT=./output_step1_llama2_7b_lora
+fi
+if [ "$ZERO_STAGE" == "" ]; then
+    ZERO_STAGE=3
+fi
+mkdir -p $OUTPUT
+
+"$DSRUN" dschat sft \
+   --data_path local/jsonfile \
+   --data_split 2,4,4 \
+   --model_name_or_path meta-llama/Llama-2-7b-hf \
+   --per_device_train_batch_size 4 \
+   --per_device_eval_batch_size 4 \
+   --max_seq_len 512 \
+   --learning_rate 9.65e-6 \
+   --weight_decay 0. \
+   --num_train_epochs 4  \
+   --gradient_accumulation_steps 1 \
+   --lr_scheduler_type cosine \
+   --num_warmup_steps 0 \
+   --seed 1234 \
+   --gradient_checkpointing \
+   --zero_stage $ZERO_STAGE \
+   --deepspeed \
+   --lora_dim 128 \
+   --lora_module_name "layers." \
+   --output_dir $OUTPUT \
+   &> $OUTPUT/training.log || fail "the script's run failed" $OUTPUT/training.log
+
+LOG=$OUTPUT/training.log
+grep -q 'LoRA: dimension 128 on 14 linear layers' $LOG || fail "LoRA is not on the 14 linears of the 2 layers" $LOG
+n=$(grep -c 'ppl: ' $LOG || true)
+[[ $n == 5 ]] || fail "expected 5 perplexity lines (before training and after 4 epochs), found $n" $LOG
+for f in config.json model.safetensors tokenizer.model training.log; do
+  [[ -f $OUTPUT/$f ]] || fail "$OUTPUT/$f missing" $LOG
+done
+first=$(grep 'ppl: ' $LOG | head -1 | sed 's/.*loss: //'); last=$(grep 'ppl: ' $LOG | tail -1 | sed 's/.*loss: //')
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || fail "the eval loss did not fall ($first -> $last)" $LOG
+echo "DeepSpeed-Chat's step-1 LLaMA-2 LoRA script ran with only the launcher line changed: eval loss $first -> $last"
