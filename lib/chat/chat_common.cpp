@@ -103,6 +103,57 @@ void say(const std::string& s) {  // DeepSpeed-Chat's print_rank_0
   std::fflush(stdout);
 }
 
+std::vector<ArgSpec> training_arg_specs(const char* lr) {
+  using K = ArgKind;
+  return {
+      {"--per_device_train_batch_size", K::Int, "16"},
+      {"--per_device_eval_batch_size", K::Int, "16"},
+      {"--max_seq_len", K::Int, "512"},
+      {"--learning_rate", K::Float, lr},
+      {"--weight_decay", K::Float, "0."},
+      {"--num_train_epochs", K::Int, "1"},
+      {"--gradient_accumulation_steps", K::Int, "1"},
+      {"--lr_scheduler_type", K::Str, "cosine",
+       {"linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"}},
+      {"--num_warmup_steps", K::Int, "0"},
+      {"--output_dir", K::Str, std::nullopt},
+      {"--seed", K::Int, "1234"},
+      {"--local_rank", K::Int, "-1"},
+      {"--gradient_checkpointing", K::Flag},
+      {"--dropout", K::Float, std::nullopt},
+      {"--offload", K::Flag},
+      {"--dtype", K::Str, "fp16", {"fp16", "bf16", "fp32"}},  // fp32: dschat's own (no mixed precision)
+      {"--zero_stage", K::Int, "0"},
+  };
+}
+
+std::vector<ArgSpec> lora_arg_specs() {
+  using K = ArgKind;
+  return {
+      {"--lora_dim", K::Int, "0"},
+      {"--lora_module_name", K::Str, "decoder.layers."},
+      {"--only_optimize_lora", K::Flag},
+      {"--lora_learning_rate", K::Float, "5e-4"},
+  };
+}
+
+std::vector<ArgSpec> deepspeed_arg_specs() {
+  using K = ArgKind;
+  return {
+      {"--deepspeed", K::Flag},
+      {"--deepspeed_config", K::Str, std::nullopt},
+      {"--deepscale", K::Flag},
+      {"--deepscale_config", K::Str, std::nullopt},
+  };
+}
+
+void refuse_deepspeed_config(const ParsedArgs& a, const char* prog) {
+  DS_USER_CHECK(!a.str("--deepspeed_config") && !a.str("--deepscale_config"),
+                "{}: DeepSpeed-Chat builds its DeepSpeed config from the flags and deepspeed.initialize refuses a "
+                "second one ('Not sure how to proceed, we were given deepspeed configs in the deepspeed arguments "
+                "and deepspeed.initialize() function call'); drop --deepspeed_config", prog);
+}
+
 CommonArgs common_args(const ParsedArgs& a, const char* prog) {
   CommonArgs c;
   c.B = *a.integer("--per_device_train_batch_size");

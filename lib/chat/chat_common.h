@@ -30,6 +30,17 @@ struct RawDataset {
 // directory holding train.json and eval.json (or .jsonl); `flag` names it.
 RawDataset read_dataset(const std::string& path, const std::string& flag);
 
+// The argparse specs the steps' main.py files share, in their order: from
+// --per_device_train_batch_size to --zero_stage (learning-rate default
+// `lr`), the four LoRA flags, and deepspeed.add_config_arguments'.
+std::vector<ArgSpec> training_arg_specs(const char* lr);
+std::vector<ArgSpec> lora_arg_specs();
+std::vector<ArgSpec> deepspeed_arg_specs();
+
+// --deepspeed_config: refused with DeepSpeed's own reason (deepspeed.initialize
+// refuses a second config beside the one the step builds).
+void refuse_deepspeed_config(const ParsedArgs& a, const char* prog);
+
 // The flags every step checks the same way.
 struct CommonArgs {
   int64_t B = 0, eval_b = 0, T = 0, epochs = 0, ga = 0, warmup = 0, seed = 0, zero_stage = 0;

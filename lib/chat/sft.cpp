@@ -45,45 +45,26 @@ constexpr const char* kProg = "dschat sft";
 // deepspeed.add_config_arguments'.
 std::vector<ArgSpec> step1_specs() {
   using K = ArgKind;
-  return {
+  std::vector<ArgSpec> v = {
       {"--data_path", K::List, {}, {}, false, {"Dahoas/rm-static"}},
       {"--data_split", K::Str, "2,4,4"},
       {"--sft_only_data_path", K::List},
       {"--data_output_path", K::Str, "/tmp/data_files/"},
       {"--model_name_or_path", K::Str, std::nullopt, {}, true},
-      {"--per_device_train_batch_size", K::Int, "16"},
-      {"--per_device_eval_batch_size", K::Int, "16"},
-      {"--max_seq_len", K::Int, "512"},
-      {"--learning_rate", K::Float, "1e-3"},
-      {"--weight_decay", K::Float, "0."},
-      {"--num_train_epochs", K::Int, "1"},
-      {"--gradient_accumulation_steps", K::Int, "1"},
-      {"--lr_scheduler_type", K::Str, "cosine",
-       {"linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"}},
-      {"--num_warmup_steps", K::Int, "0"},
-      {"--output_dir", K::Str, std::nullopt},
-      {"--seed", K::Int, "1234"},
-      {"--local_rank", K::Int, "-1"},
-      {"--gradient_checkpointing", K::Flag},
-      {"--dropout", K::Float, std::nullopt},
-      {"--offload", K::Flag},
-      {"--dtype", K::Str, "fp16", {"fp16", "bf16", "fp32"}},  // fp32: dschat's own (no mixed precision)
-      {"--zero_stage", K::Int, "0"},
-      {"--lora_dim", K::Int, "0"},
-      {"--lora_module_name", K::Str, "decoder.layers."},
-      {"--only_optimize_lora", K::Flag},
-      {"--lora_learning_rate", K::Float, "5e-4"},
+  };
+  for (auto part : {training_arg_specs("1e-3"), lora_arg_specs()}) v.insert(v.end(), part.begin(), part.end());
+  const std::vector<ArgSpec> tail = {
       {"--compute_fp32_loss", K::Flag},
       {"--enable_tensorboard", K::Flag},
       {"--tensorboard_path", K::Str, "step1_tensorboard"},
       {"--add_eot_token", K::Flag},
       {"--eot_token", K::Str, "<|endoftext|>"},
       {"--print_loss", K::Flag},
-      {"--deepspeed", K::Flag},
-      {"--deepspeed_config", K::Str, std::nullopt},
-      {"--deepscale", K::Flag},
-      {"--deepscale_config", K::Str, std::nullopt},
   };
+  v.insert(v.end(), tail.begin(), tail.end());
+  const std::vector<ArgSpec> ds = deepspeed_arg_specs();
+  v.insert(v.end(), ds.begin(), ds.end());
+  return v;
 }
 
 // The examples step 1 can use (prompt and chosen present).
@@ -227,10 +208,7 @@ int run_sft(const std::vector<std::string>& argv) {
   }
   const ParsedArgs a = parse_args(step1_specs(), argv, kProg);
   // What dschat does not implement yet, or what DeepSpeed itself refuses.
-  DS_USER_CHECK(!a.str("--deepspeed_config") && !a.str("--deepscale_config"),
-                "{}: DeepSpeed-Chat builds its DeepSpeed config from the flags and deepspeed.initialize refuses a "
-                "second one ('Not sure how to proceed, we were given deepspeed configs in the deepspeed arguments "
-                "and deepspeed.initialize() function call'); drop --deepspeed_config", kProg);
+  refuse_deepspeed_config(a, kProg);
   const CommonArgs c = common_args(a, kProg);
   const int64_t B = c.B, eval_b = c.eval_b, T = c.T, epochs = c.epochs, ga = c.ga, seed = c.seed;
 

@@ -36,12 +36,12 @@ import tempfile
 try:
     import torch
     from torch.utils.data.distributed import DistributedSampler
-    from transformers import (AutoConfig, AutoModel, AutoTokenizer, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM,
-                              get_scheduler)
+    from transformers import AutoConfig, AutoModel, AutoTokenizer, get_scheduler
 except ImportError as e:
     print("SKIP: torch/transformers not importable by", sys.executable, e)
     sys.exit(77)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dschat_ref import Checks, close, convert_to_lora, tiny_causal_lm  # noqa: E402  (DeepSpeed-Chat's LoRA, ...)
 from reward_ref import forward as reward_forward  # noqa: E402  (RewardModel.forward's loss, written out)
 from split_ref import split_index  # noqa: E402
 
@@ -51,20 +51,12 @@ if not os.path.exists(os.path.join(shared, "gpt2-vocab.json")):
     sys.exit(77)
 torch.manual_seed(0)
 work = tempfile.mkdtemp(prefix="ds_dschat_reward_")
-failures = []
 
 
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print("FAIL:", what)
+check = Checks()
+failures = check.failures
 
 
-def close(a, b, rel, floor=1e-12):
-    return abs(a - b) <= rel * max(abs(a), abs(b), floor)
-
-
-# The reward model DeepSpeed-Chat's step 2 would start from, saved as it saves one.
 class RewardModel(torch.nn.Module):  # DeepSpeed-Chat's: the backbone and a bias-free v_head
     def __init__(self, base):
         super().__init__()
@@ -83,24 +75,7 @@ class RewardModel(torch.nn.Module):  # DeepSpeed-Chat's: the backbone and a bias
 def make_reward_model(family):
     """A tiny causal LM of `family` (OPT's tokenizer: GPT-2's with "</s>" and "<pad>", a bos first) turned
     into DeepSpeed-Chat's RewardModel and saved as step 2 saves one."""
-    step1 = os.path.join(work, "step1_" + family)
-    os.makedirs(step1)
-    vocab = json.load(open(os.path.join(shared, "gpt2-vocab.json"), encoding="utf-8"))
-    if family == "gpt2":
-        GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, resid_pdrop=0.0,
-                                   embd_pdrop=0.0, attn_pdrop=0.0)).save_pretrained(step1)
-    else:
-        vocab["</s>"], vocab["<pad>"] = len(vocab), len(vocab) + 1
-        with open(os.path.join(step1, "tokenizer_config.json"), "w") as f:
-            json.dump({"add_bos_token": True, "bos_token": "</s>", "eos_token": "</s>", "unk_token": "</s>",
-                       "pad_token": "<pad>", "tokenizer_class": "GPT2Tokenizer"}, f)
-        OPTForCausalLM(OPTConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, ffn_dim=64,
-                                 num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
-                                 dropout=0.0, attention_dropout=0.0, pad_token_id=vocab["<pad>"],
-                                 bos_token_id=vocab["</s>"], eos_token_id=vocab["</s>"])).save_pretrained(step1)
-    with open(os.path.join(step1, "vocab.json"), "w", encoding="utf-8") as f:
-        json.dump(vocab, f, ensure_ascii=False)
-    shutil.copy(os.path.join(shared, "gpt2-merges.txt"), os.path.join(step1, "merges.txt"))
+    step1 = tiny_causal_lm(family, os.path.join(work, "step1_" + family), shared)
     tk = AutoTokenizer.from_pretrained(step1)
     tk.pad_token = tk.eos_token  # DeepSpeed-Chat's get_tokenizer
     tk.padding_side = "right"
@@ -311,41 +286,16 @@ for family in ("gpt2", "opt"):
 # LoRA with --only_optimize_lora on the OPT reward model: DeepSpeed-Chat's LinearLayer_LoRA on every
 # "decoder.layers." linear, everything else frozen but v_head (force_optimize_params), from a file holding the
 # LoRA tensors unfused, so that both start from torch's draw.
-class LinearLayer_LoRA(torch.nn.Module):
-    def __init__(self, weight, lora_dim, bias):
-        super().__init__()
-        self.weight, self.bias = weight, bias
-        rows, columns = weight.shape
-        self.lora_right_weight = torch.nn.Parameter(torch.zeros(columns, lora_dim))
-        self.lora_left_weight = torch.nn.Parameter(torch.zeros(lora_dim, rows))
-        self.lora_scaling = 1 / lora_dim
-        torch.nn.init.kaiming_uniform_(self.lora_right_weight, a=math.sqrt(5))
-        self.weight.requires_grad = False
-
-    def forward(self, x):
-        return (torch.nn.functional.linear(x, self.weight, self.bias) +
-                (x @ self.lora_right_weight @ self.lora_left_weight) * self.lora_scaling)
-
-
-def convert_to_lora(model, part, dim):
-    for n in [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and part in n]:
-        parent, child = model.get_submodule(n.rsplit(".", 1)[0]), n.rsplit(".", 1)[1]
-        old = getattr(parent, child)
-        setattr(parent, child, LinearLayer_LoRA(old.weight, dim, old.bias))
-    for n, p in model.named_parameters():  # only_optimize_lora_parameters with force_optimize_params
-        p.requires_grad = "lora_right_weight" in n or "lora_left_weight" in n or n == "v_head.weight"
-    return model
-
-
 lora_rm = os.path.join(work, "rm_opt_lora")
 shutil.copytree(rm_dir, lora_rm)
 os.remove(os.path.join(lora_rm, "pytorch_model.bin"))
-lora_start = convert_to_lora(RewardModel(AutoModel.from_config(rm_config)), "decoder.layers.", 4)
+force = ("v_head.weight",)  # step 2's force_optimize_params
+lora_start = convert_to_lora(RewardModel(AutoModel.from_config(rm_config)), "decoder.layers.", 4, True, force)[0]
 lora_start.load_state_dict(torch.load(os.path.join(rm_dir, "pytorch_model.bin")), strict=False)
 torch.save(lora_start.state_dict(), os.path.join(lora_rm, "pytorch_model.bin"))
 flags = flags_for(lora_rm) + ["--lora_dim", "4", "--only_optimize_lora", "--lora_learning_rate", "2e-2"]
 got_evals, got_iters, got_steps = run([dschat, "reward"], os.path.join(work, "out1_opt_lora"))
-ref = convert_to_lora(RewardModel(AutoModel.from_config(rm_config)), "decoder.layers.", 4)
+ref = convert_to_lora(RewardModel(AutoModel.from_config(rm_config)), "decoder.layers.", 4, True, force)[0]
 ref.load_state_dict(torch.load(os.path.join(lora_rm, "pytorch_model.bin")), strict=True)
 
 

@@ -33,12 +33,12 @@ import tempfile
 try:
     import torch
     from torch.utils.data.distributed import DistributedSampler
-    from transformers import (AutoTokenizer, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM,
-                              get_scheduler)
+    from transformers import AutoTokenizer, GPT2LMHeadModel, OPTForCausalLM, get_scheduler
 except ImportError as e:
     print("SKIP: torch/transformers not importable by", sys.executable, e)
     sys.exit(77)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dschat_ref import Checks, LinearLayer_LoRA, close, convert_to_lora, tiny_causal_lm  # noqa: E402
 from split_ref import split_index  # noqa: E402  (DeepSpeed-Chat's phase split, written out)
 
 dschat, dsrun, shared = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -47,44 +47,17 @@ if not os.path.exists(os.path.join(shared, "gpt2-vocab.json")):
     sys.exit(77)
 torch.manual_seed(0)
 work = tempfile.mkdtemp(prefix="ds_dschat_sft_")
-failures = []
 
 
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print("FAIL:", what)
-
-
-def close(a, b, rel):
-    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
+check = Checks()
+failures = check.failures
 
 
 # The model and the data.
 
 
 def make_model(family):
-    """A tiny model of `family` with GPT-2's vocabulary (OPT's: plus "</s>" and
-    "<pad>", a bos added first, as OPT's tokenizer)."""
-    d = os.path.join(work, "model" if family == "gpt2" else "model_" + family)
-    os.makedirs(d)
-    vocab = json.load(open(os.path.join(shared, "gpt2-vocab.json"), encoding="utf-8"))
-    shutil.copy(os.path.join(shared, "gpt2-merges.txt"), os.path.join(d, "merges.txt"))
-    if family == "gpt2":
-        GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-                                   attn_pdrop=0.0)).save_pretrained(d)
-    else:
-        vocab["</s>"], vocab["<pad>"] = len(vocab), len(vocab) + 1
-        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-            json.dump({"add_bos_token": True, "bos_token": "</s>", "eos_token": "</s>", "unk_token": "</s>",
-                       "pad_token": "<pad>", "tokenizer_class": "GPT2Tokenizer"}, f)
-        OPTForCausalLM(OPTConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, ffn_dim=64,
-                                 num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
-                                 dropout=0.0, attention_dropout=0.0, pad_token_id=vocab["<pad>"],
-                                 bos_token_id=vocab["</s>"], eos_token_id=vocab["</s>"])).save_pretrained(d)
-    with open(os.path.join(d, "vocab.json"), "w", encoding="utf-8") as f:
-        json.dump(vocab, f, ensure_ascii=False)
-    return d
+    return tiny_causal_lm(family, os.path.join(work, "model" if family == "gpt2" else "model_" + family), shared)
 
 
 app = os.path.join(work, "app")
@@ -268,34 +241,6 @@ for family, model_cls in FAMILIES.items():
 # LoRA on the OPT: DeepSpeed-Chat's LinearLayer_LoRA and convert_linear_layer_to_lora written out. Both sides
 # start from a file holding the LoRA tensors unfused (dschat reads MODULE.lora_*_weight where a file has them),
 # so that torch's draw of lora_right_weight is the one dschat trains; the export holds the fused weights.
-class LinearLayer_LoRA(torch.nn.Module):
-    def __init__(self, weight, lora_dim, bias):
-        super().__init__()
-        self.weight, self.bias = weight, bias
-        rows, columns = weight.shape
-        self.lora_right_weight = torch.nn.Parameter(torch.zeros(columns, lora_dim))
-        self.lora_left_weight = torch.nn.Parameter(torch.zeros(lora_dim, rows))
-        self.lora_scaling = 1 / lora_dim
-        torch.nn.init.kaiming_uniform_(self.lora_right_weight, a=math.sqrt(5))
-        self.weight.requires_grad = False
-
-    def forward(self, x):
-        return (torch.nn.functional.linear(x, self.weight, self.bias) +
-                (x @ self.lora_right_weight @ self.lora_left_weight) * self.lora_scaling)
-
-
-def convert_to_lora(model, part, dim, only_lora):
-    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and part in n]
-    for n in names:
-        parent, child = model.get_submodule(n.rsplit(".", 1)[0]), n.rsplit(".", 1)[1]
-        old = getattr(parent, child)
-        setattr(parent, child, LinearLayer_LoRA(old.weight, dim, old.bias))
-    if only_lora:
-        for n, p in model.named_parameters():
-            p.requires_grad = "lora_right_weight" in n or "lora_left_weight" in n
-    return model, len(names)
-
-
 LORA_DIM, LORA_LR = 4, 2e-2
 lora_dir = os.path.join(work, "model_opt_lora")
 os.makedirs(lora_dir)
@@ -331,7 +276,7 @@ for only_lora in (False, True):
         with torch.no_grad():
             for m in ref.modules():
                 if isinstance(m, LinearLayer_LoRA):
-                    m.weight += m.lora_scaling * (m.lora_left_weight.t() @ m.lora_right_weight.t())
+                    m.fuse()
         want = {k: v for k, v in ref.state_dict().items() if "lora_" not in k}
         got = exported.state_dict()
         check(sorted(got) == sorted(want), f"{what}: exported names {sorted(set(got) ^ set(want))}")

@@ -14,6 +14,7 @@
 #   step1_llama2_lora_script.sh BUILD_DIR
 set -euo pipefail
 source "$(dirname "$0")/../scripts/script_util.sh"
+source "$(dirname "$0")/chat_util.sh"
 command -v spm_train > /dev/null || { echo "SKIP: no spm_train (Debian's sentencepiece)"; exit 77; }
 setup_run "$1" dschat_step1_llama2
 DSCHAT="$1/apps/dschat/dschat"
@@ -27,30 +28,13 @@ spm_train --input="$WORK/corpus.txt" --model_prefix="$WORK/sp" --vocab_size=500 
   --minloglevel=2 > "$WORK/spm.log" 2>&1 || fail "spm_train failed" "$WORK/spm.log"
 "$DSPREP" --input "$WORK/corpus.txt" --output-prefix "$WORK/sp_corpus" --tokenizer-type Llama2Tokenizer \
   --tokenizer-model "$WORK/sp.model" > "$WORK/prep.log" 2>&1 || fail "tokenizing the corpus failed" "$WORK/prep.log"
-SNAP="$WORK/hub/models--meta-llama--Llama-2-7b-hf/snapshots/0123abc"
-mkdir -p "$WORK/hub/models--meta-llama--Llama-2-7b-hf/refs" "$(dirname "$SNAP")"
-echo -n 0123abc > "$WORK/hub/models--meta-llama--Llama-2-7b-hf/refs/main"
-cat > "$WORK/standin.json" <<EOT
-{"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1,
- "model": {"family": "llama", "num_layers": 2, "hidden_size": 32, "num_heads": 4, "ffn_hidden_size": 64,
-           "seq_length": 64, "max_position_embeddings": 512, "make_vocab_size_divisible_by": 1},
- "data": {"data_path": "$WORK/sp_corpus", "tokenizer_type": "Llama2Tokenizer", "tokenizer_model": "$WORK/sp.model"},
- "training": {"train_iters": 0, "export_hf": "$SNAP"}}
-EOT
-"$DSTRAIN" --config "$WORK/standin.json" > "$WORK/standin.log" 2>&1 || fail "exporting the stand-in failed" "$WORK/standin.log"
+hub_standin meta-llama/Llama-2-7b-hf '{"family": "llama", "num_layers": 2, "hidden_size": 32, "num_heads": 4,
+  "ffn_hidden_size": 64, "seq_length": 64, "max_position_embeddings": 512, "make_vocab_size_divisible_by": 1}' \
+  "{\"data_path\": \"$WORK/sp_corpus\", \"tokenizer_type\": \"Llama2Tokenizer\", \"tokenizer_model\": \"$WORK/sp.model\"}"
 [[ -f $SNAP/tokenizer.model ]] || fail "the stand-in has no tokenizer.model" "$WORK/standin.log"
 grep -q '"model_type": "llama"' "$SNAP/config.json" || fail "the stand-in is not a LLaMA" "$SNAP/config.json"
-export HF_HUB_CACHE="$WORK/hub"
 
-APP="$WORK/DeepSpeed-Chat"
-mkdir -p "$APP/data" "$APP/training/step1_supervised_finetuning"
-for split in train eval; do
-  n=$([[ $split == train ]] && echo 40 || echo 20)
-  for ((i = 0; i < n; i++)); do
-    echo "{\"prompt\": \"Human: tell me story $i of the old town. Assistant:\", \"chosen\": \"It was a quiet evening in the town, number $i.\", \"rejected\": \"No.\"}"
-  done > "$APP/data/$split.json"
-done
-cd "$APP/training/step1_supervised_finetuning"
+chat_app step1_supervised_finetuning 40 20
 
 # The script from here on, with "deepspeed main.py" replaced and --data_path substituted.
 OUTPUT=""

@@ -14,36 +14,17 @@
 #   step2_opt_script.sh BUILD_DIR
 set -euo pipefail
 source "$(dirname "$0")/../scripts/script_util.sh"
+source "$(dirname "$0")/chat_util.sh"
 setup_run "$1" dschat_step2_opt
 DSCHAT="$1/apps/dschat/dschat"
 [[ -x $DSCHAT ]] || fail "missing binary $DSCHAT"
 export PATH="$1/apps/dschat:$PATH"
 
 # The stand-in model, exported by dstrain (0 iterations: its initial weights).
-SNAP="$WORK/hub/models--facebook--opt-350m/snapshots/0123abc"
-mkdir -p "$WORK/hub/models--facebook--opt-350m/refs" "$(dirname "$SNAP")"
-echo -n 0123abc > "$WORK/hub/models--facebook--opt-350m/refs/main"
-cat > "$WORK/standin.json" <<EOT
-{"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1,
- "model": {"family": "gpt2", "activation": "relu", "embedding_dropout": 0.0, "num_layers": 2, "hidden_size": 32,
-           "num_heads": 4, "seq_length": 64, "max_position_embeddings": 512, "make_vocab_size_divisible_by": 1},
- "data": {"data_path": "${DATA}/corpus", "vocab_file": "${TOK}/vocab.json", "merge_file": "${TOK}/merges.txt"},
- "training": {"train_iters": 0, "export_hf": "$SNAP"}}
-EOT
-"$DSTRAIN" --config "$WORK/standin.json" > "$WORK/standin.log" 2>&1 || fail "exporting the stand-in failed" "$WORK/standin.log"
-grep -q '"model_type": "opt"' "$SNAP/config.json" || fail "the stand-in is not an OPT" "$SNAP/config.json"
-export HF_HUB_CACHE="$WORK/hub"
+opt_standin facebook/opt-350m
 
 # DeepSpeed-Chat's application folder: data/ two levels above the step's folder.
-APP="$WORK/DeepSpeed-Chat"
-mkdir -p "$APP/data" "$APP/training/step2_reward_model_finetuning"
-for split in train eval; do
-  n=$([[ $split == train ]] && echo 40 || echo 20)
-  for ((i = 0; i < n; i++)); do
-    echo "{\"prompt\": \"Human: tell me story $i of the old town. Assistant:\", \"chosen\": \"It was a quiet evening in the town, number $i.\", \"rejected\": \"No.\"}"
-  done > "$APP/data/$split.json"
-done
-cd "$APP/training/step2_reward_model_finetuning"
+chat_app step2_reward_model_finetuning 40 20
 
 # The script from here on, with "deepspeed main.py" replaced and --data_path substituted.
 OUTPUT=""

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -468,6 +469,26 @@ TEST_CASE("a loss sink receives the weighted mean loss forward_backward would re
 
 namespace {
 
+// Central difference of loss(model) in parameter element i (flat index) with
+// step h, against the analytic gradient g[i] (the loss scaled by `scale`).
+void check_element(GptModel& model, const std::function<double()>& loss, int64_t i, double scale,
+                   const std::string& name) {
+  float* p = model.params().data<float>();
+  const float orig = p[i], h = 1e-2f;
+  p[i] = orig + h;
+  const double lp = loss();
+  p[i] = orig - h;
+  const double lm = loss();
+  p[i] = orig;
+  const double fd = scale * (lp - lm) / (2.0 * h), g = model.grads().data<float>()[i];
+  INFO(name << " element " << i << " analytic " << g << " fd " << fd);
+  REQUIRE(std::abs(fd - g) <= 2e-3 + 3e-2 * std::abs(fd));
+}
+
+}  // namespace
+
+namespace {
+
 // A head loss of the values alone: sum over rows of c_r * (v_r - y_r)^2 / 2
 // with c_r, y_r from the row's token, so that every value (and the tokens'
 // use) shows in the gradient.
@@ -516,25 +537,13 @@ TEST_CASE("a value head with a head loss: its gradients match finite differences
     model.grads().zero_();
     const float w = 0.75f;  // the micro-batch loss's weight
     model.forward_backward(tok, tgt, w);
-    float* p = model.params().data<float>();
-    const float* g = model.grads().data<float>();
     Rng pick(3);
-    for (const ParamSpec& s : model.layout().params) {
-      for (int k = 0; k < 4; ++k) {
-        const int64_t i = s.offset + static_cast<int64_t>(
-                                         pick.below(s.name == "embed.wte" ? cfg.vocab_size * cfg.hidden_size : s.numel));
-        const float orig = p[i], step = 1e-2f;
-        p[i] = orig + step;
-        const double lp = model.forward_loss(tok, tgt);
-        p[i] = orig - step;
-        const double lm = model.forward_loss(tok, tgt);
-        p[i] = orig;
-        const double fd = w * (lp - lm) / (2.0 * step);
-        INFO((llama ? "llama " : "gpt2 ") << s.name << " element " << i - s.offset << " analytic " << g[i] << " fd "
-                                          << fd);
-        REQUIRE(std::abs(fd - g[i]) <= 2e-3 + 3e-2 * std::abs(fd));
-      }
-    }
+    for (const ParamSpec& s : model.layout().params)
+      for (int k = 0; k < 4; ++k)
+        check_element(model, [&] { return model.forward_loss(tok, tgt); },
+                      s.offset + static_cast<int64_t>(pick.below(s.name == "embed.wte" ? cfg.vocab_size * cfg.hidden_size
+                                                                                     : s.numel)),
+                      w, (llama ? "llama " : "gpt2 ") + s.name);
     REQUIRE(h.calls > 1);
   }
 }
@@ -575,24 +584,12 @@ TEST_CASE("right-padding lengths change only the padding rows") {
   Tensor tgt = test::random_tokens(B, T, cfg.vocab_size, 2);
   model.grads().zero_();
   model.forward_backward(tok, tgt, 1.0f / (B * T));
-  float* p = model.params().data<float>();
-  const float* g = model.grads().data<float>();
   Rng pick(5);
-  for (const ParamSpec& s : model.layout().params) {
-    if (s.name.find("attn.qkv.weight") == std::string::npos) continue;
-    for (int k = 0; k < 6; ++k) {
-      const int64_t i = s.offset + static_cast<int64_t>(pick.below(s.numel));
-      const float orig = p[i], h = 1e-2f;
-      p[i] = orig + h;
-      const double lp = model.forward_loss(tok, tgt);
-      p[i] = orig - h;
-      const double lm = model.forward_loss(tok, tgt);
-      p[i] = orig;
-      const double fd = (lp - lm) / (2.0 * h);
-      INFO(s.name << " element " << i - s.offset << " analytic " << g[i] << " fd " << fd);
-      REQUIRE(std::abs(fd - g[i]) <= 2e-3 + 3e-2 * std::abs(fd));
-    }
-  }
+  for (const ParamSpec& s : model.layout().params)
+    if (s.name.find("attn.qkv.weight") != std::string::npos)
+      for (int k = 0; k < 6; ++k)
+        check_element(model, [&] { return model.forward_loss(tok, tgt); },
+                      s.offset + static_cast<int64_t>(pick.below(s.numel)), 1.0, s.name);
 }
 
 // LoRA (ModelConfig::lora, lib/model/lora.cpp): the adapted weights compute
@@ -602,7 +599,7 @@ TEST_CASE("right-padding lengths change only the padding rows") {
 TEST_CASE("LoRA: effective weights, frozen bases and finite-difference gradients") {
   for (bool llama : {false, true}) {
     ModelConfig cfg = test::tiny_model(llama);
-    const int64_t C = cfg.hidden_size, F = llama ? 24 : 4 * C, QKV = 3 * C;
+    const int64_t C = cfg.hidden_size, F = llama ? 24 : 4 * C;
     cfg.lora.dim = 3;
     cfg.lora.scaling = 1.5f;
     for (int l = 0; l < cfg.num_layers; ++l) {
@@ -656,7 +653,6 @@ TEST_CASE("LoRA: effective weights, frozen bases and finite-difference gradients
     REQUIRE(std::abs(model.forward_loss(tok, tgt) - plain.forward_loss(tok, tgt)) < 1e-5);
     model.grads().zero_();
     model.forward_backward(tok, tgt, 1.0f / (B * T));
-    float* p = model.params().data<float>();
     const float* g = model.grads().data<float>();
     Rng pick(4);
     int checked = 0;
@@ -666,19 +662,9 @@ TEST_CASE("LoRA: effective weights, frozen bases and finite-difference gradients
         continue;
       }
       if (sp.name.find(".lora.") == std::string::npos && sp.name.find("bias") == std::string::npos) continue;
-      for (int k = 0; k < 2; ++k) {
-        const int64_t i = sp.offset + static_cast<int64_t>(pick.below(sp.numel));
-        const float orig = p[i], h = 1e-2f;
-        p[i] = orig + h;
-        const double lp = model.forward_loss(tok, tgt);
-        p[i] = orig - h;
-        const double lm = model.forward_loss(tok, tgt);
-        p[i] = orig;
-        const double fd = (lp - lm) / (2.0 * h);
-        INFO(sp.name << " element " << i - sp.offset << " analytic " << g[i] << " fd " << fd);
-        REQUIRE(std::abs(fd - g[i]) <= 2e-3 + 3e-2 * std::abs(fd));
-        ++checked;
-      }
+      for (int k = 0; k < 2; ++k, ++checked)
+        check_element(model, [&] { return model.forward_loss(tok, tgt); },
+                      sp.offset + static_cast<int64_t>(pick.below(sp.numel)), 1.0, sp.name);
     }
     REQUIRE(checked >= 2 * static_cast<int>(2 * cfg.lora.targets.size()));
   }

@@ -1,0 +1,85 @@
+"""What the dschat reference tests share (sft_check.py, reward_check.py): a
+tiny GPT-2 or OPT in a model directory, and DeepSpeed-Chat's LoRA
+(dschat/utils/module/lora.py's LinearLayer_LoRA, convert_linear_layer_to_lora
+and only_optimize_lora_parameters) written out. Needs torch and transformers."""
+import json
+import math
+import os
+import shutil
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
+
+
+def tiny_causal_lm(family, d, shared):
+    """A tiny causal LM of `family` ("gpt2" or "opt") saved in directory d with
+    GPT-2's vocabulary (OPT's: plus "</s>" and "<pad>", a bos added first, as
+    OPT's tokenizer)."""
+    os.makedirs(d)
+    vocab = json.load(open(os.path.join(shared, "gpt2-vocab.json"), encoding="utf-8"))
+    shutil.copy(os.path.join(shared, "gpt2-merges.txt"), os.path.join(d, "merges.txt"))
+    if family == "gpt2":
+        GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                                   attn_pdrop=0.0)).save_pretrained(d)
+    else:
+        vocab["</s>"], vocab["<pad>"] = len(vocab), len(vocab) + 1
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump({"add_bos_token": True, "bos_token": "</s>", "eos_token": "</s>", "unk_token": "</s>",
+                       "pad_token": "<pad>", "tokenizer_class": "GPT2Tokenizer"}, f)
+        OPTForCausalLM(OPTConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, ffn_dim=64,
+                                 num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
+                                 dropout=0.0, attention_dropout=0.0, pad_token_id=vocab["<pad>"],
+                                 bos_token_id=vocab["</s>"], eos_token_id=vocab["</s>"])).save_pretrained(d)
+    with open(os.path.join(d, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+    return d
+
+
+class LinearLayer_LoRA(torch.nn.Module):
+    """DeepSpeed-Chat's: y = x W^T + b + (x R L) / dim, W frozen."""
+
+    def __init__(self, weight, lora_dim, bias):
+        super().__init__()
+        self.weight, self.bias = weight, bias
+        rows, columns = weight.shape
+        self.lora_right_weight = torch.nn.Parameter(torch.zeros(columns, lora_dim))
+        self.lora_left_weight = torch.nn.Parameter(torch.zeros(lora_dim, rows))
+        self.lora_scaling = 1 / lora_dim
+        torch.nn.init.kaiming_uniform_(self.lora_right_weight, a=math.sqrt(5))
+        self.weight.requires_grad = False
+
+    def forward(self, x):
+        return (torch.nn.functional.linear(x, self.weight, self.bias) +
+                (x @ self.lora_right_weight @ self.lora_left_weight) * self.lora_scaling)
+
+    def fuse(self):  # convert_lora_to_linear_layer
+        with torch.no_grad():
+            self.weight += self.lora_scaling * (self.lora_left_weight.t() @ self.lora_right_weight.t())
+
+
+def convert_to_lora(model, part, dim, only_lora=False, force=()):
+    """convert_linear_layer_to_lora(model, part, dim), then with only_lora
+    only_optimize_lora_parameters(model, force). Returns (model, wrapped linears)."""
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and part in n]
+    for n in names:
+        parent, child = model.get_submodule(n.rsplit(".", 1)[0]), n.rsplit(".", 1)[1]
+        old = getattr(parent, child)
+        setattr(parent, child, LinearLayer_LoRA(old.weight, dim, old.bias))
+    if only_lora:
+        for n, p in model.named_parameters():
+            p.requires_grad = "lora_right_weight" in n or "lora_left_weight" in n or n in force
+    return model, len(names)
+
+
+class Checks:
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, ok, what):
+        if not ok:
+            self.failures.append(what)
+            print("FAIL:", what)
+
+
+def close(a, b, rel, floor=1e-12):
+    return abs(a - b) <= rel * max(abs(a), abs(b), floor)
