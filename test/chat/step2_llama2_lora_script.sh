@@ -20,18 +20,8 @@ DSCHAT="$1/apps/dschat/dschat"
 [[ -x $DSCHAT ]] || fail "missing binary $DSCHAT"
 export PATH="$1/apps/dschat:$PATH"
 
-# The stand-in: a SentencePiece BPE model of the corpus, then dstrain's export of a tiny LLaMA with it.
-spm_train --input="$WORK/corpus.txt" --model_prefix="$WORK/sp" --vocab_size=500 --model_type=bpe --byte_fallback=true \
-  --split_digits=true --remove_extra_whitespaces=false --normalization_rule_name=identity --character_coverage=1.0 \
-  --input_sentence_size=20000 --shuffle_input_sentence=true --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 \
-  --minloglevel=2 > "$WORK/spm.log" 2>&1 || fail "spm_train failed" "$WORK/spm.log"
-"$DSPREP" --input "$WORK/corpus.txt" --output-prefix "$WORK/sp_corpus" --tokenizer-type Llama2Tokenizer \
-  --tokenizer-model "$WORK/sp.model" > "$WORK/prep.log" 2>&1 || fail "tokenizing the corpus failed" "$WORK/prep.log"
-hub_standin meta-llama/Llama-2-7b-hf '{"family": "llama", "num_layers": 2, "hidden_size": 32, "num_heads": 4,
-  "ffn_hidden_size": 64, "seq_length": 64, "max_position_embeddings": 512, "make_vocab_size_divisible_by": 1}' \
-  "{\"data_path\": \"$WORK/sp_corpus\", \"tokenizer_type\": \"Llama2Tokenizer\", \"tokenizer_model\": \"$WORK/sp.model\"}"
-[[ -f $SNAP/tokenizer.model ]] || fail "the stand-in has no tokenizer.model" "$WORK/standin.log"
-grep -q '"model_type": "llama"' "$SNAP/config.json" || fail "the stand-in is not a LLaMA" "$SNAP/config.json"
+# The stand-in: a tiny LLaMA with a SentencePiece BPE tokenizer (chat_util.sh).
+llama_standin meta-llama/Llama-2-7b-hf
 
 chat_app step2_reward_model_finetuning 40 20
 
