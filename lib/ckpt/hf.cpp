@@ -25,8 +25,6 @@
 #include "lib/ckpt/safetensors.h"
 #include "lib/ckpt/torch_save.h"
 #include "lib/core/error.h"
-#include "lib/model/param_init.h"
-#include "lib/ops/ops.h"
 
 namespace fs = std::filesystem;
 
@@ -585,7 +583,8 @@ HfExportPlan hf_export_plan(const ModelDims& d, const ModelLayout& layout) {
 
 // Our weights in the order the streamed export asks for them: each HF tensor
 // in file order, one of ours fetched when it is not the one held.
-// The LoRA targets (index, target) that adapt our weight `name`.
+}  // namespace
+
 std::vector<std::pair<size_t, const LoraTarget*>> lora_targets_of(const ModelConfig& cfg, const std::string& name) {
   std::vector<std::pair<size_t, const LoraTarget*>> out;
   if (!cfg.lora.enabled()) return out;
@@ -600,28 +599,7 @@ std::string lora_name(const LoraTarget& t, size_t k, const char* part) {
   return "layers." + std::to_string(t.layer) + ".lora." + std::to_string(k) + "." + part;
 }
 
-// Our weight `name` as the export writes it: an adapted weight with its LoRA
-// deltas fused in (W + scaling / dim * left^T right per block; DeepSpeed-Chat's
-// convert_lora_to_linear_layer), its left and right fetched right after it.
-Tensor fused_weight(const ModelConfig& cfg, const HfWeightSource& weight, const std::string& name) {
-  Tensor w = weight(name);
-  const auto targets = lora_targets_of(cfg, name);
-  if (targets.empty()) return w;
-  w = w.device().is_cpu() ? w.clone() : w.to(Device::cpu());
-  const int64_t K = w.size(1);
-  const float s = cfg.lora.scaling / static_cast<float>(cfg.lora.dim);
-  for (const auto& [k, t] : targets) {
-    const Tensor L = weight(lora_name(*t, k, "left")), R = weight(lora_name(*t, k, "right"));
-    Tensor delta = Tensor::zeros({t->rows, K}, DType::F32);
-    const Tensor block = w.view(t->row0 * K, {t->rows, K});
-    ops::matmul_backward({.dinp = Tensor(), .dweight = delta, .dbias = Tensor(), .dout = L.to(Device::cpu()),
-                          .inp = R.to(Device::cpu()), .weight = block},
-                         Stream{});
-    ops::scale({.x = delta, .s = s}, Stream{});
-    ops::add({.out = block, .a = block, .b = delta}, Stream{});
-  }
-  return w;
-}
+namespace {
 
 std::vector<std::string> hf_requests(const HfExportPlan& plan, const ModelConfig& cfg) {
   std::vector<std::string> out;
@@ -700,7 +678,7 @@ void export_hf_streamed(const ModelConfig& cfg, const ModelLayout& layout, const
       const HfPiece& p = plan.pieces.at(hf_name);
       if (held_name != p.our_name) {
         held = Tensor();
-        held = fused_weight(cfg, weight, p.our_name);
+        held = weight(p.our_name);
         held_name = p.our_name;
       }
       return extract(held.reshape(matrix_shape(held.shape())), p);
@@ -837,9 +815,9 @@ void check_hf_weights(const ModelConfig& cfg, const ModelLayout& layout, const s
 }
 
 HfShardReader::HfShardReader(const ModelConfig& cfg, const ModelLayout& full, const std::string& path,
-                             int64_t file_vocab, uint64_t seed)
-    : sf_(HfWeightsFile::open(path)), pieces_(import_pieces(cfg, sf_, file_vocab, &fresh_head_)), cfg_(cfg),
-      seed_(seed), file_vocab_(file_vocab), vocab_(model_dims(cfg).V) {
+                             int64_t file_vocab, ParamInit init)
+    : sf_(HfWeightsFile::open(path)), pieces_(import_pieces(cfg, sf_, file_vocab, &fresh_head_)),
+      init_(std::move(init)), file_vocab_(file_vocab), vocab_(model_dims(cfg).V) {
   // every name, shape and dtype, before any allocation
   check_hf_tensors(cfg, full, sf_, "the model config", file_vocab);
 }
@@ -852,8 +830,9 @@ void HfShardReader::read(const ModelLayout& local, int64_t begin, int64_t end, f
     if (p.offset + p.numel <= begin || p.offset >= end) continue;
     const bool mapped = std::any_of(pieces_.begin(), pieces_.end(), [&](const HfPiece& q) { return q.our_name == p.name; });
     if (!mapped) {  // what the file does not hold (a fresh value head, LoRA tensors): initialised
+      DS_CHECK(init_, "import: '{}' is not in the file and no initialiser was given", p.name);
       const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
-      init_params(cfg_, local, seed_, cfg_.init_method_std, out + (lo - begin), lo, hi);
+      init_(local, lo, hi, out + (lo - begin));
       continue;
     }
     // The elements of our full weight this range holds: runs of the full

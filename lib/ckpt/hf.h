@@ -61,6 +61,13 @@ std::vector<std::string> hf_export_requests(const ModelConfig& cfg, const ModelL
 // the file); an import reads MODULE.lora_left_weight / lora_right_weight
 // where the file holds them (unfused LoRA weights), else initialises them.
 std::vector<LoraTarget> lora_targets_for(const ModelConfig& cfg, const std::string& module_substring);
+// The LoRA targets (index in cfg.lora.targets, target) that adapt our weight
+// `name`, and the names of a target's tensors (part "left" / "right"). A
+// collective export source is asked for each adapted weight's left and right
+// tensors right after it (hf_export_requests), so that the writer's source
+// can fuse them into the weight (Trainer::export_hf).
+std::vector<std::pair<size_t, const LoraTarget*>> lora_targets_of(const ModelConfig& cfg, const std::string& name);
+std::string lora_name(const LoraTarget& t, size_t k, const char* part);
 // The same check export_hf makes first, for a trainer to refuse at start-up
 // (`what` names the input in the error) rather than after training.
 void check_hf_exportable(const ModelConfig& cfg, const char* what);
@@ -119,11 +126,14 @@ class HfWeightsFile {
 // A value-head model (ModelConfig::value_head) reads DeepSpeed-Chat's
 // reward / critic files ("rwtransformer." + the base model's names,
 // "v_head.weight"), a causal LM's or a base model's file; a file without
-// v_head.weight leaves the head to init_params with `seed` (fresh_head()).
+// v_head.weight leaves the head to `init` (fresh_head()), as it does LoRA
+// tensors the file does not hold.
 class HfShardReader {
  public:
+  // Fills [begin, end) of layout `local` (out) for a tensor the file does not hold.
+  using ParamInit = std::function<void(const ModelLayout& local, int64_t begin, int64_t end, float* out)>;
   HfShardReader(const ModelConfig& cfg, const ModelLayout& full, const std::string& path, int64_t file_vocab = 0,
-                uint64_t seed = 0);
+                ParamInit init = {});
   void read(const ModelLayout& local, int64_t begin, int64_t end, float* out) const;
   bool fresh_head() const { return fresh_head_; }
 
@@ -131,8 +141,7 @@ class HfShardReader {
   HfWeightsFile sf_;
   bool fresh_head_ = false;
   std::vector<HfPiece> pieces_;
-  ModelConfig cfg_;
-  uint64_t seed_ = 0;
+  ParamInit init_;
   int64_t file_vocab_ = 0, vocab_ = 0;  // rows [file_vocab_, vocab_) of the vocabulary pieces: the mean
 };
 

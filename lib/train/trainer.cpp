@@ -18,6 +18,7 @@
 #include "lib/core/mem_tag.h"
 #include "lib/core/sync_counter.h"
 #include "lib/model/tp_shard.h"
+#include "lib/model/param_init.h"
 #include "lib/ops/ops.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/train/distill.h"
@@ -566,7 +567,10 @@ void Trainer::load_or_init() {
   if (!cfg_.ckpt.init_from.empty()) {
     // Each rank reads the HF tensors that hold some of what its store keeps,
     // one at a time, never the whole model.
-    const HfShardReader reader(cfg_.model, full_layout_, cfg_.ckpt.init_from, cfg_.ckpt.init_from_vocab, cfg_.seed);
+    const HfShardReader reader(cfg_.model, full_layout_, cfg_.ckpt.init_from, cfg_.ckpt.init_from_vocab,
+                               [&](const ModelLayout& l, int64_t begin, int64_t end, float* out) {
+                                 init_params(cfg_.model, l, cfg_.seed, cfg_.model.init_method_std, out, begin, end);
+                               });
     if (reader.fresh_head())
       DS_LOG("{} has no v_head.weight: the value head starts as nn.Linear's default, U(-1/sqrt({}), 1/sqrt({}))",
              cfg_.ckpt.init_from, cfg_.model.hidden_size, cfg_.model.hidden_size);
@@ -1084,6 +1088,31 @@ std::vector<float> Trainer::run() {
   return losses;
 }
 
+// Our weight `name` as the export writes it: an adapted weight with its LoRA
+// deltas fused in (W + scaling / dim * left^T right per block; DeepSpeed-Chat's
+// convert_lora_to_linear_layer), its left and right taken from the stream
+// right after it (hf_export_requests lists them there).
+Tensor Trainer::lora_fused(FullTensorStream& stream, const std::string& name) {
+  Tensor w = stream.next(name);
+  const auto targets = lora_targets_of(cfg_.model, name);
+  if (targets.empty()) return w;
+  w = w.device().is_cpu() ? w.clone() : w.to(Device::cpu());
+  const int64_t K = w.size(1);
+  const LoraConfig& lora = cfg_.model.lora;
+  const float s = lora.scaling / static_cast<float>(lora.dim);
+  for (const auto& [k, t] : targets) {
+    const Tensor L = stream.next(lora_name(*t, k, "left")).to(Device::cpu());
+    const Tensor R = stream.next(lora_name(*t, k, "right")).to(Device::cpu());
+    Tensor delta = Tensor::zeros({t->rows, K}, DType::F32);
+    const Tensor block = w.view(t->row0 * K, {t->rows, K});
+    ops::matmul_backward({.dinp = Tensor(), .dweight = delta, .dbias = Tensor(), .dout = L, .inp = R, .weight = block},
+                         Stream{});
+    ops::scale({.x = delta, .s = s}, Stream{});
+    ops::add({.out = block, .a = block, .b = delta}, Stream{});
+  }
+  return w;
+}
+
 void Trainer::export_hf(const std::string& dir) {
   const Heartbeat::Paused paused(heartbeat_);
   // One weight at a time, gathered to rank 0 as it writes (as a save
@@ -1092,8 +1121,8 @@ void Trainer::export_hf(const std::string& dir) {
   if (comms_.grid.rank == 0) {
     // The tokenizer's ids where its files name them; otherwise the GPT-2 default (-1).
     const data::TokenizerInfo& tok = cfg_.data.tokenizer;
-    export_hf_streamed(cfg_.model, full_layout_, [&](const std::string& name) { return stream.next(name); }, dir,
-                       HfTokenIds{.bos = tok.bos_id, .eos = tok.eos_id}, &tokenizer_copy_);
+    export_hf_streamed(cfg_.model, full_layout_, [&](const std::string& name) { return lora_fused(stream, name); },
+                       dir, HfTokenIds{.bos = tok.bos_id, .eos = tok.eos_id}, &tokenizer_copy_);
   } else {
     for (const std::string& name : hf_export_requests(cfg_.model, full_layout_)) stream.next(name);
   }

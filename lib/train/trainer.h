@@ -151,6 +151,7 @@ class Trainer {
   bool signalled();
   // This rank's model for the gathers and checkpoints of lib/ckpt/model_state.h.
   RankModel rank_model();
+  Tensor lora_fused(FullTensorStream& stream, const std::string& name);  // export_hf's weight, LoRA fused
   // This rank's checkpoint: shard `shard_index` of `shards` optimizer files
   // (rank_checkpoint, with every sharding group's state when there are several).
   CheckpointData checkpoint_data(int shard_index, int shards);
