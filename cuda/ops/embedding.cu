@@ -458,7 +458,7 @@ void embedding_forward(const EmbeddingArgs& a, const Stream& s) {
   const char* op = "embedding_forward";
   int64_t Bn = a.tokens.size(0), Tn = a.tokens.size(1), N = Bn * Tn;
   int64_t V = a.wte.size(0), C = a.wte.size(1);
-  DS_CUDA_REQUIRE(a.pad_row < 0 || !a.lengths.defined(), std::string(op) + ": padding positions (lengths) run on the CPU backend only");
+  DS_CUDA_REQUIRE((a.pad_row < 0 || !a.lengths.defined()) && !a.shifts.defined(), std::string(op) + ": padding positions (lengths, shifts) run on the CPU backend only");
   if (N * C == 0) return;
   dispatch_float(a.out.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -483,7 +483,7 @@ void embedding_backward(const EmbeddingBwdArgs& a, const Stream& s) {
   int64_t Bn = a.tokens.size(0), Tn = a.tokens.size(1), N = Bn * Tn;
   int64_t V = a.dwte.size(0), C = a.dwte.size(1);
   // Mixed precision: bf16/f16 dout with f32 dwte/dwpe (AnyPtr).
-  DS_CUDA_REQUIRE(a.pad_row < 0 || !a.lengths.defined(), std::string(op) + ": padding positions (lengths) run on the CPU backend only");
+  DS_CUDA_REQUIRE((a.pad_row < 0 || !a.lengths.defined()) && !a.shifts.defined(), std::string(op) + ": padding positions (lengths, shifts) run on the CPU backend only");
   expect_grad(a.dwte, a.dout.dtype(), op, "dwte");
   if (a.dwpe.defined()) expect_grad(a.dwpe, a.dout.dtype(), op, "dwpe");
   DS_CUDA_REQUIRE(N < (int64_t(1) << 31) && V < (int64_t(1) << 31) - 1, std::string(op) + ": too many tokens or rows");

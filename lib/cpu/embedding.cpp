@@ -22,12 +22,14 @@ EmbedDims embed_dims(const Tensor& tokens, const Tensor& wte, const Tensor& wpe)
 }
 
 // The wpe row of position t of sample b: row_offset + pos_offset + t, or
-// pad_row for a padding position (lengths, pad_row >= 0).
+// pad_row for a padding position (lengths, pad_row >= 0); a real position
+// moved by the sample's shift (shifts).
 template <class A>
 int64_t wpe_row(const A& a, int64_t b, int64_t t) {
-  if (a.pad_row >= 0 && a.lengths.defined() && a.pos_offset + t >= a.lengths.template data<int32_t>()[b])
-    return a.pad_row;
-  return a.row_offset + a.pos_offset + t;
+  const bool pad = a.lengths.defined() && a.pos_offset + t >= a.lengths.template data<int32_t>()[b];
+  if (pad && a.pad_row >= 0) return a.pad_row;
+  const int64_t shift = a.shifts.defined() && !pad ? a.shifts.template data<int32_t>()[b] : 0;
+  return a.row_offset + a.pos_offset + shift + t;
 }
 
 }  // namespace

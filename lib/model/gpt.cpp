@@ -630,7 +630,8 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
          .pos_offset = sp_.rank * T_,  // Ulysses: global positions
          .row_offset = d_.pos_offset,
          .lengths = S().lengths,
-         .pad_row = d_.pos_offset - 1},
+         .pad_row = d_.pos_offset - 1,
+         .shifts = S().shifts},
         stream_);
     exit_tp(rows(S().resid[0]));
     const DropoutSpec d = hidden_dropout(-1, DropoutSite::Embedding);
@@ -821,7 +822,8 @@ void GptModel::backward(const Tensor& tokens, const Tensor& dout, int chunk) {
                            .pos_offset = sp_.rank * T_,
                            .row_offset = d_.pos_offset,
                            .lengths = S().lengths,
-                           .pad_row = d_.pos_offset - 1},
+                           .pad_row = d_.pos_offset - 1,
+                           .shifts = S().shifts},
                           stream_);
   grads_done(0);
 }
@@ -835,6 +837,7 @@ float GptModel::forward_backward(const Tensor& tokens, const Tensor& targets, fl
   ensure_acts(tokens.size(0), tokens.size(1));
   S().key = key;
   S().lengths = lengths_;
+  S().shifts = shifts_;
   forward(tokens);
   if (distill_.teacher) distill_into_dlogits(tokens, loss_weight, key);
   float loss = loss_and_dlogits(tokens, targets, loss_weight, true, /*to_sink=*/true);
@@ -851,6 +854,7 @@ float GptModel::forward_loss(const Tensor& tokens, const Tensor& targets) {
   ensure_acts(tokens.size(0), tokens.size(1));
   S().key = DropoutKey{};  // evaluation: no dropout
   S().lengths = lengths_;
+  S().shifts = shifts_;
   forward(tokens);
   store_->end_pass();
   return loss_and_dlogits(tokens, targets, 0.f, false);
@@ -863,6 +867,7 @@ Tensor GptModel::forward_logits(const Tensor& tokens, const DropoutKey& key) {
   ensure_acts(tokens.size(0), tokens.size(1));
   S().key = key;
   S().lengths = lengths_;
+  S().shifts = shifts_;
   forward(tokens);
   store_->end_pass();
   return S().logits;
@@ -952,6 +957,7 @@ float GptModel::stage_forward(int slot, int chunk, const Tensor& tokens, const T
   cur_ = slot;
   S().key = key;
   S().lengths = lengths_;
+  S().shifts = shifts_;
   if (backward) aux_grad_ = cfg_.moe.loss_coeff * loss_weight * static_cast<float>(tokens.numel());
   store_->begin_pass(forward_order(chunk));
   forward(tokens, chunk);

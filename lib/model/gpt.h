@@ -99,6 +99,7 @@ struct ActSet {
   Tensor logits;                              // (B*T, Vl), dlogits after the loss; last stage
   DropoutKey key;                             // of the micro-batch held (recomputation redraws with it)
   Tensor lengths;                             // its right-padding lengths (GptModel::set_lengths) or undefined
+  Tensor shifts;                              // its position shifts (GptModel::set_shifts) or undefined
 };
 
 // Where a layer's closing residual add (x_out = MLP output + resid_mid) runs:
@@ -206,6 +207,10 @@ class GptModel {
   // (AttentionArgs::lengths: no query sees a padding key; DeepSpeed-Chat's
   // batches); undefined: none. The CPU backend's attention only so far.
   void set_lengths(const Tensor& lengths) { lengths_ = lengths; }
+  // With lengths: sample b's real positions read the position table shifts[b]
+  // rows further on ((B) i32 on the model's device; EmbeddingArgs::shifts),
+  // a left-padded sequence packed to the left; undefined: none.
+  void set_shifts(const Tensor& shifts) { shifts_ = shifts; }
   // Deferred loss, so that a GPU step needs no device-to-host read per
   // micro-batch: while a sink is set, every training forward (forward_backward,
   // and stage_forward with backward on the last stage) adds `weight` times its
@@ -485,6 +490,7 @@ class GptModel {
   Tensor losses_;                   // (B*T) f32
   HeadLoss* head_loss_ = nullptr;   // set_head_loss
   Tensor lengths_;                  // set_lengths
+  Tensor shifts_;                   // set_shifts
   Tensor loss_sink_;  // see set_loss_sink
   Tensor dloss_scale_;  // see set_dloss_scale
   float loss_sink_weight_ = 1.0f;

@@ -218,6 +218,7 @@ const Tensor& GptModel::forward_logits(const Tensor& tokens) {
   ensure_acts(tokens.size(0), tokens.size(1));
   S().key = DropoutKey{};
   S().lengths = lengths_;
+  S().shifts = shifts_;
   forward(tokens);
   store_->end_pass();
   return S().logits;

@@ -55,6 +55,11 @@ struct EmbeddingArgs {
   // (OPT's mask-derived position of padding, -1, is row 1). CPU backend only.
   Tensor lengths;
   int64_t pad_row = -1;
+  // (B) i32 or undefined (needs lengths): sample b's real positions (below
+  // lengths[b]) read wpe shifts[b] rows further on: a left-padded sequence
+  // packed to the left keeps the absolute positions of its padded layout
+  // (GPT-2 under DeepSpeed-Chat's step 3). CPU backend only.
+  Tensor shifts;
 };
 template <class A, class F> IfArgs<A, EmbeddingArgs> fields(A& a, F&& f) {
   f(a.out, "out", Role::Out);
@@ -62,6 +67,7 @@ template <class A, class F> IfArgs<A, EmbeddingArgs> fields(A& a, F&& f) {
   f(a.wte, "wte", Role::In);
   f(a.wpe, "wpe", Role::In);
   f(a.lengths, "lengths", Role::In);
+  f(a.shifts, "shifts", Role::In);
 }
 struct EmbeddingBwdArgs {
   Tensor dwte;     // (Vlocal, C) +=
@@ -73,6 +79,7 @@ struct EmbeddingBwdArgs {
   int64_t row_offset = 0;  // as EmbeddingArgs
   Tensor lengths;
   int64_t pad_row = -1;
+  Tensor shifts;
 };
 template <class A, class F> IfArgs<A, EmbeddingBwdArgs> fields(A& a, F&& f) {
   f(a.dwte, "dwte", Role::Accum);
@@ -80,6 +87,7 @@ template <class A, class F> IfArgs<A, EmbeddingBwdArgs> fields(A& a, F&& f) {
   f(a.dout, "dout", Role::In);
   f(a.tokens, "tokens", Role::In);
   f(a.lengths, "lengths", Role::In);
+  f(a.shifts, "shifts", Role::In);
 }
 
 struct LayerNormArgs {

@@ -8,6 +8,7 @@
 // needs them (lib/cpu says so itself).
 #include "lib/ops/op_validate.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "lib/core/error.h"
@@ -83,7 +84,7 @@ struct EmbedDims {
 EmbedDims check_embedding(const Check& c, const Tensor& x, const char* x_name, const Tensor& tokens,
                           const Tensor& wte, const char* wte_name, const Tensor& wpe,
                           const char* wpe_name, int64_t pos_offset, int64_t row_offset, const Tensor& lengths,
-                          int64_t pad_row) {
+                          int64_t pad_row, const Tensor& shifts) {
   c.dtype(tokens, DType::I32, "tokens");
   c.floating(wte, wte_name);
   c.floating(x, x_name);
@@ -105,6 +106,17 @@ EmbedDims check_embedding(const Check& c, const Tensor& x, const char* x_name, c
            "{}: positions [{}, {}) from row {} exceed {} rows {}", c.op(), pos_offset, pos_offset + d.T, row_offset,
            wpe_name, wpe.size(0));
   DS_CHECK(pad_row < wpe.size(0), "{}: pad_row {} outside {} rows {}", c.op(), pad_row, wpe_name, wpe.size(0));
+  if (shifts.defined()) {
+    DS_CHECK(lengths.defined(), "{}: shifts need lengths (they move real positions only)", c.op());
+    c.dtype(shifts, DType::I32, "shifts");
+    c.numel(shifts, d.B, "shifts", "(B)");
+    if (shifts.device().is_cpu() && lengths.device().is_cpu())
+      for (int64_t b = 0; b < d.B; ++b) {
+        const int64_t s = shifts.data<int32_t>()[b], n = std::min<int64_t>(lengths.data<int32_t>()[b], d.T);
+        DS_CHECK(s >= 0 && row_offset + pos_offset + s + n <= wpe.size(0),
+                 "{}: sample {} shifted by {} reads positions past {} rows {}", c.op(), b, s, wpe_name, wpe.size(0));
+      }
+  }
   return d;
 }
 
@@ -250,14 +262,14 @@ void validate_embedding_forward(const EmbeddingArgs& a) {
   const Check c("embedding_forward");
   c.devices(a);
   check_embedding(c, a.out, "out", a.tokens, a.wte, "wte", a.wpe, "wpe", a.pos_offset, a.row_offset, a.lengths,
-                  a.pad_row);
+                  a.pad_row, a.shifts);
 }
 
 void validate_embedding_backward(const EmbeddingBwdArgs& a) {
   const Check c("embedding_backward");
   c.devices(a);
   check_embedding(c, a.dout, "dout", a.tokens, a.dwte, "dwte", a.dwpe, "dwpe", a.pos_offset, a.row_offset,
-                  a.lengths, a.pad_row);
+                  a.lengths, a.pad_row, a.shifts);
 }
 
 void validate_layernorm_forward(const LayerNormArgs& a) {

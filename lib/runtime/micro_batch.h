@@ -23,6 +23,9 @@ struct MicroBatch {
   // (B) i32 or undefined: right padding, sample b's attention mask is
   // lengths[b] ones then zeros (GptModel::set_lengths; dschat's batches).
   Tensor lengths;
+  // (B) i32 or undefined: with lengths, each sample's position shift
+  // (GptModel::set_shifts; dschat ppo's left-padded sequences).
+  Tensor shifts;
 };
 
 // Micro-batch m of the current step.

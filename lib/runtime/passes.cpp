@@ -11,6 +11,7 @@ void EagerPasses::train(const MicroBatchFeed& feed, int n, float loss_weight, co
     if (mb.step_key.defined()) k.step = mb.step_key;
     if (m + 1 == n && before_last_) before_last_();
     model_.set_lengths(mb.lengths);
+    model_.set_shifts(mb.shifts);
     model_.forward_backward(mb.tokens, mb.targets, loss_weight * mb.loss_weight_scale, k);
   }
 }
@@ -20,6 +21,7 @@ double EagerPasses::forward_only(const MicroBatchFeed& feed, int n) {
   for (int m = 0; m < n; ++m) {
     const MicroBatch mb = feed(m);
     model_.set_lengths(mb.lengths);
+    model_.set_shifts(mb.shifts);
     sum += model_.forward_loss(mb.tokens, mb.targets);
   }
   return sum;

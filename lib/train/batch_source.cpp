@@ -22,6 +22,7 @@ MicroBatch BatchSource::to_device(MicroBatch mb) const {
   mb.tokens = upload(mb.tokens);
   mb.targets = upload(mb.targets);
   if (mb.lengths.defined()) mb.lengths = upload(mb.lengths);
+  if (mb.shifts.defined()) mb.shifts = upload(mb.shifts);
   return mb;
 }
 

@@ -124,6 +124,49 @@ TEST_CASE("embedding with a row offset and padding positions (OPT)") {
   REQUIRE_THROWS_WITH(ops::embedding_forward(f), Catch::Contains("from row 4 exceed wpe rows 9"));
 }
 
+// GPT-2 under DeepSpeed-Chat's step 3: left-padded rows packed to the left
+// keep their absolute positions, so a real position t of sample b reads row
+// shifts[b] + t; padding positions (>= lengths[b]) read row t unshifted.
+TEST_CASE("embedding with per-sample position shifts") {
+  const int64_t B = 2, T = 4, C = 3, V = 5, rows = 8;
+  const std::vector<int32_t> tok = {1, 2, 3, 0, 4, 3, 0, 0}, len = {3, 2}, sh = {4, 1};
+  EmbeddingArgs f;
+  f.out = Tensor::empty({B, T, C}, DType::F32);
+  f.tokens = tokens_tensor({B, T}, tok);
+  f.wte = randn({V, C}, 21);
+  f.wpe = randn({rows, C}, 22);
+  f.lengths = tokens_tensor({B}, len);
+  f.shifts = tokens_tensor({B}, sh);
+  auto ref = [&](const Vec& wte, const Vec& wpe) {
+    Vec out(B * T * C);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t r = t < len[static_cast<size_t>(b)] ? sh[static_cast<size_t>(b)] + t : t;
+        for (int64_t c = 0; c < C; ++c)
+          out[(b * T + t) * C + c] = wte[tok[static_cast<size_t>(b * T + t)] * C + c] + wpe[r * C + c];
+      }
+    return out;
+  };
+  ops::embedding_forward(f);
+  const Vec wte = to_f64(f.wte), wpe = to_f64(f.wpe);
+  check_close(f.out, ref(wte, wpe), kFwdTol, "out");
+  EmbeddingBwdArgs g;
+  g.dwte = Tensor::zeros({V, C}, DType::F32);
+  g.dwpe = Tensor::zeros({rows, C}, DType::F32);
+  g.dout = randn({B, T, C}, 23);
+  g.tokens = f.tokens;
+  g.lengths = f.lengths;
+  g.shifts = f.shifts;
+  ops::embedding_backward(g);
+  const Vec w = to_f64(g.dout);
+  check_close(g.dwpe, fd_grad(wpe, [&](const Vec& x) { return dot(ref(wte, x), w); }), kBwdTol, "dwpe");
+  check_close(g.dwte, fd_grad(wte, [&](const Vec& x) { return dot(ref(x, wpe), w); }), kBwdTol, "dwte");
+  f.shifts.data<int32_t>()[0] = 6;  // positions 6..8 of sample 0 need 9 rows
+  REQUIRE_THROWS_WITH(ops::embedding_forward(f), Catch::Contains("sample 0 shifted by 6"));
+  f.lengths = Tensor();
+  REQUIRE_THROWS_WITH(ops::embedding_forward(f), Catch::Contains("shifts need lengths"));
+}
+
 TEST_CASE("embedding rejects positions beyond wpe") {
   EmbeddingArgs f;
   f.out = Tensor::empty({1, 4, 3}, DType::F32);
