@@ -124,7 +124,8 @@ std::vector<GenResult> generate(GptModel& model, const std::vector<std::vector<i
         out[b].reason = StopReason::Context;
       }
     }
-    if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) break;
+    const bool local_done = std::all_of(done.begin(), done.end(), [](char d) { return d != 0; });
+    if (opt.synced ? opt.synced(local_done) : local_done) break;
     if (opt.use_kv_cache) {
       std::vector<int32_t> pos(static_cast<size_t>(B), 0);
       for (int64_t b = 0; b < B; ++b) pos[b] = done[b] ? 0 : static_cast<int32_t>(seq[b].size() - 1);

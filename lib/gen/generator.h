@@ -27,6 +27,12 @@ struct GenOptions {
   // model's is larger, as Pythia's and Qwen2's are): their logits are cut off
   // as the padded vocabulary rows are. 0: the model's whole vocabulary.
   int64_t vocab_limit = 0;
+  // When set, the batch stops only when this returns true for every rank
+  // (given whether this rank's samples are all done): a rank that is done
+  // keeps running the decode steps (on its finished rows, whose output is
+  // dropped) while another is not, so that every rank takes part in the
+  // same collectives (a ZeRO-3 gather per step; transformers' synced_gpus).
+  std::function<bool(bool local_done)> synced;
 };
 
 struct GenResult {
