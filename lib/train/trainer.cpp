@@ -1092,17 +1092,18 @@ std::vector<float> Trainer::run() {
 // deltas fused in (W + scaling / dim * left^T right per block; DeepSpeed-Chat's
 // convert_lora_to_linear_layer), its left and right taken from the stream
 // right after it (hf_export_requests lists them there).
-Tensor Trainer::lora_fused(FullTensorStream& stream, const std::string& name) {
-  Tensor w = stream.next(name);
-  const auto targets = lora_targets_of(cfg_.model, name);
+Tensor lora_fused_weight(const ModelConfig& cfg, const std::string& name,
+                         const std::function<Tensor(const std::string&)>& next) {
+  Tensor w = next(name);
+  const auto targets = lora_targets_of(cfg, name);
   if (targets.empty()) return w;
   w = w.device().is_cpu() ? w.clone() : w.to(Device::cpu());
   const int64_t K = w.size(1);
-  const LoraConfig& lora = cfg_.model.lora;
+  const LoraConfig& lora = cfg.lora;
   const float s = lora.scaling / static_cast<float>(lora.dim);
   for (const auto& [k, t] : targets) {
-    const Tensor L = stream.next(lora_name(*t, k, "left")).to(Device::cpu());
-    const Tensor R = stream.next(lora_name(*t, k, "right")).to(Device::cpu());
+    const Tensor L = next(lora_name(*t, k, "left")).to(Device::cpu());
+    const Tensor R = next(lora_name(*t, k, "right")).to(Device::cpu());
     Tensor delta = Tensor::zeros({t->rows, K}, DType::F32);
     const Tensor block = w.view(t->row0 * K, {t->rows, K});
     ops::matmul_backward({.dinp = Tensor(), .dweight = delta, .dbias = Tensor(), .dout = L, .inp = R, .weight = block},
@@ -1111,6 +1112,10 @@ Tensor Trainer::lora_fused(FullTensorStream& stream, const std::string& name) {
     ops::add({.out = block, .a = block, .b = delta}, Stream{});
   }
   return w;
+}
+
+Tensor Trainer::lora_fused(FullTensorStream& stream, const std::string& name) {
+  return lora_fused_weight(cfg_.model, name, [&](const std::string& n) { return stream.next(n); });
 }
 
 void Trainer::export_hf(const std::string& dir) {

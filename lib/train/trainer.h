@@ -3,6 +3,7 @@
 // checkpoints. One Trainer per process.
 #pragma once
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -25,6 +26,12 @@
 #include "lib/train/tensorboard.h"
 
 namespace ds {
+
+// Our full weight `name` with its LoRA delta fused in (DeepSpeed-Chat's
+// convert_lora_to_linear_layer): next(n) returns our full f32 weight n
+// (any device), asked for in the order export_hf's requests list them.
+Tensor lora_fused_weight(const ModelConfig& cfg, const std::string& name,
+                         const std::function<Tensor(const std::string&)>& next);
 
 class Trainer {
  public:
