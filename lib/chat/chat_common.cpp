@@ -1,6 +1,7 @@
 // What DeepSpeed-Chat's training steps share (chat_common.h).
 #include "lib/chat/chat_common.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -97,6 +98,36 @@ RawDataset read_dataset(const std::string& path, const std::string& flag) {
   return {read_pair_file(train), read_pair_file(eval)};
 }
 
+void load_f32(const Tensor& t, int64_t offset, int64_t n, float* out) {
+  DS_CHECK(t.device().is_cpu() && offset >= 0 && offset + n <= t.numel(), "load_f32: [{}, {}) of a {} tensor of {}",
+           offset, offset + n, t.device().is_cpu() ? "host" : "device", t.numel());
+  switch (t.dtype()) {
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(t.data<uint16_t>()[offset + i]);
+      return;
+    case DType::F16:
+      for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(t.data<uint16_t>()[offset + i]);
+      return;
+    case DType::F32: std::copy_n(t.data<float>() + offset, n, out); return;
+    default: DS_CHECK(false, "load_f32: a {} tensor", dtype_name(t.dtype()));
+  }
+}
+
+void store_f32(const Tensor& t, int64_t offset, int64_t n, const float* in) {
+  DS_CHECK(t.device().is_cpu() && offset >= 0 && offset + n <= t.numel(), "store_f32: [{}, {}) of a {} tensor of {}",
+           offset, offset + n, t.device().is_cpu() ? "host" : "device", t.numel());
+  switch (t.dtype()) {
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) t.data<uint16_t>()[offset + i] = f32_to_bf16(in[i]);
+      return;
+    case DType::F16:
+      for (int64_t i = 0; i < n; ++i) t.data<uint16_t>()[offset + i] = f32_to_f16(in[i]);
+      return;
+    case DType::F32: std::copy_n(in, n, t.data<float>() + offset); return;
+    default: DS_CHECK(false, "store_f32: a {} tensor", dtype_name(t.dtype()));
+  }
+}
+
 void say(const std::string& s) {  // DeepSpeed-Chat's print_rank_0
   if (log_rank() != 0) return;
   std::printf("%s\n", s.c_str());
@@ -178,30 +209,39 @@ CommonArgs common_args(const ParsedArgs& a, const char* prog) {
 }
 
 ChatModel load_chat_model(const ParsedArgs& a, const char* prog, const std::optional<std::string>& eot_token) {
-  const std::string arg_model = *a.str("--model_name_or_path");
-  const fs::path dir = resolve_model_dir(arg_model);
+  return load_model_dir(*a.str("--model_name_or_path"), "--model_name_or_path", a.real("--dropout"),
+                        *a.integer("--max_seq_len"), prog, eot_token);
+}
+
+ChatModel load_model_dir(const std::string& arg_model, const char* flag, const std::optional<double>& dropout,
+                         int64_t T, const char* prog, const std::optional<std::string>& eot_token,
+                         const ChatModel* tokenizer_of) {
+  const fs::path dir = resolve_model_dir(arg_model, flag);
   const fs::path cfg_file = dir / "config.json";
   json hf = parse_json_text(read_small_file(cfg_file.string(), size_t(64) << 20,
-                                            "--model_name_or_path: the model's config '" + cfg_file.string() + "'"),
+                                            std::string(flag) + ": the model's config '" + cfg_file.string() + "'"),
                             "'" + cfg_file.string() + "'");
   DS_USER_CHECK(hf.is_object(), "'{}' is not a JSON object", cfg_file.string());
   const std::string name = hf.contains("_name_or_path") && hf["_name_or_path"].is_string()
                                ? hf["_name_or_path"].get<std::string>()
                                : arg_model;
-  ChatModel cm{dir, ChatTokenizer::load(dir.string(), name, eot_token), {}, 0};
+  ChatModel cm{dir,
+               tokenizer_of ? ChatTokenizer::load(tokenizer_of->dir.string(), tokenizer_of->name, eot_token)
+                            : ChatTokenizer::load(dir.string(), name, eot_token),
+               {}, 0, tokenizer_of ? tokenizer_of->name : name};
   ModelConfig& m = cm.model;
-  m = model_config_from_hf(hf, cfg_file.string(), 1, "--model_name_or_path");
-  set_dropout(m, hf, a.real("--dropout"), cfg_file.string());
+  m = model_config_from_hf(hf, cfg_file.string(), 1, flag);
+  set_dropout(m, hf, dropout, cfg_file.string());
   // DeepSpeed-Chat's no-decay names ("bias", "layer_norm.weight", "layernorm.weight", "norm.weight",
   // "ln_f.weight") match every family's norms and biases as Megatron's rule does, except GPT-2's
   // ln_1 / ln_2 weights, which it decays.
   m.decay_block_norms = hf.value("model_type", "") == "gpt2";
-  const int64_t T = *a.integer("--max_seq_len"), vocab = 8 * ceil_div(cm.tok.size(), 8);
+  const int64_t vocab = 8 * ceil_div(cm.tok.size(), 8);
   cm.file_vocab = m.vocab_size;
   DS_USER_CHECK(vocab >= cm.file_vocab, "{}: the tokenizer has {} tokens, so DeepSpeed-Chat would shrink the "
                 "model's {}-row embedding to {}; dschat only grows it", prog, cm.tok.size(), cm.file_vocab, vocab);
-  DS_USER_CHECK(T <= m.max_position_embeddings, "{}: --max_seq_len {} is longer than the model's {} positions",
-                prog, T, m.max_position_embeddings);
+  DS_USER_CHECK(T <= m.max_position_embeddings, "{}: {} holds sequences of {} tokens, longer than the model's {} "
+                "positions", prog, flag, T, m.max_position_embeddings);
   m.vocab_size = static_cast<int>(vocab);
   m.padded_vocab_size = static_cast<int>(vocab);
   m.make_vocab_size_divisible_by = 1;
@@ -210,46 +250,77 @@ ChatModel load_chat_model(const ParsedArgs& a, const char* prog, const std::opti
 }
 
 void apply_lora(const ParsedArgs& a, ModelConfig& m, const char* prog) {
-  const int64_t dim = *a.integer("--lora_dim");
+  apply_lora(LoraFlags{.dim = *a.integer("--lora_dim"),
+                       .module = *a.str("--lora_module_name"),
+                       .only_lora = a.flag("--only_optimize_lora"),
+                       .lr = *a.real("--lora_learning_rate")},
+             *a.real("--learning_rate"), m, prog);
+}
+
+void apply_lora(const LoraFlags& f, double lr, ModelConfig& m, const char* prog) {
+  const int64_t dim = f.dim;
+  const char* dflag = f.dim_flag.c_str();
+  const char* mflag = f.module_flag.c_str();
   if (dim <= 0) {
-    if (a.flag("--only_optimize_lora"))
-      DS_LOG("--only_optimize_lora without --lora_dim: ignored, as DeepSpeed-Chat ignores it");
+    if (f.only_lora) DS_LOG("--only_optimize_lora without {}: ignored, as DeepSpeed-Chat ignores it", dflag);
     return;
   }
-  DS_USER_CHECK(dim <= 65536, "{}: --lora_dim {} is larger than any layer", prog, dim);
-  const std::string module = *a.str("--lora_module_name");
+  DS_USER_CHECK(dim <= 65536, "{}: {} {} is larger than any layer", prog, dflag, dim);
+  const std::string& module = f.module;
   m.lora.dim = static_cast<int>(dim);
-  m.lora.targets = lora_targets_for(m, module);
+  m.lora.targets = lora_targets_for(m, module, mflag);
   if (m.lora.targets.empty()) {
-    DS_USER_CHECK(!a.flag("--only_optimize_lora"), "{}: --lora_module_name '{}' selects no nn.Linear of the model "
-                  "(GPT-2's layers are Conv1D), so --only_optimize_lora would leave nothing to train", prog, module);
-    DS_LOG("--lora_module_name '{}' selects no nn.Linear of the model (GPT-2's layers are Conv1D): as in "
-           "DeepSpeed-Chat, LoRA adapts nothing", module);
+    DS_USER_CHECK(!f.only_lora, "{}: {} '{}' selects no nn.Linear of the model (GPT-2's layers are Conv1D), so "
+                  "--only_optimize_lora would leave nothing to train", prog, mflag, module);
+    DS_LOG("{} '{}' selects no nn.Linear of the model (GPT-2's layers are Conv1D): as in DeepSpeed-Chat, LoRA "
+           "adapts nothing", mflag, module);
     m.lora = {};
     return;
   }
-  const double lr = *a.real("--learning_rate"), lora_lr = *a.real("--lora_learning_rate");
-  DS_USER_CHECK(lr > 0 && lora_lr >= 0, "{}: with LoRA, --learning_rate {} must be > 0 and --lora_learning_rate {} "
-                ">= 0 (the LoRA tensors' rate is kept as a multiple of the base one)", prog, lr, lora_lr);
+  const double lora_lr = f.lr;
+  DS_USER_CHECK(lr > 0 && lora_lr >= 0, "{}: with LoRA, the learning rate {} must be > 0 and the LoRA learning rate "
+                "{} >= 0 (the LoRA tensors' rate is kept as a multiple of the base one)", prog, lr, lora_lr);
   m.lora.lr_scale = static_cast<float>(lora_lr / lr);
-  m.lora.only_lora = a.flag("--only_optimize_lora");
+  m.lora.only_lora = f.only_lora;
   DS_LOG("LoRA: dimension {} on {} linear layers ('{}'), learning rate {}{}", dim, m.lora.targets.size(), module,
          python_repr(lora_lr), m.lora.only_lora ? "; every other weight frozen (--only_optimize_lora)" : "");
 }
 
+TrainFlags train_flags(const ParsedArgs& a, const CommonArgs& c) {
+  return {.lr = *a.real("--learning_rate"),
+          .weight_decay = *a.real("--weight_decay"),
+          .zero_stage = c.zero_stage,
+          .B = c.B,
+          .ga = c.ga,
+          .warmup = c.warmup,
+          .seed = c.seed,
+          .recompute = a.flag("--gradient_checkpointing"),
+          .offload = a.flag("--offload"),
+          .tensorboard = a.flag("--enable_tensorboard"),
+          .dtype = *a.str("--dtype"),
+          .scheduler = *a.str("--lr_scheduler_type"),
+          .tensorboard_path = *a.str("--tensorboard_path") + "/ds_tensorboard_logs/"};
+}
+
 TrainConfig chat_train_config(const ParsedArgs& a, const ChatModel& cm, const CommonArgs& c, int world,
                               int64_t steps, int64_t sched_total, const char* tb_job, const char* prog) {
-  const std::string sched = *a.str("--lr_scheduler_type");
-  DS_USER_CHECK(sched != "polynomial" || c.warmup != sched_total,
+  return chat_train_config(train_flags(a, c), cm, world, steps, sched_total, tb_job, prog);
+}
+
+TrainConfig chat_train_config(const TrainFlags& f, const ChatModel& cm, int world, int64_t steps,
+                              int64_t sched_total, const char* tb_job, const char* prog) {
+  const std::string& sched = f.scheduler;
+  DS_USER_CHECK(sched != "polynomial" || f.warmup != sched_total,
                 "{}: --lr_scheduler_type polynomial with --num_warmup_steps {} equal to the {} training steps "
-                "divides by zero in transformers", prog, c.warmup, sched_total);
-  const double lr = *a.real("--learning_rate");
-  DS_USER_CHECK(sched != "polynomial" || lr > 1e-7, "{}: --lr_scheduler_type polynomial needs --learning_rate above "
+                "divides by zero in transformers", prog, f.warmup, sched_total);
+  const double lr = f.lr;
+  DS_USER_CHECK(sched != "polynomial" || lr > 1e-7, "{}: --lr_scheduler_type polynomial needs a learning rate above "
                 "its end value 1e-7 (transformers raises ValueError)", prog);
   TrainConfig base;
   base.model = cm.model;
   json j = config_to_json(base);
-  const char* offload = a.flag("--offload") ? "cpu" : "none";
+  const char* offload = f.offload ? "cpu" : "none";
+  const CommonArgs c{.B = f.B, .ga = f.ga, .warmup = f.warmup, .seed = f.seed, .zero_stage = f.zero_stage};
   j["train_batch_size"] = c.B * world * c.ga;
   j["train_micro_batch_size_per_gpu"] = c.B;
   j["gradient_accumulation_steps"] = c.ga;
@@ -265,22 +336,22 @@ TrainConfig chat_train_config(const ParsedArgs& a, const ChatModel& cm, const Co
                             {"stage3_param_persistence_threshold", 1e4},
                             {"stage3_max_live_parameters", 3e7},
                             {"stage3_prefetch_bucket_size", 3e7}};
-  const std::string dtype = *a.str("--dtype");
+  const std::string& dtype = f.dtype;
   j["fp16"] = {{"enabled", dtype == "fp16"}, {"loss_scale_window", 100}};
   j["bf16"] = {{"enabled", dtype == "bf16"}};
   j["optimizer"] = {{"type", "AdamW"},
                     {"params", {{"lr", lr}, {"betas", {0.9, 0.95}}, {"eps", 1e-8},
-                                {"weight_decay", *a.real("--weight_decay")}}}};
+                                {"weight_decay", f.weight_decay}}}};
   j.erase("scheduler");
-  j["tensorboard"] = {{"enabled", a.flag("--enable_tensorboard")},
-                      {"output_path", *a.str("--tensorboard_path") + "/ds_tensorboard_logs/"},
+  j["tensorboard"] = {{"enabled", f.tensorboard},
+                      {"output_path", f.tensorboard_path},
                       {"job_name", std::string(tb_job) + "_tensorboard"}};
   j["training"]["train_iters"] = steps;
   j["training"]["seed"] = c.seed;
   j["training"]["init_from"] = cm.dir.string();
   j["training"]["log_interval"] = 1;
   j["training"]["eval_interval"] = 0;
-  if (a.flag("--gradient_checkpointing")) j["parallel"]["recompute_granularity"] = "full";
+  if (f.recompute) j["parallel"]["recompute_granularity"] = "full";
   TrainConfig cfg = train_config_from_json(j, world);
   cfg.optim.scheduler = LrScheduler::Transformers;
   cfg.optim.hf_schedule = hf_schedule(sched);

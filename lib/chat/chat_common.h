@@ -14,6 +14,7 @@
 #include "lib/chat/chat_tokenizer.h"
 #include "lib/chat/pairs.h"
 #include "lib/config/config.h"
+#include "lib/core/tensor.h"
 #include "lib/model/model_config.h"
 
 namespace ds {
@@ -56,22 +57,56 @@ struct ChatModel {
   ChatTokenizer tok;
   ModelConfig model;
   int64_t file_vocab = 0;  // the file's embedding rows (< model.vocab_size: resized)
+  std::string name;        // config.json's _name_or_path, else the flag's value (the tokenizer's LLaMA rule)
 };
 ChatModel load_chat_model(const ParsedArgs& a, const char* prog, const std::optional<std::string>& eot_token);
+// The same for any model flag (step 3's --actor_model_name_or_path and
+// --critic_model_name_or_path): `path` given as `flag`, `dropout` replacing
+// the config's, `T` positions; with `tokenizer_of` (step 3's critic) the
+// tokenizer is that model's (and the vocabulary resized to it), else the
+// directory's own.
+ChatModel load_model_dir(const std::string& path, const char* flag, const std::optional<double>& dropout, int64_t T,
+                         const char* prog, const std::optional<std::string>& eot_token,
+                         const ChatModel* tokenizer_of = nullptr);
 
 // --lora_dim, --lora_module_name, --only_optimize_lora, --lora_learning_rate
 // as DeepSpeed-Chat applies them (convert_linear_layer_to_lora,
 // only_optimize_lora_parameters, get_optimizer_grouped_parameters' LoRA group)
 // onto m (after its head is decided: the module names depend on it).
 void apply_lora(const ParsedArgs& a, ModelConfig& m, const char* prog);
+struct LoraFlags {
+  int64_t dim = 0;
+  std::string module;
+  bool only_lora = false;
+  double lr = 0;  // the LoRA tensors' learning rate
+  std::string dim_flag = "--lora_dim", module_flag = "--lora_module_name";  // for messages
+};
+// The same from explicit values; `lr` is the model's base learning rate.
+void apply_lora(const LoraFlags& f, double lr, ModelConfig& m, const char* prog);
 
 // The training config: get_train_ds_config's DeepSpeed config (tensorboard
 // job `tb_job`), the client optimizer (AdamW, betas 0.9 / 0.95), `steps`
 // optimizer steps, and transformers' --lr_scheduler_type over sched_total.
 TrainConfig chat_train_config(const ParsedArgs& a, const ChatModel& cm, const CommonArgs& c, int world,
                               int64_t steps, int64_t sched_total, const char* tb_job, const char* prog);
+// What get_train_ds_config and the step's optimizer take from the flags, per
+// trained model (step 3 trains two, each with its own flags).
+struct TrainFlags {
+  double lr = 0, weight_decay = 0;
+  int64_t zero_stage = 0, B = 1, ga = 1, warmup = 0, seed = 0;
+  bool recompute = false, offload = false, tensorboard = false;
+  std::string dtype = "fp16", scheduler = "cosine", tensorboard_path;
+};
+TrainFlags train_flags(const ParsedArgs& a, const CommonArgs& c);  // steps 1 and 2
+TrainConfig chat_train_config(const TrainFlags& f, const ChatModel& cm, int world, int64_t steps,
+                              int64_t sched_total, const char* tb_job, const char* prog);
 
 void say(const std::string& s);  // DeepSpeed-Chat's print_rank_0: rank 0 prints, flushed
+
+// Elements [offset, offset + n) of a host tensor of f32, bf16 or f16 (a
+// model's outputs in its compute dtype) read as f32, or written from f32.
+void load_f32(const Tensor& t, int64_t offset, int64_t n, float* out);
+void store_f32(const Tensor& t, int64_t offset, int64_t n, const float* in);
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

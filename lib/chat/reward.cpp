@@ -145,22 +145,6 @@ class PairBatches final : public BatchSource {
   int rank_, world_;
 };
 
-float to_f32(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::BF16: return bf16_to_f32(t.data<uint16_t>()[i]);
-    case DType::F16: return f16_to_f32(t.data<uint16_t>()[i]);
-    default: return t.data<float>()[i];
-  }
-}
-
-void store(const Tensor& t, int64_t i, float v) {
-  switch (t.dtype()) {
-    case DType::BF16: t.data<uint16_t>()[i] = f32_to_bf16(v); return;
-    case DType::F16: t.data<uint16_t>()[i] = f32_to_f16(v); return;
-    default: t.data<float>()[i] = v;
-  }
-}
-
 // RewardModel.forward on the value head's outputs: the first half of the
 // rows chosen, the second rejected; keeps the last batch's end scores.
 class RewardHead final : public HeadLoss {
@@ -170,7 +154,7 @@ class RewardHead final : public HeadLoss {
     DS_CHECK(out.device().is_cpu() && tokens.device().is_cpu(), "dschat reward runs on the CPU backend");
     const int64_t rows = tokens.size(0), T = tokens.size(1), bs = rows / 2;
     std::vector<float> v(static_cast<size_t>(rows * T));
-    for (int64_t i = 0; i < rows * T; ++i) v[static_cast<size_t>(i)] = to_f32(out, i);
+    load_f32(out, 0, rows * T, v.data());
     const int32_t* ids = tokens.data<int32_t>();
     RewardLoss r = reward_pair_loss({.chosen_ids = ids,
                                      .rejected_ids = ids + bs * T,
@@ -180,11 +164,12 @@ class RewardHead final : public HeadLoss {
                                      .T = T,
                                      .pad_id = pad_,
                                      .num_padding_at_beginning = npad_});
-    if (backward)
-      for (int64_t i = 0; i < bs * T; ++i) {
-        store(out, i, weight * r.dchosen[static_cast<size_t>(i)]);
-        store(out, bs * T + i, weight * r.drejected[static_cast<size_t>(i)]);
-      }
+    if (backward) {
+      for (float& g : r.dchosen) g *= weight;
+      for (float& g : r.drejected) g *= weight;
+      store_f32(out, 0, bs * T, r.dchosen.data());
+      store_f32(out, bs * T, bs * T, r.drejected.data());
+    }
     chosen_ = std::move(r.chosen_scores);
     rejected_ = std::move(r.rejected_scores);
     return r.loss;

@@ -619,7 +619,8 @@ std::vector<std::string> hf_requests(const HfExportPlan& plan, const ModelConfig
 
 }  // namespace
 
-std::vector<LoraTarget> lora_targets_for(const ModelConfig& cfg, const std::string& module_substring) {
+std::vector<LoraTarget> lora_targets_for(const ModelConfig& cfg, const std::string& module_substring,
+                                         const std::string& flag) {
   const ModelDims d = model_dims(cfg);
   const std::vector<HfPiece> map = hf_map(d, "LoRA");
   const ModelLayout layout = build_layout(cfg);
@@ -628,8 +629,8 @@ std::vector<LoraTarget> lora_targets_for(const ModelConfig& cfg, const std::stri
   for (const char* head : {"lm_head", "v_head"}) {
     const bool present = std::string(head) == (d.value_head ? "v_head" : "lm_head");
     DS_USER_CHECK(!present || std::string(head).find(module_substring) == std::string::npos,
-                  "--lora_module_name '{}' selects {}, which dschat does not adapt (its weight is {}); name the "
-                  "transformer blocks' linears", module_substring, head,
+                  "{} '{}' selects {}, which dschat does not adapt (its weight is {}); name the "
+                  "transformer blocks' linears", flag, module_substring, head,
                   d.value_head ? "the value head" : "the embedding's, when tied");
   }
   for (const HfPiece& p : map) {
@@ -642,8 +643,8 @@ std::vector<LoraTarget> lora_targets_for(const ModelConfig& cfg, const std::stri
     if (spec.full_shape.size() != 2 || weight.find("norm") != std::string::npos) continue;
     DS_USER_CHECK(weight == "attn.qkv.weight" || weight == "attn.proj.weight" || weight == "mlp.fc.weight" ||
                       weight == "mlp.proj.weight",
-                  "--lora_module_name '{}' selects {}, which dschat does not adapt (attention and MLP projections "
-                  "of dense layers only)", module_substring, module);
+                  "{} '{}' selects {}, which dschat does not adapt (attention and MLP projections "
+                  "of dense layers only)", flag, module_substring, module);
     out.push_back({std::stoi(p.our_name.substr(7, dot - 7)), weight, p.row0,
                    p.rows < 0 ? spec.full_shape[0] - p.row0 : p.rows});
   }

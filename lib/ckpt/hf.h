@@ -60,7 +60,8 @@ std::vector<std::string> hf_export_requests(const ModelConfig& cfg, const ModelL
 // The export fuses each target's delta into its weight (no LoRA tensors in
 // the file); an import reads MODULE.lora_left_weight / lora_right_weight
 // where the file holds them (unfused LoRA weights), else initialises them.
-std::vector<LoraTarget> lora_targets_for(const ModelConfig& cfg, const std::string& module_substring);
+std::vector<LoraTarget> lora_targets_for(const ModelConfig& cfg, const std::string& module_substring,
+                                         const std::string& flag = "--lora_module_name");
 // The LoRA targets (index in cfg.lora.targets, target) that adapt our weight
 // `name`, and the names of a target's tensors (part "left" / "right"). A
 // collective export source is asked for each adapted weight's left and right
