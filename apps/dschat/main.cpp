@@ -1,12 +1,13 @@
 // dschat: DeepSpeed-Chat's three steps with the flags of their main.py
 // scripts. A script's `deepspeed main.py FLAGS` becomes
-// `dsrun dschat sft FLAGS` (step 1) or `dsrun dschat reward FLAGS` (step 2;
-// ppo to follow).
+// `dsrun dschat sft FLAGS` (step 1), `dsrun dschat reward FLAGS` (step 2) or
+// `dsrun dschat ppo FLAGS` (step 3).
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "lib/chat/ppo.h"
 #include "lib/chat/reward.h"
 #include "lib/chat/sft.h"
 #include "lib/core/error.h"
@@ -15,10 +16,10 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: dschat sft|reward [DeepSpeed-Chat step-1 or step-2 flags]\n"
+    "usage: dschat sft|reward|ppo [DeepSpeed-Chat step-1, step-2 or step-3 flags]\n"
     "  sft     supervised fine-tuning (training/step1_supervised_finetuning/main.py)\n"
     "  reward  reward model (training/step2_reward_model_finetuning/main.py)\n"
-    "  ppo     RLHF with PPO (step 3; not implemented yet)\n"
+    "  ppo     RLHF with PPO (training/step3_rlhf_finetuning/main.py)\n"
     "docs/dschat.md lists the flags and what each does.";
 
 }  // namespace
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
     }
     if (step == "sft") return ds::chat::run_sft(rest);
     if (step == "reward") return ds::chat::run_reward(rest);
-    DS_USER_CHECK(step != "ppo", "dschat ppo: step 3 is not implemented yet");
+    if (step == "ppo") return ds::chat::run_ppo(rest);
     throw ds::UserError("unknown step '" + step + "': expected sft, reward or ppo");
   });
 }

@@ -1,14 +1,16 @@
-"""What the dschat reference tests share (sft_check.py, reward_check.py): a
-tiny GPT-2 or OPT in a model directory, and DeepSpeed-Chat's LoRA
-(dschat/utils/module/lora.py's LinearLayer_LoRA, convert_linear_layer_to_lora
-and only_optimize_lora_parameters) written out. Needs torch and transformers."""
+"""What the dschat reference tests share (sft_check.py, reward_check.py,
+ppo_check.py): a tiny GPT-2 or OPT in a model directory, DeepSpeed-Chat's
+RewardModel (its backbone, v_head and forward_value) saved as step 2 saves
+it, and DeepSpeed-Chat's LoRA (dschat/utils/module/lora.py's
+LinearLayer_LoRA, convert_linear_layer_to_lora and
+only_optimize_lora_parameters) written out. Needs torch and transformers."""
 import json
 import math
 import os
 import shutil
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
+from transformers import AutoModel, AutoTokenizer, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
 
 
 def tiny_causal_lm(family, d, shared):
@@ -33,6 +35,61 @@ def tiny_causal_lm(family, d, shared):
     with open(os.path.join(d, "vocab.json"), "w", encoding="utf-8") as f:
         json.dump(vocab, f, ensure_ascii=False)
     return d
+
+
+class RewardModel(torch.nn.Module):
+    """DeepSpeed-Chat's: the backbone and a bias-free v_head."""
+
+    def __init__(self, base, pad_id=None):
+        super().__init__()
+        self.config = base.config
+        width = getattr(base.config, "word_embed_proj_dim", None) or base.config.hidden_size
+        self.v_head = torch.nn.Linear(width, 1, bias=False)
+        self.rwtransformer = base
+        self.PAD_ID = pad_id
+
+    def forward_value(self, input_ids, attention_mask, prompt_length=0, return_value_only=False):
+        hidden = self.rwtransformer(input_ids, attention_mask=attention_mask)[0]
+        values = self.v_head(hidden).squeeze(-1)
+        if return_value_only:
+            return values
+        assert prompt_length > 1
+        seq_len, scores = input_ids.shape[1], []
+        for input_id, value in zip(input_ids, values):
+            c_inds = (input_id[prompt_length:] == self.PAD_ID).nonzero()
+            c_ind = c_inds[0].item() + prompt_length if len(c_inds) > 0 else seq_len
+            scores.append(value[c_ind - 1])
+        return {"values": values, "chosen_end_scores": torch.stack(scores)}
+
+
+def resize_as_dschat(model, tokenizer):
+    """create_hf_model's resize to len(tokenizer) rounded up to 8, the new rows the old rows' mean (dschat's)."""
+    old = model.get_input_embeddings().weight.data.clone()
+    model.resize_token_embeddings(8 * math.ceil(len(tokenizer) / 8))
+    model.get_input_embeddings().weight.data[old.shape[0]:] = old.mean(dim=0)
+
+
+def make_reward_model(family, work, shared, cls=RewardModel):
+    """A tiny causal LM of `family` turned into DeepSpeed-Chat's RewardModel (class `cls`) and saved as step 2
+    saves one (pytorch_model.bin in 'rwtransformer.' names with 'v_head.weight', config.json, the tokenizer's
+    files). Returns (directory, tokenizer with DeepSpeed-Chat's pad, config)."""
+    step1 = tiny_causal_lm(family, os.path.join(work, "step1_" + family), shared)
+    tk = AutoTokenizer.from_pretrained(step1)
+    tk.pad_token = tk.eos_token  # DeepSpeed-Chat's get_tokenizer
+    tk.padding_side = "right"
+    base = AutoModel.from_pretrained(step1)
+    resize_as_dschat(base, tk)
+    if family == "opt":  # a trained OPT's padding position is not zero: make row 1 show
+        base.decoder.embed_positions.weight.data[1].normal_(0, 0.5)
+    rm = os.path.join(work, "rm_" + family)
+    os.makedirs(rm)
+    model = cls(base, tk.pad_token_id)
+    torch.save(model.state_dict(), os.path.join(rm, "pytorch_model.bin"))
+    model.config.save_pretrained(rm)
+    for f in os.listdir(step1):
+        if f.endswith((".json", ".txt")) and f not in ("config.json", "generation_config.json"):
+            shutil.copy(os.path.join(step1, f), os.path.join(rm, f))
+    return rm, tk, model.config
 
 
 class LinearLayer_LoRA(torch.nn.Module):

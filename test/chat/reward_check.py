@@ -41,7 +41,8 @@ except ImportError as e:
     print("SKIP: torch/transformers not importable by", sys.executable, e)
     sys.exit(77)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dschat_ref import Checks, close, convert_to_lora, tiny_causal_lm  # noqa: E402  (DeepSpeed-Chat's LoRA, ...)
+import dschat_ref  # noqa: E402
+from dschat_ref import Checks, close, convert_to_lora  # noqa: E402  (DeepSpeed-Chat's LoRA, ...)
 from reward_ref import forward as reward_forward  # noqa: E402  (RewardModel.forward's loss, written out)
 from split_ref import split_index  # noqa: E402
 
@@ -57,14 +58,7 @@ check = Checks()
 failures = check.failures
 
 
-class RewardModel(torch.nn.Module):  # DeepSpeed-Chat's: the backbone and a bias-free v_head
-    def __init__(self, base):
-        super().__init__()
-        self.config = base.config
-        width = getattr(base.config, "word_embed_proj_dim", None) or base.config.hidden_size
-        self.v_head = torch.nn.Linear(width, 1, bias=False)
-        self.rwtransformer = base
-
+class RewardModel(dschat_ref.RewardModel):  # with RewardModel.forward's pairwise loss
     def forward(self, input_ids, attention_mask):
         hidden = self.rwtransformer(input_ids, attention_mask=attention_mask)[0]
         rewards = self.v_head(hidden).squeeze(-1)
@@ -73,27 +67,7 @@ class RewardModel(torch.nn.Module):  # DeepSpeed-Chat's: the backbone and a bias
 
 
 def make_reward_model(family):
-    """A tiny causal LM of `family` (OPT's tokenizer: GPT-2's with "</s>" and "<pad>", a bos first) turned
-    into DeepSpeed-Chat's RewardModel and saved as step 2 saves one."""
-    step1 = tiny_causal_lm(family, os.path.join(work, "step1_" + family), shared)
-    tk = AutoTokenizer.from_pretrained(step1)
-    tk.pad_token = tk.eos_token  # DeepSpeed-Chat's get_tokenizer
-    tk.padding_side = "right"
-    base = AutoModel.from_pretrained(step1)
-    old = base.get_input_embeddings().weight.data.clone()
-    base.resize_token_embeddings(8 * math.ceil(len(tk) / 8))
-    base.get_input_embeddings().weight.data[old.shape[0]:] = old.mean(dim=0)  # dschat's resize: the rows' mean
-    if family == "opt":  # a trained OPT's padding position is not zero: make row 1 show
-        base.decoder.embed_positions.weight.data[1].normal_(0, 0.5)
-    rm = os.path.join(work, "rm_" + family)
-    os.makedirs(rm)
-    model = RewardModel(base)
-    torch.save(model.state_dict(), os.path.join(rm, "pytorch_model.bin"))
-    model.config.save_pretrained(rm)
-    for f in os.listdir(step1):
-        if f.endswith((".json", ".txt")) and f not in ("config.json", "generation_config.json"):
-            shutil.copy(os.path.join(step1, f), os.path.join(rm, f))
-    return rm, tk, model.config
+    return dschat_ref.make_reward_model(family, work, shared, RewardModel)
 
 
 app = os.path.join(work, "app")

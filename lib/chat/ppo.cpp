@@ -1,0 +1,882 @@
+// dschat ppo: DeepSpeed-Chat's step 3 (ppo.h).
+//
+// Layouts. DeepSpeed-Chat keeps a batch of experience as B rows of L tokens:
+// the prompt left-padded to P = --max_prompt_seq_len, the answer after it,
+// right-padded; every per-token array has L - 1 entries (ppo_math.h). The
+// models here take right-padded micro-batches (MicroBatch::lengths), so each
+// row is packed to the left for a forward: the real tokens [s_b, s_b + n_b)
+// of the padded row become positions [0, n_b), padded to T = P + A. Only the
+// real tokens' outputs enter the formulas, and they are unchanged by the
+// move: a query sees the same keys (the padding is masked either way), OPT
+// derives positions from the attention mask, rotary positions enter the
+// scores only as differences, and GPT-2's absolute positions (transformers'
+// forward numbers the padded row 0..L-1) are kept by a per-row shift of the
+// position table (MicroBatch::shifts).
+#include "lib/chat/ppo.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <optional>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "lib/chat/chat_args.h"
+#include "lib/chat/chat_common.h"
+#include "lib/chat/data_split.h"
+#include "lib/chat/phase_data.h"
+#include "lib/chat/ppo_math.h"
+#include "lib/chat/py_random.h"
+#include "lib/chat/torch_sampler.h"
+#include "lib/ckpt/file_io.h"
+#include "lib/ckpt/hf.h"
+#include "lib/comm/communicator.h"
+#include "lib/core/error.h"
+#include "lib/core/file_read.h"
+#include "lib/core/json_config.h"
+#include "lib/core/log.h"
+#include "lib/core/mem_tag.h"
+#include "lib/gen/generator.h"
+#include "lib/model/param_init.h"
+#include "lib/parallel/comms.h"
+#include "lib/parallel/rank_grid.h"
+#include "lib/train/batch_source.h"
+#include "lib/train/tensorboard.h"
+#include "lib/train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace ds::chat {
+
+namespace {
+
+constexpr const char* kProg = "dschat ppo";
+constexpr const char* kEndOfConversation = "<|endoftext|>";
+constexpr float kEmaBeta = 0.992f;  // moving_average's beta
+
+// step3_rlhf_finetuning/main.py's arguments, defaults included, and
+// deepspeed.add_config_arguments'.
+std::vector<ArgSpec> step3_specs() {
+  using K = ArgKind;
+  std::vector<ArgSpec> v = {
+      {"--data_path", K::List, {}, {}, false, {"Dahoas/rm-static"}},
+      {"--data_split", K::Str, "2,4,4"},
+      {"--data_output_path", K::Str, "/tmp/data_files"},
+      {"--unsupervised_dataset_name", K::Str, std::nullopt},
+      {"--unsupervised_dataset_config_name", K::Str, std::nullopt},
+      {"--unsup_coef", K::Float, "27.8"},
+      {"--actor_model_name_or_path", K::Str, std::nullopt, {}, true},
+      {"--critic_model_name_or_path", K::Str, std::nullopt, {}, true},
+      {"--num_padding_at_beginning", K::Int, "1"},
+      {"--per_device_generation_batch_size", K::Int, "16"},
+      {"--per_device_training_batch_size", K::Int, "16"},
+      {"--generation_batches", K::Int, "1"},
+      {"--ppo_epochs", K::Int, "1"},
+      {"--max_prompt_seq_len", K::Int, "256"},
+      {"--max_answer_seq_len", K::Int, "256"},
+      {"--actor_learning_rate", K::Float, "9.65e-6"},
+      {"--critic_learning_rate", K::Float, "5e-6"},
+      {"--actor_weight_decay", K::Float, "0."},
+      {"--critic_weight_decay", K::Float, "0."},
+      {"--num_train_epochs", K::Int, "1"},
+      {"--lr_scheduler_type", K::Str, "cosine",
+       {"linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"}},
+      {"--gradient_accumulation_steps", K::Int, "1"},
+      {"--num_warmup_steps", K::Int, "100"},
+      {"--output_dir", K::Str, std::nullopt},
+      {"--seed", K::Int, std::nullopt},
+      {"--preprocessing_num_workers", K::Int, std::nullopt},
+      {"--local_rank", K::Int, "-1"},
+      {"--enable_hybrid_engine", K::Flag},
+      {"--unpin_actor_parameters", K::Flag},
+      {"--release_inference_cache", K::Flag},
+      {"--inference_tp_size", K::Int, "1"},
+      {"--tp_gather_partition_size", K::Int, "8"},
+      {"--offload", K::Flag},
+      {"--dtype", K::Str, "fp16", {"fp16", "bf16", "fp32"}},  // fp32: dschat's own (no mixed precision)
+      {"--offload_reference_model", K::Flag},
+      {"--offload_reward_model", K::Flag},
+      {"--actor_zero_stage", K::Int, "0"},
+      {"--critic_zero_stage", K::Int, "0"},
+      {"--actor_gradient_checkpointing", K::Flag},
+      {"--critic_gradient_checkpointing", K::Flag},
+      {"--actor_dropout", K::Float, std::nullopt},
+      {"--critic_dropout", K::Float, std::nullopt},
+      {"--actor_lora_dim", K::Int, "0"},
+      {"--actor_lora_module_name", K::Str, "decoder.layers."},
+      {"--critic_lora_dim", K::Int, "0"},
+      {"--critic_lora_module_name", K::Str, "decoder.layers."},
+      {"--only_optimize_lora", K::Flag},
+      {"--actor_lora_learning_rate", K::Float, "5e-4"},
+      {"--critic_lora_learning_rate", K::Float, "5e-4"},
+      {"--enable_ema", K::Flag},
+      {"--enable_mixed_precision_lora", K::Flag},
+      {"--compute_fp32_loss", K::Flag},
+      {"--enable_tensorboard", K::Flag},
+      {"--tensorboard_path", K::Str, "step3_tensorboard"},
+      {"--add_eot_token", K::Flag},
+      {"--align_overflow", K::Flag},
+      {"--print_answers", K::Flag},
+      {"--print_answers_interval", K::Int, "1"},
+      {"--enable_test_mode", K::Flag},
+      {"--test_stop_step", K::Int, "0"},
+  };
+  const std::vector<ArgSpec> ds = deepspeed_arg_specs();
+  v.insert(v.end(), ds.begin(), ds.end());
+  return v;
+}
+
+// The flags checked before anything is loaded.
+struct Step3Args {
+  int64_t G = 0, S = 0, gen_batches = 0, ppo_epochs = 0, P = 0, A = 0, epochs = 0, ga = 0, warmup = 0;
+  int64_t seed = 1234, actor_stage = 0, critic_stage = 0, print_interval = 1, test_stop = 0;
+  bool seeded = false;
+};
+
+Step3Args check_args(const ParsedArgs& a) {
+  Step3Args s;
+  auto i = [&](const char* f) { return *a.integer(f); };
+  s.G = i("--per_device_generation_batch_size");
+  s.S = i("--per_device_training_batch_size");
+  s.gen_batches = i("--generation_batches");
+  s.ppo_epochs = i("--ppo_epochs");
+  s.P = i("--max_prompt_seq_len");
+  s.A = i("--max_answer_seq_len");
+  s.epochs = i("--num_train_epochs");
+  s.ga = i("--gradient_accumulation_steps");
+  s.warmup = i("--num_warmup_steps");
+  s.actor_stage = i("--actor_zero_stage");
+  s.critic_stage = i("--critic_zero_stage");
+  s.print_interval = i("--print_answers_interval");
+  s.test_stop = i("--test_stop_step");
+  DS_USER_CHECK(s.G >= 1 && s.S >= 1 && s.gen_batches >= 1 && s.ppo_epochs >= 1,
+                "{}: --per_device_generation_batch_size {}, --per_device_training_batch_size {}, --generation_batches "
+                "{} and --ppo_epochs {} must be at least 1", kProg, s.G, s.S, s.gen_batches, s.ppo_epochs);
+  DS_USER_CHECK(s.P >= 2 && s.A >= 1, "{}: --max_prompt_seq_len {} must be at least 2 (the reward model's end score "
+                "needs prompt_length > 1) and --max_answer_seq_len {} at least 1", kProg, s.P, s.A);
+  DS_USER_CHECK(s.epochs >= 0 && s.warmup >= 0 && s.ga >= 1, "{}: --num_train_epochs {} and --num_warmup_steps {} "
+                "must be >= 0 and --gradient_accumulation_steps {} >= 1", kProg, s.epochs, s.warmup, s.ga);
+  DS_USER_CHECK(s.ga == 1, "{}: --gradient_accumulation_steps {} is not implemented yet (1 only: each PPO "
+                "mini-batch is one actor step and one critic step)", kProg, s.ga);
+  for (const auto& [flag, v] : {std::pair{"--actor_zero_stage", s.actor_stage}, {"--critic_zero_stage", s.critic_stage}})
+    DS_USER_CHECK(v >= 0 && v <= 3, "{}: {} {} must be 0, 1, 2 or 3", kProg, flag, v);
+  DS_USER_CHECK(s.print_interval >= 1, "{}: --print_answers_interval {} must be at least 1", kProg, s.print_interval);
+  if (a.integer("--seed")) {
+    s.seed = *a.integer("--seed");
+    s.seeded = true;
+    DS_USER_CHECK(s.seed >= 0 && s.seed <= 0xffffffffLL, "{}: --seed {} must be between 0 and 2**32 - 1 (numpy's "
+                  "RandomState splits the data with it)", kProg, s.seed);
+  }
+  const int64_t tp = i("--inference_tp_size");
+  DS_USER_CHECK(tp >= 1, "{}: --inference_tp_size {} must be at least 1", kProg, tp);
+  DS_USER_CHECK(tp == 1 || s.actor_stage == 3, "{}: --inference_tp_size {} needs --actor_zero_stage 3 (\"Zero stage "
+                "3 must be used to do Tensor sharding in the hybrid engine\")", kProg, tp);
+  DS_USER_CHECK(!(s.actor_stage == 2 && s.critic_stage == 2 && a.flag("--enable_hybrid_engine") &&
+                  a.flag("--offload") && *a.integer("--actor_lora_dim") == 0),
+                "{}: the combination of [actor_zero_stage==2, critic_zero_stage==2, enable_hybrid_engine=True, "
+                "offload=True, lora=False] is currently unsupported due to training instability! (DeepSpeed-Chat's "
+                "own check)", kProg);
+  const bool unsup = a.str("--unsupervised_dataset_name") && a.str("--unsupervised_dataset_config_name");
+  DS_USER_CHECK(!unsup, "{}: --unsupervised_dataset_name reads a Hugging Face Hub dataset (datasets.load_dataset), "
+                "which dschat does not download; the unsupervised term is not implemented yet", kProg);
+  DS_USER_CHECK(!a.flag("--enable_mixed_precision_lora"), "{}: --enable_mixed_precision_lora (ZeRO++'s quantized "
+                "frozen weights) is not implemented", kProg);
+  DS_USER_CHECK(!a.flag("--align_overflow") || *a.str("--dtype") != "fp16", "{}: --align_overflow with --dtype fp16 "
+                "is not implemented yet (the actor's and critic's overflow skips are not aligned)", kProg);
+  refuse_deepspeed_config(a, kProg);
+  return s;
+}
+
+// The phase-3 prompts: each --data_path dataset's phase-3 part, the
+// examples with a prompt of at most P tokens (create_dataset_split's
+// filter), blended when several; tokenized (the bos first where the
+// tokenizer adds one).
+std::vector<std::vector<int32_t>> step3_prompts(const ParsedArgs& a, const ChatTokenizer& tok, int64_t P,
+                                                uint32_t seed) {
+  const std::vector<double> split = parse_data_split(*a.str("--data_split"), "--data_split");
+  DS_USER_CHECK(!a.list("--data_path").empty(), "--data_path: give at least one dataset");
+  std::vector<PhaseExamples> parts;
+  int64_t filtered = 0;
+  for (const std::string& p : a.list("--data_path")) {
+    const RawDataset d = read_dataset(p, "--data_path");
+    PhaseExamples pe = phase_examples(d.train, d.eval, split, 3, seed);
+    std::erase_if(pe.train, [&](const ChatExample& e) {
+      const std::optional<std::string> text = prompt_text(e);
+      if (!text) return true;
+      const bool longer = static_cast<int64_t>(tok.encode(*text).size()) > P;
+      filtered += longer ? 1 : 0;
+      return longer;
+    });
+    parts.push_back({std::move(pe.train), {}});
+  }
+  const PhaseExamples all = blend(parts, seed);
+  if (filtered > 0)
+    DS_LOG("{} phase-3 prompt(s) longer than --max_prompt_seq_len {} tokens left out (as DeepSpeed-Chat filters "
+           "them)", filtered, P);
+  std::vector<std::vector<int32_t>> out;
+  for (const ChatExample& e : all.train) out.push_back(tok.encode(*prompt_text(e)));
+  return out;
+}
+
+// Generation's end: the model's generation_config.json eos_token_id (its
+// first, when a list), else config.json's, else the tokenizer's eos.
+int32_t generation_eos(const fs::path& dir, const ChatTokenizer& tok) {
+  std::error_code ec;
+  for (const char* name : {"generation_config.json", "config.json"}) {
+    const fs::path f = dir / name;
+    if (!fs::is_regular_file(f, ec)) continue;
+    const nlohmann::json j =
+        parse_json_text(read_small_file(f.string(), size_t(64) << 20, "'" + f.string() + "'"), "'" + f.string() + "'");
+    if (!j.is_object() || !j.contains("eos_token_id")) continue;
+    const nlohmann::json& e = j["eos_token_id"];
+    if (e.is_number_integer()) return e.get<int32_t>();
+    if (e.is_array() && !e.empty() && e[0].is_number_integer()) return e[0].get<int32_t>();
+  }
+  return tok.eos_id();
+}
+
+DType compute_dtype(const std::string& dtype) {
+  return dtype == "fp16" ? DType::F16 : dtype == "bf16" ? DType::BF16 : DType::F32;
+}
+
+// One experience batch packed for a forward (the file's header comment):
+// the host micro-batch, and per row its first real position s and count n.
+struct Packed {
+  int64_t B = 0, T = 0;
+  std::vector<int64_t> s, n;
+  MicroBatch mb;
+};
+
+Packed pack(const Experience& e, int64_t T, bool absolute_positions, int32_t pad, int64_t Bcfg) {
+  Packed p;
+  p.B = e.B;
+  p.T = T;
+  Tensor tok = Tensor::empty({e.B, T}, DType::I32), tgt = Tensor::empty({e.B, T}, DType::I32);
+  Tensor len = Tensor::empty({e.B}, DType::I32), shift = Tensor::empty({e.B}, DType::I32);
+  std::fill(tok.data<int32_t>(), tok.data<int32_t>() + e.B * T, pad);
+  std::fill(tgt.data<int32_t>(), tgt.data<int32_t>() + e.B * T, -1);  // no token targets: the head's loss
+  for (int64_t b = 0; b < e.B; ++b) {
+    const uint8_t* m = e.mask.data() + b * e.L;
+    const int64_t s = std::find(m, m + e.L, uint8_t{1}) - m;
+    int64_t n = 0;
+    while (s + n < e.L && m[s + n]) ++n;
+    DS_CHECK(n >= 1 && n <= T, "dschat ppo: row {} holds {} real tokens of {}", b, n, T);
+    std::copy_n(e.seq.data() + b * e.L + s, n, tok.data<int32_t>() + b * T);
+    len.data<int32_t>()[b] = static_cast<int32_t>(n);
+    shift.data<int32_t>()[b] = static_cast<int32_t>(s);
+    p.s.push_back(s);
+    p.n.push_back(n);
+  }
+  p.mb = {.tokens = tok,
+          .targets = tgt,
+          .first_sample = 0,
+          .step_key = {},
+          .loss_weight_scale = static_cast<float>(Bcfg * T),
+          .lengths = len,
+          .shifts = absolute_positions ? shift : Tensor()};
+  return p;
+}
+
+// log_softmax of a row of logits at `target`; with g != 0, overwrites the
+// row with g times the gradient of that log-probability (onehot - softmax).
+float row_logprob(float* row, int64_t V, int32_t target, float g, bool backward) {
+  float mx = row[0];
+  for (int64_t v = 1; v < V; ++v) mx = std::max(mx, row[v]);
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - mx));
+  const float lse = mx + static_cast<float>(std::log(sum));
+  const float lp = row[target] - lse;
+  if (backward) {
+    for (int64_t v = 0; v < V; ++v) row[v] = -g * std::exp(row[v] - lse);
+    row[target] += g;
+  }
+  return lp;
+}
+
+// The heads of the actor and the critic (and the frozen models' outputs):
+// what each forward of a packed batch yields or trains on.
+class PpoHead final : public HeadLoss {
+ public:
+  enum class Mode { LogProbs, Values, ActorLoss, CriticLoss };
+  explicit PpoHead(PpoConstants k) : k_(k) {}
+  // The next forward's batch; for the losses also their targets.
+  void set(Mode m, const Experience* e, const Packed* p, const PpoTargets* t = nullptr) {
+    mode_ = m;
+    e_ = e;
+    p_ = p;
+    t_ = t;
+  }
+  // LogProbs / Values: per padded entry (B x (L - 1)), zero where the row's
+  // position is padding.
+  const std::vector<float>& captured() const { return captured_; }
+
+  double apply(const Tensor& out, const Tensor& tokens, const Tensor&, float weight, bool backward) override {
+    DS_CHECK(out.device().is_cpu() && tokens.device().is_cpu(), "dschat ppo runs on the CPU backend");
+    DS_CHECK(e_ && p_ && tokens.size(0) == p_->B && tokens.size(1) == p_->T, "dschat ppo: head without its batch");
+    return run(out, weight, backward);
+  }
+  // A frozen model's outputs (no backward).
+  void capture(Mode m, const Experience& e, const Packed& p, const Tensor& out) {
+    set(m, &e, &p);
+    run(out, 0.f, false);
+  }
+
+ private:
+  double run(const Tensor& out, float weight, bool backward) {
+    const Experience& e = *e_;
+    const Packed& p = *p_;
+    const int64_t L1 = e.L - 1, start = e.start(), W = e.W(), V = out.size(1);
+    const bool values = mode_ == Mode::Values || mode_ == Mode::CriticLoss;
+    const bool loss = mode_ == Mode::ActorLoss || mode_ == Mode::CriticLoss;
+    // Each row's padded entry i = s + j for packed position j, j < n.
+    std::vector<float> x(static_cast<size_t>(loss ? e.B * W : e.B * L1), 0.f);
+    auto entry = [&](int64_t b, int64_t j) -> int64_t {  // index into x, or -1
+      const int64_t i = p.s[static_cast<size_t>(b)] + j;
+      if (i > L1 - 1 || (loss && i < start)) return -1;
+      return loss ? b * W + (i - start) : b * L1 + i;
+    };
+    std::vector<float> row(static_cast<size_t>(V));
+    for (int64_t b = 0; b < e.B; ++b)
+      for (int64_t j = 0; j < p.n[static_cast<size_t>(b)]; ++j) {
+        const int64_t o = entry(b, j);
+        if (o < 0) continue;
+        if (values) {
+          load_f32(out, b * p.T + j, 1, &x[static_cast<size_t>(o)]);
+        } else {
+          load_f32(out, (b * p.T + j) * V, V, row.data());
+          const int32_t target = e.seq[static_cast<size_t>(b * e.L + p.s[static_cast<size_t>(b)] + j + 1)];
+          x[static_cast<size_t>(o)] = row_logprob(row.data(), V, target, 0.f, false);
+        }
+      }
+    if (!loss) {
+      captured_ = std::move(x);
+      return 0.0;
+    }
+    const LossGrad g = mode_ == Mode::ActorLoss ? actor_loss(x, *t_, k_) : critic_loss(x, *t_, k_);
+    if (!backward) return g.loss;
+    // Every row of out is overwritten: the gradient where an entry has one, zeros elsewhere.
+    const std::vector<float> zeros(static_cast<size_t>(V), 0.f);
+    for (int64_t b = 0; b < e.B; ++b)
+      for (int64_t j = 0; j < p.T; ++j) {
+        const int64_t o = j < p.n[static_cast<size_t>(b)] ? entry(b, j) : -1;
+        const float d = o < 0 ? 0.f : weight * g.grad[static_cast<size_t>(o)];
+        const int64_t r = b * p.T + j;
+        if (d == 0.f) {
+          store_f32(out, r * V, V, zeros.data());
+        } else if (values) {
+          store_f32(out, r, 1, &d);
+        } else {
+          load_f32(out, r * V, V, row.data());
+          const int32_t target = e.seq[static_cast<size_t>(b * e.L + p.s[static_cast<size_t>(b)] + j + 1)];
+          row_logprob(row.data(), V, target, d, true);
+          store_f32(out, r * V, V, row.data());
+        }
+      }
+    return g.loss;
+  }
+
+  PpoConstants k_;
+  Mode mode_ = Mode::LogProbs;
+  const Experience* e_ = nullptr;
+  const Packed* p_ = nullptr;
+  const PpoTargets* t_ = nullptr;
+  std::vector<float> captured_;
+};
+
+// The micro-batch the next iterate() trains on (one per step: no accumulation).
+class CurrentBatch final : public BatchSource {
+ public:
+  CurrentBatch(int64_t samples) : BatchSource(Device::cpu()), samples_(samples) {}
+  void set(MicroBatch mb) { mb_ = std::move(mb); }
+  MicroBatch train_batch(int64_t, int, int, int, int64_t) override {
+    DS_CHECK(mb_.tokens.defined(), "dschat ppo: a step without its mini-batch");
+    return mb_;
+  }
+  MicroBatch valid_batch(int64_t, int, int) override {
+    DS_CHECK(false, "dschat ppo: evaluation does not go through valid_batch");
+    return {};
+  }
+  bool has_valid() const override { return false; }
+  int64_t train_samples_per_epoch() const override { return samples_; }
+
+ private:
+  int64_t samples_;
+  MicroBatch mb_;
+};
+
+// A model that only runs forwards (the reference and the reward model):
+// weights read from its Hugging Face directory once, no gradients, no
+// optimizer state.
+class FrozenModel {
+  static FlatStoreOptions frozen_store() {
+    FlatStoreOptions o;
+    o.forward_only = true;
+    return o;
+  }
+
+ public:
+  FrozenModel(const ModelConfig& cfg, const fs::path& dir, int64_t file_vocab, DType compute, uint64_t seed)
+      : model_(cfg, Device::cpu(), 0, {}, {}, compute, frozen_store()) {
+    const ModelLayout full = build_layout(cfg);
+    const HfShardReader reader(cfg, full, dir.string(), file_vocab,
+                               [&](const ModelLayout& l, int64_t begin, int64_t end, float* out) {
+                                 init_params(cfg, l, seed, cfg.init_method_std, out, begin, end);
+                               });
+    model_.store().init_params(full.total, [&](int64_t begin, int64_t end, float* out) {
+      reader.read(full, begin, end, out);
+    });
+    model_.store().params_updated();
+  }
+  const Tensor& forward(const Packed& p) {
+    model_.set_lengths(p.mb.lengths);
+    model_.set_shifts(p.mb.shifts);
+    return model_.forward_logits(p.mb.tokens);
+  }
+
+ private:
+  GptModel model_;
+};
+
+bool absolute_positions(const ModelConfig& m) {
+  return m.position == PositionKind::Learned && m.position_offset == 0;
+}
+
+void log_init(const std::string& name, double seconds) {  // rlhf_engine's log_init
+  const std::string msg = seconds < 0 ? "[start] Initializing " + name + " Model [start] "
+                                      : fmt::format("[end] Initialized {} Model [end] (duration: {:.2f}s)", name,
+                                                    seconds);
+  const int64_t pad = std::max<int64_t>(0, 90 - static_cast<int64_t>(msg.size()));
+  say(std::string(static_cast<size_t>(pad / 2), '*') + msg + std::string(static_cast<size_t>(pad / 2), '*') +
+      (pad % 2 == 1 ? "*" : ""));
+}
+
+// Python's repr of a list of strings (batch_decode's output as print shows it).
+std::string repr_list(const std::vector<std::string>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) out += ", ";
+    const bool dq = v[i].find('\'') != std::string::npos && v[i].find('"') == std::string::npos;
+    const char q = dq ? '"' : '\'';
+    out += q;
+    for (char c : v[i]) {
+      if (c == '\\') out += "\\\\";
+      else if (c == '\n') out += "\\n";
+      else if (c == q) out += std::string("\\") + q;
+      else out += c;
+    }
+    out += q;
+  }
+  return out + "]";
+}
+
+class PpoRun {
+ public:
+  PpoRun(const ParsedArgs& a, const Step3Args& s) : a_(a), s_(s) {}
+  int run();
+
+ private:
+  Experience generate_experience(const std::vector<std::vector<int32_t>>& prompts, int64_t step);
+  std::pair<float, float> train_rlhf(const Experience& e);
+  void ema_update();
+  void export_ema(const fs::path& out);
+
+  const ParsedArgs& a_;
+  Step3Args s_;
+  PpoConstants k_;
+  RendezvousInfo rv_;
+  std::unique_ptr<Communicator> world_;
+  std::optional<ChatModel> actor_cm_, critic_cm_;
+  int32_t pad_ = 0, eos_ = 0;
+  int64_t T_ = 0;
+  DType compute_ = DType::F32;
+  std::unique_ptr<Trainer> actor_, critic_;
+  CurrentBatch* actor_src_ = nullptr;
+  CurrentBatch* critic_src_ = nullptr;
+  std::unique_ptr<FrozenModel> ref_, reward_;
+  PpoHead actor_head_{PpoConstants{}}, critic_head_{PpoConstants{}}, frozen_head_{PpoConstants{}};
+  std::optional<Experience> last_experience_;
+  std::vector<float> ema_;  // rank 0: the actor's moving average (its full layout)
+  RankGrid grid_;
+  std::unique_ptr<Comms> comms_;
+  double generate_s_ = 0;
+};
+
+Experience PpoRun::generate_experience(const std::vector<std::vector<int32_t>>& prompts, int64_t step) {
+  const int64_t P = s_.P, B = static_cast<int64_t>(prompts.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  gen::GenOptions opt;
+  opt.max_new_tokens = static_cast<int>(s_.A);
+  opt.sampling.greedy = true;
+  opt.stop_ids = {eos_};
+  if (pad_ != eos_) opt.stop_ids.push_back(pad_);  // a generated padding token ends the answer (docs/dschat.md)
+  if (rv_.world_size > 1 && s_.actor_stage == 3)  // every rank gathers each step's weights: transformers' synced_gpus
+    opt.synced = [&](bool done) {
+      return world_->all_reduce_scalar(done ? 0.0 : 1.0, Device::cpu()) == 0.0;
+    };
+  const std::vector<gen::GenResult> res = gen::generate(actor_->model(), prompts, opt);
+  generate_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // seq: the left-padded prompt, the answer (with the eos that ended it, unless that is the padding id), padding.
+  std::vector<std::vector<int32_t>> answers(static_cast<size_t>(B));
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int32_t> ans = res[static_cast<size_t>(b)].tokens;
+    int64_t steps = static_cast<int64_t>(ans.size());
+    if (res[static_cast<size_t>(b)].reason == gen::StopReason::EndOfDocument) {
+      ++steps;  // the stop token took a step
+      if (eos_ != pad_ && static_cast<int64_t>(ans.size()) < s_.A) ans.push_back(eos_);
+    }
+    longest = std::max(longest, std::min(steps, s_.A));
+    answers[static_cast<size_t>(b)] = std::move(ans);
+  }
+  const int64_t L = P + longest;
+  std::vector<int64_t> keep;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t valid = static_cast<int64_t>(answers[static_cast<size_t>(b)].size());  // ans != pad
+    if (valid <= 1) {
+      std::printf("Dropping too short generated answer: step=%ld: \nprompts: %s\nanswers: %s\n",
+                  static_cast<long>(step), repr_list({actor_cm_->tok.decode(prompts[static_cast<size_t>(b)])}).c_str(),
+                  repr_list({actor_cm_->tok.decode(answers[static_cast<size_t>(b)])}).c_str());
+      continue;
+    }
+    keep.push_back(b);
+  }
+  if (a_.flag("--print_answers") && step % s_.print_interval == 0) {
+    std::vector<std::string> ps, as;
+    for (int64_t b = 0; b < B; ++b) {
+      ps.push_back(actor_cm_->tok.decode(prompts[static_cast<size_t>(b)]));
+      as.push_back(actor_cm_->tok.decode(answers[static_cast<size_t>(b)]));
+    }
+    std::printf("--- prompt --> step=%ld, rank=%d, %s\n", static_cast<long>(step), rv_.rank, repr_list(ps).c_str());
+    std::printf("--- ans    --> step=%ld, rank=%d, %s\n", static_cast<long>(step), rv_.rank, repr_list(as).c_str());
+    std::fflush(stdout);
+  }
+  Experience e;
+  if (keep.empty()) {
+    std::printf("All generated results are too short for rank=%d step=%ld\n", rv_.rank, static_cast<long>(step));
+    DS_USER_CHECK(last_experience_.has_value(), "{}: every answer of the first generation batch is shorter than 2 "
+                  "tokens (DeepSpeed-Chat: 'Invalid generated experience at step={}'); start from a step-1 model",
+                  kProg, step);
+    e = *last_experience_;
+  } else {
+    e.B = static_cast<int64_t>(keep.size());
+    e.L = L;
+    e.P = P;
+    e.seq.assign(static_cast<size_t>(e.B * L), pad_);
+    for (int64_t r = 0; r < e.B; ++r) {
+      const auto& pr = prompts[static_cast<size_t>(keep[static_cast<size_t>(r)])];
+      const auto& an = answers[static_cast<size_t>(keep[static_cast<size_t>(r)])];
+      std::copy(pr.begin(), pr.end(), e.seq.begin() + r * L + (P - static_cast<int64_t>(pr.size())));
+      std::copy(an.begin(), an.end(), e.seq.begin() + r * L + P);
+    }
+    last_experience_ = e;  // prompts and sequences; the scores are recomputed with today's weights
+  }
+  e.mask.resize(e.seq.size());
+  for (size_t i = 0; i < e.seq.size(); ++i) e.mask[i] = e.seq[i] != pad_;
+  // The scores: actor and reference log-probabilities, the reward model's end score, the critic's values.
+  const Packed p = pack(e, T_, absolute_positions(actor_cm_->model), pad_, s_.S);
+  actor_head_.set(PpoHead::Mode::LogProbs, &e, &p);
+  actor_->forward_loss(p.mb);
+  e.logprobs = actor_head_.captured();
+  frozen_head_.capture(PpoHead::Mode::LogProbs, e, p, ref_->forward(p));
+  e.ref_logprobs = frozen_head_.captured();
+  // forward_value's chosen_end_scores: the reward model's value at the last real token.
+  const Tensor& scores = reward_->forward(p);
+  e.rewards.resize(static_cast<size_t>(e.B));
+  for (int64_t b = 0; b < e.B; ++b)
+    load_f32(scores, b * T_ + p.n[static_cast<size_t>(b)] - 1, 1, &e.rewards[static_cast<size_t>(b)]);
+  critic_head_.set(PpoHead::Mode::Values, &e, &p);
+  critic_->forward_loss(p.mb);
+  e.values = critic_head_.captured();
+  return e;
+}
+
+std::pair<float, float> PpoRun::train_rlhf(const Experience& e) {
+  const PpoTargets t = ppo_targets(e, k_);
+  const Packed p = pack(e, T_, absolute_positions(actor_cm_->model), pad_, s_.S);
+  actor_head_.set(PpoHead::Mode::ActorLoss, &e, &p, &t);
+  actor_src_->set(p.mb);
+  const float actor_loss = actor_->iterate();
+  const Packed pc = pack(e, T_, absolute_positions(critic_cm_->model), pad_, s_.S);
+  critic_head_.set(PpoHead::Mode::CriticLoss, &e, &pc, &t);
+  critic_src_->set(pc.mb);
+  const float critic_loss = critic_->iterate();
+  return {actor_loss, critic_loss};
+}
+
+void PpoRun::ema_update() {
+  const ModelLayout& layout = actor_->model().layout();
+  Tensor full = Tensor::empty({layout.total}, DType::F32);
+  actor_->model().store().get_full_params(full);  // collective for a sharded store
+  if (rv_.rank != 0) return;
+  const float* w = full.data<float>();
+  if (ema_.empty()) {
+    ema_.assign(w, w + layout.total);
+    return;
+  }
+  // torch.lerp(param, ema, beta) for beta >= 0.5: ema - (ema - param) * (1 - beta)
+  const float c = 1.f - kEmaBeta;
+  for (int64_t i = 0; i < layout.total; ++i) ema_[static_cast<size_t>(i)] -= (ema_[static_cast<size_t>(i)] - w[i]) * c;
+}
+
+void PpoRun::export_ema(const fs::path& out) {
+  if (rv_.rank != 0) return;
+  const ModelConfig& cfg = actor_cm_->model;
+  const ModelLayout layout = build_layout(cfg);
+  std::error_code ec;
+  const fs::path tmp = out.parent_path() / ".dschat_actor_ema.tmp";
+  fs::remove_all(tmp, ec);
+  auto weight = [&](const std::string& name) {
+    const ParamSpec& spec = layout.find(name);
+    return Tensor::from_blob(ema_.data() + spec.offset, spec.full_shape, DType::F32).clone();
+  };
+  export_hf_streamed(cfg, layout, [&](const std::string& name) { return lora_fused_weight(cfg, name, weight); },
+                     tmp.string(),
+                     HfTokenIds{.bos = actor_cm_->tok.bos_id(), .eos = actor_cm_->tok.eos_id()});
+  for (const char* n : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
+                        "special_tokens_map.json", "added_tokens.json", "tokenizer.model"})
+    if (fs::is_regular_file(actor_cm_->dir / n, ec)) fs::copy_file(actor_cm_->dir / n, tmp / n, ec);
+  fs::remove_all(out, ec);
+  fs::rename(tmp, out, ec);
+  DS_USER_CHECK(!ec, "--output_dir: cannot move the EMA model into '{}': {}", out.string(), ec.message());
+}
+
+int PpoRun::run() {
+  rv_ = RendezvousInfo::from_env();
+  log_set_rank(rv_.rank);
+  const int world = rv_.world_size;
+  T_ = s_.P + s_.A;
+  const std::string dtype = *a_.str("--dtype");
+  compute_ = compute_dtype(dtype);
+  const std::optional<std::string> eot =
+      a_.flag("--add_eot_token") ? std::optional<std::string>(kEndOfConversation) : std::nullopt;
+  // Models: the actor's tokenizer serves all four (the critic's embedding is resized to it).
+  actor_cm_ = load_model_dir(*a_.str("--actor_model_name_or_path"), "--actor_model_name_or_path",
+                             a_.real("--actor_dropout"), T_, kProg, eot);
+  critic_cm_ = load_model_dir(*a_.str("--critic_model_name_or_path"), "--critic_model_name_or_path",
+                              a_.real("--critic_dropout"), T_, kProg, eot, &*actor_cm_);
+  critic_cm_->model.value_head = true;
+  const ModelConfig ref_cfg = actor_cm_->model, reward_cfg = critic_cm_->model;
+  const double actor_lr = *a_.real("--actor_learning_rate"), critic_lr = *a_.real("--critic_learning_rate");
+  apply_lora({.dim = *a_.integer("--actor_lora_dim"),
+              .module = *a_.str("--actor_lora_module_name"),
+              .only_lora = a_.flag("--only_optimize_lora"),
+              .lr = *a_.real("--actor_lora_learning_rate"),
+              .dim_flag = "--actor_lora_dim",
+              .module_flag = "--actor_lora_module_name"},
+             actor_lr, actor_cm_->model, kProg);
+  apply_lora({.dim = *a_.integer("--critic_lora_dim"),
+              .module = *a_.str("--critic_lora_module_name"),
+              .only_lora = a_.flag("--only_optimize_lora"),
+              .lr = *a_.real("--critic_lora_learning_rate"),
+              .dim_flag = "--critic_lora_dim",
+              .module_flag = "--critic_lora_module_name"},
+             critic_lr, critic_cm_->model, kProg);
+  pad_ = actor_cm_->tok.pad_id();
+  eos_ = generation_eos(actor_cm_->dir, actor_cm_->tok);
+  std::string no_effect;
+  for (const char* f : {"--enable_hybrid_engine", "--unpin_actor_parameters", "--release_inference_cache",
+                        "--offload_reference_model", "--offload_reward_model", "--compute_fp32_loss"})
+    if (a_.flag(f)) no_effect += (no_effect.empty() ? "" : " ") + std::string(f);
+  if (!no_effect.empty())
+    DS_LOG("{}: accepted with nothing to change (generation always runs on the actor's training weights, the CPU "
+           "backend keeps every model in host memory, the losses are computed in f32)", no_effect);
+  if (!s_.seeded)
+    DS_LOG("no --seed: DeepSpeed-Chat then splits the data at random; dschat uses 1234 (steps 1 and 2's default), "
+           "so phase 3's prompts are the part steps 1 and 2 did not train on");
+
+  // Data: this rank's prompts in DistributedSampler order, G at a time.
+  const std::vector<std::vector<int32_t>> prompts =
+      step3_prompts(a_, actor_cm_->tok, s_.P, static_cast<uint32_t>(s_.seed));
+  DS_USER_CHECK(!prompts.empty(), "{}: phase 3 of --data_split {} leaves no prompts of at most "
+                "--max_prompt_seq_len {} tokens", kProg, *a_.str("--data_split"), s_.P);
+  std::vector<std::vector<int32_t>> mine;
+  for (int64_t i : distributed_sampler_indices(static_cast<int64_t>(prompts.size()), world, rv_.rank))
+    mine.push_back(prompts[static_cast<size_t>(i)]);
+  const int64_t n_gen = ceil_div(static_cast<int64_t>(mine.size()), s_.G);
+  // create_datasets' num_total_iters (the schedules' length), in Python's float arithmetic.
+  const double per_epoch = static_cast<double>(n_gen) * (static_cast<double>(s_.G) / static_cast<double>(s_.S)) *
+                           static_cast<double>(s_.ppo_epochs) / static_cast<double>(s_.ga);
+  const int64_t total_iters = static_cast<int64_t>(static_cast<double>(s_.epochs) * per_epoch);
+  // At most this many steps: every generation batch gives ceil(G / S) mini-batches per PPO epoch.
+  const int64_t max_steps = std::max<int64_t>(1, s_.epochs * n_gen * ceil_div(s_.G, s_.S) * s_.ppo_epochs);
+
+  world_ = make_world_communicator(Backend::Gloo, rv_);
+  const std::optional<std::string> out = a_.str("--output_dir");
+  if (out) check_output_dir(*out, "--output_dir");
+  const std::string tb_path = *a_.str("--tensorboard_path") + "/ds_tensorboard_logs/";
+  auto flags = [&](double lr, double wd, int64_t stage, bool recompute) {
+    return TrainFlags{.lr = lr,
+                      .weight_decay = wd,
+                      .zero_stage = stage,
+                      .B = s_.S,
+                      .ga = s_.ga,
+                      .warmup = s_.warmup,
+                      .seed = s_.seed,
+                      .recompute = recompute,
+                      .offload = a_.flag("--offload"),
+                      .tensorboard = a_.flag("--enable_tensorboard"),
+                      .dtype = dtype,
+                      .scheduler = *a_.str("--lr_scheduler_type"),
+                      .tensorboard_path = tb_path};
+  };
+  // Both trained models are data-parallel over every rank: one grid and one set of communicators serve them
+  // (each Trainer's collectives run in the same order on every rank).
+  auto make_trainer = [&](const TrainConfig& cfg, CurrentBatch*& src) {
+    if (!comms_) {
+      grid_ = make_rank_grid(cfg.layout, rv_.rank);
+      comms_ = std::make_unique<Comms>(build_comms(*world_, grid_));
+    }
+    auto batches = std::make_unique<CurrentBatch>(static_cast<int64_t>(mine.size()) * world);
+    src = batches.get();
+    return std::make_unique<Trainer>(cfg, *comms_, rv_.local_rank, std::move(batches));
+  };
+  double t0 = 0;
+  auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  t0 = now();
+  log_init("Actor", -1);
+  const TrainConfig actor_cfg =
+      chat_train_config(flags(actor_lr, *a_.real("--actor_weight_decay"), s_.actor_stage,
+                              a_.flag("--actor_gradient_checkpointing")),
+                        *actor_cm_, world, max_steps, total_iters, "step3_actor", kProg);
+  actor_ = make_trainer(actor_cfg, actor_src_);
+  actor_->model().set_head_loss(&actor_head_);
+  log_init("Actor", now() - t0);
+  t0 = now();
+  log_init("Ref", -1);
+  ref_ = std::make_unique<FrozenModel>(ref_cfg, actor_cm_->dir, actor_cm_->file_vocab, compute_,
+                                       static_cast<uint64_t>(s_.seed));
+  log_init("Ref", now() - t0);
+  if (a_.flag("--enable_ema")) {
+    t0 = now();
+    log_init("EMA", -1);
+    ema_update();  // starts as the actor
+    log_init("EMA", now() - t0);
+  }
+  t0 = now();
+  log_init("Critic", -1);
+  const TrainConfig critic_cfg =
+      chat_train_config(flags(critic_lr, *a_.real("--critic_weight_decay"), s_.critic_stage,
+                              a_.flag("--critic_gradient_checkpointing")),
+                        *critic_cm_, world, max_steps, total_iters, "step3_critic", kProg);
+  critic_ = make_trainer(critic_cfg, critic_src_);
+  critic_->model().set_head_loss(&critic_head_);
+  log_init("Critic", now() - t0);
+  t0 = now();
+  log_init("Reward", -1);
+  reward_ = std::make_unique<FrozenModel>(reward_cfg, critic_cm_->dir, critic_cm_->file_vocab, compute_,
+                                          static_cast<uint64_t>(s_.seed));
+  log_init("Reward", now() - t0);
+
+  EventFileWriter tb;
+  if (a_.flag("--enable_tensorboard") && rv_.rank == 0) {
+    const std::string dir = *a_.str("--tensorboard_path") + "/step3_tensorboard_logs";
+    std::printf("Tensorboard logs going to: %s\n", dir.c_str());
+    tb.open(dir);
+  }
+  PythonRandom rng(static_cast<uint64_t>(s_.seed));  // set_random_seed: random.seed(seed)
+  say(fmt::format("***** Running training (total_iters={}) *****", total_iters));
+  int64_t non_overflow = 0;
+  double step_average_reward = 0;
+  std::optional<double> ema_reward;  // ExponentialMovingAverage(alpha 0.9)
+  std::vector<Experience> pending;   // MiniDataset's generation batches
+  bool stop = false;
+  for (int64_t epoch = 0; epoch < s_.epochs && !stop; ++epoch) {
+    say(fmt::format("Beginning of Epoch {}/{}, Total Generation Batches {}", epoch + 1, s_.epochs, n_gen));
+    for (int64_t step = 0; step < n_gen; ++step) {
+      const size_t first = static_cast<size_t>(step * s_.G);
+      const std::vector<std::vector<int32_t>> batch(
+          mine.begin() + static_cast<std::ptrdiff_t>(first),
+          mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), first + static_cast<size_t>(s_.G))));
+      const int64_t skipped_before = actor_->state().skipped_steps + critic_->state().skipped_steps;
+      pending.push_back(generate_experience(batch, step));
+      const auto training_start = std::chrono::steady_clock::now();
+      if (static_cast<int64_t>(pending.size()) == s_.gen_batches) {
+        std::vector<Experience> minis;  // MiniDataset.seperate
+        for (const Experience& e : pending)
+          for (int64_t r = 0; r < e.B; r += s_.S) minis.push_back(e.rows(r, std::min(s_.S, e.B - r)));
+        pending.clear();
+        const int64_t unsup_len = s_.gen_batches * ceil_div(s_.G, s_.S);  // the placeholder list it zips with
+        const size_t inner_per_epoch = std::min(minis.size(), static_cast<size_t>(unsup_len));
+        std::vector<char> unsup(static_cast<size_t>(unsup_len));
+        int64_t inner = 0;
+        double actor_sum = 0, critic_sum = 0;
+        float average_reward = 0.f, last_actor = 0.f, last_critic = 0.f;
+        for (int64_t ep = 0; ep < s_.ppo_epochs; ++ep) {
+          for (size_t i = 0; i < inner_per_epoch; ++i) {
+            const auto [al, cl] = train_rlhf(minis[i]);
+            last_actor = al;
+            last_critic = cl;
+            actor_sum += al;
+            critic_sum += cl;
+            float mean = 0.f;  // exp_data["rewards"].mean() in f32
+            for (float r : minis[i].rewards) mean += r;
+            average_reward += mean / static_cast<float>(minis[i].B);
+            ++inner;
+            if (a_.flag("--enable_ema")) ema_update();
+          }
+          rng.shuffle(minis);
+          rng.shuffle(unsup);
+        }
+        const double training_s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - training_start).count();
+        say(fmt::format("Epoch: {} | Step: {} | PPO Epoch: {} | Actor Loss: {} | Critic Loss: {} | Unsupervised "
+                        "Loss: {}",
+                        epoch, step, s_.ppo_epochs, python_repr(actor_sum / static_cast<double>(inner)),
+                        python_repr(critic_sum / static_cast<double>(inner)), python_repr(0.0)));
+        say(fmt::format("End-to-End => Latency: {:.2f}s | Generation Latency: {:.2f}s | Training Latency: {:.2f}s",
+                        training_s + generate_s_ * static_cast<double>(s_.gen_batches), generate_s_, training_s));
+        const double avg = static_cast<float>(world_->all_reduce_scalar(average_reward, Device::cpu()) /
+                                              static_cast<double>(world));
+        step_average_reward += avg / static_cast<double>(s_.ga);
+        if ((step + 1) % s_.ga == 0) {
+          ema_reward = 0.9 * (ema_reward ? *ema_reward : step_average_reward) + 0.1 * step_average_reward;
+          step_average_reward = 0;
+        }
+        say(fmt::format("Average reward score: {} | EMA reward score: {}",
+                        python_repr(avg / static_cast<double>(inner)), python_repr(ema_reward ? *ema_reward : 0.0)));
+        say("-------------------------------------------------------------------------------------");
+        if (tb.is_open()) {
+          tb.add_scalar("reward", avg / static_cast<double>(inner), step);
+          tb.add_scalar("actor_loss", last_actor, step);
+          tb.add_scalar("actor_loss_sum", actor_sum, step);
+          tb.add_scalar("critic_loss", last_critic, step);
+          tb.add_scalar("critic_loss_sum", critic_sum, step);
+          tb.flush();
+        }
+      }
+      const int64_t skipped = actor_->state().skipped_steps + critic_->state().skipped_steps - skipped_before;
+      if (skipped == 0) ++non_overflow;
+      if (a_.flag("--enable_test_mode") && non_overflow == s_.test_stop) {
+        stop = true;
+        break;
+      }
+    }
+    if (a_.flag("--enable_test_mode")) break;
+  }
+  if (out) {
+    say("saving model ...");
+    export_into(*actor_, fs::path(*out) / "actor", actor_cm_->dir, rv_.rank);
+    export_into(*critic_, fs::path(*out) / "critic", actor_cm_->dir, rv_.rank);
+    if (a_.flag("--enable_ema")) export_ema(fs::path(*out) / "actor_ema");
+  }
+  DS_LOG("peak resident memory of this rank: {} bytes (getrusage; four models, generation, training and export)",
+         peak_rss_bytes());
+  world_->barrier();
+  return 0;
+}
+
+}  // namespace
+
+int run_ppo(const std::vector<std::string>& argv) {
+  if (wants_help(argv)) {
+    std::printf("%s", usage(step3_specs(), kProg).c_str());
+    return 0;
+  }
+  const ParsedArgs a = parse_args(step3_specs(), argv, kProg);
+  const Step3Args s = check_args(a);
+  PpoRun run(a, s);
+  return run.run();
+}
+
+}  // namespace ds::chat
