@@ -3,13 +3,16 @@
 # planted preference, on the CPU in about a minute: a tiny GPT-2 exported by
 # dstrain (its initial weights, the generated corpus's BPE vocabulary), step 1
 # (dschat sft) on the prompt + chosen texts, then step 2 (dschat reward) from
-# step 1's output on two processes. Every chosen answer praises
+# step 1's output on two processes, then step 3. Every chosen answer praises
 # ("good", "kind", ...), every rejected one complains ("bad", "rude", ...),
 # each in random words around them. Checks: the reward model's accuracy on the
 # held-out pairs is at chance before training (0.3..0.7) and at least 0.9
 # after, and its chosen - rejected score difference grows; step 2's output is
-# RewardModel's pytorch_model.bin beside config.json. (Step 3's rising reward
-# joins this test when step 3 exists.)
+# RewardModel's pytorch_model.bin beside config.json. Then step 3 (dschat ppo)
+# with the step-1 actor and the step-2 critic on two processes: its mean
+# reward per 10 rounds rises by more than 1 (a tiny model gets there by reward
+# hacking: the reward model's favourite fragments repeated), and dsplot
+# draws the reward and the losses from step 3's TensorBoard file.
 #   e2e_steps.sh BUILD_DIR
 set -euo pipefail
 source "$(dirname "$0")/../scripts/script_util.sh"
@@ -75,4 +78,30 @@ awk -v a="${DIFF[0]}" -v b="${DIFF[3]}" 'BEGIN { exit !(b > a + 1) }' ||
 for f in pytorch_model.bin config.json vocab.json merges.txt; do
   [[ -f output/$f ]] || fail "step 2's output lacks $f" "$LOG"
 done
-echo "PASS: steps 1 and 2 end to end; the reward model ranks $(awk -v a="${ACC[3]}" 'BEGIN{print a * 100}')% of held-out pairs right"
+echo "steps 1 and 2: the reward model ranks $(awk -v a="${ACC[3]}" 'BEGIN{print a * 100}')% of held-out pairs right"
+STEP2="$PWD/output"
+
+# Step 3: the step-1 actor and the step-2 critic, PPO on the phase-3 prompts, on two processes.
+mkdir -p "$APP/training/step3_rlhf_finetuning"
+cd "$APP/training/step3_rlhf_finetuning"
+mkdir -p output
+"$DSRUN" --num_gpus 2 --master_port 29613 "$DSCHAT" ppo --data_path local/jsonfile --data_split 2,4,4 \
+  --actor_model_name_or_path "$STEP1" --critic_model_name_or_path "$STEP2" --num_padding_at_beginning 0 \
+  --per_device_generation_batch_size 4 --per_device_training_batch_size 4 --max_prompt_seq_len 32 \
+  --max_answer_seq_len 12 --actor_learning_rate 1e-3 --critic_learning_rate 1e-3 --num_warmup_steps 2 --dtype fp32 \
+  --seed 1234 --enable_tensorboard --tensorboard_path output --output_dir output > output/training.log 2>&1 ||
+  fail "step 3 failed" output/training.log
+LOG=output/training.log
+mapfile -t REW < <(grep -oE 'Average reward score: [0-9.e+-]+' "$LOG" | awk '{print $NF}')
+[[ ${#REW[@]} -eq 50 ]] || fail "expected 50 PPO rounds (400 prompts, 2 ranks x 4), got ${#REW[@]}" "$LOG"
+# The mean reward of each 10 rounds: some later window beats the first by more than 1.
+mapfile -t WIN < <(printf '%s\n' "${REW[@]}" | awk '{s += $1} NR % 10 == 0 {print s / 10; s = 0}')
+echo "step 3: mean reward per 10 rounds ${WIN[*]}"
+printf '%s\n' "${WIN[@]}" | awk 'NR == 1 {first = $1} NR > 1 && $1 > first + 1 {up = 1} END {exit !up}' ||
+  fail "the reward did not rise: ${WIN[*]}" "$LOG"
+for m in actor critic; do [[ -f output/$m/config.json ]] || fail "step 3's output lacks $m/" "$LOG"; done
+"$(dirname "$DSCHAT")/../dsplot/dsplot" output/step3_tensorboard_logs --metrics reward,ppo_loss -o output/step3.png \
+  > output/plot.log 2>&1 || fail "dsplot failed on step 3's TensorBoard file" output/plot.log
+[[ -s output/step3.png ]] || fail "dsplot wrote no picture" output/plot.log
+echo "PASS: steps 1-3 end to end; the reward model ranks $(awk -v a="${ACC[3]}" 'BEGIN{print a * 100}')% of held-out pairs right, \
+step 3's mean reward went from ${WIN[0]} to ${WIN[4]}"

@@ -1,6 +1,7 @@
 # Shared by the Megatron-DeepSpeed example-script tests: binaries, a generated
 # corpus with its byte-level BPE tokenizer, and the checks on a dstrain log.
-# A script sources this and calls setup_run BUILD_DIR NAME.
+# A script sources this and calls setup_run BUILD_DIR NAME (KEEP_WORK=1 keeps
+# its temporary directory for a look afterwards).
 
 fail() {  # fail MESSAGE [LOG]: print the message (and the log's tail), exit 1
   echo "FAIL: $1"
@@ -15,7 +16,7 @@ setup_run() {
   DSPREP="${build}/apps/dsprep/dsprep"
   for b in "$DSRUN" "$DSTRAIN" "$DSPREP"; do [[ -x "$b" ]] || fail "missing binary $b"; done
   WORK="$(mktemp -d "${TMPDIR:-/tmp}/ds_${name}.XXXXXX")"
-  trap 'rm -rf "$WORK"' EXIT
+  [[ -n "${KEEP_WORK:-}" ]] || trap 'rm -rf "$WORK"' EXIT
   export OMP_NUM_THREADS=1
   DATA="${WORK}/data"
   TOK="${WORK}/tokenizer"
