@@ -1,6 +1,6 @@
 // dsplot: training curves of one or several runs as one picture.
 //   dsplot RUN_DIR_or_CSV_or_EVENTS ... -o curves.svg [-o curves.png]
-//          [--label NAME ...] [--metrics loss,lr,grad_norm,loss_scale,tokens_per_s]
+//          [--label NAME ...] [--metrics loss,lr,grad_norm,loss_scale,tokens_per_s,reward,ppo_loss]
 //          [--x iteration|samples|tokens] [--seq-length T] [--title TEXT] [--width PX] [--png-scale S]
 // Every run is drawn in its own colour on shared axes (training solid,
 // validation dashed). User errors print one line naming the input and exit 1;
@@ -45,8 +45,7 @@ std::vector<std::string> split_metrics(const std::string& s) {
     size_t end = s.find(',', start);
     if (end == std::string::npos) end = s.size();
     const std::string m = s.substr(start, end - start);
-    DS_USER_CHECK(ds::plot::is_metric(m), "--metrics: unknown metric '{}' (known: loss, lr, grad_norm, loss_scale, "
-                  "tokens_per_s)", m);
+    DS_USER_CHECK(ds::plot::is_metric(m), "--metrics: unknown metric '{}' (known: {})", m, ds::plot::metric_list());
     out.push_back(m);
     start = end + 1;
   }
@@ -77,7 +76,7 @@ int run(const Args& a) {
     if (seen.count(r.label)) r.label = r.source;  // two runs named alike: their paths tell them apart
     seen.insert(r.label);
     for (const std::string& m : po.metrics) {
-      const char* key = m == "loss" ? "train_loss" : m.c_str();
+      const char* key = ds::plot::metric_curves(m).front();  // the panel's main curve
       auto it = r.curves.find(key);
       if (it == r.curves.end() || it->second.x.empty())
         std::fprintf(stderr, "dsplot: warning: %s (%s) has no '%s' values against %s\n", r.label.c_str(),
@@ -107,7 +106,8 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("-o,--output", a.outputs, "Output file(s): .svg and/or .png (repeat -o for both)");
   app.add_option("--label", a.labels, "Legend name per input, in input order (default: the job directory's name)");
-  app.add_option("--metrics", a.metrics, "Panels, comma-separated: loss, lr, grad_norm, loss_scale, tokens_per_s");
+  app.add_option("--metrics", a.metrics, "Panels, comma-separated: loss, lr, grad_norm, loss_scale, tokens_per_s, reward, ppo_loss "
+                 "(dschat ppo)");
   app.add_option("--x", a.x, "x axis: iteration, samples or tokens");
   app.add_option("--seq-length", a.seq_length, "Sequence length, for --x tokens from CSV files");
   app.add_option("--title", a.title, "Picture title");

@@ -166,6 +166,9 @@ const char* curve_key_of_tag(const std::string& base) {
       {"grad-norm", "grad_norm"},
       {"loss-scale/loss-scale", "loss_scale"},
       {"loss-scale", "loss_scale"},
+      {"reward", "reward"},  // dschat ppo's (DeepSpeed-Chat's step 3) tags
+      {"actor_loss", "actor_loss"},
+      {"critic_loss", "critic_loss"},
   };
   for (const auto& [tag, key] : kTags)
     if (base == tag) return key;

@@ -27,6 +27,9 @@ const std::vector<MetricInfo>& metric_table() {
       {"grad_norm", "grad norm", {"grad_norm"}, 150},
       {"loss_scale", "loss scale", {"loss_scale"}, 150},
       {"tokens_per_s", "tokens/s", {"tokens_per_s"}, 150},
+      // DeepSpeed-Chat's step 3 (dschat ppo): the average reward, the actor's (solid) and critic's (dashed) losses
+      {"reward", "reward", {"reward"}, 200},
+      {"ppo_loss", "actor / critic loss", {"actor_loss", "critic_loss"}, 200},
   };
   return kMetrics;
 }
@@ -34,7 +37,7 @@ const std::vector<MetricInfo>& metric_table() {
 const MetricInfo& metric_info(const std::string& m) {
   for (const MetricInfo& i : metric_table())
     if (m == i.name) return i;
-  DS_USER_ERROR("--metrics: unknown metric '{}' (known: loss, lr, grad_norm, loss_scale, tokens_per_s)", m);
+  DS_USER_ERROR("--metrics: unknown metric '{}' (known: {})", m, metric_list());
 }
 
 // Distinct colours for up to eight runs, then repeated.
@@ -181,8 +184,20 @@ bool is_metric(const std::string& m) {
 }
 
 const std::vector<std::string>& metric_names() {
-  static const std::vector<std::string> kNames = {"loss", "lr", "grad_norm", "loss_scale", "tokens_per_s"};
+  static const std::vector<std::string> kNames = [] {
+    std::vector<std::string> v;
+    for (const MetricInfo& i : metric_table()) v.push_back(i.name);
+    return v;
+  }();
   return kNames;
+}
+
+const std::vector<const char*>& metric_curves(const std::string& m) { return metric_info(m).curves; }
+
+std::string metric_list() {
+  std::string out;
+  for (const std::string& n : metric_names()) out += (out.empty() ? "" : ", ") + n;
+  return out;
 }
 
 std::string xml_escape(const std::string& s) {
@@ -253,7 +268,7 @@ std::string tick_label(double v, double step) {
 
 std::string render_svg(const std::vector<Run>& runs, const PlotOptions& o) {
   DS_USER_CHECK(!runs.empty(), "nothing to plot: no runs given");
-  DS_USER_CHECK(!o.metrics.empty(), "--metrics: give at least one of loss, lr, grad_norm, loss_scale, tokens_per_s");
+  DS_USER_CHECK(!o.metrics.empty(), "--metrics: give at least one of {}", metric_list());
   DS_USER_CHECK(o.width >= 300 && o.width <= 10000, "--width must be in [300, 10000] pixels, got {}", o.width);
   Range xr;
   std::vector<Range> yr(o.metrics.size());

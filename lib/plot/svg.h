@@ -15,6 +15,9 @@ namespace ds::plot {
 // Panels: "loss" (train_loss and valid_loss), "lr", "grad_norm", "loss_scale", "tokens_per_s".
 bool is_metric(const std::string& m);
 const std::vector<std::string>& metric_names();
+std::string metric_list();  // "loss, lr, ..." for messages
+// The curve keys metric m draws (Run::curves), the main one first.
+const std::vector<const char*>& metric_curves(const std::string& m);
 
 struct PlotOptions {
   std::vector<std::string> metrics = {"loss"};
