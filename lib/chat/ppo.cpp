@@ -20,6 +20,8 @@
 #include <optional>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "lib/chat/chat_args.h"
@@ -472,12 +474,16 @@ std::string repr_list(const std::vector<std::string>& v) {
 
 class PpoRun {
  public:
-  PpoRun(const ParsedArgs& a, const Step3Args& s) : a_(a), s_(s) {}
+  PpoRun(const ParsedArgs& a, const Step3Args& s) : a_(a), s_(s), rng_(static_cast<uint64_t>(s.seed)) {}
   int run();
 
  private:
+  void load_models();
+  std::unique_ptr<Trainer> trained_model(const char* role, const ChatModel& cm, int64_t stage, CurrentBatch*& src,
+                                         int64_t max_steps, int64_t total_iters, int64_t samples);
   Experience generate_experience(const std::vector<std::vector<int32_t>>& prompts, int64_t step);
   std::pair<float, float> train_rlhf(const Experience& e);
+  void train_round(int64_t epoch, int64_t step, std::vector<Experience>& pending, EventFileWriter& tb);
   void ema_update();
   void export_ema(const fs::path& out);
 
@@ -487,6 +493,7 @@ class PpoRun {
   RendezvousInfo rv_;
   std::unique_ptr<Communicator> world_;
   std::optional<ChatModel> actor_cm_, critic_cm_;
+  ModelConfig ref_cfg_, reward_cfg_;  // the actor's and critic's models without LoRA
   int32_t pad_ = 0, eos_ = 0;
   int64_t T_ = 0;
   DType compute_ = DType::F32;
@@ -499,7 +506,10 @@ class PpoRun {
   std::vector<float> ema_;  // rank 0: the actor's moving average (its full layout)
   RankGrid grid_;
   std::unique_ptr<Comms> comms_;
-  double generate_s_ = 0;
+  double generate_s_ = 0, experience_s_ = 0;  // the last generation batch's generation and scoring
+  PythonRandom rng_;                     // set_random_seed's random.seed(seed)
+  double step_average_reward_ = 0;       // main.py's reward bookkeeping
+  std::optional<double> ema_reward_;     // ExponentialMovingAverage(alpha 0.9)
 };
 
 Experience PpoRun::generate_experience(const std::vector<std::vector<int32_t>>& prompts, int64_t step) {
@@ -588,6 +598,7 @@ Experience PpoRun::generate_experience(const std::vector<std::vector<int32_t>>& 
   critic_head_.set(PpoHead::Mode::Values, &e, &p);
   critic_->forward_loss(p.mb);
   e.values = critic_head_.captured();
+  experience_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - generate_s_;
   return e;
 }
 
@@ -641,39 +652,133 @@ void PpoRun::export_ema(const fs::path& out) {
   DS_USER_CHECK(!ec, "--output_dir: cannot move the EMA model into '{}': {}", out.string(), ec.message());
 }
 
-int PpoRun::run() {
-  rv_ = RendezvousInfo::from_env();
-  log_set_rank(rv_.rank);
-  const int world = rv_.world_size;
-  T_ = s_.P + s_.A;
-  const std::string dtype = *a_.str("--dtype");
-  compute_ = compute_dtype(dtype);
+// A trained model's flag: "--actor_" or "--critic_" + name.
+std::string role_flag(const char* role, const char* name) { return std::string("--") + role + "_" + name; }
+
+// rlhf_engine's log_init lines around the creation of one model.
+void timed_init(const char* name, const std::function<void()>& make) {
+  const auto t0 = std::chrono::steady_clock::now();
+  log_init(name, -1);
+  make();
+  log_init(name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void PpoRun::load_models() {
   const std::optional<std::string> eot =
       a_.flag("--add_eot_token") ? std::optional<std::string>(kEndOfConversation) : std::nullopt;
-  // Models: the actor's tokenizer serves all four (the critic's embedding is resized to it).
+  // The actor's tokenizer serves all four models (the critic's embedding is resized to it).
   actor_cm_ = load_model_dir(*a_.str("--actor_model_name_or_path"), "--actor_model_name_or_path",
                              a_.real("--actor_dropout"), T_, kProg, eot);
   critic_cm_ = load_model_dir(*a_.str("--critic_model_name_or_path"), "--critic_model_name_or_path",
                               a_.real("--critic_dropout"), T_, kProg, eot, &*actor_cm_);
   critic_cm_->model.value_head = true;
-  const ModelConfig ref_cfg = actor_cm_->model, reward_cfg = critic_cm_->model;
-  const double actor_lr = *a_.real("--actor_learning_rate"), critic_lr = *a_.real("--critic_learning_rate");
-  apply_lora({.dim = *a_.integer("--actor_lora_dim"),
-              .module = *a_.str("--actor_lora_module_name"),
-              .only_lora = a_.flag("--only_optimize_lora"),
-              .lr = *a_.real("--actor_lora_learning_rate"),
-              .dim_flag = "--actor_lora_dim",
-              .module_flag = "--actor_lora_module_name"},
-             actor_lr, actor_cm_->model, kProg);
-  apply_lora({.dim = *a_.integer("--critic_lora_dim"),
-              .module = *a_.str("--critic_lora_module_name"),
-              .only_lora = a_.flag("--only_optimize_lora"),
-              .lr = *a_.real("--critic_lora_learning_rate"),
-              .dim_flag = "--critic_lora_dim",
-              .module_flag = "--critic_lora_module_name"},
-             critic_lr, critic_cm_->model, kProg);
+  ref_cfg_ = actor_cm_->model;  // the frozen copies have no LoRA
+  reward_cfg_ = critic_cm_->model;
+  for (auto [role, cm] : {std::pair{"actor", &*actor_cm_}, {"critic", &*critic_cm_}})
+    apply_lora({.dim = *a_.integer(role_flag(role, "lora_dim")),
+                .module = *a_.str(role_flag(role, "lora_module_name")),
+                .only_lora = a_.flag("--only_optimize_lora"),
+                .lr = *a_.real(role_flag(role, "lora_learning_rate")),
+                .dim_flag = role_flag(role, "lora_dim"),
+                .module_flag = role_flag(role, "lora_module_name")},
+               *a_.real(role_flag(role, "learning_rate")), cm->model, kProg);
   pad_ = actor_cm_->tok.pad_id();
   eos_ = generation_eos(actor_cm_->dir, actor_cm_->tok);
+}
+
+std::unique_ptr<Trainer> PpoRun::trained_model(const char* role, const ChatModel& cm, int64_t stage,
+                                               CurrentBatch*& src, int64_t max_steps, int64_t total_iters,
+                                               int64_t samples) {
+  const TrainFlags f{.lr = *a_.real(role_flag(role, "learning_rate")),
+                     .weight_decay = *a_.real(role_flag(role, "weight_decay")),
+                     .zero_stage = stage,
+                     .B = s_.S,
+                     .ga = s_.ga,
+                     .warmup = s_.warmup,
+                     .seed = s_.seed,
+                     .recompute = a_.flag(role_flag(role, "gradient_checkpointing")),
+                     .offload = a_.flag("--offload"),
+                     .tensorboard = a_.flag("--enable_tensorboard"),
+                     .dtype = *a_.str("--dtype"),
+                     .scheduler = *a_.str("--lr_scheduler_type"),
+                     .tensorboard_path = *a_.str("--tensorboard_path") + "/ds_tensorboard_logs/"};
+  const TrainConfig cfg = chat_train_config(f, cm, rv_.world_size, max_steps, total_iters,
+                                            role == std::string("actor") ? "step3_actor" : "step3_critic", kProg);
+  // Both trained models are data-parallel over every rank: one grid and one set of communicators serve
+  // them (each trainer's collectives run in the same order on every rank).
+  if (!comms_) {
+    grid_ = make_rank_grid(cfg.layout, rv_.rank);
+    comms_ = std::make_unique<Comms>(build_comms(*world_, grid_));
+  }
+  auto batches = std::make_unique<CurrentBatch>(samples);
+  src = batches.get();
+  return std::make_unique<Trainer>(cfg, *comms_, rv_.local_rank, std::move(batches));
+}
+
+// One PPO round on the generation batches in `pending` (MiniDataset.seperate, --ppo_epochs passes with
+// random.shuffle after each), and its printed and logged summary.
+void PpoRun::train_round(int64_t epoch, int64_t step, std::vector<Experience>& pending, EventFileWriter& tb) {
+  const auto training_start = std::chrono::steady_clock::now();
+  std::vector<Experience> minis;
+  for (const Experience& e : pending)
+    for (int64_t r = 0; r < e.B; r += s_.S) minis.push_back(e.rows(r, std::min(s_.S, e.B - r)));
+  pending.clear();
+  const int64_t unsup_len = s_.gen_batches * ceil_div(s_.G, s_.S);  // the placeholder list it zips with
+  const size_t per_epoch = std::min(minis.size(), static_cast<size_t>(unsup_len));
+  std::vector<char> unsup(static_cast<size_t>(unsup_len));
+  int64_t inner = 0;
+  double actor_sum = 0, critic_sum = 0;
+  float average_reward = 0.f, last_actor = 0.f, last_critic = 0.f;
+  for (int64_t ep = 0; ep < s_.ppo_epochs; ++ep) {
+    for (size_t i = 0; i < per_epoch; ++i) {
+      std::tie(last_actor, last_critic) = train_rlhf(minis[i]);
+      actor_sum += last_actor;
+      critic_sum += last_critic;
+      float mean = 0.f;  // exp_data["rewards"].mean() in f32
+      for (float r : minis[i].rewards) mean += r;
+      average_reward += mean / static_cast<float>(minis[i].B);
+      ++inner;
+      if (a_.flag("--enable_ema")) ema_update();
+    }
+    rng_.shuffle(minis);
+    rng_.shuffle(unsup);
+  }
+  const double training_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - training_start).count();
+  const double n = static_cast<double>(inner);
+  say(fmt::format("Epoch: {} | Step: {} | PPO Epoch: {} | Actor Loss: {} | Critic Loss: {} | Unsupervised Loss: {}",
+                  epoch, step, s_.ppo_epochs, python_repr(actor_sum / n), python_repr(critic_sum / n),
+                  python_repr(0.0)));
+  say(fmt::format("End-to-End => Latency: {:.2f}s | Generation Latency: {:.2f}s | Training Latency: {:.2f}s",
+                  training_s + generate_s_ * static_cast<double>(s_.gen_batches), generate_s_, training_s));
+  DS_LOG("experience latency: {:.3f}s (the actor, reference, reward and critic forwards of the last generation "
+         "batch; upstream's latencies leave them out)", experience_s_);
+  const double avg = static_cast<float>(world_->all_reduce_scalar(average_reward, Device::cpu()) /
+                                        static_cast<double>(rv_.world_size));
+  step_average_reward_ += avg / static_cast<double>(s_.ga);
+  if ((step + 1) % s_.ga == 0) {  // ExponentialMovingAverage(alpha 0.9)
+    ema_reward_ = 0.9 * (ema_reward_ ? *ema_reward_ : step_average_reward_) + 0.1 * step_average_reward_;
+    step_average_reward_ = 0;
+  }
+  say(fmt::format("Average reward score: {} | EMA reward score: {}", python_repr(avg / n),
+                  python_repr(ema_reward_ ? *ema_reward_ : 0.0)));
+  say("-------------------------------------------------------------------------------------");
+  if (tb.is_open()) {
+    tb.add_scalar("reward", avg / n, step);
+    tb.add_scalar("actor_loss", last_actor, step);
+    tb.add_scalar("actor_loss_sum", actor_sum, step);
+    tb.add_scalar("critic_loss", last_critic, step);
+    tb.add_scalar("critic_loss_sum", critic_sum, step);
+    tb.flush();
+  }
+}
+
+int PpoRun::run() {
+  rv_ = RendezvousInfo::from_env();
+  log_set_rank(rv_.rank);
+  const int world = rv_.world_size;
+  T_ = s_.P + s_.A;
+  compute_ = compute_dtype(*a_.str("--dtype"));
+  load_models();
   std::string no_effect;
   for (const char* f : {"--enable_hybrid_engine", "--unpin_actor_parameters", "--release_inference_cache",
                         "--offload_reference_model", "--offload_reward_model", "--compute_fp32_loss"})
@@ -704,69 +809,24 @@ int PpoRun::run() {
   world_ = make_world_communicator(Backend::Gloo, rv_);
   const std::optional<std::string> out = a_.str("--output_dir");
   if (out) check_output_dir(*out, "--output_dir");
-  const std::string tb_path = *a_.str("--tensorboard_path") + "/ds_tensorboard_logs/";
-  auto flags = [&](double lr, double wd, int64_t stage, bool recompute) {
-    return TrainFlags{.lr = lr,
-                      .weight_decay = wd,
-                      .zero_stage = stage,
-                      .B = s_.S,
-                      .ga = s_.ga,
-                      .warmup = s_.warmup,
-                      .seed = s_.seed,
-                      .recompute = recompute,
-                      .offload = a_.flag("--offload"),
-                      .tensorboard = a_.flag("--enable_tensorboard"),
-                      .dtype = dtype,
-                      .scheduler = *a_.str("--lr_scheduler_type"),
-                      .tensorboard_path = tb_path};
-  };
-  // Both trained models are data-parallel over every rank: one grid and one set of communicators serve them
-  // (each Trainer's collectives run in the same order on every rank).
-  auto make_trainer = [&](const TrainConfig& cfg, CurrentBatch*& src) {
-    if (!comms_) {
-      grid_ = make_rank_grid(cfg.layout, rv_.rank);
-      comms_ = std::make_unique<Comms>(build_comms(*world_, grid_));
-    }
-    auto batches = std::make_unique<CurrentBatch>(static_cast<int64_t>(mine.size()) * world);
-    src = batches.get();
-    return std::make_unique<Trainer>(cfg, *comms_, rv_.local_rank, std::move(batches));
-  };
-  double t0 = 0;
-  auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
-  t0 = now();
-  log_init("Actor", -1);
-  const TrainConfig actor_cfg =
-      chat_train_config(flags(actor_lr, *a_.real("--actor_weight_decay"), s_.actor_stage,
-                              a_.flag("--actor_gradient_checkpointing")),
-                        *actor_cm_, world, max_steps, total_iters, "step3_actor", kProg);
-  actor_ = make_trainer(actor_cfg, actor_src_);
-  actor_->model().set_head_loss(&actor_head_);
-  log_init("Actor", now() - t0);
-  t0 = now();
-  log_init("Ref", -1);
-  ref_ = std::make_unique<FrozenModel>(ref_cfg, actor_cm_->dir, actor_cm_->file_vocab, compute_,
-                                       static_cast<uint64_t>(s_.seed));
-  log_init("Ref", now() - t0);
-  if (a_.flag("--enable_ema")) {
-    t0 = now();
-    log_init("EMA", -1);
-    ema_update();  // starts as the actor
-    log_init("EMA", now() - t0);
-  }
-  t0 = now();
-  log_init("Critic", -1);
-  const TrainConfig critic_cfg =
-      chat_train_config(flags(critic_lr, *a_.real("--critic_weight_decay"), s_.critic_stage,
-                              a_.flag("--critic_gradient_checkpointing")),
-                        *critic_cm_, world, max_steps, total_iters, "step3_critic", kProg);
-  critic_ = make_trainer(critic_cfg, critic_src_);
-  critic_->model().set_head_loss(&critic_head_);
-  log_init("Critic", now() - t0);
-  t0 = now();
-  log_init("Reward", -1);
-  reward_ = std::make_unique<FrozenModel>(reward_cfg, critic_cm_->dir, critic_cm_->file_vocab, compute_,
-                                          static_cast<uint64_t>(s_.seed));
-  log_init("Reward", now() - t0);
+  const int64_t samples = static_cast<int64_t>(mine.size()) * world;
+  timed_init("Actor", [&] {
+    actor_ = trained_model("actor", *actor_cm_, s_.actor_stage, actor_src_, max_steps, total_iters, samples);
+    actor_->model().set_head_loss(&actor_head_);
+  });
+  timed_init("Ref", [&] {
+    ref_ = std::make_unique<FrozenModel>(ref_cfg_, actor_cm_->dir, actor_cm_->file_vocab, compute_,
+                                         static_cast<uint64_t>(s_.seed));
+  });
+  if (a_.flag("--enable_ema")) timed_init("EMA", [&] { ema_update(); });  // starts as the actor
+  timed_init("Critic", [&] {
+    critic_ = trained_model("critic", *critic_cm_, s_.critic_stage, critic_src_, max_steps, total_iters, samples);
+    critic_->model().set_head_loss(&critic_head_);
+  });
+  timed_init("Reward", [&] {
+    reward_ = std::make_unique<FrozenModel>(reward_cfg_, critic_cm_->dir, critic_cm_->file_vocab, compute_,
+                                            static_cast<uint64_t>(s_.seed));
+  });
 
   EventFileWriter tb;
   if (a_.flag("--enable_tensorboard") && rv_.rank == 0) {
@@ -774,77 +834,18 @@ int PpoRun::run() {
     std::printf("Tensorboard logs going to: %s\n", dir.c_str());
     tb.open(dir);
   }
-  PythonRandom rng(static_cast<uint64_t>(s_.seed));  // set_random_seed: random.seed(seed)
   say(fmt::format("***** Running training (total_iters={}) *****", total_iters));
   int64_t non_overflow = 0;
-  double step_average_reward = 0;
-  std::optional<double> ema_reward;  // ExponentialMovingAverage(alpha 0.9)
-  std::vector<Experience> pending;   // MiniDataset's generation batches
+  std::vector<Experience> pending;  // MiniDataset's generation batches
   bool stop = false;
   for (int64_t epoch = 0; epoch < s_.epochs && !stop; ++epoch) {
     say(fmt::format("Beginning of Epoch {}/{}, Total Generation Batches {}", epoch + 1, s_.epochs, n_gen));
     for (int64_t step = 0; step < n_gen; ++step) {
-      const size_t first = static_cast<size_t>(step * s_.G);
-      const std::vector<std::vector<int32_t>> batch(
-          mine.begin() + static_cast<std::ptrdiff_t>(first),
-          mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), first + static_cast<size_t>(s_.G))));
+      const auto first = mine.begin() + static_cast<std::ptrdiff_t>(step * s_.G);
+      const std::vector<std::vector<int32_t>> batch(first, first + std::min<std::ptrdiff_t>(s_.G, mine.end() - first));
       const int64_t skipped_before = actor_->state().skipped_steps + critic_->state().skipped_steps;
       pending.push_back(generate_experience(batch, step));
-      const auto training_start = std::chrono::steady_clock::now();
-      if (static_cast<int64_t>(pending.size()) == s_.gen_batches) {
-        std::vector<Experience> minis;  // MiniDataset.seperate
-        for (const Experience& e : pending)
-          for (int64_t r = 0; r < e.B; r += s_.S) minis.push_back(e.rows(r, std::min(s_.S, e.B - r)));
-        pending.clear();
-        const int64_t unsup_len = s_.gen_batches * ceil_div(s_.G, s_.S);  // the placeholder list it zips with
-        const size_t inner_per_epoch = std::min(minis.size(), static_cast<size_t>(unsup_len));
-        std::vector<char> unsup(static_cast<size_t>(unsup_len));
-        int64_t inner = 0;
-        double actor_sum = 0, critic_sum = 0;
-        float average_reward = 0.f, last_actor = 0.f, last_critic = 0.f;
-        for (int64_t ep = 0; ep < s_.ppo_epochs; ++ep) {
-          for (size_t i = 0; i < inner_per_epoch; ++i) {
-            const auto [al, cl] = train_rlhf(minis[i]);
-            last_actor = al;
-            last_critic = cl;
-            actor_sum += al;
-            critic_sum += cl;
-            float mean = 0.f;  // exp_data["rewards"].mean() in f32
-            for (float r : minis[i].rewards) mean += r;
-            average_reward += mean / static_cast<float>(minis[i].B);
-            ++inner;
-            if (a_.flag("--enable_ema")) ema_update();
-          }
-          rng.shuffle(minis);
-          rng.shuffle(unsup);
-        }
-        const double training_s =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - training_start).count();
-        say(fmt::format("Epoch: {} | Step: {} | PPO Epoch: {} | Actor Loss: {} | Critic Loss: {} | Unsupervised "
-                        "Loss: {}",
-                        epoch, step, s_.ppo_epochs, python_repr(actor_sum / static_cast<double>(inner)),
-                        python_repr(critic_sum / static_cast<double>(inner)), python_repr(0.0)));
-        say(fmt::format("End-to-End => Latency: {:.2f}s | Generation Latency: {:.2f}s | Training Latency: {:.2f}s",
-                        training_s + generate_s_ * static_cast<double>(s_.gen_batches), generate_s_, training_s));
-        const double avg = static_cast<float>(world_->all_reduce_scalar(average_reward, Device::cpu()) /
-                                              static_cast<double>(world));
-        step_average_reward += avg / static_cast<double>(s_.ga);
-        if ((step + 1) % s_.ga == 0) {
-          ema_reward = 0.9 * (ema_reward ? *ema_reward : step_average_reward) + 0.1 * step_average_reward;
-          step_average_reward = 0;
-        }
-        say(fmt::format("Average reward score: {} | EMA reward score: {}",
-                        python_repr(avg / static_cast<double>(inner)), python_repr(ema_reward ? *ema_reward : 0.0)));
-        say("-------------------------------------------------------------------------------------");
-        if (tb.is_open()) {
-          tb.add_scalar("reward", avg / static_cast<double>(inner), step);
-          tb.add_scalar("actor_loss", last_actor, step);
-          tb.add_scalar("actor_loss_sum", actor_sum, step);
-          tb.add_scalar("critic_loss", last_critic, step);
-          tb.add_scalar("critic_loss_sum", critic_sum, step);
-          tb.flush();
-        }
-      }
+      if (static_cast<int64_t>(pending.size()) == s_.gen_batches) train_round(epoch, step, pending, tb);
       const int64_t skipped = actor_->state().skipped_steps + critic_->state().skipped_steps - skipped_before;
       if (skipped == 0) ++non_overflow;
       if (a_.flag("--enable_test_mode") && non_overflow == s_.test_stop) {
