@@ -309,8 +309,8 @@ class PpoHead final : public HeadLoss {
     p_ = p;
     t_ = t;
   }
-  // LogProbs / Values: per padded entry (B x (L - 1)), zero where the row's
-  // position is padding.
+  // LogProbs / Values: per padded entry (B x (L - 1)), from start on (zero
+  // before it and where the row's position is padding).
   const std::vector<float>& captured() const { return captured_; }
 
   double apply(const Tensor& out, const Tensor& tokens, const Tensor&, float weight, bool backward) override {
@@ -328,29 +328,36 @@ class PpoHead final : public HeadLoss {
   double run(const Tensor& out, float weight, bool backward) {
     const Experience& e = *e_;
     const Packed& p = *p_;
-    const int64_t L1 = e.L - 1, start = e.start(), W = e.W(), V = out.size(1);
+    const int64_t L1 = e.L - 1, start = e.start(), W = e.W(), V = out.size(1), rows = p.B * p.T;
     const bool values = mode_ == Mode::Values || mode_ == Mode::CriticLoss;
     const bool loss = mode_ == Mode::ActorLoss || mode_ == Mode::CriticLoss;
-    // Each row's padded entry i = s + j for packed position j, j < n.
+    // Row r = b T + j (packed position j < n of sample b) is padded entry i = s + j; only the entries from
+    // start on enter the formulas (compute_rewards' KL terms before it are never used).
     std::vector<float> x(static_cast<size_t>(loss ? e.B * W : e.B * L1), 0.f);
-    auto entry = [&](int64_t b, int64_t j) -> int64_t {  // index into x, or -1
-      const int64_t i = p.s[static_cast<size_t>(b)] + j;
-      if (i > L1 - 1 || (loss && i < start)) return -1;
+    auto entry = [&](int64_t r) -> int64_t {  // index into x, or -1
+      const int64_t b = r / p.T, j = r % p.T, i = p.s[static_cast<size_t>(b)] + j;
+      if (j >= p.n[static_cast<size_t>(b)] || i > L1 - 1 || i < start) return -1;
       return loss ? b * W + (i - start) : b * L1 + i;
     };
-    std::vector<float> row(static_cast<size_t>(V));
-    for (int64_t b = 0; b < e.B; ++b)
-      for (int64_t j = 0; j < p.n[static_cast<size_t>(b)]; ++j) {
-        const int64_t o = entry(b, j);
+    auto target = [&](int64_t r) {  // the token row r predicts
+      const int64_t b = r / p.T;
+      return e.seq[static_cast<size_t>(b * e.L + p.s[static_cast<size_t>(b)] + r % p.T + 1)];
+    };
+#pragma omp parallel
+    {
+      std::vector<float> row(static_cast<size_t>(values ? 1 : V));
+#pragma omp for schedule(dynamic, 4)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t o = entry(r);
         if (o < 0) continue;
         if (values) {
-          load_f32(out, b * p.T + j, 1, &x[static_cast<size_t>(o)]);
+          load_f32(out, r, 1, &x[static_cast<size_t>(o)]);
         } else {
-          load_f32(out, (b * p.T + j) * V, V, row.data());
-          const int32_t target = e.seq[static_cast<size_t>(b * e.L + p.s[static_cast<size_t>(b)] + j + 1)];
-          x[static_cast<size_t>(o)] = row_logprob(row.data(), V, target, 0.f, false);
+          load_f32(out, r * V, V, row.data());
+          x[static_cast<size_t>(o)] = row_logprob(row.data(), V, target(r), 0.f, false);
         }
       }
+    }
     if (!loss) {
       captured_ = std::move(x);
       return 0.0;
@@ -358,23 +365,25 @@ class PpoHead final : public HeadLoss {
     const LossGrad g = mode_ == Mode::ActorLoss ? actor_loss(x, *t_, k_) : critic_loss(x, *t_, k_);
     if (!backward) return g.loss;
     // Every row of out is overwritten: the gradient where an entry has one, zeros elsewhere.
-    const std::vector<float> zeros(static_cast<size_t>(V), 0.f);
-    for (int64_t b = 0; b < e.B; ++b)
-      for (int64_t j = 0; j < p.T; ++j) {
-        const int64_t o = j < p.n[static_cast<size_t>(b)] ? entry(b, j) : -1;
+#pragma omp parallel
+    {
+      std::vector<float> row(static_cast<size_t>(values ? 1 : V));
+#pragma omp for schedule(dynamic, 4)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t o = entry(r);
         const float d = o < 0 ? 0.f : weight * g.grad[static_cast<size_t>(o)];
-        const int64_t r = b * p.T + j;
-        if (d == 0.f) {
-          store_f32(out, r * V, V, zeros.data());
-        } else if (values) {
+        if (values) {
           store_f32(out, r, 1, &d);
+        } else if (d == 0.f) {
+          std::fill(row.begin(), row.end(), 0.f);
+          store_f32(out, r * V, V, row.data());
         } else {
           load_f32(out, r * V, V, row.data());
-          const int32_t target = e.seq[static_cast<size_t>(b * e.L + p.s[static_cast<size_t>(b)] + j + 1)];
-          row_logprob(row.data(), V, target, d, true);
+          row_logprob(row.data(), V, target(r), d, true);
           store_f32(out, r * V, V, row.data());
         }
       }
+    }
     return g.loss;
   }
 
