@@ -102,6 +102,9 @@ void Trainer::check_inputs_and_outputs() {
 // The grid's views of this rank, its sharding groups, the model, the
 // optimizer and the passes (eager or pipeline).
 void Trainer::build_model_and_optimizer() {
+  tagged_before_.params = live_tagged_bytes(MemTag::Params, dev_.type);
+  tagged_before_.grads = live_tagged_bytes(MemTag::Grads, dev_.type);
+  tagged_before_.optimizer = live_tagged_bytes(MemTag::Optimizer, dev_.type);
   DS_USER_CHECK(comms_.grid.pp == 1 || cfg_.zero.stage <= 2,
                 "zero_optimization.stage {} cannot be combined with pipeline_model_parallel_size {} yet; use ZeRO "
                 "stage 0, 1 or 2", cfg_.zero.stage, comms_.grid.pp);
@@ -424,10 +427,12 @@ bool Trainer::skip_for_overflow(bool overflow) {
 void Trainer::log_model_state() {
   // What the allocator counted for the persistent buffers (lib/core/mem_tag.h),
   // on the training device: with offload the Adam state is host memory.
+  // Less what was live before this trainer built its model (dschat ppo holds
+  // four models in one process).
   ModelStateBytes b;
-  b.params = live_tagged_bytes(MemTag::Params, dev_.type);
-  b.grads = live_tagged_bytes(MemTag::Grads, dev_.type);
-  b.optimizer = live_tagged_bytes(MemTag::Optimizer, dev_.type);
+  b.params = live_tagged_bytes(MemTag::Params, dev_.type) - tagged_before_.params;
+  b.grads = live_tagged_bytes(MemTag::Grads, dev_.type) - tagged_before_.grads;
+  b.optimizer = live_tagged_bytes(MemTag::Optimizer, dev_.type) - tagged_before_.optimizer;
   DS_LOG("model state: {} bytes per rank (ZeRO stage {}, {} data-parallel ranks{}; params {} + grads {} ({}) + Adam "
          "m, v {})",
          b.total(), cfg_.zero.stage, sdp_,

@@ -230,6 +230,9 @@ class Trainer {
   Timeline timeline_;
   float profiled_step();
   int64_t profiled_syncs_ = -1;
+  // The tagged bytes already live when this trainer built its model (another
+  // trainer's, in a process that holds several): log_model_state reports its own.
+  ModelStateBytes tagged_before_;
   // How each step runs (step_runner.h; --cuda-graph: graph_step.cpp).
   // Declared last: destroyed first, so a graph's memory pool goes back to the
   // cache while everything it addresses is still alive.
