@@ -9,6 +9,7 @@
 #include "cuda/attn/attention.h"
 #include "cuda/core/allocator.h"
 #include "cuda/core/common.cuh"
+#include "cuda/core/smem.cuh"
 
 namespace ds::cuda {
 namespace {
@@ -198,11 +199,14 @@ __global__ void plain_dkv_kernel(PlainBwdParams<T> p) {
   }
 }
 
+// A launch of `kernel` with `bytes` of dynamic shared memory (T floats of
+// scores), or the clean "unsupported" line for sequences the device cannot
+// hold in one block beside the kernel's static arrays.
 template <class K>
-void allow_smem(K kernel, size_t bytes) {
-  if (bytes > 48 * 1024)
-    DS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(bytes)));
+void allow_smem(K kernel, size_t bytes, int64_t T, const char* op) {
+  const std::string why = fit_dynamic_smem(kernel, bytes);
+  DS_CUDA_REQUIRE(why.empty(), std::string(op) + ": unsupported sequence length " + std::to_string(T) +
+                                   " for the plain attention kernel: it " + why);
 }
 
 }  // namespace
@@ -214,7 +218,7 @@ void plain_attention_forward(const AttentionArgs& a, const AttnShape& sh, const 
                         sh.NKV, sh.HS, 1.0f / sqrtf(float(sh.HS)), a.dropout, dropout_threshold(a.dropout.p),
                         dropout_scale(a.dropout.p)};
     size_t smem = sizeof(float) * size_t(sh.T);
-    allow_smem(plain_forward_kernel<T>, smem);
+    allow_smem(plain_forward_kernel<T>, smem, sh.T, "attention_forward");
     dim3 grid(unsigned(sh.T), unsigned(sh.NH), unsigned(sh.B));
     plain_forward_kernel<T><<<grid, kThreads, smem, stream_of(s)>>>(p);
     DS_CUDA_CHECK_LAUNCH();
@@ -231,7 +235,7 @@ void plain_attention_backward(const AttentionBwdArgs& a, const AttnShape& sh, co
                         1.0f / sqrtf(float(sh.HS)), a.dropout, dropout_threshold(a.dropout.p),
                         dropout_scale(a.dropout.p)};
     size_t smem = sizeof(float) * size_t(sh.T);
-    allow_smem(plain_dq_kernel<T>, smem);
+    allow_smem(plain_dq_kernel<T>, smem, sh.T, "attention_backward");
     dim3 grid(unsigned(sh.T), unsigned(sh.NH), unsigned(sh.B));
     plain_dq_kernel<T><<<grid, kThreads, smem, stream_of(s)>>>(p);
     DS_CUDA_CHECK_LAUNCH();

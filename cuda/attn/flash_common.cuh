@@ -10,6 +10,7 @@
 
 #include "cuda/attn/attention.h"
 #include "cuda/core/common.cuh"
+#include "cuda/core/smem.cuh"
 
 namespace ds::cuda::flash {
 
@@ -77,18 +78,11 @@ __device__ __forceinline__ void mma_ab(FragC& acc, const T* a, int lda, const T*
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // Sets the dynamic shared-memory limit of `kernel`; returns "" or, when the
-// device cannot give `bytes` to one block, the reason.
+// device cannot give `bytes` (beside the kernel's static memory) to one
+// block, the reason (cuda/core/smem.cuh).
 template <class K>
 std::string prepare_smem(K kernel, size_t bytes) {
-  int dev = 0, optin = 0;
-  DS_CUDA_CHECK(cudaGetDevice(&dev));
-  DS_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (bytes > size_t(optin))
-    return "needs " + std::to_string(bytes) + " bytes of shared memory per block, the device allows " +
-           std::to_string(optin);
-  DS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     int(bytes)));
-  return "";
+  return fit_dynamic_smem(kernel, bytes);
 }
 
 }  // namespace ds::cuda::flash

@@ -11,13 +11,13 @@
 #include <string>
 
 #include "cuda/core/common.cuh"
+#include "cuda/core/smem.cuh"
 #include "lib/ops/ops.h"
 
 namespace ds::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int64_t kMaxShared = 48 * 1024;  // bytes of scores per block (default limit)
 
 template <class T> struct KvParams {
   T* out;             // (B, Tq, NH*HS)
@@ -106,10 +106,7 @@ void kv_attention(const KvAttentionArgs& a, const Stream& s) {
   const int64_t B = a.qkv.size(0), Tq = a.qkv.size(1), Tmax = a.k_cache.size(1);
   const int NKV = a.NKV == 0 ? a.NH : a.NKV;
   const int HS = int(a.qkv.size(2) / (a.NH + 2 * NKV));
-  const int64_t shared = Tmax * int64_t(sizeof(float));
-  DS_CUDA_REQUIRE(shared <= kMaxShared, "kv_attention: a cache of " + std::to_string(Tmax) +
-                                            " positions exceeds the " + std::to_string(kMaxShared / 4) +
-                                            " this kernel holds in shared memory");
+  const int64_t shared = Tmax * int64_t(sizeof(float));  // the scores of one query row
   DS_CUDA_REQUIRE(B * Tq < (int64_t(1) << 31) && a.NH < 65536, "kv_attention: grid too large");
   if (B * Tq == 0) return;
   dispatch_float(dt, op, [&](auto tag) {
@@ -120,6 +117,9 @@ void kv_attention(const KvAttentionArgs& a, const Stream& s) {
     const int64_t n_store = B * Tq * int64_t(NKV) * HS;
     kv_store_kernel<T><<<grid_for(n_store, 256), 256, 0, stream_of(s)>>>(p);
     DS_CUDA_CHECK_LAUNCH();
+    const std::string why = fit_dynamic_smem(kv_attend_kernel<T>, size_t(shared));
+    DS_CUDA_REQUIRE(why.empty(), "kv_attention: a cache of " + std::to_string(Tmax) + " positions is too long: "
+                                 "the kernel holds one query's scores in shared memory and " + why);
     dim3 grid(unsigned(B * Tq), unsigned(a.NH));
     kv_attend_kernel<T><<<grid, kThreads, size_t(shared), stream_of(s)>>>(p);
     DS_CUDA_CHECK_LAUNCH();

@@ -7,6 +7,7 @@
 
 #include "cuda/cuda_api.h"
 #include "lib/gen/generator.h"
+#include "lib/ops/ops.h"
 #include "test/gen/gen_fixture.h"
 #include "test/skip.h"
 
@@ -51,4 +52,50 @@ TEST_CASE("cuda generation matches the cpu backend", "[gen][gpu]") {
       for (size_t i = 0; i < prompts.size(); ++i) CHECK(a[i].tokens == b[i].tokens);
     }
   }
+}
+
+// Long caches: the kernel's scores of one query row live in shared memory
+// beside its static arrays. Caches just under 12288 positions (where the
+// static memory used to push a launch past the 48 KiB default) and above it
+// (the device's opt-in limit) match the CPU op; one too long for any block
+// is one clean line.
+TEST_CASE("cuda kv_attention holds long caches up to the opt-in limit", "[gen][gpu]") {
+  if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
+  cuda::init_device(0);
+  const int NH = 2, HS = 16;
+  for (const int64_t Tmax : {int64_t(12286), int64_t(20000)}) {
+    INFO("cache of " << Tmax);
+    Tensor qkv = Tensor::empty({1, 1, 3 * NH * HS}, DType::F32);
+    Tensor kc = Tensor::empty({1, Tmax, NH * HS}, DType::F32), vc = Tensor::empty({1, Tmax, NH * HS}, DType::F32);
+    uint32_t x = 12345;
+    auto fill = [&](Tensor& t) {
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        x = x * 1664525u + 1013904223u;
+        t.data<float>()[i] = static_cast<float>(x >> 8) / 16777216.f - 0.5f;
+      }
+    };
+    fill(qkv);
+    fill(kc);
+    fill(vc);
+    int32_t p = static_cast<int32_t>(Tmax - 1);
+    Tensor pos = Tensor::from_blob(&p, {1}, DType::I32).clone();
+    Tensor want = Tensor::zeros({1, 1, NH * HS}, DType::F32);
+    ops::kv_attention({.out = want, .k_cache = kc.clone(), .v_cache = vc.clone(), .qkv = qkv, .pos = pos, .NH = NH});
+    const Device d = Device::cuda(0);
+    Tensor got = Tensor::zeros({1, 1, NH * HS}, DType::F32, d);
+    ops::kv_attention(
+        {.out = got, .k_cache = kc.to(d), .v_cache = vc.to(d), .qkv = qkv.to(d), .pos = pos.to(d), .NH = NH});
+    CHECK(max_rel(got.to(Device::cpu()), want) < 1e-4);
+  }
+  const int64_t too_long = 1 << 20;  // 4 MiB of scores
+  Tensor qkv = Tensor::zeros({1, 1, 3 * NH * HS}, DType::F32, Device::cuda(0));
+  Tensor kc = Tensor::zeros({1, too_long, NH * HS}, DType::F32, Device::cuda(0));
+  int32_t p = 0;
+  REQUIRE_THROWS_WITH(ops::kv_attention({.out = Tensor::zeros({1, 1, NH * HS}, DType::F32, Device::cuda(0)),
+                                          .k_cache = kc,
+                                          .v_cache = kc.clone(),
+                                          .qkv = qkv,
+                                          .pos = Tensor::from_blob(&p, {1}, DType::I32).to(Device::cuda(0)),
+                                          .NH = NH}),
+                      Catch::Contains("is too long"));
 }
