@@ -36,6 +36,7 @@
 
 #include "cuda/attn/cudnn_api.h"
 #include "cuda/core/allocator.h"
+#include "cuda/core/capture.h"
 #include "cuda/core/check.h"
 #include "lib/core/log.h"
 
@@ -479,7 +480,7 @@ void execute(const Plan& plan, const Stream& s, std::vector<int64_t> uids, std::
         .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &ws);
     pack.finalize("variant pack");
     std::lock_guard<std::mutex> lock(cache().exec_mu);
-    run_check(cudnn().SetStream(h, static_cast<cudaStream_t>(s.handle)), "cudnnSetStream");
+    run_check(cudnn().SetStream(h, resolve_stream(s.handle)), "cudnnSetStream");
     run_check(cudnn().BackendExecute(h, plan.plan->get(), pack.get()), "execute");
   } catch (const BuildFail& e) {  // the plan exists: a failure here is an error, not a fallback
     DS_CUDA_REQUIRE(false, std::string(e.what()));
@@ -536,7 +537,7 @@ std::string cudnn_attention_backward(const AttentionBwdArgs& a, const AttnShape&
   const size_t acc_bytes = round_up(sizeof(float) * size_t(sh.B * sh.NH * sh.T) * size_t(sh.HS));
   char* ws = static_cast<char*>(
       stream_workspace(s, dsum_bytes + acc_bytes + size_t(plan->workspace), WorkspaceSlot::Attn));
-  DS_CUDA_CHECK(cudaMemsetAsync(ws + dsum_bytes, 0, acc_bytes, static_cast<cudaStream_t>(s.handle)));
+  DS_CUDA_CHECK(cudaMemsetAsync(ws + dsum_bytes, 0, acc_bytes, resolve_stream(s.handle)));
   char* qkv = static_cast<char*>(a.qkv.raw());
   char* dqkv = static_cast<char*>(a.dqkv.raw());
   const size_t k_off = elt * size_t(sh.NH) * sh.HS, v_off = elt * size_t(sh.NH + sh.NKV) * sh.HS;
