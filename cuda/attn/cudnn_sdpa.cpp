@@ -524,6 +524,13 @@ std::string cudnn_attention_backward(const AttentionBwdArgs& a, const AttnShape&
   const DType dt = a.qkv.dtype();
   std::string why = cudnn_unsupported(sh, dt, a.dropout, {&a.qkv, &a.dqkv, &a.out, &a.dout, &a.lse});
   if (!why.empty()) return why;
+  // NVIDIA's frontend gives every SDPA backward whose sequence is not a
+  // multiple of 128 SEQ_LEN_Q / SEQ_LEN_KV padding masks on cuDNN <= 9.15,
+  // where outputs without them have been reported NaN; this graph builds no
+  // such masks, so those shapes go to the flash kernels (logged once).
+  if (sh.T % 128 != 0 && cudnn().version < 91600)
+    return "sequence length " + std::to_string(sh.T) + " is not a multiple of 128: cuDNN " +
+           std::to_string(cudnn().version) + "'s backward wants padding masks there, which this graph does not build";
   std::shared_ptr<Plan> plan;
   try {
     plan = plan_for(Dir::Backward, sh, dt);
