@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # Runs the GPU checks ON THE LENT DEVICE, from the repo root, on the bundle that
 # scripts/gpu_bundle.sh built here:   bash gpu-bundle/run.sh
-# (device call: carry ["gpu-bundle"]). Steps, in order of importance, each with
-# a timeout; a failing step does not stop the next ones:
-#   a) test_cuda_ops        every CUDA op against the CPU reference (Catch2), then
-#      test_gen_cuda        generation's KV-cache path against the CPU one, then
-#      test_offload_cuda    the offloaded optimizer's bucketed step against the blocking one, then
-#      test_host_syncs_cuda host synchronisations of a GPU training step (<= 1),
+# (device call: carry ["gpu-bundle"]). Steps, most informative first, each
+# capped by its own timeout and by what is left of the budget, so that a hang
+# cannot starve the steps before it; a failing step does not stop the next
+# ones, and each step's one-line result is appended to $OUT/summary.txt as it
+# ends (a call cut short still brings back what ran):
+#   1. test_cuda_ops        every CUDA op against the CPU reference (Catch2)
+#   2. smoke_cuda_bf16      dstrain on a tiny GPT-2, bf16 on the GPU, 30 iterations
+#   3. test_comm_nccl       NCCL communicator, world of one (2 ranks need 2 GPUs)
+#   4. test_gen_cuda        generation's KV-cache path against the CPU one
+#   5. smoke_cuda_fp16, smoke_cuda_fp32, smoke_cpu_fp32   the same run in fp16, fp32, and on the CPU
+#   6. test_offload_cuda    the offloaded optimizer's bucketed step against the blocking one
+#   7. test_cuda_cudnn      the cudnn attention backend against the CPU op ([cudnn])
+#   8. test_flash2_ordered  flash2 attention's ordered-dQ backward ([flash2-ordered])
+#   9. test_host_syncs_cuda host synchronisations of a GPU training step (<= 1),
 #                           fp32 GPU loss curve against the CPU's, --cuda-graph replays
 #                           (AdamW update included) against eager steps bit for bit, and
-#                           a replay's launches counted with CUPTI (0 kernels, 1 graph), then
-#      test_flash2_ordered  flash2 attention's ordered-dQ backward ([flash2-ordered]), then
-#      test_cuda_cudnn      the cudnn attention backend against the CPU op ([cudnn])
-#   b) test_comm_nccl       NCCL communicator, world of one (2 ranks need 2 GPUs)
-#   d) dstrain smoke runs   tiny GPT-2, 30 iterations: cuda bf16, fp16, fp32; cpu
-#   d2) compute-sanitizer   memcheck, racecheck, synccheck on small flash2 cases
-#   c) bench_cuda_kernels   (--quick) copy / bf16 GEMM ceilings, then every op vs its
+#                           a replay's launches counted with CUPTI (0 kernels, 1 graph)
+#  10. compute-sanitizer    memcheck, racecheck, synccheck on small flash2 cases
+#  11. bench_cuda_kernels   (--quick) copy / bf16 GEMM ceilings, then every op vs its
 #                           floor: last, with the time left (bench.sh runs it in full)
-#   e) summary table        pass/fail counts, losses side by side
+#   then a summary table    pass/fail counts, losses side by side
 # Logs go to $OUT (the device tool's output folder; ./gpu-out if unset): at most
 # 8 files, since the tool brings back no more. Exit code: non-zero if any step
 # failed. Env: BUDGET_S (whole-run time budget, default 510 s, for a device
@@ -226,56 +230,13 @@ catch_counts() {
 WORK="$(mktemp -d /tmp/gpu_run.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
 
-# a) CUDA ops against the CPU reference.
-run_step test_cuda_ops 180 "$OUT/test_cuda_ops.log" "$B/bin/test_cuda_ops" --durations yes
+# 1. CUDA ops against the CPU reference.
+run_step test_cuda_ops 150 "$OUT/test_cuda_ops.log" "$B/bin/test_cuda_ops" --durations yes
 DETAIL[-1]+="; $(catch_counts "$OUT/test_cuda_ops.log")"
 skip_on_gpu "$OUT/test_cuda_ops.log"
 
-# a2) dsgen's KV-cache attention and decode against the CPU path; its log is
-# appended to test_cuda_ops.log (the tool brings back at most 8 files).
-run_step test_gen_cuda 90 "$WORK/test_gen_cuda.log" "$B/bin/test_gen_cuda" --durations yes
-DETAIL[-1]+="; $(catch_counts "$WORK/test_gen_cuda.log")"
-skip_on_gpu "$WORK/test_gen_cuda.log"
-{ echo; echo "=== test_gen_cuda"; cat "$WORK/test_gen_cuda.log"; } >> "$OUT/test_cuda_ops.log"
-
-# a3) the offloaded optimizer's bucketed step (stream copies, pinned buffers)
-# against the blocking one; its log is appended to test_cuda_ops.log too.
-run_step test_offload_cuda 60 "$WORK/test_offload_cuda.log" "$B/bin/test_offload_cuda" --durations yes
-DETAIL[-1]+="; $(catch_counts "$WORK/test_offload_cuda.log")"
-skip_on_gpu "$WORK/test_offload_cuda.log"
-{ echo; echo "=== test_offload_cuda"; cat "$WORK/test_offload_cuda.log"; } >> "$OUT/test_cuda_ops.log"
-
-# a4) host synchronisations of a GPU training step; its fixture runs
-# $DS_BINARY_DIR/apps/dsprep/dsprep, so a folder with that layout points at the
-# bundle's dsprep. Log appended to test_cuda_ops.log.
-mkdir -p "$WORK/bindir/apps/dsprep"
-ln -sf "$B/bin/dsprep" "$WORK/bindir/apps/dsprep/dsprep"
-DS_BINARY_DIR="$WORK/bindir" run_step test_host_syncs_cuda 360 "$WORK/test_host_syncs_cuda.log" \
-  "$B/bin/test_host_syncs_cuda" --durations yes
-DETAIL[-1]+="; $(catch_counts "$WORK/test_host_syncs_cuda.log")"
-skip_on_gpu "$WORK/test_host_syncs_cuda.log"
-{ echo; echo "=== test_host_syncs_cuda"; cat "$WORK/test_host_syncs_cuda.log"; } >> "$OUT/test_cuda_ops.log"
-
-# a5) flash2 attention's ordered-dQ backward (hidden from the default run: its
-# key-tile counters would hang on out-of-order dispatch, so it gets its own
-# timeout); its log is appended to test_cuda_ops.log.
-run_step test_flash2_ordered 45 "$WORK/test_flash2_ordered.log" "$B/bin/test_cuda_ops" "[flash2-ordered]" --durations yes
-DETAIL[-1]+="; $(catch_counts "$WORK/test_flash2_ordered.log")"
-{ echo; echo "=== test_flash2_ordered"; cat "$WORK/test_flash2_ordered.log"; } >> "$OUT/test_cuda_ops.log"
-
-# a6) the cudnn attention backend ([cudnn]: cuDNN's fused SDPA graphs against
-# the CPU op; a plan per shape is built on first use, which may compile
-# kernels); log appended to test_cuda_ops.log.
-run_step test_cuda_cudnn 150 "$WORK/test_cuda_cudnn.log" "$B/bin/test_cuda_ops" "[cudnn]" --durations yes
-DETAIL[-1]+="; $(catch_counts "$WORK/test_cuda_cudnn.log")"
-{ echo; echo "=== test_cuda_cudnn"; cat "$WORK/test_cuda_cudnn.log"; } >> "$OUT/test_cuda_ops.log"
-
-# b) NCCL communicator (world of one; NCCL warnings into the log).
-NCCL_DEBUG="${NCCL_DEBUG:-WARN}" run_step test_comm_nccl 90 "$OUT/test_comm_nccl.log" "$B/bin/test_comm_nccl"
-DETAIL[-1]+="; $(catch_counts "$OUT/test_comm_nccl.log")"
-skip_on_gpu "$OUT/test_comm_nccl.log"
-
-# d) dstrain smoke runs: same model, data and seed; bf16, fp16, fp32 on cuda, then cpu.
+# 2. Smoke runs of dstrain: same model, data and seed; bf16 on cuda first (the most telling
+# single check after the op tests), fp16 and fp32 on cuda and fp32 on the cpu later.
 D="$B/data"
 SMOKE=(--num-layers 2 --hidden-size 128 --num-attention-heads 2 --seq-length 128
        --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 8
@@ -285,11 +246,57 @@ SMOKE_RUNS=(cuda_bf16 cuda_fp16 cuda_fp32 cpu_fp32)
 # --profile: the second step's host synchronisations (docs/distributed.md) in the log and the summary.
 PROF=(--profile --profile-dir "$WORK")
 run_step smoke_cuda_bf16 60 "$OUT/smoke_cuda_bf16.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda --bf16 "${PROF[@]}"
-run_step smoke_cuda_fp16 60 "$OUT/smoke_cuda_fp16.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda --fp16 "${PROF[@]}"
-run_step smoke_cuda_fp32 60 "$OUT/smoke_cuda_fp32.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda "${PROF[@]}"
-run_step smoke_cpu_fp32 120 "$OUT/smoke_cpu_fp32.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cpu
 
-# d2) compute-sanitizer memcheck / racecheck / synccheck on small flash2 cases
+# 3. NCCL communicator (world of one; NCCL warnings into the log).
+NCCL_DEBUG="${NCCL_DEBUG:-WARN}" run_step test_comm_nccl 60 "$OUT/test_comm_nccl.log" "$B/bin/test_comm_nccl"
+DETAIL[-1]+="; $(catch_counts "$OUT/test_comm_nccl.log")"
+skip_on_gpu "$OUT/test_comm_nccl.log"
+
+# 4. dsgen's KV-cache attention and decode against the CPU path; its log is
+# appended to test_cuda_ops.log (the tool brings back at most 8 files).
+run_step test_gen_cuda 60 "$WORK/test_gen_cuda.log" "$B/bin/test_gen_cuda" --durations yes
+DETAIL[-1]+="; $(catch_counts "$WORK/test_gen_cuda.log")"
+skip_on_gpu "$WORK/test_gen_cuda.log"
+{ echo; echo "=== test_gen_cuda"; cat "$WORK/test_gen_cuda.log"; } >> "$OUT/test_cuda_ops.log"
+
+# 5. the other smoke runs: fp16, fp32 on cuda, then fp32 on the cpu (the curve they are held to).
+run_step smoke_cuda_fp16 45 "$OUT/smoke_cuda_fp16.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda --fp16 "${PROF[@]}"
+run_step smoke_cuda_fp32 45 "$OUT/smoke_cuda_fp32.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cuda "${PROF[@]}"
+run_step smoke_cpu_fp32 90 "$OUT/smoke_cpu_fp32.log" "$B/bin/dstrain" "${SMOKE[@]}" --device cpu
+
+# 6. the offloaded optimizer's bucketed step (stream copies, pinned buffers)
+# against the blocking one; its log is appended to test_cuda_ops.log too.
+run_step test_offload_cuda 60 "$WORK/test_offload_cuda.log" "$B/bin/test_offload_cuda" --durations yes
+DETAIL[-1]+="; $(catch_counts "$WORK/test_offload_cuda.log")"
+skip_on_gpu "$WORK/test_offload_cuda.log"
+{ echo; echo "=== test_offload_cuda"; cat "$WORK/test_offload_cuda.log"; } >> "$OUT/test_cuda_ops.log"
+
+# 7. the cudnn attention backend ([cudnn]: cuDNN's fused SDPA graphs against
+# the CPU op; a plan per shape is built on first use, which may compile
+# kernels); log appended to test_cuda_ops.log.
+run_step test_cuda_cudnn 120 "$WORK/test_cuda_cudnn.log" "$B/bin/test_cuda_ops" "[cudnn]" --durations yes
+DETAIL[-1]+="; $(catch_counts "$WORK/test_cuda_cudnn.log")"
+{ echo; echo "=== test_cuda_cudnn"; cat "$WORK/test_cuda_cudnn.log"; } >> "$OUT/test_cuda_ops.log"
+
+# 8. flash2 attention's ordered-dQ backward (hidden from the default run: its
+# key-tile counters would hang on out-of-order dispatch, so it gets its own
+# timeout); its log is appended to test_cuda_ops.log.
+run_step test_flash2_ordered 45 "$WORK/test_flash2_ordered.log" "$B/bin/test_cuda_ops" "[flash2-ordered]" --durations yes
+DETAIL[-1]+="; $(catch_counts "$WORK/test_flash2_ordered.log")"
+{ echo; echo "=== test_flash2_ordered"; cat "$WORK/test_flash2_ordered.log"; } >> "$OUT/test_cuda_ops.log"
+
+# 9. host synchronisations of a GPU training step; its fixture runs
+# $DS_BINARY_DIR/apps/dsprep/dsprep, so a folder with that layout points at the
+# bundle's dsprep. Log appended to test_cuda_ops.log.
+mkdir -p "$WORK/bindir/apps/dsprep"
+ln -sf "$B/bin/dsprep" "$WORK/bindir/apps/dsprep/dsprep"
+DS_BINARY_DIR="$WORK/bindir" run_step test_host_syncs_cuda 240 "$WORK/test_host_syncs_cuda.log" \
+  "$B/bin/test_host_syncs_cuda" --durations yes
+DETAIL[-1]+="; $(catch_counts "$WORK/test_host_syncs_cuda.log")"
+skip_on_gpu "$WORK/test_host_syncs_cuda.log"
+{ echo; echo "=== test_host_syncs_cuda"; cat "$WORK/test_host_syncs_cuda.log"; } >> "$OUT/test_cuda_ops.log"
+
+# 10. compute-sanitizer memcheck / racecheck / synccheck on small flash2 cases
 # (cp.async groups, shared-buffer reuse, the ordered-dQ counters); last, so a
 # slow sanitizer cannot starve the steps above. Appended to test_cuda_ops.log.
 SANITIZER="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
@@ -303,7 +310,7 @@ else
   say "=== compute-sanitizer not found: flash2 sanitizer steps not run"
 fi
 
-# c) Kernel benchmark (ceilings first, then each op against its floor), last:
+# 11. Kernel benchmark (ceilings first, then each op against its floor), last:
 # bench.sh runs it in full in its own call; here it is a quick first look
 # (BENCH_ARGS, default --quick) with whatever time the budget has left.
 # shellcheck disable=SC2086  # BENCH_ARGS is a word list
