@@ -533,7 +533,17 @@ Experience PpoRun::generate_experience(const std::vector<std::vector<int32_t>>& 
     opt.synced = [&](bool done) {
       return world_->all_reduce_scalar(done ? 0.0 : 1.0, Device::cpu()) == 0.0;
     };
-  const std::vector<gen::GenResult> res = gen::generate(actor_->model(), prompts, opt);
+  // The actor's weights (LoRA fused, ZeRO-3 gathered) are prepared once for the whole call.
+  struct Held {
+    GptModel& m;
+    explicit Held(GptModel& model) : m(model) { m.hold_params(true); }
+    ~Held() { m.hold_params(false); }
+  };
+  std::vector<gen::GenResult> res;
+  {
+    const Held held(actor_->model());
+    res = gen::generate(actor_->model(), prompts, opt);
+  }
   generate_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // seq: the left-padded prompt, the answer (with the eos that ended it, unless that is the padding id), padding.
   std::vector<std::vector<int32_t>> answers(static_cast<size_t>(B));

@@ -143,7 +143,19 @@ void GptModel::use_params(int unit) {
   if (!lora_slots_.empty() && !lora_slots_[unit].empty()) lora_acquire(unit);
 }
 
+void GptModel::hold_params(bool hold) {
+  if (hold_ == hold) return;
+  hold_ = hold;
+  if (hold) return;
+  for (size_t u = 0; u < unit_params_.size(); ++u)
+    if (unit_params_[u].defined()) drop_params(static_cast<int>(u));
+}
+
 void GptModel::drop_params(int unit) {
+  if (hold_) {
+    DS_CHECK(lora_dw_.empty(), "a backward ran while the model's weights were held (GptModel::hold_params)");
+    return;
+  }
   if (!lora_dw_.empty()) lora_fold_grads(unit);  // a backward: the LoRA gradients need the unit's weights
   store_->release_params(unit);
   unit_params_[unit] = Tensor();
@@ -152,6 +164,7 @@ void GptModel::drop_params(int unit) {
 }
 
 void GptModel::use_grads(int unit) {
+  DS_CHECK(!hold_, "a backward ran while the model's weights were held (GptModel::hold_params)");
   if (unit_grads_[unit].defined()) return;
   unit_grads_[unit] = store_->acquire_grads(unit);
   if (!lora_slots_.empty() && !lora_slots_[unit].empty()) lora_grads_begin(unit);

@@ -312,6 +312,12 @@ class GptModel {
   // sample's LAST row over the real vocabulary: a host f32 (B, V) tensor,
   // gathered over tensor-parallel ranks (collective: every tp rank calls).
   Tensor decode_forward(const Tensor& tokens, const std::vector<int32_t>& pos, KvCache& cache);
+  // While held, a unit a forward acquires stays acquired after the pass: its
+  // weights (gathered once under ZeRO-3) and its LoRA effective weights
+  // (computed once) serve every later forward until hold_params(false)
+  // releases them. Generation holds them for a whole generate() call, as
+  // DeepSpeed's hybrid engine does; no backward may run while they are held.
+  void hold_params(bool hold);
   // The training forward (no dropout) on tokens (B, T); returns the logits of
   // every row: (B*T, Vl) in the compute dtype, valid until the next forward
   // (the reference the KV-cache path is tested against).
@@ -462,6 +468,7 @@ class GptModel {
   ParamStore* store_ = nullptr;
   std::vector<Range> units_;
   std::vector<Tensor> unit_params_, unit_grads_;  // acquired units (else undefined)
+  bool hold_ = false;                               // hold_params
   // LoRA (lib/model/lora.cpp, ModelConfig::lora): each target's base weight,
   // left (dim, rows) and right (dim, in) tensors and row block, per unit.
   // While a unit is held, w() of an adapted weight is its effective weight

@@ -592,6 +592,44 @@ TEST_CASE("right-padding lengths change only the padding rows") {
                       s.offset + static_cast<int64_t>(pick.below(s.numel)), 1.0, s.name);
 }
 
+// Generation holds a LoRA model's weights (GptModel::hold_params): the
+// effective weights are computed once and serve every decode step, which
+// gives the same logits bit for bit as computing them per step; a backward
+// while they are held is refused, and training goes on after the release.
+TEST_CASE("LoRA: held weights decode as per-step ones") {
+  ModelConfig cfg = test::tiny_model(true);
+  cfg.lora.dim = 2;
+  for (int l = 0; l < cfg.num_layers; ++l) cfg.lora.targets.push_back({l, "attn.proj.weight", 0, cfg.hidden_size});
+  GptModel model(cfg, Device::cpu());
+  model.init_weights(3, 0.2f);
+  Rng r(5);
+  for (const ParamSpec& p : model.layout().params)
+    if (p.name.ends_with(".left"))
+      for (int64_t i = 0; i < p.numel; ++i) model.params().data<float>()[p.offset + i] = static_cast<float>(r.uniform() - 0.5);
+  const Tensor tok = test::random_tokens(1, 5, cfg.vocab_size, 3);
+  auto decode = [&] {
+    KvCache c = model.make_kv_cache(1, 8);
+    std::vector<float> out;
+    Tensor l = model.decode_forward(tok, {0}, c);
+    out.insert(out.end(), l.data<float>(), l.data<float>() + l.numel());
+    for (int32_t step = 0; step < 2; ++step) {
+      Tensor next = test::random_tokens(1, 1, cfg.vocab_size, 10 + static_cast<uint64_t>(step));
+      l = model.decode_forward(next, {5 + step}, c);
+      out.insert(out.end(), l.data<float>(), l.data<float>() + l.numel());
+    }
+    return out;
+  };
+  const std::vector<float> per_step = decode();
+  model.hold_params(true);
+  const std::vector<float> held = decode();
+  model.hold_params(false);
+  REQUIRE(held == per_step);
+  model.grads().zero_();
+  model.forward_backward(tok, tok, 1.f);  // training goes on after the release
+  model.hold_params(true);
+  REQUIRE_THROWS_WITH(model.forward_backward(tok, tok, 1.f), Catch::Contains("held"));
+}
+
 // LoRA (ModelConfig::lora, lib/model/lora.cpp): the adapted weights compute
 // with W + s L^T R (s = scaling / dim) per target block, their own gradient
 // is zero, the left and right gradients match finite differences, and a
