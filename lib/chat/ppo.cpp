@@ -5,7 +5,7 @@
 // right-padded; every per-token array has L - 1 entries (ppo_math.h). The
 // models here take right-padded micro-batches (MicroBatch::lengths), so each
 // row is packed to the left for a forward: the real tokens [s_b, s_b + n_b)
-// of the padded row become positions [0, n_b), padded to T = P + A. Only the
+// of the padded row become positions [0, n_b), padded to the longest row. Only the
 // real tokens' outputs enter the formulas, and they are unchanged by the
 // move: a query sees the same keys (the padding is masked either way), OPT
 // derives positions from the attention mask, rotary positions enter the
@@ -250,31 +250,38 @@ struct Packed {
   MicroBatch mb;
 };
 
-Packed pack(const Experience& e, int64_t T, bool absolute_positions, int32_t pad, int64_t Bcfg) {
+// Tcfg: the models' configured sequence length (P + A), which the loss
+// weight is relative to; the micro-batch itself is as wide as its longest
+// packed row, so that short answers cost no attention or products over
+// padding.
+Packed pack(const Experience& e, int64_t Tcfg, bool absolute_positions, int32_t pad, int64_t Bcfg) {
   Packed p;
   p.B = e.B;
-  p.T = T;
-  Tensor tok = Tensor::empty({e.B, T}, DType::I32), tgt = Tensor::empty({e.B, T}, DType::I32);
-  Tensor len = Tensor::empty({e.B}, DType::I32), shift = Tensor::empty({e.B}, DType::I32);
-  std::fill(tok.data<int32_t>(), tok.data<int32_t>() + e.B * T, pad);
-  std::fill(tgt.data<int32_t>(), tgt.data<int32_t>() + e.B * T, -1);  // no token targets: the head's loss
   for (int64_t b = 0; b < e.B; ++b) {
     const uint8_t* m = e.mask.data() + b * e.L;
     const int64_t s = std::find(m, m + e.L, uint8_t{1}) - m;
     int64_t n = 0;
     while (s + n < e.L && m[s + n]) ++n;
-    DS_CHECK(n >= 1 && n <= T, "dschat ppo: row {} holds {} real tokens of {}", b, n, T);
-    std::copy_n(e.seq.data() + b * e.L + s, n, tok.data<int32_t>() + b * T);
-    len.data<int32_t>()[b] = static_cast<int32_t>(n);
-    shift.data<int32_t>()[b] = static_cast<int32_t>(s);
+    DS_CHECK(n >= 1 && n <= Tcfg, "dschat ppo: row {} holds {} real tokens of {}", b, n, Tcfg);
     p.s.push_back(s);
     p.n.push_back(n);
+  }
+  const int64_t T = p.T = *std::max_element(p.n.begin(), p.n.end());
+  Tensor tok = Tensor::empty({e.B, T}, DType::I32), tgt = Tensor::empty({e.B, T}, DType::I32);
+  Tensor len = Tensor::empty({e.B}, DType::I32), shift = Tensor::empty({e.B}, DType::I32);
+  std::fill(tok.data<int32_t>(), tok.data<int32_t>() + e.B * T, pad);
+  std::fill(tgt.data<int32_t>(), tgt.data<int32_t>() + e.B * T, -1);  // no token targets: the head's loss
+  for (int64_t b = 0; b < e.B; ++b) {
+    std::copy_n(e.seq.data() + b * e.L + p.s[static_cast<size_t>(b)], p.n[static_cast<size_t>(b)],
+                tok.data<int32_t>() + b * T);
+    len.data<int32_t>()[b] = static_cast<int32_t>(p.n[static_cast<size_t>(b)]);
+    shift.data<int32_t>()[b] = static_cast<int32_t>(p.s[static_cast<size_t>(b)]);
   }
   p.mb = {.tokens = tok,
           .targets = tgt,
           .first_sample = 0,
           .step_key = {},
-          .loss_weight_scale = static_cast<float>(Bcfg * T),
+          .loss_weight_scale = static_cast<float>(Bcfg * Tcfg),
           .lengths = len,
           .shifts = absolute_positions ? shift : Tensor()};
   return p;
@@ -613,7 +620,7 @@ Experience PpoRun::generate_experience(const std::vector<std::vector<int32_t>>& 
   const Tensor& scores = reward_->forward(p);
   e.rewards.resize(static_cast<size_t>(e.B));
   for (int64_t b = 0; b < e.B; ++b)
-    load_f32(scores, b * T_ + p.n[static_cast<size_t>(b)] - 1, 1, &e.rewards[static_cast<size_t>(b)]);
+    load_f32(scores, b * p.T + p.n[static_cast<size_t>(b)] - 1, 1, &e.rewards[static_cast<size_t>(b)]);
   critic_head_.set(PpoHead::Mode::Values, &e, &p);
   critic_->forward_loss(p.mb);
   e.values = critic_head_.captured();
