@@ -67,7 +67,8 @@ void set_dropout(ModelConfig& m, json& hf, const std::optional<double>& dropout,
   }
 }
 
-// Copies the tokenizer files of the model directory beside the exported model.
+}  // namespace
+
 void copy_tokenizer_files(const fs::path& from, const fs::path& to) {
   std::error_code ec;
   for (const char* n : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
@@ -75,8 +76,6 @@ void copy_tokenizer_files(const fs::path& from, const fs::path& to) {
     if (fs::is_regular_file(from / n, ec) && !fs::exists(to / n, ec))
       fs::copy_file(from / n, to / n, ec);
 }
-
-}  // namespace
 
 RawDataset read_dataset(const std::string& path, const std::string& flag) {
   std::error_code ec;

@@ -110,6 +110,10 @@ void store_f32(const Tensor& t, int64_t offset, int64_t n, const float* in);
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Copies the tokenizer files of model directory `from` into `to` (those it
+// does not hold yet).
+void copy_tokenizer_files(const std::filesystem::path& from, const std::filesystem::path& to);
+
 // The model and its tokenizer files into `out`, which may hold other files
 // (DeepSpeed-Chat's scripts send their log there): written complete into a
 // temporary directory inside it, then each file renamed into place.

@@ -670,9 +670,7 @@ void PpoRun::export_ema(const fs::path& out) {
   export_hf_streamed(cfg, layout, [&](const std::string& name) { return lora_fused_weight(cfg, name, weight); },
                      tmp.string(),
                      HfTokenIds{.bos = actor_cm_->tok.bos_id(), .eos = actor_cm_->tok.eos_id()});
-  for (const char* n : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
-                        "special_tokens_map.json", "added_tokens.json", "tokenizer.model"})
-    if (fs::is_regular_file(actor_cm_->dir / n, ec)) fs::copy_file(actor_cm_->dir / n, tmp / n, ec);
+  copy_tokenizer_files(actor_cm_->dir, tmp);
   fs::remove_all(out, ec);
   fs::rename(tmp, out, ec);
   DS_USER_CHECK(!ec, "--output_dir: cannot move the EMA model into '{}': {}", out.string(), ec.message());
