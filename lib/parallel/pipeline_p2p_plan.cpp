@@ -16,10 +16,11 @@ namespace {
 bool is_receive(ActionKind k) { return k == ActionKind::RecvForward || k == ActionKind::RecvBackward; }
 
 // The receive a compute consumes: RecvForward for a Forward, RecvBackward for
-// a Backward, of the same (micro, chunk).
+// a Backward (or input pass), of the same (micro, chunk). A weight pass
+// consumes none.
 std::tuple<ActionKind, int, int> receive_key(const PipeAction& a) {
   if (a.kind == ActionKind::Forward) return {ActionKind::RecvForward, a.micro, a.chunk};
-  if (a.kind == ActionKind::Backward) return {ActionKind::RecvBackward, a.micro, a.chunk};
+  if (is_backward(a.kind)) return {ActionKind::RecvBackward, a.micro, a.chunk};
   return {a.kind, a.micro, a.chunk};
 }
 
@@ -67,6 +68,7 @@ PostsBefore receives_one_early(std::vector<std::vector<PipeAction>> runs) {
 }
 
 bool sends_output_of(const std::vector<PipeAction>& batch, const PipeAction& compute) {
+  if (compute.kind == ActionKind::WeightGrad) return false;
   const ActionKind send =
       compute.kind == ActionKind::Forward ? ActionKind::SendForward : ActionKind::SendBackward;
   for (const PipeAction& a : batch)
@@ -118,9 +120,9 @@ std::vector<P2PPlanStep> make_p2p_plan(const std::vector<PipeAction>& actions, S
       runs.emplace_back();
     }
   }
-  const PostsBefore posts = !overlap                         ? paired(runs)
-                            : kind == ScheduleKind::OneFOneB ? receives_one_early(runs)
-                                                             : batches_one_early(runs, computes);
+  const PostsBefore posts = !overlap                                 ? paired(runs)
+                            : kind != ScheduleKind::Interleaved1F1B ? receives_one_early(runs)
+                                                                     : batches_one_early(runs, computes);
 
   std::vector<P2PPlanStep> plan;
   std::map<std::tuple<ActionKind, int, int>, int> posted_in;  // receive or SendForward -> post index
@@ -146,7 +148,7 @@ std::vector<P2PPlanStep> make_p2p_plan(const std::vector<PipeAction>& actions, S
     }
     // The backward frees the activations its forward sent from; that send may
     // sit on the other queue than the gradient it received.
-    if (computes[k].kind == ActionKind::Backward) {
+    if (is_backward(computes[k].kind)) {
       auto sent = posted_in.find({ActionKind::SendForward, computes[k].micro, computes[k].chunk});
       if (sent != posted_in.end()) {
         if (s.waits.empty() || s.waits.back() != sent->second) s.waits.push_back(sent->second);

@@ -18,7 +18,19 @@
 namespace ds {
 
 bool is_communication(ActionKind kind) {
-  return kind != ActionKind::Forward && kind != ActionKind::Backward;
+  return kind != ActionKind::Forward && !is_backward(kind) && kind != ActionKind::WeightGrad;
+}
+
+bool is_backward(ActionKind kind) { return kind == ActionKind::Backward || kind == ActionKind::BackwardInput; }
+
+bool is_zero_bubble(ScheduleKind kind) {
+  return kind == ScheduleKind::ZeroBubbleH1 || kind == ScheduleKind::ZeroBubbleH1Exact;
+}
+
+ScheduleKind pipeline_schedule_kind(int virtual_stages, bool zbh1, bool zbh1_exact) {
+  if (virtual_stages > 1) return ScheduleKind::Interleaved1F1B;
+  if (zbh1) return zbh1_exact ? ScheduleKind::ZeroBubbleH1Exact : ScheduleKind::ZeroBubbleH1;
+  return ScheduleKind::OneFOneB;
 }
 
 std::string to_string(const PipeAction& a, int virtual_stages) {
@@ -30,13 +42,21 @@ std::string to_string(const PipeAction& a, int virtual_stages) {
     case ActionKind::RecvBackward: name = "RecvB"; break;
     case ActionKind::Backward: name = "B"; break;
     case ActionKind::SendBackward: name = "SendB"; break;
+    case ActionKind::BackwardInput: name = "BI"; break;
+    case ActionKind::WeightGrad: name = "W"; break;
   }
   if (virtual_stages > 1) return fmt::format("{}{}.{}", name, a.micro, a.chunk);
   return fmt::format("{}{}", name, a.micro);
 }
 
 std::string to_string(ScheduleKind kind) {
-  return kind == ScheduleKind::OneFOneB ? "1f1b" : "interleaved-1f1b";
+  switch (kind) {
+    case ScheduleKind::OneFOneB: return "1f1b";
+    case ScheduleKind::Interleaved1F1B: return "interleaved-1f1b";
+    case ScheduleKind::ZeroBubbleH1: return "zbh1";
+    case ScheduleKind::ZeroBubbleH1Exact: return "zbh1-exact";
+  }
+  return "?";
 }
 
 namespace {
@@ -45,11 +65,11 @@ void validate(ScheduleKind kind, int pp, int n_micro, int v) {
   DS_USER_CHECK(pp >= 1, "pipeline-model-parallel-size must be >= 1, got {}", pp);
   DS_USER_CHECK(n_micro >= 1, "number of micro-batches must be >= 1, got {}", n_micro);
   DS_USER_CHECK(v >= 1, "virtual pipeline stages per rank must be >= 1, got {}", v);
-  if (kind == ScheduleKind::OneFOneB) {
+  if (kind != ScheduleKind::Interleaved1F1B) {
     DS_USER_CHECK(v == 1,
-                  "the 1F1B schedule holds one model chunk per rank, got {} virtual stages "
+                  "the {} schedule holds one model chunk per rank, got {} virtual stages "
                   "per rank; use the interleaved schedule",
-                  v);
+                  is_zero_bubble(kind) ? "ZB-H1" : "1F1B", v);
     return;
   }
   DS_USER_CHECK(pp >= 2,
@@ -159,6 +179,51 @@ std::vector<PipeAction> one_f_one_b(int pp, int stage, int n_micro) {
   return b.finish();
 }
 
+// ZB-H1 (Megatron-DeepSpeed's ZeroBubbleH1Pipeline) as a rewrite of the
+// stage's 1F1B list: the same forwards, messages and backward order, each
+// backward j (micro-batch j) either whole or an input pass whose weight pass
+// runs later. Upstream's sections, in 1F1B's terms (s = stage, r = the
+// steady phase's length, n_micro - warmup):
+//   j < r, j < s          input pass only (its weight pass waits)
+//   j < r, j == r - 1     input pass, then the oldest pending weight pass
+//   j < r, otherwise      whole backward; exact: as the line above
+//   j >= r (cooldown)     input pass, then the oldest pending weight pass
+// and the weight passes still pending at the end. Stage 0 runs whole
+// backwards throughout (nothing waits on its input gradient). A weight pass
+// runs right before the next compute, after the messages that follow its
+// input pass have been posted, so it overlaps them.
+std::vector<PipeAction> zero_bubble_h1(int pp, int stage, int n_micro, bool exact) {
+  std::vector<PipeAction> base = one_f_one_b(pp, stage, n_micro);
+  if (stage == 0) return base;
+  const int steady = n_micro - warmup_micro_batches(ScheduleKind::OneFOneB, pp, stage, n_micro);
+  std::vector<PipeAction> out;
+  std::deque<int> pending;
+  bool weight_due = false;
+  auto weight_pass = [&] {
+    out.push_back({ActionKind::WeightGrad, pending.front(), 0});
+    pending.pop_front();
+    weight_due = false;
+  };
+  for (const PipeAction& a : base) {
+    if (!is_communication(a.kind) && weight_due) weight_pass();
+    if (a.kind != ActionKind::Backward) {
+      out.push_back(a);
+      continue;
+    }
+    const int j = a.micro;  // 1F1B's backwards run in micro-batch order
+    const bool input_only = j >= steady || j < stage || j == steady - 1 || exact;
+    if (!input_only) {
+      out.push_back(a);
+      continue;
+    }
+    out.push_back({ActionKind::BackwardInput, j, 0});
+    pending.push_back(j);
+    weight_due = !(j < steady && j < stage);
+  }
+  while (!pending.empty()) weight_pass();
+  return out;
+}
+
 // Steady phase of the interleaved schedule: forward k + warmup, backward k,
 // then one batch of sends and receives (Megatron's ..._with_interleaving).
 void interleaved_steady(Builder& b, const Interleave& il, int stage, int warmup, int remaining) {
@@ -218,6 +283,8 @@ std::vector<PipeAction> make_schedule(ScheduleKind kind, int pp, int stage, int 
   validate(kind, pp, n_micro, virtual_stages);
   validate_stage(pp, stage);
   if (kind == ScheduleKind::OneFOneB) return one_f_one_b(pp, stage, n_micro);
+  if (is_zero_bubble(kind))
+    return zero_bubble_h1(pp, stage, n_micro, kind == ScheduleKind::ZeroBubbleH1Exact);
   return interleaved(pp, stage, n_micro, virtual_stages);
 }
 
@@ -232,7 +299,7 @@ std::vector<std::vector<PipeAction>> make_all_schedules(ScheduleKind kind, int p
 int warmup_micro_batches(ScheduleKind kind, int pp, int stage, int n_micro, int virtual_stages) {
   validate(kind, pp, n_micro, virtual_stages);
   validate_stage(pp, stage);
-  if (kind == ScheduleKind::OneFOneB) return std::min(pp - stage - 1, n_micro);
+  if (kind != ScheduleKind::Interleaved1F1B) return std::min(pp - stage - 1, n_micro);
   const int total = n_micro * virtual_stages;
   if (n_micro == pp) return total;
   return std::min(2 * (pp - stage - 1) + (virtual_stages - 1) * pp, total);
@@ -243,8 +310,19 @@ int max_live_activations(ScheduleKind kind, int pp, int stage, int n_micro, int 
   return std::min(warmup + 1, n_micro * virtual_stages);
 }
 
+int max_pending_weight_grads(ScheduleKind kind, int pp, int stage, int n_micro) {
+  if (!is_zero_bubble(kind)) return 0;
+  int pending = 0, peak = 0;
+  for (const PipeAction& a : make_schedule(kind, pp, stage, n_micro)) {
+    pending += a.kind == ActionKind::BackwardInput ? 1 : a.kind == ActionKind::WeightGrad ? -1 : 0;
+    peak = std::max(peak, pending);
+  }
+  return peak;
+}
+
 double bubble_fraction(ScheduleKind kind, int pp, int n_micro, int virtual_stages) {
   validate(kind, pp, n_micro, virtual_stages);
+  if (is_zero_bubble(kind)) return double(pp - 1) / (3.0 * n_micro);
   return double(pp - 1) / double(n_micro) / double(virtual_stages);
 }
 

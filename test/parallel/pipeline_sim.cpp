@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <deque>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <map>
 #include <tuple>
 
@@ -66,6 +67,8 @@ class Simulator {
     std::vector<PostedOp*> batch;
     double clock = 0;
     int live = 0, forwards = 0;
+    std::deque<int> pending_weights;  // micro-batches whose input pass ran, weight pass not yet
+    size_t ahead = 0;                 // weight passes after the posted batch, run while it is in flight
   };
   using Key = std::tuple<int, int, bool>;  // (from rank, to rank, carries activations)
 
@@ -91,12 +94,26 @@ class Simulator {
       post_batch(r);
       return true;
     }
-    for (const PostedOp* op : rs.batch)
-      if (!op->done) return false;
+    bool done = true;
+    for (const PostedOp* op : rs.batch) done &= op->done;
+    if (!done) {
+      // A weight pass right after the batch reads nothing it carries: it runs
+      // while the batch is in flight (the executor waits only for the batch
+      // holding what a compute reads).
+      const size_t next = rs.batch_end + rs.ahead;
+      if (next >= lists_[r].size() || lists_[r][next].kind != ActionKind::WeightGrad) return false;
+      const size_t pc = rs.pc;
+      rs.pc = next;
+      compute(r, lists_[r][next]);
+      rs.pc = pc;
+      ++rs.ahead;
+      return true;
+    }
     for (const PostedOp* op : rs.batch) rs.clock = std::max(rs.clock, op->done_at);
     rs.batch.clear();
     rs.posted = false;
-    rs.pc = rs.batch_end;
+    rs.pc = rs.batch_end + rs.ahead;
+    rs.ahead = 0;
     return true;
   }
 
@@ -179,7 +196,13 @@ class Simulator {
     const std::string at = where(r, rs.pc);
     const int s = virtual_stage_index(pp_, r, a.chunk);
     const int m = a.micro;
-    if (a.kind == ActionKind::Forward) {
+    double cost = opt_.forward_cost;
+    if (a.kind == ActionKind::WeightGrad) {
+      DS_CHECK(!rs.pending_weights.empty() && rs.pending_weights.front() == m,
+               "{}: not the oldest pending weight pass (pending: {})", at, fmt::join(rs.pending_weights, " "));
+      rs.pending_weights.pop_front();
+      cost = opt_.weight_cost;
+    } else if (a.kind == ActionKind::Forward) {
       DS_CHECK(fwd_seq_[m][s] < 0, "{}: forward run twice", at);
       DS_CHECK(first_virtual(r, a.chunk) || recv_f_[m][s], "{}: input not received", at);
       fwd_seq_[m][s] = seq_++;
@@ -193,9 +216,14 @@ class Simulator {
       --rs.live;
       if (result_.forwards_before_first_backward[r] < 0)
         result_.forwards_before_first_backward[r] = rs.forwards;
+      cost = opt_.backward_cost;
+      if (a.kind == ActionKind::BackwardInput) {
+        rs.pending_weights.push_back(m);
+        cost = opt_.backward_input_cost;
+      }
     }
     result_.trace[r].push_back({rs.clock, a});
-    rs.clock += a.kind == ActionKind::Forward ? opt_.forward_cost : opt_.backward_cost;
+    rs.clock += cost;
   }
 
   void check_finished() const {
@@ -203,6 +231,9 @@ class Simulator {
     for (int r = 0; r < pp_; ++r)
       if (ranks_[r].pc < lists_[r].size()) blocked += "; " + where(r, ranks_[r].pc);
     if (!blocked.empty()) DS_THROW("pipeline deadlock: blocked at {}", blocked.substr(2));
+    for (int r = 0; r < pp_; ++r)
+      DS_CHECK(ranks_[r].pending_weights.empty(), "rank {}: micro-batch {}'s weight pass never ran", r,
+               ranks_[r].pending_weights.front());
     for (const auto& [key, ch] : channels_)
       DS_CHECK(ch.sends.empty(), "rank {} sent {} to rank {} and it was never received",
                std::get<0>(key), to_string(ch.sends.front()->tag, v_), std::get<1>(key));

@@ -14,12 +14,17 @@ namespace ds {
 // when every one has met its peer (rendezvous, as NCCL group p2p).
 // Buffered: a send completes at once; a receive blocks until its message is
 // there; actions run one at a time in list order.
+// In both, the WeightGrad passes right after a batch run while it is in
+// flight (they read nothing a message carries), as the executor runs them.
 enum class CommModel { Batched, Buffered };
 
 struct PipelineSimOptions {
   CommModel comm = CommModel::Batched;
   double forward_cost = 1.0;   // time units per Forward of one chunk
   double backward_cost = 2.0;  // per Backward of one chunk
+  // Zero-bubble schedules: BackwardInput and WeightGrad (their sum is a Backward).
+  double backward_input_cost = 1.0;
+  double weight_cost = 1.0;
 };
 
 struct TimedAction {

@@ -7,6 +7,7 @@
 // simulator itself catches broken lists.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <deque>
 #include <map>
 #include <string>
 #include <utility>
@@ -307,4 +308,134 @@ TEST_CASE("the simulator rejects broken schedules", "[pipeline]") {
     std::iter_swap(send, send - 1);
     CHECK_THAT(sim_error(lists, 2, 1), Contains("not computed yet"));
   }
+}
+
+namespace {
+
+// Megatron-DeepSpeed's ZeroBubbleH1Pipeline.steps() written out on its own:
+// its F, FB, FBW, BW and W sections as a list of compute actions ("F3",
+// "B3" whole backward, "BI3" input pass, "W3" the oldest pending weight pass).
+std::vector<std::string> upstream_zbh1_computes(int stages, int stage, int m, bool exact) {
+  std::vector<std::string> out;
+  std::deque<int> queue;
+  const int warm = stages - stage;
+  const bool first = stage == 0;
+  int fwd = 0, bwd = 0, weight = 0;
+  auto F = [&] { out.push_back(fmt::format("F{}", fwd++)); };
+  auto B = [&] { out.push_back(fmt::format("B{}", bwd++)); };
+  auto BI = [&] {
+    queue.push_back(bwd);
+    out.push_back(fmt::format("BI{}", bwd++));
+  };
+  auto W = [&] {
+    out.push_back(fmt::format("W{}", queue.front()));
+    queue.pop_front();
+  };
+  for (int i = 0; i < warm - 1; ++i)
+    if (fwd < m) F();
+  for (int i = 0; i < stage; ++i)
+    if (fwd < m) F(), BI();
+  while (fwd < m) {
+    F();
+    ++weight;
+    if (first) {
+      B();
+    } else if (fwd == m || exact) {
+      BI();
+      W();
+    } else {
+      B();
+    }
+  }
+  while (bwd < m) {
+    ++weight;
+    if (first) {
+      B();
+    } else {
+      BI();
+      W();
+    }
+  }
+  for (; weight < m; ++weight) W();
+  return out;
+}
+
+std::vector<std::string> computes_of(const std::vector<PipeAction>& list) {
+  std::vector<std::string> out;
+  for (const PipeAction& a : list)
+    if (!is_communication(a.kind)) out.push_back(to_string(a));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ZB-H1: the computes of Megatron-DeepSpeed's schedule, 1F1B's messages", "[pipeline]") {
+  for (ScheduleKind kind : {ScheduleKind::ZeroBubbleH1, ScheduleKind::ZeroBubbleH1Exact})
+    for (int pp = 1; pp <= 8; ++pp)
+      for (int n : {1, 2, 3, 4, 5, 7, 8, 12, 16})
+        for (int s = 0; s < pp; ++s) {
+          INFO(to_string(kind) << " pp " << pp << " n " << n << " stage " << s);
+          const std::vector<PipeAction> zb = make_schedule(kind, pp, s, n);
+          CHECK(computes_of(zb) == upstream_zbh1_computes(pp, s, n, kind == ScheduleKind::ZeroBubbleH1Exact));
+          // The messages are 1F1B's, in 1F1B's order, and so are the forwards
+          // and backwards (whole or input passes).
+          std::vector<PipeAction> base = make_schedule(k1F1B, pp, s, n), rest;
+          for (PipeAction a : zb) {
+            if (a.kind == ActionKind::WeightGrad) continue;
+            if (a.kind == ActionKind::BackwardInput) a.kind = ActionKind::Backward;
+            rest.push_back(a);
+          }
+          CHECK(rest == base);
+          CHECK(max_live_activations(kind, pp, s, n) == max_live_activations(k1F1B, pp, s, n));
+          // The input passes of the steady phase's first `s` backwards wait,
+          // and one more while each later input pass runs before its weight pass.
+          const int steady = n - std::min(pp - s - 1, n), waiting = std::min(s, steady);
+          CHECK(max_pending_weight_grads(kind, pp, s, n) == (s == 0 ? 0 : waiting + (n > waiting ? 1 : 0)));
+        }
+  // pp 4, 8 micro-batches, stage 2: two input passes wait; the steady phase
+  // runs whole backwards (default) or splits them too (exact).
+  CHECK(join(make_schedule(ScheduleKind::ZeroBubbleH1, 4, 2, 8), 1, true) ==
+        "F0 F1 BI0 F2 BI1 F3 B2 F4 B3 F5 B4 F6 B5 F7 BI6 W0 BI7 W1 W6 W7");
+  CHECK(join(make_schedule(ScheduleKind::ZeroBubbleH1Exact, 4, 2, 8), 1, true) ==
+        "F0 F1 BI0 F2 BI1 F3 BI2 W0 F4 BI3 W1 F5 BI4 W2 F6 BI5 W3 F7 BI6 W4 BI7 W5 W6 W7");
+  CHECK(to_string(ScheduleKind::ZeroBubbleH1) == "zbh1");
+  CHECK(pipeline_schedule_kind(1, true, true) == ScheduleKind::ZeroBubbleH1Exact);
+  CHECK(pipeline_schedule_kind(2, true, false) == kInter);
+  CHECK_THROWS_AS(make_schedule(ScheduleKind::ZeroBubbleH1, 4, 0, 8, 2), UserError);
+}
+
+TEST_CASE("ZB-H1 runs against its neighbours and cuts 1F1B's bubble to a third", "[pipeline]") {
+  for (ScheduleKind kind : {ScheduleKind::ZeroBubbleH1, ScheduleKind::ZeroBubbleH1Exact})
+    for (int pp = 1; pp <= 8; ++pp)
+      for (int n : {1, 2, 3, 4, 5, 7, 8, 12, 16}) {
+        INFO(to_string(kind) << " pp " << pp << " n " << n);
+        const auto all = make_all_schedules(kind, pp, n);
+        for (CommModel comm : {CommModel::Batched, CommModel::Buffered}) {
+          INFO((comm == CommModel::Batched ? "batched" : "buffered"));
+          PipelineSimOptions opt;  // forward 1, input pass 1, weight pass 1, whole backward 2
+          opt.comm = comm;
+          PipelineSimResult zb, base;
+          REQUIRE_NOTHROW(zb = simulate_pipeline(all, n, 1, opt));
+          base = simulate_pipeline(make_all_schedules(k1F1B, pp, n), n, 1, opt);
+          for (int s = 0; s < pp; ++s) REQUIRE(zb.peak_live[s] == base.peak_live[s]);
+          REQUIRE(base.bubble() == Approx(bubble_fraction(k1F1B, pp, n)));
+          REQUIRE(zb.makespan <= base.makespan);
+          if (pp > 1 && n > 1) REQUIRE(zb.makespan < base.makespan);
+          if (n >= pp && comm == CommModel::Batched) {
+            // The zero-bubble paper's count with F = B = W: the bubble is
+            // (pp - 1) (F + B - W), a third of 1F1B's (pp - 1) (F + B + W).
+            // Exact semantics run one weight pass more in the cooldown when
+            // the steady phase is longer than the pipeline.
+            const bool extra = kind == ScheduleKind::ZeroBubbleH1Exact && n > pp && pp > 1;
+            CHECK(zb.makespan == Approx(3.0 * n + (pp - 1) + (extra ? 1 : 0)));
+            if (!extra) CHECK(zb.bubble() == Approx(bubble_fraction(kind, pp, n)));
+          }
+        }
+      }
+  // The trace of pp 4, 8 micro-batches: stage 0 waits 3 units for its first
+  // gradient (1F1B: 6) and ends at 27 (1F1B: 33).
+  const PipelineSimResult r = simulate_pipeline(make_all_schedules(ScheduleKind::ZeroBubbleH1, 4, 8), 8, 1);
+  REQUIRE(r.trace[0][4].action == PipeAction{ActionKind::Backward, 0, 0});
+  CHECK(r.trace[0][4].start == 7.0);
+  CHECK(r.makespan == 27.0);
 }
