@@ -100,6 +100,9 @@ struct ParallelConfig {
   bool sequence_parallel = false;  // forced off when tp == 1 (as Megatron does)
   int sp = 1;  // ds_sequence_parallel_size: DeepSpeed-Ulysses sequence parallelism
   int num_layers_per_virtual_stage = 0;
+  // Megatron-DeepSpeed's zero-bubble pipeline (--enable-zbh1-pipeline) and its
+  // exact semantics (--enable-zbh1-exact-semantics); see docs/pipeline.md.
+  bool zbh1_pipeline = false, zbh1_exact_semantics = false;
   RecomputeKind recompute = RecomputeKind::None;  // recompute_granularity: "" (none), full, selective
   int recompute_num_layers = 0;
 };

@@ -92,6 +92,8 @@ std::span<const ConfigField<ParallelConfig>> parallel_fields() {
       F(ParallelConfig, "sequence_parallel", sequence_parallel),
       F(ParallelConfig, "ds_sequence_parallel_size", sp),
       F(ParallelConfig, "num_layers_per_virtual_pipeline_stage", num_layers_per_virtual_stage),
+      F(ParallelConfig, "zbh1_pipeline", zbh1_pipeline),
+      F(ParallelConfig, "zbh1_exact_semantics", zbh1_exact_semantics),
       F(ParallelConfig, "recompute_num_layers", recompute_num_layers),
   };
   return t;

@@ -196,6 +196,26 @@ void validate_model(const ModelConfig& m, const ParallelConfig& p) {
                 nkv, p.tp);
 }
 
+// ZB-H1 (Megatron-DeepSpeed's deepspeed_zbh1_*): upstream asserts the exact
+// semantics need the pipeline flag and refuses sequence parallelism as
+// untested; dstrain runs it (its weight passes keep copies of the gathered
+// inputs), tested against 1F1B.
+void validate_zbh1(const TrainConfig& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  DS_USER_CHECK(!p.zbh1_exact_semantics || p.zbh1_pipeline,
+                "--enable-zbh1-exact-semantics (parallel.zbh1_exact_semantics) requires --enable-zbh1-pipeline (as in "
+                "Megatron-DeepSpeed: exact semantics require the ZB-H1 pipeline)");
+  if (!p.zbh1_pipeline) return;
+  DS_USER_CHECK(p.num_layers_per_virtual_stage == 0,
+                "--enable-zbh1-pipeline cannot be combined with --num-layers-per-virtual-pipeline-stage {}: ZB-H1 is a "
+                "schedule of one model chunk per stage (DeepSpeed's pipeline engine, which runs it upstream, has no "
+                "interleaving)", p.num_layers_per_virtual_stage);
+  DS_USER_CHECK(cfg.zero.stage <= 1 || p.pp == 1,
+                "--enable-zbh1-pipeline with zero_optimization.stage {}: ZB-H1 runs with ZeRO stages 0 and 1 (the stages "
+                "DeepSpeed's pipeline engine takes); its weight passes would reduce-scatter every micro-batch twice",
+                cfg.zero.stage);
+}
+
 void validate_parallel(const TrainConfig& cfg) {
   const ParallelConfig& p = cfg.parallel;
   const ModelConfig& m = cfg.model;
@@ -227,6 +247,7 @@ void validate_parallel(const TrainConfig& cfg) {
                 "parallel.recompute_num_layers {} must be in [0, layers per stage {}]", p.recompute_num_layers,
                 m.num_layers / p.pp);
   const ZeroConfig& z = cfg.zero;
+  validate_zbh1(cfg);
   DS_USER_CHECK(z.stage >= 0 && z.stage <= 3, "zero_optimization.stage (--zero-stage) must be 0-3, got {}", z.stage);
   DS_USER_CHECK(!(z.stage >= 3 && p.pp > 1),
                 "zero_optimization.stage {} cannot be combined with pipeline_model_parallel_size {} yet (ZeRO-3 "

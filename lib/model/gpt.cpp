@@ -534,7 +534,7 @@ void GptModel::mlp_backward(int l, LayerActs& a, const Tensor& dresid) {
   const bool fused = fused_gelu_mlp();
   const Tensor dy = exit_tp_backward(dropout_grad(dresid, hidden_dropout(l, DropoutSite::MlpOut)));
   ops::matmul_backward({.dinp = fused ? Tensor() : dact_,
-                        .dweight = dw(P.mlp.proj.weight),
+                        .dweight = weight_grad(l, P.mlp.proj.weight, dy, a.act_out),
                         .dbias = opt(P.mlp.proj.bias, true),
                         .dout = dy,
                         .inp = a.act_out,
@@ -555,11 +555,12 @@ void GptModel::mlp_backward(int l, LayerActs& a, const Tensor& dresid) {
   } else {
     ops::gelu_backward({.out = dfc_, .inp = a.fc_out, .dout = dact_}, stream_);
   }
+  const Tensor fc_in = enter_tp(a.norm2_out);
   ops::matmul_backward({.dinp = dnorm_,
-                        .dweight = dw(P.mlp.fc.weight),
+                        .dweight = weight_grad(l, P.mlp.fc.weight, dfc_, fc_in),
                         .dbias = fused ? Tensor() : opt(P.mlp.fc.bias, true),
                         .dout = dfc_,
-                        .inp = enter_tp(a.norm2_out),
+                        .inp = fc_in,
                         .weight = w(P.mlp.fc.weight),
                         .accum = Accum::Overwrite},
                        stream_);
@@ -575,10 +576,11 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
     norm_backward(P.norm2, dresid, enter_tp_backward(dnorm_), a.resid_mid, a.norm2_mean, a.norm2_rstd);
   }
   // Attention branch.
+  const Tensor dproj = exit_tp_backward(dropout_grad(dresid, hidden_dropout(l, DropoutSite::AttentionOut)));
   ops::matmul_backward({.dinp = rows(dattn_),
-                        .dweight = dw(P.attn.proj.weight),
+                        .dweight = weight_grad(l, P.attn.proj.weight, dproj, rows(a.attn_seq)),
                         .dbias = opt(P.attn.proj.bias, true),
-                        .dout = exit_tp_backward(dropout_grad(dresid, hidden_dropout(l, DropoutSite::AttentionOut))),
+                        .dout = dproj,
                         .inp = rows(a.attn_seq),
                         .weight = w(P.attn.proj.weight),
                         .accum = Accum::Overwrite},
@@ -610,11 +612,14 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
     kv_dw_.zero_();
     if (kv_db_.defined()) kv_db_.zero_();
   }
+  // (Replicated kv heads: their gradients are summed over tp right here, so
+  // the qkv weight gradient is never deferred.)
+  const Tensor qkv_in = enter_tp(a.norm1_out);
   ops::matmul_backward({.dinp = dnorm_,
-                        .dweight = kv_shared ? kv_dw_ : dw(P.attn.qkv.weight),
+                        .dweight = kv_shared ? kv_dw_ : weight_grad(l, P.attn.qkv.weight, rows(dqkv_), qkv_in),
                         .dbias = kv_shared ? kv_db_ : opt(P.attn.qkv.bias, true),
                         .dout = rows(dqkv_),
-                        .inp = enter_tp(a.norm1_out),
+                        .inp = qkv_in,
                         .weight = w(P.attn.qkv.weight),
                         .accum = Accum::Overwrite},
                        stream_);
@@ -978,12 +983,64 @@ float GptModel::stage_forward(int slot, int chunk, const Tensor& tokens, const T
   return has_head(chunk) ? loss_and_dlogits(tokens, targets, loss_weight, backward, /*to_sink=*/backward) : 0.f;
 }
 
-void GptModel::stage_backward(int slot, int chunk, const Tensor& tokens, const Tensor& dout) {
+void GptModel::stage_backward(int slot, int chunk, const Tensor& tokens, const Tensor& dout, bool defer_weights) {
   DS_CHECK(slot >= 0 && slot < static_cast<int>(sets_.size()), "activation slot {} not allocated", slot);
+  DS_CHECK(!defer_weights || (lora_slots_.empty() && frozen_.empty()),
+           "deferred weight gradients with LoRA or frozen parameters");
   cur_ = slot;
+  if (defer_weights) deferred_.emplace_back();
+  defer_weights_ = defer_weights;
   store_->begin_pass(backward_order(chunk));
   backward(tokens, dout, chunk);
   store_->end_pass();
+  defer_weights_ = false;
+}
+
+Tensor GptModel::weight_grad(int l, ParamRef weight, const Tensor& dout, const Tensor& inp) {
+  if (!defer_weights_) return dw(weight);
+  deferred_.back().push_back({.weight = weight, .unit = l + 1, .dout = dout.clone(), .inp = inp.clone()});
+  return Tensor();
+}
+
+// The units of the set in the order their layers' backwards left them
+// (last layer first); each unit's gradients are acquired once.
+void GptModel::stage_weight_grads() {
+  DS_CHECK(!deferred_.empty(), "a weight pass with no deferred weight gradients");
+  std::vector<DeferredWeightGrad> set = std::move(deferred_.front());
+  deferred_.pop_front();
+  std::vector<int> order;
+  int64_t bytes = 0;
+  for (const DeferredWeightGrad& d : set) {
+    if (order.empty() || order.back() != d.unit) order.push_back(d.unit);
+    bytes += static_cast<int64_t>(d.dout.nbytes() + d.inp.nbytes());
+  }
+  // What --estimate-memory and the start-up line count (replicated kv heads
+  // keep their qkv gradient out of the set).
+  DS_CHECK(kv_dw_.defined() || bytes == deferred_weight_grad_bytes(B_, T_),
+           "deferred weight gradients: {} bytes held, {} counted", bytes, deferred_weight_grad_bytes(B_, T_));
+  store_->begin_pass(order);
+  size_t i = 0;
+  for (int unit : order) {
+    use_params(unit);  // for the weight's shape
+    use_grads(unit);
+    for (; i < set.size() && set[i].unit == unit; ++i)
+      ops::matmul_backward({.dinp = Tensor(),
+                            .dweight = dw(set[i].weight),
+                            .dbias = Tensor(),
+                            .dout = set[i].dout,
+                            .inp = set[i].inp,
+                            .weight = w(set[i].weight)},
+                           stream_);
+    drop_params(unit);
+    grads_done(unit);
+  }
+  store_->end_pass();
+}
+
+int64_t GptModel::deferred_weight_grad_bytes(int64_t B, int64_t T, int chunk) const {
+  std::vector<int> layers;
+  for (int l = layout_.chunks[chunk].begin; l < layout_.chunks[chunk].end; ++l) layers.push_back(l);
+  return ds::deferred_weight_grad_bytes(d_, tp_.size, B * T, static_cast<int64_t>(dtype_size(compute_)), layers);
 }
 
 Tensor GptModel::stage_input_grad() { return dresid_.reshape({B_, local_seq(T_), d_.C}); }

@@ -8,6 +8,7 @@
 // The model calls only the device-neutral op API (lib/ops), never a backend.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <vector>
@@ -288,8 +289,20 @@ class GptModel {
                       bool backward, const DropoutKey& key = {});
   // Backward of slot's micro-batch through the chunk; dout (B,T,C) is the
   // gradient of its output (ignored on the last virtual stage). Gradients are ADDED.
-  void stage_backward(int slot, int chunk, const Tensor& tokens, const Tensor& dout);
+  // defer_weights (zero-bubble pipelines, ActionKind::BackwardInput): the
+  // weight-gradient GEMMs of the layers' dense linear layers (qkv, attention
+  // proj, MLP fc and proj, as upstream's WeightGradStore; not the experts, the
+  // head or the embeddings) are left for stage_weight_grads, which gets a
+  // copy of each one's input and output gradient, one set per call.
+  void stage_backward(int slot, int chunk, const Tensor& tokens, const Tensor& dout, bool defer_weights = false);
   Tensor stage_input_grad();  // (B,T,C) gradient of the stage input after stage_backward
+  // Runs the oldest deferred set (ActionKind::WeightGrad): its weight
+  // gradients are ADDED, as stage_backward would have, and its copies freed.
+  void stage_weight_grads();
+  int pending_weight_grads() const { return static_cast<int>(deferred_.size()); }
+  // Bytes one deferred set holds on this rank for a (B, T) micro-batch
+  // (the copies of the chunk's linear layers' inputs and output gradients).
+  int64_t deferred_weight_grad_bytes(int64_t B, int64_t T, int chunk = 0) const;
   // Rows of the sequence this rank holds outside the tp regions: T, or T/TP
   // with sequence parallelism (stage inputs / outputs are then (B, T/TP, C)).
   int64_t local_seq(int64_t T) const { return tp_.sp() ? T / tp_.size : T; }
@@ -444,6 +457,17 @@ class GptModel {
   void drop_params(int unit);
   void use_grads(int unit);
   void grads_done(int unit);
+  // The weight gradient a layer's linear layer adds to: dw(weight), or while
+  // stage_backward defers, undefined (the GEMM is skipped) after a copy of
+  // dout and inp went into the newest deferred set.
+  Tensor weight_grad(int l, ParamRef weight, const Tensor& dout, const Tensor& inp);
+  struct DeferredWeightGrad {
+    ParamRef weight;
+    int unit = 0;
+    Tensor dout, inp;  // (N, OC), (N, C) copies
+  };
+  std::deque<std::vector<DeferredWeightGrad>> deferred_;  // one set per deferring backward, oldest first
+  bool defer_weights_ = false;
   std::vector<int> forward_order(int chunk = 0) const;
   std::vector<int> backward_order(int chunk = 0) const;
 

@@ -223,4 +223,14 @@ ModelLayout packed_layout(const ModelLayout& l, const GroupSpace& s) {
   return out;
 }
 
+int64_t deferred_weight_grad_bytes(const ModelDims& d, int tp, int64_t rows, int64_t elem_bytes,
+                                   const std::vector<int>& layers) {
+  const int64_t C = d.C, qkv = d.qkv_rows() / tp, attn = C / tp, F = d.F / tp, fc = d.swiglu ? 2 * F : F;
+  const int64_t attention = qkv + C + C + attn;  // qkv: dout, input; proj: dout, input
+  const int64_t mlp = fc + C + C + F;            // fc, proj
+  int64_t elems = 0;
+  for (int l : layers) elems += d.layer_experts(l) > 1 ? attention : attention + mlp;
+  return elems * rows * elem_bytes;
+}
+
 }  // namespace ds

@@ -117,6 +117,14 @@ struct ModelDims {
   int layer_experts(int l) const { return experts.empty() ? 1 : experts[static_cast<size_t>(l)]; }
 };
 ModelDims model_dims(const ModelConfig& m);
+// ZB-H1: bytes one micro-batch's deferred weight gradients keep on a rank
+// holding `layers` (GptModel::stage_backward with defer_weights: copies of
+// the dense linear layers' inputs and output gradients, the attention's only
+// in an MoE layer). `rows`: micro-batch x the sequence positions the rank's
+// linear layers see (the whole sequence under tensor-model sequence
+// parallelism, the rank's share under Ulysses).
+int64_t deferred_weight_grad_bytes(const ModelDims& d, int tp, int64_t rows, int64_t elem_bytes,
+                                   const std::vector<int>& layers);
 
 // The layout of shard s: with s.tp > 1 the LOCAL shards (tensor-parallel rank
 // s.tp_rank) of every weight, same names and order as the full layout (tp = 1);

@@ -12,10 +12,11 @@
 namespace ds {
 
 PipelineExecutor::PipelineExecutor(GptModel& model, Communicator& pp, int n_micro, Communicator* pp_grad,
-                                   bool overlap)
+                                   bool overlap, bool zbh1, bool zbh1_exact)
     : model_(model), pp_(pp), stage_(pp.rank()), n_stages_(pp.size()), n_micro_(n_micro),
       vp_(model.layout().shard.vp), pp_grad_(pp_grad) {
-  kind_ = vp_ > 1 ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB;
+  DS_CHECK(!zbh1 || vp_ == 1, "pipeline: ZB-H1 with {} virtual stages", vp_);
+  kind_ = pipeline_schedule_kind(vp_, zbh1, zbh1_exact);
   actions_ = make_schedule(kind_, n_stages_, stage_, n_micro_, vp_);
   overlap_ = overlap && n_stages_ > 1;
   if (overlap_)
@@ -159,8 +160,13 @@ void PipelineExecutor::compute(const PipeAction& a) {
                                      key);
     return;
   }
+  if (a.kind == ActionKind::WeightGrad) {
+    model_.stage_weight_grads();
+    return;
+  }
   auto g = grad_in_.find(k);
-  model_.stage_backward(slot_of(k, false), a.chunk, mb.tokens, g != grad_in_.end() ? g->second : Tensor());
+  model_.stage_backward(slot_of(k, false), a.chunk, mb.tokens, g != grad_in_.end() ? g->second : Tensor(),
+                        a.kind == ActionKind::BackwardInput);
   if (g != grad_in_.end()) grad_in_.erase(g);
   free_slot(k);
   if (!first_virtual) {  // keep the input gradient until its SendBackward
@@ -206,7 +212,8 @@ double PipelineExecutor::train(const MicroBatchFeed& batch, float loss_weight, c
   }
   for (CommHandle& h : posted_) h.wait();  // the last sends
   posted_.clear();
-  DS_CHECK(slots_.empty() && grad_out_.empty() && fwd_in_.empty() && grad_in_.empty(),
+  DS_CHECK(slots_.empty() && grad_out_.empty() && fwd_in_.empty() && grad_in_.empty() &&
+               model_.pending_weight_grads() == 0,
            "pipeline stage {}: activations left after the schedule", stage_);
   batch_fn_ = nullptr;
   batches_.clear();

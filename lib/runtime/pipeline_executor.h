@@ -1,5 +1,5 @@
 // Pipeline-parallel executor: runs one global batch of a pipeline stage by
-// walking its 1F1B (or interleaved 1F1B) action list
+// walking its 1F1B (interleaved 1F1B, ZB-H1) action list
 // (lib/parallel/pipeline_schedule.h). Forward and Backward run one model
 // chunk of this stage on one micro-batch, with one activation set per
 // in-flight (micro-batch, chunk) (at most max_live_activations). The
@@ -35,9 +35,11 @@ class PipelineExecutor final : public Passes {
   // overlap (zero_optimization.overlap_comm): post receives ahead of their
   // computes (make_p2p_plan), gradients on `pp_grad` (a second communicator
   // over the same ranks, required then); 1F1B and interleaved. Results are
-  // bit-identical either way.
+  // bit-identical either way. zbh1 / zbh1_exact: the ZB-H1 schedule instead
+  // of 1F1B (no virtual stages): its input passes leave the layers' weight
+  // gradients to its weight passes (GptModel::stage_weight_grads).
   PipelineExecutor(GptModel& model, Communicator& pp, int n_micro, Communicator* pp_grad = nullptr,
-                   bool overlap = false);
+                   bool overlap = false, bool zbh1 = false, bool zbh1_exact = false);
   ScheduleKind kind() const { return kind_; }
   bool overlapping() const { return overlap_; }
   // Records each compute's span and each batch's begin/end (profiling, tests).

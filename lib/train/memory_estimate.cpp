@@ -269,9 +269,9 @@ std::string millions(int64_t n) { return fmt::format("{:.2f}M", static_cast<doub
 
 }  // namespace
 
-int pipeline_message_buffers(int pp, int stage, int n_micro, int vp, bool overlap) {
+int pipeline_message_buffers(int pp, int stage, int n_micro, int vp, bool overlap, bool zbh1, bool zbh1_exact) {
   if (pp <= 1) return 0;
-  const ScheduleKind kind = vp > 1 ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB;
+  const ScheduleKind kind = pipeline_schedule_kind(vp, zbh1, zbh1_exact);
   const std::vector<P2PPlanStep> plan =
       make_p2p_plan(make_schedule(kind, pp, stage, n_micro, vp), kind, overlap);
   std::set<std::pair<int, int>> received_fwd, received_bwd;  // (micro, chunk) waiting for their compute
@@ -292,20 +292,21 @@ int pipeline_message_buffers(int pp, int stage, int n_micro, int vp, bool overla
       continue;
     }
     const PipeAction& c = step.compute;
+    if (c.kind == ActionKind::WeightGrad) continue;  // reads and writes no message
     auto& received = c.kind == ActionKind::Forward ? received_fwd : received_bwd;
     live -= static_cast<int>(received.erase({c.micro, c.chunk}));  // consumed (the executor copies it in)
     // A backward writes its input gradient for the previous stage, except on
     // the first virtual stage.
-    if (c.kind == ActionKind::Backward && !(stage == 0 && c.chunk == 0)) live += 1;
+    if (is_backward(c.kind) && !(stage == 0 && c.chunk == 0)) live += 1;
     peak = std::max(peak, live);
   }
   return peak;
 }
 
-int pipeline_message_buffers_max(int pp, int n_micro, int vp, bool overlap) {
+int pipeline_message_buffers_max(int pp, int n_micro, int vp, bool overlap, bool zbh1, bool zbh1_exact) {
   int peak = 0;
   for (int stage = 0; stage < pp; ++stage)
-    peak = std::max(peak, pipeline_message_buffers(pp, stage, n_micro, vp, overlap));
+    peak = std::max(peak, pipeline_message_buffers(pp, stage, n_micro, vp, overlap, zbh1, zbh1_exact));
   return peak;
 }
 
@@ -349,8 +350,19 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, int num_nodes, int gpus_p
     // A config the interleaved schedule cannot run (dstrain rejects it at
     // start-up, naming the problem) still gets an estimate: 1F1B's buffers.
     if (vp < 1 || (vp > 1 && n_micro % e.pp != 0)) vp = 1;
-    e.pipeline_buffers = pipeline_message_buffers_max(e.pp, n_micro, vp, cfg.zero.overlap_comm);
+    const bool zb = cfg.parallel.zbh1_pipeline && vp == 1, exact = cfg.parallel.zbh1_exact_semantics;
+    e.pipeline_buffers = pipeline_message_buffers_max(e.pp, n_micro, vp, cfg.zero.overlap_comm, zb, exact);
     e.pipeline_buffer_bytes = pipeline_buffer_bytes(cfg, e.layout, d.C);
+    if (zb) {
+      const ScheduleKind kind = pipeline_schedule_kind(1, true, exact);
+      // Stages hold equal layer counts; the last one waits for the most weight passes.
+      std::vector<int> layers;
+      for (int l = m.num_layers - m.num_layers / e.pp; l < m.num_layers; ++l) layers.push_back(l);
+      for (int s = 0; s < e.pp; ++s) e.weight_passes = std::max(e.weight_passes, max_pending_weight_grads(kind, e.pp, s, n_micro));
+      const int64_t micro = cfg.batch.micro_batch_size > 0 ? cfg.batch.micro_batch_size : 1;
+      const int64_t elem = e.precision == StatePrecision::FP32 ? 4 : 2;
+      e.weight_pass_bytes = e.weight_passes * deferred_weight_grad_bytes(d, e.tp, micro * e.layout.local_seq(), elem, layers);
+    }
   }
   if (cfg.distill.enabled && cfg.distill.num_layers > 0) {
     const DistillConfig& kd = cfg.distill;
@@ -433,10 +445,14 @@ void append_header(std::string& out, const TrainConfig& cfg, const MemoryEstimat
   if (e.pp > 1)
     out += fmt::format("pipeline messages per rank: up to {} buffers of {} bytes live on a stage: {} GiB (received "
                        "activations and gradients, input gradients waiting to be sent{})\n",
-                       e.pipeline_buffers, e.pipeline_buffer_bytes, gib(e.pipeline_bytes()),
+                       e.pipeline_buffers, e.pipeline_buffer_bytes, gib(int64_t{e.pipeline_buffers} * e.pipeline_buffer_bytes),
                        cfg.zero.overlap_comm ? "; overlap_comm: gradients on their own communicator, each receive "
                                                "posted one compute early"
                                              : "");
+  if (e.weight_passes > 0)
+    out += fmt::format("ZB-H1 weight passes: up to {} micro-batches wait on a stage, keeping copies of the linear "
+                       "layers' inputs and output gradients: {} GiB (in the pipeline total)\n",
+                       e.weight_passes, gib(e.weight_pass_bytes));
   int n_persistent = static_cast<int>(std::count(e.zero3.persistent.begin(), e.zero3.persistent.end(), true));
   out += fmt::format("ZeRO-3 fetch plan: {} units, {} persistent, prefetch depth {}, peak {} gathered parameters\n",
                      e.zero3.persistent.size(), n_persistent, e.zero3.prefetch_depth, millions(e.zero3.peak_live));

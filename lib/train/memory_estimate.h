@@ -28,10 +28,13 @@ struct ActivationBytes {
 // that consumes it, an input gradient from the backward that writes it to the
 // post that sends it. `overlap` (1F1B and interleaved, as the executor):
 // gradients on the second communicator (Comms::pp_grad), receives posted a
-// compute earlier.
-int pipeline_message_buffers(int pp, int stage, int n_micro, int vp, bool overlap);
+// compute earlier. zbh1 / zbh1_exact: the ZB-H1 schedule (vp 1).
+int pipeline_message_buffers(int pp, int stage, int n_micro, int vp, bool overlap, bool zbh1 = false,
+                             bool zbh1_exact = false);
 // The most over the stages (the estimate is for the worst rank).
-int pipeline_message_buffers_max(int pp, int n_micro, int vp, bool overlap);
+int pipeline_message_buffers_max(int pp, int n_micro, int vp, bool overlap, bool zbh1 = false,
+                                 bool zbh1_exact = false);
+
 
 // One (stage, offload) line of the estimate. All bytes are per rank unless named per node.
 struct MemoryEstimateRow {
@@ -67,7 +70,9 @@ struct MemoryEstimate {
   ActivationBytes activations;
   int pipeline_buffers = 0;        // pp > 1: pipeline_message_buffers_max
   int64_t pipeline_buffer_bytes = 0;  // each of them
-  int64_t pipeline_bytes() const { return pipeline_buffers * pipeline_buffer_bytes; }
+  int64_t pipeline_bytes() const { return pipeline_buffers * pipeline_buffer_bytes + weight_pass_bytes; }
+  int weight_passes = 0;          // ZB-H1: most micro-batches whose weight pass waits on a stage
+  int64_t weight_pass_bytes = 0;  // what they keep (deferred_weight_grad_bytes each)
   Zero3Plan zero3;            // fetch plan over the rank's units (embedding, layers, head)
   // Distillation (--kd / --mos): the teacher, whole on every rank. Sized from
   // the --*-teacher flags over the student's config; 0 when they do not give

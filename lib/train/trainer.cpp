@@ -185,7 +185,8 @@ void Trainer::build_model_and_optimizer() {
         sdp_ > 1 ? comms_.sdp : nullptr);
   if (shard_.pp > 1) {
     pipe_ = std::make_unique<PipelineExecutor>(*model_, *comms_.pp, static_cast<int>(cfg_.batch.grad_accum_steps),
-                                               comms_.pp_grad, cfg_.zero.overlap_comm);
+                                               comms_.pp_grad, cfg_.zero.overlap_comm, cfg_.parallel.zbh1_pipeline,
+                                               cfg_.parallel.zbh1_exact_semantics);
     pipe_->set_timeline(&timeline_);
     // overlap_comm, stages 0/1: buckets are reduced during the last backward,
     // except the tied embedding's, whose first+last stage all-reduce must come
@@ -195,6 +196,9 @@ void Trainer::build_model_and_optimizer() {
     if (store_ && comms_.embedding->size() > 1 && !model_->dims().untied) store_->defer_unit(0);
     passes_ = pipe_.get();
   } else {
+    if (cfg_.parallel.zbh1_pipeline)
+      DS_LOG("--enable-zbh1-pipeline with one pipeline stage: nothing to split, every backward runs whole (as "
+             "upstream's schedule does on its first stage)");
     eager_ = std::make_unique<EagerPasses>(*model_, [this] { opt_->begin_last_micro_batch(); });
     passes_ = eager_.get();
   }
@@ -284,7 +288,9 @@ void Trainer::log_setup() {
         "bubble fraction {:.3f}, up to {} chunk activations live",
         shard_.pp,
         shard_.vp > 1 ? "interleaved 1F1B, " + std::to_string(shard_.vp) + " model chunks per stage"
-                      : std::string("1F1B"),
+        : pipe_->kind() == ScheduleKind::ZeroBubbleH1      ? std::string("ZB-H1")
+        : pipe_->kind() == ScheduleKind::ZeroBubbleH1Exact ? std::string("ZB-H1, exact semantics")
+                                                           : std::string("1F1B"),
         shard_.pp_rank, model_->layout().first_layer, model_->layout().end_layer, cfg_.batch.grad_accum_steps,
         bubble_fraction(pipe_->kind(), shard_.pp, static_cast<int>(cfg_.batch.grad_accum_steps), shard_.vp),
         pipe_->max_live());
@@ -447,7 +453,8 @@ void Trainer::log_model_state() {
     // Transient, allocated by the executor as the schedule runs: the count
     // follows the same p2p plan (lib/train/memory_estimate.h).
     const int n = pipeline_message_buffers(shard_.pp, shard_.pp_rank, static_cast<int>(cfg_.batch.grad_accum_steps),
-                                           shard_.vp, cfg_.zero.overlap_comm);
+                                           shard_.vp, cfg_.zero.overlap_comm, cfg_.parallel.zbh1_pipeline,
+                                           cfg_.parallel.zbh1_exact_semantics);
     const int64_t each = cfg_.batch.micro_batch_size * model_->local_seq(cfg_.model.seq_length / comms_.grid.sp) *
                          model_->dims().C * static_cast<int64_t>(dtype_size(model_->compute_dtype()));
     DS_LOG("pipeline messages: up to {} buffers of {} bytes live on this stage ({} bytes, transient, not in the model "
@@ -456,6 +463,14 @@ void Trainer::log_model_state() {
            cfg_.zero.overlap_comm ? "; gradients on the second communicator, receives posted a compute early "
                                     "(overlap_comm)"
                                   : "");
+    if (const int waiting = max_pending_weight_grads(pipe_->kind(), shard_.pp, shard_.pp_rank,
+                                                     static_cast<int>(cfg_.batch.grad_accum_steps));
+        waiting > 0) {
+      const int64_t set = model_->deferred_weight_grad_bytes(
+          cfg_.batch.micro_batch_size, cfg_.model.seq_length / comms_.grid.sp);
+      DS_LOG("ZB-H1 weight passes: up to {} micro-batches wait on this stage, {} bytes each ({} bytes, transient: "
+             "copies of the linear layers' inputs and output gradients)", waiting, set, waiting * set);
+    }
   }
   if (cfg_.zero.offload_optimizer == OffloadDevice::CPU)
     DS_LOG("host memory (offload_optimizer): {} bytes per rank: Adam m, v {} + fp32 master copy and two gradient "

@@ -5,6 +5,10 @@
 // global batch (relative 1e-5, fp32, 20 steps, grad accumulation >= PP); a PP2
 // checkpoint resumes on the same curve with PP2 and with PP1; an HF export
 // from PP2 (and TP2 x PP2) is byte-identical to the single-process one.
+// ZB-H1 (--enable-zbh1-pipeline): with exact semantics its weights after 20
+// steps are bit-identical to 1F1B's (PP4, 8 micro-batches); the default
+// variation, also with TP2 x PP2 + sequence parallelism and recomputation,
+// and with DP2 + ZeRO-1, gives the single-process curve.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -29,6 +33,7 @@ struct Run {
   bool llama = false;
   int iters = kIters;
   std::vector<std::string> extra;
+  int micro = 2;  // per rank, of a global batch of 8
 };
 
 // Runs the job; returns "" on success, else the failure output. Losses of
@@ -43,12 +48,14 @@ std::string try_run(const Run& r, std::vector<double>* losses) {
   std::vector<std::string> args = small_model_args(m);
   args.insert(args.end(), r.extra.begin(), r.extra.end());
   std::string log;
-  std::string err = run_with_config(r.name, r.world, 2, r.zero_stage, args, nullptr, &log);
+  std::string err = run_with_config(r.name, r.world, r.micro, r.zero_stage, args, nullptr, &log);
   // The job really ran as a pipeline (rank 0 is stage 0 and logs the schedule).
-  const bool interleaved = std::find(r.extra.begin(), r.extra.end(), "--num-layers-per-virtual-pipeline-stage") !=
-                           r.extra.end();
+  auto has = [&](const char* flag) { return std::find(r.extra.begin(), r.extra.end(), flag) != r.extra.end(); };
   const std::string banner = "pipeline parallel: " + std::to_string(r.pp) + " stages (" +
-                             (interleaved ? "interleaved 1F1B, 2 model chunks per stage)" : "1F1B)");
+                             (has("--num-layers-per-virtual-pipeline-stage") ? "interleaved 1F1B, 2 model chunks per stage)"
+                              : has("--enable-zbh1-exact-semantics")         ? "ZB-H1, exact semantics)"
+                              : has("--enable-zbh1-pipeline")                ? "ZB-H1)"
+                                                                             : "1F1B)");
   if (err.empty() && r.pp > 1 && log.find(banner) == std::string::npos) err = "no '" + banner + "' in:\n" + log;
   if (err.empty() && losses) *losses = read_losses(dist_data().dir + "/csv/" + r.name + "/train.csv");
   return err;
@@ -157,4 +164,56 @@ TEST_CASE("an HF export from PP2 equals the single-process export") {
     }
     REQUIRE(files > 0);
   }
+}
+
+TEST_CASE("ZB-H1 equals 1F1B: bit for bit with exact semantics, on the curve by default") {
+  // 8 micro-batches through 4 stages: every section of the schedule runs
+  // (input passes that wait, whole backwards, the cooldown's weight passes).
+  const std::string dir = dist_data().dir;
+  auto pp4 = [&](const std::string& name, std::vector<std::string> flags) {
+    Run r{name, 4, 1, 4, 0, 4};
+    r.micro = 1;
+    r.extra = {"--save", dir + "/" + name, "--save-interval", "1000"};
+    r.extra.insert(r.extra.end(), flags.begin(), flags.end());
+    return run(r);
+  };
+  const std::vector<double> base = pp4("zb_base_1f1b", {});
+  const std::vector<double> exact = pp4("zb_exact", {"--enable-zbh1-pipeline", "--enable-zbh1-exact-semantics"});
+  const std::vector<double> variation = pp4("zb_default", {"--enable-zbh1-pipeline"});
+  REQUIRE(exact == base);
+  const std::string step = "/global_step" + std::to_string(kIters) + "/model.safetensors";
+  REQUIRE(fs::exists(dir + "/zb_base_1f1b" + step));
+  CHECK(read_bytes(dir + "/zb_exact" + step) == read_bytes(dir + "/zb_base_1f1b" + step));
+  require_same_curve(single(false, 4), base);
+  require_same_curve(single(false, 4), variation);
+}
+
+TEST_CASE("ZB-H1 with TP2 x PP2, sequence parallelism and recomputation, and with PP2 x DP2 ZeRO-1") {
+  Run tp{"zb_tp2pp2_sp", 4, 2, 2};
+  tp.micro = 1;
+  tp.extra = {"--enable-zbh1-pipeline", "--sequence-parallel", "--checkpoint-activations"};
+  require_same_curve(single(false, 2), run(tp));
+  Run dp{"zb_pp2dp2_z1_llama", 4, 1, 2, 1};
+  dp.llama = true;
+  dp.micro = 1;
+  dp.extra = {"--enable-zbh1-pipeline"};
+  require_same_curve(single(true, 2), run(dp));
+}
+
+TEST_CASE("ZB-H1 refusals name the flags") {
+  auto refused = [](const std::string& name, int world, int pp, int zero, std::vector<std::string> flags) {
+    Run r{name, world, 1, pp, zero, 4};
+    r.iters = 1;
+    r.extra = std::move(flags);
+    return try_run(r, nullptr);
+  };
+  CHECK_THAT(refused("zb_bad_exact", 2, 2, 0, {"--enable-zbh1-exact-semantics"}),
+             Catch::Matchers::Contains("--enable-zbh1-exact-semantics (parallel.zbh1_exact_semantics) requires "
+                                       "--enable-zbh1-pipeline"));
+  CHECK_THAT(refused("zb_bad_vp", 2, 2, 0,
+                     {"--enable-zbh1-pipeline", "--num-layers-per-virtual-pipeline-stage", "1"}),
+             Catch::Matchers::Contains("--enable-zbh1-pipeline cannot be combined with "
+                                       "--num-layers-per-virtual-pipeline-stage 1"));
+  CHECK_THAT(refused("zb_bad_z2", 4, 2, 2, {"--enable-zbh1-pipeline"}),
+             Catch::Matchers::Contains("--enable-zbh1-pipeline with zero_optimization.stage 2"));
 }

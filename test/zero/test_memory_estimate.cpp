@@ -191,6 +191,22 @@ TEST_CASE("memory estimate: parallel shapes, recompute, errors", "[zero][estimat
     REQUIRE_NOTHROW(odd = estimate_memory(cfg, 1, 8));
     CHECK(odd.pipeline_buffers == pipeline_message_buffers_max(2, 3, 1, false));
   }
+  SECTION("ZB-H1: the copies the waiting weight passes keep count in the device total") {
+    cfg.parallel.pp = 2;
+    const MemoryEstimate one = estimate_memory(cfg, 1, 8);
+    cfg.parallel.zbh1_pipeline = true;
+    const MemoryEstimate e = estimate_memory(cfg, 1, 8);  // 16 micro-batches
+    // Stage 1 of 2: one input pass waits, and a second while each later one
+    // runs before its weight pass. Per layer and row (bf16): qkv 3 x 768 out
+    // + 768 in, attention proj 768 + 768, fc 3072 + 768, mlp proj 768 + 3072;
+    // 6 layers, 8 x 1024 rows.
+    CHECK(e.weight_passes == 2);
+    const int64_t per_set = int64_t{(2304 + 768) + (768 + 768) + (3072 + 768) + (768 + 3072)} * 6 * 8 * 1024 * 2;
+    CHECK(e.weight_pass_bytes == 2 * per_set);
+    CHECK(e.pipeline_buffers == one.pipeline_buffers);
+    CHECK(row(e, 1, false).device_total == row(one, 1, false).device_total + 2 * per_set);
+    CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("ZB-H1 weight passes: up to 2 micro-batches wait"));
+  }
   SECTION("Ulysses: DP is world / (TP x PP x U), ZeRO partitions over U x DP, each rank holds T/U positions") {
     cfg.parallel.sp = 2;
     const MemoryEstimate e = estimate_memory(cfg, 1, 8);
