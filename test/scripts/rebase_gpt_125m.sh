@@ -122,27 +122,7 @@ fi
 # The repository's ds_config_gpt_TEMPLATE.json, filled in by the same sed lines.
 config_json="${WORK}/ds_config_gbs${global_batch_size}_mbs${batch_size}_log${log_interval}_zero${zero_stage}.json"
 template_json="${WORK}/ds_config_gpt_TEMPLATE.json"
-cat > "${template_json}" <<'JSON'
-{
-  "train_batch_size": GBSIZE,
-  "train_micro_batch_size_per_gpu": MBSIZE,
-  "steps_per_print": LOG_INTERVAL,
-  "zero_optimization": {
-    "stage": ZERO_STAGE
-  },
-  "gradient_clipping": 1.0,
-  "prescale_gradients": PRESCALE_GRAD,
-  "fp16": {
-    "enabled": true,
-    "loss_scale": 0,
-    "loss_scale_window": 500,
-    "hysteresis": 2,
-    "min_loss_scale": 1,
-    "initial_scale_power": 11
-  },
-  "wall_clock_breakdown" : false
-}
-JSON
+write_rebase_config_template "${template_json}"
 sed "s/GBSIZE/${global_batch_size}/" ${template_json} \
     | sed "s/MBSIZE/${batch_size}/" \
     | sed "s/LOG_INTERVAL/${log_interval}/" \

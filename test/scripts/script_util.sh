@@ -100,3 +100,30 @@ write_moe_config_template() {
 }
 JSON
 }
+
+# write_rebase_config_template PATH: Megatron-DeepSpeed's
+# examples_deepspeed/rebase/ds_config_gpt_TEMPLATE.json (fp16, ZeRO stage,
+# batch sizes and prescale left for the scripts' sed lines to fill in).
+write_rebase_config_template() {
+  cat > "$1" <<'JSON'
+{
+  "train_batch_size": GBSIZE,
+  "train_micro_batch_size_per_gpu": MBSIZE,
+  "steps_per_print": LOG_INTERVAL,
+  "zero_optimization": {
+    "stage": ZERO_STAGE
+  },
+  "gradient_clipping": 1.0,
+  "prescale_gradients": PRESCALE_GRAD,
+  "fp16": {
+    "enabled": true,
+    "loss_scale": 0,
+    "loss_scale_window": 500,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+    "initial_scale_power": 11
+  },
+  "wall_clock_breakdown" : false
+}
+JSON
+}
