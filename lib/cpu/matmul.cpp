@@ -10,6 +10,7 @@
 #include <cblas.h>
 
 #include <mutex>
+#include <vector>
 
 #include <climits>
 #include <cstring>
@@ -216,9 +217,13 @@ const uint16_t* bf16_data(const Tensor& t) { return t.data<uint16_t>(); }
 constexpr int64_t kFewRows = 8;
 
 // out (N, OC) = inp (N, C) @ w^T (+ bias), N < kFewRows: per block of 64
-// outputs (in parallel), each row's dot product in f32 with 16 lanes.
-void few_rows_forward(const uint16_t* inp, const uint16_t* w, const float* bias, const Tensor& out,
-                      const MatmulDims& d) {
+// outputs (in parallel), each row's dot product in f32 with 16 lanes (lane
+// l sums the products at k = l mod 16 in k order, then the lanes in order).
+// The input rows are widened to f32 once and each 16-wide slice of a weight
+// row once for all NR rows (the weights are read once per call).
+template <int NR>
+void few_rows_forward_n(const float* x, const uint16_t* w, const float* bias, const Tensor& out,
+                        const MatmulDims& d) {
   constexpr int64_t kCols = 64;
   const int64_t nblocks = (d.OC + kCols - 1) / kCols, C = d.C;
   const bool out_bf16 = out.dtype() == DType::BF16;
@@ -226,23 +231,44 @@ void few_rows_forward(const uint16_t* inp, const uint16_t* w, const float* bias,
   for (int64_t blk = 0; blk < nblocks; ++blk) {
     for (int64_t j = blk * kCols; j < std::min(d.OC, (blk + 1) * kCols); ++j) {
       const uint16_t* wj = w + j * C;
-      for (int64_t n = 0; n < d.N; ++n) {
-        const uint16_t* x = inp + n * C;
-        float lanes[16] = {};
-        int64_t k = 0;
-        for (; k + 16 <= C; k += 16) {
+      float lanes[NR][16] = {};
+      int64_t k = 0;
+      for (; k + 16 <= C; k += 16) {
+        float wk[16];
 #pragma omp simd
-          for (int l = 0; l < 16; ++l) lanes[l] += bf16_to_f32(x[k + l]) * bf16_to_f32(wj[k + l]);
+        for (int l = 0; l < 16; ++l) wk[l] = bf16_to_f32(wj[k + l]);
+        for (int n = 0; n < NR; ++n) {
+#pragma omp simd
+          for (int l = 0; l < 16; ++l) lanes[n][l] += x[n * C + k + l] * wk[l];
         }
-        for (; k < C; ++k) lanes[k % 16] += bf16_to_f32(x[k]) * bf16_to_f32(wj[k]);
+      }
+      for (; k < C; ++k)
+        for (int n = 0; n < NR; ++n) lanes[n][k % 16] += x[n * C + k] * bf16_to_f32(wj[k]);
+      for (int n = 0; n < NR; ++n) {
         float s = 0.f;
-        for (int l = 0; l < 16; ++l) s += lanes[l];
+        for (int l = 0; l < 16; ++l) s += lanes[n][l];
         if (bias) s = bias[j] + s;
         if (out_bf16) out.data<uint16_t>()[n * d.OC + j] = f32_to_bf16(s);
         else out.data<float>()[n * d.OC + j] = s;
       }
     }
   }
+}
+
+template <int NR = 1>
+void few_rows_dispatch(int64_t N, const float* x, const uint16_t* w, const float* bias, const Tensor& out,
+                       const MatmulDims& d) {
+  if constexpr (NR < kFewRows) {
+    if (N == NR) return few_rows_forward_n<NR>(x, w, bias, out, d);
+    return few_rows_dispatch<NR + 1>(N, x, w, bias, out, d);
+  }
+}
+
+void few_rows_forward(const uint16_t* inp, const uint16_t* w, const float* bias, const Tensor& out,
+                      const MatmulDims& d) {
+  std::vector<float> x(static_cast<size_t>(d.N * d.C));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_f32(inp[i]);
+  few_rows_dispatch(d.N, x.data(), w, bias, out, d);
 }
 
 }  // namespace
