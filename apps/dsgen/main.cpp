@@ -350,6 +350,8 @@ int main(int argc, char** argv) {
   app.add_option("--tensor-model-parallel-size", a.tp, "Tensor-parallel ranks (launch that many with dsrun)");
   app.add_flag("--no-kv-cache", a.no_kv_cache, "Recompute the whole prefix every step (slow; a reference)");
   app.add_flag("--timing", a.timing, "Print prefill and decode tokens/s to stderr");
+  app.add_option_function<int>("--local_rank", [](const int&) {},
+                               "set by launchers (dsrun); dsgen reads LOCAL_RANK from the environment");
   try {
     app.parse(argc, argv);
     if (a.src.load.empty() && a.src.init_from.empty()) throw CLI::ValidationError("give --load CKPT_DIR or --init-from HF_DIR");

@@ -96,6 +96,9 @@ def check_cli(d):
             fail(f"{family}: --no-kv-cache differs from the KV-cache path")
         if family == "llama" and gen_jsonl(d, load + ["--batch-size", "1"]) != rows:
             fail(f"{family}: --batch-size 1 differs from one batch of 4")
+        # Under dsrun (which passes --local_rank=0, as DeepSpeed's launcher does).
+        if family == "gpt2" and gen_jsonl(d, load, [DSRUN, "--include", "localhost:0", "--master_port", str(free_port())]) != rows:
+            fail(f"{family}: one rank through dsrun differs from the plain process")
         # --prompt prints prompt + generation; the same text as the prompt file gives.
         p = run([DSGEN] + load + ["--prompt", PROMPTS[1]])
         if p.stdout != PROMPTS[1] + rows[1]["text"] + "\n":
@@ -426,14 +429,14 @@ def check_tp(d):
     for family in ("gpt2", "llama"):
         load = ["--load", f"{d}/{family}/ckpt", "--max-new-tokens", "24"] + tok_flags(d)
         one = gen_jsonl(d, load)
-        launcher = [DSRUN, "--include", "localhost:0,1", "--master_port", str(free_port()), "--no_local_rank"]
+        launcher = [DSRUN, "--include", "localhost:0,1", "--master_port", str(free_port())]
         two = gen_jsonl(d, load + ["--tensor-model-parallel-size", "2"], launcher)
         if one != two:
             fail(f"{family}: TP 2 through dsrun differs from one process:\n{one}\n{two}")
         samp = ["--temperature", "1.0", "--top-k", "20", "--seed", "3"]
         if family == "llama" and gen_jsonl(d, load + samp) != gen_jsonl(d, load + samp + ["--tensor-model-parallel-size", "2"],
                                                    [DSRUN, "--include", "localhost:0,1", "--master_port",
-                                                    str(free_port()), "--no_local_rank"]):
+                                                    str(free_port())]):
             fail(f"{family}: seeded sampling differs between TP 2 and one process")
         print(f"{family}: dsrun --include localhost:0,1 dsgen --tensor-model-parallel-size 2 == 1 process "
               f"(greedy{' and seeded sampling' if family == 'llama' else ''}, {len(one)} prompts): ok")
