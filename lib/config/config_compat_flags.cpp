@@ -158,6 +158,13 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
                                "--log-timers-to-tensorboard)")
       ->check(CLI::Range(0, 2));
   flag("--repeated-dataloader", "accepted: the training sampler runs through as many epochs as the run needs");
+  // DeepSpeed Data Efficiency (data_efficiency/gpt/): refused by name.
+  flag("--random-ltd", "random layer-wise token dropping: not implemented (refused)");
+  flag("--data-efficiency-curriculum-learning", "curriculum learning by data sampling: not implemented (refused)");
+  for (const char* name : {"--train-doc-idx-path", "--train-sample-idx-path", "--train-shuffle-idx-path",
+                           "--train-idx-path"})
+    app.add_option_function<std::string>(name, [&out, name](const std::string& v) { out[name] = v; },
+                                         "the data-efficiency curriculum's index files: not implemented (refused)");
 }
 
 // Megatron's --optimizer adam|sgd and --sgd-momentum. Without --deepspeed a
@@ -205,6 +212,17 @@ void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings
                   "drop one of them", pp.dump());
   }
   apply_load_flags(j, sp, w);
+  DS_USER_CHECK(!has("--random-ltd"), "--random-ltd: random layer-wise token dropping (DeepSpeed Data Efficiency's "
+                "random-LTD) is not implemented by dstrain");
+  DS_USER_CHECK(!has("--data-efficiency-curriculum-learning"),
+                "--data-efficiency-curriculum-learning: curriculum learning by data sampling (DeepSpeed Data "
+                "Efficiency's data_sampling, ordered by the index files of its data analysis) is not implemented by "
+                "dstrain");
+  for (const char* name : {"--train-doc-idx-path", "--train-sample-idx-path", "--train-shuffle-idx-path",
+                           "--train-idx-path"})
+    DS_USER_CHECK(!has(name), "{} {}: a data-efficiency curriculum's index file; curriculum learning by data "
+                  "sampling is not implemented by dstrain (dsprep builds the sample order from --split and --seed)",
+                  name, sp.at(name).get<std::string>());
   if (has("--rampup-batch-size")) set_at(j, "/training/rampup_batch_size", sp.at("--rampup-batch-size"),
                                          "--rampup-batch-size");
   for (const char* name : {"--wandb-project", "--wandb-exp-name", "--wandb-save-dir"})

@@ -454,6 +454,12 @@ json merge_command_line(int argc, char** argv, std::string& config_path, std::st
   } catch (const CLI::CallForHelp&) {
     help_text = app.help();
     return json::object();
+  } catch (const CLI::ExtrasError&) {
+    // CLI11's own message lists them in the reversed order it parsed; give them as written.
+    const std::vector<std::string> extra = app.remaining();
+    std::string words;
+    for (const std::string& x : extra) words += (words.empty() ? "" : " ") + x;
+    DS_USER_ERROR("unrecognised argument{}: {} (see dstrain --help)", extra.size() == 1 ? "" : "s", words);
   } catch (const CLI::ParseError& e) {
     DS_USER_ERROR("{} (see dstrain --help)", e.what());  // main adds "dstrain: error: "
   }

@@ -582,7 +582,8 @@ void Trainer::load_or_init() {
       DS_LOG("loaded checkpoint from {} at iteration {}", cfg_.ckpt.load_dir, state_.iteration);
       return;
     }
-    DS_WARN("--load {}: no checkpoint found ('latest' missing); starting from scratch", cfg_.ckpt.load_dir);
+    DS_WARN("--load {}: no checkpoint found ('latest' missing); starting from {}", cfg_.ckpt.load_dir,
+            cfg_.ckpt.init_from.empty() ? std::string("scratch") : "the --init-from weights of " + cfg_.ckpt.init_from);
   }
   if (!cfg_.ckpt.init_from.empty()) {
     // Each rank reads the HF tensors that hold some of what its store keeps,

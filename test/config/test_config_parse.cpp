@@ -228,6 +228,12 @@ TEST_CASE("Compression and data efficiency: refused when they would act, noted w
   CHECK(s.warnings.size() == 1);
   sampling["enabled"] = false;  // the whole library off: nothing to say
   CHECK(parse_json(with(base(), {{"data_efficiency", sampling}})).warnings.empty());
+  // data_efficiency/gpt's flags: refused by name, not as unknown arguments.
+  CHECK_THROWS_WITH(parse_json(base(), {"--random-ltd"}), Contains("--random-ltd: random layer-wise token dropping"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--data-efficiency-curriculum-learning"}),
+                    Contains("--data-efficiency-curriculum-learning: curriculum learning by data sampling"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--train-doc-idx-path", "/d/doc_idx.npy"}),
+                    Contains("--train-doc-idx-path /d/doc_idx.npy: a data-efficiency curriculum's index file"));
 }
 
 TEST_CASE("data_types.grad_accum_dtype: fp32 or the compute dtype", "[config]") {
@@ -487,6 +493,9 @@ TEST_CASE("command line handling", "[config][flags]") {
   CHECK(c.train_iters == 100);
   CHECK_THROWS_WITH(parse({"--config", path, "--num-layerz", "2"}), Contains("--num-layerz"));
   CHECK_THROWS_WITH(parse({"--config", path, "--normalization", "BatchNorm"}), Contains("--normalization"));
+  // Unknown arguments as written (CLI11 alone lists them reversed).
+  CHECK_THROWS_WITH(parse({"--config", path, "--hf-ckpt-num-shards", "2", "--load-mode", "auto"}),
+                    Contains("unrecognised arguments: --hf-ckpt-num-shards 2 --load-mode auto (see dstrain --help)"));
   CHECK_THROWS_WITH(parse({"--config", d.path + "/missing.json"}), Contains("missing.json"));
   std::ofstream(d.path + "/bad.json") << "{ \"train_batch_size\": 8, ";
   CHECK_THROWS_WITH(parse({"--config", d.path + "/bad.json"}), Contains("bad.json' is not valid JSON"));
