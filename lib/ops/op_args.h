@@ -598,6 +598,34 @@ template <class A, class F> IfArgs<A, SumSquaresArgs> fields(A& a, F&& f) {
   f(a.out, "out", Role::Accum);
   f(a.x, "x", Role::In);
 }
+// DeepSpeed Compression's activation quantization of a linear layer's input
+// (compression/basic_layer.py QuantAct, utils.py SymQuantizer /
+// AsymQuantizer), in place, with PyTorch's arithmetic: each elementwise step
+// rounds to x's dtype; the running range and the static scale and zero point
+// are computed in f32 and enter the elementwise steps rounded to x's dtype.
+// Static (range defined): with `update` (a training forward) the running
+// [min, max] first folds in this input's extremes m: set to them while the
+// two are equal (the first call), then r = r * momentum + m * (1 - momentum),
+// where (1 - momentum) is converted to x's dtype and the product rounded to it
+// before the f32 sum; the whole tensor is quantized with the range. Dynamic
+// (range undefined): each row with its own extremes, in x's dtype.
+//   symmetric:  scale = 2 max(|min|, max) / 2^bits (dynamic: 2 max|row| / 2^bits),
+//               q = clamp(round(x / scale), -2^(bits-1), 2^(bits-1) - 1) * scale
+//   asymmetric: scale = (max - min) / 2^bits, zp = round(min / scale) * scale,
+//               q = clamp(round((x - zp) / scale), 0, 2^bits - 1) * scale + zp
+// round is half-to-even. The backward is the identity (straight-through).
+struct ActQuantArgs {
+  Tensor x;             // (N, C) f32, bf16 or f16: quantized in place
+  Tensor range;         // (2) f32 running [min, max], or undefined (dynamic)
+  int bits = 8;
+  bool symmetric = true;
+  bool update = false;  // static: fold this input into the range first
+  double momentum = 0.95;  // (1 - momentum) is formed in double, as Python does
+};
+template <class A, class F> IfArgs<A, ActQuantArgs> fields(A& a, F&& f) {
+  f(a.x, "x", Role::Native);
+  f(a.range, "range", Role::Native);
+}
 struct NonFiniteArgs {
   Tensor flag;     // (1) f32, set to 1 if x has inf/nan (never cleared here)
   Tensor x;

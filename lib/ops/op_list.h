@@ -50,7 +50,8 @@
   X(moe_combine_backward, MoeCombineBwdArgs) \
   X(moe_mix_forward, MoeMixArgs)             \
   X(moe_mix_backward, MoeMixBwdArgs)         \
-  X(moe_jitter, MoeJitterArgs)
+  X(moe_jitter, MoeJitterArgs)              \
+  X(act_quantize, ActQuantArgs)
 
 // Declares `void name(const Args&, const Stream&)` for every op in namespace NS.
 #define DS_DECLARE_OP(name, Args) void name(const Args& a, const Stream& s);

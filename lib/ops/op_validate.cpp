@@ -796,6 +796,16 @@ void validate_moe_mix_backward(const MoeMixBwdArgs& a) {
   }
 }
 
+void validate_act_quantize(const ActQuantArgs& a) {
+  const Check c("act_quantize");
+  c.devices(a);
+  c.floating(a.x, "x");
+  DS_CHECK(a.x.dim() >= 1, "{}: x must have at least one dimension", c.op());
+  if (a.range.defined()) c.stat(a.range, 2, "range", "2");
+  DS_CHECK(a.bits >= 1 && a.bits <= 16, "{}: bits={} must be in [1, 16]", c.op(), a.bits);
+  DS_CHECK(a.momentum >= 0 && a.momentum < 1, "{}: momentum={} must be in [0, 1)", c.op(), a.momentum);
+}
+
 void validate_moe_jitter(const MoeJitterArgs& a) {
   const Check c("moe_jitter");
   c.devices(a);
