@@ -361,6 +361,18 @@ json curriculum_json(const CurriculumConfig& c) {
           {"schedule_config", sc}};
 }
 
+json compression_json(const CompressionConfig& c) {
+  json groups = json::object();
+  for (const ActQuantGroup& g : c.act_groups) groups[g.name] = {{"params", {{"bits", g.bits}}}, {"modules", g.modules}};
+  return {{"activation_quantization",
+           {{"shared_parameters",
+             {{"enabled", true},
+              {"quantization_type", c.act_symmetric ? "symmetric" : "asymmetric"},
+              {"range_calibration", c.act_static ? "static" : "dynamic"},
+              {"schedule_offset", c.act_offset}}},
+            {"different_groups", groups}}}};
+}
+
 }  // namespace
 
 json config_to_json(const TrainConfig& c) {
@@ -384,6 +396,7 @@ json config_to_json(const TrainConfig& c) {
   j["fp16"]["enabled"] = pc.precision == Precision::FP16;
   if (o.scheduler != LrScheduler::Megatron) j["scheduler"] = scheduler_json(o);
   if (c.curriculum.enabled) j["curriculum_learning"] = curriculum_json(c.curriculum);
+  if (c.compression.act_quant) j["compression_training"] = compression_json(c.compression);
   if (c.zero.offload_optimizer == OffloadDevice::NVMe) j["aio"] = fields_json(c.zero.nvme.aio, aio_fields());
   return j;
 }

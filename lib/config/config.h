@@ -135,6 +135,22 @@ struct DistillConfig {
   std::vector<int> num_experts;
 };
 
+// DeepSpeed Compression (compression_training) as dstrain runs it: the
+// activation quantization of the transformer layers' linear-layer inputs
+// (docs/config.md, "DeepSpeed Compression").
+struct ActQuantGroup {
+  std::string name;                  // the different_groups key
+  int bits = 8;                      // params.bits: 4 or 8
+  std::vector<std::string> modules;  // regular expressions over Megatron's module names
+};
+struct CompressionConfig {
+  bool act_quant = false;          // activation_quantization.shared_parameters.enabled
+  bool act_symmetric = true;       // quantization_type: symmetric | asymmetric
+  bool act_static = false;         // range_calibration: static | dynamic
+  int64_t act_offset = 1000;       // schedule_offset: optimizer steps of this run before it acts
+  std::vector<ActQuantGroup> act_groups;
+};
+
 struct TrainConfig {
   ModelConfig model;
   OptimizerConfig optim;
@@ -152,6 +168,7 @@ struct TrainConfig {
   ScheduleLengths lengths;
   // DeepSpeed's legacy `curriculum_learning` section (sequence-length warmup).
   CurriculumConfig curriculum;
+  CompressionConfig compression;
   DistillConfig distill;
   // On resume, a Megatron schedule that differs from the checkpoint's is an
   // error unless one of these picks a side (Megatron's two flags).

@@ -388,35 +388,91 @@ void read_optional_features(DsSection& root, LoggingConfig& log) {
   root.accept_if("memory_breakdown", false);
 }
 
-// DeepSpeed Compression and Data Efficiency: not implemented, so a technique
-// that would change what is trained is refused; what upstream leaves inert is
-// accepted with one line.
+// DeepSpeed Compression and Data Efficiency. Compression's activation
+// quantization is read (DeepSpeed's keys and defaults, compression/config.py);
+// every other technique that would change what is trained is refused, and what
+// upstream leaves inert is accepted with one line.
 //   compression_training: Megatron-DeepSpeed runs init_compression whenever the
 //     section is present; a technique acts when its shared_parameters.enabled
 //     (layer_reduction: its own enabled) is true.
 //   data_efficiency.data_routing.random_ltd.enabled: the engine then looks for
-//     random-LTD layers (Megatron's --random-ltd, which dstrain does not have).
+//     random-LTD layers (Megatron's --random-ltd, refused by name).
 //   data_efficiency.data_sampling: used only through Megatron's
-//     --data-efficiency-curriculum-learning (not a dstrain flag); inert otherwise.
-void read_compression_and_data_efficiency(DsSection& root, Warnings& w) {
+//     --data-efficiency-curriculum-learning (refused by name); inert otherwise.
+void read_activation_quantization(DsSection& t, CompressionConfig& c) {
+  DsSection sp = t.section("shared_parameters");
+  c.act_quant = true;
+  const std::string type = sp.get<std::string>("quantization_type", "symmetric");
+  DS_USER_CHECK(type == "symmetric" || type == "asymmetric", "config: '{}' must be symmetric or asymmetric, got '{}'",
+                sp.full("quantization_type"), type);
+  c.act_symmetric = type == "symmetric";
+  const std::string range = sp.get<std::string>("range_calibration", "dynamic");
+  DS_USER_CHECK(range == "static" || range == "dynamic", "config: '{}' must be static or dynamic, got '{}'",
+                sp.full("range_calibration"), range);
+  c.act_static = range == "static";
+  c.act_offset = sp.get<int64_t>("schedule_offset", 1000);
+  DS_USER_CHECK(c.act_offset >= 0, "config: '{}' must be >= 0, got {}", sp.full("schedule_offset"), c.act_offset);
+  (void)sp.get<bool>("enabled", true);
+  t.mark("different_groups");
+  DS_USER_CHECK(t.has("different_groups") && t.raw().at("different_groups").is_object(),
+                "config: '{}' is required (an object of groups) when activation quantization is enabled",
+                t.full("different_groups"));
+  DsSection groups = t.section("different_groups");
+  for (const auto& [name, g] : t.raw().at("different_groups").items()) {
+    DS_USER_CHECK(g.is_object(), "config: '{}' must be an object", groups.full(name));
+    DsSection gs = groups.section(name);
+    DsSection params = gs.section("params");
+    params.mark("bits");
+    DS_USER_CHECK(params.has("bits"), "config: '{}' is required", params.full("bits"));
+    ActQuantGroup q{.name = name, .bits = params.get<int>("bits", 8)};
+    DS_USER_CHECK(q.bits == 4 || q.bits == 8, "config: '{}' is {}: DeepSpeed quantizes activations to 4 or 8 bits",
+                  params.full("bits"), q.bits);
+    gs.mark("modules");
+    const nlohmann::json mods = gs.raw().value("modules", nlohmann::json::array({"*"}));
+    DS_USER_CHECK(mods.is_array() && !mods.empty(), "config: '{}' must be a non-empty list of module-name patterns",
+                  gs.full("modules"));
+    for (const auto& m : mods) {
+      DS_USER_CHECK(m.is_string(), "config: '{}' must hold strings, got {}", gs.full("modules"), m.dump());
+      q.modules.push_back(m.get<std::string>());
+    }
+    gs.mark("related_modules");
+    params.finish();
+    gs.finish();
+    c.act_groups.push_back(std::move(q));
+  }
+  groups.finish();
+  sp.finish();
+  t.finish();
+}
+
+void read_compression_and_data_efficiency(DsSection& root, CompressionConfig& comp, Warnings& w) {
   root.mark("compression_training");
   if (root.has("compression_training")) {
+    DS_USER_CHECK(root.raw().at("compression_training").is_object(),
+                  "config: 'compression_training' must be a JSON object");
     DsSection c = root.section("compression_training");
+    bool any = false;
     for (const char* tech : {"weight_quantization", "activation_quantization", "sparse_pruning", "row_pruning",
                              "head_pruning", "channel_pruning"}) {
+      c.mark(tech);
+      if (!c.has(tech) || !c.raw().at(tech).is_object()) continue;
       DsSection t = c.section(tech);
-      if (!t.raw().is_object()) continue;
-      DsSection sp = t.section("shared_parameters");
-      const bool on = sp.raw().is_object() && sp.get<bool>("enabled", false);
-      DS_USER_CHECK(!on, "config: 'compression_training.{}.shared_parameters.enabled' is true: DeepSpeed Compression "
-                    "is not implemented by dstrain (it would train an uncompressed model); remove the section or "
-                    "disable the technique", tech);
+      const nlohmann::json& shared = t.raw().value("shared_parameters", nlohmann::json::object());
+      const bool on = shared.is_object() && shared.value("enabled", false) == true;
+      if (!on) continue;
+      DS_USER_CHECK(std::string(tech) == "activation_quantization",
+                    "config: 'compression_training.{}.shared_parameters.enabled' is true: this DeepSpeed Compression "
+                    "technique is not implemented by dstrain (it would train an uncompressed model); remove the "
+                    "section or disable the technique", tech);
+      read_activation_quantization(t, comp);
+      any = true;
     }
-    DsSection lr = c.section("layer_reduction");
-    DS_USER_CHECK(!(lr.raw().is_object() && lr.get<bool>("enabled", false)),
+    c.mark("layer_reduction");
+    const nlohmann::json lr = c.raw().value("layer_reduction", nlohmann::json::object());
+    DS_USER_CHECK(!(lr.is_object() && lr.value("enabled", false) == true),
                   "config: 'compression_training.layer_reduction.enabled' is true: layer reduction is not "
                   "implemented by dstrain; remove the section or disable it");
-    add_warning(w, "config: 'compression_training' enables no technique; nothing is compressed (as upstream)");
+    if (!any) add_warning(w, "config: 'compression_training' enables no technique; nothing is compressed (as upstream)");
   }
   root.mark("data_efficiency");
   if (!root.has("data_efficiency")) return;
@@ -535,7 +591,7 @@ void read_config_json(const json& j, TrainConfig& cfg, Warnings& w) {
   read_zero(root, cfg.zero);
   read_optional_features(root, cfg.log);
   read_curriculum(root, cfg.curriculum);
-  read_compression_and_data_efficiency(root, w);
+  read_compression_and_data_efficiency(root, cfg.compression, w);
   for (const char* k : {"model", "data", "training", "parallel"}) root.mark(k);
   read_model_section(JsonSection(j.value("model", json::object()), "model"), cfg.model);
   read_data_section(JsonSection(j.value("data", json::object()), "data"), cfg.data);

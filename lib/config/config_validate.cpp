@@ -498,6 +498,29 @@ void validate_cuda_graph(const TrainConfig& cfg, int world_size) {
 
 }  // namespace
 
+// DeepSpeed Compression's activation quantization: what dstrain runs of it
+// (docs/config.md, "DeepSpeed Compression").
+void validate_compression(const TrainConfig& cfg) {
+  const CompressionConfig& c = cfg.compression;
+  if (!c.act_quant) return;
+  const ParallelConfig& p = cfg.parallel;
+  auto refuse = [](bool bad, const std::string& what) {
+    DS_USER_CHECK(!bad, "compression_training.activation_quantization with {} is not implemented yet", what);
+  };
+  refuse(p.pp > 1, "pipeline parallelism (Megatron-DeepSpeed's pipeline model names its modules differently, so "
+                   "the module patterns pick other layers)");
+  refuse(p.sequence_parallel, "sequence parallelism (--sequence-parallel)");
+  refuse(p.sp > 1, "DeepSpeed-Ulysses (ds_sequence_parallel_size > 1)");
+  refuse(cfg.model.moe.enabled(cfg.model.num_layers), "Mixture-of-Experts layers");
+  refuse(cfg.cuda_graph, "--cuda-graph");
+  // SymQuantizer with a static range divides by a (1)-shaped f32 scale, so
+  // its output is f32 and the fp16/bf16 linear layer after it fails upstream.
+  DS_USER_CHECK(!(c.act_symmetric && c.act_static) || cfg.precision.precision == Precision::FP32,
+                "compression_training.activation_quantization: quantization_type symmetric with range_calibration "
+                "static needs fp32 (DeepSpeed's quantizer returns f32 activations there, which its fp16/bf16 linear "
+                "layers reject); use asymmetric or dynamic");
+}
+
 void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
   validate_model(cfg.model, cfg.parallel);
   validate_parallel(cfg);
@@ -534,6 +557,7 @@ void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
   validate_data(cfg.data);
   validate_curriculum(cfg);
   validate_cuda_graph(cfg, world_size);
+  validate_compression(cfg);
 }
 
 }  // namespace ds

@@ -260,6 +260,7 @@ void GptModel::alloc_layer_acts(LayerActs& a, int64_t B, int64_t T, bool dense_m
   if (!dense_mlp) return;  // an MoE layer sizes its own (MoeActs) in each forward
   a.fc_out = act({N, F_in});
   a.act_out = act({N, Fl});
+  if (!act_quant_.bits.empty()) a.attn_q = act({B, T, Cl});
 }
 
 void GptModel::ensure_acts(int64_t B, int64_t T) {
@@ -446,6 +447,7 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tens
   else
     norm_forward(P.norm1, a.norm1_out, a.norm1_mean, a.norm1_rstd, x);
   Tensor qkv_lin = d_.rope ? a.qkv_pre : a.qkv;  // (B, U*T, QKVa): the attention's heads
+  quantize_input(l, 0, a.norm1_out);
   ops::matmul_forward({.out = rows(sp_.active() ? uly_qkv_ : qkv_lin),
                        .inp = enter_tp(a.norm1_out),
                        .weight = w(P.attn.qkv.weight),
@@ -468,8 +470,12 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tens
                           .lengths = S().lengths},
                          stream_);
   if (sp_.active()) ulysses_heads_to_seq(sp_, out_split_, B_, a.attn_out, a.attn_seq, uly_, stream_);
+  if (quantizes(l, 1)) {  // a copy: the attention's backward reads its own output
+    ops::cast({.out = rows(a.attn_q), .inp = rows(a.attn_seq)}, stream_);
+    quantize_input(l, 1, a.attn_q);
+  }
   ops::matmul_forward({.out = exit_tp_target(a.resid_mid),
-                       .inp = rows(a.attn_seq),
+                       .inp = proj_input(l, a),
                        .weight = w(P.attn.proj.weight),
                        .bias = row_bias ? opt(P.attn.proj.bias, false) : Tensor()},
                       stream_);
@@ -488,6 +494,7 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tens
 void GptModel::mlp_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add) {
   const LayerParams& P = lp(l);
   const bool row_bias = tp_.rank == 0;
+  quantize_input(l, 2, a.norm2_out);
   if (fused_gelu_mlp()) {
     ops::matmul_bias_gelu_forward({.out = a.act_out,
                                    .pre = a.fc_out,
@@ -510,6 +517,7 @@ void GptModel::mlp_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add
     }
   }
   Tensor y2 = rows(y);
+  quantize_input(l, 3, a.act_out);
   ops::matmul_forward({.out = exit_tp_target(y2),
                        .inp = a.act_out,
                        .weight = w(P.mlp.proj.weight),
@@ -578,10 +586,10 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
   // Attention branch.
   const Tensor dproj = exit_tp_backward(dropout_grad(dresid, hidden_dropout(l, DropoutSite::AttentionOut)));
   ops::matmul_backward({.dinp = rows(dattn_),
-                        .dweight = weight_grad(l, P.attn.proj.weight, dproj, rows(a.attn_seq)),
+                        .dweight = weight_grad(l, P.attn.proj.weight, dproj, proj_input(l, a)),
                         .dbias = opt(P.attn.proj.bias, true),
                         .dout = dproj,
-                        .inp = rows(a.attn_seq),
+                        .inp = proj_input(l, a),
                         .weight = w(P.attn.proj.weight),
                         .accum = Accum::Overwrite},
                        stream_);
@@ -995,6 +1003,26 @@ void GptModel::stage_backward(int slot, int chunk, const Tensor& tokens, const T
   store_->end_pass();
   defer_weights_ = false;
 }
+
+void GptModel::set_activation_quantization(ActivationQuantization q) {
+  DS_CHECK(q.bits.empty() || static_cast<int>(q.bits.size()) == d_.L, "activation quantization for {} of {} layers",
+           q.bits.size(), d_.L);
+  act_quant_ = std::move(q);
+  act_ranges_ = act_quant_.calibrate_static ? Tensor::zeros({d_.L, 4, 2}, DType::F32, dev_) : Tensor();
+  B_ = T_ = 0;  // reallocate on next use (attn_q)
+}
+
+void GptModel::quantize_input(int l, int which, const Tensor& x) {
+  if (!quantizes(l, which)) return;
+  ops::act_quantize({.x = x,
+                     .range = act_quant_.calibrate_static ? act_ranges_.view((l * 4 + which) * 2, {2}) : Tensor(),
+                     .bits = act_quant_.bits[static_cast<size_t>(l)][which],
+                     .symmetric = act_quant_.symmetric,
+                     .update = S().key.train},
+                    stream_);
+}
+
+Tensor GptModel::proj_input(int l, LayerActs& a) { return quantizes(l, 1) ? rows(a.attn_q) : rows(a.attn_seq); }
 
 Tensor GptModel::weight_grad(int l, ParamRef weight, const Tensor& dout, const Tensor& inp) {
   if (!defer_weights_) return dw(weight);

@@ -7,6 +7,7 @@
 // layers: stage_forward / stage_backward).
 // The model calls only the device-neutral op API (lib/ops), never a backend.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -61,6 +62,17 @@ struct MoeActs {
   uint64_t jitter_stream = 0;
 };
 
+// DeepSpeed Compression's activation quantization (ops act_quantize) of the
+// inputs of the layers' dense linear layers, in the order qkv, attention
+// proj, MLP fc, MLP proj; 0 bits leaves that input as it is. The quantized
+// input is what the layer multiplies and what its weight gradient sees; its
+// gradient passes straight through.
+struct ActivationQuantization {
+  std::vector<std::array<int, 4>> bits;  // per layer (the model's L); empty: none
+  bool symmetric = true;
+  bool calibrate_static = false;  // one running range per linear layer (activation_ranges)
+};
+
 struct LayerActs {
   Tensor norm1_out, norm1_mean, norm1_rstd;  // (B,T,C), (B,T), (B,T)
   Tensor qkv;                                // (B,T,QKVl) after bias (and rope if any)
@@ -71,6 +83,7 @@ struct LayerActs {
   Tensor norm2_out, norm2_mean, norm2_rstd;  // (B,T,C), (B,T), (B,T)
   Tensor fc_out;                             // (B,T,Fl) or (B,T,2Fl) for swiglu
   Tensor act_out;                            // (B,T,Fl)
+  Tensor attn_q;                             // (B,T,Cl) attention proj's quantized input (activation quantization)
   MoeActs moe;                               // MoE layers only (fc_out / act_out above unused)
 };
 
@@ -271,6 +284,16 @@ class GptModel {
   // times its micro-batch's KD loss to sink[0] (a (1) f32 on the model's device).
   void set_kd_loss_sink(const Tensor& sink, float weight = 1.0f);
 
+  // Activation quantization (reallocates the activations on the next pass;
+  // the static ranges start at [0, 0]). Quantizing only while active: the
+  // trainer turns it on at the schedule offset. Training forwards (a train
+  // key) fold their inputs into the static ranges, recomputation included.
+  void set_activation_quantization(ActivationQuantization q);
+  void set_activation_quantization_active(bool on) { act_quant_on_ = on; }
+  // (L, 4, 2) f32 [min, max] per layer and linear layer (static calibration);
+  // undefined otherwise.
+  Tensor& activation_ranges() { return act_ranges_; }
+
   // ---- Pipeline stage (see lib/runtime/pipeline_executor.h) -----------------
   // Activation sets ("slots") kept at once, one per in-flight micro-batch.
   void set_activation_slots(int n);
@@ -468,6 +491,15 @@ class GptModel {
   };
   std::deque<std::vector<DeferredWeightGrad>> deferred_;  // one set per deferring backward, oldest first
   bool defer_weights_ = false;
+  ActivationQuantization act_quant_;
+  bool act_quant_on_ = false;
+  Tensor act_ranges_;
+  bool quantizes(int l, int which) const {
+    return act_quant_on_ && !act_quant_.bits.empty() && act_quant_.bits[static_cast<size_t>(l)][which] > 0;
+  }
+  // Quantizes x in place as the input of layer l's linear layer `which` (0-3).
+  void quantize_input(int l, int which, const Tensor& x);
+  Tensor proj_input(int l, LayerActs& a);  // what the attention proj multiplies
   std::vector<int> forward_order(int chunk = 0) const;
   std::vector<int> backward_order(int chunk = 0) const;
 

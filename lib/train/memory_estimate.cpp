@@ -78,7 +78,9 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& p
   // Per token of one layer: parts split by TP, parts split only by sequence parallelism.
   // qkv widths of all tp ranks together: (NH + 2*NKV)*HS, kv heads replicated when NKV < TP
   const int64_t QKV = (int64_t{d.NH} + 2 * int64_t{d.NKV} * std::max<int64_t>(1, tp / d.NKV)) * d.HS;
-  const int64_t tp_elems = QKV + (d.rope ? QKV : 0) + C + F_in + F;  // qkv (+pre-rope), attn, fc, act
+  // qkv (+pre-rope), attn, fc, act; activation quantization keeps the
+  // attention proj's quantized input beside the attention output.
+  const int64_t tp_elems = QKV + (d.rope ? QKV : 0) + C + F_in + F + (cfg.compression.act_quant ? C : 0);
   const int64_t seq_elems = 4 * C;  // norm1 out, residual mid, norm2 out, layer input residual
   const int64_t layer_full = N * a * tp_elems / tp + N * a * seq_elems / sp  // stored tensors
                              + N * s * d.NH / tp + N * s * 4 / sp;           // lse, norm mean/rstd

@@ -21,6 +21,7 @@
 #include "lib/model/param_init.h"
 #include "lib/ops/ops.h"
 #include "lib/optim/lr_schedule.h"
+#include "lib/train/compression.h"
 #include "lib/train/distill.h"
 #include "lib/train/exit_signal.h"
 #include "lib/train/memory_estimate.h"
@@ -171,6 +172,15 @@ void Trainer::build_model_and_optimizer() {
   if (cfg_.distill.enabled) {
     teacher_ = load_teacher(cfg_, dev_, compute);
     model_->set_distillation(distill_settings(cfg_, *teacher_));
+  }
+  if (cfg_.compression.act_quant) {
+    ActivationQuantization q = activation_quantization(cfg_);
+    int n = 0;
+    for (const auto& layer : q.bits) n += static_cast<int>(std::count_if(layer.begin(), layer.end(), [](int b) { return b > 0; }));
+    DS_LOG("activation quantization ({}, {} range): the inputs of {} of the layers' {} linear layers, from optimizer "
+           "step {} of this run on", cfg_.compression.act_symmetric ? "symmetric" : "asymmetric",
+           cfg_.compression.act_static ? "static" : "dynamic", n, 4 * cfg_.model.num_layers, cfg_.compression.act_offset);
+    model_->set_activation_quantization(std::move(q));
   }
   opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get(), cfg_.optim.spec);
   opt_->set_timeline(&timeline_);
@@ -673,6 +683,10 @@ int64_t Trainer::next_seqlen() {
 float Trainer::train_step() {
   const auto& b = cfg_.batch;
   set_step_batch();
+  // DeepSpeed's compression scheduler counts the steps applied in this run
+  // (not saved in checkpoints) and turns a technique on once that count
+  // reaches its schedule_offset.
+  if (cfg_.compression.act_quant) model_->set_activation_quantization_active(applied_steps_ >= cfg_.compression.act_offset);
   phase_ms();
   seqlen_ = next_seqlen();  // every sample keeps its first seqlen_ positions
   // fp16: the loss (hence every gradient) is multiplied by the loss scale.
@@ -739,6 +753,7 @@ float Trainer::train_step() {
     step_times_.optimizer += phase_ms();
   }
   advance_lr_clock(cfg_.optim, state_.lr_clock, step_batch_, tokens_before);
+  applied_steps_ += 1;
   state_.iteration += 1;
   state_.consumed_samples += step_batch_;
   state_.consumed_tokens += step_batch_ * seqlen_;

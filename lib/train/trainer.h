@@ -75,6 +75,7 @@ class Trainer {
   int64_t graph_replays() const { return runner_->graph_counters().replays; }
 
  private:
+  int64_t applied_steps_ = 0;  // optimizer steps applied in this run (DeepSpeed's compression scheduler)
   float train_step();
   void save();
   void load_or_init();

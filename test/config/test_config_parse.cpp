@@ -207,9 +207,10 @@ TEST_CASE("Compression and data efficiency: refused when they would act, noted w
   };
   CHECK_THROWS_WITH(parse_json(with(base(), {{"compression_training", quant(true)}})),
                     Contains("'compression_training.weight_quantization.shared_parameters.enabled' is true"));
+  // Activation quantization is implemented (test/train/test_compression.cpp); its groups are required.
   json act = {{"activation_quantization", {{"shared_parameters", {{"enabled", true}}}}}};
   CHECK_THROWS_WITH(parse_json(with(base(), {{"compression_training", act}})),
-                    Contains("compression_training.activation_quantization"));
+                    Contains("'compression_training.activation_quantization.different_groups' is required"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"compression_training", {{"layer_reduction", {{"enabled", true}}}}}})),
                     Contains("'compression_training.layer_reduction.enabled' is true"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"compression_training", 3}})),
