@@ -362,15 +362,32 @@ json curriculum_json(const CurriculumConfig& c) {
 }
 
 json compression_json(const CompressionConfig& c) {
-  json groups = json::object();
-  for (const ActQuantGroup& g : c.act_groups) groups[g.name] = {{"params", {{"bits", g.bits}}}, {"modules", g.modules}};
-  return {{"activation_quantization",
-           {{"shared_parameters",
-             {{"enabled", true},
-              {"quantization_type", c.act_symmetric ? "symmetric" : "asymmetric"},
-              {"range_calibration", c.act_static ? "static" : "dynamic"},
-              {"schedule_offset", c.act_offset}}},
-            {"different_groups", groups}}}};
+  json out = json::object();
+  if (c.act_quant) {
+    json groups = json::object();
+    for (const ActQuantGroup& g : c.act_groups) groups[g.name] = {{"params", {{"bits", g.bits}}}, {"modules", g.modules}};
+    out["activation_quantization"] = {{"shared_parameters",
+                                       {{"enabled", true},
+                                        {"quantization_type", c.act_symmetric ? "symmetric" : "asymmetric"},
+                                        {"range_calibration", c.act_static ? "static" : "dynamic"},
+                                        {"schedule_offset", c.act_offset}}},
+                                      {"different_groups", groups}};
+  }
+  if (c.weight_quant) {
+    json groups = json::object();
+    for (const WeightQuantGroup& g : c.wq_list)
+      groups[g.name] = {{"params", {{"start_bits", g.start_bits}, {"target_bits", g.target_bits},
+                                    {"quantization_period", g.period}}},
+                        {"modules", g.modules}};
+    out["weight_quantization"] = {{"shared_parameters",
+                                   {{"enabled", true},
+                                    {"schedule_offset", c.wq_offset},
+                                    {"quantize_groups", c.wq_groups},
+                                    {"quantize_verbose", c.wq_verbose},
+                                    {"quantization_type", c.wq_symmetric ? "symmetric" : "asymmetric"}}},
+                                  {"different_groups", groups}};
+  }
+  return out;
 }
 
 }  // namespace
@@ -396,7 +413,7 @@ json config_to_json(const TrainConfig& c) {
   j["fp16"]["enabled"] = pc.precision == Precision::FP16;
   if (o.scheduler != LrScheduler::Megatron) j["scheduler"] = scheduler_json(o);
   if (c.curriculum.enabled) j["curriculum_learning"] = curriculum_json(c.curriculum);
-  if (c.compression.act_quant) j["compression_training"] = compression_json(c.compression);
+  if (c.compression.act_quant || c.compression.weight_quant) j["compression_training"] = compression_json(c.compression);
   if (c.zero.offload_optimizer == OffloadDevice::NVMe) j["aio"] = fields_json(c.zero.nvme.aio, aio_fields());
   return j;
 }

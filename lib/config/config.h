@@ -143,7 +143,21 @@ struct ActQuantGroup {
   int bits = 8;                      // params.bits: 4 or 8
   std::vector<std::string> modules;  // regular expressions over Megatron's module names
 };
+struct WeightQuantGroup {
+  std::string name;
+  int start_bits = 0, target_bits = 0;  // params.start_bits, params.target_bits
+  int64_t period = 1;                   // params.quantization_period
+  std::vector<std::string> modules;
+};
 struct CompressionConfig {
+  // weight_quantization, as DeepSpeed's MoQ runs it (the fp16 weights
+  // quantized after every optimizer step from schedule_offset on).
+  bool weight_quant = false;
+  int64_t wq_offset = 0;      // schedule_offset
+  int64_t wq_groups = 1;      // quantize_groups
+  bool wq_symmetric = true;   // quantization_type
+  bool wq_verbose = false;    // quantize_verbose
+  std::vector<WeightQuantGroup> wq_list;  // different_groups
   bool act_quant = false;          // activation_quantization.shared_parameters.enabled
   bool act_symmetric = true;       // quantization_type: symmetric | asymmetric
   bool act_static = false;         // range_calibration: static | dynamic

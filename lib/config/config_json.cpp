@@ -399,6 +399,21 @@ void read_optional_features(DsSection& root, LoggingConfig& log) {
 //     random-LTD layers (Megatron's --random-ltd, refused by name).
 //   data_efficiency.data_sampling: used only through Megatron's
 //     --data-efficiency-curriculum-learning (refused by name); inert otherwise.
+// The different_groups' module patterns (default "*", as DeepSpeed).
+std::vector<std::string> group_modules(DsSection& gs) {
+  gs.mark("modules");
+  const nlohmann::json mods = gs.raw().value("modules", nlohmann::json::array({"*"}));
+  DS_USER_CHECK(mods.is_array() && !mods.empty(), "config: '{}' must be a non-empty list of module-name patterns",
+                gs.full("modules"));
+  std::vector<std::string> out;
+  for (const auto& m : mods) {
+    DS_USER_CHECK(m.is_string(), "config: '{}' must hold strings, got {}", gs.full("modules"), m.dump());
+    out.push_back(m.get<std::string>());
+  }
+  gs.mark("related_modules");
+  return out;
+}
+
 void read_activation_quantization(DsSection& t, CompressionConfig& c) {
   DsSection sp = t.section("shared_parameters");
   c.act_quant = true;
@@ -427,18 +442,72 @@ void read_activation_quantization(DsSection& t, CompressionConfig& c) {
     ActQuantGroup q{.name = name, .bits = params.get<int>("bits", 8)};
     DS_USER_CHECK(q.bits == 4 || q.bits == 8, "config: '{}' is {}: DeepSpeed quantizes activations to 4 or 8 bits",
                   params.full("bits"), q.bits);
-    gs.mark("modules");
-    const nlohmann::json mods = gs.raw().value("modules", nlohmann::json::array({"*"}));
-    DS_USER_CHECK(mods.is_array() && !mods.empty(), "config: '{}' must be a non-empty list of module-name patterns",
-                  gs.full("modules"));
-    for (const auto& m : mods) {
-      DS_USER_CHECK(m.is_string(), "config: '{}' must hold strings, got {}", gs.full("modules"), m.dump());
-      q.modules.push_back(m.get<std::string>());
-    }
-    gs.mark("related_modules");
+    q.modules = group_modules(gs);
     params.finish();
     gs.finish();
     c.act_groups.push_back(std::move(q));
+  }
+  groups.finish();
+  sp.finish();
+  t.finish();
+}
+
+void read_weight_quantization(DsSection& t, CompressionConfig& c) {
+  DsSection sp = t.section("shared_parameters");
+  c.weight_quant = true;
+  (void)sp.get<bool>("enabled", true);
+  DS_USER_CHECK(!sp.get<bool>("quantize_weight_in_forward", false),
+                "config: '{}' is true: quantizing the weights in the forward is not implemented yet (dstrain runs "
+                "DeepSpeed's default, MoQ: the fp16 weights quantized after each optimizer step)",
+                sp.full("quantize_weight_in_forward"));
+  DS_USER_CHECK(!sp.get<bool>("quantizer_kernel", false),
+                "config: '{}' is true: DeepSpeed's CUDA quantizer kernel (which rounds stochastically unless "
+                "'rounding' is 'nearest_neighbor') is not implemented; set it false", sp.full("quantizer_kernel"));
+  c.wq_offset = sp.get<int64_t>("schedule_offset", 0);
+  DS_USER_CHECK(c.wq_offset >= 0, "config: '{}' must be >= 0, got {}", sp.full("schedule_offset"), c.wq_offset);
+  c.wq_groups = sp.get<int64_t>("quantize_groups", 1);
+  DS_USER_CHECK(c.wq_groups >= 1, "config: '{}' must be >= 1, got {}", sp.full("quantize_groups"), c.wq_groups);
+  c.wq_verbose = sp.get<bool>("quantize_verbose", false);
+  const std::string type = sp.get<std::string>("quantization_type", "symmetric");
+  DS_USER_CHECK(type == "symmetric" || type == "asymmetric", "config: '{}' must be symmetric or asymmetric, got '{}'",
+                sp.full("quantization_type"), type);
+  c.wq_symmetric = type == "symmetric";
+  const std::string rounding = sp.get<std::string>("rounding", "nearest");
+  DS_USER_CHECK(rounding == "nearest" || rounding == "stochastic", "config: '{}' must be nearest or stochastic, got '{}'",
+                sp.full("rounding"), rounding);
+  DS_USER_CHECK(rounding == "nearest", "config: '{}' is stochastic: stochastic rounding of the weights is not "
+                "implemented yet", sp.full("rounding"));
+  sp.mark("fp16_mixed_quantize");
+  const nlohmann::json mixed = sp.raw().value("fp16_mixed_quantize", nlohmann::json::object());
+  DS_USER_CHECK(!(mixed.is_object() && mixed.value("enabled", false) == true),
+                "config: '{}.enabled' is true: mixing the fp16 and quantized weights is not implemented yet",
+                sp.full("fp16_mixed_quantize"));
+  t.mark("different_groups");
+  DS_USER_CHECK(t.has("different_groups") && t.raw().at("different_groups").is_object(),
+                "config: '{}' is required (an object of groups) when weight quantization is enabled",
+                t.full("different_groups"));
+  DsSection groups = t.section("different_groups");
+  for (const auto& [name, g] : t.raw().at("different_groups").items()) {
+    DS_USER_CHECK(g.is_object(), "config: '{}' must be an object", groups.full(name));
+    DsSection gs = groups.section(name);
+    DsSection params = gs.section("params");
+    for (const char* k : {"start_bits", "target_bits"}) {
+      params.mark(k);
+      DS_USER_CHECK(params.has(k), "config: '{}' is required", params.full(k));
+    }
+    WeightQuantGroup q{.name = name,
+                       .start_bits = params.get<int>("start_bits", 8),
+                       .target_bits = params.get<int>("target_bits", 8),
+                       .period = params.get<int64_t>("quantization_period", 1)};
+    DS_USER_CHECK(q.target_bits >= 3 && q.start_bits >= q.target_bits && q.start_bits <= 16,
+                  "config: '{}' {} and '{}' {}: dstrain quantizes weights to 3-16 bits, start_bits >= target_bits "
+                  "(DeepSpeed's ternary and binary weights are not implemented)",
+                  params.full("start_bits"), q.start_bits, params.full("target_bits"), q.target_bits);
+    DS_USER_CHECK(q.period >= 1, "config: '{}' must be >= 1, got {}", params.full("quantization_period"), q.period);
+    q.modules = group_modules(gs);
+    params.finish();
+    gs.finish();
+    c.wq_list.push_back(std::move(q));
   }
   groups.finish();
   sp.finish();
@@ -460,11 +529,15 @@ void read_compression_and_data_efficiency(DsSection& root, CompressionConfig& co
       const nlohmann::json& shared = t.raw().value("shared_parameters", nlohmann::json::object());
       const bool on = shared.is_object() && shared.value("enabled", false) == true;
       if (!on) continue;
-      DS_USER_CHECK(std::string(tech) == "activation_quantization",
+      const std::string name = tech;
+      DS_USER_CHECK(name == "activation_quantization" || name == "weight_quantization",
                     "config: 'compression_training.{}.shared_parameters.enabled' is true: this DeepSpeed Compression "
                     "technique is not implemented by dstrain (it would train an uncompressed model); remove the "
                     "section or disable the technique", tech);
-      read_activation_quantization(t, comp);
+      if (name == "weight_quantization")
+        read_weight_quantization(t, comp);
+      else
+        read_activation_quantization(t, comp);
       any = true;
     }
     c.mark("layer_reduction");

@@ -502,8 +502,29 @@ void validate_cuda_graph(const TrainConfig& cfg, int world_size) {
 // (docs/config.md, "DeepSpeed Compression").
 void validate_compression(const TrainConfig& cfg) {
   const CompressionConfig& c = cfg.compression;
-  if (!c.act_quant) return;
   const ParallelConfig& p = cfg.parallel;
+  if (c.weight_quant) {
+    auto refuse = [](bool bad, const std::string& what) {
+      DS_USER_CHECK(!bad, "compression_training.weight_quantization with {} is not implemented yet", what);
+    };
+    // DeepSpeed's engine: "MoQ (quantize in optimization step) weight quantization is only supported for FP16".
+    DS_USER_CHECK(cfg.precision.precision == Precision::FP16,
+                  "compression_training.weight_quantization (MoQ: quantizing in the optimizer step) is only supported "
+                  "with fp16, as in DeepSpeed; this run is {}", cfg.precision.precision == Precision::BF16 ? "bf16"
+                                                                                                      : "fp32");
+    refuse(cfg.device != DeviceType::CPU, "--device cuda (the quantizer runs on the host's copy of the weights)");
+    refuse(p.tp > 1, "tensor parallelism (each rank would quantize its shard's groups)");
+    refuse(p.pp > 1, "pipeline parallelism");
+    refuse(p.sp > 1, "DeepSpeed-Ulysses");
+    refuse(cfg.zero.stage > 1, "zero_optimization.stage " + std::to_string(cfg.zero.stage) + " (stages 0 and 1 hold the "
+                                                                                             "whole fp16 model)");
+    refuse(cfg.zero.offload_optimizer != OffloadDevice::None, "zero_optimization.offload_optimizer");
+    refuse(cfg.model.moe.enabled(cfg.model.num_layers), "Mixture-of-Experts layers");
+    refuse(cfg.model.num_kv_heads != 0 && cfg.model.num_kv_heads != cfg.model.num_heads,
+           "grouped-query attention (Megatron-DeepSpeed lays its query_key_value out otherwise)");
+    refuse(cfg.model.activation == Activation::SwiGLU, "SwiGLU (Megatron-DeepSpeed lays its dense_h_to_4h out otherwise)");
+  }
+  if (!c.act_quant) return;
   auto refuse = [](bool bad, const std::string& what) {
     DS_USER_CHECK(!bad, "compression_training.activation_quantization with {} is not implemented yet", what);
   };

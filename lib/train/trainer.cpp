@@ -177,10 +177,18 @@ void Trainer::build_model_and_optimizer() {
     ActivationQuantization q = activation_quantization(cfg_);
     int n = 0;
     for (const auto& layer : q.bits) n += static_cast<int>(std::count_if(layer.begin(), layer.end(), [](int b) { return b > 0; }));
-    DS_LOG("activation quantization ({}, {} range): the inputs of {} of the layers' {} linear layers, from optimizer "
-           "step {} of this run on", cfg_.compression.act_symmetric ? "symmetric" : "asymmetric",
-           cfg_.compression.act_static ? "static" : "dynamic", n, 4 * cfg_.model.num_layers, cfg_.compression.act_offset);
+    DS_LOG("activation quantization ({}, {} range): the inputs of {} of the layers' {} linear layers, from step {} of "
+           "this run on", cfg_.compression.act_symmetric ? "symmetric" : "asymmetric",
+           cfg_.compression.act_static ? "static" : "dynamic", n, 4 * cfg_.model.num_layers,
+           cfg_.compression.act_offset + 1);
     model_->set_activation_quantization(std::move(q));
+  }
+  if (cfg_.compression.weight_quant) {
+    wq_ = std::make_unique<WeightQuantizer>(cfg_, model_->layout());
+    DS_LOG("weight quantization (MoQ, {}, {} groups per weight): the fp16 weights of {} linear layers, quantized after "
+           "each optimizer step from step {} of this run on (the f32 master weights stay exact)",
+           cfg_.compression.wq_symmetric ? "symmetric" : "asymmetric", cfg_.compression.wq_groups, wq_->weights(),
+           cfg_.compression.wq_offset + 1);
   }
   opt_ = std::make_unique<ZeroOptimizer>(*model_, dp_comm, cfg_.zero, part, store_.get(), cfg_.optim.spec);
   opt_->set_timeline(&timeline_);
@@ -687,6 +695,10 @@ float Trainer::train_step() {
   // (not saved in checkpoints) and turns a technique on once that count
   // reaches its schedule_offset.
   if (cfg_.compression.act_quant) model_->set_activation_quantization_active(applied_steps_ >= cfg_.compression.act_offset);
+  // DeepSpeed's engine checks at its step 0 too: with offset 0 the weights
+  // are quantized before the first forward of a run that starts at iteration 0.
+  if (wq_ && cfg_.compression.wq_offset == 0 && state_.iteration == 0 && wq_->qsteps() == 0)
+    wq_->quantize(model_->compute_params());
   phase_ms();
   seqlen_ = next_seqlen();  // every sample keeps its first seqlen_ positions
   // fp16: the loss (hence every gradient) is multiplied by the loss scale.
@@ -753,6 +765,9 @@ float Trainer::train_step() {
     step_times_.optimizer += phase_ms();
   }
   advance_lr_clock(cfg_.optim, state_.lr_clock, step_batch_, tokens_before);
+  // MoQ: the fp16 weights the next forward reads, quantized once the steps
+  // applied before this one reach the offset (DeepSpeed's _take_model_step).
+  if (wq_ && applied_steps_ >= cfg_.compression.wq_offset) wq_->quantize(model_->compute_params());
   applied_steps_ += 1;
   state_.iteration += 1;
   state_.consumed_samples += step_batch_;

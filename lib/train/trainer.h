@@ -20,6 +20,7 @@
 #include "lib/runtime/timeline.h"
 #include "lib/runtime/zero_optimizer.h"
 #include "lib/train/autotune_hooks.h"
+#include "lib/train/compression.h"
 #include "lib/train/data_pipeline.h"
 #include "lib/train/metrics.h"
 #include "lib/train/step_runner.h"
@@ -76,6 +77,7 @@ class Trainer {
 
  private:
   int64_t applied_steps_ = 0;  // optimizer steps applied in this run (DeepSpeed's compression scheduler)
+  std::unique_ptr<WeightQuantizer> wq_;  // compression_training.weight_quantization (MoQ)
   float train_step();
   void save();
   void load_or_init();

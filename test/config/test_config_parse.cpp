@@ -205,8 +205,12 @@ TEST_CASE("Compression and data efficiency: refused when they would act, noted w
                  {{"shared_parameters", {{"enabled", on}, {"quantizer_kernel", false}}},
                   {"different_groups", {{"wq1", {{"params", {{"start_bits", 12}, {"target_bits", 4}}}}}}}}}};
   };
+  // Weight (MoQ) and activation quantization are implemented (test/train/test_compression.cpp); MoQ is fp16-only.
   CHECK_THROWS_WITH(parse_json(with(base(), {{"compression_training", quant(true)}})),
-                    Contains("'compression_training.weight_quantization.shared_parameters.enabled' is true"));
+                    Contains("weight_quantization (MoQ: quantizing in the optimizer step) is only supported with fp16"));
+  json pruning = {{"sparse_pruning", {{"shared_parameters", {{"enabled", true}}}}}};
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"compression_training", pruning}})),
+                    Contains("'compression_training.sparse_pruning.shared_parameters.enabled' is true"));
   // Activation quantization is implemented (test/train/test_compression.cpp); its groups are required.
   json act = {{"activation_quantization", {{"shared_parameters", {{"enabled", true}}}}}};
   CHECK_THROWS_WITH(parse_json(with(base(), {{"compression_training", act}})),
