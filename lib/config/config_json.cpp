@@ -414,6 +414,26 @@ std::vector<std::string> group_modules(DsSection& gs) {
   return out;
 }
 
+// Each of a technique's different_groups (required, an object of objects):
+// read(name, its section, its params section, its module patterns).
+template <class Read>
+void for_each_group(DsSection& t, const char* technique, Read&& read) {
+  t.mark("different_groups");
+  DS_USER_CHECK(t.has("different_groups") && t.raw().at("different_groups").is_object(),
+                "config: '{}' is required (an object of groups) when {} is enabled", t.full("different_groups"),
+                technique);
+  DsSection groups = t.section("different_groups");
+  for (const auto& [name, g] : t.raw().at("different_groups").items()) {
+    DS_USER_CHECK(g.is_object(), "config: '{}' must be an object", groups.full(name));
+    DsSection gs = groups.section(name);
+    DsSection params = gs.section("params");
+    read(name, params, group_modules(gs));
+    params.finish();
+    gs.finish();
+  }
+  groups.finish();
+}
+
 void read_activation_quantization(DsSection& t, CompressionConfig& c) {
   DsSection sp = t.section("shared_parameters");
   c.act_quant = true;
@@ -428,26 +448,16 @@ void read_activation_quantization(DsSection& t, CompressionConfig& c) {
   c.act_offset = sp.get<int64_t>("schedule_offset", 1000);
   DS_USER_CHECK(c.act_offset >= 0, "config: '{}' must be >= 0, got {}", sp.full("schedule_offset"), c.act_offset);
   (void)sp.get<bool>("enabled", true);
-  t.mark("different_groups");
-  DS_USER_CHECK(t.has("different_groups") && t.raw().at("different_groups").is_object(),
-                "config: '{}' is required (an object of groups) when activation quantization is enabled",
-                t.full("different_groups"));
-  DsSection groups = t.section("different_groups");
-  for (const auto& [name, g] : t.raw().at("different_groups").items()) {
-    DS_USER_CHECK(g.is_object(), "config: '{}' must be an object", groups.full(name));
-    DsSection gs = groups.section(name);
-    DsSection params = gs.section("params");
-    params.mark("bits");
-    DS_USER_CHECK(params.has("bits"), "config: '{}' is required", params.full("bits"));
-    ActQuantGroup q{.name = name, .bits = params.get<int>("bits", 8)};
-    DS_USER_CHECK(q.bits == 4 || q.bits == 8, "config: '{}' is {}: DeepSpeed quantizes activations to 4 or 8 bits",
-                  params.full("bits"), q.bits);
-    q.modules = group_modules(gs);
-    params.finish();
-    gs.finish();
-    c.act_groups.push_back(std::move(q));
-  }
-  groups.finish();
+  for_each_group(t, "activation quantization",
+                 [&](const std::string& name, DsSection& params, std::vector<std::string> modules) {
+                   params.mark("bits");
+                   DS_USER_CHECK(params.has("bits"), "config: '{}' is required", params.full("bits"));
+                   ActQuantGroup q{.name = name, .bits = params.get<int>("bits", 8), .modules = std::move(modules)};
+                   DS_USER_CHECK(q.bits == 4 || q.bits == 8,
+                                 "config: '{}' is {}: DeepSpeed quantizes activations to 4 or 8 bits",
+                                 params.full("bits"), q.bits);
+                   c.act_groups.push_back(std::move(q));
+                 });
   sp.finish();
   t.finish();
 }
@@ -482,34 +492,25 @@ void read_weight_quantization(DsSection& t, CompressionConfig& c) {
   DS_USER_CHECK(!(mixed.is_object() && mixed.value("enabled", false) == true),
                 "config: '{}.enabled' is true: mixing the fp16 and quantized weights is not implemented yet",
                 sp.full("fp16_mixed_quantize"));
-  t.mark("different_groups");
-  DS_USER_CHECK(t.has("different_groups") && t.raw().at("different_groups").is_object(),
-                "config: '{}' is required (an object of groups) when weight quantization is enabled",
-                t.full("different_groups"));
-  DsSection groups = t.section("different_groups");
-  for (const auto& [name, g] : t.raw().at("different_groups").items()) {
-    DS_USER_CHECK(g.is_object(), "config: '{}' must be an object", groups.full(name));
-    DsSection gs = groups.section(name);
-    DsSection params = gs.section("params");
-    for (const char* k : {"start_bits", "target_bits"}) {
-      params.mark(k);
-      DS_USER_CHECK(params.has(k), "config: '{}' is required", params.full(k));
-    }
-    WeightQuantGroup q{.name = name,
-                       .start_bits = params.get<int>("start_bits", 8),
-                       .target_bits = params.get<int>("target_bits", 8),
-                       .period = params.get<int64_t>("quantization_period", 1)};
-    DS_USER_CHECK(q.target_bits >= 3 && q.start_bits >= q.target_bits && q.start_bits <= 16,
-                  "config: '{}' {} and '{}' {}: dstrain quantizes weights to 3-16 bits, start_bits >= target_bits "
-                  "(DeepSpeed's ternary and binary weights are not implemented)",
-                  params.full("start_bits"), q.start_bits, params.full("target_bits"), q.target_bits);
-    DS_USER_CHECK(q.period >= 1, "config: '{}' must be >= 1, got {}", params.full("quantization_period"), q.period);
-    q.modules = group_modules(gs);
-    params.finish();
-    gs.finish();
-    c.wq_list.push_back(std::move(q));
-  }
-  groups.finish();
+  for_each_group(t, "weight quantization",
+                 [&](const std::string& name, DsSection& params, std::vector<std::string> modules) {
+                   for (const char* k : {"start_bits", "target_bits"}) {
+                     params.mark(k);
+                     DS_USER_CHECK(params.has(k), "config: '{}' is required", params.full(k));
+                   }
+                   WeightQuantGroup q{.name = name,
+                                      .start_bits = params.get<int>("start_bits", 8),
+                                      .target_bits = params.get<int>("target_bits", 8),
+                                      .period = params.get<int64_t>("quantization_period", 1),
+                                      .modules = std::move(modules)};
+                   DS_USER_CHECK(q.target_bits >= 3 && q.start_bits >= q.target_bits && q.start_bits <= 16,
+                                 "config: '{}' {} and '{}' {}: dstrain quantizes weights to 3-16 bits, start_bits >= "
+                                 "target_bits (DeepSpeed's ternary and binary weights are not implemented)",
+                                 params.full("start_bits"), q.start_bits, params.full("target_bits"), q.target_bits);
+                   DS_USER_CHECK(q.period >= 1, "config: '{}' must be >= 1, got {}",
+                                 params.full("quantization_period"), q.period);
+                   c.wq_list.push_back(std::move(q));
+                 });
   sp.finish();
   t.finish();
 }
