@@ -58,6 +58,10 @@ struct CheckpointConfig {
   // --no-load-optim (without --deepspeed): the weights and the iteration and
   // data position; the optimizer, learning-rate schedule and loss scale fresh.
   bool finetune = false, no_load_optim = false;
+  // --reset-iteration (Megatron-DeepSpeed): after a full load the iteration
+  // and the data position (consumed samples and tokens) start at 0; the
+  // weights, optimizer state, learning-rate schedule and loss scale are kept.
+  bool reset_iteration = false;
 };
 
 struct LoggingConfig {

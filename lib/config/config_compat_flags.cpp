@@ -52,6 +52,7 @@ void apply_gqa_flags(json& j, const std::map<std::string, json>& sp, Warnings& w
 void apply_load_flags(json& j, const std::map<std::string, json>& sp, Warnings& w) {
   auto has = [&](const char* k) { return sp.count(k) > 0; };
   if (has("--finetune")) set_at(j, "/training/finetune", true, "--finetune");
+  if (has("--reset-iteration")) set_at(j, "/training/reset_iteration", true, "--reset-iteration");
   if (has("--no-load-optim")) {
     if (has("--deepspeed"))
       add_warning(w, "--no-load-optim is ignored with --deepspeed, as in Megatron-DeepSpeed (the engine loads the "
@@ -151,6 +152,8 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
        "schedule and loss scale start fresh");
   flag("--no-load-optim", "without --deepspeed: load the weights and the iteration, not the optimizer state, "
        "learning-rate schedule or loss scale; with --deepspeed ignored, as in Megatron-DeepSpeed");
+  flag("--reset-iteration", "after loading, the iteration and the data position start at 0 (weights, optimizer state, "
+       "learning-rate schedule and loss scale as loaded)");
   flag("--no-load-rng", "accepted: no random state is saved (the streams are keyed by seed, iteration and sample)");
   flag("--no-load-lr-state", "accepted: read nowhere in Megatron-DeepSpeed, so ignored as there");
   app.add_option_function<int>("--timing-log-level", [&out](const int& v) { out["--timing-log-level"] = v; },

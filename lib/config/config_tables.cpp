@@ -64,6 +64,7 @@ std::span<const ConfigField<TrainConfig>> training_fields() {
       F(TrainConfig, "init_from", ckpt.init_from),
       F(TrainConfig, "finetune", ckpt.finetune),
       F(TrainConfig, "no_load_optim", ckpt.no_load_optim),
+      F(TrainConfig, "reset_iteration", ckpt.reset_iteration),
       F(TrainConfig, "export_hf", ckpt.export_hf),
       F(TrainConfig, "eval_interval", log.eval_interval),
       F(TrainConfig, "eval_iters", log.eval_iters),

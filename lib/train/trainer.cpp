@@ -579,6 +579,18 @@ RankModel Trainer::rank_model() {
 }
 
 
+// --reset-iteration (Megatron-DeepSpeed's load_checkpoint): the loaded run's
+// iteration and sample counts are not restored; everything else is.
+void Trainer::reset_iteration_after_load() {
+  if (!cfg_.ckpt.reset_iteration || state_.iteration == 0) return;
+  DS_LOG("--reset-iteration: loaded at iteration {} ({} samples consumed); training starts at iteration 0 from the "
+         "start of the data, with the loaded weights, optimizer state, learning-rate schedule and loss scale",
+         state_.iteration, state_.consumed_samples);
+  state_.iteration = 0;
+  state_.consumed_samples = 0;
+  state_.consumed_tokens = 0;
+}
+
 void Trainer::load_or_init() {
   if (!cfg_.ckpt.load_dir.empty()) {
     // Each rank reads only the weights its store keeps (its tp slices and
@@ -590,7 +602,10 @@ void Trainer::load_or_init() {
     d.weights_only = cfg_.ckpt.finetune || cfg_.ckpt.no_load_optim;
     if (load_checkpoint(cfg_.ckpt.load_dir, state_, d)) {
       model_->store().params_updated();
-      if (d.weights_only) return start_after_weights_only_load();
+      if (d.weights_only) {
+        start_after_weights_only_load();
+        return reset_iteration_after_load();
+      }
       if (scaler_) scaler_->restore(state_.loss_scale, state_.good_steps, static_cast<int>(state_.hysteresis_left));
       opt_->set_step_count(d.opt_step);
       opt_->optimizer().load_scalars(d.opt_scalars);
@@ -598,7 +613,7 @@ void Trainer::load_or_init() {
       const std::string lr_note = reconcile_lr_schedule(cfg_, state_);
       if (!lr_note.empty()) DS_LOG("{}", lr_note);
       DS_LOG("loaded checkpoint from {} at iteration {}", cfg_.ckpt.load_dir, state_.iteration);
-      return;
+      return reset_iteration_after_load();
     }
     DS_WARN("--load {}: no checkpoint found ('latest' missing); starting from {}", cfg_.ckpt.load_dir,
             cfg_.ckpt.init_from.empty() ? std::string("scratch") : "the --init-from weights of " + cfg_.ckpt.init_from);

@@ -81,6 +81,7 @@ class Trainer {
   float train_step();
   void save();
   void load_or_init();
+  void reset_iteration_after_load();
   void start_after_weights_only_load();
   void set_step_batch();
   int64_t micro_batches_at(int64_t consumed) const;  // per rank, for the step after `consumed` samples

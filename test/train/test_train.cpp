@@ -51,6 +51,24 @@ TEST_CASE("2N steps equal N steps + resume + N steps, bit for bit") {
   REQUIRE(first == full);
 }
 
+TEST_CASE("--reset-iteration: a loaded run starts at iteration 0 and the start of the data, weights and optimizer kept") {
+  fs::path ck = fixture().dir / "ckpt_reset_iteration";
+  fs::remove_all(ck);
+  const std::vector<float> fresh = train({"--train-iters", "3"});
+  train({"--train-iters", "4", "--save", ck.string(), "--save-interval", "4"});
+  // (As the compression scripts: the flags' schedule over the checkpoint's.)
+  Trainer t(make_config({"--train-iters", "3", "--load", ck.string(), "--reset-iteration",
+                         "--override-opt_param-scheduler"}),
+            single_process());
+  const std::vector<float> again = t.run();
+  REQUIRE(again.size() == 3);  // without the reset: none (the checkpoint is past iteration 3)
+  CHECK(t.state().iteration == 3);
+  CHECK(t.state().consumed_samples == 3 * 8);
+  CHECK(t.optimizer_steps() == 4 + 3);  // Adam's state (and its step count) came with the checkpoint
+  CHECK(again[0] < fresh[0]);           // the same first batch, on the trained weights
+  REQUIRE(train({"--train-iters", "3", "--load", ck.string(), "--override-opt_param-scheduler"}).empty());
+}
+
 TEST_CASE("with strong dropout, resume is still bit for bit and the curve differs from no dropout") {
   // Masks are keyed by (seed, iteration, global sample, ...): a resumed run
   // draws exactly the masks the uninterrupted one drew.
