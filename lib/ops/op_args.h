@@ -626,6 +626,21 @@ template <class A, class F> IfArgs<A, ActQuantArgs> fields(A& a, F&& f) {
   f(a.x, "x", Role::Native);
   f(a.range, "range", Role::Native);
 }
+// Random-LTD's token selection (DeepSpeed Data Efficiency's random layerwise
+// token dropping): each sample keeps the R positions of its row of `index`.
+// token_gather: part[b, j] = full[b, index[b, j]]; token_scatter:
+// full[b, index[b, j]] = part[b, j], every other row of full unchanged. Plain
+// copies in any one float dtype; each row of index holds distinct positions.
+struct TokenRowsArgs {
+  Tensor full;   // (B, T, C)
+  Tensor part;   // (B, R, C), same dtype
+  Tensor index;  // (B, R) i32, each in [0, T)
+};
+template <class A, class F> IfArgs<A, TokenRowsArgs> fields(A& a, F&& f) {
+  f(a.full, "full", Role::Native);
+  f(a.part, "part", Role::Native);
+  f(a.index, "index", Role::In);
+}
 struct NonFiniteArgs {
   Tensor flag;     // (1) f32, set to 1 if x has inf/nan (never cleared here)
   Tensor x;

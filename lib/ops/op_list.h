@@ -51,7 +51,9 @@
   X(moe_mix_forward, MoeMixArgs)             \
   X(moe_mix_backward, MoeMixBwdArgs)         \
   X(moe_jitter, MoeJitterArgs)              \
-  X(act_quantize, ActQuantArgs)
+  X(act_quantize, ActQuantArgs)             \
+  X(token_gather, TokenRowsArgs)             \
+  X(token_scatter, TokenRowsArgs)
 
 // Declares `void name(const Args&, const Stream&)` for every op in namespace NS.
 #define DS_DECLARE_OP(name, Args) void name(const Args& a, const Stream& s);

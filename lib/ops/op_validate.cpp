@@ -806,6 +806,29 @@ void validate_act_quantize(const ActQuantArgs& a) {
   DS_CHECK(a.momentum >= 0 && a.momentum < 1, "{}: momentum={} must be in [0, 1)", c.op(), a.momentum);
 }
 
+// Both directions of TokenRowsArgs; positions are range-checked where the
+// index is on the host.
+void check_token_rows(const Check& c, const TokenRowsArgs& a) {
+  c.devices(a);
+  c.floating(a.full, "full");
+  c.floating(a.part, "part");
+  c.dtype(a.index, DType::I32, "index");
+  DS_CHECK(a.full.dim() == 3, "{}: tensor 'full' must be (B, T, C), got {}", c.op(), shape_str(a.full.shape()));
+  const int64_t B = a.full.size(0), T = a.full.size(1), C = a.full.size(2);
+  DS_CHECK(a.index.dim() == 2 && a.index.size(0) == B && a.index.size(1) <= T,
+           "{}: tensor 'index' has shape {}, expected (B={}, R <= T={})", c.op(), shape_str(a.index.shape()), B, T);
+  const int64_t R = a.index.size(1);
+  DS_CHECK(a.part.shape() == Shape({B, R, C}) && a.part.dtype() == a.full.dtype(),
+           "{}: tensor 'part' is {} {}, expected {} {}", c.op(), dtype_name(a.part.dtype()),
+           shape_str(a.part.shape()), dtype_name(a.full.dtype()), shape_str({B, R, C}));
+  if (!a.index.device().is_cpu()) return;
+  const int32_t* ix = a.index.data<int32_t>();
+  for (int64_t i = 0; i < B * R; ++i)
+    DS_CHECK(ix[i] >= 0 && ix[i] < T, "{}: index {} at ({}, {}) is outside [0, {})", c.op(), ix[i], i / R, i % R, T);
+}
+void validate_token_gather(const TokenRowsArgs& a) { check_token_rows(Check("token_gather"), a); }
+void validate_token_scatter(const TokenRowsArgs& a) { check_token_rows(Check("token_scatter"), a); }
+
 void validate_moe_jitter(const MoeJitterArgs& a) {
   const Check c("moe_jitter");
   c.devices(a);

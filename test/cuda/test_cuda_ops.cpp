@@ -591,6 +591,22 @@ TEST_CASE("cuda optim_step rules (L2 Adam, AdamW, SGD, Adagrad, Lion, Lamb's pas
   }
 }
 
+TEST_CASE("cuda token_gather and token_scatter match the CPU") {
+  if (!gpu_or_skip()) return;
+  // C 8: 16-byte words in bf16/f16 (and f32); C 7: 2-byte words in bf16/f16.
+  for (const int64_t C : {8, 7, 264})
+    for (DType dt : kAllTypes) {
+      const int64_t B = 3, T = 50, R = 17;
+      std::vector<int32_t> ix;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < R; ++j) ix.push_back(static_cast<int32_t>((j * 3 + b) % T));
+      const TokenRowsArgs a{.full = randn({B, T, C}, 5), .part = randn({B, R, C}, 6), .index = tokens_tensor({B, R}, ix)};
+      INFO("C " << C << " " << dtype_name(dt));
+      check_cuda_vs_cpu(token_gather_case(a), dt);
+      check_cuda_vs_cpu(token_scatter_case(a), dt);
+    }
+}
+
 TEST_CASE("cuda cast between float dtypes") {
   if (!gpu_or_skip()) return;
   const int64_t n = 1031;

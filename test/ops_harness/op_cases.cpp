@@ -134,4 +134,47 @@ OpCase matmul_backward_case(const MatmulBwdArgs& a, const Tensor& bias, int call
   return c;
 }
 
+// ---- random-LTD row copies ----------------------------------------------------
+
+namespace {
+// Calls f(full row, part row) for every (b, j) of the index.
+template <class F>
+void for_token_rows(const TokenRowsArgs& a, const VecMap& v, F&& f) {
+  const int64_t B = a.full.size(0), T = a.full.size(1), R = a.index.size(1);
+  const Vec& ix = v.at("index");
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < R; ++j) f(b * T + static_cast<int64_t>(ix[b * R + j]), b * R + j);
+}
+}  // namespace
+
+OpCase token_gather_case(const TokenRowsArgs& a) {
+  OpCase c = make_case("token_gather", a, ops::token_gather);
+  const int64_t C = a.full.size(2);
+  c.reference = [a, C](const VecMap& v) {
+    Vec part(v.at("part").size(), 0.0);
+    const Vec& full = v.at("full");
+    for_token_rows(a, v, [&](int64_t f, int64_t p) {
+      for (int64_t i = 0; i < C; ++i) part[p * C + i] = full[f * C + i];
+    });
+    return VecMap{{"part", part}, {"full", full}};
+  };
+  c.ref_tol = 0;
+  return c;
+}
+
+OpCase token_scatter_case(const TokenRowsArgs& a) {
+  OpCase c = make_case("token_scatter", a, ops::token_scatter);
+  const int64_t C = a.full.size(2);
+  c.reference = [a, C](const VecMap& v) {
+    Vec full = v.at("full");
+    const Vec& part = v.at("part");
+    for_token_rows(a, v, [&](int64_t f, int64_t p) {
+      for (int64_t i = 0; i < C; ++i) full[f * C + i] = part[p * C + i];
+    });
+    return VecMap{{"full", full}, {"part", part}};
+  };
+  c.ref_tol = 0;
+  return c;
+}
+
 }  // namespace ds::test

@@ -32,4 +32,9 @@ OpCase rmsnorm_backward_case(const RMSNormBwdArgs& a, float eps, int calls = 1);
 // Matmul with a bias whose gradient dbias is: `bias` is the forward's.
 OpCase matmul_backward_case(const MatmulBwdArgs& a, const Tensor& bias, int calls = 1);
 
+// Random-LTD's row copies with their references: gather fills part, scatter
+// overwrites the indexed rows of full and leaves the others as they were.
+OpCase token_gather_case(const TokenRowsArgs& a);
+OpCase token_scatter_case(const TokenRowsArgs& a);
+
 }  // namespace ds::test
