@@ -414,6 +414,7 @@ json config_to_json(const TrainConfig& c) {
   if (o.scheduler != LrScheduler::Megatron) j["scheduler"] = scheduler_json(o);
   if (c.curriculum.enabled) j["curriculum_learning"] = curriculum_json(c.curriculum);
   if (c.compression.act_quant || c.compression.weight_quant) j["compression_training"] = compression_json(c.compression);
+  if (c.random_ltd.enabled) j["data_efficiency"] = random_ltd_json(c.random_ltd);
   if (c.zero.offload_optimizer == OffloadDevice::NVMe) j["aio"] = fields_json(c.zero.nvme.aio, aio_fields());
   return j;
 }

@@ -18,6 +18,7 @@
 #include "lib/core/elasticity.h"
 #include "lib/data/tokenizer.h"
 #include "lib/model/model_config.h"
+#include "lib/model/random_ltd.h"
 #include "lib/optim/optimizer_config.h"
 #include "lib/parallel/parallel_layout.h"
 #include "lib/runtime/zero_config.h"
@@ -169,6 +170,17 @@ struct CompressionConfig {
   std::vector<ActQuantGroup> act_groups;
 };
 
+// DeepSpeed Data Efficiency's random-LTD (docs/data_efficiency.md): the
+// section data_efficiency.data_routing.random_ltd, which acts only when
+// Megatron-DeepSpeed's --random-ltd (training.random_ltd) converts the layers.
+struct RandomLtdConfig {
+  bool enabled = false;           // random_ltd.enabled
+  bool layers_converted = false;  // --random-ltd
+  std::vector<int> layer_ids;     // random_ltd_layer_id: 0-based layer indices, ascending
+  RandomLtdSchedule schedule;     // random_ltd_schedule (fixed_linear)
+  bool active() const { return enabled && layers_converted; }
+};
+
 struct TrainConfig {
   ModelConfig model;
   OptimizerConfig optim;
@@ -188,6 +200,7 @@ struct TrainConfig {
   CurriculumConfig curriculum;
   CompressionConfig compression;
   DistillConfig distill;
+  RandomLtdConfig random_ltd;
   // On resume, a Megatron schedule that differs from the checkpoint's is an
   // error unless one of these picks a side (Megatron's two flags).
   bool override_lr_scheduler = false, use_checkpoint_lr_scheduler = false;

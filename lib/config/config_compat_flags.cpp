@@ -162,7 +162,8 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
       ->check(CLI::Range(0, 2));
   flag("--repeated-dataloader", "accepted: the training sampler runs through as many epochs as the run needs");
   // DeepSpeed Data Efficiency (data_efficiency/gpt/): refused by name.
-  flag("--random-ltd", "random layer-wise token dropping: not implemented (refused)");
+  flag("--random-ltd", "random layerwise token dropping (DeepSpeed Data Efficiency's random-LTD) in the layers of "
+       "the config's data_efficiency.data_routing.random_ltd");
   flag("--data-efficiency-curriculum-learning", "curriculum learning by data sampling: not implemented (refused)");
   for (const char* name : {"--train-doc-idx-path", "--train-sample-idx-path", "--train-shuffle-idx-path",
                            "--train-idx-path"})
@@ -215,8 +216,7 @@ void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings
                   "drop one of them", pp.dump());
   }
   apply_load_flags(j, sp, w);
-  DS_USER_CHECK(!has("--random-ltd"), "--random-ltd: random layer-wise token dropping (DeepSpeed Data Efficiency's "
-                "random-LTD) is not implemented by dstrain");
+  if (has("--random-ltd")) set_at(j, "/training/random_ltd", true, "--random-ltd");
   DS_USER_CHECK(!has("--data-efficiency-curriculum-learning"),
                 "--data-efficiency-curriculum-learning: curriculum learning by data sampling (DeepSpeed Data "
                 "Efficiency's data_sampling, ordered by the index files of its data analysis) is not implemented by "

@@ -89,6 +89,12 @@ void read_distill_section(JsonSection s, DistillConfig& d);
 nlohmann::json distill_json(const DistillConfig& d);
 void validate_distill(const TrainConfig& cfg);
 
+// DeepSpeed Data Efficiency's random-LTD (config_data_efficiency.cpp): the
+// data_routing section (`routing`), the resolved data_efficiency section, the checks.
+void read_random_ltd(DsSection& routing, RandomLtdConfig& r);
+nlohmann::json random_ltd_json(const RandomLtdConfig& r);
+void validate_random_ltd(const TrainConfig& cfg, Warnings& w);
+
 // Parses argv; on --help fills help_text. Returns the merged JSON: the config
 // file (if any) with every flag applied over it.
 nlohmann::json merge_command_line(int argc, char** argv, std::string& config_path,

@@ -395,8 +395,8 @@ void read_optional_features(DsSection& root, LoggingConfig& log) {
 //   compression_training: Megatron-DeepSpeed runs init_compression whenever the
 //     section is present; a technique acts when its shared_parameters.enabled
 //     (layer_reduction: its own enabled) is true.
-//   data_efficiency.data_routing.random_ltd.enabled: the engine then looks for
-//     random-LTD layers (Megatron's --random-ltd, refused by name).
+//   data_efficiency.data_routing.random_ltd: random-LTD (config_data_efficiency.cpp),
+//     acting with Megatron's --random-ltd.
 //   data_efficiency.data_sampling: used only through Megatron's
 //     --data-efficiency-curriculum-learning (refused by name); inert otherwise.
 // The different_groups' module patterns (default "*", as DeepSpeed).
@@ -515,7 +515,8 @@ void read_weight_quantization(DsSection& t, CompressionConfig& c) {
   t.finish();
 }
 
-void read_compression_and_data_efficiency(DsSection& root, CompressionConfig& comp, Warnings& w) {
+void read_compression_and_data_efficiency(DsSection& root, CompressionConfig& comp, RandomLtdConfig& ltd,
+                                          Warnings& w) {
   root.mark("compression_training");
   if (root.has("compression_training")) {
     DS_USER_CHECK(root.raw().at("compression_training").is_object(),
@@ -552,12 +553,7 @@ void read_compression_and_data_efficiency(DsSection& root, CompressionConfig& co
   if (!root.has("data_efficiency")) return;
   DsSection d = root.section("data_efficiency");
   DsSection routing = d.section("data_routing");
-  if (routing.raw().is_object()) {
-    DsSection ltd = routing.section("random_ltd");
-    DS_USER_CHECK(!(ltd.raw().is_object() && ltd.get<bool>("enabled", false)),
-                  "config: 'data_efficiency.data_routing.random_ltd.enabled' is true: random layer-wise token "
-                  "dropping (random-LTD) is not implemented by dstrain");
-  }
+  read_random_ltd(routing, ltd);
   DsSection sampling = d.section("data_sampling");
   if (d.get<bool>("enabled", false) && sampling.raw().is_object() && sampling.get<bool>("enabled", false))
     add_warning(w, "config: 'data_efficiency.data_sampling' is used only with Megatron's "
@@ -665,7 +661,7 @@ void read_config_json(const json& j, TrainConfig& cfg, Warnings& w) {
   read_zero(root, cfg.zero);
   read_optional_features(root, cfg.log);
   read_curriculum(root, cfg.curriculum);
-  read_compression_and_data_efficiency(root, cfg.compression, w);
+  read_compression_and_data_efficiency(root, cfg.compression, cfg.random_ltd, w);
   for (const char* k : {"model", "data", "training", "parallel"}) root.mark(k);
   read_model_section(JsonSection(j.value("model", json::object()), "model"), cfg.model);
   read_data_section(JsonSection(j.value("data", json::object()), "data"), cfg.data);

@@ -66,6 +66,7 @@ std::span<const ConfigField<TrainConfig>> training_fields() {
       F(TrainConfig, "no_load_optim", ckpt.no_load_optim),
       F(TrainConfig, "reset_iteration", ckpt.reset_iteration),
       F(TrainConfig, "export_hf", ckpt.export_hf),
+      F(TrainConfig, "random_ltd", random_ltd.layers_converted),
       F(TrainConfig, "eval_interval", log.eval_interval),
       F(TrainConfig, "eval_iters", log.eval_iters),
       F(TrainConfig, "cpu_peak_tflops", log.cpu_peak_tflops),

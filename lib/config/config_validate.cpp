@@ -577,6 +577,7 @@ void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
   }
   validate_data(cfg.data);
   validate_curriculum(cfg);
+  validate_random_ltd(cfg, w);
   validate_cuda_graph(cfg, world_size);
   validate_compression(cfg);
 }

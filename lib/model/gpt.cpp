@@ -304,6 +304,8 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
   }
   dfc_ = act({N, F_in});
   dact_ = fused_gelu_mlp() ? Tensor() : act({N, Fl});  // the fused backward writes dfc_ directly
+  ltd_x_ = ltd_.layers.empty() ? Tensor() : act({N * C});
+  ltd_y_ = ltd_.layers.empty() ? Tensor() : act({N * C});
 }
 
 void GptModel::norm_forward(const NormParams& norm, const Tensor& out, const Tensor& mean,
@@ -528,6 +530,8 @@ void GptModel::mlp_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add
 }
 
 ResidualAdd GptModel::closing_add(int l, int chunk) {
+  // A dropping layer (random-LTD) reads a complete input and writes a complete output.
+  if (ltd_active(l) || ltd_active(l + 1)) return ResidualAdd::InLayer;
   const bool next_norm_here = l + 1 < layout_.chunks[chunk].end || has_head(chunk);
   const bool no_dropout = hidden_dropout(l, DropoutSite::MlpOut).p == 0.f;
   return next_norm_here && no_dropout ? ResidualAdd::InNextNorm : ResidualAdd::InLayer;
@@ -640,6 +644,7 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
 // final norm and the logits.
 void GptModel::forward(const Tensor& tokens, int chunk) {
   ensure_acts(tokens.size(0), tokens.size(1));
+  if (chunk == 0) draw_random_ltd(S());
   const int last = d_.L + 1;
   if (embeds(chunk)) {
     use_params(0);
@@ -669,7 +674,10 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
   for (int l = layout_.chunks[chunk].begin; l < layout_.chunks[chunk].end; ++l) {
     use_params(l + 1);
     const ResidualAdd add = closing_add(l, chunk);
-    layer_forward(l, S().resid[l], S().resid[l + 1], pending, add);
+    if (ltd_active(l))
+      ltd_layer_forward(l);  // pending is empty: the layer before closed its own add
+    else
+      layer_forward(l, S().resid[l], S().resid[l + 1], pending, add);
     if (full_recompute(l)) S().acts[l].moe = MoeActs{};  // an MoE layer's too are recomputed before its backward
     pending = add == ResidualAdd::InNextNorm ? S().acts[l].resid_mid : Tensor();
     drop_params(l + 1);
@@ -831,8 +839,12 @@ void GptModel::backward(const Tensor& tokens, const Tensor& dout, int chunk) {
   for (int l = layout_.chunks[chunk].end - 1; l >= layout_.chunks[chunk].begin; --l) {
     use_params(l + 1);
     use_grads(l + 1);
-    recompute_before_backward(l);
-    layer_backward(l, S().resid[l], dresid_);
+    if (ltd_active(l)) {
+      ltd_layer_backward(l);
+    } else {
+      recompute_before_backward(l);
+      layer_backward(l, S().resid[l], dresid_);
+    }
     drop_params(l + 1);
     grads_done(l + 1);
   }

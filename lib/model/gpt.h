@@ -114,6 +114,10 @@ struct ActSet {
   DropoutKey key;                             // of the micro-batch held (recomputation redraws with it)
   Tensor lengths;                             // its right-padding lengths (GptModel::set_lengths) or undefined
   Tensor shifts;                              // its position shifts (GptModel::set_shifts) or undefined
+  // Random-LTD (GptModel::set_random_ltd): the micro-batch's kept positions,
+  // (dropping layers, B, ltd_R) i32 on the model's device; ltd_R 0: no layer drops.
+  Tensor ltd_index;
+  int64_t ltd_R = 0;
 };
 
 // Where a layer's closing residual add (x_out = MLP output + resid_mid) runs:
@@ -294,6 +298,23 @@ class GptModel {
   // undefined otherwise.
   Tensor& activation_ranges() { return act_ranges_; }
 
+  // ---- Random-LTD (lib/model/random_ltd.h, docs/data_efficiency.md) --------
+  // While `reserved` is below a training micro-batch's T, each layer of
+  // `layers` (global indices) runs on `reserved` positions per sample
+  // (random_ltd_positions, keyed by the micro-batch's DropoutKey) and passes
+  // the others unchanged; evaluation and generation run every position.
+  // Whole-sequence layouts only: no pipeline stages, sequence parallelism,
+  // Ulysses or rotary positions. Empty layers: off.
+  struct RandomLtd {
+    std::vector<int> layers;
+    int64_t reserved = 0;
+  };
+  void set_random_ltd(RandomLtd r);
+  void set_random_ltd_reserved(int64_t reserved) { ltd_.reserved = reserved; }
+  // The kept positions of the last forward's micro-batch, (layers, B, R) i32
+  // (undefined when no layer dropped).
+  const Tensor& random_ltd_index() const { return sets_.at(static_cast<size_t>(cur_)).ltd_index; }
+
   // ---- Pipeline stage (see lib/runtime/pipeline_executor.h) -----------------
   // Activation sets ("slots") kept at once, one per in-flight micro-batch.
   void set_activation_slots(int n);
@@ -393,7 +414,19 @@ class GptModel {
   bool full_recompute(int l) const;  // layer l keeps only its input
   void alloc_layer_acts(LayerActs& a, int64_t B, int64_t T, bool dense_mlp = true);
   void alloc_recompute_scratch(int64_t B, int64_t T);
-  void recompute_before_backward(int l);
+  // x, y: the layer's input and where a full recompute writes its output
+  // (undefined: the slot's residual streams l and l + 1).
+  void recompute_before_backward(int l, const Tensor& x = Tensor(), const Tensor& y = Tensor());
+  // Random-LTD (random_ltd.cpp).
+  RandomLtd ltd_;
+  std::vector<int> ltd_layer_;  // per layer: its index in ltd_.layers, or -1
+  Tensor ltd_x_, ltd_y_;        // (B*T*C) gather buffers of a dropping layer's rows
+  struct ShortSeq;              // a dropping layer's (B, R) views while it runs
+  bool ltd_active(int l) const;  // layer l drops positions in the current slot's pass
+  void draw_random_ltd(ActSet& s);
+  Tensor ltd_index(int l);      // (B, R) kept positions of layer l in the current slot
+  void ltd_layer_forward(int l);
+  void ltd_layer_backward(int l);
   // Tensor-parallel regions (lib/model/gpt_regions.cpp); with sequence
   // parallelism they gather / reduce-scatter the sequence (sp_full_ holds
   // the full-sequence tensor, valid until the next region call).

@@ -45,10 +45,10 @@ void GptModel::alloc_recompute_scratch(int64_t B, int64_t T) {
 
 // Re-runs what the layer dropped; the layer's parameters are acquired. A full
 // recompute rewrites resid[l + 1] with the same values it already holds.
-void GptModel::recompute_before_backward(int l) {
+void GptModel::recompute_before_backward(int l, const Tensor& x, const Tensor& y) {
   if (full_recompute(l)) {
     recomputing_ = true;  // the forward's statistics (the MoE loss) were counted already
-    layer_forward(l, S().resid[l], S().resid[l + 1]);
+    layer_forward(l, x.defined() ? x : S().resid[l], y.defined() ? y : S().resid[l + 1]);
     recomputing_ = false;
   } else if (recompute_.kind == RecomputeConfig::Kind::Selective) {
     LayerActs& a = S().acts[l];

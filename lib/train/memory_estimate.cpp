@@ -122,6 +122,7 @@ ActivationBytes activation_bytes(const TrainConfig& cfg, const ParallelLayout& p
   out.saved += N * a * (d.value_head ? 1 : d.Vp / tp) + N * s;  // logits / values (reused as their gradient) + per-token loss
   out.workspace = N * a * 2 * C / sp + N * a * (QKV + C + F_in + F) / tp;  // dresid, dnorm | dqkv, dattn, dfc, dact
   if (sp > 1 && moe_layers > 0) out.workspace += N * a * C;  // an MoE layer's full-sequence output (gradient)
+  if (cfg.random_ltd.active()) out.workspace += 2 * N * a * C;  // random-LTD's kept rows in and out (B*T*C each)
   // Ulysses: the whole sequence's MoE input, output (gradient), input gradient and gather scratch.
   if (pl.ulysses > 1 && moe_layers > 0) out.workspace += 4 * Nm * a * C;
   // CPU backend in bf16/fp16: the dispatcher's f32 copies of an emulated op's

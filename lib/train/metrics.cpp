@@ -27,7 +27,7 @@ std::string format_iteration(const IterStats& s) {
   std::string line = fmt::format(
       " iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} | "
       "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} |{} loss scale: {:.1f} | "
-      "grad norm: {:.3f} |{} number of skipped iterations: {:>3} | number of nan iterations: {:>3} | "
+      "grad norm: {:.3f} |{}{} number of skipped iterations: {:>3} | number of nan iterations: {:>3} | "
       "tokens/s: {:.0f} | TFLOP/s: {:.3f} |",
       s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iter, s.lr, s.global_batch, s.loss,
       (s.moe_loss >= 0 ? fmt::format(" moe loss: {:.6E} |", s.moe_loss) : std::string()) +
@@ -35,6 +35,8 @@ std::string format_iteration(const IterStats& s) {
       s.loss_scale,
       s.grad_norm,
       s.curriculum_seqlen > 0 ? fmt::format(" curriculum seqlen: {:5d} |", s.curriculum_seqlen) : std::string(),
+      s.random_ltd_reserved > 0 ? fmt::format(" random ltd reserved length: {:5d} |", s.random_ltd_reserved)
+                                : std::string(),
       s.skipped, s.nan_iters, s.tokens_per_s, s.tflops);
   line += s.mfu >= 0 ? fmt::format(" MFU: {:.1f}% |", 100.0 * s.mfu) : std::string(" MFU: n/a |");
   if (s.max_mem_gb >= 0) line += fmt::format(" max allocated (GB): {:.2f} |", s.max_mem_gb);

@@ -17,6 +17,7 @@ struct IterStats {
   double ms_per_iter = 0, lr = 0, loss = 0, loss_scale = 1, grad_norm = 0;
   int64_t skipped = 0, nan_iters = 0;
   int64_t curriculum_seqlen = 0;  // > 0: the step's curriculum sequence length (logged)
+  int64_t random_ltd_reserved = 0;  // > 0: random-LTD's reserved length of the step (logged)
   double moe_loss = -1;           // >= 0: Mixture of Experts, loss_coeff x sum of l_aux (logged after lm loss)
   double kd_loss = NAN;           // distillation (not NaN): the KD loss, logged after them as kd_label
   const char* kd_label = "kd loss";

@@ -141,6 +141,7 @@ void TensorBoardMonitor::train(const TrainPoint& p) {
   if (std::isfinite(p.grad_norm)) triple("grad-norm/grad-norm", p.grad_norm, p);
   triple("seqlen/actual_seq_length", p.seq_length, p);
   if (p.curriculum_seqlen > 0) triple("seqlen/curriculum_seqlen", p.curriculum_seqlen, p);
+  if (p.random_ltd_reserved > 0) triple("seqlen/random_ltd_reserved_length", p.random_ltd_reserved, p);
 }
 
 void TensorBoardMonitor::iteration_time(const TrainPoint& p, double ms) {

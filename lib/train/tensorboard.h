@@ -50,6 +50,7 @@ struct TrainPoint {
   int64_t iteration = 0, samples = 0, tokens = 0;
   double lr = 0, loss = 0, loss_scale = 1, grad_norm = 0, batch_size = 0, seq_length = 0, world_size = 1;
   double curriculum_seqlen = 0;  // > 0 with a sequence-length curriculum
+  double random_ltd_reserved = 0;  // > 0 with random-LTD
   double moe_loss = NAN;         // Mixture of Experts: loss_coeff x sum of l_aux; NaN without MoE
   bool fp16 = false;
 };

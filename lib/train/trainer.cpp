@@ -183,6 +183,13 @@ void Trainer::build_model_and_optimizer() {
            cfg_.compression.act_offset + 1);
     model_->set_activation_quantization(std::move(q));
   }
+  if (cfg_.random_ltd.active()) {
+    const RandomLtdConfig& r = cfg_.random_ltd;
+    model_->set_random_ltd({.layers = r.layer_ids, .reserved = 0});
+    DS_LOG("random-LTD: {} of {} layers drop tokens in training; reserved length {} -> {} over {} steps (multiples "
+           "of {})", r.layer_ids.size(), cfg_.model.num_layers, r.schedule.min_value, r.schedule.max_value,
+           r.schedule.require_steps, r.schedule.seq_per_step);
+  }
   if (cfg_.compression.weight_quant) {
     wq_ = std::make_unique<WeightQuantizer>(cfg_, model_->layout());
     DS_LOG("weight quantization (MoQ, {}, {} groups per weight): the fp16 weights of {} linear layers, quantized after "
@@ -683,6 +690,13 @@ double Trainer::phase_ms() {
   return ms;
 }
 
+// Megatron-DeepSpeed's train(): (T (L - n) + R n) // L while R < T.
+int64_t Trainer::actual_seqlen() const {
+  const int64_t n = static_cast<int64_t>(cfg_.random_ltd.layer_ids.size()), L = cfg_.model.num_layers;
+  if (!cfg_.random_ltd.active() || ltd_reserved_ >= seqlen_) return seqlen_;
+  return (seqlen_ * (L - n) + ltd_reserved_ * n) / L;
+}
+
 int64_t Trainer::next_seqlen() {
   // Megatron-DeepSpeed asks the scheduler for global step iteration + 1.
   return curriculum_ ? curriculum_->update(state_.iteration + 1) : cfg_.model.seq_length;
@@ -716,6 +730,10 @@ float Trainer::train_step() {
     wq_->quantize(model_->compute_params());
   phase_ms();
   seqlen_ = next_seqlen();  // every sample keeps its first seqlen_ positions
+  if (cfg_.random_ltd.active()) {  // the engine's global_steps: every step before this one, skipped ones too
+    ltd_reserved_ = random_ltd_reserved(cfg_.random_ltd.schedule, state_.iteration);
+    model_->set_random_ltd_reserved(ltd_reserved_);
+  }
   // fp16: the loss (hence every gradient) is multiplied by the loss scale.
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   // All-reduced gradients are the mean over the data-parallel ranks (each
@@ -769,7 +787,7 @@ float Trainer::train_step() {
     if (!overflow) state_.skipped_steps += 1;  // no update: the schedule does not advance either
     state_.iteration += 1;
     state_.consumed_samples += step_batch_;
-    state_.consumed_tokens += step_batch_ * seqlen_;
+    state_.consumed_tokens += step_batch_ * actual_seqlen();
     last_grad_norm_ = NAN;
     return loss;
   }
@@ -786,7 +804,7 @@ float Trainer::train_step() {
   applied_steps_ += 1;
   state_.iteration += 1;
   state_.consumed_samples += step_batch_;
-  state_.consumed_tokens += step_batch_ * seqlen_;
+  state_.consumed_tokens += step_batch_ * actual_seqlen();
   last_grad_norm_ = gate.norm;
   last_lr_ = h.lr;
   return loss;
@@ -1032,6 +1050,7 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
   s.skipped = state_.skipped_steps;
   s.nan_iters = nan_iters_;
   if (curriculum_) s.curriculum_seqlen = seqlen_;
+  s.random_ltd_reserved = ltd_reserved_;
   double tokens = static_cast<double>(step_batch_) * seqlen_;
   s.tokens_per_s = tokens / (ms / 1000.0);
   s.tflops = s.tokens_per_s * flops_per_token_ / 1e12;

@@ -214,6 +214,12 @@ class Trainer {
   // Sequence-length curriculum (DeepSpeed's curriculum_learning), when enabled.
   std::unique_ptr<CurriculumScheduler> curriculum_;
   int64_t seqlen_ = 0;  // positions per sample of the latest training step
+  // Random-LTD: the reserved length of the latest step (0: off), and
+  // Megatron-DeepSpeed's actual_seq_length of it: the positions per sample
+  // averaged over the layers, which the consumed tokens (token-based
+  // schedules, --train-tokens) and the seqlen logs count.
+  int64_t ltd_reserved_ = 0;
+  int64_t actual_seqlen() const;
   int64_t next_seqlen();  // the curriculum's length for the next step, else seq_length
   MicroBatch local_batch(MicroBatch mb) const;  // Ulysses: this rank's positions of every sample
   CsvMonitor csv_;

@@ -58,9 +58,10 @@ TrainPoint Trainer::train_point(float loss) const {
                     .loss_scale = state_.loss_scale,
                     .grad_norm = last_grad_norm_,
                     .batch_size = static_cast<double>(step_batch_),
-                    .seq_length = static_cast<double>(seqlen_),
+                    .seq_length = static_cast<double>(actual_seqlen()),
                     .world_size = static_cast<double>(comms_.world->size()),
                     .curriculum_seqlen = curriculum_ ? static_cast<double>(seqlen_) : 0.0,
+                    .random_ltd_reserved = static_cast<double>(ltd_reserved_),
                     .moe_loss = moe_ && !std::isnan(loss) ? last_moe_loss_ : NAN,
                     .fp16 = cfg_.precision.precision == Precision::FP16};
 }

@@ -223,9 +223,6 @@ TEST_CASE("Compression and data efficiency: refused when they would act, noted w
   CHECK(has_warning(inert, "'compression_training' enables no technique"));
   CHECK(inert.warnings.size() == 1);  // no "key not implemented" line besides it
 
-  json ltd = {{"enabled", true}, {"data_routing", {{"enabled", true}, {"random_ltd", {{"enabled", true}}}}}};
-  CHECK_THROWS_WITH(parse_json(with(base(), {{"data_efficiency", ltd}})),
-                    Contains("'data_efficiency.data_routing.random_ltd.enabled' is true"));
   json sampling = {{"enabled", true},
                    {"data_sampling", {{"enabled", true}, {"curriculum_learning", {{"enabled", true}}}}}};
   const TrainConfig s = parse_json(with(base(), {{"data_efficiency", sampling}}));
@@ -233,12 +230,74 @@ TEST_CASE("Compression and data efficiency: refused when they would act, noted w
   CHECK(s.warnings.size() == 1);
   sampling["enabled"] = false;  // the whole library off: nothing to say
   CHECK(parse_json(with(base(), {{"data_efficiency", sampling}})).warnings.empty());
-  // data_efficiency/gpt's flags: refused by name, not as unknown arguments.
-  CHECK_THROWS_WITH(parse_json(base(), {"--random-ltd"}), Contains("--random-ltd: random layer-wise token dropping"));
+  // data_efficiency/gpt's curriculum flags: refused by name, not as unknown arguments.
   CHECK_THROWS_WITH(parse_json(base(), {"--data-efficiency-curriculum-learning"}),
                     Contains("--data-efficiency-curriculum-learning: curriculum learning by data sampling"));
   CHECK_THROWS_WITH(parse_json(base(), {"--train-doc-idx-path", "/d/doc_idx.npy"}),
                     Contains("--train-doc-idx-path /d/doc_idx.npy: a data-efficiency curriculum's index file"));
+}
+
+TEST_CASE("random-LTD: DeepSpeed's section with Megatron-DeepSpeed's --random-ltd", "[config]") {
+  auto section = [](const json& patch = json::object()) {
+    json r = {{"enabled", true},
+              {"total_layer_num", 12},
+              {"random_ltd_layer_num", 3},
+              {"random_ltd_layer_id", {5, 1, 2}},
+              {"model_mask_name", "attention_mask"},
+              {"model_type", "decoder"},
+              {"hidden_state_order", "seq_batch_dim"},
+              {"random_ltd_schedule",
+               {{"min_value", 128},
+                {"max_value", 1024},
+                {"schedule_type", "fixed_linear"},
+                {"schedule_config", {{"require_steps", 200}, {"seq_per_step", 16}}}}}};
+    r.merge_patch(patch);
+    return with(base(), {{"data_efficiency", {{"enabled", true}, {"data_routing", {{"enabled", true}, {"random_ltd", r}}}}}});
+  };
+  const TrainConfig c = parse_json(section(), {"--random-ltd"});
+  REQUIRE(c.random_ltd.active());
+  CHECK(c.random_ltd.layer_ids == std::vector<int>{1, 2, 5});
+  CHECK(c.random_ltd.schedule.min_value == 128);
+  CHECK(c.random_ltd.schedule.max_value == 1024);
+  CHECK(c.random_ltd.schedule.require_steps == 200);
+  CHECK(c.random_ltd.schedule.seq_per_step == 16);
+  // The resolved config (what a checkpoint saves) reads back to the same settings.
+  const TrainConfig back = ds::train_config_from_json(c.resolved, 1);
+  CHECK(back.random_ltd.active());
+  CHECK(back.random_ltd.layer_ids == c.random_ltd.layer_ids);
+  CHECK(back.random_ltd.schedule.max_value == 1024);
+  // Upstream: the section alone converts no layer; the flag alone fails its assertion.
+  const TrainConfig inert = parse_json(section());
+  CHECK(!inert.random_ltd.active());
+  CHECK(has_warning(inert, "enabled without --random-ltd: no layer drops tokens"));
+  CHECK_THROWS_WITH(parse_json(base(), {"--random-ltd"}),
+                    Contains("--random-ltd needs data_efficiency.data_routing.random_ltd.enabled true"));
+  // DeepSpeed's keys and their rules.
+  json no_ids = section();
+  no_ids["data_efficiency"]["data_routing"]["random_ltd"].erase("random_ltd_layer_id");
+  CHECK_THROWS_WITH(parse_json(no_ids, {"--random-ltd"}),
+                    Contains("'data_efficiency.data_routing.random_ltd.random_ltd_layer_id' is required"));
+  CHECK_THROWS_WITH(parse_json(section({{"random_ltd_layer_num", 2}}), {"--random-ltd"}),
+                    Contains("random_ltd_layer_num' is 2 but random_ltd_layer_id lists 3 layers"));
+  CHECK_THROWS_WITH(parse_json(section({{"model_type", "encoder"}}), {"--random-ltd"}),
+                    Contains("model_type' is \"encoder\""));
+  CHECK_THROWS_WITH(parse_json(section({{"random_ltd_schedule", {{"schedule_type", "fixed_root"}}}}), {"--random-ltd"}),
+                    Contains("supports only \"fixed_linear\""));
+  CHECK_THROWS_WITH(parse_json(section({{"random_ltd_schedule", {{"schedule_config", {{"require_steps", 0}}}}}}),
+                               {"--random-ltd"}),
+                    Contains("require_steps' must be a positive integer"));
+  CHECK_THROWS_WITH(parse_json(section({{"layer_token_lr_schedule", {{"enabled", true}}}}), {"--random-ltd"}),
+                    Contains("layer-token learning-rate schedule"));
+  CHECK_THROWS_WITH(parse_json(section({{"random_ltd_layer_id", {1, 2, 12}}}), {"--random-ltd"}),
+                    Contains("names layer 12, but the model has 12 layers"));
+  // Layouts it cannot run in, each named.
+  CHECK_THROWS_WITH(parse_json(section(), {"--random-ltd", "--pipeline-model-parallel-size", "2"}, 2),
+                    Contains("--random-ltd with --pipeline-model-parallel-size 2"));
+  CHECK_THROWS_WITH(
+      parse_json(section(), {"--random-ltd", "--tensor-model-parallel-size", "2", "--sequence-parallel"}, 2),
+      Contains("--random-ltd with --sequence-parallel"));
+  CHECK_THROWS_WITH(parse_json(section(), {"--random-ltd", "--position-embedding-type", "rope"}),
+                    Contains("--random-ltd with rotary position embeddings"));
 }
 
 TEST_CASE("data_types.grad_accum_dtype: fp32 or the compute dtype", "[config]") {
