@@ -30,23 +30,41 @@
 #include "lib/model/tp_shard.h"
 #include "lib/parallel/comms.h"
 #include "lib/parallel/rank_grid.h"
+#include "apps/dsgen/dsgen.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace dsgen {
+
+// Rank 0's string on every rank of `c` (stdin prompts under tensor parallelism).
+std::string broadcast_text(ds::Communicator* c, std::string s, ds::Device dev) {
+  if (!c || c->size() == 1) return s;
+  ds::Tensor n = ds::Tensor::zeros({1}, ds::DType::I64);
+  n.data<int64_t>()[0] = static_cast<int64_t>(s.size());
+  ds::Tensor nd = dev.is_cpu() ? n : n.to(dev);
+  c->broadcast(nd.raw(), 1, ds::DType::I64, 0);
+  const int64_t len = (dev.is_cpu() ? nd : nd.to(ds::Device::cpu())).data<int64_t>()[0];
+  s.resize(static_cast<size_t>(len));
+  if (len == 0) return s;
+  ds::Tensor b = ds::Tensor::empty({len}, ds::DType::U8);
+  std::memcpy(b.raw(), s.data(), s.size());
+  ds::Tensor bd = dev.is_cpu() ? b : b.to(dev);
+  c->broadcast(bd.raw(), len, ds::DType::U8, 0);
+  ds::Tensor h = dev.is_cpu() ? bd : bd.to(ds::Device::cpu());
+  std::memcpy(s.data(), h.raw(), static_cast<size_t>(len));
+  return s;
+}
+
+// One JSON line. Sampled text may end inside a UTF-8 sequence (byte-level
+// BPE): such bytes are written as U+FFFD; the ids are in "tokens".
+std::string json_line(const json& r) { return r.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace dsgen
+
 namespace {
 
-struct Args {
-  ds::gen::ModelSource src;
-  std::string tokenizer_type, tokenizer_model, vocab_file, merge_file;
-  std::vector<std::string> prompts, stops;
-  std::string prompt_file, output_file, device;
-  int max_new_tokens = 64, batch_size = 8, tp = 1;
-  bool greedy = false, ignore_eos = false, bf16 = false, fp16 = false, no_kv_cache = false, timing = false;
-  ds::gen::SamplingConfig sampling;
-  std::string temperature, top_p, repetition_penalty;  // as given; parsed by sampling_floats()
-  bool sampling_given = false;
-};
+using namespace dsgen;
 
 // The float sampling flags, from their text: plain decimals within float range
 // (1e300 would be inf), so that an error echoes the value as given.
@@ -85,96 +103,6 @@ std::unique_ptr<ds::data::Tokenizer> make_tokenizer(const Args& a, const ds::gen
   return tok;
 }
 
-// Rank 0's string on every rank of `c` (stdin prompts under tensor parallelism).
-std::string broadcast_text(ds::Communicator* c, std::string s, ds::Device dev) {
-  if (!c || c->size() == 1) return s;
-  ds::Tensor n = ds::Tensor::zeros({1}, ds::DType::I64);
-  n.data<int64_t>()[0] = static_cast<int64_t>(s.size());
-  ds::Tensor nd = dev.is_cpu() ? n : n.to(dev);
-  c->broadcast(nd.raw(), 1, ds::DType::I64, 0);
-  const int64_t len = (dev.is_cpu() ? nd : nd.to(ds::Device::cpu())).data<int64_t>()[0];
-  s.resize(static_cast<size_t>(len));
-  if (len == 0) return s;
-  ds::Tensor b = ds::Tensor::empty({len}, ds::DType::U8);
-  std::memcpy(b.raw(), s.data(), s.size());
-  ds::Tensor bd = dev.is_cpu() ? b : b.to(dev);
-  c->broadcast(bd.raw(), len, ds::DType::U8, 0);
-  ds::Tensor h = dev.is_cpu() ? bd : bd.to(ds::Device::cpu());
-  std::memcpy(s.data(), h.raw(), static_cast<size_t>(len));
-  return s;
-}
-
-// Generated text of one sample, cut before the first stop string; `stopped`
-// tells whether one was found.
-std::string cut_at_stop(std::string text, const std::vector<std::string>& stops, bool* stopped = nullptr) {
-  size_t at = std::string::npos;
-  for (const auto& s : stops)
-    if (!s.empty()) at = std::min(at, text.find(s));
-  if (stopped) *stopped = at != std::string::npos;
-  if (at != std::string::npos) text.resize(at);
-  return text;
-}
-
-struct Session {
-  const Args& a;
-  ds::GptModel& model;
-  const ds::data::Tokenizer& tok;
-  ds::gen::GenOptions opt;
-  bool rank0 = true;
-
-  // The ids of prompts number first, first + 1, ...: a UserError naming the
-  // prompt for one that holds a NUL byte, encodes to nothing or is too long,
-  // before anything about it is printed.
-  std::vector<std::vector<int32_t>> encode(const std::vector<std::string>& prompts, int64_t first) const {
-    std::vector<std::vector<int32_t>> ids;
-    for (const auto& p : prompts) {
-      const int64_t index = first + static_cast<int64_t>(ids.size());
-      ids.push_back(ds::gen::encode_prompt(tok, p, index, model.dims().maxT, model.dims().V));
-    }
-    return ids;
-  }
-
-  // Generates for a batch of encoded prompts; `stream` prints sample 0's text as it is produced.
-  std::vector<std::string> run(std::vector<std::vector<int32_t>> ids, bool stream,
-                               std::vector<ds::gen::GenResult>* results = nullptr,
-                               std::vector<std::vector<int32_t>>* prompt_ids = nullptr) {
-    size_t hold = 0;  // bytes held back while they might start a stop string
-    for (const auto& s : a.stops) hold = std::max(hold, s.empty() ? 0 : s.size() - 1);
-    std::vector<std::vector<int32_t>> gen(ids.size());
-    size_t printed = 0;
-    auto on_token = [&](int64_t b, int32_t t) {
-      gen[b].push_back(t);
-      bool stopped = false;
-      std::string text = a.stops.empty() && !stream ? std::string() : cut_at_stop(tok.decode(gen[b]), a.stops, &stopped);
-      if (stream && rank0 && b == 0) {
-        const size_t ready = stopped ? text.size() : (text.size() > hold ? text.size() - hold : 0);
-        if (ready > printed) {
-          std::fwrite(text.data() + printed, 1, ready - printed, stdout);
-          std::fflush(stdout);
-          printed = ready;
-        }
-      }
-      return stopped;
-    };
-    ds::gen::GenStats st;
-    auto res = ds::gen::generate(model, ids, opt, on_token, &st);
-    std::vector<std::string> texts;
-    for (size_t b = 0; b < res.size(); ++b) texts.push_back(cut_at_stop(tok.decode(res[b].tokens), a.stops));
-    if (stream && rank0 && texts[0].size() > printed) std::fwrite(texts[0].data() + printed, 1, texts[0].size() - printed, stdout);
-    if (a.timing && rank0)
-      std::fprintf(stderr, "dsgen: prefill %lld tokens in %.3f s (%.1f tokens/s), decode %lld tokens in %.3f s "
-                   "(%.1f tokens/s)\n", static_cast<long long>(st.prefill_tokens), st.prefill_s,
-                   st.prefill_tokens / std::max(st.prefill_s, 1e-9), static_cast<long long>(st.decode_tokens),
-                   st.decode_s, st.decode_tokens / std::max(st.decode_s, 1e-9));
-    if (results) *results = std::move(res);
-    if (prompt_ids) *prompt_ids = std::move(ids);
-    return texts;
-  }
-};
-
-// One JSON line. Sampled text may end inside a UTF-8 sequence (byte-level
-// BPE): such bytes are written as U+FFFD; the ids are in "tokens".
-std::string json_line(const json& r) { return r.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 // Writes JSON lines to `path` atomically (temporary name, then rename), or to stdout.
 void write_jsonl(const std::string& path, const std::vector<json>& rows) {
@@ -224,6 +152,7 @@ int run_stdin(Session& s, ds::Communicator* world, ds::Device dev) {
       continue;
     }
     if (rank0) std::fwrite(line.data(), 1, line.size(), stdout);
+    s.opt.first_prompt = line_no - 1;
     s.run(std::move(ids), true);
     if (rank0) std::printf("\n");
     std::fflush(stdout);
@@ -246,6 +175,7 @@ int run(const Args& a) {
                 "replica, so the job must have exactly that many processes (it has {}; launch with dsrun)", a.tp,
                 rv.world_size);
   ds::gen::LoadedModel lm = ds::gen::load_model(a.src, a.tp);  // before anything else: the errors a user makes
+  check_megatron_shape(a.meg, lm.model);
   auto tok = make_tokenizer(a, lm);
   const std::string device = a.device.empty() ? lm.device : a.device;
   DS_USER_CHECK(device == "cpu" || device == "cuda", "--device {}: expected cpu or cuda", device);
@@ -274,7 +204,9 @@ int run(const Args& a) {
   Session s{a, model, *tok, {}, rv.rank == 0};
   s.opt.max_new_tokens = a.max_new_tokens;
   s.opt.sampling = sampling;
-  s.opt.sampling.greedy = a.greedy || !a.sampling_given;
+  // generate_samples_gpt.py samples unless --greedy; its top-p 0 is no limit.
+  s.opt.sampling.greedy = a.greedy || (!a.sampling_given && !a.meg.num_samples);
+  if (a.meg.num_samples && s.opt.sampling.top_p == 0.f) s.opt.sampling.top_p = 1.f;
   s.opt.use_kv_cache = !a.no_kv_cache;
   s.opt.vocab_limit = tok->info().vocab_size;
   if (rv.rank == 0 && tok->info().vocab_size < lm.model.vocab_size)
@@ -287,6 +219,7 @@ int run(const Args& a) {
       if (id >= 0 && std::find(s.opt.stop_ids.begin(), s.opt.stop_ids.end(), id) == s.opt.stop_ids.end())
         s.opt.stop_ids.push_back(id);
   }
+  if (a.meg.num_samples) return run_megatron_samples(a, s, comms.world, dev);
   if (a.prompts.empty() && a.prompt_file.empty()) return run_stdin(s, comms.world, dev);
   const bool jsonl = !a.prompt_file.empty();
   const std::vector<std::string> prompts = jsonl ? ds::gen::read_prompt_file(a.prompt_file) : a.prompts;
@@ -298,6 +231,7 @@ int run(const Args& a) {
     std::vector<std::vector<int32_t>> ids;
     const bool stream = batch.size() == 1 && !jsonl;
     std::vector<std::vector<int32_t>> encoded = s.encode(batch, static_cast<int64_t>(b0) + 1);
+    s.opt.first_prompt = static_cast<int64_t>(b0);
     if (stream && rv.rank == 0) std::fwrite(batch[0].data(), 1, batch[0].size(), stdout);
     auto texts = s.run(std::move(encoded), stream, &res, &ids);
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -333,12 +267,14 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", a.prompts, "A prompt (repeat for a batch)")->expected(1)->take_all();
   app.add_option("--prompt-file", a.prompt_file, "JSONL file, one {\"prompt\": ...} per line; writes JSONL results");
   app.add_option("--output-file", a.output_file, "Where --prompt-file results go (default: stdout)");
-  app.add_option("--max-new-tokens,--out-seq-length", a.max_new_tokens, "Tokens to generate per prompt (default 64)");
-  app.add_option("--batch-size", a.batch_size, "Prompts generated together (default 8)");
+  app.add_option("--max-new-tokens,--out-seq-length", a.max_new_tokens, "Tokens to generate per prompt (default 64; "
+                 "with --num-samples see docs/dsgen.md)");
+  app.add_option("--batch-size,--micro-batch-size", a.batch_size, "Prompts generated together (default 8)");
   app.add_flag("--greedy", a.greedy, "Argmax decoding (the default unless a sampling flag is given)");
   auto* temp = app.add_option("--temperature", a.temperature, "Sampling temperature (> 0)");
-  auto* topk = app.add_option("--top-k", a.sampling.top_k, "Sample from the k most likely tokens (0: all)");
-  auto* topp = app.add_option("--top-p", a.top_p, "Nucleus sampling threshold in (0, 1]");
+  auto* topk = app.add_option("--top-k,--top_k", a.sampling.top_k, "Sample from the k most likely tokens (0: all)");
+  auto* topp = app.add_option("--top-p,--top_p", a.top_p, "Nucleus sampling threshold in (0, 1] (with --num-samples "
+                              "0 is no limit, as Megatron's)");
   app.add_option("--repetition-penalty", a.repetition_penalty, "Penalty > 1 discourages repeats (1: none)");
   app.add_option("--seed", a.sampling.seed, "Sampling seed (default 1234)");
   app.add_option("--stop", a.stops, "Stop a sample when its text contains this string (repeatable)")
@@ -348,8 +284,28 @@ int main(int argc, char** argv) {
   app.add_flag("--bf16", a.bf16, "Run in bf16");
   app.add_flag("--fp16", a.fp16, "Run in fp16");
   app.add_option("--tensor-model-parallel-size", a.tp, "Tensor-parallel ranks (launch that many with dsrun)");
-  app.add_flag("--no-kv-cache", a.no_kv_cache, "Recompute the whole prefix every step (slow; a reference)");
+  app.add_flag("--no-kv-cache,--recompute", a.no_kv_cache, "Recompute the whole prefix every step (slow; a reference)");
   app.add_flag("--timing", a.timing, "Print prefill and decode tokens/s to stderr");
+  // Megatron-DeepSpeed's tools/generate_samples_gpt.py (megatron_samples.cpp).
+  MegatronFlags& m = a.meg;
+  app.add_option("--num-samples", m.num_samples, "generate_samples_gpt.py's modes: N > 0 unconditional samples to "
+                 "--genfile; 0 the prompts of --sample-input-file, or stdin's");
+  app.add_option("--genfile", m.genfile, "Where --num-samples N > 0 writes its JSON lines");
+  app.add_option("--sample-input-file", m.sample_input_file, "With --num-samples 0: one prompt per line");
+  app.add_option("--sample-output-file", m.sample_output_file, "Its results (default: the input file + .out)");
+  app.add_option("--seq-length", m.seq_length, "With --num-samples: the sequence a sample must fit (default: the "
+                 "model's positions)");
+  app.add_option("--num-layers", m.num_layers, "Checked against the model read");
+  app.add_option("--hidden-size", m.hidden_size, "Checked against the model read");
+  app.add_option("--num-attention-heads", m.num_attention_heads, "Checked against the model read");
+  app.add_option("--max-position-embeddings", m.max_position_embeddings, "Checked against the model read");
+  app.add_option("--num-experts", m.num_experts, "Checked against the model read (1: a dense model)")
+      ->expected(1, 1 << 20);
+  app.add_option("--mlp-type", m.mlp_type, "standard or residual (PR-MoE), checked against the model read");
+  app.add_flag("--use-tutel", m.use_tutel, "Accepted: a kernel choice upstream");
+  app.add_flag("--ds-inference", m.ds_inference, "Accepted: DeepSpeed's inference kernels upstream");
+  app.add_option_function<int>("--log-interval", [](const int&) {}, "Accepted: generation logs nothing per interval "
+                               "(upstream reads it nowhere there)");
   app.add_option_function<int>("--local_rank", [](const int&) {},
                                "set by launchers (dsrun); dsgen reads LOCAL_RANK from the environment");
   try {

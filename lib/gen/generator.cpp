@@ -65,7 +65,7 @@ std::vector<GenResult> generate(GptModel& model, const std::vector<std::vector<i
   if (B == 0) return out;
   int64_t longest = 0;
   for (int64_t b = 0; b < B; ++b) {
-    check_prompt(prompts[b], maxT, V, b + 1);
+    check_prompt(prompts[b], maxT, V, opt.first_prompt + static_cast<int64_t>(b) + 1);
     longest = std::max<int64_t>(longest, static_cast<int64_t>(prompts[b].size()));
   }
   DS_USER_CHECK(opt.vocab_limit >= 0, "generation: vocabulary limit {} must be >= 0", opt.vocab_limit);
@@ -102,9 +102,9 @@ std::vector<GenResult> generate(GptModel& model, const std::vector<std::vector<i
       const float* l = logits[b].data();
       DS_USER_CHECK(std::all_of(l, l + Vs, [](float x) { return std::isfinite(x); }), "prompt {}, generated token "
                     "{}: the model's logits are not finite (NaN or inf); its weights may hold NaN/inf, or fp16 "
-                    "overflowed (try --bf16 or f32)", b + 1, step + 1);
+                    "overflowed (try --bf16 or f32)", opt.first_prompt + b + 1, step + 1);
       const int32_t t = sample_next(std::span<float>(logits[b].data(), Vs), seq[b], opt.sampling,
-                                    static_cast<uint64_t>(b), static_cast<uint64_t>(step));
+                                    static_cast<uint64_t>(opt.first_prompt + b), static_cast<uint64_t>(step));
       if (std::find(opt.stop_ids.begin(), opt.stop_ids.end(), t) != opt.stop_ids.end()) {
         done[b] = 1;
         out[b].reason = StopReason::EndOfDocument;

@@ -33,6 +33,10 @@ struct GenOptions {
   // dropped) while another is not, so that every rank takes part in the
   // same collectives (a ZeRO-3 gather per step; transformers' synced_gpus).
   std::function<bool(bool local_done)> synced;
+  // The run-wide index of prompts[0]: prompt b draws its tokens as prompt
+  // first_prompt + b (the sampler's key), so that a run split into calls
+  // draws what one call would.
+  int64_t first_prompt = 0;
 };
 
 struct GenResult {
