@@ -98,9 +98,18 @@ std::unique_ptr<Tokenizer> load_tokenizer(const TokenizerSpec& spec) {
     case TokenizerKind::SentencePiece:
       require_file(spec.model_path, "--tokenizer-model", spec.kind);
       return load_sentencepiece_tokenizer(spec);
-    case TokenizerKind::HF:
+    case TokenizerKind::HF: {
       require_file(spec.model_path, "--tokenizer-model", spec.kind);
+      // A model directory without tokenizer.json but with GPT2Tokenizer's
+      // files: what AutoTokenizer loads there.
+      const std::filesystem::path dir(spec.model_path);
+      std::error_code ec;
+      if (std::filesystem::is_directory(dir, ec) && !std::filesystem::exists(dir / "tokenizer.json", ec) &&
+          std::filesystem::exists(dir / "vocab.json", ec) && std::filesystem::exists(dir / "merges.txt", ec))
+        return std::make_unique<Gpt2Tokenizer>(
+            BpeTokenizer::load((dir / "vocab.json").string(), (dir / "merges.txt").string()));
       return load_hf_tokenizer(spec.model_path);
+    }
   }
   DS_USER_ERROR("unknown tokenizer kind");
 }
