@@ -9,6 +9,7 @@
 #include "lib/config/config.h"
 #include "lib/core/error.h"
 #include "lib/core/log.h"
+#include "lib/chat/instruction_data.h"
 #include "lib/core/run_main.h"
 #include "lib/parallel/comms.h"
 #include "lib/parallel/rank_grid.h"
@@ -36,7 +37,11 @@ int run(int argc, char** argv) {
   auto world = ds::make_world_communicator(cfg.device == ds::DeviceType::CUDA ? ds::Backend::Nccl : ds::Backend::Gloo, rv);
   ds::RankGrid grid = ds::make_rank_grid(cfg.layout, rv.rank);
   ds::Comms comms = ds::build_comms(*world, grid);
-  ds::Trainer trainer(cfg, comms, rv.local_rank);
+  // finetune_llama.py's instruction data (a .json --data-path), else the pretraining datasets.
+  const ds::Device dev = cfg.device == ds::DeviceType::CUDA ? ds::Device::cuda(rv.local_rank) : ds::Device::cpu();
+  std::unique_ptr<ds::BatchSource> data;
+  if (ds::chat::is_instruction_data(cfg)) data = ds::chat::make_instruction_source(cfg, dev);
+  ds::Trainer trainer(cfg, comms, rv.local_rank, std::move(data));
   trainer.run();
   world->barrier();
   return 0;
