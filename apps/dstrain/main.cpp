@@ -37,10 +37,13 @@ int run(int argc, char** argv) {
   auto world = ds::make_world_communicator(cfg.device == ds::DeviceType::CUDA ? ds::Backend::Nccl : ds::Backend::Gloo, rv);
   ds::RankGrid grid = ds::make_rank_grid(cfg.layout, rv.rank);
   ds::Comms comms = ds::build_comms(*world, grid);
-  // finetune_llama.py's instruction data (a .json --data-path), else the pretraining datasets.
+  // A conversion (hf2megads_weight_converter.py's flags) reads no data.
   const ds::Device dev = cfg.device == ds::DeviceType::CUDA ? ds::Device::cuda(rv.local_rank) : ds::Device::cpu();
   std::unique_ptr<ds::BatchSource> data;
-  if (ds::chat::is_instruction_data(cfg)) data = ds::chat::make_instruction_source(cfg, dev);
+  if (cfg.ckpt.hf_convert)
+    data = ds::no_training_data(dev);
+  else if (ds::chat::is_instruction_data(cfg))
+    data = ds::chat::make_instruction_source(cfg, dev);
   ds::Trainer trainer(cfg, comms, rv.local_rank, std::move(data));
   trainer.run();
   world->barrier();

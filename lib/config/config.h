@@ -63,6 +63,9 @@ struct CheckpointConfig {
   // and the data position (consumed samples and tokens) start at 0; the
   // weights, optimizer state, learning-rate schedule and loss scale are kept.
   bool reset_iteration = false;
+  // Megatron-DeepSpeed's tools/hf2megads_weight_converter.py (--hf-ckpt-dir):
+  // no training; the --init-from weights are saved to --save as iteration 0.
+  bool hf_convert = false;
 };
 
 struct LoggingConfig {

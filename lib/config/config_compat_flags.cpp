@@ -69,6 +69,30 @@ void apply_load_flags(json& j, const std::map<std::string, json>& sp, Warnings& 
     add_warning(w, fmt::format("--timing-log-level {}: dstrain's timers have no levels; the iteration line carries "
                                "the step time, wall_clock_breakdown the phases, --log-timers-to-tensorboard both",
                                sp.at("--timing-log-level").dump()));
+  // tools/hf2megads_weight_converter.py's flags (finetune_hf_llama/finetune_llama.sh's conversions):
+  // dstrain converts instead of training.
+  if (has("--hf-ckpt-dir")) {
+    const std::string dir = sp.at("--hf-ckpt-dir").get<std::string>();
+    const std::string mode = has("--load-mode") ? sp.at("--load-mode").get<std::string>() : "auto";
+    DS_USER_CHECK(mode == "auto" || mode == "torchbin" || mode == "safetensor",
+                  "--load-mode {}: expected auto, torchbin or safetensor (hf2megads_weight_converter.py's)", mode);
+    const json save = j.value(json::json_pointer("/training/save"), json(""));
+    DS_USER_CHECK(save.is_string() && !save.get<std::string>().empty(), "--hf-ckpt-dir converts {} into --save, "
+                  "which is not given", has("--to-hf-ckpt") ? "a --load checkpoint to Hugging Face files" : dir);
+    if (has("--to-hf-ckpt")) {  // the other way: --load into Hugging Face files under --save
+      set_at(j, "/training/export_hf", save, "--to-hf-ckpt");
+      set_at(j, "/training/save", "", "--to-hf-ckpt");
+    } else {
+      set_at(j, "/training/init_from", dir, "--hf-ckpt-dir");
+      set_at(j, "/training/hf_convert", true, "--hf-ckpt-dir");
+    }
+    set_at(j, "/training/train_iters", 0, "--hf-ckpt-dir");
+    if (j.contains("training") && j["training"].is_object()) j["training"].erase("train_samples");
+  } else {
+    for (const char* f : {"--to-hf-ckpt", "--load-mode", "--hf-ckpt-num-shards"})
+      DS_USER_CHECK(!has(f), "{} belongs to the Hugging Face conversion (hf2megads_weight_converter.py), which "
+                    "--hf-ckpt-dir selects", f);
+  }
   if (has("--repeated-dataloader"))
     add_warning(w, "--repeated-dataloader: nothing to change: the training sampler runs through as many epochs as "
                    "the run needs, so the loader is never exhausted");
@@ -148,6 +172,15 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
          "training)")
       ->expected(3);
   // Loading (Megatron's checkpointing.py).
+  app.add_option_function<std::string>("--hf-ckpt-dir", [&out](const std::string& v) { out["--hf-ckpt-dir"] = v; },
+                                       "hf2megads_weight_converter.py: convert this Hugging Face model into --save "
+                                       "(iteration 0) instead of training");
+  app.add_option_function<int>("--hf-ckpt-num-shards", [&out](const int& v) { out["--hf-ckpt-num-shards"] = v; },
+                               "accepted: the shards are found from the directory's files");
+  app.add_option_function<std::string>("--load-mode", [&out](const std::string& v) { out["--load-mode"] = v; },
+                                       "auto, torchbin or safetensor: accepted (the weights' format is read from "
+                                       "the files)");
+  flag("--to-hf-ckpt", "with --hf-ckpt-dir: convert --load into Hugging Face files under --save instead");
   flag("--finetune", "load only the weights of --load: the iteration, data position, optimizer state, learning-rate "
        "schedule and loss scale start fresh");
   flag("--no-load-optim", "without --deepspeed: load the weights and the iteration, not the optimizer state, "

@@ -65,6 +65,7 @@ std::span<const ConfigField<TrainConfig>> training_fields() {
       F(TrainConfig, "finetune", ckpt.finetune),
       F(TrainConfig, "no_load_optim", ckpt.no_load_optim),
       F(TrainConfig, "reset_iteration", ckpt.reset_iteration),
+      F(TrainConfig, "hf_convert", ckpt.hf_convert),
       F(TrainConfig, "export_hf", ckpt.export_hf),
       F(TrainConfig, "random_ltd", random_ltd.layers_converted),
       F(TrainConfig, "eval_interval", log.eval_interval),

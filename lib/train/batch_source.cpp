@@ -2,6 +2,7 @@
 #include "lib/train/batch_source.h"
 
 #include "lib/core/device_runtime.h"
+#include "lib/core/error.h"
 
 namespace ds {
 
@@ -25,5 +26,29 @@ MicroBatch BatchSource::to_device(MicroBatch mb) const {
   if (mb.shifts.defined()) mb.shifts = upload(mb.shifts);
   return mb;
 }
+
+}  // namespace ds
+
+namespace ds {
+namespace {
+
+class NoTrainingData final : public BatchSource {
+ public:
+  explicit NoTrainingData(Device dev) : BatchSource(dev) {}
+  MicroBatch train_batch(int64_t, int, int, int, int64_t) override {
+    DS_CHECK(false, "a run that trains no step asked for a training batch");
+    return {};
+  }
+  MicroBatch valid_batch(int64_t, int, int) override {
+    DS_CHECK(false, "a run that trains no step asked for a validation batch");
+    return {};
+  }
+  bool has_valid() const override { return false; }
+  int64_t train_samples_per_epoch() const override { return 0; }
+};
+
+}  // namespace
+
+std::unique_ptr<BatchSource> no_training_data(Device dev) { return std::make_unique<NoTrainingData>(dev); }
 
 }  // namespace ds

@@ -3,6 +3,7 @@
 // end hands the trainer (dschat's fine-tuning examples, lib/chat/sft.h).
 #pragma once
 #include <cstdint>
+#include <memory>
 
 #include "lib/core/tensor.h"
 #include "lib/runtime/micro_batch.h"
@@ -34,5 +35,9 @@ class BatchSource {
  private:
   Tensor upload(const Tensor& host) const;  // host (B, L) -> the device, without blocking the host
 };
+
+// A source for runs that train no step (a conversion, an export of 0
+// iterations): asking it for a batch is an internal error.
+std::unique_ptr<BatchSource> no_training_data(Device dev);
 
 }  // namespace ds

@@ -1112,7 +1112,7 @@ float Trainer::iterate() {
 std::vector<float> Trainer::run() {
   std::vector<float> losses;
   // 0 iterations is only meaningful as an export of the initial or loaded weights.
-  DS_USER_CHECK(cfg_.train_iters > 0 || !cfg_.ckpt.export_hf.empty(),
+  DS_USER_CHECK(cfg_.train_iters > 0 || !cfg_.ckpt.export_hf.empty() || cfg_.ckpt.hf_convert,
                 "training would run 0 iterations: give --train-iters (training.train_iters) or --train-samples "
                 "(training.train_samples {}, at least one global batch of {}); with --export-hf, 0 iterations "
                 "exports the initial or loaded weights", cfg_.lengths.train_samples, cfg_.batch.train_batch_size);
@@ -1153,6 +1153,11 @@ std::vector<float> Trainer::run() {
       DS_LOG("exiting at iteration {} (--exit-interval {})", state_.iteration, cfg_.exit_interval);
       return losses;
     }
+  }
+  if (cfg_.ckpt.hf_convert) {  // hf2megads: the --init-from weights as iteration 0
+    save();
+    DS_LOG("converted {} into {} (iteration {})", cfg_.ckpt.init_from, cfg_.ckpt.save_dir, state_.iteration);
+    return losses;
   }
   double v = evaluate();
   if (!std::isnan(v)) {

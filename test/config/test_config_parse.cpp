@@ -548,6 +548,30 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
   CHECK(parse_json(base(), {"--seed", "5"}).seed == 5u);
 }
 
+TEST_CASE("hf2megads_weight_converter.py's flags: dstrain converts instead of training", "[config][flags]") {
+  TempDir d;
+  const std::string path = d.path + "/c.json";
+  std::ofstream(path) << base().dump();
+  const TrainConfig to_mds = parse({"--config", path, "--hf-ckpt-num-shards", "2", "--hf-ckpt-dir", "/m/llama-hf",
+                                    "--load-mode", "auto", "--save", "/o/mds", "--train-iters", "3500"});
+  CHECK(to_mds.ckpt.hf_convert);
+  CHECK(to_mds.ckpt.init_from == "/m/llama-hf");
+  CHECK(to_mds.ckpt.save_dir == "/o/mds");
+  CHECK(to_mds.train_iters == 0);
+  const TrainConfig to_hf = parse({"--config", path, "--hf-ckpt-dir", "/m/llama-hf", "--to-hf-ckpt", "--load",
+                                   "/o/mds", "--save", "/m/llama-hf-hf-out"});
+  CHECK(!to_hf.ckpt.hf_convert);
+  CHECK(to_hf.ckpt.export_hf == "/m/llama-hf-hf-out");
+  CHECK(to_hf.ckpt.save_dir.empty());
+  CHECK(to_hf.ckpt.load_dir == "/o/mds");
+  CHECK(to_hf.train_iters == 0);
+  CHECK_THROWS_WITH(parse({"--config", path, "--hf-ckpt-dir", "/m"}), Contains("--hf-ckpt-dir converts /m into --save"));
+  CHECK_THROWS_WITH(parse({"--config", path, "--hf-ckpt-dir", "/m", "--save", "/o", "--load-mode", "pickle"}),
+                    Contains("--load-mode pickle: expected auto, torchbin or safetensor"));
+  CHECK_THROWS_WITH(parse({"--config", path, "--to-hf-ckpt"}),
+                    Contains("--to-hf-ckpt belongs to the Hugging Face conversion"));
+}
+
 TEST_CASE("command line handling", "[config][flags]") {
   TempDir d;
   const std::string path = d.path + "/c.json";
@@ -558,8 +582,8 @@ TEST_CASE("command line handling", "[config][flags]") {
   CHECK_THROWS_WITH(parse({"--config", path, "--num-layerz", "2"}), Contains("--num-layerz"));
   CHECK_THROWS_WITH(parse({"--config", path, "--normalization", "BatchNorm"}), Contains("--normalization"));
   // Unknown arguments as written (CLI11 alone lists them reversed).
-  CHECK_THROWS_WITH(parse({"--config", path, "--hf-ckpt-num-shards", "2", "--load-mode", "auto"}),
-                    Contains("unrecognised arguments: --hf-ckpt-num-shards 2 --load-mode auto (see dstrain --help)"));
+  CHECK_THROWS_WITH(parse({"--config", path, "--num-shards-x", "2", "--mode-y", "auto"}),
+                    Contains("unrecognised arguments: --num-shards-x 2 --mode-y auto (see dstrain --help)"));
   CHECK_THROWS_WITH(parse({"--config", d.path + "/missing.json"}), Contains("missing.json"));
   std::ofstream(d.path + "/bad.json") << "{ \"train_batch_size\": 8, ";
   CHECK_THROWS_WITH(parse({"--config", d.path + "/bad.json"}), Contains("bad.json' is not valid JSON"));
