@@ -545,8 +545,10 @@ void read_compression_and_data_efficiency(DsSection& root, CompressionConfig& co
     c.mark("layer_reduction");
     const nlohmann::json lr = c.raw().value("layer_reduction", nlohmann::json::object());
     DS_USER_CHECK(!(lr.is_object() && lr.value("enabled", false) == true),
-                  "config: 'compression_training.layer_reduction.enabled' is true: layer reduction is not "
-                  "implemented by dstrain; remove the section or disable it");
+                  "config: 'compression_training.layer_reduction.enabled' is true: Megatron-DeepSpeed cannot run "
+                  "it either (it calls init_compression without the teacher model that DeepSpeed's layer "
+                  "reduction asserts); train a smaller student with --kd (knowledge distillation) instead, or "
+                  "disable it");
     if (!any) add_warning(w, "config: 'compression_training' enables no technique; nothing is compressed (as upstream)");
   }
   root.mark("data_efficiency");
