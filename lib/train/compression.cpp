@@ -109,6 +109,13 @@ WeightQuantizer::WeightQuantizer(const TrainConfig& cfg, const ModelLayout& layo
   std::sort(w_.begin(), w_.end(), [](const Weight& a, const Weight& b) { return a.offset < b.offset; });
 }
 
+bool WeightQuantizer::quantized(const std::string& name) const {
+  if (qsteps_ == 0) return false;
+  for (const Weight& w : w_)
+    if (w.name == name) return true;
+  return false;
+}
+
 void WeightQuantizer::quantize(const Tensor& params) {
   DS_CHECK(params.dtype() == DType::F16 && params.device().is_cpu(), "MoQ: f16 host weights expected, got {}",
            dtype_name(params.dtype()));

@@ -39,6 +39,8 @@ class WeightQuantizer {
   int weights() const { return static_cast<int>(w_.size()); }
   void quantize(const Tensor& params);  // the f16 compute weights, at the layout's offsets
   int64_t qsteps() const { return qsteps_; }
+  // Whether quantize() has rewritten `name` (a layout parameter) at least once.
+  bool quantized(const std::string& name) const;
 
  private:
   struct Weight {

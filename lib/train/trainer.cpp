@@ -1205,7 +1205,15 @@ Tensor lora_fused_weight(const ModelConfig& cfg, const std::string& name,
 }
 
 Tensor Trainer::lora_fused(FullTensorStream& stream, const std::string& name) {
-  return lora_fused_weight(cfg_.model, name, [&](const std::string& n) { return stream.next(n); });
+  Tensor w = lora_fused_weight(cfg_.model, name, [&](const std::string& n) { return stream.next(n); });
+  // MoQ: a quantized weight is exported as the model computes with it (the
+  // f16 values DeepSpeed's checkpoint holds), not as its f32 master.
+  if (wq_ && wq_->quantized(name)) {
+    const ParamSpec* p = model_->layout().try_find(name);
+    DS_CHECK(p && p->numel == w.numel(), "MoQ export: '{}' is not whole on this rank", name);
+    ops::cast({.out = w.reshape({w.numel()}), .inp = model_->compute_params().view(p->offset, {p->numel})}, Stream{});
+  }
+  return w;
 }
 
 void Trainer::export_hf(const std::string& dir) {

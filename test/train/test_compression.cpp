@@ -11,9 +11,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
 
 #include "lib/core/error.h"
+#include "lib/ckpt/safetensors.h"
 #include "lib/train/compression.h"
 #include "test/popen_lines.h"
 #include "test/skip.h"
@@ -165,10 +167,33 @@ TEST_CASE("MoQ: the fp16 weights equal DeepSpeed's quantizer on the cast master 
     const std::string file =
         wq_config(std::string("wq_") + type, std::string(R"("quantize_groups": 4, "quantization_type": ")") + type + "\"",
                   8, 6, 2);
-    Trainer t(make_config({"--train-iters", "6", "--fp16", "--loss-scale", "1024", "--config", file}),
+    const fs::path hf = fixture().dir / (std::string("moq_export_") + type);
+    fs::remove_all(hf);
+    Trainer t(make_config({"--train-iters", "6", "--fp16", "--loss-scale", "1024", "--config", file, "--export-hf",
+                           hf.string()}),
               single_process());
     const std::vector<float> losses = t.run();
     REQUIRE(losses.back() < losses.front());
+    {  // The export holds the quantized f16 weights (DeepSpeed's checkpoint holds them), the rest as masters.
+      const SafetensorsFile sf = SafetensorsFile::open((hf / "model.safetensors").string());
+      const ParamSpec& fc = t.model().layout().find("layers.0.mlp.fc.weight");  // (F, C); GPT-2's c_fc is (C, F)
+      const Tensor exported = sf.get("transformer.h.0.mlp.c_fc.weight");
+      const int64_t F = fc.shape[0], C = fc.shape[1];
+      bool quantized_equal = true, differs_from_master = false;
+      for (int64_t f = 0; f < F; ++f)
+        for (int64_t c = 0; c < C; ++c) {
+          const float e = exported.data<float>()[c * F + f];
+          const int64_t i = fc.offset + f * C + c;
+          quantized_equal &= e == f16_to_f32(t.model().compute_params().data<uint16_t>()[i]);
+          differs_from_master |= e != t.model().params().data<float>()[i];
+        }
+      CHECK(quantized_equal);
+      CHECK(differs_from_master);
+      const ParamSpec& ln = t.model().layout().find("layers.0.norm1.weight");
+      const Tensor ln_exported = sf.get("transformer.h.0.ln_1.weight");
+      CHECK(std::memcmp(ln_exported.data<float>(), t.model().params().data<float>() + ln.offset,
+                        static_cast<size_t>(ln.numel) * sizeof(float)) == 0);
+    }
     // Quantized before the first forward (offset 0) and after each applied step.
     const int64_t qsteps = 1 + t.optimizer_steps();
     int bits = 8;
