@@ -155,7 +155,7 @@ std::vector<std::string> small_model_args(const SmallModel& m) {
 
 std::string run_with_config(const std::string& name, int world, int micro, int zero_stage,
                             const std::vector<std::string>& args, std::vector<double>* losses,
-                            std::string* rank0_log) {
+                            std::string* rank0_log, const std::string& sections) {
   const DistData& d = dist_data();
   const std::string cfg = d.dir + "/" + name + ".json";
   {
@@ -164,7 +164,7 @@ std::string run_with_config(const std::string& name, int world, int micro, int z
     if (zero_stage >= 0)
       f << ", \"zero_optimization\": {\"stage\": " << zero_stage << ", \"reduce_bucket_size\": 5000, \"overlap_comm\": true}";
     f << ", \"csv_monitor\": {\"enabled\": true, \"output_path\": \"" << d.dir << "/csv\", \"job_name\": \""
-      << name << "\"}}";
+      << name << "\"}" << (sections.empty() ? "" : ", ") << sections << "}";
   }
   std::vector<std::string> all = {"--config", cfg};
   all.insert(all.end(), args.begin(), args.end());

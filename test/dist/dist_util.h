@@ -37,9 +37,10 @@ std::vector<std::string> small_model_args(const SmallModel& m);
 // under NAME) and runs `world` ranks with `--config` that file plus `args`.
 // Returns "" on success, else every rank's output. On success `losses` (if
 // set) gets rank 0's CSV losses; `rank0_log` (if set) gets rank 0's output.
+// `sections`: more top-level keys of the config, as JSON text ("\"key\": {...}").
 std::string run_with_config(const std::string& name, int world, int micro, int zero_stage,
                             const std::vector<std::string>& args, std::vector<double>* losses,
-                            std::string* rank0_log);
+                            std::string* rank0_log, const std::string& sections = "");
 
 // Runs one of the project's programs (DS_BINARY_DIR/apps/<name>/<name>) with
 // `args` (shell words); returns its exit code, its stdout and stderr in *out.

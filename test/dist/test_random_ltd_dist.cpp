@@ -8,7 +8,6 @@
 // length as Megatron-DeepSpeed does, and the consumed tokens count the
 // dropped positions as its actual_seq_length.
 #include <catch2/catch.hpp>
-#include <fstream>
 
 #include "test/dist/curve_check.h"
 #include "test/dist/dist_util.h"
@@ -17,32 +16,23 @@ using namespace ds::test;
 
 namespace {
 
+const char* kRandomLtd = R"("data_efficiency": {"enabled": true, "seed": 1234, "data_routing": {"enabled": true,
+  "random_ltd": {"enabled": true, "total_layer_num": 3, "random_ltd_layer_num": 2, "random_ltd_layer_id": [0, 1],
+  "model_mask_name": "attention_mask", "model_type": "decoder", "hidden_state_order": "seq_batch_dim",
+  "random_ltd_schedule": {"min_value": 8, "max_value": 32, "schedule_type": "fixed_linear",
+  "schedule_config": {"require_steps": 12, "seq_per_step": 4}}}}})";
+
 std::vector<double> run(const std::string& name, int world, std::vector<std::string> extra, int micro, int zero = -1,
                         std::string* log = nullptr) {
-  const DistData& d = dist_data();
-  const std::string cfg = d.dir + "/" + name + ".json";
-  {
-    std::ofstream f(cfg);
-    f << R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": )" << micro << ",";
-    if (zero >= 0) f << R"( "zero_optimization": {"stage": )" << zero << R"(, "reduce_bucket_size": 5000},)";
-    f << R"( "csv_monitor": {"enabled": true, "output_path": ")" << d.dir << R"(/csv", "job_name": ")" << name
-      << R"("}, "data_efficiency": {"enabled": true, "seed": 1234, "data_routing": {"enabled": true,
-      "random_ltd": {"enabled": true, "total_layer_num": 3, "random_ltd_layer_num": 2, "random_ltd_layer_id": [0, 1],
-      "model_mask_name": "attention_mask", "model_type": "decoder", "hidden_state_order": "seq_batch_dim",
-      "random_ltd_schedule": {"min_value": 8, "max_value": 32, "schedule_type": "fixed_linear",
-      "schedule_config": {"require_steps": 12, "seq_per_step": 4}}}}}})";
-  }
   SmallModel m;
   m.layers = 3;
   std::vector<std::string> args = small_model_args(m);
-  args.insert(args.begin(), {"--config", cfg, "--random-ltd"});
+  args.push_back("--random-ltd");
   args.insert(args.end(), extra.begin(), extra.end());
-  DstrainJob job{world, args};
-  job.rank0_output = log;
-  const std::string err = run_dstrain(job);
+  std::vector<double> losses;
+  const std::string err = run_with_config(name, world, micro, zero, args, &losses, log, kRandomLtd);
   INFO(name << ": " << err);
   REQUIRE(err.empty());
-  std::vector<double> losses = read_losses(d.dir + "/csv/" + name + "/train.csv");
   REQUIRE(losses.size() == 20);
   return losses;
 }

@@ -15,6 +15,7 @@
 
 #include "lib/ckpt/hf.h"
 #include "lib/model/gpt.h"
+#include "test/interop/probe_util.h"
 
 using namespace ds;
 
@@ -80,12 +81,7 @@ int main(int argc, char** argv) {
   }
   GptModel model(m, Device::cpu());
   model.init_weights(17, 0.15f);
-  // Non-trivial norm weights and biases, so their mapping is exercised too.
-  for (const ParamSpec& p : model.layout().params) {
-    if (p.init != InitKind::Ones && p.init != InitKind::Zeros) continue;
-    float* w = model.params().data<float>() + p.offset;
-    for (int64_t i = 0; i < p.numel; ++i) w[i] += 0.05f * static_cast<float>((i * 37 + p.offset) % 11) - 0.25f;
-  }
+  test::vary_norms_and_biases(model);  // so their mapping is exercised too
   export_hf(m, model.layout(), model.params(), argv[2]);
   probe_loss(model, m.vocab_size);
   return 0;

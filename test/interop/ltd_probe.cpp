@@ -14,6 +14,7 @@
 #include "lib/ckpt/hf.h"
 #include "lib/core/rng.h"
 #include "lib/model/gpt.h"
+#include "test/interop/probe_util.h"
 
 using namespace ds;
 
@@ -34,11 +35,7 @@ int main(int argc, char** argv) {
   m.hidden_dropout = m.attention_dropout = 0.f;
   GptModel model(m, Device::cpu());
   model.init_weights(23, 0.15f);
-  for (const ParamSpec& p : model.layout().params) {  // non-trivial norms and biases
-    if (p.init != InitKind::Ones && p.init != InitKind::Zeros) continue;
-    float* w = model.params().data<float>() + p.offset;
-    for (int64_t i = 0; i < p.numel; ++i) w[i] += 0.05f * static_cast<float>((i * 37 + p.offset) % 11) - 0.25f;
-  }
+  test::vary_norms_and_biases(model);
   export_hf(m, model.layout(), model.params(), dir);
   const int64_t B = 3, T = m.seq_length, R = 12;
   const std::vector<int> layers = {1, 2};
