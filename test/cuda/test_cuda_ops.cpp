@@ -597,10 +597,10 @@ TEST_CASE("cuda token_gather and token_scatter match the CPU") {
   for (const int64_t C : {8, 7, 264})
     for (DType dt : kAllTypes) {
       const int64_t B = 3, T = 50, R = 17;
-      std::vector<int32_t> ix;
+      Tensor ix = Tensor::empty({B, R}, DType::I32);  // distinct per row: 3 and T are coprime
       for (int64_t b = 0; b < B; ++b)
-        for (int64_t j = 0; j < R; ++j) ix.push_back(static_cast<int32_t>((j * 3 + b) % T));
-      const TokenRowsArgs a{.full = randn({B, T, C}, 5), .part = randn({B, R, C}, 6), .index = tokens_tensor({B, R}, ix)};
+        for (int64_t j = 0; j < R; ++j) ix.data<int32_t>()[b * R + j] = static_cast<int32_t>((j * 3 + b) % T);
+      const TokenRowsArgs a{.full = randn({B, T, C}, 5), .part = randn({B, R, C}, 6), .index = ix};
       INFO("C " << C << " " << dtype_name(dt));
       check_cuda_vs_cpu(token_gather_case(a), dt);
       check_cuda_vs_cpu(token_scatter_case(a), dt);
