@@ -36,22 +36,25 @@ TEST_CASE("numpy's default_rng: raw draws, random, shuffle and choice bit for bi
     for (int i = 0; i < 5; ++i) raw << " " << g.next_u64();
     ours.push_back(raw.str());
     auto randoms = [&](int n) {
-      std::string line = "random " + std::to_string(seed);
-      for (int i = 0; i < n; ++i) line += " " + double_bits(g.random());
-      ours.push_back(line);
+      std::ostringstream line;
+      line << "random " << seed;
+      for (int i = 0; i < n; ++i) line << " " << double_bits(g.random());
+      ours.push_back(line.str());
     };
     randoms(4);
     for (int64_t n : {1, 2, 10, 997}) {
       std::vector<int64_t> x(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = i;
       g.shuffle(x);
-      std::string line = "shuffle " + std::to_string(seed) + " " + std::to_string(n);
-      for (int64_t v : x) line += " " + std::to_string(v);
-      ours.push_back(line);
+      std::ostringstream line;
+      line << "shuffle " << seed << " " << n;
+      for (int64_t v : x) line << " " << v;
+      ours.push_back(line.str());
     }
-    std::string line = "choice " + std::to_string(seed);
-    for (int64_t v : g.choice({3.0 / 10, 5.0 / 10, 2.0 / 10}, 40)) line += " " + std::to_string(v);
-    ours.push_back(line);
+    std::ostringstream line;
+    line << "choice " << seed;
+    for (int64_t v : g.choice({3.0 / 10, 5.0 / 10, 2.0 / 10}, 40)) line << " " << v;
+    ours.push_back(line.str());
     randoms(2);
   }
   REQUIRE(ref.size() == ours.size());
