@@ -114,6 +114,9 @@ struct Session {
 std::string broadcast_text(ds::Communicator* c, std::string s, ds::Device dev);
 // One JSON line (invalid UTF-8 written as U+FFFD).
 std::string json_line(const nlohmann::json& r);
+// Writes JSON lines to `path` atomically (temporary name, then rename), or
+// to stdout when it is empty; `flag` names the path in errors.
+void write_jsonl(const std::string& path, const std::vector<nlohmann::json>& rows, const char* flag);
 // Checks the Megatron shape flags against the model; then runs
 // generate_samples_gpt's mode (unconditional samples to --genfile, prompts of
 // --sample-input-file, or the interactive prompt on stdin). Returns the exit code.

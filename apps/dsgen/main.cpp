@@ -60,6 +60,27 @@ std::string broadcast_text(ds::Communicator* c, std::string s, ds::Device dev) {
 // BPE): such bytes are written as U+FFFD; the ids are in "tokens".
 std::string json_line(const json& r) { return r.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+// Writes JSON lines to `path` atomically (temporary name, then rename), or to stdout.
+void write_jsonl(const std::string& path, const std::vector<json>& rows, const char* flag) {
+  if (path.empty()) {
+    for (const auto& r : rows) std::printf("%s\n", json_line(r).c_str());
+    return;
+  }
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp);
+    DS_USER_CHECK(f.good(), "{} {}: cannot write it", flag, path);
+    for (const auto& r : rows) f << json_line(r) << "\n";
+    f.flush();
+    if (!f.good()) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      DS_USER_ERROR("{} {}: write failed (disk full?)", flag, path);
+    }
+  }
+  fs::rename(tmp, path);
+}
+
 }  // namespace dsgen
 
 namespace {
@@ -104,26 +125,6 @@ std::unique_ptr<ds::data::Tokenizer> make_tokenizer(const Args& a, const ds::gen
 }
 
 
-// Writes JSON lines to `path` atomically (temporary name, then rename), or to stdout.
-void write_jsonl(const std::string& path, const std::vector<json>& rows) {
-  if (path.empty()) {
-    for (const auto& r : rows) std::printf("%s\n", json_line(r).c_str());
-    return;
-  }
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp);
-    DS_USER_CHECK(f.good(), "--output-file {}: cannot write it", path);
-    for (const auto& r : rows) f << json_line(r) << "\n";
-    f.flush();
-    if (!f.good()) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      DS_USER_ERROR("--output-file {}: write failed (disk full?)", path);
-    }
-  }
-  fs::rename(tmp, path);
-}
 
 // Interactive mode: one prompt per stdin line, streamed. A prompt that cannot
 // be generated for (a NUL byte, too long for the context, no tokens) is one
@@ -246,7 +247,7 @@ int run(const Args& a) {
     }
     std::fflush(stdout);
   }
-  if (jsonl && rv.rank == 0) write_jsonl(a.output_file, rows);
+  if (jsonl && rv.rank == 0) write_jsonl(a.output_file, rows, "--output-file");
   return 0;
 }
 

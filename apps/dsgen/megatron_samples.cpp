@@ -8,8 +8,6 @@
 // then top-k, then top-p; 0 turns either off), a prompt of half the sequence
 // length or more is refused, and a sample runs to the end-of-document token or
 // for min(--out-seq-length, seq_length - 1 - prompt length) + 1 tokens.
-#include <unistd.h>
-
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -65,14 +63,10 @@ struct Megatron {
   }
 
   // The generated text of one prompt (end-of-document token excluded).
-  std::string generate_one(const std::string& text, std::vector<int32_t> ids, bool* finished = nullptr) {
+  std::string generate_one(std::vector<int32_t> ids) {
     s.opt.max_new_tokens = new_tokens(static_cast<int64_t>(ids.size()));
     s.opt.first_prompt = prompts_++;
-    std::vector<ds::gen::GenResult> res;
-    std::vector<std::string> out = s.run({std::move(ids)}, false, &res);
-    if (finished) *finished = res[0].reason == ds::gen::StopReason::EndOfDocument;
-    (void)text;
-    return out[0];
+    return s.run({std::move(ids)}, false)[0];
   }
 
   // A prompt upstream takes: not empty of tokens and shorter than half the sequence.
@@ -93,12 +87,7 @@ struct Megatron {
     DS_USER_CHECK(!a.meg.genfile.empty(), "--num-samples {} writes its samples to --genfile, which is not given "
                   "(generate_samples_gpt.py asserts it too)", n);
     const int batch = a.batch_size;  // --micro-batch-size
-    const std::string tmp = a.meg.genfile + ".tmp-" + std::to_string(::getpid());
-    std::ofstream f;
-    if (s.rank0) {
-      f.open(tmp);
-      DS_USER_CHECK(f.good(), "--genfile {}: cannot write it", a.meg.genfile);
-    }
+    std::vector<json> rows;
     s.opt.max_new_tokens = new_tokens(1);
     for (int done = 0; done < n; done += batch) {
       const int b = std::min(batch, n - done);
@@ -106,21 +95,13 @@ struct Megatron {
       std::vector<ds::gen::GenResult> res;
       std::vector<std::string> texts = s.run(std::vector<std::vector<int32_t>>(static_cast<size_t>(b), {eod}), false,
                                              &res);
-      for (int i = 0; i < b && s.rank0; ++i)
-        f << json_line({{"text", texts[static_cast<size_t>(i)]},
-                        {"length", res[static_cast<size_t>(i)].tokens.size()},
-                        {"finished", res[static_cast<size_t>(i)].reason == ds::gen::StopReason::EndOfDocument}})
-          << "\n";
+      for (size_t i = 0; i < res.size(); ++i)
+        rows.push_back({{"text", texts[i]},
+                        {"length", res[i].tokens.size()},
+                        {"finished", res[i].reason == ds::gen::StopReason::EndOfDocument}});
     }
     if (!s.rank0) return 0;
-    f.flush();
-    if (!f.good()) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      DS_USER_ERROR("--genfile {}: write failed (disk full?)", a.meg.genfile);
-    }
-    f.close();
-    std::filesystem::rename(tmp, a.meg.genfile);
+    write_jsonl(a.meg.genfile, rows, "--genfile");
     std::printf("dsgen: %d samples written to %s\n", n, a.meg.genfile.c_str());
     return 0;
   }
@@ -155,7 +136,7 @@ struct Megatron {
       if (raw.find("stop") != std::string::npos) break;
       std::vector<int32_t> ids;
       if (!fits(raw, &ids)) continue;
-      const std::string text = generate_one(raw, std::move(ids));
+      const std::string text = generate_one(std::move(ids));
       if (!s.rank0) continue;
       std::printf("\nContext: %s\n\nMegatron-LM: %s\n", raw.c_str(), text.c_str());
       out << "\nContext:" << raw << "\n\nMegatron-LM:" << text << "\n";
@@ -188,7 +169,7 @@ struct Megatron {
       if (!raw || raw->find("stop") != std::string::npos) return 0;
       std::vector<int32_t> ids;
       if (!fits(*raw, &ids)) continue;
-      const std::string text = generate_one(*raw, std::move(ids));
+      const std::string text = generate_one(std::move(ids));
       if (s.rank0) std::printf("\nContext: %s\n\nMegatron-LM: %s\n", raw->c_str(), text.c_str());
       if (!read_line("\nPress Enter to continue >>>")) return 0;
     }
