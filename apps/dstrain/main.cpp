@@ -6,10 +6,10 @@
 #include <exception>
 
 #include "lib/comm/communicator.h"
+#include "lib/chat/instruction_data.h"
 #include "lib/config/config.h"
 #include "lib/core/error.h"
 #include "lib/core/log.h"
-#include "lib/chat/instruction_data.h"
 #include "lib/core/run_main.h"
 #include "lib/parallel/comms.h"
 #include "lib/parallel/rank_grid.h"

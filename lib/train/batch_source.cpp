@@ -27,9 +27,6 @@ MicroBatch BatchSource::to_device(MicroBatch mb) const {
   return mb;
 }
 
-}  // namespace ds
-
-namespace ds {
 namespace {
 
 class NoTrainingData final : public BatchSource {
