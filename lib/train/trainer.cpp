@@ -1157,6 +1157,7 @@ std::vector<float> Trainer::run() {
   if (cfg_.ckpt.hf_convert) {  // hf2megads: the --init-from weights as iteration 0
     save();
     DS_LOG("converted {} into {} (iteration {})", cfg_.ckpt.init_from, cfg_.ckpt.save_dir, state_.iteration);
+    DS_LOG("peak resident memory of this rank: {} bytes (getrusage; start-up, import and save)", peak_rss_bytes());
     return losses;
   }
   double v = evaluate();
