@@ -1,12 +1,16 @@
 // GPT sampling: Megatron's split rounding and the per-epoch doc / sample /
-// shuffle indices, built lazily and cached (two epochs at most).
+// shuffle indices, built lazily and cached (two epochs at most); or the
+// samples of Megatron index maps, and epoch 0 saved as such maps.
 #include "lib/data/gpt_dataset.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
+#include <span>
 
+#include "lib/core/atomic_file.h"
 #include "lib/core/decimal.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
@@ -89,6 +93,16 @@ GptDataset::GptDataset(const IndexedDataset& ds, DocRange range, int64_t seq_len
   samples_per_epoch_ = num_tokens_ > 0 ? (num_tokens_ - 1) / seq_length_ : 0;
 }
 
+GptDataset::GptDataset(const IndexedDataset& ds, std::shared_ptr<const IndexMaps> maps, std::string name)
+    : ds_(&ds), range_{maps->min_document(), maps->end_document()}, seq_length_(maps->seq_length()), seed_(0),
+      name_(std::move(name)), num_tokens_(maps->num_tokens()), samples_per_epoch_(maps->num_samples()),
+      maps_(std::move(maps)) {}
+
+GptDataset GptDataset::from_index_maps(const IndexedDataset& ds, const IndexMapPaths& paths, int64_t seq_length,
+                                       std::string name) {
+  return GptDataset(ds, std::make_shared<const IndexMaps>(ds, paths, seq_length), std::move(name));
+}
+
 std::shared_ptr<const GptDataset::Epoch> GptDataset::build_epoch(int64_t e) const {
   auto ep = std::make_shared<Epoch>();
   ep->docs.resize(static_cast<size_t>(range_.size()));
@@ -155,14 +169,23 @@ GptDataset::Location GptDataset::locate(int64_t sample) const {
   Location loc;
   loc.epoch = sample / samples_per_epoch_;
   loc.index_in_epoch = sample % samples_per_epoch_;
-  loc.unshuffled = epoch(loc.epoch)->shuffle[loc.index_in_epoch];
+  loc.unshuffled = maps_ ? maps_->row(loc.index_in_epoch) : epoch(loc.epoch)->shuffle[loc.index_in_epoch];
   return loc;
 }
 
-std::vector<int64_t> GptDataset::epoch_documents(int64_t e) const { return epoch(e)->docs; }
+std::vector<int64_t> GptDataset::epoch_documents(int64_t e) const {
+  if (!maps_) return epoch(e)->docs;
+  std::vector<int64_t> docs(static_cast<size_t>(maps_->num_documents()));
+  for (size_t k = 0; k < docs.size(); ++k) docs[k] = maps_->document(static_cast<int64_t>(k));
+  return docs;
+}
 
 void GptDataset::get(int64_t sample, int32_t* out) const {
   const Location loc = locate(sample);
+  if (maps_) {
+    maps_->read_row(loc.unshuffled, out);
+    return;
+  }
   auto ep = epoch(loc.epoch);
   int64_t di = ep->start_doc[loc.unshuffled];
   int64_t off = ep->start_off[loc.unshuffled];
@@ -184,6 +207,64 @@ std::vector<int32_t> GptDataset::get(int64_t sample) const {
   std::vector<int32_t> v(static_cast<size_t>(seq_length_ + 1));
   get(sample, v.data());
   return v;
+}
+
+namespace {
+
+// `values` as a .npy file of int32 when every value fits, else int64.
+std::string narrowest_npy(const std::vector<int64_t>& values, std::span<const int64_t> shape) {
+  const bool fits = std::all_of(values.begin(), values.end(), [](int64_t v) {
+    return v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
+  });
+  if (!fits) return npy_file_bytes(std::span<const int64_t>(values), shape);
+  return npy_file_bytes(std::vector<int32_t>(values.begin(), values.end()), shape);
+}
+
+}  // namespace
+
+void GptDataset::write_index_maps(const IndexMapPaths& paths) const {
+  DS_USER_CHECK(!maps_, "{} reads index maps already; copy its .npy files instead of writing them again", name_);
+  const int64_t n = samples_per_epoch_;
+  DS_USER_CHECK(n > 0, "{} has {} tokens, fewer than one sample of {}: no index maps to write", name_, num_tokens_,
+                seq_length_ + 1);
+  auto ep = epoch(0);
+  const int64_t D = static_cast<int64_t>(ep->docs.size());
+  StagedFiles files;
+  files.stage(paths.doc_idx, narrowest_npy(ep->docs, std::array<int64_t, 1>{D}));
+
+  // Rows 0..n-1 are the samples' starts; row n is the last sample's last token,
+  // seq_length tokens after its start (it lies inside the epoch: the stream
+  // holds at least n * seq_length + 1 tokens).
+  std::vector<int64_t> rows(static_cast<size_t>(2 * (n + 1)));
+  for (int64_t k = 0; k < n; ++k) {
+    rows[2 * k] = ep->start_doc[k];
+    rows[2 * k + 1] = ep->start_off[k];
+  }
+  int64_t di = ep->start_doc[n - 1], off = ep->start_off[n - 1], remaining = seq_length_;
+  while (true) {
+    const int64_t avail = ds_->sequence_length(ep->docs[di]) - off;
+    if (remaining < avail) {
+      off += remaining;
+      break;
+    }
+    remaining -= avail;
+    off = 0;
+    ++di;
+    DS_CHECK(di < D, "the last sample of {} runs past its epoch", name_);
+  }
+  rows[2 * n] = di;
+  rows[2 * n + 1] = off;
+  files.stage(paths.sample_idx, narrowest_npy(rows, std::array<int64_t, 2>{n + 1, 2}));
+  rows = {};
+
+  // Megatron's _build_shuffle_idx: uint32 unless the count reaches uint32's max - 1.
+  const std::array<int64_t, 1> shape{n};
+  if (n < int64_t{std::numeric_limits<uint32_t>::max()} - 1)
+    files.stage(paths.shuffle_idx,
+                npy_file_bytes(std::vector<uint32_t>(ep->shuffle.begin(), ep->shuffle.end()), shape));
+  else
+    files.stage(paths.shuffle_idx, npy_file_bytes(std::span<const int64_t>(ep->shuffle), shape));
+  files.commit();
 }
 
 }  // namespace ds::data

@@ -7,6 +7,10 @@
 // boundaries. Any sample index is valid: sample s lives in epoch
 // s / samples_per_epoch(), and epochs are built on demand, so training never runs
 // out of data. Everything is a pure function of (dataset, range, seq_length, seed).
+//
+// Alternatively a GptDataset reads Megatron's own index maps (doc_idx,
+// sample_idx, shuffle_idx .npy files; lib/data/index_maps.h): from_index_maps
+// opens them, write_index_maps saves epoch 0 of an ordinary one in that form.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -17,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "lib/data/index_maps.h"
 #include "lib/data/indexed_dataset.h"
 
 namespace ds::data {
@@ -49,6 +54,27 @@ class GptDataset {
   GptDataset(const IndexedDataset& ds, DocRange range, int64_t seq_length, uint64_t seed,
              std::string name);
 
+  // The samples of Megatron index maps over `ds` (checked when opened: see
+  // index_maps.h; the maps stay memory-mapped, no per-sample heap). The maps'
+  // sample count n is samples_per_epoch(), and global sample s is the maps'
+  // dataset index s % n: past n the same samples repeat in the same order,
+  // unlike an ordinary GptDataset, whose epochs reshuffle. locate(s).unshuffled
+  // is the sample's sample_idx row, range() [smallest, largest + 1) of doc_idx's
+  // sequence ids, num_tokens() the tokens of doc_idx's documents (repeats
+  // counted), epoch_documents(e) doc_idx itself for every e. `name` as above.
+  static GptDataset from_index_maps(const IndexedDataset& ds, const IndexMapPaths& paths, int64_t seq_length,
+                                    std::string name);
+  bool uses_index_maps() const { return maps_ != nullptr; }
+
+  // Writes epoch 0 as Megatron index maps at `paths`, with Megatron's dtypes:
+  // doc_idx int32, sample_idx int32 (int64 when a value does not fit),
+  // shuffle_idx uint32 (int64 from 2^32 - 2 samples on, as Megatron does). The
+  // three files are put in place together, or none is (ds::StagedFiles).
+  // from_index_maps on them gives get(s) for every s < samples_per_epoch().
+  // Holds the three files' bytes in memory while writing. Refused (UserError)
+  // for a dataset without samples or one that itself reads index maps.
+  void write_index_maps(const IndexMapPaths& paths) const;
+
   // Samples in one epoch: (tokens_in_range - 1) / seq_length; 0 when the range holds
   // fewer than seq_length + 1 tokens (get() then throws a UserError).
   int64_t samples_per_epoch() const { return samples_per_epoch_; }
@@ -79,6 +105,7 @@ class GptDataset {
     std::vector<int32_t> start_off;    // ... at this token offset
     std::vector<int64_t> shuffle;      // shuffled position -> unshuffled sample k
   };
+  GptDataset(const IndexedDataset& ds, std::shared_ptr<const IndexMaps> maps, std::string name);
   std::shared_ptr<const Epoch> epoch(int64_t e) const;
   std::shared_ptr<const Epoch> build_epoch(int64_t e) const;
 
@@ -89,6 +116,7 @@ class GptDataset {
   std::string name_;
   int64_t num_tokens_ = 0;
   int64_t samples_per_epoch_ = 0;
+  std::shared_ptr<const IndexMaps> maps_;  // set: samples come from Megatron index maps
   struct Cache {
     std::mutex mu;
     std::map<int64_t, std::shared_ptr<const Epoch>> epochs;  // at most 2
