@@ -1,5 +1,5 @@
-// ModelConfig helpers: the padded-vocabulary rule, enum spellings and the
-// model size limits every tool applies.
+// ModelConfig helpers: enum spellings and the model size limits every tool
+// applies.
 #include "lib/model/model_config.h"
 
 #include <algorithm>
@@ -8,14 +8,6 @@
 #include "lib/core/error.h"
 
 namespace ds {
-
-int padded_vocab(int vocab, int divisible_by, int tp) {
-  DS_USER_CHECK(vocab > 0 && divisible_by > 0 && tp > 0,
-                "padded vocab: vocab {}, make_vocab_size_divisible_by {} and tp {} must be positive", vocab,
-                divisible_by, tp);
-  const int64_t multiple = static_cast<int64_t>(divisible_by) * tp;
-  return static_cast<int>((vocab + multiple - 1) / multiple * multiple);
-}
 
 int MoeConfig::experts(int layer, int num_layers) const {
   if (expert_interval <= 0 || num_experts.empty() || (layer + 1) % expert_interval != 0) return 1;

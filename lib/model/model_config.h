@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "lib/core/padded_vocab.h"  // padded_vocab(), used with padded_vocab_size
+
 namespace ds {
 
 enum class ModelFamily { GPT2, LLaMA };
@@ -119,10 +121,6 @@ inline void set_model_family(ModelConfig& m, ModelFamily f) {
 // Activation recomputation (Megatron's --recompute-granularity): none, the
 // whole layer ("full") or the attention core only ("selective").
 enum class RecomputeKind { None, Full, Selective };
-
-// Megatron rule: the smallest multiple of divisible_by * tp that is >= vocab.
-// Throws UserError unless all three are positive.
-int padded_vocab(int vocab, int divisible_by, int tp);
 
 const char* family_name(ModelFamily f);  // "gpt2" | "llama"
 
