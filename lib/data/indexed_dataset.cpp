@@ -2,6 +2,7 @@
 // writer. Layout of PREFIX.idx (little endian):
 //   "MMIDIDX\0\0" | u64 version=1 | u8 dtype code | u64 n_seq | u64 n_doc_idx |
 //   i32 sizes[n_seq] | i64 pointers[n_seq] (byte offsets into .bin) | i64 doc_idx[n_doc_idx]
+// The dtype code means a type under Megatron's or DeepSpeed's table (DTypeCodes).
 #include "lib/data/indexed_dataset.h"
 
 #include <fcntl.h>
@@ -9,10 +10,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <type_traits>
+#include <utility>
 
 #include "lib/core/error.h"
 
@@ -22,8 +26,6 @@ namespace {
 
 constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
 constexpr size_t kHeaderBytes = 9 + 8 + 1 + 8 + 8;  // 34
-
-bool valid_code(uint8_t c) { return c >= 1 && c <= 8; }
 
 template <typename T>
 T load_le(const unsigned char* p) {
@@ -38,10 +40,27 @@ void convert(const void* src, int64_t count, int32_t* out, const std::string& fi
   for (int64_t k = 0; k < count; ++k) {
     T v = s[k];
     if constexpr (sizeof(T) >= 4) {
-      if (v < 0 || static_cast<int64_t>(v) > std::numeric_limits<int32_t>::max())
-        DS_USER_ERROR("{}: token value {} is not a valid token id", file, static_cast<int64_t>(v));
+      bool bad = static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<int32_t>::max());
+      if constexpr (std::is_signed_v<T>) bad = v < 0 || bad;
+      if (bad) DS_USER_ERROR("{}: token value {} is not a valid token id", file, v);
     }
     out[k] = static_cast<int32_t>(v);
+  }
+}
+
+// Elements as int64; a u64 above INT64_MAX is an error naming where it is.
+template <typename T>
+void widen(const unsigned char* src, int64_t count, int64_t* out, const std::string& file, int64_t seq,
+           int64_t offset) {
+  for (int64_t k = 0; k < count; ++k) {
+    T v;
+    std::memcpy(&v, src + k * static_cast<int64_t>(sizeof(T)), sizeof(T));
+    if constexpr (std::is_same_v<T, uint64_t>) {
+      if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        DS_USER_ERROR("{}: value {} (sequence {}, element {}) is above the int64 maximum {}", file, v, seq,
+                      offset + k, std::numeric_limits<int64_t>::max());
+    }
+    out[k] = static_cast<int64_t>(v);
   }
 }
 
@@ -51,8 +70,8 @@ size_t token_dtype_size(TokenDType t) {
   switch (t) {
     case TokenDType::U8: case TokenDType::I8: return 1;
     case TokenDType::I16: case TokenDType::U16: return 2;
-    case TokenDType::I32: case TokenDType::F32: return 4;
-    case TokenDType::I64: case TokenDType::F64: return 8;
+    case TokenDType::I32: case TokenDType::F32: case TokenDType::U32: return 4;
+    case TokenDType::I64: case TokenDType::F64: case TokenDType::U64: return 8;
   }
   return 0;
 }
@@ -67,8 +86,33 @@ const char* token_dtype_name(TokenDType t) {
     case TokenDType::F64: return "f64";
     case TokenDType::F32: return "f32";
     case TokenDType::U16: return "u16";
+    case TokenDType::U32: return "u32";
+    case TokenDType::U64: return "u64";
   }
   return "?";
+}
+
+const char* dtype_codes_name(DTypeCodes c) { return c == DTypeCodes::DeepSpeed ? "DeepSpeed" : "Megatron"; }
+
+namespace {
+// Codes 6, 7, 8 of each table (1-5 are shared and equal to the enum values).
+constexpr TokenDType kMegatronHigh[3] = {TokenDType::F64, TokenDType::F32, TokenDType::U16};
+constexpr TokenDType kDeepSpeedHigh[3] = {TokenDType::U16, TokenDType::U32, TokenDType::U64};
+}  // namespace
+
+uint8_t dtype_code(TokenDType t, DTypeCodes codes) {
+  const uint8_t v = static_cast<uint8_t>(t);
+  if (v >= 1 && v <= 5) return v;
+  const TokenDType* high = codes == DTypeCodes::DeepSpeed ? kDeepSpeedHigh : kMegatronHigh;
+  for (uint8_t k = 0; k < 3; ++k)
+    if (high[k] == t) return static_cast<uint8_t>(6 + k);
+  return 0;
+}
+
+std::optional<TokenDType> dtype_from_code(uint8_t code, DTypeCodes codes) {
+  if (code >= 1 && code <= 5) return static_cast<TokenDType>(code);
+  if (code >= 6 && code <= 8) return (codes == DTypeCodes::DeepSpeed ? kDeepSpeedHigh : kMegatronHigh)[code - 6];
+  return std::nullopt;
 }
 
 TokenDType parse_token_dtype(const std::string& s) {
@@ -137,7 +181,7 @@ void check_bin_size(const IndexedDataset& d, const std::string& idx_path, const 
   if (tokens > bin_bytes / elem || tokens * elem != bin_bytes)
     DS_USER_ERROR("dataset data {} is {} bytes, but {} says it holds {} tokens of dtype {} ({} bytes; wrong "
                   "dtype code {} or a truncated/overlong .bin)", bin_path, bin_bytes, idx_path, tokens,
-                  token_dtype_name(d.dtype()), tokens * elem, static_cast<int>(d.dtype()));
+                  token_dtype_name(d.dtype()), tokens * elem, static_cast<int>(dtype_code(d.dtype(), d.codes())));
 }
 
 }  // namespace
@@ -146,9 +190,10 @@ IndexedDataset::IndexedDataset(IndexedDataset&&) noexcept = default;
 IndexedDataset& IndexedDataset::operator=(IndexedDataset&&) noexcept = default;
 IndexedDataset::~IndexedDataset() = default;
 
-IndexedDataset IndexedDataset::open(const std::string& prefix) {
+IndexedDataset IndexedDataset::open(const std::string& prefix, DTypeCodes codes) {
   IndexedDataset d;
   d.prefix_ = prefix;
+  d.codes_ = codes;
   const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin";
   d.idx_map_ = map_file(idx_path, "dataset index");
   const unsigned char* p = d.idx_map_->data();
@@ -162,10 +207,10 @@ IndexedDataset IndexedDataset::open(const std::string& prefix) {
   uint64_t version = load_le<uint64_t>(p + 9);
   if (version != 1)
     DS_USER_ERROR("dataset index {} has version {}, only version 1 is supported", idx_path, version);
-  uint8_t code = p[17];
-  if (!valid_code(code))
-    DS_USER_ERROR("dataset index {} has unknown dtype code {} (expected 1..8)", idx_path, code);
-  d.dtype_ = static_cast<TokenDType>(code);
+  const uint8_t code = p[17];
+  const std::optional<TokenDType> dtype = dtype_from_code(code, codes);
+  if (!dtype) DS_USER_ERROR("dataset index {} has unknown dtype code {} (expected 1..8)", idx_path, code);
+  d.dtype_ = *dtype;
   uint64_t n_seq = load_le<uint64_t>(p + 18), n_doc = load_le<uint64_t>(p + 26);
   const uint64_t limit = n / 4;  // any count above this cannot fit the file
   if (n_seq > limit || n_doc > limit || kHeaderBytes + 12 * n_seq + 8 * n_doc > n)
@@ -225,6 +270,8 @@ void IndexedDataset::read_tokens(int64_t i, int64_t offset, int64_t count, int32
     case TokenDType::U16: convert<uint16_t>(src, count, out, file); break;
     case TokenDType::I32: convert<int32_t>(src, count, out, file); break;
     case TokenDType::I64: convert<int64_t>(src, count, out, file); break;
+    case TokenDType::U32: convert<uint32_t>(src, count, out, file); break;
+    case TokenDType::U64: convert<uint64_t>(src, count, out, file); break;
     case TokenDType::F32: case TokenDType::F64:
       DS_USER_ERROR("dataset {} holds floating-point values ({}), not token ids", prefix_,
                     token_dtype_name(dtype_));
@@ -233,6 +280,33 @@ void IndexedDataset::read_tokens(int64_t i, int64_t offset, int64_t count, int32
     for (int64_t k = 0; k < count; ++k)
       if (out[k] < 0) DS_USER_ERROR("{}: token value {} is not a valid token id", file, out[k]);
   }
+}
+
+void IndexedDataset::read_values(int64_t i, int64_t offset, int64_t count, int64_t* out) const {
+  DS_CHECK(offset >= 0 && count >= 0 && offset + count <= sequence_length(i),
+           "read of [{}, {}) outside sequence {} of length {}", offset, offset + count, i,
+           sequence_length(i));
+  const std::string file = prefix_ + ".bin";
+  const unsigned char* src =
+      bin_map_->data() + pointers_[i] + offset * static_cast<int64_t>(token_dtype_size(dtype_));
+  switch (dtype_) {
+    case TokenDType::U8: widen<uint8_t>(src, count, out, file, i, offset); break;
+    case TokenDType::I8: widen<int8_t>(src, count, out, file, i, offset); break;
+    case TokenDType::I16: widen<int16_t>(src, count, out, file, i, offset); break;
+    case TokenDType::U16: widen<uint16_t>(src, count, out, file, i, offset); break;
+    case TokenDType::I32: widen<int32_t>(src, count, out, file, i, offset); break;
+    case TokenDType::U32: widen<uint32_t>(src, count, out, file, i, offset); break;
+    case TokenDType::I64: widen<int64_t>(src, count, out, file, i, offset); break;
+    case TokenDType::U64: widen<uint64_t>(src, count, out, file, i, offset); break;
+    case TokenDType::F32: case TokenDType::F64:
+      DS_USER_ERROR("dataset {} holds floating-point values ({}), not integers", prefix_, token_dtype_name(dtype_));
+  }
+}
+
+std::vector<int64_t> IndexedDataset::values(int64_t i) const {
+  std::vector<int64_t> v(static_cast<size_t>(sequence_length(i)));
+  read_values(i, 0, static_cast<int64_t>(v.size()), v.data());
+  return v;
 }
 
 int64_t max_token_id(const IndexedDataset& ds) {
@@ -253,10 +327,56 @@ int64_t max_token_id(const IndexedDataset& ds) {
 // ---------------------------------------------------------------------------
 // Writer
 
-IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenDType dtype)
-    : prefix_(std::move(prefix)), dtype_(dtype) {
+namespace {
+
+// The range a writer accepts for `t`: tokens are never negative; values may be
+// anything the dtype holds.
+std::pair<int64_t, int64_t> dtype_range(TokenDType t, bool tokens) {
+  int64_t lo = 0, hi = 0;
+  switch (t) {
+    case TokenDType::U8: hi = 255; break;
+    case TokenDType::I8: lo = -128, hi = 127; break;
+    case TokenDType::I16: lo = -32768, hi = 32767; break;
+    case TokenDType::U16: hi = 65535; break;
+    case TokenDType::I32: lo = std::numeric_limits<int32_t>::min(), hi = std::numeric_limits<int32_t>::max(); break;
+    case TokenDType::U32: hi = std::numeric_limits<uint32_t>::max(); break;
+    default: lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max(); break;
+  }
+  if (tokens) lo = 0, hi = std::min<int64_t>(hi, std::numeric_limits<int32_t>::max());
+  return {lo, hi};
+}
+
+// Encodes `in` into `buf` as little-endian elements of `t` (already range-checked).
+template <typename T>
+void encode(std::span<const T> in, TokenDType t, std::vector<unsigned char>& buf) {
+  const size_t elem = token_dtype_size(t);
+  buf.resize(in.size() * elem);
+  for (size_t k = 0; k < in.size(); ++k) {
+    const int64_t v = in[k];
+    unsigned char* dst = buf.data() + k * elem;
+    if (elem == 1) {
+      dst[0] = static_cast<unsigned char>(v);
+    } else if (elem == 2) {
+      const uint16_t x = static_cast<uint16_t>(v);
+      std::memcpy(dst, &x, 2);
+    } else if (elem == 4) {
+      const uint32_t x = static_cast<uint32_t>(v);
+      std::memcpy(dst, &x, 4);
+    } else {
+      std::memcpy(dst, &v, 8);
+    }
+  }
+}
+
+}  // namespace
+
+IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenDType dtype, DTypeCodes codes)
+    : prefix_(std::move(prefix)), dtype_(dtype), codes_(codes) {
   if (dtype_ == TokenDType::F32 || dtype_ == TokenDType::F64)
     DS_USER_ERROR("token dtype must be an integer type, got {}", token_dtype_name(dtype_));
+  if (dtype_code(dtype_, codes_) == 0)
+    DS_USER_ERROR("dtype {} has no code in {}'s dtype table (cannot write {})", token_dtype_name(dtype_),
+                  dtype_codes_name(codes_), prefix_);
   std::filesystem::path parent = std::filesystem::path(prefix_).parent_path();
   std::error_code ec;
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
@@ -280,43 +400,32 @@ void IndexedDatasetWriter::abort_files() noexcept {
 
 void IndexedDatasetWriter::add_sequence(std::span<const int32_t> tokens) {
   DS_CHECK(!finalized_ && bin_, "writer for {} is already finalized", prefix_);
-  const size_t elem = token_dtype_size(dtype_);
-  int64_t lo = 0, hi = 0;
-  switch (dtype_) {
-    case TokenDType::U8: hi = 255; break;
-    case TokenDType::I8: hi = 127; break;
-    case TokenDType::I16: hi = 32767; break;
-    case TokenDType::U16: hi = 65535; break;
-    default: hi = std::numeric_limits<int32_t>::max(); break;
-  }
-  buf_.resize(tokens.size() * elem);
-  for (size_t k = 0; k < tokens.size(); ++k) {
-    int64_t v = tokens[k];
+  const auto [lo, hi] = dtype_range(dtype_, true);
+  for (const int32_t v : tokens)
     if (v < lo || v > hi)
       DS_USER_ERROR("token id {} does not fit dtype {} of {} (use a wider --dtype)", v,
                     token_dtype_name(dtype_), prefix_);
-    unsigned char* dst = buf_.data() + k * elem;
-    switch (dtype_) {
-      case TokenDType::U8: case TokenDType::I8: dst[0] = static_cast<unsigned char>(v); break;
-      case TokenDType::I16: case TokenDType::U16: {
-        uint16_t x = static_cast<uint16_t>(v);
-        std::memcpy(dst, &x, 2);
-        break;
-      }
-      case TokenDType::I32: {
-        int32_t x = static_cast<int32_t>(v);
-        std::memcpy(dst, &x, 4);
-        break;
-      }
-      default: std::memcpy(dst, &v, 8); break;
-    }
-  }
+  encode(tokens, dtype_, buf_);
+  write_sequence(tokens.size());
+}
+
+void IndexedDatasetWriter::add_sequence(std::span<const int64_t> values) {
+  DS_CHECK(!finalized_ && bin_, "writer for {} is already finalized", prefix_);
+  const auto [lo, hi] = dtype_range(dtype_, false);
+  for (const int64_t v : values)
+    if (v < lo || v > hi)
+      DS_USER_ERROR("value {} does not fit dtype {} of {}", v, token_dtype_name(dtype_), prefix_);
+  encode(values, dtype_, buf_);
+  write_sequence(values.size());
+}
+
+void IndexedDatasetWriter::write_sequence(size_t count) {
   if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), bin_) != buf_.size())
     DS_USER_ERROR("write to {}.bin.tmp failed: {}", prefix_, std::strerror(errno));
-  DS_USER_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
-                "sequence of {} tokens is too long for the .idx format", tokens.size());
-  sizes_.push_back(static_cast<int32_t>(tokens.size()));
-  num_tokens_ += static_cast<int64_t>(tokens.size());
+  DS_USER_CHECK(count <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+                "sequence of {} elements is too long for the .idx format", count);
+  sizes_.push_back(static_cast<int32_t>(count));
+  num_tokens_ += static_cast<int64_t>(count);
 }
 
 void IndexedDatasetWriter::end_document() {
@@ -339,7 +448,7 @@ void IndexedDatasetWriter::finalize() {
   std::FILE* f = std::fopen(idx_tmp.c_str(), "wb");
   if (!f) DS_USER_ERROR("cannot write {}: {}", idx_tmp, std::strerror(errno));
   uint64_t version = 1, n_seq = sizes_.size(), n_doc = doc_idx_.size();
-  uint8_t code = static_cast<uint8_t>(dtype_);
+  const uint8_t code = dtype_code(dtype_, codes_);
   std::vector<int64_t> pointers(sizes_.size());
   int64_t ptr = 0;
   for (size_t i = 0; i < sizes_.size(); ++i) {
