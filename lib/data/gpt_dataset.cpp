@@ -82,6 +82,12 @@ SplitRanges split_documents(const std::string& split, int64_t num_documents) {
   return {{b[0], b[1]}, {b[1], b[2]}, {b[2], b[3]}};
 }
 
+GptDataset train_split_dataset(const IndexedDataset& file, const std::string& prefix, const std::string& split,
+                               int64_t seq_length, uint64_t seed) {
+  const SplitRanges sr = split_documents(split, file.num_sequences());
+  return GptDataset(file, sr.train, seq_length, seed, "train split of '" + prefix + "'");
+}
+
 GptDataset::GptDataset(const IndexedDataset& ds, DocRange range, int64_t seq_length,
                        uint64_t seed, std::string name)
     : ds_(&ds), range_(range), seq_length_(seq_length), seed_(seed), name_(std::move(name)) {

@@ -47,6 +47,18 @@ std::vector<double> parse_split_weights(const std::string& split, std::string_vi
 std::array<int64_t, 4> split_boundaries(const std::string& split, int64_t size);
 SplitRanges split_documents(const std::string& split, int64_t num_documents);
 
+class GptDataset;
+
+// dstrain's default --split (data.split), which dsprep's data analysis uses too.
+inline constexpr const char* kDefaultSplit = "949,50,1";
+
+// The training dataset dstrain's data pipeline builds for one --data-path
+// PREFIX (already opened as `file`): the train range of `split`, named
+// "train split of 'PREFIX'". dsprep's data analysis builds it here too, so a
+// sample id means the same sample in both.
+GptDataset train_split_dataset(const IndexedDataset& file, const std::string& prefix, const std::string& split,
+                               int64_t seq_length, uint64_t seed);
+
 class GptDataset {
  public:
   // `ds` must outlive this object and stay where it is (it is held by pointer).

@@ -41,7 +41,8 @@ DataPipeline::DataPipeline(const TrainConfig& cfg, Device dev)
     for (const std::string& prefix : tb.prefixes) {
       const data::IndexedDataset& f = open(prefix, V);
       const data::SplitRanges sr = data::split_documents(d.split, f.num_sequences());
-      train.push_back(part(f, sr.train, "train split of '" + prefix + "'"));
+      parts_.push_back(std::make_unique<data::GptDataset>(data::train_split_dataset(f, prefix, d.split, T_, seed_)));
+      train.push_back(parts_.back().get());
       valid.push_back(sr.valid.size() > 0 ? part(f, sr.valid, "valid split of '" + prefix + "'") : nullptr);
     }
   } else {  // Megatron's separate datasets: each is used whole
