@@ -4,6 +4,8 @@
 //   dsprep --input FILE... --output-prefix P --tokenizer-type T --tokenizer-model M [--workers N]
 //   dsprep --train-tokenizer --input FILE... --vocab-size N --output-dir D  -> D/vocab.json, D/merges.txt
 //   dsprep --generate-corpus FILE --size-mb X [--seed S]                   -> synthetic demo text
+//   dsprep --analyzing-task map|reduce --analyzing-metric M --data-path P --save D ...
+//       (DeepSpeed Data Efficiency's data analysis with analyze_data.py's flags: apps/dsprep/analyze.h)
 // User errors print one line naming the input and exit 1; no partial output is left.
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -12,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "apps/dsprep/analyze.h"
 #include "apps/dsprep/documents.h"
 #include "apps/dsprep/tokenize.h"
 #include "lib/core/error.h"
@@ -86,12 +89,18 @@ void check_megatron_flags(const Args& a) {
                 a.json_keys.size());
 }
 
-ds::data::TokenizerSpec tokenizer_spec(const Args& a) {
+// The tokenizer flags as they are (the data analysis checks them its own way).
+ds::data::TokenizerSpec tokenizer_files(const Args& a) {
   ds::data::TokenizerSpec spec;
   spec.kind = ds::data::parse_tokenizer_kind(a.tokenizer_type);
   spec.model_path = a.tokenizer_model;
   spec.vocab_file = a.vocab_file;
   spec.merge_file = a.merge_file;
+  return spec;
+}
+
+ds::data::TokenizerSpec tokenizer_spec(const Args& a) {
+  const ds::data::TokenizerSpec spec = tokenizer_files(a);
   if (spec.kind == ds::data::TokenizerKind::GPT2BPE)
     DS_USER_CHECK(!a.vocab_file.empty() && !a.merge_file.empty(),
                   "--vocab-file and --merge-file are required to tokenize with GPT2BPETokenizer (or use "
@@ -202,6 +211,19 @@ int run_generate(const Args& a) {
   return 0;
 }
 
+// The data analysis and the other modes take different flags: one given in
+// the wrong mode is an error naming it.
+void check_mode(const CLI::App& app, const ds::prep::AnalyzeArgs& an) {
+  if (an.task.empty()) {
+    for (const std::string& flag : ds::prep::analysis_flag_names())
+      DS_USER_CHECK(app.count(flag) == 0, "{} belongs to the data analysis: give --analyzing-task map|reduce", flag);
+    return;
+  }
+  for (const char* flag : {"--input", "--output-prefix", "--train-tokenizer", "--generate-corpus", "--output-dir"})
+    DS_USER_CHECK(app.count(flag) == 0, "{} does not go with --analyzing-task (the data analysis reads --data-path "
+                  "and writes under --save)", flag);
+}
+
 void add_options(CLI::App& app, Args& a) {
   app.add_option("--input", a.inputs, "Input file(s): .jsonl ({\"text\": ...} per line) or text")
       ->expected(1, -1);
@@ -231,7 +253,8 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--lang", a.lang, "Only with --split-sentences: no effect");
   app.add_option("--partitions", a.partitions, "Megatron's file partitions: only 1");
   app.add_option("--dataset-impl", a.dataset_impl, "Only mmap (the .bin/.idx format)");
-  app.add_option("--seq-length", a.seq_length, "Accepted, no effect (documents are not truncated)");
+  app.add_option("--seq-length", a.seq_length,
+                 "Data analysis: tokens per sample minus one (Megatron's); tokenizing: accepted, no effect");
   app.add_flag("--trust-remote-code", a.trust_remote_code, "Accepted, no effect (no code is run)");
   app.add_option("--dtype", a.dtype, "Token dtype: auto (u16 if vocab < 65500, else i32), u16, i32")
       ->check(CLI::IsMember({"auto", "u8", "u16", "i16", "i32", "i64"}));
@@ -241,16 +264,19 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--output-dir", a.output_dir, "Where vocab.json and merges.txt are written");
   app.add_option("--generate-corpus", a.generate_corpus, "Write synthetic demo text to FILE");
   app.add_option("--size-mb", a.size_mb, "Size of the generated corpus in MB (10^6 bytes)");
-  app.add_option("--seed", a.seed, "Seed of the generated corpus");
+  app.add_option("--seed", a.seed,
+                 "Seed of the generated corpus; data analysis: the dataset's shuffle (Megatron's, default 1234)");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"dsprep: tokenize corpora into Megatron .bin/.idx datasets, train byte-level "
-               "BPE vocabularies, generate the synthetic demo corpus"};
+               "BPE vocabularies, generate the synthetic demo corpus, run DeepSpeed's data analysis"};
   Args a;
+  ds::prep::AnalyzeArgs an;
   add_options(app, a);
+  ds::prep::add_analysis_options(app, an);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -259,6 +285,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   return ds::run_main("dsprep", [&] {
+    check_mode(app, an);
+    if (!an.task.empty()) return ds::prep::run_analysis(an, tokenizer_files(a), a.seq_length, a.seed);
     if (!a.generate_corpus.empty()) return run_generate(a);
     if (a.train_tokenizer) return run_train_tokenizer(a);
     return run_tokenize(a);

@@ -1,13 +1,16 @@
-// Helpers shared by tests: scratch directories, file access, error messages.
+// Helpers shared by tests: scratch directories, file access, error messages,
+// a byte-level vocabulary of a chosen size.
 #pragma once
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
 #include "lib/core/error.h"
+#include "lib/data/bpe.h"
 
 namespace ds::test {
 
@@ -57,6 +60,18 @@ inline std::string error_of(const std::function<void()>& fn) {
     return e.what();
   }
   return "";
+}
+
+// GPT-2 style vocab.json / merges.txt of vocab_size tokens (>= 257): the 256
+// byte tokens in GPT-2's order, "tok0", "tok1", ... and <|endoftext|> last; no merges.
+inline void write_byte_vocab(const std::string& vocab_json, const std::string& merges_txt, int vocab_size) {
+  nlohmann::json v = nlohmann::json::object();
+  for (int i = 0; i < 256; ++i)
+    v[data::bytes_to_token_name(std::string(1, static_cast<char>(data::gpt2_byte_order()[i])))] = i;
+  for (int i = 256; i + 1 < vocab_size; ++i) v["tok" + std::to_string(i - 256)] = i;
+  v["<|endoftext|>"] = vocab_size - 1;
+  spit(vocab_json, v.dump());
+  spit(merges_txt, "#version: 0.2\n");
 }
 
 }  // namespace ds::test
