@@ -9,7 +9,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${1:-$ROOT/build-fuzz}"
 SECONDS_PER_TARGET="${FUZZ_SECONDS:-3}"
-TARGETS="${FUZZ_TARGETS:-hostfile resources config idx safetensors state_json torch_file hf_config bpe hf_tokenizer sp_model csv tfevents prompts chat}"
+TARGETS="${FUZZ_TARGETS:-hostfile resources config idx npy safetensors state_json torch_file hf_config bpe hf_tokenizer sp_model csv tfevents prompts chat}"
 CXX="${FUZZ_CXX:-$(command -v clang++ || true)}"
 
 if [[ -z "$CXX" ]]; then
