@@ -189,8 +189,7 @@ TEST_CASE("index maps: bad maps are each one line naming the file") {
   r = rows;
   std::swap(r[2], r[4]);
   std::swap(r[3], r[5]);
-  has(with('s', r, {n + 1, 2}), "row 2 = (");
-  has(with('s', r, {n + 1, 2}), "does not advance past row 1");
+  has(with('s', r, {n + 1, 2}), fmt::format("row 2 = ({}, {}) does not advance past row 1", r[4], r[5]));
   r = rows;
   const bool shorter = r[2 * n + 1] > 0;  // the last sample a token shorter, or else longer
   r[2 * n + 1] += shorter ? -1 : 1;
