@@ -415,6 +415,13 @@ json config_to_json(const TrainConfig& c) {
   if (c.curriculum.enabled) j["curriculum_learning"] = curriculum_json(c.curriculum);
   if (c.compression.act_quant || c.compression.weight_quant) j["compression_training"] = compression_json(c.compression);
   if (c.random_ltd.enabled) j["data_efficiency"] = random_ltd_json(c.random_ltd);
+  if (c.data_sampling.active()) {
+    json& de = j["data_efficiency"];
+    if (de.is_null()) de = {{"enabled", true}};
+    de["seed"] = c.data_sampling.seed;
+    de["data_sampling"] = data_sampling_json(c.data_sampling);
+    j["dataloader_drop_last"] = c.data_sampling.drop_last;
+  }
   if (c.zero.offload_optimizer == OffloadDevice::NVMe) j["aio"] = fields_json(c.zero.nvme.aio, aio_fields());
   return j;
 }

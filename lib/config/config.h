@@ -42,6 +42,10 @@ struct DataConfig {
   // when vocab_file is given). resolve_vocab fills `tokenizer` from them.
   std::optional<data::TokenizerKind> tokenizer_type;
   std::string tokenizer_model;
+  // Megatron's --train-{doc,sample,shuffle}-idx-path: the train dataset's
+  // sample order as Megatron's three index maps (.npy). All three or none;
+  // files that do not exist yet are written from dstrain's own order.
+  std::string train_doc_idx_path, train_sample_idx_path, train_shuffle_idx_path;
   // The tokenizer the files are read with: the type, or GPT2BPETokenizer.
   data::TokenizerKind tokenizer_kind() const { return tokenizer_type.value_or(data::TokenizerKind::GPT2BPE); }
   data::TokenizerInfo tokenizer;  // vocab size and bos/eos/eod/pad ids; kind GPT2BPE, size 0 when no files
@@ -184,6 +188,41 @@ struct RandomLtdConfig {
   bool active() const { return enabled && layers_converted; }
 };
 
+// DeepSpeed Data Efficiency's curriculum learning by data sampling
+// (docs/data_efficiency.md): data_efficiency.data_sampling.curriculum_learning,
+// acting with Megatron-DeepSpeed's --data-efficiency-curriculum-learning
+// (training.data_efficiency_curriculum_learning). Each metric has a
+// difficulty schedule; the sampler (lib/train/curriculum_sampler.h) draws
+// every global batch from the clusters of samples whose difficulty the
+// schedule has reached, in the order of the index files of the data analysis.
+enum class CurriculumDifficulty { Value, Percentile };
+
+struct CurriculumMetricConfig {
+  std::string name;  // the metric's key: "seqlen_truncate" also truncates every sample to the difficulty
+  CurriculumDifficulty difficulty = CurriculumDifficulty::Value;  // difficulty_type
+  bool single_cluster = true;                                      // clustering_type single_cluster | schedule_based
+  std::string index_to_sample_path, index_to_metric_path;          // schedule_based only
+  CurriculumConfig schedule;                                       // min/max_difficulty, schedule_type, schedule_config
+};
+
+struct DataSamplingConfig {
+  bool enabled = false;        // data_sampling.curriculum_learning.enabled
+  bool flag = false;           // --data-efficiency-curriculum-learning
+  uint64_t seed = 1234;        // data_efficiency.seed: the sampler's numpy generator
+  int64_t num_epochs = 1000;   // data_sampling.num_epochs: the stream ends after this many epochs' samples
+  int64_t num_workers = 0;     // data_sampling.num_workers: loader processes upstream; no effect here
+  bool drop_last = false;      // dataloader_drop_last: a micro-step cut short at a global batch's end is dropped
+  std::string data_cluster_path;
+  std::vector<CurriculumMetricConfig> metrics;  // by name (the order does not change the samples)
+  bool active() const { return enabled && flag; }
+  // The metric that truncates the samples (seqlen_truncate), or null.
+  const CurriculumMetricConfig* seqlen_metric() const {
+    for (const CurriculumMetricConfig& m : metrics)
+      if (m.name == "seqlen_truncate") return &m;
+    return nullptr;
+  }
+};
+
 struct TrainConfig {
   ModelConfig model;
   OptimizerConfig optim;
@@ -204,6 +243,7 @@ struct TrainConfig {
   CompressionConfig compression;
   DistillConfig distill;
   RandomLtdConfig random_ltd;
+  DataSamplingConfig data_sampling;
   // On resume, a Megatron schedule that differs from the checkpoint's is an
   // error unless one of these picks a side (Megatron's two flags).
   bool override_lr_scheduler = false, use_checkpoint_lr_scheduler = false;

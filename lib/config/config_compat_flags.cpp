@@ -197,11 +197,17 @@ void add_compat_flags(CLI::App& app, std::map<std::string, json>& out) {
   // DeepSpeed Data Efficiency (data_efficiency/gpt/): refused by name.
   flag("--random-ltd", "random layerwise token dropping (DeepSpeed Data Efficiency's random-LTD) in the layers of "
        "the config's data_efficiency.data_routing.random_ltd");
-  flag("--data-efficiency-curriculum-learning", "curriculum learning by data sampling: not implemented (refused)");
+  flag("--data-efficiency-curriculum-learning", "curriculum learning by data sampling (DeepSpeed Data Efficiency) "
+       "with the config's data_efficiency.data_sampling.curriculum_learning");
   for (const char* name : {"--train-doc-idx-path", "--train-sample-idx-path", "--train-shuffle-idx-path",
-                           "--train-idx-path"})
+                           "--train-idx-path", "--train-desc-path"})
     app.add_option_function<std::string>(name, [&out, name](const std::string& v) { out[name] = v; },
-                                         "the data-efficiency curriculum's index files: not implemented (refused)");
+                                         std::string(name) == "--train-desc-path"
+                                             ? "accepted: the description file of Megatron's index maps (not read)"
+                                         : std::string(name) == "--train-idx-path"
+                                             ? "BERT's index map: refused (dstrain trains GPT)"
+                                             : "one of Megatron's three train index maps (.npy): the train sample "
+                                               "order; written there from dstrain's order when missing");
 }
 
 // Megatron's --optimizer adam|sgd and --sgd-momentum. Without --deepspeed a
@@ -250,15 +256,15 @@ void apply_compat_flags(json& j, const std::map<std::string, json>& sp, Warnings
   }
   apply_load_flags(j, sp, w);
   if (has("--random-ltd")) set_at(j, "/training/random_ltd", true, "--random-ltd");
-  DS_USER_CHECK(!has("--data-efficiency-curriculum-learning"),
-                "--data-efficiency-curriculum-learning: curriculum learning by data sampling (DeepSpeed Data "
-                "Efficiency's data_sampling, ordered by the index files of its data analysis) is not implemented by "
-                "dstrain");
-  for (const char* name : {"--train-doc-idx-path", "--train-sample-idx-path", "--train-shuffle-idx-path",
-                           "--train-idx-path"})
-    DS_USER_CHECK(!has(name), "{} {}: a data-efficiency curriculum's index file; curriculum learning by data "
-                  "sampling is not implemented by dstrain (dsprep builds the sample order from --split and --seed)",
-                  name, sp.at(name).get<std::string>());
+  if (has("--data-efficiency-curriculum-learning"))
+    set_at(j, "/training/data_efficiency_curriculum_learning", true, "--data-efficiency-curriculum-learning");
+  for (const auto& [name, key] : {std::pair{"--train-doc-idx-path", "train_doc_idx_path"},
+                                  {"--train-sample-idx-path", "train_sample_idx_path"},
+                                  {"--train-shuffle-idx-path", "train_shuffle_idx_path"}})
+    if (has(name)) set_at(j, std::string("/data/") + key, sp.at(name), name);
+  DS_USER_CHECK(!has("--train-idx-path"), "--train-idx-path {}: Megatron's BERT index map; dstrain trains GPT (its "
+                "train order is --train-doc-idx-path, --train-sample-idx-path and --train-shuffle-idx-path)",
+                has("--train-idx-path") ? sp.at("--train-idx-path").get<std::string>() : std::string());
   if (has("--rampup-batch-size")) set_at(j, "/training/rampup_batch_size", sp.at("--rampup-batch-size"),
                                          "--rampup-batch-size");
   for (const char* name : {"--wandb-project", "--wandb-exp-name", "--wandb-save-dir"})

@@ -92,6 +92,14 @@ void validate_distill(const TrainConfig& cfg);
 // DeepSpeed Data Efficiency's random-LTD (config_data_efficiency.cpp): the
 // data_routing section (`routing`), the resolved data_efficiency section, the checks.
 void read_random_ltd(DsSection& routing, RandomLtdConfig& r);
+// A curriculum schedule's keys (min/max_difficulty, schedule_type, schedule_config).
+void read_curriculum_schedule(DsSection& s, CurriculumConfig& c);
+// data_efficiency.data_sampling (`d` is the data_efficiency section); its
+// curriculum is read in full only with --data-efficiency-curriculum-learning
+// (`flag`), as upstream builds the sampler only then.
+void read_data_sampling(DsSection& d, DsSection& sampling, DataSamplingConfig& ds, bool flag);
+nlohmann::json data_sampling_json(const DataSamplingConfig& ds);
+void validate_data_sampling(const TrainConfig& cfg, Warnings& w);
 nlohmann::json random_ltd_json(const RandomLtdConfig& r);
 void validate_random_ltd(const TrainConfig& cfg, Warnings& w);
 

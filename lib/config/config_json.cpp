@@ -397,8 +397,9 @@ void read_optional_features(DsSection& root, LoggingConfig& log) {
 //     (layer_reduction: its own enabled) is true.
 //   data_efficiency.data_routing.random_ltd: random-LTD (config_data_efficiency.cpp),
 //     acting with Megatron's --random-ltd.
-//   data_efficiency.data_sampling: used only through Megatron's
-//     --data-efficiency-curriculum-learning (refused by name); inert otherwise.
+//   data_efficiency.data_sampling.curriculum_learning: curriculum learning by
+//     data sampling (config_data_efficiency.cpp), acting with Megatron's
+//     --data-efficiency-curriculum-learning.
 // The different_groups' module patterns (default "*", as DeepSpeed).
 std::vector<std::string> group_modules(DsSection& gs) {
   gs.mark("modules");
@@ -516,7 +517,7 @@ void read_weight_quantization(DsSection& t, CompressionConfig& c) {
 }
 
 void read_compression_and_data_efficiency(DsSection& root, CompressionConfig& comp, RandomLtdConfig& ltd,
-                                          Warnings& w) {
+                                          DataSamplingConfig& ds, bool sampling_flag, Warnings& w) {
   root.mark("compression_training");
   if (root.has("compression_training")) {
     DS_USER_CHECK(root.raw().at("compression_training").is_object(),
@@ -556,10 +557,9 @@ void read_compression_and_data_efficiency(DsSection& root, CompressionConfig& co
   DsSection d = root.section("data_efficiency");
   DsSection routing = d.section("data_routing");
   read_random_ltd(routing, ltd);
+  d.mark("enabled");  // upstream acts on each feature's own enabled key
   DsSection sampling = d.section("data_sampling");
-  if (d.get<bool>("enabled", false) && sampling.raw().is_object() && sampling.get<bool>("enabled", false))
-    add_warning(w, "config: 'data_efficiency.data_sampling' is used only with Megatron's "
-                   "--data-efficiency-curriculum-learning, which this run does not give; ignored (as upstream)");
+  read_data_sampling(d, sampling, ds, sampling_flag);
 }
 
 // A list of positive integers at `key` of `s` (curriculum_learning's
@@ -582,20 +582,15 @@ std::vector<int64_t> positive_list(DsSection& s, const std::string& key, const s
   return out;
 }
 
-// DeepSpeed's legacy `curriculum_learning` section. Disabled (or absent
-// `enabled`, as Megatron-DeepSpeed reads it): silent, nothing happens.
-void read_curriculum(DsSection& root, CurriculumConfig& c) {
-  DsSection s = root.section("curriculum_learning");
-  c.enabled = s.get<bool>("enabled", false);
-  if (!c.enabled) return;
+}  // namespace
+
+// A curriculum schedule's keys in section `s` (DeepSpeed's CurriculumScheduler:
+// min_difficulty, max_difficulty, schedule_type, schedule_config), for the
+// legacy curriculum_learning section and each data-sampling metric.
+void read_curriculum_schedule(DsSection& s, CurriculumConfig& c) {
   auto required = [&](const std::string& key) {
-    DS_USER_CHECK(s.has(key), "config: curriculum_learning is enabled but '{}' is missing", s.full(key));
+    DS_USER_CHECK(s.has(key), "config: curriculum learning is enabled but '{}' is missing", s.full(key));
   };
-  required("curriculum_type");
-  const std::string type = s.get<std::string>("curriculum_type", "");
-  DS_USER_CHECK(type == "seqlen",
-                "config: '{}' is \"{}\"; dstrain implements only \"seqlen\" (sequence-length warmup); remove the "
-                "curriculum_learning section or set curriculum_type to seqlen", s.full("curriculum_type"), type);
   required("min_difficulty");
   required("max_difficulty");
   required("schedule_type");
@@ -617,21 +612,39 @@ void read_curriculum(DsSection& root, CurriculumConfig& c) {
       DS_USER_CHECK(sc.has(key), "config: '{}' is required by the {} schedule", sc.full(key), kind);
     c.total_curriculum_step = sc.get<int64_t>("total_curriculum_step", 0);
     c.difficulty_step = sc.get<int64_t>("difficulty_step", 0);
-    if (c.difficulty_step > 0 && c.difficulty_step % 8 != 0)  // DeepSpeed's advice, as a warning
-      add_warning(root.warnings(),
-                  fmt::format("config: '{}' {} is not a multiple of 8: sequence lengths that are not multiples of 8 "
-                              "keep tensor cores partly idle on GPUs", sc.full("difficulty_step"), c.difficulty_step));
     if (c.schedule == CurriculumSchedule::FixedRoot) {
       DS_USER_CHECK(sc.has("root_degree"), "config: '{}' is required by the fixed_root schedule",
                     sc.full("root_degree"));
       c.root_degree = sc.get<double>("root_degree", 1.0);
     } else if (sc.has("root_degree")) {
       sc.mark("root_degree");
-      add_warning(root.warnings(), fmt::format("config: '{}' is ignored by the fixed_linear schedule (degree 1)",
-                                               sc.full("root_degree")));
+      add_warning(s.warnings(), fmt::format("config: '{}' is ignored by the fixed_linear schedule (degree 1)",
+                                            sc.full("root_degree")));
     }
   }
   sc.finish();
+}
+
+namespace {
+
+// DeepSpeed's legacy `curriculum_learning` section. Disabled (or absent
+// `enabled`, as Megatron-DeepSpeed reads it): silent, nothing happens.
+void read_curriculum(DsSection& root, CurriculumConfig& c) {
+  DsSection s = root.section("curriculum_learning");
+  c.enabled = s.get<bool>("enabled", false);
+  if (!c.enabled) return;
+  DS_USER_CHECK(s.has("curriculum_type"), "config: curriculum_learning is enabled but '{}' is missing",
+                s.full("curriculum_type"));
+  const std::string type = s.get<std::string>("curriculum_type", "");
+  DS_USER_CHECK(type == "seqlen",
+                "config: '{}' is \"{}\"; dstrain implements only \"seqlen\" (sequence-length warmup); remove the "
+                "curriculum_learning section or set curriculum_type to seqlen", s.full("curriculum_type"), type);
+  read_curriculum_schedule(s, c);
+  if (c.schedule != CurriculumSchedule::FixedDiscrete && c.difficulty_step > 0 && c.difficulty_step % 8 != 0)
+    add_warning(root.warnings(),  // DeepSpeed's advice, as a warning
+                fmt::format("config: 'curriculum_learning.schedule_config.difficulty_step' {} is not a multiple of 8: "
+                            "sequence lengths that are not multiples of 8 keep tensor cores partly idle on GPUs",
+                            c.difficulty_step));
   s.finish();
 }
 
@@ -663,7 +676,14 @@ void read_config_json(const json& j, TrainConfig& cfg, Warnings& w) {
   read_zero(root, cfg.zero);
   read_optional_features(root, cfg.log);
   read_curriculum(root, cfg.curriculum);
-  read_compression_and_data_efficiency(root, cfg.compression, cfg.random_ltd, w);
+  // Megatron's --data-efficiency-curriculum-learning (our training section) decides whether
+  // the data-sampling curriculum is read in full.
+  const json flag = j.value(json::json_pointer("/training/data_efficiency_curriculum_learning"), json(false));
+  read_compression_and_data_efficiency(root, cfg.compression, cfg.random_ltd, cfg.data_sampling,
+                                       flag.is_boolean() && flag.get<bool>(), w);
+  // DeepSpeed's data loader drops a short last batch: Megatron trains from it
+  // only with the data-sampling curriculum (its own sampler drops nothing).
+  cfg.data_sampling.drop_last = root.get<bool>("dataloader_drop_last", false);
   for (const char* k : {"model", "data", "training", "parallel"}) root.mark(k);
   read_model_section(JsonSection(j.value("model", json::object()), "model"), cfg.model);
   read_data_section(JsonSection(j.value("data", json::object()), "data"), cfg.data);

@@ -39,6 +39,9 @@ std::span<const ConfigField<DataConfig>> data_fields() {
       F(DataConfig, "vocab_file", vocab_file),
       F(DataConfig, "merge_file", merge_file),
       F(DataConfig, "tokenizer_model", tokenizer_model),
+      F(DataConfig, "train_doc_idx_path", train_doc_idx_path),
+      F(DataConfig, "train_sample_idx_path", train_sample_idx_path),
+      F(DataConfig, "train_shuffle_idx_path", train_shuffle_idx_path),
   };
   return t;
 }
@@ -68,6 +71,7 @@ std::span<const ConfigField<TrainConfig>> training_fields() {
       F(TrainConfig, "hf_convert", ckpt.hf_convert),
       F(TrainConfig, "export_hf", ckpt.export_hf),
       F(TrainConfig, "random_ltd", random_ltd.layers_converted),
+      F(TrainConfig, "data_efficiency_curriculum_learning", data_sampling.flag),
       F(TrainConfig, "eval_interval", log.eval_interval),
       F(TrainConfig, "eval_iters", log.eval_iters),
       F(TrainConfig, "cpu_peak_tflops", log.cpu_peak_tflops),

@@ -492,6 +492,7 @@ void validate_cuda_graph(const TrainConfig& cfg, int world_size) {
                 "training.cuda_graph (--cuda-graph) with a dynamic fp16 loss scale needs fp16.min_loss_scale "
                 "(--min-loss-scale) to be a power of two, got {}", pc.min_loss_scale);
   refuse(cfg.curriculum.enabled, "curriculum_learning (the sequence length changes between steps)");
+  refuse(cfg.data_sampling.active(), "--data-efficiency-curriculum-learning (the batches come from a sampler on the host)");
   refuse(cfg.attention_backend == AttentionBackend::Cudnn, "training.attention_backend cudnn (--attention-backend; not verified "
          "under capture): use flash, flash2 or plain");
 }
@@ -578,6 +579,7 @@ void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
   validate_data(cfg.data);
   validate_curriculum(cfg);
   validate_random_ltd(cfg, w);
+  validate_data_sampling(cfg, w);
   validate_cuda_graph(cfg, world_size);
   validate_compression(cfg);
 }

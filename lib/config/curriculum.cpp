@@ -32,7 +32,7 @@ int64_t root_difficulty(const CurriculumConfig& c, int64_t step, double degree) 
   d -= d % c.difficulty_step;
   // Rounding down may land below the start (min 8, step 16 gives 0): the
   // first multiple of the step at or above min is the floor.
-  d = std::max(d, round_up(c.min_difficulty, c.difficulty_step));
+  if (c.floor_at_min) d = std::max(d, round_up(c.min_difficulty, c.difficulty_step));
   return std::min(d, c.max_difficulty);
 }
 
@@ -58,7 +58,9 @@ std::vector<int64_t> curriculum_values(const CurriculumConfig& c) {
   if (c.schedule == CurriculumSchedule::FixedDiscrete) {
     v = c.difficulty;
   } else {
-    for (int64_t d = round_up(c.min_difficulty, c.difficulty_step); d < c.max_difficulty; d += c.difficulty_step)
+    const int64_t first = c.floor_at_min ? round_up(c.min_difficulty, c.difficulty_step)
+                                         : c.min_difficulty - c.min_difficulty % c.difficulty_step;
+    for (int64_t d = first; d < c.max_difficulty; d += c.difficulty_step)
       v.push_back(d);
   }
   v.push_back(c.max_difficulty);  // the cap, and min == max holding from the start

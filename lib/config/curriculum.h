@@ -23,6 +23,11 @@ struct CurriculumConfig {
   double root_degree = 1;  // fixed_root only (fixed_linear is degree 1)
   // fixed_discrete: difficulty[i] while step <= max_step[i]; the last one after.
   std::vector<int64_t> difficulty, max_step;
+  // fixed_linear / fixed_root: raise a value rounded below min_difficulty to
+  // the first multiple of difficulty_step at or above it. The sequence-length
+  // curriculum does (a length of 0 cannot train); the data-sampling metrics
+  // do not, as DeepSpeed's scheduler does not.
+  bool floor_at_min = true;
 };
 
 const char* curriculum_schedule_name(CurriculumSchedule s);  // "fixed_linear" | ...
@@ -30,7 +35,8 @@ const char* curriculum_schedule_name(CurriculumSchedule s);  // "fixed_linear" |
 // The schedule's value at global step `step` (>= 1), before the hold rule:
 // fixed_root: floor((step/total)^(1/degree) * (max-min) + min), rounded down
 // to a multiple of difficulty_step, raised to the first multiple of
-// difficulty_step at or above min, capped at max; fixed_discrete: the list.
+// difficulty_step at or above min (floor_at_min), capped at max;
+// fixed_discrete: the list.
 int64_t curriculum_difficulty(const CurriculumConfig& c, int64_t step);
 
 // Every value curriculum_difficulty can return (for start-up checks of the

@@ -224,18 +224,24 @@ TEST_CASE("Compression and data efficiency: refused when they would act, noted w
   CHECK(has_warning(inert, "'compression_training' enables no technique"));
   CHECK(inert.warnings.size() == 1);  // no "key not implemented" line besides it
 
+  // The data-sampling curriculum without Megatron's flag is inert (one line); DeepSpeed's parser still asserts
+  // that an enabled section names its metrics. With the flag: test/train/test_data_sampling.cpp.
   json sampling = {{"enabled", true},
-                   {"data_sampling", {{"enabled", true}, {"curriculum_learning", {{"enabled", true}}}}}};
+                   {"data_sampling",
+                    {{"enabled", true}, {"curriculum_learning", {{"enabled", true}, {"curriculum_metrics", json::object()}}}}}};
   const TrainConfig s = parse_json(with(base(), {{"data_efficiency", sampling}}));
   CHECK(has_warning(s, "--data-efficiency-curriculum-learning"));
   CHECK(s.warnings.size() == 1);
-  sampling["enabled"] = false;  // the whole library off: nothing to say
+  sampling["data_sampling"]["curriculum_learning"]["enabled"] = false;  // off: nothing to say
   CHECK(parse_json(with(base(), {{"data_efficiency", sampling}})).warnings.empty());
-  // data_efficiency/gpt's curriculum flags: refused by name, not as unknown arguments.
+  sampling["data_sampling"]["curriculum_learning"] = {{"enabled", true}};
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"data_efficiency", sampling}})),
+                    Contains("curriculum_learning.curriculum_metrics' must be given"));
+  // data_efficiency/gpt's flags: the curriculum flag needs the section; the index maps go together.
   CHECK_THROWS_WITH(parse_json(base(), {"--data-efficiency-curriculum-learning"}),
-                    Contains("--data-efficiency-curriculum-learning: curriculum learning by data sampling"));
+                    Contains("--data-efficiency-curriculum-learning needs data_efficiency.data_sampling"));
   CHECK_THROWS_WITH(parse_json(base(), {"--train-doc-idx-path", "/d/doc_idx.npy"}),
-                    Contains("--train-doc-idx-path /d/doc_idx.npy: a data-efficiency curriculum's index file"));
+                    Contains("--train-doc-idx-path, --train-sample-idx-path and --train-shuffle-idx-path go together"));
 }
 
 TEST_CASE("random-LTD: DeepSpeed's section with Megatron-DeepSpeed's --random-ltd", "[config]") {
