@@ -6,11 +6,25 @@
 #include "lib/data/index_maps.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 
 #include "lib/core/error.h"
 
 namespace ds::data {
+
+bool index_maps_exist(const IndexMapPaths& paths, bool partial_is_error) {
+  namespace fs = std::filesystem;
+  const bool doc = fs::exists(paths.doc_idx), sample = fs::exists(paths.sample_idx),
+             shuffle = fs::exists(paths.shuffle_idx);
+  if (doc && sample && shuffle) return true;
+  DS_USER_CHECK(!partial_is_error || (!doc && !sample && !shuffle),
+                "--train-doc-idx-path {} ({}), --train-sample-idx-path {} ({}), --train-shuffle-idx-path {} ({}): "
+                "give all three of Megatron's index maps, or none of them existing (they are then written there)",
+                paths.doc_idx, doc ? "exists" : "missing", paths.sample_idx, sample ? "exists" : "missing",
+                paths.shuffle_idx, shuffle ? "exists" : "missing");
+  return false;
+}
 
 IndexMaps::IndexMaps(const IndexedDataset& ds, const IndexMapPaths& paths, int64_t seq_length)
     : ds_(&ds), seq_length_(seq_length) {

@@ -35,6 +35,12 @@ struct IndexMapPaths {
   std::string doc_idx, sample_idx, shuffle_idx;
 };
 
+// Whether all three maps exist (true) or none does (false). Some but not all
+// is a UserError naming each file when `partial_is_error`; otherwise it counts
+// as none (a reader that may meet another process's write half done: the
+// files are renamed into place one after another).
+bool index_maps_exist(const IndexMapPaths& paths, bool partial_is_error);
+
 class IndexMaps {
  public:
   // `ds` must outlive this object (it is held by pointer). Every problem with

@@ -18,6 +18,12 @@ class BatchSource {
   // host memory: (B, T) tokens and targets (a target < 0 is ignored). seqlen
   // (1..T; 0 = all): keep the first seqlen positions of every sample.
   virtual MicroBatch train_batch(int64_t consumed, int micro, int dp_rank, int dp, int64_t seqlen = 0) = 0;
+  // The sequence length a data curriculum gives micro-batch `micro` of the
+  // global batch at `consumed` (1..T), or 0 when the data set none.
+  virtual int64_t curriculum_seqlen(int64_t consumed, int micro, int dp) {
+    (void)consumed, (void)micro, (void)dp;
+    return 0;
+  }
   // Validation micro-batch starting at validation sample first_sample.
   virtual MicroBatch valid_batch(int64_t first_sample, int dp_rank, int dp) = 0;
   virtual bool has_valid() const = 0;

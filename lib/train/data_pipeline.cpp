@@ -29,7 +29,13 @@ std::unique_ptr<data::BlendedDataset> blend(const std::vector<const data::GptDat
 }  // namespace
 
 DataPipeline::DataPipeline(const TrainConfig& cfg, Device dev)
-    : BatchSource(dev), B_(cfg.batch.micro_batch_size), T_(cfg.model.seq_length), seed_(cfg.seed) {
+    : BatchSource(dev),
+      B_(cfg.batch.micro_batch_size),
+      T_(cfg.model.seq_length),
+      seed_(cfg.seed),
+      global_batch_(cfg.batch.train_batch_size),
+      grad_accum_(cfg.batch.grad_accum_steps) {
+  if (cfg.data_sampling.active()) sampling_ = cfg.data_sampling;
   const DataConfig& d = cfg.data;
   const int64_t V = cfg.model.vocab_size;
   DS_USER_CHECK(!d.data_path.empty() || !d.train_data_path.empty(),
@@ -41,8 +47,13 @@ DataPipeline::DataPipeline(const TrainConfig& cfg, Device dev)
     for (const std::string& prefix : tb.prefixes) {
       const data::IndexedDataset& f = open(prefix, V);
       const data::SplitRanges sr = data::split_documents(d.split, f.num_sequences());
-      parts_.push_back(std::make_unique<data::GptDataset>(data::train_split_dataset(f, prefix, d.split, T_, seed_)));
-      train.push_back(parts_.back().get());
+      if (!d.train_doc_idx_path.empty()) {
+        train.push_back(
+            mapped_part(f, prefix, d.split, {d.train_doc_idx_path, d.train_sample_idx_path, d.train_shuffle_idx_path}));
+      } else {
+        parts_.push_back(std::make_unique<data::GptDataset>(data::train_split_dataset(f, prefix, d.split, T_, seed_)));
+        train.push_back(parts_.back().get());
+      }
       valid.push_back(sr.valid.size() > 0 ? part(f, sr.valid, "valid split of '" + prefix + "'") : nullptr);
     }
   } else {  // Megatron's separate datasets: each is used whole
@@ -93,16 +104,52 @@ const data::GptDataset* DataPipeline::part(const data::IndexedDataset& file, dat
   return parts_.back().get();
 }
 
+// Megatron's --train-{doc,sample,shuffle}-idx-path. Upstream loads the three
+// maps when they exist and otherwise builds them and saves them there. Here:
+// all three present: the samples are the maps' (checked against the dataset
+// and the sequence length); none present: dstrain's own first epoch, written
+// there by rank 0 (so a later run or dsprep's analysis reads the same order),
+// and repeated as the maps' samples repeat. Since the written maps give
+// exactly that epoch, a rank that finds them half-written by rank 0 (some
+// files renamed into place, not all) computes the same samples itself.
+const data::GptDataset* DataPipeline::mapped_part(const data::IndexedDataset& file, const std::string& prefix,
+                                                  const std::string& split, const data::IndexMapPaths& paths) {
+  if (data::index_maps_exist(paths, /*partial_is_error=*/log_rank() == 0)) {
+    parts_.push_back(std::make_unique<data::GptDataset>(
+        data::GptDataset::from_index_maps(file, paths, T_, "train split of '" + prefix + "'")));
+    DS_LOG("{}: {} samples from Megatron's index maps {}, {}, {}", parts_.back()->name(),
+           parts_.back()->samples_per_epoch(), paths.doc_idx, paths.sample_idx, paths.shuffle_idx);
+    return parts_.back().get();
+  }
+  parts_.push_back(std::make_unique<data::GptDataset>(data::train_split_dataset(file, prefix, split, T_, seed_)));
+  const data::GptDataset* p = parts_.back().get();
+  repeat_first_epoch_ = true;
+  if (log_rank() == 0 && p->samples_per_epoch() > 0) {
+    p->write_index_maps(paths);
+    DS_LOG("{}: wrote its first epoch ({} samples) as Megatron's index maps {}, {}, {}", p->name(),
+           p->samples_per_epoch(), paths.doc_idx, paths.sample_idx, paths.shuffle_idx);
+  }
+  return p;
+}
+
 int64_t DataPipeline::train_samples_per_epoch() const {
   int64_t n = 0;
   for (size_t i = 0; i < train_->num_parts(); ++i) n += train_->part(i).samples_per_epoch();
   return n;
 }
 
-MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen) {
+MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen, const int64_t* ids) {
   DS_CHECK(seqlen >= 0 && seqlen <= T_, "train_batch: seqlen {} outside [0, {}]", seqlen, T_);
   const int64_t L = seqlen > 0 ? seqlen : T_;  // positions kept per sample
-  for (int64_t b = 0; b < B_; ++b) ds.get(first + b, host_.data<int32_t>() + b * (T_ + 1));
+  for (int64_t b = 0; b < B_; ++b) {
+    int32_t* row = host_.data<int32_t>() + b * (T_ + 1);
+    if (ids)
+      ds.part(0).get(ids[b], row);  // a sample id of the one dataset's first epoch
+    else if (repeat_first_epoch_ && &ds == train_.get())  // index maps: their samples repeat in order
+      ds.part(0).get((first + b) % ds.part(0).samples_per_epoch(), row);
+    else
+      ds.get(first + b, row);
+  }
   Tensor tok = Tensor::empty({B_, L}, DType::I32), tgt = Tensor::empty({B_, L}, DType::I32);
   for (int64_t b = 0; b < B_; ++b) {
     const int32_t* row = host_.data<int32_t>() + b * (T_ + 1);
@@ -112,8 +159,50 @@ MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, in
   return {.tokens = tok, .targets = tgt, .first_sample = first, .step_key = {}};
 }
 
+CurriculumSampler::Chunk DataPipeline::curriculum_chunk(int64_t consumed, int micro, int dp) {
+  if (!sampler_) {
+    DS_CHECK(train_->num_parts() == 1, "data-sampling curriculum over {} blended datasets", train_->num_parts());
+    const data::GptDataset& ds = train_->part(0);
+    std::vector<std::unique_ptr<MetricIndex>> index;
+    for (const CurriculumMetricConfig& m : sampling_.metrics)
+      index.push_back(m.single_cluster ? nullptr : open_metric_index(m, ds.samples_per_epoch()));
+    sampler_ = std::make_unique<CurriculumSampler>(
+        sampling_,
+        CurriculumSampler::Shape{.one_epoch_samples = ds.samples_per_epoch(),
+                                 .global_batch = global_batch_,
+                                 .chunk = B_ * dp,
+                                 .drop_last = sampling_.drop_last},
+        std::move(index));
+    std::string metrics;
+    for (const CurriculumMetricConfig& m : sampling_.metrics)
+      metrics += fmt::format("{}{} ({} {}, {} from {} to {})", metrics.empty() ? "" : ", ", m.name,
+                             m.difficulty == CurriculumDifficulty::Value ? "value" : "percentile",
+                             m.single_cluster ? "single_cluster" : "schedule_based",
+                             curriculum_schedule_name(m.schedule.schedule), m.schedule.min_difficulty,
+                             m.schedule.max_difficulty);
+    DS_LOG("data-sampling curriculum: {} over the {} samples of the train dataset's first epoch (seed {}, {} "
+           "epochs){}", metrics, ds.samples_per_epoch(), sampling_.seed, sampling_.num_epochs,
+           sampling_.seqlen_metric() ? "; seqlen_truncate keeps the first difficulty tokens of every sample" : "");
+  }
+  return sampler_->chunk(consumed / global_batch_ * grad_accum_ + micro);
+}
+
+int64_t DataPipeline::curriculum_seqlen(int64_t consumed, int micro, int dp) {
+  if (!sampling_.active()) return 0;
+  const CurriculumMetricConfig* m = sampling_.seqlen_metric();
+  if (!m) return T_;
+  const CurriculumSampler::Chunk c = curriculum_chunk(consumed, micro, dp);
+  // Megatron-DeepSpeed's data_post_process: keep current_seqlen + 1 tokens when shorter than the sequence.
+  return std::min(c.difficulties[static_cast<size_t>(m - sampling_.metrics.data())], T_);
+}
+
 MicroBatch DataPipeline::train_batch(int64_t consumed, int micro, int dp_rank, int dp, int64_t seqlen) {
-  return fetch(*train_, consumed + (static_cast<int64_t>(micro) * dp + dp_rank) * B_, seqlen);
+  const int64_t first = consumed + (static_cast<int64_t>(micro) * dp + dp_rank) * B_;
+  if (!sampling_.active()) return fetch(*train_, first, seqlen);
+  const CurriculumSampler::Chunk c = curriculum_chunk(consumed, micro, dp);
+  const auto [lo, hi] = CurriculumSampler::rank_part(static_cast<int64_t>(c.samples.size()), dp_rank, dp);
+  DS_CHECK(hi - lo == B_, "curriculum chunk part [{}, {}) for micro batch {}", lo, hi, B_);
+  return fetch(*train_, first, seqlen, c.samples.data() + lo);
 }
 
 MicroBatch DataPipeline::valid_batch(int64_t first_sample, int dp_rank, int dp) {

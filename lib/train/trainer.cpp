@@ -699,7 +699,21 @@ int64_t Trainer::actual_seqlen() const {
 
 int64_t Trainer::next_seqlen() {
   // Megatron-DeepSpeed asks the scheduler for global step iteration + 1.
-  return curriculum_ ? curriculum_->update(state_.iteration + 1) : cfg_.model.seq_length;
+  if (curriculum_) return curriculum_->update(state_.iteration + 1);
+  if (!cfg_.data_sampling.active()) return cfg_.model.seq_length;
+  // The data-sampling curriculum's seqlen_truncate: the length of the global
+  // batch the step's micro-batches were drawn from (Megatron-DeepSpeed
+  // truncates each micro-batch; dstrain's step trains one length, so the
+  // micro-batches of a step must agree, which they do unless a cluster is
+  // smaller than its share of a global batch).
+  const int64_t L = data_->curriculum_seqlen(state_.consumed_samples, 0, dp_);
+  for (int m = 1; m < step_ga_; ++m) {
+    const int64_t Lm = data_->curriculum_seqlen(state_.consumed_samples, m, dp_);
+    DS_USER_CHECK(Lm == L, "data-sampling curriculum: iteration {} mixes sequence lengths {} and {} (its "
+                  "micro-batches come from two global batches of the sampler, as a cluster is smaller than its "
+                  "share of a batch); dstrain trains one length per step", state_.iteration + 1, L, Lm);
+  }
+  return L > 0 ? L : cfg_.model.seq_length;
 }
 
 // The step's update, two ways with the same bits (docs/distributed.md, "host
@@ -829,7 +843,7 @@ void Trainer::step_body(const StepPlan& p, const MicroBatchFeed& feed) {
 
 MicroBatch Trainer::host_train_batch(int m) {
   heartbeat_.beat_if_started();
-  const int64_t L = curriculum_ ? seqlen_ : 0;  // 0: the whole sample
+  const int64_t L = curriculum_ || cfg_.data_sampling.active() ? seqlen_ : 0;  // 0: the whole sample
   return local_batch(data_->train_batch(state_.consumed_samples, m, dp_rank_, dp_, L));
 }
 
@@ -1049,7 +1063,7 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
   }
   s.skipped = state_.skipped_steps;
   s.nan_iters = nan_iters_;
-  if (curriculum_) s.curriculum_seqlen = seqlen_;
+  if (curriculum_ || cfg_.data_sampling.active()) s.curriculum_seqlen = seqlen_;
   s.random_ltd_reserved = ltd_reserved_;
   double tokens = static_cast<double>(step_batch_) * seqlen_;
   s.tokens_per_s = tokens / (ms / 1000.0);

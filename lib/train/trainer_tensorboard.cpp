@@ -60,7 +60,7 @@ TrainPoint Trainer::train_point(float loss) const {
                     .batch_size = static_cast<double>(step_batch_),
                     .seq_length = static_cast<double>(actual_seqlen()),
                     .world_size = static_cast<double>(comms_.world->size()),
-                    .curriculum_seqlen = curriculum_ ? static_cast<double>(seqlen_) : 0.0,
+                    .curriculum_seqlen = curriculum_ || cfg_.data_sampling.active() ? static_cast<double>(seqlen_) : 0.0,
                     .random_ltd_reserved = static_cast<double>(ltd_reserved_),
                     .moe_loss = moe_ && !std::isnan(loss) ? last_moe_loss_ : NAN,
                     .fp16 = cfg_.precision.precision == Precision::FP16};
