@@ -102,6 +102,11 @@ void add_analysis_options(CLI::App& app, AnalyzeArgs& a) {
   add(app, "--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by,
       "Vocabulary padding: total_vocab_freq has padded size + 1 bins (default 128)");
   add(app, "--train-data-exact-num-epochs", a.exact_num_epochs, "Epochs of the train dataset: only 1");
+  add(app, "--train-doc-idx-path", a.maps.doc_idx,
+      "Megatron's index maps (all three, as dstrain's flags): analyze their samples; missing ones are written "
+      "from the split's first epoch");
+  add(app, "--train-sample-idx-path", a.maps.sample_idx, "See --train-doc-idx-path");
+  add(app, "--train-shuffle-idx-path", a.maps.shuffle_idx, "See --train-doc-idx-path");
   add(app, "--micro-batch-size", a.micro_batch_size, kNoEffect);
   add(app, "--global-batch-size", a.global_batch_size, kNoEffect);
   add(app, "--max-position-embeddings", a.max_position_embeddings, kNoEffect);
@@ -129,7 +134,20 @@ int run_analysis(const AnalyzeArgs& a, const data::TokenizerSpec& tokenizer, int
     opt.padded_vocab_size = padded_vocab(static_cast<int>(opt.vocab_size), a.make_vocab_size_divisible_by, 1);
   }
   const data::IndexedDataset file = data::IndexedDataset::open(prefix);
-  const data::GptDataset train = data::train_split_dataset(file, prefix, a.split, seq_length, seed);
+  const int maps = !a.maps.doc_idx.empty() + !a.maps.sample_idx.empty() + !a.maps.shuffle_idx.empty();
+  DS_USER_CHECK(maps == 0 || maps == 3, "--train-doc-idx-path, --train-sample-idx-path and --train-shuffle-idx-path "
+                "go together (Megatron's three index maps): give all three or none");
+  // With index maps the samples are theirs (dstrain reads the same files);
+  // missing ones are written from the split's first epoch, as dstrain does.
+  const bool from_maps = maps == 3 && data::index_maps_exist(a.maps, /*partial_is_error=*/true);
+  const data::GptDataset train = from_maps ? data::GptDataset::from_index_maps(file, a.maps, seq_length,
+                                                                               "train split of '" + prefix + "'")
+                                           : data::train_split_dataset(file, prefix, a.split, seq_length, seed);
+  if (maps == 3 && !from_maps && train.samples_per_epoch() > 0) {
+    train.write_index_maps(a.maps);
+    std::printf("dsprep: wrote the %s's first epoch as Megatron's index maps %s, %s, %s\n", train.name().c_str(),
+                a.maps.doc_idx.c_str(), a.maps.sample_idx.c_str(), a.maps.shuffle_idx.c_str());
+  }
   DS_USER_CHECK(train.samples_per_epoch() > 0,
                 "dataset '{}': the {} ({} documents, {} tokens) is smaller than one sample of {} tokens", prefix,
                 train.name(), train.range().size(), train.num_tokens(), seq_length + 1);

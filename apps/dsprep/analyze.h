@@ -27,6 +27,9 @@ struct AnalyzeArgs {
   std::string data_impl = "infer", split = data::kDefaultSplit, save;
   int make_vocab_size_divisible_by = 128;
   int64_t exact_num_epochs = -1;  // --train-data-exact-num-epochs; -1: not given (one epoch)
+  // Megatron's --train-{doc,sample,shuffle}-idx-path: the samples of those
+  // index maps when they exist, else the split's first epoch, written there.
+  data::IndexMapPaths maps;
   // Megatron flags the scripts pass that do not change the analysis.
   int64_t micro_batch_size = 0, global_batch_size = 0, max_position_embeddings = 0, num_layers = 0,
           hidden_size = 0, num_attention_heads = 0, save_interval = 0;
