@@ -261,7 +261,7 @@ if [ "${cl_enabled}" = "true" ]; then
 fi
 config_json="${config_json}.json"
 template_json="${WORK}/ds_config_gpt_2clmetrics_TEMPLATE.json"
-write_data_efficiency_2cl_config_template "${template_json}"
+write_data_efficiency_config_template "${template_json}" 2
 sed "s/GBSIZE/${global_batch_size}/" ${template_json} \
     | sed "s/MBSIZE/${batch_size}/" \
     | sed "s/LOG_INTERVAL/${log_interval}/" \

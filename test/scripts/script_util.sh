@@ -128,159 +128,13 @@ write_rebase_config_template() {
 JSON
 }
 
-# write_data_efficiency_config_template PATH: Megatron-DeepSpeed's
+# write_data_efficiency_config_template PATH [2]: Megatron-DeepSpeed's
 # examples_deepspeed/data_efficiency/gpt/pretrain/ds_config_gpt_1clmetric_TEMPLATE.json
-# (random-LTD and one curriculum metric, left for the base script's sed lines).
+# (random-LTD and one curriculum metric, left for the base script's sed lines);
+# with 2 its ds_config_gpt_2clmetrics_TEMPLATE.json (a second metric, CL_2nd_*).
 write_data_efficiency_config_template() {
-  cat > "$1" <<'JSON'
-{
-  "train_batch_size": GBSIZE,
-  "train_micro_batch_size_per_gpu": MBSIZE,
-  "steps_per_print": LOG_INTERVAL,
-
-  "zero_optimization": {
-    "stage": ZERO_STAGE
-  },
-
-  "gradient_clipping": 1.0,
-  "prescale_gradients": PRESCALE_GRAD,
-
-  "fp16": {
-    "enabled": true,
-    "loss_scale": 0,
-    "loss_scale_window": 500,
-    "hysteresis": 2,
-    "min_loss_scale": 1,
-    "initial_scale_power": 11
-  },
-
-  "wall_clock_breakdown" : false,
-  "dataloader_drop_last": true,
-  "data_efficiency": {
-    "enabled": true,
-    "seed": DATA_EFFICIENCY_SEED,
-    "data_routing": {
-      "enabled": LTD_ENABLED,
-      "random_ltd":{
-        "enabled": LTD_ENABLED,
-        "total_layer_num": 24,
-        "random_ltd_layer_num": 22,
-        "random_ltd_layer_id": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22],
-        "model_mask_name": "attention_mask",
-        "model_type": "decoder",
-        "hidden_state_order": "seq_batch_dim",
-        "random_ltd_schedule": {
-          "min_value": LTD_MIN,
-          "max_value": LTD_MAX,
-          "schedule_type":"fixed_linear",
-          "schedule_config": {
-            "require_steps": LTD_STEP,
-            "seq_per_step": 16
-          }
-        }
-      } 
-    },
-    "data_sampling": {
-      "enabled": CL_ENABLED,
-      "num_workers": DATA_SAMPLING_NUM_WORKERS,
-      "curriculum_learning": {
-        "enabled": CL_ENABLED,
-        "data_cluster_path": "CL_CLUSTER_PATH",
-        "curriculum_metrics": {
-          "CL_1st_METRIC_NAME": {
-            "index_to_sample_path": "CL_1st_SAMPLE_PATH",
-            "index_to_metric_path": "CL_1st_METRIC_PATH",
-            "difficulty_type": "CL_1st_DIFF_TYPE",
-            "clustering_type": "CL_1st_CLUSTER_TYPE",
-            "min_difficulty": CL_1st_MIN,
-            "max_difficulty": CL_1st_MAX,
-            "schedule_type": "fixed_root",
-            "schedule_config": {
-              "total_curriculum_step": CL_1st_TOTAL_STEP,
-              "difficulty_step": CL_1st_DIFF_STEP,
-              "root_degree": CL_1st_ROOT
-            }
-          }
-        }
-      }
-    }
-  }
-}
-JSON
-}
-
-# write_data_efficiency_2cl_config_template PATH: its ds_config_gpt_2clmetrics_TEMPLATE.json (the same
-# with a second curriculum metric).
-write_data_efficiency_2cl_config_template() {
-  cat > "$1" <<'JSON'
-{
-  "train_batch_size": GBSIZE,
-  "train_micro_batch_size_per_gpu": MBSIZE,
-  "steps_per_print": LOG_INTERVAL,
-
-  "zero_optimization": {
-    "stage": ZERO_STAGE
-  },
-
-  "gradient_clipping": 1.0,
-  "prescale_gradients": PRESCALE_GRAD,
-
-  "fp16": {
-    "enabled": true,
-    "loss_scale": 0,
-    "loss_scale_window": 500,
-    "hysteresis": 2,
-    "min_loss_scale": 1,
-    "initial_scale_power": 11
-  },
-
-  "wall_clock_breakdown" : false,
-  "dataloader_drop_last": true,
-  "data_efficiency": {
-    "enabled": true,
-    "seed": DATA_EFFICIENCY_SEED,
-    "data_routing": {
-      "enabled": LTD_ENABLED,
-      "random_ltd":{
-        "enabled": LTD_ENABLED,
-        "total_layer_num": 24,
-        "random_ltd_layer_num": 22,
-        "random_ltd_layer_id": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22],
-        "model_mask_name": "attention_mask",
-        "model_type": "decoder",
-        "hidden_state_order": "seq_batch_dim",
-        "random_ltd_schedule": {
-          "min_value": LTD_MIN,
-          "max_value": LTD_MAX,
-          "schedule_type":"fixed_linear",
-          "schedule_config": {
-            "require_steps": LTD_STEP,
-            "seq_per_step": 16
-          }
-        }
-      } 
-    },
-    "data_sampling": {
-      "enabled": CL_ENABLED,
-      "num_workers": DATA_SAMPLING_NUM_WORKERS,
-      "curriculum_learning": {
-        "enabled": CL_ENABLED,
-        "data_cluster_path": "CL_CLUSTER_PATH",
-        "curriculum_metrics": {
-          "CL_1st_METRIC_NAME": {
-            "index_to_sample_path": "CL_1st_SAMPLE_PATH",
-            "index_to_metric_path": "CL_1st_METRIC_PATH",
-            "difficulty_type": "CL_1st_DIFF_TYPE",
-            "clustering_type": "CL_1st_CLUSTER_TYPE",
-            "min_difficulty": CL_1st_MIN,
-            "max_difficulty": CL_1st_MAX,
-            "schedule_type": "fixed_root",
-            "schedule_config": {
-              "total_curriculum_step": CL_1st_TOTAL_STEP,
-              "difficulty_step": CL_1st_DIFF_STEP,
-              "root_degree": CL_1st_ROOT
-            }
-          },
+  local second=""
+  [[ "${2:-}" == 2 ]] && second=',
           "CL_2nd_METRIC_NAME": {
             "index_to_sample_path": "CL_2nd_SAMPLE_PATH",
             "index_to_metric_path": "CL_2nd_METRIC_PATH",
@@ -294,7 +148,76 @@ write_data_efficiency_2cl_config_template() {
               "difficulty_step": CL_2nd_DIFF_STEP,
               "root_degree": CL_2nd_ROOT
             }
+          }'
+  cat > "$1" <<JSON
+{
+  "train_batch_size": GBSIZE,
+  "train_micro_batch_size_per_gpu": MBSIZE,
+  "steps_per_print": LOG_INTERVAL,
+
+  "zero_optimization": {
+    "stage": ZERO_STAGE
+  },
+
+  "gradient_clipping": 1.0,
+  "prescale_gradients": PRESCALE_GRAD,
+
+  "fp16": {
+    "enabled": true,
+    "loss_scale": 0,
+    "loss_scale_window": 500,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+    "initial_scale_power": 11
+  },
+
+  "wall_clock_breakdown" : false,
+  "dataloader_drop_last": true,
+  "data_efficiency": {
+    "enabled": true,
+    "seed": DATA_EFFICIENCY_SEED,
+    "data_routing": {
+      "enabled": LTD_ENABLED,
+      "random_ltd":{
+        "enabled": LTD_ENABLED,
+        "total_layer_num": 24,
+        "random_ltd_layer_num": 22,
+        "random_ltd_layer_id": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22],
+        "model_mask_name": "attention_mask",
+        "model_type": "decoder",
+        "hidden_state_order": "seq_batch_dim",
+        "random_ltd_schedule": {
+          "min_value": LTD_MIN,
+          "max_value": LTD_MAX,
+          "schedule_type":"fixed_linear",
+          "schedule_config": {
+            "require_steps": LTD_STEP,
+            "seq_per_step": 16
           }
+        }
+      } 
+    },
+    "data_sampling": {
+      "enabled": CL_ENABLED,
+      "num_workers": DATA_SAMPLING_NUM_WORKERS,
+      "curriculum_learning": {
+        "enabled": CL_ENABLED,
+        "data_cluster_path": "CL_CLUSTER_PATH",
+        "curriculum_metrics": {
+          "CL_1st_METRIC_NAME": {
+            "index_to_sample_path": "CL_1st_SAMPLE_PATH",
+            "index_to_metric_path": "CL_1st_METRIC_PATH",
+            "difficulty_type": "CL_1st_DIFF_TYPE",
+            "clustering_type": "CL_1st_CLUSTER_TYPE",
+            "min_difficulty": CL_1st_MIN,
+            "max_difficulty": CL_1st_MAX,
+            "schedule_type": "fixed_root",
+            "schedule_config": {
+              "total_curriculum_step": CL_1st_TOTAL_STEP,
+              "difficulty_step": CL_1st_DIFF_STEP,
+              "root_degree": CL_1st_ROOT
+            }
+          }${second}
         }
       }
     }
@@ -302,3 +225,4 @@ write_data_efficiency_2cl_config_template() {
 }
 JSON
 }
+
