@@ -346,13 +346,7 @@ json fields_json(const Root& r, std::span<const ConfigField<Root>> table) {
 }
 
 json curriculum_json(const CurriculumConfig& c) {
-  json sc;
-  if (c.schedule == CurriculumSchedule::FixedDiscrete) {
-    sc = {{"difficulty", c.difficulty}, {"max_step", c.max_step}};
-  } else {
-    sc = {{"total_curriculum_step", c.total_curriculum_step}, {"difficulty_step", c.difficulty_step}};
-    if (c.schedule == CurriculumSchedule::FixedRoot) sc["root_degree"] = c.root_degree;
-  }
+  const json sc = curriculum_schedule_json(c);
   return {{"enabled", true},
           {"curriculum_type", "seqlen"},
           {"min_difficulty", c.min_difficulty},

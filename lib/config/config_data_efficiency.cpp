@@ -233,19 +233,12 @@ json data_sampling_json(const DataSamplingConfig& ds) {
   json metrics = json::object();
   for (const CurriculumMetricConfig& m : ds.metrics) {
     const CurriculumConfig& c = m.schedule;
-    json sc;
-    if (c.schedule == CurriculumSchedule::FixedDiscrete) {
-      sc = {{"difficulty", c.difficulty}, {"max_step", c.max_step}};
-    } else {
-      sc = {{"total_curriculum_step", c.total_curriculum_step}, {"difficulty_step", c.difficulty_step}};
-      if (c.schedule == CurriculumSchedule::FixedRoot) sc["root_degree"] = c.root_degree;
-    }
     json j = {{"difficulty_type", m.difficulty == CurriculumDifficulty::Value ? "value" : "percentile"},
               {"clustering_type", m.single_cluster ? "single_cluster" : "schedule_based"},
               {"min_difficulty", c.min_difficulty},
               {"max_difficulty", c.max_difficulty},
               {"schedule_type", curriculum_schedule_name(c.schedule)},
-              {"schedule_config", sc}};
+              {"schedule_config", curriculum_schedule_json(c)}};
     if (!m.index_to_sample_path.empty()) j["index_to_sample_path"] = m.index_to_sample_path;
     if (!m.index_to_metric_path.empty()) j["index_to_metric_path"] = m.index_to_metric_path;
     metrics[m.name] = j;

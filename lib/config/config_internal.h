@@ -94,6 +94,7 @@ void validate_distill(const TrainConfig& cfg);
 void read_random_ltd(DsSection& routing, RandomLtdConfig& r);
 // A curriculum schedule's keys (min/max_difficulty, schedule_type, schedule_config).
 void read_curriculum_schedule(DsSection& s, CurriculumConfig& c);
+nlohmann::json curriculum_schedule_json(const CurriculumConfig& c);  // its schedule_config
 // data_efficiency.data_sampling (`d` is the data_efficiency section); its
 // curriculum is read in full only with --data-efficiency-curriculum-learning
 // (`flag`), as upstream builds the sampler only then.

@@ -625,6 +625,13 @@ void read_curriculum_schedule(DsSection& s, CurriculumConfig& c) {
   sc.finish();
 }
 
+json curriculum_schedule_json(const CurriculumConfig& c) {
+  if (c.schedule == CurriculumSchedule::FixedDiscrete) return {{"difficulty", c.difficulty}, {"max_step", c.max_step}};
+  json sc = {{"total_curriculum_step", c.total_curriculum_step}, {"difficulty_step", c.difficulty_step}};
+  if (c.schedule == CurriculumSchedule::FixedRoot) sc["root_degree"] = c.root_degree;
+  return sc;
+}
+
 namespace {
 
 // DeepSpeed's legacy `curriculum_learning` section. Disabled (or absent
