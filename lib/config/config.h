@@ -198,7 +198,7 @@ struct RandomLtdConfig {
 enum class CurriculumDifficulty { Value, Percentile };
 
 struct CurriculumMetricConfig {
-  std::string name;  // the metric's key: "seqlen_truncate" also truncates every sample to the difficulty
+  std::string name;  // the metric's key: "seqlen_truncate" / "seqlen_reshape" also set the sequence length
   CurriculumDifficulty difficulty = CurriculumDifficulty::Value;  // difficulty_type
   bool single_cluster = true;                                      // clustering_type single_cluster | schedule_based
   std::string index_to_sample_path, index_to_metric_path;          // schedule_based only
@@ -215,11 +215,19 @@ struct DataSamplingConfig {
   std::string data_cluster_path;
   std::vector<CurriculumMetricConfig> metrics;  // by name (the order does not change the samples)
   bool active() const { return enabled && flag; }
-  // The metric that truncates the samples (seqlen_truncate), or null.
+  // The metric that sets the sequence length: seqlen_truncate, else
+  // seqlen_reshape (Megatron-DeepSpeed's data_post_process checks them in
+  // that order), or null.
   const CurriculumMetricConfig* seqlen_metric() const {
-    for (const CurriculumMetricConfig& m : metrics)
-      if (m.name == "seqlen_truncate") return &m;
+    for (const char* name : {"seqlen_truncate", "seqlen_reshape"})
+      for (const CurriculumMetricConfig& m : metrics)
+        if (m.name == name) return &m;
     return nullptr;
+  }
+  // Whether the length re-cuts the rows (seqlen_reshape) instead of truncating them.
+  bool reshapes() const {
+    const CurriculumMetricConfig* m = seqlen_metric();
+    return active() && m && m->name == "seqlen_reshape";
   }
 };
 

@@ -198,10 +198,6 @@ void read_data_sampling(DsSection& d, DsSection& sampling, DataSamplingConfig& d
     DsSection m = metrics.section(name);
     CurriculumMetricConfig c;
     c.name = name;
-    DS_USER_CHECK(name != "seqlen_reshape",
-                  "config: '{}': the seqlen_reshape post-processing (each batch re-cut into rows of the curriculum "
-                  "length, so the micro-batch size changes every step) is not implemented; use seqlen_truncate",
-                  metrics.full(name));
     const std::string dt = metric_path(m, "difficulty_type", "value or percentile");
     DS_USER_CHECK(dt == "value" || dt == "percentile", "config: '{}' is \"{}\"; expected value or percentile",
                   m.full("difficulty_type"), dt);

@@ -77,6 +77,14 @@ std::unique_ptr<MetricIndex> open_metric_index(const CurriculumMetricConfig& m, 
   return std::make_unique<FileMetricIndex>(m, one_epoch_samples);
 }
 
+int64_t seqlen_reshape_rows(int64_t B, int64_t T, int64_t L) {
+  if (L >= T) return B;
+  const int64_t w = L + 1, pieces = (T + 1) / w;
+  int64_t rows = std::min((B * (T + 1) + w - 1) / w, B * pieces + B);
+  if (rows > 1 && rows % 2 != 0) rows -= 1;
+  return rows;
+}
+
 CurriculumSampler::CurriculumSampler(const DataSamplingConfig& cfg, Shape shape,
                                      std::vector<std::unique_ptr<MetricIndex>> index)
     : cfg_(cfg), shape_(shape), index_(std::move(index)) {

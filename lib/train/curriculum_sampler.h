@@ -71,6 +71,13 @@ class MemoryMetricIndex final : public MetricIndex {
 // `one_epoch_samples`. UserError naming the file otherwise.
 std::unique_ptr<MetricIndex> open_metric_index(const CurriculumMetricConfig& m, int64_t one_epoch_samples);
 
+// Megatron-DeepSpeed's data_post_process for seqlen_reshape at length L < T:
+// a micro-batch's B rows of T + 1 tokens are cut into rows of L + 1 (each
+// row's whole (T+1) / (L+1) pieces in order, then every row's last L + 1
+// tokens), of which the first ceil(B (T+1) / (L+1)) are kept, made even when
+// more than one. The number of rows (B when L >= T).
+int64_t seqlen_reshape_rows(int64_t B, int64_t T, int64_t L);
+
 class CurriculumSampler {
  public:
   struct Shape {

@@ -150,6 +150,7 @@ MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, in
     else
       ds.get(first + b, row);
   }
+  if (ids && sampling_.reshapes() && L < T_) return reshape(first, L);
   Tensor tok = Tensor::empty({B_, L}, DType::I32), tgt = Tensor::empty({B_, L}, DType::I32);
   for (int64_t b = 0; b < B_; ++b) {
     const int32_t* row = host_.data<int32_t>() + b * (T_ + 1);
@@ -157,6 +158,28 @@ MicroBatch DataPipeline::fetch(const data::BlendedDataset& ds, int64_t first, in
     std::copy_n(row + 1, L, tgt.data<int32_t>() + b * L);
   }
   return {.tokens = tok, .targets = tgt, .first_sample = first, .step_key = {}};
+}
+
+// seqlen_reshape (seqlen_reshape_rows): the staged (B, T+1) rows re-cut into
+// rows of L + 1 tokens. Each micro-batch's loss is the mean over its own
+// tokens, as Megatron's, so its weight is scaled by B / rows. Rows are not
+// samples: the dropout keys take row r of the micro-batch at sample index
+// first x (T+1) + r, which no other row of the run shares (a micro-batch has
+// at most B (T+1) rows and the next one starts B samples later).
+MicroBatch DataPipeline::reshape(int64_t first, int64_t L) {
+  const int64_t w = L + 1, pieces = (T_ + 1) / w, rows = seqlen_reshape_rows(B_, T_, L);
+  Tensor tok = Tensor::empty({rows, L}, DType::I32), tgt = Tensor::empty({rows, L}, DType::I32);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t* src = r < B_ * pieces ? host_.data<int32_t>() + (r / pieces) * (T_ + 1) + (r % pieces) * w
+                                         : host_.data<int32_t>() + (r - B_ * pieces) * (T_ + 1) + (T_ + 1 - w);
+    std::copy_n(src, L, tok.data<int32_t>() + r * L);
+    std::copy_n(src + 1, L, tgt.data<int32_t>() + r * L);
+  }
+  return {.tokens = tok,
+          .targets = tgt,
+          .first_sample = first * (T_ + 1),
+          .step_key = {},
+          .loss_weight_scale = static_cast<float>(static_cast<double>(B_) / static_cast<double>(rows))};
 }
 
 CurriculumSampler::Chunk DataPipeline::curriculum_chunk(int64_t consumed, int micro, int dp) {
@@ -192,7 +215,7 @@ int64_t DataPipeline::curriculum_seqlen(int64_t consumed, int micro, int dp) {
   const CurriculumMetricConfig* m = sampling_.seqlen_metric();
   if (!m) return T_;
   const CurriculumSampler::Chunk c = curriculum_chunk(consumed, micro, dp);
-  // Megatron-DeepSpeed's data_post_process: keep current_seqlen + 1 tokens when shorter than the sequence.
+  // Megatron-DeepSpeed's data_post_process: keep (or re-cut into) current_seqlen + 1 tokens when shorter.
   return std::min(c.difficulties[static_cast<size_t>(m - sampling_.metrics.data())], T_);
 }
 

@@ -54,6 +54,8 @@ class DataPipeline final : public BatchSource {
   // B samples from `first` of `ds` (ids null), or samples ids[0..B) of the
   // single train dataset, as (B, seqlen) tokens and targets.
   MicroBatch fetch(const data::BlendedDataset& ds, int64_t first, int64_t seqlen, const int64_t* ids = nullptr);
+  // The staged rows re-cut for seqlen_reshape at length L (see the .cpp).
+  MicroBatch reshape(int64_t first, int64_t L);
   // The curriculum's chunk for a micro-step (the sampler is made on first use,
   // when the data-parallel size is known).
   CurriculumSampler::Chunk curriculum_chunk(int64_t consumed, int micro, int dp);

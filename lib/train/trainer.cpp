@@ -22,6 +22,7 @@
 #include "lib/ops/ops.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/train/compression.h"
+#include "lib/train/curriculum_sampler.h"
 #include "lib/train/distill.h"
 #include "lib/train/exit_signal.h"
 #include "lib/train/memory_estimate.h"
@@ -690,6 +691,13 @@ double Trainer::phase_ms() {
   return ms;
 }
 
+// The step's tokens as Megatron-DeepSpeed counts them: its rows (the samples,
+// or seqlen_reshape's rows: data_efficiency_curriculum_learning_numel) times
+// actual_seqlen.
+int64_t Trainer::step_tokens() const {
+  return step_batch_ / cfg_.batch.micro_batch_size * step_rows_ * actual_seqlen();
+}
+
 // Megatron-DeepSpeed's train(): (T (L - n) + R n) // L while R < T.
 int64_t Trainer::actual_seqlen() const {
   const int64_t n = static_cast<int64_t>(cfg_.random_ltd.layer_ids.size()), L = cfg_.model.num_layers;
@@ -744,6 +752,10 @@ float Trainer::train_step() {
     wq_->quantize(model_->compute_params());
   phase_ms();
   seqlen_ = next_seqlen();  // every sample keeps its first seqlen_ positions
+  // seqlen_reshape re-cuts each micro-batch's samples into rows of seqlen_.
+  step_rows_ = cfg_.data_sampling.reshapes()
+                   ? seqlen_reshape_rows(b.micro_batch_size, cfg_.model.seq_length, seqlen_)
+                   : b.micro_batch_size;
   if (cfg_.random_ltd.active()) {  // the engine's global_steps: every step before this one, skipped ones too
     ltd_reserved_ = random_ltd_reserved(cfg_.random_ltd.schedule, state_.iteration);
     model_->set_random_ltd_reserved(ltd_reserved_);
@@ -801,7 +813,7 @@ float Trainer::train_step() {
     if (!overflow) state_.skipped_steps += 1;  // no update: the schedule does not advance either
     state_.iteration += 1;
     state_.consumed_samples += step_batch_;
-    state_.consumed_tokens += step_batch_ * actual_seqlen();
+    state_.consumed_tokens += step_tokens();
     last_grad_norm_ = NAN;
     return loss;
   }
@@ -818,7 +830,7 @@ float Trainer::train_step() {
   applied_steps_ += 1;
   state_.iteration += 1;
   state_.consumed_samples += step_batch_;
-  state_.consumed_tokens += step_batch_ * actual_seqlen();
+  state_.consumed_tokens += step_tokens();
   last_grad_norm_ = gate.norm;
   last_lr_ = h.lr;
   return loss;
@@ -1065,7 +1077,7 @@ void Trainer::log_iteration(float loss, double grad_norm, double ms) {
   s.nan_iters = nan_iters_;
   if (curriculum_ || cfg_.data_sampling.active()) s.curriculum_seqlen = seqlen_;
   s.random_ltd_reserved = ltd_reserved_;
-  double tokens = static_cast<double>(step_batch_) * seqlen_;
+  double tokens = static_cast<double>(step_batch_ / cfg_.batch.micro_batch_size * step_rows_) * seqlen_;
   s.tokens_per_s = tokens / (ms / 1000.0);
   s.tflops = s.tokens_per_s * flops_per_token_ / 1e12;
   s.mfu = peak_tflops_ > 0 ? s.tflops / peak_tflops_ : -1;

@@ -194,6 +194,7 @@ class Trainer {
   int dp_ = 1, dp_rank_ = 0;    // data parallel: which samples this rank reads
   // The current step's global batch and micro-batches per rank (set_step_batch).
   int64_t step_batch_ = 0, step_ga_ = 0;
+  int64_t step_rows_ = 0;  // rows per micro-batch this step: micro_batch_size, or seqlen_reshape's
   int sdp_ = 1, sdp_rank_ = 0;  // sequence x data parallel (Ulysses): gradient reduction, ZeRO
   // The ZeRO partition's ranks: sdp, or with expert parallelism the expert-data-parallel group.
   int zero_ranks_ = 1, zero_rank_ = 0;
@@ -220,6 +221,7 @@ class Trainer {
   // schedules, --train-tokens) and the seqlen logs count.
   int64_t ltd_reserved_ = 0;
   int64_t actual_seqlen() const;
+  int64_t step_tokens() const;  // the step's consumed tokens (rows x actual_seqlen per micro-batch)
   int64_t next_seqlen();  // the curriculum's length for the next step, else seq_length
   MicroBatch local_batch(MicroBatch mb) const;  // Ulysses: this rank's positions of every sample
   CsvMonitor csv_;

@@ -2,8 +2,10 @@
 // trainer (--data-efficiency-curriculum-learning): the config section's
 // parsing, round trip and refusals; a step trains on the samples the sampler
 // draws (curriculum_sampler_ref.py checks that order against DeepSpeed's),
-// truncated to the seqlen_truncate difficulty, with consumed tokens following
-// it; a run resumed mid-curriculum continues bit for bit (the stream replays).
+// truncated to the seqlen_truncate difficulty (or re-cut into rows of it by
+// seqlen_reshape), with consumed tokens following it; a run resumed
+// mid-curriculum continues bit for bit (the stream replays); Megatron's index
+// maps are written when missing and read back.
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -95,9 +97,6 @@ TEST_CASE("the data_sampling section parses, round-trips and refuses bad values"
     INFO(e);
     CHECK_THAT(e, Catch::Contains(what));
   };
-  refused(R"({"seqlen_reshape": {"difficulty_type": "value", "clustering_type": "single_cluster",
-    "min_difficulty": 8, "max_difficulty": 32, "schedule_type": "fixed_linear",
-    "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 8}}})", "seqlen_reshape");
   refused(R"({"voc": {"clustering_type": "schedule_based", "min_difficulty": 1, "max_difficulty": 100,
     "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 1}}})",
           "difficulty_type' is required");
@@ -257,4 +256,65 @@ TEST_CASE("Megatron's index maps: written from dstrain's order when missing, the
     e = u.what();
   }
   CHECK_THAT(e, Catch::Contains("shuffle_idx.npy (missing)") && Catch::Contains("doc_idx.npy (exists)"));
+}
+
+TEST_CASE("seqlen_reshape re-cuts each micro-batch into rows of the curriculum length, as data_post_process") {
+  const std::string path = sampling_config("ds_reshape", R"({"seqlen_reshape": {"difficulty_type": "value",
+    "clustering_type": "single_cluster", "min_difficulty": 8, "max_difficulty": 32, "schedule_type": "fixed_linear",
+    "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 8}}})");
+  const std::vector<std::string> args = {"--deepspeed_config", path, "--data-efficiency-curriculum-learning",
+                                         "--train-iters", "1", "--lr-warmup-iters", "0", "--hidden-dropout", "0",
+                                         "--attention-dropout", "0", "--eval-iters", "0"};
+  TrainConfig cfg = make_config(args);
+  REQUIRE(cfg.data_sampling.reshapes());
+  Trainer t(cfg, single_process());
+  resolve_vocab(cfg);
+  DataPipeline data(cfg, Device::cpu());
+  std::vector<std::unique_ptr<MetricIndex>> none;
+  none.push_back(nullptr);
+  CurriculumSampler sampler(cfg.data_sampling,
+                            {.one_epoch_samples = data.train_samples_per_epoch(), .global_batch = 8, .chunk = 4,
+                             .drop_last = false},
+                            std::move(none));
+  TrainConfig one = make_config(
+      {"--train-iters", "1", "--micro-batch-size", "1", "--global-batch-size", "1", "--lr-warmup-iters", "0"});
+  resolve_vocab(one);
+  DataPipeline p1(one, Device::cpu());
+  // Step 1 at length 8: 4 samples of 33 tokens give 3 pieces of 9 each and their last 9 tokens, 16 rows, of
+  // which ceil(4 x 33 / 9) = 15 are kept, made even: 14.
+  CHECK(seqlen_reshape_rows(4, 32, 8) == 14);
+  CHECK(seqlen_reshape_rows(4, 32, 32) == 4);
+  CHECK(seqlen_reshape_rows(4, 32, 16) == 8);  // 2 pieces of 17 and the tails: 12 rows, ceil(132 / 17) = 8
+  CHECK(seqlen_reshape_rows(1, 32, 24) == 2);  // 1 piece and the tail: ceil(33 / 25) = 2
+  double want = 0;
+  for (int micro = 0; micro < 2; ++micro) {
+    const CurriculumSampler::Chunk c = sampler.chunk(micro);
+    // The pieces as torch's view(-1, 9) of the first 27 tokens, then each sample's last 9, the first 14 kept.
+    std::vector<std::vector<int32_t>> rows, tails;
+    for (int64_t b = 0; b < 4; ++b) {
+      MicroBatch s = p1.train_batch(c.samples[b], 0, 0, 1);
+      std::vector<int32_t> all(s.tokens.data<int32_t>(), s.tokens.data<int32_t>() + 32);
+      all.push_back(s.targets.data<int32_t>()[31]);
+      for (int j = 0; j < 3; ++j) rows.emplace_back(all.begin() + 9 * j, all.begin() + 9 * (j + 1));
+      tails.emplace_back(all.end() - 9, all.end());
+    }
+    rows.insert(rows.end(), tails.begin(), tails.end());
+    rows.resize(14);
+    MicroBatch mb = data.train_batch(0, micro, 0, 1, 8);
+    REQUIRE(mb.tokens.size(0) == 14);
+    REQUIRE(mb.tokens.size(1) == 8);
+    CHECK(mb.loss_weight_scale == Approx(4.0 / 14));
+    for (int64_t r = 0; r < 14; ++r)
+      for (int64_t i = 0; i < 8; ++i) {
+        REQUIRE(mb.tokens.data<int32_t>()[r * 8 + i] == rows[r][i]);
+        REQUIRE(mb.targets.data<int32_t>()[r * 8 + i] == rows[r][i + 1]);
+      }
+    want += t.model().forward_loss(mb.tokens, mb.targets) / 2;  // each micro-batch's mean, averaged
+  }
+  const std::vector<float> got = t.run();
+  REQUIRE(got.size() == 1);
+  INFO("step 1: " << got[0] << ", the micro-batches' mean losses over their rows " << want);
+  CHECK(std::abs(got[0] - want) <= 1e-6 * std::abs(want));
+  CHECK(t.state().consumed_tokens == 2 * 14 * 8);  // Megatron-DeepSpeed: micro-batches x rows x length
+  CHECK(t.state().consumed_samples == 8);
 }
