@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "lib/core/error.h"
 #include "lib/core/log.h"
@@ -98,6 +99,9 @@ CurriculumSampler::CurriculumSampler(const DataSamplingConfig& cfg, Shape shape,
   for (size_t m = 0; m < cfg_.metrics.size(); ++m)
     DS_CHECK(cfg_.metrics[m].single_cluster == (index_[m] == nullptr), "curriculum sampler: metric {} index",
              cfg_.metrics[m].name);
+  DS_USER_CHECK(cfg_.num_epochs >= 1 && cfg_.num_epochs <= std::numeric_limits<int64_t>::max() / shape_.one_epoch_samples,
+                "data_efficiency.data_sampling.num_epochs {} is out of range for {} samples per epoch",
+                cfg_.num_epochs, shape_.one_epoch_samples);
   total_samples_ = shape_.one_epoch_samples * cfg_.num_epochs;
   reset();
 }
