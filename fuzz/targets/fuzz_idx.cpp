@@ -1,4 +1,6 @@
-// Fuzz target: Megatron .idx/.bin reading (lib/data/indexed_dataset.cpp).
+// Fuzz target: Megatron .idx/.bin reading (lib/data/indexed_dataset.cpp), and
+// the same bytes as DeepSpeed's data-analysis flavour (its dtype codes; every
+// value read as int64, as the curriculum sampler reads its index files).
 // Input: "IDX BYTES\n@@BIN@@\nBIN BYTES"; every token of an opened dataset is read.
 #include <vector>
 
@@ -11,9 +13,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view idx = parts.first, bin = parts.second;
   ds::fuzz::write_scratch("d.idx", idx);
   const std::string prefix = ds::fuzz::write_scratch("d.bin", bin);
-  return ds::fuzz::run_one([&] {
-    auto d = ds::data::IndexedDataset::open(prefix.substr(0, prefix.size() - 4));
+  const std::string stem = prefix.substr(0, prefix.size() - 4);
+  ds::fuzz::run_one([&] {
+    auto d = ds::data::IndexedDataset::open(stem);
     (void)ds::data::max_token_id(d);
     for (int64_t i = 0; i < d.num_documents(); ++i) (void)d.doc_idx()[i];
+  });
+  return ds::fuzz::run_one([&] {
+    auto d = ds::data::IndexedDataset::open(stem, ds::data::DTypeCodes::DeepSpeed);
+    for (int64_t i = 0; i < d.num_sequences(); ++i) (void)d.values(i);
   });
 }
