@@ -21,7 +21,8 @@
 # the iterations Megatron-DeepSpeed's token count gives for the two schedules
 # (an independent transcription below), logs the curriculum seqlen and the
 # random-LTD length as upstream, forms the rarity clusters percentile by
-# percentile, writes the index maps, and its loss falls.
+# percentile, writes the index maps, its loss falls, and the checkpoint's
+# resolved configuration has both features on as given.
 set -euo pipefail
 source "$(dirname "$0")/script_util.sh"
 setup_run "$1" data_efficiency_cl
@@ -353,4 +354,17 @@ for f in "${doc_idx_path}" "${sample_idx_path}" "${shuffle_idx_path}"; do
   [[ -f "$f" ]] || fail "the run did not write the index map $f" "${log}"
 done
 [[ "$(cat "${checkpoint_path}/latest")" == "global_step${iters}" ]] || fail "latest is not global_step${iters}" "${log}"
+# The resolved configuration saved with the checkpoint has both features on, fp16 and the curriculum as given.
+/usr/bin/python3 - "${checkpoint_path}/global_step${iters}/state.json" <<'PY' || fail "the checkpoint's resolved config" "${log}"
+import json, sys
+c = json.load(open(sys.argv[1]))["config"]
+de = c["data_efficiency"]
+cl = de["data_sampling"]["curriculum_learning"]
+assert cl["enabled"] and de["data_routing"]["random_ltd"]["enabled"], de
+assert c["training"]["data_efficiency_curriculum_learning"] and c["training"]["random_ltd"], c["training"]
+assert c["fp16"]["enabled"] and not c["bf16"]["enabled"]
+voc, seq = cl["curriculum_metrics"]["voc"], cl["curriculum_metrics"]["seqlen_truncate"]
+assert (voc["difficulty_type"], voc["clustering_type"], voc["max_difficulty"]) == ("percentile", "schedule_based", 100), voc
+assert (seq["min_difficulty"], seq["max_difficulty"], seq["schedule_config"]["difficulty_step"]) == (16, 64, 8), seq
+PY
 echo "PASS: data_efficiency analysis + CL + random-LTD block: ${iters} iterations (the baseline's token count would stop at $(( train_tokens / global_batch_size / seq_len ))), curriculum seqlen 16 -> 64, rarity percentiles 23 -> 100, loss falls"
