@@ -66,15 +66,18 @@ std::vector<HfPiece> gpt2_map(const ModelDims& d) {
   return m;
 }
 
-// OPT (OPTForCausalLM, pre-LN: do_layer_norm_before): LayerNorm, ReLU,
-// biases, separate q/k/v projections (our qkv rows [q|k|v]), learned
-// positions offset by 2: an imported OPT keeps the whole table
-// (model.position_offset 2, row 1 is the padding tokens' position); a ReLU
-// model without the offset writes 2 zero rows first.
+// OPT (OPTForCausalLM): LayerNorm, ReLU, biases, separate q/k/v
+// projections (our qkv rows [q|k|v]), learned positions offset by 2: an
+// imported OPT keeps the whole table (model.position_offset 2, row 1 is the
+// padding tokens' position); a ReLU model without the offset writes 2 zero
+// rows first. OPT-350m: post-norm blocks (do_layer_norm_before false, no
+// final norm) and project_in / project_out around a narrower token embedding
+// (word_embed_proj_dim).
 std::vector<HfPiece> opt_map(const ModelDims& d) {
   const std::string dec = "model.decoder.";
   std::vector<HfPiece> m = {{dec + "embed_tokens.weight", "embed.wte", 0, d.V, false},
                             {dec + "embed_positions.weight", "embed.wpe", 0, -1, false, 0, 2 - d.pos_offset}};
+  if (d.projects()) m.push_back({dec + "project_in.weight", "embed.project_in"});
   const int64_t C = d.C;
   for (int l = 0; l < d.L; ++l) {
     std::string h = dec + "layers." + std::to_string(l) + ".", o = "layers." + std::to_string(l) + ".";
@@ -94,8 +97,11 @@ std::vector<HfPiece> opt_map(const ModelDims& d) {
     m.push_back({h + "fc2.weight", o + "mlp.proj.weight"});
     m.push_back({h + "fc2.bias", o + "mlp.proj.bias"});
   }
-  m.push_back({dec + "final_layer_norm.weight", "final_norm.weight"});
-  m.push_back({dec + "final_layer_norm.bias", "final_norm.bias"});
+  if (d.final_norm()) {
+    m.push_back({dec + "final_layer_norm.weight", "final_norm.weight"});
+    m.push_back({dec + "final_layer_norm.bias", "final_norm.bias"});
+  }
+  if (d.projects()) m.push_back({dec + "project_out.weight", "head.project_out"});
   if (d.untied) m.push_back({"lm_head.weight", "head.weight", 0, d.V, false});
   return m;
 }
@@ -206,6 +212,9 @@ HfArch hf_arch(const ModelDims& d, const char* what) {
     if (d.moe_residual) refuse("PR-MoE's dense MLP beside the experts (--mlp-type residual)", arch, needs);
     return HfArch::Mixtral;
   }
+  if ((d.post_norm || d.projects()) && !d.relu)
+    refuse(d.post_norm ? "post-norm blocks" : "projected token embedding", "OPTForCausalLM",
+           "OPT-350m's post-norm blocks and project_in / project_out come with OPT's ReLU blocks");
   if (d.relu) {  // OPT: learned positions, LayerNorm, ReLU, biases, multi-head attention
     const char* arch = "OPTForCausalLM", *needs = "ReLU needs learned positions, LayerNorm, biases and NKV = NH";
     if (d.rope) refuse("ReLU with RoPE", arch, needs);
@@ -360,9 +369,9 @@ nlohmann::json hf_config(const ModelConfig& c, const ModelDims& d, const HfToken
   }
   if (arch == HfArch::OPT) {
     return {{"architectures", {"OPTForCausalLM"}}, {"model_type", "opt"}, {"hidden_size", d.C},
-            {"word_embed_proj_dim", d.C}, {"num_attention_heads", d.NH}, {"num_hidden_layers", d.L},
+            {"word_embed_proj_dim", d.P}, {"num_attention_heads", d.NH}, {"num_hidden_layers", d.L},
             {"ffn_dim", d.F}, {"max_position_embeddings", d.maxT}, {"vocab_size", d.V},
-            {"activation_function", "relu"}, {"do_layer_norm_before", true}, {"enable_bias", true},
+            {"activation_function", "relu"}, {"do_layer_norm_before", !d.post_norm}, {"enable_bias", true},
             {"layer_norm_elementwise_affine", true}, {"tie_word_embeddings", !d.untied}, {"dropout", 0.0},
             {"attention_dropout", 0.0}, {"activation_dropout", 0.0}, {"layerdrop", 0.0},
             {"bos_token_id", bos}, {"eos_token_id", eos}, {"torch_dtype", "float32"}};
@@ -481,13 +490,13 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const std::string& fil
     const std::string act = text("activation_function");
     DS_USER_CHECK(act.empty() || act == "relu", "{}: '{}': OPT with activation_function '{}' is not supported "
                   "(relu is)", what, file, act);
-    DS_USER_CHECK(flag("do_layer_norm_before", true), "{}: '{}': do_layer_norm_before false (OPT-350m's "
-                  "post-LayerNorm blocks) is not supported", what, file);
-    DS_USER_CHECK(integer("word_embed_proj_dim", m.hidden_size, false) == m.hidden_size, "{}: '{}': "
-                  "word_embed_proj_dim differs from hidden_size (OPT-350m's project_in/project_out) and is not "
-                  "supported", what, file);
+    // OPT-350m: post-norm blocks without a final norm, and its token
+    // embedding word_embed_proj_dim wide between project_in and project_out.
+    m.post_norm = !flag("do_layer_norm_before", true);
+    const int proj = integer("word_embed_proj_dim", m.hidden_size, false);
+    m.embed_proj_dim = proj == m.hidden_size ? 0 : proj;
     DS_USER_CHECK(flag("enable_bias", true) && flag("layer_norm_elementwise_affine", true) &&
-                      !flag("_remove_final_layer_norm", false),
+                      (m.post_norm || !flag("_remove_final_layer_norm", false)),
                   "{}: '{}': OPT without biases, without LayerNorm weights or without the final LayerNorm is not "
                   "supported", what, file);
   } else if (type == "gpt_neox") {

@@ -171,6 +171,8 @@ json model_json(const ModelConfig& m) {
   if (m.decay_block_norms) j["decay_block_norms"] = true;
   if (m.value_head) j["value_head"] = true;
   if (m.position_offset != 0) j["position_offset"] = m.position_offset;
+  if (m.post_norm) j["post_norm"] = true;
+  if (m.embed_proj_dim != 0) j["embed_proj_dim"] = m.embed_proj_dim;
   return j;
 }
 

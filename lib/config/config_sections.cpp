@@ -40,6 +40,8 @@ void read_model_section(JsonSection s, ModelConfig& m) {
   m.decay_block_norms = s.get<bool>("decay_block_norms", m.decay_block_norms);
   m.value_head = s.get<bool>("value_head", m.value_head);
   m.position_offset = s.get<int>("position_offset", m.position_offset);
+  m.post_norm = s.get<bool>("post_norm", m.post_norm);
+  m.embed_proj_dim = s.get<int>("embed_proj_dim", m.embed_proj_dim);
   m.position = read_choice(s, "position", kPositions, m.position);
   if (s.has("moe")) read_moe_section(s.section("moe"), m.moe);
   s.mark("moe");

@@ -66,6 +66,8 @@ void GptModel::init_local() {
 void GptModel::set_ulysses(SpComm sp) {
   DS_CHECK(!sp.active() || (sp.comm && sp.comm->size() == sp.size && sp.comm->rank() == sp.rank),
            "GptModel: sp {} rank {} without a matching sp communicator", sp.size, sp.rank);
+  DS_USER_CHECK(!sp.active() || (!d_.post_norm && !d_.projects()), "ds_sequence_parallel_size {}: post-norm "
+                "blocks and a projected embedding (OPT-350m's) run without sequence parallelism", sp.size);
   sp_ = sp;
   qkv_split_ = HeadSplit{.U = sp.size, .HS = d_.HS, .heads = {NHl_, NKVl_, NKVl_}};
   out_split_ = HeadSplit{.U = sp.size, .HS = d_.HS, .heads = {NHl_}};
@@ -193,7 +195,7 @@ std::vector<int> GptModel::forward_order(int chunk) const {
 }
 
 // backward(): tied logits (embeddings), final norm (+ head), layers in reverse.
-// The embedding backward needs no parameters.
+// The embedding backward needs no parameters, but for project_in's.
 std::vector<int> GptModel::backward_order(int chunk) const {
   std::vector<int> o;
   if (has_head(chunk)) {
@@ -201,6 +203,7 @@ std::vector<int> GptModel::backward_order(int chunk) const {
     o.push_back(d_.L + 1);
   }
   for (int l = layout_.chunks[chunk].end - 1; l >= layout_.chunks[chunk].begin; --l) o.push_back(l + 1);
+  if (embeds(chunk) && d_.projects()) o.push_back(0);
   return o;
 }
 
@@ -232,10 +235,14 @@ void GptModel::alloc_act_set(ActSet& s, int64_t B, int64_t T) {
     if (recompute_.kind == RecomputeConfig::Kind::Selective) s.acts[l].attn_out = scratch_.attn_out;
     if (!sp_.active()) s.acts[l].attn_seq = s.acts[l].attn_out;
   }
+  if (layout_.first_stage() && d_.projects()) s.emb_in = act({B, T, d_.P});
   if (!layout_.last_stage()) return;
-  s.final_out = act({Nl, C});
-  s.final_mean = f32({Nl});
-  s.final_rstd = f32({Nl});
+  if (d_.final_norm()) {
+    s.final_out = act({Nl, C});
+    s.final_mean = f32({Nl});
+    s.final_rstd = f32({Nl});
+  }
+  if (d_.projects()) s.head_in = act({N, d_.P});
   s.logits = act({N, Vl_});
 }
 
@@ -254,7 +261,7 @@ void GptModel::alloc_layer_acts(LayerActs& a, int64_t B, int64_t T, bool dense_m
   a.attn_seq = sp_.active() ? act({B, T, Cl}) : a.attn_out;
   a.lse = f32({B, NHa_, Ta});
   a.resid_mid = act({Nl, C});
-  a.norm2_out = act({Nl, C});
+  (d_.post_norm ? a.resid_out : a.norm2_out) = act({Nl, C});
   a.norm2_mean = f32({Nl});
   a.norm2_rstd = f32({Nl});
   if (!dense_mlp) return;  // an MoE layer sizes its own (MoeActs) in each forward
@@ -304,6 +311,13 @@ void GptModel::ensure_acts(int64_t B, int64_t T) {
   }
   dfc_ = act({N, F_in});
   dact_ = fused_gelu_mlp() ? Tensor() : act({N, Fl});  // the fused backward writes dfc_ directly
+  dpost_ = d_.post_norm ? act({N, C}) : Tensor();
+  if (d_.projects()) {
+    no_rows_ = Tensor::empty({0, C}, compute_, dev_);
+    emb_pos_ = act({B, T, C});
+    demb_in_ = act({B, T, d_.P});
+    dhead_in_ = act({N, d_.P});
+  }
   ltd_x_ = ltd_.layers.empty() ? Tensor() : act({N * C});
   ltd_y_ = ltd_.layers.empty() ? Tensor() : act({N * C});
 }
@@ -349,15 +363,18 @@ void GptModel::dropout_add_norm(const NormParams& norm, const Tensor& sum, const
 }
 
 void GptModel::norm_backward(const NormParams& norm, const Tensor& dinp, const Tensor& dout,
-                             const Tensor& inp, const Tensor& mean, const Tensor& rstd) {
+                             const Tensor& inp, const Tensor& mean, const Tensor& rstd, Accum accum) {
+  DS_CHECK(!tp_.sp() || accum == Accum::Add, "norm_backward: sequence parallelism accumulates");
   if (tp_.sp())
     sp_norm_backward(norm, dinp, dout, inp, mean, rstd);
   else
-    norm_backward_op(norm, dinp, dout, inp, mean, rstd, dw(norm.weight), d_.rmsnorm ? Tensor() : dw(norm.bias));
+    norm_backward_op(norm, dinp, dout, inp, mean, rstd, dw(norm.weight), d_.rmsnorm ? Tensor() : dw(norm.bias),
+                     accum);
 }
 
 void GptModel::norm_backward_op(const NormParams& norm, const Tensor& dinp, const Tensor& dout, const Tensor& inp,
-                                const Tensor& mean, const Tensor& rstd, const Tensor& dweight, const Tensor& dbias) {
+                                const Tensor& mean, const Tensor& rstd, const Tensor& dweight, const Tensor& dbias,
+                                Accum accum) {
   if (d_.rmsnorm) {
     ops::rmsnorm_backward({.dinp = dinp,
                            .dweight = dweight,
@@ -365,7 +382,7 @@ void GptModel::norm_backward_op(const NormParams& norm, const Tensor& dinp, cons
                            .inp = rows(inp),
                            .weight = w(norm.weight),
                            .rstd = rstd,
-                           .accum = Accum::Add},
+                           .accum = accum},
                           stream_);
   } else {
     ops::layernorm_backward({.dinp = dinp,
@@ -376,7 +393,7 @@ void GptModel::norm_backward_op(const NormParams& norm, const Tensor& dinp, cons
                              .weight = w(norm.weight),
                              .mean = mean,
                              .rstd = rstd,
-                             .accum = Accum::Add},
+                             .accum = accum},
                             stream_);
   }
 }
@@ -444,14 +461,16 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tens
   LayerActs& a = S().acts[l];
   const LayerParams& P = lp(l);
   const bool row_bias = tp_.rank == 0;
-  if (x_residual.defined())  // the previous layer's closing add, fused with this norm1
+  if (d_.post_norm)  // the attention reads x itself (post-norm blocks never leave their add to the next norm)
+    DS_CHECK(!x_residual.defined(), "post-norm layer {}: a pending residual add", l);
+  else if (x_residual.defined())  // the previous layer's closing add, fused with this norm1
     dropout_add_norm(P.norm1, x, x, x_residual, DropoutSpec{}, a.norm1_out, a.norm1_mean, a.norm1_rstd);
   else
     norm_forward(P.norm1, a.norm1_out, a.norm1_mean, a.norm1_rstd, x);
   Tensor qkv_lin = d_.rope ? a.qkv_pre : a.qkv;  // (B, U*T, QKVa): the attention's heads
   quantize_input(l, 0, a.norm1_out);
   ops::matmul_forward({.out = rows(sp_.active() ? uly_qkv_ : qkv_lin),
-                       .inp = enter_tp(a.norm1_out),
+                       .inp = enter_tp(attn_input(a, x)),
                        .weight = w(P.attn.qkv.weight),
                        .bias = opt(P.attn.qkv.bias, false)},
                       stream_);
@@ -482,6 +501,13 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tens
                        .bias = row_bias ? opt(P.attn.proj.bias, false) : Tensor()},
                       stream_);
   exit_tp(a.resid_mid);
+  if (d_.post_norm) {  // x1 = norm1(x + attn), y = norm2(x1 + mlp(x1))
+    dropout_add_norm(P.norm1, a.resid_mid, a.resid_mid, rows(x), hidden_dropout(l, DropoutSite::AttentionOut),
+                     a.norm1_out, a.norm1_mean, a.norm1_rstd);
+    mlp_forward(l, a, a.resid_out, ResidualAdd::InLayer);
+    norm_forward(P.norm2, rows(y), a.norm2_mean, a.norm2_rstd, a.resid_out);
+    return;
+  }
   dropout_add_norm(P.norm2, a.resid_mid, a.resid_mid, rows(x), hidden_dropout(l, DropoutSite::AttentionOut),
                    a.norm2_out, a.norm2_mean, a.norm2_rstd);
   if (P.is_moe())
@@ -490,23 +516,28 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tens
     mlp_forward(l, a, y, add);
 }
 
+Tensor GptModel::attn_input(const LayerActs& a, const Tensor& x) const {
+  return d_.post_norm ? rows(x) : a.norm1_out;
+}
+
 // y = resid_mid + dropout(proj(act(fc(norm2_out)))) (with add InNextNorm,
-// y = proj(...) only: the next norm adds resid_mid). fc_out holds the
+// y = proj(...) only: the next norm adds resid_mid); post-norm blocks read
+// and add norm1_out instead (mlp_input, mlp_residual). fc_out holds the
 // pre-activation either way (the fused op's `pre`), act_out the activation.
 void GptModel::mlp_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add) {
   const LayerParams& P = lp(l);
   const bool row_bias = tp_.rank == 0;
-  quantize_input(l, 2, a.norm2_out);
+  quantize_input(l, 2, mlp_input(a));
   if (fused_gelu_mlp()) {
     ops::matmul_bias_gelu_forward({.out = a.act_out,
                                    .pre = a.fc_out,
-                                   .inp = enter_tp(a.norm2_out),
+                                   .inp = enter_tp(mlp_input(a)),
                                    .weight = w(P.mlp.fc.weight),
                                    .bias = opt(P.mlp.fc.bias, false)},
                                   stream_);
   } else {
     ops::matmul_forward({.out = a.fc_out,
-                         .inp = enter_tp(a.norm2_out),
+                         .inp = enter_tp(mlp_input(a)),
                          .weight = w(P.mlp.fc.weight),
                          .bias = opt(P.mlp.fc.bias, false)},
                         stream_);
@@ -526,12 +557,12 @@ void GptModel::mlp_forward(int l, LayerActs& a, const Tensor& y, ResidualAdd add
                        .bias = row_bias ? opt(P.mlp.proj.bias, false) : Tensor()},
                       stream_);
   exit_tp(y2);
-  if (add == ResidualAdd::InLayer) dropout_add(y2, y2, a.resid_mid, hidden_dropout(l, DropoutSite::MlpOut));
+  if (add == ResidualAdd::InLayer) dropout_add(y2, y2, mlp_residual(a), hidden_dropout(l, DropoutSite::MlpOut));
 }
 
 ResidualAdd GptModel::closing_add(int l, int chunk) {
   // A dropping layer (random-LTD) reads a complete input and writes a complete output.
-  if (ltd_active(l) || ltd_active(l + 1)) return ResidualAdd::InLayer;
+  if (ltd_active(l) || ltd_active(l + 1) || d_.post_norm) return ResidualAdd::InLayer;
   const bool next_norm_here = l + 1 < layout_.chunks[chunk].end || has_head(chunk);
   const bool no_dropout = hidden_dropout(l, DropoutSite::MlpOut).p == 0.f;
   return next_norm_here && no_dropout ? ResidualAdd::InNextNorm : ResidualAdd::InLayer;
@@ -567,7 +598,7 @@ void GptModel::mlp_backward(int l, LayerActs& a, const Tensor& dresid) {
   } else {
     ops::gelu_backward({.out = dfc_, .inp = a.fc_out, .dout = dact_}, stream_);
   }
-  const Tensor fc_in = enter_tp(a.norm2_out);
+  const Tensor fc_in = enter_tp(mlp_input(a));
   ops::matmul_backward({.dinp = dnorm_,
                         .dweight = weight_grad(l, P.mlp.fc.weight, dfc_, fc_in),
                         .dbias = fused ? Tensor() : opt(P.mlp.fc.bias, true),
@@ -579,6 +610,7 @@ void GptModel::mlp_backward(int l, LayerActs& a, const Tensor& dresid) {
 }
 
 void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
+  if (d_.post_norm) return post_norm_layer_backward(l, x, dresid);
   LayerActs& a = S().acts[l];
   const LayerParams& P = lp(l);
   if (P.is_moe()) {
@@ -587,7 +619,25 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
     mlp_backward(l, a, dresid);
     norm_backward(P.norm2, dresid, enter_tp_backward(dnorm_), a.resid_mid, a.norm2_mean, a.norm2_rstd);
   }
-  // Attention branch.
+  attention_branch_backward(l, a, x, dresid);
+  norm_backward(P.norm1, dresid, enter_tp_backward(dnorm_), x, a.norm1_mean, a.norm1_rstd);
+}
+
+// y = norm2(r), r = x1 + dropout(mlp(x1)), x1 = norm1(m), m = x + dropout(attn(x)):
+// dresid goes in as dy and comes out as dx.
+void GptModel::post_norm_layer_backward(int l, const Tensor& x, const Tensor& dresid) {
+  LayerActs& a = S().acts[l];
+  const LayerParams& P = lp(l);
+  norm_backward(P.norm2, dpost_, dresid, a.resid_out, a.norm2_mean, a.norm2_rstd, Accum::Overwrite);  // dr
+  mlp_backward(l, a, dpost_);
+  ops::add({.out = dpost_, .a = dpost_, .b = enter_tp_backward(dnorm_)}, stream_);  // dx1: the residual + the MLP
+  norm_backward(P.norm1, dresid, dpost_, a.resid_mid, a.norm1_mean, a.norm1_rstd, Accum::Overwrite);  // dm
+  attention_branch_backward(l, a, x, dresid);
+  ops::add({.out = dresid, .a = dresid, .b = enter_tp_backward(dnorm_)}, stream_);  // dx: the residual + attention
+}
+
+void GptModel::attention_branch_backward(int l, LayerActs& a, const Tensor& x, const Tensor& dresid) {
+  const LayerParams& P = lp(l);
   const Tensor dproj = exit_tp_backward(dropout_grad(dresid, hidden_dropout(l, DropoutSite::AttentionOut)));
   ops::matmul_backward({.dinp = rows(dattn_),
                         .dweight = weight_grad(l, P.attn.proj.weight, dproj, proj_input(l, a)),
@@ -626,7 +676,7 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
   }
   // (Replicated kv heads: their gradients are summed over tp right here, so
   // the qkv weight gradient is never deferred.)
-  const Tensor qkv_in = enter_tp(a.norm1_out);
+  const Tensor qkv_in = enter_tp(attn_input(a, x));
   ops::matmul_backward({.dinp = dnorm_,
                         .dweight = kv_shared ? kv_dw_ : weight_grad(l, P.attn.qkv.weight, rows(dqkv_), qkv_in),
                         .dbias = kv_shared ? kv_db_ : opt(P.attn.qkv.bias, true),
@@ -636,7 +686,6 @@ void GptModel::layer_backward(int l, const Tensor& x, const Tensor& dresid) {
                         .accum = Accum::Overwrite},
                        stream_);
   if (kv_shared) sum_shared_kv_grads(P.attn);
-  norm_backward(P.norm1, dresid, enter_tp_backward(dnorm_), x, a.norm1_mean, a.norm1_rstd);
 }
 
 // A pipeline stage runs only its layers: the first embeds the tokens, the
@@ -648,23 +697,27 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
   const int last = d_.L + 1;
   if (embeds(chunk)) {
     use_params(0);
-    // Vocab-parallel: each rank embeds the tokens it owns (zeros elsewhere);
-    // the replicated wpe is added by tp rank 0 only; the all-reduce sums both.
-    Tensor wpe = tp_.rank == 0 ? opt(layout_.embed.wpe, false) : Tensor();
-    Tensor emb = exit_tp_target(rows(S().resid[0])).reshape({B_, T_, d_.C});
-    ops::embedding_forward(
-        {.out = emb,
-         .tokens = tokens,
-         .wte = w(layout_.embed.wte),
-         .wpe = wpe,
-         .vocab_start = vocab_start_,
-         .pos_offset = sp_.rank * T_,  // Ulysses: global positions
-         .row_offset = d_.pos_offset,
-         .lengths = S().lengths,
-         .pad_row = d_.pos_offset - 1,
-         .shifts = S().shifts},
-        stream_);
-    exit_tp(rows(S().resid[0]));
+    if (d_.projects()) {
+      projected_embedding_forward(tokens);
+    } else {
+      // Vocab-parallel: each rank embeds the tokens it owns (zeros elsewhere);
+      // the replicated wpe is added by tp rank 0 only; the all-reduce sums both.
+      Tensor wpe = tp_.rank == 0 ? opt(layout_.embed.wpe, false) : Tensor();
+      Tensor emb = exit_tp_target(rows(S().resid[0])).reshape({B_, T_, d_.C});
+      ops::embedding_forward(
+          {.out = emb,
+           .tokens = tokens,
+           .wte = w(layout_.embed.wte),
+           .wpe = wpe,
+           .vocab_start = vocab_start_,
+           .pos_offset = sp_.rank * T_,  // Ulysses: global positions
+           .row_offset = d_.pos_offset,
+           .lengths = S().lengths,
+           .pad_row = d_.pos_offset - 1,
+           .shifts = S().shifts},
+          stream_);
+      exit_tp(rows(S().resid[0]));
+    }
     const DropoutSpec d = hidden_dropout(-1, DropoutSite::Embedding);
     if (d.p != 0.f) dropout_add(rows(S().resid[0]), rows(S().resid[0]), Tensor(), d);
     drop_params(0);
@@ -687,15 +740,69 @@ void GptModel::forward(const Tensor& tokens, int chunk) {
   if (pending.defined())
     dropout_add_norm(layout_.head.final_norm, S().resid[d_.L], S().resid[d_.L], pending, DropoutSpec{}, S().final_out,
                      S().final_mean, S().final_rstd);
-  else
+  else if (d_.final_norm())
     norm_forward(layout_.head.final_norm, S().final_out, S().final_mean, S().final_rstd, S().resid[d_.L]);
+  if (d_.projects())
+    ops::matmul_forward({.out = S().head_in, .inp = final_output(), .weight = w(layout_.head.project_out),
+                         .bias = Tensor()},
+                        stream_);
   if (!d_.untied) {
     drop_params(last);
     use_params(0);
   }
   Tensor head = d_.untied ? w(layout_.head.head) : w(layout_.embed.wte);  // this rank's vocab rows
-  ops::matmul_forward({.out = S().logits, .inp = enter_tp(S().final_out), .weight = head, .bias = Tensor()}, stream_);
+  ops::matmul_forward({.out = S().logits, .inp = enter_tp(head_input()), .weight = head, .bias = Tensor()}, stream_);
   drop_params(d_.untied ? last : 0);
+}
+
+Tensor GptModel::final_output() { return d_.final_norm() ? S().final_out : rows(S().resid[d_.L]); }
+
+Tensor GptModel::head_input() { return d_.projects() ? S().head_in : final_output(); }
+
+// resid[0] = project_in(wte[tokens]) + the positions (learned positions as
+// embedding_forward adds them: an empty token table leaves the positions alone).
+void GptModel::projected_embedding_forward(const Tensor& tokens) {
+  DS_CHECK(!tp_.active() && !sp_.active(), "a projected embedding runs on one tensor- and sequence-parallel rank");
+  ops::embedding_forward({.out = S().emb_in, .tokens = tokens, .wte = w(layout_.embed.wte), .wpe = Tensor()},
+                         stream_);
+  ops::matmul_forward({.out = rows(S().resid[0]), .inp = rows(S().emb_in), .weight = w(layout_.embed.project_in),
+                       .bias = Tensor()},
+                      stream_);
+  if (!layout_.embed.wpe.defined()) return;
+  ops::embedding_forward({.out = emb_pos_,
+                          .tokens = tokens,
+                          .wte = no_rows_,
+                          .wpe = w(layout_.embed.wpe),
+                          .row_offset = d_.pos_offset,
+                          .lengths = S().lengths,
+                          .pad_row = d_.pos_offset - 1,
+                          .shifts = S().shifts},
+                         stream_);
+  ops::add({.out = rows(S().resid[0]), .a = rows(S().resid[0]), .b = rows(emb_pos_)}, stream_);
+}
+
+void GptModel::projected_embedding_backward(const Tensor& tokens, const Tensor& demb) {
+  if (layout_.embed.wpe.defined())
+    ops::embedding_backward({.dwte = Tensor::empty({0, d_.C}, dw(layout_.embed.wpe).dtype(), dev_),
+                             .dwpe = dw(layout_.embed.wpe),
+                             .dout = demb,
+                             .tokens = tokens,
+                             .row_offset = d_.pos_offset,
+                             .lengths = S().lengths,
+                             .pad_row = d_.pos_offset - 1,
+                             .shifts = S().shifts},
+                            stream_);
+  use_params(0);  // project_in's input gradient needs its weight
+  ops::matmul_backward({.dinp = rows(demb_in_),
+                        .dweight = dw(layout_.embed.project_in),
+                        .dbias = Tensor(),
+                        .dout = rows(demb),
+                        .inp = rows(S().emb_in),
+                        .weight = w(layout_.embed.project_in),
+                        .accum = Accum::Overwrite},
+                       stream_);
+  drop_params(0);
+  ops::embedding_backward({.dwte = dw(layout_.embed.wte), .dout = demb_in_, .tokens = tokens}, stream_);
 }
 
 float GptModel::loss_and_dlogits(const Tensor& tokens, const Tensor& targets, float loss_weight, bool backward,
@@ -810,23 +917,36 @@ void GptModel::head_backward() {
   use_grads(head_unit);
   Tensor head = d_.untied ? w(layout_.head.head) : w(layout_.embed.wte);
   Tensor dhead = d_.untied ? dw(layout_.head.head) : dw(layout_.embed.wte);
-  ops::matmul_backward({.dinp = dnorm_,
+  ops::matmul_backward({.dinp = d_.projects() ? dhead_in_ : dnorm_,
                         .dweight = dhead,
                         .dbias = Tensor(),
                         .dout = S().logits,
-                        .inp = enter_tp(S().final_out),
+                        .inp = enter_tp(head_input()),
                         .weight = head,
                         .accum = Accum::Overwrite},
                        stream_);
-  Tensor dfinal = enter_tp_backward(dnorm_);
   if (!d_.untied) {
     drop_params(0);
     if (!layout_.first_stage()) grads_done(0);
     use_params(last);
     use_grads(last);
   }
-  dresid_.zero_();
-  norm_backward(layout_.head.final_norm, dresid_, dfinal, S().resid[d_.L], S().final_mean, S().final_rstd);
+  if (d_.projects())
+    ops::matmul_backward({.dinp = dnorm_,
+                          .dweight = dw(layout_.head.project_out),
+                          .dbias = Tensor(),
+                          .dout = dhead_in_,
+                          .inp = final_output(),
+                          .weight = w(layout_.head.project_out),
+                          .accum = Accum::Overwrite},
+                         stream_);
+  Tensor dfinal = enter_tp_backward(dnorm_);
+  if (d_.final_norm()) {
+    dresid_.zero_();
+    norm_backward(layout_.head.final_norm, dresid_, dfinal, S().resid[d_.L], S().final_mean, S().final_rstd);
+  } else {
+    dresid_.copy_from(dfinal);
+  }
   drop_params(last);
   grads_done(last);
 }
@@ -852,6 +972,11 @@ void GptModel::backward(const Tensor& tokens, const Tensor& dout, int chunk) {
   use_grads(0);
   // Every rank: the same (replicated) wpe gradient (sequence parallel: gathered).
   Tensor demb = exit_tp_backward(dropout_grad(dresid_, hidden_dropout(-1, DropoutSite::Embedding))).reshape({B_, T_, d_.C});
+  if (d_.projects()) {
+    projected_embedding_backward(tokens, demb);
+    grads_done(0);
+    return;
+  }
   ops::embedding_backward({.dwte = dw(layout_.embed.wte),
                            .dwpe = opt(layout_.embed.wpe, true),
                            .dout = demb,
@@ -1019,6 +1144,8 @@ void GptModel::stage_backward(int slot, int chunk, const Tensor& tokens, const T
 void GptModel::set_activation_quantization(ActivationQuantization q) {
   DS_CHECK(q.bits.empty() || static_cast<int>(q.bits.size()) == d_.L, "activation quantization for {} of {} layers",
            q.bits.size(), d_.L);
+  DS_USER_CHECK(q.bits.empty() || !d_.post_norm, "activation quantization of post-norm blocks (OPT-350m's) is "
+                "not supported");
   act_quant_ = std::move(q);
   act_ranges_ = act_quant_.calibrate_static ? Tensor::zeros({d_.L, 4, 2}, DType::F32, dev_) : Tensor();
   B_ = T_ = 0;  // reallocate on next use (attn_q)

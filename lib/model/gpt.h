@@ -23,6 +23,7 @@
 #include "lib/model/tp_comm.h"
 #include "lib/model/ulysses.h"
 #include "lib/ops/dropout_mask.h"
+#include "lib/ops/op_args.h"  // Accum
 
 namespace ds {
 
@@ -81,6 +82,11 @@ struct LayerActs {
   Tensor attn_seq;                           // (B,T,Cl) Ulysses: attn_out re-sharded; else attn_out itself
   Tensor resid_mid;                          // (B,T,C) x + attention branch
   Tensor norm2_out, norm2_mean, norm2_rstd;  // (B,T,C), (B,T), (B,T)
+  // Post-norm blocks (ModelDims::post_norm): norm1 reads resid_mid and its
+  // output is the MLP's input and residual; resid_out = norm1_out + MLP
+  // branch is norm2's input and norm2 writes the layer's output (norm2_out
+  // unused). The attention reads the layer's input itself.
+  Tensor resid_out;                          // (B,T,C) post-norm only
   Tensor fc_out;                             // (B,T,Fl) or (B,T,2Fl) for swiglu
   Tensor act_out;                            // (B,T,Fl)
   Tensor attn_q;                             // (B,T,Cl) attention proj's quantized input (activation quantization)
@@ -109,7 +115,9 @@ struct DropoutKey {
 struct ActSet {
   std::vector<Tensor> resid;                  // L+1 residual streams (B,T,C)
   std::vector<LayerActs> acts;                // L
-  Tensor final_out, final_mean, final_rstd;   // (B,T,C), (B,T), (B,T); last stage
+  Tensor final_out, final_mean, final_rstd;   // (B,T,C), (B,T), (B,T); last stage with a final norm
+  Tensor emb_in;                              // (B,T,P) projected embedding: the token rows before project_in
+  Tensor head_in;                             // (B*T,P) projected embedding: project_out's output
   Tensor logits;                              // (B*T, Vl), dlogits after the loss; last stage
   DropoutKey key;                             // of the micro-batch held (recomputation redraws with it)
   Tensor lengths;                             // its right-padding lengths (GptModel::set_lengths) or undefined
@@ -494,14 +502,34 @@ class GptModel {
   // add_norm_forward op without dropout, dropout_add + norm_forward with.
   void dropout_add_norm(const NormParams& norm, const Tensor& sum, const Tensor& inp, const Tensor& residual,
                         const DropoutSpec& d, const Tensor& out, const Tensor& mean, const Tensor& rstd);
+  // dinp += the input gradient (Accum::Overwrite: dinp = it; not with sequence parallelism).
   void norm_backward(const NormParams& norm, const Tensor& dinp, const Tensor& dout,
-                     const Tensor& inp, const Tensor& mean, const Tensor& rstd);
+                     const Tensor& inp, const Tensor& mean, const Tensor& rstd, Accum accum = Accum::Add);
   // The norm's backward op with its weight (and, for LayerNorm, bias)
   // gradients added into dweight / dbias: the parameters' own gradients
   // (norm_backward) or the shard sums sequence parallelism reduces first
   // (sp_norm_backward).
   void norm_backward_op(const NormParams& norm, const Tensor& dinp, const Tensor& dout, const Tensor& inp,
-                        const Tensor& mean, const Tensor& rstd, const Tensor& dweight, const Tensor& dbias);
+                        const Tensor& mean, const Tensor& rstd, const Tensor& dweight, const Tensor& dbias,
+                        Accum accum = Accum::Add);
+  // Post-norm blocks (ModelDims::post_norm): what the attention's qkv and
+  // the MLP's fc multiply, and the residual the MLP branch is added to.
+  Tensor attn_input(const LayerActs& a, const Tensor& x) const;
+  const Tensor& mlp_input(const LayerActs& a) const { return d_.post_norm ? a.norm1_out : a.norm2_out; }
+  const Tensor& mlp_residual(const LayerActs& a) const { return d_.post_norm ? a.norm1_out : a.resid_mid; }
+  // The attention branch's backward from dresid (the gradient of resid_mid)
+  // down to dnorm_, the gradient of the attention's input through it.
+  void attention_branch_backward(int l, LayerActs& a, const Tensor& x, const Tensor& dresid);
+  void post_norm_layer_backward(int l, const Tensor& x, const Tensor& dresid);
+  // Projected embedding (ModelDims::projects): tokens -> emb_in -> project_in,
+  // plus the positions, into S().resid[0]; and its backward from dresid_.
+  void projected_embedding_forward(const Tensor& tokens);
+  void projected_embedding_backward(const Tensor& tokens, const Tensor& demb);
+  // On the last stage: the final norm's output, or the last layer's output
+  // (post-norm, no final norm); and the head's input, that or project_out's
+  // output (projected embedding).
+  Tensor final_output();
+  Tensor head_input();
   // Views into the acquired unit tensors (the unit must be acquired), by the
   // blocks' typed handles (layout().layers / embed / head).
   Tensor w(ParamRef r) const;   // parameter
@@ -603,6 +631,10 @@ class GptModel {
   Tensor ce_max_, ce_stats_;        // (B*T), (2, B*T) f32: vocab-parallel softmax statistics
   // Backward scratch.
   Tensor dresid_, dnorm_, dqkv_, dqkv2_, dattn_, dfc_, dact_;
+  Tensor dpost_;             // (N, C) post-norm: the gradient of resid_out, then of norm1_out
+  // Projected embedding: a (0, C) table (no token is in it: positions
+  // alone), (N, C) position rows, and the (N, P) gradients of emb_in / head_in.
+  Tensor no_rows_, emb_pos_, demb_in_, dhead_in_;
   // Sequence-parallel scratch: full-sequence (N,C) tensor and permute buffer,
   // the sharded norm input gradient, per-rank norm weight gradients.
   Tensor sp_full_, sp_tmp_, dnorm_sh_, sp_dw_, sp_db_;

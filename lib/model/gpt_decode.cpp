@@ -66,6 +66,7 @@ void GptModel::decode_scratch(KvCache& c, int64_t N) {
     c.act = act({N, Fl_});
     c.stat1 = Tensor::empty({N}, DType::F32, dev_);
     c.stat2 = Tensor::empty({N}, DType::F32, dev_);
+    c.emb = d_.projects() ? act({N, d_.P}) : Tensor();
     c.work_rows = N;
   }
   if (!c.last.defined() || c.last.size(0) != c.B) {
@@ -74,6 +75,7 @@ void GptModel::decode_scratch(KvCache& c, int64_t N) {
     c.last_norm = Tensor::empty({B, d_.C}, compute_, dev_);
     c.last_mean = Tensor::empty({B}, DType::F32, dev_);
     c.last_rstd = Tensor::empty({B}, DType::F32, dev_);
+    c.last_proj = d_.projects() ? Tensor::empty({B, d_.P}, compute_, dev_) : Tensor();
     c.logits_local = Tensor::empty({Vl_, B}, compute_, dev_);
     c.logits_full = Tensor::empty({d_.Vp, B}, compute_, dev_);
     c.logits_f32 = Tensor::empty({d_.Vp, B}, DType::F32, dev_);
@@ -95,7 +97,11 @@ void GptModel::decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std:
   Tensor x = c.x.view(0, {N, d_.C}), h = c.h.view(0, {N, d_.C}), mid = c.mid.view(0, {N, d_.C});
   Tensor s1 = c.stat1.view(0, {N}), s2 = c.stat2.view(0, {N});
   Tensor qkv = c.qkv.view(0, {B, Tq, QKVl_}), attn = c.attn.view(0, {B, Tq, Cl_});
-  if (prev == ResidualAdd::InNextNorm)
+  DS_CHECK(!d_.post_norm || (prev == ResidualAdd::InLayer && add == ResidualAdd::InLayer),
+           "post-norm layer {}: a residual add left to the next norm", l);
+  if (d_.post_norm)
+    h = x;  // the attention reads the layer's input
+  else if (prev == ResidualAdd::InNextNorm)
     dropout_add_norm(P.norm1, x, x, mid, DropoutSpec{}, h, s1, s2);  // x += mid, fused with norm1
   else
     norm_forward(P.norm1, h, s1, s2, x);
@@ -118,7 +124,9 @@ void GptModel::decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std:
                        .bias = row_bias ? opt(P.attn.proj.bias, false) : Tensor()},
                       stream_);
   reduce_from_tp_forward(tp_, mid);
-  dropout_add_norm(P.norm2, mid, mid, x, DropoutSpec{}, h, s1, s2);  // fused add + norm
+  // Post-norm: h = norm1(x + attn) is the MLP's input and residual.
+  if (d_.post_norm) h = c.h.view(0, {N, d_.C});
+  dropout_add_norm(d_.post_norm ? P.norm1 : P.norm2, mid, mid, x, DropoutSpec{}, h, s1, s2);  // fused add + norm
   if (P.is_moe()) {  // every tp rank computes the whole output (expert tp: summed over tp inside)
     MoeActs m;
     moe_mlp(l, h, x, m, DropoutKey{}, Tq);
@@ -134,6 +142,12 @@ void GptModel::decode_layer(int l, KvCache& c, int64_t B, int64_t Tq, const std:
     ops::relu_forward({.out = act, .inp = fc, .dout = Tensor()}, stream_);
   else
     ops::gelu_forward({.out = act, .inp = fc, .dout = Tensor()}, stream_);
+  if (d_.post_norm) {  // x = norm2(h + mlp(h))
+    ops::matmul_forward({.out = mid, .inp = act, .weight = w(P.mlp.proj.weight), .bias = opt(P.mlp.proj.bias, false)},
+                        stream_);
+    dropout_add_norm(P.norm2, mid, mid, h, DropoutSpec{}, x, s1, s2);
+    return;
+  }
   ops::matmul_forward({.out = x,
                        .inp = act,
                        .weight = w(P.mlp.proj.weight),
@@ -159,23 +173,42 @@ Tensor GptModel::decode_forward(const Tensor& tokens, const std::vector<int32_t>
   use_params(0);
   Tensor wpe = tp_.rank == 0 ? opt(layout_.embed.wpe, false) : Tensor();
   Tensor x = c.x.view(0, {N, d_.C});
-  for (int64_t b = 0; b < B; ++b)
-    ops::embedding_forward({.out = x.view(b * Tq * d_.C, {1, Tq, d_.C}),
-                            .tokens = tokens.view(b * Tq, {1, Tq}),
-                            .wte = w(layout_.embed.wte),
-                            .wpe = wpe,
-                            .vocab_start = vocab_start_,
-                            .pos_offset = pos[b],
-                            .row_offset = d_.pos_offset},
-                           stream_);
-  reduce_from_tp_forward(tp_, x);
+  if (d_.projects()) {  // x = project_in(wte[tokens]) + the positions (a (0, C) token table: positions alone)
+    Tensor emb = c.emb.view(0, {B, Tq, d_.P}), pos_rows = c.h.view(0, {N, d_.C});
+    ops::embedding_forward({.out = emb, .tokens = tokens, .wte = w(layout_.embed.wte), .wpe = Tensor()}, stream_);
+    ops::matmul_forward({.out = x, .inp = emb.reshape({N, d_.P}), .weight = w(layout_.embed.project_in)}, stream_);
+    if (wpe.defined()) {
+      const Tensor no_rows = Tensor::empty({0, d_.C}, compute_, dev_);
+      for (int64_t b = 0; b < B; ++b)
+        ops::embedding_forward({.out = pos_rows.view(b * Tq * d_.C, {1, Tq, d_.C}),
+                                .tokens = tokens.view(b * Tq, {1, Tq}),
+                                .wte = no_rows,
+                                .wpe = wpe,
+                                .pos_offset = pos[b],
+                                .row_offset = d_.pos_offset},
+                               stream_);
+      ops::add({.out = x, .a = x, .b = pos_rows}, stream_);
+    }
+  } else {
+    for (int64_t b = 0; b < B; ++b)
+      ops::embedding_forward({.out = x.view(b * Tq * d_.C, {1, Tq, d_.C}),
+                              .tokens = tokens.view(b * Tq, {1, Tq}),
+                              .wte = w(layout_.embed.wte),
+                              .wpe = wpe,
+                              .vocab_start = vocab_start_,
+                              .pos_offset = pos[b],
+                              .row_offset = d_.pos_offset},
+                             stream_);
+    reduce_from_tp_forward(tp_, x);
+  }
   drop_params(0);
   // The final norm reads only each sample's last row (c.last), so the last
-  // layer adds its residual itself.
+  // layer adds its residual itself (post-norm layers always do).
   for (int l = 0; l < d_.L; ++l) {
     use_params(l + 1);
-    decode_layer(l, c, B, Tq, pos, l == 0 ? ResidualAdd::InLayer : ResidualAdd::InNextNorm,
-                 l + 1 < d_.L ? ResidualAdd::InNextNorm : ResidualAdd::InLayer);
+    const bool fuse = !d_.post_norm;
+    decode_layer(l, c, B, Tq, pos, l > 0 && fuse ? ResidualAdd::InNextNorm : ResidualAdd::InLayer,
+                 l + 1 < d_.L && fuse ? ResidualAdd::InNextNorm : ResidualAdd::InLayer);
     drop_params(l + 1);
   }
   // Head on each sample's last row. logits^T = head (Vl, C) @ last^T: this
@@ -184,13 +217,21 @@ Tensor GptModel::decode_forward(const Tensor& tokens, const std::vector<int32_t>
   for (int64_t b = 0; b < B; ++b)
     c.last.view(b * d_.C, {d_.C}).copy_from(x.view(((b + 1) * Tq - 1) * d_.C, {d_.C}));
   use_params(last);
-  norm_forward(layout_.head.final_norm, c.last_norm, c.last_mean, c.last_rstd, c.last);
+  Tensor head_in = c.last;
+  if (d_.final_norm()) {
+    norm_forward(layout_.head.final_norm, c.last_norm, c.last_mean, c.last_rstd, c.last);
+    head_in = c.last_norm;
+  }
+  if (d_.projects()) {
+    ops::matmul_forward({.out = c.last_proj, .inp = head_in, .weight = w(layout_.head.project_out)}, stream_);
+    head_in = c.last_proj;
+  }
   if (!d_.untied) {
     drop_params(last);
     use_params(0);
   }
   Tensor head = d_.untied ? w(layout_.head.head) : w(layout_.embed.wte);
-  ops::matmul_forward({.out = c.logits_local, .inp = head, .weight = c.last_norm, .bias = Tensor()}, stream_);
+  ops::matmul_forward({.out = c.logits_local, .inp = head, .weight = head_in, .bias = Tensor()}, stream_);
   drop_params(d_.untied ? last : 0);
   store_->end_pass();
   if (tp_.active())

@@ -18,7 +18,9 @@ struct KvCache {
   // these for smaller calls.
   int64_t work_rows = 0;
   Tensor x, h, qkv, attn, mid, fc, act, stat1, stat2;  // (N, ...) activations; (N) f32 statistics
+  Tensor emb;                  // (N, P) a projected embedding's token rows (ModelDims::projects)
   Tensor last, last_norm, last_mean, last_rstd, logits_local, logits_full, logits_f32;  // per sample (B)
+  Tensor last_proj;            // (B, P) project_out's output (ModelDims::projects)
   Tensor pos;                                         // (B) i32 on the device
 };
 

@@ -34,7 +34,10 @@ ModelDims model_dims(const ModelConfig& m) {
   d.pos_offset = m.position_offset;
   DS_USER_CHECK(d.pos_offset >= 0 && d.pos_offset <= 2, "model.position_offset {} must be 0, 1 or 2", d.pos_offset);
   d.untied = m.untie_embeddings || m.value_head;  // a value head is never the embedding
+  d.post_norm = m.post_norm;
+  d.P = m.embed_proj_dim > 0 ? m.embed_proj_dim : d.C;
   d.rope = m.position == PositionKind::Rope;
+  DS_USER_CHECK(m.embed_proj_dim >= 0, "model.embed_proj_dim {} must be >= 0", m.embed_proj_dim);
   d.rmsnorm = m.norm == NormKind::RMSNorm;
   d.gpt2 = m.family == ModelFamily::GPT2;
   d.experts.resize(static_cast<size_t>(std::max(d.L, 0)), 1);
@@ -42,6 +45,8 @@ ModelDims model_dims(const ModelConfig& m) {
   d.topk = m.moe.topk;
   d.moe_residual = m.moe.residual;
   d.expert_tp = m.moe.expert_tensor_parallelism;
+  DS_USER_CHECK(!d.post_norm || !m.moe.enabled(d.L), "model: post-norm blocks (model.post_norm) with Mixture-of-"
+                "Experts layers are not supported");
   DS_USER_CHECK(d.V > 0 && d.Vp >= d.V, "model: vocab size {} / padded {} invalid", d.V, d.Vp);
   DS_USER_CHECK(!d.rope || d.HS % 2 == 0, "model: rope needs an even head size, got {}", d.HS);
   DS_USER_CHECK(m.rotary_percent > 0.f && m.rotary_percent <= 1.f, "model: rotary_percent {} must be in (0, 1]",
@@ -119,6 +124,9 @@ ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
   const int tp = s.tp, tp_rank = s.tp_rank, pp = s.pp, pp_rank = s.pp_rank, vp = s.vp;
   ModelDims d = model_dims(m);
   check_tp(d, tp);
+  DS_USER_CHECK((!d.post_norm && !d.projects()) || (tp == 1 && pp == 1), "model: post-norm blocks "
+                "(model.post_norm) and a projected embedding (model.embed_proj_dim, OPT-350m's) run without tensor "
+                "or pipeline parallelism; tensor_model_parallel_size is {}, pipeline_model_parallel_size {}", tp, pp);
   DS_USER_CHECK(!m.lora.enabled() || tp == 1, "LoRA runs on one tensor-parallel rank; tensor_model_parallel_size "
                 "is {}", tp);
   DS_CHECK(tp_rank >= 0 && tp_rank < tp, "tp_rank {} outside [0, {})", tp_rank, tp);
@@ -145,8 +153,9 @@ ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
   if (m.decay_block_norms) dense.decay = DecayRule::MegatronBlockNorms;
   b.begin_group(dense);
   if (first || (last && !d.untied))
-    out.embed.wte = b.add("embed.wte", {d.Vp, d.C}, -1, InitKind::Normal, TpSplit::Rows);
+    out.embed.wte = b.add("embed.wte", {d.Vp, d.P}, -1, InitKind::Normal, TpSplit::Rows);
   if (first && !d.rope) out.embed.wpe = b.add("embed.wpe", {d.maxT + d.pos_offset, d.C}, -1, InitKind::Normal);
+  if (first && d.projects()) out.embed.project_in = b.add("embed.project_in", {d.C, d.P}, -1, InitKind::Normal);
   for (int l = out.first_layer; l < out.end_layer; ++l)
     if (out.holds_layer(l)) {
       spec.experts = d.layer_experts(l);
@@ -156,9 +165,10 @@ ModelLayout build_layout(const ModelConfig& m, const ShardCoords& s) {
       declare_lora(b, out, m.lora, l);
     }
   if (!last) return freeze_for_lora(out, m), out;
-  out.head.final_norm = declare_norm(b, "final_norm", spec, d.L);
+  if (d.final_norm()) out.head.final_norm = declare_norm(b, "final_norm", spec, d.L);
+  if (d.projects()) out.head.project_out = b.add("head.project_out", {d.P, d.C}, d.L, InitKind::Normal);
   if (d.untied)
-    out.head.head = b.add("head.weight", {d.head_rows(), d.C}, d.L,
+    out.head.head = b.add("head.weight", {d.head_rows(), d.P}, d.L,
                           d.value_head ? InitKind::LinearUniform : InitKind::Normal, TpSplit::Rows);
   freeze_for_lora(out, m);
   return out;

@@ -109,6 +109,10 @@ struct ModelDims {
   bool bias = true, untied = false, rope = false, rmsnorm = false, swiglu = false, relu = false;
   bool value_head = false;                  // head.weight is (1, C) and untied (ModelConfig::value_head)
   int pos_offset = 0;                       // ModelConfig::position_offset (wpe has maxT + pos_offset rows)
+  bool post_norm = false;                   // ModelConfig::post_norm: post-LayerNorm blocks, no final norm
+  int P = 0;                                // token embedding width: C, or ModelConfig::embed_proj_dim
+  bool projects() const { return P != C; }  // project_in / project_out around the layers
+  bool final_norm() const { return !post_norm; }
   int head_rows() const { return value_head ? 1 : Vp; }  // rows of head.weight (untied heads)
   std::vector<int> experts;                 // per layer: > 1 a Mixture-of-Experts layer, else 1
   int topk = 1;                             // experts per token (MoE layers)

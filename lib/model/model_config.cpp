@@ -36,8 +36,9 @@ void check_model_limits(const ModelConfig& m, const std::string& where, const Mo
   // against kMaxExperts before this).
   double mlps = 0;
   for (int l = 0; l < m.num_layers; ++l) mlps += m.moe.experts(l, m.num_layers);
+  const double P = m.embed_proj_dim > 0 ? std::min<double>(m.embed_proj_dim, C) : C;  // the token embedding's width
   const double params =
-      m.num_layers * 2 * C * C + mlps * (m.activation == Activation::SwiGLU ? 3 : 2) * C * F + V * C + positions;
+      m.num_layers * 2 * C * C + mlps * (m.activation == Activation::SwiGLU ? 3 : 2) * C * F + V * P + positions;
   DS_USER_CHECK(params <= kMaxModelParams, "{}{} {}, {} {} and {} {} make at least {:.3g} parameters, more than "
                 "the {:.0e} dstrain supports", at, names.layers, m.num_layers, names.hidden, m.hidden_size,
                 names.ffn, m.ffn_hidden_size, params, kMaxModelParams);

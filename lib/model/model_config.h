@@ -101,6 +101,15 @@ struct ModelConfig {
   // before belong to padding: with right-padding lengths a padding token
   // reads row position_offset - 1, as OPT's mask-derived position -1 does).
   int position_offset = 0;
+  // OPT's do_layer_norm_before false (OPT-350m): post-LayerNorm blocks,
+  // x1 = norm1(x + attn(x)), y = norm2(x1 + mlp(x1)), and no final norm.
+  bool post_norm = false;
+  // OPT's word_embed_proj_dim (OPT-350m: 512 beside hidden 1024): the token
+  // embedding (and so a tied output layer and a value head) is this wide, a
+  // bias-free project_in (hidden, dim) widens it before the positions are
+  // added and a bias-free project_out (dim, hidden) narrows the last layer's
+  // output. 0 or hidden_size: none.
+  int embed_proj_dim = 0;
   MoeConfig moe;
   LoraConfig lora;
 };

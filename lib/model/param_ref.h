@@ -50,9 +50,11 @@ struct LayerParams {
 };
 struct EmbeddingParams {
   ParamRef wte, wpe;  // rope models: no wpe
+  ParamRef project_in;  // (C, P) when the token embedding is P wide (OPT-350m), else none
 };
 struct HeadParams {
-  NormParams final_norm;
+  NormParams final_norm;  // none in post-norm models
+  ParamRef project_out;   // (P, C) when the token embedding is P wide, else none
   ParamRef head;  // untied embeddings only; tied models multiply by wte
 };
 

@@ -49,6 +49,7 @@ void GptModel::set_random_ltd(RandomLtd r) {
   for (int l : r.layers) DS_CHECK(l >= 0 && l < d_.L, "random-LTD layer {} outside [0, {})", l, d_.L);
   DS_CHECK(r.layers.empty() || (!sp_.active() && !tp_.sp() && layout_.shard.pp == 1 && !d_.rope),
            "random-LTD with sequence parallelism, Ulysses, pipeline stages or rotary positions");
+  DS_USER_CHECK(r.layers.empty() || !d_.post_norm, "random-LTD on post-norm blocks (OPT-350m's) is not supported");
   ltd_ = std::move(r);
   ltd_layer_.assign(static_cast<size_t>(d_.L), -1);
   for (size_t k = 0; k < ltd_.layers.size(); ++k) ltd_layer_[static_cast<size_t>(ltd_.layers[k])] = static_cast<int>(k);

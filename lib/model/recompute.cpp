@@ -72,7 +72,7 @@ int64_t GptModel::saved_activation_bytes(int64_t B, int64_t T) {
   for (const Tensor* t : {&scratch_.norm1_out, &scratch_.norm1_mean, &scratch_.norm1_rstd, &scratch_.qkv,
                           &scratch_.qkv_pre, &scratch_.attn_out, &scratch_.attn_seq, &scratch_.lse, &scratch_.resid_mid,
                           &scratch_.norm2_out, &scratch_.norm2_mean, &scratch_.norm2_rstd, &scratch_.fc_out,
-                          &scratch_.act_out, &scratch_.attn_q})
+                          &scratch_.act_out, &scratch_.attn_q, &scratch_.resid_out})
     if (t->defined()) skip.insert(t->raw());
   int64_t bytes = 0;
   auto count = [&](const Tensor& t) {
@@ -83,9 +83,10 @@ int64_t GptModel::saved_activation_bytes(int64_t B, int64_t T) {
   for (const Tensor& t : s.resid) count(t);
   for (const LayerActs& a : s.acts)
     for (const Tensor* t : {&a.norm1_out, &a.norm1_mean, &a.norm1_rstd, &a.qkv, &a.qkv_pre, &a.attn_out, &a.attn_seq, &a.lse,
-                            &a.resid_mid, &a.norm2_out, &a.norm2_mean, &a.norm2_rstd, &a.fc_out, &a.act_out, &a.attn_q})
+                            &a.resid_mid, &a.norm2_out, &a.norm2_mean, &a.norm2_rstd, &a.fc_out, &a.act_out, &a.attn_q,
+                            &a.resid_out})
       count(*t);
-  for (const Tensor* t : {&s.final_out, &s.final_mean, &s.final_rstd, &s.logits}) count(*t);
+  for (const Tensor* t : {&s.final_out, &s.final_mean, &s.final_rstd, &s.emb_in, &s.head_in, &s.logits}) count(*t);
   return bytes;
 }
 

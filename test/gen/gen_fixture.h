@@ -1,6 +1,7 @@
 // Small random models for the generation tests: GPT-2 blocks with learned
-// positions, and LLaMA blocks with grouped-query attention (RoPE, RMSNorm,
-// SwiGLU, untied head). Weights drawn with a large std so that the logits
+// positions, LLaMA blocks with grouped-query attention (RoPE, RMSNorm,
+// SwiGLU, untied head), Mixtral's, and OPT-350m's (post-norm, projected
+// embedding). Weights drawn with a large std so that the logits
 // are far from uniform and greedy tokens are well separated.
 #pragma once
 #include <memory>
@@ -26,6 +27,12 @@ inline ModelConfig gen_model_config(const std::string& kind) {
     m.ffn_hidden_size = 96;
     m.num_kv_heads = 2;
     m.rope_theta = 10000.f;
+  }
+  if (kind == "opt350m") {  // OPT-350m's blocks: post-norm, ReLU, a 32-wide token embedding
+    m.activation = Activation::ReLU;
+    m.position_offset = 2;
+    m.post_norm = true;
+    m.embed_proj_dim = 32;
   }
   if (kind == "mixtral") {  // LLaMA blocks with 4 SwiGLU experts, top-2, no capacity limit
     m.moe.num_experts = {4};

@@ -90,7 +90,7 @@ TEST_CASE("sampler: greedy, penalty, top-k, top-p, temperature", "[gen]") {
 // "mixtral": a dropless top-2 MoE model (each token's experts depend on the
 // token alone, so the incremental decode routes as the full forward).
 TEST_CASE("kv cache: decode logits equal the full-prefix forward", "[gen]") {
-  for (const std::string kind : {"gpt2", "llama", "mixtral"}) {
+  for (const std::string kind : {"gpt2", "llama", "mixtral", "opt350m"}) {
     INFO(kind);
     auto model = test::gen_model(kind);
     const int64_t V = model->dims().V, Vp = model->dims().Vp, T = 24;
@@ -113,7 +113,7 @@ TEST_CASE("kv cache: decode logits equal the full-prefix forward", "[gen]") {
 }
 
 TEST_CASE("generate: KV cache and recompute give the same greedy tokens; batches equal single prompts", "[gen]") {
-  for (const std::string kind : {"gpt2", "llama", "mixtral"}) {
+  for (const std::string kind : {"gpt2", "llama", "mixtral", "opt350m"}) {
     INFO(kind);
     auto model = test::gen_model(kind);
     const auto prompts = test::gen_prompts();
@@ -283,7 +283,7 @@ TEST_CASE("model_config_from_hf reads back the config.json export_hf writes", "[
   neox.ffn_hidden_size = 160;
   ModelConfig llama = gen_model_config("llama");
   llama.untie_embeddings = true;
-  for (const ModelConfig& c : {gen_model_config("gpt2"), llama, neox}) {
+  for (const ModelConfig& c : {gen_model_config("gpt2"), llama, neox, gen_model_config("opt350m")}) {
     const ModelDims want = model_dims(c);
     INFO("L " << want.L << " rope " << want.rope << " rot " << want.rot << " NKV " << want.NKV);
     const ModelLayout layout = build_layout(c);
@@ -309,6 +309,9 @@ TEST_CASE("model_config_from_hf reads back the config.json export_hf writes", "[
     CHECK(got.rope == want.rope);
     CHECK(got.rmsnorm == want.rmsnorm);
     CHECK(got.swiglu == want.swiglu);
+    CHECK(got.relu == want.relu);
+    CHECK(got.post_norm == want.post_norm);
+    CHECK(got.P == want.P);
   }
 }
 

@@ -16,7 +16,7 @@ probe = sys.argv[1]
 # kind -> (architecture, key-value heads); gqa / mqa are built from block flags without a family
 kinds = {"gpt2": ("GPT2LMHeadModel", 4), "llama": ("LlamaForCausalLM", 4), "gqa": ("LlamaForCausalLM", 2),
          "mqa": ("LlamaForCausalLM", 1), "neox": ("GPTNeoXForCausalLM", 4), "mixtral": ("MixtralForCausalLM", 4),
-         "opt": ("OPTForCausalLM", 4)}
+         "opt": ("OPTForCausalLM", 4), "opt350m": ("OPTForCausalLM", 4)}
 for family, (arch, kv_heads) in kinds.items():
     with tempfile.TemporaryDirectory() as d:
         ours = float(subprocess.check_output([probe, family, d + "/hf"]).decode())
@@ -65,7 +65,12 @@ bins = {"llama": LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, in
         "gpt2": GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=64)).eval(),
         "opt": OPTForCausalLM(OPTConfig(vocab_size=300, hidden_size=64, word_embed_proj_dim=64, num_hidden_layers=2,
                                         ffn_dim=96, num_attention_heads=4, max_position_embeddings=64,
-                                        dropout=0.0)).eval()}
+                                        dropout=0.0)).eval(),
+        # OPT-350m's blocks: post-LayerNorm, no final norm, a 32-wide embedding between project_in / project_out.
+        "opt350m": OPTForCausalLM(OPTConfig(vocab_size=300, hidden_size=64, word_embed_proj_dim=32,
+                                            num_hidden_layers=2, ffn_dim=96, num_attention_heads=4,
+                                            max_position_embeddings=64, do_layer_norm_before=False,
+                                            dropout=0.0)).eval()}
 for name, model in bins.items():
     with tempfile.TemporaryDirectory() as d:
         model.save_pretrained(d + "/hf", safe_serialization=False)

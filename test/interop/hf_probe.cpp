@@ -1,13 +1,14 @@
 // Interop probe: builds a small random GPT-2 or LLaMA model, exports it in
 // Hugging Face format to DIR, and prints the model's mean next-token loss on a
 // fixed token sequence, for hf_check.py to compare with transformers.
-//   hf_probe gpt2|llama|gqa|mqa|neox|mixtral|opt DIR
+//   hf_probe gpt2|llama|gqa|mqa|neox|mixtral|opt|opt350m DIR
 //   hf_probe import DIR     (reads DIR's config.json and weights instead)
 // gqa / mqa: a LLaMA-shaped model assembled block by block as Megatron's flags
 // build it (no family set), with 2 / 1 key-value heads for 4 query heads.
 // neox: GPT-2 blocks with RoPE on a quarter of each head (exports as GPT-NeoX).
 // mixtral: LLaMA blocks with 4 SwiGLU experts per layer, top-2, no capacity
-// limit (exports as Mixtral).
+// limit (exports as Mixtral). opt350m: OPT-350m's post-norm blocks and a
+// 32-wide token embedding between project_in and project_out.
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -21,7 +22,7 @@ using namespace ds;
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: hf_probe gpt2|llama|gqa|mqa|neox|mixtral|opt|import DIR\n");
+    std::fprintf(stderr, "usage: hf_probe gpt2|llama|gqa|mqa|neox|mixtral|opt|opt350m|import DIR\n");
     return 2;
   }
   const std::string kind = argv[1];
@@ -73,7 +74,11 @@ int main(int argc, char** argv) {
     m.moe.drop_tokens = false;
     m.moe.top2_2nd_expert_sampling = false;
   }
-  if (kind == "opt") m.activation = Activation::ReLU;  // GPT-2 blocks with ReLU: OPT
+  if (kind == "opt" || kind == "opt350m") m.activation = Activation::ReLU;  // GPT-2 blocks with ReLU: OPT
+  if (kind == "opt350m") {
+    m.post_norm = true;
+    m.embed_proj_dim = 32;
+  }
   if (kind == "neox") {  // --position-embedding-type rope --rotary-percent 0.25 on GPT-2 blocks
     m.position = PositionKind::Rope;
     m.rotary_percent = 0.25f;

@@ -45,7 +45,7 @@ void check_gradients(const ModelConfig& cfg) {
       int64_t i = s.offset + static_cast<int64_t>(pick.below(s.numel));
       if (s.name == "embed.wte" || s.name == "head.weight") {
         // Padded vocab rows never get gradient; sample real rows.
-        i = s.offset + static_cast<int64_t>(pick.below(cfg.vocab_size * cfg.hidden_size));
+        i = s.offset + static_cast<int64_t>(pick.below(cfg.vocab_size * s.shape[1]));
       }
       const float orig = p[i];
       auto central = [&](float h) {
@@ -86,7 +86,7 @@ void check_gradients(const ModelConfig& cfg) {
   REQUIRE(checked == 4 * static_cast<int>(model.layout().params.size()));
   // Padded rows of the output embedding get exactly zero gradient.
   const ParamSpec& wte = model.layout().find("embed.wte");
-  for (int64_t i = cfg.vocab_size * cfg.hidden_size; i < wte.numel; ++i)
+  for (int64_t i = cfg.vocab_size * wte.shape[1]; i < wte.numel; ++i)
     REQUIRE(g[wte.offset + i] == 0.f);
 }
 
@@ -548,6 +548,108 @@ TEST_CASE("a value head with a head loss: its gradients match finite differences
   }
 }
 
+// OPT-350m's blocks (docs/dschat.md): post-norm layers without a final norm,
+// and a token embedding narrower than the hidden size between project_in and
+// project_out; alone and together, tied and untied, with OPT's position
+// offset and right-padding lengths (the padding rows read the padding
+// position), with a value head, and under full recomputation. (With OPT's
+// ReLU, compared with transformers in test_hf_interop and test_dschat_*.)
+TEST_CASE("OPT-350m blocks: post-norm layers and a projected embedding match finite differences") {
+  ModelConfig cfg = test::tiny_model(false);  // GELU: ReLU's kinks make central differences jump
+  cfg.position_offset = 2;
+  cfg.max_position_embeddings = 10;
+  auto layout_has = [](const GptModel& m, const char* name) { return m.layout().try_find(name) != nullptr; };
+  SECTION("post-norm") {
+    cfg.post_norm = true;
+    GptModel m(cfg, Device::cpu());
+    REQUIRE(!layout_has(m, "final_norm.weight"));
+    REQUIRE(!layout_has(m, "embed.project_in"));
+    check_gradients(cfg);
+  }
+  SECTION("projected embedding, untied") {
+    cfg.embed_proj_dim = 8;
+    cfg.untie_embeddings = true;
+    GptModel m(cfg, Device::cpu());
+    REQUIRE(m.layout().find("embed.wte").shape == Shape{40, 8});
+    REQUIRE(m.layout().find("embed.project_in").shape == Shape{16, 8});
+    REQUIRE(m.layout().find("head.project_out").shape == Shape{8, 16});
+    REQUIRE(m.layout().find("head.weight").shape == Shape{40, 8});
+    check_gradients(cfg);
+  }
+  SECTION("both, tied (OPT-350m)") {
+    cfg.post_norm = true;
+    cfg.embed_proj_dim = 8;
+    check_gradients(cfg);
+  }
+  SECTION("both, with padding lengths, full recompute giving the same gradients") {
+    cfg.post_norm = true;
+    cfg.embed_proj_dim = 8;
+    GptModel model(cfg, Device::cpu());
+    model.init_weights(7, 0.2f);
+    const int64_t B = 2, T = 7;
+    Tensor tok = test::random_tokens(B, T, cfg.vocab_size, 1), tgt = test::random_tokens(B, T, cfg.vocab_size, 2);
+    Tensor len = Tensor::empty({B}, DType::I32);
+    len.data<int32_t>()[0] = 4;
+    len.data<int32_t>()[1] = 7;
+    model.set_lengths(len);
+    model.grads().zero_();
+    model.forward_backward(tok, tgt, 1.0f / (B * T));
+    const Tensor plain = model.grads().clone();
+    Rng pick(5);
+    for (const ParamSpec& s : model.layout().params)
+      for (int k = 0; k < 3; ++k)
+        check_element(model, [&] { return model.forward_loss(tok, tgt); },
+                      s.offset + static_cast<int64_t>(pick.below(s.name == "embed.wte" ? cfg.vocab_size * 8 : s.numel)),
+                      1.0, s.name);
+    // Row 1 of the position table (padding's position) gets gradient from sample 0's padding rows.
+    const ParamSpec& wpe = model.layout().find("embed.wpe");
+    float row1 = 0;
+    for (int64_t c = 0; c < cfg.hidden_size; ++c) row1 += std::abs(model.grads().data<float>()[wpe.offset + 16 + c]);
+    REQUIRE(row1 > 0);
+    model.set_recompute({.kind = RecomputeKind::Full});
+    model.grads().zero_();
+    model.forward_backward(tok, tgt, 1.0f / (B * T));
+    REQUIRE(std::memcmp(plain.data<float>(), model.grads().data<float>(), plain.nbytes()) == 0);
+  }
+  SECTION("both, with a value head") {
+    cfg.post_norm = true;
+    cfg.embed_proj_dim = 8;
+    cfg.value_head = true;
+    GptModel model(cfg, Device::cpu());
+    REQUIRE(model.layout().find("head.weight").shape == Shape{1, 8});
+    model.init_weights(7, 0.2f);
+    const int64_t B = 2, T = 7;
+    Tensor tok = test::random_tokens(B, T, cfg.vocab_size, 1), tgt = test::random_tokens(B, T, cfg.vocab_size, 2);
+    QuadraticHeadLoss h;
+    model.set_head_loss(&h);
+    model.grads().zero_();
+    model.forward_backward(tok, tgt, 0.5f);
+    Rng pick(3);
+    for (const ParamSpec& s : model.layout().params)
+      for (int k = 0; k < 4; ++k)
+        check_element(model, [&] { return model.forward_loss(tok, tgt); },
+                      s.offset + static_cast<int64_t>(pick.below(s.name == "embed.wte" ? cfg.vocab_size * 8 : s.numel)),
+                      0.5, s.name);
+  }
+}
+
+TEST_CASE("OPT-350m blocks refuse the layouts they do not run in, with one line") {
+  ModelConfig cfg = test::tiny_model(false);
+  cfg.activation = Activation::ReLU;
+  cfg.post_norm = true;
+  REQUIRE_THROWS_WITH(build_layout(cfg, ShardCoords{.tp = 2, .tp_rank = 0}),
+                      Catch::Contains("run without tensor or pipeline parallelism"));
+  REQUIRE_THROWS_WITH(build_layout(cfg, ShardCoords{.pp = 2, .pp_rank = 0}),
+                      Catch::Contains("run without tensor or pipeline parallelism"));
+  cfg.post_norm = false;
+  cfg.embed_proj_dim = 8;
+  REQUIRE_THROWS_WITH(build_layout(cfg, ShardCoords{.tp = 2, .tp_rank = 0}),
+                      Catch::Contains("projected embedding"));
+  cfg.post_norm = true;
+  cfg.moe.num_experts = {2};
+  REQUIRE_THROWS_WITH(build_layout(cfg), Catch::Contains("post-norm blocks (model.post_norm) with Mixture-of-Experts"));
+}
+
 TEST_CASE("a value-head model refuses tensor parallelism with one line") {
   ModelConfig cfg = test::tiny_model(false);
   cfg.value_head = true;
@@ -718,3 +820,4 @@ TEST_CASE("LoRA: the targets of a fused weight must cover it; tensor parallelism
   cfg.lora.targets = {{0, "attn.proj.weight", 0, cfg.hidden_size}};
   REQUIRE_THROWS_WITH(build_layout(cfg, ShardCoords{.tp = 2, .tp_rank = 0}), Catch::Contains("LoRA runs on one"));
 }
+
