@@ -30,6 +30,18 @@ opt_standin() {
   grep -q '"model_type": "opt"' "$SNAP/config.json" || fail "the stand-in is not an OPT" "$SNAP/config.json"
 }
 
+# opt350m_standin REPO: the same with OPT-350m's blocks: post-LayerNorm
+# (do_layer_norm_before false, no final norm) and a 16-wide token embedding
+# between project_in and project_out (word_embed_proj_dim).
+opt350m_standin() {
+  hub_standin "$1" '{"family": "gpt2", "activation": "relu", "embedding_dropout": 0.0, "num_layers": 2,
+    "hidden_size": 32, "num_heads": 4, "seq_length": 64, "max_position_embeddings": 512,
+    "make_vocab_size_divisible_by": 1, "post_norm": true, "embed_proj_dim": 16}' \
+    "{\"data_path\": \"${DATA}/corpus\", \"vocab_file\": \"${TOK}/vocab.json\", \"merge_file\": \"${TOK}/merges.txt\"}"
+  grep -q '"do_layer_norm_before": false' "$SNAP/config.json" && grep -q '"word_embed_proj_dim": 16' "$SNAP/config.json" ||
+    fail "the stand-in is not shaped as OPT-350m" "$SNAP/config.json"
+}
+
 # llama_standin REPO: a tiny LLaMA (2 layers, hidden 32) with a SentencePiece
 # BPE tokenizer.model of the corpus (spm_train, byte fallback, as LLaMA's is
 # trained), the corpus tokenized with it. Needs spm_train.

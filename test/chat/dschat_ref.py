@@ -14,9 +14,9 @@ from transformers import AutoModel, AutoTokenizer, GPT2Config, GPT2LMHeadModel, 
 
 
 def tiny_causal_lm(family, d, shared):
-    """A tiny causal LM of `family` ("gpt2" or "opt") saved in directory d with
-    GPT-2's vocabulary (OPT's: plus "</s>" and "<pad>", a bos added first, as
-    OPT's tokenizer)."""
+    """A tiny causal LM of `family` ("gpt2", "opt" or "opt350m": OPT-350m's post-LayerNorm blocks and a 16-wide
+    token embedding between project_in and project_out) saved in directory d with GPT-2's vocabulary (OPT's: plus
+    "</s>" and "<pad>", a bos added first, as OPT's tokenizer)."""
     os.makedirs(d)
     vocab = json.load(open(os.path.join(shared, "gpt2-vocab.json"), encoding="utf-8"))
     shutil.copy(os.path.join(shared, "gpt2-merges.txt"), os.path.join(d, "merges.txt"))
@@ -29,7 +29,9 @@ def tiny_causal_lm(family, d, shared):
             json.dump({"add_bos_token": True, "bos_token": "</s>", "eos_token": "</s>", "unk_token": "</s>",
                        "pad_token": "<pad>", "tokenizer_class": "GPT2Tokenizer"}, f)
         OPTForCausalLM(OPTConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, ffn_dim=64,
-                                 num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
+                                 num_attention_heads=4, max_position_embeddings=64,
+                                 word_embed_proj_dim=16 if family == "opt350m" else 32,
+                                 do_layer_norm_before=family != "opt350m",
                                  dropout=0.0, attention_dropout=0.0, pad_token_id=vocab["<pad>"],
                                  bos_token_id=vocab["</s>"], eos_token_id=vocab["</s>"])).save_pretrained(d)
     with open(os.path.join(d, "vocab.json"), "w", encoding="utf-8") as f:
@@ -79,7 +81,7 @@ def make_reward_model(family, work, shared, cls=RewardModel):
     tk.padding_side = "right"
     base = AutoModel.from_pretrained(step1)
     resize_as_dschat(base, tk)
-    if family == "opt":  # a trained OPT's padding position is not zero: make row 1 show
+    if family.startswith("opt"):  # a trained OPT's padding position is not zero: make row 1 show
         base.decoder.embed_positions.weight.data[1].normal_(0, 0.5)
     rm = os.path.join(work, "rm_" + family)
     os.makedirs(rm)

@@ -264,6 +264,8 @@ def weights_match(what, got, want, tol=2e-3):
 # gradient is rounding noise, which Adam turns into steps of about lr in either direction.
 NULL_DIRECTIONS = ("k_proj.bias",)
 RUNS = [("gpt2", 1, [dschat, "ppo"]), ("opt", 1, [dschat, "ppo"]),
+        # OPT-350m's blocks (post-LayerNorm, project_in / project_out) in the actor, its generation and the critic
+        ("opt350m", 1, [dschat, "ppo"]),
         # two ranks: the actor under ZeRO-3 (generation keeps the ranks in step), the critic under ZeRO-2
         ("opt", 2, [dsrun, "--num_gpus", "2", "--master_port", "29614", dschat, "ppo", "--actor_zero_stage", "3",
                     "--critic_zero_stage", "2"])]

@@ -4,8 +4,8 @@
 # line changed ("deepspeed main.py" -> "dsrun dschat reward"): its flags as
 # the script has them, --model_name_or_path facebook/opt-350m found in a
 # Hugging Face cache layout (HF_HUB_CACHE) that holds a tiny stand-in OPT
-# (exported by dstrain: pre-LayerNorm and without opt-350m's projections,
-# which dschat does not support yet), the script run from
+# shaped as opt-350m (exported by dstrain: post-LayerNorm blocks, a narrower
+# token embedding between project_in and project_out), the script run from
 # training/step2_reward_model_finetuning/ two levels below its data, and
 # --data_path substituted by local/jsonfile (the hub datasets are not
 # downloaded). Checks: exit 0, the reward evaluation before and after its
@@ -21,7 +21,7 @@ DSCHAT="$1/apps/dschat/dschat"
 export PATH="$1/apps/dschat:$PATH"
 
 # The stand-in model, exported by dstrain (0 iterations: its initial weights).
-opt_standin facebook/opt-350m
+opt350m_standin facebook/opt-350m
 
 # DeepSpeed-Chat's application folder: data/ two levels above the step's folder.
 chat_app step2_reward_model_finetuning 40 20

@@ -7,8 +7,9 @@
 # answers of 256 tokens), the actor AdamG012/chat-opt-1.3b-sft-deepspeed and
 # the critic AdamG012/chat-opt-350m-reward-deepspeed found in a Hugging Face
 # cache layout (HF_HUB_CACHE) that holds tiny stand-in OPTs exported by
-# dstrain (the critic's value head then starts fresh, as a reward model
-# without v_head.weight does), the script run from
+# dstrain (the critic shaped as opt-350m: post-LayerNorm blocks and
+# project_in / project_out; its value head then starts fresh, as a reward
+# model without v_head.weight does), the script run from
 # training/step3_rlhf_finetuning/ two levels below its data, and --data_path
 # substituted by local/jsonfile. Checks: exit 0, one PPO round per
 # generation batch with its losses and rewards, the actor, critic and
@@ -24,7 +25,7 @@ export PATH="$1/apps/dschat:$PATH"
 
 # The stand-in models, exported by dstrain (0 iterations: their initial weights).
 opt_standin AdamG012/chat-opt-1.3b-sft-deepspeed
-opt_standin AdamG012/chat-opt-350m-reward-deepspeed
+opt350m_standin AdamG012/chat-opt-350m-reward-deepspeed
 
 # DeepSpeed-Chat's application folder: data/ two levels above the step's folder.
 chat_app step3_rlhf_finetuning 40 10
