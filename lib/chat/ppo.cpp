@@ -159,8 +159,6 @@ Step3Args check_args(const ParsedArgs& a) {
                 "needs prompt_length > 1) and --max_answer_seq_len {} at least 1", kProg, s.P, s.A);
   DS_USER_CHECK(s.epochs >= 0 && s.warmup >= 0 && s.ga >= 1, "{}: --num_train_epochs {} and --num_warmup_steps {} "
                 "must be >= 0 and --gradient_accumulation_steps {} >= 1", kProg, s.epochs, s.warmup, s.ga);
-  DS_USER_CHECK(s.ga == 1, "{}: --gradient_accumulation_steps {} is not implemented yet (1 only: each PPO "
-                "mini-batch is one actor step and one critic step)", kProg, s.ga);
   for (const auto& [flag, v] : {std::pair{"--actor_zero_stage", s.actor_stage}, {"--critic_zero_stage", s.critic_stage}})
     DS_USER_CHECK(v >= 0 && v <= 3, "{}: {} {} must be 0, 1, 2 or 3", kProg, flag, v);
   DS_USER_CHECK(s.print_interval >= 1, "{}: --print_answers_interval {} must be at least 1", kProg, s.print_interval);
@@ -309,25 +307,44 @@ class PpoHead final : public HeadLoss {
  public:
   enum class Mode { LogProbs, Values, ActorLoss, CriticLoss };
   explicit PpoHead(PpoConstants k) : k_(k) {}
-  // The next forward's batch; for the losses also their targets.
-  void set(Mode m, const Experience* e, const Packed* p, const PpoTargets* t = nullptr) {
+  // One forward's batch; for the losses also their targets.
+  struct Item {
+    const Experience* e = nullptr;
+    const Packed* p = nullptr;
+    const PpoTargets* t = nullptr;
+  };
+  // The next forwards' batches, one per forward in this order (a training
+  // step's accumulated micro-batches).
+  void set(Mode m, std::vector<Item> items) {
     mode_ = m;
-    e_ = e;
-    p_ = p;
-    t_ = t;
+    items_ = std::move(items);
+    next_ = 0;
+    losses_.clear();
   }
+  void set(Mode m, const Experience* e, const Packed* p, const PpoTargets* t = nullptr) { set(m, {{e, p, t}}); }
   // LogProbs / Values: per padded entry (B x (L - 1)), from start on (zero
   // before it and where the row's position is padding).
   const std::vector<float>& captured() const { return captured_; }
+  // ActorLoss / CriticLoss: each forward's loss since set().
+  const std::vector<double>& losses() const { return losses_; }
 
   double apply(const Tensor& out, const Tensor& tokens, const Tensor&, float weight, bool backward) override {
     DS_CHECK(out.device().is_cpu() && tokens.device().is_cpu(), "dschat ppo runs on the CPU backend");
+    DS_CHECK(next_ < items_.size(), "dschat ppo: a forward without its batch");
+    const Item& it = items_[next_++];
+    e_ = it.e;
+    p_ = it.p;
+    t_ = it.t;
     DS_CHECK(e_ && p_ && tokens.size(0) == p_->B && tokens.size(1) == p_->T, "dschat ppo: head without its batch");
-    return run(out, weight, backward);
+    const double loss = run(out, weight, backward);
+    losses_.push_back(loss);
+    return loss;
   }
   // A frozen model's outputs (no backward).
   void capture(Mode m, const Experience& e, const Packed& p, const Tensor& out) {
     set(m, &e, &p);
+    e_ = &e;
+    p_ = &p;
     run(out, 0.f, false);
   }
 
@@ -396,20 +413,24 @@ class PpoHead final : public HeadLoss {
 
   PpoConstants k_;
   Mode mode_ = Mode::LogProbs;
-  const Experience* e_ = nullptr;
+  std::vector<Item> items_;
+  size_t next_ = 0;
+  std::vector<double> losses_;
+  const Experience* e_ = nullptr;  // the running forward's
   const Packed* p_ = nullptr;
   const PpoTargets* t_ = nullptr;
   std::vector<float> captured_;
 };
 
-// The micro-batch the next iterate() trains on (one per step: no accumulation).
+// The micro-batches the next iterate() trains on: the mini-batches of one
+// --gradient_accumulation_steps group, micro-batch m the m-th.
 class CurrentBatch final : public BatchSource {
  public:
   CurrentBatch(int64_t samples) : BatchSource(Device::cpu()), samples_(samples) {}
-  void set(MicroBatch mb) { mb_ = std::move(mb); }
-  MicroBatch train_batch(int64_t, int, int, int, int64_t) override {
-    DS_CHECK(mb_.tokens.defined(), "dschat ppo: a step without its mini-batch");
-    return mb_;
+  void set(std::vector<MicroBatch> mbs) { mbs_ = std::move(mbs); }
+  MicroBatch train_batch(int64_t, int m, int, int, int64_t) override {
+    DS_CHECK(m >= 0 && static_cast<size_t>(m) < mbs_.size(), "dschat ppo: a step without its mini-batch {}", m);
+    return mbs_[static_cast<size_t>(m)];
   }
   MicroBatch valid_batch(int64_t, int, int) override {
     DS_CHECK(false, "dschat ppo: evaluation does not go through valid_batch");
@@ -420,7 +441,7 @@ class CurrentBatch final : public BatchSource {
 
  private:
   int64_t samples_;
-  MicroBatch mb_;
+  std::vector<MicroBatch> mbs_;
 };
 
 // A model that only runs forwards (the reference and the reward model):
@@ -498,7 +519,15 @@ class PpoRun {
   std::unique_ptr<Trainer> trained_model(const char* role, const ChatModel& cm, int64_t stage, CurrentBatch*& src,
                                          int64_t max_steps, int64_t total_iters, int64_t samples);
   Experience generate_experience(const std::vector<std::vector<int32_t>>& prompts, int64_t step);
-  std::pair<float, float> train_rlhf(const Experience& e);
+  // The actor's and the critic's losses of one mini-batch (this rank's).
+  struct MiniLoss {
+    double actor = 0, critic = 0;
+  };
+  // Trains the full accumulation group (one actor step, one critic step);
+  // returns each of its mini-batches' losses, in order.
+  std::vector<MiniLoss> train_group();
+  // A mini-batch's losses forward-only (its group is still open).
+  MiniLoss evaluate_losses(const Experience& e);
   void train_round(int64_t epoch, int64_t step, std::vector<Experience>& pending, EventFileWriter& tb);
   void ema_update();
   void export_ema(const fs::path& out);
@@ -519,6 +548,12 @@ class PpoRun {
   std::unique_ptr<FrozenModel> ref_, reward_;
   PpoHead actor_head_{PpoConstants{}}, critic_head_{PpoConstants{}}, frozen_head_{PpoConstants{}};
   std::optional<Experience> last_experience_;
+  // The open --gradient_accumulation_steps group (docs/dschat.md): DeepSpeed's
+  // engine steps at every ga-th train_rlhf call, counted across PPO rounds, and
+  // until then the weights (so every forward in between, generation included)
+  // do not change. dschat runs a group's passes when it is full, which gives the
+  // same gradients and updates.
+  std::vector<Experience> group_;
   std::vector<float> ema_;  // rank 0: the actor's moving average (its full layout)
   RankGrid grid_;
   std::unique_ptr<Comms> comms_;
@@ -628,17 +663,47 @@ Experience PpoRun::generate_experience(const std::vector<std::vector<int32_t>>& 
   return e;
 }
 
-std::pair<float, float> PpoRun::train_rlhf(const Experience& e) {
+std::vector<PpoRun::MiniLoss> PpoRun::train_group() {
+  const size_t n = group_.size();
+  std::vector<PpoTargets> t;
+  std::vector<Packed> pa, pc;  // sized first: the heads keep pointers into them
+  t.reserve(n);
+  pa.reserve(n);
+  pc.reserve(n);
+  std::vector<PpoHead::Item> ia, ic;
+  std::vector<MicroBatch> ma, mc;
+  for (const Experience& e : group_) {
+    t.push_back(ppo_targets(e, k_));
+    pa.push_back(pack(e, T_, absolute_positions(actor_cm_->model), pad_, s_.S));
+    pc.push_back(pack(e, T_, absolute_positions(critic_cm_->model), pad_, s_.S));
+    ia.push_back({&e, &pa.back(), &t.back()});
+    ic.push_back({&e, &pc.back(), &t.back()});
+    ma.push_back(pa.back().mb);
+    mc.push_back(pc.back().mb);
+  }
+  actor_head_.set(PpoHead::Mode::ActorLoss, std::move(ia));
+  actor_src_->set(std::move(ma));
+  actor_->iterate();
+  critic_head_.set(PpoHead::Mode::CriticLoss, std::move(ic));
+  critic_src_->set(std::move(mc));
+  critic_->iterate();
+  DS_CHECK(actor_head_.losses().size() == n && critic_head_.losses().size() == n,
+           "dschat ppo: {} mini-batches trained {} / {} times", n, actor_head_.losses().size(),
+           critic_head_.losses().size());
+  std::vector<MiniLoss> out;
+  for (size_t i = 0; i < n; ++i) out.push_back({actor_head_.losses()[i], critic_head_.losses()[i]});
+  return out;
+}
+
+PpoRun::MiniLoss PpoRun::evaluate_losses(const Experience& e) {
   const PpoTargets t = ppo_targets(e, k_);
-  const Packed p = pack(e, T_, absolute_positions(actor_cm_->model), pad_, s_.S);
-  actor_head_.set(PpoHead::Mode::ActorLoss, &e, &p, &t);
-  actor_src_->set(p.mb);
-  const float actor_loss = actor_->iterate();
+  const Packed pa = pack(e, T_, absolute_positions(actor_cm_->model), pad_, s_.S);
+  actor_head_.set(PpoHead::Mode::ActorLoss, &e, &pa, &t);
+  actor_->forward_loss(pa.mb);
   const Packed pc = pack(e, T_, absolute_positions(critic_cm_->model), pad_, s_.S);
   critic_head_.set(PpoHead::Mode::CriticLoss, &e, &pc, &t);
-  critic_src_->set(pc.mb);
-  const float critic_loss = critic_->iterate();
-  return {actor_loss, critic_loss};
+  critic_->forward_loss(pc.mb);
+  return {actor_head_.losses().at(0), critic_head_.losses().at(0)};
 }
 
 void PpoRun::ema_update() {
@@ -751,13 +816,21 @@ void PpoRun::train_round(int64_t epoch, int64_t step, std::vector<Experience>& p
   const size_t per_epoch = std::min(minis.size(), static_cast<size_t>(unsup_len));
   std::vector<char> unsup(static_cast<size_t>(unsup_len));
   int64_t inner = 0;
-  double actor_sum = 0, critic_sum = 0;
-  float average_reward = 0.f, last_actor = 0.f, last_critic = 0.f;
+  float average_reward = 0.f;
+  // This round's mini-batches' losses, in order: from their group's training
+  // (train_rlhf), or forward-only for those whose group is still open at the
+  // round's end (their gradients are taken when it closes).
+  std::vector<MiniLoss> losses;
+  size_t earlier = group_.size();  // the open group's mini-batches of earlier rounds
   for (int64_t ep = 0; ep < s_.ppo_epochs; ++ep) {
     for (size_t i = 0; i < per_epoch; ++i) {
-      std::tie(last_actor, last_critic) = train_rlhf(minis[i]);
-      actor_sum += last_actor;
-      critic_sum += last_critic;
+      group_.push_back(minis[i]);  // train_rlhf
+      if (static_cast<int64_t>(group_.size()) == s_.ga) {
+        const std::vector<MiniLoss> g = train_group();
+        losses.insert(losses.end(), g.begin() + static_cast<std::ptrdiff_t>(earlier), g.end());
+        group_.clear();
+        earlier = 0;
+      }
       float mean = 0.f;  // exp_data["rewards"].mean() in f32
       for (float r : minis[i].rewards) mean += r;
       average_reward += mean / static_cast<float>(minis[i].B);
@@ -767,6 +840,17 @@ void PpoRun::train_round(int64_t epoch, int64_t step, std::vector<Experience>& p
     rng_.shuffle(minis);
     rng_.shuffle(unsup);
   }
+  for (size_t k = earlier; k < group_.size(); ++k) losses.push_back(evaluate_losses(group_[k]));
+  double actor_sum = 0, critic_sum = 0;
+  for (const MiniLoss& l : losses) {
+    actor_sum += l.actor;
+    critic_sum += l.critic;
+  }
+  // The ranks' means (upstream prints rank 0's own); the last mini-batch's own losses for TensorBoard.
+  actor_sum = world_->all_reduce_scalar(actor_sum, Device::cpu()) / static_cast<double>(rv_.world_size);
+  critic_sum = world_->all_reduce_scalar(critic_sum, Device::cpu()) / static_cast<double>(rv_.world_size);
+  const double last_actor = losses.empty() ? 0.0 : losses.back().actor;
+  const double last_critic = losses.empty() ? 0.0 : losses.back().critic;
   const double training_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - training_start).count();
   const double n = static_cast<double>(inner);
   say(fmt::format("Epoch: {} | Step: {} | PPO Epoch: {} | Actor Loss: {} | Critic Loss: {} | Unsupervised Loss: {}",
@@ -827,8 +911,10 @@ int PpoRun::run() {
   const double per_epoch = static_cast<double>(n_gen) * (static_cast<double>(s_.G) / static_cast<double>(s_.S)) *
                            static_cast<double>(s_.ppo_epochs) / static_cast<double>(s_.ga);
   const int64_t total_iters = static_cast<int64_t>(static_cast<double>(s_.epochs) * per_epoch);
-  // At most this many steps: every generation batch gives ceil(G / S) mini-batches per PPO epoch.
-  const int64_t max_steps = std::max<int64_t>(1, s_.epochs * n_gen * ceil_div(s_.G, s_.S) * s_.ppo_epochs);
+  // At most this many steps: every generation batch gives ceil(G / S) mini-batches per PPO epoch, and
+  // every --gradient_accumulation_steps of them make a step.
+  const int64_t max_steps =
+      std::max<int64_t>(1, ceil_div(s_.epochs * n_gen * ceil_div(s_.G, s_.S) * s_.ppo_epochs, s_.ga));
 
   world_ = make_world_communicator(Backend::Gloo, rv_);
   const std::optional<std::string> out = a_.str("--output_dir");

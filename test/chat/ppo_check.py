@@ -144,14 +144,14 @@ def step(model, opt, sched):  # DeepSpeed's engine.step: clipping 1.0, then the 
     opt.zero_grad()
 
 
-def reference(actor_dir, critic_dir, rm_config, tok, world):
+def reference(actor_dir, critic_dir, rm_config, tok, world, ga):
     pad = tok.pad_token_id
     prompts = phase3_prompts(tok)
     per_rank = []  # each rank's generation batches in its DistributedSampler order
     for r in range(world):
         order = list(DistributedSampler(list(range(len(prompts))), num_replicas=world, rank=r))
         per_rank.append([collate([prompts[i] for i in order[k:k + G]], pad) for k in range(0, len(order), G)])
-    total = int(1 * len(per_rank[0]) * (G / S) * PPO_EPOCHS / 1)
+    total = int(1 * len(per_rank[0]) * (G / S) * PPO_EPOCHS / ga)
 
     def causal():
         m = AutoModelForCausalLM.from_pretrained(actor_dir)
@@ -168,6 +168,7 @@ def reference(actor_dir, critic_dir, rm_config, tok, world):
     c_opt, c_sched = optimizer(critic, CLR, 0.0, total)
     random.seed(SEED)  # every rank's random module draws the same shuffles
     rounds, rewards, pending, ema_reward, last = [], [], [[] for _ in range(world)], None, [None] * world
+    micro_steps, step_average_reward = 0, 0.0  # DeepSpeed's engine counts train_rlhf calls across rounds
     for stp in range(len(per_rank[0])):
         for r in range(world):  # generate_experience on each rank
             prompt, pmask = per_rank[r][stp]
@@ -232,10 +233,13 @@ def reference(actor_dir, critic_dir, rm_config, tok, world):
                     vc = torch.clamp(v, old_values[:, start:] - CLIP_V, old_values[:, start:] + CLIP_V)
                     c_losses.append(0.5 * torch.sum(torch.max((v - returns) ** 2, (vc - returns) ** 2) * am) / am.sum())
                     avg += e["rewards"].mean() / world
-                (sum(a_losses) / world).backward()
-                step(actor, a_opt, a_sched)
-                (sum(c_losses) / world).backward()
-                step(critic, c_opt, c_sched)
+                # engine.backward scales by 1 / gradient_accumulation_steps; engine.step steps at the boundary
+                (sum(a_losses) / world / ga).backward()
+                (sum(c_losses) / world / ga).backward()
+                micro_steps += 1
+                if micro_steps % ga == 0:
+                    step(actor, a_opt, a_sched)
+                    step(critic, c_opt, c_sched)
                 a_sum += sum(x.item() for x in a_losses) / world
                 c_sum += sum(x.item() for x in c_losses) / world
                 inner += 1
@@ -247,9 +251,12 @@ def reference(actor_dir, critic_dir, rm_config, tok, world):
             minis = [[m[k] for k in idx] for m in minis]
             random.shuffle(unsup)
         avg = avg.item()
-        ema_reward = 0.9 * (avg if ema_reward is None else ema_reward) + 0.1 * avg
+        step_average_reward += avg / ga
+        if (stp + 1) % ga == 0:
+            ema_reward = 0.9 * (step_average_reward if ema_reward is None else ema_reward) + 0.1 * step_average_reward
+            step_average_reward = 0.0
         rounds.append((0, stp, a_sum / inner, c_sum / inner))
-        rewards.append((avg / inner, ema_reward))
+        rewards.append((avg / inner, 0.0 if ema_reward is None else ema_reward))
     return rounds, rewards, actor, critic, ema
 
 
@@ -263,20 +270,23 @@ def weights_match(what, got, want, tol=2e-3):
 # Weights the losses do not depend on: a key bias shifts every score of a query row (softmax ignores it); its
 # gradient is rounding noise, which Adam turns into steps of about lr in either direction.
 NULL_DIRECTIONS = ("k_proj.bias",)
-RUNS = [("gpt2", 1, [dschat, "ppo"]), ("opt", 1, [dschat, "ppo"]),
+RUNS = [("gpt2", 1, 1, [dschat, "ppo"]), ("opt", 1, 1, [dschat, "ppo"]),
         # OPT-350m's blocks (post-LayerNorm, project_in / project_out) in the actor, its generation and the critic
-        ("opt350m", 1, [dschat, "ppo"]),
+        ("opt350m", 1, 1, [dschat, "ppo"]),
+        # gradient accumulation over 3 mini-batches: 8 per round, so the groups span rounds
+        ("gpt2", 1, 3, [dschat, "ppo"]),
         # two ranks: the actor under ZeRO-3 (generation keeps the ranks in step), the critic under ZeRO-2
-        ("opt", 2, [dsrun, "--num_gpus", "2", "--master_port", "29614", dschat, "ppo", "--actor_zero_stage", "3",
-                    "--critic_zero_stage", "2"])]
-for family, world, cmd in RUNS:
-    critic_dir, tok, rm_config = make_reward_model(family, os.path.join(work, f"{family}{world}"), shared)
-    actor_dir = os.path.join(work, f"{family}{world}", "step1_" + family)
-    flags = flags_for(actor_dir, critic_dir)
-    out_dir = os.path.join(work, f"out_{family}{world}")
+        ("opt", 2, 1, [dsrun, "--num_gpus", "2", "--master_port", "29614", dschat, "ppo", "--actor_zero_stage", "3",
+                       "--critic_zero_stage", "2"])]
+for family, world, ga, cmd in RUNS:
+    critic_dir, tok, rm_config = make_reward_model(family, os.path.join(work, f"{family}{world}{ga}"), shared)
+    actor_dir = os.path.join(work, f"{family}{world}{ga}", "step1_" + family)
+    flags = flags_for(actor_dir, critic_dir) + ["--gradient_accumulation_steps", str(ga)]
+    out_dir = os.path.join(work, f"out_{family}{world}{ga}")
     got_rounds, got_rewards, stdout = run(cmd, flags, out_dir)
-    ref_rounds, ref_rewards, ref_actor, ref_critic, ref_ema = reference(actor_dir, critic_dir, rm_config, tok, world)
-    family = f"{family} world {world}"
+    ref_rounds, ref_rewards, ref_actor, ref_critic, ref_ema = reference(actor_dir, critic_dir, rm_config, tok, world,
+                                                                        ga)
+    family = f"{family} world {world} gradient accumulation {ga}"
     print(f"{family}: {len(got_rounds)} PPO rounds; actor/critic losses {got_rounds} (reference {ref_rounds}); "
           f"rewards {got_rewards} (reference {ref_rewards})")
     check(len(got_rounds) == len(ref_rounds) > 0 and len(got_rewards) == len(ref_rewards),
@@ -298,7 +308,7 @@ for family, world, cmd in RUNS:
     weights_match(f"{family} critic", got, ref_critic.state_dict())
 
 # Inputs a user can get wrong: one error line, exit 1.
-for extra, want in [(["--gradient_accumulation_steps", "2"], "--gradient_accumulation_steps 2"),
+for extra, want in [(["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps 0"),
                     (["--max_prompt_seq_len", "1"], "--max_prompt_seq_len 1"),
                     (["--max_prompt_seq_len", "60", "--max_answer_seq_len", "10"], "longer than the model's 64"),
                     (["--unsupervised_dataset_name", "x", "--unsupervised_dataset_config_name", "y"], "unsupervised"),
