@@ -31,6 +31,7 @@
 #include "lib/chat/ppo_math.h"
 #include "lib/chat/py_random.h"
 #include "lib/chat/torch_sampler.h"
+#include "lib/chat/unsup_data.h"
 #include "lib/ckpt/file_io.h"
 #include "lib/ckpt/hf.h"
 #include "lib/comm/communicator.h"
@@ -134,6 +135,12 @@ struct Step3Args {
   int64_t G = 0, S = 0, gen_batches = 0, ppo_epochs = 0, P = 0, A = 0, epochs = 0, ga = 0, warmup = 0;
   int64_t seed = 1234, actor_stage = 0, critic_stage = 0, print_interval = 1, test_stop = 0;
   bool seeded = false;
+  // The unsupervised term (both --unsupervised_dataset_name and _config_name given, as upstream).
+  bool unsup = false;
+  double unsup_coef = 0;
+  // main.py's gradient_accumulation_steps_actor: the actor also steps on
+  // every unsupervised mini-batch, so its engine accumulates twice as many.
+  int64_t actor_ga() const { return unsup ? 2 * ga : ga; }
 };
 
 Step3Args check_args(const ParsedArgs& a) {
@@ -177,9 +184,9 @@ Step3Args check_args(const ParsedArgs& a) {
                 "{}: the combination of [actor_zero_stage==2, critic_zero_stage==2, enable_hybrid_engine=True, "
                 "offload=True, lora=False] is currently unsupported due to training instability! (DeepSpeed-Chat's "
                 "own check)", kProg);
-  const bool unsup = a.str("--unsupervised_dataset_name") && a.str("--unsupervised_dataset_config_name");
-  DS_USER_CHECK(!unsup, "{}: --unsupervised_dataset_name reads a Hugging Face Hub dataset (datasets.load_dataset), "
-                "which dschat does not download; the unsupervised term is not implemented yet", kProg);
+  s.unsup = a.str("--unsupervised_dataset_name") && a.str("--unsupervised_dataset_config_name");
+  s.unsup_coef = *a.real("--unsup_coef");
+  DS_USER_CHECK(std::isfinite(s.unsup_coef), "{}: --unsup_coef {} must be a finite number", kProg, s.unsup_coef);
   DS_USER_CHECK(!a.flag("--enable_mixed_precision_lora"), "{}: --enable_mixed_precision_lora (ZeRO++'s quantized "
                 "frozen weights) is not implemented", kProg);
   DS_USER_CHECK(!a.flag("--align_overflow") || *a.str("--dtype") != "fp16", "{}: --align_overflow with --dtype fp16 "
@@ -312,6 +319,10 @@ class PpoHead final : public HeadLoss {
     const Experience* e = nullptr;
     const Packed* p = nullptr;
     const PpoTargets* t = nullptr;
+    // The unsupervised term's forward instead: the causal LM loss of the
+    // micro-batch's targets (transformers' loss with labels: the mean over
+    // the predicted tokens), whatever the mode.
+    bool lm = false;
   };
   // The next forwards' batches, one per forward in this order (a training
   // step's accumulated micro-batches).
@@ -328,10 +339,14 @@ class PpoHead final : public HeadLoss {
   // ActorLoss / CriticLoss: each forward's loss since set().
   const std::vector<double>& losses() const { return losses_; }
 
-  double apply(const Tensor& out, const Tensor& tokens, const Tensor&, float weight, bool backward) override {
+  double apply(const Tensor& out, const Tensor& tokens, const Tensor& targets, float weight, bool backward) override {
     DS_CHECK(out.device().is_cpu() && tokens.device().is_cpu(), "dschat ppo runs on the CPU backend");
     DS_CHECK(next_ < items_.size(), "dschat ppo: a forward without its batch");
     const Item& it = items_[next_++];
+    if (it.lm) {
+      losses_.push_back(lm_loss(out, targets, weight, backward));
+      return losses_.back();
+    }
     e_ = it.e;
     p_ = it.p;
     t_ = it.t;
@@ -411,6 +426,40 @@ class PpoHead final : public HeadLoss {
     return g.loss;
   }
 
+  // The mean of -log p(target) over the rows whose target is >= 0; with
+  // backward every row of out becomes weight times its gradient.
+  static double lm_loss(const Tensor& out, const Tensor& targets, float weight, bool backward) {
+    const Tensor t = targets.device().is_cpu() ? targets : targets.to(Device::cpu());
+    const int64_t rows = out.size(0), V = out.size(1);
+    DS_CHECK(t.numel() == rows, "dschat ppo: {} targets for {} rows", t.numel(), rows);
+    const int32_t* tg = t.data<int32_t>();
+    int64_t count = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      DS_CHECK(tg[r] < V, "dschat ppo: target {} outside the vocabulary of {}", tg[r], V);
+      count += tg[r] >= 0 ? 1 : 0;
+    }
+    if (count == 0) return 0.0;
+    const float g = -weight / static_cast<float>(count);
+    double sum = 0;
+#pragma omp parallel reduction(+ : sum)
+    {
+      std::vector<float> row(static_cast<size_t>(V));
+#pragma omp for schedule(dynamic, 4)
+      for (int64_t r = 0; r < rows; ++r) {
+        if (tg[r] < 0) {
+          if (!backward) continue;
+          std::fill(row.begin(), row.end(), 0.f);
+          store_f32(out, r * V, V, row.data());
+          continue;
+        }
+        load_f32(out, r * V, V, row.data());
+        sum -= row_logprob(row.data(), V, tg[r], g, backward);
+        if (backward) store_f32(out, r * V, V, row.data());
+      }
+    }
+    return sum / static_cast<double>(count);
+  }
+
   PpoConstants k_;
   Mode mode_ = Mode::LogProbs;
   std::vector<Item> items_;
@@ -442,6 +491,32 @@ class CurrentBatch final : public BatchSource {
  private:
   int64_t samples_;
   std::vector<MicroBatch> mbs_;
+};
+
+// Rows of the unsupervised term's blocks (group_texts' blocks, all of one
+// length L), and the micro-batch the actor trains on: the tokens, each
+// predicting the next (transformers' labels = input_ids), weighted so that
+// the step multiplies the mean loss by unsup_coef as train_unsupervised does.
+struct UnsupBatch {
+  int64_t B = 0, L = 0;
+  std::vector<int32_t> ids;  // B x L
+  UnsupBatch rows(int64_t first, int64_t n) const {
+    return {n, L, std::vector<int32_t>(ids.begin() + first * L, ids.begin() + (first + n) * L)};
+  }
+  MicroBatch micro_batch(int64_t Bcfg, int64_t Tcfg, double coef) const {
+    Tensor tok = Tensor::empty({B, L}, DType::I32), tgt = Tensor::empty({B, L}, DType::I32);
+    std::copy(ids.begin(), ids.end(), tok.data<int32_t>());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < L; ++j)
+        tgt.data<int32_t>()[b * L + j] = j + 1 < L ? ids[static_cast<size_t>(b * L + j + 1)] : -1;
+    return {.tokens = tok,
+            .targets = tgt,
+            .first_sample = 0,
+            .step_key = {},
+            .loss_weight_scale = static_cast<float>(static_cast<double>(Bcfg * Tcfg) * coef),
+            .lengths = {},
+            .shifts = {}};
+  }
 };
 
 // A model that only runs forwards (the reference and the reward model):
@@ -519,16 +594,20 @@ class PpoRun {
   std::unique_ptr<Trainer> trained_model(const char* role, const ChatModel& cm, int64_t stage, CurrentBatch*& src,
                                          int64_t max_steps, int64_t total_iters, int64_t samples);
   Experience generate_experience(const std::vector<std::vector<int32_t>>& prompts, int64_t step);
-  // The actor's and the critic's losses of one mini-batch (this rank's).
+  // The actor's, the critic's and the unsupervised losses of one mini-batch (this rank's).
   struct MiniLoss {
-    double actor = 0, critic = 0;
+    double actor = 0, critic = 0, unsup = 0;
   };
   // Trains the full accumulation group (one actor step, one critic step);
   // returns each of its mini-batches' losses, in order.
   std::vector<MiniLoss> train_group();
-  // A mini-batch's losses forward-only (its group is still open).
-  MiniLoss evaluate_losses(const Experience& e);
-  void train_round(int64_t epoch, int64_t step, std::vector<Experience>& pending, EventFileWriter& tb);
+  // Mini-batch k of the open group's losses, forward-only.
+  MiniLoss evaluate_losses(size_t k);
+  // The unsupervised term's generation batch `step` of this rank (G blocks
+  // in DistributedSampler order); nothing when the term is off.
+  UnsupBatch unsup_batch(int64_t step) const;
+  void train_round(int64_t epoch, int64_t step, std::vector<Experience>& pending, std::vector<UnsupBatch>& unsup,
+                   EventFileWriter& tb);
   void ema_update();
   void export_ema(const fs::path& out);
 
@@ -554,6 +633,8 @@ class PpoRun {
   // do not change. dschat runs a group's passes when it is full, which gives the
   // same gradients and updates.
   std::vector<Experience> group_;
+  std::vector<UnsupBatch> group_unsup_;  // its unsupervised mini-batches (with the term on)
+  std::vector<std::vector<int32_t>> unsup_blocks_;  // this rank's blocks in DistributedSampler order
   std::vector<float> ema_;  // rank 0: the actor's moving average (its full layout)
   RankGrid grid_;
   std::unique_ptr<Comms> comms_;
@@ -663,6 +744,8 @@ Experience PpoRun::generate_experience(const std::vector<std::vector<int32_t>>& 
   return e;
 }
 
+// The actor's micro-batches in train_rlhf's and train_unsupervised's order:
+// each mini-batch's PPO loss, then (with the term on) its unsupervised one.
 std::vector<PpoRun::MiniLoss> PpoRun::train_group() {
   const size_t n = group_.size();
   std::vector<PpoTargets> t;
@@ -672,7 +755,8 @@ std::vector<PpoRun::MiniLoss> PpoRun::train_group() {
   pc.reserve(n);
   std::vector<PpoHead::Item> ia, ic;
   std::vector<MicroBatch> ma, mc;
-  for (const Experience& e : group_) {
+  for (size_t k = 0; k < n; ++k) {
+    const Experience& e = group_[k];
     t.push_back(ppo_targets(e, k_));
     pa.push_back(pack(e, T_, absolute_positions(actor_cm_->model), pad_, s_.S));
     pc.push_back(pack(e, T_, absolute_positions(critic_cm_->model), pad_, s_.S));
@@ -680,6 +764,10 @@ std::vector<PpoRun::MiniLoss> PpoRun::train_group() {
     ic.push_back({&e, &pc.back(), &t.back()});
     ma.push_back(pa.back().mb);
     mc.push_back(pc.back().mb);
+    if (s_.unsup) {
+      ia.push_back({.lm = true});
+      ma.push_back(group_unsup_[k].micro_batch(s_.S, T_, s_.unsup_coef));
+    }
   }
   actor_head_.set(PpoHead::Mode::ActorLoss, std::move(ia));
   actor_src_->set(std::move(ma));
@@ -687,23 +775,49 @@ std::vector<PpoRun::MiniLoss> PpoRun::train_group() {
   critic_head_.set(PpoHead::Mode::CriticLoss, std::move(ic));
   critic_src_->set(std::move(mc));
   critic_->iterate();
-  DS_CHECK(actor_head_.losses().size() == n && critic_head_.losses().size() == n,
+  const size_t per = s_.unsup ? 2 : 1;
+  DS_CHECK(actor_head_.losses().size() == per * n && critic_head_.losses().size() == n,
            "dschat ppo: {} mini-batches trained {} / {} times", n, actor_head_.losses().size(),
            critic_head_.losses().size());
   std::vector<MiniLoss> out;
-  for (size_t i = 0; i < n; ++i) out.push_back({actor_head_.losses()[i], critic_head_.losses()[i]});
+  for (size_t i = 0; i < n; ++i)
+    out.push_back({actor_head_.losses()[per * i], critic_head_.losses()[i],
+                   s_.unsup ? actor_head_.losses()[per * i + 1] : 0.0});
   return out;
 }
 
-PpoRun::MiniLoss PpoRun::evaluate_losses(const Experience& e) {
+PpoRun::MiniLoss PpoRun::evaluate_losses(size_t k) {
+  const Experience& e = group_[k];
   const PpoTargets t = ppo_targets(e, k_);
   const Packed pa = pack(e, T_, absolute_positions(actor_cm_->model), pad_, s_.S);
   actor_head_.set(PpoHead::Mode::ActorLoss, &e, &pa, &t);
   actor_->forward_loss(pa.mb);
+  MiniLoss l{.actor = actor_head_.losses().at(0)};
+  if (s_.unsup) {
+    actor_head_.set(PpoHead::Mode::ActorLoss, {{.lm = true}});
+    actor_->forward_loss(group_unsup_[k].micro_batch(s_.S, T_, s_.unsup_coef));
+    l.unsup = actor_head_.losses().at(0);
+  }
   const Packed pc = pack(e, T_, absolute_positions(critic_cm_->model), pad_, s_.S);
   critic_head_.set(PpoHead::Mode::CriticLoss, &e, &pc, &t);
   critic_->forward_loss(pc.mb);
-  return {actor_head_.losses().at(0), critic_head_.losses().at(0)};
+  l.critic = critic_head_.losses().at(0);
+  return l;
+}
+
+UnsupBatch PpoRun::unsup_batch(int64_t step) const {
+  if (!s_.unsup) return {};
+  const int64_t n = static_cast<int64_t>(unsup_blocks_.size()), first = step * s_.G, B = std::min(s_.G, n - first);
+  UnsupBatch u{B, static_cast<int64_t>(unsup_blocks_[static_cast<size_t>(first)].size()), {}};
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<int32_t>& blk = unsup_blocks_[static_cast<size_t>(first + b)];
+    DS_USER_CHECK(static_cast<int64_t>(blk.size()) == u.L, "--unsupervised_dataset_name: a generation batch mixes "
+                  "blocks of {} and {} tokens (a 1000-example batch of the data held fewer than --max_prompt_seq_len + "
+                  "--max_answer_seq_len tokens); DeepSpeed-Chat's default_data_collator cannot stack them", u.L,
+                  blk.size());
+    u.ids.insert(u.ids.end(), blk.begin(), blk.end());
+  }
+  return u;
 }
 
 void PpoRun::ema_update() {
@@ -782,7 +896,7 @@ std::unique_ptr<Trainer> PpoRun::trained_model(const char* role, const ChatModel
                      .weight_decay = *a_.real(role_flag(role, "weight_decay")),
                      .zero_stage = stage,
                      .B = s_.S,
-                     .ga = s_.ga,
+                     .ga = role == std::string("actor") ? s_.actor_ga() : s_.ga,
                      .warmup = s_.warmup,
                      .seed = s_.seed,
                      .recompute = a_.flag(role_flag(role, "gradient_checkpointing")),
@@ -806,15 +920,21 @@ std::unique_ptr<Trainer> PpoRun::trained_model(const char* role, const ChatModel
 
 // One PPO round on the generation batches in `pending` (MiniDataset.seperate, --ppo_epochs passes with
 // random.shuffle after each), and its printed and logged summary.
-void PpoRun::train_round(int64_t epoch, int64_t step, std::vector<Experience>& pending, EventFileWriter& tb) {
+void PpoRun::train_round(int64_t epoch, int64_t step, std::vector<Experience>& pending,
+                         std::vector<UnsupBatch>& pending_unsup, EventFileWriter& tb) {
   const auto training_start = std::chrono::steady_clock::now();
   std::vector<Experience> minis;
   for (const Experience& e : pending)
     for (int64_t r = 0; r < e.B; r += s_.S) minis.push_back(e.rows(r, std::min(s_.S, e.B - r)));
   pending.clear();
-  const int64_t unsup_len = s_.gen_batches * ceil_div(s_.G, s_.S);  // the placeholder list it zips with
-  const size_t per_epoch = std::min(minis.size(), static_cast<size_t>(unsup_len));
-  std::vector<char> unsup(static_cast<size_t>(unsup_len));
+  // The unsupervised MiniDataset it zips with: the term's mini-batches, or
+  // upstream's placeholder list of [None] * G per generation batch.
+  std::vector<UnsupBatch> unsup;
+  for (const UnsupBatch& u : pending_unsup)
+    for (int64_t r = 0; r < (s_.unsup ? u.B : s_.G); r += s_.S)
+      unsup.push_back(s_.unsup ? u.rows(r, std::min(s_.S, u.B - r)) : UnsupBatch{});
+  pending_unsup.clear();
+  const size_t per_epoch = std::min(minis.size(), unsup.size());
   int64_t inner = 0;
   float average_reward = 0.f;
   // This round's mini-batches' losses, in order: from their group's training
@@ -824,11 +944,13 @@ void PpoRun::train_round(int64_t epoch, int64_t step, std::vector<Experience>& p
   size_t earlier = group_.size();  // the open group's mini-batches of earlier rounds
   for (int64_t ep = 0; ep < s_.ppo_epochs; ++ep) {
     for (size_t i = 0; i < per_epoch; ++i) {
-      group_.push_back(minis[i]);  // train_rlhf
+      group_.push_back(minis[i]);  // train_rlhf (and train_unsupervised)
+      if (s_.unsup) group_unsup_.push_back(unsup[i]);
       if (static_cast<int64_t>(group_.size()) == s_.ga) {
         const std::vector<MiniLoss> g = train_group();
         losses.insert(losses.end(), g.begin() + static_cast<std::ptrdiff_t>(earlier), g.end());
         group_.clear();
+        group_unsup_.clear();
         earlier = 0;
       }
       float mean = 0.f;  // exp_data["rewards"].mean() in f32
@@ -840,30 +962,33 @@ void PpoRun::train_round(int64_t epoch, int64_t step, std::vector<Experience>& p
     rng_.shuffle(minis);
     rng_.shuffle(unsup);
   }
-  for (size_t k = earlier; k < group_.size(); ++k) losses.push_back(evaluate_losses(group_[k]));
-  double actor_sum = 0, critic_sum = 0;
+  for (size_t k = earlier; k < group_.size(); ++k) losses.push_back(evaluate_losses(k));
+  double actor_sum = 0, critic_sum = 0, unsup_sum = 0;
   for (const MiniLoss& l : losses) {
     actor_sum += l.actor;
     critic_sum += l.critic;
+    unsup_sum += l.unsup;
   }
   // The ranks' means (upstream prints rank 0's own); the last mini-batch's own losses for TensorBoard.
-  actor_sum = world_->all_reduce_scalar(actor_sum, Device::cpu()) / static_cast<double>(rv_.world_size);
-  critic_sum = world_->all_reduce_scalar(critic_sum, Device::cpu()) / static_cast<double>(rv_.world_size);
+  const double world = static_cast<double>(rv_.world_size);
+  actor_sum = world_->all_reduce_scalar(actor_sum, Device::cpu()) / world;
+  critic_sum = world_->all_reduce_scalar(critic_sum, Device::cpu()) / world;
+  if (s_.unsup) unsup_sum = world_->all_reduce_scalar(unsup_sum, Device::cpu()) / world;
   const double last_actor = losses.empty() ? 0.0 : losses.back().actor;
   const double last_critic = losses.empty() ? 0.0 : losses.back().critic;
   const double training_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - training_start).count();
   const double n = static_cast<double>(inner);
   say(fmt::format("Epoch: {} | Step: {} | PPO Epoch: {} | Actor Loss: {} | Critic Loss: {} | Unsupervised Loss: {}",
                   epoch, step, s_.ppo_epochs, python_repr(actor_sum / n), python_repr(critic_sum / n),
-                  python_repr(0.0)));
+                  python_repr(unsup_sum / n)));
   say(fmt::format("End-to-End => Latency: {:.2f}s | Generation Latency: {:.2f}s | Training Latency: {:.2f}s",
                   training_s + generate_s_ * static_cast<double>(s_.gen_batches), generate_s_, training_s));
   DS_LOG("experience latency: {:.3f}s (the actor, reference, reward and critic forwards of the last generation "
          "batch; upstream's latencies leave them out)", experience_s_);
   const double avg = static_cast<float>(world_->all_reduce_scalar(average_reward, Device::cpu()) /
                                         static_cast<double>(rv_.world_size));
-  step_average_reward_ += avg / static_cast<double>(s_.ga);
-  if ((step + 1) % s_.ga == 0) {  // ExponentialMovingAverage(alpha 0.9)
+  step_average_reward_ += avg / static_cast<double>(s_.actor_ga());
+  if ((step + 1) % s_.actor_ga() == 0) {  // ExponentialMovingAverage(alpha 0.9)
     ema_reward_ = 0.9 * (ema_reward_ ? *ema_reward_ : step_average_reward_) + 0.1 * step_average_reward_;
     step_average_reward_ = 0;
   }
@@ -906,7 +1031,21 @@ int PpoRun::run() {
   std::vector<std::vector<int32_t>> mine;
   for (int64_t i : distributed_sampler_indices(static_cast<int64_t>(prompts.size()), world, rv_.rank))
     mine.push_back(prompts[static_cast<size_t>(i)]);
-  const int64_t n_gen = ceil_div(static_cast<int64_t>(mine.size()), s_.G);
+  int64_t n_gen = ceil_div(static_cast<int64_t>(mine.size()), s_.G);
+  if (s_.unsup) {  // get_unsupervised_data: its own DistributedSampler; the loaders are zipped
+    const std::string flag = "--unsupervised_dataset_name";
+    std::vector<std::vector<int32_t>> ids;
+    for (const std::string& text :
+         read_unsupervised_texts(*a_.str(flag), *a_.str("--unsupervised_dataset_config_name"), flag))
+      ids.push_back(actor_cm_->tok.encode(text));
+    const std::vector<std::vector<int32_t>> blocks = group_texts(ids, T_);
+    DS_USER_CHECK(!blocks.empty(), "{} '{}' holds no token", flag, *a_.str(flag));
+    for (int64_t i : distributed_sampler_indices(static_cast<int64_t>(blocks.size()), world, rv_.rank))
+      unsup_blocks_.push_back(blocks[static_cast<size_t>(i)]);
+    n_gen = std::min(n_gen, ceil_div(static_cast<int64_t>(unsup_blocks_.size()), s_.G));
+    DS_LOG("unsupervised term: {} blocks of {} tokens from {} texts of '{}', coefficient {}", blocks.size(), T_,
+           ids.size(), *a_.str(flag), s_.unsup_coef);
+  }
   // create_datasets' num_total_iters (the schedules' length), in Python's float arithmetic.
   const double per_epoch = static_cast<double>(n_gen) * (static_cast<double>(s_.G) / static_cast<double>(s_.S)) *
                            static_cast<double>(s_.ppo_epochs) / static_cast<double>(s_.ga);
@@ -947,6 +1086,7 @@ int PpoRun::run() {
   say(fmt::format("***** Running training (total_iters={}) *****", total_iters));
   int64_t non_overflow = 0;
   std::vector<Experience> pending;  // MiniDataset's generation batches
+  std::vector<UnsupBatch> pending_unsup;  // and the unsupervised term's
   bool stop = false;
   for (int64_t epoch = 0; epoch < s_.epochs && !stop; ++epoch) {
     say(fmt::format("Beginning of Epoch {}/{}, Total Generation Batches {}", epoch + 1, s_.epochs, n_gen));
@@ -955,7 +1095,8 @@ int PpoRun::run() {
       const std::vector<std::vector<int32_t>> batch(first, first + std::min<std::ptrdiff_t>(s_.G, mine.end() - first));
       const int64_t skipped_before = actor_->state().skipped_steps + critic_->state().skipped_steps;
       pending.push_back(generate_experience(batch, step));
-      if (static_cast<int64_t>(pending.size()) == s_.gen_batches) train_round(epoch, step, pending, tb);
+      pending_unsup.push_back(unsup_batch(step));
+      if (static_cast<int64_t>(pending.size()) == s_.gen_batches) train_round(epoch, step, pending, pending_unsup, tb);
       const int64_t skipped = actor_->state().skipped_steps + critic_->state().skipped_steps - skipped_before;
       if (skipped == 0) ++non_overflow;
       if (a_.flag("--enable_test_mode") && non_overflow == s_.test_stop) {

@@ -71,6 +71,18 @@ for split, rows in raw.items():
         for r in rows:
             f.write(json.dumps(r) + "\n")
 
+# The unsupervised term's data: a local dataset folder as datasets.load_dataset(FOLDER, "default") reads it, its
+# train split the file named so (the test file left out), one example per line (empty ones too), more than
+# map's 1000-example batch so that group_texts cuts two batches apart.
+UNSUP_DIR = os.path.join(work, "unsup_corpus")
+os.makedirs(UNSUP_DIR)
+unsup_lines = [" ".join(rnd.choice(words) for _ in range(rnd.randint(0, 4))) for _ in range(1100)]
+with open(os.path.join(UNSUP_DIR, "corpus_train.txt"), "w") as f:
+    f.write("\n".join(unsup_lines) + "\n")
+with open(os.path.join(UNSUP_DIR, "corpus_test.txt"), "w") as f:
+    f.write("not read\n")
+UNSUP_COEF = 0.5
+
 SEED, SPLIT, G, S, GEN_BATCHES, PPO_EPOCHS, P, A = 1234, "2,2,6", 3, 2, 2, 2, 20, 6
 ALR, CLR, AWD, WARMUP, SCHED = 2e-3, 3e-3, 0.1, 1, "linear"
 KL, CLIP_REWARD, CLIP, CLIP_V, GAMMA, LAM = 0.1, 5, 0.2, 0.2, 1.0, 0.95
@@ -86,7 +98,8 @@ def flags_for(actor, critic):
             str(WARMUP), "--dtype", "fp32", "--enable_ema", "--deepspeed", "--enable_hybrid_engine"]
 
 
-ROUND = re.compile(r"^(?:\[rank 0\] )?Epoch: (\d+) \| Step: (\d+) \| PPO Epoch: \d+ \| Actor Loss: (\S+) \| Critic Loss: (\S+) \|",
+ROUND = re.compile(r"^(?:\[rank 0\] )?Epoch: (\d+) \| Step: (\d+) \| PPO Epoch: \d+ \| Actor Loss: (\S+) \| Critic Loss: (\S+) \| "
+                   r"Unsupervised Loss: (\S+)$",
                    re.M)
 REWARD = re.compile(r"^(?:\[rank 0\] )?Average reward score: (\S+) \| EMA reward score: (\S+)$", re.M)
 
@@ -97,7 +110,8 @@ def run(cmd, flags, out_dir):
     if p.returncode != 0:
         print(p.stdout[-4000:], p.stderr[-4000:])
         raise SystemExit(f"dschat failed with {p.returncode}")
-    rounds = [(int(m.group(1)), int(m.group(2)), float(m.group(3)), float(m.group(4))) for m in ROUND.finditer(p.stdout)]
+    rounds = [(int(m.group(1)), int(m.group(2)), float(m.group(3)), float(m.group(4)), float(m.group(5)))
+              for m in ROUND.finditer(p.stdout)]
     rewards = [(float(m.group(1)), float(m.group(2))) for m in REWARD.finditer(p.stdout)]
     return rounds, rewards, p.stdout
 
@@ -144,14 +158,33 @@ def step(model, opt, sched):  # DeepSpeed's engine.step: clipping 1.0, then the 
     opt.zero_grad()
 
 
-def reference(actor_dir, critic_dir, rm_config, tok, world, ga):
+def unsupervised_blocks(tok):
+    """get_unsupervised_data: the text column tokenized, group_texts over map's 1000-example batches."""
+    ids = [tok(t)["input_ids"] for t in unsup_lines]
+    block, out = P + A, []
+    for b0 in range(0, len(ids), 1000):
+        cat = [x for row in ids[b0:b0 + 1000] for x in row]
+        total = len(cat) // block * block if len(cat) >= block else len(cat)
+        out += [cat[i:i + block] for i in range(0, total, block)]
+    return out
+
+
+def reference(actor_dir, critic_dir, rm_config, tok, world, ga, unsup):
     pad = tok.pad_token_id
     prompts = phase3_prompts(tok)
     per_rank = []  # each rank's generation batches in its DistributedSampler order
     for r in range(world):
         order = list(DistributedSampler(list(range(len(prompts))), num_replicas=world, rank=r))
         per_rank.append([collate([prompts[i] for i in order[k:k + G]], pad) for k in range(0, len(order), G)])
-    total = int(1 * len(per_rank[0]) * (G / S) * PPO_EPOCHS / ga)
+    unsup_rank = [[None] * len(per_rank[r]) for r in range(world)]  # main.py's [[None] * G] placeholder batches
+    if unsup:
+        blocks = unsupervised_blocks(tok)
+        for r in range(world):
+            order = list(DistributedSampler(blocks, num_replicas=world, rank=r))
+            unsup_rank[r] = [torch.tensor([blocks[i] for i in order[k:k + G]]) for k in range(0, len(order), G)]
+    n_gen = min(len(per_rank[0]), len(unsup_rank[0]))  # zip(prompt_train_dataloader, unsupervised_train_dataloader)
+    total = int(1 * n_gen * (G / S) * PPO_EPOCHS / ga)
+    aga = 2 * ga if unsup else ga  # gradient_accumulation_steps_actor
 
     def causal():
         m = AutoModelForCausalLM.from_pretrained(actor_dir)
@@ -169,7 +202,8 @@ def reference(actor_dir, critic_dir, rm_config, tok, world, ga):
     random.seed(SEED)  # every rank's random module draws the same shuffles
     rounds, rewards, pending, ema_reward, last = [], [], [[] for _ in range(world)], None, [None] * world
     micro_steps, step_average_reward = 0, 0.0  # DeepSpeed's engine counts train_rlhf calls across rounds
-    for stp in range(len(per_rank[0])):
+    pending_unsup = [[] for _ in range(world)]
+    for stp in range(n_gen):
         for r in range(world):  # generate_experience on each rank
             prompt, pmask = per_rank[r][stp]
             for m in (actor, ref, critic, reward):
@@ -191,15 +225,18 @@ def reference(actor_dir, critic_dir, rm_config, tok, world, ga):
                     "rewards": reward.forward_value(seq, mask, prompt_length=P)["chosen_end_scores"],
                     "value": critic.forward_value(seq, mask, return_value_only=True)[:, :-1],
                     "input_ids": seq, "attention_mask": mask})
+        for r in range(world):
+            pending_unsup[r].append(unsup_rank[r][stp])
         if len(pending[0]) < GEN_BATCHES:
             continue
         minis = [[{k: v[i:i + S] for k, v in e.items()} for e in pending[r] for i in range(0, e["input_ids"].shape[0], S)]
                  for r in range(world)]
-        unsup = [None] * (GEN_BATCHES * math.ceil(G / S))
-        pending = [[] for _ in range(world)]
-        a_sum, c_sum, avg, inner = 0.0, 0.0, 0, 0
+        umini = [[u[i:i + S] for u in pending_unsup[r] for i in range(0, u.shape[0], S)] if unsup
+                 else [None] * (GEN_BATCHES * math.ceil(G / S)) for r in range(world)]
+        pending, pending_unsup = [[] for _ in range(world)], [[] for _ in range(world)]
+        a_sum, c_sum, u_sum, avg, inner = 0.0, 0.0, 0.0, 0, 0
         for _ in range(PPO_EPOCHS):
-            for i in range(min(len(minis[0]), len(unsup))):
+            for i in range(min(len(minis[0]), len(umini[0]))):
                 a_losses, c_losses = [], []
                 for r in range(world):  # DeepSpeed averages the ranks' gradients
                     e = minis[r][i]
@@ -234,8 +271,13 @@ def reference(actor_dir, critic_dir, rm_config, tok, world, ga):
                     c_losses.append(0.5 * torch.sum(torch.max((v - returns) ** 2, (vc - returns) ** 2) * am) / am.sum())
                     avg += e["rewards"].mean() / world
                 # engine.backward scales by 1 / gradient_accumulation_steps; engine.step steps at the boundary
-                (sum(a_losses) / world / ga).backward()
+                (sum(a_losses) / world / aga).backward()
                 (sum(c_losses) / world / ga).backward()
+                if unsup:  # train_unsupervised: the actor's causal LM loss times unsup_coef, another actor micro-step
+                    u_losses = [actor(umini[r][i], attention_mask=torch.ones_like(umini[r][i]), labels=umini[r][i]).loss
+                                for r in range(world)]
+                    (sum(u_losses) / world * UNSUP_COEF / aga).backward()
+                    u_sum += sum(x.item() for x in u_losses) / world
                 micro_steps += 1
                 if micro_steps % ga == 0:
                     step(actor, a_opt, a_sched)
@@ -249,13 +291,15 @@ def reference(actor_dir, critic_dir, rm_config, tok, world, ga):
             idx = list(range(len(minis[0])))  # every rank's random.shuffle draws the same permutation
             random.shuffle(idx)
             minis = [[m[k] for k in idx] for m in minis]
-            random.shuffle(unsup)
+            uidx = list(range(len(umini[0])))
+            random.shuffle(uidx)
+            umini = [[m[k] for k in uidx] for m in umini]
         avg = avg.item()
-        step_average_reward += avg / ga
-        if (stp + 1) % ga == 0:
+        step_average_reward += avg / aga
+        if (stp + 1) % aga == 0:
             ema_reward = 0.9 * (step_average_reward if ema_reward is None else ema_reward) + 0.1 * step_average_reward
             step_average_reward = 0.0
-        rounds.append((0, stp, a_sum / inner, c_sum / inner))
+        rounds.append((0, stp, a_sum / inner, c_sum / inner, u_sum / inner))
         rewards.append((avg / inner, 0.0 if ema_reward is None else ema_reward))
     return rounds, rewards, actor, critic, ema
 
@@ -270,30 +314,37 @@ def weights_match(what, got, want, tol=2e-3):
 # Weights the losses do not depend on: a key bias shifts every score of a query row (softmax ignores it); its
 # gradient is rounding noise, which Adam turns into steps of about lr in either direction.
 NULL_DIRECTIONS = ("k_proj.bias",)
-RUNS = [("gpt2", 1, 1, [dschat, "ppo"]), ("opt", 1, 1, [dschat, "ppo"]),
+RUNS = [("gpt2", 1, 1, False, [dschat, "ppo"]), ("opt", 1, 1, False, [dschat, "ppo"]),
         # OPT-350m's blocks (post-LayerNorm, project_in / project_out) in the actor, its generation and the critic
-        ("opt350m", 1, 1, [dschat, "ppo"]),
+        ("opt350m", 1, 1, False, [dschat, "ppo"]),
         # gradient accumulation over 3 mini-batches: 8 per round, so the groups span rounds
-        ("gpt2", 1, 3, [dschat, "ppo"]),
+        ("gpt2", 1, 3, False, [dschat, "ppo"]),
+        # the unsupervised term (the actor accumulates 2 x 2 micro-batches per step), OPT's tokenizer adding a bos
+        ("opt", 1, 2, True, [dschat, "ppo"]),
         # two ranks: the actor under ZeRO-3 (generation keeps the ranks in step), the critic under ZeRO-2
-        ("opt", 2, 1, [dsrun, "--num_gpus", "2", "--master_port", "29614", dschat, "ppo", "--actor_zero_stage", "3",
-                       "--critic_zero_stage", "2"])]
-for family, world, ga, cmd in RUNS:
-    critic_dir, tok, rm_config = make_reward_model(family, os.path.join(work, f"{family}{world}{ga}"), shared)
-    actor_dir = os.path.join(work, f"{family}{world}{ga}", "step1_" + family)
+        ("opt", 2, 1, False, [dsrun, "--num_gpus", "2", "--master_port", "29614", dschat, "ppo", "--actor_zero_stage",
+                              "3", "--critic_zero_stage", "2"])]
+for family, world, ga, unsup, cmd in RUNS:
+    tag = f"{family}{world}{ga}{'u' if unsup else ''}"
+    critic_dir, tok, rm_config = make_reward_model(family, os.path.join(work, tag), shared)
+    actor_dir = os.path.join(work, tag, "step1_" + family)
     flags = flags_for(actor_dir, critic_dir) + ["--gradient_accumulation_steps", str(ga)]
-    out_dir = os.path.join(work, f"out_{family}{world}{ga}")
+    if unsup:
+        flags += ["--unsupervised_dataset_name", UNSUP_DIR, "--unsupervised_dataset_config_name", "default",
+                  "--unsup_coef", str(UNSUP_COEF)]
+    out_dir = os.path.join(work, "out_" + tag)
     got_rounds, got_rewards, stdout = run(cmd, flags, out_dir)
     ref_rounds, ref_rewards, ref_actor, ref_critic, ref_ema = reference(actor_dir, critic_dir, rm_config, tok, world,
-                                                                        ga)
-    family = f"{family} world {world} gradient accumulation {ga}"
+                                                                        ga, unsup)
+    family = f"{family} world {world} gradient accumulation {ga}{' unsupervised' if unsup else ''}"
     print(f"{family}: {len(got_rounds)} PPO rounds; actor/critic losses {got_rounds} (reference {ref_rounds}); "
           f"rewards {got_rewards} (reference {ref_rewards})")
     check(len(got_rounds) == len(ref_rounds) > 0 and len(got_rewards) == len(ref_rewards),
           f"{family}: {len(got_rounds)} rounds, {len(got_rewards)} reward lines (reference {len(ref_rounds)})")
     for g, r in zip(got_rounds, ref_rounds):
-        check(g[:2] == r[:2] and close(g[2], r[2], 1e-3, 1e-4) and close(g[3], r[3], 1e-3, 1e-4),
-              f"{family} round {g[:2]}: actor/critic loss {g[2:]} vs {r[2:]}")
+        check(g[:2] == r[:2] and close(g[2], r[2], 1e-3, 1e-4) and close(g[3], r[3], 1e-3, 1e-4)
+              and close(g[4], r[4], 1e-4, 1e-5) and (g[4] > 0) == unsup,
+              f"{family} round {g[:2]}: actor/critic/unsupervised loss {g[2:]} vs {r[2:]}")
     for g, r in zip(got_rewards, ref_rewards):
         check(close(g[0], r[0], 1e-4, 1e-5) and close(g[1], r[1], 1e-4, 1e-5), f"{family}: rewards {g} vs {r}")
     # The exports: the actor as a causal LM, the critic in RewardModel's names (step 3 writes both as it saves
