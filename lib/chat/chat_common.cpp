@@ -8,11 +8,14 @@
 #include "lib/chat/hf_cache.h"
 #include "lib/chat/phase_data.h"
 #include "lib/ckpt/hf.h"
+#include "lib/ckpt/step_names.h"
+#include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 #include "lib/core/file_read.h"
 #include "lib/core/json_config.h"
 #include "lib/core/log.h"
 #include "lib/optim/lr_schedule.h"
+#include "lib/train/exit_signal.h"
 #include "lib/train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -384,5 +387,83 @@ void export_into(Trainer& trainer, const fs::path& out, const fs::path& model_di
   fs::remove_all(tmp, ec);
 }
 
+
+EpochCheckpoint::EpochCheckpoint(const std::optional<std::string>& dir, const char* step, const char* prog)
+    : step_(step), prog_(prog) {
+  if (!dir) return;
+  dir_ = *dir;
+  DS_USER_CHECK(!dir_.empty(), "{}: --checkpoint_dir: give a directory", prog);
+  const fs::path f = fs::path(dir_) / "dschat_state.json";
+  const std::string what = "--checkpoint_dir '" + f.string() + "'";
+  std::error_code ec;
+  state_ = {{"step", step_}, {"epochs", nlohmann::json::object()}};
+  fs::create_directories(dir_, ec);
+  DS_USER_CHECK(!ec, "--checkpoint_dir '{}': cannot create it: {}", dir_, ec.message());
+  if (fs::exists(f, ec)) {
+    const nlohmann::json j = parse_json_text(read_small_file(f.string(), size_t(1) << 20, what), what);
+    DS_USER_CHECK(j.is_object() && j.contains("step") && j["step"].is_string() && j.contains("epochs") &&
+                      j["epochs"].is_object(),
+                  "{}: not a dschat checkpoint record (a \"step\" and an \"epochs\" object)", what);
+    DS_USER_CHECK(j["step"] == step_, "{} records a checkpoint of dschat {}, not of dschat {}", what,
+                  j["step"].get<std::string>(), step_);
+    for (const auto& [it, e] : j["epochs"].items())
+      DS_USER_CHECK(e.is_number_integer() && e.get<int64_t>() >= 0, "{}: epochs of iteration {} must be a count", what,
+                    it);
+    DS_USER_CHECK(fs::exists(fs::path(dir_) / "model" / "latest", ec), "{}: there is no model checkpoint beside it "
+                  "(model/latest)", what);
+    state_ = j;
+    resume_ = true;
+  }
+  install_exit_signal_handler();
+}
+
+void EpochCheckpoint::configure(TrainConfig& cfg) const {
+  if (!on()) return;
+  cfg.ckpt.save_dir = (fs::path(dir_) / "model").string();
+  if (resume_) cfg.ckpt.load_dir = cfg.ckpt.save_dir;
+}
+
+int64_t EpochCheckpoint::resume(const Trainer& t) {
+  if (!resume_) return 0;
+  saved_iteration_ = t.state().iteration;
+  const std::string it = std::to_string(saved_iteration_);
+  DS_USER_CHECK(state_["epochs"].contains(it), "--checkpoint_dir '{}': the model checkpoint is at iteration {}, which "
+                "dschat_state.json does not record", dir_, it);
+  const int64_t done = state_["epochs"][it].get<int64_t>();
+  say(fmt::format("resuming from --checkpoint_dir {}: {} epoch(s) done, iteration {}", dir_, done, it));
+  return done;
+}
+
+bool EpochCheckpoint::end_of_epoch(Trainer& t, int64_t done, Communicator& world) {
+  if (!on()) return false;
+  const int64_t it = t.state().iteration;
+  // The record first, naming the checkpoint on disk and the one about to be
+  // written: a save interrupted before its commit leaves the older one, which
+  // it still names.
+  if (world.rank() == 0) {
+    nlohmann::json epochs = nlohmann::json::object();
+    const std::string prev = std::to_string(saved_iteration_);
+    if (saved_iteration_ >= 0 && state_["epochs"].contains(prev)) epochs[prev] = state_["epochs"][prev];
+    epochs[std::to_string(it)] = done;
+    state_["epochs"] = epochs;
+    write_file_atomic((fs::path(dir_) / "dschat_state.json").string(), state_.dump(1) + "\n");
+  }
+  if (it != saved_iteration_) {  // an epoch without an optimizer step changed nothing the trainer saves
+    t.save_checkpoint();
+    saved_iteration_ = it;
+    if (world.rank() == 0) {  // only the newest checkpoint is kept
+      std::error_code ec;
+      for (const fs::directory_entry& e : fs::directory_iterator(fs::path(dir_) / "model", ec))
+        if (e.path().filename().string().starts_with("global_step") && e.path().filename() != step_dir_name(it))
+          fs::remove_all(e.path(), ec);
+    }
+  }
+  world.barrier();
+  const double stop = world.all_reduce_scalar(exit_signal_received() ? 1.0 : 0.0, Device::cpu(), ReduceOp::Max);
+  if (stop > 0)
+    say(fmt::format("SIGTERM: stopping after epoch {}, its checkpoint in {}; run the same command again to continue",
+                    done, dir_));
+  return stop > 0;
+}
 
 }  // namespace ds::chat

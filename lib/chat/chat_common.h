@@ -10,9 +10,12 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "lib/chat/chat_args.h"
 #include "lib/chat/chat_tokenizer.h"
 #include "lib/chat/pairs.h"
+#include "lib/comm/communicator.h"
 #include "lib/config/config.h"
 #include "lib/core/tensor.h"
 #include "lib/model/model_config.h"
@@ -120,5 +123,35 @@ void copy_tokenizer_files(const std::filesystem::path& from, const std::filesyst
 // Collective (rank 0 writes).
 void export_into(Trainer& trainer, const std::filesystem::path& out, const std::filesystem::path& model_dir,
                  int rank);
+
+// dschat's resumable checkpoint for steps 1 and 2 (--checkpoint_dir DIR,
+// dschat's addition; docs/dschat.md): after every epoch the trained model's
+// training state (dstrain's checkpoint format: weights, optimizer state,
+// schedule, counters) goes to DIR/model, only the newest kept, and
+// DIR/dschat_state.json records which epoch each saved iteration ended; a run
+// with the same flags and DIR continues after the last saved epoch, as the
+// uninterrupted run would. With DIR, SIGTERM (a scheduler's preemption
+// notice) stops the run at the end of the current epoch, after its save.
+class EpochCheckpoint {
+ public:
+  // `step`: "sft" or "reward" (a DIR of the other step is refused).
+  EpochCheckpoint(const std::optional<std::string>& dir, const char* step, const char* prog);
+  bool on() const { return !dir_.empty(); }
+  bool resuming() const { return resume_; }
+  // Points the training config's save (and, when resuming, load) at DIR/model.
+  void configure(TrainConfig& cfg) const;
+  // The epochs the loaded checkpoint completed (0 when not resuming); call
+  // once the trainer is built.
+  int64_t resume(const Trainer& t);
+  // After epoch `done` (1-based) ended: the checkpoint (collective). Returns
+  // true when SIGTERM asked every rank to stop.
+  bool end_of_epoch(Trainer& t, int64_t done, Communicator& world);
+
+ private:
+  std::string dir_, step_, prog_;
+  bool resume_ = false;
+  nlohmann::json state_;  // {"step": ..., "epochs": {"<iteration>": epochs done}}
+  int64_t saved_iteration_ = -1;
+};
 
 }  // namespace ds::chat

@@ -49,6 +49,7 @@ std::vector<ArgSpec> step2_specs() {
       {"--enable_tensorboard", K::Flag},
       {"--tensorboard_path", K::Str, "step2_tensorboard"},
       {"--add_eot_token", K::Flag},
+      {"--checkpoint_dir", K::Str, std::nullopt},  // dschat's: a resumable checkpoint (EpochCheckpoint)
   };
   v.insert(v.end(), tail.begin(), tail.end());
   const std::vector<ArgSpec> ds = deepspeed_arg_specs();
@@ -252,7 +253,9 @@ int run_reward(const std::vector<std::string>& argv) {
   const std::vector<PairSample> eval = rank_pairs(ex.eval, world, rv.rank, cm.tok, c.T);
   const int64_t per_epoch = ceil_div(static_cast<int64_t>(train.size()), c.B);  // micro-batches
   const int64_t steps = c.epochs * per_epoch / c.ga, sched_total = c.epochs * ceil_div(per_epoch, c.ga);
-  const TrainConfig cfg = chat_train_config(a, cm, c, world, steps, sched_total, "step2_model", kProg);
+  TrainConfig cfg = chat_train_config(a, cm, c, world, steps, sched_total, "step2_model", kProg);
+  EpochCheckpoint ckpt(a.str("--checkpoint_dir"), "reward", kProg);
+  ckpt.configure(cfg);
 
   auto world_comm = make_world_communicator(Backend::Gloo, rv);
   RankGrid grid = make_rank_grid(cfg.layout, rv.rank);
@@ -270,10 +273,13 @@ int run_reward(const std::vector<std::string>& argv) {
                        python_repr(e.chosen), python_repr(e.rejected), python_repr(e.acc));
   };
   say("***** Running training *****");
-  say(fmt::format("***** Evaluating reward, Epoch 0/{} *****", c.epochs));
-  say(scores_line(evaluate(trainer, head, eval, c.eval_b, eval_iters, c.T)));
-  int64_t done = 0;
-  for (int64_t e = 0; e < c.epochs; ++e) {
+  const int64_t first_epoch = ckpt.resume(trainer);
+  if (first_epoch == 0) {
+    say(fmt::format("***** Evaluating reward, Epoch 0/{} *****", c.epochs));
+    say(scores_line(evaluate(trainer, head, eval, c.eval_b, eval_iters, c.T)));
+  }
+  int64_t done = trainer.state().iteration;
+  for (int64_t e = first_epoch; e < c.epochs; ++e) {
     say(fmt::format("Beginning of Epoch {}/{}, Total Micro Batches {}", e + 1, c.epochs, per_epoch));
     double loss_sum = 0;
     int64_t losses = 0;
@@ -292,6 +298,7 @@ int run_reward(const std::vector<std::string>& argv) {
                     python_repr(losses > 0 ? loss_sum / static_cast<double>(losses) : NAN)));
     say(fmt::format("***** Evaluating reward, Epoch {}/{} *****", e + 1, c.epochs));
     say(scores_line(evaluate(trainer, head, eval, c.eval_b, eval_iters, c.T)));
+    if (ckpt.end_of_epoch(trainer, e + 1, *world_comm)) return 0;
   }
   if (out) {
     say("saving model ...");

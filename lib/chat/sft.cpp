@@ -60,6 +60,7 @@ std::vector<ArgSpec> step1_specs() {
       {"--add_eot_token", K::Flag},
       {"--eot_token", K::Str, "<|endoftext|>"},
       {"--print_loss", K::Flag},
+      {"--checkpoint_dir", K::Str, std::nullopt},  // dschat's: a resumable checkpoint (EpochCheckpoint)
   };
   v.insert(v.end(), tail.begin(), tail.end());
   const std::vector<ArgSpec> ds = deepspeed_arg_specs();
@@ -233,7 +234,9 @@ int run_sft(const std::vector<std::string>& argv) {
   const std::vector<SftSample> eval = rank_samples(ex.eval, world, rv.rank, tok, T);
   const int64_t per_epoch = ceil_div(static_cast<int64_t>(train.size()), B);  // micro-batches
   const int64_t steps = epochs * per_epoch / ga, sched_total = epochs * ceil_div(per_epoch, ga);
-  const TrainConfig cfg = chat_train_config(a, cm, c, world, steps, sched_total, "step1_model", kProg);
+  TrainConfig cfg = chat_train_config(a, cm, c, world, steps, sched_total, "step1_model", kProg);
+  EpochCheckpoint ckpt(a.str("--checkpoint_dir"), "sft", kProg);
+  ckpt.configure(cfg);
 
   auto world_comm = make_world_communicator(Backend::Gloo, rv);
   RankGrid grid = make_rank_grid(cfg.layout, rv.rank);
@@ -252,9 +255,10 @@ int run_sft(const std::vector<std::string>& argv) {
     say(fmt::format("ppl: {}, loss: {}", python_repr(ppl), python_repr(loss)));
   };
   say("***** Running training *****");
-  evaluate(0);
-  int64_t done = 0;
-  for (int64_t e = 0; e < epochs; ++e) {
+  const int64_t first_epoch = ckpt.resume(trainer);
+  if (first_epoch == 0) evaluate(0);
+  int64_t done = trainer.state().iteration;
+  for (int64_t e = first_epoch; e < epochs; ++e) {
     say(fmt::format("Beginning of Epoch {}/{}, Total Micro Batches {}", e + 1, epochs, per_epoch));
     // The optimizer steps whose last micro-batch falls in this epoch.
     for (const int64_t end = (e + 1) * per_epoch / ga; done < end; ++done) {
@@ -264,6 +268,7 @@ int run_sft(const std::vector<std::string>& argv) {
                         python_repr(loss)));
     }
     evaluate(e + 1);
+    if (ckpt.end_of_epoch(trainer, e + 1, *world_comm)) return 0;
   }
   if (out) {
     say("saving the final model ...");

@@ -48,6 +48,10 @@ class Trainer {
   // TensorBoard and CSV points); returns its loss. For a front end with its
   // own loop (dschat); run() is built on it.
   float iterate();
+  // Writes a checkpoint of the training state into the configured save
+  // directory now (collective), as run() does at its save points; nothing
+  // without one.
+  void save_checkpoint() { save(); }
   // Validation loss over eval_iters global batches of the valid split.
   double evaluate();
   // The mean loss of one host micro-batch of B x T (forward only, no
