@@ -32,6 +32,10 @@
 #include "lib/chat/py_random.h"
 #include "lib/chat/torch_sampler.h"
 #include "lib/chat/unsup_data.h"
+#include "lib/ckpt/safetensors.h"
+#include "lib/ckpt/step_names.h"
+#include "lib/core/atomic_file.h"
+#include "lib/train/exit_signal.h"
 #include "lib/ckpt/file_io.h"
 #include "lib/ckpt/hf.h"
 #include "lib/comm/communicator.h"
@@ -124,6 +128,9 @@ std::vector<ArgSpec> step3_specs() {
       {"--print_answers_interval", K::Int, "1"},
       {"--enable_test_mode", K::Flag},
       {"--test_stop_step", K::Int, "0"},
+      // dschat's: a resumable checkpoint every --checkpoint_interval PPO rounds (PpoRun::save_round)
+      {"--checkpoint_dir", K::Str, std::nullopt},
+      {"--checkpoint_interval", K::Int, "1"},
   };
   const std::vector<ArgSpec> ds = deepspeed_arg_specs();
   v.insert(v.end(), ds.begin(), ds.end());
@@ -169,6 +176,8 @@ Step3Args check_args(const ParsedArgs& a) {
   for (const auto& [flag, v] : {std::pair{"--actor_zero_stage", s.actor_stage}, {"--critic_zero_stage", s.critic_stage}})
     DS_USER_CHECK(v >= 0 && v <= 3, "{}: {} {} must be 0, 1, 2 or 3", kProg, flag, v);
   DS_USER_CHECK(s.print_interval >= 1, "{}: --print_answers_interval {} must be at least 1", kProg, s.print_interval);
+  DS_USER_CHECK(i("--checkpoint_interval") >= 1, "{}: --checkpoint_interval {} must be at least 1 (PPO rounds)", kProg,
+                i("--checkpoint_interval"));
   if (a.integer("--seed")) {
     s.seed = *a.integer("--seed");
     s.seeded = true;
@@ -519,6 +528,54 @@ struct UnsupBatch {
   }
 };
 
+// Experiences and unsupervised batches in a checkpoint record (JSON numbers:
+// a float's value survives the trip through double exactly).
+nlohmann::json to_json(const Experience& e) {
+  return {{"B", e.B}, {"L", e.L}, {"P", e.P}, {"seq", e.seq}, {"mask", e.mask}, {"logprobs", e.logprobs},
+          {"ref_logprobs", e.ref_logprobs}, {"values", e.values}, {"rewards", e.rewards}};
+}
+nlohmann::json to_json(const UnsupBatch& u) { return {{"B", u.B}, {"L", u.L}, {"ids", u.ids}}; }
+
+Experience experience_from(const nlohmann::json& j, const std::string& what) {
+  Experience e;
+  try {
+    e.B = j.at("B").get<int64_t>();
+    e.L = j.at("L").get<int64_t>();
+    e.P = j.at("P").get<int64_t>();
+    e.seq = j.at("seq").get<std::vector<int32_t>>();
+    e.mask = j.at("mask").get<std::vector<uint8_t>>();
+    e.logprobs = j.at("logprobs").get<std::vector<float>>();
+    e.ref_logprobs = j.at("ref_logprobs").get<std::vector<float>>();
+    e.values = j.at("values").get<std::vector<float>>();
+    e.rewards = j.at("rewards").get<std::vector<float>>();
+  } catch (const nlohmann::json::exception& x) {
+    DS_USER_ERROR("{}: a saved experience is malformed ({})", what, x.what());
+  }
+  // The mask and scores are empty in the last generation batch kept for a batch of too-short answers
+  // (recomputed then).
+  const size_t n = static_cast<size_t>(e.B * e.L), n1 = static_cast<size_t>(e.B * (e.L - 1));
+  auto fits = [](size_t got, size_t want) { return got == want || got == 0; };
+  DS_USER_CHECK(e.B >= 1 && e.L >= 2 && e.P >= 1 && e.P < e.L && e.seq.size() == n && fits(e.mask.size(), n) &&
+                    fits(e.logprobs.size(), n1) && fits(e.ref_logprobs.size(), n1) && fits(e.values.size(), n1) &&
+                    fits(e.rewards.size(), static_cast<size_t>(e.B)),
+                "{}: a saved experience's sizes do not fit together", what);
+  return e;
+}
+
+UnsupBatch unsup_from(const nlohmann::json& j, const std::string& what) {
+  UnsupBatch u;
+  try {
+    u.B = j.at("B").get<int64_t>();
+    u.L = j.at("L").get<int64_t>();
+    u.ids = j.at("ids").get<std::vector<int32_t>>();
+  } catch (const nlohmann::json::exception& x) {
+    DS_USER_ERROR("{}: a saved unsupervised batch is malformed ({})", what, x.what());
+  }
+  DS_USER_CHECK(u.B >= 0 && u.L >= 0 && u.ids.size() == static_cast<size_t>(u.B * u.L),
+                "{}: a saved unsupervised batch's sizes do not fit together", what);
+  return u;
+}
+
 // A model that only runs forwards (the reference and the reward model):
 // weights read from its Hugging Face directory once, no gradients, no
 // optimizer state.
@@ -635,6 +692,21 @@ class PpoRun {
   std::vector<Experience> group_;
   std::vector<UnsupBatch> group_unsup_;  // its unsupervised mini-batches (with the term on)
   std::vector<std::vector<int32_t>> unsup_blocks_;  // this rank's blocks in DistributedSampler order
+  // The resumable checkpoint (--checkpoint_dir; save_round): the record this
+  // run resumes from (the newest matching the trainers' loaded iterations),
+  // and this rank's newest saved one.
+  std::string ckpt_dir_;
+  std::vector<nlohmann::json> records_;  // read from this rank's file when resuming
+  nlohmann::json saved_;                 // the last record written (null: none)
+  int64_t rounds_ = 0;                   // PPO rounds trained in this run
+  // The PPO state at a round's end: what a resumed run needs besides the trainers' checkpoints.
+  nlohmann::json round_record(int64_t epoch, int64_t step, int64_t non_overflow, const std::string& ema_file) const;
+  // Saves at the end of a round when due (every --checkpoint_interval rounds, or on SIGTERM); returns
+  // true when SIGTERM asks every rank to stop.
+  bool save_round(int64_t epoch, int64_t step, int64_t non_overflow);
+  // The record to resume from, restored (rng, rewards, open group, EMA); its (epoch, next step, non_overflow).
+  std::tuple<int64_t, int64_t, int64_t> resume();
+  fs::path record_file() const { return fs::path(ckpt_dir_) / fmt::format("dschat_state_rank{}.json", rv_.rank); }
   std::vector<float> ema_;  // rank 0: the actor's moving average (its full layout)
   RankGrid grid_;
   std::unique_ptr<Comms> comms_;
@@ -643,6 +715,114 @@ class PpoRun {
   double step_average_reward_ = 0;       // main.py's reward bookkeeping
   std::optional<double> ema_reward_;     // ExponentialMovingAverage(alpha 0.9)
 };
+
+nlohmann::json PpoRun::round_record(int64_t epoch, int64_t step, int64_t non_overflow,
+                                    const std::string& ema_file) const {
+  nlohmann::json group = nlohmann::json::array(), unsup = nlohmann::json::array();
+  for (const Experience& e : group_) group.push_back(to_json(e));
+  for (const UnsupBatch& u : group_unsup_) unsup.push_back(to_json(u));
+  return {{"epoch", epoch},
+          {"next_step", step + 1},
+          {"actor_iteration", actor_->state().iteration},
+          {"critic_iteration", critic_->state().iteration},
+          {"world_size", rv_.world_size},
+          {"random", rng_.state()},
+          {"step_average_reward", step_average_reward_},
+          {"ema_reward", ema_reward_ ? nlohmann::json(*ema_reward_) : nlohmann::json()},
+          {"non_overflow", non_overflow},
+          {"ema_file", ema_file},
+          {"group", group},
+          {"group_unsup", unsup},
+          {"last_experience", last_experience_ ? to_json(*last_experience_) : nlohmann::json()}};
+}
+
+// Order: the EMA file (rank 0, a new name), then every rank's record file
+// naming the checkpoint on disk and the new one, then the trainers' saves;
+// only then are the older trainer steps and EMA file removed. A save cut
+// short at any point leaves a record that matches the trainers' 'latest'.
+bool PpoRun::save_round(int64_t epoch, int64_t step, int64_t non_overflow) {
+  if (ckpt_dir_.empty()) return false;
+  ++rounds_;
+  const bool stop =
+      world_->all_reduce_scalar(exit_signal_received() ? 1.0 : 0.0, Device::cpu(), ReduceOp::Max) > 0;
+  if (!stop && rounds_ % *a_.integer("--checkpoint_interval") != 0) return false;
+  const fs::path dir(ckpt_dir_);
+  std::string ema_file;
+  if (a_.flag("--enable_ema")) {
+    ema_file = fmt::format("actor_ema_e{}_s{}.safetensors", epoch, step);
+    if (rv_.rank == 0) {
+      SafetensorsWriter w;
+      const Tensor t = Tensor::from_blob(ema_.data(), {static_cast<int64_t>(ema_.size())}, DType::F32);
+      w.add("ema", t);
+      w.write((dir / ema_file).string());
+    }
+  }
+  const nlohmann::json rec = round_record(epoch, step, non_overflow, ema_file);
+  nlohmann::json file = {{"step", "ppo"}, {"records", nlohmann::json::array()}};
+  if (!saved_.is_null()) file["records"].push_back(saved_);
+  file["records"].push_back(rec);
+  write_file_atomic(record_file().string(), file.dump() + "\n");
+  world_->barrier();
+  if (saved_.is_null() || saved_["actor_iteration"] != rec["actor_iteration"]) actor_->save_checkpoint();
+  if (saved_.is_null() || saved_["critic_iteration"] != rec["critic_iteration"]) critic_->save_checkpoint();
+  world_->barrier();
+  if (rv_.rank == 0) {  // only the newest checkpoint is kept
+    std::error_code ec;
+    for (const auto& [role, it] : {std::pair{"actor", rec["actor_iteration"].get<int64_t>()},
+                                   {"critic", rec["critic_iteration"].get<int64_t>()}})
+      for (const fs::directory_entry& e : fs::directory_iterator(dir / role, ec))
+        if (e.path().filename().string().starts_with("global_step") && e.path().filename() != step_dir_name(it))
+          fs::remove_all(e.path(), ec);
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.starts_with("actor_ema_") && name != ema_file) fs::remove(e.path(), ec);
+    }
+  }
+  saved_ = rec;
+  DS_LOG("saved the PPO state after epoch {} step {} to {}", epoch, step, ckpt_dir_);
+  if (stop)
+    say(fmt::format("SIGTERM: stopping after the PPO round of epoch {} step {}, its checkpoint in {}; run the same "
+                    "command again to continue", epoch, step, ckpt_dir_));
+  return stop;
+}
+
+std::tuple<int64_t, int64_t, int64_t> PpoRun::resume() {
+  if (records_.empty()) return {0, 0, 0};
+  const std::string what = "--checkpoint_dir '" + record_file().string() + "'";
+  const int64_t ai = actor_->state().iteration, ci = critic_->state().iteration;
+  const nlohmann::json* rec = nullptr;
+  for (const nlohmann::json& r : records_)  // the newest that matches the trainers' checkpoints
+    if (r.value("actor_iteration", int64_t{-1}) == ai && r.value("critic_iteration", int64_t{-1}) == ci) rec = &r;
+  DS_USER_CHECK(rec, "{}: no saved PPO state matches the actor's and critic's checkpoints (iterations {} and {})", what,
+                ai, ci);
+  try {
+    DS_USER_CHECK((*rec)["world_size"].get<int>() == rv_.world_size, "{}: written by {} ranks, this run has {}", what,
+                  (*rec)["world_size"].get<int>(), rv_.world_size);
+    rng_.set_state((*rec)["random"].get<std::string>());
+    step_average_reward_ = (*rec)["step_average_reward"].get<double>();
+    if (!(*rec)["ema_reward"].is_null()) ema_reward_ = (*rec)["ema_reward"].get<double>();
+    for (const nlohmann::json& e : (*rec)["group"]) group_.push_back(experience_from(e, what));
+    for (const nlohmann::json& u : (*rec)["group_unsup"]) group_unsup_.push_back(unsup_from(u, what));
+    if (!(*rec)["last_experience"].is_null()) last_experience_ = experience_from((*rec)["last_experience"], what);
+    const std::string ema_file = (*rec)["ema_file"].get<std::string>();
+    DS_USER_CHECK(ema_file.empty() == !a_.flag("--enable_ema"), "{}: saved {} --enable_ema; give the same flags", what,
+                  ema_file.empty() ? "without" : "with");
+    if (!ema_file.empty() && rv_.rank == 0) {
+      const SafetensorsFile f = SafetensorsFile::open((fs::path(ckpt_dir_) / ema_file).string());
+      const Tensor t = f.get("ema");
+      DS_USER_CHECK(static_cast<size_t>(t.numel()) == ema_.size() || ema_.empty(), "{}: the saved EMA holds {} "
+                    "values for a model of {}", what, t.numel(), ema_.size());
+      ema_.assign(t.data<float>(), t.data<float>() + t.numel());
+    }
+    saved_ = *rec;
+    const int64_t epoch = (*rec)["epoch"].get<int64_t>(), next = (*rec)["next_step"].get<int64_t>();
+    say(fmt::format("resuming from --checkpoint_dir {}: after epoch {} step {} (actor iteration {}, critic iteration "
+                    "{})", ckpt_dir_, epoch, next - 1, ai, ci));
+    return {epoch, next, (*rec)["non_overflow"].get<int64_t>()};
+  } catch (const nlohmann::json::exception& x) {
+    DS_USER_ERROR("{}: a saved PPO state is malformed ({})", what, x.what());
+  }
+}
 
 Experience PpoRun::generate_experience(const std::vector<std::vector<int32_t>>& prompts, int64_t step) {
   const int64_t P = s_.P, B = static_cast<int64_t>(prompts.size());
@@ -905,8 +1085,12 @@ std::unique_ptr<Trainer> PpoRun::trained_model(const char* role, const ChatModel
                      .dtype = *a_.str("--dtype"),
                      .scheduler = *a_.str("--lr_scheduler_type"),
                      .tensorboard_path = *a_.str("--tensorboard_path") + "/ds_tensorboard_logs/"};
-  const TrainConfig cfg = chat_train_config(f, cm, rv_.world_size, max_steps, total_iters,
-                                            role == std::string("actor") ? "step3_actor" : "step3_critic", kProg);
+  TrainConfig cfg = chat_train_config(f, cm, rv_.world_size, max_steps, total_iters,
+                                      role == std::string("actor") ? "step3_actor" : "step3_critic", kProg);
+  if (!ckpt_dir_.empty()) {  // the resumable checkpoint: DIR/actor, DIR/critic
+    cfg.ckpt.save_dir = (fs::path(ckpt_dir_) / role).string();
+    if (!records_.empty()) cfg.ckpt.load_dir = cfg.ckpt.save_dir;
+  }
   // Both trained models are data-parallel over every rank: one grid and one set of communicators serve
   // them (each trainer's collectives run in the same order on every rank).
   if (!comms_) {
@@ -1058,6 +1242,24 @@ int PpoRun::run() {
   world_ = make_world_communicator(Backend::Gloo, rv_);
   const std::optional<std::string> out = a_.str("--output_dir");
   if (out) check_output_dir(*out, "--output_dir");
+  if (const std::optional<std::string> d = a_.str("--checkpoint_dir")) {
+    ckpt_dir_ = *d;
+    std::error_code ec;
+    fs::create_directories(ckpt_dir_, ec);
+    DS_USER_CHECK(!ec && !ckpt_dir_.empty(), "--checkpoint_dir '{}': cannot create it: {}", ckpt_dir_, ec.message());
+    const std::string what = "--checkpoint_dir '" + record_file().string() + "'";
+    if (fs::exists(record_file(), ec)) {
+      const nlohmann::json j = parse_json_text(read_small_file(record_file().string(), size_t(4) << 30, what), what);
+      DS_USER_CHECK(j.is_object() && j.value("step", "") == "ppo" && j.contains("records") && j["records"].is_array() &&
+                        !j["records"].empty(),
+                    "{}: not a dschat ppo checkpoint record", what);
+      for (const nlohmann::json& r : j["records"]) records_.push_back(r);
+      for (const char* role : {"actor", "critic"})
+        DS_USER_CHECK(fs::exists(fs::path(ckpt_dir_) / role / "latest", ec), "{}: there is no {} checkpoint beside "
+                      "it ({}/latest)", what, role, role);
+    }
+    install_exit_signal_handler();
+  }
   const int64_t samples = static_cast<int64_t>(mine.size()) * world;
   timed_init("Actor", [&] {
     actor_ = trained_model("actor", *actor_cm_, s_.actor_stage, actor_src_, max_steps, total_iters, samples);
@@ -1084,24 +1286,35 @@ int PpoRun::run() {
     tb.open(dir);
   }
   say(fmt::format("***** Running training (total_iters={}) *****", total_iters));
-  int64_t non_overflow = 0;
+  auto [first_epoch, first_step, non_overflow] = resume();
+  if (first_step >= n_gen) {
+    ++first_epoch;
+    first_step = 0;
+  }
   std::vector<Experience> pending;  // MiniDataset's generation batches
   std::vector<UnsupBatch> pending_unsup;  // and the unsupervised term's
   bool stop = false;
-  for (int64_t epoch = 0; epoch < s_.epochs && !stop; ++epoch) {
-    say(fmt::format("Beginning of Epoch {}/{}, Total Generation Batches {}", epoch + 1, s_.epochs, n_gen));
-    for (int64_t step = 0; step < n_gen; ++step) {
+  for (int64_t epoch = first_epoch; epoch < s_.epochs && !stop; ++epoch) {
+    const int64_t begin = epoch == first_epoch ? first_step : 0;
+    if (begin == 0)
+      say(fmt::format("Beginning of Epoch {}/{}, Total Generation Batches {}", epoch + 1, s_.epochs, n_gen));
+    for (int64_t step = begin; step < n_gen; ++step) {
       const auto first = mine.begin() + static_cast<std::ptrdiff_t>(step * s_.G);
       const std::vector<std::vector<int32_t>> batch(first, first + std::min<std::ptrdiff_t>(s_.G, mine.end() - first));
       const int64_t skipped_before = actor_->state().skipped_steps + critic_->state().skipped_steps;
       pending.push_back(generate_experience(batch, step));
       pending_unsup.push_back(unsup_batch(step));
-      if (static_cast<int64_t>(pending.size()) == s_.gen_batches) train_round(epoch, step, pending, pending_unsup, tb);
+      const bool round = static_cast<int64_t>(pending.size()) == s_.gen_batches;
+      if (round) train_round(epoch, step, pending, pending_unsup, tb);
       const int64_t skipped = actor_->state().skipped_steps + critic_->state().skipped_steps - skipped_before;
       if (skipped == 0) ++non_overflow;
       if (a_.flag("--enable_test_mode") && non_overflow == s_.test_stop) {
         stop = true;
         break;
+      }
+      if (round && save_round(epoch, step, non_overflow)) {  // SIGTERM: the checkpoint is written; stop here
+        world_->barrier();
+        return 0;
       }
     }
     if (a_.flag("--enable_test_mode")) break;

@@ -1,6 +1,8 @@
 // Python's random.seed / random.shuffle (py_random.h).
 #include "lib/chat/py_random.h"
 
+#include <sstream>
+
 #include <array>
 #include <bit>
 
@@ -73,6 +75,20 @@ int64_t PythonRandom::randbelow(int64_t n) {
   uint32_t r = getrandbits(k);
   while (r >= n) r = getrandbits(k);
   return r;
+}
+
+std::string PythonRandom::state() const {
+  std::ostringstream o;
+  o << mt_;
+  return o.str();
+}
+
+void PythonRandom::set_state(const std::string& s) {
+  std::istringstream in(s);
+  std::mt19937 mt;
+  in >> mt;
+  DS_USER_CHECK(!in.fail(), "a saved random state is not a Mersenne Twister state");
+  mt_ = mt;
 }
 
 }  // namespace ds::chat

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,10 @@ class PythonRandom {
   explicit PythonRandom(uint64_t seed);
   uint32_t getrandbits(int k);  // 1 <= k <= 32
   int64_t randbelow(int64_t n);  // n >= 1, n < 2^32
+  // The generator's whole state as text (std::mt19937's stream form), and
+  // back: a resumed run continues the same draws.
+  std::string state() const;
+  void set_state(const std::string& s);
   template <class T>
   void shuffle(std::vector<T>& x) {
     for (int64_t i = static_cast<int64_t>(x.size()) - 1; i >= 1; --i)
