@@ -461,12 +461,13 @@ void GptModel::layer_forward(int l, const Tensor& x, const Tensor& y, const Tens
   LayerActs& a = S().acts[l];
   const LayerParams& P = lp(l);
   const bool row_bias = tp_.rank == 0;
-  if (d_.post_norm)  // the attention reads x itself (post-norm blocks never leave their add to the next norm)
+  if (d_.post_norm) {  // the attention reads x itself (post-norm blocks never leave their add to the next norm)
     DS_CHECK(!x_residual.defined(), "post-norm layer {}: a pending residual add", l);
-  else if (x_residual.defined())  // the previous layer's closing add, fused with this norm1
+  } else if (x_residual.defined()) {  // the previous layer's closing add, fused with this norm1
     dropout_add_norm(P.norm1, x, x, x_residual, DropoutSpec{}, a.norm1_out, a.norm1_mean, a.norm1_rstd);
-  else
+  } else {
     norm_forward(P.norm1, a.norm1_out, a.norm1_mean, a.norm1_rstd, x);
+  }
   Tensor qkv_lin = d_.rope ? a.qkv_pre : a.qkv;  // (B, U*T, QKVa): the attention's heads
   quantize_input(l, 0, a.norm1_out);
   ops::matmul_forward({.out = rows(sp_.active() ? uly_qkv_ : qkv_lin),
