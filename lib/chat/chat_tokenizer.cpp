@@ -237,12 +237,17 @@ PaddedIds padded_ids(const ChatTokenizer& tok, const std::string& text, int64_t 
   return p;
 }
 
-SftSample sft_sample(const ChatTokenizer& tok, std::string_view prompt_and_chosen, int64_t max_seq_len) {
+SftSample sft_sample(const ChatTokenizer& tok, std::string_view prompt_and_chosen, int64_t max_seq_len,
+                     int64_t prompt_tokens) {
   PaddedIds p = padded_ids(tok, std::string(prompt_and_chosen) + tok.eos_text(), max_seq_len);
   SftSample s;
   s.length = p.length;
   s.targets.assign(static_cast<size_t>(max_seq_len), -1);
-  for (int64_t t = 0; t + 1 < s.length; ++t) s.targets[static_cast<size_t>(t)] = p.ids[static_cast<size_t>(t + 1)];
+  // Target t predicts id t + 1: a prompt id (t + 1 < prompt_tokens) is not predicted.
+  for (int64_t t = std::max<int64_t>(prompt_tokens - 1, 0); t + 1 < s.length; ++t) {
+    s.targets[static_cast<size_t>(t)] = p.ids[static_cast<size_t>(t + 1)];
+    ++s.counted;
+  }
   s.tokens = std::move(p.ids);
   return s;
 }

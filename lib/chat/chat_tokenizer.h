@@ -69,12 +69,16 @@ class ChatTokenizer {
 // A step-1 example as DeepSpeed-Chat's PromptDataset gives it, shifted for
 // next-token prediction: tokens = the padded ids, targets[t] = the id at
 // t + 1 where the attention mask is 1 there, else -1 (ignored; the last
-// position's target is always -1). Both have max_seq_len entries.
+// position's target is always -1). Both have max_seq_len entries. With
+// prompt_tokens > 0 (dschat's --mask_prompt) the targets of the first
+// prompt_tokens ids are ignored too: the loss covers the answer alone.
 struct SftSample {
   std::vector<int32_t> tokens, targets;
-  int64_t length = 0;  // ids before the padding
+  int64_t length = 0;   // ids before the padding
+  int64_t counted = 0;  // targets >= 0
 };
-SftSample sft_sample(const ChatTokenizer& tok, std::string_view prompt_and_chosen, int64_t max_seq_len);
+SftSample sft_sample(const ChatTokenizer& tok, std::string_view prompt_and_chosen, int64_t max_seq_len,
+                     int64_t prompt_tokens = 0);
 
 // tokenizer(text, max_length=max_seq_len, padding="max_length",
 // truncation=True): the ids, truncated, padded on the right with the pad

@@ -61,6 +61,7 @@ std::vector<ArgSpec> step1_specs() {
       {"--eot_token", K::Str, "<|endoftext|>"},
       {"--print_loss", K::Flag},
       {"--checkpoint_dir", K::Str, std::nullopt},  // dschat's: a resumable checkpoint (EpochCheckpoint)
+      {"--mask_prompt", K::Flag},                    // dschat's: the loss over the answer alone
   };
   v.insert(v.end(), tail.begin(), tail.end());
   const std::vector<ArgSpec> ds = deepspeed_arg_specs();
@@ -99,20 +100,23 @@ PhaseExamples step1_examples(const ParsedArgs& a, uint32_t seed) {
 }
 
 // This rank's samples of `examples`, in the order its DistributedSampler
-// visits them.
+// visits them; with mask_prompt the prompt's ids (" " + prompt tokenized
+// alone, the bos included) are not predicted.
 std::vector<SftSample> rank_samples(const std::vector<ChatExample>& examples, int world, int rank,
-                                    const ChatTokenizer& tok, int64_t max_seq_len) {
+                                    const ChatTokenizer& tok, int64_t max_seq_len, bool mask_prompt) {
   std::vector<SftSample> out;
-  for (int64_t i : distributed_sampler_indices(static_cast<int64_t>(examples.size()), world, rank))
-    out.push_back(sft_sample(tok, *prompt_and_chosen(examples[static_cast<size_t>(i)]), max_seq_len));
+  for (int64_t i : distributed_sampler_indices(static_cast<int64_t>(examples.size()), world, rank)) {
+    const ChatExample& e = examples[static_cast<size_t>(i)];
+    const int64_t prompt = mask_prompt ? static_cast<int64_t>(tok.encode(*prompt_text(e)).size()) : 0;
+    out.push_back(sft_sample(tok, *prompt_and_chosen(e), max_seq_len, prompt));
+  }
   return out;
 }
 
-// The targets that rows [first, first + count) count: each sample's ids but the
-// first (sft_sample's targets are the next ids, -1 past them).
+// The targets that rows [first, first + count) count.
 int64_t counted_targets(const std::vector<SftSample>& samples, size_t first, size_t count) {
   int64_t n = 0;
-  for (size_t r = first; r < first + count; ++r) n += std::max<int64_t>(samples[r].length - 1, 0);
+  for (size_t r = first; r < first + count; ++r) n += samples[r].counted;
   return n;
 }
 
@@ -230,8 +234,9 @@ int run_sft(const std::vector<std::string>& argv) {
   DS_USER_CHECK(!ex.eval.empty(), "{}: phase 1 of --data_split {} leaves no evaluation examples (DeepSpeed-Chat "
                 "evaluates before training)", kProg, *a.str("--data_split"));
   const int world = rv.world_size;
-  std::vector<SftSample> train = rank_samples(ex.train, world, rv.rank, tok, T);
-  const std::vector<SftSample> eval = rank_samples(ex.eval, world, rv.rank, tok, T);
+  const bool mask_prompt = a.flag("--mask_prompt");
+  std::vector<SftSample> train = rank_samples(ex.train, world, rv.rank, tok, T, mask_prompt);
+  const std::vector<SftSample> eval = rank_samples(ex.eval, world, rv.rank, tok, T, mask_prompt);
   const int64_t per_epoch = ceil_div(static_cast<int64_t>(train.size()), B);  // micro-batches
   const int64_t steps = epochs * per_epoch / ga, sched_total = epochs * ceil_div(per_epoch, ga);
   TrainConfig cfg = chat_train_config(a, cm, c, world, steps, sched_total, "step1_model", kProg);

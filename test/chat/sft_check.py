@@ -111,7 +111,7 @@ def run(cmd, out_dir):
 
 
 # The reference: DeepSpeed-Chat's step 1, written out with transformers and PyTorch.
-def phase1(rows):
+def phase1(rows, mask_prompt=False):
     idx = split_index(SEED, len(rows), SPLIT, 0)
     out = []
     for i in idx:
@@ -119,7 +119,10 @@ def phase1(rows):
         text = " " + e["prompt"] + " " + e["chosen"] + tok.eos_token
         enc = tok(text, max_length=T, padding="max_length", truncation=True, return_tensors="pt")
         ids, mask = enc["input_ids"][0], enc["attention_mask"][0]
-        out.append((ids, mask, torch.where(mask.bool(), ids, -100)))
+        labels = torch.where(mask.bool(), ids, -100)
+        if mask_prompt:  # dschat's --mask_prompt: the prompt's labels -100 (its ids as tokenized alone)
+            labels[:len(tok(" " + e["prompt"])["input_ids"])] = -100
+        out.append((ids, mask, labels))
     return out
 
 
@@ -234,6 +237,20 @@ for family, model_cls in FAMILIES.items():
               "exported tokenizer")
         check(close(evaluation(exported, world)[1], got_evals[-1][1], 1e-5),
               f"{family} world {world}: the export's eval loss")
+    if family == "opt":  # --mask_prompt (OPT's tokenizer adds a bos: it is part of the prompt)
+        unmasked_first = got_evals[0][1]
+        train, evals_ds = phase1(raw["train"], True), phase1(raw["eval"], True)
+        got_evals, got_steps = run([dschat, "sft", "--mask_prompt"], os.path.join(work, "out1_opt_mask"))
+        ref_evals, ref_steps = reference(1)
+        print(f"opt --mask_prompt: eval losses {[e[1] for e in got_evals]} (reference {[e[1] for e in ref_evals]})")
+        check(len(got_steps) == len(ref_steps) > 0 and len(got_evals) == len(ref_evals), "--mask_prompt: counts")
+        for k, (g, r) in enumerate(zip(got_steps, ref_steps)):
+            check(close(g[1], r[1], 2e-5), f"--mask_prompt step {k + 1}: loss {g[1]} vs {r[1]}")
+        for k, (g, r) in enumerate(zip(got_evals, ref_evals)):
+            check(close(g[1], r[1], 2e-5), f"--mask_prompt evaluation {k}: {g} vs {r}")
+        check(abs(got_evals[0][1] - unmasked_first) > 1e-3,
+              "--mask_prompt changes the loss")
+        train, evals_ds = phase1(raw["train"]), phase1(raw["eval"])  # the LoRA runs below train unmasked
     if family == "gpt2":
         gpt2_dir, gpt2_flags = model_dir, flags
 
@@ -334,7 +351,8 @@ p = dschat_run([], model=empty_model)
 check(p.returncode == 1 and "config.json" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
       f"a model directory without config.json: {p.stderr!r}")
 check(sorted(os.listdir(work)) == ["a_file", "app", "hub", "model", "model_opt", "model_opt_lora", "out1",
-                                   "out1_lora", "out1_lora_only", "out1_opt", "out2", "out2_lora", "out2_opt"],
+                                   "out1_lora", "out1_lora_only", "out1_opt", "out1_opt_mask", "out2", "out2_lora",
+                                   "out2_opt"],
       f"nothing else written: {sorted(os.listdir(work))}")
 
 shutil.rmtree(work, ignore_errors=True)
