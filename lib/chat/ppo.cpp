@@ -198,8 +198,13 @@ Step3Args check_args(const ParsedArgs& a) {
   DS_USER_CHECK(std::isfinite(s.unsup_coef), "{}: --unsup_coef {} must be a finite number", kProg, s.unsup_coef);
   DS_USER_CHECK(!a.flag("--enable_mixed_precision_lora"), "{}: --enable_mixed_precision_lora (ZeRO++'s quantized "
                 "frozen weights) is not implemented", kProg);
+  // Upstream's align_overflow path calls optimizer.check_overflow(external=True) and sets skip_step, which no
+  // DeepSpeed 0.16 optimizer has (FP16_Optimizer and BF16_Optimizer: no check_overflow; ZeRO's: no `external`)
+  // and none reads: it stops with an AttributeError or TypeError there. Without fp16 there is no overflow to align.
   DS_USER_CHECK(!a.flag("--align_overflow") || *a.str("--dtype") != "fp16", "{}: --align_overflow with --dtype fp16 "
-                "is not implemented yet (the actor's and critic's overflow skips are not aligned)", kProg);
+                "is refused: DeepSpeed-Chat's train_rlhf calls optimizer.check_overflow(external=True), which "
+                "DeepSpeed's fp16 optimizers do not provide (it fails there), so there is no upstream behaviour to "
+                "reproduce", kProg);
   refuse_deepspeed_config(a, kProg);
   return s;
 }
