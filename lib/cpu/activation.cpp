@@ -23,12 +23,6 @@ constexpr float kGeluCube = 0.044715f;
 
 namespace {
 
-// f32 or bf16 elements (bf16: exact upcast, nearest-even rounding).
-inline float load(float x) { return x; }
-inline float load(uint16_t x) { return bf16_to_f32(x); }
-inline void store(float* p, float v) { *p = v; }
-inline void store(uint16_t* p, float v) { *p = f32_to_bf16(v); }
-
 template <class T, class O>
 void gelu_forward_impl(const T* inp, O* out, int64_t n) {  // (n) each
   parallel_chunks(n, [inp, out](int64_t b, int64_t e) {
@@ -55,12 +49,6 @@ void gelu_backward_impl(const T* inp, const T* dout, T* dinp, int64_t n) {  // (
       store(dinp + i, load(dout[i]) * g);
     }
   });
-}
-
-bool all_bf16(std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    if (t->dtype() != DType::BF16) return false;
-  return true;
 }
 
 }  // namespace

@@ -17,6 +17,7 @@ const ops::OpTable kOps = {
              .matmul_backward = &lowp::matmul_backward,
              .attention_forward = &lowp::attention_forward,
              .attention_backward = &lowp::attention_backward,
+             .kv_attention = &lowp::kv_attention,
              .gelu_forward = &lowp::gelu_forward,
              .gelu_backward = &lowp::gelu_backward,
              .add = &lowp::add,

@@ -20,6 +20,7 @@ bool gelu_forward(const GeluArgs& a, const Stream& s);  // lib/cpu/activation.cp
 bool gelu_backward(const GeluArgs& a, const Stream& s);
 bool add(const AddArgs& a, const Stream& s);
 bool cross_entropy(const CrossEntropyArgs& a, const Stream& s);  // lib/cpu/loss.cpp
+bool kv_attention(const KvAttentionArgs& a, const Stream& s);    // lib/cpu/kv_attention.cpp
 const char* description();  // lib/cpu/bf16_gemm.cpp
 }  // namespace lowp
 }  // namespace ds::cpu

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "lib/core/error.h"
@@ -129,6 +130,18 @@ inline double* thread_scratch_f64(size_t n) {
   thread_local std::vector<double> v;
   if (v.size() < n) v.resize(n);
   return v.data();
+}
+
+// f32 or bf16 elements (bf16: exact upcast, nearest-even rounding), for the
+// kernels that take bf16 as it is (lowp::<op>).
+inline float load(float x) { return x; }
+inline float load(uint16_t x) { return bf16_to_f32(x); }
+inline void store(float* p, float v) { *p = v; }
+inline void store(uint16_t* p, float v) { *p = f32_to_bf16(v); }
+inline bool all_bf16(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->dtype() != DType::BF16) return false;
+  return true;
 }
 
 }  // namespace ds::cpu

@@ -224,6 +224,43 @@ TEST_CASE("lowp attention forward and backward") {
   }
 }
 
+// Decoding against a KV cache: bf16 runs natively (lowp::kv_attention, no
+// upcast of the whole caches), f16 emulated; both bit-identical to the f32
+// kernel on the exact upcasts, the caches' earlier rows untouched. Grouped
+// query heads, samples at different positions, a prefill of two rows.
+TEST_CASE("lowp kv_attention: the caches and the output") {
+  using K = KvAttentionArgs;
+  const int64_t Tmax = 9, HS = 4, NKV = 1;
+  for (int64_t Tq : {int64_t{1}, int64_t{2}}) {
+    K k;
+    k.NH = 2;
+    k.NKV = NKV;
+    k.out = randn({B, Tq, 2 * HS}, 70);
+    k.k_cache = randn({B, Tmax, NKV * HS}, 71);
+    k.v_cache = randn({B, Tmax, NKV * HS}, 72);
+    k.qkv = randn({B, Tq, (2 + 2 * NKV) * HS}, 73, 2.0);
+    k.pos = tokens_tensor({B}, {3, 6});
+    for (DType dt : kLowp)
+      check_lowp(k, dt, {DS_F(K, out), DS_F(K, k_cache), DS_F(K, v_cache), DS_F(K, qkv)}, {},
+                 [](const K& x) { ops::kv_attention(x); });
+    // The bf16 kernel itself (not the emulation) ran: the same bits as the emulated f32 kernel.
+    K lo = k, em = k;
+    lo.out = to_dtype(k.out, DType::BF16);
+    lo.k_cache = to_dtype(k.k_cache, DType::BF16);
+    lo.v_cache = to_dtype(k.v_cache, DType::BF16);
+    lo.qkv = to_dtype(k.qkv, DType::BF16);
+    em.out = to_dtype(lo.out, DType::F32);
+    em.k_cache = to_dtype(lo.k_cache, DType::F32);
+    em.v_cache = to_dtype(lo.v_cache, DType::F32);
+    em.qkv = to_dtype(lo.qkv, DType::F32);
+    REQUIRE(cpu::lowp::kv_attention(lo, Stream{}));
+    cpu::kv_attention(em, Stream{});
+    CHECK(bit_equal(lo.out, to_dtype(em.out, DType::BF16)));
+    CHECK(bit_equal(lo.k_cache, to_dtype(em.k_cache, DType::BF16)));
+    CHECK(bit_equal(lo.v_cache, to_dtype(em.v_cache, DType::BF16)));
+  }
+}
+
 TEST_CASE("lowp rope forward and backward, separate and in place") {
   using Ro = RopeArgs;
   Ro r;
