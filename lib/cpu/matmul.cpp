@@ -271,6 +271,58 @@ void few_rows_forward(const uint16_t* inp, const uint16_t* w, const float* bias,
   few_rows_dispatch(d.N, x.data(), w, bias, out, d);
 }
 
+// The same with the roles of the operands swapped: out (N, OC) = inp (N, C)
+// @ w^T (+ bias) with OC < kFewRows weight rows (generation's output layer:
+// logits^T = the head (V, C) @ the samples' last rows^T). The few weight rows
+// are widened once, each input row once per 16-wide slice, and every output
+// is summed in the few-rows kernels' order (16 lanes by k mod 16, then the
+// lanes in order); the input is read once, rows in parallel.
+template <int NO>
+void few_cols_forward_n(const uint16_t* x, const float* w, const float* bias, const Tensor& out,
+                        const MatmulDims& d) {
+  const int64_t C = d.C;
+  const bool out_bf16 = out.dtype() == DType::BF16;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < d.N; ++n) {
+    const uint16_t* xn = x + n * C;
+    float lanes[NO][16] = {};
+    int64_t k = 0;
+    for (; k + 16 <= C; k += 16) {
+      float xk[16];
+#pragma omp simd
+      for (int l = 0; l < 16; ++l) xk[l] = bf16_to_f32(xn[k + l]);
+      for (int o = 0; o < NO; ++o) {
+#pragma omp simd
+        for (int l = 0; l < 16; ++l) lanes[o][l] += w[o * C + k + l] * xk[l];
+      }
+    }
+    for (; k < C; ++k)
+      for (int o = 0; o < NO; ++o) lanes[o][k % 16] += w[o * C + k] * bf16_to_f32(xn[k]);
+    for (int o = 0; o < NO; ++o) {
+      float s = 0.f;
+      for (int l = 0; l < 16; ++l) s += lanes[o][l];
+      if (bias) s = bias[o] + s;
+      if (out_bf16) out.data<uint16_t>()[n * d.OC + o] = f32_to_bf16(s);
+      else out.data<float>()[n * d.OC + o] = s;
+    }
+  }
+}
+
+template <int NO = 1>
+void few_cols_dispatch(const uint16_t* x, const float* w, const float* bias, const Tensor& out, const MatmulDims& d) {
+  if constexpr (NO < kFewRows) {
+    if (d.OC == NO) return few_cols_forward_n<NO>(x, w, bias, out, d);
+    return few_cols_dispatch<NO + 1>(x, w, bias, out, d);
+  }
+}
+
+void few_cols_forward(const uint16_t* inp, const uint16_t* w, const float* bias, const Tensor& out,
+                      const MatmulDims& d) {
+  std::vector<float> wf(static_cast<size_t>(d.OC * d.C));
+  for (size_t i = 0; i < wf.size(); ++i) wf[i] = bf16_to_f32(w[i]);
+  few_cols_dispatch(inp, wf.data(), bias, out, d);
+}
+
 }  // namespace
 
 void matmul_forward(const MatmulArgs& a, const Stream&) {
@@ -359,6 +411,10 @@ bool lowp::matmul_forward(const MatmulArgs& a, const Stream&) {
   const std::vector<float> bias = a.bias.defined() ? f32_vector(a.bias) : std::vector<float>();
   if (d.N < kFewRows) {
     few_rows_forward(bf16_data(a.inp), bf16_data(a.weight), bias.empty() ? nullptr : bias.data(), a.out, d);
+    return true;
+  }
+  if (d.OC < kFewRows && d.OC >= 1) {
+    few_cols_forward(bf16_data(a.inp), bf16_data(a.weight), bias.empty() ? nullptr : bias.data(), a.out, d);
     return true;
   }
   Bf16Gemm g;  // out (N, OC) = inp (N, C) @ w^T

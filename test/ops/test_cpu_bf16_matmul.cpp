@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 
 #include "lib/cpu/bf16_gemm.h"
@@ -76,9 +77,11 @@ Vec broadcast_rows(const Vec& row, int64_t M) {
 struct Shape3 {
   int64_t N, C, OC;  // tokens, input and output features
 };
-// Small, odd (partial tiles of the small-gemm tiling; fewer than 8 rows: the
-// dot-product forward), and large (the split tiling with an edge piece).
-const Shape3 kShapes[] = {{1, 1, 1}, {5, 12, 7}, {3, 70, 200}, {257, 129, 67}, {1029, 300, 771}};
+// Small, odd (partial tiles of the small-gemm tiling; fewer than 8 rows or
+// fewer than 8 output features: the dot-product forwards), and large (the
+// split tiling with an edge piece).
+const Shape3 kShapes[] = {{1, 1, 1},     {5, 12, 7},     {3, 70, 200},     {45, 37, 4},
+                          {130, 64, 1},  {257, 129, 67}, {1029, 300, 771}};
 
 void check_forward(const Shape3& s, DType out_dt, bool bias, DType bias_dt, uint64_t seed) {
   MatmulArgs f;
@@ -125,6 +128,27 @@ TEST_CASE("bf16 matmul forward against a double reference") {
   }
 }
 
+// Few output features (generation's head as logits^T = head @ rows^T) is
+// the few-rows forward of the transposed product, bit for bit.
+TEST_CASE("bf16 matmul with few output features is the transposed few-rows product") {
+  if (!native_on()) return;
+  const int64_t N = 45, C = 37, OC = 4;
+  MatmulArgs cols, rows;
+  cols.inp = to_dtype(randn({N, C}, 7), DType::BF16);
+  cols.weight = to_dtype(randn({OC, C}, 8, 0.3), DType::BF16);
+  cols.out = Tensor::empty({N, OC}, DType::F32);
+  rows.inp = cols.weight;
+  rows.weight = cols.inp;
+  rows.out = Tensor::empty({OC, N}, DType::F32);
+  REQUIRE(cpu::lowp::matmul_forward(cols, Stream{}));
+  REQUIRE(cpu::lowp::matmul_forward(rows, Stream{}));
+  int64_t same = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o)
+      same += std::memcmp(cols.out.data<float>() + n * OC + o, rows.out.data<float>() + o * N + n, 4) == 0;
+  CHECK(same == N * OC);
+}
+
 TEST_CASE("bf16 matmul backward against a double reference") {
   uint64_t seed = 200;
   for (const Shape3& s : kShapes) {
@@ -158,7 +182,7 @@ TEST_CASE("bf16 matmul backward against a double reference") {
 
 TEST_CASE("bf16 matmul results do not depend on the thread count") {
   // A training-sized GEMM and a decoding step's few rows (dot products).
-  for (const Shape3 s : {Shape3{1029, 300, 771}, Shape3{3, 300, 771}}) {
+  for (const Shape3 s : {Shape3{1029, 300, 771}, Shape3{3, 300, 771}, Shape3{1029, 300, 5}}) {
     MatmulArgs f;
     f.inp = to_dtype(randn({s.N, s.C}, 1), DType::BF16);
     f.weight = to_dtype(randn({s.OC, s.C}, 2, 0.3), DType::BF16);
