@@ -13,7 +13,8 @@ const ops::OpTable kOps = {
 #define DS_OP_TABLE_ENTRY(name, Args) .name = &::ds::cpu::name,
     DS_OP_LIST(DS_OP_TABLE_ENTRY)
 #undef DS_OP_TABLE_ENTRY
-    .lowp = {.matmul_forward = &lowp::matmul_forward,
+    .lowp = {.embedding_forward = &lowp::embedding_forward,
+             .matmul_forward = &lowp::matmul_forward,
              .matmul_backward = &lowp::matmul_backward,
              .attention_forward = &lowp::attention_forward,
              .attention_backward = &lowp::attention_backward,

@@ -12,6 +12,7 @@ namespace ds::cpu {
 DS_OP_LIST(DS_DECLARE_OP)
 
 namespace lowp {
+bool embedding_forward(const EmbeddingArgs& a, const Stream& s);  // lib/cpu/embedding.cpp
 bool matmul_forward(const MatmulArgs& a, const Stream& s);    // lib/cpu/matmul.cpp
 bool matmul_backward(const MatmulBwdArgs& a, const Stream& s);
 bool attention_forward(const AttentionArgs& a, const Stream& s);  // lib/cpu/attention.cpp

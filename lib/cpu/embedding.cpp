@@ -2,7 +2,9 @@
 // Vocab-parallel: a rank holds rows [vocab_start, vocab_start + Vlocal) of wte;
 // tokens outside contribute zeros and receive no gradient. The backward splits
 // work over channel slices so each gradient element is summed by one thread in
-// token order (deterministic for any thread count).
+// token order (deterministic for any thread count). The forward also reads
+// bf16 tables as they are (lowp::embedding_forward): generation embeds a few
+// tokens per step, and the emulation would upcast the whole tables each time.
 #include <cstring>
 
 #include "lib/cpu/cpu_ops.h"
@@ -34,32 +36,48 @@ int64_t wpe_row(const A& a, int64_t b, int64_t t) {
 
 }  // namespace
 
-void embedding_forward(const EmbeddingArgs& a, const Stream&) {
+namespace {
+
+// T: float, or uint16_t for bf16 tables and output read as they are (the
+// rows' exact upcasts added in f32 and rounded once: what the emulated f32
+// kernel gives, without upcasting the whole tables for a few rows).
+template <class T>
+void embedding_forward_impl(const EmbeddingArgs& a) {
   const EmbedDims d = embed_dims(a.tokens, a.wte, a.wpe);
   const int32_t* tokens = a.tokens.data<int32_t>();  // (B, T)
-  const float* wte = a.wte.data<float>();            // (V, C)
-  const float* wpe = a.wpe.defined() ? a.wpe.data<float>() : nullptr;  // (maxT, C)
-  float* out = a.out.data<float>();                  // (B, T, C)
+  const T* wte = a.wte.data<T>();                    // (V, C)
+  const T* wpe = a.wpe.defined() ? a.wpe.data<T>() : nullptr;  // (maxT, C)
+  T* out = a.out.data<T>();                          // (B, T, C)
   const int64_t C = d.C;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < d.B * d.T; ++n) {
     const int64_t t = n % d.T;
     const int64_t row = static_cast<int64_t>(tokens[n]) - a.vocab_start;
     const bool local = row >= 0 && row < d.V;
-    const float* w = local ? wte + row * C : nullptr;
-    const float* p = wpe ? wpe + wpe_row(a, n / d.T, t) * C : nullptr;
-    float* o = out + n * C;
+    const T* w = local ? wte + row * C : nullptr;
+    const T* p = wpe ? wpe + wpe_row(a, n / d.T, t) * C : nullptr;
+    T* o = out + n * C;
     if (w && p) {
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) o[c] = w[c] + p[c];
+      for (int64_t c = 0; c < C; ++c) store(o + c, load(w[c]) + load(p[c]));
     } else if (w) {
-      std::memcpy(o, w, C * sizeof(float));
+      std::memcpy(o, w, C * sizeof(T));
     } else if (p) {
-      std::memcpy(o, p, C * sizeof(float));
+      std::memcpy(o, p, C * sizeof(T));
     } else {
-      std::memset(o, 0, C * sizeof(float));
+      std::memset(o, 0, C * sizeof(T));
     }
   }
+}
+
+}  // namespace
+
+void embedding_forward(const EmbeddingArgs& a, const Stream&) { embedding_forward_impl<float>(a); }
+
+bool lowp::embedding_forward(const EmbeddingArgs& a, const Stream&) {
+  if (!all_bf16({&a.wte, &a.out}) || (a.wpe.defined() && a.wpe.dtype() != DType::BF16)) return false;
+  embedding_forward_impl<uint16_t>(a);
+  return true;
 }
 
 void embedding_backward(const EmbeddingBwdArgs& a, const Stream&) {

@@ -103,6 +103,30 @@ TEST_CASE("lowp embedding forward and backward") {
       check_lowp(g, dt, {DS_F(EB, dout)}, {DS_F(EB, dwte), DS_F(EB, dwpe)}, bwd);  // f32 dweights
     }
   }
+  // The bf16 forward runs natively (not the emulation, which upcasts the whole tables): with and without the
+  // position table, with padding lengths, OPT's padding row and shifted real positions, the emulated f32
+  // kernel's bits; an empty token table gives the positions alone.
+  for (int variant = 0; variant < 3; ++variant) {
+    INFO("variant " << variant);
+    E f;
+    f.out = to_dtype(randn({B, T, C}, 7), DType::BF16);
+    f.tokens = tokens_bt();
+    f.wte = to_dtype(randn({variant == 2 ? 0 : Vp, C}, 8), DType::BF16);
+    if (variant > 0) {
+      f.wpe = to_dtype(randn({10, C}, 9), DType::BF16);
+      f.row_offset = 2;
+      f.lengths = tokens_tensor({B}, {3, 5});
+      f.pad_row = 1;
+      f.shifts = tokens_tensor({B}, {2, 0});
+    }
+    E em = f;
+    em.out = to_dtype(f.out, DType::F32);
+    em.wte = to_dtype(f.wte, DType::F32);
+    if (f.wpe.defined()) em.wpe = to_dtype(f.wpe, DType::F32);
+    REQUIRE(cpu::lowp::embedding_forward(f, Stream{}));
+    cpu::embedding_forward(em, Stream{});
+    CHECK(bit_equal(f.out, to_dtype(em.out, DType::BF16)));
+  }
 }
 
 TEST_CASE("lowp layernorm forward and backward") {
