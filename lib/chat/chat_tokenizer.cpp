@@ -148,6 +148,12 @@ ChatTokenizer ChatTokenizer::load(const std::string& model_dir, const std::strin
   };
   t.bos_id_ = special(bos);
   t.eos_id_ = special(eos);
+  // An empty token text names no token: a bos the tokenizer must add, or the
+  // eos every example ends with and is padded with, cannot be empty.
+  DS_USER_CHECK(!t.add_bos_ || t.bos_id_ >= 0, "{}: add_bos_token is true but bos_token is empty",
+                (dir / "tokenizer_config.json").string());
+  DS_USER_CHECK(t.eos_id_ >= 0, "{}: eos_token is empty (DeepSpeed-Chat ends every example with it and pads with it)",
+                (dir / "tokenizer_config.json").string());
   special(unk);
   for (const std::string& a : additional) special(a);
   // DeepSpeed-Chat's get_tokenizer: LLaMA gets a "[PAD]" token when it has no
