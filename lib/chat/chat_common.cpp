@@ -388,6 +388,13 @@ void export_into(Trainer& trainer, const fs::path& out, const fs::path& model_di
 }
 
 
+void keep_newest_checkpoint(const fs::path& dir, int64_t keep) {
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().starts_with("global_step") && e.path().filename() != step_dir_name(keep))
+      fs::remove_all(e.path(), ec);
+}
+
 EpochCheckpoint::EpochCheckpoint(const std::optional<std::string>& dir, const char* step, const char* prog)
     : step_(step), prog_(prog) {
   if (!dir) return;
@@ -451,12 +458,7 @@ bool EpochCheckpoint::end_of_epoch(Trainer& t, int64_t done, Communicator& world
   if (it != saved_iteration_) {  // an epoch without an optimizer step changed nothing the trainer saves
     t.save_checkpoint();
     saved_iteration_ = it;
-    if (world.rank() == 0) {  // only the newest checkpoint is kept
-      std::error_code ec;
-      for (const fs::directory_entry& e : fs::directory_iterator(fs::path(dir_) / "model", ec))
-        if (e.path().filename().string().starts_with("global_step") && e.path().filename() != step_dir_name(it))
-          fs::remove_all(e.path(), ec);
-    }
+    if (world.rank() == 0) keep_newest_checkpoint(fs::path(dir_) / "model", it);
   }
   world.barrier();
   const double stop = world.all_reduce_scalar(exit_signal_received() ? 1.0 : 0.0, Device::cpu(), ReduceOp::Max);

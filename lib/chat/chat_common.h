@@ -124,6 +124,10 @@ void copy_tokenizer_files(const std::filesystem::path& from, const std::filesyst
 void export_into(Trainer& trainer, const std::filesystem::path& out, const std::filesystem::path& model_dir,
                  int rank);
 
+// Removes the step directories (global_stepN) of checkpoint directory `dir`
+// other than iteration `keep`'s: dschat keeps only the newest checkpoint.
+void keep_newest_checkpoint(const std::filesystem::path& dir, int64_t keep);
+
 // dschat's resumable checkpoint for steps 1 and 2 (--checkpoint_dir DIR,
 // dschat's addition; docs/dschat.md): after every epoch the trained model's
 // training state (dstrain's checkpoint format: weights, optimizer state,

@@ -773,11 +773,8 @@ bool PpoRun::save_round(int64_t epoch, int64_t step, int64_t non_overflow) {
   world_->barrier();
   if (rv_.rank == 0) {  // only the newest checkpoint is kept
     std::error_code ec;
-    for (const auto& [role, it] : {std::pair{"actor", rec["actor_iteration"].get<int64_t>()},
-                                   {"critic", rec["critic_iteration"].get<int64_t>()}})
-      for (const fs::directory_entry& e : fs::directory_iterator(dir / role, ec))
-        if (e.path().filename().string().starts_with("global_step") && e.path().filename() != step_dir_name(it))
-          fs::remove_all(e.path(), ec);
+    keep_newest_checkpoint(dir / "actor", rec["actor_iteration"].get<int64_t>());
+    keep_newest_checkpoint(dir / "critic", rec["critic_iteration"].get<int64_t>());
     for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
       const std::string name = e.path().filename().string();
       if (name.starts_with("actor_ema_") && name != ema_file) fs::remove(e.path(), ec);
