@@ -33,7 +33,6 @@
 #include "lib/chat/torch_sampler.h"
 #include "lib/chat/unsup_data.h"
 #include "lib/ckpt/safetensors.h"
-#include "lib/ckpt/step_names.h"
 #include "lib/core/atomic_file.h"
 #include "lib/train/exit_signal.h"
 #include "lib/ckpt/file_io.h"
