@@ -169,13 +169,13 @@ void validate_moe_model(const ModelConfig& cfg) {
 }
 
 // The layouts MoE runs in today (docs/moe.md): DP, ZeRO 0-3, pipeline
-// parallelism, TP with and without sequence parallelism; expert parallelism (EP >
-// 1) with ZeRO 0-3, and with optimizer offload except to the CPU from a GPU. The EP size was
-// checked against DP when the layout was derived (make_parallel_layout).
+// parallelism, TP with and without sequence parallelism, DeepSpeed-Ulysses;
+// expert parallelism (EP > 1) with all of them, ZeRO 0-3, and with optimizer
+// offload except to the CPU from a GPU. The EP size was checked against DP
+// when the layout was derived (make_parallel_layout).
 void validate_moe_parallel(const TrainConfig& cfg) {
   const MoeConfig& m = cfg.model.moe;
   if (!m.enabled(cfg.model.num_layers)) return;
-  const ParallelConfig& p = cfg.parallel;
   const int ep = m.expert_parallel_size;
   // Offload with expert parallelism: the NVMe tier keeps one swap file per
   // sharding group; cpu on the CPU backend moves nothing; on a GPU the
@@ -183,11 +183,6 @@ void validate_moe_parallel(const TrainConfig& cfg) {
   DS_USER_CHECK(ep == 1 || cfg.zero.offload_optimizer != OffloadDevice::CPU || cfg.device == DeviceType::CPU,
                 "--moe-expert-parallel-size {} with zero_optimization.offload_optimizer.device cpu on a GPU: expert "
                 "parallelism runs without optimizer offload there so far (docs/moe.md)", ep);
-  // Ulysses: every rank of the group runs the MoE on the whole sequence
-  // (moe_layer.cpp); the experts' groups are not split over it yet.
-  DS_USER_CHECK(p.sp == 1 || ep == 1, "Mixture of Experts with DeepSpeed-Ulysses (ds_sequence_parallel_size {}) "
-                "and --moe-expert-parallel-size {}: expert parallelism with Ulysses is not implemented yet (use "
-                "--moe-expert-parallel-size 1)", p.sp, ep);
   DS_USER_CHECK(!cfg.cuda_graph, "Mixture of Experts with --cuda-graph is not implemented yet");
 }
 

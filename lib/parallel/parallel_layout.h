@@ -41,8 +41,9 @@ struct ParallelLayout {
   // The sequence-data-parallel size: ranks holding the same weights (they
   // reduce gradients and share ZeRO partitions). dp when ulysses == 1.
   int sdp() const { return ulysses * dp; }
-  // Expert-data-parallel size: ranks holding the same experts (dp when ep == 1).
-  int edp() const { return dp / ep; }
+  // Expert-data-parallel size: ranks holding the same experts (sdp when ep ==
+  // 1; with Ulysses every sequence rank of them too, lib/parallel/rank_grid.h).
+  int edp() const { return sdp() / ep; }
   // Ranks of one model replica (tp x ulysses x pp).
   int replica() const { return tp * ulysses * pp; }
   // Positions of every sample a rank holds between Ulysses all-to-alls.

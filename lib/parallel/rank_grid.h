@@ -10,9 +10,14 @@
 // Data parallelism is two axes, as DeepSpeed builds its MoE groups: expert
 // parallelism (EP consecutive data-parallel ranks split each MoE layer's
 // experts; all-to-alls of tokens) inside expert-data parallelism (EDP = DP /
-// EP: the ranks holding the same experts), so dp_rank = ep_rank + EP *
-// edp_rank and every placement is the same as without EP. The AxisGrid's DP
-// axis is the EDP one; the dp fields below are the whole EP x EDP.
+// EP: the ranks holding the same experts), so dp_rank = ep_rank + EP * its
+// (DP / EP) coordinate and every placement is the same as without EP. The
+// AxisGrid's DP axis is that DP / EP one; the dp fields below are the whole
+// EP x DP / EP. With DeepSpeed-Ulysses the expert-data-parallel group takes in
+// the sequence axis as the sequence-data-parallel one does (every Ulysses rank
+// runs its MoE layers on the whole sequence and holds a share of the experts'
+// gradients): EDP = SP x DP / EP, edp_rank = sp_rank + SP * (dp_rank / EP),
+// and an expert-parallel group is EP ranks of one dp group (same sp_rank).
 // With TP = 1 this is Megatron-DeepSpeed's placement (sp groups of
 // consecutive ranks, sequence-data groups of SP * DP consecutive ranks).
 // The sequence-data-parallel (sdp) group, SP x DP, is where gradients are
@@ -35,14 +40,15 @@ struct RankGrid {
   int world = 1, tp = 1, pp = 1, dp = 1, sp = 1;
   int rank = 0, tp_rank = 0, dp_rank = 0, pp_rank = 0, sp_rank = 0;
   int sdp = 1, sdp_rank = 0;  // SP x DP, and this rank's place in it (sp_rank + SP * dp_rank)
-  // DP = EP x EDP: dp_rank = ep_rank + EP * edp_rank. EP = 1: edp is dp.
+  // DP = EP x (DP / EP): dp_rank = ep_rank + EP * (dp_rank / EP). EDP = SP x
+  // DP / EP, edp_rank = sp_rank + SP * (dp_rank / EP). EP = 1: edp is sdp.
   int ep = 1, edp = 1, ep_rank = 0, edp_rank = 0;
 
   // All groups of the job (every rank computes the same lists), each sorted.
   std::vector<std::vector<int>> tp_groups;   // world/TP groups of TP consecutive ranks
   std::vector<std::vector<int>> dp_groups;   // same tp_rank, sp_rank and pp_rank
   std::vector<std::vector<int>> ep_groups;   // EP consecutive members of a dp group
-  std::vector<std::vector<int>> edp_groups;  // same ep_rank in a dp group (hold the same experts)
+  std::vector<std::vector<int>> edp_groups;  // same ep_rank in an sdp group (hold the same experts)
   std::vector<std::vector<int>> sp_groups;   // same tp_rank, dp_rank and pp_rank
   std::vector<std::vector<int>> sdp_groups;  // same tp_rank and pp_rank (SP x DP)
   std::vector<std::vector<int>> pp_groups;   // same tp_rank, sp_rank and dp_rank, stage order

@@ -126,6 +126,38 @@ TEST_CASE("rank grid: DeepSpeed's expert-parallel split of data parallelism (tp-
       CHECK(d.my_edp_group() == d.my_dp_group());
     }
   }
+  // With DeepSpeed-Ulysses (world 8, SP 2, EP 2, DP 4): an ep group is EP
+  // ranks of one dp group (one sequence position); an edp group holds every
+  // Ulysses rank of the ranks with the same experts: EDP = SP x DP / EP.
+  RankGrid u = make_rank_grid(8, 1, 1, 5, 2, 2);
+  CHECK(std::tie(u.dp, u.sp, u.ep, u.edp, u.sdp) == std::make_tuple(4, 2, 2, 4, 8));
+  CHECK(u.ep_groups == Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+  CHECK(u.edp_groups == Groups{{0, 1, 4, 5}, {2, 3, 6, 7}});
+  CHECK(std::tie(u.sp_rank, u.ep_rank, u.dp_rank, u.edp_rank) == std::make_tuple(1, 0, 2, 3));
+  CHECK(u.my_ep_group() == std::vector<int>{5, 7});
+  CHECK(u.my_edp_group() == std::vector<int>{0, 1, 4, 5});
+  for (auto [world, tp, sp, ep] : {std::tuple{8, 1, 2, 2}, {16, 2, 2, 2}, {16, 1, 2, 4}, {24, 1, 3, 2}}) {
+    INFO("world " << world << " tp " << tp << " sp " << sp << " ep " << ep);
+    for (int r = 0; r < world; ++r) {
+      const RankGrid e = make_rank_grid(world, tp, 1, r, sp, ep), d = make_rank_grid(world, tp, 1, r, sp);
+      CHECK(e.sdp_groups == d.sdp_groups);
+      CHECK(std::tie(e.tp_rank, e.sp_rank, e.dp_rank, e.sdp_rank) == std::tie(d.tp_rank, d.sp_rank, d.dp_rank, d.sdp_rank));
+      CHECK(e.edp == e.sdp / ep);
+      CHECK(e.edp_rank == e.sp_rank + sp * (e.dp_rank / ep));
+      CHECK(e.my_edp_group()[e.edp_rank] == r);
+      CHECK(e.my_ep_group()[e.ep_rank] == r);
+      for (int m : e.my_ep_group()) {  // one sequence position, one dp group
+        const RankGrid o = make_rank_grid(world, tp, 1, m, sp, ep);
+        CHECK(o.sp_rank == e.sp_rank);
+        CHECK(o.dp_index == e.dp_index);
+      }
+      for (int m : e.my_edp_group()) {  // the same experts, one sdp group
+        const RankGrid o = make_rank_grid(world, tp, 1, m, sp, ep);
+        CHECK(o.ep_rank == e.ep_rank);
+        CHECK(o.sdp_index == e.sdp_index);
+      }
+    }
+  }
   CHECK_THROWS_WITH(make_rank_grid(8, 2, 1, 0, 1, 3),
                     Catch::Contains("moe-expert-parallel-size 3 does not divide the data-parallel size 4"));
   const ParallelLayout l = make_parallel_layout({.tp = 2, .ep = 2}, 8);

@@ -3,6 +3,7 @@
 // a saved config was trained with, and a saved config re-targeted to another
 // layout (retarget_config), the one function dsgen and dsconvert use.
 #include <catch2/catch.hpp>
+#include <tuple>
 
 #include "lib/config/config.h"
 #include "lib/core/error.h"
@@ -113,6 +114,13 @@ TEST_CASE("make_parallel_layout splits DP into expert-parallel x expert-data-par
   CHECK(l.shard(1) == ShardCoords{2, 1, 1, 0, 1, 2, 0});
   CHECK(make_parallel_layout(l.request(), 8) == l);
   CHECK(make_parallel_layout({}, 4).edp() == 4);
+  // With Ulysses the expert-data-parallel ranks include every sequence rank:
+  // EP divides DP, and EDP = Ulysses x DP / EP.
+  const ParallelLayout u = make_parallel_layout({.ulysses = 2, .ep = 2}, 8);
+  CHECK(std::tie(u.dp, u.ep) == std::make_tuple(4, 2));
+  CHECK(u.edp() == 4);
+  CHECK_THROWS_WITH(make_parallel_layout({.ulysses = 2, .ep = 4}, 4),
+                    Contains("--moe-expert-parallel-size 4 does not divide the data-parallel size 2"));
   CHECK_THROWS_WITH(make_parallel_layout({.ep = 4}, 2),
                     Contains("--moe-expert-parallel-size 4 does not divide the data-parallel size 2 (world 2 / "
                              "(TP 1 x PP 1 x Ulysses 1))"));

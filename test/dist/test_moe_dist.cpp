@@ -9,7 +9,8 @@
 // bad flag combinations are one line naming the flags. Expert parallelism
 // (EP2, EP4; with TP2 and PP2) reproduces the same curve, and its
 // checkpoints load into other expert-parallel sizes. So does DeepSpeed-Ulysses
-// (each of its ranks runs the MoE on the whole sequence).
+// (each of its ranks runs the MoE on the whole sequence), with and without
+// expert parallelism.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -28,6 +29,7 @@ constexpr int kIters = 8;
 
 struct Run {
   std::vector<double> lm, moe;  // per iteration: lm loss (CSV), moe loss (log line)
+  std::string log;
 };
 
 std::vector<std::string> moe_args(int tp, std::vector<std::string> extra, int pp = 1, bool llama = false) {
@@ -40,12 +42,11 @@ std::vector<std::string> moe_args(int tp, std::vector<std::string> extra, int pp
 Run run(const std::string& name, int world, int zero_stage, int tp, const std::vector<std::string>& extra,
         int pp = 1, bool llama = false) {
   Run r;
-  std::string log;
-  const std::string err = run_with_config(name, world, 2, zero_stage, moe_args(tp, extra, pp, llama), &r.lm, &log);
+  const std::string err = run_with_config(name, world, 2, zero_stage, moe_args(tp, extra, pp, llama), &r.lm, &r.log);
   INFO(err);
   REQUIRE(err.empty());
   const std::regex moe(R"(\| moe loss: ([-+0-9.Ee]+) \|)");
-  for (std::sregex_iterator it(log.begin(), log.end(), moe), end; it != end; ++it)
+  for (std::sregex_iterator it(r.log.begin(), r.log.end(), moe), end; it != end; ++it)
     r.moe.push_back(std::stod((*it)[1]));
   REQUIRE(r.lm.size() == kIters);
   REQUIRE(r.moe.size() == kIters);
@@ -388,6 +389,67 @@ TEST_CASE("MoE with DeepSpeed-Ulysses reproduces the single-process curve") {
   same_run(run("moe_u_pr_single", 1, 0, 1, pr), run("moe_u2_pr", 2, 1, 1, pr_u2));
 }
 
+// Expert parallelism with DeepSpeed-Ulysses: the expert-parallel groups are
+// data-parallel ranks at the same sequence position (each runs the MoE on its
+// samples' whole sequences), the experts' gradients reduce and partition over
+// the Ulysses ranks and the expert-data-parallel ones together. U2 x DP2 EP2
+// with ZeRO 0-3 and dropless routing give the single-process curve; a
+// checkpoint saved so resumes and loads into layouts without Ulysses.
+TEST_CASE("Expert parallelism with DeepSpeed-Ulysses reproduces the single-process curve; its checkpoints reshape") {
+  const std::vector<std::string> top2 = {"--topk", "2", "--disable-moe-top2-2nd-expert-sampling"};
+  auto with = [](std::vector<std::string> a, std::vector<std::string> extra) {
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const std::vector<std::string> u2ep2 = {"--ds-sequence-parallel-size", "2", "--moe-expert-parallel-size", "2"};
+  const Run single = run("uep_single", 1, 0, 1, top2);
+  for (int stage : {0, 1, 2, 3}) {
+    INFO("U2 x DP2 EP2 ZeRO-" << stage);
+    const Run r = run("uep_u2_ep2_z" + std::to_string(stage), 4, stage, 1, with(top2, u2ep2));
+    same_run(single, r);
+    CHECK_THAT(r.log, Catch::Contains("expert gradients reduce over 2 expert-data-parallel ranks"));
+  }
+  {
+    INFO("U2 x TP2 with --sequence-parallel x DP2 EP2, experts split over tp, ZeRO-1 (8 ranks)");
+    same_run(single, run("uep_u2_tp2_sp_ep2", 8, 1, 2,
+                         with(top2, with(u2ep2, {"--sequence-parallel", "--enable-expert-tensor-parallelism"}))));
+  }
+  const std::vector<std::string> dropless = {"--topk", "2", "--disable-moe-token-dropping"};
+  INFO("dropless, U2 x DP2 EP2 ZeRO-1 (the expert-parallel ranks agree on the largest load)");
+  same_run(run("uep_dropless_single", 1, 0, 1, dropless), run("uep_dropless", 4, 1, 1, with(dropless, u2ep2)));
+  // Saved at iteration 4 with ZeRO-2: per expert-parallel rank, one optimizer
+  // file per rank of its expert-data-parallel group (two Ulysses ranks).
+  const std::string ck = dist_data().dir + "/ckpt_moe_uep";
+  fs::remove_all(ck);
+  std::vector<double> lm;
+  std::string log;
+  REQUIRE(run_with_config("uep_first", 4, 2, 2,
+                          moe_args(1, with(top2, with(u2ep2, {"--save", ck, "--save-interval", "4",
+                                                              "--exit-interval", "4"}))),
+                          &lm, &log)
+              .empty());
+  REQUIRE(lm.size() == 4);
+  for (const char* f : {"optim_pp00_tp00_ep00_rank00000_of_00002", "optim_pp00_tp00_ep00_rank00001_of_00002",
+                        "optim_pp00_tp00_ep01_rank00000_of_00002", "optim_pp00_tp00_ep01_rank00001_of_00002"})
+    CHECK(fs::exists(ck + "/global_step4/" + f + ".safetensors"));
+  struct Target {
+    const char* name;
+    int world, zero;
+    std::vector<std::string> extra;
+  };
+  for (const Target& t : {Target{"uep_same", 4, 2, u2ep2},
+                          Target{"uep_dp2_ep2_z2", 2, 2, {"--moe-expert-parallel-size", "2"}},
+                          Target{"uep_u2_ep1_z1", 2, 1, {"--ds-sequence-parallel-size", "2"}},
+                          Target{"uep_single_z0", 1, 0, {}}}) {
+    INFO(t.name);
+    REQUIRE(run_with_config(t.name, t.world, 2, t.zero, moe_args(1, with(top2, with(t.extra, {"--load", ck}))), &lm,
+                            &log)
+                .empty());
+    REQUIRE(lm.size() == kIters - 4);
+    require_same_curve(single.lm, lm, 4);
+  }
+}
+
 TEST_CASE("Expert tensor parallelism: TP2 (with SP, EP2, PR-MoE, SwiGLU) reproduces the single-process curve; "
           "its checkpoints load into other layouts") {
   const std::vector<std::string> top2 = {"--topk", "2", "--disable-moe-top2-2nd-expert-sampling"};
@@ -476,6 +538,8 @@ TEST_CASE("MoE flags that do not fit are one line naming them") {
                                                              "data-parallel size 2") != std::string::npos);
   CHECK(fail(2, 1, {"--moe-expert-parallel-size", "2", "--num-experts", "3"})
             .find("not divisible by the expert-parallel size 2") != std::string::npos);
-  CHECK(fail(4, 1, {"--ds-sequence-parallel-size", "2", "--moe-expert-parallel-size", "2"})
-            .find("expert parallelism with Ulysses is not implemented yet") != std::string::npos);
+  // Expert-parallel groups are data-parallel ranks at one sequence position:
+  // EP divides DP, not DP x Ulysses.
+  CHECK(fail(4, 1, {"--ds-sequence-parallel-size", "2", "--moe-expert-parallel-size", "4"})
+            .find("--moe-expert-parallel-size 4 does not divide the data-parallel size 2") != std::string::npos);
 }
