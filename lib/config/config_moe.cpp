@@ -74,6 +74,27 @@ void apply_moe_flags(json& j, const std::map<std::string, json>& sp, Warnings& w
   put("--noisy-gate-policy", "noisy_gate_policy", given("--noisy-gate-policy"));
   if (sp.count("--use-tutel"))
     add_warning(w, "--use-tutel: Tutel is a choice of MoE kernels; dstrain runs its own (same gating and results)");
+  // The MoE flags on a model without MoE layers change nothing, as in
+  // Megatron-DeepSpeed (its dense MoE scripts pass them with --num-experts 1):
+  // said once, naming them.
+  const json* experts = nullptr;
+  if (j.contains("model") && j["model"].contains("moe") && j["model"]["moe"].contains("num_experts"))
+    experts = &j["model"]["moe"]["num_experts"];
+  bool dense = true;
+  if (experts && experts->is_array())
+    for (const json& e : *experts) dense = dense && e.is_number_integer() && e.get<int64_t>() <= 1;
+  else if (experts)
+    dense = experts->is_number_integer() && experts->get<int64_t>() <= 1;
+  std::vector<std::string> moot;
+  for (const char* f : {"--mlp-type", "--topk", "--expert-interval", "--moe-expert-parallel-size",
+                        "--moe-train-capacity-factor", "--moe-eval-capacity-factor", "--moe-min-capacity",
+                        "--moe-loss-coeff", "--disable-moe-token-dropping", "--disable-moe-top2-2nd-expert-sampling",
+                        "--enable-expert-tensor-parallelism", "--noisy-gate-policy"})
+    if (sp.count(f)) moot.emplace_back(f);
+  if (dense && !moot.empty())
+    add_warning(w, fmt::format("{}: the model has no Mixture-of-Experts layers (--num-experts 1), so {} nothing "
+                               "(as in Megatron-DeepSpeed)",
+                               fmt::join(moot, ", "), moot.size() == 1 ? "this changes" : "these change"));
 }
 
 void read_expert_counts(JsonSection& s, const char* flag, bool allow_empty, std::vector<int>& out) {

@@ -58,3 +58,33 @@ TEST_CASE("OPT's model keys: relu and the embedding dropout, written only when s
   CHECK_THROWS_WITH(model_section({{"vocab_size", 1000}, {"activation", "relu"}}, {"--num-experts", "4"}),
                     Catch::Matchers::Contains("relu (OPT's MLP) with Mixture-of-Experts"));
 }
+
+// MoE flags on a model without MoE layers change nothing, as upstream (the
+// dense MoE scripts pass them with --num-experts 1): one warning names them.
+TEST_CASE("MoE flags on a dense model are one warning naming them", "[config]") {
+  auto warnings = [](const json& model, std::vector<std::string> flags) {
+    test::TempDir d;
+    const std::string path = d.path + "/ds_config.json";
+    std::ofstream(path) << json{{"train_micro_batch_size_per_gpu", 2}, {"model", model}}.dump();
+    std::vector<std::string> args = {"dstrain", "--config", path};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::vector<char*> argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    std::string all;
+    for (const auto& w : parse_train_config(static_cast<int>(args.size()), argv.data(), 1).warnings) all += w + "\n";
+    return all;
+  };
+  const json small = {{"num_layers", 4}, {"hidden_size", 128}, {"num_heads", 4}, {"vocab_size", 1000}};
+  CHECK_THAT(warnings(small, {"--num-experts", "1", "--moe-expert-parallel-size", "2", "--topk", "2"}),
+             Catch::Matchers::Contains("--topk, --moe-expert-parallel-size: the model has no Mixture-of-Experts "
+                                       "layers (--num-experts 1), so these change nothing"));
+  CHECK_THAT(warnings(small, {"--disable-moe-token-dropping"}),
+             Catch::Matchers::Contains("--disable-moe-token-dropping: the model has no Mixture-of-Experts layers "
+                                       "(--num-experts 1), so this changes nothing"));
+  CHECK(warnings(small, {"--num-experts", "4", "--topk", "2"}).find("no Mixture-of-Experts") == std::string::npos);
+  json moe = small;
+  moe["moe"] = {{"num_experts", {4}}};
+  CHECK(warnings(moe, {"--topk", "2"}).find("no Mixture-of-Experts") == std::string::npos);
+  CHECK(warnings(small, {"--num-experts", "1"}).find("no Mixture-of-Experts") == std::string::npos);
+}
