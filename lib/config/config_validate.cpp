@@ -260,8 +260,11 @@ void validate_parallel(const TrainConfig& cfg) {
                 "zero_optimization: stage3_prefetch_bucket_size {}, stage3_max_live_parameters {} and "
                 "stage3_param_persistence_threshold {} must be >= 0", z.stage3_prefetch_bucket_size,
                 z.stage3_max_live_parameters, z.stage3_param_persistence_threshold);
-  DS_USER_CHECK(cfg.precision.grad_accum == DType::F32 || z.offload_optimizer == OffloadDevice::None,
-                "data_types.grad_accum_dtype '{}' with zero_optimization.offload_optimizer.device {} is not "
+  // On the CPU backend the optimizer reads the gradient shard where it is
+  // (cpu: nothing moves; nvme: the tier's step reads it per sub-group).
+  DS_USER_CHECK(cfg.precision.grad_accum == DType::F32 || z.offload_optimizer == OffloadDevice::None ||
+                    cfg.device == DeviceType::CPU,
+                "data_types.grad_accum_dtype '{}' with zero_optimization.offload_optimizer.device {} on a GPU is not "
                 "supported (the host AdamW reads f32 gradients); use \"fp32\"",
                 cfg.precision.grad_accum == DType::BF16 ? "bf16" : "fp16", offload_device_name(z.offload_optimizer));
   DS_USER_CHECK(z.offload_ratio >= 0 && z.offload_ratio <= 1,

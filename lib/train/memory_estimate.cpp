@@ -182,8 +182,9 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   r.offload_optimizer = offload;
   r.nvme = where == OffloadDevice::NVMe;
   r.nvme_params = r.nvme && cfg.zero.offload_param == OffloadDevice::NVMe;
-  // The host AdamW reads f32 gradients: offload needs fp32 accumulation too.
-  r.supported = !offload || (stage >= 1 && e.precision != StatePrecision::MixedLowp);
+  // The host AdamW of a GPU run reads f32 gradients: offload there needs fp32
+  // accumulation too (on the CPU backend the step reads the shard as it is).
+  r.supported = !offload || (stage >= 1 && (e.precision != StatePrecision::MixedLowp || cfg.device == DeviceType::CPU));
   // Expert parallelism with offload: the NVMe tier (a swap file per sharding
   // group), or cpu on the CPU backend (nothing moves); not on a GPU so far.
   r.supported = r.supported && (e.layout.ep == 1 || r.nvme || !offload || cfg.device == DeviceType::CPU);
@@ -478,7 +479,7 @@ std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gp
       out += head + (r.nvme && cfg.device != DeviceType::CPU ? "  not supported: the NVMe tier serves the CPU backend so far\n"
                      : e.layout.ep > 1 && r.stage >= 1 && r.offload_optimizer && !r.nvme
                          ? "  not supported: expert parallelism on a GPU runs without optimizer offload so far\n"
-                     : r.stage >= 1                     ? "  not supported: offload_optimizer needs fp32 gradient accumulation\n"
+                     : r.stage >= 1                     ? "  not supported: offload_optimizer on a GPU needs fp32 gradient accumulation\n"
                                                         : "  not supported: offload_optimizer needs ZeRO stage >= 1\n");
       continue;
     }

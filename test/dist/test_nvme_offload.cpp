@@ -50,6 +50,7 @@ struct Run {
   std::string* log = nullptr;  // rank 0's output
   std::vector<std::string> model;  // replaces the small model's shape flags when set
   int64_t sub_group = 3000;         // zero_optimization.sub_group_size
+  bool grad_lowp = false;           // data_types.grad_accum_dtype: the compute dtype (bf16)
 };
 
 // Runs the job and returns its CSV numbers; its checkpoint (if saved) is DIR/NAME/ck.
@@ -69,6 +70,7 @@ std::string run(const Run& r) {
       << (r.params ? ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" + (out / "swap").string() + "\"}"
                    : std::string())
       << "}" << (r.bf16 ? ", \"bf16\": {\"enabled\": true}" : "")
+      << (r.grad_lowp ? ", \"data_types\": {\"grad_accum_dtype\": \"bf16\"}" : "")
       << ", \"csv_monitor\": {\"enabled\": true, \"output_path\": \"" << out.string() << "\", \"job_name\": \"j\"}}";
   SmallModel m;
   m.iters = kIters;
@@ -260,6 +262,48 @@ int64_t logged(const std::string& log, const std::string& before) {
 }
 
 }  // namespace
+
+// Gradients accumulated in bf16 (data_types.grad_accum_dtype): the tier's
+// step reads the bf16 gradient shard per sub-group, as the in-memory step
+// reads it whole; the same numbers and files, bit for bit.
+TEST_CASE("bf16 gradient accumulation with the optimizer state (and parameters) on NVMe equals memory bit for bit") {
+  const std::string why = ds::aio_unavailable_reason();
+  if (!why.empty()) DS_SKIP(why);
+  const std::vector<std::string> save = {"--save", "", "--save-interval", std::to_string(kIters)};
+  Run mem{"mem_dp2_bf16_gacc", 2, false, true, save}, nv{"nvme_dp2_bf16_gacc", 2, true, true, save},
+      nvp{"nvme_params_dp2_bf16_gacc", 2, true, true, save};
+  nvp.params = true;
+  auto ck_of = [](const Run& r) { return fs::path(dist_data().dir) / r.name / "ck"; };
+  for (Run* r : {&mem, &nv, &nvp}) {
+    r->grad_lowp = true;
+    r->extra[1] = ck_of(*r).string();
+  }
+  std::string log;
+  mem.log = &log;
+  const std::string a = run(mem);
+  REQUIRE(std::count(a.begin(), a.end(), '\n') == kIters + 1);
+  CHECK(log.find(" (bf16) + Adam m, v") != std::string::npos);
+  Run f32 = mem;  // the bf16 accumulation changes the numbers (the check below could not fail otherwise)
+  f32.name = "mem_dp2_bf16_f32acc";
+  f32.grad_lowp = false;
+  f32.log = nullptr;
+  f32.extra = {};
+  CHECK(run(f32) != a);
+  for (const Run* r : {&nv, &nvp}) {
+    INFO(r->name);
+    CHECK(run(*r) == a);
+    const fs::path step = "global_step" + std::to_string(kIters);
+    int compared = 0;
+    for (const auto& e : fs::directory_iterator(ck_of(mem) / step)) {
+      const std::string name = e.path().filename().string();
+      if (name == "state.json") continue;
+      INFO(name);
+      CHECK(slurp(e.path()) == slurp(ck_of(*r) / step / name));
+      ++compared;
+    }
+    CHECK(compared >= 4);
+  }
+}
 
 TEST_CASE("with parameters and optimizer state on NVMe a rank's whole peak RSS is below its model states") {
   const std::string why = ds::aio_unavailable_reason();
