@@ -31,6 +31,7 @@
 // both scalings exact.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "lib/core/error.h"
 #include "lib/model/gpt.h"
@@ -63,6 +64,23 @@ uint64_t moe_noise_stream(const DropoutKey& key, int layer) {
 Tensor row(const Tensor& t, int64_t i) {  // t[i] of a (n, ...) tensor
   Shape s(t.shape().begin() + 1, t.shape().end());
   return t.view(i * shape_numel(s), s);
+}
+
+// Which of a layer's El local experts compute. Training runs them all (the
+// backward reads every expert's activations), and so does expert parallelism
+// (an expert's rows come from other ranks too). Otherwise, on the CPU, an
+// expert that no kept token reached is skipped: decoding routes a few tokens
+// to k of E experts, and the combine reads only kept rows, so the output is
+// the same without reading the other experts' weights. (On a GPU the routing
+// would have to be read back first.)
+std::vector<char> experts_to_run(const MoeActs& m, int64_t El, bool all) {
+  if (all || !m.expert.device().is_cpu()) return std::vector<char>(static_cast<size_t>(El), 1);
+  std::vector<char> runs(static_cast<size_t>(El), 0);
+  const int32_t* expert = m.expert.data<int32_t>();
+  const int32_t* slot = m.slot.data<int32_t>();
+  for (int64_t i = 0; i < m.expert.numel(); ++i)
+    if (slot[i] >= 0) runs[static_cast<size_t>(expert[i])] = 1;
+  return runs;
 }
 
 }  // namespace
@@ -171,7 +189,9 @@ void GptModel::moe_mlp(int l, const Tensor& x, const Tensor& y, MoeActs& m, cons
   m.fc_out = act({El, Rl, wfc.size(1)});  // (this rank's slice with expert tensor parallelism)
   m.act_out = act({El, Rl, wproj.size(2)});
   const Tensor bfc = opt(P.fc.bias, false);
+  const std::vector<char> runs = experts_to_run(m, El, key.train || ep.active());
   for (int64_t e = 0; e < El; ++e) {
+    if (!runs[static_cast<size_t>(e)]) continue;
     const Tensor pre = row(m.fc_out, e), out = row(m.act_out, e);
     ops::matmul_forward({.out = pre, .inp = row(m.xin, e), .weight = row(wfc, e),
                          .bias = bfc.defined() ? row(bfc, e) : Tensor()},
