@@ -57,6 +57,11 @@ NvmeStateTier::NvmeStateTier(const NvmeTierOptions& o, std::vector<float> initia
 
 NvmeStateTier::~NvmeStateTier() = default;
 
+void NvmeStateTier::set_read_only_tail(int n) {
+  DS_CHECK(n >= 0 && n < n_states(), "NVMe tier: {} read-only states of {}", n, n_states());
+  read_only_tail_ = n;
+}
+
 int64_t NvmeStateTier::tile_bytes() const { return aligned_tile(sub_); }
 
 char* NvmeStateTier::set(int s) const { return static_cast<char*>(buffers_[s].data()); }
@@ -91,7 +96,7 @@ void NvmeStateTier::for_each(const SubGroupFn& fn, bool write_back) {
         states.push_back(Tensor::from_blob(set(g % sets_) + i * tile_bytes(), {hi - lo}, DType::F32));
       fn(lo, hi, states);
       if (!write_back) continue;
-      const SwapFile::Ticket w = file_->write(offset(g), set(g % sets_), stride());
+      const SwapFile::Ticket w = file_->write(offset(g), set(g % sets_), stride() - read_only_tail_ * tile_bytes());
       if (behind)
         writing[g % sets_] = w;
       else

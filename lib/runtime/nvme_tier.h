@@ -59,9 +59,12 @@ class NvmeStateTier {
 
   // fn(lo, hi, states) for every sub-group [lo, hi) of the range in order,
   // with its states as host f32 tensors of hi - lo elements; written back
-  // afterwards when write_back.
+  // afterwards when write_back (all but the read-only last states).
   using SubGroupFn = std::function<void(int64_t lo, int64_t hi, const std::vector<Tensor>& states)>;
   void for_each(const SubGroupFn& fn, bool write_back);
+  // The last n states are read by for_each but never written back by it (the
+  // gradient shard: the update reads it, the reductions write it).
+  void set_read_only_tail(int n);
   // Elements [lo, hi) of state i to / from caller memory (checkpoints, the
   // parameter pieces of ZeRO-3 gathers): per sub-group one read (and, for a
   // write that covers part of a 4 KiB block, one read first) of the aligned
@@ -95,6 +98,7 @@ class NvmeStateTier {
   std::vector<float> initial_;
   int64_t numel_ = 0, sub_ = 1;
   int sets_ = 1;
+  int read_only_tail_ = 0;
   std::vector<AlignedBuffer> buffers_;  // one per set; declared before the file, which drains first
   std::unique_ptr<SwapFile> file_;
 };

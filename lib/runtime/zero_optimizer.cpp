@@ -71,8 +71,13 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   } else {
     opt_ = make_optimizer(optimizer, model.layout(), offload_ ? Device::cpu() : model.device(), range_.begin,
                           range_.end, home);
-    tier_ = make_tier(*opt_, range_.size(), "");
+    grads_in_tier_ = nvme_ && store_ && store_->grads_elsewhere();
+    tier_ = make_tier(*opt_, range_.size(), "", grads_in_tier_);
     if (params_in_tier_) store_->set_param_tier(0, tier_.get());
+    if (grads_in_tier_) {
+      if (tier_) tier_->set_read_only_tail(1);  // the update reads the gradients, the reductions write them
+      store_->set_grad_tier(tier_.get(), tier_ ? tier_->n_states() - 1 : 0);
+    }
   }
   // ZeRO 1-3 over several ranks: the range is a shard of the data-parallel
   // group (Lamb adds its per-tensor sums over it).
@@ -95,9 +100,10 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   model.store().set_grads_hook([this](int unit, bool ready) { on_grads(unit, ready); });
 }
 
-std::unique_ptr<NvmeStateTier> ZeroOptimizer::make_tier(const Optimizer& opt, int64_t n, const std::string& group) {
+std::unique_ptr<NvmeStateTier> ZeroOptimizer::make_tier(const Optimizer& opt, int64_t n, const std::string& group,
+                                                        bool grads) {
   const std::vector<OptimizerStateSpec> specs = opt.state_specs();
-  if (!nvme_ || n == 0 || (specs.empty() && !params_in_tier_)) return nullptr;
+  if (!nvme_ || n == 0 || (specs.empty() && !params_in_tier_ && !grads)) return nullptr;
   NvmeTierOptions o{.dir = z_.nvme.nvme_path,
                     .name = group.empty() ? fmt::format("dstrain-optimizer-{}-{}.swp", ::getpid(), rank_)
                                           : fmt::format("dstrain-optimizer-{}-{}-{}.swp", ::getpid(), rank_, group),
@@ -109,6 +115,7 @@ std::unique_ptr<NvmeStateTier> ZeroOptimizer::make_tier(const Optimizer& opt, in
   std::vector<float> initial;
   if (params_in_tier_) initial.push_back(0.f);  // state 0: the parameter shard (written by init / load)
   for (size_t i = 0; i < specs.size(); ++i) initial.push_back(opt.initial_state_value(i));
+  if (grads) initial.push_back(0.f);  // last: the gradient shard
   return std::make_unique<NvmeStateTier>(o, std::move(initial), n);
 }
 
@@ -120,8 +127,11 @@ void ZeroOptimizer::step_through_tier(Optimizer& opt, NvmeStateTier* tier, const
   auto update = [&](int64_t lo, int64_t hi, const std::vector<Tensor>& states) {
     // offload_param nvme: the sub-group's parameters are the tier's state 0.
     const Tensor p = params_in_tier_ ? states[0] : params.view(lo, {hi - lo});
-    const std::vector<Tensor> opt_states(states.begin() + tier_state_offset(), states.end());
-    DS_CHECK(opt.step_part(lo, hi, {.params = p, .grads = grads.view(lo, {hi - lo}), .params_lowp = Tensor(),
+    // The gradient shard in the tier: its last state (read-only there).
+    const Tensor g = grads_in_tier_ && tier ? states.back() : grads.view(lo, {hi - lo});
+    const std::vector<Tensor> opt_states(states.begin() + tier_state_offset(),
+                                         states.end() - (grads_in_tier_ && tier ? 1 : 0));
+    DS_CHECK(opt.step_part(lo, hi, {.params = p, .grads = g, .params_lowp = Tensor(),
                                     .states = opt_states},
                            h, grad_scale),
              "offload_optimizer nvme: optimizer {} does not update a range in parts", opt.type());
@@ -284,6 +294,7 @@ void ZeroOptimizer::local_norm_into(const Tensor& sumsq) {
 }
 
 void ZeroOptimizer::add_own_sumsq(const Tensor& sumsq) {
+  if (store_ && z_.stage == 3) return add_shard_sumsq(sumsq);
   Tensor g = store_ ? store_->grad_shard() : model_.grads();
   if (!counted_only_) {
     if (g.numel() > 0) ops::sum_squares({.out = sumsq, .x = g}, Stream{});
@@ -293,6 +304,43 @@ void ZeroOptimizer::add_own_sumsq(const Tensor& sumsq) {
   for (const Range& r : counted_) {
     const int64_t b = std::max(r.begin, base), e = std::min(r.end, base + g.numel());
     if (e > b) ops::sum_squares({.out = sumsq, .x = g.view(b - base, {e - b})}, Stream{});
+  }
+}
+
+// Stage 3 sums the squares of its gradient shard in windows of at most
+// kNormWindow elements of each unit's piece, in unit order (the counted parts
+// of each under tp), whether the shard is in memory or in the NVMe tier, so
+// both give the same bits: the tier is read one window at a time into a
+// scratch buffer, which the NaN/Inf check (fp16) then reuses.
+void ZeroOptimizer::add_shard_sumsq(const Tensor& sumsq) {
+  constexpr int64_t kNormWindow = int64_t{1} << 20;
+  NvmeStateTier* tier = grads_in_tier_ ? store_->grad_tier() : nullptr;
+  const Tensor g = grads_in_tier_ ? Tensor() : store_->grad_shard();
+  const int64_t base = part_.owned_real(rank_).begin;
+  if (grads_in_tier_) {
+    tier_grads_nonfinite_ = Tensor::zeros({1}, DType::F32);
+    if (tier && !norm_window_.defined()) norm_window_ = Tensor::empty({kNormWindow}, DType::F32);
+  }
+  for (const Range& piece : store_->own_unit_pieces()) {
+    for (int64_t at = piece.begin; at < piece.end; at += kNormWindow) {
+      const int64_t n = std::min(kNormWindow, piece.end - at);
+      Tensor x;
+      if (tier) {
+        x = norm_window_.view(0, {n});
+        tier->read(store_->grad_state(), at, at + n, x.data<float>());
+        ops::nonfinite_check({.flag = tier_grads_nonfinite_, .x = x}, Stream{});
+      } else {
+        x = g.view(at, {n});
+      }
+      if (!counted_only_) {
+        ops::sum_squares({.out = sumsq, .x = x}, Stream{});
+        continue;
+      }
+      for (const Range& r : counted_) {
+        const int64_t b = std::max(r.begin, base + at), e = std::min(r.end, base + at + n);
+        if (e > b) ops::sum_squares({.out = sumsq, .x = x.view(b - base - at, {e - b})}, Stream{});
+      }
+    }
   }
 }
 
@@ -320,6 +368,11 @@ void ZeroOptimizer::grads_nonfinite_into(const Tensor& flag) {
       const Tensor g = store_->grad_shard(i);
       if (g.numel() > 0) ops::nonfinite_check({.flag = flag, .x = g}, Stream{});
     }
+    return;
+  }
+  if (grads_in_tier_) {  // found by the norm's pass over the tier (add_shard_sumsq)
+    DS_CHECK(tier_grads_nonfinite_.defined(), "ZeRO-3: the gradient tier's NaN/Inf check before its norm pass");
+    if (tier_grads_nonfinite_.data<float>()[0] != 0.f) flag.data<float>()[0] = 1.f;
     return;
   }
   Tensor g = store_ ? store_->grad_shard() : model_.grads().view(0, {model_.layout().total});
@@ -396,7 +449,9 @@ void ZeroOptimizer::step(const StepHyper& h, float grad_scale) {
   if (grouped()) return step_groups(h, grad_scale);
   if (range_.size() > 0) {
     Tensor p = master_range();
-    Tensor g = store_ ? store_->grad_shard() : model_.grads().view(range_.begin, {range_.size()});
+    Tensor g = grads_in_tier_ ? Tensor()  // read per sub-group from the tier
+               : store_       ? store_->grad_shard()
+                              : model_.grads().view(range_.begin, {range_.size()});
     if (nvme_) {
       step_through_tier(*opt_, tier_.get(), p, g, range_.size(), h, grad_scale);
     } else if (offload_) {  // bucket by bucket, copies overlapping the CPU update (offload_pipeline.h)
@@ -514,7 +569,9 @@ bool ZeroOptimizer::offloaded_state_nonfinite() {
   for (NvmeStateTier* tier : nvme_tiers())
     tier->for_each(
         [&](int64_t, int64_t, const std::vector<Tensor>& states) {
-          for (const Tensor& t : states) ops::nonfinite_check({.flag = flag, .x = t}, Stream{});
+          // (not the gradient shard: a skipped fp16 step leaves NaN/Inf there by design)
+          const size_t n = states.size() - (grads_in_tier_ && tier == tier_.get() ? 1 : 0);
+          for (size_t i = 0; i < n; ++i) ops::nonfinite_check({.flag = flag, .x = states[i]}, Stream{});
         },
         false);
   return flag.data<float>()[0] != 0.f;

@@ -164,6 +164,9 @@ class ZeroOptimizer {
   // The tier's first optimizer state: 1 when state 0 is the parameter shard
   // (offload_param nvme), else 0.
   int tier_state_offset() const { return params_in_tier_ ? 1 : 0; }
+  // Whether the gradient shard is the tier's last state (one sharding group,
+  // f32 accumulation).
+  bool grads_in_tier() const { return grads_in_tier_; }
   // Whether the NVMe tier's state holds NaN/Inf (reads it through; false
   // without a tier). No collective.
   bool offloaded_state_nonfinite();
@@ -182,7 +185,10 @@ class ZeroOptimizer {
   bool offload_ = false;  // Adam state and the master range on the host (CUDA model)
   bool nvme_ = false;     // offload_optimizer.device nvme: the state in tier_
   bool params_in_tier_ = false;  // offload_param nvme: the parameter shard is tier_'s state 0
+  bool grads_in_tier_ = false;   // the gradient shard is tier_'s last state (ZeroParamStore::grads_elsewhere)
   std::unique_ptr<NvmeStateTier> tier_;
+  Tensor tier_grads_nonfinite_;  // (1) f32: the last gradient pass over the tier found NaN/Inf
+  Tensor norm_window_;           // f32 scratch of that pass
   bool fused_lowp_ = false;  // the optimizer writes the bf16/f16 compute copy (no separate cast pass)
   // offload: (range) f32 host copy of the master range, read from the device
   // at the first step (after init or load), then the only one the update writes.
@@ -210,8 +216,13 @@ class ZeroOptimizer {
   std::vector<GroupOpt> groups_;
   // offload_optimizer nvme: the tier of an optimizer's range of n elements
   // (swap file named after the group), state 0 the parameter shard with
-  // offload_param nvme; null when n is 0 or nothing is to be held.
-  std::unique_ptr<NvmeStateTier> make_tier(const Optimizer& opt, int64_t n, const std::string& group);
+  // offload_param nvme, the last one the gradient shard with grads; null
+  // when n is 0 or nothing is to be held.
+  std::unique_ptr<NvmeStateTier> make_tier(const Optimizer& opt, int64_t n, const std::string& group,
+                                          bool grads = false);
+  // Stage 3, one sharding group: the gradient shard's sum of squares (and,
+  // with the shard in the tier, its NaN/Inf check) window by window.
+  void add_shard_sumsq(const Tensor& sumsq);
   // The update of [0, n) one sub-group at a time through `tier` (null: a
   // stateless optimizer in one part); params undefined when they live in the tier.
   void step_through_tier(Optimizer& opt, NvmeStateTier* tier, const Tensor& params, const Tensor& grads, int64_t n,

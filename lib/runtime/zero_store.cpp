@@ -29,6 +29,11 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
   unit_grads_.resize(units_.size());
   deferred_.resize(units_.size());
   g_.resize(sgroups_.size());
+  unit_reduced_.assign(units_.size(), 0);
+  // ZeRO-Infinity: with the optimizer state on NVMe the gradient shard goes
+  // to the same swap file (set_grad_tier); f32 accumulation, one group.
+  grad_elsewhere_ = stage_ == 3 && z.offload_optimizer == OffloadDevice::NVMe && grad == DType::F32 &&
+                    sgroups_.size() == 1;
   int64_t covered = 0;
   for (size_t i = 0; i < sgroups_.size(); ++i) {
     const ShardGroup& sg = sgroups_[i];
@@ -47,7 +52,7 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
       g.unit_span.push_back(span);
     }
     MemTagScope tag(MemTag::Grads);
-    g.gshard = Tensor::zeros({sg.part.shard}, grad, dev);
+    if (!grad_elsewhere_) g.gshard = Tensor::zeros({sg.part.shard}, grad, dev);
   }
   DS_CHECK(covered == layout.total, "the sharding groups cover {} of the model's {} elements", covered, layout.total);
   MemTagScope tag(MemTag::Params);
@@ -320,14 +325,14 @@ void ZeroParamStore::reduce_unit(int unit, const Tensor& g) {
     const ShardGroup& sg = sgroups_[gi];
     const int dp = sg.part.dp;
     const Range mine = piece(unit, G.rank, gi);
-    const DType gt = G.gshard.dtype();
+    const DType gt = grad_elsewhere_ ? DType::F32 : G.gshard.dtype();
     const int64_t base = G.rank * sg.part.shard;  // group-space position of the shard's first element
+    const bool first = !unit_reduced_[unit];
     if (dp == 1) {
       if (mine.size() == 0) continue;
-      Tensor dst = G.gshard.view(mine.begin - base, {mine.size()});
       Tensor src = Tensor::empty({mine.size()}, gt, dev_);
       pack_unit(gi, unit, mine, g, src);  // rounded to the accumulator's dtype, then added
-      ops::add({.out = dst, .a = dst, .b = src}, Stream{});
+      add_into_shard(gi, mine.begin - base, src, first);
       continue;
     }
     int64_t m = 0;
@@ -348,6 +353,7 @@ void ZeroParamStore::reduce_unit(int unit, const Tensor& g) {
       pr.count = std::clamp<int64_t>(mine.size() - off, 0, k);
       pr.offset = mine.begin - base + off;
       pr.group = gi;
+      pr.first = first;
       Communicator* c = sg.dp;
       if (timeline_ && timeline_->enabled()) {
         Timeline* tl = timeline_;
@@ -363,6 +369,7 @@ void ZeroParamStore::reduce_unit(int unit, const Tensor& g) {
       pending_.push_back(std::move(pr));
     }
   }
+  unit_reduced_[unit] = 1;
   if (!z_.overlap_comm) retire(true);
 }
 
@@ -370,11 +377,53 @@ void ZeroParamStore::retire(bool all) {
   while (!pending_.empty() && (all || pending_.front().h.ready())) {
     PendingReduce& p = pending_.front();
     p.h.wait();
-    if (p.count > 0) {
-      Tensor dst = g_[p.group].gshard.view(p.offset, {p.count});
-      ops::add({.out = dst, .a = dst, .b = p.recv.view(0, {p.count})}, Stream{});
-    }
+    if (p.count > 0) add_into_shard(p.group, p.offset, p.recv.view(0, {p.count}), p.first);
     pending_.pop_front();
+  }
+}
+
+std::vector<Range> ZeroParamStore::own_unit_pieces() const {
+  DS_CHECK(g_.size() == 1, "ZeRO: unit pieces of one sharding group, the store has {}", g_.size());
+  const int64_t base = g_[0].rank * sgroups_[0].part.shard;
+  std::vector<Range> out;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const Range r = piece(static_cast<int>(u), g_[0].rank);
+    if (r.size() > 0) out.push_back({r.begin - base, r.end - base});
+  }
+  return out;
+}
+
+void ZeroParamStore::set_grad_tier(NvmeStateTier* tier, int state) {
+  DS_CHECK(grad_elsewhere_, "ZeRO: a gradient tier for a store that keeps its gradient shard");
+  DS_CHECK(!tier || (state >= 0 && state < tier->n_states() && tier->numel() == sgroups_[0].owned().size()),
+           "ZeRO: gradient tier state {} of a tier of {} elements for a shard of {}", state,
+           tier ? tier->numel() : 0, sgroups_[0].owned().size());
+  grad_tier_ = tier;
+  grad_state_ = state;
+}
+
+// In memory: dst += src. In the tier: the same add on the piece read back (or
+// on zeros, the first time since zero_grads, as the zeroed shard), then
+// written, so the values are the in-memory ones bit for bit.
+void ZeroParamStore::add_into_shard(size_t gi, int64_t offset, const Tensor& src, bool first) {
+  const int64_t n = src.numel();
+  if (!grad_elsewhere_) {
+    Tensor dst = g_[gi].gshard.view(offset, {n});
+    ops::add({.out = dst, .a = dst, .b = src}, Stream{});
+    return;
+  }
+  DS_CHECK(grad_tier_, "ZeRO: a gradient reduction before the gradient tier is set");
+  constexpr int64_t kWindow = int64_t{1} << 20;  // elements read, added and written at once (4 MiB)
+  if (!grad_scratch_.defined()) grad_scratch_ = Tensor::empty({kWindow}, DType::F32, dev_);
+  for (int64_t at = 0; at < n; at += kWindow) {  // element-wise: the windows change no value
+    const int64_t k = std::min(kWindow, n - at);
+    Tensor buf = grad_scratch_.view(0, {k});
+    if (first)
+      buf.zero_();
+    else
+      grad_tier_->read(grad_state_, offset + at, offset + at + k, buf.data<float>());
+    ops::add({.out = buf, .a = buf, .b = src.view(at, {k})}, Stream{});
+    grad_tier_->write(grad_state_, offset + at, offset + at + k, buf.data<float>());
   }
 }
 
@@ -526,11 +575,16 @@ void ZeroParamStore::write_own(size_t gi, const Tensor& shard) {
   param_tiers_[gi]->write(0, 0, n, shard.data<float>());
 }
 
-Tensor ZeroParamStore::grad_shard(size_t g) { return g_.at(g).gshard.view(0, {sgroups_[g].owned().size()}); }
+Tensor ZeroParamStore::grad_shard(size_t g) {
+  DS_CHECK(!grad_elsewhere_, "ZeRO: the gradient shard is in the NVMe tier");
+  return g_.at(g).gshard.view(0, {sgroups_[g].owned().size()});
+}
 
 void ZeroParamStore::zero_grads() {
   DS_CHECK(pending_.empty(), "ZeRO: gradient reductions still pending when the next step zeroes the gradients");
-  for (Group& g : g_) g.gshard.zero_();
+  std::fill(unit_reduced_.begin(), unit_reduced_.end(), 0);
+  for (Group& g : g_)
+    if (g.gshard.defined()) g.gshard.zero_();
   for (Tensor& d : deferred_)
     if (d.defined()) d.zero_();
 }

@@ -88,6 +88,20 @@ class ZeroParamStore : public ParamStore {
   // no element of the group.
   void set_param_tier(size_t g, NvmeStateTier* tier);
   bool params_elsewhere() const { return param_elsewhere_; }
+  // offload_optimizer nvme at stage 3 with one sharding group and f32
+  // accumulation (ZeRO-Infinity swaps the gradients too): the gradient shard
+  // is state `state` of the optimizer's tier, never in memory. Each unit's
+  // piece is written there as its reduction completes (the step's first
+  // micro-batch) or read, added to and written back (later ones), in the
+  // order and with the adds of the in-memory shard; the optimizer reads it
+  // per sub-group. grad_shard() is then undefined.
+  bool grads_elsewhere() const { return grad_elsewhere_; }
+  void set_grad_tier(NvmeStateTier* tier, int state);
+  NvmeStateTier* grad_tier() const { return grad_tier_; }
+  int grad_state() const { return grad_state_; }
+  // One sharding group: this rank's piece of each unit, in unit order, as
+  // ranges of its gradient shard (empty pieces left out).
+  std::vector<Range> own_unit_pieces() const;
   Tensor grad_shard(size_t g = 0);
   const std::vector<ShardGroup>& groups() const { return sgroups_; }
   Tensor full_params() { return full_; }  // stage 2 in fp32: the whole f32 weights
@@ -116,7 +130,7 @@ class ZeroParamStore : public ParamStore {
   }
   int64_t grad_bytes() const {
     int64_t b = 0;
-    for (const Group& g : g_) b += static_cast<int64_t>(g.gshard.nbytes());
+    for (const Group& g : g_) b += g.gshard.defined() ? static_cast<int64_t>(g.gshard.nbytes()) : 0;
     return b;
   }
   const Zero3Plan& plan() const { return plan_; }
@@ -147,6 +161,14 @@ class ZeroParamStore : public ParamStore {
   void wait_gathers();
   bool param_elsewhere_ = false;
   std::vector<NvmeStateTier*> param_tiers_;  // per sharding group (offload_param nvme)
+  bool grad_elsewhere_ = false;
+  NvmeStateTier* grad_tier_ = nullptr;  // (set_grad_tier) and its state
+  int grad_state_ = 0;
+  std::vector<char> unit_reduced_;  // per unit: reduced since zero_grads (its piece is in the tier)
+  Tensor grad_scratch_;             // f32, a piece read from the tier and added to
+  // `src` (the accumulator's dtype) added into group gi's shard at `offset`;
+  // first: the first reduction of this piece since zero_grads.
+  void add_into_shard(size_t gi, int64_t offset, const Tensor& src, bool first);
   static constexpr int64_t kTierChunk = 4 << 20;  // elements per piece written into the tier at init
   void read_own(size_t gi, int64_t lo, const Tensor& dst);  // shard positions [lo, lo + n) into dst
   void write_own(size_t gi, const Tensor& shard);           // the whole owned range
@@ -181,6 +203,7 @@ class ZeroParamStore : public ParamStore {
     Tensor recv;
     int64_t offset = 0, count = 0;
     size_t group = 0;
+    bool first = false;  // the piece's first reduction since zero_grads
   };
   void retire(bool all);  // all: wait for every one; else only the completed front
   std::deque<PendingReduce> pending_;

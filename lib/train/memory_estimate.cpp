@@ -168,9 +168,9 @@ std::string optimizer_bytes_text(const OptimizerSpec& spec) {
 }
 
 // The NVMe row's tensors per element in the swap file: the optimizer's
-// states, and the parameter shard with offload_param nvme.
+// states, the parameter shard with offload_param nvme and the f32 gradient shard.
 int nvme_states(const TrainConfig& cfg, const MemoryEstimateRow& r) {
-  return optimizer_state_count(cfg.optim.spec) + (r.nvme_params ? 1 : 0);
+  return optimizer_state_count(cfg.optim.spec) + (r.nvme_params ? 1 : 0) + (r.nvme_grads ? 1 : 0);
 }
 
 // One (stage, offload) row. `e` holds everything that does not depend on the row.
@@ -182,6 +182,9 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   r.offload_optimizer = offload;
   r.nvme = where == OffloadDevice::NVMe;
   r.nvme_params = r.nvme && cfg.zero.offload_param == OffloadDevice::NVMe;
+  // The gradient shard joins the swap file with f32 accumulation and one
+  // sharding group (ZeroParamStore::grads_elsewhere).
+  r.nvme_grads = r.nvme && cfg.precision.grad_accum == DType::F32 && !(e.layout.ep > 1 && stage >= 1);
   // The host AdamW of a GPU run reads f32 gradients: offload there needs fp32
   // accumulation too (on the CPU backend the step reads the shard as it is).
   r.supported = !offload || (stage >= 1 && (e.precision != StatePrecision::MixedLowp || cfg.device == DeviceType::CPU));
@@ -226,6 +229,7 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
     tier_host += NvmeStateTier::host_bytes_for(tier, nvme_states(cfg, r), part_shard);
   }
   if (r.nvme_params) r.states.params = 0;  // offload_param nvme: the parameter shard joins the swap file
+  if (r.nvme_grads) r.states.grads = 0;    // and so does the f32 gradient shard
   // The 1-bit family (stage 0), besides its state tensors: with several
   // ranks the compression errors, the worker's (n, padded) and the server's
   // (n / DP); 0/1 Adam's update accumulator and 1-bit Lamb's copy of the

@@ -45,6 +45,7 @@ struct MemoryEstimateRow {
   // sub-group buffers; offload_optimizer is true too.
   bool nvme = false;
   bool nvme_params = false;  // with offload_param nvme: the parameter shard in the swap file too
+  bool nvme_grads = false;   // the f32 gradient shard in the swap file too (one sharding group)
   int64_t nvme_per_rank = 0;
   bool supported = true;     // offload_optimizer needs ZeRO stage >= 1 and fp32 gradient accumulation;
                              // expert parallelism (EP > 1) ZeRO stage 0 without offload

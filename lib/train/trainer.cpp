@@ -507,12 +507,14 @@ void Trainer::log_model_state() {
   for (const ZeroOptimizer::StatePart& part : opt_->state_parts()) {
     const NvmeStateTier* t = part.tier;
     if (!t) continue;
-    DS_LOG("offload_optimizer.device = nvme: the optimizer state{}{} ({} states x {} elements, {} bytes) lives in a "
+    DS_LOG("offload_optimizer.device = nvme: the optimizer state{}{}{} ({} states x {} elements, {} bytes) lives in a "
            "swap file under {} (unlinked: removed however the run ends); the step updates {} sub-groups of {} "
            "elements; host buffers {} bytes ({} set{} of sub-group buffers; reads {}, writes {})",
            part.group.empty() ? "" : " of the " + part.group + " group",
-           opt_->tier_state_offset() ? " and the parameter shard (offload_param nvme; ZeRO-3 gathers read their "
+           opt_->tier_state_offset() ? ", the parameter shard (offload_param nvme; ZeRO-3 gathers read their "
                                        "pieces from it)" : "",
+           opt_->grads_in_tier() ? " and the f32 gradient shard (each unit's reduced piece written there, added "
+                                   "to over the micro-batches)" : "",
            t->n_states(), t->numel(), t->file_bytes(), cfg_.zero.nvme.nvme_path, t->n_sub_groups(), t->sub_group(),
            t->host_bytes(), t->buffer_sets(), t->buffer_sets() == 1 ? "" : "s",
            t->pipelined_read() ? "ahead of the update" : "in turn",

@@ -410,32 +410,44 @@ TEST_CASE("memory estimate: the optimizer state on NVMe (ZeRO-3, CPU backend)", 
   const MemoryEstimateRow& mem = row(e, 3, false);
   CHECK_FALSE(mem.configured);
   const int64_t shard = kN / 8;
-  // Adam's two states leave memory: exp_avg and exp_avg_sq, 8 bytes per element of the shard.
+  // Adam's two states leave memory: exp_avg and exp_avg_sq, 8 bytes per
+  // element of the shard, and so does the f32 gradient shard (4 bytes).
   CHECK(mem.states.optimizer == 8 * shard);
+  CHECK(mem.states.grads == 4 * shard);
+  CHECK(nv.nvme_grads);
   CHECK(nv.states.optimizer == 0);
   CHECK(nv.states.params == mem.states.params);
-  CHECK(nv.states.grads == mem.states.grads);
+  CHECK(nv.states.grads == 0);
   // Sub-groups of 1e6 elements, each state's tile rounded up to 4 KiB.
   const int64_t tile = (4 * 1000000 + 4095) / 4096 * 4096, groups = (shard + 999999) / 1000000;
-  CHECK(nv.nvme_per_rank == groups * 2 * tile);
-  // Host: what the rank holds in memory plus two buffer sets (buffer_count 4 / 2 states).
-  CHECK(nv.host_per_rank - nv.device_total == mem.host_per_rank - mem.device_total + 2 * 2 * tile);
-  CHECK(nv.device_total == mem.device_total - 8 * shard);
+  CHECK(nv.nvme_per_rank == groups * 3 * tile);
+  // Host: what the rank holds in memory plus one buffer set (buffer_count 4 / 3 states).
+  CHECK(nv.host_per_rank - nv.device_total == mem.host_per_rank - mem.device_total + 1 * 3 * tile);
+  CHECK(nv.device_total == mem.device_total - 12 * shard);
   const std::string rep = estimate_memory_report(cfg, 1, 8);
   CHECK_THAT(rep, Contains("* ZeRO 3     | nvme"));
   CHECK_THAT(rep, Contains("per-rank NVMe"));
-  // offload_param nvme: the parameter shard joins the file as a third state.
+  // offload_param nvme: the parameter shard joins the file as a fourth state.
   cfg.zero.offload_param = OffloadDevice::NVMe;
   const MemoryEstimate p = estimate_memory(cfg, 1, 8);
   const MemoryEstimateRow& np = p.rows.back();
   REQUIRE(np.nvme_params);
   CHECK(np.states.params == 0);
-  CHECK(np.states.grads == mem.states.grads);
-  CHECK(np.nvme_per_rank == groups * 3 * tile);
+  CHECK(np.states.grads == 0);
+  CHECK(np.nvme_per_rank == groups * 4 * tile);
   CHECK(np.device_total == nv.device_total - mem.states.params);
   CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("* ZeRO 3     | nvme (+ params)"));
+  // With bf16 accumulation the gradient shard stays in memory (bf16).
+  cfg.zero.offload_param = OffloadDevice::None;
+  cfg.precision.grad_accum = DType::BF16;  // (the config computes in bf16)
+  const MemoryEstimateRow bn = estimate_memory(cfg, 1, 8).rows.back();
+  CHECK_FALSE(bn.nvme_grads);
+  CHECK(bn.states.grads == 2 * shard);
+  CHECK(bn.nvme_per_rank == groups * 2 * tile);
+  cfg.precision.grad_accum = DType::F32;
   // Expert parallelism: a swap file per sharding group, the dense weights'
-  // shard over the 8 data-parallel ranks, the experts' over DP / EP = 4.
+  // shard over the 8 data-parallel ranks, the experts' over DP / EP = 4 (the
+  // gradient shards, one per group, stay in memory).
   cfg.zero.offload_param = OffloadDevice::None;
   cfg.model.moe.num_experts = {8};
   cfg.model.moe.expert_parallel_size = 2;
@@ -447,6 +459,7 @@ TEST_CASE("memory estimate: the optimizer state on NVMe (ZeRO-3, CPU backend)", 
                 experts = make_zero_partition(x.n_experts_rank, 4).shard;
   auto file = [&](int64_t n) { return (n + 999999) / 1000000 * 2 * tile; };
   CHECK(xn.nvme_per_rank == file(dense) + file(experts));
+  CHECK_FALSE(xn.nvme_grads);
   CHECK(xn.states.optimizer == 0);
   // Two tiers, each with its two buffer sets.
   CHECK(xn.host_per_rank - xn.device_total ==
