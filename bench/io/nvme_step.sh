@@ -5,10 +5,10 @@
 # fp32; ZeRO-3 prefetch of 1e7 and at most 3e7 live gathered parameters, so
 # that the working set is a few layers), 5 iterations per run, the runs interleaved twice (this VM's disk and
 # memory speeds drift; only runs next to each other compare). NVMe runs use
-# sub-groups of 5e6 elements (20 MB per state): the optimizer state with
-# pipeline_read/pipeline_write and buffer_count 4 (two sets), the same read
-# and written in turn, and the parameters too (offload_param nvme, buffer_count
-# 6: two sets of three). Prints, per run, the mean ms per iteration of
+# sub-groups of 5e6 elements (20 MB per state): the optimizer state and the
+# gradient shard with pipeline_read/pipeline_write and buffer_count 6 (two
+# sets of three), the same read and written in turn, and the parameters too
+# (offload_param nvme, buffer_count 8: two sets of four). Prints, per run, the mean ms per iteration of
 # iterations 2-5, the peak RSS and the final loss (the same bits in every run).
 #
 # usage: bench/io/nvme_step.sh BUILD_DIR WORK_DIR [DATA_DIR] [NVME_DIR]
@@ -29,9 +29,9 @@ config() {  # NAME OFFLOAD_JSON
        "\"csv_monitor\": {\"enabled\": true, \"output_path\": \"$W/csv\", \"job_name\": \"$1\"}}" > "$W/$1.json"
 }
 config mem ""
-config nvme_pipelined ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$S\", \"buffer_count\": 4, \"pipeline_read\": true, \"pipeline_write\": true}"
-config nvme_in_turn ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$S\", \"buffer_count\": 4}"
-config nvme_params ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$S\", \"buffer_count\": 6, \"pipeline_read\": true, \"pipeline_write\": true}, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"$S\"}"
+config nvme_pipelined ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$S\", \"buffer_count\": 6, \"pipeline_read\": true, \"pipeline_write\": true}"
+config nvme_in_turn ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$S\", \"buffer_count\": 6}"
+config nvme_params ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$S\", \"buffer_count\": 8, \"pipeline_read\": true, \"pipeline_write\": true}, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"$S\"}"
 for round in 1 2; do
   for run in mem nvme_pipelined nvme_in_turn nvme_params; do
     rm -rf "$W/csv/$run"
