@@ -41,6 +41,19 @@ std::string numbers(const std::string& csv_file) {
   return out;
 }
 
+// Every file of two step directories but state.json is the same; returns how many.
+int same_files(const fs::path& a, const fs::path& b) {
+  int compared = 0;
+  for (const auto& e : fs::directory_iterator(a)) {
+    const std::string name = e.path().filename().string();
+    if (name == "state.json") continue;
+    INFO(name);
+    CHECK(slurp(e.path()) == slurp(b / name));
+    ++compared;
+  }
+  return compared;
+}
+
 struct Run {
   std::string name;
   int world = 1;
@@ -120,15 +133,8 @@ TEST_CASE("optimizer state (and parameters) on NVMe: ZeRO-3 DP=1 and DP=2 train 
         INFO(r->name);
         CHECK(run(*r) == a);
         const fs::path step = "global_step" + std::to_string(kIters);
-        int compared = 0;
-        for (const auto& e : fs::directory_iterator(ck_of(mem) / step)) {
-          const std::string name = e.path().filename().string();
-          if (name == "state.json") continue;
-          INFO(name);
-          CHECK(slurp(e.path()) == slurp(ck_of(*r) / step / name));
-          ++compared;
-        }
-        CHECK(compared >= 2 + world);  // the model, the optimizer shards, the tokenizer files
+        // the model, the optimizer shards, the tokenizer files
+        CHECK(same_files(ck_of(mem) / step, ck_of(*r) / step) >= 2 + world);
       }
     }
   }
@@ -180,18 +186,6 @@ TEST_CASE("checkpoints move between the NVMe tier and memory on the same curve")
 
 namespace {
 
-// Every file of step directory `step` of two checkpoints but state.json is the same; returns how many.
-int same_files(const fs::path& a, const fs::path& b) {
-  int compared = 0;
-  for (const auto& e : fs::directory_iterator(a)) {
-    const std::string name = e.path().filename().string();
-    if (name == "state.json") continue;
-    INFO(name);
-    CHECK(slurp(e.path()) == slurp(b / name));
-    ++compared;
-  }
-  return compared;
-}
 
 }  // namespace
 
@@ -296,15 +290,7 @@ TEST_CASE("bf16 gradient accumulation with the optimizer state (and parameters) 
     INFO(r->name);
     CHECK(run(*r) == a);
     const fs::path step = "global_step" + std::to_string(kIters);
-    int compared = 0;
-    for (const auto& e : fs::directory_iterator(ck_of(mem) / step)) {
-      const std::string name = e.path().filename().string();
-      if (name == "state.json") continue;
-      INFO(name);
-      CHECK(slurp(e.path()) == slurp(ck_of(*r) / step / name));
-      ++compared;
-    }
-    CHECK(compared >= 4);
+    CHECK(same_files(ck_of(mem) / step, ck_of(*r) / step) >= 4);
   }
 }
 
