@@ -290,19 +290,8 @@ TEST_CASE("consumed tokens follow the curriculum: --train-tokens, and resume mid
     CHECK(l.size() == 4);  // the full length would have stopped after 2
     CHECK(t.state().consumed_tokens == 8 * 64);
   }
-  fs::path ck = fixture().dir / "ckpt_curriculum";
-  fs::remove_all(ck);
-  Trainer whole(make_config(with({"--train-iters", "8"})), single_process());
-  const std::vector<float> full = whole.run();
-  CHECK(whole.state().consumed_tokens == 8 * (8 + 16 + 16 + 24 + 24 + 32 + 32 + 32));
-  std::vector<float> first =
-      train(with({"--train-iters", "8", "--exit-interval", "3", "--save", ck.string(), "--save-interval", "3"}));
-  REQUIRE(first.size() == 3);
-  Trainer rest(make_config(with({"--train-iters", "8", "--load", ck.string()})), single_process());
-  const std::vector<float> second = rest.run();
-  first.insert(first.end(), second.begin(), second.end());
-  REQUIRE(first == full);
-  CHECK(rest.state().consumed_tokens == whole.state().consumed_tokens);
+  const auto [full, tokens] = require_resume_equal(with({}), (fixture().dir / "ckpt_curriculum").string());
+  CHECK(tokens == 8 * (8 + 16 + 16 + 24 + 24 + 32 + 32 + 32));
   // Without the curriculum the curve differs from the first step.
   const std::vector<float> plain = train({"--train-iters", "1", "--lr-warmup-iters", "0"});
   CHECK(plain[0] != full[0]);

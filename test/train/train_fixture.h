@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lib/comm/communicator.h"
@@ -76,6 +77,30 @@ inline Comms& single_process() {
 inline std::vector<float> train(std::vector<std::string> extra) {
   Trainer t(make_config(std::move(extra)), single_process());
   return t.run();
+}
+
+// `args` for 8 iterations whole, and again saved into checkpoint directory
+// `ck` (removed first) at iteration 3 and resumed from it: the two
+// curves are the same bit for bit, and so are the consumed tokens. Returns
+// the whole run's losses and its consumed tokens.
+inline std::pair<std::vector<float>, int64_t> require_resume_equal(const std::vector<std::string>& args,
+                                                                   const std::string& ck) {
+  std::filesystem::remove_all(ck);
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = args;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  Trainer whole(make_config(with({"--train-iters", "8"})), single_process());
+  const std::vector<float> full = whole.run();
+  std::vector<float> first = train(with({"--train-iters", "8", "--exit-interval", "3", "--save", ck, "--save-interval", "3"}));
+  REQUIRE(first.size() == 3);
+  Trainer rest(make_config(with({"--train-iters", "8", "--load", ck})), single_process());
+  const std::vector<float> second = rest.run();
+  first.insert(first.end(), second.begin(), second.end());
+  REQUIRE(first == full);
+  CHECK(rest.state().consumed_tokens == whole.state().consumed_tokens);
+  return {full, whole.state().consumed_tokens};
 }
 
 
