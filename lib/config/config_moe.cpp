@@ -200,10 +200,11 @@ void validate_moe_parallel(const TrainConfig& cfg) {
   const int ep = m.expert_parallel_size;
   // Offload with expert parallelism: the NVMe tier keeps one swap file per
   // sharding group; cpu on the CPU backend moves nothing; on a GPU the
-  // bucketed host step serves one sharding group only so far.
-  DS_USER_CHECK(ep == 1 || cfg.zero.offload_optimizer != OffloadDevice::CPU || cfg.device == DeviceType::CPU,
-                "--moe-expert-parallel-size {} with zero_optimization.offload_optimizer.device cpu on a GPU: expert "
-                "parallelism runs without optimizer offload there so far (docs/moe.md)", ep);
+  // host step serves one sharding group only so far.
+  DS_USER_CHECK(ep == 1 || cfg.zero.offload_optimizer == OffloadDevice::None || cfg.device == DeviceType::CPU,
+                "--moe-expert-parallel-size {} with zero_optimization.offload_optimizer.device {} on a GPU: expert "
+                "parallelism runs without optimizer offload there so far (docs/moe.md)", ep,
+                offload_device_name(cfg.zero.offload_optimizer));
   DS_USER_CHECK(!cfg.cuda_graph, "Mixture of Experts with --cuda-graph is not implemented yet");
 }
 

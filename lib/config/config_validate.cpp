@@ -285,8 +285,8 @@ void validate_parallel(const TrainConfig& cfg) {
 }
 
 // offload_optimizer.device nvme: DeepSpeed swaps optimizer state to NVMe in
-// its stage-3 optimizer only (stages 1 and 2 take "cpu" alone), and the tier
-// here runs the host optimizer of the CPU backend.
+// its stage-3 optimizer only (stages 1 and 2 take "cpu" alone); the host
+// optimizer updates it sub-group by sub-group, on either backend.
 void validate_nvme_offload(const TrainConfig& cfg) {
   const ZeroConfig& z = cfg.zero;
   DS_USER_CHECK(z.stage == 3, "zero_optimization.offload_optimizer.device nvme needs zero_optimization.stage 3 "
@@ -303,9 +303,6 @@ void validate_nvme_offload(const TrainConfig& cfg) {
   DS_USER_CHECK(a.queue_depth >= 1 && a.intra_op_parallelism >= 1,
                 "aio.queue_depth {} and aio.intra_op_parallelism (thread_count) {} must be >= 1", a.queue_depth,
                 a.intra_op_parallelism);
-  DS_USER_CHECK(cfg.device != DeviceType::CUDA,
-                "zero_optimization.offload_optimizer.device nvme with a GPU (--device cuda) is not supported yet: the "
-                "NVMe tier serves the CPU backend's optimizer; use offload_optimizer.device cpu on a GPU");
 }
 
 // offload_param: DeepSpeed's rule (stage 3 only); nvme here lives in the

@@ -93,8 +93,64 @@ int64_t OffloadPipeline::host_bytes_for(int64_t numel, int64_t bucket_numel) {
 
 int64_t OffloadPipeline::host_bytes() const {
   int64_t b = master_bytes_;
-  for (const Tensor& t : grad_buffers_) b += t.nbytes();
+  for (const std::vector<Tensor>* v : {&grad_buffers_, &tier_grads_, &tier_params_})
+    for (const Tensor& t : *v) b += t.nbytes();
   return b;
+}
+
+int64_t OffloadPipeline::tier_host_bytes_for(int64_t numel, int64_t sub_group) {
+  if (numel <= 0) return 0;
+  const int64_t groups = (numel + sub_group - 1) / sub_group;
+  return static_cast<int64_t>(sizeof(float)) * 2 * std::min<int64_t>(groups, kBuffers) * std::min(numel, sub_group);
+}
+
+void OffloadPipeline::step_tier(Optimizer& opt, NvmeStateTier& tier, const Tensor& params, const Tensor& grads,
+                                const StepHyper& h, float grad_scale) {
+  const int64_t n = opt.end() - opt.begin();
+  DS_CHECK(params.numel() == n && grads.numel() == n && tier.numel() == n &&
+               tier.n_states() == static_cast<int>(opt.state_specs().size()),
+           "offload step through the NVMe tier: params {}, grads {}, tier {} elements and {} states for a range of {} "
+           "with {} states", params.numel(), grads.numel(), tier.numel(), tier.n_states(), n, opt.state_specs().size());
+  DS_CHECK(grads.dtype() == DType::F32 && params.dtype() == DType::F32, "offload step: f32 params and grads expected");
+  const int64_t sub = tier.sub_group();
+  const int groups = tier.n_sub_groups();
+  const int pairs = std::min(groups, kBuffers);
+  const int64_t bucket = std::min(n, sub);
+  if (static_cast<int>(tier_grads_.size()) != pairs || (pairs > 0 && tier_grads_[0].numel() != bucket)) {
+    tier_grads_.clear();
+    tier_params_.clear();
+    for (int i = 0; i < pairs; ++i) {
+      tier_grads_.push_back(copier_->host_buffer(bucket, pinned_));
+      tier_params_.push_back(copier_->host_buffer(bucket, pinned_));
+    }
+  }
+  // Tickets by buffer pair: the gradients' copy 3p, the master's 3p + 1 (to
+  // the host), the master's copy back 3p + 2.
+  auto fetch = [&](int g) {
+    const int64_t lo = g * sub, m = std::min(n, lo + sub) - lo;
+    const int p = g % kBuffers;
+    if (g >= kBuffers) copier_->wait(3 * p + 2);  // the pair's last copy to the device has read it
+    copier_->to_host(tier_grads_[p].view(0, {m}), grads.view(lo, {m}), 3 * p);
+    copier_->to_host(tier_params_[p].view(0, {m}), params.view(lo, {m}), 3 * p + 1);
+  };
+  opt.count_step();  // as Optimizer::step: one step for the whole range
+  copier_->begin();
+  if (groups > 0) fetch(0);
+  tier.for_each(
+      [&](int64_t lo, int64_t hi, const std::vector<Tensor>& states) {
+        const int g = static_cast<int>(lo / sub), p = g % kBuffers;
+        copier_->wait(3 * p);
+        copier_->wait(3 * p + 1);
+        if (g + 1 < groups) fetch(g + 1);
+        const Tensor master = tier_params_[p].view(0, {hi - lo});
+        DS_CHECK(opt.step_part(lo, hi, {.params = master, .grads = tier_grads_[p].view(0, {hi - lo}),
+                                        .params_lowp = Tensor(), .states = states},
+                               h, grad_scale),
+                 "offload_optimizer nvme: optimizer {} does not update a range in parts", opt.type());
+        copier_->to_device(params.view(lo, {hi - lo}), master, 3 * p + 2);
+      },
+      true);
+  copier_->finish();
 }
 
 void OffloadPipeline::step(Optimizer& opt, const Tensor& params, const Tensor& grads, const Tensor& host_master,

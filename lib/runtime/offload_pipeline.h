@@ -19,6 +19,7 @@
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
 #include "lib/optim/optimizer.h"
+#include "lib/runtime/nvme_tier.h"
 
 namespace ds {
 
@@ -92,6 +93,23 @@ class OffloadPipeline {
   void step(Optimizer& opt, const Tensor& params, const Tensor& grads, const Tensor& host_master,
             const StepHyper& h, float grad_scale);
 
+  // The same step with the optimizer state in an NVMe tier (ZeRO-Infinity's
+  // offload_optimizer nvme with a GPU model): the buckets are the tier's
+  // sub-groups. For each sub-group the tier reads its states into host
+  // buffers (ahead, with pipeline_read), its gradients and f32 master come
+  // from the device into one of two host buffer pairs, the optimizer updates
+  // it there, the master goes back to the device and the states to the
+  // tier. The next sub-group's device copies are in flight during the
+  // update, and a buffer pair is refilled only after the copy to the device
+  // that read it. tier holds opt's states (no parameter or gradient state);
+  // params and grads (device, f32) cover opt's range. Same bits as opt.step
+  // on the whole range in memory.
+  void step_tier(Optimizer& opt, NvmeStateTier& tier, const Tensor& params, const Tensor& grads, const StepHyper& h,
+                 float grad_scale);
+  // Host bytes of step_tier's buffer pairs for a range of `numel` elements
+  // in sub-groups of `sub_group` (the tier's own buffers not included).
+  static int64_t tier_host_bytes_for(int64_t numel, int64_t sub_group);
+
   int64_t bucket_numel() const { return bucket_numel_; }
   // Host bytes a pipeline of `bucket_numel` allocates for a range of `numel`
   // elements: the master copy (host_copy) and the gradient buffers of step()
@@ -106,6 +124,7 @@ class OffloadPipeline {
   int64_t bucket_numel_;
   bool pinned_;
   std::vector<Tensor> grad_buffers_;  // 2 host buffers of bucket_numel_
+  std::vector<Tensor> tier_grads_, tier_params_;  // step_tier's buffer pairs
   int64_t master_bytes_ = 0;          // host_copy's buffers
 };
 

@@ -55,4 +55,14 @@ struct ZeroConfig {
   int64_t sub_group_size = 1000000000;
 };
 
+// ZeRO-Infinity's gradient tier: with offload_optimizer nvme at stage 3, f32
+// gradient accumulation and one sharding group, the gradient shard is the
+// last state of the optimizer's swap file (ZeroParamStore::grads_elsewhere)
+// where the model is host memory; a GPU model keeps it on the device, where
+// its reductions run, and copies it to the host per sub-group in the step.
+inline bool grads_in_nvme_tier(const ZeroConfig& z, bool f32_grads, int sharding_groups, bool host_model) {
+  return z.stage == 3 && z.offload_optimizer == OffloadDevice::NVMe && f32_grads && sharding_groups == 1 &&
+         host_model;
+}
+
 }  // namespace ds

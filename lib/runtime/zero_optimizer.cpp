@@ -21,11 +21,9 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
            part.total);
   rank_ = dp ? dp->rank() : 0;
   range_ = z.stage == 0 ? Range{0, part.total} : part.owned_real(rank_);
-  offload_ = z.offload_optimizer == OffloadDevice::CPU && model.device().is_cuda();
+  offload_ = z.offload_optimizer != OffloadDevice::None && model.device().is_cuda();
   nvme_ = z.offload_optimizer == OffloadDevice::NVMe;
-  DS_USER_CHECK(!nvme_ || (z.stage == 3 && model.device().is_cpu()),
-                "offload_optimizer.device nvme needs ZeRO stage 3 on the CPU backend (stage {}, device {})", z.stage,
-                model.device().is_cpu() ? "cpu" : "cuda");
+  DS_USER_CHECK(!nvme_ || z.stage == 3, "offload_optimizer.device nvme needs ZeRO stage 3 (stage {})", z.stage);
   const bool mixed = model.compute_dtype() != DType::F32;
   // ZeRO-1: the flat store all-gathers the updated weights, and in mixed
   // precision it keeps the f32 master of exactly the range the optimizer updates.
@@ -43,12 +41,12 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   const std::vector<ShardGroup>* sharding =
       store ? &store->groups() : (z.stage == 1 ? &model.flat_store().shard_groups() : nullptr);
   params_in_tier_ = nvme_ && z.offload_param == OffloadDevice::NVMe;
-  DS_CHECK(!params_in_tier_ || (store_ && store_->params_elsewhere()),
-           "offload_param nvme with a store that keeps its parameter shard");
+  DS_CHECK(!params_in_tier_ || (store_ && store_->params_elsewhere() && !offload_),
+           "offload_param nvme with a store that keeps its parameter shard, or on a GPU");
   const StateHome home = nvme_ ? StateHome::Elsewhere : StateHome::Own;
   if (sharding && sharding->size() > 1) {
-    DS_USER_CHECK(!offload_, "offload_optimizer.device cpu with expert parallelism on a GPU is not supported yet; "
-                             "use no offload (or offload_optimizer nvme at stage 3 on the CPU backend)");
+    DS_USER_CHECK(!offload_, "offload_optimizer with expert parallelism on a GPU is not supported yet; use no "
+                             "offload (or offload_optimizer nvme at stage 3 on the CPU backend)");
     range_ = {0, 0};
     for (size_t i = 0; i < sharding->size(); ++i) {
       const ShardGroup& g = (*sharding)[i];
@@ -452,13 +450,14 @@ void ZeroOptimizer::step(const StepHyper& h, float grad_scale) {
     Tensor g = grads_in_tier_ ? Tensor()  // read per sub-group from the tier
                : store_       ? store_->grad_shard()
                               : model_.grads().view(range_.begin, {range_.size()});
-    if (nvme_) {
+    if (offload_ && !offload_pipe_)
+      offload_pipe_ = std::make_unique<OffloadPipeline>(make_offload_copier(model_.device()), offload_bucket(z_),
+                                                        z_.offload_pin_memory);
+    if (offload_ && tier_) {  // a GPU model, the state on NVMe: sub-group by sub-group through host buffers
+      offload_pipe_->step_tier(*opt_, *tier_, p, g, h, grad_scale);
+    } else if (nvme_ && !offload_) {
       step_through_tier(*opt_, tier_.get(), p, g, range_.size(), h, grad_scale);
     } else if (offload_) {  // bucket by bucket, copies overlapping the CPU update (offload_pipeline.h)
-      if (!offload_pipe_)
-        offload_pipe_ = std::make_unique<OffloadPipeline>(make_offload_copier(model_.device()),
-                                                          offload_bucket(z_),
-                                                          z_.offload_pin_memory);
       if (!host_master_.defined()) host_master_ = offload_pipe_->host_copy(p);
       offload_pipe_->step(*opt_, p, g, host_master_, h, grad_scale);
     } else {
@@ -548,12 +547,13 @@ std::vector<ZeroOptimizer::StatePart> ZeroOptimizer::state_parts() {
 }
 
 int64_t ZeroOptimizer::offload_host_bytes() const {
-  if (nvme_) {
-    int64_t b = 0;
-    for (const NvmeStateTier* t : nvme_tiers()) b += t->host_bytes();
-    return b;
-  }
-  return offload_ ? OffloadPipeline::host_bytes_for(range_.size(), offload_bucket(z_)) : 0;
+  int64_t b = 0;
+  for (const NvmeStateTier* t : nvme_tiers()) b += t->host_bytes();
+  if (offload_ && tier_)  // a GPU model's step through the tier: its two buffer pairs
+    b += OffloadPipeline::tier_host_bytes_for(range_.size(), tier_->sub_group());
+  else if (offload_)  // the host master copy and the gradient buckets
+    b += OffloadPipeline::host_bytes_for(range_.size(), offload_bucket(z_));
+  return b;
 }
 
 std::vector<NvmeStateTier*> ZeroOptimizer::nvme_tiers() const {

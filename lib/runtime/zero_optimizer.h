@@ -22,10 +22,13 @@
 // the host and the updated master range back, in buckets that overlap the
 // update (OffloadPipeline, offload_pipeline.h). On the CPU backend nothing
 // moves: the optimizer runs as without offload (the trainer says so).
-// offload_optimizer.device = nvme (stage 3, CPU backend): the optimizer's
-// state lives in a swap file (NvmeStateTier) and the step updates the range
-// one sub-group at a time, reading each sub-group's state in and writing it
-// back; Optimizer::step_part makes it the same bits as the whole update.
+// offload_optimizer.device = nvme (stage 3): the optimizer's state lives in
+// a swap file (NvmeStateTier) and the step updates the range one sub-group
+// at a time, reading each sub-group's state in and writing it back;
+// Optimizer::step_part makes it the same bits as the whole update. With a
+// CUDA model the update runs on the host as for cpu, each sub-group's
+// gradients and fp32 master copied through two host buffer pairs
+// (OffloadPipeline::step_tier); the master shard stays on the device.
 #pragma once
 #include <algorithm>
 #include <memory>
@@ -152,10 +155,11 @@ class ZeroOptimizer {
   static constexpr int64_t kOffloadBucketMax = 16 << 20;
   static int64_t offload_bucket(const ZeroConfig& z) { return std::min(z.reduce_bucket_size, kOffloadBucketMax); }
   // offload: the host buffers of the offloaded step besides Adam m and v (the
-  // fp32 master copy and the gradient buckets; OffloadPipeline::host_bytes_for),
+  // fp32 master copy and the gradient buckets, OffloadPipeline::host_bytes_for;
+  // with nvme the tiers' buffers, and on a GPU step_tier's buffer pairs),
   // allocated at the first step; 0 without offload.
   int64_t offload_host_bytes() const;
-  // offload_optimizer.device nvme (stage 3, CPU backend): each optimizer's
+  // offload_optimizer.device nvme (stage 3): each optimizer's
   // state (one per sharding group) lives in an NVMe tier of its own, the step
   // runs sub-group by sub-group through it (sub_group_size), and
   // optimizer_states() is empty. The tiers of this rank (none where it owns
@@ -182,7 +186,7 @@ class ZeroOptimizer {
   int rank_ = 0;
   Range range_;
   std::unique_ptr<Optimizer> opt_;
-  bool offload_ = false;  // Adam state and the master range on the host (CUDA model)
+  bool offload_ = false;  // a CUDA model whose optimizer runs on the host (cpu or nvme)
   bool nvme_ = false;     // offload_optimizer.device nvme: the state in tier_
   bool params_in_tier_ = false;  // offload_param nvme: the parameter shard is tier_'s state 0
   bool grads_in_tier_ = false;   // the gradient shard is tier_'s last state (ZeroParamStore::grads_elsewhere)

@@ -31,9 +31,9 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
   g_.resize(sgroups_.size());
   unit_reduced_.assign(units_.size(), 0);
   // ZeRO-Infinity: with the optimizer state on NVMe the gradient shard goes
-  // to the same swap file (set_grad_tier); f32 accumulation, one group.
-  grad_elsewhere_ = stage_ == 3 && z.offload_optimizer == OffloadDevice::NVMe && grad == DType::F32 &&
-                    sgroups_.size() == 1;
+  // to the same swap file (set_grad_tier; zero_config.h says when).
+  grad_elsewhere_ =
+      grads_in_nvme_tier(z, grad == DType::F32, static_cast<int>(sgroups_.size()), dev.is_cpu());
   int64_t covered = 0;
   for (size_t i = 0; i < sgroups_.size(); ++i) {
     const ShardGroup& sg = sgroups_[i];

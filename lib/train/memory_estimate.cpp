@@ -182,17 +182,20 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   r.offload_optimizer = offload;
   r.nvme = where == OffloadDevice::NVMe;
   r.nvme_params = r.nvme && cfg.zero.offload_param == OffloadDevice::NVMe;
-  // The gradient shard joins the swap file with f32 accumulation and one
-  // sharding group (ZeroParamStore::grads_elsewhere).
-  r.nvme_grads = r.nvme && cfg.precision.grad_accum == DType::F32 && !(e.layout.ep > 1 && stage >= 1);
+  // The gradient shard joins the swap file (ZeroParamStore::grads_elsewhere).
+  ZeroConfig z = cfg.zero;
+  z.stage = stage;
+  z.offload_optimizer = where;
+  r.nvme_grads = grads_in_nvme_tier(z, cfg.precision.grad_accum == DType::F32, e.layout.ep > 1 && stage >= 1 ? 2 : 1,
+                                    cfg.device == DeviceType::CPU);
   // The host AdamW of a GPU run reads f32 gradients: offload there needs fp32
   // accumulation too (on the CPU backend the step reads the shard as it is).
   r.supported = !offload || (stage >= 1 && (e.precision != StatePrecision::MixedLowp || cfg.device == DeviceType::CPU));
-  // Expert parallelism with offload: the NVMe tier (a swap file per sharding
-  // group), or cpu on the CPU backend (nothing moves); not on a GPU so far.
-  r.supported = r.supported && (e.layout.ep == 1 || r.nvme || !offload || cfg.device == DeviceType::CPU);
-  // The NVMe tier: ZeRO-3 on the CPU backend (config_validate).
-  r.supported = r.supported && (!r.nvme || (stage == 3 && cfg.device == DeviceType::CPU));
+  // Expert parallelism with offload: the CPU backend (the NVMe tier keeps a
+  // swap file per sharding group; cpu moves nothing); not on a GPU so far.
+  r.supported = r.supported && (e.layout.ep == 1 || !offload || cfg.device == DeviceType::CPU);
+  // The NVMe tier: ZeRO-3 (config_validate).
+  r.supported = r.supported && (!r.nvme || stage == 3);
   r.configured = cfg.zero.stage == stage && cfg.zero.offload_optimizer == where;
   const int64_t n = e.n_params_rank;
   const int64_t shard = make_zero_partition(n, e.sdp).shard;
@@ -261,6 +264,10 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   r.host_per_rank = 4 * std::min(n, kInitChunk) + 4 * e.teacher_params;  // the teacher is read whole in f32
   if (cfg.device == DeviceType::CPU) {
     r.host_per_rank += r.device_total + (r.nvme ? tier_host : host_optimizer);
+  } else if (r.nvme) {
+    // The tier's sub-group buffers and the step's two host buffer pairs
+    // (gradients, master) of one sub-group each (OffloadPipeline::step_tier).
+    r.host_per_rank += tier_host + OffloadPipeline::tier_host_bytes_for(opt_elems, cfg.zero.sub_group_size);
   } else if (offload) {
     // Adam m, v, then what the offloaded step allocates (ZeroOptimizer): the
     // host copy of the master range and two gradient buckets.
@@ -480,8 +487,7 @@ std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gp
     std::string head = fmt::format("{} ZeRO {}     | {:<17} |", r.configured ? '*' : ' ', r.stage,
                                    r.nvme_params ? "nvme (+ params)" : r.nvme ? "nvme" : r.offload_optimizer ? "cpu" : "none");
     if (!r.supported) {
-      out += head + (r.nvme && cfg.device != DeviceType::CPU ? "  not supported: the NVMe tier serves the CPU backend so far\n"
-                     : e.layout.ep > 1 && r.stage >= 1 && r.offload_optimizer && !r.nvme
+      out += head + (e.layout.ep > 1 && r.stage >= 1 && r.offload_optimizer
                          ? "  not supported: expert parallelism on a GPU runs without optimizer offload so far\n"
                      : r.stage >= 1                     ? "  not supported: offload_optimizer on a GPU needs fp32 gradient accumulation\n"
                                                         : "  not supported: offload_optimizer needs ZeRO stage >= 1\n");
@@ -494,7 +500,8 @@ std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gp
   }
   out += "\n* = the configured stage. per-rank device = model states + ZeRO-3 working set + activations\n"
          "(+ pipeline messages); per-node host = start-up staging of the weights, at most 16 MiB (+ offloaded optimizer state,\n"
-         "its fp32 master copy and two gradient buckets, pinned with pin_memory; with nvme the sub-group buffers)\n"
+         "its fp32 master copy and two gradient buckets, pinned with pin_memory; with nvme the sub-group buffers,\n"
+         "and on a GPU two sub-groups' gradients and master)\n"
          "x ranks per node; per-rank NVMe = the optimizer state in the swap file (sub-groups block aligned).\n"
          "Framework buffers (communication buckets, allocator slack) come on top:\n"
          "see docs/zero.md.\n";

@@ -519,6 +519,11 @@ void Trainer::log_model_state() {
            t->host_bytes(), t->buffer_sets(), t->buffer_sets() == 1 ? "" : "s",
            t->pipelined_read() ? "ahead of the update" : "in turn",
            t->pipelined_write() ? "behind the update" : "in turn");
+    if (dev_.is_cuda())
+      DS_LOG("offload_optimizer.device = nvme on a GPU: the optimizer runs on the host; each sub-group's gradients "
+             "and fp32 master (which stays on the GPU) go through two {} host buffer pairs, {} bytes, the next "
+             "sub-group's copies overlapping the update", cfg_.zero.offload_pin_memory ? "pinned" : "pageable",
+             opt_->offload_host_bytes() - t->host_bytes());
     if ((cfg_.zero.nvme.pipeline_read || cfg_.zero.nvme.pipeline_write) && t->buffer_sets() < 2 &&
         t->n_sub_groups() > 1)
       DS_WARN("offload_optimizer.pipeline_read/pipeline_write need two sets of sub-group buffers: buffer_count {} "

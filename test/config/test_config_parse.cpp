@@ -486,9 +486,21 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
   CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.3}}}}}}),
                                {"--device", "cuda"}),
                     Contains("partial offload (part of the optimizer state on the GPU) is not implemented"));
-  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}}),
+  // NVMe offload with a GPU model: the host optimizer through the tier, f32
+  // gradients (the same rule as cpu); offload_param stays on the CPU backend.
+  CHECK(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}}),
+                   {"--device", "cuda"})
+            .zero.offload_optimizer == OffloadDevice::NVMe);
+  {
+    json nv = with(base(), {{"data_types", {{"grad_accum_dtype", "bf16"}}},
+                            {"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}});
+    nv["bf16"] = {{"enabled", true}};
+    CHECK_THROWS_WITH(parse_json(nv, {"--device", "cuda"}),
+                      Contains("'bf16' with zero_optimization.offload_optimizer.device nvme on a GPU is not supported"));
+  }
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}, {"offload_param", {{"device", "nvme"}}}}}}),
                                {"--device", "cuda"}),
-                    Contains("offload_optimizer.device nvme with a GPU (--device cuda) is not supported yet"));
+                    Contains("offload_param with a GPU (--device cuda) is not supported yet"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}}}, {"offload_param", {{"device", "nvme"}}}}}})),
                     Contains("offload_param.device nvme needs offload_optimizer.device nvme too"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"aio", {{"block_size", 1000}}}, {"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}})),

@@ -64,7 +64,7 @@ TEST_CASE("model.moe.expert_parallel_size gives the layout's EP for a model with
   }
 }
 
-TEST_CASE("expert parallelism with optimizer offload: NVMe and the CPU backend's cpu accepted, cpu on a GPU refused") {
+TEST_CASE("expert parallelism with optimizer offload: the CPU backend accepts cpu and nvme, a GPU refuses both") {
   auto with_offload = [](const std::string& where, int stage, const std::string& device) {
     json j = {{"train_batch_size", 16},
               {"train_micro_batch_size_per_gpu", 2},
@@ -80,6 +80,9 @@ TEST_CASE("expert parallelism with optimizer offload: NVMe and the CPU backend's
   CHECK_THROWS_WITH(with_offload("cpu", 1, "cuda"),
                     Contains("--moe-expert-parallel-size 2 with zero_optimization.offload_optimizer.device cpu on a "
                              "GPU: expert parallelism runs without optimizer offload there so far"));
+  CHECK_THROWS_WITH(with_offload("nvme", 3, "cuda"),
+                    Contains("--moe-expert-parallel-size 2 with zero_optimization.offload_optimizer.device nvme on a "
+                             "GPU"));
 }
 
 TEST_CASE("make_parallel_layout derives DP, the sequence-data-parallel size, virtual stages and local T") {

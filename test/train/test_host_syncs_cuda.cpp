@@ -10,8 +10,9 @@
 // run's losses bit for bit. The bf16/fp16 steps must run the MLP's GELU in
 // the cuBLASLt epilogues (fp32 runs the separate kernels). A GPU run with
 // the optimizer offloaded to the host saves (its checkpoint check reads
-// Adam's moments in host memory) and resumes bit for bit. Skipped (exit 77)
-// without a device.
+// Adam's moments in host memory) and resumes bit for bit; with the state on
+// NVMe (ZeRO-3, sub-groups through pinned buffers) it trains the bits of the
+// cpu offload and resumes bit for bit too. Skipped (exit 77) without a device.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -20,6 +21,7 @@
 
 #include "cuda/blas/lt_gemm.h"
 #include "cuda/cuda_api.h"
+#include "lib/io/aio.h"
 #include "test/skip.h"
 #include "test/train/train_fixture.h"
 
@@ -116,4 +118,37 @@ TEST_CASE("offload_optimizer on a GPU run: N steps + save + resume + N steps equ
   joined.insert(joined.end(), second.begin(), second.end());
   for (float l : full) CHECK(std::isfinite(l));
   CHECK(std::memcmp(joined.data(), full.data(), full.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("offload_optimizer nvme on a GPU run: the cpu offload's bits, and resume bit for bit", "[gpu]") {
+  if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
+  if (const std::string why = aio_unavailable_reason(); !why.empty()) DS_SKIP(why);
+  const fs::path swap = fixture().dir / "nvme_gpu_swap";
+  fs::create_directories(swap);
+  const fs::path nvme = fixture().dir / "nvme_gpu.json", cpu = fixture().dir / "nvme_gpu_cpu.json";
+  std::ofstream(nvme) << R"({"zero_optimization": {"stage": 3, "sub_group_size": 5000, "offload_optimizer": )"
+                      << R"({"device": "nvme", "nvme_path": ")" << swap.string()
+                      << R"(", "pin_memory": true, "pipeline_read": true, "pipeline_write": true, "buffer_count": 4}}})";
+  std::ofstream(cpu) << R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})";
+  const fs::path ck = fixture().dir / "nvme_gpu_ckpt";
+  fs::remove_all(ck);
+  auto run = [&](const fs::path& cfg, std::vector<std::string> extra) {
+    std::vector<std::string> f = {"--device", "cuda", "--bf16", "--config", cfg.string(), "--train-iters", "6"};
+    f.insert(f.end(), extra.begin(), extra.end());
+    return train(f);
+  };
+  const std::vector<float> full = run(nvme, {});
+  const std::vector<float> host = run(cpu, {});
+  const std::vector<float> first = run(nvme, {"--exit-interval", "3", "--save", ck.string(), "--save-interval", "3"});
+  const std::vector<float> second = run(nvme, {"--load", ck.string()});
+  REQUIRE(full.size() == 6);
+  REQUIRE(host.size() == 6);
+  REQUIRE(first.size() == 3);
+  REQUIRE(second.size() == 3);
+  for (float l : full) CHECK(std::isfinite(l));
+  CHECK(std::memcmp(full.data(), host.data(), full.size() * sizeof(float)) == 0);
+  std::vector<float> joined = first;
+  joined.insert(joined.end(), second.begin(), second.end());
+  CHECK(std::memcmp(joined.data(), full.data(), full.size() * sizeof(float)) == 0);
+  CHECK(fs::is_empty(swap));  // the swap files are unlinked
 }

@@ -1,12 +1,15 @@
 // compare_offload_step (offload_case.h).
 #include "test/zero/offload_case.h"
 
+#include <algorithm>
 #include <cstring>
+#include <deque>
 #include <random>
 
 #include "lib/core/tensor.h"
 #include "lib/model/layout.h"
 #include "lib/optim/adamw.h"
+#include "lib/optim/optimizer.h"
 #include "lib/runtime/offload_pipeline.h"
 
 namespace ds {
@@ -46,9 +49,47 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
   return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
 }
 
+// CPU tensors; copies queued per direction and run in order when waited for.
+class DeferredCopier : public OffloadCopier {
+ public:
+  Tensor host_buffer(int64_t numel, bool) override { return Tensor::empty({numel}, DType::F32, Device::cpu()); }
+  void begin() override {}
+  void to_host(const Tensor& dst, const Tensor& src, int ticket) override { queue_[0].push_back({dst, src, ticket}); }
+  void to_device(const Tensor& dst, const Tensor& src, int ticket) override { queue_[1].push_back({dst, src, ticket}); }
+  void wait(int ticket) override {
+    for (std::deque<Copy>& q : queue_) {
+      const auto it = std::find_if(q.begin(), q.end(), [&](const Copy& c) { return c.ticket == ticket; });
+      if (it == q.end()) continue;
+      run(q, it - q.begin() + 1);
+      return;
+    }
+  }
+  void finish() override {
+    run(queue_[1], queue_[1].size());
+    run(queue_[0], queue_[0].size());
+  }
+
+ private:
+  struct Copy {
+    Tensor dst, src;
+    int ticket;
+  };
+  static void run(std::deque<Copy>& q, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      std::memcpy(q.front().dst.raw(), q.front().src.raw(), q.front().src.nbytes());
+      q.pop_front();
+    }
+  }
+  std::deque<Copy> queue_[2];  // to the host, to the device
+};
+
+std::unique_ptr<OffloadCopier> copier_for(Device dev, bool deferred) {
+  return deferred ? std::make_unique<DeferredCopier>() : make_offload_copier(dev);
+}
+
 }  // namespace
 
-OffloadCompare compare_offload_step(Device dev, int64_t bucket, bool pinned) {
+OffloadCompare compare_offload_step(Device dev, int64_t bucket, bool pinned, bool deferred) {
   const ModelLayout layout = small_layout();
   const int64_t begin = 50, end = 640, n = end - begin;  // a rank's range, cutting parameters a and d
   AdamW blocking(layout, Device::cpu(), begin, end), piped(layout, Device::cpu(), begin, end);
@@ -59,7 +100,7 @@ OffloadCompare compare_offload_step(Device dev, int64_t bucket, bool pinned) {
   const Tensor init = random_host(n, 1);
   Tensor dev_a = init.to(dev), dev_b = init.to(dev);  // the device master ranges
   Tensor host_a = dev_a.to(Device::cpu());
-  OffloadPipeline pipe(make_offload_copier(dev), bucket, pinned);
+  OffloadPipeline pipe(copier_for(dev, deferred), bucket, pinned);
   Tensor host_b = pipe.host_copy(dev_b);
   for (int step = 0; step < 3; ++step) {
     const Tensor grads = random_host(n, 100 + step).to(dev);
@@ -75,6 +116,46 @@ OffloadCompare compare_offload_step(Device dev, int64_t bucket, bool pinned) {
   r.changed = !same_bytes(dev_b, init);
   r.host_bytes = pipe.host_bytes();
   r.host_bytes_reported = OffloadPipeline::host_bytes_for(n, bucket);
+  return r;
+}
+
+OffloadCompare compare_nvme_offload_step(Device dev, const std::string& dir, const NvmeOffloadCase& c) {
+  const ModelLayout layout = small_layout();
+  const int64_t begin = 50, end = 640, n = end - begin;
+  const OptimizerSpec spec{.type = "AdamW"};
+  std::unique_ptr<Optimizer> blocking = make_optimizer(spec, layout, Device::cpu(), begin, end);
+  std::unique_ptr<Optimizer> piped = make_optimizer(spec, layout, Device::cpu(), begin, end, StateHome::Elsewhere);
+  StepHyper h;
+  h.lr = 1e-2f;
+  h.weight_decay = 0.1f;
+  std::vector<float> initial;
+  for (size_t i = 0; i < piped->state_specs().size(); ++i) initial.push_back(piped->initial_state_value(i));
+  AioConfig aio;
+  aio.block_size = 8192;
+  NvmeStateTier tier({.dir = dir, .name = "swap", .aio = aio, .sub_group_size = c.sub_group,
+                      .buffer_count = c.buffer_count, .pipeline_read = c.pipelined, .pipeline_write = c.pipelined},
+                     initial, n);
+  const Tensor init = random_host(n, 1);
+  Tensor host_a = init.clone(), dev_b = init.to(dev);
+  OffloadPipeline pipe(copier_for(dev, c.deferred), 1 << 20, c.pinned);
+  for (int step = 0; step < 3; ++step) {
+    const Tensor grads = random_host(n, 100 + step).to(dev);
+    const float scale = 0.5f + 0.25f * step;
+    blocking->step({.params = host_a, .grads = grads.to(Device::cpu()), .params_lowp = Tensor()}, h, scale);
+    pipe.step_tier(*piped, tier, dev_b, grads, h, scale);
+  }
+  OffloadCompare r;
+  r.params_equal = same_bytes(host_a, dev_b);
+  r.moments_equal = blocking->step_count() == piped->step_count();
+  const std::vector<Tensor> mem = blocking->states();
+  for (size_t i = 0; i < mem.size(); ++i) {
+    Tensor back = Tensor::empty({n}, DType::F32, Device::cpu());
+    tier.read(static_cast<int>(i), 0, n, back.data<float>());
+    r.moments_equal = r.moments_equal && same_bytes(mem[i], back);
+  }
+  r.changed = !same_bytes(dev_b, init);
+  r.host_bytes = pipe.host_bytes();
+  r.host_bytes_reported = OffloadPipeline::tier_host_bytes_for(n, tier.sub_group());
   return r;
 }
 

@@ -55,7 +55,7 @@ TEST_CASE("memory estimate: GPT-2 124M on one node of 8 GPUs", "[zero][estimate]
   CHECK_FALSE(e.approximate);
   CHECK(e.precision == StatePrecision::Mixed);
   REQUIRE(e.rows.size() == 9);
-  CHECK_FALSE(e.rows.back().supported);  // nvme: the CPU backend only so far
+  CHECK(e.rows.back().supported);  // nvme at stage 3 (f32 gradient accumulation: the host optimizer reads them)
 
   // kN is a multiple of 8 * 64: shard = kN / 8 exactly.
   const int64_t shard = kN / 8;
@@ -392,6 +392,39 @@ TEST_CASE("memory estimate: a distillation teacher on every rank", "[zero][estim
     CHECK(e.rows[0].device_total == base.rows[0].device_total);
     CHECK_THAT(estimate_memory_report(kd, 1, 8), Contains("teacher not counted"));
   }
+}
+
+TEST_CASE("memory estimate: the optimizer state on NVMe with a GPU model", "[zero][estimate]") {
+  TrainConfig cfg = gpt2_124m();
+  cfg.device = DeviceType::CUDA;
+  cfg.zero.stage = 3;
+  cfg.zero.offload_optimizer = OffloadDevice::NVMe;
+  cfg.zero.nvme.nvme_path = "/nvme";
+  cfg.zero.sub_group_size = 1000000;
+  cfg.zero.nvme.buffer_count = 4;
+  const MemoryEstimate e = estimate_memory(cfg, 1, 8);
+  const MemoryEstimateRow& nv = e.rows.back();
+  REQUIRE(nv.nvme);
+  CHECK(nv.supported);
+  CHECK(nv.configured);
+  // The device holds what it holds with offload_optimizer cpu: the f32
+  // parameter shard (the master) and the f32 gradient shard, which stays
+  // there (its reductions run on the GPU).
+  const MemoryEstimateRow& cpu = row(e, 3, true);
+  CHECK_FALSE(nv.nvme_grads);
+  CHECK(nv.states.params == cpu.states.params);
+  CHECK(nv.states.grads == cpu.states.grads);
+  CHECK(nv.states.optimizer == 0);
+  CHECK(nv.device_total == cpu.device_total);
+  const int64_t shard = kN / 8;
+  const int64_t tile = (4 * 1000000 + 4095) / 4096 * 4096, groups = (shard + 999999) / 1000000;
+  CHECK(nv.nvme_per_rank == groups * 2 * tile);  // exp_avg, exp_avg_sq
+  // Host beyond the no-offload run's start-up staging: the tier's two sets of
+  // two sub-group buffers and the step's two pairs of gradient and master
+  // buffers of one sub-group each (OffloadPipeline::step_tier).
+  CHECK(nv.host_per_rank - row(e, 3, false).host_per_rank == 2 * 2 * tile + 2 * 2 * 4 * 1000000);
+  CHECK(nv.host_per_rank < cpu.host_per_rank);  // not the whole Adam state and master copy
+  CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("* ZeRO 3     | nvme"));
 }
 
 TEST_CASE("memory estimate: the optimizer state on NVMe (ZeRO-3, CPU backend)", "[zero][estimate]") {

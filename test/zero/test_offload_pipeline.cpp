@@ -4,14 +4,20 @@
 // a gradient buffer refilled only after the update that read it; at most two
 // gradient copies in flight), and the pipelined AdamW on the CPU copy engine
 // bit-identical to the blocking whole-range AdamW::step, over several steps
-// and bucket sizes that cut parameters anywhere. test_offload_cuda runs the
-// same comparison with CUDA tensors and the stream copier.
+// and bucket sizes that cut parameters anywhere; the same with the Adam state
+// in an NVMe tier (step_tier, the GPU model's offload_optimizer nvme) for
+// sub-groups that cut parameters, one or two buffer sets, pipelined or not.
+// test_offload_cuda runs the same comparisons with CUDA tensors and the
+// stream copier.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <map>
 #include <string>
 
+#include "lib/io/aio.h"
 #include "lib/runtime/offload_pipeline.h"
+#include "test/data/test_util.h"
+#include "test/skip.h"
 #include "test/zero/offload_case.h"
 
 using namespace ds;
@@ -82,9 +88,10 @@ TEST_CASE("offload schedule invariants") {
 }
 
 TEST_CASE("pipelined offload step is bit-identical to the blocking one (CPU copy engine)") {
+  for (bool deferred : {false, true})
   for (int64_t bucket : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{333}, int64_t{1000}, int64_t{1 << 20}}) {
-    INFO("bucket " << bucket);
-    const OffloadCompare r = compare_offload_step(Device::cpu(), bucket, false);
+    INFO("bucket " << bucket << (deferred ? ", copies deferred to their waits" : ""));
+    const OffloadCompare r = compare_offload_step(Device::cpu(), bucket, false, deferred);
     CHECK(r.params_equal);
     CHECK(r.moments_equal);
     CHECK(r.changed);  // the update really moved the weights
@@ -92,4 +99,26 @@ TEST_CASE("pipelined offload step is bit-identical to the blocking one (CPU copy
     CHECK(r.host_bytes == r.host_bytes_reported);
     CHECK(r.host_bytes >= 4 * 590);  // at least the range's master copy (590 elements)
   }
+}
+
+TEST_CASE("offload step through the NVMe tier is bit-identical to AdamW in memory (CPU copy engine)") {
+  const std::string why = aio_unavailable_reason();
+  if (!why.empty()) DS_SKIP(why);
+  const test::TempDir tmp;
+  for (bool deferred : {false, true})
+    for (const NvmeOffloadCase c : {NvmeOffloadCase{.sub_group = 37, .buffer_count = 4, .pipelined = true},
+                                    NvmeOffloadCase{.sub_group = 37, .buffer_count = 2, .pipelined = true},
+                                    NvmeOffloadCase{.sub_group = 100, .buffer_count = 4, .pipelined = false},
+                                    NvmeOffloadCase{.sub_group = 2048, .buffer_count = 4, .pipelined = true},
+                                    NvmeOffloadCase{.sub_group = 1, .buffer_count = 4, .pipelined = true}}) {
+      INFO("sub-group " << c.sub_group << ", buffer_count " << c.buffer_count << (c.pipelined ? ", pipelined" : "")
+                        << (deferred ? ", copies deferred to their waits" : ""));
+      NvmeOffloadCase d = c;
+      d.deferred = deferred;
+      const OffloadCompare r = compare_nvme_offload_step(Device::cpu(), tmp.path(), d);
+      CHECK(r.params_equal);
+      CHECK(r.moments_equal);
+      CHECK(r.changed);
+      CHECK(r.host_bytes == r.host_bytes_reported);
+    }
 }
