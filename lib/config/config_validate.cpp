@@ -311,8 +311,12 @@ void validate_param_offload(const TrainConfig& cfg) {
   const ZeroConfig& z = cfg.zero;
   DS_USER_CHECK(z.stage == 3, "zero_optimization.offload_param needs zero_optimization.stage 3 (as in DeepSpeed: "
                 "parameters are partitioned at stage 3 only); stage is {}", z.stage);
-  DS_USER_CHECK(cfg.device == DeviceType::CPU, "zero_optimization.offload_param with a GPU (--device cuda) is not "
-                "supported yet: parameter offload serves the CPU backend so far");
+  // On a GPU the host optimizer updates the offloaded shard where it lives
+  // (DeepSpeed also runs offload_param alone, its optimizer reading the
+  // parameters across PCIe; dstrain does not).
+  DS_USER_CHECK(cfg.device == DeviceType::CPU || z.offload_optimizer != OffloadDevice::None,
+                "zero_optimization.offload_param with a GPU (--device cuda) needs offload_optimizer too (cpu or "
+                "nvme): the parameter shard in host memory is updated by the host optimizer");
   if (z.offload_param != OffloadDevice::NVMe) return;
   DS_USER_CHECK(z.offload_optimizer == OffloadDevice::NVMe,
                 "zero_optimization.offload_param.device nvme needs offload_optimizer.device nvme too: dstrain keeps a "

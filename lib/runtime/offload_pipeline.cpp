@@ -86,9 +86,9 @@ std::pair<int64_t, int> bucket_plan(int64_t n, int64_t bucket_numel) {
 
 }  // namespace
 
-int64_t OffloadPipeline::host_bytes_for(int64_t numel, int64_t bucket_numel) {
+int64_t OffloadPipeline::host_bytes_for(int64_t numel, int64_t bucket_numel, bool master_copy) {
   const auto [bucket, n_buffers] = bucket_plan(numel, bucket_numel);
-  return static_cast<int64_t>(sizeof(float)) * (numel + n_buffers * bucket);
+  return static_cast<int64_t>(sizeof(float)) * ((master_copy ? numel : 0) + n_buffers * bucket);
 }
 
 int64_t OffloadPipeline::host_bytes() const {
@@ -98,30 +98,37 @@ int64_t OffloadPipeline::host_bytes() const {
   return b;
 }
 
-int64_t OffloadPipeline::tier_host_bytes_for(int64_t numel, int64_t sub_group) {
+int64_t OffloadPipeline::tier_host_bytes_for(int64_t numel, int64_t sub_group, bool params_too) {
   if (numel <= 0) return 0;
   const int64_t groups = (numel + sub_group - 1) / sub_group;
-  return static_cast<int64_t>(sizeof(float)) * 2 * std::min<int64_t>(groups, kBuffers) * std::min(numel, sub_group);
+  return static_cast<int64_t>(sizeof(float)) * (params_too ? 2 : 1) * std::min<int64_t>(groups, kBuffers) *
+         std::min(numel, sub_group);
 }
 
-void OffloadPipeline::step_tier(Optimizer& opt, NvmeStateTier& tier, const Tensor& params, const Tensor& grads,
-                                const StepHyper& h, float grad_scale) {
+void OffloadPipeline::step_tier(Optimizer& opt, NvmeStateTier& tier, ParamsAt where, const Tensor& params,
+                                const Tensor& grads, const StepHyper& h, float grad_scale) {
   const int64_t n = opt.end() - opt.begin();
-  DS_CHECK(params.numel() == n && grads.numel() == n && tier.numel() == n &&
-               tier.n_states() == static_cast<int>(opt.state_specs().size()),
+  const int param_states = where == ParamsAt::Tier ? 1 : 0;
+  const int64_t np = where == ParamsAt::Tier ? n : params.numel();
+  DS_CHECK(np == n && grads.numel() == n && tier.numel() == n &&
+               tier.n_states() == param_states + static_cast<int>(opt.state_specs().size()),
            "offload step through the NVMe tier: params {}, grads {}, tier {} elements and {} states for a range of {} "
-           "with {} states", params.numel(), grads.numel(), tier.numel(), tier.n_states(), n, opt.state_specs().size());
-  DS_CHECK(grads.dtype() == DType::F32 && params.dtype() == DType::F32, "offload step: f32 params and grads expected");
+           "with {} states", np, grads.numel(), tier.numel(), tier.n_states(), n, opt.state_specs().size());
+  DS_CHECK(grads.dtype() == DType::F32 && (where == ParamsAt::Tier || params.dtype() == DType::F32) &&
+               (where != ParamsAt::Host || params.device().is_cpu()),
+           "offload step: f32 params and grads expected");
+  const bool copy_params = where == ParamsAt::Device;
   const int64_t sub = tier.sub_group();
   const int groups = tier.n_sub_groups();
   const int pairs = std::min(groups, kBuffers);
   const int64_t bucket = std::min(n, sub);
-  if (static_cast<int>(tier_grads_.size()) != pairs || (pairs > 0 && tier_grads_[0].numel() != bucket)) {
+  if (static_cast<int>(tier_grads_.size()) != pairs || (pairs > 0 && tier_grads_[0].numel() != bucket) ||
+      tier_params_.size() != (copy_params ? tier_grads_.size() : 0)) {
     tier_grads_.clear();
     tier_params_.clear();
     for (int i = 0; i < pairs; ++i) {
       tier_grads_.push_back(copier_->host_buffer(bucket, pinned_));
-      tier_params_.push_back(copier_->host_buffer(bucket, pinned_));
+      if (copy_params) tier_params_.push_back(copier_->host_buffer(bucket, pinned_));
     }
   }
   // Tickets by buffer pair: the gradients' copy 3p, the master's 3p + 1 (to
@@ -129,9 +136,9 @@ void OffloadPipeline::step_tier(Optimizer& opt, NvmeStateTier& tier, const Tenso
   auto fetch = [&](int g) {
     const int64_t lo = g * sub, m = std::min(n, lo + sub) - lo;
     const int p = g % kBuffers;
-    if (g >= kBuffers) copier_->wait(3 * p + 2);  // the pair's last copy to the device has read it
+    if (g >= kBuffers && copy_params) copier_->wait(3 * p + 2);  // the pair's last copy up has read it
     copier_->to_host(tier_grads_[p].view(0, {m}), grads.view(lo, {m}), 3 * p);
-    copier_->to_host(tier_params_[p].view(0, {m}), params.view(lo, {m}), 3 * p + 1);
+    if (copy_params) copier_->to_host(tier_params_[p].view(0, {m}), params.view(lo, {m}), 3 * p + 1);
   };
   opt.count_step();  // as Optimizer::step: one step for the whole range
   copier_->begin();
@@ -140,14 +147,17 @@ void OffloadPipeline::step_tier(Optimizer& opt, NvmeStateTier& tier, const Tenso
       [&](int64_t lo, int64_t hi, const std::vector<Tensor>& states) {
         const int g = static_cast<int>(lo / sub), p = g % kBuffers;
         copier_->wait(3 * p);
-        copier_->wait(3 * p + 1);
+        if (copy_params) copier_->wait(3 * p + 1);
         if (g + 1 < groups) fetch(g + 1);
-        const Tensor master = tier_params_[p].view(0, {hi - lo});
+        const Tensor master = where == ParamsAt::Tier   ? states[0]
+                              : where == ParamsAt::Host ? params.view(lo, {hi - lo})
+                                                        : tier_params_[p].view(0, {hi - lo});
+        const std::vector<Tensor> opt_states(states.begin() + param_states, states.end());
         DS_CHECK(opt.step_part(lo, hi, {.params = master, .grads = tier_grads_[p].view(0, {hi - lo}),
-                                        .params_lowp = Tensor(), .states = states},
+                                        .params_lowp = Tensor(), .states = opt_states},
                                h, grad_scale),
                  "offload_optimizer nvme: optimizer {} does not update a range in parts", opt.type());
-        copier_->to_device(params.view(lo, {hi - lo}), master, 3 * p + 2);
+        if (copy_params) copier_->to_device(params.view(lo, {hi - lo}), master, 3 * p + 2);
       },
       true);
   copier_->finish();
@@ -162,6 +172,8 @@ void OffloadPipeline::step(Optimizer& opt, const Tensor& params, const Tensor& g
            "offload step: params {}, grads {}, host master {} for a range of {}", params.numel(), grads.numel(),
            host_master.numel(), n);
   DS_CHECK(grads.dtype() == DType::F32 && params.dtype() == DType::F32, "offload step: f32 params and grads expected");
+  // offload_param cpu: the host master is the parameter shard itself.
+  const bool params_home = params.raw() == host_master.raw() && params.device() == host_master.device();
   const auto [bucket, n_buffers] = bucket_plan(n, bucket_numel_);
   const int n_buckets = static_cast<int>((n + bucket - 1) / bucket);
   if (static_cast<int>(grad_buffers_.size()) != n_buffers || grad_buffers_[0].numel() != bucket) {
@@ -190,7 +202,8 @@ void OffloadPipeline::step(Optimizer& opt, const Tensor& params, const Tensor& g
                  "offload: optimizer {} does not update a range in parts", opt.type());
         break;
       case OffloadOpKind::ParamToDevice:
-        copier_->to_device(params.view(lo, {hi - lo}), host_master.view(lo, {hi - lo}), 2 * op.bucket + 1);
+        if (!params_home)
+          copier_->to_device(params.view(lo, {hi - lo}), host_master.view(lo, {hi - lo}), 2 * op.bucket + 1);
         break;
       case OffloadOpKind::Finish: break;
     }

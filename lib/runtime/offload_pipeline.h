@@ -89,33 +89,40 @@ class OffloadPipeline {
   // opt's range; params and grads (device, f32) cover it too. opt must be
   // element-wise (Optimizer::step_part). Same result, bit for bit, as copying
   // grads to the host, opt.step on the whole range and copying host_master to
-  // params.
+  // params. params may be host_master itself (offload_param cpu: the
+  // parameter shard lives on the host): then nothing is copied back.
   void step(Optimizer& opt, const Tensor& params, const Tensor& grads, const Tensor& host_master,
             const StepHyper& h, float grad_scale);
 
   // The same step with the optimizer state in an NVMe tier (ZeRO-Infinity's
   // offload_optimizer nvme with a GPU model): the buckets are the tier's
   // sub-groups. For each sub-group the tier reads its states into host
-  // buffers (ahead, with pipeline_read), its gradients and f32 master come
+  // buffers (ahead, with pipeline_read), its gradients (and f32 master) come
   // from the device into one of two host buffer pairs, the optimizer updates
   // it there, the master goes back to the device and the states to the
   // tier. The next sub-group's device copies are in flight during the
   // update, and a buffer pair is refilled only after the copy to the device
-  // that read it. tier holds opt's states (no parameter or gradient state);
-  // params and grads (device, f32) cover opt's range. Same bits as opt.step
-  // on the whole range in memory.
-  void step_tier(Optimizer& opt, NvmeStateTier& tier, const Tensor& params, const Tensor& grads, const StepHyper& h,
-                 float grad_scale);
-  // Host bytes of step_tier's buffer pairs for a range of `numel` elements
-  // in sub-groups of `sub_group` (the tier's own buffers not included).
-  static int64_t tier_host_bytes_for(int64_t numel, int64_t sub_group);
+  // that read it. Where the parameters are: ParamsAt::Device, `params` on
+  // the device (copied down and up); Host, `params` in host memory, updated
+  // in place (offload_param cpu); Tier, the tier's state 0 (offload_param
+  // nvme; `params` undefined). The tier holds opt's states after that, never
+  // the gradients; grads (device, f32) cover opt's range. Same bits as
+  // opt.step on the whole range in memory.
+  enum class ParamsAt { Device, Host, Tier };
+  void step_tier(Optimizer& opt, NvmeStateTier& tier, ParamsAt where, const Tensor& params, const Tensor& grads,
+                 const StepHyper& h, float grad_scale);
+  // Host bytes of step_tier's buffers for a range of `numel` elements in
+  // sub-groups of `sub_group` (the tier's own buffers not included): two
+  // gradient buffers, and with params_too (ParamsAt::Device) two for the master.
+  static int64_t tier_host_bytes_for(int64_t numel, int64_t sub_group, bool params_too);
 
   int64_t bucket_numel() const { return bucket_numel_; }
   // Host bytes a pipeline of `bucket_numel` allocates for a range of `numel`
   // elements: the master copy (host_copy) and the gradient buffers of step()
-  // (two buckets, fewer when the range has fewer). The start-up log and
-  // --estimate-memory report this as host memory.
-  static int64_t host_bytes_for(int64_t numel, int64_t bucket_numel);
+  // (two buckets, fewer when the range has fewer); without master_copy
+  // (offload_param cpu: the shard on the host is the master) the buffers only.
+  // The start-up log and --estimate-memory report this as host memory.
+  static int64_t host_bytes_for(int64_t numel, int64_t bucket_numel, bool master_copy = true);
   // What this pipeline has allocated so far (host_copy and step()'s buffers).
   int64_t host_bytes() const;
 
@@ -124,7 +131,7 @@ class OffloadPipeline {
   int64_t bucket_numel_;
   bool pinned_;
   std::vector<Tensor> grad_buffers_;  // 2 host buffers of bucket_numel_
-  std::vector<Tensor> tier_grads_, tier_params_;  // step_tier's buffer pairs
+  std::vector<Tensor> tier_grads_, tier_params_;  // step_tier's buffers (params: ParamsAt::Device only)
   int64_t master_bytes_ = 0;          // host_copy's buffers
 };
 

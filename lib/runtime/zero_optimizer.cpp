@@ -41,8 +41,8 @@ ZeroOptimizer::ZeroOptimizer(GptModel& model, Communicator* dp, const ZeroConfig
   const std::vector<ShardGroup>* sharding =
       store ? &store->groups() : (z.stage == 1 ? &model.flat_store().shard_groups() : nullptr);
   params_in_tier_ = nvme_ && z.offload_param == OffloadDevice::NVMe;
-  DS_CHECK(!params_in_tier_ || (store_ && store_->params_elsewhere() && !offload_),
-           "offload_param nvme with a store that keeps its parameter shard, or on a GPU");
+  DS_CHECK(!params_in_tier_ || (store_ && store_->params_elsewhere()),
+           "offload_param nvme with a store that keeps its parameter shard");
   const StateHome home = nvme_ ? StateHome::Elsewhere : StateHome::Own;
   if (sharding && sharding->size() > 1) {
     DS_USER_CHECK(!offload_, "offload_optimizer with expert parallelism on a GPU is not supported yet; use no "
@@ -454,11 +454,14 @@ void ZeroOptimizer::step(const StepHyper& h, float grad_scale) {
       offload_pipe_ = std::make_unique<OffloadPipeline>(make_offload_copier(model_.device()), offload_bucket(z_),
                                                         z_.offload_pin_memory);
     if (offload_ && tier_) {  // a GPU model, the state on NVMe: sub-group by sub-group through host buffers
-      offload_pipe_->step_tier(*opt_, *tier_, p, g, h, grad_scale);
+      using At = OffloadPipeline::ParamsAt;
+      const At at = params_in_tier_ ? At::Tier : store_->params_on_host() ? At::Host : At::Device;
+      offload_pipe_->step_tier(*opt_, *tier_, at, p, g, h, grad_scale);
     } else if (nvme_ && !offload_) {
       step_through_tier(*opt_, tier_.get(), p, g, range_.size(), h, grad_scale);
     } else if (offload_) {  // bucket by bucket, copies overlapping the CPU update (offload_pipeline.h)
-      if (!host_master_.defined()) host_master_ = offload_pipe_->host_copy(p);
+      // offload_param cpu: the parameter shard on the host is the master the update writes.
+      if (!host_master_.defined()) host_master_ = store_ && store_->params_on_host() ? p : offload_pipe_->host_copy(p);
       offload_pipe_->step(*opt_, p, g, host_master_, h, grad_scale);
     } else {
       const Tensor lowp = fused_lowp_ ? model_.compute_params().view(range_.begin, {range_.size()}) : Tensor();
@@ -549,10 +552,11 @@ std::vector<ZeroOptimizer::StatePart> ZeroOptimizer::state_parts() {
 int64_t ZeroOptimizer::offload_host_bytes() const {
   int64_t b = 0;
   for (const NvmeStateTier* t : nvme_tiers()) b += t->host_bytes();
-  if (offload_ && tier_)  // a GPU model's step through the tier: its two buffer pairs
-    b += OffloadPipeline::tier_host_bytes_for(range_.size(), tier_->sub_group());
-  else if (offload_)  // the host master copy and the gradient buckets
-    b += OffloadPipeline::host_bytes_for(range_.size(), offload_bucket(z_));
+  if (offload_ && tier_)  // a GPU model's step through the tier: its gradient (and master) buffers
+    b += OffloadPipeline::tier_host_bytes_for(range_.size(), tier_->sub_group(),
+                                              !params_in_tier_ && !store_->params_on_host());
+  else if (offload_)  // the host master copy (none with offload_param cpu) and the gradient buckets
+    b += OffloadPipeline::host_bytes_for(range_.size(), offload_bucket(z_), !(store_ && store_->params_on_host()));
   return b;
 }
 

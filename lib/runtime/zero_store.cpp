@@ -15,7 +15,9 @@ namespace ds {
 ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device dev, Communicator* dp,
                                const ZeroConfig& z, const ZeroPartition& part, DType compute, DType grad,
                                std::vector<ShardGroup> groups)
-    : sgroups_(std::move(groups)), z_(z), part_(part), stage_(z.stage), dev_(dev), compute_dtype_(compute) {
+    : sgroups_(std::move(groups)), z_(z), part_(part), stage_(z.stage), dev_(dev),
+      param_dev_(z.stage == 3 && z.offload_param != OffloadDevice::None ? Device::cpu() : dev),
+      compute_dtype_(compute) {
   DS_CHECK(grad == DType::F32 || grad == compute, "gradients in {} with compute dtype {}", dtype_name(grad),
            dtype_name(compute));
   DS_CHECK(stage_ == 2 || stage_ == 3, "ZeroParamStore is for ZeRO stages 2 and 3, got {}", stage_);
@@ -66,11 +68,13 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
     return;
   }
   // offload_param nvme: the shard lives in the optimizer's swap file
-  // (set_param_tier), never in memory.
+  // (set_param_tier), never in memory; cpu: in host memory (a GPU model's
+  // gathers copy the pieces up; on the CPU backend that is where it is).
   param_elsewhere_ = z.offload_param == OffloadDevice::NVMe;
   param_tiers_.assign(g_.size(), nullptr);
   if (!param_elsewhere_)
-    for (size_t i = 0; i < g_.size(); ++i) g_[i].shard = Tensor::zeros({sgroups_[i].part.shard}, DType::F32, dev);
+    for (size_t i = 0; i < g_.size(); ++i)
+      g_[i].shard = Tensor::zeros({sgroups_[i].part.shard}, DType::F32, param_dev_);
   // The persistent units below are gathered copies (reported with the
   // ZeRO-3 plan, not as model state).
   MemTagScope untagged(MemTag::None);
@@ -445,7 +449,7 @@ void ZeroParamStore::set_full_params(const Tensor& full) {
   }
   for (size_t i = 0; i < g_.size(); ++i) {
     const Range own = sgroups_[i].owned();
-    Tensor shard = param_elsewhere_ ? Tensor::empty({own.size()}, DType::F32, dev_) : g_[i].shard;
+    Tensor shard = param_elsewhere_ ? Tensor::empty({own.size()}, DType::F32, Device::cpu()) : g_[i].shard;
     shard.zero_();
     pack_pieces(sgroups_[i].space.pieces(own), full, 0, shard, own.begin);
     if (param_elsewhere_) write_own(i, shard);
@@ -476,7 +480,7 @@ void ZeroParamStore::init_params(int64_t total, const InitFill& fill) {
       for (const GroupSpace::Piece& q : sgroups_[i].space.pieces(own))
         for (int64_t at = 0; at < q.flat.size(); at += kTierChunk) {
           const int64_t n = std::min(kTierChunk, q.flat.size() - at);
-          if (chunk.numel() != n) chunk = Tensor::empty({n}, DType::F32, dev_);
+          if (chunk.numel() != n) chunk = Tensor::empty({n}, DType::F32, Device::cpu());
           init_fill_into(fill, {q.flat.begin + at, q.flat.begin + at + n}, chunk, staging);
           param_tiers_[i]->write(0, q.at - own.begin + at, q.at - own.begin + at + n, chunk.data<float>());
         }
@@ -563,9 +567,11 @@ void ZeroParamStore::set_param_tier(size_t g, NvmeStateTier* tier) {
 // This rank's shard elements [lo, lo + dst.numel()) (shard positions) into dst.
 void ZeroParamStore::read_own(size_t gi, int64_t lo, const Tensor& dst) {
   if (!param_elsewhere_) return Tensor(dst).copy_from(g_[gi].shard.view(lo, {dst.numel()}));
-  DS_CHECK(param_tiers_[gi] && dst.dtype() == DType::F32 && dst.device().is_cpu(),
-           "ZeRO-3: a parameter read before the tier is set");
-  param_tiers_[gi]->read(0, lo, lo + dst.numel(), Tensor(dst).data<float>());
+  DS_CHECK(param_tiers_[gi] && dst.dtype() == DType::F32, "ZeRO-3: a parameter read before the tier is set");
+  if (dst.device().is_cpu()) return param_tiers_[gi]->read(0, lo, lo + dst.numel(), Tensor(dst).data<float>());
+  Tensor host = Tensor::empty({dst.numel()}, DType::F32, Device::cpu());  // a GPU model: through the host
+  param_tiers_[gi]->read(0, lo, lo + dst.numel(), host.data<float>());
+  Tensor(dst).copy_from(host);
 }
 
 void ZeroParamStore::write_own(size_t gi, const Tensor& shard) {

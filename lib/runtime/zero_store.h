@@ -80,8 +80,12 @@ class ZeroParamStore : public ParamStore {
   // Optimizer side. Both views cover this rank's real range owned_real(rank)
   // (of group g's space with several sharding groups). In fp32 at stage 2
   // with several groups the master is full_params()' owned pieces (no view).
-  // (undefined with offload_param nvme: the shard is state 0 of the tier)
+  // (undefined with offload_param nvme: the shard is state 0 of the tier;
+  // host memory with offload_param cpu on a GPU, params_on_host())
   Tensor master_params(size_t g = 0);
+  // offload_param cpu with a GPU model (stage 3): the parameter shard lives
+  // in host memory; gathers copy the rank's piece to the device.
+  bool params_on_host() const { return param_dev_.is_cpu() && dev_.is_cuda(); }
   // offload_param nvme: the tier whose state 0 holds this rank's parameter
   // shard of sharding group g (its owned real range of the group's space);
   // gathers, loads and saves read and write it there. Null: this rank owns
@@ -125,7 +129,7 @@ class ZeroParamStore : public ParamStore {
   int64_t param_bytes() const {
     auto n = [](const Tensor& t) { return t.defined() ? t.numel() : int64_t(0); };
     int64_t b = 4 * n(full_) + 2 * n(compute_);
-    for (const Group& g : g_) b += 4 * (n(g.master) + n(g.shard));
+    for (const Group& g : g_) b += 4 * (n(g.master) + (params_on_host() ? 0 : n(g.shard)));  // device bytes
     return b;
   }
   int64_t grad_bytes() const {
@@ -214,6 +218,7 @@ class ZeroParamStore : public ParamStore {
   ZeroPartition part_;
   int stage_ = 2;
   Device dev_;
+  Device param_dev_;  // where the stage-3 parameter shard lives (params_on_host)
   std::vector<Range> units_;
   Zero3Plan plan_;
   DType compute_dtype_ = DType::F32;

@@ -182,6 +182,7 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   r.offload_optimizer = offload;
   r.nvme = where == OffloadDevice::NVMe;
   r.nvme_params = r.nvme && cfg.zero.offload_param == OffloadDevice::NVMe;
+  r.host_params = offload && stage == 3 && cfg.device == DeviceType::CUDA && cfg.zero.offload_param == OffloadDevice::CPU;
   // The gradient shard joins the swap file (ZeroParamStore::grads_elsewhere).
   ZeroConfig z = cfg.zero;
   z.stage = stage;
@@ -231,7 +232,8 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
     r.nvme_per_rank += NvmeStateTier::file_bytes_for(tier, nvme_states(cfg, r), part_shard);
     tier_host += NvmeStateTier::host_bytes_for(tier, nvme_states(cfg, r), part_shard);
   }
-  if (r.nvme_params) r.states.params = 0;  // offload_param nvme: the parameter shard joins the swap file
+  const int64_t params_host = r.host_params ? r.states.params : 0;  // offload_param cpu on a GPU
+  if (r.nvme_params || r.host_params) r.states.params = 0;  // the parameter shard leaves the device (nvme: the swap file)
   if (r.nvme_grads) r.states.grads = 0;    // and so does the f32 gradient shard
   // The 1-bit family (stage 0), besides its state tensors: with several
   // ranks the compression errors, the worker's (n, padded) and the server's
@@ -267,12 +269,15 @@ MemoryEstimateRow make_row(const MemoryEstimate& e, const TrainConfig& cfg, cons
   } else if (r.nvme) {
     // The tier's sub-group buffers and the step's two host buffer pairs
     // (gradients, master) of one sub-group each (OffloadPipeline::step_tier).
-    r.host_per_rank += tier_host + OffloadPipeline::tier_host_bytes_for(opt_elems, cfg.zero.sub_group_size);
+    r.host_per_rank += params_host + tier_host +
+                       OffloadPipeline::tier_host_bytes_for(opt_elems, cfg.zero.sub_group_size,
+                                                            !r.nvme_params && !r.host_params);
   } else if (offload) {
     // Adam m, v, then what the offloaded step allocates (ZeroOptimizer): the
     // host copy of the master range and two gradient buckets.
     r.host_per_rank +=
-        host_optimizer + OffloadPipeline::host_bytes_for(opt_elems, ZeroOptimizer::offload_bucket(cfg.zero));
+        params_host + host_optimizer +
+        OffloadPipeline::host_bytes_for(opt_elems, ZeroOptimizer::offload_bucket(cfg.zero), !r.host_params);
   }
   r.host_per_node = r.host_per_rank * e.gpus_per_node;
   return r;
@@ -485,7 +490,10 @@ std::string estimate_memory_report(const TrainConfig& cfg, int num_nodes, int gp
          " | per-rank NVMe   (GiB)\n";
   for (const MemoryEstimateRow& r : e.rows) {
     std::string head = fmt::format("{} ZeRO {}     | {:<17} |", r.configured ? '*' : ' ', r.stage,
-                                   r.nvme_params ? "nvme (+ params)" : r.nvme ? "nvme" : r.offload_optimizer ? "cpu" : "none");
+                                   r.nvme_params   ? "nvme (+ params)"
+                                   : r.host_params ? (r.nvme ? "nvme, params cpu" : "cpu (+ params)")
+                                   : r.nvme        ? "nvme"
+                                   : r.offload_optimizer ? "cpu" : "none");
     if (!r.supported) {
       out += head + (e.layout.ep > 1 && r.stage >= 1 && r.offload_optimizer
                          ? "  not supported: expert parallelism on a GPU runs without optimizer offload so far\n"

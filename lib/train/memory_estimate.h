@@ -40,12 +40,13 @@ int pipeline_message_buffers_max(int pp, int n_micro, int vp, bool overlap, bool
 struct MemoryEstimateRow {
   int stage = 0;
   bool offload_optimizer = false;
-  // offload_optimizer.device nvme (stage 3, CPU backend): the optimizer
+  // offload_optimizer.device nvme (stage 3): the optimizer
   // state in the swap file (nvme_per_rank bytes), host memory holds the
   // sub-group buffers; offload_optimizer is true too.
   bool nvme = false;
   bool nvme_params = false;  // with offload_param nvme: the parameter shard in the swap file too
   bool nvme_grads = false;   // the f32 gradient shard in the swap file too (one sharding group)
+  bool host_params = false;  // a GPU model with offload_param cpu (stage 3): the parameter shard in host memory
   int64_t nvme_per_rank = 0;
   bool supported = true;     // offload_optimizer needs ZeRO stage >= 1 and fp32 gradient accumulation;
                              // expert parallelism (EP > 1) ZeRO stage 0 without offload

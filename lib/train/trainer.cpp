@@ -232,9 +232,13 @@ void Trainer::build_model_and_optimizer() {
     DS_LOG("offload_optimizer.ratio {}: the whole optimizer state is offloaded here (partial offload places part of "
            "it on a GPU; on the CPU backend that changes nothing, the values are the same)",
            cfg_.zero.offload_ratio);
-  if (cfg_.zero.offload_param == OffloadDevice::CPU)
+  if (cfg_.zero.offload_param == OffloadDevice::CPU && !dev_.is_cuda())
     DS_LOG("offload_param.device = cpu on the CPU backend: the parameters are in host memory already, so nothing "
            "moves");
+  else if (cfg_.zero.offload_param == OffloadDevice::CPU)
+    DS_LOG("offload_param.device = cpu: this rank's fp32 parameter shard lives in host memory; a ZeRO-3 gather "
+           "copies the rank's piece of a unit to the GPU when the unit is fetched, and the host optimizer updates "
+           "the shard in place (nothing is copied back after the step)");
   if (cfg_.zero.offload_optimizer == OffloadDevice::CPU && !dev_.is_cuda())
     DS_LOG("offload_optimizer.device = cpu on the CPU backend: the optimizer state is in host memory already, so "
            "nothing moves and the run is the one without it");

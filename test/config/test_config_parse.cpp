@@ -498,9 +498,16 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
     CHECK_THROWS_WITH(parse_json(nv, {"--device", "cuda"}),
                       Contains("'bf16' with zero_optimization.offload_optimizer.device nvme on a GPU is not supported"));
   }
-  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}, {"offload_param", {{"device", "nvme"}}}}}}),
+  // offload_param on a GPU: with the optimizer offloaded too (cpu or nvme).
+  CHECK(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}, {"offload_param", {{"device", "nvme"}}}}}}),
+                   {"--device", "cuda"})
+            .zero.offload_param == OffloadDevice::NVMe);
+  CHECK(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}}}, {"offload_param", {{"device", "cpu"}}}}}}),
+                   {"--device", "cuda"})
+            .zero.offload_param == OffloadDevice::CPU);
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_param", {{"device", "cpu"}}}}}}),
                                {"--device", "cuda"}),
-                    Contains("offload_param with a GPU (--device cuda) is not supported yet"));
+                    Contains("zero_optimization.offload_param with a GPU (--device cuda) needs offload_optimizer too"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}}}, {"offload_param", {{"device", "nvme"}}}}}})),
                     Contains("offload_param.device nvme needs offload_optimizer.device nvme too"));
   CHECK_THROWS_WITH(parse_json(with(base(), {{"aio", {{"block_size", 1000}}}, {"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}})),

@@ -12,7 +12,8 @@
 // the optimizer offloaded to the host saves (its checkpoint check reads
 // Adam's moments in host memory) and resumes bit for bit; with the state on
 // NVMe (ZeRO-3, sub-groups through pinned buffers) it trains the bits of the
-// cpu offload and resumes bit for bit too. Skipped (exit 77) without a device.
+// cpu offload and resumes bit for bit too, and so does offload_param (cpu,
+// nvme). Skipped (exit 77) without a device.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -120,7 +121,8 @@ TEST_CASE("offload_optimizer on a GPU run: N steps + save + resume + N steps equ
   CHECK(std::memcmp(joined.data(), full.data(), full.size() * sizeof(float)) == 0);
 }
 
-TEST_CASE("offload_optimizer nvme on a GPU run: the cpu offload's bits, and resume bit for bit", "[gpu]") {
+TEST_CASE("offload_optimizer nvme and offload_param on a GPU run: the cpu offload's bits, resume bit for bit",
+          "[gpu]") {
   if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
   if (const std::string why = aio_unavailable_reason(); !why.empty()) DS_SKIP(why);
   const fs::path swap = fixture().dir / "nvme_gpu_swap";
@@ -150,5 +152,19 @@ TEST_CASE("offload_optimizer nvme on a GPU run: the cpu offload's bits, and resu
   std::vector<float> joined = first;
   joined.insert(joined.end(), second.begin(), second.end());
   CHECK(std::memcmp(joined.data(), full.data(), full.size() * sizeof(float)) == 0);
+  // offload_param: the parameter shard in host memory (with either optimizer
+  // tier) or in the swap file; the gathers copy it up, the same bits.
+  const std::string nvme_opt = R"("offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap.string() +
+                               R"(", "pin_memory": true, "pipeline_read": true, "pipeline_write": true, "buffer_count": 6})";
+  for (const std::string& offload :
+       {std::string(R"("offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})"),
+        nvme_opt + R"(, "offload_param": {"device": "cpu"})", nvme_opt + R"(, "offload_param": {"device": "nvme"})"}) {
+    INFO(offload);
+    const fs::path pc = fixture().dir / "offload_param_gpu.json";
+    std::ofstream(pc) << R"({"zero_optimization": {"stage": 3, "sub_group_size": 5000, )" << offload << "}}";
+    const std::vector<float> p = run(pc, {});
+    REQUIRE(p.size() == 6);
+    CHECK(std::memcmp(p.data(), host.data(), p.size() * sizeof(float)) == 0);
+  }
   CHECK(fs::is_empty(swap));  // the swap files are unlinked
 }

@@ -89,7 +89,7 @@ std::unique_ptr<OffloadCopier> copier_for(Device dev, bool deferred) {
 
 }  // namespace
 
-OffloadCompare compare_offload_step(Device dev, int64_t bucket, bool pinned, bool deferred) {
+OffloadCompare compare_offload_step(Device dev, int64_t bucket, bool pinned, bool deferred, bool host_params) {
   const ModelLayout layout = small_layout();
   const int64_t begin = 50, end = 640, n = end - begin;  // a rank's range, cutting parameters a and d
   AdamW blocking(layout, Device::cpu(), begin, end), piped(layout, Device::cpu(), begin, end);
@@ -101,7 +101,9 @@ OffloadCompare compare_offload_step(Device dev, int64_t bucket, bool pinned, boo
   Tensor dev_a = init.to(dev), dev_b = init.to(dev);  // the device master ranges
   Tensor host_a = dev_a.to(Device::cpu());
   OffloadPipeline pipe(copier_for(dev, deferred), bucket, pinned);
-  Tensor host_b = pipe.host_copy(dev_b);
+  // offload_param cpu: the parameters are the host master, nothing goes back.
+  if (host_params) dev_b = init.clone();
+  Tensor host_b = host_params ? dev_b : pipe.host_copy(dev_b);
   for (int step = 0; step < 3; ++step) {
     const Tensor grads = random_host(n, 100 + step).to(dev);
     const float scale = 0.5f + 0.25f * step;
@@ -115,7 +117,7 @@ OffloadCompare compare_offload_step(Device dev, int64_t bucket, bool pinned, boo
                     blocking.step_count() == piped.step_count();
   r.changed = !same_bytes(dev_b, init);
   r.host_bytes = pipe.host_bytes();
-  r.host_bytes_reported = OffloadPipeline::host_bytes_for(n, bucket);
+  r.host_bytes_reported = OffloadPipeline::host_bytes_for(n, bucket, !host_params);
   return r;
 }
 
@@ -128,7 +130,9 @@ OffloadCompare compare_nvme_offload_step(Device dev, const std::string& dir, con
   StepHyper h;
   h.lr = 1e-2f;
   h.weight_decay = 0.1f;
-  std::vector<float> initial;
+  using At = OffloadPipeline::ParamsAt;
+  const int param_states = c.params == At::Tier ? 1 : 0;
+  std::vector<float> initial(param_states, 0.f);  // offload_param nvme: the parameters are state 0
   for (size_t i = 0; i < piped->state_specs().size(); ++i) initial.push_back(piped->initial_state_value(i));
   AioConfig aio;
   aio.block_size = 8192;
@@ -136,26 +140,35 @@ OffloadCompare compare_nvme_offload_step(Device dev, const std::string& dir, con
                       .buffer_count = c.buffer_count, .pipeline_read = c.pipelined, .pipeline_write = c.pipelined},
                      initial, n);
   const Tensor init = random_host(n, 1);
-  Tensor host_a = init.clone(), dev_b = init.to(dev);
+  Tensor host_a = init.clone();
+  // The parameters: on the device, in host memory, or the tier's state 0.
+  Tensor params = c.params == At::Device ? init.to(dev) : c.params == At::Host ? init.clone() : Tensor();
+  if (c.params == At::Tier) tier.write(0, 0, n, init.data<float>());
+  auto current = [&] {
+    if (c.params != At::Tier) return params.to(Device::cpu());
+    Tensor back = Tensor::empty({n}, DType::F32, Device::cpu());
+    tier.read(0, 0, n, back.data<float>());
+    return back;
+  };
   OffloadPipeline pipe(copier_for(dev, c.deferred), 1 << 20, c.pinned);
   for (int step = 0; step < 3; ++step) {
     const Tensor grads = random_host(n, 100 + step).to(dev);
     const float scale = 0.5f + 0.25f * step;
     blocking->step({.params = host_a, .grads = grads.to(Device::cpu()), .params_lowp = Tensor()}, h, scale);
-    pipe.step_tier(*piped, tier, dev_b, grads, h, scale);
+    pipe.step_tier(*piped, tier, c.params, params, grads, h, scale);
   }
   OffloadCompare r;
-  r.params_equal = same_bytes(host_a, dev_b);
+  r.params_equal = same_bytes(host_a, current());
   r.moments_equal = blocking->step_count() == piped->step_count();
   const std::vector<Tensor> mem = blocking->states();
   for (size_t i = 0; i < mem.size(); ++i) {
     Tensor back = Tensor::empty({n}, DType::F32, Device::cpu());
-    tier.read(static_cast<int>(i), 0, n, back.data<float>());
+    tier.read(static_cast<int>(i) + param_states, 0, n, back.data<float>());
     r.moments_equal = r.moments_equal && same_bytes(mem[i], back);
   }
-  r.changed = !same_bytes(dev_b, init);
+  r.changed = !same_bytes(current(), init);
   r.host_bytes = pipe.host_bytes();
-  r.host_bytes_reported = OffloadPipeline::tier_host_bytes_for(n, tier.sub_group());
+  r.host_bytes_reported = OffloadPipeline::tier_host_bytes_for(n, tier.sub_group(), c.params == At::Device);
   return r;
 }
 

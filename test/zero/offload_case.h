@@ -11,6 +11,7 @@
 #include <string>
 
 #include "lib/core/dtype.h"
+#include "lib/runtime/offload_pipeline.h"
 
 namespace ds {
 
@@ -25,7 +26,9 @@ struct OffloadCompare {
 // directions independent of each other, as two CUDA streams may: a missing
 // wait reads a buffer before its copy landed or lets a copy read a buffer
 // already refilled, and the bits differ.
-OffloadCompare compare_offload_step(Device dev, int64_t bucket, bool pinned, bool deferred = false);
+// host_params: the parameters are the host master (offload_param cpu).
+OffloadCompare compare_offload_step(Device dev, int64_t bucket, bool pinned, bool deferred = false,
+                                    bool host_params = false);
 
 struct NvmeOffloadCase {
   int64_t sub_group = 1000000000;
@@ -33,6 +36,7 @@ struct NvmeOffloadCase {
   bool pipelined = false;  // pipeline_read and pipeline_write
   bool pinned = false;
   bool deferred = false;  // as for compare_offload_step
+  OffloadPipeline::ParamsAt params = OffloadPipeline::ParamsAt::Device;
 };
 OffloadCompare compare_nvme_offload_step(Device dev, const std::string& dir, const NvmeOffloadCase& c);
 

@@ -425,6 +425,29 @@ TEST_CASE("memory estimate: the optimizer state on NVMe with a GPU model", "[zer
   CHECK(nv.host_per_rank - row(e, 3, false).host_per_rank == 2 * 2 * tile + 2 * 2 * 4 * 1000000);
   CHECK(nv.host_per_rank < cpu.host_per_rank);  // not the whole Adam state and master copy
   CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("* ZeRO 3     | nvme"));
+
+  // offload_param cpu: the f32 parameter shard leaves the device for host
+  // memory, and the step copies only gradients down (one buffer per sub-group).
+  cfg.zero.offload_param = OffloadDevice::CPU;
+  const MemoryEstimate ep = estimate_memory(cfg, 1, 8);
+  const MemoryEstimateRow& hp = ep.rows.back();
+  CHECK(hp.host_params);
+  CHECK(hp.states.params == 0);
+  CHECK(hp.device_total == nv.device_total - 4 * shard);
+  CHECK(hp.host_per_rank - nv.host_per_rank == 4 * shard - 2 * 4 * 1000000);
+  const MemoryEstimateRow& hc = row(ep, 3, true);  // the cpu optimizer offload with host parameters
+  CHECK(hc.host_params);
+  CHECK(hc.host_per_rank - cpu.host_per_rank == 4 * shard - 4 * shard);  // the shard is the master: no copy
+  CHECK_FALSE(row(ep, 3, false).host_params);  // offload_param needs the optimizer offloaded on a GPU
+  CHECK_FALSE(row(ep, 2, true).host_params);   // and stage 3
+  CHECK_THAT(estimate_memory_report(cfg, 1, 8), Contains("* ZeRO 3     | nvme, params cpu"));
+  // offload_param nvme: the shard joins the swap file as a third state.
+  cfg.zero.offload_param = OffloadDevice::NVMe;
+  const MemoryEstimate en = estimate_memory(cfg, 1, 8);
+  const MemoryEstimateRow& pn = en.rows.back();
+  CHECK(pn.nvme_params);
+  CHECK(pn.states.params == 0);
+  CHECK(pn.nvme_per_rank == groups * 3 * tile);
 }
 
 TEST_CASE("memory estimate: the optimizer state on NVMe (ZeRO-3, CPU backend)", "[zero][estimate]") {

@@ -18,9 +18,10 @@ TEST_CASE("pipelined offload step on CUDA is bit-identical to the blocking one")
   if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
   cuda::init_device(0);
   for (bool pinned : {false, true}) {
+    for (bool host_params : {false, true})
     for (int64_t bucket : {int64_t{1}, int64_t{7}, int64_t{333}, int64_t{1 << 20}}) {
-      INFO("bucket " << bucket << (pinned ? ", pinned" : ", pageable"));
-      const OffloadCompare r = compare_offload_step(Device::cuda(0), bucket, pinned);
+      INFO("bucket " << bucket << (pinned ? ", pinned" : ", pageable") << (host_params ? ", host parameters" : ""));
+      const OffloadCompare r = compare_offload_step(Device::cuda(0), bucket, pinned, false, host_params);
       CHECK(r.params_equal);
       CHECK(r.moments_equal);
       CHECK(r.changed);
@@ -35,11 +36,15 @@ TEST_CASE("offload step through the NVMe tier on CUDA is bit-identical to AdamW 
   if (!why.empty()) DS_SKIP(why);
   cuda::init_device(0);
   const test::TempDir tmp;
+  using At = OffloadPipeline::ParamsAt;
+  for (At at : {At::Device, At::Host, At::Tier})
   for (bool pinned : {false, true})
     for (int64_t sub : {int64_t{1}, int64_t{37}, int64_t{2048}}) {
-      INFO("sub-group " << sub << (pinned ? ", pinned" : ", pageable"));
-      const OffloadCompare r = compare_nvme_offload_step(
-          Device::cuda(0), tmp.path(), {.sub_group = sub, .buffer_count = 4, .pipelined = true, .pinned = pinned});
+      INFO("sub-group " << sub << (pinned ? ", pinned" : ", pageable") << ", parameters at " << static_cast<int>(at));
+      const OffloadCompare r =
+          compare_nvme_offload_step(Device::cuda(0), tmp.path(),
+                                    {.sub_group = sub, .buffer_count = 4, .pipelined = true, .pinned = pinned,
+                                     .deferred = false, .params = at});
       CHECK(r.params_equal);
       CHECK(r.moments_equal);
       CHECK(r.changed);

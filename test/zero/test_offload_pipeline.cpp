@@ -88,16 +88,18 @@ TEST_CASE("offload schedule invariants") {
 }
 
 TEST_CASE("pipelined offload step is bit-identical to the blocking one (CPU copy engine)") {
+  for (bool host_params : {false, true})
   for (bool deferred : {false, true})
   for (int64_t bucket : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{333}, int64_t{1000}, int64_t{1 << 20}}) {
-    INFO("bucket " << bucket << (deferred ? ", copies deferred to their waits" : ""));
-    const OffloadCompare r = compare_offload_step(Device::cpu(), bucket, false, deferred);
+    INFO("bucket " << bucket << (deferred ? ", copies deferred to their waits" : "")
+                   << (host_params ? ", parameters on the host (offload_param cpu)" : ""));
+    const OffloadCompare r = compare_offload_step(Device::cpu(), bucket, false, deferred, host_params);
     CHECK(r.params_equal);
     CHECK(r.moments_equal);
     CHECK(r.changed);  // the update really moved the weights
     // The master copy and the gradient buffers, as the memory report counts them.
     CHECK(r.host_bytes == r.host_bytes_reported);
-    CHECK(r.host_bytes >= 4 * 590);  // at least the range's master copy (590 elements)
+    if (!host_params) CHECK(r.host_bytes >= 4 * 590);  // at least the range's master copy (590 elements)
   }
 }
 
@@ -105,6 +107,8 @@ TEST_CASE("offload step through the NVMe tier is bit-identical to AdamW in memor
   const std::string why = aio_unavailable_reason();
   if (!why.empty()) DS_SKIP(why);
   const test::TempDir tmp;
+  using At = OffloadPipeline::ParamsAt;
+  for (At at : {At::Device, At::Host, At::Tier})
   for (bool deferred : {false, true})
     for (const NvmeOffloadCase c : {NvmeOffloadCase{.sub_group = 37, .buffer_count = 4, .pipelined = true},
                                     NvmeOffloadCase{.sub_group = 37, .buffer_count = 2, .pipelined = true},
@@ -112,9 +116,11 @@ TEST_CASE("offload step through the NVMe tier is bit-identical to AdamW in memor
                                     NvmeOffloadCase{.sub_group = 2048, .buffer_count = 4, .pipelined = true},
                                     NvmeOffloadCase{.sub_group = 1, .buffer_count = 4, .pipelined = true}}) {
       INFO("sub-group " << c.sub_group << ", buffer_count " << c.buffer_count << (c.pipelined ? ", pipelined" : "")
-                        << (deferred ? ", copies deferred to their waits" : ""));
+                        << (deferred ? ", copies deferred to their waits" : "") << ", parameters "
+                        << (at == At::Device ? "on the device" : at == At::Host ? "on the host" : "in the tier"));
       NvmeOffloadCase d = c;
       d.deferred = deferred;
+      d.params = at;
       const OffloadCompare r = compare_nvme_offload_step(Device::cpu(), tmp.path(), d);
       CHECK(r.params_equal);
       CHECK(r.moments_equal);
