@@ -641,6 +641,52 @@ template <class A, class F> IfArgs<A, TokenRowsArgs> fields(A& a, F&& f) {
   f(a.part, "part", Role::Native);
   f(a.index, "index", Role::In);
 }
+// DeepSpeed's 1-bit compression (lib/optim/onebit_exchange.h), the three element-wise
+// steps of its exchange; the norms and the collectives run between them.
+// Sign bits are packed eight to a byte, the first element in the most
+// significant bit (numpy's packbits order, as DeepSpeed packs them); a bit is
+// set where the value is not negative (sign(0) counts as +1).
+//
+// onebit_pack: s = sqrt(sumsq) / sqrt(n) (in double, rounded to f32), with n
+// = x.numel() a multiple of 8; bits <- the sign bits of x; x -= s sign(x) (the
+// compression error stays in x); scale[0] = s.
+struct OneBitPackArgs {
+  Tensor bits;   // (n / 8) u8
+  Tensor scale;  // (1) f32, written
+  Tensor x;      // (n) f32, in place
+  Tensor sumsq;  // (1) f32: the sum of x^2
+};
+template <class A, class F> IfArgs<A, OneBitPackArgs> fields(A& a, F&& f) {
+  f(a.bits, "bits", Role::Native);
+  f(a.scale, "scale", Role::Native);
+  f(a.x, "x", Role::Native);
+  f(a.sumsq, "sumsq", Role::Native);
+}
+// onebit_server: x[k] = (sum over r in rank order of sign_r(k) * (scales[r] *
+// (1 / W))) + x[k], for W ranks' packed signs of the chunk (bits row r).
+struct OneBitServerArgs {
+  Tensor x;       // (n) f32, added to
+  Tensor bits;    // (W, n / 8) u8
+  Tensor scales;  // (W) f32
+};
+template <class A, class F> IfArgs<A, OneBitServerArgs> fields(A& a, F&& f) {
+  f(a.x, "x", Role::Native);
+  f(a.bits, "bits", Role::Native);
+  f(a.scales, "scales", Role::Native);
+}
+// onebit_unpack: out[i] = scales[i / chunk] * sign(i) for the packed signs bits.
+struct OneBitUnpackArgs {
+  Tensor out;      // (n) f32
+  Tensor bits;     // (>= n / 8, rounded up) u8
+  Tensor scales;   // (>= ceil(n / chunk)) f32
+  int64_t chunk = 0;
+};
+template <class A, class F> IfArgs<A, OneBitUnpackArgs> fields(A& a, F&& f) {
+  f(a.out, "out", Role::Native);
+  f(a.bits, "bits", Role::Native);
+  f(a.scales, "scales", Role::Native);
+}
+
 struct NonFiniteArgs {
   Tensor flag;     // (1) f32, set to 1 if x has inf/nan (never cleared here)
   Tensor x;

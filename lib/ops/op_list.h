@@ -39,6 +39,9 @@
   X(step_gate, StepGateArgs)                 \
   X(sum_squares, SumSquaresArgs)             \
   X(nonfinite_check, NonFiniteArgs)          \
+  X(onebit_pack, OneBitPackArgs)             \
+  X(onebit_server, OneBitServerArgs)         \
+  X(onebit_unpack, OneBitUnpackArgs)         \
   X(masked_mean, MaskedMeanArgs)             \
   X(scale, ScaleArgs)                        \
   X(cast, CastArgs)                          \

@@ -625,6 +625,39 @@ void validate_nonfinite_check(const NonFiniteArgs& a) {
   c.floating(a.x, "x");
 }
 
+void validate_onebit_pack(const OneBitPackArgs& a) {
+  const Check c("onebit_pack");
+  c.devices(a);
+  c.dtype(a.x, DType::F32, "x");
+  DS_CHECK(a.x.numel() % 8 == 0, "onebit_pack: x has {} elements, not a multiple of 8", a.x.numel());
+  c.dtype(a.bits, DType::U8, "bits");
+  c.numel(a.bits, a.x.numel() / 8, "bits", "numel(x) / 8");
+  c.stat(a.scale, 1, "scale", "1");
+  c.stat(a.sumsq, 1, "sumsq", "1");
+}
+
+void validate_onebit_server(const OneBitServerArgs& a) {
+  const Check c("onebit_server");
+  c.devices(a);
+  c.dtype(a.x, DType::F32, "x");
+  DS_CHECK(a.x.numel() % 8 == 0, "onebit_server: x has {} elements, not a multiple of 8", a.x.numel());
+  c.dtype(a.scales, DType::F32, "scales");
+  c.dtype(a.bits, DType::U8, "bits");
+  c.numel(a.bits, a.scales.numel() * (a.x.numel() / 8), "bits", "numel(scales) * numel(x) / 8");
+}
+
+void validate_onebit_unpack(const OneBitUnpackArgs& a) {
+  const Check c("onebit_unpack");
+  c.devices(a);
+  c.dtype(a.out, DType::F32, "out");
+  c.dtype(a.bits, DType::U8, "bits");
+  c.dtype(a.scales, DType::F32, "scales");
+  DS_CHECK(a.chunk > 0, "onebit_unpack: chunk {} must be positive", a.chunk);
+  DS_CHECK(a.bits.numel() * 8 >= a.out.numel() && a.scales.numel() * a.chunk >= a.out.numel(),
+           "onebit_unpack: {} bytes of signs and {} scales of {} elements for {} elements", a.bits.numel(),
+           a.scales.numel(), a.chunk, a.out.numel());
+}
+
 void validate_masked_mean(const MaskedMeanArgs& a) {
   const Check c("masked_mean");
   c.devices(a);

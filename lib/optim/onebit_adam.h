@@ -12,7 +12,7 @@
 //     frozen, the gradients stay local (the trainer skips their all-reduce:
 //     gradients_stay_local()), m = b1 m + (1 - b1) g with the rank's own g,
 //     then each parameter tensor's m is replaced by its 1-bit compressed mean
-//     over the data-parallel ranks (lib/comm/onebit.h, error feedback kept per
+//     over the data-parallel ranks (lib/optim/onebit_exchange.h, error feedback kept per
 //     tensor), u and p as in warm-up.
 // Compression is per parameter tensor of the rank's layout (DeepSpeed's fp32
 // path), or per parameter group under fp16 (OptimizerSpec::

@@ -4,13 +4,13 @@
 // over, the switch that keeps a step's gradients local (the trainer then
 // skips their all-reduce and leaves them the rank's own mean, as DeepSpeed's
 // engine does), the first step of a process that only initialises, and the
-// error-feedback buffers of the 1-bit exchange (lib/comm/onebit.h). Those
+// error-feedback buffers of the 1-bit exchange (lib/optim/onebit_exchange.h). Those
 // buffers live with the optimizer only: a checkpoint holds the moments, and
 // a resumed run starts with fresh errors, as DeepSpeed resets them on load.
 #pragma once
 #include <vector>
 
-#include "lib/comm/onebit.h"
+#include "lib/optim/onebit_exchange.h"
 #include "lib/optim/optimizer.h"
 
 namespace ds {

@@ -16,7 +16,7 @@
 //     its first step s_k = mean_j(rms(m_j)) / rms(m_k) (1 for a tensor whose
 //     momentum is all zero). Each step: m_old = m; m = (b1 m + (1 - b1) g) s_k
 //     with the rank's own g; the whole range's m goes through the 1-bit
-//     exchange as one tensor (lib/comm/onebit.h); m /= s_k; the gradient it
+//     exchange as one tensor (lib/optim/onebit_exchange.h); m /= s_k; the gradient it
 //     implies, h = (m - b1 m_old) / (1 - b1), updates
 //     exp_avg_sq_fresh w = b2 w + (1 - b2) h^2 while v stays frozen;
 //     u0 = m / (sqrt(v) + eps), u = u0 + wd p; the factor

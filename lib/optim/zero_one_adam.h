@@ -8,7 +8,7 @@
 //     step whose count is a multiple of the variance interval the gradients
 //     are all-reduced and m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2;
 //     on the others the rank's own gradient goes through the 1-bit exchange
-//     (lib/comm/onebit.h, per parameter tensor) and only m moves, with that
+//     (lib/optim/onebit_exchange.h, per parameter tensor) and only m moves, with that
 //     compressed mean (one rank: m does not move). After every variance step
 //     a counter advances; at var_update_scaler the interval doubles.
 //   - Local-step phase (from the step after the one whose count passes

@@ -12,7 +12,7 @@
 
 #include "lib/ckpt/file_io.h"
 #include "lib/ckpt/hf.h"
-#include "lib/comm/onebit.h"
+#include "lib/optim/onebit_exchange.h"
 #include "lib/core/error.h"
 #include "lib/core/log.h"
 #include "lib/core/mem_tag.h"

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "lib/comm/communicator.h"
-#include "lib/comm/onebit.h"
+#include "lib/optim/onebit_exchange.h"
 #include "lib/comm/tcp_store.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
@@ -410,7 +410,7 @@ SequenceResult run_sequence(Communicator& c, bool async) {
   return r;
 }
 
-// The 1-bit all-reduce (lib/comm/onebit.h) against a simulation of all
+// The 1-bit all-reduce (lib/optim/onebit_exchange.h) against a simulation of all
 // ranks in this process, written from the formulas (every rank's input is a
 // function of seed, rank, round and index): three rounds, so the worker and
 // server errors are fed back; sizes that need padding and ones that do not.
@@ -447,7 +447,7 @@ int scenario_onebit() {
         WCHECK(std::fabs(x[i] - want[i]) <= 1e-6f * std::fabs(want[i]), "n {} round {} element {}: {} vs {}", n,
                round, i, x[i], want[i]);
       for (int64_t i = 0; i < onebit_padded_size(n, W); ++i)
-        WCHECK(std::fabs(e.worker[i] - sim.worker[me][i]) <= 1e-5f, "n {} round {} worker error {}", n, round, i);
+        WCHECK(std::fabs(e.worker.data<float>()[i] - sim.worker[me][i]) <= 1e-5f, "n {} round {} worker error {}", n, round, i);
       // Every rank holds the same result.
       std::vector<float> all(static_cast<size_t>(n) * W);
       world->all_gather(x.data(), all.data(), n, DType::F32);

@@ -1,4 +1,4 @@
-// A reference of the 1-bit all-reduce (lib/comm/onebit.h) written from its
+// A reference of the 1-bit all-reduce (lib/optim/onebit_exchange.h) written from its
 // formulas: every rank's error buffers of one tensor, and one exchange of
 // all ranks' inputs computed in this process. The communication tests and
 // the 1-bit optimizers' simulation check the real exchange against it.
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "lib/comm/onebit.h"
+#include "lib/optim/onebit_exchange.h"
 
 namespace ds::test {
 

@@ -853,3 +853,40 @@ TEST_CASE("cuda: a 'not ready' event query does not fail the next kernel launch"
   CHECK(cuda::query_status(cudaEventQuery(ev)) == cudaSuccess);
   cudaEventDestroy(ev);
 }
+
+TEST_CASE("cuda 1-bit pack, server sum and unpack match the CPU's bit for bit") {
+  if (!gpu_or_skip()) return;
+  const Device g = Device::cuda(0);
+  auto same = [](const Tensor& a, const Tensor& b) {
+    const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+    return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+  };
+  for (int64_t n : {int64_t{8}, int64_t{8 * 1001}, int64_t{8 * 70001}}) {
+    INFO("n " << n);
+    Tensor x = randn({n}, 95, 2.0);
+    x.data<float>()[n / 2] = 0.f;  // sign(0) = +1
+    Tensor sumsq = Tensor::empty({1}, DType::F32);
+    sumsq.data<float>()[0] = 3.25f * static_cast<float>(n);
+    Tensor bits = Tensor::empty({n / 8}, DType::U8), scale = Tensor::empty({1}, DType::F32);
+    Tensor gx = x.to(g), gbits = Tensor::empty({n / 8}, DType::U8, g), gscale = Tensor::empty({1}, DType::F32, g);
+    ops::onebit_pack({.bits = bits, .scale = scale, .x = x, .sumsq = sumsq});
+    ops::onebit_pack({.bits = gbits, .scale = gscale, .x = gx, .sumsq = sumsq.to(g)});
+    CHECK(same(bits, gbits));
+    CHECK(same(scale, gscale));
+    CHECK(same(x, gx));
+    for (int W : {1, 3, 8}) {
+      Tensor rows = Tensor::empty({W, n / 8}, DType::U8);
+      for (int64_t i = 0; i < rows.numel(); ++i) rows.data<uint8_t>()[i] = static_cast<uint8_t>((i * 2654435761u) >> 7);
+      Tensor scales = randn({W}, 96 + W, 1.0), acc = randn({n}, 97);
+      Tensor gacc = acc.to(g);
+      ops::onebit_server({.x = acc, .bits = rows, .scales = scales});
+      ops::onebit_server({.x = gacc, .bits = rows.to(g), .scales = scales.to(g)});
+      CHECK(same(acc, gacc));
+      const int64_t m = n - 3, chunk = (n + W - 1) / W;  // a tail shorter than the signs
+      Tensor out = Tensor::empty({m}, DType::F32), gout = Tensor::empty({m}, DType::F32, g);
+      ops::onebit_unpack({.out = out, .bits = rows.view(0, {n / 8}), .scales = scales, .chunk = chunk});
+      ops::onebit_unpack({.out = gout, .bits = rows.to(g).view(0, {n / 8}), .scales = scales.to(g), .chunk = chunk});
+      CHECK(same(out, gout));
+    }
+  }
+}

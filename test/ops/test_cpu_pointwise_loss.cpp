@@ -493,3 +493,38 @@ TEST_CASE("cast between f32, bf16, f16 and i32 copies") {
   REQUIRE_THROWS(ops::cast(CastArgs{Tensor::empty({4}, DType::F32), t}));
   REQUIRE_THROWS(ops::cast(CastArgs{Tensor::empty({5}, DType::BF16), x}));
 }
+
+TEST_CASE("1-bit pack, server sum and unpack: hand-computed bits and values") {
+  // pack: 16 values, sum of squares given; bits MSB first, 0 counts as +.
+  const float v[16] = {1.f, -2.f, 0.f, 3.f, -0.5f, 0.25f, -1.f, 4.f, -3.f, -3.f, 2.f, 2.f, 0.f, -0.f, 1.f, -1.f};
+  Tensor x = Tensor::empty({16}, DType::F32);
+  std::memcpy(x.data<float>(), v, sizeof(v));
+  Tensor sumsq = Tensor::empty({1}, DType::F32);
+  sumsq.data<float>()[0] = 64.f;  // scale = sqrt(64) / sqrt(16) = 2
+  Tensor bits = Tensor::empty({2}, DType::U8), scale = Tensor::empty({1}, DType::F32);
+  ops::onebit_pack({.bits = bits, .scale = scale, .x = x, .sumsq = sumsq});
+  CHECK(scale.data<float>()[0] == 2.f);
+  CHECK(bits.data<uint8_t>()[0] == 0b10110101);
+  CHECK(bits.data<uint8_t>()[1] == 0b00111110);  // -0 counts as + (not negative)
+  const float err[16] = {-1.f, 0.f, -2.f, 1.f, 1.5f, -1.75f, 1.f, 2.f, -1.f, -1.f, 0.f, 0.f, -2.f, -2.f, -1.f, 1.f};
+  for (int i = 0; i < 16; ++i) CHECK(x.data<float>()[i] == err[i]);
+  // server: two ranks' signs of an 8-element chunk, scales 4 and 2 (each / 2).
+  Tensor acc = Tensor::zeros({8}, DType::F32), rows = Tensor::empty({2, 1}, DType::U8),
+         scales = Tensor::empty({2}, DType::F32);
+  acc.data<float>()[0] = 0.5f;
+  rows.data<uint8_t>()[0] = 0b11110000;
+  rows.data<uint8_t>()[1] = 0b10101010;
+  scales.data<float>()[0] = 4.f;
+  scales.data<float>()[1] = 2.f;
+  ops::onebit_server({.x = acc, .bits = rows, .scales = scales});
+  const float want[8] = {3.5f, 1.f, 3.f, 1.f, -1.f, -3.f, -1.f, -3.f};
+  for (int k = 0; k < 8; ++k) CHECK(acc.data<float>()[k] == want[k]);
+  // unpack: 11 elements, chunks of 8 with their own scales.
+  Tensor out = Tensor::empty({11}, DType::F32);
+  ops::onebit_unpack({.out = out, .bits = rows.view(0, {2}), .scales = scales, .chunk = 8});
+  const float un[11] = {4.f, 4.f, 4.f, 4.f, -4.f, -4.f, -4.f, -4.f, 2.f, -2.f, 2.f};
+  for (int i = 0; i < 11; ++i) CHECK(out.data<float>()[i] == un[i]);
+  // A length that is not a multiple of 8 is refused.
+  CHECK_THROWS_WITH(ops::onebit_pack({.bits = bits, .scale = scale, .x = x.view(0, {12}), .sumsq = sumsq}),
+                    Catch::Contains("onebit_pack: x has 12 elements, not a multiple of 8"));
+}
