@@ -56,6 +56,9 @@ __global__ void optim_step_kernel(OptimStepParams p) {
         break;
       }
       case OptimRule::LambApply: R::lamb_apply(t, p.s1[i], p.s2[i], w, wd, p.stats[s]); break;
+      case OptimRule::OneBitMoments: R::onebit_moments(t, g, p.s1[i], &p.s2[i]); break;
+      case OptimRule::OneBitMomentum: R::onebit_moments(t, g, p.s1[i], nullptr); break;
+      case OptimRule::OneBitApply: R::onebit_apply(t, p.s1[i], p.s2[i], w, wd); break;
     }
     p.param[i] = w;
     if (p.param_lowp.p) store(p.param_lowp, i, w);

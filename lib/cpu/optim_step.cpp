@@ -74,6 +74,18 @@ void run_segment(const OptimStepArgs& a, int64_t base, int64_t n, float wd, floa
 #pragma omp simd
         for (int64_t i = b; i < e; ++i) R::lamb_apply(t, s1[i], s2[i], p[i], wd, coeff);
         break;
+      case OptimRule::OneBitMoments:
+#pragma omp simd
+        for (int64_t i = b; i < e; ++i) R::onebit_moments(t, g[i], s1[i], &s2[i]);
+        break;
+      case OptimRule::OneBitMomentum:
+#pragma omp simd
+        for (int64_t i = b; i < e; ++i) R::onebit_moments(t, g[i], s1[i], nullptr);
+        break;
+      case OptimRule::OneBitApply:
+#pragma omp simd
+        for (int64_t i = b; i < e; ++i) R::onebit_apply(t, s1[i], s2[i], p[i], wd);
+        break;
     }
     store_lowp(a.param_lowp, p, base, b, e);
   });

@@ -564,15 +564,16 @@ void validate_optim_step(const OptimStepArgs& a) {
   c.dtype(a.param, DType::F32, "param");
   const int64_t n = a.param.numel();
   const OptimRule r = a.rule;
-  if (r == OptimRule::LambApply) {
-    DS_CHECK(!a.grad.defined(), "{}: LambApply takes no gradient", c.op());
+  if (r == OptimRule::LambApply || r == OptimRule::OneBitApply) {
+    DS_CHECK(!a.grad.defined(), "{}: rule {} takes no gradient", c.op(), static_cast<int>(r));
   } else {
     c.floating(a.grad, "grad");
     c.numel(a.grad, n, "grad", "numel(param)");
   }
   const bool two = r == OptimRule::AdamL2 || r == OptimRule::AdamW || r == OptimRule::LambMoments ||
-                   r == OptimRule::LambApply;
-  const bool one = two || r == OptimRule::Adagrad || r == OptimRule::Lion || (r == OptimRule::Sgd && a.t.momentum != 0.f);
+                   r == OptimRule::LambApply || r == OptimRule::OneBitMoments || r == OptimRule::OneBitApply;
+  const bool one = two || r == OptimRule::Adagrad || r == OptimRule::Lion || r == OptimRule::OneBitMomentum ||
+                   (r == OptimRule::Sgd && a.t.momentum != 0.f);
   DS_CHECK(one == a.s1.defined() && two == a.s2.defined(), "{}: rule {} takes {} state tensors", c.op(),
            static_cast<int>(r), two ? 2 : one ? 1 : 0);
   if (one) c.stat(a.s1, n, "s1", "numel(param)");

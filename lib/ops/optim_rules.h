@@ -13,6 +13,9 @@
 //              m = b2 m + (1 - b2) g                                                  (FusedLion)
 //   LambMoments m, v as Adam; u = m / (sqrt(v) + eps) + wd p; returns u (for ||u||)   (FusedLamb, pass 1)
 //   LambApply   u again from m, v, p; p -= step_size coeff u                         (FusedLamb, pass 2)
+//   OneBitMoments  m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p unchanged   (1-bit Adam's warm-up)
+//   OneBitMomentum m = b1 m + (1 - b1) g; v, p unchanged                         (its compressed phase)
+//   OneBitApply    u = m / (sqrt(v) + eps) (+ wd p); p += -lr u (no bias correction; no gradient)
 // g is the gradient times grad_scale (clip coefficient / loss scale) in every rule.
 #pragma once
 #include <cmath>
@@ -22,7 +25,18 @@
 
 namespace ds {
 
-enum class OptimRule : uint8_t { AdamL2, AdamW, Sgd, Adagrad, Lion, LambMoments, LambApply };
+enum class OptimRule : uint8_t {
+  AdamL2,
+  AdamW,
+  Sgd,
+  Adagrad,
+  Lion,
+  LambMoments,
+  LambApply,
+  OneBitMoments,
+  OneBitMomentum,
+  OneBitApply
+};
 
 // The per-call values of a rule (the host derives them once per step).
 struct OptimTerms {
@@ -121,6 +135,20 @@ DS_HOST_DEVICE float lamb_moments(const OptimTerms& t, float g, float& m, float&
 
 DS_HOST_DEVICE void lamb_apply(const OptimTerms& t, float m, float v, float& p, float wd, float coeff) {
   p -= t.step_size * coeff * lamb_update(t, m, v, p, wd);
+}
+
+// 1-bit Adam (DeepSpeed's runtime/fp16/onebit/adam.py): the moments (v only
+// before freeze_step), then the update without bias correction.
+DS_HOST_DEVICE void onebit_moments(const OptimTerms& t, float g, float& m, float* v) {
+  g *= t.grad_scale;
+  m = m * t.beta1 + (1.f - t.beta1) * g;
+  if (v) *v = *v * t.beta2 + (1.f - t.beta2) * g * g;
+}
+
+DS_HOST_DEVICE void onebit_apply(const OptimTerms& t, float m, float v, float& p, float wd) {
+  float u = m / (sqrt_f(v) + t.eps);
+  if (wd > 0.f) u += wd * p;
+  p += -t.lr * u;
 }
 
 // Lamb's trust ratio of one tensor from its squared norms (FusedLamb): 1 when

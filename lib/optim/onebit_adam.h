@@ -1,5 +1,6 @@
 // DeepSpeed's "OneBitAdam" (runtime/fp16/onebit/adam.py, with the engine's
-// switch of the gradient all-reduce), on the CPU backend at ZeRO stage 0:
+// switch of the gradient all-reduce), at ZeRO stage 0 on the CPU backend and
+// on GPUs (the update is optim_step's, the exchange runs over NCCL there):
 //   - the first step of a process (and of a resumed one) only initialises:
 //     it counts the step and, with several data-parallel ranks, replaces
 //     exp_avg by its 1-bit compressed mean (zeros on a fresh start), as

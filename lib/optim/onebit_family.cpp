@@ -9,10 +9,11 @@
 namespace ds {
 
 OneBitFamily::OneBitFamily(const ModelLayout& layout, Device dev, int64_t begin, int64_t end, const char* type,
-                           bool per_group)
+                           bool per_group, bool on_device)
     : Optimizer(layout, begin, end) {
-  DS_USER_CHECK(dev.is_cpu(), "optimizer.type {} runs on the CPU backend only so far", type);
+  DS_USER_CHECK(dev.is_cpu() || on_device, "optimizer.type {} runs on the CPU backend only so far", type);
   segs_ = segments_in(begin, end);
+  if (!segs_.empty()) seg_table_ = segment_table(segs_, dev);
   if (!per_group) {
     for (const Segment& s : segs_) units_.push_back({s});
     return;
@@ -42,6 +43,33 @@ void OneBitFamily::exchange_units(float* x) {
     for (const Segment& s : unit) {
       std::copy(from, from + (s.end - s.begin), x + s.begin);
       from += s.end - s.begin;
+    }
+  }
+}
+
+void OneBitFamily::exchange_units(const Tensor& x) {
+  if (ranks() <= 1) return;
+  if (x.device().is_cpu()) return exchange_units(x.data<float>());
+  errors_.resize(units_.size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const std::vector<Segment>& unit = units_[u];
+    if (unit.size() == 1) {  // contiguous: in place
+      onebit_all_reduce(*dp_, x.view(unit[0].begin, {unit[0].end - unit[0].begin}), errors_[u]);
+      continue;
+    }
+    int64_t n = 0;
+    for (const Segment& s : unit) n += s.end - s.begin;
+    if (gathered_dev_.numel() < n) gathered_dev_ = Tensor::empty({n}, DType::F32, x.device());
+    int64_t at = 0;
+    for (const Segment& s : unit) {
+      gathered_dev_.view(at, {s.end - s.begin}).copy_from(x.view(s.begin, {s.end - s.begin}));
+      at += s.end - s.begin;
+    }
+    onebit_all_reduce(*dp_, gathered_dev_.view(0, {n}), errors_[u]);
+    at = 0;
+    for (const Segment& s : unit) {
+      x.view(s.begin, {s.end - s.begin}).copy_from(gathered_dev_.view(at, {s.end - s.begin}));
+      at += s.end - s.begin;
     }
   }
 }

@@ -24,8 +24,10 @@ class OneBitFamily : public Optimizer {
  protected:
   // per_group: the compression units are the parameter groups (decay, no
   // decay) rather than the tensors (OptimizerSpec::compress_param_groups).
+  // on_device: the optimizer runs on a GPU too (its state there, the
+  // exchange over NCCL); the others are the CPU backend's so far.
   OneBitFamily(const ModelLayout& layout, Device dev, int64_t begin, int64_t end, const char* type,
-               bool per_group = false);
+               bool per_group = false, bool on_device = false);
   int ranks() const { return dp_ ? dp_->size() : 1; }
   // x (the range's elements) <- each compression unit's elements replaced by
   // their compressed mean over the data-parallel ranks, with the errors of
@@ -33,6 +35,7 @@ class OneBitFamily : public Optimizer {
   // each parameter group's tensors one after the other (per_group). One
   // rank: unchanged.
   void exchange_units(float* x);
+  void exchange_units(const Tensor& x);  // the same on x's device (range elements, f32)
   // x <- the compressed mean of the whole range as one tensor (1-bit Lamb's
   // flattened momentum).
   void exchange_whole(float* x);
@@ -44,12 +47,14 @@ class OneBitFamily : public Optimizer {
   void adam_update(float* p, const float* m, const float* v, float* acc, const StepHyper& h) const;
 
   std::vector<Segment> segs_;  // the parameter tensors of the range
+  Tensor seg_table_;           // segs_ as optim_step's (S, 3) table on the state's device
   bool local_ = false;         // this step's gradients stay local
   bool initialized_ = false;   // the process's first step (the initialising one) is done
 
  private:
   std::vector<std::vector<Segment>> units_;  // each unit's segments, in order
   std::vector<float> gathered_;              // a group unit's elements, one after the other
+  Tensor gathered_dev_;                      // the same for exchange_units(const Tensor&)
   std::vector<OneBitErrors> errors_;
   Communicator* dp_ = nullptr;
 };

@@ -558,7 +558,7 @@ TEST_CASE("cuda adamw step") {
   }
 }
 
-TEST_CASE("cuda optim_step rules (L2 Adam, AdamW, SGD, Adagrad, Lion, Lamb's passes) match the CPU") {
+TEST_CASE("cuda optim_step rules (L2 Adam, AdamW, SGD, Adagrad, Lion, Lamb's passes, 1-bit Adam's) match the CPU") {
   if (!gpu_or_skip()) return;
   const int64_t n = 5003;
   Tensor seg = Tensor::empty({4, 3}, DType::I64);
@@ -569,12 +569,14 @@ TEST_CASE("cuda optim_step rules (L2 Adam, AdamW, SGD, Adagrad, Lion, Lamb's pas
   OptimTerms t{.lr = 1e-3f, .weight_decay = 0.1f, .grad_scale = 0.5f, .step_size = 2e-3f, .inv_sqrt_bc2 = 1.5f,
                .momentum = 0.9f, .dampening = 0.1f};
   const OptimRule rules[] = {OptimRule::AdamL2, OptimRule::AdamW, OptimRule::Sgd, OptimRule::Adagrad,
-                             OptimRule::Lion, OptimRule::LambMoments, OptimRule::LambApply};
+                             OptimRule::Lion, OptimRule::LambMoments, OptimRule::LambApply,
+                             OptimRule::OneBitMoments, OptimRule::OneBitMomentum, OptimRule::OneBitApply};
   for (OptimRule r : rules) {
     for (DType dt : kAllTypes) {
       const bool two = r == OptimRule::AdamL2 || r == OptimRule::AdamW || r == OptimRule::LambMoments ||
-                       r == OptimRule::LambApply;
-      OptimStepArgs a{.param = randn({n}, 91), .grad = r == OptimRule::LambApply ? Tensor() : randn({n}, 92, 0.01f),
+                       r == OptimRule::LambApply || r == OptimRule::OneBitMoments || r == OptimRule::OneBitApply;
+      const bool no_grad = r == OptimRule::LambApply || r == OptimRule::OneBitApply;
+      OptimStepArgs a{.param = randn({n}, 91), .grad = no_grad ? Tensor() : randn({n}, 92, 0.01f),
                       .s1 = randn({n}, 93, 1e-3f), .s2 = two ? v.clone() : Tensor(), .segments = seg, .rule = r, .t = t};
       if (r == OptimRule::Adagrad) a.s1 = v.clone();
       if (r == OptimRule::LambMoments) a.seg_stats = zeros_f32({4, 2});
