@@ -15,6 +15,7 @@ struct OptimStepParams {
   AnyPtr grad;         // (n) or null (LambApply)
   float* s1;           // (n) f32 or null
   float* s2;           // (n) f32 or null
+  float* s3;           // (n) f32 or null (0/1 Adam's accumulator)
   AnyPtr param_lowp;   // (n) or null
   const int64_t* seg;  // (S, 3) {begin, end, decay}
   float* stats;        // LambMoments (S, 2) +=; LambApply (S); else null
@@ -58,7 +59,9 @@ __global__ void optim_step_kernel(OptimStepParams p) {
       case OptimRule::LambApply: R::lamb_apply(t, p.s1[i], p.s2[i], w, wd, p.stats[s]); break;
       case OptimRule::OneBitMoments: R::onebit_moments(t, g, p.s1[i], &p.s2[i]); break;
       case OptimRule::OneBitMomentum: R::onebit_moments(t, g, p.s1[i], nullptr); break;
-      case OptimRule::OneBitApply: R::onebit_apply(t, p.s1[i], p.s2[i], w, wd); break;
+      case OptimRule::OneBitApply: R::onebit_apply(t, p.s1[i], p.s2[i], w, wd, p.s3 ? &p.s3[i] : nullptr); break;
+      case OptimRule::ZeroOneUnwind: R::zero_one_unwind(t, p.s2[i], w, p.s3[i]); break;
+      case OptimRule::ZeroOneSync: R::zero_one_sync(t, p.s1[i], p.s2[i], w, p.s3[i]); break;
     }
     p.param[i] = w;
     if (p.param_lowp.p) store(p.param_lowp, i, w);
@@ -86,6 +89,7 @@ void optim_step(const OptimStepArgs& a, const Stream& s) {
                     any_ptr(a.grad),
                     a.s1.defined() ? a.s1.data<float>() : nullptr,
                     a.s2.defined() ? a.s2.data<float>() : nullptr,
+                    a.s3.defined() ? a.s3.data<float>() : nullptr,
                     any_ptr(a.param_lowp),
                     a.segments.data<int64_t>(),
                     a.seg_stats.defined() ? a.seg_stats.data<float>() : nullptr,

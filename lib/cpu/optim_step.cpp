@@ -29,6 +29,7 @@ void run_segment(const OptimStepArgs& a, int64_t base, int64_t n, float wd, floa
   const float* g = a.grad.defined() ? a.grad.data<float>() + base : nullptr;  // (n)
   float* s1 = a.s1.defined() ? a.s1.data<float>() + base : nullptr;        // (n)
   float* s2 = a.s2.defined() ? a.s2.data<float>() + base : nullptr;        // (n)
+  float* s3 = a.s3.defined() ? a.s3.data<float>() + base : nullptr;        // (n)
   const int64_t nchunks = (n + kChunk - 1) / kChunk;
   double* part = a.rule == OptimRule::LambMoments ? thread_scratch_f64(static_cast<size_t>(2 * nchunks)) : nullptr;
   const float coeff = a.rule == OptimRule::LambApply ? stats[0] : 1.f;
@@ -83,8 +84,21 @@ void run_segment(const OptimStepArgs& a, int64_t base, int64_t n, float wd, floa
         for (int64_t i = b; i < e; ++i) R::onebit_moments(t, g[i], s1[i], nullptr);
         break;
       case OptimRule::OneBitApply:
+        if (s3) {
 #pragma omp simd
-        for (int64_t i = b; i < e; ++i) R::onebit_apply(t, s1[i], s2[i], p[i], wd);
+          for (int64_t i = b; i < e; ++i) R::onebit_apply(t, s1[i], s2[i], p[i], wd, &s3[i]);
+        } else {
+#pragma omp simd
+          for (int64_t i = b; i < e; ++i) R::onebit_apply(t, s1[i], s2[i], p[i], wd, nullptr);
+        }
+        break;
+      case OptimRule::ZeroOneUnwind:
+#pragma omp simd
+        for (int64_t i = b; i < e; ++i) R::zero_one_unwind(t, s2[i], p[i], s3[i]);
+        break;
+      case OptimRule::ZeroOneSync:
+#pragma omp simd
+        for (int64_t i = b; i < e; ++i) R::zero_one_sync(t, s1[i], s2[i], p[i], s3[i]);
         break;
     }
     store_lowp(a.param_lowp, p, base, b, e);

@@ -560,6 +560,7 @@ struct OptimStepArgs {
   Tensor segments;    // (S, 3) i64 {begin, end, decay}, sorted and disjoint; on the op's device
   Tensor seg_stats;   // LambMoments: (S, 2) f32 written; LambApply: (S) f32 read; else undefined
   OptimRule rule = OptimRule::Sgd;
+  Tensor s3;          // (n) f32 0/1 Adam's update accumulator: OneBitApply (optional), ZeroOne*; else undefined
   OptimTerms t;
 };
 template <class A, class F> IfArgs<A, OptimStepArgs> fields(A& a, F&& f) {
@@ -570,6 +571,7 @@ template <class A, class F> IfArgs<A, OptimStepArgs> fields(A& a, F&& f) {
   f(a.param_lowp, "param_lowp", Role::Native);
   f(a.segments, "segments", Role::Native);
   f(a.seg_stats, "seg_stats", Role::Native);
+  f(a.s3, "s3", Role::Native);
 }
 
 // The update's gate, on the op's device and without a host read: from the

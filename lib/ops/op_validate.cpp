@@ -564,20 +564,25 @@ void validate_optim_step(const OptimStepArgs& a) {
   c.dtype(a.param, DType::F32, "param");
   const int64_t n = a.param.numel();
   const OptimRule r = a.rule;
-  if (r == OptimRule::LambApply || r == OptimRule::OneBitApply) {
+  const bool zero_one = r == OptimRule::ZeroOneUnwind || r == OptimRule::ZeroOneSync;
+  if (r == OptimRule::LambApply || r == OptimRule::OneBitApply || zero_one) {
     DS_CHECK(!a.grad.defined(), "{}: rule {} takes no gradient", c.op(), static_cast<int>(r));
   } else {
     c.floating(a.grad, "grad");
     c.numel(a.grad, n, "grad", "numel(param)");
   }
   const bool two = r == OptimRule::AdamL2 || r == OptimRule::AdamW || r == OptimRule::LambMoments ||
-                   r == OptimRule::LambApply || r == OptimRule::OneBitMoments || r == OptimRule::OneBitApply;
+                   r == OptimRule::LambApply || r == OptimRule::OneBitMoments || r == OptimRule::OneBitApply ||
+                   zero_one;
   const bool one = two || r == OptimRule::Adagrad || r == OptimRule::Lion || r == OptimRule::OneBitMomentum ||
                    (r == OptimRule::Sgd && a.t.momentum != 0.f);
   DS_CHECK(one == a.s1.defined() && two == a.s2.defined(), "{}: rule {} takes {} state tensors", c.op(),
            static_cast<int>(r), two ? 2 : one ? 1 : 0);
   if (one) c.stat(a.s1, n, "s1", "numel(param)");
   if (two) c.stat(a.s2, n, "s2", "numel(param)");
+  DS_CHECK(zero_one ? a.s3.defined() : (!a.s3.defined() || r == OptimRule::OneBitApply),
+           "{}: rule {} {} the accumulator s3", c.op(), static_cast<int>(r), zero_one ? "needs" : "takes no");
+  if (a.s3.defined()) c.stat(a.s3, n, "s3", "numel(param)");
   DS_CHECK(a.segments.defined() && a.segments.dtype() == DType::I64 && a.segments.dim() == 2 &&
                a.segments.size(1) == 3,
            "{}: segments must be i64 (S, 3) rows {{begin, end, decay}}", c.op());

@@ -15,7 +15,10 @@
 //   LambApply   u again from m, v, p; p -= step_size coeff u                         (FusedLamb, pass 2)
 //   OneBitMoments  m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p unchanged   (1-bit Adam's warm-up)
 //   OneBitMomentum m = b1 m + (1 - b1) g; v, p unchanged                         (its compressed phase)
-//   OneBitApply    u = m / (sqrt(v) + eps) (+ wd p); p += -lr u (no bias correction; no gradient)
+//   OneBitApply    u = m / (sqrt(v) + eps) (+ wd p); p += -lr u (no bias correction; no gradient);
+//                  with an accumulator a (0/1 Adam's local steps) a += -lr u too
+//   ZeroOneUnwind  p -= a; a *= sqrt(v) + eps                 (0/1 Adam's synchronisation, before the exchange)
+//   ZeroOneSync    m = -(a / L) when L = step_size != 0; p += a / (sqrt(v) + eps); a = 0   (after it)
 // g is the gradient times grad_scale (clip coefficient / loss scale) in every rule.
 #pragma once
 #include <cmath>
@@ -35,7 +38,9 @@ enum class OptimRule : uint8_t {
   LambApply,
   OneBitMoments,
   OneBitMomentum,
-  OneBitApply
+  OneBitApply,
+  ZeroOneUnwind,
+  ZeroOneSync
 };
 
 // The per-call values of a rule (the host derives them once per step).
@@ -145,10 +150,26 @@ DS_HOST_DEVICE void onebit_moments(const OptimTerms& t, float g, float& m, float
   if (v) *v = *v * t.beta2 + (1.f - t.beta2) * g * g;
 }
 
-DS_HOST_DEVICE void onebit_apply(const OptimTerms& t, float m, float v, float& p, float wd) {
+DS_HOST_DEVICE void onebit_apply(const OptimTerms& t, float m, float v, float& p, float wd, float* acc) {
   float u = m / (sqrt_f(v) + t.eps);
   if (wd > 0.f) u += wd * p;
   p += -t.lr * u;
+  if (acc) *acc += -t.lr * u;
+}
+
+// 0/1 Adam (DeepSpeed's runtime/fp16/onebit/zoadam.py) at a synchronisation
+// of its local steps: the accumulated updates a are undone and scaled by the
+// preconditioner for the exchange, then the exchanged mean sets the momentum
+// (over the learning rates' sum L, kept when L is 0) and is applied.
+DS_HOST_DEVICE void zero_one_unwind(const OptimTerms& t, float v, float& p, float& a) {
+  p -= a;
+  a *= sqrt_f(v) + t.eps;
+}
+
+DS_HOST_DEVICE void zero_one_sync(const OptimTerms& t, float& m, float v, float& p, float& a) {
+  if (t.step_size != 0.f) m = -(a / t.step_size);
+  p += a / (sqrt_f(v) + t.eps);
+  a = 0.f;
 }
 
 // Lamb's trust ratio of one tensor from its squared norms (FusedLamb): 1 when

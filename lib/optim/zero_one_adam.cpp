@@ -2,7 +2,6 @@
 #include "lib/optim/zero_one_adam.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "lib/ops/ops.h"
 
@@ -10,37 +9,41 @@ namespace ds {
 
 ZeroOneAdam::ZeroOneAdam(const OptimizerSpec& spec, const ModelLayout& layout, Device dev, int64_t begin,
                          int64_t end)
-    : OneBitFamily(layout, dev, begin, end, "ZeroOneAdam", spec.compress_param_groups), spec_(spec) {
+    : OneBitFamily(layout, dev, begin, end, "ZeroOneAdam", spec.compress_param_groups, true), spec_(spec) {
   allocate_state(dev);
-  acc_.assign(static_cast<size_t>(end - begin), 0.f);
+  acc_ = Tensor::zeros({end - begin}, DType::F32, dev);
 }
 
 void ZeroOneAdam::set_step_count(int64_t n) {
   step_ = n;  // a fresh process: it initialises first, then starts the counters over
 }
 
+// One optim_step call over the range's parameters (lib/ops/optim_rules.h).
+void ZeroOneAdam::run(OptimRule rule, const StepTensors& t, const Tensor& grad, const Tensor& acc, const StepHyper& h,
+                      float grad_scale, float lr_sum) {
+  if (!seg_table_.defined()) return;  // no parameter in the range
+  OptimTerms terms = base_optim_terms(h.lr, h.weight_decay, h.beta1, h.beta2, h.eps, grad_scale);
+  terms.step_size = lr_sum;  // ZeroOneSync's L
+  const bool moments_only = rule == OptimRule::OneBitMomentum;
+  ops::optim_step({.param = t.params, .grad = grad, .s1 = state("exp_avg"),
+                   .s2 = moments_only ? Tensor() : state("exp_avg_sq"), .param_lowp = Tensor(),
+                   .segments = seg_table_, .seg_stats = Tensor(), .rule = rule, .s3 = acc, .t = terms},
+                  Stream{});
+}
+
 void ZeroOneAdam::variance_step(const StepTensors& t, const StepHyper& h, float grad_scale) {
-  float* m = state("exp_avg").data<float>();
-  float* v = state("exp_avg_sq").data<float>();
-  const float* g = t.grads.data<float>();
-  const int64_t n = end() - begin();
-  const float b1 = h.beta1, b2 = h.beta2, c1 = 1.f - h.beta1, c2 = 1.f - h.beta2;
   if (step_ % var_interval_ == 0) {  // all-reduced gradients
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = g[i] * grad_scale;
-      v[i] = v[i] * b2 + c2 * gi * gi;
-      m[i] = m[i] * b1 + c1 * gi;
-    }
+    run(OptimRule::OneBitMoments, t, t.grads, Tensor(), h, grad_scale);
   } else if (ranks() > 1) {  // the rank's own gradients through the 1-bit exchange
-    float* c = acc_.data();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) c[i] = g[i] * grad_scale;
-    exchange_units(c);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) m[i] = m[i] * b1 + c1 * c[i];
+    if (t.grads.dtype() == DType::F32)
+      acc_.copy_from(t.grads);
+    else
+      ops::cast({.out = acc_, .inp = t.grads}, Stream{});
+    ops::scale({.x = acc_, .s = grad_scale}, Stream{});
+    exchange_units(acc_);
+    run(OptimRule::OneBitMomentum, t, acc_, Tensor(), h, 1.f);
   }
-  adam_update(t.params.data<float>(), m, v, nullptr, h);
+  run(OptimRule::OneBitApply, t, Tensor(), Tensor(), h, grad_scale);
   if (step_ % var_interval_ == 0 && ++var_counter_ == spec_.var_update_scaler) {
     var_counter_ = 0;
     var_interval_ *= 2;
@@ -49,33 +52,15 @@ void ZeroOneAdam::variance_step(const StepTensors& t, const StepHyper& h, float 
 }
 
 void ZeroOneAdam::local_step(const StepTensors& t, const StepHyper& h, float grad_scale) {
-  float* p = t.params.data<float>();
-  float* m = state("exp_avg").data<float>();
-  const float* v = state("exp_avg_sq").data<float>();
-  const float* g = t.grads.data<float>();
-  float* a = acc_.data();
-  const int64_t n = end() - begin();
-  const float b1 = h.beta1, c1 = 1.f - h.beta1;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) m[i] = m[i] * b1 + c1 * (g[i] * grad_scale);
+  run(OptimRule::OneBitMomentum, t, t.grads, Tensor(), h, grad_scale);
   lrs_ += h.lr;
-  adam_update(p, m, v, a, h);
+  run(OptimRule::OneBitApply, t, Tensor(), acc_, h, grad_scale);
   if (step_ % local_interval_ == 0) {  // synchronise
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      p[i] -= a[i];
-      a[i] *= std::sqrt(v[i]) + h.eps;
-    }
-    exchange_units(a);
+    run(OptimRule::ZeroOneUnwind, t, Tensor(), acc_, h, grad_scale);
+    exchange_units(acc_);
     // DeepSpeed divides by the learning rates' sum; a run whose rates were
     // all 0 since the last synchronisation keeps its momentum instead of 0/0.
-    const float lr_sum = static_cast<float>(lrs_);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      if (lrs_ != 0) m[i] = -(a[i] / lr_sum);
-      p[i] += a[i] / (std::sqrt(v[i]) + h.eps);
-      a[i] = 0.f;
-    }
+    run(OptimRule::ZeroOneSync, t, Tensor(), acc_, h, grad_scale, static_cast<float>(lrs_));
     lrs_ = 0;
   }
   if (++local_counter_ == spec_.local_step_scaler) {
@@ -101,7 +86,7 @@ void ZeroOneAdam::step(const StepTensors& t, const StepHyper& h, float grad_scal
   if (!frozen_ && step_ > spec_.var_freeze_step) {  // from the next step on: local steps
     frozen_ = local_ = true;
     reset_errors();  // they held the gradients' errors; now the accumulated updates'
-    std::fill(acc_.begin(), acc_.end(), 0.f);
+    acc_.zero_();
   }
   if (t.params_lowp.defined()) ops::cast({.out = t.params_lowp, .inp = t.params}, Stream{});
 }

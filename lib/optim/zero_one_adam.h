@@ -1,6 +1,7 @@
 // DeepSpeed's "ZeroOneAdam" (0/1 Adam, runtime/fp16/onebit/zoadam.py, with
-// the engine's switch of the gradient all-reduce), on the CPU backend at ZeRO
-// stage 0. No bias correction; u = m / (sqrt(v) + eps) + wd p (wd where the
+// the engine's switch of the gradient all-reduce), at ZeRO stage 0 on the CPU
+// backend and on GPUs (optim_step's 1-bit and ZeroOne rules; the exchange over
+// NCCL there). No bias correction; u = m / (sqrt(v) + eps) + wd p (wd where the
 // parameter decays); p -= lr u.
 //   - The first step of a process only initialises (counts the step; the
 //     weights do not move). The interval counters start at 1 and 0.
@@ -30,6 +31,7 @@
 // local when the checkpoint was past var_freeze_step, which makes the
 // ranks' weights drift apart for good; dstrain all-reduces them).
 #pragma once
+#include "lib/ops/optim_rules.h"
 #include "lib/optim/onebit_family.h"
 
 namespace ds {
@@ -48,8 +50,10 @@ class ZeroOneAdam final : public OneBitFamily {
  private:
   void variance_step(const StepTensors& t, const StepHyper& h, float grad_scale);
   void local_step(const StepTensors& t, const StepHyper& h, float grad_scale);
+  void run(OptimRule rule, const StepTensors& t, const Tensor& grad, const Tensor& acc, const StepHyper& h,
+           float grad_scale, float lr_sum = 0.f);
   OptimizerSpec spec_;
-  std::vector<float> acc_;  // DeepSpeed's momentum_accumulator (the compressed gradient before the freeze)
+  Tensor acc_;  // DeepSpeed's momentum_accumulator (the compressed gradient before the freeze), on the state's device
   bool frozen_ = false;     // the local-step phase
   int64_t var_interval_ = 1, var_counter_ = 0, local_interval_ = 1, local_counter_ = 0;
   double lrs_ = 0;          // the learning rates summed since the last synchronisation

@@ -558,7 +558,7 @@ TEST_CASE("cuda adamw step") {
   }
 }
 
-TEST_CASE("cuda optim_step rules (L2 Adam, AdamW, SGD, Adagrad, Lion, Lamb's passes, 1-bit Adam's) match the CPU") {
+TEST_CASE("cuda optim_step rules (L2 Adam, AdamW, SGD, Adagrad, Lion, Lamb's passes, 1-bit and 0/1 Adam's) match the CPU") {
   if (!gpu_or_skip()) return;
   const int64_t n = 5003;
   Tensor seg = Tensor::empty({4, 3}, DType::I64);
@@ -570,22 +570,29 @@ TEST_CASE("cuda optim_step rules (L2 Adam, AdamW, SGD, Adagrad, Lion, Lamb's pas
                .momentum = 0.9f, .dampening = 0.1f};
   const OptimRule rules[] = {OptimRule::AdamL2, OptimRule::AdamW, OptimRule::Sgd, OptimRule::Adagrad,
                              OptimRule::Lion, OptimRule::LambMoments, OptimRule::LambApply,
-                             OptimRule::OneBitMoments, OptimRule::OneBitMomentum, OptimRule::OneBitApply};
+                             OptimRule::OneBitMoments, OptimRule::OneBitMomentum, OptimRule::OneBitApply,
+                             OptimRule::ZeroOneUnwind, OptimRule::ZeroOneSync};
   for (OptimRule r : rules) {
     for (DType dt : kAllTypes) {
+      const bool zero_one = r == OptimRule::ZeroOneUnwind || r == OptimRule::ZeroOneSync;
       const bool two = r == OptimRule::AdamL2 || r == OptimRule::AdamW || r == OptimRule::LambMoments ||
-                       r == OptimRule::LambApply || r == OptimRule::OneBitMoments || r == OptimRule::OneBitApply;
-      const bool no_grad = r == OptimRule::LambApply || r == OptimRule::OneBitApply;
+                       r == OptimRule::LambApply || r == OptimRule::OneBitMoments || r == OptimRule::OneBitApply ||
+                       zero_one;
+      const bool no_grad = r == OptimRule::LambApply || r == OptimRule::OneBitApply || zero_one;
+      const bool acc = zero_one || r == OptimRule::OneBitApply;  // 0/1 Adam's accumulator
       OptimStepArgs a{.param = randn({n}, 91), .grad = no_grad ? Tensor() : randn({n}, 92, 0.01f),
                       .s1 = randn({n}, 93, 1e-3f), .s2 = two ? v.clone() : Tensor(), .segments = seg, .rule = r, .t = t};
       if (r == OptimRule::Adagrad) a.s1 = v.clone();
       if (r == OptimRule::LambMoments) a.seg_stats = zeros_f32({4, 2});
       if (r == OptimRule::LambApply) a.seg_stats = randn({4}, 95, 1.f);
       if (dt != DType::F32 && r != OptimRule::LambMoments) a.param_lowp = zeros_f32({n});
+      if (acc) a.s3 = randn({n}, 96, 1e-3f);
+      if (r == OptimRule::ZeroOneSync) a.t.step_size = 0.25f;  // the learning rates' sum
       OpCase c = make_case("optim_step", a, ops::optim_step);
       c.fields.at("segments").output = false;
       std::vector<std::string> f32 = {"param", "s1"};
       if (two) f32.push_back("s2");
+      if (acc) f32.push_back("s3");
       if (r == OptimRule::LambMoments) f32.push_back("seg_stats");
       if (r == OptimRule::LambApply) c.fields.at("seg_stats").output = false;
       check_cuda_vs_cpu(set_kind(c, f32, Kind::F32), dt);

@@ -13,8 +13,8 @@
 // Adam's moments in host memory) and resumes bit for bit; with the state on
 // NVMe (ZeRO-3, sub-groups through pinned buffers) it trains the bits of the
 // cpu offload and resumes bit for bit too, and so does offload_param (cpu,
-// nvme). 1-bit Adam (one rank: no compression, but the initialising step, the
-// warm-up and the frozen variance) follows the CPU's curve. Skipped (exit 77)
+// nvme). 1-bit Adam and 0/1 Adam (one rank: no compression, but the
+// initialising step and every phase) follow the CPU's curve. Skipped (exit 77)
 // without a device.
 #include <catch2/catch.hpp>
 
@@ -74,20 +74,23 @@ TEST_CASE("the GPU loss curve in fp32 follows the CPU's", "[gpu]") {
   }
 }
 
-TEST_CASE("OneBitAdam on the GPU follows the CPU's curve through warm-up and the frozen variance", "[gpu]") {
+TEST_CASE("OneBitAdam and ZeroOneAdam on the GPU follow the CPU's curve through their phases", "[gpu]") {
   if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
-  const fs::path cfg = fixture().dir / "onebit_adam_gpu.json";
-  std::ofstream(cfg) << R"({"optimizer": {"type": "OneBitAdam", "params": {"lr": 0.001, "freeze_step": 3}},)"
-                     << R"( "zero_optimization": {"stage": 0}})";
-  const std::vector<float> cpu = train({"--config", cfg.string(), "--train-iters", "7"});
-  const std::vector<float> gpu = train({"--device", "cuda", "--config", cfg.string(), "--train-iters", "7"});
-  REQUIRE(cpu.size() == 7);
-  REQUIRE(gpu.size() == 7);
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    INFO("iteration " << i + 1 << ": cpu " << cpu[i] << ", cuda " << gpu[i]);
-    CHECK(std::fabs(gpu[i] - cpu[i]) <= 1e-3 * std::fabs(cpu[i]));
+  for (const char* opt : {R"("OneBitAdam", "params": {"lr": 0.001, "freeze_step": 3})",
+                          R"("ZeroOneAdam", "params": {"lr": 0.001, "var_freeze_step": 3, "local_step_clipper": 2})"}) {
+    INFO(opt);
+    const fs::path cfg = fixture().dir / "onebit_gpu.json";
+    std::ofstream(cfg) << R"({"optimizer": {"type": )" << opt << R"(}, "zero_optimization": {"stage": 0}})";
+    const std::vector<float> cpu = train({"--config", cfg.string(), "--train-iters", "7"});
+    const std::vector<float> gpu = train({"--device", "cuda", "--config", cfg.string(), "--train-iters", "7"});
+    REQUIRE(cpu.size() == 7);
+    REQUIRE(gpu.size() == 7);
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      INFO("iteration " << i + 1 << ": cpu " << cpu[i] << ", cuda " << gpu[i]);
+      CHECK(std::fabs(gpu[i] - cpu[i]) <= 1e-3 * std::fabs(cpu[i]));
+    }
+    CHECK(cpu.back() != cpu[1]);  // the weights moved after the initialising step
   }
-  CHECK(cpu.back() != cpu[1]);  // the weights moved after the initialising step
 }
 
 TEST_CASE("without dropout (norm1 fused across layers) the GPU follows the CPU; full recompute repeats it", "[gpu]") {
