@@ -329,6 +329,7 @@ json offload_optimizer_json(const ZeroConfig& z) {
 
 json offload_param_json(const ZeroConfig& z) {
   json j = {{"device", offload_device_name(z.offload_param)}};
+  if (z.offload_param != OffloadDevice::None) j["pin_memory"] = z.param_pin_memory;
   if (z.offload_param == OffloadDevice::NVMe) j["nvme_path"] = z.param_nvme_path;
   return j;
 }

@@ -356,10 +356,11 @@ void read_zero(DsSection& root, ZeroConfig& z) {
   z.offload_param = read_offload_device(offp, "offload_param", z.offload_param);
   if (z.offload_param != OffloadDevice::None) {
     z.param_nvme_path = offp.get<std::string>("nvme_path", z.param_nvme_path);
+    z.param_pin_memory = offp.get<bool>("pin_memory", z.param_pin_memory);
     // DeepSpeed's parameter swap buffers and its CPU cache of swapped
     // parameters: here a gathered piece is read straight into the gather
     // buffer, so they size nothing (accepted, as memory-only settings).
-    for (const char* k : {"buffer_count", "buffer_size", "max_in_cpu", "pin_memory"}) offp.mark(k);
+    for (const char* k : {"buffer_count", "buffer_size", "max_in_cpu"}) offp.mark(k);
     offp.finish();
   }
   s.finish();

@@ -50,6 +50,9 @@ struct ZeroConfig {
   // nvme_path); cpu on the CPU backend: where it already is.
   OffloadDevice offload_param = OffloadDevice::None;
   std::string param_nvme_path;
+  // offload_param.pin_memory: page-lock a GPU model's host parameter shard
+  // (offload_param cpu), so the gathers' copies up run at full speed.
+  bool param_pin_memory = false;
   // sub_group_size: elements of the optimizer step's tile with NVMe offload
   // (each sub-group's state is read, updated and written in turn).
   int64_t sub_group_size = 1000000000;

@@ -73,8 +73,15 @@ ZeroParamStore::ZeroParamStore(const ModelLayout& layout, int num_layers, Device
   param_elsewhere_ = z.offload_param == OffloadDevice::NVMe;
   param_tiers_.assign(g_.size(), nullptr);
   if (!param_elsewhere_)
-    for (size_t i = 0; i < g_.size(); ++i)
-      g_[i].shard = Tensor::zeros({sgroups_[i].part.shard}, DType::F32, param_dev_);
+    for (size_t i = 0; i < g_.size(); ++i) {
+      if (params_on_host() && z.param_pin_memory) {  // page-locked through the offload copier
+        if (!pinner_) pinner_ = make_offload_copier(dev);
+        g_[i].shard = pinner_->host_buffer(sgroups_[i].part.shard, true);
+        g_[i].shard.zero_();
+      } else {
+        g_[i].shard = Tensor::zeros({sgroups_[i].part.shard}, DType::F32, param_dev_);
+      }
+    }
   // The persistent units below are gathered copies (reported with the
   // ZeRO-3 plan, not as model state).
   MemTagScope untagged(MemTag::None);

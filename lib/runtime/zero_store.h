@@ -43,6 +43,7 @@
 // gradient is rounded to it before it is sent).
 #pragma once
 #include <deque>
+#include <memory>
 #include <vector>
 
 #include "lib/comm/communicator.h"
@@ -50,6 +51,7 @@
 #include "lib/parallel/flat_gather.h"
 #include "lib/parallel/zero_partition.h"
 #include "lib/runtime/nvme_tier.h"
+#include "lib/runtime/offload_pipeline.h"
 #include "lib/runtime/timeline.h"
 #include "lib/runtime/zero_config.h"
 
@@ -219,6 +221,7 @@ class ZeroParamStore : public ParamStore {
   int stage_ = 2;
   Device dev_;
   Device param_dev_;  // where the stage-3 parameter shard lives (params_on_host)
+  std::unique_ptr<OffloadCopier> pinner_;  // offload_param.pin_memory: owns the page-locking of the shards
   std::vector<Range> units_;
   Zero3Plan plan_;
   DType compute_dtype_ = DType::F32;

@@ -502,9 +502,11 @@ TEST_CASE("validation errors name the fields and values", "[config][validate]") 
   CHECK(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}, {"offload_param", {{"device", "nvme"}}}}}}),
                    {"--device", "cuda"})
             .zero.offload_param == OffloadDevice::NVMe);
-  CHECK(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}}}, {"offload_param", {{"device", "cpu"}}}}}}),
-                   {"--device", "cuda"})
-            .zero.offload_param == OffloadDevice::CPU);
+  const TrainConfig pc = parse_json(
+      with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}}}, {"offload_param", {{"device", "cpu"}, {"pin_memory", true}}}}}}),
+      {"--device", "cuda"});
+  CHECK(pc.zero.offload_param == OffloadDevice::CPU);
+  CHECK(pc.zero.param_pin_memory);  // the host parameter shard page-locked
   CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"offload_param", {{"device", "cpu"}}}}}}),
                                {"--device", "cuda"}),
                     Contains("zero_optimization.offload_param with a GPU (--device cuda) needs offload_optimizer too"));
