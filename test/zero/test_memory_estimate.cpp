@@ -394,14 +394,25 @@ TEST_CASE("memory estimate: a distillation teacher on every rank", "[zero][estim
   }
 }
 
-TEST_CASE("memory estimate: the optimizer state on NVMe with a GPU model", "[zero][estimate]") {
+namespace {
+
+// GPT-2 124M at ZeRO-3 with the optimizer state on NVMe: sub-groups of 1e6
+// elements, buffer_count 4.
+TrainConfig nvme_config(DeviceType device) {
   TrainConfig cfg = gpt2_124m();
-  cfg.device = DeviceType::CUDA;
+  cfg.device = device;
   cfg.zero.stage = 3;
   cfg.zero.offload_optimizer = OffloadDevice::NVMe;
   cfg.zero.nvme.nvme_path = "/nvme";
   cfg.zero.sub_group_size = 1000000;
   cfg.zero.nvme.buffer_count = 4;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("memory estimate: the optimizer state on NVMe with a GPU model", "[zero][estimate]") {
+  TrainConfig cfg = nvme_config(DeviceType::CUDA);
   const MemoryEstimate e = estimate_memory(cfg, 1, 8);
   const MemoryEstimateRow& nv = e.rows.back();
   REQUIRE(nv.nvme);
@@ -451,13 +462,7 @@ TEST_CASE("memory estimate: the optimizer state on NVMe with a GPU model", "[zer
 }
 
 TEST_CASE("memory estimate: the optimizer state on NVMe (ZeRO-3, CPU backend)", "[zero][estimate]") {
-  TrainConfig cfg = gpt2_124m();
-  cfg.device = DeviceType::CPU;
-  cfg.zero.stage = 3;
-  cfg.zero.offload_optimizer = OffloadDevice::NVMe;
-  cfg.zero.nvme.nvme_path = "/nvme";
-  cfg.zero.sub_group_size = 1000000;
-  cfg.zero.nvme.buffer_count = 4;
+  TrainConfig cfg = nvme_config(DeviceType::CPU);
   const MemoryEstimate e = estimate_memory(cfg, 1, 8);
   const MemoryEstimateRow& nv = e.rows.back();
   REQUIRE(nv.nvme);
