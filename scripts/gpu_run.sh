@@ -11,13 +11,17 @@
 #   3. test_comm_nccl       NCCL communicator, world of one (2 ranks need 2 GPUs)
 #   4. test_gen_cuda        generation's KV-cache path against the CPU one
 #   5. smoke_cuda_fp16, smoke_cuda_fp32, smoke_cpu_fp32   the same run in fp16, fp32, and on the CPU
-#   6. test_offload_cuda    the offloaded optimizer's bucketed step against the blocking one
+#   6. test_offload_cuda    the offloaded optimizer's bucketed step against the blocking one,
+#                           and its step through the NVMe tier (parameters on the device,
+#                           on the host, in the tier) against AdamW in memory
 #   7. test_cuda_cudnn      the cudnn attention backend against the CPU op ([cudnn])
 #   8. test_flash2_ordered  flash2 attention's ordered-dQ backward ([flash2-ordered])
 #   9. test_host_syncs_cuda host synchronisations of a GPU training step (<= 1),
 #                           fp32 GPU loss curve against the CPU's, --cuda-graph replays
 #                           (AdamW update included) against eager steps bit for bit, and
-#                           a replay's launches counted with CUPTI (0 kernels, 1 graph)
+#                           a replay's launches counted with CUPTI (0 kernels, 1 graph),
+#                           OneBitAdam / ZeroOneAdam on the CPU's curve, offload_optimizer
+#                           nvme and offload_param (cpu, nvme) bit for bit as the cpu offload
 #  10. compute-sanitizer    memcheck, racecheck, synccheck on small flash2 cases
 #  11. bench_cuda_kernels   (--quick) copy / bf16 GEMM ceilings, then every op vs its
 #                           floor: last, with the time left (bench.sh runs it in full)
