@@ -1,8 +1,7 @@
 // The 1-bit optimizers' shared part (onebit_family.h).
 #include "lib/optim/onebit_family.h"
 
-#include <algorithm>
-#include <cmath>
+#include <utility>
 
 #include "lib/core/error.h"
 
@@ -27,29 +26,8 @@ OneBitFamily::OneBitFamily(const ModelLayout& layout, Device dev, int64_t begin,
   }
 }
 
-void OneBitFamily::exchange_units(float* x) {
-  if (ranks() <= 1) return;
-  errors_.resize(units_.size());
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const std::vector<Segment>& unit = units_[u];
-    if (unit.size() == 1) {  // contiguous: in place
-      onebit_all_reduce(*dp_, x + unit[0].begin, unit[0].end - unit[0].begin, errors_[u]);
-      continue;
-    }
-    gathered_.clear();
-    for (const Segment& s : unit) gathered_.insert(gathered_.end(), x + s.begin, x + s.end);
-    onebit_all_reduce(*dp_, gathered_.data(), static_cast<int64_t>(gathered_.size()), errors_[u]);
-    const float* from = gathered_.data();
-    for (const Segment& s : unit) {
-      std::copy(from, from + (s.end - s.begin), x + s.begin);
-      from += s.end - s.begin;
-    }
-  }
-}
-
 void OneBitFamily::exchange_units(const Tensor& x) {
   if (ranks() <= 1) return;
-  if (x.device().is_cpu()) return exchange_units(x.data<float>());
   errors_.resize(units_.size());
   for (size_t u = 0; u < units_.size(); ++u) {
     const std::vector<Segment>& unit = units_[u];
@@ -59,30 +37,17 @@ void OneBitFamily::exchange_units(const Tensor& x) {
     }
     int64_t n = 0;
     for (const Segment& s : unit) n += s.end - s.begin;
-    if (gathered_dev_.numel() < n) gathered_dev_ = Tensor::empty({n}, DType::F32, x.device());
+    if (gathered_.numel() < n) gathered_ = Tensor::empty({n}, DType::F32, x.device());
     int64_t at = 0;
     for (const Segment& s : unit) {
-      gathered_dev_.view(at, {s.end - s.begin}).copy_from(x.view(s.begin, {s.end - s.begin}));
+      gathered_.view(at, {s.end - s.begin}).copy_from(x.view(s.begin, {s.end - s.begin}));
       at += s.end - s.begin;
     }
-    onebit_all_reduce(*dp_, gathered_dev_.view(0, {n}), errors_[u]);
+    onebit_all_reduce(*dp_, gathered_.view(0, {n}), errors_[u]);
     at = 0;
     for (const Segment& s : unit) {
-      x.view(s.begin, {s.end - s.begin}).copy_from(gathered_dev_.view(at, {s.end - s.begin}));
+      x.view(s.begin, {s.end - s.begin}).copy_from(gathered_.view(at, {s.end - s.begin}));
       at += s.end - s.begin;
-    }
-  }
-}
-
-void OneBitFamily::adam_update(float* p, const float* m, const float* v, float* acc, const StepHyper& h) const {
-  for (const Segment& s : segs_) {
-    const float wd = s.decay ? h.weight_decay : 0.f;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = s.begin; i < s.end; ++i) {
-      float u = m[i] / (std::sqrt(v[i]) + h.eps);
-      if (wd > 0.f) u += wd * p[i];
-      p[i] += -h.lr * u;
-      if (acc) acc[i] += -h.lr * u;
     }
   }
 }

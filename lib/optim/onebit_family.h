@@ -34,17 +34,12 @@ class OneBitFamily : public Optimizer {
   // that unit: each parameter tensor (DeepSpeed's per-parameter exchange), or
   // each parameter group's tensors one after the other (per_group). One
   // rank: unchanged.
-  void exchange_units(float* x);
-  void exchange_units(const Tensor& x);  // the same on x's device (range elements, f32)
+  void exchange_units(const Tensor& x);  // x: the range's f32 elements, on the state's device
   // x <- the compressed mean of the whole range as one tensor (1-bit Lamb's
   // flattened momentum).
   void exchange_whole(float* x);
   // Fresh (zero) errors for the next exchange.
   void reset_errors() { errors_.clear(); }
-  // Adam's update without bias correction over the range:
-  // p += -lr (m / (sqrt(v) + eps) + wd p), wd where the parameter decays;
-  // `acc`, when set, collects the same terms (0/1 Adam's local steps).
-  void adam_update(float* p, const float* m, const float* v, float* acc, const StepHyper& h) const;
 
   std::vector<Segment> segs_;  // the parameter tensors of the range
   Tensor seg_table_;           // segs_ as optim_step's (S, 3) table on the state's device
@@ -53,8 +48,7 @@ class OneBitFamily : public Optimizer {
 
  private:
   std::vector<std::vector<Segment>> units_;  // each unit's segments, in order
-  std::vector<float> gathered_;              // a group unit's elements, one after the other
-  Tensor gathered_dev_;                      // the same for exchange_units(const Tensor&)
+  Tensor gathered_;                          // a group unit's elements, one after the other
   std::vector<OneBitErrors> errors_;
   Communicator* dp_ = nullptr;
 };
