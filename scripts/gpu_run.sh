@@ -20,7 +20,7 @@
 #                           fp32 GPU loss curve against the CPU's, --cuda-graph replays
 #                           (AdamW update included) against eager steps bit for bit, and
 #                           a replay's launches counted with CUPTI (0 kernels, 1 graph),
-#                           OneBitAdam / ZeroOneAdam on the CPU's curve, offload_optimizer
+#                           OneBitAdam / ZeroOneAdam / OneBitLamb on the CPU's curve, offload_optimizer
 #                           nvme and offload_param (cpu, nvme) bit for bit as the cpu offload
 #  10. compute-sanitizer    memcheck, racecheck, synccheck on small flash2 cases
 #  11. bench_cuda_kernels   (--quick) copy / bf16 GEMM ceilings, then every op vs its

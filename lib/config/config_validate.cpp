@@ -572,9 +572,6 @@ void validate_config(const TrainConfig& cfg, int world_size, Warnings& w) {
                                                                                                           : "1bit-Lamb";
     DS_USER_CHECK(cfg.zero.stage == 0, "optimizer.type {}: {} is not compatible with ZeRO (as in DeepSpeed); set "
                   "zero_optimization.stage 0 (it is {})", t, upstream, cfg.zero.stage);
-    DS_USER_CHECK(cfg.device == DeviceType::CPU || k != OptimizerKind::OneBitLamb,
-                  "optimizer.type {} runs on the CPU backend only so far (OneBitAdam and ZeroOneAdam run on GPUs "
-                  "too)", t);
     DS_USER_CHECK(!cfg.cuda_graph, "optimizer.type {} cannot be combined with --cuda-graph", t);
     DS_USER_CHECK(cfg.model.moe.expert_parallel_size == 1 || !cfg.model.moe.enabled(cfg.model.num_layers),
                   "optimizer.type {} with expert parallelism is not implemented yet", t);

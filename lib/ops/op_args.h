@@ -558,9 +558,13 @@ struct OptimStepArgs {
   Tensor s2;          // (n) f32 exp_avg_sq (Adam, Lamb) or undefined
   Tensor param_lowp;  // (n) bf16/f16 model weights or undefined (never with LambMoments)
   Tensor segments;    // (S, 3) i64 {begin, end, decay}, sorted and disjoint; on the op's device
-  Tensor seg_stats;   // LambMoments: (S, 2) f32 written; LambApply: (S) f32 read; else undefined
+  Tensor seg_stats;   // LambMoments: (S, 2) f32 written; LambApply, OneBitLambMomentum: (S) f32 read;
+                      // OneBitLambFresh: (S, 4) f32, column 0 read (the scale), 1-3 written; else undefined
   OptimRule rule = OptimRule::Sgd;
-  Tensor s3;          // (n) f32 0/1 Adam's update accumulator: OneBitApply (optional), ZeroOne*; else undefined
+  Tensor s3;          // (n) f32 0/1 Adam's update accumulator: OneBitApply (optional), ZeroOne*;
+                      // 1-bit Lamb's fresh variance: OneBitLambFresh; else undefined
+  Tensor prev;        // (n) f32 the momentum before the step: OneBitLambMomentum writes it, OneBitLambFresh
+                      // reads it; else undefined
   OptimTerms t;
 };
 template <class A, class F> IfArgs<A, OptimStepArgs> fields(A& a, F&& f) {
@@ -572,6 +576,7 @@ template <class A, class F> IfArgs<A, OptimStepArgs> fields(A& a, F&& f) {
   f(a.segments, "segments", Role::Native);
   f(a.seg_stats, "seg_stats", Role::Native);
   f(a.s3, "s3", Role::Native);
+  f(a.prev, "prev", Role::Native);
 }
 
 // The update's gate, on the op's device and without a host read: from the

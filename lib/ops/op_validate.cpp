@@ -565,7 +565,8 @@ void validate_optim_step(const OptimStepArgs& a) {
   const int64_t n = a.param.numel();
   const OptimRule r = a.rule;
   const bool zero_one = r == OptimRule::ZeroOneUnwind || r == OptimRule::ZeroOneSync;
-  if (r == OptimRule::LambApply || r == OptimRule::OneBitApply || zero_one) {
+  const bool lamb1 = r == OptimRule::OneBitLambMomentum, lamb2 = r == OptimRule::OneBitLambFresh;
+  if (r == OptimRule::LambApply || r == OptimRule::OneBitApply || zero_one || lamb2) {
     DS_CHECK(!a.grad.defined(), "{}: rule {} takes no gradient", c.op(), static_cast<int>(r));
   } else {
     c.floating(a.grad, "grad");
@@ -573,16 +574,19 @@ void validate_optim_step(const OptimStepArgs& a) {
   }
   const bool two = r == OptimRule::AdamL2 || r == OptimRule::AdamW || r == OptimRule::LambMoments ||
                    r == OptimRule::LambApply || r == OptimRule::OneBitMoments || r == OptimRule::OneBitApply ||
-                   zero_one;
+                   zero_one || lamb2;
   const bool one = two || r == OptimRule::Adagrad || r == OptimRule::Lion || r == OptimRule::OneBitMomentum ||
-                   (r == OptimRule::Sgd && a.t.momentum != 0.f);
+                   lamb1 || (r == OptimRule::Sgd && a.t.momentum != 0.f);
   DS_CHECK(one == a.s1.defined() && two == a.s2.defined(), "{}: rule {} takes {} state tensors", c.op(),
            static_cast<int>(r), two ? 2 : one ? 1 : 0);
   if (one) c.stat(a.s1, n, "s1", "numel(param)");
   if (two) c.stat(a.s2, n, "s2", "numel(param)");
-  DS_CHECK(zero_one ? a.s3.defined() : (!a.s3.defined() || r == OptimRule::OneBitApply),
-           "{}: rule {} {} the accumulator s3", c.op(), static_cast<int>(r), zero_one ? "needs" : "takes no");
+  DS_CHECK(zero_one || lamb2 ? a.s3.defined() : (!a.s3.defined() || r == OptimRule::OneBitApply),
+           "{}: rule {} {} the state s3", c.op(), static_cast<int>(r), zero_one || lamb2 ? "needs" : "takes no");
   if (a.s3.defined()) c.stat(a.s3, n, "s3", "numel(param)");
+  DS_CHECK(a.prev.defined() == (lamb1 || lamb2), "{}: rule {} {} the momentum before the step (prev)", c.op(),
+           static_cast<int>(r), lamb1 || lamb2 ? "needs" : "takes no");
+  if (a.prev.defined()) c.stat(a.prev, n, "prev", "numel(param)");
   DS_CHECK(a.segments.defined() && a.segments.dtype() == DType::I64 && a.segments.dim() == 2 &&
                a.segments.size(1) == 3,
            "{}: segments must be i64 (S, 3) rows {{begin, end, decay}}", c.op());
@@ -598,12 +602,17 @@ void validate_optim_step(const OptimStepArgs& a) {
     DS_CHECK(a.seg_stats.defined() && a.seg_stats.dtype() == DType::F32 && a.seg_stats.numel() == 2 * S,
              "{}: LambMoments writes seg_stats (S, 2) f32, S = {}", c.op(), S);
     DS_CHECK(!a.param_lowp.defined(), "{}: LambMoments does not write param_lowp", c.op());
-  } else if (r == OptimRule::LambApply) {
+  } else if (r == OptimRule::LambApply || lamb1) {
     DS_CHECK(a.seg_stats.defined() && a.seg_stats.dtype() == DType::F32 && a.seg_stats.numel() == S,
-             "{}: LambApply reads seg_stats (S) f32, S = {}", c.op(), S);
+             "{}: rule {} reads seg_stats (S) f32, S = {}", c.op(), static_cast<int>(r), S);
+  } else if (lamb2) {
+    DS_CHECK(a.seg_stats.defined() && a.seg_stats.dtype() == DType::F32 && a.seg_stats.numel() == 4 * S,
+             "{}: OneBitLambFresh reads and writes seg_stats (S, 4) f32, S = {}", c.op(), S);
   } else {
     DS_CHECK(!a.seg_stats.defined(), "{}: seg_stats is for Lamb only", c.op());
   }
+  DS_CHECK(!(lamb1 || lamb2) || !a.param_lowp.defined(), "{}: rule {} does not write param_lowp", c.op(),
+           static_cast<int>(r));
   if (!a.param_lowp.defined()) return;
   c.floating(a.param_lowp, "param_lowp");
   c.numel(a.param_lowp, n, "param_lowp", "numel(param)");

@@ -19,6 +19,11 @@
 //                  with an accumulator a (0/1 Adam's local steps) a += -lr u too
 //   ZeroOneUnwind  p -= a; a *= sqrt(v) + eps                 (0/1 Adam's synchronisation, before the exchange)
 //   ZeroOneSync    m = -(a / L) when L = step_size != 0; p += a / (sqrt(v) + eps); a = 0   (after it)
+//   OneBitLambMomentum  prev = m; m = (b1 m + (1 - b1) g) c      (1-bit Lamb's compressed phase, before the
+//                       exchange; c the segment's momentum scale)
+//   OneBitLambFresh     m /= c; h = (m - b1 prev) / (1 - b1); w = b2 w + (1 - b2) h^2 (the fresh variance);
+//                       u0 = m / (sqrt(v) + eps); u = u0 (+ wd p); returns max (sqrt(v) + eps) / (sqrt(w) + eps),
+//                       sum u0^2, sum u^2 per segment (after the exchange; p unchanged)
 // g is the gradient times grad_scale (clip coefficient / loss scale) in every rule.
 #pragma once
 #include <cmath>
@@ -40,7 +45,9 @@ enum class OptimRule : uint8_t {
   OneBitMomentum,
   OneBitApply,
   ZeroOneUnwind,
-  ZeroOneSync
+  ZeroOneSync,
+  OneBitLambMomentum,
+  OneBitLambFresh
 };
 
 // The per-call values of a rule (the host derives them once per step).
@@ -170,6 +177,31 @@ DS_HOST_DEVICE void zero_one_sync(const OptimTerms& t, float& m, float v, float&
   if (t.step_size != 0.f) m = -(a / t.step_size);
   p += a / (sqrt_f(v) + t.eps);
   a = 0.f;
+}
+
+// 1-bit Lamb (DeepSpeed's runtime/fp16/onebit/lamb.py) after freeze_step:
+// the momentum with the rank's own gradient, kept as it was (prev) and
+// scaled by the segment's scale c for the exchange of the whole range.
+DS_HOST_DEVICE void onebit_lamb_momentum(const OptimTerms& t, float g, float& m, float& prev, float c) {
+  prev = m;
+  g *= t.grad_scale;
+  m = (m * t.beta1 + (1.f - t.beta1) * g) * c;
+}
+
+// After the exchange: the momentum unscaled, the gradient it implies updates
+// the fresh variance w (v stays frozen), and the values the segment's factor
+// is taken from: the ratio of the frozen to the fresh denominator, u0 and u.
+struct OneBitLambTerms {
+  float ratio, u0, u;
+};
+DS_HOST_DEVICE OneBitLambTerms onebit_lamb_fresh(const OptimTerms& t, float& m, float prev, float v, float& w,
+                                                 float p, float wd, float c) {
+  m /= c;
+  const float h = (m - prev * t.beta1) / (1.f - t.beta1);
+  w = w * t.beta2 + (1.f - t.beta2) * h * h;
+  const float denom = sqrt_f(v) + t.eps;
+  const float u0 = m / denom;
+  return {denom / (sqrt_f(w) + t.eps), u0, wd > 0.f ? u0 + wd * p : u0};
 }
 
 // Lamb's trust ratio of one tensor from its squared norms (FusedLamb): 1 when

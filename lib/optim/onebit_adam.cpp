@@ -7,7 +7,7 @@
 namespace ds {
 
 OneBitAdam::OneBitAdam(const OptimizerSpec& spec, const ModelLayout& layout, Device dev, int64_t begin, int64_t end)
-    : OneBitFamily(layout, dev, begin, end, "OneBitAdam", spec.compress_param_groups, true), spec_(spec) {
+    : OneBitFamily(layout, dev, begin, end, spec.compress_param_groups), spec_(spec) {
   allocate_state(dev);
 }
 

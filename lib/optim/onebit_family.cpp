@@ -3,14 +3,11 @@
 
 #include <utility>
 
-#include "lib/core/error.h"
 
 namespace ds {
 
-OneBitFamily::OneBitFamily(const ModelLayout& layout, Device dev, int64_t begin, int64_t end, const char* type,
-                           bool per_group, bool on_device)
+OneBitFamily::OneBitFamily(const ModelLayout& layout, Device dev, int64_t begin, int64_t end, bool per_group)
     : Optimizer(layout, begin, end) {
-  DS_USER_CHECK(dev.is_cpu() || on_device, "optimizer.type {} runs on the CPU backend only so far", type);
   segs_ = segments_in(begin, end);
   if (!segs_.empty()) seg_table_ = segment_table(segs_, dev);
   if (!per_group) {
@@ -52,10 +49,10 @@ void OneBitFamily::exchange_units(const Tensor& x) {
   }
 }
 
-void OneBitFamily::exchange_whole(float* x) {
+void OneBitFamily::exchange_whole(const Tensor& x) {
   if (ranks() <= 1) return;
   errors_.resize(1);
-  onebit_all_reduce(*dp_, x, end() - begin(), errors_[0]);
+  onebit_all_reduce(*dp_, x, errors_[0]);
 }
 
 }  // namespace ds

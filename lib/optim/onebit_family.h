@@ -1,6 +1,6 @@
 // What DeepSpeed's three optimizers with compressed communication (1-bit
-// Adam, 0/1 Adam and 1-bit Lamb; runtime/fp16/onebit/) share on dstrain's
-// CPU backend at ZeRO stage 0: the data-parallel group their exchange runs
+// Adam, 0/1 Adam and 1-bit Lamb; runtime/fp16/onebit/) share at ZeRO stage
+// 0: the data-parallel group their exchange runs
 // over, the switch that keeps a step's gradients local (the trainer then
 // skips their all-reduce and leaves them the rank's own mean, as DeepSpeed's
 // engine does), the first step of a process that only initialises, and the
@@ -24,10 +24,8 @@ class OneBitFamily : public Optimizer {
  protected:
   // per_group: the compression units are the parameter groups (decay, no
   // decay) rather than the tensors (OptimizerSpec::compress_param_groups).
-  // on_device: the optimizer runs on a GPU too (its state there, the
-  // exchange over NCCL); the others are the CPU backend's so far.
-  OneBitFamily(const ModelLayout& layout, Device dev, int64_t begin, int64_t end, const char* type,
-               bool per_group = false, bool on_device = false);
+  // Each runs where its state lives (on a GPU: the exchange over NCCL).
+  OneBitFamily(const ModelLayout& layout, Device dev, int64_t begin, int64_t end, bool per_group = false);
   int ranks() const { return dp_ ? dp_->size() : 1; }
   // x (the range's elements) <- each compression unit's elements replaced by
   // their compressed mean over the data-parallel ranks, with the errors of
@@ -37,7 +35,7 @@ class OneBitFamily : public Optimizer {
   void exchange_units(const Tensor& x);  // x: the range's f32 elements, on the state's device
   // x <- the compressed mean of the whole range as one tensor (1-bit Lamb's
   // flattened momentum).
-  void exchange_whole(float* x);
+  void exchange_whole(const Tensor& x);  // x: the range's f32 elements, on the state's device
   // Fresh (zero) errors for the next exchange.
   void reset_errors() { errors_.clear(); }
 

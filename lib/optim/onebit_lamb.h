@@ -1,8 +1,8 @@
 // DeepSpeed's "OneBitLamb" (1-bit Lamb, runtime/fp16/onebit/lamb.py, with the
-// engine's switch of the gradient all-reduce), on the CPU backend at ZeRO
-// stage 0. Per parameter tensor k it keeps, besides its state tensors, the
-// frozen trust ratio c_k (0 at first), the last factor f_k (1) and, from the
-// compression stage on, a momentum scale s_k.
+// engine's switch of the gradient all-reduce), at ZeRO stage 0, on the CPU
+// backend and on GPUs. Per parameter tensor k it keeps, besides its state
+// tensors, the frozen trust ratio c_k (0 at first), the last factor f_k (1)
+// and, from the compression stage on, a momentum scale s_k.
 //   - The first step of a process only initialises: it counts the step and,
 //     with several data-parallel ranks, replaces exp_avg by its 1-bit
 //     compressed mean (fresh errors, dropped after); the weights do not move.
@@ -24,6 +24,11 @@
 //     f = f q + 1 - q where q = min(1, ||u0|| / ||u||); f clamped to
 //     [factor_min, factor_max], then to within factor_threshold of f_k;
 //     f_k = f; p -= lr c_k f u.
+// The element-wise work is optim_step's rules (LambMoments and LambApply in
+// the warm-up; OneBitLambMomentum, OneBitLambFresh and LambApply after it),
+// run where the state lives; the per-tensor values (norms, maxima) come back
+// to the host once or twice a step, where the ratios and factors are decided,
+// as DeepSpeed's .item() calls do.
 // States exp_avg, exp_avg_sq, exp_avg_sq_fresh. A checkpoint of the
 // compression stage also keeps c_k, f_k and s_k (s_k once computed;
 // saved_scalars; it resumes
@@ -33,6 +38,7 @@
 // makes one uncompressed step on local gradients first, which leaves the
 // ranks' weights apart; dstrain does not).
 #pragma once
+#include "lib/ops/optim_rules.h"
 #include "lib/optim/onebit_family.h"
 
 namespace ds {
@@ -54,14 +60,20 @@ class OneBitLamb final : public OneBitFamily {
   const std::vector<double>& last_coeffs() const { return coeffs_; }
 
  private:
-  void warmup_step(const StepTensors& t, const StepHyper& h, float grad_scale);
-  void compressed_step(const StepTensors& t, const StepHyper& h, float grad_scale);
+  void warmup_step(const StepTensors& t, const StepHyper& h, const OptimTerms& terms, const Stream& s);
+  void compressed_step(const StepTensors& t, const StepHyper& h, const OptimTerms& terms, const Stream& s);
+  // p -= c_k u per segment k (LambApply with step size 1), c_k = lr coeffs_[k] rounded once to f32.
+  void apply(const StepTensors& t, const StepHyper& h, const OptimTerms& terms, const Stream& s);
+  // The per-segment f32 values `x` (S x width) on the state's device, and back.
+  Tensor to_state_device(const std::vector<float>& x, int64_t width) const;
+  std::vector<float> to_host(const Tensor& x) const;
   void reset_scalars();
   OptimizerSpec spec_;
+  Device dev_;
   bool frozen_ = false;  // the compression stage
   std::vector<double> coeff_freeze_, last_factor_, scaling_, coeffs_;  // per segment
   bool have_scaling_ = false;
-  std::vector<float> m_old_;  // the momentum before a compressed step
+  Tensor m_old_;  // the momentum before a compressed step, on the state's device
 };
 
 }  // namespace ds

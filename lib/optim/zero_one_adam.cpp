@@ -9,7 +9,7 @@ namespace ds {
 
 ZeroOneAdam::ZeroOneAdam(const OptimizerSpec& spec, const ModelLayout& layout, Device dev, int64_t begin,
                          int64_t end)
-    : OneBitFamily(layout, dev, begin, end, "ZeroOneAdam", spec.compress_param_groups, true), spec_(spec) {
+    : OneBitFamily(layout, dev, begin, end, spec.compress_param_groups), spec_(spec) {
   allocate_state(dev);
   acc_ = Tensor::zeros({end - begin}, DType::F32, dev);
 }

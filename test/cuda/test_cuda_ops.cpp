@@ -558,7 +558,7 @@ TEST_CASE("cuda adamw step") {
   }
 }
 
-TEST_CASE("cuda optim_step rules (L2 Adam, AdamW, SGD, Adagrad, Lion, Lamb's passes, 1-bit and 0/1 Adam's) match the CPU") {
+TEST_CASE("cuda optim_step rules (L2 Adam, AdamW, SGD, Adagrad, Lion, Lamb's passes, 1-bit and 0/1 Adam's, 1-bit Lamb's) match the CPU") {
   if (!gpu_or_skip()) return;
   const int64_t n = 5003;
   Tensor seg = Tensor::empty({4, 3}, DType::I64);
@@ -571,30 +571,42 @@ TEST_CASE("cuda optim_step rules (L2 Adam, AdamW, SGD, Adagrad, Lion, Lamb's pas
   const OptimRule rules[] = {OptimRule::AdamL2, OptimRule::AdamW, OptimRule::Sgd, OptimRule::Adagrad,
                              OptimRule::Lion, OptimRule::LambMoments, OptimRule::LambApply,
                              OptimRule::OneBitMoments, OptimRule::OneBitMomentum, OptimRule::OneBitApply,
-                             OptimRule::ZeroOneUnwind, OptimRule::ZeroOneSync};
+                             OptimRule::ZeroOneUnwind, OptimRule::ZeroOneSync, OptimRule::OneBitLambMomentum,
+                             OptimRule::OneBitLambFresh};
   for (OptimRule r : rules) {
     for (DType dt : kAllTypes) {
       const bool zero_one = r == OptimRule::ZeroOneUnwind || r == OptimRule::ZeroOneSync;
+      const bool lamb1 = r == OptimRule::OneBitLambMomentum, lamb2 = r == OptimRule::OneBitLambFresh;
       const bool two = r == OptimRule::AdamL2 || r == OptimRule::AdamW || r == OptimRule::LambMoments ||
                        r == OptimRule::LambApply || r == OptimRule::OneBitMoments || r == OptimRule::OneBitApply ||
-                       zero_one;
-      const bool no_grad = r == OptimRule::LambApply || r == OptimRule::OneBitApply || zero_one;
+                       zero_one || lamb2;
+      const bool no_grad = r == OptimRule::LambApply || r == OptimRule::OneBitApply || zero_one || lamb2;
       const bool acc = zero_one || r == OptimRule::OneBitApply;  // 0/1 Adam's accumulator
       OptimStepArgs a{.param = randn({n}, 91), .grad = no_grad ? Tensor() : randn({n}, 92, 0.01f),
                       .s1 = randn({n}, 93, 1e-3f), .s2 = two ? v.clone() : Tensor(), .segments = seg, .rule = r, .t = t};
       if (r == OptimRule::Adagrad) a.s1 = v.clone();
       if (r == OptimRule::LambMoments) a.seg_stats = zeros_f32({4, 2});
       if (r == OptimRule::LambApply) a.seg_stats = randn({4}, 95, 1.f);
-      if (dt != DType::F32 && r != OptimRule::LambMoments) a.param_lowp = zeros_f32({n});
+      if (dt != DType::F32 && r != OptimRule::LambMoments && !lamb1 && !lamb2) a.param_lowp = zeros_f32({n});
       if (acc) a.s3 = randn({n}, 96, 1e-3f);
+      if (lamb1) a.seg_stats = randn({4}, 97, 1.f);  // the momentum scales
+      if (lamb2) {  // the fresh variance (>= 0), the momentum before the step and the scales in column 0
+        a.s3 = v.clone();
+        for (int64_t i = 0; i < n; ++i) a.s3.data<float>()[i] *= 1.f + 0.5f * std::sin(static_cast<float>(i));
+        a.seg_stats = zeros_f32({4, 4});
+        for (int k = 0; k < 4; ++k) a.seg_stats.data<float>()[4 * k] = 0.5f + 0.4f * static_cast<float>(k);
+      }
+      if (lamb1 || lamb2) a.prev = randn({n}, 98, 1e-3f);
       if (r == OptimRule::ZeroOneSync) a.t.step_size = 0.25f;  // the learning rates' sum
       OpCase c = make_case("optim_step", a, ops::optim_step);
       c.fields.at("segments").output = false;
       std::vector<std::string> f32 = {"param", "s1"};
       if (two) f32.push_back("s2");
-      if (acc) f32.push_back("s3");
-      if (r == OptimRule::LambMoments) f32.push_back("seg_stats");
-      if (r == OptimRule::LambApply) c.fields.at("seg_stats").output = false;
+      if (acc || lamb2) f32.push_back("s3");
+      if (lamb1 || lamb2) f32.push_back("prev");
+      if (r == OptimRule::LambMoments || lamb2) f32.push_back("seg_stats");
+      if (r == OptimRule::LambApply || lamb1) c.fields.at("seg_stats").output = false;
+      if (lamb2) c.fields.at("prev").output = false;
       check_cuda_vs_cpu(set_kind(c, f32, Kind::F32), dt);
     }
   }

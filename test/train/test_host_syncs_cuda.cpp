@@ -74,10 +74,11 @@ TEST_CASE("the GPU loss curve in fp32 follows the CPU's", "[gpu]") {
   }
 }
 
-TEST_CASE("OneBitAdam and ZeroOneAdam on the GPU follow the CPU's curve through their phases", "[gpu]") {
+TEST_CASE("OneBitAdam, ZeroOneAdam and OneBitLamb on the GPU follow the CPU's curve through their phases", "[gpu]") {
   if (!cuda::device_available()) DS_SKIP("no CUDA device: " << cuda::unavailable_reason());
   for (const char* opt : {R"("OneBitAdam", "params": {"lr": 0.001, "freeze_step": 3})",
-                          R"("ZeroOneAdam", "params": {"lr": 0.001, "var_freeze_step": 3, "local_step_clipper": 2})"}) {
+                          R"("ZeroOneAdam", "params": {"lr": 0.001, "var_freeze_step": 3, "local_step_clipper": 2})",
+                          R"("OneBitLamb", "params": {"lr": 0.001, "freeze_step": 3, "weight_decay": 0.01})"}) {
     INFO(opt);
     const fs::path cfg = fixture().dir / "onebit_gpu.json";
     std::ofstream(cfg) << R"({"optimizer": {"type": )" << opt << R"(}, "zero_optimization": {"stage": 0}})";
