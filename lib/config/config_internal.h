@@ -58,6 +58,15 @@ class DsSection {
 
 void add_warning(Warnings& w, std::string msg);
 
+// DeepSpeed features dstrain does not implement (config_upstream.cpp):
+// refused where they would change what is trained, else accepted with one
+// line. The top-level sections; zero_optimization's keys (after its stage is
+// read: the deprecated cpu_offload aliases set the offload devices); a
+// precision section's 16-bit master weights key.
+void read_upstream_sections(DsSection& root);
+void read_zero_upstream(DsSection& zero, ZeroConfig& z);
+void refuse_16bit_master(DsSection& precision, const std::string& key);
+
 // Writes v at `pointer` in j; UserError naming `flag` if the path is blocked.
 void set_at(nlohmann::json& j, const std::string& pointer, const nlohmann::json& v, const std::string& flag);
 // Megatron-DeepSpeed compatibility flags (config_compat_flags.cpp): parsed into

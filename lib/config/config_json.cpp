@@ -310,7 +310,10 @@ void read_precision(DsSection& root, PrecisionConfig& pc) {
   DS_USER_CHECK(!(fp16 && bf16), "config: fp16.enabled and bf16.enabled are both true; choose one (or --fp16 / --bf16)");
   pc.precision = fp16 ? Precision::FP16 : bf16 ? Precision::BF16 : Precision::FP32;
   read_fields(f, pc, fp16_fields());
-  if (fp16) f.finish();  // a disabled section changes nothing: no warnings for it
+  if (fp16) {  // a disabled section changes nothing: no warnings for it
+    refuse_16bit_master(f, "fp16_master_weights_and_grads");
+    f.finish();
+  }
   if (bf16) b.finish();
   read_grad_accum_dtype(root, pc);
 }
@@ -330,6 +333,7 @@ void read_zero(DsSection& root, ZeroConfig& z) {
   // DeepSpeed's dynamic default: overlap_comm is on at stage 3 unless the
   // config says otherwise (the same values either way; see docs/zero.md).
   if (!overlap_given) z.overlap_comm = z.stage == 3;
+  read_zero_upstream(s, z);
   s.accept_if("allgather_partitions", true);
   s.accept_if("reduce_scatter", true);
   s.accept_if("round_robin_gradients", false);
@@ -683,6 +687,7 @@ void read_config_json(const json& j, TrainConfig& cfg, Warnings& w) {
   read_precision(root, cfg.precision);
   read_zero(root, cfg.zero);
   read_optional_features(root, cfg.log);
+  read_upstream_sections(root);
   read_curriculum(root, cfg.curriculum);
   // Megatron's --data-efficiency-curriculum-learning (our training section) decides whether
   // the data-sampling curriculum is read in full.

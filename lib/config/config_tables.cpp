@@ -132,6 +132,7 @@ std::span<const ConfigField<ZeroConfig>> zero_fields() {
       F(ZeroConfig, "stage3_max_live_parameters", stage3_max_live_parameters),
       F(ZeroConfig, "stage3_param_persistence_threshold", stage3_param_persistence_threshold),
       F(ZeroConfig, "sub_group_size", sub_group_size),
+      F(ZeroConfig, "load_from_fp32_weights", load_from_fp32_weights),
   };
   return t;
 }

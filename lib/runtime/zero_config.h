@@ -56,6 +56,10 @@ struct ZeroConfig {
   // sub_group_size: elements of the optimizer step's tile with NVMe offload
   // (each sub-group's state is read, updated and written in turn).
   int64_t sub_group_size = 1000000000;
+  // load_from_fp32_weights false (DeepSpeed's ZeRO 1/2 and bf16 optimizers):
+  // --load starts the f32 master weights from the 16-bit weights, i.e. the
+  // saved f32 values rounded to the training's 16-bit dtype (the trainer).
+  bool load_from_fp32_weights = true;
 };
 
 // ZeRO-Infinity's gradient tier: with offload_optimizer nvme at stage 3, f32

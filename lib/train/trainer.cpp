@@ -610,15 +610,48 @@ void Trainer::reset_iteration_after_load() {
   state_.consumed_tokens = 0;
 }
 
+namespace {
+
+// zero_optimization.load_from_fp32_weights false: DeepSpeed's ZeRO 1/2
+// optimizer, and its bf16 optimizer at stage 0, restore the f32 master weights
+// from the model's 16-bit weights when a checkpoint loads with its optimizer
+// state: the saved values rounded to the compute dtype. Its other optimizers
+// (fp32, fp16 at stage 0, stage 3) never read the key.
+bool masters_from_16bit(const TrainConfig& cfg) {
+  const Precision p = cfg.precision.precision;
+  const int stage = cfg.zero.stage;
+  return !cfg.zero.load_from_fp32_weights && p != Precision::FP32 &&
+         (stage == 1 || stage == 2 || (stage == 0 && p == Precision::BF16));
+}
+
+void round_to_16bit(float* x, int64_t n, Precision p) {
+  if (p == Precision::BF16)
+    for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+  else
+    for (int64_t i = 0; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i]));
+}
+
+}  // namespace
+
 void Trainer::load_or_init() {
   if (!cfg_.ckpt.load_dir.empty()) {
     // Each rank reads only the weights its store keeps (its tp slices and
     // stage; with ZeRO-3 its partition), never the whole model.
     CheckpointData d = checkpoint_data(zero_rank_, zero_ranks_);
-    d.receive_params = [&](const CheckpointData::ParamsReader& read) {
-      model_->store().init_params(model_->layout().total, read);
-    };
     d.weights_only = cfg_.ckpt.finetune || cfg_.ckpt.no_load_optim;
+    const bool from_16bit = masters_from_16bit(cfg_) && !d.weights_only;
+    d.receive_params = [&](const CheckpointData::ParamsReader& read) {
+      if (!from_16bit) return model_->store().init_params(model_->layout().total, read);
+      model_->store().init_params(model_->layout().total, [&](int64_t begin, int64_t end, float* out) {
+        read(begin, end, out);
+        round_to_16bit(out, end - begin, cfg_.precision.precision);
+      });
+    };
+    if (!cfg_.zero.load_from_fp32_weights)
+      DS_LOG("zero_optimization.load_from_fp32_weights false: {}", from_16bit
+             ? "the f32 master weights start from the checkpoint's 16-bit weights (its f32 values rounded)"
+             : "no effect here (DeepSpeed reads it only for a full load at ZeRO stage 1/2 in fp16 or bf16, or at "
+               "stage 0 in bf16)");
     if (load_checkpoint(cfg_.ckpt.load_dir, state_, d)) {
       model_->store().params_updated();
       if (d.weights_only) {

@@ -199,6 +199,62 @@ TEST_CASE("DeepSpeed keys we do not implement are warned about by name", "[confi
   CHECK_THROWS_WITH(parse_json(with(base(), {{"prescale_gradients", 2}})), Contains("prescale_gradients"));
 }
 
+TEST_CASE("DeepSpeed features dstrain lacks: refused where they change the training, else one line", "[config]") {
+  // Refused when on, silent when off.
+  for (const char* sec : {"amp", "torch_autocast", "progressive_layer_drop"}) {
+    INFO(sec);
+    CHECK_THROWS_WITH(parse_json(with(base(), {{sec, {{"enabled", true}}}})),
+                      Contains(std::string("'") + sec + ".enabled' is true") && Contains("not implemented by dstrain"));
+    CHECK(parse_json(with(base(), {{sec, {{"enabled", false}, {"opt_level", "O1"}}}})).warnings.empty());
+  }
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"fp16", {{"enabled", true}, {"fp16_master_weights_and_grads", true}}}})),
+                    Contains("'fp16.fp16_master_weights_and_grads' is true: master weights and gradients in 16 bits"));
+  CHECK(parse_json(with(base(), {{"fp16", {{"enabled", true}, {"fp16_master_weights_and_grads", false}}}}))
+            .warnings.empty());
+  // ZeRO++'s quantized communication: refused at stage 3, inert below it (as upstream).
+  for (const char* key : {"zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients"}) {
+    INFO(key);
+    CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {key, true}}}})),
+                      Contains(std::string("'zero_optimization.") + key + "' is true: ZeRO++'s quantized"));
+    const TrainConfig c = parse_json(with(base(), {{"zero_optimization", {{"stage", 2}, {key, true}}}}));
+    CHECK(has_warning(c, std::string(key) + "' has no effect below stage 3"));
+    CHECK(c.warnings.size() == 1);
+  }
+  CHECK(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"zero_quantized_weights", false},
+                                                        {"zeropp_loco_param", {{"err_beta", 0.8}}}}}}))
+            .warnings.empty());
+  // hpZ and MiCS: the same values, another partition: one line each.
+  const TrainConfig hpz = parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"zero_hpz_partition_size", 8}}}}));
+  CHECK(has_warning(hpz, "'zero_optimization.zero_hpz_partition_size' 8 (hpZ's secondary partition) is not implemented"));
+  CHECK(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"zero_hpz_partition_size", 1}}}})).warnings.empty());
+  CHECK(has_warning(parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"mics_shard_size", 4}}}})),
+                    "(MiCS) is not implemented"));
+  // The deprecated offload aliases mean what DeepSpeed makes of them.
+  const TrainConfig alias = parse_json(with(base(), {{"zero_optimization", {{"stage", 3}, {"cpu_offload", true},
+                                                                            {"cpu_offload_param", true}}}}));
+  CHECK(alias.zero.offload_optimizer == OffloadDevice::CPU);
+  CHECK(alias.zero.offload_param == OffloadDevice::CPU);
+  CHECK(has_warning(alias, "'zero_optimization.cpu_offload' is deprecated (as in DeepSpeed): read as "
+                           "offload_optimizer.device cpu"));
+  CHECK(parse_json(with(base(), {{"zero_optimization", {{"stage", 2}, {"cpu_offload", false}}}})).zero.offload_optimizer ==
+        OffloadDevice::None);
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"zero_optimization", {{"stage", 2}, {"cpu_offload", true},
+                                                                    {"offload_optimizer", {{"device", "cpu"}}}}}})),
+                    Contains("'zero_optimization.cpu_offload' (deprecated) and 'zero_optimization.offload_optimizer' "
+                             "are both given"));
+  CHECK(has_warning(parse_json(with(base(), {{"zero_optimization", {{"stage", 2}, {"cpu_offload_use_pin_memory", true}}}})),
+                    "cpu_offload_use_pin_memory' is deprecated and sets nothing"));
+  // load_from_fp32_weights is read (the trainer honours it); sparse_attention is inert upstream for GPT models.
+  CHECK_FALSE(parse_json(with(base(), {{"zero_optimization", {{"stage", 1}, {"load_from_fp32_weights", false}}}}))
+                  .zero.load_from_fp32_weights);
+  CHECK(parse_json(base()).zero.load_from_fp32_weights);
+  CHECK(has_warning(parse_json(with(base(), {{"sparse_attention", {{"mode", "fixed"}}}})), "SparseSelfAttention"));
+  // gradient_predivide_factor changes only the rounding of an f32 reduction.
+  CHECK(parse_json(with(base(), {{"gradient_predivide_factor", 4.0}})).warnings.empty());
+  CHECK_THROWS_WITH(parse_json(with(base(), {{"gradient_predivide_factor", 0}})),
+                    Contains("'gradient_predivide_factor' must be > 0, got 0"));
+}
+
 TEST_CASE("Compression and data efficiency: refused when they would act, noted when inert", "[config]") {
   auto quant = [](bool on) {
     return json{{"weight_quantization",
