@@ -213,37 +213,44 @@ const uint16_t* bf16_data(const Tensor& t) { return t.data<uint16_t>(); }
 // A forward with fewer rows than this (decoding: one row per sequence) runs
 // as dot products of the rows with the weight rows: a GEMM kernel would copy
 // (reorder) each weight slice for a handful of rows, and the forward is bound
-// by reading the weight once.
-constexpr int64_t kFewRows = 8;
+// by reading the weight once. In f32 (and emulated fp16) the bound is higher:
+// every row's sums then come out the same whatever the number of rows, so
+// generation gives the same samples at any micro-batch up to 16. (OpenBLAS
+// sgemm does not promise that: on AVX2 CPUs its results for a row change
+// with the number of rows of a small GEMM.)
+constexpr int64_t kFewRows = 8, kFewRowsF32 = 17;
+
+float to_f32(float x) { return x; }
+float to_f32(uint16_t x) { return bf16_to_f32(x); }
 
 // out (N, OC) = inp (N, C) @ w^T (+ bias), N < kFewRows: per block of 64
 // outputs (in parallel), each row's dot product in f32 with 16 lanes (lane
 // l sums the products at k = l mod 16 in k order, then the lanes in order).
-// The input rows are widened to f32 once and each 16-wide slice of a weight
-// row once for all NR rows (the weights are read once per call).
-template <int NR>
-void few_rows_forward_n(const float* x, const uint16_t* w, const float* bias, const Tensor& out,
-                        const MatmulDims& d) {
+// The input rows are f32 (widened once) and each 16-wide slice of a weight
+// row (bf16 or f32) is widened once for all NR rows (the weights are read
+// once per call).
+template <int NR, class W>
+void few_rows_forward_n(const float* x, const W* w, const float* bias, const Tensor& out, const MatmulDims& d) {
   constexpr int64_t kCols = 64;
   const int64_t nblocks = (d.OC + kCols - 1) / kCols, C = d.C;
   const bool out_bf16 = out.dtype() == DType::BF16;
 #pragma omp parallel for schedule(static)
   for (int64_t blk = 0; blk < nblocks; ++blk) {
     for (int64_t j = blk * kCols; j < std::min(d.OC, (blk + 1) * kCols); ++j) {
-      const uint16_t* wj = w + j * C;
+      const W* wj = w + j * C;
       float lanes[NR][16] = {};
       int64_t k = 0;
       for (; k + 16 <= C; k += 16) {
         float wk[16];
 #pragma omp simd
-        for (int l = 0; l < 16; ++l) wk[l] = bf16_to_f32(wj[k + l]);
+        for (int l = 0; l < 16; ++l) wk[l] = to_f32(wj[k + l]);
         for (int n = 0; n < NR; ++n) {
 #pragma omp simd
           for (int l = 0; l < 16; ++l) lanes[n][l] += x[n * C + k + l] * wk[l];
         }
       }
       for (; k < C; ++k)
-        for (int n = 0; n < NR; ++n) lanes[n][k % 16] += x[n * C + k] * bf16_to_f32(wj[k]);
+        for (int n = 0; n < NR; ++n) lanes[n][k % 16] += x[n * C + k] * to_f32(wj[k]);
       for (int n = 0; n < NR; ++n) {
         float s = 0.f;
         for (int l = 0; l < 16; ++l) s += lanes[n][l];
@@ -255,12 +262,12 @@ void few_rows_forward_n(const float* x, const uint16_t* w, const float* bias, co
   }
 }
 
-template <int NR = 1>
-void few_rows_dispatch(int64_t N, const float* x, const uint16_t* w, const float* bias, const Tensor& out,
+template <int Limit, int NR = 1, class W>
+void few_rows_dispatch(int64_t N, const float* x, const W* w, const float* bias, const Tensor& out,
                        const MatmulDims& d) {
-  if constexpr (NR < kFewRows) {
+  if constexpr (NR < Limit) {
     if (N == NR) return few_rows_forward_n<NR>(x, w, bias, out, d);
-    return few_rows_dispatch<NR + 1>(N, x, w, bias, out, d);
+    return few_rows_dispatch<Limit, NR + 1>(N, x, w, bias, out, d);
   }
 }
 
@@ -268,7 +275,7 @@ void few_rows_forward(const uint16_t* inp, const uint16_t* w, const float* bias,
                       const MatmulDims& d) {
   std::vector<float> x(static_cast<size_t>(d.N * d.C));
   for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_f32(inp[i]);
-  few_rows_dispatch(d.N, x.data(), w, bias, out, d);
+  few_rows_dispatch<kFewRows>(d.N, x.data(), w, bias, out, d);
 }
 
 // The same with the roles of the operands swapped: out (N, OC) = inp (N, C)
@@ -331,6 +338,10 @@ void matmul_forward(const MatmulArgs& a, const Stream&) {
   const float* inp = a.inp.data<float>();  // (N, C)
   const float* w = a.weight.data<float>();  // (OC, C)
   float* out = a.out.data<float>();  // (N, OC)
+  if (d.N < kFewRowsF32 && d.N >= 1) {
+    few_rows_dispatch<kFewRowsF32>(d.N, inp, w, a.bias.defined() ? a.bias.data<float>() : nullptr, a.out, d);
+    return;
+  }
   float beta = 0.f;
   if (a.bias.defined()) {
     const float* bias = a.bias.data<float>();  // (OC)
@@ -345,9 +356,6 @@ void matmul_forward(const MatmulArgs& a, const Stream&) {
 }
 
 namespace {
-
-float to_f32(float x) { return x; }
-float to_f32(uint16_t x) { return bf16_to_f32(x); }
 
 // Sums of each column of dout (N, OC) in double, per block of 64 columns in
 // row order (f32 or bf16 dout: the same sums of the same values); done(c, sum)

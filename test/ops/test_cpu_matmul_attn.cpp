@@ -25,6 +25,23 @@ TEST_CASE("matmul forward on odd and larger shapes") {
   }
 }
 
+TEST_CASE("matmul forward with up to 16 rows gives each row the same bits at any row count") {
+  // Generation's decode steps: a sample's logits must not depend on the
+  // micro-batch it shares (dsgen's samples are the same at any micro-batch).
+  const int64_t C = 70, OC = 96;  // C: four 16-wide slices and a remainder
+  const Tensor x = randn({16, C}, 60), w = randn({OC, C}, 61), b = randn({OC}, 62);
+  auto forward = [&](int64_t n) {
+    MatmulArgs f{.out = Tensor::empty({n, OC}, DType::F32), .inp = x.view(0, {n, C}), .weight = w, .bias = b};
+    ops::matmul_forward(f, Stream{});
+    return f.out;
+  };
+  const Tensor all = forward(16);
+  for (int64_t n = 1; n < 16; ++n) {
+    INFO(n << " rows");
+    CHECK(std::memcmp(forward(n).data<float>(), all.data<float>(), static_cast<size_t>(n * OC) * 4) == 0);
+  }
+}
+
 TEST_CASE("matmul backward: finite differences, accumulation, skipped dinp") {
   const int64_t C = 12, OC = 10;
   const Tensor x = randn({2, 7, C}, 50), w = randn({OC, C}, 51), b = randn({OC}, 52);
