@@ -14,6 +14,7 @@
 #include "lib/core/error.h"
 
 namespace ds {
+namespace {
 
 // A section whose "enabled" is true is refused: `what` says what it would do.
 void refuse_enabled(DsSection& root, const std::string& key, const std::string& what) {
@@ -21,6 +22,8 @@ void refuse_enabled(DsSection& root, const std::string& key, const std::string& 
   DS_USER_CHECK(!s.get<bool>("enabled", false), "config: '{}.enabled' is true: {} is not implemented by dstrain",
                 key, what);
 }
+
+}  // namespace
 
 void read_upstream_sections(DsSection& root) {
   refuse_enabled(root, "amp", "NVIDIA Apex AMP (set bf16.enabled or fp16.enabled for mixed precision)");
